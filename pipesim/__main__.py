@@ -1,0 +1,5 @@
+import sys
+
+from pipesim.cli import main
+
+sys.exit(main())

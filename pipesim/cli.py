@@ -1,0 +1,81 @@
+"""The `pipesim` command: one vocabulary of flags across subcommands.
+
+Each subcommand lives in `pipesim.commands.<name>` with `add_parser(subparsers)` and `run(args)`.
+User mistakes (PipesimError) print one line and exit with code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from pipesim.errors import PipesimError, ScheduleError
+
+COMMANDS = ("schedule", "simulate", "sweep", "run", "plot", "bench", "calibrate", "validate")
+
+EPILOG = """examples:
+  pipesim schedule 1f1b --stages 4 --microbatches 8
+  pipesim simulate 1f1b --stages 4 --microbatches 8 --hardware dgx-h100 --model gpt --json
+  pipesim sweep --schedules gpipe,1f1b,zb-h1 --stages 4 --microbatches 4,8,16
+  pipesim run 1f1b --nproc 2 --microbatches 4 --model mlp --trace measured.json
+  pipesim plot measured.json simulated.json -o timeline.html
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that exits with code 2 and a single line on bad flags."""
+
+    def error(self, message: str):  # noqa: D401
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="pipesim",
+        description="Design, simulate, run and plot pipeline-parallel training schedules.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"pipesim {_version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name in COMMANDS:
+        try:
+            module = importlib.import_module(f"pipesim.commands.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"pipesim.commands.{name}":
+                continue  # not built yet
+            raise
+        module.add_parser(sub)
+    return parser
+
+
+def _version() -> str:
+    from pipesim import __version__
+
+    return __version__
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except ScheduleError as exc:
+        if exc.grid:
+            print(exc.grid, file=sys.stderr)
+        print(f"pipesim: error: {exc}", file=sys.stderr)
+        return 2
+    except PipesimError as exc:
+        print(f"pipesim: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("pipesim: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""Per-action durations and sizes: the one interface between cost models and consumers.
+
+A CostTable holds, per stage, the seconds of F, I and W for one microbatch (B = I + W) and the
+bytes that cross the stage boundary. Hand-written (`--cost F=1,B=2`) or derived from a model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from pipesim.errors import PipesimError
+from pipesim.ir import Action, Kind
+
+
+@dataclass(frozen=True)
+class StageCosts:
+    """What one microbatch costs on one stage."""
+
+    forward: float  # seconds
+    backward_input: float  # seconds (I)
+    backward_weight: float  # seconds (W)
+    boundary_bytes: int = 0  # bytes sent to stage + 1 per microbatch (the gradient back is the same size)
+    activation_bytes: int = 0  # bytes stashed per in-flight microbatch until its backward
+    param_bytes: int = 0  # bytes of this stage's parameters (gradients are the same size)
+    flops_forward: float = 0.0  # FLOPs of F per microbatch (0 when costs are given directly)
+
+    @property
+    def backward(self) -> float:
+        return self.backward_input + self.backward_weight
+
+
+@dataclass(frozen=True)
+class CostTable:
+    """Costs of every stage; `duration(action)` is what simulators and critical paths call."""
+
+    stages: tuple[StageCosts, ...]
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.stages)
+
+    def duration(self, action: Action) -> float:
+        """Seconds of a compute action; 0 for P2P actions (links are timed by the simulator)."""
+        c = self.stages[action.stage]
+        if action.kind == Kind.F:
+            return c.forward
+        if action.kind == Kind.B:
+            return c.backward
+        if action.kind == Kind.I:
+            return c.backward_input
+        if action.kind == Kind.W:
+            return c.backward_weight
+        return 0.0
+
+    def transfer_bytes(self, action: Action) -> int:
+        """Bytes a SEND/RECV moves: the activation (F) or gradient (B) at the stage boundary."""
+        if action.kind in (Kind.SEND_F, Kind.RECV_B):
+            return self.stages[action.stage].boundary_bytes
+        if action.kind in (Kind.RECV_F, Kind.SEND_B):
+            return self.stages[action.stage - 1].boundary_bytes
+        return 0
+
+    def scaled(self, factor: float) -> CostTable:
+        return CostTable(
+            tuple(
+                replace(c, forward=c.forward * factor, backward_input=c.backward_input * factor,
+                        backward_weight=c.backward_weight * factor)
+                for c in self.stages
+            )
+        )
+
+    @staticmethod
+    def uniform(num_stages: int, forward: float, backward_input: float, backward_weight: float,
+                boundary_bytes: int = 0, activation_bytes: int = 0, param_bytes: int = 0) -> CostTable:
+        one = StageCosts(forward, backward_input, backward_weight, boundary_bytes, activation_bytes, param_bytes)
+        return CostTable(tuple(one for _ in range(num_stages)))
+
+
+def parse_cost_spec(text: str) -> dict[str, float]:
+    """Parse `F=1,B=2` or `F=1,I=1,W=1` into {'F', 'I', 'W'} seconds (B splits evenly into I and W)."""
+    values: dict[str, float] = {}
+    for part in text.split(","):
+        key, sep, value = part.partition("=")
+        key = key.strip().upper()
+        if not sep or key not in ("F", "B", "I", "W"):
+            raise PipesimError(f"malformed --cost {text!r}: expected F=<s>,B=<s> or F=<s>,I=<s>,W=<s>")
+        try:
+            values[key] = float(value)
+        except ValueError:
+            raise PipesimError(f"malformed --cost {text!r}: {value.strip()!r} is not a number") from None
+        if values[key] < 0:
+            raise PipesimError(f"--cost {key} must be >= 0, got {values[key]}")
+    if "F" not in values:
+        raise PipesimError(f"--cost {text!r} needs F=<seconds>")
+    if "B" in values and ("I" in values or "W" in values):
+        raise PipesimError(f"--cost {text!r}: give B, or I and W, not both")
+    if "B" in values:
+        return {"F": values["F"], "I": values["B"] / 2, "W": values["B"] / 2}
+    if "I" not in values or "W" not in values:
+        raise PipesimError(f"--cost {text!r} needs B=<s>, or both I=<s> and W=<s>")
+    return {"F": values["F"], "I": values["I"], "W": values["W"]}

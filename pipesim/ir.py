@@ -1,0 +1,170 @@
+"""The schedule IR: actions, placements and per-rank programs.
+
+Everything in pipesim (simulator, executor, plots) consumes these objects directly.
+A schedule is a placement (stage -> rank) plus one ordered program of actions per rank,
+in the same vocabulary as torch.distributed.pipelining (`0F0`, `1B2`, `2I0`, `0SEND_F1`).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from enum import Enum
+
+from pipesim.errors import PipesimError
+
+
+class Kind(str, Enum):
+    """What an action does; the values are torch.distributed.pipelining's spellings."""
+
+    F = "F"  # forward of one microbatch through one stage
+    B = "B"  # full backward (input grad + weight grad)
+    I = "I"  # noqa: E741  backward for the input gradient only
+    W = "W"  # backward for the weight gradient only
+    SEND_F = "SEND_F"  # send stage output (activation) to stage + 1
+    RECV_F = "RECV_F"  # receive stage input from stage - 1
+    SEND_B = "SEND_B"  # send input gradient to stage - 1
+    RECV_B = "RECV_B"  # receive output gradient from stage + 1
+
+    def __str__(self) -> str:
+        return self.value
+
+
+COMPUTE = frozenset({Kind.F, Kind.B, Kind.I, Kind.W})
+SENDS = frozenset({Kind.SEND_F, Kind.SEND_B})
+RECVS = frozenset({Kind.RECV_F, Kind.RECV_B})
+BACKWARD_FIRST = frozenset({Kind.B, Kind.I})  # the backward piece that produces the input grad
+
+_ACTION_RE = re.compile(r"^(\d+)(SEND_F|RECV_F|SEND_B|RECV_B|F|B|I|W)(\d+)$")
+
+
+@dataclass(frozen=True, order=True)
+class Action:
+    """One step of a rank's program: (kind, stage, microbatch)."""
+
+    stage: int
+    kind: Kind
+    microbatch: int
+
+    @property
+    def is_compute(self) -> bool:
+        return self.kind in COMPUTE
+
+    @property
+    def is_comm(self) -> bool:
+        return self.kind not in COMPUTE
+
+    @property
+    def peer_stage(self) -> int | None:
+        """The stage on the other end of a P2P action (None for compute)."""
+        if self.kind in (Kind.SEND_F, Kind.RECV_B):
+            return self.stage + 1
+        if self.kind in (Kind.RECV_F, Kind.SEND_B):
+            return self.stage - 1
+        return None
+
+    def matching(self) -> Action:
+        """The SEND for a RECV and the RECV for a SEND."""
+        pairs = {
+            Kind.SEND_F: Kind.RECV_F,
+            Kind.RECV_F: Kind.SEND_F,
+            Kind.SEND_B: Kind.RECV_B,
+            Kind.RECV_B: Kind.SEND_B,
+        }
+        if self.kind not in pairs:
+            raise ValueError(f"{self} is not a P2P action")
+        assert self.peer_stage is not None
+        return Action(self.peer_stage, pairs[self.kind], self.microbatch)
+
+    def __str__(self) -> str:
+        return f"{self.stage}{self.kind.value}{self.microbatch}"
+
+    def describe(self) -> str:
+        """Long form for messages: `RECV_F(stage 1, mb 3)`."""
+        return f"{self.kind.value}(stage {self.stage}, mb {self.microbatch})"
+
+    @staticmethod
+    def parse(text: str) -> Action:
+        """Parse torch's notation (`2F0`, `3SEND_F1`); raises PipesimError on anything else."""
+        match = _ACTION_RE.match(text.strip())
+        if not match:
+            raise PipesimError(
+                f"malformed action {text.strip()!r}: expected STAGE KIND MICROBATCH such as "
+                "'0F0', '1B2', '2I0', '2W0' or '0SEND_F1'"
+            )
+        stage, kind, mb = match.groups()
+        return Action(int(stage), Kind(kind), int(mb))
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A placement (stage -> rank) and one ordered program per rank.
+
+    `num_stages` counts model chunks (p * v for interleaved); `placement[s]` is the rank of stage s.
+    Programs may be compute-only or lowered (with SEND/RECV actions, see `pipesim.lowering`).
+    """
+
+    name: str
+    num_microbatches: int
+    placement: tuple[int, ...]  # stage -> rank
+    programs: tuple[tuple[Action, ...], ...]  # rank -> ordered actions
+    meta: dict = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.placement)
+
+    @property
+    def num_ranks(self) -> int:
+        return len(self.programs)
+
+    @property
+    def stages_per_rank(self) -> int:
+        return self.num_stages // max(1, self.num_ranks)
+
+    def rank_of(self, stage: int) -> int:
+        return self.placement[stage]
+
+    def stages_of(self, rank: int) -> tuple[int, ...]:
+        return tuple(s for s, r in enumerate(self.placement) if r == rank)
+
+    @property
+    def split_backward(self) -> bool:
+        """True when backward is split into I and W actions (zero-bubble family)."""
+        return any(a.kind == Kind.I for prog in self.programs for a in prog)
+
+    @property
+    def has_comms(self) -> bool:
+        return any(a.is_comm for prog in self.programs for a in prog)
+
+    def compute_only(self) -> Schedule:
+        """The same schedule with every SEND/RECV removed."""
+        progs = tuple(tuple(a for a in prog if a.is_compute) for prog in self.programs)
+        return Schedule(self.name, self.num_microbatches, self.placement, progs, dict(self.meta))
+
+    def with_programs(self, programs: tuple[tuple[Action, ...], ...]) -> Schedule:
+        return Schedule(self.name, self.num_microbatches, self.placement, programs, dict(self.meta))
+
+    def num_actions(self) -> int:
+        return sum(len(p) for p in self.programs)
+
+    def to_dict(self) -> dict:
+        """JSON-friendly form: torch notation strings per rank."""
+        return {
+            "name": self.name,
+            "num_ranks": self.num_ranks,
+            "num_stages": self.num_stages,
+            "num_microbatches": self.num_microbatches,
+            "placement": list(self.placement),
+            "programs": [[str(a) for a in prog] for prog in self.programs],
+        }
+
+
+def loop_placement(num_ranks: int, chunks: int) -> tuple[int, ...]:
+    """Megatron's looped placement: stage c*p + r lives on rank r."""
+    return tuple(s % num_ranks for s in range(num_ranks * chunks))
+
+
+def v_placement(num_ranks: int) -> tuple[int, ...]:
+    """V-shaped placement (ZB-V, DualPipeV): rank r holds stages r and 2p - 1 - r."""
+    return tuple(list(range(num_ranks)) + list(range(num_ranks - 1, -1, -1)))

@@ -1,0 +1,106 @@
+"""Timelines: timed events of a run, one schema for simulated and measured runs.
+
+The simulator and the executor both write this; the plots and the Perfetto exporter read it, so
+predicted and measured runs overlay with no conversion. Times are seconds from the run's origin.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from pipesim.errors import PipesimError
+
+SCHEMA = "pipesim.timeline/1"
+STREAMS = ("compute", "send", "recv", "collective")
+
+
+@dataclass(frozen=True)
+class Event:
+    """One action (or collective) on one rank, with its start and end."""
+
+    rank: int
+    stream: str  # one of STREAMS: where it ran (compute, send, recv, collective)
+    kind: str  # F, B, I, W, SEND_F, RECV_F, SEND_B, RECV_B, or a collective (all_reduce, ...)
+    stage: int  # -1 for collectives that are not tied to a stage
+    microbatch: int  # -1 when not tied to a microbatch
+    start: float  # seconds
+    end: float  # seconds
+    bytes: int = 0  # bytes moved (P2P and collectives)
+    peer: int = -1  # rank on the other end of a P2P transfer
+    step: int = 0  # training step the event belongs to
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+    @property
+    def label(self) -> str:
+        if self.stage < 0:
+            return self.kind
+        return f"{self.stage}{self.kind}{self.microbatch}"
+
+
+@dataclass
+class Timeline:
+    """A run's events plus what produced them (`source`: 'simulated' or 'measured')."""
+
+    source: str
+    schedule: str  # schedule name
+    num_ranks: int
+    events: list[Event] = field(default_factory=list)
+    meta: dict = field(default_factory=dict)  # free-form: hardware, model, p, m, v, step_time, ...
+
+    @property
+    def makespan(self) -> float:
+        """Seconds from the first start to the last end."""
+        if not self.events:
+            return 0.0
+        return max(e.end for e in self.events) - min(e.start for e in self.events)
+
+    def steps(self) -> list[int]:
+        return sorted({e.step for e in self.events})
+
+    def only_step(self, step: int, rebase: bool = True) -> Timeline:
+        """The events of one step, shifted so that step starts at 0 when `rebase`."""
+        events = [e for e in self.events if e.step == step]
+        t0 = min((e.start for e in events), default=0.0) if rebase else 0.0
+        shifted = [Event(**{**asdict(e), "start": e.start - t0, "end": e.end - t0}) for e in events]
+        return Timeline(self.source, self.schedule, self.num_ranks, shifted, dict(self.meta))
+
+    def to_dict(self) -> dict:
+        return {
+            "schema": SCHEMA,
+            "source": self.source,
+            "schedule": self.schedule,
+            "num_ranks": self.num_ranks,
+            "meta": self.meta,
+            "events": [asdict(e) for e in self.events],
+        }
+
+    def write(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=None, separators=(",", ":")))
+
+    @staticmethod
+    def from_dict(data: dict, origin: str = "timeline") -> Timeline:
+        """Accepts a timeline, or a Perfetto trace written by pipesim (timeline under "pipesim")."""
+        if isinstance(data, dict) and "traceEvents" in data and "pipesim" in data:
+            data = data["pipesim"]
+        if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+            raise PipesimError(f"{origin} is not a pipesim timeline (expected schema {SCHEMA!r})")
+        try:
+            events = [Event(**e) for e in data["events"]]
+            return Timeline(data["source"], data["schedule"], int(data["num_ranks"]), events, data.get("meta", {}))
+        except (KeyError, TypeError) as exc:
+            raise PipesimError(f"{origin} is a malformed timeline: {exc}") from None
+
+    @staticmethod
+    def read(path: str | Path) -> Timeline:
+        try:
+            data = json.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise PipesimError(f"timeline file not found: {path}") from None
+        except (OSError, json.JSONDecodeError) as exc:
+            raise PipesimError(f"cannot read timeline {path}: {exc}") from None
+        return Timeline.from_dict(data, str(path))
