@@ -5,17 +5,16 @@ from __future__ import annotations
 from pipesim.ir import Kind, Schedule
 
 
-def releases_activations(kind: Kind, split: bool) -> bool:
+def releases_activations(kind: Kind) -> bool:
     """The backward piece after which a stage may drop a microbatch's stashed activations.
 
-    With split backward the weight gradient still needs the stashed inputs, so W releases them.
+    With split backward the weight gradient still needs the stashed inputs, so W (not I) releases them.
     """
-    return kind == (Kind.W if split else Kind.B)
+    return kind in (Kind.B, Kind.W)
 
 
 def inflight_by_stage(schedule: Schedule) -> list[int]:
     """Peak number of microbatches whose activations stage s holds at once."""
-    split = schedule.split_backward
     live = [0] * schedule.num_stages
     peak = [0] * schedule.num_stages
     for prog in schedule.programs:
@@ -23,14 +22,13 @@ def inflight_by_stage(schedule: Schedule) -> list[int]:
             if a.kind == Kind.F:
                 live[a.stage] += 1
                 peak[a.stage] = max(peak[a.stage], live[a.stage])
-            elif releases_activations(a.kind, split):
+            elif releases_activations(a.kind):
                 live[a.stage] -= 1
     return peak
 
 
 def inflight_by_rank(schedule: Schedule) -> list[int]:
     """Peak in-flight (stage, microbatch) activations per rank, summed over its stages."""
-    split = schedule.split_backward
     peaks = []
     for prog in schedule.programs:
         live = peak = 0
@@ -38,7 +36,7 @@ def inflight_by_rank(schedule: Schedule) -> list[int]:
             if a.kind == Kind.F:
                 live += 1
                 peak = max(peak, live)
-            elif releases_activations(a.kind, split):
+            elif releases_activations(a.kind):
                 live -= 1
         peaks.append(peak)
     return peaks

@@ -6,7 +6,7 @@ longest path. SEND is non-blocking (an isend); a RECV blocks until its SEND has 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass
 
 import networkx as nx
@@ -14,16 +14,20 @@ import networkx as nx
 from pipesim.ir import Action, Kind, Schedule
 
 
-def producers(action: Action, schedule: Schedule, split: bool) -> list[Action]:
-    """Compute actions whose outputs `action` (a compute action) consumes."""
+def producers(action: Action, schedule: Schedule, split: bool | Container[tuple[int, int]]) -> list[Action]:
+    """Compute actions whose outputs `action` (a compute action) consumes.
+
+    `split` says which (stage, microbatch) run split backward (I + W): True for all, False for
+    none, or the set from `Schedule.split_pairs()` (schedules such as DualPipeV mix both).
+    """
     s, mb, last = action.stage, action.microbatch, schedule.num_stages - 1
-    backward = Kind.I if split else Kind.B
     if action.kind == Kind.F:
         return [Action(s - 1, Kind.F, mb)] if s > 0 else []
     if action.kind in (Kind.B, Kind.I):
         deps = [Action(s, Kind.F, mb)]
         if s < last:
-            deps.append(Action(s + 1, backward, mb))
+            is_split = split if isinstance(split, bool) else (s + 1, mb) in split
+            deps.append(Action(s + 1, Kind.I if is_split else Kind.B, mb))
         return deps
     if action.kind == Kind.W:
         return [Action(s, Kind.I, mb)]
@@ -53,7 +57,7 @@ def task_graph(schedule: Schedule) -> nx.DiGraph:
             graph.add_node(action, rank=rank, index=index)
         for a, b in zip(prog, prog[1:]):
             graph.add_edge(a, b, why="order")
-    split = schedule.split_backward
+    split = schedule.split_pairs()
     lowered = schedule.has_comms
     for action in list(graph.nodes):
         if not action.is_compute:

@@ -133,6 +133,10 @@ class Schedule:
         """True when backward is split into I and W actions (zero-bubble family)."""
         return any(a.kind == Kind.I for prog in self.programs for a in prog)
 
+    def split_pairs(self) -> frozenset[tuple[int, int]]:
+        """(stage, microbatch) pairs whose backward is split into I and W."""
+        return frozenset((a.stage, a.microbatch) for prog in self.programs for a in prog if a.kind == Kind.I)
+
     @property
     def has_comms(self) -> bool:
         return any(a.is_comm for prog in self.programs for a in prog)

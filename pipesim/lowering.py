@@ -25,7 +25,7 @@ def add_p2p(schedule: Schedule) -> Schedule:
     """Return `schedule` with SEND/RECV actions; a schedule that has them is returned unchanged."""
     if schedule.has_comms:
         return schedule
-    split = schedule.split_backward
+    split = schedule.split_pairs()
     programs = []
     for rank, prog in enumerate(schedule.programs):
         out: list[Action] = []

@@ -3,30 +3,50 @@
 One row per rank, one action per cell (`0F0`, `1B2`, `2I0`, `0SEND_F1`); empty cells are
 spacing. Rows may be compute-only or include P2P actions ("compute_comms"). Stage placement is
 inferred from which row runs each stage, as torch does.
+
+torch also writes FSDP/DP bookkeeping actions (`0UNSHARD`, `0RESHARD`, `0REDUCE_GRAD`), which carry
+no pipeline dependency: they are dropped on import and counted in `meta["ignored_actions"]`.
+Composite `(0F3;3B1)OVERLAP_F_B` cells are expanded into their sub-actions, in order.
 """
 
 from __future__ import annotations
 
 import csv
 import io
+import re
 from pathlib import Path
 
 from pipesim.errors import PipesimError
 from pipesim.ir import Action, Schedule
 
+_BOOKKEEPING = re.compile(r"^\d+(UNSHARD|RESHARD|REDUCE_GRAD)\d*$")
+_OVERLAP = re.compile(r"^\((.*)\)OVERLAP_F_B$")
+
+
+def parse_cell(cell: str) -> list[Action]:
+    """Actions in one CSV cell: none for spacing and bookkeeping, several for OVERLAP_F_B."""
+    text = cell.strip()
+    if not text or _BOOKKEEPING.match(text):
+        return []
+    overlap = _OVERLAP.match(text)
+    if overlap:
+        return [Action.parse(part) for part in overlap.group(1).split(";") if part.strip()]
+    return [Action.parse(text)]
+
 
 def parse_rows(rows: list[list[str]], name: str = "csv") -> Schedule:
     """Build a schedule from rows of action strings (rank r = row r)."""
     programs: list[tuple[Action, ...]] = []
+    ignored = 0
     for r, row in enumerate(rows):
         actions = []
         for col, cell in enumerate(row):
-            if not cell.strip():
-                continue
             try:
-                actions.append(Action.parse(cell))
+                parsed = parse_cell(cell)
             except PipesimError as exc:
                 raise PipesimError(f"{name}: row {r + 1}, column {col + 1}: {exc}") from None
+            ignored += bool(_BOOKKEEPING.match(cell.strip()))
+            actions.extend(parsed)
         programs.append(tuple(actions))
     if not programs or not any(programs):
         raise PipesimError(f"{name}: no actions found")
@@ -44,7 +64,9 @@ def parse_rows(rows: list[list[str]], name: str = "csv") -> Schedule:
     if missing:
         raise PipesimError(f"{name}: stage {missing[0]} has no actions (stages must be 0..{num_stages - 1})")
     num_mb = 1 + max(a.microbatch for prog in programs for a in prog)
-    return Schedule(name, num_mb, tuple(placement[s] for s in range(num_stages)), tuple(programs))
+    sched = Schedule(name, num_mb, tuple(placement[s] for s in range(num_stages)), tuple(programs))
+    sched.meta["ignored_actions"] = ignored
+    return sched
 
 
 def loads(text: str, name: str = "csv") -> Schedule:

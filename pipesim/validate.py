@@ -60,20 +60,26 @@ def check_placement(schedule: Schedule) -> None:
 
 
 def check_counts(schedule: Schedule) -> None:
-    """Every F once; per (stage, mb) either one B or one I plus one W; no duplicates."""
+    """Every F once; per (stage, mb) either one B or one I plus one W; no duplicates.
+
+    Whether (stage, mb) is split is read off the I actions; a W without its I is an error.
+    """
     counts = Counter(a for prog in schedule.programs for a in prog)
     dup = sorted(a for a, n in counts.items() if n > 1)
     if dup:
         raise _fail(schedule, f"{dup[0].describe()} appears {counts[dup[0]]} times", set(dup))
-    split = schedule.split_backward
+    split = schedule.split_pairs()
+    for a in sorted(counts):
+        if a.kind == Kind.W and (a.stage, a.microbatch) not in split:
+            raise _fail(schedule, f"{a.describe()} has no matching I(stage {a.stage}, mb {a.microbatch})", {a})
     for s in range(schedule.num_stages):
         for mb in range(schedule.num_microbatches):
-            needed = [Kind.F, Kind.I, Kind.W] if split else [Kind.F, Kind.B]
+            needed = [Kind.F, Kind.I, Kind.W] if (s, mb) in split else [Kind.F, Kind.B]
             for kind in needed:
                 if Action(s, kind, mb) not in counts:
                     what = Action(s, kind, mb).describe()
                     raise _fail(schedule, f"{what} is missing (on rank {schedule.rank_of(s)})")
-            if split and Action(s, Kind.B, mb) in counts:
+            if (s, mb) in split and Action(s, Kind.B, mb) in counts:
                 raise _fail(
                     schedule,
                     f"stage {s} mb {mb} has both a full backward B and a split I/W",
@@ -84,7 +90,7 @@ def check_counts(schedule: Schedule) -> None:
 def expected_transfers(schedule: Schedule) -> set[Action]:
     """Every SEND and RECV that a lowered form of this schedule must contain."""
     out: set[Action] = set()
-    split = schedule.split_backward
+    split = schedule.split_pairs()
     for prog in schedule.programs:
         for a in prog:
             if a.kind not in COMPUTE:
@@ -105,7 +111,8 @@ def check_transfers(schedule: Schedule) -> None:
         return
     expected = expected_transfers(schedule)
     for a in sorted(present - expected):
-        raise _fail(schedule, f"{a.describe()} on rank {schedule.rank_of(a.stage)} is not needed: no such transfer", {a})
+        where = f"on rank {schedule.rank_of(a.stage)}"
+        raise _fail(schedule, f"{a.describe()} {where} is not needed: no such transfer", {a})
     for a in sorted(expected - present):
         peer = a.matching()
         raise _fail(

@@ -29,14 +29,16 @@ def int_list(text: str) -> list[int]:
 
 def add_schedule_args(parser: argparse.ArgumentParser, *, stages_default: int = 4, mb_default: int = 8) -> None:
     """NAME (or --from-csv FILE), --stages P, --microbatches M, --virtual V."""
-    parser.add_argument("name", nargs="?", metavar="NAME", help="registered schedule (see `pipesim schedule --list`)")
+    parser.add_argument("name", nargs="?", metavar="NAME",
+                        help="registered schedule (see `pipesim schedule --list`)")
     parser.add_argument("--stages", "-p", type=positive_int, default=stages_default, metavar="P",
                         help=f"pipeline ranks (default {stages_default})")
     parser.add_argument("--microbatches", "-m", type=positive_int, default=mb_default, metavar="M",
                         help=f"microbatches per step (default {mb_default})")
     parser.add_argument("--virtual", "-v", type=positive_int, default=None, metavar="V",
                         help="model chunks per rank (interleaved schedules; default the schedule's)")
-    parser.add_argument("--from-csv", metavar="FILE", help="a torch.distributed.pipelining schedule CSV instead of NAME")
+    parser.add_argument("--from-csv", metavar="FILE",
+                        help="a torch.distributed.pipelining schedule CSV instead of NAME")
 
 
 def load_schedule(args: argparse.Namespace, *, validate: bool = True) -> Schedule:
@@ -62,7 +64,8 @@ def add_model_args(parser: argparse.ArgumentParser, *, default: str | None = "ml
     """--model mlp|gpt with --hidden, --layers, --heads, --seq, --vocab, --batch, --dtype, --seed."""
     d = ModelConfig()
     g = parser.add_argument_group("model")
-    g.add_argument("--model", choices=("mlp", "gpt"), default=default, help=f"model to cost or train (default {default})")
+    g.add_argument("--model", choices=("mlp", "gpt"), default=default,
+                   help=f"model to cost or train (default {default})")
     g.add_argument("--hidden", type=positive_int, default=d.hidden, help=f"width / d_model (default {d.hidden})")
     g.add_argument("--layers", type=positive_int, default=d.layers, help=f"layers or blocks (default {d.layers})")
     g.add_argument("--heads", type=positive_int, default=d.heads, help=f"attention heads, gpt (default {d.heads})")

@@ -1,0 +1,124 @@
+"""Perfetto / Chrome trace export: one schema for simulated and measured timelines.
+
+Each rank is a process, each stream (compute, send, recv, collective) a thread of it, so a
+send overlapping a compute never lands on an overflow track. Flow arrows join every SEND to the
+RECV that consumes it. The pipesim Timeline rides along under "pipesim", so `pipesim plot`
+reads the very file Perfetto (ui.perfetto.dev) or chrome://tracing opens.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pipesim.timeline import STREAMS, Event, Timeline
+
+TID = {stream: i + 1 for i, stream in enumerate(STREAMS)}  # thread id per stream (0 avoided)
+_RECV_OF_SEND = {"SEND_F": ("RECV_F", +1), "SEND_B": ("RECV_B", -1)}  # kind -> (matching kind, stage step)
+
+
+def _us(seconds: float) -> float:
+    """Chrome traces count microseconds."""
+    return seconds * 1e6
+
+
+def lanes(timeline: Timeline) -> dict[int, int]:
+    """Lane of each event (index into timeline.events) within its (rank, stream) track.
+
+    Events of one stream rarely overlap (two sends on different links can); an overlapping one
+    goes to lane 1, 2, ... so no track holds partially overlapping slices, which Perfetto rejects.
+    """
+    lane_of: dict[int, int] = {}
+    ends: dict[tuple[int, str], list[float]] = {}
+    order = sorted(range(len(timeline.events)), key=lambda i: (timeline.events[i].start, timeline.events[i].end, i))
+    for i in order:
+        e = timeline.events[i]
+        track = ends.setdefault((e.rank, e.stream), [])
+        lane = next((k for k, end in enumerate(track) if end <= e.start), len(track))
+        if lane == len(track):
+            track.append(e.end)
+        else:
+            track[lane] = e.end
+        lane_of[i] = lane
+    return lane_of
+
+
+def tid_of(stream: str, lane: int = 0) -> int:
+    """Thread id of a stream's lane: 1..4 for lane 0 (compute, send, recv, collective), +10 per lane."""
+    return TID.get(stream, TID["collective"]) + 10 * lane
+
+
+def _metadata(timeline: Timeline, tracks: set[tuple[int, str, int]]) -> list[dict]:
+    """'M' events naming and ordering the tracks: process "rank R", threads per stream (and lane)."""
+    out: list[dict] = []
+    for rank in range(timeline.num_ranks):
+        out.append({"ph": "M", "name": "process_name", "pid": rank, "tid": 0, "args": {"name": f"rank {rank}"}})
+        out.append({"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0, "args": {"sort_index": rank}})
+    for rank, stream, lane in sorted(tracks, key=lambda t: (t[0], tid_of(t[1]), t[2])):
+        tid = tid_of(stream, lane)
+        name = stream if lane == 0 else f"{stream} #{lane + 1}"
+        out.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tid, "args": {"name": name}})
+        out.append({"ph": "M", "name": "thread_sort_index", "pid": rank, "tid": tid,
+                    "args": {"sort_index": TID.get(stream, TID["collective"]) * 100 + lane}})
+    return out
+
+
+def _slice(e: Event, lane: int) -> dict:
+    return {
+        "ph": "X",
+        "name": e.label,
+        "cat": e.kind,
+        "pid": e.rank,
+        "tid": tid_of(e.stream, lane),
+        "ts": _us(e.start),
+        "dur": _us(e.end - e.start),
+        "args": {"stage": e.stage, "microbatch": e.microbatch, "bytes": e.bytes, "peer": e.peer, "step": e.step},
+    }
+
+
+def flow_pairs(timeline: Timeline) -> list[tuple[Event, Event]]:
+    """(SEND, RECV) pairs: SEND_F(s, k) -> RECV_F(s+1, k), SEND_B(s, k) -> RECV_B(s-1, k), same step."""
+    recvs = {(e.kind, e.stage, e.microbatch, e.step): e for e in timeline.events if e.kind in ("RECV_F", "RECV_B")}
+    pairs = []
+    for e in timeline.events:
+        if e.kind not in _RECV_OF_SEND:
+            continue
+        kind, delta = _RECV_OF_SEND[e.kind]
+        recv = recvs.get((kind, e.stage + delta, e.microbatch, e.step))
+        if recv is not None:
+            pairs.append((e, recv))
+    return pairs
+
+
+def _midpoint(e: Event) -> float:
+    """A timestamp inside the slice, so the flow binds to it (bp 'e': enclosing slice)."""
+    return _us(e.start + (e.end - e.start) / 2)
+
+
+def _flows(timeline: Timeline, lane_of: dict[int, int]) -> list[dict]:
+    out: list[dict] = []
+    index = {id(e): i for i, e in enumerate(timeline.events)}
+    for flow_id, (send, recv) in enumerate(flow_pairs(timeline), start=1):
+        name = f"{send.kind[5:]} {send.stage}->{recv.stage} mb{send.microbatch}"
+        common = {"name": name, "cat": "p2p", "id": flow_id}
+        s_tid = tid_of(send.stream, lane_of[index[id(send)]])
+        f_tid = tid_of(recv.stream, lane_of[index[id(recv)]])
+        out.append({**common, "ph": "s", "pid": send.rank, "tid": s_tid, "ts": _midpoint(send)})
+        out.append({**common, "ph": "f", "bp": "e", "pid": recv.rank, "tid": f_tid, "ts": _midpoint(recv)})
+    return out
+
+
+def timeline_to_trace(timeline: Timeline) -> dict:
+    """Chrome trace JSON object: tracks per rank and stream, slices in us, flows SEND -> RECV."""
+    lane_of = lanes(timeline)
+    tracks = {(e.rank, e.stream, lane_of[i]) for i, e in enumerate(timeline.events)}
+    events = _metadata(timeline, tracks)
+    order = sorted(range(len(timeline.events)), key=lambda i: (timeline.events[i].start, timeline.events[i].rank, i))
+    events += [_slice(timeline.events[i], lane_of[i]) for i in order]
+    events += _flows(timeline, lane_of)
+    return {"traceEvents": events, "displayTimeUnit": "ms", "pipesim": timeline.to_dict()}
+
+
+def write_trace(timeline: Timeline, path: str | Path) -> None:
+    """Write the trace; `Timeline.read(path)` gets the timeline back."""
+    Path(path).write_text(json.dumps(timeline_to_trace(timeline), separators=(",", ":")))

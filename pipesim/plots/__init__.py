@@ -1,0 +1,8 @@
+"""Figures of pipesim timelines and sweeps: interactive plotly, self-contained HTML, optional PNG."""
+
+from pipesim.plots.compare import compare_figure
+from pipesim.plots.export import write_html, write_png
+from pipesim.plots.sweep import sweep_figure
+from pipesim.plots.timeline import timeline_figure
+
+__all__ = ["timeline_figure", "compare_figure", "sweep_figure", "write_html", "write_png"]

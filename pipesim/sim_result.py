@@ -1,0 +1,251 @@
+"""What a simulation produced: raw per-action times, the metrics derived from them, and the JSON.
+
+The simulator records only start/end floats per action (cheap in the hot loop); everything a user
+reads (busy, waiting, idle, bubble, link bandwidth, memory, critical path) is derived here, once.
+The JSON schema (`pipesim.simulate/1`) is documented in docs/simulator.md; units are seconds,
+bytes and bytes/s.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipesim.analysis import inflight_by_rank
+from pipesim.costs import CostTable
+from pipesim.ir import COMPUTE, RECVS, Schedule
+from pipesim.sim_links import Transfer
+from pipesim.timeline import Event, Timeline
+
+SCHEMA = "pipesim.simulate/1"
+
+
+@dataclass
+class CollectiveRecord:
+    """A collective on a rank's collective stream (data-parallel gradient all-reduce)."""
+
+    rank: int
+    kind: str  # "all_reduce"
+    stage: int
+    start: float  # seconds
+    end: float  # seconds
+    nbytes: int  # bytes per device buffer
+    after: int = -1  # index of the compute action whose end released it
+    prev: CollectiveRecord | None = None  # the collective before it on the same stream
+
+
+@dataclass
+class SimResult:
+    """One simulated step. Times in seconds from the step's start, sizes in bytes."""
+
+    schedule: Schedule  # lowered (with SEND/RECV)
+    table: CostTable
+    hardware: str | None  # hardware name; None when no hardware was given
+    comm: bool  # links modeled
+    dp: int
+    tp: int
+    devices: list[int]  # device id of each pipeline rank (replica 0, TP shard 0)
+    starts: list[list[float]]  # seconds, per rank, per action
+    ends: list[list[float]]  # seconds, per rank, per action
+    tp_time: list[list[float]]  # seconds of TP collectives inside each compute action
+    transfers: list[Transfer]
+    collectives: list[CollectiveRecord]
+    memory_timeline: list[list[tuple[float, int]]]  # per rank: (seconds, stashed activation bytes)
+    link_info: dict[str, dict] = field(default_factory=dict)  # link class -> bandwidth, latency
+    makespan: float = 0.0  # seconds
+
+    @staticmethod
+    def build(engine: Any) -> SimResult:
+        transfers = sorted((t for t in engine.slots if isinstance(t, Transfer)), key=lambda t: (t.post, t.src, t.send_index))
+        ends = [e[-1] for e in engine.ends if e]
+        ends += [t.end for t in transfers] + [c.end for c in engine.collectives]
+        hw, par = engine.hw, engine.par
+        info = {}
+        if hw is not None and engine.comm:
+            for link in (hw.intra, hw.inter):
+                if link is not None:
+                    info[link.name] = {"bandwidth": link.bandwidth, "peak_bandwidth": link.peak_bandwidth,
+                                       "latency": link.latency, "shared": link.shared}
+        return SimResult(
+            engine.sched, engine.table, getattr(hw, "name", None), engine.comm, par.dp, par.tp,
+            [par.device(r) for r in range(engine.sched.num_ranks)], engine.starts, engine.ends, engine.tp_time,
+            transfers, engine.collectives, engine.memory, info, max(ends, default=0.0),
+        )
+
+    # -- per-rank metrics ------------------------------------------------------------------------
+
+    def busy(self, rank: int) -> float:
+        """Seconds the rank computes (including the blocking TP collectives inside its actions)."""
+        prog, s, e = self.schedule.programs[rank], self.starts[rank], self.ends[rank]
+        return sum(e[i] - s[i] for i, a in enumerate(prog) if a.kind in COMPUTE)
+
+    def waiting_comm(self, rank: int) -> float:
+        """Seconds the rank sat blocked in a RECV."""
+        prog, s, e = self.schedule.programs[rank], self.starts[rank], self.ends[rank]
+        return sum(e[i] - s[i] for i, a in enumerate(prog) if a.kind in RECVS)
+
+    def idle(self, rank: int) -> float:
+        return self.makespan - self.busy(rank)
+
+    def rank_bubble(self, rank: int) -> float:
+        return self.idle(rank) / self.makespan if self.makespan > 0 else 0.0
+
+    @property
+    def bubble_fraction(self) -> float:
+        """Idle time over makespan, averaged over ranks."""
+        n = self.schedule.num_ranks
+        return sum(self.rank_bubble(r) for r in range(n)) / n if n else 0.0
+
+    def peak_activation_bytes(self) -> list[int]:
+        return [max(b for _, b in tl) for tl in self.memory_timeline]
+
+    def num_actions(self) -> int:
+        return self.schedule.num_actions()
+
+    # -- links -----------------------------------------------------------------------------------
+
+    def link_stats(self) -> list[dict]:
+        """Per contended resource: transfers, bytes, busy seconds, achieved bandwidth, utilization."""
+        per: dict[str, dict] = {}
+        for t in self.transfers:
+            for name in t.resources:
+                row = per.setdefault(name, {"resource": name, "link_class": t.link, "transfers": 0, "bytes": 0,
+                                            "busy": 0.0})
+                row["transfers"] += 1
+                row["bytes"] += t.nbytes
+                row["busy"] += t.end - t.start
+        return [self._rates(per[k]) for k in sorted(per)]
+
+    def link_class_stats(self) -> dict[str, dict]:
+        """Per link class: totals over its transfers (each counted once) and the configured figures."""
+        per: dict[str, dict] = {}
+        for t in self.transfers:
+            if not t.link:
+                continue
+            row = per.setdefault(t.link, {"transfers": 0, "bytes": 0, "busy": 0.0})
+            row["transfers"] += 1
+            row["bytes"] += t.nbytes
+            row["busy"] += t.end - t.start
+        out = {}
+        for name in sorted(per):
+            row = per[name]
+            row["achieved_bandwidth"] = row["bytes"] / row["busy"] if row["busy"] > 0 else 0.0
+            resources = [r for r in self.link_stats() if r["link_class"] == name]
+            row["max_utilization"] = max((r["utilization"] for r in resources), default=0.0)
+            row.update(self.link_info.get(name, {}))
+            out[name] = row
+        return out
+
+    def _rates(self, row: dict) -> dict:
+        row["achieved_bandwidth"] = row["bytes"] / row["busy"] if row["busy"] > 0 else 0.0  # bytes/s
+        row["utilization"] = row["busy"] / self.makespan if self.makespan > 0 else 0.0
+        return row
+
+    # -- critical path ---------------------------------------------------------------------------
+
+    def critical_path(self) -> list[dict]:
+        """The chain of compute, waits, transfers and collectives that ends at the makespan, first to last."""
+        sched = self.schedule
+        by_recv = {(t.dst, t.send.matching()): t for t in self.transfers}
+        node: Any = None
+        best = -1.0
+        for r in range(sched.num_ranks):
+            if self.ends[r] and self.ends[r][-1] > best:
+                node, best = ("rank", r, len(self.ends[r]) - 1), self.ends[r][-1]
+        for c in self.collectives:
+            if c.end > best:
+                node, best = ("coll", c), c.end
+        chain: list[dict] = []
+        while node is not None:
+            if node[0] == "coll":
+                c = node[1]
+                chain.append({"name": f"all_reduce(stage {c.stage})", "kind": "collective", "rank": c.rank,
+                              "start": c.start, "end": c.end, "bytes": c.nbytes})
+                node = ("coll", c.prev) if c.prev is not None and c.prev.end == c.start else ("rank", c.rank, c.after)
+                continue
+            if node[0] == "xfer":
+                t = node[1]
+                chain.append({"name": str(t.send), "kind": "transfer", "rank": t.src, "peer": t.dst,
+                              "start": t.start, "end": t.end, "bytes": t.nbytes})
+                node = ("xfer", t.blocker) if t.start > t.post and t.blocker is not None else ("rank", t.src,
+                                                                                                 t.send_index)
+                continue
+            _, r, i = node
+            a, s, e = sched.programs[r][i], self.starts[r][i], self.ends[r][i]
+            if a.kind in COMPUTE:
+                chain.append({"name": str(a), "kind": "compute", "rank": r, "start": s, "end": e})
+            elif a.kind in RECVS and e > s:
+                chain.append({"name": str(a), "kind": "recv_wait", "rank": r, "start": s, "end": e})
+                node = ("xfer", by_recv[(r, a)])
+                continue
+            node = ("rank", r, i - 1) if i > 0 else None
+        chain.reverse()
+        return chain
+
+    # -- views -----------------------------------------------------------------------------------
+
+    def timeline(self) -> Timeline:
+        """The shared trace schema: compute, send (link occupancy), recv (blocked time), collectives."""
+        sched, events = self.schedule, []
+        src_of = {(t.dst, t.send.matching()): t for t in self.transfers}
+        for r, prog in enumerate(sched.programs):
+            s, e, tp = self.starts[r], self.ends[r], self.tp_time[r]
+            for i, a in enumerate(prog):
+                k = a.kind.value
+                if a.kind in COMPUTE:
+                    events.append(Event(r, "compute", k, a.stage, a.microbatch, s[i], e[i] - tp[i]))
+                    if tp[i] > 0:
+                        events.append(Event(r, "collective", "tp", a.stage, a.microbatch, e[i] - tp[i], e[i]))
+                elif a.kind in RECVS:
+                    t = src_of[(r, a)]
+                    events.append(Event(r, "recv", k, a.stage, a.microbatch, s[i], e[i], t.nbytes, t.src))
+        for t in self.transfers:
+            events.append(Event(t.src, "send", t.send.kind.value, t.send.stage, t.send.microbatch, t.start, t.end,
+                                t.nbytes, t.dst))
+        for c in self.collectives:
+            events.append(Event(c.rank, "collective", c.kind, c.stage, -1, c.start, c.end, c.nbytes))
+        events.sort(key=lambda ev: (ev.start, ev.rank, ev.stream, ev.end))
+        return Timeline("simulated", sched.name, sched.num_ranks, events, self.meta())
+
+    def meta(self) -> dict:
+        s = self.schedule
+        return {"hardware": self.hardware, "p": s.num_ranks, "m": s.num_microbatches,
+                "v": s.num_stages // max(1, s.num_ranks), "dp": self.dp, "tp": self.tp,
+                "comm": "links" if self.comm else "none", "step_time": self.makespan}
+
+    def to_dict(self, *, memory_timeline: bool = True) -> dict:
+        """The `pipesim.simulate/1` JSON object (see docs/simulator.md)."""
+        s, n = self.schedule, self.schedule.num_ranks
+        peaks, inflight = self.peak_activation_bytes(), inflight_by_rank(s)
+        params = [sum(self.table.stages[st].param_bytes for st in s.stages_of(r)) for r in range(n)]
+        ranks = []
+        for r in range(n):
+            busy, tp = self.busy(r), sum(self.tp_time[r])
+            ranks.append({
+                "rank": r, "device": self.devices[r], "stages": list(s.stages_of(r)),
+                "busy": busy, "compute": busy - tp, "tp_collective": tp, "waiting_comm": self.waiting_comm(r),
+                "idle": self.makespan - busy, "bubble_fraction": self.rank_bubble(r),
+                "finish": self.ends[r][-1] if self.ends[r] else 0.0,
+                "dp_allreduce": sum(c.end - c.start for c in self.collectives if c.rank == r),
+            })
+        memory = {"peak_activation_bytes": peaks, "peak_inflight_microbatches": inflight, "param_bytes": params}
+        if memory_timeline:
+            memory["timeline"] = [[[t, b] for t, b in tl] for tl in self.memory_timeline]
+        return {
+            "schema": SCHEMA,
+            "schedule": {"name": s.name, "ranks": n, "stages": s.num_stages, "microbatches": s.num_microbatches,
+                         "virtual": s.num_stages // max(1, n), "split_backward": s.split_backward},
+            "hardware": self.hardware,
+            "comm": "links" if self.comm else "none",
+            "parallel": {"pp": n, "dp": self.dp, "tp": self.tp, "devices": self.devices},
+            "makespan": self.makespan,
+            "bubble_fraction": self.bubble_fraction,
+            "actions": self.num_actions(),
+            "ranks": ranks,
+            "links": self.link_stats(),
+            "link_classes": self.link_class_stats(),
+            "collectives": [{"rank": c.rank, "kind": c.kind, "stage": c.stage, "start": c.start, "end": c.end,
+                             "bytes": c.nbytes} for c in self.collectives],
+            "memory": memory,
+            "critical_path": self.critical_path(),
+        }

@@ -1,0 +1,120 @@
+"""CSV and action-notation interop with torch.distributed.pipelining, both directions."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from torch.distributed.pipelining import schedules as torch_schedules
+from torch.distributed.pipelining._schedule_visualizer import get_schedule_ops
+
+import schedules
+from pipesim import torch_csv
+from pipesim.errors import PipesimError, ScheduleError
+from pipesim.ir import Action
+from pipesim.lowering import add_p2p
+from pipesim.validate import fifo_mismatches, validate
+
+from .conftest import free_port
+
+WORKER = Path(__file__).parent / "workers" / "torch_runtime_csv.py"
+
+
+def configs():
+    for name in schedules.names():
+        v = 2 if schedules.spec(name).virtual else 1
+        for p, m in [(2, 4), (3, 6), (4, 8)]:
+            yield name, p, m, v
+
+
+@pytest.mark.parametrize("name, p, m, v", list(configs()))
+def test_round_trip(name, p, m, v):
+    sched = schedules.build(name, p, m, v)
+    for form in (sched, add_p2p(sched)):
+        back = torch_csv.loads(torch_csv.dumps(form))
+        assert back.programs == form.programs
+        assert back.placement == form.placement
+        assert back.num_microbatches == m
+
+
+@pytest.mark.parametrize("name, p, m, v", list(configs()))
+def test_torch_parses_validates_and_dry_runs_our_csv(name, p, m, v):
+    sched = schedules.build(name, p, m, v)
+    parsed = {r: [torch_schedules._Action.from_str(c) for c in row.split(",")]
+              for r, row in enumerate(torch_csv.dumps(sched).splitlines())}
+    stage_to_rank = torch_schedules._validate_schedule(parsed, p, p * v, m)
+    assert [stage_to_rank[s] for s in range(p * v)] == list(sched.placement)
+    lowered = {r: [torch_schedules._Action.from_str(c) for c in row.split(",")]
+               for r, row in enumerate(torch_csv.dumps(add_p2p(sched)).splitlines())}
+    # torch's dry run raises "Schedule is not progressing" on a hang
+    torch_schedules._simulate_comms_compute(lowered, lambda s: sched.placement[s], p * v)
+
+
+TORCH_GENERATED = ["GPipe", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"]
+
+
+# torch's get_schedule_ops cannot lower single-stage schedules (GPipe) without a process group
+GENERATED_CASES = [(n, False) for n in TORCH_GENERATED] + [(n, True) for n in TORCH_GENERATED if n != "GPipe"]
+
+
+@pytest.mark.parametrize("torch_name, with_comms", GENERATED_CASES)
+def test_torch_generated_schedules_load_and_validate(torch_name, with_comms):
+    ops = get_schedule_ops(torch_name, 4, 8, with_comms=with_comms)
+    text = "\n".join(",".join("" if a is None else str(a) for a in row) for row in ops)
+    sched = torch_csv.loads(text, torch_name)
+    validate(sched)
+    assert sched.num_ranks == 4 and sched.num_microbatches == 8
+    if with_comms:
+        assert sched.has_comms and fifo_mismatches(sched) == []
+        assert sched.meta["ignored_actions"] > 0  # UNSHARD / RESHARD bookkeeping dropped
+    if torch_name == "ZBVZeroBubble":
+        assert sched.placement == (0, 1, 2, 3, 3, 2, 1, 0)  # V-shaped placement
+
+
+def test_torch_1f1b_pipeline_order_off_by_one_is_caught():
+    """torch 2.13's Schedule1F1B.pipeline_order lists F1..F(m) on the last rank (a known trap)."""
+    ops = get_schedule_ops("1F1B", 4, 8)
+    text = "\n".join(",".join("" if a is None else str(a) for a in row) for row in ops)
+    with pytest.raises(ScheduleError, match="is missing"):
+        validate(torch_csv.loads(text, "1F1B"))
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("0F0,0X1\n", "row 1, column 2: malformed action '0X1'"),
+        ("0F0,0B0\n0F1,0B1\n", "stage 0 appears on rank 0 and rank 1"),
+        ("2F0,2B0\n", "stage 0 has no actions"),
+        ("\n\n", "no actions found"),
+    ],
+)
+def test_malformed_csv(text, message):
+    with pytest.raises(PipesimError, match=message):
+        torch_csv.loads(text, "bad.csv")
+
+
+def test_overlap_cells_expand():
+    assert torch_csv.parse_cell("(0F3;3B1)OVERLAP_F_B") == [Action.parse("0F3"), Action.parse("3B1")]
+    assert torch_csv.parse_cell("0UNSHARD") == []
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("name, virtual", [("1f1b", 1), ("interleaved-1f1b", 2), ("zb-h1", 1)])
+def test_exported_csv_runs_in_torch_runtime(tmp_path, name, virtual):
+    """A schedule designed here loads in torch's _PipelineScheduleRuntime and computes the right loss."""
+    m = 4
+    csv_path = tmp_path / f"{name}.csv"
+    torch_csv.dump(schedules.build(name, 2, m, virtual), csv_path)
+    out = tmp_path / "out.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
+           str(WORKER), str(csv_path), str(virtual), str(m), str(out)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["loss_sum"] == pytest.approx(result["expected"], rel=1e-5)

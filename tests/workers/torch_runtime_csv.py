@@ -1,0 +1,59 @@
+"""torchrun worker: load a pipesim-exported CSV into torch.distributed.pipelining's runtime and step.
+
+Usage: torchrun --nproc-per-node 2 tests/workers/torch_runtime_csv.py CSV STAGES_PER_RANK M OUT_JSON
+Rank 0 writes the per-microbatch losses and the reference losses of the unsplit model to OUT_JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch.distributed.pipelining import PipelineStage
+from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
+
+HIDDEN, BATCH = 8, 8
+
+
+def main() -> None:
+    csv_path, per_rank, m, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    dist.init_process_group("gloo", timeout=timedelta(seconds=30))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    num_stages = world * per_rank
+    torch.manual_seed(0)
+    layers = [torch.nn.Linear(HIDDEN, HIDDEN) for _ in range(num_stages)]
+    x, y = torch.randn(BATCH, HIDDEN), torch.randn(BATCH, HIDDEN)
+    with open(csv_path) as fh:
+        rows = [line.strip().split(",") for line in fh if line.strip()]
+    my_stages = sorted({int(cell.split("F")[0]) for cell in rows[rank] if "F" in cell and "SEND" not in cell
+                        and "RECV" not in cell})
+    stages = [PipelineStage(layers[s], s, num_stages, torch.device("cpu")) for s in my_stages]
+
+    def loss_fn(output, target):
+        return torch.nn.functional.mse_loss(output, target, reduction="sum")
+
+    sched = _PipelineScheduleRuntime(stages, m, loss_fn=loss_fn)
+    sched._load_csv(csv_path, format="compute_only")
+    losses: list[torch.Tensor] = []
+    has_first = 0 in my_stages
+    has_last = num_stages - 1 in my_stages
+    sched.step(x if has_first else None, target=y if has_last else None, losses=losses)
+    total = torch.tensor([float(sum(loss.item() for loss in losses))])
+    dist.all_reduce(total)
+    if rank == 0:
+        ref = x
+        for layer in layers:
+            ref = layer(ref)
+        expected = float(torch.nn.functional.mse_loss(ref, y, reduction="sum"))
+        with open(out, "w") as fh:
+            json.dump({"loss_sum": float(total), "expected": expected, "world": world}, fh)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    main()
