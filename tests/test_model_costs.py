@@ -1,0 +1,187 @@
+"""Model cost model: FLOP counts by hand and against torch's FlopCounterMode, splits, tp/dp, memory."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from pipesim.costs import parse_cost_spec
+from pipesim.errors import PipesimError
+from pipesim.hardware import load_hardware
+from pipesim.ir import Action, Kind
+from pipesim.model_config import ModelConfig
+from pipesim.model_costs import (
+    check_fits_memory,
+    gpt_block_activation_bytes,
+    gpt_block_flops,
+    gpt_stage_work,
+    mlp_stage_work,
+    model_costs,
+    uniform_costs,
+)
+
+
+def _count(fn) -> int:
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    return counter.get_total_flops()
+
+
+def _fiw_measured(module: nn.Module, x: torch.Tensor, loss_fn) -> tuple[int, int, int]:
+    """(F, I, W) FLOPs torch counts: forward; grads wrt the input only; full backward minus I."""
+    x = x.detach().requires_grad_(True)  # a middle stage: its input needs a gradient
+    f = _count(lambda: module(x))
+    module.requires_grad_(False)  # frozen weights: backward computes only the input gradient
+    i = _count(lambda: loss_fn(module(x)).backward()) - f
+    module.requires_grad_(True)
+    full = _count(lambda: loss_fn(module(x)).backward())  # F + I + W
+    return f, i, full - f - i
+
+
+def test_mlp_flops_match_flop_counter_exactly():
+    h, b, layers = 24, 5, 3
+    model = ModelConfig(kind="mlp", hidden=h, layers=layers, batch=b)
+    torch.manual_seed(0)
+    mlp = nn.Sequential(*[m for _ in range(layers) for m in (nn.Linear(h, h), nn.GELU())])
+    f, i, w = _fiw_measured(mlp, torch.randn(b, h), lambda y: y.square().mean())
+    work = mlp_stage_work(model, b, layers)
+    assert (work.flops["F"], work.flops["I"], work.flops["W"]) == (f, i, w) == (2 * b * h * h * layers,) * 3
+    assert work.param_count == sum(p.numel() for p in mlp.parameters())
+
+
+class _Block(nn.Module):
+    """A GPT-2 block with explicit score matmuls (what gpt_block_flops counts)."""
+
+    def __init__(self, h: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(h), nn.LayerNorm(h)
+        self.qkv, self.proj = nn.Linear(h, 3 * h), nn.Linear(h, h)
+        self.fc1, self.fc2 = nn.Linear(h, 4 * h), nn.Linear(4 * h, h)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, h = x.shape
+        qkv = self.qkv(self.ln1(x)).split(h, -1)
+        q, k, v = (t.view(b, s, self.heads, h // self.heads).transpose(1, 2) for t in qkv)  # (b, a, s, h/a)
+        att = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(h // self.heads), dim=-1)  # (b, a, s, s)
+        x = x + self.proj((att @ v).transpose(1, 2).reshape(b, s, h))
+        return x + self.fc2(nn.functional.gelu(self.fc1(self.ln2(x))))
+
+
+def test_gpt_block_flops_match_flop_counter_exactly():
+    model = ModelConfig(kind="gpt", hidden=32, layers=1, heads=4, seq=12, vocab=50, batch=3)
+    b, s, h = 3, 12, 32
+    block = _Block(h, 4)
+    f, i, w = _fiw_measured(block, torch.randn(b, s, h), lambda y: y.square().mean())
+    assert gpt_block_flops(model, b) == (f, i, w)
+    # by hand: weights 24bsh^2 each for F, I, W; scores 4bs^2h forward, 8bs^2h backward, all in I
+    dense, scores = 24 * b * s * h * h, 4 * b * s * s * h
+    assert (f, i, w) == (dense + scores, dense + 2 * scores, dense)
+    work = gpt_stage_work(model, b, 1, first=False, last=False)
+    assert work.param_count == sum(p.numel() for p in block.parameters())
+
+
+def test_gpt_head_and_embedding():
+    model = ModelConfig(kind="gpt", hidden=32, layers=2, heads=4, seq=12, vocab=50, batch=3)
+    b, s, h, v = 3, 12, 32, 50
+    head = nn.Sequential(nn.LayerNorm(h), nn.Linear(h, v, bias=False))
+    target = torch.randint(0, v, (b * s,))
+    f, i, w = _fiw_measured(head, torch.randn(b, s, h), lambda y: nn.functional.cross_entropy(y.view(-1, v), target))
+    last = gpt_stage_work(model, b, 0, first=False, last=True)
+    assert (last.flops["F"], last.flops["I"], last.flops["W"]) == (f, i, w) == (2 * b * s * h * v,) * 3
+    assert last.param_count == sum(p.numel() for p in head.parameters())
+    first = gpt_stage_work(model, b, 0, first=True, last=False)
+    assert first.flops == {"F": 0.0, "I": 0.0, "W": 0.0}
+    assert first.param_count == v * h + s * h  # token and position embeddings
+
+
+def test_korthikanti_activation_bytes():
+    model = ModelConfig(kind="gpt", hidden=64, layers=2, heads=4, seq=16, vocab=50, batch=8, dtype="bfloat16")
+    assert gpt_block_activation_bytes(model, 2) == 16 * 2 * 64 * (34 + 5 * 4 * 16 / 64)
+    assert gpt_block_activation_bytes(model, 2, tp=2) == 16 * 2 * 64 * (10 + 12 + 5 * 4 * 16 / 128)
+    f32 = ModelConfig(kind="gpt", hidden=64, layers=2, heads=4, seq=16, vocab=50, batch=8, dtype="float32")
+    assert gpt_block_activation_bytes(f32, 2) == 2 * gpt_block_activation_bytes(model, 2)
+
+
+def test_mlp_stage_costs_by_roofline():
+    hw = load_hardware("dgx-h100")
+    model = ModelConfig(kind="mlp", hidden=4096, layers=8, batch=512)
+    costs = model_costs(model, 2, 8, hw)  # microbatch 64 rows, 4 layers per stage
+    mm = 2 * 64 * 4096 * 4096  # FLOPs of one layer
+    peak = 67e12 * 0.5  # float32 FLOP/s achieved
+    for stage in costs.table.stages:
+        assert stage.flops_forward == 4 * mm
+        assert stage.forward == stage.backward_input == stage.backward_weight == 4 * mm / peak + 5e-6
+        assert stage.activation_bytes == 4 * 2 * 64 * 4096 * 4
+        assert stage.param_bytes == 4 * (4096 * 4096 + 4096) * 4
+    assert costs.table.stages[0].boundary_bytes == 64 * 4096 * 4 and costs.table.stages[1].boundary_bytes == 0
+    assert costs.table.duration(Action(0, Kind.B, 3)) == 2 * (4 * mm / peak + 5e-6)
+    assert (costs.tp, costs.dp, costs.tp_collectives, costs.dp_grad_bytes) == (1, 1, {}, (0, 0))
+    assert costs.layers_per_stage == (4, 4)
+
+
+def test_uneven_split():
+    hw = load_hardware("dgx-h100")
+    model = ModelConfig(kind="mlp", hidden=256, layers=8, batch=16)
+    costs = model_costs(model, 3, 4, hw, layer_split=[4, 3, 1])
+    assert costs.layers_per_stage == (4, 3, 1)
+    assert [s.flops_forward for s in costs.table.stages] == [2 * 4 * 256 * 256 * n for n in (4, 3, 1)]
+    assert model_costs(model, 3, 4, hw).layers_per_stage == (3, 3, 2)
+    with pytest.raises(PipesimError, match="must have 3 positive entries summing to 8"):
+        model_costs(model, 3, 4, hw, layer_split=[4, 4, 1])
+
+
+def test_tensor_and_data_parallel():
+    hw = load_hardware("2x-dgx-h100")
+    model = ModelConfig(kind="gpt", hidden=512, layers=4, heads=8, seq=64, vocab=1000, batch=32, dtype="bfloat16")
+    one = model_costs(model, 2, 4, hw)
+    two = model_costs(model, 2, 4, hw, tp=2, dp=2)  # microbatch 4 instead of 8
+    b = 32 // (2 * 4)
+    f, _, _ = gpt_block_flops(model, b)
+    assert two.table.stages[0].flops_forward == 2 * f / 2  # 2 blocks, halved by tp; embedding has no FLOPs
+    act = b * 64 * 512 * 2  # bytes of one (b, s, h) bf16 tensor
+    ar = ("all_reduce", act)
+    assert two.tp_collectives[(0, "F")] == (ar,) * 5  # embedding + 2 per block
+    assert two.tp_collectives[(0, "I")] == two.tp_collectives[(0, "B")] == (ar,) * 4
+    assert two.tp_collectives[(1, "F")] == (ar,) * 4
+    assert two.tp_collectives[(1, "I")] == (ar,) * 5  # + the LM head's input gradient
+    assert two.dp_grad_bytes == tuple(s.param_bytes for s in two.table.stages)
+    assert one.tp_collectives == {} and one.dp_grad_bytes == (0, 0)
+    with pytest.raises(PipesimError, match=r"--heads 8 is not divisible by tp\(3\)"):
+        model_costs(ModelConfig(kind="gpt", hidden=24, heads=8, layers=2, batch=4), 2, 2, hw, tp=3)
+    with pytest.raises(PipesimError, match=r"--batch 32 does not split into dp\(3\) x 4 microbatches"):
+        model_costs(model, 2, 4, hw, dp=3)
+
+
+def test_uniform_costs():
+    costs = uniform_costs(3, parse_cost_spec("F=1,B=2"), boundary_bytes=10)
+    assert [costs.table.duration(Action(s, Kind.B, 0)) for s in range(3)] == [2.0, 2.0, 2.0]
+    assert costs.table.duration(Action(1, Kind.W, 0)) == 1.0
+    assert costs.table.transfer_bytes(Action(0, Kind.SEND_F, 0)) == 10
+    assert (costs.tp, costs.dp, costs.dp_grad_bytes, costs.tp_collectives) == (1, 1, (0, 0, 0), {})
+
+
+def test_memory_check_names_the_numbers():
+    cpu = load_hardware("local-cpu")  # 6 GiB per process
+    model = ModelConfig(kind="mlp", hidden=16384, layers=8, batch=512)
+    costs = model_costs(model, 2, 8, cpu)
+    # per stage: 4 x (h*h + h) params x 16 B = 16.00 GiB; activations 4 x 2 x 64 x h x 4 B = 1/32 GiB per microbatch
+    with pytest.raises(PipesimError) as info:
+        check_fits_memory(costs, cpu, [8, 1])
+    assert str(info.value) == ("rank 0 (stage 0) needs 16.25 GiB (params+grads+Adam 16.00 GiB, activations 0.25 GiB "
+                               "for up to 8 in-flight microbatches) but cpu-process has 6.00 GiB")
+    small = model_costs(ModelConfig(kind="mlp", hidden=1024, layers=8, batch=64), 4, 8, cpu)
+    check_fits_memory(small, cpu, [4, 3, 2, 1])  # fits: returns quietly
+    # interleaved placement adds up the stages a rank holds
+    dgx = load_hardware("dgx-h100")
+    big = model_costs(ModelConfig(kind="mlp", hidden=16384, layers=16, batch=512), 4, 8, dgx)  # 16 GiB state each
+    check_fits_memory(big, dgx, [1, 1, 1, 1])
+    smaller = dataclasses.replace(dgx, device=dataclasses.replace(dgx.device, memory=30 * 2**30))
+    check_fits_memory(big, smaller, [1, 1, 1, 1])  # 16.02 GiB per rank
+    with pytest.raises(PipesimError, match=r"rank 0 \(stages 0,2\) needs 32\.06 GiB .* but H100-SXM5-80GB has 30\.00"):
+        check_fits_memory(big, smaller, [1, 1, 1, 1], placement=(0, 1, 0, 1))
