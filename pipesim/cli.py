@@ -75,6 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("pipesim: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `pipesim ... | head`: the reader left; not an error of ours
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":

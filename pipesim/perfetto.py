@@ -1,7 +1,7 @@
 """Perfetto / Chrome trace export: one schema for simulated and measured timelines.
 
-Each rank is a process, each stream (compute, send, recv, collective) a thread of it, so a
-send overlapping a compute never lands on an overflow track. Flow arrows join every SEND to the
+Each rank is a process (pid = rank + 1), each stream (compute, send, recv, collective) a thread
+of it, so a send overlapping a compute never lands on an overflow track. Flow arrows join every SEND to the
 RECV that consumes it. The pipesim Timeline rides along under "pipesim", so `pipesim plot`
 reads the very file Perfetto (ui.perfetto.dev) or chrome://tracing opens.
 """
@@ -14,6 +14,11 @@ from pathlib import Path
 from pipesim.timeline import STREAMS, Event, Timeline
 
 TID = {stream: i + 1 for i, stream in enumerate(STREAMS)}  # thread id per stream (0 avoided)
+
+
+def pid_of(rank: int) -> int:
+    """Process id of a rank: rank + 1, since Perfetto treats pid 0 (the Linux idle task) specially."""
+    return rank + 1
 _RECV_OF_SEND = {"SEND_F": ("RECV_F", +1), "SEND_B": ("RECV_B", -1)}  # kind -> (matching kind, stage step)
 
 
@@ -52,13 +57,14 @@ def _metadata(timeline: Timeline, tracks: set[tuple[int, str, int]]) -> list[dic
     """'M' events naming and ordering the tracks: process "rank R", threads per stream (and lane)."""
     out: list[dict] = []
     for rank in range(timeline.num_ranks):
-        out.append({"ph": "M", "name": "process_name", "pid": rank, "tid": 0, "args": {"name": f"rank {rank}"}})
-        out.append({"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0, "args": {"sort_index": rank}})
+        pid = pid_of(rank)
+        out.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": f"rank {rank}"}})
+        out.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": rank}})
     for rank, stream, lane in sorted(tracks, key=lambda t: (t[0], tid_of(t[1]), t[2])):
         tid = tid_of(stream, lane)
         name = stream if lane == 0 else f"{stream} #{lane + 1}"
-        out.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tid, "args": {"name": name}})
-        out.append({"ph": "M", "name": "thread_sort_index", "pid": rank, "tid": tid,
+        out.append({"ph": "M", "name": "thread_name", "pid": pid_of(rank), "tid": tid, "args": {"name": name}})
+        out.append({"ph": "M", "name": "thread_sort_index", "pid": pid_of(rank), "tid": tid,
                     "args": {"sort_index": TID.get(stream, TID["collective"]) * 100 + lane}})
     return out
 
@@ -68,7 +74,7 @@ def _slice(e: Event, lane: int) -> dict:
         "ph": "X",
         "name": e.label,
         "cat": e.kind,
-        "pid": e.rank,
+        "pid": pid_of(e.rank),
         "tid": tid_of(e.stream, lane),
         "ts": _us(e.start),
         "dur": _us(e.end - e.start),
@@ -103,8 +109,8 @@ def _flows(timeline: Timeline, lane_of: dict[int, int]) -> list[dict]:
         common = {"name": name, "cat": "p2p", "id": flow_id}
         s_tid = tid_of(send.stream, lane_of[index[id(send)]])
         f_tid = tid_of(recv.stream, lane_of[index[id(recv)]])
-        out.append({**common, "ph": "s", "pid": send.rank, "tid": s_tid, "ts": _midpoint(send)})
-        out.append({**common, "ph": "f", "bp": "e", "pid": recv.rank, "tid": f_tid, "ts": _midpoint(recv)})
+        out.append({**common, "ph": "s", "pid": pid_of(send.rank), "tid": s_tid, "ts": _midpoint(send)})
+        out.append({**common, "ph": "f", "bp": "e", "pid": pid_of(recv.rank), "tid": f_tid, "ts": _midpoint(recv)})
     return out
 
 

@@ -62,3 +62,11 @@ def test_user_errors_are_one_line_exit_2(argv, message):
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0] and "Traceback" not in proc.stderr
+
+
+def test_plot_writes_self_contained_html(capsys, tmp_path):
+    out = tmp_path / "zb.html"
+    code, _, _ = run_cli(capsys, "schedule", "zb-h1", "-p", "3", "-m", "6", "--plot", str(out))
+    html = out.read_text()
+    assert code == 0 and "plotly" in html and '<script src="https://cdn.plot.ly' not in html
+    assert "unit costs F=1, B=2" in html

@@ -17,7 +17,9 @@ from pipesim.plots.style import SCHEDULE_COLOURS, base_layout
 
 SCHEMA = "pipesim.sweep/1"
 REQUIRED = ("schedule", "stages", "microbatches", "bubble_fraction", "peak_activation_bytes")
-DASHES = ("solid", "dash", "dot", "dashdot", "longdash")
+DASHES = ("solid", "dash", "dot", "dashdot", "longdash")  # one per stage count
+PATTERNS = ("", "/", ".", "x", "-")  # bar fill per stage count
+SYMBOLS = ("circle", "square", "diamond", "triangle-up", "x", "star", "cross", "pentagon")
 
 
 def check_rows(rows: Sequence[dict]) -> list[dict]:
@@ -66,7 +68,8 @@ def sweep_figure(rows: Sequence[dict], *, title: str | None = None) -> go.Figure
                         "peak activation memory per rank (most microbatches)",
                         "link utilisation per link class (most microbatches)"],
     )
-    for s in series:
+    for i, s in enumerate(series):
+        width = 2 + 1.5 * (len(series) - 1 - i)  # earlier series thicker: equal curves (gpipe, 1f1b) both show
         for j, p in enumerate(stage_counts):
             pts = sorted((r for r in rows if _series(r) == s and r["stages"] == p), key=lambda r: r["microbatches"])
             if not pts:
@@ -74,7 +77,8 @@ def sweep_figure(rows: Sequence[dict], *, title: str | None = None) -> go.Figure
             fig.add_trace(go.Scatter(
                 x=[r["microbatches"] for r in pts], y=[r["bubble_fraction"] for r in pts], mode="lines+markers",
                 name=f"{s} p={p}" if many_p else s, legendgroup=s,
-                line={"color": colour[s], "dash": DASHES[j % len(DASHES)], "width": 2},
+                line={"color": colour[s], "dash": DASHES[j % len(DASHES)], "width": width},
+                marker={"symbol": SYMBOLS[i % len(SYMBOLS)], "size": 5 + width},
                 hovertemplate=f"{s}, p={p}<br>m=%{{x}}<br>bubble %{{y:.1%}}<extra></extra>",
             ), row=1, col=1)
     last = sorted(_last_m(rows), key=lambda r: (r["stages"], _series(r)))
@@ -82,31 +86,42 @@ def sweep_figure(rows: Sequence[dict], *, title: str | None = None) -> go.Figure
     fig.add_trace(go.Bar(
         x=[f"{_series(r)} p={r['stages']}" if many_p else _series(r) for r in last],
         y=[r["peak_activation_bytes"] / div for r in last],
-        marker={"color": [colour[_series(r)] for r in last]}, showlegend=False,
+        marker={"color": [colour[_series(r)] for r in last],
+                "pattern": {"shape": [PATTERNS[stage_counts.index(r["stages"]) % len(PATTERNS)] for r in last]}},
+        showlegend=False,
         text=[f"{r['peak_activation_bytes'] / div:.3g}" for r in last], textposition="outside",
         customdata=[[r["microbatches"], r.get("peak_inflight", "-")] for r in last],
         hovertemplate=f"%{{x}}<br>%{{y:.4g}} {unit} at m=%{{customdata[0]}}<br>"
                       "peak in-flight microbatches %{customdata[1]}<extra></extra>",
     ), row=2, col=1)
     classes = sorted({c for r in last for c in (r.get("link_utilization") or {})})
-    for r in last:
-        util = r.get("link_utilization") or {}
-        name = f"{_series(r)} p={r['stages']}" if many_p else _series(r)
+    labels = [f"{_series(r)} p={r['stages']}" if many_p else _series(r) for r in last]
+    for cls in classes:  # same x as the memory panel; one bar per link class, grouped
+        util = [(r.get("link_utilization") or {}).get(cls, 0.0) for r in last]
         fig.add_trace(go.Bar(
-            x=classes, y=[util.get(c, 0.0) for c in classes], name=name, legendgroup=_series(r), showlegend=False,
-            marker={"color": colour[_series(r)]},
-            hovertemplate=f"{name} (m={r['microbatches']})<br>%{{x}}: %{{y:.1%}} busy<extra></extra>",
+            x=labels, y=util, name=cls, showlegend=False,
+            marker={"color": [colour[_series(r)] for r in last],
+                    "pattern": {"shape": [PATTERNS[stage_counts.index(r["stages"]) % len(PATTERNS)] for r in last]}},
+            # one class: the value on top; several: the class name up the inside of each bar
+            text=[cls if len(classes) > 1 else f"{u:.1%}" for u in util],
+            textposition="inside" if len(classes) > 1 else "outside", insidetextanchor="start",
+            textangle=-90 if len(classes) > 1 else 0, cliponaxis=False,
+            customdata=[r["microbatches"] for r in last],
+            hovertemplate=f"%{{x}} (m=%{{customdata}})<br>{cls}: %{{y:.1%}} busy<extra></extra>",
         ), row=2, col=2)
     fig.update_xaxes(title_text="microbatches per step", type="log", dtick=0.30102999566, row=1, col=1)
     fig.update_yaxes(title_text="bubble fraction", tickformat=".0%", rangemode="tozero", row=1, col=1)
     fig.update_yaxes(title_text=f"peak activations ({unit})", rangemode="tozero", row=2, col=1)
-    fig.update_yaxes(title_text="busy fraction", tickformat=".0%", rangemode="tozero", row=2, col=2)
+    names = ", ".join(classes) if classes else "none"
+    fig.update_yaxes(title_text=f"busy fraction ({names})", tickformat=".0%", rangemode="tozero", row=2, col=2)
     if not classes:
         fig.add_annotation(text="no link data in this sweep", xref="x3 domain", yref="y3 domain", x=0.5, y=0.5,
                            showarrow=False)
-    dashes = f" · dash = stage count ({', '.join(f'p={p}' for p in stage_counts)})" if many_p else ""
+    dashes = f" · dash / hatching = stage count ({', '.join(f'p={p}' for p in stage_counts)})" if many_p else ""
     head = title or f"sweep: {len(series)} schedules, {len(rows)} configurations{dashes}"
-    fig.update_layout(**base_layout(head), barmode="group", height=760, margin={"l": 70, "r": 30, "t": 110, "b": 60})
+    fig.update_layout(**base_layout(head), barmode="group", height=760,
+                      uniformtext={"minsize": 9, "mode": "hide"}, bargroupgap=0.05,
+                      margin={"l": 70, "r": 30, "t": 110, "b": 60})
     for ann in fig.layout.annotations[:3]:
         ann.update(font={"size": 13})
     return fig

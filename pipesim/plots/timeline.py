@@ -57,7 +57,9 @@ def bubble_by_rank(timeline: Timeline) -> list[float]:
 
 
 def fmt_time(seconds: float, unit: str) -> str:
-    return f"{seconds * UNITS[unit]:.4g} {unit}"
+    """`12.35 ms`, `15,685 ms`: four significant digits, never exponent notation."""
+    value = seconds * UNITS[unit]
+    return f"{value:,.0f} {unit}" if abs(value) >= 1000 else f"{value:.4g} {unit}"
 
 
 def fmt_bytes(n: int) -> str:
@@ -97,6 +99,7 @@ def add_timeline(fig: go.Figure, timeline: Timeline, *, row: int, unit: str, leg
         if not events:
             continue
         fill, text_colour = GROUPS[group]
+        compute = group in ("F", "B", "I", "W")
         fig.add_trace(
             go.Bar(
                 orientation="h",
@@ -107,7 +110,9 @@ def add_timeline(fig: go.Figure, timeline: Timeline, *, row: int, unit: str, leg
                 base=[e.start * scale for e in events],
                 x=[e.duration * scale for e in events],
                 width=0.8,
-                marker={"color": fill, "line": {"color": "white", "width": 0.5}},
+                # compute bars get a white edge to separate neighbours; transfers an edge of their own
+                # colour, so a transfer much shorter than a pixel still shows as a thin line
+                marker={"color": fill, "line": {"color": "white" if compute else fill, "width": 0.5 if compute else 1}},
                 text=[short_label(e) for e in events],
                 textposition="inside",
                 insidetextanchor="middle",
@@ -126,7 +131,7 @@ def add_timeline(fig: go.Figure, timeline: Timeline, *, row: int, unit: str, leg
         legend_seen.add(group)
     rows = row_names(timeline)
     fig.update_yaxes(type="category", categoryorder="array", categoryarray=rows, autorange="reversed",
-                     range=None, showgrid=False, ticks="", row=row, col=1)
+                     showgrid=False, ticks="", ticklabelstandoff=8, row=row, col=1)
     yref = fig.get_subplot(row, 1).yaxis.plotly_name.replace("axis", "")
     per_rank = len(rows) // max(1, timeline.num_ranks)
     for rank in range(1, timeline.num_ranks, 2):  # shade every other rank so its rows read as one block
@@ -159,7 +164,8 @@ def stacked_figure(timelines: Sequence[Timeline], titles: Sequence[str], *, unit
     for i, t in enumerate(timelines, start=1):
         add_timeline(fig, t, row=i, unit=unit, legend_seen=seen)
     span = max(t.makespan for t in timelines) * UNITS[unit]
-    fig.update_xaxes(range=[0, span * 1.005], showgrid=True, gridcolor="#e5e5e5", zeroline=False)
+    fig.update_xaxes(range=[0, span * 1.005], showgrid=True, gridcolor="#e5e5e5", zeroline=False,
+                     exponentformat="none", separatethousands=True)
     fig.update_xaxes(title_text=f"time ({unit})", row=len(timelines), col=1)
     fig.update_layout(**base_layout(""), barmode="overlay", bargap=0.15,
                       height=140 + ROW_PX * sum(heights) + 60 * len(timelines),

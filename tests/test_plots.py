@@ -1,0 +1,214 @@
+"""Figures and the `pipesim plot` command: exact bar geometry, units, errors, files written."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+import schedules
+from pipesim.cli import main
+from pipesim.errors import PipesimError
+from pipesim.ir import Kind
+from pipesim.perfetto import write_trace
+from pipesim.plots import compare_figure, export, sweep_figure, timeline_figure, write_html, write_png
+from pipesim.plots.compare import median_step, prediction_error
+from pipesim.plots.from_schedule import unit_timeline
+from pipesim.timeline import Timeline
+
+F, B = 1e-3, 2e-3  # seconds
+
+
+def _no_comm(action) -> float:
+    return {Kind.F: F, Kind.B: B}.get(action.kind, 0.0)
+
+
+@pytest.fixture(scope="module")
+def sim() -> Timeline:
+    """1F1B, p=3, m=4, transfers free: makespan (m + p - 1)(F + B) = 18 ms, each rank busy 12 ms."""
+    return unit_timeline(schedules.build("1f1b", 3, 4), _no_comm, transfer_bytes=lambda a: 3 << 20)
+
+
+def _measured(sim: Timeline, factors: tuple[float, ...]) -> Timeline:
+    """`sim` replayed for len(factors) steps, step k stretched by factors[k], back to back from t=5 s."""
+    events, t0 = [], 5.0
+    for step, f in enumerate(factors):
+        events += [replace(e, start=t0 + e.start * f, end=t0 + e.end * f, step=step) for e in sim.events]
+        t0 += sim.makespan * f
+    return Timeline("measured", sim.schedule, sim.num_ranks, events, {})
+
+
+def _bars(fig) -> int:
+    return sum(len(t.x) for t in fig.data if t.type == "bar")
+
+
+def test_closed_form_sanity(sim):
+    assert sim.makespan == pytest.approx((4 + 3 - 1) * (F + B), rel=1e-12)
+
+
+def test_timeline_bars_are_the_events_in_ms(sim):
+    fig = timeline_figure(sim)
+    assert _bars(fig) == len(sim.events)
+    assert fig.layout.xaxis.title.text == "time (ms)"
+    forward = next(t for t in fig.data if t.name == "F forward")
+    assert len(forward.x) == 12  # 3 stages x 4 microbatches
+    assert list(forward.x) == pytest.approx([1.0] * 12)  # 1 ms bars
+    labels = list(forward.text)
+    first = labels.index("0F0")
+    assert forward.base[first] == 0.0 and forward.y[first] == "rank 0 · compute"
+    rows = list(fig.layout.yaxis.categoryarray)
+    assert rows == [f"rank {r} · {s}" for r in range(3) for s in ("compute", "send", "recv")]
+    assert fig.layout.yaxis.autorange == "reversed"  # rank 0 on top
+    idle = [a.text for a in fig.layout.annotations if a.text.startswith("idle")]
+    assert idle == ["idle 33%"] * 3  # 1 - 12/18
+    assert "makespan 18 ms" in fig.layout.title.text and "bubble 33.3%" in fig.layout.title.text
+    backward = next(t for t in fig.data if t.name == "B backward")
+    assert backward.marker.color != forward.marker.color
+
+
+def test_hover_has_stage_microbatch_duration_bytes(sim):
+    fig = timeline_figure(sim)
+    send = next(t for t in fig.data if t.name == "send")
+    row = list(send.customdata[0])
+    assert row[1] in ("SEND_F", "SEND_B") and row[6] == "3 MiB" and row[7] in (0, 1, 2)
+    assert "microbatch" in send.hovertemplate and "duration" in send.hovertemplate
+
+
+def test_unit_switches_to_us_for_short_runs(sim):
+    tiny = Timeline("simulated", "1f1b", 3, [replace(e, start=e.start * 1e-3, end=e.end * 1e-3) for e in sim.events])
+    fig = timeline_figure(tiny)
+    assert fig.layout.xaxis.title.text == "time (us)"
+    forward = next(t for t in fig.data if t.name == "F forward")
+    assert list(forward.x) == pytest.approx([1.0] * 12)  # 1 us bars
+    assert timeline_figure(sim, unit="us").layout.xaxis.title.text == "time (us)"
+    with pytest.raises(PipesimError, match="unknown time unit"):
+        timeline_figure(sim, unit="h")
+
+
+def test_compare_uses_median_step_and_reports_errors(sim):
+    meas = _measured(sim, (1.5, 1.1, 1.25))  # median step by duration: step 2 (x1.25)
+    assert median_step(meas) == 2
+    err = prediction_error(sim, meas.only_step(2))
+    assert err.makespan == pytest.approx(1 / 1.25 - 1)  # -20%
+    assert err.busy_by_rank == pytest.approx((1 / 1.25 - 1,) * 3)
+    fig = compare_figure(sim, meas)
+    assert _bars(fig) == 2 * len(sim.events)
+    assert "makespan error 20.0%" in fig.layout.title.text
+    assert "rank 0 -20.0%" in fig.layout.title.text
+    assert "measured (step 2 of 3)" in fig.layout.annotations[1].text
+    assert {fig.layout.xaxis.matches, fig.layout.xaxis2.matches} == {"x2", None}  # one shared time axis
+    assert fig.layout.meta["makespan_error"] == pytest.approx(-0.2)
+    fig1 = compare_figure(meas, sim, step=1)  # argument order does not matter; --step picks the step
+    assert fig1.layout.meta["makespan_error"] == pytest.approx(1 / 1.1 - 1)
+
+
+def test_compare_rejects_wrong_step_and_rank_count(sim):
+    meas = _measured(sim, (1.0, 1.2))
+    with pytest.raises(PipesimError, match="no step 7"):
+        compare_figure(sim, meas, step=7)
+    two = unit_timeline(schedules.build("1f1b", 2, 4), _no_comm)
+    with pytest.raises(PipesimError, match="2 ranks"):
+        compare_figure(two, meas)
+
+
+SWEEP_ROWS = [
+    {"schedule": s, "stages": 4, "microbatches": m, "virtual": 1, "makespan": 1.0,
+     "bubble_fraction": 3 / (m + 3) * (0.5 if s == "zb-h1" else 1.0), "peak_activation_bytes": (m if s == "gpipe"
+     else 4) << 20, "peak_inflight": 4, "link_utilization": {"nvlink": 0.1 * m / 16, "pcie": 0.05}}
+    for s in ("gpipe", "1f1b", "zb-h1") for m in (16, 4, 8)
+]
+
+
+def test_sweep_lines_and_bars():
+    fig = sweep_figure(SWEEP_ROWS)
+    lines = {t.name: t for t in fig.data if t.type == "scatter"}
+    assert set(lines) == {"gpipe", "1f1b", "zb-h1"}
+    assert list(lines["1f1b"].x) == [4, 8, 16]  # sorted by microbatches
+    assert list(lines["1f1b"].y) == pytest.approx([3 / 7, 3 / 11, 3 / 19])
+    memory = next(t for t in fig.data if t.type == "bar" and t.xaxis == "x2")
+    assert dict(zip(memory.x, memory.y)) == {"1f1b": 4.0, "gpipe": 16.0, "zb-h1": 4.0}  # MiB at m=16
+    links = [t for t in fig.data if t.type == "bar" and t.xaxis == "x3"]
+    assert [t.name for t in links] == ["nvlink", "pcie"]
+    assert all(list(t.x) == ["1f1b", "gpipe", "zb-h1"] for t in links)
+    assert list(links[0].y) == pytest.approx([0.1] * 3) and list(links[1].y) == [0.05] * 3
+
+
+def test_sweep_rejects_bad_rows():
+    with pytest.raises(PipesimError, match="no rows"):
+        sweep_figure([])
+    with pytest.raises(PipesimError, match="row 0 lacks bubble_fraction"):
+        sweep_figure([{"schedule": "x", "stages": 2, "microbatches": 2, "peak_activation_bytes": 1}])
+
+
+def test_html_is_self_contained(sim, tmp_path):
+    path = write_html(timeline_figure(sim), tmp_path / "t.html")
+    text = path.read_text()
+    assert "<script src=" not in text  # nothing fetched: plotly.js is inlined
+    assert "Plotly.newPlot" in text and len(text) > 3_000_000  # plotly.js inlined (~4.6 MB)
+
+
+def test_png_without_chromium_is_one_clear_error(sim, tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("BROWSER_PATH", raising=False)
+    monkeypatch.setattr(export, "DEBIAN_CHROMIUM", str(tmp_path / "no-chromium"))
+    with pytest.raises(PipesimError, match=r"needs Chromium \(apt-get install chromium\); HTML was written"):
+        write_png(timeline_figure(sim), tmp_path / "t.png")
+
+
+def test_png_with_chromium(sim, tmp_path):
+    if export.find_chromium() is None:
+        pytest.skip("no Chromium on this machine (apt-get install chromium): PNG export not tested")
+    fig = timeline_figure(sim)
+    fig.update_layout(width=800)
+    path = write_png(fig, tmp_path / "t.png")
+    head = path.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n"
+    assert int.from_bytes(head[16:20], "big") == 1600  # width 800 at scale 2
+
+
+# -- the command -----------------------------------------------------------------------------------
+
+
+@pytest.fixture()
+def traces(sim, tmp_path):
+    s, m = tmp_path / "simulated.json", tmp_path / "measured.json"
+    write_trace(sim, s)
+    _measured(sim, (1.5, 1.1, 1.25)).write(m)  # a bare timeline is accepted too
+    return s, m
+
+
+def test_cli_one_trace_and_compare(traces, tmp_path, capsys):
+    s, m = traces
+    assert main(["plot", str(s), "-o", str(tmp_path / "one.html")]) == 0
+    assert main(["plot", str(m), str(s), "-o", str(tmp_path / "cmp.html"), "--unit", "us"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines() == [f"wrote {tmp_path / 'one.html'}", f"wrote {tmp_path / 'cmp.html'}"]
+    assert "makespan error 20.0%" in (tmp_path / "cmp.html").read_text()
+
+
+def test_cli_sweep(tmp_path):
+    path = tmp_path / "sweep.json"
+    path.write_text(json.dumps({"schema": "pipesim.sweep/1", "hardware": "dgx-h100", "rows": SWEEP_ROWS}))
+    assert main(["plot", str(path), "-o", str(tmp_path / "sweep.html")]) == 0
+    assert (tmp_path / "sweep.html").stat().st_size > 3_000_000
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["missing.json", "-o", "x.html"], "file not found: missing.json"),
+    (["bad.json", "-o", "x.html"], "cannot read bad.json"),
+    (["other.json", "-o", "x.html"], "other.json is not a pipesim timeline"),
+    (["simulated.json", "-o", "x.png"], "-o wants an .html file"),
+    (["measured.json", "-o", "x.html", "--step", "9"], "has no step 9"),
+    (["sweep.json", "simulated.json", "-o", "x.html"], "plot a sweep on its own"),
+    (["simulated.json", "-o", "nodir/x.html"], "folder nodir does not exist"),
+])
+def test_cli_user_mistakes_are_one_line_exit_2(traces, tmp_path, monkeypatch, capsys, argv, message):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "bad.json").write_text("{not json")
+    (tmp_path / "other.json").write_text('{"schema": "something/1"}')
+    (tmp_path / "sweep.json").write_text(json.dumps({"schema": "pipesim.sweep/1", "rows": SWEEP_ROWS}))
+    assert main(["plot", *argv]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and message in err
+    assert not (tmp_path / "x.html").exists()
