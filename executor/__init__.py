@@ -1,0 +1,12 @@
+"""The executor: runs pipesim's schedule objects for real under torchrun.
+
+A per-rank interpreter walks that rank's lowered program (`add_p2p(schedule).programs[rank]`);
+no schedule logic lives here. Launch with `pipesim run ...` or
+`torchrun --nproc-per-node N -m executor NAME ...` (see docs/executor.md).
+"""
+
+from __future__ import annotations
+
+__all__ = ["RunConfig"]
+
+from executor.config import RunConfig

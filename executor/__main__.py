@@ -1,0 +1,140 @@
+"""`python -m executor`: train a pipesim schedule for real, one process per rank.
+
+  torchrun --standalone --nproc-per-node 2 -m executor 1f1b --microbatches 8 --model mlp --steps 4
+  torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500 \\
+      -m executor interleaved-1f1b --virtual 2 --microbatches 16 --dp 2 --tp 2 --model gpt
+  pipesim run 1f1b --nproc 2 ...   # launches torchrun --standalone for you
+
+Configuration errors print one line and exit 2 before any process group is created.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+from executor.config import RunConfig, add_run_args, config_from_args
+from executor.faults import die
+from pipesim.errors import PipesimError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # noqa: D401
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _single_process_env() -> None:
+    """Let `python -m executor` run without torchrun as a world of one."""
+    if "RANK" in os.environ:
+        return
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _Parser(prog="python -m executor", description=__doc__,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_run_args(parser)
+    args = parser.parse_args(argv)
+    _single_process_env()
+    world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
+    try:
+        cfg = config_from_args(args)
+        schedules = cfg.check(world)
+    except PipesimError as exc:
+        if rank == 0:
+            print(f"executor: error: {exc}", file=sys.stderr)
+        return 2
+    import torch
+    import torch.distributed as dist
+
+    from executor.mesh import build_mesh
+
+    backend = cfg.backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    if backend == "nccl":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    dist.init_process_group(backend, timeout=timedelta(seconds=cfg.pg_timeout))
+    try:
+        mesh = build_mesh(cfg.dp, world // (cfg.dp * cfg.tp), cfg.tp)
+        results = []
+        for sched in schedules:
+            try:
+                results.append(_run_one(cfg, sched, mesh, device, backend))
+            except Exception as exc:  # noqa: BLE001 - setup or result writing; training names its action
+                die(rank, f"{sched.name} (setup or results)", exc)
+        if rank == 0 and cfg.json:
+            data = results[0] if len(results) == 1 else {"runs": results}
+            text = json.dumps(data, indent=2)
+            if cfg.json == "-":
+                print(text)
+            else:
+                Path(cfg.json).write_text(text + "\n")
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+def _run_one(cfg: RunConfig, sched, mesh, device, backend: str) -> dict | None:
+    """Train one schedule; rank 0 returns the result dict (and writes trace and saved results)."""
+    import torch
+
+    from executor import timing
+    from executor.runtime import Runtime
+
+    rt = Runtime(cfg, sched, mesh, device)
+    label = sched.name
+
+    def progress(step: int, seconds: float) -> None:
+        print(f"executor: {label} step {step + 1}/{cfg.steps}  {seconds:.4f} s (rank 0)", file=sys.stderr, flush=True)
+
+    log = rt.train(progress if (mesh.rank == 0 and not cfg.quiet) else None)
+    timing.resolve(log, rt.program, rt.peer_of, rt.transfer_bytes)
+    params = rt.named_parameters() if cfg.save_dir else None
+    logs = timing.gather(log)
+    if cfg.save_dir:
+        out = Path(cfg.save_dir) / label
+        out.mkdir(parents=True, exist_ok=True)
+        torch.save(params, out / f"rank{mesh.rank}.pt")
+    if mesh.rank != 0:
+        return None
+    losses = _losses(logs, mesh, rt.sp)
+    times = timing.step_times(logs)
+    result = {
+        "schedule": label, "world_size": mesh.world, "dp": mesh.dp, "pp": mesh.pp, "tp": mesh.tp,
+        "stages": sched.num_stages, "microbatches": sched.num_microbatches, "backend": backend,
+        "device": str(device), "model": cfg.model.to_dict(),
+        "layers_per_stage": cfg.layers_per_stage(sched.num_stages), "steps": cfg.steps, "warmup": cfg.warmup,
+        "microbatch_size": rt.mb_size, "sequence_parallel": rt.sp,
+        "param_elements_per_rank": [lg.param_elements for lg in logs],
+        "step_time": timing.median_step_time(times, cfg.warmup), "step_times": times, "losses": losses,
+    }
+    if cfg.trace:
+        meta = {k: v for k, v in result.items() if k not in ("losses",)}
+        timing.write_trace(timing.to_timeline(logs, label, meta), cfg.trace)
+    if cfg.save_dir:
+        (Path(cfg.save_dir) / label / "result.json").write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+def _losses(logs, mesh, sp: bool) -> list[float]:
+    """Per-step loss averaged over DP replicas (taken from TP rank 0 of each replica's last stage)."""
+    from executor.mesh import coords_of
+
+    per_replica = [lg.losses for lg in logs  # sequence parallel: TP ranks hold different rows, so all count
+                   if lg.losses and (sp or coords_of(lg.rank, mesh.dp, mesh.pp, mesh.tp).tp == 0)]
+    steps = len(per_replica[0]) if per_replica else 0
+    return [sum(r[i] for r in per_replica) / len(per_replica) for i in range(steps)]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

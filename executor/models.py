@@ -1,0 +1,190 @@
+"""The models the executor trains: the lecture's deep MLP and a small GPT, cut into stages by layers.
+
+The full model is built from the seed once, identically on every rank, and each stage keeps its
+slice; the single-process reference builds the same model, so parameters match by construction.
+Parameter names are the full model's (`pieces.3.fc1.weight`) on every stage.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pipesim.model_config import ModelConfig
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class MLPLayer(nn.Module):
+    """Linear(h, h) + GELU: one layer of the lecture's deep MLP."""
+
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(hidden, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (b, h) -> (b, h)
+        return F.gelu(self.fc(x))
+
+
+class Embed(nn.Module):
+    """Token plus learned position embeddings (first GPT stage only)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(cfg.vocab, cfg.hidden)
+        self.pos = nn.Embedding(cfg.seq, cfg.hidden)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:  # (b, t) int64 -> (b, t, h)
+        pos = torch.arange(idx.shape[1], device=idx.device)
+        return self.tok(idx) + self.pos(pos)
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: causal self-attention, then a 4h MLP (fc1 column-, fc2 row-parallel under TP)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        h = cfg.hidden
+        self.heads = cfg.heads
+        self.ln1 = nn.LayerNorm(h)
+        self.qkv = nn.Linear(h, 3 * h)
+        self.proj = nn.Linear(h, h)
+        self.ln2 = nn.LayerNorm(h)
+        self.fc1 = nn.Linear(h, 4 * h)
+        self.fc2 = nn.Linear(4 * h, h)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (b, t, h) -> (b, t, h)
+        b, t, h = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(h, dim=2)
+        q, k, v = (z.view(b, t, self.heads, h // self.heads).transpose(1, 2) for z in (q, k, v))  # (b, nh, t, hs)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, h)
+        x = x + self.proj(y)
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+
+class Head(nn.Module):
+    """Final LayerNorm and the vocabulary projection (last GPT stage only)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.ln = nn.LayerNorm(cfg.hidden)
+        self.out = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (b, t, h) -> (b, t, vocab)
+        return self.out(self.ln(x))
+
+
+class FullModel(nn.Module):
+    """The whole network as a list of pieces; a stage is a contiguous run of pieces."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.kind = cfg.kind
+        if cfg.kind == "mlp":
+            pieces = [MLPLayer(cfg.hidden) for _ in range(cfg.layers)]
+        else:
+            pieces = [Embed(cfg)] + [Block(cfg) for _ in range(cfg.layers)] + [Head(cfg)]
+        self.pieces = nn.ModuleList(pieces)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for piece in self.pieces:
+            x = piece(x)
+        return x
+
+
+class StageModule(nn.Module):
+    """A stage's pieces, keyed by their index in the full model so parameter names stay global."""
+
+    def __init__(self, pieces: dict[int, nn.Module]) -> None:
+        super().__init__()
+        self.pieces = nn.ModuleDict({str(i): p for i, p in pieces.items()})
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for piece in self.pieces.values():
+            x = piece(x)
+        return x
+
+
+def build_full(cfg: ModelConfig) -> FullModel:
+    """The full model from `cfg.seed`; the global RNG is left as it was."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed)
+        model = FullModel(cfg)
+    return model.to(DTYPES[cfg.dtype])
+
+
+def piece_ranges(cfg: ModelConfig, layers_per_stage: list[int]) -> list[range]:
+    """Which pieces of the full model each stage holds (GPT: embedding on the first, head on the last)."""
+    ranges, start = [], 0
+    extra = 1 if cfg.kind == "gpt" else 0  # the embedding piece shifts block indices by one
+    for s, n in enumerate(layers_per_stage):
+        lo = start + extra if s > 0 else 0
+        hi = start + n + extra
+        if cfg.kind == "gpt" and s == len(layers_per_stage) - 1:
+            hi += 1  # the head
+        ranges.append(range(lo, hi))
+        start += n
+    return ranges
+
+
+def build_stages(cfg: ModelConfig, layers_per_stage: list[int], wanted: list[int]) -> dict[int, StageModule]:
+    """Stage modules for the stages in `wanted`, cut from one full model built from the seed."""
+    full = build_full(cfg)
+    ranges = piece_ranges(cfg, layers_per_stage)
+    return {s: StageModule({i: full.pieces[i] for i in ranges[s]}) for s in wanted}
+
+
+def loss_fn(cfg: ModelConfig, out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """MSE to a synthetic target (mlp) or next-token cross-entropy (gpt); mean over the microbatch."""
+    if cfg.kind == "mlp":
+        return F.mse_loss(out.float(), target.float())
+    return F.cross_entropy(out.float().reshape(-1, out.shape[-1]), target.reshape(-1))
+
+
+def synthetic_batch(cfg: ModelConfig, step: int,
+                    device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """The global batch of `step`: inputs and targets drawn from (seed, step), the same on every rank."""
+    gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step + 1)
+    if cfg.kind == "mlp":
+        x = torch.randn(cfg.batch, cfg.hidden, generator=gen, dtype=torch.float32)
+        y = torch.randn(cfg.batch, cfg.hidden, generator=gen, dtype=torch.float32)
+        return x.to(device, DTYPES[cfg.dtype]), y.to(device, DTYPES[cfg.dtype])
+    tokens = torch.randint(cfg.vocab, (cfg.batch, cfg.seq + 1), generator=gen)
+    return tokens[:, :-1].contiguous().to(device), tokens[:, 1:].contiguous().to(device)
+
+
+def boundary_shape(cfg: ModelConfig, microbatch_size: int) -> tuple[int, ...]:
+    """Shape of the activation (and its gradient) between two stages; known ahead, so no handshake."""
+    if cfg.kind == "mlp":
+        return (microbatch_size, cfg.hidden)
+    return (microbatch_size, cfg.seq, cfg.hidden)
+
+
+def apply_tensor_parallel(stage: StageModule, cfg: ModelConfig, group, *, sequence_parallel: bool = False) -> None:
+    """Megatron MLP blocks: column-parallel then row-parallel Linear (mlp: layer pairs; gpt: fc1/fc2).
+
+    With `sequence_parallel` the activations between blocks are split by rows (dim 0: samples of
+    the microbatch) over the TP group; attention and norms are per sample, so they run on the shard.
+    """
+    from executor.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+
+    if cfg.kind == "mlp":
+        layers = list(stage.pieces.values())
+        for a, b in zip(layers[0::2], layers[1::2], strict=True):
+            a.fc = ColumnParallelLinear(a.fc, group, sequence_parallel=sequence_parallel)
+            b.fc = RowParallelLinear(b.fc, group, sequence_parallel=sequence_parallel)
+        return
+    for piece in stage.pieces.values():
+        if isinstance(piece, Block):
+            piece.fc1 = ColumnParallelLinear(piece.fc1, group, sequence_parallel=sequence_parallel)
+            piece.fc2 = RowParallelLinear(piece.fc2, group, sequence_parallel=sequence_parallel)
+
+
+def replicated_parameters(stages) -> list[nn.Parameter]:
+    """Parameters outside the tensor-parallel layers (held whole on every TP rank), in a fixed order."""
+    from executor.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+
+    sharded = {id(p) for st in stages for mod in st.modules()
+               if isinstance(mod, ColumnParallelLinear | RowParallelLinear) for p in mod.parameters()}
+    return [p for st in stages for p in st.parameters() if id(p) not in sharded]

@@ -1,0 +1,39 @@
+"""Full-model parameter views of a rank's stages, for saving and for comparing with the reference.
+
+Tensor-parallel shards are gathered back into full tensors over the TP group (column-parallel:
+output rows; row-parallel: input columns, bias replicated).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from executor.mesh import Mesh
+
+
+def _gather(shard: torch.Tensor, dim: int, group, size: int) -> torch.Tensor:
+    parts = [torch.empty_like(shard) for _ in range(size)]
+    dist.all_gather(parts, shard.detach().contiguous(), group=group)
+    return torch.cat(parts, dim=dim)
+
+
+def full_parameters(stages: dict, mesh: Mesh) -> dict[str, torch.Tensor]:
+    """{full-model name: tensor} for every parameter this rank holds (collective over TP when tp > 1)."""
+    out: dict[str, torch.Tensor] = {}
+    if mesh.tp > 1:
+        from executor.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+    for stage in stages.values():
+        for mod_name, module in stage.module.named_modules():
+            direct = dict(module.named_parameters(recurse=False))
+            if not direct:
+                continue
+            prefix = f"{mod_name}." if mod_name else ""
+            for pname, param in direct.items():
+                tensor = param.detach()
+                if mesh.tp > 1 and isinstance(module, ColumnParallelLinear):
+                    tensor = _gather(tensor, 0, mesh.tp_group, mesh.tp)
+                elif mesh.tp > 1 and isinstance(module, RowParallelLinear) and pname == "weight":
+                    tensor = _gather(tensor, 1, mesh.tp_group, mesh.tp)
+                out[prefix + pname] = tensor.cpu().clone()
+    return out

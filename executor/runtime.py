@@ -1,0 +1,262 @@
+"""The per-rank interpreter: walks this rank's lowered program, one action at a time.
+
+All schedule logic comes from the IR (`add_p2p(schedule).programs[pp_rank]`); each action is
+turned once into a small closure, so the hot loop is: time, call, append. SENDs are isends whose
+handles are waited at the end of the step; RECVs block. After the last action: DP all-reduce,
+then one optimizer step (gradient accumulation over microbatches, losses scaled by 1/m).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from time import perf_counter_ns
+
+import torch
+import torch.distributed as dist
+
+from executor.config import RunConfig
+from executor.faults import die, inject
+from executor.mesh import Mesh
+from executor.models import (
+    DTYPES,
+    apply_tensor_parallel,
+    boundary_shape,
+    build_stages,
+    loss_fn,
+    replicated_parameters,
+    synthetic_batch,
+)
+from executor.p2p import P2P
+from executor.stage import Stage
+from executor.timing import RankLog
+from pipesim.ir import Action, Kind, Schedule
+from pipesim.lowering import add_p2p
+
+
+class Runtime:
+    """One schedule's training run on this rank."""
+
+    def __init__(self, cfg: RunConfig, schedule: Schedule, mesh: Mesh, device: torch.device) -> None:
+        self.cfg, self.mesh, self.device = cfg, mesh, device
+        self.schedule = add_p2p(schedule)
+        self.me = mesh.coords.pp
+        self.program: tuple[Action, ...] = self.schedule.programs[self.me]
+        m, last = schedule.num_microbatches, schedule.num_stages - 1
+        self.m, self.last = m, last
+        local = list(schedule.stages_of(self.me))
+        modules = build_stages(cfg.model, cfg.layers_per_stage(schedule.num_stages), local)
+        for module in modules.values():
+            if mesh.tp > 1:
+                apply_tensor_parallel(module, cfg.model, mesh.tp_group, sequence_parallel=cfg.sequence_parallel)
+            module.to(device)
+        loss = partial(loss_fn, cfg.model)
+        # sequence parallel: each TP rank holds 1/tp of every microbatch's rows outside the TP layers
+        self.sp = cfg.sequence_parallel and mesh.tp > 1
+        scale = 1.0 / (m * mesh.tp) if self.sp else 1.0 / m
+        self.stages = {s: Stage(s, modules[s], is_last=s == last, loss=loss, scale=scale) for s in local}
+        self.params = [p for st in self.stages.values() for p in st.params]
+        self.replicated = replicated_parameters(modules.values()) if self.sp else []
+        self.optimizer = (torch.optim.SGD(self.params, lr=cfg.lr) if cfg.optimizer == "sgd"
+                          else torch.optim.Adam(self.params, lr=cfg.lr))
+        self.mb_size = cfg.model.batch // (mesh.dp * m)
+        self.rows = self.mb_size // mesh.tp if self.sp else self.mb_size  # rows of a microbatch on this rank
+        shape = boundary_shape(cfg.model, self.rows)
+        dtype = DTYPES[cfg.model.dtype]
+        self.p2p = P2P(schedule, self.me, shape, dtype, device, use_tags=dist.get_backend() == "gloo")
+        self.transfer_bytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()  # bytes
+        self.log = RankLog(mesh.rank, param_elements=sum(p.numel() for p in self.params))
+        # per-step state, keyed (stage, microbatch)
+        self.acts: dict[tuple[int, int], torch.Tensor] = {}  # stage inputs waiting for their F
+        self.outs: dict[tuple[int, int], torch.Tensor] = {}  # activations waiting for their SEND_F
+        self.grads: dict[tuple[int, int], torch.Tensor] = {}  # output grads waiting for their B / I
+        self.gins: dict[tuple[int, int], torch.Tensor] = {}  # input grads waiting for their SEND_B
+        self.pending: list = []  # (work, tensor) of posted isends
+        self.deferred: list = []  # NCCL: (P2POp, tensor) of sends fused with the next receive
+        self.losses: list[torch.Tensor] = []
+        self.x_mb: tuple[torch.Tensor, ...] = ()
+        self.y_mb: tuple[torch.Tensor, ...] = ()
+        self.step_index = 0
+        self.ops = [self._op(a) for a in self.program]
+        if dist.get_backend() == "nccl":
+            self._fuse_sends()
+        if cfg.fail_rank == mesh.rank and cfg.fail_at is not None:
+            self._arm_fault(Action.parse(cfg.fail_at))
+
+    # -- building the closures (once) --------------------------------------------------------------
+
+    def peer_of(self, action: Action) -> int:
+        """Global rank on the other end of a P2P action."""
+        return self.mesh.pp_peer(self.schedule.rank_of(action.peer_stage))
+
+    def _local(self, stage: int) -> bool:
+        return self.schedule.rank_of(stage) == self.me
+
+    def _op(self, a: Action) -> Callable[[], None]:
+        s, mb, kind = a.stage, a.microbatch, a.kind
+        if kind == Kind.F:
+            return partial(self._forward, self.stages[s], s, mb, s < self.last and self._local(s + 1))
+        if kind in (Kind.B, Kind.I):
+            fn = self.stages[s].backward if kind == Kind.B else self.stages[s].backward_input
+            return partial(self._backward, fn, s, mb, s > 0 and self._local(s - 1))
+        if kind == Kind.W:
+            return partial(self.stages[s].backward_weight, mb)
+        peer = self.peer_of(a)
+        if kind == Kind.RECV_F:
+            return partial(self._recv, self.p2p.act[s][mb], peer, self.p2p.tag(False, s - 1, mb), self.acts,
+                           (s, mb), True)
+        if kind == Kind.RECV_B:
+            return partial(self._recv, self.p2p.grad[s][mb], peer, self.p2p.tag(True, s + 1, mb), self.grads,
+                           (s, mb), False)
+        if kind == Kind.SEND_F:
+            return partial(self._send, self.outs, (s, mb), peer, self.p2p.tag(False, s, mb))
+        return partial(self._send, self.gins, (s, mb), peer, self.p2p.tag(True, s, mb))
+
+    def _fuse_sends(self) -> None:
+        """NCCL: a SEND directly followed by a RECV goes out in one batch_isend_irecv with it.
+
+        NCCL serializes a rank pair's P2P on one stream, so two ranks that each send before receiving
+        from the other would deadlock; a fused group cannot (torch's Schedule1F1B fuses the same way).
+        """
+        prog = self.program
+        for idx, a in enumerate(prog):
+            if a.kind not in (Kind.SEND_F, Kind.SEND_B):
+                continue
+            nxt = next((b for b in prog[idx + 1:] if b.kind not in (Kind.SEND_F, Kind.SEND_B)), None)
+            if nxt is not None and nxt.kind in (Kind.RECV_F, Kind.RECV_B):
+                source = self.outs if a.kind == Kind.SEND_F else self.gins
+                self.ops[idx] = partial(self._defer, source, (a.stage, a.microbatch), self.peer_of(a))
+
+    def _defer(self, source: dict, key: tuple[int, int], dst: int) -> None:
+        tensor = source.pop(key)
+        self.deferred.append((dist.P2POp(dist.isend, tensor, dst), tensor))
+
+    def _arm_fault(self, target: Action) -> None:
+        if target not in self.program:
+            return
+        idx = self.program.index(target)
+        inner = self.ops[idx]
+
+        def faulty() -> None:
+            if self.step_index == 0:
+                inject(self.cfg.fail_mode, self.mesh.rank, target)
+            inner()
+
+        self.ops[idx] = faulty
+
+    # -- the actions ---------------------------------------------------------------------------------
+
+    def _forward(self, stage: Stage, s: int, mb: int, next_local: bool) -> None:
+        x = self.x_mb[mb] if s == 0 else self.acts.pop((s, mb))
+        y = stage.forward(mb, x, self.y_mb[mb] if s == self.last else None)
+        if s == self.last:
+            self.losses.append(y)
+        elif next_local:
+            self.acts[(s + 1, mb)] = y.detach().requires_grad_()
+        else:
+            self.outs[(s, mb)] = y.detach()
+
+    def _backward(self, fn: Callable, s: int, mb: int, prev_local: bool) -> None:
+        grad_in = fn(mb, None if s == self.last else self.grads.pop((s, mb)))
+        if s == 0:
+            return
+        if prev_local:
+            self.grads[(s - 1, mb)] = grad_in
+        else:
+            self.gins[(s, mb)] = grad_in.contiguous()
+
+    def _recv(self, buf: torch.Tensor, src: int, tag: int, into: dict, key: tuple[int, int], leaf: bool) -> None:
+        if self.deferred:
+            works = dist.batch_isend_irecv([op for op, _ in self.deferred] + [dist.P2POp(dist.irecv, buf, src)])
+            self.pending.extend(zip(works[:-1], [t for _, t in self.deferred], strict=True))
+            self.deferred.clear()
+            works[-1].wait()
+        else:
+            self.p2p.recv(buf, src, tag).wait()
+        into[key] = buf.detach().requires_grad_() if leaf else buf
+
+    def _send(self, source: dict, key: tuple[int, int], dst: int, tag: int) -> None:
+        tensor = source.pop(key)
+        self.pending.append((self.p2p.send(tensor, dst, tag), tensor))
+
+    # -- the step --------------------------------------------------------------------------------------
+
+    def _load_batch(self, step: int) -> None:
+        x, y = synthetic_batch(self.cfg.model, step, self.device)
+        rows = self.cfg.model.batch // self.mesh.dp
+        d = self.mesh.coords.dp
+        self.x_mb = x[d * rows:(d + 1) * rows].chunk(self.m)
+        self.y_mb = y[d * rows:(d + 1) * rows].chunk(self.m)
+        if self.sp:
+            lo = self.mesh.coords.tp * self.rows
+            self.x_mb = tuple(t[lo:lo + self.rows] for t in self.x_mb)
+            self.y_mb = tuple(t[lo:lo + self.rows] for t in self.y_mb)
+
+    def train(self, progress: Callable[[int, float], None] | None = None) -> RankLog:
+        """Run all steps; on any error name this rank and the action, and exit non-zero."""
+        log, ops, actions = self.log, self.ops, self.log.actions
+        where: Action | str = "setup"
+        sync = self.device.type == "cuda" and self.cfg.trace is not None
+        try:
+            for step in range(self.cfg.steps):
+                self.step_index = step
+                self._load_batch(step)
+                start = perf_counter_ns()
+                for idx, op in enumerate(ops):
+                    where = self.program[idx]
+                    t0 = perf_counter_ns()
+                    op()
+                    if sync:
+                        torch.cuda.synchronize(self.device)
+                    actions.append((step, idx, t0, perf_counter_ns()))
+                where = "the wait for posted sends"
+                for work, _ in self.pending:
+                    work.wait()
+                self.pending.clear()
+                if self.replicated:
+                    where = "the tensor-parallel all-reduce of replicated gradients"
+                    t0 = perf_counter_ns()
+                    nbytes = self._sum_replicated()
+                    log.collectives.append((step, "all_reduce", t0, perf_counter_ns(), nbytes))
+                where = "the data-parallel gradient all-reduce"
+                if self.mesh.dp > 1:
+                    t0 = perf_counter_ns()
+                    nbytes = self._allreduce()
+                    log.collectives.append((step, "all_reduce", t0, perf_counter_ns(), nbytes))
+                where = "the optimizer step"
+                self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
+                if self.losses:
+                    log.losses.append(float(torch.stack(self.losses).sum()) / self.m)
+                    self.losses.clear()
+                end = perf_counter_ns()
+                log.steps.append((start, end))
+                if progress is not None:
+                    progress(step, (end - start) / 1e9)
+        except Exception as exc:  # noqa: BLE001 - any failure ends the run with a named rank and action
+            die(self.mesh.rank, where, exc)
+        return log
+
+    def _allreduce(self) -> int:
+        """Average gradients over the DP group; returns the bytes reduced."""
+        grads = [p for p in self.params if p.grad is not None]
+        nbytes = sum(p.grad.numel() * p.grad.element_size() for p in grads)
+        from executor.data_parallel import allreduce_gradients
+
+        allreduce_gradients(grads, self.mesh.dp_group, bucket_bytes=self.cfg.bucket_bytes)
+        return nbytes
+
+    def _sum_replicated(self) -> int:
+        """Sequence parallel: parameters outside the TP layers saw 1/tp of the rows; sum their grads."""
+        nbytes = 0
+        for p in self.replicated:
+            if p.grad is not None:
+                dist.all_reduce(p.grad, group=self.mesh.tp_group)
+                nbytes += p.grad.numel() * p.grad.element_size()
+        return nbytes
+
+    def named_parameters(self) -> dict[str, torch.Tensor]:
+        """This rank's parameters under their full-model names (TP shards gathered to full tensors)."""
+        from executor.params import full_parameters
+
+        return full_parameters(self.stages, self.mesh)

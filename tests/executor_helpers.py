@@ -1,0 +1,59 @@
+"""Launch the executor under real torchrun (gloo, free rendezvous port) and compare with the reference."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from executor.reference import train_reference
+from pipesim.model_config import ModelConfig
+
+TINY_MLP = ["--model", "mlp", "--hidden", "16", "--layers", "4", "--batch", "8"]
+TINY_GPT = ["--model", "gpt", "--hidden", "16", "--heads", "2", "--seq", "8", "--vocab", "32", "--layers", "4",
+            "--batch", "8"]
+
+
+def torchrun(nproc: int, args: list[str], *, timeout: float = 120.0) -> subprocess.CompletedProcess:
+    """`torchrun --standalone` (it picks a free port) running `-m executor ARGS`; short pg timeout."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
+           "-m", "executor", *args]
+    if "--pg-timeout" not in args:
+        cmd += ["--pg-timeout", "20"]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def model_of(args: list[str]) -> ModelConfig:
+    """The ModelConfig the executor builds from these flags."""
+    flags = dict(zip(args[0::2], args[1::2], strict=False))
+    kw = {k: int(flags[f"--{k}"]) for k in ("hidden", "layers", "heads", "seq", "vocab", "batch")
+          if f"--{k}" in flags}
+    return ModelConfig(kind=flags.get("--model", "mlp"), **kw)
+
+
+def load_run(save_dir: Path, name: str) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """Losses and full-model parameters of one run; replicas (DP) must agree exactly."""
+    result = json.loads((save_dir / name / "result.json").read_text())
+    params: dict[str, torch.Tensor] = {}
+    for path in sorted((save_dir / name).glob("rank*.pt")):
+        for key, value in torch.load(path).items():
+            if key in params:
+                torch.testing.assert_close(value, params[key], rtol=0, atol=0, msg=f"replicas differ on {key}")
+            params[key] = value
+    return result["losses"], params
+
+
+def assert_matches_reference(save_dir: Path, name: str, model: ModelConfig, steps: int, **opt) -> None:
+    losses, params = load_run(save_dir, name)
+    ref = train_reference(model, steps, **opt)
+    assert len(losses) == steps
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref.losses), rtol=1e-5, atol=1e-6,
+                               msg=lambda m: f"{name}: losses differ\n{m}")
+    assert params.keys() == ref.params.keys(), f"{name}: parameter sets differ"
+    for key, value in ref.params.items():
+        torch.testing.assert_close(params[key], value, rtol=1e-5, atol=1e-6, msg=lambda m, k=key: f"{name} {k}: {m}")

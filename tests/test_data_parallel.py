@@ -1,0 +1,74 @@
+"""Data-parallel gradient averaging on real gloo groups, per parameter and in flat buckets."""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from executor.data_parallel import allreduce_gradients, plan_buckets
+from pipesim.errors import PipesimError
+from tests.conftest import free_port
+
+SHAPES = [(3, 5), (7,), (4, 4), (2,), (6, 1)]  # 15, 7, 16, 2, 6 float32 elements
+
+
+def _grads_of(rank: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(100 + rank)
+    return [torch.randn(s, generator=g) for s in SHAPES]
+
+
+def test_plan_buckets_packs_in_order_up_to_the_limit() -> None:
+    grads = [torch.zeros(s) for s in SHAPES]  # 60, 28, 64, 8, 24 bytes
+    assert plan_buckets(grads, 100) == [[0, 1], [2, 3, 4]]  # 88; 64 + 8 + 24 = 96
+    assert plan_buckets(grads, 64) == [[0], [1], [2], [3, 4]]
+    assert plan_buckets(grads, 1) == [[0], [1], [2], [3], [4]]  # oversize grads get their own bucket
+    assert plan_buckets(grads, 10**9) == [[0, 1, 2, 3, 4]]
+
+
+def test_plan_buckets_splits_on_dtype_change() -> None:
+    grads = [torch.zeros(2), torch.zeros(2, dtype=torch.float64), torch.zeros(2, dtype=torch.float64)]
+    assert plan_buckets(grads, 10**6) == [[0], [1, 2]]
+
+
+def test_plan_buckets_rejects_a_non_positive_size() -> None:
+    with pytest.raises(PipesimError, match="bucket size must be at least 1 byte, got 0"):
+        plan_buckets([torch.zeros(1)], 0)
+
+
+def _worker(rank: int, world: int, port: int) -> None:
+    os.environ["OMP_NUM_THREADS"] = "1"
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=10))
+    try:
+        expected = [torch.stack(parts).mean(0) for parts in zip(*(_grads_of(r) for r in range(world)))]
+        for bucket_bytes, calls in ((None, len(SHAPES)), (100, 2), (1, len(SHAPES)), (10**9, 1)):
+            params = [torch.nn.Parameter(torch.zeros(s)) for s in SHAPES]
+            for p, g in zip(params, _grads_of(rank)):
+                p.grad = g
+            no_grad = torch.nn.Parameter(torch.zeros(3))  # skipped, stays None
+            assert allreduce_gradients([*params, no_grad], None, bucket_bytes=bucket_bytes) == calls
+            assert no_grad.grad is None
+            for p, want in zip(params, expected):
+                torch.testing.assert_close(p.grad, want, rtol=1e-6, atol=1e-6)
+        # DP groups of 2 inside the world (as with dp=2 x pp=2): {0, 2} and {1, 3} average among themselves
+        pairs = [dist.new_group([0, 2]), dist.new_group([1, 3])]
+        for bucket_bytes in (None, 64):
+            params = [torch.nn.Parameter(torch.zeros(s)) for s in SHAPES]
+            for p, g in zip(params, _grads_of(rank)):
+                p.grad = g
+            allreduce_gradients(params, pairs[rank % 2], bucket_bytes=bucket_bytes)
+            for p, *mine in zip(params, *(_grads_of(r) for r in (rank % 2, rank % 2 + 2))):
+                torch.testing.assert_close(p.grad, (mine[0] + mine[1]) / 2, rtol=1e-6, atol=1e-6)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.dist
+def test_allreduce_gradients_is_the_mean_of_per_rank_grads() -> None:
+    """World of 4, then groups of 2 inside it (one spawn: starting processes is the slow part)."""
+    mp.spawn(_worker, args=(4, free_port()), nprocs=4, join=True)
