@@ -1,0 +1,108 @@
+"""`pipesim bench`: collective bandwidths (under torchrun), executor vs torch.distributed.pipelining, simulator speed.
+
+`collectives` launches torchrun itself on executor.collectives_bench; `executor` and `simulator` run
+the scripts in bench/ (source tree only). Flags of `collectives` are defined here, once, and reused
+by the worker, so the parent can validate them before any process starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import inspect
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from pipesim.commands.common import positive_int
+from pipesim.errors import PipesimError
+
+EXAMPLES = """examples:
+  pipesim bench collectives --nproc 2                              # all ops, sizes 1K,64K,1M,16M
+  pipesim bench collectives --nproc 4 --sizes 1K,1M,64M --ops all_reduce,reduce_scatter --json c.json --plot c.html
+  pipesim bench collectives --nproc 4 --lecture                    # the lecture's all_reduce/reduce_scatter demo
+  pipesim bench executor -- --schedules gpipe,1f1b --steps 5        # pipesim executor vs torch pipelining
+  pipesim bench simulator                                          # bench/bench_simulator.py
+"""
+
+OPS = ("broadcast", "scatter", "gather", "reduce", "all_gather", "reduce_scatter", "all_reduce", "send_recv")
+BENCH_DIR = Path(__file__).resolve().parents[2] / "bench"  # present in a source checkout only
+
+
+def add_collectives_args(p: argparse.ArgumentParser) -> None:
+    """Flags shared by `pipesim bench collectives` and the torchrun worker (executor.collectives_bench)."""
+    p.add_argument("--sizes", default="1K,64K,1M,16M", help="buffer sizes S, K/M/G binary (default 1K,64K,1M,16M)")
+    p.add_argument("--ops", default=",".join(OPS), help=f"collectives (default all: {','.join(OPS)})")
+    p.add_argument("--iters", type=int, default=20, help="timed calls per size (default 20)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed calls per size (default 2)")
+    p.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
+                   help="auto: nccl with GPUs, else gloo")
+    p.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE",
+                   help="write results (seconds, bytes, bytes/s) to FILE, or to stdout without FILE")
+    p.add_argument("--plot", metavar="FILE.html", help="write busbw vs size per op as self-contained HTML")
+    p.add_argument("--lecture", action="store_true", help="run the lecture's all_reduce/reduce_scatter demo instead")
+    p.add_argument("--elements", type=int, default=None,
+                   help="--lecture: float32 elements (default 100M on GPU, 10M on CPU)")
+    p.add_argument("--timeout", type=float, default=120.0, help="process-group timeout, seconds (default 120)")
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("bench", help="benchmarks: collectives, executor vs torch, simulator", epilog=EXAMPLES,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    which = p.add_subparsers(dest="bench", metavar="BENCH", parser_class=type(p))
+    c = which.add_parser("collectives", help="collective time, algbw, busbw (nccl-tests conventions) under torchrun",
+                         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    c.add_argument("--nproc", type=positive_int, default=2, help="processes (ranks) torchrun starts (default 2)")
+    add_collectives_args(c)
+    c.set_defaults(func=run_collectives)
+    for name, script, text in (("executor", "bench_executor.py", "step time: pipesim executor vs torch pipelining"),
+                               ("simulator", "bench_simulator.py", "simulator speed (bench/bench_simulator.py)")):
+        e = which.add_parser(name, help=text, epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+        e.add_argument("args", nargs=argparse.REMAINDER, help=f"flags for bench/{script} (after --)")
+        e.set_defaults(func=run_script, script=script)
+    p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
+
+
+def _torchrun(nproc: int, module: str, argv: list[str]) -> int:
+    """Run `python -m <module> argv` on `nproc` local ranks; --standalone picks a free rendezvous port."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+           "-m", module, *argv]
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")  # ranks share the cores
+    return subprocess.run(cmd, env=env, check=False).returncode
+
+
+def run_collectives(args: argparse.Namespace) -> int:
+    from executor.collectives_bench import check_args
+
+    check_args(args)  # user mistakes fail here, with one line, before torchrun starts
+    argv = ["--sizes", args.sizes, "--ops", args.ops, "--iters", str(args.iters), "--warmup", str(args.warmup),
+            "--backend", args.backend, "--timeout", str(args.timeout)]
+    for flag in ("json", "plot", "elements"):
+        if getattr(args, flag) is not None:
+            argv += [f"--{flag}", str(getattr(args, flag))]
+    if args.lecture:
+        argv.append("--lecture")
+    rc = _torchrun(args.nproc, "executor.collectives_bench", argv)
+    if rc:
+        raise PipesimError(f"collectives benchmark failed: torchrun exited with code {rc} (see the rank output above)")
+    return 0
+
+
+def run_script(args: argparse.Namespace) -> int:
+    """Load bench/<script> and call its main(argv)."""
+    path = BENCH_DIR / args.script
+    if not path.exists():
+        raise PipesimError(f"{path} not found; the bench scripts ship with the source checkout only")
+    spec = importlib.util.spec_from_file_location(f"pipesim_bench_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    argv = args.args[1:] if args.args[:1] == ["--"] else list(args.args)
+    if inspect.signature(module.main).parameters:
+        return int(module.main(argv) or 0)
+    saved, sys.argv = sys.argv, [str(path), *argv]  # a main() that reads sys.argv itself
+    try:
+        return int(module.main() or 0)
+    finally:
+        sys.argv = saved
