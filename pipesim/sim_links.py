@@ -38,14 +38,22 @@ class Transfer:
 
 
 class Environment(simpy.Environment):
-    """SimPy's environment plus wake-ups at an absolute time, so transfer ends stay exact floats."""
+    """SimPy's environment plus re-armable alarms at absolute times (touches SimPy's event queue directly).
 
-    def wake_at(self, event: simpy.Event, when: float) -> simpy.Event:
-        """Trigger `event` (successfully) at time `when` >= now, without `now + (when - now)` rounding."""
-        event._ok = True  # what Event.succeed sets; scheduling is the part we do ourselves
-        event._value = None
-        heappush(self._queue, (when, NORMAL, next(self._eid), event))
+    Waking at an absolute time keeps times exact (no `now + (t - now)` rounding); re-arming one
+    event per sleeper saves an allocation per wake-up, which matters at ~200k wake-ups per step.
+    """
+
+    def alarm(self) -> simpy.Event:
+        """An event that can be armed again and again; it always succeeds."""
+        event = simpy.Event(self)
+        event._ok, event._value = True, None  # what Event.succeed would set
         return event
+
+    def arm(self, alarm: simpy.Event, callbacks: list, when: float) -> None:
+        """Fire `alarm` at time `when` (>= now), calling `callbacks`; it must not be pending already."""
+        alarm.callbacks = callbacks  # step() reads this list and then clears the attribute
+        heappush(self._queue, (when, NORMAL, next(self._eid), alarm))
 
 
 class LinkPool:

@@ -8,16 +8,29 @@ bytes and bytes/s.
 
 from __future__ import annotations
 
+import gc
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipesim.analysis import inflight_by_rank
 from pipesim.costs import CostTable
 from pipesim.ir import COMPUTE, RECVS, Schedule
 from pipesim.sim_links import Transfer
 from pipesim.timeline import Event, Timeline
 
 SCHEMA = "pipesim.simulate/1"
+
+
+@contextmanager
+def no_gc():
+    """Pause Python's cyclic GC: big runs hold ~1M small acyclic objects it would rescan repeatedly."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 @dataclass
@@ -53,10 +66,13 @@ class SimResult:
     memory_timeline: list[list[tuple[float, int]]]  # per rank: (seconds, stashed activation bytes)
     link_info: dict[str, dict] = field(default_factory=dict)  # link class -> bandwidth, latency
     makespan: float = 0.0  # seconds
+    peak_inflight: list[int] = field(default_factory=list)  # per rank: most microbatches stashed at once
+    messages: list = field(default_factory=list, repr=False)  # message slot -> Transfer (see recv_transfer)
+    slot_stride: int = 1  # microbatch slots per (stage, direction)
 
     @staticmethod
     def build(engine: Any) -> SimResult:
-        transfers = sorted((t for t in engine.slots if isinstance(t, Transfer)), key=lambda t: (t.post, t.src, t.send_index))
+        transfers = engine.transfers
         ends = [e[-1] for e in engine.ends if e]
         ends += [t.end for t in transfers] + [c.end for c in engine.collectives]
         hw, par = engine.hw, engine.par
@@ -70,19 +86,39 @@ class SimResult:
             engine.sched, engine.table, getattr(hw, "name", None), engine.comm, par.dp, par.tp,
             [par.device(r) for r in range(engine.sched.num_ranks)], engine.starts, engine.ends, engine.tp_time,
             transfers, engine.collectives, engine.memory, info, max(ends, default=0.0),
+            list(engine.peak_inflight), engine.slots, engine.mbs,
         )
+
+    def recv_transfer(self, recv) -> Transfer:
+        """The message a RECV action consumed (slots are numbered as in the simulator's compile step)."""
+        return self.messages[(2 * recv.stage + (recv.kind._value_ == "RECV_B")) * self.slot_stride + recv.microbatch]
 
     # -- per-rank metrics ------------------------------------------------------------------------
 
     def busy(self, rank: int) -> float:
         """Seconds the rank computes (including the blocking TP collectives inside its actions)."""
-        prog, s, e = self.schedule.programs[rank], self.starts[rank], self.ends[rank]
-        return sum(e[i] - s[i] for i, a in enumerate(prog) if a.kind in COMPUTE)
+        return self._per_rank()[rank][0]
 
     def waiting_comm(self, rank: int) -> float:
         """Seconds the rank sat blocked in a RECV."""
-        prog, s, e = self.schedule.programs[rank], self.starts[rank], self.ends[rank]
-        return sum(e[i] - s[i] for i, a in enumerate(prog) if a.kind in RECVS)
+        return self._per_rank()[rank][1]
+
+    def _per_rank(self) -> list[tuple[float, float]]:
+        """(busy, waiting) per rank, computed once."""
+        cached = self.__dict__.get("_busy_wait")
+        if cached is None:
+            cached = []
+            for prog, s, e in zip(self.schedule.programs, self.starts, self.ends):
+                busy = wait = 0.0
+                for a, t0, t1 in zip(prog, s, e):
+                    k = a.kind._value_
+                    if len(k) == 1:  # F, B, I, W
+                        busy += t1 - t0
+                    elif k[0] == "R":  # RECV_F, RECV_B
+                        wait += t1 - t0
+                cached.append((busy, wait))
+            self.__dict__["_busy_wait"] = cached
+        return cached
 
     def idle(self, rank: int) -> float:
         return self.makespan - self.busy(rank)
@@ -106,6 +142,12 @@ class SimResult:
 
     def link_stats(self) -> list[dict]:
         """Per contended resource: transfers, bytes, busy seconds, achieved bandwidth, utilization."""
+        cached = self.__dict__.get("_link_stats")
+        if cached is None:
+            cached = self.__dict__["_link_stats"] = self._link_stats()
+        return [dict(row) for row in cached]
+
+    def _link_stats(self) -> list[dict]:
         per: dict[str, dict] = {}
         for t in self.transfers:
             for name in t.resources:
@@ -126,11 +168,11 @@ class SimResult:
             row["transfers"] += 1
             row["bytes"] += t.nbytes
             row["busy"] += t.end - t.start
-        out = {}
+        out, resources_all = {}, self.link_stats()
         for name in sorted(per):
             row = per[name]
             row["achieved_bandwidth"] = row["bytes"] / row["busy"] if row["busy"] > 0 else 0.0
-            resources = [r for r in self.link_stats() if r["link_class"] == name]
+            resources = [r for r in resources_all if r["link_class"] == name]
             row["max_utilization"] = max((r["utilization"] for r in resources), default=0.0)
             row.update(self.link_info.get(name, {}))
             out[name] = row
@@ -144,9 +186,12 @@ class SimResult:
     # -- critical path ---------------------------------------------------------------------------
 
     def critical_path(self) -> list[dict]:
-        """The chain of compute, waits, transfers and collectives that ends at the makespan, first to last."""
+        """The chain of compute, transfers and collectives that ends at the makespan, first to last.
+
+        Each entry starts when the one before it ends (a transfer that waited for a busy link is
+        preceded by the transfer that held it); zero-length messages are left out.
+        """
         sched = self.schedule
-        by_recv = {(t.dst, t.send.matching()): t for t in self.transfers}
         node: Any = None
         best = -1.0
         for r in range(sched.num_ranks):
@@ -165,8 +210,9 @@ class SimResult:
                 continue
             if node[0] == "xfer":
                 t = node[1]
-                chain.append({"name": str(t.send), "kind": "transfer", "rank": t.src, "peer": t.dst,
-                              "start": t.start, "end": t.end, "bytes": t.nbytes})
+                if t.end > t.start:
+                    chain.append({"name": str(t.send), "kind": "transfer", "rank": t.src, "peer": t.dst,
+                                  "start": t.start, "end": t.end, "bytes": t.nbytes})
                 node = ("xfer", t.blocker) if t.start > t.post and t.blocker is not None else ("rank", t.src,
                                                                                                  t.send_index)
                 continue
@@ -174,9 +220,8 @@ class SimResult:
             a, s, e = sched.programs[r][i], self.starts[r][i], self.ends[r][i]
             if a.kind in COMPUTE:
                 chain.append({"name": str(a), "kind": "compute", "rank": r, "start": s, "end": e})
-            elif a.kind in RECVS and e > s:
-                chain.append({"name": str(a), "kind": "recv_wait", "rank": r, "start": s, "end": e})
-                node = ("xfer", by_recv[(r, a)])
+            elif a.kind in RECVS and e > s:  # blocked: the message, not the wait, is on the path
+                node = ("xfer", self.recv_transfer(a))
                 continue
             node = ("rank", r, i - 1) if i > 0 else None
         chain.reverse()
@@ -186,8 +231,11 @@ class SimResult:
 
     def timeline(self) -> Timeline:
         """The shared trace schema: compute, send (link occupancy), recv (blocked time), collectives."""
+        with no_gc():
+            return self._timeline()
+
+    def _timeline(self) -> Timeline:
         sched, events = self.schedule, []
-        src_of = {(t.dst, t.send.matching()): t for t in self.transfers}
         for r, prog in enumerate(sched.programs):
             s, e, tp = self.starts[r], self.ends[r], self.tp_time[r]
             for i, a in enumerate(prog):
@@ -197,7 +245,7 @@ class SimResult:
                     if tp[i] > 0:
                         events.append(Event(r, "collective", "tp", a.stage, a.microbatch, e[i] - tp[i], e[i]))
                 elif a.kind in RECVS:
-                    t = src_of[(r, a)]
+                    t = self.recv_transfer(a)
                     events.append(Event(r, "recv", k, a.stage, a.microbatch, s[i], e[i], t.nbytes, t.src))
         for t in self.transfers:
             events.append(Event(t.src, "send", t.send.kind.value, t.send.stage, t.send.microbatch, t.start, t.end,
@@ -215,8 +263,12 @@ class SimResult:
 
     def to_dict(self, *, memory_timeline: bool = True) -> dict:
         """The `pipesim.simulate/1` JSON object (see docs/simulator.md)."""
+        with no_gc():
+            return self._to_dict(memory_timeline)
+
+    def _to_dict(self, memory_timeline: bool) -> dict:
         s, n = self.schedule, self.schedule.num_ranks
-        peaks, inflight = self.peak_activation_bytes(), inflight_by_rank(s)
+        peaks, inflight = self.peak_activation_bytes(), self.peak_inflight
         params = [sum(self.table.stages[st].param_bytes for st in s.stages_of(r)) for r in range(n)]
         ranks = []
         for r in range(n):

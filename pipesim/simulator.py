@@ -1,27 +1,30 @@
 """The SimPy simulator: every pipeline rank runs its lowered program in order, like the executor.
 
-Each rank is one SimPy process on its device. Compute holds the rank for its duration (plus the
+Each rank is a chain of SimPy events on its device. Compute holds the rank for its duration (plus the
 blocking tensor-parallel collectives of that action); a SEND posts a transfer and moves on (an
 isend); a RECV blocks until the matching transfer's bytes have arrived. Transfers hold the link
 resources on the path between the two devices (`pipesim.sim_links`), so messages that share a
 port or a bus queue up. Data-parallel gradient all-reduces run on a per-rank collective stream
 after the stage's last backward, overlapping the rest of the step.
 
-Same input, same output: processes are created in rank order, resources are FIFO, and SimPy breaks
+Same input, same output: ranks start in rank order, resources are FIFO, and SimPy breaks
 time ties by insertion order, so two runs produce identical numbers bit for bit.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
+
+from simpy import Event
 
 from pipesim.costs import CostTable
 from pipesim.errors import PipesimError
 from pipesim.ir import Schedule
 from pipesim.lowering import add_p2p
 from pipesim.sim_links import Environment, LinkPool, Transfer
-from pipesim.sim_result import CollectiveRecord, SimResult
+from pipesim.sim_result import CollectiveRecord, SimResult, no_gc
 
 _COMPUTE, _SEND, _RECV = 0, 1, 2
 
@@ -72,7 +75,8 @@ def simulate(schedule: Schedule, costs: Any, hw: Any = None, *, comm: bool = Tru
             raise PipesimError("data/tensor parallelism needs a hardware description")
         comm = False
     check_devices(schedule.num_ranks, par, hw)
-    return _Engine(add_p2p(schedule), table, costs, hw, comm, par).run()
+    with no_gc():  # ~1M live objects at p=64, m=1024: the cyclic GC would rescan them again and again
+        return _Engine(add_p2p(schedule), table, costs, hw, comm, par).run()
 
 
 class _Engine:
@@ -91,50 +95,62 @@ class _Engine:
         self.memory: list[list[tuple[float, int]]] = [[(0.0, 0)] for _ in range(n)]  # (seconds, bytes)
         self.collectives: list[CollectiveRecord] = []
         self.last_coll: list[CollectiveRecord | None] = [None] * n  # each rank's collective stream
-        self.slots: list[Any] = []  # recv id -> Transfer, or the Event a blocked RECV sleeps on
+        self.slots: list[Any] = []  # recv id -> Transfer, or the rank (int) blocked waiting for it
+        self.transfers: list[Transfer] = []  # in posting order
         self.ops = self._compile()
 
     # -- preparation ---------------------------------------------------------------------------
 
     def _compile(self) -> list[list[tuple]]:
-        """Per rank, a flat list of (code, arg...) tuples so the hot loop does no lookups.
+        """Per rank, a list of op tuples (one shared tuple per (stage, kind)) for the hot loop.
 
-        Message slots are numbered arithmetically, (recv stage, direction, microbatch), and per-stage
-        values are cached, because hashing Action objects dominates at p=64, m=1024.
+        Message slots are numbered arithmetically, (recv stage, direction) * stride + microbatch, and
+        ops are cached per (stage, kind), because creating and hashing Action objects would dominate
+        at p=64, m=1024.
         """
-        sched, table = self.sched, self.table
-        mbs = 1 + max((a.microbatch for prog in sched.programs for a in prog), default=0)
+        sched = self.sched
+        mbs, split = 1, False
+        for prog in sched.programs:  # one pass instead of Schedule.split_backward + a max()
+            for a in prog:
+                if a.microbatch >= mbs:
+                    mbs = a.microbatch + 1
+                if a.kind._value_ == "I":
+                    split = True
         self.slots = [None] * (2 * sched.num_stages * mbs)
-        release = "W" if sched.split_backward else "B"
+        self.mbs = mbs
+        release = "W" if split else "B"
         last_grad: dict[int, tuple[int, int]] = {}  # stage -> (rank, index) of its last B/W
-        compute_op: dict[tuple[int, str], tuple] = {}
-        send_plan: dict[tuple[int, str], tuple] = {}
+        cache: dict[tuple[int, str], tuple] = {}  # (stage, kind) -> op; the microbatch is read at run time
         all_ops = []
         for rank, prog in enumerate(sched.programs):
             ops: list[tuple] = []
+            append = ops.append
             for i, a in enumerate(prog):
-                k, st, mb = a.kind._value_, a.stage, a.microbatch
-                if len(k) == 1:  # F, B, I, W
-                    op = compute_op.get((st, k))
-                    if op is None:
-                        act = table.stages[st].activation_bytes
-                        delta = act if k == "F" else (-act if k == release else 0)
-                        op = compute_op[(st, k)] = (_COMPUTE, table.duration(a), self._tp_time(rank, a), delta, -1)
-                    ops.append(op)
-                    if k == "B" or k == "W":
-                        last_grad[st] = (rank, i)
-                elif k == "SEND_F":
-                    plan = send_plan.get((st, k)) or send_plan.setdefault((st, k), self._send_plan(rank, a))
-                    ops.append((_SEND, (2 * (st + 1)) * mbs + mb, *plan))
-                elif k == "SEND_B":
-                    plan = send_plan.get((st, k)) or send_plan.setdefault((st, k), self._send_plan(rank, a))
-                    ops.append((_SEND, (2 * (st - 1) + 1) * mbs + mb, *plan))
-                else:
-                    ops.append((_RECV, (2 * st + (k == "RECV_B")) * mbs + mb))
+                key = (a.stage, a.kind._value_)
+                op = cache.get(key)
+                if op is None:
+                    op = cache[key] = self._op(rank, a, release, mbs)
+                append(op)
+                if op[0] == _COMPUTE and op[6]:
+                    last_grad[a.stage] = (rank, i)
             all_ops.append(ops)
         for stage, (rank, i) in sorted(last_grad.items()):
-            all_ops[rank][i] = all_ops[rank][i][:4] + (stage,)  # then all-reduce the stage's gradient
+            op = all_ops[rank][i]
+            all_ops[rank][i] = op[:4] + (stage,) + op[5:]  # then all-reduce the stage's gradient
         return all_ops
+
+    def _op(self, rank: int, a, release: str, mbs: int) -> tuple:
+        """The op of every action with this (stage, kind); message slot = op[1] + microbatch."""
+        k, st = a.kind._value_, a.stage
+        if len(k) == 1:  # F, B, I, W: (code, seconds, TP seconds, stash bytes, all-reduce stage, in-flight, grad)
+            act = self.table.stages[st].activation_bytes
+            sign = 1 if k == "F" else (-1 if k == release else 0)
+            return (_COMPUTE, self.table.duration(a), self._tp_time(rank, a), sign * act, -1, sign, k in ("B", "W"))
+        if k == "SEND_F":
+            return (_SEND, 2 * (st + 1) * mbs, *self._send_plan(rank, a))
+        if k == "SEND_B":
+            return (_SEND, (2 * (st - 1) + 1) * mbs, *self._send_plan(rank, a))
+        return (_RECV, (2 * st + (k == "RECV_B")) * mbs)
 
     def _tp_time(self, rank: int, action) -> float:
         """Seconds of the blocking TP collectives inside one compute action."""
@@ -156,63 +172,103 @@ class _Engine:
         res = tuple(sorted(self.hw.link_resources(a, b)))
         return dst, nbytes, self.hw.p2p_time(a, b, nbytes), res, self.hw.link_between(a, b).name
 
-    # -- the processes -------------------------------------------------------------------------
+    # -- the ranks ------------------------------------------------------------------------------
 
     def run(self) -> SimResult:
-        for rank in range(self.sched.num_ranks):
-            self.env.process(self._rank(rank))
-        self.env.run()
-        stuck = [r for r, prog in enumerate(self.sched.programs) if prog and self.ends[r][-1] < 0]
+        env, n = self.env, self.sched.num_ranks
+        self.pos = [0] * n  # next action of each rank
+        self.blocked = [False] * n  # rank sleeps in the RECV at `pos` until its message arrives
+        self.live = [0] * n  # bytes of stashed activations
+        self.inflight = [0] * n  # microbatches whose activations are stashed
+        self.peak_inflight = [0] * n
+        self.wakers = [[partial(self._advance, r)] for r in range(n)]  # callback lists of the alarms
+        self.alarms = [env.alarm() for _ in range(n)]
+        for rank in range(n):
+            self._wake(rank, 0.0)
+        env.run()
+        stuck = [r for r in range(n) if self.pos[r] < len(self.ops[r])]
         if stuck:  # validation rules this out for registered schedules; CSV imports are validated too
             raise PipesimError(f"simulation deadlocked on ranks {stuck}")
         return SimResult.build(self)
 
-    def _rank(self, rank: int):
-        env, starts, ends, tp_time = self.env, self.starts[rank], self.ends[rank], self.tp_time[rank]
-        slots, mem, reserve = self.slots, self.memory[rank], self.links.reserve
-        if ends:
-            ends[-1] = -1.0  # marks "not finished" until the last action ends
-        prog = self.sched.programs[rank]
-        live = 0  # bytes of stashed activations
-        for i, op in enumerate(self.ops[rank]):
+    def _wake(self, rank: int, when: float) -> None:
+        """Resume `rank` at exactly `when` (>= now); a rank sleeps on one thing at a time."""
+        self.env.arm(self.alarms[rank], self.wakers[rank], when)
+
+    def _advance(self, rank: int, _event: Event) -> None:
+        """Run the rank's program from where it stopped until it has to wait, then sleep.
+
+        A rank is a chain of SimPy events rather than a generator process: the same semantics
+        (compute holds it for its duration, SEND posts and moves on, RECV blocks until arrival)
+        with a third of the per-event overhead. Times are exact: a rank is always woken at an
+        absolute time (compute end or message arrival), never at now + (t - now).
+        """
+        env = self.env
+        now, i = env._now, self.pos[rank]
+        starts, ends, ops, prog = self.starts[rank], self.ends[rank], self.ops[rank], self.sched.programs[rank]
+        slots, reserve, transfers, wake = self.slots, self.links.reserve, self.transfers, self._wake
+        queue = env._queue  # nothing earlier than `now` pending -> keep going without a wake-up event
+        mem = self.memory[rank]
+        live, held, peak = self.live[rank], self.inflight[rank], self.peak_inflight[rank]
+        if self.blocked[rank]:  # woken by the message this RECV waited for
+            self.blocked[rank] = False
+            ends[i] = now
+            i += 1
+        n = len(ops)
+        while i < n:
+            op = ops[i]
+            starts[i] = now
             code = op[0]
-            starts[i] = now = env.now
             if code == _COMPUTE:
-                d = op[1] + op[2]
-                if d:
-                    yield env.timeout(d)
-                    now = env.now
-                tp_time[i] = op[2]
-                if op[3]:
-                    live += op[3]
+                _, d, tp, delta, grad_stage, count, _ = op
+                if tp:
+                    d += tp
+                    self.tp_time[rank][i] = tp
+                now += d
+                ends[i] = now
+                if delta:
+                    live += delta
                     mem.append((now, live))
-                if op[4] >= 0:
-                    self._dp_allreduce(rank, op[4], i, now)
+                if count:
+                    held += count
+                    if held > peak:
+                        peak = held
+                if grad_stage >= 0:
+                    self._dp_allreduce(rank, grad_stage, i, now)
+                i += 1
+                if d and queue and queue[0][0] <= now:  # another event comes first: sleep until `now`
+                    env.arm(self.alarms[rank], self.wakers[rank], now)
+                    break
             elif code == _SEND:
                 _, rid, dst, nbytes, dur, res, link = op
-                tr = Transfer(prog[i], rank, dst, nbytes, link, res, now, i)
+                send = prog[i]
+                rid += send.microbatch
+                tr = Transfer(send, rank, dst, nbytes, link, res, now, i)
                 if res:
                     reserve(tr, dur)
                 else:
                     tr.start, tr.end = now, now + dur
                 waiter = slots[rid]
                 slots[rid] = tr
-                if waiter is not None:  # the RECV is already blocked on this message
-                    if tr.end == now:
-                        waiter.succeed()
-                    else:
-                        env.wake_at(waiter, tr.end)
+                transfers.append(tr)
+                if waiter is not None:  # the receiver is already blocked on this message
+                    wake(waiter, tr.end)
+                ends[i] = now
+                i += 1
             else:
-                rid = op[1]
+                rid = op[1] + prog[i].microbatch
                 slot = slots[rid]
-                if slot is None:  # not posted yet: sleep until the sender wakes us
-                    ev = slots[rid] = env.event()
-                    yield ev
-                    now = env.now
-                elif slot.end > now:  # posted, bytes still moving
-                    yield env.wake_at(env.event(), slot.end)
-                    now = env.now
-            ends[i] = now
+                if slot is None or slot.end > now:  # not posted yet, or bytes still moving
+                    self.blocked[rank] = True
+                    if slot is None:
+                        slots[rid] = rank  # the sender wakes us at the arrival time
+                    else:
+                        wake(rank, slot.end)
+                    break
+                ends[i] = now
+                i += 1
+        self.pos[rank] = i
+        self.live[rank], self.inflight[rank], self.peak_inflight[rank] = live, held, peak
 
     def _dp_allreduce(self, rank: int, stage: int, index: int, now: float) -> None:
         """Gradient all-reduce of `stage` over its data-parallel group, on the rank's collective stream."""
