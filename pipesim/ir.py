@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import NamedTuple
 
 from pipesim.errors import PipesimError
 
@@ -38,9 +39,12 @@ BACKWARD_FIRST = frozenset({Kind.B, Kind.I})  # the backward piece that produces
 _ACTION_RE = re.compile(r"^(\d+)(SEND_F|RECV_F|SEND_B|RECV_B|F|B|I|W)(\d+)$")
 
 
-@dataclass(frozen=True, order=True)
-class Action:
-    """One step of a rank's program: (kind, stage, microbatch)."""
+class Action(NamedTuple):
+    """One step of a rank's program: (stage, kind, microbatch).
+
+    A NamedTuple rather than a dataclass: schedules hold hundreds of thousands of actions and
+    tuple creation, hashing and ordering run in C.
+    """
 
     stage: int
     kind: Kind

@@ -15,6 +15,7 @@ from pipesim.errors import ScheduleError
 from pipesim.graph import producers, task_graph, transfer_actions
 from pipesim.ir import COMPUTE, RECVS, SENDS, Action, Kind, Schedule
 from pipesim.lowering import add_p2p, needs_send
+from pipesim.progress import stalled_ranks
 
 
 def render_grid(schedule: Schedule, marked: frozenset[Action] = frozenset(), width: int = 0) -> str:
@@ -123,13 +124,20 @@ def check_transfers(schedule: Schedule) -> None:
         )
 
 
-def check_order_and_deadlock(schedule: Schedule) -> nx.DiGraph:
-    """No cycle in program order + data + P2P edges; a cycle is reported rank by rank."""
+def check_order_and_deadlock(schedule: Schedule) -> None:
+    """Every rank runs to the end; otherwise the cycle of waits is reported rank by rank.
+
+    The run itself is linear (pipesim.progress); the task graph is built only to name a cycle.
+    """
+    stuck = stalled_ranks(schedule)
+    if not stuck:
+        return
     graph = task_graph(schedule)
     try:
         cycle = nx.find_cycle(graph)
-    except nx.NetworkXNoCycle:
-        return graph
+    except nx.NetworkXNoCycle:  # cannot happen once counts and transfers are checked; say what is stuck
+        waits = ", ".join(f"rank {r} at {a.describe()}" for r, a in sorted(stuck.items()))
+        raise _fail(schedule, f"schedule cannot finish: {waits}", set(stuck.values())) from None
     raise _fail(schedule, describe_cycle(schedule, graph, cycle), {u for u, _ in cycle})
 
 
@@ -152,8 +160,8 @@ def describe_cycle(schedule: Schedule, graph: nx.DiGraph, cycle: list) -> str:
     return head + ", which blocks on ".join(parts)
 
 
-def validate(schedule: Schedule) -> nx.DiGraph:
-    """Raise ScheduleError naming the first problem; return the lowered task graph when valid.
+def validate(schedule: Schedule) -> Schedule:
+    """Raise ScheduleError naming the first problem; return the lowered schedule when valid.
 
     A compute-only schedule is checked in its lowered form, so deadlocks are named by RECVs.
     """
@@ -161,7 +169,8 @@ def validate(schedule: Schedule) -> nx.DiGraph:
     check_counts(schedule)
     lowered = add_p2p(schedule)
     check_transfers(lowered)
-    return check_order_and_deadlock(lowered)
+    check_order_and_deadlock(lowered)
+    return lowered
 
 
 def fifo_mismatches(schedule: Schedule) -> list[tuple[int, int]]:
