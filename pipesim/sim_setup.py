@@ -31,6 +31,7 @@ class SimSetup:
     dp: int = 1
     tp: int = 1
     check_memory: bool = True  # refuse a model that does not fit device memory
+    layer_split: tuple[int, ...] | None = None  # layers per stage (uneven splits); None: even
 
     def costs(self, schedule: Schedule) -> Any:
         """A ParallelCosts for `schedule` (cost mode or model mode); PipesimError if it does not fit."""
@@ -54,7 +55,9 @@ class SimSetup:
             return costs
         if self.model is None or self.hardware is None:
             raise PipesimError("give --cost F=<s>,B=<s>, or a --model with --hardware")
-        costs = model_costs(self.model, n, schedule.num_microbatches, self.hardware, tp=self.tp, dp=self.dp)
+        split = list(self.layer_split) if self.layer_split else None
+        costs = model_costs(self.model, n, schedule.num_microbatches, self.hardware, tp=self.tp, dp=self.dp,
+                            layer_split=split)
         if self.check_memory:
             check_fits_memory(costs, self.hardware, inflight_by_stage(schedule), placement=schedule.placement)
         return costs
@@ -68,7 +71,7 @@ class SimSetup:
 
 def add_setup_args(parser: argparse.ArgumentParser) -> None:
     """--hardware, --cost, --boundary-bytes, --activation-bytes, --comm, --dp, --tp (model flags separately)."""
-    from pipesim.commands.common import positive_int
+    from pipesim.commands.common import int_list, positive_int
 
     g = parser.add_argument_group("costs and machine")
     g.add_argument("--hardware", metavar="PRESET|FILE",
@@ -83,6 +86,8 @@ def add_setup_args(parser: argparse.ArgumentParser) -> None:
                         "(default links when hardware is known)")
     g.add_argument("--dp", type=positive_int, default=1, help="data-parallel replicas per stage (default 1)")
     g.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel shards per stage (default 1)")
+    g.add_argument("--layer-split", type=int_list, default=None, metavar="N,N,...",
+                   help="layers per stage, e.g. 3,2,2,1 (default: even split, earlier stages take the remainder)")
 
 
 def setup_from_args(args: argparse.Namespace) -> SimSetup:
@@ -98,4 +103,8 @@ def setup_from_args(args: argparse.Namespace) -> SimSetup:
     hardware = load_hardware(hw_name) if hw_name else None
     comm = (args.comm or "links") == "links" and hardware is not None
     model = None if cost is not None else model_config(args)
-    return SimSetup(hardware, model, cost, args.boundary_bytes, args.activation_bytes, comm, args.dp, args.tp)
+    split = tuple(args.layer_split) if args.layer_split else None
+    if split and cost is not None:
+        raise PipesimError("--layer-split needs a model (--model), not --cost")
+    return SimSetup(hardware, model, cost, args.boundary_bytes, args.activation_bytes, comm, args.dp, args.tp,
+                    layer_split=split)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -89,3 +90,18 @@ def test_malformed_hardware_file_exit_2(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "pipesim", "simulate", "1f1b", "-p", "2", "--hardware", str(bad)],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+
+
+def test_layer_split_reaches_the_cost_model():
+    import schedules
+    from pipesim.commands.common import add_model_args
+    from pipesim.sim_setup import add_setup_args, setup_from_args
+
+    parser = argparse.ArgumentParser()
+    add_model_args(parser)
+    add_setup_args(parser)
+    args = parser.parse_args(["--model", "mlp", "--layers", "8", "--layer-split", "1,3,3,1", "--hardware", "dgx-h100"])
+    costs = setup_from_args(args).costs(schedules.build("1f1b", 4, 8))
+    assert costs.layers_per_stage == (1, 3, 3, 1)
+    flops = [c.flops_forward for c in costs.table.stages]
+    assert flops[1] == 3 * flops[0] and flops[2] == flops[1] and flops[3] == flops[0]
