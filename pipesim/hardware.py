@@ -33,10 +33,13 @@ class DeviceSpec:
     hbm_bandwidth: float  # bytes/s
     memory: int  # bytes
     compute_efficiency: float  # achieved fraction of peak for matmul-heavy stage work
+    # kind ("F", "I", "W") -> factor on compute_efficiency for that work (calibrated; None: 1 for all)
+    kind_efficiency: dict[str, float] | None = None
 
-    def __hash__(self) -> int:  # dict field: hash by its sorted items so Hardware stays hashable
+    def __hash__(self) -> int:  # dict fields: hash by their sorted items so Hardware stays hashable
+        kinds = tuple(sorted(self.kind_efficiency.items())) if self.kind_efficiency else None
         return hash((self.name, tuple(sorted(self.flops.items())), self.hbm_bandwidth, self.memory,
-                     self.compute_efficiency))
+                     self.compute_efficiency, kinds))
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,10 @@ class Hardware:
     inter: LinkClass | None  # across nodes (None for one node)
     per_action_overhead: float = 0.0  # seconds added to every compute action (dispatch; calibrated)
     host_cores: int | None = None  # CPU cores per node when compute runs on host cores (local-cpu)
+    node_corun_slowdown: float = 0.0  # fraction added to a compute action per other rank computing on its node
+    oversubscription_slowdown: float = 0.0  # fraction added to every compute action per rank beyond host_cores
+    roofline: str = "max"  # "max": compute and memory traffic overlap (GPUs); "sum": they add up (calibrated CPUs)
+    split_backward_overhead: float = 0.0  # seconds added to each split I and W action (runtime bookkeeping)
     source: str = ""  # where the figures come from
 
     @property
@@ -103,14 +110,22 @@ class Hardware:
         link = self.link_between(src, dst)
         return link.latency + nbytes / link.bandwidth
 
-    def compute_time(self, flops: float, bytes_moved: float, dtype: str) -> float:
-        """Roofline seconds: max(compute-bound, memory-bound) + per-action dispatch overhead."""
+    def compute_time(self, flops: float, bytes_moved: float, dtype: str, kind: str | None = None) -> float:
+        """Roofline seconds: max(compute-bound, memory-bound) (or their sum) + per-action dispatch overhead.
+
+        `kind` (F, I or W) selects the device's calibrated `kind_efficiency` factor, when it has one.
+        """
         peak = self.device.flops.get(dtype)
         if peak is None:
             raise PipesimError(f"hardware {self.name!r} has no {dtype} FLOP/s figure "
                                f"(has {', '.join(sorted(self.device.flops))})")
-        compute = flops / (peak * self.device.compute_efficiency)
+        eff = self.device.compute_efficiency
+        if kind is not None and self.device.kind_efficiency:
+            eff *= self.device.kind_efficiency.get(kind, 1.0)
+        compute = flops / (peak * eff)
         memory = bytes_moved / self.device.hbm_bandwidth
+        if self.roofline == "sum":
+            return compute + memory + self.per_action_overhead
         return max(compute, memory) + self.per_action_overhead
 
     def to_dict(self) -> dict:

@@ -30,6 +30,10 @@ _TOP = {
     "num_nodes": ("posint", True, ""),
     "per_action_overhead": ("nonneg", False, "seconds"),
     "host_cores": ("posint", False, ""),
+    "node_corun_slowdown": ("nonneg", False, ""),
+    "oversubscription_slowdown": ("nonneg", False, ""),
+    "roofline": ("str", False, ""),
+    "split_backward_overhead": ("nonneg", False, "seconds"),
     "source": ("str", False, ""),
 }
 _DEVICE = {
@@ -38,6 +42,7 @@ _DEVICE = {
     "hbm_bandwidth": ("pos", True, "bytes/s"),
     "memory": ("posint", True, "bytes"),
     "compute_efficiency": ("frac", True, ""),
+    "kind_efficiency": ("kinds", False, ""),
 }
 _LINK = {
     "name": ("str", True, ""),
@@ -78,6 +83,14 @@ def _check(label: str, where: str, value: object, kind: str, unit: str) -> objec
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise PipesimError(f"{label}: {where} must be a positive integer{suffix}, got {value!r}")
         return value
+    if kind == "kinds":
+        if not isinstance(value, dict) or not value:
+            raise PipesimError(f"{label}: {where} must be a table of kind = factor, e.g. {{ F = 1.0, I = 0.8 }}")
+        for k, v in value.items():
+            if k not in ("F", "I", "W"):
+                raise PipesimError(f"{label}: {where} has unknown kind {k!r}; use F, I, W")
+            _check(label, f"{where}.{k}", v, "pos", unit)
+        return {k: float(v) for k, v in value.items()}
     if kind == "flops":
         if not isinstance(value, dict) or not value:
             raise PipesimError(f"{label}: {where} must be a table of dtype = FLOP/s, e.g. {{ bfloat16 = 9.89e14 }}")
@@ -128,7 +141,10 @@ def hardware_from_dict(data: dict, label: str = "hardware") -> Hardware:
             raise PipesimError(f"{label}: missing section [{section}]")
     dev = _fields(label, "device", data["device"], _DEVICE)
     device = DeviceSpec(name=dev["name"], flops=dev["flops"], hbm_bandwidth=dev["hbm_bandwidth"],
-                        memory=dev["memory"], compute_efficiency=dev["compute_efficiency"])
+                        memory=dev["memory"], compute_efficiency=dev["compute_efficiency"],
+                        kind_efficiency=dev.get("kind_efficiency"))
+    if top.get("roofline", "max") not in ("max", "sum"):
+        raise PipesimError(f"{label}: roofline must be \"max\" or \"sum\", got {top['roofline']!r}")
     intra = _link(label, "intra", data["intra"])
     inter = _link(label, "inter", data["inter"]) if "inter" in data else None
     if top["num_nodes"] > 1 and inter is None:
@@ -136,7 +152,10 @@ def hardware_from_dict(data: dict, label: str = "hardware") -> Hardware:
     return Hardware(name=top["name"], device=device, devices_per_node=top["devices_per_node"],
                     num_nodes=top["num_nodes"], intra=intra, inter=inter,
                     per_action_overhead=top.get("per_action_overhead", 0.0), host_cores=top.get("host_cores"),
-                    source=top.get("source", ""))
+                    node_corun_slowdown=top.get("node_corun_slowdown", 0.0),
+                    oversubscription_slowdown=top.get("oversubscription_slowdown", 0.0),
+                    roofline=top.get("roofline", "max"),
+                    split_backward_overhead=top.get("split_backward_overhead", 0.0), source=top.get("source", ""))
 
 
 def _parse(text: str, label: str) -> dict:
@@ -184,12 +203,23 @@ def hardware_to_toml(hw: Hardware) -> str:
               f"per_action_overhead = {_value(float(hw.per_action_overhead))}  # seconds"]
     if hw.host_cores is not None:
         lines.append(f"host_cores = {hw.host_cores}")
+    if hw.roofline != "max":
+        lines.append(f"roofline = {_value(hw.roofline)}  # compute + memory time (they do not overlap)")
+    if hw.oversubscription_slowdown:
+        lines.append(f"oversubscription_slowdown = {_value(float(hw.oversubscription_slowdown))}  # per rank > cores")
+    if hw.split_backward_overhead:
+        lines.append(f"split_backward_overhead = {_value(float(hw.split_backward_overhead))}  # seconds per I or W")
+    if hw.node_corun_slowdown:
+        lines.append(f"node_corun_slowdown = {_value(float(hw.node_corun_slowdown))}  # per other busy rank")
     d = hw.device
     lines += ["", "[device]", f"name = {_value(d.name)}",
               f"hbm_bandwidth = {_value(float(d.hbm_bandwidth))}  # bytes/s",
               f"memory = {int(d.memory)}  # bytes", f"compute_efficiency = {_value(float(d.compute_efficiency))}",
               "flops = { " + ", ".join(f"{k} = {_value(float(v))}" for k, v in sorted(d.flops.items()))
               + " }  # FLOP/s"]
+    if d.kind_efficiency:
+        lines.append("kind_efficiency = { " + ", ".join(f"{k} = {_value(float(v))}" for k, v in
+                                                        sorted(d.kind_efficiency.items())) + " }")
     for section, link in (("intra", hw.intra), ("inter", hw.inter)):
         if link is None:
             continue

@@ -155,7 +155,7 @@ def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hard
             work = mlp_stage_work(model, b, layers, tp)
         else:
             work = gpt_stage_work(model, b, layers, first=s == 0, last=last, tp=tp)
-        fwd, inp, wgt = (hw.compute_time(work.flops[k], work.moved[k], model.dtype) for k in "FIW")
+        fwd, inp, wgt = (hw.compute_time(work.flops[k], work.moved[k], model.dtype, k) for k in "FIW")
         param_bytes = round(work.param_count * d)
         stages.append(StageCosts(forward=fwd, backward_input=inp, backward_weight=wgt,
                                  boundary_bytes=0 if last else boundary,

@@ -21,6 +21,7 @@ from simpy import Event
 
 from pipesim.costs import CostTable
 from pipesim.errors import PipesimError
+from pipesim.host_model import HostContention
 from pipesim.ir import Schedule
 from pipesim.lowering import add_p2p
 from pipesim.sim_links import Environment, LinkPool, Transfer
@@ -98,6 +99,8 @@ class _Engine:
         self.slots: list[Any] = []  # recv id -> Transfer, or the rank (int) blocked waiting for it
         self.transfers: list[Transfer] = []  # in posting order
         self.ops = self._compile()
+        # ranks computing on host cores slow each other down (None unless hw.host_cores is set)
+        self.host = HostContention.for_run(hw, [par.device(r) for r in range(n)])
 
     # -- preparation ---------------------------------------------------------------------------
 
@@ -145,7 +148,10 @@ class _Engine:
         if len(k) == 1:  # F, B, I, W: (code, seconds, TP seconds, stash bytes, all-reduce stage, in-flight, grad)
             act = self.table.stages[st].activation_bytes
             sign = 1 if k == "F" else (-1 if k == release else 0)
-            return (_COMPUTE, self.table.duration(a), self._tp_time(rank, a), sign * act, -1, sign, k in ("B", "W"))
+            d = self.table.duration(a)
+            if (k == "I" or k == "W") and self.hw is not None:  # split backward's extra runtime bookkeeping
+                d += self.hw.split_backward_overhead
+            return (_COMPUTE, d, self._tp_time(rank, a), sign * act, -1, sign, k in ("B", "W"))
         if k == "SEND_F":
             return (_SEND, 2 * (st + 1) * mbs, *self._send_plan(rank, a))
         if k == "SEND_B":
@@ -221,6 +227,8 @@ class _Engine:
             code = op[0]
             if code == _COMPUTE:
                 _, d, tp, delta, grad_stage, count, _ = op
+                if self.host is not None:
+                    d = self.host.scale(rank, now, d)
                 if tp:
                     d += tp
                     self.tp_time[rank][i] = tp

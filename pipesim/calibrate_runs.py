@@ -1,0 +1,118 @@
+"""Measurement runs under torchrun: the executor's own per-action timelines, a P2P ping-pong, all_reduce.
+
+Calibration and validation measure in the conditions of a real run, so this worker drives the
+executor's `Runtime` (the code `pipesim run` uses) for a whole plan of configurations inside one
+process group: one torchrun start (seconds of imports and rendezvous) serves many runs.
+
+  python -m torch.distributed.run --standalone --nproc-per-node 2 -m pipesim.calibrate_runs PLAN.json OUTDIR
+
+PLAN.json: {"runs": [{"id", "schedule", "microbatches", "virtual", "model": {...}, "steps", "warmup"}],
+"comm": bool}. Rank 0 writes OUTDIR/<id>.json (a measured Timeline whose meta holds step_times) and,
+with "comm", OUTDIR/comm.json (ping-pong seconds per size, all_reduce busbw, copy bandwidth).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+PINGPONG_SIZES = (4, 1024, 65536, 1 << 20, 8 << 20)  # bytes
+ALLREDUCE_SIZES = (1 << 20, 16 << 20)  # bytes
+
+
+def _run_one(spec: dict, world: int, out: Path | None) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from executor import timing
+    from executor.config import RunConfig
+    from executor.mesh import build_mesh
+    from executor.runtime import Runtime
+    from pipesim.model_config import ModelConfig
+
+    cfg = RunConfig(names=(spec["schedule"],), microbatches=spec["microbatches"], virtual=spec.get("virtual"),
+                    model=ModelConfig(**spec["model"]), steps=spec["steps"], warmup=spec["warmup"],
+                    backend="gloo", quiet=True)  # the runtime records every action's start and end
+    sched = cfg.check(world)[0]
+    mesh = build_mesh(1, world, 1)
+    rt = Runtime(cfg, sched, mesh, torch.device("cpu"))
+    dist.barrier()
+    log = rt.train(None)
+    timing.resolve(log, rt.program, rt.peer_of, rt.transfer_bytes)
+    logs = timing.gather(log)
+    if mesh.rank == 0 and out is not None:
+        times = timing.step_times(logs)
+        meta = {"id": spec["id"], "schedule": sched.name, "p": world, "m": sched.num_microbatches,
+                "v": sched.num_stages // world, "model": spec["model"], "steps": spec["steps"],
+                "warmup": spec["warmup"], "step_times": times, "world_size": world}
+        timing.to_timeline(logs, sched.name, meta).write(out / f"{spec['id']}.json")
+    dist.barrier()
+
+
+def _pingpong(nbytes: int, iters: int) -> float:
+    """Seconds of one one-way message of `nbytes` between ranks 0 and 1: median round trip / 2."""
+    import statistics
+
+    import torch
+    import torch.distributed as dist
+
+    buf = torch.zeros(max(1, nbytes // 4), dtype=torch.float32)
+    rank = dist.get_rank()
+    dist.barrier()
+    trips = []
+    for it in range(iters + 2):  # two untimed round trips
+        start = time.perf_counter()
+        if rank == 0:
+            dist.send(buf, 1)
+            dist.recv(buf, 1)
+        elif rank == 1:
+            dist.recv(buf, 0)
+            dist.send(buf, 0)
+        if it >= 2:
+            trips.append(time.perf_counter() - start)
+    return statistics.median(trips) / 2
+
+
+def _comm(out: Path) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from executor.collectives_bench import measure
+
+    pp = {n: _pingpong(n, 20 if n < (1 << 20) else 5) for n in PINGPONG_SIZES}
+    ar = [measure("all_reduce", n, 5, 1, torch.device("cpu")) for n in ALLREDUCE_SIZES]
+    if dist.get_rank() == 0:
+        from pipesim.calibrate import memory_bandwidth
+
+        data = {"pingpong": [[n, t] for n, t in pp.items()], "memory_bandwidth": memory_bandwidth(),
+                "all_reduce": [{"bytes": r.bytes, "time": r.time, "busbw": r.busbw} for r in ar],
+                "world_size": dist.get_world_size()}
+        (out / "comm.json").write_text(json.dumps(data, indent=1))
+
+
+def main(argv: list[str]) -> int:
+    import torch.distributed as dist
+
+    plan = json.loads(Path(argv[0]).read_text())
+    out = Path(argv[1])
+    dist.init_process_group("gloo", timeout=timedelta(seconds=float(plan.get("timeout", 120))))
+    try:
+        world = dist.get_world_size()
+        if plan.get("comm") and world >= 2:
+            _comm(out)
+        if plan["runs"]:  # an untimed run first: the first one after start-up is slower (allocator, caches)
+            _run_one({**plan["runs"][0], "steps": 2}, world, None)
+        for spec in plan["runs"]:
+            _run_one(spec, world, out)
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,41 @@
+"""`pipesim calibrate`: measure this machine inside real 2-rank runs and write a hardware TOML file."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from pipesim.errors import PipesimError
+
+EXAMPLES = """examples:
+  pipesim calibrate -o hw.toml                 # ~1 minute: 8 executor runs (2 and 4 ranks), ping-pong, all_reduce
+  pipesim simulate 1f1b -p 2 -m 8 --model mlp --hardware hw.toml
+  pipesim calibrate -o hw.toml --quick         # smaller runs (seconds), noisier figures
+  pipesim calibrate -o hw.toml --keep runs/    # keep the measured timelines (pipesim plot runs/*.json)
+"""
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("calibrate", help="measure this machine (executor timelines, ping-pong) -> hardware TOML",
+                       epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-o", "--output", required=True, metavar="FILE.toml", help="hardware file to write")
+    p.add_argument("--quick", action="store_true", help="small models and few steps (for tests; noisier)")
+    p.add_argument("--keep", metavar="DIR", help="keep the measured timelines and the plan in DIR")
+    p.add_argument("--devices", type=int, default=4, help="ranks the hardware file offers (default 4)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pipesim.calibrate import calibrate
+    from pipesim.hardware_toml import hardware_to_toml
+
+    out = Path(args.output)
+    if not out.parent.is_dir():
+        raise PipesimError(f"cannot write {out}: directory {out.parent} does not exist")
+    if args.devices < 2:
+        raise PipesimError(f"--devices must be >= 2, got {args.devices}")
+    cal, _ = calibrate(quick=args.quick, workdir=Path(args.keep) if args.keep else None, devices=args.devices)
+    out.write_text(hardware_to_toml(cal.hardware))
+    print(cal.summary())
+    print(f"wrote {out}; use it with: pipesim simulate ... --hardware {out}")
+    return 0

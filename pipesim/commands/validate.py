@@ -1,0 +1,131 @@
+"""`pipesim validate`: measure the validation grid, calibrate on its 2-rank part, predict the rest, write the report."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from pipesim.errors import PipesimError
+
+EXAMPLES = """examples:
+  pipesim validate                              # the full grid (a few minutes), writes docs/validation.md
+  pipesim validate --quick --out /tmp/v.md --img-dir /tmp/img   # 4 small 2-rank runs (the test uses this)
+  pipesim validate --keep runs/                 # keep the measured timelines for pipesim plot
+  pipesim validate --reuse runs/                # refit and rewrite the report from kept timelines
+"""
+
+PLOTTED = ("fit-mlp-1f1b-m8", "mlp-p4-m8-zb-h1", "mlp-p4-m8-interleaved-1f1b", "gpt-p4-m4-zb-h1")
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("validate", help="simulated vs measured step time and bubble -> docs/validation.md",
+                       epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="a few small 2-rank runs (seconds; for tests)")
+    p.add_argument("--out", default="docs/validation.md", metavar="FILE.md", help="report (default docs/validation.md)")
+    p.add_argument("--img-dir", default=None, metavar="DIR", help="plots (default docs/img next to the report)")
+    p.add_argument("--no-png", action="store_true", help="skip the PNG plots (they need Chromium)")
+    p.add_argument("--keep", metavar="DIR", help="keep the measured timelines in DIR")
+    p.add_argument("--reuse", metavar="DIR", help="do not measure: refit and report the timelines kept in DIR")
+    p.set_defaults(func=run)
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    if not out.parent.is_dir():
+        raise PipesimError(f"cannot write {out}: directory {out.parent} does not exist")
+    img = Path(args.img_dir) if args.img_dir else out.parent / "img"
+    with tempfile.TemporaryDirectory(prefix="pipesim-validate-") as tmp:
+        if args.reuse and not Path(args.reuse).is_dir():
+            raise PipesimError(f"--reuse {args.reuse}: no such directory")
+        workdir = Path(args.reuse or args.keep or tmp)
+        report = campaign(args.quick, workdir, img, out, not args.no_png,
+                          " ".join(["pipesim", "validate", *sys.argv[2:]]) if sys.argv[1:2] == ["validate"]
+                          else "pipesim validate", reuse=bool(args.reuse))
+    from pipesim.validation_report import render
+
+    out.write_text(render(report))
+    h = report.held
+    print(f"held-out: {h.count} configurations, mean error {h.mean_error:.1%}, max {h.max_error:.1%}; "
+          f"fit: mean {report.fit.mean_error:.1%}; ranking {h.pairs_preserved}/{h.pairs_checked} pairs kept")
+    print(f"wrote {out}")
+    return 0
+
+
+def campaign(quick: bool, workdir: Path, img: Path, out: Path, png: bool, command: str, reuse: bool = False):
+    """Measure, calibrate, predict, plot; returns a validation_report.Report."""
+    from pipesim.calibrate import calibrate, measure_rounds
+    from pipesim.hardware_toml import hardware_to_toml
+    from pipesim.validation import make_row, predict, ranking_check, summarize, validation_plan
+    from pipesim.validation_report import Report, load_line
+
+    start, load_before = time.perf_counter(), load_line()
+    plan = validation_plan(quick)
+    spans: dict[str, list[float]] = {}
+    timelines, comm = measure_rounds(plan, workdir, 1 if quick else 2, reuse=reuse,
+                                     say=lambda t: _say(f"validate: {t}"), spans=spans)
+    spread = [max(v) / min(v) - 1 for v in spans.values() if len(v) > 1]
+    fit_runs = {r["id"]: timelines[r["id"]] for r in plan if r["role"] == "fit"}
+    cal, _ = calibrate(quick=quick, timelines=fit_runs, comm=comm)
+    hw = cal.hardware
+    rows, results = [], {}
+    for r in plan:
+        results[r["id"]] = predict(hw, r)
+        rows.append(make_row(r, timelines[r["id"]], results[r["id"]]))
+    fit = summarize([r for r in rows if r.role == "fit"])
+    held0 = summarize([r for r in rows if r.role == "held-out"])
+    rank = ranking_check(rows, 2 * held0.mean_error)
+    held = replace(held0, pairs_checked=rank.pairs_checked, pairs_preserved=rank.pairs_preserved,
+                   violations=rank.violations)
+    explain_run = next((r for r in plan if r["id"] == "fit-mlp-1f1b-m8"), None) or next(
+        r for r in plan if r["schedule"] == "1f1b")
+    _say("validate: isolated single-process stage times (issue 6, item 4) ...")
+    from pipesim.calibrate_isolated import explain_gap
+    from pipesim.measured import measured_metrics
+
+    explain = explain_gap(hw, explain_run, cal.hardware.host_cores or 1)
+    explain_measured = measured_metrics(timelines[explain_run["id"]])[0]
+    plots = _plots(plan, rows, timelines, results, img, out, png, quick)
+    return Report(command, rows, fit, held, 2 * held0.mean_error, cal.summary(), hardware_to_toml(hw), explain,
+                  explain_measured, _describe(explain_run), plots, load_before,
+                  load_line(), time.perf_counter() - start, spread)
+
+
+def _describe(run: dict) -> str:
+    """`fit-mlp-1f1b-m8 (1f1b, mlp hidden 1024, 8 layers, batch 64, p 2, m 8)`."""
+    m = run["model"]
+    return (f"`{run['id']}` ({run['schedule']}, {m['kind']} hidden {m['hidden']}, {m['layers']} layers, "
+            f"batch {m['batch']}, p {run['p']}, m {run['microbatches']})")
+
+
+def _plots(plan, rows, timelines, results, img: Path, out: Path, png: bool, quick: bool) -> list[tuple[str, str]]:
+    """Compare plots of a few runs and predicted-vs-measured scatter, as PNG next to the report."""
+    if not png:
+        return []
+    import os
+
+    from pipesim.measured import measured_metrics, trimmed_step
+    from pipesim.plots import compare_figure, write_png
+    from pipesim.validation_plots import scatter_figure
+
+    img.mkdir(parents=True, exist_ok=True)
+    rel = Path(os.path.relpath(img, out.parent))
+    made = []
+    path = img / "validation-scatter.png"
+    write_png(scatter_figure(rows), path)
+    made.append(("Predicted vs measured step time, every configuration", str(rel / path.name)))
+    wanted = [i for i in PLOTTED if i in results] or [plan[-1]["id"]]
+    for run_id in wanted[: 2 if quick else len(wanted)]:
+        measured = trimmed_step(timelines[run_id], measured_metrics(timelines[run_id])[2])
+        fig = compare_figure(results[run_id].timeline(), measured)
+        path = img / f"validation-{run_id}.png"
+        write_png(fig, path)
+        made.append((f"{run_id}: simulated (top) and measured (bottom)", str(rel / path.name)))
+    return made

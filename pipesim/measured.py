@@ -1,0 +1,93 @@
+"""Reading measured timelines: the steps that count, the pipeline's span and bubble, per-action samples.
+
+A measured step starts when its first compute starts (always 0F0 on rank 0): ranks that began the
+step early sit in a RECV, which the simulator, starting every rank at 0, does not see either.
+"""
+
+from __future__ import annotations
+
+from pipesim.calibrate_fit import Sample
+from pipesim.model_config import ModelConfig
+from pipesim.timeline import Event, Timeline
+
+
+def measured_steps(tl: Timeline) -> list[int]:
+    """The steps after warmup (all steps when there are no more)."""
+    steps = tl.steps()
+    return steps[int(tl.meta.get("warmup", 0)):] or steps
+
+
+def pipeline_span(tl: Timeline, step: int) -> tuple[float, float, list[float]]:
+    """(first compute start, last compute end, compute seconds per rank) of one measured step."""
+    comp = [e for e in tl.events if e.step == step and e.stream == "compute"]
+    busy = [0.0] * tl.num_ranks
+    for e in comp:
+        busy[e.rank] += e.duration
+    return min(e.start for e in comp), max(e.end for e in comp), busy
+
+
+def measured_metrics(tl: Timeline) -> tuple[float, float, int]:
+    """(step time, bubble fraction, step) of the median measured step by pipeline makespan."""
+    rows = []
+    for step in measured_steps(tl):
+        t0, t1, busy = pipeline_span(tl, step)
+        span = t1 - t0
+        rows.append((span, sum(1 - b / span for b in busy) / len(busy), step))
+    rows.sort()
+    return rows[(len(rows) - 1) // 2]
+
+
+def trimmed_step(tl: Timeline, step: int) -> Timeline:
+    """One step from its first compute start (earlier RECV waits clipped), rebased to 0, for the plots."""
+    t0, _, _ = pipeline_span(tl, step)
+    events = [Event(**{**e.__dict__, "start": max(e.start, t0) - t0, "end": max(e.end, t0) - t0, "step": 0})
+              for e in tl.events if e.step == step and e.end > t0]
+    return Timeline(tl.source, tl.schedule, tl.num_ranks, events, {**tl.meta, "shown_step": step})
+
+
+def samples_from_timeline(tl: Timeline, cores: int) -> list[Sample]:
+    """One Sample per compute action of the measured steps, with the ranks computing when it started."""
+    from pipesim.calibrate import action_flops, stage_work
+
+    model = ModelConfig(**tl.meta["model"])
+    work = stage_work(model, tl.meta["p"] * tl.meta["v"], tl.meta["m"])
+    out = []
+    for step in measured_steps(tl):
+        comp = [e for e in tl.events if e.step == step and e.stream == "compute"]
+        for e in comp:
+            others = sum(1 for o in comp if o.rank != e.rank and o.start <= e.start < o.end)
+            fl, n = action_flops(e.kind, e.stage, work[e.stage][0])
+            if not any(fl):  # the first stage's empty I: microseconds of noise, it would dominate a relative fit
+                continue
+            moved, _ = action_flops(e.kind, e.stage, work[e.stage][1])  # bytes follow the same attribution
+            split = int(e.kind in ("I", "W"))
+            out.append(Sample(fl, e.duration, min(others, cores - 1), n, sum(moved), split))
+    return out
+
+
+def comm_action_seconds(timelines: list[Timeline]) -> tuple[float, float]:
+    """(median seconds of a SEND, comm actions per charged compute overhead) in the measured steps.
+
+    Posting an isend (and a RECV whose data is already there) costs CPU time on the rank; the
+    simulator charges it through `per_action_overhead`, spread over the compute actions.
+    """
+    sends, comms, units = [], 0, 0
+    for tl in timelines:
+        for step in measured_steps(tl):
+            for e in tl.events:
+                if e.step != step:
+                    continue
+                if e.stream == "send":
+                    sends.append(e.duration)
+                if e.stream in ("send", "recv"):
+                    comms += 1
+                elif e.stream == "compute":
+                    units += 2 if e.kind == "B" else 1
+    if not sends or not units:
+        return 0.0, 0.0
+    sends.sort()
+    return sends[len(sends) // 2], comms / units
+
+
+__all__ = ["comm_action_seconds", "measured_metrics", "measured_steps", "pipeline_span", "samples_from_timeline",
+           "trimmed_step"]

@@ -1,0 +1,260 @@
+"""Calibration: the fits recover known figures exactly, the hardware file round-trips, the CLI works for real."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from pipesim.calibrate import action_flops, build_hardware, stage_flops
+from pipesim.calibrate_fit import ComputeFit, Sample, fit_compute, fit_link
+from pipesim.errors import PipesimError
+from pipesim.hardware_toml import hardware_to_toml, load_hardware
+from pipesim.host_model import HostContention, slowdown
+from pipesim.measured import samples_from_timeline
+from pipesim.model_config import ModelConfig
+from pipesim.timeline import Event, Timeline
+
+RATES = (20e9, 12e9, 16e9)  # FLOP/s of F, I, W
+
+
+def _synthetic(beta: float, overhead: float = 3e-4, bandwidth: float | None = None,
+               split: float = 0.0) -> list[Sample]:
+    """Exact samples of the model the fit assumes, over varied sizes, kinds and co-running ranks."""
+    out = []
+    for size in (1e7, 3e7, 9e7):
+        moved = 4e6 + size / 100  # bytes: a weight-sized part plus a part growing with the work
+        for flops, n, sp in (((size, 0, 0), 1, 0), ((0, size, 0), 1, 1), ((0, 0, size), 1, 1),
+                             ((0, size, 2 * size), 2, 0)):
+            for others in (0, 1):
+                work = sum(f / r for f, r in zip(flops, RATES, strict=True)) + sp * split
+                if bandwidth:
+                    work += moved / bandwidth
+                out.append(Sample(flops, (n * overhead + work) * (1 + beta * others), others, n, moved, sp))
+    return out
+
+
+def test_fit_compute_recovers_rates_overhead_and_corun_exactly():
+    fit = fit_compute(_synthetic(beta=0.25))
+    assert fit.corun == pytest.approx(0.25, abs=1e-12)
+    assert fit.rate == pytest.approx(RATES, rel=1e-9)
+    assert fit.overhead == pytest.approx(3e-4, rel=1e-9)
+    assert fit.mean_abs_error < 1e-9 and fit.samples == 24
+
+
+def test_fit_compute_recovers_memory_bandwidth_and_split_overhead():
+    fit = fit_compute(_synthetic(beta=0.1, bandwidth=8e9, split=5e-4), memory=True)
+    assert fit.corun == pytest.approx(0.1, abs=1e-12) and fit.rate == pytest.approx(RATES, rel=1e-6)
+    assert fit.bandwidth == pytest.approx(8e9, rel=1e-6) and fit.split_overhead == pytest.approx(5e-4, rel=1e-6)
+    assert fit.overhead == pytest.approx(3e-4, rel=1e-6)
+
+
+def test_fit_compute_without_corun_keeps_beta_zero():
+    fit = fit_compute(_synthetic(beta=0.0), fit_corun=False)
+    assert fit.corun == 0.0 and fit.rate == pytest.approx(RATES, rel=1e-9)
+
+
+def test_fit_compute_needs_samples_and_weighs_relative_errors():
+    with pytest.raises(PipesimError, match="at least 4"):
+        fit_compute(_synthetic(0.0)[:3])
+    same = [Sample((1e7, 0, 0), 1e-3), Sample((1e7, 0, 0), 1.2e-3), Sample((1e7, 0, 0), 0.9e-3),
+            Sample((1e7, 0, 0), 1.1e-3)]
+    fit = fit_compute(same, fit_corun=False)  # one size: the relative least-squares constant sum(1/t) / sum(1/t^2)
+    inv = [1 / s.seconds for s in same]
+    assert fit.predict((1e7, 0, 0)) == pytest.approx(sum(inv) / sum(i * i for i in inv), rel=1e-9)
+
+
+def test_predict_matches_the_fitted_equation():
+    fit = ComputeFit(rate=(1e9, 2e9, 4e9), overhead=1e-3, corun=0.5, mean_abs_error=0.0, samples=0)
+    assert fit.predict((1e9, 2e9, 4e9), others=1, overheads=2) == pytest.approx((2e-3 + 3.0) * 1.5)
+
+
+def test_fit_link_recovers_latency_and_bandwidth():
+    pts = [(n, 50e-6 + n / 1.4e9) for n in (4, 1024, 65536, 1 << 20, 8 << 20)]
+    lat, bw = fit_link(pts)
+    assert lat == pytest.approx(50e-6, rel=1e-9) and bw == pytest.approx(1.4e9, rel=1e-9)
+    with pytest.raises(PipesimError, match="two message sizes"):
+        fit_link(pts[:1])
+    with pytest.raises(PipesimError, match="do not grow"):
+        fit_link([(4, 2e-3), (1 << 20, 1e-3)])
+
+
+def test_action_flops_first_stage_has_no_input_gradient():
+    f = (1.0, 2.0, 3.0)
+    assert action_flops("F", 1, f) == ((1.0, 0.0, 0.0), 1)
+    assert action_flops("B", 0, f) == ((0.0, 2.0, 3.0), 2)
+    assert action_flops("I", 0, f) == ((0.0, 0.0, 0.0), 1)
+    assert action_flops("W", 0, f) == ((0.0, 2.0, 3.0), 1)
+    assert action_flops("I", 1, f) == ((0.0, 2.0, 0.0), 1)
+    assert action_flops("W", 1, f) == ((0.0, 0.0, 3.0), 1)
+
+
+def test_samples_from_timeline_counts_co_running_ranks_and_skips_warmup():
+    model = {"kind": "mlp", "hidden": 64, "layers": 2, "batch": 8}
+    ev = [Event(0, "compute", "F", 0, 0, 0.0, 1.0, step=0),  # warmup step: left out
+          Event(0, "compute", "F", 0, 0, 10.0, 11.0, step=1),
+          Event(1, "recv", "RECV_F", 1, 0, 9.0, 11.25, step=1),
+          Event(1, "compute", "F", 1, 0, 11.25, 12.0, step=1),
+          Event(0, "compute", "F", 0, 1, 11.0, 12.5, step=1),  # starts while nothing else computes
+          Event(1, "compute", "B", 1, 0, 12.0, 14.0, step=1)]  # starts while rank 0 computes
+    tl = Timeline("measured", "1f1b", 2, ev, {"model": model, "p": 2, "v": 1, "m": 2, "warmup": 1})
+    samples = samples_from_timeline(tl, cores=2)
+    fl = stage_flops(ModelConfig(**model), 2, 2)
+    assert fl[0] == (2 * 4 * 64 * 64, 2 * 4 * 64 * 64, 2 * 4 * 64 * 64)
+    assert [(s.seconds, s.others, s.overheads) for s in samples] == [
+        (1.0, 0, 1), (0.75, 1, 1), (1.5, 0, 1), (2.0, 1, 2)]
+    assert samples[3].flops == (0.0, fl[1][1], fl[1][2])
+
+
+def test_host_slowdown_closed_forms():
+    assert slowdown(0, 2, 0.1) == 1.0
+    assert slowdown(1, 2, 0.1) == pytest.approx(1.1)
+    assert slowdown(3, 2, 0.1) == pytest.approx(1.1 * 2)  # 4 busy ranks on 2 cores take turns
+    assert slowdown(2, 2, 0.0) == pytest.approx(1.5)
+    host = HostContention([0, 0, 0], cores=2, corun=0.0)
+    assert host.scale(0, 0.0, 1.0) == 1.0  # alone
+    assert host.scale(1, 0.5, 1.0) == 1.0  # one other: still a core each
+    assert host.scale(2, 0.6, 1.0) == 1.5  # three busy on two cores
+    assert host.others(0, 1.2) == 2 and host.busy_until == [1.0, 1.5, 2.1]
+
+
+def _fit() -> ComputeFit:
+    return ComputeFit(rate=(2e10, 1e10, 1.6e10), overhead=2e-4, corun=0.15, mean_abs_error=0.0, samples=10)
+
+
+def test_hardware_file_round_trips_and_times_kinds(tmp_path):
+    hw = build_hardware(_fit(), overhead=2.5e-4, latency=8e-5, bandwidth=9e8, membw=8e9, cores=2, devices=4,
+                        source="test")
+    path = tmp_path / "hw.toml"
+    path.write_text(hardware_to_toml(hw))
+    back = load_hardware(str(path))
+    assert back == hw and hash(back) == hash(hw)
+    assert back.node_corun_slowdown == 0.15 and back.host_cores == 2
+    assert back.compute_time(1e9, 0.0, "float32", "I") == pytest.approx(1e9 / 1e10 + 2.5e-4)
+    assert back.compute_time(1e9, 0.0, "float32", "W") == pytest.approx(1e9 / 1.6e10 + 2.5e-4)
+    assert back.compute_time(1e9, 0.0, "float32") == pytest.approx(1e9 / 2e10 + 2.5e-4)
+
+
+def test_presets_keep_their_figures():
+    hw = load_hardware("dgx-h100")
+    assert hw.device.kind_efficiency is None and hw.node_corun_slowdown == 0.0
+    assert hw.compute_time(1e12, 0.0, "bfloat16", "I") == hw.compute_time(1e12, 0.0, "bfloat16")
+
+
+def test_bad_kind_efficiency_is_one_line(tmp_path):
+    hw = build_hardware(_fit(), overhead=0.0, latency=0.0, bandwidth=1e9, membw=1e9, cores=2, devices=2, source="")
+    path = tmp_path / "bad.toml"
+    path.write_text(hardware_to_toml(hw).replace("kind_efficiency = { F", "kind_efficiency = { X = 1.0, F"))
+    with pytest.raises(PipesimError, match=r"\[device\].kind_efficiency has unknown kind 'X'"):
+        load_hardware(str(path))
+
+
+def _cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pipesim", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_calibrate_cli_bad_output_dir_is_one_line(tmp_path):
+    proc = _cli("calibrate", "-o", str(tmp_path / "missing" / "hw.toml"))
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "does not exist" in proc.stderr
+
+
+def test_calibrate_quick_writes_a_file_simulate_accepts(tmp_path):
+    out = tmp_path / "hw.toml"
+    proc = _cli("calibrate", "--quick", "-o", str(out), "--keep", str(tmp_path / "runs"))
+    assert proc.returncode == 0, proc.stderr
+    hw = load_hardware(str(out))
+    assert hw.host_cores >= 1 and hw.intra.bandwidth > 0 and hw.device.kind_efficiency["F"] == 1.0
+    assert sorted(p.name for p in (tmp_path / "runs").glob("round0/p2/fit-*.json")) == ["fit-1f1b-m2.json",
+                                                                                      "fit-zb-h1-m4.json"]
+    sim = _cli("simulate", "1f1b", "-p", "2", "-m", "4", "--model", "mlp", "--hidden", "256", "--layers", "4",
+               "--batch", "16", "--hardware", str(out), "--json")
+    assert sim.returncode == 0, sim.stderr
+    assert '"hardware": "calibrated-cpu"' in sim.stdout
+
+
+def _cpu(cores: int, corun: float):
+    from dataclasses import replace
+
+    return replace(load_hardware("local-cpu"), host_cores=cores, node_corun_slowdown=corun)
+
+
+def test_simulator_host_sharing():
+    import schedules
+    from pipesim.costs import CostTable
+    from pipesim.simulator import simulate
+
+    table = CostTable.uniform(2, 1.0, 1.0, 1.0)
+    naive = schedules.build("naive", 2, 1)
+    # no two ranks ever compute at once: sharing changes nothing, the closed form m * p * (F + B) holds
+    assert simulate(naive, table, _cpu(1, 0.5), comm=False).makespan == 6.0
+    one = schedules.build("1f1b", 2, 4)
+    free = simulate(one, table, None, comm=False).makespan
+    assert free == (4 + 2 - 1) * 3.0
+    assert simulate(one, table, _cpu(2, 0.0), comm=False).makespan == free  # a core each, no co-run cost
+    shared = simulate(one, table, _cpu(1, 0.0), comm=False)
+    corun = simulate(one, table, _cpu(2, 0.25), comm=False)
+    assert free < corun.makespan and free < shared.makespan
+    # one core: an action that starts while the other rank computes runs at half speed (decided at its start)
+    assert shared.makespan == 24.0  # = all 2 x 4 x (F + B) of work back to back on the one core
+    rank0 = [(str(a), s, e) for a, s, e in zip(shared.schedule.programs[0], shared.starts[0], shared.ends[0])
+             if a.kind.value in ("F", "B")]
+    assert rank0 == [("0F0", 0.0, 1.0), ("0F1", 1.0, 2.0), ("0B0", 5.0, 9.0), ("0F2", 9.0, 11.0),
+                     ("0B1", 11.0, 13.0), ("0F3", 13.0, 14.0), ("0B2", 17.0, 21.0), ("0B3", 22.0, 24.0)]
+    again = simulate(one, table, _cpu(1, 0.0), comm=False)
+    assert again.starts == shared.starts and again.ends == shared.ends  # deterministic
+
+
+def test_refine_overhead_recovers_the_step_level_overhead():
+    from dataclasses import replace
+
+    from pipesim.calibrate import QUICK_MLP, refine_overhead, run_spec, simulate_run
+
+    hw = replace(_cpu(2, 0.1), per_action_overhead=5e-4)
+    runs = [run_spec("a", "1f1b", 4, QUICK_MLP), run_spec("b", "zb-h1", 4, QUICK_MLP, p=3)]
+    top = 4 * 5e-4
+    truth = replace(hw, per_action_overhead=top * 37 / 120)
+    measured = {r["id"]: simulate_run(truth, r).makespan for r in runs}
+    assert refine_overhead(hw, runs, measured).per_action_overhead == truth.per_action_overhead
+
+
+def test_sum_roofline_and_split_overhead_round_trip(tmp_path):
+    fit = ComputeFit(rate=(2e10, 1e10, 1.6e10), overhead=2e-4, corun=0.0, mean_abs_error=0.0, samples=10,
+                     bandwidth=5e9, split_overhead=1e-4)
+    hw = build_hardware(fit, overhead=2e-4, latency=1e-4, bandwidth=1e9, membw=2e10, cores=2, devices=2, source="")
+    assert hw.roofline == "sum" and hw.device.hbm_bandwidth == 5e9 and hw.split_backward_overhead == 1e-4
+    path = tmp_path / "hw.toml"
+    path.write_text(hardware_to_toml(hw))
+    back = load_hardware(str(path))
+    assert back == hw
+    assert back.compute_time(1e9, 1e8, "float32", "F") == pytest.approx(1e9 / 2e10 + 1e8 / 5e9 + 2e-4)
+    path.write_text(hardware_to_toml(hw).replace('roofline = "sum"', 'roofline = "min"'))
+    with pytest.raises(PipesimError, match='roofline must be "max" or "sum"'):
+        load_hardware(str(path))
+
+
+def test_split_backward_overhead_enters_the_zb_h1_closed_form():
+    from dataclasses import replace
+
+    import schedules
+    from pipesim.costs import CostTable
+    from pipesim.simulator import simulate
+
+    hw = replace(load_hardware("local-cpu"), host_cores=None, split_backward_overhead=0.5)
+    for m in (2, 4):  # the same as I and W costing 0.5 s more each, and nothing else
+        zb = schedules.build("zb-h1", 2, m)
+        with_overhead = simulate(zb, CostTable.uniform(2, 1.0, 1.0, 1.0), hw, comm=False)
+        longer = simulate(zb, CostTable.uniform(2, 1.0, 1.5, 1.5), None, comm=False)
+        assert (with_overhead.starts, with_overhead.ends) == (longer.starts, longer.ends)
+    assert with_overhead.makespan == 17.5
+    fused = schedules.build("1f1b", 2, 2)  # a fused B pays nothing extra: (m + p - 1)(t_F + t_B)
+    assert simulate(fused, CostTable.uniform(2, 1.0, 1.0, 1.0), hw, comm=False).makespan == 9.0
+
+
+def test_oversubscription_slowdown_counts_ranks_beyond_cores():
+    assert slowdown(0, 2, 0.0, extra_ranks=2, oversub=0.1) == pytest.approx(1.2)
+    assert slowdown(3, 2, 0.1, extra_ranks=2, oversub=0.1) == pytest.approx(1.1 * 2 * 1.2)
+    host = HostContention([0, 0, 0, 1], cores=2, corun=0.0, oversub=0.5)
+    assert host.extra == [1, 1, 1, 0]
+    assert host.scale(3, 0.0, 1.0) == 1.0  # alone on node 1
+    assert host.scale(0, 0.0, 1.0) == 1.5  # node 0 has one rank more than cores, even while others idle
