@@ -44,7 +44,9 @@ class SimSetup:
         if self.cost is not None:
             if self.dp > 1 or self.tp > 1:
                 raise PipesimError("--dp/--tp need a model (--model), not --cost")
-            costs = uniform_costs(n, self.cost, boundary_bytes=self.boundary_bytes)
+            # --cost is one rank's share of the model; with v chunks per rank each chunk takes 1/v of it
+            share = schedule.num_ranks / n
+            costs = uniform_costs(n, {k: t * share for k, t in self.cost.items()}, boundary_bytes=self.boundary_bytes)
             if self.activation_bytes:
                 from dataclasses import replace
 
@@ -76,7 +78,9 @@ def add_setup_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("costs and machine")
     g.add_argument("--hardware", metavar="PRESET|FILE",
                    help=f"hardware preset or TOML file (default {DEFAULT_HARDWARE} with a model; none with --cost)")
-    g.add_argument("--cost", metavar="SPEC", help="hand-given seconds per microbatch and stage: F=1,B=2 or F=1,I=1,W=1")
+    g.add_argument("--cost", metavar="SPEC",
+                   help="hand-given seconds per microbatch for one rank's share of the model: F=1,B=2 or "
+                        "F=1,I=1,W=1 (with v chunks per rank each chunk takes 1/v)")
     g.add_argument("--boundary-bytes", type=int, default=0, metavar="BYTES",
                    help="with --cost: bytes of each activation/gradient message (default 0)")
     g.add_argument("--activation-bytes", type=int, default=0, metavar="BYTES",

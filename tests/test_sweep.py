@@ -25,7 +25,8 @@ def test_rows_match_closed_forms_and_skip_what_a_schedule_does_not_admit():
             assert got[("gpipe", p, m, 1)]["peak_inflight"] == m
             assert got[("zb-h1", p, m, 1)]["makespan"] == 3 * m + p - 1
             assert got[("1f1b", p, m, 1)]["bubble_fraction"] == pytest.approx((p - 1) / (m + p - 1), abs=1e-15)
-    assert got[("interleaved-1f1b", 2, 4, 2)]["makespan"] == (4 * 2 + 2 - 1) * 3
+    # --cost is a rank's share: each of the v chunks takes 1/v, so (m + (p-1)/v)(t_F + t_B)
+    assert got[("interleaved-1f1b", 2, 4, 2)]["makespan"] == (4 + (2 - 1) / 2) * 3
     assert [(s["schedule"], s["stages"], s["microbatches"]) for s in skipped] == [("interleaved-1f1b", 4, 6)]
     assert skipped[0]["reason"]
     assert len(rows) == 3 * 4 + 3
