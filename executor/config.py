@@ -184,11 +184,47 @@ def add_run_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--sequence-parallel", action="store_true", help="TP with sequence parallelism (gpt)")
     g.add_argument("--bucket-bytes", type=positive_int, default=None, help="DP all-reduce bucket size in bytes")
     g.add_argument("--save-dir", default=None, help="write each rank's final parameters and the result here")
-    g.add_argument("--quiet", action="store_true", help="no per-step progress lines")
+    g.add_argument("--quiet", action="store_true", help="no progress bar or per-step lines")
+    g.add_argument("--then", nargs=argparse.REMAINDER, default=None, metavar="NAME ...",
+                   help="afterwards run another configuration (same flags; backend and --pg-timeout as here) "
+                        "in the same process group, paying the start-up once")
     f = parser.add_argument_group("fault injection (tests)")
     f.add_argument("--fail-rank", type=int, default=None, help="global rank that fails")
     f.add_argument("--fail-at", default=None, metavar="ACTION", help="action where it fails, e.g. 1F3")
     f.add_argument("--fail-mode", choices=FAIL_MODES, default="raise", help="raise, SIGKILL itself, or hang")
+
+
+class _ThenParser(argparse.ArgumentParser):
+    """Parses the flags after `--then`; a mistake there is a PipesimError (one line, exit 2)."""
+
+    def error(self, message: str):  # noqa: D401
+        raise PipesimError(f"after --then: {message}")
+
+
+def configs_from_args(args: argparse.Namespace) -> list[RunConfig]:
+    """The run and every `--then` run after it; the process-group settings must agree across them."""
+    first = config_from_args(args)
+    cfgs = [first]
+    rest = args.then
+    while rest is not None:
+        parser = _ThenParser(prog="--then", add_help=False)
+        add_run_args(parser)
+        parser.set_defaults(backend=first.backend, pg_timeout=first.pg_timeout)  # inherited unless given
+        sub = parser.parse_args(rest)
+        cfg = config_from_args(sub)
+        if (cfg.backend, cfg.pg_timeout) != (first.backend, first.pg_timeout):
+            raise PipesimError("--backend and --pg-timeout set up the one process group: give them before --then")
+        cfgs.append(cfg)
+        rest = sub.then
+    return cfgs
+
+
+def chain_argv(cfgs: list[RunConfig]) -> list[str]:
+    """Flags for `python -m executor` that rebuild these configs (joined by `--then`)."""
+    argv = cfgs[0].to_argv()
+    for cfg in cfgs[1:]:
+        argv += ["--then", *cfg.to_argv()]
+    return argv
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:

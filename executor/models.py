@@ -41,12 +41,17 @@ class Embed(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm transformer block: causal self-attention, then a 4h MLP (fc1 column-, fc2 row-parallel under TP)."""
+    """Pre-norm transformer block: causal self-attention, then a 4h MLP.
+
+    Under TP (Megatron) a rank holds heads/tp heads: `qkv` column-parallel (its q, k and v rows of
+    those heads), `proj` row-parallel; `fc1` column-, `fc2` row-parallel. The forward reads the local
+    width off `qkv`'s output, so one code path serves the full and the sharded block.
+    """
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         h = cfg.hidden
-        self.heads = cfg.heads
+        self.head_dim = h // cfg.heads
         self.ln1 = nn.LayerNorm(h)
         self.qkv = nn.Linear(h, 3 * h)
         self.proj = nn.Linear(h, h)
@@ -55,10 +60,11 @@ class Block(nn.Module):
         self.fc2 = nn.Linear(4 * h, h)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (b, t, h) -> (b, t, h)
-        b, t, h = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(h, dim=2)
-        q, k, v = (z.view(b, t, self.heads, h // self.heads).transpose(1, 2) for z in (q, k, v))  # (b, nh, t, hs)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, h)
+        qkv = self.qkv(self.ln1(x))  # (b, t, 3 hl); hl = h, or h / tp for this rank's heads
+        b, t, width = qkv.shape  # b: all rows of the microbatch, also under sequence parallelism
+        hl, hs = width // 3, self.head_dim
+        q, k, v = (z.view(b, t, hl // hs, hs).transpose(1, 2) for z in qkv.split(hl, dim=2))  # (b, nh, t, hs)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, hl)
         x = x + self.proj(y)
         return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
 
@@ -161,12 +167,30 @@ def boundary_shape(cfg: ModelConfig, microbatch_size: int) -> tuple[int, ...]:
     return (microbatch_size, cfg.seq, cfg.hidden)
 
 
+def group_rows_by_rank(full: nn.Linear, stacked: int, tp: int) -> nn.Linear:
+    """A copy of `full` whose output rows [A; B; C] (`stacked` blocks) are reordered [A0 B0 C0 | A1 B1 C1 | ...].
+
+    Then the contiguous 1/tp row slice a column-parallel layer takes is rank r's share of every
+    block: for `qkv`, the q, k and v rows of rank r's heads. `params.full_parameters` undoes it.
+    """
+    out = nn.Linear(full.in_features, full.out_features, bias=full.bias is not None,
+                    device=full.weight.device, dtype=full.weight.dtype)
+    with torch.no_grad():
+        for mine, theirs in zip(out.parameters(), full.parameters(), strict=True):
+            n = theirs.shape[0] // (stacked * tp)
+            mine.copy_(theirs.reshape(stacked, tp, n, *theirs.shape[1:]).transpose(0, 1).reshape(theirs.shape))
+    return out
+
+
 def apply_tensor_parallel(stage: StageModule, cfg: ModelConfig, group, *, sequence_parallel: bool = False) -> None:
-    """Megatron MLP blocks: column-parallel then row-parallel Linear (mlp: layer pairs; gpt: fc1/fc2).
+    """Megatron sharding: mlp layer pairs column/row; GPT blocks' attention by heads (qkv column, proj row)
+    and MLP (fc1 column, fc2 row): one all_reduce per pair forward and one backward.
 
     With `sequence_parallel` the activations between blocks are split by rows (dim 0: samples of
-    the microbatch) over the TP group; attention and norms are per sample, so they run on the shard.
+    the microbatch) over the TP group; norms run on the shard, attention on all rows of its heads.
     """
+    import torch.distributed as dist
+
     from executor.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 
     if cfg.kind == "mlp":
@@ -175,8 +199,13 @@ def apply_tensor_parallel(stage: StageModule, cfg: ModelConfig, group, *, sequen
             a.fc = ColumnParallelLinear(a.fc, group, sequence_parallel=sequence_parallel)
             b.fc = RowParallelLinear(b.fc, group, sequence_parallel=sequence_parallel)
         return
+    tp = dist.get_world_size(group)
     for piece in stage.pieces.values():
         if isinstance(piece, Block):
+            piece.qkv = ColumnParallelLinear(group_rows_by_rank(piece.qkv, 3, tp), group,
+                                             sequence_parallel=sequence_parallel)
+            piece.qkv.stacked = 3  # q, k, v blocks: read by params.full_parameters
+            piece.proj = RowParallelLinear(piece.proj, group, sequence_parallel=sequence_parallel)
             piece.fc1 = ColumnParallelLinear(piece.fc1, group, sequence_parallel=sequence_parallel)
             piece.fc2 = RowParallelLinear(piece.fc2, group, sequence_parallel=sequence_parallel)
 

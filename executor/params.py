@@ -1,7 +1,7 @@
 """Full-model parameter views of a rank's stages, for saving and for comparing with the reference.
 
 Tensor-parallel shards are gathered back into full tensors over the TP group (column-parallel:
-output rows; row-parallel: input columns, bias replicated).
+output rows, regrouped for qkv; row-parallel: input columns, bias replicated).
 """
 
 from __future__ import annotations
@@ -18,6 +18,14 @@ def _gather(shard: torch.Tensor, dim: int, group, size: int) -> torch.Tensor:
     return torch.cat(parts, dim=dim)
 
 
+def ungroup_rows_by_rank(t: torch.Tensor, stacked: int, tp: int) -> torch.Tensor:
+    """Inverse of `models.group_rows_by_rank`: rows [A0 B0 | A1 B1] back to [A0 A1 | B0 B1]."""
+    if stacked == 1:
+        return t
+    n = t.shape[0] // (stacked * tp)
+    return t.reshape(tp, stacked, n, *t.shape[1:]).transpose(0, 1).reshape(t.shape)
+
+
 def full_parameters(stages: dict, mesh: Mesh) -> dict[str, torch.Tensor]:
     """{full-model name: tensor} for every parameter this rank holds (collective over TP when tp > 1)."""
     out: dict[str, torch.Tensor] = {}
@@ -32,7 +40,8 @@ def full_parameters(stages: dict, mesh: Mesh) -> dict[str, torch.Tensor]:
             for pname, param in direct.items():
                 tensor = param.detach()
                 if mesh.tp > 1 and isinstance(module, ColumnParallelLinear):
-                    tensor = _gather(tensor, 0, mesh.tp_group, mesh.tp)
+                    stacked = getattr(module, "stacked", 1)  # qkv: 3
+                    tensor = ungroup_rows_by_rank(_gather(tensor, 0, mesh.tp_group, mesh.tp), stacked, mesh.tp)
                 elif mesh.tp > 1 and isinstance(module, RowParallelLinear) and pname == "weight":
                     tensor = _gather(tensor, 1, mesh.tp_group, mesh.tp)
                 out[prefix + pname] = tensor.cpu().clone()

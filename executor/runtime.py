@@ -2,7 +2,8 @@
 
 All schedule logic comes from the IR (`add_p2p(schedule).programs[pp_rank]`); each action is
 turned once into a small closure, so the hot loop is: time, call, append. SENDs are isends whose
-handles are waited at the end of the step; RECVs block. After the last action: DP all-reduce,
+handles are waited at the end of the step (with `--trace` on gloo, by send_watch threads that stamp
+each completion); RECVs block. After the last action: DP all-reduce,
 then one optimizer step (gradient accumulation over microbatches, losses scaled by 1/m).
 """
 
@@ -28,6 +29,7 @@ from executor.models import (
     synthetic_batch,
 )
 from executor.p2p import P2P
+from executor.send_watch import SendWatcher
 from executor.stage import Stage
 from executor.timing import RankLog
 from pipesim.ir import Action, Kind, Schedule
@@ -77,7 +79,9 @@ class Runtime:
         self.x_mb: tuple[torch.Tensor, ...] = ()
         self.y_mb: tuple[torch.Tensor, ...] = ()
         self.step_index = 0
-        self.ops = [self._op(a) for a in self.program]
+        # trace on gloo: stamp each send's completion (a thread per peer waits them; see send_watch)
+        self.watcher = SendWatcher() if cfg.trace is not None and dist.get_backend() == "gloo" else None
+        self.ops = [self._op(i, a) for i, a in enumerate(self.program)]
         if dist.get_backend() == "nccl":
             self._fuse_sends()
         if cfg.fail_rank == mesh.rank and cfg.fail_at is not None:
@@ -92,7 +96,7 @@ class Runtime:
     def _local(self, stage: int) -> bool:
         return self.schedule.rank_of(stage) == self.me
 
-    def _op(self, a: Action) -> Callable[[], None]:
+    def _op(self, idx: int, a: Action) -> Callable[[], None]:
         s, mb, kind = a.stage, a.microbatch, a.kind
         if kind == Kind.F:
             return partial(self._forward, self.stages[s], s, mb, s < self.last and self._local(s + 1))
@@ -109,8 +113,8 @@ class Runtime:
             return partial(self._recv, self.p2p.grad[s][mb], peer, self.p2p.tag(True, s + 1, mb), self.grads,
                            (s, mb), False)
         if kind == Kind.SEND_F:
-            return partial(self._send, self.outs, (s, mb), peer, self.p2p.tag(False, s, mb))
-        return partial(self._send, self.gins, (s, mb), peer, self.p2p.tag(True, s, mb))
+            return partial(self._send, self.outs, (s, mb), peer, self.p2p.tag(False, s, mb), idx)
+        return partial(self._send, self.gins, (s, mb), peer, self.p2p.tag(True, s, mb), idx)
 
     def _fuse_sends(self) -> None:
         """NCCL: a SEND directly followed by a RECV goes out in one batch_isend_irecv with it.
@@ -175,9 +179,12 @@ class Runtime:
             self.p2p.recv(buf, src, tag).wait()
         into[key] = buf.detach().requires_grad_() if leaf else buf
 
-    def _send(self, source: dict, key: tuple[int, int], dst: int, tag: int) -> None:
+    def _send(self, source: dict, key: tuple[int, int], dst: int, tag: int, idx: int) -> None:
         tensor = source.pop(key)
-        self.pending.append((self.p2p.send(tensor, dst, tag), tensor))
+        work = self.p2p.send(tensor, dst, tag)
+        self.pending.append((work, tensor))
+        if self.watcher is not None:
+            self.watcher.watch(work, dst, self.step_index, idx)
 
     # -- the step --------------------------------------------------------------------------------------
 
@@ -197,6 +204,12 @@ class Runtime:
         log, ops, actions = self.log, self.ops, self.log.actions
         where: Action | str = "setup"
         sync = self.device.type == "cuda" and self.cfg.trace is not None
+        observe_tp = self.cfg.trace is not None and self.mesh.tp > 1
+        if observe_tp:  # TP collectives run inside F/B/I/W; timed only when a trace is asked for
+            from executor.tensor_parallel import set_collective_observer
+
+            record = log.tp_collectives.append
+            set_collective_observer(lambda kind, t0, t1, nbytes: record((self.step_index, kind, t0, t1, nbytes)))
         try:
             for step in range(self.cfg.steps):
                 self.step_index = step
@@ -210,8 +223,11 @@ class Runtime:
                         torch.cuda.synchronize(self.device)
                     actions.append((step, idx, t0, perf_counter_ns()))
                 where = "the wait for posted sends"
-                for work, _ in self.pending:
-                    work.wait()
+                if self.watcher is not None:
+                    self.watcher.drain()
+                else:
+                    for work, _ in self.pending:
+                        work.wait()
                 self.pending.clear()
                 if self.replicated:
                     where = "the tensor-parallel all-reduce of replicated gradients"
@@ -235,6 +251,11 @@ class Runtime:
                     progress(step, (end - start) / 1e9)
         except Exception as exc:  # noqa: BLE001 - any failure ends the run with a named rank and action
             die(self.mesh.rank, where, exc)
+        if observe_tp:
+            set_collective_observer(None)
+        if self.watcher is not None:
+            self.watcher.close()
+            log.sends_done = self.watcher.done
         return log
 
     def _allreduce(self) -> int:

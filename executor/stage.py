@@ -102,7 +102,7 @@ def backward_input(out: torch.Tensor, grad_out: torch.Tensor | None, inp: torch.
             h.remove()
     for param, g in zip(loose, grads[1:], strict=True):
         if g is not None:
-            param.grad = g if param.grad is None else param.grad + g
+            param.grad = g if param.grad is None else param.grad.add_(g)  # in place, as autograd does
     if not out._is_view():
         out.detach_()  # the output side of the graph is no longer needed
     return grads[0], unique
@@ -134,7 +134,7 @@ def backward_weight(groups: list[_WeightGroup], params: list[nn.Parameter]) -> N
                 dws = torch.autograd.grad(edges, [GradientEdge(a, 0) for a in group.params], grads)
                 for acc, dw in zip(group.params, dws, strict=True):
                     param = by_node[acc]
-                    param.grad = dw if param.grad is None else param.grad + dw
+                    param.grad = dw if param.grad is None else param.grad.add_(dw)  # in place: no new buffer
         finally:
             for h in handles:
                 h.remove()

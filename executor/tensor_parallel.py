@@ -10,6 +10,8 @@ Glossary: "tp" is the size of `group`; "dim 0" is the token/sequence dim (Megatr
 
 from __future__ import annotations
 
+from time import perf_counter_ns
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -195,3 +197,41 @@ class RowParallelLinear(nn.Module):
             return y
         y = reduce_from_tp_region(partial, self.group)
         return y + self.bias if self.bias is not None else y
+
+
+# -- observation (added by H3b for `pipesim run --trace`): time each TP collective, outermost call only --------
+_observer = None  # callable(kind, t0_ns, t1_ns, nbytes), or None: no timing at all (one None check per call)
+_observing = False  # inside an observed collective (gloo's reduce_scatter calls all_reduce): record once
+
+
+def set_collective_observer(observer) -> None:
+    """Call `observer(kind, t0_ns, t1_ns, nbytes)` after each TP collective (None: stop); nbytes = full buffer."""
+    global _observer
+    _observer = observer
+
+
+def _observed(kind: str, collective):
+    def timed(x: torch.Tensor, group, *args, **kwargs) -> torch.Tensor:
+        global _observing
+        if _observer is None or _observing:
+            return collective(x, group, *args, **kwargs)
+        _observing = True
+        try:
+            if x.is_cuda:  # NCCL is asynchronous: time the transfer, not its launch
+                torch.cuda.synchronize(x.device)
+            t0 = perf_counter_ns()
+            out = collective(x, group, *args, **kwargs)
+            if x.is_cuda:
+                torch.cuda.synchronize(x.device)
+            t1 = perf_counter_ns()
+        finally:
+            _observing = False
+        _observer(kind, t0, t1, max(x.numel(), out.numel()) * x.element_size())
+        return out
+
+    return timed
+
+
+_all_reduce = _observed("all_reduce", _all_reduce)
+_all_gather_dim0 = _observed("all_gather", _all_gather_dim0)
+_reduce_scatter_dim0 = _observed("reduce_scatter", _reduce_scatter_dim0)

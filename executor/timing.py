@@ -3,11 +3,13 @@
 Times are `perf_counter_ns` (CLOCK_MONOTONIC on Linux), comparable across processes on one host;
 the hot loop only appends integer tuples. Rank 0 converts them to the simulator's schema
 (`pipesim.timeline.Timeline`, source "measured"), relative to the earliest start of step 0.
+With `--trace`, TP collectives (timed inside actions) and send completions (send_watch) join them.
 """
 
 from __future__ import annotations
 
 import statistics
+from bisect import bisect_right
 from dataclasses import dataclass, field
 
 import torch.distributed as dist
@@ -26,6 +28,8 @@ class RankLog:
     rank: int
     actions: list[tuple[int, int, int, int]] = field(default_factory=list)
     collectives: list[tuple[int, str, int, int, int]] = field(default_factory=list)  # step, kind, t0, t1, bytes
+    tp_collectives: list[tuple[int, str, int, int, int]] = field(default_factory=list)  # the same, inside actions
+    sends_done: list[tuple[int, int, int]] = field(default_factory=list)  # (step, index, ns) isend completed
     steps: list[tuple[int, int]] = field(default_factory=list)  # (start, end) per step
     losses: list[float] = field(default_factory=list)  # per step, on the rank holding the last stage
     param_elements: int = 0  # parameters this rank holds (TP shards count their local size)
@@ -33,16 +37,28 @@ class RankLog:
 
 
 def resolve(log: RankLog, program, peer_of, nbytes: int) -> None:
-    """Turn indices into event tuples (done once, after the run, off the hot loop)."""
+    """Turn indices into event tuples (done once, after the run, off the hot loop).
+
+    A SEND spans its post to its completion when that was stamped (`--trace` on gloo), else the post.
+    """
+    done = {(step, idx): t for step, idx, t in log.sends_done}
     for step, idx, t0, t1 in log.actions:
         a = program[idx]
         comm = a.is_comm
+        t1 = max(t1, done.get((step, idx), t1))
         peer = peer_of(a) if comm else -1
         log.events.append((STREAM[a.kind], a.kind.value, a.stage, a.microbatch, t0, t1, nbytes if comm else 0,
                            peer, step))
     for step, kind, t0, t1, nb in log.collectives:
         log.events.append(("collective", kind, -1, -1, t0, t1, nb, -1, step))
+    starts = [t0 for _, _, t0, _ in log.actions]  # actions run one after another: sorted
+    for step, kind, t0, t1, nb in log.tp_collectives:  # labelled with the action they ran in
+        i = bisect_right(starts, t0) - 1
+        a = program[log.actions[i][1]] if i >= 0 and t1 <= log.actions[i][3] else None
+        log.events.append(("collective", kind, a.stage if a else -1, a.microbatch if a else -1, t0, t1, nb, -1, step))
     log.actions = []
+    log.tp_collectives = []
+    log.sends_done = []
 
 
 def gather(log: RankLog) -> list[RankLog] | None:

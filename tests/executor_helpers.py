@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -18,13 +19,22 @@ TINY_GPT = ["--model", "gpt", "--hidden", "16", "--heads", "2", "--seq", "8", "-
             "--batch", "8"]
 
 
+def chain(*runs: list[str]) -> list[str]:
+    """Several configurations for one launch (`A --then B --then C`): torchrun's start-up is paid once."""
+    argv = list(runs[0])
+    for run in runs[1:]:
+        argv += ["--then", *run]
+    return argv
+
+
 def torchrun(nproc: int, args: list[str], *, timeout: float = 120.0) -> subprocess.CompletedProcess:
     """`torchrun --standalone` (it picks a free port) running `-m executor ARGS`; short pg timeout."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    if "--pg-timeout" not in args:  # before any --then: the first configuration sets up the process group
+        cut = args.index("--then") if "--then" in args else len(args)
+        args = [*args[:cut], "--pg-timeout", "20", *args[cut:]]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
            "-m", "executor", *args]
-    if "--pg-timeout" not in args:
-        cmd += ["--pg-timeout", "20"]
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
@@ -48,9 +58,15 @@ def load_run(save_dir: Path, name: str) -> tuple[list[float], dict[str, torch.Te
     return result["losses"], params
 
 
-def assert_matches_reference(save_dir: Path, name: str, model: ModelConfig, steps: int, **opt) -> None:
+@functools.cache
+def _reference(model: ModelConfig, steps: int, optimizer: str, lr: float):
+    return train_reference(model, steps, optimizer=optimizer, lr=lr)  # one per model, however many schedules
+
+
+def assert_matches_reference(save_dir: Path, name: str, model: ModelConfig, steps: int, *, optimizer: str = "sgd",
+                             lr: float = 0.01) -> None:
     losses, params = load_run(save_dir, name)
-    ref = train_reference(model, steps, **opt)
+    ref = _reference(model, steps, optimizer, lr)
     assert len(losses) == steps
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref.losses), rtol=1e-5, atol=1e-6,
                                msg=lambda m: f"{name}: losses differ\n{m}")

@@ -1,8 +1,17 @@
-"""Pipeline-parallel execution equals single-process training, for every registered schedule."""
+"""Pipeline-parallel execution equals single-process training, for every registered schedule (two ranks).
+
+One `pipesim run` launch serves both launch tests (module fixture, `--then`); the four-rank runs are in
+test_executor_parallel.py.
+"""
 
 from __future__ import annotations
 
 import copy
+import json
+import os
+import statistics
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -12,8 +21,12 @@ from executor.mesh import coords_of, grid
 from executor.models import Block, build_full, piece_ranges
 from executor.stage import Stage
 from executor.timing import RankLog, median_step_time, step_times
+from pipesim import torch_csv
+from pipesim.ir import Action, Kind
+from pipesim.lowering import add_p2p
 from pipesim.model_config import ModelConfig
-from tests.executor_helpers import TINY_GPT, assert_matches_reference, model_of, torchrun
+from pipesim.timeline import Timeline
+from tests.executor_helpers import TINY_GPT, assert_matches_reference, chain, model_of
 
 STEPS = 3
 
@@ -61,25 +74,63 @@ def test_gpt_pieces_put_embedding_first_and_head_last():
     assert piece_ranges(ModelConfig(kind="mlp", layers=5), [1, 3, 1]) == [range(0, 1), range(1, 4), range(4, 5)]
 
 
-@pytest.mark.dist
-def test_every_schedule_trains_gpt_like_the_reference_on_two_ranks(tmp_path):
-    names = schedules.names()  # a new registered schedule is picked up with no edit here
-    proc = torchrun(2, [",".join(names), "--microbatches", "4", *TINY_GPT, "--steps", str(STEPS), "--quiet",
-                        "--save-dir", str(tmp_path)])
-    assert proc.returncode == 0, proc.stderr
-    for name in names:
-        assert_matches_reference(tmp_path, name, model_of(TINY_GPT), STEPS)
+# V placement (rank 0 holds stages 0 and 3), split backward: exercises stage-to-stage hand-off on one rank
+V_CSV = ("0F0,3F0,3I0,0I0,0F1,3F1,3I1,3W0,0I1,3W1,0W0,0W1\n"
+         "1F0,2F0,2I0,1I0,2W0,1F1,2F1,2I1,1I1,1W0,1W1,2W1\n")
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    """One `pipesim run --nproc 2` launch: a torch CSV schedule (progress, --json, --trace), then
+    `--then` every registered schedule on a GPT, in the same process group."""
+    d = tmp_path_factory.mktemp("two_ranks")
+    (d / "v.csv").write_text(V_CSV)
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    csv_run = ["--from-csv", str(d / "v.csv"), "--nproc", "2", "--microbatches", "2", "--model", "mlp", "--hidden",
+               "16", "--layers", "4", "--batch", "8", "--steps", "3", "--pg-timeout", "20", "--json",
+               str(d / "result.json"), "--trace", str(d / "measured.json"), "--save-dir", str(d / "csv")]
+    gpt_run = [",".join(schedules.names()), "--microbatches", "4", *TINY_GPT, "--steps", str(STEPS), "--quiet",
+               "--save-dir", str(d / "gpt")]
+    proc = subprocess.run([sys.executable, "-m", "pipesim", "run", *chain(csv_run, gpt_run)], env=env,
+                          capture_output=True, text=True, timeout=240)
+    return d, proc
 
 
 @pytest.mark.dist
-def test_every_schedule_trains_mlp_like_the_reference_on_four_ranks_uneven_split_adam(tmp_path):
-    names = [n for n in schedules.names() if not schedules.spec(n).virtual]  # interleaved: see the dp test
-    mlp = ["--model", "mlp", "--hidden", "16", "--layers", "6", "--batch", "8"]
-    proc = torchrun(4, [",".join(names), "--microbatches", "4", *mlp, "--layer-split", "1,2,2,1", "--optimizer",
-                        "adam", "--lr", "0.001", "--steps", "2", "--quiet", "--save-dir", str(tmp_path)])
+def test_every_schedule_trains_gpt_like_the_reference_on_two_ranks(two_ranks):
+    d, proc = two_ranks
     assert proc.returncode == 0, proc.stderr
-    for name in names:
-        assert_matches_reference(tmp_path, name, model_of(mlp), 2, optimizer="adam", lr=0.001)
+    for name in schedules.names():  # a new registered schedule is picked up with no edit here
+        assert_matches_reference(d / "gpt", name, model_of(TINY_GPT), STEPS)
+
+
+@pytest.mark.dist
+def test_pipesim_run_from_csv_writes_result_and_measured_trace(two_ranks):
+    d, proc = two_ranks
+    assert proc.returncode == 0, proc.stderr
+    assert "v.csv step 3/3" in proc.stderr  # progress from rank 0: plain lines, stderr is not a terminal
+    assert "zb-h1 step" not in proc.stderr  # the --then run is --quiet
+    assert_matches_reference(d / "csv", "v.csv", ModelConfig(kind="mlp", hidden=16, layers=4, batch=8), 3)
+    data = json.loads((d / "result.json").read_text())
+    assert len(data["losses"]) == 3 and len(data["step_times"]) == 3
+    assert data["step_time"] == statistics.median(data["step_times"][1:])
+    timeline = Timeline.read(d / "measured.json")
+    assert timeline.source == "measured" and timeline.num_ranks == 2
+    lowered = add_p2p(torch_csv.load(d / "v.csv"))
+    for step in range(3):
+        for rank, program in enumerate(lowered.programs):  # one event per action, in program order
+            events = [e for e in timeline.events if e.rank == rank and e.step == step]
+            assert [f"{e.stage}{e.kind}{e.microbatch}" for e in sorted(events, key=lambda e: e.start)] == [
+                str(a) for a in program]
+            assert all(e.end >= e.start >= 0 for e in events)
+    # a SEND ends when its isend completed, which on gloo needs the receiver's irecv posted (the payload
+    # leaves only after the peer's recv-ready notice): never before the matching RECV began
+    by_action = {(e.step, e.stage, e.kind, e.microbatch): e for e in timeline.events}
+    sends = [e for e in timeline.events if e.stream == "send"]
+    assert len(sends) == 3 * 8  # 4 SENDs per rank per step
+    for send in sends:
+        recv = Action(send.stage, Kind(send.kind), send.microbatch).matching()
+        assert send.end >= by_action[(send.step, recv.stage, recv.kind.value, recv.microbatch)].start, send
 
 
 def test_step_time_spans_all_ranks_and_skips_warmup():

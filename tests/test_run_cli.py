@@ -1,24 +1,22 @@
-"""`pipesim run`: config errors exit 2 before launching; a real run writes the result JSON and the trace."""
+"""`pipesim run`: config errors exit 2 before launching; `--then` chains; progress. (Launches: test_executor_pp.py.)"""
 
 from __future__ import annotations
 
-import json
+import fcntl
+import io
 import os
-import statistics
-import subprocess
+import pty
+import struct
 import sys
+import termios
 
 import pytest
 
 from executor.__main__ import _Parser
-from executor.config import add_run_args, config_from_args
+from executor.config import add_run_args, config_from_args, configs_from_args
 from executor.launch import torchrun_command
-from pipesim import torch_csv
+from executor.progress import Progress
 from pipesim.cli import main
-from pipesim.lowering import add_p2p
-from pipesim.model_config import ModelConfig
-from pipesim.timeline import Timeline
-from tests.executor_helpers import assert_matches_reference
 
 
 @pytest.mark.parametrize(("argv", "message"), [
@@ -49,32 +47,55 @@ def test_launch_command_round_trips_the_config():
     assert config_from_args(parser.parse_args(cmd[8:])) == cfg
 
 
-# V placement (rank 0 holds stages 0 and 3), split backward: exercises stage-to-stage hand-off on one rank
-V_CSV = ("0F0,3F0,3I0,0I0,0F1,3F1,3I1,3W0,0I1,3W1,0W0,0W1\n"
-         "1F0,2F0,2I0,1I0,2W0,1F1,2F1,2I1,1I1,1W0,1W1,2W1\n")
+def test_then_chains_configurations_into_one_launch():
+    parser = _Parser()
+    add_run_args(parser)
+    args = parser.parse_args(["1f1b", "--dp", "2", "--pg-timeout", "7", "--then", "gpipe", "--tp", "2", "--model",
+                              "gpt", "--then", "zb-h1", "--steps", "5"])
+    cfgs = configs_from_args(args)
+    assert [(c.names, c.dp, c.tp, c.model.kind, c.steps, c.pg_timeout) for c in cfgs] == [
+        (("1f1b",), 2, 1, "mlp", 3, 7.0), (("gpipe",), 1, 2, "gpt", 3, 7.0), (("zb-h1",), 1, 1, "mlp", 5, 7.0)]
+    cmd = torchrun_command(cfgs, 4)
+    assert cmd.count("--then") == 2
+    assert configs_from_args(parser.parse_args(cmd[8:])) == cfgs
 
 
-@pytest.mark.dist
-def test_pipesim_run_from_csv_writes_result_and_measured_trace(tmp_path):
-    result, trace, csv = tmp_path / "result.json", tmp_path / "measured.json", tmp_path / "v.csv"
-    csv.write_text(V_CSV)
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, "-m", "pipesim", "run", "--from-csv", str(csv), "--nproc", "2",
-                           "--microbatches", "2", "--model", "mlp", "--hidden", "16", "--layers", "4", "--batch", "8",
-                           "--steps", "3", "--pg-timeout", "20", "--json", str(result), "--trace", str(trace),
-                           "--save-dir", str(tmp_path / "runs")], env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert "v.csv step 3/3" in proc.stderr  # progress from rank 0
-    assert_matches_reference(tmp_path / "runs", "v.csv", ModelConfig(kind="mlp", hidden=16, layers=4, batch=8), 3)
-    data = json.loads(result.read_text())
-    assert len(data["losses"]) == 3 and len(data["step_times"]) == 3
-    assert data["step_time"] == statistics.median(data["step_times"][1:])
-    timeline = Timeline.read(trace)
-    assert timeline.source == "measured" and timeline.num_ranks == 2
-    lowered = add_p2p(torch_csv.load(csv))
-    for step in range(3):
-        for rank, program in enumerate(lowered.programs):  # one event per action, in program order
-            events = [e for e in timeline.events if e.rank == rank and e.step == step]
-            assert [f"{e.stage}{e.kind}{e.microbatch}" for e in sorted(events, key=lambda e: e.start)] == [
-                str(a) for a in program]
-            assert all(e.end >= e.start >= 0 for e in events)
+@pytest.mark.parametrize(("argv", "message"), [
+    (["1f1b", "--nproc", "2", "--then", "gpipe", "--pg-timeout", "5"], "give them before --then"),
+    (["1f1b", "--nproc", "2", "--then", "gpipe", "--nproc", "2"], "after --then: unrecognized arguments: --nproc 2"),
+    (["1f1b", "--nproc", "4", "--then", "1f1b", "--dp", "3"], "WORLD_SIZE(4) is not divisible by dp(3) * tp(1)"),
+])
+def test_then_errors_exit_2_without_launching(argv, message, capsys):
+    assert main(["run", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err
+
+
+def test_progress_is_a_bar_on_a_terminal_and_lines_elsewhere():
+    plain = io.StringIO()
+    progress = Progress("1f1b", 2, plain)
+    progress(0, 0.5)
+    progress(1, 0.25)
+    progress.close()
+    assert plain.getvalue() == ("executor: 1f1b step 1/2  0.5000 s (rank 0)\n"
+                                "executor: 1f1b step 2/2  0.2500 s (rank 0)\n")
+    leader, follower = pty.openpty()  # a real terminal, 120 columns wide
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))
+    with os.fdopen(follower, "w") as tty:
+        progress = Progress("zb-h1", 2, tty)
+        progress(0, 0.5)
+        progress(1, 0.25)
+        progress.close()
+    chunks = []
+    while True:  # everything written, up to the EIO that follows the follower's close (Linux)
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(leader)
+    screen = b"".join(chunks).decode()
+    assert "executor: zb-h1: 100%" in screen and "2/2" in screen and "0.2500 s/step" in screen
+    assert "step 1/2" not in screen  # no plain lines on a terminal

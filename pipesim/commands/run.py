@@ -17,6 +17,7 @@ EXAMPLES = """examples:
   pipesim run 1f1b --nproc 4 --dp 2 --microbatches 4      # dp(2) x pp(2)
   pipesim run gpipe --nproc 4 --tp 2 --microbatches 4     # pp(2) x tp(2)
   pipesim run --from-csv my_schedule.csv --nproc 2 --microbatches 4
+  pipesim run 1f1b --nproc 4 --dp 2 --then gpipe --tp 2   # two grids, one torchrun start-up
 multi-node: run `torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500
   -m executor NAME ...` on every node (same flags as here, without --nproc); see docs/executor.md.
 """
@@ -33,9 +34,10 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from executor.config import config_from_args
+    from executor.config import configs_from_args
     from executor.launch import launch
 
-    cfg = config_from_args(args)
-    cfg.check(args.nproc)  # PipesimError -> one line, exit 2, nothing launched
-    return launch(cfg, args.nproc)
+    cfgs = configs_from_args(args)
+    for cfg in cfgs:
+        cfg.check(args.nproc)  # PipesimError -> one line, exit 2, nothing launched
+    return launch(cfgs, args.nproc)
