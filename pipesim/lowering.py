@@ -6,7 +6,7 @@ goes right before the compute that consumes it. Stages on the same rank exchange
 
 from __future__ import annotations
 
-from pipesim.graph import producers, transfer_actions
+from pipesim.deps import producers, transfer_actions
 from pipesim.ir import Action, Kind, Schedule
 
 

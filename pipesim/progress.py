@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from pipesim.graph import producers, transfer_actions
+from pipesim.deps import producers, transfer_actions
 from pipesim.ir import Action, Kind, Schedule
 
 

@@ -11,8 +11,9 @@ from collections import Counter
 
 import networkx as nx
 
+from pipesim.deps import producers, transfer_actions
 from pipesim.errors import ScheduleError
-from pipesim.graph import producers, task_graph, transfer_actions
+from pipesim.graph import task_graph
 from pipesim.ir import COMPUTE, RECVS, SENDS, Action, Kind, Schedule
 from pipesim.lowering import add_p2p, needs_send
 from pipesim.progress import stalled_ranks
