@@ -4,7 +4,8 @@ Costs measured in an idle single process are not the costs inside a run, where r
 cores, the memory system and gloo's threads. So the compute figures come from the executor's own
 per-action timelines (2-rank gpipe, 1f1b and zb-h1 runs of the MLP and the GPT), fitted by
 `pipesim.calibrate_fit`; the per-action overhead and the cost of more ranks than cores from the
-same runs' step times (one 4-rank run); the link from a gloo ping-pong in the same process group.
+same runs' step times (one 4-rank run); the isend posting time and the delay of RECVs begun after
+their message was posted from the same timelines; the link from a gloo ping-pong in the same process group.
 The result loads with `pipesim simulate --hardware`.
 """
 
@@ -23,7 +24,12 @@ from pathlib import Path
 from pipesim.calibrate_fit import ComputeFit, fit_compute, fit_link
 from pipesim.errors import PipesimError
 from pipesim.hardware import DeviceSpec, Hardware, LinkClass
-from pipesim.measured import comm_action_seconds, measured_metrics, samples_from_timeline
+from pipesim.measured import (
+    comm_action_seconds,
+    late_recv_delay,
+    measured_metrics,
+    samples_from_timeline,
+)
 from pipesim.model_config import ModelConfig, split_layers
 from pipesim.timeline import Timeline
 
@@ -77,6 +83,14 @@ def refine_oversubscription(hw: Hardware, runs: list[dict], measured: dict[str, 
     """The slowdown per rank beyond the cores that best explains the oversubscribed fit runs (if any)."""
     over = [r for r in runs if hw.host_cores is not None and r["p"] > hw.host_cores]
     return _grid_best(hw, "oversubscription_slowdown", 1.0, over, measured, steps) if over else hw
+
+
+def oversubscribed_recv_delay(over: list[Timeline], late: float, cores: int) -> float:
+    """Seconds a late RECV takes per rank beyond the cores, beyond `late`, from runs with more ranks than cores."""
+    if not over:
+        return 0.0
+    extra = sum(tl.meta["p"] - cores for tl in over) / len(over)  # ranks beyond the cores
+    return max(0.0, (late_recv_delay(over) - late) / extra)
 
 
 def calibration_plan(quick: bool = False) -> list[dict]:
@@ -239,11 +253,13 @@ class Calibration:
             f"F {c.rate[0] / 1e9:.2f}, I {c.rate[1] / 1e9:.2f}, W {c.rate[2] / 1e9:.2f} GFLOP/s"
             + (f" + memory traffic at {c.bandwidth / 1e9:.2f} GB/s (added, roofline = sum)" if c.bandwidth else "")
             + f"; split backward +{c.split_overhead * 1e6:.0f} us per I or W action",
-            f"per-action overhead: compute actions alone {c.overhead * 1e6:.0f} us (+ median isend posting "
-            f"{self.send_seconds * 1e6:.0f} us x {self.comm_per_unit:.2f} comm actions per action); fitted on the "
+            f"per-action overhead: compute actions alone {c.overhead * 1e6:.0f} us; fitted on the "
             f"runs' step times: {hw.per_action_overhead * 1e6:.0f} us; co-run slowdown "
             f"{c.corun:.3f} per other busy rank; host cores {hw.host_cores}, "
             f"oversubscription slowdown {hw.oversubscription_slowdown:.3f} per rank beyond them",
+            f"messages: a SEND holds its rank {hw.send_overhead * 1e6:.0f} us (median isend posting); a RECV begun "
+            f"after its SEND lasts {hw.late_recv_delay * 1e6:.0f} us (mean; gloo progress), "
+            f"+{hw.oversubscribed_recv_delay * 1e6:.0f} us per rank beyond the cores",
             f"p2p (gloo loopback): latency {self.latency * 1e6:.0f} us, bandwidth {self.bandwidth / 1e9:.2f} GB/s; "
             f"all_reduce busbw (2 ranks): {ar}",
             f"memory copy bandwidth (1 thread): {self.memory_bandwidth / 1e9:.1f} GB/s",
@@ -288,13 +304,17 @@ def calibrate(*, quick: bool = False, workdir: Path | None = None, devices: int 
     latency, bandwidth = fit_link([(int(n), float(t)) for n, t in pp])
     ar = [(int(r["bytes"]), float(r["busbw"])) for r in (comm or {}).get("all_reduce", [])]
     membw = float(comm["memory_bandwidth"]) if comm and "memory_bandwidth" in comm else memory_bandwidth()
-    overhead = fit.overhead + send * per_unit
+    overhead = fit.overhead  # isend posting is charged to the SENDs themselves (send_overhead)
     busbw = "; ".join(f"all_reduce busbw {bw / 1e9:.2f} GB/s at {n / 2**20:.0f} MiB (2 ranks)" for n, bw in ar)
     source = (f"pipesim calibrate on {platform.node()} ({cores} cores) at {time.strftime('%Y-%m-%d %H:%M')}: "
               f"compute from the executor's timelines of {len(timelines)} 2-rank runs, link from a gloo ping-pong"
               + (f"; {busbw}" if busbw else ""))
     hw = build_hardware(fit, overhead=overhead, latency=latency, bandwidth=bandwidth, membw=membw, cores=cores,
                         devices=devices, source=source)
+    fair = [tl for tl in timelines.values() if tl.meta["p"] <= cores]
+    over = [tl for tl in timelines.values() if tl.meta["p"] > cores]
+    hw = replace(hw, send_overhead=send, late_recv_delay=late_recv_delay(fair),
+                 oversubscribed_recv_delay=oversubscribed_recv_delay(over, late_recv_delay(fair), cores))
     runs = [{**tl.meta, "id": key, "schedule": tl.meta["schedule"], "microbatches": tl.meta["m"],
              "virtual": tl.meta["v"] if tl.meta["v"] > 1 else None} for key, tl in timelines.items()]
     spans = {key: measured_metrics(tl)[0] for key, tl in timelines.items()}

@@ -77,9 +77,10 @@ def explain_gap(hw, run: dict, cores: int) -> list[tuple[str, float]]:
     bare = replace(hw, per_action_overhead=0.0, node_corun_slowdown=0.0)
     with_overhead = replace(bare, per_action_overhead=hw.per_action_overhead)
     steps = [("rates fitted on the run's own timelines (no overhead, no sharing, free links)", bare, False),
-             ("+ per-action overhead (dispatch, isend posting)", with_overhead, False),
+             ("+ per-action overhead (dispatch)", with_overhead, False),
              ("+ co-run slowdown of ranks sharing the host", hw, False),
-             ("+ links (gloo loopback latency and bandwidth): the full model", hw, True)]
+             ("+ links (gloo loopback latency and bandwidth, isend posting, late-RECV progress delay): "
+              "the full model", hw, True)]
     for label, h, comm in steps:
         setup = SimSetup(hardware=h, model=model, comm=comm, check_memory=False)
         rows.append((label, setup.run(sched).makespan))

@@ -58,6 +58,9 @@ class Hardware:
     oversubscription_slowdown: float = 0.0  # fraction added to every compute action per rank beyond host_cores
     roofline: str = "max"  # "max": compute and memory traffic overlap (GPUs); "sum": they add up (calibrated CPUs)
     split_backward_overhead: float = 0.0  # seconds added to each split I and W action (runtime bookkeeping)
+    send_overhead: float = 0.0  # seconds a SEND holds its rank (posting the isend); idle time, not compute
+    late_recv_delay: float = 0.0  # seconds a RECV lasts at least when its message was posted before it began
+    oversubscribed_recv_delay: float = 0.0  # seconds added to late_recv_delay per rank beyond host_cores
     source: str = ""  # where the figures come from
 
     @property

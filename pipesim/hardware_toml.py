@@ -34,6 +34,9 @@ _TOP = {
     "oversubscription_slowdown": ("nonneg", False, ""),
     "roofline": ("str", False, ""),
     "split_backward_overhead": ("nonneg", False, "seconds"),
+    "send_overhead": ("nonneg", False, "seconds"),
+    "late_recv_delay": ("nonneg", False, "seconds"),
+    "oversubscribed_recv_delay": ("nonneg", False, "seconds"),
     "source": ("str", False, ""),
 }
 _DEVICE = {
@@ -155,7 +158,10 @@ def hardware_from_dict(data: dict, label: str = "hardware") -> Hardware:
                     node_corun_slowdown=top.get("node_corun_slowdown", 0.0),
                     oversubscription_slowdown=top.get("oversubscription_slowdown", 0.0),
                     roofline=top.get("roofline", "max"),
-                    split_backward_overhead=top.get("split_backward_overhead", 0.0), source=top.get("source", ""))
+                    split_backward_overhead=top.get("split_backward_overhead", 0.0),
+                    send_overhead=top.get("send_overhead", 0.0), late_recv_delay=top.get("late_recv_delay", 0.0),
+                    oversubscribed_recv_delay=top.get("oversubscribed_recv_delay", 0.0),
+                    source=top.get("source", ""))
 
 
 def _parse(text: str, label: str) -> dict:
@@ -209,6 +215,13 @@ def hardware_to_toml(hw: Hardware) -> str:
         lines.append(f"oversubscription_slowdown = {_value(float(hw.oversubscription_slowdown))}  # per rank > cores")
     if hw.split_backward_overhead:
         lines.append(f"split_backward_overhead = {_value(float(hw.split_backward_overhead))}  # seconds per I or W")
+    if hw.send_overhead:
+        lines.append(f"send_overhead = {_value(float(hw.send_overhead))}  # seconds per SEND (isend posting)")
+    if hw.late_recv_delay:
+        lines.append(f"late_recv_delay = {_value(float(hw.late_recv_delay))}  # seconds, RECV begun after its SEND")
+    if hw.oversubscribed_recv_delay:
+        lines.append(f"oversubscribed_recv_delay = {_value(float(hw.oversubscribed_recv_delay))}"
+                     "  # seconds per rank > cores")
     if hw.node_corun_slowdown:
         lines.append(f"node_corun_slowdown = {_value(float(hw.node_corun_slowdown))}  # per other busy rank")
     d = hw.device

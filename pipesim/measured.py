@@ -89,5 +89,33 @@ def comm_action_seconds(timelines: list[Timeline]) -> tuple[float, float]:
     return sends[len(sends) // 2], comms / units
 
 
-__all__ = ["comm_action_seconds", "measured_metrics", "measured_steps", "pipeline_span", "samples_from_timeline",
-           "trimmed_step"]
+def message_delays(tl: Timeline) -> list[tuple[float, int, bool]]:
+    """(delivery seconds, bytes, late) of every P2P message in the measured steps.
+
+    Delivery runs from the moment both sides are there (the SEND posted, i.e. its end, and the
+    receiver in its RECV) to the RECV's end. `late`: the RECV began after the SEND was posted (the
+    receiver was computing then); on a host with few cores such a RECV waits for the sender's
+    progress thread, well beyond the link's latency + bytes / bandwidth.
+    """
+    out = []
+    for step in measured_steps(tl):
+        events = [e for e in tl.events if e.step == step]
+        sends = {(e.kind, e.stage, e.microbatch): e for e in events if e.stream == "send"}
+        for r in events:
+            if r.stream != "recv":
+                continue
+            key = ("SEND_F", r.stage - 1, r.microbatch) if r.kind == "RECV_F" else ("SEND_B", r.stage + 1, r.microbatch)
+            s = sends.get(key)
+            if s is not None:
+                out.append((r.end - max(r.start, s.end), r.bytes, r.start > s.end))
+    return out
+
+
+def late_recv_delay(timelines: list[Timeline]) -> float:
+    """Mean seconds of a RECV that begins after its message was posted (the receiver was computing then)."""
+    late = [t for tl in timelines for t, _, is_late in message_delays(tl) if is_late]
+    return sum(late) / len(late) if late else 0.0
+
+
+__all__ = ["comm_action_seconds", "late_recv_delay", "measured_metrics", "measured_steps", "message_delays",
+           "pipeline_span", "samples_from_timeline", "trimmed_step"]

@@ -2,7 +2,9 @@
 
 Each rank is a chain of SimPy events on its device. Compute holds the rank for its duration (plus the
 blocking tensor-parallel collectives of that action); a SEND posts a transfer and moves on (an
-isend); a RECV blocks until the matching transfer's bytes have arrived. Transfers hold the link
+isend; on host hardware posting holds the rank `send_overhead`); a RECV blocks until the matching
+transfer's bytes have arrived (and, on host hardware, lasts at least `late_recv_delay` when its message
+was posted while the receiver computed: gloo's progress thread must answer it). Transfers hold the link
 resources on the path between the two devices (`pipesim.sim_links`), so messages that share a
 port or a bus queue up. Data-parallel gradient all-reduces run on a per-rank collective stream
 after the stage's last backward, overlapping the rest of the step.
@@ -99,6 +101,8 @@ class _Engine:
         self.slots: list[Any] = []  # recv id -> Transfer, or the rank (int) blocked waiting for it
         self.transfers: list[Transfer] = []  # in posting order
         self.ops = self._compile()
+        self.send_post = getattr(hw, "send_overhead", 0.0) if hw is not None and comm else 0.0  # seconds per SEND
+        self.recv_late = self._late_recv()  # seconds
         # ranks computing on host cores slow each other down (None unless hw.host_cores is set)
         self.host = HostContention.for_run(hw, [par.device(r) for r in range(n)])
 
@@ -178,12 +182,29 @@ class _Engine:
         res = tuple(sorted(self.hw.link_resources(a, b)))
         return dst, nbytes, self.hw.p2p_time(a, b, nbytes), res, self.hw.link_between(a, b).name
 
+    def _late_recv(self) -> float:
+        """Seconds a RECV lasts at least when its message was posted while the receiver computed.
+
+        Host ranks only (gloo): the receiver asks for the data when it reaches the RECV, and the
+        sender's progress thread, now sharing a core with its compute, answers late; more so with
+        more ranks than cores. 0 without hardware or without communication.
+        """
+        hw = self.hw
+        if hw is None or not self.comm or not hw.late_recv_delay:
+            return 0.0
+        if hw.host_cores is None or not hw.oversubscribed_recv_delay:
+            return hw.late_recv_delay
+        nodes = [hw.node_of(self.par.device(r)) for r in range(self.sched.num_ranks)]
+        extra = max(nodes.count(n) - hw.host_cores for n in set(nodes))
+        return hw.late_recv_delay + max(0, extra) * hw.oversubscribed_recv_delay
+
     # -- the ranks ------------------------------------------------------------------------------
 
     def run(self) -> SimResult:
         env, n = self.env, self.sched.num_ranks
         self.pos = [0] * n  # next action of each rank
         self.blocked = [False] * n  # rank sleeps in the RECV at `pos` until its message arrives
+        self.posting = [False] * n  # rank sleeps in the SEND at `pos` until it has posted it
         self.live = [0] * n  # bytes of stashed activations
         self.inflight = [0] * n  # microbatches whose activations are stashed
         self.peak_inflight = [0] * n
@@ -212,7 +233,7 @@ class _Engine:
         env = self.env
         now, i = env._now, self.pos[rank]
         starts, ends, ops, prog = self.starts[rank], self.ends[rank], self.ops[rank], self.sched.programs[rank]
-        slots, reserve, transfers, wake = self.slots, self.links.reserve, self.transfers, self._wake
+        slots, wake = self.slots, self._wake
         queue = env._queue  # nothing earlier than `now` pending -> keep going without a wake-up event
         mem = self.memory[rank]
         live, held, peak = self.live[rank], self.inflight[rank], self.peak_inflight[rank]
@@ -220,7 +241,12 @@ class _Engine:
             self.blocked[rank] = False
             ends[i] = now
             i += 1
+        elif self.posting[rank]:  # woken at the end of posting this SEND
+            self.posting[rank] = False
+            self._post_send(rank, i, ops[i], now)
+            i += 1
         n = len(ops)
+        post, late = self.send_post, self.recv_late
         while i < n:
             op = ops[i]
             starts[i] = now
@@ -248,35 +274,49 @@ class _Engine:
                     env.arm(self.alarms[rank], self.wakers[rank], now)
                     break
             elif code == _SEND:
-                _, rid, dst, nbytes, dur, res, link = op
-                send = prog[i]
-                rid += send.microbatch
-                tr = Transfer(send, rank, dst, nbytes, link, res, now, i)
-                if res:
-                    reserve(tr, dur)
-                else:
-                    tr.start, tr.end = now, now + dur
-                waiter = slots[rid]
-                slots[rid] = tr
-                transfers.append(tr)
-                if waiter is not None:  # the receiver is already blocked on this message
-                    wake(waiter, tr.end)
-                ends[i] = now
+                if post:  # posting the isend holds the rank; the message leaves once it is posted
+                    now += post
+                    if queue and queue[0][0] <= now:  # another event comes first: post at `now` after it
+                        self.posting[rank] = True
+                        env.arm(self.alarms[rank], self.wakers[rank], now)
+                        break
+                self._post_send(rank, i, op, now)
                 i += 1
             else:
                 rid = op[1] + prog[i].microbatch
                 slot = slots[rid]
-                if slot is None or slot.end > now:  # not posted yet, or bytes still moving
+                if slot is None:  # not posted yet: the sender wakes us at the arrival time
                     self.blocked[rank] = True
-                    if slot is None:
-                        slots[rid] = rank  # the sender wakes us at the arrival time
-                    else:
-                        wake(rank, slot.end)
+                    slots[rid] = rank
+                    break
+                arrive = slot.end
+                if late and slot.post < now and now + late > arrive:  # posted while we computed: late
+                    arrive = now + late
+                if arrive > now:  # bytes still moving
+                    self.blocked[rank] = True
+                    wake(rank, arrive)
                     break
                 ends[i] = now
                 i += 1
         self.pos[rank] = i
         self.live[rank], self.inflight[rank], self.peak_inflight[rank] = live, held, peak
+
+    def _post_send(self, rank: int, i: int, op: tuple, now: float) -> None:
+        """Post the SEND at `i` on `rank` at `now`: its transfer takes the links, a blocked receiver is woken."""
+        _, rid, dst, nbytes, dur, res, link = op
+        send = self.sched.programs[rank][i]
+        tr = Transfer(send, rank, dst, nbytes, link, res, now, i)
+        if res:
+            self.links.reserve(tr, dur)
+        else:
+            tr.start, tr.end = now, now + dur
+        rid += send.microbatch
+        waiter = self.slots[rid]
+        self.slots[rid] = tr
+        self.transfers.append(tr)
+        if waiter is not None:  # the receiver is already blocked on this message
+            self._wake(waiter, tr.end)
+        self.ends[rank][i] = now
 
     def _dp_allreduce(self, rank: int, stage: int, index: int, now: float) -> None:
         """Gradient all-reduce of `stage` over its data-parallel group, on the rank's collective stream."""

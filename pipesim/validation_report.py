@@ -104,10 +104,13 @@ def render(rep: Report) -> str:
         "interleaved-1f1b, 3 ranks, the other 4-rank schedules, and the GPT on 4 ranks.",
         "- Model (all systematic, one figure each for every configuration): per-kind FLOP rates plus memory "
         "traffic added to them (`roofline = \"sum\"`: a CPU core does not overlap the two), a per-action overhead "
-        "(dispatch, isend posting), a fixed cost per split I or W action (the executor's bookkeeping for the "
+        "(dispatch), a fixed cost per split I or W action (the executor's bookkeeping for the "
         "split backward), a co-run slowdown per other busy rank, turn-taking when busy ranks outnumber cores, and "
         "a slowdown per rank beyond the cores (`pipesim/host_model.py`); gloo loopback latency and bandwidth "
-        "from a ping-pong.",
+        "from a ping-pong; the time a SEND holds its rank (isend posting, idle rather than compute); and the "
+        "gloo progress delay: a RECV that begins after its message was posted (the receiver was computing then) "
+        "lasts at least a fixed time, longer per rank beyond the cores, because the sender's progress thread, "
+        "which must answer it, shares a core with the sender's compute.",
         "",
         "## Result",
         "",
@@ -156,17 +159,17 @@ def render(rep: Report) -> str:
         "because alone a process also pays for everything a run overlaps. The calibrated model starts from rates "
         "fitted on the run's own per-action timeline and adds, as named terms, what lies between and around the "
         "actions: per-action overhead, the co-run slowdown of ranks sharing the memory system and gloo's threads, "
-        "and the links. What remains is the error the tables report.",
+        "and the links (with isend posting and the gloo progress delay of late RECVs). What remains is the error "
+        "the tables report.",
         "",
         "## Limits of this model on this machine",
         "",
         "- The measurements repeat only to the noise figure above (a shared 2-core VM): a 5 % target cannot be "
         "checked here; the ranking check is the sturdier result.",
-        "- Bubbles are predicted too small: the executor's isend posting, RECV bookkeeping and waits for a core "
-        "count as idle in the measurement, while the model charges them as compute (per-action overhead, "
-        "slowdowns). The step time is right for the wrong share of busy and idle where ranks outnumber cores: "
-        "there the real cost is a blocked rank waiting for a core after its message arrives (see the 4-rank "
-        "zb-h1 plot), which the model folds into a per-rank slowdown of compute.",
+        "- Message delays on this host are heavy-tailed (a late RECV: median about 0.3 ms, mean about 1.1 ms on "
+        "2 ranks); the model charges every late RECV the fitted mean, so single steps vary far more than the "
+        "prediction. Where ranks outnumber cores part of the cost is still folded into a per-rank slowdown of "
+        "compute, so there the predicted bubble stays smaller than measured.",
         "- The executor's split backward (zb-h1) costs more than the fused one by a per-action amount that grows "
         "with the stage's autograd graph (it walks the graph in Python); one fitted figure per I or W action "
         "leaves zb-h1 under-predicted, most for the GPT (the bigger graph).",

@@ -176,7 +176,8 @@ def test_calibrate_quick_writes_a_file_simulate_accepts(tmp_path):
 def _cpu(cores: int, corun: float):
     from dataclasses import replace
 
-    return replace(load_hardware("local-cpu"), host_cores=cores, node_corun_slowdown=corun)
+    return replace(load_hardware("local-cpu"), host_cores=cores, node_corun_slowdown=corun,
+                   oversubscription_slowdown=0.0)
 
 
 def test_simulator_host_sharing():
@@ -258,3 +259,45 @@ def test_oversubscription_slowdown_counts_ranks_beyond_cores():
     assert host.extra == [1, 1, 1, 0]
     assert host.scale(3, 0.0, 1.0) == 1.0  # alone on node 1
     assert host.scale(0, 0.0, 1.0) == 1.5  # node 0 has one rank more than cores, even while others idle
+
+
+def _message_timeline(p: int) -> Timeline:
+    """Step 0 is warmup (its 100 s RECV is left out); step 1 has one waiting and two late RECVs."""
+    ev = [Event(0, "send", "SEND_F", 0, 0, 0.0, 0.25, 8, 1, step=0),
+          Event(1, "recv", "RECV_F", 1, 0, 1.0, 101.0, 8, 0, step=0),  # late, but in the warmup step
+          Event(0, "compute", "F", 0, 0, 110.0, 111.0, step=1),
+          Event(0, "send", "SEND_F", 0, 0, 111.0, 111.25, 8, 1, step=1),
+          Event(1, "recv", "RECV_F", 1, 0, 110.5, 112.0, 8, 0, step=1),  # waiting: 112 - 111.25
+          Event(0, "send", "SEND_F", 0, 1, 112.0, 112.25, 8, 1, step=1),
+          Event(1, "compute", "F", 1, 0, 112.0, 113.0, step=1),
+          Event(1, "recv", "RECV_F", 1, 1, 113.0, 114.5, 8, 0, step=1),  # late: 114.5 - 113
+          Event(1, "send", "SEND_B", 1, 0, 114.5, 114.75, 8, 0, step=1),
+          Event(0, "recv", "RECV_B", 0, 0, 115.0, 115.5, 8, 1, step=1)]  # late: 115.5 - 115
+    return Timeline("measured", "1f1b", p, ev, {"p": p, "warmup": 1})
+
+
+def test_message_delays_split_waiting_from_late_recvs_and_fit_the_delays():
+    from pipesim.calibrate import oversubscribed_recv_delay
+    from pipesim.measured import late_recv_delay, message_delays
+
+    tl = _message_timeline(2)
+    assert message_delays(tl) == [(0.75, 8, False), (1.5, 8, True), (0.5, 8, True)]
+    assert late_recv_delay([tl]) == 1.0  # mean of the late RECVs only
+    assert late_recv_delay([]) == 0.0
+    # 4 ranks on 2 cores: 2 ranks beyond the cores; (1.0 - 0.5) / 2 per extra rank
+    assert oversubscribed_recv_delay([_message_timeline(4)], 0.5, 2) == 0.25
+    assert oversubscribed_recv_delay([], 0.5, 2) == 0.0
+    assert oversubscribed_recv_delay([_message_timeline(4)], 2.0, 2) == 0.0  # never negative
+
+
+def test_message_figures_round_trip_and_default_to_zero(tmp_path):
+    from dataclasses import replace
+
+    base = load_hardware("dgx-h100")
+    assert (base.send_overhead, base.late_recv_delay, base.oversubscribed_recv_delay) == (0.0, 0.0, 0.0)
+    assert "late_recv_delay" not in hardware_to_toml(base)
+    hw = replace(load_hardware("local-cpu"), send_overhead=2.5e-4, late_recv_delay=1.25e-3,
+                 oversubscribed_recv_delay=6.25e-4)
+    path = tmp_path / "hw.toml"
+    path.write_text(hardware_to_toml(hw))
+    assert load_hardware(str(path)) == hw

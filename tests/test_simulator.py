@@ -237,3 +237,27 @@ def test_a_deadlocked_program_is_reported_not_hung():
     sched = Schedule("stuck", 1, (0, 1), progs)
     with pytest.raises(PipesimError, match=r"deadlocked on ranks \[0, 1\]"):
         simulate(sched, CostTable.uniform(2, 1.0, 1.0, 1.0), comm=False)
+
+
+def test_send_posting_and_late_recvs_exact_times():
+    # the 1f1b p=2 m=2 case above, plus: a SEND holds its rank 0.25 s and its message leaves at the end;
+    # a RECV begun after its message was posted lasts at least 1 s (gloo progress), a waiting one does not
+    from dataclasses import replace
+
+    sched = schedules.build("1f1b", 2, 2)
+    table = CostTable.uniform(2, 1.0, 1.0, 1.0, boundary_bytes=1)
+    hw = replace(toy_hardware(0.25, 4.0), send_overhead=0.25, late_recv_delay=1.0)
+    result = simulate(sched, table, hw)
+    spans = [[(str(a), result.starts[r][i], result.ends[r][i]) for i, a in enumerate(prog)]
+             for r, prog in enumerate(result.schedule.programs)]
+    assert spans[0] == [("0F0", 0, 1), ("0SEND_F0", 1, 1.25), ("0F1", 1.25, 2.25), ("0SEND_F1", 2.25, 2.5),
+                        ("0RECV_B0", 2.5, 5.5), ("0B0", 5.5, 7.5), ("0RECV_B1", 7.5, 9.75), ("0B1", 9.75, 11.75)]
+    assert spans[1] == [("1RECV_F0", 0, 1.75), ("1F0", 1.75, 2.75), ("1B0", 2.75, 4.75), ("1SEND_B0", 4.75, 5),
+                        ("1RECV_F1", 5, 6), ("1F1", 6, 7), ("1B1", 7, 9), ("1SEND_B1", 9, 9.25)]
+    assert [(str(t.send), t.post, t.start, t.end) for t in result.transfers] == [
+        ("0SEND_F0", 1.25, 1.25, 1.75), ("0SEND_F1", 2.5, 2.5, 3), ("1SEND_B0", 5, 5, 5.5),
+        ("1SEND_B1", 9.25, 9.25, 9.75)]
+    assert result.makespan == 11.75
+    assert [result.busy(r) for r in (0, 1)] == [6, 6]  # posting is idle time, not compute
+    # without communication the terms vanish: the critical path of compute alone
+    assert simulate(sched, table, hw, comm=False).makespan == 9
