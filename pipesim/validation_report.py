@@ -152,11 +152,15 @@ def render(rep: Report) -> str:
     ]
     for label, sec in rep.explain:
         out.append(f"| {label} | {sec * 1e3:.1f} | {(sec / rep.explain_measured - 1) * 100:+.1f} % |")
+    isolated = [sec for label, sec in rep.explain[:2]]
+    one_thread = ("taken with one thread they predict too long a one, because alone a process also pays for "
+                  "everything a run overlaps" if len(isolated) > 1 and isolated[1] > rep.explain_measured else
+                  "even with one thread they fall short, because in a run the ranks also share memory bandwidth, "
+                  "caches and gloo's threads")
     out += [
         "",
         "Stage times taken in one idle process with all cores use intra-op threads the ranks do not have "
-        "(OMP_NUM_THREADS=1), so they predict too short a step; taken with one thread they predict too long a one, "
-        "because alone a process also pays for everything a run overlaps. The calibrated model starts from rates "
+        f"(OMP_NUM_THREADS=1), so they predict too short a step; {one_thread}. The calibrated model starts from rates "
         "fitted on the run's own per-action timeline and adds, as named terms, what lies between and around the "
         "actions: per-action overhead, the co-run slowdown of ranks sharing the memory system and gloo's threads, "
         "and the links (with isend posting and the gloo progress delay of late RECVs). What remains is the error "
