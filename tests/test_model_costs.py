@@ -174,7 +174,7 @@ def test_memory_check_names_the_numbers():
     with pytest.raises(PipesimError) as info:
         check_fits_memory(costs, cpu, [8, 1])
     assert str(info.value) == ("rank 0 (stage 0) needs 16.25 GiB (params+grads+Adam 16.00 GiB, activations 0.25 GiB "
-                               "for up to 8 in-flight microbatches) but cpu-process has 6.00 GiB")
+                               f"for up to 8 in-flight microbatches) but {cpu.device.name} has 6.00 GiB")
     small = model_costs(ModelConfig(kind="mlp", hidden=1024, layers=8, batch=64), 4, 8, cpu)
     check_fits_memory(small, cpu, [4, 3, 2, 1])  # fits: returns quietly
     # interleaved placement adds up the stages a rank holds
