@@ -124,8 +124,16 @@ class RunConfig:
             if self.virtual and len(self.names) == 1:
                 v = self.virtual  # let the registry reject --virtual for a one-chunk schedule
             sched = schedules.build(name, pp, self.microbatches, v)
-        validate(sched)
+        check_transport_order(validate(sched), nccl=self.uses_nccl())
         return sched
+
+    def uses_nccl(self) -> bool:
+        """The backend the run will take (default nccl with CUDA, else gloo)."""
+        if self.backend is not None:
+            return self.backend == "nccl"
+        import torch
+
+        return torch.cuda.is_available()
 
     def for_schedule(self, name: str) -> RunConfig:
         return replace(self, names=(name,))
@@ -238,3 +246,16 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         save_dir=args.save_dir, fail_rank=args.fail_rank, fail_at=args.fail_at, fail_mode=args.fail_mode,
         quiet=args.quiet,
     )
+
+
+def check_transport_order(lowered: Schedule, *, nccl: bool) -> None:
+    """NCCL pairs a rank pair's messages in issue order (gloo matches by tag): refuse a mismatch up front."""
+    from pipesim.validate import fifo_mismatches
+
+    pairs = fifo_mismatches(lowered) if nccl else []
+    if pairs:
+        names = ", ".join(f"{a}->{b}" for a, b in pairs)
+        raise PipesimError(
+            f"{lowered.name}: ranks {names} receive in a different order than they send; NCCL matches messages "
+            "in issue order (gloo, by tag, does not): reorder the RECVs or use --backend gloo"
+        )

@@ -99,3 +99,20 @@ def test_progress_is_a_bar_on_a_terminal_and_lines_elsewhere():
     screen = b"".join(chunks).decode()
     assert "executor: zb-h1: 100%" in screen and "2/2" in screen and "0.2500 s/step" in screen
     assert "step 1/2" not in screen  # no plain lines on a terminal
+
+
+def test_nccl_refuses_receives_out_of_send_order():
+    from executor.config import check_transport_order
+    from pipesim import torch_csv
+    from pipesim.errors import PipesimError
+
+    swapped = torch_csv.loads(
+        "0F0,0F1,0SEND_F0,0SEND_F1,0RECV_B0,0B0,0RECV_B1,0B1\n"
+        "1RECV_F1,1RECV_F0,1F0,1F1,1B0,1SEND_B0,1B1,1SEND_B1\n", "swapped.csv")
+    check_transport_order(swapped, nccl=False)  # gloo matches by tag
+    with pytest.raises(PipesimError, match=r"swapped.csv: ranks 0->1 receive in a different order than they send"):
+        check_transport_order(swapped, nccl=True)
+    in_order = torch_csv.loads(
+        "0F0,0F1,0SEND_F0,0SEND_F1,0RECV_B0,0B0,0RECV_B1,0B1\n"
+        "1RECV_F0,1RECV_F1,1F0,1F1,1B0,1SEND_B0,1B1,1SEND_B1\n", "ok.csv")
+    check_transport_order(in_order, nccl=True)
