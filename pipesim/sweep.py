@@ -11,6 +11,7 @@ from collections.abc import Iterable, Iterator
 
 from pipesim.errors import PipesimError
 from pipesim.sim_setup import SimSetup
+from pipesim.units import format_bytes
 
 SCHEMA = "pipesim.sweep/1"
 
@@ -92,7 +93,7 @@ def format_table(rows: list[dict], skipped: list[dict] | None = None) -> str:
     for r in rows:
         lines.append(f"{r['schedule']:<18} {r['stages']:>3} {r['microbatches']:>5} {r['virtual']:>2} "
                      f"{_time(r['makespan']):>12} {r['bubble_fraction'] * 100:6.1f}% "
-                     f"{_bytes(r['peak_activation_bytes']):>11} {r['peak_inflight']:>9}")
+                     f"{format_bytes(r['peak_activation_bytes']):>11} {r['peak_inflight']:>9}")
     for s in skipped or []:
         lines.append(f"{s['schedule']:<18} {s['stages']:>3} {s['microbatches']:>5} {s['virtual']:>2}  skipped: "
                      f"{s['reason']}")
@@ -104,9 +105,3 @@ def _time(seconds: float) -> str:
         return f"{seconds:.4g} s"
     return f"{seconds * 1e3:.4g} ms"
 
-
-def _bytes(n: float) -> str:
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{int(n)} B"

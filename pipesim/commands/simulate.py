@@ -6,6 +6,7 @@ import argparse
 
 from pipesim.commands.common import add_model_args, add_output_args, add_schedule_args, emit_json, load_schedule
 from pipesim.sim_setup import add_setup_args, setup_from_args
+from pipesim.units import format_bytes
 
 EXAMPLES = """examples:
   pipesim simulate 1f1b --stages 4 --microbatches 8 --hardware dgx-h100 --model gpt --json
@@ -49,12 +50,6 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:10.3f}"
 
 
-def _bytes(n: float) -> str:
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{int(n)} B"
-
 
 def summary(d: dict) -> str:
     """The human-readable report from the `pipesim.simulate/1` dict: totals, per rank, busiest links."""
@@ -64,18 +59,18 @@ def summary(d: dict) -> str:
         f"{s['name']}: {s['ranks']} ranks, {s['stages']} stages, {s['microbatches']} microbatches {where}, "
         f"links {'modeled' if d['comm'] == 'links' else 'off'}, dp {d['parallel']['dp']} tp {d['parallel']['tp']}",
         f"makespan {d['makespan'] * 1e3:.3f} ms   bubble {d['bubble_fraction'] * 100:.1f} %   "
-        f"peak activations {_bytes(max(d['memory']['peak_activation_bytes'], default=0))}",
+        f"peak activations {format_bytes(max(d['memory']['peak_activation_bytes'], default=0))}",
         f"{'rank':>4} {'busy ms':>10} {'wait ms':>10} {'idle ms':>10} {'bubble':>7} {'peak act':>11} {'in-flight':>9}",
     ]
     mem = d["memory"]
     for r in d["ranks"]:
         i = r["rank"]
         lines.append(f"{i:>4} {_ms(r['busy'])} {_ms(r['waiting_comm'])} {_ms(r['idle'])} "
-                     f"{r['bubble_fraction'] * 100:6.1f}% {_bytes(mem['peak_activation_bytes'][i]):>11} "
+                     f"{r['bubble_fraction'] * 100:6.1f}% {format_bytes(mem['peak_activation_bytes'][i]):>11} "
                      f"{mem['peak_inflight_microbatches'][i]:>9}")
     links = sorted(d["links"], key=lambda x: (-x["utilization"], x["resource"]))[:3]
     for x in links:
-        lines.append(f"link {x['resource']}: {x['transfers']} transfers, {_bytes(x['bytes'])}, "
+        lines.append(f"link {x['resource']}: {x['transfers']} transfers, {format_bytes(x['bytes'])}, "
                      f"busy {x['utilization'] * 100:.1f} %, {x['achieved_bandwidth'] / 1e9:.1f} GB/s achieved")
     path = d["critical_path"]
     kinds = {k: sum(1 for e in path if e["kind"] == k) for k in ("compute", "transfer", "collective")}
