@@ -2,11 +2,12 @@
 
 Costs measured in an idle single process are not the costs inside a run, where ranks share the
 cores, the memory system and gloo's threads. So the compute figures come from the executor's own
-per-action timelines (2-rank gpipe, 1f1b and zb-h1 runs of the MLP and the GPT), fitted by
-`pipesim.calibrate_fit`; the per-action overhead and the cost of more ranks than cores from the
-same runs' step times (one 4-rank run); the isend posting time and the delay of RECVs begun after
-their message was posted from the same timelines; the link from a gloo ping-pong in the same process group.
-The result loads with `pipesim simulate --hardware`.
+per-action timelines (2-rank gpipe, 1f1b and zb-h1 runs of the MLP and the GPT, one 4-rank run with
+more ranks than cores), fitted by `pipesim.calibrate_fit` under the same processor-sharing rule the
+simulator uses; the per-action overhead and the co-run slowdown are refined on the same runs' step
+times; the isend posting time, the message latency and the delay of RECVs begun after their message
+was posted come from the same timelines; the bandwidth from a gloo ping-pong in the same process
+group. The result loads with `pipesim simulate --hardware`.
 """
 
 from __future__ import annotations
@@ -18,28 +19,30 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from pipesim.calibrate_fit import ComputeFit, fit_compute, fit_link
+from pipesim.calibrate_fit import ComputeFit, fit_compute, fit_link, typical_samples
 from pipesim.errors import PipesimError
 from pipesim.hardware import DeviceSpec, Hardware, LinkClass
 from pipesim.measured import (
     comm_action_seconds,
     late_recv_delay,
-    measured_metrics,
+    message_delays,
     samples_from_timeline,
+    typical_step,
 )
 from pipesim.model_config import ModelConfig, split_layers
 from pipesim.timeline import Timeline
 
+ROUNDS, CYCLES = 3, 2  # torchrun launches per world size, and passes over the plan in each (see measure_rounds)
 LECTURE_MLP = {"kind": "mlp", "hidden": 1024, "layers": 8, "batch": 64}
 QUICK_MLP = {"kind": "mlp", "hidden": 512, "layers": 4, "batch": 32}
 SMALL_GPT = {"kind": "gpt", "hidden": 128, "layers": 8, "heads": 4, "seq": 32, "vocab": 256, "batch": 8}
 
 
 def run_spec(run_id: str, schedule: str, m: int, model: dict, *, p: int = 2, v: int | None = None,
-             steps: int = 6, warmup: int = 2) -> dict:
+             steps: int = 8, warmup: int = 2) -> dict:
     """One entry of a measurement plan (see `pipesim.calibrate_runs`); p ranks."""
     return {"id": run_id, "schedule": schedule, "p": p, "microbatches": m, "virtual": v, "model": model,
             "steps": steps, "warmup": warmup}
@@ -73,16 +76,46 @@ def refine_overhead(hw: Hardware, runs: list[dict], measured: dict[str, float], 
     them on a rank (isend posting, RECV bookkeeping, the executor's loop), one figure for all runs.
     Runs with more ranks than cores are left to `refine_oversubscription`.
     """
+    return _grid_best(hw, "per_action_overhead", max(4 * hw.per_action_overhead, 2e-3), _fair(hw, runs),
+                      measured, steps)
+
+
+def _fair(hw: Hardware, runs: list[dict]) -> list[dict]:
+    """The runs in which every rank has a core (all runs when there are none such)."""
     cores = hw.host_cores or 10**9
-    fair = [r for r in runs if r["p"] <= cores] or runs
-    return _grid_best(hw, "per_action_overhead", max(4 * hw.per_action_overhead, 2e-3), fair, measured, steps)
+    return [r for r in runs if r["p"] <= cores] or runs
+
+
+def refine_corun(hw: Hardware, runs: list[dict], measured: dict[str, float], steps: int = 50) -> Hardware:
+    """The co-run slowdown (per other runnable rank) that best explains the fit runs' step times, on a grid.
+
+    Per action it is hard to see under the noise (a 20 % spread between repeats of one action); over
+    whole steps, where ranks overlap for most of the time, it is the main term after the rates.
+    """
+    return _grid_best(hw, "node_corun_slowdown", 0.5, _fair(hw, runs), measured, steps)
 
 
 def refine_oversubscription(hw: Hardware, runs: list[dict], measured: dict[str, float],
-                            steps: int = 100) -> Hardware:
-    """The slowdown per rank beyond the cores that best explains the oversubscribed fit runs (if any)."""
+                            steps: int = 50) -> Hardware:
+    """The slowdown per runnable rank beyond the cores that best explains the step times of the fit runs
+    with more ranks than cores (unchanged when there are none): the OS scheduler's time slices and
+    wake-ups cost more than a fair fluid share of the cores, and whole steps show it where single
+    actions, preempted at random, do not."""
     over = [r for r in runs if hw.host_cores is not None and r["p"] > hw.host_cores]
     return _grid_best(hw, "oversubscription_slowdown", 1.0, over, measured, steps) if over else hw
+
+
+def in_run_latency(timelines: list[Timeline], bandwidth: float, fallback: float) -> float:
+    """Seconds of a message's latency inside the runs: the median delivery of the messages whose receiver
+    was already waiting, less bytes / bandwidth; `fallback` (the ping-pong's) when there are none.
+
+    A ping-pong is a few hundred messages at one moment; the runs' own messages are thousands, sent
+    while the ranks compute, which is what the simulator has to reproduce.
+    """
+    import statistics
+
+    waits = [d - nbytes / bandwidth for tl in timelines for d, nbytes, late in message_delays(tl) if not late]
+    return max(0.0, statistics.median(waits)) if waits else fallback
 
 
 def oversubscribed_recv_delay(over: list[Timeline], late: float, cores: int) -> float:
@@ -110,12 +143,13 @@ def calibration_plan(quick: bool = False) -> list[dict]:
             run_spec("fit-mlp-p4-1f1b-m8", "1f1b", 8, LECTURE_MLP, p=4)]  # more ranks than cores
 
 
-def run_plan(runs: list[dict], nproc: int, workdir: Path, *, comm: bool = False,
-             timeout: float = 900.0) -> tuple[dict[str, Timeline], dict | None]:
-    """Run `runs` under one torchrun with `nproc` ranks; returns measured timelines by id (and comm figures)."""
+def run_plan(runs: list[dict], nproc: int, workdir: Path, *, comm: bool = False, cycles: int = 1,
+             timeout: float = 900.0) -> tuple[dict[str, list[Timeline]], dict | None]:
+    """Run `runs` `cycles` times over under one torchrun with `nproc` ranks; returns each run's measured
+    timelines (one per cycle) by id, and the comm figures."""
     workdir.mkdir(parents=True, exist_ok=True)
     plan = workdir / f"plan-{nproc}.json"
-    plan.write_text(json.dumps({"runs": runs, "comm": comm}))
+    plan.write_text(json.dumps({"runs": runs, "comm": comm, "cycles": cycles}))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
            "-m", "pipesim.calibrate_runs", str(plan), str(workdir)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
@@ -137,15 +171,14 @@ def run_plan(runs: list[dict], nproc: int, workdir: Path, *, comm: bool = False,
     return load_runs(runs, workdir, comm=comm)
 
 
-def measure_rounds(runs: list[dict], workdir: Path, rounds: int, *, reuse: bool = False, say=None,
-                   spans: dict[str, list[float]] | None = None) -> tuple[dict[str, Timeline], dict | None]:
-    """Every run `rounds` times (world sizes interleaved); per run the round with the shortest median step.
-
-    Other processes on a shared host only ever slow a run down, so the fastest of repeated
-    measurements is the one least disturbed; the comm figures come from the first round. `spans`,
-    when given, receives every round's median step per run (the repeatability the report shows).
+def measure_rounds(runs: list[dict], workdir: Path, rounds: int, *, cycles: int = 1, reuse: bool = False,
+                   say=None) -> tuple[dict[str, list[Timeline]], dict | None]:
+    """Every run `rounds` x `cycles` times: `rounds` torchrun launches per world size (world sizes
+    interleaved), each cycling `cycles` times through its runs, so that every configuration samples
+    the machine at many moments spread over the campaign; returns all timelines per run id, and the
+    comm figures of the first round.
     """
-    best: dict[str, Timeline] = {}
+    got_all: dict[str, list[Timeline]] = {}
     comm = None
     for rnd in range(rounds):
         for nproc in sorted({r["p"] for r in runs}):
@@ -156,29 +189,36 @@ def measure_rounds(runs: list[dict], workdir: Path, rounds: int, *, reuse: bool 
             else:
                 if say:
                     say(f"measuring {len(group)} runs on {nproc} ranks (round {rnd + 1} of {rounds}) ...")
-                got, c = run_plan(group, nproc, where, comm=nproc == 2)
+                got, c = run_plan(group, nproc, where, comm=nproc == 2, cycles=cycles)
             comm = comm or c
-            for key, tl in got.items():
-                if spans is not None:
-                    spans.setdefault(key, []).append(measured_metrics(tl)[0])
-                if key not in best or measured_metrics(tl)[0] < measured_metrics(best[key])[0]:
-                    best[key] = tl
-    return best, comm
+            for key, tls in got.items():
+                got_all.setdefault(key, []).extend(tls)
+    return got_all, comm
 
 
-def load_runs(runs: list[dict], workdir: Path, *, comm: bool = False) -> tuple[dict[str, Timeline], dict | None]:
-    """The timelines (and comm figures) that `run_plan` left in `workdir`; PipesimError if one is missing."""
+def load_runs(runs: list[dict], workdir: Path, *,
+              comm: bool = False) -> tuple[dict[str, list[Timeline]], dict | None]:
+    """The timelines (every cycle's) and comm figures that `run_plan` left in `workdir`; PipesimError if
+    one is missing."""
+    from pipesim.calibrate_runs import timeline_name
+
     missing = [r["id"] for r in runs if not (workdir / f"{r['id']}.json").is_file()]
     if missing or (comm and not (workdir / "comm.json").is_file()):
         raise PipesimError(f"{workdir}: no measurement for {', '.join(missing) or 'comm.json'}")
-    timelines = {r["id"]: Timeline.read(workdir / f"{r['id']}.json") for r in runs}
+    timelines = {}
+    for r in runs:
+        cycle, found = 0, []
+        while (workdir / timeline_name(r["id"], cycle)).is_file():
+            found.append(Timeline.read(workdir / timeline_name(r["id"], cycle)))
+            cycle += 1
+        timelines[r["id"]] = found
     comm_data = json.loads((workdir / "comm.json").read_text()) if comm else None
     return timelines, comm_data
 
 
-def stage_work(model: ModelConfig, num_stages: int, m: int) -> list[tuple[tuple[float, float, float],
-                                                                          tuple[float, float, float]]]:
-    """((F, I, W) FLOPs, (F, I, W) bytes moved) of one microbatch on each stage, as the cost model counts them."""
+def stage_work(model: ModelConfig, num_stages: int, m: int) -> list[tuple[tuple[float, float, float], ...]]:
+    """((F, I, W) FLOPs, (F, I, W) bytes moved, (F, I, W) framework ops) of one microbatch on each
+    stage, as the cost model counts them."""
     from pipesim.model_costs import gpt_stage_work, mlp_stage_work
 
     b = model.batch // m
@@ -188,13 +228,13 @@ def stage_work(model: ModelConfig, num_stages: int, m: int) -> list[tuple[tuple[
             work = mlp_stage_work(model, b, layers)
         else:
             work = gpt_stage_work(model, b, layers, first=s == 0, last=s == num_stages - 1)
-        out.append((tuple(work.flops[k] for k in "FIW"), tuple(work.moved[k] for k in "FIW")))
+        out.append(tuple(tuple(part[k] for k in "FIW") for part in (work.flops, work.moved, work.ops)))
     return out
 
 
 def stage_flops(model: ModelConfig, num_stages: int, m: int) -> list[tuple[float, float, float]]:
     """(F, I, W) FLOPs of one microbatch on each stage, as the simulator's cost model counts them."""
-    return [flops for flops, _ in stage_work(model, num_stages, m)]
+    return [work[0] for work in stage_work(model, num_stages, m)]
 
 
 def action_flops(kind: str, stage: int, flops: tuple[float, float, float]) -> tuple[tuple[float, float, float], int]:
@@ -239,11 +279,12 @@ class Calibration:
     compute: ComputeFit
     send_seconds: float  # median CPU time of posting a SEND
     comm_per_unit: float  # comm actions per charged compute overhead in the fit runs
-    latency: float  # seconds, ping-pong fit
+    latency: float  # seconds, from the runs' messages (ping-pong fit where they have none)
     bandwidth: float  # bytes/s, ping-pong fit
     allreduce_busbw: list[tuple[int, float]]  # (bytes, bytes/s) measured
     memory_bandwidth: float  # bytes/s
     runs: list[str]  # ids of the fit runs
+    probes: list[float] = field(default_factory=list)  # seconds of the runs' speed probes, sorted
 
     def summary(self) -> str:
         c, hw = self.compute, self.hardware
@@ -251,16 +292,21 @@ class Calibration:
         return "\n".join([
             f"compute (fit on {c.samples} actions of {len(self.runs)} runs, mean |error| {c.mean_abs_error:.1%}): "
             f"F {c.rate[0] / 1e9:.2f}, I {c.rate[1] / 1e9:.2f}, W {c.rate[2] / 1e9:.2f} GFLOP/s"
-            + (f" + memory traffic at {c.bandwidth / 1e9:.2f} GB/s (added, roofline = sum)" if c.bandwidth else "")
-            + f"; split backward +{c.split_overhead * 1e6:.0f} us per I or W action",
+            + (" + memory traffic at " + ", ".join(f"{k} {b / 1e9:.2f}" for k, b in zip("FIW", c.bandwidths(),
+                                                                                     strict=True))
+               + " GB/s (added, roofline = sum)" if c.bandwidth else "")
+            + f"; {c.per_op * 1e6:.1f} us per framework op; split backward +{c.split_overhead * 1e6:.0f} us per "
+            "I or W action",
             f"per-action overhead: compute actions alone {c.overhead * 1e6:.0f} us; fitted on the "
-            f"runs' step times: {hw.per_action_overhead * 1e6:.0f} us; co-run slowdown "
-            f"{c.corun:.3f} per other busy rank; host cores {hw.host_cores}, "
-            f"oversubscription slowdown {hw.oversubscription_slowdown:.3f} per rank beyond them",
+            f"runs' step times: {hw.per_action_overhead * 1e6:.0f} us; co-run slowdown per other runnable rank: "
+            f"{c.corun:.3f} on the actions, {hw.node_corun_slowdown:.3f} on the step times; host cores "
+            f"{hw.host_cores}, turn-taking beyond them plus {hw.oversubscription_slowdown:.3f} per runnable rank "
+            "beyond them",
             f"messages: a SEND holds its rank {hw.send_overhead * 1e6:.0f} us (median isend posting); a RECV begun "
             f"after its SEND lasts {hw.late_recv_delay * 1e6:.0f} us (mean; gloo progress), "
             f"+{hw.oversubscribed_recv_delay * 1e6:.0f} us per rank beyond the cores",
-            f"p2p (gloo loopback): latency {self.latency * 1e6:.0f} us, bandwidth {self.bandwidth / 1e9:.2f} GB/s; "
+            f"p2p (gloo loopback): latency {self.latency * 1e6:.0f} us (the runs' own messages), bandwidth "
+            f"{self.bandwidth / 1e9:.2f} GB/s (ping-pong); "
             f"all_reduce busbw (2 ranks): {ar}",
             f"memory copy bandwidth (1 thread): {self.memory_bandwidth / 1e9:.1f} GB/s",
         ])
@@ -272,54 +318,77 @@ def build_hardware(fit: ComputeFit, *, overhead: float, latency: float, bandwidt
     """A one-node Hardware of `devices` CPU processes carrying the fitted figures."""
     rf, ri, rw = fit.rate
     kinds = {"F": 1.0, "I": ri / rf, "W": rw / rf}
+    mem_kinds = None
+    if fit.memory_kinds:
+        bf, bi, bw = fit.memory_kinds
+        mem_kinds = {"F": 1.0, "I": bi / bf, "W": bw / bf}
     device = DeviceSpec(name="cpu-process (calibrated)", flops={dtype: rf}, hbm_bandwidth=fit.bandwidth or membw,
-                        memory=memory, compute_efficiency=1.0, kind_efficiency=kinds)
+                        memory=memory, compute_efficiency=1.0, kind_efficiency=kinds,
+                        kind_memory_efficiency=mem_kinds)
     link = LinkClass(name="loopback", bandwidth=bandwidth, peak_bandwidth=bandwidth, latency=latency, shared=True)
     return Hardware(name="calibrated-cpu", device=device, devices_per_node=devices, num_nodes=1, intra=link,
-                    inter=None, per_action_overhead=overhead, host_cores=cores, node_corun_slowdown=fit.corun,
+                    inter=None, per_action_overhead=overhead, per_op_overhead=fit.per_op, host_cores=cores,
+                    node_corun_slowdown=fit.corun, oversubscription_slowdown=fit.oversub,
                     roofline="sum" if fit.bandwidth else "max", split_backward_overhead=fit.split_overhead,
                     source=source)
 
 
 def calibrate(*, quick: bool = False, workdir: Path | None = None, devices: int = 4, cores: int | None = None,
-              rounds: int | None = None, memory: bool = True, timelines: dict[str, Timeline] | None = None,
-              comm: dict | None = None) -> tuple[Calibration, dict[str, Timeline]]:
-    """Run the calibration plan on 2 ranks (best of `rounds`) and fit; or fit the given `timelines`, `comm`."""
+              rounds: int | None = None, memory: bool = True, timelines: dict[str, list[Timeline]] | None = None,
+              comm: dict | None = None) -> tuple[Calibration, dict[str, list[Timeline]]]:
+    """Run the calibration plan (every run `rounds` times) and fit; or fit the given `timelines`, `comm`.
+
+    Every round's timelines enter the fit: the median action of each (run, stage, kind) sets the
+    rates, the typical round of each run its step time.
+    """
     cores = cores or os.cpu_count() or 1
     if timelines is None:
         with tempfile.TemporaryDirectory(prefix="pipesim-calibrate-") as tmp:
             timelines, comm = measure_rounds(calibration_plan(quick), workdir or Path(tmp),
-                                             rounds or (1 if quick else 2))
-    samples = [s for tl in timelines.values() if tl.meta["p"] <= cores for s in samples_from_timeline(tl, cores)]
+                                             rounds or (1 if quick else ROUNDS), cycles=1 if quick else CYCLES)
+    every = [tl for tls in timelines.values() for tl in tls]
+    groups: dict[tuple, list] = {}
+    for key, tls in timelines.items():
+        for tl in tls:
+            kinds: list = []
+            for sample, kind in zip(samples_from_timeline(tl, cores, kinds), kinds, strict=True):
+                groups.setdefault((key, *kind), []).append(sample)
+    samples = typical_samples(groups)  # the median action of each (run, stage, kind)
     fit = None
-    for mem, shared in ((memory and not quick, False), (False, False), (False, True)):
-        try:  # simplest model the data can determine: memory traffic, then FLOPs per kind, then one rate
-            fit = fit_compute(samples, memory=mem, shared=shared)
+    memory_options = ["kinds", "shared"] if memory and not quick else []
+    for mem, shared in [*((m, False) for m in memory_options), ("", False), ("", True)]:
+        try:  # the richest model the data can determine: memory per kind, one memory rate, FLOPs only, one rate
+            fit = fit_compute(samples, cores=cores, memory=mem, shared=shared)
             break
         except PipesimError:
             if shared:
                 raise
-    send, per_unit = comm_action_seconds([tl for tl in timelines.values() if tl.meta["p"] <= cores])
+    fair = [tl for tl in every if tl.meta["p"] <= cores]
+    over = [tl for tl in every if tl.meta["p"] > cores]
+    send, per_unit = comm_action_seconds(fair)
     pp = comm["pingpong"] if comm else [[4, 1e-4], [1 << 20, 1e-4 + (1 << 20) / 1e9]]
     latency, bandwidth = fit_link([(int(n), float(t)) for n, t in pp])
+    latency = in_run_latency(fair, bandwidth, latency)
     ar = [(int(r["bytes"]), float(r["busbw"])) for r in (comm or {}).get("all_reduce", [])]
     membw = float(comm["memory_bandwidth"]) if comm and "memory_bandwidth" in comm else memory_bandwidth()
-    overhead = fit.overhead  # isend posting is charged to the SENDs themselves (send_overhead)
     busbw = "; ".join(f"all_reduce busbw {bw / 1e9:.2f} GB/s at {n / 2**20:.0f} MiB (2 ranks)" for n, bw in ar)
+    ranks = sorted({tl.meta["p"] for tl in every})
     source = (f"pipesim calibrate on {platform.node()} ({cores} cores) at {time.strftime('%Y-%m-%d %H:%M')}: "
-              f"compute from the executor's timelines of {len(timelines)} 2-rank runs, link from a gloo ping-pong"
-              + (f"; {busbw}" if busbw else ""))
-    hw = build_hardware(fit, overhead=overhead, latency=latency, bandwidth=bandwidth, membw=membw, cores=cores,
+              f"compute from the executor's timelines of {len(timelines)} runs on "
+              f"{'/'.join(map(str, ranks))} ranks ({len(every)} timelines), message latency from the same timelines, "
+              "bandwidth from a gloo ping-pong" + (f"; {busbw}" if busbw else ""))
+    hw = build_hardware(fit, overhead=fit.overhead, latency=latency, bandwidth=bandwidth, membw=membw, cores=cores,
                         devices=devices, source=source)
-    fair = [tl for tl in timelines.values() if tl.meta["p"] <= cores]
-    over = [tl for tl in timelines.values() if tl.meta["p"] > cores]
-    hw = replace(hw, send_overhead=send, late_recv_delay=late_recv_delay(fair),
-                 oversubscribed_recv_delay=oversubscribed_recv_delay(over, late_recv_delay(fair), cores))
-    runs = [{**tl.meta, "id": key, "schedule": tl.meta["schedule"], "microbatches": tl.meta["m"],
-             "virtual": tl.meta["v"] if tl.meta["v"] > 1 else None} for key, tl in timelines.items()]
-    spans = {key: measured_metrics(tl)[0] for key, tl in timelines.items()}
-    hw = refine_oversubscription(refine_overhead(hw, runs, spans), runs, spans)
-    cal = Calibration(hw, fit, send, per_unit, latency, bandwidth, ar, membw, sorted(timelines))
+    late = late_recv_delay(fair)
+    hw = replace(hw, send_overhead=send, late_recv_delay=late,
+                 oversubscribed_recv_delay=oversubscribed_recv_delay(over, late, cores))
+    runs = [{**tls[0].meta, "id": key, "schedule": tls[0].meta["schedule"], "microbatches": tls[0].meta["m"],
+             "virtual": tls[0].meta["v"] if tls[0].meta["v"] > 1 else None} for key, tls in timelines.items()]
+    spans = {key: typical_step(tls) for key, tls in timelines.items()}
+    hw = refine_overhead(refine_corun(refine_overhead(hw, runs, spans), runs, spans), runs, spans)
+    hw = refine_oversubscription(hw, runs, spans)
+    probes = sorted(float(tl.meta["probe"]) for tl in every if tl.meta.get("probe"))
+    cal = Calibration(hw, fit, send, per_unit, latency, bandwidth, ar, membw, sorted(timelines), probes)
     return cal, timelines
 
 

@@ -2,28 +2,34 @@
 
 Every compute action measured inside a run is one equation,
 
-    seconds = (n * overhead + f_F / R_F + f_I / R_I + f_W / R_W + bytes / BW) * corun(others)
+    n * overhead + f_F / R_F + f_I / R_I + f_W / R_W + b_F / BW_F + b_I / BW_I + b_W / BW_W + split * S
+        + ops * O = sum_k t_k * speed(k)
 
-(plus a fixed cost per split I or W action: the runtime's bookkeeping for splitting the backward;
-bytes / BW only when fitting memory traffic too: on a CPU it does not overlap the arithmetic, so
-small microbatches, which move as many weight bytes for fewer FLOPs, run at lower FLOP/s), where
-n is 1 (2 for a fused B, which the simulator costs as I + W), f_* are the FLOPs of the
-action's work (a B carries both f_I and f_W; the executor's first stage has no input gradient, so
-its I is empty and its W carries the whole backward), R_* are the
-achieved FLOP/s per kind, and corun(others) = 1 + beta * others is the slowdown when `others`
-other ranks on the node were computing when the action started (memory bandwidth and caches are
-shared even when every rank has a core). For a fixed beta the equation is linear in
-(overhead, 1/R_F, 1/R_I, 1/R_W); beta is found by a scan. Errors are relative (each equation
-divided by its measured seconds), so short actions count as much as long ones.
+The right side is the action's work: the seconds it would have taken alone. t_k is how long it ran
+while k ranks on its node were runnable (its own included; read off the timeline by
+`pipesim.host_model.runnable_profile`) and speed(k) is the processor-sharing rate the simulator
+uses (`pipesim.host_model.speed`: 1 alone, 1 / (1 + beta (k-1)) while every runnable rank has a
+core, less again by turn-taking and gamma per runnable rank beyond the cores). On the left, n is 1
+(2 for a fused B, which the simulator costs as I + W), f_* the FLOPs of the action's work (a B
+carries both f_I and f_W; the executor's first stage has no input gradient, so its I is empty and
+its W carries the whole backward), R_* the achieved FLOP/s per kind, b_* / BW_* the memory traffic
+per kind (on a CPU it does not overlap the arithmetic, so small microbatches, which move as many
+weight bytes for fewer FLOPs, run at lower FLOP/s; a forward reads the weights, a weight gradient
+writes and accumulates them, at other rates; `memory="shared"` fits one BW for all kinds) and S
+the runtime's bookkeeping for a split I or W, and O the cost of each framework op the action runs
+(eager dispatch: it makes a narrow model's many small ops dear). For fixed (beta, gamma) the
+equation is linear in (overhead, 1/R_*, 1/BW_*, S, O); beta and gamma are found by a scan. Errors are relative (each
+equation divided by its work), so short actions count as much as long ones.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from pipesim.errors import PipesimError
+from pipesim.host_model import speed
 
 
 @dataclass(frozen=True)
@@ -32,66 +38,130 @@ class Sample:
 
     flops: tuple[float, float, float]  # FLOPs attributed to (F, I, W) rates
     seconds: float  # measured duration
-    others: int = 0  # other ranks on the node computing when it started (at most cores - 1 counted)
+    profile: tuple[float, ...] = ()  # seconds of it with 1, 2, ... ranks runnable on its node (empty: alone)
     overheads: int = 1  # per-action overheads the simulator charges (2 for a fused B = I + W)
-    moved: float = 0.0  # bytes of memory traffic the cost model counts for this action
+    moved: tuple[float, float, float] = (0.0, 0.0, 0.0)  # bytes of memory traffic counted for (F, I, W) work
     split: int = 0  # 1 for a split-backward I or W action (pays the split bookkeeping), else 0
+    ops: float = 0.0  # framework ops the cost model counts for this action
+
+    def work(self, cores: int, corun: float, oversub: float = 0.0) -> float:
+        """Seconds the action would have taken alone, under the processor-sharing model."""
+        if not self.profile:
+            return self.seconds
+        return sum(t * speed(k, cores, corun, oversub) for k, t in enumerate(self.profile, start=1) if t)
 
 
 @dataclass(frozen=True)
 class ComputeFit:
-    """Achieved rates per kind, per-action overhead and co-run slowdown, with the fit's residuals."""
+    """Achieved rates per kind, per-action overhead and the sharing figures, with the fit's residuals."""
 
     rate: tuple[float, float, float]  # FLOP/s of F, I, W work
     overhead: float  # seconds per compute action
-    corun: float  # beta: fractional slowdown per other computing rank
-    mean_abs_error: float  # mean |predicted / measured - 1| over the samples
+    corun: float  # beta: fractional slowdown per other runnable rank while each has a core
+    mean_abs_error: float  # mean |predicted / measured work - 1| over the samples
     samples: int
-    bandwidth: float | None = None  # bytes/s of memory traffic, added to the arithmetic (None: not fitted)
+    bandwidth: float | None = None  # bytes/s of F's memory traffic, added to the arithmetic (None: not fitted)
     split_overhead: float = 0.0  # seconds added to each split I or W action
+    oversub: float = 0.0  # gamma: fractional slowdown per runnable rank beyond the cores
+    cores: int = 1  # host cores the sharing figures refer to
+    memory_kinds: tuple[float, float, float] | None = None  # bytes/s of (F, I, W) traffic (None: all `bandwidth`)
+    per_op: float = 0.0  # seconds per framework op
 
-    def predict(self, flops: tuple[float, float, float], others: int = 0, overheads: int = 1,
-                moved: float = 0.0, split: int = 0) -> float:
+    def bandwidths(self) -> tuple[float, float, float] | None:
+        """Bytes/s of the memory traffic of F, I and W work (None: memory not fitted)."""
+        if not self.bandwidth:
+            return None
+        return self.memory_kinds or (self.bandwidth,) * 3
+
+    def predict(self, flops: tuple[float, float, float], overheads: int = 1,
+                moved: tuple[float, float, float] = (0.0, 0.0, 0.0), split: int = 0, ops: float = 0.0) -> float:
+        """Seconds of an action's work alone (the simulator's duration before sharing)."""
         work = sum(f / r for f, r in zip(flops, self.rate, strict=True) if f) + split * self.split_overhead
-        if self.bandwidth:
-            work += moved / self.bandwidth
-        return (overheads * self.overhead + work) * (1.0 + self.corun * others)
+        work += ops * self.per_op
+        bw = self.bandwidths()
+        if bw:
+            work += sum(b / w for b, w in zip(moved, bw, strict=True) if b)
+        return overheads * self.overhead + work
 
 
-def _solve(samples: list[Sample], beta: float, memory: bool, shared: bool = False) -> tuple[np.ndarray, float]:
-    """Least squares (overhead, 1/R_F, 1/R_I, 1/R_W, 1/BW, split) for a given beta; returns them, relative SSE."""
-    t = np.array([s.seconds for s in samples])
-    g = np.array([1.0 + beta * s.others for s in samples])
-    if shared:  # one rate for F, I and W: all FLOPs in the F column
-        rows = [[float(s.overheads), sum(s.flops), 0.0, 0.0, s.moved if memory else 0.0, float(s.split)]
-                for s in samples]
-    else:
-        rows = [[float(s.overheads), *s.flops, s.moved if memory else 0.0, float(s.split)] for s in samples]
-    a = np.array(rows) * g[:, None]
-    w = 1.0 / t
+def typical_samples(groups: dict[object, list[Sample]]) -> list[Sample]:
+    """One sample per group (e.g. per run, stage and kind): the one of median duration (the lower for an even count).
+
+    Measured actions are heavy-tailed (a rank descheduled for a time slice, a neighbour on the
+    host), and a least-squares fit over every action follows those outliers; the median action of
+    each kind of work, with its own runnable profile, does not.
+    """
+    out = []
+    for key in sorted(groups, key=str):
+        ranked = sorted(groups[key], key=lambda s: s.seconds)
+        out.append(ranked[(len(ranked) - 1) // 2])
+    return out
+
+
+def _rows(samples: list[Sample], memory: str, shared: bool) -> np.ndarray:
+    """Columns: overheads, FLOPs of F, I, W, bytes of F, I, W, split, ops."""
+    rows = []
+    for s in samples:
+        flops = [sum(s.flops), 0.0, 0.0] if shared else list(s.flops)  # shared: all FLOPs in the F column
+        if memory == "kinds":
+            moved = list(s.moved)
+        elif memory == "shared":
+            moved = [sum(s.moved), 0.0, 0.0]
+        else:
+            moved = [0.0, 0.0, 0.0]
+        rows.append([float(s.overheads), *flops, *moved, float(s.split), float(s.ops)])
+    return np.array(rows)
+
+
+def _solve(a: np.ndarray, work: np.ndarray) -> tuple[np.ndarray, float]:
+    """Least squares of a @ x = work, each row relative to its work; returns x and the relative SSE."""
+    w = 1.0 / work
     used = a.any(axis=0)  # a kind never measured (e.g. no I/W runs) keeps an undetermined rate
-    x = np.zeros(6)
-    sol, *_ = np.linalg.lstsq(a[:, used] * w[:, None], t * w, rcond=None)
+    x = np.zeros(a.shape[1])
+    sol, *_ = np.linalg.lstsq(a[:, used] * w[:, None], np.ones_like(work), rcond=None)
     x[used] = sol
     resid = (a @ x) * w - 1.0
     return x, float(resid @ resid)
 
 
-def fit_compute(samples: list[Sample], *, corun_max: float = 1.0, corun_step: float = 0.005,
-                fit_corun: bool = True, memory: bool = False, shared: bool = False) -> ComputeFit:
-    """Fit rates, overhead, (optionally) beta and memory bandwidth; PipesimError when the data cannot tell.
+def _grid(top: float, step: float, on: bool) -> np.ndarray:
+    return np.arange(0.0, top + step / 2, step) if on else np.array([0.0])
 
+
+def fit_compute(samples: list[Sample], *, cores: int = 1, corun_max: float = 0.5, corun_step: float = 0.005,
+                oversub_max: float = 1.0, oversub_step: float = 0.02, fit_corun: bool = True,
+                memory: str | bool = False, shared: bool = False) -> ComputeFit:
+    """Fit rates, overhead, the sharing figures (beta; gamma where runs had more runnable ranks than
+    cores) and optionally memory bandwidth; PipesimError when the data cannot tell.
+
+    `memory`: False (no memory term), "shared" (True: one bandwidth) or "kinds" (one per kind).
     `shared`: one FLOP rate for all kinds (for data too small or noisy to tell the kinds apart).
     """
+    memory = "shared" if memory is True else (memory or "")
     if len(samples) < 4:
         raise PipesimError(f"need at least 4 measured compute actions to fit, got {len(samples)}")
-    betas = np.arange(0.0, corun_max + corun_step / 2, corun_step) if fit_corun else np.array([0.0])
-    best = min(((float(b), *_solve(samples, float(b), memory, shared)) for b in betas), key=lambda r: (r[2], r[0]))
-    beta, x, _ = best
+    a = _rows(samples, memory, shared)
+    width = max(1, *(len(s.profile) for s in samples))
+    prof = np.zeros((len(samples), width))  # seconds with 1..width runnable ranks, per sample
+    for i, s in enumerate(samples):
+        prof[i, :len(s.profile)] = s.profile if s.profile else ()
+        if not s.profile:
+            prof[i, 0] = s.seconds
+    crowded = width > cores and bool(prof[:, cores:].any())
+    best = None
+    for beta in _grid(corun_max, corun_step, fit_corun):
+        for gamma in _grid(oversub_max, oversub_step, fit_corun and crowded):
+            rates = np.array([speed(k, cores, float(beta), float(gamma)) for k in range(1, width + 1)])
+            x, sse = _solve(a, prof @ rates)
+            if best is None or sse < best[0]:
+                best = (sse, float(beta), float(gamma), x)
+    _, beta, gamma, x = best
     if shared:
         x[2] = x[3] = x[1]
     inv = x[1:4]
-    if memory and x[4] <= 0:
+    mem_cols = [4 + k for k in range(3) if memory == "kinds" and any(s.moved[k] for s in samples)] or (
+        [4] if memory else [])
+    if any(x[c] <= 0 for c in mem_cols):
         raise PipesimError("calibration fit gave a non-positive memory bandwidth: the measured actions do not "
                            "separate arithmetic from memory traffic (add microbatch sizes)")
     if (inv[[any(s.flops[k] for s in samples) for k in range(3)]] <= 0).any():
@@ -99,10 +169,15 @@ def fit_compute(samples: list[Sample], *, corun_max: float = 1.0, corun_step: fl
                            "do not vary enough in size (add configurations)")
     rate = tuple(float(1.0 / v) if v > 0 else 0.0 for v in inv)
     bandwidth = float(1.0 / x[4]) if memory else None
+    kinds = None
+    if memory == "kinds":  # a kind without traffic in the data keeps F's bandwidth
+        kinds = tuple(float(1.0 / x[4 + k]) if x[4 + k] > 0 else bandwidth for k in range(3))
     fit = ComputeFit(rate=rate, overhead=max(0.0, float(x[0])), corun=beta, mean_abs_error=0.0,
-                     samples=len(samples), bandwidth=bandwidth, split_overhead=max(0.0, float(x[5])))
-    rel = [abs(fit.predict(s.flops, s.others, s.overheads, s.moved, s.split) / s.seconds - 1.0) for s in samples]
-    return ComputeFit(fit.rate, fit.overhead, beta, float(np.mean(rel)), len(samples), bandwidth, fit.split_overhead)
+                     samples=len(samples), bandwidth=bandwidth, split_overhead=max(0.0, float(x[7])),
+                     oversub=gamma, cores=cores, memory_kinds=kinds, per_op=max(0.0, float(x[8])))
+    rel = [abs(fit.predict(s.flops, s.overheads, s.moved, s.split, s.ops) / s.work(cores, beta, gamma) - 1.0)
+           for s in samples]
+    return replace(fit, mean_abs_error=float(np.mean(rel)))
 
 
 def fit_link(sizes_seconds: list[tuple[int, float]]) -> tuple[float, float]:
@@ -123,4 +198,4 @@ def fit_link(sizes_seconds: list[tuple[int, float]]) -> tuple[float, float]:
     return max(0.0, t0 - n0 / bandwidth), bandwidth
 
 
-__all__ = ["ComputeFit", "Sample", "fit_compute", "fit_link"]
+__all__ = ["ComputeFit", "Sample", "fit_compute", "fit_link", "typical_samples"]

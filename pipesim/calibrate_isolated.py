@@ -69,16 +69,15 @@ def explain_gap(hw, run: dict, cores: int) -> list[tuple[str, float]]:
 
     model = ModelConfig(**run["model"])
     sched = schedules.build(run["schedule"], run["p"], run["microbatches"], run.get("virtual"))
+    alone = {t: isolated_stage_seconds(model, sched.num_stages, sched.num_microbatches, t) for t in (cores, 1)}
     rows = [(f"stage times measured alone in an idle process, {cores} threads (the naive calibration)",
-             isolated_prediction(sched, isolated_stage_seconds(model, sched.num_stages, sched.num_microbatches,
-                                                               cores))),
-            ("... alone, 1 thread (each rank runs with OMP_NUM_THREADS=1)",
-             isolated_prediction(sched, isolated_stage_seconds(model, sched.num_stages, sched.num_microbatches, 1)))]
-    bare = replace(hw, per_action_overhead=0.0, node_corun_slowdown=0.0)
+             isolated_prediction(sched, alone[cores])),
+            ("... alone, 1 thread (each rank runs with OMP_NUM_THREADS=1)", isolated_prediction(sched, alone[1]))]
+    bare = replace(hw, per_action_overhead=0.0, node_corun_slowdown=0.0, oversubscription_slowdown=0.0)
     with_overhead = replace(bare, per_action_overhead=hw.per_action_overhead)
-    steps = [("rates fitted on the run's own timelines (no overhead, no sharing, free links)", bare, False),
+    steps = [("rates fitted on the run's own timelines (no overhead, no co-run slowdown, free links)", bare, False),
              ("+ per-action overhead (dispatch)", with_overhead, False),
-             ("+ co-run slowdown of ranks sharing the host", hw, False),
+             ("+ co-run slowdown of ranks sharing the host's memory and caches", hw, False),
              ("+ links (gloo loopback latency and bandwidth, isend posting, late-RECV progress delay): "
               "the full model", hw, True)]
     for label, h, comm in steps:

@@ -7,8 +7,18 @@ process group: one torchrun start (seconds of imports and rendezvous) serves man
   python -m torch.distributed.run --standalone --nproc-per-node 2 -m pipesim.calibrate_runs PLAN.json OUTDIR
 
 PLAN.json: {"runs": [{"id", "schedule", "microbatches", "virtual", "model": {...}, "steps", "warmup"}],
-"comm": bool}. Rank 0 writes OUTDIR/<id>.json (a measured Timeline whose meta holds step_times) and,
-with "comm", OUTDIR/comm.json (ping-pong seconds per size, all_reduce busbw, copy bandwidth).
+"comm": bool, "cycles": K}. The runs are made K times over, cycling through the whole list, so each
+is sampled at K moments of the launch rather than in one block (a shared VM's speed drifts).
+Rank 0 writes OUTDIR/<id>.json for the first cycle and OUTDIR/<id>.cycle<k>.json for the others
+(measured Timelines whose meta holds step_times and the speed probe timed just before and after
+the run) and, with "comm", OUTDIR/comm.json (ping-pong seconds per size, all_reduce busbw, copy
+bandwidth).
+
+The speed probe is a fixed single-threaded workload (the lecture MLP's layers at 8 rows, forward
+and backward) that rank 0 times while the other ranks wait. It is a witness, not a correction: its
+spread over a campaign shows how much the machine's own speed moved (on a shared VM, by tens of
+percent within minutes). Rescaling runs by it was tried and made repeats agree less, because a
+probe of a few tens of milliseconds catches one moment of a speed that changes within a second.
 """
 
 from __future__ import annotations
@@ -24,7 +34,50 @@ PINGPONG_SIZES = (4, 1024, 65536, 1 << 20, 8 << 20)  # bytes
 ALLREDUCE_SIZES = (1 << 20, 16 << 20)  # bytes
 
 
-def _run_one(spec: dict, world: int, out: Path | None) -> None:
+def speed_probe(iters: int = 8) -> float:
+    """Median seconds of one forward + backward of 4 Linear(1024, 1024) + ReLU layers on 8 rows, one thread."""
+    import statistics
+
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        gen = torch.Generator().manual_seed(0)
+        weights = [torch.randn(1024, 1024, generator=gen).div_(32).requires_grad_() for _ in range(4)]
+        x = torch.randn(8, 1024, generator=gen)
+        times = []
+        for it in range(iters + 2):  # two untimed
+            t0 = time.perf_counter()
+            y = x
+            for w in weights:
+                y = torch.relu(y @ w)
+            y.sum().backward()
+            if it >= 2:
+                times.append(time.perf_counter() - t0)
+            for w in weights:
+                w.grad = None
+    finally:
+        torch.set_num_threads(threads)
+    return statistics.median(times)
+
+
+def _probe_on_rank0() -> float:
+    """The speed probe on rank 0 while the other ranks wait in a barrier (0.0 on the others)."""
+    import torch.distributed as dist
+
+    dist.barrier()
+    seconds = speed_probe() if dist.get_rank() == 0 else 0.0
+    dist.barrier()
+    return seconds
+
+
+def timeline_name(run_id: str, cycle: int) -> str:
+    """File name of one cycle's timeline of a run."""
+    return f"{run_id}.json" if cycle == 0 else f"{run_id}.cycle{cycle}.json"
+
+
+def _run_one(spec: dict, world: int, out: Path | None, cycle: int = 0) -> None:
     import torch
     import torch.distributed as dist
 
@@ -40,16 +93,18 @@ def _run_one(spec: dict, world: int, out: Path | None) -> None:
     sched = cfg.check(world)[0]
     mesh = build_mesh(1, world, 1)
     rt = Runtime(cfg, sched, mesh, torch.device("cpu"))
-    dist.barrier()
+    before = _probe_on_rank0()
     log = rt.train(None)
+    after = _probe_on_rank0()
     timing.resolve(log, rt.program, rt.peer_of, rt.transfer_bytes)
     logs = timing.gather(log)
     if mesh.rank == 0 and out is not None:
         times = timing.step_times(logs)
         meta = {"id": spec["id"], "schedule": sched.name, "p": world, "m": sched.num_microbatches,
                 "v": sched.num_stages // world, "model": spec["model"], "steps": spec["steps"],
-                "warmup": spec["warmup"], "step_times": times, "world_size": world}
-        timing.to_timeline(logs, sched.name, meta).write(out / f"{spec['id']}.json")
+                "warmup": spec["warmup"], "step_times": times, "world_size": world,
+                "probe": (before + after) / 2, "probe_before": before, "probe_after": after, "cycle": cycle}
+        timing.to_timeline(logs, sched.name, meta).write(out / timeline_name(spec["id"], cycle))
     dist.barrier()
 
 
@@ -106,8 +161,9 @@ def main(argv: list[str]) -> int:
             _comm(out)
         if plan["runs"]:  # an untimed run first: the first one after start-up is slower (allocator, caches)
             _run_one({**plan["runs"][0], "steps": 2}, world, None)
-        for spec in plan["runs"]:
-            _run_one(spec, world, out)
+        for cycle in range(int(plan.get("cycles", 1))):
+            for spec in plan["runs"]:
+                _run_one(spec, world, out, cycle)
     finally:
         dist.destroy_process_group()
     return 0

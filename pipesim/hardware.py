@@ -35,11 +35,15 @@ class DeviceSpec:
     compute_efficiency: float  # achieved fraction of peak for matmul-heavy stage work
     # kind ("F", "I", "W") -> factor on compute_efficiency for that work (calibrated; None: 1 for all)
     kind_efficiency: dict[str, float] | None = None
+    # kind -> factor on hbm_bandwidth for that work's memory traffic (calibrated on CPUs, where a
+    # weight-gradient pass streams writes at another rate than a forward reads weights; None: 1 for all)
+    kind_memory_efficiency: dict[str, float] | None = None
 
     def __hash__(self) -> int:  # dict fields: hash by their sorted items so Hardware stays hashable
         kinds = tuple(sorted(self.kind_efficiency.items())) if self.kind_efficiency else None
+        mem = tuple(sorted(self.kind_memory_efficiency.items())) if self.kind_memory_efficiency else None
         return hash((self.name, tuple(sorted(self.flops.items())), self.hbm_bandwidth, self.memory,
-                     self.compute_efficiency, kinds))
+                     self.compute_efficiency, kinds, mem))
 
 
 @dataclass(frozen=True)
@@ -53,9 +57,10 @@ class Hardware:
     intra: LinkClass  # inside a node
     inter: LinkClass | None  # across nodes (None for one node)
     per_action_overhead: float = 0.0  # seconds added to every compute action (dispatch; calibrated)
+    per_op_overhead: float = 0.0  # seconds per framework op an action runs (eager dispatch, kernel launch)
     host_cores: int | None = None  # CPU cores per node when compute runs on host cores (local-cpu)
-    node_corun_slowdown: float = 0.0  # fraction added to a compute action per other rank computing on its node
-    oversubscription_slowdown: float = 0.0  # fraction added to every compute action per rank beyond host_cores
+    node_corun_slowdown: float = 0.0  # fraction of speed lost per other runnable rank on its node (memory, caches)
+    oversubscription_slowdown: float = 0.0  # fraction of speed lost per runnable rank beyond host_cores (turn-taking)
     roofline: str = "max"  # "max": compute and memory traffic overlap (GPUs); "sum": they add up (calibrated CPUs)
     split_backward_overhead: float = 0.0  # seconds added to each split I and W action (runtime bookkeeping)
     send_overhead: float = 0.0  # seconds a SEND holds its rank (posting the isend); idle time, not compute
@@ -113,10 +118,12 @@ class Hardware:
         link = self.link_between(src, dst)
         return link.latency + nbytes / link.bandwidth
 
-    def compute_time(self, flops: float, bytes_moved: float, dtype: str, kind: str | None = None) -> float:
+    def compute_time(self, flops: float, bytes_moved: float, dtype: str, kind: str | None = None,
+                     ops: float = 0.0) -> float:
         """Roofline seconds: max(compute-bound, memory-bound) (or their sum) + per-action dispatch overhead.
 
-        `kind` (F, I or W) selects the device's calibrated `kind_efficiency` factor, when it has one.
+        `kind` (F, I or W) selects the device's calibrated `kind_efficiency` and `kind_memory_efficiency`
+        factors, when it has them; `ops` framework ops cost `per_op_overhead` each on top.
         """
         peak = self.device.flops.get(dtype)
         if peak is None:
@@ -126,10 +133,14 @@ class Hardware:
         if kind is not None and self.device.kind_efficiency:
             eff *= self.device.kind_efficiency.get(kind, 1.0)
         compute = flops / (peak * eff)
-        memory = bytes_moved / self.device.hbm_bandwidth
+        bandwidth = self.device.hbm_bandwidth
+        if kind is not None and self.device.kind_memory_efficiency:
+            bandwidth *= self.device.kind_memory_efficiency.get(kind, 1.0)
+        memory = bytes_moved / bandwidth
+        fixed = self.per_action_overhead + ops * self.per_op_overhead
         if self.roofline == "sum":
-            return compute + memory + self.per_action_overhead
-        return max(compute, memory) + self.per_action_overhead
+            return compute + memory + fixed
+        return max(compute, memory) + fixed
 
     def to_dict(self) -> dict:
         d = asdict(self)

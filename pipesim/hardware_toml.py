@@ -29,6 +29,7 @@ _TOP = {
     "devices_per_node": ("posint", True, ""),
     "num_nodes": ("posint", True, ""),
     "per_action_overhead": ("nonneg", False, "seconds"),
+    "per_op_overhead": ("nonneg", False, "seconds"),
     "host_cores": ("posint", False, ""),
     "node_corun_slowdown": ("nonneg", False, ""),
     "oversubscription_slowdown": ("nonneg", False, ""),
@@ -46,6 +47,7 @@ _DEVICE = {
     "memory": ("posint", True, "bytes"),
     "compute_efficiency": ("frac", True, ""),
     "kind_efficiency": ("kinds", False, ""),
+    "kind_memory_efficiency": ("kinds", False, ""),
 }
 _LINK = {
     "name": ("str", True, ""),
@@ -145,7 +147,8 @@ def hardware_from_dict(data: dict, label: str = "hardware") -> Hardware:
     dev = _fields(label, "device", data["device"], _DEVICE)
     device = DeviceSpec(name=dev["name"], flops=dev["flops"], hbm_bandwidth=dev["hbm_bandwidth"],
                         memory=dev["memory"], compute_efficiency=dev["compute_efficiency"],
-                        kind_efficiency=dev.get("kind_efficiency"))
+                        kind_efficiency=dev.get("kind_efficiency"),
+                        kind_memory_efficiency=dev.get("kind_memory_efficiency"))
     if top.get("roofline", "max") not in ("max", "sum"):
         raise PipesimError(f"{label}: roofline must be \"max\" or \"sum\", got {top['roofline']!r}")
     intra = _link(label, "intra", data["intra"])
@@ -154,7 +157,8 @@ def hardware_from_dict(data: dict, label: str = "hardware") -> Hardware:
         raise PipesimError(f"{label}: num_nodes = {top['num_nodes']} needs an [inter] section (the link across nodes)")
     return Hardware(name=top["name"], device=device, devices_per_node=top["devices_per_node"],
                     num_nodes=top["num_nodes"], intra=intra, inter=inter,
-                    per_action_overhead=top.get("per_action_overhead", 0.0), host_cores=top.get("host_cores"),
+                    per_action_overhead=top.get("per_action_overhead", 0.0),
+                    per_op_overhead=top.get("per_op_overhead", 0.0), host_cores=top.get("host_cores"),
                     node_corun_slowdown=top.get("node_corun_slowdown", 0.0),
                     oversubscription_slowdown=top.get("oversubscription_slowdown", 0.0),
                     roofline=top.get("roofline", "max"),
@@ -207,12 +211,15 @@ def hardware_to_toml(hw: Hardware) -> str:
         lines.append(f"source = {_value(hw.source)}")
     lines += [f"devices_per_node = {hw.devices_per_node}", f"num_nodes = {hw.num_nodes}",
               f"per_action_overhead = {_value(float(hw.per_action_overhead))}  # seconds"]
+    if hw.per_op_overhead:
+        lines.append(f"per_op_overhead = {_value(float(hw.per_op_overhead))}  # seconds per framework op")
     if hw.host_cores is not None:
         lines.append(f"host_cores = {hw.host_cores}")
     if hw.roofline != "max":
         lines.append(f"roofline = {_value(hw.roofline)}  # compute + memory time (they do not overlap)")
     if hw.oversubscription_slowdown:
-        lines.append(f"oversubscription_slowdown = {_value(float(hw.oversubscription_slowdown))}  # per rank > cores")
+        lines.append(f"oversubscription_slowdown = {_value(float(hw.oversubscription_slowdown))}"
+                     "  # per runnable rank > cores")
     if hw.split_backward_overhead:
         lines.append(f"split_backward_overhead = {_value(float(hw.split_backward_overhead))}  # seconds per I or W")
     if hw.send_overhead:
@@ -223,16 +230,18 @@ def hardware_to_toml(hw: Hardware) -> str:
         lines.append(f"oversubscribed_recv_delay = {_value(float(hw.oversubscribed_recv_delay))}"
                      "  # seconds per rank > cores")
     if hw.node_corun_slowdown:
-        lines.append(f"node_corun_slowdown = {_value(float(hw.node_corun_slowdown))}  # per other busy rank")
+        lines.append(f"node_corun_slowdown = {_value(float(hw.node_corun_slowdown))}  # per other runnable rank")
     d = hw.device
     lines += ["", "[device]", f"name = {_value(d.name)}",
               f"hbm_bandwidth = {_value(float(d.hbm_bandwidth))}  # bytes/s",
               f"memory = {int(d.memory)}  # bytes", f"compute_efficiency = {_value(float(d.compute_efficiency))}",
               "flops = { " + ", ".join(f"{k} = {_value(float(v))}" for k, v in sorted(d.flops.items()))
               + " }  # FLOP/s"]
-    if d.kind_efficiency:
-        lines.append("kind_efficiency = { " + ", ".join(f"{k} = {_value(float(v))}" for k, v in
-                                                        sorted(d.kind_efficiency.items())) + " }")
+    for field_name in ("kind_efficiency", "kind_memory_efficiency"):
+        kinds = getattr(d, field_name)
+        if kinds:
+            lines.append(f"{field_name} = {{ " + ", ".join(f"{k} = {_value(float(v))}" for k, v in
+                                                           sorted(kinds.items())) + " }")
     for section, link in (("intra", hw.intra), ("inter", hw.inter)):
         if link is None:
             continue

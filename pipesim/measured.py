@@ -37,6 +37,17 @@ def measured_metrics(tl: Timeline) -> tuple[float, float, int]:
     return rows[(len(rows) - 1) // 2]
 
 
+def typical_run(timelines: list[Timeline]) -> Timeline:
+    """Of repeated runs of one configuration, the one whose median step is the median (the lower for an even count)."""
+    ranked = sorted(timelines, key=lambda tl: measured_metrics(tl)[0])
+    return ranked[(len(ranked) - 1) // 2]
+
+
+def typical_step(timelines: list[Timeline]) -> float:
+    """Seconds of the typical run's median step (`typical_run`)."""
+    return measured_metrics(typical_run(timelines))[0]
+
+
 def trimmed_step(tl: Timeline, step: int) -> Timeline:
     """One step from its first compute start (earlier RECV waits clipped), rebased to 0, for the plots."""
     t0, _, _ = pipeline_span(tl, step)
@@ -45,23 +56,44 @@ def trimmed_step(tl: Timeline, step: int) -> Timeline:
     return Timeline(tl.source, tl.schedule, tl.num_ranks, events, {**tl.meta, "shown_step": step})
 
 
-def samples_from_timeline(tl: Timeline, cores: int) -> list[Sample]:
-    """One Sample per compute action of the measured steps, with the ranks computing when it started."""
+def runnable_spans(events: list[Event], num_ranks: int) -> list[list[tuple[float, float]]]:
+    """Per rank, the spans in which it needed a core: its compute actions and its SEND postings."""
+    spans: list[list[tuple[float, float]]] = [[] for _ in range(num_ranks)]
+    for e in events:
+        if e.stream in ("compute", "send"):
+            spans[e.rank].append((e.start, e.end))
+    return spans
+
+
+
+def samples_from_timeline(tl: Timeline, cores: int, keys: list | None = None) -> list[Sample]:
+    """One Sample per compute action of the measured steps, with how many ranks were runnable during it.
+
+    `keys`, when given, receives each sample's (stage, kind) alongside.
+    """
     from pipesim.calibrate import action_flops, stage_work
+    from pipesim.host_model import runnable_profile
 
     model = ModelConfig(**tl.meta["model"])
     work = stage_work(model, tl.meta["p"] * tl.meta["v"], tl.meta["m"])
     out = []
     for step in measured_steps(tl):
-        comp = [e for e in tl.events if e.step == step and e.stream == "compute"]
-        for e in comp:
-            others = sum(1 for o in comp if o.rank != e.rank and o.start <= e.start < o.end)
+        events = [e for e in tl.events if e.step == step]
+        spans = runnable_spans(events, tl.num_ranks)
+        for e in events:
+            if e.stream != "compute":
+                continue
             fl, n = action_flops(e.kind, e.stage, work[e.stage][0])
             if not any(fl):  # the first stage's empty I: microseconds of noise, it would dominate a relative fit
                 continue
-            moved, _ = action_flops(e.kind, e.stage, work[e.stage][1])  # bytes follow the same attribution
+            moved, _ = action_flops(e.kind, e.stage, work[e.stage][1])  # bytes and ops: the same attribution
+            ops, _ = action_flops(e.kind, e.stage, work[e.stage][2])
+            others = [sp for r, sp in enumerate(spans) if r != e.rank]
+            prof = runnable_profile([(e.start, e.end)], others, tl.num_ranks)[0]
             split = int(e.kind in ("I", "W"))
-            out.append(Sample(fl, e.duration, min(others, cores - 1), n, sum(moved), split))
+            out.append(Sample(fl, e.duration, tuple(prof), n, moved, split, sum(ops)))
+            if keys is not None:
+                keys.append((e.stage, e.kind))
     return out
 
 
@@ -118,4 +150,4 @@ def late_recv_delay(timelines: list[Timeline]) -> float:
 
 
 __all__ = ["comm_action_seconds", "late_recv_delay", "measured_metrics", "measured_steps", "message_delays",
-           "pipeline_span", "samples_from_timeline", "trimmed_step"]
+           "pipeline_span", "runnable_spans", "samples_from_timeline", "trimmed_step", "typical_run", "typical_step"]

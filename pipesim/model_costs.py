@@ -17,6 +17,7 @@ from pipesim.hardware import Hardware
 from pipesim.model_config import ModelConfig, split_layers
 
 GiB = 2**30
+MLP_LAYER_OPS = (2, 2, 1)  # framework ops of one MLP layer in F, I, W
 OPTIMIZER_BYTES_PER_PARAM = 16  # bytes: param + grad + Adam (mixed precision: 2 + 2 + 4 master + 4 m + 4 v)
 
 
@@ -26,16 +27,19 @@ class Work:
 
     flops: dict[str, float] = field(default_factory=lambda: {"F": 0.0, "I": 0.0, "W": 0.0})  # FLOPs
     moved: dict[str, float] = field(default_factory=lambda: {"F": 0.0, "I": 0.0, "W": 0.0})  # bytes (HBM)
+    ops: dict[str, float] = field(default_factory=lambda: {"F": 0.0, "I": 0.0, "W": 0.0})  # framework ops
     activation_bytes: float = 0.0  # bytes stashed until backward
     param_count: float = 0.0  # parameters held on this device
     collectives: dict[str, list[tuple[str, int]]] = field(default_factory=lambda: {"F": [], "I": []})
 
     def add(self, f: float, i: float, w: float, *, moved: tuple[float, float, float] = (0.0, 0.0, 0.0),
-            act: float = 0.0, params: float = 0.0) -> None:
+            act: float = 0.0, params: float = 0.0, ops: tuple[float, float, float] = (0.0, 0.0, 0.0)) -> None:
         for key, value in zip("FIW", (f, i, w), strict=True):
             self.flops[key] += value
         for key, value in zip("FIW", moved, strict=True):
             self.moved[key] += value
+        for key, value in zip("FIW", ops, strict=True):
+            self.ops[key] += value
         self.activation_bytes += act
         self.param_count += params
 
@@ -59,7 +63,8 @@ def mlp_stage_work(model: ModelConfig, b: int, layers: int, tp: int = 1) -> Work
 
     Per layer F = 2*b*h*h FLOPs; I = F (grad wrt input); W = F (grad wrt weight); bias and GeLU
     FLOPs are not counted (as torch's FlopCounterMode). tp splits each weight; one all_reduce of
-    b*h per column/row pair of layers in F and in I.
+    b*h per column/row pair of layers in F and in I. Framework ops per layer: F 2 (linear, GeLU),
+    I 2 (their input gradients), W 1 (the weight gradient).
     """
     h, d = model.hidden, model.dtype_bytes
     work = Work()
@@ -68,7 +73,7 @@ def mlp_stage_work(model: ModelConfig, b: int, layers: int, tp: int = 1) -> Work
     for _ in range(layers):
         work.add(mm, mm, mm, moved=(weights + 4 * b * h * d / tp, weights + 4 * b * h * d / tp,
                                     weights + 2 * b * h * d / tp),
-                 act=2 * b * h * d / tp, params=h * h / tp + h)
+                 act=2 * b * h * d / tp, params=h * h / tp + h, ops=MLP_LAYER_OPS)
     if tp > 1:
         pairs = math.ceil(layers / 2)
         work.collectives["F"] += [("all_reduce", b * h * d)] * pairs
@@ -96,12 +101,16 @@ def gpt_block_activation_bytes(model: ModelConfig, b: int, tp: int = 1) -> float
 
 
 def gpt_stage_work(model: ModelConfig, b: int, layers: int, *, first: bool, last: bool, tp: int = 1) -> Work:
-    """Embedding (first stage), `layers` blocks, final norm + LM head + loss (last stage)."""
+    """Embedding (first stage), `layers` blocks, final norm + LM head + loss (last stage).
+
+    Framework ops: embedding F 3 (two lookups, add), W 2; block F 10, I 10 (norms, matmuls,
+    attention, activation, residual adds), W 6 (its weighted ops); head F 3, I 3, W 2.
+    """
     s, h, v, d = model.seq, model.hidden, model.vocab, model.dtype_bytes
     act = b * s * h * d  # bytes of one (b, s, h) activation
     work = Work()
     if first:  # token + position lookup: no matmul FLOPs; vocab-parallel embedding all_reduces its output
-        work.add(0.0, 0.0, 0.0, moved=(2 * act, 0.0, 2 * act), params=v * h / tp + s * h)
+        work.add(0.0, 0.0, 0.0, moved=(2 * act, 0.0, 2 * act), params=v * h / tp + s * h, ops=(3, 0, 2))
         if tp > 1:
             work.collectives["F"].append(("all_reduce", act))
     f, i, w = gpt_block_flops(model, b)
@@ -110,7 +119,7 @@ def gpt_stage_work(model: ModelConfig, b: int, layers: int, *, first: bool, last
     for _ in range(layers):
         work.add(f / tp, i / tp, w / tp, moved=(block_params * d + block_act, block_params * d + block_act,
                                                 block_params * d + block_act),
-                 act=block_act, params=block_params)
+                 act=block_act, params=block_params, ops=(10, 10, 6))
         if tp > 1:
             work.collectives["F"] += [("all_reduce", act)] * 2
             work.collectives["I"] += [("all_reduce", act)] * 2
@@ -119,7 +128,7 @@ def gpt_stage_work(model: ModelConfig, b: int, layers: int, *, first: bool, last
         logits = b * s * v / tp * d
         work.add(head, head, head, moved=(h * v / tp * d + act + logits, h * v / tp * d + act + logits,
                                           h * v / tp * d + act + logits),
-                 act=2 * act + logits, params=h * v / tp + 2 * h)
+                 act=2 * act + logits, params=h * v / tp + 2 * h, ops=(3, 3, 2))
         if tp > 1:
             work.collectives["I"].append(("all_reduce", act))
     return work
@@ -155,7 +164,7 @@ def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hard
             work = mlp_stage_work(model, b, layers, tp)
         else:
             work = gpt_stage_work(model, b, layers, first=s == 0, last=last, tp=tp)
-        fwd, inp, wgt = (hw.compute_time(work.flops[k], work.moved[k], model.dtype, k) for k in "FIW")
+        fwd, inp, wgt = (hw.compute_time(work.flops[k], work.moved[k], model.dtype, k, work.ops[k]) for k in "FIW")
         param_bytes = round(work.param_count * d)
         stages.append(StageCosts(forward=fwd, backward_input=inp, backward_weight=wgt,
                                  boundary_bytes=0 if last else boundary,

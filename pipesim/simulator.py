@@ -23,7 +23,7 @@ from simpy import Event
 
 from pipesim.costs import CostTable
 from pipesim.errors import PipesimError
-from pipesim.host_model import HostContention
+from pipesim.host_model import HostSharing
 from pipesim.ir import Schedule
 from pipesim.lowering import add_p2p
 from pipesim.sim_links import Environment, LinkPool, Transfer
@@ -103,8 +103,8 @@ class _Engine:
         self.ops = self._compile()
         self.send_post = getattr(hw, "send_overhead", 0.0) if hw is not None and comm else 0.0  # seconds per SEND
         self.recv_late = self._late_recv()  # seconds
-        # ranks computing on host cores slow each other down (None unless hw.host_cores is set)
-        self.host = HostContention.for_run(hw, [par.device(r) for r in range(n)])
+        # ranks computing on host cores share them (None unless hw.host_cores is set)
+        self.host = HostSharing.for_run(self.env, hw, [par.device(r) for r in range(n)])
 
     # -- preparation ---------------------------------------------------------------------------
 
@@ -205,6 +205,8 @@ class _Engine:
         self.pos = [0] * n  # next action of each rank
         self.blocked = [False] * n  # rank sleeps in the RECV at `pos` until its message arrives
         self.posting = [False] * n  # rank sleeps in the SEND at `pos` until it has posted it
+        self.computing = [False] * n  # host cores: rank sleeps in the compute at `pos` until its work is done
+        self.host_done = [partial(self._advance, r, None) for r in range(n)]
         self.live = [0] * n  # bytes of stashed activations
         self.inflight = [0] * n  # microbatches whose activations are stashed
         self.peak_inflight = [0] * n
@@ -245,6 +247,21 @@ class _Engine:
             self.posting[rank] = False
             self._post_send(rank, i, ops[i], now)
             i += 1
+        elif self.computing[rank]:  # host cores: woken when the shared cores have done this action's work
+            self.computing[rank] = False
+            _, _, tp, delta, grad_stage, count, _ = ops[i]
+            ends[i] = now
+            if tp:
+                self.tp_time[rank][i] = tp
+            if delta:
+                live += delta
+                mem.append((now, live))
+            if count:
+                held += count
+                peak = max(peak, held)
+            if grad_stage >= 0:
+                self._dp_allreduce(rank, grad_stage, i, now)
+            i += 1
         n = len(ops)
         post, late = self.send_post, self.recv_late
         while i < n:
@@ -253,8 +270,10 @@ class _Engine:
             code = op[0]
             if code == _COMPUTE:
                 _, d, tp, delta, grad_stage, count, _ = op
-                if self.host is not None:
-                    d = self.host.scale(rank, now, d)
+                if self.host is not None:  # shared cores: how long it takes depends on who else runs
+                    self.computing[rank] = True
+                    self.host.start(rank, d + tp, self.host_done[rank])
+                    break
                 if tp:
                     d += tp
                     self.tp_time[rank][i] = tp
@@ -274,6 +293,10 @@ class _Engine:
                     env.arm(self.alarms[rank], self.wakers[rank], now)
                     break
             elif code == _SEND:
+                if post and self.host is not None:  # posting is CPU work on the shared cores too
+                    self.posting[rank] = True
+                    self.host.start(rank, post, self.host_done[rank])
+                    break
                 if post:  # posting the isend holds the rank; the message leaves once it is posted
                     now += post
                     if queue and queue[0][0] <= now:  # another event comes first: post at `now` after it

@@ -60,7 +60,9 @@ class Report:
     load_before: str
     load_after: str
     seconds: float  # wall time of the campaign
-    spread: list[float] = field(default_factory=list)  # per run: slower round / faster round - 1
+    spread: list[float] = field(default_factory=list)  # per run: slowest round's median step / fastest's - 1
+    rounds: int = 1  # measurements per configuration
+    probes: list[float] = field(default_factory=list)  # every run's speed probe, seconds
 
 
 def _pct(x: float) -> str:
@@ -72,13 +74,20 @@ def _verdict(s: Summary) -> str:
     return "met" if ok else "NOT met"
 
 
-def _noise(spread: list[float]) -> str:
+def _noise(spread: list[float], rounds: int, probes: list[float]) -> str:
     """The measurements' own repeatability: the floor under any prediction error."""
     if not spread:
         return "Each configuration was measured once (no repeatability figure)."
-    return (f"Measurement noise: each configuration ran in two rounds and the faster round is used; the slower "
-            f"round was {statistics.median(spread):.1%} slower in the median and {max(spread):.1%} at worst, "
-            "so errors below that level cannot be told apart from noise on this shared machine.")
+    text = (f"Measurement noise: each configuration ran {rounds} times spread over the campaign and the run "
+            f"with the median step counts; the slowest of its runs was {statistics.median(spread):.1%} slower "
+            f"than the fastest in the median configuration and {max(spread):.1%} at worst, so errors below that "
+            "level cannot be told apart from noise on this machine.")
+    if len(probes) > 1:
+        lo, hi = min(probes), max(probes)
+        text += (f" The machine's own speed moved as much: a fixed single-threaded probe timed beside every run "
+                 f"took {lo * 1e3:.2f} to {hi * 1e3:.2f} ms (median {statistics.median(probes) * 1e3:.2f} ms, "
+                 f"{hi / lo - 1:.0%} apart).")
+    return text
 
 
 def render(rep: Report) -> str:
@@ -93,9 +102,11 @@ def render(rep: Report) -> str:
         f"- Machine: {machine_line()}.",
         f"- Load before: `{rep.load_before}`; after: `{rep.load_after}`.",
         "- Measured: the executor (`pipesim run`'s runtime), gloo, one process per rank, OMP_NUM_THREADS=1; "
-        "each torchrun launch starts with an untimed run, each run has 6 steps of which the first 2 are warmup, "
-        "the median of the other 4 is the run's step; every run is made twice (two rounds, world sizes "
-        "interleaved) and the faster round counts.",
+        "each torchrun launch starts with an untimed run, each run has 8 steps of which the first 2 are warmup, "
+        f"the median of the other 6 is the run's step; every configuration is run {rep.rounds} times, spread over "
+        "the campaign (torchrun launches per world size, world sizes interleaved, and passes through the whole "
+        "plan inside each launch, because this VM's speed drifts within minutes), and the run with the median "
+        "step counts.",
         "- Step time is the pipeline makespan, first compute start to last compute end of a step (the optimizer "
         "step, not simulated, is left out of both sides); bubble is 1 - compute time / step time, averaged over ranks.",
         "- Fit: the runs marked `fit` (exactly what `pipesim calibrate` runs): 2-rank gpipe, 1f1b and zb-h1 on the "
@@ -103,14 +114,17 @@ def render(rep: Report) -> str:
         "show what more ranks than cores costs. Everything else is held out: other microbatch counts, naive and "
         "interleaved-1f1b, 3 ranks, the other 4-rank schedules, and the GPT on 4 ranks.",
         "- Model (all systematic, one figure each for every configuration): per-kind FLOP rates plus memory "
-        "traffic added to them (`roofline = \"sum\"`: a CPU core does not overlap the two), a per-action overhead "
-        "(dispatch), a fixed cost per split I or W action (the executor's bookkeeping for the "
-        "split backward), a co-run slowdown per other busy rank, turn-taking when busy ranks outnumber cores, and "
-        "a slowdown per rank beyond the cores (`pipesim/host_model.py`); gloo loopback latency and bandwidth "
-        "from a ping-pong; the time a SEND holds its rank (isend posting, idle rather than compute); and the "
-        "gloo progress delay: a RECV that begins after its message was posted (the receiver was computing then) "
-        "lasts at least a fixed time, longer per rank beyond the cores, because the sender's progress thread, "
-        "which must answer it, shares a core with the sender's compute.",
+        "traffic added to them (`roofline = \"sum\"`: a CPU core does not overlap the two), fitted on the median "
+        "action of each (run, stage, kind); a per-action overhead (dispatch) and a fixed cost per split I or W "
+        "action (the executor's bookkeeping for the split backward); processor sharing of the host's cores "
+        "(`pipesim/host_model.py`): every rank that computes or posts a message is runnable, each runs at full "
+        "speed less a co-run slowdown per other runnable rank while every runnable rank has a core, and at "
+        "cores / runnable speed (less a slowdown per runnable rank beyond the cores) when they must take "
+        "turns, re-timed whenever a rank starts or stops, the same rule the fit reads off the timelines; "
+        "message latency from the runs' own messages and bandwidth from a gloo ping-pong; the time a SEND "
+        "takes to post; and the gloo progress delay: a RECV that begins after its message was posted (the "
+        "receiver was computing then) lasts at least a fixed time, longer per rank beyond the cores, because "
+        "the sender's progress thread, which must answer it, shares a core with the sender's compute.",
         "",
         "## Result",
         "",
@@ -122,7 +136,7 @@ def render(rep: Report) -> str:
         "",
         f"Goal (mean <= {GOAL_MEAN:.0%}, max <= {GOAL_MAX:.0%} on held-out): **{_verdict(h)}**.",
         "",
-        _noise(rep.spread),
+        _noise(rep.spread, rep.rounds, rep.probes),
         "",
         f"Ranking of schedules (same model, p, m; all runs): {h.pairs_preserved} of {h.pairs_checked} pairs whose "
         f"measured gap exceeds {_pct(rep.threshold)} (twice the held-out mean error) keep their order in the "
@@ -162,18 +176,19 @@ def render(rep: Report) -> str:
         "Stage times taken in one idle process with all cores use intra-op threads the ranks do not have "
         f"(OMP_NUM_THREADS=1), so they predict too short a step; {one_thread}. The calibrated model starts from rates "
         "fitted on the run's own per-action timeline and adds, as named terms, what lies between and around the "
-        "actions: per-action overhead, the co-run slowdown of ranks sharing the memory system and gloo's threads, "
-        "and the links (with isend posting and the gloo progress delay of late RECVs). What remains is the error "
-        "the tables report.",
+        "actions: per-action overhead, the ranks' sharing of the host's cores and memory system, and the links "
+        "(with isend posting and the gloo progress delay of late RECVs). What remains is the error the tables "
+        "report.",
         "",
         "## Limits of this model on this machine",
         "",
-        "- The measurements repeat only to the noise figure above (a shared 2-core VM): a 5 % target cannot be "
-        "checked here; the ranking check is the sturdier result.",
-        "- Message delays on this host are heavy-tailed (a late RECV: median about 0.3 ms, mean about 1.1 ms on "
+        "- The measurements repeat only to the noise figure above (a shared 2-core VM whose speed moves by tens "
+        "of percent within minutes): a 5 % target cannot be checked here; the ranking check is the sturdier result.",
+        "- Message delays on this host are heavy-tailed (a late RECV: median about 0.3 ms, mean about 1 ms on "
         "2 ranks); the model charges every late RECV the fitted mean, so single steps vary far more than the "
-        "prediction. Where ranks outnumber cores part of the cost is still folded into a per-rank slowdown of "
-        "compute, so there the predicted bubble stays smaller than measured.",
+        "prediction. Where ranks outnumber cores the OS scheduler is not the fair fluid share the model assumes "
+        "(a woken rank preempts, time slices are milliseconds long), so there the predicted bubble stays "
+        "smaller than measured.",
         "- The executor's split backward (zb-h1) costs more than the fused one by a per-action amount that grows "
         "with the stage's autograd graph (it walks the graph in Python); one fitted figure per I or W action "
         "leaves zb-h1 under-predicted, most for the GPT (the bigger graph).",

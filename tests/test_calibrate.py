@@ -11,7 +11,7 @@ from pipesim.calibrate import action_flops, build_hardware, stage_flops
 from pipesim.calibrate_fit import ComputeFit, Sample, fit_compute, fit_link
 from pipesim.errors import PipesimError
 from pipesim.hardware_toml import hardware_to_toml, load_hardware
-from pipesim.host_model import HostContention, slowdown
+from pipesim.host_model import HostSharing, runnable_profile, speed
 from pipesim.measured import samples_from_timeline
 from pipesim.model_config import ModelConfig
 from pipesim.timeline import Event, Timeline
@@ -19,39 +19,77 @@ from pipesim.timeline import Event, Timeline
 RATES = (20e9, 12e9, 16e9)  # FLOP/s of F, I, W
 
 
-def _synthetic(beta: float, overhead: float = 3e-4, bandwidth: float | None = None,
-               split: float = 0.0) -> list[Sample]:
-    """Exact samples of the model the fit assumes, over varied sizes, kinds and co-running ranks."""
+def _synthetic(beta: float, overhead: float = 3e-4, bandwidth: float | tuple[float, float, float] | None = None,
+               split: float = 0.0, gamma: float | None = None, per_op: float = 0.0) -> list[Sample]:
+    """Exact samples of the model the fit assumes, over varied sizes, kinds and runnable ranks (2 cores).
+
+    Each action runs its first quarter alone and the rest with 2 runnable ranks; with `gamma`, also
+    some with 4 runnable (turn-taking at half speed, less gamma per rank beyond the cores).
+    `bandwidth`: one figure for all memory traffic, or one per kind (F, I, W).
+    """
+    bws = bandwidth if isinstance(bandwidth, tuple) else (bandwidth,) * 3
     out = []
+    crowds = ((1.0,), (0.25, 0.75)) + (((0.5, 0.0, 0.0, 0.5),) if gamma is not None else ())
+    g = gamma or 0.0
     for size in (1e7, 3e7, 9e7):
-        moved = 4e6 + size / 100  # bytes: a weight-sized part plus a part growing with the work
+        per = 4e6 + size / 100  # bytes: a weight-sized part plus a part growing with the work
         for flops, n, sp in (((size, 0, 0), 1, 0), ((0, size, 0), 1, 1), ((0, 0, size), 1, 1),
                              ((0, size, 2 * size), 2, 0)):
-            for others in (0, 1):
-                work = sum(f / r for f, r in zip(flops, RATES, strict=True)) + sp * split
+            moved = tuple(per * (1 + k) if f else 0.0 for k, f in enumerate(flops))  # bytes by kind
+            ops = 4.0 + 2 * n + (size == 3e7)  # framework ops, not proportional to anything else
+            for shares in crowds:
+                work = n * overhead + sum(f / r for f, r in zip(flops, RATES, strict=True)) + sp * split
+                work += ops * per_op
                 if bandwidth:
-                    work += moved / bandwidth
-                out.append(Sample(flops, (n * overhead + work) * (1 + beta * others), others, n, moved, sp))
+                    work += sum(b / w for b, w in zip(moved, bws, strict=True) if b)
+                # seconds such that sum_k t_k * speed(k) = work, with t_k = share_k * seconds
+                per_second = sum(x * speed(k, 2, beta, g) for k, x in enumerate(shares, start=1))
+                seconds = work / per_second
+                out.append(Sample(flops, seconds, tuple(x * seconds for x in shares), n, moved, sp,
+                                  ops if per_op else 0.0))
     return out
 
 
 def test_fit_compute_recovers_rates_overhead_and_corun_exactly():
-    fit = fit_compute(_synthetic(beta=0.25))
-    assert fit.corun == pytest.approx(0.25, abs=1e-12)
+    fit = fit_compute(_synthetic(beta=0.25), cores=2)
+    assert fit.corun == pytest.approx(0.25, abs=1e-12) and fit.oversub == 0.0  # nothing crowded: gamma not scanned
     assert fit.rate == pytest.approx(RATES, rel=1e-9)
     assert fit.overhead == pytest.approx(3e-4, rel=1e-9)
     assert fit.mean_abs_error < 1e-9 and fit.samples == 24
 
 
+def test_fit_compute_recovers_turn_taking_slowdown():
+    fit = fit_compute(_synthetic(beta=0.1, gamma=0.3), cores=2)
+    assert (fit.corun, fit.oversub) == (pytest.approx(0.1, abs=1e-12), pytest.approx(0.3, abs=1e-12))
+    assert fit.rate == pytest.approx(RATES, rel=1e-9) and fit.mean_abs_error < 1e-9
+
+
 def test_fit_compute_recovers_memory_bandwidth_and_split_overhead():
-    fit = fit_compute(_synthetic(beta=0.1, bandwidth=8e9, split=5e-4), memory=True)
+    fit = fit_compute(_synthetic(beta=0.1, bandwidth=8e9, split=5e-4), cores=2, memory=True)
     assert fit.corun == pytest.approx(0.1, abs=1e-12) and fit.rate == pytest.approx(RATES, rel=1e-6)
     assert fit.bandwidth == pytest.approx(8e9, rel=1e-6) and fit.split_overhead == pytest.approx(5e-4, rel=1e-6)
     assert fit.overhead == pytest.approx(3e-4, rel=1e-6)
 
 
+def test_fit_compute_recovers_a_memory_bandwidth_per_kind_and_the_per_op_cost(tmp_path):
+    bws = (8e9, 6e9, 1.2e10)
+    fit = fit_compute(_synthetic(beta=0.05, bandwidth=bws, split=2e-4, per_op=3e-5), cores=2, memory="kinds")
+    assert fit.memory_kinds == pytest.approx(bws, rel=1e-6) and fit.bandwidth == pytest.approx(8e9, rel=1e-6)
+    assert fit.per_op == pytest.approx(3e-5, rel=1e-6) and fit.overhead == pytest.approx(3e-4, rel=1e-6)
+    assert fit.rate == pytest.approx(RATES, rel=1e-6) and fit.corun == pytest.approx(0.05, abs=1e-12)
+    moved = (1e6, 2e6, 3e6)
+    assert fit.predict((0, 0, 0), 1, moved, ops=2) == pytest.approx(
+        fit.overhead + 1e6 / 8e9 + 2e6 / 6e9 + 3e6 / 1.2e10 + 2 * fit.per_op)
+    hw = build_hardware(fit, overhead=0.0, latency=0.0, bandwidth=1e9, membw=1e9, cores=2, devices=2, source="")
+    assert hw.device.kind_memory_efficiency == pytest.approx({"F": 1.0, "I": 0.75, "W": 1.5})
+    assert hw.per_op_overhead == fit.per_op
+    assert hw.compute_time(0.0, 1.2e10, "float32", "W") == pytest.approx(1.0)  # 1.2e10 bytes at 8e9 * 1.5
+    (tmp_path / "hw.toml").write_text(hardware_to_toml(hw))
+    assert load_hardware(str(tmp_path / "hw.toml")) == hw  # kind_memory_efficiency round-trips
+
+
 def test_fit_compute_without_corun_keeps_beta_zero():
-    fit = fit_compute(_synthetic(beta=0.0), fit_corun=False)
+    fit = fit_compute(_synthetic(beta=0.0), cores=2, fit_corun=False)
     assert fit.corun == 0.0 and fit.rate == pytest.approx(RATES, rel=1e-9)
 
 
@@ -65,9 +103,13 @@ def test_fit_compute_needs_samples_and_weighs_relative_errors():
     assert fit.predict((1e7, 0, 0)) == pytest.approx(sum(inv) / sum(i * i for i in inv), rel=1e-9)
 
 
-def test_predict_matches_the_fitted_equation():
+def test_predict_and_work_match_the_fitted_equation():
     fit = ComputeFit(rate=(1e9, 2e9, 4e9), overhead=1e-3, corun=0.5, mean_abs_error=0.0, samples=0)
-    assert fit.predict((1e9, 2e9, 4e9), others=1, overheads=2) == pytest.approx((2e-3 + 3.0) * 1.5)
+    assert fit.predict((1e9, 2e9, 4e9), overheads=2) == pytest.approx(2e-3 + 3.0)
+    # 1 s alone, 3 s with 2 runnable on 2 cores (beta 0.5: 2/3 speed), 4 s with 4 runnable (1/2 / 1.5 / 1.4)
+    sample = Sample((1.0, 0, 0), 8.0, (1.0, 3.0, 0.0, 4.0))
+    assert sample.work(2, 0.5, 0.2) == pytest.approx(1.0 + 3.0 / 1.5 + 4.0 * 0.5 / 1.5 / 1.4)
+    assert Sample((1.0, 0, 0), 8.0).work(2, 0.5) == 8.0  # no profile: alone
 
 
 def test_fit_link_recovers_latency_and_bandwidth():
@@ -90,33 +132,65 @@ def test_action_flops_first_stage_has_no_input_gradient():
     assert action_flops("W", 1, f) == ((0.0, 0.0, 3.0), 1)
 
 
-def test_samples_from_timeline_counts_co_running_ranks_and_skips_warmup():
+def test_samples_from_timeline_profiles_runnable_ranks_and_skips_warmup():
     model = {"kind": "mlp", "hidden": 64, "layers": 2, "batch": 8}
     ev = [Event(0, "compute", "F", 0, 0, 0.0, 1.0, step=0),  # warmup step: left out
           Event(0, "compute", "F", 0, 0, 10.0, 11.0, step=1),
-          Event(1, "recv", "RECV_F", 1, 0, 9.0, 11.25, step=1),
+          Event(1, "recv", "RECV_F", 1, 0, 9.0, 11.25, step=1),  # waiting in a RECV: not runnable
+          Event(1, "send", "SEND_B", 1, 9, 10.5, 10.75, 8, 0, step=1),  # posting a SEND: runnable
           Event(1, "compute", "F", 1, 0, 11.25, 12.0, step=1),
-          Event(0, "compute", "F", 0, 1, 11.0, 12.5, step=1),  # starts while nothing else computes
-          Event(1, "compute", "B", 1, 0, 12.0, 14.0, step=1)]  # starts while rank 0 computes
+          Event(0, "compute", "F", 0, 1, 11.0, 12.5, step=1),
+          Event(1, "compute", "B", 1, 0, 12.0, 14.0, step=1)]
     tl = Timeline("measured", "1f1b", 2, ev, {"model": model, "p": 2, "v": 1, "m": 2, "warmup": 1})
     samples = samples_from_timeline(tl, cores=2)
     fl = stage_flops(ModelConfig(**model), 2, 2)
     assert fl[0] == (2 * 4 * 64 * 64, 2 * 4 * 64 * 64, 2 * 4 * 64 * 64)
-    assert [(s.seconds, s.others, s.overheads) for s in samples] == [
-        (1.0, 0, 1), (0.75, 1, 1), (1.5, 0, 1), (2.0, 1, 2)]
+    # (seconds, seconds alone / with 2 runnable, overheads charged)
+    assert [(s.seconds, s.profile, s.overheads) for s in samples] == [
+        (1.0, (0.75, 0.25), 1), (0.75, (0.0, 0.75), 1), (1.5, (0.25, 1.25), 1), (2.0, (1.5, 0.5), 2)]
     assert samples[3].flops == (0.0, fl[1][1], fl[1][2])
+    assert [s.ops for s in samples] == [2, 2, 2, 3]  # one layer per stage: F linear + GeLU; B their 2 + dW
 
 
-def test_host_slowdown_closed_forms():
-    assert slowdown(0, 2, 0.1) == 1.0
-    assert slowdown(1, 2, 0.1) == pytest.approx(1.1)
-    assert slowdown(3, 2, 0.1) == pytest.approx(1.1 * 2)  # 4 busy ranks on 2 cores take turns
-    assert slowdown(2, 2, 0.0) == pytest.approx(1.5)
-    host = HostContention([0, 0, 0], cores=2, corun=0.0)
-    assert host.scale(0, 0.0, 1.0) == 1.0  # alone
-    assert host.scale(1, 0.5, 1.0) == 1.0  # one other: still a core each
-    assert host.scale(2, 0.6, 1.0) == 1.5  # three busy on two cores
-    assert host.others(0, 1.2) == 2 and host.busy_until == [1.0, 1.5, 2.1]
+def test_speed_and_runnable_profile_closed_forms():
+    assert speed(1, 2, 0.1) == 1.0 and speed(0, 2, 0.1) == 1.0
+    assert speed(2, 2, 0.1) == pytest.approx(1 / 1.1)  # a core each, shared memory
+    assert speed(4, 2, 0.1) == pytest.approx(0.5 / 1.1)  # 4 runnable on 2 cores take turns
+    assert speed(4, 2, 0.0, 0.25) == pytest.approx(0.5 / 1.5)  # and pay 0.25 per runnable rank beyond the cores
+    assert speed(3, 2, 0.0) == pytest.approx(2 / 3)
+    busy = [[(0.0, 1.0), (2.0, 4.0)], [(0.5, 3.0)]]
+    assert runnable_profile([(0.0, 4.0), (5.0, 6.0)], busy, 3) == [[0.0, 2.5, 1.5], [1.0, 0.0, 0.0]]
+    assert runnable_profile([(0.0, 4.0)], busy, 2) == [[0.0, 4.0]]  # counts above max_count are clipped
+
+
+def _sharing_run(cores: int, corun: float, oversub: float, jobs: list[tuple[int, float, float]]) -> dict[int, float]:
+    """Finish time of each (rank, start, work) job under HostSharing on one node."""
+    import simpy
+
+    env = simpy.Environment()
+    host = HostSharing(env, [0] * len(jobs), cores, corun, oversub)
+    ends: dict[int, float] = {}
+
+    def job(rank: int, start: float, work: float):
+        yield env.timeout(start)
+        host.start(rank, work, lambda: ends.__setitem__(rank, env.now))
+
+    for j in jobs:
+        env.process(job(*j))
+    env.run()
+    return ends
+
+
+def test_host_sharing_retimes_running_work_when_ranks_start_and_stop():
+    # one core: rank 0 alone for 0.5 s (1.5 s of work left), then both at half speed until rank 1's 1 s
+    # of work is done at 2.5, then rank 0's last 0.5 s alone
+    assert _sharing_run(1, 0.0, 0.0, [(0, 0.0, 2.0), (1, 0.5, 1.0)]) == {1: 2.5, 0: 3.0}
+    # two cores, co-run 0.25: both at 0.8 from 0.5; rank 1 done at 0.5 + 1 / 0.8, rank 0 then has 0.5 left
+    ends = _sharing_run(2, 0.25, 0.0, [(0, 0.0, 2.0), (1, 0.5, 1.0)])
+    assert ends[1] == pytest.approx(1.75) and ends[0] == pytest.approx(2.25)
+    # three ranks on two cores with 0.5 per rank beyond: 2/3 / 1.5 speed each while all three run
+    ends = _sharing_run(2, 0.0, 0.5, [(0, 0.0, 1.0), (1, 0.0, 1.0), (2, 0.0, 1.0)])
+    assert ends == {0: pytest.approx(2.25), 1: pytest.approx(2.25), 2: pytest.approx(2.25)}
 
 
 def _fit() -> ComputeFit:
@@ -167,6 +241,9 @@ def test_calibrate_quick_writes_a_file_simulate_accepts(tmp_path):
     assert hw.host_cores >= 1 and hw.intra.bandwidth > 0 and hw.device.kind_efficiency["F"] == 1.0
     assert sorted(p.name for p in (tmp_path / "runs").glob("round0/p2/fit-*.json")) == ["fit-1f1b-m2.json",
                                                                                       "fit-zb-h1-m4.json"]
+    meta = Timeline.read(tmp_path / "runs" / "round0" / "p2" / "fit-1f1b-m2.json").meta
+    assert 0 < meta["probe_before"] < 1 and 0 < meta["probe_after"] < 1  # the speed probe ran beside the run
+    assert meta["probe"] == (meta["probe_before"] + meta["probe_after"]) / 2
     sim = _cli("simulate", "1f1b", "-p", "2", "-m", "4", "--model", "mlp", "--hidden", "256", "--layers", "4",
                "--batch", "16", "--hardware", str(out), "--json")
     assert sim.returncode == 0, sim.stderr
@@ -196,12 +273,13 @@ def test_simulator_host_sharing():
     shared = simulate(one, table, _cpu(1, 0.0), comm=False)
     corun = simulate(one, table, _cpu(2, 0.25), comm=False)
     assert free < corun.makespan and free < shared.makespan
-    # one core: an action that starts while the other rank computes runs at half speed (decided at its start)
-    assert shared.makespan == 24.0  # = all 2 x 4 x (F + B) of work back to back on the one core
+    # one core, processor sharing: both ranks runnable -> each at half speed, re-timed whenever one
+    # starts or stops (0F1 and 1F0 share 1..3; 0B0 runs 1 unit beside 1F1, then 1 beside 1B1, ...)
+    assert shared.makespan == 24.0  # = all 2 x 4 x (F + B) of work; the core is never idle
     rank0 = [(str(a), s, e) for a, s, e in zip(shared.schedule.programs[0], shared.starts[0], shared.ends[0])
              if a.kind.value in ("F", "B")]
-    assert rank0 == [("0F0", 0.0, 1.0), ("0F1", 1.0, 2.0), ("0B0", 5.0, 9.0), ("0F2", 9.0, 11.0),
-                     ("0B1", 11.0, 13.0), ("0F3", 13.0, 14.0), ("0B2", 17.0, 21.0), ("0B3", 22.0, 24.0)]
+    assert rank0 == [("0F0", 0.0, 1.0), ("0F1", 1.0, 3.0), ("0B0", 5.0, 9.0), ("0F2", 9.0, 11.0),
+                     ("0B1", 11.0, 15.0), ("0F3", 15.0, 17.0), ("0B2", 17.0, 21.0), ("0B3", 22.0, 24.0)]
     again = simulate(one, table, _cpu(1, 0.0), comm=False)
     assert again.starts == shared.starts and again.ends == shared.ends  # deterministic
 
@@ -217,6 +295,50 @@ def test_refine_overhead_recovers_the_step_level_overhead():
     truth = replace(hw, per_action_overhead=top * 37 / 120)
     measured = {r["id"]: simulate_run(truth, r).makespan for r in runs}
     assert refine_overhead(hw, runs, measured).per_action_overhead == truth.per_action_overhead
+
+
+def test_refine_corun_recovers_the_step_level_co_run_slowdown():
+    from dataclasses import replace
+
+    from pipesim.calibrate import QUICK_MLP, refine_corun, run_spec, simulate_run
+
+    hw = _cpu(2, 0.0)
+    runs = [run_spec("a", "1f1b", 4, QUICK_MLP), run_spec("b", "gpipe", 4, QUICK_MLP)]
+    truth = replace(hw, node_corun_slowdown=0.5 * 17 / 50)  # a grid point: found exactly
+    measured = {r["id"]: simulate_run(truth, r).makespan for r in runs}
+    assert refine_corun(hw, runs, measured).node_corun_slowdown == truth.node_corun_slowdown
+
+
+def test_refine_oversubscription_uses_only_runs_with_more_ranks_than_cores():
+    from dataclasses import replace
+
+    from pipesim.calibrate import LECTURE_MLP, QUICK_MLP, refine_oversubscription, run_spec, simulate_run
+
+    hw = _cpu(2, 0.0)
+    # stages long enough for 3-4 ranks to be runnable at once (QUICK_MLP's are shorter than a message)
+    runs = [run_spec("a", "1f1b", 4, QUICK_MLP), run_spec("b", "gpipe", 8, LECTURE_MLP, p=4)]
+    truth = replace(hw, oversubscription_slowdown=13 / 50)  # a grid point of [0, 1]
+    measured = {r["id"]: simulate_run(truth, r).makespan for r in runs}
+    measured["a"] *= 2  # a 2-rank run never enters this fit
+    assert refine_oversubscription(hw, runs, measured).oversubscription_slowdown == truth.oversubscription_slowdown
+    assert refine_oversubscription(hw, runs[:1], measured) is hw  # nothing oversubscribed: unchanged
+
+
+def test_typical_samples_and_runs_take_the_median():
+    from pipesim.calibrate_fit import typical_samples
+    from pipesim.measured import typical_run, typical_step
+
+    def s(t: float) -> Sample:
+        return Sample((1.0, 0.0, 0.0), t)
+
+    groups = {("b", 0, "F"): [s(5.0), s(4.0)], ("a", 1, "B"): [s(1.0), s(3.0), s(2.0)]}
+    assert typical_samples(groups) == [s(2.0), s(4.0)]  # sorted by key; the lower median of an even count
+
+    def run(span: float) -> Timeline:
+        return Timeline("measured", "naive", 1, [Event(0, "compute", "F", 0, 0, 0.0, span, step=0)], {})
+
+    runs = [run(3.0), run(1.0), run(2.0), run(9.0)]
+    assert typical_run(runs) is runs[2] and typical_step(runs) == 2.0 and typical_step(runs[:1]) == 3.0
 
 
 def test_sum_roofline_and_split_overhead_round_trip(tmp_path):
@@ -252,15 +374,6 @@ def test_split_backward_overhead_enters_the_zb_h1_closed_form():
     assert simulate(fused, CostTable.uniform(2, 1.0, 1.0, 1.0), hw, comm=False).makespan == 9.0
 
 
-def test_oversubscription_slowdown_counts_ranks_beyond_cores():
-    assert slowdown(0, 2, 0.0, extra_ranks=2, oversub=0.1) == pytest.approx(1.2)
-    assert slowdown(3, 2, 0.1, extra_ranks=2, oversub=0.1) == pytest.approx(1.1 * 2 * 1.2)
-    host = HostContention([0, 0, 0, 1], cores=2, corun=0.0, oversub=0.5)
-    assert host.extra == [1, 1, 1, 0]
-    assert host.scale(3, 0.0, 1.0) == 1.0  # alone on node 1
-    assert host.scale(0, 0.0, 1.0) == 1.5  # node 0 has one rank more than cores, even while others idle
-
-
 def _message_timeline(p: int) -> Timeline:
     """Step 0 is warmup (its 100 s RECV is left out); step 1 has one waiting and two late RECVs."""
     ev = [Event(0, "send", "SEND_F", 0, 0, 0.0, 0.25, 8, 1, step=0),
@@ -288,6 +401,15 @@ def test_message_delays_split_waiting_from_late_recvs_and_fit_the_delays():
     assert oversubscribed_recv_delay([_message_timeline(4)], 0.5, 2) == 0.25
     assert oversubscribed_recv_delay([], 0.5, 2) == 0.0
     assert oversubscribed_recv_delay([_message_timeline(4)], 2.0, 2) == 0.0  # never negative
+
+
+def test_in_run_latency_from_the_waiting_receives():
+    from pipesim.calibrate import in_run_latency
+
+    tl = _message_timeline(2)  # one waiting RECV: delivered 0.75 s after its SEND was posted, 8 bytes
+    assert in_run_latency([tl], 16.0, 9.0) == 0.25  # 0.75 - 8 / 16
+    assert in_run_latency([tl], 8.0, 9.0) == 0.0  # never negative
+    assert in_run_latency([], 16.0, 9.0) == 9.0  # no messages: the ping-pong's figure
 
 
 def test_message_figures_round_trip_and_default_to_zero(tmp_path):

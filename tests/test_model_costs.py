@@ -125,6 +125,25 @@ def test_mlp_stage_costs_by_roofline():
     assert costs.layers_per_stage == (4, 4)
 
 
+def test_framework_ops_are_counted_and_priced_per_op():
+    from dataclasses import replace
+
+    from pipesim.model_costs import gpt_stage_work, mlp_stage_work
+
+    mlp = mlp_stage_work(ModelConfig(kind="mlp", hidden=64, layers=3, batch=8), 8, 3)
+    assert mlp.ops == {"F": 6.0, "I": 6.0, "W": 3.0}  # per layer: linear + GeLU, their input grads, one dW
+    gpt = ModelConfig(kind="gpt", hidden=32, layers=2, heads=4, seq=12, vocab=50, batch=3)
+    whole = gpt_stage_work(gpt, 3, 2, first=True, last=True)
+    assert whole.ops == {"F": 3 + 2 * 10 + 3, "I": 0 + 2 * 10 + 3, "W": 2 + 2 * 6 + 2}
+    hw = replace(load_hardware("dgx-h100"), per_op_overhead=1e-5)
+    model = ModelConfig(kind="mlp", hidden=4096, layers=8, batch=512)
+    base = model_costs(model, 2, 8, load_hardware("dgx-h100")).table.stages[0]
+    priced = model_costs(model, 2, 8, hw).table.stages[0]
+    assert priced.forward == pytest.approx(base.forward + 8 * 1e-5, rel=1e-12)  # 4 layers x 2 ops
+    assert priced.backward_weight == pytest.approx(base.backward_weight + 4 * 1e-5, rel=1e-12)
+    assert hw.compute_time(0.0, 0.0, "bfloat16", "F", ops=3) == pytest.approx(5e-6 + 3e-5)
+
+
 def test_uneven_split():
     hw = load_hardware("dgx-h100")
     model = ModelConfig(kind="mlp", hidden=256, layers=8, batch=16)

@@ -61,24 +61,25 @@ def run(args: argparse.Namespace) -> int:
 
 def campaign(quick: bool, workdir: Path, img: Path, out: Path, png: bool, command: str, reuse: bool = False):
     """Measure, calibrate, predict, plot; returns a validation_report.Report."""
-    from pipesim.calibrate import calibrate, measure_rounds
+    from pipesim.calibrate import CYCLES, ROUNDS, calibrate, measure_rounds
     from pipesim.hardware_toml import hardware_to_toml
+    from pipesim.measured import measured_metrics, typical_run
     from pipesim.validation import make_row, predict, ranking_check, summarize, validation_plan
     from pipesim.validation_report import Report, load_line
 
     start, load_before = time.perf_counter(), load_line()
     plan = validation_plan(quick)
-    spans: dict[str, list[float]] = {}
-    timelines, comm = measure_rounds(plan, workdir, 1 if quick else 2, reuse=reuse,
-                                     say=lambda t: _say(f"validate: {t}"), spans=spans)
-    spread = [max(v) / min(v) - 1 for v in spans.values() if len(v) > 1]
-    fit_runs = {r["id"]: timelines[r["id"]] for r in plan if r["role"] == "fit"}
-    cal, _ = calibrate(quick=quick, timelines=fit_runs, comm=comm)
+    rounds, cycles = (1, 1) if quick else (ROUNDS, CYCLES)
+    timelines, comm = measure_rounds(plan, workdir, rounds, cycles=cycles, reuse=reuse,
+                                     say=lambda t: _say(f"validate: {t}"))
+    cal, _ = calibrate(quick=quick, timelines={r["id"]: timelines[r["id"]] for r in plan if r["role"] == "fit"},
+                       comm=comm)
     hw = cal.hardware
-    rows, results = [], {}
+    rows, results, typical = [], {}, {}
     for r in plan:
         results[r["id"]] = predict(hw, r)
-        rows.append(make_row(r, timelines[r["id"]], results[r["id"]]))
+        typical[r["id"]] = typical_run(timelines[r["id"]])
+        rows.append(make_row(r, typical[r["id"]], results[r["id"]]))
     fit = summarize([r for r in rows if r.role == "fit"])
     held0 = summarize([r for r in rows if r.role == "held-out"])
     rank = ranking_check(rows, 2 * held0.mean_error)
@@ -88,14 +89,31 @@ def campaign(quick: bool, workdir: Path, img: Path, out: Path, png: bool, comman
         r for r in plan if r["schedule"] == "1f1b")
     _say("validate: isolated single-process stage times (issue 6, item 4) ...")
     from pipesim.calibrate_isolated import explain_gap
-    from pipesim.measured import measured_metrics
 
     explain = explain_gap(hw, explain_run, cal.hardware.host_cores or 1)
-    explain_measured = measured_metrics(timelines[explain_run["id"]])[0]
-    plots = _plots(plan, rows, timelines, results, img, out, png, quick)
+    explain_measured = measured_metrics(typical[explain_run["id"]])[0]
+    plots = _plots(plan, rows, typical, results, img, out, png, quick)
     return Report(command, rows, fit, held, 2 * held0.mean_error, cal.summary(), hardware_to_toml(hw), explain,
                   explain_measured, _describe(explain_run), plots, load_before,
-                  load_line(), time.perf_counter() - start, spread)
+                  load_line(), time.perf_counter() - start, _spread(timelines), rounds * cycles, _probes(timelines))
+
+
+def _spread(timelines: dict) -> list[float]:
+    """Per run: slowest round's median step / fastest round's - 1."""
+    from pipesim.measured import measured_metrics
+
+    out = []
+    for tls in timelines.values():
+        steps = [measured_metrics(tl)[0] for tl in tls]
+        if len(steps) > 1:
+            out.append(max(steps) / min(steps) - 1)
+    return out
+
+
+def _probes(raw: dict) -> list[float]:
+    """Every run's speed probe (seconds), in measurement order."""
+    tls = [tl for v in raw.values() for tl in v if tl.meta.get("probe")]
+    return [float(tl.meta["probe"]) for tl in tls]
 
 
 def _describe(run: dict) -> str:
@@ -105,7 +123,7 @@ def _describe(run: dict) -> str:
             f"batch {m['batch']}, p {run['p']}, m {run['microbatches']})")
 
 
-def _plots(plan, rows, timelines, results, img: Path, out: Path, png: bool, quick: bool) -> list[tuple[str, str]]:
+def _plots(plan, rows, typical, results, img: Path, out: Path, png: bool, quick: bool) -> list[tuple[str, str]]:
     """Compare plots of a few runs and predicted-vs-measured scatter, as PNG next to the report."""
     if not png:
         return []
@@ -123,7 +141,7 @@ def _plots(plan, rows, timelines, results, img: Path, out: Path, png: bool, quic
     made.append(("Predicted vs measured step time, every configuration", str(rel / path.name)))
     wanted = [i for i in PLOTTED if i in results] or [plan[-1]["id"]]
     for run_id in wanted[: 2 if quick else len(wanted)]:
-        measured = trimmed_step(timelines[run_id], measured_metrics(timelines[run_id])[2])
+        measured = trimmed_step(typical[run_id], measured_metrics(typical[run_id])[2])
         fig = compare_figure(results[run_id].timeline(), measured)
         path = img / f"validation-{run_id}.png"
         write_png(fig, path)
