@@ -169,7 +169,11 @@ def _launch(args: argparse.Namespace, out: Path) -> dict:
            __file__, "--worker", "--out", str(out), "--schedules", args.schedules, "--hidden", str(args.hidden),
            "--layers", str(args.layers), "--batch", str(args.batch), "--microbatches", str(args.microbatches),
            "--steps", str(args.steps), "--warmup", str(args.warmup), "--seed", str(args.seed)]
-    subprocess.run(cmd, env=dict(os.environ, OMP_NUM_THREADS="1"), check=True, stdout=subprocess.DEVNULL)
+    from executor.launch import rank_environment
+
+    # both peers run in the same job, under the environment `pipesim run` gives its ranks
+    subprocess.run(cmd, env=rank_environment({**os.environ, "OMP_NUM_THREADS": "1"}), check=True,
+                   stdout=subprocess.DEVNULL)
     return json.loads(out.read_text())
 
 

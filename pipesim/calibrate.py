@@ -152,7 +152,9 @@ def run_plan(runs: list[dict], nproc: int, workdir: Path, *, comm: bool = False,
     plan.write_text(json.dumps({"runs": runs, "comm": comm, "cycles": cycles}))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
            "-m", "pipesim.calibrate_runs", str(plan), str(workdir)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    from executor.launch import rank_environment
+
+    env = rank_environment({**os.environ, "OMP_NUM_THREADS": "1"})  # the environment `pipesim run` gives ranks
     log = workdir / f"torchrun-{nproc}.log"
     for attempt in (1, 2):  # a gloo teardown abort on a loaded host is retried once; the log keeps both
         try:
@@ -296,7 +298,7 @@ class Calibration:
                                                                                      strict=True))
                + " GB/s (added, roofline = sum)" if c.bandwidth else "")
             + f"; {c.per_op * 1e6:.1f} us per framework op; split backward +{c.split_overhead * 1e6:.0f} us per "
-            "I or W action",
+            f"I or W action, +{c.split_group * 1e6:.0f} us more per parameter group of the stage",
             f"per-action overhead: compute actions alone {c.overhead * 1e6:.0f} us; fitted on the "
             f"runs' step times: {hw.per_action_overhead * 1e6:.0f} us; co-run slowdown per other runnable rank: "
             f"{c.corun:.3f} on the actions, {hw.node_corun_slowdown:.3f} on the step times; host cores "
@@ -330,6 +332,7 @@ def build_hardware(fit: ComputeFit, *, overhead: float, latency: float, bandwidt
                     inter=None, per_action_overhead=overhead, per_op_overhead=fit.per_op, host_cores=cores,
                     node_corun_slowdown=fit.corun, oversubscription_slowdown=fit.oversub,
                     roofline="sum" if fit.bandwidth else "max", split_backward_overhead=fit.split_overhead,
+                    split_group_overhead=fit.split_group,
                     source=source)
 
 
@@ -355,13 +358,18 @@ def calibrate(*, quick: bool = False, workdir: Path | None = None, devices: int 
                 groups.setdefault((key, *kind), []).append(sample)
     samples = typical_samples(groups)  # the median action of each (run, stage, kind)
     fit = None
-    memory_options = ["kinds", "shared"] if memory and not quick else []
-    for mem, shared in [*((m, False) for m in memory_options), ("", False), ("", True)]:
-        try:  # the richest model the data can determine: memory per kind, one memory rate, FLOPs only, one rate
+    # first the model whose figures the data pins down: at the lecture's microbatch sizes a CPU core
+    # streams weights far below its arithmetic peak, so one FLOP rate for all kinds and a memory rate
+    # per kind (a forward reads weights, a weight gradient writes and accumulates them); then richer or
+    # poorer ones when that one comes out non-physical (a non-positive rate)
+    options = [("kinds", True), ("kinds", False), ("shared", False), ("shared", True)] if memory and not quick else []
+    candidates = [*options, ("", False), ("", True)]
+    for n, (mem, shared) in enumerate(candidates, start=1):
+        try:
             fit = fit_compute(samples, cores=cores, memory=mem, shared=shared)
             break
         except PipesimError:
-            if shared:
+            if n == len(candidates):
                 raise
     fair = [tl for tl in every if tl.meta["p"] <= cores]
     over = [tl for tl in every if tl.meta["p"] > cores]

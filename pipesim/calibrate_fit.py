@@ -3,7 +3,7 @@
 Every compute action measured inside a run is one equation,
 
     n * overhead + f_F / R_F + f_I / R_I + f_W / R_W + b_F / BW_F + b_I / BW_I + b_W / BW_W + split * S
-        + ops * O = sum_k t_k * speed(k)
+        + split * groups * G + ops * O = sum_k t_k * speed(k)
 
 The right side is the action's work: the seconds it would have taken alone. t_k is how long it ran
 while k ranks on its node were runnable (its own included; read off the timeline by
@@ -16,9 +16,10 @@ its W carries the whole backward), R_* the achieved FLOP/s per kind, b_* / BW_* 
 per kind (on a CPU it does not overlap the arithmetic, so small microbatches, which move as many
 weight bytes for fewer FLOPs, run at lower FLOP/s; a forward reads the weights, a weight gradient
 writes and accumulates them, at other rates; `memory="shared"` fits one BW for all kinds) and S
-the runtime's bookkeeping for a split I or W, and O the cost of each framework op the action runs
+the runtime's bookkeeping for a split I or W (plus G per parameter group of the stage: the weight
+gradient runs autograd once per group), and O the cost of each framework op the action runs
 (eager dispatch: it makes a narrow model's many small ops dear). For fixed (beta, gamma) the
-equation is linear in (overhead, 1/R_*, 1/BW_*, S, O); beta and gamma are found by a scan. Errors are relative (each
+equation is linear in (overhead, 1/R_*, 1/BW_*, S, O, G); beta and gamma are found by a scan. Errors are relative (each
 equation divided by its work), so short actions count as much as long ones.
 """
 
@@ -43,6 +44,7 @@ class Sample:
     moved: tuple[float, float, float] = (0.0, 0.0, 0.0)  # bytes of memory traffic counted for (F, I, W) work
     split: int = 0  # 1 for a split-backward I or W action (pays the split bookkeeping), else 0
     ops: float = 0.0  # framework ops the cost model counts for this action
+    groups: float = 0.0  # split I or W: the stage's ops with weights (parameter groups); else 0
 
     def work(self, cores: int, corun: float, oversub: float = 0.0) -> float:
         """Seconds the action would have taken alone, under the processor-sharing model."""
@@ -66,6 +68,7 @@ class ComputeFit:
     cores: int = 1  # host cores the sharing figures refer to
     memory_kinds: tuple[float, float, float] | None = None  # bytes/s of (F, I, W) traffic (None: all `bandwidth`)
     per_op: float = 0.0  # seconds per framework op
+    split_group: float = 0.0  # seconds per parameter group of the stage, on each split I or W action
 
     def bandwidths(self) -> tuple[float, float, float] | None:
         """Bytes/s of the memory traffic of F, I and W work (None: memory not fitted)."""
@@ -74,10 +77,11 @@ class ComputeFit:
         return self.memory_kinds or (self.bandwidth,) * 3
 
     def predict(self, flops: tuple[float, float, float], overheads: int = 1,
-                moved: tuple[float, float, float] = (0.0, 0.0, 0.0), split: int = 0, ops: float = 0.0) -> float:
+                moved: tuple[float, float, float] = (0.0, 0.0, 0.0), split: int = 0, ops: float = 0.0,
+                groups: float = 0.0) -> float:
         """Seconds of an action's work alone (the simulator's duration before sharing)."""
         work = sum(f / r for f, r in zip(flops, self.rate, strict=True) if f) + split * self.split_overhead
-        work += ops * self.per_op
+        work += ops * self.per_op + groups * self.split_group
         bw = self.bandwidths()
         if bw:
             work += sum(b / w for b, w in zip(moved, bw, strict=True) if b)
@@ -99,7 +103,7 @@ def typical_samples(groups: dict[object, list[Sample]]) -> list[Sample]:
 
 
 def _rows(samples: list[Sample], memory: str, shared: bool) -> np.ndarray:
-    """Columns: overheads, FLOPs of F, I, W, bytes of F, I, W, split, ops."""
+    """Columns: overheads, FLOPs of F, I, W, bytes of F, I, W, split, ops, split groups."""
     rows = []
     for s in samples:
         flops = [sum(s.flops), 0.0, 0.0] if shared else list(s.flops)  # shared: all FLOPs in the F column
@@ -109,7 +113,7 @@ def _rows(samples: list[Sample], memory: str, shared: bool) -> np.ndarray:
             moved = [sum(s.moved), 0.0, 0.0]
         else:
             moved = [0.0, 0.0, 0.0]
-        rows.append([float(s.overheads), *flops, *moved, float(s.split), float(s.ops)])
+        rows.append([float(s.overheads), *flops, *moved, float(s.split), float(s.ops), float(s.groups)])
     return np.array(rows)
 
 
@@ -174,8 +178,9 @@ def fit_compute(samples: list[Sample], *, cores: int = 1, corun_max: float = 0.5
         kinds = tuple(float(1.0 / x[4 + k]) if x[4 + k] > 0 else bandwidth for k in range(3))
     fit = ComputeFit(rate=rate, overhead=max(0.0, float(x[0])), corun=beta, mean_abs_error=0.0,
                      samples=len(samples), bandwidth=bandwidth, split_overhead=max(0.0, float(x[7])),
-                     oversub=gamma, cores=cores, memory_kinds=kinds, per_op=max(0.0, float(x[8])))
-    rel = [abs(fit.predict(s.flops, s.overheads, s.moved, s.split, s.ops) / s.work(cores, beta, gamma) - 1.0)
+                     oversub=gamma, cores=cores, memory_kinds=kinds, per_op=max(0.0, float(x[8])),
+                     split_group=max(0.0, float(x[9])))
+    rel = [abs(fit.predict(s.flops, s.overheads, s.moved, s.split, s.ops, s.groups) / s.work(cores, beta, gamma) - 1)
            for s in samples]
     return replace(fit, mean_abs_error=float(np.mean(rel)))
 

@@ -23,6 +23,7 @@ class StageCosts:
     activation_bytes: int = 0  # bytes stashed per in-flight microbatch until its backward
     param_bytes: int = 0  # bytes of this stage's parameters (gradients are the same size)
     flops_forward: float = 0.0  # FLOPs of F per microbatch (0 when costs are given directly)
+    weight_ops: float = 0.0  # ops with weights (parameter groups a split backward handles one by one)
 
     @property
     def backward(self) -> float:

@@ -35,6 +35,7 @@ _TOP = {
     "oversubscription_slowdown": ("nonneg", False, ""),
     "roofline": ("str", False, ""),
     "split_backward_overhead": ("nonneg", False, "seconds"),
+    "split_group_overhead": ("nonneg", False, "seconds"),
     "send_overhead": ("nonneg", False, "seconds"),
     "late_recv_delay": ("nonneg", False, "seconds"),
     "oversubscribed_recv_delay": ("nonneg", False, "seconds"),
@@ -163,6 +164,7 @@ def hardware_from_dict(data: dict, label: str = "hardware") -> Hardware:
                     oversubscription_slowdown=top.get("oversubscription_slowdown", 0.0),
                     roofline=top.get("roofline", "max"),
                     split_backward_overhead=top.get("split_backward_overhead", 0.0),
+                    split_group_overhead=top.get("split_group_overhead", 0.0),
                     send_overhead=top.get("send_overhead", 0.0), late_recv_delay=top.get("late_recv_delay", 0.0),
                     oversubscribed_recv_delay=top.get("oversubscribed_recv_delay", 0.0),
                     source=top.get("source", ""))
@@ -222,6 +224,9 @@ def hardware_to_toml(hw: Hardware) -> str:
                      "  # per runnable rank > cores")
     if hw.split_backward_overhead:
         lines.append(f"split_backward_overhead = {_value(float(hw.split_backward_overhead))}  # seconds per I or W")
+    if hw.split_group_overhead:
+        lines.append(f"split_group_overhead = {_value(float(hw.split_group_overhead))}"
+                     "  # seconds per weighted op of the stage, per I or W")
     if hw.send_overhead:
         lines.append(f"send_overhead = {_value(float(hw.send_overhead))}  # seconds per SEND (isend posting)")
     if hw.late_recv_delay:

@@ -91,7 +91,8 @@ def samples_from_timeline(tl: Timeline, cores: int, keys: list | None = None) ->
             others = [sp for r, sp in enumerate(spans) if r != e.rank]
             prof = runnable_profile([(e.start, e.end)], others, tl.num_ranks)[0]
             split = int(e.kind in ("I", "W"))
-            out.append(Sample(fl, e.duration, tuple(prof), n, moved, split, sum(ops)))
+            groups = work[e.stage][2][2] if split else 0.0  # the stage's W ops: its parameter groups
+            out.append(Sample(fl, e.duration, tuple(prof), n, moved, split, sum(ops), groups))
             if keys is not None:
                 keys.append((e.stage, e.kind))
     return out

@@ -154,7 +154,8 @@ class _Engine:
             sign = 1 if k == "F" else (-1 if k == release else 0)
             d = self.table.duration(a)
             if (k == "I" or k == "W") and self.hw is not None:  # split backward's extra runtime bookkeeping
-                d += self.hw.split_backward_overhead
+                groups = self.table.stages[st].weight_ops  # W runs autograd once per parameter group
+                d += self.hw.split_backward_overhead + groups * self.hw.split_group_overhead
             return (_COMPUTE, d, self._tp_time(rank, a), sign * act, -1, sign, k in ("B", "W"))
         if k == "SEND_F":
             return (_SEND, 2 * (st + 1) * mbs, *self._send_plan(rank, a))

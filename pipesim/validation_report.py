@@ -60,7 +60,8 @@ class Report:
     load_before: str
     load_after: str
     seconds: float  # wall time of the campaign
-    spread: list[float] = field(default_factory=list)  # per run: slowest round's median step / fastest's - 1
+    # per configuration: (slowest run's median step / fastest's - 1, median |run's / the median - 1|)
+    spread: list[tuple[float, float]] = field(default_factory=list)
     rounds: int = 1  # measurements per configuration
     probes: list[float] = field(default_factory=list)  # every run's speed probe, seconds
 
@@ -74,14 +75,17 @@ def _verdict(s: Summary) -> str:
     return "met" if ok else "NOT met"
 
 
-def _noise(spread: list[float], rounds: int, probes: list[float]) -> str:
+def _noise(spread: list[tuple[float, float]], rounds: int, probes: list[float]) -> str:
     """The measurements' own repeatability: the floor under any prediction error."""
     if not spread:
         return "Each configuration was measured once (no repeatability figure)."
+    ranges, devs = [r for r, _ in spread], [d for _, d in spread]
     text = (f"Measurement noise: each configuration ran {rounds} times spread over the campaign and the run "
-            f"with the median step counts; the slowest of its runs was {statistics.median(spread):.1%} slower "
-            f"than the fastest in the median configuration and {max(spread):.1%} at worst, so errors below that "
-            "level cannot be told apart from noise on this machine.")
+            f"with the median step counts. One run's median step lies {statistics.median(devs):.1%} from its "
+            f"configuration's median in the median configuration (up to {max(devs):.1%}); the slowest run was "
+            f"{statistics.median(ranges):.1%} slower than the fastest in the median configuration and "
+            f"{max(ranges):.1%} at worst. Errors much below these figures cannot be told apart from noise on "
+            "this machine.")
     if len(probes) > 1:
         lo, hi = min(probes), max(probes)
         text += (f" The machine's own speed moved as much: a fixed single-threaded probe timed beside every run "
@@ -113,10 +117,11 @@ def render(rep: Report) -> str:
         "MLP (two widths, two microbatch sizes) and the GPT, plus one 4-rank MLP 1f1b run, the only one that can "
         "show what more ranks than cores costs. Everything else is held out: other microbatch counts, naive and "
         "interleaved-1f1b, 3 ranks, the other 4-rank schedules, and the GPT on 4 ranks.",
-        "- Model (all systematic, one figure each for every configuration): per-kind FLOP rates plus memory "
-        "traffic added to them (`roofline = \"sum\"`: a CPU core does not overlap the two), fitted on the median "
-        "action of each (run, stage, kind); a per-action overhead (dispatch) and a fixed cost per split I or W "
-        "action (the executor's bookkeeping for the split backward); processor sharing of the host's cores "
+        "- Model (all systematic, one figure each for every configuration, fitted on the median action of each "
+        "(run, stage, kind) of the fit runs): FLOPs at an achieved rate plus memory traffic at a rate per kind "
+        "(F, I, W), added (`roofline = \"sum\"`: a CPU core does not overlap the two); a cost per framework op "
+        "(eager dispatch; `per_op_overhead`) and per action; for a split I or W action the executor's "
+        "bookkeeping, a fixed cost plus one per parameter group of the stage; processor sharing of the host's cores "
         "(`pipesim/host_model.py`): every rank that computes or posts a message is runnable, each runs at full "
         "speed less a co-run slowdown per other runnable rank while every runnable rank has a core, and at "
         "cores / runnable speed (less a slowdown per runnable rank beyond the cores) when they must take "
@@ -186,12 +191,14 @@ def render(rep: Report) -> str:
         "of percent within minutes): a 5 % target cannot be checked here; the ranking check is the sturdier result.",
         "- Message delays on this host are heavy-tailed (a late RECV: median about 0.3 ms, mean about 1 ms on "
         "2 ranks); the model charges every late RECV the fitted mean, so single steps vary far more than the "
-        "prediction. Where ranks outnumber cores the OS scheduler is not the fair fluid share the model assumes "
-        "(a woken rank preempts, time slices are milliseconds long), so there the predicted bubble stays "
-        "smaller than measured.",
-        "- The executor's split backward (zb-h1) costs more than the fused one by a per-action amount that grows "
-        "with the stage's autograd graph (it walks the graph in Python); one fitted figure per I or W action "
-        "leaves zb-h1 under-predicted, most for the GPT (the bigger graph).",
+        "prediction.",
+        "- The executor's split backward (zb-h1) costs more than the fused one: it walks the stage's autograd "
+        "graph in Python and runs the weight gradient once per parameter group (as torch.distributed.pipelining "
+        "does); the model charges a fixed cost per I or W action plus one per parameter group of the stage, "
+        "which leaves what grows with the graph's size inside a group unmodeled.",
+        "- Where ranks outnumber cores, the model puts the cost of taking turns into slower compute, while the "
+        "executor's timelines show it mostly as longer waits (a woken rank waits for a core): the step time is "
+        "predicted, the bubble there is predicted too small.",
         "- Cache effects are not modeled: fewer layers per stage (more ranks) keep a stage's weights in cache, "
         "so per-FLOP costs fall with p beyond what the memory term says.",
         "",

@@ -20,7 +20,8 @@ RATES = (20e9, 12e9, 16e9)  # FLOP/s of F, I, W
 
 
 def _synthetic(beta: float, overhead: float = 3e-4, bandwidth: float | tuple[float, float, float] | None = None,
-               split: float = 0.0, gamma: float | None = None, per_op: float = 0.0) -> list[Sample]:
+               split: float = 0.0, gamma: float | None = None, per_op: float = 0.0,
+               split_group: float = 0.0) -> list[Sample]:
     """Exact samples of the model the fit assumes, over varied sizes, kinds and runnable ranks (2 cores).
 
     Each action runs its first quarter alone and the rest with 2 runnable ranks; with `gamma`, also
@@ -37,16 +38,17 @@ def _synthetic(beta: float, overhead: float = 3e-4, bandwidth: float | tuple[flo
                              ((0, size, 2 * size), 2, 0)):
             moved = tuple(per * (1 + k) if f else 0.0 for k, f in enumerate(flops))  # bytes by kind
             ops = 4.0 + 2 * n + (size == 3e7)  # framework ops, not proportional to anything else
+            groups = sp * (2.0 + 3 * (size == 9e7))  # a split I or W: the stage's parameter groups
             for shares in crowds:
                 work = n * overhead + sum(f / r for f, r in zip(flops, RATES, strict=True)) + sp * split
-                work += ops * per_op
+                work += ops * per_op + groups * split_group
                 if bandwidth:
                     work += sum(b / w for b, w in zip(moved, bws, strict=True) if b)
                 # seconds such that sum_k t_k * speed(k) = work, with t_k = share_k * seconds
                 per_second = sum(x * speed(k, 2, beta, g) for k, x in enumerate(shares, start=1))
                 seconds = work / per_second
                 out.append(Sample(flops, seconds, tuple(x * seconds for x in shares), n, moved, sp,
-                                  ops if per_op else 0.0))
+                                  ops if per_op else 0.0, groups if split_group else 0.0))
     return out
 
 
@@ -73,7 +75,9 @@ def test_fit_compute_recovers_memory_bandwidth_and_split_overhead():
 
 def test_fit_compute_recovers_a_memory_bandwidth_per_kind_and_the_per_op_cost(tmp_path):
     bws = (8e9, 6e9, 1.2e10)
-    fit = fit_compute(_synthetic(beta=0.05, bandwidth=bws, split=2e-4, per_op=3e-5), cores=2, memory="kinds")
+    fit = fit_compute(_synthetic(beta=0.05, bandwidth=bws, split=2e-4, per_op=3e-5, split_group=7e-5), cores=2,
+                      memory="kinds")
+    assert fit.split_group == pytest.approx(7e-5, rel=1e-6) and fit.split_overhead == pytest.approx(2e-4, rel=1e-6)
     assert fit.memory_kinds == pytest.approx(bws, rel=1e-6) and fit.bandwidth == pytest.approx(8e9, rel=1e-6)
     assert fit.per_op == pytest.approx(3e-5, rel=1e-6) and fit.overhead == pytest.approx(3e-4, rel=1e-6)
     assert fit.rate == pytest.approx(RATES, rel=1e-6) and fit.corun == pytest.approx(0.05, abs=1e-12)
@@ -354,6 +358,24 @@ def test_sum_roofline_and_split_overhead_round_trip(tmp_path):
     path.write_text(hardware_to_toml(hw).replace('roofline = "sum"', 'roofline = "min"'))
     with pytest.raises(PipesimError, match='roofline must be "max" or "sum"'):
         load_hardware(str(path))
+
+
+def test_split_group_overhead_counts_the_stage_parameter_groups(tmp_path):
+    from dataclasses import replace
+
+    import schedules
+    from pipesim.costs import CostTable
+    from pipesim.simulator import simulate
+
+    hw = replace(load_hardware("local-cpu"), host_cores=None, split_backward_overhead=0.25, split_group_overhead=0.125)
+    plain = CostTable.uniform(2, 1.0, 1.0, 1.0)
+    grouped = CostTable(tuple(replace(c, weight_ops=4) for c in plain.stages))  # 4 groups: +0.5 s per I or W
+    longer = CostTable.uniform(2, 1.0, 1.75, 1.75)
+    zb = schedules.build("zb-h1", 2, 4)
+    a, b = simulate(zb, grouped, hw, comm=False), simulate(zb, longer, None, comm=False)
+    assert (a.starts, a.ends) == (b.starts, b.ends)
+    (tmp_path / "hw.toml").write_text(hardware_to_toml(hw))
+    assert load_hardware(str(tmp_path / "hw.toml")).split_group_overhead == 0.125
 
 
 def test_split_backward_overhead_enters_the_zb_h1_closed_form():

@@ -116,3 +116,12 @@ def test_nccl_refuses_receives_out_of_send_order():
         "0F0,0F1,0SEND_F0,0SEND_F1,0RECV_B0,0B0,0RECV_B1,0B1\n"
         "1RECV_F0,1RECV_F1,1F0,1F1,1B0,1SEND_B0,1B1,1SEND_B1\n", "ok.csv")
     check_transport_order(in_order, nccl=True)
+
+
+def test_rank_environment_fills_defaults_and_keeps_what_is_set():
+    from executor.launch import rank_environment
+
+    env = rank_environment({"OMP_NUM_THREADS": "4", "MALLOC_TRIM_THRESHOLD_": "0", "X": "1"})
+    assert env == {"OMP_NUM_THREADS": "4", "MALLOC_TRIM_THRESHOLD_": "0", "X": "1", "PYTHONUNBUFFERED": "1",
+                   "MALLOC_MMAP_THRESHOLD_": str(32 * 2**20)}
+    assert rank_environment({})["MALLOC_TRIM_THRESHOLD_"] == str(2**30)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import inspect
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -68,8 +67,9 @@ def _torchrun(nproc: int, module: str, argv: list[str]) -> int:
     """Run `python -m <module> argv` on `nproc` local ranks; --standalone picks a free rendezvous port."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
            "-m", module, *argv]
-    env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", "1")  # ranks share the cores
+    from executor.launch import rank_environment
+
+    env = rank_environment()  # ranks share the cores: one thread each, as `pipesim run` gives them
     return subprocess.run(cmd, env=env, check=False).returncode
 
 

@@ -98,15 +98,18 @@ def campaign(quick: bool, workdir: Path, img: Path, out: Path, png: bool, comman
                   load_line(), time.perf_counter() - start, _spread(timelines), rounds * cycles, _probes(timelines))
 
 
-def _spread(timelines: dict) -> list[float]:
-    """Per run: slowest round's median step / fastest round's - 1."""
+def _spread(timelines: dict) -> list[tuple[float, float]]:
+    """Per configuration with repeats: (slowest run's median step / fastest's - 1, median |run / median - 1|)."""
+    import statistics
+
     from pipesim.measured import measured_metrics
 
     out = []
     for tls in timelines.values():
         steps = [measured_metrics(tl)[0] for tl in tls]
         if len(steps) > 1:
-            out.append(max(steps) / min(steps) - 1)
+            mid = statistics.median(steps)
+            out.append((max(steps) / min(steps) - 1, statistics.median(abs(t / mid - 1) for t in steps)))
     return out
 
 
