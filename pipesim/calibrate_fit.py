@@ -118,12 +118,22 @@ def _rows(samples: list[Sample], memory: str, shared: bool) -> np.ndarray:
 
 
 def _solve(a: np.ndarray, work: np.ndarray) -> tuple[np.ndarray, float]:
-    """Least squares of a @ x = work, each row relative to its work; returns x and the relative SSE."""
+    """Least squares of a @ x = work with x >= 0, each row relative to its work; returns x and the relative SSE.
+
+    Every unknown is a time per unit (an inverse rate, an overhead), so none may be negative: a term
+    the data cannot see (collinear with others, as the per-op and per-action costs are in a small
+    plan) is dropped and the rest refitted, the most negative first (an active-set NNLS).
+    """
     w = 1.0 / work
     used = a.any(axis=0)  # a kind never measured (e.g. no I/W runs) keeps an undetermined rate
     x = np.zeros(a.shape[1])
-    sol, *_ = np.linalg.lstsq(a[:, used] * w[:, None], np.ones_like(work), rcond=None)
-    x[used] = sol
+    while used.any():
+        sol, *_ = np.linalg.lstsq(a[:, used] * w[:, None], np.ones_like(work), rcond=None)
+        x[:] = 0.0
+        x[used] = sol
+        if (sol >= 0).all():
+            break
+        used[np.flatnonzero(used)[int(np.argmin(sol))]] = False
     resid = (a @ x) * w - 1.0
     return x, float(resid @ resid)
 
@@ -134,17 +144,20 @@ def _grid(top: float, step: float, on: bool) -> np.ndarray:
 
 def fit_compute(samples: list[Sample], *, cores: int = 1, corun_max: float = 0.5, corun_step: float = 0.005,
                 oversub_max: float = 1.0, oversub_step: float = 0.02, fit_corun: bool = True,
-                memory: str | bool = False, shared: bool = False) -> ComputeFit:
+                memory: str | bool = False, shared: bool = False, per_op: bool = True) -> ComputeFit:
     """Fit rates, overhead, the sharing figures (beta; gamma where runs had more runnable ranks than
     cores) and optionally memory bandwidth; PipesimError when the data cannot tell.
 
     `memory`: False (no memory term), "shared" (True: one bandwidth) or "kinds" (one per kind).
     `shared`: one FLOP rate for all kinds (for data too small or noisy to tell the kinds apart).
+    `per_op`: fit the per-op and per-parameter-group costs (off: plans too small to tell them from FLOPs).
     """
     memory = "shared" if memory is True else (memory or "")
     if len(samples) < 4:
         raise PipesimError(f"need at least 4 measured compute actions to fit, got {len(samples)}")
     a = _rows(samples, memory, shared)
+    if not per_op:
+        a[:, 8:] = 0.0
     width = max(1, *(len(s.profile) for s in samples))
     prof = np.zeros((len(samples), width))  # seconds with 1..width runnable ranks, per sample
     for i, s in enumerate(samples):

@@ -92,6 +92,19 @@ def test_fit_compute_recovers_a_memory_bandwidth_per_kind_and_the_per_op_cost(tm
     assert load_hardware(str(tmp_path / "hw.toml")) == hw  # kind_memory_efficiency round-trips
 
 
+def test_fit_compute_never_returns_a_negative_cost():
+    # actions with more ops ran faster: an unconstrained fit would price an op below zero; the
+    # constrained one drops the per-op term and refits the rest
+    samples = [Sample((f, 0.0, 0.0), f / 1e9 * (1.0 - 0.02 * ops), ops=ops)
+               for f in (1e7, 2e7, 4e7) for ops in (1.0, 5.0, 9.0)]
+    fit = fit_compute(samples, fit_corun=False)
+    assert fit.per_op == 0.0 and fit.overhead >= 0.0 and fit.rate[0] > 0
+    # refitted without the term (clipping it to 0 instead would leave the rest at values that only made
+    # sense beside a negative op cost: 1.46 ms per action, errors up to +27 %)
+    assert fit.overhead == pytest.approx(0.0, abs=1e-12) and fit.mean_abs_error < 0.07
+    assert fit_compute(samples, fit_corun=False, per_op=False).per_op == 0.0
+
+
 def test_fit_compute_without_corun_keeps_beta_zero():
     fit = fit_compute(_synthetic(beta=0.0), cores=2, fit_corun=False)
     assert fit.corun == 0.0 and fit.rate == pytest.approx(RATES, rel=1e-9)

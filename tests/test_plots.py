@@ -13,9 +13,9 @@ from pipesim.errors import PipesimError
 from pipesim.ir import Kind
 from pipesim.perfetto import write_trace
 from pipesim.plots import compare_figure, export, sweep_figure, timeline_figure, write_html, write_png
-from pipesim.plots.compare import median_step, prediction_error
+from pipesim.plots.compare import median_step, pick_step, prediction_error
 from pipesim.plots.from_schedule import unit_timeline
-from pipesim.timeline import Timeline
+from pipesim.timeline import Event, Timeline
 
 F, B = 1e-3, 2e-3  # seconds
 
@@ -101,6 +101,17 @@ def test_compare_uses_median_step_and_reports_errors(sim):
     assert fig.layout.meta["makespan_error"] == pytest.approx(-0.2)
     fig1 = compare_figure(meas, sim, step=1)  # argument order does not matter; --step picks the step
     assert fig1.layout.meta["makespan_error"] == pytest.approx(1 / 1.1 - 1)
+
+
+def test_compare_counts_a_measured_step_from_its_first_compute(sim):
+    step0 = [e for e in _measured(sim, (1.0,)).events]
+    t0 = 5.0  # where _measured puts 0F0
+    early = Event(1, "recv", "RECV_F", 1, 0, t0 - 3 * sim.makespan, t0 + 0.01 * sim.makespan, 8, 0, step=0)
+    meas = Timeline("measured", sim.schedule, sim.num_ranks, [early, *step0], {})
+    err = prediction_error(sim, pick_step(meas, None))
+    assert err.makespan == pytest.approx(0.0)  # the wait before the first compute is not the pipeline's
+    shown = pick_step(meas, None)
+    assert min(e.start for e in shown.events) == 0.0 and shown.makespan == pytest.approx(sim.makespan)
 
 
 def test_compare_rejects_wrong_step_and_rank_count(sim):

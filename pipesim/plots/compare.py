@@ -16,9 +16,13 @@ from pipesim.timeline import Timeline
 
 
 def step_durations(timeline: Timeline) -> dict[int, float]:
-    """Seconds from the first start to the last end of each step."""
+    """Seconds of each step: for a measured run its pipeline span (first compute start to last compute
+    end, as `pipesim validate` and the simulator count it), otherwise first start to last end."""
+    measured = timeline.source == "measured" and any(e.stream == "compute" for e in timeline.events)
     spans: dict[int, list[float]] = {}
     for e in timeline.events:
+        if measured and e.stream != "compute":
+            continue
         lo_hi = spans.setdefault(e.step, [e.start, e.end])
         lo_hi[0], lo_hi[1] = min(lo_hi[0], e.start), max(lo_hi[1], e.end)
     return {step: hi - lo for step, (lo, hi) in spans.items()}
@@ -34,13 +38,23 @@ def median_step(timeline: Timeline) -> int:
 
 
 def pick_step(timeline: Timeline, step: int | None) -> Timeline:
-    """One step of `timeline` rebased to 0: `step`, or the median step when None."""
+    """One step of `timeline` rebased to 0: `step`, or the median step when None.
+
+    A measured step starts at its first compute (always 0F0 on rank 0): ranks that entered the step
+    earlier and wait in a RECV are clipped to that moment, since the simulator starts every rank at
+    0 and does not see that wait either.
+    """
     steps = timeline.steps()
     if step is None:
         step = median_step(timeline)
     elif step not in steps:
         raise PipesimError(f"the {timeline.source} timeline has no step {step} (steps: {steps})")
-    chosen = timeline.only_step(step)
+    if timeline.source == "measured" and any(e.stream == "compute" and e.step == step for e in timeline.events):
+        from pipesim.measured import trimmed_step
+
+        chosen = trimmed_step(timeline, step)
+    else:
+        chosen = timeline.only_step(step)
     chosen.meta = {**chosen.meta, "shown_step": step}
     return chosen
 
