@@ -70,6 +70,8 @@ def campaign(quick: bool, workdir: Path, img: Path, out: Path, png: bool, comman
     start, load_before = time.perf_counter(), load_line()
     plan = validation_plan(quick)
     rounds, cycles = (1, 1) if quick else (ROUNDS, CYCLES)
+    if reuse:  # refit whatever the directory holds (cycles are found per run; rounds here)
+        rounds = len([d for d in workdir.glob("round*") if d.is_dir()]) or rounds
     timelines, comm = measure_rounds(plan, workdir, rounds, cycles=cycles, reuse=reuse,
                                      say=lambda t: _say(f"validate: {t}"))
     cal, _ = calibrate(quick=quick, timelines={r["id"]: timelines[r["id"]] for r in plan if r["role"] == "fit"},
@@ -95,7 +97,8 @@ def campaign(quick: bool, workdir: Path, img: Path, out: Path, png: bool, comman
     plots = _plots(plan, rows, typical, results, img, out, png, quick)
     return Report(command, rows, fit, held, 2 * held0.mean_error, cal.summary(), hardware_to_toml(hw), explain,
                   explain_measured, _describe(explain_run), plots, load_before,
-                  load_line(), time.perf_counter() - start, _spread(timelines), rounds * cycles, _probes(timelines))
+                  load_line(), time.perf_counter() - start, _spread(timelines),
+                  max(len(tls) for tls in timelines.values()), _probes(timelines))
 
 
 def _spread(timelines: dict) -> list[tuple[float, float]]:
