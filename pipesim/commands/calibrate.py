@@ -8,7 +8,7 @@ from pathlib import Path
 from pipesim.errors import PipesimError
 
 EXAMPLES = """examples:
-  pipesim calibrate -o hw.toml                 # ~1 minute: 8 executor runs (2 and 4 ranks), ping-pong, all_reduce
+  pipesim calibrate -o hw.toml          # ~2.5 min on 2 cores: 8 executor runs x 12 (2, 4 ranks), ping-pong, all_reduce
   pipesim simulate 1f1b -p 2 -m 8 --model mlp --hardware hw.toml
   pipesim calibrate -o hw.toml --quick         # smaller runs (seconds), noisier figures
   pipesim calibrate -o hw.toml --keep runs/    # keep the measured timelines (pipesim plot runs/*.json)

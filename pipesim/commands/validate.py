@@ -12,7 +12,7 @@ from pathlib import Path
 from pipesim.errors import PipesimError
 
 EXAMPLES = """examples:
-  pipesim validate                              # the full grid (a few minutes), writes docs/validation.md
+  pipesim validate                              # the full grid (~9 min on 2 cores), writes docs/validation.md
   pipesim validate --quick --out /tmp/v.md --img-dir /tmp/img   # 4 small 2-rank runs (the test uses this)
   pipesim validate --keep runs/                 # keep the measured timelines for pipesim plot
   pipesim validate --reuse runs/                # refit and rewrite the report from kept timelines
