@@ -363,13 +363,14 @@ def calibrate(*, quick: bool = False, workdir: Path | None = None, devices: int 
     # first the model whose figures the data pins down: at the lecture's microbatch sizes a CPU core
     # streams weights far below its arithmetic peak, so one FLOP rate for all kinds and a memory rate
     # per kind (a forward reads weights, a weight gradient writes and accumulates them); then richer or
-    # poorer ones when that one comes out non-physical (a non-positive rate), last one rate and no
-    # per-op terms (a plan as small as --quick cannot tell ops from FLOPs)
+    # poorer ones when that one comes out non-physical (a non-positive rate), last one rate without
+    # per-op terms and then without fixed costs (a plan as small as --quick may not tell them apart)
     options = [("kinds", True), ("kinds", False), ("shared", False), ("shared", True)] if memory and not quick else []
-    candidates = [(m, sh, True) for m, sh in [*options, ("", False), ("", True)]] + [("", True, False)]
-    for n, (mem, shared, per_op) in enumerate(candidates, start=1):
+    candidates = [(m, sh, True, True) for m, sh in [*options, ("", False), ("", True)]]
+    candidates += [("", True, False, True), ("", True, False, False)]
+    for n, (mem, shared, per_op, fixed) in enumerate(candidates, start=1):
         try:
-            fit = fit_compute(samples, cores=cores, memory=mem, shared=shared, per_op=per_op)
+            fit = fit_compute(samples, cores=cores, memory=mem, shared=shared, per_op=per_op, fixed=fixed)
             break
         except PipesimError:
             if n == len(candidates):

@@ -144,13 +144,15 @@ def _grid(top: float, step: float, on: bool) -> np.ndarray:
 
 def fit_compute(samples: list[Sample], *, cores: int = 1, corun_max: float = 0.5, corun_step: float = 0.005,
                 oversub_max: float = 1.0, oversub_step: float = 0.02, fit_corun: bool = True,
-                memory: str | bool = False, shared: bool = False, per_op: bool = True) -> ComputeFit:
+                memory: str | bool = False, shared: bool = False, per_op: bool = True,
+                fixed: bool = True) -> ComputeFit:
     """Fit rates, overhead, the sharing figures (beta; gamma where runs had more runnable ranks than
     cores) and optionally memory bandwidth; PipesimError when the data cannot tell.
 
     `memory`: False (no memory term), "shared" (True: one bandwidth) or "kinds" (one per kind).
     `shared`: one FLOP rate for all kinds (for data too small or noisy to tell the kinds apart).
     `per_op`: fit the per-op and per-parameter-group costs (off: plans too small to tell them from FLOPs).
+    `fixed`: fit the per-action and split costs (off: FLOP rates alone, which any positive data determine).
     """
     memory = "shared" if memory is True else (memory or "")
     if len(samples) < 4:
@@ -158,6 +160,8 @@ def fit_compute(samples: list[Sample], *, cores: int = 1, corun_max: float = 0.5
     a = _rows(samples, memory, shared)
     if not per_op:
         a[:, 8:] = 0.0
+    if not fixed:
+        a[:, [0, 7]] = 0.0
     width = max(1, *(len(s.profile) for s in samples))
     prof = np.zeros((len(samples), width))  # seconds with 1..width runnable ranks, per sample
     for i, s in enumerate(samples):

@@ -105,6 +105,16 @@ def test_fit_compute_never_returns_a_negative_cost():
     assert fit_compute(samples, fit_corun=False, per_op=False).per_op == 0.0
 
 
+def test_fit_compute_without_fixed_costs_always_finds_a_rate():
+    # bigger actions ran no longer (noise in a tiny plan): with a per-action cost in the fit the FLOP
+    # rate comes out non-physical; FLOP rates alone are determined by any positive durations
+    samples = [Sample((f, 0.0, 0.0), 1e-3 - f * 1e-11) for f in (1e6, 2e6, 4e6, 8e6)]
+    with pytest.raises(PipesimError, match="non-positive compute rate"):
+        fit_compute(samples, fit_corun=False)
+    fit = fit_compute(samples, fit_corun=False, fixed=False)
+    assert fit.rate[0] > 0 and fit.overhead == 0.0 and fit.split_overhead == 0.0
+
+
 def test_fit_compute_without_corun_keeps_beta_zero():
     fit = fit_compute(_synthetic(beta=0.0), cores=2, fit_corun=False)
     assert fit.corun == 0.0 and fit.rate == pytest.approx(RATES, rel=1e-9)
