@@ -12,11 +12,8 @@ group. The result loads with `pipesim simulate --hardware`.
 
 from __future__ import annotations
 
-import json
 import os
 import platform
-import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field, replace
@@ -35,7 +32,6 @@ from pipesim.measured import (
 from pipesim.model_config import ModelConfig, split_layers
 from pipesim.timeline import Timeline
 
-ROUNDS, CYCLES = 3, 4  # torchrun launches per world size, and passes over the plan in each (see measure_rounds)
 LECTURE_MLP = {"kind": "mlp", "hidden": 1024, "layers": 8, "batch": 64}
 QUICK_MLP = {"kind": "mlp", "hidden": 512, "layers": 4, "batch": 32}
 SMALL_GPT = {"kind": "gpt", "hidden": 128, "layers": 8, "heads": 4, "seq": 32, "vocab": 256, "batch": 8}
@@ -145,81 +141,6 @@ def calibration_plan(quick: bool = False) -> list[dict]:
             run_spec("fit-mlp-p4-1f1b-m8", "1f1b", 8, LECTURE_MLP, p=4)]  # more ranks than cores
 
 
-def run_plan(runs: list[dict], nproc: int, workdir: Path, *, comm: bool = False, cycles: int = 1,
-             timeout: float = 900.0) -> tuple[dict[str, list[Timeline]], dict | None]:
-    """Run `runs` `cycles` times over under one torchrun with `nproc` ranks; returns each run's measured
-    timelines (one per cycle) by id, and the comm figures."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    plan = workdir / f"plan-{nproc}.json"
-    plan.write_text(json.dumps({"runs": runs, "comm": comm, "cycles": cycles}))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           "-m", "pipesim.calibrate_runs", str(plan), str(workdir)]
-    from executor.launch import rank_environment
-
-    env = rank_environment({**os.environ, "OMP_NUM_THREADS": "1"})  # the environment `pipesim run` gives ranks
-    log = workdir / f"torchrun-{nproc}.log"
-    for attempt in (1, 2):  # a gloo teardown abort on a loaded host is retried once; the log keeps both
-        try:
-            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
-        except subprocess.TimeoutExpired:
-            raise PipesimError(f"measurement runs on {nproc} ranks did not finish within {timeout:.0f} s") from None
-        with log.open("a") as fh:
-            fh.write(f"--- attempt {attempt}: exit {proc.returncode}\n{proc.stdout}{proc.stderr}")
-        if proc.returncode == 0 or "Signal 6" not in proc.stderr:
-            break
-    if proc.returncode:
-        lines = (proc.stderr or proc.stdout).strip().splitlines()
-        errors = [ln.strip() for ln in lines if "Error" in ln or "error:" in ln][-2:] or lines[-2:]
-        raise PipesimError(f"measurement runs on {nproc} ranks failed (exit {proc.returncode}): "
-                           f"{' | '.join(errors)} (full output: {log})")
-    return load_runs(runs, workdir, comm=comm)
-
-
-def measure_rounds(runs: list[dict], workdir: Path, rounds: int, *, cycles: int = 1, reuse: bool = False,
-                   say=None) -> tuple[dict[str, list[Timeline]], dict | None]:
-    """Every run `rounds` x `cycles` times: `rounds` torchrun launches per world size (world sizes
-    interleaved), each cycling `cycles` times through its runs, so that every configuration samples
-    the machine at many moments spread over the campaign; returns all timelines per run id, and the
-    comm figures of the first round.
-    """
-    got_all: dict[str, list[Timeline]] = {}
-    comm = None
-    for rnd in range(rounds):
-        for nproc in sorted({r["p"] for r in runs}):
-            group = [r for r in runs if r["p"] == nproc]
-            where = workdir / f"round{rnd}" / f"p{nproc}"
-            if reuse:
-                got, c = load_runs(group, where, comm=nproc == 2)
-            else:
-                if say:
-                    say(f"measuring {len(group)} runs on {nproc} ranks (round {rnd + 1} of {rounds}) ...")
-                got, c = run_plan(group, nproc, where, comm=nproc == 2, cycles=cycles)
-            comm = comm or c
-            for key, tls in got.items():
-                got_all.setdefault(key, []).extend(tls)
-    return got_all, comm
-
-
-def load_runs(runs: list[dict], workdir: Path, *,
-              comm: bool = False) -> tuple[dict[str, list[Timeline]], dict | None]:
-    """The timelines (every cycle's) and comm figures that `run_plan` left in `workdir`; PipesimError if
-    one is missing."""
-    from pipesim.calibrate_runs import timeline_name
-
-    missing = [r["id"] for r in runs if not (workdir / f"{r['id']}.json").is_file()]
-    if missing or (comm and not (workdir / "comm.json").is_file()):
-        raise PipesimError(f"{workdir}: no measurement for {', '.join(missing) or 'comm.json'}")
-    timelines = {}
-    for r in runs:
-        cycle, found = 0, []
-        while (workdir / timeline_name(r["id"], cycle)).is_file():
-            found.append(Timeline.read(workdir / timeline_name(r["id"], cycle)))
-            cycle += 1
-        timelines[r["id"]] = found
-    comm_data = json.loads((workdir / "comm.json").read_text()) if comm else None
-    return timelines, comm_data
-
-
 def stage_work(model: ModelConfig, num_stages: int, m: int) -> list[tuple[tuple[float, float, float], ...]]:
     """((F, I, W) FLOPs, (F, I, W) bytes moved, (F, I, W) framework ops) of one microbatch on each
     stage, as the cost model counts them."""
@@ -254,25 +175,6 @@ def action_flops(kind: str, stage: int, flops: tuple[float, float, float]) -> tu
     if kind == "I":
         return ((0.0, 0.0, 0.0), 1) if stage == 0 else ((0.0, i, 0.0), 1)
     return ((0.0, i, w), 1) if stage == 0 else ((0.0, 0.0, w), 1)
-
-
-def memory_bandwidth(nbytes: int = 64 << 20, repeats: int = 5) -> float:
-    """Bytes/s of a single-threaded tensor copy (read + write), best of `repeats`."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        src = torch.ones(nbytes // 4)
-        dst = torch.empty_like(src)
-        best = float("inf")
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            dst.copy_(src)
-            best = min(best, time.perf_counter() - t0)
-    finally:
-        torch.set_num_threads(threads)
-    return 2 * nbytes / best
 
 
 @dataclass(frozen=True)
@@ -348,6 +250,8 @@ def calibrate(*, quick: bool = False, workdir: Path | None = None, devices: int 
     """
     cores = cores or os.cpu_count() or 1
     if timelines is None:
+        from pipesim.calibrate_launch import CYCLES, ROUNDS, measure_rounds
+
         with tempfile.TemporaryDirectory(prefix="pipesim-calibrate-") as tmp:
             timelines, comm = measure_rounds(calibration_plan(quick), workdir or Path(tmp),
                                              rounds or (1 if quick else ROUNDS), cycles=1 if quick else CYCLES)
@@ -382,7 +286,12 @@ def calibrate(*, quick: bool = False, workdir: Path | None = None, devices: int 
     latency, bandwidth = fit_link([(int(n), float(t)) for n, t in pp])
     latency = in_run_latency(fair, bandwidth, latency)
     ar = [(int(r["bytes"]), float(r["busbw"])) for r in (comm or {}).get("all_reduce", [])]
-    membw = float(comm["memory_bandwidth"]) if comm and "memory_bandwidth" in comm else memory_bandwidth()
+    if comm and "memory_bandwidth" in comm:
+        membw = float(comm["memory_bandwidth"])
+    else:
+        from pipesim.calibrate_runs import memory_bandwidth
+
+        membw = memory_bandwidth()
     busbw = "; ".join(f"all_reduce busbw {bw / 1e9:.2f} GB/s at {n / 2**20:.0f} MiB (2 ranks)" for n, bw in ar)
     ranks = sorted({tl.meta["p"] for tl in every})
     source = (f"pipesim calibrate on {platform.node()} ({cores} cores) at {time.strftime('%Y-%m-%d %H:%M')}: "
@@ -404,4 +313,4 @@ def calibrate(*, quick: bool = False, workdir: Path | None = None, devices: int 
     return cal, timelines
 
 
-__all__ = ["Calibration", "build_hardware", "calibrate", "calibration_plan", "run_plan"]
+__all__ = ["Calibration", "build_hardware", "calibrate", "calibration_plan"]

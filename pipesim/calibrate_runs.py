@@ -132,6 +132,25 @@ def _pingpong(nbytes: int, iters: int) -> float:
     return statistics.median(trips) / 2
 
 
+def memory_bandwidth(nbytes: int = 64 << 20, repeats: int = 5) -> float:
+    """Bytes/s of a single-threaded tensor copy (read + write), best of `repeats`."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        src = torch.ones(nbytes // 4)
+        dst = torch.empty_like(src)
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            dst.copy_(src)
+            best = min(best, time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(threads)
+    return 2 * nbytes / best
+
+
 def _comm(out: Path) -> None:
     import torch
     import torch.distributed as dist
@@ -141,8 +160,6 @@ def _comm(out: Path) -> None:
     pp = {n: _pingpong(n, 20 if n < (1 << 20) else 5) for n in PINGPONG_SIZES}
     ar = [measure("all_reduce", n, 5, 1, torch.device("cpu")) for n in ALLREDUCE_SIZES]
     if dist.get_rank() == 0:
-        from pipesim.calibrate import memory_bandwidth
-
         data = {"pingpong": [[n, t] for n, t in pp.items()], "memory_bandwidth": memory_bandwidth(),
                 "all_reduce": [{"bytes": r.bytes, "time": r.time, "busbw": r.busbw} for r in ar],
                 "world_size": dist.get_world_size()}

@@ -61,7 +61,8 @@ def run(args: argparse.Namespace) -> int:
 
 def campaign(quick: bool, workdir: Path, img: Path, out: Path, png: bool, command: str, reuse: bool = False):
     """Measure, calibrate, predict, plot; returns a validation_report.Report."""
-    from pipesim.calibrate import CYCLES, ROUNDS, calibrate, measure_rounds
+    from pipesim.calibrate import calibrate
+    from pipesim.calibrate_launch import CYCLES, ROUNDS, measure_rounds
     from pipesim.hardware_toml import hardware_to_toml
     from pipesim.measured import measured_metrics, typical_run
     from pipesim.validation import make_row, predict, ranking_check, summarize, validation_plan
