@@ -16,17 +16,17 @@ import os
 import platform
 import tempfile
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from pipesim.calibrate_fit import ComputeFit, fit_compute, fit_link, typical_samples
 from pipesim.errors import PipesimError
 from pipesim.hardware import DeviceSpec, Hardware, LinkClass
 from pipesim.measured import (
+    action_samples,
     comm_action_seconds,
     late_recv_delay,
     message_delays,
-    samples_from_timeline,
     typical_step,
 )
 from pipesim.model_config import ModelConfig, split_layers
@@ -190,7 +190,6 @@ class Calibration:
     allreduce_busbw: list[tuple[int, float]]  # (bytes, bytes/s) measured
     memory_bandwidth: float  # bytes/s
     runs: list[str]  # ids of the fit runs
-    probes: list[float] = field(default_factory=list)  # seconds of the runs' speed probes, sorted
 
     def summary(self) -> str:
         c, hw = self.compute, self.hardware
@@ -259,9 +258,8 @@ def calibrate(*, quick: bool = False, workdir: Path | None = None, devices: int 
     groups: dict[tuple, list] = {}
     for key, tls in timelines.items():
         for tl in tls:
-            kinds: list = []
-            for sample, kind in zip(samples_from_timeline(tl, cores, kinds), kinds, strict=True):
-                groups.setdefault((key, *kind), []).append(sample)
+            for (stage, kind), sample in action_samples(tl):
+                groups.setdefault((key, stage, kind), []).append(sample)
     samples = typical_samples(groups)  # the median action of each (run, stage, kind)
     fit = None
     # first the model whose figures the data pins down: at the lecture's microbatch sizes a CPU core
@@ -308,8 +306,7 @@ def calibrate(*, quick: bool = False, workdir: Path | None = None, devices: int 
     spans = {key: typical_step(tls) for key, tls in timelines.items()}
     hw = refine_overhead(refine_corun(refine_overhead(hw, runs, spans), runs, spans), runs, spans)
     hw = refine_oversubscription(hw, runs, spans)
-    probes = sorted(float(tl.meta["probe"]) for tl in every if tl.meta.get("probe"))
-    cal = Calibration(hw, fit, send, per_unit, latency, bandwidth, ar, membw, sorted(timelines), probes)
+    cal = Calibration(hw, fit, send, per_unit, latency, bandwidth, ar, membw, sorted(timelines))
     return cal, timelines
 
 

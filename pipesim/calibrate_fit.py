@@ -19,8 +19,9 @@ writes and accumulates them, at other rates; `memory="shared"` fits one BW for a
 the runtime's bookkeeping for a split I or W (plus G per parameter group of the stage: the weight
 gradient runs autograd once per group), and O the cost of each framework op the action runs
 (eager dispatch: it makes a narrow model's many small ops dear). For fixed (beta, gamma) the
-equation is linear in (overhead, 1/R_*, 1/BW_*, S, O, G); beta and gamma are found by a scan. Errors are relative (each
-equation divided by its work), so short actions count as much as long ones.
+equation is linear in (overhead, 1/R_*, 1/BW_*, S, O, G); beta and gamma are found by a scan.
+Errors are relative (each equation divided by its work), so short actions count as much as long
+ones.
 """
 
 from __future__ import annotations
@@ -65,7 +66,6 @@ class ComputeFit:
     bandwidth: float | None = None  # bytes/s of F's memory traffic, added to the arithmetic (None: not fitted)
     split_overhead: float = 0.0  # seconds added to each split I or W action
     oversub: float = 0.0  # gamma: fractional slowdown per runnable rank beyond the cores
-    cores: int = 1  # host cores the sharing figures refer to
     memory_kinds: tuple[float, float, float] | None = None  # bytes/s of (F, I, W) traffic (None: all `bandwidth`)
     per_op: float = 0.0  # seconds per framework op
     split_group: float = 0.0  # seconds per parameter group of the stage, on each split I or W action
@@ -165,9 +165,8 @@ def fit_compute(samples: list[Sample], *, cores: int = 1, corun_max: float = 0.5
     width = max(1, *(len(s.profile) for s in samples))
     prof = np.zeros((len(samples), width))  # seconds with 1..width runnable ranks, per sample
     for i, s in enumerate(samples):
-        prof[i, :len(s.profile)] = s.profile if s.profile else ()
-        if not s.profile:
-            prof[i, 0] = s.seconds
+        p = s.profile or (s.seconds,)  # no profile: ran alone
+        prof[i, :len(p)] = p
     crowded = width > cores and bool(prof[:, cores:].any())
     best = None
     for beta in _grid(corun_max, corun_step, fit_corun):
@@ -180,8 +179,10 @@ def fit_compute(samples: list[Sample], *, cores: int = 1, corun_max: float = 0.5
     if shared:
         x[2] = x[3] = x[1]
     inv = x[1:4]
-    mem_cols = [4 + k for k in range(3) if memory == "kinds" and any(s.moved[k] for s in samples)] or (
-        [4] if memory else [])
+    if memory == "kinds":  # the bandwidth of every kind that moved bytes
+        mem_cols = [4 + k for k in range(3) if any(s.moved[k] for s in samples)]
+    else:
+        mem_cols = [4] if memory else []
     if any(x[c] <= 0 for c in mem_cols):
         raise PipesimError("calibration fit gave a non-positive memory bandwidth: the measured actions do not "
                            "separate arithmetic from memory traffic (add microbatch sizes)")
@@ -193,10 +194,9 @@ def fit_compute(samples: list[Sample], *, cores: int = 1, corun_max: float = 0.5
     kinds = None
     if memory == "kinds":  # a kind without traffic in the data keeps F's bandwidth
         kinds = tuple(float(1.0 / x[4 + k]) if x[4 + k] > 0 else bandwidth for k in range(3))
-    fit = ComputeFit(rate=rate, overhead=max(0.0, float(x[0])), corun=beta, mean_abs_error=0.0,
-                     samples=len(samples), bandwidth=bandwidth, split_overhead=max(0.0, float(x[7])),
-                     oversub=gamma, cores=cores, memory_kinds=kinds, per_op=max(0.0, float(x[8])),
-                     split_group=max(0.0, float(x[9])))
+    fit = ComputeFit(rate=rate, overhead=float(x[0]), corun=beta, mean_abs_error=0.0, samples=len(samples),
+                     bandwidth=bandwidth, split_overhead=float(x[7]), oversub=gamma, memory_kinds=kinds,
+                     per_op=float(x[8]), split_group=float(x[9]))  # all >= 0: _solve keeps them so
     rel = [abs(fit.predict(s.flops, s.overheads, s.moved, s.split, s.ops, s.groups) / s.work(cores, beta, gamma) - 1)
            for s in samples]
     return replace(fit, mean_abs_error=float(np.mean(rel)))

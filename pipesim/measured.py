@@ -66,11 +66,13 @@ def runnable_spans(events: list[Event], num_ranks: int) -> list[list[tuple[float
 
 
 
-def samples_from_timeline(tl: Timeline, cores: int, keys: list | None = None) -> list[Sample]:
-    """One Sample per compute action of the measured steps, with how many ranks were runnable during it.
+def samples_from_timeline(tl: Timeline) -> list[Sample]:
+    """One Sample per compute action of the measured steps, with how many ranks were runnable during it."""
+    return [sample for _, sample in action_samples(tl)]
 
-    `keys`, when given, receives each sample's (stage, kind) alongside.
-    """
+
+def action_samples(tl: Timeline) -> list[tuple[tuple[int, str], Sample]]:
+    """((stage, kind), Sample) of every compute action of the measured steps (see `samples_from_timeline`)."""
     from pipesim.calibrate import action_flops, stage_work
     from pipesim.host_model import runnable_profile
 
@@ -92,9 +94,7 @@ def samples_from_timeline(tl: Timeline, cores: int, keys: list | None = None) ->
             prof = runnable_profile([(e.start, e.end)], others, tl.num_ranks)[0]
             split = int(e.kind in ("I", "W"))
             groups = work[e.stage][2][2] if split else 0.0  # the stage's W ops: its parameter groups
-            out.append(Sample(fl, e.duration, tuple(prof), n, moved, split, sum(ops), groups))
-            if keys is not None:
-                keys.append((e.stage, e.kind))
+            out.append(((e.stage, e.kind), Sample(fl, e.duration, tuple(prof), n, moved, split, sum(ops), groups)))
     return out
 
 
@@ -150,5 +150,6 @@ def late_recv_delay(timelines: list[Timeline]) -> float:
     return sum(late) / len(late) if late else 0.0
 
 
-__all__ = ["comm_action_seconds", "late_recv_delay", "measured_metrics", "measured_steps", "message_delays",
-           "pipeline_span", "runnable_spans", "samples_from_timeline", "trimmed_step", "typical_run", "typical_step"]
+__all__ = ["action_samples", "comm_action_seconds", "late_recv_delay", "measured_metrics", "measured_steps",
+           "message_delays", "pipeline_span", "runnable_spans", "samples_from_timeline", "trimmed_step", "typical_run",
+           "typical_step"]

@@ -169,7 +169,7 @@ def test_samples_from_timeline_profiles_runnable_ranks_and_skips_warmup():
           Event(0, "compute", "F", 0, 1, 11.0, 12.5, step=1),
           Event(1, "compute", "B", 1, 0, 12.0, 14.0, step=1)]
     tl = Timeline("measured", "1f1b", 2, ev, {"model": model, "p": 2, "v": 1, "m": 2, "warmup": 1})
-    samples = samples_from_timeline(tl, cores=2)
+    samples = samples_from_timeline(tl)
     fl = stage_flops(ModelConfig(**model), 2, 2)
     assert fl[0] == (2 * 4 * 64 * 64, 2 * 4 * 64 * 64, 2 * 4 * 64 * 64)
     # (seconds, seconds alone / with 2 runnable, overheads charged)

@@ -117,10 +117,9 @@ def _spread(timelines: dict) -> list[tuple[float, float]]:
     return out
 
 
-def _probes(raw: dict) -> list[float]:
-    """Every run's speed probe (seconds), in measurement order."""
-    tls = [tl for v in raw.values() for tl in v if tl.meta.get("probe")]
-    return [float(tl.meta["probe"]) for tl in tls]
+def _probes(timelines: dict) -> list[float]:
+    """Every run's speed probe (seconds), the witness of the machine's own speed."""
+    return [float(tl.meta["probe"]) for tls in timelines.values() for tl in tls if tl.meta.get("probe")]
 
 
 def _describe(run: dict) -> str:
