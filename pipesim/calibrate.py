@@ -26,7 +26,9 @@ from pipesim.measured import (
     action_samples,
     comm_action_seconds,
     late_recv_delay,
+    measured_metrics,
     message_delays,
+    typical_run,
     typical_step,
 )
 from pipesim.model_config import ModelConfig, split_layers
@@ -101,6 +103,32 @@ def refine_oversubscription(hw: Hardware, runs: list[dict], measured: dict[str, 
     return _grid_best(hw, "oversubscription_slowdown", 1.0, over, measured, steps) if over else hw
 
 
+def refine_time_slice(hw: Hardware, runs: list[dict], measured: dict[str, float], bubbles: dict[str, float],
+                      slices: int = 16) -> Hardware:
+    """Time slices for the fit runs with more ranks than cores (unchanged when there are none): for each
+    slice on a grid (0.5 to 8 ms), the slowdown while ranks wait that best explains their step times;
+    of those pairs, the one whose bubble is closest to the measured one.
+
+    The slice decides where turn-taking shows (a woken rank waiting for a core, a preempted action:
+    waits against compute, so the bubble); the slowdown, how much work it costs (the step time). The
+    late-RECV surcharge of crowded runs goes: the wake-ups queueing for a core are now simulated.
+    """
+    over = [r for r in runs if hw.host_cores is not None and r["p"] > hw.host_cores]
+    if not over:
+        return hw
+    best = (float("inf"), hw)
+    for i in range(1, slices + 1):
+        cand = refine_oversubscription(replace(hw, time_slice=0.5e-3 * i, oversubscribed_recv_delay=0.0),
+                                       runs, measured)
+        err = 0.0
+        for r in over:
+            res = simulate_run(cand, r)
+            err += abs(res.makespan / measured[r["id"]] - 1) + abs(res.bubble_fraction - bubbles[r["id"]])
+        if err < best[0]:
+            best = (err, cand)
+    return best[1]
+
+
 def in_run_latency(timelines: list[Timeline], bandwidth: float, fallback: float) -> float:
     """Seconds of a message's latency inside the runs: the mean delivery of the messages whose receiver
     was already waiting, less bytes / bandwidth; `fallback` (the ping-pong's) when there are none.
@@ -120,8 +148,7 @@ def oversubscribed_recv_delay(over: list[Timeline], late: float, cores: int) -> 
     """Seconds a late RECV takes per rank beyond the cores, beyond `late`, from runs with more ranks than cores."""
     if not over:
         return 0.0
-    extra = sum(tl.meta["p"] - cores for tl in over) / len(over)  # ranks beyond the cores
-    return max(0.0, (late_recv_delay(over) - late) / extra)
+    return max(0.0, late_recv_delay(over) - late)
 
 
 def calibration_plan(quick: bool = False) -> list[dict]:
@@ -150,7 +177,7 @@ def stage_work(model: ModelConfig, num_stages: int, m: int) -> list[tuple[tuple[
     out = []
     for s, layers in enumerate(split_layers(model.layers, num_stages)):
         if model.kind == "mlp":
-            work = mlp_stage_work(model, b, layers)
+            work = mlp_stage_work(model, b, layers, first=s == 0)
         else:
             work = gpt_stage_work(model, b, layers, first=s == 0, last=s == num_stages - 1)
         out.append(tuple(tuple(part[k] for k in "FIW") for part in (work.flops, work.moved, work.ops)))
@@ -165,7 +192,8 @@ def stage_flops(model: ModelConfig, num_stages: int, m: int) -> list[tuple[float
 def action_flops(kind: str, stage: int, flops: tuple[float, float, float]) -> tuple[tuple[float, float, float], int]:
     """(FLOPs attributed to the F, I, W rates, overheads charged) of one executed compute action.
 
-    The executor's first stage has no input gradient: its I is empty and its W runs the whole backward.
+    The executor's first stage has no input gradient: its I is empty and its W runs the whole
+    backward (a plain one, charged like a B).
     """
     f, i, w = flops
     if kind == "F":
@@ -174,7 +202,7 @@ def action_flops(kind: str, stage: int, flops: tuple[float, float, float]) -> tu
         return (0.0, i, w), 2
     if kind == "I":
         return ((0.0, 0.0, 0.0), 1) if stage == 0 else ((0.0, i, 0.0), 1)
-    return ((0.0, i, w), 1) if stage == 0 else ((0.0, 0.0, w), 1)
+    return ((0.0, i, w), 2) if stage == 0 else ((0.0, 0.0, w), 1)
 
 
 @dataclass(frozen=True)
@@ -205,16 +233,25 @@ class Calibration:
             f"per-action overhead: compute actions alone {c.overhead * 1e6:.0f} us; fitted on the "
             f"runs' step times: {hw.per_action_overhead * 1e6:.0f} us; co-run slowdown per other runnable rank: "
             f"{c.corun:.3f} on the actions, {hw.node_corun_slowdown:.3f} on the step times; host cores "
-            f"{hw.host_cores}, turn-taking beyond them plus {hw.oversubscription_slowdown:.3f} per runnable rank "
-            "beyond them",
+            f"{hw.host_cores}, " + self._beyond_cores(),
             f"messages: a SEND holds its rank {hw.send_overhead * 1e6:.0f} us (median isend posting); a RECV begun "
-            f"after its SEND lasts {hw.late_recv_delay * 1e6:.0f} us (mean; gloo progress), "
-            f"+{hw.oversubscribed_recv_delay * 1e6:.0f} us per rank beyond the cores",
+            f"after its SEND lasts {hw.late_recv_delay * 1e6:.0f} us (mean; gloo progress)"
+            + (f", +{hw.oversubscribed_recv_delay * 1e6:.0f} us with more ranks than cores"
+               if hw.oversubscribed_recv_delay else ""),
             f"p2p (gloo loopback): latency {self.latency * 1e6:.0f} us (the runs' own messages), bandwidth "
             f"{self.bandwidth / 1e9:.2f} GB/s (ping-pong); "
             f"all_reduce busbw (2 ranks): {ar}",
             f"memory copy bandwidth (1 thread): {self.memory_bandwidth / 1e9:.1f} GB/s",
         ])
+
+
+    def _beyond_cores(self) -> str:
+        hw = self.hardware
+        if hw.time_slice:
+            return (f"ranks beyond them take turns in {hw.time_slice * 1e3:.1f} ms time slices, running "
+                    f"{hw.oversubscription_slowdown:.3f} slower while any waits (fitted on the crowded run's step "
+                    "time and bubble)")
+        return (f"turn-taking beyond them plus {hw.oversubscription_slowdown:.3f} per runnable rank beyond them")
 
 
 def build_hardware(fit: ComputeFit, *, overhead: float, latency: float, bandwidth: float, membw: float,
@@ -255,9 +292,12 @@ def calibrate(*, quick: bool = False, workdir: Path | None = None, devices: int 
             timelines, comm = measure_rounds(calibration_plan(quick), workdir or Path(tmp),
                                              rounds or (1 if quick else ROUNDS), cycles=1 if quick else CYCLES)
     every = [tl for tls in timelines.values() for tl in tls]
+    fair_runs = any(tl.meta["p"] <= cores for tl in every)
     groups: dict[tuple, list] = {}
     for key, tls in timelines.items():
         for tl in tls:
+            if tl.meta["p"] > cores and fair_runs:  # crowded runs set the time slice, below
+                continue
             for (stage, kind), sample in action_samples(tl):
                 groups.setdefault((key, stage, kind), []).append(sample)
     samples = typical_samples(groups)  # the median action of each (run, stage, kind)
@@ -305,7 +345,8 @@ def calibrate(*, quick: bool = False, workdir: Path | None = None, devices: int 
              "virtual": tls[0].meta["v"] if tls[0].meta["v"] > 1 else None} for key, tls in timelines.items()]
     spans = {key: typical_step(tls) for key, tls in timelines.items()}
     hw = refine_overhead(refine_corun(refine_overhead(hw, runs, spans), runs, spans), runs, spans)
-    hw = refine_oversubscription(hw, runs, spans)
+    hw = refine_time_slice(hw, runs, spans, {key: measured_metrics(typical_run(tls))[1]
+                                             for key, tls in timelines.items()})
     cal = Calibration(hw, fit, send, per_unit, latency, bandwidth, ar, membw, sorted(timelines))
     return cal, timelines
 

@@ -60,13 +60,14 @@ class Hardware:
     per_op_overhead: float = 0.0  # seconds per framework op an action runs (eager dispatch, kernel launch)
     host_cores: int | None = None  # CPU cores per node when compute runs on host cores (local-cpu)
     node_corun_slowdown: float = 0.0  # fraction of speed lost per other runnable rank on its node (memory, caches)
-    oversubscription_slowdown: float = 0.0  # fraction of speed lost per runnable rank beyond host_cores (turn-taking)
+    oversubscription_slowdown: float = 0.0  # speed lost per runnable rank > host_cores (time_slice: while any waits)
+    time_slice: float = 0.0  # seconds: ranks beyond host_cores take turns in slices (0: fluid sharing)
     roofline: str = "max"  # "max": compute and memory traffic overlap (GPUs); "sum": they add up (calibrated CPUs)
     split_backward_overhead: float = 0.0  # seconds added to each split I and W action (runtime bookkeeping)
     split_group_overhead: float = 0.0  # seconds more per weighted op of the stage, on each split I and W action
     send_overhead: float = 0.0  # seconds a SEND holds its rank (posting the isend); idle time, not compute
     late_recv_delay: float = 0.0  # seconds a RECV lasts at least when its message was posted before it began
-    oversubscribed_recv_delay: float = 0.0  # seconds added to late_recv_delay per rank beyond host_cores
+    oversubscribed_recv_delay: float = 0.0  # seconds added to late_recv_delay when ranks outnumber host_cores
     source: str = ""  # where the figures come from
 
     @property

@@ -33,6 +33,7 @@ _TOP = {
     "host_cores": ("posint", False, ""),
     "node_corun_slowdown": ("nonneg", False, ""),
     "oversubscription_slowdown": ("nonneg", False, ""),
+    "time_slice": ("nonneg", False, "seconds"),
     "roofline": ("str", False, ""),
     "split_backward_overhead": ("nonneg", False, "seconds"),
     "split_group_overhead": ("nonneg", False, "seconds"),
@@ -162,6 +163,7 @@ def hardware_from_dict(data: dict, label: str = "hardware") -> Hardware:
                     per_op_overhead=top.get("per_op_overhead", 0.0), host_cores=top.get("host_cores"),
                     node_corun_slowdown=top.get("node_corun_slowdown", 0.0),
                     oversubscription_slowdown=top.get("oversubscription_slowdown", 0.0),
+                    time_slice=top.get("time_slice", 0.0),
                     roofline=top.get("roofline", "max"),
                     split_backward_overhead=top.get("split_backward_overhead", 0.0),
                     split_group_overhead=top.get("split_group_overhead", 0.0),
@@ -219,9 +221,11 @@ def hardware_to_toml(hw: Hardware) -> str:
         lines.append(f"host_cores = {hw.host_cores}")
     if hw.roofline != "max":
         lines.append(f"roofline = {_value(hw.roofline)}  # compute + memory time (they do not overlap)")
+    if hw.time_slice:
+        lines.append(f"time_slice = {_value(float(hw.time_slice))}  # seconds: ranks > cores take turns")
     if hw.oversubscription_slowdown:
         lines.append(f"oversubscription_slowdown = {_value(float(hw.oversubscription_slowdown))}"
-                     "  # per runnable rank > cores")
+                     + ("  # while any rank waits for a core" if hw.time_slice else "  # per runnable rank > cores"))
     if hw.split_backward_overhead:
         lines.append(f"split_backward_overhead = {_value(float(hw.split_backward_overhead))}  # seconds per I or W")
     if hw.split_group_overhead:
@@ -233,7 +237,7 @@ def hardware_to_toml(hw: Hardware) -> str:
         lines.append(f"late_recv_delay = {_value(float(hw.late_recv_delay))}  # seconds, RECV begun after its SEND")
     if hw.oversubscribed_recv_delay:
         lines.append(f"oversubscribed_recv_delay = {_value(float(hw.oversubscribed_recv_delay))}"
-                     "  # seconds per rank > cores")
+                     "  # seconds more when ranks > cores")
     if hw.node_corun_slowdown:
         lines.append(f"node_corun_slowdown = {_value(float(hw.node_corun_slowdown))}  # per other runnable rank")
     d = hw.device

@@ -45,10 +45,15 @@ class HostSharing:
         self.gen = [0] * len(nodes)  # bumps on every re-timing: stale finish events are ignored
 
     @staticmethod
-    def for_run(env: simpy.Environment, hw: Any, devices: list[int]) -> HostSharing | None:
+    def for_run(env: simpy.Environment, hw: Any, devices: list[int]) -> Any:
         """None unless the hardware's compute runs on host cores (`host_cores` set)."""
         if hw is None or getattr(hw, "host_cores", None) is None:
             return None
+        if getattr(hw, "time_slice", 0.0):
+            from pipesim.host_slices import HostTimeSlices
+
+            return HostTimeSlices(env, [hw.node_of(d) for d in devices], hw.host_cores, hw.node_corun_slowdown,
+                                  hw.time_slice, hw.oversubscription_slowdown)
         return HostSharing(env, [hw.node_of(d) for d in devices], hw.host_cores, hw.node_corun_slowdown,
                            hw.oversubscription_slowdown)
 

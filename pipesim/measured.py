@@ -92,8 +92,8 @@ def action_samples(tl: Timeline) -> list[tuple[tuple[int, str], Sample]]:
             ops, _ = action_flops(e.kind, e.stage, work[e.stage][2])
             others = [sp for r, sp in enumerate(spans) if r != e.rank]
             prof = runnable_profile([(e.start, e.end)], others, tl.num_ranks)[0]
-            split = int(e.kind in ("I", "W"))
-            groups = work[e.stage][2][2] if split else 0.0  # the stage's W ops: its parameter groups
+            split = int(e.kind in ("I", "W") and e.stage > 0)  # the first stage's W is a plain backward
+            groups = work[e.stage][2][2] if split and e.kind == "W" else 0.0  # W: once per parameter group
             out.append(((e.stage, e.kind), Sample(fl, e.duration, tuple(prof), n, moved, split, sum(ops), groups)))
     return out
 

@@ -58,19 +58,25 @@ class ParallelCosts:
     dtype_bytes: int = 4  # bytes per parameter value (to count parameters from param_bytes)
 
 
-def mlp_stage_work(model: ModelConfig, b: int, layers: int, tp: int = 1) -> Work:
+def mlp_stage_work(model: ModelConfig, b: int, layers: int, tp: int = 1, *, first: bool = False) -> Work:
     """`layers` x (Linear(h, h) + GeLU) on a microbatch of b rows.
 
     Per layer F = 2*b*h*h FLOPs; I = F (grad wrt input); W = F (grad wrt weight); bias and GeLU
     FLOPs are not counted (as torch's FlopCounterMode). tp splits each weight; one all_reduce of
     b*h per column/row pair of layers in F and in I. Framework ops per layer: F 2 (linear, GeLU),
-    I 2 (their input gradients), W 1 (the weight gradient).
+    I 2 (their input gradients), W 1 (the weight gradient). On the first stage the data needs no
+    gradient, so its first Linear has none wrt its input: only the GeLU's gradient is left in I.
     """
     h, d = model.hidden, model.dtype_bytes
     work = Work()
     mm = 2 * b * h * h / tp  # FLOPs
     weights = (h * h / tp + h) * d  # bytes
-    for _ in range(layers):
+    for n in range(layers):
+        if first and n == 0:
+            moved = (weights + 4 * b * h * d / tp, 2 * b * h * d / tp, weights + 2 * b * h * d / tp)  # bytes
+            work.add(mm, 0.0, mm, moved=moved, act=2 * b * h * d / tp, params=h * h / tp + h,
+                     ops=(MLP_LAYER_OPS[0], 1, MLP_LAYER_OPS[2]))
+            continue
         work.add(mm, mm, mm, moved=(weights + 4 * b * h * d / tp, weights + 4 * b * h * d / tp,
                                     weights + 2 * b * h * d / tp),
                  act=2 * b * h * d / tp, params=h * h / tp + h, ops=MLP_LAYER_OPS)
@@ -161,10 +167,12 @@ def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hard
     for s, layers in enumerate(split):
         last = s == num_stages - 1
         if model.kind == "mlp":
-            work = mlp_stage_work(model, b, layers, tp)
+            work = mlp_stage_work(model, b, layers, tp, first=s == 0)
         else:
             work = gpt_stage_work(model, b, layers, first=s == 0, last=last, tp=tp)
         fwd, inp, wgt = (hw.compute_time(work.flops[k], work.moved[k], model.dtype, k, work.ops[k]) for k in "FIW")
+        if s == 0:  # no gradient leaves the first stage: a split I has nothing to send, W runs the whole backward
+            inp, wgt = 0.0, inp + wgt
         param_bytes = round(work.param_count * d)
         stages.append(StageCosts(forward=fwd, backward_input=inp, backward_weight=wgt,
                                  boundary_bytes=0 if last else boundary,
@@ -174,8 +182,8 @@ def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hard
             collectives[(s, "F")] = tuple((k, round(n)) for k, n in work.collectives["F"])
         if work.collectives["I"]:
             # in a fused backward the input-gradient all_reduces happen inside B; with split backward, in I
-            collectives[(s, "I")] = tuple((k, round(n)) for k, n in work.collectives["I"])
-            collectives[(s, "B")] = collectives[(s, "I")]
+            collectives[(s, "W" if s == 0 else "I")] = tuple((k, round(n)) for k, n in work.collectives["I"])
+            collectives[(s, "B")] = tuple((k, round(n)) for k, n in work.collectives["I"])
         grads.append(param_bytes if dp > 1 else 0)
     return ParallelCosts(table=CostTable(tuple(stages)), tp=tp, dp=dp, tp_collectives=collectives,
                          dp_grad_bytes=tuple(grads), layers_per_stage=tuple(split), dtype_bytes=d)

@@ -8,6 +8,9 @@ was posted while the receiver computed: gloo's progress thread must answer it). 
 resources on the path between the two devices (`pipesim.sim_links`), so messages that share a
 port or a bus queue up. Data-parallel gradient all-reduces run on a per-rank collective stream
 after the stage's last backward, overlapping the rest of the step.
+On hardware with `host_cores`, ranks on a node share its cores: fluidly (`pipesim.host_model`), or
+with `time_slice` set, taking turns in slices (`pipesim.host_slices`), where a compute action
+begins when its rank first gets a core.
 
 Same input, same output: ranks start in rank order, resources are FIFO, and SimPy breaks
 time ties by insertion order, so two runs produce identical numbers bit for bit.
@@ -105,6 +108,7 @@ class _Engine:
         self.recv_late = self._late_recv()  # seconds
         # ranks computing on host cores share them (None unless hw.host_cores is set)
         self.host = HostSharing.for_run(self.env, hw, [par.device(r) for r in range(n)])
+        self.core_wait = hasattr(self.host, "started")  # time slices: ranks may queue for a core
 
     # -- preparation ---------------------------------------------------------------------------
 
@@ -153,9 +157,10 @@ class _Engine:
             act = self.table.stages[st].activation_bytes
             sign = 1 if k == "F" else (-1 if k == release else 0)
             d = self.table.duration(a)
-            if (k == "I" or k == "W") and self.hw is not None:  # split backward's extra runtime bookkeeping
-                groups = self.table.stages[st].weight_ops  # W runs autograd once per parameter group
-                d += self.hw.split_backward_overhead + groups * self.hw.split_group_overhead
+            if (k == "I" or k == "W") and st and self.hw is not None:  # split backward's runtime bookkeeping
+                d += self.hw.split_backward_overhead  # (the first stage's W is a plain backward, its I empty)
+                if k == "W":  # W runs autograd once per parameter group of the stage
+                    d += self.table.stages[st].weight_ops * self.hw.split_group_overhead
             return (_COMPUTE, d, self._tp_time(rank, a), sign * act, -1, sign, k in ("B", "W"))
         if k == "SEND_F":
             return (_SEND, 2 * (st + 1) * mbs, *self._send_plan(rank, a))
@@ -197,7 +202,7 @@ class _Engine:
             return hw.late_recv_delay
         nodes = [hw.node_of(self.par.device(r)) for r in range(self.sched.num_ranks)]
         extra = max(nodes.count(n) - hw.host_cores for n in set(nodes))
-        return hw.late_recv_delay + max(0, extra) * hw.oversubscribed_recv_delay
+        return hw.late_recv_delay + (hw.oversubscribed_recv_delay if extra > 0 else 0.0)
 
     # -- the ranks ------------------------------------------------------------------------------
 
@@ -251,6 +256,8 @@ class _Engine:
         elif self.computing[rank]:  # host cores: woken when the shared cores have done this action's work
             self.computing[rank] = False
             _, _, tp, delta, grad_stage, count, _ = ops[i]
+            if self.core_wait:  # it began when it first had a core
+                starts[i] = self.host.started[rank]
             ends[i] = now
             if tp:
                 self.tp_time[rank][i] = tp

@@ -25,7 +25,7 @@ def test_action_flops_first_stage_has_no_input_gradient():
     assert action_flops("F", 1, f) == ((1.0, 0.0, 0.0), 1)
     assert action_flops("B", 0, f) == ((0.0, 2.0, 3.0), 2)
     assert action_flops("I", 0, f) == ((0.0, 0.0, 0.0), 1)
-    assert action_flops("W", 0, f) == ((0.0, 2.0, 3.0), 1)
+    assert action_flops("W", 0, f) == ((0.0, 2.0, 3.0), 2)  # a plain backward, charged like a B
     assert action_flops("I", 1, f) == ((0.0, 2.0, 0.0), 1)
     assert action_flops("W", 1, f) == ((0.0, 0.0, 3.0), 1)
 
@@ -42,7 +42,9 @@ def test_samples_from_timeline_profiles_runnable_ranks_and_skips_warmup():
     tl = Timeline("measured", "1f1b", 2, ev, {"model": model, "p": 2, "v": 1, "m": 2, "warmup": 1})
     samples = samples_from_timeline(tl)
     fl = stage_flops(ModelConfig(**model), 2, 2)
-    assert fl[0] == (2 * 4 * 64 * 64, 2 * 4 * 64 * 64, 2 * 4 * 64 * 64)
+    mm = 2 * 4 * 64 * 64  # FLOPs of one layer's matmul on 4 rows
+    assert fl[0] == (mm, 0.0, mm)  # the first stage's first layer has no input gradient (the data needs none)
+    assert fl[1] == (mm, mm, mm)
     # (seconds, seconds alone / with 2 runnable, overheads charged)
     assert [(s.seconds, s.profile, s.overheads) for s in samples] == [
         (1.0, (0.75, 0.25), 1), (0.75, (0.0, 0.75), 1), (1.5, (0.25, 1.25), 1), (2.0, (1.5, 0.5), 2)]
@@ -171,8 +173,9 @@ def test_split_group_overhead_counts_the_stage_parameter_groups(tmp_path):
 
     hw = replace(load_hardware("local-cpu"), host_cores=None, split_backward_overhead=0.25, split_group_overhead=0.125)
     plain = CostTable.uniform(2, 1.0, 1.0, 1.0)
-    grouped = CostTable(tuple(replace(c, weight_ops=4) for c in plain.stages))  # 4 groups: +0.5 s per I or W
-    longer = CostTable.uniform(2, 1.0, 1.75, 1.75)
+    grouped = CostTable(tuple(replace(c, weight_ops=4) for c in plain.stages))  # 4 groups: +0.5 s per W
+    # stage 1: I +0.25, W +0.25 + 0.5 (autograd once per group); stage 0's W is a plain backward: nothing
+    longer = CostTable((plain.stages[0], replace(plain.stages[1], backward_input=1.25, backward_weight=1.75)))
     zb = schedules.build("zb-h1", 2, 4)
     a, b = simulate(zb, grouped, hw, comm=False), simulate(zb, longer, None, comm=False)
     assert (a.starts, a.ends) == (b.starts, b.ends)
@@ -188,12 +191,16 @@ def test_split_backward_overhead_enters_the_zb_h1_closed_form():
     from pipesim.simulator import simulate
 
     hw = replace(load_hardware("local-cpu"), host_cores=None, split_backward_overhead=0.5)
-    for m in (2, 4):  # the same as I and W costing 0.5 s more each, and nothing else
+    plain = CostTable.uniform(2, 1.0, 1.0, 1.0)
+    # the same as stage 1's I and W costing 0.5 s more each, and nothing else (the executor's first
+    # stage has no input gradient: its W is a plain backward, without the split's bookkeeping)
+    longer_table = CostTable((plain.stages[0], replace(plain.stages[1], backward_input=1.5, backward_weight=1.5)))
+    for m in (2, 4, 8):
         zb = schedules.build("zb-h1", 2, m)
-        with_overhead = simulate(zb, CostTable.uniform(2, 1.0, 1.0, 1.0), hw, comm=False)
-        longer = simulate(zb, CostTable.uniform(2, 1.0, 1.5, 1.5), None, comm=False)
+        with_overhead = simulate(zb, plain, hw, comm=False)
+        longer = simulate(zb, longer_table, None, comm=False)
         assert (with_overhead.starts, with_overhead.ends) == (longer.starts, longer.ends)
-    assert with_overhead.makespan == 17.5
+        assert with_overhead.makespan == 1.0 + m * (1.0 + 1.5 + 1.5)  # the last stage never idles after 0F0
     fused = schedules.build("1f1b", 2, 2)  # a fused B pays nothing extra: (m + p - 1)(t_F + t_B)
     assert simulate(fused, CostTable.uniform(2, 1.0, 1.0, 1.0), hw, comm=False).makespan == 9.0
 
@@ -221,8 +228,8 @@ def test_message_delays_split_waiting_from_late_recvs_and_fit_the_delays():
     assert message_delays(tl) == [(0.75, 8, False), (1.5, 8, True), (0.5, 8, True)]
     assert late_recv_delay([tl]) == 1.0  # mean of the late RECVs only
     assert late_recv_delay([]) == 0.0
-    # 4 ranks on 2 cores: 2 ranks beyond the cores; (1.0 - 0.5) / 2 per extra rank
-    assert oversubscribed_recv_delay([_message_timeline(4)], 0.5, 2) == 0.25
+    # 4 ranks on 2 cores: the late RECVs' mean beyond the fair runs' (1.0 - 0.5), however many ranks beyond
+    assert oversubscribed_recv_delay([_message_timeline(4)], 0.5, 2) == 0.5
     assert oversubscribed_recv_delay([], 0.5, 2) == 0.0
     assert oversubscribed_recv_delay([_message_timeline(4)], 2.0, 2) == 0.0  # never negative
 

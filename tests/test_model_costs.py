@@ -116,11 +116,18 @@ def test_mlp_stage_costs_by_roofline():
     peak = 67e12 * 0.5  # float32 FLOP/s achieved
     for stage in costs.table.stages:
         assert stage.flops_forward == 4 * mm
-        assert stage.forward == stage.backward_input == stage.backward_weight == 4 * mm / peak + 5e-6
+        assert stage.forward == 4 * mm / peak + 5e-6
         assert stage.activation_bytes == 4 * 2 * 64 * 4096 * 4
         assert stage.param_bytes == 4 * (4096 * 4096 + 4096) * 4
+    last, first = costs.table.stages[1], costs.table.stages[0]
+    assert last.backward_input == last.backward_weight == 4 * mm / peak + 5e-6
+    # the first stage: no gradient for the data, so its first layer has no input gradient, and the
+    # executor runs its whole backward in W (I has nothing to send)
+    assert first.backward_input == 0.0
+    assert first.backward_weight == pytest.approx((3 * mm / peak + 5e-6) + (4 * mm / peak + 5e-6), rel=1e-12)
     assert costs.table.stages[0].boundary_bytes == 64 * 4096 * 4 and costs.table.stages[1].boundary_bytes == 0
-    assert costs.table.duration(Action(0, Kind.B, 3)) == 2 * (4 * mm / peak + 5e-6)
+    assert costs.table.duration(Action(1, Kind.B, 3)) == 2 * (4 * mm / peak + 5e-6)
+    assert costs.table.duration(Action(0, Kind.B, 3)) == first.backward_weight
     assert (costs.tp, costs.dp, costs.tp_collectives, costs.dp_grad_bytes) == (1, 1, {}, (0, 0))
     assert costs.layers_per_stage == (4, 4)
 
@@ -132,15 +139,19 @@ def test_framework_ops_are_counted_and_priced_per_op():
 
     mlp = mlp_stage_work(ModelConfig(kind="mlp", hidden=64, layers=3, batch=8), 8, 3)
     assert mlp.ops == {"F": 6.0, "I": 6.0, "W": 3.0}  # per layer: linear + GeLU, their input grads, one dW
+    first = mlp_stage_work(ModelConfig(kind="mlp", hidden=64, layers=3, batch=8), 8, 3, first=True)
+    assert first.ops == {"F": 6.0, "I": 5.0, "W": 3.0}  # no input gradient of the first Linear
+    assert first.flops["I"] == 2 * mlp.flops["I"] / 3
     gpt = ModelConfig(kind="gpt", hidden=32, layers=2, heads=4, seq=12, vocab=50, batch=3)
     whole = gpt_stage_work(gpt, 3, 2, first=True, last=True)
     assert whole.ops == {"F": 3 + 2 * 10 + 3, "I": 0 + 2 * 10 + 3, "W": 2 + 2 * 6 + 2}
     hw = replace(load_hardware("dgx-h100"), per_op_overhead=1e-5)
     model = ModelConfig(kind="mlp", hidden=4096, layers=8, batch=512)
-    base = model_costs(model, 2, 8, load_hardware("dgx-h100")).table.stages[0]
-    priced = model_costs(model, 2, 8, hw).table.stages[0]
-    assert priced.forward == pytest.approx(base.forward + 8 * 1e-5, rel=1e-12)  # 4 layers x 2 ops
-    assert priced.backward_weight == pytest.approx(base.backward_weight + 4 * 1e-5, rel=1e-12)
+    base = model_costs(model, 2, 8, load_hardware("dgx-h100")).table.stages
+    priced = model_costs(model, 2, 8, hw).table.stages
+    assert priced[1].forward == pytest.approx(base[1].forward + 8 * 1e-5, rel=1e-12)  # 4 layers x 2 ops
+    assert priced[1].backward_weight == pytest.approx(base[1].backward_weight + 4 * 1e-5, rel=1e-12)
+    assert priced[0].backward_weight == pytest.approx(base[0].backward_weight + (7 + 4) * 1e-5, rel=1e-12)
     assert hw.compute_time(0.0, 0.0, "bfloat16", "F", ops=3) == pytest.approx(5e-6 + 3e-5)
 
 
@@ -166,7 +177,8 @@ def test_tensor_and_data_parallel():
     act = b * 64 * 512 * 2  # bytes of one (b, s, h) bf16 tensor
     ar = ("all_reduce", act)
     assert two.tp_collectives[(0, "F")] == (ar,) * 5  # embedding + 2 per block
-    assert two.tp_collectives[(0, "I")] == two.tp_collectives[(0, "B")] == (ar,) * 4
+    assert two.tp_collectives[(0, "W")] == two.tp_collectives[(0, "B")] == (ar,) * 4  # stage 0's W: the backward
+    assert (0, "I") not in two.tp_collectives
     assert two.tp_collectives[(1, "F")] == (ar,) * 4
     assert two.tp_collectives[(1, "I")] == (ar,) * 5  # + the LM head's input gradient
     assert two.dp_grad_bytes == tuple(s.param_bytes for s in two.table.stages)
