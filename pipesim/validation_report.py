@@ -114,22 +114,25 @@ def render(rep: Report) -> str:
         "- Step time is the pipeline makespan, first compute start to last compute end of a step (the optimizer "
         "step, not simulated, is left out of both sides); bubble is 1 - compute time / step time, averaged over ranks.",
         "- Fit: the runs marked `fit` (exactly what `pipesim calibrate` runs): 2-rank gpipe, 1f1b and zb-h1 on the "
-        "MLP (two widths, two microbatch sizes) and the GPT, plus one 4-rank MLP 1f1b run, the only one that can "
-        "show what more ranks than cores costs. Everything else is held out: other microbatch counts, naive and "
+        "MLP (two widths, two microbatch sizes) and the GPT, whose actions set the compute figures, plus one 4-rank "
+        "MLP 1f1b run, the only one that shows what more ranks than cores cost (its bubble sets the time slice, its "
+        "step time the slowdown while ranks wait). Everything else is held out: other microbatch counts, naive and "
         "interleaved-1f1b, 3 ranks, the other 4-rank schedules, and the GPT on 4 ranks.",
         "- Model (all systematic, one figure each for every configuration, fitted on the median action of each "
         "(run, stage, kind) of the fit runs): FLOPs at an achieved rate plus memory traffic at a rate per kind "
         "(F, I, W), added (`roofline = \"sum\"`: a CPU core does not overlap the two); a cost per framework op "
         "(eager dispatch; `per_op_overhead`) and per action; for a split I or W action the executor's "
-        "bookkeeping, a fixed cost plus one per parameter group of the stage; processor sharing of the host's cores "
-        "(`pipesim/host_model.py`): every rank that computes or posts a message is runnable, each runs at full "
-        "speed less a co-run slowdown per other runnable rank while every runnable rank has a core, and at "
-        "cores / runnable speed (less a slowdown per runnable rank beyond the cores) when they must take "
-        "turns, re-timed whenever a rank starts or stops, the same rule the fit reads off the timelines; "
-        "message latency from the runs' own messages and bandwidth from a gloo ping-pong; the time a SEND "
-        "takes to post; and the gloo progress delay: a RECV that begins after its message was posted (the "
-        "receiver was computing then) lasts at least a fixed time, longer per rank beyond the cores, because "
-        "the sender's progress thread, which must answer it, shares a core with the sender's compute.",
+        "bookkeeping, a fixed cost per I or W plus one per parameter group of the stage on W (the first stage's "
+        "input needs no gradient: its I is empty, its W a plain backward); sharing of the host's cores: while "
+        "every rank that computes or posts a message has a core, each runs at full speed less a co-run slowdown "
+        "per other one (`pipesim/host_model.py`, the same rule the fit reads off the timelines); beyond the "
+        "cores, ranks take turns in time slices (`pipesim/host_slices.py`): at most `cores` compute, the others "
+        "wait in FIFO order, a rank that used up its slice while others wait goes to the back, and the "
+        "running ones are slower by a fixed factor while any waits; message latency from the runs' own "
+        "messages and bandwidth from a gloo ping-pong; the time a SEND takes to post; and the gloo progress "
+        "delay: a RECV that begins after its message was posted (the receiver was computing then) lasts at "
+        "least a fixed time, because the sender's progress thread, which must answer it, shares a core with "
+        "the sender's compute.",
         "",
         "## Result",
         "",
@@ -194,11 +197,12 @@ def render(rep: Report) -> str:
         "prediction.",
         "- The executor's split backward (zb-h1) costs more than the fused one: it walks the stage's autograd "
         "graph in Python and runs the weight gradient once per parameter group (as torch.distributed.pipelining "
-        "does); the model charges a fixed cost per I or W action plus one per parameter group of the stage, "
-        "which leaves what grows with the graph's size inside a group unmodeled.",
-        "- Where ranks outnumber cores, the model puts the cost of taking turns into slower compute, while the "
-        "executor's timelines show it mostly as longer waits (a woken rank waits for a core): the step time is "
-        "predicted, the bubble there is predicted too small.",
+        "does); the model charges a fixed cost per I or W action plus one per parameter group of the stage on "
+        "W, which leaves what grows with the graph's size unmodeled (the GPT's split I and W cost nearly twice "
+        "its fused B).",
+        "- Where ranks outnumber cores, the two figures of the time slices (slice, slowdown while ranks wait) "
+        "rest on one fit run; the OS scheduler is more than FIFO slices (a woken thread may preempt a running "
+        "one, and gloo's own threads want cores too), so per-configuration errors there are the largest.",
         "- Cache effects are not modeled: fewer layers per stage (more ranks) keep a stage's weights in cache, "
         "so per-FLOP costs fall with p beyond what the memory term says.",
         "",

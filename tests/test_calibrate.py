@@ -149,6 +149,25 @@ def test_refine_oversubscription_uses_only_runs_with_more_ranks_than_cores():
     assert refine_oversubscription(hw, runs[:1], measured) is hw  # nothing oversubscribed: unchanged
 
 
+def test_refine_time_slice_recovers_slice_and_slowdown_from_the_crowded_run():
+    from dataclasses import replace
+
+    from pipesim.calibrate import LECTURE_MLP, QUICK_MLP, refine_time_slice, run_spec, simulate_run
+
+    hw = replace(cpu_hardware(2, 0.0), oversubscribed_recv_delay=4e-4)
+    runs = [run_spec("a", "1f1b", 4, QUICK_MLP), run_spec("b", "1f1b", 8, LECTURE_MLP, p=4)]
+    truth = replace(hw, time_slice=3e-3, oversubscription_slowdown=13 / 50, oversubscribed_recv_delay=0.0)  # grid points
+    steps, bubbles = {}, {}
+    for r in runs:
+        res = simulate_run(truth, r)
+        steps[r["id"]], bubbles[r["id"]] = res.makespan, res.bubble_fraction
+    steps["a"] *= 2  # a 2-rank run never enters this fit
+    got = refine_time_slice(hw, runs, steps, bubbles)
+    assert (got.time_slice, got.oversubscription_slowdown) == (truth.time_slice, truth.oversubscription_slowdown)
+    assert got.oversubscribed_recv_delay == 0.0  # the wake-ups that surcharge stood for are now simulated
+    assert refine_time_slice(hw, runs[:1], steps, bubbles) is hw  # nothing oversubscribed: unchanged
+
+
 def test_sum_roofline_and_split_overhead_round_trip(tmp_path):
     fit = ComputeFit(rate=(2e10, 1e10, 1.6e10), overhead=2e-4, corun=0.0, mean_abs_error=0.0, samples=10,
                      bandwidth=5e9, split_overhead=1e-4)

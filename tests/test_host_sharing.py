@@ -51,11 +51,11 @@ def test_host_sharing_retimes_running_work_when_ranks_start_and_stop():
 
 
 def cpu_hardware(cores: int, corun: float):
-    """local-cpu with `cores` host cores and co-run slowdown `corun`, no turn-taking penalty."""
+    """local-cpu with `cores` host cores and co-run slowdown `corun`, fluid sharing, no turn-taking penalty."""
     from dataclasses import replace
 
     return replace(load_hardware("local-cpu"), host_cores=cores, node_corun_slowdown=corun,
-                   oversubscription_slowdown=0.0)
+                   oversubscription_slowdown=0.0, time_slice=0.0)
 
 
 def test_simulator_host_sharing():
