@@ -26,9 +26,8 @@ from pipesim.measured import (
     action_samples,
     comm_action_seconds,
     late_recv_delay,
-    measured_metrics,
     message_delays,
-    typical_run,
+    typical_metrics,
     typical_step,
 )
 from pipesim.model_config import ModelConfig, split_layers
@@ -67,17 +66,6 @@ def _grid_best(hw: Hardware, field: str, top: float, runs: list[dict], measured:
     return best[1]
 
 
-def refine_overhead(hw: Hardware, runs: list[dict], measured: dict[str, float], steps: int = 120) -> Hardware:
-    """The per-action overhead that best explains the fit runs' step times (mean relative error), on a grid.
-
-    The per-action fit sees compute actions only; this second stage also charges what lies between
-    them on a rank (isend posting, RECV bookkeeping, the executor's loop), one figure for all runs.
-    Runs with more ranks than cores are left to `refine_oversubscription`.
-    """
-    return _grid_best(hw, "per_action_overhead", max(4 * hw.per_action_overhead, 2e-3), _fair(hw, runs),
-                      measured, steps)
-
-
 def _fair(hw: Hardware, runs: list[dict]) -> list[dict]:
     """The runs in which every rank has a core (all runs when there are none such)."""
     cores = hw.host_cores or 10**9
@@ -88,7 +76,12 @@ def refine_corun(hw: Hardware, runs: list[dict], measured: dict[str, float], ste
     """The co-run slowdown (per other runnable rank) that best explains the fit runs' step times, on a grid.
 
     Per action it is hard to see under the noise (a 20 % spread between repeats of one action); over
-    whole steps, where ranks overlap for most of the time, it is the main term after the rates.
+    whole steps, where ranks overlap for most of the time, it is the main term after the rates, and
+    it also carries what two busy ranks cost each other between their actions (isend posting, gloo's
+    threads, the executor's loop). The per-action overhead is not refined so: seen directly on the
+    actions, it is better determined there, and on step times it trades off against this one (it
+    reached 350 us in one campaign, doubling on interleaved schedules' twice as many actions).
+    Runs with more ranks than cores are left to `refine_time_slice`.
     """
     return _grid_best(hw, "node_corun_slowdown", 0.5, _fair(hw, runs), measured, steps)
 
@@ -230,8 +223,8 @@ class Calibration:
                + " GB/s (added, roofline = sum)" if c.bandwidth else "")
             + f"; {c.per_op * 1e6:.1f} us per framework op; split backward +{c.split_overhead * 1e6:.0f} us per "
             f"I or W action, +{c.split_group * 1e6:.0f} us more per parameter group of the stage",
-            f"per-action overhead: compute actions alone {c.overhead * 1e6:.0f} us; fitted on the "
-            f"runs' step times: {hw.per_action_overhead * 1e6:.0f} us; co-run slowdown per other runnable rank: "
+            f"per-action overhead: {hw.per_action_overhead * 1e6:.0f} us (fitted on the actions); "
+            "co-run slowdown per other runnable rank: "
             f"{c.corun:.3f} on the actions, {hw.node_corun_slowdown:.3f} on the step times; host cores "
             f"{hw.host_cores}, " + self._beyond_cores(),
             f"messages: a SEND holds its rank {hw.send_overhead * 1e6:.0f} us (median isend posting); a RECV begun "
@@ -344,9 +337,8 @@ def calibrate(*, quick: bool = False, workdir: Path | None = None, devices: int 
     runs = [{**tls[0].meta, "id": key, "schedule": tls[0].meta["schedule"], "microbatches": tls[0].meta["m"],
              "virtual": tls[0].meta["v"] if tls[0].meta["v"] > 1 else None} for key, tls in timelines.items()]
     spans = {key: typical_step(tls) for key, tls in timelines.items()}
-    hw = refine_overhead(refine_corun(refine_overhead(hw, runs, spans), runs, spans), runs, spans)
-    hw = refine_time_slice(hw, runs, spans, {key: measured_metrics(typical_run(tls))[1]
-                                             for key, tls in timelines.items()})
+    hw = refine_corun(hw, runs, spans)
+    hw = refine_time_slice(hw, runs, spans, {key: typical_metrics(tls)[1] for key, tls in timelines.items()})
     cal = Calibration(hw, fit, send, per_unit, latency, bandwidth, ar, membw, sorted(timelines))
     return cal, timelines
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from itertools import combinations
 
 from pipesim.calibrate import LECTURE_MLP, QUICK_MLP, SMALL_GPT, calibration_plan, run_spec
-from pipesim.measured import measured_metrics
+from pipesim.measured import typical_metrics
 from pipesim.timeline import Timeline
 
 SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved-1f1b", "zb-h1")
@@ -117,8 +117,9 @@ def predict(hw, run: dict):
     return simulate_run(hw, run)
 
 
-def make_row(run: dict, measured: Timeline, result) -> Row:
-    span, bubble, _ = measured_metrics(measured)
+def make_row(run: dict, measured: list[Timeline], result) -> Row:
+    """The row of one configuration: its repeats' typical step and bubble (`typical_metrics`) against `result`."""
+    span, bubble = typical_metrics(measured)
     return Row(run["id"], run["model"]["kind"], run["schedule"], run["p"], run["microbatches"],
                run.get("virtual") or 1, run["role"], span, result.makespan, bubble, result.bubble_fraction)
 

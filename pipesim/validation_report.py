@@ -80,8 +80,9 @@ def _noise(spread: list[tuple[float, float]], rounds: int, probes: list[float]) 
     if not spread:
         return "Each configuration was measured once (no repeatability figure)."
     ranges, devs = [r for r, _ in spread], [d for _, d in spread]
-    text = (f"Measurement noise: each configuration ran {rounds} times spread over the campaign and the run "
-            f"with the median step counts. One run's median step lies {statistics.median(devs):.1%} from its "
+    text = (f"Measurement noise: each configuration ran {rounds} times spread over the campaign and the "
+            f"interquartile mean of all their steps counts. One run's median step lies "
+            f"{statistics.median(devs):.1%} from its "
             f"configuration's median in the median configuration (up to {max(devs):.1%}); the slowest run was "
             f"{statistics.median(ranges):.1%} slower than the fastest in the median configuration and "
             f"{max(ranges):.1%} at worst. Errors much below these figures cannot be told apart from noise on "
@@ -106,11 +107,13 @@ def render(rep: Report) -> str:
         f"- Machine: {machine_line()}.",
         f"- Load before: `{rep.load_before}`; after: `{rep.load_after}`.",
         "- Measured: the executor (`pipesim run`'s runtime), gloo, one process per rank, OMP_NUM_THREADS=1; "
-        "each torchrun launch starts with an untimed run, each run has 8 steps of which the first 2 are warmup, "
-        f"the median of the other 6 is the run's step; every configuration is run {rep.rounds} times, spread over "
-        "the campaign (torchrun launches per world size, world sizes interleaved, and passes through the whole "
-        "plan inside each launch, because this VM's speed drifts within minutes), and the run with the median "
-        "step counts.",
+        "each torchrun launch starts with an untimed run, each run has 8 steps of which the first 2 are warmup; "
+        f"every configuration is run {rep.rounds} times, spread over the campaign (torchrun launches per world "
+        "size, world sizes interleaved, and passes through the whole plan inside each launch, because this VM's "
+        "speed drifts within minutes), and the interquartile mean (the mean of the middle half) of all their "
+        "measured steps is its step time, likewise its bubble: the runs' medians fall into clusters here, and "
+        "the median run jumped between them from one campaign to the next, the pooled middle half repeats best. "
+        "The plots show the run whose median step is nearest that figure.",
         "- Step time is the pipeline makespan, first compute start to last compute end of a step (the optimizer "
         "step, not simulated, is left out of both sides); bubble is 1 - compute time / step time, averaged over ranks.",
         "- Fit: the runs marked `fit` (exactly what `pipesim calibrate` runs): 2-rank gpipe, 1f1b and zb-h1 on the "

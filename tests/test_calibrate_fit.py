@@ -9,7 +9,7 @@ from pipesim.calibrate_fit import ComputeFit, Sample, fit_compute, fit_link, typ
 from pipesim.errors import PipesimError
 from pipesim.hardware_toml import hardware_to_toml, load_hardware
 from pipesim.host_model import speed
-from pipesim.measured import typical_run, typical_step
+from pipesim.measured import interquartile_mean, typical_metrics, typical_run, typical_step
 from pipesim.timeline import Event, Timeline
 
 RATES = (20e9, 12e9, 16e9)  # FLOP/s of F, I, W
@@ -145,7 +145,7 @@ def test_fit_link_recovers_latency_and_bandwidth():
         fit_link([(4, 2e-3), (1 << 20, 1e-3)])
 
 
-def test_typical_samples_and_runs_take_the_median():
+def test_typical_samples_take_the_median_and_runs_the_interquartile_mean():
     def s(t: float) -> Sample:
         return Sample((1.0, 0.0, 0.0), t)
 
@@ -156,4 +156,8 @@ def test_typical_samples_and_runs_take_the_median():
         return Timeline("measured", "naive", 1, [Event(0, "compute", "F", 0, 0, 0.0, span, step=0)], {})
 
     runs = [run(3.0), run(1.0), run(2.0), run(9.0)]
-    assert typical_run(runs) is runs[2] and typical_step(runs) == 2.0 and typical_step(runs[:1]) == 3.0
+    assert typical_step(runs) == 2.5  # the middle half of all steps: (2 + 3) / 2; the 9 s outlier is out
+    assert typical_run(runs) is runs[0]  # 3.0 and 2.0 are equally near: the earliest
+    assert typical_step(runs[:1]) == 3.0 and typical_metrics(runs) == (2.5, 0.0)  # one rank, always busy
+    assert interquartile_mean([8.0, 1.0, 7.0, 2.0, 6.0, 3.0, 5.0, 4.0]) == 4.5  # mean of 3..6
+    assert interquartile_mean([5.0, 1.0, 3.0]) == 3.0  # fewer than 4: all

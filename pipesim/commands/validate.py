@@ -64,7 +64,7 @@ def campaign(quick: bool, workdir: Path, img: Path, out: Path, png: bool, comman
     from pipesim.calibrate import calibrate
     from pipesim.calibrate_launch import CYCLES, ROUNDS, measure_rounds
     from pipesim.hardware_toml import hardware_to_toml
-    from pipesim.measured import measured_metrics, typical_run
+    from pipesim.measured import typical_run, typical_step
     from pipesim.validation import make_row, predict, ranking_check, summarize, validation_plan
     from pipesim.validation_report import Report, load_line
 
@@ -82,7 +82,7 @@ def campaign(quick: bool, workdir: Path, img: Path, out: Path, png: bool, comman
     for r in plan:
         results[r["id"]] = predict(hw, r)
         typical[r["id"]] = typical_run(timelines[r["id"]])
-        rows.append(make_row(r, typical[r["id"]], results[r["id"]]))
+        rows.append(make_row(r, timelines[r["id"]], results[r["id"]]))
     fit = summarize([r for r in rows if r.role == "fit"])
     held0 = summarize([r for r in rows if r.role == "held-out"])
     rank = ranking_check(rows, 2 * held0.mean_error)
@@ -94,7 +94,7 @@ def campaign(quick: bool, workdir: Path, img: Path, out: Path, png: bool, comman
     from pipesim.calibrate_isolated import explain_gap
 
     explain = explain_gap(hw, explain_run, cal.hardware.host_cores or 1)
-    explain_measured = measured_metrics(typical[explain_run["id"]])[0]
+    explain_measured = typical_step(timelines[explain_run["id"]])
     plots = _plots(plan, rows, typical, results, img, out, png, quick)
     return Report(command, rows, fit, held, 2 * held0.mean_error, cal.summary(), hardware_to_toml(hw), explain,
                   explain_measured, _describe(explain_run), plots, load_before,
