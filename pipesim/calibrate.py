@@ -222,7 +222,7 @@ class Calibration:
                                                                                      strict=True))
                + " GB/s (added, roofline = sum)" if c.bandwidth else "")
             + f"; {c.per_op * 1e6:.1f} us per framework op; split backward +{c.split_overhead * 1e6:.0f} us per "
-            f"I or W action, +{c.split_group * 1e6:.0f} us more per parameter group of the stage",
+            f"I or W action, +{c.split_group * 1e6:.0f} us more on W per parameter group of the stage",
             f"per-action overhead: {hw.per_action_overhead * 1e6:.0f} us (fitted on the actions); "
             "co-run slowdown per other runnable rank: "
             f"{c.corun:.3f} on the actions, {hw.node_corun_slowdown:.3f} on the step times; host cores "

@@ -16,7 +16,7 @@ its W carries the whole backward), R_* the achieved FLOP/s per kind, b_* / BW_* 
 per kind (on a CPU it does not overlap the arithmetic, so small microbatches, which move as many
 weight bytes for fewer FLOPs, run at lower FLOP/s; a forward reads the weights, a weight gradient
 writes and accumulates them, at other rates; `memory="shared"` fits one BW for all kinds) and S
-the runtime's bookkeeping for a split I or W (plus G per parameter group of the stage: the weight
+the runtime's bookkeeping for a split I or W (plus, on W, G per parameter group of the stage: the weight
 gradient runs autograd once per group), and O the cost of each framework op the action runs
 (eager dispatch: it makes a narrow model's many small ops dear). For fixed (beta, gamma) the
 equation is linear in (overhead, 1/R_*, 1/BW_*, S, O, G); beta and gamma are found by a scan.
@@ -45,7 +45,7 @@ class Sample:
     moved: tuple[float, float, float] = (0.0, 0.0, 0.0)  # bytes of memory traffic counted for (F, I, W) work
     split: int = 0  # 1 for a split-backward I or W action (pays the split bookkeeping), else 0
     ops: float = 0.0  # framework ops the cost model counts for this action
-    groups: float = 0.0  # split I or W: the stage's ops with weights (parameter groups); else 0
+    groups: float = 0.0  # split W: the stage's ops with weights (parameter groups); else 0
 
     def work(self, cores: int, corun: float, oversub: float = 0.0) -> float:
         """Seconds the action would have taken alone, under the processor-sharing model."""
@@ -68,7 +68,7 @@ class ComputeFit:
     oversub: float = 0.0  # gamma: fractional slowdown per runnable rank beyond the cores
     memory_kinds: tuple[float, float, float] | None = None  # bytes/s of (F, I, W) traffic (None: all `bandwidth`)
     per_op: float = 0.0  # seconds per framework op
-    split_group: float = 0.0  # seconds per parameter group of the stage, on each split I or W action
+    split_group: float = 0.0  # seconds per parameter group of the stage, on each split W action
 
     def bandwidths(self) -> tuple[float, float, float] | None:
         """Bytes/s of the memory traffic of F, I and W work (None: memory not fitted)."""

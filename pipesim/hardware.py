@@ -64,7 +64,7 @@ class Hardware:
     time_slice: float = 0.0  # seconds: ranks beyond host_cores take turns in slices (0: fluid sharing)
     roofline: str = "max"  # "max": compute and memory traffic overlap (GPUs); "sum": they add up (calibrated CPUs)
     split_backward_overhead: float = 0.0  # seconds added to each split I and W action (runtime bookkeeping)
-    split_group_overhead: float = 0.0  # seconds more per weighted op of the stage, on each split I and W action
+    split_group_overhead: float = 0.0  # seconds more per weighted op of the stage, on each split W action
     send_overhead: float = 0.0  # seconds a SEND holds its rank (posting the isend); idle time, not compute
     late_recv_delay: float = 0.0  # seconds a RECV lasts at least when its message was posted before it began
     oversubscribed_recv_delay: float = 0.0  # seconds added to late_recv_delay when ranks outnumber host_cores

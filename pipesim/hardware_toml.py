@@ -230,7 +230,7 @@ def hardware_to_toml(hw: Hardware) -> str:
         lines.append(f"split_backward_overhead = {_value(float(hw.split_backward_overhead))}  # seconds per I or W")
     if hw.split_group_overhead:
         lines.append(f"split_group_overhead = {_value(float(hw.split_group_overhead))}"
-                     "  # seconds per weighted op of the stage, per I or W")
+                     "  # seconds per weighted op of the stage, per W")
     if hw.send_overhead:
         lines.append(f"send_overhead = {_value(float(hw.send_overhead))}  # seconds per SEND (isend posting)")
     if hw.late_recv_delay:

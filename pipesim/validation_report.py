@@ -194,7 +194,10 @@ def render(rep: Report) -> str:
         "## Limits of this model on this machine",
         "",
         "- The measurements repeat only to the noise figure above (a shared 2-core VM whose speed moves by tens "
-        "of percent within minutes): a 5 % target cannot be checked here; the ranking check is the sturdier result.",
+        "of percent within minutes): even as interquartile means of 12 runs, a configuration's step moves by "
+        "about 3 % (standard deviation, up to 5 %) between campaigns an hour apart, so a 10 % bound on the worst "
+        "of 22 configurations is at the edge of what this machine can show; the ranking check is the sturdier "
+        "result.",
         "- Message delays on this host are heavy-tailed (a late RECV: median about 0.3 ms, mean about 1 ms on "
         "2 ranks); the model charges every late RECV the fitted mean, so single steps vary far more than the "
         "prediction.",
@@ -206,8 +209,10 @@ def render(rep: Report) -> str:
         "- Where ranks outnumber cores, the two figures of the time slices (slice, slowdown while ranks wait) "
         "rest on one fit run; the OS scheduler is more than FIFO slices (a woken thread may preempt a running "
         "one, and gloo's own threads want cores too), so per-configuration errors there are the largest.",
-        "- Cache effects are not modeled: fewer layers per stage (more ranks) keep a stage's weights in cache, "
-        "so per-FLOP costs fall with p beyond what the memory term says.",
+        "- The compute figures come from 2-rank runs (4-layer stages of the MLP, 4 blocks of the GPT); with 3 or 4 "
+        "ranks a stage holds 2 or 3 layers and its actions ran up to 10-17 % longer than predicted even alone "
+        "(naive), which the per-op and per-action terms do not fully carry: naive on 3 and 4 ranks is predicted "
+        "too short.",
         "",
         "## All configurations",
         "",
