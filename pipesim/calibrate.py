@@ -204,7 +204,7 @@ class Calibration:
 
     hardware: Hardware
     compute: ComputeFit
-    send_seconds: float  # median CPU time of posting a SEND
+    send_seconds: float  # mean seconds a SEND holds its rank (posting the isend)
     comm_per_unit: float  # comm actions per charged compute overhead in the fit runs
     latency: float  # seconds, from the runs' messages (ping-pong fit where they have none)
     bandwidth: float  # bytes/s, ping-pong fit
@@ -216,7 +216,8 @@ class Calibration:
         c, hw = self.compute, self.hardware
         ar = ", ".join(f"{b / 2**20:.0f} MiB {bw / 1e9:.2f} GB/s" for b, bw in self.allreduce_busbw)
         return "\n".join([
-            f"compute (fit on {c.samples} actions of {len(self.runs)} runs, mean |error| {c.mean_abs_error:.1%}): "
+            f"compute (fit on {c.samples} actions of the {len(self.runs)} runs, those with a core per rank; "
+            f"mean |error| {c.mean_abs_error:.1%}): "
             f"F {c.rate[0] / 1e9:.2f}, I {c.rate[1] / 1e9:.2f}, W {c.rate[2] / 1e9:.2f} GFLOP/s"
             + (" + memory traffic at " + ", ".join(f"{k} {b / 1e9:.2f}" for k, b in zip("FIW", c.bandwidths(),
                                                                                      strict=True))
@@ -227,7 +228,7 @@ class Calibration:
             "co-run slowdown per other runnable rank: "
             f"{c.corun:.3f} on the actions, {hw.node_corun_slowdown:.3f} on the step times; host cores "
             f"{hw.host_cores}, " + self._beyond_cores(),
-            f"messages: a SEND holds its rank {hw.send_overhead * 1e6:.0f} us (median isend posting); a RECV begun "
+            f"messages: a SEND holds its rank {hw.send_overhead * 1e6:.0f} us (mean isend posting); a RECV begun "
             f"after its SEND lasts {hw.late_recv_delay * 1e6:.0f} us (mean; gloo progress)"
             + (f", +{hw.oversubscribed_recv_delay * 1e6:.0f} us with more ranks than cores"
                if hw.oversubscribed_recv_delay else ""),

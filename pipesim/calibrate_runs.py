@@ -7,8 +7,9 @@ process group: one torchrun start (seconds of imports and rendezvous) serves man
   python -m torch.distributed.run --standalone --nproc-per-node 2 -m pipesim.calibrate_runs PLAN.json OUTDIR
 
 PLAN.json: {"runs": [{"id", "schedule", "microbatches", "virtual", "model": {...}, "steps", "warmup"}],
-"comm": bool, "cycles": K}. The runs are made K times over, cycling through the whole list, so each
-is sampled at K moments of the launch rather than in one block (a shared VM's speed drifts).
+"comm": bool, "cycles": K}. The runs are made K times over, passing through the whole list (odd
+passes in reverse order), so each is sampled at K moments of the launch rather than in one block
+(a shared VM's speed drifts).
 Rank 0 writes OUTDIR/<id>.json for the first cycle and OUTDIR/<id>.cycle<k>.json for the others
 (measured Timelines whose meta holds step_times and the speed probe timed just before and after
 the run) and, with "comm", OUTDIR/comm.json (ping-pong seconds per size, all_reduce busbw, copy
@@ -179,7 +180,9 @@ def main(argv: list[str]) -> int:
         if plan["runs"]:  # an untimed run first: the first one after start-up is slower (allocator, caches)
             _run_one({**plan["runs"][0], "steps": 2}, world, None)
         for cycle in range(int(plan.get("cycles", 1))):
-            for spec in plan["runs"]:
+            # odd passes go backwards: over the cycles every run sits, on average, mid-pass, so a
+            # drift of the launch (the machine's, the processes' own) cannot favour early runs
+            for spec in plan["runs"] if cycle % 2 == 0 else plan["runs"][::-1]:
                 _run_one(spec, world, out, cycle)
     finally:
         dist.destroy_process_group()

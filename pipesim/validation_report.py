@@ -109,9 +109,10 @@ def render(rep: Report) -> str:
         "- Measured: the executor (`pipesim run`'s runtime), gloo, one process per rank, OMP_NUM_THREADS=1; "
         "each torchrun launch starts with an untimed run, each run has 8 steps of which the first 2 are warmup; "
         f"every configuration is run {rep.rounds} times, spread over the campaign (torchrun launches per world "
-        "size, world sizes interleaved, and passes through the whole plan inside each launch, because this VM's "
-        "speed drifts within minutes), and the interquartile mean (the mean of the middle half) of all their "
-        "measured steps is its step time, likewise its bubble: the runs' medians fall into clusters here, and "
+        "size, world sizes interleaved, and passes through the whole plan inside each launch, every other pass "
+        "in reverse order, because this VM's speed drifts within minutes), and the interquartile mean (the mean "
+        "of the middle half) of all their measured steps is its step time, likewise its bubble: the runs' "
+        "medians fall into clusters here, and "
         "the median run jumped between them from one campaign to the next, the pooled middle half repeats best. "
         "The plots show the run whose median step is nearest that figure.",
         "- Step time is the pipeline makespan, first compute start to last compute end of a step (the optimizer "

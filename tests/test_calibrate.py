@@ -227,6 +227,22 @@ def _message_timeline(p: int) -> Timeline:
     return Timeline("measured", "1f1b", p, ev, {"p": p, "warmup": 1})
 
 
+def test_send_figure_is_the_mean_of_the_measured_steps_sends():
+    from pipesim.measured import comm_action_seconds
+
+    ev = [Event(0, "send", "SEND_F", 0, 0, 0.0, 9.0, 8, 1, step=0),  # warmup step: left out
+          Event(0, "compute", "F", 0, 0, 10.0, 11.0, step=1),
+          Event(0, "send", "SEND_F", 0, 0, 11.0, 12.0, 8, 1, step=1),
+          Event(0, "send", "SEND_F", 0, 1, 13.0, 15.0, 8, 1, step=1),
+          Event(0, "send", "SEND_F", 0, 2, 16.0, 22.0, 8, 1, step=1),
+          Event(1, "recv", "RECV_F", 1, 0, 10.0, 12.5, 8, 0, step=1),
+          Event(1, "compute", "B", 1, 0, 12.5, 14.0, step=1)]
+    tl = Timeline("measured", "1f1b", 2, ev, {"p": 2, "warmup": 1})
+    # sends of 1, 2 and 6 s: the mean 3 (the median would be 2); 4 comm actions over 1 + 2 overheads
+    assert comm_action_seconds([tl]) == (3.0, 4 / 3)
+    assert comm_action_seconds([]) == (0.0, 0.0)
+
+
 def test_message_delays_split_waiting_from_late_recvs_and_fit_the_delays():
     from pipesim.calibrate import oversubscribed_recv_delay
     from pipesim.measured import late_recv_delay, message_delays
