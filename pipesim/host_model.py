@@ -31,6 +31,28 @@ def speed(runnable: int, cores: int, corun: float, oversub: float = 0.0) -> floa
     return share / ((1.0 + corun * (min(runnable, cores) - 1)) * (1.0 + oversub * max(0, runnable - cores)))
 
 
+def call_at(env: simpy.Environment, delay: float, fn: Callable[[], None]) -> None:
+    """Call `fn` `delay` seconds from now, as an already-triggered SimPy event (no process, no timeout)."""
+    event = env.event()
+    event.callbacks.append(lambda _e: fn())
+    event._ok, event._value = True, None  # what Event.succeed would set, at a chosen time
+    env.schedule(event, delay=delay)
+
+
+def host_cores_model(env: simpy.Environment, hw: Any, devices: list[int]) -> Any:
+    """How the ranks on `devices` share their nodes' cores: None unless the hardware's compute runs on
+    host cores (`host_cores` set); time slices when `time_slice` is set, else fluid sharing."""
+    if hw is None or getattr(hw, "host_cores", None) is None:
+        return None
+    nodes = [hw.node_of(d) for d in devices]
+    if getattr(hw, "time_slice", 0.0):
+        from pipesim.host_slices import HostTimeSlices
+
+        return HostTimeSlices(env, nodes, hw.host_cores, hw.node_corun_slowdown, hw.time_slice,
+                              hw.oversubscription_slowdown)
+    return HostSharing(env, nodes, hw.host_cores, hw.node_corun_slowdown, hw.oversubscription_slowdown)
+
+
 class HostSharing:
     """Per-run state for the simulator: the runnable ranks of each node and their remaining work."""
 
@@ -43,19 +65,7 @@ class HostSharing:
         self.since: dict[int, float] = {n: 0.0 for n in set(nodes)}  # node -> time of the last settlement
         self.done: list[Callable[[], None] | None] = [None] * len(nodes)  # what to call when the work is done
         self.gen = [0] * len(nodes)  # bumps on every re-timing: stale finish events are ignored
-
-    @staticmethod
-    def for_run(env: simpy.Environment, hw: Any, devices: list[int]) -> Any:
-        """None unless the hardware's compute runs on host cores (`host_cores` set)."""
-        if hw is None or getattr(hw, "host_cores", None) is None:
-            return None
-        if getattr(hw, "time_slice", 0.0):
-            from pipesim.host_slices import HostTimeSlices
-
-            return HostTimeSlices(env, [hw.node_of(d) for d in devices], hw.host_cores, hw.node_corun_slowdown,
-                                  hw.time_slice, hw.oversubscription_slowdown)
-        return HostSharing(env, [hw.node_of(d) for d in devices], hw.host_cores, hw.node_corun_slowdown,
-                           hw.oversubscription_slowdown)
+        self.started = [0.0] * len(nodes)  # when each rank's current work began (at once: no queue here)
 
     def start(self, rank: int, seconds: float, done: Callable[[], None]) -> None:
         """`rank` becomes runnable with `seconds` of work (as long as it takes alone); `done()` at its end."""
@@ -63,6 +73,7 @@ class HostSharing:
         self._settle(node)
         self.work[node][rank] = seconds
         self.done[rank] = done
+        self.started[rank] = self.env.now
         self._retime(node)
 
     def _settle(self, node: int) -> None:
@@ -83,10 +94,7 @@ class HostSharing:
         rate = speed(len(work), self.cores, self.corun, self.oversub)
         for rank in sorted(work):  # sorted: the same event order every run
             self.gen[rank] += 1
-            event = env.event()
-            event.callbacks.append(lambda _e, r=rank, g=self.gen[rank]: self._finish(r, g))
-            event._ok, event._value = True, None  # what Event.succeed would set, at a chosen time
-            env.schedule(event, delay=max(0.0, work[rank]) / rate)
+            call_at(env, max(0.0, work[rank]) / rate, lambda r=rank, g=self.gen[rank]: self._finish(r, g))
 
     def _finish(self, rank: int, gen: int) -> None:
         if gen != self.gen[rank]:
@@ -123,4 +131,4 @@ def runnable_profile(intervals: list[tuple[float, float]], busy: list[list[tuple
     return out
 
 
-__all__ = ["HostSharing", "runnable_profile", "speed"]
+__all__ = ["HostSharing", "call_at", "host_cores_model", "runnable_profile", "speed"]

@@ -6,7 +6,8 @@ usual speed and some wait for a core for a slice or more (3 or 4 ranks on 2 core
 action about as long as alone, a flat tail out to +5 ms), and a rank woken by its message queues
 for a core before its next action. Here at most `cores` ranks of a node run, each at full speed
 less the co-run slowdown; the others wait in FIFO order; a running rank that has used a
-`time_slice` while others wait goes to the back of the queue. Same interface as HostSharing.
+`time_slice` while others wait goes to the back of the queue. Same interface as HostSharing
+(`start`, and `started`: when a rank's current work first had a core).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import Callable
 
 import simpy
 
-from pipesim.host_model import speed
+from pipesim.host_model import call_at, speed
 
 
 class HostTimeSlices:
@@ -76,10 +77,7 @@ class HostTimeSlices:
         when = min(now + max(0.0, self.work[r]) / rate for r in running)
         if self.queue[node]:
             when = min(when, min(running.values()))
-        event = self.env.event()
-        event.callbacks.append(lambda _e, n=node, g=self.gen[node]: self._tick(n, g))
-        event._ok, event._value = True, None  # what Event.succeed would set, at a chosen time
-        self.env.schedule(event, delay=max(0.0, when - now))
+        call_at(self.env, max(0.0, when - now), lambda n=node, g=self.gen[node]: self._tick(n, g))
 
     def _tick(self, node: int, gen: int) -> None:
         if gen != self.gen[node]:

@@ -26,7 +26,7 @@ from simpy import Event
 
 from pipesim.costs import CostTable
 from pipesim.errors import PipesimError
-from pipesim.host_model import HostSharing
+from pipesim.host_model import host_cores_model
 from pipesim.ir import Schedule
 from pipesim.lowering import add_p2p
 from pipesim.sim_links import Environment, LinkPool, Transfer
@@ -107,8 +107,7 @@ class _Engine:
         self.send_post = getattr(hw, "send_overhead", 0.0) if hw is not None and comm else 0.0  # seconds per SEND
         self.recv_late = self._late_recv()  # seconds
         # ranks computing on host cores share them (None unless hw.host_cores is set)
-        self.host = HostSharing.for_run(self.env, hw, [par.device(r) for r in range(n)])
-        self.core_wait = hasattr(self.host, "started")  # time slices: ranks may queue for a core
+        self.host = host_cores_model(self.env, hw, [par.device(r) for r in range(n)])
 
     # -- preparation ---------------------------------------------------------------------------
 
@@ -256,8 +255,7 @@ class _Engine:
         elif self.computing[rank]:  # host cores: woken when the shared cores have done this action's work
             self.computing[rank] = False
             _, _, tp, delta, grad_stage, count, _ = ops[i]
-            if self.core_wait:  # it began when it first had a core
-                starts[i] = self.host.started[rank]
+            starts[i] = self.host.started[rank]  # it began when it first had a core (time slices: maybe later)
             ends[i] = now
             if tp:
                 self.tp_time[rank][i] = tp
