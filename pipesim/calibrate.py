@@ -2,12 +2,13 @@
 
 Costs measured in an idle single process are not the costs inside a run, where ranks share the
 cores, the memory system and gloo's threads. So the compute figures come from the executor's own
-per-action timelines (2-rank gpipe, 1f1b and zb-h1 runs of the MLP and the GPT, one 4-rank run with
-more ranks than cores), fitted by `pipesim.calibrate_fit` under the same processor-sharing rule the
-simulator uses; the per-action overhead and the co-run slowdown are refined on the same runs' step
-times; the isend posting time, the message latency and the delay of RECVs begun after their message
-was posted come from the same timelines; the bandwidth from a gloo ping-pong in the same process
-group. The result loads with `pipesim simulate --hardware`.
+per-action timelines (2-rank gpipe, 1f1b and zb-h1 runs of the MLP and the GPT), fitted by
+`pipesim.calibrate_fit` under the same core-sharing rule the simulator uses; the co-run slowdown is
+refined on the same runs' step times; one 4-rank run with more ranks than cores sets the time slice
+(by its bubble) and the slowdown while ranks wait for a core (by its step time); the isend posting
+time, the message latency and the delay of RECVs begun after their message was posted come from
+the same timelines; the bandwidth from a gloo ping-pong in the same process group. The result loads
+with `pipesim simulate --hardware`.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ from pipesim.measured import (
     late_recv_delay,
     message_delays,
     typical_metrics,
-    typical_step,
 )
 from pipesim.model_config import ModelConfig, split_layers
 from pipesim.timeline import Timeline
@@ -88,10 +88,10 @@ def refine_corun(hw: Hardware, runs: list[dict], measured: dict[str, float], ste
 
 def refine_oversubscription(hw: Hardware, runs: list[dict], measured: dict[str, float],
                             steps: int = 50) -> Hardware:
-    """The slowdown per runnable rank beyond the cores that best explains the step times of the fit runs
-    with more ranks than cores (unchanged when there are none): the OS scheduler's time slices and
-    wake-ups cost more than a fair fluid share of the cores, and whole steps show it where single
-    actions, preempted at random, do not."""
+    """The `oversubscription_slowdown` that best explains the step times of the fit runs with more ranks
+    than cores (unchanged when there are none): turn-taking costs more than the cores' share (switches,
+    caches, the waiting ranks' threads), and whole steps show it where single actions, preempted at
+    random, do not. With time slices it applies while any rank waits (`pipesim.host_slices`)."""
     over = [r for r in runs if hw.host_cores is not None and r["p"] > hw.host_cores]
     return _grid_best(hw, "oversubscription_slowdown", 1.0, over, measured, steps) if over else hw
 
@@ -135,13 +135,6 @@ def in_run_latency(timelines: list[Timeline], bandwidth: float, fallback: float)
 
     waits = [d - nbytes / bandwidth for tl in timelines for d, nbytes, late in message_delays(tl) if not late]
     return max(0.0, statistics.fmean(waits)) if waits else fallback
-
-
-def oversubscribed_recv_delay(over: list[Timeline], late: float, cores: int) -> float:
-    """Seconds a late RECV takes per rank beyond the cores, beyond `late`, from runs with more ranks than cores."""
-    if not over:
-        return 0.0
-    return max(0.0, late_recv_delay(over) - late)
 
 
 def calibration_plan(quick: bool = False) -> list[dict]:
@@ -286,11 +279,11 @@ def calibrate(*, quick: bool = False, workdir: Path | None = None, devices: int 
             timelines, comm = measure_rounds(calibration_plan(quick), workdir or Path(tmp),
                                              rounds or (1 if quick else ROUNDS), cycles=1 if quick else CYCLES)
     every = [tl for tls in timelines.values() for tl in tls]
-    fair_runs = any(tl.meta["p"] <= cores for tl in every)
+    fair = [tl for tl in every if tl.meta["p"] <= cores]  # every rank had a core
     groups: dict[tuple, list] = {}
     for key, tls in timelines.items():
         for tl in tls:
-            if tl.meta["p"] > cores and fair_runs:  # crowded runs set the time slice, below
+            if tl.meta["p"] > cores and fair:  # crowded runs set the time slice, below
                 continue
             for (stage, kind), sample in action_samples(tl):
                 groups.setdefault((key, stage, kind), []).append(sample)
@@ -311,8 +304,6 @@ def calibrate(*, quick: bool = False, workdir: Path | None = None, devices: int 
         except PipesimError:
             if n == len(candidates):
                 raise
-    fair = [tl for tl in every if tl.meta["p"] <= cores]
-    over = [tl for tl in every if tl.meta["p"] > cores]
     send, per_unit = comm_action_seconds(fair)
     pp = comm["pingpong"] if comm else [[4, 1e-4], [1 << 20, 1e-4 + (1 << 20) / 1e9]]
     latency, bandwidth = fit_link([(int(n), float(t)) for n, t in pp])
@@ -332,14 +323,13 @@ def calibrate(*, quick: bool = False, workdir: Path | None = None, devices: int 
               "bandwidth from a gloo ping-pong" + (f"; {busbw}" if busbw else ""))
     hw = build_hardware(fit, overhead=fit.overhead, latency=latency, bandwidth=bandwidth, membw=membw, cores=cores,
                         devices=devices, source=source)
-    late = late_recv_delay(fair)
-    hw = replace(hw, send_overhead=send, late_recv_delay=late,
-                 oversubscribed_recv_delay=oversubscribed_recv_delay(over, late, cores))
+    hw = replace(hw, send_overhead=send, late_recv_delay=late_recv_delay(fair))
     runs = [{**tls[0].meta, "id": key, "schedule": tls[0].meta["schedule"], "microbatches": tls[0].meta["m"],
              "virtual": tls[0].meta["v"] if tls[0].meta["v"] > 1 else None} for key, tls in timelines.items()]
-    spans = {key: typical_step(tls) for key, tls in timelines.items()}
+    typical = {key: typical_metrics(tls) for key, tls in timelines.items()}  # (step seconds, bubble)
+    spans = {key: step for key, (step, _) in typical.items()}
     hw = refine_corun(hw, runs, spans)
-    hw = refine_time_slice(hw, runs, spans, {key: typical_metrics(tls)[1] for key, tls in timelines.items()})
+    hw = refine_time_slice(hw, runs, spans, {key: bubble for key, (_, bubble) in typical.items()})
     cal = Calibration(hw, fit, send, per_unit, latency, bandwidth, ar, membw, sorted(timelines))
     return cal, timelines
 

@@ -244,17 +244,12 @@ def test_send_figure_is_the_mean_of_the_measured_steps_sends():
 
 
 def test_message_delays_split_waiting_from_late_recvs_and_fit_the_delays():
-    from pipesim.calibrate import oversubscribed_recv_delay
     from pipesim.measured import late_recv_delay, message_delays
 
     tl = _message_timeline(2)
     assert message_delays(tl) == [(0.75, 8, False), (1.5, 8, True), (0.5, 8, True)]
     assert late_recv_delay([tl]) == 1.0  # mean of the late RECVs only
     assert late_recv_delay([]) == 0.0
-    # 4 ranks on 2 cores: the late RECVs' mean beyond the fair runs' (1.0 - 0.5), however many ranks beyond
-    assert oversubscribed_recv_delay([_message_timeline(4)], 0.5, 2) == 0.5
-    assert oversubscribed_recv_delay([], 0.5, 2) == 0.0
-    assert oversubscribed_recv_delay([_message_timeline(4)], 2.0, 2) == 0.0  # never negative
 
 
 def test_in_run_latency_from_the_waiting_receives():
