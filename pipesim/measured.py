@@ -52,8 +52,8 @@ def typical_metrics(timelines: list[Timeline]) -> tuple[float, float]:
     This VM's speed moves between and within runs, and the runs' medians fall into clusters (a
     configuration alternating between 75 and 110 ms runs in one campaign), so the median run jumps
     between them from one campaign to the next; pooled over all steps, the middle half's mean repeats
-    best across campaigns (per-configuration spread 2.8 % against 3.6 % for the median run, over four
-    campaigns of this plan).
+    best across campaigns (per-configuration spread 3.0 % against 3.7 % for the median run, over seven
+    campaigns of this plan on the 2-core development VM).
     """
     spans, bubbles = [], []
     for tl in timelines:
@@ -91,7 +91,6 @@ def runnable_spans(events: list[Event], num_ranks: int) -> list[list[tuple[float
         if e.stream in ("compute", "send"):
             spans[e.rank].append((e.start, e.end))
     return spans
-
 
 
 def samples_from_timeline(tl: Timeline) -> list[Sample]:
@@ -179,6 +178,5 @@ def late_recv_delay(timelines: list[Timeline]) -> float:
 
 
 __all__ = ["action_samples", "comm_action_seconds", "interquartile_mean", "late_recv_delay", "measured_metrics",
-           "measured_steps", "typical_metrics",
-           "message_delays", "pipeline_span", "runnable_spans", "samples_from_timeline", "trimmed_step", "typical_run",
-           "typical_step"]
+           "measured_steps", "message_delays", "pipeline_span", "runnable_spans", "samples_from_timeline",
+           "trimmed_step", "typical_metrics", "typical_run", "typical_step"]
