@@ -71,15 +71,13 @@ def mlp_stage_work(model: ModelConfig, b: int, layers: int, tp: int = 1, *, firs
     work = Work()
     mm = 2 * b * h * h / tp  # FLOPs
     weights = (h * h / tp + h) * d  # bytes
+    f_ops, i_ops, w_ops = MLP_LAYER_OPS
     for n in range(layers):
-        if first and n == 0:
-            moved = (weights + 4 * b * h * d / tp, 2 * b * h * d / tp, weights + 2 * b * h * d / tp)  # bytes
-            work.add(mm, 0.0, mm, moved=moved, act=2 * b * h * d / tp, params=h * h / tp + h,
-                     ops=(MLP_LAYER_OPS[0], 1, MLP_LAYER_OPS[2]))
-            continue
-        work.add(mm, mm, mm, moved=(weights + 4 * b * h * d / tp, weights + 4 * b * h * d / tp,
-                                    weights + 2 * b * h * d / tp),
-                 act=2 * b * h * d / tp, params=h * h / tp + h, ops=MLP_LAYER_OPS)
+        no_dx = first and n == 0  # the data needs no gradient: I is only the GeLU's gradient
+        i_moved = 2 * b * h * d / tp if no_dx else weights + 4 * b * h * d / tp  # bytes
+        work.add(mm, 0.0 if no_dx else mm, mm, moved=(weights + 4 * b * h * d / tp, i_moved,
+                                                      weights + 2 * b * h * d / tp),
+                 act=2 * b * h * d / tp, params=h * h / tp + h, ops=(f_ops, i_ops - 1 if no_dx else i_ops, w_ops))
     if tp > 1:
         pairs = math.ceil(layers / 2)
         work.collectives["F"] += [("all_reduce", b * h * d)] * pairs
@@ -181,9 +179,10 @@ def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hard
         if work.collectives["F"]:
             collectives[(s, "F")] = tuple((k, round(n)) for k, n in work.collectives["F"])
         if work.collectives["I"]:
-            # in a fused backward the input-gradient all_reduces happen inside B; with split backward, in I
-            collectives[(s, "W" if s == 0 else "I")] = tuple((k, round(n)) for k, n in work.collectives["I"])
-            collectives[(s, "B")] = tuple((k, round(n)) for k, n in work.collectives["I"])
+            # in a fused backward the input-gradient all_reduces happen inside B; split, in I (the first
+            # stage: in W, which runs its whole backward)
+            backward = tuple((k, round(n)) for k, n in work.collectives["I"])
+            collectives[(s, "W" if s == 0 else "I")] = collectives[(s, "B")] = backward
         grads.append(param_bytes if dp > 1 else 0)
     return ParallelCosts(table=CostTable(tuple(stages)), tp=tp, dp=dp, tp_collectives=collectives,
                          dp_grad_bytes=tuple(grads), layers_per_stage=tuple(split), dtype_bytes=d)
