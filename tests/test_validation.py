@@ -143,3 +143,14 @@ def test_validate_quick_end_to_end_and_reuse(tmp_path):
     missing = subprocess.run([*cmd, "--out", str(again), "--reuse", str(tmp_path / "none")], capture_output=True,
                              text=True, timeout=60)
     assert missing.returncode == 2 and "no such directory" in missing.stderr
+    # several kept campaigns pool: every configuration then has the runs of all of them
+    pooled = tmp_path / "pooled.md"
+    proc = subprocess.run([*cmd, "--out", str(pooled), "--reuse", str(kept), str(kept)], capture_output=True,
+                          text=True, timeout=400)
+    assert proc.returncode == 0, proc.stderr
+    assert "each configuration ran 2 times" in pooled.read_text()
+    assert "each configuration ran" not in text  # one run each: "measured once"
+    for bad, why in ((["--rounds", "0"], "--rounds 0: must be between 1 and 100"),
+                     (["--rounds", "2", "--reuse", str(kept)], "give one of them")):
+        proc = subprocess.run([*cmd, "--out", str(again), *bad], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2 and why in proc.stderr and "Traceback" not in proc.stderr

@@ -1,6 +1,6 @@
 """`pipesim bench`: collective bandwidths (under torchrun), executor vs torch.distributed.pipelining, simulator speed.
 
-`collectives` launches torchrun itself on executor.collectives_bench; `executor` and `simulator` run
+`collectives` launches torchrun itself on executor.collectives_bench; `executor`, `simulator` and `late-recv` run
 the scripts in bench/ (source tree only). Flags of `collectives` are defined here, once, and reused
 by the worker, so the parent can validate them before any process starts.
 """
@@ -23,6 +23,7 @@ EXAMPLES = """examples:
   pipesim bench collectives --nproc 4 --lecture                    # the lecture's all_reduce/reduce_scatter demo
   pipesim bench executor -- --schedules gpipe,1f1b --steps 5        # pipesim executor vs torch pipelining
   pipesim bench simulator                                          # bench/bench_simulator.py
+  pipesim bench late-recv -- --iters 150                           # bench/bench_late_recv.py
 """
 
 OPS = ("broadcast", "scatter", "gather", "reduce", "all_gather", "reduce_scatter", "all_reduce", "send_recv")
@@ -56,7 +57,8 @@ def add_parser(sub) -> None:
     add_collectives_args(c)
     c.set_defaults(func=run_collectives)
     for name, script, text in (("executor", "bench_executor.py", "step time: pipesim executor vs torch pipelining"),
-                               ("simulator", "bench_simulator.py", "simulator speed (bench/bench_simulator.py)")):
+                               ("simulator", "bench_simulator.py", "simulator speed (bench/bench_simulator.py)"),
+                               ("late-recv", "bench_late_recv.py", "gloo's late RECV by what the sender does")):
         e = which.add_parser(name, help=text, epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
         e.add_argument("args", nargs=argparse.REMAINDER, help=f"flags for bench/{script} (after --)")
         e.set_defaults(func=run_script, script=script)

@@ -16,6 +16,8 @@ EXAMPLES = """examples:
   pipesim validate --quick --out /tmp/v.md --img-dir /tmp/img   # 4 small 2-rank runs (the test uses this)
   pipesim validate --keep runs/                 # keep the measured timelines for pipesim plot
   pipesim validate --reuse runs/                # refit and rewrite the report from kept timelines
+  pipesim validate --rounds 12 --keep runs/     # 4x the measurements (~36 min): 48 runs per configuration
+  pipesim validate --reuse a/ b/ c/             # pool kept campaigns: every configuration's runs from all
 """
 
 PLOTTED = ("fit-mlp-1f1b-m8", "mlp-p4-m8-zb-h1", "mlp-p4-m8-interleaved-1f1b", "gpt-p4-m4-zb-h1")
@@ -29,7 +31,11 @@ def add_parser(sub) -> None:
     p.add_argument("--img-dir", default=None, metavar="DIR", help="plots (default docs/img next to the report)")
     p.add_argument("--no-png", action="store_true", help="skip the PNG plots (they need Chromium)")
     p.add_argument("--keep", metavar="DIR", help="keep the measured timelines in DIR")
-    p.add_argument("--reuse", metavar="DIR", help="do not measure: refit and report the timelines kept in DIR")
+    p.add_argument("--reuse", metavar="DIR", nargs="+",
+                   help="do not measure: refit and report the timelines kept in DIR (several: pooled)")
+    p.add_argument("--rounds", type=int, default=None, metavar="N",
+                   help="torchrun launches per world size, each 4 passes over the plan (default 3: 12 runs per "
+                        "configuration, ~9 min); more rounds average more of this machine's drift")
     p.set_defaults(func=run)
 
 
@@ -42,13 +48,18 @@ def run(args: argparse.Namespace) -> int:
     if not out.parent.is_dir():
         raise PipesimError(f"cannot write {out}: directory {out.parent} does not exist")
     img = Path(args.img_dir) if args.img_dir else out.parent / "img"
+    if args.rounds is not None and not 1 <= args.rounds <= 100:
+        raise PipesimError(f"--rounds {args.rounds}: must be between 1 and 100")
+    if args.reuse and args.rounds is not None:
+        raise PipesimError("--rounds measures; --reuse refits kept timelines: give one of them")
+    for d in args.reuse or []:
+        if not Path(d).is_dir():
+            raise PipesimError(f"--reuse {d}: no such directory")
     with tempfile.TemporaryDirectory(prefix="pipesim-validate-") as tmp:
-        if args.reuse and not Path(args.reuse).is_dir():
-            raise PipesimError(f"--reuse {args.reuse}: no such directory")
-        workdir = Path(args.reuse or args.keep or tmp)
-        report = campaign(args.quick, workdir, img, out, not args.no_png,
+        workdirs = [Path(d) for d in args.reuse] if args.reuse else [Path(args.keep or tmp)]
+        report = campaign(args.quick, workdirs, img, out, not args.no_png,
                           " ".join(["pipesim", "validate", *sys.argv[2:]]) if sys.argv[1:2] == ["validate"]
-                          else "pipesim validate", reuse=bool(args.reuse))
+                          else "pipesim validate", reuse=bool(args.reuse), rounds=args.rounds)
     from pipesim.validation_report import render
 
     out.write_text(render(report))
@@ -59,8 +70,10 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def campaign(quick: bool, workdir: Path, img: Path, out: Path, png: bool, command: str, reuse: bool = False):
-    """Measure, calibrate, predict, plot; returns a validation_report.Report."""
+def campaign(quick: bool, workdirs: list[Path], img: Path, out: Path, png: bool, command: str,
+             reuse: bool = False, rounds: int | None = None):
+    """Measure (into the one workdir) or reload (every workdir's runs pooled), calibrate, predict, plot;
+    returns a validation_report.Report."""
     from pipesim.calibrate import calibrate
     from pipesim.calibrate_launch import CYCLES, ROUNDS, measure_rounds
     from pipesim.hardware_toml import hardware_to_toml
@@ -70,11 +83,18 @@ def campaign(quick: bool, workdir: Path, img: Path, out: Path, png: bool, comman
 
     start, load_before = time.perf_counter(), load_line()
     plan = validation_plan(quick)
-    rounds, cycles = (1, 1) if quick else (ROUNDS, CYCLES)
-    if reuse:  # refit whatever the directory holds (cycles are found per run; rounds here)
-        rounds = len([d for d in workdir.glob("round*") if d.is_dir()]) or rounds
-    timelines, comm = measure_rounds(plan, workdir, rounds, cycles=cycles, reuse=reuse,
-                                     say=lambda t: _say(f"validate: {t}"))
+    cycles = 1 if quick else CYCLES
+    rounds = rounds or (1 if quick else ROUNDS)
+    timelines: dict = {}
+    comm = None
+    for workdir in workdirs:
+        if reuse:  # refit whatever the directory holds (cycles are found per run; rounds here)
+            rounds = len([d for d in workdir.glob("round*") if d.is_dir()]) or rounds
+        got, c = measure_rounds(plan, workdir, rounds, cycles=cycles, reuse=reuse,
+                                say=lambda t: _say(f"validate: {t}"))
+        comm = comm or c
+        for key, tls in got.items():
+            timelines.setdefault(key, []).extend(tls)
     cal, _ = calibrate(quick=quick, timelines={r["id"]: timelines[r["id"]] for r in plan if r["role"] == "fit"},
                        comm=comm)
     hw = cal.hardware
