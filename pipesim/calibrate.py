@@ -215,8 +215,11 @@ class Calibration:
             + (" + memory traffic at " + ", ".join(f"{k} {b / 1e9:.2f}" for k, b in zip("FIW", c.bandwidths(),
                                                                                      strict=True))
                + " GB/s (added, roofline = sum)" if c.bandwidth else "")
-            + f"; {c.per_op * 1e6:.1f} us per framework op; split backward +{c.split_overhead * 1e6:.0f} us per "
-            f"I or W action, +{c.split_group * 1e6:.0f} us more on W per parameter group of the stage",
+            + f"; per framework op {c.per_op * 1e6:.1f} us in F"
+            + (f", {c.per_op_backward * 1e6:.1f} us in I and W" if c.per_op_backward is not None else "")
+            + f"; split backward +{c.split_overhead * 1e6:.0f} us per I or W action, "
+            f"+{c.split_group * 1e6:.0f} us more on W per parameter group of the stage, "
+            f"+{c.split_graph * 1e6:.1f} us on I per backward op of the stage (its graph walk)",
             f"per-action overhead: {hw.per_action_overhead * 1e6:.0f} us (fitted on the actions); "
             "co-run slowdown per other runnable rank: "
             f"{c.corun:.3f} on the actions, {hw.node_corun_slowdown:.3f} on the step times; host cores "
@@ -259,8 +262,8 @@ def build_hardware(fit: ComputeFit, *, overhead: float, latency: float, bandwidt
                     inter=None, per_action_overhead=overhead, per_op_overhead=fit.per_op, host_cores=cores,
                     node_corun_slowdown=fit.corun, oversubscription_slowdown=fit.oversub,
                     roofline="sum" if fit.bandwidth else "max", split_backward_overhead=fit.split_overhead,
-                    split_group_overhead=fit.split_group,
-                    source=source)
+                    split_group_overhead=fit.split_group, backward_op_overhead=fit.per_op_backward,
+                    split_graph_overhead=fit.split_graph, source=source)
 
 
 def calibrate(*, quick: bool = False, workdir: Path | None = None, devices: int = 4, cores: int | None = None,

@@ -46,6 +46,8 @@ class Sample:
     split: int = 0  # 1 for a split-backward I or W action (pays the split bookkeeping), else 0
     ops: float = 0.0  # framework ops the cost model counts for this action
     groups: float = 0.0  # split W: the stage's ops with weights (parameter groups); else 0
+    backward_ops: float = 0.0  # of `ops`, those of I and W work (autograd's engine runs them)
+    graph: float = 0.0  # split I: the stage's backward ops (the autograd graph it walks); else 0
 
     def work(self, cores: int, corun: float, oversub: float = 0.0) -> float:
         """Seconds the action would have taken alone, under the processor-sharing model."""
@@ -67,8 +69,10 @@ class ComputeFit:
     split_overhead: float = 0.0  # seconds added to each split I or W action
     oversub: float = 0.0  # gamma: fractional slowdown per runnable rank beyond the cores
     memory_kinds: tuple[float, float, float] | None = None  # bytes/s of (F, I, W) traffic (None: all `bandwidth`)
-    per_op: float = 0.0  # seconds per framework op
+    per_op: float = 0.0  # seconds per framework op (of F work; of all work when per_op_backward is None)
     split_group: float = 0.0  # seconds per parameter group of the stage, on each split W action
+    per_op_backward: float | None = None  # seconds per framework op of I and W work
+    split_graph: float = 0.0  # seconds per backward op of the stage, on each split I action
 
     def bandwidths(self) -> tuple[float, float, float] | None:
         """Bytes/s of the memory traffic of F, I and W work (None: memory not fitted)."""
@@ -78,10 +82,12 @@ class ComputeFit:
 
     def predict(self, flops: tuple[float, float, float], overheads: int = 1,
                 moved: tuple[float, float, float] = (0.0, 0.0, 0.0), split: int = 0, ops: float = 0.0,
-                groups: float = 0.0) -> float:
+                groups: float = 0.0, backward_ops: float = 0.0, graph: float = 0.0) -> float:
         """Seconds of an action's work alone (the simulator's duration before sharing)."""
         work = sum(f / r for f, r in zip(flops, self.rate, strict=True) if f) + split * self.split_overhead
-        work += ops * self.per_op + groups * self.split_group
+        back = self.per_op if self.per_op_backward is None else self.per_op_backward
+        work += (ops - backward_ops) * self.per_op + backward_ops * back + groups * self.split_group
+        work += graph * self.split_graph
         bw = self.bandwidths()
         if bw:
             work += sum(b / w for b, w in zip(moved, bw, strict=True) if b)
@@ -103,7 +109,8 @@ def typical_samples(groups: dict[object, list[Sample]]) -> list[Sample]:
 
 
 def _rows(samples: list[Sample], memory: str, shared: bool) -> np.ndarray:
-    """Columns: overheads, FLOPs of F, I, W, bytes of F, I, W, split, ops, split groups."""
+    """Columns: overheads, FLOPs of F, I, W, bytes of F, I, W, split, F's ops, split groups, I and W's
+    ops, split I's graph."""
     rows = []
     for s in samples:
         flops = [sum(s.flops), 0.0, 0.0] if shared else list(s.flops)  # shared: all FLOPs in the F column
@@ -113,7 +120,8 @@ def _rows(samples: list[Sample], memory: str, shared: bool) -> np.ndarray:
             moved = [sum(s.moved), 0.0, 0.0]
         else:
             moved = [0.0, 0.0, 0.0]
-        rows.append([float(s.overheads), *flops, *moved, float(s.split), float(s.ops), float(s.groups)])
+        rows.append([float(s.overheads), *flops, *moved, float(s.split), float(s.ops - s.backward_ops),
+                     float(s.groups), float(s.backward_ops), float(s.graph)])
     return np.array(rows)
 
 
@@ -196,9 +204,10 @@ def fit_compute(samples: list[Sample], *, cores: int = 1, corun_max: float = 0.5
         kinds = tuple(float(1.0 / x[4 + k]) if x[4 + k] > 0 else bandwidth for k in range(3))
     fit = ComputeFit(rate=rate, overhead=float(x[0]), corun=beta, mean_abs_error=0.0, samples=len(samples),
                      bandwidth=bandwidth, split_overhead=float(x[7]), oversub=gamma, memory_kinds=kinds,
-                     per_op=float(x[8]), split_group=float(x[9]))  # all >= 0: _solve keeps them so
-    rel = [abs(fit.predict(s.flops, s.overheads, s.moved, s.split, s.ops, s.groups) / s.work(cores, beta, gamma) - 1)
-           for s in samples]
+                     per_op=float(x[8]), split_group=float(x[9]), per_op_backward=float(x[10]),
+                     split_graph=float(x[11]))  # all >= 0: _solve keeps them so
+    rel = [abs(fit.predict(s.flops, s.overheads, s.moved, s.split, s.ops, s.groups, s.backward_ops, s.graph)
+               / s.work(cores, beta, gamma) - 1) for s in samples]
     return replace(fit, mean_abs_error=float(np.mean(rel)))
 
 

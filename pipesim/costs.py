@@ -24,6 +24,7 @@ class StageCosts:
     param_bytes: int = 0  # bytes of this stage's parameters (gradients are the same size)
     flops_forward: float = 0.0  # FLOPs of F per microbatch (0 when costs are given directly)
     weight_ops: float = 0.0  # ops with weights (parameter groups a split backward handles one by one)
+    backward_ops: float = 0.0  # framework ops of the stage's backward (I + W): the graph a split I walks
 
     @property
     def backward(self) -> float:

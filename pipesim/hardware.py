@@ -58,6 +58,7 @@ class Hardware:
     inter: LinkClass | None  # across nodes (None for one node)
     per_action_overhead: float = 0.0  # seconds added to every compute action (dispatch; calibrated)
     per_op_overhead: float = 0.0  # seconds per framework op an action runs (eager dispatch, kernel launch)
+    backward_op_overhead: float | None = None  # seconds per op of I and W work (autograd's engine); None: per_op
     host_cores: int | None = None  # CPU cores per node when compute runs on host cores (local-cpu)
     node_corun_slowdown: float = 0.0  # fraction of speed lost per other runnable rank on its node (memory, caches)
     oversubscription_slowdown: float = 0.0  # speed lost per runnable rank > host_cores (time_slice: while any waits)
@@ -65,6 +66,7 @@ class Hardware:
     roofline: str = "max"  # "max": compute and memory traffic overlap (GPUs); "sum": they add up (calibrated CPUs)
     split_backward_overhead: float = 0.0  # seconds added to each split I and W action (runtime bookkeeping)
     split_group_overhead: float = 0.0  # seconds more per weighted op of the stage, on each split W action
+    split_graph_overhead: float = 0.0  # seconds per backward op of the stage, on each split I (graph walk)
     send_overhead: float = 0.0  # seconds a SEND holds its rank (posting the isend); idle time, not compute
     late_recv_delay: float = 0.0  # seconds a RECV lasts at least when its message was posted before it began
     oversubscribed_recv_delay: float = 0.0  # seconds added to late_recv_delay when ranks outnumber host_cores
@@ -125,7 +127,8 @@ class Hardware:
         """Roofline seconds: max(compute-bound, memory-bound) (or their sum) + per-action dispatch overhead.
 
         `kind` (F, I or W) selects the device's calibrated `kind_efficiency` and `kind_memory_efficiency`
-        factors, when it has them; `ops` framework ops cost `per_op_overhead` each on top.
+        factors, when it has them; `ops` framework ops cost `per_op_overhead` each on top
+        (`backward_op_overhead` for I and W work, when set: autograd runs them without Python dispatch).
         """
         peak = self.device.flops.get(dtype)
         if peak is None:
@@ -139,7 +142,10 @@ class Hardware:
         if kind is not None and self.device.kind_memory_efficiency:
             bandwidth *= self.device.kind_memory_efficiency.get(kind, 1.0)
         memory = bytes_moved / bandwidth
-        fixed = self.per_action_overhead + ops * self.per_op_overhead
+        per_op = self.per_op_overhead
+        if kind in ("I", "W") and self.backward_op_overhead is not None:
+            per_op = self.backward_op_overhead
+        fixed = self.per_action_overhead + ops * per_op
         if self.roofline == "sum":
             return compute + memory + fixed
         return max(compute, memory) + fixed

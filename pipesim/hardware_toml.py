@@ -30,6 +30,7 @@ _TOP = {
     "num_nodes": ("posint", True, ""),
     "per_action_overhead": ("nonneg", False, "seconds"),
     "per_op_overhead": ("nonneg", False, "seconds"),
+    "backward_op_overhead": ("nonneg", False, "seconds"),
     "host_cores": ("posint", False, ""),
     "node_corun_slowdown": ("nonneg", False, ""),
     "oversubscription_slowdown": ("nonneg", False, ""),
@@ -37,6 +38,7 @@ _TOP = {
     "roofline": ("str", False, ""),
     "split_backward_overhead": ("nonneg", False, "seconds"),
     "split_group_overhead": ("nonneg", False, "seconds"),
+    "split_graph_overhead": ("nonneg", False, "seconds"),
     "send_overhead": ("nonneg", False, "seconds"),
     "late_recv_delay": ("nonneg", False, "seconds"),
     "oversubscribed_recv_delay": ("nonneg", False, "seconds"),
@@ -167,6 +169,8 @@ def hardware_from_dict(data: dict, label: str = "hardware") -> Hardware:
                     roofline=top.get("roofline", "max"),
                     split_backward_overhead=top.get("split_backward_overhead", 0.0),
                     split_group_overhead=top.get("split_group_overhead", 0.0),
+                    backward_op_overhead=top.get("backward_op_overhead"),
+                    split_graph_overhead=top.get("split_graph_overhead", 0.0),
                     send_overhead=top.get("send_overhead", 0.0), late_recv_delay=top.get("late_recv_delay", 0.0),
                     oversubscribed_recv_delay=top.get("oversubscribed_recv_delay", 0.0),
                     source=top.get("source", ""))
@@ -217,6 +221,8 @@ def hardware_to_toml(hw: Hardware) -> str:
               f"per_action_overhead = {_value(float(hw.per_action_overhead))}  # seconds"]
     if hw.per_op_overhead:
         lines.append(f"per_op_overhead = {_value(float(hw.per_op_overhead))}  # seconds per framework op")
+    if hw.backward_op_overhead is not None:
+        lines.append(f"backward_op_overhead = {_value(float(hw.backward_op_overhead))}  # seconds per op of I, W")
     if hw.host_cores is not None:
         lines.append(f"host_cores = {hw.host_cores}")
     if hw.roofline != "max":
@@ -231,6 +237,9 @@ def hardware_to_toml(hw: Hardware) -> str:
     if hw.split_group_overhead:
         lines.append(f"split_group_overhead = {_value(float(hw.split_group_overhead))}"
                      "  # seconds per weighted op of the stage, per W")
+    if hw.split_graph_overhead:
+        lines.append(f"split_graph_overhead = {_value(float(hw.split_graph_overhead))}"
+                     "  # seconds per backward op of the stage, per I")
     if hw.send_overhead:
         lines.append(f"send_overhead = {_value(float(hw.send_overhead))}  # seconds per SEND (isend posting)")
     if hw.late_recv_delay:

@@ -121,7 +121,9 @@ def action_samples(tl: Timeline) -> list[tuple[tuple[int, str], Sample]]:
             prof = runnable_profile([(e.start, e.end)], others, tl.num_ranks)[0]
             split = int(e.kind in ("I", "W") and e.stage > 0)  # the first stage's W is a plain backward
             groups = work[e.stage][2][2] if split and e.kind == "W" else 0.0  # W: once per parameter group
-            out.append(((e.stage, e.kind), Sample(fl, e.duration, tuple(prof), n, moved, split, sum(ops), groups)))
+            graph = work[e.stage][2][1] + work[e.stage][2][2] if split and e.kind == "I" else 0.0  # I walks it
+            out.append(((e.stage, e.kind), Sample(fl, e.duration, tuple(prof), n, moved, split, sum(ops), groups,
+                                                  ops[1] + ops[2], graph)))
     return out
 
 

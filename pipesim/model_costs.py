@@ -175,7 +175,8 @@ def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hard
         stages.append(StageCosts(forward=fwd, backward_input=inp, backward_weight=wgt,
                                  boundary_bytes=0 if last else boundary,
                                  activation_bytes=round(work.activation_bytes), param_bytes=param_bytes,
-                                 flops_forward=work.flops["F"], weight_ops=work.ops["W"]))
+                                 flops_forward=work.flops["F"], weight_ops=work.ops["W"],
+                                 backward_ops=work.ops["I"] + work.ops["W"]))
         if work.collectives["F"]:
             collectives[(s, "F")] = tuple((k, round(n)) for k, n in work.collectives["F"])
         if work.collectives["I"]:

@@ -160,6 +160,8 @@ class _Engine:
                 d += self.hw.split_backward_overhead  # (the first stage's W is a plain backward, its I empty)
                 if k == "W":  # W runs autograd once per parameter group of the stage
                     d += self.table.stages[st].weight_ops * self.hw.split_group_overhead
+                else:  # I first walks the stage's autograd graph (in Python) to find the groups
+                    d += self.table.stages[st].backward_ops * self.hw.split_graph_overhead
             return (_COMPUTE, d, self._tp_time(rank, a), sign * act, -1, sign, k in ("B", "W"))
         if k == "SEND_F":
             return (_SEND, 2 * (st + 1) * mbs, *self._send_plan(rank, a))

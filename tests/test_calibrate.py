@@ -190,6 +190,26 @@ def test_split_group_overhead_counts_the_stage_parameter_groups(tmp_path):
     assert load_hardware(str(tmp_path / "hw.toml")).split_group_overhead == 0.125
 
 
+def test_split_input_walks_the_stage_graph(tmp_path):
+    from dataclasses import replace
+
+    import schedules
+    from pipesim.costs import CostTable
+    from pipesim.simulator import simulate
+
+    hw = replace(load_hardware("local-cpu"), host_cores=None, split_backward_overhead=0.0, split_group_overhead=0.0,
+                 split_graph_overhead=0.0625)
+    plain = CostTable.uniform(2, 1.0, 1.0, 1.0)
+    walked = CostTable(tuple(replace(c, backward_ops=8) for c in plain.stages))  # 8 ops: +0.5 s per split I
+    # stage 1's I only: stage 0's I is empty (its W a plain backward), W does not walk
+    longer = CostTable((plain.stages[0], replace(plain.stages[1], backward_input=1.5)))
+    zb = schedules.build("zb-h1", 2, 4)
+    a, b = simulate(zb, walked, hw, comm=False), simulate(zb, longer, None, comm=False)
+    assert (a.starts, a.ends) == (b.starts, b.ends)
+    (tmp_path / "hw.toml").write_text(hardware_to_toml(hw))
+    assert load_hardware(str(tmp_path / "hw.toml")).split_graph_overhead == 0.0625
+
+
 def test_split_backward_overhead_enters_the_zb_h1_closed_form():
     from dataclasses import replace
 

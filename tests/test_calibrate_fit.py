@@ -17,12 +17,14 @@ RATES = (20e9, 12e9, 16e9)  # FLOP/s of F, I, W
 
 def _synthetic(beta: float, overhead: float = 3e-4, bandwidth: float | tuple[float, float, float] | None = None,
                split: float = 0.0, gamma: float | None = None, per_op: float = 0.0,
-               split_group: float = 0.0) -> list[Sample]:
+               split_group: float = 0.0, per_op_backward: float | None = None,
+               split_graph: float = 0.0) -> list[Sample]:
     """Exact samples of the model the fit assumes, over varied sizes, kinds and runnable ranks (2 cores).
 
     Each action runs its first quarter alone and the rest with 2 runnable ranks; with `gamma`, also
     some with 4 runnable (turn-taking at half speed, less gamma per rank beyond the cores).
-    `bandwidth`: one figure for all memory traffic, or one per kind (F, I, W).
+    `bandwidth`: one figure for all memory traffic, or one per kind (F, I, W). `per_op_backward`: a
+    separate cost per op of I and W work; `split_graph`: a cost per backward op of the stage on split I.
     """
     bws = bandwidth if isinstance(bandwidth, tuple) else (bandwidth,) * 3
     out = []
@@ -35,16 +37,20 @@ def _synthetic(beta: float, overhead: float = 3e-4, bandwidth: float | tuple[flo
             moved = tuple(per * (1 + k) if f else 0.0 for k, f in enumerate(flops))  # bytes by kind
             ops = 4.0 + 2 * n + (size == 3e7)  # framework ops, not proportional to anything else
             groups = sp * (2.0 + 3 * (size == 9e7))  # a split I or W: the stage's parameter groups
+            back_ops = ops if flops[0] == 0 else 0.0  # ops of I and W work
+            graph = 10.0 + 7 * (size == 1e7) if sp and flops[1] else 0.0  # split I: the stage's backward ops
+            op_b = per_op if per_op_backward is None else per_op_backward
             for shares in crowds:
                 work = n * overhead + sum(f / r for f, r in zip(flops, RATES, strict=True)) + sp * split
-                work += ops * per_op + groups * split_group
+                work += (ops - back_ops) * per_op + back_ops * op_b + groups * split_group + graph * split_graph
                 if bandwidth:
                     work += sum(b / w for b, w in zip(moved, bws, strict=True) if b)
                 # seconds such that sum_k t_k * speed(k) = work, with t_k = share_k * seconds
                 per_second = sum(x * speed(k, 2, beta, g) for k, x in enumerate(shares, start=1))
                 seconds = work / per_second
                 out.append(Sample(flops, seconds, tuple(x * seconds for x in shares), n, moved, sp,
-                                  ops if per_op else 0.0, groups if split_group else 0.0))
+                                  ops if per_op else 0.0, groups if split_group else 0.0,
+                                  back_ops if per_op else 0.0, graph if split_graph else 0.0))
     return out
 
 
@@ -86,6 +92,24 @@ def test_fit_compute_recovers_a_memory_bandwidth_per_kind_and_the_per_op_cost(tm
     assert hw.compute_time(0.0, 1.2e10, "float32", "W") == pytest.approx(1.0)  # 1.2e10 bytes at 8e9 * 1.5
     (tmp_path / "hw.toml").write_text(hardware_to_toml(hw))
     assert load_hardware(str(tmp_path / "hw.toml")) == hw  # kind_memory_efficiency round-trips
+
+
+def test_fit_compute_recovers_backward_op_cost_and_the_split_input_graph_walk(tmp_path):
+    fit = fit_compute(_synthetic(beta=0.05, bandwidth=8e9, split=2e-4, per_op=3e-5, split_group=7e-5,
+                                 per_op_backward=2e-5, split_graph=1.5e-5), cores=2, memory=True)
+    assert fit.per_op == pytest.approx(3e-5, rel=1e-6) and fit.per_op_backward == pytest.approx(2e-5, rel=1e-6)
+    assert fit.split_graph == pytest.approx(1.5e-5, rel=1e-6) and fit.split_group == pytest.approx(7e-5, rel=1e-6)
+    assert fit.split_overhead == pytest.approx(2e-4, rel=1e-6) and fit.mean_abs_error < 1e-6
+    # a split I of 4 ops (2 of F work would not be there) on a stage of 10 backward ops
+    assert fit.predict((0, 0, 0), 1, split=1, ops=4, backward_ops=4, graph=10) == pytest.approx(
+        fit.overhead + 2e-4 + 4 * 2e-5 + 10 * 1.5e-5, rel=1e-6)
+    hw = build_hardware(fit, overhead=0.0, latency=0.0, bandwidth=1e9, membw=1e9, cores=2, devices=2, source="")
+    assert (hw.backward_op_overhead, hw.split_graph_overhead) == (fit.per_op_backward, fit.split_graph)
+    base = hw.compute_time(0.0, 0.0, "float32", "F")  # the per-action overhead alone
+    assert hw.compute_time(0.0, 0.0, "float32", "F", ops=10) - base == pytest.approx(10 * fit.per_op)
+    assert hw.compute_time(0.0, 0.0, "float32", "W", ops=10) - base == pytest.approx(10 * fit.per_op_backward)
+    (tmp_path / "hw.toml").write_text(hardware_to_toml(hw))
+    assert load_hardware(str(tmp_path / "hw.toml")) == hw
 
 
 def test_fit_compute_never_returns_a_negative_cost():

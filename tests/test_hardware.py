@@ -134,7 +134,8 @@ def test_minimal_file_defaults(tmp_path):
         ('name = "t"\n', "", "missing field name"),
         ('name = "t"', 'name = "t"\ncolour = "red"', "unknown field colour"),
         ("[intra]", "[intra]\n[intra]", "not valid TOML"),
-        ("[intra]\nname", "[intr]\nname", "unknown field intr (allowed: device, devices_per_node, host_cores, inter,"),
+        ("[intra]\nname", "[intr]\nname",
+         "unknown field intr (allowed: backward_op_overhead, device, devices_per_node, host_cores, inter,"),
         ("[intra]\nname = \"nvlink\"\nbandwidth = 1e11\nlatency = 1e-6\n", "", "missing section [intra]"),
     ],
 )

@@ -153,6 +153,12 @@ def test_framework_ops_are_counted_and_priced_per_op():
     assert priced[1].backward_weight == pytest.approx(base[1].backward_weight + 4 * 1e-5, rel=1e-12)
     assert priced[0].backward_weight == pytest.approx(base[0].backward_weight + (7 + 4) * 1e-5, rel=1e-12)
     assert hw.compute_time(0.0, 0.0, "bfloat16", "F", ops=3) == pytest.approx(5e-6 + 3e-5)
+    assert (priced[0].backward_ops, priced[1].backward_ops) == (7 + 4, 8 + 4)  # the graph a split I walks
+    # autograd's ops at their own price: I and W cheaper per op than F's
+    back = model_costs(model, 2, 8, replace(hw, backward_op_overhead=4e-6)).table.stages
+    assert back[1].forward == priced[1].forward
+    assert back[1].backward_weight == pytest.approx(base[1].backward_weight + 4 * 4e-6, rel=1e-12)
+    assert back[1].backward_input == pytest.approx(base[1].backward_input + 8 * 4e-6, rel=1e-12)
 
 
 def test_uneven_split():
