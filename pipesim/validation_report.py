@@ -64,6 +64,7 @@ class Report:
     spread: list[tuple[float, float]] = field(default_factory=list)
     rounds: int = 1  # measurements per configuration
     probes: list[float] = field(default_factory=list)  # every run's speed probe, seconds
+    sources: list[str] = field(default_factory=list)  # --reuse: each directory's origin (how, when measured)
 
 
 def _pct(x: float) -> str:
@@ -106,6 +107,8 @@ def render(rep: Report) -> str:
         "",
         f"- Machine: {machine_line()}.",
         f"- Load before: `{rep.load_before}`; after: `{rep.load_after}`.",
+        *([f"- Timelines refitted here{' (pooled)' if len(rep.sources) > 1 else ''}: {'; '.join(rep.sources)}."]
+          if rep.sources else []),
         "- Measured: the executor (`pipesim run`'s runtime), gloo, one process per rank, OMP_NUM_THREADS=1; "
         "each torchrun launch starts with an untimed run, each run has 8 steps of which the first 2 are warmup; "
         f"every configuration is run {rep.rounds} times, spread over the campaign (torchrun launches per world "
@@ -124,10 +127,13 @@ def render(rep: Report) -> str:
         "interleaved-1f1b, 3 ranks, the other 4-rank schedules, and the GPT on 4 ranks.",
         "- Model (all systematic, one figure each for every configuration, fitted on the median action of each "
         "(run, stage, kind) of the fit runs): FLOPs at an achieved rate plus memory traffic at a rate per kind "
-        "(F, I, W), added (`roofline = \"sum\"`: a CPU core does not overlap the two); a cost per framework op "
-        "(eager dispatch; `per_op_overhead`) and per action; for a split I or W action the executor's "
-        "bookkeeping, a fixed cost per I or W plus one per parameter group of the stage on W (the first stage's "
-        "input needs no gradient: its I is empty, its W a plain backward); sharing of the host's cores: while "
+        "(F, I, W), added (`roofline = \"sum\"`: a CPU core does not overlap the two); a cost per framework op, "
+        "one in F (modules dispatched from Python; `per_op_overhead`) and one in I and W work (autograd's engine; "
+        "`backward_op_overhead`), and one per action; for a split I or W action the executor's bookkeeping: a "
+        "fixed cost per I or W, plus one per parameter group of the stage on W (it runs autograd once per group) "
+        "and one per backward op of the stage on I (it walks the stage's autograd graph in Python to find the "
+        "groups) (the first stage's input needs no gradient: its I is empty, its W a plain backward); sharing "
+        "of the host's cores: while "
         "every rank that computes or posts a message has a core, each runs at full speed less a co-run slowdown "
         "per other one (`pipesim/host_model.py`, the same rule the fit reads off the timelines); beyond the "
         "cores, ranks take turns in time slices (`pipesim/host_slices.py`): at most `cores` compute, the others "
@@ -195,18 +201,26 @@ def render(rep: Report) -> str:
         "## Limits of this model on this machine",
         "",
         "- The measurements repeat only to the noise figure above (a shared 2-core VM whose speed moves by tens "
-        "of percent within minutes): even as interquartile means of 12 runs, a configuration's step moves by "
-        "about 3 % (standard deviation, up to 5 %) between campaigns an hour apart, so a 10 % bound on the worst "
-        "of 22 configurations is at the edge of what this machine can show; the ranking check is the sturdier "
-        "result.",
+        "of percent within minutes): as interquartile means of 12 runs (the default 3 rounds), a configuration's "
+        "step moves by about 3 % (standard deviation, up to 5 %) between campaigns an hour apart, and the worst "
+        "of 22 held-out errors with it: refitting eight such campaigns of 2026-12-02/03 with this model gave "
+        "means of 2.8 to 6.8 % and maxima of 5.9 to 16.0 %. Pooling four of them (48 runs per configuration; "
+        "`--reuse` with four kept directories) gave 2.6 % mean and 7.7 % max on the later four and 3.5 % / "
+        "11.1 % on the earlier four: more rounds (`--rounds`) average the drift, fewer let it decide the max. "
+        f"This report used {rep.rounds} runs per configuration.",
         "- Message delays on this host are heavy-tailed (a late RECV: median about 0.3 ms, mean about 1 ms on "
         "2 ranks); the model charges every late RECV the fitted mean, so single steps vary far more than the "
-        "prediction.",
+        "prediction. `pipesim bench late-recv` isolates the tail: a late RECV lasts about 0.3 ms on average "
+        "while its sender waits or sleeps, and about 1 ms (a quarter to a third of them over 1 ms) while the "
+        "sender computes. Interleaved-1f1b exchanges three times the messages, and its late RECVs averaged "
+        "1.2 to 1.5 ms against about 0.9 ms in the fit runs (2026-12-02/03 campaigns); charged its own mean, "
+        "its 2-rank prediction moves up by about 5 %, half of its usual shortfall. Which waits of the "
+        "schedule meet a computing sender is not yet modeled.",
         "- The executor's split backward (zb-h1) costs more than the fused one: it walks the stage's autograd "
         "graph in Python and runs the weight gradient once per parameter group (as torch.distributed.pipelining "
-        "does); the model charges a fixed cost per I or W action plus one per parameter group of the stage on "
-        "W, which leaves what grows with the graph's size unmodeled (the GPT's split I and W cost nearly twice "
-        "its fused B).",
+        "does); the model charges a fixed cost per I or W, one per parameter group on W and one per backward op "
+        "of the stage on I (the graph walk), all linear: the GPT's split I and W cost 1.7 times its fused B "
+        "here, and a W that walks the graph again for each group grows faster than that.",
         "- Where ranks outnumber cores, the two figures of the time slices (slice, slowdown while ranks wait) "
         "rest on one fit run; the OS scheduler is more than FIFO slices (a woken thread may preempt a running "
         "one, and gloo's own threads want cores too), so per-configuration errors there are the largest.",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -148,7 +149,13 @@ def test_validate_quick_end_to_end_and_reuse(tmp_path):
     proc = subprocess.run([*cmd, "--out", str(pooled), "--reuse", str(kept), str(kept)], capture_output=True,
                           text=True, timeout=400)
     assert proc.returncode == 0, proc.stderr
-    assert "each configuration ran 2 times" in pooled.read_text()
+    pooled_text = pooled.read_text()
+    assert "each configuration ran 2 times" in pooled_text
+    # each reused directory is named with the command that measured it (kept in its campaign.json)
+    meta = json.loads((kept / "campaign.json").read_text())
+    assert "--keep" in meta["command"] and meta["seconds"] > 0 and "load average" in meta["load_after"]
+    assert pooled_text.count(f"`{kept}` measured by `{meta['command']}`") == 2
+    assert "refitted here" not in text  # a measuring run names no sources
     assert "each configuration ran" not in text  # one run each: "measured once"
     for bad, why in ((["--rounds", "0"], "--rounds 0: must be between 1 and 100"),
                      (["--rounds", "2", "--reuse", str(kept)], "give one of them")):

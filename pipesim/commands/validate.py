@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 import time
@@ -86,12 +87,19 @@ def campaign(quick: bool, workdirs: list[Path], img: Path, out: Path, png: bool,
     cycles = 1 if quick else CYCLES
     rounds = rounds or (1 if quick else ROUNDS)
     timelines: dict = {}
-    comm = None
+    comm, sources = None, []
     for workdir in workdirs:
         if reuse:  # refit whatever the directory holds (cycles are found per run; rounds here)
             rounds = len([d for d in workdir.glob("round*") if d.is_dir()]) or rounds
+        measuring = time.perf_counter(), time.time()
         got, c = measure_rounds(plan, workdir, rounds, cycles=cycles, reuse=reuse,
                                 say=lambda t: _say(f"validate: {t}"))
+        if reuse:
+            sources.append(_provenance(workdir))
+        else:  # what a later --reuse of this directory reports as the timelines' origin
+            (workdir / CAMPAIGN_FILE).write_text(json.dumps({
+                "command": command, "started": measuring[1], "seconds": time.perf_counter() - measuring[0],
+                "load_before": load_before, "load_after": load_line()}))
         comm = comm or c
         for key, tls in got.items():
             timelines.setdefault(key, []).extend(tls)
@@ -119,7 +127,27 @@ def campaign(quick: bool, workdirs: list[Path], img: Path, out: Path, png: bool,
     return Report(command, rows, fit, held, 2 * held0.mean_error, cal.summary(), hardware_to_toml(hw), explain,
                   explain_measured, _describe(explain_run), plots, load_before,
                   load_line(), time.perf_counter() - start, _spread(timelines),
-                  max(len(tls) for tls in timelines.values()), _probes(timelines))
+                  max(len(tls) for tls in timelines.values()), _probes(timelines), sources)
+
+
+CAMPAIGN_FILE = "campaign.json"  # in a --keep directory: how and when its timelines were measured
+
+
+def _utc(seconds: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(seconds))
+
+
+def _provenance(workdir: Path) -> str:
+    """Where a reused directory's timelines come from: its campaign.json, else the files' times."""
+    meta = workdir / CAMPAIGN_FILE
+    if meta.is_file():
+        c = json.loads(meta.read_text())
+        return (f"`{workdir}` measured by `{c['command']}` from {_utc(c['started'])} for {c['seconds']:.0f} s "
+                f"(load before `{c['load_before']}`, after `{c['load_after']}`)")
+    stamps = [f.stat().st_mtime for f in workdir.glob("round*/p*/*.json")]
+    if not stamps:
+        return f"`{workdir}`"
+    return f"`{workdir}` timelines written {_utc(min(stamps))} to {_utc(max(stamps))}"
 
 
 def _spread(timelines: dict) -> list[tuple[float, float]]:
