@@ -201,12 +201,14 @@ def render(rep: Report) -> str:
         "## Limits of this model on this machine",
         "",
         "- The measurements repeat only to the noise figure above (a shared 2-core VM whose speed moves by tens "
-        "of percent within minutes): as interquartile means of 12 runs (the default 3 rounds), a configuration's "
+        "of percent within minutes): as interquartile means of 12 runs (`--rounds 3`), a configuration's "
         "step moves by about 3 % (standard deviation, up to 5 %) between campaigns an hour apart, and the worst "
         "of 22 held-out errors with it: refitting eight such campaigns of 2026-12-02/03 with this model gave "
-        "means of 2.8 to 6.8 % and maxima of 5.9 to 16.0 %. Pooling four of them (48 runs per configuration; "
-        "`--reuse` with four kept directories) gave 2.6 % mean and 7.7 % max on the later four and 3.5 % / "
-        "11.1 % on the earlier four: more rounds (`--rounds`) average the drift, fewer let it decide the max. "
+        "means of 2.8 to 6.8 % and maxima of 5.9 to 16.0 % (both goals met in 3 of 8). With 48 runs per "
+        "configuration (the default 12 rounds) two campaigns of 2026-12-03 gave 3.9 % / 9.5 % (01:21 UTC) and, "
+        "measured after this model was fixed, 4.1 % / 9.9 % (05:50 UTC); pooling four 12-run campaigns "
+        "(`--reuse` with four kept directories) gave 2.6 % / 7.7 % on the later four and 3.5 % / 11.1 % on the "
+        "earlier four: more rounds average the drift, fewer let it decide the max. "
         f"This report used {rep.rounds} runs per configuration.",
         "- Message delays on this host are heavy-tailed (a late RECV: median about 0.3 ms, mean about 1 ms on "
         "2 ranks); the model charges every late RECV the fitted mean, so single steps vary far more than the "

@@ -10,17 +10,19 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from pipesim.calibrate_launch import CYCLES
 from pipesim.errors import PipesimError
 
 EXAMPLES = """examples:
-  pipesim validate                              # the full grid (~9 min on 2 cores), writes docs/validation.md
+  pipesim validate                              # the full grid, 48 runs each (~35 min on 2 cores) -> docs/validation.md
+  pipesim validate --rounds 3 --out /tmp/v.md   # a quarter of the runs (~9 min): noisier, see docs/validation.md
   pipesim validate --quick --out /tmp/v.md --img-dir /tmp/img   # 4 small 2-rank runs (the test uses this)
   pipesim validate --keep runs/                 # keep the measured timelines for pipesim plot
   pipesim validate --reuse runs/                # refit and rewrite the report from kept timelines
-  pipesim validate --rounds 12 --keep runs/     # 4x the measurements (~36 min): 48 runs per configuration
   pipesim validate --reuse a/ b/ c/             # pool kept campaigns: every configuration's runs from all
 """
 
+ROUNDS = 12  # torchrun launches per world size (x CYCLES passes: 48 runs per configuration; fewer: noisier)
 PLOTTED = ("fit-mlp-1f1b-m8", "mlp-p4-m8-zb-h1", "mlp-p4-m8-interleaved-1f1b", "gpt-p4-m4-zb-h1")
 
 
@@ -35,8 +37,8 @@ def add_parser(sub) -> None:
     p.add_argument("--reuse", metavar="DIR", nargs="+",
                    help="do not measure: refit and report the timelines kept in DIR (several: pooled)")
     p.add_argument("--rounds", type=int, default=None, metavar="N",
-                   help="torchrun launches per world size, each 4 passes over the plan (default 3: 12 runs per "
-                        "configuration, ~9 min); more rounds average more of this machine's drift")
+                   help=f"torchrun launches per world size, each {CYCLES} passes over the plan (default {ROUNDS}: "
+                        f"{CYCLES * ROUNDS} runs per configuration, ~35 min on 2 cores); fewer are quicker, noisier")
     p.set_defaults(func=run)
 
 
@@ -76,7 +78,7 @@ def campaign(quick: bool, workdirs: list[Path], img: Path, out: Path, png: bool,
     """Measure (into the one workdir) or reload (every workdir's runs pooled), calibrate, predict, plot;
     returns a validation_report.Report."""
     from pipesim.calibrate import calibrate
-    from pipesim.calibrate_launch import CYCLES, ROUNDS, measure_rounds
+    from pipesim.calibrate_launch import measure_rounds
     from pipesim.hardware_toml import hardware_to_toml
     from pipesim.measured import typical_run, typical_step
     from pipesim.validation import make_row, predict, ranking_check, summarize, validation_plan
