@@ -226,10 +226,14 @@ def render(rep: Report) -> str:
         "- Where ranks outnumber cores, the two figures of the time slices (slice, slowdown while ranks wait) "
         "rest on one fit run; the OS scheduler is more than FIFO slices (a woken thread may preempt a running "
         "one, and gloo's own threads want cores too), so per-configuration errors there are the largest.",
-        "- The compute figures come from 2-rank runs (4-layer stages of the MLP, 4 blocks of the GPT); with 3 or 4 "
-        "ranks a stage holds 2 or 3 layers and its actions ran up to 10-17 % longer than predicted even alone "
-        "(naive), which the per-op and per-action terms do not fully carry: naive on 3 and 4 ranks is predicted "
-        "too short.",
+        "- The compute figures come from 2-rank runs (4-layer stages of the MLP, 4 blocks of the GPT), the "
+        "crowding figures from one 4-rank MLP run; the GPT on 4 ranks (2-block stages) is predicted short for "
+        "every schedule, naive included. Its actions run longer than the fitted work even while no more ranks "
+        "than cores are runnable: in the 05:50 UTC campaign of 2026-12-03, by a median 2-13 % for F, 7-18 % "
+        "for B and 28 % for zb-h1's I (4-rank MLP: 3-13 %, the 2-rank runs within about 5 %). So having more "
+        "ranks than cores costs an op-heavy model something even between time slices (cache and scheduler "
+        "effects of the idle processes, at a guess), which no fit run of the GPT shows; a 4-rank GPT fit run "
+        "and a per-op cost under oversubscription would be the next term.",
         "",
         "## All configurations",
         "",
