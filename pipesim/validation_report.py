@@ -65,6 +65,21 @@ class Report:
     rounds: int = 1  # measurements per configuration
     probes: list[float] = field(default_factory=list)  # every run's speed probe, seconds
     sources: list[str] = field(default_factory=list)  # --reuse: each directory's origin (how, when measured)
+    late_recv: float = 0.0  # seconds: the fit runs' mean late RECV (the model's figure)
+    # interleaved runs with a core per rank: (id, their mean late RECV in seconds, predicted step's change
+    # when charged it)
+    interleaved_late: list[tuple[str, float, float]] = field(default_factory=list)
+
+
+def _interleaved_late(rep: Report) -> str:
+    """The sentence on interleaved-1f1b's late RECVs, from this campaign's own timelines ('' without them)."""
+    if not rep.interleaved_late:
+        return ""
+    own = ", ".join(f"{t * 1e3:.2f} ms (`{run}`)" for run, t, _ in rep.interleaved_late)
+    moved = ", ".join(f"{m * 100:+.1f} %" for _, _, m in rep.interleaved_late)
+    return (f" Interleaved-1f1b exchanges three times the messages, and here its late RECVs averaged {own} against "
+            f"{rep.late_recv * 1e3:.2f} ms in the fit runs (ten campaigns of 2026-12-02/03: 0.9 to 1.4 ms against 0.8 "
+            f"to 1.3 ms, higher in 19 of 20 pairs); charged its own mean, its predicted step moves by {moved}.")
 
 
 def _pct(x: float) -> str:
@@ -214,15 +229,16 @@ def render(rep: Report) -> str:
         "2 ranks); the model charges every late RECV the fitted mean, so single steps vary far more than the "
         "prediction. `pipesim bench late-recv` isolates the tail: a late RECV lasts about 0.3 ms on average "
         "while its sender waits or sleeps, and about 1 ms (a quarter to a third of them over 1 ms) while the "
-        "sender computes. Interleaved-1f1b exchanges three times the messages, and its late RECVs averaged "
-        "1.2 to 1.5 ms against about 0.9 ms in the fit runs (2026-12-02/03 campaigns); charged its own mean, "
-        "its 2-rank prediction moves up by about 5 %, half of its usual shortfall. Which waits of the "
-        "schedule meet a computing sender is not yet modeled.",
+        "sender computes. In the validation timelines a late RECV is quick (half to three quarters end within 0.3 ms) "
+        "or slow (about 2 ms; 2.5 ms in interleaved-1f1b; campaign of 2026-12-03 01:21 UTC), and sorting them by "
+        "whether the sender was computing when the RECV began does not reproduce the bench's split, so the "
+        "model keeps one mean." + _interleaved_late(rep),
         "- The executor's split backward (zb-h1) costs more than the fused one: it walks the stage's autograd "
         "graph in Python and runs the weight gradient once per parameter group (as torch.distributed.pipelining "
         "does); the model charges a fixed cost per I or W, one per parameter group on W and one per backward op "
         "of the stage on I (the graph walk), all linear: the GPT's split I and W cost 1.7 times its fused B "
-        "here, and a W that walks the graph again for each group grows faster than that.",
+        "(stage 1 medians, 2026-12-03 campaigns), and a W that walks the graph again for each group grows "
+        "faster than that.",
         "- Where ranks outnumber cores, the two figures of the time slices (slice, slowdown while ranks wait) "
         "rest on one fit run; the OS scheduler is more than FIFO slices (a woken thread may preempt a running "
         "one, and gloo's own threads want cores too), so per-configuration errors there are the largest.",

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -121,6 +123,25 @@ def test_render_table_and_verdict():
     assert "**met**" in text and "| naive | 50.0 | -50.0 % |" in text and "![scatter](img/s.png)" in text
     worse = render(_report([_row("b", "1f1b", 0.200, 0.250)]))
     assert "**NOT met**" in worse
+    assert "here its late RECVs averaged" not in text  # no interleaved run: no sentence
+    late = replace(_report(rows), late_recv=0.8e-3, interleaved_late=[("i2", 1.25e-3, 0.031), ("j2", 0.9e-3, -0.004)])
+    assert ("here its late RECVs averaged 1.25 ms (`i2`), 0.90 ms (`j2`) against 0.80 ms in the fit runs"
+            in render(late)) and "its predicted step moves by +3.1 %, -0.4 %." in render(late)
+
+
+def test_provenance_of_a_reused_directory(tmp_path):
+    from pipesim.commands.validate import CAMPAIGN_FILE, _provenance
+
+    assert _provenance(tmp_path) == f"`{tmp_path}`"  # nothing measured there
+    run = tmp_path / "round0" / "p2" / "fit-a.json"
+    run.parent.mkdir(parents=True)
+    run.write_text("{}")
+    os.utime(run, (0, 86400 + 3600))  # without campaign.json: the timelines' file times
+    assert _provenance(tmp_path) == f"`{tmp_path}` timelines written 1970-01-02 01:00 UTC to 1970-01-02 01:00 UTC"
+    (tmp_path / CAMPAIGN_FILE).write_text(json.dumps({"command": "pipesim validate --keep d", "started": 86400.0,
+                                                      "seconds": 61.4, "load_before": "a", "load_after": "b"}))
+    assert _provenance(tmp_path) == (f"`{tmp_path}` measured by `pipesim validate --keep d` from 1970-01-02 00:00 UTC "
+                                     "for 61 s (load before `a`, after `b`)")
 
 
 def _configs(text: str) -> str:

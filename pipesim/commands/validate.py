@@ -129,7 +129,23 @@ def campaign(quick: bool, workdirs: list[Path], img: Path, out: Path, png: bool,
     return Report(command, rows, fit, held, 2 * held0.mean_error, cal.summary(), hardware_to_toml(hw), explain,
                   explain_measured, _describe(explain_run), plots, load_before,
                   load_line(), time.perf_counter() - start, _spread(timelines),
-                  max(len(tls) for tls in timelines.values()), _probes(timelines), sources)
+                  max(len(tls) for tls in timelines.values()), _probes(timelines), sources,
+                  hw.late_recv_delay, _interleaved_late_recvs(plan, timelines, hw, results))
+
+
+def _interleaved_late_recvs(plan: list[dict], timelines: dict, hw, results: dict) -> list[tuple[str, float, float]]:
+    """Interleaved runs with a core per rank: (id, their late RECVs' mean seconds, how much the predicted
+    step moves when charged that mean instead of the fit runs')."""
+    from pipesim.measured import late_recv_delay
+    from pipesim.validation import predict
+
+    out = []
+    for r in plan:
+        if r["schedule"] == "interleaved-1f1b" and r["p"] <= (hw.host_cores or r["p"]):
+            own = late_recv_delay(timelines[r["id"]])
+            moved = predict(replace(hw, late_recv_delay=own), r).makespan / results[r["id"]].makespan - 1
+            out.append((r["id"], own, moved))
+    return out
 
 
 CAMPAIGN_FILE = "campaign.json"  # in a --keep directory: how and when its timelines were measured
