@@ -22,7 +22,7 @@ EXAMPLES = """examples:
   pipesim validate --reuse a/ b/ c/             # pool kept campaigns: every configuration's runs from all
 """
 
-ROUNDS = 12  # torchrun launches per world size (x CYCLES passes: 48 runs per configuration; fewer: noisier)
+VALIDATE_ROUNDS = 12  # torchrun launches per world size (x CYCLES passes: 48 runs per configuration; fewer: noisier)
 PLOTTED = ("fit-mlp-1f1b-m8", "mlp-p4-m8-zb-h1", "mlp-p4-m8-interleaved-1f1b", "gpt-p4-m4-zb-h1")
 
 
@@ -37,8 +37,9 @@ def add_parser(sub) -> None:
     p.add_argument("--reuse", metavar="DIR", nargs="+",
                    help="do not measure: refit and report the timelines kept in DIR (several: pooled)")
     p.add_argument("--rounds", type=int, default=None, metavar="N",
-                   help=f"torchrun launches per world size, each {CYCLES} passes over the plan (default {ROUNDS}: "
-                        f"{CYCLES * ROUNDS} runs per configuration, ~35 min on 2 cores); fewer are quicker, noisier")
+                   help=f"torchrun launches per world size, each {CYCLES} passes over the plan (default "
+                        f"{VALIDATE_ROUNDS}: {CYCLES * VALIDATE_ROUNDS} runs per configuration, ~35 min on 2 cores; "
+                        "calibrate's default is fewer); fewer are quicker, noisier")
     p.set_defaults(func=run)
 
 
@@ -87,7 +88,7 @@ def campaign(quick: bool, workdirs: list[Path], img: Path, out: Path, png: bool,
     start, load_before = time.perf_counter(), load_line()
     plan = validation_plan(quick)
     cycles = 1 if quick else CYCLES
-    rounds = rounds or (1 if quick else ROUNDS)
+    rounds = rounds or (1 if quick else VALIDATE_ROUNDS)
     timelines: dict = {}
     comm, sources = None, []
     for workdir in workdirs:
