@@ -84,7 +84,7 @@ class SimResult:
                                        "latency": link.latency, "shared": link.shared}
         return SimResult(
             engine.sched, engine.table, getattr(hw, "name", None), engine.comm, par.dp, par.tp,
-            [par.device(r) for r in range(engine.sched.num_ranks)], engine.starts, engine.ends, engine.tp_time,
+            [par.rank(pp=r) for r in range(engine.sched.num_ranks)], engine.starts, engine.ends, engine.tp_time,
             transfers, engine.collectives, engine.memory, info, max(ends, default=0.0),
             list(engine.peak_inflight), engine.slots, engine.mbs,
         )

@@ -37,9 +37,10 @@ class SimSetup:
         """A ParallelCosts for `schedule` (cost mode or model mode); PipesimError if it does not fit."""
         from pipesim.analysis import inflight_by_stage
         from pipesim.model_costs import check_fits_memory, model_costs, uniform_costs
-        from pipesim.simulator import Parallelism, check_devices
+        from pipesim.parallel_dims import ParallelDims
+        from pipesim.simulator import check_devices
 
-        check_devices(schedule.num_ranks, Parallelism(self.dp, self.tp), self.hardware)
+        check_devices(ParallelDims(pp=schedule.num_ranks, dp=self.dp, tp=self.tp), self.hardware)
         n = schedule.num_stages
         if self.cost is not None:
             if self.dp > 1 or self.tp > 1:

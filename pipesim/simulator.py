@@ -18,7 +18,6 @@ time ties by insertion order, so two runs produce identical numbers bit for bit.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -29,36 +28,19 @@ from pipesim.errors import PipesimError
 from pipesim.host_model import host_cores_model
 from pipesim.ir import Schedule
 from pipesim.lowering import add_p2p
+from pipesim.parallel_dims import ParallelDims
 from pipesim.sim_links import Environment, LinkPool, Transfer
 from pipesim.sim_result import CollectiveRecord, SimResult, no_gc
 
 _COMPUTE, _SEND, _RECV = 0, 1, 2
 
 
-@dataclass(frozen=True)
-class Parallelism:
-    """How many copies (dp) and shards (tp) each pipeline rank has; Megatron order tp, dp, pp."""
-
-    dp: int = 1
-    tp: int = 1
-
-    def device(self, rank: int, dp_index: int = 0, tp_index: int = 0) -> int:
-        """Global device id of (pipeline rank, data-parallel index, tensor-parallel index)."""
-        return rank * self.dp * self.tp + dp_index * self.tp + tp_index
-
-    def tp_group(self, rank: int) -> list[int]:
-        return [self.device(rank, 0, t) for t in range(self.tp)]
-
-    def dp_group(self, rank: int) -> list[int]:
-        return [self.device(rank, d, 0) for d in range(self.dp)]
-
-
-def check_devices(num_ranks: int, par: Parallelism, hw: Any) -> None:
+def check_devices(par: ParallelDims, hw: Any) -> None:
     """PipesimError when pp x dp x tp devices do not fit the hardware."""
-    need = num_ranks * par.dp * par.tp
+    need = par.world
     if hw is not None and need > hw.num_devices:
         raise PipesimError(
-            f"needs {need} devices (pp {num_ranks} x dp {par.dp} x tp {par.tp}) but {hw.name} has {hw.num_devices}"
+            f"needs {need} devices (pp {par.pp} x dp {par.dp} x tp {par.tp}) but {hw.name} has {hw.num_devices}"
         )
 
 
@@ -72,7 +54,8 @@ def simulate(schedule: Schedule, costs: Any, hw: Any = None, *, comm: bool = Tru
     graph's critical path exactly.
     """
     table: CostTable = costs if isinstance(costs, CostTable) else costs.table
-    par = Parallelism(dp or getattr(costs, "dp", 1) or 1, tp or getattr(costs, "tp", 1) or 1)
+    par = ParallelDims(pp=schedule.num_ranks, dp=dp or getattr(costs, "dp", 1) or 1,
+                       tp=tp or getattr(costs, "tp", 1) or 1)
     if table.num_stages != schedule.num_stages:
         raise PipesimError(f"cost table has {table.num_stages} stages but schedule {schedule.name!r} "
                            f"has {schedule.num_stages}")
@@ -80,7 +63,7 @@ def simulate(schedule: Schedule, costs: Any, hw: Any = None, *, comm: bool = Tru
         if par.dp > 1 or par.tp > 1:
             raise PipesimError("data/tensor parallelism needs a hardware description")
         comm = False
-    check_devices(schedule.num_ranks, par, hw)
+    check_devices(par, hw)
     with no_gc():  # ~1M live objects at p=64, m=1024: the cyclic GC would rescan them again and again
         return _Engine(add_p2p(schedule), table, costs, hw, comm, par).run()
 
@@ -88,7 +71,7 @@ def simulate(schedule: Schedule, costs: Any, hw: Any = None, *, comm: bool = Tru
 class _Engine:
     """One simulation run: programs compiled to flat op lists, then SimPy processes per rank."""
 
-    def __init__(self, sched: Schedule, table: CostTable, costs: Any, hw: Any, comm: bool, par: Parallelism):
+    def __init__(self, sched: Schedule, table: CostTable, costs: Any, hw: Any, comm: bool, par: ParallelDims):
         self.sched, self.table, self.hw, self.comm, self.par = sched, table, hw, comm, par
         self.env = Environment()
         self.links = LinkPool()
@@ -107,7 +90,7 @@ class _Engine:
         self.send_post = getattr(hw, "send_overhead", 0.0) if hw is not None and comm else 0.0  # seconds per SEND
         self.recv_late = self._late_recv()  # seconds
         # ranks computing on host cores share them (None unless hw.host_cores is set)
-        self.host = host_cores_model(self.env, hw, [par.device(r) for r in range(n)])
+        self.host = host_cores_model(self.env, hw, [par.rank(pp=r) for r in range(n)])
 
     # -- preparation ---------------------------------------------------------------------------
 
@@ -176,7 +159,7 @@ class _Engine:
             return 0.0
         from pipesim.comm_costs import group_collective_time
 
-        group = self.par.tp_group(rank)
+        group = self.par.group("tp", self.par.rank(pp=rank))
         return sum(group_collective_time(self.hw, kind, group, nbytes) for kind, nbytes in colls)
 
     def _send_plan(self, rank: int, send) -> tuple:
@@ -185,7 +168,7 @@ class _Engine:
         nbytes = self.table.transfer_bytes(send)
         if not self.comm:
             return dst, nbytes, 0.0, (), ""
-        a, b = self.par.device(rank), self.par.device(dst)
+        a, b = self.par.rank(pp=rank), self.par.rank(pp=dst)
         res = tuple(sorted(self.hw.link_resources(a, b)))
         return dst, nbytes, self.hw.p2p_time(a, b, nbytes), res, self.hw.link_between(a, b).name
 
@@ -201,7 +184,7 @@ class _Engine:
             return 0.0
         if hw.host_cores is None or not hw.oversubscribed_recv_delay:
             return hw.late_recv_delay
-        nodes = [hw.node_of(self.par.device(r)) for r in range(self.sched.num_ranks)]
+        nodes = [hw.node_of(self.par.rank(pp=r)) for r in range(self.sched.num_ranks)]
         extra = max(nodes.count(n) - hw.host_cores for n in set(nodes))
         return hw.late_recv_delay + (hw.oversubscribed_recv_delay if extra > 0 else 0.0)
 
@@ -356,7 +339,7 @@ class _Engine:
         from pipesim.comm_costs import group_collective_time
 
         nbytes = self.dp_bytes[stage]
-        seconds = group_collective_time(self.hw, "all_reduce", self.par.dp_group(rank), nbytes)
+        seconds = group_collective_time(self.hw, "all_reduce", self.par.group("dp", self.par.rank(pp=rank)), nbytes)
         prev = self.last_coll[rank]
         start = now if prev is None or prev.end <= now else prev.end
         rec = CollectiveRecord(rank, "all_reduce", stage, start, start + seconds, nbytes, index, prev)
