@@ -27,6 +27,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from executor.launch import rank_environment
+from pipesim.model_config import ModelConfig, split_layers
+
 LABELS = {"gpipe": "GPipe", "1f1b": "1F1B"}
 
 
@@ -65,8 +68,6 @@ def _torch_side(args: argparse.Namespace, name: str, rank: int, world: int):
     import torch.nn.functional as F
     from torch import nn
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
-
-    from pipesim.model_config import split_layers
 
     split = split_layers(args.layers, world)
     lo = sum(split[:rank])
@@ -115,8 +116,6 @@ def _pipesim_side(args: argparse.Namespace, name: str, world: int):
         print(f"bench_executor: pipesim executor unavailable ({exc})", file=sys.stderr)
         return None
     import torch
-
-    from pipesim.model_config import ModelConfig
 
     model = ModelConfig(kind="mlp", hidden=args.hidden, layers=args.layers, batch=args.batch, seed=args.seed)
     cfg = RunConfig(names=(name,), stages=world, microbatches=args.microbatches, model=model, steps=1, warmup=0,
@@ -169,8 +168,6 @@ def _launch(args: argparse.Namespace, out: Path) -> dict:
            __file__, "--worker", "--out", str(out), "--schedules", args.schedules, "--hidden", str(args.hidden),
            "--layers", str(args.layers), "--batch", str(args.batch), "--microbatches", str(args.microbatches),
            "--steps", str(args.steps), "--warmup", str(args.warmup), "--seed", str(args.seed)]
-    from executor.launch import rank_environment
-
     # both peers run in the same job, under the environment `pipesim run` gives its ranks
     subprocess.run(cmd, env=rank_environment({**os.environ, "OMP_NUM_THREADS": "1"}), check=True,
                    stdout=subprocess.DEVNULL)

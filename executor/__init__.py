@@ -2,7 +2,7 @@
 
 A per-rank interpreter walks that rank's lowered program (`add_p2p(schedule).programs[rank]`);
 no schedule logic lives here. Launch with `pipesim run ...` or
-`torchrun --nproc-per-node N -m executor NAME ...` (see docs/executor.md).
+`torchrun --nproc-per-node N -m executor --config JSON` (see docs/executor.md).
 """
 
 from __future__ import annotations

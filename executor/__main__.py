@@ -1,17 +1,20 @@
-"""`python -m executor`: train a pipesim schedule for real, one process per rank.
+"""`python -m executor --config JSON|FILE`: train pipesim schedules for real, one process per rank.
 
-  torchrun --standalone --nproc-per-node 2 -m executor 1f1b --microbatches 8 --model mlp --steps 4
-  torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500 \\
-      -m executor interleaved-1f1b --virtual 2 --microbatches 16 --dp 2 --tp 2 --model gpt
-  pipesim run 1f1b --nproc 2 ...   # launches torchrun --standalone for you
-  torchrun ... -m executor 1f1b --dp 2 --then gpipe --tp 2   # two configurations, one start-up
+The worker reads its configuration as one argument: the JSON of a list of `RunConfig`s (a chain of
+runs sharing one process group), spelled by `RunConfig.to_dict`. `pipesim run` writes it and starts
+torchrun; it also takes torchrun's multi-node flags:
+
+  pipesim run 1f1b --nproc 2 --microbatches 8 --model mlp --steps 4          # torchrun --standalone
+  pipesim run interleaved-1f1b --nproc 8 --nnodes 2 --rdzv-endpoint HOST:29500 \\
+      --virtual 2 --microbatches 16 --dp 2 --tp 2 --model gpt               # the same on every node
+  pipesim run 1f1b --nproc 8 --microbatches 8 --print-config > run.json
+  torchrun --nnodes 2 --nproc-per-node 4 ... -m executor --config run.json   # your own launcher
 
 Configuration errors print one line and exit 2 before any process group is created.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import socket
@@ -19,14 +22,17 @@ import sys
 from datetime import timedelta
 from pathlib import Path
 
-from executor.config import RunConfig, add_run_args, configs_from_args
+from executor.config import RunConfig, config_argument, configs_from_json
 from executor.faults import die
+from executor.progress import Progress
 from pipesim.errors import PipesimError
 
+USAGE = "usage: python -m executor --config JSON|FILE (the run configurations `pipesim run --print-config` writes)"
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # noqa: D401
-        self.exit(2, f"{self.prog}: error: {message}\n")
+
+def read_configs(argv: list[str]) -> list[RunConfig]:
+    """The chain of runs from `--config JSON` or `--config FILE`; PipesimError (one line) otherwise."""
+    return configs_from_json(config_argument(argv, USAGE))
 
 
 def _single_process_env() -> None:
@@ -40,20 +46,20 @@ def _single_process_env() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = _Parser(prog="python -m executor", description=__doc__,
-                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_run_args(parser)
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] in (["-h"], ["--help"]):
+        print(__doc__)
+        return 0
     _single_process_env()
     world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
     try:
-        cfgs = configs_from_args(args)
+        cfgs = read_configs(argv)
         plan = [(cfg, cfg.check(world)) for cfg in cfgs]
     except PipesimError as exc:
         if rank == 0:
             print(f"executor: error: {exc}", file=sys.stderr)
         return 2
-    import torch
+    import torch  # torch and the modules built on it load after the checks: a bad config exits in a blink
     import torch.distributed as dist
 
     from executor.mesh import build_mesh
@@ -92,10 +98,9 @@ def _write_json(target: str, data: dict) -> None:
 
 def _run_one(cfg: RunConfig, sched, mesh, device, backend: str) -> dict | None:
     """Train one schedule; rank 0 returns the result dict (and writes trace and saved results)."""
-    import torch
+    import torch  # torch-backed modules load after the configuration checks (see main)
 
     from executor import timing
-    from executor.progress import Progress
     from executor.runtime import Runtime
 
     rt = Runtime(cfg, sched, mesh, device)
@@ -135,10 +140,8 @@ def _run_one(cfg: RunConfig, sched, mesh, device, backend: str) -> dict | None:
 
 def _losses(logs, mesh, sp: bool) -> list[float]:
     """Per-step loss averaged over DP replicas (taken from TP rank 0 of each replica's last stage)."""
-    from executor.mesh import coords_of
-
     per_replica = [lg.losses for lg in logs  # sequence parallel: TP ranks hold different rows, so all count
-                   if lg.losses and (sp or coords_of(lg.rank, mesh.dp, mesh.pp, mesh.tp).tp == 0)]
+                   if lg.losses and (sp or mesh.dims.coords(lg.rank).tp == 0)]
     steps = len(per_replica[0]) if per_replica else 0
     return [sum(r[i] for r in per_replica) / len(per_replica) for i in range(steps)]
 

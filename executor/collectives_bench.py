@@ -1,8 +1,8 @@
 """Collective bandwidth benchmark (nccl-tests conventions), run under torchrun on any backend.
 
-Launch (or use `pipesim bench collectives --nproc 2`, which runs exactly this):
-    torchrun --standalone --nproc-per-node 2 -m executor.collectives_bench --sizes 1K,1M,16M
-    torchrun --standalone --nproc-per-node 4 -m executor.collectives_bench --lecture
+Launch with `pipesim bench collectives --nproc 2 --sizes 1K,1M,16M` (or `--lecture`): it checks the
+flags, then runs `torchrun --standalone --nproc-per-node 2 -m executor.collectives_bench --config JSON`,
+the JSON being a `CollectivesConfig` (executor/collectives_config.py).
 
 Sizes are the whole buffer S (nccl-tests' "size"): all_gather's output, reduce_scatter's input,
 scatter's root input, gather's root output. algbw = S / t; busbw = algbw x factor, the factor being
@@ -13,7 +13,6 @@ checked (e.g. all_reduce of rank+1 gives n(n+1)/2) before it is timed.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -25,11 +24,12 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from executor.collectives_config import CollectivesConfig
+from executor.config import config_argument
 from pipesim.comm_costs import busbw_factor as _ring_factor
-from pipesim.commands.bench import OPS, add_collectives_args
 from pipesim.errors import PipesimError
 
-_SUFFIX = {"": 1, "B": 1, "K": 1024, "M": 1024**2, "G": 1024**3}  # binary, as nccl-tests' -b/-e
+USAGE = "usage: python -m executor.collectives_bench --config JSON|FILE (as `pipesim bench collectives` runs it)"
 _all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in 2.13
 _reduce_scatter_flat = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
@@ -53,30 +53,6 @@ def busbw_factor(op: str, n: int) -> float:
     if op in ("scatter", "gather"):
         return (n - 1) / n
     return _ring_factor(op, n)
-
-
-def parse_size(text: str) -> int:
-    """'64K' -> 65536 bytes (binary suffixes K, M, G; plain integers are bytes)."""
-    t = text.strip().upper().removesuffix("IB").removesuffix("B") if text.strip() else ""
-    unit = t[-1:] if t[-1:] in _SUFFIX else ""
-    number = t[: len(t) - len(unit)]
-    try:
-        value = float(number) * _SUFFIX[unit]
-    except ValueError:
-        raise PipesimError(f"cannot read size {text!r}; use bytes or a K/M/G suffix, e.g. 1K,1M,16M") from None
-    if value < 1 or value != int(value):
-        raise PipesimError(f"size {text!r} must be a whole number of bytes >= 1")
-    return int(value)
-
-
-def parse_ops(text: str) -> list[str]:
-    ops = [o.strip() for o in text.split(",") if o.strip()]
-    unknown = [o for o in ops if o not in OPS]
-    if not ops:
-        raise PipesimError(f"--ops {text!r} names no collective; choose from {', '.join(OPS)}")
-    if unknown:
-        raise PipesimError(f"unknown collective {', '.join(map(repr, unknown))}; choose from {', '.join(OPS)}")
-    return ops
 
 
 def _case(op: str, nbytes: int, dev: torch.device) -> tuple[int, Callable[[], None], Callable[[], bool]]:
@@ -216,7 +192,7 @@ def render_lecture(res: dict) -> str:
 
 def write_plot(results: list[Result], path: str, title: str) -> None:
     """busbw vs size per op, as one self-contained HTML file."""
-    import plotly.graph_objects as go
+    import plotly.graph_objects as go  # plotly: only rank 0 with --plot pays for it
 
     fig = go.Figure()
     for op in dict.fromkeys(r.op for r in results):
@@ -229,63 +205,40 @@ def write_plot(results: list[Result], path: str, title: str) -> None:
     fig.write_html(path, include_plotlyjs=True)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="executor.collectives_bench", description=__doc__.splitlines()[0])
-    add_collectives_args(p)
-    return p
-
-
-def check_args(args: argparse.Namespace) -> tuple[list[int], list[str]]:
-    """Validate everything a user can get wrong before any process group exists."""
-    sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
-    ops = parse_ops(args.ops)
-    if not sizes:
-        raise PipesimError("--sizes is empty")
-    for name in ("iters", "warmup", "elements"):
-        value = getattr(args, name)
-        if value is not None and value < (0 if name == "warmup" else 1):
-            raise PipesimError(f"--{name} must be {'>= 0' if name == 'warmup' else 'positive'}, got {value}")
-    if args.plot and not args.plot.endswith(".html"):
-        raise PipesimError(f"--plot writes HTML; name the file *.html, got {args.plot!r}")
-    if args.backend == "nccl" and not torch.cuda.is_available():
-        raise PipesimError("--backend nccl needs CUDA GPUs; none are visible (use gloo)")
-    return sizes, ops
-
-
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
     try:
-        sizes, ops = check_args(args)
+        cfg = CollectivesConfig.from_json(config_argument(sys.argv[1:] if argv is None else argv, USAGE)).check()
     except PipesimError as exc:
         print(f"pipesim: error: {exc}", file=sys.stderr)
         return 2
-    backend = args.backend if args.backend != "auto" else ("nccl" if torch.cuda.is_available() else "gloo")
+    sizes, ops = cfg.sizes, cfg.ops
+    backend = cfg.backend if cfg.backend != "auto" else ("nccl" if torch.cuda.is_available() else "gloo")
     local = int(os.environ.get("LOCAL_RANK", "0"))
     dev = torch.device("cuda", local) if backend == "nccl" else torch.device("cpu")
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
-    dist.init_process_group(backend, timeout=timedelta(seconds=args.timeout))
+    dist.init_process_group(backend, timeout=timedelta(seconds=cfg.timeout))
     try:
         n, rank = dist.get_world_size(), dist.get_rank()
         report: dict = {"backend": backend, "world_size": n, "device": str(dev.type),
                         "units": {"time": "seconds", "bytes": "bytes", "algbw": "bytes/s", "busbw": "bytes/s"}}
-        if args.lecture:
-            elements = args.elements or (100_000_000 if dev.type == "cuda" else 10_000_000)
+        if cfg.lecture:
+            elements = cfg.elements or (100_000_000 if dev.type == "cuda" else 10_000_000)
             report["lecture"] = lecture(elements, dev)
             text = render_lecture(report["lecture"])
         else:
-            results = [measure(op, s, args.iters, args.warmup, dev) for op in ops for s in sizes]
+            results = [measure(op, s, cfg.iters, cfg.warmup, dev) for op in ops for s in sizes]
             report["results"] = [asdict(r) for r in results]
             text = render_table(results)
-            if rank == 0 and args.plot:
-                write_plot(results, args.plot, f"busbw vs size, {backend}, {n} ranks")
+            if rank == 0 and cfg.plot:
+                write_plot(results, cfg.plot, f"busbw vs size, {backend}, {n} ranks")
         if rank == 0:
-            if args.json == "-":
+            if cfg.json == "-":
                 print(json.dumps(report, indent=2))
             else:
                 print(f"{backend}, {n} ranks, {dev.type}\n{text}", flush=True)
-                if args.json:
-                    with open(args.json, "w") as fh:
+                if cfg.json:
+                    with open(cfg.json, "w") as fh:
                         json.dump(report, fh, indent=2)
     finally:
         dist.destroy_process_group()

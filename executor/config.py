@@ -1,25 +1,24 @@
 """Run configuration, checked before any process group exists.
 
-Errors show the arithmetic (`dp(2) * pp(2) * tp(2) != WORLD_SIZE(6)`) and reach the user as one line
-with exit code 2, both from `pipesim run` (before torchrun starts) and from `python -m executor`.
+`RunConfig` is built at the edge (`pipesim run`'s flags, pipesim.commands.run_args) and crosses to
+the torchrun workers as JSON (`to_dict`/`from_dict`, derived from the dataclass fields): one
+spelling of every field. Errors show the arithmetic (`dp(2) * pp(2) * tp(2) != WORLD_SIZE(6)`) and
+reach the user as one line with exit code 2, both from `pipesim run` (before torchrun starts) and
+from `python -m executor`.
 """
 
 from __future__ import annotations
 
-import argparse
-from dataclasses import dataclass, field, replace
+import json
+from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
+from pathlib import Path
 
-from pipesim.commands.common import (
-    add_model_args,
-    add_output_args,
-    add_schedule_args,
-    int_list,
-    model_config,
-    positive_int,
-)
+import schedules
+from pipesim import torch_csv
 from pipesim.errors import PipesimError
 from pipesim.ir import Action, Schedule
 from pipesim.model_config import ModelConfig, split_layers
+from pipesim.parallel_dims import ParallelDims
 
 FAIL_MODES = ("raise", "kill", "hang")
 
@@ -60,11 +59,13 @@ class RunConfig:
             raise PipesimError(f"WORLD_SIZE({world}) is not divisible by dp({self.dp}) * tp({self.tp})")
         return world // (self.dp * self.tp)
 
+    def dims(self, world: int) -> ParallelDims:
+        """The grid's sizes on `world` ranks (pp defaults to what dp and tp leave)."""
+        return ParallelDims(pp=self.pp_size(world), dp=self.dp, tp=self.tp)
+
     def check(self, world: int) -> list[Schedule]:
         """Validate against the world size; return the schedules to run (validated IR)."""
-        pp = self.pp_size(world)
-        if self.dp * pp * self.tp != world:
-            raise PipesimError(f"dp({self.dp}) * pp({pp}) * tp({self.tp}) != WORLD_SIZE({world})")
+        self.dims(world).check_world(world)
         if self.warmup < 0:
             raise PipesimError(f"--warmup must be >= 0, got {self.warmup}")
         if self.optimizer not in ("sgd", "adam"):
@@ -72,7 +73,7 @@ class RunConfig:
         if self.backend not in (None, "gloo", "nccl"):
             raise PipesimError(f"unknown --backend {self.backend!r}; choose gloo or nccl")
         if self.backend == "nccl":
-            import torch
+            import torch  # only for nccl: `pipesim run`'s checks stay free of torch's start-up
 
             if torch.cuda.device_count() < 1:
                 raise PipesimError("--backend nccl needs CUDA GPUs and this machine has none; use --backend gloo")
@@ -84,6 +85,7 @@ class RunConfig:
             raise PipesimError(f"--hidden {self.model.hidden} is not divisible by tp({self.tp})")
         if self.tp > 1 and self.model.kind == "gpt" and self.model.heads % self.tp:
             raise PipesimError(f"--heads {self.model.heads} is not divisible by tp({self.tp})")
+        pp = self.pp_size(world)
         built = [self._schedule(name, pp) for name in (self.names or (None,))]
         m = self.microbatches
         if self.model.batch % (self.dp * m):
@@ -104,9 +106,7 @@ class RunConfig:
         return split_layers(self.model.layers, num_stages, weights)
 
     def _schedule(self, name: str | None, pp: int) -> Schedule:
-        import schedules
-        from pipesim import torch_csv
-        from pipesim.validate import validate
+        from pipesim.schedule_check import validate  # networkx: kept out of `pipesim`'s start-up
 
         if name is not None and self.csv:
             raise PipesimError("give a schedule NAME or --from-csv FILE, not both")
@@ -131,126 +131,75 @@ class RunConfig:
         """The backend the run will take (default nccl with CUDA, else gloo)."""
         if self.backend is not None:
             return self.backend == "nccl"
-        import torch
+        import torch  # kept out of `pipesim run`'s start-up unless the backend is left to the machine
 
         return torch.cuda.is_available()
 
     def for_schedule(self, name: str) -> RunConfig:
         return replace(self, names=(name,))
 
-    def to_argv(self) -> list[str]:
-        """Flags for `python -m executor` that rebuild this config (used by `pipesim run`)."""
-        m = self.model
-        argv = [",".join(self.names)] if self.names else ["--from-csv", str(self.csv)]
-        argv += ["--microbatches", str(self.microbatches), "--dp", str(self.dp), "--tp", str(self.tp)]
-        if self.stages is not None:
-            argv += ["--stages", str(self.stages)]
-        if self.virtual is not None:
-            argv += ["--virtual", str(self.virtual)]
-        argv += ["--model", m.kind, "--hidden", str(m.hidden), "--layers", str(m.layers), "--heads", str(m.heads),
-                 "--seq", str(m.seq), "--vocab", str(m.vocab), "--batch", str(m.batch), "--dtype", m.dtype,
-                 "--seed", str(m.seed)]
-        if self.layer_split:
-            argv += ["--layer-split", ",".join(map(str, self.layer_split))]
-        argv += ["--steps", str(self.steps), "--warmup", str(self.warmup), "--optimizer", self.optimizer,
-                 "--lr", repr(self.lr), "--pg-timeout", repr(self.pg_timeout), "--fail-mode", self.fail_mode]
-        optional = {"--backend": self.backend, "--json": self.json, "--trace": self.trace,
-                    "--save-dir": self.save_dir, "--fail-rank": self.fail_rank, "--fail-at": self.fail_at,
-                    "--bucket-bytes": self.bucket_bytes}
-        for flag, value in optional.items():
-            if value is not None:
-                argv += [flag, str(value)]
-        if self.sequence_parallel:
-            argv.append("--sequence-parallel")
-        if self.quiet:
-            argv.append("--quiet")
-        return argv
+    def to_dict(self) -> dict:
+        """Plain JSON types; `from_dict` inverts it (field by field, the model nested)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> RunConfig:
+        """The config `to_dict` gave; unknown keys are an error, missing ones take their defaults."""
+        return dataclass_from_dict(cls, data, "run configuration")
 
 
-def add_run_args(parser: argparse.ArgumentParser) -> None:
-    """The flags shared by `pipesim run` and `python -m executor`."""
-    add_schedule_args(parser)
-    parser.set_defaults(stages=None)
-    for action in parser._actions:  # one meaning for --stages everywhere; only its default differs here
-        if action.dest == "stages":
-            action.help = "pipeline ranks (default WORLD_SIZE / (dp * tp))"
-    add_model_args(parser)
-    add_output_args(parser)
-    g = parser.add_argument_group("run")
-    g.add_argument("--dp", type=positive_int, default=1, help="data-parallel replicas (default 1)")
-    g.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel ranks per stage (default 1)")
-    g.add_argument("--layer-split", type=int_list, default=None, metavar="N,N,...",
-                   help="layers per stage, e.g. 3,2,2,1 (default: even split, earlier stages take the remainder)")
-    g.add_argument("--steps", type=positive_int, default=3, help="training steps (default 3)")
-    g.add_argument("--warmup", type=int, default=1, help="steps left out of step_time (default 1)")
-    g.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd")
-    g.add_argument("--lr", type=float, default=0.01, help="learning rate (default 0.01)")
-    g.add_argument("--backend", choices=("gloo", "nccl"), default=None,
-                   help="process-group backend (default nccl with CUDA, else gloo)")
-    g.add_argument("--pg-timeout", type=float, default=60.0, metavar="S",
-                   help="seconds a blocked receive or collective waits before the run fails (default 60)")
-    g.add_argument("--sequence-parallel", action="store_true", help="TP with sequence parallelism (gpt)")
-    g.add_argument("--bucket-bytes", type=positive_int, default=None, help="DP all-reduce bucket size in bytes")
-    g.add_argument("--save-dir", default=None, help="write each rank's final parameters and the result here")
-    g.add_argument("--quiet", action="store_true", help="no progress bar or per-step lines")
-    g.add_argument("--then", nargs=argparse.REMAINDER, default=None, metavar="NAME ...",
-                   help="afterwards run another configuration (same flags; backend and --pg-timeout as here) "
-                        "in the same process group, paying the start-up once")
-    f = parser.add_argument_group("fault injection (tests)")
-    f.add_argument("--fail-rank", type=int, default=None, help="global rank that fails")
-    f.add_argument("--fail-at", default=None, metavar="ACTION", help="action where it fails, e.g. 1F3")
-    f.add_argument("--fail-mode", choices=FAIL_MODES, default="raise", help="raise, SIGKILL itself, or hang")
+def dataclass_from_dict(cls, data: object, what: str):
+    """`cls(**data)` from JSON: lists back to tuples, a dict back to a nested dataclass field (its default factory)."""
+    if not isinstance(data, dict):
+        raise PipesimError(f"a {what} is a JSON object, got {type(data).__name__}")
+    known = {f.name: f for f in fields(cls)}
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise PipesimError(f"unknown {what} field(s): {', '.join(unknown)}")
+    kw = {}
+    for name, value in data.items():
+        factory = known[name].default_factory
+        if is_dataclass(factory) and isinstance(value, dict):
+            value = dataclass_from_dict(factory, value, f"{what} {name}")  # e.g. RunConfig.model
+        elif isinstance(value, list):
+            value = tuple(value)  # JSON has no tuples
+        kw[name] = value
+    return cls(**kw)
 
 
-class _ThenParser(argparse.ArgumentParser):
-    """Parses the flags after `--then`; a mistake there is a PipesimError (one line, exit 2)."""
-
-    def error(self, message: str):  # noqa: D401
-        raise PipesimError(f"after --then: {message}")
-
-
-def configs_from_args(args: argparse.Namespace) -> list[RunConfig]:
-    """The run and every `--then` run after it; the process-group settings must agree across them."""
-    first = config_from_args(args)
-    cfgs = [first]
-    rest = args.then
-    while rest is not None:
-        parser = _ThenParser(prog="--then", add_help=False)
-        add_run_args(parser)
-        parser.set_defaults(backend=first.backend, pg_timeout=first.pg_timeout)  # inherited unless given
-        sub = parser.parse_args(rest)
-        cfg = config_from_args(sub)
-        if (cfg.backend, cfg.pg_timeout) != (first.backend, first.pg_timeout):
-            raise PipesimError("--backend and --pg-timeout set up the one process group: give them before --then")
-        cfgs.append(cfg)
-        rest = sub.then
-    return cfgs
+def config_argument(argv: list[str], usage: str) -> str:
+    """The JSON text of a worker's one argument, `--config JSON` or `--config FILE`."""
+    if len(argv) != 2 or argv[0] != "--config":
+        raise PipesimError(f"{usage}; got {' '.join(argv) or 'no arguments'}")
+    text = argv[1]
+    if text.lstrip().startswith(("{", "[")):
+        return text
+    try:
+        return Path(text).read_text()
+    except OSError as exc:
+        raise PipesimError(f"cannot read {text}: {exc.strerror}") from None
 
 
-def chain_argv(cfgs: list[RunConfig]) -> list[str]:
-    """Flags for `python -m executor` that rebuild these configs (joined by `--then`)."""
-    argv = cfgs[0].to_argv()
-    for cfg in cfgs[1:]:
-        argv += ["--then", *cfg.to_argv()]
-    return argv
+def configs_to_json(cfgs: list[RunConfig]) -> str:
+    """One JSON text for a chain of runs (what `python -m executor --config` reads)."""
+    return json.dumps([cfg.to_dict() for cfg in cfgs], separators=(",", ":"))
 
 
-def config_from_args(args: argparse.Namespace) -> RunConfig:
-    names = tuple(n.strip() for n in args.name.split(",") if n.strip()) if args.name else ()
-    return RunConfig(
-        names=names, csv=args.from_csv, stages=args.stages, microbatches=args.microbatches, virtual=args.virtual,
-        dp=args.dp, tp=args.tp, model=model_config(args),
-        layer_split=tuple(args.layer_split) if args.layer_split else None, steps=args.steps, warmup=args.warmup,
-        optimizer=args.optimizer, lr=args.lr, backend=args.backend, pg_timeout=args.pg_timeout,
-        sequence_parallel=args.sequence_parallel, bucket_bytes=args.bucket_bytes, json=args.json, trace=args.trace,
-        save_dir=args.save_dir, fail_rank=args.fail_rank, fail_at=args.fail_at, fail_mode=args.fail_mode,
-        quiet=args.quiet,
-    )
+def configs_from_json(text: str) -> list[RunConfig]:
+    """The chain `configs_to_json` wrote (a single object is a chain of one)."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise PipesimError(f"cannot read the run configuration: {exc}") from None
+    items = data if isinstance(data, list) else [data]
+    if not items:
+        raise PipesimError("the run configuration lists no run")
+    return [RunConfig.from_dict(item) for item in items]
 
 
 def check_transport_order(lowered: Schedule, *, nccl: bool) -> None:
     """NCCL pairs a rank pair's messages in issue order (gloo matches by tag): refuse a mismatch up front."""
-    from pipesim.validate import fifo_mismatches
+    from pipesim.schedule_check import fifo_mismatches  # networkx: kept out of `pipesim`'s start-up
 
     pairs = fifo_mismatches(lowered) if nccl else []
     if pairs:

@@ -1,7 +1,9 @@
-"""`pipesim run`'s launcher: torchrun on this node (`--standalone`, free rendezvous port) running `-m executor`.
+"""`pipesim run`'s launcher: torchrun running `-m executor --config JSON` on this node.
 
-The exit code of torchrun is passed through. Ranks get `rank_environment()`: OMP_NUM_THREADS 1 (so
-ranks do not fight over cores) and glibc malloc fixed to keep tensors of up to 32 MiB in the heap.
+One node: `--standalone` (free rendezvous port). Several: torchrun's c10d rendezvous at a given
+endpoint, the same command on every node. The exit code of torchrun is passed through. Ranks get
+`rank_environment()`: OMP_NUM_THREADS 1 (so ranks do not fight over cores) and glibc malloc fixed to
+keep tensors of up to 32 MiB in the heap.
 """
 
 from __future__ import annotations
@@ -10,14 +12,23 @@ import os
 import subprocess
 import sys
 
-from executor.config import RunConfig, chain_argv
+from executor.config import RunConfig, configs_to_json
 
 
-def torchrun_command(cfgs: RunConfig | list[RunConfig], nproc: int) -> list[str]:
-    """`python -m torch.distributed.run --standalone --nproc-per-node N -m executor ...` (`--then` between runs)."""
+def torchrun_command(cfgs: RunConfig | list[RunConfig], nproc: int, *, nnodes: int = 1,
+                     rdzv_endpoint: str | None = None) -> list[str]:
+    """`python -m torch.distributed.run --standalone --nproc-per-node N -m executor --config JSON`.
+
+    With `rdzv_endpoint` (HOST:PORT), `--nnodes K --rdzv-backend c10d --rdzv-endpoint HOST:PORT` replace
+    `--standalone`: run the same command on each of the K nodes.
+    """
     chain = [cfgs] if isinstance(cfgs, RunConfig) else list(cfgs)
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
-            "-m", "executor", *chain_argv(chain)]
+    if rdzv_endpoint is None:
+        where = ["--standalone"]
+    else:
+        where = ["--nnodes", str(nnodes), "--rdzv-backend", "c10d", "--rdzv-endpoint", rdzv_endpoint]
+    return [sys.executable, "-m", "torch.distributed.run", *where, "--nproc-per-node", str(nproc),
+            "-m", "executor", "--config", configs_to_json(chain)]
 
 
 # glibc's default serves allocations above a threshold with mmap and moves that threshold as blocks
@@ -38,10 +49,11 @@ def rank_environment(base: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def launch(cfgs: RunConfig | list[RunConfig], nproc: int) -> int:
+def launch(cfgs: RunConfig | list[RunConfig], nproc: int, *, nnodes: int = 1, rdzv_endpoint: str | None = None) -> int:
     """Run torchrun and wait; returns its exit code (non-zero when any rank failed)."""
     env = rank_environment()
+    cmd = torchrun_command(cfgs, nproc, nnodes=nnodes, rdzv_endpoint=rdzv_endpoint)
     try:
-        return subprocess.run(torchrun_command(cfgs, nproc), env=env, check=False).returncode
+        return subprocess.run(cmd, env=env, check=False).returncode
     except KeyboardInterrupt:
         return 130

@@ -1,72 +1,77 @@
-"""The (dp, pp, tp) process grid: `arange(world).view(dp, pp, tp)`, tp innermost (as picotron).
+"""This rank's place in the (pp, dp, tp) grid and its process groups, all read off `ParallelDims`.
 
-tp innermost keeps a stage's tensor-parallel ranks on adjacent ranks (one node); each rank reads
-its coordinates and its DP and TP groups off the grid. Pipeline P2P uses global ranks.
+The layout itself (tp innermost, then dp, pp outermost, as Megatron-LM and torchtitan) belongs to
+`pipesim.parallel_dims`; the simulator places devices with the same object, so the devices it times
+are the ones these ranks run on. Nothing here computes a rank number by hand. Pipeline P2P uses
+global ranks (`pp_peer`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-import torch
 import torch.distributed as dist
 
+from pipesim.parallel_dims import Coords, ParallelDims
 
-@dataclass(frozen=True)
-class Coords:
-    dp: int
-    pp: int
-    tp: int
-
-
-def grid(dp: int, pp: int, tp: int) -> torch.Tensor:
-    return torch.arange(dp * pp * tp).view(dp, pp, tp)
-
-
-def coords_of(rank: int, dp: int, pp: int, tp: int) -> Coords:
-    """Coordinates of a global rank on the grid."""
-    d, rest = divmod(rank, pp * tp)
-    p, t = divmod(rest, tp)
-    return Coords(d, p, t)
+GROUP_AXES = ("dp", "tp")  # the axes that get a process group, created in this order on every rank
 
 
 @dataclass
 class Mesh:
-    """One rank's view of the grid: its coordinates, its DP and TP groups (None when size 1)."""
+    """One rank's view of the grid: coordinates, group members, and its DP and TP groups (None when size 1).
 
-    dp: int
-    pp: int
-    tp: int
-    rank: int
-    coords: Coords
+    `Mesh(dims, rank)` alone (no groups) is the pure layout; `build_mesh` adds the process groups.
+    """
+
+    dims: ParallelDims
+    rank: int  # global rank
     dp_group: object | None = None
     tp_group: object | None = None
+    coords: Coords = field(init=False)
 
-    def pp_peer(self, pp_rank: int) -> int:
-        """Global rank of pipeline rank `pp_rank` in this rank's (dp, tp) slice."""
-        return (self.coords.dp * self.pp + pp_rank) * self.tp + self.coords.tp
+    def __post_init__(self) -> None:
+        self.coords = self.dims.coords(self.rank)
+
+    @property
+    def dp(self) -> int:
+        return self.dims.dp
+
+    @property
+    def pp(self) -> int:
+        return self.dims.pp
+
+    @property
+    def tp(self) -> int:
+        return self.dims.tp
 
     @property
     def world(self) -> int:
-        return self.dp * self.pp * self.tp
+        return self.dims.world
+
+    def members(self, axis: str) -> list[int]:
+        """Global ranks (ascending) of this rank's group along `axis`."""
+        return self.dims.group(axis, self.rank)
+
+    def pp_peer(self, pp_rank: int) -> int:
+        """Global rank of pipeline rank `pp_rank` in this rank's (dp, tp) slice."""
+        return self.dims.pp_peer(self.rank, pp_rank)
 
 
 def build_mesh(dp: int, pp: int, tp: int) -> Mesh:
-    """Create the DP and TP groups; every rank creates every group, in the same order."""
-    rank = dist.get_rank()
-    g = grid(dp, pp, tp)
-    me = coords_of(rank, dp, pp, tp)
-    dp_group = tp_group = None
-    if dp > 1:
-        for p in range(pp):
-            for t in range(tp):
-                group = dist.new_group(g[:, p, t].tolist())
-                if (p, t) == (me.pp, me.tp):
-                    dp_group = group
-    if tp > 1:
-        for d in range(dp):
-            for p in range(pp):
-                group = dist.new_group(g[d, p, :].tolist())
-                if (d, p) == (me.dp, me.pp):
-                    tp_group = group
-    return Mesh(dp, pp, tp, rank, me, dp_group, tp_group)
+    """This rank's Mesh with its DP and TP groups (collective: every rank creates every group, in order)."""
+    return build_mesh_for(ParallelDims(pp=pp, dp=dp, tp=tp))
+
+
+def build_mesh_for(dims: ParallelDims) -> Mesh:
+    """As `build_mesh`, from a ParallelDims; the grid must fill the process group exactly."""
+    dims.check_world(dist.get_world_size())
+    mesh = Mesh(dims, dist.get_rank())
+    for axis in GROUP_AXES:  # new_group is collective over the world: same calls, same order, everywhere
+        if getattr(dims, axis) == 1:
+            continue
+        for members in dims.groups(axis):
+            group = dist.new_group(members)
+            if mesh.rank in members:
+                setattr(mesh, f"{axis}_group", group)
+    return mesh

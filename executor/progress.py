@@ -9,6 +9,8 @@ from __future__ import annotations
 import sys
 from typing import TextIO
 
+from tqdm import tqdm
+
 
 class Progress:
     """Callable `(step, seconds)` after every step; `close()` when the schedule is done."""
@@ -18,8 +20,6 @@ class Progress:
         self.stream = stream if stream is not None else sys.stderr
         self.bar = None
         if self.stream.isatty():
-            from tqdm import tqdm
-
             self.bar = tqdm(total=steps, desc=f"executor: {label}", unit="step", file=self.stream, leave=True,
                             dynamic_ncols=True)
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch.distributed as dist
 
 from pipesim.ir import Kind
+from pipesim.perfetto import write_trace as perfetto_write
 from pipesim.timeline import Event, Timeline
 
 STREAM = {Kind.F: "compute", Kind.B: "compute", Kind.I: "compute", Kind.W: "compute",
@@ -91,10 +92,5 @@ def to_timeline(logs: list[RankLog], schedule: str, meta: dict) -> Timeline:
 
 
 def write_trace(timeline: Timeline, path: str) -> None:
-    """Perfetto JSON through pipesim.perfetto when present; the plain timeline otherwise."""
-    try:
-        from pipesim.perfetto import write_trace as perfetto_write
-    except ImportError:
-        timeline.write(path)
-        return
+    """Perfetto JSON (pipesim.perfetto), which `Timeline.read` and the plots read back."""
     perfetto_write(timeline, path)

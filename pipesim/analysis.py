@@ -2,15 +2,8 @@
 
 from __future__ import annotations
 
+from pipesim.deps import releases_activations
 from pipesim.ir import Kind, Schedule
-
-
-def releases_activations(kind: Kind) -> bool:
-    """The backward piece after which a stage may drop a microbatch's stashed activations.
-
-    With split backward the weight gradient still needs the stashed inputs, so W (not I) releases them.
-    """
-    return kind in (Kind.B, Kind.W)
 
 
 def inflight_by_stage(schedule: Schedule) -> list[int]:

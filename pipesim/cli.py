@@ -10,6 +10,7 @@ import argparse
 import importlib
 import sys
 
+from pipesim import __version__
 from pipesim.errors import PipesimError, ScheduleError
 
 COMMANDS = ("schedule", "simulate", "sweep", "run", "plot", "bench", "calibrate", "validate")
@@ -37,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--version", action="version", version=f"pipesim {_version()}")
+    parser.add_argument("--version", action="version", version=f"pipesim {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name in COMMANDS:
         try:
@@ -48,12 +49,6 @@ def build_parser() -> argparse.ArgumentParser:
             raise
         module.add_parser(sub)
     return parser
-
-
-def _version() -> str:
-    from pipesim import __version__
-
-    return __version__
 
 
 def main(argv: list[str] | None = None) -> int:

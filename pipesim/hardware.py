@@ -3,41 +3,57 @@
 Think of a building of rooms (nodes) with desks (devices): colleagues in one room talk over the
 room's link (`intra`), rooms talk over the building's network (`inter`). Figures are plain SI units
 (bytes/s, seconds, bytes, FLOP/s); `bandwidth` is the effective figure used everywhere, the
-datasheet `peak_bandwidth` stays beside it for reference. Presets live in `pipesim/presets/*.toml`.
+datasheet `peak_bandwidth` stays beside it for reference. CPU processes that share a host's cores
+(the calibrated `local-cpu` file) carry a `HostProfile` as well; every other preset has none.
+
+Each field is declared once, here: its metadata (`kind`, `unit`, `doc`) drives the TOML reader
+and writer (`pipesim.hardware_toml`, which also loads the presets in `pipesim/presets/*.toml`).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import MISSING, asdict, dataclass, field, replace
+from typing import Any
 
+from pipesim.cost_equation import KINDS, CostEquation, SplitCosts, action_seconds
 from pipesim.errors import PipesimError
+
+
+def file_field(kind: str, unit: str = "", doc: str = "", default: Any = MISSING, **extra: Any) -> Any:
+    """A dataclass field with its file metadata. Kinds: str, bool, pos (> 0), nonneg (>= 0), frac (0 < x <= 1),
+    posint, flops (dtype -> FLOP/s), kinds (F/I/W -> factor), choice (`choices`), section (a nested table)."""
+    return field(default=default, metadata={"kind": kind, "unit": unit, "doc": doc, **extra})
 
 
 @dataclass(frozen=True)
 class LinkClass:
     """One kind of link; every device pair of that kind gets its own copy (unless `shared`)."""
 
-    name: str  # "nvlink" | "nvswitch" | "infiniband" | "pcie" | "ethernet" | "loopback" | ...
-    bandwidth: float  # bytes/s per direction, effective (used by all cost formulas)
-    peak_bandwidth: float  # bytes/s per direction, datasheet
-    latency: float  # seconds per message / per ring step
-    shared: bool = False  # one medium per node (PCIe through the host, loopback): all transfers contend
+    name: str = file_field("str", doc='"nvlink" | "nvswitch" | "infiniband" | "pcie" | "ethernet" | "loopback" | ...')
+    bandwidth: float = file_field("pos", "bytes/s", "per direction, effective (used by all cost formulas)")
+    # bytes/s per direction, datasheet (a file may leave it out: then equal to bandwidth)
+    peak_bandwidth: float = file_field("pos", "bytes/s", "per direction, datasheet", default_from="bandwidth")
+    latency: float = file_field("nonneg", "seconds", "per message / per ring step")
+    # one medium per node (PCIe through the host, loopback): all transfers contend
+    shared: bool = file_field("bool", doc="one medium per node: all transfers contend", default=False)
 
 
 @dataclass(frozen=True)
 class DeviceSpec:
     """One accelerator (or one CPU process on local-cpu)."""
 
-    name: str
-    flops: dict[str, float]  # dtype -> dense peak FLOP/s
-    hbm_bandwidth: float  # bytes/s
-    memory: int  # bytes
-    compute_efficiency: float  # achieved fraction of peak for matmul-heavy stage work
+    name: str = file_field("str")
+    flops: dict[str, float] = file_field("flops", "FLOP/s", "dense peak per dtype")  # dtype -> FLOP/s
+    hbm_bandwidth: float = file_field("pos", "bytes/s")
+    memory: int = file_field("posint", "bytes")
+    compute_efficiency: float = file_field("frac", doc="achieved fraction of peak for stage work")
     # kind ("F", "I", "W") -> factor on compute_efficiency for that work (calibrated; None: 1 for all)
-    kind_efficiency: dict[str, float] | None = None
+    kind_efficiency: dict[str, float] | None = file_field("kinds", doc="factor on compute_efficiency per kind",
+                                                    default=None)
     # kind -> factor on hbm_bandwidth for that work's memory traffic (calibrated on CPUs, where a
     # weight-gradient pass streams writes at another rate than a forward reads weights; None: 1 for all)
-    kind_memory_efficiency: dict[str, float] | None = None
+    kind_memory_efficiency: dict[str, float] | None = file_field("kinds", doc="factor on hbm_bandwidth per kind",
+                                                           default=None)
 
     def __hash__(self) -> int:  # dict fields: hash by their sorted items so Hardware stays hashable
         kinds = tuple(sorted(self.kind_efficiency.items())) if self.kind_efficiency else None
@@ -47,30 +63,54 @@ class DeviceSpec:
 
 
 @dataclass(frozen=True)
+class HostProfile:
+    """How CPU processes share a host's cores and talk gloo (calibrated; `[host]` in a hardware file).
+
+    Only hardware whose devices are CPU processes has one; the simulator then runs its host plug-ins
+    (`pipesim.host`: core sharing, SEND posting, late RECVs). Seconds and fractions.
+    """
+
+    cores: int = file_field("posint", doc="CPU cores per node shared by its ranks")
+    node_corun_slowdown: float = file_field("nonneg", doc="speed lost per other runnable rank on its node", default=0.0)
+    oversubscription_slowdown: float = file_field(
+        "nonneg", doc="speed lost per runnable rank beyond the cores (time slices: while any waits)", default=0.0)
+    time_slice: float = file_field("nonneg", "seconds", "ranks beyond the cores take turns (0: fluid sharing)",
+                             default=0.0)
+    send_overhead: float = file_field("nonneg", "seconds", "a SEND holds its rank (posting the isend)", default=0.0)
+    late_recv_delay: float = file_field("nonneg", "seconds", "a RECV begun after its SEND lasts at least this",
+                                  default=0.0)
+    split_backward_overhead: float = file_field("nonneg", "seconds", "added to each split I and W action", default=0.0)
+    split_group_overhead: float = file_field("nonneg", "seconds", "per weighted op of the stage, on each split W",
+                                       default=0.0)
+    split_graph_overhead: float = file_field("nonneg", "seconds", "per backward op of the stage, on each split I",
+                                       default=0.0)
+
+    @property
+    def split_costs(self) -> SplitCosts:
+        return SplitCosts(self.split_backward_overhead, self.split_group_overhead, self.split_graph_overhead)
+
+
+@dataclass(frozen=True)
 class Hardware:
     """`num_nodes` nodes of `devices_per_node` identical devices; device ids are global, node-major."""
 
-    name: str
-    device: DeviceSpec
-    devices_per_node: int
-    num_nodes: int
-    intra: LinkClass  # inside a node
-    inter: LinkClass | None  # across nodes (None for one node)
-    per_action_overhead: float = 0.0  # seconds added to every compute action (dispatch; calibrated)
-    per_op_overhead: float = 0.0  # seconds per framework op an action runs (eager dispatch, kernel launch)
-    backward_op_overhead: float | None = None  # seconds per op of I and W work (autograd's engine); None: per_op
-    host_cores: int | None = None  # CPU cores per node when compute runs on host cores (local-cpu)
-    node_corun_slowdown: float = 0.0  # fraction of speed lost per other runnable rank on its node (memory, caches)
-    oversubscription_slowdown: float = 0.0  # speed lost per runnable rank > host_cores (time_slice: while any waits)
-    time_slice: float = 0.0  # seconds: ranks beyond host_cores take turns in slices (0: fluid sharing)
-    roofline: str = "max"  # "max": compute and memory traffic overlap (GPUs); "sum": they add up (calibrated CPUs)
-    split_backward_overhead: float = 0.0  # seconds added to each split I and W action (runtime bookkeeping)
-    split_group_overhead: float = 0.0  # seconds more per weighted op of the stage, on each split W action
-    split_graph_overhead: float = 0.0  # seconds per backward op of the stage, on each split I (graph walk)
-    send_overhead: float = 0.0  # seconds a SEND holds its rank (posting the isend); idle time, not compute
-    late_recv_delay: float = 0.0  # seconds a RECV lasts at least when its message was posted before it began
-    oversubscribed_recv_delay: float = 0.0  # seconds added to late_recv_delay when ranks outnumber host_cores
-    source: str = ""  # where the figures come from
+    name: str = file_field("str")
+    device: DeviceSpec = file_field("section")
+    devices_per_node: int = file_field("posint")
+    num_nodes: int = file_field("posint")
+    intra: LinkClass = file_field("section", doc="inside a node")
+    inter: LinkClass | None = file_field("section", doc="across nodes (None for one node)", default=None)
+    per_action_overhead: float = file_field("nonneg", "seconds", "added to every compute action (dispatch)",
+                                            default=0.0)
+    per_op_overhead: float = file_field("nonneg", "seconds", "per framework op an action runs", default=0.0)
+    # seconds per op of I and W work (autograd's engine); None: per_op_overhead
+    backward_op_overhead: float | None = file_field("nonneg", "seconds", "per framework op of I and W work",
+                                                    default=None)
+    # "max": compute and memory traffic overlap (GPUs); "sum": they add up (calibrated CPUs)
+    roofline: str = file_field("choice", doc="compute + memory time: max (overlap) or sum", default="max",
+                         choices=("max", "sum"))
+    source: str = file_field("str", doc="where the figures come from", default="")
+    host: HostProfile | None = file_field("section", doc="CPU processes sharing host cores", default=None)
 
     @property
     def num_devices(self) -> int:
@@ -122,33 +162,40 @@ class Hardware:
         link = self.link_between(src, dst)
         return link.latency + nbytes / link.bandwidth
 
+    def cost_equation(self, dtype: str, *, per_kind: bool = True) -> CostEquation:
+        """The figures of the compute-time rule for `dtype` work (`per_kind`: with the calibrated kind factors)."""
+        peak = self.device.flops.get(dtype)
+        if peak is None:
+            raise PipesimError(f"hardware {self.name!r} has no {dtype} FLOP/s figure "
+                               f"(has {', '.join(sorted(self.device.flops))})")
+        dev, eff = self.device, self.device.compute_efficiency
+        kinds = dev.kind_efficiency if per_kind else None
+        mem = dev.kind_memory_efficiency if per_kind else None
+        rates = tuple(peak * (eff * kinds.get(k, 1.0)) if kinds else peak * eff for k in KINDS)
+        bandwidths = tuple(dev.hbm_bandwidth * mem.get(k, 1.0) if mem else dev.hbm_bandwidth for k in KINDS)
+        return CostEquation(rates, bandwidths, self.roofline, self.per_action_overhead, self.per_op_overhead,
+                            self.backward_op_overhead,
+                            self.host.split_costs if self.host is not None else SplitCosts())
+
     def compute_time(self, flops: float, bytes_moved: float, dtype: str, kind: str | None = None,
                      ops: float = 0.0) -> float:
-        """Roofline seconds: max(compute-bound, memory-bound) (or their sum) + per-action dispatch overhead.
+        """Roofline seconds of one action: `pipesim.cost_equation.action_seconds` on this hardware's figures.
 
         `kind` (F, I or W) selects the device's calibrated `kind_efficiency` and `kind_memory_efficiency`
         factors, when it has them; `ops` framework ops cost `per_op_overhead` each on top
         (`backward_op_overhead` for I and W work, when set: autograd runs them without Python dispatch).
         """
-        peak = self.device.flops.get(dtype)
-        if peak is None:
-            raise PipesimError(f"hardware {self.name!r} has no {dtype} FLOP/s figure "
-                               f"(has {', '.join(sorted(self.device.flops))})")
-        eff = self.device.compute_efficiency
-        if kind is not None and self.device.kind_efficiency:
-            eff *= self.device.kind_efficiency.get(kind, 1.0)
-        compute = flops / (peak * eff)
-        bandwidth = self.device.hbm_bandwidth
-        if kind is not None and self.device.kind_memory_efficiency:
-            bandwidth *= self.device.kind_memory_efficiency.get(kind, 1.0)
-        memory = bytes_moved / bandwidth
-        per_op = self.per_op_overhead
-        if kind in ("I", "W") and self.backward_op_overhead is not None:
-            per_op = self.backward_op_overhead
-        fixed = self.per_action_overhead + ops * per_op
-        if self.roofline == "sum":
-            return compute + memory + fixed
-        return max(compute, memory) + fixed
+        eq = self.cost_equation(dtype, per_kind=kind in KINDS)
+        slot = KINDS.index(kind) if kind in KINDS else 0
+        work, moved = [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]
+        work[slot], moved[slot] = flops, bytes_moved
+        return action_seconds(eq, work, moved, ops=ops, backward_ops=ops if kind in ("I", "W") else 0.0)
+
+    def with_host(self, **changes: Any) -> Hardware:
+        """A copy whose host profile has `changes` (the hardware must have one)."""
+        if self.host is None:
+            raise PipesimError(f"hardware {self.name!r} has no [host] profile to change")
+        return replace(self, host=replace(self.host, **changes))
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -157,24 +204,4 @@ class Hardware:
         return d
 
 
-def preset_names() -> list[str]:
-    from pipesim.hardware_toml import preset_names as names
-
-    return names()
-
-
-def load_hardware(spec: str) -> Hardware:
-    """A preset name (`dgx-h100`) or a path to a hardware TOML file; PipesimError on bad input."""
-    from pipesim.hardware_toml import load_hardware as load
-
-    return load(spec)
-
-
-def hardware_to_toml(hw: Hardware) -> str:
-    """TOML text that `load_hardware` reads back to an equal Hardware."""
-    from pipesim.hardware_toml import hardware_to_toml as dump
-
-    return dump(hw)
-
-
-__all__ = ["DeviceSpec", "Hardware", "LinkClass", "hardware_to_toml", "load_hardware", "preset_names"]
+__all__ = ["DeviceSpec", "Hardware", "HostProfile", "LinkClass", "file_field"]

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import MISSING, fields
 from importlib import resources
 from pathlib import Path
 
 from pipesim.errors import PipesimError
-from pipesim.hardware import DeviceSpec, Hardware, LinkClass
+from pipesim.hardware import DeviceSpec, Hardware, HostProfile, LinkClass
 
 try:
     import tomllib
@@ -22,46 +23,12 @@ except ModuleNotFoundError:  # Python 3.10
     except ModuleNotFoundError:
         tomllib = None  # type: ignore[assignment]
 
-# field -> (kind, required, unit). Kinds: str, pos (number > 0), nonneg (number >= 0), frac (0 < x <= 1),
-# posint (int >= 1), bool, flops (table of dtype -> pos).
-_TOP = {
-    "name": ("str", True, ""),
-    "devices_per_node": ("posint", True, ""),
-    "num_nodes": ("posint", True, ""),
-    "per_action_overhead": ("nonneg", False, "seconds"),
-    "per_op_overhead": ("nonneg", False, "seconds"),
-    "backward_op_overhead": ("nonneg", False, "seconds"),
-    "host_cores": ("posint", False, ""),
-    "node_corun_slowdown": ("nonneg", False, ""),
-    "oversubscription_slowdown": ("nonneg", False, ""),
-    "time_slice": ("nonneg", False, "seconds"),
-    "roofline": ("str", False, ""),
-    "split_backward_overhead": ("nonneg", False, "seconds"),
-    "split_group_overhead": ("nonneg", False, "seconds"),
-    "split_graph_overhead": ("nonneg", False, "seconds"),
-    "send_overhead": ("nonneg", False, "seconds"),
-    "late_recv_delay": ("nonneg", False, "seconds"),
-    "oversubscribed_recv_delay": ("nonneg", False, "seconds"),
-    "source": ("str", False, ""),
-}
-_DEVICE = {
-    "name": ("str", True, ""),
-    "flops": ("flops", True, "FLOP/s"),
-    "hbm_bandwidth": ("pos", True, "bytes/s"),
-    "memory": ("posint", True, "bytes"),
-    "compute_efficiency": ("frac", True, ""),
-    "kind_efficiency": ("kinds", False, ""),
-    "kind_memory_efficiency": ("kinds", False, ""),
-}
-_LINK = {
-    "name": ("str", True, ""),
-    "bandwidth": ("pos", True, "bytes/s"),
-    "peak_bandwidth": ("pos", False, "bytes/s"),
-    "latency": ("nonneg", True, "seconds"),
-    "shared": ("bool", False, ""),
-}
 _DTYPES = ("float32", "bfloat16", "float16")
-_SECTIONS = ("device", "intra", "inter")
+_SECTIONS = {"device": DeviceSpec, "intra": LinkClass, "inter": LinkClass, "host": HostProfile}  # [table] -> type
+# top-level keys of files written before the [host] table existed -> where they live now
+_MOVED = {"host_cores": "[host].cores", **{k: f"[host].{k}" for k in (
+    "node_corun_slowdown", "oversubscription_slowdown", "time_slice", "send_overhead", "late_recv_delay",
+    "split_backward_overhead", "split_group_overhead", "split_graph_overhead")}}
 
 
 def _presets_dir():
@@ -80,7 +47,7 @@ def _is_number(value: object) -> bool:
 def _check(label: str, where: str, value: object, kind: str, unit: str) -> object:
     """The value if it has the right type and sign, else a one-line PipesimError."""
     suffix = f" ({unit})" if unit else ""
-    if kind == "str":
+    if kind in ("str", "choice"):
         if not isinstance(value, str):
             raise PipesimError(f"{label}: {where} must be a string, got {value!r}")
         return value
@@ -117,63 +84,45 @@ def _check(label: str, where: str, value: object, kind: str, unit: str) -> objec
     return float(value)  # type: ignore[arg-type]
 
 
-def _fields(label: str, section: str, table: object, schema: dict) -> dict:
-    """Checked fields of one table; unknown and missing fields are errors."""
+def _table(label: str, section: str, table: object, cls: type) -> dict:
+    """Checked values of one table for dataclass `cls`, nested sections built; unknown and missing fields are errors."""
     prefix = f"[{section}]." if section else ""
     if not isinstance(table, dict):
         raise PipesimError(f"{label}: [{section}] must be a table, got {table!r}")
-    allowed = set(schema) | (set(_SECTIONS) if not section else set())
+    specs = {f.name: f for f in fields(cls)}
     for key in table:
-        if key not in allowed:
-            raise PipesimError(f"{label}: unknown field {prefix}{key} (allowed: {', '.join(sorted(allowed))})")
+        if key not in specs:
+            moved = f" (moved to {_MOVED[key]})" if not section and key in _MOVED else ""
+            raise PipesimError(f"{label}: unknown field {prefix}{key}{moved} (allowed: {', '.join(sorted(specs))})")
     out = {}
-    for key, (kind, required, unit) in schema.items():
-        if key not in table:
+    for name, f in specs.items():
+        meta = f.metadata
+        required = f.default is MISSING and "default_from" not in meta
+        if name not in table:
+            if meta["kind"] == "section" and required:
+                raise PipesimError(f"{label}: missing section [{name}]")
             if required:
-                raise PipesimError(f"{label}: missing field {prefix}{key}")
+                raise PipesimError(f"{label}: missing field {prefix}{name}")
             continue
-        out[key] = _check(label, f"{prefix}{key}", table[key], kind, unit)
+        if meta["kind"] == "section":
+            out[name] = _SECTIONS[name](**_table(label, name, table[name], _SECTIONS[name]))
+        else:
+            out[name] = _check(label, f"{prefix}{name}", table[name], meta["kind"], meta["unit"])
+            if meta["kind"] == "choice" and out[name] not in meta["choices"]:
+                want = " or ".join(f'"{c}"' for c in meta["choices"])
+                raise PipesimError(f"{label}: {prefix}{name} must be {want}, got {out[name]!r}")
+    for name, f in specs.items():
+        if name not in out and "default_from" in f.metadata:
+            out[name] = out[f.metadata["default_from"]]
     return out
-
-
-def _link(label: str, section: str, table: object) -> LinkClass:
-    f = _fields(label, section, table, _LINK)
-    return LinkClass(name=f["name"], bandwidth=f["bandwidth"], peak_bandwidth=f.get("peak_bandwidth", f["bandwidth"]),
-                     latency=f["latency"], shared=f.get("shared", False))
 
 
 def hardware_from_dict(data: dict, label: str = "hardware") -> Hardware:
     """Build and check a Hardware from parsed TOML (`label` prefixes every error, e.g. the file name)."""
-    top = _fields(label, "", data, _TOP)
-    for section in ("device", "intra"):
-        if section not in data:
-            raise PipesimError(f"{label}: missing section [{section}]")
-    dev = _fields(label, "device", data["device"], _DEVICE)
-    device = DeviceSpec(name=dev["name"], flops=dev["flops"], hbm_bandwidth=dev["hbm_bandwidth"],
-                        memory=dev["memory"], compute_efficiency=dev["compute_efficiency"],
-                        kind_efficiency=dev.get("kind_efficiency"),
-                        kind_memory_efficiency=dev.get("kind_memory_efficiency"))
-    if top.get("roofline", "max") not in ("max", "sum"):
-        raise PipesimError(f"{label}: roofline must be \"max\" or \"sum\", got {top['roofline']!r}")
-    intra = _link(label, "intra", data["intra"])
-    inter = _link(label, "inter", data["inter"]) if "inter" in data else None
-    if top["num_nodes"] > 1 and inter is None:
-        raise PipesimError(f"{label}: num_nodes = {top['num_nodes']} needs an [inter] section (the link across nodes)")
-    return Hardware(name=top["name"], device=device, devices_per_node=top["devices_per_node"],
-                    num_nodes=top["num_nodes"], intra=intra, inter=inter,
-                    per_action_overhead=top.get("per_action_overhead", 0.0),
-                    per_op_overhead=top.get("per_op_overhead", 0.0), host_cores=top.get("host_cores"),
-                    node_corun_slowdown=top.get("node_corun_slowdown", 0.0),
-                    oversubscription_slowdown=top.get("oversubscription_slowdown", 0.0),
-                    time_slice=top.get("time_slice", 0.0),
-                    roofline=top.get("roofline", "max"),
-                    split_backward_overhead=top.get("split_backward_overhead", 0.0),
-                    split_group_overhead=top.get("split_group_overhead", 0.0),
-                    backward_op_overhead=top.get("backward_op_overhead"),
-                    split_graph_overhead=top.get("split_graph_overhead", 0.0),
-                    send_overhead=top.get("send_overhead", 0.0), late_recv_delay=top.get("late_recv_delay", 0.0),
-                    oversubscribed_recv_delay=top.get("oversubscribed_recv_delay", 0.0),
-                    source=top.get("source", ""))
+    hw = Hardware(**_table(label, "", data, Hardware))
+    if hw.num_nodes > 1 and hw.inter is None:
+        raise PipesimError(f"{label}: num_nodes = {hw.num_nodes} needs an [inter] section (the link across nodes)")
+    return hw
 
 
 def _parse(text: str, label: str) -> dict:
@@ -211,60 +160,32 @@ def _value(value: object) -> str:
     return str(value)
 
 
+def _lines(obj: object, always: bool) -> list[str]:
+    """`key = value  # unit, doc` for each plain field of `obj`, in declaration order; defaults left out
+    unless `always` (a link table is written in full)."""
+    out = []
+    for f in fields(obj):
+        meta, value = f.metadata, getattr(obj, f.name)
+        if meta["kind"] == "section" or value is None:
+            continue
+        if not always and f.default is not MISSING and value == f.default:
+            continue
+        if meta["kind"] in ("flops", "kinds"):
+            text = "{ " + ", ".join(f"{k} = {_value(float(v))}" for k, v in sorted(value.items())) + " }"
+        elif meta["kind"] in ("pos", "nonneg", "frac"):
+            text = _value(float(value))
+        else:
+            text = _value(value)
+        note = ", ".join(x for x in (meta["unit"], meta["doc"]) if x)
+        out.append(f"{f.name} = {text}" + (f"  # {note}" if note else ""))
+    return out
+
+
 def hardware_to_toml(hw: Hardware) -> str:
     """TOML text for `hw`; units in comments; `load_hardware` reads it back equal."""
-    lines = [f"# pipesim hardware: {hw.name}", "# units: bytes/s, seconds, bytes, FLOP/s", ""]
-    lines.append(f"name = {_value(hw.name)}")
-    if hw.source:
-        lines.append(f"source = {_value(hw.source)}")
-    lines += [f"devices_per_node = {hw.devices_per_node}", f"num_nodes = {hw.num_nodes}",
-              f"per_action_overhead = {_value(float(hw.per_action_overhead))}  # seconds"]
-    if hw.per_op_overhead:
-        lines.append(f"per_op_overhead = {_value(float(hw.per_op_overhead))}  # seconds per framework op")
-    if hw.backward_op_overhead is not None:
-        lines.append(f"backward_op_overhead = {_value(float(hw.backward_op_overhead))}  # seconds per op of I, W")
-    if hw.host_cores is not None:
-        lines.append(f"host_cores = {hw.host_cores}")
-    if hw.roofline != "max":
-        lines.append(f"roofline = {_value(hw.roofline)}  # compute + memory time (they do not overlap)")
-    if hw.time_slice:
-        lines.append(f"time_slice = {_value(float(hw.time_slice))}  # seconds: ranks > cores take turns")
-    if hw.oversubscription_slowdown:
-        lines.append(f"oversubscription_slowdown = {_value(float(hw.oversubscription_slowdown))}"
-                     + ("  # while any rank waits for a core" if hw.time_slice else "  # per runnable rank > cores"))
-    if hw.split_backward_overhead:
-        lines.append(f"split_backward_overhead = {_value(float(hw.split_backward_overhead))}  # seconds per I or W")
-    if hw.split_group_overhead:
-        lines.append(f"split_group_overhead = {_value(float(hw.split_group_overhead))}"
-                     "  # seconds per weighted op of the stage, per W")
-    if hw.split_graph_overhead:
-        lines.append(f"split_graph_overhead = {_value(float(hw.split_graph_overhead))}"
-                     "  # seconds per backward op of the stage, per I")
-    if hw.send_overhead:
-        lines.append(f"send_overhead = {_value(float(hw.send_overhead))}  # seconds per SEND (isend posting)")
-    if hw.late_recv_delay:
-        lines.append(f"late_recv_delay = {_value(float(hw.late_recv_delay))}  # seconds, RECV begun after its SEND")
-    if hw.oversubscribed_recv_delay:
-        lines.append(f"oversubscribed_recv_delay = {_value(float(hw.oversubscribed_recv_delay))}"
-                     "  # seconds more when ranks > cores")
-    if hw.node_corun_slowdown:
-        lines.append(f"node_corun_slowdown = {_value(float(hw.node_corun_slowdown))}  # per other runnable rank")
-    d = hw.device
-    lines += ["", "[device]", f"name = {_value(d.name)}",
-              f"hbm_bandwidth = {_value(float(d.hbm_bandwidth))}  # bytes/s",
-              f"memory = {int(d.memory)}  # bytes", f"compute_efficiency = {_value(float(d.compute_efficiency))}",
-              "flops = { " + ", ".join(f"{k} = {_value(float(v))}" for k, v in sorted(d.flops.items()))
-              + " }  # FLOP/s"]
-    for field_name in ("kind_efficiency", "kind_memory_efficiency"):
-        kinds = getattr(d, field_name)
-        if kinds:
-            lines.append(f"{field_name} = {{ " + ", ".join(f"{k} = {_value(float(v))}" for k, v in
-                                                           sorted(kinds.items())) + " }")
-    for section, link in (("intra", hw.intra), ("inter", hw.inter)):
-        if link is None:
-            continue
-        lines += ["", f"[{section}]", f"name = {_value(link.name)}",
-                  f"bandwidth = {_value(float(link.bandwidth))}  # bytes/s per direction, effective",
-                  f"peak_bandwidth = {_value(float(link.peak_bandwidth))}  # bytes/s per direction, datasheet",
-                  f"latency = {_value(float(link.latency))}  # seconds", f"shared = {_value(link.shared)}"]
+    lines = [f"# pipesim hardware: {hw.name}", "# units: bytes/s, seconds, bytes, FLOP/s", "", *_lines(hw, False)]
+    for section in _SECTIONS:
+        table = getattr(hw, section)
+        if table is not None:
+            lines += ["", f"[{section}]", *_lines(table, section != "host")]
     return "\n".join(lines) + "\n"

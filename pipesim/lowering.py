@@ -6,19 +6,16 @@ goes right before the compute that consumes it. Stages on the same rank exchange
 
 from __future__ import annotations
 
-from pipesim.deps import producers, transfer_actions
+from pipesim.deps import consumer_stage, producers, transfer_actions
 from pipesim.ir import Action, Kind, Schedule
 
 
 def needs_send(action: Action, schedule: Schedule) -> Action | None:
-    """The SEND that must follow compute `action`, or None."""
-    s, last = action.stage, schedule.num_stages - 1
-    if action.kind == Kind.F and s < last and schedule.rank_of(s + 1) != schedule.rank_of(s):
-        return Action(s, Kind.SEND_F, action.microbatch)
-    if action.kind in (Kind.B, Kind.I) and s > 0:
-        if schedule.rank_of(s - 1) != schedule.rank_of(s):
-            return Action(s, Kind.SEND_B, action.microbatch)
-    return None
+    """The SEND that must follow compute `action` (its consumer lives on another rank), or None."""
+    consumer = consumer_stage(action, schedule)
+    if consumer is None or schedule.rank_of(consumer) == schedule.rank_of(action.stage):
+        return None
+    return Action(action.stage, Kind.SEND_F if action.kind == Kind.F else Kind.SEND_B, action.microbatch)
 
 
 def add_p2p(schedule: Schedule) -> Schedule:

@@ -1,15 +1,24 @@
-"""The model both the cost model and the executor build: the lecture's deep MLP or a small GPT.
+"""The model both the cost model and the executor build: the lecture's deep MLP or a decoder-only transformer.
 
-One config so that simulated and executed runs describe the same network.
+One config so that simulated and executed runs describe the same network. kind "gpt" is the GPT
+of Megatron's papers by default (4h GeLU MLP, LayerNorm, dropout, biases, learned positions); the
+fields after `seed` turn it into a Llama-style model (grouped-query attention, SwiGLU of its own
+width, RMSNorm, RoPE, no biases or dropout, tied or untied embeddings). Their defaults keep the
+"mlp" and "gpt" models exactly as they were, and `to_dict` leaves them out while at the default.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 from pipesim.errors import PipesimError
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+ACTIVATIONS = ("gelu", "swiglu")  # MLP: Linear-GeLU-Linear, or SwiGLU's gate, up and down matrices
+NORMS = ("layernorm", "rmsnorm")
+POSITIONS = ("learned", "rope")  # a learned (seq x hidden) table, or rotary embeddings (no parameters)
+STRUCTURE_FIELDS = ("kv_heads", "ffn_hidden", "activation", "norm", "dropout", "biases", "positions",
+                    "tied_embeddings")  # left out of to_dict while at their defaults
 
 
 @dataclass(frozen=True)
@@ -25,6 +34,15 @@ class ModelConfig:
     batch: int = 64  # global batch per step (split into microbatches)
     dtype: str = "float32"  # parameter and activation dtype
     seed: int = 0  # parameters and synthetic data come from this seed
+    # transformer structure (gpt only); the defaults are the GPT of Megatron's papers
+    kv_heads: int | None = None  # key/value heads (grouped-query attention); None: as many as heads
+    ffn_hidden: int | None = None  # MLP width; None: 4 * hidden
+    activation: str = "gelu"  # "gelu" (two matrices) or "swiglu" (gate, up, down: three matrices)
+    norm: str = "layernorm"  # "layernorm" (weight and bias) or "rmsnorm" (weight only)
+    dropout: bool = True  # dropout after softmax, projection and MLP (masks stashed); Llama has none
+    biases: bool = True  # biases on the linear layers; Llama has none
+    positions: str = "learned"  # position embedding: "learned" table or "rope"
+    tied_embeddings: bool = False  # the LM head reuses the token embedding's matrix
 
     def __post_init__(self) -> None:
         if self.kind not in ("mlp", "gpt"):
@@ -37,10 +55,40 @@ class ModelConfig:
             raise PipesimError(f"unknown dtype {self.dtype!r}; choose one of {', '.join(DTYPE_BYTES)}")
         if self.kind == "gpt" and self.hidden % self.heads:
             raise PipesimError(f"--hidden {self.hidden} must be divisible by --heads {self.heads}")
+        self._check_structure()
+
+    def _check_structure(self) -> None:
+        """The transformer fields: types, choices, and kv heads dividing the heads."""
+        for name, flag in (("kv_heads", "--kv-heads"), ("ffn_hidden", "--ffn-hidden")):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise PipesimError(f"{flag} must be a positive integer, got {value!r}")
+        for name, choices in (("activation", ACTIVATIONS), ("norm", NORMS), ("positions", POSITIONS)):
+            if getattr(self, name) not in choices:
+                raise PipesimError(f"unknown {name} {getattr(self, name)!r}; choose {' or '.join(choices)}")
+        for name in ("dropout", "biases", "tied_embeddings"):
+            if not isinstance(getattr(self, name), bool):
+                raise PipesimError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if self.kind == "gpt" and self.heads % self.num_kv_heads:
+            raise PipesimError(f"--kv-heads {self.num_kv_heads} must divide --heads {self.heads}")
 
     @property
     def dtype_bytes(self) -> int:
         return DTYPE_BYTES[self.dtype]
+
+    @property
+    def num_kv_heads(self) -> int:
+        """Key/value heads: `kv_heads`, or one per query head (multi-head attention)."""
+        return self.heads if self.kv_heads is None else self.kv_heads
+
+    @property
+    def ffn_size(self) -> int:
+        """Width of the MLP's hidden layer: `ffn_hidden`, or GPT's 4 * hidden."""
+        return 4 * self.hidden if self.ffn_hidden is None else self.ffn_hidden
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
 
     def microbatch_size(self, microbatches: int) -> int:
         """Samples per microbatch; the batch must split evenly."""
@@ -48,8 +96,39 @@ class ModelConfig:
             raise PipesimError(f"--batch {self.batch} does not split into {microbatches} microbatches evenly")
         return self.batch // microbatches
 
+    def microbatches_for(self, dp: int = 1, *, microbatches: int | None = None,
+                         microbatch_size: int | None = None) -> int:
+        """Microbatches per step on each dp replica from either spelling: m = batch / (dp x microbatch size).
+
+        Megatron and torchtitan users give the microbatch size; both given must agree.
+        """
+        for flag, value in (("--microbatches", microbatches), ("--microbatch-size", microbatch_size)):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise PipesimError(f"{flag} must be a positive integer, got {value!r}")
+        if microbatches is None and microbatch_size is None:
+            raise PipesimError("give --microbatches or --microbatch-size")
+        if microbatch_size is None:
+            if self.batch % (dp * microbatches):
+                raise PipesimError(f"--batch {self.batch} does not split into dp({dp}) x {microbatches} "
+                                   "microbatches evenly")
+            return microbatches
+        if microbatches is not None and dp * microbatches * microbatch_size != self.batch:
+            raise PipesimError(f"--microbatches {microbatches} and --microbatch-size {microbatch_size} disagree: "
+                               f"dp({dp}) x {microbatches} x {microbatch_size} = "
+                               f"{dp * microbatches * microbatch_size}, not --batch {self.batch}")
+        if self.batch % (dp * microbatch_size):
+            raise PipesimError(f"--batch {self.batch} does not split into dp({dp}) x microbatches of "
+                               f"--microbatch-size {microbatch_size}")
+        return self.batch // (dp * microbatch_size)
+
     def to_dict(self) -> dict:
-        return asdict(self)
+        """All fields, less the transformer-structure ones still at their default (older files read the same)."""
+        data = asdict(self)
+        for f in fields(self):
+            if f.name in STRUCTURE_FIELDS and data[f.name] == f.default:
+                del data[f.name]
+        return data
+
 
 
 def split_layers(layers: int, stages: int, weights: list[int] | None = None) -> list[int]:

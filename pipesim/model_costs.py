@@ -189,6 +189,44 @@ def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hard
                          dp_grad_bytes=tuple(grads), layers_per_stage=tuple(split), dtype_bytes=d)
 
 
+FIW = tuple[float, float, float]  # one figure per kind of compute: F, I, W
+
+
+def stage_work(model: ModelConfig, num_stages: int, m: int) -> list[tuple[FIW, FIW, FIW]]:
+    """((F, I, W) FLOPs, (F, I, W) bytes moved, (F, I, W) framework ops) of one microbatch on each
+    stage, as `model_costs` counts them (no tensor parallelism); the calibration fit inverts them."""
+    b = model.batch // m
+    out = []
+    for s, layers in enumerate(split_layers(model.layers, num_stages)):
+        if model.kind == "mlp":
+            work = mlp_stage_work(model, b, layers, first=s == 0)
+        else:
+            work = gpt_stage_work(model, b, layers, first=s == 0, last=s == num_stages - 1)
+        out.append(tuple(tuple(part[k] for k in "FIW") for part in (work.flops, work.moved, work.ops)))
+    return out
+
+
+def stage_flops(model: ModelConfig, num_stages: int, m: int) -> list[FIW]:
+    """(F, I, W) FLOPs of one microbatch on each stage, as the simulator's cost model counts them."""
+    return [work[0] for work in stage_work(model, num_stages, m)]
+
+
+def action_flops(kind: str, stage: int, flops: FIW) -> tuple[FIW, int]:
+    """(FLOPs attributed to the F, I, W rates, overheads charged) of one executed compute action.
+
+    The first stage has no input gradient: its I is empty and its W runs the whole backward (a plain
+    one, charged like a B), the rule `model_costs` applies to its durations.
+    """
+    f, i, w = flops
+    if kind == "F":
+        return (f, 0.0, 0.0), 1
+    if kind == "B":
+        return (0.0, i, w), 2
+    if kind == "I":
+        return ((0.0, 0.0, 0.0), 1) if stage == 0 else ((0.0, i, 0.0), 1)
+    return ((0.0, i, w), 2) if stage == 0 else ((0.0, 0.0, w), 1)
+
+
 def uniform_costs(num_stages: int, spec: dict[str, float], boundary_bytes: int = 0) -> ParallelCosts:
     """Hand-given costs (`parse_cost_spec` output: seconds of F, I, W), the same on every stage."""
     table = CostTable.uniform(num_stages, spec["F"], spec["I"], spec["W"], boundary_bytes=boundary_bytes)
@@ -226,4 +264,5 @@ def check_fits_memory(costs: ParallelCosts, hw: Hardware, peak_inflight_by_stage
             )
 
 
-__all__ = ["ParallelCosts", "check_fits_memory", "model_costs", "uniform_costs"]
+__all__ = ["ParallelCosts", "action_flops", "check_fits_memory", "model_costs", "stage_flops", "stage_work",
+           "uniform_costs"]

@@ -5,17 +5,18 @@ bus), each with a single FIFO queue. A transfer is served in the order it was po
 once every resource it needs is free of all earlier-posted transfers, holds them all while its
 bytes move (latency + bytes / bandwidth), then lets them go. Because service is strictly in posting
 order, the start time is known the moment a transfer is posted, so a transfer costs one table
-update and at most one SimPy wake-up instead of a process; there is no hold-and-wait, hence no
-deadlock, and SimPy's insertion-ordered event queue makes ties deterministic.
+update and at most one wake-up instead of a process; there is no hold-and-wait, hence no
+deadlock, and the clock's insertion-ordered event queue makes ties deterministic.
+
+When a posted message completes its RECV is the P2P plug-in's business: `PlainP2P` (the bytes have
+arrived) or `GlooP2P` (CPU processes talking gloo: posting a SEND holds its rank, and a RECV that
+reaches a message posted while it computed waits for the sender's progress thread). Both have one
+interface: `send_hold` (seconds a SEND holds its rank) and `recv_done(now, post, arrive)`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from heapq import heappush
-
-import simpy
-from simpy.core import NORMAL
 
 from pipesim.ir import Action
 
@@ -37,25 +38,6 @@ class Transfer:
     blocker: Transfer | None = None  # the earlier transfer whose release let this one start
 
 
-class Environment(simpy.Environment):
-    """SimPy's environment plus re-armable alarms at absolute times (touches SimPy's event queue directly).
-
-    Waking at an absolute time keeps times exact (no `now + (t - now)` rounding); re-arming one
-    event per sleeper saves an allocation per wake-up, which matters at ~200k wake-ups per step.
-    """
-
-    def alarm(self) -> simpy.Event:
-        """An event that can be armed again and again; it always succeeds."""
-        event = simpy.Event(self)
-        event._ok, event._value = True, None  # what Event.succeed would set
-        return event
-
-    def arm(self, alarm: simpy.Event, callbacks: list, when: float) -> None:
-        """Fire `alarm` at time `when` (>= now), calling `callbacks`; it must not be pending already."""
-        alarm.callbacks = callbacks  # step() reads this list and then clears the attribute
-        heappush(self._queue, (when, NORMAL, next(self._eid), alarm))
-
-
 class LinkPool:
     """FIFO reservation tables for the machine's contended resources."""
 
@@ -75,3 +57,30 @@ class LinkPool:
         for name in tr.resources:
             free[name] = tr.end
             holder[name] = tr
+
+
+class PlainP2P:
+    """A RECV completes when its bytes have arrived; posting a SEND costs its rank nothing (GPUs, NCCL)."""
+
+    send_hold = 0.0  # seconds a SEND holds its rank
+
+    @staticmethod
+    def recv_done(now: float, post: float, arrive: float) -> float:
+        """When a RECV begun at `now` ends, for a message posted at `post` whose bytes arrive at `arrive`."""
+        return arrive
+
+
+@dataclass(frozen=True)
+class GlooP2P:
+    """gloo between CPU processes: posting an isend holds the rank `send_hold`; a RECV that finds its message
+    posted before it began lasts at least `late_recv`, the receiver asking and the sender's progress thread
+    (sharing a core with the sender's compute) answering late."""
+
+    send_hold: float  # seconds a SEND holds its rank
+    late_recv: float  # seconds a RECV of an already posted message lasts at least
+
+    def recv_done(self, now: float, post: float, arrive: float) -> float:
+        """When a RECV begun at `now` ends, for a message posted at `post` whose bytes arrive at `arrive`."""
+        if self.late_recv and post < now and now + self.late_recv > arrive:  # posted while we computed: late
+            return now + self.late_recv
+        return arrive

@@ -8,43 +8,17 @@ bytes and bytes/s.
 
 from __future__ import annotations
 
-import gc
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from pipesim.costs import CostTable
+from pipesim.deps import message_slot
 from pipesim.ir import COMPUTE, RECVS, Schedule
 from pipesim.sim_links import Transfer
+from pipesim.sim_records import CollectiveRecord, no_gc
 from pipesim.timeline import Event, Timeline
 
 SCHEMA = "pipesim.simulate/1"
-
-
-@contextmanager
-def no_gc():
-    """Pause Python's cyclic GC: big runs hold ~1M small acyclic objects it would rescan repeatedly."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
-@dataclass
-class CollectiveRecord:
-    """A collective on a rank's collective stream (data-parallel gradient all-reduce)."""
-
-    rank: int
-    kind: str  # "all_reduce"
-    stage: int
-    start: float  # seconds
-    end: float  # seconds
-    nbytes: int  # bytes per device buffer
-    after: int = -1  # index of the compute action whose end released it
-    prev: CollectiveRecord | None = None  # the collective before it on the same stream
 
 
 @dataclass
@@ -90,8 +64,8 @@ class SimResult:
         )
 
     def recv_transfer(self, recv) -> Transfer:
-        """The message a RECV action consumed (slots are numbered as in the simulator's compile step)."""
-        return self.messages[(2 * recv.stage + (recv.kind._value_ == "RECV_B")) * self.slot_stride + recv.microbatch]
+        """The message a RECV action consumed (`pipesim.deps.message_slot`, as the simulator numbered it)."""
+        return self.messages[message_slot(recv.stage, recv.kind, recv.microbatch, self.slot_stride)]
 
     # -- per-rank metrics ------------------------------------------------------------------------
 
@@ -111,10 +85,9 @@ class SimResult:
             for prog, s, e in zip(self.schedule.programs, self.starts, self.ends):
                 busy = wait = 0.0
                 for a, t0, t1 in zip(prog, s, e):
-                    k = a.kind._value_
-                    if len(k) == 1:  # F, B, I, W
+                    if a.kind in COMPUTE:
                         busy += t1 - t0
-                    elif k[0] == "R":  # RECV_F, RECV_B
+                    elif a.kind in RECVS:
                         wait += t1 - t0
                 cached.append((busy, wait))
             self.__dict__["_busy_wait"] = cached

@@ -1,19 +1,25 @@
 """What to simulate a schedule against: hardware, a model or hand-given costs, dp/tp, links on/off.
 
-One place turns CLI flags into costs, so `pipesim simulate` and `pipesim sweep` (and the plots)
-agree on defaults: a model is costed on `dgx-h100` unless told otherwise; `--cost` alone means
-abstract seconds with no links, like the closed forms.
+One object turns a model or hand-given costs into a simulation, so `pipesim simulate` and
+`pipesim sweep` (their flags: pipesim.commands.setup_args) and the calibration agree on defaults: a
+model is costed on `dgx-h100` unless told otherwise; `--cost` alone means abstract seconds with no
+links, like the closed forms.
 """
 
 from __future__ import annotations
 
-import argparse
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
 
+from pipesim.analysis import inflight_by_stage
+from pipesim.costs import CostTable
 from pipesim.errors import PipesimError
+from pipesim.hardware import Hardware
 from pipesim.ir import Schedule
 from pipesim.model_config import ModelConfig
+from pipesim.model_costs import ParallelCosts, check_fits_memory, model_costs, uniform_costs
+from pipesim.parallel_dims import ParallelDims
+from pipesim.sim_result import SimResult
+from pipesim.simulator import check_devices, simulate
 
 DEFAULT_HARDWARE = "dgx-h100"
 
@@ -22,7 +28,7 @@ DEFAULT_HARDWARE = "dgx-h100"
 class SimSetup:
     """Everything but the schedule; `run(schedule)` gives a SimResult."""
 
-    hardware: Any = None  # pipesim.hardware.Hardware, or None (cost mode without links)
+    hardware: Hardware | None = None  # None: cost mode without links
     model: ModelConfig | None = None  # costed with pipesim.model_costs when given
     cost: dict[str, float] | None = None  # parse_cost_spec output (seconds of F, I, W) when given
     boundary_bytes: int = 0  # bytes per P2P message in cost mode
@@ -33,13 +39,8 @@ class SimSetup:
     check_memory: bool = True  # refuse a model that does not fit device memory
     layer_split: tuple[int, ...] | None = None  # layers per stage (uneven splits); None: even
 
-    def costs(self, schedule: Schedule) -> Any:
-        """A ParallelCosts for `schedule` (cost mode or model mode); PipesimError if it does not fit."""
-        from pipesim.analysis import inflight_by_stage
-        from pipesim.model_costs import check_fits_memory, model_costs, uniform_costs
-        from pipesim.parallel_dims import ParallelDims
-        from pipesim.simulator import check_devices
-
+    def costs(self, schedule: Schedule) -> ParallelCosts:
+        """The costs of `schedule` (cost mode or model mode); PipesimError if it does not fit."""
         check_devices(ParallelDims(pp=schedule.num_ranks, dp=self.dp, tp=self.tp), self.hardware)
         n = schedule.num_stages
         if self.cost is not None:
@@ -49,10 +50,6 @@ class SimSetup:
             share = schedule.num_ranks / n
             costs = uniform_costs(n, {k: t * share for k, t in self.cost.items()}, boundary_bytes=self.boundary_bytes)
             if self.activation_bytes:
-                from dataclasses import replace
-
-                from pipesim.costs import CostTable
-
                 table = CostTable(tuple(replace(c, activation_bytes=self.activation_bytes) for c in costs.table.stages))
                 costs = replace(costs, table=table)
             return costs
@@ -65,51 +62,6 @@ class SimSetup:
             check_fits_memory(costs, self.hardware, inflight_by_stage(schedule), placement=schedule.placement)
         return costs
 
-    def run(self, schedule: Schedule):
-        from pipesim.simulator import simulate
-
+    def run(self, schedule: Schedule) -> SimResult:
         return simulate(schedule, self.costs(schedule), self.hardware, comm=self.comm and self.hardware is not None,
                         dp=self.dp, tp=self.tp)
-
-
-def add_setup_args(parser: argparse.ArgumentParser) -> None:
-    """--hardware, --cost, --boundary-bytes, --activation-bytes, --comm, --dp, --tp (model flags separately)."""
-    from pipesim.commands.common import int_list, positive_int
-
-    g = parser.add_argument_group("costs and machine")
-    g.add_argument("--hardware", metavar="PRESET|FILE",
-                   help=f"hardware preset or TOML file (default {DEFAULT_HARDWARE} with a model; none with --cost)")
-    g.add_argument("--cost", metavar="SPEC",
-                   help="hand-given seconds per microbatch for one rank's share of the model: F=1,B=2 or "
-                        "F=1,I=1,W=1 (with v chunks per rank each chunk takes 1/v)")
-    g.add_argument("--boundary-bytes", type=int, default=0, metavar="BYTES",
-                   help="with --cost: bytes of each activation/gradient message (default 0)")
-    g.add_argument("--activation-bytes", type=int, default=0, metavar="BYTES",
-                   help="with --cost: bytes stashed per in-flight microbatch (default 0)")
-    g.add_argument("--comm", choices=("links", "none"), default=None,
-                   help="links: transfers hold the links for latency + bytes/bandwidth; none: free "
-                        "(default links when hardware is known)")
-    g.add_argument("--dp", type=positive_int, default=1, help="data-parallel replicas per stage (default 1)")
-    g.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel shards per stage (default 1)")
-    g.add_argument("--layer-split", type=int_list, default=None, metavar="N,N,...",
-                   help="layers per stage, e.g. 3,2,2,1 (default: even split, earlier stages take the remainder)")
-
-
-def setup_from_args(args: argparse.Namespace) -> SimSetup:
-    """Turn the shared flags into a SimSetup (loads the hardware, parses --cost)."""
-    from pipesim.commands.common import model_config
-    from pipesim.costs import parse_cost_spec
-    from pipesim.hardware import load_hardware
-
-    if args.boundary_bytes < 0 or args.activation_bytes < 0:
-        raise PipesimError("--boundary-bytes and --activation-bytes must be >= 0")
-    cost = parse_cost_spec(args.cost) if args.cost else None
-    hw_name = args.hardware or (None if cost is not None else DEFAULT_HARDWARE)
-    hardware = load_hardware(hw_name) if hw_name else None
-    comm = (args.comm or "links") == "links" and hardware is not None
-    model = None if cost is not None else model_config(args)
-    split = tuple(args.layer_split) if args.layer_split else None
-    if split and cost is not None:
-        raise PipesimError("--layer-split needs a model (--model), not --cost")
-    return SimSetup(hardware, model, cost, args.boundary_bytes, args.activation_bytes, comm, args.dp, args.tp,
-                    layer_split=split)

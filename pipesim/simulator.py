@@ -1,19 +1,20 @@
-"""The SimPy simulator: every pipeline rank runs its lowered program in order, like the executor.
+"""The simulator kernel: every pipeline rank runs its lowered program in order, like the executor.
 
-Each rank is a chain of SimPy events on its device. Compute holds the rank for its duration (plus the
-blocking tensor-parallel collectives of that action); a SEND posts a transfer and moves on (an
-isend; on host hardware posting holds the rank `send_overhead`); a RECV blocks until the matching
-transfer's bytes have arrived (and, on host hardware, lasts at least `late_recv_delay` when its message
-was posted while the receiver computed: gloo's progress thread must answer it). Transfers hold the link
-resources on the path between the two devices (`pipesim.sim_links`), so messages that share a
-port or a bus queue up. Data-parallel gradient all-reduces run on a per-rank collective stream
-after the stage's last backward, overlapping the rest of the step.
-On hardware with `host_cores`, ranks on a node share its cores: fluidly (`pipesim.host_model`), or
-with `time_slice` set, taking turns in slices (`pipesim.host_slices`), where a compute action
-begins when its rank first gets a core.
+It knows programs, dependencies, links and time; three small plug-ins say the rest:
+- compute (`pipesim.sim_program.TableCompute`): how long each compute action takes (the cost table);
+- host (`pipesim.host`: `HostSharing` or `HostTimeSlices`, only for hardware with a host profile):
+  how ranks on one node share its CPU cores; None on GPUs, where a compute holds its device alone;
+- P2P (`pipesim.sim_links.PlainP2P`, or `GlooP2P` on a host profile): when a RECV completes, and
+  how long posting a SEND holds its rank.
+Compute holds the rank for its duration (plus the blocking tensor-parallel collectives of that
+action); a SEND posts a transfer and moves on (an isend); a RECV blocks until the matching
+transfer's bytes have arrived. Transfers hold the link resources on the path between the two
+devices (`pipesim.sim_links`), so messages that share a port or a bus queue up. Data-parallel
+gradient all-reduces run on a per-rank collective stream after the stage's last backward,
+overlapping the rest of the step.
 
-Same input, same output: ranks start in rank order, resources are FIFO, and SimPy breaks
-time ties by insertion order, so two runs produce identical numbers bit for bit.
+Same input, same output: ranks start in rank order, resources are FIFO, and the clock
+(`pipesim.sim_clock`) breaks time ties by posting order, so two runs agree bit for bit.
 """
 
 from __future__ import annotations
@@ -21,18 +22,19 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
-from simpy import Event
-
+from pipesim.comm_costs import group_collective_time
 from pipesim.costs import CostTable
 from pipesim.errors import PipesimError
-from pipesim.host_model import host_cores_model
+from pipesim.host.sharing import HostSharing
+from pipesim.host.slices import HostTimeSlices
 from pipesim.ir import Schedule
 from pipesim.lowering import add_p2p
 from pipesim.parallel_dims import ParallelDims
-from pipesim.sim_links import Environment, LinkPool, Transfer
-from pipesim.sim_result import CollectiveRecord, SimResult, no_gc
-
-_COMPUTE, _SEND, _RECV = 0, 1, 2
+from pipesim.sim_clock import Clock
+from pipesim.sim_links import GlooP2P, LinkPool, PlainP2P, Transfer
+from pipesim.sim_program import ComputeOp, SendOp, TableCompute, compile_programs
+from pipesim.sim_records import CollectiveRecord, no_gc
+from pipesim.sim_result import SimResult
 
 
 def check_devices(par: ParallelDims, hw: Any) -> None:
@@ -64,18 +66,34 @@ def simulate(schedule: Schedule, costs: Any, hw: Any = None, *, comm: bool = Tru
             raise PipesimError("data/tensor parallelism needs a hardware description")
         comm = False
     check_devices(par, hw)
+    host = hw.host if hw is not None else None
+    compute = TableCompute(table, host.split_costs if host is not None else None)
+    p2p = GlooP2P(host.send_overhead, host.late_recv_delay) if host is not None and comm else PlainP2P()
     with no_gc():  # ~1M live objects at p=64, m=1024: the cyclic GC would rescan them again and again
-        return _Engine(add_p2p(schedule), table, costs, hw, comm, par).run()
+        return _Kernel(add_p2p(schedule), compute, costs, hw, comm, par, p2p).run()
 
 
-class _Engine:
-    """One simulation run: programs compiled to flat op lists, then SimPy processes per rank."""
+def host_model(clock: Clock, hw: Any, devices: list[int]) -> HostSharing | HostTimeSlices | None:
+    """The host plug-in for ranks on `devices`: None without a host profile; time slices when the
+    profile has a `time_slice`, else fluid sharing."""
+    host = hw.host if hw is not None else None
+    if host is None:
+        return None
+    nodes = [hw.node_of(d) for d in devices]
+    if host.time_slice:
+        return HostTimeSlices(clock, nodes, host.cores, host.node_corun_slowdown, host.time_slice,
+                              host.oversubscription_slowdown)
+    return HostSharing(clock, nodes, host.cores, host.node_corun_slowdown, host.oversubscription_slowdown)
 
-    def __init__(self, sched: Schedule, table: CostTable, costs: Any, hw: Any, comm: bool, par: ParallelDims):
-        self.sched, self.table, self.hw, self.comm, self.par = sched, table, hw, comm, par
-        self.env = Environment()
+
+class _Kernel:
+    """One simulation run: the compiled programs, the clock, and each rank's progress through its program."""
+
+    def __init__(self, sched: Schedule, compute: TableCompute, costs: Any, hw: Any, comm: bool, par: ParallelDims,
+                 p2p: PlainP2P | GlooP2P):
+        self.sched, self.table, self.hw, self.comm, self.par, self.p2p = sched, compute.table, hw, comm, par, p2p
+        self.clock = Clock()
         self.links = LinkPool()
-        self.tp_coll = getattr(costs, "tp_collectives", None) or {}
         self.dp_bytes = list(getattr(costs, "dp_grad_bytes", None) or [])
         n = sched.num_ranks
         self.starts = [[0.0] * len(p) for p in sched.programs]  # seconds, per action
@@ -84,127 +102,25 @@ class _Engine:
         self.memory: list[list[tuple[float, int]]] = [[(0.0, 0)] for _ in range(n)]  # (seconds, bytes)
         self.collectives: list[CollectiveRecord] = []
         self.last_coll: list[CollectiveRecord | None] = [None] * n  # each rank's collective stream
-        self.slots: list[Any] = []  # recv id -> Transfer, or the rank (int) blocked waiting for it
+        self.mbs = sched.num_microbatches  # message slots per (stage, direction)
+        self.slots: list[Any] = [None] * (2 * sched.num_stages * self.mbs)  # slot -> Transfer, or the blocked rank
         self.transfers: list[Transfer] = []  # in posting order
-        self.ops = self._compile()
-        self.send_post = getattr(hw, "send_overhead", 0.0) if hw is not None and comm else 0.0  # seconds per SEND
-        self.recv_late = self._late_recv()  # seconds
-        # ranks computing on host cores share them (None unless hw.host_cores is set)
-        self.host = host_cores_model(self.env, hw, [par.rank(pp=r) for r in range(n)])
-
-    # -- preparation ---------------------------------------------------------------------------
-
-    def _compile(self) -> list[list[tuple]]:
-        """Per rank, a list of op tuples (one shared tuple per (stage, kind)) for the hot loop.
-
-        Message slots are numbered arithmetically, (recv stage, direction) * stride + microbatch, and
-        ops are cached per (stage, kind), because creating and hashing Action objects would dominate
-        at p=64, m=1024.
-        """
-        sched = self.sched
-        mbs, split = 1, False
-        for prog in sched.programs:  # one pass instead of Schedule.split_backward + a max()
-            for a in prog:
-                if a.microbatch >= mbs:
-                    mbs = a.microbatch + 1
-                if a.kind._value_ == "I":
-                    split = True
-        self.slots = [None] * (2 * sched.num_stages * mbs)
-        self.mbs = mbs
-        release = "W" if split else "B"
-        last_grad: dict[int, tuple[int, int]] = {}  # stage -> (rank, index) of its last B/W
-        cache: dict[tuple[int, str], tuple] = {}  # (stage, kind) -> op; the microbatch is read at run time
-        all_ops = []
-        for rank, prog in enumerate(sched.programs):
-            ops: list[tuple] = []
-            append = ops.append
-            for i, a in enumerate(prog):
-                key = (a.stage, a.kind._value_)
-                op = cache.get(key)
-                if op is None:
-                    op = cache[key] = self._op(rank, a, release, mbs)
-                append(op)
-                if op[0] == _COMPUTE and op[6]:
-                    last_grad[a.stage] = (rank, i)
-            all_ops.append(ops)
-        for stage, (rank, i) in sorted(last_grad.items()):
-            op = all_ops[rank][i]
-            all_ops[rank][i] = op[:4] + (stage,) + op[5:]  # then all-reduce the stage's gradient
-        return all_ops
-
-    def _op(self, rank: int, a, release: str, mbs: int) -> tuple:
-        """The op of every action with this (stage, kind); message slot = op[1] + microbatch."""
-        k, st = a.kind._value_, a.stage
-        if len(k) == 1:  # F, B, I, W: (code, seconds, TP seconds, stash bytes, all-reduce stage, in-flight, grad)
-            act = self.table.stages[st].activation_bytes
-            sign = 1 if k == "F" else (-1 if k == release else 0)
-            d = self.table.duration(a)
-            if (k == "I" or k == "W") and st and self.hw is not None:  # split backward's runtime bookkeeping
-                d += self.hw.split_backward_overhead  # (the first stage's W is a plain backward, its I empty)
-                if k == "W":  # W runs autograd once per parameter group of the stage
-                    d += self.table.stages[st].weight_ops * self.hw.split_group_overhead
-                else:  # I first walks the stage's autograd graph (in Python) to find the groups
-                    d += self.table.stages[st].backward_ops * self.hw.split_graph_overhead
-            return (_COMPUTE, d, self._tp_time(rank, a), sign * act, -1, sign, k in ("B", "W"))
-        if k == "SEND_F":
-            return (_SEND, 2 * (st + 1) * mbs, *self._send_plan(rank, a))
-        if k == "SEND_B":
-            return (_SEND, (2 * (st - 1) + 1) * mbs, *self._send_plan(rank, a))
-        return (_RECV, (2 * st + (k == "RECV_B")) * mbs)
-
-    def _tp_time(self, rank: int, action) -> float:
-        """Seconds of the blocking TP collectives inside one compute action."""
-        colls = self.tp_coll.get((action.stage, action.kind.value)) if self.tp_coll else None
-        if not colls or self.par.tp == 1 or not self.comm:
-            return 0.0
-        from pipesim.comm_costs import group_collective_time
-
-        group = self.par.group("tp", self.par.rank(pp=rank))
-        return sum(group_collective_time(self.hw, kind, group, nbytes) for kind, nbytes in colls)
-
-    def _send_plan(self, rank: int, send) -> tuple:
-        """(dst rank, bytes, seconds, resources, link class name) of a SEND; the same for every microbatch."""
-        dst = self.sched.rank_of(send.peer_stage)
-        nbytes = self.table.transfer_bytes(send)
-        if not self.comm:
-            return dst, nbytes, 0.0, (), ""
-        a, b = self.par.rank(pp=rank), self.par.rank(pp=dst)
-        res = tuple(sorted(self.hw.link_resources(a, b)))
-        return dst, nbytes, self.hw.p2p_time(a, b, nbytes), res, self.hw.link_between(a, b).name
-
-    def _late_recv(self) -> float:
-        """Seconds a RECV lasts at least when its message was posted while the receiver computed.
-
-        Host ranks only (gloo): the receiver asks for the data when it reaches the RECV, and the
-        sender's progress thread, now sharing a core with its compute, answers late; more so with
-        more ranks than cores. 0 without hardware or without communication.
-        """
-        hw = self.hw
-        if hw is None or not self.comm or not hw.late_recv_delay:
-            return 0.0
-        if hw.host_cores is None or not hw.oversubscribed_recv_delay:
-            return hw.late_recv_delay
-        nodes = [hw.node_of(self.par.rank(pp=r)) for r in range(self.sched.num_ranks)]
-        extra = max(nodes.count(n) - hw.host_cores for n in set(nodes))
-        return hw.late_recv_delay + (hw.oversubscribed_recv_delay if extra > 0 else 0.0)
-
-    # -- the ranks ------------------------------------------------------------------------------
+        self.ops = compile_programs(sched, compute, hw, comm, par, getattr(costs, "tp_collectives", None) or {})
+        self.host = host_model(self.clock, hw, [par.rank(pp=r) for r in range(n)])
 
     def run(self) -> SimResult:
-        env, n = self.env, self.sched.num_ranks
+        clock, n = self.clock, self.sched.num_ranks
         self.pos = [0] * n  # next action of each rank
         self.blocked = [False] * n  # rank sleeps in the RECV at `pos` until its message arrives
         self.posting = [False] * n  # rank sleeps in the SEND at `pos` until it has posted it
         self.computing = [False] * n  # host cores: rank sleeps in the compute at `pos` until its work is done
-        self.host_done = [partial(self._advance, r, None) for r in range(n)]
+        self.wakers = [partial(self._advance, r) for r in range(n)]  # resume rank r where it stopped
         self.live = [0] * n  # bytes of stashed activations
         self.inflight = [0] * n  # microbatches whose activations are stashed
         self.peak_inflight = [0] * n
-        self.wakers = [[partial(self._advance, r)] for r in range(n)]  # callback lists of the alarms
-        self.alarms = [env.alarm() for _ in range(n)]
         for rank in range(n):
             self._wake(rank, 0.0)
-        env.run()
+        clock.run()
         stuck = [r for r in range(n) if self.pos[r] < len(self.ops[r])]
         if stuck:  # validation rules this out for registered schedules; CSV imports are validated too
             raise PipesimError(f"simulation deadlocked on ranks {stuck}")
@@ -212,21 +128,21 @@ class _Engine:
 
     def _wake(self, rank: int, when: float) -> None:
         """Resume `rank` at exactly `when` (>= now); a rank sleeps on one thing at a time."""
-        self.env.arm(self.alarms[rank], self.wakers[rank], when)
+        self.clock.at(when, self.wakers[rank])
 
-    def _advance(self, rank: int, _event: Event) -> None:
+    def _advance(self, rank: int) -> None:
         """Run the rank's program from where it stopped until it has to wait, then sleep.
 
-        A rank is a chain of SimPy events rather than a generator process: the same semantics
+        A rank is a chain of clock callbacks rather than a generator process: the same semantics
         (compute holds it for its duration, SEND posts and moves on, RECV blocks until arrival)
-        with a third of the per-event overhead. Times are exact: a rank is always woken at an
+        at a fraction of the per-event cost. Times are exact: a rank is always woken at an
         absolute time (compute end or message arrival), never at now + (t - now).
         """
-        env = self.env
-        now, i = env._now, self.pos[rank]
+        clock = self.clock
+        now, i = clock.now, self.pos[rank]
         starts, ends, ops, prog = self.starts[rank], self.ends[rank], self.ops[rank], self.sched.programs[rank]
         slots, wake = self.slots, self._wake
-        queue = env._queue  # nothing earlier than `now` pending -> keep going without a wake-up event
+        peek = clock.next_time  # nothing earlier than `now` pending -> keep going without a wake-up event
         mem = self.memory[rank]
         live, held, peak = self.live[rank], self.inflight[rank], self.peak_inflight[rank]
         if self.blocked[rank]:  # woken by the message this RECV waited for
@@ -239,7 +155,8 @@ class _Engine:
             i += 1
         elif self.computing[rank]:  # host cores: woken when the shared cores have done this action's work
             self.computing[rank] = False
-            _, _, tp, delta, grad_stage, count, _ = ops[i]
+            op = ops[i]
+            tp, delta, count, grad_stage = op.tp_seconds, op.stash_bytes, op.inflight, op.allreduce_stage
             starts[i] = self.host.started[rank]  # it began when it first had a core (time slices: maybe later)
             ends[i] = now
             if tp:
@@ -254,17 +171,18 @@ class _Engine:
                 self._dp_allreduce(rank, grad_stage, i, now)
             i += 1
         n = len(ops)
-        post, late = self.send_post, self.recv_late
+        post, recv_done, host = self.p2p.send_hold, self.p2p.recv_done, self.host
         while i < n:
             op = ops[i]
             starts[i] = now
-            code = op[0]
-            if code == _COMPUTE:
-                _, d, tp, delta, grad_stage, count, _ = op
-                if self.host is not None:  # shared cores: how long it takes depends on who else runs
+            record = type(op)
+            if record is ComputeOp:
+                d, tp = op.seconds, op.tp_seconds
+                if host is not None:  # shared cores: how long it takes depends on who else runs
                     self.computing[rank] = True
-                    self.host.start(rank, d + tp, self.host_done[rank])
+                    host.start(rank, d + tp, self.wakers[rank])
                     break
+                delta, count, grad_stage = op.stash_bytes, op.inflight, op.allreduce_stage
                 if tp:
                     d += tp
                     self.tp_time[rank][i] = tp
@@ -280,32 +198,30 @@ class _Engine:
                 if grad_stage >= 0:
                     self._dp_allreduce(rank, grad_stage, i, now)
                 i += 1
-                if d and queue and queue[0][0] <= now:  # another event comes first: sleep until `now`
-                    env.arm(self.alarms[rank], self.wakers[rank], now)
+                if d and peek() <= now:  # another event comes first: sleep until `now`
+                    clock.at(now, self.wakers[rank])
                     break
-            elif code == _SEND:
-                if post and self.host is not None:  # posting is CPU work on the shared cores too
+            elif record is SendOp:
+                if post and host is not None:  # posting is CPU work on the shared cores too
                     self.posting[rank] = True
-                    self.host.start(rank, post, self.host_done[rank])
+                    host.start(rank, post, self.wakers[rank])
                     break
                 if post:  # posting the isend holds the rank; the message leaves once it is posted
                     now += post
-                    if queue and queue[0][0] <= now:  # another event comes first: post at `now` after it
+                    if peek() <= now:  # another event comes first: post at `now` after it
                         self.posting[rank] = True
-                        env.arm(self.alarms[rank], self.wakers[rank], now)
+                        clock.at(now, self.wakers[rank])
                         break
                 self._post_send(rank, i, op, now)
                 i += 1
             else:
-                rid = op[1] + prog[i].microbatch
+                rid = op.slot + prog[i].microbatch
                 slot = slots[rid]
                 if slot is None:  # not posted yet: the sender wakes us at the arrival time
                     self.blocked[rank] = True
                     slots[rid] = rank
                     break
-                arrive = slot.end
-                if late and slot.post < now and now + late > arrive:  # posted while we computed: late
-                    arrive = now + late
+                arrive = recv_done(now, slot.post, slot.end)
                 if arrive > now:  # bytes still moving
                     self.blocked[rank] = True
                     wake(rank, arrive)
@@ -315,9 +231,9 @@ class _Engine:
         self.pos[rank] = i
         self.live[rank], self.inflight[rank], self.peak_inflight[rank] = live, held, peak
 
-    def _post_send(self, rank: int, i: int, op: tuple, now: float) -> None:
+    def _post_send(self, rank: int, i: int, op: SendOp, now: float) -> None:
         """Post the SEND at `i` on `rank` at `now`: its transfer takes the links, a blocked receiver is woken."""
-        _, rid, dst, nbytes, dur, res, link = op
+        rid, dst, nbytes, dur, res, link = op
         send = self.sched.programs[rank][i]
         tr = Transfer(send, rank, dst, nbytes, link, res, now, i)
         if res:
@@ -336,8 +252,6 @@ class _Engine:
         """Gradient all-reduce of `stage` over its data-parallel group, on the rank's collective stream."""
         if self.par.dp == 1 or not self.comm or not self.dp_bytes:
             return
-        from pipesim.comm_costs import group_collective_time
-
         nbytes = self.dp_bytes[stage]
         seconds = group_collective_time(self.hw, "all_reduce", self.par.group("dp", self.par.rank(pp=rank)), nbytes)
         prev = self.last_coll[rank]

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
+from tqdm import tqdm
+
+import schedules as registry
 from pipesim.errors import PipesimError
 from pipesim.sim_setup import SimSetup
 from pipesim.units import format_bytes
@@ -19,8 +22,6 @@ SCHEMA = "pipesim.sweep/1"
 def combinations(schedules: list[str], stages: list[int], microbatches: list[int],
                  virtual: list[int] | None = None) -> Iterator[tuple[str, int, int, int]]:
     """(schedule, p, m, v) in a stable order; v only varies for schedules that take --virtual."""
-    import schedules as registry
-
     for name in schedules:
         spec = registry.spec(name)  # unknown name: PipesimError up front
         vs = sorted(set(virtual)) if (spec.virtual and virtual) else [spec.default_virtual]
@@ -32,8 +33,6 @@ def combinations(schedules: list[str], stages: list[int], microbatches: list[int
 
 def run_one(setup: SimSetup, name: str, p: int, m: int, v: int) -> dict:
     """One row: makespan (s), bubble fraction, peak activation bytes and in-flight, link utilization."""
-    import schedules as registry
-
     sched = registry.build(name, p, m, v)  # valid by construction; the simulator reports deadlocks
     result = setup.run(sched)
     classes = result.link_class_stats()
@@ -65,8 +64,6 @@ def run_sweep(schedules: list[str], stages: list[int], microbatches: list[int], 
 def _progress(items: list, show: bool) -> Iterable:
     if not show:
         return items
-    from tqdm import tqdm
-
     return tqdm(items, desc="sweep", unit="run", disable=None, leave=False)
 
 

@@ -104,3 +104,24 @@ class Timeline:
         except (OSError, json.JSONDecodeError) as exc:
             raise PipesimError(f"cannot read timeline {path}: {exc}") from None
         return Timeline.from_dict(data, str(path))
+
+
+def pipeline_span(tl: Timeline, step: int) -> tuple[float, float, list[float]]:
+    """(first compute start, last compute end, compute seconds per rank) of one step of a measured run.
+
+    A measured step starts when its first compute starts (always 0F0 on rank 0): ranks that began the
+    step early sit in a RECV, which the simulator, starting every rank at 0, does not see either.
+    """
+    comp = [e for e in tl.events if e.step == step and e.stream == "compute"]
+    busy = [0.0] * tl.num_ranks
+    for e in comp:
+        busy[e.rank] += e.duration
+    return min(e.start for e in comp), max(e.end for e in comp), busy
+
+
+def trimmed_step(tl: Timeline, step: int) -> Timeline:
+    """One step from its first compute start (earlier RECV waits clipped), rebased to 0, for the plots."""
+    t0, _, _ = pipeline_span(tl, step)
+    events = [Event(**{**e.__dict__, "start": max(e.start, t0) - t0, "end": max(e.end, t0) - t0, "step": 0})
+              for e in tl.events if e.step == step and e.end > t0]
+    return Timeline(tl.source, tl.schedule, tl.num_ranks, events, {**tl.meta, "shown_step": step})

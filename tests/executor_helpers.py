@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import argparse
 import functools
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import torch
 
+from executor.launch import torchrun_command
 from executor.reference import train_reference
+from pipesim.commands.run_args import add_run_args, configs_from_args
 from pipesim.model_config import ModelConfig
 
 TINY_MLP = ["--model", "mlp", "--hidden", "16", "--layers", "4", "--batch", "8"]
@@ -28,14 +30,22 @@ def chain(*runs: list[str]) -> list[str]:
 
 
 def torchrun(nproc: int, args: list[str], *, timeout: float = 120.0) -> subprocess.CompletedProcess:
-    """`torchrun --standalone` (it picks a free port) running `-m executor ARGS`; short pg timeout."""
+    """`torchrun --standalone` (it picks a free port) running `-m executor --config JSON`; short pg timeout.
+
+    ARGS are `pipesim run`'s flags (without --nproc), turned into the configurations it would launch.
+    """
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     if "--pg-timeout" not in args:  # before any --then: the first configuration sets up the process group
         cut = args.index("--then") if "--then" in args else len(args)
         args = [*args[:cut], "--pg-timeout", "20", *args[cut:]]
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
-           "-m", "executor", *args]
+    cmd = torchrun_command(configs_from_args(_run_parser().parse_args(args)), nproc)
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _run_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pipesim run", add_help=False)
+    add_run_args(parser)
+    return parser
 
 
 def model_of(args: list[str]) -> ModelConfig:

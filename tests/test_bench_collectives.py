@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from executor.collectives_bench import busbw_factor, parse_size
-from pipesim.commands.bench import OPS
+from executor.collectives_bench import busbw_factor
+from executor.collectives_config import OPS, parse_size
 from pipesim.errors import PipesimError
 
 FACTORS_N2 = {"all_reduce": 1.0, "all_gather": 0.5, "reduce_scatter": 0.5, "scatter": 0.5, "gather": 0.5,
@@ -79,3 +79,15 @@ def test_bad_flags_fail_with_one_line_before_torchrun() -> None:
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         "pipesim: error: unknown collective 'allreduce'; choose from " + ", ".join(OPS)]
+
+
+def test_config_crosses_to_the_worker_as_json_of_its_fields() -> None:
+    from executor.collectives_config import CollectivesConfig
+
+    cfg = CollectivesConfig(sizes=(1024, 2**20), ops=("gather",), iters=3, warmup=0, backend="gloo", json="-",
+                            plot="c.html", lecture=True, elements=4096, timeout=7.5)
+    assert CollectivesConfig.from_json(cfg.to_json()) == cfg
+    with pytest.raises(PipesimError, match=r"unknown benchmark configuration field\(s\): size$"):
+        CollectivesConfig.from_json('{"size": [1]}')
+    with pytest.raises(PipesimError, match=r"^--warmup must be >= 0, got -1$"):
+        CollectivesConfig(warmup=-1).check()

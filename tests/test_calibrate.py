@@ -10,12 +10,21 @@ import sys
 
 import pytest
 
-from pipesim.calibrate import action_flops, build_hardware, stage_flops
-from pipesim.calibrate_fit import ComputeFit
+from pipesim.calibration.calibrate import build_hardware
+from pipesim.calibration.fit import ComputeFit
+from pipesim.calibration.measured import (
+    comm_action_seconds,
+    in_run_latency,
+    late_recv_delay,
+    message_delays,
+    samples_from_timeline,
+)
+from pipesim.calibration.plan import LECTURE_MLP, QUICK_MLP, run_spec, simulate_run
+from pipesim.calibration.refine import refine_corun, refine_oversubscription, refine_time_slice
 from pipesim.errors import PipesimError
 from pipesim.hardware_toml import hardware_to_toml, load_hardware
-from pipesim.measured import samples_from_timeline
 from pipesim.model_config import ModelConfig
+from pipesim.model_costs import action_flops, stage_flops
 from pipesim.timeline import Event, Timeline
 from tests.test_host_sharing import cpu_hardware
 
@@ -63,7 +72,7 @@ def test_hardware_file_round_trips_and_times_kinds(tmp_path):
     path.write_text(hardware_to_toml(hw))
     back = load_hardware(str(path))
     assert back == hw and hash(back) == hash(hw)
-    assert back.node_corun_slowdown == 0.15 and back.host_cores == 2
+    assert back.host.node_corun_slowdown == 0.15 and back.host.cores == 2
     assert back.compute_time(1e9, 0.0, "float32", "I") == pytest.approx(1e9 / 1e10 + 2.5e-4)
     assert back.compute_time(1e9, 0.0, "float32", "W") == pytest.approx(1e9 / 1.6e10 + 2.5e-4)
     assert back.compute_time(1e9, 0.0, "float32") == pytest.approx(1e9 / 2e10 + 2.5e-4)
@@ -71,7 +80,7 @@ def test_hardware_file_round_trips_and_times_kinds(tmp_path):
 
 def test_presets_keep_their_figures():
     hw = load_hardware("dgx-h100")
-    assert hw.device.kind_efficiency is None and hw.node_corun_slowdown == 0.0
+    assert hw.device.kind_efficiency is None and hw.host is None
     assert hw.compute_time(1e12, 0.0, "bfloat16", "I") == hw.compute_time(1e12, 0.0, "bfloat16")
 
 
@@ -97,7 +106,7 @@ def test_calibrate_quick_writes_a_file_simulate_accepts(tmp_path):
     proc = _cli("calibrate", "--quick", "-o", str(out), "--keep", str(tmp_path / "runs"))
     assert proc.returncode == 0, proc.stderr
     hw = load_hardware(str(out))
-    assert hw.host_cores >= 1 and hw.intra.bandwidth > 0 and hw.device.kind_efficiency["F"] == 1.0
+    assert hw.host.cores >= 1 and hw.intra.bandwidth > 0 and hw.device.kind_efficiency["F"] == 1.0
     assert sorted(p.name for p in (tmp_path / "runs").glob("round0/p2/fit-*.json")) == ["fit-1f1b-m2.json",
                                                                                       "fit-zb-h1-m4.json"]
     meta = Timeline.read(tmp_path / "runs" / "round0" / "p2" / "fit-1f1b-m2.json").meta
@@ -110,49 +119,40 @@ def test_calibrate_quick_writes_a_file_simulate_accepts(tmp_path):
 
 
 def test_refine_corun_recovers_the_step_level_co_run_slowdown():
-    from dataclasses import replace
-
-    from pipesim.calibrate import QUICK_MLP, refine_corun, run_spec, simulate_run
 
     hw = cpu_hardware(2, 0.0)
     runs = [run_spec("a", "1f1b", 4, QUICK_MLP), run_spec("b", "gpipe", 4, QUICK_MLP)]
-    truth = replace(hw, node_corun_slowdown=0.5 * 17 / 50)  # a grid point: found exactly
+    truth = hw.with_host(node_corun_slowdown=0.5 * 17 / 50)  # a grid point: found exactly
     measured = {r["id"]: simulate_run(truth, r).makespan for r in runs}
-    assert refine_corun(hw, runs, measured).node_corun_slowdown == truth.node_corun_slowdown
+    assert refine_corun(hw, runs, measured).host.node_corun_slowdown == truth.host.node_corun_slowdown
 
 
 def test_refine_oversubscription_uses_only_runs_with_more_ranks_than_cores():
-    from dataclasses import replace
-
-    from pipesim.calibrate import LECTURE_MLP, QUICK_MLP, refine_oversubscription, run_spec, simulate_run
 
     hw = cpu_hardware(2, 0.0)
     # stages long enough for 3-4 ranks to be runnable at once (QUICK_MLP's are shorter than a message)
     runs = [run_spec("a", "1f1b", 4, QUICK_MLP), run_spec("b", "gpipe", 8, LECTURE_MLP, p=4)]
-    truth = replace(hw, oversubscription_slowdown=13 / 50)  # a grid point of [0, 1]
+    truth = hw.with_host(oversubscription_slowdown=13 / 50)  # a grid point of [0, 1]
     measured = {r["id"]: simulate_run(truth, r).makespan for r in runs}
     measured["a"] *= 2  # a 2-rank run never enters this fit
-    assert refine_oversubscription(hw, runs, measured).oversubscription_slowdown == truth.oversubscription_slowdown
+    got = refine_oversubscription(hw, runs, measured)
+    assert got.host.oversubscription_slowdown == truth.host.oversubscription_slowdown
     assert refine_oversubscription(hw, runs[:1], measured) is hw  # nothing oversubscribed: unchanged
 
 
 def test_refine_time_slice_recovers_slice_and_slowdown_from_the_crowded_run():
-    from dataclasses import replace
 
-    from pipesim.calibrate import LECTURE_MLP, QUICK_MLP, refine_time_slice, run_spec, simulate_run
-
-    hw = replace(cpu_hardware(2, 0.0), oversubscribed_recv_delay=4e-4)
+    hw = cpu_hardware(2, 0.0)
     runs = [run_spec("a", "1f1b", 4, QUICK_MLP), run_spec("b", "1f1b", 8, LECTURE_MLP, p=4)]
     # grid points of both searches
-    truth = replace(hw, time_slice=3e-3, oversubscription_slowdown=13 / 50, oversubscribed_recv_delay=0.0)
+    truth = hw.with_host(time_slice=3e-3, oversubscription_slowdown=13 / 50)
     steps, bubbles = {}, {}
     for r in runs:
         res = simulate_run(truth, r)
         steps[r["id"]], bubbles[r["id"]] = res.makespan, res.bubble_fraction
     steps["a"] *= 2  # a 2-rank run never enters this fit
     got = refine_time_slice(hw, runs, steps, bubbles)
-    assert (got.time_slice, got.oversubscription_slowdown) == (truth.time_slice, truth.oversubscription_slowdown)
-    assert got.oversubscribed_recv_delay == 0.0  # the wake-ups that surcharge stood for are now simulated
+    assert got.host == truth.host
     assert refine_time_slice(hw, runs[:1], steps, bubbles) is hw  # nothing oversubscribed: unchanged
 
 
@@ -160,7 +160,7 @@ def test_sum_roofline_and_split_overhead_round_trip(tmp_path):
     fit = ComputeFit(rate=(2e10, 1e10, 1.6e10), overhead=2e-4, corun=0.0, mean_abs_error=0.0, samples=10,
                      bandwidth=5e9, split_overhead=1e-4)
     hw = build_hardware(fit, overhead=2e-4, latency=1e-4, bandwidth=1e9, membw=2e10, cores=2, devices=2, source="")
-    assert hw.roofline == "sum" and hw.device.hbm_bandwidth == 5e9 and hw.split_backward_overhead == 1e-4
+    assert hw.roofline == "sum" and hw.device.hbm_bandwidth == 5e9 and hw.host.split_backward_overhead == 1e-4
     path = tmp_path / "hw.toml"
     path.write_text(hardware_to_toml(hw))
     back = load_hardware(str(path))
@@ -178,7 +178,9 @@ def test_split_group_overhead_counts_the_stage_parameter_groups(tmp_path):
     from pipesim.costs import CostTable
     from pipesim.simulator import simulate
 
-    hw = replace(load_hardware("local-cpu"), host_cores=None, split_backward_overhead=0.25, split_group_overhead=0.125)
+    # a core per rank, no slowdowns: compute runs as on devices of their own
+    hw = load_hardware("local-cpu").with_host(node_corun_slowdown=0.0, oversubscription_slowdown=0.0, time_slice=0.0,
+                                              split_backward_overhead=0.25, split_group_overhead=0.125)
     plain = CostTable.uniform(2, 1.0, 1.0, 1.0)
     grouped = CostTable(tuple(replace(c, weight_ops=4) for c in plain.stages))  # 4 groups: +0.5 s per W
     # stage 1: I +0.25, W +0.25 + 0.5 (autograd once per group); stage 0's W is a plain backward: nothing
@@ -187,7 +189,7 @@ def test_split_group_overhead_counts_the_stage_parameter_groups(tmp_path):
     a, b = simulate(zb, grouped, hw, comm=False), simulate(zb, longer, None, comm=False)
     assert (a.starts, a.ends) == (b.starts, b.ends)
     (tmp_path / "hw.toml").write_text(hardware_to_toml(hw))
-    assert load_hardware(str(tmp_path / "hw.toml")).split_group_overhead == 0.125
+    assert load_hardware(str(tmp_path / "hw.toml")).host.split_group_overhead == 0.125
 
 
 def test_split_input_walks_the_stage_graph(tmp_path):
@@ -197,8 +199,8 @@ def test_split_input_walks_the_stage_graph(tmp_path):
     from pipesim.costs import CostTable
     from pipesim.simulator import simulate
 
-    hw = replace(load_hardware("local-cpu"), host_cores=None, split_backward_overhead=0.0, split_group_overhead=0.0,
-                 split_graph_overhead=0.0625)
+    hw = load_hardware("local-cpu").with_host(node_corun_slowdown=0.0, oversubscription_slowdown=0.0, time_slice=0.0,
+                                              split_group_overhead=0.0, split_graph_overhead=0.0625)
     plain = CostTable.uniform(2, 1.0, 1.0, 1.0)
     walked = CostTable(tuple(replace(c, backward_ops=8) for c in plain.stages))  # 8 ops: +0.5 s per split I
     # stage 1's I only: stage 0's I is empty (its W a plain backward), W does not walk
@@ -207,7 +209,7 @@ def test_split_input_walks_the_stage_graph(tmp_path):
     a, b = simulate(zb, walked, hw, comm=False), simulate(zb, longer, None, comm=False)
     assert (a.starts, a.ends) == (b.starts, b.ends)
     (tmp_path / "hw.toml").write_text(hardware_to_toml(hw))
-    assert load_hardware(str(tmp_path / "hw.toml")).split_graph_overhead == 0.0625
+    assert load_hardware(str(tmp_path / "hw.toml")).host.split_graph_overhead == 0.0625
 
 
 def test_split_backward_overhead_enters_the_zb_h1_closed_form():
@@ -217,7 +219,8 @@ def test_split_backward_overhead_enters_the_zb_h1_closed_form():
     from pipesim.costs import CostTable
     from pipesim.simulator import simulate
 
-    hw = replace(load_hardware("local-cpu"), host_cores=None, split_backward_overhead=0.5)
+    hw = load_hardware("local-cpu").with_host(node_corun_slowdown=0.0, oversubscription_slowdown=0.0, time_slice=0.0,
+                                              split_backward_overhead=0.5)
     plain = CostTable.uniform(2, 1.0, 1.0, 1.0)
     # the same as stage 1's I and W costing 0.5 s more each, and nothing else (the executor's first
     # stage has no input gradient: its W is a plain backward, without the split's bookkeeping)
@@ -248,8 +251,6 @@ def _message_timeline(p: int) -> Timeline:
 
 
 def test_send_figure_is_the_mean_of_the_measured_steps_sends():
-    from pipesim.measured import comm_action_seconds
-
     ev = [Event(0, "send", "SEND_F", 0, 0, 0.0, 9.0, 8, 1, step=0),  # warmup step: left out
           Event(0, "compute", "F", 0, 0, 10.0, 11.0, step=1),
           Event(0, "send", "SEND_F", 0, 0, 11.0, 12.0, 8, 1, step=1),
@@ -264,8 +265,6 @@ def test_send_figure_is_the_mean_of_the_measured_steps_sends():
 
 
 def test_message_delays_split_waiting_from_late_recvs_and_fit_the_delays():
-    from pipesim.measured import late_recv_delay, message_delays
-
     tl = _message_timeline(2)
     assert message_delays(tl) == [(0.75, 8, False), (1.5, 8, True), (0.5, 8, True)]
     assert late_recv_delay([tl]) == 1.0  # mean of the late RECVs only
@@ -273,8 +272,6 @@ def test_message_delays_split_waiting_from_late_recvs_and_fit_the_delays():
 
 
 def test_in_run_latency_from_the_waiting_receives():
-    from pipesim.calibrate import in_run_latency
-
     tl = _message_timeline(2)  # one waiting RECV: delivered 0.75 s after its SEND was posted, 8 bytes
     assert in_run_latency([tl], 16.0, 9.0) == 0.25  # 0.75 - 8 / 16
     assert in_run_latency([tl], 8.0, 9.0) == 0.0  # never negative
@@ -282,13 +279,11 @@ def test_in_run_latency_from_the_waiting_receives():
 
 
 def test_message_figures_round_trip_and_default_to_zero(tmp_path):
-    from dataclasses import replace
 
     base = load_hardware("dgx-h100")
-    assert (base.send_overhead, base.late_recv_delay, base.oversubscribed_recv_delay) == (0.0, 0.0, 0.0)
+    assert base.host is None  # GPUs: no SEND posting, no late RECVs
     assert "late_recv_delay" not in hardware_to_toml(base)
-    hw = replace(load_hardware("local-cpu"), send_overhead=2.5e-4, late_recv_delay=1.25e-3,
-                 oversubscribed_recv_delay=6.25e-4)
+    hw = load_hardware("local-cpu").with_host(send_overhead=2.5e-4, late_recv_delay=1.25e-3)
     path = tmp_path / "hw.toml"
     path.write_text(hardware_to_toml(hw))
     assert load_hardware(str(path)) == hw

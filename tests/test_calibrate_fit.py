@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from pipesim.calibrate import build_hardware
-from pipesim.calibrate_fit import ComputeFit, Sample, fit_compute, fit_link, typical_samples
+from pipesim.calibration.calibrate import build_hardware
+from pipesim.calibration.fit import ComputeFit, Sample, fit_compute, fit_link, typical_samples
+from pipesim.calibration.measured import interquartile_mean, typical_metrics, typical_run, typical_step
 from pipesim.errors import PipesimError
 from pipesim.hardware_toml import hardware_to_toml, load_hardware
-from pipesim.host_model import speed
-from pipesim.measured import interquartile_mean, typical_metrics, typical_run, typical_step
+from pipesim.host.sharing import speed
 from pipesim.timeline import Event, Timeline
 
 RATES = (20e9, 12e9, 16e9)  # FLOP/s of F, I, W
@@ -104,7 +104,7 @@ def test_fit_compute_recovers_backward_op_cost_and_the_split_input_graph_walk(tm
     assert fit.predict((0, 0, 0), 1, split=1, ops=4, backward_ops=4, graph=10) == pytest.approx(
         fit.overhead + 2e-4 + 4 * 2e-5 + 10 * 1.5e-5, rel=1e-6)
     hw = build_hardware(fit, overhead=0.0, latency=0.0, bandwidth=1e9, membw=1e9, cores=2, devices=2, source="")
-    assert (hw.backward_op_overhead, hw.split_graph_overhead) == (fit.per_op_backward, fit.split_graph)
+    assert (hw.backward_op_overhead, hw.host.split_graph_overhead) == (fit.per_op_backward, fit.split_graph)
     base = hw.compute_time(0.0, 0.0, "float32", "F")  # the per-action overhead alone
     assert hw.compute_time(0.0, 0.0, "float32", "F", ops=10) - base == pytest.approx(10 * fit.per_op)
     assert hw.compute_time(0.0, 0.0, "float32", "W", ops=10) - base == pytest.approx(10 * fit.per_op_backward)

@@ -12,7 +12,7 @@ from pipesim.comm_costs import (
     ring_time,
 )
 from pipesim.errors import PipesimError
-from pipesim.hardware import load_hardware
+from pipesim.hardware_toml import load_hardware
 
 
 def test_closed_forms():

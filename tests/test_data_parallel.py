@@ -11,6 +11,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from executor.data_parallel import allreduce_gradients, plan_buckets
+from executor.mesh import build_mesh
 from pipesim.errors import PipesimError
 from tests.conftest import free_port
 
@@ -40,6 +41,12 @@ def test_plan_buckets_rejects_a_non_positive_size() -> None:
         plan_buckets([torch.zeros(1)], 0)
 
 
+def _mine(groups: list[list[int]], rank: int) -> list[int]:
+    """The one group of a partition that holds `rank`."""
+    (group,) = [g for g in groups if rank in g]
+    return group
+
+
 def _worker(rank: int, world: int, port: int) -> None:
     os.environ["OMP_NUM_THREADS"] = "1"
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
@@ -55,20 +62,29 @@ def _worker(rank: int, world: int, port: int) -> None:
             assert no_grad.grad is None
             for p, want in zip(params, expected):
                 torch.testing.assert_close(p.grad, want, rtol=1e-6, atol=1e-6)
-        # DP groups of 2 inside the world (as with dp=2 x pp=2): {0, 2} and {1, 3} average among themselves
-        pairs = [dist.new_group([0, 2]), dist.new_group([1, 3])]
-        for bucket_bytes in (None, 64):
+        # the executor's meshes on this world: each group has the members ParallelDims gives (pp outermost,
+        # tp innermost), written out here, and the DP groups average among themselves only
+        meshes = [(build_mesh(2, 2, 1), [[0, 1], [2, 3]], None),  # (mesh: dp, pp, tp; its DP groups; TP groups)
+                  (build_mesh(2, 1, 2), [[0, 2], [1, 3]], [[0, 1], [2, 3]])]
+        for mesh, dp_groups, tp_groups in meshes:
+            assert dist.get_process_group_ranks(mesh.dp_group) == mesh.members("dp") == _mine(dp_groups, rank)
+            if tp_groups is None:
+                assert mesh.tp_group is None
+            else:
+                assert dist.get_process_group_ranks(mesh.tp_group) == mesh.members("tp") == _mine(tp_groups, rank)
+        for (mesh, dp_groups, _), bucket_bytes in zip(meshes, (None, 64)):
             params = [torch.nn.Parameter(torch.zeros(s)) for s in SHAPES]
             for p, g in zip(params, _grads_of(rank)):
                 p.grad = g
-            allreduce_gradients(params, pairs[rank % 2], bucket_bytes=bucket_bytes)
-            for p, *mine in zip(params, *(_grads_of(r) for r in (rank % 2, rank % 2 + 2))):
-                torch.testing.assert_close(p.grad, (mine[0] + mine[1]) / 2, rtol=1e-6, atol=1e-6)
+            allreduce_gradients(params, mesh.dp_group, bucket_bytes=bucket_bytes)
+            a, b = _mine(dp_groups, rank)
+            for p, mine_a, mine_b in zip(params, _grads_of(a), _grads_of(b)):
+                torch.testing.assert_close(p.grad, (mine_a + mine_b) / 2, rtol=1e-6, atol=1e-6)
     finally:
         dist.destroy_process_group()
 
 
 @pytest.mark.dist
 def test_allreduce_gradients_is_the_mean_of_per_rank_grads() -> None:
-    """World of 4, then groups of 2 inside it (one spawn: starting processes is the slow part)."""
+    """World of 4, then the executor's DP groups of 2 inside it (one spawn: starting processes is the slow part)."""
     mp.spawn(_worker, args=(4, free_port()), nprocs=4, join=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -59,16 +60,23 @@ def test_hung_peer_hits_the_process_group_timeout(tmp_path):
     assert not _alive_with(str(tmp_path))
 
 
-@pytest.mark.parametrize(("flags", "message"), [
-    (["--dp", "2", "--tp", "2", "--stages", "2"], "dp(2) * pp(2) * tp(2) != WORLD_SIZE(6)"),
-    (["--dp", "4"], "WORLD_SIZE(6) is not divisible by dp(4) * tp(1)"),
-    (["--layers", "4"], "--layers 4 is fewer than the 6 stages; each stage needs a layer"),
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"dp": 2, "tp": 2, "stages": 2}, "dp(2) * pp(2) * tp(2) != WORLD_SIZE(6)"),
+    ({"dp": 4}, "WORLD_SIZE(6) is not divisible by dp(4) * tp(1)"),
+    ({"model": {"layers": 4}}, "--layers 4 is fewer than the 6 stages; each stage needs a layer"),
+    ({"steps": 2, "stage": 2}, "unknown run configuration field(s): stage"),
+    (None, "usage: python -m executor --config JSON|FILE (the run configurations `pipesim run --print-config` "
+           "writes); got 1f1b --microbatches 4"),
 ])
-def test_config_errors_exit_2_before_any_process_group(flags, message):
+def test_config_errors_exit_2_before_any_process_group(fields, message):
     # no MASTER_ADDR/PORT: creating a process group would fail loudly, so exit 2 proves none was made
     env = {k: v for k, v in os.environ.items() if not k.startswith("MASTER_")}
     env.update(RANK="0", WORLD_SIZE="6", LOCAL_RANK="0")
-    proc = subprocess.run([sys.executable, "-m", "executor", "1f1b", "--microbatches", "4", "--batch", "8", *flags],
-                          env=env, capture_output=True, text=True, timeout=60)
+    config = {"names": ["1f1b"], "microbatches": 4, "model": {"batch": 8}}
+    for key, value in (fields or {}).items():
+        config[key] = {**config[key], **value} if isinstance(value, dict) else value
+    argv = ["--config", json.dumps([config])] if fields else ["1f1b", "--microbatches", "4"]
+    proc = subprocess.run([sys.executable, "-m", "executor", *argv], env=env, capture_output=True, text=True,
+                          timeout=60)
     assert proc.returncode == 2
     assert proc.stderr == f"executor: error: {message}\n"

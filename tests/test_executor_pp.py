@@ -17,7 +17,6 @@ import pytest
 import torch
 
 import schedules
-from executor.mesh import coords_of, grid
 from executor.models import Block, build_full, piece_ranges
 from executor.stage import Stage
 from executor.timing import RankLog, median_step_time, step_times
@@ -60,12 +59,6 @@ def test_split_backward_equals_full_backward(kind):
     split.backward_weight(0)
     for pa, pb in zip(a.parameters(), b.parameters(), strict=True):
         torch.testing.assert_close(pb.grad, pa.grad, rtol=1e-6, atol=1e-7)
-
-
-def test_grid_coordinates_tp_innermost():
-    assert grid(2, 2, 2).tolist() == [[[0, 1], [2, 3]], [[4, 5], [6, 7]]]
-    assert [tuple(vars(coords_of(r, 2, 2, 2)).values()) for r in (0, 1, 2, 5, 7)] == [
-        (0, 0, 0), (0, 0, 1), (0, 1, 0), (1, 0, 1), (1, 1, 1)]
 
 
 def test_gpt_pieces_put_embedding_first_and_head_last():

@@ -6,8 +6,10 @@ import dataclasses
 
 import pytest
 
+from pipesim.cost_equation import CostEquation, SplitCosts, action_seconds
 from pipesim.errors import PipesimError
-from pipesim.hardware import DeviceSpec, Hardware, LinkClass, hardware_to_toml, load_hardware, preset_names
+from pipesim.hardware import DeviceSpec, Hardware, HostProfile, LinkClass
+from pipesim.hardware_toml import hardware_to_toml, load_hardware, preset_names
 
 PRESETS = ["2x-dgx-h100", "4x-dgx-h100", "dgx-a100", "dgx-h100", "hgx-b200", "hgx-h200", "local-cpu", "pcie-4gpu"]
 
@@ -36,14 +38,16 @@ def test_preset_figures_match_reference():
     four = load_hardware("4x-dgx-h100")
     assert (four.num_nodes, four.num_devices, four.inter.peak_bandwidth) == (4, 32, 50e9)
     cpu = load_hardware("local-cpu")
-    assert (cpu.host_cores, cpu.intra.shared, cpu.intra.name) == (2, True, "loopback")
+    assert (cpu.host.cores, cpu.intra.shared, cpu.intra.name) == (2, True, "loopback")
+    assert all(load_hardware(name).host is None for name in PRESETS if name != "local-cpu")  # GPUs: no host
 
 
 def test_round_trip_keeps_unusual_values(tmp_path):
     hw = Hardware(
         name='odd "name"', device=DeviceSpec("x", {"float32": 1.0000000000000002e10}, 1.5, 3, 0.123456789),
         devices_per_node=3, num_nodes=2, intra=LinkClass("a", 1e-300 + 1, 2.5, 0.0, True),
-        inter=LinkClass("b", 7.0, 9.0, 1.25e-7), per_action_overhead=3e-9, host_cores=5, source="line\\with \\ slash",
+        inter=LinkClass("b", 7.0, 9.0, 1.25e-7), per_action_overhead=3e-9, source="line\\with \\ slash",
+        host=HostProfile(cores=5, late_recv_delay=0.1 + 0.2),
     )
     path = tmp_path / "odd.toml"
     path.write_text(hardware_to_toml(hw))
@@ -82,7 +86,47 @@ def test_compute_time_is_a_roofline_plus_overhead():
     assert hw.compute_time(1.0, 3.35e9, "bfloat16") == pytest.approx(1e-3 + 5e-6, rel=1e-15)
     bare = dataclasses.replace(hw, device=DeviceSpec("d", {"float32": 2.0}, 1.0, 1, 1.0))
     with pytest.raises(PipesimError, match="no bfloat16 FLOP/s"):
+        bare.cost_equation("bfloat16")
+    with pytest.raises(PipesimError, match="no bfloat16 FLOP/s"):
         bare.compute_time(1.0, 1.0, "bfloat16")
+
+
+def test_compute_time_is_the_cost_equation_the_fit_inverts():
+    """Hardware.compute_time evaluates `action_seconds` on the hardware's figures, bit for bit: per-kind
+    rates, the sum roofline, per-op costs (backward ops at their own), and a host's split bookkeeping."""
+    cpu = load_hardware("local-cpu")
+    eq = cpu.cost_equation("float32")
+    dev = cpu.device
+    assert eq.flop_rates == tuple(dev.flops["float32"] * (1.0 * dev.kind_efficiency[k]) for k in "FIW")
+    assert eq.memory_rates == tuple(dev.hbm_bandwidth * dev.kind_memory_efficiency[k] for k in "FIW")
+    assert (eq.roofline, eq.per_op, eq.backward_per_op) == ("sum", cpu.per_op_overhead, cpu.backward_op_overhead)
+    assert eq.split == SplitCosts(0.0, cpu.host.split_group_overhead, cpu.host.split_graph_overhead)
+    w = cpu.compute_time(3e9, 2e8, "float32", "W", 40)
+    assert w == 3e9 / eq.flop_rates[2] + 2e8 / eq.memory_rates[2] + 40 * cpu.backward_op_overhead
+    assert w == action_seconds(eq, (0.0, 0.0, 3e9), (0.0, 0.0, 2e8), ops=40, backward_ops=40)
+    f = cpu.compute_time(3e9, 2e8, "float32", "F", 40)
+    assert f == 3e9 / eq.flop_rates[0] + 2e8 / eq.memory_rates[0] + 40 * cpu.per_op_overhead
+    # a fused B on the fit's side: FLOPs of I and W work, two actions' overheads, both kinds' ops
+    two = CostEquation((1.0, 2.0, 4.0), (8.0, 8.0, 16.0), "sum", 0.5, 0.25, 0.125, SplitCosts(1.0, 2.0, 4.0))
+    assert action_seconds(two, (0, 2, 4), (0, 8, 16), actions=2, ops=3, backward_ops=2) == 2 + 2 + 1 + 0.25 + 0.25
+    assert two.split.add_to(1.0, 1, 3, 0) == 1.0 + 1.0 + 6.0  # a split W with 3 parameter groups
+    gpu = CostEquation((1.0, 1.0, 1.0), (2.0, 2.0, 2.0), "max", 0.5)
+    assert action_seconds(gpu, (3.0, 0, 0), (2.0, 0, 0)) == 3.5  # max(3, 1) + 0.5: overlapped
+
+
+def test_host_profile_round_trips_and_every_field_is_written(tmp_path):
+    host = HostProfile(cores=3, node_corun_slowdown=0.125, oversubscription_slowdown=0.25, time_slice=0.5,
+                       send_overhead=1e-4, late_recv_delay=2e-4, split_backward_overhead=3e-4,
+                       split_group_overhead=4e-4, split_graph_overhead=5e-4)
+    hw = dataclasses.replace(load_hardware("dgx-h100"), host=host, backward_op_overhead=1e-6, per_op_overhead=2e-6,
+                             roofline="sum")
+    text = hardware_to_toml(hw)
+    for f in dataclasses.fields(HostProfile):
+        assert f"\n{f.name} = " in text.split("[host]")[1]
+    path = tmp_path / "hw.toml"
+    path.write_text(text)
+    assert load_hardware(str(path)) == hw
+    assert "[host]" not in hardware_to_toml(load_hardware("dgx-h100"))
 
 
 GOOD = """\
@@ -111,7 +155,7 @@ def _load_text(tmp_path, text):
 def test_minimal_file_defaults(tmp_path):
     hw = _load_text(tmp_path, GOOD)
     assert hw.intra == LinkClass("nvlink", 1e11, 1e11, 1e-6, False)
-    assert (hw.inter, hw.per_action_overhead, hw.host_cores, hw.source) == (None, 0.0, None, "")
+    assert (hw.inter, hw.per_action_overhead, hw.host, hw.source) == (None, 0.0, None, "")
 
 
 @pytest.mark.parametrize(
@@ -135,7 +179,12 @@ def test_minimal_file_defaults(tmp_path):
         ('name = "t"', 'name = "t"\ncolour = "red"', "unknown field colour"),
         ("[intra]", "[intra]\n[intra]", "not valid TOML"),
         ("[intra]\nname", "[intr]\nname",
-         "unknown field intr (allowed: backward_op_overhead, device, devices_per_node, host_cores, inter,"),
+         "unknown field intr (allowed: backward_op_overhead, device, devices_per_node, host, inter,"),
+        ("num_nodes = 1", "num_nodes = 1\nhost_cores = 2", "unknown field host_cores (moved to [host].cores)"),
+        ("num_nodes = 1", 'num_nodes = 1\nroofline = "min"', 'roofline must be "max" or "sum", got \'min\''),
+        ("[intra]", "[host]\ntime_slice = 0.1\n[intra]", "missing field [host].cores"),
+        ("[intra]", "[host]\ncores = 2\ntime_slice = -1\n[intra]", "[host].time_slice must be a number >= 0 (seconds)"),
+        ("[intra]", "[host]\ncores = 2\nhost_cores = 2\n[intra]", "unknown field [host].host_cores (allowed: cores,"),
         ("[intra]\nname = \"nvlink\"\nbandwidth = 1e11\nlatency = 1e-6\n", "", "missing section [intra]"),
     ],
 )

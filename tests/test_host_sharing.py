@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from pipesim.hardware_toml import load_hardware
-from pipesim.host_model import HostSharing, runnable_profile, speed
+from pipesim.host.sharing import HostSharing, runnable_profile, speed
+from pipesim.sim_clock import Clock
 
 
 def test_speed_and_runnable_profile_closed_forms():
@@ -22,19 +23,12 @@ def test_speed_and_runnable_profile_closed_forms():
 
 def _sharing_run(cores: int, corun: float, oversub: float, jobs: list[tuple[int, float, float]]) -> dict[int, float]:
     """Finish time of each (rank, start, work) job under HostSharing on one node."""
-    import simpy
-
-    env = simpy.Environment()
-    host = HostSharing(env, [0] * len(jobs), cores, corun, oversub)
+    clock = Clock()
+    host = HostSharing(clock, [0] * len(jobs), cores, corun, oversub)
     ends: dict[int, float] = {}
-
-    def job(rank: int, start: float, work: float):
-        yield env.timeout(start)
-        host.start(rank, work, lambda: ends.__setitem__(rank, env.now))
-
-    for j in jobs:
-        env.process(job(*j))
-    env.run()
+    for rank, start, work in jobs:
+        clock.at(start, lambda r=rank, w=work: host.start(r, w, lambda: ends.__setitem__(r, clock.now)))
+    clock.run()
     return ends
 
 
@@ -54,8 +48,9 @@ def cpu_hardware(cores: int, corun: float):
     """local-cpu with `cores` host cores and co-run slowdown `corun`, fluid sharing, no turn-taking penalty."""
     from dataclasses import replace
 
-    return replace(load_hardware("local-cpu"), host_cores=cores, node_corun_slowdown=corun,
-                   oversubscription_slowdown=0.0, time_slice=0.0)
+    hw = load_hardware("local-cpu")
+    return replace(hw, host=replace(hw.host, cores=cores, node_corun_slowdown=corun, oversubscription_slowdown=0.0,
+                                    time_slice=0.0))
 
 
 def test_simulator_host_sharing():

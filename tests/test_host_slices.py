@@ -8,26 +8,24 @@ from dataclasses import replace
 import pytest
 
 from pipesim.hardware_toml import hardware_to_toml, load_hardware
-from pipesim.host_slices import HostTimeSlices
+from pipesim.host.slices import HostTimeSlices
+from pipesim.sim_clock import Clock
 
 
 def _slices_run(cores: int, time_slice: float, oversub: float,
                 jobs: list[tuple[int, float, float]]) -> tuple[dict[int, float], list]:
     """Finish time of each (rank, start, work) job under HostTimeSlices on one node, and first-core times."""
-    import simpy
-
-    env = simpy.Environment()
-    host = HostTimeSlices(env, [0] * len(jobs), cores, 0.0, time_slice, oversub)
+    clock = Clock()
+    host = HostTimeSlices(clock, [0] * len(jobs), cores, 0.0, time_slice, oversub)
     ends: dict[int, float] = {}
     first: dict[int, float] = {}
 
-    def job(rank: int, start: float, work: float):
-        yield env.timeout(start)
-        host.start(rank, work, lambda: (ends.__setitem__(rank, env.now), first.__setitem__(rank, host.started[rank])))
+    def done(rank: int) -> None:
+        ends[rank], first[rank] = clock.now, host.started[rank]
 
-    for j in jobs:
-        env.process(job(*j))
-    env.run()
+    for rank, start, work in jobs:
+        clock.at(start, lambda r=rank, w=work: host.start(r, w, lambda: done(r)))
+    clock.run()
     return ends, first
 
 
@@ -55,8 +53,9 @@ def test_a_rank_alone_or_with_a_free_core_never_waits():
 
 
 def _cpu(cores: int, time_slice: float):
-    return replace(load_hardware("local-cpu"), host_cores=cores, node_corun_slowdown=0.0,
-                   oversubscription_slowdown=0.0, time_slice=time_slice)
+    hw = load_hardware("local-cpu")
+    return replace(hw, host=replace(hw.host, cores=cores, node_corun_slowdown=0.0, oversubscription_slowdown=0.0,
+                                    time_slice=time_slice))
 
 
 def test_simulator_with_slices_longer_than_any_action_runs_each_action_whole():
@@ -103,9 +102,9 @@ def test_time_slice_round_trips_in_the_hardware_file(tmp_path):
     path = tmp_path / "hw.toml"
     path.write_text(hardware_to_toml(hw))
     back = load_hardware(str(path))
-    assert back.time_slice == 0.004 and back == hw
+    assert back.host.time_slice == 0.004 and back == hw
     path.write_text(hardware_to_toml(hw).replace("time_slice = 0.004", "time_slice = -1"))
     from pipesim.errors import PipesimError
 
-    with pytest.raises(PipesimError, match="time_slice"):
+    with pytest.raises(PipesimError, match=r"\[host\].time_slice must be a number >= 0"):
         load_hardware(str(path))

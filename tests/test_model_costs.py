@@ -12,7 +12,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from pipesim.costs import parse_cost_spec
 from pipesim.errors import PipesimError
-from pipesim.hardware import load_hardware
+from pipesim.hardware_toml import load_hardware
 from pipesim.ir import Action, Kind
 from pipesim.model_config import ModelConfig
 from pipesim.model_costs import (

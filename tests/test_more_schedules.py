@@ -11,8 +11,8 @@ from pipesim.errors import PipesimError
 from pipesim.graph import critical_path
 from pipesim.ir import Action, Kind
 from pipesim.lowering import add_p2p
+from pipesim.schedule_check import fifo_mismatches
 from pipesim.torch_csv import parse_rows
-from pipesim.validate import fifo_mismatches
 from schedules.unit_time import merge_unit_time
 
 

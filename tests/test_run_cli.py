@@ -2,21 +2,33 @@
 
 from __future__ import annotations
 
+import argparse
 import fcntl
 import io
+import json
 import os
 import pty
 import struct
+import subprocess
 import sys
 import termios
+from dataclasses import fields
 
 import pytest
 
-from executor.__main__ import _Parser
-from executor.config import add_run_args, config_from_args, configs_from_args
+from executor.config import RunConfig, configs_from_json, configs_to_json
 from executor.launch import torchrun_command
 from executor.progress import Progress
 from pipesim.cli import main
+from pipesim.commands.run_args import add_run_args, config_from_args, configs_from_args
+from pipesim.errors import PipesimError
+from pipesim.model_config import ModelConfig
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser()
+    add_run_args(parser)
+    return parser
 
 
 @pytest.mark.parametrize(("argv", "message"), [
@@ -35,29 +47,56 @@ def test_config_errors_exit_2_without_launching(argv, message, capsys):
     assert message in err
 
 
-def test_launch_command_round_trips_the_config():
-    parser = _Parser()
-    add_run_args(parser)
-    args = parser.parse_args(["zb-h1", "--microbatches", "8", "--dp", "2", "--model", "gpt", "--layers", "6",
-                              "--layer-split", "4,2", "--steps", "5", "--lr", "0.1", "--json", "r.json"])
+def test_launch_command_carries_the_config_as_one_json_argument():
+    args = _parser().parse_args(["zb-h1", "--microbatches", "8", "--dp", "2", "--model", "gpt", "--layers", "6",
+                                 "--layer-split", "4,2", "--steps", "5", "--lr", "0.1", "--json", "r.json"])
     cfg = config_from_args(args)
+    assert cfg == RunConfig(names=("zb-h1",), microbatches=8, dp=2, model=ModelConfig(kind="gpt", layers=6),
+                            layer_split=(4, 2), steps=5, lr=0.1, json="r.json")
     cmd = torchrun_command(cfg, 4)
-    assert cmd[:7] == [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4", "-m"]
-    assert cmd[7] == "executor"
-    assert config_from_args(parser.parse_args(cmd[8:])) == cfg
+    assert cmd[:10] == [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4", "-m",
+                        "executor", "--config", cmd[9]] and len(cmd) == 10
+    assert configs_from_json(cmd[9]) == [cfg]
+    sent = json.loads(cmd[9])[0]
+    assert list(sent) == [f.name for f in fields(RunConfig)]  # every field once, by its dataclass name
+    assert list(sent["model"]) == [f.name for f in fields(ModelConfig)] and sent["layer_split"] == [4, 2]
+
+
+def test_multi_node_launch_uses_the_c10d_rendezvous():
+    cmd = torchrun_command(RunConfig(names=("1f1b",)), 8, nnodes=2, rdzv_endpoint="head:29500")
+    assert cmd[3:13] == ["--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "head:29500",
+                         "--nproc-per-node", "8", "-m", "executor"]
+
+
+def test_config_json_rejects_unknown_fields_and_bad_values():
+    with pytest.raises(PipesimError, match=r"^unknown run configuration field\(s\): stage$"):
+        configs_from_json('[{"names": ["1f1b"], "stage": 2}]')
+    with pytest.raises(PipesimError, match=r"^unknown run configuration model field\(s\): width$"):
+        configs_from_json('{"model": {"width": 8}}')
+    with pytest.raises(PipesimError, match=r"^--hidden must be a positive integer, got 0$"):
+        configs_from_json('{"model": {"hidden": 0}}')
+    with pytest.raises(PipesimError, match=r"^cannot read the run configuration: "):
+        configs_from_json("[{")
+
+
+def test_print_config_writes_what_the_worker_reads(capsys):
+    assert main(["run", "1f1b", "--nproc", "4", "--nnodes", "2", "--rdzv-endpoint", "h:1", "--dp", "2",
+                 "--print-config", "--then", "gpipe", "--tp", "2", "--model", "gpt"]) == 0
+    cfgs = configs_from_json(capsys.readouterr().out)
+    assert [(c.names, c.dp, c.tp, c.model.kind, c.pp_size(8)) for c in cfgs] == [
+        (("1f1b",), 2, 1, "mlp", 4), (("gpipe",), 1, 2, "gpt", 4)]
+    assert main(["run", "1f1b", "--nproc", "2", "--nnodes", "2"]) == 2
+    assert "--nnodes 2 needs --rdzv-endpoint HOST:PORT" in capsys.readouterr().err
 
 
 def test_then_chains_configurations_into_one_launch():
-    parser = _Parser()
-    add_run_args(parser)
+    parser = _parser()
     args = parser.parse_args(["1f1b", "--dp", "2", "--pg-timeout", "7", "--then", "gpipe", "--tp", "2", "--model",
                               "gpt", "--then", "zb-h1", "--steps", "5"])
     cfgs = configs_from_args(args)
     assert [(c.names, c.dp, c.tp, c.model.kind, c.steps, c.pg_timeout) for c in cfgs] == [
         (("1f1b",), 2, 1, "mlp", 3, 7.0), (("gpipe",), 1, 2, "gpt", 3, 7.0), (("zb-h1",), 1, 1, "mlp", 5, 7.0)]
-    cmd = torchrun_command(cfgs, 4)
-    assert cmd.count("--then") == 2
-    assert configs_from_args(parser.parse_args(cmd[8:])) == cfgs
+    assert configs_from_json(torchrun_command(cfgs, 4)[-1]) == cfgs == configs_from_json(configs_to_json(cfgs))
 
 
 @pytest.mark.parametrize(("argv", "message"), [
@@ -125,3 +164,22 @@ def test_rank_environment_fills_defaults_and_keeps_what_is_set():
     assert env == {"OMP_NUM_THREADS": "4", "MALLOC_TRIM_THRESHOLD_": "0", "X": "1", "PYTHONUNBUFFERED": "1",
                    "MALLOC_MMAP_THRESHOLD_": str(32 * 2**20)}
     assert rank_environment({})["MALLOC_TRIM_THRESHOLD_"] == str(2**30)
+
+
+@pytest.mark.dist
+def test_rendezvous_endpoint_launch_trains(tmp_path):
+    """`--rdzv-endpoint` (torchrun's c10d rendezvous, the multi-node path) on one node of 2 ranks, for real."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "r.json"
+    proc = subprocess.run([sys.executable, "-m", "pipesim", "run", "1f1b", "--nproc", "2", "--nnodes", "1",
+                           "--rdzv-endpoint", f"127.0.0.1:{port}", "--microbatches", "2", "--model", "mlp",
+                           "--hidden", "16", "--layers", "2", "--batch", "4", "--steps", "2", "--quiet",
+                           "--pg-timeout", "20", "--json", str(out)],
+                          capture_output=True, text=True, timeout=120, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert (result["schedule"], result["world_size"], result["pp"], len(result["losses"])) == ("1f1b", 2, 2, 2)

@@ -10,7 +10,7 @@ import schedules
 from pipesim.errors import PipesimError
 from pipesim.ir import Kind
 from pipesim.lowering import add_p2p
-from pipesim.validate import fifo_mismatches, validate
+from pipesim.schedule_check import fifo_mismatches, validate
 
 
 def all_configs():

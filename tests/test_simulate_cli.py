@@ -9,7 +9,10 @@ import sys
 
 import pytest
 
+import schedules
 from pipesim.cli import main
+from pipesim.commands.common import add_model_args
+from pipesim.commands.setup_args import add_setup_args, setup_from_args
 from pipesim.timeline import Timeline
 
 
@@ -93,10 +96,6 @@ def test_malformed_hardware_file_exit_2(tmp_path):
 
 
 def test_layer_split_reaches_the_cost_model():
-    import schedules
-    from pipesim.commands.common import add_model_args
-    from pipesim.sim_setup import add_setup_args, setup_from_args
-
     parser = argparse.ArgumentParser()
     add_model_args(parser)
     add_setup_args(parser)

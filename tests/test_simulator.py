@@ -1,4 +1,4 @@
-"""The SimPy simulator against exact references: critical paths, closed forms, hand-computed runs."""
+"""The simulator kernel and its plug-ins against exact references: critical paths, closed forms, hand-computed runs."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import schedules
 from pipesim.comm_costs import group_collective_time
 from pipesim.costs import CostTable, StageCosts
 from pipesim.graph import critical_path
-from pipesim.hardware import DeviceSpec, Hardware, LinkClass, load_hardware
+from pipesim.hardware import DeviceSpec, Hardware, HostProfile, LinkClass
+from pipesim.hardware_toml import load_hardware
 from pipesim.model_config import ModelConfig
 from pipesim.model_costs import ParallelCosts, model_costs
 from pipesim.simulator import simulate
@@ -246,7 +247,8 @@ def test_send_posting_and_late_recvs_exact_times():
 
     sched = schedules.build("1f1b", 2, 2)
     table = CostTable.uniform(2, 1.0, 1.0, 1.0, boundary_bytes=1)
-    hw = replace(toy_hardware(0.25, 4.0), send_overhead=0.25, late_recv_delay=1.0)
+    # a host profile with a core per rank and no slowdown: compute runs as on a device of its own
+    hw = replace(toy_hardware(0.25, 4.0), host=HostProfile(cores=2, send_overhead=0.25, late_recv_delay=1.0))
     result = simulate(sched, table, hw)
     spans = [[(str(a), result.starts[r][i], result.ends[r][i]) for i, a in enumerate(prog)]
              for r, prog in enumerate(result.schedule.programs)]
@@ -261,3 +263,74 @@ def test_send_posting_and_late_recvs_exact_times():
     assert [result.busy(r) for r in (0, 1)] == [6, 6]  # posting is idle time, not compute
     # without communication the terms vanish: the critical path of compute alone
     assert simulate(sched, table, hw, comm=False).makespan == 9
+
+
+def test_clock_runs_at_absolute_times_in_posting_order():
+    from pipesim.sim_clock import Clock
+
+    clock, seen = Clock(), []
+    clock.at(1.1, lambda: clock.at(7.7, lambda: seen.append(("abs", clock.now))))
+    clock.at(1.1, lambda: seen.append(("second at 1.1", clock.now)))
+    clock.at(0.5, lambda: clock.after(7.25, lambda: seen.append(("rel", clock.now))))
+    clock.run()
+    # exact: 7.7, not 1.1 + (7.7 - 1.1) = 7.699999999999999, the time SimPy itself keeps for that event
+    assert seen == [("second at 1.1", 1.1), ("abs", 7.7), ("rel", 7.75)]
+    assert 1.1 + (7.7 - 1.1) != 7.7 and clock.next_time() == float("inf")
+
+
+def test_p2p_plugins_closed_forms():
+    from pipesim.sim_links import GlooP2P, PlainP2P
+
+    plain = PlainP2P()
+    assert plain.send_hold == 0.0 and plain.recv_done(5.0, 1.0, 3.0) == 3.0 and plain.recv_done(1.0, 2.0, 4.0) == 4.0
+    gloo = GlooP2P(send_hold=0.25, late_recv=1.0)
+    assert gloo.recv_done(5.0, 1.0, 3.0) == 6.0  # posted before the RECV began: at least 1 s
+    assert gloo.recv_done(5.0, 1.0, 7.0) == 7.0  # still moving longer than that: the arrival
+    assert gloo.recv_done(1.0, 2.0, 2.5) == 2.5  # posted after the RECV began (it waited): the arrival
+    assert GlooP2P(0.25, 0.0).recv_done(5.0, 1.0, 3.0) == 3.0
+
+
+def test_compute_plugin_adds_split_bookkeeping_only_with_a_host_profile():
+    from pipesim.cost_equation import SplitCosts
+    from pipesim.ir import Action, Kind
+    from pipesim.sim_program import TableCompute
+
+    stage = StageCosts(1.0, 2.0, 4.0, weight_ops=3, backward_ops=5)
+    table = CostTable((stage, stage))
+    plain = TableCompute(table)
+    assert [plain.seconds(Action(1, k, 0)) for k in (Kind.F, Kind.I, Kind.W, Kind.B)] == [1.0, 2.0, 4.0, 6.0]
+    host = TableCompute(table, SplitCosts(0.5, 0.25, 0.125))
+    assert host.seconds(Action(1, Kind.I, 0)) == 2.0 + 0.5 + 5 * 0.125  # walks the stage's backward graph
+    assert host.seconds(Action(1, Kind.W, 0)) == 4.0 + 0.5 + 3 * 0.25  # autograd once per parameter group
+    assert host.seconds(Action(1, Kind.B, 0)) == 6.0 and host.seconds(Action(1, Kind.F, 0)) == 1.0
+    assert host.seconds(Action(0, Kind.W, 0)) == 4.0  # the first stage's W is a plain backward
+
+
+def test_host_plugin_only_for_hardware_with_a_host_profile():
+    from dataclasses import replace
+
+    from pipesim.host.sharing import HostSharing
+    from pipesim.host.slices import HostTimeSlices
+    from pipesim.sim_clock import Clock
+    from pipesim.simulator import host_model
+
+    for name in ("dgx-h100", "2x-dgx-h100", "pcie-4gpu"):
+        assert load_hardware(name).host is None and host_model(Clock(), load_hardware(name), [0, 1]) is None
+    cpu = load_hardware("local-cpu")
+    assert isinstance(host_model(Clock(), cpu, [0, 1]), HostTimeSlices)
+    assert isinstance(host_model(Clock(), replace(cpu, host=replace(cpu.host, time_slice=0.0)), [0, 1]), HostSharing)
+    assert host_model(Clock(), None, [0, 1]) is None
+
+
+def test_message_slots_pair_each_send_with_its_recv():
+    from pipesim.deps import message_slot
+    from pipesim.lowering import add_p2p
+
+    sched = add_p2p(schedules.build("interleaved-1f1b", 4, 8, 2))
+    m = sched.num_microbatches
+    comms = [a for p in sched.programs for a in p if a.is_comm]
+    sends = {message_slot(a.stage, a.kind, a.microbatch, m): a for a in comms if a.kind.value.startswith("SEND")}
+    recvs = {message_slot(a.stage, a.kind, a.microbatch, m): a for a in comms if a.kind.value.startswith("RECV")}
+    assert len(sends) == len(recvs) == len(comms) // 2
+    assert all(recvs[slot] == send.matching() for slot, send in sends.items())
+    assert max(sends) < 2 * sched.num_stages * m

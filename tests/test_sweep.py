@@ -7,6 +7,8 @@ import json
 import pytest
 
 from pipesim.cli import main
+from pipesim.hardware_toml import load_hardware
+from pipesim.model_config import ModelConfig
 from pipesim.sim_setup import SimSetup
 from pipesim.sweep import SCHEMA, format_table, run_sweep, to_dict
 
@@ -33,9 +35,6 @@ def test_rows_match_closed_forms_and_skip_what_a_schedule_does_not_admit():
 
 
 def test_model_rows_report_memory_and_links():
-    from pipesim.hardware import load_hardware
-    from pipesim.model_config import ModelConfig
-
     setup = SimSetup(hardware=load_hardware("dgx-h100"), model=ModelConfig(kind="mlp", batch=32))
     rows = run_sweep(["gpipe", "1f1b"], [4], [8], None, setup)
     gpipe, one = rows

@@ -15,6 +15,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
+from executor.mesh import build_mesh
 from executor.tensor_parallel import ColumnParallelLinear, RowParallelLinear, _reduce_scatter_dim0
 from pipesim.errors import PipesimError
 from tests.conftest import free_port
@@ -68,10 +69,10 @@ def _worker(rank: int, world: int, port: int, tp_sizes: tuple[int, ...]) -> None
                             timeout=timedelta(seconds=10))
     try:
         for tp in tp_sizes:
-            groups = [dist.new_group(list(range(s, s + tp))) for s in range(0, world, tp)]  # every rank makes all
-            group = groups[rank // tp]  # rank in group != global rank when world > tp
+            mesh = build_mesh(world // tp, 1, tp)  # the executor's TP groups (every rank makes all)
+            group = mesh.tp_group  # rank in group != global rank when world > tp
             for sp in (False, True):
-                _check_block(group, sp, seed=7 + rank // tp)
+                _check_block(group, sp, seed=7 + mesh.coords.dp)
             # gloo runs all_reduce + slice; the native reduce_scatter (NCCL's path) must agree with it
             t = torch.arange(4.0 * tp * 3).view(4 * tp, 3) * (rank + 1)
             torch.testing.assert_close(_reduce_scatter_dim0(t, group, native=True),

@@ -17,7 +17,7 @@ from pipesim import torch_csv
 from pipesim.errors import PipesimError, ScheduleError
 from pipesim.ir import Action
 from pipesim.lowering import add_p2p
-from pipesim.validate import fifo_mismatches, validate
+from pipesim.schedule_check import fifo_mismatches, validate
 
 from .conftest import free_port
 

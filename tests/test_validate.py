@@ -11,7 +11,7 @@ from pipesim import torch_csv
 from pipesim.errors import ScheduleError
 from pipesim.ir import Action, Kind, Schedule
 from pipesim.lowering import add_p2p
-from pipesim.validate import fifo_mismatches, validate
+from pipesim.schedule_check import fifo_mismatches, validate
 
 
 def rows(*lines: str) -> Schedule:

@@ -1,8 +1,8 @@
 """`pipesim bench`: collective bandwidths (under torchrun), executor vs torch.distributed.pipelining, simulator speed.
 
 `collectives` launches torchrun itself on executor.collectives_bench; `executor`, `simulator` and `late-recv` run
-the scripts in bench/ (source tree only). Flags of `collectives` are defined here, once, and reused
-by the worker, so the parent can validate them before any process starts.
+the scripts in bench/ (source tree only). Flags of `collectives` are defined here and become a
+`CollectivesConfig`, checked before any process starts and handed to the ranks as JSON.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from executor.collectives_config import OPS, CollectivesConfig, parse_ops, parse_size
+from executor.launch import rank_environment
 from pipesim.commands.common import positive_int
 from pipesim.errors import PipesimError
 
@@ -26,12 +28,11 @@ EXAMPLES = """examples:
   pipesim bench late-recv -- --iters 150                           # bench/bench_late_recv.py
 """
 
-OPS = ("broadcast", "scatter", "gather", "reduce", "all_gather", "reduce_scatter", "all_reduce", "send_recv")
 BENCH_DIR = Path(__file__).resolve().parents[2] / "bench"  # present in a source checkout only
 
 
 def add_collectives_args(p: argparse.ArgumentParser) -> None:
-    """Flags shared by `pipesim bench collectives` and the torchrun worker (executor.collectives_bench)."""
+    """The flags of `pipesim bench collectives` (a CollectivesConfig, see collectives_config)."""
     p.add_argument("--sizes", default="1K,64K,1M,16M", help="buffer sizes S, K/M/G binary (default 1K,64K,1M,16M)")
     p.add_argument("--ops", default=",".join(OPS), help=f"collectives (default all: {','.join(OPS)})")
     p.add_argument("--iters", type=int, default=20, help="timed calls per size (default 20)")
@@ -69,24 +70,22 @@ def _torchrun(nproc: int, module: str, argv: list[str]) -> int:
     """Run `python -m <module> argv` on `nproc` local ranks; --standalone picks a free rendezvous port."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
            "-m", module, *argv]
-    from executor.launch import rank_environment
-
     env = rank_environment()  # ranks share the cores: one thread each, as `pipesim run` gives them
     return subprocess.run(cmd, env=env, check=False).returncode
 
 
-def run_collectives(args: argparse.Namespace) -> int:
-    from executor.collectives_bench import check_args
+def collectives_config(args: argparse.Namespace) -> CollectivesConfig:
+    """The checked configuration of the flags; user mistakes fail here, with one line, before torchrun starts."""
+    sizes = tuple(parse_size(s) for s in args.sizes.split(",") if s.strip())
+    ops = tuple(parse_ops(args.ops))
+    return CollectivesConfig(sizes=sizes, ops=ops, iters=args.iters, warmup=args.warmup, backend=args.backend,
+                             json=args.json, plot=args.plot, lecture=args.lecture, elements=args.elements,
+                             timeout=args.timeout).check()
 
-    check_args(args)  # user mistakes fail here, with one line, before torchrun starts
-    argv = ["--sizes", args.sizes, "--ops", args.ops, "--iters", str(args.iters), "--warmup", str(args.warmup),
-            "--backend", args.backend, "--timeout", str(args.timeout)]
-    for flag in ("json", "plot", "elements"):
-        if getattr(args, flag) is not None:
-            argv += [f"--{flag}", str(getattr(args, flag))]
-    if args.lecture:
-        argv.append("--lecture")
-    rc = _torchrun(args.nproc, "executor.collectives_bench", argv)
+
+def run_collectives(args: argparse.Namespace) -> int:
+    cfg = collectives_config(args)
+    rc = _torchrun(args.nproc, "executor.collectives_bench", ["--config", cfg.to_json()])
     if rc:
         raise PipesimError(f"collectives benchmark failed: torchrun exited with code {rc} (see the rank output above)")
     return 0

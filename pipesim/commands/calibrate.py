@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from pipesim.errors import PipesimError
+from pipesim.hardware_toml import hardware_to_toml
 
 EXAMPLES = """examples:
   pipesim calibrate -o hw.toml          # ~2.5 min on 2 cores: 8 executor runs x 12 (2, 4 ranks), ping-pong, all_reduce
@@ -26,8 +27,7 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipesim.calibrate import calibrate
-    from pipesim.hardware_toml import hardware_to_toml
+    from pipesim.calibration.calibrate import calibrate  # local import: the fit loads numpy, not at start-up
 
     out = Path(args.output)
     if not out.parent.is_dir():

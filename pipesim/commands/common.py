@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+import schedules
+from pipesim import torch_csv
 from pipesim.errors import PipesimError
 from pipesim.ir import Schedule
 from pipesim.model_config import ModelConfig
@@ -43,9 +45,7 @@ def add_schedule_args(parser: argparse.ArgumentParser, *, stages_default: int = 
 
 def load_schedule(args: argparse.Namespace, *, validate: bool = True) -> Schedule:
     """The schedule named by NAME or --from-csv, validated."""
-    import schedules
-    from pipesim import torch_csv
-    from pipesim.validate import validate as check
+    from pipesim.schedule_check import validate as check  # networkx: kept out of `pipesim`'s start-up
 
     if args.from_csv and args.name:
         raise PipesimError("give a schedule NAME or --from-csv FILE, not both")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from pipesim.commands.common import positive_int
 from pipesim.errors import PipesimError
+from pipesim.timeline import Timeline
 
 EXAMPLES = """examples:
   pipesim plot out/simulated.json -o timeline.html                     # one timeline
@@ -52,10 +53,9 @@ def _load(path: str) -> dict:
 
 def build_figure(paths: list[str], *, step: int | None = None, unit: str | None = None, title: str | None = None):
     """The figure the files call for: sweep plots, compare view, or timeline(s)."""
-    from pipesim.plots import compare_figure, sweep_figure, timeline_figure
+    from pipesim.plots import compare_figure, sweep_figure, timeline_figure  # plotly: out of `pipesim`'s start-up
     from pipesim.plots.compare import pick_step
     from pipesim.plots.sweep import SCHEMA as SWEEP_SCHEMA
-    from pipesim.timeline import Timeline
 
     docs = [(p, _load(p)) for p in paths]
     sweeps = [p for p, d in docs if isinstance(d, dict) and d.get("schema") == SWEEP_SCHEMA]
@@ -80,7 +80,7 @@ def build_figure(paths: list[str], *, step: int | None = None, unit: str | None 
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipesim.plots import write_html, write_png
+    from pipesim.plots import write_html, write_png  # plotly: kept out of `pipesim`'s start-up
 
     out = Path(args.output)
     if out.suffix.lower() not in (".html", ".htm"):

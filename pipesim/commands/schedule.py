@@ -6,7 +6,12 @@ import argparse
 import json
 import sys
 
+import schedules
+from pipesim import torch_csv
+from pipesim.analysis import inflight_by_rank
 from pipesim.commands.common import add_schedule_args, load_schedule
+from pipesim.ir import Kind
+from pipesim.lowering import add_p2p
 
 EXAMPLES = """examples:
   pipesim schedule 1f1b --stages 4 --microbatches 8
@@ -31,11 +36,7 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import schedules
-    from pipesim import torch_csv
-    from pipesim.analysis import inflight_by_rank
-    from pipesim.lowering import add_p2p
-    from pipesim.validate import fifo_mismatches, render_grid
+    from pipesim.schedule_check import fifo_mismatches, render_grid  # networkx: kept out of `pipesim`'s start-up
 
     if args.list:
         for name in schedules.names():
@@ -68,8 +69,7 @@ def plural(n: int, word: str, many: str | None = None) -> str:
 
 def write_unit_plot(sched, path: str) -> None:
     """Timeline of the contention-free order with F=1, B=2 (I=W=1): what the schedule looks like."""
-    from pipesim.ir import Kind
-    from pipesim.plots import timeline_figure, write_html
+    from pipesim.plots import timeline_figure, write_html  # plotly: kept out of `pipesim`'s start-up
     from pipesim.plots.from_schedule import unit_timeline
 
     unit = {Kind.F: 1e-3, Kind.B: 2e-3, Kind.I: 1e-3, Kind.W: 1e-3}  # 1 unit drawn as 1 ms

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 
 from pipesim.commands.common import add_model_args, add_output_args, add_schedule_args, emit_json, load_schedule
-from pipesim.sim_setup import add_setup_args, setup_from_args
+from pipesim.commands.setup_args import add_setup_args, setup_from_args
+from pipesim.perfetto import write_trace
 from pipesim.units import format_bytes
 
 EXAMPLES = """examples:
@@ -38,8 +39,6 @@ def run(args: argparse.Namespace) -> int:
     if args.json is not None:
         emit_json(args.json, data)
     if args.trace:
-        from pipesim.perfetto import write_trace
-
         write_trace(result.timeline(), args.trace)
     if args.json != "-":
         print(summary(data))

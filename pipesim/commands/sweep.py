@@ -6,7 +6,9 @@ import argparse
 import sys
 
 from pipesim.commands.common import add_model_args, emit_json, int_list
-from pipesim.sim_setup import add_setup_args, setup_from_args
+from pipesim.commands.setup_args import add_setup_args, setup_from_args
+from pipesim.errors import PipesimError
+from pipesim.sweep import format_table, run_sweep, to_dict
 
 EXAMPLES = """examples:
   pipesim sweep --schedules gpipe,1f1b,zb-h1 --stages 2,4 --microbatches 4,8,16
@@ -34,9 +36,6 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipesim.errors import PipesimError
-    from pipesim.sweep import format_table, run_sweep, to_dict
-
     names = [n.strip() for n in args.schedules.split(",") if n.strip()]
     if not names:
         raise PipesimError("--schedules needs at least one schedule name")
@@ -55,6 +54,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _plot(rows: list[dict], path: str) -> None:
-    from pipesim.plots import sweep_figure, write_html
+    from pipesim.plots import sweep_figure, write_html  # plotly: kept out of `pipesim`'s start-up
 
     write_html(sweep_figure(rows), path)

@@ -12,7 +12,7 @@ import plotly.graph_objects as go
 
 from pipesim.errors import PipesimError
 from pipesim.plots.timeline import busy_by_rank, fmt_time, pick_unit, stacked_figure, summary
-from pipesim.timeline import Timeline
+from pipesim.timeline import Timeline, trimmed_step
 
 
 def step_durations(timeline: Timeline) -> dict[int, float]:
@@ -50,8 +50,6 @@ def pick_step(timeline: Timeline, step: int | None) -> Timeline:
     elif step not in steps:
         raise PipesimError(f"the {timeline.source} timeline has no step {step} (steps: {steps})")
     if timeline.source == "measured" and any(e.stream == "compute" and e.step == step for e in timeline.events):
-        from pipesim.measured import trimmed_step
-
         chosen = trimmed_step(timeline, step)
     else:
         chosen = timeline.only_step(step)

@@ -1,6 +1,6 @@
 """Ranks that outnumber a host's cores take turns in time slices, as the OS scheduler runs them.
 
-The fluid model (`pipesim.host_model.HostSharing`) slows every runnable rank alike once they
+The fluid model (`pipesim.host.sharing.HostSharing`) slows every runnable rank alike once they
 outnumber the cores. The executor's timelines show something else: most actions run at their
 usual speed and some wait for a core for a slice or more (3 or 4 ranks on 2 cores: the median
 action about as long as alone, a flat tail out to +5 ms), and a rank woken by its message queues
@@ -14,17 +14,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import simpy
-
-from pipesim.host_model import call_at, speed
+from pipesim.host.sharing import speed
+from pipesim.sim_clock import Clock
 
 
 class HostTimeSlices:
     """Per-run state: each node's running ranks (with their slice ends) and its queue."""
 
-    def __init__(self, env: simpy.Environment, nodes: list[int], cores: int, corun: float, time_slice: float,
+    def __init__(self, clock: Clock, nodes: list[int], cores: int, corun: float, time_slice: float,
                  oversub: float = 0.0) -> None:
-        self.env = env
+        self.clock = clock
         self.nodes = nodes  # node of each pipeline rank
         self.cores, self.corun, self.slice, self.oversub = cores, corun, time_slice, oversub  # slice: seconds
         self.work = [0.0] * len(nodes)  # seconds of work left alone, per rank
@@ -47,7 +46,7 @@ class HostTimeSlices:
         self._retime(node)
 
     def _grant(self, node: int, rank: int) -> None:
-        now = self.env.now
+        now = self.clock.now
         self.running[node][rank] = now + self.slice
         if self.started[rank] is None:
             self.started[rank] = now
@@ -59,7 +58,7 @@ class HostTimeSlices:
         return rate / (1.0 + self.oversub) if self.queue[node] else rate
 
     def _settle(self, node: int) -> None:
-        now = self.env.now
+        now = self.clock.now
         elapsed = now - self.since[node]
         if elapsed > 0 and self.running[node]:
             rate = self._rate(node)
@@ -73,17 +72,17 @@ class HostTimeSlices:
         self.gen[node] += 1
         if not running:
             return
-        now, rate = self.env.now, self._rate(node)
+        now, rate = self.clock.now, self._rate(node)
         when = min(now + max(0.0, self.work[r]) / rate for r in running)
         if self.queue[node]:
             when = min(when, min(running.values()))
-        call_at(self.env, max(0.0, when - now), lambda n=node, g=self.gen[node]: self._tick(n, g))
+        self.clock.after(max(0.0, when - now), lambda n=node, g=self.gen[node]: self._tick(n, g))
 
     def _tick(self, node: int, gen: int) -> None:
         if gen != self.gen[node]:
             return
         self._settle(node)
-        now, running, queue = self.env.now, self.running[node], self.queue[node]
+        now, running, queue = self.clock.now, self.running[node], self.queue[node]
         finished = [r for r in sorted(running) if self.work[r] <= 1e-12]
         for r in finished:
             del running[r]

@@ -7,8 +7,8 @@ Every compute action measured inside a run is one equation,
 
 The right side is the action's work: the seconds it would have taken alone. t_k is how long it ran
 while k ranks on its node were runnable (its own included; read off the timeline by
-`pipesim.host_model.runnable_profile`) and speed(k) is the processor-sharing rate the simulator
-uses (`pipesim.host_model.speed`: 1 alone, 1 / (1 + beta (k-1)) while every runnable rank has a
+`pipesim.host.sharing.runnable_profile`) and speed(k) is the processor-sharing rate the simulator
+uses (`pipesim.host.sharing.speed`: 1 alone, 1 / (1 + beta (k-1)) while every runnable rank has a
 core, less again by turn-taking and gamma per runnable rank beyond the cores). On the left, n is 1
 (2 for a fused B, which the simulator costs as I + W), f_* the FLOPs of the action's work (a B
 carries both f_I and f_W; the executor's first stage has no input gradient, so its I is empty and
@@ -30,8 +30,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from pipesim.cost_equation import CostEquation, SplitCosts, action_seconds
 from pipesim.errors import PipesimError
-from pipesim.host_model import speed
+from pipesim.host.sharing import speed
 
 
 @dataclass(frozen=True)
@@ -83,15 +84,16 @@ class ComputeFit:
     def predict(self, flops: tuple[float, float, float], overheads: int = 1,
                 moved: tuple[float, float, float] = (0.0, 0.0, 0.0), split: int = 0, ops: float = 0.0,
                 groups: float = 0.0, backward_ops: float = 0.0, graph: float = 0.0) -> float:
-        """Seconds of an action's work alone (the simulator's duration before sharing)."""
-        work = sum(f / r for f, r in zip(flops, self.rate, strict=True) if f) + split * self.split_overhead
-        back = self.per_op if self.per_op_backward is None else self.per_op_backward
-        work += (ops - backward_ops) * self.per_op + backward_ops * back + groups * self.split_group
-        work += graph * self.split_graph
-        bw = self.bandwidths()
-        if bw:
-            work += sum(b / w for b, w in zip(moved, bw, strict=True) if b)
-        return overheads * self.overhead + work
+        """Seconds of an action's work alone (the simulator's duration before sharing): the simulator's own
+        rule (`pipesim.cost_equation`) on the fitted figures."""
+        eq = self.equation()
+        seconds = action_seconds(eq, flops, moved, actions=overheads, ops=ops, backward_ops=backward_ops)
+        return eq.split.add_to(seconds, split, groups, graph)
+
+    def equation(self) -> CostEquation:
+        """The fitted figures as the cost equation the hardware evaluates (memory traffic added: a CPU core)."""
+        return CostEquation(self.rate, self.bandwidths(), "sum", self.overhead, self.per_op, self.per_op_backward,
+                            SplitCosts(self.split_overhead, self.split_group, self.split_graph))
 
 
 def typical_samples(groups: dict[object, list[Sample]]) -> list[Sample]:

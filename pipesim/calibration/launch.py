@@ -1,6 +1,6 @@
 """Launching measurement campaigns: torchrun over a plan, repeated, and reading the timelines back.
 
-The worker that runs inside torchrun is `pipesim.calibrate_runs`; this side plans the launches
+The worker that runs inside torchrun is `pipesim.calibration.runs`; this side plans the launches
 (world sizes interleaved, several launches, several passes inside each, because a shared VM's
 speed drifts within minutes), retries gloo's teardown abort once, and loads what the ranks wrote.
 `pipesim calibrate` and `pipesim validate` both measure through it.
@@ -14,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from executor.launch import rank_environment
+from pipesim.calibration.runs import timeline_name  # the worker's module, torch-free at import
 from pipesim.errors import PipesimError
 from pipesim.timeline import Timeline
 
@@ -28,9 +30,7 @@ def run_plan(runs: list[dict], nproc: int, workdir: Path, *, comm: bool = False,
     plan = workdir / f"plan-{nproc}.json"
     plan.write_text(json.dumps({"runs": runs, "comm": comm, "cycles": cycles}))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           "-m", "pipesim.calibrate_runs", str(plan), str(workdir)]
-    from executor.launch import rank_environment
-
+           "-m", "pipesim.calibration.runs", str(plan), str(workdir)]
     env = rank_environment({**os.environ, "OMP_NUM_THREADS": "1"})  # the environment `pipesim run` gives ranks
     log = workdir / f"torchrun-{nproc}.log"
     for attempt in (1, 2):  # a gloo teardown abort on a loaded host is retried once; the log keeps both
@@ -79,8 +79,6 @@ def load_runs(runs: list[dict], workdir: Path, *,
               comm: bool = False) -> tuple[dict[str, list[Timeline]], dict | None]:
     """The timelines (every cycle's) and comm figures that `run_plan` left in `workdir`; PipesimError if
     one is missing."""
-    from pipesim.calibrate_runs import timeline_name  # the worker's module, torch-free at import
-
     missing = [r["id"] for r in runs if not (workdir / f"{r['id']}.json").is_file()]
     if missing or (comm and not (workdir / "comm.json").is_file()):
         raise PipesimError(f"{workdir}: no measurement for {', '.join(missing) or 'comm.json'}")

@@ -17,8 +17,8 @@ import statistics
 from dataclasses import dataclass, field, replace
 from itertools import combinations
 
-from pipesim.calibrate import LECTURE_MLP, QUICK_MLP, SMALL_GPT, calibration_plan, run_spec
-from pipesim.measured import typical_metrics
+from pipesim.calibration.measured import typical_metrics
+from pipesim.calibration.plan import LECTURE_MLP, QUICK_MLP, SMALL_GPT, calibration_plan, run_spec, simulate_run
 from pipesim.timeline import Timeline
 
 SCHEDULES = ("naive", "gpipe", "1f1b", "interleaved-1f1b", "zb-h1")
@@ -112,8 +112,6 @@ def ranking_check(rows: list[Row], threshold: float) -> Summary:
 
 def predict(hw, run: dict):
     """Simulate one planned run on `hw` as `pipesim simulate --hardware` would; returns the SimResult."""
-    from pipesim.calibrate import simulate_run
-
     return simulate_run(hw, run)
 
 

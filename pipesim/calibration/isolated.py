@@ -12,13 +12,17 @@ import statistics
 import time
 from dataclasses import replace
 
+import schedules
+from pipesim.costs import CostTable, StageCosts
 from pipesim.model_config import ModelConfig, split_layers
+from pipesim.sim_setup import SimSetup
+from pipesim.simulator import simulate
 
 
 def isolated_stage_seconds(model: ModelConfig, num_stages: int, m: int, threads: int,
                            repeats: int = 5) -> list[tuple[float, float]]:
     """(forward, full backward) median seconds of one microbatch on each stage, alone, `threads` threads."""
-    import torch
+    import torch  # here, not at the top: importing this module (the CLI's start-up) stays torch-free
 
     from executor.models import boundary_shape, build_stages, loss_fn, synthetic_batch
     from executor.stage import Stage
@@ -54,9 +58,6 @@ def isolated_stage_seconds(model: ModelConfig, num_stages: int, m: int, threads:
 
 def isolated_prediction(schedule, per_stage: list[tuple[float, float]]) -> float:
     """Makespan of `schedule` with isolated stage times and free communication."""
-    from pipesim.costs import CostTable, StageCosts
-    from pipesim.simulator import simulate
-
     table = CostTable(tuple(StageCosts(forward=f, backward_input=b / 2, backward_weight=b / 2, boundary_bytes=0,
                                        activation_bytes=0, param_bytes=0, flops_forward=0.0) for f, b in per_stage))
     return simulate(schedule, table, None, comm=False).makespan
@@ -64,16 +65,13 @@ def isolated_prediction(schedule, per_stage: list[tuple[float, float]]) -> float
 
 def explain_gap(hw, run: dict, cores: int) -> list[tuple[str, float]]:
     """Predicted step time of `run` as modeled effects are added one by one (label, seconds)."""
-    import schedules
-    from pipesim.sim_setup import SimSetup
-
     model = ModelConfig(**run["model"])
     sched = schedules.build(run["schedule"], run["p"], run["microbatches"], run.get("virtual"))
     alone = {t: isolated_stage_seconds(model, sched.num_stages, sched.num_microbatches, t) for t in (cores, 1)}
     rows = [(f"stage times measured alone in an idle process, {cores} threads (the naive calibration)",
              isolated_prediction(sched, alone[cores])),
             ("... alone, 1 thread (each rank runs with OMP_NUM_THREADS=1)", isolated_prediction(sched, alone[1]))]
-    bare = replace(hw, per_action_overhead=0.0, node_corun_slowdown=0.0, oversubscription_slowdown=0.0)
+    bare = replace(hw.with_host(node_corun_slowdown=0.0, oversubscription_slowdown=0.0), per_action_overhead=0.0)
     with_overhead = replace(bare, per_action_overhead=hw.per_action_overhead)
     steps = [("rates fitted on the run's own timelines (no overhead, no co-run slowdown, free links)", bare, False),
              ("+ per-action overhead (dispatch)", with_overhead, False),

@@ -4,7 +4,7 @@ Calibration and validation measure in the conditions of a real run, so this work
 executor's `Runtime` (the code `pipesim run` uses) for a whole plan of configurations inside one
 process group: one torchrun start (seconds of imports and rendezvous) serves many runs.
 
-  python -m torch.distributed.run --standalone --nproc-per-node 2 -m pipesim.calibrate_runs PLAN.json OUTDIR
+  python -m torch.distributed.run --standalone --nproc-per-node 2 -m pipesim.calibration.runs PLAN.json OUTDIR
 
 PLAN.json: {"runs": [{"id", "schedule", "microbatches", "virtual", "model": {...}, "steps", "warmup"}],
 "comm": bool, "cycles": K}. The runs are made K times over, passing through the whole list (odd
@@ -26,10 +26,17 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import sys
 import time
 from datetime import timedelta
 from pathlib import Path
+
+from executor.config import RunConfig
+from pipesim.model_config import ModelConfig
+
+# torch and the executor are imported inside the functions that run in the worker: `launch` imports
+# this module for `timeline_name`, and `pipesim validate --reuse` must start without torch.
 
 PINGPONG_SIZES = (4, 1024, 65536, 1 << 20, 8 << 20)  # bytes
 ALLREDUCE_SIZES = (1 << 20, 16 << 20)  # bytes
@@ -37,8 +44,6 @@ ALLREDUCE_SIZES = (1 << 20, 16 << 20)  # bytes
 
 def speed_probe(iters: int = 8) -> float:
     """Median seconds of one forward + backward of 4 Linear(1024, 1024) + ReLU layers on 8 rows, one thread."""
-    import statistics
-
     import torch
 
     threads = torch.get_num_threads()
@@ -83,10 +88,8 @@ def _run_one(spec: dict, world: int, out: Path | None, cycle: int = 0) -> None:
     import torch.distributed as dist
 
     from executor import timing
-    from executor.config import RunConfig
     from executor.mesh import build_mesh
     from executor.runtime import Runtime
-    from pipesim.model_config import ModelConfig
 
     cfg = RunConfig(names=(spec["schedule"],), microbatches=spec["microbatches"], virtual=spec.get("virtual"),
                     model=ModelConfig(**spec["model"]), steps=spec["steps"], warmup=spec["warmup"],
@@ -111,8 +114,6 @@ def _run_one(spec: dict, world: int, out: Path | None, cycle: int = 0) -> None:
 
 def _pingpong(nbytes: int, iters: int) -> float:
     """Seconds of one one-way message of `nbytes` between ranks 0 and 1: median round trip / 2."""
-    import statistics
-
     import torch
     import torch.distributed as dist
 

@@ -1,6 +1,6 @@
 """Ranks that share a host's CPU cores: processor sharing, re-timed whenever a rank starts or stops.
 
-Picture a kitchen with `host_cores` stoves and one cook per rank. A cook with a dish on the go is
+Picture a kitchen with `cores` stoves and one cook per rank. A cook with a dish on the go is
 runnable (computing, or posting a message); one waiting for a delivery is not. While no more cooks
 are runnable than there are stoves, each cooks at full speed, less a little for the shared fridge
 and sink (memory bandwidth, caches): `node_corun_slowdown` per other runnable cook. With more
@@ -12,15 +12,18 @@ it starts: each runnable rank carries its remaining work (seconds it would take 
 change of the runnable set settles the work done at the old speed and re-times the finishes at the
 new one (a fluid model, as the OS scheduler's fair share is). Calibration measures the same
 thing from the executor's timelines (`runnable_profile`), so the fitted figures mean what the
-simulator does with them. Applies only to hardware with `host_cores` set.
+simulator does with them. Applies only to hardware with a host profile (`Hardware.host`).
+
+A host plug-in's interface (this class and `pipesim.host.slices.HostTimeSlices`): `start(rank,
+seconds, done)` makes a rank runnable with that much work and calls `done()` when it is done;
+`started[rank]` is when its current work first had a core.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
-import simpy
+from pipesim.sim_clock import Clock
 
 
 def speed(runnable: int, cores: int, corun: float, oversub: float = 0.0) -> float:
@@ -31,34 +34,11 @@ def speed(runnable: int, cores: int, corun: float, oversub: float = 0.0) -> floa
     return share / ((1.0 + corun * (min(runnable, cores) - 1)) * (1.0 + oversub * max(0, runnable - cores)))
 
 
-def call_at(env: simpy.Environment, delay: float, fn: Callable[[], None]) -> None:
-    """Call `fn` `delay` seconds from now, as an already-triggered SimPy event (no process, no timeout)."""
-    event = env.event()
-    event.callbacks.append(lambda _e: fn())
-    event._ok, event._value = True, None  # what Event.succeed would set, at a chosen time
-    env.schedule(event, delay=delay)
-
-
-def host_cores_model(env: simpy.Environment, hw: Any, devices: list[int]) -> Any:
-    """How the ranks on `devices` share their nodes' cores: None unless the hardware's compute runs on
-    host cores (`host_cores` set); time slices when `time_slice` is set, else fluid sharing."""
-    if hw is None or getattr(hw, "host_cores", None) is None:
-        return None
-    nodes = [hw.node_of(d) for d in devices]
-    if getattr(hw, "time_slice", 0.0):
-        from pipesim.host_slices import HostTimeSlices
-
-        return HostTimeSlices(env, nodes, hw.host_cores, hw.node_corun_slowdown, hw.time_slice,
-                              hw.oversubscription_slowdown)
-    return HostSharing(env, nodes, hw.host_cores, hw.node_corun_slowdown, hw.oversubscription_slowdown)
-
-
 class HostSharing:
     """Per-run state for the simulator: the runnable ranks of each node and their remaining work."""
 
-    def __init__(self, env: simpy.Environment, nodes: list[int], cores: int, corun: float,
-                 oversub: float = 0.0) -> None:
-        self.env = env
+    def __init__(self, clock: Clock, nodes: list[int], cores: int, corun: float, oversub: float = 0.0) -> None:
+        self.clock = clock
         self.nodes = nodes  # node of each pipeline rank
         self.cores, self.corun, self.oversub = cores, corun, oversub
         self.work: dict[int, dict[int, float]] = {n: {} for n in set(nodes)}  # node -> rank -> seconds left alone
@@ -73,12 +53,12 @@ class HostSharing:
         self._settle(node)
         self.work[node][rank] = seconds
         self.done[rank] = done
-        self.started[rank] = self.env.now
+        self.started[rank] = self.clock.now
         self._retime(node)
 
     def _settle(self, node: int) -> None:
         """Take off every runnable rank's remaining work what it did since the last change."""
-        now, work = self.env.now, self.work[node]
+        now, work = self.clock.now, self.work[node]
         elapsed = now - self.since[node]
         if elapsed > 0 and work:
             rate = speed(len(work), self.cores, self.corun, self.oversub)
@@ -88,13 +68,13 @@ class HostSharing:
 
     def _retime(self, node: int) -> None:
         """Schedule each runnable rank's finish at the current speed (earlier schedules go stale)."""
-        work, env = self.work[node], self.env
+        work, clock = self.work[node], self.clock
         if not work:
             return
         rate = speed(len(work), self.cores, self.corun, self.oversub)
         for rank in sorted(work):  # sorted: the same event order every run
             self.gen[rank] += 1
-            call_at(env, max(0.0, work[rank]) / rate, lambda r=rank, g=self.gen[rank]: self._finish(r, g))
+            clock.after(max(0.0, work[rank]) / rate, lambda r=rank, g=self.gen[rank]: self._finish(r, g))
 
     def _finish(self, rank: int, gen: int) -> None:
         if gen != self.gen[rank]:
@@ -131,4 +111,4 @@ def runnable_profile(intervals: list[tuple[float, float]], busy: list[list[tuple
     return out
 
 
-__all__ = ["HostSharing", "call_at", "host_cores_model", "runnable_profile", "speed"]
+__all__ = ["HostSharing", "runnable_profile", "speed"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from pipesim.validation import Row
+from pipesim.calibration.validation import Row
 
 
 def scatter_figure(rows: list[Row]) -> go.Figure:

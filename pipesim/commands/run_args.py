@@ -1,0 +1,89 @@
+"""`pipesim run`'s flags and the `RunConfig`s they make: the run, then each `--then` run after it."""
+
+from __future__ import annotations
+
+import argparse
+
+from executor.config import FAIL_MODES, RunConfig
+from pipesim.commands.common import (
+    add_model_args,
+    add_output_args,
+    add_schedule_args,
+    int_list,
+    model_config,
+    positive_int,
+)
+from pipesim.errors import PipesimError
+
+
+def add_run_args(parser: argparse.ArgumentParser) -> None:
+    """The flags of one run (the same after each `--then`)."""
+    add_schedule_args(parser)
+    parser.set_defaults(stages=None)
+    for action in parser._actions:  # one meaning for --stages everywhere; only its default differs here
+        if action.dest == "stages":
+            action.help = "pipeline ranks (default WORLD_SIZE / (dp * tp))"
+    add_model_args(parser)
+    add_output_args(parser)
+    g = parser.add_argument_group("run")
+    g.add_argument("--dp", type=positive_int, default=1, help="data-parallel replicas (default 1)")
+    g.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel ranks per stage (default 1)")
+    g.add_argument("--layer-split", type=int_list, default=None, metavar="N,N,...",
+                   help="layers per stage, e.g. 3,2,2,1 (default: even split, earlier stages take the remainder)")
+    g.add_argument("--steps", type=positive_int, default=3, help="training steps (default 3)")
+    g.add_argument("--warmup", type=int, default=1, help="steps left out of step_time (default 1)")
+    g.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd")
+    g.add_argument("--lr", type=float, default=0.01, help="learning rate (default 0.01)")
+    g.add_argument("--backend", choices=("gloo", "nccl"), default=None,
+                   help="process-group backend (default nccl with CUDA, else gloo)")
+    g.add_argument("--pg-timeout", type=float, default=60.0, metavar="S",
+                   help="seconds a blocked receive or collective waits before the run fails (default 60)")
+    g.add_argument("--sequence-parallel", action="store_true", help="TP with sequence parallelism (gpt)")
+    g.add_argument("--bucket-bytes", type=positive_int, default=None, help="DP all-reduce bucket size in bytes")
+    g.add_argument("--save-dir", default=None, help="write each rank's final parameters and the result here")
+    g.add_argument("--quiet", action="store_true", help="no progress bar or per-step lines")
+    g.add_argument("--then", nargs=argparse.REMAINDER, default=None, metavar="NAME ...",
+                   help="afterwards run another configuration (same flags; backend and --pg-timeout as here) "
+                        "in the same process group, paying the start-up once")
+    f = parser.add_argument_group("fault injection (tests)")
+    f.add_argument("--fail-rank", type=int, default=None, help="global rank that fails")
+    f.add_argument("--fail-at", default=None, metavar="ACTION", help="action where it fails, e.g. 1F3")
+    f.add_argument("--fail-mode", choices=FAIL_MODES, default="raise", help="raise, SIGKILL itself, or hang")
+
+
+class _ThenParser(argparse.ArgumentParser):
+    """Parses the flags after `--then`; a mistake there is a PipesimError (one line, exit 2)."""
+
+    def error(self, message: str):  # noqa: D401
+        raise PipesimError(f"after --then: {message}")
+
+
+def configs_from_args(args: argparse.Namespace) -> list[RunConfig]:
+    """The run and every `--then` run after it; the process-group settings must agree across them."""
+    first = config_from_args(args)
+    cfgs = [first]
+    rest = args.then
+    while rest is not None:
+        parser = _ThenParser(prog="--then", add_help=False)
+        add_run_args(parser)
+        parser.set_defaults(backend=first.backend, pg_timeout=first.pg_timeout)  # inherited unless given
+        sub = parser.parse_args(rest)
+        cfg = config_from_args(sub)
+        if (cfg.backend, cfg.pg_timeout) != (first.backend, first.pg_timeout):
+            raise PipesimError("--backend and --pg-timeout set up the one process group: give them before --then")
+        cfgs.append(cfg)
+        rest = sub.then
+    return cfgs
+
+
+def config_from_args(args: argparse.Namespace) -> RunConfig:
+    names = tuple(n.strip() for n in args.name.split(",") if n.strip()) if args.name else ()
+    return RunConfig(
+        names=names, csv=args.from_csv, stages=args.stages, microbatches=args.microbatches, virtual=args.virtual,
+        dp=args.dp, tp=args.tp, model=model_config(args),
+        layer_split=tuple(args.layer_split) if args.layer_split else None, steps=args.steps, warmup=args.warmup,
+        optimizer=args.optimizer, lr=args.lr, backend=args.backend, pg_timeout=args.pg_timeout,
+        sequence_parallel=args.sequence_parallel, bucket_bytes=args.bucket_bytes, json=args.json, trace=args.trace,
+        save_dir=args.save_dir, fail_rank=args.fail_rank, fail_at=args.fail_at, fail_mode=args.fail_mode,
+        quiet=args.quiet,
+    )

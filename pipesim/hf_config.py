@@ -1,0 +1,128 @@
+"""Read a Hugging Face `config.json` (Llama-style decoder) into a ModelConfig.
+
+Fields read: hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads (default:
+num_attention_heads, as transformers' LlamaConfig), intermediate_size, vocab_size,
+max_position_embeddings, tie_word_embeddings (default false, as LlamaConfig), hidden_act ("silu"
+is Llama's gated MLP: SwiGLU; "gelu*" a plain two-matrix MLP), rms_norm_eps (present: RMSNorm),
+attention_bias / mlp_bias (default false), attention_dropout (default 0: no dropout), head_dim
+(if given, must be hidden_size / num_attention_heads), torch_dtype. Position embeddings are
+rotary (Llama's). The bundled configs (pipesim/model_configs/) load by name: `llama3-405b`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pipesim.errors import PipesimError
+from pipesim.model_config import DTYPE_BYTES, ModelConfig
+
+BUNDLED_DIR = Path(__file__).parent / "model_configs"
+REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size",
+            "max_position_embeddings")
+GATED_ACTS = ("silu", "swish")  # a gated MLP: act(gate) * up, then down
+PLAIN_ACTS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast")
+
+
+def bundled_model_configs() -> list[str]:
+    """Names of the configs shipped with pipesim (file stems under pipesim/model_configs/)."""
+    return sorted(p.stem for p in BUNDLED_DIR.glob("*.json"))
+
+
+def resolve_model_config(name_or_path: str | Path) -> Path:
+    """A bundled config's name (`llama3-8b`) or a path to a config.json."""
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    bundled = BUNDLED_DIR / f"{name_or_path}.json"
+    if bundled.is_file():
+        return bundled
+    raise PipesimError(f"--model-config {name_or_path}: no such file or bundled config "
+                       f"(bundled: {', '.join(bundled_model_configs())})")
+
+
+def _positive_int(cfg: dict, name: str, where: str) -> int:
+    value = cfg[name]
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise PipesimError(f"{where}: field {name!r} must be a positive integer, got {value!r}")
+    return value
+
+
+def _bool(cfg: dict, name: str, default: bool, where: str) -> bool:
+    value = cfg.get(name, default)
+    if not isinstance(value, bool):
+        raise PipesimError(f"{where}: field {name!r} must be true or false, got {value!r}")
+    return value
+
+
+def read_hf_config(path: str | Path) -> dict:
+    """The JSON object in `path`; PipesimError (one line, naming the file) if unreadable or not an object."""
+    path = Path(path)
+    try:
+        cfg = json.loads(path.read_text())
+    except OSError as e:
+        raise PipesimError(f"{path}: cannot read ({e.strerror or e})") from None
+    except json.JSONDecodeError as e:
+        raise PipesimError(f"{path}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+    if not isinstance(cfg, dict):
+        raise PipesimError(f"{path}: expected a JSON object, got {type(cfg).__name__}")
+    return cfg
+
+
+def model_from_hf(cfg: dict, *, where: str, seq: int | None = None, batch: int = ModelConfig.batch,
+                  dtype: str | None = None, seed: int = 0) -> ModelConfig:
+    """A ModelConfig (kind "gpt", Llama-style fields) from a parsed config.json; `where` names it in errors.
+
+    seq: training sequence length (default max_position_embeddings; longer is refused). dtype:
+    default the file's torch_dtype when pipesim knows it, else bfloat16.
+    """
+    for name in REQUIRED:
+        if name not in cfg:
+            raise PipesimError(f"{where}: field {name!r} is missing")
+    sizes = {name: _positive_int(cfg, name, where) for name in REQUIRED}
+    heads = sizes["num_attention_heads"]
+    kv_heads = _positive_int(cfg, "num_key_value_heads", where) if "num_key_value_heads" in cfg else heads
+    if sizes["hidden_size"] % heads:
+        raise PipesimError(f"{where}: field 'num_attention_heads' {heads} does not divide hidden_size "
+                           f"{sizes['hidden_size']}")
+    if heads % kv_heads:
+        raise PipesimError(f"{where}: field 'num_key_value_heads' {kv_heads} does not divide num_attention_heads "
+                           f"{heads}")
+    act = cfg.get("hidden_act", "silu")
+    if act not in GATED_ACTS + PLAIN_ACTS:
+        raise PipesimError(f"{where}: field 'hidden_act' {act!r} is not supported; "
+                           f"choose one of {', '.join(GATED_ACTS + PLAIN_ACTS)}")
+    if "head_dim" in cfg and _positive_int(cfg, "head_dim", where) * heads != sizes["hidden_size"]:
+        raise PipesimError(f"{where}: field 'head_dim' {cfg['head_dim']!r} is not hidden_size / num_attention_heads "
+                           f"({sizes['hidden_size']} / {heads}); pipesim needs them equal")
+    max_seq = sizes["max_position_embeddings"]
+    seq = max_seq if seq is None else seq
+    if seq > max_seq:
+        raise PipesimError(f"--seq {seq} is longer than {where}'s max_position_embeddings {max_seq}")
+    if dtype is None:
+        dtype = cfg.get("torch_dtype") if cfg.get("torch_dtype") in DTYPE_BYTES else "bfloat16"
+    dropout = cfg.get("attention_dropout", 0.0)
+    if not isinstance(dropout, (int, float)) or isinstance(dropout, bool) or not 0 <= dropout < 1:
+        raise PipesimError(f"{where}: field 'attention_dropout' must be a number in [0, 1), got {dropout!r}")
+    biases = _bool(cfg, "attention_bias", False, where) or _bool(cfg, "mlp_bias", False, where)
+    tied = _bool(cfg, "tie_word_embeddings", False, where)
+    try:
+        return ModelConfig(kind="gpt", hidden=sizes["hidden_size"], layers=sizes["num_hidden_layers"], heads=heads,
+                           seq=seq, vocab=sizes["vocab_size"], batch=batch, dtype=dtype, seed=seed,
+                           kv_heads=kv_heads, ffn_hidden=sizes["intermediate_size"],
+                           activation="swiglu" if act in GATED_ACTS else "gelu",
+                           norm="rmsnorm" if "rms_norm_eps" in cfg else "layernorm",
+                           dropout=dropout > 0, biases=biases, positions="rope",
+                           tied_embeddings=tied)
+    except PipesimError as e:
+        raise PipesimError(f"{where}: {e}") from None
+
+
+def load_hf_config(name_or_path: str | Path, *, seq: int | None = None, batch: int = ModelConfig.batch,
+                   dtype: str | None = None, seed: int = 0) -> ModelConfig:
+    """`--model-config`: a bundled name or a config.json path, read into a ModelConfig (see `model_from_hf`)."""
+    path = resolve_model_config(name_or_path)
+    return model_from_hf(read_hf_config(path), where=str(path), seq=seq, batch=batch, dtype=dtype, seed=seed)
+
+
+__all__ = ["bundled_model_configs", "load_hf_config", "model_from_hf", "read_hf_config", "resolve_model_config"]

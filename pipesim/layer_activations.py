@@ -1,0 +1,136 @@
+"""Activation memory of a transformer layer, built up from the tensors it saves for backward.
+
+Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models", section
+4) count, per layer at 16 bits: each LayerNorm's input 2sbh; the QKV input 2sbh; Q and K 4sbh;
+the softmax output 2as^2b, its dropout mask as^2b and the dropout's output 2as^2b; V 2sbh; the
+projection input 2sbh; the attention dropout mask sbh; the MLP input 2sbh, GeLU input 8sbh,
+second linear's input 8sbh and dropout mask sbh: s b h (34 + 5 a s / h). Listing the tensors
+rather than the total lets grouped-query attention (K and V of h_kv), SwiGLU (gate and up of f),
+models without dropout, other dtypes, tp, sp, cp and recomputation follow from the same list.
+Masks are 1 byte (torch.bool), softmax statistics 4 (float32), everything else the model's dtype.
+Norm statistics (mean / rstd: 4-8 bytes per token) are not counted, as in the paper.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipesim.layer_options import LayerOptions, vocab_shard
+from pipesim.model_config import ModelConfig
+
+MASK_BYTES = 1  # a dropout mask element (torch.bool)
+STAT_BYTES = 4  # flash attention's logsumexp per (token, head), float32
+LOGIT_BYTES = 4  # the cross-entropy's softmax over the vocabulary, kept in float32 (Megatron)
+
+
+@dataclass(frozen=True)
+class SavedTensor:
+    """One tensor a layer keeps for its backward, on one rank, for one microbatch."""
+
+    name: str
+    nbytes: int  # bytes
+    core: bool = False  # inside the attention core (what selective recomputation drops)
+
+
+def layer_saved_tensors(model: ModelConfig, b: int, opts: LayerOptions, *, recompute: str | None = None) -> list[
+        SavedTensor]:
+    """The tensors one transformer layer saves on one rank for a microbatch of b sequences.
+
+    recompute (default `opts.recompute`): "none" every tensor below; "selective" all but the
+    attention core's (scores, softmax, its dropout; flash: its logsumexp); "full" the layer
+    input only (Megatron keeps it sharded over tp under sequence parallelism).
+    """
+    opts.check(model)
+    recompute = opts.recompute if recompute is None else recompute
+    d, t = model.dtype_bytes, opts.tp
+    s_loc = opts.local_seq(model)
+    tokens = s_loc * b  # tokens of the microbatch on this rank
+    h, f, a = model.hidden, model.ffn_size, model.heads
+    hkv = model.num_kv_heads * model.head_dim
+    seq_split = opts.seq_sharded  # norms, dropout, the residual stream: split over tp only under sp
+    if recompute == "full":
+        return [SavedTensor("layer input", seq_split(d * tokens * h))]
+    saved = [
+        SavedTensor("attention norm input", seq_split(d * tokens * h)),
+        SavedTensor("QKV input", seq_split(d * tokens * h)),  # under sp: re-gathered in backward
+        SavedTensor("Q", d * tokens * h // t),
+        SavedTensor("K", d * tokens * hkv // t),
+        SavedTensor("V", d * tokens * hkv // t),
+    ]
+    if opts.attention == "eager":  # eager needs cp = 1, so the keys are the rank's own s_loc = s tokens
+        scores = b * (a // t) * s_loc * model.seq  # elements of one (b, a/t, s, s) tensor
+        saved.append(SavedTensor("softmax output", d * scores, core=True))
+        if model.dropout:  # the dropout's output, not the softmax's, is what A V reads
+            saved.append(SavedTensor("softmax dropout mask", MASK_BYTES * scores, core=True))
+            saved.append(SavedTensor("softmax dropout output", d * scores, core=True))
+    else:  # flash: no s x s tensor; the kernel keeps one logsumexp per (token, head) and recomputes the scores
+        saved.append(SavedTensor("attention logsumexp", STAT_BYTES * tokens * (a // t), core=True))
+    saved.append(SavedTensor("attention output (projection input)", d * tokens * h // t))
+    if model.dropout:
+        saved.append(SavedTensor("attention dropout mask", seq_split(MASK_BYTES * tokens * h)))
+    saved += [SavedTensor("MLP norm input", seq_split(d * tokens * h)),
+              SavedTensor("MLP input", seq_split(d * tokens * h))]
+    if model.activation == "swiglu":  # a fused SwiGLU (Megatron's) saves gate and up, recomputes silu(gate) * up
+        saved += [SavedTensor("gate and up", 2 * d * tokens * f // t),
+                  SavedTensor("down projection input", d * tokens * f // t)]
+    else:
+        saved += [SavedTensor("GeLU input", d * tokens * f // t),
+                  SavedTensor("second linear input", d * tokens * f // t)]
+    if model.dropout:
+        saved.append(SavedTensor("MLP dropout mask", seq_split(MASK_BYTES * tokens * h)))
+    if recompute == "selective":
+        saved = [x for x in saved if not x.core]
+    return saved
+
+
+def layer_activation_bytes(model: ModelConfig, b: int, opts: LayerOptions) -> int:
+    """Bytes one layer stashes per microbatch on one rank, until its backward (the sum of the saved tensors)."""
+    return sum(x.nbytes for x in layer_saved_tensors(model, b, opts))
+
+
+def recompute_working_bytes(model: ModelConfig, b: int, opts: LayerOptions) -> int:
+    """Bytes a recomputed layer re-creates, live during that layer's backward only.
+
+    full: everything the layer would have saved, less the stashed input it is rebuilt from;
+    selective: the attention core's tensors; none: 0.
+    """
+    if opts.recompute == "none":
+        return 0
+    every = layer_saved_tensors(model, b, opts, recompute="none")
+    if opts.recompute == "selective":
+        return sum(x.nbytes for x in every if x.core)
+    return sum(x.nbytes for x in every) - layer_activation_bytes(model, b, opts)
+
+
+def embedding_activation_bytes(model: ModelConfig, b: int, opts: LayerOptions) -> int:
+    """The embedding's stash: its dropout mask (GPT; split over tp under sp). The token ids are not counted."""
+    opts.check(model)
+    if not model.dropout:
+        return 0
+    return opts.seq_sharded(MASK_BYTES * opts.local_seq(model) * b * model.hidden)
+
+
+def head_activation_bytes(model: ModelConfig, b: int, opts: LayerOptions) -> int:
+    """Final norm input and head input (split over tp under sp) plus the float32 softmax over the vocab shard.
+
+    Not recomputed under any --recompute (Megatron recomputes transformer layers only).
+    """
+    opts.check(model)
+    tokens = opts.local_seq(model) * b
+    hidden = 2 * opts.seq_sharded(model.dtype_bytes * tokens * model.hidden)
+    return hidden + LOGIT_BYTES * tokens * vocab_shard(model, opts.tp)
+
+
+def stage_activation_bytes(model: ModelConfig, b: int, opts: LayerOptions, *, layers: int, first: bool,
+                           last: bool) -> int:
+    """Stash of one microbatch on a pipeline stage: `layers` blocks, plus embedding / head where held."""
+    total = layers * layer_activation_bytes(model, b, opts)
+    if first:
+        total += embedding_activation_bytes(model, b, opts)
+    if last:
+        total += head_activation_bytes(model, b, opts)
+    return total
+
+
+__all__ = ["SavedTensor", "embedding_activation_bytes", "head_activation_bytes", "layer_activation_bytes",
+           "layer_saved_tensors", "recompute_working_bytes", "stage_activation_bytes"]

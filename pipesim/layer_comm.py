@@ -1,0 +1,156 @@
+"""Communication of a transformer layer: tensor-parallel collectives and context-parallel ring exchanges.
+
+Megatron-LM's tensor parallelism (Shoeybi et al. 2019): an attention and an MLP block each
+column-parallel then row-parallel, so each block needs one all-reduce in forward (after the
+row-parallel matmul) and one in backward (of the column-parallel matmul's input gradient).
+Sequence parallelism (Korthikanti et al. 2022, section 4.2.2) replaces each all-reduce with an
+all-gather before the block and a reduce-scatter after it: the same volume on the wire. Megatron
+overlaps the backward input-gradient collective with the weight-gradient GEMM that follows it.
+Bytes are those of the full (unsharded) tensor, the nccl-tests convention of comm_costs.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipesim.layer_options import LayerOptions
+from pipesim.model_config import ModelConfig
+
+CE_REDUCTIONS = ("max logit", "target logit", "sum of exp")  # vocab-parallel cross-entropy's all-reduces
+CE_BYTES = 4  # float32 per token, each
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One collective (or P2P exchange) a piece issues per microbatch, or per step for phase "step".
+
+    phase: the action it falls in ("F", "I", "W") or "step" (once, around the optimizer step).
+    overlaps: the computation it runs concurrently with in Megatron ("" when it blocks).
+    count: how many times it runs back to back (ring steps).
+    """
+
+    kind: str  # all_reduce, all_gather, reduce_scatter, send_recv
+    nbytes: int  # bytes (full tensor; for send_recv the bytes each rank sends)
+    phase: str
+    group: str  # parallel axis: tp, cp, dp
+    what: str  # the tensor it moves
+    overlaps: str = ""
+    count: int = 1
+
+    @property
+    def total_bytes(self) -> int:
+        return self.nbytes * self.count
+
+
+def _residual_bytes(model: ModelConfig, b: int, opts: LayerOptions) -> int:
+    """Bytes of the full (b, s / cp, h) activation on which the tp collectives run."""
+    return b * opts.local_seq(model) * model.hidden * model.dtype_bytes
+
+
+def _forward_tp(model: ModelConfig, b: int, opts: LayerOptions) -> list[Collective]:
+    x = _residual_bytes(model, b, opts)
+    out: list[Collective] = []
+    for block, first in (("attention", "QKV"), ("MLP", "MLP up")):
+        if opts.sp:
+            out.append(Collective("all_gather", x, "F", "tp", f"{block} input (before {first})"))
+            out.append(Collective("reduce_scatter", x, "F", "tp", f"{block} output"))
+        else:
+            out.append(Collective("all_reduce", x, "F", "tp", f"{block} output"))
+    return out
+
+
+def tp_layer_collectives(model: ModelConfig, b: int, opts: LayerOptions) -> list[Collective]:
+    """Tensor-parallel collectives of one layer per microbatch, in order (F, then backward).
+
+    Without sp: F all_reduce of each block's output (2 x b s h d); backward all_reduce of each
+    block's input gradient, overlapped with that block's first weight-gradient GEMM. With sp: F
+    all_gather of each block's input and reduce_scatter of its output; backward all_gather of the
+    output gradient (blocking), all_gather of the saved sharded input again (for the weight
+    gradient; overlapped with the input-gradient GEMM) and reduce_scatter of the input gradient
+    (overlapped with the weight-gradient GEMM). full recomputation first re-runs the forward's
+    collectives in I. tp = 1: none.
+    """
+    opts.check(model)
+    if opts.tp == 1:
+        return []
+    x = _residual_bytes(model, b, opts)
+    out = _forward_tp(model, b, opts)
+    if opts.recompute == "full":
+        out += [Collective(c.kind, c.nbytes, "I", "tp", f"recompute: {c.what}") for c in _forward_tp(model, b, opts)]
+    for block, first in (("MLP", "MLP up"), ("attention", "QKV")):  # backward runs the blocks in reverse
+        if opts.sp:
+            out.append(Collective("all_gather", x, "I", "tp", f"{block} output gradient"))
+            out.append(Collective("all_gather", x, "I", "tp", f"{block} input, again (for the {first} weight gradient)",
+                                  overlaps=f"I: {first} input-gradient GEMM"))
+            out.append(Collective("reduce_scatter", x, "I", "tp", f"{block} input gradient",
+                                  overlaps=f"W: {first} weight-gradient GEMM"))
+        else:
+            out.append(Collective("all_reduce", x, "I", "tp", f"{block} input gradient",
+                                  overlaps=f"W: {first} weight-gradient GEMM"))
+    return out
+
+
+def tp_embedding_collectives(model: ModelConfig, b: int, opts: LayerOptions) -> list[Collective]:
+    """Vocab-parallel embedding: each rank looks up its rows, an all_reduce (sp: reduce_scatter) sums them in F."""
+    opts.check(model)
+    if opts.tp == 1:
+        return []
+    kind = "reduce_scatter" if opts.sp else "all_reduce"
+    return [Collective(kind, _residual_bytes(model, b, opts), "F", "tp", "embedding output")]
+
+
+def tp_head_collectives(model: ModelConfig, b: int, opts: LayerOptions) -> list[Collective]:
+    """LM head (column-parallel over the vocabulary) and its vocab-parallel cross-entropy.
+
+    F: (sp) all_gather of the head input; three all_reduces of one float32 per token (max logit,
+    target logit, sum of exp). Backward: all_reduce (sp: all_gather again + reduce_scatter) of the
+    head input gradient, overlapped with the head's weight-gradient GEMM.
+    """
+    opts.check(model)
+    if opts.tp == 1:
+        return []
+    x = _residual_bytes(model, b, opts)
+    tokens = b * opts.local_seq(model)
+    out = [Collective("all_gather", x, "F", "tp", "head input")] if opts.sp else []
+    out += [Collective("all_reduce", CE_BYTES * tokens, "F", "tp", f"cross-entropy {r}") for r in CE_REDUCTIONS]
+    if opts.sp:
+        out.append(Collective("all_gather", x, "I", "tp", "head input, again (for the head weight gradient)",
+                              overlaps="I: head input-gradient GEMM"))
+        out.append(Collective("reduce_scatter", x, "I", "tp", "head input gradient",
+                              overlaps="W: head weight-gradient GEMM"))
+    else:
+        out.append(Collective("all_reduce", x, "I", "tp", "head input gradient",
+                              overlaps="W: head weight-gradient GEMM"))
+    return out
+
+
+def cp_kv_block_bytes(model: ModelConfig, b: int, opts: LayerOptions) -> int:
+    """One rank's K and V block: 2 x (s / cp) x b x h_kv / t values of the model's dtype."""
+    opts.check(model)
+    hkv = model.num_kv_heads * model.head_dim
+    return 2 * opts.local_seq(model) * b * hkv // opts.tp * model.dtype_bytes
+
+
+def cp_layer_exchanges(model: ModelConfig, b: int, opts: LayerOptions) -> list[Collective]:
+    """Ring attention's P2P traffic of one layer per microbatch, per direction (each rank sends this, and receives it).
+
+    F: the K/V blocks go round the ring, cp - 1 hops (each rank meets every block, computing
+    attention block by block while the next block is in flight). Backward: the K/V blocks go
+    round again (cp - 1 hops) and their gradients dK, dV travel with them, accumulating, back
+    to the block's owner (cp hops). Full recomputation re-runs the forward's hops first. cp = 1: none.
+    """
+    if opts.cp == 1:
+        return []
+    kv = cp_kv_block_bytes(model, b, opts)
+    hops = opts.cp - 1
+    overlap = "attention of the block held"
+    out = [Collective("send_recv", kv, "F", "cp", "K/V block", overlaps=overlap, count=hops)]
+    if opts.recompute == "full":
+        out.append(Collective("send_recv", kv, "I", "cp", "recompute: K/V block", overlaps=overlap, count=hops))
+    out.append(Collective("send_recv", kv, "I", "cp", "K/V block", overlaps=overlap, count=hops))
+    out.append(Collective("send_recv", kv, "I", "cp", "dK/dV block", overlaps=overlap, count=opts.cp))
+    return out
+
+
+__all__ = ["Collective", "cp_kv_block_bytes", "cp_layer_exchanges", "tp_embedding_collectives",
+           "tp_head_collectives", "tp_layer_collectives"]

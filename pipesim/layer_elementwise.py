@@ -1,0 +1,87 @@
+"""Memory-bound (non-GEMM) work of a transformer layer: bytes each elementwise op reads and writes.
+
+For timing on a GPU, where these ops run at HBM bandwidth, not at the tensor cores' rate. Each op
+is counted unfused, as eager PyTorch runs it: forward reads its inputs and writes its output;
+backward reads the output gradient and what it saved and writes the input gradient(s). A fused
+kernel moves less; these are the upper figures. Parameter reads of the norms are left out (h
+values against tokens x h). Flash attention's softmax lives inside its kernel (counted as FLOPs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pipesim.layer_activations import MASK_BYTES
+from pipesim.layer_options import LayerOptions
+from pipesim.model_config import ModelConfig
+
+
+@dataclass(frozen=True)
+class ElementwiseBytes:
+    """Bytes moved to and from memory by one layer's elementwise ops on one rank, per microbatch."""
+
+    forward: dict[str, int] = field(default_factory=dict)  # op -> bytes
+    backward: dict[str, int] = field(default_factory=dict)  # op -> bytes (re-run forward ops: "recompute ...")
+
+    @property
+    def forward_total(self) -> int:
+        return sum(self.forward.values())
+
+    @property
+    def backward_total(self) -> int:
+        return sum(self.backward.values())
+
+
+def layer_elementwise_bytes(model: ModelConfig, b: int, opts: LayerOptions) -> ElementwiseBytes:
+    """Softmax, norms, GeLU/SwiGLU, dropout, RoPE and residual adds of one layer, in bytes.
+
+    Per op on n elements of d bytes: norm F 2nd, B 3nd; softmax F 2nd, B 3nd; GeLU F 2nd, B 3nd;
+    SwiGLU (gate and up of n each) F 3nd, B 5nd; dropout F 2nd + n (mask), B 2nd + n; RoPE on Q and
+    K F 2nd, B 2nd; residual add F 3nd, B 3nd (the two gradients summed). n follows tp, sp and cp
+    as the tensors do (norms, dropout and residual adds run on every tp rank unless sp splits
+    them). Recomputation re-runs forward ops in backward: all of them (full) or the eager
+    attention core's softmax and dropout (selective).
+    """
+    opts.check(model)
+    d, t = model.dtype_bytes, opts.tp
+    tokens = opts.local_seq(model) * b
+    hidden = opts.seq_sharded(tokens * model.hidden)  # elements of the residual stream on this rank
+    ffn = tokens * model.ffn_size // t
+    fwd: dict[str, int] = {}
+    bwd: dict[str, int] = {}
+    core_ops: list[str] = []
+
+    def op(name: str, f: int, bk: int, *, core: bool = False) -> None:
+        fwd[name], bwd[name] = f, bk
+        if core:
+            core_ops.append(name)
+
+    norm = "RMSNorm" if model.norm == "rmsnorm" else "LayerNorm"
+    op(f"attention {norm}", 2 * hidden * d, 3 * hidden * d)
+    if model.positions == "rope":
+        qk = tokens * (model.hidden + model.num_kv_heads * model.head_dim) // t
+        op("RoPE on Q and K", 2 * qk * d, 2 * qk * d)
+    if opts.attention == "eager":
+        scores = b * (model.heads // t) * opts.local_seq(model) * model.seq
+        op("softmax", 2 * scores * d, 3 * scores * d, core=True)
+        if model.dropout:
+            op("softmax dropout", 2 * scores * d + MASK_BYTES * scores, 2 * scores * d + MASK_BYTES * scores,
+               core=True)
+    if model.dropout:
+        op("attention dropout", 2 * hidden * d + MASK_BYTES * hidden, 2 * hidden * d + MASK_BYTES * hidden)
+    op("attention residual add", 3 * hidden * d, 3 * hidden * d)
+    op(f"MLP {norm}", 2 * hidden * d, 3 * hidden * d)
+    if model.activation == "swiglu":
+        op("SwiGLU", 3 * ffn * d, 5 * ffn * d)
+    else:
+        op("GeLU", 2 * ffn * d, 3 * ffn * d)
+    if model.dropout:
+        op("MLP dropout", 2 * hidden * d + MASK_BYTES * hidden, 2 * hidden * d + MASK_BYTES * hidden)
+    op("MLP residual add", 3 * hidden * d, 3 * hidden * d)
+    rerun = list(fwd) if opts.recompute == "full" else core_ops if opts.recompute == "selective" else []
+    for name in rerun:
+        bwd[f"recompute {name}"] = fwd[name]
+    return ElementwiseBytes(forward=fwd, backward=bwd)
+
+
+__all__ = ["ElementwiseBytes", "layer_elementwise_bytes"]

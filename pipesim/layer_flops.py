@@ -1,0 +1,105 @@
+"""FLOPs of a transformer layer and LM head, split F / I / W, on one rank, with recomputation.
+
+Convention as pipesim/model_costs.py's gpt_block_flops and torch's FlopCounterMode: matmuls
+only, 2 FLOPs per multiply-add. The weight matmuls' backward is the same again for the input
+gradient (I) and for the weight gradient (W); the score matmuls (Q K^T, A V) have no weights, so
+their whole backward is in I. Attention is counted over the full s x s square, causal or not, as
+Narayanan et al. 2021 eq. 3 and the MFU figures of the Megatron papers count it. Recomputation
+puts the re-run forward into I, the part of the backward that needs it first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipesim.layer_options import LayerOptions, vocab_shard
+from pipesim.model_config import ModelConfig
+
+
+@dataclass(frozen=True)
+class Flops:
+    """FLOPs of one microbatch through a piece, on one rank: forward, input gradient, weight gradient."""
+
+    F: int
+    I: int  # noqa: E741 (the action's name in the IR)
+    W: int
+
+    @property
+    def total(self) -> int:
+        return self.F + self.I + self.W
+
+    def __add__(self, other: Flops) -> Flops:
+        return Flops(self.F + other.F, self.I + other.I, self.W + other.W)
+
+    def __mul__(self, k: int) -> Flops:
+        return Flops(self.F * k, self.I * k, self.W * k)
+
+
+def dense_flops(model: ModelConfig, b: int, opts: LayerOptions) -> int:
+    """Forward FLOPs of one layer's weight matmuls on one rank: QKV, projection and MLP.
+
+    2 n h (h + 2 h_kv) + 2 n h^2 + 4 n h f (GeLU) or 6 n h f (SwiGLU), n = b s / cp tokens, all / t.
+    The GPT (h_kv = h, f = 4h): 24 b s h^2.
+    """
+    opts.check(model)
+    n = b * opts.local_seq(model)
+    h, f = model.hidden, model.ffn_size
+    hkv = model.num_kv_heads * model.head_dim
+    mlp = (6 if model.activation == "swiglu" else 4) * n * h * f
+    return (2 * n * h * (h + 2 * hkv) + 2 * n * h * h + mlp) // opts.tp
+
+
+def attention_core_flops(model: ModelConfig, b: int, opts: LayerOptions, *, causal: bool = False) -> Flops:
+    """Q K^T and A V of one layer on one rank: forward 4 b s_q s_k h / t (s_q = s / cp local queries, s_k = s keys).
+
+    eager backward: the gradients wrt both operands of both matmuls, 8 b s_q s_k h / t, all in I.
+    flash backward: the kernel first re-computes Q K^T (2 b s_q s_k h / t), then the four
+    gradient matmuls: 10 b s_q s_k h / t. Grouped-query attention does the same FLOPs (each
+    query head still meets s_k keys of head_dim). causal=True counts the half a causal kernel
+    really computes (s_q s_k / 2 pairs), for timing; the defaults count the full square.
+    """
+    opts.check(model)
+    pairs = b * opts.local_seq(model) * model.seq  # (query, key) pairs per head-dim, summed below over h
+    fwd = 4 * pairs * model.hidden // opts.tp
+    bwd = (10 if opts.attention == "flash" else 8) * pairs * model.hidden // opts.tp
+    if causal:
+        fwd, bwd = fwd // 2, bwd // 2
+    return Flops(fwd, bwd, 0)
+
+
+def layer_flops(model: ModelConfig, b: int, opts: LayerOptions) -> Flops:
+    """One transformer layer on one rank, with its recomputation in I.
+
+    full: the backward first re-runs the whole forward (dense + attention core); selective:
+    only the attention core's forward. The GPT without recomputation, t = cp = 1, eager:
+    F = 24 b s h^2 + 4 b s^2 h, I = 24 b s h^2 + 8 b s^2 h, W = 24 b s h^2.
+    """
+    dense = dense_flops(model, b, opts)
+    core = attention_core_flops(model, b, opts)
+    flops = Flops(dense, dense, dense) + core
+    if opts.recompute == "full":
+        flops = flops + Flops(0, flops.F, 0)
+    elif opts.recompute == "selective":
+        flops = flops + Flops(0, core.F, 0)
+    return flops
+
+
+def head_flops(model: ModelConfig, b: int, opts: LayerOptions) -> Flops:
+    """LM head (h x ceil(V / t)) on the rank's tokens: 2 b s h V / t each for F, I and W (never recomputed)."""
+    opts.check(model)
+    head = 2 * b * opts.local_seq(model) * model.hidden * vocab_shard(model, opts.tp)
+    return Flops(head, head, head)
+
+
+def iteration_flops(model: ModelConfig, global_batch: int, opts: LayerOptions) -> int:
+    """All ranks' FLOPs of one iteration (tp = cp = 1 view): layers x layer + head, over the global batch.
+
+    With the GPT and eager attention this is Narayanan et al. 2021 eq. 3 under full recomputation,
+    96 B s l h^2 (1 + s / (6h) + V / (16 l h)), and Korthikanti et al. 2022 eq. 7 without it,
+    72 B s l h^2 (1 + s / (6h) + V / (12 l h)).
+    """
+    one = LayerOptions(recompute=opts.recompute, attention=opts.attention)
+    return (layer_flops(model, global_batch, one) * model.layers + head_flops(model, global_batch, one)).total
+
+
+__all__ = ["Flops", "attention_core_flops", "dense_flops", "head_flops", "iteration_flops", "layer_flops"]

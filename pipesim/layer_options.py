@@ -1,0 +1,73 @@
+"""How a transformer layer is run: tensor/sequence/context parallelism, recomputation, attention kernel.
+
+The per-layer cost functions (parameters, activations, FLOPs, collectives) all take one of these,
+so a flag on the command line changes every number that depends on it, and the checks that make
+the sizes divide live in one place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipesim.errors import PipesimError
+from pipesim.model_config import ModelConfig
+
+RECOMPUTE = ("none", "selective", "full")  # Megatron's --recompute-granularity (none: keep everything)
+ATTENTION = ("eager", "flash")  # materialised s x s scores, or a fused kernel keeping only softmax statistics
+
+
+@dataclass(frozen=True)
+class LayerOptions:
+    """Parallelism and memory-saving choices of one transformer layer (validated on construction)."""
+
+    tp: int = 1  # tensor-parallel ranks (Megatron: heads, MLP columns and the vocabulary split tp ways)
+    sp: bool = False  # sequence parallelism: norm/dropout activations split over tp too (Korthikanti 2022)
+    cp: int = 1  # context-parallel ranks: each holds seq / cp tokens; ring attention passes K/V around
+    recompute: str = "none"  # "none", "selective" (attention core) or "full" (keep the layer input only)
+    attention: str = "eager"  # "eager" or "flash"
+
+    def __post_init__(self) -> None:
+        for name in ("tp", "cp"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise PipesimError(f"{name} must be a positive integer, got {value!r}")
+        if not isinstance(self.sp, bool):
+            raise PipesimError(f"sequence parallelism must be true or false, got {self.sp!r}")
+        if self.recompute not in RECOMPUTE:
+            raise PipesimError(f"unknown --recompute {self.recompute!r}; choose {', '.join(RECOMPUTE)}")
+        if self.attention not in ATTENTION:
+            raise PipesimError(f"unknown --attention {self.attention!r}; choose {', '.join(ATTENTION)}")
+        if self.cp > 1 and self.attention != "flash":
+            raise PipesimError(f"--cp {self.cp} needs --attention flash (ring attention runs the fused kernel)")
+
+    def check(self, model: ModelConfig) -> None:
+        """PipesimError (one line, with the numbers) unless `model` splits evenly under these options."""
+        if model.kind != "gpt":
+            raise PipesimError(f"transformer layer costs need --model gpt, got {model.kind!r}")
+        t = self.tp
+        for flag, value in (("--hidden", model.hidden), ("--heads", model.heads),
+                            ("--kv-heads", model.num_kv_heads), ("--ffn-hidden", model.ffn_size)):
+            if value % t:
+                raise PipesimError(f"{flag} {value} is not divisible by tp({t})")
+        if self.cp > 1 and model.seq % (2 * self.cp):
+            raise PipesimError(f"--seq {model.seq} is not divisible by 2 x cp({self.cp}) "
+                               "(ring attention's load-balanced causal split)")
+        if self.sp and (model.seq // self.cp) % t:
+            raise PipesimError(f"--seq {model.seq} / cp({self.cp}) is not divisible by tp({t}) "
+                               "(sequence parallelism splits the sequence over tp)")
+
+    def local_seq(self, model: ModelConfig) -> int:
+        """Tokens of one sequence on this rank: seq / cp."""
+        return model.seq // self.cp
+
+    def seq_sharded(self, value: int) -> int:
+        """A tensor's size where sequence parallelism splits it over tp (norms, dropout, residual)."""
+        return value // self.tp if self.sp else value
+
+
+def vocab_shard(model: ModelConfig, tp: int) -> int:
+    """Vocabulary rows on one tp rank: ceil(V / tp) (Megatron pads the vocabulary to divide)."""
+    return -(-model.vocab // tp)
+
+
+__all__ = ["ATTENTION", "RECOMPUTE", "LayerOptions", "vocab_shard"]

@@ -1,0 +1,214 @@
+"""The rank layout (pipesim.parallel_dims) exactly, and the tie between its two users.
+
+The executor's Mesh and the simulator's device placement both read ParallelDims; the tie tests check
+that the simulator's device for each coordinate is the device the executor's rank with those
+coordinates runs on (torchrun: node n holds ranks n * nproc_per_node ...), and that every simulated
+P2P and collective uses the links that follow. The executor's real process groups are checked against
+ParallelDims on gloo in tests/test_data_parallel.py (its 4-process spawn is reused).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+
+import pytest
+
+import schedules
+from executor.mesh import Mesh
+from pipesim.comm_costs import group_collective_time
+from pipesim.costs import CostTable
+from pipesim.errors import PipesimError
+from pipesim.hardware_toml import load_hardware
+from pipesim.model_config import ModelConfig
+from pipesim.model_costs import ParallelCosts, model_costs
+from pipesim.parallel_dims import AXES, Coords, ParallelDims
+from pipesim.simulator import simulate
+
+SIZES = (1, 2, 3)  # per axis; every combination of the four axes is tested
+
+
+def _all_dims():
+    for pp, dp, cp, tp in itertools.product(SIZES, repeat=4):
+        yield ParallelDims(pp=pp, dp=dp, cp=cp, tp=tp)
+
+
+# -- ParallelDims alone --------------------------------------------------------------------------------
+
+
+def test_coords_of_a_2x2x2_grid_pp_outermost_tp_innermost():
+    dims = ParallelDims(pp=2, dp=2, tp=2)
+    assert [(c.pp, c.dp, c.cp, c.tp) for c in map(dims.coords, range(8))] == [
+        (0, 0, 0, 0), (0, 0, 0, 1), (0, 1, 0, 0), (0, 1, 0, 1), (1, 0, 0, 0), (1, 0, 0, 1), (1, 1, 0, 0), (1, 1, 0, 1)]
+    assert dims.rank(pp=1, dp=1, tp=0) == 6 and dims.world == 8
+
+
+def test_rank_and_coords_are_inverse_with_megatron_strides():
+    for dims in _all_dims():
+        ranks = []
+        for pp, dp, cp, tp in itertools.product(range(dims.pp), range(dims.dp), range(dims.cp), range(dims.tp)):
+            r = dims.rank(pp=pp, dp=dp, cp=cp, tp=tp)
+            assert r == ((pp * dims.dp + dp) * dims.cp + cp) * dims.tp + tp, dims
+            assert dims.coords(r) == Coords(pp=pp, dp=dp, cp=cp, tp=tp), (dims, r)
+            ranks.append(r)
+        assert ranks == list(range(dims.world)), dims  # pp outermost ... tp innermost: row-major order
+
+
+def test_group_members_of_a_2x2x2_grid():
+    dims = ParallelDims(pp=2, dp=2, tp=2)
+    assert dims.groups("tp") == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert dims.groups("dp") == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    assert dims.groups("pp") == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert dims.groups("cp") == [[r] for r in range(8)]
+    assert dims.group("dp", 5) == [5, 7] and dims.group("tp", 5) == [4, 5] and dims.group("pp", 5) == [1, 5]
+    assert [dims.pp_peer(5, p) for p in range(2)] == [1, 5]
+
+
+def test_groups_partition_the_world_along_one_axis():
+    for dims in _all_dims():
+        for axis in AXES:
+            groups = dims.groups(axis)
+            assert sorted(r for g in groups for r in g) == list(range(dims.world)), (dims, axis)
+            assert len(groups) == dims.world // getattr(dims, axis)
+            for g in groups:
+                assert len(g) == getattr(dims, axis) and g == sorted(g)
+                coords = [dims.coords(r) for r in g]
+                assert [getattr(c, axis) for c in coords] == list(range(len(g)))
+                for other in AXES:  # members differ along `axis` only
+                    if other != axis:
+                        assert len({getattr(c, other) for c in coords}) == 1, (dims, axis, g)
+                assert all(dims.group(axis, r) == g for r in g)
+
+
+def test_pp_peer_keeps_the_replica_and_the_shard():
+    for dims in _all_dims():
+        for r in range(dims.world):
+            me = dims.coords(r)
+            for p in range(dims.pp):
+                assert dims.coords(dims.pp_peer(r, p)) == replace(me, pp=p)
+
+
+def test_check_world_shows_the_arithmetic():
+    ParallelDims(pp=2, dp=2, tp=2).check_world(8)
+    with pytest.raises(PipesimError, match=r"^dp\(2\) \* pp\(2\) \* tp\(2\) != WORLD_SIZE\(6\)$"):
+        ParallelDims(pp=2, dp=2, tp=2).check_world(6)
+    with pytest.raises(PipesimError, match=r"^dp\(1\) \* pp\(2\) \* cp\(2\) \* tp\(1\) != WORLD_SIZE\(2\)$"):
+        ParallelDims(pp=2, cp=2).check_world(2)
+
+
+@pytest.mark.parametrize(("call", "message"), [
+    (lambda: ParallelDims(dp=0), "dp must be a positive integer, got 0"),
+    (lambda: ParallelDims(tp=True), "tp must be a positive integer, got True"),
+    (lambda: ParallelDims(pp=2).rank(pp=2), "pp coordinate 2 is outside 0..1"),
+    (lambda: ParallelDims(pp=2, dp=2).coords(4), "rank 4 is outside 0..3"),
+    (lambda: ParallelDims().group("ep", 0), "unknown axis 'ep'; choose one of pp, dp, cp, tp"),
+    (lambda: ParallelDims.node_of(3, 0), "devices per node must be >= 1, got 0"),
+])
+def test_bad_input_is_one_line(call, message):
+    with pytest.raises(PipesimError) as info:
+        call()
+    assert str(info.value) == message
+
+
+def test_node_of_is_torchruns_node_major_numbering():
+    assert [ParallelDims.node_of(r, 4) for r in (0, 3, 4, 13)] == [(0, 0), (0, 3), (1, 0), (3, 1)]
+
+
+def test_executor_mesh_reads_its_place_off_parallel_dims():
+    """Mesh(dims, rank) without groups: the executor's coordinates, group members and pipeline peers."""
+    mesh = Mesh(ParallelDims(pp=2, dp=2, tp=2), 5)
+    assert mesh.coords == Coords(pp=1, dp=0, cp=0, tp=1)
+    assert (mesh.dp, mesh.pp, mesh.tp, mesh.world) == (2, 2, 2, 8)
+    assert mesh.members("dp") == [5, 7] and mesh.members("tp") == [4, 5]
+    assert [mesh.pp_peer(p) for p in range(2)] == [1, 5]
+    assert mesh.dp_group is None and mesh.tp_group is None
+
+
+# -- the tie: simulator placement == executor placement ---------------------------------------------------
+
+# (dp, pp, tp)
+GRIDS = [(1, 2, 1), (2, 2, 1), (1, 2, 2), (2, 4, 1), (2, 2, 2), (4, 2, 1), (1, 4, 2), (2, 3, 2), (3, 2, 1)]
+NODE_SIZES = (1, 2, 4, 8)  # devices (torchrun's nproc_per_node) per node
+NBYTES = 2**20  # bytes of every boundary activation and TP collective
+
+
+def _hardware(world: int, per_node: int):
+    """2x-dgx-h100's devices and links (nvswitch inside, infiniband across) in nodes of `per_node`."""
+    return replace(load_hardware("2x-dgx-h100"), devices_per_node=per_node, num_nodes=-(-world // per_node))
+
+
+def _costs(dp: int, pp: int, tp: int) -> ParallelCosts:
+    tp_colls = {(s, kind): (("all_reduce", NBYTES),) * n for s in range(pp) for kind, n in (("F", 1), ("B", 2))}
+    return ParallelCosts(CostTable.uniform(pp, 1e-3, 1e-3, 1e-3, boundary_bytes=NBYTES), tp=tp, dp=dp,
+                         tp_collectives=tp_colls, dp_grad_bytes=tuple(2**24 + s for s in range(pp)),
+                         layers_per_stage=(1,) * pp)
+
+
+@pytest.mark.parametrize(("dp", "pp", "tp"), GRIDS)
+def test_simulator_places_each_coordinate_where_the_executor_runs_it(dp, pp, tp):
+    dims = ParallelDims(pp=pp, dp=dp, tp=tp)
+    executor = {(m.coords.pp, m.coords.dp, m.coords.tp): m for m in (Mesh(dims, r) for r in range(dims.world))}
+    sched = schedules.build("1f1b", pp, 2 * pp)
+    costs = _costs(dp, pp, tp)
+    for per_node in NODE_SIZES:
+        hw = _hardware(dims.world, per_node)
+        result = simulate(sched, costs, hw)
+        where = f"dp {dp} pp {pp} tp {tp}, {per_node} per node"
+        # the simulator runs replica 0, shard 0 of each pipeline rank: on the executor's rank with those coords
+        pipeline = [executor[(p, 0, 0)] for p in range(pp)]
+        assert result.devices == [m.rank for m in pipeline], where
+        assert [hw.node_of(d) for d in result.devices] == [m.rank // per_node for m in pipeline], where
+        # each P2P: between the executor's sender and the peer it sends to, over the link between their nodes
+        assert len(result.transfers) == 2 * (pp - 1) * 2 * pp, where
+        for t in result.transfers:
+            src = pipeline[t.src]
+            dst = src.pp_peer(t.dst)
+            assert dst == pipeline[t.dst].rank, where
+            assert t.link == hw.link_between(src.rank, dst).name, (where, t.send)
+        # each TP collective inside F/B: over the executor's TP group of that rank
+        for p, prog in enumerate(result.schedule.programs):
+            for i, a in enumerate(prog):
+                colls = costs.tp_collectives.get((a.stage, a.kind.value), ()) if tp > 1 else ()
+                want = sum(group_collective_time(hw, kind, pipeline[p].members("tp"), n) for kind, n in colls)
+                assert result.tp_time[p][i] == want, (where, a)
+        # each DP all-reduce: over the executor's DP group of that rank
+        assert len(result.collectives) == (pp if dp > 1 else 0), where
+        for c in result.collectives:
+            want = group_collective_time(hw, "all_reduce", pipeline[c.rank].members("dp"), c.nbytes)
+            assert c.end - c.start == pytest.approx(want, rel=1e-12), where
+            assert c.nbytes == costs.dp_grad_bytes[c.stage]
+
+
+@pytest.mark.parametrize(("dp", "pp", "tp"), GRIDS)
+def test_the_order_keeps_tp_then_dp_inside_a_node(dp, pp, tp):
+    """Why tp innermost, pp outermost: when a node holds whole TP groups (whole dp x tp slices), no TP
+    (DP) collective leaves it; only pipeline P2P may cross nodes."""
+    dims = ParallelDims(pp=pp, dp=dp, tp=tp)
+    meshes = [Mesh(dims, r) for r in range(dims.world)]
+    for per_node in NODE_SIZES:
+        def nodes(ranks, n=per_node):
+            return {r // n for r in ranks}
+        for m in meshes:
+            if per_node % tp == 0:
+                assert len(nodes(m.members("tp"))) == 1, (dims, per_node, m.rank)
+            if per_node % (dp * tp) == 0:
+                assert len(nodes(m.members("dp"))) == 1, (dims, per_node, m.rank)
+
+
+def test_issue_example_pipeline_crosses_nodes_and_dp_stays_inside():
+    """`pipesim simulate 1f1b -p 8 -m 16 --dp 2 --model gpt --hardware 2x-dgx-h100`: 32 transfers over
+    InfiniBand (boundary 3 -> 4, 16 microbatches each way), which is what the executor's ranks do too."""
+    hw = load_hardware("2x-dgx-h100")
+    dims = ParallelDims(pp=8, dp=2)
+    result = simulate(schedules.build("1f1b", 8, 16), model_costs(ModelConfig(kind="gpt"), 8, 16, hw, dp=2), hw)
+    assert result.devices == [0, 2, 4, 6, 8, 10, 12, 14]
+    crossing = [t for t in result.transfers if t.link == "infiniband"]
+    assert len(crossing) == 32 and {(t.src, t.dst) for t in crossing} == {(3, 4), (4, 3)}
+    assert {t.link for t in result.transfers} == {"infiniband", "nvswitch"}
+    meshes = [Mesh(dims, r) for r in range(16)]  # torchrun --nnodes 2 --nproc-per-node 8
+    executor_crossing = {(m.coords.pp, m.coords.pp + 1) for m in meshes if m.coords.pp < 7
+                         and hw.link_between(m.rank, m.pp_peer(m.coords.pp + 1)).name == "infiniband"}
+    assert executor_crossing == {(3, 4)}
+    assert all(len({r // 8 for r in m.members("dp")}) == 1 for m in meshes)  # DP all-reduce on NVSwitch
+    dp_time = group_collective_time(hw, "all_reduce", [0, 1], result.collectives[0].nbytes)
+    assert result.collectives[0].end - result.collectives[0].start == pytest.approx(dp_time, rel=1e-12)
