@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from executor.launch import rank_environment
-from pipesim.model_config import ModelConfig, split_layers
+from pipesim.model.config import ModelConfig, split_layers
 
 LABELS = {"gpipe": "GPipe", "1f1b": "1F1B"}
 

@@ -17,7 +17,7 @@ import schedules
 from pipesim import torch_csv
 from pipesim.errors import PipesimError
 from pipesim.ir import Action, Schedule
-from pipesim.model_config import ModelConfig, split_layers
+from pipesim.model.config import ModelConfig, split_layers
 from pipesim.parallel_dims import ParallelDims
 
 FAIL_MODES = ("raise", "kill", "hang")

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from executor.models import build_full, loss_fn, synthetic_batch
-from pipesim.model_config import ModelConfig
+from pipesim.model.config import ModelConfig
 
 
 @dataclass

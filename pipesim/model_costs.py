@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pipesim.costs import CostTable, StageCosts
 from pipesim.errors import PipesimError
 from pipesim.hardware import Hardware
-from pipesim.model_config import ModelConfig, split_layers
+from pipesim.model.config import ModelConfig, split_layers
 
 GiB = 2**30
 MLP_LAYER_OPS = (2, 2, 1)  # framework ops of one MLP layer in F, I, W

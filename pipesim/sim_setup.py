@@ -15,7 +15,7 @@ from pipesim.costs import CostTable
 from pipesim.errors import PipesimError
 from pipesim.hardware import Hardware
 from pipesim.ir import Schedule
-from pipesim.model_config import ModelConfig
+from pipesim.model.config import ModelConfig
 from pipesim.model_costs import ParallelCosts, check_fits_memory, model_costs, uniform_costs
 from pipesim.parallel_dims import ParallelDims
 from pipesim.sim_result import SimResult

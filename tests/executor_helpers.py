@@ -14,7 +14,7 @@ import torch
 from executor.launch import torchrun_command
 from executor.reference import train_reference
 from pipesim.commands.run_args import add_run_args, configs_from_args
-from pipesim.model_config import ModelConfig
+from pipesim.model.config import ModelConfig
 
 TINY_MLP = ["--model", "mlp", "--hidden", "16", "--layers", "4", "--batch", "8"]
 TINY_GPT = ["--model", "gpt", "--hidden", "16", "--heads", "2", "--seq", "8", "--vocab", "32", "--layers", "4",

@@ -23,7 +23,7 @@ from executor.timing import RankLog, median_step_time, step_times
 from pipesim import torch_csv
 from pipesim.ir import Action, Kind
 from pipesim.lowering import add_p2p
-from pipesim.model_config import ModelConfig
+from pipesim.model.config import ModelConfig
 from pipesim.timeline import Timeline
 from tests.executor_helpers import TINY_GPT, assert_matches_reference, chain, model_of
 

@@ -7,9 +7,9 @@ import json
 import pytest
 
 from pipesim.errors import PipesimError
-from pipesim.hf_config import bundled_model_configs, load_hf_config
-from pipesim.layer_params import model_params
-from pipesim.model_config import ModelConfig
+from pipesim.model.config import ModelConfig
+from pipesim.model.hf_config import bundled_configs, load_hf_config
+from pipesim.model.params import model_params
 
 LLAMA = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
          "intermediate_size": 172, "vocab_size": 500, "max_position_embeddings": 128, "hidden_act": "silu",
@@ -37,7 +37,7 @@ def test_bundled_llama3_configs(name, layers, hidden, heads, ffn, max_seq, param
 
 
 def test_bundled_names_and_overrides():
-    assert bundled_model_configs() == ["llama3-405b", "llama3-70b", "llama3-8b"]
+    assert bundled_configs() == ["llama3-405b", "llama3-70b", "llama3-8b"]
     model = load_hf_config("llama3-8b", seq=4096, batch=512, dtype="float32")
     assert (model.seq, model.batch, model.dtype) == (4096, 512, "float32")
 

@@ -12,19 +12,19 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from pipesim.errors import PipesimError
-from pipesim.layer_activations import (
+from pipesim.model.activations import (
     embedding_activation_bytes,
     head_activation_bytes,
     layer_activation_bytes,
     layer_saved_tensors,
     recompute_working_bytes,
 )
-from pipesim.layer_comm import cp_layer_exchanges, tp_embedding_collectives, tp_head_collectives, tp_layer_collectives
-from pipesim.layer_elementwise import layer_elementwise_bytes
-from pipesim.layer_flops import Flops, attention_core_flops, dense_flops, head_flops, iteration_flops, layer_flops
-from pipesim.layer_options import LayerOptions
-from pipesim.layer_params import block_params, embedding_params, head_params, model_params, stage_params
-from pipesim.model_config import ModelConfig
+from pipesim.model.comm import cp_layer_exchanges, tp_embedding_collectives, tp_head_collectives, tp_layer_collectives
+from pipesim.model.config import ModelConfig
+from pipesim.model.elementwise import layer_elementwise_bytes
+from pipesim.model.flops import Flops, attention_core_flops, dense_flops, head_flops, iteration_flops, layer_flops
+from pipesim.model.options import LayerOptions
+from pipesim.model.params import block_params, embedding_params, head_params, model_params, stage_params
 from pipesim.model_costs import gpt_block_flops
 
 SHAPES = [(64, 2, 256, 8), (128, 3, 512, 16), (2048, 1, 12288, 96)]  # (s, b, h, a)

@@ -6,11 +6,10 @@ from __future__ import annotations
 import pytest
 
 from pipesim.errors import PipesimError
-from pipesim.hf_config import load_hf_config
-from pipesim.layer_activations import embedding_activation_bytes, layer_activation_bytes, recompute_working_bytes
-from pipesim.layer_options import LayerOptions
-from pipesim.layer_params import block_params, embedding_params, stage_params
-from pipesim.memory_model import (
+from pipesim.model.activations import embedding_activation_bytes, layer_activation_bytes, recompute_working_bytes
+from pipesim.model.config import ModelConfig
+from pipesim.model.hf_config import load_hf_config
+from pipesim.model.memory import (
     PRECISIONS,
     MemoryBreakdown,
     ModelState,
@@ -24,7 +23,8 @@ from pipesim.memory_model import (
     zero3_buffer_bytes,
     zero3_layer_collectives,
 )
-from pipesim.model_config import ModelConfig
+from pipesim.model.options import LayerOptions
+from pipesim.model.params import block_params, embedding_params, stage_params
 
 GiB = 2**30
 H100 = A100 = 80 * GiB

@@ -14,7 +14,7 @@ from pipesim.costs import parse_cost_spec
 from pipesim.errors import PipesimError
 from pipesim.hardware_toml import load_hardware
 from pipesim.ir import Action, Kind
-from pipesim.model_config import ModelConfig
+from pipesim.model.config import ModelConfig
 from pipesim.model_costs import (
     check_fits_memory,
     gpt_block_activation_bytes,

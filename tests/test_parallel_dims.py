@@ -20,7 +20,7 @@ from pipesim.comm_costs import group_collective_time
 from pipesim.costs import CostTable
 from pipesim.errors import PipesimError
 from pipesim.hardware_toml import load_hardware
-from pipesim.model_config import ModelConfig
+from pipesim.model.config import ModelConfig
 from pipesim.model_costs import ParallelCosts, model_costs
 from pipesim.parallel_dims import AXES, Coords, ParallelDims
 from pipesim.simulator import simulate

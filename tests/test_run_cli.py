@@ -22,7 +22,7 @@ from executor.progress import Progress
 from pipesim.cli import main
 from pipesim.commands.run_args import add_run_args, config_from_args, configs_from_args
 from pipesim.errors import PipesimError
-from pipesim.model_config import ModelConfig
+from pipesim.model.config import ModelConfig
 
 
 def _parser() -> argparse.ArgumentParser:

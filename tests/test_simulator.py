@@ -13,7 +13,7 @@ from pipesim.costs import CostTable, StageCosts
 from pipesim.graph import critical_path
 from pipesim.hardware import DeviceSpec, Hardware, HostProfile, LinkClass
 from pipesim.hardware_toml import load_hardware
-from pipesim.model_config import ModelConfig
+from pipesim.model.config import ModelConfig
 from pipesim.model_costs import ParallelCosts, model_costs
 from pipesim.simulator import simulate
 from pipesim.timeline import Timeline

@@ -8,7 +8,7 @@ import pytest
 
 from pipesim.cli import main
 from pipesim.hardware_toml import load_hardware
-from pipesim.model_config import ModelConfig
+from pipesim.model.config import ModelConfig
 from pipesim.sim_setup import SimSetup
 from pipesim.sweep import SCHEMA, format_table, run_sweep, to_dict
 

@@ -14,7 +14,7 @@ from dataclasses import replace
 
 import schedules
 from pipesim.costs import CostTable, StageCosts
-from pipesim.model_config import ModelConfig, split_layers
+from pipesim.model.config import ModelConfig, split_layers
 from pipesim.sim_setup import SimSetup
 from pipesim.simulator import simulate
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import schedules
 from pipesim.hardware import Hardware
-from pipesim.model_config import ModelConfig
+from pipesim.model.config import ModelConfig
 from pipesim.sim_setup import SimSetup
 
 LECTURE_MLP = {"kind": "mlp", "hidden": 1024, "layers": 8, "batch": 64}

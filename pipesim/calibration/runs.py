@@ -33,7 +33,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from executor.config import RunConfig
-from pipesim.model_config import ModelConfig
+from pipesim.model.config import ModelConfig
 
 # torch and the executor are imported inside the functions that run in the worker: `launch` imports
 # this module for `timeline_name`, and `pipesim validate --reuse` must start without torch.

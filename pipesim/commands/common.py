@@ -11,7 +11,7 @@ import schedules
 from pipesim import torch_csv
 from pipesim.errors import PipesimError
 from pipesim.ir import Schedule
-from pipesim.model_config import ModelConfig
+from pipesim.model.config import ModelConfig
 
 
 def positive_int(text: str) -> int:

@@ -6,7 +6,7 @@ max_position_embeddings, tie_word_embeddings (default false, as LlamaConfig), hi
 is Llama's gated MLP: SwiGLU; "gelu*" a plain two-matrix MLP), rms_norm_eps (present: RMSNorm),
 attention_bias / mlp_bias (default false), attention_dropout (default 0: no dropout), head_dim
 (if given, must be hidden_size / num_attention_heads), torch_dtype. Position embeddings are
-rotary (Llama's). The bundled configs (pipesim/model_configs/) load by name: `llama3-405b`.
+rotary (Llama's). The bundled configs (pipesim/model/configs/) load by name: `llama3-405b`.
 """
 
 from __future__ import annotations
@@ -15,17 +15,17 @@ import json
 from pathlib import Path
 
 from pipesim.errors import PipesimError
-from pipesim.model_config import DTYPE_BYTES, ModelConfig
+from pipesim.model.config import DTYPE_BYTES, ModelConfig
 
-BUNDLED_DIR = Path(__file__).parent / "model_configs"
+BUNDLED_DIR = Path(__file__).parent / "configs"
 REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size",
             "max_position_embeddings")
 GATED_ACTS = ("silu", "swish")  # a gated MLP: act(gate) * up, then down
 PLAIN_ACTS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast")
 
 
-def bundled_model_configs() -> list[str]:
-    """Names of the configs shipped with pipesim (file stems under pipesim/model_configs/)."""
+def bundled_configs() -> list[str]:
+    """Names of the configs shipped with pipesim (file stems under pipesim/model/configs/)."""
     return sorted(p.stem for p in BUNDLED_DIR.glob("*.json"))
 
 
@@ -38,7 +38,7 @@ def resolve_model_config(name_or_path: str | Path) -> Path:
     if bundled.is_file():
         return bundled
     raise PipesimError(f"--model-config {name_or_path}: no such file or bundled config "
-                       f"(bundled: {', '.join(bundled_model_configs())})")
+                       f"(bundled: {', '.join(bundled_configs())})")
 
 
 def _positive_int(cfg: dict, name: str, where: str) -> int:
@@ -125,4 +125,4 @@ def load_hf_config(name_or_path: str | Path, *, seq: int | None = None, batch: i
     return model_from_hf(read_hf_config(path), where=str(path), seq=seq, batch=batch, dtype=dtype, seed=seed)
 
 
-__all__ = ["bundled_model_configs", "load_hf_config", "model_from_hf", "read_hf_config", "resolve_model_config"]
+__all__ = ["bundled_configs", "load_hf_config", "model_from_hf", "read_hf_config", "resolve_model_config"]

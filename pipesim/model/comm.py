@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipesim.layer_options import LayerOptions
-from pipesim.model_config import ModelConfig
+from pipesim.model.config import ModelConfig
+from pipesim.model.options import LayerOptions
 
 CE_REDUCTIONS = ("max logit", "target logit", "sum of exp")  # vocab-parallel cross-entropy's all-reduces
 CE_BYTES = 4  # float32 per token, each

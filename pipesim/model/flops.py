@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipesim.layer_options import LayerOptions, vocab_shard
-from pipesim.model_config import ModelConfig
+from pipesim.model.config import ModelConfig
+from pipesim.model.options import LayerOptions, vocab_shard
 
 
 @dataclass(frozen=True)

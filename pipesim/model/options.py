@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pipesim.errors import PipesimError
-from pipesim.model_config import ModelConfig
+from pipesim.model.config import ModelConfig
 
 RECOMPUTE = ("none", "selective", "full")  # Megatron's --recompute-granularity (none: keep everything)
 ATTENTION = ("eager", "flash")  # materialised s x s scores, or a fused kernel keeping only softmax statistics

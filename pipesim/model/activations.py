@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipesim.layer_options import LayerOptions, vocab_shard
-from pipesim.model_config import ModelConfig
+from pipesim.model.config import ModelConfig
+from pipesim.model.options import LayerOptions, vocab_shard
 
 MASK_BYTES = 1  # a dropout mask element (torch.bool)
 STAT_BYTES = 4  # flash attention's logsumexp per (token, head), float32

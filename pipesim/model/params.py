@@ -7,8 +7,8 @@ rank, embedding and head split over the vocabulary. Counts are exact integers.
 
 from __future__ import annotations
 
-from pipesim.layer_options import vocab_shard
-from pipesim.model_config import ModelConfig
+from pipesim.model.config import ModelConfig
+from pipesim.model.options import vocab_shard
 
 
 def block_params(model: ModelConfig, tp: int = 1) -> int:

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pipesim.layer_activations import MASK_BYTES
-from pipesim.layer_options import LayerOptions
-from pipesim.model_config import ModelConfig
+from pipesim.model.activations import MASK_BYTES
+from pipesim.model.config import ModelConfig
+from pipesim.model.options import LayerOptions
 
 
 @dataclass(frozen=True)

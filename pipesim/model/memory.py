@@ -13,11 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pipesim.errors import PipesimError
-from pipesim.layer_activations import recompute_working_bytes, stage_activation_bytes
-from pipesim.layer_comm import Collective, cp_kv_block_bytes
-from pipesim.layer_options import LayerOptions
-from pipesim.layer_params import block_params, stage_params
-from pipesim.model_config import ModelConfig
+from pipesim.model.activations import recompute_working_bytes, stage_activation_bytes
+from pipesim.model.comm import Collective, cp_kv_block_bytes
+from pipesim.model.config import ModelConfig
+from pipesim.model.options import LayerOptions
+from pipesim.model.params import block_params, stage_params
 
 GiB = 2**30
 ZERO_STAGES = (0, 1, 2, 3)
