@@ -265,19 +265,6 @@ def test_send_posting_and_late_recvs_exact_times():
     assert simulate(sched, table, hw, comm=False).makespan == 9
 
 
-def test_clock_runs_at_absolute_times_in_posting_order():
-    from pipesim.sim_clock import Clock
-
-    clock, seen = Clock(), []
-    clock.at(1.1, lambda: clock.at(7.7, lambda: seen.append(("abs", clock.now))))
-    clock.at(1.1, lambda: seen.append(("second at 1.1", clock.now)))
-    clock.at(0.5, lambda: clock.after(7.25, lambda: seen.append(("rel", clock.now))))
-    clock.run()
-    # exact: 7.7, not 1.1 + (7.7 - 1.1) = 7.699999999999999, the time SimPy itself keeps for that event
-    assert seen == [("second at 1.1", 1.1), ("abs", 7.7), ("rel", 7.75)]
-    assert 1.1 + (7.7 - 1.1) != 7.7 and clock.next_time() == float("inf")
-
-
 def test_p2p_plugins_closed_forms():
     from pipesim.sim_links import GlooP2P, PlainP2P
 
