@@ -21,13 +21,13 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 from executor.launch import rank_environment
+from executor.supervisor import run_reported
 from pipesim.model.config import ModelConfig, split_layers
 
 LABELS = {"gpipe": "GPipe", "1f1b": "1F1B"}
@@ -169,8 +169,10 @@ def _launch(args: argparse.Namespace, out: Path) -> dict:
            "--layers", str(args.layers), "--batch", str(args.batch), "--microbatches", str(args.microbatches),
            "--steps", str(args.steps), "--warmup", str(args.warmup), "--seed", str(args.seed)]
     # both peers run in the same job, under the environment `pipesim run` gives its ranks
-    subprocess.run(cmd, env=rank_environment({**os.environ, "OMP_NUM_THREADS": "1"}), check=True,
-                   stdout=subprocess.DEVNULL)
+    code = run_reported(cmd, rank_environment({**os.environ, "OMP_NUM_THREADS": "1"}), prefix="pipesim-bench-",
+                        stdout_to_log=True)
+    if code:  # the line saying why (a failing rank, or a signal) is printed already
+        raise SystemExit(code)
     return json.loads(out.read_text())
 
 

@@ -26,11 +26,13 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from executor.launch import rank_environment
+from executor.supervisor import run_reported
 
 CASES = ("waits", "small-ops", "big-ops", "sleeps")
 
@@ -98,15 +100,15 @@ def main(argv: list[str] | None = None) -> int:
         print("bench_late_recv: --iters, --sender-ms, --receiver-ms and --bytes (>= 4) must be positive",
               file=sys.stderr)
         return 2
-    from executor.launch import rank_environment
-
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "late.json"
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", __file__,
                "--worker", "--out", str(out), "--iters", str(args.iters), "--sender-ms", str(args.sender_ms),
                "--receiver-ms", str(args.receiver_ms), "--bytes", str(args.bytes)]
-        subprocess.run(cmd, env=rank_environment({**os.environ, "OMP_NUM_THREADS": "1"}), check=True,
-                       stdout=subprocess.DEVNULL, timeout=600)
+        code = run_reported(cmd, rank_environment({**os.environ, "OMP_NUM_THREADS": "1"}), prefix="pipesim-bench-",
+                            stdout_to_log=True, timeout=600)
+        if code:  # the line saying why (a failing rank, or a signal) is printed already
+            return code
         times = json.loads(out.read_text())
     base = statistics.fmean(times["waits"])
     result = {"machine": os.uname().nodename, "cpus": os.cpu_count(), "config": {

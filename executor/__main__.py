@@ -17,15 +17,18 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import sys
 from datetime import timedelta
 from pathlib import Path
 
+from executor import rank_status
 from executor.config import RunConfig, config_argument, configs_from_json
 from executor.faults import die
 from executor.progress import Progress
 from pipesim.errors import PipesimError
+from pipesim.outputs import write_text
 
 USAGE = "usage: python -m executor --config JSON|FILE (the run configurations `pipesim run --print-config` writes)"
 
@@ -52,6 +55,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     _single_process_env()
     world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
+    # Ctrl-C or a launcher's SIGINT ends a rank at once, like SIGTERM: no KeyboardInterrupt traceback per
+    # rank, and no wait for a blocked receive to return to Python first
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    status = rank_status.open_from_env(rank)
     try:
         cfgs = read_configs(argv)
         plan = [(cfg, cfg.check(world)) for cfg in cfgs]
@@ -71,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
+    if status is not None:
+        status.phase(-1, "the rendezvous (process-group start-up)", rank_status.WAITING)
     dist.init_process_group(backend, timeout=timedelta(seconds=first.pg_timeout))
     try:
         for cfg, schedules in plan:  # every rank builds every configuration's groups, in the same order
@@ -83,6 +92,8 @@ def main(argv: list[str] | None = None) -> int:
                     die(rank, f"{sched.name} (setup or results)", exc)
             if rank == 0 and cfg.json:
                 _write_json(cfg.json, results[0] if len(results) == 1 else {"runs": results})
+        if status is not None:
+            status.phase(-1, "finished", rank_status.DONE)
     finally:
         dist.destroy_process_group()
     return 0
@@ -93,7 +104,7 @@ def _write_json(target: str, data: dict) -> None:
     if target == "-":
         print(text)
     else:
-        Path(target).write_text(text + "\n")
+        write_text(target, text + "\n")  # atomic: a temp file in the same folder, then a rename
 
 
 def _run_one(cfg: RunConfig, sched, mesh, device, backend: str) -> dict | None:
@@ -103,13 +114,19 @@ def _run_one(cfg: RunConfig, sched, mesh, device, backend: str) -> dict | None:
     from executor import timing
     from executor.runtime import Runtime
 
-    rt = Runtime(cfg, sched, mesh, device)
     label = sched.name
+    status = rank_status.current()
+    if status is not None:
+        status.set_label(label)
+        status.phase(-1, "setup (building the stages)")
+    rt = Runtime(cfg, sched, mesh, device)
 
     progress = Progress(label, cfg.steps) if (mesh.rank == 0 and not cfg.quiet) else None
     log = rt.train(progress)
     if progress is not None:
         progress.close()
+    if status is not None:
+        status.phase(cfg.steps - 1, "gathering the results", rank_status.WAITING)
     timing.resolve(log, rt.program, rt.peer_of, rt.transfer_bytes)
     params = rt.named_parameters() if cfg.save_dir else None
     logs = timing.gather(log)
@@ -132,9 +149,11 @@ def _run_one(cfg: RunConfig, sched, mesh, device, backend: str) -> dict | None:
     }
     if cfg.trace:
         meta = {k: v for k, v in result.items() if k not in ("losses",)}
+        if sched.overlaps:  # OVERLAP_F_B pairs: run back to back here, drawn as one bar each
+            meta["overlaps"] = sched.overlap_labels()
         timing.write_trace(timing.to_timeline(logs, label, meta), cfg.trace)
     if cfg.save_dir:
-        (Path(cfg.save_dir) / label / "result.json").write_text(json.dumps(result, indent=2) + "\n")
+        write_text(Path(cfg.save_dir) / label / "result.json", json.dumps(result, indent=2) + "\n")
     return result
 
 

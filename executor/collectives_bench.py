@@ -28,6 +28,7 @@ from executor.collectives_config import CollectivesConfig
 from executor.config import config_argument
 from pipesim.comm_costs import busbw_factor as _ring_factor
 from pipesim.errors import PipesimError
+from pipesim.outputs import write_text
 
 USAGE = "usage: python -m executor.collectives_bench --config JSON|FILE (as `pipesim bench collectives` runs it)"
 _all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in 2.13
@@ -202,7 +203,7 @@ def write_plot(results: list[Result], path: str, title: str) -> None:
                                  hovertemplate="%{x} B: busbw %{y:.3f} GB/s, %{customdata:.1f} us"))
     fig.update_layout(title=title, xaxis_title="size S (bytes)", yaxis_title="busbw (GB/s, 1e9 B/s)")
     fig.update_xaxes(type="log")
-    fig.write_html(path, include_plotlyjs=True)
+    write_text(path, fig.to_html(include_plotlyjs=True))  # atomic
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -238,8 +239,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 print(f"{backend}, {n} ranks, {dev.type}\n{text}", flush=True)
                 if cfg.json:
-                    with open(cfg.json, "w") as fh:
-                        json.dump(report, fh, indent=2)
+                    write_text(cfg.json, json.dumps(report, indent=2))
     finally:
         dist.destroy_process_group()
     return 0

@@ -18,6 +18,7 @@ from pipesim import torch_csv
 from pipesim.errors import PipesimError
 from pipesim.ir import Action, Schedule
 from pipesim.model.config import ModelConfig, split_layers
+from pipesim.model.options import RECOMPUTE  # one vocabulary with simulate/sweep (executed by models.set_recompute)
 from pipesim.parallel_dims import ParallelDims
 
 FAIL_MODES = ("raise", "kill", "hang")
@@ -37,12 +38,15 @@ class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     layer_split: tuple[int, ...] | None = None  # layers per stage, e.g. (3, 2, 2, 1)
     steps: int = 3
-    warmup: int = 1  # first steps left out of step_time (still trained and reported); all count if steps <= warmup
+    # first steps left out of step_time (still trained and reported); `pipesim run` refuses warmup >= steps, a
+    # library caller that allows it gets every step counted
+    warmup: int = 1
     optimizer: str = "sgd"  # sgd | adam
     lr: float = 0.01
     backend: str | None = None  # gloo | nccl; default nccl when CUDA is available, else gloo
     pg_timeout: float = 60.0  # seconds a blocked collective or recv waits before failing
     sequence_parallel: bool = False
+    recompute: str = "none"  # none | selective (gpt's attention core) | full (every layer)
     bucket_bytes: int | None = None  # DP all-reduce bucket size; None = one all-reduce per parameter set
     json: str | None = None
     trace: str | None = None
@@ -81,6 +85,11 @@ class RunConfig:
             raise PipesimError(f"unknown --fail-mode {self.fail_mode!r}; choose {', '.join(FAIL_MODES)}")
         if self.fail_at is not None:
             Action.parse(self.fail_at)
+        if self.recompute not in RECOMPUTE:
+            raise PipesimError(f"unknown --recompute {self.recompute!r}; choose {', '.join(RECOMPUTE)}")
+        if self.recompute == "selective" and self.model.kind != "gpt":
+            raise PipesimError("--recompute selective re-runs the attention core, which --model mlp does not have; "
+                               "use --recompute full")
         if self.tp > 1 and self.model.hidden % self.tp:
             raise PipesimError(f"--hidden {self.model.hidden} is not divisible by tp({self.tp})")
         if self.tp > 1 and self.model.kind == "gpt" and self.model.heads % self.tp:

@@ -1,7 +1,8 @@
 """Failure handling: a failing rank names itself and the action it was in, then exits non-zero.
 
 Never a hang: a rank whose peer died gets a connection error or, at worst, the process-group
-timeout (`--pg-timeout`) in its blocked receive; torchrun then stops the remaining ranks.
+timeout (`--pg-timeout`) in its blocked receive; torchrun then stops the remaining ranks, and
+`pipesim run` names the rank that failed first (executor.failure_report).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import signal
 import sys
 import time
 
+from executor import rank_status
 from pipesim.ir import Action
 
 
@@ -23,7 +25,16 @@ def failure_message(rank: int, where: Action | str, exc: BaseException) -> str:
 
 
 def die(rank: int, where: Action | str, exc: BaseException) -> None:
-    """Print the one-line failure and leave at once (no process-group teardown, which could block)."""
+    """Print the one-line failure and leave at once (no process-group teardown, which could block).
+
+    Under `pipesim run` the rank also leaves the failure in its error file for the launcher's line.
+    """
+    status = rank_status.current()
+    if status is not None:
+        try:
+            status.fail(where.describe() if isinstance(where, Action) else where, exc)
+        except OSError:
+            pass  # the launcher still has the exit status; the message below goes to its log
     sys.stdout.flush()
     sys.stderr.write(f"executor: {failure_message(rank, where, exc)}\n")
     sys.stderr.flush()
@@ -37,5 +48,7 @@ def inject(mode: str, rank: int, action: Action) -> None:
         sys.stderr.flush()
         os.kill(os.getpid(), signal.SIGKILL)
     if mode == "hang":
+        sys.stderr.write(f"executor: rank {rank} hangs at {action.describe()}\n")
+        sys.stderr.flush()
         time.sleep(3600.0)
     raise RuntimeError(f"injected fault at {action}")

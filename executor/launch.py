@@ -1,18 +1,22 @@
 """`pipesim run`'s launcher: torchrun running `-m executor --config JSON` on this node.
 
 One node: `--standalone` (free rendezvous port). Several: torchrun's c10d rendezvous at a given
-endpoint, the same command on every node. The exit code of torchrun is passed through. Ranks get
-`rank_environment()`: OMP_NUM_THREADS 1 (so ranks do not fight over cores) and glibc malloc fixed to
-keep tensors of up to 32 MiB in the heap.
+endpoint, the same command on every node. Ranks get `rank_environment()`: OMP_NUM_THREADS 1 (so
+ranks do not fight over cores) and glibc malloc fixed to keep tensors of up to 32 MiB in the heap.
+torchrun runs under `executor.supervisor` (signals forwarded, no orphan, one failure line); its
+output and the ranks' status files live in a run directory that is removed when the run succeeds.
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
+import shutil
 import sys
+import tempfile
+from pathlib import Path
 
 from executor.config import RunConfig, configs_to_json
+from executor.supervisor import supervise
 
 
 def torchrun_command(cfgs: RunConfig | list[RunConfig], nproc: int, *, nnodes: int = 1,
@@ -49,11 +53,23 @@ def rank_environment(base: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def launch(cfgs: RunConfig | list[RunConfig], nproc: int, *, nnodes: int = 1, rdzv_endpoint: str | None = None) -> int:
-    """Run torchrun and wait; returns its exit code (non-zero when any rank failed)."""
-    env = rank_environment()
-    cmd = torchrun_command(cfgs, nproc, nnodes=nnodes, rdzv_endpoint=rdzv_endpoint)
-    try:
-        return subprocess.run(cmd, env=env, check=False).returncode
-    except KeyboardInterrupt:
-        return 130
+def launch(cfgs: RunConfig | list[RunConfig], nproc: int, *, nnodes: int = 1, rdzv_endpoint: str | None = None,
+           verbose: bool = False) -> int:
+    """Run torchrun and wait; returns its exit code, or 128 + the signal that interrupted it.
+
+    A failure or an interruption ends with one `pipesim: ...` line on stderr (naming the rank that
+    failed first, and the log with torchrun's own output, which is kept).
+    """
+    chain = [cfgs] if isinstance(cfgs, RunConfig) else list(cfgs)
+    rundir = Path(tempfile.mkdtemp(prefix="pipesim-run-"))
+    outcome = supervise(torchrun_command(chain, nproc, nnodes=nnodes, rdzv_endpoint=rdzv_endpoint),
+                        rank_environment(), rundir / "torchrun.log", status_dir=rundir, verbose=verbose,
+                        pg_timeout=chain[0].pg_timeout)
+    if outcome.line is None:
+        shutil.rmtree(rundir, ignore_errors=True)
+        return outcome.code
+    if outcome.signum is not None:  # nothing failed: the user stopped it
+        shutil.rmtree(rundir, ignore_errors=True)
+    sys.stdout.flush()
+    print(f"pipesim: {outcome.line}", file=sys.stderr, flush=True)
+    return outcome.code

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from pipesim.model.config import ModelConfig
 
@@ -58,15 +59,25 @@ class Block(nn.Module):
         self.ln2 = nn.LayerNorm(h)
         self.fc1 = nn.Linear(h, 4 * h)
         self.fc2 = nn.Linear(4 * h, h)
+        self.recompute_attention = False  # selective recomputation: the core keeps only q, k, v
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (b, t, h) -> (b, t, h)
         qkv = self.qkv(self.ln1(x))  # (b, t, 3 hl); hl = h, or h / tp for this rank's heads
         b, t, width = qkv.shape  # b: all rows of the microbatch, also under sequence parallelism
         hl, hs = width // 3, self.head_dim
         q, k, v = (z.view(b, t, hl // hs, hs).transpose(1, 2) for z in qkv.split(hl, dim=2))  # (b, nh, t, hs)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, hl)
+        if self.recompute_attention:
+            y = checkpoint(attention_core, q, k, v, use_reentrant=False)
+        else:
+            y = attention_core(q, k, v)
+        y = y.transpose(1, 2).reshape(b, t, hl)
         x = x + self.proj(y)
         return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+
+def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal softmax(QK^T / sqrt(d)) V, (b, nh, t, hs) each: what selective recomputation re-runs."""
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
 class Head(nn.Module):
@@ -105,11 +116,29 @@ class StageModule(nn.Module):
     def __init__(self, pieces: dict[int, nn.Module]) -> None:
         super().__init__()
         self.pieces = nn.ModuleDict({str(i): p for i, p in pieces.items()})
+        self.checkpointed: set[str] = set()  # full recomputation: pieces that keep only their input
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for piece in self.pieces.values():
-            x = piece(x)
+        for key, piece in self.pieces.items():
+            if key in self.checkpointed:
+                x = checkpoint(piece, x, use_reentrant=False)  # backward re-runs it (TP collectives too)
+            else:
+                x = piece(x)
         return x
+
+
+def set_recompute(stage: StageModule, mode: str) -> None:
+    """Activation recomputation, Megatron's meanings, with torch.utils.checkpoint (non-reentrant).
+
+    full: every transformer (or MLP) layer keeps only its input; its backward first re-runs its
+    forward. selective: only each block's attention core (QK^T, softmax, attention over V) is
+    re-run. The embedding and the head are never recomputed. Gradients are unchanged.
+    """
+    stage.checkpointed = ({key for key, piece in stage.pieces.items() if isinstance(piece, Block | MLPLayer)}
+                          if mode == "full" else set())
+    for piece in stage.pieces.values():
+        if isinstance(piece, Block):
+            piece.recompute_attention = mode == "selective"
 
 
 def build_full(cfg: ModelConfig) -> FullModel:

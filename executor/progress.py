@@ -1,15 +1,19 @@
 """Rank 0's progress over a schedule's steps: a tqdm bar on a terminal, one plain line per step otherwise.
 
-A bar is unreadable in a log file or a captured pipe, so off a TTY each step prints one line
+A bar is unreadable in a log file or a captured pipe, so off a TTY (as `pipesim run`'s launcher tells
+the ranks, their stderr being its pipe) each step prints one line
 (`executor: 1f1b step 2/4  0.0123 s (rank 0)`); `--quiet` silences both.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import TextIO
 
 from tqdm import tqdm
+
+from executor.stderr_relay import PROGRESS_TTY
 
 
 class Progress:
@@ -19,7 +23,8 @@ class Progress:
         self.label, self.steps = label, steps
         self.stream = stream if stream is not None else sys.stderr
         self.bar = None
-        if self.stream.isatty():
+        # under `pipesim run` stderr is a pipe to the launcher, which says whether it ends on a terminal
+        if self.stream.isatty() or (stream is None and os.environ.get(PROGRESS_TTY) == "1"):
             self.bar = tqdm(total=steps, desc=f"executor: {label}", unit="step", file=self.stream, leave=True,
                             dynamic_ncols=True)
 

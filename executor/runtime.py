@@ -16,6 +16,7 @@ from time import perf_counter_ns
 import torch
 import torch.distributed as dist
 
+from executor import rank_status
 from executor.config import RunConfig
 from executor.faults import die, inject
 from executor.mesh import Mesh
@@ -26,6 +27,7 @@ from executor.models import (
     build_stages,
     loss_fn,
     replicated_parameters,
+    set_recompute,
     synthetic_batch,
 )
 from executor.p2p import P2P
@@ -51,6 +53,7 @@ class Runtime:
         for module in modules.values():
             if mesh.tp > 1:
                 apply_tensor_parallel(module, cfg.model, mesh.tp_group, sequence_parallel=cfg.sequence_parallel)
+            set_recompute(module, cfg.recompute)
             module.to(device)
         loss = partial(loss_fn, cfg.model)
         # sequence parallel: each TP rank holds 1/tp of every microbatch's rows outside the TP layers
@@ -210,6 +213,17 @@ class Runtime:
 
             record = log.tp_collectives.append
             set_collective_observer(lambda kind, t0, t1, nbytes: record((self.step_index, kind, t0, t1, nbytes)))
+        status = rank_status.current()  # what this rank is doing, for the launcher's failure line
+        publish = status.doing if status is not None else None
+        texts = [rank_status.RankStatus.encode(a.describe()) for a in self.program]
+        states = [rank_status.WAITING if a.kind in (Kind.RECV_F, Kind.RECV_B) else rank_status.BUSY
+                  for a in self.program]
+
+        def phase(text: str, state: int = rank_status.WAITING) -> str:
+            if status is not None:
+                status.phase(self.step_index, text, state)
+            return text
+
         try:
             for step in range(self.cfg.steps):
                 self.step_index = step
@@ -217,12 +231,14 @@ class Runtime:
                 start = perf_counter_ns()
                 for idx, op in enumerate(ops):
                     where = self.program[idx]
+                    if publish is not None:
+                        publish(step, texts[idx], states[idx])
                     t0 = perf_counter_ns()
                     op()
                     if sync:
                         torch.cuda.synchronize(self.device)
                     actions.append((step, idx, t0, perf_counter_ns()))
-                where = "the wait for posted sends"
+                where = phase("the wait for posted sends")
                 if self.watcher is not None:
                     self.watcher.drain()
                 else:
@@ -230,16 +246,16 @@ class Runtime:
                         work.wait()
                 self.pending.clear()
                 if self.replicated:
-                    where = "the tensor-parallel all-reduce of replicated gradients"
+                    where = phase("the tensor-parallel all-reduce of replicated gradients")
                     t0 = perf_counter_ns()
                     nbytes = self._sum_replicated()
                     log.collectives.append((step, "all_reduce", t0, perf_counter_ns(), nbytes))
-                where = "the data-parallel gradient all-reduce"
+                where = phase("the data-parallel gradient all-reduce")
                 if self.mesh.dp > 1:
                     t0 = perf_counter_ns()
                     nbytes = self._allreduce()
                     log.collectives.append((step, "all_reduce", t0, perf_counter_ns(), nbytes))
-                where = "the optimizer step"
+                where = phase("the optimizer step", rank_status.BUSY)
                 self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
                 if self.losses:

@@ -115,24 +115,33 @@ def _capture(group: _WeightGroup, i: int) -> Callable:
     return hook
 
 
-def backward_weight(groups: list[_WeightGroup], params: list[nn.Parameter]) -> None:
-    """Weight gradients from the state `backward_input` saved; accumulates into `.grad`."""
+def backward_weight(groups: list[_WeightGroup], params: list[nn.Parameter], *, one_call: bool = False) -> None:
+    """Weight gradients from the state `backward_input` saved; accumulates into `.grad`.
+
+    `one_call`: all groups in one autograd call. A recomputing stage (torch.utils.checkpoint) re-runs
+    a layer's forward once per autograd call that needs it, so W then re-runs it once, not once per group.
+    Each intermediate's incoming gradient is pinned to the captured one, so nothing counts twice.
+    """
     by_node = {_node(p): p for p in params}
-    for group in groups:
-        edges, grads, handles = [], [], []
-        for node, saved in zip(group.intermediates, group.grads, strict=True):
-            if saved is None:
-                continue
-            for i, g in enumerate(saved):
-                if g is not None:
-                    edges.append(GradientEdge(node, i))
-                    grads.append(g)
-            if len(group.intermediates) > 1:  # an intermediate below another must not count twice
-                handles.append(node.register_prehook(lambda _g, s=saved: s))
+    for batch in ([groups] if one_call else [[g] for g in groups]):
+        edges, grads, handles, accs = [], [], [], []
+        for group in batch:
+            accs += group.params
+            for node, saved in zip(group.intermediates, group.grads, strict=True):
+                if saved is None:
+                    continue
+                for i, g in enumerate(saved):
+                    if g is not None:
+                        edges.append(GradientEdge(node, i))
+                        grads.append(g)
+                if one_call or len(group.intermediates) > 1:  # an intermediate below another must not count twice
+                    handles.append(node.register_prehook(lambda _g, s=saved: s))
         try:
             if edges:
-                dws = torch.autograd.grad(edges, [GradientEdge(a, 0) for a in group.params], grads)
-                for acc, dw in zip(group.params, dws, strict=True):
+                dws = torch.autograd.grad(edges, [GradientEdge(a, 0) for a in accs], grads, allow_unused=True)
+                for acc, dw in zip(accs, dws, strict=True):
+                    if dw is None:
+                        continue
                     param = by_node[acc]
                     param.grad = dw if param.grad is None else param.grad.add_(dw)  # in place: no new buffer
         finally:
@@ -151,6 +160,7 @@ class Stage:
         self.loss = loss
         self.scale = scale  # 1 / microbatches: gradient accumulation averages the microbatch losses
         self.params = [p for p in module.parameters() if p.requires_grad]
+        self.recomputes = bool(getattr(module, "checkpointed", None))  # full recomputation: W in one autograd call
         self._inp: dict[int, torch.Tensor] = {}
         self._out: dict[int, torch.Tensor] = {}
         self._grad: dict[int, torch.Tensor | None] = {}
@@ -195,4 +205,4 @@ class Stage:
             self._inp.pop(mb)
             torch.autograd.backward(self._out.pop(mb), self._grad.pop(mb))
             return
-        backward_weight(state, self.params)
+        backward_weight(state, self.params, one_call=self.recomputes)

@@ -25,6 +25,7 @@ class StageCosts:
     flops_forward: float = 0.0  # FLOPs of F per microbatch (0 when costs are given directly)
     weight_ops: float = 0.0  # ops with weights (parameter groups a split backward handles one by one)
     backward_ops: float = 0.0  # framework ops of the stage's backward (I + W): the graph a split I walks
+    recompute_bytes: int = 0  # bytes a recomputed layer re-creates, live during that layer's backward only
 
     @property
     def backward(self) -> float:
@@ -36,6 +37,10 @@ class CostTable:
     """Costs of every stage; `duration(action)` is what simulators and critical paths call."""
 
     stages: tuple[StageCosts, ...]
+    # an overlapped forward + backward (OVERLAP_F_B) takes `overlap_given` seconds when set (--cost FB=),
+    # else max(F, B) + overlap_share * min(F, B): 1.0 runs the halves back to back (CPU), 0 hides one fully
+    overlap_share: float = 1.0
+    overlap_given: float | None = None  # seconds
 
     @property
     def num_stages(self) -> int:
@@ -53,6 +58,19 @@ class CostTable:
         if action.kind == Kind.W:
             return c.backward_weight
         return 0.0
+
+    def overlap_seconds(self, forward: float, backward: float) -> float:
+        """Seconds of one overlapped pair whose halves alone take `forward` and `backward` seconds."""
+        if self.overlap_given is not None:
+            return self.overlap_given
+        return max(forward, backward) + self.overlap_share * min(forward, backward)
+
+    def overlap_forward_seconds(self, forward: float, backward: float) -> float:
+        """What the forward half adds to its backward half's `backward` seconds in an overlapped pair:
+        `overlap_seconds - backward`, written so that share 1 leaves `forward` exactly as it is."""
+        if self.overlap_given is not None:
+            return self.overlap_given - backward
+        return forward - (1.0 - self.overlap_share) * min(forward, backward)
 
     def transfer_bytes(self, action: Action) -> int:
         """Bytes a SEND/RECV moves: the activation (F) or gradient (B) at the stage boundary."""
@@ -79,12 +97,13 @@ class CostTable:
 
 
 def parse_cost_spec(text: str) -> dict[str, float]:
-    """Parse `F=1,B=2` or `F=1,I=1,W=1` into {'F', 'I', 'W'} seconds (B splits evenly into I and W)."""
+    """Parse `F=1,B=2` or `F=1,I=1,W=1` into {'F', 'I', 'W'} seconds (B splits evenly into I and W);
+    `FB=2.5` adds the seconds of an overlapped forward + backward (key 'FB')."""
     values: dict[str, float] = {}
     for part in text.split(","):
         key, sep, value = part.partition("=")
         key = key.strip().upper()
-        if not sep or key not in ("F", "B", "I", "W"):
+        if not sep or key not in ("F", "B", "I", "W", "FB"):
             raise PipesimError(f"malformed --cost {text!r}: expected F=<s>,B=<s> or F=<s>,I=<s>,W=<s>")
         try:
             values[key] = float(value)
@@ -96,8 +115,13 @@ def parse_cost_spec(text: str) -> dict[str, float]:
         raise PipesimError(f"--cost {text!r} needs F=<seconds>")
     if "B" in values and ("I" in values or "W" in values):
         raise PipesimError(f"--cost {text!r}: give B, or I and W, not both")
+    extra = {"FB": values["FB"]} if "FB" in values else {}
     if "B" in values:
-        return {"F": values["F"], "I": values["B"] / 2, "W": values["B"] / 2}
-    if "I" not in values or "W" not in values:
+        out = {"F": values["F"], "I": values["B"] / 2, "W": values["B"] / 2, **extra}
+    elif "I" not in values or "W" not in values:
         raise PipesimError(f"--cost {text!r} needs B=<s>, or both I=<s> and W=<s>")
-    return {"F": values["F"], "I": values["I"], "W": values["W"]}
+    else:
+        out = {"F": values["F"], "I": values["I"], "W": values["W"], **extra}
+    if "FB" in out and out["FB"] < max(out["F"], out["I"] + out["W"]):
+        raise PipesimError(f"--cost FB={out['FB']} is shorter than its longer half max(F, B)")
+    return out

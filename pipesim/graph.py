@@ -46,7 +46,38 @@ def task_graph(schedule: Schedule) -> nx.DiGraph:
                 graph.add_edge(recv, action, why="data")
             if send in graph and recv in graph:
                 graph.add_edge(send, recv, why="p2p")
+    _join_overlaps(graph, schedule)
     return graph
+
+
+def _join_overlaps(graph: nx.DiGraph, schedule: Schedule) -> None:
+    """An overlapped pair is one action: both halves wait for both inputs (edges into the forward) and
+    both outputs leave at its end (edges out of the backward). Lowering already orders a lowered one so."""
+    for fwd, bwd in schedule.overlaps:
+        if fwd not in graph or bwd not in graph:
+            continue
+        for pred in list(graph.predecessors(bwd)):
+            if pred != fwd and graph.edges[pred, bwd]["why"] == "data" and not graph.has_edge(pred, fwd):
+                graph.add_edge(pred, fwd, why="data")
+        for succ in list(graph.successors(fwd)):
+            if succ != bwd and graph.edges[fwd, succ]["why"] == "data" and not graph.has_edge(bwd, succ):
+                graph.add_edge(bwd, succ, why="data")
+
+
+def overlap_durations(schedule: Schedule, duration: Callable[[Action], float],
+                      forward_half: Callable[[float, float], float]) -> Callable[[Action], float]:
+    """`duration` with each overlapped pair timed as one action: the backward half keeps its own time and
+    the forward half takes `forward_half(F seconds, B seconds)` (`CostTable.overlap_forward_seconds`),
+    so the pair's outputs leave at its end."""
+    first = {fwd: bwd for fwd, bwd in schedule.overlaps}
+    if not first:
+        return duration
+
+    def timed(action: Action) -> float:
+        bwd = first.get(action)
+        return duration(action) if bwd is None else forward_half(duration(action), duration(bwd))
+
+    return timed
 
 
 @dataclass(frozen=True)

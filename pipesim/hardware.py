@@ -100,6 +100,9 @@ class Hardware:
     num_nodes: int = file_field("posint")
     intra: LinkClass = file_field("section", doc="inside a node")
     inter: LinkClass | None = file_field("section", doc="across nodes (None for one node)", default=None)
+    # the network `--nodes N` joins N such nodes with (a single-node preset's family's InfiniBand)
+    scale_out: LinkClass | None = file_field("section", doc="network --nodes N joins such nodes with",
+                                             default=None)
     per_action_overhead: float = file_field("nonneg", "seconds", "added to every compute action (dispatch)",
                                             default=0.0)
     per_op_overhead: float = file_field("nonneg", "seconds", "per framework op an action runs", default=0.0)
@@ -190,6 +193,21 @@ class Hardware:
         work, moved = [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]
         work[slot], moved[slot] = flops, bytes_moved
         return action_seconds(eq, work, moved, ops=ops, backward_ops=ops if kind in ("I", "W") else 0.0)
+
+    def with_nodes(self, nodes: int) -> Hardware:
+        """`nodes` of these nodes joined by their network (`--nodes`): the [inter] link of a multi-node file,
+        else the preset's [scale_out]. Named `<nodes>x-<name>`; the same hardware when `nodes` already match."""
+        if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1:
+            raise PipesimError(f"--nodes must be a positive integer, got {nodes!r}")
+        if nodes == self.num_nodes:
+            return self
+        network = self.inter or self.scale_out
+        if network is None and nodes > 1:
+            raise PipesimError(f"--nodes {nodes}: hardware {self.name!r} names no network to join nodes with "
+                               "(a [scale_out] or [inter] section)")
+        base = self.name.split("x-", 1)[1] if self.num_nodes > 1 and "x-" in self.name else self.name
+        return replace(self, name=base if nodes == 1 else f"{nodes}x-{base}", num_nodes=nodes,
+                       inter=network if nodes > 1 else None)
 
     def with_host(self, **changes: Any) -> Hardware:
         """A copy whose host profile has `changes` (the hardware must have one)."""

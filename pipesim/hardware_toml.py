@@ -24,7 +24,8 @@ except ModuleNotFoundError:  # Python 3.10
         tomllib = None  # type: ignore[assignment]
 
 _DTYPES = ("float32", "bfloat16", "float16")
-_SECTIONS = {"device": DeviceSpec, "intra": LinkClass, "inter": LinkClass, "host": HostProfile}  # [table] -> type
+_SECTIONS = {"device": DeviceSpec, "intra": LinkClass, "inter": LinkClass, "scale_out": LinkClass,
+             "host": HostProfile}  # [table] -> type
 # top-level keys of files written before the [host] table existed -> where they live now
 _MOVED = {"host_cores": "[host].cores", **{k: f"[host].{k}" for k in (
     "node_corun_slowdown", "oversubscription_slowdown", "time_slice", "send_overhead", "late_recv_delay",

@@ -113,6 +113,10 @@ class Schedule:
     placement: tuple[int, ...]  # stage -> rank
     programs: tuple[tuple[Action, ...], ...]  # rank -> ordered actions
     meta: dict = field(default_factory=dict, compare=False, hash=False)
+    # (forward, backward) pairs run as one overlapped action (torch's OVERLAP_F_B): adjacent in their
+    # rank's program, the forward first; the pair starts when both inputs are in and both outputs
+    # leave when it ends (see `overlap_partner`, lowering and the simulator's timing rule)
+    overlaps: frozenset[tuple[Action, Action]] = frozenset()
 
     @property
     def num_stages(self) -> int:
@@ -148,10 +152,33 @@ class Schedule:
     def compute_only(self) -> Schedule:
         """The same schedule with every SEND/RECV removed."""
         progs = tuple(tuple(a for a in prog if a.is_compute) for prog in self.programs)
-        return Schedule(self.name, self.num_microbatches, self.placement, progs, dict(self.meta))
+        return Schedule(self.name, self.num_microbatches, self.placement, progs, dict(self.meta), self.overlaps)
 
     def with_programs(self, programs: tuple[tuple[Action, ...], ...]) -> Schedule:
-        return Schedule(self.name, self.num_microbatches, self.placement, programs, dict(self.meta))
+        return Schedule(self.name, self.num_microbatches, self.placement, programs, dict(self.meta), self.overlaps)
+
+    def overlap_partner(self) -> dict[Action, Action]:
+        """Each half of an overlapped pair -> the other half (empty without overlaps)."""
+        out: dict[Action, Action] = {}
+        for fwd, bwd in self.overlaps:
+            out[fwd], out[bwd] = bwd, fwd
+        return out
+
+    def overlap_labels(self) -> list[list[str]]:
+        """The overlapped pairs as sorted [forward, backward] labels (`["0F3", "3B1"]`), for timelines' meta."""
+        return sorted([str(f), str(b)] for f, b in self.overlaps)
+
+    def cells(self, rank: int) -> list[str]:
+        """Rank `rank`'s program in torch's notation, an overlapped pair as one `(0F7;7B3)OVERLAP_F_B` cell."""
+        prog, out, i = self.programs[rank], [], 0
+        while i < len(prog):
+            if i + 1 < len(prog) and (prog[i], prog[i + 1]) in self.overlaps:
+                out.append(overlap_cell(prog[i], prog[i + 1]))
+                i += 2
+                continue
+            out.append(str(prog[i]))
+            i += 1
+        return out
 
     def num_actions(self) -> int:
         return sum(len(p) for p in self.programs)
@@ -164,8 +191,19 @@ class Schedule:
             "num_stages": self.num_stages,
             "num_microbatches": self.num_microbatches,
             "placement": list(self.placement),
-            "programs": [[str(a) for a in prog] for prog in self.programs],
+            "programs": [self.cells(r) for r in range(self.num_ranks)],
         }
+
+
+def overlap_cell(forward: Action, backward: Action) -> str:
+    """torch's spelling of an overlapped forward + backward: `(0F7;7B3)OVERLAP_F_B`."""
+    return f"({forward};{backward})OVERLAP_F_B"
+
+
+def overlapped(schedule: Schedule, pairs: set[tuple[Action, Action]]) -> Schedule:
+    """`schedule` with `pairs` (forward, backward) marked as overlapped actions."""
+    return Schedule(schedule.name, schedule.num_microbatches, schedule.placement, schedule.programs,
+                    dict(schedule.meta), frozenset(pairs))
 
 
 def loop_placement(num_ranks: int, chunks: int) -> tuple[int, ...]:

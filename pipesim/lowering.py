@@ -1,7 +1,9 @@
 """Lowering: insert the point-to-point actions into a compute-only program.
 
 A SEND goes right after the compute that produces the tensor (posted as an isend); the RECV
-goes right before the compute that consumes it. Stages on the same rank exchange nothing.
+goes right before the compute that consumes it. Stages on the same rank exchange nothing. An
+overlapped pair (torch's OVERLAP_F_B) is one action: both halves' RECVs go before it and both SENDs
+after it, so the two halves stay adjacent.
 """
 
 from __future__ import annotations
@@ -23,16 +25,22 @@ def add_p2p(schedule: Schedule) -> Schedule:
     if schedule.has_comms:
         return schedule
     split = schedule.split_pairs()
+    pairs = schedule.overlaps
     programs = []
     for rank, prog in enumerate(schedule.programs):
         out: list[Action] = []
-        for action in prog:
-            for prod in producers(action, schedule, split):
-                if schedule.rank_of(prod.stage) != rank:
-                    out.append(transfer_actions(prod, action)[1])
-            out.append(action)
-            send = needs_send(action, schedule)
-            if send is not None:
-                out.append(send)
+        i = 0
+        while i < len(prog):
+            group = prog[i:i + 2] if i + 1 < len(prog) and (prog[i], prog[i + 1]) in pairs else prog[i:i + 1]
+            for action in group:
+                for prod in producers(action, schedule, split):
+                    if schedule.rank_of(prod.stage) != rank:
+                        out.append(transfer_actions(prod, action)[1])
+            out.extend(group)
+            for action in group:
+                send = needs_send(action, schedule)
+                if send is not None:
+                    out.append(send)
+            i += len(group)
         programs.append(tuple(out))
     return schedule.with_programs(tuple(programs))

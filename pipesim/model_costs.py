@@ -2,23 +2,46 @@
 
 Each stage is a list of pieces (MLP layers; or embedding, transformer blocks, head). A piece knows
 its FLOPs for F, I (gradient wrt input) and W (gradient wrt weights), the bytes it moves, what it
-stashes for backward and its parameters. Tensor parallelism (Megatron) divides compute and most
-activations by tp and adds blocking all_reduces inside F and I; see docs/cost_model.md.
+stashes for backward and its parameters. The transformer's FLOPs, stash, parameters and tensor-
+parallel collectives come from the model layer (pipesim/model/: recomputation, sequence and context
+parallelism, flash attention, GQA, SwiGLU); the memory traffic that feeds the calibrated CPU timing
+stays the estimate it was fitted with. See docs/cost_model.md and docs/large_models.md. (Over ~300 lines:
+the MLP and transformer stage work share Work and the one per-stage loop that turns them into seconds.)
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from pipesim.costs import CostTable, StageCosts
 from pipesim.errors import PipesimError
 from pipesim.hardware import Hardware
+from pipesim.model.activations import (
+    embedding_activation_bytes,
+    head_activation_bytes,
+    layer_activation_bytes,
+    recompute_working_bytes,
+)
+from pipesim.model.comm import Collective, tp_embedding_collectives, tp_head_collectives, tp_layer_collectives
 from pipesim.model.config import ModelConfig, split_layers
+from pipesim.model.elementwise import layer_elementwise_bytes
+from pipesim.model.flops import attention_core_flops, head_flops, layer_flops
+from pipesim.model.memory import PRECISIONS, ZERO_STAGES, comm_buffer_bytes
+from pipesim.model.options import LayerOptions
+from pipesim.model.params import block_params, embedding_params, head_params
+from pipesim.step_costs import StepCosts, ring_exchanges, step_costs
 
 GiB = 2**30
 MLP_LAYER_OPS = (2, 2, 1)  # framework ops of one MLP layer in F, I, W
-OPTIMIZER_BYTES_PER_PARAM = 16  # bytes: param + grad + Adam (mixed precision: 2 + 2 + 4 master + 4 m + 4 v)
+GPT_BLOCK_OPS = (10, 10, 6)  # framework ops of one transformer block in F, I, W
+CORE_OPS = 3  # ops of the attention core (scores, softmax, A V) that selective recomputation re-runs
+UNTIMED = "cross-entropy"  # the head's float32-per-token all_reduces: not timed yet (issue 15)
+
+
+def precision_of(model: ModelConfig) -> str:
+    """The training state's precision: float32 training ("fp32"), else 16-bit mixed precision ("mixed")."""
+    return "fp32" if model.dtype == "float32" else "mixed"
 
 
 @dataclass
@@ -29,6 +52,7 @@ class Work:
     moved: dict[str, float] = field(default_factory=lambda: {"F": 0.0, "I": 0.0, "W": 0.0})  # bytes (HBM)
     ops: dict[str, float] = field(default_factory=lambda: {"F": 0.0, "I": 0.0, "W": 0.0})  # framework ops
     activation_bytes: float = 0.0  # bytes stashed until backward
+    recompute_bytes: float = 0.0  # bytes a recomputed layer re-creates, live during its backward only
     param_count: float = 0.0  # parameters held on this device
     collectives: dict[str, list[tuple[str, int]]] = field(default_factory=lambda: {"F": [], "I": []})
 
@@ -56,6 +80,16 @@ class ParallelCosts:
     dp_grad_bytes: tuple[int, ...]  # per stage: gradient bytes all-reduced across dp at step end
     layers_per_stage: tuple[int, ...]  # MLP layers / transformer blocks per stage (0: unknown)
     dtype_bytes: int = 4  # bytes per parameter value (to count parameters from param_bytes)
+    # the memory model (pipesim.rank_memory): exact parameters per stage, how the state is held, buffers
+    param_counts: tuple[int, ...] = ()  # parameters per stage on one tp rank (empty: param_bytes / dtype_bytes)
+    zero: int = 0  # ZeRO stage of the data-parallel state (0: plain DDP)
+    precision: str = "fp32"  # key of pipesim.model.memory.PRECISIONS
+    comm_buffer_bytes: int = 0  # P2P / collective buffers every rank holds at once (an estimate)
+    options: LayerOptions | None = None  # the transformer's options (None: MLP or hand-given costs)
+    cp: int = 1  # context-parallel ranks per stage
+    step: StepCosts | None = None  # per-stage DP collectives and optimizer seconds (pipesim.step_costs)
+    # (stage, "F"|"I"|"B"|"W") -> ring attention's K/V hops inside that action (pipesim.step_costs.ring_exchanges)
+    cp_exchanges: dict = field(default_factory=dict)
 
 
 def mlp_stage_work(model: ModelConfig, b: int, layers: int, tp: int = 1, *, first: bool = False) -> Work:
@@ -99,42 +133,68 @@ def gpt_block_flops(model: ModelConfig, b: int) -> tuple[float, float, float]:
 
 
 def gpt_block_activation_bytes(model: ModelConfig, b: int, tp: int = 1) -> float:
-    """Korthikanti et al. (2022): s*b*h*(10 + 24/t + 5*a*s/(h*t)) bytes at 16 bits, scaled to the dtype."""
+    """Korthikanti et al. (2022): s*b*h*(10 + 24/t + 5*a*s/(h*t)) bytes at 16 bits, scaled to the dtype.
+
+    Only the memory-traffic estimate uses it now (the figure the CPU timing was calibrated with);
+    the stash is `pipesim.model.activations.layer_activation_bytes` (1-byte masks, GQA, flash, ...).
+    """
     s, h, a = model.seq, model.hidden, model.heads
     return s * b * h * (10 + 24 / tp + 5 * a * s / (h * tp)) * model.dtype_bytes / 2
 
 
-def gpt_stage_work(model: ModelConfig, b: int, layers: int, *, first: bool, last: bool, tp: int = 1) -> Work:
+def _timed(collectives: list[Collective]) -> list[tuple[str, int]]:
+    """(kind, bytes) of the collectives the simulator times; the cross-entropy's scalars wait for issue 15."""
+    return [(c.kind, c.nbytes) for c in collectives if not c.what.startswith(UNTIMED)]
+
+
+def gpt_stage_work(model: ModelConfig, b: int, layers: int, *, first: bool, last: bool, tp: int = 1,
+                   opts: LayerOptions | None = None) -> Work:
     """Embedding (first stage), `layers` blocks, final norm + LM head + loss (last stage).
 
-    Framework ops: embedding F 3 (two lookups, add), W 2; block F 10, I 10 (norms, matmuls,
-    attention, activation, residual adds), W 6 (its weighted ops); head F 3, I 3, W 2.
+    FLOPs (with recomputation in I), stash, parameters and tp collectives from pipesim/model/ under
+    `opts` (default: tp only). Memory traffic: the estimate the CPU timing was fitted with (weights
+    plus the Korthikanti stash per block), plus the re-run forward under recomputation. Framework
+    ops: embedding F 3 (two lookups, add), W 2; block F 10, I 10, W 6, plus the re-run forward's in
+    I (full 10, selective 3); head F 3, I 3, W 2.
     """
+    opts = opts if opts is not None else LayerOptions(tp=tp)
+    tp = opts.tp
     s, h, v, d = model.seq, model.hidden, model.vocab, model.dtype_bytes
     act = b * s * h * d  # bytes of one (b, s, h) activation
     work = Work()
     if first:  # token + position lookup: no matmul FLOPs; vocab-parallel embedding all_reduces its output
-        work.add(0.0, 0.0, 0.0, moved=(2 * act, 0.0, 2 * act), params=v * h / tp + s * h, ops=(3, 0, 2))
-        if tp > 1:
-            work.collectives["F"].append(("all_reduce", act))
-    f, i, w = gpt_block_flops(model, b)
-    block_params = 12 * h * h / tp + 13 * h  # weights split by tp, biases and layer norms kept whole
-    block_act = gpt_block_activation_bytes(model, b, tp)
-    for _ in range(layers):
-        work.add(f / tp, i / tp, w / tp, moved=(block_params * d + block_act, block_params * d + block_act,
-                                                block_params * d + block_act),
-                 act=block_act, params=block_params, ops=(10, 10, 6))
-        if tp > 1:
-            work.collectives["F"] += [("all_reduce", act)] * 2
-            work.collectives["I"] += [("all_reduce", act)] * 2
-    if last:  # final norm + LM head (h x vocab, untied) + cross-entropy on vocab-parallel logits
-        head = 2 * b * s * h * v / tp
+        work.add(0.0, 0.0, 0.0, moved=(2 * act, 0.0, 2 * act), act=embedding_activation_bytes(model, b, opts),
+                 params=embedding_params(model, tp), ops=(3, 0, 2))
+        work.collectives["F"] += _timed(tp_embedding_collectives(model, b, opts))
+    if layers:
+        flops = layer_flops(model, b, opts)
+        traffic = (12 * h * h / tp + 13 * h) * d + gpt_block_activation_bytes(model, b, tp)  # bytes
+        rerun, rerun_ops = 0.0, 0
+        if opts.recompute == "full":
+            rerun, rerun_ops = traffic, GPT_BLOCK_OPS[0]
+        elif opts.recompute == "selective":
+            ew = layer_elementwise_bytes(model, b, opts).backward
+            rerun, rerun_ops = sum(n for k, n in ew.items() if k.startswith("recompute ")), CORE_OPS
+        f_ops, i_ops, w_ops = GPT_BLOCK_OPS
+        stash, params = layer_activation_bytes(model, b, opts), block_params(model, tp)
+        tp_colls = tp_layer_collectives(model, b, opts)
+        fwd_colls = _timed([c for c in tp_colls if c.phase == "F"])
+        bwd_colls = _timed([c for c in tp_colls if c.phase != "F"])
+        for _ in range(layers):
+            work.add(flops.F, flops.I, flops.W, moved=(traffic, traffic + rerun if rerun else traffic, traffic),
+                     act=stash, params=params, ops=(f_ops, i_ops + rerun_ops, w_ops))
+            work.collectives["F"] += fwd_colls
+            work.collectives["I"] += bwd_colls
+        work.recompute_bytes = recompute_working_bytes(model, b, opts)
+    if last:  # final norm + LM head (h x vocab) + cross-entropy on vocab-parallel logits
+        head = head_flops(model, b, opts)
         logits = b * s * v / tp * d
-        work.add(head, head, head, moved=(h * v / tp * d + act + logits, h * v / tp * d + act + logits,
-                                          h * v / tp * d + act + logits),
-                 act=2 * act + logits, params=h * v / tp + 2 * h, ops=(3, 3, 2))
-        if tp > 1:
-            work.collectives["I"].append(("all_reduce", act))
+        traffic = h * v / tp * d + act + logits  # bytes
+        work.add(head.F, head.I, head.W, moved=(traffic, traffic, traffic), act=head_activation_bytes(model, b, opts),
+                 params=head_params(model, tp, holds_embedding=first), ops=(3, 3, 2))
+        colls = tp_head_collectives(model, b, opts)
+        work.collectives["F"] += _timed([c for c in colls if c.phase == "F"])
+        work.collectives["I"] += _timed([c for c in colls if c.phase != "F"])
     return work
 
 
@@ -152,31 +212,63 @@ def _check_parallel(model: ModelConfig, num_stages: int, microbatches: int, tp: 
     return model.batch // (dp * microbatches)
 
 
+def layer_options(model: ModelConfig, *, tp: int = 1, sp: bool = False, cp: int = 1, recompute: str = "none",
+                  attention: str = "eager") -> LayerOptions | None:
+    """The transformer's LayerOptions, checked against `model`; None for the MLP (which refuses them)."""
+    if model.kind != "gpt":
+        for flag, value, plain in (("--sequence-parallel", sp, False), ("--cp", cp, 1), ("--recompute", recompute,
+                                                                                          "none")):
+            if value != plain:
+                raise PipesimError(f"{flag} needs a transformer (--model gpt or --model-config), not --model mlp")
+        return None
+    opts = LayerOptions(tp=tp, sp=sp, cp=cp, recompute=recompute, attention=attention)
+    opts.check(model)
+    return opts
+
+
 def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hardware, *, tp: int = 1, dp: int = 1,
-                layer_split: list[int] | None = None) -> ParallelCosts:
-    """Per-stage costs of `model` cut into `num_stages` stages on `hw` (durations by roofline)."""
+                layer_split: list[int] | None = None, sp: bool = False, cp: int = 1, recompute: str = "none",
+                attention: str = "eager", zero: int = 0) -> ParallelCosts:
+    """Per-stage costs of `model` cut into `num_stages` stages (chunks) on `hw` (durations by roofline).
+
+    sp, cp, recompute, attention: the transformer's options (pipesim.model.options.LayerOptions);
+    zero: the ZeRO stage of the data-parallel state (memory; its timing: "step").
+    """
     b = _check_parallel(model, num_stages, microbatches, tp, dp)
-    split = split_layers(model.layers, num_stages, layer_split)
+    opts = layer_options(model, tp=tp, sp=sp, cp=cp, recompute=recompute, attention=attention)
+    if zero not in ZERO_STAGES:
+        raise PipesimError(f"--zero must be one of 0, 1, 2, 3, got {zero!r}")
+    split = split_layers(model.layers, num_stages, layer_split, empty_ends=model.kind == "gpt")
     d = model.dtype_bytes
+    precision = precision_of(model)
     stages: list[StageCosts] = []
     collectives: dict[tuple[int, str], tuple[tuple[str, int], ...]] = {}
     grads: list[int] = []
-    boundary = b * model.hidden * d if model.kind == "mlp" else b * model.seq * model.hidden * d  # bytes
+    counts: list[int] = []
+    exchanges: dict[tuple[int, str], tuple] = {}
+    if opts is None:
+        boundary = b * model.hidden * d  # bytes
+        buffers = 2 * boundary if num_stages > 1 else 0
+    else:  # with sp the boundary is already split over tp; with cp each rank holds s / cp tokens
+        boundary = opts.seq_sharded(b * opts.local_seq(model) * model.hidden * d)
+        buffers = comm_buffer_bytes(model, b, opts, dp=dp, zero=zero, precision=PRECISIONS[precision])
     for s, layers in enumerate(split):
         last = s == num_stages - 1
-        if model.kind == "mlp":
+        if opts is None:
             work = mlp_stage_work(model, b, layers, tp, first=s == 0)
         else:
-            work = gpt_stage_work(model, b, layers, first=s == 0, last=last, tp=tp)
+            work = gpt_stage_work(model, b, layers, first=s == 0, last=last, opts=opts)
         fwd, inp, wgt = (hw.compute_time(work.flops[k], work.moved[k], model.dtype, k, work.ops[k]) for k in "FIW")
         if s == 0:  # no gradient leaves the first stage: a split I has nothing to send, W runs the whole backward
             inp, wgt = 0.0, inp + wgt
         param_bytes = round(work.param_count * d)
+        counts.append(round(work.param_count))
         stages.append(StageCosts(forward=fwd, backward_input=inp, backward_weight=wgt,
                                  boundary_bytes=0 if last else boundary,
                                  activation_bytes=round(work.activation_bytes), param_bytes=param_bytes,
                                  flops_forward=work.flops["F"], weight_ops=work.ops["W"],
-                                 backward_ops=work.ops["I"] + work.ops["W"]))
+                                 backward_ops=work.ops["I"] + work.ops["W"],
+                                 recompute_bytes=round(work.recompute_bytes)))
         if work.collectives["F"]:
             collectives[(s, "F")] = tuple((k, round(n)) for k, n in work.collectives["F"])
         if work.collectives["I"]:
@@ -185,8 +277,34 @@ def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hard
             backward = tuple((k, round(n)) for k, n in work.collectives["I"])
             collectives[(s, "W" if s == 0 else "I")] = collectives[(s, "B")] = backward
         grads.append(param_bytes if dp > 1 else 0)
+        if opts is not None and opts.cp > 1:
+            _add_ring(exchanges, s, model, b, opts, layers, hw)
     return ParallelCosts(table=CostTable(tuple(stages)), tp=tp, dp=dp, tp_collectives=collectives,
-                         dp_grad_bytes=tuple(grads), layers_per_stage=tuple(split), dtype_bytes=d)
+                         dp_grad_bytes=tuple(grads), layers_per_stage=tuple(split), dtype_bytes=d,
+                         param_counts=tuple(counts), zero=zero, precision=precision, comm_buffer_bytes=buffers,
+                         options=opts, cp=cp, cp_exchanges=exchanges,
+                         step=_step(counts, dp=dp, zero=zero, hw=hw, precision=precision))
+
+
+def _step(counts: list[int], *, dp: int, zero: int, hw: Hardware, precision: str) -> StepCosts | None:
+    """The optimizer step and ZeRO's collectives, on device presets (or when --zero is asked for). A calibrated
+    CPU host predicts the pipeline span its validation measures (pipesim/calibration): nothing is added there."""
+    if hw.host is not None and zero == 0:
+        return None
+    return step_costs(counts, dp=dp, zero=zero, hw=hw, precision=precision)
+
+
+def _add_ring(out: dict, stage: int, model: ModelConfig, b: int, opts: LayerOptions, layers: int,
+              hw: Hardware) -> None:
+    """Ring attention's hops of a stage, keyed like the tp collectives (its backward in B and I; W on stage 0)."""
+    core = attention_core_flops(model, b, opts, causal=True)  # what a causal kernel computes
+    rates = hw.cost_equation(model.dtype).flop_rates  # FLOP/s of F, I, W work
+    ring = ring_exchanges(model, b, opts, layers=layers, attention_forward=core.F / rates[0],
+                          attention_backward=core.I / rates[1])
+    if "F" in ring:
+        out[(stage, "F")] = ring["F"]
+    if "I" in ring:
+        out[(stage, "W" if stage == 0 else "I")] = out[(stage, "B")] = ring["I"]
 
 
 FIW = tuple[float, float, float]  # one figure per kind of compute: F, I, W
@@ -230,39 +348,10 @@ def action_flops(kind: str, stage: int, flops: FIW) -> tuple[FIW, int]:
 def uniform_costs(num_stages: int, spec: dict[str, float], boundary_bytes: int = 0) -> ParallelCosts:
     """Hand-given costs (`parse_cost_spec` output: seconds of F, I, W), the same on every stage."""
     table = CostTable.uniform(num_stages, spec["F"], spec["I"], spec["W"], boundary_bytes=boundary_bytes)
+    if "FB" in spec:  # seconds of an overlapped forward + backward (OVERLAP_F_B)
+        table = replace(table, overlap_given=spec["FB"])
     return ParallelCosts(table=table, tp=1, dp=1, tp_collectives={}, dp_grad_bytes=(0,) * num_stages,
                          layers_per_stage=(0,) * num_stages)
 
 
-def check_fits_memory(costs: ParallelCosts, hw: Hardware, peak_inflight_by_stage: list[int], *,
-                      placement: tuple[int, ...] | None = None) -> None:
-    """PipesimError if a device's params + grads + Adam state + stashed activations exceed its memory.
-
-    placement: stage -> rank (stages sharing a rank add up; their peaks are summed, an upper bound);
-    default one stage per rank.
-    """
-    stages = costs.table.stages
-    if len(peak_inflight_by_stage) != len(stages):
-        raise PipesimError(f"{len(peak_inflight_by_stage)} in-flight counts for {len(stages)} stages")
-    ranks = placement if placement is not None else tuple(range(len(stages)))
-    state: dict[int, float] = {}
-    acts: dict[int, float] = {}
-    for s, c in enumerate(stages):
-        r = ranks[s]
-        state[r] = state.get(r, 0.0) + c.param_bytes / costs.dtype_bytes * OPTIMIZER_BYTES_PER_PARAM
-        acts[r] = acts.get(r, 0.0) + c.activation_bytes * peak_inflight_by_stage[s]
-    for r in sorted(state):
-        need = state[r] + acts[r]
-        if need > hw.device.memory:
-            held = [s for s in range(len(stages)) if ranks[s] == r]
-            inflight = max(peak_inflight_by_stage[s] for s in held)
-            raise PipesimError(
-                f"rank {r} (stage{'s' if len(held) > 1 else ''} {','.join(map(str, held))}) needs "
-                f"{need / GiB:.2f} GiB (params+grads+Adam {state[r] / GiB:.2f} GiB, activations "
-                f"{acts[r] / GiB:.2f} GiB for up to {inflight} in-flight microbatches) but {hw.device.name} "
-                f"has {hw.device.memory / GiB:.2f} GiB"
-            )
-
-
-__all__ = ["ParallelCosts", "action_flops", "check_fits_memory", "model_costs", "stage_flops", "stage_work",
-           "uniform_costs"]
+__all__ = ["ParallelCosts", "action_flops", "model_costs", "stage_flops", "stage_work", "uniform_costs"]

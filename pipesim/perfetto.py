@@ -2,7 +2,8 @@
 
 Each rank is a process (pid = rank + 1), each stream (compute, send, recv, collective) a thread
 of it, so a send overlapping a compute never lands on an overflow track. Flow arrows join every SEND to the
-RECV that consumes it. The pipesim Timeline rides along under "pipesim", so `pipesim plot`
+RECV that consumes it, forward in time: from the send's start to the receive's completion (a receive slice
+often begins, waiting, before its send does). The pipesim Timeline rides along under "pipesim", so `pipesim plot`
 reads the very file Perfetto (ui.perfetto.dev) or chrome://tracing opens.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from pipesim.outputs import write_text
 from pipesim.timeline import STREAMS, Event, Timeline
 
 TID = {stream: i + 1 for i, stream in enumerate(STREAMS)}  # thread id per stream (0 avoided)
@@ -96,9 +98,18 @@ def flow_pairs(timeline: Timeline) -> list[tuple[Event, Event]]:
     return pairs
 
 
-def _midpoint(e: Event) -> float:
-    """A timestamp inside the slice, so the flow binds to it (bp 'e': enclosing slice)."""
-    return _us(e.start + (e.end - e.start) / 2)
+FLOW_INSET = 1e-3  # us: how far inside the receive slice its arrow ends, so it binds to that slice
+
+
+def flow_times(send: Event, recv: Event) -> tuple[float, float]:
+    """(start, end) of a SEND -> RECV arrow in us: the send's start, just before the receive's end.
+
+    The receive completes after the send started, so the arrow never points back in time; the end sits
+    inside the receive slice (bp 'e' binds a flow end to its enclosing slice).
+    """
+    start = _us(send.start)
+    end = _us(recv.end) - min(FLOW_INSET, _us(recv.end - recv.start) / 2)
+    return start, max(start, end)
 
 
 def _flows(timeline: Timeline, lane_of: dict[int, int]) -> list[dict]:
@@ -109,8 +120,9 @@ def _flows(timeline: Timeline, lane_of: dict[int, int]) -> list[dict]:
         common = {"name": name, "cat": "p2p", "id": flow_id}
         s_tid = tid_of(send.stream, lane_of[index[id(send)]])
         f_tid = tid_of(recv.stream, lane_of[index[id(recv)]])
-        out.append({**common, "ph": "s", "pid": pid_of(send.rank), "tid": s_tid, "ts": _midpoint(send)})
-        out.append({**common, "ph": "f", "bp": "e", "pid": pid_of(recv.rank), "tid": f_tid, "ts": _midpoint(recv)})
+        start, end = flow_times(send, recv)
+        out.append({**common, "ph": "s", "pid": pid_of(send.rank), "tid": s_tid, "ts": start})
+        out.append({**common, "ph": "f", "bp": "e", "pid": pid_of(recv.rank), "tid": f_tid, "ts": end})
     return out
 
 
@@ -125,6 +137,11 @@ def timeline_to_trace(timeline: Timeline) -> dict:
     return {"traceEvents": events, "displayTimeUnit": "ms", "pipesim": timeline.to_dict()}
 
 
+def trace_text(timeline: Timeline) -> str:
+    """The trace as compact JSON text (what `write_trace` writes)."""
+    return json.dumps(timeline_to_trace(timeline), separators=(",", ":"))
+
+
 def write_trace(timeline: Timeline, path: str | Path) -> None:
-    """Write the trace; `Timeline.read(path)` gets the timeline back."""
-    Path(path).write_text(json.dumps(timeline_to_trace(timeline), separators=(",", ":")))
+    """Write the trace atomically; `Timeline.read(path)` gets the timeline back."""
+    write_text(path, trace_text(timeline))

@@ -20,8 +20,18 @@ from pipesim.progress import stalled_ranks
 
 
 def render_grid(schedule: Schedule, marked: frozenset[Action] = frozenset(), width: int = 0) -> str:
-    """Rank x step text grid; marked actions are wrapped in brackets."""
-    cells = [[(f"[{a}]" if a in marked else str(a)) for a in prog] for prog in schedule.programs]
+    """Rank x step text grid; marked actions are wrapped in brackets, an overlapped pair shares a step."""
+    def cell(a: Action) -> str:
+        return f"[{a}]" if a in marked else str(a)
+
+    cells = []
+    for prog in schedule.programs:
+        row, i = [], 0
+        while i < len(prog):  # an overlapped pair (OVERLAP_F_B) is one step: `0F3;3B1`
+            pair = i + 1 < len(prog) and (prog[i], prog[i + 1]) in schedule.overlaps
+            row.append(f"{cell(prog[i])};{cell(prog[i + 1])}" if pair else cell(prog[i]))
+            i += 2 if pair else 1
+        cells.append(row)
     width = width or max((len(c) for row in cells for c in row), default=4)
     steps = max((len(r) for r in cells), default=0)
     head = "step   | " + " ".join(f"{i:<{width}}" for i in range(steps))
@@ -87,6 +97,25 @@ def check_counts(schedule: Schedule) -> None:
                     f"stage {s} mb {mb} has both a full backward B and a split I/W",
                     {Action(s, Kind.B, mb)},
                 )
+
+
+def check_overlaps(schedule: Schedule) -> None:
+    """Each overlapped pair is a forward then a backward (B or I), adjacent on one rank, and the
+    backward does not consume the forward it overlaps (it would have to wait for it)."""
+    where = {a: (r, i) for r, prog in enumerate(schedule.programs) for i, a in enumerate(prog)}
+    split = schedule.split_pairs()
+    for fwd, bwd in sorted(schedule.overlaps):
+        name = f"overlapped ({fwd};{bwd})"
+        if fwd.kind != Kind.F or bwd.kind not in (Kind.B, Kind.I):
+            raise _fail(schedule, f"{name} must be a forward then a backward (B or I)", {fwd, bwd})
+        if fwd not in where or bwd not in where:
+            raise _fail(schedule, f"{name}: {(fwd if fwd not in where else bwd).describe()} is not in any program")
+        (rf, i_f), (rb, i_b) = where[fwd], where[bwd]
+        if rf != rb or i_b != i_f + 1:
+            raise _fail(schedule, f"{name} must be two adjacent actions of one rank's program", {fwd, bwd})
+        if fwd in producers(bwd, schedule, split):
+            raise _fail(schedule, f"{name}: {bwd.describe()} needs {fwd.describe()}, so they cannot overlap",
+                        {fwd, bwd})
 
 
 def expected_transfers(schedule: Schedule) -> set[Action]:
@@ -168,6 +197,7 @@ def validate(schedule: Schedule) -> Schedule:
     """
     check_placement(schedule)
     check_counts(schedule)
+    check_overlaps(schedule)
     lowered = add_p2p(schedule)
     check_transfers(lowered)
     check_order_and_deadlock(lowered)

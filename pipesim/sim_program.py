@@ -18,6 +18,7 @@ from pipesim.costs import CostTable
 from pipesim.deps import message_slot, produces_weight_grad, releases_activations
 from pipesim.ir import COMPUTE, SENDS, Action, Kind, Schedule
 from pipesim.parallel_dims import ParallelDims
+from pipesim.step_costs import exposed_seconds
 
 
 class ComputeOp(NamedTuple):
@@ -28,6 +29,7 @@ class ComputeOp(NamedTuple):
     stash_bytes: int  # bytes of activations stashed (+, F) or freed (-, the releasing backward)
     inflight: int  # +1 (F), -1 (the releasing backward) or 0: microbatches stashed
     allreduce_stage: int  # the stage whose DP gradient all-reduce follows it (its last B/W), else -1
+    recompute_bytes: int = 0  # bytes a recomputing backward (B, or I) re-creates, live only while it runs
 
 
 class SendOp(NamedTuple):
@@ -71,9 +73,10 @@ class TableCompute:
 
 
 def compile_programs(sched: Schedule, compute: TableCompute, hw: Any, comm: bool, par: ParallelDims,
-                     tp_collectives: dict) -> list[list[Op]]:
+                     tp_collectives: dict, cp_seconds: dict | None = None) -> list[list[Op]]:
     """Per rank, the op of each action (one shared record per (rank, stage, kind)); message slots use
-    the schedule's microbatch count as stride."""
+    the schedule's microbatch count as stride. cp_seconds: (stage, kind) -> exposed ring-attention
+    seconds added to that compute (`cp_exposed`)."""
     stride = sched.num_microbatches
     last_grad: dict[int, tuple[int, int]] = {}  # stage -> (rank, index) of its last B/W
     all_ops: list[list[Op]] = []
@@ -85,7 +88,8 @@ def compile_programs(sched: Schedule, compute: TableCompute, hw: Any, comm: bool
             key = (a.stage, a.kind)
             entry = cache.get(key)
             if entry is None:
-                entry = cache[key] = (_op(rank, a, sched, compute, hw, comm, par, tp_collectives, stride),
+                entry = cache[key] = (_op(rank, a, sched, compute, hw, comm, par, tp_collectives, stride,
+                                              cp_seconds),
                                       a.kind in COMPUTE and produces_weight_grad(a.kind))
             append(entry[0])
             if entry[1]:
@@ -93,16 +97,35 @@ def compile_programs(sched: Schedule, compute: TableCompute, hw: Any, comm: bool
         all_ops.append(ops)
     for stage, (rank, i) in sorted(last_grad.items()):  # then all-reduce the stage's gradient
         all_ops[rank][i] = all_ops[rank][i]._replace(allreduce_stage=stage)
+    _time_overlaps(sched, compute.table, all_ops)
     return all_ops
 
 
+def _time_overlaps(sched: Schedule, table: CostTable, all_ops: list[list[Op]]) -> None:
+    """An overlapped pair (OVERLAP_F_B) takes `table.overlap_seconds(F, B)` in all: the backward half keeps
+    its time and the forward half gets the rest; both halves are adjacent, so nothing else runs between.
+    With overlap_share 1 (the default, no FB given) the ops stay as they are, bit for bit."""
+    if not sched.overlaps:
+        return
+    for rank, prog in enumerate(sched.programs):
+        for i in range(len(prog) - 1):
+            if (prog[i], prog[i + 1]) in sched.overlaps:
+                fwd, bwd = all_ops[rank][i], all_ops[rank][i + 1]
+                all_ops[rank][i] = fwd._replace(seconds=table.overlap_forward_seconds(fwd.seconds, bwd.seconds))
+
+
 def _op(rank: int, a: Action, sched: Schedule, compute: TableCompute, hw: Any, comm: bool, par: ParallelDims,
-        tp_collectives: dict, stride: int) -> Op:
+        tp_collectives: dict, stride: int, cp_seconds: dict | None) -> Op:
     k, st = a.kind, a.stage
     if k in COMPUTE:
         sign = 1 if k == Kind.F else (-1 if releases_activations(k) else 0)
-        return ComputeOp(compute.seconds(a), _tp_time(rank, a, hw, comm, par, tp_collectives),
-                         sign * compute.table.stages[st].activation_bytes, sign, -1)
+        seconds = compute.seconds(a)
+        if cp_seconds and (st, k.value) in cp_seconds:  # ring attention's hops the attention did not hide
+            seconds += cp_seconds[(st, k.value)]
+        costs = compute.table.stages[st]
+        redo = costs.recompute_bytes if k == Kind.B or k == Kind.I else 0  # as pipesim.rank_memory.RECOMPUTING
+        return ComputeOp(seconds, _tp_time(rank, a, hw, comm, par, tp_collectives),
+                         sign * costs.activation_bytes, sign, -1, redo)
     slot = message_slot(st, k, 0, stride)
     if k not in SENDS:
         return RecvOp(slot)
@@ -124,4 +147,27 @@ def _tp_time(rank: int, action: Action, hw: Any, comm: bool, par: ParallelDims, 
     return sum(group_collective_time(hw, kind, group, nbytes) for kind, nbytes in colls)
 
 
-__all__ = ["ComputeOp", "Op", "RecvOp", "SendOp", "TableCompute", "compile_programs"]
+def cp_exposed(sched: Schedule, hw: Any, comm: bool, par: ParallelDims, cp_exchanges: dict) -> dict:
+    """(stage, kind) -> seconds of ring attention's K/V hops not hidden behind the attention compute.
+
+    A hop goes from each cp rank of the stage to the next at once, so it takes as long as the
+    ring's slowest pair (`group_collective_time` of send_recv); `pipesim.step_costs.exposed_seconds`
+    keeps what each hop's compute does not cover. {} with cp = 1 or without links.
+    """
+    if par.cp == 1 or not comm or not cp_exchanges:
+        return {}
+    out = {}
+    for (stage, kind), exchanges in sorted(cp_exchanges.items()):
+        ring = par.group("cp", par.rank(pp=sched.rank_of(stage)))
+        pairs = [[ring[i], ring[(i + 1) % len(ring)]] for i in range(len(ring))]
+
+        def hop(nbytes: int, pairs: list = pairs) -> float:
+            return max(group_collective_time(hw, "send_recv", pair, nbytes) for pair in pairs)
+
+        seconds = exposed_seconds(exchanges, hop)
+        if seconds:
+            out[(stage, kind)] = seconds
+    return out
+
+
+__all__ = ["ComputeOp", "Op", "RecvOp", "SendOp", "TableCompute", "compile_programs", "cp_exposed"]

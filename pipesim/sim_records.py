@@ -22,16 +22,17 @@ def no_gc():
 
 @dataclass
 class CollectiveRecord:
-    """A collective on a rank's collective stream (data-parallel gradient all-reduce)."""
+    """A collective on a rank's collective stream (data-parallel / ZeRO, `pipesim.sim_step`)."""
 
     rank: int
-    kind: str  # "all_reduce"
+    kind: str  # "all_reduce", "reduce_scatter" or "all_gather"
     stage: int
     start: float  # seconds
     end: float  # seconds
     nbytes: int  # bytes per device buffer
     after: int = -1  # index of the compute action whose end released it
     prev: CollectiveRecord | None = None  # the collective before it on the same stream
+    phase: str = "grads"  # pipesim.step_costs.PHASES: "grads", "forward"/"backward" (ZeRO-3 prefetch), "params"
 
 
 __all__ = ["CollectiveRecord", "no_gc"]

@@ -3,7 +3,7 @@
 The simulator records only start/end floats per action (cheap in the hot loop); everything a user
 reads (busy, waiting, idle, bubble, link bandwidth, memory, critical path) is derived here, once.
 The JSON schema (`pipesim.simulate/1`) is documented in docs/simulator.md; units are seconds,
-bytes and bytes/s.
+bytes and bytes/s. (A little over 300 lines: every metric of one result and its JSON in one place.)
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from pipesim.deps import message_slot
 from pipesim.ir import COMPUTE, RECVS, Schedule
 from pipesim.sim_links import Transfer
 from pipesim.sim_records import CollectiveRecord, no_gc
+from pipesim.sim_step import RankStepEnd
 from pipesim.timeline import Event, Timeline
 
 SCHEMA = "pipesim.simulate/1"
@@ -37,18 +38,25 @@ class SimResult:
     tp_time: list[list[float]]  # seconds of TP collectives inside each compute action
     transfers: list[Transfer]
     collectives: list[CollectiveRecord]
-    memory_timeline: list[list[tuple[float, int]]]  # per rank: (seconds, stashed activation bytes)
+    memory_timeline: list[list[tuple[float, int]]]  # per rank: (seconds, activation bytes: stashed + recomputing)
     link_info: dict[str, dict] = field(default_factory=dict)  # link class -> bandwidth, latency
     makespan: float = 0.0  # seconds
     peak_inflight: list[int] = field(default_factory=list)  # per rank: most microbatches stashed at once
     messages: list = field(default_factory=list, repr=False)  # message slot -> Transfer (see recv_transfer)
     slot_stride: int = 1  # microbatch slots per (stage, direction)
+    # the step's end (pipesim.sim_step), per rank; [] when the costs model no optimizer (then step_time == makespan)
+    step_ends: list[RankStepEnd] = field(default_factory=list)
+    step_time: float = 0.0  # seconds to the last rank's optimizer (and parameter all-gather) end
+    cp_seconds: dict = field(default_factory=dict)  # (stage, kind) -> exposed ring-attention seconds per action
+    cp: int = 1  # context-parallel ranks per stage
 
     @staticmethod
     def build(engine: Any) -> SimResult:
         transfers = engine.transfers
         ends = [e[-1] for e in engine.ends if e]
-        ends += [t.end for t in transfers] + [c.end for c in engine.collectives]
+        ends += [t.end for t in transfers] + [c.end for c in engine.collectives if c.phase != "params"]
+        makespan = max(ends, default=0.0)  # the pipeline's span: the parameter all-gathers follow the optimizer
+        step_time = max([makespan] + [r.step_end for r in engine.step_ends])
         hw, par = engine.hw, engine.par
         info = {}
         if hw is not None and engine.comm:
@@ -59,8 +67,9 @@ class SimResult:
         return SimResult(
             engine.sched, engine.table, getattr(hw, "name", None), engine.comm, par.dp, par.tp,
             [par.rank(pp=r) for r in range(engine.sched.num_ranks)], engine.starts, engine.ends, engine.tp_time,
-            transfers, engine.collectives, engine.memory, info, max(ends, default=0.0),
-            list(engine.peak_inflight), engine.slots, engine.mbs,
+            transfers, engine.collectives, engine.memory, info, makespan,
+            list(engine.peak_inflight), engine.slots, engine.mbs, engine.step_ends, step_time, engine.cp_seconds,
+            par.cp,
         )
 
     def recv_transfer(self, recv) -> Transfer:
@@ -104,6 +113,13 @@ class SimResult:
         """Idle time over makespan, averaged over ranks."""
         n = self.schedule.num_ranks
         return sum(self.rank_bubble(r) for r in range(n)) / n if n else 0.0
+
+    def cp_exposed(self, rank: int) -> float:
+        """Seconds of ring attention's hops on `rank` that its attention compute did not hide (inside busy)."""
+        if not self.cp_seconds:
+            return 0.0
+        get = self.cp_seconds.get
+        return sum(get((a.stage, a.kind.value), 0.0) for a in self.schedule.programs[rank] if a.kind in COMPUTE)
 
     def peak_activation_bytes(self) -> list[int]:
         return [max(b for _, b in tl) for tl in self.memory_timeline]
@@ -171,15 +187,20 @@ class SimResult:
             if self.ends[r] and self.ends[r][-1] > best:
                 node, best = ("rank", r, len(self.ends[r]) - 1), self.ends[r][-1]
         for c in self.collectives:
-            if c.end > best:
+            if c.end > best and c.phase != "params":
                 node, best = ("coll", c), c.end
+        # ZeRO-3: a compute that started late because it waited for its prefetched all-gather follows that gather
+        gates = {(c.rank, c.end): c for c in self.collectives if c.phase in ("forward", "backward")}
         chain: list[dict] = []
         while node is not None:
             if node[0] == "coll":
                 c = node[1]
-                chain.append({"name": f"all_reduce(stage {c.stage})", "kind": "collective", "rank": c.rank,
+                chain.append({"name": f"{c.kind}(stage {c.stage})", "kind": "collective", "rank": c.rank,
                               "start": c.start, "end": c.end, "bytes": c.nbytes})
-                node = ("coll", c.prev) if c.prev is not None and c.prev.end == c.start else ("rank", c.rank, c.after)
+                if c.prev is not None and c.prev.end == c.start:
+                    node = ("coll", c.prev)
+                else:  # released by a compute's end, or issued at the step's start (ZeRO-3 prefetch)
+                    node = ("rank", c.rank, c.after) if c.after >= 0 else None
                 continue
             if node[0] == "xfer":
                 t = node[1]
@@ -193,6 +214,9 @@ class SimResult:
             a, s, e = sched.programs[r][i], self.starts[r][i], self.ends[r][i]
             if a.kind in COMPUTE:
                 chain.append({"name": str(a), "kind": "compute", "rank": r, "start": s, "end": e})
+                if gates and (r, s) in gates and (self.ends[r][i - 1] < s if i > 0 else s > 0.0):
+                    node = ("coll", gates[(r, s)])
+                    continue
             elif a.kind in RECVS and e > s:  # blocked: the message, not the wait, is on the path
                 node = ("xfer", self.recv_transfer(a))
                 continue
@@ -232,7 +256,8 @@ class SimResult:
         s = self.schedule
         return {"hardware": self.hardware, "p": s.num_ranks, "m": s.num_microbatches,
                 "v": s.num_stages // max(1, s.num_ranks), "dp": self.dp, "tp": self.tp,
-                "comm": "links" if self.comm else "none", "step_time": self.makespan}
+                "comm": "links" if self.comm else "none", "step_time": self.step_time,
+                **({"overlaps": s.overlap_labels()} if s.overlaps else {})}  # drawn as one bar each
 
     def to_dict(self, *, memory_timeline: bool = True) -> dict:
         """The `pipesim.simulate/1` JSON object (see docs/simulator.md)."""
@@ -253,10 +278,19 @@ class SimResult:
                 "finish": self.ends[r][-1] if self.ends[r] else 0.0,
                 "dp_allreduce": sum(c.end - c.start for c in self.collectives if c.rank == r),
             })
+            if self.cp_seconds:
+                ranks[-1]["cp_exposed"] = self.cp_exposed(r)
+            if self.step_ends:  # the step's end (only when the costs model the optimizer)
+                end = self.step_ends[r]
+                ranks[-1].update({"optimizer": end.optimizer, "optimizer_start": end.optimizer_start,
+                                  "step_end": end.step_end, "dp_exposed": end.exposed,
+                                  "zero3_gather_wait": end.gate_wait})
         memory = {"peak_activation_bytes": peaks, "peak_inflight_microbatches": inflight, "param_bytes": params}
         if memory_timeline:
             memory["timeline"] = [[[t, b] for t, b in tl] for tl in self.memory_timeline]
-        return {
+        collectives = [{"rank": c.rank, "kind": c.kind, "stage": c.stage, "start": c.start, "end": c.end,
+                        "bytes": c.nbytes} for c in self.collectives]
+        out = {
             "schema": SCHEMA,
             "schedule": {"name": s.name, "ranks": n, "stages": s.num_stages, "microbatches": s.num_microbatches,
                          "virtual": s.num_stages // max(1, n), "split_backward": s.split_backward},
@@ -269,8 +303,14 @@ class SimResult:
             "ranks": ranks,
             "links": self.link_stats(),
             "link_classes": self.link_class_stats(),
-            "collectives": [{"rank": c.rank, "kind": c.kind, "stage": c.stage, "start": c.start, "end": c.end,
-                             "bytes": c.nbytes} for c in self.collectives],
+            "collectives": collectives,
             "memory": memory,
             "critical_path": self.critical_path(),
         }
+        if self.cp > 1:
+            out["parallel"]["cp"] = self.cp
+        if self.step_ends:
+            for row, c in zip(collectives, self.collectives, strict=True):
+                row["phase"] = c.phase
+            out["step_time"] = self.step_time
+        return out

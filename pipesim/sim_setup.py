@@ -1,27 +1,36 @@
-"""What to simulate a schedule against: hardware, a model or hand-given costs, dp/tp, links on/off.
+"""What to simulate a schedule against: hardware, a model or hand-given costs, dp/tp/cp, the transformer's
+options (recomputation, sequence parallelism, attention kernel, ZeRO), links on/off.
 
 One object turns a model or hand-given costs into a simulation, so `pipesim simulate` and
 `pipesim sweep` (their flags: pipesim.commands.setup_args) and the calibration agree on defaults: a
 model is costed on `dgx-h100` unless told otherwise; `--cost` alone means abstract seconds with no
-links, like the closed forms.
+links, like the closed forms; attention is flash on GPU hardware at 16 bits, eager on CPUs and in
+float32 (the models the CPU preset was calibrated with).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from pipesim.analysis import inflight_by_stage
-from pipesim.costs import CostTable
 from pipesim.errors import PipesimError
 from pipesim.hardware import Hardware
 from pipesim.ir import Schedule
 from pipesim.model.config import ModelConfig
-from pipesim.model_costs import ParallelCosts, check_fits_memory, model_costs, uniform_costs
+from pipesim.model.memory import MemoryBreakdown
+from pipesim.model_costs import ParallelCosts, model_costs, uniform_costs
 from pipesim.parallel_dims import ParallelDims
+from pipesim.rank_memory import check_memory, rank_memory
 from pipesim.sim_result import SimResult
 from pipesim.simulator import check_devices, simulate
+from pipesim.zb_auto_costs import AUTO_SCHEDULES, MemoryLimit, rebuild
 
 DEFAULT_HARDWARE = "dgx-h100"
+
+
+def default_attention(hardware: Hardware | None, model: ModelConfig | None) -> str:
+    """flash on GPU hardware (no [host] profile) at 16 bits; eager on CPUs and in float32 (today's numbers)."""
+    gpu = hardware is not None and hardware.host is None
+    return "flash" if gpu and model is not None and model.dtype != "float32" else "eager"
 
 
 @dataclass(frozen=True)
@@ -38,30 +47,87 @@ class SimSetup:
     tp: int = 1
     check_memory: bool = True  # refuse a model that does not fit device memory
     layer_split: tuple[int, ...] | None = None  # layers per stage (uneven splits); None: even
+    recompute: str = "none"  # "none", "selective" (attention core) or "full" (Megatron's meanings)
+    sp: bool = False  # sequence parallelism over the tp ranks
+    attention: str | None = None  # "flash" or "eager"; None: `default_attention`
+    cp: int = 1  # context-parallel ranks (each holds seq / cp tokens)
+    zero: int = 0  # ZeRO stage of the data-parallel state
+    memory_limit: MemoryLimit | None = None  # zb-auto / zb-2p: per-rank activation limit (None: their default)
+
+    @property
+    def attention_kernel(self) -> str:
+        return self.attention or default_attention(self.hardware, self.model)
+
+    def microbatches(self, microbatches: int | None, microbatch_size: int | None) -> int:
+        """m from --microbatches or --microbatch-size (m = batch / (dp x mbs)); 8 when neither is given."""
+        if microbatch_size is None and microbatches is None:
+            return 8
+        if self.model is None or self.cost is not None:
+            if microbatch_size is not None:
+                raise PipesimError("--microbatch-size needs a model (--model), not --cost; give --microbatches")
+            return microbatches
+        return self.model.microbatches_for(self.dp, microbatches=microbatches, microbatch_size=microbatch_size)
+
+    def options(self) -> dict:
+        """The features in effect, as --json reports them (one vocabulary with the flags)."""
+        model = self.model is not None and self.cost is None
+        return {"recompute": self.recompute, "sequence_parallel": self.sp,
+                "attention": self.attention_kernel if model else None, "cp": self.cp, "zero": self.zero,
+                "nodes": self.hardware.num_nodes if self.hardware is not None else None}
 
     def costs(self, schedule: Schedule) -> ParallelCosts:
         """The costs of `schedule` (cost mode or model mode); PipesimError if it does not fit."""
-        check_devices(ParallelDims(pp=schedule.num_ranks, dp=self.dp, tp=self.tp), self.hardware)
+        check_devices(ParallelDims(pp=schedule.num_ranks, dp=self.dp, cp=self.cp, tp=self.tp), self.hardware)
         n = schedule.num_stages
         if self.cost is not None:
-            if self.dp > 1 or self.tp > 1:
-                raise PipesimError("--dp/--tp need a model (--model), not --cost")
+            if self.dp > 1 or self.tp > 1 or self.cp > 1:
+                raise PipesimError("--dp/--tp/--cp need a model (--model), not --cost")
+            if self.recompute != "none" or self.sp or self.zero:
+                raise PipesimError("--recompute/--sequence-parallel/--zero need a model (--model), not --cost")
             # --cost is one rank's share of the model; with v chunks per rank each chunk takes 1/v of it
             share = schedule.num_ranks / n
             costs = uniform_costs(n, {k: t * share for k, t in self.cost.items()}, boundary_bytes=self.boundary_bytes)
             if self.activation_bytes:
-                table = CostTable(tuple(replace(c, activation_bytes=self.activation_bytes) for c in costs.table.stages))
+                table = replace(costs.table, stages=tuple(replace(c, activation_bytes=self.activation_bytes)
+                                                          for c in costs.table.stages))
                 costs = replace(costs, table=table)
             return costs
         if self.model is None or self.hardware is None:
             raise PipesimError("give --cost F=<s>,B=<s>, or a --model with --hardware")
         split = list(self.layer_split) if self.layer_split else None
         costs = model_costs(self.model, n, schedule.num_microbatches, self.hardware, tp=self.tp, dp=self.dp,
-                            layer_split=split)
+                            layer_split=split, sp=self.sp, cp=self.cp, recompute=self.recompute,
+                            attention=self.attention_kernel, zero=self.zero)
         if self.check_memory:
-            check_fits_memory(costs, self.hardware, inflight_by_stage(schedule), placement=schedule.placement)
+            check_memory(schedule, costs, self.hardware)
         return costs
 
-    def run(self, schedule: Schedule) -> SimResult:
-        return simulate(schedule, self.costs(schedule), self.hardware, comm=self.comm and self.hardware is not None,
+    def memory(self, schedule: Schedule, costs: ParallelCosts) -> list[MemoryBreakdown] | None:
+        """Each rank's peak memory (model mode; None with --cost, which knows no model state)."""
+        if self.cost is not None or self.model is None:
+            return None
+        return rank_memory(schedule, costs)
+
+    def simulate(self, schedule: Schedule, costs: ParallelCosts) -> SimResult:
+        return simulate(schedule, costs, self.hardware, comm=self.comm and self.hardware is not None,
                         dp=self.dp, tp=self.tp)
+
+    def run(self, schedule: Schedule) -> SimResult:
+        costs = self.costs(schedule)
+        return self.simulate(self.tuned(schedule, costs), costs)
+
+    def evaluate(self, schedule: Schedule) -> tuple[SimResult, list[MemoryBreakdown] | None]:
+        """The simulated step and each rank's peak memory (refused first when a rank does not fit)."""
+        costs = self.costs(schedule)
+        schedule = self.tuned(schedule, costs)
+        return self.simulate(schedule, costs), self.memory(schedule, costs)
+
+    def tuned(self, schedule: Schedule, costs: ParallelCosts) -> Schedule:
+        """zb-auto and zb-2p ordered for these costs, links and memory limit; other schedules as they are."""
+        hw, table = self.hardware, costs.table
+        comm = ()
+        if self.comm and hw is not None and schedule.name in AUTO_SCHEDULES:
+            par = ParallelDims(pp=schedule.num_ranks, dp=self.dp, cp=self.cp, tp=self.tp)
+            comm = tuple(hw.p2p_time(par.rank(pp=s), par.rank(pp=s + 1), table.stages[s].boundary_bytes)
+                         for s in range(schedule.num_ranks - 1))
+        return rebuild(schedule, table, self.memory_limit, comm)

@@ -10,8 +10,8 @@ Compute holds the rank for its duration (plus the blocking tensor-parallel colle
 action); a SEND posts a transfer and moves on (an isend); a RECV blocks until the matching
 transfer's bytes have arrived. Transfers hold the link resources on the path between the two
 devices (`pipesim.sim_links`), so messages that share a port or a bus queue up. Data-parallel
-gradient all-reduces run on a per-rank collective stream after the stage's last backward,
-overlapping the rest of the step.
+collectives run on a per-rank collective stream, overlapping compute, and the optimizer step ends
+the step (`pipesim.sim_step`); ring attention's exposed hops lengthen the compute that runs them.
 
 Same input, same output: ranks start in rank order, resources are FIFO, and the clock
 (`pipesim.sim_clock`) breaks time ties by posting order, so two runs agree bit for bit.
@@ -22,7 +22,6 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
-from pipesim.comm_costs import group_collective_time
 from pipesim.costs import CostTable
 from pipesim.errors import PipesimError
 from pipesim.host.sharing import HostSharing
@@ -32,17 +31,19 @@ from pipesim.lowering import add_p2p
 from pipesim.parallel_dims import ParallelDims
 from pipesim.sim_clock import Clock, HeapClock
 from pipesim.sim_links import GlooP2P, LinkPool, PlainP2P, Transfer
-from pipesim.sim_program import ComputeOp, SendOp, TableCompute, compile_programs
-from pipesim.sim_records import CollectiveRecord, no_gc
+from pipesim.sim_program import ComputeOp, SendOp, TableCompute, compile_programs, cp_exposed
+from pipesim.sim_records import no_gc
 from pipesim.sim_result import SimResult
+from pipesim.sim_step import CollectiveStreams, GateOp
 
 
 def check_devices(par: ParallelDims, hw: Any) -> None:
-    """PipesimError when pp x dp x tp devices do not fit the hardware."""
+    """PipesimError when pp x dp (x cp) x tp devices do not fit the hardware."""
     need = par.world
     if hw is not None and need > hw.num_devices:
+        cp = f" x cp {par.cp}" if par.cp > 1 else ""
         raise PipesimError(
-            f"needs {need} devices (pp {par.pp} x dp {par.dp} x tp {par.tp}) but {hw.name} has {hw.num_devices}"
+            f"needs {need} devices (pp {par.pp} x dp {par.dp}{cp} x tp {par.tp}) but {hw.name} has {hw.num_devices}"
         )
 
 
@@ -58,13 +59,13 @@ def simulate(schedule: Schedule, costs: Any, hw: Any = None, *, comm: bool = Tru
     """
     table: CostTable = costs if isinstance(costs, CostTable) else costs.table
     par = ParallelDims(pp=schedule.num_ranks, dp=dp or getattr(costs, "dp", 1) or 1,
-                       tp=tp or getattr(costs, "tp", 1) or 1)
+                       tp=tp or getattr(costs, "tp", 1) or 1, cp=getattr(costs, "cp", 1) or 1)
     if table.num_stages != schedule.num_stages:
         raise PipesimError(f"cost table has {table.num_stages} stages but schedule {schedule.name!r} "
                            f"has {schedule.num_stages}")
-    if hw is None and (comm and schedule.num_ranks > 1 or par.dp > 1 or par.tp > 1):
-        if par.dp > 1 or par.tp > 1:
-            raise PipesimError("data/tensor parallelism needs a hardware description")
+    if hw is None and (comm and schedule.num_ranks > 1 or par.dp > 1 or par.tp > 1 or par.cp > 1):
+        if par.dp > 1 or par.tp > 1 or par.cp > 1:
+            raise PipesimError("data/tensor/context parallelism needs a hardware description")
         comm = False
     check_devices(par, hw)
     host = hw.host if hw is not None else None
@@ -95,18 +96,22 @@ class _Kernel:
         self.sched, self.table, self.hw, self.comm, self.par, self.p2p = sched, compute.table, hw, comm, par, p2p
         self.clock = clock()
         self.links = LinkPool()
-        self.dp_bytes = list(getattr(costs, "dp_grad_bytes", None) or [])
         n = sched.num_ranks
         self.starts = [[0.0] * len(p) for p in sched.programs]  # seconds, per action
         self.ends = [[0.0] * len(p) for p in sched.programs]  # seconds, per action
         self.tp_time = [[0.0] * len(p) for p in sched.programs]  # seconds of TP collectives inside
         self.memory: list[list[tuple[float, int]]] = [[(0.0, 0)] for _ in range(n)]  # (seconds, bytes)
-        self.collectives: list[CollectiveRecord] = []
-        self.last_coll: list[CollectiveRecord | None] = [None] * n  # each rank's collective stream
+        self.streams = CollectiveStreams(sched, hw, comm, par, costs)  # DP/ZeRO collectives, the optimizer
+        self.collectives = self.streams.records
+        self._dp_allreduce = self.streams.grads_done  # after a stage's last weight-gradient piece
+        self.step_ends: list = []  # per rank (pipesim.sim_step.RankStepEnd); [] without step costs
         self.mbs = sched.num_microbatches  # message slots per (stage, direction)
         self.slots: list[Any] = [None] * (2 * sched.num_stages * self.mbs)  # slot -> Transfer, or the blocked rank
         self.transfers: list[Transfer] = []  # in posting order
-        self.ops = compile_programs(sched, compute, hw, comm, par, getattr(costs, "tp_collectives", None) or {})
+        self.cp_seconds = cp_exposed(sched, hw, comm, par, getattr(costs, "cp_exchanges", None) or {})
+        self.ops = compile_programs(sched, compute, hw, comm, par, getattr(costs, "tp_collectives", None) or {},
+                                    self.cp_seconds)
+        self.streams.prefetch(self.ops)  # ZeRO 3: all-gathers from the step's start, first F / B gated
         self.host = host_model(self.clock, hw, [par.rank(pp=r) for r in range(n)])
 
     def run(self) -> SimResult:
@@ -125,6 +130,7 @@ class _Kernel:
         stuck = [r for r in range(n) if self.pos[r] < len(self.ops[r])]
         if stuck:  # validation rules this out for registered schedules; CSV imports are validated too
             raise PipesimError(f"simulation deadlocked on ranks {stuck}")
+        self.step_ends = self.streams.finish(self.ends)
         return SimResult.build(self)
 
     def _wake(self, rank: int, when: float) -> None:
@@ -162,7 +168,11 @@ class _Kernel:
             ends[i] = now
             if tp:
                 self.tp_time[rank][i] = tp
-            if delta:
+            if op.recompute_bytes:  # the re-run forward's activations, live while this backward ran
+                mem.append((starts[i], live + op.recompute_bytes))
+                mem.append((now, live + delta))
+                live += delta
+            elif delta:
                 live += delta
                 mem.append((now, live))
             if count:
@@ -187,11 +197,17 @@ class _Kernel:
                 if tp:
                     d += tp
                     self.tp_time[rank][i] = tp
-                now += d
-                ends[i] = now
-                if delta:
+                if op.recompute_bytes:  # the re-run forward's activations live from this backward's start...
+                    mem.append((now, live + op.recompute_bytes))
+                    now += d
                     live += delta
-                    mem.append((now, live))
+                    mem.append((now, live))  # ...to its end
+                else:
+                    now += d
+                    if delta:
+                        live += delta
+                        mem.append((now, live))
+                ends[i] = now
                 if count:
                     held += count
                     if held > peak:
@@ -216,6 +232,13 @@ class _Kernel:
                 self._post_send(rank, i, op, now)
                 i += 1
             else:
+                if record is GateOp:  # ZeRO 3: the compute waits for its prefetched all-gather, then runs
+                    if op.ready > now:
+                        self.streams.gate_wait[rank] += op.ready - now
+                        wake(rank, op.ready)
+                        break
+                    ops[i] = op.op
+                    continue
                 rid = op.slot + prog[i].microbatch
                 slot = slots[rid]
                 if slot is None:  # not posted yet: the sender wakes us at the arrival time
@@ -248,15 +271,3 @@ class _Kernel:
         if waiter is not None:  # the receiver is already blocked on this message
             self._wake(waiter, tr.end)
         self.ends[rank][i] = now
-
-    def _dp_allreduce(self, rank: int, stage: int, index: int, now: float) -> None:
-        """Gradient all-reduce of `stage` over its data-parallel group, on the rank's collective stream."""
-        if self.par.dp == 1 or not self.comm or not self.dp_bytes:
-            return
-        nbytes = self.dp_bytes[stage]
-        seconds = group_collective_time(self.hw, "all_reduce", self.par.group("dp", self.par.rank(pp=rank)), nbytes)
-        prev = self.last_coll[rank]
-        start = now if prev is None or prev.end <= now else prev.end
-        rec = CollectiveRecord(rank, "all_reduce", stage, start, start + seconds, nbytes, index, prev)
-        self.last_coll[rank] = rec
-        self.collectives.append(rec)

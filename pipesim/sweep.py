@@ -34,7 +34,7 @@ def combinations(schedules: list[str], stages: list[int], microbatches: list[int
 def run_one(setup: SimSetup, name: str, p: int, m: int, v: int) -> dict:
     """One row: makespan (s), bubble fraction, peak activation bytes and in-flight, link utilization."""
     sched = registry.build(name, p, m, v)  # valid by construction; the simulator reports deadlocks
-    result = setup.run(sched)
+    result, memory = setup.evaluate(sched)
     classes = result.link_class_stats()
     peaks = result.peak_activation_bytes()
 
@@ -44,6 +44,8 @@ def run_one(setup: SimSetup, name: str, p: int, m: int, v: int) -> dict:
         "peak_activation_bytes": max(peaks, default=0), "peak_inflight": max(result.peak_inflight, default=0),
         "link_utilization": {k: c["max_utilization"] for k, c in classes.items()},
         "actions": result.num_actions(),
+        # the largest rank's peak: parameters + gradients + optimizer states + activations + buffers (None: --cost)
+        "peak_memory_bytes": max(m.total for m in memory) if memory else None,
     }
 
 
@@ -77,6 +79,7 @@ def to_dict(rows: list[dict], setup: SimSetup, skipped: list[dict] | None = None
         "model": setup.model.to_dict() if setup.model is not None and setup.cost is None else None,
         "cost": setup.cost,
         "dp": setup.dp, "tp": setup.tp,
+        "options": setup.options(),
         "rows": rows,
         "skipped": skipped or [],
     }

@@ -6,7 +6,8 @@ inferred from which row runs each stage, as torch does.
 
 torch also writes FSDP/DP bookkeeping actions (`0UNSHARD`, `0RESHARD`, `0REDUCE_GRAD`), which carry
 no pipeline dependency: they are dropped on import and counted in `meta["ignored_actions"]`.
-Composite `(0F3;3B1)OVERLAP_F_B` cells are expanded into their sub-actions, in order.
+A composite `(0F3;3B1)OVERLAP_F_B` cell is one overlapped action (`Schedule.overlaps`): its two
+sub-actions, forward first, adjacent in the program; it is written back the same way.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import re
 from pathlib import Path
 
 from pipesim.errors import PipesimError
-from pipesim.ir import Action, Schedule
+from pipesim.ir import Action, Kind, Schedule
 
 _BOOKKEEPING = re.compile(r"^\d+(UNSHARD|RESHARD|REDUCE_GRAD)\d*$")
 _OVERLAP = re.compile(r"^\((.*)\)OVERLAP_F_B$")
@@ -30,13 +31,18 @@ def parse_cell(cell: str) -> list[Action]:
         return []
     overlap = _OVERLAP.match(text)
     if overlap:
-        return [Action.parse(part) for part in overlap.group(1).split(";") if part.strip()]
+        parts = [Action.parse(part) for part in overlap.group(1).split(";") if part.strip()]
+        if len(parts) != 2 or parts[0].kind != Kind.F or parts[1].kind not in (Kind.B, Kind.I):
+            raise PipesimError(f"malformed {text!r}: OVERLAP_F_B holds one forward then one backward, "
+                               "such as '(0F7;7B3)OVERLAP_F_B'")
+        return parts
     return [Action.parse(text)]
 
 
 def parse_rows(rows: list[list[str]], name: str = "csv") -> Schedule:
     """Build a schedule from rows of action strings (rank r = row r)."""
     programs: list[tuple[Action, ...]] = []
+    pairs: set[tuple[Action, Action]] = set()
     ignored = 0
     for r, row in enumerate(rows):
         actions = []
@@ -46,6 +52,8 @@ def parse_rows(rows: list[list[str]], name: str = "csv") -> Schedule:
             except PipesimError as exc:
                 raise PipesimError(f"{name}: row {r + 1}, column {col + 1}: {exc}") from None
             ignored += bool(_BOOKKEEPING.match(cell.strip()))
+            if len(parsed) == 2:
+                pairs.add((parsed[0], parsed[1]))
             actions.extend(parsed)
         programs.append(tuple(actions))
     if not programs or not any(programs):
@@ -64,7 +72,8 @@ def parse_rows(rows: list[list[str]], name: str = "csv") -> Schedule:
     if missing:
         raise PipesimError(f"{name}: stage {missing[0]} has no actions (stages must be 0..{num_stages - 1})")
     num_mb = 1 + max(a.microbatch for prog in programs for a in prog)
-    sched = Schedule(name, num_mb, tuple(placement[s] for s in range(num_stages)), tuple(programs))
+    sched = Schedule(name, num_mb, tuple(placement[s] for s in range(num_stages)), tuple(programs),
+                     overlaps=frozenset(pairs))
     sched.meta["ignored_actions"] = ignored
     return sched
 
@@ -92,8 +101,8 @@ def dumps(schedule: Schedule) -> str:
     """CSV text in torch's format (one row per rank)."""
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    for prog in schedule.programs:
-        writer.writerow([str(a) for a in prog])
+    for rank in range(schedule.num_ranks):
+        writer.writerow(schedule.cells(rank))
     return out.getvalue()
 
 

@@ -19,6 +19,8 @@ from tests.executor_helpers import TINY_GPT, TINY_MLP, assert_matches_reference,
 STEPS = 2
 PP4_NAMES = [n for n in schedules.names() if not schedules.spec(n).virtual]  # interleaved: see the dp run
 PP4_MLP = ["--model", "mlp", "--hidden", "16", "--layers", "6", "--batch", "8"]
+V4_NAMES = [n for n in schedules.names() if schedules.spec(n).virtual]  # two chunks per rank, m = 2p
+V4_MLP = ["--model", "mlp", "--hidden", "16", "--layers", "8", "--batch", "8"]
 DP_NAMES = ["1f1b", "zb-h1", "interleaved-1f1b"]
 TP_MLP_NAMES = ["gpipe", "1f1b", "zb-h1"]
 TP_GPT_NAMES = ["1f1b", "zb-h1"]
@@ -32,6 +34,7 @@ def runs(tmp_path_factory):
     proc = torchrun(4, chain(
         [",".join(PP4_NAMES), "--microbatches", "4", *PP4_MLP, "--layer-split", "1,2,2,1", "--optimizer", "adam",
          "--lr", "0.001", *common, "--save-dir", str(d / "pp4")],
+        [",".join(V4_NAMES), "--microbatches", "8", *V4_MLP, *common, "--save-dir", str(d / "v4")],
         [",".join(DP_NAMES), "--dp", "2", "--microbatches", "2", *TINY_MLP, "--bucket-bytes", "1024", *common,
          "--save-dir", str(d / "dp"), "--trace", str(d / "dp.json")],
         [",".join(TP_MLP_NAMES), "--tp", "2", "--microbatches", "4", *TINY_MLP, *common, "--save-dir", str(d / "tp")],
@@ -48,6 +51,12 @@ def runs(tmp_path_factory):
 def test_every_schedule_trains_mlp_like_the_reference_on_four_ranks_uneven_split_adam(runs):
     for name in PP4_NAMES:
         assert_matches_reference(runs / "pp4", name, model_of(PP4_MLP), STEPS, optimizer="adam", lr=0.001)
+
+
+@pytest.mark.dist
+def test_every_chunked_schedule_trains_mlp_like_the_reference_on_four_ranks(runs):
+    for name in V4_NAMES:  # interleaved, looped, V placements and dualpipev's overlapped pairs
+        assert_matches_reference(runs / "v4", name, model_of(V4_MLP), STEPS)
 
 
 @pytest.mark.dist

@@ -1,6 +1,7 @@
-"""Pipeline-parallel execution equals single-process training, for every registered schedule (two ranks).
+"""Pipeline-parallel execution equals single-process training, for every registered schedule (two ranks),
+with and without activation recomputation.
 
-One `pipesim run` launch serves both launch tests (module fixture, `--then`); the four-rank runs are in
+One `pipesim run` launch serves the launch tests (module fixture, `--then`); the four-rank runs are in
 test_executor_parallel.py.
 """
 
@@ -16,8 +17,9 @@ import sys
 import pytest
 import torch
 
+import executor.models
 import schedules
-from executor.models import Block, build_full, piece_ranges
+from executor.models import Block, build_full, build_stages, piece_ranges, set_recompute
 from executor.stage import Stage
 from executor.timing import RankLog, median_step_time, step_times
 from pipesim import torch_csv
@@ -84,8 +86,10 @@ def two_ranks(tmp_path_factory):
                str(d / "result.json"), "--trace", str(d / "measured.json"), "--save-dir", str(d / "csv")]
     gpt_run = [",".join(schedules.names()), "--microbatches", "4", *TINY_GPT, "--steps", str(STEPS), "--quiet",
                "--save-dir", str(d / "gpt")]
-    proc = subprocess.run([sys.executable, "-m", "pipesim", "run", *chain(csv_run, gpt_run)], env=env,
-                          capture_output=True, text=True, timeout=240)
+    full = [*gpt_run[:-1], str(d / "full"), "--recompute", "full"]
+    selective = ["1f1b,zb-h1", *gpt_run[1:-1], str(d / "selective"), "--recompute", "selective"]
+    proc = subprocess.run([sys.executable, "-m", "pipesim", "run", *chain(csv_run, gpt_run, full, selective)],
+                          env=env, capture_output=True, text=True, timeout=360)
     return d, proc
 
 
@@ -95,6 +99,50 @@ def test_every_schedule_trains_gpt_like_the_reference_on_two_ranks(two_ranks):
     assert proc.returncode == 0, proc.stderr
     for name in schedules.names():  # a new registered schedule is picked up with no edit here
         assert_matches_reference(d / "gpt", name, model_of(TINY_GPT), STEPS)
+
+
+@pytest.mark.dist
+def test_recomputation_trains_like_the_reference_for_every_schedule(two_ranks):
+    """`--recompute full` (every schedule) and `selective` (a fused and a split backward): the same losses and
+    parameters as the reference, hence as the run without recomputation."""
+    d, proc = two_ranks
+    assert proc.returncode == 0, proc.stderr
+    for name in schedules.names():
+        assert_matches_reference(d / "full", name, model_of(TINY_GPT), STEPS)
+    for name in ("1f1b", "zb-h1"):
+        assert_matches_reference(d / "selective", name, model_of(TINY_GPT), STEPS)
+
+
+@pytest.mark.parametrize(("mode", "split", "runs"), [
+    ("none", False, 2), ("full", False, 4), ("selective", False, 4),
+    # torch's non-reentrant checkpoint re-runs a layer once per autograd call: I and W are one each
+    ("none", True, 2), ("full", True, 6), ("selective", True, 4),
+])
+def test_recomputation_reruns_the_forward_and_keeps_gradients_exact(mode, split, runs, monkeypatch):
+    """Attention cores run per stage of 2 blocks: 2 in the forward, plus 2 per recomputing backward pass;
+    the input and weight gradients are bit for bit those of the stage without recomputation."""
+    calls = []
+    core = executor.models.attention_core
+    monkeypatch.setattr(executor.models, "attention_core", lambda q, k, v: calls.append(1) or core(q, k, v))
+    cfg = ModelConfig(kind="gpt", hidden=8, heads=2, seq=5, layers=4, vocab=16)
+    plain, recomputing = (build_stages(cfg, [1, 2, 1], [1])[1] for _ in range(2))  # a middle stage: 2 blocks
+    set_recompute(recomputing, mode)
+    torch.manual_seed(1)
+    x, g = torch.randn(3, 5, 8), torch.randn(3, 5, 8)
+    grads = []
+    for module in (plain, recomputing):
+        calls.clear()
+        stage = Stage(1, module, is_last=False, loss=None, scale=1.0)
+        stage.forward(0, x.clone().requires_grad_())
+        if split:
+            dx = stage.backward_input(0, g)
+            stage.backward_weight(0)
+        else:
+            dx = stage.backward(0, g)
+        grads.append([dx] + [p.grad for p in module.parameters()])
+    assert len(calls) == runs
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(b, a, rtol=0, atol=0)
 
 
 @pytest.mark.dist

@@ -7,7 +7,7 @@ import pytest
 
 from pipesim.hardware_toml import load_hardware
 from pipesim.host.sharing import HostSharing, runnable_profile, speed
-from pipesim.sim_clock import Clock
+from pipesim.sim_clock import HeapClock as Clock
 
 
 def test_speed_and_runnable_profile_closed_forms():

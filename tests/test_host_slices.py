@@ -9,7 +9,7 @@ import pytest
 
 from pipesim.hardware_toml import hardware_to_toml, load_hardware
 from pipesim.host.slices import HostTimeSlices
-from pipesim.sim_clock import Clock
+from pipesim.sim_clock import HeapClock as Clock
 
 
 def _slices_run(cores: int, time_slice: float, oversub: float,

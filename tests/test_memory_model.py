@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+import schedules
+from pipesim.costs import CostTable, StageCosts
 from pipesim.errors import PipesimError
+from pipesim.ir import Kind
 from pipesim.model.activations import embedding_activation_bytes, layer_activation_bytes, recompute_working_bytes
 from pipesim.model.config import ModelConfig
 from pipesim.model.hf_config import load_hf_config
@@ -20,11 +23,15 @@ from pipesim.model.memory import (
     optimizer_step_bytes,
     rank_memory,
     stage_memory,
-    zero3_buffer_bytes,
-    zero3_layer_collectives,
+    step_peak_state,
+    zero3_chunk_collectives,
 )
 from pipesim.model.options import LayerOptions
 from pipesim.model.params import block_params, embedding_params, stage_params
+from pipesim.model_costs import ParallelCosts
+from pipesim.rank_memory import activation_peak
+from pipesim.rank_memory import rank_memory as rank_memory_of
+from pipesim.simulator import simulate
 
 GiB = 2**30
 H100 = A100 = 80 * GiB
@@ -81,21 +88,44 @@ def test_dp_collectives_per_stage():
         [("all_reduce", 2 * P, "step")]
     assert [(c.kind, c.nbytes, c.phase) for c in dp_collectives(P, dp=4, zero=1, microbatches=8)] == \
         [("reduce_scatter", 2 * P, "step"), ("all_gather", 2 * P, "step")]
-    two = dp_collectives(P, dp=4, zero=2, microbatches=8)
-    assert [(c.kind, c.total_bytes, c.phase) for c in two] == [("reduce_scatter", 8 * 2 * P, "W"),
-                                                              ("all_gather", 2 * P, "step")]
+    # with pipelining gradients accumulate over the microbatches and are reduced once: ZeRO 2 sends what 1 sends
+    assert dp_collectives(P, dp=4, zero=2, microbatches=8) == dp_collectives(P, dp=4, zero=1, microbatches=8)
     megatron = dp_collectives(P, dp=4, zero=1, microbatches=8, precision=PRECISIONS["megatron"])
     assert [c.nbytes for c in megatron] == [4 * P, 2 * P]  # fp32 gradients reduce-scattered, bf16 params gathered
     assert dp_collectives(P, dp=4, zero=3, microbatches=8) == [] == dp_collectives(P, dp=1, zero=0, microbatches=8)
 
 
-def test_zero3_gathers_each_layer_before_forward_and_backward():
-    L = 5000
-    layer = zero3_layer_collectives(L, dp=8)
-    assert [(c.kind, c.nbytes, c.phase) for c in layer] == [("all_gather", 2 * L, "F"), ("all_gather", 2 * L, "I"),
-                                                            ("reduce_scatter", 2 * L, "W")]
-    assert zero3_buffer_bytes(L, dp=8) == 2 * 2 * L + 2 * L
-    assert zero3_layer_collectives(L, dp=1) == [] and zero3_buffer_bytes(L, dp=1) == 0
+def test_zero3_gathers_each_chunk_once_per_step():
+    C = 5000
+    chunk = zero3_chunk_collectives(C, dp=8)
+    assert [(c.kind, c.nbytes, c.phase) for c in chunk] == [("all_gather", 2 * C, "F"), ("reduce_scatter", 2 * C, "W")]
+    assert zero3_chunk_collectives(C, dp=1) == []
+
+
+@pytest.mark.parametrize("zero,expected", [
+    (0, (2, 2, 12)),  # bytes per parameter held during a pipelined step, mixed precision, dp 8
+    (1, (2, 2, 12 / 8)),
+    (2, (2, 2 / 8, 12 / 8)),
+    (3, (2 / 8 + 2, 2 / 8, 12 / 8)),  # the shard plus the chunk gathered from the step's start to its reduce_scatter
+])
+def test_step_peak_state_holds_the_gathered_chunks(zero, expected):
+    P = 8_000_000
+    state = step_peak_state(P, dp=8, zero=zero)
+    assert (state.parameters, state.gradients, state.optimizer_states) == tuple(P * k for k in expected)
+    assert step_peak_state(P, dp=1, zero=zero) == model_state_bytes(P, dp=1, zero=zero)
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+def test_rank_memory_uses_the_step_state_of_the_ranks_chunks(zero):
+    """Interleaved, 2 ranks x 2 chunks of 1000 parameters each (fp32 costs: 4 + 4 + 8 bytes), dp 4."""
+    sched = schedules.build("interleaved-1f1b", 2, 4, 2)
+    stage = StageCosts(1.0, 1.0, 1.0, activation_bytes=10)
+    costs = ParallelCosts(CostTable((stage,) * 4), tp=1, dp=4, tp_collectives={}, dp_grad_bytes=(0,) * 4,
+                          layers_per_stage=(1,) * 4, param_counts=(1000,) * 4, zero=zero)
+    mem = rank_memory_of(sched, costs)[0]
+    owned = 2000 // 4 if zero else 2000
+    assert (mem.parameters, mem.gradients, mem.optimizer_states) == (
+        4 * (owned + 2000 if zero == 3 else 2000), 4 * (owned if zero >= 2 else 2000), 8 * owned)
 
 
 # --- breakdown and refusal ---
@@ -126,7 +156,9 @@ def test_recompute_and_sharding_order_the_peak():
     assert peaks[0] > peaks[1] > peaks[2]
     zeros = [stage_memory(model, 2, LayerOptions(tp=2), layers=4, first=True, last=False, inflight=4, dp=4,
                           zero=z).total for z in (0, 1, 2, 3)]
-    assert zeros[0] > zeros[1] > zeros[2] > zeros[3]
+    # ZeRO 3 adds its shard to the gathered chunk: it holds ZeRO 2's memory plus 2P / dp
+    params = stage_params(model, 2, layers=4, first=True, last=False)
+    assert zeros[0] > zeros[1] > zeros[2] and zeros[3] == zeros[2] + 2 * -(-params // 4)
 
 
 # --- published configurations (../shared/reference/published.md) on 80 GiB ---
@@ -195,7 +227,7 @@ def test_llama3_405b_first_rank_on_16k_h100s():
     dp, m, p, v = 128, 2048 // 128, 16, 8
     inflight = min(2 * (p - 1) + (v - 1) * p + 1, m * v)
     assert inflight == 128  # every forward of the step runs before the first backward: 112 chunks with a layer
-    sharded = model_state_bytes(params, dp=dp, zero=2)  # optimizer states and gradients sharded; parameters kept
+    sharded = step_peak_state(params, dp=dp, zero=2)  # optimizer states and gradients sharded; parameters kept
     mem = rank_memory(sharded, activations_per_microbatch=layer, inflight=112,
                       comm_buffers=comm_buffer_bytes(model, b, opts, dp=dp, zero=2))
     assert mem.parameters == 2 * params and mem.optimizer_states == 12 * -(-params // dp)
@@ -204,3 +236,40 @@ def test_llama3_405b_first_rank_on_16k_h100s():
     unsharded = rank_memory(model_state_bytes(params, dp=dp, zero=0), activations_per_microbatch=layer, inflight=112)
     with pytest.raises(PipesimError, match="the largest term activations 55.62 GiB for up to 112 in-flight"):
         check_rank_fits(unsharded, rank=0, capacity=H100, device="H100")
+
+
+# --- the simulator's memory timeline under recomputation ---
+
+def _recompute_costs(stages: int, act: int, redo: int) -> ParallelCosts:
+    stage = StageCosts(1.0, 1.0, 1.0, activation_bytes=act, recompute_bytes=redo)
+    return ParallelCosts(CostTable((stage,) * stages), tp=1, dp=1, tp_collectives={}, dp_grad_bytes=(0,) * stages,
+                         layers_per_stage=(1,) * stages)
+
+
+@pytest.mark.parametrize("name,v,bwd", [("1f1b", 1, Kind.B), ("interleaved-1f1b", 2, Kind.B), ("zb-h1", 1, Kind.I)])
+def test_timeline_holds_the_recomputed_layer_during_its_backward_only(name, v, bwd):
+    """F = I = W = 1 s, 100 bytes stashed per microbatch, 7 re-created: each recomputing backward raises the
+    timeline by 7 at its start and drops it by 7 (plus its release) at its end; the peak is the memory check's."""
+    p, m, act, redo = 4, 8, 100, 7
+    sched = schedules.build(name, p, m, v)
+    costs = _recompute_costs(p * v, act, redo)
+    plain = simulate(sched, _recompute_costs(p * v, act, 0))
+    result = simulate(sched, costs)
+    assert result.starts == plain.starts and result.ends == plain.ends  # time is the same
+    lowered = result.schedule
+    for r in range(p):
+        expected, live = [(0.0, 0)], 0
+        for i, a in enumerate(lowered.programs[r]):
+            if a.kind == bwd:
+                expected.append((result.starts[r][i], live + redo))
+            if a.kind == Kind.F:
+                live += act
+            elif a.kind == (Kind.W if bwd == Kind.I else Kind.B):
+                live -= act
+            if a.kind == Kind.F or a.kind == bwd or a.kind == Kind.W and bwd == Kind.I:
+                expected.append((result.ends[r][i], live))
+        assert result.memory_timeline[r] == expected
+        stash, working, _ = activation_peak(sched, costs, r)
+        assert working == redo
+        assert result.peak_activation_bytes()[r] == stash + working == max(plain.peak_activation_bytes()[r],
+                                                                            max(b for _, b in expected))

@@ -10,13 +10,13 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+import schedules
 from pipesim.costs import parse_cost_spec
 from pipesim.errors import PipesimError
 from pipesim.hardware_toml import load_hardware
 from pipesim.ir import Action, Kind
 from pipesim.model.config import ModelConfig
 from pipesim.model_costs import (
-    check_fits_memory,
     gpt_block_activation_bytes,
     gpt_block_flops,
     gpt_stage_work,
@@ -24,6 +24,7 @@ from pipesim.model_costs import (
     model_costs,
     uniform_costs,
 )
+from pipesim.rank_memory import check_memory
 
 
 def _count(fn) -> int:
@@ -206,19 +207,23 @@ def test_uniform_costs():
 def test_memory_check_names_the_numbers():
     cpu = load_hardware("local-cpu")  # 6 GiB per process
     model = ModelConfig(kind="mlp", hidden=16384, layers=8, batch=512)
+    gpipe = schedules.build("gpipe", 2, 8)  # rank 0 stashes all 8 microbatches before its first backward
     costs = model_costs(model, 2, 8, cpu)
-    # per stage: 4 x (h*h + h) params x 16 B = 16.00 GiB; activations 4 x 2 x 64 x h x 4 B = 1/32 GiB per microbatch
+    # per stage: 4 x (h*h + h) params x 16 B = 16.00 GiB (fp32: 4 + 4 + 8); activations 4 x 2 x 64 x h x 4 B =
+    # 1/32 GiB per microbatch; buffers: a send and a receive of 64 x h x 4 B
     with pytest.raises(PipesimError) as info:
-        check_fits_memory(costs, cpu, [8, 1])
-    assert str(info.value) == ("rank 0 (stage 0) needs 16.25 GiB (params+grads+Adam 16.00 GiB, activations 0.25 GiB "
-                               f"for up to 8 in-flight microbatches) but {cpu.device.name} has 6.00 GiB")
+        check_memory(gpipe, costs, cpu)
+    assert str(info.value) == (
+        "rank 0 (stage 0) needs 16.26 GiB, the largest term optimizer states 8.00 GiB (parameters 4.00, gradients "
+        f"4.00, optimizer states 8.00, activations 0.25, comm buffers 0.01 GiB) but {cpu.device.name} has 6.00 GiB")
     small = model_costs(ModelConfig(kind="mlp", hidden=1024, layers=8, batch=64), 4, 8, cpu)
-    check_fits_memory(small, cpu, [4, 3, 2, 1])  # fits: returns quietly
+    check_memory(schedules.build("1f1b", 4, 8), small, cpu)  # fits: returns the breakdowns quietly
     # interleaved placement adds up the stages a rank holds
     dgx = load_hardware("dgx-h100")
     big = model_costs(ModelConfig(kind="mlp", hidden=16384, layers=16, batch=512), 4, 8, dgx)  # 16 GiB state each
-    check_fits_memory(big, dgx, [1, 1, 1, 1])
     smaller = dataclasses.replace(dgx, device=dataclasses.replace(dgx.device, memory=30 * 2**30))
-    check_fits_memory(big, smaller, [1, 1, 1, 1])  # 16.02 GiB per rank
-    with pytest.raises(PipesimError, match=r"rank 0 \(stages 0,2\) needs 32\.06 GiB .* but H100-SXM5-80GB has 30\.00"):
-        check_fits_memory(big, smaller, [1, 1, 1, 1], placement=(0, 1, 0, 1))
+    check_memory(schedules.build("1f1b", 4, 8), big, smaller)  # 16.0x GiB per rank
+    with pytest.raises(PipesimError, match=r"rank 0 \(stages 0,2\) needs 32\.\d\d GiB, .* has 30\.00"):
+        check_memory(schedules.build("interleaved-1f1b", 2, 8, 2), big, smaller)
+
+

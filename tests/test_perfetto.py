@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -130,3 +131,31 @@ def test_trace_file_round_trips_to_the_timeline(two_steps, tmp_path):
     back = Timeline.read(path)
     assert back.events == two_steps.events
     assert (back.source, back.schedule, back.num_ranks) == ("simulated", "1f1b", 3)
+
+
+MEASURED = Path(__file__).parent / "data" / "measured_1f1b_gpt_p2.json"  # `pipesim run 1f1b --nproc 2 -m 4
+# --model gpt --layers 4 --hidden 256 --seq 128 --batch 8 --trace`: 15 of its 24 receives began before their send
+
+
+def _flow_spans(trace: dict) -> list[tuple[float, float]]:
+    ends: dict[int, dict[str, float]] = {}
+    for e in trace["traceEvents"]:
+        if e["ph"] in ("s", "f"):
+            ends.setdefault(e["id"], {})[e["ph"]] = e["ts"]
+    return [(v["s"], v["f"]) for v in ends.values()]
+
+
+@pytest.mark.parametrize("source", ["simulated", "measured"])
+def test_flows_go_forward_in_time(two_steps, source):
+    timeline = two_steps if source == "simulated" else Timeline.read(MEASURED)
+    pairs = flow_pairs(timeline)
+    if source == "measured":
+        assert sum(r.start < s.start for s, r in pairs) > len(pairs) // 2  # receives posted early: the hard case
+    trace = timeline_to_trace(timeline)
+    spans = _flow_spans(trace)
+    assert len(spans) == len(pairs) > 0
+    for (start, end), (send, recv) in zip(spans, pairs, strict=True):
+        assert start <= end  # no arrow points back in time
+        assert start == send.start * 1e6  # from the send's start ...
+        assert recv.start * 1e6 <= end <= recv.end * 1e6 and end == pytest.approx(recv.end * 1e6, abs=2e-3)
+        # ... to the receive's completion, inside the receive slice so the arrow binds to it

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 
 import pytest
@@ -96,11 +97,54 @@ def test_compare_uses_median_step_and_reports_errors(sim):
     assert _bars(fig) == 2 * len(sim.events)
     assert "makespan error 20.0%" in fig.layout.title.text
     assert "rank 0 -20.0%" in fig.layout.title.text
-    assert "measured (step 2 of 3)" in fig.layout.annotations[1].text
+    assert "measured 1f1b (step 3 of 3, first to last compute)" in fig.layout.annotations[1].text  # from 1
     assert {fig.layout.xaxis.matches, fig.layout.xaxis2.matches} == {"x2", None}  # one shared time axis
     assert fig.layout.meta["makespan_error"] == pytest.approx(-0.2)
-    fig1 = compare_figure(meas, sim, step=1)  # argument order does not matter; --step picks the step
+    fig1 = compare_figure(meas, sim, step=2)  # argument order does not matter; --step picks the step (from 1)
     assert fig1.layout.meta["makespan_error"] == pytest.approx(1 / 1.1 - 1)
+
+
+def test_default_step_is_never_a_warmup_step(sim):
+    meas = _measured(sim, (1.2, 2.0, 1.0))  # by duration alone the median is step 1 (x1.2), the warm-up
+    meas.meta = {"warmup": 1}
+    assert median_step(meas) == 2  # of steps 2 and 3 (x2.0, x1.0) the lower median: x1.0
+    assert pick_step(meas, None).meta["shown_step"] == 3  # numbered from 1, as `pipesim run` prints it
+    assert median_step(_measured(sim, (1.2, 2.0, 1.0))) == 0  # no warm-up recorded: every step counts
+
+
+def _shaped(tl: Timeline, **meta) -> Timeline:
+    return Timeline(tl.source, tl.schedule, tl.num_ranks, tl.events, meta)
+
+
+def test_compare_refuses_runs_of_different_shape(sim):
+    meas = _measured(sim, (1.0,))
+    good = {"stages": 3, "pp": 3, "microbatches": 4}
+    simulated = _shaped(sim, p=3, m=4, v=1, hardware="local-cpu")
+    compare_figure(simulated, _shaped(meas, **good))  # the same shape compares
+    cases = [(_shaped(meas, **{**good, "microbatches": 8}), "microbatches 4 (simulated) vs 8 (measured)"),
+             (_shaped(meas, **{**good, "stages": 6}), "stages 3 (simulated) vs 6 (measured)"),
+             (Timeline("measured", "zb-h1", 3, meas.events, good), "schedule 1f1b (simulated) vs zb-h1 (measured)")]
+    for other, message in cases:
+        with pytest.raises(PipesimError, match=re.escape(message)):
+            compare_figure(simulated, other)
+        fig = compare_figure(simulated, other, force=True)
+        assert f"{message}, compared with --force" in fig.layout.title.text
+    interleaved = _shaped(sim, p=3, m=4, v=2)
+    with pytest.raises(PipesimError, match=re.escape("virtual chunks 2 (simulated) vs 1 (measured)")):
+        compare_figure(interleaved, _shaped(meas, stages=3, pp=3, microbatches=4))
+
+
+def test_compare_says_when_model_or_hardware_differ(sim):
+    model = {"kind": "gpt", "hidden": 256, "layers": 4, "seed": 0}
+    simulated = _shaped(sim, p=3, m=4, v=1, hardware="dgx-h100", model=model)
+    meas = _shaped(_measured(sim, (1.0,)), stages=3, pp=3, microbatches=4, device="cpu",
+                   model={**model, "hidden": 512, "seed": 1})
+    title = compare_figure(simulated, meas).layout.title.text
+    assert "model differs (hidden)" in title
+    assert "hardware differs (simulated on dgx-h100, measured on cpu)" in title
+    same = _shaped(meas, stages=3, pp=3, microbatches=4, device="cpu", model=model)
+    title = compare_figure(_shaped(simulated, p=3, m=4, v=1, hardware="local-cpu", model=model), same).layout.title
+    assert "differs" not in title.text
 
 
 def test_compare_counts_a_measured_step_from_its_first_compute(sim):
@@ -119,7 +163,7 @@ def test_compare_rejects_wrong_step_and_rank_count(sim):
     with pytest.raises(PipesimError, match="no step 7"):
         compare_figure(sim, meas, step=7)
     two = unit_timeline(schedules.build("1f1b", 2, 4), _no_comm)
-    with pytest.raises(PipesimError, match="2 ranks"):
+    with pytest.raises(PipesimError, match=re.escape("ranks 2 (simulated) vs 3 (measured)")):
         compare_figure(two, meas)
 
 
@@ -198,6 +242,13 @@ def test_cli_one_trace_and_compare(traces, tmp_path, capsys):
     assert "makespan error 20.0%" in (tmp_path / "cmp.html").read_text()
 
 
+def test_sweep_figure_names_its_setting_and_notes():
+    fig = sweep_figure(SWEEP_ROWS, setting="on dgx-h100 (links modeled), model mlp (hidden 1024)",
+                       notes=["1f1b's bubble is above gpipe's"])
+    assert "on dgx-h100 (links modeled), model mlp (hidden 1024)" in fig.layout.title.text
+    assert any(a.text == "note: 1f1b's bubble is above gpipe's" for a in fig.layout.annotations)
+
+
 def test_cli_sweep(tmp_path):
     path = tmp_path / "sweep.json"
     path.write_text(json.dumps({"schema": "pipesim.sweep/1", "hardware": "dgx-h100", "rows": SWEEP_ROWS}))
@@ -209,7 +260,9 @@ def test_cli_sweep(tmp_path):
     (["missing.json", "-o", "x.html"], "file not found: missing.json"),
     (["bad.json", "-o", "x.html"], "cannot read bad.json"),
     (["other.json", "-o", "x.html"], "other.json is not a pipesim timeline"),
-    (["simulated.json", "-o", "x.png"], "-o wants an .html file"),
+    (["simulated.json", "-o", "x.png"], "-o x.png: writes HTML; name the file *.html"),
+    (["simulated.json", "-o", "x.html", "--png", "x.jpg"], "--png x.jpg: writes PNG; name the file *.png"),
+    (["simulated.json", "-o", "."], "-o .: is a folder"),
     (["measured.json", "-o", "x.html", "--step", "9"], "has no step 9"),
     (["sweep.json", "simulated.json", "-o", "x.html"], "plot a sweep on its own"),
     (["simulated.json", "-o", "nodir/x.html"], "folder nodir does not exist"),

@@ -47,12 +47,28 @@ def test_config_errors_exit_2_without_launching(argv, message, capsys):
     assert message in err
 
 
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--fail-rank", "5"], "--fail-rank 5: the run has ranks 0 to 1"),
+    (["--fail-rank", "-1"], "--fail-rank -1: the run has ranks 0 to 1"),
+    (["--pg-timeout", "-1"], "--pg-timeout must be between 0 and"),
+    (["--pg-timeout", "nan"], "--pg-timeout must be between 0 and"),
+    (["--lr", "nan"], "--lr must be a positive finite number, got nan"),
+    (["--lr", "-0.1"], "--lr must be a positive finite number, got -0.1"),
+    (["--recompute", "selective"], "--recompute selective re-runs the attention core, which --model mlp does not"),
+])
+def test_out_of_range_numbers_are_refused_before_launching(argv, message, capsys):
+    assert main(["run", "1f1b", "--nproc", "2", "--microbatches", "4", "--batch", "8", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err
+
+
 def test_launch_command_carries_the_config_as_one_json_argument():
     args = _parser().parse_args(["zb-h1", "--microbatches", "8", "--dp", "2", "--model", "gpt", "--layers", "6",
                                  "--layer-split", "4,2", "--steps", "5", "--lr", "0.1", "--json", "r.json"])
     cfg = config_from_args(args)
     assert cfg == RunConfig(names=("zb-h1",), microbatches=8, dp=2, model=ModelConfig(kind="gpt", layers=6),
                             layer_split=(4, 2), steps=5, lr=0.1, json="r.json")
+    assert config_from_args(_parser().parse_args(["1f1b", "--recompute", "full"])).recompute == "full"
     cmd = torchrun_command(cfg, 4)
     assert cmd[:10] == [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4", "-m",
                         "executor", "--config", cmd[9]] and len(cmd) == 10

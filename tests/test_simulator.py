@@ -298,7 +298,7 @@ def test_host_plugin_only_for_hardware_with_a_host_profile():
 
     from pipesim.host.sharing import HostSharing
     from pipesim.host.slices import HostTimeSlices
-    from pipesim.sim_clock import Clock
+    from pipesim.sim_clock import HeapClock as Clock
     from pipesim.simulator import host_model
 
     for name in ("dgx-h100", "2x-dgx-h100", "pcie-4gpu"):

@@ -42,6 +42,8 @@ class CampaignConfig:
     command: str  # the command line, as the report and campaign.json cite it
     rounds: int  # torchrun launches per world size; with reuse, the count when a directory holds no round*
     reuse: bool = False  # refit the kept timelines instead of measuring
+    hardware: Hardware | None = None  # predict with this hardware file instead of fitting one to the fit runs
+    hardware_source: str = ""  # where `hardware` came from, as the report names it
 
 
 def _say(text: str) -> None:
@@ -71,9 +73,12 @@ def run_campaign(cfg: CampaignConfig) -> Report:
         comm = comm or c
         for key, tls in got.items():
             timelines.setdefault(key, []).extend(tls)
-    cal, _ = calibrate(quick=cfg.quick,
-                       timelines={r["id"]: timelines[r["id"]] for r in plan if r["role"] == "fit"}, comm=comm)
-    hw = cal.hardware
+    if cfg.hardware is not None:  # validate the given file as it is: nothing refitted
+        hw, summary = cfg.hardware, f"hardware file {cfg.hardware_source} ({cfg.hardware.name}), as given: not refitted"
+    else:
+        cal, _ = calibrate(quick=cfg.quick,
+                           timelines={r["id"]: timelines[r["id"]] for r in plan if r["role"] == "fit"}, comm=comm)
+        hw, summary = cal.hardware, cal.summary()
     rows, results, typical = [], {}, {}
     for r in plan:
         results[r["id"]] = predict(hw, r)
@@ -87,14 +92,14 @@ def run_campaign(cfg: CampaignConfig) -> Report:
     explain_run = next((r for r in plan if r["id"] == "fit-mlp-1f1b-m8"), None) or next(
         r for r in plan if r["schedule"] == "1f1b")
     _say("validate: isolated single-process stage times (issue 6, item 4) ...")
-    explain = explain_gap(hw, explain_run, cal.hardware.host.cores if cal.hardware.host else 1)
+    explain = explain_gap(hw, explain_run, hw.host.cores if hw.host else 1)
     explain_measured = typical_step(timelines[explain_run["id"]])
     plots = _plots(plan, rows, typical, results, cfg)
-    return Report(cfg.command, rows, fit, held, 2 * held0.mean_error, cal.summary(), hardware_to_toml(hw), explain,
+    return Report(cfg.command, rows, fit, held, 2 * held0.mean_error, summary, hardware_to_toml(hw), explain,
                   explain_measured, _describe(explain_run), plots, load_before,
                   load_line(), time.perf_counter() - start, _spread(timelines),
                   max(len(tls) for tls in timelines.values()), _probes(timelines), sources,
-                  hw.host.late_recv_delay, _interleaved_late_recvs(plan, timelines, hw, results))
+                  hw.host.late_recv_delay if hw.host else 0.0, _interleaved_late_recvs(plan, timelines, hw, results))
 
 
 def _interleaved_late_recvs(plan: list[dict], timelines: dict[str, list[Timeline]], hw: Hardware,
@@ -102,8 +107,10 @@ def _interleaved_late_recvs(plan: list[dict], timelines: dict[str, list[Timeline
     """Interleaved runs with a core per rank: (id, their late RECVs' mean seconds, how much the predicted
     step moves when charged that mean instead of the fit runs')."""
     out = []
+    if hw.host is None:  # a hardware file without a [host] profile has no late-RECV figure to vary
+        return out
     for r in plan:
-        if r["schedule"] == "interleaved-1f1b" and r["p"] <= (hw.host.cores if hw.host else r["p"]):
+        if r["schedule"] == "interleaved-1f1b" and r["p"] <= hw.host.cores:
             own = late_recv_delay(timelines[r["id"]])
             moved = predict(hw.with_host(late_recv_delay=own), r).makespan / results[r["id"]].makespan - 1
             out.append((r["id"], own, moved))

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 from executor.launch import rank_environment
+from executor.supervisor import LaunchInterrupted, supervise
 from pipesim.calibration.runs import timeline_name  # the worker's module, torch-free at import
 from pipesim.errors import PipesimError
 from pipesim.timeline import Timeline
@@ -34,19 +34,21 @@ def run_plan(runs: list[dict], nproc: int, workdir: Path, *, comm: bool = False,
     env = rank_environment({**os.environ, "OMP_NUM_THREADS": "1"})  # the environment `pipesim run` gives ranks
     log = workdir / f"torchrun-{nproc}.log"
     for attempt in (1, 2):  # a gloo teardown abort on a loaded host is retried once; the log keeps both
-        try:
-            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
-        except subprocess.TimeoutExpired:
-            raise PipesimError(f"measurement runs on {nproc} ranks did not finish within {timeout:.0f} s") from None
         with log.open("a") as fh:
-            fh.write(f"--- attempt {attempt}: exit {proc.returncode}\n{proc.stdout}{proc.stderr}")
-        if proc.returncode == 0 or "Signal 6" not in proc.stderr:
+            fh.write(f"--- attempt {attempt}\n")
+        start = log.stat().st_size
+        # supervised: Ctrl-C or SIGTERM stops every rank (LaunchInterrupted), all output goes to the log
+        outcome = supervise(cmd, env, log, echo=False, stdout_to_log=True, timeout=timeout)
+        with log.open("a") as fh:
+            fh.write(f"--- attempt {attempt}: exit {outcome.code}\n")
+        if outcome.signum is not None:
+            raise LaunchInterrupted(outcome)
+        if outcome.code == 0 or b"Signal 6" not in log.read_bytes()[start:]:
             break
-    if proc.returncode:
-        lines = (proc.stderr or proc.stdout).strip().splitlines()
-        errors = [ln.strip() for ln in lines if "Error" in ln or "error:" in ln][-2:] or lines[-2:]
-        raise PipesimError(f"measurement runs on {nproc} ranks failed (exit {proc.returncode}): "
-                           f"{' | '.join(errors)} (full output: {log})")
+    if outcome.code == 124:
+        raise PipesimError(f"measurement runs on {nproc} ranks did not finish within {timeout:.0f} s (output: {log})")
+    if outcome.code:
+        raise PipesimError(f"measurement runs on {nproc} ranks failed: {outcome.line}")
     return load_runs(runs, workdir, comm=comm)
 
 

@@ -10,14 +10,18 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import inspect
-import subprocess
+import math
+import os
 import sys
 from pathlib import Path
 
 from executor.collectives_config import OPS, CollectivesConfig, parse_ops, parse_size
 from executor.launch import rank_environment
+from executor.supervisor import run_reported
 from pipesim.commands.common import positive_int
 from pipesim.errors import PipesimError
+from pipesim.outputs import check_distinct, check_file
+from pipesim.units import format_bytes
 
 EXAMPLES = """examples:
   pipesim bench collectives --nproc 2                              # all ops, sizes 1K,64K,1M,16M
@@ -67,16 +71,42 @@ def add_parser(sub) -> None:
 
 
 def _torchrun(nproc: int, module: str, argv: list[str]) -> int:
-    """Run `python -m <module> argv` on `nproc` local ranks; --standalone picks a free rendezvous port."""
+    """Run `python -m <module> argv` on `nproc` local ranks; --standalone picks a free rendezvous port.
+
+    Under executor.supervisor: Ctrl-C or SIGTERM stops every rank (exit 128 + signal), a failure ends
+    in one line naming the rank; torchrun's own output goes to a log kept only then.
+    """
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
            "-m", module, *argv]
     env = rank_environment()  # ranks share the cores: one thread each, as `pipesim run` gives them
-    return subprocess.run(cmd, env=env, check=False).returncode
+    return run_reported(cmd, env, prefix="pipesim-bench-")
+
+
+MAX_TIMEOUT = 86400.0  # seconds: a day; more is a typo
+MAX_BUFFERS = 3  # buffers of size S a rank holds at once (input, output, a scatter/gather list's share)
+
+
+def size_bound(nproc: int) -> int:
+    """Largest --sizes / --elements buffer in bytes: every rank's buffers within half this machine's memory."""
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")  # bytes
+    return memory // (2 * MAX_BUFFERS * nproc)
 
 
 def collectives_config(args: argparse.Namespace) -> CollectivesConfig:
     """The checked configuration of the flags; user mistakes fail here, with one line, before torchrun starts."""
+    json_path = check_file(args.json, "--json", "json")
+    plot_path = check_file(args.plot, "--plot", "html")
+    check_distinct(("--json", json_path), ("--plot", plot_path))
     sizes = tuple(parse_size(s) for s in args.sizes.split(",") if s.strip())
+    bound = size_bound(getattr(args, "nproc", 1))
+    too_big = [s for s in sizes if s > bound] + ([args.elements * 4] if args.elements and args.elements * 4 > bound
+                                                 else [])
+    if too_big:
+        raise PipesimError(f"a {format_bytes(max(too_big))} buffer is above the bound of {format_bytes(bound)} per "
+                           f"buffer ({MAX_BUFFERS} per rank, {getattr(args, 'nproc', 1)} ranks, within half of this "
+                           "machine's memory)")
+    if not (math.isfinite(args.timeout) and 0 < args.timeout <= MAX_TIMEOUT):
+        raise PipesimError(f"--timeout must be more than 0 and at most {MAX_TIMEOUT:g} seconds, got {args.timeout}")
     ops = tuple(parse_ops(args.ops))
     return CollectivesConfig(sizes=sizes, ops=ops, iters=args.iters, warmup=args.warmup, backend=args.backend,
                              json=args.json, plot=args.plot, lecture=args.lecture, elements=args.elements,
@@ -85,10 +115,7 @@ def collectives_config(args: argparse.Namespace) -> CollectivesConfig:
 
 def run_collectives(args: argparse.Namespace) -> int:
     cfg = collectives_config(args)
-    rc = _torchrun(args.nproc, "executor.collectives_bench", ["--config", cfg.to_json()])
-    if rc:
-        raise PipesimError(f"collectives benchmark failed: torchrun exited with code {rc} (see the rank output above)")
-    return 0
+    return _torchrun(args.nproc, "executor.collectives_bench", ["--config", cfg.to_json()])  # 0, or the line said why
 
 
 def run_script(args: argparse.Namespace) -> int:

@@ -5,13 +5,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
+from dataclasses import replace
 
 import schedules
 from pipesim import torch_csv
 from pipesim.errors import PipesimError
 from pipesim.ir import Schedule
-from pipesim.model.config import ModelConfig
+from pipesim.model.config import ACTIVATIONS, ModelConfig
+from pipesim.model.hf_config import bundled_configs, load_hf_config
+from pipesim.outputs import write_text
 
 
 def positive_int(text: str) -> int:
@@ -29,21 +31,41 @@ def int_list(text: str) -> list[int]:
     return [positive_int(t) for t in text.split(",") if t.strip()]
 
 
-def add_schedule_args(parser: argparse.ArgumentParser, *, stages_default: int = 4, mb_default: int = 8) -> None:
-    """NAME (or --from-csv FILE), --stages P, --microbatches M, --virtual V."""
+def add_schedule_args(parser: argparse.ArgumentParser, *, stages_default: int = 4, mb_default: int = 8,
+                      microbatch_size: bool = False) -> None:
+    """NAME (or --from-csv FILE), --stages P, --microbatches M, --virtual V.
+
+    microbatch_size: also --microbatch-size N, the other spelling of M (m = batch / (dp x N)); then
+    --microbatches defaults to None and the command resolves M (`SimSetup.microbatches`).
+    """
     parser.add_argument("name", nargs="?", metavar="NAME",
                         help="registered schedule (see `pipesim schedule --list`)")
     parser.add_argument("--stages", "-p", type=positive_int, default=stages_default, metavar="P",
                         help=f"pipeline ranks (default {stages_default})")
-    parser.add_argument("--microbatches", "-m", type=positive_int, default=mb_default, metavar="M",
-                        help=f"microbatches per step (default {mb_default})")
+    parser.add_argument("--microbatches", "-m", type=positive_int, default=None if microbatch_size else mb_default,
+                        metavar="M", help=f"microbatches per step (default {mb_default})")
+    if microbatch_size:
+        parser.add_argument("--microbatch-size", type=positive_int, default=None, metavar="N",
+                            help="sequences (samples) per microbatch, instead of -m: m = batch / (dp x N)")
     parser.add_argument("--virtual", "-v", type=positive_int, default=None, metavar="V",
                         help="model chunks per rank (interleaved schedules; default the schedule's)")
     parser.add_argument("--from-csv", metavar="FILE",
                         help="a torch.distributed.pipelining schedule CSV instead of NAME")
 
 
-def load_schedule(args: argparse.Namespace, *, validate: bool = True) -> Schedule:
+MAX_STAGE_MICROBATCHES = 1 << 20  # stages x microbatches (p x v x m) of one schedule: ~30 s to simulate
+MAX_CHECKED_STAGE_MICROBATCHES = 1 << 17  # the same for `pipesim schedule`, whose full check is ~10x slower
+
+
+def check_schedule_size(p: int, v: int, m: int, limit: int = MAX_STAGE_MICROBATCHES) -> None:
+    """Refuse a schedule too large to build in reasonable time and memory, before building it."""
+    if p * v * m > limit:
+        raise PipesimError(f"{p} ranks x {v} chunks x {m} microbatches = {p * v * m} stage-microbatches, above "
+                           f"the bound of {limit}; make -p, -v or -m smaller")
+
+
+def load_schedule(args: argparse.Namespace, *, validate: bool = True,
+                  limit: int = MAX_STAGE_MICROBATCHES) -> Schedule:
     """The schedule named by NAME or --from-csv, validated."""
     from pipesim.schedule_check import validate as check  # networkx: kept out of `pipesim`'s start-up
 
@@ -52,6 +74,8 @@ def load_schedule(args: argparse.Namespace, *, validate: bool = True) -> Schedul
     if args.from_csv:
         sched = torch_csv.load(args.from_csv)
     elif args.name:
+        v = args.virtual if args.virtual is not None else schedules.spec(args.name).default_virtual
+        check_schedule_size(args.stages or 1, v, args.microbatches, limit)
         sched = schedules.build(args.name, args.stages, args.microbatches, args.virtual)
     else:
         raise PipesimError(f"name a schedule ({', '.join(schedules.names())}) or give --from-csv FILE")
@@ -61,24 +85,61 @@ def load_schedule(args: argparse.Namespace, *, validate: bool = True) -> Schedul
 
 
 def add_model_args(parser: argparse.ArgumentParser, *, default: str | None = "mlp") -> None:
-    """--model mlp|gpt with --hidden, --layers, --heads, --seq, --vocab, --batch, --dtype, --seed."""
+    """--model mlp|gpt with --hidden, --layers, --heads, --seq, --vocab, --batch, --dtype, --seed.
+
+    Sizes default to None here and to ModelConfig's defaults in `model_config`, so that a value given
+    on the command line can be told from the default (it overrides a --model-config file's).
+    """
     d = ModelConfig()
     g = parser.add_argument_group("model")
-    g.add_argument("--model", choices=("mlp", "gpt"), default=default,
+    g.add_argument("--model", choices=("mlp", "gpt"), default=None,
                    help=f"model to cost or train (default {default})")
-    g.add_argument("--hidden", type=positive_int, default=d.hidden, help=f"width / d_model (default {d.hidden})")
-    g.add_argument("--layers", type=positive_int, default=d.layers, help=f"layers or blocks (default {d.layers})")
-    g.add_argument("--heads", type=positive_int, default=d.heads, help=f"attention heads, gpt (default {d.heads})")
-    g.add_argument("--seq", type=positive_int, default=d.seq, help=f"sequence length, gpt (default {d.seq})")
-    g.add_argument("--vocab", type=positive_int, default=d.vocab, help=f"vocabulary, gpt (default {d.vocab})")
-    g.add_argument("--batch", type=positive_int, default=d.batch, help=f"global batch per step (default {d.batch})")
-    g.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=d.dtype)
+    parser.set_defaults(model_default=default)
+    g.add_argument("--hidden", type=positive_int, default=None, help=f"width / d_model (default {d.hidden})")
+    g.add_argument("--layers", type=positive_int, default=None, help=f"layers or blocks (default {d.layers})")
+    g.add_argument("--heads", type=positive_int, default=None, help=f"attention heads, gpt (default {d.heads})")
+    g.add_argument("--seq", type=positive_int, default=None,
+                   help=f"sequence length, gpt (default {d.seq}; with --model-config its max_position_embeddings)")
+    g.add_argument("--vocab", type=positive_int, default=None, help=f"vocabulary, gpt (default {d.vocab})")
+    g.add_argument("--batch", type=positive_int, default=None, help=f"global batch per step (default {d.batch})")
+    g.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
+                   help=f"parameter and activation dtype (default {d.dtype}; with --model-config the file's)")
     g.add_argument("--seed", type=int, default=d.seed)
 
 
+def add_transformer_args(parser: argparse.ArgumentParser) -> None:
+    """Llama-style structure for the cost model: --model-config, --kv-heads, --ffn-hidden, --activation."""
+    g = parser.add_argument_group("transformer structure (simulate, sweep)")
+    g.add_argument("--model-config", metavar="FILE|NAME",
+                   help="a Hugging Face config.json, or a bundled one: " + ", ".join(bundled_configs())
+                        + " (implies a transformer; size flags given too override the file's)")
+    g.add_argument("--kv-heads", type=positive_int, default=None,
+                   help="key/value heads, grouped-query attention (default: --heads)")
+    g.add_argument("--ffn-hidden", type=positive_int, default=None, help="MLP width (default 4 x --hidden)")
+    g.add_argument("--activation", choices=ACTIVATIONS, default=None,
+                   help="MLP: gelu (two matrices) or swiglu (gate, up, down) (default gelu)")
+
+
+SIZE_FLAGS = ("hidden", "layers", "heads", "seq", "vocab", "batch", "dtype")  # ModelConfig field = flag name
+STRUCTURE_FLAGS = ("kv_heads", "ffn_hidden", "activation")
+
+
 def model_config(args: argparse.Namespace) -> ModelConfig:
-    return ModelConfig(kind=args.model, hidden=args.hidden, layers=args.layers, heads=args.heads, seq=args.seq,
-                       vocab=args.vocab, batch=args.batch, dtype=args.dtype, seed=args.seed)
+    """The model of the command line: --model-config's file (with the flags given overriding it), or the flags."""
+    given = {k: getattr(args, k) for k in SIZE_FLAGS + STRUCTURE_FLAGS if getattr(args, k, None) is not None}
+    source = getattr(args, "model_config", None)
+    if source:
+        if args.model == "mlp":
+            raise PipesimError("--model-config describes a transformer; drop --model mlp")
+        base = load_hf_config(source, seq=given.get("seq"), batch=given.get("batch", ModelConfig.batch),
+                              dtype=given.get("dtype"), seed=args.seed)
+        return replace(base, **given)
+    kind = args.model or getattr(args, "model_default", None) or "mlp"
+    if kind == "mlp":
+        for name in STRUCTURE_FLAGS:
+            if name in given:
+                raise PipesimError(f"--{name.replace('_', '-')} needs a transformer (--model gpt or --model-config)")
+    return ModelConfig(kind=kind, seed=args.seed, **given)
 
 
 def add_output_args(parser: argparse.ArgumentParser, *, trace: bool = True) -> None:
@@ -89,15 +150,16 @@ def add_output_args(parser: argparse.ArgumentParser, *, trace: bool = True) -> N
         parser.add_argument("--trace", metavar="FILE", help="write a Perfetto/Chrome trace (JSON) to FILE")
 
 
+def json_text(data: dict) -> str:
+    """The JSON text of a result: seconds and bytes, no formatting."""
+    return json.dumps(data, indent=2, sort_keys=False) + "\n"
+
+
 def emit_json(target: str | None, data: dict) -> None:
-    """Write `data` to stdout ('-') or a file; seconds and bytes, no formatting."""
+    """Write `data` to stdout ('-') or a file (atomically: pipesim.outputs)."""
     if target is None:
         return
-    text = json.dumps(data, indent=2, sort_keys=False)
     if target == "-":
-        sys.stdout.write(text + "\n")
+        sys.stdout.write(json_text(data))
         return
-    try:
-        Path(target).write_text(text + "\n")
-    except OSError as exc:
-        raise PipesimError(f"cannot write {target}: {exc}") from None
+    write_text(target, json_text(data))

@@ -7,12 +7,17 @@ The ranks get the checked configurations as one JSON argument (`python -m execut
 from __future__ import annotations
 
 import argparse
+import math
+from pathlib import Path
 
-from executor.config import configs_to_json
+from executor.config import RunConfig, configs_to_json
 from executor.launch import launch
 from pipesim.commands.common import positive_int
 from pipesim.commands.run_args import add_run_args, configs_from_args
 from pipesim.errors import PipesimError
+from pipesim.outputs import check_distinct, check_file, check_folder
+
+MAX_PG_TIMEOUT = 86400.0  # seconds: a day; longer is a typo (a hung rank would hold the job that long)
 
 EXAMPLES = """examples:
   pipesim run 1f1b --nproc 2 --microbatches 8 --model mlp --hidden 1024 --layers 8 --batch 64 --steps 4 \\
@@ -39,6 +44,9 @@ def add_parser(sub) -> None:
                               help="nodes, each running this command with the same --nproc (default 1)")
     launch_group.add_argument("--rdzv-endpoint", metavar="HOST:PORT", default=None,
                               help="torchrun's c10d rendezvous (needed with --nnodes > 1; default: --standalone)")
+    launch_group.add_argument("--verbose", action="store_true",
+                              help="show torchrun's own output (banner, tracebacks) too; by default it goes to a "
+                                   "log file that a failure's line names")
     launch_group.add_argument("--print-config", action="store_true",
                               help="print the checked configuration (JSON for `python -m executor --config`) "
                                    "instead of launching")
@@ -52,8 +60,33 @@ def run(args: argparse.Namespace) -> int:
     cfgs = configs_from_args(args)
     world = args.nproc * args.nnodes
     for cfg in cfgs:
+        check_numbers(cfg, world)
         cfg.check(world)  # PipesimError -> one line, exit 2, nothing launched
+    check_outputs(cfgs)  # before torchrun: a result that cannot be written is known now, not after training
     if args.print_config:
         print(configs_to_json(cfgs))
         return 0
-    return launch(cfgs, args.nproc, nnodes=args.nnodes, rdzv_endpoint=args.rdzv_endpoint)
+    return launch(cfgs, args.nproc, nnodes=args.nnodes, rdzv_endpoint=args.rdzv_endpoint, verbose=args.verbose)
+
+
+def check_outputs(cfgs: list[RunConfig]) -> None:
+    """Every run's --json, --trace and --save-dir can be written (pipesim.outputs), and no two collide."""
+    named: list[tuple[str, Path | None]] = []
+    for cfg in cfgs:
+        named += [("--json", check_file(cfg.json, "--json", "json")),
+                  ("--trace", check_file(cfg.trace, "--trace", "json"))]
+        check_folder(cfg.save_dir, "--save-dir")
+    check_distinct(*named)
+
+
+def check_numbers(cfg: RunConfig, world: int) -> None:
+    """Numeric flags in range, up front: a NaN learning rate or a rank that does not exist is a typo."""
+    if not (math.isfinite(cfg.lr) and cfg.lr > 0):
+        raise PipesimError(f"--lr must be a positive finite number, got {cfg.lr}")
+    if not (math.isfinite(cfg.pg_timeout) and 0 < cfg.pg_timeout <= MAX_PG_TIMEOUT):
+        raise PipesimError(f"--pg-timeout must be between 0 and {MAX_PG_TIMEOUT:g} seconds (exclusive of 0), "
+                           f"got {cfg.pg_timeout}")
+    if cfg.fail_rank is not None and not 0 <= cfg.fail_rank < world:
+        raise PipesimError(f"--fail-rank {cfg.fail_rank}: the run has ranks 0 to {world - 1}")
+    if cfg.warmup >= cfg.steps:
+        raise PipesimError(f"--warmup {cfg.warmup} leaves no measured step of --steps {cfg.steps}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from executor.config import FAIL_MODES, RunConfig
+from executor.config import FAIL_MODES, RECOMPUTE, RunConfig
 from pipesim.commands.common import (
     add_model_args,
     add_output_args,
@@ -39,6 +39,9 @@ def add_run_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--pg-timeout", type=float, default=60.0, metavar="S",
                    help="seconds a blocked receive or collective waits before the run fails (default 60)")
     g.add_argument("--sequence-parallel", action="store_true", help="TP with sequence parallelism (gpt)")
+    g.add_argument("--recompute", choices=RECOMPUTE, default="none",
+                   help="activation recomputation (torch.utils.checkpoint, non-reentrant): full re-runs each layer's "
+                        "forward in its backward, selective only gpt's attention core (default none)")
     g.add_argument("--bucket-bytes", type=positive_int, default=None, help="DP all-reduce bucket size in bytes")
     g.add_argument("--save-dir", default=None, help="write each rank's final parameters and the result here")
     g.add_argument("--quiet", action="store_true", help="no progress bar or per-step lines")
@@ -83,7 +86,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         dp=args.dp, tp=args.tp, model=model_config(args),
         layer_split=tuple(args.layer_split) if args.layer_split else None, steps=args.steps, warmup=args.warmup,
         optimizer=args.optimizer, lr=args.lr, backend=args.backend, pg_timeout=args.pg_timeout,
-        sequence_parallel=args.sequence_parallel, bucket_bytes=args.bucket_bytes, json=args.json, trace=args.trace,
+        sequence_parallel=args.sequence_parallel, recompute=args.recompute, bucket_bytes=args.bucket_bytes,
+        json=args.json, trace=args.trace,
         save_dir=args.save_dir, fail_rank=args.fail_rank, fail_at=args.fail_at, fail_mode=args.fail_mode,
         quiet=args.quiet,
     )

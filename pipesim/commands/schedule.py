@@ -9,9 +9,10 @@ import sys
 import schedules
 from pipesim import torch_csv
 from pipesim.analysis import inflight_by_rank
-from pipesim.commands.common import add_schedule_args, load_schedule
+from pipesim.commands.common import MAX_CHECKED_STAGE_MICROBATCHES, add_schedule_args, load_schedule
 from pipesim.ir import Kind
 from pipesim.lowering import add_p2p
+from pipesim.outputs import check_file
 
 EXAMPLES = """examples:
   pipesim schedule 1f1b --stages 4 --microbatches 8
@@ -43,7 +44,8 @@ def run(args: argparse.Namespace) -> int:
             entry = schedules.spec(name)
             print(f"{name:<18} {entry.summary}")
         return 0
-    sched = load_schedule(args)
+    plot = check_file(args.plot, "--plot", "html")
+    sched = load_schedule(args, limit=MAX_CHECKED_STAGE_MICROBATCHES)
     shown = add_p2p(sched) if args.comms else sched
     if args.format == "csv":
         print(torch_csv.dumps(shown), end="")
@@ -58,8 +60,8 @@ def run(args: argparse.Namespace) -> int:
     if fifo_mismatches(add_p2p(sched)):
         print("note: some rank pairs receive in a different order than they send; fine on gloo (tagged), "
               "but NCCL matches in issue order", file=sys.stderr)
-    if args.plot:
-        write_unit_plot(sched, args.plot)
+    if plot:
+        write_unit_plot(sched, plot)
     return 0
 
 

@@ -1,24 +1,32 @@
-"""The flags of what to simulate against (hardware, --cost, links, dp/tp), shared by `simulate` and `sweep`."""
+"""The flags of what to simulate against (hardware, --nodes, --cost, links, dp/tp/cp, recomputation, sequence
+parallelism, attention kernel, ZeRO, the layer split), shared by `simulate` and `sweep`."""
 
 from __future__ import annotations
 
 import argparse
 
-from pipesim.commands.common import int_list, model_config, positive_int
+from pipesim.commands.common import model_config, positive_int
 from pipesim.costs import parse_cost_spec
 from pipesim.errors import PipesimError
 from pipesim.hardware_toml import load_hardware
+from pipesim.model.options import ATTENTION, RECOMPUTE
 from pipesim.sim_setup import DEFAULT_HARDWARE, SimSetup
+from pipesim.zb_auto_costs import parse_memory_limit
 
 
 def add_setup_args(parser: argparse.ArgumentParser) -> None:
-    """--hardware, --cost, --boundary-bytes, --activation-bytes, --comm, --dp, --tp (model flags separately)."""
+    """--hardware, --nodes, --cost, --boundary-bytes, --activation-bytes, --comm, --dp, --tp, --cp, --layer-split,
+    --recompute, --sequence-parallel, --attention, --zero (model flags separately)."""
     g = parser.add_argument_group("costs and machine")
     g.add_argument("--hardware", metavar="PRESET|FILE",
                    help=f"hardware preset or TOML file (default {DEFAULT_HARDWARE} with a model; none with --cost)")
+    g.add_argument("--nodes", type=positive_int, default=None, metavar="N",
+                   help="N nodes of the hardware's kind joined by its family's network (e.g. dgx-a100: 8x HDR "
+                        "200 Gb/s per node; dgx-h100: 8x NDR 400 Gb/s); default the hardware's own")
     g.add_argument("--cost", metavar="SPEC",
                    help="hand-given seconds per microbatch for one rank's share of the model: F=1,B=2 or "
-                        "F=1,I=1,W=1 (with v chunks per rank each chunk takes 1/v)")
+                        "F=1,I=1,W=1 (with v chunks per rank each chunk takes 1/v); FB=2.5 adds the seconds of an "
+                        "overlapped forward + backward (OVERLAP_F_B, dualpipev; default F + B)")
     g.add_argument("--boundary-bytes", type=int, default=0, metavar="BYTES",
                    help="with --cost: bytes of each activation/gradient message (default 0)")
     g.add_argument("--activation-bytes", type=int, default=0, metavar="BYTES",
@@ -28,8 +36,44 @@ def add_setup_args(parser: argparse.ArgumentParser) -> None:
                         "(default links when hardware is known)")
     g.add_argument("--dp", type=positive_int, default=1, help="data-parallel replicas per stage (default 1)")
     g.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel shards per stage (default 1)")
-    g.add_argument("--layer-split", type=int_list, default=None, metavar="N,N,...",
-                   help="layers per stage, e.g. 3,2,2,1 (default: even split, earlier stages take the remainder)")
+    g.add_argument("--cp", type=positive_int, default=1,
+                   help="context-parallel ranks per stage: each holds seq / cp tokens, ring attention (default 1)")
+    g.add_argument("--layer-split", type=_split_list, default=None, metavar="N,N,...",
+                   help="layers per stage, one entry per chunk (p x v with interleaved or V placements), e.g. "
+                        "3,2,2,1; a transformer's first and last entries may be 0 (only the embedding / head) "
+                        "(default: even split, earlier stages take the remainder)")
+    g.add_argument("--memory-limit", metavar="BYTES|Nx", default=None,
+                   help="zb-auto / zb-2p: activations each rank may hold, in bytes (8GB, 7.5GiB) or as a multiple "
+                        "of 1F1B's (2x); their order is rebuilt for the costs (default 1x for zb-auto, 2x zb-2p)")
+    f = parser.add_argument_group("memory and recomputation (transformer)")
+    f.add_argument("--recompute", choices=RECOMPUTE, default="none",
+                   help="activation recomputation, Megatron's meanings: selective re-runs the attention core, "
+                        "full each layer's forward (default none)")
+    f.add_argument("--sequence-parallel", action="store_true",
+                   help="sequence parallelism over the tp ranks (norm/dropout activations split; all-gather + "
+                        "reduce-scatter instead of all-reduce)")
+    f.add_argument("--attention", choices=ATTENTION, default=None,
+                   help="attention kernel: flash stores no s x s scores (default flash on GPU hardware at 16 "
+                        "bits, eager on CPUs and in float32)")
+    f.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=0,
+                   help="ZeRO stage over dp: 1 shards optimizer states (Megatron's distributed optimizer), 2 "
+                        "gradients too, 3 parameters too (FSDP) (default 0: plain DDP)")
+
+
+def _split_list(text: str) -> list[int]:
+    """`0,2,2,0` -> [0, 2, 2, 0]: layers per chunk (>= 0; split_layers says which may be 0)."""
+    out = []
+    for t in text.split(","):
+        if not t.strip():
+            continue
+        try:
+            value = int(t)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{t!r} is not an integer") from None
+        if value < 0:
+            raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+        out.append(value)
+    return out
 
 
 def setup_from_args(args: argparse.Namespace) -> SimSetup:
@@ -39,10 +83,16 @@ def setup_from_args(args: argparse.Namespace) -> SimSetup:
     cost = parse_cost_spec(args.cost) if args.cost else None
     hw_name = args.hardware or (None if cost is not None else DEFAULT_HARDWARE)
     hardware = load_hardware(hw_name) if hw_name else None
+    if args.nodes is not None:
+        if hardware is None:
+            raise PipesimError("--nodes needs --hardware (or a model, costed on the default hardware)")
+        hardware = hardware.with_nodes(args.nodes)
     comm = (args.comm or "links") == "links" and hardware is not None
     model = None if cost is not None else model_config(args)
     split = tuple(args.layer_split) if args.layer_split else None
     if split and cost is not None:
         raise PipesimError("--layer-split needs a model (--model), not --cost")
     return SimSetup(hardware, model, cost, args.boundary_bytes, args.activation_bytes, comm, args.dp, args.tp,
-                    layer_split=split)
+                    layer_split=split, recompute=args.recompute, sp=args.sequence_parallel,
+                    attention=args.attention, cp=args.cp, zero=args.zero,
+                    memory_limit=parse_memory_limit(args.memory_limit) if args.memory_limit else None)

@@ -4,9 +4,19 @@ from __future__ import annotations
 
 import argparse
 
-from pipesim.commands.common import add_model_args, add_output_args, add_schedule_args, emit_json, load_schedule
+from pipesim.commands.common import (
+    add_model_args,
+    add_output_args,
+    add_schedule_args,
+    add_transformer_args,
+    emit_json,
+    json_text,
+    load_schedule,
+)
 from pipesim.commands.setup_args import add_setup_args, setup_from_args
-from pipesim.perfetto import write_trace
+from pipesim.outputs import check_distinct, check_file, write_files
+from pipesim.perfetto import trace_text
+from pipesim.rank_memory import memory_json
 from pipesim.units import format_bytes
 
 EXAMPLES = """examples:
@@ -15,32 +25,52 @@ EXAMPLES = """examples:
   pipesim simulate interleaved-1f1b -p 4 -m 8 -v 2 --model gpt --layers 16 --trace sim.json
   pipesim simulate 1f1b -p 8 -m 32 --model gpt --dp 2 --hardware 2x-dgx-h100
   pipesim simulate --from-csv my_schedule.csv --cost F=1,I=1,W=1
+  pipesim simulate interleaved-1f1b --model gpt --hidden 12288 --layers 96 --heads 96 --seq 2048 --vocab 51200 \
+      --batch 1536 --microbatch-size 1 --tp 8 --stages 8 --virtual 3 --dp 8 --dtype bfloat16 \
+      --hardware dgx-a100 --nodes 64 --recompute selective --sequence-parallel    # docs/published_examples.md
+  pipesim simulate 1f1b --model-config llama3-8b --seq 8192 --batch 64 --microbatch-size 1 --tp 8 -p 4 \
+      --dp 2 --hardware dgx-h100 --nodes 8 --zero 1 --json
 """
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("simulate", help="simulate one step of a schedule (SimPy)", epilog=EXAMPLES,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_schedule_args(p)
+    add_schedule_args(p, microbatch_size=True)
     add_setup_args(p)
     add_model_args(p)
+    add_transformer_args(p)
     add_output_args(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    json_path = check_file(args.json, "--json", "json")
+    trace_path = check_file(args.trace, "--trace", "json")
+    check_distinct(("--json", json_path), ("--trace", trace_path))
     setup = setup_from_args(args)
     # Registered schedules are valid by construction (tests/test_schedules_invariants.py) and the
     # simulator itself reports a deadlock; full validation (a networkx task graph) is kept for CSV
     # imports, where it also prints the offending grid. At p=64, m=1024 it would cost ~10x the simulation.
+    args.microbatches = setup.microbatches(args.microbatches, args.microbatch_size)
     sched = load_schedule(args, validate=bool(args.from_csv))
-    result = setup.run(sched)
+    result, memory = setup.evaluate(sched)
     data = result.to_dict()
-    if args.json is not None:
-        emit_json(args.json, data)
-    if args.trace:
-        write_trace(result.timeline(), args.trace)
-    if args.json != "-":
+    data["options"] = setup.options()
+    if memory is not None:  # per rank: parameters, gradients, optimizer states, activations (+ in-flight), ...
+        data["memory"]["ranks"] = memory_json(memory)
+    files = {}  # written together or not at all
+    if json_path:
+        files[json_path] = json_text(data)
+    if trace_path:
+        timeline = result.timeline()
+        if setup.model is not None:  # the compare view checks it against the measured run's model
+            timeline.meta = {**timeline.meta, "model": setup.model.to_dict()}
+        files[trace_path] = trace_text(timeline)
+    write_files(files)
+    if args.json == "-":
+        emit_json("-", data)
+    else:
         print(summary(data))
     return 0
 

@@ -5,7 +5,8 @@ bytes per parameter (16-bit parameters and gradients; float32 master copy, momen
 variance). Stage 1 shards the 12 over the dp ranks, stage 2 the gradients' 2 too, stage 3 the
 parameters' 2 too. Megatron's distributed optimizer is stage 1 (its documented 6 + 12/d bytes
 are the "megatron" precision below: float32 main gradients). A rank holds ceil(P / dp) of each
-sharded tensor (frameworks pad the flat buffer to divide).
+sharded tensor (frameworks pad the flat buffer to divide). That is the state between steps; during
+a pipelined step ZeRO-3's chunks are gathered too (`step_peak_state`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pipesim.model.activations import recompute_working_bytes, stage_activation_
 from pipesim.model.comm import Collective, cp_kv_block_bytes
 from pipesim.model.config import ModelConfig
 from pipesim.model.options import LayerOptions
-from pipesim.model.params import block_params, stage_params
+from pipesim.model.params import stage_params
 
 GiB = 2**30
 ZERO_STAGES = (0, 1, 2, 3)
@@ -70,6 +71,23 @@ def model_state_bytes(params: int, *, dp: int, zero: int, precision: Precision =
                       optimizer_states=(shard if zero >= 1 else params) * precision.optimizer_bytes)
 
 
+def step_peak_state(params: int, *, dp: int, zero: int, precision: Precision = PRECISIONS["mixed"]) -> ModelState:
+    """The model state a pipeline rank holds during the step (its peak), as the simulator times the step.
+
+    Gradients stay as `model_state_bytes` shards them (ZeRO 2/3: Llama 3's FSDP shards them with PP; the
+    time model still reduces them once per step: docs/large_models.md says where the two differ).
+    ZeRO 3 (FSDP2 with PP, torchtitan's reshard_after_forward=False) gathers each chunk's parameters
+    once, at the step's start, and keeps them until the step's reduce_scatter: the unsharded copy adds
+    to the shard. dp = 1: `model_state_bytes`.
+    """
+    state = model_state_bytes(params, dp=dp, zero=zero, precision=precision)
+    if dp == 1:
+        return state
+    gathered = params * precision.param_bytes if zero == 3 else 0
+    return ModelState(parameters=state.parameters + gathered, gradients=state.gradients,
+                      optimizer_states=state.optimizer_states)
+
+
 def optimizer_step_bytes(params: int, *, dp: int, zero: int, precision: Precision = PRECISIONS["mixed"]) -> int:
     """HBM bytes of one Adam step on a rank (memory-bound): it updates the parameters it owns, all of them
     under ZeRO 0, its ceil(P / dp) shard under ZeRO 1-3.
@@ -89,11 +107,11 @@ def dp_collectives(params: int, *, dp: int, zero: int, microbatches: int,
                    precision: Precision = PRECISIONS["mixed"]) -> list[Collective]:
     """Data-parallel collectives of a stage holding `params` parameters, outside its layers.
 
-    0: one all_reduce of the gradients at the step's end (DDP). 1: reduce_scatter of the
-    gradients, then (after the optimizer step on the shard) all_gather of the parameters. 2: the
-    gradients are reduce-scattered in each microbatch's backward (a rank keeps only its shard),
-    the parameters all-gathered after the step. 3: per layer, see `zero3_layer_collectives`.
-    dp = 1: none.
+    0: one all_reduce of the gradients at the step's end (DDP). 1 and 2: reduce_scatter of the
+    gradients after the stage's last backward, then (after the optimizer step on the shard)
+    all_gather of the parameters; with pipelining frameworks reduce once per step, so 2
+    communicates as 1. 3: `zero3_chunk_collectives`.
+    dp = 1: none. `microbatches` is kept for the callers' signature; no collective depends on it.
     """
     _check_zero(zero, dp)
     if dp == 1 or zero == 3:
@@ -102,32 +120,21 @@ def dp_collectives(params: int, *, dp: int, zero: int, microbatches: int,
     if zero == 0:
         return [Collective("all_reduce", grads, "step", "dp", "gradients")]
     gather = Collective("all_gather", weights, "step", "dp", "updated parameters")
-    if zero == 1:
-        return [Collective("reduce_scatter", grads, "step", "dp", "gradients"), gather]
-    return [Collective("reduce_scatter", grads, "W", "dp", "gradients", overlaps="later backward work",
-                       count=microbatches), gather]
+    return [Collective("reduce_scatter", grads, "step", "dp", "gradients"), gather]
 
 
-def zero3_layer_collectives(layer_params: int, *, dp: int, precision: Precision = PRECISIONS["mixed"]) -> list[
+def zero3_chunk_collectives(chunk_params: int, *, dp: int, precision: Precision = PRECISIONS["mixed"]) -> list[
         Collective]:
-    """ZeRO-3 / FSDP per layer and microbatch: all_gather of the layer's parameters before its forward and
-    again before its backward (prefetched: overlapped with the previous layer), reduce_scatter of its gradients
-    after its weight gradient. dp = 1: none."""
+    """ZeRO-3 / FSDP2 with pipelining, per chunk and step: all_gather of the chunk's parameters before its
+    first forward (prefetched from the step's start; kept gathered through every microbatch's forward and
+    backward, torchtitan's reshard_after_forward=False), reduce_scatter of its gradients after its last
+    backward. dp = 1: none."""
     _check_zero(3, dp)
     if dp == 1:
         return []
-    weights, grads = layer_params * precision.param_bytes, layer_params * precision.grad_bytes
-    return [Collective("all_gather", weights, "F", "dp", "layer parameters", overlaps="previous layer's forward"),
-            Collective("all_gather", weights, "I", "dp", "layer parameters", overlaps="next layer's backward"),
-            Collective("reduce_scatter", grads, "W", "dp", "layer gradients", overlaps="previous layer's backward")]
-
-
-def zero3_buffer_bytes(layer_params: int, *, dp: int, precision: Precision = PRECISIONS["mixed"]) -> int:
-    """Unsharded buffers ZeRO-3 holds at once: two layers' parameters (current and prefetched) and one
-    layer's gradients before their reduce_scatter. dp = 1: 0 (nothing is sharded)."""
-    if dp == 1:
-        return 0
-    return 2 * layer_params * precision.param_bytes + layer_params * precision.grad_bytes
+    weights, grads = chunk_params * precision.param_bytes, chunk_params * precision.grad_bytes
+    return [Collective("all_gather", weights, "F", "dp", "chunk parameters", overlaps="earlier chunks' compute"),
+            Collective("reduce_scatter", grads, "W", "dp", "chunk gradients", overlaps="later backward work")]
 
 
 @dataclass(frozen=True)
@@ -177,8 +184,8 @@ def comm_buffer_bytes(model: ModelConfig, b: int, opts: LayerOptions, *, dp: int
     """Communication buffers a pipeline rank holds at once (an estimate; frameworks differ).
 
     A P2P send and a receive buffer of the stage boundary (b s h d / cp; / t under sp); under sp
-    one all-gathered layer input (b s h d / cp); under cp a K/V block in flight each way; under
-    ZeRO-3 `zero3_buffer_bytes` of one layer.
+    one all-gathered layer input (b s h d / cp); under cp a K/V block in flight each way. ZeRO-3's
+    gathered parameters are the rank's parameters term (`step_peak_state`), not a buffer.
     """
     opts.check(model)
     x = b * opts.local_seq(model) * model.hidden * model.dtype_bytes  # bytes of the full (b, s / cp, h) tensor
@@ -187,8 +194,6 @@ def comm_buffer_bytes(model: ModelConfig, b: int, opts: LayerOptions, *, dp: int
         total += x
     if opts.cp > 1:
         total += 2 * cp_kv_block_bytes(model, b, opts)
-    if zero == 3:
-        total += zero3_buffer_bytes(block_params(model, opts.tp), dp=dp, precision=precision)
     return total
 
 
@@ -198,7 +203,7 @@ def stage_memory(model: ModelConfig, b: int, opts: LayerOptions, *, layers: int,
     """Peak memory of one rank holding one pipeline stage of `layers` blocks (embedding if first, head if last)
     with `inflight` microbatches stashed (the schedule's peak for that stage)."""
     params = stage_params(model, opts.tp, layers=layers, first=first, last=last)
-    return rank_memory(model_state_bytes(params, dp=dp, zero=zero, precision=precision),
+    return rank_memory(step_peak_state(params, dp=dp, zero=zero, precision=precision),
                        activations_per_microbatch=stage_activation_bytes(model, b, opts, layers=layers, first=first,
                                                                          last=last),
                        inflight=inflight, recompute=recompute_working_bytes(model, b, opts) if layers else 0,
@@ -224,5 +229,4 @@ def check_rank_fits(memory: MemoryBreakdown, *, rank: int, capacity: int, device
 
 __all__ = ["PRECISIONS", "ZERO_STAGES", "MemoryBreakdown", "ModelState", "Precision", "check_rank_fits",
            "comm_buffer_bytes", "dp_collectives", "model_state_bytes", "optimizer_step_bytes", "rank_memory",
-           "stage_memory",
-           "zero3_buffer_bytes", "zero3_layer_collectives"]
+           "stage_memory", "step_peak_state", "zero3_chunk_collectives"]

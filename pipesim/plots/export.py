@@ -1,6 +1,7 @@
 """Writing figures: self-contained HTML always, PNG through kaleido when a Chromium is present.
 
-HTML embeds plotly.js (include_plotlyjs=True), so it opens offline. kaleido 1.x drives a local
+HTML embeds plotly.js (include_plotlyjs=True), so it opens offline; both formats are written atomically
+(a failed export leaves no file). kaleido 1.x drives a local
 Chromium and can hang without one, so PNG export finds the browser first and runs kaleido in a
 child process under a timeout: a missing or stuck browser is one error line, never a hang.
 """
@@ -18,6 +19,7 @@ from pathlib import Path
 import plotly.graph_objects as go
 
 from pipesim.errors import PipesimError
+from pipesim.outputs import staged_path, write_text
 
 PNG_TIMEOUT = 120.0  # seconds for one PNG, browser start included
 DEBIAN_CHROMIUM = "/usr/bin/chromium"  # where Debian's `chromium` package puts it
@@ -31,13 +33,18 @@ fig.write_image(sys.argv[2], format="png", width=int(sys.argv[3]), height=int(sy
 """
 
 
-def write_html(fig: go.Figure, path: str | Path) -> Path:
+def html_text(fig: go.Figure) -> str:
     """A standalone page with plotly.js inlined (works offline, no CDN)."""
+    config = {"displaylogo": False, "scrollZoom": True, "toImageButtonOptions": {"format": "png", "scale": 2}}
+    return fig.to_html(include_plotlyjs=True, full_html=True, config=config)
+
+
+def write_html(fig: go.Figure, path: str | Path) -> Path:
+    """The standalone page, written atomically (pipesim.outputs)."""
     path = Path(path)
     if path.parent and not path.parent.exists():
         raise PipesimError(f"cannot write {path}: folder {path.parent} does not exist")
-    config = {"displaylogo": False, "scrollZoom": True, "toImageButtonOptions": {"format": "png", "scale": 2}}
-    fig.write_html(str(path), include_plotlyjs=True, full_html=True, config=config)
+    write_text(path, html_text(fig))
     return path
 
 
@@ -79,15 +86,15 @@ def write_png(fig: go.Figure, path: str | Path, *, timeout: float = PNG_TIMEOUT)
     width = int(fig.layout.width or 1400)
     height = int(fig.layout.height or 700)
     env = {**os.environ, "BROWSER_PATH": browser}
-    with tempfile.TemporaryDirectory(prefix="pipesim-png-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="pipesim-png-") as tmp, staged_path(path) as staged:
         spec = Path(tmp) / "figure.json"
         spec.write_text(fig.to_json())
-        cmd = [sys.executable, "-c", _KALEIDO_CHILD, str(spec), str(path.resolve()), str(width), str(height)]
+        cmd = [sys.executable, "-c", _KALEIDO_CHILD, str(spec), str(staged.resolve()), str(width), str(height)]
         code, stderr = _run_bounded(cmd, env=env, cwd=tmp, timeout=timeout)
         if code is None:
             raise PipesimError(f"PNG export timed out after {timeout:.0f} s (Chromium at {browser}); "
                                "HTML was written")
-    if code != 0 or not path.exists():
-        last = (stderr.strip().splitlines() or ["unknown error"])[-1]
-        raise PipesimError(f"PNG export failed ({last}); HTML was written")
+        if code != 0 or staged.stat().st_size == 0:
+            last = (stderr.strip().splitlines() or ["unknown error"])[-1]
+            raise PipesimError(f"PNG export failed ({last}); HTML was written")
     return path

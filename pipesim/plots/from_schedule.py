@@ -36,5 +36,5 @@ def unit_timeline(schedule: Schedule, duration: Callable[[Action], float], *,
                 peer=lowered.rank_of(peer_stage) if peer_stage is not None else -1,
             ))
     meta = {"p": schedule.num_ranks, "m": schedule.num_microbatches, "stages": schedule.num_stages,
-            "timing": "critical path"}
+            "timing": "critical path", **({"overlaps": schedule.overlap_labels()} if schedule.overlaps else {})}
     return Timeline(source, schedule.name, schedule.num_ranks, events, meta)

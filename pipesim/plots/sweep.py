@@ -55,8 +55,12 @@ def _bytes_unit(largest: float) -> tuple[str, float]:
     return ("GiB", 2.0**30) if largest >= 2**30 else ("MiB", 2.0**20)
 
 
-def sweep_figure(rows: Sequence[dict], *, title: str | None = None) -> go.Figure:
-    """Three panels: bubble fraction vs m (line per schedule, dash per stage count), memory, links."""
+def sweep_figure(rows: Sequence[dict], *, title: str | None = None, setting: str | None = None,
+                 notes: Sequence[str] = ()) -> go.Figure:
+    """Three panels: bubble fraction vs m (line per schedule, dash per stage count), memory, links.
+
+    `setting` (the hardware and model the sweep assumed) goes under the title, `notes` below the figure.
+    """
     rows = check_rows(rows)
     series = sorted({_series(r) for r in rows})
     colour = {s: SCHEDULE_COLOURS[i % len(SCHEDULE_COLOURS)] for i, s in enumerate(series)}
@@ -119,9 +123,14 @@ def sweep_figure(rows: Sequence[dict], *, title: str | None = None) -> go.Figure
                            showarrow=False)
     dashes = f" · dash / hatching = stage count ({', '.join(f'p={p}' for p in stage_counts)})" if many_p else ""
     head = title or f"sweep: {len(series)} schedules, {len(rows)} configurations{dashes}"
-    fig.update_layout(**base_layout(head), barmode="group", height=760,
+    if setting:
+        head += f"<br><span style='font-size:12px;color:#555'>{setting}</span>"
+    fig.update_layout(**base_layout(head), barmode="group", height=760 + 40 * len(notes),
                       uniformtext={"minsize": 9, "mode": "hide"}, bargroupgap=0.05,
-                      margin={"l": 70, "r": 30, "t": 110, "b": 60})
+                      margin={"l": 70, "r": 30, "t": 110, "b": 60 + 40 * len(notes)})
+    for k, note in enumerate(notes):  # below the panels: why a curve looks surprising
+        fig.add_annotation(text=f"note: {note}", xref="paper", yref="paper", x=0, y=-0.08 - 0.05 * k,
+                           xanchor="left", showarrow=False, font={"size": 11, "color": "#b00"}, align="left")
     for ann in fig.layout.annotations[:3]:
         ann.update(font={"size": 13})
     return fig

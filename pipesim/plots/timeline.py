@@ -88,11 +88,32 @@ _HOVER = (
 )
 
 
+def merge_overlaps(timeline: Timeline) -> tuple[list[Event], dict[Event, str]]:
+    """Events with each overlapped forward + backward (meta "overlaps", OVERLAP_F_B) as one bar: it spans
+    both halves, is coloured as its backward and labelled with both (`0F3;3B1`)."""
+    pairs = {f: b for f, b in timeline.meta.get("overlaps", ())}
+    if not pairs:
+        return list(timeline.events), {}
+    compute = {(e.step, e.label): e for e in timeline.events if e.stream == "compute"}
+    merged: dict[Event, str] = {}
+    halves: set[Event] = set()
+    for (step, label), fwd in compute.items():
+        bwd = compute.get((step, pairs.get(label, "")))
+        if bwd is None:
+            continue
+        bar = Event(fwd.rank, "compute", bwd.kind, bwd.stage, bwd.microbatch, min(fwd.start, bwd.start),
+                    max(fwd.end, bwd.end), step=step)
+        merged[bar] = f"{fwd.label};{bwd.label}"
+        halves.update((fwd, bwd))
+    return [e for e in timeline.events if e not in halves] + list(merged), merged
+
+
 def add_timeline(fig: go.Figure, timeline: Timeline, *, row: int, unit: str, legend_seen: set[str]) -> None:
     """Add one bar trace per kind group to subplot `row`; the legend lists each group once."""
     scale = UNITS[unit]
     by_group: dict[str, list[Event]] = {}
-    for e in sorted(timeline.events, key=lambda e: (e.rank, e.start)):
+    events_drawn, overlap_text = merge_overlaps(timeline)
+    for e in sorted(events_drawn, key=lambda e: (e.rank, e.start)):
         by_group.setdefault(group_of(e.kind), []).append(e)
     for group in GROUPS:
         events = by_group.get(group)
@@ -113,13 +134,14 @@ def add_timeline(fig: go.Figure, timeline: Timeline, *, row: int, unit: str, leg
                 # compute bars get a white edge to separate neighbours; transfers an edge of their own
                 # colour, so a transfer much shorter than a pixel still shows as a thin line
                 marker={"color": fill, "line": {"color": "white" if compute else fill, "width": 0.5 if compute else 1}},
-                text=[short_label(e) for e in events],
+                text=[overlap_text.get(e) or short_label(e) for e in events],
                 textposition="inside",
                 insidetextanchor="middle",
                 textangle=0,
                 textfont={"color": text_colour},
                 customdata=[
-                    [e.label, e.kind, e.stage, e.microbatch, fmt_time(e.start, unit), fmt_time(e.duration, unit),
+                    [overlap_text.get(e) or e.label, e.kind, e.stage, e.microbatch, fmt_time(e.start, unit),
+                     fmt_time(e.duration, unit),
                      fmt_bytes(e.bytes) if e.bytes else "-", e.peer if e.peer >= 0 else "-"]
                     for e in events
                 ],

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from datetime import timedelta
 
@@ -29,8 +30,8 @@ def main() -> None:
     x, y = torch.randn(BATCH, HIDDEN), torch.randn(BATCH, HIDDEN)
     with open(csv_path) as fh:
         rows = [line.strip().split(",") for line in fh if line.strip()]
-    my_stages = sorted({int(cell.split("F")[0]) for cell in rows[rank] if "F" in cell and "SEND" not in cell
-                        and "RECV" not in cell})
+    # the stages this rank runs forwards of: `0F3`, also inside `(0F3;3B1)OVERLAP_F_B`, not `0SEND_F1`
+    my_stages = sorted({int(stage) for cell in rows[rank] for stage in re.findall(r"(\d+)F\d+", cell)})
     stages = [PipelineStage(layers[s], s, num_stages, torch.device("cpu")) for s in my_stages]
 
     def loss_fn(output, target):

@@ -1,0 +1,92 @@
+"""Non-GEMM kernels on a device: memory-bound ops at HBM bandwidth, and flash attention as its own kernel.
+
+Softmax, norms, activations, dropout, residual adds and the optimizer step do a few FLOPs per
+byte, so their time is the bytes they move at the achievable HBM bandwidth plus one kernel
+overhead each (their byte counts: pipesim/model/elementwise.py). Flash attention fuses Q K^T,
+the softmax and A V into one kernel that never writes the s x s scores: its time is its FLOPs at
+the attention kernel's own achievable rate (FlashAttention-2/3's measured fractions of peak),
+with the wave quantisation of its (batch, head, query block) grid. Formulas: docs/gpu_model.md.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from pipesim.device.gemm import roofline
+from pipesim.device.profile import DTYPE_BYTES, DeviceProfile
+from pipesim.errors import PipesimError
+
+FLASH_QUERY_BLOCK = 128  # rows of queries per thread block in FlashAttention-2/3's forward grid
+BACKWARD_FLOP_RATIO = 2.5  # backward / forward FLOPs: recompute Q K^T (1 matmul) + 4 gradient matmuls over 2
+
+
+@dataclass(frozen=True)
+class KernelTime:
+    """Predicted seconds of one kernel and its parts (seconds, FLOPs, bytes)."""
+
+    seconds: float
+    compute: float  # seconds of FLOPs at the kernel's achievable rate (0 for memory-bound kernels)
+    memory: float  # seconds of HBM traffic at the achievable bandwidth
+    overhead: float  # seconds of per-kernel overhead
+    flops: float
+    bytes_moved: float
+
+
+def memory_bound_time(nbytes: float, device: DeviceProfile, *, kernels: int = 1) -> KernelTime:
+    """`nbytes` read and written by `kernels` streaming kernels: bytes / (HBM x memory_efficiency) + overhead each."""
+    if nbytes < 0 or kernels < 0:
+        raise PipesimError(f"a memory-bound kernel needs bytes >= 0 and kernels >= 0, got {nbytes}, {kernels}")
+    memory = nbytes / (device.hbm_bandwidth * device.memory_efficiency)
+    overhead = kernels * device.kernel_overhead
+    return KernelTime(memory + overhead, 0.0, memory, overhead, 0.0, float(nbytes))
+
+
+def attention_flops(batch: int, seq: int, heads: int, head_dim: int, *, kv_seq: int | None = None,
+                    causal: bool = False, backward: bool = False) -> float:
+    """FLOPs of Q K^T and A V: forward 4 b s_q s_k h (h = heads x head_dim); backward 2.5x; causal halves.
+
+    The backward re-computes Q K^T from the saved log-sum-exp (flash), then runs four gradient
+    matmuls: (2 + 8) / 4 = 2.5x the forward, as pipesim/model/flops.py counts it.
+    """
+    kv = seq if kv_seq is None else kv_seq
+    for name, value in (("batch", batch), ("seq", seq), ("heads", heads), ("head_dim", head_dim), ("kv_seq", kv)):
+        if not isinstance(value, int) or value < 1:
+            raise PipesimError(f"attention needs positive integer sizes, got {name} = {value!r}")
+    flops = 4.0 * batch * seq * kv * heads * head_dim
+    if backward:
+        flops *= BACKWARD_FLOP_RATIO
+    return flops / 2 if causal else flops
+
+
+def flash_attention_time(batch: int, seq: int, heads: int, head_dim: int, dtype: str, device: DeviceProfile, *,
+                         kv_seq: int | None = None, kv_heads: int | None = None, causal: bool = False,
+                         backward: bool = False) -> KernelTime:
+    """Seconds of one flash-attention forward (or backward) kernel on `device`.
+
+    compute = FLOPs / (peak x flash efficiency) / wave efficiency, with blocks = b x heads x
+    ceil(s / 128) and wave efficiency = blocks / (ceil(blocks / SMs) x SMs); memory = Q, K, V, O
+    (and dO, dQ, dK, dV backward) once through HBM; the two overlap as GEMMs do; plus one overhead.
+    Grouped-query attention (`kv_heads` < heads) reads fewer K, V bytes, same FLOPs.
+    """
+    flops = attention_flops(batch, seq, heads, head_dim, kv_seq=kv_seq, causal=causal, backward=backward)
+    kv, kvh = seq if kv_seq is None else kv_seq, heads if kv_heads is None else kv_heads
+    if not isinstance(kvh, int) or not 1 <= kvh <= heads or heads % kvh:
+        raise PipesimError(f"kv_heads must divide heads ({heads}), got {kvh!r}")
+    if dtype not in DTYPE_BYTES:
+        raise PipesimError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPE_BYTES)}")
+    eff = device.flash_backward_efficiency if backward else device.flash_forward_efficiency
+    blocks = batch * heads * math.ceil(seq / FLASH_QUERY_BLOCK)
+    waves = math.ceil(blocks / device.sms)
+    compute = flops / (device.peak(dtype) * eff) * (waves * device.sms / blocks)
+    q_o = batch * seq * heads * head_dim  # elements of Q (and of O, dO, dQ)
+    k_v = batch * kv * kvh * head_dim  # elements of K (and of V, dK, dV)
+    elements = (4 * q_o + 4 * k_v) if backward else (2 * q_o + 2 * k_v)  # bwd: Q O dO dQ, K V dK dV
+    moved = float(elements * DTYPE_BYTES[dtype])
+    memory = moved / (device.hbm_bandwidth * device.memory_efficiency)
+    seconds = roofline(compute, memory, device.overlap) + device.kernel_overhead
+    return KernelTime(seconds, compute, memory, device.kernel_overhead, flops, moved)
+
+
+__all__ = ["BACKWARD_FLOP_RATIO", "FLASH_QUERY_BLOCK", "KernelTime", "attention_flops", "flash_attention_time",
+           "memory_bound_time"]

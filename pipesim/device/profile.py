@@ -1,0 +1,123 @@
+"""A device family's figures for the kernel time model, each with the source it comes from.
+
+A GEMM's time depends on the device as much as on its shape: how many SMs share the tiles, the
+tile shapes the library picks from, the tensor-core peak per dtype, the HBM bandwidth, and how
+close to those peaks real kernels get. `DeviceProfile` holds those figures; the shipped families
+(A100, H100, H200, B200) live in pipesim/presets/gemm/devices.toml with a source per field, and a
+GPU run of bench/gpu_calibrate.py can replace the measured ones (`DeviceProfile.with_measured`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields, replace
+from importlib import resources
+from pathlib import Path
+
+from pipesim.errors import PipesimError
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+
+FRACTIONS = ("matmul_efficiency", "memory_efficiency", "overlap", "flash_forward_efficiency",
+             "flash_backward_efficiency")
+DTYPE_BYTES = {"float32": 4, "tfloat32": 4, "bfloat16": 2, "float16": 2, "float8": 1}  # bytes per element
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    """Figures of one accelerator for pipesim/device's kernel model (SI units)."""
+
+    name: str
+    sms: int  # streaming multiprocessors: tiles run one per SM per wave
+    tiles: tuple[tuple[int, int], ...]  # (rows, cols) output tile shapes the GEMM library picks from
+    flops: dict[str, float]  # dtype -> dense peak FLOP/s ("tfloat32": fp32 inputs on tensor cores)
+    hbm_bandwidth: float  # bytes/s, datasheet
+    matmul_efficiency: float  # best achievable fraction of the peak for a large GEMM (MAMF / peak)
+    memory_efficiency: float  # achievable fraction of hbm_bandwidth for a streaming kernel
+    kernel_overhead: float  # seconds per kernel (launch and fixed start-up), added once per kernel
+    overlap: float  # fraction of min(compute, memory) hidden behind the other (1: max, 0: sum)
+    flash_forward_efficiency: float  # flash attention forward: fraction of the peak
+    flash_backward_efficiency: float  # flash attention backward (recompute included): fraction of the peak
+    sources: dict[str, str] = field(default_factory=dict, compare=False)  # field -> citation
+
+    def __post_init__(self) -> None:
+        where = f"device {self.name!r}"
+        if not isinstance(self.sms, int) or self.sms < 1:
+            raise PipesimError(f"{where}: sms must be a positive integer, got {self.sms!r}")
+        if not self.tiles or any(len(t) != 2 or min(t) < 1 for t in self.tiles):
+            raise PipesimError(f"{where}: tiles must be (rows, cols) pairs of positive integers, got {self.tiles!r}")
+        for dtype, peak in self.flops.items():
+            if dtype not in DTYPE_BYTES or not _positive(peak):
+                raise PipesimError(f"{where}: flops[{dtype!r}] must be a dtype of {', '.join(DTYPE_BYTES)} "
+                                   f"with a positive FLOP/s, got {peak!r}")
+        for name in ("hbm_bandwidth", "kernel_overhead"):
+            value = getattr(self, name)
+            if not (_positive(value) or (name == "kernel_overhead" and value == 0)):
+                raise PipesimError(f"{where}: {name} must be positive, got {value!r}")
+        for name in FRACTIONS:
+            value = getattr(self, name)
+            low_ok = value >= 0 if name == "overlap" else value > 0
+            if not (isinstance(value, (int, float)) and low_ok and value <= 1):
+                raise PipesimError(f"{where}: {name} must be a fraction in (0, 1], got {value!r}")
+
+    def __hash__(self) -> int:  # dict fields: hash by their sorted items so a profile can key a cache
+        return hash((self.name, self.sms, self.tiles, tuple(sorted(self.flops.items())), self.hbm_bandwidth,
+                     self.matmul_efficiency, self.memory_efficiency, self.kernel_overhead, self.overlap,
+                     self.flash_forward_efficiency, self.flash_backward_efficiency))
+
+    def peak(self, dtype: str) -> float:
+        """Dense peak FLOP/s for `dtype`, or a one-line error naming the dtypes it has."""
+        if dtype not in self.flops:
+            raise PipesimError(f"device {self.name!r} has no {dtype} peak (has {', '.join(sorted(self.flops))})")
+        return self.flops[dtype]
+
+    def with_measured(self, source: str, **figures: float) -> DeviceProfile:
+        """A copy whose `figures` (e.g. matmul_efficiency) come from a measurement named `source`."""
+        unknown = set(figures) - {f.name for f in fields(self)}
+        if unknown:
+            raise PipesimError(f"device {self.name!r} has no field {', '.join(sorted(unknown))}")
+        return replace(self, **figures, sources={**self.sources, **{k: source for k in figures}})
+
+
+def _positive(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+def _data_file() -> Path:
+    return Path(str(resources.files("pipesim").joinpath("presets", "gemm", "devices.toml")))
+
+
+def load_profiles(path: Path | None = None) -> dict[str, DeviceProfile]:
+    """Every family of a device-profile TOML file (default: the shipped devices.toml), by table name."""
+    path = path or _data_file()
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise PipesimError(f"cannot read device profiles {path}: {exc}") from exc
+    names = {f.name for f in fields(DeviceProfile)}
+    profiles = {}
+    for family, table in data.items():
+        missing = names - set(table) - {"sources"}
+        extra = set(table) - names
+        if missing or extra:
+            raise PipesimError(f"{path}: [{family}] " + (f"lacks {', '.join(sorted(missing))}" if missing else
+                                                         f"has unknown {', '.join(sorted(extra))}"))
+        unsourced = names - {"name", "sources"} - set(table.get("sources", {}))
+        if unsourced:
+            raise PipesimError(f"{path}: [{family}] names no source for {', '.join(sorted(unsourced))}")
+        profiles[family] = DeviceProfile(**{**table, "tiles": tuple(tuple(t) for t in table["tiles"])})
+    return profiles
+
+
+def device_profile(family: str) -> DeviceProfile:
+    """The shipped profile of `family` (A100, H100, H200, B200)."""
+    profiles = load_profiles()
+    if family not in profiles:
+        raise PipesimError(f"unknown device family {family!r}; choose one of {', '.join(sorted(profiles))}")
+    return profiles[family]
+
+
+__all__ = ["DTYPE_BYTES", "DeviceProfile", "device_profile", "load_profiles"]

@@ -1,0 +1,205 @@
+"""Bad input, as a new user types it: every case exits 2 with one line on stderr, no traceback, no file left.
+
+The classes of the 184 malformed inputs of issue 16: malformed flags, schedule CSVs, hardware files,
+deadlocks, outputs (missing folder, a folder, wrong suffix, not a regular file, read-only, write-protected),
+numeric ranges and work bounds. Each case is a real `pipesim` process in a fresh folder holding only the
+inputs it needs; commands that would launch torchrun must fail before launching (well under a second).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+PIPESIM = [sys.executable, "-m", "pipesim"]
+ROOT = Path(__file__).resolve().parents[1]
+
+DEADLOCK_CSV = "0F1,0B0,0F0,0B1\n1F0,1B0,1F1,1B1\n"  # rank 0 waits for B0 before sending F0: nobody moves
+GOOD_HW = (ROOT / "pipesim" / "presets" / "local-cpu.toml").read_text()
+INPUTS = {  # file name -> text, created in every case's folder
+    "deadlock.csv": DEADLOCK_CSV,
+    "garbage.csv": "0F0,0X9,zz\n",
+    "unpaired.csv": "0F0,0RECV_B0,0B0\n1RECV_F0,1SEND_B0,1F0,1B0\n",  # a RECV whose SEND is missing
+    "ragged.csv": "0F0,0B0\n1F0,1B0,1F7\n",
+    "empty.csv": "",
+    "binary.csv": "\x00\x01\x02",
+    "bad.toml": "name = \n[device",
+    "missing-device.toml": 'name = "x"\ndevices_per_node = 2\nnum_nodes = 1\n',
+    "negative.toml": GOOD_HW.replace("latency = 0.00021043956780947005", "latency = -1.0"),
+    "unknown-key.toml": GOOD_HW.replace('name = "local-cpu"', 'name = "local-cpu"\nbogus_field = 3'),
+    "not-json.json": "{not json",
+    "other.json": '{"schema": "something/1"}',
+    "folder.json/keep": "",
+    "folder.html/keep": "",
+}
+
+SIM = ["simulate", "1f1b", "-p", "2", "-m", "4"]
+RUN = ["run", "1f1b", "--nproc", "2", "--microbatches", "4"]
+BENCH = ["bench", "collectives", "--nproc", "2"]
+
+# (id, argv, a piece of the one line). "{ro}" is a read-only folder (a read-only mount when run as root).
+CASES = [
+    # -- malformed flags
+    ("unknown-command", ["frobnicate"], "invalid choice"),
+    ("unknown-flag", [*SIM, "--frob"], "unrecognized arguments"),
+    ("stages-not-int", ["schedule", "1f1b", "-p", "four"], "'four' is not an integer"),
+    ("stages-zero", ["schedule", "1f1b", "-p", "0"], "must be >= 1"),
+    ("microbatches-negative", ["simulate", "1f1b", "-m", "-3"], "must be >= 1"),
+    ("unknown-schedule", ["schedule", "2f2b"], "2f2b"),
+    ("no-schedule", ["simulate"], "name a schedule"),
+    ("name-and-csv", ["schedule", "1f1b", "--from-csv", "ragged.csv"], "not both"),
+    ("virtual-on-1f1b", ["schedule", "1f1b", "-v", "2"], "--virtual 2 is not admitted"),
+    ("interleaved-m", ["schedule", "interleaved-1f1b", "-p", "4", "-m", "3", "-v", "2"], "microbatches"),
+    ("bad-cost", [*SIM, "--cost", "F=x"], "F=x"),
+    ("cost-unknown-kind", [*SIM, "--cost", "Q=1"], "Q"),
+    ("bad-model", [*SIM, "--model", "bert"], "invalid choice"),
+    ("bad-dtype", [*SIM, "--dtype", "int3"], "invalid choice"),
+    ("layers-lt-stages", ["simulate", "1f1b", "-p", "4", "--layers", "2"], "layers"),
+    ("layer-split-sum", [*SIM, "--layer-split", "1,1"], "layer"),
+    ("layer-split-cost", [*SIM, "--cost", "F=1,B=2", "--layer-split", "4,4"], "--layer-split needs a model"),
+    ("negative-bytes", [*SIM, "--cost", "F=1,B=2", "--boundary-bytes", "-1"], ">= 0"),
+    ("sweep-empty-schedules", ["sweep", "--schedules", ","], "at least one schedule"),
+    ("sweep-unknown", ["sweep", "--schedules", "gpipe,nope"], "nope"),
+    ("plot-missing-input", ["plot", "missing.json", "-o", "x.html"], "file not found: missing.json"),
+    ("plot-not-json", ["plot", "not-json.json", "-o", "x.html"], "cannot read not-json.json"),
+    ("plot-other-schema", ["plot", "other.json", "-o", "x.html"], "is not a pipesim timeline"),
+    ("plot-step-zero", ["plot", "other.json", "-o", "x.html", "--step", "0"], "must be >= 1"),
+    ("run-nnodes-no-endpoint", [*RUN, "--nnodes", "2"], "--rdzv-endpoint"),
+    ("run-then-bad", [*RUN, "--then", "gpipe", "--frob"], "after --then"),
+    ("run-dp-not-dividing", ["run", "1f1b", "--nproc", "3", "--dp", "2"], "3"),
+    ("bench-unknown-op", [*BENCH, "--ops", "all_reduce,shout"], "unknown collective 'shout'"),
+    ("bench-bad-size", [*BENCH, "--sizes", "12Q"], "cannot read size '12Q'"),
+    ("calibrate-devices", ["calibrate", "-o", "hw.toml", "--devices", "1"], "--devices must be >= 2"),
+    ("validate-rounds", ["validate", "--out", "v.md", "--rounds", "0"], "--rounds 0"),
+    ("validate-reuse-missing", ["validate", "--out", "v.md", "--reuse", "nowhere"], "--reuse nowhere"),
+    # -- schedule CSVs and deadlocks
+    ("csv-missing", ["schedule", "--from-csv", "missing.csv"], "missing.csv"),
+    ("csv-garbage", ["schedule", "--from-csv", "garbage.csv"], "garbage.csv"),
+    ("csv-empty", ["schedule", "--from-csv", "empty.csv"], "empty.csv"),
+    ("csv-binary", ["schedule", "--from-csv", "binary.csv"], "binary.csv"),
+    ("csv-deadlock", ["schedule", "--from-csv", "deadlock.csv"], "deadlock"),
+    ("csv-deadlock-simulate", ["simulate", "--from-csv", "deadlock.csv", "--cost", "F=1,B=2"], "deadlock"),
+    ("csv-deadlock-run", ["run", "--from-csv", "deadlock.csv", "--nproc", "2", "-m", "2"], "deadlock"),
+    ("csv-unpaired-recv", ["schedule", "--from-csv", "unpaired.csv"], "SEND_F(stage 0, mb 0) is missing on rank 0"),
+    ("csv-is-folder", ["schedule", "--from-csv", "folder.json"], "folder.json"),
+    # -- hardware files
+    ("hw-unknown-preset", [*SIM, "--hardware", "dgx-z900"], "dgx-z900"),
+    ("hw-unparsable", [*SIM, "--hardware", "bad.toml"], "bad.toml"),
+    ("hw-missing-section", [*SIM, "--hardware", "missing-device.toml"], "missing-device.toml"),
+    ("hw-negative", [*SIM, "--hardware", "negative.toml"], "latency"),
+    ("hw-unknown-key", [*SIM, "--hardware", "unknown-key.toml"], "bogus_field"),
+    ("hw-too-few-devices", ["simulate", "1f1b", "-p", "64", "-m", "64", "--hardware", "dgx-h100"], "needs 64 devices"),
+    ("validate-hw-missing", ["validate", "--out", "v.md", "--hardware", "nope.toml"], "nope.toml"),
+    # -- outputs: checked before any work
+    ("sim-json-no-folder", [*SIM, "--json", "nodir/r.json"], "--json nodir/r.json: folder nodir does not exist"),
+    ("sim-json-folder", [*SIM, "--json", "folder.json"], "--json folder.json: is a folder"),
+    ("sim-json-suffix", [*SIM, "--json", "r.txt"], "--json r.txt: writes JSON; name the file *.json"),
+    ("sim-json-dev-full", [*SIM, "--json", "/dev/full"], "--json /dev/full: exists and is not a regular file"),
+    ("sim-json-read-only", [*SIM, "--json", "{ro}/r.json"], "r.json"),
+    ("sim-trace-bad-keeps-json", [*SIM, "--json", "r.json", "--trace", "/nonexistent/t.json"], "/nonexistent"),
+    ("sim-same-file", [*SIM, "--json", "r.json", "--trace", "r.json"], "name the same file"),
+    ("schedule-plot-png", ["schedule", "1f1b", "--plot", "x.png"], "--plot x.png: writes HTML"),
+    ("sweep-plot-suffix", ["sweep", "--schedules", "gpipe", "--plot", "s.png"], "--plot s.png: writes HTML"),
+    ("sweep-json-no-folder", ["sweep", "--schedules", "gpipe", "--json", "nodir/s.json"], "folder nodir"),
+    ("sweep-json-read-only", ["sweep", "--schedules", "gpipe", "--json", "{ro}/s.json"], "s.json"),
+    ("plot-o-png", ["plot", "other.json", "-o", "x.png"], "-o x.png: writes HTML"),
+    ("plot-png-jpg", ["plot", "other.json", "-o", "x.html", "--png", "x.jpg"], "--png x.jpg: writes PNG"),
+    ("plot-o-folder", ["plot", "other.json", "-o", "folder.html"], "-o folder.html: is a folder"),
+    ("run-json-no-folder", [*RUN, "--json", "nodir/r.json"], "--json nodir/r.json: folder nodir does not exist"),
+    ("run-trace-suffix", [*RUN, "--trace", "t.html"], "--trace t.html: writes JSON"),
+    ("run-json-read-only", [*RUN, "--json", "{ro}/r.json"], "r.json"),
+    ("run-save-dir-file", [*RUN, "--save-dir", "deadlock.csv"], "--save-dir deadlock.csv: exists and is not a folder"),
+    ("run-then-json-no-folder", [*RUN, "--then", "gpipe", "--json", "nodir/g.json"], "folder nodir"),
+    ("bench-json-no-folder", [*BENCH, "--json", "nodir/c.json"], "--json nodir/c.json: folder nodir"),
+    ("bench-plot-suffix", [*BENCH, "--plot", "c.png"], "--plot c.png: writes HTML"),
+    ("calibrate-o-suffix", ["calibrate", "-o", "hw.json"], "-o hw.json: writes TOML"),
+    ("calibrate-o-no-folder", ["calibrate", "-o", "nodir/hw.toml"], "folder nodir"),
+    ("calibrate-o-dev-full", ["calibrate", "-o", "/dev/full"], "not a regular file"),
+    ("validate-out-suffix", ["validate", "--out", "v.html"], "--out v.html: writes Markdown"),
+    ("validate-out-no-folder", ["validate", "--out", "nodir/v.md"], "folder nodir"),
+    ("validate-img-dir-file", ["validate", "--out", "v.md", "--img-dir", "deadlock.csv"], "not a folder"),
+    # -- numeric ranges
+    ("run-lr-nan", [*RUN, "--lr", "nan"], "--lr must be a positive finite number"),
+    ("run-lr-negative", [*RUN, "--lr", "-0.1"], "--lr must be a positive finite number"),
+    ("run-pg-timeout-negative", [*RUN, "--pg-timeout", "-1"], "--pg-timeout"),
+    ("run-pg-timeout-inf", [*RUN, "--pg-timeout", "inf"], "--pg-timeout"),
+    ("run-fail-rank-out-of-range", [*RUN, "--fail-rank", "5"], "--fail-rank 5: the run has ranks 0 to 1"),
+    ("run-warmup-all-steps", [*RUN, "--steps", "2", "--warmup", "2"], "--warmup 2 leaves no measured step"),
+    ("run-warmup-negative", [*RUN, "--warmup", "-1"], "--warmup"),
+    ("bench-timeout-zero", [*BENCH, "--timeout", "0"], "--timeout must be more than 0"),
+    ("bench-timeout-nan", [*BENCH, "--timeout", "nan"], "--timeout"),
+    ("bench-iters-zero", [*BENCH, "--iters", "0"], "--iters"),
+    ("bench-size-64G", [*BENCH, "--sizes", "64G"], "above the bound"),
+    ("bench-elements-huge", [*BENCH, "--lecture", "--elements", "100000000000"], "above the bound"),
+    ("bench-size-zero", [*BENCH, "--sizes", "0"], "size '0'"),
+    # -- work bounded before it starts
+    ("schedule-huge-virtual", ["schedule", "interleaved-1f1b", "-p", "4", "-m", "8", "-v", "100000"],
+     "above the bound"),
+    ("simulate-huge", ["simulate", "1f1b", "-p", "1024", "-m", "4096", "--cost", "F=1,B=2"], "above the bound"),
+    ("sweep-million-stages", ["sweep", "--schedules", "gpipe,1f1b", "--stages", "1000000"],
+     "needs 1000000 devices"),
+    ("sweep-million-stages-cost", ["sweep", "--schedules", "gpipe", "--stages", "1000000", "--cost", "F=1,B=2"],
+     "above the bound"),
+    ("sweep-nothing-admissible", ["sweep", "--schedules", "interleaved-1f1b", "--stages", "4", "-m", "6",
+                                  "--cost", "F=1,B=2", "--json", "s.json"], "no combination could be simulated"),
+]
+
+
+@pytest.fixture(scope="module")
+def read_only_folder(tmp_path_factory) -> str:
+    """A folder nothing can be written into: chmod for a user, a read-only mount (sysfs) for root."""
+    if os.geteuid() == 0:
+        return "/sys"
+    folder = tmp_path_factory.mktemp("ro")
+    folder.chmod(0o555)
+    return str(folder)
+
+
+def _run_case(case: tuple, base: Path, ro: str) -> tuple[str, int, str, float, set[str], list[str]]:
+    name, argv, _ = case
+    cwd = base / name
+    cwd.mkdir()
+    for rel, text in INPUTS.items():
+        (cwd / rel).parent.mkdir(parents=True, exist_ok=True)
+        if not rel.endswith("/keep"):
+            (cwd / rel).write_text(text)
+    before = {str(p.relative_to(cwd)) for p in cwd.rglob("*")}
+    argv = [a.replace("{ro}", ro) for a in argv]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    t0 = time.perf_counter()
+    done = subprocess.run([*PIPESIM, *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=60,
+                          check=False)
+    after = {str(p.relative_to(cwd)) for p in cwd.rglob("*")}
+    ro_left = [p for p in ("r.json", "s.json") if ro != "/sys" and (Path(ro) / p).exists()]
+    return name, done.returncode, done.stderr, time.perf_counter() - t0, after - before, ro_left
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory, read_only_folder) -> dict[str, tuple]:
+    base = tmp_path_factory.mktemp("bad-input")
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = pool.map(lambda c: _run_case(c, base, read_only_folder), CASES)
+        return {r[0]: r[1:] for r in results}
+
+
+def test_cases_are_distinct():
+    assert len({c[0] for c in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize(("name", "argv", "message"), CASES, ids=[c[0] for c in CASES])
+def test_bad_input_is_one_line_exit_2_nothing_left(outcomes, name, argv, message):
+    code, stderr, seconds, new_files, ro_left = outcomes[name]
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    grid_lines = [g for g in lines[:-1] if g.startswith(("step ", "rank "))]  # a bad schedule's marked grid
+    assert code == 2, stderr
+    assert "Traceback" not in stderr
+    assert lines and len(lines) - len(grid_lines) == 1, stderr
+    assert message in lines[-1], lines[-1]
+    assert not new_files and not ro_left, new_files or ro_left  # no output, no temporary file
+    assert seconds < 20  # refused up front: no torchrun launched, no schedule of a million stages built
