@@ -1,7 +1,7 @@
 """`pipesim bench`: collective bandwidths (under torchrun), executor vs torch.distributed.pipelining, simulator speed.
 
-`collectives` launches torchrun itself on executor.collectives_bench; `executor`, `simulator` and `late-recv` run
-the scripts in bench/ (source tree only). Flags of `collectives` are defined here and become a
+`collectives` launches torchrun itself on executor.collectives_bench; `executor`, `simulator`, `late-recv` and
+`published` run the scripts in bench/ (source tree only). Flags of `collectives` are defined here and become a
 `CollectivesConfig`, checked before any process starts and handed to the ranks as JSON.
 """
 
@@ -30,6 +30,7 @@ EXAMPLES = """examples:
   pipesim bench executor -- --schedules gpipe,1f1b --steps 5        # pipesim executor vs torch pipelining
   pipesim bench simulator                                          # bench/bench_simulator.py
   pipesim bench late-recv -- --iters 150                           # bench/bench_late_recv.py
+  pipesim bench published                                          # published GPU results -> docs/published.md
 """
 
 BENCH_DIR = Path(__file__).resolve().parents[2] / "bench"  # present in a source checkout only
@@ -63,7 +64,9 @@ def add_parser(sub) -> None:
     c.set_defaults(func=run_collectives)
     for name, script, text in (("executor", "bench_executor.py", "step time: pipesim executor vs torch pipelining"),
                                ("simulator", "bench_simulator.py", "simulator speed (bench/bench_simulator.py)"),
-                               ("late-recv", "bench_late_recv.py", "gloo's late RECV by what the sender does")):
+                               ("late-recv", "bench_late_recv.py", "gloo's late RECV by what the sender does"),
+                               ("published", "bench_published.py",
+                                "published Megatron-LM results vs predictions (docs/published.md)")):
         e = which.add_parser(name, help=text, epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
         e.add_argument("args", nargs=argparse.REMAINDER, help=f"flags for bench/{script} (after --)")
         e.set_defaults(func=run_script, script=script)
@@ -125,6 +128,7 @@ def run_script(args: argparse.Namespace) -> int:
         raise PipesimError(f"{path} not found; the bench scripts ship with the source checkout only")
     spec = importlib.util.spec_from_file_location(f"pipesim_bench_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there (string annotations)
     spec.loader.exec_module(module)
     argv = args.args[1:] if args.args[:1] == ["--"] else list(args.args)
     if inspect.signature(module.main).parameters:
