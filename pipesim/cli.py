@@ -13,7 +13,8 @@ import sys
 from pipesim import __version__
 from pipesim.errors import PipesimError, ScheduleError
 
-COMMANDS = ("schedule", "simulate", "sweep", "run", "plot", "bench", "calibrate", "validate")
+COMMANDS = ("schedule", "simulate", "sweep", "run", "plot", "bench", "calibrate", "validate",
+            "import_trace")
 
 EPILOG = """examples:
   pipesim schedule 1f1b --stages 4 --microbatches 8
