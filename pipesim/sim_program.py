@@ -28,7 +28,7 @@ class ComputeOp(NamedTuple):
     tp_seconds: float  # seconds of the blocking TP collectives inside it
     stash_bytes: int  # bytes of activations stashed (+, F) or freed (-, the releasing backward)
     inflight: int  # +1 (F), -1 (the releasing backward) or 0: microbatches stashed
-    allreduce_stage: int  # the stage whose DP gradient all-reduce follows it (its last B/W), else -1
+    allreduce_stage: int  # the stage whose DP gradient reduction follows it (its last B/W; ZeRO 2: each), else -1
     recompute_bytes: int = 0  # bytes a recomputing backward (B, or I) re-creates, live only while it runs
 
 
@@ -73,10 +73,13 @@ class TableCompute:
 
 
 def compile_programs(sched: Schedule, compute: TableCompute, hw: Any, comm: bool, par: ParallelDims,
-                     tp_collectives: dict, cp_seconds: dict | None = None) -> list[list[Op]]:
+                     tp_collectives: dict, cp_seconds: dict | None = None,
+                     every_grad: frozenset[int] = frozenset()) -> list[list[Op]]:
     """Per rank, the op of each action (one shared record per (rank, stage, kind)); message slots use
     the schedule's microbatch count as stride. cp_seconds: (stage, kind) -> exposed ring-attention
-    seconds added to that compute (`cp_exposed`)."""
+    seconds added to that compute (`cp_exposed`). The last weight-gradient piece of each stage is
+    marked for its gradient reduction; with the stage in `every_grad` (ZeRO 2: a reduce-scatter per
+    microbatch) every one is."""
     stride = sched.num_microbatches
     last_grad: dict[int, tuple[int, int]] = {}  # stage -> (rank, index) of its last B/W
     all_ops: list[list[Op]] = []
@@ -88,9 +91,11 @@ def compile_programs(sched: Schedule, compute: TableCompute, hw: Any, comm: bool
             key = (a.stage, a.kind)
             entry = cache.get(key)
             if entry is None:
-                entry = cache[key] = (_op(rank, a, sched, compute, hw, comm, par, tp_collectives, stride,
-                                              cp_seconds),
-                                      a.kind in COMPUTE and produces_weight_grad(a.kind))
+                op = _op(rank, a, sched, compute, hw, comm, par, tp_collectives, stride, cp_seconds)
+                grad = a.kind in COMPUTE and produces_weight_grad(a.kind)
+                if grad and a.stage in every_grad:
+                    op = op._replace(allreduce_stage=a.stage)
+                entry = cache[key] = (op, grad)
             append(entry[0])
             if entry[1]:
                 last_grad[a.stage] = (rank, i)

@@ -4,7 +4,8 @@ ZeRO-3's prefetched all-gathers, the optimizer step and the parameter all-gather
 Each pipeline rank has one collective stream (FIFO: a collective starts when it is issued and the
 one before it has ended), beside its compute stream, so collectives overlap the rank's compute.
 - Gradients: after a stage's last backward piece that produces weight gradients, its "grads"
-  collectives (all_reduce for ZeRO 0, reduce_scatter for ZeRO 1-3) are issued.
+  collectives (all_reduce for ZeRO 0, reduce_scatter for ZeRO 1 and 3) are issued; ZeRO 2 keeps
+  only its gradient shard, so its "microbatch" reduce_scatter follows every such piece.
 - ZeRO 3: every chunk's all-gather is issued at the step's start in the order the rank first needs
   them (prefetch); the chunk's first forward waits until its all-gather has ended (a `GateOp` in the
   rank's program), and the chunk stays gathered until its gradients' reduce_scatter (the memory
@@ -97,7 +98,8 @@ class CollectiveStreams:
                 ops[rank][i] = GateOp(rec.end, ops[rank][i])
 
     def grads_done(self, rank: int, stage: int, index: int, now: float) -> None:
-        """The stage's last weight-gradient piece ended at `now` (action `index`): reduce its gradients."""
+        """The stage's last weight-gradient piece (ZeRO 2: each) ended at `now` (action `index`): reduce
+        its gradients."""
         if not self.on:
             return
         if self.step is None:  # today's step: DDP all_reduce of dp_grad_bytes
@@ -105,8 +107,8 @@ class CollectiveStreams:
                 self._issue(rank, "all_reduce", stage, self.dp_bytes[stage], now, index, "grads")
             return
         for c in self.step.collectives[stage]:
-            if c.phase == "grads":
-                self._issue(rank, c.kind, stage, c.nbytes, now, index, "grads")
+            if c.phase in ("grads", "microbatch"):  # ZeRO 2's "microbatch" ones: after every weight gradient
+                self._issue(rank, c.kind, stage, c.nbytes, now, index, c.phase)
 
     def finish(self, ends: list[list[float]]) -> list[RankStepEnd]:
         """After the pipeline: each rank's optimizer (after its program and its gradient collectives), then
@@ -116,7 +118,8 @@ class CollectiveStreams:
         out = []
         for rank in range(self.sched.num_ranks):
             finish = ends[rank][-1] if ends[rank] else 0.0
-            start = max([finish] + [c.end for c in self.records if c.rank == rank and c.phase == "grads"])
+            reductions = [c.end for c in self.records if c.rank == rank and c.phase in ("grads", "microbatch")]
+            start = max([finish, *reductions])
             stages = self.sched.stages_of(rank)
             end = start
             for s in stages:

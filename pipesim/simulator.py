@@ -35,6 +35,7 @@ from pipesim.sim_program import ComputeOp, SendOp, TableCompute, compile_program
 from pipesim.sim_records import no_gc
 from pipesim.sim_result import SimResult
 from pipesim.sim_step import CollectiveStreams, GateOp
+from pipesim.step_costs import per_microbatch_stages
 
 
 def check_devices(par: ParallelDims, hw: Any) -> None:
@@ -110,7 +111,7 @@ class _Kernel:
         self.transfers: list[Transfer] = []  # in posting order
         self.cp_seconds = cp_exposed(sched, hw, comm, par, getattr(costs, "cp_exchanges", None) or {})
         self.ops = compile_programs(sched, compute, hw, comm, par, getattr(costs, "tp_collectives", None) or {},
-                                    self.cp_seconds)
+                                    self.cp_seconds, per_microbatch_stages(getattr(costs, "step", None)))
         self.streams.prefetch(self.ops)  # ZeRO 3: all-gathers from the step's start, first F / B gated
         self.host = host_model(self.clock, hw, [par.rank(pp=r) for r in range(n)])
 

@@ -33,9 +33,10 @@ from pipesim.model.memory import PRECISIONS, Precision, dp_collectives, optimize
 from pipesim.model.options import LayerOptions
 
 # When a step collective runs, relative to the stage's (chunk's) work:
-PHASES = ("forward", "backward", "grads", "params")
+PHASES = ("forward", "backward", "grads", "microbatch", "params")
 # forward: before its first forward (prefetched at the step's start); backward: before its first backward
-# (prefetched); grads: after its last backward (the optimizer waits for it); params: after the optimizer step
+# (prefetched); grads: after its last backward (the optimizer waits for it); microbatch: after each of its
+# weight-gradient backwards (ZeRO 2; the optimizer waits for them too); params: after the optimizer step
 
 
 @dataclass(frozen=True)
@@ -81,8 +82,9 @@ def stage_step_collectives(params: int, *, dp: int, zero: int, precision: Precis
         return (StepCollective("all_gather", gather.nbytes, "forward"),
                 StepCollective("reduce_scatter", scatter.nbytes, "grads"))
     out = []
+    grads = "microbatch" if zero == 2 else "grads"  # ZeRO 2 keeps only its gradient shard: reduce every microbatch
     for c in dp_collectives(params, dp=dp, zero=zero, microbatches=1, precision=prec):
-        out.append(StepCollective(c.kind, c.nbytes, "params" if c.kind == "all_gather" else "grads"))
+        out.append(StepCollective(c.kind, c.nbytes, "params" if c.kind == "all_gather" else grads))
     return tuple(out)
 
 
@@ -155,5 +157,12 @@ def exposed_seconds(exchanges: Sequence[RingExchange], hop_seconds) -> float:
     return total
 
 
+def per_microbatch_stages(step: StepCosts | None) -> frozenset[int]:
+    """Stages whose gradients are reduced after every microbatch (ZeRO 2)."""
+    if step is None:
+        return frozenset()
+    return frozenset(s for s, cs in enumerate(step.collectives) if any(c.phase == "microbatch" for c in cs))
+
+
 __all__ = ["PHASES", "RingExchange", "StepCollective", "StepCosts", "exposed_seconds", "optimizer_seconds",
-           "ring_exchanges", "stage_step_collectives", "step_costs"]
+           "per_microbatch_stages", "ring_exchanges", "stage_step_collectives", "step_costs"]

@@ -62,7 +62,9 @@ def test_step_collectives_per_zero_stage():
     assert stage_step_collectives(p, dp=4, zero=0) == (StepCollective("all_reduce", 2 * p, "grads"),)
     one = (StepCollective("reduce_scatter", 2 * p, "grads"), StepCollective("all_gather", 2 * p, "params"))
     assert stage_step_collectives(p, dp=4, zero=1) == one
-    assert stage_step_collectives(p, dp=4, zero=2) == one  # with pipelining gradients are reduced once per step
+    # ZeRO 2 keeps only its gradient shard (the memory model's 2/dp bytes): a reduce_scatter per microbatch
+    assert stage_step_collectives(p, dp=4, zero=2) == (StepCollective("reduce_scatter", 2 * p, "microbatch"),
+                                                       StepCollective("all_gather", 2 * p, "params"))
     # FSDP2 with PP: a chunk is gathered once per step, before its first forward, and stays gathered
     assert stage_step_collectives(p, dp=4, zero=3) == (
         StepCollective("all_gather", 2 * p, "forward"), StepCollective("reduce_scatter", 2 * p, "grads"))
@@ -115,6 +117,28 @@ def test_zero1_two_stage_1f1b_exact_step_end():
     assert result.timeline().meta["step_time"] == 7.0
     path = result.critical_path()
     assert path[-1]["end"] == result.makespan
+
+
+def test_zero2_reduces_after_every_microbatch_and_the_optimizer_waits_for_the_last():
+    """The same pipeline as above with ZeRO 2: a reduce_scatter (0.5 s) after each B, so rank 1 reduces at
+    3 and 5, rank 0 at 4 and 6; each optimizer starts when its last one has ended."""
+    hw = toy()
+    sched = schedules.build("1f1b", 2, 2)
+    per_stage = (StepCollective("reduce_scatter", GB, "microbatch"), StepCollective("all_gather", GB // 2, "params"))
+    step = StepCosts((per_stage,) * 2, (0.25, 0.5), (0, 0), zero=2)
+    result = simulate(sched, costs(2, 1.0, 1.0, dp=2, step=step), hw)
+    rows = [(c.rank, c.kind, c.phase, c.start, c.end) for c in result.collectives]
+    assert rows == [(1, "reduce_scatter", "microbatch", 3.0, 3.5), (0, "reduce_scatter", "microbatch", 4.0, 4.5),
+                    (1, "reduce_scatter", "microbatch", 5.0, 5.5), (0, "reduce_scatter", "microbatch", 6.0, 6.5),
+                    (0, "all_gather", "params", 6.75, 7.0), (1, "all_gather", "params", 6.0, 6.25)]
+    r0, r1 = result.step_ends
+    assert (r0.optimizer_start, r0.step_end, r1.optimizer_start, r1.step_end) == (6.5, 7.0, 5.5, 6.25)
+    assert result.step_time == 7.0
+    zero2 = model_costs(ModelConfig(hidden=256, layers=4, batch=16), 2, 4, load_hardware("2x-dgx-h100"), dp=2,
+                        zero=2)
+    assert [c.phase for c in zero2.step.collectives[0]] == ["microbatch", "params"]
+    kinds = [c.phase for c in simulate(schedules.build("1f1b", 2, 4), zero2, load_hardware("2x-dgx-h100")).collectives]
+    assert kinds.count("microbatch") == 2 * 4  # 2 stages x 4 microbatches
 
 
 def test_optimizer_waits_for_the_reduction_only_when_it_is_not_done():

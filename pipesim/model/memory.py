@@ -107,11 +107,11 @@ def dp_collectives(params: int, *, dp: int, zero: int, microbatches: int,
                    precision: Precision = PRECISIONS["mixed"]) -> list[Collective]:
     """Data-parallel collectives of a stage holding `params` parameters, outside its layers.
 
-    0: one all_reduce of the gradients at the step's end (DDP). 1 and 2: reduce_scatter of the
-    gradients after the stage's last backward, then (after the optimizer step on the shard)
-    all_gather of the parameters; with pipelining frameworks reduce once per step, so 2
-    communicates as 1. 3: `zero3_chunk_collectives`.
-    dp = 1: none. `microbatches` is kept for the callers' signature; no collective depends on it.
+    0: one all_reduce of the gradients at the step's end (DDP). 1: reduce_scatter of the gradients
+    after the stage's last backward, then (after the optimizer step on the shard) all_gather of the
+    parameters. 2: the same collectives, but the gradients stay sharded, so the reduce_scatter runs
+    after every microbatch (`count` = microbatches; pipesim.step_costs times each). 3:
+    `zero3_chunk_collectives`. dp = 1: none.
     """
     _check_zero(zero, dp)
     if dp == 1 or zero == 3:
@@ -120,6 +120,9 @@ def dp_collectives(params: int, *, dp: int, zero: int, microbatches: int,
     if zero == 0:
         return [Collective("all_reduce", grads, "step", "dp", "gradients")]
     gather = Collective("all_gather", weights, "step", "dp", "updated parameters")
+    if zero == 2:
+        return [Collective("reduce_scatter", grads, "W", "dp", "gradient shard, every microbatch", count=microbatches),
+                gather]
     return [Collective("reduce_scatter", grads, "step", "dp", "gradients"), gather]
 
 
