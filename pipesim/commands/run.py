@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 from pathlib import Path
 
 from executor.config import RunConfig, configs_to_json
@@ -66,6 +67,10 @@ def run(args: argparse.Namespace) -> int:
     if args.print_config:
         print(configs_to_json(cfgs))
         return 0
+    if not cfgs[0].quiet:  # progress from the start: torchrun and the ranks' imports take seconds before step 1
+        names = ", ".join(c.names[0] if c.names else "csv schedule" for c in cfgs)
+        print(f"pipesim run: starting {world} ranks under torchrun ({names}; {cfgs[0].steps} steps)",
+              file=sys.stderr, flush=True)
     return launch(cfgs, args.nproc, nnodes=args.nnodes, rdzv_endpoint=args.rdzv_endpoint, verbose=args.verbose)
 
 
