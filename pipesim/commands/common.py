@@ -17,12 +17,17 @@ from pipesim.outputs import write_text
 
 
 def positive_int(text: str) -> int:
+    return bounded_int(text, 1)
+
+
+def bounded_int(text: str, minimum: int) -> int:
+    """`text` as an integer >= `minimum` (argparse's error otherwise)."""
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
     return value
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from pipesim.commands.common import model_config, positive_int
+from pipesim.commands.common import bounded_int, model_config, positive_int
 from pipesim.costs import parse_cost_spec
 from pipesim.errors import PipesimError
 from pipesim.hardware_toml import load_hardware
@@ -62,18 +62,7 @@ def add_setup_args(parser: argparse.ArgumentParser) -> None:
 
 def _split_list(text: str) -> list[int]:
     """`0,2,2,0` -> [0, 2, 2, 0]: layers per chunk (>= 0; split_layers says which may be 0)."""
-    out = []
-    for t in text.split(","):
-        if not t.strip():
-            continue
-        try:
-            value = int(t)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{t!r} is not an integer") from None
-        if value < 0:
-            raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-        out.append(value)
-    return out
+    return [bounded_int(t, 0) for t in text.split(",") if t.strip()]
 
 
 def setup_from_args(args: argparse.Namespace) -> SimSetup:
