@@ -92,6 +92,14 @@ def summary(d: dict) -> str:
         f"{'rank':>4} {'busy ms':>10} {'wait ms':>10} {'idle ms':>10} {'bubble':>7} {'peak act':>11} {'in-flight':>9}",
     ]
     mem = d["memory"]
+    if "step_time" in d:  # with the optimizer step (device presets, or --zero)
+        lines.insert(2, f"step time {d['step_time'] * 1e3:.3f} ms (to the optimizer's end)")
+    if mem.get("ranks"):  # the memory model's per-rank breakdown at its peak
+        top = max(mem["ranks"], key=lambda r: r["total"])
+        terms = ", ".join(f"{k.replace('_', ' ')} {format_bytes(top[k])}" for k in
+                          ("parameters", "gradients", "optimizer_states", "activations") if top.get(k))
+        lines.insert(3 if "step_time" in d else 2,
+                     f"peak memory {format_bytes(top['total'])} on rank {top['rank']} ({terms})")
     for r in d["ranks"]:
         i = r["rank"]
         lines.append(f"{i:>4} {_ms(r['busy'])} {_ms(r['waiting_comm'])} {_ms(r['idle'])} "
