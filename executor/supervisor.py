@@ -16,6 +16,9 @@
 - when the launch fails, the ranks' published status (executor.rank_status), the order in which they
   were seen to die (a pidfd per rank) and torchrun's exit codes make one line naming the rank that
   failed first (executor.failure_report).
+
+(A little over 300 lines: the launch, the watch over the ranks and the signal handling share one
+state machine; splitting it would spread one protocol over files.)
 """
 
 from __future__ import annotations
