@@ -13,7 +13,7 @@ import sys
 from pipesim import __version__
 from pipesim.errors import PipesimError, ScheduleError
 
-COMMANDS = ("schedule", "simulate", "sweep", "run", "plot", "bench", "calibrate", "validate",
+COMMANDS = ("schedule", "simulate", "sweep", "run", "plot", "bench", "calibrate", "validate", "plan",
             "import_trace")
 
 EPILOG = """examples:

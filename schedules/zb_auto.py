@@ -41,6 +41,10 @@ class AutoCosts:
         return AutoCosts((f,) * p, (i,) * p, (w,) * p, (comm,) * max(0, p - 1), (1.0,) * p, (limit,) * p)
 
 
+class _Stuck(Exception):
+    """The list scheduler left a rank with nothing it may run and nothing to wait for."""
+
+
 def zb_auto_programs(p: int, m: int, costs: AutoCosts) -> tuple[tuple[Action, ...], ...]:
     """Per-rank orders from the heuristic (one stage per rank, stage r on rank r).
 
@@ -57,15 +61,20 @@ def zb_auto_programs(p: int, m: int, costs: AutoCosts) -> tuple[tuple[Action, ..
     for extra in extras:
         depth = tuple(costs.limit[r] if extra is None else min(costs.limit[r], (p - r + extra) * costs.activation[r])
                       for r in range(p))
-        makespan, programs = _list_schedule(p, m, costs, depth)
+        try:
+            makespan, programs = _list_schedule(p, m, costs, depth)
+        except _Stuck:  # this setting strands a rank (seen at m = 1); the others, or ZB-H1's order, remain
+            continue
         if best is None or makespan < best[0]:
             best = (makespan, programs)
     h1 = zb_h1(p, m).programs  # ZB-H1's hand-written order stashes p microbatches per rank: a candidate too
-    if all(p * costs.activation[r] <= costs.limit[r] for r in range(p)):
+    if all(min(p, m) * costs.activation[r] <= costs.limit[r] for r in range(p)):  # it stashes min(p, m)
         makespan = _time_fixed(p, m, costs, h1)
         if best is None or makespan < best[0]:
             best = (makespan, h1)
-    assert best is not None
+    if best is None:
+        raise PipesimError(f"zb-auto found no order for p={p}, m={m} within the memory limit "
+                           "(every warm-up depth strands a rank, and ZB-H1's order does not fit)")
     return best[1]
 
 
@@ -171,7 +180,7 @@ def _list_schedule(p: int, m: int, costs: AutoCosts, depth: tuple[float, ...]
                      if x is not None and x > t]
             later += [free[q] for q in range(p) if q != r and left[q] and free[q] > t]
             if not later:
-                raise RuntimeError(f"zb-auto: rank {r} cannot progress at t={t}")  # a bug, not user input
+                raise _Stuck(f"zb-auto: rank {r} cannot progress at t={t}")
             free[r], waited[r] = min(later), False
             continue
         left[r] -= 1

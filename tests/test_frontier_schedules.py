@@ -180,3 +180,13 @@ def test_v_half_and_v_min_measured_makespans(p, m, half_span, min_span):
     assert critical_path(schedules.build("v-half", p, m), unit).makespan == half_span
     assert critical_path(schedules.build("v-min", p, m), unit).makespan == min_span
     assert half_span < (m + p - 1) * 6  # v-half beats 1F1B with half its memory at these sizes
+
+
+@pytest.mark.parametrize("name", ["zb-auto", "zb-2p"])
+def test_automatic_scheduler_handles_a_single_microbatch_on_model_costs(name, capsys):
+    """p=4, m=1 with a model's costs once stranded a rank in every warm-up setting (a traceback); ZB-H1's order,
+    which stashes min(p, m) microbatches, is a candidate that always fits."""
+    from pipesim.cli import main
+
+    assert main(["simulate", name, "-p", "4", "-m", "1", "--model", "gpt", "--json"]) == 0
+    assert '"makespan"' in capsys.readouterr().out

@@ -1,0 +1,162 @@
+"""`pipesim plan`: the fastest parallel configuration of a transformer on a cluster, searched with the
+simulator (pipesim/plan/); a ranked table, --json, and the winner as commands (docs/planner.md)."""
+
+from __future__ import annotations
+
+import argparse
+
+from pipesim.commands.common import (
+    SIZE_FLAGS,
+    STRUCTURE_FLAGS,
+    add_model_args,
+    add_transformer_args,
+    emit_json,
+    model_config,
+    positive_int,
+)
+from pipesim.errors import PipesimError
+from pipesim.hardware import Hardware
+from pipesim.hardware_toml import load_hardware
+from pipesim.model.options import RECOMPUTE
+from pipesim.outputs import check_file
+from pipesim.plan.exports import command_line, megatron_text, simulate_command, torchtitan_toml
+from pipesim.plan.ranking import why_lost
+from pipesim.plan.search import DEFAULT_MAX_CANDIDATES, PlanResult, plan
+from pipesim.plan.space import RECOMPUTES, ZEROS, PlanRequest
+from pipesim.sim_setup import DEFAULT_HARDWARE
+from pipesim.units import format_bytes
+
+EXAMPLES = """examples:
+  pipesim plan --model gpt --hidden 1024 --layers 8 --heads 16 --seq 1024 --vocab 32000 --batch 32 \\
+      --dtype bfloat16 --hardware dgx-h100 --gpus 8 --top 5
+  pipesim plan --model-config llama3-8b --seq 8192 --batch 64 --hardware dgx-h100 --nodes 2 --json plan.json
+"""
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("plan", help="search the fastest parallel configuration (schedule, pp, tp, dp, ...)",
+                       epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_args(p, default="gpt")
+    add_transformer_args(p)
+    g = p.add_argument_group("cluster and search")
+    g.add_argument("--hardware", metavar="PRESET|FILE", help=f"hardware preset or TOML file (default "
+                                                             f"{DEFAULT_HARDWARE})")
+    n = g.add_mutually_exclusive_group()
+    n.add_argument("--nodes", type=positive_int, default=None, metavar="N", help="nodes of the hardware's kind")
+    n.add_argument("--gpus", type=positive_int, default=None, metavar="N",
+                   help="GPUs in all (a multiple of the GPUs per node, or fewer than one node holds)")
+    g.add_argument("--schedules", type=_names, default=(), metavar="A,B,...",
+                   help="schedules to consider (default every registered one)")
+    g.add_argument("--max-tp", type=positive_int, default=None, help="largest tensor-parallel size (default a node)")
+    g.add_argument("--recompute", type=_recomputes, default=RECOMPUTES, metavar="none,selective,full",
+                   help="recomputation choices to consider (default all three)")
+    g.add_argument("--zero", type=_zeros, default=ZEROS, metavar="0,1,...",
+                   help="ZeRO stages to consider with dp > 1 (default 0,1)")
+    g.add_argument("--top", type=positive_int, default=10, metavar="N", help="rows shown (default 10)")
+    g.add_argument("--max-candidates", type=positive_int, default=DEFAULT_MAX_CANDIDATES, metavar="N",
+                   help="simulate at most N candidates that fit memory, in the estimate's order "
+                        f"(default {DEFAULT_MAX_CANDIDATES})")
+    g.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE",
+                   help="write the plan as JSON to FILE, or to stdout without FILE")
+    p.set_defaults(func=run)
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(t.strip() for t in text.split(",") if t.strip())
+
+
+def _recomputes(text: str) -> tuple[str, ...]:
+    out = _names(text)
+    bad = [r for r in out if r not in RECOMPUTE]
+    if bad or not out:
+        raise argparse.ArgumentTypeError(f"choose from {', '.join(RECOMPUTE)}, got {text!r}")
+    return out
+
+
+def _zeros(text: str) -> tuple[int, ...]:
+    try:
+        out = tuple(int(t) for t in _names(text))
+    except ValueError:
+        out = ()
+    if not out or any(z not in (0, 1, 2, 3) for z in out):
+        raise argparse.ArgumentTypeError(f"ZeRO stages are 0, 1, 2, 3; got {text!r}")
+    return out
+
+
+def cluster(args: argparse.Namespace) -> tuple[Hardware, int, list[str]]:
+    """(hardware joined to its nodes, GPUs to fill, the hardware flags that reproduce it)."""
+    name = args.hardware or DEFAULT_HARDWARE
+    hw = load_hardware(name)
+    flags = ["--hardware", name]
+    per_node = hw.devices_per_node
+    if args.nodes is not None:
+        return hw.with_nodes(args.nodes), args.nodes * per_node, flags + ["--nodes", str(args.nodes)]
+    if args.gpus is None:
+        return hw, hw.num_devices, flags
+    if args.gpus > per_node and args.gpus % per_node:
+        raise PipesimError(f"--gpus {args.gpus} is not a multiple of {hw.name}'s {per_node} GPUs per node")
+    nodes = max(1, args.gpus // per_node)
+    if nodes != hw.num_nodes:
+        hw, flags = hw.with_nodes(nodes), flags + ["--nodes", str(nodes)]
+    return hw, args.gpus, flags
+
+
+def model_flags(args: argparse.Namespace, req: PlanRequest) -> list[str]:
+    """The model flags as given (plus the step's --seq and --batch), for the exported simulate command."""
+    out = ["--model-config", args.model_config] if args.model_config else ["--model", "gpt"]
+    for name in SIZE_FLAGS + STRUCTURE_FLAGS:
+        value = getattr(args, name, None)
+        if value is not None and name not in ("seq", "batch"):
+            out += [f"--{name.replace('_', '-')}", str(value)]
+    return out + ["--seq", str(req.model.seq), "--batch", str(req.model.batch)]
+
+
+def run(args: argparse.Namespace) -> int:
+    json_path = check_file(args.json, "--json", "json")
+    if args.model == "mlp":
+        raise PipesimError("pipesim plan searches transformer layouts; drop --model mlp")
+    model = model_config(args)
+    hw, gpus, hw_flags = cluster(args)
+    req = PlanRequest(model, hw, gpus, args.schedules, args.max_tp, args.recompute, args.zero)
+    result = plan(req, max_candidates=args.max_candidates)
+    argv = simulate_command(result.best.candidate, model_flags(args, req), hw_flags)
+    data = plan_json(result, args.top, argv)
+    if json_path:
+        emit_json(str(json_path), data)
+    if args.json == "-":
+        emit_json("-", data)
+    else:
+        print(report(result, args.top, argv))
+    return 0
+
+
+def plan_json(result: PlanResult, top: int, argv: list[str]) -> dict:
+    best, req = result.best, result.request
+    rows = [{**r.to_dict(), "why": why_lost(r, best)} for r in result.rows[:top]]
+    c = best.candidate
+    return {"schema": "pipesim.plan/1", "gpus": req.gpus, "hardware": req.hardware.name,
+            "device_memory": req.hardware.device.memory, "counts": result.counts, "rows": rows,
+            "winner": {"simulate_command": command_line(argv),
+                       "megatron_args": megatron_text(c, req).splitlines(),
+                       "torchtitan_toml": torchtitan_toml(c, req)}}
+
+
+def report(result: PlanResult, top: int, argv: list[str]) -> str:
+    """The ranked table, the counts, and the winner's exports."""
+    req, best = result.request, result.best
+    k = result.counts
+    lines = [f"plan: {req.gpus} GPUs of {req.hardware.name} ({format_bytes(req.hardware.device.memory)} each), "
+             f"batch {req.model.batch} x seq {req.model.seq}",
+             f"{k['enumerated']} candidates, {k['refused_by_schedule']} refused by their schedule, "
+             f"{k['over_memory']} over memory, {k['fits_memory']} fit, {k['simulated']} simulated",
+             f"{'#':>3} {'configuration':<56} {'step ms':>9} {'tok/s':>10} {'MFU':>6} {'TF/GPU':>7} "
+             f"{'peak mem':>10} {'bubble':>7}  why not first"]
+    for i, r in enumerate(result.rows[:top], 1):
+        lines.append(f"{i:>3} {r.candidate.label():<56} {r.step_time * 1e3:9.3f} {r.tokens_per_s:10.0f} "
+                     f"{r.mfu * 100:5.1f}% {r.tflops_per_gpu:7.1f} {format_bytes(r.peak_memory):>10} "
+                     f"{r.bubble_fraction * 100:6.1f}%  {why_lost(r, best)}")
+    c = best.candidate
+    lines += ["", "winner as a pipesim command:", "  " + command_line(argv), "", "Megatron-LM arguments:"]
+    lines += ["  " + x for x in megatron_text(c, req).splitlines()]
+    lines += ["", "torchtitan job config:"] + [f"  {x}" if x else "" for x in torchtitan_toml(c, req).splitlines()]
+    return "\n".join(lines)

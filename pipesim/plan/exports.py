@@ -1,0 +1,102 @@
+"""The winner, three ways: the exact `pipesim simulate` command, Megatron-LM's arguments and a torchtitan
+TOML section (names as each project spells them). Schedules a project lacks are said so in a comment.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from pipesim.plan.space import Candidate, PlanRequest
+
+# pipesim name -> torch.distributed.pipelining / torchtitan `pipeline_parallel_schedule`
+TORCH_SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B",
+                   "looped-bfs": "LoopedBFS", "interleaved-zb": "InterleavedZeroBubble", "zb-v": "ZBVZeroBubble",
+                   "dualpipev": "DualPipeV"}
+MEGATRON_SCHEDULES = ("1f1b", "interleaved-1f1b")  # what Megatron-LM runs (with --num-layers-per-virtual-...)
+
+
+def simulate_command(c: Candidate, model_flags: list[str], hardware_flags: list[str]) -> list[str]:
+    """argv of `pipesim simulate` for `c` (model and hardware flags as the plan was given them)."""
+    argv = ["pipesim", "simulate", c.schedule, "--stages", str(c.p), "--microbatch-size", str(c.mbs),
+            "--tp", str(c.t), "--dp", str(c.d)]
+    if c.v > 1:
+        argv += ["--virtual", str(c.v)]
+    argv += ["--recompute", c.recompute, "--zero", str(c.zero)]
+    if c.sp:
+        argv.append("--sequence-parallel")
+    return argv + model_flags + hardware_flags
+
+
+def command_line(argv: list[str]) -> str:
+    return shlex.join(argv)
+
+
+def megatron_args(c: Candidate, req: PlanRequest) -> list[str]:
+    """Megatron-LM (pretrain_gpt.py) arguments of `c`; a leading '#' line when Megatron lacks the schedule."""
+    m = req.model
+    out = []
+    if c.schedule not in MEGATRON_SCHEDULES:
+        runs = "interleaved 1F1B" if c.v > 1 else "1F1B"
+        out.append(f"# Megatron-LM has no {c.schedule} schedule; the layout below runs as {runs} there")
+    out += ["--tensor-model-parallel-size", str(c.t), "--pipeline-model-parallel-size", str(c.p)]
+    if c.v > 1:
+        out += ["--num-layers-per-virtual-pipeline-stage", str(m.layers // (c.p * c.v))]
+    out += ["--micro-batch-size", str(c.mbs), "--global-batch-size", str(m.batch), "--seq-length", str(m.seq)]
+    if c.recompute == "selective":
+        out += ["--recompute-granularity", "selective"]
+    elif c.recompute == "full":
+        out += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+    if c.sp:
+        out.append("--sequence-parallel")
+    if c.zero == 1:
+        out.append("--use-distributed-optimizer")
+    elif c.zero > 1:
+        out.append(f"# ZeRO-{c.zero}: Megatron-LM's closest is --use-distributed-optimizer (ZeRO-1) or torch FSDP")
+    return out
+
+
+def megatron_text(c: Candidate, req: PlanRequest) -> str:
+    """The arguments one flag (with its value) per line, comments kept as lines."""
+    args = megatron_args(c, req)
+    lines, i = [], 0
+    while i < len(args):
+        a = args[i]
+        if a.startswith("#") or i + 1 == len(args) or args[i + 1].startswith("--") or args[i + 1].startswith("#"):
+            lines.append(a)
+            i += 1
+        else:
+            lines.append(f"{a} {args[i + 1]}")
+            i += 2
+    return "\n".join(lines)
+
+
+def torchtitan_toml(c: Candidate, req: PlanRequest) -> str:
+    """[parallelism], [training] and [activation_checkpoint] of torchtitan's job config for `c`."""
+    m = req.model
+    shard = c.d if c.zero else 1
+    replicate = 1 if c.zero else c.d
+    lines = ["[parallelism]",
+             f"data_parallel_replicate_degree = {replicate}",
+             f"data_parallel_shard_degree = {shard}"]
+    if c.zero in (1, 2):
+        lines.append('fsdp_reshard_after_forward = "never"  # ZeRO-2-like: parameters stay gathered')
+    lines += [f"tensor_parallel_degree = {c.t}",
+              "context_parallel_degree = 1",
+              f"pipeline_parallel_degree = {c.p}"]
+    vflag = f" -v {c.v}" if c.v > 1 else ""
+    if c.schedule in TORCH_SCHEDULES:
+        lines.append(f'pipeline_parallel_schedule = "{TORCH_SCHEDULES[c.schedule]}"')
+    else:
+        lines.append(f'pipeline_parallel_schedule_csv = "{c.schedule}.csv"  # no built-in torch schedule: '
+                     f'`pipesim schedule {c.schedule} -p {c.p} -m {c.m}{vflag} --format csv`')
+    lines.append(f"pipeline_parallel_microbatch_size = {c.mbs}")
+    lines.append(f"pipeline_parallel_layers_per_stage = {m.layers // (c.p * c.v)}")
+    lines += ["", "[training]", f"local_batch_size = {m.batch // c.d}", f"global_batch_size = {m.batch}",
+              f"seq_len = {m.seq}", "", "[activation_checkpoint]", f'mode = "{c.recompute}"']
+    if c.recompute == "selective":
+        lines.append('selective_ac_option = "op"')
+    return "\n".join(lines) + "\n"
+
+
+__all__ = ["MEGATRON_SCHEDULES", "TORCH_SCHEDULES", "command_line", "megatron_args", "megatron_text",
+           "simulate_command", "torchtitan_toml"]

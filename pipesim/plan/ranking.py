@@ -1,0 +1,95 @@
+"""A simulated candidate's figures (step time, tokens/s, MFU, peak memory, bubble, exposed comm) and why
+each one lost to the winner: the largest of the differences its step time splits into.
+
+step_time = compute + exposed comm + bubble + tail, each averaged over pipeline ranks: compute is the
+busy time (with the TP collectives inside actions and any recomputation), exposed comm the time blocked
+in a RECV, bubble the rest of the makespan, tail the data-parallel synchronisation and optimizer after it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipesim.model.flops import iteration_flops
+from pipesim.model.options import LayerOptions
+from pipesim.plan.evaluate import Costed
+from pipesim.plan.space import Candidate, PlanRequest
+from pipesim.sim_result import SimResult
+
+PARTS = ("compute", "exposed_comm", "bubble", "tail")
+
+
+@dataclass(frozen=True)
+class PlanRow:
+    """One simulated candidate (seconds, bytes, fractions)."""
+
+    candidate: Candidate
+    step_time: float  # seconds
+    tokens_per_s: float
+    mfu: float  # model FLOPs (no recomputation) over GPUs x dense peak x step time
+    tflops_per_gpu: float  # model TFLOP/s per GPU
+    peak_memory: int  # bytes on the fullest GPU
+    bubble_fraction: float  # idle over makespan, averaged over ranks
+    parts: dict[str, float]  # seconds: compute, exposed_comm, bubble, tail (sum = step_time)
+    refused_recompute: bool = False  # a lighter recomputation of this layout did not fit memory
+
+    def sort_key(self) -> tuple:
+        return (self.step_time, self.peak_memory, self.candidate)
+
+    def to_dict(self) -> dict:
+        c = self.candidate
+        return {"schedule": c.schedule, "pp": c.p, "virtual": c.v, "tp": c.t, "dp": c.d, "cp": 1,
+                "microbatch_size": c.mbs, "microbatches": c.m, "recompute": c.recompute, "zero": c.zero,
+                "sequence_parallel": c.sp, "step_time": self.step_time, "tokens_per_s": self.tokens_per_s,
+                "mfu": self.mfu, "tflops_per_gpu": self.tflops_per_gpu, "peak_memory": self.peak_memory,
+                "bubble_fraction": self.bubble_fraction, "parts": dict(self.parts)}
+
+
+def model_flops(req: PlanRequest, attention: str) -> float:
+    """FLOPs of one step without recomputation (what MFU counts)."""
+    return float(iteration_flops(req.model, req.model.batch, LayerOptions(attention=attention)))
+
+
+def make_row(req: PlanRequest, costed: Costed, result: SimResult, flops: float) -> PlanRow:
+    """The figures of one simulated candidate."""
+    n = result.schedule.num_ranks
+    busy = sum(result.busy(r) for r in range(n)) / n
+    wait = sum(result.waiting_comm(r) for r in range(n)) / n
+    step = result.step_time
+    parts = {"compute": busy, "exposed_comm": wait, "bubble": result.makespan - busy - wait,
+             "tail": step - result.makespan}
+    peak = req.hardware.device.flops[req.model.dtype]  # FLOP/s
+    m = req.model
+    return PlanRow(costed.candidate, step, m.batch * m.seq / step, flops / (step * req.gpus * peak),
+                   flops / (step * req.gpus) / 1e12, costed.peak_memory, result.bubble_fraction, parts)
+
+
+def why_lost(row: PlanRow, best: PlanRow) -> str:
+    """The largest difference to the winner, in words ('' for the winner itself)."""
+    if row is best:
+        return "fastest"
+    return f"+{(row.step_time - best.step_time) * 1e3:.2f} ms: {_largest_difference(row, best)}"
+
+
+def _largest_difference(row: PlanRow, best: PlanRow) -> str:
+    """The part of the step (compute, exposed comm, bubble, tail) that grew the most, and why."""
+    diffs = {k: row.parts[k] - best.parts[k] for k in PARTS}
+    part = max(PARTS, key=lambda k: (diffs[k], -PARTS.index(k)))
+    ms = diffs[part] * 1e3
+    c, w = row.candidate, best.candidate
+    if part == "compute" and c.recompute != w.recompute and row.refused_recompute:
+        return f"memory-forced {c.recompute} recompute: +{ms:.2f} ms compute"
+    if part == "compute" and c.recompute != w.recompute:
+        return f"{c.recompute} recompute vs {w.recompute}: +{ms:.2f} ms compute"
+    if part == "compute" and c.t != w.t:
+        return f"tp {c.t} vs {w.t}: +{ms:.2f} ms compute (collectives, smaller matmuls)"
+    if part == "bubble":
+        return f"bubble {row.bubble_fraction * 100:.1f}% vs {best.bubble_fraction * 100:.1f}%: +{ms:.2f} ms"
+    if part == "exposed_comm":
+        return f"exposed communication +{ms:.2f} ms"
+    if part == "tail":
+        return f"data-parallel sync / optimizer +{ms:.2f} ms"
+    return f"compute +{ms:.2f} ms"
+
+
+__all__ = ["PARTS", "PlanRow", "make_row", "model_flops", "why_lost"]

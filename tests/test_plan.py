@@ -1,0 +1,188 @@
+"""`pipesim plan`: the search space's arithmetic, pruning by memory before any simulation, the
+estimate's order under a cap, ranking, the exports (the simulate command reproduces the step time;
+the torchtitan section parses as TOML), and one-line refusals."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+
+import pytest
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10: the backport (a dependency there)
+    import tomli as tomllib
+
+from pipesim.cli import main
+from pipesim.hardware_toml import load_hardware
+from pipesim.model.config import ModelConfig
+from pipesim.plan.estimate import estimate
+from pipesim.plan.evaluate import Evaluator
+from pipesim.plan.exports import megatron_args, torchtitan_toml
+from pipesim.plan.ranking import why_lost
+from pipesim.plan.search import plan
+from pipesim.plan.space import NoLayout, PlanRequest, enumerate_candidates, layouts
+
+SMALL = ["--model", "gpt", "--hidden", "512", "--layers", "8", "--heads", "8", "--seq", "512", "--vocab", "8000",
+         "--batch", "16", "--dtype", "bfloat16"]
+# 13B-ish: some layouts of 8 H100s are over 80 GiB, others fit
+BIG = ModelConfig(kind="gpt", hidden=8192, layers=16, heads=64, seq=2048, vocab=32000, batch=16, dtype="bfloat16")
+SCHEDULES = ("1f1b", "interleaved-1f1b", "zb-h1")
+
+
+def big_request(**kw) -> PlanRequest:
+    return PlanRequest(BIG, load_hardware("dgx-h100"), 8, SCHEDULES, None, ("none", "full"), (0, 1), **kw)
+
+
+class CountingEvaluator(Evaluator):
+    """The real Evaluator, recording what it is asked to simulate."""
+
+    def __init__(self, req):
+        super().__init__(req)
+        self.calls = []
+
+    def simulate(self, costed):
+        self.calls.append(costed)
+        return super().simulate(costed)
+
+
+def test_space_divides_model_batch_and_cluster():
+    cands = enumerate_candidates(big_request())
+    assert cands
+    for c in cands:
+        assert c.t * c.p * c.d == 8 and 8 % c.t == 0
+        assert BIG.heads % c.t == 0 and BIG.layers % (c.p * c.v) == 0
+        assert BIG.batch == c.d * c.mbs * c.m
+        assert c.d > 1 or c.zero == 0
+        assert c.p > 1 or c.schedule == "1f1b"
+        assert (c.v > 1) == (c.schedule == "interleaved-1f1b")
+    assert {(c.t, c.p, c.d) for c in cands} == {(t, p, 8 // (t * p)) for t in (1, 2, 4, 8) for p in (1, 2, 4, 8)
+                                                if 8 % (t * p) == 0}
+
+
+def test_no_candidate_over_memory_is_simulated():
+    req = big_request()
+    ev = CountingEvaluator(req)
+    result = plan(req, max_candidates=10_000, progress=False, evaluator=ev)
+    cap = req.hardware.device.memory
+    assert result.counts["over_memory"] > 0
+    assert all(c.peak_memory <= cap for c in ev.calls)
+    # exactly the candidates that fit are simulated (no cap): computed independently, candidate by candidate
+    fresh = Evaluator(req)
+    fitting = set()
+    for c in enumerate_candidates(req):
+        try:
+            costed = fresh.cost(c)
+        except Exception:  # refused by its schedule (counted separately)
+            continue
+        if costed.peak_memory <= cap:
+            fitting.add(c)
+    assert {c.candidate for c in ev.calls} == fitting
+    assert len(ev.calls) == result.counts["simulated"] == len(result.rows)
+
+
+def test_rows_ranked_by_simulated_step_time_and_cap_keeps_estimate_order():
+    req = big_request()
+    full = plan(req, max_candidates=10_000, progress=False)
+    times = [r.step_time for r in full.rows]
+    assert times == sorted(times)
+    best = full.best
+    for r in full.rows:
+        assert sum(r.parts.values()) == pytest.approx(r.step_time, rel=1e-12)
+        if r is not best:
+            assert why_lost(r, best).startswith(f"+{(r.step_time - best.step_time) * 1e3:.2f} ms: ")
+    ev = CountingEvaluator(req)
+    capped = plan(req, max_candidates=7, progress=False, evaluator=ev)
+    assert len(ev.calls) == 7 and capped.counts["not_simulated_cap"] == capped.counts["fits_memory"] - 7
+    estimates = [estimate(c.candidate, c.costs) for c in ev.calls]
+    assert estimates == sorted(estimates)
+    # every candidate left out is estimated no faster than the last one simulated
+    simulated = {c.candidate for c in ev.calls}
+    rest = [r for r in full.rows if r.candidate not in simulated]
+    check = Evaluator(req)
+    assert all(estimate(r.candidate, check.cost(r.candidate).costs) >= estimates[-1] for r in rest)
+
+
+def test_schedule_objects_are_shared_across_configurations():
+    req = big_request()
+    ev = Evaluator(req)
+    plan(req, max_candidates=10_000, progress=False, evaluator=ev)
+    keys = {c.schedule_key for c in enumerate_candidates(req)}
+    assert ev.schedules_built == len(keys) < len(enumerate_candidates(req))
+
+
+def test_exported_command_reproduces_step_time(capsys, tmp_path):
+    out = tmp_path / "plan.json"
+    assert main(["plan", *SMALL, "--hardware", "dgx-h100", "--gpus", "4", "--schedules", "1f1b,interleaved-1f1b",
+                 "--top", "3", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    data = json.loads(out.read_text())
+    assert data["schema"] == "pipesim.plan/1" and len(data["rows"]) == 3
+    assert data["rows"][0]["why"] == "fastest" and all(r["why"] for r in data["rows"])
+    assert "winner as a pipesim command" in text and data["winner"]["simulate_command"] in text
+    argv = shlex.split(data["winner"]["simulate_command"])
+    assert argv[:2] == ["pipesim", "simulate"]
+    assert main(argv[1:] + ["--json"]) == 0
+    sim = json.loads(capsys.readouterr().out)
+    assert sim["step_time"] == data["rows"][0]["step_time"]
+    best = data["rows"][0]
+    assert best["tokens_per_s"] == 16 * 512 / best["step_time"]
+    assert 0 < best["mfu"] < 1 and best["peak_memory"] <= data["device_memory"]
+
+
+def test_torchtitan_and_megatron_exports():
+    req = big_request()
+    best = plan(req, max_candidates=10_000, progress=False).best.candidate
+    toml = tomllib.loads(torchtitan_toml(best, req))
+    par = toml["parallelism"]
+    assert par["pipeline_parallel_degree"] == best.p and par["tensor_parallel_degree"] == best.t
+    assert par["data_parallel_shard_degree"] * par["data_parallel_replicate_degree"] == best.d
+    assert par["pipeline_parallel_microbatch_size"] == best.mbs
+    assert "pipeline_parallel_schedule" in par or "pipeline_parallel_schedule_csv" in par
+    assert toml["training"] == {"local_batch_size": 16 // best.d, "global_batch_size": 16, "seq_len": 2048}
+    assert toml["activation_checkpoint"]["mode"] == best.recompute
+    args = megatron_args(best, req)
+    flag = {a: b for a, b in zip(args, args[1:], strict=False) if a.startswith("--")}
+    assert flag["--tensor-model-parallel-size"] == str(best.t)
+    assert flag["--pipeline-model-parallel-size"] == str(best.p)
+    assert flag["--micro-batch-size"] == str(best.mbs) and flag["--global-batch-size"] == "16"
+    assert ("--use-distributed-optimizer" in args) == (best.zero == 1)
+    assert ("--sequence-parallel" in args) == (best.t > 1)
+    if best.v > 1:
+        assert flag["--num-layers-per-virtual-pipeline-stage"] == str(16 // (best.p * best.v))
+
+
+def test_interleaved_exports_layers_per_virtual_stage():
+    req = big_request()
+    c = next(c for c in enumerate_candidates(req) if c.v == 2 and c.p == 2)
+    args = megatron_args(c, req)
+    assert args[args.index("--num-layers-per-virtual-pipeline-stage") + 1] == "4"
+    toml = tomllib.loads(torchtitan_toml(c, req))
+    assert toml["parallelism"]["pipeline_parallel_schedule"] == "Interleaved1F1B"
+    assert toml["parallelism"]["pipeline_parallel_layers_per_stage"] == 4
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--model", "gpt", "--hidden", "64", "--layers", "8", "--heads", "1", "--batch", "3", "--seq", "64",
+      "--gpus", "16"], "--batch 3 splits over none of the data-parallel sizes [2, 4, 8, 16]"),
+    (["--model", "gpt", "--hidden", "64", "--layers", "3", "--heads", "1", "--batch", "1", "--seq", "64",
+      "--gpus", "8"], "--batch 1 splits over none of the data-parallel sizes [8] left by 8 GPUs and --layers 3"),
+    (["--model", "gpt", "--hidden", "8192", "--layers", "8", "--heads", "64", "--batch", "1", "--seq", "2048",
+      "--gpus", "1", "--dtype", "bfloat16"], "no configuration fits 80.00 GiB per GPU: the closest"),
+])
+def test_bad_input_is_one_line_exit_2(capsys, argv, words):
+    assert main(["plan", *argv, "--hardware", "dgx-h100", "--schedules", "1f1b"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and words in err and err.startswith("pipesim: error:")
+
+
+def test_tensor_parallel_sizes_divide_heads_and_stay_in_a_node():
+    model = ModelConfig(kind="gpt", hidden=96, layers=4, heads=6, seq=64, batch=8)
+    req = PlanRequest(model, load_hardware("dgx-h100").with_nodes(2), 16, ("1f1b",))
+    assert sorted({t for t, _, _ in layouts(req)}) == [1, 2]  # 6 heads: not 4 or 8; 16 GPUs: never 16
+    assert sorted({t for t, _, _ in layouts(PlanRequest(BIG, req.hardware, 16, max_tp=4))}) == [1, 2, 4]
+    with pytest.raises(NoLayout, match="--batch 3 splits over none"):
+        enumerate_candidates(PlanRequest(ModelConfig(kind="gpt", hidden=96, layers=4, heads=6, seq=64, batch=3),
+                                         req.hardware, 16, ("1f1b",)))
