@@ -10,13 +10,10 @@ output and the ranks' status files live in a run directory that is removed when 
 from __future__ import annotations
 
 import os
-import shutil
 import sys
-import tempfile
-from pathlib import Path
 
 from executor.config import RunConfig, configs_to_json
-from executor.supervisor import supervise
+from executor.supervisor import run_reported
 
 
 def torchrun_command(cfgs: RunConfig | list[RunConfig], nproc: int, *, nnodes: int = 1,
@@ -61,15 +58,6 @@ def launch(cfgs: RunConfig | list[RunConfig], nproc: int, *, nnodes: int = 1, rd
     failed first, and the log with torchrun's own output, which is kept).
     """
     chain = [cfgs] if isinstance(cfgs, RunConfig) else list(cfgs)
-    rundir = Path(tempfile.mkdtemp(prefix="pipesim-run-"))
-    outcome = supervise(torchrun_command(chain, nproc, nnodes=nnodes, rdzv_endpoint=rdzv_endpoint),
-                        rank_environment(), rundir / "torchrun.log", status_dir=rundir, verbose=verbose,
+    return run_reported(torchrun_command(chain, nproc, nnodes=nnodes, rdzv_endpoint=rdzv_endpoint),
+                        rank_environment(), prefix="pipesim-run-", publish_status=True, verbose=verbose,
                         pg_timeout=chain[0].pg_timeout)
-    if outcome.line is None:
-        shutil.rmtree(rundir, ignore_errors=True)
-        return outcome.code
-    if outcome.signum is not None:  # nothing failed: the user stopped it
-        shutil.rmtree(rundir, ignore_errors=True)
-    sys.stdout.flush()
-    print(f"pipesim: {outcome.line}", file=sys.stderr, flush=True)
-    return outcome.code

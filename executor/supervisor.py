@@ -314,14 +314,17 @@ def interruptible(command):
 
 
 def run_reported(cmd: list[str], env: dict[str, str], *, prefix: str = "pipesim-launch-", stdout_to_log: bool = False,
-                 timeout: float | None = None) -> int:
+                 timeout: float | None = None, publish_status: bool = False, verbose: bool = False,
+                 pg_timeout: float | None = None) -> int:
     """`supervise` a torchrun command whose caller just wants an exit code: a failure or a signal ends in one
-    `pipesim:` line on stderr; torchrun's output goes to a log in a temporary folder, kept only after a failure."""
+    `pipesim:` line on stderr; torchrun's output goes to a log in a temporary folder, kept only after a failure.
+    `publish_status`: the ranks publish their actions there (executor.rank_status), for the failure line."""
     rundir = Path(tempfile.mkdtemp(prefix=prefix))
-    outcome = supervise(cmd, env, rundir / "torchrun.log", stdout_to_log=stdout_to_log, timeout=timeout)
-    if outcome.line is None or outcome.signum is not None:
+    outcome = supervise(cmd, env, rundir / "torchrun.log", status_dir=rundir if publish_status else None,
+                        verbose=verbose, stdout_to_log=stdout_to_log, pg_timeout=pg_timeout, timeout=timeout)
+    if outcome.line is None or outcome.signum is not None:  # a success, or the user stopped it: no log to keep
         shutil.rmtree(rundir, ignore_errors=True)
     if outcome.line is not None:
+        sys.stdout.flush()
         print(f"pipesim: {outcome.line}", file=sys.stderr, flush=True)
     return outcome.code
-
