@@ -19,12 +19,12 @@ def producers(action: Action, schedule: Schedule, split: bool | Container[tuple[
     `split` says which (stage, microbatch) run split backward (I + W): True for all, False for
     none, or the set from `Schedule.split_pairs()` (schedules such as DualPipeV mix both).
     """
-    s, mb, last = action.stage, action.microbatch, schedule.num_stages - 1
+    s, mb = action.stage, action.microbatch
     if action.kind == Kind.F:
-        return [Action(s - 1, Kind.F, mb)] if s > 0 else []
+        return [Action(s - 1, Kind.F, mb)] if not schedule.chain_first(s) else []
     if action.kind in (Kind.B, Kind.I):
         deps = [Action(s, Kind.F, mb)]
-        if s < last:
+        if not schedule.chain_last(s):
             is_split = split if isinstance(split, bool) else (s + 1, mb) in split
             deps.append(Action(s + 1, Kind.I if is_split else Kind.B, mb))
         return deps
@@ -35,12 +35,12 @@ def producers(action: Action, schedule: Schedule, split: bool | Container[tuple[
 
 def consumer_stage(action: Action, schedule: Schedule) -> int | None:
     """The other stage that consumes what compute `action` produces (the inverse of `producers`): F feeds
-    stage + 1, the input-gradient piece (B or I) feeds stage - 1; None for the ends and for W."""
+    stage + 1, the input-gradient piece (B or I) feeds stage - 1; None for the ends of a chain and for W."""
     s = action.stage
     if action.kind == Kind.F:
-        return s + 1 if s < schedule.num_stages - 1 else None
+        return s + 1 if not schedule.chain_last(s) else None
     if action.kind in BACKWARD_FIRST:
-        return s - 1 if s > 0 else None
+        return s - 1 if not schedule.chain_first(s) else None
     return None
 
 

@@ -117,10 +117,48 @@ class Schedule:
     # rank's program, the forward first; the pair starts when both inputs are in and both outputs
     # leave when it ends (see `overlap_partner`, lowering and the simulator's timing rule)
     overlaps: frozenset[tuple[Action, Action]] = frozenset()
+    # disjoint stage chains (DualPipe's two directions): chain c is stages [c L, (c + 1) L), L = stages / chains,
+    # and carries microbatches [c m / chains, (c + 1) m / chains); stage s runs model stage s % L, so stages of
+    # one model stage in different chains are replicas (the same parameters, gradients summed before the step)
+    chains: int = 1
 
     @property
     def num_stages(self) -> int:
         return len(self.placement)
+
+    @property
+    def model_stages(self) -> int:
+        """Distinct model stages (layer chunks): the length of one chain."""
+        return self.num_stages // max(1, self.chains)
+
+    def model_stage(self, stage: int) -> int:
+        """The model stage (layer chunk) schedule stage `stage` runs."""
+        return stage % self.model_stages
+
+    def chain_first(self, stage: int) -> bool:
+        """True when `stage` takes the data (no stage before it on its microbatches' path)."""
+        return stage % self.model_stages == 0
+
+    def chain_last(self, stage: int) -> bool:
+        """True when `stage` computes the loss (no stage after it on its microbatches' path)."""
+        return stage % self.model_stages == self.model_stages - 1
+
+    def chain_of(self, microbatch: int) -> int:
+        """The chain microbatch `microbatch` traverses (contiguous blocks of m / chains)."""
+        return microbatch * self.chains // max(1, self.num_microbatches)
+
+    def microbatch_stages(self, microbatch: int) -> range:
+        """The stages microbatch `microbatch` visits, in forward order (all of them with one chain)."""
+        first = self.chain_of(microbatch) * self.model_stages
+        return range(first, first + self.model_stages)
+
+    def visits(self, stage: int, microbatch: int) -> bool:
+        return self.chain_of(microbatch) == stage // self.model_stages
+
+    def replicas(self, stage: int) -> tuple[int, ...]:
+        """The stages (this one included) that run the same model stage as `stage`."""
+        base, n = self.model_stage(stage), self.model_stages
+        return tuple(c * n + base for c in range(self.chains))
 
     @property
     def num_ranks(self) -> int:
@@ -152,10 +190,12 @@ class Schedule:
     def compute_only(self) -> Schedule:
         """The same schedule with every SEND/RECV removed."""
         progs = tuple(tuple(a for a in prog if a.is_compute) for prog in self.programs)
-        return Schedule(self.name, self.num_microbatches, self.placement, progs, dict(self.meta), self.overlaps)
+        return Schedule(self.name, self.num_microbatches, self.placement, progs, dict(self.meta), self.overlaps,
+                        self.chains)
 
     def with_programs(self, programs: tuple[tuple[Action, ...], ...]) -> Schedule:
-        return Schedule(self.name, self.num_microbatches, self.placement, programs, dict(self.meta), self.overlaps)
+        return Schedule(self.name, self.num_microbatches, self.placement, programs, dict(self.meta), self.overlaps,
+                        self.chains)
 
     def overlap_partner(self) -> dict[Action, Action]:
         """Each half of an overlapped pair -> the other half (empty without overlaps)."""
@@ -184,8 +224,8 @@ class Schedule:
         return sum(len(p) for p in self.programs)
 
     def to_dict(self) -> dict:
-        """JSON-friendly form: torch notation strings per rank."""
-        return {
+        """JSON-friendly form: torch notation strings per rank (`chains` only when there are several)."""
+        out = {
             "name": self.name,
             "num_ranks": self.num_ranks,
             "num_stages": self.num_stages,
@@ -193,6 +233,9 @@ class Schedule:
             "placement": list(self.placement),
             "programs": [self.cells(r) for r in range(self.num_ranks)],
         }
+        if self.chains > 1:
+            out["chains"] = self.chains
+        return out
 
 
 def overlap_cell(forward: Action, backward: Action) -> str:
@@ -203,7 +246,7 @@ def overlap_cell(forward: Action, backward: Action) -> str:
 def overlapped(schedule: Schedule, pairs: set[tuple[Action, Action]]) -> Schedule:
     """`schedule` with `pairs` (forward, backward) marked as overlapped actions."""
     return Schedule(schedule.name, schedule.num_microbatches, schedule.placement, schedule.programs,
-                    dict(schedule.meta), frozenset(pairs))
+                    dict(schedule.meta), frozenset(pairs), schedule.chains)
 
 
 def loop_placement(num_ranks: int, chunks: int) -> tuple[int, ...]:

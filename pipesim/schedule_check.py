@@ -49,6 +49,10 @@ def check_placement(schedule: Schedule) -> None:
         raise ScheduleError("a schedule needs at least one rank and one stage")
     if schedule.num_microbatches < 1:
         raise ScheduleError(f"microbatches must be >= 1, got {schedule.num_microbatches}")
+    chains = schedule.chains
+    if chains < 1 or schedule.num_stages % chains or schedule.num_microbatches % chains:
+        raise ScheduleError(f"{chains} stage chains must split {schedule.num_stages} stages and "
+                            f"{schedule.num_microbatches} microbatches evenly")
     for stage, rank in enumerate(schedule.placement):
         if not 0 <= rank < ranks:
             raise ScheduleError(f"stage {stage} is placed on rank {rank}, but ranks are 0..{ranks - 1}")
@@ -62,6 +66,10 @@ def check_placement(schedule: Schedule) -> None:
                     f"rank {rank} runs {a.describe()}: microbatches are 0..{schedule.num_microbatches - 1}",
                     {a},
                 )
+            if not schedule.visits(a.stage, a.microbatch):
+                path = schedule.microbatch_stages(a.microbatch)
+                raise _fail(schedule, f"rank {rank} runs {a.describe()}, but microbatch {a.microbatch} visits "
+                                      f"stages {path.start}..{path.stop - 1} only", {a})
             if schedule.rank_of(a.stage) != rank:
                 raise _fail(
                     schedule,
@@ -86,6 +94,8 @@ def check_counts(schedule: Schedule) -> None:
             raise _fail(schedule, f"{a.describe()} has no matching I(stage {a.stage}, mb {a.microbatch})", {a})
     for s in range(schedule.num_stages):
         for mb in range(schedule.num_microbatches):
+            if not schedule.visits(s, mb):  # another chain's microbatch (DualPipe's other direction)
+                continue
             needed = [Kind.F, Kind.I, Kind.W] if (s, mb) in split else [Kind.F, Kind.B]
             for kind in needed:
                 if Action(s, kind, mb) not in counts:

@@ -73,9 +73,19 @@ def parse_rows(rows: list[list[str]], name: str = "csv") -> Schedule:
         raise PipesimError(f"{name}: stage {missing[0]} has no actions (stages must be 0..{num_stages - 1})")
     num_mb = 1 + max(a.microbatch for prog in programs for a in prog)
     sched = Schedule(name, num_mb, tuple(placement[s] for s in range(num_stages)), tuple(programs),
-                     overlaps=frozenset(pairs))
+                     overlaps=frozenset(pairs), chains=_chains(programs, num_stages, num_mb))
     sched.meta["ignored_actions"] = ignored
     return sched
+
+
+def _chains(programs: list[tuple[Action, ...]], num_stages: int, num_mb: int) -> int:
+    """The stage chains the actions imply (pipesim's DualPipe: 2), torch's CSV having no column for them: the
+    fewest k > 1 such that every microbatch of block j (of m / k) stays on stage block j (of stages / k); else 1."""
+    for k in range(2, min(num_stages, num_mb) + 1):
+        if num_stages % k == 0 and num_mb % k == 0 and all(
+                a.stage * k // num_stages == a.microbatch * k // num_mb for prog in programs for a in prog):
+            return k
+    return 1
 
 
 def loads(text: str, name: str = "csv") -> Schedule:

@@ -69,6 +69,23 @@ def auto_costs(table: CostTable, p: int, m: int, limit: MemoryLimit, comm: Seque
                      tuple(_activation(table, r) for r in range(p)), limit.per_rank(table, p, m))
 
 
+def makespan_lower_bound(table: CostTable, p: int, m: int, comm: Sequence[float] = ()) -> float:
+    """No one-stage-per-rank order of m microbatches ends sooner (seconds): for each rank r, its first input
+    arrives after the forwards and hops above it (head), then either all its work runs (m (F + I + W)), or
+    its F's and I's run (m (F + I)) and the last microbatch's input gradient still travels down to rank 0,
+    whose last W follows. With equal stages and no comm: max((p-1)F + m(F+I+W), (p-1)F + m(F+I) + (p-1)I + W).
+    """
+    st, hop = table.stages, tuple(comm) or (0.0,) * (p - 1)
+    bound = 0.0
+    for r in range(p):
+        head = sum(st[s].forward + hop[s] for s in range(r))
+        c = st[r]
+        chain = sum(hop[s] + st[s].backward_input for s in range(r)) + st[0].backward_weight
+        bound = max(bound, head + m * (c.forward + c.backward_input + c.backward_weight),
+                    head + m * (c.forward + c.backward_input) + chain)
+    return bound
+
+
 def rebuild(schedule: Schedule, table: CostTable, limit: MemoryLimit | None, comm: Sequence[float] = ()) -> Schedule:
     """`schedule` again when it is zb-auto or zb-2p, ordered for these costs; any other schedule unchanged."""
     default = AUTO_SCHEDULES.get(schedule.name)

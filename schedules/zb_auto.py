@@ -16,6 +16,7 @@ the paper's ZB-2p, the same with twice that. `pipesim.zb_auto_costs` builds it f
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import product
 
 from pipesim.errors import PipesimError
 from pipesim.ir import Action, Kind, Schedule, loop_placement
@@ -50,28 +51,31 @@ def zb_auto_programs(p: int, m: int, costs: AutoCosts) -> tuple[tuple[Action, ..
 
     As in the paper, the heuristic runs with several settings and the shortest result is kept: here
     the warm-up depth, rank r stashing at most p - r + extra microbatches (extra = 0 is 1F1B's depth;
-    no cap last), always under the memory limit; ties keep the shallower one.
+    no cap last), always under the memory limit, then ZB-H1's order, then the same depths with an
+    eager W (a pending W whenever no F or I is ready, instead of only where it ends before the next
+    input: better when W is long, as on a GPT's first stage, whose I is empty); ties keep the earlier.
     """
     for r in range(p):
         if costs.limit[r] < costs.activation[r]:
             raise PipesimError(f"--memory-limit {costs.limit[r]:g} B on rank {r} is below one microbatch's "
                                f"activations ({costs.activation[r]:g} B): nothing can run")
     extras = sorted({0, 1, 2, *(2 ** k for k in range(2, (2 * p).bit_length() + 1))}) + [None]
+    h1 = zb_h1(p, m).programs  # ZB-H1's hand-written order stashes min(p, m) microbatches per rank: a candidate too
+    h1_fits = all(min(p, m) * costs.activation[r] <= costs.limit[r] for r in range(p))
+    settings = [*product(("gap",), extras), ("h1", None), *product(("eager",), extras)]  # (W rule, depth)
     best = None
-    for extra in extras:
-        depth = tuple(costs.limit[r] if extra is None else min(costs.limit[r], (p - r + extra) * costs.activation[r])
-                      for r in range(p))
-        try:
-            makespan, programs = _list_schedule(p, m, costs, depth)
-        except _Stuck:  # this setting strands a rank (seen at m = 1); the others, or ZB-H1's order, remain
-            continue
-        if best is None or makespan < best[0]:
-            best = (makespan, programs)
-    h1 = zb_h1(p, m).programs  # ZB-H1's hand-written order stashes p microbatches per rank: a candidate too
-    if all(min(p, m) * costs.activation[r] <= costs.limit[r] for r in range(p)):  # it stashes min(p, m)
-        makespan = _time_fixed(p, m, costs, h1)
-        if best is None or makespan < best[0]:
-            best = (makespan, h1)
+    for rule, extra in settings:
+        if rule == "h1":
+            candidate = (_time_fixed(p, m, costs, h1), h1) if h1_fits else None
+        else:
+            depth = tuple(costs.limit[r] if extra is None else
+                          min(costs.limit[r], (p - r + extra) * costs.activation[r]) for r in range(p))
+            try:
+                candidate = _list_schedule(p, m, costs, depth, eager_w=rule == "eager")
+            except _Stuck:  # this setting strands a rank (seen at m = 1); the others, or ZB-H1's order, remain
+                candidate = None
+        if candidate is not None and (best is None or candidate[0] < best[0]):
+            best = candidate
     if best is None:
         raise PipesimError(f"zb-auto found no order for p={p}, m={m} within the memory limit "
                            "(every warm-up depth strands a rank, and ZB-H1's order does not fit)")
@@ -107,9 +111,10 @@ def _time_fixed(p: int, m: int, costs: AutoCosts, programs: tuple[tuple[Action, 
     return max(free)
 
 
-def _list_schedule(p: int, m: int, costs: AutoCosts, depth: tuple[float, ...]
+def _list_schedule(p: int, m: int, costs: AutoCosts, depth: tuple[float, ...], eager_w: bool = False
                    ) -> tuple[float, tuple[tuple[Action, ...], ...]]:
-    """One run of the heuristic with per-rank stash caps `depth` (bytes): (makespan, programs)."""
+    """One run of the heuristic with per-rank stash caps `depth` (bytes): (makespan, programs).
+    `eager_w`: a pending W runs whenever no F or I is ready (else only where it ends before the next input)."""
     f_end: list[list[float | None]] = [[None] * m for _ in range(p)]
     i_end: list[list[float | None]] = [[None] * m for _ in range(p)]
     next_f, next_i = [0] * p, [0] * p
@@ -166,7 +171,7 @@ def _list_schedule(p: int, m: int, costs: AutoCosts, depth: tuple[float, ...]
             f_end[r][j_f] = free[r] = t + costs.forward[r]
             next_f[r] += 1
             held[r] += costs.activation[r]
-        elif pending_w[r] and (not fits or earliest_input(r) >= t + costs.backward_weight[r]
+        elif pending_w[r] and (not fits or eager_w or earliest_input(r) >= t + costs.backward_weight[r]
                                or (next_i[r] == m and next_f[r] == m)):
             j = pending_w[r].pop(0)
             programs[r].append(Action(r, Kind.W, j))

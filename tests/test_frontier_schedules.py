@@ -115,12 +115,14 @@ GPT = ["--model", "gpt", "--hidden", "64", "--heads", "2", "--seq", "16", "--voc
 def test_every_schedule_simulates_uneven_chunks(capsys, name):
     spec = schedules.spec(name)
     v = spec.default_virtual if spec.virtual else 1
-    split = {1: "2,4", 2: "0,3,3,0", 3: "0,1,2,2,1,0"}[v]
+    sched = schedules.build(name, 2, 4, v)  # dualpipe: 2 model chunks, each on two ranks (two chains)
+    split = {2: "2,4", 4: "0,3,3,0", 6: "0,1,2,2,1,0"}[sched.model_stages]
     code = main(["simulate", name, "-p", "2", "-m", "4", "-v", str(v), "--layer-split", split, *GPT])
     out, err = capsys.readouterr()
     assert code == 0, err
     data = json.loads(out)
-    assert [len(r["stages"]) for r in data["ranks"]] == [v, v] and data["makespan"] > 0
+    per_rank = sched.num_stages // 2
+    assert [len(r["stages"]) for r in data["ranks"]] == [per_rank, per_rank] and data["makespan"] > 0
 
 
 # --memory-limit: zb-auto rebuilt for the simulated costs --------------------------------------------

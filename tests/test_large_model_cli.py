@@ -71,7 +71,7 @@ def test_microbatch_size_spelling(capsys):
     (["--cp", "2"], "--cp 2 needs --attention flash"),
     (["--kv-heads", "3"], "--kv-heads 3 must divide --heads 8"),
     (["--model-config", "no-such-model"], "--model-config no-such-model: no such file or bundled config"),
-    (["--layer-split", "4,0,4,0", "-p", "4"], "layer split [4, 0, 4, 0] must have 4 positive entries"),
+    (["--layer-split", "4,0,4,1", "-p", "4"], "layer split [4, 0, 4, 1] must have 4 entries of 0 or more layers"),
     (["--nodes", "2", "--hardware", "local-cpu"], "names no network to join nodes with"),
 ])
 def test_bad_input_one_line_exit_2(capsys, argv, message):

@@ -45,12 +45,15 @@ def test_every_schedule_valid_for_all_small_sizes(name):
         # torch's DualPipeV and (at p = 2) InterleavedZeroBubble orders assume torch's early RECVs; with
         # pipesim's RECV-before-consumer lowering a message can overtake another between two ranks (fine on
         # tagged gloo, rejected before an NCCL run)
-        assert fifo_mismatches(lowered) == [] or name == "dualpipev" or (name == "interleaved-zb" and p == 2)
-        assert sched.num_ranks == p and sched.num_stages == p * v and sched.num_microbatches == m
+        torch_like = name in ("dualpipev", "dualpipe") or (name == "interleaved-zb" and p == 2)
+        assert fifo_mismatches(lowered) == [] or torch_like
+        # DualPipe: two chains of p stages (two model copies), each microbatch on one of them
+        assert sched.num_ranks == p and sched.model_stages == p * v and sched.num_microbatches == m
+        assert sched.num_stages == p * v * sched.chains
         counts = Counter((a.kind, a.stage, a.microbatch) for prog in sched.programs for a in prog)
         split = sched.split_pairs()  # DualPipeV splits only its drain's backwards into I and W
         assert set(counts.values()) == {1}
-        assert len(counts) == 2 * p * v * m + len(split)
+        assert len(counts) == 2 * p * v * m + len(split)  # every microbatch visits p * v stages
         # F precedes its backward on the owning rank
         for prog in sched.programs:
             pos = {a: i for i, a in enumerate(prog)}

@@ -28,6 +28,8 @@ def configs():
     for name in schedules.names():
         v = 2 if schedules.spec(name).virtual else 1
         for p, m in [(2, 4), (3, 6), (4, 8)]:
+            if name == "dualpipe" and p % 2:  # two directions meet in the middle: p even only
+                continue
             yield name, p, m, v
 
 
@@ -44,6 +46,8 @@ def test_round_trip(name, p, m, v):
 @pytest.mark.parametrize("name, p, m, v", list(configs()))
 def test_torch_parses_validates_and_dry_runs_our_csv(name, p, m, v):
     sched = schedules.build(name, p, m, v)
+    if sched.chains > 1:
+        pytest.skip("torch's runtime sends every microbatch through every stage: no two-chain DualPipe")
     parsed = {r: [torch_schedules._Action.from_str(c) for c in row.split(",")]
               for r, row in enumerate(torch_csv.dumps(sched).splitlines())}
     stage_to_rank = torch_schedules._validate_schedule(parsed, p, p * v, m)

@@ -105,7 +105,7 @@ def _run_one(spec: dict, world: int, out: Path | None, cycle: int = 0) -> None:
     if mesh.rank == 0 and out is not None:
         times = timing.step_times(logs)
         meta = {"id": spec["id"], "schedule": sched.name, "p": world, "m": sched.num_microbatches,
-                "v": sched.num_stages // world, "model": spec["model"], "steps": spec["steps"],
+                "v": sched.model_stages // world, "model": spec["model"], "steps": spec["steps"],
                 "warmup": spec["warmup"], "step_times": times, "world_size": world,
                 "probe": (before + after) / 2, "probe_before": before, "probe_after": after, "cycle": cycle}
         timing.to_timeline(logs, sched.name, meta).write(out / timeline_name(spec["id"], cycle))

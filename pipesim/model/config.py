@@ -131,23 +131,20 @@ class ModelConfig:
 
 
 
-def split_layers(layers: int, stages: int, weights: list[int] | None = None, *, empty_ends: bool = False) -> list[int]:
+def split_layers(layers: int, stages: int, weights: list[int] | None = None) -> list[int]:
     """Layers per stage (per chunk under interleaved / V placements): even split (earlier stages take the
     remainder), or explicit `weights`.
 
-    `weights` (e.g. [3, 2, 2, 1]) must sum to `layers`, one entry per stage. empty_ends: the first and
-    the last stage may hold 0 layers (a transformer's chunk with only the embedding or only the head,
-    as Llama 3 405B's 126 layers over 128 chunks); every other entry needs a layer.
+    `weights` (e.g. [3, 2, 2, 1]) must sum to `layers`, one entry per stage. Any entry may be 0: that
+    stage holds no layer (a GPT's first and last keep the embedding and the head, as Llama 3 405B's 126
+    layers over 128 chunks; any other is an identity stage that passes its input on and the gradient back).
     """
     if weights is not None:
-        inner = weights[1:-1] if empty_ends else weights
-        ends = [weights[0], weights[-1]] if empty_ends and weights else []
-        if (len(weights) != stages or sum(weights) != layers or min(inner, default=1) < 1
-                or min(ends, default=0) < 0 or (stages == 1 and weights[0] < 1)):
-            where = " (0 allowed for the first and last, which hold the embedding and the head)" if empty_ends else ""
-            raise PipesimError(
-                f"layer split {weights} must have {stages} positive entries{where} summing to {layers} layers"
-            )
+        if layers < 1:
+            raise PipesimError(f"layer split {weights}: a model needs at least one layer, got {layers}")
+        if len(weights) != stages or sum(weights) != layers or min(weights, default=0) < 0:
+            raise PipesimError(f"layer split {weights} must have {stages} entries of 0 or more layers summing to "
+                               f"the model's {layers} layers")
         return list(weights)
     if layers < stages:
         raise PipesimError(f"--layers {layers} is fewer than the {stages} stages; each stage needs a layer "
