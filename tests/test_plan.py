@@ -18,7 +18,8 @@ else:  # Python 3.10: the backport (a dependency there)
 from pipesim.cli import main
 from pipesim.hardware_toml import load_hardware
 from pipesim.model.config import ModelConfig
-from pipesim.plan.estimate import estimate
+from pipesim.model_costs import precision_of
+from pipesim.plan.estimate import estimate, optimizer_tail
 from pipesim.plan.evaluate import Evaluator
 from pipesim.plan.exports import megatron_args, torchtitan_toml
 from pipesim.plan.ranking import why_lost
@@ -53,21 +54,25 @@ def test_space_divides_model_batch_and_cluster():
     assert cands
     for c in cands:
         assert c.t * c.p * c.d == 8 and 8 % c.t == 0
-        assert BIG.heads % c.t == 0 and BIG.layers % (c.p * c.v) == 0
+        assert BIG.heads % c.t == 0 and c.p * c.v <= BIG.layers  # uneven splits by default
         assert BIG.batch == c.d * c.mbs * c.m
         assert c.d > 1 or c.zero == 0
         assert c.p > 1 or c.schedule == "1f1b"
         assert (c.v > 1) == (c.schedule == "interleaved-1f1b")
     assert {(c.t, c.p, c.d) for c in cands} == {(t, p, 8 // (t * p)) for t in (1, 2, 4, 8) for p in (1, 2, 4, 8)
                                                 if 8 % (t * p) == 0}
+    assert {c.sp for c in cands if c.t > 1} == {True} and not any(c.sp for c in cands if c.t == 1)
+    even = enumerate_candidates(PlanRequest(BIG, load_hardware("dgx-h100"), 8, SCHEDULES, uneven=False))
+    assert even and all(BIG.layers % (c.p * c.v) == 0 for c in even)
+    assert set(even) < set(enumerate_candidates(PlanRequest(BIG, load_hardware("dgx-h100"), 8, SCHEDULES)))
 
 
 def test_no_candidate_over_memory_is_simulated():
     req = big_request()
     ev = CountingEvaluator(req)
-    result = plan(req, max_candidates=10_000, progress=False, evaluator=ev)
+    result = plan(req, max_candidates=10_000, max_work=10**9, progress=False, evaluator=ev)
     cap = req.hardware.device.memory
-    assert result.counts["over_memory"] > 0
+    assert result.counts["over_memory_bound"] > 0
     assert all(c.peak_memory <= cap for c in ev.calls)
     # exactly the candidates that fit are simulated (no cap): computed independently, candidate by candidate
     fresh = Evaluator(req)
@@ -85,7 +90,7 @@ def test_no_candidate_over_memory_is_simulated():
 
 def test_rows_ranked_by_simulated_step_time_and_cap_keeps_estimate_order():
     req = big_request()
-    full = plan(req, max_candidates=10_000, progress=False)
+    full = plan(req, max_candidates=10_000, max_work=10**9, progress=False)
     times = [r.step_time for r in full.rows]
     assert times == sorted(times)
     best = full.best
@@ -95,22 +100,32 @@ def test_rows_ranked_by_simulated_step_time_and_cap_keeps_estimate_order():
             assert why_lost(r, best).startswith(f"+{(r.step_time - best.step_time) * 1e3:.2f} ms: ")
     ev = CountingEvaluator(req)
     capped = plan(req, max_candidates=7, progress=False, evaluator=ev)
-    assert len(ev.calls) == 7 and capped.counts["not_simulated_cap"] == capped.counts["fits_memory"] - 7
-    estimates = [estimate(c.candidate, c.costs) for c in ev.calls]
+    k = capped.counts
+    assert len(ev.calls) == 7
+    assert k["not_simulated_cap"] == k["fits_memory_bound"] - 7 - k["over_memory"] - k["refused_by_schedule"]
+    estimates = [_estimate(ev, c.candidate) for c in ev.calls]
     assert estimates == sorted(estimates)
     # every candidate left out is estimated no faster than the last one simulated
     simulated = {c.candidate for c in ev.calls}
     rest = [r for r in full.rows if r.candidate not in simulated]
-    check = Evaluator(req)
-    assert all(estimate(r.candidate, check.cost(r.candidate).costs) >= estimates[-1] for r in rest)
+    assert all(_estimate(ev, r.candidate) >= estimates[-1] for r in rest)
+
+
+def _estimate(ev, c):
+    """The search's ordering key for `c` (estimate with the optimizer tail)."""
+    req = ev.req
+    tail = optimizer_tail(c, ev.bounds.params(c.p * c.v, c.t), precision_of(req.model),
+                          req.hardware.device.hbm_bandwidth)
+    return estimate(c, ev.chunk_seconds(c), tail)
 
 
 def test_schedule_objects_are_shared_across_configurations():
     req = big_request()
     ev = Evaluator(req)
-    plan(req, max_candidates=10_000, progress=False, evaluator=ev)
-    keys = {c.schedule_key for c in enumerate_candidates(req)}
-    assert ev.schedules_built == len(keys) < len(enumerate_candidates(req))
+    result = plan(req, max_candidates=10_000, max_work=10**9, progress=False, evaluator=ev)
+    walked = [r.candidate for r in result.rows] + [c for c, _ in result.over]
+    keys = {c.schedule_key for c in walked}
+    assert ev.schedules_built == len(keys) < len(walked)
 
 
 def test_exported_command_reproduces_step_time(capsys, tmp_path):
@@ -134,7 +149,7 @@ def test_exported_command_reproduces_step_time(capsys, tmp_path):
 
 def test_torchtitan_and_megatron_exports():
     req = big_request()
-    best = plan(req, max_candidates=10_000, progress=False).best.candidate
+    best = plan(req, progress=False).best.candidate
     toml = tomllib.loads(torchtitan_toml(best, req))
     par = toml["parallelism"]
     assert par["pipeline_parallel_degree"] == best.p and par["tensor_parallel_degree"] == best.t
@@ -149,7 +164,7 @@ def test_torchtitan_and_megatron_exports():
     assert flag["--pipeline-model-parallel-size"] == str(best.p)
     assert flag["--micro-batch-size"] == str(best.mbs) and flag["--global-batch-size"] == "16"
     assert ("--use-distributed-optimizer" in args) == (best.zero == 1)
-    assert ("--sequence-parallel" in args) == (best.t > 1)
+    assert ("--sequence-parallel" in args) == best.sp == (best.t > 1)
     if best.v > 1:
         assert flag["--num-layers-per-virtual-pipeline-stage"] == str(16 // (best.p * best.v))
 
@@ -168,7 +183,7 @@ def test_interleaved_exports_layers_per_virtual_stage():
     (["--model", "gpt", "--hidden", "64", "--layers", "8", "--heads", "1", "--batch", "3", "--seq", "64",
       "--gpus", "16"], "--batch 3 splits over none of the data-parallel sizes [2, 4, 8, 16]"),
     (["--model", "gpt", "--hidden", "64", "--layers", "3", "--heads", "1", "--batch", "1", "--seq", "64",
-      "--gpus", "8"], "--batch 1 splits over none of the data-parallel sizes [8] left by 8 GPUs and --layers 3"),
+      "--gpus", "8"], "--batch 1 splits over none of the data-parallel sizes [4, 8] left by 8 GPUs and --layers 3"),
     (["--model", "gpt", "--hidden", "8192", "--layers", "8", "--heads", "64", "--batch", "1", "--seq", "2048",
       "--gpus", "1", "--dtype", "bfloat16"], "no configuration fits 80.00 GiB per GPU: the closest"),
 ])

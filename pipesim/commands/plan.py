@@ -4,6 +4,7 @@ simulator (pipesim/plan/); a ranked table, --json, and the winner as commands (d
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from pipesim.commands.common import (
     SIZE_FLAGS,
@@ -14,14 +15,16 @@ from pipesim.commands.common import (
     model_config,
     positive_int,
 )
+from pipesim.commands.setup_args import add_comm_args, comm_options_from_args
 from pipesim.errors import PipesimError
 from pipesim.hardware import Hardware
 from pipesim.hardware_toml import load_hardware
-from pipesim.model.options import RECOMPUTE
-from pipesim.outputs import check_file
-from pipesim.plan.exports import command_line, megatron_text, simulate_command, torchtitan_toml
+from pipesim.model.options import ATTENTION, RECOMPUTE
+from pipesim.outputs import check_file, write_text
+from pipesim.plan.evaluate import Evaluator
+from pipesim.plan.exports import command_line, megatron_text, schedule_csv, simulate_command, torchtitan_toml
 from pipesim.plan.ranking import why_lost
-from pipesim.plan.search import DEFAULT_MAX_CANDIDATES, PlanResult, plan
+from pipesim.plan.search import DEFAULT_MAX_CANDIDATES, DEFAULT_MAX_WORK, PlanResult, default_workers, plan
 from pipesim.plan.space import RECOMPUTES, ZEROS, PlanRequest
 from pipesim.sim_setup import DEFAULT_HARDWARE
 from pipesim.units import format_bytes
@@ -29,7 +32,8 @@ from pipesim.units import format_bytes
 EXAMPLES = """examples:
   pipesim plan --model gpt --hidden 1024 --layers 8 --heads 16 --seq 1024 --vocab 32000 --batch 32 \\
       --dtype bfloat16 --hardware dgx-h100 --gpus 8 --top 5
-  pipesim plan --model-config llama3-8b --seq 8192 --batch 64 --hardware dgx-h100 --nodes 2 --json plan.json
+  pipesim plan --model-config llama3-8b --seq 8192 --batch 64 --hardware dgx-h100 --nodes 2 --json plan.json \
+      --plot plan.html --export-csv winner.csv
 """
 
 
@@ -38,6 +42,7 @@ def add_parser(sub) -> None:
                        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_args(p, default="gpt")
     add_transformer_args(p)
+    add_comm_args(p)
     g = p.add_argument_group("cluster and search")
     g.add_argument("--hardware", metavar="PRESET|FILE", help=f"hardware preset or TOML file (default "
                                                              f"{DEFAULT_HARDWARE})")
@@ -52,10 +57,25 @@ def add_parser(sub) -> None:
                    help="recomputation choices to consider (default all three)")
     g.add_argument("--zero", type=_zeros, default=ZEROS, metavar="0,1,...",
                    help="ZeRO stages to consider with dp > 1 (default 0,1)")
+    g.add_argument("--sequence-parallel", type=_on_off, default=(True,), metavar="on|off|on,off",
+                   help="sequence parallelism with tp > 1: on (default, Megatron's practice), off, or both searched")
+    g.add_argument("--attention", choices=ATTENTION, default=None,
+                   help="attention kernel of every candidate (default: flash on GPUs at 16 bits, as simulate)")
     g.add_argument("--top", type=positive_int, default=10, metavar="N", help="rows shown (default 10)")
     g.add_argument("--max-candidates", type=positive_int, default=DEFAULT_MAX_CANDIDATES, metavar="N",
                    help="simulate at most N candidates that fit memory, in the estimate's order "
                         f"(default {DEFAULT_MAX_CANDIDATES})")
+    g.add_argument("--max-work", type=positive_int, default=DEFAULT_MAX_WORK, metavar="N",
+                   help="stop the walk after N work units: p x v x m per candidate built, 20 x p x m more for "
+                        f"zb-auto / zb-2p (default {DEFAULT_MAX_WORK}, about 40 s on one core)")
+    g.add_argument("--workers", type=positive_int, default=None, metavar="N",
+                   help="processes simulating candidates (default: the machine's cores); results are the same")
+    g.add_argument("--plot", default=None, metavar="FILE.html",
+                   help="write throughput against peak memory of every simulated candidate (HTML, plotly)")
+    g.add_argument("--png", default=None, metavar="FILE.png",
+                   help="also write the figure as a PNG (needs Chromium, as `pipesim plot --png`)")
+    g.add_argument("--export-csv", default=None, metavar="FILE.csv",
+                   help="write the winner's schedule as a torch.distributed.pipelining CSV")
     g.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE",
                    help="write the plan as JSON to FILE, or to stdout without FILE")
     p.set_defaults(func=run)
@@ -63,6 +83,25 @@ def add_parser(sub) -> None:
 
 def _names(text: str) -> tuple[str, ...]:
     return tuple(t.strip() for t in text.split(",") if t.strip())
+
+
+def _on_off(text: str) -> tuple[bool, ...]:
+    words = _names(text)
+    if not words or any(w not in ("on", "off") for w in words):
+        raise argparse.ArgumentTypeError(f"on, off or on,off; got {text!r}")
+    return tuple(sorted({w == "on" for w in words}))
+
+
+def _csv_path(path: str | None) -> Path | None:
+    """--export-csv's file, checked before the search (a .csv in an existing folder)."""
+    if path is None:
+        return None
+    p = Path(path)
+    if p.suffix.lower() != ".csv" or p.is_dir():
+        raise PipesimError(f"--export-csv {path}: writes a CSV schedule; name the file *.csv")
+    if not p.parent.is_dir():
+        raise PipesimError(f"--export-csv {path}: folder {p.parent} does not exist")
+    return p
 
 
 def _recomputes(text: str) -> tuple[str, ...]:
@@ -113,42 +152,65 @@ def model_flags(args: argparse.Namespace, req: PlanRequest) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     json_path = check_file(args.json, "--json", "json")
+    plot_path = check_file(args.plot, "--plot", "html")
+    png_path = check_file(args.png, "--png", "png")
+    csv_path = _csv_path(args.export_csv)
     if args.model == "mlp":
         raise PipesimError("pipesim plan searches transformer layouts; drop --model mlp")
     model = model_config(args)
     hw, gpus, hw_flags = cluster(args)
-    req = PlanRequest(model, hw, gpus, args.schedules, args.max_tp, args.recompute, args.zero)
-    result = plan(req, max_candidates=args.max_candidates)
-    argv = simulate_command(result.best.candidate, model_flags(args, req), hw_flags)
-    data = plan_json(result, args.top, argv)
+    req = PlanRequest(model, hw, gpus, args.schedules, args.max_tp, args.recompute, args.zero,
+                      comm=comm_options_from_args(args), attention=args.attention,
+                      sequence_parallel=args.sequence_parallel)
+    ev = Evaluator(req)
+    result = plan(req, max_candidates=args.max_candidates, max_work=args.max_work, evaluator=ev,
+                  workers=args.workers or default_workers())
+    argv = simulate_command(result.best.candidate, model_flags(args, req), hw_flags + req.comm.flags(),
+                            args.attention)
+    data = plan_json(result, args.top, argv, ev.attention)
+    if csv_path:
+        write_text(csv_path, schedule_csv(ev.cost(result.best.candidate).schedule))
+    if plot_path or png_path:
+        from pipesim.plots.export import write_html, write_png  # local import: plotly, kept out of start-up
+        from pipesim.plots.plan_figure import plan_figure  # local import: plotly, kept out of start-up
+        title = (f"pipesim plan: {req.gpus} GPUs of {hw.name}, batch {model.batch} x seq {model.seq} "
+                 f"({len(result.rows)} candidates simulated)")
+        fig = plan_figure([r.to_dict() for r in result.rows], title=title, device_memory=hw.device.memory)
+        if plot_path:
+            write_html(fig, plot_path)
+        if png_path:
+            write_png(fig, png_path)
     if json_path:
         emit_json(str(json_path), data)
     if args.json == "-":
         emit_json("-", data)
     else:
-        print(report(result, args.top, argv))
+        print(report(result, args.top, argv, ev.attention))
     return 0
 
 
-def plan_json(result: PlanResult, top: int, argv: list[str]) -> dict:
+def plan_json(result: PlanResult, top: int, argv: list[str], attention: str) -> dict:
     best, req = result.best, result.request
     rows = [{**r.to_dict(), "why": why_lost(r, best)} for r in result.rows[:top]]
     c = best.candidate
     return {"schema": "pipesim.plan/1", "gpus": req.gpus, "hardware": req.hardware.name,
-            "device_memory": req.hardware.device.memory, "counts": result.counts, "rows": rows,
+            "device_memory": req.hardware.device.memory, "attention": attention, "counts": result.counts,
+            "rows": rows,
             "winner": {"simulate_command": command_line(argv),
-                       "megatron_args": megatron_text(c, req).splitlines(),
+                       "megatron_args": megatron_text(c, req, attention).splitlines(),
                        "torchtitan_toml": torchtitan_toml(c, req)}}
 
 
-def report(result: PlanResult, top: int, argv: list[str]) -> str:
+def report(result: PlanResult, top: int, argv: list[str], attention: str) -> str:
     """The ranked table, the counts, and the winner's exports."""
     req, best = result.request, result.best
     k = result.counts
     lines = [f"plan: {req.gpus} GPUs of {req.hardware.name} ({format_bytes(req.hardware.device.memory)} each), "
              f"batch {req.model.batch} x seq {req.model.seq}",
-             f"{k['enumerated']} candidates, {k['refused_by_schedule']} refused by their schedule, "
-             f"{k['over_memory']} over memory, {k['fits_memory']} fit, {k['simulated']} simulated",
+             f"{k['enumerated']} candidates ({attention} attention), {k['over_memory_bound']} over memory by the "
+             f"bound; of the {k['fits_memory_bound']} left, in the estimate's order: {k['refused_by_schedule']} "
+             f"refused by their schedule, {k['over_memory']} over memory, {k['simulated']} simulated, "
+             f"{k['not_simulated_cap']} not reached",
              f"{'#':>3} {'configuration':<56} {'step ms':>9} {'tok/s':>10} {'MFU':>6} {'TF/GPU':>7} "
              f"{'peak mem':>10} {'bubble':>7}  why not first"]
     for i, r in enumerate(result.rows[:top], 1):
@@ -157,6 +219,6 @@ def report(result: PlanResult, top: int, argv: list[str]) -> str:
                      f"{r.bubble_fraction * 100:6.1f}%  {why_lost(r, best)}")
     c = best.candidate
     lines += ["", "winner as a pipesim command:", "  " + command_line(argv), "", "Megatron-LM arguments:"]
-    lines += ["  " + x for x in megatron_text(c, req).splitlines()]
+    lines += ["  " + x for x in megatron_text(c, req, attention).splitlines()]
     lines += ["", "torchtitan job config:"] + [f"  {x}" if x else "" for x in torchtitan_toml(c, req).splitlines()]
     return "\n".join(lines)

@@ -1,14 +1,15 @@
 """The order in which surviving candidates are simulated: a closed-form step-time estimate, cheapest first.
 
-estimate = (m + E) x (the busiest rank's F + I + W seconds per microbatch), where E is the schedule's
-bubble in microbatch-times (its closed form, or an approximation documented here). It ignores links,
-data-parallel synchronisation and the optimizer, so it only orders the candidates: with --max-candidates
-smaller than the survivors, the ones it ranks last are not simulated (docs/planner.md).
+estimate = (m + E) x (the busiest rank's F + I + W seconds per microbatch) + that rank's optimizer step,
+where E is the schedule's bubble in microbatch-times (its closed form, or an approximation documented
+here). It ignores links and data-parallel synchronisation, so it only orders the candidates: the ones it
+ranks past --max-candidates / --max-work are not simulated (docs/planner.md).
 """
 
 from __future__ import annotations
 
-from pipesim.model_costs import ParallelCosts
+from pipesim.model.memory import PRECISIONS, optimizer_step_bytes
+from pipesim.plan.memory_bound import MIRRORED, rank_chunks
 from pipesim.plan.space import Candidate
 
 # bubble in microbatch-times as a function of (p, v, m); unknown schedules: 1F1B's p - 1
@@ -30,19 +31,29 @@ BUBBLE_UNITS = {
 }
 
 
-def rank_seconds(c: Candidate, costs: ParallelCosts) -> float:
-    """The busiest rank's compute seconds per microbatch (its v chunks, looped placement approximated)."""
-    stages = costs.table.stages
-    per_rank = [0.0] * c.p
-    for s, sc in enumerate(stages):
-        per_rank[s % c.p] += sc.forward + sc.backward_input + sc.backward_weight
-    return max(per_rank)
+def _held(c: Candidate) -> list[list[int]]:
+    """Chunks per rank (the family's placement; looped for a schedule memory_bound does not list)."""
+    return rank_chunks(c.schedule, c.p, c.v) or [[r + k * c.p for k in range(c.k)] for r in range(c.p)]
 
 
-def estimate(c: Candidate, costs: ParallelCosts) -> float:
-    """Seconds: the heuristic step time (ordering only)."""
+def rank_seconds(c: Candidate, chunk_seconds: tuple[float, ...]) -> float:
+    """The busiest rank's compute seconds per microbatch (its v chunks; DualPipe's two replicas each see half
+    of the microbatches)."""
+    share = 0.5 if c.schedule in MIRRORED else 1.0
+    return share * max(sum(chunk_seconds[s] for s in ids) for ids in _held(c))
+
+
+def optimizer_tail(c: Candidate, params: tuple[int, ...], precision: str, hbm_bandwidth: float) -> float:
+    """Seconds: the slowest rank's Adam step over the parameters it owns (memory-bound, as step_costs times it)."""
+    prec = PRECISIONS[precision]
+    return max(optimizer_step_bytes(sum(params[s] for s in ids), dp=c.d, zero=c.zero, precision=prec)
+               for ids in _held(c)) / hbm_bandwidth
+
+
+def estimate(c: Candidate, chunk_seconds: tuple[float, ...], tail: float = 0.0) -> float:
+    """Seconds: the heuristic step time (ordering only): (m + E) x the busiest rank's seconds, plus `tail`."""
     units = BUBBLE_UNITS.get(c.schedule, lambda p, v, m: p - 1)(c.p, c.v, c.m)
-    return (c.m + units) * rank_seconds(c, costs)
+    return (c.m + units) * rank_seconds(c, chunk_seconds) + tail
 
 
-__all__ = ["BUBBLE_UNITS", "estimate", "rank_seconds"]
+__all__ = ["BUBBLE_UNITS", "estimate", "optimizer_tail", "rank_seconds"]

@@ -1,6 +1,8 @@
 """Costing one candidate the way `pipesim simulate` does (SimSetup), with the caches a search needs:
-costs per (chunks, m, t, d, recompute, zero), one built schedule per (schedule, p, m, v), zb-auto /
-zb-2p's order per (schedule, costs). Memory is checked here, before any simulation.
+the memory lower bound (no costs, no schedule), per-chunk seconds for the estimate per (chunks, mbs, t,
+recompute, sp) (they do not depend on d, m or ZeRO), exact costs per (chunks, m, t, d, recompute, zero, sp),
+one built schedule per (schedule, p, m, v), zb-auto / zb-2p's order per (schedule, costs). Exact memory is
+checked here, before any simulation.
 """
 
 from __future__ import annotations
@@ -10,8 +12,10 @@ from dataclasses import dataclass
 import schedules
 from pipesim.errors import PipesimError
 from pipesim.ir import Schedule
+from pipesim.model.config import split_layers
 from pipesim.model.memory import MemoryBreakdown
-from pipesim.model_costs import ParallelCosts
+from pipesim.model_costs import ParallelCosts, model_costs
+from pipesim.plan.memory_bound import MemoryBound
 from pipesim.plan.space import Candidate, PlanRequest
 from pipesim.rank_memory import rank_memory
 from pipesim.sim_result import SimResult
@@ -46,20 +50,62 @@ class Evaluator:
         self._costs: dict[tuple, ParallelCosts] = {}
         self._schedules: dict[tuple, Schedule | PipesimError] = {}
         self._tuned: dict[tuple, Schedule] = {}
+        self._chunk_seconds: dict[tuple, tuple[float, ...]] = {}
+        self._pieces_cache: dict[tuple, tuple[float, float, float, float]] = {}
         self.schedules_built = 0
         self.simulated = 0
+        self.flops = 0.0  # model FLOPs of one step (the search sets it; rows' MFU)
+        self.attention = req.attention or SimSetup(req.hardware, req.model).attention_kernel  # every candidate's
+        self.bounds = MemoryBound(req.model, self.attention)
 
-    @property
-    def attention(self) -> str:
-        """The attention kernel every candidate is costed with (SimSetup's default for this model and device)."""
-        return SimSetup(self.req.hardware, self.req.model).attention_kernel
+    def memory_bound(self, c: Candidate) -> int:
+        """Bytes: a lower bound on `c`'s peak per GPU (pipesim.plan.memory_bound); PipesimError if the model refuses."""
+        return self.bounds.bound(c)
+
+    def chunk_seconds(self, c: Candidate) -> tuple[float, ...]:
+        """F + I + W seconds per microbatch of each of `c`'s chunks, for the estimate (ordering only).
+
+        A chunk's seconds are a per-stage constant, its layers', and the embedding's (first) and the head's
+        (last): one `model_costs` call on the cut [0, 1, 2, L - 3] per (mbs, t, recompute, sp) gives the four
+        (the chunks' seconds do not depend on d, m or ZeRO), and every cut of every p x v is made from them.
+        """
+        key = (c.chunks, c.mbs, c.t, c.recompute, c.sp)
+        if key not in self._chunk_seconds:
+            const, layer, first, last = self._pieces(c)
+            chunks = c.chunks
+            split = split_layers(self.req.model.layers, chunks)
+            self._chunk_seconds[key] = tuple(const + n * layer + (first if s == 0 else 0.0)
+                                             + (last if s == chunks - 1 else 0.0) for s, n in enumerate(split))
+        return self._chunk_seconds[key]
+
+    def _pieces(self, c: Candidate) -> tuple[float, float, float, float]:
+        """Seconds per microbatch of (a stage's constant, one layer, the embedding, the head) under c's options."""
+        key = (c.mbs, c.t, c.recompute, c.sp)
+        if key not in self._pieces_cache:
+            m = self.req.model
+            if m.layers >= 3:
+                costs = model_costs(m, 4, m.batch // c.mbs, self.req.hardware, tp=c.t, sp=c.sp,
+                                    recompute=c.recompute, attention=self.attention,
+                                    layer_split=[0, 1, 2, m.layers - 3])
+                t0, t1, t2, t3 = (x.forward + x.backward_input + x.backward_weight for x in costs.table.stages)
+                layer = t2 - t1
+                const = t1 - layer
+                pieces = (const, layer, t0 - const, t3 - const - (m.layers - 3) * layer)
+            else:  # one or two layers: a stage per layer, the first with the embedding, the last with the head
+                costs = model_costs(m, m.layers, m.batch // c.mbs, self.req.hardware, tp=c.t, sp=c.sp,
+                                    recompute=c.recompute, attention=self.attention)
+                total = [x.forward + x.backward_input + x.backward_weight for x in costs.table.stages]
+                pieces = (0.0, 0.0, total[0], total[-1] if m.layers > 1 else 0.0)
+            self._pieces_cache[key] = pieces
+        return self._pieces_cache[key]
 
     def setup(self, c: Candidate) -> SimSetup:
         """The SimSetup `pipesim simulate` would make from the exported command (memory checked here instead)."""
-        key = (c.t, c.d, c.recompute, c.zero)
+        key = (c.t, c.d, c.recompute, c.zero, c.sp)
         if key not in self._setups:
             self._setups[key] = SimSetup(self.req.hardware, self.req.model, dp=c.d, tp=c.t, check_memory=False,
-                                         recompute=c.recompute, sp=c.sp, zero=c.zero)
+                                         recompute=c.recompute, sp=c.sp, zero=c.zero, attention=self.attention,
+                                         comm_options=self.req.comm)
         return self._setups[key]
 
     def schedule(self, c: Candidate) -> Schedule:
@@ -80,7 +126,7 @@ class Evaluator:
         """Costs, tuned schedule and memory of `c`; PipesimError when the schedule or model refuses it."""
         setup = self.setup(c)
         sched = self.schedule(c)
-        ckey = (c.p * c.v, c.m, c.t, c.d, c.recompute, c.zero)
+        ckey = (c.chunks, sched.chains, c.m, c.t, c.d, c.recompute, c.zero, c.sp)  # DualPipe: spread on its chains
         if ckey not in self._costs:
             self._costs[ckey] = setup.costs(sched)
         costs = self._costs[ckey]

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import shlex
 
+from pipesim import torch_csv
+from pipesim.ir import Schedule
 from pipesim.plan.space import Candidate, PlanRequest
 
 # pipesim name -> torch.distributed.pipelining / torchtitan `pipeline_parallel_schedule`
@@ -15,8 +17,10 @@ TORCH_SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interl
 MEGATRON_SCHEDULES = ("1f1b", "interleaved-1f1b")  # what Megatron-LM runs (with --num-layers-per-virtual-...)
 
 
-def simulate_command(c: Candidate, model_flags: list[str], hardware_flags: list[str]) -> list[str]:
-    """argv of `pipesim simulate` for `c` (model and hardware flags as the plan was given them)."""
+def simulate_command(c: Candidate, model_flags: list[str], hardware_flags: list[str],
+                     attention: str | None = None) -> list[str]:
+    """argv of `pipesim simulate` for `c` (model and hardware flags as the plan was given them; `--attention`
+    when the plan was asked for one)."""
     argv = ["pipesim", "simulate", c.schedule, "--stages", str(c.p), "--microbatch-size", str(c.mbs),
             "--tp", str(c.t), "--dp", str(c.d)]
     if c.v > 1:
@@ -24,6 +28,8 @@ def simulate_command(c: Candidate, model_flags: list[str], hardware_flags: list[
     argv += ["--recompute", c.recompute, "--zero", str(c.zero)]
     if c.sp:
         argv.append("--sequence-parallel")
+    if attention:
+        argv += ["--attention", attention]
     return argv + model_flags + hardware_flags
 
 
@@ -31,16 +37,20 @@ def command_line(argv: list[str]) -> str:
     return shlex.join(argv)
 
 
-def megatron_args(c: Candidate, req: PlanRequest) -> list[str]:
+def megatron_args(c: Candidate, req: PlanRequest, attention: str | None = None) -> list[str]:
     """Megatron-LM (pretrain_gpt.py) arguments of `c`; a leading '#' line when Megatron lacks the schedule."""
     m = req.model
     out = []
     if c.schedule not in MEGATRON_SCHEDULES:
         runs = "interleaved 1F1B" if c.v > 1 else "1F1B"
         out.append(f"# Megatron-LM has no {c.schedule} schedule; the layout below runs as {runs} there")
+    even = m.layers % (c.chunks) == 0
+    if not even:
+        out.append(f"# {m.layers} layers over {c.chunks} chunks: pipesim gives the remainder to the first chunks; "
+                   "Megatron-LM splits unevenly only at the ends (--decoder-first/last-pipeline-num-layers)")
     out += ["--tensor-model-parallel-size", str(c.t), "--pipeline-model-parallel-size", str(c.p)]
-    if c.v > 1:
-        out += ["--num-layers-per-virtual-pipeline-stage", str(m.layers // (c.p * c.v))]
+    if c.v > 1 and even:
+        out += ["--num-layers-per-virtual-pipeline-stage", str(m.layers // (c.chunks))]
     out += ["--micro-batch-size", str(c.mbs), "--global-batch-size", str(m.batch), "--seq-length", str(m.seq)]
     if c.recompute == "selective":
         out += ["--recompute-granularity", "selective"]
@@ -48,6 +58,8 @@ def megatron_args(c: Candidate, req: PlanRequest) -> list[str]:
         out += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
     if c.sp:
         out.append("--sequence-parallel")
+    if attention == "flash":
+        out.append("--use-flash-attn")
     if c.zero == 1:
         out.append("--use-distributed-optimizer")
     elif c.zero > 1:
@@ -55,9 +67,14 @@ def megatron_args(c: Candidate, req: PlanRequest) -> list[str]:
     return out
 
 
-def megatron_text(c: Candidate, req: PlanRequest) -> str:
+def schedule_csv(schedule: Schedule) -> str:
+    """The winner's schedule as torch.distributed.pipelining's compute-only CSV (one row per rank)."""
+    return torch_csv.dumps(schedule)
+
+
+def megatron_text(c: Candidate, req: PlanRequest, attention: str | None = None) -> str:
     """The arguments one flag (with its value) per line, comments kept as lines."""
-    args = megatron_args(c, req)
+    args = megatron_args(c, req, attention)
     lines, i = [], 0
     while i < len(args):
         a = args[i]
@@ -90,7 +107,11 @@ def torchtitan_toml(c: Candidate, req: PlanRequest) -> str:
         lines.append(f'pipeline_parallel_schedule_csv = "{c.schedule}.csv"  # no built-in torch schedule: '
                      f'`pipesim schedule {c.schedule} -p {c.p} -m {c.m}{vflag} --format csv`')
     lines.append(f"pipeline_parallel_microbatch_size = {c.mbs}")
-    lines.append(f"pipeline_parallel_layers_per_stage = {m.layers // (c.p * c.v)}")
+    if m.layers % (c.chunks) == 0:
+        lines.append(f"pipeline_parallel_layers_per_stage = {m.layers // (c.chunks)}")
+    else:
+        lines.append(f"# {m.layers} layers over {c.chunks} chunks do not split evenly: pipesim gives the remainder "
+                     "to the first chunks (set module_fqns_per_model_part to match)")
     lines += ["", "[training]", f"local_batch_size = {m.batch // c.d}", f"global_batch_size = {m.batch}",
               f"seq_len = {m.seq}", "", "[activation_checkpoint]", f'mode = "{c.recompute}"']
     if c.recompute == "selective":
@@ -99,4 +120,4 @@ def torchtitan_toml(c: Candidate, req: PlanRequest) -> str:
 
 
 __all__ = ["MEGATRON_SCHEDULES", "TORCH_SCHEDULES", "command_line", "megatron_args", "megatron_text",
-           "simulate_command", "torchtitan_toml"]
+           "schedule_csv", "simulate_command", "torchtitan_toml"]

@@ -1,5 +1,9 @@
-"""The plan: enumerate by arithmetic, cost and prune by memory, order by the estimate, simulate the first
-`max_candidates` (progress on stderr), rank by simulated step time.
+"""The plan: enumerate by arithmetic, drop by the memory lower bound (no schedule built), order the rest by
+the estimate, then walk that order: exact memory (schedule built, `rank_memory`), and simulate those that
+fit until `max_candidates` simulations or `max_work` work units are spent: p x v x m per candidate built
+(simulated or found over memory), plus REBUILD_WEIGHT x p x m for the schedules reordered for their costs.
+The walk runs on a process pool (`workers`); results are consumed in order, so the set simulated and every
+figure are the same as the serial walk's. Progress on stderr (tqdm, only on a terminal).
 
 No candidate over device memory is simulated; when none fits, the error names the closest one and its
 largest memory term.
@@ -7,94 +11,186 @@ largest memory term.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import multiprocessing
+import os
+from dataclasses import dataclass, field, replace
 
 from tqdm import tqdm
 
 from pipesim.errors import PipesimError
-from pipesim.plan.estimate import estimate
+from pipesim.model_costs import precision_of
+from pipesim.plan.estimate import estimate, optimizer_tail
 from pipesim.plan.evaluate import Costed, Evaluator
 from pipesim.plan.ranking import PlanRow, make_row, model_flops
-from pipesim.plan.space import NoLayout, PlanRequest, enumerate_candidates
+from pipesim.plan.space import Candidate, NoLayout, PlanRequest, enumerate_candidates
 from pipesim.units import format_bytes
+from pipesim.zb_auto_costs import AUTO_SCHEDULES
 
 DEFAULT_MAX_CANDIDATES = 200
+DEFAULT_MAX_WORK = 250_000  # work units (chunk-microbatches) spent at most: about 40 s on one core
+REBUILD_WEIGHT = 20  # zb-auto / zb-2p: reordering for the costs takes about 20x a simulation per chunk-microbatch
 RECOMPUTE_ORDER = ("none", "selective", "full")
 
 
 @dataclass
 class PlanResult:
-    """Every row simulated (fastest first) and the counts of each pruning step."""
+    """Every row simulated (fastest first), the counts of each pruning step, and what the walk met."""
 
     request: PlanRequest
     rows: list[PlanRow]
-    counts: dict[str, int] = field(default_factory=dict)  # enumerated, refused_*, over_memory, simulated, ...
+    counts: dict[str, int] = field(default_factory=dict)  # enumerated, over_memory_bound, over_memory, ...
+    over: list[tuple[Candidate, int]] = field(default_factory=list)  # (candidate, peak bytes) over memory, exact
 
     @property
     def best(self) -> PlanRow:
         return self.rows[0]
 
 
-def _refused_lighter(costed: Costed, over: set) -> bool:
+def _key(c: Candidate) -> tuple:
+    return (c.schedule, c.p, c.v, c.t, c.d, c.mbs, c.recompute, c.zero, c.sp)
+
+
+def _refused_lighter(c: Candidate, over: set) -> bool:
     """True when the same layout with a lighter recomputation was over memory."""
-    c = costed.candidate
     lighter = RECOMPUTE_ORDER[:RECOMPUTE_ORDER.index(c.recompute)]
-    return any((c.schedule, c.p, c.v, c.t, c.d, c.mbs, rc, c.zero) in over for rc in lighter)
+    return any(_key(replace(c, recompute=rc)) in over for rc in lighter)
 
 
-def _key(c) -> tuple:
-    return (c.schedule, c.p, c.v, c.t, c.d, c.mbs, c.recompute, c.zero)
+# ---- one step of the walk (runs in a worker process, or inline) ------------------------------------------------
+
+_EVALUATOR: Evaluator | None = None  # the walk's evaluator; forked into the workers with its caches
 
 
-def plan(req: PlanRequest, *, max_candidates: int = DEFAULT_MAX_CANDIDATES, progress: bool = True,
-         evaluator: Evaluator | None = None) -> PlanResult:
-    """Search `req`'s space; PipesimError (one line) when nothing fits."""
-    ev = evaluator or Evaluator(req)
-    candidates = enumerate_candidates(req)
-    counts = {"enumerated": len(candidates), "refused_by_schedule": 0, "over_memory": 0}
-    fitting: list[tuple[float, int, Costed]] = []
-    over: set = set()
-    closest: Costed | None = None
-    refusals: list[str] = []
-    for c in tqdm(candidates, desc="plan: memory", unit="cand", disable=None if progress else True, leave=False):
+def _visit(c: Candidate) -> tuple:
+    """("row", PlanRow) | ("over", peak bytes) | ("refused", message) for one candidate of the walk."""
+    ev = _EVALUATOR
+    try:
+        costed = ev.cost(c)
+    except PipesimError as exc:  # the schedule or the model options refuse this combination
+        return ("refused", str(exc))
+    if not ev.fits(costed):
+        return ("over", costed.peak_memory)
+    return ("row", make_row(ev.req, costed, ev.simulate(costed), ev.flops))
+
+
+def _walk(order: list[Candidate], workers: int):
+    """Yield (candidate, outcome) in `order`, computed `workers` at a time (the consumer may stop early)."""
+    if workers <= 1 or len(order) <= 1:
+        for c in order:
+            yield c, _visit(c)
+        return
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(workers) as pool:
         try:
-            costed = ev.cost(c)
-        except PipesimError as exc:  # the schedule or the model options refuse this combination
-            counts["refused_by_schedule"] += 1
-            refusals.append(str(exc))
+            yield from zip(order, pool.imap(_visit, order, chunksize=1), strict=True)
+        finally:
+            pool.terminate()
+
+
+def work_units(c: Candidate) -> int:
+    """What building, checking and simulating `c` costs, in chunk-microbatches (deterministic, unlike seconds)."""
+    units = c.chunks * c.m
+    return units + (REBUILD_WEIGHT * c.p * c.m if c.schedule in AUTO_SCHEDULES else 0)
+
+
+def default_workers() -> int:
+    return os.cpu_count() or 1
+
+
+def plan(req: PlanRequest, *, max_candidates: int = DEFAULT_MAX_CANDIDATES, max_work: int = DEFAULT_MAX_WORK,
+         progress: bool = True, evaluator: Evaluator | None = None, workers: int = 1,
+         include: tuple[Candidate, ...] = ()) -> PlanResult:
+    """Search `req`'s space; PipesimError (one line) when nothing fits.
+
+    include: candidates of the space simulated first, whatever the estimate and the caps (a published
+    configuration to compare with); PipesimError if one is not in the space.
+    """
+    global _EVALUATOR
+    ev = evaluator or Evaluator(req)
+    ev.flops = model_flops(req, ev.attention)
+    candidates = enumerate_candidates(req)
+    missing = [c.label() for c in include if c not in set(candidates)]
+    if missing:
+        raise PipesimError(f"not in the search space: {missing[0]}")
+    counts = {"enumerated": len(candidates), "refused_by_model": 0, "over_memory_bound": 0}
+    cap = req.hardware.device.memory
+    survivors: list[tuple[float, int, Candidate]] = []
+    over: set = set()
+    closest: tuple[int, Candidate] | None = None
+    hbm = req.hardware.device.hbm_bandwidth
+    precision = precision_of(req.model)
+    disable = None if progress else True
+    for c in tqdm(candidates, desc="plan: bound", unit="cand", disable=disable, leave=False):
+        try:
+            bound = ev.memory_bound(c)
+        except PipesimError:
+            counts["refused_by_model"] += 1
             continue
-        if not ev.fits(costed):
-            counts["over_memory"] += 1
+        if bound > cap:
+            counts["over_memory_bound"] += 1
             over.add(_key(c))
-            if closest is None or costed.peak_memory < closest.peak_memory:
-                closest = costed
+            if closest is None or (bound, c) < closest:
+                closest = (bound, c)
             continue
-        fitting.append((estimate(c, costed.costs), c.p * c.v * c.m, costed))
-    if not fitting:
-        if closest is None:
-            raise NoLayout(f"no schedule admits any layout: {refusals[0] if refusals else 'none enumerated'}")
-        f = closest.fullest
-        term, size = f.largest()
-        cap = req.hardware.device.memory
-        raise NoLayout(f"no configuration fits {format_bytes(cap)} per GPU: the closest, "
-                       f"{closest.candidate.label()}, needs {format_bytes(closest.peak_memory)} "
-                       f"({term} {format_bytes(size)})")
-    fitting.sort(key=lambda x: (x[0], x[1], x[2].candidate))
-    chosen = fitting[:max_candidates]
-    counts["fits_memory"] = len(fitting)
-    counts["not_simulated_cap"] = len(fitting) - len(chosen)
-    flops = model_flops(req, ev.attention)
-    rows = []
-    for _, _, costed in tqdm(chosen, desc="plan: simulate", unit="sim", disable=None if progress else True,
-                             leave=False):
-        row = make_row(req, costed, ev.simulate(costed), flops)
-        if _refused_lighter(costed, over):
-            row = PlanRow(**{**row.__dict__, "refused_recompute": True})
-        rows.append(row)
-    counts["simulated"] = ev.simulated
+        tail = optimizer_tail(c, ev.bounds.params(c.chunks, c.t), precision, hbm)
+        survivors.append((estimate(c, ev.chunk_seconds(c), tail), c.chunks * c.m, c))
+    survivors.sort()
+    forced = list(include)
+    order = forced + [c for _, _, c in survivors if c not in set(forced)]
+    counts.update(fits_memory_bound=len(survivors), refused_by_schedule=0, over_memory=0, simulated=0,
+                  work=0, not_simulated_cap=0)
+    rows: list[PlanRow] = []
+    met_over: list[tuple[Candidate, int]] = []
+    refusals: list[str] = []
+    _EVALUATOR = ev
+    bar = tqdm(total=min(len(order), max_candidates), desc="plan: simulate", unit="sim", disable=disable, leave=False)
+    examined = 0
+    try:
+        for c, (kind, value) in _walk(order, workers):
+            examined += 1
+            if kind != "refused":
+                counts["work"] += work_units(c)
+            if kind == "refused":
+                counts["refused_by_schedule"] += 1
+                refusals.append(value)
+            elif kind == "over":
+                counts["over_memory"] += 1
+                over.add(_key(c))
+                met_over.append((c, value))
+            else:
+                rows.append(value)
+                counts["simulated"] += 1
+                bar.update()
+            if examined >= len(forced) and (counts["simulated"] >= max_candidates
+                                            or counts["work"] >= max_work):
+                break
+    finally:
+        bar.close()
+        _EVALUATOR = None
+    counts["not_simulated_cap"] = len(order) - examined
     counts["schedules_built"] = ev.schedules_built
+    if not rows:
+        _raise_nothing_fits(req, ev, closest, met_over, refusals)
+    rows = [replace(r, refused_recompute=True) if _refused_lighter(r.candidate, over) else r for r in rows]
     rows.sort(key=PlanRow.sort_key)
-    return PlanResult(req, rows, counts)
+    return PlanResult(req, rows, counts, met_over)
 
 
-__all__ = ["DEFAULT_MAX_CANDIDATES", "PlanResult", "plan"]
+def _raise_nothing_fits(req: PlanRequest, ev: Evaluator, closest, met_over, refusals) -> None:
+    """One line: the candidate closest to fitting, its peak and its largest term; or why every one was refused."""
+    near = [(peak, c) for c, peak in met_over]
+    if closest is not None:
+        near.append(closest)
+    if not near:
+        raise NoLayout(f"no schedule admits any layout: {refusals[0] if refusals else 'none enumerated'}")
+    _, c = min(near)
+    try:
+        costed: Costed = ev.cost(c)
+    except PipesimError as exc:
+        raise NoLayout(f"no configuration fits: the closest, {c.label()}, is refused: {exc}") from None
+    term, size = costed.fullest.largest()
+    raise NoLayout(f"no configuration fits {format_bytes(req.hardware.device.memory)} per GPU: the closest, "
+                   f"{c.label()}, needs {format_bytes(costed.peak_memory)} ({term} {format_bytes(size)})")
+
+
+__all__ = ["DEFAULT_MAX_CANDIDATES", "DEFAULT_MAX_WORK", "PlanResult", "default_workers", "plan"]

@@ -2,17 +2,21 @@
 the model, the batch and the cluster, found by exact arithmetic before anything is costed.
 
 Rules (cp = 1 this round): t x p x d == GPUs; t divides the GPUs of a node (tensor parallelism stays on
-NVLink) and the heads and hidden size (and kv heads); layers split evenly over p x v chunks; the global
-batch splits into d replicas x m microbatches of mbs sequences; ZeRO only with d > 1. With p = 1 every
-schedule is the same single stage, so only 1f1b is kept. When nothing is left, `NoLayout` names the
-constraint that removed the last survivors.
+NVLink) and the heads and hidden size (and kv heads); the layers go over p x v chunks, evenly or (with
+`uneven`, the default) as `split_layers` splits them (earlier chunks take the remainder; p x v at most the
+layers); the global batch splits into d replicas x m microbatches of mbs sequences; ZeRO only with d > 1;
+sequence parallelism on, off or both when t > 1 (`sequence_parallel`). With p = 1 every schedule is the
+same single stage, so only 1f1b is kept. When nothing is left, `NoLayout` names the constraint that
+removed the last survivors.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 
 import schedules
+from pipesim.comm_options import CommOptions
 from pipesim.errors import PipesimError
 from pipesim.hardware import Hardware
 from pipesim.model.config import ModelConfig
@@ -34,6 +38,10 @@ class PlanRequest:
     max_tp: int | None = None  # None: the GPUs of one node
     recomputes: tuple[str, ...] = RECOMPUTES
     zeros: tuple[int, ...] = ZEROS
+    comm: CommOptions = CommOptions()  # scatter/gather, overlapped gradient buckets (as simulate's flags)
+    attention: str | None = None  # None: SimSetup's default for the model and device
+    sequence_parallel: tuple[bool, ...] = (True,)  # choices when t > 1 (Megatron's practice: on)
+    uneven: bool = True  # p x v need not divide the layers (split_layers' remainder split)
 
     @property
     def schedule_names(self) -> tuple[str, ...]:
@@ -42,7 +50,7 @@ class PlanRequest:
 
 @dataclass(frozen=True, order=True)
 class Candidate:
-    """One parallel configuration (cp = 1; sequence parallelism whenever t > 1)."""
+    """One parallel configuration (cp = 1)."""
 
     schedule: str
     p: int  # pipeline ranks
@@ -53,10 +61,17 @@ class Candidate:
     m: int  # microbatches per step on each replica
     recompute: str
     zero: int
+    sp: bool = False  # sequence parallelism (only with t > 1)
 
     @property
-    def sp(self) -> bool:
-        return self.t > 1
+    def k(self) -> int:
+        """Model chunks per rank: v, or what the schedule's model_stages say."""
+        return chunks_per_rank(self.schedule, self.v)
+
+    @property
+    def chunks(self) -> int:
+        """Pipeline stages (chunks) of the model: p x k."""
+        return self.p * self.k
 
     @property
     def schedule_key(self) -> tuple[str, int, int, int]:
@@ -65,8 +80,19 @@ class Candidate:
 
     def label(self) -> str:
         v = f" v{self.v}" if self.v > 1 else ""
-        return (f"{self.schedule} p{self.p}{v} t{self.t} d{self.d} mbs{self.mbs} m{self.m} "
+        sp = " sp" if self.sp else (" nosp" if self.t > 1 else "")
+        return (f"{self.schedule} p{self.p}{v} t{self.t}{sp} d{self.d} mbs{self.mbs} m{self.m} "
                 f"rc={self.recompute} zero{self.zero}")
+
+
+@cache
+def chunks_per_rank(name: str, v: int) -> int:
+    """Model chunks per rank of `name` with v (the model is cut into p x this): v, as a small build (p 2, m 8)
+    says (`model_stages`: DualPipe's two directions run replicas of p chunks); v when the builder refuses it."""
+    try:
+        return schedules.build(name, 2, 8, v).model_stages // 2
+    except PipesimError:
+        return v
 
 
 class NoLayout(PipesimError):
@@ -90,11 +116,42 @@ def layouts(req: PlanRequest) -> list[tuple[int, int, int]]:
     return [(t, p, g // (t * p)) for t in tps for p in divisors(g // t)]
 
 
-def virtuals(name: str, p: int, layers: int) -> list[int]:
+# what a schedule's builder refuses, by arithmetic on (p, m, v) (the builders' own checks, asked before building)
+ADMITS = {
+    "interleaved-1f1b": lambda p, m, v: m % p == 0,  # Megatron: microbatches a multiple of the stages
+    "interleaved-zb": lambda p, m, v: m % max(1, m // p) == 0,  # whole rounds
+    "dualpipev": lambda p, m, v: m >= 2 * p and v == 2,
+    "zb-v": lambda p, m, v: v == 2,
+    "v-half": lambda p, m, v: v == 2,
+    "v-min": lambda p, m, v: v == 2,
+}
+
+
+# zb-auto / zb-2p are reordered for each candidate's costs by a search whose time grows steeply with p
+# (measured on the 2-core machine: p 8, m 64: 1.0 s; p 16, m 32: 5.9 s): the planner tries them up to p = 8
+MAX_AUTO_STAGES = 8
+AUTO_NAMES = ("zb-auto", "zb-2p")
+
+
+def admits(name: str, p: int, m: int, v: int) -> bool:
+    """False when `name`'s builder refuses (p, m, v) by its own arithmetic, or (zb-auto / zb-2p) p is above
+    MAX_AUTO_STAGES; True when unknown (the builder decides)."""
+    if name in AUTO_NAMES and p > MAX_AUTO_STAGES:
+        return False
+    rule = ADMITS.get(name)
+    return rule is None or rule(p, m, v)
+
+
+def splits(layers: int, chunks: int, uneven: bool) -> bool:
+    """The layers go over `chunks` chunks: evenly, or (uneven) at least one layer each."""
+    return chunks <= layers if uneven else layers % chunks == 0
+
+
+def virtuals(name: str, p: int, layers: int, uneven: bool = False) -> list[int]:
     """Chunks per rank to try: 1 for a plain schedule, VIRTUALS for one that takes --virtual (p > 1)."""
     if not schedules.spec(name).virtual:
-        return [1]
-    return [v for v in VIRTUALS if p > 1 and layers % (p * v) == 0]
+        return [1] if splits(layers, p * chunks_per_rank(name, 1), uneven) else []
+    return [v for v in VIRTUALS if p > 1 and splits(layers, p * v, uneven)]
 
 
 def enumerate_candidates(req: PlanRequest) -> list[Candidate]:
@@ -103,27 +160,33 @@ def enumerate_candidates(req: PlanRequest) -> list[Candidate]:
     for name in req.schedule_names:
         schedules.spec(name)  # unknown name: one line
     triples = layouts(req)
-    by_batch = [(t, p, d) for t, p, d in triples if model.layers % p == 0 and model.batch % d == 0]
+    fit = [(t, p, d) for t, p, d in triples if splits(model.layers, p, req.uneven)]
+    by_batch = [(t, p, d) for t, p, d in fit if model.batch % d == 0]
     if not by_batch:
-        if not any(model.layers % p == 0 for _, p, _ in triples):  # (unreachable while p = 1 is a layout)
-            raise NoLayout(f"--layers {model.layers} splits evenly over none of the pipeline sizes "
+        if not fit:  # (unreachable while p = 1 is a layout)
+            raise NoLayout(f"--layers {model.layers} splits over none of the pipeline sizes "
                            f"{sorted({p for _, p, _ in triples})}")
-        ds = sorted({d for _, p, d in triples if model.layers % p == 0})
+        ds = sorted({d for _, _, d in fit})
+        rule = "at most the layers" if req.uneven else "must divide the layers"
         raise NoLayout(f"--batch {model.batch} splits over none of the data-parallel sizes {ds} left by "
-                       f"{req.gpus} GPUs and --layers {model.layers} (pp must divide the layers)")
+                       f"{req.gpus} GPUs and --layers {model.layers} (pp {rule})")
     out: list[Candidate] = []
     too_big = 0
     for t, p, d in by_batch:
         names = [n for n in req.schedule_names if p > 1 or n == "1f1b"] or ["1f1b"]
         zeros = sorted({z if d > 1 else 0 for z in req.zeros})
+        sps = sorted(set(req.sequence_parallel)) if t > 1 else [False]
         for mbs in divisors(model.batch // d):
             m = model.batch // (d * mbs)
             for name in names:
-                for v in virtuals(name, p, model.layers):
-                    if p * v * m > MAX_STAGE_MICROBATCHES:
+                for v in virtuals(name, p, model.layers, req.uneven):
+                    if not admits(name, p, m, v):
+                        continue
+                    if p * chunks_per_rank(name, v) * m > MAX_STAGE_MICROBATCHES:
                         too_big += 1
                         continue
-                    out.extend(Candidate(name, p, v, t, d, mbs, m, rc, z) for rc in req.recomputes for z in zeros)
+                    out.extend(Candidate(name, p, v, t, d, mbs, m, rc, z, sp)
+                               for rc in req.recomputes for z in zeros for sp in sps)
     if not out:
         raise NoLayout(f"every layout needs more than {MAX_STAGE_MICROBATCHES} stage-microbatches "
                        f"({too_big} refused); use a larger --batch per microbatch or fewer GPUs")

@@ -1,0 +1,162 @@
+"""A cheap, exact-arithmetic lower bound on a candidate's peak memory per GPU, before any schedule is built.
+
+bound = max(the fullest rank's model state, rank 0's model state + its in-flight activations) + buffers,
+where the model state is what `pipesim.rank_memory` counts (parameters of the chunks a rank holds, per ZeRO
+stage, `step_peak_state`) and rank 0's in-flight count is the schedule family's closed form below, a lower
+bound on the chunk-microbatches rank 0 stashes at its peak, times the smallest stash of its chunks. A
+candidate over device memory by this bound is over by `rank_memory` too (tests/test_plan_speed.py checks
+bound <= exact on every registered schedule), so it is dropped without costing or building a schedule.
+"""
+
+from __future__ import annotations
+
+from pipesim.model.activations import stage_activation_bytes
+from pipesim.model.config import ModelConfig, split_layers
+from pipesim.model.memory import PRECISIONS, comm_buffer_bytes, step_peak_state
+from pipesim.model.options import LayerOptions
+from pipesim.model.params import stage_params
+from pipesim.model_costs import precision_of
+from pipesim.plan.space import chunks_per_rank
+
+LOOPED = frozenset({"interleaved-1f1b", "interleaved-zb", "looped-bfs"})  # rank r holds stages r, r + p, ...
+V_SHAPED = frozenset({"zb-v", "v-half", "v-min", "dualpipev"})  # rank r holds stages r and 2p - 1 - r
+MIRRORED = frozenset({"dualpipe"})  # two directions: rank r runs replicas of model chunks r and p - 1 - r
+
+
+def first_rank_inflight(name: str, p: int, m: int, v: int) -> int:
+    """A lower bound on the chunk-microbatches rank 0 holds stashed at its peak (each family's closed form).
+
+    1F1B and the ZB-H1-like orders: min(p, m) (Narayanan et al. 2021); GPipe: all m; looped BFS: all m x v;
+    ZB-H2: 2p; Megatron's interleaved 1F1B: its warm-up (v - 1) p + 2 (p - 1) plus the steady state's one; interleaved
+    zero bubble: min(m v, p v); V-shaped: two chunks per warm-up microbatch, up to p (ZB-V 2p). Anything
+    else: one (every schedule stashes the microbatch of its first forward).
+    """
+    if name == "naive":
+        return 1
+    if name == "gpipe":
+        return m
+    if name == "looped-bfs":
+        return m * v
+    if name == "zb-h2":
+        return min(m, 2 * p)  # Qi et al. 2024: twice 1F1B's warm-up
+    if name in ("1f1b", "zb-h1", "zb-2p", "zb-auto"):  # (zb-2p / zb-auto: reordered for the costs; 1F1B's bound)
+        return min(p, m)
+    if name == "interleaved-1f1b":
+        return min(m * v, (v - 1) * p + 2 * (p - 1) + 1)
+    if name == "interleaved-zb":
+        return min(m * v, p * v)
+    if name in ("zb-v", "dualpipev"):
+        return min(2 * m, 2 * p)
+    if name == "v-half":
+        return min(2 * m, p)
+    if name == "v-min":
+        return min(2 * m, p // 2 + 1)
+    return 1
+
+
+def placement_family(name: str, k: int) -> str | None:
+    """How `name` places its k chunks per rank: "plain" (k = 1), "looped", "v", "mirror"; None when not listed."""
+    if name in MIRRORED and k == 1:
+        return "mirror"
+    if k == 1:
+        return "plain"
+    if name in LOOPED:
+        return "looped"
+    if name in V_SHAPED and k == 2:
+        return "v"
+    return None
+
+
+def family_chunks(family: str | None, p: int, v: int) -> list[list[int]] | None:
+    """The model chunks each rank holds under a placement family (None: unknown); "mirror" lists a rank's two
+    replicas (the middle rank of an odd p holds its chunk twice)."""
+    if family == "mirror":
+        return [[r, p - 1 - r] for r in range(p)]
+    if family == "plain":
+        return [[r] for r in range(p)]
+    if family == "looped":
+        return [[r + k * p for k in range(v)] for r in range(p)]
+    if family == "v":
+        return [[r, 2 * p - 1 - r] for r in range(p)]
+    return None
+
+
+def rank_chunks(name: str, p: int, v: int) -> list[list[int]] | None:
+    """The chunks each rank holds, by the family's placement; None for a schedule not listed here."""
+    k = chunks_per_rank(name, v)
+    return family_chunks(placement_family(name, k), p, k)
+
+
+def chunk_params(model: ModelConfig, chunks: int, t: int) -> tuple[int, ...]:
+    """Parameters per chunk on one tp rank, cut as model_costs cuts (split_layers, empty ends allowed)."""
+    split = split_layers(model.layers, chunks)
+    return tuple(stage_params(model, t, layers=n, first=s == 0, last=s == chunks - 1) for s, n in enumerate(split))
+
+
+class MemoryBound:
+    """`bound(c)` for the candidates of one model and attention kernel; every piece cached by what it depends on
+    (model state by placement, p, v, t, d, ZeRO; rank 0's stash by placement, p, v, mbs and the layer options)."""
+
+    def __init__(self, model: ModelConfig, attention: str) -> None:
+        self.model, self.attention = model, attention
+        self.precision = PRECISIONS[precision_of(model)]
+        self._params: dict[tuple, tuple[int, ...]] = {}
+        self._states: dict[tuple, tuple[int, int]] = {}
+        self._stash: dict[tuple, int] = {}
+        self._buffers: dict[tuple, int] = {}
+        self._options: dict[tuple, LayerOptions] = {}
+
+    def params(self, chunks: int, t: int) -> tuple[int, ...]:
+        key = (chunks, t)
+        if key not in self._params:
+            self._params[key] = chunk_params(self.model, chunks, t)
+        return self._params[key]
+
+    def options(self, c) -> LayerOptions:
+        key = (c.t, c.sp, c.recompute)
+        if key not in self._options:
+            self._options[key] = LayerOptions(tp=c.t, sp=c.sp, recompute=c.recompute, attention=self.attention)
+            self._options[key].check(self.model)
+        return self._options[key]
+
+    def states(self, family: str | None, c) -> tuple[int, int]:
+        """(the fullest rank's model state, rank 0's) in bytes; unknown placement: the smallest chunk's, twice."""
+        key = (family, c.p, c.v, c.t, c.d, c.zero)
+        if key not in self._states:
+            params = self.params(c.chunks, c.t)
+            held = family_chunks(family, c.p, c.k) or [[min(range(c.chunks), key=lambda s: params[s])]]
+            states = [step_peak_state(sum(params[s] for s in ids), dp=c.d, zero=c.zero, precision=self.precision).total
+                      for ids in held]
+            self._states[key] = (max(states), states[0])
+        return self._states[key]
+
+    def first_stash(self, family: str | None, c, opts: LayerOptions) -> int:
+        """The smallest per-microbatch stash among rank 0's chunks (any chunk when the placement is unknown)."""
+        key = (family, c.p, c.v, c.mbs, c.t, c.sp, c.recompute)
+        if key not in self._stash:
+            chunks = c.chunks
+            split = split_layers(self.model.layers, chunks)
+            held = family_chunks(family, c.p, c.k)
+            ids = held[0] if held else range(chunks)
+            self._stash[key] = min(stage_activation_bytes(self.model, c.mbs, opts, layers=split[s], first=s == 0,
+                                                          last=s == chunks - 1) for s in ids)
+        return self._stash[key]
+
+    def buffers(self, c, opts: LayerOptions) -> int:
+        key = (c.mbs, c.t, c.sp, c.recompute, c.d, c.zero)
+        if key not in self._buffers:
+            self._buffers[key] = comm_buffer_bytes(self.model, c.mbs, opts, dp=c.d, zero=c.zero,
+                                                   precision=self.precision)
+        return self._buffers[key]
+
+    def bound(self, c) -> int:
+        """Bytes: a lower bound on `c`'s peak memory on its fullest GPU (pipesim.rank_memory's figure)."""
+        opts = self.options(c)
+        family = placement_family(c.schedule, c.k)
+        fullest, first = self.states(family, c)
+        stash = first_rank_inflight(c.schedule, c.p, c.m, c.v) * self.first_stash(family, c, opts)
+        return max(fullest, first + stash) + self.buffers(c, opts)
+
+
+__all__ = ["LOOPED", "MIRRORED", "V_SHAPED", "MemoryBound", "chunk_params", "family_chunks", "first_rank_inflight",
+           "placement_family", "rank_chunks"]
