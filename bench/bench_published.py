@@ -2,34 +2,43 @@
 
 Every row of bench/published_rows.toml is a paper's figure and the `pipesim simulate` command a user would type for
 its configuration; the command runs as typed (through pipesim.cli.main, with --json), and its JSON becomes the
-paper's unit by the paper's own formula (METRICS). Rows, relative effects and trends are data: adding a paper is
-adding rows. No figure here is tuned to a row; the text computes every number from the rows and the runs.
-One file a little over 300 lines on purpose: formulas, runs and report of one benchmark, loaded by `pipesim bench`.
+paper's unit by the paper's own formula (METRICS). Rows, relative effects, trends and the switches of the
+per-mechanism breakdown are data: adding a paper is adding rows. No figure here is tuned to a row; the report
+(bench/published_report.py) computes every number from the rows and the runs. Each distinct command runs once,
+on --jobs processes (the simulator is deterministic, so the order of the runs changes nothing). A little over 300
+lines on purpose: the formulas, the switches and the runs of one benchmark; its report is bench/published_report.py.
 
-    pipesim bench published                                  # all rows -> docs/published.md
+    pipesim bench published                                  # all rows + breakdown -> docs/published.md
     pipesim bench published -- --out /tmp/p.md --only KOR22  # one source
+    pipesim bench published -- --out /tmp/p.md --no-breakdown
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
+import hashlib
+import importlib.util
 import io
 import json
 import os
 import platform
 import shlex
-import statistics
 import sys
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from pipesim.cli import build_parser
 from pipesim.cli import main as pipesim_main
+from pipesim.commands.common import model_config
 from pipesim.errors import PipesimError
+from pipesim.hardware_toml import hardware_to_toml, load_hardware
+from pipesim.model.params import embedding_params, model_params
 
 try:
     import tomllib
@@ -39,33 +48,21 @@ except ModuleNotFoundError:  # Python 3.10
 ROOT = Path(__file__).resolve().parent.parent
 ROWS = ROOT / "bench" / "published_rows.toml"
 OUT = ROOT / "docs" / "published.md"
-GOAL_MEDIAN, GOAL_MAX = 0.05, 0.10  # issue 15: median |error| <= 5 %, max <= 10 %
-@dataclass(frozen=True)
-class Row:
-    """One published figure and the command that predicts it."""
-
-    id: str
-    source: str
-    table: str
-    configuration: str
-    metric: str
-    command: str
-    published: float | None  # in the metric's unit; None: simulated only, for a relative effect
 
 
-@dataclass(frozen=True)
-class Result:
-    row: Row
-    predicted: float | None  # in the metric's unit; None when the command failed
-    features: str
-    failure: str = ""
+def _sibling(name: str):
+    """bench/<name>.py as a module: `pipesim bench` loads the bench scripts by path, not as a package."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses look their module up there
+        spec.loader.exec_module(module)
+    return sys.modules[name]
 
-    @property
-    def error(self) -> float | None:
-        """predicted / published - 1 (signed)."""
-        if self.predicted is None or self.row.published is None:
-            return None
-        return self.predicted / self.row.published - 1.0
+
+report = _sibling("published_report")
+Result, Row, Switched = report.Result, report.Row, report.Switched
+render, stats, stats_line = report.render, report.stats, report.stats_line
 
 
 # ---- the papers' formulas ------------------------------------------------------------------------------------
@@ -73,6 +70,20 @@ class Result:
 def nar21_flops_per_iteration(batch: int, seq: int, layers: int, hidden: int, vocab: int) -> float:
     """NAR21 eq. 3 (counts the recompute pass): 96 B s l h^2 (1 + s/(6h) + V/(16 l h))."""
     return 96.0 * batch * seq * layers * hidden**2 * (1.0 + seq / (6.0 * hidden) + vocab / (16.0 * layers * hidden))
+
+
+def palm_flops_per_token(params: int, layers: int, heads: int, head_dim: int, seq: int) -> float:
+    """Model FLOPs per token of PaLM's MFU (Chowdhery et al. 2022, appendix B), which Llama 3 cites:
+    6 N + 12 L H Q T (N parameters without the embedding table, L layers, H heads, Q head dim, T sequence; the full
+    s x s attention square, no recomputation)."""
+    return 6.0 * params + 12.0 * layers * heads * head_dim * seq
+
+
+def palm_flops_per_iteration(args: argparse.Namespace) -> float:
+    """palm_flops_per_token of the command's model x tokens per step (batch x seq)."""
+    m = model_config(args)
+    n = model_params(m) - embedding_params(m)  # the LM head stays: it is a matmul (torchtitan's count)
+    return palm_flops_per_token(n, m.layers, m.heads, m.hidden // m.heads, m.seq) * m.batch * m.seq
 
 
 def tflops_per_gpu(flops: float, seconds: float, gpus: int) -> float:
@@ -83,6 +94,15 @@ def tflops_per_gpu(flops: float, seconds: float, gpus: int) -> float:
 def iteration_seconds(sim: dict) -> float:
     """The simulated step to the optimizer's end (`step_time`); `makespan` where the JSON has no step_time."""
     return float(sim.get("step_time", sim["makespan"]))
+
+
+def without_optimizer(sim: dict) -> dict:
+    """The same run with its step less the optimizer: the latest rank's end less that rank's optimizer seconds
+    (JSON `ranks[].step_end`, `ranks[].optimizer`); unchanged where the JSON has no per-rank optimizer."""
+    ranks = [r for r in sim.get("ranks", []) if "step_end" in r and "optimizer" in r]
+    if not ranks:
+        return sim
+    return {**sim, "step_time": max(r["step_end"] - r["optimizer"] for r in ranks)}
 
 
 def gpus(args: argparse.Namespace) -> int:
@@ -106,34 +126,71 @@ def action_ms(sim: dict, stage: int, kind: str) -> float:
     return (spans[0]["end"] - spans[0]["start"]) * 1e3
 
 
-METRICS: dict[str, tuple[str, Callable[[dict, argparse.Namespace], float]]] = {
-    "tflops_per_gpu_nar21": ("TFLOP/s per GPU", lambda sim, a: tflops_per_gpu(
+@dataclass(frozen=True)
+class Metric:
+    unit: str
+    faster_is_higher: bool  # a throughput (True) or a time (False): the sign of the speed error
+    convert: Callable[[dict, argparse.Namespace], float]
+
+
+METRICS: dict[str, Metric] = {
+    "tflops_per_gpu_nar21": Metric("TFLOP/s per GPU", True, lambda sim, a: tflops_per_gpu(
         nar21_flops_per_iteration(a.batch, a.seq, a.layers, a.hidden, a.vocab), iteration_seconds(sim), gpus(a))),
-    "seconds_per_iteration": ("s per iteration", lambda sim, a: iteration_seconds(sim)),
-    "layer_forward_ms": ("ms", lambda sim, a: action_ms(sim, layer_stage(a), "F")),
-    "layer_backward_ms": ("ms", lambda sim, a: action_ms(sim, layer_stage(a), "B")),
+    "tflops_per_gpu_palm": Metric("TFLOP/s per GPU", True, lambda sim, a: tflops_per_gpu(
+        palm_flops_per_iteration(a), iteration_seconds(sim), gpus(a))),
+    "seconds_per_iteration": Metric("s per iteration", False, lambda sim, a: iteration_seconds(sim)),
+    "layer_forward_ms": Metric("ms", False, lambda sim, a: action_ms(sim, layer_stage(a), "F")),
+    "layer_backward_ms": Metric("ms", False, lambda sim, a: action_ms(sim, layer_stage(a), "B")),
 }
 
 
-# ---- rows and runs -------------------------------------------------------------------------------------------
+# ---- rows and switches ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Switch:
+    """One way of switching one mechanism, as a transformation of a row's command (bench/published_rows.toml)."""
+
+    mechanism: str  # the mechanism's short name
+    label: str  # how it is switched, for the reader
+    hardware: tuple[tuple[str, object], ...] = ()  # dotted Hardware field -> value, on the row's --hardware
+    add_flags: tuple[str, ...] = ()
+    drop_flags: tuple[str, ...] = ()
+    skip_when: tuple[tuple[str, ...], ...] = ()  # argument sequences on which the switch cannot act
+    without_optimizer: bool = False  # the same run, less its optimizer step (without_optimizer)
+
+
+def _switches(mechanisms: list[dict]) -> list[Switch]:
+    out = []
+    for m in mechanisms:
+        for s in m.get("switch", []):
+            out.append(Switch(m["short"], s["label"], tuple(s.get("hardware", {}).items()),
+                              tuple(s.get("add_flags", [])), tuple(s.get("drop_flags", [])),
+                              tuple(tuple(shlex.split(w)) for w in s.get("skip_when", [])),
+                              bool(s.get("without_optimizer", False))))
+    return out
+
 
 def load(path: Path = ROWS) -> dict:
-    """The TOML file as rows (list[Row]), sources, effects and trends; ids unique, metrics known."""
+    """The TOML file as rows (list[Row]), sources, effects, trends, mechanisms and their switches (list[Switch])."""
     data = tomllib.loads(path.read_text())
-    rows = [Row(id=r["id"], source=r["source"], table=r["table"], configuration=r["configuration"],
-                metric=r["metric"], command=r["command"], published=r.get("published")) for r in data["rows"]]
+    rows = []
+    for r in data["rows"]:
+        if r["metric"] not in METRICS or r["source"] not in data["sources"]:
+            raise ValueError(f"row {r['id']}: unknown metric {r['metric']!r} or source {r['source']!r}")
+        metric = METRICS[r["metric"]]
+        rows.append(Row(id=r["id"], source=r["source"], table=r["table"], configuration=r["configuration"],
+                        metric=r["metric"], command=r["command"], published=r.get("published"), unit=metric.unit,
+                        faster_is_higher=metric.faster_is_higher))
     ids = [r.id for r in rows]
     if len(set(ids)) != len(ids):
-        raise ValueError(f"{path}: duplicate row ids")
-    for r in rows:
-        if r.metric not in METRICS or r.source not in data["sources"]:
-            raise ValueError(f"{path}: row {r.id}: unknown metric {r.metric!r} or source {r.source!r}")
+        raise ValueError("duplicate row ids")
     for ref in [i for e in data.get("effects", []) for p in e["pairs"] for i in p] + \
                [i for t in data.get("trends", []) for i in t["rows"]]:
         if ref not in ids:
-            raise ValueError(f"{path}: effect or trend names an unknown row {ref!r}")
+            raise ValueError(f"effect or trend names an unknown row {ref!r}")
+    mechanisms = data.get("mechanisms", [])
     return {"rows": rows, "sources": data["sources"], "effects": data.get("effects", []),
-            "trends": data.get("trends", []), "mechanisms": data.get("mechanisms", [])}
+            "trends": data.get("trends", []), "mechanisms": mechanisms, "switches": _switches(mechanisms)}
 
 
 def parse_command(command: str) -> tuple[list[str], argparse.Namespace]:
@@ -142,6 +199,47 @@ def parse_command(command: str) -> tuple[list[str], argparse.Namespace]:
     if words[:2] != ["pipesim", "simulate"]:
         raise ValueError(f"not a `pipesim simulate` command: {command}")
     return words[1:], build_parser().parse_args(words[1:])
+
+
+def _contains(words: list[str], seq: tuple[str, ...]) -> bool:
+    return any(tuple(words[i:i + len(seq)]) == seq for i in range(len(words) - len(seq) + 1))
+
+
+def hardware_variant(spec: str, changes: tuple[tuple[str, object], ...], directory: Path) -> Path:
+    """A TOML file of hardware `spec` (preset or file) with dotted fields replaced, e.g. ("device.family", "")."""
+    hw = load_hardware(spec)
+    for dotted, value in changes:
+        *path, last = dotted.split(".")
+        parents = [hw]
+        for name in path:
+            parents.append(getattr(parents[-1], name))
+            if parents[-1] is None or not dataclasses.is_dataclass(parents[-1]):
+                raise ValueError(f"hardware {spec}: no section {dotted!r}")
+        if last not in {f.name for f in dataclasses.fields(parents[-1])}:
+            raise ValueError(f"hardware {spec}: no field {dotted!r}")
+        node = dataclasses.replace(parents[-1], **{last: value})
+        for parent, name in zip(reversed(parents[:-1]), reversed(path)):
+            node = dataclasses.replace(parent, **{name: node})
+        hw = node
+    digest = hashlib.sha1(repr((spec, changes)).encode()).hexdigest()[:10]
+    out = directory / f"{Path(spec).stem}-{digest}.toml"
+    out.write_text(hardware_to_toml(hw))
+    return out
+
+
+def switched_argv(command: str, switch: Switch, directory: Path) -> list[str] | None:
+    """argv of the row's command with `switch` applied; None where it would run the same (skip_when, no change)."""
+    words, _ = parse_command(command)
+    if switch.without_optimizer or any(_contains(words, seq) for seq in switch.skip_when):
+        return None
+    out = [w for w in words if w not in switch.drop_flags]
+    out += [f for f in switch.add_flags if f not in out]
+    if switch.hardware:
+        if "--hardware" not in out:
+            raise ValueError(f"a hardware switch needs --hardware in the command: {command}")
+        i = out.index("--hardware") + 1
+        out[i] = str(hardware_variant(out[i], switch.hardware, directory))
+    return None if out == words else out
 
 
 def features(args: argparse.Namespace) -> str:
@@ -155,13 +253,16 @@ def features(args: argparse.Namespace) -> str:
         out.append(f"{args.attention} attention")
     if args.zero:
         out.append(f"ZeRO {args.zero}")
+    if args.scatter_gather and args.tp > 1 and not args.sequence_parallel:  # a no-op otherwise
+        out.append("scatter/gather")
     out.append(f"{args.nodes} x {args.hardware}" if args.nodes else str(args.hardware))
     return ", ".join(out)
 
 
-def simulate(row: Row) -> Result:
-    """Run the row's command as typed, with --json; convert its JSON to the paper's unit."""
-    argv, args = parse_command(row.command)
+# ---- runs ----------------------------------------------------------------------------------------------------
+
+def run_argv(argv: list[str]) -> dict | str:
+    """Run `pipesim <argv> --json`; the JSON's parts the metrics read, or the failure's last line."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "sim.json"
         err = io.StringIO()
@@ -169,70 +270,65 @@ def simulate(row: Row) -> Result:
             code = pipesim_main(argv + ["--json", str(out)])
         if code != 0:
             said = err.getvalue().strip().splitlines()
-            return Result(row, None, features(args), failure=said[-1] if said else f"exit {code}")
+            return said[-1] if said else f"exit {code}"
         sim = json.loads(out.read_text())
-    return Result(row, METRICS[row.metric][1](sim, args), features(args))
+    return {"step_time": sim.get("step_time", sim["makespan"]), "makespan": sim["makespan"],
+            "critical_path": [a for a in sim["critical_path"] if a["kind"] == "compute"],
+            "ranks": [{k: r[k] for k in ("step_end", "optimizer") if k in r} for r in sim.get("ranks", [])]}
 
 
-# ---- the report ----------------------------------------------------------------------------------------------
-
-def _pct(x: float) -> str:
-    return f"{x * 100:+.1f} %"
-
-
-def _num(x: float) -> str:
-    return f"{x:.3g}" if abs(x) < 100 else f"{x:.0f}"
+def _timed(argv: list[str]) -> tuple[dict | str, float]:
+    t0 = time.perf_counter()
+    return run_argv(argv), time.perf_counter() - t0
 
 
-def source_table(results: list[Result]) -> list[str]:
-    """The markdown table of one source's published rows."""
-    lines = ["| table | configuration | published | predicted | error | features used |",
-             "|---|---|---:|---:|---:|---|"]
-    for r in results:
-        unit = METRICS[r.row.metric][0]
-        pred = f"{_num(r.predicted)} {unit}" if r.predicted is not None else f"failed: {r.failure}"
-        err = _pct(r.error) if r.error is not None else "-"
-        lines.append(f"| {r.row.table} | {r.row.configuration} | {_num(r.row.published)} {unit} | {pred} | {err} | "
-                     f"{r.features} |")
-    return lines
+def run_all(argvs: list[list[str]], jobs: int, label: Callable[[list[str]], str]) -> dict[tuple[str, ...], dict | str]:
+    """Each distinct argv once, on `jobs` processes (1: in this one); printed as they end."""
+    unique = list(dict.fromkeys(tuple(a) for a in argvs))
+    out: dict[tuple[str, ...], dict | str] = {}
 
+    def done(key: tuple[str, ...], sim: dict | str, seconds: float) -> None:
+        out[key] = sim
+        shown = "ok" if isinstance(sim, dict) else f"FAILED {sim}"
+        print(f"{seconds:6.1f} s  [{len(out)}/{len(unique)}] {label(list(key))}: {shown}", flush=True)
 
-def summary(results: list[Result]) -> tuple[int, float, float]:
-    """(published rows simulated, median |error|, max |error|); NaNs when none ran."""
-    errs = [abs(r.error) for r in results if r.error is not None]
-    if not errs:
-        return 0, float("nan"), float("nan")
-    return len(errs), statistics.median(errs), max(errs)
-
-
-def effect_lines(effects: list[dict], by_id: dict[str, Result]) -> list[str]:
-    """Per effect and pair: published ratio (where both rows have a figure) and predicted ratio."""
-    lines = ["| effect | pair | published | predicted |", "|---|---|---:|---:|"]
-    for e in effects:
-        for a, b in e["pairs"]:
-            ra, rb = by_id[a], by_id[b]
-            pub = (f"{ra.row.published / rb.row.published:.3f}" if ra.row.published and rb.row.published
-                   else "not in published.md")
-            pred = f"{ra.predicted / rb.predicted:.3f}" if ra.predicted and rb.predicted else "failed"
-            lines.append(f"| {e['name']} | {ra.row.configuration} / {rb.row.configuration} | {pub} | {pred} |")
-    return lines
-
-
-def trend_lines(trends: list[dict], by_id: dict[str, Result]) -> list[str]:
-    """Per trend: last / first, published and predicted, and how many steps go the same way in both."""
-    out = []
-    for t in trends:
-        rs = [by_id[i] for i in t["rows"]]
-        if any(r.predicted is None for r in rs):
-            out.append(f"- {t['name']}: not computed (a row failed).")
-            continue
-        pub = [r.row.published for r in rs]
-        pred = [r.predicted for r in rs]
-        same = sum((pub[i + 1] - pub[i]) * (pred[i + 1] - pred[i]) > 0 for i in range(len(rs) - 1))
-        out.append(f"- {t['name']}: last / first {pub[-1] / pub[0]:.3f} published, {pred[-1] / pred[0]:.3f} "
-                   f"predicted; {same} of {len(rs) - 1} steps from one row to the next go the same way "
-                   f"(published range {min(pub):.3g}-{max(pub):.3g}, predicted {min(pred):.3g}-{max(pred):.3g}).")
+    if jobs <= 1:
+        for key in unique:
+            done(key, *_timed(list(key)))
+        return out
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        for key, (sim, seconds) in zip(unique, pool.map(_timed, [list(k) for k in unique])):
+            done(key, sim, seconds)
     return out
+
+
+def result(row: Row, sim: dict | str, args: argparse.Namespace, *, no_optimizer: bool = False) -> Result:
+    if isinstance(sim, str):
+        return Result(row, None, features(args), failure=sim)
+    return Result(row, METRICS[row.metric].convert(without_optimizer(sim) if no_optimizer else sim, args),
+                  features(args))
+
+
+def evaluate(data: dict, jobs: int, breakdown: bool, directory: Path) -> tuple[list[Result], list[Switched]]:
+    """Every row as typed and, with `breakdown`, every published row under every switch."""
+    parsed = {r.id: parse_command(r.command) for r in data["rows"]}
+    plans: list[tuple[Switch, list[tuple[Row, list[str]]]]] = []
+    if breakdown:
+        for sw in data["switches"]:
+            plans.append((sw, [(r, switched_argv(r.command, sw, directory) or parsed[r.id][0])
+                               for r in data["rows"] if r.published is not None]))
+    labels: dict[tuple[str, ...], str] = {}
+    for r in data["rows"]:
+        labels.setdefault(tuple(parsed[r.id][0]), r.id)
+    for sw, runs in plans:
+        for r, a in runs:
+            labels.setdefault(tuple(a), f"{r.id} [{sw.mechanism}, {sw.label.split(':')[0]}]")
+    sims = run_all([list(k) for k in labels], jobs, lambda a: labels[tuple(a)])
+    results = [result(r, sims[tuple(parsed[r.id][0])], parsed[r.id][1]) for r in data["rows"]]
+    switched = [Switched(sw.mechanism, sw.label, [result(r, sims[tuple(a)], parsed[r.id][1],
+                                                         no_optimizer=sw.without_optimizer) for r, a in runs])
+                for sw, runs in plans]
+    return results, switched
 
 
 def machine_line() -> str:
@@ -240,48 +336,17 @@ def machine_line() -> str:
             f"{platform.release()}, Python {platform.python_version()}")
 
 
-def render(data: dict, results: list[Result], header: list[str]) -> str:
-    """docs/published.md: header, summary, one table per source, relative effects, trends, what is missing."""
-    by_id = {r.row.id: r for r in results}
-    published = [r for r in results if r.row.published is not None]
-    n, med, worst = summary(published)
-    failed = [r for r in results if r.predicted is None]
-    met = n == len(published) and med <= GOAL_MEDIAN and worst <= GOAL_MAX
-    lines = [*header, "", "## Summary", "",
-             f"{n} of {len(published)} published rows simulated: median |error| {med * 100:.1f} %, "
-             f"max |error| {worst * 100:.1f} %. Goal (issue 15: median <= {GOAL_MEDIAN * 100:.0f} %, "
-             f"max <= {GOAL_MAX * 100:.0f} %): **{'met' if met else 'not met'}**."]
-    if failed:
-        lines += ["", "Rows whose command failed: " + "; ".join(f"`{r.row.id}` ({r.failure})" for r in failed) + "."]
-    lines += ["", "Error = predicted / published - 1: for TFLOP/s per GPU a positive error means pipesim is "
-              "optimistic (too fast); for seconds and milliseconds a positive error means too slow."]
-    for key, src in data["sources"].items():
-        rs = [r for r in published if r.row.source == key]
-        if not rs:
-            continue
-        sn, smed, smax = summary(rs)
-        lines += ["", f"## {key}", "", f"{src['citation']}. {src.get('notes', '')}".rstrip(), "",
-                  *source_table(rs), "",
-                  f"{key}: {sn} rows, median |error| {smed * 100:.1f} %, max |error| {smax * 100:.1f} %."]
-    if data["effects"]:
-        lines += ["", "## Relative effects", "",
-                  "Ratios of two rows' figures. \"not in published.md\": the paper's counterpart is not among the "
-                  "reference rows, so only the prediction is shown.", "", *effect_lines(data["effects"], by_id)]
-    if data["trends"]:
-        lines += ["", "## Trends", "", *trend_lines(data["trends"], by_id)]
-    extra = [r for r in results if r.row.published is None]
-    if extra:
-        lines += ["", "Configurations simulated only for the effects above (no published figure): "
-                  + "; ".join(f"{r.row.configuration} = " + (f"{_num(r.predicted)} {METRICS[r.row.metric][0]}"
-                                                             if r.predicted is not None else "failed")
-                              for r in extra) + "."]
-    if data["mechanisms"]:
-        lines += ["", "## Issue 15's mechanisms in the simulator that produced these figures", "",
-                  "The errors above are what is left with the mechanisms marked missing; this benchmark does not "
-                  "break the error down by mechanism.", "", "| mechanism | state |", "|---|---|",
-                  *(f"| {m['name']} | {m['state']} |" for m in data["mechanisms"])]
-    lines += ["", "Every command is in bench/published_rows.toml; each runs as typed (`pipesim simulate ... --json`)."]
-    return "\n".join(lines) + "\n"
+def restrict(data: dict, only: str) -> dict:
+    """`data` with the sources of --only (comma-separated) and what names only their rows."""
+    keep = set(only.split(","))
+    unknown = keep - set(data["sources"])
+    if unknown:
+        raise PipesimError(f"--only: unknown source {', '.join(sorted(unknown))}")
+    rows = [r for r in data["rows"] if r.source in keep]
+    ids = {r.id for r in rows}
+    return {**data, "sources": {k: v for k, v in data["sources"].items() if k in keep}, "rows": rows,
+            "effects": [e for e in data["effects"] if all(i in ids for pr in e["pairs"] for i in pr)],
+            "trends": [t for t in data["trends"] if all(i in ids for i in t["rows"])]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -289,42 +354,41 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", type=Path, default=ROWS, help="rows file (default bench/published_rows.toml)")
     p.add_argument("--out", type=Path, default=OUT, help="markdown report (default docs/published.md)")
     p.add_argument("--only", default=None, help="comma-separated sources (default all)")
+    p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="processes (default 2)")
+    p.add_argument("--no-breakdown", action="store_true", help="skip the per-mechanism breakdown's runs")
     args = p.parse_args(argv)
     try:
         data = load(args.rows)
     except (OSError, ValueError, KeyError) as e:  # TOMLDecodeError is a ValueError
         raise PipesimError(f"{args.rows}: {e}") from None
     if args.only:
-        keep = set(args.only.split(","))
-        unknown = keep - set(data["sources"])
-        if unknown:
-            raise PipesimError(f"--only: unknown source {', '.join(sorted(unknown))}")
-        data["sources"] = {k: v for k, v in data["sources"].items() if k in keep}
-        data["rows"] = [r for r in data["rows"] if r.source in keep]
-        ids = {r.id for r in data["rows"]}
-        data["effects"] = [e for e in data["effects"] if all(i in ids for pr in e["pairs"] for i in pr)]
-        data["trends"] = [t for t in data["trends"] if all(i in ids for i in t["rows"])]
+        data = restrict(data, args.only)
     start = time.time()
-    results = []
-    for row in data["rows"]:
-        t0 = time.perf_counter()
-        results.append(simulate(row))
-        r = results[-1]
-        shown = f"{_num(r.predicted)}" if r.predicted is not None else f"FAILED {r.failure}"
-        print(f"{time.perf_counter() - t0:6.1f} s  {row.id}: {shown} (published {row.published})", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            results, switched = evaluate(data, args.jobs, not args.no_breakdown, Path(tmp))
+        except ValueError as e:
+            raise PipesimError(f"{args.rows}: {e}") from None
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(start))
     header = ["# Published results: predicted vs measured", "",
-              f"Generated by `pipesim bench published` on {when} in {time.time() - start:.0f} s; do not edit by "
-              "hand, rerun it.", "", f"- Machine: {machine_line()}.",
+              f"Generated by `pipesim bench published` on {when} in {time.time() - start:.0f} s "
+              f"({args.jobs} processes); do not edit by hand, rerun it.", "", f"- Machine: {machine_line()}.",
               "- Predicted iteration time: the simulator's `step_time` (to the optimizer's end). NAR21's TFLOP/s "
               "per GPU = 96 B s l h^2 (1 + s/(6h) + V/(16 l h)) / (iteration seconds x GPUs) (NAR21 eq. 3, "
               "counting the recompute pass); KOR22 Table 5 in seconds per iteration; KOR22 Table 4 as one layer's "
               "forward and backward action times (the middle stage of a 0,1,0 layer split, TP communication "
-              "included)."]
-    args.out.write_text(render(data, results, header))
+              "included); Llama 3's TFLOP/s per GPU = (6 N + 12 L H Q T) x tokens per step / (iteration seconds "
+              "x GPUs), PaLM's MFU numerator (N: parameters without the embedding table)."]
+    args.out.write_text(render(data, results, header, switched))
     print(f"wrote {args.out}")
-    n, med, worst = summary([r for r in results if r.row.published is not None])
-    print(f"{n} rows: median |error| {med * 100:.1f} %, max |error| {worst * 100:.1f} %")
+    in_ref = {k for k, s in data["sources"].items() if s.get("in_published_md", True)}
+    published = [r for r in results if r.row.published is not None]
+    ref = [r for r in published if r.row.source in in_ref]
+    if ref:
+        print(stats_line("published.md rows", stats(ref)))
+    other = [r for r in published if r.row.source not in in_ref]
+    if other:
+        print(stats_line("other sources", stats(other)))
     return 1 if any(r.predicted is None for r in results) else 0
 
 

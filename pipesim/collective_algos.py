@@ -10,10 +10,13 @@ ring and Simple win). Across nodes on a rail-optimised network every GPU has its
 ring with p ranks per node crosses the network on p NICs at once. Formulas and constants:
 docs/gpu_model.md. Hardware without NCCL links (CPU processes on loopback) keeps
 `pipesim.comm_costs.group_collective_time`, the model the CPU calibration was fitted with.
+`collective_seconds` is the simulator's one dispatch for every collective it times; `scatter_gather`
+times Megatron's split pipeline messages (docs/simulator.md).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import Counter
 from dataclasses import dataclass
@@ -183,14 +186,23 @@ def collective_time(kind: str, nbytes: float, group_devices: list[int], hw: Hard
         raise PipesimError(f"unknown protocol {protocol!r}; choose auto, {', '.join(PROTOCOLS)}")
     if nbytes < 0:
         raise PipesimError(f"a collective moves bytes >= 0, got {nbytes}")
-    shape = group_shape(hw, group_devices)
+    return _collective_time(kind, nbytes, tuple(group_devices), hw, algo, protocol)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _collective_time(kind: str, nbytes: float, group_devices: tuple[int, ...], hw: Hardware, algo: str,
+                     protocol: str) -> CollectiveTime:
+    """`collective_time` once its arguments are checked; cached, since a simulation asks the same question for
+    every action of a stage and the planner for every candidate (the result is immutable)."""
+    group = list(group_devices)
+    shape = group_shape(hw, group)
     links = [shape.intra] + ([shape.inter] if shape.inter is not None else [])
     if any(link_kind(link) is None for link in links) or hw.host is not None:
-        seconds = group_collective_time(hw, kind, group_devices, nbytes)
+        seconds = group_collective_time(hw, kind, group, nbytes)
         return CollectiveTime(seconds, "comm_costs", "", 0.0, 0.0)
     if kind == "send_recv":
         if shape.n != 2:
-            raise PipesimError(f"send_recv is between two devices, got {group_devices}")
+            raise PipesimError(f"send_recv is between two devices, got {group}")
         link = hw.link_between(group_devices[0], group_devices[1])
         return CollectiveTime(hw.p2p_time(group_devices[0], group_devices[1], int(nbytes)), "p2p", "", link.latency,
                               link.bandwidth)
@@ -203,5 +215,40 @@ def collective_time(kind: str, nbytes: float, group_devices: list[int], hw: Hard
     return min((algo_time(kind, nbytes, shape, a, p) for a in algos for p in protocols), key=lambda c: c.seconds)
 
 
-__all__ = ["ALGOS", "BASE_LATENCY", "HW_LATENCY", "PROTOCOLS", "CollectiveTime", "GroupShape", "algo_time",
-           "bus_bandwidth", "collective_time", "group_shape", "link_kind", "ring_latency", "tree_latency"]
+def collective_seconds(hw: Hardware, kind: str, devices: list[int], nbytes: float) -> float:
+    """Seconds of `kind` over `devices` on S = `nbytes`: the simulator's one dispatch for every collective.
+
+    NCCL's fastest (algorithm, protocol) on hardware whose links NCCL models (GPU presets);
+    `pipesim.comm_costs.group_collective_time`, bit for bit, on the others (CPU processes on loopback).
+    """
+    return collective_time(kind, nbytes, devices, hw).seconds
+
+
+@dataclass(frozen=True)
+class ScatterGather:
+    """One pipeline message sent Megatron's way: split over the t ranks of the sending stage, each part over
+    its own link (rail), then all-gathered by the t ranks of the receiving stage."""
+
+    rail_bytes: int  # bytes one held link carries: S / t (a shared medium carries all t parts: S)
+    send: float  # seconds the parts take on their links (they move side by side)
+    gather: float  # seconds of the receiving stage's all_gather of S inside its tp group
+
+
+def scatter_gather(hw: Hardware, src: list[int], dst: list[int], nbytes: int) -> ScatterGather:
+    """Megatron's `scatter_gather_tensors_in_pipeline` for an S = `nbytes` message from tp group `src` to `dst`
+    (tp rank j sends to tp rank j). Each rank sends S / t (Megatron splits the flattened tensor in t equal
+    chunks) in latency + S / (t B); on a shared medium the t parts queue on it: latency + S / B. Then
+    all_gather(S) over `dst` (`collective_seconds`)."""
+    if len(src) != len(dst) or not src:
+        raise PipesimError(f"scatter/gather needs tp groups of one size, got {src} and {dst}")
+    t = len(src)
+    part = nbytes // t  # bytes per tp rank
+    link = hw.link_between(src[0], dst[0])
+    rail = part * t if link.shared else part
+    return ScatterGather(rail, hw.p2p_time(src[0], dst[0], rail), collective_seconds(hw, "all_gather", dst,
+                                                                                       part * t))
+
+
+__all__ = ["ALGOS", "BASE_LATENCY", "HW_LATENCY", "PROTOCOLS", "CollectiveTime", "GroupShape", "ScatterGather",
+           "algo_time", "bus_bandwidth", "collective_seconds", "collective_time", "group_shape", "link_kind",
+           "ring_latency", "scatter_gather", "tree_latency"]

@@ -12,7 +12,7 @@ and writer (`pipesim.hardware_toml`, which also loads the presets in `pipesim/pr
 
 from __future__ import annotations
 
-from dataclasses import MISSING, asdict, dataclass, field, replace
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from typing import Any
 
 from pipesim.cost_equation import KINDS, CostEquation, SplitCosts, action_seconds
@@ -39,6 +39,28 @@ class LinkClass:
 
 
 @dataclass(frozen=True)
+class KernelFigures:
+    """Measured figures of the device family's kernel model (`[device.kernels]`, written by `pipesim calibrate
+    --gpu`): each one given replaces the family's figure of pipesim/presets/gemm/devices.toml for this hardware."""
+
+    matmul_efficiency: float | None = file_field("frac", doc="best GEMM FLOP/s / dense peak", default=None)
+    memory_efficiency: float | None = file_field("frac", doc="copy bytes/s / the family's datasheet HBM",
+                                                 default=None)
+    kernel_overhead: float | None = file_field("nonneg", "seconds", "per kernel (median empty kernel)",
+                                               default=None)
+    flash_forward_efficiency: float | None = file_field("frac", doc="flash attention forward FLOP/s / peak",
+                                                        default=None)
+    flash_backward_efficiency: float | None = file_field("frac", doc="flash attention backward FLOP/s / peak",
+                                                         default=None)
+    source: str = file_field("str", doc="the run the figures come from (each figure's source)", default="")
+
+    def figures(self) -> dict[str, float]:
+        """The figures given (name -> value), in declaration order."""
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if f.name != "source" and getattr(self, f.name) is not None}
+
+
+@dataclass(frozen=True)
 class DeviceSpec:
     """One accelerator (or one CPU process on local-cpu)."""
 
@@ -54,12 +76,19 @@ class DeviceSpec:
     # weight-gradient pass streams writes at another rate than a forward reads weights; None: 1 for all)
     kind_memory_efficiency: dict[str, float] | None = file_field("kinds", doc="factor on hbm_bandwidth per kind",
                                                            default=None)
+    # the pipesim/presets/gemm/devices.toml profile ("A100", "H100", ...) that times each kernel from its
+    # shape (pipesim.kernel_costs); "" (CPU processes, unknown GPUs): the roofline at compute_efficiency
+    family: str = file_field("str", doc="device profile timing kernels by shape (empty: compute_efficiency)",
+                             default="")
+    # measured figures over the family's profile (`pipesim calibrate --gpu`); None: the profile's own
+    kernels: KernelFigures | None = file_field("section", doc="measured kernel figures over the family's",
+                                               default=None)
 
     def __hash__(self) -> int:  # dict fields: hash by their sorted items so Hardware stays hashable
         kinds = tuple(sorted(self.kind_efficiency.items())) if self.kind_efficiency else None
         mem = tuple(sorted(self.kind_memory_efficiency.items())) if self.kind_memory_efficiency else None
         return hash((self.name, tuple(sorted(self.flops.items())), self.hbm_bandwidth, self.memory,
-                     self.compute_efficiency, kinds, mem))
+                     self.compute_efficiency, kinds, mem, self.family, self.kernels))
 
 
 @dataclass(frozen=True)
@@ -222,4 +251,4 @@ class Hardware:
         return d
 
 
-__all__ = ["DeviceSpec", "Hardware", "HostProfile", "LinkClass", "file_field"]
+__all__ = ["DeviceSpec", "Hardware", "HostProfile", "KernelFigures", "LinkClass", "file_field"]

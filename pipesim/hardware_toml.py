@@ -13,7 +13,7 @@ from importlib import resources
 from pathlib import Path
 
 from pipesim.errors import PipesimError
-from pipesim.hardware import DeviceSpec, Hardware, HostProfile, LinkClass
+from pipesim.hardware import DeviceSpec, Hardware, HostProfile, KernelFigures, LinkClass
 
 try:
     import tomllib
@@ -26,6 +26,7 @@ except ModuleNotFoundError:  # Python 3.10
 _DTYPES = ("float32", "bfloat16", "float16")
 _SECTIONS = {"device": DeviceSpec, "intra": LinkClass, "inter": LinkClass, "scale_out": LinkClass,
              "host": HostProfile}  # [table] -> type
+_NESTED = {"kernels": KernelFigures}  # [device.kernels] -> type (a table inside a section)
 # top-level keys of files written before the [host] table existed -> where they live now
 _MOVED = {"host_cores": "[host].cores", **{k: f"[host].{k}" for k in (
     "node_corun_slowdown", "oversubscription_slowdown", "time_slice", "send_overhead", "late_recv_delay",
@@ -106,7 +107,8 @@ def _table(label: str, section: str, table: object, cls: type) -> dict:
                 raise PipesimError(f"{label}: missing field {prefix}{name}")
             continue
         if meta["kind"] == "section":
-            out[name] = _SECTIONS[name](**_table(label, name, table[name], _SECTIONS[name]))
+            cls = _NESTED[name] if section else _SECTIONS[name]
+            out[name] = cls(**_table(label, f"{section}.{name}" if section else name, table[name], cls))
         else:
             out[name] = _check(label, f"{prefix}{name}", table[name], meta["kind"], meta["unit"])
             if meta["kind"] == "choice" and out[name] not in meta["choices"]:
@@ -123,6 +125,8 @@ def hardware_from_dict(data: dict, label: str = "hardware") -> Hardware:
     hw = Hardware(**_table(label, "", data, Hardware))
     if hw.num_nodes > 1 and hw.inter is None:
         raise PipesimError(f"{label}: num_nodes = {hw.num_nodes} needs an [inter] section (the link across nodes)")
+    if hw.device.kernels is not None and not hw.device.family:
+        raise PipesimError(f"{label}: [device.kernels] needs [device].family (the profile whose figures they replace)")
     return hw
 
 
@@ -189,4 +193,8 @@ def hardware_to_toml(hw: Hardware) -> str:
         table = getattr(hw, section)
         if table is not None:
             lines += ["", f"[{section}]", *_lines(table, section != "host")]
+            for name in _NESTED:
+                nested = getattr(table, name, None)
+                if nested is not None:
+                    lines += ["", f"[{section}.{name}]", *_lines(nested, False)]
     return "\n".join(lines) + "\n"

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from pipesim.costs import CostTable, StageCosts
 from pipesim.errors import PipesimError
 from pipesim.hardware import Hardware
+from pipesim.kernel_costs import StageSeconds, gpt_stage_seconds, mlp_stage_seconds, overlap_gemm, profile_of
 from pipesim.model.activations import (
     embedding_activation_bytes,
     head_activation_bytes,
@@ -30,6 +31,7 @@ from pipesim.model.flops import attention_core_flops, head_flops, layer_flops
 from pipesim.model.memory import PRECISIONS, ZERO_STAGES, comm_buffer_bytes
 from pipesim.model.options import LayerOptions
 from pipesim.model.params import block_params, embedding_params, head_params
+from pipesim.overlap_interference import hiding_gemm
 from pipesim.step_costs import StepCosts, ring_exchanges, step_costs
 
 GiB = 2**30
@@ -55,6 +57,7 @@ class Work:
     recompute_bytes: float = 0.0  # bytes a recomputed layer re-creates, live during its backward only
     param_count: float = 0.0  # parameters held on this device
     collectives: dict[str, list[tuple[str, int]]] = field(default_factory=lambda: {"F": [], "I": []})
+    backward_overlaps: list[str] = field(default_factory=list)  # per collectives["I"] entry: Megatron's overlap ("")
 
     def add(self, f: float, i: float, w: float, *, moved: tuple[float, float, float] = (0.0, 0.0, 0.0),
             act: float = 0.0, params: float = 0.0, ops: tuple[float, float, float] = (0.0, 0.0, 0.0)) -> None:
@@ -75,8 +78,10 @@ class ParallelCosts:
     table: CostTable  # per-stage seconds (already divided across tp) and bytes
     tp: int
     dp: int
-    # (stage, "F"|"B"|"I"|"W") -> ((collective, bytes), ...) blocking, inside that action
-    tp_collectives: dict[tuple[int, str], tuple[tuple[str, int], ...]]
+    # (stage, "F"|"B"|"I"|"W") -> ((collective, bytes), ...) blocking, inside that action; an entry
+    # (collective, bytes, HidingGemm) runs beside that GEMM, sharing its SMs (a fused backward on the kernel path;
+    # pipesim.overlap_interference); (collective, bytes, seconds): beside that many seconds of compute, for free
+    tp_collectives: dict[tuple[int, str], tuple[tuple, ...]]
     dp_grad_bytes: tuple[int, ...]  # per stage: gradient bytes all-reduced across dp at step end
     layers_per_stage: tuple[int, ...]  # MLP layers / transformer blocks per stage (0: unknown)
     dtype_bytes: int = 4  # bytes per parameter value (to count parameters from param_bytes)
@@ -147,6 +152,13 @@ def _timed(collectives: list[Collective]) -> list[tuple[str, int]]:
     return [(c.kind, c.nbytes) for c in collectives if not c.what.startswith(UNTIMED)]
 
 
+def _add_backward(work: Work, collectives: list[Collective]) -> None:
+    """The backward collectives the simulator times, with the computation each overlaps in Megatron."""
+    kept = [c for c in collectives if not c.what.startswith(UNTIMED)]
+    work.collectives["I"] += [(c.kind, c.nbytes) for c in kept]
+    work.backward_overlaps += [c.overlaps for c in kept]
+
+
 def gpt_stage_work(model: ModelConfig, b: int, layers: int, *, first: bool, last: bool, tp: int = 1,
                    opts: LayerOptions | None = None) -> Work:
     """Embedding (first stage), `layers` blocks, final norm + LM head + loss (last stage).
@@ -179,12 +191,12 @@ def gpt_stage_work(model: ModelConfig, b: int, layers: int, *, first: bool, last
         stash, params = layer_activation_bytes(model, b, opts), block_params(model, tp)
         tp_colls = tp_layer_collectives(model, b, opts)
         fwd_colls = _timed([c for c in tp_colls if c.phase == "F"])
-        bwd_colls = _timed([c for c in tp_colls if c.phase != "F"])
+        bwd_colls = [c for c in tp_colls if c.phase != "F"]
         for _ in range(layers):
             work.add(flops.F, flops.I, flops.W, moved=(traffic, traffic + rerun if rerun else traffic, traffic),
                      act=stash, params=params, ops=(f_ops, i_ops + rerun_ops, w_ops))
             work.collectives["F"] += fwd_colls
-            work.collectives["I"] += bwd_colls
+            _add_backward(work, bwd_colls)
         work.recompute_bytes = recompute_working_bytes(model, b, opts)
     if last:  # final norm + LM head (h x vocab) + cross-entropy on vocab-parallel logits
         head = head_flops(model, b, opts)
@@ -194,7 +206,7 @@ def gpt_stage_work(model: ModelConfig, b: int, layers: int, *, first: bool, last
                  params=head_params(model, tp, holds_embedding=first), ops=(3, 3, 2))
         colls = tp_head_collectives(model, b, opts)
         work.collectives["F"] += _timed([c for c in colls if c.phase == "F"])
-        work.collectives["I"] += _timed([c for c in colls if c.phase != "F"])
+        _add_backward(work, [c for c in colls if c.phase != "F"])
     return work
 
 
@@ -228,17 +240,23 @@ def layer_options(model: ModelConfig, *, tp: int = 1, sp: bool = False, cp: int 
 
 def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hardware, *, tp: int = 1, dp: int = 1,
                 layer_split: list[int] | None = None, sp: bool = False, cp: int = 1, recompute: str = "none",
-                attention: str = "eager", zero: int = 0) -> ParallelCosts:
-    """Per-stage costs of `model` cut into `num_stages` stages (chunks) on `hw` (durations by roofline).
+                attention: str = "eager", zero: int = 0, kernel_fusion: bool = True,
+                tp_comm_overlap: bool = True) -> ParallelCosts:
+    """Per-stage costs of `model` cut into `num_stages` stages (chunks) on `hw`.
 
-    sp, cp, recompute, attention: the transformer's options (pipesim.model.options.LayerOptions);
-    zero: the ZeRO stage of the data-parallel state (memory; its timing: "step").
+    Durations: on a device with a `family` (GPU presets), each kernel timed from its shape
+    (pipesim.kernel_costs; `kernel_fusion`: Megatron's fused elementwise kernels, else eager
+    PyTorch's), and with `tp_comm_overlap` a fused backward's input-gradient collectives carry
+    the GEMM they hide behind, as (kind, bytes, HidingGemm); otherwise the roofline
+    at compute_efficiency. sp, cp, recompute, attention: the transformer's options
+    (pipesim.model.options.LayerOptions); zero: the ZeRO stage of the data-parallel state
+    (memory; its timing: "step").
     """
     b = _check_parallel(model, num_stages, microbatches, tp, dp)
     opts = layer_options(model, tp=tp, sp=sp, cp=cp, recompute=recompute, attention=attention)
     if zero not in ZERO_STAGES:
         raise PipesimError(f"--zero must be one of 0, 1, 2, 3, got {zero!r}")
-    split = split_layers(model.layers, num_stages, layer_split, empty_ends=model.kind == "gpt")
+    split = split_layers(model.layers, num_stages, layer_split)
     d = model.dtype_bytes
     precision = precision_of(model)
     stages: list[StageCosts] = []
@@ -258,7 +276,12 @@ def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hard
             work = mlp_stage_work(model, b, layers, tp, first=s == 0)
         else:
             work = gpt_stage_work(model, b, layers, first=s == 0, last=last, opts=opts)
-        fwd, inp, wgt = (hw.compute_time(work.flops[k], work.moved[k], model.dtype, k, work.ops[k]) for k in "FIW")
+        timed = _kernel_seconds(model, b, layers, hw, opts, tp, first=s == 0, last=last, fused=kernel_fusion)
+        if timed is None:
+            fwd, inp, wgt = (hw.compute_time(work.flops[k], work.moved[k], model.dtype, k, work.ops[k])
+                             for k in "FIW")
+        else:  # the kernels' seconds plus the per-action (and per-op) overheads of the cost equation
+            fwd, inp, wgt = (getattr(timed, k) + hw.compute_time(0.0, 0.0, model.dtype, k, work.ops[k]) for k in "FIW")
         if s == 0:  # no gradient leaves the first stage: a split I has nothing to send, W runs the whole backward
             inp, wgt = 0.0, inp + wgt
         param_bytes = round(work.param_count * d)
@@ -276,9 +299,14 @@ def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hard
             # stage: in W, which runs its whole backward)
             backward = tuple((k, round(n)) for k, n in work.collectives["I"])
             collectives[(s, "W" if s == 0 else "I")] = collectives[(s, "B")] = backward
+            if timed is not None and tp_comm_overlap:  # a fused backward runs each wgrad GEMM right after its dgrad
+                fused_b = _with_overlap(backward, work.backward_overlaps, timed, model.dtype, hw)
+                collectives[(s, "B")] = fused_b
+                if s == 0:
+                    collectives[(0, "W")] = fused_b
         grads.append(param_bytes if dp > 1 else 0)
         if opts is not None and opts.cp > 1:
-            _add_ring(exchanges, s, model, b, opts, layers, hw)
+            _add_ring(exchanges, s, model, b, opts, layers, hw, timed)
     return ParallelCosts(table=CostTable(tuple(stages)), tp=tp, dp=dp, tp_collectives=collectives,
                          dp_grad_bytes=tuple(grads), layers_per_stage=tuple(split), dtype_bytes=d,
                          param_counts=tuple(counts), zero=zero, precision=precision, comm_buffer_bytes=buffers,
@@ -294,13 +322,45 @@ def _step(counts: list[int], *, dp: int, zero: int, hw: Hardware, precision: str
     return step_costs(counts, dp=dp, zero=zero, hw=hw, precision=precision)
 
 
+def _kernel_seconds(model: ModelConfig, b: int, layers: int, hw: Hardware, opts: LayerOptions | None, tp: int, *,
+                    first: bool, last: bool, fused: bool) -> StageSeconds | None:
+    """The stage's kernel seconds on the hardware's device family; None without one (the roofline path)."""
+    family = hw.device.family
+    if not family:
+        return None
+    if opts is None:
+        return mlp_stage_seconds(model, b, layers, tp, first=first, family=family, kernels=hw.device.kernels)
+    return gpt_stage_seconds(model, b, layers, opts, first=first, last=last, fused=fused, family=family,
+                             kernels=hw.device.kernels)
+
+
+def _with_overlap(backward: tuple[tuple[str, int], ...], overlaps: list[str], timed: StageSeconds, dtype: str,
+                  hw: Hardware) -> tuple[tuple, ...]:
+    """Megatron's async tensor-parallel backward: each collective that overlaps a GEMM becomes (kind, bytes,
+    HidingGemm: that GEMM's seconds and shape); the simulator exposes what the GEMM, slowed by the SMs NCCL's
+    channels hold, does not cover (pipesim.overlap_interference). The rest stay pairs."""
+    profile = profile_of(hw.device.family, hw.device.kernels)
+    out: list[tuple] = []
+    for n, (kind, nbytes) in enumerate(backward):
+        name = overlap_gemm(overlaps[n]) if n < len(overlaps) else None
+        gemm = hiding_gemm(name, timed.gemms, timed.shapes, dtype, profile)
+        out.append((kind, nbytes, gemm) if gemm is not None else (kind, nbytes))
+    return tuple(out)
+
+
 def _add_ring(out: dict, stage: int, model: ModelConfig, b: int, opts: LayerOptions, layers: int,
-              hw: Hardware) -> None:
-    """Ring attention's hops of a stage, keyed like the tp collectives (its backward in B and I; W on stage 0)."""
-    core = attention_core_flops(model, b, opts, causal=True)  # what a causal kernel computes
-    rates = hw.cost_equation(model.dtype).flop_rates  # FLOP/s of F, I, W work
-    ring = ring_exchanges(model, b, opts, layers=layers, attention_forward=core.F / rates[0],
-                          attention_backward=core.I / rates[1])
+              hw: Hardware, timed: StageSeconds | None = None) -> None:
+    """Ring attention's hops of a stage, keyed like the tp collectives (its backward in B and I; W on stage 0).
+
+    The hops hide behind the attention kernels: their seconds from the kernel path when the device
+    has a family, else the attention FLOPs at the cost equation's rates."""
+    if timed is not None and "flash attention" in timed.gemms:
+        forward, backward = timed.gemms["flash attention"], timed.gemms["flash attention backward"]
+    else:
+        core = attention_core_flops(model, b, opts, causal=True)  # what a causal kernel computes
+        rates = hw.cost_equation(model.dtype).flop_rates  # FLOP/s of F, I, W work
+        forward, backward = core.F / rates[0], core.I / rates[1]
+    ring = ring_exchanges(model, b, opts, layers=layers, attention_forward=forward, attention_backward=backward)
     if "F" in ring:
         out[(stage, "F")] = ring["F"]
     if "I" in ring:

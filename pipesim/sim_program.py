@@ -12,11 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from pipesim.comm_costs import group_collective_time
+from pipesim.collective_algos import collective_seconds, collective_time, scatter_gather
 from pipesim.cost_equation import SplitCosts
 from pipesim.costs import CostTable
 from pipesim.deps import message_slot, produces_weight_grad, releases_activations
 from pipesim.ir import COMPUTE, SENDS, Action, Kind, Schedule
+from pipesim.overlap_interference import HidingGemm, exposed_collective
 from pipesim.parallel_dims import ParallelDims
 from pipesim.step_costs import exposed_seconds
 
@@ -47,6 +48,7 @@ class RecvOp(NamedTuple):
     """A RECV: takes the message in slot `slot + microbatch`."""
 
     slot: int
+    gather: float = 0.0  # seconds the receiving tp group all-gathers a scatter/gather message after it arrives
 
 
 Op = ComputeOp | SendOp | RecvOp
@@ -74,12 +76,12 @@ class TableCompute:
 
 def compile_programs(sched: Schedule, compute: TableCompute, hw: Any, comm: bool, par: ParallelDims,
                      tp_collectives: dict, cp_seconds: dict | None = None,
-                     every_grad: frozenset[int] = frozenset()) -> list[list[Op]]:
+                     every_grad: frozenset[int] = frozenset(), scatter: bool = False) -> list[list[Op]]:
     """Per rank, the op of each action (one shared record per (rank, stage, kind)); message slots use
     the schedule's microbatch count as stride. cp_seconds: (stage, kind) -> exposed ring-attention
     seconds added to that compute (`cp_exposed`). The last weight-gradient piece of each stage is
     marked for its gradient reduction; with the stage in `every_grad` (ZeRO 2: a reduce-scatter per
-    microbatch) every one is."""
+    microbatch) every one is. scatter: pipeline messages go Megatron's scatter/gather way (`scatter_gather`)."""
     stride = sched.num_microbatches
     last_grad: dict[int, tuple[int, int]] = {}  # stage -> (rank, index) of its last B/W
     all_ops: list[list[Op]] = []
@@ -91,7 +93,7 @@ def compile_programs(sched: Schedule, compute: TableCompute, hw: Any, comm: bool
             key = (a.stage, a.kind)
             entry = cache.get(key)
             if entry is None:
-                op = _op(rank, a, sched, compute, hw, comm, par, tp_collectives, stride, cp_seconds)
+                op = _op(rank, a, sched, compute, hw, comm, par, tp_collectives, stride, cp_seconds, scatter)
                 grad = a.kind in COMPUTE and produces_weight_grad(a.kind)
                 if grad and a.stage in every_grad:
                     op = op._replace(allreduce_stage=a.stage)
@@ -120,7 +122,7 @@ def _time_overlaps(sched: Schedule, table: CostTable, all_ops: list[list[Op]]) -
 
 
 def _op(rank: int, a: Action, sched: Schedule, compute: TableCompute, hw: Any, comm: bool, par: ParallelDims,
-        tp_collectives: dict, stride: int, cp_seconds: dict | None) -> Op:
+        tp_collectives: dict, stride: int, cp_seconds: dict | None, scatter: bool = False) -> Op:
     k, st = a.kind, a.stage
     if k in COMPUTE:
         sign = 1 if k == Kind.F else (-1 if releases_activations(k) else 0)
@@ -132,31 +134,52 @@ def _op(rank: int, a: Action, sched: Schedule, compute: TableCompute, hw: Any, c
         return ComputeOp(seconds, _tp_time(rank, a, hw, comm, par, tp_collectives),
                          sign * costs.activation_bytes, sign, -1, redo)
     slot = message_slot(st, k, 0, stride)
-    if k not in SENDS:
-        return RecvOp(slot)
-    dst = sched.rank_of(a.peer_stage)
     nbytes = compute.table.transfer_bytes(a)
+    split = scatter and comm and nbytes > 0  # Megatron's scatter/gather (the caller checked tp > 1, no sp)
+    if k not in SENDS:
+        return RecvOp(slot, _scatter_gather(hw, par, sched.rank_of(a.peer_stage), rank, nbytes).gather) if split \
+            else RecvOp(slot)
+    dst = sched.rank_of(a.peer_stage)
     if not comm:
         return SendOp(slot, dst, nbytes, 0.0, (), "")
     src_dev, dst_dev = par.rank(pp=rank), par.rank(pp=dst)
+    if split:  # tp rank 0's rail carries S / t (the other ranks' rails the same, side by side)
+        sg = _scatter_gather(hw, par, rank, dst, nbytes)
+        return SendOp(slot, dst, sg.rail_bytes, sg.send, tuple(sorted(hw.link_resources(src_dev, dst_dev))),
+                      hw.link_between(src_dev, dst_dev).name)
     return SendOp(slot, dst, nbytes, hw.p2p_time(src_dev, dst_dev, nbytes),
                   tuple(sorted(hw.link_resources(src_dev, dst_dev))), hw.link_between(src_dev, dst_dev).name)
 
 
+def _scatter_gather(hw: Any, par: ParallelDims, src: int, dst: int, nbytes: int):
+    """Megatron's scatter/gather of one S = `nbytes` message from pipeline rank `src` to `dst` (their tp groups)."""
+    return scatter_gather(hw, par.group("tp", par.rank(pp=src)), par.group("tp", par.rank(pp=dst)), nbytes)
+
+
 def _tp_time(rank: int, action: Action, hw: Any, comm: bool, par: ParallelDims, tp_collectives: dict) -> float:
-    """Seconds of the blocking TP collectives inside one compute action."""
+    """Seconds of the TP collectives inside one compute action that no computation hides: a (kind, bytes) pair
+    blocks whole; a (kind, bytes, HidingGemm) triple runs beside that GEMM, which loses the SMs of NCCL's
+    channels meanwhile (`exposed_collective`); a (kind, bytes, seconds) triple beside that many seconds of
+    compute, for free: max(0, time - seconds)."""
     colls = tp_collectives.get((action.stage, action.kind.value)) if tp_collectives else None
     if not colls or par.tp == 1 or not comm:
         return 0.0
     group = par.group("tp", par.rank(pp=rank))
-    return sum(group_collective_time(hw, kind, group, nbytes) for kind, nbytes in colls)
+    total = 0.0
+    for kind, nbytes, *hidden in colls:
+        if hidden and isinstance(hidden[0], HidingGemm):
+            total += exposed_collective(collective_time(kind, nbytes, group, hw), nbytes, len(group), hidden[0])
+            continue
+        seconds = collective_seconds(hw, kind, group, nbytes)
+        total += max(0.0, seconds - hidden[0]) if hidden else seconds
+    return total
 
 
 def cp_exposed(sched: Schedule, hw: Any, comm: bool, par: ParallelDims, cp_exchanges: dict) -> dict:
     """(stage, kind) -> seconds of ring attention's K/V hops not hidden behind the attention compute.
 
     A hop goes from each cp rank of the stage to the next at once, so it takes as long as the
-    ring's slowest pair (`group_collective_time` of send_recv); `pipesim.step_costs.exposed_seconds`
+    ring's slowest pair (`collective_seconds` of send_recv); `pipesim.step_costs.exposed_seconds`
     keeps what each hop's compute does not cover. {} with cp = 1 or without links.
     """
     if par.cp == 1 or not comm or not cp_exchanges:
@@ -167,7 +190,7 @@ def cp_exposed(sched: Schedule, hw: Any, comm: bool, par: ParallelDims, cp_excha
         pairs = [[ring[i], ring[(i + 1) % len(ring)]] for i in range(len(ring))]
 
         def hop(nbytes: int, pairs: list = pairs) -> float:
-            return max(group_collective_time(hw, "send_recv", pair, nbytes) for pair in pairs)
+            return max(collective_seconds(hw, "send_recv", pair, nbytes) for pair in pairs)
 
         seconds = exposed_seconds(exchanges, hop)
         if seconds:

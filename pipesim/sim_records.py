@@ -25,14 +25,16 @@ class CollectiveRecord:
     """A collective on a rank's collective stream (data-parallel / ZeRO, `pipesim.sim_step`)."""
 
     rank: int
-    kind: str  # "all_reduce", "reduce_scatter" or "all_gather"
+    kind: str  # "all_reduce", "reduce_scatter", "all_gather"; "send_recv": DualPipe's swap of replicas' gradients
     stage: int
     start: float  # seconds
     end: float  # seconds
     nbytes: int  # bytes per device buffer
     after: int = -1  # index of the compute action whose end released it
     prev: CollectiveRecord | None = None  # the collective before it on the same stream
-    phase: str = "grads"  # pipesim.step_costs.PHASES: "grads", "forward"/"backward" (ZeRO-3 prefetch), "params"
+    # pipesim.step_costs.PHASES: "grads", "forward"/"backward" (ZeRO-3 prefetch), "params"; or "replicas"
+    # (pipesim.sim_step: the replicated stages' gradients swapped before the optimizer)
+    phase: str = "grads"
 
 
 __all__ = ["CollectiveRecord", "no_gc"]

@@ -16,7 +16,7 @@ from pipesim.deps import message_slot
 from pipesim.ir import COMPUTE, RECVS, Schedule
 from pipesim.sim_links import Transfer
 from pipesim.sim_records import CollectiveRecord, no_gc
-from pipesim.sim_step import RankStepEnd
+from pipesim.sim_step import AFTER_PIPELINE, RankStepEnd
 from pipesim.timeline import Event, Timeline
 
 SCHEMA = "pipesim.simulate/1"
@@ -54,8 +54,8 @@ class SimResult:
     def build(engine: Any) -> SimResult:
         transfers = engine.transfers
         ends = [e[-1] for e in engine.ends if e]
-        ends += [t.end for t in transfers] + [c.end for c in engine.collectives if c.phase != "params"]
-        makespan = max(ends, default=0.0)  # the pipeline's span: the parameter all-gathers follow the optimizer
+        ends += [t.end for t in transfers] + [c.end for c in engine.collectives if c.phase not in AFTER_PIPELINE]
+        makespan = max(ends, default=0.0)  # the pipeline's span: replicas' swaps and parameter all-gathers follow it
         step_time = max([makespan] + [r.step_end for r in engine.step_ends])
         hw, par = engine.hw, engine.par
         info = {}
@@ -120,6 +120,11 @@ class SimResult:
             return 0.0
         get = self.cp_seconds.get
         return sum(get((a.stage, a.kind.value), 0.0) for a in self.schedule.programs[rank] if a.kind in COMPUTE)
+
+    @property
+    def virtual(self) -> int:
+        """Model chunks per rank (v): DualPipe's two chains of p stages hold p chunks, so v = 1."""
+        return self.schedule.model_stages // max(1, self.schedule.num_ranks)
 
     def peak_activation_bytes(self) -> list[int]:
         return [max(b for _, b in tl) for tl in self.memory_timeline]
@@ -187,7 +192,7 @@ class SimResult:
             if self.ends[r] and self.ends[r][-1] > best:
                 node, best = ("rank", r, len(self.ends[r]) - 1), self.ends[r][-1]
         for c in self.collectives:
-            if c.end > best and c.phase != "params":
+            if c.end > best and c.phase not in AFTER_PIPELINE:
                 node, best = ("coll", c), c.end
         # ZeRO-3: a compute that started late because it waited for its prefetched all-gather follows that gather
         gates = {(c.rank, c.end): c for c in self.collectives if c.phase in ("forward", "backward")}
@@ -255,7 +260,7 @@ class SimResult:
     def meta(self) -> dict:
         s = self.schedule
         return {"hardware": self.hardware, "p": s.num_ranks, "m": s.num_microbatches,
-                "v": s.num_stages // max(1, s.num_ranks), "dp": self.dp, "tp": self.tp,
+                "v": self.virtual, "dp": self.dp, "tp": self.tp,
                 "comm": "links" if self.comm else "none", "step_time": self.step_time,
                 **({"overlaps": s.overlap_labels()} if s.overlaps else {})}  # drawn as one bar each
 
@@ -276,8 +281,11 @@ class SimResult:
                 "busy": busy, "compute": busy - tp, "tp_collective": tp, "waiting_comm": self.waiting_comm(r),
                 "idle": self.makespan - busy, "bubble_fraction": self.rank_bubble(r),
                 "finish": self.ends[r][-1] if self.ends[r] else 0.0,
-                "dp_allreduce": sum(c.end - c.start for c in self.collectives if c.rank == r),
+                "dp_allreduce": sum(c.end - c.start for c in self.collectives if c.rank == r and c.phase != "replicas"),
             })
+            if s.chains > 1 and self.step_ends:
+                ranks[-1]["replica_exchange"] = sum(c.end - c.start for c in self.collectives
+                                                    if c.rank == r and c.phase == "replicas")
             if self.cp_seconds:
                 ranks[-1]["cp_exposed"] = self.cp_exposed(r)
             if self.step_ends:  # the step's end (only when the costs model the optimizer)
@@ -293,7 +301,7 @@ class SimResult:
         out = {
             "schema": SCHEMA,
             "schedule": {"name": s.name, "ranks": n, "stages": s.num_stages, "microbatches": s.num_microbatches,
-                         "virtual": s.num_stages // max(1, n), "split_backward": s.split_backward},
+                         "virtual": self.virtual, "split_backward": s.split_backward},
             "hardware": self.hardware,
             "comm": "links" if self.comm else "none",
             "parallel": {"pp": n, "dp": self.dp, "tp": self.tp, "devices": self.devices},

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from pipesim.chain_costs import on_chains
+from pipesim.comm_options import CommOptions
 from pipesim.errors import PipesimError
 from pipesim.hardware import Hardware
 from pipesim.ir import Schedule
@@ -22,6 +24,7 @@ from pipesim.parallel_dims import ParallelDims
 from pipesim.rank_memory import check_memory, rank_memory
 from pipesim.sim_result import SimResult
 from pipesim.simulator import check_devices, simulate
+from pipesim.user_model import UserModel, user_model_costs
 from pipesim.zb_auto_costs import AUTO_SCHEDULES, MemoryLimit, rebuild
 
 DEFAULT_HARDWARE = "dgx-h100"
@@ -53,6 +56,10 @@ class SimSetup:
     cp: int = 1  # context-parallel ranks (each holds seq / cp tokens)
     zero: int = 0  # ZeRO stage of the data-parallel state
     memory_limit: MemoryLimit | None = None  # zb-auto / zb-2p: per-rank activation limit (None: their default)
+    comm_options: CommOptions = CommOptions()  # scatter/gather, overlapped gradient buckets (pipesim.comm_options)
+    kernel_fusion: bool = True  # GPU kernel path: Megatron's fused elementwise kernels (False: eager PyTorch's)
+    tp_comm_overlap: bool = True  # GPU kernel path: backward TP collectives under the weight-gradient GEMM
+    user_model: UserModel | None = None  # --model MODULE:FACTORY, counted per layer (pipesim.user_model)
 
     @property
     def attention_kernel(self) -> str:
@@ -73,12 +80,13 @@ class SimSetup:
         model = self.model is not None and self.cost is None
         return {"recompute": self.recompute, "sequence_parallel": self.sp,
                 "attention": self.attention_kernel if model else None, "cp": self.cp, "zero": self.zero,
-                "nodes": self.hardware.num_nodes if self.hardware is not None else None}
+                "nodes": self.hardware.num_nodes if self.hardware is not None else None,
+                **(self.comm_options.report() if self.comm_options != CommOptions() else {})}  # set ones only
 
     def costs(self, schedule: Schedule) -> ParallelCosts:
         """The costs of `schedule` (cost mode or model mode); PipesimError if it does not fit."""
         check_devices(ParallelDims(pp=schedule.num_ranks, dp=self.dp, cp=self.cp, tp=self.tp), self.hardware)
-        n = schedule.num_stages
+        n = schedule.model_stages  # layer chunks; DualPipe's two chains run each twice (pipesim.chain_costs)
         if self.cost is not None:
             if self.dp > 1 or self.tp > 1 or self.cp > 1:
                 raise PipesimError("--dp/--tp/--cp need a model (--model), not --cost")
@@ -91,13 +99,19 @@ class SimSetup:
                 table = replace(costs.table, stages=tuple(replace(c, activation_bytes=self.activation_bytes)
                                                           for c in costs.table.stages))
                 costs = replace(costs, table=table)
-            return costs
+            return on_chains(costs, schedule)
+        if self.user_model is not None and self.hardware is not None:
+            split = list(self.layer_split) if self.layer_split else None
+            return on_chains(user_model_costs(self.user_model, n, self.hardware, dp=self.dp, layer_split=split),
+                             schedule)
         if self.model is None or self.hardware is None:
             raise PipesimError("give --cost F=<s>,B=<s>, or a --model with --hardware")
         split = list(self.layer_split) if self.layer_split else None
         costs = model_costs(self.model, n, schedule.num_microbatches, self.hardware, tp=self.tp, dp=self.dp,
                             layer_split=split, sp=self.sp, cp=self.cp, recompute=self.recompute,
-                            attention=self.attention_kernel, zero=self.zero)
+                            attention=self.attention_kernel, zero=self.zero, kernel_fusion=self.kernel_fusion,
+                            tp_comm_overlap=self.tp_comm_overlap)
+        costs = on_chains(costs, schedule)
         if self.check_memory:
             check_memory(schedule, costs, self.hardware)
         return costs
@@ -110,7 +124,7 @@ class SimSetup:
 
     def simulate(self, schedule: Schedule, costs: ParallelCosts) -> SimResult:
         return simulate(schedule, costs, self.hardware, comm=self.comm and self.hardware is not None,
-                        dp=self.dp, tp=self.tp)
+                        dp=self.dp, tp=self.tp, comm_options=self.comm_options)
 
     def run(self, schedule: Schedule) -> SimResult:
         costs = self.costs(schedule)

@@ -14,7 +14,16 @@ one before it has ended), beside its compute stream, so collectives overlap the 
   the reduced gradients), the optimizer step of all its stages runs on the compute stream, then
   the "params" all-gathers (ZeRO 1/2) on the collective stream. The step ends when the last rank's
   optimizer and all-gathers are done (`step_time`); the pipeline's span stays `makespan`.
+- Replicas (a schedule with chains, DualPipe): before the optimizer, each pair of ranks holding the two
+  copies of model stages swaps those stages' gradients (executor.replicas: one message each way at once,
+  a "send_recv" timed as one transfer over the pair's link), from when both ranks are ready as above and
+  both streams are free; ZeRO 1-3 swap the 1/dp shard left after their reduce_scatter. Phase "replicas".
 Without `ParallelCosts.step` only today's DDP all_reduce of `dp_grad_bytes` runs, and no optimizer.
+With `CommOptions.overlap_grad_reduce` (Megatron's --overlap-grad-reduce) a gradient collective is cut
+into buckets of `bucket_params` parameters in reverse layer order; bucket k becomes ready while the
+backward that produces it runs, at start + duration x (cumulative fraction of the stage's parameters),
+and the stream reduces the buckets in order; what runs past the backward's end is the exposed tail.
+Every collective is timed by `pipesim.collective_algos.collective_seconds` (NCCL's algorithms on GPUs).
 """
 
 from __future__ import annotations
@@ -22,12 +31,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from pipesim.comm_costs import group_collective_time
+from pipesim.collective_algos import collective_seconds
+from pipesim.comm_options import CommOptions, bucket_fractions
 from pipesim.ir import BACKWARD_FIRST, Kind, Schedule
+from pipesim.model.memory import PRECISIONS
 from pipesim.parallel_dims import ParallelDims
 from pipesim.sim_program import ComputeOp, Op
 from pipesim.sim_records import CollectiveRecord
 from pipesim.step_costs import StepCosts
+
+AFTER_PIPELINE = ("replicas", "params")  # phases of step-end collectives: after the pipeline's span (makespan)
 
 
 class GateOp(NamedTuple):
@@ -60,8 +73,9 @@ class RankStepEnd:
 class CollectiveStreams:
     """Every rank's collective stream and the step's end (the kernel calls `grads_done` and `finish`)."""
 
-    def __init__(self, sched: Schedule, hw: Any, comm: bool, par: ParallelDims, costs: Any):
-        self.sched, self.hw, self.par = sched, hw, par
+    def __init__(self, sched: Schedule, hw: Any, comm: bool, par: ParallelDims, costs: Any,
+                 options: CommOptions | None = None):
+        self.sched, self.hw, self.par, self.comm = sched, hw, par, comm
         self.on = comm and par.dp > 1  # collectives take time (else none are recorded, as today)
         self.step: StepCosts | None = getattr(costs, "step", None)
         self.dp_bytes = list(getattr(costs, "dp_grad_bytes", None) or [])
@@ -70,10 +84,18 @@ class CollectiveStreams:
         self.last: list[CollectiveRecord | None] = [None] * n  # the tail of each rank's stream
         self.gate_wait = [0.0] * n  # seconds
         self.groups = [par.group("dp", par.rank(pp=r)) for r in range(n)] if self.on else []
+        opts = options or CommOptions()
+        self.bucket = opts.bucket_params(par.dp) if opts.overlap_grad_reduce else 0  # parameters; 0: no buckets
+        counts = tuple(getattr(costs, "param_counts", None) or ())
+        dtype = getattr(costs, "dtype_bytes", 0) or 0
+        if not counts and dtype:  # no exact counts: from the gradient bytes
+            counts = tuple(b // dtype for b in self.dp_bytes)
+        self.params = counts  # parameters of each stage on one tp rank (what the buckets divide)
+        self.grad_bytes = PRECISIONS[getattr(costs, "precision", "fp32")].grad_bytes  # bytes per gradient value
 
     def _issue(self, rank: int, kind: str, stage: int, nbytes: int, now: float, after: int,
                phase: str) -> CollectiveRecord:
-        seconds = group_collective_time(self.hw, kind, self.groups[rank], nbytes)
+        seconds = collective_seconds(self.hw, kind, self.groups[rank], nbytes)
         prev = self.last[rank]
         start = now if prev is None or prev.end <= now else prev.end
         rec = CollectiveRecord(rank, kind, stage, start, start + seconds, nbytes, after, prev, phase)
@@ -97,29 +119,48 @@ class CollectiveStreams:
                 rec = self._issue(rank, c.kind, stage, c.nbytes, 0.0, -1, c.phase)
                 ops[rank][i] = GateOp(rec.end, ops[rank][i])
 
-    def grads_done(self, rank: int, stage: int, index: int, now: float) -> None:
-        """The stage's last weight-gradient piece (ZeRO 2: each) ended at `now` (action `index`): reduce
-        its gradients."""
+    def grads_done(self, rank: int, stage: int, index: int, now: float, start: float | None = None) -> None:
+        """The stage's last weight-gradient piece (ZeRO 2: each), action `index` run from `start` to `now`,
+        ended: reduce its gradients (in buckets during it with overlap_grad_reduce)."""
         if not self.on:
             return
         if self.step is None:  # today's step: DDP all_reduce of dp_grad_bytes
             if self.dp_bytes:
-                self._issue(rank, "all_reduce", stage, self.dp_bytes[stage], now, index, "grads")
+                self._reduce(rank, "all_reduce", stage, self.dp_bytes[stage], start, now, index, "grads")
             return
         for c in self.step.collectives[stage]:
             if c.phase in ("grads", "microbatch"):  # ZeRO 2's "microbatch" ones: after every weight gradient
-                self._issue(rank, c.kind, stage, c.nbytes, now, index, c.phase)
+                self._reduce(rank, c.kind, stage, c.nbytes, start, now, index, c.phase)
+
+    def _reduce(self, rank: int, kind: str, stage: int, nbytes: int, start: float | None, end: float, index: int,
+                phase: str) -> None:
+        """One gradient collective of a backward run from `start` to `end`: whole at `end`, or bucket by bucket
+        as the backward passes them (bucket k of fraction f_k ready at start + (end - start) f_k; the last at
+        `end` exactly)."""
+        if not self.bucket or start is None or stage >= len(self.params):
+            self._issue(rank, kind, stage, nbytes, end, index, phase)
+            return
+        fractions = bucket_fractions(self.params[stage], self.bucket)
+        sent = 0  # bytes of the buckets before
+        for f in fractions[:-1]:
+            upto = round(nbytes * f)
+            self._issue(rank, kind, stage, upto - sent, start + (end - start) * f, index, phase)
+            sent = upto
+        self._issue(rank, kind, stage, nbytes - sent, end, index, phase)
 
     def finish(self, ends: list[list[float]]) -> list[RankStepEnd]:
-        """After the pipeline: each rank's optimizer (after its program and its gradient collectives), then
-        its parameter all-gathers. [] without step costs."""
+        """After the pipeline: each rank's replicas' gradient swap (chains), its optimizer (after its program and
+        its gradient collectives), then its parameter all-gathers. [] without step costs."""
         if self.step is None:
             return []
+        n = self.sched.num_ranks
+        finish = [ends[r][-1] if ends[r] else 0.0 for r in range(n)]
+        ready = [max([finish[r], *(c.end for c in self.records if c.rank == r and c.phase in ("grads", "microbatch"))])
+                 for r in range(n)]
+        starts = self._swap_replicas(ready)
         out = []
-        for rank in range(self.sched.num_ranks):
-            finish = ends[rank][-1] if ends[rank] else 0.0
-            reductions = [c.end for c in self.records if c.rank == rank and c.phase in ("grads", "microbatch")]
-            start = max([finish, *reductions])
+        for rank in range(n):
+            start = starts[rank]
             stages = self.sched.stages_of(rank)
             end = start
             for s in stages:
@@ -130,8 +171,48 @@ class CollectiveStreams:
                     for c in self.step.collectives[s]:
                         if c.phase == "params":
                             step_end = self._issue(rank, c.kind, s, c.nbytes, end, -1, "params").end
-            out.append(RankStepEnd(finish, start, end, step_end, self.gate_wait[rank]))
+            out.append(RankStepEnd(finish[rank], start, end, step_end, self.gate_wait[rank]))
         return out
+
+    def replica_pairs(self) -> dict[tuple[int, int], list[int]]:
+        """(rank a, rank b), a < b -> a's stages whose other copy is on b, by model stage (b lists the same model
+        stages); {} for one chain. Copies on one rank are summed in place: no pair."""
+        pairs: dict[tuple[int, int], list[int]] = {}
+        sched = self.sched
+        if sched.chains == 1:
+            return pairs
+        for a in range(sched.num_ranks):
+            for s in sorted(sched.stages_of(a), key=sched.model_stage):
+                for other in sched.replicas(s):
+                    b = sched.rank_of(other)
+                    if b > a:
+                        pairs.setdefault((a, b), []).append(s)
+        return pairs
+
+    def _swap_replicas(self, ready: list[float]) -> list[float]:
+        """Each rank's optimizer start: `ready`, or the end of its swaps of replicated gradients (both ways at
+        once, one message per pair, in pair order) when the pipeline has chains and links take time."""
+        if not self.comm or self.sched.chains == 1:
+            return ready
+        starts = list(ready)
+        dp, zero = self.par.dp, self.step.zero
+        for (a, b), stages in sorted(self.replica_pairs().items()):
+            # bytes: each copy's gradients; after ZeRO's reduce_scatter, a rank's ceil(P / dp) shard of each stage
+            params = [self.params[s] if s < len(self.params) else 0 for s in stages]  # per tp rank
+            nbytes = sum(-(-n // dp) if zero else n for n in params) * self.grad_bytes
+            if not nbytes:
+                continue
+            tails = [c.end for c in (self.last[a], self.last[b]) if c is not None]
+            begin = max([starts[a], starts[b], *tails])
+            seconds = collective_seconds(self.hw, "send_recv", [self.par.rank(pp=a), self.par.rank(pp=b)], nbytes)
+            theirs = next(o for o in self.sched.replicas(stages[0]) if self.sched.rank_of(o) == b)
+            for rank, first in ((a, stages[0]), (b, theirs)):
+                rec = CollectiveRecord(rank, "send_recv", first, begin, begin + seconds, nbytes, -1, self.last[rank],
+                                       "replicas")
+                self.last[rank] = rec
+                self.records.append(rec)
+                starts[rank] = begin + seconds
+        return starts
 
 
 __all__ = ["CollectiveStreams", "GateOp", "RankStepEnd"]

@@ -22,6 +22,7 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
+from pipesim.comm_options import CommOptions
 from pipesim.costs import CostTable
 from pipesim.errors import PipesimError
 from pipesim.host.sharing import HostSharing
@@ -49,14 +50,16 @@ def check_devices(par: ParallelDims, hw: Any) -> None:
 
 
 def simulate(schedule: Schedule, costs: Any, hw: Any = None, *, comm: bool = True, dp: int | None = None,
-             tp: int | None = None, clock: type[Clock] = HeapClock) -> SimResult:
+             tp: int | None = None, clock: type[Clock] = HeapClock,
+             comm_options: CommOptions | None = None) -> SimResult:
     """Simulate one training step of `schedule`.
 
     `costs` is a CostTable or a `pipesim.model_costs.ParallelCosts` (its tp/dp collectives are then
     modeled). `hw` (a `pipesim.hardware.Hardware`) places ranks on devices and times the links;
     with `comm=False` (or no hardware) transfers take zero time and the makespan equals the task
     graph's critical path exactly. `clock` is HeapClock (fast) or SimpyClock (SimPy's own queue, the
-    reference: both give the same result bit for bit).
+    reference: both give the same result bit for bit). `comm_options` (pipesim.comm_options): Megatron's
+    scatter/gather of pipeline messages, bucketed gradient reduction overlapped with backward; None: neither.
     """
     table: CostTable = costs if isinstance(costs, CostTable) else costs.table
     par = ParallelDims(pp=schedule.num_ranks, dp=dp or getattr(costs, "dp", 1) or 1,
@@ -73,7 +76,12 @@ def simulate(schedule: Schedule, costs: Any, hw: Any = None, *, comm: bool = Tru
     compute = TableCompute(table, host.split_costs if host is not None else None)
     p2p = GlooP2P(host.send_overhead, host.late_recv_delay) if host is not None and comm else PlainP2P()
     with no_gc():  # ~1M live objects at p=64, m=1024: the cyclic GC would rescan them again and again
-        return _Kernel(add_p2p(schedule), compute, costs, hw, comm, par, p2p, clock).run()
+        return _Kernel(add_p2p(schedule), compute, costs, hw, comm, par, p2p, clock, comm_options).run()
+
+
+def _sequence_parallel(costs: Any) -> bool:
+    """True when the costs' boundary is already split over tp (sequence parallelism): nothing to scatter."""
+    return bool(getattr(getattr(costs, "options", None), "sp", False))
 
 
 def host_model(clock: Clock, hw: Any, devices: list[int]) -> HostSharing | HostTimeSlices | None:
@@ -93,7 +101,7 @@ class _Kernel:
     """One simulation run: the compiled programs, the clock, and each rank's progress through its program."""
 
     def __init__(self, sched: Schedule, compute: TableCompute, costs: Any, hw: Any, comm: bool, par: ParallelDims,
-                 p2p: PlainP2P | GlooP2P, clock: type[Clock]):
+                 p2p: PlainP2P | GlooP2P, clock: type[Clock], comm_options: CommOptions | None = None):
         self.sched, self.table, self.hw, self.comm, self.par, self.p2p = sched, compute.table, hw, comm, par, p2p
         self.clock = clock()
         self.links = LinkPool()
@@ -102,7 +110,8 @@ class _Kernel:
         self.ends = [[0.0] * len(p) for p in sched.programs]  # seconds, per action
         self.tp_time = [[0.0] * len(p) for p in sched.programs]  # seconds of TP collectives inside
         self.memory: list[list[tuple[float, int]]] = [[(0.0, 0)] for _ in range(n)]  # (seconds, bytes)
-        self.streams = CollectiveStreams(sched, hw, comm, par, costs)  # DP/ZeRO collectives, the optimizer
+        opts = comm_options or CommOptions()
+        self.streams = CollectiveStreams(sched, hw, comm, par, costs, opts)  # DP/ZeRO collectives, the optimizer
         self.collectives = self.streams.records
         self._dp_allreduce = self.streams.grads_done  # after a stage's last weight-gradient piece
         self.step_ends: list = []  # per rank (pipesim.sim_step.RankStepEnd); [] without step costs
@@ -111,7 +120,8 @@ class _Kernel:
         self.transfers: list[Transfer] = []  # in posting order
         self.cp_seconds = cp_exposed(sched, hw, comm, par, getattr(costs, "cp_exchanges", None) or {})
         self.ops = compile_programs(sched, compute, hw, comm, par, getattr(costs, "tp_collectives", None) or {},
-                                    self.cp_seconds, per_microbatch_stages(getattr(costs, "step", None)))
+                                    self.cp_seconds, per_microbatch_stages(getattr(costs, "step", None)),
+                                    scatter=opts.scatter_gather and par.tp > 1 and not _sequence_parallel(costs))
         self.streams.prefetch(self.ops)  # ZeRO 3: all-gathers from the step's start, first F / B gated
         self.host = host_model(self.clock, hw, [par.rank(pp=r) for r in range(n)])
 
@@ -180,7 +190,7 @@ class _Kernel:
                 held += count
                 peak = max(peak, held)
             if grad_stage >= 0:
-                self._dp_allreduce(rank, grad_stage, i, now)
+                self._dp_allreduce(rank, grad_stage, i, now, starts[i])
             i += 1
         n = len(ops)
         post, recv_done, host = self.p2p.send_hold, self.p2p.recv_done, self.host
@@ -214,7 +224,7 @@ class _Kernel:
                     if held > peak:
                         peak = held
                 if grad_stage >= 0:
-                    self._dp_allreduce(rank, grad_stage, i, now)
+                    self._dp_allreduce(rank, grad_stage, i, now, starts[i])
                 i += 1
                 if d and peek() <= now:  # another event comes first: sleep until `now`
                     clock.at(now, self.wakers[rank])
@@ -247,6 +257,8 @@ class _Kernel:
                     slots[rid] = rank
                     break
                 arrive = recv_done(now, slot.post, slot.end)
+                if op.gather:  # scatter/gather: the receiving tp group all-gathers the parts once they are in
+                    arrive = (arrive if arrive > now else now) + op.gather
                 if arrive > now:  # bytes still moving
                     self.blocked[rank] = True
                     wake(rank, arrive)
@@ -269,6 +281,7 @@ class _Kernel:
         waiter = self.slots[rid]
         self.slots[rid] = tr
         self.transfers.append(tr)
-        if waiter is not None:  # the receiver is already blocked on this message
-            self._wake(waiter, tr.end)
+        if waiter is not None:  # the receiver is already blocked on this message (then all-gathers it)
+            gather = self.ops[waiter][self.pos[waiter]].gather
+            self._wake(waiter, tr.end + gather if gather else tr.end)
         self.ends[rank][i] = now

@@ -4,21 +4,26 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import re
 import shlex
 import sys
+import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from pipesim.cli import main as pipesim_main
 from pipesim.errors import PipesimError
+from pipesim.hardware_toml import load_hardware
 
 ROOT = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("bench_published", ROOT / "bench" / "bench_published.py")
 bp = importlib.util.module_from_spec(_spec)
 sys.modules[_spec.name] = bp  # dataclasses look their module up there
 _spec.loader.exec_module(bp)
+pr = bp.report  # bench/published_report.py, loaded by bench_published
 
 DATA = bp.load()
 LAYER = ("pipesim simulate 1f1b --model gpt --hidden 6144 --layers 1 --heads 64 --seq 2048 --vocab 51200 --batch 4 "
@@ -46,10 +51,11 @@ def test_nar21_metric_reads_the_command_flags():
     _, args = bp.parse_command(DATA_ROW("nar21-39.1b").command)
     assert (args.batch, args.seq, args.layers, args.hidden, args.vocab, bp.gpus(args)) == (1536, 2048, 48, 8192,
                                                                                           51200, 512)
-    unit, convert = bp.METRICS["tflops_per_gpu_nar21"]
+    metric = bp.METRICS["tflops_per_gpu_nar21"]
     flops = 96 * 1536 * 2048 * 48 * 8192**2 * (1 + 2048 / (6 * 8192) + 51200 / (16 * 48 * 8192))
-    assert unit == "TFLOP/s per GPU"
-    assert convert({"step_time": 10.0, "makespan": 9.0}, args) == pytest.approx(flops / (10.0 * 512) / 1e12, rel=1e-15)
+    assert (metric.unit, metric.faster_is_higher) == ("TFLOP/s per GPU", True)
+    assert metric.convert({"step_time": 10.0, "makespan": 9.0}, args) == pytest.approx(flops / (10.0 * 512) / 1e12,
+                                                                                      rel=1e-15)
 
 
 def test_layer_times_from_the_middle_stage():
@@ -59,8 +65,8 @@ def test_layer_times_from_the_middle_stage():
                              {"name": "0SEND_F0", "kind": "transfer", "start": 0.001, "end": 0.002},
                              {"name": "1F0", "kind": "compute", "start": 0.002, "end": 0.0095},
                              {"name": "1B0", "kind": "compute", "start": 0.02, "end": 0.0325}]}
-    assert bp.METRICS["layer_forward_ms"][1](sim, args) == pytest.approx(7.5, rel=1e-12)
-    assert bp.METRICS["layer_backward_ms"][1](sim, args) == pytest.approx(12.5, rel=1e-12)
+    assert bp.METRICS["layer_forward_ms"].convert(sim, args) == pytest.approx(7.5, rel=1e-12)
+    assert bp.METRICS["layer_backward_ms"].convert(sim, args) == pytest.approx(12.5, rel=1e-12)
     _, two = bp.parse_command(LAYER.replace("--layers 1", "--layers 2").replace("0,1,0", "0,2,0"))
     with pytest.raises(ValueError, match="one stage of one layer"):
         bp.layer_stage(two)
@@ -71,50 +77,57 @@ def DATA_ROW(row_id: str):
 
 
 def _result(row_id, source, published, predicted, metric="seconds_per_iteration", table="T"):
-    row = bp.Row(id=row_id, source=source, table=table, configuration=row_id, metric=metric,
-                 command="pipesim simulate 1f1b", published=published)
-    return bp.Result(row, predicted, "f")
+    m = bp.METRICS[metric]
+    row = pr.Row(id=row_id, source=source, table=table, configuration=row_id, metric=metric,
+                 command="pipesim simulate 1f1b", published=published, unit=m.unit, faster_is_higher=m.faster_is_higher)
+    return pr.Result(row, predicted, "f")
 
 
 def test_table_summary_effects_and_trend_on_a_small_row_set():
     results = [_result("a", "S", 2.0, 2.5), _result("b", "S", 4.0, 3.0), _result("c", "S", 10.0, 10.5),
                _result("d", "S", None, 2.0)]
     assert [round(r.error, 12) if r.error is not None else None for r in results] == [0.25, -0.25, 0.05, None]
-    assert bp.source_table(results[:2]) == [
+    assert pr.source_table(results[:2]) == [
         "| table | configuration | published | predicted | error | features used |",
         "|---|---|---:|---:|---:|---|",
         "| T | a | 2 s per iteration | 2.5 s per iteration | +25.0 % | f |",
         "| T | b | 4 s per iteration | 3 s per iteration | -25.0 % | f |"]
-    n, med, worst = bp.summary(results)
+    n, med, worst = pr.summary(results)
     assert (n, med, worst) == (3, pytest.approx(0.25), pytest.approx(0.25))
     by_id = {r.row.id: r for r in results}
-    lines = bp.effect_lines([{"name": "e", "pairs": [["b", "a"], ["a", "d"]]}], by_id)
+    lines = pr.effect_lines([{"name": "e", "pairs": [["b", "a"], ["a", "d"]]}], by_id)
     assert lines[2:] == ["| e | b / a | 2.000 | 1.200 |", "| e | a / d | not in published.md | 1.250 |"]
     by_id["e"] = _result("e", "S", 5.0, 1.0)  # published up from a, predicted down
-    trend = bp.trend_lines([{"name": "t", "rows": ["a", "b", "c"]}, {"name": "u", "rows": ["a", "e", "c"]}], by_id)
+    trend = pr.trend_lines([{"name": "t", "rows": ["a", "b", "c"]}, {"name": "u", "rows": ["a", "e", "c"]}], by_id)
     assert trend == ["- t: last / first 5.000 published, 4.200 predicted; 2 of 2 steps from one row to the next go "
                      "the same way (published range 2-10, predicted 2.5-10.5).",
                      "- u: last / first 5.000 published, 4.200 predicted; 1 of 2 steps from one row to the next go "
                      "the same way (published range 2-10, predicted 1-10.5)."]
     data = {"sources": {"S": {"citation": "Someone 2020"}}, "effects": [], "trends": [], "mechanisms": []}
-    doc = bp.render(data, results, ["# H"])
-    assert "3 of 3 published rows simulated: median |error| 25.0 %, max |error| 25.0 %." in doc
+    doc = pr.render(data, results, ["# H"])
+    assert ("Rows of shared/reference/published.md (S): 3 of 3 simulated, median |error| 25.0 %, max |error| 25.0 %."
+            in doc)
     assert "**not met**" in doc and "S: 3 rows, median |error| 5.0 %" not in doc
-    assert "S: 3 rows, median |error| 25.0 %, max |error| 25.0 %." in doc
-    failed = bp.Result(results[0].row, None, "f", failure="pipesim: error: x")
-    assert "Rows whose command failed: `a` (pipesim: error: x)." in bp.render(data, [failed], ["# H"])
+    assert "S: 3 rows, median |error| 25.0 %, max |error| 25.0 %; signed (speed, + = optimistic) mean" in doc
+    failed = pr.Result(results[0].row, None, "f", failure="pipesim: error: x")
+    assert "Rows whose command failed: `a` (pipesim: error: x)." in pr.render(data, [failed], ["# H"])
 
 
 def test_every_row_parses_and_is_consistent():
     rows = DATA["rows"]
-    assert {r.source for r in rows} == {"NAR21", "KOR22"}
-    assert sum(r.published is not None for r in rows) == 10 + 8 + 6  # NAR21 T1, KOR22 T5 (2 columns), T4 (3 x 2)
+    assert {r.source for r in rows} == {"NAR21", "KOR22", "LLAMA3"}
+    in_ref = {k for k, s in DATA["sources"].items() if s["in_published_md"]}
+    assert in_ref == {"NAR21", "KOR22"}  # the goal's rows: those of shared/reference/published.md
+    # NAR21 T1, KOR22 T5 (2 columns), T4 (3 x 2); Llama 3 Table 4's two 8K rows
+    assert sum(r.published is not None and r.source in in_ref for r in rows) == 10 + 8 + 6
+    assert [(r.id, r.published) for r in rows if r.source == "LLAMA3"] == [("llama3-405b-8k-8192gpus", 430),
+                                                                             ("llama3-405b-8k-16384gpus", 400)]
     examples = (ROOT / "docs" / "published_examples.md").read_text()
     for r in rows:
         argv, args = bp.parse_command(r.command)
-        assert argv[0] == "simulate" and args.hardware == "dgx-a100"
-        assert bp.gpus(args) == 8 * args.nodes, r.id  # 8 A100s per node
-        if r.table in ("Table 1", "Table 5") and r.published is not None:
+        assert argv[0] == "simulate" and args.hardware == ("dgx-h100" if r.source == "LLAMA3" else "dgx-a100")
+        assert bp.gpus(args) == 8 * args.nodes, r.id  # 8 GPUs per node
+        if r.table in ("Table 1", "Table 5") and r.published is not None or r.source == "LLAMA3":
             assert re.search(re.escape(r.command) + r"\s+# fits", examples), r.id  # the same line as the docs
 
 
@@ -125,7 +138,8 @@ def test_a_command_that_is_not_simulate_is_refused():
 
 def test_a_row_runs_as_typed(tmp_path):
     row = DATA_ROW("kor22-22b-selective-sp")
-    result = bp.simulate(row)
+    argv, args = bp.parse_command(row.command)
+    result = bp.result(row, bp.run_argv(argv), args)
     out = tmp_path / "sim.json"
     assert pipesim_main(shlex.split(row.command)[1:] + ["--json", str(out)]) == 0
     assert result.predicted == json.loads(out.read_text())["step_time"]  # the simulator's figure, unchanged
@@ -161,12 +175,201 @@ name = "bwd / fwd"
 pairs = [["bwd", "fwd"]]
 """)
     out = tmp_path / "p.md"
-    assert bp.main(["--rows", str(rows), "--out", str(out)]) == 0
+    assert bp.main(["--rows", str(rows), "--out", str(out), "--jobs", "1"]) == 0
     doc = out.read_text()
     assert doc.startswith("# Published results: predicted vs measured\n\nGenerated by `pipesim bench published` on ")
-    assert "2 of 2 published rows simulated" in doc
+    assert "Rows of shared/reference/published.md (KOR22): 2 of 2 simulated" in doc
     assert "| bwd / fwd | layer backward / layer forward | 1.545 |" in doc
     with pytest.raises(PipesimError, match="--only: unknown source NAR21"):
         bp.main(["--rows", str(rows), "--out", str(out), "--only", "NAR21"])
     with pytest.raises(PipesimError, match="missing.toml"):
         bp.main(["--rows", str(tmp_path / "missing.toml"), "--out", str(out)])
+
+
+def test_signed_speed_statistics_exactly():
+    # a throughput 1.25x the published, a time 0.8x (speed 1.25x), a time 1.25x (speed 0.8x)
+    results = [_result("a", "S", 100.0, 125.0, metric="tflops_per_gpu_nar21"), _result("b", "S", 2.0, 1.6),
+               _result("c", "S", 4.0, 5.0), _result("d", "S", None, 1.0)]
+    assert [r.speed_ratio for r in results[:3]] == [pytest.approx(1.25), pytest.approx(1.25), pytest.approx(0.8)]
+    s = pr.stats(results)
+    assert s.rows == 3
+    assert (s.median_abs, s.max_abs) == (pytest.approx(0.25), pytest.approx(0.25))  # |errors| 0.25, 0.2, 0.25
+    assert s.signed_mean == pytest.approx((0.25 + 0.25 - 0.2) / 3, rel=1e-12)
+    assert s.signed_median == pytest.approx(0.25, rel=1e-12)
+    assert s.speed_factor == pytest.approx(1.25 ** (1 / 3), rel=1e-12)  # (1.25 x 1.25 x 0.8)^(1/3)
+    assert pr.stats_line("S", s) == ("S: 3 rows, median |error| 25.0 %, max |error| 25.0 %; signed (speed, + = "
+                                     "optimistic) mean +10.0 %, median +25.0 %; speed factor 1.077.")
+
+
+def test_breakdown_table_arithmetic():
+    base = [_result("a", "S", 100.0, 125.0, metric="tflops_per_gpu_nar21"), _result("b", "S", 2.0, 1.6)]
+    off = [_result("a", "S", 100.0, 90.0, metric="tflops_per_gpu_nar21"), _result("b", "S", 2.0, 2.5)]
+    failed = [base[0], pr.Result(base[1].row, None, "f", failure="x")]
+    lines = pr.breakdown_table(base, [pr.Switched("1. m", "off: x", off), pr.Switched("2. n", "on: y", failed)])
+    # as run: |errors| 0.25, 0.2; speed ratios 1.25, 1.25. Switched: |errors| 0.1, 0.25; speed 0.9, 0.8
+    assert lines[2] == ("| 1. m | off: x | 2 | 22.5 % -> 17.5 % | 25.0 % -> 25.0 % | +25.0 % -> -15.0 % | "
+                        f"1.250 -> {(0.9 * 0.8) ** 0.5:.3f} |")
+    assert lines[3] == "| 2. n | on: y | 1 (1 failed) | 22.5 % -> 25.0 % | 25.0 % -> 25.0 % | +25.0 % -> +25.0 % | " \
+                       "1.250 -> 1.250 |"
+
+
+def test_without_optimizer_takes_the_latest_rank_less_its_optimizer():
+    sim = {"step_time": 10.0, "makespan": 8.0, "ranks": [{"step_end": 10.0, "optimizer": 1.0},
+                                                          {"step_end": 9.5, "optimizer": 0.2}]}
+    assert bp.without_optimizer(sim)["step_time"] == pytest.approx(9.3)
+    assert bp.without_optimizer({"step_time": 3.0, "makespan": 2.0})["step_time"] == 3.0  # no per-rank optimizer
+
+
+def test_palm_flops_and_the_llama3_405b_count():
+    assert bp.palm_flops_per_token(10, 2, 3, 4, 5) == 6 * 10 + 12 * 2 * 3 * 4 * 5
+    _, args = bp.parse_command(DATA_ROW("llama3-405b-8k-16384gpus").command)
+    h, f, hkv, layers, vocab = 16384, 53248, 8 * 128, 126, 128256  # the llama3-405b config
+    n = layers * (h * (h + 2 * hkv) + h * h + 3 * h * f + 2 * h) + h + h * vocab  # no embedding table; RMSNorms
+    expected = (6 * n + 12 * layers * 128 * 128 * 8192) * 2048 * 8192
+    assert bp.palm_flops_per_iteration(args) == pytest.approx(expected, rel=1e-15)
+
+
+def test_switched_argv(tmp_path):
+    sw = bp.Switch("m", "l", add_flags=("--no-async-tensor-model-parallel-allreduce",),
+                   drop_flags=("--scatter-gather",), skip_when=(("--tp", "1"),))
+    cmd = LAYER + " --scatter-gather"
+    blocking = ["--no-async-tensor-model-parallel-allreduce"]
+    assert bp.switched_argv(cmd, sw, tmp_path) == shlex.split(LAYER)[1:] + blocking  # dropped, added
+    assert bp.switched_argv(cmd.replace("--tp 8", "--tp 1"), sw, tmp_path) is None  # skip_when
+    already = bp.Switch("m", "l", drop_flags=("--sequence-parallel",))
+    assert bp.switched_argv(LAYER, already, tmp_path) is None  # nothing to drop: the same run
+    assert bp.switched_argv(LAYER, bp.Switch("m", "l", without_optimizer=True), tmp_path) is None
+    hw = bp.Switch("m", "l", hardware=(("device.family", ""), ("scale_out.name", "plain")))
+    argv = bp.switched_argv(LAYER, hw, tmp_path)
+    path = argv[argv.index("--hardware") + 1]
+    expected = shlex.split(LAYER)[1:]
+    expected[expected.index("--hardware") + 1] = path  # only the hardware changes, to a file in tmp_path
+    assert argv == expected and Path(path).parent == tmp_path
+    variant, preset = load_hardware(path), load_hardware("dgx-a100")
+    assert (variant.device.family, variant.scale_out.name) == ("", "plain")
+    assert variant == replace(preset, device=replace(preset.device, family=""),
+                              scale_out=replace(preset.scale_out, name="plain"))
+    with pytest.raises(ValueError, match="no field 'device.famly'"):
+        bp.hardware_variant("dgx-a100", (("device.famly", ""),), tmp_path)
+
+
+def test_skip_when_rules_of_the_rows_file_hold():
+    """A row a switch skips keeps its result: the switched command must give the same run on such a row."""
+    small = {("--tp", "1"): LAYER.replace("--tp 8", "--tp 1"), ("--dp", "1"): LAYER,
+             ("--sequence-parallel",): LAYER + " --sequence-parallel --recompute selective"}
+    checked = 0
+    for sw in DATA["switches"]:
+        for seq in sw.skip_when:
+            cmd = small[seq] + " --scatter-gather"
+            assert bp._contains(shlex.split(cmd), seq) and bp.switched_argv(cmd, sw, Path("/nonexistent")) is None
+            forced = bp.switched_argv(cmd, replace(sw, skip_when=()), Path("/nonexistent"))
+            assert forced is not None and forced != shlex.split(cmd)[1:], (sw.label, seq)
+            base, switched = bp.run_argv(shlex.split(cmd)[1:]), bp.run_argv(forced)
+            assert isinstance(base, dict) and switched == base, (sw.label, seq)
+            checked += 1
+    assert checked == 4  # TP part: tp 1; DP part: dp 1; scatter/gather: SP, tp 1
+
+
+def test_breakdown_through_main_on_a_tiny_rows_file(tmp_path):
+    sp = LAYER + " --recompute selective --sequence-parallel"
+    rows = tmp_path / "rows.toml"
+    rows.write_text(f"""
+[sources.KOR22]
+citation = "K"
+in_published_md = true
+
+[sources.OTHER]
+citation = "O"
+in_published_md = false
+
+[[rows]]
+id = "fwd"
+source = "KOR22"
+table = "Table 4"
+configuration = "layer forward"
+metric = "layer_forward_ms"
+published = 7.7
+command = "{LAYER}"
+
+[[rows]]
+id = "bwd"
+source = "KOR22"
+table = "Table 4"
+configuration = "layer backward"
+metric = "layer_backward_ms"
+published = 11.9
+command = "{LAYER}"
+
+[[rows]]
+id = "sp-bwd"
+source = "OTHER"
+table = "T"
+configuration = "layer backward, selective + SP"
+metric = "layer_backward_ms"
+published = 13.1
+command = "{sp}"
+
+[[mechanisms]]
+short = "1. k"
+name = "kernels"
+state = "in"
+
+[[mechanisms.switch]]
+label = "off: no family"
+hardware = {{ "device.family" = "" }}
+
+[[mechanisms]]
+short = "2. t"
+name = "tp overlap"
+state = "in"
+
+[[mechanisms.switch]]
+label = "off: blocking"
+add_flags = ["--no-async-tensor-model-parallel-allreduce"]
+skip_when = ["--sequence-parallel"]
+
+[[mechanisms]]
+short = "4. o"
+name = "optimizer"
+state = "in"
+
+[[mechanisms.switch]]
+label = "off: less the optimizer"
+without_optimizer = true
+""")
+    out = tmp_path / "p.md"
+    assert bp.main(["--rows", str(rows), "--out", str(out), "--jobs", "1"]) == 0
+    doc = out.read_text()
+
+    def ms(command: str, stage_kind: str, extra: list[str] | None = None) -> float:
+        sim = bp.run_argv(shlex.split(command)[1:] + (extra or []))
+        return bp.action_ms(sim, 1, stage_kind)
+
+    def line(label: str, pairs_on: list[tuple[float, float]], pairs_off: list[tuple[float, float]]) -> str:
+        def figures(pairs):  # (published, predicted) of times: |error|s and speed ratios
+            errs = sorted(abs(p / q - 1) for q, p in pairs)
+            speed = [q / p for q, p in pairs]
+            med = errs[len(errs) // 2] if len(errs) % 2 else (errs[0] + errs[1]) / 2
+            return med, errs[-1], sum(speed) / len(speed) - 1, math.prod(speed) ** (1 / len(speed))
+        a, b = figures(pairs_on), figures(pairs_off)
+        return (f"| {label} | {len(pairs_off)} | {a[0] * 100:.1f} % -> {b[0] * 100:.1f} % | {a[1] * 100:.1f} % -> "
+                f"{b[1] * 100:.1f} % | {a[2] * 100:+.1f} % -> {b[2] * 100:+.1f} % | {a[3]:.3f} -> {b[3]:.3f} |")
+
+    on = [(7.7, ms(LAYER, "F")), (11.9, ms(LAYER, "B"))]
+    on_sp = [(13.1, ms(sp, "B"))]
+    with tempfile.TemporaryDirectory() as d:
+        roofline = bp.hardware_variant("dgx-a100", (("device.family", ""),), Path(d))
+        cmd_k, sp_k = (c.replace("dgx-a100", str(roofline)) for c in (LAYER, sp))
+        k = [(7.7, ms(cmd_k, "F")), (11.9, ms(cmd_k, "B"))]
+        k_sp = [(13.1, ms(sp_k, "B"))]
+    blocking = ["--no-async-tensor-model-parallel-allreduce"]
+    t = [(7.7, ms(LAYER, "F", blocking)), (11.9, ms(LAYER, "B", blocking))]
+    assert k != on and t != on and t[1][1] > on[1][1]  # each switch changes the goal's rows; blocking is slower
+    assert line("1. k | off: no family", on, k) in doc
+    assert line("2. t | off: blocking", on, t) in doc
+    assert line("4. o | off: less the optimizer", on, on) in doc  # layer times hold no optimizer
+    # the other source's own table: the skipped row keeps its result
+    other = doc[doc.index("### Other published results"):]
+    assert line("1. k | off: no family", on_sp, k_sp) in other
+    assert line("2. t | off: blocking", on_sp, on_sp) in other
+    assert "Other published results (not in published.md, outside the goal): 1 rows" in doc

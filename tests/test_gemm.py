@@ -92,17 +92,17 @@ def test_profiles_bad_figures_are_errors():
 
 def test_shipped_profiles_cite_every_field_and_say_what_their_sources_say():
     profiles = load_profiles()
-    assert list(profiles) == ["A100", "H100", "H200", "B200"]
+    assert list(profiles) == ["A100", "A100-PCIe", "H100", "H200", "B200"]
     for p in profiles.values():
         assert set(p.sources) == {"sms", "tiles", "flops", "hbm_bandwidth", "matmul_efficiency", "memory_efficiency",
                                   "kernel_overhead", "overlap", "flash_forward_efficiency",
-                                  "flash_backward_efficiency"}
+                                  "flash_backward_efficiency", "nccl_channels"}
     # MAMF table (stas00/ml-engineering): MAMF / peak, rounded as the table rounds its efficiency column
     for family, mamf, peak in (("A100", 271.2, 312), ("H100", 794.5, 989), ("H200", 794.5, 989),
                                ("B200", 1745.0, 2250)):
         assert profiles[family].matmul_efficiency == pytest.approx(mamf / peak, abs=5e-4)
         assert profiles[family].peak("bfloat16") == peak * 1e12
-    assert [profiles[f].sms for f in profiles] == [108, 132, 132, 148]
+    assert [profiles[f].sms for f in profiles] == [108, 108, 132, 132, 148]
     assert len({profiles["H100"], device_profile("H100"), profiles["H200"]}) == 2  # hashable, equal by figures
     assert profiles["H100"].flash_forward_efficiency == pytest.approx(740 / 989, abs=5e-3)  # FlashAttention-3
 

@@ -1,28 +1,46 @@
-"""bench/gpu_calibrate.py's file paths, tested without a GPU.
+"""`pipesim calibrate --gpu`'s code paths without a GPU: the recorded file, the hardware file it becomes, and
+the simulation on that file, which must be the kernel model on the recorded figures computed by hand.
 
-tests/data/gpu_measurements_h100_sample.csv is written by hand in the exact format the script
-writes (plausible H100 figures, not a measurement); the CPU fallback run is the script itself on
-a tiny grid, so the writing path is exercised for real.
+tests/data/gpu_measurements_h100_sample.csv is written by hand in the exact format `--gpu` keeps
+(plausible H100 figures, not a measurement: this machine has no GPU); the measuring module itself
+runs for real on the CPU on a tiny grid, so its records and the file they make are exercised too.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import statistics
-import subprocess
-import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from pipesim.calibration import gpu
+from pipesim.cli import main as pipesim_main
+from pipesim.comm_costs import ring_time
 from pipesim.device import measured
+from pipesim.device.gemm import gemm_time
+from pipesim.device.kernels import memory_bound_time
 from pipesim.device.profile import device_profile, load_profiles
 from pipesim.errors import PipesimError
+from pipesim.hardware_toml import hardware_to_toml, load_hardware
+from pipesim.kernel_costs import piece_seconds
+from pipesim.model.config import ModelConfig
+from pipesim.model.kernels import embedding_kernels, layer_kernels
+from pipesim.model.options import LayerOptions
+from pipesim.model_costs import model_costs
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "tests/data/gpu_measurements_h100_sample.csv"
 H100 = device_profile("H100")
+# the sample's figures by the definitions of docs/gpu_model.md, from its rows
+MATMUL = 2.0 * 8192**3 / 0.00139 / 989e12  # the best bf16 GEMM / peak
+COPY = 2147483648 / 0.0007  # bytes/s of the best copy
+LAUNCH = statistics.median([2.5e-6, 3.5e-6, 3e-6])  # seconds
+FLASH_FWD = max(4 * 4 * 2048 * 2048 * 4096 / 0.0012, 4 * 4 * 2048 * 2048 * 4096 / 2 / 0.00075) / 989e12
+FLASH_BWD = 2.5 * 4 * 4 * 2048 * 2048 * 4096 / 0.0035 / 989e12
+HAND = replace(H100, matmul_efficiency=MATMUL, memory_efficiency=COPY / H100.hbm_bandwidth, kernel_overhead=LAUNCH,
+               flash_forward_efficiency=FLASH_FWD, flash_backward_efficiency=FLASH_BWD)
 
 
 def test_the_sample_parses_with_its_header():
@@ -35,15 +53,10 @@ def test_the_sample_parses_with_its_header():
 
 def test_summary_is_the_best_gemm_copy_and_flash_and_the_median_launch():
     fig = measured.summarise(measured.read(SAMPLE), H100)
-    assert fig["matmul_efficiency"] == 2.0 * 8192**3 / 0.00139 / 989e12  # bf16 only: the fp16 row is ignored
-    assert fig["memory_efficiency"] == 2147483648 / 0.0007 / 3.35e12
-    assert fig["kernel_overhead"] == statistics.median([2.5e-6, 3.5e-6, 3e-6])
-    fwd_noncausal = 4 * 4 * 2048 * 2048 * 4096 / 0.0012
-    fwd_causal = 4 * 4 * 2048 * 2048 * 4096 / 2 / 0.00075
-    assert fig["flash_forward_efficiency"] == max(fwd_noncausal, fwd_causal) / 989e12
-    assert fig["flash_backward_efficiency"] == 2.5 * 4 * 4 * 2048 * 2048 * 4096 / 0.0035 / 989e12
+    assert fig == {"matmul_efficiency": MATMUL, "memory_efficiency": COPY / 3.35e12, "kernel_overhead": LAUNCH,
+                   "flash_forward_efficiency": FLASH_FWD, "flash_backward_efficiency": FLASH_BWD}
     assert measured.summarise(measured.read(SAMPLE), H100, "float16")["matmul_efficiency"] == \
-        2.0 * 8192**3 / 0.00135 / 989e12
+        2.0 * 8192**3 / 0.00135 / 989e12  # fp16 has one row of its own
 
 
 def test_collective_figures_use_nccl_tests_busbw():
@@ -74,6 +87,12 @@ def test_bad_files_are_one_line_errors():
         measured.parse("kind,dtype,shape,bytes,seconds\nconv,bfloat16,,0,1e-3\n")
     with pytest.raises(PipesimError, match="seconds must be positive"):
         measured.parse("kind,dtype,shape,bytes,seconds\nlaunch,float32,,0,0\n")
+    with pytest.raises(PipesimError, match="no kernel record"):
+        gpu.assemble(measured.parse("# family: H100\nkind,dtype,shape,bytes,seconds\nsend_recv,float32,2,8,1e-5\n"))
+    with pytest.raises(PipesimError, match="matmul_efficiency must be a fraction.*pass --family"):
+        gpu.assemble(measured.read(SAMPLE), family="A100")  # 0.8 of an H100 is 2.5x an A100's peak
+    with pytest.raises(PipesimError, match="no device family for 'Tesla V100'"):
+        gpu.family_of("Tesla V100")
 
 
 def test_write_then_parse_is_the_identity():
@@ -82,25 +101,143 @@ def test_write_then_parse_is_the_identity():
     assert again == data
 
 
-@pytest.mark.timeout(180)
-def test_cpu_fallback_run_writes_a_file_that_parses_and_merges_collectives(tmp_path):
-    coll = tmp_path / "collectives.json"  # executor/collectives_bench.py's --json report, two ops
-    coll.write_text(json.dumps({"backend": "nccl", "world_size": 4, "results": [
+def test_family_and_base_preset_come_from_the_gpu_name():
+    assert [gpu.family_of(n) for n in ("NVIDIA H100 80GB HBM3", "NVIDIA H200", "NVIDIA A100-PCIE-40GB",
+                                       "NVIDIA A100-SXM4-80GB", "NVIDIA B200")] == \
+        ["H100", "H200", "A100-PCIe", "A100", "B200"]
+    assert [gpu.base_preset(f).name for f in ("H100", "H200", "A100", "A100-PCIe", "B200")] == \
+        ["dgx-h100", "hgx-h200", "dgx-a100", "pcie-4gpu", "hgx-b200"]
+
+
+def test_the_link_is_the_ring_formula_through_the_smallest_and_largest_all_reduce():
+    fit = gpu.link_fit(measured.read(SAMPLE))
+    assert (fit.kind, fit.ranks, fit.small, fit.large) == ("all_reduce", 8, (8192, 2.2e-5), (268435456, 0.00128))
+    bandwidth = 2 * 7 / 8 * (268435456 - 8192) / (0.00128 - 2.2e-5)  # 2 (n-1) / n S / t per byte
+    assert fit.bandwidth == pytest.approx(bandwidth, rel=1e-14)
+    assert fit.latency == pytest.approx((2.2e-5 - 2 * 7 / 8 * 8192 / bandwidth) / (2 * 7), rel=1e-12)
+    for nbytes, seconds in (fit.small, fit.large):  # the simulator's formula gives back both measurements
+        assert ring_time("all_reduce", 8, nbytes, fit.bandwidth, fit.latency) == pytest.approx(seconds, rel=1e-12)
+    only_p2p = measured.parse("kind,dtype,shape,bytes,seconds\nsend_recv,float32,2,1000,2e-6\n"
+                              "send_recv,float32,2,1001000,1.002e-3\nsend_recv,float32,2,1001000,9e-3\n"
+                              "send_recv,float32,2,1001000,1e-3\n")
+    p2p = gpu.link_fit(only_p2p)  # median of repeats: 1.002e-3 at 1001000 bytes
+    assert (p2p.kind, p2p.bandwidth) == ("send_recv", pytest.approx(1e6 / 1e-3, rel=1e-12))
+    assert p2p.latency == pytest.approx(2e-6 - 1000 / p2p.bandwidth, rel=1e-9)
+    assert gpu.link_fit(measured.parse("kind,dtype,shape,bytes,seconds\nlaunch,float32,,0,1e-6\n")) is None
+
+
+def test_the_hardware_file_is_the_family_preset_with_the_measured_figures(tmp_path):
+    cal = gpu.assemble(measured.read(SAMPLE))
+    hw, base = cal.hardware, load_hardware("dgx-h100")
+    k = hw.device.kernels
+    assert (k.matmul_efficiency, k.memory_efficiency, k.kernel_overhead) == (MATMUL, COPY / 3.35e12, LAUNCH)
+    assert (k.flash_forward_efficiency, k.flash_backward_efficiency) == (FLASH_FWD, FLASH_BWD)
+    assert k.source.startswith("measured on NVIDIA H100 80GB HBM3, hand-written sample")
+    assert (hw.name, hw.device.name, hw.device.family) == ("dgx-h100-measured", "NVIDIA H100 80GB HBM3", "H100")
+    assert hw.device.hbm_bandwidth == pytest.approx(COPY, rel=1e-15)
+    assert (hw.intra.bandwidth, hw.intra.latency) == (cal.link.bandwidth, cal.link.latency)
+    assert replace(hw, name=base.name, source=base.source, device=base.device,
+                   intra=replace(hw.intra, bandwidth=base.intra.bandwidth, latency=base.intra.latency)) == base
+    assert cal.profile == HAND and cal.profile.sources["matmul_efficiency"] == k.source
+    # the file reads back equal, and a table of figures without a family is refused
+    path = tmp_path / "hw.toml"
+    path.write_text(hardware_to_toml(hw))
+    assert load_hardware(str(path)) == hw
+    assert "\n[device.kernels]\nmatmul_efficiency = " in path.read_text()
+    path.write_text(path.read_text().replace('family = "H100"', ""))
+    with pytest.raises(PipesimError, match=r"\[device.kernels\] needs \[device\].family"):
+        load_hardware(str(path))
+    path.write_text(hardware_to_toml(hw).replace("kernel_overhead = ", "launch_overhead = "))
+    with pytest.raises(PipesimError, match=r"unknown field \[device.kernels\].launch_overhead"):
+        load_hardware(str(path))
+
+
+def _first_forward(capsys, tmp_path, *argv: str) -> float:
+    """Seconds of stage 0's first forward in `pipesim simulate ... --json` (it starts at 0)."""
+    out = tmp_path / "sim.json"
+    assert pipesim_main(["simulate", "1f1b", "-p", "2", "-m", "4", *argv, "--json", str(out)]) == 0
+    capsys.readouterr()
+    action = next(a for a in json.loads(out.read_text())["critical_path"] if a["name"] == "0F0")
+    assert action["start"] == 0.0
+    return action["end"]
+
+
+def test_calibrate_from_measurements_then_simulate_is_the_kernel_model_on_the_recorded_figures(capsys, tmp_path):
+    hw_file = tmp_path / "h100.toml"
+    assert pipesim_main(["calibrate", "-o", str(hw_file), "--from-measurements", str(SAMPLE)]) == 0
+    printed = capsys.readouterr().out
+    assert "intra link: 373.4 GB/s" in printed and f"wrote {hw_file}" in printed
+    assert not (tmp_path / "h100.measurements.csv").exists()  # kept by --gpu only: this one is recorded already
+    b, hidden = 1024, 4096  # an MLP stage of 2 layers: Linear(h, h) + GeLU on b rows, in bf16
+    model = ["--model", "mlp", "--hidden", str(hidden), "--layers", "4", "--batch", str(4 * b), "--dtype", "bfloat16"]
+    layer = gemm_time(b, hidden, hidden, "bfloat16", HAND).seconds + memory_bound_time(2 * b * hidden * 2, HAND).seconds
+    overhead = load_hardware("dgx-h100").per_action_overhead
+    assert _first_forward(capsys, tmp_path, *model, "--hardware", str(hw_file)) == \
+        pytest.approx(2 * layer + overhead, rel=1e-12)
+    shipped = gemm_time(b, hidden, hidden, "bfloat16", H100).seconds + memory_bound_time(4 * b * hidden, H100).seconds
+    assert _first_forward(capsys, tmp_path, *model, "--hardware", "dgx-h100") == \
+        pytest.approx(2 * shipped + overhead, rel=1e-12)
+    assert abs(layer / shipped - 1) > 0.05  # the measured figures move it: the test above could fail
+
+
+def test_a_gpt_stage_on_the_file_is_its_kernels_on_the_recorded_figures(tmp_path):
+    path = tmp_path / "h100.toml"
+    path.write_text(hardware_to_toml(gpu.assemble(measured.read(SAMPLE)).hardware))
+    hw = load_hardware(str(path))
+    model = ModelConfig(kind="gpt", hidden=1024, layers=4, heads=16, seq=1024, vocab=32000, batch=16, dtype="bfloat16")
+    opts, b = LayerOptions(attention="flash"), 4
+    stage = model_costs(model, 2, 4, hw, attention="flash").table.stages[0]
+    emb, lay = (piece_seconds(k, "bfloat16", HAND) for k in (embedding_kernels(model, b, opts),
+                                                               layer_kernels(model, b, opts)))
+    assert stage.forward == pytest.approx(emb.F + 2 * lay.F + hw.per_action_overhead, rel=1e-12)
+    assert stage.backward_weight == pytest.approx(emb.I + emb.W + 2 * (lay.I + lay.W) + 2 * hw.per_action_overhead,
+                                                  rel=1e-12)  # stage 0: W runs the whole backward
+
+
+def test_gpu_without_cuda_is_one_line_and_no_file(capsys, tmp_path):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    out = tmp_path / "hw.toml"
+    assert pipesim_main(["calibrate", "-o", str(out), "--gpu"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--gpu needs a CUDA GPU" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_measuring_code_on_the_cpu_writes_a_file_that_assembles(tmp_path):
+    pytest.importorskip("torch")
+    from pipesim.calibration import gpu_measure  # local import: torch, as the command does
+
+    data = gpu_measure.measure(gpu_measure.CPU_GRID, "cpu")
+    assert data.meta["device"] == "cpu" and data.meta["gpus"] == "0"
+    assert [r.kind for r in data.records] == ["launch"] * 3 + ["copy"] + ["gemm"] * 8 + \
+        ["flash_forward", "flash_backward"] * 2
+    assert {r.shape for r in data.of("gemm")} == {(1, m, n, k) for m in (32, 64) for n in (32, 64) for k in (32, 64)}
+    assert [r.shape for r in data.of("flash_forward")] == [(1, 64, 2, 16, 0), (1, 64, 2, 16, 1)]
+    assert data.of("copy")[0].nbytes == 2 << 20  # 1 MiB read and written
+    path = tmp_path / "cpu.measurements.csv"
+    path.write_text(measured.write(data.meta, list(data.records)))
+    again = measured.read(path)
+    cal = gpu.assemble(again, family="H100")
+    assert cal.dtype == "float32" and cal.link is None
+    assert cal.hardware.device.kernels.matmul_efficiency == measured.summarise(again, H100, "float32")[
+        "matmul_efficiency"]
+    assert gpu.measurements_path(Path("out/h100.toml")) == Path("out/h100.measurements.csv")
+
+
+def test_a_collectives_report_becomes_records(tmp_path):
+    report = tmp_path / "collectives.json"  # executor/collectives_bench.py's --json report, two ops
+    report.write_text(json.dumps({"backend": "nccl", "world_size": 4, "results": [
         {"op": "all_reduce", "bytes": 1048576, "time": 2e-5, "algbw": 0, "busbw": 0, "busbw_factor": 1.5,
          "iters": 5, "verified": True},
         {"op": "broadcast", "bytes": 1048576, "time": 1e-5, "algbw": 0, "busbw": 0, "busbw_factor": 1.0,
          "iters": 5, "verified": True}]}))
-    out = tmp_path / "cal"
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, str(ROOT / "bench/gpu_calibrate.py"), "--out", str(out), "--cpu-fallback",
-                           "--iters", "2", "--warmup", "1", "--collectives-json", str(coll)],
-                          capture_output=True, text=True, env=env, timeout=170, cwd=ROOT, check=False)
-    assert proc.returncode == 0, proc.stderr
-    data = measured.read(out / "measurements.csv")
-    assert data.meta["fallback"] == "cpu"
-    assert {r.kind for r in data.records} == {"launch", "copy", "gemm", "flash_forward", "flash_backward",
-                                              "all_reduce"}  # broadcast is not a kind the model uses
-    assert len(data.of("gemm")) == 8 and data.of("all_reduce")[0].shape == (4,)
-    prof = load_profiles(out / "profile.toml")["H100"]
-    assert prof.sources["matmul_efficiency"].startswith("measured by bench/gpu_calibrate.py on cpu")
-    assert "wrote" in proc.stdout and "all_reduce: busbw" in proc.stdout
+    assert gpu.collective_records(report) == [measured.Record("all_reduce", "float32", (4,), 1048576, 2e-5)]
+    report.write_text("{}")
+    with pytest.raises(PipesimError, match="cannot read collectives report"):
+        gpu.collective_records(report)
+
+
+def test_the_docs_print_the_summary_the_code_computes():
+    assert gpu.assemble(measured.read(SAMPLE)).summary() in (ROOT / "docs/calibration.md").read_text()

@@ -16,7 +16,7 @@ import pytest
 
 import schedules
 from executor.mesh import Mesh
-from pipesim.comm_costs import group_collective_time
+from pipesim.collective_algos import collective_seconds
 from pipesim.costs import CostTable
 from pipesim.errors import PipesimError
 from pipesim.hardware_toml import load_hardware
@@ -169,12 +169,12 @@ def test_simulator_places_each_coordinate_where_the_executor_runs_it(dp, pp, tp)
         for p, prog in enumerate(result.schedule.programs):
             for i, a in enumerate(prog):
                 colls = costs.tp_collectives.get((a.stage, a.kind.value), ()) if tp > 1 else ()
-                want = sum(group_collective_time(hw, kind, pipeline[p].members("tp"), n) for kind, n in colls)
+                want = sum(collective_seconds(hw, kind, pipeline[p].members("tp"), n) for kind, n in colls)
                 assert result.tp_time[p][i] == want, (where, a)
         # each DP all-reduce: over the executor's DP group of that rank
         assert len(result.collectives) == (pp if dp > 1 else 0), where
         for c in result.collectives:
-            want = group_collective_time(hw, "all_reduce", pipeline[c.rank].members("dp"), c.nbytes)
+            want = collective_seconds(hw, "all_reduce", pipeline[c.rank].members("dp"), c.nbytes)
             assert c.end - c.start == pytest.approx(want, rel=1e-12), where
             assert c.nbytes == costs.dp_grad_bytes[c.stage]
 
@@ -210,5 +210,5 @@ def test_issue_example_pipeline_crosses_nodes_and_dp_stays_inside():
                          and hw.link_between(m.rank, m.pp_peer(m.coords.pp + 1)).name == "infiniband"}
     assert executor_crossing == {(3, 4)}
     assert all(len({r // 8 for r in m.members("dp")}) == 1 for m in meshes)  # DP all-reduce on NVSwitch
-    dp_time = group_collective_time(hw, "all_reduce", [0, 1], result.collectives[0].nbytes)
+    dp_time = collective_seconds(hw, "all_reduce", [0, 1], result.collectives[0].nbytes)
     assert result.collectives[0].end - result.collectives[0].start == pytest.approx(dp_time, rel=1e-12)

@@ -8,7 +8,7 @@ from fractions import Fraction
 import pytest
 
 import schedules
-from pipesim.comm_costs import group_collective_time
+from pipesim.collective_algos import collective_seconds
 from pipesim.costs import CostTable, StageCosts
 from pipesim.graph import critical_path
 from pipesim.hardware import DeviceSpec, Hardware, HostProfile, LinkClass
@@ -142,7 +142,7 @@ def test_dp_allreduce_adds_exactly_its_time_at_the_end():
     costs = ParallelCosts(CostTable.uniform(1, 1.0, 0.5, 0.5), tp=1, dp=2, tp_collectives={},
                           dp_grad_bytes=(10**9,), layers_per_stage=(0,))
     result = simulate(sched, costs, hw)
-    t_ar = group_collective_time(hw, "all_reduce", [0, 1], 10**9)
+    t_ar = collective_seconds(hw, "all_reduce", [0, 1], 10**9)
     assert t_ar > 0
     assert result.makespan == 8.0 + t_ar
     assert [(c.stage, c.start, c.end) for c in result.collectives] == [(0, 8.0, 8.0 + t_ar)]
@@ -156,7 +156,7 @@ def test_tp_collectives_block_inside_compute():
                           tp_collectives={(0, "F"): (("all_reduce", 2**20),), (0, "B"): (("all_reduce", 2**20),) * 2},
                           dp_grad_bytes=(0,), layers_per_stage=(0,))
     result = simulate(sched, costs, hw)
-    t = group_collective_time(hw, "all_reduce", [0, 1, 2, 3], 2**20)
+    t = collective_seconds(hw, "all_reduce", [0, 1, 2, 3], 2**20)
     assert result.makespan == (1.0 + t) + (1.0 + 2 * t)
     kinds = [(e.stream, e.kind) for e in result.timeline().events]
     assert kinds == [("compute", "F"), ("collective", "tp"), ("compute", "B"), ("collective", "tp")]

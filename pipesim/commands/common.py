@@ -36,6 +36,11 @@ def int_list(text: str) -> list[int]:
     return [positive_int(t) for t in text.split(",") if t.strip()]
 
 
+def layer_split_list(text: str) -> list[int]:
+    """`0,2,2,0` -> [0, 2, 2, 0]: layers per chunk (>= 0; `split_layers` says which may be 0)."""
+    return [bounded_int(t, 0) for t in text.split(",") if t.strip()]
+
+
 def add_schedule_args(parser: argparse.ArgumentParser, *, stages_default: int = 4, mb_default: int = 8,
                       microbatch_size: bool = False) -> None:
     """NAME (or --from-csv FILE), --stages P, --microbatches M, --virtual V.
@@ -97,8 +102,9 @@ def add_model_args(parser: argparse.ArgumentParser, *, default: str | None = "ml
     """
     d = ModelConfig()
     g = parser.add_argument_group("model")
-    g.add_argument("--model", choices=("mlp", "gpt"), default=None,
-                   help=f"model to cost or train (default {default})")
+    g.add_argument("--model", type=_model_name, default=None, metavar="{mlp,gpt,MODULE:FACTORY}",
+                   help=f"model to cost or train (default {default}); run and simulate also take your own: "
+                        "MODULE:FACTORY or FILE.py:FACTORY (docs/your_model.md)")
     parser.set_defaults(model_default=default)
     g.add_argument("--hidden", type=positive_int, default=None, help=f"width / d_model (default {d.hidden})")
     g.add_argument("--layers", type=positive_int, default=None, help=f"layers or blocks (default {d.layers})")
@@ -110,6 +116,13 @@ def add_model_args(parser: argparse.ArgumentParser, *, default: str | None = "ml
     g.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
                    help=f"parameter and activation dtype (default {d.dtype}; with --model-config the file's)")
     g.add_argument("--seed", type=int, default=d.seed)
+
+
+def _model_name(text: str) -> str:
+    """mlp, gpt, or a factory MODULE:FACTORY / FILE.py:FACTORY (pipesim.user_model; checked where it is read)."""
+    if text in ("mlp", "gpt") or ":" in text:
+        return text
+    raise argparse.ArgumentTypeError(f"invalid choice: {text!r} (choose mlp, gpt, MODULE:FACTORY or FILE.py:FACTORY)")
 
 
 def add_transformer_args(parser: argparse.ArgumentParser) -> None:
@@ -132,6 +145,8 @@ STRUCTURE_FLAGS = ("kv_heads", "ffn_hidden", "activation")
 def model_config(args: argparse.Namespace) -> ModelConfig:
     """The model of the command line: --model-config's file (with the flags given overriding it), or the flags."""
     given = {k: getattr(args, k) for k in SIZE_FLAGS + STRUCTURE_FLAGS if getattr(args, k, None) is not None}
+    if args.model and ":" in args.model:  # a factory: read by `pipesim run` and `pipesim simulate` (user_model_config)
+        raise PipesimError(f"--model {args.model}: a model factory is read by `pipesim run` and `pipesim simulate`")
     source = getattr(args, "model_config", None)
     if source:
         if args.model == "mlp":
@@ -145,6 +160,15 @@ def model_config(args: argparse.Namespace) -> ModelConfig:
             if name in given:
                 raise PipesimError(f"--{name.replace('_', '-')} needs a transformer (--model gpt or --model-config)")
     return ModelConfig(kind=kind, seed=args.seed, **given)
+
+
+def user_model_config(args: argparse.Namespace) -> ModelConfig:
+    """With --model MODULE:FACTORY, what still applies of pipesim's model flags: --batch and --seed."""
+    sizes = [k for k in SIZE_FLAGS + STRUCTURE_FLAGS if k != "batch" and getattr(args, k, None) is not None]
+    if sizes or getattr(args, "model_config", None):
+        flag = "--" + (sizes[0] if sizes else "model_config").replace("_", "-")
+        raise PipesimError(f"{flag} sizes pipesim's own models; --model {args.model} defines its own layers")
+    return ModelConfig(batch=args.batch or ModelConfig.batch, seed=args.seed)
 
 
 def add_output_args(parser: argparse.ArgumentParser, *, trace: bool = True) -> None:

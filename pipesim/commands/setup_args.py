@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from pipesim.comm_options import CommOptions
 from pipesim.commands.common import bounded_int, model_config, positive_int
 from pipesim.costs import parse_cost_spec
 from pipesim.errors import PipesimError
@@ -58,6 +59,34 @@ def add_setup_args(parser: argparse.ArgumentParser) -> None:
     f.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=0,
                    help="ZeRO stage over dp: 1 shards optimizer states (Megatron's distributed optimizer), 2 "
                         "gradients too, 3 parameters too (FSDP) (default 0: plain DDP)")
+    f.add_argument("--no-kernel-fusion", dest="kernel_fusion", action="store_false",
+                   help="GPU presets: eager PyTorch's one kernel per elementwise op instead of Megatron's fused "
+                        "kernels (its --no-bias-gelu-fusion, --no-bias-swiglu-fusion, --no-bias-dropout-fusion, "
+                        "--no-masked-softmax-fusion and --no-rope-fusion at once)")
+    f.add_argument("--no-async-tensor-model-parallel-allreduce", dest="tp_comm_overlap", action="store_false",
+                   help="GPU presets: the backward TP all-reduce / reduce-scatter of the input gradient blocks "
+                        "instead of running under the weight-gradient GEMM (Megatron's flag of that name)")
+    add_comm_args(parser)
+
+
+def add_comm_args(parser: argparse.ArgumentParser) -> None:
+    """--scatter-gather, --overlap-grad-reduce, --ddp-bucket-size (pipesim.comm_options; simulate, sweep, plan)."""
+    c = parser.add_argument_group("framework communication (Megatron-LM's options)")
+    c.add_argument("--scatter-gather", action="store_true",
+                   help="with tp > 1 and no sequence parallelism each tp rank sends 1/t of a pipeline message over "
+                        "its own link and the receiving tp ranks all-gather it (Megatron's default "
+                        "scatter_gather_tensors_in_pipeline; --no-scatter-gather-tensors-in-pipeline turns it off "
+                        "there) (default off: one rank sends the whole message, as pipesim's executor)")
+    c.add_argument("--overlap-grad-reduce", action="store_true",
+                   help="reduce each stage's data-parallel gradients in buckets as its last backward produces "
+                        "them, overlapped with it (Megatron's flag; default off: one collective after it)")
+    c.add_argument("--ddp-bucket-size", type=positive_int, default=None, metavar="PARAMS",
+                   help="with --overlap-grad-reduce: parameters per gradient bucket (Megatron's flag; default "
+                        "Megatron's max(40M, 1M x dp))")
+
+
+def comm_options_from_args(args: argparse.Namespace) -> CommOptions:
+    return CommOptions(args.scatter_gather, args.overlap_grad_reduce, args.ddp_bucket_size)
 
 
 def _split_list(text: str) -> list[int]:
@@ -84,4 +113,6 @@ def setup_from_args(args: argparse.Namespace) -> SimSetup:
     return SimSetup(hardware, model, cost, args.boundary_bytes, args.activation_bytes, comm, args.dp, args.tp,
                     layer_split=split, recompute=args.recompute, sp=args.sequence_parallel,
                     attention=args.attention, cp=args.cp, zero=args.zero,
-                    memory_limit=parse_memory_limit(args.memory_limit) if args.memory_limit else None)
+                    memory_limit=parse_memory_limit(args.memory_limit) if args.memory_limit else None,
+                    kernel_fusion=args.kernel_fusion, tp_comm_overlap=args.tp_comm_overlap,
+                    comm_options=comm_options_from_args(args))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 
 from pipesim.commands.common import (
     add_model_args,
@@ -12,12 +13,16 @@ from pipesim.commands.common import (
     emit_json,
     json_text,
     load_schedule,
+    user_model_config,
 )
 from pipesim.commands.setup_args import add_setup_args, setup_from_args
+from pipesim.errors import PipesimError
 from pipesim.outputs import check_distinct, check_file, write_files
 from pipesim.perfetto import trace_text
 from pipesim.rank_memory import memory_json
+from pipesim.sim_setup import SimSetup
 from pipesim.units import format_bytes
+from pipesim.user_model import is_factory_spec
 
 EXAMPLES = """examples:
   pipesim simulate 1f1b --stages 4 --microbatches 8 --hardware dgx-h100 --model gpt --json
@@ -48,7 +53,10 @@ def run(args: argparse.Namespace) -> int:
     json_path = check_file(args.json, "--json", "json")
     trace_path = check_file(args.trace, "--trace", "json")
     check_distinct(("--json", json_path), ("--trace", trace_path))
-    setup = setup_from_args(args)
+    if is_factory_spec(args.model):  # the shared flags read as for pipesim's own models, then the factory's counts
+        setup = _with_user_model(setup_from_args(argparse.Namespace(**{**vars(args), "model": None})), args)
+    else:
+        setup = setup_from_args(args)
     # Registered schedules are valid by construction (tests/test_schedules_invariants.py) and the
     # simulator itself reports a deadlock; full validation (a networkx task graph) is kept for CSV
     # imports, where it also prints the offending grid. At p=64, m=1024 it would cost ~10x the simulation.
@@ -66,6 +74,8 @@ def run(args: argparse.Namespace) -> int:
         timeline = result.timeline()
         if setup.model is not None:  # the compare view checks it against the measured run's model
             timeline.meta = {**timeline.meta, "model": setup.model.to_dict()}
+        elif setup.user_model is not None:  # as `pipesim run --model MODULE:FACTORY` records it
+            timeline.meta = {**timeline.meta, "model": {"factory": args.model, "batch": user_model_config(args).batch}}
         files[trace_path] = trace_text(timeline)
     write_files(files)
     if args.json == "-":
@@ -73,6 +83,28 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(summary(data))
     return 0
+
+
+def _with_user_model(setup: SimSetup, args: argparse.Namespace) -> SimSetup:
+    """--model MODULE:FACTORY: each layer's FLOPs and bytes counted on one microbatch (torch, on meta)."""
+    user = user_model_config(args)  # --batch and --seed; pipesim's size flags are refused
+    if args.cost is not None:
+        raise PipesimError(f"give --model {args.model} or --cost, not both")
+    for flag, value, plain in (("--tp", setup.tp, 1), ("--cp", setup.cp, 1), ("--sequence-parallel", setup.sp, False),
+                               ("--recompute", setup.recompute, "none"), ("--zero", setup.zero, 0)):
+        if value != plain:
+            raise PipesimError(f"{flag} needs pipesim's own --model mlp or gpt, not --model {args.model}")
+    if args.microbatch_size is not None:
+        if user.batch % (setup.dp * args.microbatch_size):
+            raise PipesimError(f"--batch {user.batch} does not split into dp({setup.dp}) x --microbatch-size "
+                               f"{args.microbatch_size}")
+        args.microbatches, args.microbatch_size = user.batch // (setup.dp * args.microbatch_size), None
+    args.microbatches = args.microbatches or 8
+    from executor.user_model import count_user_model  # local import: torch only with --model MODULE:FACTORY
+
+    counted = count_user_model(args.model, batch=user.batch, microbatches=args.microbatches, dp=setup.dp,
+                               seed=user.seed)
+    return replace(setup, model=None, user_model=counted)
 
 
 def _ms(seconds: float) -> str:

@@ -4,5 +4,5 @@
 source) from pipesim/presets/gemm/devices.toml; `gemm` times a matrix multiply with a roofline and
 tile/wave quantisation; `kernels` times memory-bound kernels and flash attention; `reference`
 compares the GEMM model with OpenXLA's measured H100 table; `measured` reads and summarises what
-bench/gpu_calibrate.py records on a GPU. See docs/gpu_model.md.
+`pipesim calibrate --gpu` records on a GPU. See docs/gpu_model.md.
 """

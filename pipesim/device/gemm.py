@@ -71,15 +71,21 @@ def roofline(compute: float, memory: float, overlap: float) -> float:
     return compute + memory - overlap * min(compute, memory)
 
 
-def gemm_time(m: int, n: int, k: int, dtype: str, device: DeviceProfile, *, batch: int = 1) -> GemmTime:
+def gemm_time(m: int, n: int, k: int, dtype: str, device: DeviceProfile, *, batch: int = 1,
+              sms: int | None = None) -> GemmTime:
     """Seconds of C (m x n) = A (m x k) @ B (k x n), `batch` times in one kernel, on `device`.
 
     For each tile (t_m, t_n) the device offers: tiles = b ceil(m / t_m) ceil(n / t_n), waves =
     ceil(tiles / SMs), compute = waves x 2 t_m t_n k / (peak / SMs x matmul_efficiency), memory =
     bytes / (HBM x memory_efficiency), time = compute + memory - overlap min(compute, memory).
     The fastest tile is kept (ties: the first listed) and the kernel overhead added once.
+    sms: the SMs the kernel's tiles may use (default: all of the device's), e.g. the SMs an overlapped
+    NCCL collective leaves it (pipesim.overlap_interference); each SM keeps the device's per-SM rate.
     """
     _check_shape(m, n, k, batch)
+    free = device.sms if sms is None else sms
+    if not isinstance(free, int) or isinstance(free, bool) or not 1 <= free <= device.sms:
+        raise PipesimError(f"a GEMM runs on 1 to {device.sms} SMs of {device.name!r}, got {free!r}")
     if dtype not in DTYPE_BYTES:
         raise PipesimError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPE_BYTES)}")
     per_sm = device.peak(dtype) / device.sms * device.matmul_efficiency  # FLOP/s one SM sustains
@@ -88,7 +94,7 @@ def gemm_time(m: int, n: int, k: int, dtype: str, device: DeviceProfile, *, batc
     best: tuple[float, float, tuple[int, int], int, int] | None = None
     for tm, tn in device.tiles:
         tiles = batch * math.ceil(m / tm) * math.ceil(n / tn)
-        waves = math.ceil(tiles / device.sms)
+        waves = math.ceil(tiles / free)
         compute = waves * 2.0 * tm * tn * k / per_sm
         t = roofline(compute, memory, device.overlap)
         if best is None or t < best[0]:
@@ -97,7 +103,7 @@ def gemm_time(m: int, n: int, k: int, dtype: str, device: DeviceProfile, *, batc
     return GemmTime(seconds=t + device.kernel_overhead, compute=compute, memory=memory,
                     overhead=device.kernel_overhead, flops=gemm_flops(m, n, k, batch), bytes_moved=moved,
                     tile=tile, tiles=tiles, waves=waves,
-                    wave_flops=waves * device.sms * 2.0 * tile[0] * tile[1] * k)
+                    wave_flops=waves * free * 2.0 * tile[0] * tile[1] * k)
 
 
 __all__ = ["GemmTime", "gemm_bytes", "gemm_flops", "gemm_time", "roofline"]

@@ -1,4 +1,4 @@
-"""GPU measurements as recorded by bench/gpu_calibrate.py, and the device-profile figures they imply.
+"""GPU measurements as recorded by `pipesim calibrate --gpu`, and the device-profile figures they imply.
 
 The file is a CSV with `#` header lines (what ran: device, torch, CUDA, date) and one row per
 timed kernel: kind, dtype, shape, bytes, seconds. Kinds: `gemm` (shape b x m x n x k), `copy`
@@ -157,7 +157,7 @@ def profile_toml(family: str, profile: DeviceProfile) -> str:
              "tiles = [" + ", ".join(f"[{a}, {b}]" for a, b in profile.tiles) + "]",
              "flops = { " + ", ".join(f"{k} = {v:.6g}" for k, v in profile.flops.items()) + " }"]
     for name in ("hbm_bandwidth", "matmul_efficiency", "memory_efficiency", "kernel_overhead", "overlap",
-                 "flash_forward_efficiency", "flash_backward_efficiency"):
+                 "flash_forward_efficiency", "flash_backward_efficiency", "nccl_channels"):
         lines.append(f"{name} = {getattr(profile, name):.6g}")
     lines += ["", f"[{family}.sources]"]
     for key, value in profile.sources.items():

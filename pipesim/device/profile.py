@@ -4,7 +4,7 @@ A GEMM's time depends on the device as much as on its shape: how many SMs share 
 tile shapes the library picks from, the tensor-core peak per dtype, the HBM bandwidth, and how
 close to those peaks real kernels get. `DeviceProfile` holds those figures; the shipped families
 (A100, H100, H200, B200) live in pipesim/presets/gemm/devices.toml with a source per field, and a
-GPU run of bench/gpu_calibrate.py can replace the measured ones (`DeviceProfile.with_measured`).
+GPU run of `pipesim calibrate --gpu` replaces the measured ones (`DeviceProfile.with_measured`).
 """
 
 from __future__ import annotations
@@ -42,6 +42,9 @@ class DeviceProfile:
     flash_forward_efficiency: float  # flash attention forward: fraction of the peak
     flash_backward_efficiency: float  # flash attention backward (recompute included): fraction of the peak
     sources: dict[str, str] = field(default_factory=dict, compare=False)  # field -> citation
+    # NCCL channels (one thread block, one SM, each) of a collective inside the node: the SMs an overlapped
+    # GEMM loses (pipesim.overlap_interference); 0: overlap taken as free
+    nccl_channels: int = 0
 
     def __post_init__(self) -> None:
         where = f"device {self.name!r}"
@@ -53,6 +56,10 @@ class DeviceProfile:
             if dtype not in DTYPE_BYTES or not _positive(peak):
                 raise PipesimError(f"{where}: flops[{dtype!r}] must be a dtype of {', '.join(DTYPE_BYTES)} "
                                    f"with a positive FLOP/s, got {peak!r}")
+        if not isinstance(self.nccl_channels, int) or isinstance(self.nccl_channels, bool) or \
+                not 0 <= self.nccl_channels < self.sms:
+            raise PipesimError(f"{where}: nccl_channels must be an integer from 0 to sms - 1, "
+                               f"got {self.nccl_channels!r}")
         for name in ("hbm_bandwidth", "kernel_overhead"):
             value = getattr(self, name)
             if not (_positive(value) or (name == "kernel_overhead" and value == 0)):
@@ -66,7 +73,7 @@ class DeviceProfile:
     def __hash__(self) -> int:  # dict fields: hash by their sorted items so a profile can key a cache
         return hash((self.name, self.sms, self.tiles, tuple(sorted(self.flops.items())), self.hbm_bandwidth,
                      self.matmul_efficiency, self.memory_efficiency, self.kernel_overhead, self.overlap,
-                     self.flash_forward_efficiency, self.flash_backward_efficiency))
+                     self.flash_forward_efficiency, self.flash_backward_efficiency, self.nccl_channels))
 
     def peak(self, dtype: str) -> float:
         """Dense peak FLOP/s for `dtype`, or a one-line error naming the dtypes it has."""

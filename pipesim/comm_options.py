@@ -1,0 +1,75 @@
+"""How the simulated framework communicates, where frameworks offer a choice (issue 15, mechanisms 2 and 3).
+
+- `scatter_gather`: Megatron-LM's `scatter_gather_tensors_in_pipeline` (on by default there; off with
+  `--no-scatter-gather-tensors-in-pipeline`). With tp > 1 and no sequence parallelism each of a stage's t
+  ranks sends 1/t of the boundary over its own link (its own NIC across nodes, rail-optimised), and the
+  receiving stage's t ranks all-gather it inside their node. pipesim's executor does not, so it is opt-in.
+- `overlap_grad_reduce`: Megatron-LM's `--overlap-grad-reduce` (off by default there; torch DDP always
+  overlaps): a stage's gradients are reduced in buckets of `ddp_bucket_size` parameters, in reverse layer
+  order, as its last backward passes them, instead of in one collective after it.
+
+The defaults are today's behaviour, bit for bit. Mechanics: docs/simulator.md ("Communication options").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipesim.errors import PipesimError
+
+# Megatron-LM megatron/core/distributed/distributed_data_parallel_config.py, `bucket_size`: "If unspecified,
+# MCore uses a default value of max(40000000, 1000000 * dp_size) parameters".
+MIN_DEFAULT_BUCKET_PARAMS = 40_000_000  # parameters
+DEFAULT_BUCKET_PARAMS_PER_DP_RANK = 1_000_000  # parameters per data-parallel rank
+
+
+@dataclass(frozen=True)
+class CommOptions:
+    """Communication choices of the simulated framework; the default is pipesim's own (executor) behaviour."""
+
+    scatter_gather: bool = False  # pipeline messages split over the tp ranks, all-gathered at the receiver
+    overlap_grad_reduce: bool = False  # DP gradient reduction in buckets, overlapped with the last backward
+    ddp_bucket_size: int | None = None  # parameters per bucket; None: Megatron's max(40M, 1M x dp)
+
+    def __post_init__(self) -> None:
+        size = self.ddp_bucket_size
+        if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 1):
+            raise PipesimError(f"--ddp-bucket-size must be a positive number of parameters, got {size!r}")
+        if size is not None and not self.overlap_grad_reduce:
+            raise PipesimError("--ddp-bucket-size needs --overlap-grad-reduce (without it the gradients are "
+                               "reduced in one collective after the last backward)")
+
+    def bucket_params(self, dp: int) -> int:
+        """Parameters per gradient bucket: the flag's, or Megatron's default for `dp` replicas."""
+        if self.ddp_bucket_size is not None:
+            return self.ddp_bucket_size
+        return max(MIN_DEFAULT_BUCKET_PARAMS, DEFAULT_BUCKET_PARAMS_PER_DP_RANK * dp)
+
+    def flags(self) -> list[str]:
+        """The command-line flags that give these options (for exported commands)."""
+        out = ["--scatter-gather"] if self.scatter_gather else []
+        if self.overlap_grad_reduce:
+            out.append("--overlap-grad-reduce")
+        if self.ddp_bucket_size is not None:
+            out += ["--ddp-bucket-size", str(self.ddp_bucket_size)]
+        return out
+
+    def report(self) -> dict:
+        """The options as --json reports them."""
+        return {"scatter_gather": self.scatter_gather, "overlap_grad_reduce": self.overlap_grad_reduce,
+                "ddp_bucket_size": self.ddp_bucket_size}
+
+
+def bucket_fractions(params: int, bucket: int) -> tuple[float, ...]:
+    """Cumulative fraction of a stage's `params` reduced by the end of each bucket of `bucket` parameters,
+    in the order backward fills them (reverse layer order); the last is exactly 1.0. (1.0,) when the stage
+    fits one bucket (or holds no parameters)."""
+    if bucket < 1:
+        raise PipesimError(f"a gradient bucket holds at least one parameter, got {bucket}")
+    if params <= bucket:
+        return (1.0,)
+    full = -(-params // bucket) - 1  # buckets of exactly `bucket` parameters before the remainder
+    return tuple((k + 1) * bucket / params for k in range(full)) + (1.0,)
+
+
+__all__ = ["DEFAULT_BUCKET_PARAMS_PER_DP_RANK", "MIN_DEFAULT_BUCKET_PARAMS", "CommOptions", "bucket_fractions"]

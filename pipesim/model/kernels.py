@@ -1,0 +1,284 @@
+"""The GPU kernels of a transformer's pieces for one microbatch on one rank, per F, I and W.
+
+Each kernel is typed by how it is timed: a GEMM (its m, n, k and batch), a flash-attention
+kernel (forward or backward), or a memory-bound kernel (the bytes it reads and writes). The
+GEMMs and attention kernels carry exactly the FLOPs of pipesim/model/flops.py (tests tie them);
+the memory-bound kernels follow Megatron-LM's fused kernels by default (bias + GeLU / SwiGLU,
+bias + dropout + residual add, scale + mask + softmax, RoPE, LayerNorm: each reads its inputs
+and writes its output once), or eager PyTorch's one kernel per op with `fused=False`
+(Megatron's --no-bias-gelu-fusion, --no-bias-swiglu-fusion, --no-bias-dropout-fusion,
+--no-masked-softmax-fusion and --no-rope-fusion at once). Byte formulas: docs/gpu_model.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipesim.model.activations import MASK_BYTES
+from pipesim.model.config import ModelConfig
+from pipesim.model.elementwise import layer_elementwise_bytes
+from pipesim.model.options import LayerOptions, vocab_shard
+
+FP32 = 4  # bytes: Megatron's vocab-parallel cross-entropy runs on float32 logits (logits.float())
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """C (m x n) = A (m x k) @ B (k x n), `batch` times in one kernel."""
+
+    name: str  # e.g. "QKV", "QKV dgrad", "QKV wgrad", "Q K^T"
+    m: int
+    n: int
+    k: int
+    batch: int = 1
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.batch * self.m * self.n * self.k
+
+
+@dataclass(frozen=True)
+class FlashAttention:
+    """One fused attention kernel over `heads` query heads of `seq` local queries against `kv_seq` keys."""
+
+    name: str
+    batch: int
+    seq: int  # local queries (s / cp)
+    heads: int  # query heads on this rank (heads / t)
+    head_dim: int
+    kv_seq: int  # keys each query meets (s)
+    kv_heads: int  # key/value heads on this rank (GQA)
+    backward: bool
+
+    @property
+    def flops(self) -> int:
+        """The full-square count of pipesim.model.flops (forward 4 b s_q s_k h / t; backward 2.5x)."""
+        fwd = 4 * self.batch * self.seq * self.kv_seq * self.heads * self.head_dim
+        return fwd * 10 // 4 if self.backward else fwd
+
+
+@dataclass(frozen=True)
+class MemoryBound:
+    """A streaming kernel: `nbytes` read and written once through HBM."""
+
+    name: str
+    nbytes: int  # bytes
+
+
+Kernel = Gemm | FlashAttention | MemoryBound
+
+
+@dataclass(frozen=True)
+class PieceKernels:
+    """The kernels of one piece (layer, embedding, head) for one microbatch: forward, input and weight gradient."""
+
+    F: tuple[Kernel, ...]
+    I: tuple[Kernel, ...]  # noqa: E741 (the action's name in the IR)
+    W: tuple[Kernel, ...]
+
+    def flops(self, phase: str) -> int:
+        """GEMM and attention FLOPs of one phase ("F", "I" or "W")."""
+        return sum(k.flops for k in getattr(self, phase) if not isinstance(k, MemoryBound))
+
+    def memory_bytes(self, phase: str) -> int:
+        return sum(k.nbytes for k in getattr(self, phase) if isinstance(k, MemoryBound))
+
+
+def _linears(model: ModelConfig, opts: LayerOptions) -> list[tuple[str, int, int]]:
+    """(name, in_features, out_features) of one layer's weight matrices on one tp rank, in forward order.
+
+    Column-parallel (QKV, FC1) split their outputs over t, row-parallel (projection, FC2) their
+    inputs; SwiGLU's gate and up are one FC1 of 2 f / t outputs, as Megatron's linear_fc1.
+    """
+    h, f, t = model.hidden, model.ffn_size, opts.tp
+    hkv = model.num_kv_heads * model.head_dim
+    fc1 = 2 * f if model.activation == "swiglu" else f
+    return [("QKV", h, (h + 2 * hkv) // t), ("projection", h // t, h), ("FC1", h, fc1 // t), ("FC2", f // t, h)]
+
+
+def _forward_gemms(linears: list[tuple[str, int, int]], tokens: int) -> list[Gemm]:
+    return [Gemm(name, tokens, out, inp) for name, inp, out in linears]
+
+
+def _dgrad_gemms(linears: list[tuple[str, int, int]], tokens: int) -> list[Gemm]:
+    """dX = dY W^T, in backward order."""
+    return [Gemm(f"{name} dgrad", tokens, inp, out) for name, inp, out in reversed(linears)]
+
+
+def _wgrad_gemms(linears: list[tuple[str, int, int]], tokens: int) -> list[Gemm]:
+    """dW = X^T dY (k = tokens), in backward order."""
+    return [Gemm(f"{name} wgrad", inp, out, tokens) for name, inp, out in reversed(linears)]
+
+
+def _attention(model: ModelConfig, b: int, opts: LayerOptions) -> tuple[list[Kernel], list[Kernel]]:
+    """The attention core's (forward, backward) GEMMs or flash kernels."""
+    sq, sk, hd = opts.local_seq(model), model.seq, model.head_dim
+    heads = model.heads // opts.tp
+    if opts.attention == "flash":
+        kvh = model.num_kv_heads // opts.tp
+        return ([FlashAttention("flash attention", b, sq, heads, hd, sk, kvh, False)],
+                [FlashAttention("flash attention backward", b, sq, heads, hd, sk, kvh, True)])
+    bh = b * heads
+    fwd: list[Kernel] = [Gemm("Q K^T", sq, sk, hd, bh), Gemm("A V", sq, hd, sk, bh)]
+    bwd: list[Kernel] = [Gemm("A V dA", sq, sk, hd, bh), Gemm("A V dV", sk, hd, sq, bh),
+                         Gemm("Q K^T dQ", sq, hd, sk, bh), Gemm("Q K^T dK", sk, hd, sq, bh)]
+    return fwd, bwd
+
+
+def _elementwise(model: ModelConfig, b: int, opts: LayerOptions, fused: bool) -> tuple[list[Kernel], list[Kernel]]:
+    """The layer's memory-bound (forward, backward) kernels, without recomputation.
+
+    Unfused: pipesim/model/elementwise.py's ops one kernel each, plus what Megatron's fusions
+    remove: bias adds (before GeLU and before each dropout), the scale and the mask before the
+    softmax, and RoPE as rotate / two products / sum. Fused: bias + activation one kernel (F
+    reads its input, writes its output); bias + dropout + residual add one kernel (F reads the
+    branch and the residual, writes the sum and the mask; B: dropout's gradient, the residual's
+    gradient sum); scale + mask + softmax one kernel (F 2 S d, B 3 S d); RoPE one kernel.
+    """
+    ew = layer_elementwise_bytes(model, b, opts)
+    d = model.dtype_bytes
+    tokens = opts.local_seq(model) * b
+    hidden = opts.seq_sharded(tokens * model.hidden)  # residual-stream elements on this rank
+    ffn = tokens * model.ffn_size // opts.tp
+    scores = b * (model.heads // opts.tp) * opts.local_seq(model) * model.seq
+    qk = tokens * (model.hidden + model.num_kv_heads * model.head_dim) // opts.tp
+    mask = MASK_BYTES * hidden if model.dropout else 0
+    norm = "RMSNorm" if model.norm == "rmsnorm" else "LayerNorm"
+    fwd: list[Kernel] = []
+    bwd: list[Kernel] = []
+
+    def op(name: str, f: int, bk: int) -> None:
+        fwd.append(MemoryBound(name, f))
+        bwd.append(MemoryBound(f"{name} backward", bk))
+
+    def from_ew(name: str) -> None:
+        if name in ew.forward:
+            op(name, ew.forward[name], ew.backward[name])
+
+    from_ew(f"attention {norm}")
+    if model.positions == "rope":
+        if fused:
+            from_ew("RoPE on Q and K")
+        else:  # rotate_half (read, write), x cos, rot sin (read, write each), their sum (read 2, write)
+            op("RoPE on Q and K (unfused)", 9 * qk * d, 9 * qk * d)
+    if opts.attention == "eager":
+        if not fused:  # scale, then masked_fill (reads the mask), then softmax
+            op("attention scale", 2 * scores * d, 2 * scores * d)
+            op("attention mask", 2 * scores * d + scores, 2 * scores * d + scores)
+        from_ew("softmax")
+        from_ew("softmax dropout")
+    for block in ("attention", "MLP"):
+        if block == "MLP":
+            from_ew(f"MLP {norm}")
+            act = "SwiGLU" if model.activation == "swiglu" else "GeLU"
+            if model.biases and not fused:  # bias add before the activation; its gradient: a reduction
+                op(f"{act} bias add", 2 * ffn * d * (2 if act == "SwiGLU" else 1), ffn * d)
+            from_ew(act)
+        if fused and (model.dropout or model.biases):  # bias + dropout + add: one kernel forward
+            fwd.append(MemoryBound(f"{block} bias-dropout-add", 3 * hidden * d + mask))
+            if model.dropout:
+                bwd.append(MemoryBound(f"{block} dropout backward", 2 * hidden * d + mask))
+            bwd.append(MemoryBound(f"{block} residual gradient sum", 3 * hidden * d))
+            continue
+        if model.biases:
+            op(f"{block} output bias add", 2 * hidden * d, hidden * d)
+        from_ew(f"{block} dropout")
+        from_ew(f"{block} residual add")
+    return fwd, bwd
+
+
+def _bias_gradients(model: ModelConfig, opts: LayerOptions, linears: list[tuple[str, int, int]],
+                    tokens: int) -> list[Kernel]:
+    """Each bias's gradient: a sum over the tokens of its output gradient (Megatron: grad_output.sum(dim=0) for QKV;
+    autograd's reduction of the fused bias-GeLU and bias-dropout-add inputs for the others). The projection's
+    and FC2's biases sit after the reduce (-scatter), on the (sp: sharded) residual stream."""
+    d = model.dtype_bytes
+    out = []
+    for name, _, width in linears:
+        elements = opts.seq_sharded(tokens * width) if name in ("projection", "FC2") else tokens * width
+        out.append(MemoryBound(f"{name} bias gradient", elements * d))
+    return out
+
+
+def layer_kernels(model: ModelConfig, b: int, opts: LayerOptions, *, fused: bool = True) -> PieceKernels:
+    """One transformer layer's kernels on one rank, recomputation (full: the whole forward; selective:
+    the attention core and its memory-bound ops) first in I. Tokens: b s / cp (with sp, the
+    all-gathered input the GEMMs see)."""
+    opts.check(model)
+    tokens = b * opts.local_seq(model)
+    linears = _linears(model, opts)
+    core_f, core_b = _attention(model, b, opts)
+    ew_f, ew_b = _elementwise(model, b, opts, fused)
+    f = _forward_gemms(linears[:1], tokens) + core_f + _forward_gemms(linears[1:], tokens) + ew_f
+    i = _dgrad_gemms(linears[2:], tokens) + core_b + _dgrad_gemms(linears[:2], tokens) + ew_b
+    w: list[Kernel] = list(_wgrad_gemms(linears, tokens))
+    if model.biases:
+        f[1:1] = [MemoryBound("QKV bias add", 2 * tokens * linears[0][2] * model.dtype_bytes)]
+        w += _bias_gradients(model, opts, linears, tokens)
+    if opts.recompute == "full":
+        i = [*f, *i]
+    elif opts.recompute == "selective":
+        core_ew = {"softmax", "softmax dropout", "attention scale", "attention mask"}
+        i = [*core_f, *(k for k in ew_f if k.name in core_ew), *i]
+    return PieceKernels(tuple(f), tuple(i), tuple(w))
+
+
+def head_kernels(model: ModelConfig, b: int, opts: LayerOptions) -> PieceKernels:
+    """Final norm, LM head (h x ceil(V / t)) and Megatron's vocab-parallel cross-entropy on float32 logits.
+
+    Cross-entropy forward: cast to float32 (read d, write 4), max (read 4), subtract (read 4,
+    write 4), exp (read 4, write 4), sum (read 4), divide (read 4, write 4): d + 36 bytes per
+    logit; backward: scale the saved softmax (read 4, write 4), cast back (read 4, write d):
+    12 + d. Not fused by Megatron's defaults (--cross-entropy-loss-fusion is off).
+    """
+    opts.check(model)
+    d = model.dtype_bytes
+    tokens = b * opts.local_seq(model)
+    hidden = opts.seq_sharded(tokens * model.hidden)
+    vocab = vocab_shard(model, opts.tp)
+    logits = tokens * vocab
+    norm = "RMSNorm" if model.norm == "rmsnorm" else "LayerNorm"
+    f: tuple[Kernel, ...] = (MemoryBound(f"final {norm}", 2 * hidden * d), Gemm("LM head", tokens, vocab, model.hidden),
+                             MemoryBound("cross-entropy", logits * (d + 9 * FP32)))
+    i: tuple[Kernel, ...] = (MemoryBound("cross-entropy backward", logits * (d + 3 * FP32)),
+                             Gemm("LM head dgrad", tokens, model.hidden, vocab),
+                             MemoryBound(f"final {norm} backward", 3 * hidden * d))
+    w: tuple[Kernel, ...] = (Gemm("LM head wgrad", model.hidden, vocab, tokens),)
+    return PieceKernels(f, i, w)
+
+
+def embedding_kernels(model: ModelConfig, b: int, opts: LayerOptions) -> PieceKernels:
+    """Vocab-parallel token lookup (+ learned positions, + dropout): memory-bound, no FLOPs.
+
+    F: gather the rows (read and write b s h); the position add (read 2, write 1); dropout on the
+    (sp: sharded) output. W: the table's gradient, a scatter-add of b s h gradient rows into the
+    rank's ceil(V / t) x h rows (read the gradient, write the table).
+    """
+    opts.check(model)
+    d = model.dtype_bytes
+    tokens = b * opts.local_seq(model)
+    full = tokens * model.hidden
+    out = opts.seq_sharded(full)
+    f: list[Kernel] = [MemoryBound("embedding lookup", 2 * full * d)]
+    if model.positions == "learned":
+        f.append(MemoryBound("position add", 3 * full * d))
+    if model.dropout:
+        f.append(MemoryBound("embedding dropout", 2 * out * d + MASK_BYTES * out))
+    table = vocab_shard(model, opts.tp) * model.hidden
+    return PieceKernels(tuple(f), (), (MemoryBound("embedding backward", full * d + table * d),))
+
+
+def mlp_layer_kernels(b: int, hidden: int, dtype_bytes: int, tp: int, *, input_grad: bool = True) -> PieceKernels:
+    """The lecture MLP's Linear(h, h / t) + GeLU on b rows: one GEMM each for F, I (unless the data needs
+    no gradient) and W, and the GeLU as a memory-bound kernel (F 2, B 3 values per element)."""
+    out = hidden // tp  # model_costs checks that tp divides the hidden size
+    act = b * out * dtype_bytes  # bytes of the layer's output on this rank
+    i: tuple[Kernel, ...] = (MemoryBound("GeLU backward", 3 * act),)
+    if input_grad:
+        i += (Gemm("linear dgrad", b, hidden, out),)
+    return PieceKernels((Gemm("linear", b, out, hidden), MemoryBound("GeLU", 2 * act)), i,
+                        (Gemm("linear wgrad", hidden, out, b),))
+
+
+__all__ = ["FlashAttention", "Gemm", "Kernel", "MemoryBound", "PieceKernels", "embedding_kernels",
+           "head_kernels", "layer_kernels", "mlp_layer_kernels"]

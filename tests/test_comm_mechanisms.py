@@ -1,0 +1,214 @@
+"""Issue 15's communication mechanisms in the simulator, in closed form: Megatron's scatter/gather of pipeline
+messages, data-parallel gradient buckets overlapped with the last backward, and NCCL's algorithms as the one
+collective dispatch (pipesim.comm_options, pipesim.collective_algos, pipesim.sim_step)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+import schedules
+from pipesim.cli import main
+from pipesim.collective_algos import collective_seconds, collective_time
+from pipesim.comm_costs import KINDS, group_collective_time
+from pipesim.comm_options import CommOptions, bucket_fractions
+from pipesim.errors import PipesimError
+from pipesim.hardware_toml import load_hardware
+from pipesim.ir import Kind
+from pipesim.model.options import LayerOptions
+from pipesim.model_costs import uniform_costs
+from pipesim.parallel_dims import ParallelDims
+from pipesim.sim_program import cp_exposed
+from pipesim.simulator import simulate
+from pipesim.step_costs import RingExchange, StepCollective, StepCosts
+
+US = 1e-6  # seconds per microsecond
+MS = 1e-3  # seconds per millisecond
+A100X2 = load_hardware("dgx-a100").with_nodes(2)  # NVSwitch 240 GB/s in a node, one 23.75 GB/s HDR NIC per GPU
+H100 = load_hardware("dgx-h100")
+CPU = load_hardware("local-cpu")
+
+
+def _index(res, rank: int, kind: Kind, stage: int) -> int:
+    return next(i for i, a in enumerate(res.schedule.programs[rank]) if a.kind == kind and a.stage == stage)
+
+
+# -- mechanism 3: Megatron's scatter/gather of pipeline messages ------------------------------------------------
+
+def _two_stage(nbytes: int, *, tp: int = 8, sp: bool = False):
+    """p = 2 (one dgx-a100 node each), one microbatch, 1 ms per F / I / W, an S = `nbytes` boundary."""
+    costs = uniform_costs(2, {"F": MS, "I": MS, "W": MS}, boundary_bytes=nbytes)
+    return replace(costs, tp=tp, options=LayerOptions(tp=tp, sp=sp) if sp else None)
+
+
+def test_scatter_gather_sends_one_tth_per_nic_then_all_gathers_in_the_receiving_node():
+    s = 64 * 2**20  # bytes: b s h x 2 of a message
+    sched = schedules.build("1f1b", 2, 1)
+    res = simulate(sched, _two_stage(s), A100X2, comm_options=CommOptions(scatter_gather=True))
+    nic, nvlink = A100X2.inter, A100X2.intra
+    send = nic.latency + (s // 8) / nic.bandwidth  # each tp rank's part over its own NIC, side by side
+    # the receiving node's 8 ranks all-gather S: NCCL's ring with Simple, base 8.4 us + 7 NVLink steps of 3.4 us
+    gather = (8.4 + 7 * 3.4) * US + 7 / 8 * s / nvlink.bandwidth
+    assert collective_time("all_gather", s, list(range(8, 16)), A100X2).protocol == "Simple"
+    tr = res.transfers[0]
+    assert (tr.nbytes, tr.start, tr.link) == (s // 8, MS, "infiniband")
+    assert tr.end == pytest.approx(MS + send, rel=1e-12)
+    assert tr.resources == ("n0.d0.infiniband.tx", "n1.d8.infiniband.rx")  # tp rank 0's rail
+    f1 = _index(res, 1, Kind.F, 1)
+    assert res.starts[1][f1] == pytest.approx(MS + send + gather, rel=1e-12)  # RECV ends after the all-gather
+    link = next(r for r in res.link_stats() if r["resource"] == "n0.d0.infiniband.tx")
+    assert link["bytes"] == s // 8 and link["busy"] == pytest.approx(send, rel=1e-12)  # NIC bytes shrink by t
+
+
+def test_without_scatter_gather_one_rank_sends_the_whole_boundary_over_one_nic():
+    s = 64 * 2**20
+    sched = schedules.build("1f1b", 2, 1)
+    res = simulate(sched, _two_stage(s), A100X2)
+    tr = res.transfers[0]
+    assert tr.nbytes == s and tr.end - tr.start == pytest.approx(A100X2.inter.latency + s / 23.75e9, rel=1e-12)
+    assert res.starts[1][_index(res, 1, Kind.F, 1)] == tr.end
+    assert res.makespan == simulate(sched, _two_stage(s), A100X2, comm_options=CommOptions()).makespan
+
+
+@pytest.mark.parametrize("costs", [_two_stage(2**24, sp=True), _two_stage(2**24, tp=1)], ids=["sp", "tp1"])
+def test_scatter_gather_changes_nothing_with_sequence_parallelism_or_one_tp_rank(costs):
+    sched = schedules.build("1f1b", 2, 4)
+    plain = simulate(sched, costs, A100X2)
+    split = simulate(sched, costs, A100X2, comm_options=CommOptions(scatter_gather=True))
+    assert (split.starts, split.ends, split.makespan) == (plain.starts, plain.ends, plain.makespan)
+
+
+def test_a_late_receiver_still_pays_the_all_gather():
+    """The gather runs on the receiving ranks after the bytes are in: a RECV reached late is not free."""
+    s = 2**20
+    sched = schedules.build("1f1b", 2, 4)
+    res = simulate(sched, _two_stage(s), A100X2, comm_options=CommOptions(scatter_gather=True))
+    gather = collective_seconds(A100X2, "all_gather", list(range(8, 16)), s)
+    for i, a in enumerate(res.schedule.programs[1]):
+        if a.kind == Kind.RECV_F:
+            arrive = res.recv_transfer(a).end
+            assert res.ends[1][i] == max(res.starts[1][i], arrive) + gather
+
+
+# -- mechanism 2 (data-parallel part): gradient buckets overlapped with the last backward -----------------------
+
+PARAMS = 4_000_000  # parameters of the stage on one tp rank
+
+
+def _one_stage_dp2(grad_bytes: int, step: StepCosts | None = None):
+    """p = 1, dp = 2 on dgx-h100 (devices 0 and 1), F 1 ms, backward 2 ms (1 ms to 3 ms)."""
+    costs = uniform_costs(1, {"F": MS, "I": MS, "W": MS})
+    return replace(costs, dp=2, dp_grad_bytes=(grad_bytes,), param_counts=(PARAMS,), step=step)
+
+
+def test_bucket_fractions_fill_in_reverse_layer_order_with_a_remainder_last():
+    assert bucket_fractions(PARAMS, PARAMS // 4) == (0.25, 0.5, 0.75, 1.0)
+    assert bucket_fractions(10, 4) == (0.4, 0.8, 1.0)
+    assert bucket_fractions(10, 10) == (1.0,) and bucket_fractions(0, 5) == (1.0,)
+    assert CommOptions(overlap_grad_reduce=True).bucket_params(8) == 40_000_000  # Megatron: max(40M, 1M x dp)
+    assert CommOptions(overlap_grad_reduce=True).bucket_params(64) == 64_000_000
+
+
+def test_buckets_are_ready_as_the_backward_passes_them_and_only_the_last_is_exposed():
+    g = 8_000_000  # bytes: 2 MB per bucket, reduced in ~10 us, well inside each 0.5 ms slice of the backward
+    sched = schedules.build("1f1b", 1, 1)
+    opts = CommOptions(overlap_grad_reduce=True, ddp_bucket_size=PARAMS // 4)
+    res = simulate(sched, _one_stage_dp2(g), H100, comm_options=opts)
+    c = collective_seconds(H100, "all_reduce", [0, 1], g // 4)
+    assert [(r.kind, r.nbytes, r.start) for r in res.collectives] == [
+        ("all_reduce", g // 4, MS + 2 * MS * f) for f in (0.25, 0.5, 0.75)] + [("all_reduce", g // 4, 3 * MS)]
+    assert res.collectives[-1].end == 3 * MS + c  # the exposed tail: the last bucket's reduction
+    whole = simulate(sched, _one_stage_dp2(g), H100)  # today: one all_reduce after the backward
+    assert [(r.nbytes, r.start) for r in whole.collectives] == [(g, 3 * MS)]
+    assert whole.collectives[0].end == 3 * MS + collective_seconds(H100, "all_reduce", [0, 1], g)
+
+
+def test_slow_buckets_queue_on_the_collective_stream():
+    g = 4 * 10**9  # bytes: 1 GB per bucket, each longer than the 0.5 ms the backward takes to fill the next
+    sched = schedules.build("1f1b", 1, 1)
+    opts = CommOptions(overlap_grad_reduce=True, ddp_bucket_size=PARAMS // 4)
+    res = simulate(sched, _one_stage_dp2(g), H100, comm_options=opts)
+    c = collective_seconds(H100, "all_reduce", [0, 1], g // 4)
+    assert c > 0.5 * MS
+    assert res.collectives[0].start == 1.5 * MS
+    assert [r.start for r in res.collectives[1:]] == [r.end for r in res.collectives[:-1]]
+    tail = res.collectives[-1].end - 3 * MS  # what the backward did not hide
+    assert tail == pytest.approx(4 * c - 1.5 * MS, rel=1e-12)
+
+
+def test_zero1_reduce_scatters_in_buckets_and_gathers_the_parameters_after_the_optimizer():
+    g, a, opt = 8_000_000, 4_000_000, 0.1 * MS
+    step = StepCosts(collectives=((StepCollective("reduce_scatter", g, "grads"),
+                                   StepCollective("all_gather", a, "params")),),
+                     optimizer_seconds=(opt,), optimizer_bytes=(0,), zero=1)
+    sched = schedules.build("1f1b", 1, 1)
+    opts = CommOptions(overlap_grad_reduce=True, ddp_bucket_size=PARAMS // 2)
+    res = simulate(sched, _one_stage_dp2(g, step), H100, comm_options=opts)
+    rs = [r for r in res.collectives if r.kind == "reduce_scatter"]
+    assert [(r.nbytes, r.start) for r in rs] == [(g // 2, 2 * MS), (g // 2, 3 * MS)]
+    end = res.step_ends[0]
+    assert end.optimizer_start == rs[-1].end and end.optimizer_end == rs[-1].end + opt
+    (ag,) = [r for r in res.collectives if r.kind == "all_gather"]
+    assert (ag.nbytes, ag.start) == (a, end.optimizer_end) and res.step_time == ag.end
+
+
+def test_ddp_bucket_size_needs_overlap_grad_reduce(capsys):
+    with pytest.raises(PipesimError, match="--ddp-bucket-size needs --overlap-grad-reduce"):
+        CommOptions(ddp_bucket_size=10)
+    code = main(["simulate", "1f1b", "-p", "2", "-m", "2", "--model", "gpt", "--ddp-bucket-size", "10"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "--ddp-bucket-size needs --overlap-grad-reduce" in err[0]
+
+
+@pytest.mark.parametrize("command", ["simulate", "sweep"])
+def test_the_flags_reach_simulate_and_sweep(command, tmp_path, capsys):
+    out = tmp_path / "out.json"
+    common = ["--model", "gpt", "--hidden", "512", "--layers", "4", "--heads", "8", "--seq", "256", "--batch", "8",
+              "--tp", "2", "--dp", "2", "--hardware", "dgx-h100", "--json", str(out)]
+    shape = ["1f1b", "-p", "2", "-m", "4"] if command == "simulate" else ["--schedules", "1f1b", "--stages", "2",
+                                                                         "--microbatches", "4"]
+    flags = ["--scatter-gather", "--overlap-grad-reduce", "--ddp-bucket-size", "1000"]
+    assert main([command, *shape, *common, *flags]) == 0
+    data = json.loads(out.read_text())
+    assert data["options"]["scatter_gather"] is True and data["options"]["ddp_bucket_size"] == 1000
+
+
+# -- mechanism 5: one collective dispatch, NCCL's algorithms on GPU presets --------------------------------------
+
+@pytest.mark.parametrize("kind", ["all_reduce", "reduce_scatter", "all_gather", "all_to_all", "send_recv"])
+def test_dispatch_is_nccls_choice_on_gpu_presets(kind):
+    two = load_hardware("2x-dgx-h100")
+    for devices in ([0, 1], list(range(8)), [0, 8], list(range(16))):
+        group = devices[:2] if kind == "send_recv" else devices
+        assert collective_seconds(two, kind, group, 2**26) == collective_time(kind, 2**26, group, two).seconds
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_dispatch_is_comm_costs_bit_for_bit_on_the_cpu_preset(kind):
+    devices = [0, 1] if kind == "send_recv" else list(range(min(4, CPU.num_devices)))
+    for nbytes in (1, 4096, 3 * 2**20 + 7):
+        assert collective_seconds(CPU, kind, devices, nbytes) == group_collective_time(CPU, kind, devices, nbytes)
+
+
+def test_simulated_dp_and_tp_collectives_are_timed_by_the_dispatch():
+    two = load_hardware("2x-dgx-h100")
+    g = 2**28  # bytes of gradients, all-reduced across the two nodes (dp = 2, one rank per node, tp = 8)
+    costs = replace(uniform_costs(1, {"F": MS, "I": MS, "W": MS}), tp=8, dp=2, dp_grad_bytes=(g,),
+                    tp_collectives={(0, "F"): (("all_reduce", 2**24),)})
+    res = simulate(schedules.build("1f1b", 1, 1), costs, two)
+    (rec,) = res.collectives
+    nccl = collective_time("all_reduce", g, [0, 8], two)
+    assert rec.end - rec.start == pytest.approx(nccl.seconds, rel=1e-12)
+    assert nccl.seconds != group_collective_time(two, "all_reduce", [0, 8], g)  # not the alpha-beta ring any more
+    f = _index(res, 0, Kind.F, 0)
+    assert res.tp_time[0][f] == collective_seconds(two, "all_reduce", list(range(8)), 2**24)
+
+
+def test_ring_attention_hops_are_timed_by_the_dispatch():
+    par = ParallelDims(pp=1, cp=2)
+    sched = schedules.build("1f1b", 1, 1)
+    hop = RingExchange(2**24, 3, 0.0)  # three hops with nothing to hide behind
+    got = cp_exposed(sched, H100, True, par, {(0, "F"): (hop,)})
+    assert got == {(0, "F"): 3 * collective_seconds(H100, "send_recv", [0, 1], 2**24)}

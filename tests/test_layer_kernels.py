@@ -1,0 +1,189 @@
+"""The GPU kernel path: a layer's kernel list (FLOPs tied to pipesim/model/flops.py, fused and unfused bytes), its
+timing on a device profile, the wiring into model_costs on presets with a family, and the TP overlap triples."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import replace
+
+import pytest
+
+from pipesim.cli import main as pipesim_main
+from pipesim.device.gemm import gemm_time
+from pipesim.device.kernels import flash_attention_time, memory_bound_time
+from pipesim.hardware_toml import load_hardware
+from pipesim.ir import Action, Kind
+from pipesim.kernel_costs import gpt_stage_seconds, layer_seconds, overlap_gemm, piece_seconds, profile_of
+from pipesim.model.config import ModelConfig
+from pipesim.model.elementwise import layer_elementwise_bytes
+from pipesim.model.flops import head_flops, layer_flops
+from pipesim.model.kernels import FlashAttention, Gemm, MemoryBound, head_kernels, layer_kernels
+from pipesim.model.options import LayerOptions
+from pipesim.model_costs import model_costs
+from pipesim.parallel_dims import ParallelDims
+from pipesim.sim_program import _tp_time
+
+GPT = ModelConfig(kind="gpt", hidden=512, layers=4, heads=8, seq=256, vocab=1000, batch=8, dtype="bfloat16")
+LLAMA = replace(GPT, kv_heads=4, ffn_hidden=1408, activation="swiglu", norm="rmsnorm", dropout=False, biases=False,
+                positions="rope", tied_embeddings=True)
+
+
+def _grid():
+    for model, tp, sp, cp, recompute, attention in itertools.product(
+            (GPT, LLAMA), (1, 2, 4), (False, True), (1, 2), ("none", "selective", "full"), ("eager", "flash")):
+        if (cp > 1 and attention != "flash") or (sp and tp == 1):
+            continue
+        yield model, LayerOptions(tp=tp, sp=sp, cp=cp, recompute=recompute, attention=attention)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_kernel_flops_equal_the_flop_counts_for_every_option(fused):
+    n = 0
+    for model, opts in _grid():
+        kernels, flops = layer_kernels(model, 2, opts, fused=fused), layer_flops(model, 2, opts)
+        assert (kernels.flops("F"), kernels.flops("I"), kernels.flops("W")) == (flops.F, flops.I, flops.W), opts
+        head, hf = head_kernels(model, 2, opts), head_flops(model, 2, opts)
+        assert (head.flops("F"), head.flops("I"), head.flops("W")) == (hf.F, hf.I, hf.W)
+        n += 1
+    assert n == 2 * 5 * (3 * 2 + 3)  # models x (tp, sp) pairs x (recompute x attention at cp 1, flash at cp 2)
+
+
+def test_gemm_shapes_of_the_gpt_layer():
+    kernels = layer_kernels(GPT, 2, LayerOptions(tp=2))
+    gemms = {k.name: (k.m, k.n, k.k, k.batch) for phase in "FIW" for k in getattr(kernels, phase)
+             if isinstance(k, Gemm)}
+    n, h = 2 * 256, 512
+    assert gemms["QKV"] == (n, 3 * h // 2, h, 1) and gemms["QKV dgrad"] == (n, h, 3 * h // 2, 1)
+    assert gemms["QKV wgrad"] == (h, 3 * h // 2, n, 1)
+    assert gemms["projection"] == (n, h, h // 2, 1) and gemms["FC2"] == (n, h, 4 * h // 2, 1)
+    assert gemms["Q K^T"] == (256, 256, 64, 2 * 4) and gemms["A V"] == (256, 64, 256, 2 * 4)
+    swiglu = layer_kernels(LLAMA, 2, LayerOptions(tp=2, attention="flash"))
+    fc1 = next(k for k in swiglu.F if k.name == "FC1")
+    assert (fc1.n, fc1.k) == (2 * 1408 // 2, h)  # gate and up in one linear_fc1
+    flash = next(k for k in swiglu.F if isinstance(k, FlashAttention))
+    assert (flash.heads, flash.kv_heads, flash.seq, flash.kv_seq) == (4, 2, 256, 256)
+
+
+def test_fused_bytes_are_the_elementwise_counts_where_nothing_fuses_and_less_elsewhere():
+    # Llama (no biases, no dropout) with flash attention: every op is already one kernel in elementwise.py
+    opts = LayerOptions(tp=2, attention="flash")
+    kernels, ew = layer_kernels(LLAMA, 2, opts), layer_elementwise_bytes(LLAMA, 2, opts)
+    assert kernels.memory_bytes("F") == ew.forward_total and kernels.memory_bytes("I") == ew.backward_total
+    # the GPT: fused bias + dropout + add saves 2 residual-stream passes per block forward, the rest as counted
+    opts = LayerOptions(tp=2)
+    fused, unfused = layer_kernels(GPT, 2, opts), layer_kernels(GPT, 2, opts, fused=False)
+    ew = layer_elementwise_bytes(GPT, 2, opts)
+    d, tokens, h = 2, 2 * 256, 512
+    hidden, ffn, scores = tokens * h, tokens * 4 * h // 2, 2 * 4 * 256 * 256
+    qkv_bias = 2 * tokens * 3 * h // 2 * d
+    extra_f = 2 * scores * d + (2 * scores * d + scores) + 2 * ffn * d + 2 * (2 * hidden * d)  # scale, mask, biases
+    assert unfused.memory_bytes("F") == ew.forward_total + qkv_bias + extra_f
+    assert fused.memory_bytes("F") == ew.forward_total + qkv_bias - 2 * (2 * hidden * d)
+    assert fused.memory_bytes("I") == ew.backward_total
+    assert unfused.memory_bytes("I") == ew.backward_total + 2 * scores * d + (2 * scores * d + scores) + ffn * d \
+        + 2 * hidden * d
+
+
+def test_recomputation_puts_the_rerun_forward_kernels_first_in_i():
+    plain = layer_kernels(GPT, 2, LayerOptions(tp=2))
+    full = layer_kernels(GPT, 2, LayerOptions(tp=2, recompute="full"))
+    assert full.I == plain.F + plain.I and full.F == plain.F and full.W == plain.W
+    selective = layer_kernels(GPT, 2, LayerOptions(tp=2, recompute="selective"))
+    assert [k.name for k in selective.I[:4]] == ["Q K^T", "A V", "softmax", "softmax dropout"]
+    assert selective.I[4:] == plain.I
+
+
+def test_piece_seconds_sum_the_device_models_kernel_by_kernel():
+    prof = profile_of("A100")
+    kernels = layer_kernels(LLAMA, 2, LayerOptions(tp=2, attention="flash"))
+    expected = []
+    for phase in "FIW":
+        total = 0.0
+        for k in getattr(kernels, phase):
+            if isinstance(k, Gemm):
+                total += gemm_time(k.m, k.n, k.k, "bfloat16", prof, batch=k.batch).seconds
+            elif isinstance(k, FlashAttention):
+                total += flash_attention_time(k.batch, k.seq, k.heads, k.head_dim, "bfloat16", prof, kv_seq=k.kv_seq,
+                                              kv_heads=k.kv_heads, causal=True, backward=k.backward).seconds
+            else:
+                assert isinstance(k, MemoryBound)
+                total += memory_bound_time(k.nbytes, prof).seconds
+        expected.append(total)
+    got = piece_seconds(kernels, "bfloat16", prof)
+    assert (got.F, got.I, got.W) == pytest.approx(expected, rel=1e-12)
+    assert layer_seconds(LLAMA, 2, LayerOptions(tp=2, attention="flash"), True, "A100") == got
+
+
+def test_model_costs_on_a_family_preset_are_kernel_seconds_plus_the_action_overhead():
+    hw = load_hardware("dgx-a100")
+    assert hw.device.family == "A100"
+    costs = model_costs(GPT, 2, 4, hw, attention="flash")
+    b = GPT.batch // 4
+    opts = LayerOptions(attention="flash")
+    last = gpt_stage_seconds(GPT, b, 2, opts, first=False, last=True, fused=True, family="A100")
+    stage = costs.table.stages[1]
+    assert stage.forward == last.F + hw.per_action_overhead
+    assert (stage.backward_input, stage.backward_weight) == (last.I + hw.per_action_overhead,
+                                                             last.W + hw.per_action_overhead)
+    # without a family: the roofline at compute_efficiency, as before
+    plain = replace(hw, device=replace(hw.device, family=""))
+    roof = model_costs(GPT, 2, 4, plain, attention="flash").table.stages[1]
+    flops = layer_flops(GPT, b, opts) * 2 + head_flops(GPT, b, opts)
+    assert roof.forward >= flops.F / (hw.device.flops["bfloat16"] * hw.device.compute_efficiency)
+    assert roof.forward != stage.forward
+
+
+def test_fused_backward_collectives_carry_the_seconds_of_the_gemm_they_hide_behind():
+    hw = load_hardware("dgx-h100")
+    for sp in (False, True):
+        costs = model_costs(GPT, 2, 4, hw, tp=2, sp=sp, attention="flash")
+        b, opts = GPT.batch // 4, LayerOptions(tp=2, sp=sp, attention="flash")
+        layer = dict(layer_seconds(GPT, b, opts, True, "H100").gemms)
+        fused = costs.tp_collectives[(1, "B")]
+        split = costs.tp_collectives[(1, "I")]
+        assert all(len(c) == 2 for c in split)  # a split I's wgrad runs later, in W: nothing to hide behind
+        assert [c[:2] for c in fused] == list(split)
+        hidden = [c[2].seconds for c in fused if len(c) == 3]  # a HidingGemm (pipesim.overlap_interference)
+        per_layer = ([layer["QKV dgrad"], layer["QKV wgrad"]] if sp else [layer["QKV wgrad"]])
+        mlp = [layer["FC1 dgrad"], layer["FC1 wgrad"]] if sp else [layer["FC1 wgrad"]]
+        head = dict(gpt_stage_seconds(GPT, b, 0, opts, first=False, last=True, fused=True, family="H100").gemms)
+        tail = [head["LM head dgrad"], head["LM head wgrad"]] if sp else [head["LM head wgrad"]]
+        assert hidden == (mlp + per_layer) * 2 + tail
+        assert costs.tp_collectives[(0, "W")] == costs.tp_collectives[(0, "B")]
+        off = model_costs(GPT, 2, 4, hw, tp=2, sp=sp, attention="flash", tp_comm_overlap=False)
+        assert off.tp_collectives[(1, "B")] == split
+
+
+def test_overlap_gemm_names():
+    assert overlap_gemm("W: QKV weight-gradient GEMM") == "QKV wgrad"
+    assert overlap_gemm("I: MLP up input-gradient GEMM") == "FC1 dgrad"
+    assert overlap_gemm("W: head weight-gradient GEMM") == "LM head wgrad"
+    assert overlap_gemm("") is None and overlap_gemm("attention of the block held") is None
+
+
+def test_a_triple_exposes_only_what_its_gemm_does_not_cover():
+    hw = load_hardware("dgx-h100")
+    par = ParallelDims(pp=1, tp=2)
+    action = Action(0, Kind.B, 0)
+    whole = _tp_time(0, action, hw, True, par, {(0, "B"): (("all_reduce", 2**24),)})
+    assert whole > 0
+    assert _tp_time(0, action, hw, True, par, {(0, "B"): (("all_reduce", 2**24, whole / 4),)}) == \
+        pytest.approx(whole * 3 / 4, rel=1e-12)
+    assert _tp_time(0, action, hw, True, par, {(0, "B"): (("all_reduce", 2**24, 2 * whole),)}) == 0.0
+
+
+def _makespan(tmp_path, *flags):
+    out = tmp_path / f"r{len(flags)}.json"
+    assert pipesim_main(["simulate", "1f1b", "-p", "2", "-m", "4", "--model", "gpt", "--hidden", "512", "--layers",
+                         "4", "--heads", "8", "--seq", "256", "--vocab", "1000", "--batch", "8", "--dtype", "bfloat16",
+                         "--hardware", "dgx-h100", "--tp", "2", "--attention", "eager", *flags, "--json",
+                         str(out)]) == 0
+    return json.loads(out.read_text())["makespan"]
+
+
+def test_fusion_and_overlap_flags_reach_the_simulation(tmp_path, capsys):
+    base = _makespan(tmp_path)
+    assert _makespan(tmp_path, "--no-kernel-fusion") > base
+    assert _makespan(tmp_path, "--no-async-tensor-model-parallel-allreduce", "--no-kernel-fusion") > \
+        _makespan(tmp_path, "--no-kernel-fusion")
