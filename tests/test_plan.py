@@ -15,7 +15,7 @@ if sys.version_info >= (3, 11):
 else:  # Python 3.10: the backport (a dependency there)
     import tomli as tomllib
 
-from pipesim.cli import main
+from pipesim.cli import build_parser, main
 from pipesim.hardware_toml import load_hardware
 from pipesim.model.config import ModelConfig
 from pipesim.model_costs import precision_of
@@ -145,6 +145,29 @@ def test_exported_command_reproduces_step_time(capsys, tmp_path):
     best = data["rows"][0]
     assert best["tokens_per_s"] == 16 * 512 / best["step_time"]
     assert 0 < best["mfu"] < 1 and best["peak_memory"] <= data["device_memory"]
+    run_argv = shlex.split(data["winner"]["run_command"])  # the run export: pipesim run's own parser takes it
+    assert run_argv[:3] == ["pipesim", "run", argv[2]] and data["winner"]["run_command"] in text
+    ns = build_parser().parse_args(run_argv[1:])
+    assert (ns.stages, ns.tp, ns.dp, ns.backend, ns.nproc) == (best["pp"], best["tp"], best["dp"], "nccl", 4)
+    assert ns.microbatches * best["microbatch_size"] * best["dp"] == 16 and ns.recompute == best["recompute"]
+
+
+def test_tokens_per_step_and_memory_headroom(capsys, tmp_path):
+    """--tokens-per-step T is --batch T / seq; --memory-headroom f plans on (1 - f) of each GPU's memory."""
+    base = [a for a in SMALL if a not in ("--batch", "16")]
+    runs = {}
+    for name, extra in (("batch", ["--batch", "16"]), ("tokens", ["--tokens-per-step", str(16 * 512)]),
+                        ("headroom", ["--batch", "16", "--memory-headroom", "0.25"])):
+        out = tmp_path / f"{name}.json"
+        assert main(["plan", *base, *extra, "--hardware", "dgx-h100", "--gpus", "4", "--schedules", "1f1b",
+                     "--json", str(out)]) == 0
+        runs[name] = json.loads(out.read_text())
+    assert runs["tokens"]["rows"] == runs["batch"]["rows"]
+    assert runs["headroom"]["device_memory"] == int(load_hardware("dgx-h100").device.memory * 0.75)
+    assert main(["plan", *base, "--batch", "16", "--tokens-per-step", "8192", "--hardware", "dgx-h100"]) == 2
+    assert main(["plan", *base, "--tokens-per-step", "1000", "--hardware", "dgx-h100"]) == 2
+    err = capsys.readouterr().err
+    assert "give the global batch once" in err and "--tokens-per-step 1000 is not a multiple of --seq 512" in err
 
 
 def test_torchtitan_and_megatron_exports():

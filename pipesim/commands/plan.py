@@ -4,6 +4,7 @@ simulator (pipesim/plan/); a ranked table, --json, and the winner as commands (d
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
 from pipesim.commands.common import (
@@ -19,10 +20,18 @@ from pipesim.commands.setup_args import add_comm_args, comm_options_from_args
 from pipesim.errors import PipesimError
 from pipesim.hardware import Hardware
 from pipesim.hardware_toml import load_hardware
+from pipesim.model.config import ModelConfig
 from pipesim.model.options import ATTENTION, RECOMPUTE
 from pipesim.outputs import check_file, write_text
 from pipesim.plan.evaluate import Evaluator
-from pipesim.plan.exports import command_line, megatron_text, schedule_csv, simulate_command, torchtitan_toml
+from pipesim.plan.exports import (
+    command_line,
+    megatron_text,
+    run_command,
+    schedule_csv,
+    simulate_command,
+    torchtitan_toml,
+)
 from pipesim.plan.ranking import why_lost
 from pipesim.plan.search import DEFAULT_MAX_CANDIDATES, DEFAULT_MAX_WORK, PlanResult, default_workers, plan
 from pipesim.plan.space import RECOMPUTES, ZEROS, PlanRequest
@@ -35,6 +44,17 @@ EXAMPLES = """examples:
   pipesim plan --model-config llama3-8b --seq 8192 --batch 64 --hardware dgx-h100 --nodes 2 --json plan.json \
       --plot plan.html --export-csv winner.csv
 """
+
+
+def _headroom(text: str) -> float:
+    """--memory-headroom: a fraction in [0, 1)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a fraction such as 0.1, got {text!r}") from None
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1), got {text!r}")
+    return value
 
 
 def add_parser(sub) -> None:
@@ -61,6 +81,11 @@ def add_parser(sub) -> None:
                    help="sequence parallelism with tp > 1: on (default, Megatron's practice), off, or both searched")
     g.add_argument("--attention", choices=ATTENTION, default=None,
                    help="attention kernel of every candidate (default: flash on GPUs at 16 bits, as simulate)")
+    g.add_argument("--tokens-per-step", type=positive_int, default=None, metavar="T",
+                   help="global batch in tokens (instead of --batch): T / --seq sequences")
+    g.add_argument("--memory-headroom", type=_headroom, default=0.0, metavar="FRACTION",
+                   help="share of each GPU's memory kept free (allocator fragmentation, buffers): 0 <= f < 1 "
+                        "(default 0)")
     g.add_argument("--top", type=positive_int, default=10, metavar="N", help="rows shown (default 10)")
     g.add_argument("--max-candidates", type=positive_int, default=DEFAULT_MAX_CANDIDATES, metavar="N",
                    help="simulate at most N candidates that fit memory, in the estimate's order "
@@ -157,8 +182,18 @@ def run(args: argparse.Namespace) -> int:
     csv_path = _csv_path(args.export_csv)
     if args.model == "mlp":
         raise PipesimError("pipesim plan searches transformer layouts; drop --model mlp")
+    if args.tokens_per_step is not None:
+        if args.batch is not None:
+            raise PipesimError("give the global batch once: --batch (sequences) or --tokens-per-step (tokens)")
+        seq = args.seq if args.seq is not None else ModelConfig.seq
+        if args.tokens_per_step % seq:
+            raise PipesimError(f"--tokens-per-step {args.tokens_per_step} is not a multiple of --seq {seq}")
+        args.batch = args.tokens_per_step // seq
     model = model_config(args)
     hw, gpus, hw_flags = cluster(args)
+    if args.memory_headroom:  # the search sees the memory left after the headroom
+        kept = int(hw.device.memory * (1.0 - args.memory_headroom))
+        hw = dataclasses.replace(hw, device=dataclasses.replace(hw.device, memory=kept))
     req = PlanRequest(model, hw, gpus, args.schedules, args.max_tp, args.recompute, args.zero,
                       comm=comm_options_from_args(args), attention=args.attention,
                       sequence_parallel=args.sequence_parallel)
@@ -167,7 +202,9 @@ def run(args: argparse.Namespace) -> int:
                   workers=args.workers or default_workers())
     argv = simulate_command(result.best.candidate, model_flags(args, req), hw_flags + req.comm.flags(),
                             args.attention)
-    data = plan_json(result, args.top, argv, ev.attention)
+    run_argv = run_command(result.best.candidate, model_flags(args, req), per_node=min(gpus, hw.devices_per_node),
+                           nodes=max(1, gpus // hw.devices_per_node))
+    data = plan_json(result, args.top, argv, ev.attention, run_argv)
     if csv_path:
         write_text(csv_path, schedule_csv(ev.cost(result.best.candidate).schedule))
     if plot_path or png_path:
@@ -185,23 +222,23 @@ def run(args: argparse.Namespace) -> int:
     if args.json == "-":
         emit_json("-", data)
     else:
-        print(report(result, args.top, argv, ev.attention))
+        print(report(result, args.top, argv, ev.attention, run_argv))
     return 0
 
 
-def plan_json(result: PlanResult, top: int, argv: list[str], attention: str) -> dict:
+def plan_json(result: PlanResult, top: int, argv: list[str], attention: str, run_argv: list[str]) -> dict:
     best, req = result.best, result.request
     rows = [{**r.to_dict(), "why": why_lost(r, best)} for r in result.rows[:top]]
     c = best.candidate
     return {"schema": "pipesim.plan/1", "gpus": req.gpus, "hardware": req.hardware.name,
             "device_memory": req.hardware.device.memory, "attention": attention, "counts": result.counts,
             "rows": rows,
-            "winner": {"simulate_command": command_line(argv),
+            "winner": {"simulate_command": command_line(argv), "run_command": command_line(run_argv),
                        "megatron_args": megatron_text(c, req, attention).splitlines(),
                        "torchtitan_toml": torchtitan_toml(c, req)}}
 
 
-def report(result: PlanResult, top: int, argv: list[str], attention: str) -> str:
+def report(result: PlanResult, top: int, argv: list[str], attention: str, run_argv: list[str]) -> str:
     """The ranked table, the counts, and the winner's exports."""
     req, best = result.request, result.best
     k = result.counts
@@ -218,7 +255,9 @@ def report(result: PlanResult, top: int, argv: list[str], attention: str) -> str
                      f"{r.mfu * 100:5.1f}% {r.tflops_per_gpu:7.1f} {format_bytes(r.peak_memory):>10} "
                      f"{r.bubble_fraction * 100:6.1f}%  {why_lost(r, best)}")
     c = best.candidate
-    lines += ["", "winner as a pipesim command:", "  " + command_line(argv), "", "Megatron-LM arguments:"]
+    lines += ["", "winner as a pipesim command:", "  " + command_line(argv), "",
+              "run it for real (NCCL; the same command on every node):", "  " + command_line(run_argv), "",
+              "Megatron-LM arguments:"]
     lines += ["  " + x for x in megatron_text(c, req, attention).splitlines()]
     lines += ["", "torchtitan job config:"] + [f"  {x}" if x else "" for x in torchtitan_toml(c, req).splitlines()]
     return "\n".join(lines)

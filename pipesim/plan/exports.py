@@ -33,6 +33,23 @@ def simulate_command(c: Candidate, model_flags: list[str], hardware_flags: list[
     return argv + model_flags + hardware_flags
 
 
+def run_command(c: Candidate, model_flags: list[str], *, per_node: int, nodes: int) -> list[str]:
+    """argv of `pipesim run` that trains `c` for real with NCCL: the same command on each of `nodes` nodes,
+    `per_node` ranks each (torchrun's c10d rendezvous at a HOST:PORT every node reaches when nodes > 1). The
+    executor keeps the whole optimizer state on every data-parallel rank: a ZeRO stage is a simulate figure."""
+    argv = ["pipesim", "run", c.schedule, "--stages", str(c.p), "--microbatches", str(c.m), "--tp", str(c.t),
+            "--dp", str(c.d)]
+    if c.v > 1:
+        argv += ["--virtual", str(c.v)]
+    argv += ["--recompute", c.recompute]
+    if c.sp:
+        argv.append("--sequence-parallel")
+    argv += model_flags + ["--backend", "nccl", "--nproc", str(per_node)]
+    if nodes > 1:
+        argv += ["--nnodes", str(nodes), "--rdzv-endpoint", "HOST:29500"]
+    return argv
+
+
 def command_line(argv: list[str]) -> str:
     return shlex.join(argv)
 
@@ -120,4 +137,4 @@ def torchtitan_toml(c: Candidate, req: PlanRequest) -> str:
 
 
 __all__ = ["MEGATRON_SCHEDULES", "TORCH_SCHEDULES", "command_line", "megatron_args", "megatron_text",
-           "schedule_csv", "simulate_command", "torchtitan_toml"]
+           "run_command", "schedule_csv", "simulate_command", "torchtitan_toml"]
