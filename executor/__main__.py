@@ -112,24 +112,26 @@ def _run_one(cfg: RunConfig, sched, mesh, device, backend: str) -> dict | None:
     import torch  # torch-backed modules load after the configuration checks (see main)
 
     from executor import timing
-    from executor.runtime import Runtime
+    from executor.api import execute
 
     label = sched.name
     status = rank_status.current()
     if status is not None:
         status.set_label(label)
         status.phase(-1, "setup (building the stages)")
-    rt = Runtime(cfg, sched, mesh, device)
+    workload = None
+    if cfg.factory:  # the user's model: pieces from the factory, boundary shapes inferred
+        from executor.user_model import workload_of
 
+        workload = workload_of(cfg)
     progress = Progress(label, cfg.steps) if (mesh.rank == 0 and not cfg.quiet) else None
-    log = rt.train(progress)
+    done = execute(cfg, sched, mesh, device, workload, progress,
+                   on_trained=lambda: status.phase(cfg.steps - 1, "gathering the results", rank_status.WAITING)
+                   if status is not None else None)
+    rt, logs = done.runtime, done.logs
     if progress is not None:
         progress.close()
-    if status is not None:
-        status.phase(cfg.steps - 1, "gathering the results", rank_status.WAITING)
-    timing.resolve(log, rt.program, rt.peer_of, rt.transfer_bytes)
     params = rt.named_parameters() if cfg.save_dir else None
-    logs = timing.gather(log)
     if cfg.save_dir:
         out = Path(cfg.save_dir) / label
         out.mkdir(parents=True, exist_ok=True)
@@ -141,8 +143,9 @@ def _run_one(cfg: RunConfig, sched, mesh, device, backend: str) -> dict | None:
     result = {
         "schedule": label, "world_size": mesh.world, "dp": mesh.dp, "pp": mesh.pp, "tp": mesh.tp,
         "stages": sched.num_stages, "microbatches": sched.num_microbatches, "backend": backend,
-        "device": str(device), "model": cfg.model.to_dict(),
-        "layers_per_stage": cfg.layers_per_stage(sched.num_stages), "steps": cfg.steps, "warmup": cfg.warmup,
+        "device": str(device),
+        "model": {"factory": cfg.factory, "batch": cfg.model.batch} if cfg.factory else cfg.model.to_dict(),
+        "layers_per_stage": rt.workload.layers_per_stage(sched.model_stages), "steps": cfg.steps, "warmup": cfg.warmup,
         "microbatch_size": rt.mb_size, "sequence_parallel": rt.sp,
         "param_elements_per_rank": [lg.param_elements for lg in logs],
         "step_time": timing.median_step_time(times, cfg.warmup), "step_times": times, "losses": losses,
@@ -158,9 +161,14 @@ def _run_one(cfg: RunConfig, sched, mesh, device, backend: str) -> dict | None:
 
 
 def _losses(logs, mesh, sp: bool) -> list[float]:
-    """Per-step loss averaged over DP replicas (taken from TP rank 0 of each replica's last stage)."""
-    per_replica = [lg.losses for lg in logs  # sequence parallel: TP ranks hold different rows, so all count
-                   if lg.losses and (sp or mesh.dims.coords(lg.rank).tp == 0)]
+    """Per-step loss averaged over DP replicas (taken from TP rank 0 of each replica's last stage; summed over
+    the pipeline ranks holding a last stage, DualPipe's two chains' ends, each of which scaled by 1/m)."""
+    by_replica: dict[tuple[int, int, int], list[list[float]]] = {}
+    for lg in logs:  # sequence parallel: TP ranks hold different rows, so all count
+        c = mesh.dims.coords(lg.rank)
+        if lg.losses and (sp or c.tp == 0):
+            by_replica.setdefault((c.dp, c.cp, c.tp), []).append(lg.losses)
+    per_replica = [[sum(step) for step in zip(*ends, strict=True)] for _, ends in sorted(by_replica.items())]
     steps = len(per_replica[0]) if per_replica else 0
     return [sum(r[i] for r in per_replica) / len(per_replica) for i in range(steps)]
 

@@ -36,6 +36,9 @@ class RunConfig:
     dp: int = 1
     tp: int = 1
     model: ModelConfig = field(default_factory=ModelConfig)
+    # `--model MODULE:FACTORY` (pipesim.user_model): the user's layers instead of `model`, whose batch and seed
+    # still apply
+    factory: str | None = None
     layer_split: tuple[int, ...] | None = None  # layers per stage, e.g. (3, 2, 2, 1)
     steps: int = 3
     # first steps left out of step_time (still trained and reported); `pipesim run` refuses warmup >= steps, a
@@ -90,7 +93,12 @@ class RunConfig:
         if self.recompute == "selective" and self.model.kind != "gpt":
             raise PipesimError("--recompute selective re-runs the attention core, which --model mlp does not have; "
                                "use --recompute full")
-        if self.tp > 1 and self.model.hidden % self.tp:
+        if self.factory is not None:
+            for flag, plain, value in (("--tp", 1, self.tp), ("--sequence-parallel", False, self.sequence_parallel),
+                                       ("--recompute", "none", self.recompute)):
+                if value != plain:
+                    raise PipesimError(f"{flag} needs pipesim's own --model mlp or gpt, not --model {self.factory}")
+        elif self.tp > 1 and self.model.hidden % self.tp:
             raise PipesimError(f"--hidden {self.model.hidden} is not divisible by tp({self.tp})")
         if self.tp > 1 and self.model.kind == "gpt" and self.model.heads % self.tp:
             raise PipesimError(f"--heads {self.model.heads} is not divisible by tp({self.tp})")
@@ -103,15 +111,15 @@ class RunConfig:
         if self.sequence_parallel and self.model.batch % (self.dp * m * self.tp):
             raise PipesimError(f"--sequence-parallel splits each microbatch over tp: --batch {self.model.batch} does "
                                f"not split into dp({self.dp}) * microbatches({m}) * tp({self.tp}) equal parts")
-        for sched in built:
-            split = self.layers_per_stage(sched.num_stages)
+        for sched in built if self.factory is None else ():  # a factory's layers are counted when it is called
+            split = self.layers_per_stage(sched.model_stages)  # DualPipe: 2 chains of p stages, p chunks
             if self.tp > 1 and self.model.kind == "mlp" and any(n % 2 for n in split):
                 raise PipesimError(f"tensor parallel MLP pairs column- and row-parallel layers: layers per stage "
                                    f"{split} must all be even")
         return built
 
     def layers_per_stage(self, num_stages: int) -> list[int]:
-        weights = list(self.layer_split) if self.layer_split else None
+        weights = list(self.layer_split) if self.layer_split else None  # a chunk may hold no layer (an identity stage)
         return split_layers(self.model.layers, num_stages, weights)
 
     def _schedule(self, name: str | None, pp: int) -> Schedule:

@@ -16,17 +16,20 @@ from pipesim.ir import Schedule
 class P2P:
     """Receive buffers for this rank's stages, reused every step, and tagged isend/irecv."""
 
-    def __init__(self, schedule: Schedule, rank: int, shape: tuple[int, ...], dtype: torch.dtype,
+    def __init__(self, schedule: Schedule, rank: int, boundaries: list[tuple[tuple[int, ...], torch.dtype]],
                  device: torch.device, *, use_tags: bool) -> None:
-        m, last = schedule.num_microbatches, schedule.num_stages - 1
+        """`boundaries[s]`: shape and dtype of the activation stage s sends to s + 1 (and of its gradient)."""
+        m = schedule.num_microbatches
         self.m = m
         self.use_tags = use_tags
         self.act: dict[int, list[torch.Tensor]] = {}  # stage -> per-microbatch input buffers
         self.grad: dict[int, list[torch.Tensor]] = {}  # stage -> per-microbatch output-grad buffers
         for s in schedule.stages_of(rank):
-            if s > 0 and schedule.rank_of(s - 1) != rank:
+            if not schedule.chain_first(s) and schedule.rank_of(s - 1) != rank:
+                shape, dtype = boundaries[s - 1]
                 self.act[s] = [torch.empty(shape, dtype=dtype, device=device) for _ in range(m)]
-            if s < last and schedule.rank_of(s + 1) != rank:
+            if not schedule.chain_last(s) and schedule.rank_of(s + 1) != rank:
+                shape, dtype = boundaries[s]
                 self.grad[s] = [torch.empty(shape, dtype=dtype, device=device) for _ in range(m)]
 
     def tag(self, backward: bool, producer: int, mb: int) -> int:

@@ -3,7 +3,8 @@
 All schedule logic comes from the IR (`add_p2p(schedule).programs[pp_rank]`); each action is
 turned once into a small closure, so the hot loop is: time, call, append. SENDs are isends whose
 handles are waited at the end of the step (with `--trace` on gloo, by send_watch threads that stamp
-each completion); RECVs block. After the last action: DP all-reduce,
+each completion); RECVs block. After the last action: DualPipe's sum of its two model replicas'
+gradients (executor.replicas), DP all-reduce,
 then one optimizer step (gradient accumulation over microbatches, losses scaled by 1/m).
 """
 
@@ -20,20 +21,13 @@ from executor import rank_status
 from executor.config import RunConfig
 from executor.faults import die, inject
 from executor.mesh import Mesh
-from executor.models import (
-    DTYPES,
-    apply_tensor_parallel,
-    boundary_shape,
-    build_stages,
-    loss_fn,
-    replicated_parameters,
-    set_recompute,
-    synthetic_batch,
-)
+from executor.models import StageModule, apply_tensor_parallel, replicated_parameters, set_recompute
 from executor.p2p import P2P
+from executor.replicas import sum_chain_replicas
 from executor.send_watch import SendWatcher
 from executor.stage import Stage
 from executor.timing import RankLog
+from executor.workload import BuiltinWorkload
 from pipesim.ir import Action, Kind, Schedule
 from pipesim.lowering import add_p2p
 
@@ -41,35 +35,42 @@ from pipesim.lowering import add_p2p
 class Runtime:
     """One schedule's training run on this rank."""
 
-    def __init__(self, cfg: RunConfig, schedule: Schedule, mesh: Mesh, device: torch.device) -> None:
+    def __init__(self, cfg: RunConfig, schedule: Schedule, mesh: Mesh, device: torch.device,
+                 workload=None) -> None:
+        """`workload` (executor.workload): the model, loss and data; default pipesim's own from `cfg.model`."""
         self.cfg, self.mesh, self.device = cfg, mesh, device
+        self.workload = workload = workload if workload is not None else BuiltinWorkload(cfg)
         self.schedule = add_p2p(schedule)
         self.me = mesh.coords.pp
         self.program: tuple[Action, ...] = self.schedule.programs[self.me]
-        m, last = schedule.num_microbatches, schedule.num_stages - 1
-        self.m, self.last = m, last
+        m = schedule.num_microbatches
+        self.m = m
         local = list(schedule.stages_of(self.me))
-        modules = build_stages(cfg.model, cfg.layers_per_stage(schedule.num_stages), local)
+        # a stage runs its model stage's layers; DualPipe's two chains hold two replicas of each (Schedule.chains)
+        by_model = workload.stage_modules(schedule.model_stages, sorted({schedule.model_stage(s) for s in local}))
+        modules = {s: by_model[schedule.model_stage(s)] for s in local}
         for module in modules.values():
             if mesh.tp > 1:
                 apply_tensor_parallel(module, cfg.model, mesh.tp_group, sequence_parallel=cfg.sequence_parallel)
             set_recompute(module, cfg.recompute)
             module.to(device)
-        loss = partial(loss_fn, cfg.model)
+        loss = workload.loss
         # sequence parallel: each TP rank holds 1/tp of every microbatch's rows outside the TP layers
         self.sp = cfg.sequence_parallel and mesh.tp > 1
         scale = 1.0 / (m * mesh.tp) if self.sp else 1.0 / m
-        self.stages = {s: Stage(s, modules[s], is_last=s == last, loss=loss, scale=scale) for s in local}
+        self.stages = {s: Stage(s, modules[s], is_last=schedule.chain_last(s), loss=loss, scale=scale)
+                       for s in local}
         self.params = [p for st in self.stages.values() for p in st.params]
         self.replicated = replicated_parameters(modules.values()) if self.sp else []
-        self.optimizer = (torch.optim.SGD(self.params, lr=cfg.lr) if cfg.optimizer == "sgd"
-                          else torch.optim.Adam(self.params, lr=cfg.lr))
-        self.mb_size = cfg.model.batch // (mesh.dp * m)
+        # a rank whose stages hold no layer (identity stages, `--layer-split 0,4` on an MLP) has nothing to update
+        self.optimizer = (None if not self.params else torch.optim.SGD(self.params, lr=cfg.lr)
+                          if cfg.optimizer == "sgd" else torch.optim.Adam(self.params, lr=cfg.lr))
+        self.mb_size = workload.batch_rows // (mesh.dp * m)
         self.rows = self.mb_size // mesh.tp if self.sp else self.mb_size  # rows of a microbatch on this rank
-        shape = boundary_shape(cfg.model, self.rows)
-        dtype = DTYPES[cfg.model.dtype]
-        self.p2p = P2P(schedule, self.me, shape, dtype, device, use_tags=dist.get_backend() == "gloo")
-        self.transfer_bytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()  # bytes
+        model_boundaries = workload.boundaries(schedule.model_stages, self.rows)  # (shape, dtype) out of stage s
+        self.boundaries = [None if schedule.chain_last(s) else model_boundaries[schedule.model_stage(s)]
+                           for s in range(schedule.num_stages - 1)]  # None: the end of a chain sends nothing
+        self.p2p = P2P(schedule, self.me, self.boundaries, device, use_tags=dist.get_backend() == "gloo")
         self.log = RankLog(mesh.rank, param_elements=sum(p.numel() for p in self.params))
         # per-step state, keyed (stage, microbatch)
         self.acts: dict[tuple[int, int], torch.Tensor] = {}  # stage inputs waiting for their F
@@ -96,18 +97,33 @@ class Runtime:
         """Global rank on the other end of a P2P action."""
         return self.mesh.pp_peer(self.schedule.rank_of(action.peer_stage))
 
+    def transfer_bytes(self, action: Action) -> int:
+        """Bytes of a SEND or RECV: the activation out of the lower stage (its gradient is as large)."""
+        shape, dtype = self.boundaries[min(action.stage, action.peer_stage)]
+        return torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()  # bytes
+
     def _local(self, stage: int) -> bool:
         return self.schedule.rank_of(stage) == self.me
+
+    def _passes(self, stage: int) -> bool:
+        """An identity stage (a chunk with no layers, not its chain's last, which computes the loss): its output
+        is its input and its input gradient its output gradient, so autograd has nothing to run."""
+        module = self.stages[stage].module
+        return isinstance(module, StageModule) and not module.pieces and not self.schedule.chain_last(stage)
 
     def _op(self, idx: int, a: Action) -> Callable[[], None]:
         s, mb, kind = a.stage, a.microbatch, a.kind
         if kind == Kind.F:
-            return partial(self._forward, self.stages[s], s, mb, s < self.last and self._local(s + 1))
+            first, last = self.schedule.chain_first(s), self.schedule.chain_last(s)
+            fn = _pass_forward if self._passes(s) else self.stages[s].forward
+            return partial(self._forward, fn, s, mb, first, last, not last and self._local(s + 1))
         if kind in (Kind.B, Kind.I):
             fn = self.stages[s].backward if kind == Kind.B else self.stages[s].backward_input
-            return partial(self._backward, fn, s, mb, s > 0 and self._local(s - 1))
+            fn = _pass_gradient if self._passes(s) else fn
+            first, last = self.schedule.chain_first(s), self.schedule.chain_last(s)
+            return partial(self._backward, fn, s, mb, first, last, not first and self._local(s - 1))
         if kind == Kind.W:
-            return partial(self.stages[s].backward_weight, mb)
+            return partial(_no_weights if self._passes(s) else self.stages[s].backward_weight, mb)
         peer = self.peer_of(a)
         if kind == Kind.RECV_F:
             return partial(self._recv, self.p2p.act[s][mb], peer, self.p2p.tag(False, s - 1, mb), self.acts,
@@ -153,19 +169,19 @@ class Runtime:
 
     # -- the actions ---------------------------------------------------------------------------------
 
-    def _forward(self, stage: Stage, s: int, mb: int, next_local: bool) -> None:
-        x = self.x_mb[mb] if s == 0 else self.acts.pop((s, mb))
-        y = stage.forward(mb, x, self.y_mb[mb] if s == self.last else None)
-        if s == self.last:
+    def _forward(self, forward: Callable, s: int, mb: int, first: bool, last: bool, next_local: bool) -> None:
+        x = self.x_mb[mb] if first else self.acts.pop((s, mb))
+        y = forward(mb, x, self.y_mb[mb] if last else None)
+        if last:
             self.losses.append(y)
         elif next_local:
             self.acts[(s + 1, mb)] = y.detach().requires_grad_()
         else:
             self.outs[(s, mb)] = y.detach()
 
-    def _backward(self, fn: Callable, s: int, mb: int, prev_local: bool) -> None:
-        grad_in = fn(mb, None if s == self.last else self.grads.pop((s, mb)))
-        if s == 0:
+    def _backward(self, fn: Callable, s: int, mb: int, first: bool, last: bool, prev_local: bool) -> None:
+        grad_in = fn(mb, None if last else self.grads.pop((s, mb)))
+        if first:
             return
         if prev_local:
             self.grads[(s - 1, mb)] = grad_in
@@ -192,8 +208,8 @@ class Runtime:
     # -- the step --------------------------------------------------------------------------------------
 
     def _load_batch(self, step: int) -> None:
-        x, y = synthetic_batch(self.cfg.model, step, self.device)
-        rows = self.cfg.model.batch // self.mesh.dp
+        x, y = self.workload.batch(step, self.device)
+        rows = self.workload.batch_rows // self.mesh.dp
         d = self.mesh.coords.dp
         self.x_mb = x[d * rows:(d + 1) * rows].chunk(self.m)
         self.y_mb = y[d * rows:(d + 1) * rows].chunk(self.m)
@@ -250,14 +266,20 @@ class Runtime:
                     t0 = perf_counter_ns()
                     nbytes = self._sum_replicated()
                     log.collectives.append((step, "all_reduce", t0, perf_counter_ns(), nbytes))
+                if self.schedule.chains > 1:
+                    where = phase("the sum of the replicated stages' gradients")
+                    t0 = perf_counter_ns()
+                    nbytes = sum_chain_replicas(self.schedule, self.me, self.stages, self.mesh)
+                    log.collectives.append((step, "all_reduce", t0, perf_counter_ns(), nbytes))
                 where = phase("the data-parallel gradient all-reduce")
                 if self.mesh.dp > 1:
                     t0 = perf_counter_ns()
                     nbytes = self._allreduce()
                     log.collectives.append((step, "all_reduce", t0, perf_counter_ns(), nbytes))
                 where = phase("the optimizer step", rank_status.BUSY)
-                self.optimizer.step()
-                self.optimizer.zero_grad(set_to_none=True)
+                if self.optimizer is not None:
+                    self.optimizer.step()
+                    self.optimizer.zero_grad(set_to_none=True)
                 if self.losses:
                     log.losses.append(float(torch.stack(self.losses).sum()) / self.m)
                     self.losses.clear()
@@ -297,3 +319,17 @@ class Runtime:
         from executor.params import full_parameters
 
         return full_parameters(self.stages, self.mesh)
+
+
+def _pass_forward(mb: int, x: torch.Tensor, target: torch.Tensor | None) -> torch.Tensor:
+    """An identity stage's F: the received tensor is the output (sent on, or handed to the next local stage)."""
+    return x
+
+
+def _pass_gradient(mb: int, grad: torch.Tensor | None) -> torch.Tensor | None:
+    """An identity stage's B or I: the output gradient is the input gradient."""
+    return grad
+
+
+def _no_weights(mb: int) -> None:
+    """An identity stage's W: it has no weights."""

@@ -37,18 +37,20 @@ class RankLog:
     events: list[tuple] = field(default_factory=list)  # filled by `resolve`
 
 
-def resolve(log: RankLog, program, peer_of, nbytes: int) -> None:
+def resolve(log: RankLog, program, peer_of, nbytes) -> None:
     """Turn indices into event tuples (done once, after the run, off the hot loop).
 
     A SEND spans its post to its completion when that was stamped (`--trace` on gloo), else the post.
+    `nbytes`: bytes of every message, or a function of the P2P action (boundaries of different sizes).
     """
+    size = nbytes if callable(nbytes) else (lambda _a: nbytes)
     done = {(step, idx): t for step, idx, t in log.sends_done}
     for step, idx, t0, t1 in log.actions:
         a = program[idx]
         comm = a.is_comm
         t1 = max(t1, done.get((step, idx), t1))
         peer = peer_of(a) if comm else -1
-        log.events.append((STREAM[a.kind], a.kind.value, a.stage, a.microbatch, t0, t1, nbytes if comm else 0,
+        log.events.append((STREAM[a.kind], a.kind.value, a.stage, a.microbatch, t0, t1, size(a) if comm else 0,
                            peer, step))
     for step, kind, t0, t1, nb in log.collectives:
         log.events.append(("collective", kind, -1, -1, t0, t1, nb, -1, step))

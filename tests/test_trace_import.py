@@ -1,63 +1,63 @@
 """`pipesim import-trace` on profiler traces made here: torch.distributed.pipelining on 2 gloo CPU ranks.
 
-The worker runs torch's own Schedule1F1B (with_stack: it names no range of its own) and pipesim's zb-h1
-exported to CSV and run by torch's `_PipelineScheduleRuntime` (ranges `PP:<action>`, split backward),
-each for 2 steps under torch.profiler, and writes one Chrome trace per rank.
+tests/conftest.py's `profiled_traces` (one launch of tests/workers/profiled_pipeline.py, shared with
+tests/test_trace_import_calibrate.py) runs torch's own Schedule1F1B (with_stack: it names no range of its
+own), ScheduleGPipe, and pipesim's zb-h1 exported to CSV and run by torch's `_PipelineScheduleRuntime`
+(ranges `PP:<action>`, split backward), each for the same steps under torch.profiler, one Chrome trace per
+rank. The CLI runs in process (pipesim.cli.main: exit code, stdout and stderr as a shell sees them).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 from torch.distributed.pipelining._schedule_visualizer import get_schedule_ops
 
 import schedules
-from pipesim import torch_csv
+from pipesim.cli import main
 from pipesim.errors import PipesimError
 from pipesim.timeline import Timeline
 from pipesim.trace_import import import_traces
+from tests.conftest import ProfiledTraces
 
-WORKER = Path(__file__).parent / "workers" / "profiled_pipeline.py"
-ROOT = Path(__file__).parent.parent
-P, M, STEPS = 2, 4, 2
-
-
-def _profile(out: Path, schedule: str) -> Path:
-    out.mkdir()
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, str(WORKER), str(out), schedule, str(M), str(STEPS)], env=env,
-                          capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert sorted(f.name for f in out.glob("rank*.json")) == ["rank0.json", "rank1.json"]
-    return out
+P, M, STEPS = ProfiledTraces.p, ProfiledTraces.m, ProfiledTraces.steps
 
 
-@pytest.fixture(scope="module")
-def one_f_one_b(tmp_path_factory) -> Path:
-    return _profile(tmp_path_factory.mktemp("trace") / "1f1b", "1f1b")
+@pytest.fixture
+def one_f_one_b(profiled_traces) -> Path:
+    return profiled_traces.one_f_one_b
 
 
-@pytest.fixture(scope="module")
-def gpipe(tmp_path_factory) -> Path:
-    return _profile(tmp_path_factory.mktemp("trace") / "gpipe", "gpipe")
+@pytest.fixture
+def gpipe(profiled_traces) -> Path:
+    return profiled_traces.gpipe
 
 
-@pytest.fixture(scope="module")
-def zb_h1(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("trace")
-    csv = root / "zb-h1.csv"
-    torch_csv.dump(schedules.build("zb-h1", P, M).compute_only(), csv)
-    return _profile(root / "zb", str(csv))
+@pytest.fixture
+def zb_h1(profiled_traces) -> Path:
+    return profiled_traces.zb_h1
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pipesim", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120)
+class Ran(NamedTuple):
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture
+def cli(capsys):
+    """`pipesim ARGS...` in this process: (exit code, stdout, stderr)."""
+    capsys.readouterr()
+
+    def run(*args: str) -> Ran:
+        code = main(list(args))
+        out, err = capsys.readouterr()
+        return Ran(code, out, err)
+
+    return run
 
 
 def _order(tl: Timeline, rank: int, step: int) -> list[str]:
@@ -143,28 +143,29 @@ def test_split_backward_runtime_imports(zb_h1):
     assert peers == {(0, "SEND_F", 1), (0, "RECV_B", 1), (1, "RECV_F", 0), (1, "SEND_B", 0)}
 
 
-def test_cli_imports_and_plots_against_a_simulation(one_f_one_b, tmp_path):
+def test_cli_imports_and_plots_against_a_simulation(one_f_one_b, tmp_path, cli):
     imported, sim, html = tmp_path / "imported.json", tmp_path / "sim.json", tmp_path / "compare.html"
-    proc = _cli("import-trace", str(one_f_one_b), "-o", str(imported))
+    proc = cli("import-trace", str(one_f_one_b), "-o", str(imported))
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith("import-trace: 1f1b, 2 ranks, 2 stages, 4 microbatches, 2 steps (32 compute")
-    assert _cli("simulate", "1f1b", "-p", str(P), "-m", str(M), "--hardware", "local-cpu",
-                "--trace", str(sim)).returncode == 0
-    proc = _cli("plot", str(sim), str(imported), "-o", str(html))
+    assert proc.stdout.startswith(f"import-trace: 1f1b, 2 ranks, 2 stages, 4 microbatches, {STEPS} steps "
+                                  f"({2 * 2 * M * STEPS} compute")  # ranks x (F, B) x microbatches x steps
+    assert cli("simulate", "1f1b", "-p", str(P), "-m", str(M), "--hardware", "local-cpu",
+               "--trace", str(sim)).returncode == 0
+    proc = cli("plot", str(sim), str(imported), "-o", str(html))
     assert proc.returncode == 0, proc.stderr
     assert html.stat().st_size > 100_000
     other = tmp_path / "sim-m8.json"  # the compare view refuses another configuration: the metadata counts
-    assert _cli("simulate", "1f1b", "-p", str(P), "-m", "8", "--trace", str(other)).returncode == 0
-    proc = _cli("plot", str(other), str(imported), "-o", str(tmp_path / "no.html"))
+    assert cli("simulate", "1f1b", "-p", str(P), "-m", "8", "--trace", str(other)).returncode == 0
+    proc = cli("plot", str(other), str(imported), "-o", str(tmp_path / "no.html"))
     assert proc.returncode == 2 and "microbatches 8 (simulated) vs 4 (measured)" in proc.stderr
 
 
-def test_schedule_flag_names_the_run(one_f_one_b, tmp_path):
+def test_schedule_flag_names_the_run(one_f_one_b, tmp_path, cli):
     out = tmp_path / "named.json"
-    assert _cli("import-trace", str(one_f_one_b / "rank0.json"), str(one_f_one_b / "rank1.json"),
-                "--schedule", "gpipe", "-o", str(out)).returncode == 0
+    assert cli("import-trace", str(one_f_one_b / "rank0.json"), str(one_f_one_b / "rank1.json"),
+               "--schedule", "gpipe", "-o", str(out)).returncode == 0
     assert Timeline.read(out).schedule == "gpipe"
-    proc = _cli("import-trace", str(one_f_one_b), "--schedule", "no-such", "-o", str(out))
+    proc = cli("import-trace", str(one_f_one_b), "--schedule", "no-such", "-o", str(out))
     assert proc.returncode == 2 and "unknown schedule 'no-such'" in proc.stderr
 
 
@@ -190,30 +191,30 @@ def test_pp_ranges_exact_times_and_gpu_copies_ignored(tmp_path):
     assert (tl.meta["stages"], tl.meta["microbatches"], tl.meta["steps"], tl.meta["warmup"]) == (2, 1, 1, 0)
 
 
-def _one_line_error(proc: subprocess.CompletedProcess, text: str) -> None:
+def _one_line_error(proc: Ran, text: str) -> None:
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
     assert text in proc.stderr, proc.stderr
 
 
-def test_bad_input(one_f_one_b, tmp_path):
+def test_bad_input(one_f_one_b, tmp_path, cli):
     out = str(tmp_path / "x.json")
     notjson = tmp_path / "notes.json"
     notjson.write_text("hello")
-    _one_line_error(_cli("import-trace", str(notjson), "-o", out), "is not a Chrome trace")
+    _one_line_error(cli("import-trace", str(notjson), "-o", out), "is not a Chrome trace")
     nolist = tmp_path / "dict.json"
     nolist.write_text(json.dumps({"events": []}))
-    _one_line_error(_cli("import-trace", str(nolist), "-o", out), "no 'traceEvents' list")
+    _one_line_error(cli("import-trace", str(nolist), "-o", out), "no 'traceEvents' list")
     plain = tmp_path / "plain"
     plain.mkdir()
     for r in range(P):
         (plain / f"rank{r}.json").write_text(json.dumps({"traceEvents": [
             {"ph": "X", "name": "aten::mm", "cat": "cpu_op", "ts": 1.0, "dur": 2.0, "pid": 1, "tid": 1}]}))
-    _one_line_error(_cli("import-trace", str(plain), "-o", out), "no pipeline actions found")
-    _one_line_error(_cli("import-trace", str(one_f_one_b / "rank1.json"), "-o", out),
+    _one_line_error(cli("import-trace", str(plain), "-o", out), "no pipeline actions found")
+    _one_line_error(cli("import-trace", str(one_f_one_b / "rank1.json"), "-o", out),
                     "ranks missing: no trace for rank 0 of 2")
-    _one_line_error(_cli("import-trace", str(tmp_path / "absent.json"), "-o", out), "trace file not found")
-    _one_line_error(_cli("import-trace", str(one_f_one_b), "-o", str(tmp_path / "x.txt")), "-o")
+    _one_line_error(cli("import-trace", str(tmp_path / "absent.json"), "-o", out), "trace file not found")
+    _one_line_error(cli("import-trace", str(one_f_one_b), "-o", str(tmp_path / "x.txt")), "-o")
     assert not (tmp_path / "x.json").exists()
     with pytest.raises(PipesimError, match="appears twice"):
         import_traces([str(one_f_one_b / "rank0.json"), str(one_f_one_b / "rank0.json")])

@@ -85,10 +85,13 @@ def samples_from_timeline(tl: Timeline) -> list[Sample]:
     return [sample for _, sample in action_samples(tl)]
 
 
-def action_samples(tl: Timeline) -> list[tuple[tuple[int, str], Sample]]:
-    """((stage, kind), Sample) of every compute action of the measured steps (see `samples_from_timeline`)."""
-    model = ModelConfig(**tl.meta["model"])
-    work = stage_work(model, tl.meta["p"] * tl.meta["v"], tl.meta["m"])
+def action_samples(tl: Timeline, work: list | None = None) -> list[tuple[tuple[int, str], Sample]]:
+    """((stage, kind), Sample) of every compute action of the measured steps (see `samples_from_timeline`).
+
+    `work`: per stage ((F, I, W) FLOPs, bytes, ops) of one microbatch; default `stage_work` of the
+    pipesim model in `meta.model` (a user's model counted by pipesim.user_model passes its own)."""
+    if work is None:
+        work = stage_work(ModelConfig(**tl.meta["model"]), tl.meta["p"] * tl.meta["v"], tl.meta["m"])
     out = []
     for step in measured_steps(tl):
         events = [e for e in tl.events if e.step == step]

@@ -28,6 +28,7 @@ EXAMPLES = """examples:
   pipesim run 1f1b --nproc 4 --dp 2 --microbatches 4      # dp(2) x pp(2)
   pipesim run gpipe --nproc 4 --tp 2 --microbatches 4     # pp(2) x tp(2)
   pipesim run --from-csv my_schedule.csv --nproc 2 --microbatches 4
+  pipesim run 1f1b --nproc 2 --model examples/conv_net.py:make --layer-split 5,3   # your own model
   pipesim run 1f1b --nproc 4 --dp 2 --then gpipe --tp 2   # two grids, one torchrun start-up
 multi-node: run the same command on every node, e.g. `pipesim run NAME --nproc 8 --nnodes 2
   --rdzv-endpoint HOST:29500 ...` (torchrun's c10d rendezvous); or write the configuration with
@@ -62,7 +63,11 @@ def run(args: argparse.Namespace) -> int:
     world = args.nproc * args.nnodes
     for cfg in cfgs:
         check_numbers(cfg, world)
-        cfg.check(world)  # PipesimError -> one line, exit 2, nothing launched
+        built = cfg.check(world)  # PipesimError -> one line, exit 2, nothing launched
+        if cfg.factory:  # the factory is called and its stages shape-inferred here, before any process starts
+            from executor.user_model import check_run  # local import: torch only with --model MODULE:FACTORY
+
+            check_run(cfg, [sched.model_stages for sched in built])
     check_outputs(cfgs)  # before torchrun: a result that cannot be written is known now, not after training
     if args.print_config:
         print(configs_to_json(cfgs))

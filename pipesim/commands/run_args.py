@@ -9,11 +9,13 @@ from pipesim.commands.common import (
     add_model_args,
     add_output_args,
     add_schedule_args,
-    int_list,
+    layer_split_list,
     model_config,
     positive_int,
+    user_model_config,
 )
 from pipesim.errors import PipesimError
+from pipesim.user_model import is_factory_spec
 
 
 def add_run_args(parser: argparse.ArgumentParser) -> None:
@@ -28,7 +30,7 @@ def add_run_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("run")
     g.add_argument("--dp", type=positive_int, default=1, help="data-parallel replicas (default 1)")
     g.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel ranks per stage (default 1)")
-    g.add_argument("--layer-split", type=int_list, default=None, metavar="N,N,...",
+    g.add_argument("--layer-split", type=layer_split_list, default=None, metavar="N,N,...",
                    help="layers per stage, e.g. 3,2,2,1 (default: even split, earlier stages take the remainder)")
     g.add_argument("--steps", type=positive_int, default=3, help="training steps (default 3)")
     g.add_argument("--warmup", type=int, default=1, help="steps left out of step_time (default 1)")
@@ -81,9 +83,10 @@ def configs_from_args(args: argparse.Namespace) -> list[RunConfig]:
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
     names = tuple(n.strip() for n in args.name.split(",") if n.strip()) if args.name else ()
+    factory = args.model if is_factory_spec(args.model) else None  # --model MODULE:FACTORY (pipesim.user_model)
     return RunConfig(
         names=names, csv=args.from_csv, stages=args.stages, microbatches=args.microbatches, virtual=args.virtual,
-        dp=args.dp, tp=args.tp, model=model_config(args),
+        dp=args.dp, tp=args.tp, model=user_model_config(args) if factory else model_config(args), factory=factory,
         layer_split=tuple(args.layer_split) if args.layer_split else None, steps=args.steps, warmup=args.warmup,
         optimizer=args.optimizer, lr=args.lr, backend=args.backend, pg_timeout=args.pg_timeout,
         sequence_parallel=args.sequence_parallel, recompute=args.recompute, bucket_bytes=args.bucket_bytes,
