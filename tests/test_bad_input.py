@@ -2,20 +2,27 @@
 
 The classes of the 184 malformed inputs of issue 16: malformed flags, schedule CSVs, hardware files,
 deadlocks, outputs (missing folder, a folder, wrong suffix, not a regular file, read-only, write-protected),
-numeric ranges and work bounds. Each case is a real `pipesim` process in a fresh folder holding only the
-inputs it needs; commands that would launch torchrun must fail before launching (well under a second).
+numeric ranges and work bounds. Each case runs `pipesim`'s entry point (pipesim.cli.main, a SystemExit caught
+as the interpreter would) in a fresh folder holding only the inputs it needs; commands that would launch torchrun
+must fail before launching (well under a second). One case per command (PROCESS_CASES) also runs as a real
+`pipesim` process: a fresh interpreter's stderr (import-time warnings) and exit status, at a start-up each.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import subprocess
 import sys
 import time
+import traceback
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+
+from pipesim.cli import main
 
 PIPESIM = [sys.executable, "-m", "pipesim"]
 ROOT = Path(__file__).resolve().parents[1]
@@ -161,40 +168,92 @@ def read_only_folder(tmp_path_factory) -> str:
     return str(folder)
 
 
-def _run_case(case: tuple, base: Path, ro: str) -> tuple[str, int, str, float, set[str], list[str]]:
-    name, argv, _ = case
+# one case per command, and both kinds of one-line error (argparse's, a PipesimError's) and a schedule's grid
+PROCESS_CASES = ("unknown-command", "unknown-flag", "csv-deadlock", "sweep-unknown", "plot-not-json",
+                 "run-json-no-folder", "bench-bad-size", "calibrate-o-suffix", "validate-rounds")
+
+
+def _folder(name: str, base: Path) -> tuple[Path, set[str]]:
+    """The case's fresh folder with every input file, and what it holds before the command."""
     cwd = base / name
     cwd.mkdir()
     for rel, text in INPUTS.items():
         (cwd / rel).parent.mkdir(parents=True, exist_ok=True)
         if not rel.endswith("/keep"):
             (cwd / rel).write_text(text)
-    before = {str(p.relative_to(cwd)) for p in cwd.rglob("*")}
+    return cwd, {str(p.relative_to(cwd)) for p in cwd.rglob("*")}
+
+
+def _left(cwd: Path, before: set[str], ro: str) -> tuple[set[str], list[str]]:
+    """Files the command left in its folder, and in the read-only folder (when it is not a mount)."""
+    after = {str(p.relative_to(cwd)) for p in cwd.rglob("*")}
+    return after - before, [p for p in ("r.json", "s.json") if ro != "/sys" and (Path(ro) / p).exists()]
+
+
+def _main_in_process(argv: list[str]) -> tuple[int, str]:
+    """`pipesim ARGV` as `python -m pipesim` would end: (exit code, stderr); an escaping exception is a traceback."""
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        try:
+            code = main(argv)
+        except SystemExit as exc:  # argparse's errors
+            code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+            if isinstance(exc.code, str):
+                print(exc.code, file=sys.stderr)
+        except Exception:  # noqa: BLE001 - what the interpreter would print, for the assertions to see
+            traceback.print_exc(file=sys.stderr)
+            code = 1
+    return code, err.getvalue()
+
+
+def _run_in_process(case: tuple, base: Path, ro: str) -> tuple[int, str, float, set[str], list[str]]:
+    name, argv, _ = case
+    cwd, before = _folder(name, base)
+    argv = [a.replace("{ro}", ro) for a in argv]
+    here = os.getcwd()
+    os.chdir(cwd)
+    try:
+        t0 = time.perf_counter()
+        code, stderr = _main_in_process(argv)
+        seconds = time.perf_counter() - t0
+    finally:
+        os.chdir(here)
+    return code, stderr, seconds, *_left(cwd, before, ro)
+
+
+def _run_process(case: tuple, base: Path, ro: str) -> tuple[str, int, str, float, set[str], list[str]]:
+    name, argv, _ = case
+    cwd, before = _folder(name, base)
     argv = [a.replace("{ro}", ro) for a in argv]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     t0 = time.perf_counter()
     done = subprocess.run([*PIPESIM, *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=60,
                           check=False)
-    after = {str(p.relative_to(cwd)) for p in cwd.rglob("*")}
-    ro_left = [p for p in ("r.json", "s.json") if ro != "/sys" and (Path(ro) / p).exists()]
-    return name, done.returncode, done.stderr, time.perf_counter() - t0, after - before, ro_left
+    return name, done.returncode, done.stderr, time.perf_counter() - t0, *_left(cwd, before, ro)
 
 
 @pytest.fixture(scope="module")
 def outcomes(tmp_path_factory, read_only_folder) -> dict[str, tuple]:
     base = tmp_path_factory.mktemp("bad-input")
+    return {case[0]: _run_in_process(case, base, read_only_folder) for case in CASES}
+
+
+@pytest.fixture(scope="module")
+def process_outcomes(tmp_path_factory, read_only_folder) -> dict[str, tuple]:
+    base = tmp_path_factory.mktemp("bad-input-process")
     with ThreadPoolExecutor(max_workers=2) as pool:
-        results = pool.map(lambda c: _run_case(c, base, read_only_folder), CASES)
+        results = pool.map(lambda c: _run_process(c, base, read_only_folder),
+                           [c for c in CASES if c[0] in PROCESS_CASES])
         return {r[0]: r[1:] for r in results}
 
 
 def test_cases_are_distinct():
     assert len({c[0] for c in CASES}) == len(CASES)
+    assert set(PROCESS_CASES) <= {c[0] for c in CASES}
 
 
-@pytest.mark.parametrize(("name", "argv", "message"), CASES, ids=[c[0] for c in CASES])
-def test_bad_input_is_one_line_exit_2_nothing_left(outcomes, name, argv, message):
-    code, stderr, seconds, new_files, ro_left = outcomes[name]
+def _assert_refused(outcome: tuple, message: str) -> None:
+    code, stderr, seconds, new_files, ro_left = outcome
     lines = [line for line in stderr.splitlines() if line.strip()]
     grid_lines = [g for g in lines[:-1] if g.startswith(("step ", "rank "))]  # a bad schedule's marked grid
     assert code == 2, stderr
@@ -203,3 +262,14 @@ def test_bad_input_is_one_line_exit_2_nothing_left(outcomes, name, argv, message
     assert message in lines[-1], lines[-1]
     assert not new_files and not ro_left, new_files or ro_left  # no output, no temporary file
     assert seconds < 20  # refused up front: no torchrun launched, no schedule of a million stages built
+
+
+@pytest.mark.parametrize(("name", "argv", "message"), CASES, ids=[c[0] for c in CASES])
+def test_bad_input_is_one_line_exit_2_nothing_left(outcomes, name, argv, message):
+    _assert_refused(outcomes[name], message)
+
+
+@pytest.mark.parametrize(("name", "argv", "message"), [c for c in CASES if c[0] in PROCESS_CASES],
+                         ids=[c[0] for c in CASES if c[0] in PROCESS_CASES])
+def test_a_real_pipesim_process_refuses_the_same_way(process_outcomes, name, argv, message):
+    _assert_refused(process_outcomes[name], message)
