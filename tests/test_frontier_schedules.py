@@ -17,8 +17,7 @@ from pipesim.costs import CostTable
 from pipesim.errors import PipesimError
 from pipesim.graph import critical_path
 from pipesim.ir import Kind
-from pipesim.lowering import add_p2p
-from pipesim.schedule_check import fifo_mismatches, validate
+from pipesim.schedule_check import validate
 from pipesim.simulator import simulate
 from pipesim.zb_auto_costs import MemoryLimit, parse_memory_limit
 from schedules.zb_auto import AutoCosts, zb_auto_schedule
@@ -158,30 +157,6 @@ def test_memory_limit_rebuilds_zb_auto_for_the_costs_and_stays_within_it(capsys)
     assert code == 2 and "applies to zb-auto and zb-2p" in err
     code, err = simulated(capsys, "zb-auto", *base, "--memory-limit", "500")
     assert code == 2 and "below one microbatch" in err
-
-
-# v-half / v-min: V schedules under half and a third of 1F1B's activation memory ----------------------
-
-
-@pytest.mark.parametrize("p", range(1, 9))
-def test_v_half_and_v_min_memory_budgets(p):
-    """1F1B stashes p stages = 2p chunks on rank 0; v-half at most p chunks (p >= 2), v-min ceil(2p/3)."""
-    for m in (1, p, 2 * p, 3 * p):
-        half, third = schedules.build("v-half", p, m), schedules.build("v-min", p, m)
-        assert max(inflight_by_rank(half)) <= max(2, p)
-        assert max(inflight_by_rank(third)) <= max(2, -(-2 * p // 3))
-        for sched in (half, third):
-            validate(sched)
-            assert fifo_mismatches(add_p2p(sched)) == []
-
-
-@pytest.mark.parametrize("p, m, half_span, min_span", [(4, 8, 64, 94), (6, 12, 94, 120), (8, 24, 172, 210)])
-def test_v_half_and_v_min_measured_makespans(p, m, half_span, min_span):
-    """Unit costs per chunk action (1F1B's (m + p - 1) 6 in the same units): the figures of schedule_library.md."""
-    unit = lambda a: 1 if a.is_compute else 0  # noqa: E731
-    assert critical_path(schedules.build("v-half", p, m), unit).makespan == half_span
-    assert critical_path(schedules.build("v-min", p, m), unit).makespan == min_span
-    assert half_span < (m + p - 1) * 6  # v-half beats 1F1B with half its memory at these sizes
 
 
 @pytest.mark.parametrize("name", ["zb-auto", "zb-2p"])
