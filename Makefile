@@ -18,7 +18,9 @@ $(STAMP): pyproject.toml
 	else \
 	    $(BIN)/pip install "torch>=2.4,<3" --index-url https://download.pytorch.org/whl/cpu; \
 	fi
-	$(BIN)/pip install -e ".[dev,png]"
+	@# dask (about 7 s to install): the planner's --cluster dask:// tests run for real; ray (240 MB, a head node
+	@# per test run) stays out of the test set-up, its tests skip unless `pip install -e ".[ray]"`
+	$(BIN)/pip install -e ".[dev,png,dask]"
 	touch $(STAMP)
 
 demo: $(STAMP)

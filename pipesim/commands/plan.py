@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 from pathlib import Path
 
 from pipesim.commands.common import (
@@ -23,11 +24,13 @@ from pipesim.hardware_toml import load_hardware
 from pipesim.model.config import ModelConfig
 from pipesim.model.options import ATTENTION, RECOMPUTE
 from pipesim.outputs import check_file, write_text
+from pipesim.plan.backends import open_backend
 from pipesim.plan.evaluate import Evaluator
 from pipesim.plan.exports import (
     command_line,
     megatron_text,
     run_command,
+    run_note,
     schedule_csv,
     simulate_command,
     torchtitan_toml,
@@ -79,6 +82,9 @@ def add_parser(sub) -> None:
                    help="ZeRO stages to consider with dp > 1 (default 0,1)")
     g.add_argument("--sequence-parallel", type=_on_off, default=(True,), metavar="on|off|on,off",
                    help="sequence parallelism with tp > 1: on (default, Megatron's practice), off, or both searched")
+    g.add_argument("--cp", type=_cps, default=(1,), metavar="1,2,4,...",
+                   help="context-parallel sizes to search (ring attention; needs flash attention and --seq "
+                        "divisible by 2 cp; default 1: none)")
     g.add_argument("--attention", choices=ATTENTION, default=None,
                    help="attention kernel of every candidate (default: flash on GPUs at 16 bits, as simulate)")
     g.add_argument("--tokens-per-step", type=positive_int, default=None, metavar="T",
@@ -95,6 +101,9 @@ def add_parser(sub) -> None:
                         f"zb-auto / zb-2p (default {DEFAULT_MAX_WORK}, about 40 s on one core)")
     g.add_argument("--workers", type=positive_int, default=None, metavar="N",
                    help="processes simulating candidates (default: the machine's cores); results are the same")
+    g.add_argument("--cluster", default=None, metavar="dask://HOST:PORT|ray://HOST:PORT|ray",
+                   help="simulate the candidates on a running Dask scheduler or Ray cluster (extra "
+                        "pipesim[cluster]; default this machine's --workers); results are the same")
     g.add_argument("--plot", default=None, metavar="FILE.html",
                    help="write throughput against peak memory of every simulated candidate (HTML, plotly)")
     g.add_argument("--png", default=None, metavar="FILE.png",
@@ -115,6 +124,17 @@ def _on_off(text: str) -> tuple[bool, ...]:
     if not words or any(w not in ("on", "off") for w in words):
         raise argparse.ArgumentTypeError(f"on, off or on,off; got {text!r}")
     return tuple(sorted({w == "on" for w in words}))
+
+
+def _cps(text: str) -> tuple[int, ...]:
+    """--cp: positive context-parallel sizes, comma-separated."""
+    try:
+        out = tuple(sorted({int(t) for t in _names(text)}))
+    except ValueError:
+        out = ()
+    if not out or any(cp < 1 for cp in out):
+        raise argparse.ArgumentTypeError(f"positive context-parallel sizes such as 1,2,4; got {text!r}")
+    return out
 
 
 def _csv_path(path: str | None) -> Path | None:
@@ -196,14 +216,17 @@ def run(args: argparse.Namespace) -> int:
         hw = dataclasses.replace(hw, device=dataclasses.replace(hw.device, memory=kept))
     req = PlanRequest(model, hw, gpus, args.schedules, args.max_tp, args.recompute, args.zero,
                       comm=comm_options_from_args(args), attention=args.attention,
-                      sequence_parallel=args.sequence_parallel)
+                      sequence_parallel=args.sequence_parallel, cps=args.cp)
     ev = Evaluator(req)
-    result = plan(req, max_candidates=args.max_candidates, max_work=args.max_work, evaluator=ev,
-                  workers=args.workers or default_workers())
+    with open_backend(args.cluster, args.workers or default_workers()) as backend:
+        result = plan(req, max_candidates=args.max_candidates, max_work=args.max_work, evaluator=ev,
+                      backend=backend)
     argv = simulate_command(result.best.candidate, model_flags(args, req), hw_flags + req.comm.flags(),
                             args.attention)
-    run_argv = run_command(result.best.candidate, model_flags(args, req), per_node=min(gpus, hw.devices_per_node),
-                           nodes=max(1, gpus // hw.devices_per_node))
+    ranks = gpus // result.best.candidate.cp  # the executor has no cp: t x p x d ranks (exports.run_note)
+    per_node = ranks if ranks <= hw.devices_per_node else math.gcd(ranks, hw.devices_per_node)
+    run_argv = run_command(result.best.candidate, model_flags(args, req), per_node=per_node,
+                           nodes=ranks // per_node)
     data = plan_json(result, args.top, argv, ev.attention, run_argv)
     if csv_path:
         write_text(csv_path, schedule_csv(ev.cost(result.best.candidate).schedule))
@@ -234,6 +257,7 @@ def plan_json(result: PlanResult, top: int, argv: list[str], attention: str, run
             "device_memory": req.hardware.device.memory, "attention": attention, "counts": result.counts,
             "rows": rows,
             "winner": {"simulate_command": command_line(argv), "run_command": command_line(run_argv),
+                       **({"run_note": run_note(c)} if run_note(c) else {}),
                        "megatron_args": megatron_text(c, req, attention).splitlines(),
                        "torchtitan_toml": torchtitan_toml(c, req)}}
 
@@ -256,8 +280,9 @@ def report(result: PlanResult, top: int, argv: list[str], attention: str, run_ar
                      f"{r.bubble_fraction * 100:6.1f}%  {why_lost(r, best)}")
     c = best.candidate
     lines += ["", "winner as a pipesim command:", "  " + command_line(argv), "",
-              "run it for real (NCCL; the same command on every node):", "  " + command_line(run_argv), "",
-              "Megatron-LM arguments:"]
+              "run it for real (NCCL; the same command on every node):", "  " + command_line(run_argv)]
+    lines += ["  " + run_note(c)] if run_note(c) else []
+    lines += ["", "Megatron-LM arguments:"]
     lines += ["  " + x for x in megatron_text(c, req, attention).splitlines()]
     lines += ["", "torchtitan job config:"] + [f"  {x}" if x else "" for x in torchtitan_toml(c, req).splitlines()]
     return "\n".join(lines)

@@ -1,6 +1,7 @@
 """Costing one candidate the way `pipesim simulate` does (SimSetup), with the caches a search needs:
 the memory lower bound (no costs, no schedule), per-chunk seconds for the estimate per (chunks, mbs, t,
-recompute, sp) (they do not depend on d, m or ZeRO), exact costs per (chunks, m, t, d, recompute, zero, sp),
+recompute, sp, cp) (they do not depend on d, m or ZeRO), exact costs per (chunks, m, t, d, recompute, zero,
+sp, cp),
 one built schedule per (schedule, p, m, v), zb-auto / zb-2p's order per (schedule, costs). Exact memory is
 checked here, before any simulation.
 """
@@ -66,10 +67,10 @@ class Evaluator:
         """F + I + W seconds per microbatch of each of `c`'s chunks, for the estimate (ordering only).
 
         A chunk's seconds are a per-stage constant, its layers', and the embedding's (first) and the head's
-        (last): one `model_costs` call on the cut [0, 1, 2, L - 3] per (mbs, t, recompute, sp) gives the four
+        (last): one `model_costs` call on the cut [0, 1, 2, L - 3] per (mbs, t, recompute, sp, cp) gives the four
         (the chunks' seconds do not depend on d, m or ZeRO), and every cut of every p x v is made from them.
         """
-        key = (c.chunks, c.mbs, c.t, c.recompute, c.sp)
+        key = (c.chunks, c.mbs, c.t, c.recompute, c.sp, c.cp)
         if key not in self._chunk_seconds:
             const, layer, first, last = self._pieces(c)
             chunks = c.chunks
@@ -80,11 +81,11 @@ class Evaluator:
 
     def _pieces(self, c: Candidate) -> tuple[float, float, float, float]:
         """Seconds per microbatch of (a stage's constant, one layer, the embedding, the head) under c's options."""
-        key = (c.mbs, c.t, c.recompute, c.sp)
+        key = (c.mbs, c.t, c.recompute, c.sp, c.cp)
         if key not in self._pieces_cache:
             m = self.req.model
             if m.layers >= 3:
-                costs = model_costs(m, 4, m.batch // c.mbs, self.req.hardware, tp=c.t, sp=c.sp,
+                costs = model_costs(m, 4, m.batch // c.mbs, self.req.hardware, tp=c.t, sp=c.sp, cp=c.cp,
                                     recompute=c.recompute, attention=self.attention,
                                     layer_split=[0, 1, 2, m.layers - 3])
                 t0, t1, t2, t3 = (x.forward + x.backward_input + x.backward_weight for x in costs.table.stages)
@@ -92,7 +93,7 @@ class Evaluator:
                 const = t1 - layer
                 pieces = (const, layer, t0 - const, t3 - const - (m.layers - 3) * layer)
             else:  # one or two layers: a stage per layer, the first with the embedding, the last with the head
-                costs = model_costs(m, m.layers, m.batch // c.mbs, self.req.hardware, tp=c.t, sp=c.sp,
+                costs = model_costs(m, m.layers, m.batch // c.mbs, self.req.hardware, tp=c.t, sp=c.sp, cp=c.cp,
                                     recompute=c.recompute, attention=self.attention)
                 total = [x.forward + x.backward_input + x.backward_weight for x in costs.table.stages]
                 pieces = (0.0, 0.0, total[0], total[-1] if m.layers > 1 else 0.0)
@@ -101,9 +102,9 @@ class Evaluator:
 
     def setup(self, c: Candidate) -> SimSetup:
         """The SimSetup `pipesim simulate` would make from the exported command (memory checked here instead)."""
-        key = (c.t, c.d, c.recompute, c.zero, c.sp)
+        key = (c.t, c.d, c.recompute, c.zero, c.sp, c.cp)
         if key not in self._setups:
-            self._setups[key] = SimSetup(self.req.hardware, self.req.model, dp=c.d, tp=c.t, check_memory=False,
+            self._setups[key] = SimSetup(self.req.hardware, self.req.model, dp=c.d, tp=c.t, cp=c.cp, check_memory=False,
                                          recompute=c.recompute, sp=c.sp, zero=c.zero, attention=self.attention,
                                          comm_options=self.req.comm)
         return self._setups[key]
@@ -126,7 +127,8 @@ class Evaluator:
         """Costs, tuned schedule and memory of `c`; PipesimError when the schedule or model refuses it."""
         setup = self.setup(c)
         sched = self.schedule(c)
-        ckey = (c.chunks, sched.chains, c.m, c.t, c.d, c.recompute, c.zero, c.sp)  # DualPipe: spread on its chains
+        # DualPipe: spread on its chains
+        ckey = (c.chunks, sched.chains, c.m, c.t, c.d, c.recompute, c.zero, c.sp, c.cp)
         if ckey not in self._costs:
             self._costs[ckey] = setup.costs(sched)
         costs = self._costs[ckey]

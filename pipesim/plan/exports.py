@@ -1,5 +1,6 @@
 """The winner, three ways: the exact `pipesim simulate` command, Megatron-LM's arguments and a torchtitan
-TOML section (names as each project spells them). Schedules a project lacks are said so in a comment.
+TOML section (names as each project spells them). Schedules a project lacks are said so in a comment; so is
+context parallelism in the `pipesim run` command (the executor has none).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ def simulate_command(c: Candidate, model_flags: list[str], hardware_flags: list[
     when the plan was asked for one)."""
     argv = ["pipesim", "simulate", c.schedule, "--stages", str(c.p), "--microbatch-size", str(c.mbs),
             "--tp", str(c.t), "--dp", str(c.d)]
+    if c.cp > 1:
+        argv += ["--cp", str(c.cp)]
     if c.v > 1:
         argv += ["--virtual", str(c.v)]
     argv += ["--recompute", c.recompute, "--zero", str(c.zero)]
@@ -36,7 +39,9 @@ def simulate_command(c: Candidate, model_flags: list[str], hardware_flags: list[
 def run_command(c: Candidate, model_flags: list[str], *, per_node: int, nodes: int) -> list[str]:
     """argv of `pipesim run` that trains `c` for real with NCCL: the same command on each of `nodes` nodes,
     `per_node` ranks each (torchrun's c10d rendezvous at a HOST:PORT every node reaches when nodes > 1). The
-    executor keeps the whole optimizer state on every data-parallel rank: a ZeRO stage is a simulate figure."""
+    executor keeps the whole optimizer state on every data-parallel rank: a ZeRO stage is a simulate figure;
+    it has no context parallelism either, so `c.cp` is left out (`run_note` says so): pass per_node and nodes
+    for the t x p x d ranks it runs, cp times fewer than the plan's GPUs."""
     argv = ["pipesim", "run", c.schedule, "--stages", str(c.p), "--microbatches", str(c.m), "--tp", str(c.t),
             "--dp", str(c.d)]
     if c.v > 1:
@@ -48,6 +53,15 @@ def run_command(c: Candidate, model_flags: list[str], *, per_node: int, nodes: i
     if nodes > 1:
         argv += ["--nnodes", str(nodes), "--rdzv-endpoint", "HOST:29500"]
     return argv
+
+
+def run_note(c: Candidate) -> str | None:
+    """A `#` line for the run command when the winner uses what the executor lacks (context parallelism)."""
+    if c.cp == 1:
+        return None
+    return (f"# the executor has no context parallelism: this runs cp {c.cp}'s layout without it, on "
+            f"{c.t * c.p * c.d} ranks that hold whole sequences, {c.cp}x the tokens per rank the plan counted "
+            "(it may not fit memory)")
 
 
 def command_line(argv: list[str]) -> str:
@@ -66,6 +80,8 @@ def megatron_args(c: Candidate, req: PlanRequest, attention: str | None = None) 
         out.append(f"# {m.layers} layers over {c.chunks} chunks: pipesim gives the remainder to the first chunks; "
                    "Megatron-LM splits unevenly only at the ends (--decoder-first/last-pipeline-num-layers)")
     out += ["--tensor-model-parallel-size", str(c.t), "--pipeline-model-parallel-size", str(c.p)]
+    if c.cp > 1:
+        out += ["--context-parallel-size", str(c.cp)]
     if c.v > 1 and even:
         out += ["--num-layers-per-virtual-pipeline-stage", str(m.layers // (c.chunks))]
     out += ["--micro-batch-size", str(c.mbs), "--global-batch-size", str(m.batch), "--seq-length", str(m.seq)]
@@ -115,7 +131,7 @@ def torchtitan_toml(c: Candidate, req: PlanRequest) -> str:
     if c.zero in (1, 2):
         lines.append('fsdp_reshard_after_forward = "never"  # ZeRO-2-like: parameters stay gathered')
     lines += [f"tensor_parallel_degree = {c.t}",
-              "context_parallel_degree = 1",
+              f"context_parallel_degree = {c.cp}",
               f"pipeline_parallel_degree = {c.p}"]
     vflag = f" -v {c.v}" if c.v > 1 else ""
     if c.schedule in TORCH_SCHEDULES:
@@ -137,4 +153,4 @@ def torchtitan_toml(c: Candidate, req: PlanRequest) -> str:
 
 
 __all__ = ["MEGATRON_SCHEDULES", "TORCH_SCHEDULES", "command_line", "megatron_args", "megatron_text",
-           "run_command", "schedule_csv", "simulate_command", "torchtitan_toml"]
+           "run_command", "run_note", "schedule_csv", "simulate_command", "torchtitan_toml"]

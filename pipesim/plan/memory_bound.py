@@ -3,7 +3,8 @@
 bound = max(the fullest rank's model state, rank 0's model state + its in-flight activations) + buffers,
 where the model state is what `pipesim.rank_memory` counts (parameters of the chunks a rank holds, per ZeRO
 stage, `step_peak_state`) and rank 0's in-flight count is the schedule family's closed form below, a lower
-bound on the chunk-microbatches rank 0 stashes at its peak, times the smallest stash of its chunks. A
+bound on the chunk-microbatches rank 0 stashes at its peak, times the smallest stash of its chunks (with
+context parallelism each rank stashes seq / cp tokens: the layer options carry cp). A
 candidate over device memory by this bound is over by `rank_memory` too (tests/test_plan_speed.py checks
 bound <= exact on every registered schedule), so it is dropped without costing or building a schedule.
 """
@@ -28,7 +29,8 @@ def first_rank_inflight(name: str, p: int, m: int, v: int) -> int:
 
     1F1B and the ZB-H1-like orders: min(p, m) (Narayanan et al. 2021); GPipe: all m; looped BFS: all m x v;
     ZB-H2: 2p; Megatron's interleaved 1F1B: its warm-up (v - 1) p + 2 (p - 1) plus the steady state's one; interleaved
-    zero bubble: min(m v, p v); V-shaped: two chunks per warm-up microbatch, up to p (ZB-V 2p). Anything
+    zero bubble: min(m v, p v); V-shaped: two chunks per warm-up microbatch, up to 2p (ZB-V), p // 2 + 1 (V-Min);
+    V-Half: m + 1 up to p + 1. Anything
     else: one (every schedule stashes the microbatch of its first forward).
     """
     if name == "naive":
@@ -47,8 +49,8 @@ def first_rank_inflight(name: str, p: int, m: int, v: int) -> int:
         return min(m * v, p * v)
     if name in ("zb-v", "dualpipev"):
         return min(2 * m, 2 * p)
-    if name == "v-half":
-        return min(2 * m, p)
+    if name == "v-half":  # Qi et al.'s building blocks: the first microbatch's two chunks, then one more each
+        return min(m + 1, p + 1)  # (built: m + 1 up to p + 2 for even p, p + 1 for odd p, p <= 8)
     if name == "v-min":
         return min(2 * m, p // 2 + 1)
     return 1
@@ -95,7 +97,8 @@ def chunk_params(model: ModelConfig, chunks: int, t: int) -> tuple[int, ...]:
 
 class MemoryBound:
     """`bound(c)` for the candidates of one model and attention kernel; every piece cached by what it depends on
-    (model state by placement, p, v, t, d, ZeRO; rank 0's stash by placement, p, v, mbs and the layer options)."""
+    (model state by placement, p, v, t, d, ZeRO, not cp: every cp rank holds the same parameters; rank 0's stash
+    by placement, p, v, mbs and the layer options, cp included)."""
 
     def __init__(self, model: ModelConfig, attention: str) -> None:
         self.model, self.attention = model, attention
@@ -113,9 +116,10 @@ class MemoryBound:
         return self._params[key]
 
     def options(self, c) -> LayerOptions:
-        key = (c.t, c.sp, c.recompute)
+        key = (c.t, c.sp, c.recompute, c.cp)
         if key not in self._options:
-            self._options[key] = LayerOptions(tp=c.t, sp=c.sp, recompute=c.recompute, attention=self.attention)
+            self._options[key] = LayerOptions(tp=c.t, sp=c.sp, cp=c.cp, recompute=c.recompute,
+                                              attention=self.attention)
             self._options[key].check(self.model)
         return self._options[key]
 
@@ -132,7 +136,7 @@ class MemoryBound:
 
     def first_stash(self, family: str | None, c, opts: LayerOptions) -> int:
         """The smallest per-microbatch stash among rank 0's chunks (any chunk when the placement is unknown)."""
-        key = (family, c.p, c.v, c.mbs, c.t, c.sp, c.recompute)
+        key = (family, c.p, c.v, c.mbs, c.t, c.sp, c.recompute, c.cp)
         if key not in self._stash:
             chunks = c.chunks
             split = split_layers(self.model.layers, chunks)
@@ -143,7 +147,7 @@ class MemoryBound:
         return self._stash[key]
 
     def buffers(self, c, opts: LayerOptions) -> int:
-        key = (c.mbs, c.t, c.sp, c.recompute, c.d, c.zero)
+        key = (c.mbs, c.t, c.sp, c.recompute, c.cp, c.d, c.zero)
         if key not in self._buffers:
             self._buffers[key] = comm_buffer_bytes(self.model, c.mbs, opts, dp=c.d, zero=c.zero,
                                                    precision=self.precision)

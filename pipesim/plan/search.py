@@ -2,8 +2,9 @@
 the estimate, then walk that order: exact memory (schedule built, `rank_memory`), and simulate those that
 fit until `max_candidates` simulations or `max_work` work units are spent: p x v x m per candidate built
 (simulated or found over memory), plus REBUILD_WEIGHT x p x m for the schedules reordered for their costs.
-The walk runs on a process pool (`workers`); results are consumed in order, so the set simulated and every
-figure are the same as the serial walk's. Progress on stderr (tqdm, only on a terminal).
+The walk runs on a backend (pipesim/plan/backends.py: a local process pool of `workers`, or a Dask / Ray
+cluster); results are consumed in order, so the set simulated and every figure are the same as the serial walk's.
+Progress on stderr (tqdm, only on a terminal).
 
 No candidate over device memory is simulated; when none fits, the error names the closest one and its
 largest memory term.
@@ -11,7 +12,6 @@ largest memory term.
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 from dataclasses import dataclass, field, replace
 
@@ -19,9 +19,10 @@ from tqdm import tqdm
 
 from pipesim.errors import PipesimError
 from pipesim.model_costs import precision_of
+from pipesim.plan.backends import Backend, LocalPool
 from pipesim.plan.estimate import estimate, optimizer_tail
 from pipesim.plan.evaluate import Costed, Evaluator
-from pipesim.plan.ranking import PlanRow, make_row, model_flops
+from pipesim.plan.ranking import PlanRow, model_flops
 from pipesim.plan.space import Candidate, NoLayout, PlanRequest, enumerate_candidates
 from pipesim.units import format_bytes
 from pipesim.zb_auto_costs import AUTO_SCHEDULES
@@ -47,44 +48,13 @@ class PlanResult:
 
 
 def _key(c: Candidate) -> tuple:
-    return (c.schedule, c.p, c.v, c.t, c.d, c.mbs, c.recompute, c.zero, c.sp)
+    return (c.schedule, c.p, c.v, c.t, c.d, c.mbs, c.recompute, c.zero, c.sp, c.cp)
 
 
 def _refused_lighter(c: Candidate, over: set) -> bool:
     """True when the same layout with a lighter recomputation was over memory."""
     lighter = RECOMPUTE_ORDER[:RECOMPUTE_ORDER.index(c.recompute)]
     return any(_key(replace(c, recompute=rc)) in over for rc in lighter)
-
-
-# ---- one step of the walk (runs in a worker process, or inline) ------------------------------------------------
-
-_EVALUATOR: Evaluator | None = None  # the walk's evaluator; forked into the workers with its caches
-
-
-def _visit(c: Candidate) -> tuple:
-    """("row", PlanRow) | ("over", peak bytes) | ("refused", message) for one candidate of the walk."""
-    ev = _EVALUATOR
-    try:
-        costed = ev.cost(c)
-    except PipesimError as exc:  # the schedule or the model options refuse this combination
-        return ("refused", str(exc))
-    if not ev.fits(costed):
-        return ("over", costed.peak_memory)
-    return ("row", make_row(ev.req, costed, ev.simulate(costed), ev.flops))
-
-
-def _walk(order: list[Candidate], workers: int):
-    """Yield (candidate, outcome) in `order`, computed `workers` at a time (the consumer may stop early)."""
-    if workers <= 1 or len(order) <= 1:
-        for c in order:
-            yield c, _visit(c)
-        return
-    ctx = multiprocessing.get_context("fork")
-    with ctx.Pool(workers) as pool:
-        try:
-            yield from zip(order, pool.imap(_visit, order, chunksize=1), strict=True)
-        finally:
-            pool.terminate()
 
 
 def work_units(c: Candidate) -> int:
@@ -98,14 +68,14 @@ def default_workers() -> int:
 
 
 def plan(req: PlanRequest, *, max_candidates: int = DEFAULT_MAX_CANDIDATES, max_work: int = DEFAULT_MAX_WORK,
-         progress: bool = True, evaluator: Evaluator | None = None, workers: int = 1,
+         progress: bool = True, evaluator: Evaluator | None = None, workers: int = 1, backend: Backend | None = None,
          include: tuple[Candidate, ...] = ()) -> PlanResult:
     """Search `req`'s space; PipesimError (one line) when nothing fits.
 
     include: candidates of the space simulated first, whatever the estimate and the caps (a published
     configuration to compare with); PipesimError if one is not in the space.
+    backend: where the walk's candidates run (default a LocalPool of `workers`); the result is the same.
     """
-    global _EVALUATOR
     ev = evaluator or Evaluator(req)
     ev.flops = model_flops(req, ev.attention)
     candidates = enumerate_candidates(req)
@@ -142,11 +112,12 @@ def plan(req: PlanRequest, *, max_candidates: int = DEFAULT_MAX_CANDIDATES, max_
     rows: list[PlanRow] = []
     met_over: list[tuple[Candidate, int]] = []
     refusals: list[str] = []
-    _EVALUATOR = ev
+    backend = backend or LocalPool(workers)
     bar = tqdm(total=min(len(order), max_candidates), desc="plan: simulate", unit="sim", disable=disable, leave=False)
     examined = 0
+    walk = backend.outcomes(ev, order)
     try:
-        for c, (kind, value) in _walk(order, workers):
+        for c, (kind, value) in zip(order, walk, strict=True):
             examined += 1
             if kind != "refused":
                 counts["work"] += work_units(c)
@@ -166,7 +137,7 @@ def plan(req: PlanRequest, *, max_candidates: int = DEFAULT_MAX_CANDIDATES, max_
                 break
     finally:
         bar.close()
-        _EVALUATOR = None
+        walk.close()  # drops the work still queued
     counts["not_simulated_cap"] = len(order) - examined
     counts["schedules_built"] = ev.schedules_built
     if not rows:

@@ -1,13 +1,15 @@
-"""The planner's search space: every (schedule, p, v, t, d, microbatch size, recompute, zero) that divides
+"""The planner's search space: every (schedule, p, v, t, cp, d, microbatch size, recompute, zero) that divides
 the model, the batch and the cluster, found by exact arithmetic before anything is costed.
 
-Rules (cp = 1 this round): t x p x d == GPUs; t divides the GPUs of a node (tensor parallelism stays on
-NVLink) and the heads and hidden size (and kv heads); the layers go over p x v chunks, evenly or (with
-`uneven`, the default) as `split_layers` splits them (earlier chunks take the remainder; p x v at most the
-layers); the global batch splits into d replicas x m microbatches of mbs sequences; ZeRO only with d > 1;
-sequence parallelism on, off or both when t > 1 (`sequence_parallel`). With p = 1 every schedule is the
-same single stage, so only 1f1b is kept. When nothing is left, `NoLayout` names the constraint that
-removed the last survivors.
+Rules: t x cp x p x d == GPUs; t divides the GPUs of a node (tensor parallelism stays on NVLink) and the heads
+and hidden size (and kv heads); cp is one of the request's `cps` that `LayerOptions.check` admits (flash
+attention, a sequence divisible by 2 cp), and t x cp may cross nodes (ring attention's hops overlap the
+attention blocks; Llama 3 405B's 128k-token phase ran tp 8 x cp 16 on 8-GPU nodes); the layers go over p x v
+chunks, evenly or (with `uneven`, the default) as `split_layers` splits them (earlier chunks take the
+remainder; p x v at most the layers); the global batch splits into d replicas x m microbatches of mbs
+sequences; ZeRO only with d > 1; sequence parallelism on, off or both when t > 1 (`sequence_parallel`).
+With p = 1 every schedule is the same single stage, so only 1f1b is kept. When nothing is left, `NoLayout`
+names the constraint that removed the last survivors.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from pipesim.comm_options import CommOptions
 from pipesim.errors import PipesimError
 from pipesim.hardware import Hardware
 from pipesim.model.config import ModelConfig
+from pipesim.model.options import LayerOptions
+from pipesim.sim_setup import default_attention
 
 VIRTUALS = (2, 3, 4)  # chunks per rank tried for schedules that take --virtual
 MAX_STAGE_MICROBATCHES = 1 << 20  # p x v x m above this is not built (the simulate command's own bound)
@@ -33,7 +37,7 @@ class PlanRequest:
 
     model: ModelConfig
     hardware: Hardware  # already joined to the right number of nodes
-    gpus: int  # GPUs the plan must fill exactly (t x p x d)
+    gpus: int  # GPUs the plan must fill exactly (t x cp x p x d)
     schedules: tuple[str, ...] = ()  # empty: every registered schedule
     max_tp: int | None = None  # None: the GPUs of one node
     recomputes: tuple[str, ...] = RECOMPUTES
@@ -42,6 +46,7 @@ class PlanRequest:
     attention: str | None = None  # None: SimSetup's default for the model and device
     sequence_parallel: tuple[bool, ...] = (True,)  # choices when t > 1 (Megatron's practice: on)
     uneven: bool = True  # p x v need not divide the layers (split_layers' remainder split)
+    cps: tuple[int, ...] = (1,)  # context-parallel sizes to try (default none: today's plans unchanged)
 
     @property
     def schedule_names(self) -> tuple[str, ...]:
@@ -50,7 +55,7 @@ class PlanRequest:
 
 @dataclass(frozen=True, order=True)
 class Candidate:
-    """One parallel configuration (cp = 1)."""
+    """One parallel configuration."""
 
     schedule: str
     p: int  # pipeline ranks
@@ -62,6 +67,7 @@ class Candidate:
     recompute: str
     zero: int
     sp: bool = False  # sequence parallelism (only with t > 1)
+    cp: int = 1  # context-parallel ranks (each holds seq / cp tokens of every sequence)
 
     @property
     def k(self) -> int:
@@ -81,7 +87,8 @@ class Candidate:
     def label(self) -> str:
         v = f" v{self.v}" if self.v > 1 else ""
         sp = " sp" if self.sp else (" nosp" if self.t > 1 else "")
-        return (f"{self.schedule} p{self.p}{v} t{self.t}{sp} d{self.d} mbs{self.mbs} m{self.m} "
+        cp = f" cp{self.cp}" if self.cp > 1 else ""
+        return (f"{self.schedule} p{self.p}{v} t{self.t}{sp}{cp} d{self.d} mbs{self.mbs} m{self.m} "
                 f"rc={self.recompute} zero{self.zero}")
 
 
@@ -108,12 +115,25 @@ def _tp_ok(model: ModelConfig, t: int) -> bool:
     return model.hidden % t == 0 and model.heads % t == 0 and kv % t == 0
 
 
-def layouts(req: PlanRequest) -> list[tuple[int, int, int]]:
-    """(t, p, d) filling the cluster, t inside a node and dividing the heads (t = 1 always qualifies)."""
+def cp_refusal(req: PlanRequest, cp: int) -> str | None:
+    """Why the model layer refuses context parallelism `cp` (LayerOptions.check's line), None when it admits it."""
+    attention = req.attention or default_attention(req.hardware, req.model)
+    try:
+        LayerOptions(cp=cp, attention=attention).check(req.model)
+    except PipesimError as exc:
+        return str(exc)
+    return None
+
+
+def layouts(req: PlanRequest) -> list[tuple[int, int, int, int]]:
+    """(t, cp, p, d) filling the cluster: t inside a node and dividing the heads (t = 1 always qualifies), cp
+    one of the request's that the model layer admits (cp x t may cross nodes)."""
     node, model, g = req.hardware.devices_per_node, req.model, req.gpus
     max_tp = min(node, req.max_tp or node)
     tps = [t for t in divisors(node) if t <= max_tp and g % t == 0 and _tp_ok(model, t)]
-    return [(t, p, g // (t * p)) for t in tps for p in divisors(g // t)]
+    cps = sorted({cp for cp in req.cps if cp == 1 or cp_refusal(req, cp) is None})
+    return [(t, cp, p, g // (t * cp * p)) for t in tps for cp in cps if (g // t) % cp == 0
+            for p in divisors(g // (t * cp))]
 
 
 # what a schedule's builder refuses, by arithmetic on (p, m, v) (the builders' own checks, asked before building)
@@ -159,20 +179,25 @@ def enumerate_candidates(req: PlanRequest) -> list[Candidate]:
     model = req.model
     for name in req.schedule_names:
         schedules.spec(name)  # unknown name: one line
-    triples = layouts(req)
-    fit = [(t, p, d) for t, p, d in triples if splits(model.layers, p, req.uneven)]
-    by_batch = [(t, p, d) for t, p, d in fit if model.batch % d == 0]
+    grids = layouts(req)
+    if not grids:  # every --cp refused by the model layer, or dividing none of the GPUs left by t
+        cps = sorted(set(req.cps))
+        refusals = [r for r in (cp_refusal(req, cp) for cp in cps if cp > 1) if r]
+        raise NoLayout(refusals[0] if refusals else f"--cp {','.join(map(str, cps))} divides none of the "
+                       f"{req.gpus} GPUs left by the tensor-parallel sizes")
+    fit = [(t, cp, p, d) for t, cp, p, d in grids if splits(model.layers, p, req.uneven)]
+    by_batch = [(t, cp, p, d) for t, cp, p, d in fit if model.batch % d == 0]
     if not by_batch:
         if not fit:  # (unreachable while p = 1 is a layout)
             raise NoLayout(f"--layers {model.layers} splits over none of the pipeline sizes "
-                           f"{sorted({p for _, p, _ in triples})}")
-        ds = sorted({d for _, _, d in fit})
+                           f"{sorted({p for _, _, p, _ in grids})}")
+        ds = sorted({d for _, _, _, d in fit})
         rule = "at most the layers" if req.uneven else "must divide the layers"
         raise NoLayout(f"--batch {model.batch} splits over none of the data-parallel sizes {ds} left by "
                        f"{req.gpus} GPUs and --layers {model.layers} (pp {rule})")
     out: list[Candidate] = []
     too_big = 0
-    for t, p, d in by_batch:
+    for t, cp, p, d in by_batch:
         names = [n for n in req.schedule_names if p > 1 or n == "1f1b"] or ["1f1b"]
         zeros = sorted({z if d > 1 else 0 for z in req.zeros})
         sps = sorted(set(req.sequence_parallel)) if t > 1 else [False]
@@ -185,7 +210,7 @@ def enumerate_candidates(req: PlanRequest) -> list[Candidate]:
                     if p * chunks_per_rank(name, v) * m > MAX_STAGE_MICROBATCHES:
                         too_big += 1
                         continue
-                    out.extend(Candidate(name, p, v, t, d, mbs, m, rc, z, sp)
+                    out.extend(Candidate(name, p, v, t, d, mbs, m, rc, z, sp, cp)
                                for rc in req.recomputes for z in zeros for sp in sps)
     if not out:
         raise NoLayout(f"every layout needs more than {MAX_STAGE_MICROBATCHES} stage-microbatches "
@@ -193,5 +218,5 @@ def enumerate_candidates(req: PlanRequest) -> list[Candidate]:
     return sorted(out)
 
 
-__all__ = ["Candidate", "NoLayout", "PlanRequest", "RECOMPUTES", "ZEROS", "divisors", "enumerate_candidates",
-           "layouts"]
+__all__ = ["Candidate", "NoLayout", "PlanRequest", "RECOMPUTES", "ZEROS", "cp_refusal", "divisors",
+           "enumerate_candidates", "layouts"]

@@ -27,7 +27,8 @@ def plan_front(rows: Sequence[dict]) -> list[dict]:
 def _label(r: dict) -> str:
     v = f" v{r['virtual']}" if r["virtual"] > 1 else ""
     sp = " sp" if r.get("sequence_parallel") else ""
-    return (f"{r['schedule']} p{r['pp']}{v} t{r['tp']}{sp} d{r['dp']} mbs{r['microbatch_size']} "
+    cp = f" cp{r['cp']}" if r.get("cp", 1) > 1 else ""
+    return (f"{r['schedule']} p{r['pp']}{v} t{r['tp']}{sp}{cp} d{r['dp']} mbs{r['microbatch_size']} "
             f"m{r['microbatches']} rc={r['recompute']} zero{r['zero']}")
 
 
