@@ -152,7 +152,7 @@ class UserModel:
         return out
 
     def stage_work(self, num_stages: int) -> list[tuple[tuple, tuple, tuple]]:
-        """((F, I, W) FLOPs, bytes, ops) per stage, as `pipesim.model_costs.stage_work` gives them for
+        """((F, I, W) FLOPs, bytes, ops) per stage, as `pipesim.stage_work.stage_work` gives them for
         pipesim's models: what the calibration fit (`calibration.measured.action_samples`) inverts."""
         return [(s["flops"], s["moved"], s["ops"]) for s in self.stage_sums(num_stages)]
 

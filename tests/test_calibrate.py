@@ -24,7 +24,7 @@ from pipesim.calibration.refine import refine_corun, refine_oversubscription, re
 from pipesim.errors import PipesimError
 from pipesim.hardware_toml import hardware_to_toml, load_hardware
 from pipesim.model.config import ModelConfig
-from pipesim.model_costs import action_flops, stage_flops
+from pipesim.stage_work import action_flops, stage_flops
 from pipesim.timeline import Event, Timeline
 from tests.test_host_sharing import cpu_hardware
 

@@ -25,7 +25,7 @@ from pipesim.model.elementwise import layer_elementwise_bytes
 from pipesim.model.flops import Flops, attention_core_flops, dense_flops, head_flops, iteration_flops, layer_flops
 from pipesim.model.options import LayerOptions
 from pipesim.model.params import block_params, embedding_params, head_params, model_params, stage_params
-from pipesim.model_costs import gpt_block_flops
+from pipesim.stage_work import gpt_block_flops
 
 SHAPES = [(64, 2, 256, 8), (128, 3, 512, 16), (2048, 1, 12288, 96)]  # (s, b, h, a)
 

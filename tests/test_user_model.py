@@ -17,7 +17,7 @@ from torch import nn
 from executor.user_model import call_factory, count_piece, count_user_model, train_single, workload_from_parts
 from pipesim.errors import PipesimError
 from pipesim.model.config import ModelConfig
-from pipesim.model_costs import stage_work
+from pipesim.stage_work import stage_work
 
 ROOT = Path(__file__).parent.parent
 

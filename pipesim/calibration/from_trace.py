@@ -2,7 +2,7 @@
 
 A real run's traces (`pipesim.trace_import`) carry every action's start and end but no FLOPs or bytes;
 the model the run trained supplies them: pipesim's own (`--model mlp|gpt` and its sizes:
-`pipesim.model_costs.stage_work`) or the user's (`--model MODULE:FACTORY`, counted per layer by
+`pipesim.stage_work.stage_work`) or the user's (`--model MODULE:FACTORY`, counted per layer by
 `executor.user_model`, summed per stage by `pipesim.user_model`). Then the fit is the one the
 executor's timelines feed (`pipesim.calibration.calibrate`): the median action of each (trace, stage,
 kind) into `fit_compute`, the candidates in the same order; isend posting, late-RECV delay and the
@@ -36,8 +36,9 @@ from pipesim.calibration.measured import (
 from pipesim.errors import PipesimError
 from pipesim.hardware import Hardware
 from pipesim.model.config import ModelConfig
-from pipesim.model_costs import model_costs, stage_work
+from pipesim.model_costs import model_costs
 from pipesim.sim_setup import SimSetup
+from pipesim.stage_work import stage_work
 from pipesim.timeline import Timeline
 from pipesim.user_model import UserModel
 

@@ -11,7 +11,7 @@ import statistics
 from pipesim.calibration.fit import Sample
 from pipesim.host.sharing import runnable_profile
 from pipesim.model.config import ModelConfig
-from pipesim.model_costs import action_flops, stage_work
+from pipesim.stage_work import action_flops, stage_work
 from pipesim.timeline import Event, Timeline, pipeline_span, trimmed_step  # re-exported: the measured steps' reading
 
 
