@@ -112,20 +112,34 @@ def test_overlap_cells_expand():
     assert torch_csv.parse_cell("0UNSHARD") == []
 
 
-@pytest.mark.dist
-@pytest.mark.parametrize("name, virtual", [("1f1b", 1), ("interleaved-1f1b", 2), ("zb-h1", 1), ("dualpipev", 2),
-                                           ("interleaved-zb", 2), ("zb-auto", 1), ("v-half", 2)])
-def test_exported_csv_runs_in_torch_runtime(tmp_path, name, virtual):
-    """A schedule designed here loads in torch's _PipelineScheduleRuntime and computes the right loss."""
-    m = 4
-    csv_path = tmp_path / f"{name}.csv"
-    torch_csv.dump(schedules.build(name, 2, m, virtual), csv_path)
-    out = tmp_path / "out.json"
+EXPORTED = [("1f1b", 1), ("interleaved-1f1b", 2), ("zb-h1", 1), ("dualpipev", 2), ("interleaved-zb", 2),
+            ("zb-auto", 1), ("v-half", 2)]
+
+
+@pytest.fixture(scope="module")
+def torch_runtime_results(tmp_path_factory) -> dict:
+    """Every EXPORTED schedule's CSV stepped in torch's runtime: one torchrun launch, one result per schedule."""
+    tmp, m = tmp_path_factory.mktemp("torch-runtime"), 4
+    cases = []
+    for name, virtual in EXPORTED:
+        csv_path = tmp / f"{name}.csv"
+        torch_csv.dump(schedules.build(name, 2, m, virtual), csv_path)
+        cases.append({"csv": str(csv_path), "per_rank": virtual, "m": m})
+    (tmp / "cases.json").write_text(json.dumps(cases))
+    out = tmp / "out.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
-           str(WORKER), str(csv_path), str(virtual), str(m), str(out)]
+           str(WORKER), "--cases", str(tmp / "cases.json"), str(out)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(out.read_text())
+    return dict(zip((name for name, _ in EXPORTED), json.loads(out.read_text()), strict=True))
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("name", [name for name, _ in EXPORTED])
+def test_exported_csv_runs_in_torch_runtime(torch_runtime_results, name):
+    """A schedule designed here loads in torch's _PipelineScheduleRuntime and computes the right loss."""
+    result = torch_runtime_results[name]
+    assert result["world"] == 2
     assert result["loss_sum"] == pytest.approx(result["expected"], rel=1e-5)

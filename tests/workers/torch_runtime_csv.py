@@ -1,7 +1,9 @@
 """torchrun worker: load a pipesim-exported CSV into torch.distributed.pipelining's runtime and step.
 
 Usage: torchrun --nproc-per-node 2 tests/workers/torch_runtime_csv.py CSV STAGES_PER_RANK M OUT_JSON
-Rank 0 writes the per-microbatch losses and the reference losses of the unsplit model to OUT_JSON.
+       torchrun --nproc-per-node 2 tests/workers/torch_runtime_csv.py --cases CASES_JSON OUT_JSON
+Rank 0 writes the summed losses and the reference loss of the unsplit model to OUT_JSON; with --cases
+(a list of {"csv", "per_rank", "m"}) one such result per case, in order, from one process group.
 """
 
 from __future__ import annotations
@@ -21,8 +23,23 @@ HIDDEN, BATCH = 8, 8
 
 
 def main() -> None:
-    csv_path, per_rank, m, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    if sys.argv[1] == "--cases":
+        with open(sys.argv[2]) as fh:
+            cases = json.load(fh)
+        out = sys.argv[3]
+    else:
+        cases = [{"csv": sys.argv[1], "per_rank": int(sys.argv[2]), "m": int(sys.argv[3])}]
+        out = sys.argv[4]
     dist.init_process_group("gloo", timeout=timedelta(seconds=30))
+    results = [run_case(c["csv"], c["per_rank"], c["m"]) for c in cases]
+    if dist.get_rank() == 0:
+        with open(out, "w") as fh:
+            json.dump(results if sys.argv[1] == "--cases" else results[0], fh)
+    dist.destroy_process_group()
+
+
+def run_case(csv_path: str, per_rank: int, m: int) -> dict:
+    """One schedule's step in torch's runtime: the summed losses, and (rank 0) the unsplit model's loss."""
     rank, world = dist.get_rank(), dist.get_world_size()
     num_stages = world * per_rank
     torch.manual_seed(0)
@@ -45,14 +62,11 @@ def main() -> None:
     sched.step(x if has_first else None, target=y if has_last else None, losses=losses)
     total = torch.tensor([float(sum(loss.item() for loss in losses))])
     dist.all_reduce(total)
-    if rank == 0:
-        ref = x
-        for layer in layers:
-            ref = layer(ref)
-        expected = float(torch.nn.functional.mse_loss(ref, y, reduction="sum"))
-        with open(out, "w") as fh:
-            json.dump({"loss_sum": float(total), "expected": expected, "world": world}, fh)
-    dist.destroy_process_group()
+    ref = x
+    for layer in layers:
+        ref = layer(ref)
+    expected = float(torch.nn.functional.mse_loss(ref, y, reduction="sum"))
+    return {"loss_sum": float(total), "expected": expected, "world": world}
 
 
 if __name__ == "__main__":
