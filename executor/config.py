@@ -22,6 +22,8 @@ from pipesim.model.options import RECOMPUTE  # one vocabulary with simulate/swee
 from pipesim.parallel_dims import ParallelDims
 
 FAIL_MODES = ("raise", "kill", "hang")
+# the NVIDIA driver's device nodes (Linux; /dev/dxg under WSL 2): without any of them CUDA cannot be available
+CUDA_DEVICE_FILES = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/dxg")
 
 
 @dataclass(frozen=True)
@@ -148,7 +150,9 @@ class RunConfig:
         """The backend the run will take (default nccl with CUDA, else gloo)."""
         if self.backend is not None:
             return self.backend == "nccl"
-        import torch  # kept out of `pipesim run`'s start-up unless the backend is left to the machine
+        if not any(Path(dev).exists() for dev in CUDA_DEVICE_FILES):  # no NVIDIA driver: no CUDA, without torch
+            return False
+        import torch  # kept out of `pipesim run`'s start-up unless a GPU driver is there to ask
 
         return torch.cuda.is_available()
 
