@@ -141,6 +141,7 @@ ADMITS = {
     "interleaved-1f1b": lambda p, m, v: m % p == 0,  # Megatron: microbatches a multiple of the stages
     "interleaved-zb": lambda p, m, v: m % max(1, m // p) == 0,  # whole rounds
     "dualpipev": lambda p, m, v: m >= 2 * p and v == 2,
+    "dualpipe": lambda p, m, v: p % 2 == 0 and m % 2 == 0 and m >= 2 * p,  # two chains of p, m / 2 each way
     "zb-v": lambda p, m, v: v == 2,
     "v-half": lambda p, m, v: v == 2,
     "v-min": lambda p, m, v: v == 2,
