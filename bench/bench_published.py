@@ -255,6 +255,10 @@ def features(args: argparse.Namespace) -> str:
         out.append(f"ZeRO {args.zero}")
     if args.scatter_gather and args.tp > 1 and not args.sequence_parallel:  # a no-op otherwise
         out.append("scatter/gather")
+    if not args.tp_comm_overlap and args.tp > 1:
+        out.append("blocking TP backward")
+    if not args.grad_accum_fusion:
+        out.append("unfused gradient accumulation")
     out.append(f"{args.nodes} x {args.hardware}" if args.nodes else str(args.hardware))
     return ", ".join(out)
 

@@ -19,6 +19,7 @@ from pipesim.device.kernels import flash_attention_time, memory_bound_time
 from pipesim.device.profile import DeviceProfile, device_profile
 from pipesim.hardware import KernelFigures
 from pipesim.model.config import ModelConfig
+from pipesim.model.grad_accumulation import accumulate_gradients
 from pipesim.model.kernels import (
     FlashAttention,
     Gemm,
@@ -30,6 +31,7 @@ from pipesim.model.kernels import (
     mlp_layer_kernels,
 )
 from pipesim.model.options import LayerOptions
+from pipesim.model.params import block_params, embedding_params, head_params
 
 # the linear a collective's `overlaps` text names (pipesim.model.comm) -> the GEMM names of pipesim.model.kernels
 LINEAR_NAMES = {"QKV": "QKV", "MLP up": "FC1", "head": "LM head"}
@@ -51,14 +53,14 @@ class PieceSeconds:
 
 
 @lru_cache(maxsize=1 << 16)
-def _gemm_seconds(m: int, n: int, k: int, batch: int, dtype: str, profile: DeviceProfile) -> float:
-    return gemm_time(m, n, k, dtype, profile, batch=batch).seconds
+def _gemm_seconds(m: int, n: int, k: int, batch: int, dtype: str, profile: DeviceProfile, c_bytes: int = 0) -> float:
+    return gemm_time(m, n, k, dtype, profile, batch=batch, c_bytes=c_bytes).seconds
 
 
 def kernel_seconds(kernel: Kernel, dtype: str, profile: DeviceProfile) -> float:
     """One kernel's seconds: a GEMM by its shape, flash attention (causal) by its grid, the rest by its bytes."""
     if isinstance(kernel, Gemm):
-        return _gemm_seconds(kernel.m, kernel.n, kernel.k, kernel.batch, dtype, profile)
+        return _gemm_seconds(kernel.m, kernel.n, kernel.k, kernel.batch, dtype, profile, kernel.c_bytes)
     if isinstance(kernel, FlashAttention):
         return flash_attention_time(kernel.batch, kernel.seq, kernel.heads, kernel.head_dim, dtype, profile,
                                     kv_seq=kernel.kv_seq, kv_heads=kernel.kv_heads, causal=True,
@@ -84,22 +86,32 @@ def profile_of(family: str, kernels: KernelFigures | None = None) -> DeviceProfi
     return profile.with_measured(kernels.source or "[device.kernels] of the hardware file", **kernels.figures())
 
 
+def _accumulated(kernels: PieceKernels, model: ModelConfig, params: int, grad_fusion: bool) -> PieceKernels:
+    """The piece's kernels with each microbatch's gradients added into main_grad (pipesim.model.grad_accumulation);
+    the buffer holds the precision's gradients, which are the model's dtype (pipesim.model.memory.PRECISIONS)."""
+    d = model.dtype_bytes
+    return accumulate_gradients(kernels, params, dtype_bytes=d, grad_bytes=d, fused=grad_fusion)
+
+
 @lru_cache(maxsize=4096)
 def layer_seconds(model: ModelConfig, b: int, opts: LayerOptions, fused: bool, family: str,
-                  kernels: KernelFigures | None = None) -> PieceSeconds:
-    return piece_seconds(layer_kernels(model, b, opts, fused=fused), model.dtype, profile_of(family, kernels))
+                  kernels: KernelFigures | None = None, grad_fusion: bool = True) -> PieceSeconds:
+    pk = _accumulated(layer_kernels(model, b, opts, fused=fused), model, block_params(model, opts.tp), grad_fusion)
+    return piece_seconds(pk, model.dtype, profile_of(family, kernels))
 
 
 @lru_cache(maxsize=4096)
 def head_seconds(model: ModelConfig, b: int, opts: LayerOptions, family: str,
-                 kernels: KernelFigures | None = None) -> PieceSeconds:
-    return piece_seconds(head_kernels(model, b, opts), model.dtype, profile_of(family, kernels))
+                 kernels: KernelFigures | None = None, grad_fusion: bool = True) -> PieceSeconds:
+    pk = _accumulated(head_kernels(model, b, opts), model, head_params(model, opts.tp), grad_fusion)
+    return piece_seconds(pk, model.dtype, profile_of(family, kernels))
 
 
 @lru_cache(maxsize=4096)
 def embedding_seconds(model: ModelConfig, b: int, opts: LayerOptions, family: str,
-                      kernels: KernelFigures | None = None) -> PieceSeconds:
-    return piece_seconds(embedding_kernels(model, b, opts), model.dtype, profile_of(family, kernels))
+                      kernels: KernelFigures | None = None, grad_fusion: bool = True) -> PieceSeconds:
+    pk = _accumulated(embedding_kernels(model, b, opts), model, embedding_params(model, opts.tp), grad_fusion)
+    return piece_seconds(pk, model.dtype, profile_of(family, kernels))
 
 
 @lru_cache(maxsize=4096)
@@ -132,18 +144,20 @@ class StageSeconds:
 
 
 def gpt_stage_seconds(model: ModelConfig, b: int, layers: int, opts: LayerOptions, *, first: bool, last: bool,
-                      fused: bool, family: str, kernels: KernelFigures | None = None) -> StageSeconds:
-    """Embedding (first stage), `layers` identical layers, head + cross-entropy (last stage)."""
+                      fused: bool, family: str, kernels: KernelFigures | None = None,
+                      grad_fusion: bool = True) -> StageSeconds:
+    """Embedding (first stage), `layers` identical layers, head + cross-entropy (last stage); each piece's
+    gradients added into main_grad in its W, inside the wgrad GEMMs when `grad_fusion`."""
     total = [0.0, 0.0, 0.0]
     gemms: dict[str, float] = {}
     shapes: dict[str, Gemm] = {}
     pieces = []
     if first:
-        pieces.append((embedding_seconds(model, b, opts, family, kernels), 1))
+        pieces.append((embedding_seconds(model, b, opts, family, kernels, grad_fusion), 1))
     if layers:
-        pieces.append((layer_seconds(model, b, opts, fused, family, kernels), layers))
+        pieces.append((layer_seconds(model, b, opts, fused, family, kernels, grad_fusion), layers))
     if last:
-        pieces.append((head_seconds(model, b, opts, family, kernels), 1))
+        pieces.append((head_seconds(model, b, opts, family, kernels, grad_fusion), 1))
     for piece, count in pieces:
         for slot, value in enumerate(piece.scaled(count)):
             total[slot] += value

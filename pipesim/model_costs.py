@@ -88,13 +88,15 @@ def layer_options(model: ModelConfig, *, tp: int = 1, sp: bool = False, cp: int 
 def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hardware, *, tp: int = 1, dp: int = 1,
                 layer_split: list[int] | None = None, sp: bool = False, cp: int = 1, recompute: str = "none",
                 attention: str = "eager", zero: int = 0, kernel_fusion: bool = True,
-                tp_comm_overlap: bool = True) -> ParallelCosts:
+                tp_comm_overlap: bool = True, grad_accum_fusion: bool = True) -> ParallelCosts:
     """Per-stage costs of `model` cut into `num_stages` stages (chunks) on `hw`.
 
     Durations: on a device with a `family` (GPU presets), each kernel timed from its shape
     (pipesim.kernel_costs; `kernel_fusion`: Megatron's fused elementwise kernels, else eager
     PyTorch's), and with `tp_comm_overlap` a fused backward's input-gradient collectives carry
-    the GEMM they hide behind, as (kind, bytes, HidingGemm); otherwise the roofline
+    the GEMM they hide behind, as (kind, bytes, HidingGemm); each microbatch's gradients are added into
+    main_grad inside the wgrad GEMMs with `grad_accum_fusion`, else by separate kernels
+    (pipesim.model.grad_accumulation); otherwise the roofline
     at compute_efficiency. sp, cp, recompute, attention: the transformer's options
     (pipesim.model.options.LayerOptions); zero: the ZeRO stage of the data-parallel state
     (memory; its timing: "step").
@@ -123,7 +125,8 @@ def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hard
             work = mlp_stage_work(model, b, layers, tp, first=s == 0)
         else:
             work = gpt_stage_work(model, b, layers, first=s == 0, last=last, opts=opts)
-        timed = _kernel_seconds(model, b, layers, hw, opts, tp, first=s == 0, last=last, fused=kernel_fusion)
+        timed = _kernel_seconds(model, b, layers, hw, opts, tp, first=s == 0, last=last, fused=kernel_fusion,
+                                grad_fusion=grad_accum_fusion)
         if timed is None:
             fwd, inp, wgt = (hw.compute_time(work.flops[k], work.moved[k], model.dtype, k, work.ops[k])
                              for k in "FIW")
@@ -170,7 +173,7 @@ def _step(counts: list[int], *, dp: int, zero: int, hw: Hardware, precision: str
 
 
 def _kernel_seconds(model: ModelConfig, b: int, layers: int, hw: Hardware, opts: LayerOptions | None, tp: int, *,
-                    first: bool, last: bool, fused: bool) -> StageSeconds | None:
+                    first: bool, last: bool, fused: bool, grad_fusion: bool = True) -> StageSeconds | None:
     """The stage's kernel seconds on the hardware's device family; None without one (the roofline path)."""
     family = hw.device.family
     if not family:
@@ -178,7 +181,7 @@ def _kernel_seconds(model: ModelConfig, b: int, layers: int, hw: Hardware, opts:
     if opts is None:
         return mlp_stage_seconds(model, b, layers, tp, first=first, family=family, kernels=hw.device.kernels)
     return gpt_stage_seconds(model, b, layers, opts, first=first, last=last, fused=fused, family=family,
-                             kernels=hw.device.kernels)
+                             kernels=hw.device.kernels, grad_fusion=grad_fusion)
 
 
 def _with_overlap(backward: tuple[tuple[str, int], ...], overlaps: list[str], timed: StageSeconds, dtype: str,

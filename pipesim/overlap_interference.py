@@ -50,14 +50,15 @@ class HidingGemm:
         if channels <= 0:
             return self.seconds
         g = self.gemm
-        return self.seconds * _ratio(g.m, g.n, g.k, g.batch, self.dtype, self.profile, self.profile.sms - channels)
+        return self.seconds * _ratio(g.m, g.n, g.k, g.batch, self.dtype, self.profile, self.profile.sms - channels,
+                                     g.c_bytes)
 
 
 @lru_cache(maxsize=1 << 14)
-def _ratio(m: int, n: int, k: int, batch: int, dtype: str, profile: DeviceProfile, sms: int) -> float:
+def _ratio(m: int, n: int, k: int, batch: int, dtype: str, profile: DeviceProfile, sms: int, c_bytes: int = 0) -> float:
     """The wave model's time of the GEMM on `sms` SMs over its time on all of them."""
-    return gemm_time(m, n, k, dtype, profile, batch=batch, sms=sms).seconds / \
-        gemm_time(m, n, k, dtype, profile, batch=batch).seconds
+    return gemm_time(m, n, k, dtype, profile, batch=batch, sms=sms, c_bytes=c_bytes).seconds / \
+        gemm_time(m, n, k, dtype, profile, batch=batch, c_bytes=c_bytes).seconds
 
 
 def channels_used(nbytes: float, ranks: int, algo: str, protocol: str, channels: int) -> int:

@@ -59,6 +59,7 @@ class SimSetup:
     comm_options: CommOptions = CommOptions()  # scatter/gather, overlapped gradient buckets (pipesim.comm_options)
     kernel_fusion: bool = True  # GPU kernel path: Megatron's fused elementwise kernels (False: eager PyTorch's)
     tp_comm_overlap: bool = True  # GPU kernel path: backward TP collectives under the weight-gradient GEMM
+    grad_accum_fusion: bool = True  # GPU kernel path: wgrad GEMMs accumulate into main_grad (False: a separate add)
     user_model: UserModel | None = None  # --model MODULE:FACTORY, counted per layer (pipesim.user_model)
 
     @property
@@ -110,7 +111,7 @@ class SimSetup:
         costs = model_costs(self.model, n, schedule.num_microbatches, self.hardware, tp=self.tp, dp=self.dp,
                             layer_split=split, sp=self.sp, cp=self.cp, recompute=self.recompute,
                             attention=self.attention_kernel, zero=self.zero, kernel_fusion=self.kernel_fusion,
-                            tp_comm_overlap=self.tp_comm_overlap)
+                            tp_comm_overlap=self.tp_comm_overlap, grad_accum_fusion=self.grad_accum_fusion)
         costs = on_chains(costs, schedule)
         if self.check_memory:
             check_memory(schedule, costs, self.hardware)

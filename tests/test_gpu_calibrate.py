@@ -26,8 +26,10 @@ from pipesim.errors import PipesimError
 from pipesim.hardware_toml import hardware_to_toml, load_hardware
 from pipesim.kernel_costs import piece_seconds
 from pipesim.model.config import ModelConfig
+from pipesim.model.grad_accumulation import accumulate_gradients
 from pipesim.model.kernels import embedding_kernels, layer_kernels
 from pipesim.model.options import LayerOptions
+from pipesim.model.params import block_params, embedding_params
 from pipesim.model_costs import model_costs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -187,8 +189,10 @@ def test_a_gpt_stage_on_the_file_is_its_kernels_on_the_recorded_figures(tmp_path
     model = ModelConfig(kind="gpt", hidden=1024, layers=4, heads=16, seq=1024, vocab=32000, batch=16, dtype="bfloat16")
     opts, b = LayerOptions(attention="flash"), 4
     stage = model_costs(model, 2, 4, hw, attention="flash").table.stages[0]
-    emb, lay = (piece_seconds(k, "bfloat16", HAND) for k in (embedding_kernels(model, b, opts),
-                                                               layer_kernels(model, b, opts)))
+    pieces = ((embedding_kernels(model, b, opts), embedding_params(model)), (layer_kernels(model, b, opts),
+                                                                            block_params(model)))
+    emb, lay = (piece_seconds(accumulate_gradients(k, n, dtype_bytes=2, grad_bytes=2, fused=True), "bfloat16", HAND)
+                for k, n in pieces)
     assert stage.forward == pytest.approx(emb.F + 2 * lay.F + hw.per_action_overhead, rel=1e-12)
     assert stage.backward_weight == pytest.approx(emb.I + emb.W + 2 * (lay.I + lay.W) + 2 * hw.per_action_overhead,
                                                   rel=1e-12)  # stage 0: W runs the whole backward

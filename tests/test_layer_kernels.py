@@ -18,8 +18,10 @@ from pipesim.kernel_costs import gpt_stage_seconds, layer_seconds, overlap_gemm,
 from pipesim.model.config import ModelConfig
 from pipesim.model.elementwise import layer_elementwise_bytes
 from pipesim.model.flops import head_flops, layer_flops
+from pipesim.model.grad_accumulation import accumulate_gradients
 from pipesim.model.kernels import FlashAttention, Gemm, MemoryBound, head_kernels, layer_kernels
 from pipesim.model.options import LayerOptions
+from pipesim.model.params import block_params
 from pipesim.model_costs import model_costs
 from pipesim.parallel_dims import ParallelDims
 from pipesim.sim_program import _tp_time
@@ -96,13 +98,15 @@ def test_recomputation_puts_the_rerun_forward_kernels_first_in_i():
 
 def test_piece_seconds_sum_the_device_models_kernel_by_kernel():
     prof = profile_of("A100")
-    kernels = layer_kernels(LLAMA, 2, LayerOptions(tp=2, attention="flash"))
+    plain = layer_kernels(LLAMA, 2, LayerOptions(tp=2, attention="flash"))
+    kernels = accumulate_gradients(plain, block_params(LLAMA, 2), dtype_bytes=2, grad_bytes=2, fused=True)
+    assert any(isinstance(k, Gemm) and k.c_bytes == 4 for k in kernels.W)
     expected = []
     for phase in "FIW":
         total = 0.0
         for k in getattr(kernels, phase):
             if isinstance(k, Gemm):
-                total += gemm_time(k.m, k.n, k.k, "bfloat16", prof, batch=k.batch).seconds
+                total += gemm_time(k.m, k.n, k.k, "bfloat16", prof, batch=k.batch, c_bytes=k.c_bytes).seconds
             elif isinstance(k, FlashAttention):
                 total += flash_attention_time(k.batch, k.seq, k.heads, k.head_dim, "bfloat16", prof, kv_seq=k.kv_seq,
                                               kv_heads=k.kv_heads, causal=True, backward=k.backward).seconds

@@ -103,12 +103,14 @@ def test_model_costs_emits_the_gemm_a_collective_hides_behind_with_its_shape_and
     layer = dict(layer_seconds(model, 4, LayerOptions(tp=8), True, "A100").gemms)
     assert [h.name for h in hidden] == ["FC1 wgrad", "QKV wgrad"]
     assert [h.seconds for h in hidden] == [layer["FC1 wgrad"], layer["QKV wgrad"]]
-    assert [h.gemm for h in hidden] == [Gemm("FC1 wgrad", 6144, 3072, 8192), Gemm("QKV wgrad", 6144, 2304, 8192)]
+    # each accumulates into main_grad (Megatron's gradient-accumulation fusion: C read and written, 2 x 2 bytes)
+    assert [h.gemm for h in hidden] == [Gemm("FC1 wgrad", 6144, 3072, 8192, c_bytes=4),
+                                        Gemm("QKV wgrad", 6144, 2304, 8192, c_bytes=4)]
     a100 = device_profile("A100")
     assert all(h.profile == a100 and h.dtype == "float16" for h in hidden) and a100.nccl_channels == 24
     qkv = hidden[1]
-    ratio = gemm_time(6144, 2304, 8192, "float16", a100, sms=108 - 24).seconds / \
-        gemm_time(6144, 2304, 8192, "float16", a100).seconds
+    ratio = gemm_time(6144, 2304, 8192, "float16", a100, sms=108 - 24, c_bytes=4).seconds / \
+        gemm_time(6144, 2304, 8192, "float16", a100, c_bytes=4).seconds
     assert qkv.seconds_beside(24) == qkv.seconds * ratio and ratio > 1
 
 

@@ -66,6 +66,10 @@ def add_setup_args(parser: argparse.ArgumentParser) -> None:
     f.add_argument("--no-async-tensor-model-parallel-allreduce", dest="tp_comm_overlap", action="store_false",
                    help="GPU presets: the backward TP all-reduce / reduce-scatter of the input gradient blocks "
                         "instead of running under the weight-gradient GEMM (Megatron's flag of that name)")
+    f.add_argument("--no-gradient-accumulation-fusion", dest="grad_accum_fusion", action="store_false",
+                   help="GPU presets: each microbatch's weight gradients written by their GEMM, then added into "
+                        "the step's main_grad by a separate kernel, instead of the GEMM accumulating into it "
+                        "(Megatron's flag of that name; its 2021 code, NAR21's runs, had no fusion)")
     add_comm_args(parser)
 
 
@@ -115,4 +119,5 @@ def setup_from_args(args: argparse.Namespace) -> SimSetup:
                     attention=args.attention, cp=args.cp, zero=args.zero,
                     memory_limit=parse_memory_limit(args.memory_limit) if args.memory_limit else None,
                     kernel_fusion=args.kernel_fusion, tp_comm_overlap=args.tp_comm_overlap,
+                    grad_accum_fusion=args.grad_accum_fusion,
                     comm_options=comm_options_from_args(args))

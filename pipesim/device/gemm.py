@@ -28,7 +28,7 @@ class GemmTime:
     memory: float  # seconds of HBM traffic at the achievable bandwidth
     overhead: float  # seconds: the per-kernel launch/start-up cost
     flops: float  # useful FLOPs, 2 b m n k
-    bytes_moved: float  # bytes read and written once: b (m k + k n + m n) x dtype bytes
+    bytes_moved: float  # bytes read and written once: b ((m k + k n) x dtype bytes + m n x C's bytes)
     tile: tuple[int, int]  # (rows, cols) of the tile chosen
     tiles: int  # tiles of the output, over the batch
     waves: int  # ceil(tiles / SMs)
@@ -55,9 +55,13 @@ def gemm_flops(m: int, n: int, k: int, batch: int = 1) -> float:
     return 2.0 * batch * m * n * k
 
 
-def gemm_bytes(m: int, n: int, k: int, dtype_bytes: int, batch: int = 1) -> float:
-    """Bytes read and written once: A (m x k), B (k x n) and C (m x n), per batch entry."""
-    return float(batch * (m * k + k * n + m * n) * dtype_bytes)
+def gemm_bytes(m: int, n: int, k: int, dtype_bytes: int, batch: int = 1, c_bytes: int = 0) -> float:
+    """Bytes read and written once: A (m x k), B (k x n) and C (m x n), per batch entry.
+
+    c_bytes: bytes moved per element of C when the epilogue accumulates into it (read and written,
+    e.g. 8 for Megatron's fused weight gradient into a float32 main_grad); 0: C written once in the dtype."""
+    c = c_bytes or dtype_bytes
+    return float(batch * ((m * k + k * n) * dtype_bytes + m * n * c))
 
 
 def _check_shape(m: int, n: int, k: int, batch: int) -> None:
@@ -72,7 +76,7 @@ def roofline(compute: float, memory: float, overlap: float) -> float:
 
 
 def gemm_time(m: int, n: int, k: int, dtype: str, device: DeviceProfile, *, batch: int = 1,
-              sms: int | None = None) -> GemmTime:
+              sms: int | None = None, c_bytes: int = 0) -> GemmTime:
     """Seconds of C (m x n) = A (m x k) @ B (k x n), `batch` times in one kernel, on `device`.
 
     For each tile (t_m, t_n) the device offers: tiles = b ceil(m / t_m) ceil(n / t_n), waves =
@@ -89,7 +93,7 @@ def gemm_time(m: int, n: int, k: int, dtype: str, device: DeviceProfile, *, batc
     if dtype not in DTYPE_BYTES:
         raise PipesimError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPE_BYTES)}")
     per_sm = device.peak(dtype) / device.sms * device.matmul_efficiency  # FLOP/s one SM sustains
-    moved = gemm_bytes(m, n, k, DTYPE_BYTES[dtype], batch)
+    moved = gemm_bytes(m, n, k, DTYPE_BYTES[dtype], batch, c_bytes)
     memory = moved / (device.hbm_bandwidth * device.memory_efficiency)
     best: tuple[float, float, tuple[int, int], int, int] | None = None
     for tm, tn in device.tiles:

@@ -31,6 +31,7 @@ class Gemm:
     n: int
     k: int
     batch: int = 1
+    c_bytes: int = 0  # bytes per C element of an accumulating epilogue (read + write); 0: written once
 
     @property
     def flops(self) -> int:
