@@ -45,6 +45,18 @@ HAND = replace(H100, matmul_efficiency=MATMUL, memory_efficiency=COPY / H100.hbm
                flash_forward_efficiency=FLASH_FWD, flash_backward_efficiency=FLASH_BWD)
 
 
+def test_memory_efficiency_is_the_memory_bound_kernels_median_when_recorded():
+    base = measured.read(SAMPLE)
+    extra = [measured.Record(kind, "bfloat16", (), nbytes, 0.5)
+             for kind, nbytes in (("softmax", 1000), ("softmax", 500), ("dropout", 3000), ("gelu", 4000))]
+    data = measured.Measurements(base.meta, base.records + tuple(extra))
+    assert measured.memory_bound_bandwidths(data) == {"softmax": 2000.0, "dropout": 6000.0, "gelu": 8000.0}  # each best
+    assert measured.summarise(data, H100)["memory_efficiency"] == 6000.0 / 3.35e12  # their median, not the copy
+    assert measured.summarise(base, H100)["memory_efficiency"] == COPY / 3.35e12  # none recorded: the best copy
+    text = measured.write(data.meta, list(data.records))
+    assert measured.parse(text).records == data.records
+
+
 def test_the_sample_parses_with_its_header():
     data = measured.read(SAMPLE)
     assert data.meta["device"] == "NVIDIA H100 80GB HBM3" and data.meta["family"] == "H100"
@@ -215,8 +227,11 @@ def test_the_measuring_code_on_the_cpu_writes_a_file_that_assembles(tmp_path):
 
     data = gpu_measure.measure(gpu_measure.CPU_GRID, "cpu")
     assert data.meta["device"] == "cpu" and data.meta["gpus"] == "0"
-    assert [r.kind for r in data.records] == ["launch"] * 3 + ["copy"] + ["gemm"] * 8 + \
-        ["flash_forward", "flash_backward"] * 2
+    assert [r.kind for r in data.records] == ["launch"] * 3 + ["copy", "softmax", "dropout", "layer_norm", "gelu"] + \
+        ["gemm"] * 8 + ["flash_forward", "flash_backward"] * 2
+    scores, rows = 2 * 64 * 64, 64 * 32  # CPU_GRID: 2 x 64 x 64 scores, 64 x 32 rows, float32
+    assert [r.nbytes for r in data.records[4:8]] == [2 * scores * 4, 2 * scores * 4 + scores, 2 * rows * 4,
+                                                     2 * rows * 4]
     assert {r.shape for r in data.of("gemm")} == {(1, m, n, k) for m in (32, 64) for n in (32, 64) for k in (32, 64)}
     assert [r.shape for r in data.of("flash_forward")] == [(1, 64, 2, 16, 0), (1, 64, 2, 16, 1)]
     assert data.of("copy")[0].nbytes == 2 << 20  # 1 MiB read and written
@@ -225,6 +240,10 @@ def test_the_measuring_code_on_the_cpu_writes_a_file_that_assembles(tmp_path):
     again = measured.read(path)
     cal = gpu.assemble(again, family="H100")
     assert cal.dtype == "float32" and cal.link is None
+    bandwidths = measured.memory_bound_bandwidths(again)
+    assert list(bandwidths) == ["softmax", "dropout", "layer_norm", "gelu"]
+    assert cal.hardware.device.kernels.memory_efficiency == statistics.median(bandwidths.values()) / H100.hbm_bandwidth
+    assert "by the memory-bound kernels' median (softmax " in cal.summary()
     assert cal.hardware.device.kernels.matmul_efficiency == measured.summarise(again, H100, "float32")[
         "matmul_efficiency"]
     assert gpu.measurements_path(Path("out/h100.toml")) == Path("out/h100.measurements.csv")

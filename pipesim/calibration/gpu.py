@@ -4,7 +4,8 @@
 FILE` reads a recorded file (pipesim/device/measured.py's format); both end here, without torch, so the
 tests assemble a recorded file on a machine with no GPU. What the file carries (docs/calibration.md):
 [device.kernels] = the measured figures of the family's kernel model (by measured.summarise's
-definitions), [device].hbm_bandwidth = the best copy's bytes/s, and with NCCL results the [intra] link
+definitions), [device].hbm_bandwidth = the memory-bound kernels' median bytes/s (the best copy without
+them), and with NCCL results the [intra] link
 the simulator's ring formula needs to reproduce the smallest and the largest collective measured.
 Everything else (topology, peaks, the network across nodes) is the base preset's, named in `source`.
 """
@@ -111,6 +112,7 @@ class GpuCalibration:
     profile: DeviceProfile  # the family's profile with the measured figures over it
     link: LinkFit | None
     gemms: Comparison | None  # the GEMM model with `profile` against every GEMM of `dtype` measured
+    data: measured.Measurements | None = None  # the records it was assembled from
 
     def summary(self) -> str:
         k = self.hardware.device.kernels
@@ -119,7 +121,10 @@ class GpuCalibration:
                  "kernel figures: " + ", ".join(f"{n} {v:.4g}" for n, v in k.figures().items())]
         if k.memory_efficiency is not None:
             datasheet = self.profile.hbm_bandwidth / 1e12  # TB/s
-            lines.append(f"HBM: {self.hardware.device.hbm_bandwidth / 1e12:.3f} TB/s by the best copy "
+            kernels = measured.memory_bound_bandwidths(self.data) if self.data is not None else {}
+            how = ("the memory-bound kernels' median (" + ", ".join(f"{n} {v / 1e12:.3f}" for n, v in kernels.items())
+                   + ")") if kernels else "the best copy"
+            lines.append(f"HBM: {self.hardware.device.hbm_bandwidth / 1e12:.3f} TB/s by {how} "
                          f"({100 * k.memory_efficiency:.1f} % of the datasheet's {datasheet:.3f})")
         if self.link is not None:
             f = self.link
@@ -139,7 +144,8 @@ def source_of(meta: dict[str, str]) -> str:
 
 def assemble(data: measured.Measurements, *, family: str | None = None, base: Hardware | None = None) -> GpuCalibration:
     """The hardware file of a measurement: `base` (default: the family's single-node preset) with the measured
-    kernel figures in [device.kernels], the best copy as hbm_bandwidth, and the fitted [intra] link."""
+    kernel figures in [device.kernels], the memory-bound kernels' (or the best copy's) bandwidth as hbm_bandwidth,
+    and the fitted [intra] link."""
     family = family or data.meta.get("family") or family_of(data.meta.get("device", ""))
     profile = device_profile(family)
     base = base or base_preset(family)
@@ -161,7 +167,8 @@ def assemble(data: measured.Measurements, *, family: str | None = None, base: Ha
                      hbm_bandwidth=hbm, memory=memory)
     link = link_fit(data)
     intra = replace(base.intra, bandwidth=link.bandwidth, latency=link.latency) if link else base.intra
-    parts = ["kernel figures ([device.kernels]) and hbm_bandwidth (the best copy): " + source]
+    parts = ["kernel figures ([device.kernels]) and hbm_bandwidth (the memory-bound kernels' median bandwidth, or "
+             "the best copy without them): " + source]
     if link:
         parts.append(f"[intra] bandwidth and latency: NCCL {link.kind} over {link.ranks} ranks, the ring formula "
                      f"through {link.small[0]} and {link.large[0]} bytes")
@@ -170,7 +177,7 @@ def assemble(data: measured.Measurements, *, family: str | None = None, base: Ha
     rows = [Measured(*r.shape, dtype=dtype, flops_per_s=r.flops / r.seconds)
             for r in data.of(measured.GEMM) if r.dtype == dtype]
     check = compare(rows, measured_profile) if rows and dtype in measured_profile.flops else None
-    return GpuCalibration(hardware, family, dtype, measured_profile, link, check)
+    return GpuCalibration(hardware, family, dtype, measured_profile, link, check, data)
 
 
 def measurements_path(output: Path) -> Path:

@@ -1,4 +1,5 @@
-"""Time what the kernel model needs on one CUDA GPU (GEMMs, a copy, launches, flash attention) and NCCL.
+"""Time what the kernel model needs on one CUDA GPU (GEMMs, a copy, memory-bound kernels, launches, flash attention)
+and NCCL.
 
 Loaded only by `pipesim calibrate --gpu` (it imports torch). Each kernel is timed with CUDA events
 around `iters` back-to-back calls after `warmup` calls, the median of three such rounds (perf_counter
@@ -43,12 +44,17 @@ class Grid:
     iters: int  # timed calls per round
     warmup: int  # untimed calls first
     collective_sizes: tuple[int, ...] = (8 << 10, 1 << 20, 64 << 20, 256 << 20)  # bytes, NCCL (> 1 GPU)
+    # memory-bound kernels: attention scores (batch x heads, s, s) for softmax and dropout; (tokens, width) rows for
+    # layer norm and GeLU (a 22B layer at b 4, tp 8: 32 x 2048 x 2048 scores, 8192 x 6144 rows)
+    scores: tuple[int, int] = (32, 2048)
+    rows: tuple[int, int] = (8192, 6144)
 
 
 GPU_GRID = Grid((256, 1024, 4096, 8192), ("bfloat16", "float16"), ((4, 2048, 32, 128), (1, 8192, 32, 128)),
                 1 << 30, 10, 3)  # 128 GEMMs: about a minute on an H100
 QUICK_GRID = Grid((1024, 8192), ("bfloat16",), ((4, 2048, 32, 128),), 1 << 30, 5, 2, (8 << 10, 64 << 20))
-CPU_GRID = Grid((32, 64), ("float32",), ((1, 64, 2, 16),), 1 << 20, 2, 1)  # the tests: these paths on a CPU
+CPU_GRID = Grid((32, 64), ("float32",), ((1, 64, 2, 16),), 1 << 20, 2, 1, scores=(2, 64),
+                rows=(64, 32))  # the tests: these paths on a CPU
 
 
 def timer(dev: torch.device, fn, iters: int, warmup: int) -> float:
@@ -94,6 +100,23 @@ def measure_copy(dev: torch.device, grid: Grid) -> rec.Record:
     moved = 2 * x.numel() * x.element_size()  # read + write
     seconds = timer(dev, partial(y.copy_, x), grid.iters, grid.warmup)
     return rec.Record(rec.COPY, str(dtype).removeprefix("torch."), (), moved, seconds)
+
+
+def measure_memory_bound(dev: torch.device, grid: Grid) -> list[rec.Record]:
+    """torch's softmax and dropout over attention scores, layer norm and GeLU over rows, in the first GEMM dtype
+    (float32 on a CPU); bytes as pipesim.model.kernels counts them (dropout's mask: 1 byte per element)."""
+    dtype = DTYPES[grid.dtypes[0]] if dev.type == "cuda" else torch.float32
+    name = str(dtype).removeprefix("torch.")
+    heads, s = grid.scores
+    tokens, width = grid.rows
+    scores = torch.randn(heads, s, s, device=dev, dtype=dtype)
+    rows = torch.randn(tokens, width, device=dev, dtype=dtype)
+    d, n_scores, n_rows = scores.element_size(), scores.numel(), rows.numel()
+    cases = (("softmax", partial(F.softmax, scores, -1), 2 * n_scores * d),
+             ("dropout", partial(F.dropout, scores, 0.1, True), 2 * n_scores * d + n_scores),
+             ("layer_norm", partial(F.layer_norm, rows, (width,)), 2 * n_rows * d),
+             ("gelu", partial(F.gelu, rows), 2 * n_rows * d))
+    return [rec.Record(kind, name, (), moved, timer(dev, fn, grid.iters, grid.warmup)) for kind, fn, moved in cases]
 
 
 def measure_launches(dev: torch.device, grid: Grid) -> list[rec.Record]:
@@ -158,12 +181,13 @@ def measure(grid: Grid, device: str = "cuda", *, collectives: bool = True) -> re
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "gpus": str(gpus)}
     if dev.type == "cuda":
         meta["memory"] = str(torch.cuda.get_device_properties(dev).total_memory)  # bytes
-    records = [*measure_launches(dev, grid), measure_copy(dev, grid), *measure_gemms(dev, grid),
-               *measure_flash(dev, grid)]
+    records = [*measure_launches(dev, grid), measure_copy(dev, grid), *measure_memory_bound(dev, grid),
+               *measure_gemms(dev, grid), *measure_flash(dev, grid)]
     if collectives and gpus > 1:
         torch.cuda.empty_cache()  # the grid's cached blocks on GPU 0, before NCCL's ranks allocate there
         records += measure_collectives(gpus, grid)
     return rec.Measurements(meta, tuple(records))
 
 
-__all__ = ["CPU_GRID", "GPU_GRID", "Grid", "QUICK_GRID", "measure", "measure_collectives", "timer"]
+__all__ = ["CPU_GRID", "GPU_GRID", "Grid", "QUICK_GRID", "measure", "measure_collectives", "measure_memory_bound",
+           "timer"]

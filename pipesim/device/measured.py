@@ -6,7 +6,8 @@ timed kernel: kind, dtype, shape, bytes, seconds. Kinds: `gemm` (shape b x m x n
 b x s x heads x head_dim x causal), and NCCL collectives (`all_reduce`, `all_gather`,
 `reduce_scatter`, `send_recv`; shape = ranks, bytes = S). `summarise` turns them into the
 fields of a `DeviceProfile` by the same definitions the shipped figures use (MAMF: the best
-GEMM over the grid; the best copy bandwidth; the median launch), and `profile_toml` writes a
+GEMM over the grid; the memory-bound kernels' median bandwidth, else the best copy's; the
+median launch), and `profile_toml` writes a
 table in pipesim/presets/gemm/devices.toml's format with the measurement as the source.
 """
 
@@ -27,7 +28,10 @@ from pipesim.errors import PipesimError
 HEADER = ("kind", "dtype", "shape", "bytes", "seconds")
 GEMM, COPY, LAUNCH, FLASH_FWD, FLASH_BWD = "gemm", "copy", "launch", "flash_forward", "flash_backward"
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
-KINDS = (GEMM, COPY, LAUNCH, FLASH_FWD, FLASH_BWD, *COLLECTIVES)
+# memory-bound kernels the model charges at memory_efficiency, as torch runs them; bytes as pipesim.model.kernels
+# counts them (softmax 2 S d and dropout 2 S d + S over attention scores, layer norm 2 H d, GeLU 2 F d)
+MEMORY_BOUND = ("softmax", "dropout", "layer_norm", "gelu")
+KINDS = (GEMM, COPY, LAUNCH, FLASH_FWD, FLASH_BWD, *COLLECTIVES, *MEMORY_BOUND)
 SHAPE_SIZES = {GEMM: 4, FLASH_FWD: 5, FLASH_BWD: 5, **{c: 1 for c in COLLECTIVES}}  # numbers in `shape`
 
 
@@ -121,14 +125,19 @@ def write(meta: dict[str, str], records: list[Record]) -> str:
 def summarise(data: Measurements, base: DeviceProfile, dtype: str = "bfloat16") -> dict[str, float]:
     """Profile fields the records measure, by the shipped figures' definitions (only those with records).
 
-    matmul_efficiency = max over `dtype` gemms of FLOP/s / peak; memory_efficiency = max copy
-    bytes/s / HBM; kernel_overhead = median launch; flash efficiencies = max FLOP/s / peak.
+    matmul_efficiency = max over `dtype` gemms of FLOP/s / peak; memory_efficiency = the median over the
+    memory-bound kernels (MEMORY_BOUND, each kind's best bytes/s) / HBM, the kernels the model charges at
+    that figure; without such records, max copy bytes/s / HBM; kernel_overhead = median launch; flash
+    efficiencies = max FLOP/s / peak.
     """
     out: dict[str, float] = {}
     gemms = [r for r in data.of(GEMM) if r.dtype == dtype]
     if gemms:
         out["matmul_efficiency"] = max(r.flops / r.seconds for r in gemms) / base.peak(dtype)
-    if data.of(COPY):
+    kernels = memory_bound_bandwidths(data)
+    if kernels:
+        out["memory_efficiency"] = statistics.median(kernels.values()) / base.hbm_bandwidth
+    elif data.of(COPY):
         out["memory_efficiency"] = max(r.nbytes / r.seconds for r in data.of(COPY)) / base.hbm_bandwidth
     if data.of(LAUNCH):
         out["kernel_overhead"] = statistics.median(r.seconds for r in data.of(LAUNCH))
@@ -137,6 +146,11 @@ def summarise(data: Measurements, base: DeviceProfile, dtype: str = "bfloat16") 
         if rows:
             out[name] = max(r.flops / r.seconds for r in rows) / base.peak(dtype)
     return out
+
+
+def memory_bound_bandwidths(data: Measurements) -> dict[str, float]:
+    """Bytes/s each memory-bound kernel kind reached at best (its bytes as the model counts them / seconds)."""
+    return {kind: max(r.nbytes / r.seconds for r in data.of(kind)) for kind in MEMORY_BOUND if data.of(kind)}
 
 
 def collective_figures(data: Measurements) -> dict[str, dict[str, float]]:
@@ -165,5 +179,6 @@ def profile_toml(family: str, profile: DeviceProfile) -> str:
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["COLLECTIVES", "HEADER", "KINDS", "Measurements", "Record", "collective_figures", "parse",
+__all__ = ["COLLECTIVES", "HEADER", "KINDS", "MEMORY_BOUND", "Measurements", "Record", "collective_figures",
+           "memory_bound_bandwidths", "parse",
            "profile_toml", "read", "summarise", "write"]
