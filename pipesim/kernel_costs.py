@@ -86,31 +86,37 @@ def profile_of(family: str, kernels: KernelFigures | None = None) -> DeviceProfi
     return profile.with_measured(kernels.source or "[device.kernels] of the hardware file", **kernels.figures())
 
 
-def _accumulated(kernels: PieceKernels, model: ModelConfig, params: int, grad_fusion: bool) -> PieceKernels:
+def _accumulated(kernels: PieceKernels, model: ModelConfig, params: int, grad_fusion: bool,
+                 grad_bytes: int) -> PieceKernels:
     """The piece's kernels with each microbatch's gradients added into main_grad (pipesim.model.grad_accumulation);
-    the buffer holds the precision's gradients, which are the model's dtype (pipesim.model.memory.PRECISIONS)."""
+    the buffer holds the precision's gradients: `grad_bytes`, 0 for the model's dtype (pipesim.model.memory)."""
     d = model.dtype_bytes
-    return accumulate_gradients(kernels, params, dtype_bytes=d, grad_bytes=d, fused=grad_fusion)
+    return accumulate_gradients(kernels, params, dtype_bytes=d, grad_bytes=grad_bytes or d, fused=grad_fusion)
 
 
 @lru_cache(maxsize=4096)
 def layer_seconds(model: ModelConfig, b: int, opts: LayerOptions, fused: bool, family: str,
-                  kernels: KernelFigures | None = None, grad_fusion: bool = True) -> PieceSeconds:
-    pk = _accumulated(layer_kernels(model, b, opts, fused=fused), model, block_params(model, opts.tp), grad_fusion)
+                  kernels: KernelFigures | None = None, grad_fusion: bool = True,
+                  grad_bytes: int = 0) -> PieceSeconds:
+    pk = _accumulated(layer_kernels(model, b, opts, fused=fused), model, block_params(model, opts.tp), grad_fusion,
+                      grad_bytes)
     return piece_seconds(pk, model.dtype, profile_of(family, kernels))
 
 
 @lru_cache(maxsize=4096)
 def head_seconds(model: ModelConfig, b: int, opts: LayerOptions, family: str,
-                 kernels: KernelFigures | None = None, grad_fusion: bool = True) -> PieceSeconds:
-    pk = _accumulated(head_kernels(model, b, opts), model, head_params(model, opts.tp), grad_fusion)
+                 kernels: KernelFigures | None = None, grad_fusion: bool = True,
+                  grad_bytes: int = 0) -> PieceSeconds:
+    pk = _accumulated(head_kernels(model, b, opts), model, head_params(model, opts.tp), grad_fusion, grad_bytes)
     return piece_seconds(pk, model.dtype, profile_of(family, kernels))
 
 
 @lru_cache(maxsize=4096)
 def embedding_seconds(model: ModelConfig, b: int, opts: LayerOptions, family: str,
-                      kernels: KernelFigures | None = None, grad_fusion: bool = True) -> PieceSeconds:
-    pk = _accumulated(embedding_kernels(model, b, opts), model, embedding_params(model, opts.tp), grad_fusion)
+                      kernels: KernelFigures | None = None, grad_fusion: bool = True,
+                  grad_bytes: int = 0) -> PieceSeconds:
+    pk = _accumulated(embedding_kernels(model, b, opts), model, embedding_params(model, opts.tp), grad_fusion,
+                      grad_bytes)
     return piece_seconds(pk, model.dtype, profile_of(family, kernels))
 
 
@@ -145,7 +151,7 @@ class StageSeconds:
 
 def gpt_stage_seconds(model: ModelConfig, b: int, layers: int, opts: LayerOptions, *, first: bool, last: bool,
                       fused: bool, family: str, kernels: KernelFigures | None = None,
-                      grad_fusion: bool = True) -> StageSeconds:
+                      grad_fusion: bool = True, grad_bytes: int = 0) -> StageSeconds:
     """Embedding (first stage), `layers` identical layers, head + cross-entropy (last stage); each piece's
     gradients added into main_grad in its W, inside the wgrad GEMMs when `grad_fusion`."""
     total = [0.0, 0.0, 0.0]
@@ -153,11 +159,11 @@ def gpt_stage_seconds(model: ModelConfig, b: int, layers: int, opts: LayerOption
     shapes: dict[str, Gemm] = {}
     pieces = []
     if first:
-        pieces.append((embedding_seconds(model, b, opts, family, kernels, grad_fusion), 1))
+        pieces.append((embedding_seconds(model, b, opts, family, kernels, grad_fusion, grad_bytes), 1))
     if layers:
-        pieces.append((layer_seconds(model, b, opts, fused, family, kernels, grad_fusion), layers))
+        pieces.append((layer_seconds(model, b, opts, fused, family, kernels, grad_fusion, grad_bytes), layers))
     if last:
-        pieces.append((head_seconds(model, b, opts, family, kernels, grad_fusion), 1))
+        pieces.append((head_seconds(model, b, opts, family, kernels, grad_fusion, grad_bytes), 1))
     for piece, count in pieces:
         for slot, value in enumerate(piece.scaled(count)):
             total[slot] += value

@@ -26,9 +26,12 @@ from pipesim.stage_work import gpt_stage_work, mlp_stage_work
 from pipesim.step_costs import StepCosts, ring_exchanges, step_costs
 
 GiB = 2**30
-def precision_of(model: ModelConfig) -> str:
-    """The training state's precision: float32 training ("fp32"), else 16-bit mixed precision ("mixed")."""
-    return "fp32" if model.dtype == "float32" else "mixed"
+def precision_of(model: ModelConfig, grad_fp32: bool = False) -> str:
+    """The training state's precision: float32 training ("fp32"), else 16-bit mixed precision ("mixed"), or with
+    `grad_fp32` its float32 main gradients ("megatron": Megatron's --accumulate-allreduce-grads-in-fp32)."""
+    if model.dtype == "float32":
+        return "fp32"
+    return "megatron" if grad_fp32 else "mixed"
 
 
 @dataclass(frozen=True)
@@ -88,7 +91,7 @@ def layer_options(model: ModelConfig, *, tp: int = 1, sp: bool = False, cp: int 
 def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hardware, *, tp: int = 1, dp: int = 1,
                 layer_split: list[int] | None = None, sp: bool = False, cp: int = 1, recompute: str = "none",
                 attention: str = "eager", zero: int = 0, kernel_fusion: bool = True,
-                tp_comm_overlap: bool = True, grad_accum_fusion: bool = True) -> ParallelCosts:
+                tp_comm_overlap: bool = True, grad_accum_fusion: bool = True, grad_fp32: bool = False) -> ParallelCosts:
     """Per-stage costs of `model` cut into `num_stages` stages (chunks) on `hw`.
 
     Durations: on a device with a `family` (GPU presets), each kernel timed from its shape
@@ -96,7 +99,8 @@ def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hard
     PyTorch's), and with `tp_comm_overlap` a fused backward's input-gradient collectives carry
     the GEMM they hide behind, as (kind, bytes, HidingGemm); each microbatch's gradients are added into
     main_grad inside the wgrad GEMMs with `grad_accum_fusion`, else by separate kernels
-    (pipesim.model.grad_accumulation); otherwise the roofline
+    (pipesim.model.grad_accumulation), in float32 with `grad_fp32` (also the dp reduction's and the
+    memory's gradient bytes: precision "megatron"); otherwise the roofline
     at compute_efficiency. sp, cp, recompute, attention: the transformer's options
     (pipesim.model.options.LayerOptions); zero: the ZeRO stage of the data-parallel state
     (memory; its timing: "step").
@@ -107,7 +111,7 @@ def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hard
         raise PipesimError(f"--zero must be one of 0, 1, 2, 3, got {zero!r}")
     split = split_layers(model.layers, num_stages, layer_split)
     d = model.dtype_bytes
-    precision = precision_of(model)
+    precision = precision_of(model, grad_fp32)
     stages: list[StageCosts] = []
     collectives: dict[tuple[int, str], tuple[tuple[str, int], ...]] = {}
     grads: list[int] = []
@@ -126,7 +130,7 @@ def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hard
         else:
             work = gpt_stage_work(model, b, layers, first=s == 0, last=last, opts=opts)
         timed = _kernel_seconds(model, b, layers, hw, opts, tp, first=s == 0, last=last, fused=kernel_fusion,
-                                grad_fusion=grad_accum_fusion)
+                                grad_fusion=grad_accum_fusion, grad_bytes=PRECISIONS[precision].grad_bytes)
         if timed is None:
             fwd, inp, wgt = (hw.compute_time(work.flops[k], work.moved[k], model.dtype, k, work.ops[k])
                              for k in "FIW")
@@ -173,7 +177,8 @@ def _step(counts: list[int], *, dp: int, zero: int, hw: Hardware, precision: str
 
 
 def _kernel_seconds(model: ModelConfig, b: int, layers: int, hw: Hardware, opts: LayerOptions | None, tp: int, *,
-                    first: bool, last: bool, fused: bool, grad_fusion: bool = True) -> StageSeconds | None:
+                    first: bool, last: bool, fused: bool, grad_fusion: bool = True,
+                    grad_bytes: int = 0) -> StageSeconds | None:
     """The stage's kernel seconds on the hardware's device family; None without one (the roofline path)."""
     family = hw.device.family
     if not family:
@@ -181,7 +186,7 @@ def _kernel_seconds(model: ModelConfig, b: int, layers: int, hw: Hardware, opts:
     if opts is None:
         return mlp_stage_seconds(model, b, layers, tp, first=first, family=family, kernels=hw.device.kernels)
     return gpt_stage_seconds(model, b, layers, opts, first=first, last=last, fused=fused, family=family,
-                             kernels=hw.device.kernels, grad_fusion=grad_fusion)
+                             kernels=hw.device.kernels, grad_fusion=grad_fusion, grad_bytes=grad_bytes)
 
 
 def _with_overlap(backward: tuple[tuple[str, int], ...], overlaps: list[str], timed: StageSeconds, dtype: str,

@@ -60,6 +60,7 @@ class SimSetup:
     kernel_fusion: bool = True  # GPU kernel path: Megatron's fused elementwise kernels (False: eager PyTorch's)
     tp_comm_overlap: bool = True  # GPU kernel path: backward TP collectives under the weight-gradient GEMM
     grad_accum_fusion: bool = True  # GPU kernel path: wgrad GEMMs accumulate into main_grad (False: a separate add)
+    grad_fp32: bool = False  # 16-bit models: float32 main gradients, reduced over dp in float32
     user_model: UserModel | None = None  # --model MODULE:FACTORY, counted per layer (pipesim.user_model)
 
     @property
@@ -111,7 +112,8 @@ class SimSetup:
         costs = model_costs(self.model, n, schedule.num_microbatches, self.hardware, tp=self.tp, dp=self.dp,
                             layer_split=split, sp=self.sp, cp=self.cp, recompute=self.recompute,
                             attention=self.attention_kernel, zero=self.zero, kernel_fusion=self.kernel_fusion,
-                            tp_comm_overlap=self.tp_comm_overlap, grad_accum_fusion=self.grad_accum_fusion)
+                            tp_comm_overlap=self.tp_comm_overlap, grad_accum_fusion=self.grad_accum_fusion,
+                            grad_fp32=self.grad_fp32)
         costs = on_chains(costs, schedule)
         if self.check_memory:
             check_memory(schedule, costs, self.hardware)

@@ -115,3 +115,31 @@ def test_the_flag_adds_exactly_the_separate_adds_on_a_gpu_preset_and_nothing_on_
                    - gemm_time(g.m, g.n, g.k, "float16", a100).seconds for g in gemms)
     adds = sum(memory_bound_time(6 * g.m * g.n, a100).seconds for g in gemms)
     assert s - f == pytest.approx(adds - epilogue, rel=1e-9)
+
+
+def test_float32_main_grads_double_the_gradient_bytes_everywhere_they_are_counted():
+    """--accumulate-allreduce-grads-in-fp32: memory, the dp reduction and the accumulation move 4 bytes per gradient."""
+    from pipesim.hardware_toml import load_hardware
+    from pipesim.model_costs import model_costs
+
+    hw = load_hardware("dgx-a100")
+    model = ModelConfig(kind="gpt", hidden=1024, layers=4, heads=16, seq=1024, batch=16, dtype="bfloat16")
+    mixed = model_costs(model, 2, 4, hw, dp=2)
+    fp32 = model_costs(model, 2, 4, hw, dp=2, grad_fp32=True)
+    assert (mixed.precision, fp32.precision) == ("mixed", "megatron")
+    for a, b, params in zip(mixed.step.collectives, fp32.step.collectives, mixed.param_counts):
+        assert [(c.kind, c.nbytes) for c in a] == [("all_reduce", 2 * params)]  # ZeRO 0: one all_reduce
+        assert [(c.kind, c.nbytes) for c in b] == [("all_reduce", 4 * params)]
+    layer = accumulate_gradients(layer_kernels(model, 4, LayerOptions()), block_params(model), dtype_bytes=2,
+                                 grad_bytes=4, fused=True)
+    assert {k.c_bytes for k in layer.W if isinstance(k, Gemm)} == {8}  # the epilogue reads and writes float32 C
+    assert fp32.table.stages[1].backward_weight > mixed.table.stages[1].backward_weight
+    assert model_costs(replace(model, dtype="float32"), 2, 4, hw, dp=2, grad_fp32=True).precision == "fp32"
+
+
+def test_the_flag_doubles_each_ranks_gradient_memory(tmp_path):
+    base = ("--hardware", "dgx-a100", "--dp", "2", "--dtype", "bfloat16")
+    mixed, fp32 = _step(tmp_path, "m", *base), _step(tmp_path, "f", *base, "--accumulate-allreduce-grads-in-fp32")
+    for a, b in zip(mixed["memory"]["ranks"], fp32["memory"]["ranks"]):
+        assert b["gradients"] == 2 * a["gradients"] > 0 and b["parameters"] == a["parameters"]
+    assert fp32["step_time"] > mixed["step_time"]

@@ -70,6 +70,9 @@ def add_setup_args(parser: argparse.ArgumentParser) -> None:
                    help="GPU presets: each microbatch's weight gradients written by their GEMM, then added into "
                         "the step's main_grad by a separate kernel, instead of the GEMM accumulating into it "
                         "(Megatron's flag of that name; its 2021 code, NAR21's runs, had no fusion)")
+    f.add_argument("--accumulate-allreduce-grads-in-fp32", dest="grad_fp32", action="store_true",
+                   help="16-bit models: float32 main gradients, accumulated and reduced over dp in float32, 4 bytes "
+                        "per parameter instead of 2 (Megatron's flag, which its bf16 turns on; Llama 3's runs)")
     add_comm_args(parser)
 
 
@@ -119,5 +122,5 @@ def setup_from_args(args: argparse.Namespace) -> SimSetup:
                     attention=args.attention, cp=args.cp, zero=args.zero,
                     memory_limit=parse_memory_limit(args.memory_limit) if args.memory_limit else None,
                     kernel_fusion=args.kernel_fusion, tp_comm_overlap=args.tp_comm_overlap,
-                    grad_accum_fusion=args.grad_accum_fusion,
+                    grad_accum_fusion=args.grad_accum_fusion, grad_fp32=args.grad_fp32,
                     comm_options=comm_options_from_args(args))
