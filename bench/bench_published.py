@@ -5,12 +5,13 @@ its configuration; the command runs as typed (through pipesim.cli.main, with --j
 paper's unit by the paper's own formula (METRICS). Rows, relative effects, trends and the switches of the
 per-mechanism breakdown are data: adding a paper is adding rows. No figure here is tuned to a row; the report
 (bench/published_report.py) computes every number from the rows and the runs. Each distinct command runs once,
-on --jobs processes (the simulator is deterministic, so the order of the runs changes nothing). A little over 300
-lines on purpose: the formulas, the switches and the runs of one benchmark; its report is bench/published_report.py.
+on --jobs processes (the simulator is deterministic, so the order of the runs changes nothing). The formulas, the
+switches and the runs of one benchmark; its report is bench/published_report.py, the one-figure diagnosis of the
+residual bench/published_diagnosis.py.
 
     pipesim bench published                                  # all rows + breakdown -> docs/published.md
     pipesim bench published -- --out /tmp/p.md --only KOR22  # one source
-    pipesim bench published -- --out /tmp/p.md --no-breakdown
+    pipesim bench published -- --out /tmp/p.md --no-breakdown --no-diagnosis
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ def _sibling(name: str):
 
 
 report = _sibling("published_report")
+diagnosis = _sibling("published_diagnosis")
 Result, Row, Switched = report.Result, report.Row, report.Switched
 render, stats, stats_line = report.render, report.stats, report.stats_line
 
@@ -189,8 +191,12 @@ def load(path: Path = ROWS) -> dict:
         if ref not in ids:
             raise ValueError(f"effect or trend names an unknown row {ref!r}")
     mechanisms = data.get("mechanisms", [])
+    for d in data.get("diagnosis", []):
+        if d["anchor"] not in ids:
+            raise ValueError(f"diagnosis names an unknown row {d['anchor']!r}")
     return {"rows": rows, "sources": data["sources"], "effects": data.get("effects", []),
-            "trends": data.get("trends", []), "mechanisms": mechanisms, "switches": _switches(mechanisms)}
+            "trends": data.get("trends", []), "mechanisms": mechanisms, "switches": _switches(mechanisms),
+            "diagnosis": data.get("diagnosis", [])}
 
 
 def parse_command(command: str) -> tuple[list[str], argparse.Namespace]:
@@ -360,6 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", default=None, help="comma-separated sources (default all)")
     p.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="processes (default 2)")
     p.add_argument("--no-breakdown", action="store_true", help="skip the per-mechanism breakdown's runs")
+    p.add_argument("--no-diagnosis", action="store_true", help="skip the one-figure diagnosis of the residual")
     args = p.parse_args(argv)
     try:
         data = load(args.rows)
@@ -368,9 +375,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.only:
         data = restrict(data, args.only)
     start = time.time()
+    in_ref = {k for k, s in data["sources"].items() if s.get("in_published_md", True)}
     with tempfile.TemporaryDirectory() as tmp:
         try:
             results, switched = evaluate(data, args.jobs, not args.no_breakdown, Path(tmp))
+            goal = [r for r in data["rows"] if r.published is not None and r.source in in_ref]
+            diagnoses = [] if args.no_diagnosis else diagnosis.diagnose(data, sys.modules[__name__], goal, args.jobs,
+                                                                        Path(tmp))
         except ValueError as e:
             raise PipesimError(f"{args.rows}: {e}") from None
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(start))
@@ -383,9 +394,10 @@ def main(argv: list[str] | None = None) -> int:
               "forward and backward action times (the middle stage of a 0,1,0 layer split, TP communication "
               "included); Llama 3's TFLOP/s per GPU = (6 N + 12 L H Q T) x tokens per step / (iteration seconds "
               "x GPUs), PaLM's MFU numerator (N: parameters without the embedding table)."]
-    args.out.write_text(render(data, results, header, switched))
+    text = render(data, results, header, switched)
+    text += "\n".join(diagnosis.lines(diagnoses, stats, report.pct)) + ("\n" if diagnoses else "")
+    args.out.write_text(text)
     print(f"wrote {args.out}")
-    in_ref = {k for k, s in data["sources"].items() if s.get("in_published_md", True)}
     published = [r for r in results if r.row.published is not None]
     ref = [r for r in published if r.row.source in in_ref]
     if ref:

@@ -44,8 +44,8 @@ class KernelFigures:
     --gpu`): each one given replaces the family's figure of pipesim/presets/gemm/devices.toml for this hardware."""
 
     matmul_efficiency: float | None = file_field("frac", doc="best GEMM FLOP/s / dense peak", default=None)
-    memory_efficiency: float | None = file_field("frac", doc="copy bytes/s / the family's datasheet HBM",
-                                                 default=None)
+    memory_efficiency: float | None = file_field("frac", default=None,
+                                                 doc="memory-bound kernels' (or a copy's) bytes/s / datasheet HBM")
     kernel_overhead: float | None = file_field("nonneg", "seconds", "per kernel (median empty kernel)",
                                                default=None)
     flash_forward_efficiency: float | None = file_field("frac", doc="flash attention forward FLOP/s / peak",

@@ -348,3 +348,49 @@ without_optimizer = true
     assert line("1. k | off: no family", on_sp, k_sp) in other
     assert line("2. t | off: blocking", on_sp, on_sp) in other
     assert "Other published results (not in published.md, outside the goal): 1 rows" in doc
+
+
+def test_the_diagnosis_solves_a_planted_figure_and_reports_it(tmp_path):
+    """A row whose 'published' value is the simulator's own prediction at matmul_efficiency 0.7: the diagnosis finds
+    0.7 back (to the bisection's step), and the report's section carries it with that row at ~0 % error."""
+    dg = bp.diagnosis
+    planted = dg.variant("dgx-a100", "matmul_efficiency", 0.7, tmp_path)
+    hw = load_hardware(str(planted))
+    assert hw.device.kernels.matmul_efficiency == 0.7 and "not a measurement" in hw.device.kernels.source
+    argv, args = bp.parse_command(LAYER)
+    forward = bp.action_ms(bp.run_argv(dg._on(argv, planted)), 1, "F")
+    shipped = bp.action_ms(bp.run_argv(argv), 1, "F")
+    assert forward > shipped  # a lower efficiency is a slower forward: the bisection's direction
+    rows = tmp_path / "rows.toml"
+    rows.write_text(f"""
+[sources.KOR22]
+citation = "K"
+
+[[rows]]
+id = "fwd"
+source = "KOR22"
+table = "Table 4"
+configuration = "layer forward"
+metric = "layer_forward_ms"
+published = {forward!r}
+command = "{LAYER}"
+
+[[diagnosis]]
+anchor = "fwd"
+field = "matmul_efficiency"
+range = [0.3, 0.869]
+""")
+    data = bp.load(rows)
+    row = data["rows"][0]
+    solved = dg.solve(bp, row, "matmul_efficiency", 0.3, 0.869, tmp_path)
+    assert abs(solved - 0.7) <= (0.869 - 0.3) / 2**dg.STEPS
+    out = tmp_path / "p.md"
+    assert bp.main(["--rows", str(rows), "--out", str(out), "--jobs", "1", "--no-breakdown"]) == 0
+    doc = out.read_text()
+    assert "| `matmul_efficiency` | 0.869 | fwd | 0.700 | 1 | 0.0 % | 0.0 % |" in doc
+    assert "- `matmul_efficiency` = 0.700: KOR22: layer forward -0.0 %." in doc or \
+        "- `matmul_efficiency` = 0.700: KOR22: layer forward +0.0 %." in doc
+    assert "What one kernel figure" not in bp.report.render(data, [], [], [])  # only main adds it
+    rows.write_text(rows.read_text().replace('anchor = "fwd"', 'anchor = "nope"'))
+    with pytest.raises(PipesimError, match="diagnosis names an unknown row 'nope'"):
+        bp.main(["--rows", str(rows), "--out", str(out), "--jobs", "1"])

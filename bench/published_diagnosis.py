@@ -1,0 +1,116 @@
+"""What one kernel figure would explain: the residual of `pipesim bench published`, diagnosed and never applied.
+
+For each `[[diagnosis]]` of bench/published_rows.toml: the value of one figure of the device's kernel profile
+(`matmul_efficiency`, `memory_efficiency`, ...: a `[device.kernels]` override on the row's hardware) at which the
+simulator reproduces one anchor row exactly (bisection over `range`), then every goal row (shared/reference/
+published.md's) simulated with that value. If one figure solved on one row brings the other rows to their
+published values, the residual is that figure's; if it does not, it lies in the mechanisms. The value is fitted to
+a row, so it is a diagnosis: no preset takes it, and every prediction in the tables above uses the sourced figures.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+from pipesim.device.profile import device_profile
+from pipesim.hardware import KernelFigures
+from pipesim.hardware_toml import hardware_to_toml, load_hardware
+
+STEPS = 16  # bisection steps: the range / 2^16, finer than the figures' three significant digits
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """One figure solved on the anchor row, and the goal rows' results with it (bench Result objects)."""
+
+    field: str
+    shipped: float  # the family profile's figure (sourced)
+    solved: float  # the value at which the anchor row is reproduced
+    anchor: str  # row id
+    results: list  # [Result] of the goal rows, simulated with `solved`
+
+
+def variant(spec: str, field: str, value: float, directory: Path) -> Path:
+    """Hardware `spec` with `[device.kernels] field = value` (a what-if file in `directory`)."""
+    hw = load_hardware(spec)
+    kernels = dataclasses.replace(hw.device.kernels or KernelFigures(), **{field: value},
+                                  source=f"what-if diagnosis: {field} = {value:.6g} (not a measurement)")
+    out = directory / f"{Path(spec).stem}-{field}-{value:.6f}.toml"
+    out.write_text(hardware_to_toml(dataclasses.replace(hw, device=dataclasses.replace(hw.device, kernels=kernels))))
+    return out
+
+
+def _on(argv: list[str], path: Path) -> list[str]:
+    out = list(argv)
+    out[out.index("--hardware") + 1] = str(path)
+    return out
+
+
+def solve(bench: ModuleType, row, field: str, lo: float, hi: float, directory: Path) -> float:
+    """The figure in [lo, hi] at which `row` is predicted at its published value (its speed ratio 1): a lower figure
+    is a slower kernel, so an optimistic prediction (ratio > 1) moves the upper end down."""
+    argv, args = bench.parse_command(row.command)
+    spec = argv[argv.index("--hardware") + 1]
+    for _ in range(STEPS):
+        mid = (lo + hi) / 2
+        ratio = bench.result(row, bench.run_argv(_on(argv, variant(spec, field, mid, directory))), args).speed_ratio
+        if ratio is None:
+            raise ValueError(f"diagnosis: row {row.id} failed at {field} = {mid}")
+        lo, hi = (lo, mid) if ratio > 1 else (mid, hi)
+    return (lo + hi) / 2
+
+
+def diagnose(data: dict, bench: ModuleType, goal: list, jobs: int, directory: Path) -> list[Diagnosis]:
+    """Every [[diagnosis]] of the rows file: solve on its anchor, then run the `goal` rows with the value."""
+    by_id = {r.id: r for r in data["rows"]}
+    out = []
+    for d in data.get("diagnosis", []):
+        anchor = by_id.get(d["anchor"])
+        if anchor is None or anchor.published is None:
+            continue  # a restricted run (--only) without the anchor row
+        argv, _ = bench.parse_command(anchor.command)
+        spec = argv[argv.index("--hardware") + 1]
+        lo, hi = d["range"]
+        value = round(solve(bench, anchor, d["field"], lo, hi, directory), 4)
+        path = variant(spec, d["field"], value, directory)
+        runs = {r.id: _on(bench.parse_command(r.command)[0], path) for r in goal}
+        label = f"diagnosis {d['field']} = {value}"
+        sims = bench.run_all(list(runs.values()), jobs, lambda _argv, label=label: label)
+        results = [bench.result(r, sims[tuple(runs[r.id])], bench.parse_command(r.command)[1]) for r in goal]
+        family = load_hardware(spec).device.family
+        out.append(Diagnosis(d["field"], getattr(device_profile(family), d["field"]), value, anchor.id, results))
+    return out
+
+
+def lines(diagnoses: list[Diagnosis], stats, pct) -> list[str]:
+    """The report's section: one table row per figure, then each source's signed errors with it."""
+    if not diagnoses:
+        return []
+    out = ["", "## What one kernel figure would explain (a diagnosis, never applied)", "",
+           "One figure of the A100 kernel profile, changed alone, solved so that the anchor row is reproduced "
+           "exactly, then every goal row simulated with it (bench/published_diagnosis.py). The value is fitted to "
+           "a published row, so no preset takes it and nothing above uses it; it says where the residual lies: a "
+           "figure that, solved on one row, brings every other row near its published value is the residual's "
+           "cause, one that does not is not.", "",
+           "| figure | shipped (sourced) | solved on | value | rows | median \\|error\\| | max \\|error\\| | "
+           "signed mean (speed) | speed factor |", "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
+    for d in diagnoses:
+        s = stats(d.results)
+        out.append(f"| `{d.field}` | {d.shipped:.3f} | {d.anchor} | {d.solved:.3f} | {s.rows} | "
+                   f"{s.median_abs * 100:.1f} % | {s.max_abs * 100:.1f} % | {pct(s.signed_mean)} | "
+                   f"{s.speed_factor:.3f} |")
+    out.append("")
+    for d in diagnoses:
+        by_source: dict[str, list[str]] = {}
+        for r in d.results:
+            if r.error is not None:
+                by_source.setdefault(r.row.source, []).append(f"{r.row.configuration} {pct(r.error)}")
+        out.append(f"- `{d.field}` = {d.solved:.3f}: " + "; ".join(
+            f"{src}: " + ", ".join(items) for src, items in by_source.items()) + ".")
+    return out
+
+
+__all__ = ["Diagnosis", "diagnose", "lines", "solve", "variant"]
