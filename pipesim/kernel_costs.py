@@ -106,7 +106,7 @@ def layer_seconds(model: ModelConfig, b: int, opts: LayerOptions, fused: bool, f
 @lru_cache(maxsize=4096)
 def head_seconds(model: ModelConfig, b: int, opts: LayerOptions, family: str,
                  kernels: KernelFigures | None = None, grad_fusion: bool = True,
-                  grad_bytes: int = 0) -> PieceSeconds:
+                 grad_bytes: int = 0) -> PieceSeconds:
     pk = _accumulated(head_kernels(model, b, opts), model, head_params(model, opts.tp), grad_fusion, grad_bytes)
     return piece_seconds(pk, model.dtype, profile_of(family, kernels))
 
@@ -114,7 +114,7 @@ def head_seconds(model: ModelConfig, b: int, opts: LayerOptions, family: str,
 @lru_cache(maxsize=4096)
 def embedding_seconds(model: ModelConfig, b: int, opts: LayerOptions, family: str,
                       kernels: KernelFigures | None = None, grad_fusion: bool = True,
-                  grad_bytes: int = 0) -> PieceSeconds:
+                      grad_bytes: int = 0) -> PieceSeconds:
     pk = _accumulated(embedding_kernels(model, b, opts), model, embedding_params(model, opts.tp), grad_fusion,
                       grad_bytes)
     return piece_seconds(pk, model.dtype, profile_of(family, kernels))

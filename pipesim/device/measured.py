@@ -4,7 +4,8 @@ The file is a CSV with `#` header lines (what ran: device, torch, CUDA, date) an
 timed kernel: kind, dtype, shape, bytes, seconds. Kinds: `gemm` (shape b x m x n x k), `copy`
 (bytes read + written), `launch` (an empty kernel), `flash_forward` / `flash_backward` (shape
 b x s x heads x head_dim x causal), and NCCL collectives (`all_reduce`, `all_gather`,
-`reduce_scatter`, `send_recv`; shape = ranks, bytes = S). `summarise` turns them into the
+`reduce_scatter`, `send_recv`; shape = ranks, bytes = S), and memory-bound kernels (`softmax`, `dropout`,
+`layer_norm`, `gelu`; no shape, bytes as the model counts them). `summarise` turns them into the
 fields of a `DeviceProfile` by the same definitions the shipped figures use (MAMF: the best
 GEMM over the grid; the memory-bound kernels' median bandwidth, else the best copy's; the
 median launch), and `profile_toml` writes a

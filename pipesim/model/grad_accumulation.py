@@ -14,7 +14,8 @@ ColumnParallelLinear was F.linear under autograd (bigscience-workshop/Megatron-D
 megatron/mpu/layers.py), so every weight took the separate add.
 
 g is the training precision's gradient bytes (pipesim.model.memory.PRECISIONS: 2 for 16-bit mixed
-precision, which is Megatron's fp16 default; Megatron keeps float32 main grads with bf16).
+precision, Megatron's fp16 default; 4 with `--accumulate-allreduce-grads-in-fp32`, which Megatron's
+bf16 turns on by itself).
 """
 
 from __future__ import annotations
