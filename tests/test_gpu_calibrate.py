@@ -57,6 +57,20 @@ def test_memory_efficiency_is_the_memory_bound_kernels_median_when_recorded():
     assert measured.parse(text).records == data.records
 
 
+def test_a_sustained_gemm_scales_matmul_efficiency_by_its_fraction_of_the_burst_rate():
+    base = measured.read(SAMPLE)  # its 8192^3 bf16 GEMM: 0.00139 s per call
+    slower = measured.Record("gemm_sustained", "bfloat16", (1, 8192, 8192, 8192), 0, 0.00139 / 0.9)
+    data = measured.Measurements(base.meta, base.records + (slower,))
+    assert measured.sustained_fraction(data) == pytest.approx(0.9, rel=1e-12)
+    assert measured.summarise(data, H100)["matmul_efficiency"] == pytest.approx(MATMUL * 0.9, rel=1e-12)
+    faster = measured.Record("gemm_sustained", "bfloat16", (1, 8192, 8192, 8192), 0, 0.001)  # never above the burst
+    assert measured.sustained_fraction(measured.Measurements(base.meta, base.records + (faster,))) == 1.0
+    assert measured.sustained_fraction(base) is None and measured.summarise(base, H100)["matmul_efficiency"] == MATMUL
+    other = measured.Record("gemm_sustained", "bfloat16", (1, 512, 512, 512), 0, 1.0)  # no burst of that shape
+    assert measured.sustained_fraction(measured.Measurements(base.meta, base.records + (other,))) is None
+    assert "sustained GEMM: 90.0 % of its burst rate" in gpu.assemble(data).summary()
+
+
 def test_the_sample_parses_with_its_header():
     data = measured.read(SAMPLE)
     assert data.meta["device"] == "NVIDIA H100 80GB HBM3" and data.meta["family"] == "H100"
@@ -228,7 +242,8 @@ def test_the_measuring_code_on_the_cpu_writes_a_file_that_assembles(tmp_path):
     data = gpu_measure.measure(gpu_measure.CPU_GRID, "cpu")
     assert data.meta["device"] == "cpu" and data.meta["gpus"] == "0"
     assert [r.kind for r in data.records] == ["launch"] * 3 + ["copy", "softmax", "dropout", "layer_norm", "gelu"] + \
-        ["gemm"] * 8 + ["flash_forward", "flash_backward"] * 2
+        ["gemm"] * 8 + ["gemm_sustained"] + ["flash_forward", "flash_backward"] * 2
+    assert data.of("gemm_sustained")[0].shape == (1, 64, 64, 64)  # the grid's largest square GEMM
     scores, rows = 2 * 64 * 64, 64 * 32  # CPU_GRID: 2 x 64 x 64 scores, 64 x 32 rows, float32
     assert [r.nbytes for r in data.records[4:8]] == [2 * scores * 4, 2 * scores * 4 + scores, 2 * rows * 4,
                                                      2 * rows * 4]
@@ -246,6 +261,10 @@ def test_the_measuring_code_on_the_cpu_writes_a_file_that_assembles(tmp_path):
     assert "by the memory-bound kernels' median (softmax " in cal.summary()
     assert cal.hardware.device.kernels.matmul_efficiency == measured.summarise(again, H100, "float32")[
         "matmul_efficiency"]
+    held = min(1.0, again.of("gemm")[-1].seconds / again.of("gemm_sustained")[0].seconds)  # (1, 64, 64, 64) is last
+    assert measured.sustained_fraction(again, "float32") == held
+    assert cal.hardware.device.kernels.matmul_efficiency == pytest.approx(
+        max(r.flops / r.seconds for r in again.of("gemm")) / H100.peak("float32") * held, rel=1e-12)
     assert gpu.measurements_path(Path("out/h100.toml")) == Path("out/h100.measurements.csv")
 
 

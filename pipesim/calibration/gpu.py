@@ -126,6 +126,10 @@ class GpuCalibration:
                    + ")") if kernels else "the best copy"
             lines.append(f"HBM: {self.hardware.device.hbm_bandwidth / 1e12:.3f} TB/s by {how} "
                          f"({100 * k.memory_efficiency:.1f} % of the datasheet's {datasheet:.3f})")
+        held = measured.sustained_fraction(self.data, self.dtype) if self.data is not None else None
+        if held is not None:
+            lines.append(f"sustained GEMM: {100 * held:.1f} % of its burst rate once the clock settled "
+                         "(matmul_efficiency includes it)")
         if self.link is not None:
             f = self.link
             lines.append(f"intra link: {f.bandwidth / 1e9:.1f} GB/s, {f.latency * 1e6:.2f} us: {f.kind} over "

@@ -48,36 +48,57 @@ class Grid:
     # layer norm and GeLU (a 22B layer at b 4, tp 8: 32 x 2048 x 2048 scores, 8192 x 6144 rows)
     scores: tuple[int, int] = (32, 2048)
     rows: tuple[int, int] = (8192, 6144)
+    # seconds of the largest GEMM back to back: its rate once the clock has settled under the board's power limit
+    sustain_seconds: float = 20.0
 
 
 GPU_GRID = Grid((256, 1024, 4096, 8192), ("bfloat16", "float16"), ((4, 2048, 32, 128), (1, 8192, 32, 128)),
                 1 << 30, 10, 3)  # 128 GEMMs: about a minute on an H100
-QUICK_GRID = Grid((1024, 8192), ("bfloat16",), ((4, 2048, 32, 128),), 1 << 30, 5, 2, (8 << 10, 64 << 20))
+QUICK_GRID = Grid((1024, 8192), ("bfloat16",), ((4, 2048, 32, 128),), 1 << 30, 5, 2, (8 << 10, 64 << 20),
+                  sustain_seconds=5.0)
 CPU_GRID = Grid((32, 64), ("float32",), ((1, 64, 2, 16),), 1 << 20, 2, 1, scores=(2, 64),
-                rows=(64, 32))  # the tests: these paths on a CPU
+                rows=(64, 32), sustain_seconds=0.05)  # the tests: these paths on a CPU
+
+
+def one_round(dev: torch.device, fn, iters: int) -> float:
+    """Seconds per call of `iters` back-to-back calls (CUDA events on a GPU, perf_counter on a CPU)."""
+    if dev.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize(dev)
+        start.record()
+        for _ in range(iters):
+            fn()
+        end.record()
+        torch.cuda.synchronize(dev)
+        return start.elapsed_time(end) / 1e3 / iters  # ms -> s
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    return (time.perf_counter() - t0) / iters
 
 
 def timer(dev: torch.device, fn, iters: int, warmup: int) -> float:
     """Seconds per call: median of 3 rounds of `iters` back-to-back calls (CUDA events on a GPU)."""
     for _ in range(warmup):
         fn()
-    rounds = []
-    for _ in range(3):
-        if dev.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda.synchronize(dev)
-            start.record()
-            for _ in range(iters):
-                fn()
-            end.record()
-            torch.cuda.synchronize(dev)
-            rounds.append(start.elapsed_time(end) / 1e3 / iters)  # ms -> s
-        else:
-            t0 = time.perf_counter()
-            for _ in range(iters):
-                fn()
-            rounds.append((time.perf_counter() - t0) / iters)
-    return statistics.median(rounds)
+    return statistics.median(one_round(dev, fn, iters) for _ in range(3))
+
+
+def measure_sustained(dev: torch.device, grid: Grid) -> rec.Record:
+    """The grid's largest square GEMM (first dtype) back to back for `sustain_seconds`; the median seconds per call
+    of the rounds in the last quarter, when the clock has settled under the power limit (the grid's GEMMs, like
+    MAMF's figure, time bursts of a few dozen calls)."""
+    name, n = grid.dtypes[0], max(grid.gemm_sizes)
+    a = torch.randn(n, n, device=dev, dtype=DTYPES[name])
+    b = torch.randn(n, n, device=dev, dtype=DTYPES[name])
+    fn = partial(torch.matmul, a, b)
+    rounds: list[tuple[float, float]] = []  # (seconds since the start at the round's end, seconds per call)
+    t0 = time.perf_counter()
+    while not rounds or rounds[-1][0] < grid.sustain_seconds:
+        per_call = one_round(dev, fn, grid.iters)
+        rounds.append((time.perf_counter() - t0, per_call))
+    last = [s for t, s in rounds if t >= 0.75 * rounds[-1][0]]
+    return rec.Record(rec.GEMM_SUSTAINED, name, (1, n, n, n), 0, statistics.median(last))
 
 
 def measure_gemms(dev: torch.device, grid: Grid) -> list[rec.Record]:
@@ -182,7 +203,7 @@ def measure(grid: Grid, device: str = "cuda", *, collectives: bool = True) -> re
     if dev.type == "cuda":
         meta["memory"] = str(torch.cuda.get_device_properties(dev).total_memory)  # bytes
     records = [*measure_launches(dev, grid), measure_copy(dev, grid), *measure_memory_bound(dev, grid),
-               *measure_gemms(dev, grid), *measure_flash(dev, grid)]
+               *measure_gemms(dev, grid), measure_sustained(dev, grid), *measure_flash(dev, grid)]
     if collectives and gpus > 1:
         torch.cuda.empty_cache()  # the grid's cached blocks on GPU 0, before NCCL's ranks allocate there
         records += measure_collectives(gpus, grid)
@@ -190,4 +211,4 @@ def measure(grid: Grid, device: str = "cuda", *, collectives: bool = True) -> re
 
 
 __all__ = ["CPU_GRID", "GPU_GRID", "Grid", "QUICK_GRID", "measure", "measure_collectives", "measure_memory_bound",
-           "timer"]
+           "measure_sustained", "one_round", "timer"]

@@ -28,12 +28,14 @@ from pipesim.errors import PipesimError
 
 HEADER = ("kind", "dtype", "shape", "bytes", "seconds")
 GEMM, COPY, LAUNCH, FLASH_FWD, FLASH_BWD = "gemm", "copy", "launch", "flash_forward", "flash_backward"
+GEMM_SUSTAINED = "gemm_sustained"  # a gemm's seconds per call after many seconds back to back (settled clock)
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
 # memory-bound kernels the model charges at memory_efficiency, as torch runs them; bytes as pipesim.model.kernels
 # counts them (softmax 2 S d and dropout 2 S d + S over attention scores, layer norm 2 H d, GeLU 2 F d)
 MEMORY_BOUND = ("softmax", "dropout", "layer_norm", "gelu")
-KINDS = (GEMM, COPY, LAUNCH, FLASH_FWD, FLASH_BWD, *COLLECTIVES, *MEMORY_BOUND)
-SHAPE_SIZES = {GEMM: 4, FLASH_FWD: 5, FLASH_BWD: 5, **{c: 1 for c in COLLECTIVES}}  # numbers in `shape`
+KINDS = (GEMM, GEMM_SUSTAINED, COPY, LAUNCH, FLASH_FWD, FLASH_BWD, *COLLECTIVES, *MEMORY_BOUND)
+SHAPE_SIZES = {GEMM: 4, GEMM_SUSTAINED: 4, FLASH_FWD: 5, FLASH_BWD: 5,
+               **{c: 1 for c in COLLECTIVES}}  # numbers in `shape`
 
 
 @dataclass(frozen=True)
@@ -49,7 +51,7 @@ class Record:
     @property
     def flops(self) -> float:
         """Useful FLOPs of a gemm or flash record (2 b m n k; flash as pipesim.device.kernels counts them)."""
-        if self.kind == GEMM:
+        if self.kind in (GEMM, GEMM_SUSTAINED):
             b, m, n, k = self.shape
             return 2.0 * b * m * n * k
         if self.kind in (FLASH_FWD, FLASH_BWD):
@@ -126,7 +128,8 @@ def write(meta: dict[str, str], records: list[Record]) -> str:
 def summarise(data: Measurements, base: DeviceProfile, dtype: str = "bfloat16") -> dict[str, float]:
     """Profile fields the records measure, by the shipped figures' definitions (only those with records).
 
-    matmul_efficiency = max over `dtype` gemms of FLOP/s / peak; memory_efficiency = the median over the
+    matmul_efficiency = max over `dtype` gemms of FLOP/s / peak, times `sustained_fraction` when the file
+    has a sustained gemm (the rate training sees, not a burst's); memory_efficiency = the median over the
     memory-bound kernels (MEMORY_BOUND, each kind's best bytes/s) / HBM, the kernels the model charges at
     that figure; without such records, max copy bytes/s / HBM; kernel_overhead = median launch; flash
     efficiencies = max FLOP/s / peak.
@@ -134,7 +137,8 @@ def summarise(data: Measurements, base: DeviceProfile, dtype: str = "bfloat16") 
     out: dict[str, float] = {}
     gemms = [r for r in data.of(GEMM) if r.dtype == dtype]
     if gemms:
-        out["matmul_efficiency"] = max(r.flops / r.seconds for r in gemms) / base.peak(dtype)
+        held = sustained_fraction(data, dtype)
+        out["matmul_efficiency"] = max(r.flops / r.seconds for r in gemms) / base.peak(dtype) * (held or 1.0)
     kernels = memory_bound_bandwidths(data)
     if kernels:
         out["memory_efficiency"] = statistics.median(kernels.values()) / base.hbm_bandwidth
@@ -147,6 +151,15 @@ def summarise(data: Measurements, base: DeviceProfile, dtype: str = "bfloat16") 
         if rows:
             out[name] = max(r.flops / r.seconds for r in rows) / base.peak(dtype)
     return out
+
+
+def sustained_fraction(data: Measurements, dtype: str = "bfloat16") -> float | None:
+    """The sustained rate of a gemm over its burst rate (the grid's record of the same shape and dtype), at most 1;
+    the smallest over the sustained records; None without one (or without its burst record)."""
+    bursts = {r.shape: r.seconds for r in data.of(GEMM) if r.dtype == dtype}
+    ratios = [min(1.0, bursts[r.shape] / r.seconds) for r in data.of(GEMM_SUSTAINED)
+              if r.dtype == dtype and r.shape in bursts]
+    return min(ratios) if ratios else None
 
 
 def memory_bound_bandwidths(data: Measurements) -> dict[str, float]:
@@ -180,6 +193,6 @@ def profile_toml(family: str, profile: DeviceProfile) -> str:
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["COLLECTIVES", "HEADER", "KINDS", "MEMORY_BOUND", "Measurements", "Record", "collective_figures",
-           "memory_bound_bandwidths", "parse",
+__all__ = ["COLLECTIVES", "GEMM_SUSTAINED", "HEADER", "KINDS", "MEMORY_BOUND", "Measurements", "Record",
+           "collective_figures", "memory_bound_bandwidths", "parse", "sustained_fraction",
            "profile_toml", "read", "summarise", "write"]
