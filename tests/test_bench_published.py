@@ -394,3 +394,30 @@ range = [0.3, 0.869]
     rows.write_text(rows.read_text().replace('anchor = "fwd"', 'anchor = "nope"'))
     with pytest.raises(PipesimError, match="diagnosis names an unknown row 'nope'"):
         bp.main(["--rows", str(rows), "--out", str(out), "--jobs", "1"])
+
+
+def test_hardware_substitution_runs_every_row_on_a_measured_file(tmp_path):
+    """--hardware dgx-a100=FILE: each row runs on FILE (as a `calibrate --gpu` file would be used), the report says so;
+    a malformed pair or a file that does not load is one line, before any run."""
+    measured_file = bp.diagnosis.variant("dgx-a100", "matmul_efficiency", 0.7, tmp_path)
+    rows = tmp_path / "rows.toml"
+    rows.write_text(f"""
+[sources.KOR22]
+citation = "K"
+
+{LAYER_ROWS}""")
+    out = tmp_path / "p.md"
+    assert bp.main(["--rows", str(rows), "--out", str(out), "--jobs", "1", "--no-breakdown", "--no-diagnosis",
+                    "--hardware", f"dgx-a100={measured_file}"]) == 0
+    doc = out.read_text()
+    argv, _ = bp.parse_command(LAYER)
+    on_file = bp.run_argv([str(measured_file) if a == "dgx-a100" else a for a in argv])
+    forward, shipped = bp.action_ms(on_file, 1, "F"), bp.action_ms(bp.run_argv(argv), 1, "F")
+    assert f"| Table 4 | layer forward | 7.7 ms | {pr.num(forward)} ms |" in doc and forward != shipped
+    assert f"- Hardware substituted in every row: dgx-a100={measured_file} (`--hardware`)." in doc
+    data = bp.substitute_hardware(bp.load(rows), [f"dgx-h100={measured_file}"])  # no row uses it: unchanged
+    assert [r.command for r in data["rows"]] == [r.command for r in bp.load(rows)["rows"]]
+    with pytest.raises(PipesimError, match="give PRESET=FILE"):
+        bp.main(["--rows", str(rows), "--out", str(out), "--hardware", "dgx-a100"])
+    with pytest.raises(PipesimError, match="missing.toml"):
+        bp.main(["--rows", str(rows), "--out", str(out), "--hardware", f"dgx-a100={tmp_path / 'missing.toml'}"])
