@@ -201,10 +201,15 @@ def load(path: Path = ROWS) -> dict:
 
 
 def parse_command(command: str) -> tuple[list[str], argparse.Namespace]:
-    """argv after `pipesim`, and its parsed flags; the command must be a `pipesim simulate` line."""
+    """argv after `pipesim`, and its parsed flags; the command must be a `pipesim simulate` line. A relative
+    `--hardware` file path is the repository's (bench/hardware/), as typed from its root: resolved against it."""
     words = shlex.split(command)
     if words[:2] != ["pipesim", "simulate"]:
         raise ValueError(f"not a `pipesim simulate` command: {command}")
+    for i in range(2, len(words)):
+        if words[i - 1] == "--hardware" and words[i].endswith(".toml") and not Path(words[i]).is_absolute() \
+                and (ROOT / words[i]).is_file():
+            words[i] = str(ROOT / words[i])
     return words[1:], build_parser().parse_args(words[1:])
 
 
@@ -266,7 +271,10 @@ def features(args: argparse.Namespace) -> str:
         out.append("blocking TP backward")
     if not args.grad_accum_fusion:
         out.append("unfused gradient accumulation")
-    out.append(f"{args.nodes} x {args.hardware}" if args.nodes else str(args.hardware))
+    hardware = Path(str(args.hardware))
+    if hardware.is_absolute() and hardware.is_relative_to(ROOT):  # a repository file: as typed, from the root
+        hardware = hardware.relative_to(ROOT)
+    out.append(f"{args.nodes} x {hardware}" if args.nodes else str(hardware))
     return ", ".join(out)
 
 
@@ -403,8 +411,9 @@ def main(argv: list[str] | None = None) -> int:
         try:
             results, switched = evaluate(data, args.jobs, not args.no_breakdown, Path(tmp))
             goal = [r for r in data["rows"] if r.published is not None and r.source in in_ref]
+            others = [r for r in data["rows"] if r.published is not None and r.source not in in_ref]
             diagnoses = [] if args.no_diagnosis else diagnosis.diagnose(data, sys.modules[__name__], goal, args.jobs,
-                                                                        Path(tmp))
+                                                                        Path(tmp), others)
         except ValueError as e:
             raise PipesimError(f"{args.rows}: {e}") from None
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(start))

@@ -31,6 +31,7 @@ class Diagnosis:
     solved: float  # the value at which the anchor row is reproduced
     anchor: str  # row id
     results: list  # [Result] of the goal rows, simulated with `solved`
+    outside: list = dataclasses.field(default_factory=list)  # [Result] of other sources' rows on the same family
 
 
 def variant(spec: str, field: str, value: float, directory: Path) -> Path:
@@ -63,8 +64,15 @@ def solve(bench: ModuleType, row, field: str, lo: float, hi: float, directory: P
     return (lo + hi) / 2
 
 
-def diagnose(data: dict, bench: ModuleType, goal: list, jobs: int, directory: Path) -> list[Diagnosis]:
-    """Every [[diagnosis]] of the rows file: solve on its anchor, then run the `goal` rows with the value."""
+def _family(bench: ModuleType, row) -> str:
+    argv, _ = bench.parse_command(row.command)
+    return load_hardware(argv[argv.index("--hardware") + 1]).device.family
+
+
+def diagnose(data: dict, bench: ModuleType, goal: list, jobs: int, directory: Path,
+             others: list | None = None) -> list[Diagnosis]:
+    """Every [[diagnosis]] of the rows file: solve on its anchor, then run the `goal` rows with the value, and
+    the `others` (rows outside the goal) whose hardware has the anchor's device family: an out-of-sample check."""
     by_id = {r.id: r for r in data["rows"]}
     out = []
     for d in data.get("diagnosis", []):
@@ -75,13 +83,18 @@ def diagnose(data: dict, bench: ModuleType, goal: list, jobs: int, directory: Pa
         spec = argv[argv.index("--hardware") + 1]
         lo, hi = d["range"]
         value = round(solve(bench, anchor, d["field"], lo, hi, directory), 4)
-        path = variant(spec, d["field"], value, directory)
-        runs = {r.id: _on(bench.parse_command(r.command)[0], path) for r in goal}
+        family = load_hardware(spec).device.family
+        outside = [r for r in others or [] if r.published is not None and _family(bench, r) == family]
+        runs = {}
+        for r in [*goal, *outside]:  # each row on its own hardware, with the solved figure over it
+            argv = bench.parse_command(r.command)[0]
+            runs[r.id] = _on(argv, variant(argv[argv.index("--hardware") + 1], d["field"], value, directory))
         label = f"diagnosis {d['field']} = {value}"
         sims = bench.run_all(list(runs.values()), jobs, lambda _argv, label=label: label)
-        results = [bench.result(r, sims[tuple(runs[r.id])], bench.parse_command(r.command)[1]) for r in goal]
-        family = load_hardware(spec).device.family
-        out.append(Diagnosis(d["field"], getattr(device_profile(family), d["field"]), value, anchor.id, results))
+        results = [bench.result(r, sims[tuple(runs[r.id])], bench.parse_command(r.command)[1])
+                   for r in [*goal, *outside]]
+        out.append(Diagnosis(d["field"], getattr(device_profile(family), d["field"]), value, anchor.id,
+                             results[:len(goal)], results[len(goal):]))
     return out
 
 
@@ -110,6 +123,13 @@ def lines(diagnoses: list[Diagnosis], stats, pct) -> list[str]:
                 by_source.setdefault(r.row.source, []).append(f"{r.row.configuration} {pct(r.error)}")
         out.append(f"- `{d.field}` = {d.solved:.3f}: " + "; ".join(
             f"{src}: " + ", ".join(items) for src, items in by_source.items()) + ".")
+    outside = [d for d in diagnoses if d.outside]
+    if outside:
+        out += ["", "Out of sample: the same value on the rows of other sources with the anchor's device family "
+                "(not in published.md; not counted in the table above):", ""]
+        out += [f"- `{d.field}` = {d.solved:.3f}: " + ", ".join(
+            f"{r.row.source} {r.row.configuration} {pct(r.error)}" for r in d.outside if r.error is not None) + "."
+            for d in outside]
     return out
 
 

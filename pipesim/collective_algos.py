@@ -42,7 +42,7 @@ NET_OVERHEAD = 1.0  # us per network step of a ring (getNetOverhead on x86 Intel
 RING_PROTOCOL_BW = {"LL": 0.5, "LL128": 0.92, "Simple": 1.0}
 TREE_ALLREDUCE_BW = 0.92
 LINK_KINDS = {"nvlink": "nvlink", "nvswitch": "nvlink", "pcie": "pci", "infiniband": "net", "ethernet": "net",
-              "roce": "net"}  # LinkClass.name -> NCCL's hardware class; others have no NCCL model
+              "roce": "net", "omnipath": "net"}  # LinkClass.name -> NCCL's hardware class; others have no NCCL model
 
 
 @dataclass(frozen=True)

@@ -124,19 +124,21 @@ def test_table_summary_effects_and_trend_on_a_small_row_set():
 
 def test_every_row_parses_and_is_consistent():
     rows = DATA["rows"]
-    assert {r.source for r in rows} == {"NAR21", "KOR22", "LLAMA3"}
+    assert {r.source for r in rows} == {"NAR21", "KOR22", "LLAMA3", "BLOOM"}
     in_ref = {k for k, s in DATA["sources"].items() if s["in_published_md"]}
     assert in_ref == {"NAR21", "KOR22"}  # the goal's rows: those of shared/reference/published.md
     # NAR21 T1, KOR22 T5 (2 columns), T4 (3 x 2); Llama 3 Table 4's two 8K rows
     assert sum(r.published is not None and r.source in in_ref for r in rows) == 10 + 8 + 6
     assert [(r.id, r.published) for r in rows if r.source == "LLAMA3"] == [("llama3-405b-8k-8192gpus", 430),
                                                                              ("llama3-405b-8k-16384gpus", 400)]
+    assert [(r.id, r.published) for r in rows if r.source == "BLOOM"] == [("bloom-176b", 150)]
     examples = (ROOT / "docs" / "published_examples.md").read_text()
     for r in rows:
         argv, args = bp.parse_command(r.command)
-        assert argv[0] == "simulate" and args.hardware == ("dgx-h100" if r.source == "LLAMA3" else "dgx-a100")
+        hardware = {"LLAMA3": "dgx-h100", "BLOOM": str(ROOT / "bench" / "hardware" / "jean-zay-a100.toml")}
+        assert argv[0] == "simulate" and args.hardware == hardware.get(r.source, "dgx-a100")  # a file: the repo's
         assert bp.gpus(args) == 8 * args.nodes, r.id  # 8 GPUs per node
-        if r.table in ("Table 1", "Table 5") and r.published is not None or r.source == "LLAMA3":
+        if r.table in ("Table 1", "Table 5") and r.published is not None or r.source in ("LLAMA3", "BLOOM"):
             assert re.search(re.escape(r.command) + r"\s+# fits", examples), r.id  # the same line as the docs
 
 
@@ -421,3 +423,45 @@ citation = "K"
         bp.main(["--rows", str(rows), "--out", str(out), "--hardware", "dgx-a100"])
     with pytest.raises(PipesimError, match="missing.toml"):
         bp.main(["--rows", str(rows), "--out", str(out), "--hardware", f"dgx-a100={tmp_path / 'missing.toml'}"])
+
+
+def test_the_diagnosis_checks_other_sources_of_the_same_family_out_of_sample(tmp_path):
+    """Solved on a planted A100 row, the value reproduces another source's A100 row planted at the same figure
+    (0 % error) and leaves out rows on another device family (H100)."""
+    dg = bp.diagnosis
+    planted = dg.variant("dgx-a100", "matmul_efficiency", 0.7, tmp_path)
+    argv, _ = bp.parse_command(LAYER)
+    on = [str(planted) if a == "dgx-a100" else a for a in argv]
+    fwd, bwd = (bp.action_ms(bp.run_argv(on), 1, k) for k in ("F", "B"))
+    h100 = LAYER.replace("dgx-a100", "dgx-h100")
+    rows = tmp_path / "rows.toml"
+    rows.write_text(f"""
+[sources.KOR22]
+citation = "K"
+
+[sources.OTHER]
+citation = "O"
+in_published_md = false
+""" + "".join(f"""
+[[rows]]
+id = "{i}"
+source = "{src}"
+table = "T"
+configuration = "{conf}"
+metric = "{metric}"
+published = {pub!r}
+command = "{cmd}"
+""" for i, src, conf, metric, pub, cmd in (("fwd", "KOR22", "layer forward", "layer_forward_ms", fwd, LAYER),
+                                           ("bwd", "OTHER", "a100 backward", "layer_backward_ms", bwd, LAYER),
+                                           ("h", "OTHER", "h100 backward", "layer_backward_ms", 1.0, h100))) + """
+[[diagnosis]]
+anchor = "fwd"
+field = "matmul_efficiency"
+range = [0.3, 0.869]
+""")
+    out = tmp_path / "p.md"
+    assert bp.main(["--rows", str(rows), "--out", str(out), "--jobs", "1", "--no-breakdown"]) == 0
+    doc = out.read_text()
+    line = next(x for x in doc.splitlines() if x.startswith("- `matmul_efficiency` = 0.700: OTHER a100 backward"))
+    assert re.fullmatch(r"- `matmul_efficiency` = 0\.700: OTHER a100 backward [+-]0\.0 %\.", line), line
+    assert "h100 backward" not in line
