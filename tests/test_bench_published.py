@@ -435,7 +435,7 @@ def test_the_diagnosis_checks_other_sources_of_the_same_family_out_of_sample(tmp
     fwd, bwd = (bp.action_ms(bp.run_argv(on), 1, k) for k in ("F", "B"))
     h100 = LAYER.replace("dgx-a100", "dgx-h100")
     rows = tmp_path / "rows.toml"
-    rows.write_text(f"""
+    rows.write_text("""
 [sources.KOR22]
 citation = "K"
 
