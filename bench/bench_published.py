@@ -19,14 +19,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
-import hashlib
 import importlib.util
 import io
 import json
 import os
 import platform
-import shlex
 import sys
 import tempfile
 import time
@@ -35,11 +32,9 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipesim.cli import build_parser
 from pipesim.cli import main as pipesim_main
 from pipesim.commands.common import model_config
 from pipesim.errors import PipesimError
-from pipesim.hardware_toml import hardware_to_toml, load_hardware
 from pipesim.model.params import embedding_params, model_params
 
 try:
@@ -64,6 +59,9 @@ def _sibling(name: str):
 
 report = _sibling("published_report")
 diagnosis = _sibling("published_diagnosis")
+commands = _sibling("published_commands")
+Switch, parse_command, switched_argv = commands.Switch, commands.parse_command, commands.switched_argv
+hardware_variant, substitute_hardware = commands.hardware_variant, commands.substitute_hardware
 Result, Row, Switched = report.Result, report.Row, report.Switched
 render, stats, stats_line = report.render, report.stats, report.stats_line
 
@@ -149,30 +147,6 @@ METRICS: dict[str, Metric] = {
 
 # ---- rows and switches ---------------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class Switch:
-    """One way of switching one mechanism, as a transformation of a row's command (bench/published_rows.toml)."""
-
-    mechanism: str  # the mechanism's short name
-    label: str  # how it is switched, for the reader
-    hardware: tuple[tuple[str, object], ...] = ()  # dotted Hardware field -> value, on the row's --hardware
-    add_flags: tuple[str, ...] = ()
-    drop_flags: tuple[str, ...] = ()
-    skip_when: tuple[tuple[str, ...], ...] = ()  # argument sequences on which the switch cannot act
-    without_optimizer: bool = False  # the same run, less its optimizer step (without_optimizer)
-
-
-def _switches(mechanisms: list[dict]) -> list[Switch]:
-    out = []
-    for m in mechanisms:
-        for s in m.get("switch", []):
-            out.append(Switch(m["short"], s["label"], tuple(s.get("hardware", {}).items()),
-                              tuple(s.get("add_flags", [])), tuple(s.get("drop_flags", [])),
-                              tuple(tuple(shlex.split(w)) for w in s.get("skip_when", [])),
-                              bool(s.get("without_optimizer", False))))
-    return out
-
-
 def load(path: Path = ROWS) -> dict:
     """The TOML file as rows (list[Row]), sources, effects, trends, mechanisms and their switches (list[Switch])."""
     data = tomllib.loads(path.read_text())
@@ -196,62 +170,8 @@ def load(path: Path = ROWS) -> dict:
         if d["anchor"] not in ids:
             raise ValueError(f"diagnosis names an unknown row {d['anchor']!r}")
     return {"rows": rows, "sources": data["sources"], "effects": data.get("effects", []),
-            "trends": data.get("trends", []), "mechanisms": mechanisms, "switches": _switches(mechanisms),
+            "trends": data.get("trends", []), "mechanisms": mechanisms, "switches": commands.switches(mechanisms),
             "diagnosis": data.get("diagnosis", [])}
-
-
-def parse_command(command: str) -> tuple[list[str], argparse.Namespace]:
-    """argv after `pipesim`, and its parsed flags; the command must be a `pipesim simulate` line. A relative
-    `--hardware` file path is the repository's (bench/hardware/), as typed from its root: resolved against it."""
-    words = shlex.split(command)
-    if words[:2] != ["pipesim", "simulate"]:
-        raise ValueError(f"not a `pipesim simulate` command: {command}")
-    for i in range(2, len(words)):
-        if words[i - 1] == "--hardware" and words[i].endswith(".toml") and not Path(words[i]).is_absolute() \
-                and (ROOT / words[i]).is_file():
-            words[i] = str(ROOT / words[i])
-    return words[1:], build_parser().parse_args(words[1:])
-
-
-def _contains(words: list[str], seq: tuple[str, ...]) -> bool:
-    return any(tuple(words[i:i + len(seq)]) == seq for i in range(len(words) - len(seq) + 1))
-
-
-def hardware_variant(spec: str, changes: tuple[tuple[str, object], ...], directory: Path) -> Path:
-    """A TOML file of hardware `spec` (preset or file) with dotted fields replaced, e.g. ("device.family", "")."""
-    hw = load_hardware(spec)
-    for dotted, value in changes:
-        *path, last = dotted.split(".")
-        parents = [hw]
-        for name in path:
-            parents.append(getattr(parents[-1], name))
-            if parents[-1] is None or not dataclasses.is_dataclass(parents[-1]):
-                raise ValueError(f"hardware {spec}: no section {dotted!r}")
-        if last not in {f.name for f in dataclasses.fields(parents[-1])}:
-            raise ValueError(f"hardware {spec}: no field {dotted!r}")
-        node = dataclasses.replace(parents[-1], **{last: value})
-        for parent, name in zip(reversed(parents[:-1]), reversed(path)):
-            node = dataclasses.replace(parent, **{name: node})
-        hw = node
-    digest = hashlib.sha1(repr((spec, changes)).encode()).hexdigest()[:10]
-    out = directory / f"{Path(spec).stem}-{digest}.toml"
-    out.write_text(hardware_to_toml(hw))
-    return out
-
-
-def switched_argv(command: str, switch: Switch, directory: Path) -> list[str] | None:
-    """argv of the row's command with `switch` applied; None where it would run the same (skip_when, no change)."""
-    words, _ = parse_command(command)
-    if switch.without_optimizer or any(_contains(words, seq) for seq in switch.skip_when):
-        return None
-    out = [w for w in words if w not in switch.drop_flags]
-    out += [f for f in switch.add_flags if f not in out]
-    if switch.hardware:
-        if "--hardware" not in out:
-            raise ValueError(f"a hardware switch needs --hardware in the command: {command}")
-        i = out.index("--hardware") + 1
-        out[i] = str(hardware_variant(out[i], switch.hardware, directory))
-    return None if out == words else out
 
 
 def features(args: argparse.Namespace) -> str:
@@ -353,24 +273,6 @@ def evaluate(data: dict, jobs: int, breakdown: bool, directory: Path) -> tuple[l
 def machine_line() -> str:
     return (f"{platform.node()}: {platform.machine()}, {os.cpu_count()} cores, {platform.system()} "
             f"{platform.release()}, Python {platform.python_version()}")
-
-
-def substitute_hardware(data: dict, pairs: list[str]) -> dict:
-    """`data` with every row's `--hardware PRESET` replaced by FILE for each PRESET=FILE (e.g. the file `pipesim
-    calibrate --gpu` wrote on that GPU); a file that does not load is refused in one line."""
-    swap = {}
-    for pair in pairs:
-        preset, sep, path = pair.partition("=")
-        if not sep or not preset or not path:
-            raise PipesimError(f"--hardware {pair!r}: give PRESET=FILE, e.g. dgx-a100=gpu_calibration/hardware.toml")
-        load_hardware(path)  # a bad file: its own one-line error, before any run
-        swap[preset] = path
-
-    def swapped(command: str) -> str:
-        words = shlex.split(command)
-        return shlex.join(swap.get(w, w) if i and words[i - 1] == "--hardware" else w for i, w in enumerate(words))
-
-    return {**data, "rows": [dataclasses.replace(r, command=swapped(r.command)) for r in data["rows"]]}
 
 
 def restrict(data: dict, only: str) -> dict:

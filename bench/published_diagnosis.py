@@ -16,8 +16,7 @@ from pathlib import Path
 from types import ModuleType
 
 from pipesim.device.profile import device_profile
-from pipesim.hardware import KernelFigures
-from pipesim.hardware_toml import hardware_to_toml, load_hardware
+from pipesim.hardware_toml import load_hardware
 
 STEPS = 16  # bisection steps: the range / 2^16, finer than the figures' three significant digits
 
@@ -34,14 +33,10 @@ class Diagnosis:
     outside: list = dataclasses.field(default_factory=list)  # [Result] of other sources' rows on the same family
 
 
-def variant(spec: str, field: str, value: float, directory: Path) -> Path:
-    """Hardware `spec` with `[device.kernels] field = value` (a what-if file in `directory`)."""
-    hw = load_hardware(spec)
-    kernels = dataclasses.replace(hw.device.kernels or KernelFigures(), **{field: value},
-                                  source=f"what-if diagnosis: {field} = {value:.6g} (not a measurement)")
-    out = directory / f"{Path(spec).stem}-{field}-{value:.6f}.toml"
-    out.write_text(hardware_to_toml(dataclasses.replace(hw, device=dataclasses.replace(hw.device, kernels=kernels))))
-    return out
+def variant(bench: ModuleType, spec: str, field: str, value: float, directory: Path) -> Path:
+    """Hardware `spec` with `[device.kernels] field = value` (a what-if file in `directory`, bench.hardware_variant)."""
+    return bench.hardware_variant(spec, ((f"device.kernels.{field}", value), (
+        "device.kernels.source", f"what-if diagnosis: {field} = {value:.6g} (not a measurement)")), directory)
 
 
 def _on(argv: list[str], path: Path) -> list[str]:
@@ -57,7 +52,8 @@ def solve(bench: ModuleType, row, field: str, lo: float, hi: float, directory: P
     spec = argv[argv.index("--hardware") + 1]
     for _ in range(STEPS):
         mid = (lo + hi) / 2
-        ratio = bench.result(row, bench.run_argv(_on(argv, variant(spec, field, mid, directory))), args).speed_ratio
+        sim = bench.run_argv(_on(argv, variant(bench, spec, field, mid, directory)))
+        ratio = bench.result(row, sim, args).speed_ratio
         if ratio is None:
             raise ValueError(f"diagnosis: row {row.id} failed at {field} = {mid}")
         lo, hi = (lo, mid) if ratio > 1 else (mid, hi)
@@ -88,7 +84,8 @@ def diagnose(data: dict, bench: ModuleType, goal: list, jobs: int, directory: Pa
         runs = {}
         for r in [*goal, *outside]:  # each row on its own hardware, with the solved figure over it
             argv = bench.parse_command(r.command)[0]
-            runs[r.id] = _on(argv, variant(argv[argv.index("--hardware") + 1], d["field"], value, directory))
+            spec_r = argv[argv.index("--hardware") + 1]
+            runs[r.id] = _on(argv, variant(bench, spec_r, d["field"], value, directory))
         label = f"diagnosis {d['field']} = {value}"
         sims = bench.run_all(list(runs.values()), jobs, lambda _argv, label=label: label)
         results = [bench.result(r, sims[tuple(runs[r.id])], bench.parse_command(r.command)[1])

@@ -26,7 +26,7 @@ except ModuleNotFoundError:  # Python 3.10
 _DTYPES = ("float32", "bfloat16", "float16")
 _SECTIONS = {"device": DeviceSpec, "intra": LinkClass, "inter": LinkClass, "scale_out": LinkClass,
              "host": HostProfile}  # [table] -> type
-_NESTED = {"kernels": KernelFigures}  # [device.kernels] -> type (a table inside a section)
+NESTED_SECTIONS = {"kernels": KernelFigures}  # [device.kernels] -> type (a table inside a section)
 # top-level keys of files written before the [host] table existed -> where they live now
 _MOVED = {"host_cores": "[host].cores", **{k: f"[host].{k}" for k in (
     "node_corun_slowdown", "oversubscription_slowdown", "time_slice", "send_overhead", "late_recv_delay",
@@ -107,7 +107,7 @@ def _table(label: str, section: str, table: object, cls: type) -> dict:
                 raise PipesimError(f"{label}: missing field {prefix}{name}")
             continue
         if meta["kind"] == "section":
-            cls = _NESTED[name] if section else _SECTIONS[name]
+            cls = NESTED_SECTIONS[name] if section else _SECTIONS[name]
             out[name] = cls(**_table(label, f"{section}.{name}" if section else name, table[name], cls))
         else:
             out[name] = _check(label, f"{prefix}{name}", table[name], meta["kind"], meta["unit"])
@@ -193,7 +193,7 @@ def hardware_to_toml(hw: Hardware) -> str:
         table = getattr(hw, section)
         if table is not None:
             lines += ["", f"[{section}]", *_lines(table, section != "host")]
-            for name in _NESTED:
+            for name in NESTED_SECTIONS:
                 nested = getattr(table, name, None)
                 if nested is not None:
                     lines += ["", f"[{section}.{name}]", *_lines(nested, False)]

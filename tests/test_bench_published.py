@@ -255,7 +255,8 @@ def test_skip_when_rules_of_the_rows_file_hold():
     for sw in DATA["switches"]:
         for seq in sw.skip_when:
             cmd = small[seq] + " --scatter-gather"
-            assert bp._contains(shlex.split(cmd), seq) and bp.switched_argv(cmd, sw, Path("/nonexistent")) is None
+            assert bp.commands.contains(shlex.split(cmd), seq)
+            assert bp.switched_argv(cmd, sw, Path("/nonexistent")) is None
             forced = bp.switched_argv(cmd, replace(sw, skip_when=()), Path("/nonexistent"))
             assert forced is not None and forced != shlex.split(cmd)[1:], (sw.label, seq)
             base, switched = bp.run_argv(shlex.split(cmd)[1:]), bp.run_argv(forced)
@@ -352,56 +353,11 @@ without_optimizer = true
     assert "Other published results (not in published.md, outside the goal): 1 rows" in doc
 
 
-def test_the_diagnosis_solves_a_planted_figure_and_reports_it(tmp_path):
-    """A row whose 'published' value is the simulator's own prediction at matmul_efficiency 0.7: the diagnosis finds
-    0.7 back (to the bisection's step), and the report's section carries it with that row at ~0 % error."""
-    dg = bp.diagnosis
-    planted = dg.variant("dgx-a100", "matmul_efficiency", 0.7, tmp_path)
-    hw = load_hardware(str(planted))
-    assert hw.device.kernels.matmul_efficiency == 0.7 and "not a measurement" in hw.device.kernels.source
-    argv, args = bp.parse_command(LAYER)
-    forward = bp.action_ms(bp.run_argv(dg._on(argv, planted)), 1, "F")
-    shipped = bp.action_ms(bp.run_argv(argv), 1, "F")
-    assert forward > shipped  # a lower efficiency is a slower forward: the bisection's direction
-    rows = tmp_path / "rows.toml"
-    rows.write_text(f"""
-[sources.KOR22]
-citation = "K"
-
-[[rows]]
-id = "fwd"
-source = "KOR22"
-table = "Table 4"
-configuration = "layer forward"
-metric = "layer_forward_ms"
-published = {forward!r}
-command = "{LAYER}"
-
-[[diagnosis]]
-anchor = "fwd"
-field = "matmul_efficiency"
-range = [0.3, 0.869]
-""")
-    data = bp.load(rows)
-    row = data["rows"][0]
-    solved = dg.solve(bp, row, "matmul_efficiency", 0.3, 0.869, tmp_path)
-    assert abs(solved - 0.7) <= (0.869 - 0.3) / 2**dg.STEPS
-    out = tmp_path / "p.md"
-    assert bp.main(["--rows", str(rows), "--out", str(out), "--jobs", "1", "--no-breakdown"]) == 0
-    doc = out.read_text()
-    assert "| `matmul_efficiency` | 0.869 | fwd | 0.700 | 1 | 0.0 % | 0.0 % |" in doc
-    assert "- `matmul_efficiency` = 0.700: KOR22: layer forward -0.0 %." in doc or \
-        "- `matmul_efficiency` = 0.700: KOR22: layer forward +0.0 %." in doc
-    assert "What one kernel figure" not in bp.report.render(data, [], [], [])  # only main adds it
-    rows.write_text(rows.read_text().replace('anchor = "fwd"', 'anchor = "nope"'))
-    with pytest.raises(PipesimError, match="diagnosis names an unknown row 'nope'"):
-        bp.main(["--rows", str(rows), "--out", str(out), "--jobs", "1"])
-
 
 def test_hardware_substitution_runs_every_row_on_a_measured_file(tmp_path):
     """--hardware dgx-a100=FILE: each row runs on FILE (as a `calibrate --gpu` file would be used), the report says so;
     a malformed pair or a file that does not load is one line, before any run."""
-    measured_file = bp.diagnosis.variant("dgx-a100", "matmul_efficiency", 0.7, tmp_path)
+    measured_file = bp.diagnosis.variant(bp, "dgx-a100", "matmul_efficiency", 0.7, tmp_path)
     rows = tmp_path / "rows.toml"
     rows.write_text(f"""
 [sources.KOR22]
@@ -423,45 +379,3 @@ citation = "K"
         bp.main(["--rows", str(rows), "--out", str(out), "--hardware", "dgx-a100"])
     with pytest.raises(PipesimError, match="missing.toml"):
         bp.main(["--rows", str(rows), "--out", str(out), "--hardware", f"dgx-a100={tmp_path / 'missing.toml'}"])
-
-
-def test_the_diagnosis_checks_other_sources_of_the_same_family_out_of_sample(tmp_path):
-    """Solved on a planted A100 row, the value reproduces another source's A100 row planted at the same figure
-    (0 % error) and leaves out rows on another device family (H100)."""
-    dg = bp.diagnosis
-    planted = dg.variant("dgx-a100", "matmul_efficiency", 0.7, tmp_path)
-    argv, _ = bp.parse_command(LAYER)
-    on = [str(planted) if a == "dgx-a100" else a for a in argv]
-    fwd, bwd = (bp.action_ms(bp.run_argv(on), 1, k) for k in ("F", "B"))
-    h100 = LAYER.replace("dgx-a100", "dgx-h100")
-    rows = tmp_path / "rows.toml"
-    rows.write_text("""
-[sources.KOR22]
-citation = "K"
-
-[sources.OTHER]
-citation = "O"
-in_published_md = false
-""" + "".join(f"""
-[[rows]]
-id = "{i}"
-source = "{src}"
-table = "T"
-configuration = "{conf}"
-metric = "{metric}"
-published = {pub!r}
-command = "{cmd}"
-""" for i, src, conf, metric, pub, cmd in (("fwd", "KOR22", "layer forward", "layer_forward_ms", fwd, LAYER),
-                                           ("bwd", "OTHER", "a100 backward", "layer_backward_ms", bwd, LAYER),
-                                           ("h", "OTHER", "h100 backward", "layer_backward_ms", 1.0, h100))) + """
-[[diagnosis]]
-anchor = "fwd"
-field = "matmul_efficiency"
-range = [0.3, 0.869]
-""")
-    out = tmp_path / "p.md"
-    assert bp.main(["--rows", str(rows), "--out", str(out), "--jobs", "1", "--no-breakdown"]) == 0
-    doc = out.read_text()
-    line = next(x for x in doc.splitlines() if x.startswith("- `matmul_efficiency` = 0.700: OTHER a100 backward"))
-    assert re.fullmatch(r"- `matmul_efficiency` = 0\.700: OTHER a100 backward [+-]0\.0 %\.", line), line
-    assert "h100 backward" not in line
