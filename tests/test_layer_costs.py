@@ -22,7 +22,15 @@ from pipesim.model.activations import (
 from pipesim.model.comm import cp_layer_exchanges, tp_embedding_collectives, tp_head_collectives, tp_layer_collectives
 from pipesim.model.config import ModelConfig
 from pipesim.model.elementwise import layer_elementwise_bytes
-from pipesim.model.flops import Flops, attention_core_flops, dense_flops, head_flops, iteration_flops, layer_flops
+from pipesim.model.flops import (
+    Flops,
+    attention_core_flops,
+    dense_flops,
+    head_flops,
+    iteration_flops,
+    layer_flops,
+    model_flops,
+)
 from pipesim.model.options import LayerOptions
 from pipesim.model.params import block_params, embedding_params, head_params, model_params, stage_params
 from pipesim.stage_work import gpt_block_flops
@@ -154,6 +162,8 @@ def test_iteration_flops_equal_narayanan_eq3_and_korthikanti_eq7(a, h, l, B):
     eq7 = 72 * B * s * l * h * h * (1 + Fraction(s, 6 * h) + Fraction(V, 12 * l * h))  # model FLOPs
     assert iteration_flops(model, B, LayerOptions(recompute="full")) == eq3
     assert iteration_flops(model, B, LayerOptions()) == eq7
+    causal = 72 * B * s * l * h * h * (1 + Fraction(s, 12 * h) + Fraction(V, 12 * l * h))  # MFU's count
+    assert model_flops(model, B) == causal
 
 
 def test_recompute_orders_flops_full_over_selective_over_none():

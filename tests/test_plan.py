@@ -18,6 +18,7 @@ else:  # Python 3.10: the backport (a dependency there)
 from pipesim.cli import build_parser, main
 from pipesim.hardware_toml import load_hardware
 from pipesim.model.config import ModelConfig
+from pipesim.model.flops import model_flops
 from pipesim.model_costs import precision_of
 from pipesim.plan.estimate import estimate, optimizer_tail
 from pipesim.plan.evaluate import Evaluator
@@ -250,6 +251,10 @@ def test_long_sequence_plans_context_parallel_and_exports_it(capsys, tmp_path):
     data = json.loads(out.read_text())
     best = data["rows"][0]
     assert best["cp"] > 1 and all(r["cp"] > 1 for r in data["rows"])  # every cp 1 layout is over memory
+    # MFU counts the causal half of attention: under 100 % even where attention is most of the work (it was 125 %)
+    assert all(0 < r["mfu"] < 1 for r in data["rows"]) and best["mfu"] == pytest.approx(
+        model_flops(ModelConfig(kind="gpt", hidden=3200, heads=25, layers=2, seq=393216, vocab=32000, batch=2,
+                                dtype="bfloat16"), 2) / (best["step_time"] * 4 * 989e12), rel=1e-12)
     assert data["counts"]["over_memory_bound"] + data["counts"]["over_memory"] >= 6  # (p2 d2 cp1: 6 candidates)
     assert best["tp"] * best["cp"] * best["pp"] * best["dp"] == 4 and best["peak_memory"] <= data["device_memory"]
     argv = shlex.split(data["winner"]["simulate_command"])

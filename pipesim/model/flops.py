@@ -67,15 +67,15 @@ def attention_core_flops(model: ModelConfig, b: int, opts: LayerOptions, *, caus
     return Flops(fwd, bwd, 0)
 
 
-def layer_flops(model: ModelConfig, b: int, opts: LayerOptions) -> Flops:
-    """One transformer layer on one rank, with its recomputation in I.
+def layer_flops(model: ModelConfig, b: int, opts: LayerOptions, *, causal: bool = False) -> Flops:
+    """One transformer layer on one rank, with its recomputation in I (causal: the attention core's causal half).
 
     full: the backward first re-runs the whole forward (dense + attention core); selective:
     only the attention core's forward. The GPT without recomputation, t = cp = 1, eager:
     F = 24 b s h^2 + 4 b s^2 h, I = 24 b s h^2 + 8 b s^2 h, W = 24 b s h^2.
     """
     dense = dense_flops(model, b, opts)
-    core = attention_core_flops(model, b, opts)
+    core = attention_core_flops(model, b, opts, causal=causal)
     flops = Flops(dense, dense, dense) + core
     if opts.recompute == "full":
         flops = flops + Flops(0, flops.F, 0)
@@ -91,15 +91,25 @@ def head_flops(model: ModelConfig, b: int, opts: LayerOptions) -> Flops:
     return Flops(head, head, head)
 
 
-def iteration_flops(model: ModelConfig, global_batch: int, opts: LayerOptions) -> int:
+def iteration_flops(model: ModelConfig, global_batch: int, opts: LayerOptions, *, causal: bool = False) -> int:
     """All ranks' FLOPs of one iteration (tp = cp = 1 view): layers x layer + head, over the global batch.
 
     With the GPT and eager attention this is Narayanan et al. 2021 eq. 3 under full recomputation,
     96 B s l h^2 (1 + s / (6h) + V / (16 l h)), and Korthikanti et al. 2022 eq. 7 without it,
-    72 B s l h^2 (1 + s / (6h) + V / (12 l h)).
+    72 B s l h^2 (1 + s / (6h) + V / (12 l h)). causal=True counts the attention core's causal half.
     """
     one = LayerOptions(recompute=opts.recompute, attention=opts.attention)
-    return (layer_flops(model, global_batch, one) * model.layers + head_flops(model, global_batch, one)).total
+    layers = layer_flops(model, global_batch, one, causal=causal) * model.layers
+    return (layers + head_flops(model, global_batch, one)).total
 
 
-__all__ = ["Flops", "attention_core_flops", "dense_flops", "head_flops", "iteration_flops", "layer_flops"]
+def model_flops(model: ModelConfig, global_batch: int) -> int:
+    """What MFU counts: one iteration's model FLOPs, no recomputation, the attention core 4 + 8 per (query, key)
+    pair and head-dim over the causal half a decoder computes (FlashAttention's benchmarks count causal attention
+    so, `flops(...) // (2 if causal else 1)`). The full s x s square, Megatron's count, exceeds any real rate
+    once attention dominates (128k+ tokens): 72 B s l h^2 (1 + s / (12h) + V / (12 l h)) for the GPT."""
+    return iteration_flops(model, global_batch, LayerOptions(attention="eager"), causal=True)
+
+
+__all__ = ["Flops", "attention_core_flops", "dense_flops", "head_flops", "iteration_flops", "layer_flops",
+           "model_flops"]

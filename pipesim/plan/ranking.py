@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipesim.model.flops import iteration_flops
-from pipesim.model.options import LayerOptions
+from pipesim.model.flops import model_flops
 from pipesim.plan.evaluate import Costed
 from pipesim.plan.space import Candidate, PlanRequest
 from pipesim.sim_result import SimResult
@@ -26,7 +25,7 @@ class PlanRow:
     candidate: Candidate
     step_time: float  # seconds
     tokens_per_s: float
-    mfu: float  # model FLOPs (no recomputation) over GPUs x dense peak x step time
+    mfu: float  # model FLOPs (no recomputation, causal attention) over GPUs x dense peak x step time
     tflops_per_gpu: float  # model TFLOP/s per GPU
     peak_memory: int  # bytes on the fullest GPU
     bubble_fraction: float  # idle over makespan, averaged over ranks
@@ -45,9 +44,9 @@ class PlanRow:
                 "bubble_fraction": self.bubble_fraction, "parts": dict(self.parts)}
 
 
-def model_flops(req: PlanRequest, attention: str) -> float:
-    """FLOPs of one step without recomputation (what MFU counts)."""
-    return float(iteration_flops(req.model, req.model.batch, LayerOptions(attention=attention)))
+def step_model_flops(req: PlanRequest) -> float:
+    """FLOPs of one step as MFU counts them (pipesim.model.flops.model_flops: no recomputation, causal half)."""
+    return float(model_flops(req.model, req.model.batch))
 
 
 def make_row(req: PlanRequest, costed: Costed, result: SimResult, flops: float) -> PlanRow:
@@ -94,4 +93,4 @@ def _largest_difference(row: PlanRow, best: PlanRow) -> str:
     return f"compute +{ms:.2f} ms"
 
 
-__all__ = ["PARTS", "PlanRow", "make_row", "model_flops", "why_lost"]
+__all__ = ["PARTS", "PlanRow", "make_row", "step_model_flops", "why_lost"]

@@ -22,7 +22,7 @@ from pipesim.model_costs import precision_of
 from pipesim.plan.backends import Backend, LocalPool
 from pipesim.plan.estimate import estimate, optimizer_tail
 from pipesim.plan.evaluate import Costed, Evaluator
-from pipesim.plan.ranking import PlanRow, model_flops
+from pipesim.plan.ranking import PlanRow, step_model_flops
 from pipesim.plan.space import Candidate, NoLayout, PlanRequest, enumerate_candidates
 from pipesim.units import format_bytes
 from pipesim.zb_auto_costs import AUTO_SCHEDULES
@@ -77,7 +77,7 @@ def plan(req: PlanRequest, *, max_candidates: int = DEFAULT_MAX_CANDIDATES, max_
     backend: where the walk's candidates run (default a LocalPool of `workers`); the result is the same.
     """
     ev = evaluator or Evaluator(req)
-    ev.flops = model_flops(req, ev.attention)
+    ev.flops = step_model_flops(req)
     candidates = enumerate_candidates(req)
     missing = [c.label() for c in include if c not in set(candidates)]
     if missing:
