@@ -26,11 +26,17 @@ from pipesim.stage_work import gpt_stage_work, mlp_stage_work
 from pipesim.step_costs import StepCosts, ring_exchanges, step_costs
 
 GiB = 2**30
-def precision_of(model: ModelConfig, grad_fp32: bool = False) -> str:
-    """The training state's precision: float32 training ("fp32"), else 16-bit mixed precision ("mixed"), or with
-    `grad_fp32` its float32 main gradients ("megatron": Megatron's --accumulate-allreduce-grads-in-fp32)."""
+def precision_of(model: ModelConfig, grad_fp32: bool | None = None) -> str:
+    """The training state's precision: float32 training ("fp32"), else 16-bit mixed precision with 16-bit main
+    gradients ("mixed") or float32 ones ("megatron": Megatron's --accumulate-allreduce-grads-in-fp32).
+
+    grad_fp32 None: Megatron-LM's default, float32 main gradients for bfloat16 ("bfloat16 requires gradient
+    accumulation and all-reduce to be done in fp32", megatron/training/arguments.py; torchtitan's FSDP reduces in
+    float32 too) and 16-bit ones for float16; False is Megatron's --grad-reduce-in-bf16."""
     if model.dtype == "float32":
         return "fp32"
+    if grad_fp32 is None:
+        grad_fp32 = model.dtype == "bfloat16"
     return "megatron" if grad_fp32 else "mixed"
 
 
@@ -91,7 +97,8 @@ def layer_options(model: ModelConfig, *, tp: int = 1, sp: bool = False, cp: int 
 def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hardware, *, tp: int = 1, dp: int = 1,
                 layer_split: list[int] | None = None, sp: bool = False, cp: int = 1, recompute: str = "none",
                 attention: str = "eager", zero: int = 0, kernel_fusion: bool = True,
-                tp_comm_overlap: bool = True, grad_accum_fusion: bool = True, grad_fp32: bool = False) -> ParallelCosts:
+                tp_comm_overlap: bool = True, grad_accum_fusion: bool = True,
+                grad_fp32: bool | None = None) -> ParallelCosts:
     """Per-stage costs of `model` cut into `num_stages` stages (chunks) on `hw`.
 
     Durations: on a device with a `family` (GPU presets), each kernel timed from its shape

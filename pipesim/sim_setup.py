@@ -60,7 +60,7 @@ class SimSetup:
     kernel_fusion: bool = True  # GPU kernel path: Megatron's fused elementwise kernels (False: eager PyTorch's)
     tp_comm_overlap: bool = True  # GPU kernel path: backward TP collectives under the weight-gradient GEMM
     grad_accum_fusion: bool = True  # GPU kernel path: wgrad GEMMs accumulate into main_grad (False: a separate add)
-    grad_fp32: bool = False  # 16-bit models: float32 main gradients, reduced over dp in float32
+    grad_fp32: bool | None = None  # 16-bit models: float32 main gradients (None: for bfloat16, as Megatron)
     user_model: UserModel | None = None  # --model MODULE:FACTORY, counted per layer (pipesim.user_model)
 
     @property

@@ -124,9 +124,12 @@ def test_float32_main_grads_double_the_gradient_bytes_everywhere_they_are_counte
 
     hw = load_hardware("dgx-a100")
     model = ModelConfig(kind="gpt", hidden=1024, layers=4, heads=16, seq=1024, batch=16, dtype="bfloat16")
-    mixed = model_costs(model, 2, 4, hw, dp=2)
+    mixed = model_costs(model, 2, 4, hw, dp=2, grad_fp32=False)
     fp32 = model_costs(model, 2, 4, hw, dp=2, grad_fp32=True)
     assert (mixed.precision, fp32.precision) == ("mixed", "megatron")
+    # Megatron's defaults: bfloat16 takes float32 main gradients by itself, float16 keeps 16-bit ones
+    assert model_costs(model, 2, 4, hw, dp=2).precision == "megatron"
+    assert model_costs(replace(model, dtype="float16"), 2, 4, hw, dp=2).precision == "mixed"
     for a, b, params in zip(mixed.step.collectives, fp32.step.collectives, mixed.param_counts):
         assert [(c.kind, c.nbytes) for c in a] == [("all_reduce", 2 * params)]  # ZeRO 0: one all_reduce
         assert [(c.kind, c.nbytes) for c in b] == [("all_reduce", 4 * params)]
@@ -138,8 +141,23 @@ def test_float32_main_grads_double_the_gradient_bytes_everywhere_they_are_counte
 
 
 def test_the_flag_doubles_each_ranks_gradient_memory(tmp_path):
-    base = ("--hardware", "dgx-a100", "--dp", "2", "--dtype", "bfloat16")
+    base = ("--hardware", "dgx-a100", "--dp", "2", "--dtype", "float16")
     mixed, fp32 = _step(tmp_path, "m", *base), _step(tmp_path, "f", *base, "--accumulate-allreduce-grads-in-fp32")
     for a, b in zip(mixed["memory"]["ranks"], fp32["memory"]["ranks"]):
         assert b["gradients"] == 2 * a["gradients"] > 0 and b["parameters"] == a["parameters"]
     assert fp32["step_time"] > mixed["step_time"]
+    # bfloat16: float32 gradients unless --grad-reduce-in-bf16 (Megatron's flags)
+    bf16 = ("--hardware", "dgx-a100", "--dp", "2", "--dtype", "bfloat16")
+    default, bf16_grads = _step(tmp_path, "d", *bf16), _step(tmp_path, "b", *bf16, "--grad-reduce-in-bf16")
+    for a, b in zip(bf16_grads["memory"]["ranks"], default["memory"]["ranks"]):
+        assert b["gradients"] == 2 * a["gradients"] > 0 and b["parameters"] == a["parameters"]
+    given = _step(tmp_path, "e", *bf16, "--accumulate-allreduce-grads-in-fp32")
+    assert (given["step_time"], given["memory"]) == (default["step_time"], default["memory"])
+
+
+def test_grad_reduce_in_bf16_is_refused_off_bfloat16(capsys):
+    assert pipesim_main(["simulate", "1f1b", "-p", "2", "-m", "4", "--model", "gpt", "--hardware", "dgx-a100",
+                 "--dtype", "float16", "--grad-reduce-in-bf16"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "--grad-reduce-in-bf16 needs a bfloat16 model (--dtype bfloat16), got float16" in err

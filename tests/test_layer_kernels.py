@@ -125,7 +125,8 @@ def test_model_costs_on_a_family_preset_are_kernel_seconds_plus_the_action_overh
     costs = model_costs(GPT, 2, 4, hw, attention="flash")
     b = GPT.batch // 4
     opts = LayerOptions(attention="flash")
-    last = gpt_stage_seconds(GPT, b, 2, opts, first=False, last=True, fused=True, family="A100")
+    last = gpt_stage_seconds(GPT, b, 2, opts, first=False, last=True, fused=True, family="A100",
+                             grad_bytes=4)  # bfloat16: float32 main grads (Megatron's default)
     stage = costs.table.stages[1]
     assert stage.forward == last.F + hw.per_action_overhead
     assert (stage.backward_input, stage.backward_weight) == (last.I + hw.per_action_overhead,
@@ -143,7 +144,7 @@ def test_fused_backward_collectives_carry_the_seconds_of_the_gemm_they_hide_behi
     for sp in (False, True):
         costs = model_costs(GPT, 2, 4, hw, tp=2, sp=sp, attention="flash")
         b, opts = GPT.batch // 4, LayerOptions(tp=2, sp=sp, attention="flash")
-        layer = dict(layer_seconds(GPT, b, opts, True, "H100").gemms)
+        layer = dict(layer_seconds(GPT, b, opts, True, "H100", grad_bytes=4).gemms)  # float32 main grads
         fused = costs.tp_collectives[(1, "B")]
         split = costs.tp_collectives[(1, "I")]
         assert all(len(c) == 2 for c in split)  # a split I's wgrad runs later, in W: nothing to hide behind
@@ -151,7 +152,8 @@ def test_fused_backward_collectives_carry_the_seconds_of_the_gemm_they_hide_behi
         hidden = [c[2].seconds for c in fused if len(c) == 3]  # a HidingGemm (pipesim.overlap_interference)
         per_layer = ([layer["QKV dgrad"], layer["QKV wgrad"]] if sp else [layer["QKV wgrad"]])
         mlp = [layer["FC1 dgrad"], layer["FC1 wgrad"]] if sp else [layer["FC1 wgrad"]]
-        head = dict(gpt_stage_seconds(GPT, b, 0, opts, first=False, last=True, fused=True, family="H100").gemms)
+        head = dict(gpt_stage_seconds(GPT, b, 0, opts, first=False, last=True, fused=True, family="H100",
+                                      grad_bytes=4).gemms)
         tail = [head["LM head dgrad"], head["LM head wgrad"]] if sp else [head["LM head wgrad"]]
         assert hidden == (mlp + per_layer) * 2 + tail
         assert costs.tp_collectives[(0, "W")] == costs.tp_collectives[(0, "B")]

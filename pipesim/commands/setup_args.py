@@ -70,9 +70,15 @@ def add_setup_args(parser: argparse.ArgumentParser) -> None:
                    help="GPU presets: each microbatch's weight gradients written by their GEMM, then added into "
                         "the step's main_grad by a separate kernel, instead of the GEMM accumulating into it "
                         "(Megatron's flag of that name; its 2021 code, NAR21's runs, had no fusion)")
-    f.add_argument("--accumulate-allreduce-grads-in-fp32", dest="grad_fp32", action="store_true",
-                   help="16-bit models: float32 main gradients, accumulated and reduced over dp in float32, 4 bytes "
-                        "per parameter instead of 2 (Megatron's flag, which its bf16 turns on; Llama 3's runs)")
+    grads = f.add_mutually_exclusive_group()
+    grads.add_argument("--accumulate-allreduce-grads-in-fp32", dest="grad_fp32", action="store_const", const=True,
+                       default=None,
+                       help="16-bit models: float32 main gradients, accumulated and reduced over dp in float32, 4 "
+                            "bytes per parameter instead of 2 (Megatron's flag; the default for bfloat16, as in "
+                            "Megatron-LM and torchtitan; float16 keeps 16-bit gradients unless given)")
+    grads.add_argument("--grad-reduce-in-bf16", dest="grad_fp32", action="store_const", const=False,
+                       help="bfloat16 models: bfloat16 main gradients, accumulated and reduced over dp in bfloat16 "
+                            "(Megatron's flag), instead of the float32 default")
     add_comm_args(parser)
 
 
@@ -117,6 +123,9 @@ def setup_from_args(args: argparse.Namespace) -> SimSetup:
     split = tuple(args.layer_split) if args.layer_split else None
     if split and cost is not None:
         raise PipesimError("--layer-split needs a model (--model), not --cost")
+    if args.grad_fp32 is False and (model is None or model.dtype != "bfloat16"):
+        raise PipesimError(f"--grad-reduce-in-bf16 needs a bfloat16 model (--dtype bfloat16), got "
+                           f"{model.dtype if model else 'no model'}")
     return SimSetup(hardware, model, cost, args.boundary_bytes, args.activation_bytes, comm, args.dp, args.tp,
                     layer_split=split, recompute=args.recompute, sp=args.sequence_parallel,
                     attention=args.attention, cp=args.cp, zero=args.zero,

@@ -4,10 +4,10 @@ ZeRO (Rajbhandari et al. 2020, section 3.1 and Figure 1): mixed-precision Adam h
 bytes per parameter (16-bit parameters and gradients; float32 master copy, momentum and
 variance). Stage 1 shards the 12 over the dp ranks, stage 2 the gradients' 2 too, stage 3 the
 parameters' 2 too. Megatron's distributed optimizer is stage 1 (its documented 6 + 12/d bytes
-are the "megatron" precision below: float32 main gradients,
-`--accumulate-allreduce-grads-in-fp32`). A rank holds ceil(P / dp) of each
-sharded tensor (frameworks pad the flat buffer to divide). That is the state between steps; during
-a pipelined step ZeRO-3's chunks are gathered too (`step_peak_state`).
+are the "megatron" precision below: float32 main gradients, `--accumulate-allreduce-grads-in-fp32`,
+which bfloat16 takes by default as in Megatron-LM; `--grad-reduce-in-bf16` keeps 2 bytes). A rank
+holds ceil(P / dp) of each sharded tensor (frameworks pad the flat buffer to divide). That is the
+state between steps; during a pipelined step ZeRO-3's chunks are gathered too (`step_peak_state`).
 """
 
 from __future__ import annotations
