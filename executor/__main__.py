@@ -69,8 +69,6 @@ def main(argv: list[str] | None = None) -> int:
     import torch  # torch and the modules built on it load after the checks: a bad config exits in a blink
     import torch.distributed as dist
 
-    from executor.mesh import build_mesh
-
     first = cfgs[0]
     backend = first.backend or ("nccl" if torch.cuda.is_available() else "gloo")
     if backend == "nccl":
@@ -82,21 +80,29 @@ def main(argv: list[str] | None = None) -> int:
         status.phase(-1, "the rendezvous (process-group start-up)", rank_status.WAITING)
     dist.init_process_group(backend, timeout=timedelta(seconds=first.pg_timeout))
     try:
-        for cfg, schedules in plan:  # every rank builds every configuration's groups, in the same order
-            mesh = build_mesh(cfg.dp, cfg.pp_size(world), cfg.tp)
-            results = []
-            for sched in schedules:
-                try:
-                    results.append(_run_one(cfg, sched, mesh, device, backend))
-                except Exception as exc:  # noqa: BLE001 - setup or result writing; training names its action
-                    die(rank, f"{sched.name} (setup or results)", exc)
-            if rank == 0 and cfg.json:
-                _write_json(cfg.json, results[0] if len(results) == 1 else {"runs": results})
+        run_chain(plan, world, rank, device, backend)
         if status is not None:
             status.phase(-1, "finished", rank_status.DONE)
     finally:
         dist.destroy_process_group()
     return 0
+
+
+def run_chain(plan: list[tuple[RunConfig, list]], world: int, rank: int, device, backend: str) -> None:
+    """Train each checked configuration in the process group that is already up (tests/launch_shared.py
+    runs several test modules' chains in one launch this way); a failure ends the rank through `die`."""
+    from executor.mesh import build_mesh  # local import: torch loads after the configuration checks (see main)
+
+    for cfg, schedules in plan:  # every rank builds every configuration's groups, in the same order
+        mesh = build_mesh(cfg.dp, cfg.pp_size(world), cfg.tp)
+        results = []
+        for sched in schedules:
+            try:
+                results.append(_run_one(cfg, sched, mesh, device, backend))
+            except Exception as exc:  # noqa: BLE001 - setup or result writing; training names its action
+                die(rank, f"{sched.name} (setup or results)", exc)
+        if rank == 0 and cfg.json:
+            _write_json(cfg.json, results[0] if len(results) == 1 else {"runs": results})
 
 
 def _write_json(target: str, data: dict) -> None:

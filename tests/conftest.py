@@ -13,6 +13,7 @@ import pytest
 
 import schedules
 from pipesim import torch_csv
+from tests.launch_shared import SharedLaunches
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -43,6 +44,12 @@ class ProfiledTraces:
     def env(self) -> dict[str, str]:
         """The environment that sizes tests/workers/profiled_pipeline.py's model (and its factory) as traced."""
         return {"PROFILED_HIDDEN": str(self.hidden), "PROFILED_BATCH": str(self.batch)}
+
+
+@pytest.fixture(scope="session")
+def shared_launches(tmp_path_factory) -> SharedLaunches:
+    """One torchrun launch per world size for the test modules' distributed cases (tests/launch_shared.py)."""
+    return SharedLaunches(tmp_path_factory.mktemp("shared"))
 
 
 @pytest.fixture(scope="session")

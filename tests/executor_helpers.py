@@ -1,19 +1,15 @@
-"""Launch the executor under real torchrun (gloo, free rendezvous port) and compare with the reference."""
+"""The executor tests' model flags and `--then` chains, and the comparison of a saved run with the reference
+(the runs themselves: tests/launch_shared.py, one torchrun launch per world size)."""
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import torch
 
-from executor.launch import torchrun_command
 from executor.reference import train_reference
-from pipesim.commands.run_args import add_run_args, configs_from_args
 from pipesim.model.config import ModelConfig
 
 TINY_MLP = ["--model", "mlp", "--hidden", "16", "--layers", "4", "--batch", "8"]
@@ -27,25 +23,6 @@ def chain(*runs: list[str]) -> list[str]:
     for run in runs[1:]:
         argv += ["--then", *run]
     return argv
-
-
-def torchrun(nproc: int, args: list[str], *, timeout: float = 120.0) -> subprocess.CompletedProcess:
-    """`torchrun --standalone` (it picks a free port) running `-m executor --config JSON`; short pg timeout.
-
-    ARGS are `pipesim run`'s flags (without --nproc), turned into the configurations it would launch.
-    """
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    if "--pg-timeout" not in args:  # before any --then: the first configuration sets up the process group
-        cut = args.index("--then") if "--then" in args else len(args)
-        args = [*args[:cut], "--pg-timeout", "20", *args[cut:]]
-    cmd = torchrun_command(configs_from_args(_run_parser().parse_args(args)), nproc)
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-
-
-def _run_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="pipesim run", add_help=False)
-    add_run_args(parser)
-    return parser
 
 
 def model_of(args: list[str]) -> ModelConfig:

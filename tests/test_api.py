@@ -2,8 +2,8 @@
 reference, losses and final parameters, for a convolutional net (model= + even split) and a model whose layers
 have different widths (stages=, an uneven split: every boundary has its own shape), on 2 and 4 ranks.
 
-One launch per world size runs both models under all schedules (tests/workers/api_every_schedule.py): torchrun's
-start-up is paid twice, not once per schedule or per model.
+Both models under all schedules run in the session's shared launch of each world size (tests/launch_shared.py,
+tests/workers/api_every_schedule.py): torchrun's start-up is paid twice, not once per schedule, model or module.
 """
 
 from __future__ import annotations
@@ -15,11 +15,13 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch.distributed as dist
 
 import schedules
+from tests.launch_shared import register_call
+from tests.workers.api_every_schedule import every_schedule
 
 ROOT = Path(__file__).parent.parent
-WORKER = ROOT / "tests" / "workers" / "api_every_schedule.py"
 RTOL = 1e-5  # float32: the pipeline sums microbatch gradients in another order than the full batch
 MODELS = ("conv", "widths")  # tests/workers/api_every_schedule.py's examples
 
@@ -31,13 +33,25 @@ def _torchrun(nproc: int, script: Path, *args: str, timeout: float = 300) -> sub
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
+def every_schedule_reports_on_rank(folder: Path, *models: str) -> None:
+    """Rank side, in the session's shared launch (tests/workers/shared_ranks.py): every model under every
+    schedule (tests/workers/api_every_schedule.py); rank 0 writes {model: {schedule: comparison}}."""
+    report = {which: every_schedule(which) for which in models}
+    if dist.get_rank() == 0:
+        (folder / "report.json").write_text(json.dumps(report))
+
+
+# both models under all schedules, in the shared launch of each world size (tests/launch_shared.py): torchrun's
+# start-up is paid once per world size for this module and the others, not once per schedule, model or module
+API_CASES = {n: register_call(f"api_{n}ranks", n, f"{__name__}:every_schedule_reports_on_rank", *MODELS)
+             for n in (2, 4)}
+
+
 @pytest.fixture(scope="module", params=[2, 4], ids=lambda n: f"{n}ranks")
-def every_schedule_reports(request, tmp_path_factory) -> dict[str, dict]:
-    """One torchrun launch of `request.param` ranks: {model: {schedule: comparison with the reference}}."""
-    out = tmp_path_factory.mktemp("api") / "report.json"
-    proc = _torchrun(request.param, WORKER, str(out), *MODELS)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(out.read_text())
+def every_schedule_reports(request, shared_launches) -> dict[str, dict]:
+    """{model: {schedule: comparison with the reference}} from `request.param` ranks."""
+    folder = shared_launches.case(API_CASES[request.param]).check()
+    return json.loads((folder / "report.json").read_text())
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -70,7 +84,6 @@ def test_the_documented_example_runs_under_torchrun(tmp_path):
 
 def test_bad_arguments_are_one_line_errors_before_any_group_is_built():
     """What `train` checks before touching the process group (a world of one, no torchrun)."""
-    import torch.distributed as dist
     from torch import nn
 
     from executor.api import train

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import os
-from datetime import timedelta
+from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from executor.data_parallel import allreduce_gradients, plan_buckets
 from executor.mesh import build_mesh
 from pipesim.errors import PipesimError
-from tests.conftest import free_port
+from tests.launch_shared import register_call
 
 SHAPES = [(3, 5), (7,), (4, 4), (2,), (6, 1)]  # 15, 7, 16, 2, 6 float32 elements
 
@@ -47,44 +45,45 @@ def _mine(groups: list[list[int]], rank: int) -> list[int]:
     return group
 
 
-def _worker(rank: int, world: int, port: int) -> None:
-    os.environ["OMP_NUM_THREADS"] = "1"
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=10))
-    try:
-        expected = [torch.stack(parts).mean(0) for parts in zip(*(_grads_of(r) for r in range(world)))]
-        for bucket_bytes, calls in ((None, len(SHAPES)), (100, 2), (1, len(SHAPES)), (10**9, 1)):
-            params = [torch.nn.Parameter(torch.zeros(s)) for s in SHAPES]
-            for p, g in zip(params, _grads_of(rank)):
-                p.grad = g
-            no_grad = torch.nn.Parameter(torch.zeros(3))  # skipped, stays None
-            assert allreduce_gradients([*params, no_grad], None, bucket_bytes=bucket_bytes) == calls
-            assert no_grad.grad is None
-            for p, want in zip(params, expected):
-                torch.testing.assert_close(p.grad, want, rtol=1e-6, atol=1e-6)
-        # the executor's meshes on this world: each group has the members ParallelDims gives (pp outermost,
-        # tp innermost), written out here, and the DP groups average among themselves only
-        meshes = [(build_mesh(2, 2, 1), [[0, 1], [2, 3]], None),  # (mesh: dp, pp, tp; its DP groups; TP groups)
-                  (build_mesh(2, 1, 2), [[0, 2], [1, 3]], [[0, 1], [2, 3]])]
-        for mesh, dp_groups, tp_groups in meshes:
-            assert dist.get_process_group_ranks(mesh.dp_group) == mesh.members("dp") == _mine(dp_groups, rank)
-            if tp_groups is None:
-                assert mesh.tp_group is None
-            else:
-                assert dist.get_process_group_ranks(mesh.tp_group) == mesh.members("tp") == _mine(tp_groups, rank)
-        for (mesh, dp_groups, _), bucket_bytes in zip(meshes, (None, 64)):
-            params = [torch.nn.Parameter(torch.zeros(s)) for s in SHAPES]
-            for p, g in zip(params, _grads_of(rank)):
-                p.grad = g
-            allreduce_gradients(params, mesh.dp_group, bucket_bytes=bucket_bytes)
-            a, b = _mine(dp_groups, rank)
-            for p, mine_a, mine_b in zip(params, _grads_of(a), _grads_of(b)):
-                torch.testing.assert_close(p.grad, (mine_a + mine_b) / 2, rtol=1e-6, atol=1e-6)
-    finally:
-        dist.destroy_process_group()
+def allreduce_checks_on_rank(folder: Path) -> None:
+    """Rank side, in the session's shared 4-rank launch (tests/workers/shared_ranks.py): the whole world, then
+    the executor's DP groups of 2 inside it; an assertion that fails here fails the test with its traceback."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    expected = [torch.stack(parts).mean(0) for parts in zip(*(_grads_of(r) for r in range(world)))]
+    for bucket_bytes, calls in ((None, len(SHAPES)), (100, 2), (1, len(SHAPES)), (10**9, 1)):
+        params = [torch.nn.Parameter(torch.zeros(s)) for s in SHAPES]
+        for p, g in zip(params, _grads_of(rank)):
+            p.grad = g
+        no_grad = torch.nn.Parameter(torch.zeros(3))  # skipped, stays None
+        assert allreduce_gradients([*params, no_grad], None, bucket_bytes=bucket_bytes) == calls
+        assert no_grad.grad is None
+        for p, want in zip(params, expected):
+            torch.testing.assert_close(p.grad, want, rtol=1e-6, atol=1e-6)
+    # the executor's meshes on this world: each group has the members ParallelDims gives (pp outermost,
+    # tp innermost), written out here, and the DP groups average among themselves only
+    meshes = [(build_mesh(2, 2, 1), [[0, 1], [2, 3]], None),  # (mesh: dp, pp, tp; its DP groups; TP groups)
+              (build_mesh(2, 1, 2), [[0, 2], [1, 3]], [[0, 1], [2, 3]])]
+    for mesh, dp_groups, tp_groups in meshes:
+        assert dist.get_process_group_ranks(mesh.dp_group) == mesh.members("dp") == _mine(dp_groups, rank)
+        if tp_groups is None:
+            assert mesh.tp_group is None
+        else:
+            assert dist.get_process_group_ranks(mesh.tp_group) == mesh.members("tp") == _mine(tp_groups, rank)
+    for (mesh, dp_groups, _), bucket_bytes in zip(meshes, (None, 64)):
+        params = [torch.nn.Parameter(torch.zeros(s)) for s in SHAPES]
+        for p, g in zip(params, _grads_of(rank)):
+            p.grad = g
+        allreduce_gradients(params, mesh.dp_group, bucket_bytes=bucket_bytes)
+        a, b = _mine(dp_groups, rank)
+        for p, mine_a, mine_b in zip(params, _grads_of(a), _grads_of(b)):
+            torch.testing.assert_close(p.grad, (mine_a + mine_b) / 2, rtol=1e-6, atol=1e-6)
+
+
+ALLREDUCE_CASE = register_call("data_parallel", 4, f"{__name__}:allreduce_checks_on_rank")
 
 
 @pytest.mark.dist
-def test_allreduce_gradients_is_the_mean_of_per_rank_grads() -> None:
-    """World of 4, then the executor's DP groups of 2 inside it (one spawn: starting processes is the slow part)."""
-    mp.spawn(_worker, args=(4, free_port()), nprocs=4, join=True)
+def test_allreduce_gradients_is_the_mean_of_per_rank_grads(shared_launches) -> None:
+    """World of 4, then the executor's DP groups of 2 inside it: checked on every rank of the session's shared
+    4-rank launch (tests/launch_shared.py: starting processes is the slow part, paid once for several modules)."""
+    shared_launches.case(ALLREDUCE_CASE).check()

@@ -4,34 +4,35 @@ microbatches each way, their gradients summed between the two ranks holding a st
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
 from tests.executor_helpers import TINY_GPT, assert_matches_reference, chain, load_run, model_of
+from tests.launch_shared import register_run
 
 STEPS = 3
 GPT = [*TINY_GPT[:-1], "16"]  # batch 16: 8 microbatches of 2
 
 
-@pytest.fixture(scope="module")
-def four_ranks(tmp_path_factory):
-    d = tmp_path_factory.mktemp("dualpipe4")
+def _four_rank_flags(d):
     common = ["--microbatches", "8", *GPT, "--steps", str(STEPS), "--quiet", "--pg-timeout", "20"]
-    even = ["dualpipe,gpipe", "--nproc", "4", *common, "--save-dir", str(d / "even")]
+    even = ["dualpipe,gpipe", *common, "--save-dir", str(d / "even")]
     uneven = ["dualpipe", *common, "--layer-split", "1,2,1,0", "--save-dir", str(d / "uneven")]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, "-m", "pipesim", "run", *chain(even, uneven)], env=env,
-                          capture_output=True, text=True, timeout=300)
-    return d, proc
+    return chain(even, uneven)
+
+
+FOUR_RANKS = register_run("dualpipe_run", 4, _four_rank_flags)  # in the session's shared 4-rank launch
+
+
+@pytest.fixture(scope="module")
+def four_ranks(shared_launches):
+    """The case's folder (tests/launch_shared.py); fails, naming the case, unless every rank finished it."""
+    return shared_launches.case(FOUR_RANKS).check()
 
 
 @pytest.mark.dist
 def test_dualpipe_matches_gpipe_and_the_reference_on_four_ranks(four_ranks):
-    d, proc = four_ranks
-    assert proc.returncode == 0, proc.stderr
+    d = four_ranks
     model = model_of(GPT)
     for where, name in (("even", "dualpipe"), ("even", "gpipe"), ("uneven", "dualpipe")):
         assert_matches_reference(d / where, name, model, STEPS)  # load_run: the two copies agree bit for bit

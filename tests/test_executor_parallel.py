@@ -1,7 +1,7 @@
 """Four-rank runs (pp 4, dp x pp, tp x pp; MLP and GPT) equal single-process training after K steps.
 
-All configurations run in ONE torchrun launch (`--then`), paid once by the module fixture; each
-test asserts on its own configuration's saved results and trace.
+All configurations run as one `--then` chain in the session's shared 4-rank launch (tests/launch_shared.py);
+each test asserts on its own configuration's saved results and trace.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from executor.models import group_rows_by_rank
 from executor.params import ungroup_rows_by_rank
 from pipesim.errors import PipesimError
 from pipesim.timeline import Timeline
-from tests.executor_helpers import TINY_GPT, TINY_MLP, assert_matches_reference, chain, model_of, torchrun
+from tests.executor_helpers import TINY_GPT, TINY_MLP, assert_matches_reference, chain, model_of
+from tests.launch_shared import register_run
 
 STEPS = 2
 
@@ -37,12 +38,10 @@ TP_MLP_NAMES = ["gpipe", "1f1b", "zb-h1"]
 TP_GPT_NAMES = ["1f1b", "zb-h1"]
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """One 4-rank launch running every configuration below, one after another in one process group."""
-    d = tmp_path_factory.mktemp("four_ranks")
+def _four_rank_flags(d):
+    """Every configuration below, one after another in one process group (`--then`)."""
     common = ["--steps", str(STEPS), "--quiet"]
-    proc = torchrun(4, chain(
+    return chain(
         [",".join(PP4_NAMES), "--microbatches", "4", *PP4_MLP, "--layer-split", "1,2,2,1", "--optimizer", "adam",
          "--lr", "0.001", *common, "--save-dir", str(d / "pp4")],
         [",".join(V4_NAMES), "--microbatches", "8", *V4_MLP, *common, "--save-dir", str(d / "v4")],
@@ -53,9 +52,16 @@ def runs(tmp_path_factory):
          "--save-dir", str(d / "sp"), "--trace", str(d / "sp.json")],
         [",".join(TP_GPT_NAMES), "--tp", "2", "--microbatches", "2", *TINY_GPT, *common,
          "--save-dir", str(d / "tp_gpt"), "--trace", str(d / "tp_gpt.json")],
-    ), timeout=240)
-    assert proc.returncode == 0, proc.stderr
-    return d
+    )
+
+
+FOUR_RANKS = register_run("executor_parallel", 4, _four_rank_flags)  # with the other modules' 4-rank cases
+
+
+@pytest.fixture(scope="module")
+def runs(shared_launches):
+    """The case's folder in the session's shared 4-rank launch (tests/launch_shared.py); fails unless it finished."""
+    return shared_launches.case(FOUR_RANKS).check()
 
 
 @pytest.mark.dist

@@ -1,18 +1,15 @@
 """Pipeline-parallel execution equals single-process training, for every registered schedule (two ranks),
 with and without activation recomputation.
 
-One `pipesim run` launch serves the launch tests (module fixture, `--then`); the four-rank runs are in
-test_executor_parallel.py.
+One chain of `pipesim run` configurations (`--then`) serves the launch tests, run in the session's shared 2-rank
+launch (tests/launch_shared.py); the four-rank runs are in test_executor_parallel.py.
 """
 
 from __future__ import annotations
 
 import copy
 import json
-import os
 import statistics
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -28,6 +25,7 @@ from pipesim.lowering import add_p2p
 from pipesim.model.config import ModelConfig
 from pipesim.timeline import Timeline
 from tests.executor_helpers import TINY_GPT, assert_matches_reference, chain, model_of
+from tests.launch_shared import register_run
 
 STEPS = 3
 
@@ -74,29 +72,32 @@ V_CSV = ("0F0,3F0,3I0,0I0,0F1,3F1,3I1,3W0,0I1,3W1,0W0,0W1\n"
          "1F0,2F0,2I0,1I0,2W0,1F1,2F1,2I1,1I1,1W0,1W1,2W1\n")
 
 
-@pytest.fixture(scope="module")
-def two_ranks(tmp_path_factory):
-    """One `pipesim run --nproc 2` launch: a torch CSV schedule (progress, --json, --trace), then
-    `--then` every registered schedule on a GPT, in the same process group."""
-    d = tmp_path_factory.mktemp("two_ranks")
+def _two_rank_flags(d):
+    """`pipesim run` flags for 2 ranks: a torch CSV schedule (progress, --json, --trace), then `--then` every
+    registered schedule on a GPT, in the same process group."""
     (d / "v.csv").write_text(V_CSV)
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    csv_run = ["--from-csv", str(d / "v.csv"), "--nproc", "2", "--microbatches", "2", "--model", "mlp", "--hidden",
-               "16", "--layers", "4", "--batch", "8", "--steps", "3", "--pg-timeout", "20", "--json",
-               str(d / "result.json"), "--trace", str(d / "measured.json"), "--save-dir", str(d / "csv")]
+    csv_run = ["--from-csv", str(d / "v.csv"), "--microbatches", "2", "--model", "mlp", "--hidden", "16", "--layers",
+               "4", "--batch", "8", "--steps", "3", "--pg-timeout", "20", "--json", str(d / "result.json"), "--trace",
+               str(d / "measured.json"), "--save-dir", str(d / "csv")]
     gpt_run = [",".join(schedules.names()), "--microbatches", "4", *TINY_GPT, "--steps", str(STEPS), "--quiet",
                "--save-dir", str(d / "gpt")]
     full = [*gpt_run[:-1], str(d / "full"), "--recompute", "full"]
     selective = ["1f1b,zb-h1", *gpt_run[1:-1], str(d / "selective"), "--recompute", "selective"]
-    proc = subprocess.run([sys.executable, "-m", "pipesim", "run", *chain(csv_run, gpt_run, full, selective)],
-                          env=env, capture_output=True, text=True, timeout=360)
-    return d, proc
+    return chain(csv_run, gpt_run, full, selective)
+
+
+TWO_RANKS = register_run("executor_pp", 2, _two_rank_flags)  # one launch with the other modules' 2-rank cases
+
+
+@pytest.fixture(scope="module")
+def two_ranks(shared_launches):
+    """The case's folder and its part of the launch's stderr (tests/launch_shared.py)."""
+    return shared_launches.case(TWO_RANKS)
 
 
 @pytest.mark.dist
 def test_every_schedule_trains_gpt_like_the_reference_on_two_ranks(two_ranks):
-    d, proc = two_ranks
-    assert proc.returncode == 0, proc.stderr
+    d = two_ranks.check()
     for name in schedules.names():  # a new registered schedule is picked up with no edit here
         assert_matches_reference(d / "gpt", name, model_of(TINY_GPT), STEPS)
 
@@ -105,8 +106,7 @@ def test_every_schedule_trains_gpt_like_the_reference_on_two_ranks(two_ranks):
 def test_recomputation_trains_like_the_reference_for_every_schedule(two_ranks):
     """`--recompute full` (every schedule) and `selective` (a fused and a split backward): the same losses and
     parameters as the reference, hence as the run without recomputation."""
-    d, proc = two_ranks
-    assert proc.returncode == 0, proc.stderr
+    d = two_ranks.check()
     for name in schedules.names():
         assert_matches_reference(d / "full", name, model_of(TINY_GPT), STEPS)
     for name in ("1f1b", "zb-h1"):
@@ -147,10 +147,9 @@ def test_recomputation_reruns_the_forward_and_keeps_gradients_exact(mode, split,
 
 @pytest.mark.dist
 def test_pipesim_run_from_csv_writes_result_and_measured_trace(two_ranks):
-    d, proc = two_ranks
-    assert proc.returncode == 0, proc.stderr
-    assert "v.csv step 3/3" in proc.stderr  # progress from rank 0: plain lines, stderr is not a terminal
-    assert "zb-h1 step" not in proc.stderr  # the --then run is --quiet
+    d = two_ranks.check()
+    assert "v.csv step 3/3" in two_ranks.stderr  # progress from rank 0: plain lines, stderr is not a terminal
+    assert "zb-h1 step" not in two_ranks.stderr  # the --then run is --quiet
     assert_matches_reference(d / "csv", "v.csv", ModelConfig(kind="mlp", hidden=16, layers=4, batch=8), 3)
     data = json.loads((d / "result.json").read_text())
     assert len(data["losses"]) == 3 and len(data["step_times"]) == 3

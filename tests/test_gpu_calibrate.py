@@ -217,8 +217,8 @@ def test_a_gpt_stage_on_the_file_is_its_kernels_on_the_recorded_figures(tmp_path
     stage = model_costs(model, 2, 4, hw, attention="flash").table.stages[0]
     pieces = ((embedding_kernels(model, b, opts), embedding_params(model)), (layer_kernels(model, b, opts),
                                                                             block_params(model)))
-    emb, lay = (piece_seconds(accumulate_gradients(k, n, dtype_bytes=2, grad_bytes=2, fused=True), "bfloat16", HAND)
-                for k, n in pieces)
+    emb, lay = (piece_seconds(accumulate_gradients(k, n, dtype_bytes=2, grad_bytes=4, fused=True), "bfloat16", HAND)
+                for k, n in pieces)  # bfloat16: float32 main gradients (Megatron's default)
     assert stage.forward == pytest.approx(emb.F + 2 * lay.F + hw.per_action_overhead, rel=1e-12)
     assert stage.backward_weight == pytest.approx(emb.I + emb.W + 2 * (lay.I + lay.W) + 2 * hw.per_action_overhead,
                                                   rel=1e-12)  # stage 0: W runs the whole backward

@@ -193,9 +193,10 @@ def test_rendezvous_endpoint_launch_trains(tmp_path):
     out = tmp_path / "r.json"
     proc = subprocess.run([sys.executable, "-m", "pipesim", "run", "1f1b", "--nproc", "2", "--nnodes", "1",
                            "--rdzv-endpoint", f"127.0.0.1:{port}", "--microbatches", "2", "--model", "mlp",
-                           "--hidden", "16", "--layers", "2", "--batch", "4", "--steps", "2", "--quiet",
+                           "--hidden", "16", "--layers", "2", "--batch", "4", "--steps", "2",
                            "--pg-timeout", "20", "--json", str(out)],
                           capture_output=True, text=True, timeout=120, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert (result["schedule"], result["world_size"], result["pp"], len(result["losses"])) == ("1f1b", 2, 2, 2)
+    assert "1f1b step 2/2" in proc.stderr  # rank 0's progress, relayed through the launcher (plain lines: no tty)

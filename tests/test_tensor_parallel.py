@@ -6,19 +6,17 @@ sharded over its tp group, and compares output, input grad and every (gathered) 
 
 from __future__ import annotations
 
-import os
-from datetime import timedelta
+from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
 from executor.mesh import build_mesh
 from executor.tensor_parallel import ColumnParallelLinear, RowParallelLinear, _reduce_scatter_dim0
 from pipesim.errors import PipesimError
-from tests.conftest import free_port
+from tests.launch_shared import register_call
 
 pytestmark = pytest.mark.dist
 
@@ -63,29 +61,32 @@ def _check_block(group, sequence_parallel: bool, seed: int) -> None:
     assert col.weight.shape == (FFN // tp, HIDDEN) and row.weight.shape == (HIDDEN, FFN // tp)
 
 
-def _worker(rank: int, world: int, port: int, tp_sizes: tuple[int, ...]) -> None:
-    os.environ["OMP_NUM_THREADS"] = "1"
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=10))
-    try:
-        for tp in tp_sizes:
-            mesh = build_mesh(world // tp, 1, tp)  # the executor's TP groups (every rank makes all)
-            group = mesh.tp_group  # rank in group != global rank when world > tp
-            for sp in (False, True):
-                _check_block(group, sp, seed=7 + mesh.coords.dp)
-            # gloo runs all_reduce + slice; the native reduce_scatter (NCCL's path) must agree with it
-            t = torch.arange(4.0 * tp * 3).view(4 * tp, 3) * (rank + 1)
-            torch.testing.assert_close(_reduce_scatter_dim0(t, group, native=True),
-                                       _reduce_scatter_dim0(t, group, native=False), rtol=0, atol=0)
-        with pytest.raises(PipesimError, match="out_features 3 is not divisible by tensor-parallel size 2"):
-            ColumnParallelLinear(nn.Linear(4, 3), group)
-        with pytest.raises(PipesimError, match="in_features 5 is not divisible by tensor-parallel size 2"):
-            RowParallelLinear(nn.Linear(5, 4), group)
-    finally:
-        dist.destroy_process_group()
+def tp_checks_on_rank(folder: Path, *tp_sizes: int) -> None:
+    """Rank side, in the session's shared launch of this world size (tests/workers/shared_ranks.py); the last tp
+    size is 2 for the error checks. An assertion that fails here fails the test with its traceback."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    for tp in tp_sizes:
+        mesh = build_mesh(world // tp, 1, tp)  # the executor's TP groups (every rank makes all)
+        group = mesh.tp_group  # rank in group != global rank when world > tp
+        for sp in (False, True):
+            _check_block(group, sp, seed=7 + mesh.coords.dp)
+        # gloo runs all_reduce + slice; the native reduce_scatter (NCCL's path) must agree with it
+        t = torch.arange(4.0 * tp * 3).view(4 * tp, 3) * (rank + 1)
+        torch.testing.assert_close(_reduce_scatter_dim0(t, group, native=True),
+                                   _reduce_scatter_dim0(t, group, native=False), rtol=0, atol=0)
+    with pytest.raises(PipesimError, match="out_features 3 is not divisible by tensor-parallel size 2"):
+        ColumnParallelLinear(nn.Linear(4, 3), group)
+    with pytest.raises(PipesimError, match="in_features 5 is not divisible by tensor-parallel size 2"):
+        RowParallelLinear(nn.Linear(5, 4), group)
 
 
-@pytest.mark.parametrize(("world", "tp_sizes"), [(2, (2,)), (4, (4, 2))], ids=["world2-tp2", "world4-tp4-then-2x-tp2"])
-def test_mlp_block_matches_unsharded(world: int, tp_sizes: tuple[int, ...]) -> None:
-    """One spawn per world size (spawning is the slow part); the last tp size is 2 for the error checks."""
-    mp.spawn(_worker, args=(world, free_port(), tp_sizes), nprocs=world, join=True)
+WORLDS = [(2, (2,)), (4, (4, 2))]  # (ranks, tp sizes): one case per world size, in its shared launch
+TP_CASES = {world: register_call(f"tensor_parallel_world{world}", world, f"{__name__}:tp_checks_on_rank", *tp_sizes)
+            for world, tp_sizes in WORLDS}
+
+
+@pytest.mark.parametrize(("world", "tp_sizes"), WORLDS, ids=["world2-tp2", "world4-tp4-then-2x-tp2"])
+def test_mlp_block_matches_unsharded(world: int, tp_sizes: tuple[int, ...], shared_launches) -> None:
+    """Every tp size of the world, checked on every rank of the session's shared launch of `world` ranks
+    (tests/launch_shared.py: spawning is the slow part, paid once per world size for several modules)."""
+    shared_launches.case(TP_CASES[world]).check()

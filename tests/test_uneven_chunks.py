@@ -5,7 +5,6 @@ reference's losses and parameters."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
@@ -18,6 +17,7 @@ from pipesim.model.config import ModelConfig, split_layers
 from pipesim.model_costs import model_costs
 from pipesim.sim_setup import SimSetup
 from tests.executor_helpers import TINY_GPT, TINY_MLP, assert_matches_reference, chain, model_of
+from tests.launch_shared import register_run
 
 MODEL = ModelConfig(kind="gpt", hidden=64, heads=4, seq=32, vocab=128, layers=12, batch=16)
 STEPS = 2
@@ -124,28 +124,30 @@ IDENTITY_RUNS = (("inner", "interleaved-1f1b,dualpipev", TINY_GPT, "1,0,2,1"),
                  ("mlp-last", "1f1b,zb-h1", TINY_MLP, "4,0"))
 
 
-@pytest.fixture(scope="module")
-def empty_chunk_runs(tmp_path_factory):
-    """One launch on two ranks: every one-chunk-per-rank schedule with split 0,4 (rank 0: the embedding
-    only), then every two-chunk one with 0,2,2,0, then the identity-stage runs of IDENTITY_RUNS."""
-    d = tmp_path_factory.mktemp("uneven")
+def _empty_chunk_flags(d):
+    """Two ranks: every one-chunk-per-rank schedule with split 0,4 (rank 0: the embedding only), then every
+    two-chunk one with 0,2,2,0, then the identity-stage runs of IDENTITY_RUNS."""
     run = ["--microbatches", "4", "--steps", str(STEPS), "--quiet"]
     gpt = [*run, *TINY_GPT]
-    one = [_names_with(2), "--nproc", "2", *gpt, "--pg-timeout", "20", "--layer-split", "0,4", "--save-dir",
-           str(d / "one")]
+    one = [_names_with(2), *gpt, "--pg-timeout", "20", "--layer-split", "0,4", "--save-dir", str(d / "one")]
     two = [_names_with(4), *gpt, "--layer-split", "0,2,2,0", "--save-dir", str(d / "two")]
     identity = [[names, *run, *model, "--layer-split", split, "--save-dir", str(d / where)]
                 for where, names, model, split in IDENTITY_RUNS]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, "-m", "pipesim", "run", *chain(one, two, *identity)], env=env,
-                          capture_output=True, text=True, timeout=420)
-    return d, proc
+    return chain(one, two, *identity)
+
+
+EMPTY_CHUNK_RUNS = register_run("uneven_chunks", 2, _empty_chunk_flags)  # in the session's shared 2-rank launch
+
+
+@pytest.fixture(scope="module")
+def empty_chunk_runs(shared_launches):
+    """The case's folder (tests/launch_shared.py); fails, naming the case, unless every rank finished it."""
+    return shared_launches.case(EMPTY_CHUNK_RUNS).check()
 
 
 @pytest.mark.dist
 def test_every_schedule_trains_like_the_reference_with_an_empty_chunk(empty_chunk_runs):
-    d, proc = empty_chunk_runs
-    assert proc.returncode == 0, proc.stderr
+    d = empty_chunk_runs
     names = [(n, "one") for n in _names_with(2).split(",")] + [(n, "two") for n in _names_with(4).split(",")]
     assert {n for n, _ in names} == set(schedules.names())
     for name, where in names:
@@ -155,7 +157,6 @@ def test_every_schedule_trains_like_the_reference_with_an_empty_chunk(empty_chun
 @pytest.mark.dist
 @pytest.mark.parametrize(("where", "names", "model", "split"), IDENTITY_RUNS, ids=[r[0] for r in IDENTITY_RUNS])
 def test_identity_stages_train_like_the_reference(empty_chunk_runs, where, names, model, split):
-    d, proc = empty_chunk_runs
-    assert proc.returncode == 0, proc.stderr
+    d = empty_chunk_runs
     for name in names.split(","):
         assert_matches_reference(d / where, name, model_of(model), STEPS)
