@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 from torch.distributed.pipelining import schedules as torch_schedules
@@ -18,10 +14,7 @@ from pipesim.errors import PipesimError, ScheduleError
 from pipesim.ir import Action
 from pipesim.lowering import add_p2p
 from pipesim.schedule_check import fifo_mismatches, validate
-
-from .conftest import free_port
-
-WORKER = Path(__file__).parent / "workers" / "torch_runtime_csv.py"
+from tests.launch_shared import register_call
 
 
 def configs():
@@ -116,24 +109,14 @@ EXPORTED = [("1f1b", 1), ("interleaved-1f1b", 2), ("zb-h1", 1), ("dualpipev", 2)
             ("zb-auto", 1), ("v-half", 2)]
 
 
+TORCH_RUNTIME = register_call("torch_interop", 2, "tests.workers.torch_runtime_csv:exported_on_rank",
+                              [list(e) for e in EXPORTED], 4)  # m = 4, in the session's shared 2-rank launch
+
+
 @pytest.fixture(scope="module")
-def torch_runtime_results(tmp_path_factory) -> dict:
-    """Every EXPORTED schedule's CSV stepped in torch's runtime: one torchrun launch, one result per schedule."""
-    tmp, m = tmp_path_factory.mktemp("torch-runtime"), 4
-    cases = []
-    for name, virtual in EXPORTED:
-        csv_path = tmp / f"{name}.csv"
-        torch_csv.dump(schedules.build(name, 2, m, virtual), csv_path)
-        cases.append({"csv": str(csv_path), "per_rank": virtual, "m": m})
-    (tmp / "cases.json").write_text(json.dumps(cases))
-    out = tmp / "out.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
-           str(WORKER), "--cases", str(tmp / "cases.json"), str(out)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return dict(zip((name for name, _ in EXPORTED), json.loads(out.read_text()), strict=True))
+def torch_runtime_results(shared_launches) -> dict:
+    """Every EXPORTED schedule's CSV stepped in torch's runtime, one result per schedule (tests/launch_shared.py)."""
+    return json.loads((shared_launches.case(TORCH_RUNTIME).check() / "out.json").read_text())
 
 
 @pytest.mark.dist

@@ -4,6 +4,7 @@ Usage: torchrun --nproc-per-node 2 tests/workers/torch_runtime_csv.py CSV STAGES
        torchrun --nproc-per-node 2 tests/workers/torch_runtime_csv.py --cases CASES_JSON OUT_JSON
 Rank 0 writes the summed losses and the reference loss of the unsplit model to OUT_JSON; with --cases
 (a list of {"csv", "per_rank", "m"}) one such result per case, in order, from one process group.
+`exported_on_rank` is the same as a case of tests/launch_shared.py's shared launch.
 """
 
 from __future__ import annotations
@@ -13,11 +14,15 @@ import os
 import re
 import sys
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
+
+import schedules
+from pipesim import torch_csv
 
 HIDDEN, BATCH = 8, 8
 
@@ -36,6 +41,19 @@ def main() -> None:
         with open(out, "w") as fh:
             json.dump(results if sys.argv[1] == "--cases" else results[0], fh)
     dist.destroy_process_group()
+
+
+def exported_on_rank(folder, exported: list, m: int) -> None:
+    """A case of tests/launch_shared.py's 2-rank launch: each (name, stages per rank) schedule exported to a CSV by
+    rank 0 (torch_csv.dump), stepped in torch's runtime on every rank; rank 0 writes the results to out.json."""
+    folder = Path(folder)
+    if dist.get_rank() == 0:
+        for name, per_rank in exported:
+            torch_csv.dump(schedules.build(name, dist.get_world_size(), m, per_rank), folder / f"{name}.csv")
+    dist.barrier()
+    results = [run_case(str(folder / f"{name}.csv"), per_rank, m) for name, per_rank in exported]
+    if dist.get_rank() == 0:
+        (folder / "out.json").write_text(json.dumps(dict(zip((n for n, _ in exported), results, strict=True))))
 
 
 def run_case(csv_path: str, per_rank: int, m: int) -> dict:
