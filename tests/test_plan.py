@@ -153,6 +153,31 @@ def test_exported_command_reproduces_step_time(capsys, tmp_path):
     assert ns.microbatches * best["microbatch_size"] * best["dp"] == 16 and ns.recompute == best["recompute"]
 
 
+def test_bf16_main_gradients_are_planned_and_exported(capsys, tmp_path):
+    """--grad-reduce-in-bf16: 2-byte gradients in the plan's memory and times, and in every export."""
+    base = [*SMALL, "--hardware", "dgx-h100", "--gpus", "4", "--schedules", "1f1b", "--zero", "0",
+            "--recompute", "none", "--max-tp", "1", "--top", "20"]
+    rows = {}
+    for name, extra in (("fp32", []), ("bf16", ["--grad-reduce-in-bf16"])):
+        out = tmp_path / f"{name}.json"
+        assert main(["plan", *base, *extra, "--json", str(out)]) == 0
+        capsys.readouterr()
+        rows[name] = json.loads(out.read_text())
+    data = rows["bf16"]
+    argv = shlex.split(data["winner"]["simulate_command"])
+    assert "--grad-reduce-in-bf16" in argv and "--grad-reduce-in-bf16" not in rows["fp32"]["winner"]["simulate_command"]
+    assert main(argv[1:] + ["--json"]) == 0  # the export reproduces the planned step, bit for bit
+    sim = json.loads(capsys.readouterr().out)
+    assert sim["step_time"] == data["rows"][0]["step_time"]
+    assert "--grad-reduce-in-bf16" in data["winner"]["megatron_args"]
+    assert tomllib.loads(data["winner"]["torchtitan_toml"])["training"]["mixed_precision_reduce"] == "bfloat16"
+    # the same layouts: each needs 2 bytes less per parameter of its gradients (zero 0: all of them on a rank)
+    key = ("pp", "dp", "microbatch_size")
+    fp32 = {tuple(r[k] for k in key): r["peak_memory"] for r in rows["fp32"]["rows"]}
+    bf16 = {tuple(r[k] for k in key): r["peak_memory"] for r in data["rows"]}
+    assert set(fp32) == set(bf16) and all(bf16[k] < fp32[k] for k in fp32)
+
+
 def test_tokens_per_step_and_memory_headroom(capsys, tmp_path):
     """--tokens-per-step T is --batch T / seq; --memory-headroom f plans on (1 - f) of each GPU's memory."""
     base = [a for a in SMALL if a not in ("--batch", "16")]
@@ -214,6 +239,8 @@ def test_interleaved_exports_layers_per_virtual_stage():
       "--gpus", "2", "--cp", "2", "--attention", "eager"], "--cp 2 needs --attention flash"),
     (["--model", "gpt", "--hidden", "64", "--layers", "2", "--heads", "1", "--batch", "2", "--seq", "66",
       "--gpus", "2", "--cp", "2", "--dtype", "bfloat16"], "--seq 66 is not divisible by 2 x cp(2)"),
+    (["--model", "gpt", "--hidden", "64", "--layers", "2", "--heads", "1", "--batch", "2", "--seq", "64",
+      "--gpus", "2", "--dtype", "float16", "--grad-reduce-in-bf16"], "--grad-reduce-in-bf16 needs a bfloat16 model"),
 ])
 def test_bad_input_is_one_line_exit_2(capsys, argv, words):
     assert main(["plan", *argv, "--hardware", "dgx-h100", "--schedules", "1f1b"]) == 2

@@ -17,7 +17,7 @@ from pipesim.commands.common import (
     model_config,
     positive_int,
 )
-from pipesim.commands.setup_args import add_comm_args, comm_options_from_args
+from pipesim.commands.setup_args import add_comm_args, add_grad_args, check_grad_args, comm_options_from_args
 from pipesim.errors import PipesimError
 from pipesim.hardware import Hardware
 from pipesim.hardware_toml import load_hardware
@@ -66,6 +66,7 @@ def add_parser(sub) -> None:
     add_model_args(p, default="gpt")
     add_transformer_args(p)
     add_comm_args(p)
+    add_grad_args(p.add_argument_group("main gradients (Megatron-LM's flags)"))
     g = p.add_argument_group("cluster and search")
     g.add_argument("--hardware", metavar="PRESET|FILE", help=f"hardware preset or TOML file (default "
                                                              f"{DEFAULT_HARDWARE})")
@@ -210,19 +211,20 @@ def run(args: argparse.Namespace) -> int:
             raise PipesimError(f"--tokens-per-step {args.tokens_per_step} is not a multiple of --seq {seq}")
         args.batch = args.tokens_per_step // seq
     model = model_config(args)
+    check_grad_args(args.grad_fp32, model)
     hw, gpus, hw_flags = cluster(args)
     if args.memory_headroom:  # the search sees the memory left after the headroom
         kept = int(hw.device.memory * (1.0 - args.memory_headroom))
         hw = dataclasses.replace(hw, device=dataclasses.replace(hw.device, memory=kept))
     req = PlanRequest(model, hw, gpus, args.schedules, args.max_tp, args.recompute, args.zero,
                       comm=comm_options_from_args(args), attention=args.attention,
-                      sequence_parallel=args.sequence_parallel, cps=args.cp)
+                      sequence_parallel=args.sequence_parallel, cps=args.cp, grad_fp32=args.grad_fp32)
     ev = Evaluator(req)
     with open_backend(args.cluster, args.workers or default_workers()) as backend:
         result = plan(req, max_candidates=args.max_candidates, max_work=args.max_work, evaluator=ev,
                       backend=backend)
     argv = simulate_command(result.best.candidate, model_flags(args, req), hw_flags + req.comm.flags(),
-                            args.attention)
+                            args.attention, req.grad_fp32)
     ranks = gpus // result.best.candidate.cp  # the executor has no cp: t x p x d ranks (exports.run_note)
     per_node = ranks if ranks <= hw.devices_per_node else math.gcd(ranks, hw.devices_per_node)
     run_argv = run_command(result.best.candidate, model_flags(args, req), per_node=per_node,

@@ -70,7 +70,14 @@ def add_setup_args(parser: argparse.ArgumentParser) -> None:
                    help="GPU presets: each microbatch's weight gradients written by their GEMM, then added into "
                         "the step's main_grad by a separate kernel, instead of the GEMM accumulating into it "
                         "(Megatron's flag of that name; its 2021 code, NAR21's runs, had no fusion)")
-    grads = f.add_mutually_exclusive_group()
+    add_grad_args(f)
+    add_comm_args(parser)
+
+
+def add_grad_args(group) -> None:
+    """--accumulate-allreduce-grads-in-fp32 / --grad-reduce-in-bf16: the main gradients' dtype (simulate, sweep,
+    plan); None when neither is given (the dtype's default, pipesim.model_costs.precision_of)."""
+    grads = group.add_mutually_exclusive_group()
     grads.add_argument("--accumulate-allreduce-grads-in-fp32", dest="grad_fp32", action="store_const", const=True,
                        default=None,
                        help="16-bit models: float32 main gradients, accumulated and reduced over dp in float32, 4 "
@@ -79,7 +86,13 @@ def add_setup_args(parser: argparse.ArgumentParser) -> None:
     grads.add_argument("--grad-reduce-in-bf16", dest="grad_fp32", action="store_const", const=False,
                        help="bfloat16 models: bfloat16 main gradients, accumulated and reduced over dp in bfloat16 "
                             "(Megatron's flag), instead of the float32 default")
-    add_comm_args(parser)
+
+
+def check_grad_args(grad_fp32: bool | None, model) -> None:
+    """--grad-reduce-in-bf16 only for a bfloat16 model (one line otherwise)."""
+    if grad_fp32 is False and (model is None or model.dtype != "bfloat16"):
+        raise PipesimError(f"--grad-reduce-in-bf16 needs a bfloat16 model (--dtype bfloat16), got "
+                           f"{model.dtype if model else 'no model'}")
 
 
 def add_comm_args(parser: argparse.ArgumentParser) -> None:
@@ -123,9 +136,7 @@ def setup_from_args(args: argparse.Namespace) -> SimSetup:
     split = tuple(args.layer_split) if args.layer_split else None
     if split and cost is not None:
         raise PipesimError("--layer-split needs a model (--model), not --cost")
-    if args.grad_fp32 is False and (model is None or model.dtype != "bfloat16"):
-        raise PipesimError(f"--grad-reduce-in-bf16 needs a bfloat16 model (--dtype bfloat16), got "
-                           f"{model.dtype if model else 'no model'}")
+    check_grad_args(args.grad_fp32, model)
     return SimSetup(hardware, model, cost, args.boundary_bytes, args.activation_bytes, comm, args.dp, args.tp,
                     layer_split=split, recompute=args.recompute, sp=args.sequence_parallel,
                     attention=args.attention, cp=args.cp, zero=args.zero,

@@ -57,7 +57,7 @@ class Evaluator:
         self.simulated = 0
         self.flops = 0.0  # model FLOPs of one step (the search sets it; rows' MFU)
         self.attention = req.attention or SimSetup(req.hardware, req.model).attention_kernel  # every candidate's
-        self.bounds = MemoryBound(req.model, self.attention)
+        self.bounds = MemoryBound(req.model, self.attention, req.grad_fp32)
 
     def memory_bound(self, c: Candidate) -> int:
         """Bytes: a lower bound on `c`'s peak per GPU (pipesim.plan.memory_bound); PipesimError if the model refuses."""
@@ -86,7 +86,7 @@ class Evaluator:
             m = self.req.model
             if m.layers >= 3:
                 costs = model_costs(m, 4, m.batch // c.mbs, self.req.hardware, tp=c.t, sp=c.sp, cp=c.cp,
-                                    recompute=c.recompute, attention=self.attention,
+                                    recompute=c.recompute, attention=self.attention, grad_fp32=self.req.grad_fp32,
                                     layer_split=[0, 1, 2, m.layers - 3])
                 t0, t1, t2, t3 = (x.forward + x.backward_input + x.backward_weight for x in costs.table.stages)
                 layer = t2 - t1
@@ -94,7 +94,7 @@ class Evaluator:
                 pieces = (const, layer, t0 - const, t3 - const - (m.layers - 3) * layer)
             else:  # one or two layers: a stage per layer, the first with the embedding, the last with the head
                 costs = model_costs(m, m.layers, m.batch // c.mbs, self.req.hardware, tp=c.t, sp=c.sp, cp=c.cp,
-                                    recompute=c.recompute, attention=self.attention)
+                                    recompute=c.recompute, attention=self.attention, grad_fp32=self.req.grad_fp32)
                 total = [x.forward + x.backward_input + x.backward_weight for x in costs.table.stages]
                 pieces = (0.0, 0.0, total[0], total[-1] if m.layers > 1 else 0.0)
             self._pieces_cache[key] = pieces
@@ -106,7 +106,7 @@ class Evaluator:
         if key not in self._setups:
             self._setups[key] = SimSetup(self.req.hardware, self.req.model, dp=c.d, tp=c.t, cp=c.cp, check_memory=False,
                                          recompute=c.recompute, sp=c.sp, zero=c.zero, attention=self.attention,
-                                         comm_options=self.req.comm)
+                                         comm_options=self.req.comm, grad_fp32=self.req.grad_fp32)
         return self._setups[key]
 
     def schedule(self, c: Candidate) -> Schedule:

@@ -19,9 +19,9 @@ MEGATRON_SCHEDULES = ("1f1b", "interleaved-1f1b")  # what Megatron-LM runs (with
 
 
 def simulate_command(c: Candidate, model_flags: list[str], hardware_flags: list[str],
-                     attention: str | None = None) -> list[str]:
+                     attention: str | None = None, grad_fp32: bool | None = None) -> list[str]:
     """argv of `pipesim simulate` for `c` (model and hardware flags as the plan was given them; `--attention`
-    when the plan was asked for one)."""
+    and the main gradients' flag when the plan was asked for them)."""
     argv = ["pipesim", "simulate", c.schedule, "--stages", str(c.p), "--microbatch-size", str(c.mbs),
             "--tp", str(c.t), "--dp", str(c.d)]
     if c.cp > 1:
@@ -33,7 +33,14 @@ def simulate_command(c: Candidate, model_flags: list[str], hardware_flags: list[
         argv.append("--sequence-parallel")
     if attention:
         argv += ["--attention", attention]
-    return argv + model_flags + hardware_flags
+    return argv + grad_flags(grad_fp32) + model_flags + hardware_flags
+
+
+def grad_flags(grad_fp32: bool | None) -> list[str]:
+    """Megatron-LM's flag for the main gradients' dtype when one was chosen (None: the dtype's default)."""
+    if grad_fp32 is None:
+        return []
+    return ["--accumulate-allreduce-grads-in-fp32"] if grad_fp32 else ["--grad-reduce-in-bf16"]
 
 
 def run_command(c: Candidate, model_flags: list[str], *, per_node: int, nodes: int) -> list[str]:
@@ -93,6 +100,7 @@ def megatron_args(c: Candidate, req: PlanRequest, attention: str | None = None) 
         out.append("--sequence-parallel")
     if attention == "flash":
         out.append("--use-flash-attn")
+    out += grad_flags(req.grad_fp32)
     if c.zero == 1:
         out.append("--use-distributed-optimizer")
     elif c.zero > 1:
@@ -149,8 +157,10 @@ def torchtitan_toml(c: Candidate, req: PlanRequest) -> str:
               f"seq_len = {m.seq}", "", "[activation_checkpoint]", f'mode = "{c.recompute}"']
     if c.recompute == "selective":
         lines.append('selective_ac_option = "op"')
+    if req.grad_fp32 is False:  # [training] above; torchtitan's default reduces in float32
+        lines.insert(lines.index("[activation_checkpoint]") - 1, 'mixed_precision_reduce = "bfloat16"')
     return "\n".join(lines) + "\n"
 
 
 __all__ = ["MEGATRON_SCHEDULES", "TORCH_SCHEDULES", "command_line", "megatron_args", "megatron_text",
-           "run_command", "run_note", "schedule_csv", "simulate_command", "torchtitan_toml"]
+           "grad_flags", "run_command", "run_note", "schedule_csv", "simulate_command", "torchtitan_toml"]

@@ -100,9 +100,9 @@ class MemoryBound:
     (model state by placement, p, v, t, d, ZeRO, not cp: every cp rank holds the same parameters; rank 0's stash
     by placement, p, v, mbs and the layer options, cp included)."""
 
-    def __init__(self, model: ModelConfig, attention: str) -> None:
+    def __init__(self, model: ModelConfig, attention: str, grad_fp32: bool | None = None) -> None:
         self.model, self.attention = model, attention
-        self.precision = PRECISIONS[precision_of(model)]
+        self.precision = PRECISIONS[precision_of(model, grad_fp32)]
         self._params: dict[tuple, tuple[int, ...]] = {}
         self._states: dict[tuple, tuple[int, int]] = {}
         self._stash: dict[tuple, int] = {}

@@ -88,7 +88,7 @@ def plan(req: PlanRequest, *, max_candidates: int = DEFAULT_MAX_CANDIDATES, max_
     over: set = set()
     closest: tuple[int, Candidate] | None = None
     hbm = req.hardware.device.hbm_bandwidth
-    precision = precision_of(req.model)
+    precision = precision_of(req.model, req.grad_fp32)
     disable = None if progress else True
     for c in tqdm(candidates, desc="plan: bound", unit="cand", disable=disable, leave=False):
         try:

@@ -47,6 +47,7 @@ class PlanRequest:
     sequence_parallel: tuple[bool, ...] = (True,)  # choices when t > 1 (Megatron's practice: on)
     uneven: bool = True  # p x v need not divide the layers (split_layers' remainder split)
     cps: tuple[int, ...] = (1,)  # context-parallel sizes to try (default none: today's plans unchanged)
+    grad_fp32: bool | None = None  # float32 main gradients (None: the dtype's default, model_costs.precision_of)
 
     @property
     def schedule_names(self) -> tuple[str, ...]:
