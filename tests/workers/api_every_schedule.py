@@ -1,19 +1,13 @@
-"""Under torchrun: train example models with `executor.api.train` under every registered schedule, and
-compare each run with the single-process reference (losses and final parameters). Rank 0 writes OUT.json,
-{model: {schedule: report}}.
+"""On every rank of a launch: train example models with `executor.api.train` under every registered schedule, and
+compare each run with the single-process reference (losses and final parameters): `every_schedule(which)`,
+{schedule: report}, called by tests/test_api.py's case of the shared launch (tests/launch_shared.py).
 
-Usage: torchrun --nproc-per-node N tests/workers/api_every_schedule.py OUT.json conv|widths [conv|widths]
 conv: examples/conv_net.py as model= (an nn.Sequential) with an even split; widths: examples/widths.py as
-stages= (one nn.Sequential per stage). One launch runs both models under all schedules: torchrun's start-up
-(three to five processes importing torch) is paid once per world size.
+stages= (one nn.Sequential per stage).
 """
 
 from __future__ import annotations
 
-import json
-import sys
-
-import torch
 import torch.distributed as dist
 from torch import nn
 
@@ -80,18 +74,3 @@ def every_schedule(which: str) -> dict[str, dict]:
                         "ref_names": sorted(ref_params), "max_param_rel": max(diffs.values()),
                         "moved": min(float((ref_params[k] - v).abs().max()) for k, v in init.items())}
     return report
-
-
-def main() -> None:
-    out_path, models = sys.argv[1], sys.argv[2:]
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo")
-    report = {which: every_schedule(which) for which in models}
-    if dist.get_rank() == 0:
-        with open(out_path, "w") as fh:
-            json.dump(report, fh)
-    dist.destroy_process_group()
-
-
-if __name__ == "__main__":
-    main()
