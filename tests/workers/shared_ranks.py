@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import os
 import sys
 import traceback
 from datetime import timedelta
@@ -19,7 +18,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from executor.__main__ import run_chain
+from executor.__main__ import _exit_now, run_chain  # leave as `python -m executor` does
 from executor.config import configs_from_json
 from tests.launch_shared import BEGIN, END
 
@@ -56,13 +55,6 @@ def main() -> None:
             print(END + case["name"], file=sys.stderr, flush=True)
     dist.destroy_process_group()
     _exit_now(0)
-
-
-def _exit_now(code: int) -> None:
-    """Leave as `python -m executor` does, without interpreter teardown (seconds per rank on 2 cores)."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 if __name__ == "__main__":
