@@ -172,15 +172,18 @@ def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hard
                          dp_grad_bytes=tuple(grads), layers_per_stage=tuple(split), dtype_bytes=d,
                          param_counts=tuple(counts), zero=zero, precision=precision, comm_buffer_bytes=buffers,
                          options=opts, cp=cp, cp_exchanges=exchanges,
-                         step=_step(counts, dp=dp, zero=zero, hw=hw, precision=precision))
+                         step=_step(counts, dp=dp, zero=zero, hw=hw, precision=precision,
+                                    loss_scaling=model.dtype == "float16"))
 
 
-def _step(counts: list[int], *, dp: int, zero: int, hw: Hardware, precision: str) -> StepCosts | None:
+def _step(counts: list[int], *, dp: int, zero: int, hw: Hardware, precision: str,
+          loss_scaling: bool) -> StepCosts | None:
     """The optimizer step and ZeRO's collectives, on device presets (or when --zero is asked for). A calibrated
-    CPU host predicts the pipeline span its validation measures (pipesim/calibration): nothing is added there."""
+    CPU host predicts the pipeline span its validation measures (pipesim/calibration): nothing is added there.
+    `loss_scaling`: float16 trains under a loss scale (Megatron's grad scaler), whose unscale is a pass of its own."""
     if hw.host is not None and zero == 0:
         return None
-    return step_costs(counts, dp=dp, zero=zero, hw=hw, precision=precision)
+    return step_costs(counts, dp=dp, zero=zero, hw=hw, precision=precision, loss_scaling=loss_scaling)
 
 
 def _kernel_seconds(model: ModelConfig, b: int, layers: int, hw: Hardware, opts: LayerOptions | None, tp: int, *,

@@ -14,8 +14,11 @@ simulator kernel places in time (docs/simulator.md, "The step's end"):
   step's start; the chunk stays gathered through every forward and backward, FSDP2 with PP in
   torchtitan: reshard_after_forward=False, and memory holds it), and a reduce_scatter of its
   gradients after its last backward.
-- The optimizer (Adam) is a memory-bound kernel: `optimizer_step_bytes` at the device's HBM
-  bandwidth, on the shard the rank owns.
+- The optimizer step is memory-bound, on the shard the rank owns. On a GPU preset with a device family it is
+  Megatron-LM's passes (pipesim.model.optimizer_step: main-gradient copy, fp16's unscale, the norm for clipping,
+  Adam, the copy back to the 16-bit parameters, the gradient buffer's zeroing), each a memory-bound kernel of
+  the device profile (pipesim.device.kernels.memory_bound_time); elsewhere one fused Adam pass,
+  `optimizer_step_bytes` at the device's HBM bandwidth (the model before issue 15).
 - Context parallelism: ring attention's K/V hops (`cp_layer_exchanges`), each overlapping the
   attention of the block held; `RingExchange` carries one run of hops and the compute it hides behind.
 """
@@ -25,11 +28,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from pipesim.device.kernels import memory_bound_time
 from pipesim.errors import PipesimError
 from pipesim.hardware import Hardware
+from pipesim.kernel_costs import profile_of
 from pipesim.model.comm import cp_layer_exchanges
 from pipesim.model.config import ModelConfig
 from pipesim.model.memory import PRECISIONS, Precision, dp_collectives, optimizer_step_bytes, zero3_chunk_collectives
+from pipesim.model.optimizer_step import optimizer_passes, pass_bytes
 from pipesim.model.options import LayerOptions
 
 # When a step collective runs, relative to the stage's (chunk's) work:
@@ -88,21 +94,40 @@ def stage_step_collectives(params: int, *, dp: int, zero: int, precision: Precis
     return tuple(out)
 
 
-def optimizer_seconds(params: int, *, dp: int, zero: int, hw: Hardware, precision: Precision | str = "mixed") -> float:
-    """Seconds of one Adam step over the parameters a rank owns: its HBM bytes / the device's HBM bandwidth."""
-    return optimizer_step_bytes(params, dp=dp, zero=zero, precision=_precision(precision)) / hw.device.hbm_bandwidth
+def optimizer_bytes_and_seconds(params: int, *, dp: int, zero: int, hw: Hardware, precision: Precision | str = "mixed",
+                                loss_scaling: bool = False) -> tuple[int, float]:
+    """HBM bytes and seconds of one optimizer step over the parameters a rank holds (`params`, one tp rank's).
+
+    With a device family: the precision's passes (pipesim.model.optimizer_step), each a memory-bound kernel;
+    `loss_scaling` adds fp16's unscale pass. Without: one Adam pass, its bytes / the device's HBM bandwidth.
+    """
+    prec = _precision(precision)
+    if not hw.device.family:
+        nbytes = optimizer_step_bytes(params, dp=dp, zero=zero, precision=prec)
+        return nbytes, nbytes / hw.device.hbm_bandwidth
+    profile = profile_of(hw.device.family, hw.device.kernels)
+    each = pass_bytes(optimizer_passes(prec, loss_scaling=loss_scaling), params, dp=dp, zero=zero)
+    return sum(each), sum(memory_bound_time(b, profile).seconds for b in each)
+
+
+def optimizer_seconds(params: int, *, dp: int, zero: int, hw: Hardware, precision: Precision | str = "mixed",
+                      loss_scaling: bool = False) -> float:
+    """Seconds of one optimizer step over the parameters a rank owns (`optimizer_bytes_and_seconds`)."""
+    return optimizer_bytes_and_seconds(params, dp=dp, zero=zero, hw=hw, precision=precision,
+                                       loss_scaling=loss_scaling)[1]
 
 
 def step_costs(params_per_stage: Sequence[int], *, dp: int, zero: int, hw: Hardware,
-               precision: Precision | str = "mixed") -> StepCosts:
+               precision: Precision | str = "mixed", loss_scaling: bool = False) -> StepCosts:
     """Data-parallel collectives and optimizer step of every stage; `params_per_stage` counts one tp rank's
-    parameters of each stage (pipesim.model.params.stage_params)."""
+    parameters of each stage (pipesim.model.params.stage_params); `loss_scaling`: fp16's grad scaler."""
     prec = _precision(precision)
-    nbytes = tuple(optimizer_step_bytes(p, dp=dp, zero=zero, precision=prec) for p in params_per_stage)
+    steps = [optimizer_bytes_and_seconds(p, dp=dp, zero=zero, hw=hw, precision=prec, loss_scaling=loss_scaling)
+             for p in params_per_stage]
     return StepCosts(
         collectives=tuple(stage_step_collectives(p, dp=dp, zero=zero, precision=prec) for p in params_per_stage),
-        optimizer_seconds=tuple(b / hw.device.hbm_bandwidth for b in nbytes),
-        optimizer_bytes=nbytes, zero=zero)
+        optimizer_seconds=tuple(t for _, t in steps),
+        optimizer_bytes=tuple(b for b, _ in steps), zero=zero)
 
 
 @dataclass(frozen=True)
@@ -164,5 +189,5 @@ def per_microbatch_stages(step: StepCosts | None) -> frozenset[int]:
     return frozenset(s for s, cs in enumerate(step.collectives) if any(c.phase == "microbatch" for c in cs))
 
 
-__all__ = ["PHASES", "RingExchange", "StepCollective", "StepCosts", "exposed_seconds", "optimizer_seconds",
-           "per_microbatch_stages", "ring_exchanges", "stage_step_collectives", "step_costs"]
+__all__ = ["PHASES", "RingExchange", "StepCollective", "StepCosts", "exposed_seconds", "optimizer_bytes_and_seconds",
+           "optimizer_seconds", "per_microbatch_stages", "ring_exchanges", "stage_step_collectives", "step_costs"]

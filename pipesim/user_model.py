@@ -180,7 +180,8 @@ def user_model_costs(model: UserModel, num_stages: int, hw: Hardware, *, dp: int
                                  backward_ops=st["ops"][1] + st["ops"][2]))
         grads.append(param_bytes if dp > 1 else 0)
     precision = "fp32" if model.dtype == "float32" else "mixed"
-    step = None if hw.host is not None else step_costs(counts, dp=dp, zero=0, hw=hw, precision=precision)
+    step = None if hw.host is not None else step_costs(counts, dp=dp, zero=0, hw=hw, precision=precision,
+                                                       loss_scaling=model.dtype == "float16")
     return ParallelCosts(table=CostTable(tuple(stages)), tp=1, dp=dp, tp_collectives={}, dp_grad_bytes=tuple(grads),
                          layers_per_stage=tuple(s["layers"] for s in sums), dtype_bytes=d,
                          param_counts=tuple(counts), precision=precision, step=step)

@@ -115,8 +115,8 @@ def test_rows_ranked_by_simulated_step_time_and_cap_keeps_estimate_order():
 def _estimate(ev, c):
     """The search's ordering key for `c` (estimate with the optimizer tail)."""
     req = ev.req
-    tail = optimizer_tail(c, ev.bounds.params(c.p * c.v, c.t), precision_of(req.model),
-                          req.hardware.device.hbm_bandwidth)
+    tail = optimizer_tail(c, ev.bounds.params(c.p * c.v, c.t), precision_of(req.model), req.hardware,
+                          loss_scaling=req.model.dtype == "float16")
     return estimate(c, ev.chunk_seconds(c), tail)
 
 

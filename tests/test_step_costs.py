@@ -14,11 +14,14 @@ import pytest
 import schedules
 from pipesim.comm_costs import group_collective_time
 from pipesim.costs import CostTable
+from pipesim.device.kernels import memory_bound_time
 from pipesim.errors import PipesimError
 from pipesim.hardware import DeviceSpec, Hardware, LinkClass
 from pipesim.hardware_toml import load_hardware
+from pipesim.kernel_costs import profile_of
 from pipesim.model.config import ModelConfig
 from pipesim.model.memory import PRECISIONS, optimizer_step_bytes
+from pipesim.model.optimizer_step import optimizer_passes, pass_bytes
 from pipesim.model.options import LayerOptions
 from pipesim.model_costs import ParallelCosts, model_costs
 from pipesim.simulator import simulate
@@ -27,6 +30,7 @@ from pipesim.step_costs import (
     StepCollective,
     StepCosts,
     exposed_seconds,
+    optimizer_bytes_and_seconds,
     optimizer_seconds,
     ring_exchanges,
     stage_step_collectives,
@@ -89,6 +93,52 @@ def test_optimizer_is_its_bytes_at_hbm_bandwidth_on_the_owned_shard():
     assert sc.optimizer_seconds == (28 * 2**19 / GB, 28 * 2**20 / GB)
     assert sc.collectives[1] == (StepCollective("reduce_scatter", 4 * 2**21, "grads"),
                                  StepCollective("all_gather", 4 * 2**21, "params"))
+
+
+def test_megatron_optimizer_passes_in_closed_form():
+    """Megatron's mixed-precision step, bytes per parameter pass by pass (megatron/optimizer/optimizer.py):
+    fp16 (16-bit grads, loss scale) 6 + 8 + 4 + 28 + 6 + 2 = 54; bf16 with float32 main grads 4 + 28 + 6 + 4 = 42;
+    float32 training one Adam pass of 28, as the roofline path's optimizer_step_bytes."""
+    fp16 = optimizer_passes(PRECISIONS["mixed"], loss_scaling=True)
+    assert [(p.name, p.read, p.write, p.owned) for p in fp16] == [
+        ("copy gradients to main gradients", 2, 4, True), ("unscale and check for inf/nan", 4, 4, True),
+        ("gradient norm", 4, 0, True), ("Adam", 16, 12, True),
+        ("copy main parameters to model parameters", 4, 2, True), ("zero the gradient buffer", 0, 2, False)]
+    bf16 = optimizer_passes(PRECISIONS["megatron"], loss_scaling=False)
+    assert [p.name for p in bf16] == ["gradient norm", "Adam", "copy main parameters to model parameters",
+                                      "zero the gradient buffer"]
+    assert sum(p.bytes_per_param for p in bf16) == 42
+    fp32 = optimizer_passes(PRECISIONS["fp32"], loss_scaling=False)
+    assert [(p.name, p.bytes_per_param) for p in fp32] == [("Adam", 28)]
+    assert pass_bytes(fp32, 1000, dp=4, zero=1) == (optimizer_step_bytes(1000, dp=4, zero=1,
+                                                                         precision=PRECISIONS["fp32"]),)
+    # ZeRO 1 updates ceil(P / dp) but zeroes the whole gradient buffer; ZeRO 2 shards the buffer too
+    assert pass_bytes(fp16, 1001, dp=4, zero=1) == (6 * 251, 8 * 251, 4 * 251, 28 * 251, 6 * 251, 2 * 1001)
+    assert pass_bytes(fp16, 1001, dp=4, zero=2)[-1] == 2 * 251
+    assert pass_bytes(fp16, 1001, dp=4, zero=0) == tuple(p.bytes_per_param * 1001 for p in fp16)
+    with pytest.raises(PipesimError):
+        pass_bytes(fp16, 1000, dp=4, zero=4)
+
+
+def test_optimizer_on_a_device_family_is_its_passes_as_memory_bound_kernels():
+    hw = load_hardware("dgx-a100")
+    profile = profile_of(hw.device.family, hw.device.kernels)
+    params = 2_750_000_000  # one tp rank of a 22B model at tp 8
+    nbytes, seconds = optimizer_bytes_and_seconds(params, dp=1, zero=0, hw=hw, precision="mixed", loss_scaling=True)
+    assert nbytes == 54 * params
+    each = [p.bytes_per_param * params for p in optimizer_passes(PRECISIONS["mixed"], loss_scaling=True)]
+    assert seconds == sum(memory_bound_time(b, profile).seconds for b in each)
+    assert seconds == pytest.approx(54 * params / (hw.device.hbm_bandwidth * profile.memory_efficiency)
+                                    + 6 * profile.kernel_overhead)
+    sc = step_costs([params, params // 2], dp=1, zero=0, hw=hw, precision="mixed", loss_scaling=True)
+    assert sc.optimizer_bytes == (54 * params, 54 * (params // 2))
+    assert sc.optimizer_seconds[0] == seconds
+    # bf16 (no loss scale, float32 main grads): 42 bytes per parameter
+    assert optimizer_bytes_and_seconds(params, dp=1, zero=0, hw=hw, precision="megatron")[0] == 42 * params
+    # without a device family (the model before issue 15): one Adam pass at the raw HBM bandwidth
+    plain = replace(hw, device=replace(hw.device, family=""))
+    assert optimizer_bytes_and_seconds(params, dp=1, zero=0, hw=plain, precision="mixed", loss_scaling=True) == (
+        28 * params, 28 * params / hw.device.hbm_bandwidth)
 
 
 # -- where they fall in the simulated step -------------------------------------------------------------------

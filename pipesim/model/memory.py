@@ -56,7 +56,7 @@ class ModelState:
         return self.parameters + self.gradients + self.optimizer_states
 
 
-def _check_zero(zero: int, dp: int) -> None:
+def check_zero(zero: int, dp: int) -> None:
     if zero not in ZERO_STAGES:
         raise PipesimError(f"--zero must be one of 0, 1, 2, 3, got {zero!r}")
     if not isinstance(dp, int) or isinstance(dp, bool) or dp < 1:
@@ -65,7 +65,7 @@ def _check_zero(zero: int, dp: int) -> None:
 
 def model_state_bytes(params: int, *, dp: int, zero: int, precision: Precision = PRECISIONS["mixed"]) -> ModelState:
     """Per-rank bytes of `params` parameters (already divided by tp and pp) under ZeRO stage `zero` over dp ranks."""
-    _check_zero(zero, dp)
+    check_zero(zero, dp)
     shard = -(-params // dp)  # ceil: the padded shard each dp rank owns
     return ModelState(parameters=(shard if zero >= 3 else params) * precision.param_bytes,
                       gradients=(shard if zero >= 2 else params) * precision.grad_bytes,
@@ -97,7 +97,7 @@ def optimizer_step_bytes(params: int, *, dp: int, zero: int, precision: Precisio
     themselves in fp32) and writes them back, plus the 16-bit copy when a master exists: mixed
     precision 14 + 14 = 28 bytes, fp32 16 + 12 = 28.
     """
-    _check_zero(zero, dp)
+    check_zero(zero, dp)
     owned = params if zero == 0 else -(-params // dp)
     reads = precision.grad_bytes + precision.optimizer_bytes + (0 if precision.master_bytes else precision.param_bytes)
     writes = precision.optimizer_bytes + precision.param_bytes
@@ -114,7 +114,7 @@ def dp_collectives(params: int, *, dp: int, zero: int, microbatches: int,
     after every microbatch (`count` = microbatches; pipesim.step_costs times each). 3:
     `zero3_chunk_collectives`. dp = 1: none.
     """
-    _check_zero(zero, dp)
+    check_zero(zero, dp)
     if dp == 1 or zero == 3:
         return []
     grads, weights = params * precision.grad_bytes, params * precision.param_bytes
@@ -133,7 +133,7 @@ def zero3_chunk_collectives(chunk_params: int, *, dp: int, precision: Precision 
     first forward (prefetched from the step's start; kept gathered through every microbatch's forward and
     backward, torchtitan's reshard_after_forward=False), reduce_scatter of its gradients after its last
     backward. dp = 1: none."""
-    _check_zero(3, dp)
+    check_zero(3, dp)
     if dp == 1:
         return []
     weights, grads = chunk_params * precision.param_bytes, chunk_params * precision.grad_bytes
@@ -232,5 +232,5 @@ def check_rank_fits(memory: MemoryBreakdown, *, rank: int, capacity: int, device
 
 
 __all__ = ["PRECISIONS", "ZERO_STAGES", "MemoryBreakdown", "ModelState", "Precision", "check_rank_fits",
-           "comm_buffer_bytes", "dp_collectives", "model_state_bytes", "optimizer_step_bytes", "rank_memory",
-           "stage_memory", "step_peak_state", "zero3_chunk_collectives"]
+           "check_zero", "comm_buffer_bytes", "dp_collectives", "model_state_bytes", "optimizer_step_bytes",
+           "rank_memory", "stage_memory", "step_peak_state", "zero3_chunk_collectives"]

@@ -8,9 +8,10 @@ ranks past --max-candidates / --max-work are not simulated (docs/planner.md).
 
 from __future__ import annotations
 
-from pipesim.model.memory import PRECISIONS, optimizer_step_bytes
+from pipesim.hardware import Hardware
 from pipesim.plan.memory_bound import MIRRORED, rank_chunks
 from pipesim.plan.space import Candidate
+from pipesim.step_costs import optimizer_seconds
 
 # bubble in microbatch-times as a function of (p, v, m); unknown schedules: 1F1B's p - 1
 BUBBLE_UNITS = {
@@ -43,11 +44,11 @@ def rank_seconds(c: Candidate, chunk_seconds: tuple[float, ...]) -> float:
     return share * max(sum(chunk_seconds[s] for s in ids) for ids in _held(c))
 
 
-def optimizer_tail(c: Candidate, params: tuple[int, ...], precision: str, hbm_bandwidth: float) -> float:
-    """Seconds: the slowest rank's Adam step over the parameters it owns (memory-bound, as step_costs times it)."""
-    prec = PRECISIONS[precision]
-    return max(optimizer_step_bytes(sum(params[s] for s in ids), dp=c.d, zero=c.zero, precision=prec)
-               for ids in _held(c)) / hbm_bandwidth
+def optimizer_tail(c: Candidate, params: tuple[int, ...], precision: str, hw: Hardware, *,
+                   loss_scaling: bool = False) -> float:
+    """Seconds: the slowest rank's optimizer step over the parameters it owns, as step_costs times it."""
+    return max(optimizer_seconds(sum(params[s] for s in ids), dp=c.d, zero=c.zero, hw=hw, precision=precision,
+                                 loss_scaling=loss_scaling) for ids in _held(c))
 
 
 def estimate(c: Candidate, chunk_seconds: tuple[float, ...], tail: float = 0.0) -> float:

@@ -87,8 +87,8 @@ def plan(req: PlanRequest, *, max_candidates: int = DEFAULT_MAX_CANDIDATES, max_
     survivors: list[tuple[float, int, Candidate]] = []
     over: set = set()
     closest: tuple[int, Candidate] | None = None
-    hbm = req.hardware.device.hbm_bandwidth
     precision = precision_of(req.model, req.grad_fp32)
+    fp16 = req.model.dtype == "float16"  # trained under a loss scale
     disable = None if progress else True
     for c in tqdm(candidates, desc="plan: bound", unit="cand", disable=disable, leave=False):
         try:
@@ -102,7 +102,7 @@ def plan(req: PlanRequest, *, max_candidates: int = DEFAULT_MAX_CANDIDATES, max_
             if closest is None or (bound, c) < closest:
                 closest = (bound, c)
             continue
-        tail = optimizer_tail(c, ev.bounds.params(c.chunks, c.t), precision, hbm)
+        tail = optimizer_tail(c, ev.bounds.params(c.chunks, c.t), precision, req.hardware, loss_scaling=fp16)
         survivors.append((estimate(c, ev.chunk_seconds(c), tail), c.chunks * c.m, c))
     survivors.sort()
     forced = list(include)
