@@ -5,11 +5,12 @@ how many bytes Adam reads and writes; this module turns that into the per-stage 
 simulator kernel places in time (docs/simulator.md, "The step's end"):
 
 - ZeRO 0: one all_reduce of the gradients after the stage's last backward (DDP).
-- ZeRO 1/2: a reduce_scatter of the gradients after the stage's last backward, then, after the
+- ZeRO 1: a reduce_scatter of the gradients after the stage's last backward, then, after the
   optimizer step on the shard, an all_gather of the updated parameters (Megatron's distributed
-  optimizer). With pipelining, frameworks accumulate gradients over the microbatches and reduce
-  once (Megatron; torch.distributed.pipelining syncs FSDP gradients on the last backward only),
-  so ZeRO 2 is timed like ZeRO 1 (its memory shards the gradients: open, docs/large_models.md).
+  optimizer: a full gradient buffer accumulates over the microbatches, reduced once).
+- ZeRO 2: the same all_gather, but the gradients stay sharded (the memory model's 2P / dp), so a
+  reduce_scatter follows every weight-gradient backward (phase `microbatch`); the optimizer waits
+  for the last (docs/simulator.md, "ZeRO").
 - ZeRO 3: an all_gather of each chunk's parameters before its first forward (prefetched from the
   step's start; the chunk stays gathered through every forward and backward, FSDP2 with PP in
   torchtitan: reshard_after_forward=False, and memory holds it), and a reduce_scatter of its
