@@ -47,20 +47,25 @@ class PieceSeconds:
     W: float
     gemms: tuple[tuple[str, float], ...] = ()  # (GEMM name, seconds)
     shapes: tuple[tuple[str, Gemm], ...] = ()  # (GEMM name, its shape): re-timed beside a collective
+    # F, I, W with every GEMM on the SMs an NCCL collective leaves (sms - nccl_channels): the piece run beside a
+    # data-parallel collective (pipesim.overlap_interference's rule); equal to F, I, W without a channel figure
+    beside: tuple[float, float, float] = (0.0, 0.0, 0.0)
 
     def scaled(self, k: int) -> tuple[float, float, float]:
         return self.F * k, self.I * k, self.W * k
 
 
 @lru_cache(maxsize=1 << 16)
-def _gemm_seconds(m: int, n: int, k: int, batch: int, dtype: str, profile: DeviceProfile, c_bytes: int = 0) -> float:
-    return gemm_time(m, n, k, dtype, profile, batch=batch, c_bytes=c_bytes).seconds
+def _gemm_seconds(m: int, n: int, k: int, batch: int, dtype: str, profile: DeviceProfile, c_bytes: int = 0,
+                  sms: int | None = None) -> float:
+    return gemm_time(m, n, k, dtype, profile, batch=batch, c_bytes=c_bytes, sms=sms).seconds
 
 
-def kernel_seconds(kernel: Kernel, dtype: str, profile: DeviceProfile) -> float:
-    """One kernel's seconds: a GEMM by its shape, flash attention (causal) by its grid, the rest by its bytes."""
+def kernel_seconds(kernel: Kernel, dtype: str, profile: DeviceProfile, sms: int | None = None) -> float:
+    """One kernel's seconds: a GEMM by its shape (on `sms` SMs: default all), flash attention (causal) by its grid,
+    the rest by its bytes."""
     if isinstance(kernel, Gemm):
-        return _gemm_seconds(kernel.m, kernel.n, kernel.k, kernel.batch, dtype, profile, kernel.c_bytes)
+        return _gemm_seconds(kernel.m, kernel.n, kernel.k, kernel.batch, dtype, profile, kernel.c_bytes, sms)
     if isinstance(kernel, FlashAttention):
         return flash_attention_time(kernel.batch, kernel.seq, kernel.heads, kernel.head_dim, dtype, profile,
                                     kv_seq=kernel.kv_seq, kv_heads=kernel.kv_heads, causal=True,
@@ -69,12 +74,17 @@ def kernel_seconds(kernel: Kernel, dtype: str, profile: DeviceProfile) -> float:
 
 
 def piece_seconds(kernels: PieceKernels, dtype: str, profile: DeviceProfile) -> PieceSeconds:
-    """Sum of each phase's kernel seconds, and the seconds of every GEMM and attention kernel by name."""
+    """Sum of each phase's kernel seconds, and the seconds of every GEMM and attention kernel by name; `beside`:
+    the phases with the GEMMs on the SMs NCCL's channels leave (flash attention and memory-bound kernels as alone:
+    the latter stream at HBM bandwidth on fewer SMs; the former's grid is not re-timed)."""
     phases = [sum(kernel_seconds(k, dtype, profile) for k in getattr(kernels, p)) for p in "FIW"]
     named = tuple((k.name, kernel_seconds(k, dtype, profile)) for p in "FIW" for k in getattr(kernels, p)
                   if isinstance(k, (Gemm, FlashAttention)))
     shapes = tuple((k.name, k) for p in "FIW" for k in getattr(kernels, p) if isinstance(k, Gemm))
-    return PieceSeconds(*phases, gemms=named, shapes=shapes)
+    free = profile.sms - profile.nccl_channels
+    beside = tuple(phases) if not profile.nccl_channels else tuple(
+        sum(kernel_seconds(k, dtype, profile, free) for k in getattr(kernels, p)) for p in "FIW")
+    return PieceSeconds(*phases, gemms=named, shapes=shapes, beside=beside)
 
 
 @lru_cache(maxsize=64)
@@ -147,6 +157,7 @@ class StageSeconds:
     W: float
     gemms: dict[str, float]  # GEMM or attention kernel name -> seconds (a layer's, the head's)
     shapes: dict[str, Gemm] = field(default_factory=dict)  # GEMM name -> its shape (pipesim.overlap_interference)
+    beside: tuple[float, float, float] = (0.0, 0.0, 0.0)  # F, I, W beside an NCCL collective (PieceSeconds.beside)
 
 
 def gpt_stage_seconds(model: ModelConfig, b: int, layers: int, opts: LayerOptions, *, first: bool, last: bool,
@@ -155,6 +166,7 @@ def gpt_stage_seconds(model: ModelConfig, b: int, layers: int, opts: LayerOption
     """Embedding (first stage), `layers` identical layers, head + cross-entropy (last stage); each piece's
     gradients added into main_grad in its W, inside the wgrad GEMMs when `grad_fusion`."""
     total = [0.0, 0.0, 0.0]
+    beside = [0.0, 0.0, 0.0]
     gemms: dict[str, float] = {}
     shapes: dict[str, Gemm] = {}
     pieces = []
@@ -167,21 +179,24 @@ def gpt_stage_seconds(model: ModelConfig, b: int, layers: int, opts: LayerOption
     for piece, count in pieces:
         for slot, value in enumerate(piece.scaled(count)):
             total[slot] += value
+            beside[slot] += piece.beside[slot] * count
         gemms.update(piece.gemms)
         shapes.update(piece.shapes)
-    return StageSeconds(*total, gemms=gemms, shapes=shapes)
+    return StageSeconds(*total, gemms=gemms, shapes=shapes, beside=(beside[0], beside[1], beside[2]))
 
 
 def mlp_stage_seconds(model: ModelConfig, b: int, layers: int, tp: int, *, first: bool, family: str,
                       kernels: KernelFigures | None = None) -> StageSeconds:
     """`layers` MLP layers; on the first stage the first layer computes no input gradient."""
     total = [0.0, 0.0, 0.0]
+    beside = [0.0, 0.0, 0.0]
     for n in range(layers):
         piece = mlp_layer_seconds(b, model.hidden, model.dtype, model.dtype_bytes, tp, not (first and n == 0), family,
                                   kernels)
         for slot, value in enumerate(piece.scaled(1)):
             total[slot] += value
-    return StageSeconds(*total, gemms={})
+            beside[slot] += piece.beside[slot]
+    return StageSeconds(*total, gemms={}, beside=(beside[0], beside[1], beside[2]))
 
 
 __all__ = ["PieceSeconds", "StageSeconds", "gpt_stage_seconds", "kernel_seconds", "mlp_stage_seconds",

@@ -64,6 +64,9 @@ class ParallelCosts:
     step: StepCosts | None = None  # per-stage DP collectives and optimizer seconds (pipesim.step_costs)
     # (stage, "F"|"I"|"B"|"W") -> ring attention's K/V hops inside that action (pipesim.step_costs.ring_exchanges)
     cp_exchanges: dict = field(default_factory=dict)
+    # (stage, "F"|"I"|"B"|"W") -> seconds that action gains when it runs wholly beside a data-parallel collective,
+    # whose NCCL channels hold SMs its GEMMs lose (kernel path with a channel figure; empty: such overlap is free)
+    sm_share: dict = field(default_factory=dict)
 
 
 def _check_parallel(model: ModelConfig, num_stages: int, microbatches: int, tp: int, dp: int) -> int:
@@ -124,6 +127,7 @@ def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hard
     grads: list[int] = []
     counts: list[int] = []
     exchanges: dict[tuple[int, str], tuple] = {}
+    shared: dict[tuple[int, str], float] = {}
     if opts is None:
         boundary = b * model.hidden * d  # bytes
         buffers = 2 * boundary if num_stages > 1 else 0
@@ -145,6 +149,8 @@ def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hard
             fwd, inp, wgt = (getattr(timed, k) + hw.compute_time(0.0, 0.0, model.dtype, k, work.ops[k]) for k in "FIW")
         if s == 0:  # no gradient leaves the first stage: a split I has nothing to send, W runs the whole backward
             inp, wgt = 0.0, inp + wgt
+        if timed is not None and dp > 1:
+            _add_sm_share(shared, s, timed)
         param_bytes = round(work.param_count * d)
         counts.append(round(work.param_count))
         stages.append(StageCosts(forward=fwd, backward_input=inp, backward_weight=wgt,
@@ -171,7 +177,7 @@ def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hard
     return ParallelCosts(table=CostTable(tuple(stages)), tp=tp, dp=dp, tp_collectives=collectives,
                          dp_grad_bytes=tuple(grads), layers_per_stage=tuple(split), dtype_bytes=d,
                          param_counts=tuple(counts), zero=zero, precision=precision, comm_buffer_bytes=buffers,
-                         options=opts, cp=cp, cp_exchanges=exchanges,
+                         options=opts, cp=cp, cp_exchanges=exchanges, sm_share=shared,
                          step=_step(counts, dp=dp, zero=zero, hw=hw, precision=precision,
                                     loss_scaling=model.dtype == "float16"))
 
@@ -197,6 +203,17 @@ def _kernel_seconds(model: ModelConfig, b: int, layers: int, hw: Hardware, opts:
         return mlp_stage_seconds(model, b, layers, tp, first=first, family=family, kernels=hw.device.kernels)
     return gpt_stage_seconds(model, b, layers, opts, first=first, last=last, fused=fused, family=family,
                              kernels=hw.device.kernels, grad_fusion=grad_fusion, grad_bytes=grad_bytes)
+
+
+def _add_sm_share(out: dict, stage: int, timed: StageSeconds) -> None:
+    """The seconds each action of the stage gains beside a data-parallel collective (its kernels' `beside` less
+    their time alone); the first stage's I runs inside its W, as its costs put it. Nothing when they are equal."""
+    f, i, w = (b - a for a, b in zip((timed.F, timed.I, timed.W), timed.beside))
+    if stage == 0:
+        i, w = 0.0, i + w
+    for kind, extra in (("F", f), ("I", i), ("W", w), ("B", i + w)):
+        if extra > 0:
+            out[(stage, kind)] = extra
 
 
 def _with_overlap(backward: tuple[tuple[str, int], ...], overlaps: list[str], timed: StageSeconds, dtype: str,

@@ -31,6 +31,7 @@ class ComputeOp(NamedTuple):
     inflight: int  # +1 (F), -1 (the releasing backward) or 0: microbatches stashed
     allreduce_stage: int  # the stage whose DP gradient reduction follows it (its last B/W; ZeRO 2: each), else -1
     recompute_bytes: int = 0  # bytes a recomputing backward (B, or I) re-creates, live only while it runs
+    shared: float = 0.0  # seconds it gains when it runs wholly beside its rank's data-parallel collectives (SMs)
 
 
 class SendOp(NamedTuple):
@@ -76,12 +77,16 @@ class TableCompute:
 
 def compile_programs(sched: Schedule, compute: TableCompute, hw: Any, comm: bool, par: ParallelDims,
                      tp_collectives: dict, cp_seconds: dict | None = None,
-                     every_grad: frozenset[int] = frozenset(), scatter: bool = False) -> list[list[Op]]:
+                     every_grad: frozenset[int] = frozenset(), scatter: bool = False,
+                     sm_share: dict | None = None) -> list[list[Op]]:
     """Per rank, the op of each action (one shared record per (rank, stage, kind)); message slots use
     the schedule's microbatch count as stride. cp_seconds: (stage, kind) -> exposed ring-attention
     seconds added to that compute (`cp_exposed`). The last weight-gradient piece of each stage is
     marked for its gradient reduction; with the stage in `every_grad` (ZeRO 2: a reduce-scatter per
-    microbatch) every one is. scatter: pipeline messages go Megatron's scatter/gather way (`scatter_gather`)."""
+    microbatch) every one is. scatter: pipeline messages go Megatron's scatter/gather way (`scatter_gather`).
+    sm_share: (stage, kind) -> seconds a compute gains wholly beside a data-parallel collective (ComputeOp.shared;
+    only where collectives take time: `comm` and dp > 1)."""
+    shared = sm_share if comm and par.dp > 1 and sm_share else {}
     stride = sched.num_microbatches
     last_grad: dict[int, tuple[int, int]] = {}  # stage -> (rank, index) of its last B/W
     all_ops: list[list[Op]] = []
@@ -94,6 +99,8 @@ def compile_programs(sched: Schedule, compute: TableCompute, hw: Any, comm: bool
             entry = cache.get(key)
             if entry is None:
                 op = _op(rank, a, sched, compute, hw, comm, par, tp_collectives, stride, cp_seconds, scatter)
+                if (a.stage, a.kind.value) in shared and a.kind in COMPUTE:
+                    op = op._replace(shared=shared[(a.stage, a.kind.value)])
                 grad = a.kind in COMPUTE and produces_weight_grad(a.kind)
                 if grad and a.stage in every_grad:
                     op = op._replace(allreduce_stage=a.stage)

@@ -119,34 +119,69 @@ class CollectiveStreams:
                 rec = self._issue(rank, c.kind, stage, c.nbytes, 0.0, -1, c.phase)
                 ops[rank][i] = GateOp(rec.end, ops[rank][i])
 
-    def grads_done(self, rank: int, stage: int, index: int, now: float, start: float | None = None) -> None:
+    def grads_done(self, rank: int, stage: int, index: int, now: float, start: float | None = None,
+                   share: float = 0.0) -> float:
         """The stage's last weight-gradient piece (ZeRO 2: each), action `index` run from `start` to `now`,
-        ended: reduce its gradients (in buckets during it with overlap_grad_reduce)."""
+        ended: reduce its gradients (in buckets during it with overlap_grad_reduce). Returns the seconds that
+        piece ran longer for its own buckets beside it: their overlap with it x `share` (the fraction of its
+        progress NCCL's SMs take, ComputeOp.shared / (seconds + shared)); 0 without buckets or a share."""
         if not self.on:
-            return
+            return 0.0
         if self.step is None:  # today's step: DDP all_reduce of dp_grad_bytes
             if self.dp_bytes:
-                self._reduce(rank, "all_reduce", stage, self.dp_bytes[stage], start, now, index, "grads")
-            return
+                return self._reduce(rank, "all_reduce", stage, self.dp_bytes[stage], start, now, index, "grads", share)
+            return 0.0
+        late = 0.0
         for c in self.step.collectives[stage]:
             if c.phase in ("grads", "microbatch"):  # ZeRO 2's "microbatch" ones: after every weight gradient
-                self._reduce(rank, c.kind, stage, c.nbytes, start, now, index, c.phase)
+                late += self._reduce(rank, c.kind, stage, c.nbytes, start, now, index, c.phase, share)
+        return late
 
     def _reduce(self, rank: int, kind: str, stage: int, nbytes: int, start: float | None, end: float, index: int,
-                phase: str) -> None:
+                phase: str, share: float = 0.0) -> float:
         """One gradient collective of a backward run from `start` to `end`: whole at `end`, or bucket by bucket
         as the backward passes them (bucket k of fraction f_k ready at start + (end - start) f_k; the last at
-        `end` exactly)."""
+        `end` exactly). Returns the buckets' overlap with [start, end] x `share` (what they cost the backward)."""
         if not self.bucket or start is None or stage >= len(self.params):
             self._issue(rank, kind, stage, nbytes, end, index, phase)
-            return
+            return 0.0
         fractions = bucket_fractions(self.params[stage], self.bucket)
         sent = 0  # bytes of the buckets before
+        overlap = 0.0  # seconds the buckets ran while the backward did
         for f in fractions[:-1]:
             upto = round(nbytes * f)
-            self._issue(rank, kind, stage, upto - sent, start + (end - start) * f, index, phase)
+            rec = self._issue(rank, kind, stage, upto - sent, start + (end - start) * f, index, phase)
+            overlap += max(0.0, min(rec.end, end) - rec.start)
             sent = upto
         self._issue(rank, kind, stage, nbytes - sent, end, index, phase)
+        return overlap * share if share else 0.0
+
+    def beside(self, rank: int, now: float, seconds: float, extra: float) -> float:
+        """Seconds a compute of `seconds` alone takes from `now` on the rank while its collective stream is busy:
+        beside a collective it progresses at seconds / (seconds + extra) of its pace (its GEMMs on the SMs NCCL's
+        channels leave), alone at full pace. The stream's collectives issued so far are all it can meet: the
+        rank issues new ones only when a compute of its own ends."""
+        busy = []  # (start, end) of the stream's collectives still running after `now`, latest first
+        rec = self.last[rank] if self.on else None
+        while rec is not None and rec.end > now:
+            busy.append((rec.start, rec.end))
+            rec = rec.prev
+        if not busy:
+            return seconds
+        rate = seconds / (seconds + extra)  # progress per second beside a collective
+        t, work = now, seconds  # work: seconds of it left at full pace
+        for lo, hi in reversed(busy):
+            lo = max(lo, now)
+            if lo > t:  # alone until the next collective
+                if work <= lo - t:
+                    return t + work - now
+                work -= lo - t
+                t = lo
+            if work <= (hi - t) * rate:
+                return t + work / rate - now
+            work -= (hi - t) * rate
+            t = hi
+        return t + work - now
 
     def finish(self, ends: list[list[float]]) -> list[RankStepEnd]:
         """After the pipeline: each rank's replicas' gradient swap (chains), its optimizer (after its program and

@@ -121,7 +121,8 @@ class _Kernel:
         self.cp_seconds = cp_exposed(sched, hw, comm, par, getattr(costs, "cp_exchanges", None) or {})
         self.ops = compile_programs(sched, compute, hw, comm, par, getattr(costs, "tp_collectives", None) or {},
                                     self.cp_seconds, per_microbatch_stages(getattr(costs, "step", None)),
-                                    scatter=opts.scatter_gather and par.tp > 1 and not _sequence_parallel(costs))
+                                    scatter=opts.scatter_gather and par.tp > 1 and not _sequence_parallel(costs),
+                                    sm_share=getattr(costs, "sm_share", None))
         self.streams.prefetch(self.ops)  # ZeRO 3: all-gathers from the step's start, first F / B gated
         self.host = host_model(self.clock, hw, [par.rank(pp=r) for r in range(n)])
 
@@ -205,6 +206,8 @@ class _Kernel:
                     host.start(rank, d + tp, self.wakers[rank])
                     break
                 delta, count, grad_stage = op.stash_bytes, op.inflight, op.allreduce_stage
+                if op.shared:  # beside the rank's data-parallel collectives its GEMMs lose NCCL's SMs
+                    d = self.streams.beside(rank, now, d, op.shared)
                 if tp:
                     d += tp
                     self.tp_time[rank][i] = tp
@@ -224,7 +227,11 @@ class _Kernel:
                     if held > peak:
                         peak = held
                 if grad_stage >= 0:
-                    self._dp_allreduce(rank, grad_stage, i, now, starts[i])
+                    late = self._dp_allreduce(rank, grad_stage, i, now, starts[i], op.shared / (op.seconds + op.shared)
+                                              if op.shared else 0.0)
+                    if late:  # its own gradient buckets ran beside it: it ends later by what they slowed
+                        now += late
+                        ends[i] = now
                 i += 1
                 if d and peek() <= now:  # another event comes first: sleep until `now`
                     clock.at(now, self.wakers[rank])

@@ -17,8 +17,11 @@ from pipesim.comm_options import CommOptions, bucket_fractions
 from pipesim.errors import PipesimError
 from pipesim.hardware_toml import load_hardware
 from pipesim.ir import Kind
+from pipesim.kernel_costs import kernel_seconds, profile_of
+from pipesim.model.config import ModelConfig
+from pipesim.model.kernels import Gemm, embedding_kernels, head_kernels, layer_kernels
 from pipesim.model.options import LayerOptions
-from pipesim.model_costs import uniform_costs
+from pipesim.model_costs import layer_options, model_costs, uniform_costs
 from pipesim.parallel_dims import ParallelDims
 from pipesim.sim_program import cp_exposed
 from pipesim.simulator import simulate
@@ -152,6 +155,75 @@ def test_zero1_reduce_scatters_in_buckets_and_gathers_the_parameters_after_the_o
     assert end.optimizer_start == rs[-1].end and end.optimizer_end == rs[-1].end + opt
     (ag,) = [r for r in res.collectives if r.kind == "all_gather"]
     assert (ag.nbytes, ag.start) == (a, end.optimizer_end) and res.step_time == ag.end
+
+
+def test_slow_buckets_cost_the_backward_they_run_beside():
+    """The same queued buckets, now with the backward losing NCCL's SMs beside them (ComputeOp.shared): a B of
+    2 ms alone gains e = 2 ms wholly beside a collective, so it loses share = e / (2 + e) = 1/2 of its progress
+    while the buckets it issued ran; it ends later by that overlap x share, and the step with it."""
+    g = 4 * 10**9  # bytes: 1 GB per bucket
+    sched = schedules.build("1f1b", 1, 1)
+    opts = CommOptions(overlap_grad_reduce=True, ddp_bucket_size=PARAMS // 4)
+    free = simulate(sched, _one_stage_dp2(g), H100, comm_options=opts)
+    costs = replace(_one_stage_dp2(g), sm_share={(0, "B"): 2 * MS})
+    res = simulate(sched, costs, H100, comm_options=opts)
+    assert [(r.start, r.end) for r in res.collectives] == [(r.start, r.end) for r in free.collectives]
+    overlap = sum(max(0.0, min(r.end, 3 * MS) - r.start) for r in free.collectives)  # seconds inside [1, 3] ms
+    b = _index(res, 0, Kind.B, 0)
+    assert res.ends[0][b] == pytest.approx(3 * MS + overlap / 2, rel=1e-12)
+    # without dp nothing is shared: the same costs at dp 1 run as before, bit for bit
+    one = simulate(sched, replace(costs, dp=1), H100, comm_options=opts)
+    assert one.ends == simulate(sched, replace(_one_stage_dp2(g), dp=1), H100, comm_options=opts).ends
+
+
+def test_a_compute_beside_its_ranks_reduce_scatter_runs_slower_while_it_runs():
+    """ZeRO 2 reduce-scatters after every backward; the next microbatch's F meets the first one on the rank's
+    collective stream. p = 1, m = 2: F0 [0, 1], B0 [1, 3] ms, then the reduce-scatter of c seconds from 3 ms. F1
+    (1 ms alone, e = 1 ms beside: half pace) runs c at half pace, then the rest alone: it ends at
+    3 + c + (1 - c / 2) ms when c < 2 ms."""
+    g = 450_000_000  # bytes of gradients: the reduce-scatter over the two H100s takes c (about 0.6 ms here)
+    step = StepCosts(collectives=((StepCollective("reduce_scatter", g, "microbatch"),),), optimizer_seconds=(0.0,),
+                     optimizer_bytes=(0,), zero=2)
+    sched = schedules.build("1f1b", 1, 2)
+    costs = replace(_one_stage_dp2(g, step), sm_share={(0, "F"): MS})
+    res = simulate(sched, costs, H100)
+    c = collective_seconds(H100, "reduce_scatter", [0, 1], g)
+    assert 0 < c < 2 * MS
+    rs = [r for r in res.collectives if r.kind == "reduce_scatter"]
+    assert (rs[0].start, rs[0].end) == (3 * MS, 3 * MS + c)
+    f1 = [i for i, a in enumerate(res.schedule.programs[0]) if a.kind == Kind.F][1]
+    assert res.starts[0][f1] == 3 * MS
+    assert res.ends[0][f1] == pytest.approx(3 * MS + c + (MS - c / 2), rel=1e-12)
+    plain = simulate(sched, _one_stage_dp2(g, step), H100)  # no share: 1 ms, the overlap free
+    assert plain.ends[0][f1] == 4 * MS
+
+
+def test_model_costs_share_is_the_kernels_on_the_sms_nccl_leaves():
+    """On a GPU preset with dp > 1, each action's share is its kernels' seconds with every GEMM on sms - channels
+    SMs (the wave model of pipesim.device.gemm) less its seconds alone; dp = 1: none."""
+    model = ModelConfig(kind="gpt", hidden=1024, layers=2, heads=16, seq=1024, vocab=1024, batch=8, dtype="bfloat16")
+    hw = load_hardware("dgx-a100")
+    profile = profile_of(hw.device.family, hw.device.kernels)
+    costs = model_costs(model, 1, 2, hw, dp=2)
+    opts = layer_options(model)
+    free = profile.sms - profile.nccl_channels
+    ks = layer_kernels(model, 2, opts)
+    extra_f = 2 * sum(kernel_seconds(k, "bfloat16", profile, free) - kernel_seconds(k, "bfloat16", profile)
+                      for k in ks.F if isinstance(k, Gemm))
+    shared = costs.sm_share
+    assert set(shared) == {(0, "F"), (0, "W"), (0, "B")}  # the first stage runs its whole backward in W
+    assert shared[(0, "F")] == pytest.approx(extra_f + _head_embedding_extra(model, hw, profile, free), rel=1e-9)
+    assert shared[(0, "B")] == shared[(0, "W")] > 0
+    assert model_costs(model, 1, 2, hw, dp=1).sm_share == {}
+    assert model_costs(model, 1, 2, CPU, dp=2).sm_share == {}  # no device family: no kernels, no channels
+
+
+def _head_embedding_extra(model, hw, profile, free) -> float:
+    """The forward GEMMs of the first and last pieces (embedding, head) on `free` SMs, less alone."""
+    opts = layer_options(model)
+    return sum(kernel_seconds(k, "bfloat16", profile, free) - kernel_seconds(k, "bfloat16", profile)
+               for pk in (embedding_kernels(model, 2, opts), head_kernels(model, 2, opts)) for k in pk.F
+               if isinstance(k, Gemm))
 
 
 def test_ddp_bucket_size_needs_overlap_grad_reduce(capsys):
