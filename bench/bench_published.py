@@ -191,6 +191,8 @@ def features(args: argparse.Namespace) -> str:
         out.append("blocking TP backward")
     if not args.grad_accum_fusion:
         out.append("unfused gradient accumulation")
+    if args.overlap_grad_reduce and args.dp > 1:
+        out.append("DP overlap" + (f", {args.ddp_bucket_size:,}-parameter buckets" if args.ddp_bucket_size else ""))
     hardware = Path(str(args.hardware))
     if hardware.is_absolute() and hardware.is_relative_to(ROOT):  # a repository file: as typed, from the root
         hardware = hardware.relative_to(ROOT)
