@@ -49,6 +49,7 @@ class SimResult:
     step_time: float = 0.0  # seconds to the last rank's optimizer (and parameter all-gather) end
     cp_seconds: dict = field(default_factory=dict)  # (stage, kind) -> exposed ring-attention seconds per action
     cp: int = 1  # context-parallel ranks per stage
+    sm_shared: list[float] = field(default_factory=list)  # per rank: seconds of compute lost to its DP collectives' SMs
 
     @staticmethod
     def build(engine: Any) -> SimResult:
@@ -69,7 +70,7 @@ class SimResult:
             [par.rank(pp=r) for r in range(engine.sched.num_ranks)], engine.starts, engine.ends, engine.tp_time,
             transfers, engine.collectives, engine.memory, info, makespan,
             list(engine.peak_inflight), engine.slots, engine.mbs, engine.step_ends, step_time, engine.cp_seconds,
-            par.cp,
+            par.cp, list(engine.sm_shared),
         )
 
     def recv_transfer(self, recv) -> Transfer:
@@ -288,6 +289,8 @@ class SimResult:
                                                     if c.rank == r and c.phase == "replicas")
             if self.cp_seconds:
                 ranks[-1]["cp_exposed"] = self.cp_exposed(r)
+            if any(self.sm_shared):
+                ranks[-1]["dp_sm_share"] = self.sm_shared[r]
             if self.step_ends:  # the step's end (only when the costs model the optimizer)
                 end = self.step_ends[r]
                 ranks[-1].update({"optimizer": end.optimizer, "optimizer_start": end.optimizer_start,

@@ -108,6 +108,7 @@ class _Kernel:
         n = sched.num_ranks
         self.starts = [[0.0] * len(p) for p in sched.programs]  # seconds, per action
         self.ends = [[0.0] * len(p) for p in sched.programs]  # seconds, per action
+        self.sm_shared = [0.0] * n  # seconds each rank's computes lost to its DP collectives' SMs (ComputeOp.shared)
         self.tp_time = [[0.0] * len(p) for p in sched.programs]  # seconds of TP collectives inside
         self.memory: list[list[tuple[float, int]]] = [[(0.0, 0)] for _ in range(n)]  # (seconds, bytes)
         opts = comm_options or CommOptions()
@@ -208,6 +209,7 @@ class _Kernel:
                 delta, count, grad_stage = op.stash_bytes, op.inflight, op.allreduce_stage
                 if op.shared:  # beside the rank's data-parallel collectives its GEMMs lose NCCL's SMs
                     d = self.streams.beside(rank, now, d, op.shared)
+                    self.sm_shared[rank] += d - op.seconds
                 if tp:
                     d += tp
                     self.tp_time[rank][i] = tp
@@ -230,6 +232,7 @@ class _Kernel:
                     late = self._dp_allreduce(rank, grad_stage, i, now, starts[i], op.shared / (op.seconds + op.shared)
                                               if op.shared else 0.0)
                     if late:  # its own gradient buckets ran beside it: it ends later by what they slowed
+                        self.sm_shared[rank] += late
                         now += late
                         ends[i] = now
                 i += 1

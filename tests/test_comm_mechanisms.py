@@ -171,6 +171,9 @@ def test_slow_buckets_cost_the_backward_they_run_beside():
     overlap = sum(max(0.0, min(r.end, 3 * MS) - r.start) for r in free.collectives)  # seconds inside [1, 3] ms
     b = _index(res, 0, Kind.B, 0)
     assert res.ends[0][b] == pytest.approx(3 * MS + overlap / 2, rel=1e-12)
+    assert res.sm_shared == [pytest.approx(overlap / 2, rel=1e-12)]
+    assert res.to_dict()["ranks"][0]["dp_sm_share"] == res.sm_shared[0]
+    assert "dp_sm_share" not in free.to_dict()["ranks"][0]
     # without dp nothing is shared: the same costs at dp 1 run as before, bit for bit
     one = simulate(sched, replace(costs, dp=1), H100, comm_options=opts)
     assert one.ends == simulate(sched, replace(_one_stage_dp2(g), dp=1), H100, comm_options=opts).ends
@@ -194,6 +197,7 @@ def test_a_compute_beside_its_ranks_reduce_scatter_runs_slower_while_it_runs():
     f1 = [i for i, a in enumerate(res.schedule.programs[0]) if a.kind == Kind.F][1]
     assert res.starts[0][f1] == 3 * MS
     assert res.ends[0][f1] == pytest.approx(3 * MS + c + (MS - c / 2), rel=1e-12)
+    assert res.sm_shared == [pytest.approx(c / 2, rel=1e-12)]  # F1's lost seconds: nothing else met a collective
     plain = simulate(sched, _one_stage_dp2(g, step), H100)  # no share: 1 ms, the overlap free
     assert plain.ends[0][f1] == 4 * MS
 
