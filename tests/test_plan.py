@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shlex
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -16,6 +17,7 @@ else:  # Python 3.10: the backport (a dependency there)
     import tomli as tomllib
 
 from pipesim.cli import build_parser, main
+from pipesim.comm_options import CommOptions
 from pipesim.hardware_toml import load_hardware
 from pipesim.model.config import ModelConfig
 from pipesim.model.flops import model_flops
@@ -223,6 +225,10 @@ def test_interleaved_exports_layers_per_virtual_stage():
     c = next(c for c in enumerate_candidates(req) if c.v == 2 and c.p == 2)
     args = megatron_args(c, req)
     assert args[args.index("--num-layers-per-virtual-pipeline-stage") + 1] == "4"
+    assert "--overlap-grad-reduce" not in args
+    bucketed = megatron_args(c, replace(req, comm=CommOptions(overlap_grad_reduce=True, ddp_bucket_size=10**6)))
+    i = bucketed.index("--overlap-grad-reduce")  # Megatron-LM's names; its bucket size counts parameters too
+    assert bucketed[i + 1:i + 3] == ["--ddp-bucket-size", "1000000"] and bucketed[:i] == args[:i]
     toml = tomllib.loads(torchtitan_toml(c, req))
     assert toml["parallelism"]["pipeline_parallel_schedule"] == "Interleaved1F1B"
     assert toml["parallelism"]["pipeline_parallel_layers_per_stage"] == 4

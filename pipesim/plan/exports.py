@@ -101,6 +101,10 @@ def megatron_args(c: Candidate, req: PlanRequest, attention: str | None = None) 
     if attention == "flash":
         out.append("--use-flash-attn")
     out += grad_flags(req.grad_fp32)
+    if req.comm.overlap_grad_reduce:  # the same names in Megatron-LM (--ddp-bucket-size in parameters too)
+        out.append("--overlap-grad-reduce")
+        if req.comm.ddp_bucket_size is not None:
+            out += ["--ddp-bucket-size", str(req.comm.ddp_bucket_size)]
     if c.zero == 1:
         out.append("--use-distributed-optimizer")
     elif c.zero > 1:
