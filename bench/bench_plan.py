@@ -80,9 +80,11 @@ def from_command(command: str) -> tuple[PlanRequest, Candidate]:
 def llama3_405b() -> tuple[PlanRequest, Candidate]:
     model = load_hf_config("llama3-405b", seq=8192, batch=2048, dtype="bfloat16")
     hw = load_hardware("dgx-h100").with_nodes(2048)
-    req = PlanRequest(model, hw, 16384, zeros=(0, 1))
-    # Llama 3: 1F1B-family interleaving over 16 stages; here the plain 1F1B layout of the same p, t, d
-    return req, Candidate("1f1b", 16, 1, 8, 128, 1, 16, "none", 1, True)
+    req = PlanRequest(model, hw, 16384, zeros=(0, 1, 2))
+    # Llama 3: 1F1B-family interleaving over 16 stages; here the plain 1F1B layout of the same p, t, d. Its FSDP
+    # shards optimizer states and gradients (section 3.3.2): ZeRO 2, as docs/published_examples.md reads it; the
+    # gradients are float32 (bfloat16's default, and the paper's FP32 reduce-scatter)
+    return req, Candidate("1f1b", 16, 1, 8, 128, 1, 16, "none", 2, True)
 
 
 def run_one(rid: str, req: PlanRequest, published: Candidate, workers: int) -> dict:
