@@ -62,21 +62,21 @@ def _gemm_seconds(m: int, n: int, k: int, batch: int, dtype: str, profile: Devic
 
 
 def kernel_seconds(kernel: Kernel, dtype: str, profile: DeviceProfile, sms: int | None = None) -> float:
-    """One kernel's seconds: a GEMM by its shape (on `sms` SMs: default all), flash attention (causal) by its grid,
-    the rest by its bytes."""
+    """One kernel's seconds: a GEMM by its shape and flash attention (causal) by its grid, each on `sms` SMs (default
+    all), the rest by its bytes."""
     if isinstance(kernel, Gemm):
         return _gemm_seconds(kernel.m, kernel.n, kernel.k, kernel.batch, dtype, profile, kernel.c_bytes, sms)
     if isinstance(kernel, FlashAttention):
         return flash_attention_time(kernel.batch, kernel.seq, kernel.heads, kernel.head_dim, dtype, profile,
                                     kv_seq=kernel.kv_seq, kv_heads=kernel.kv_heads, causal=True,
-                                    backward=kernel.backward).seconds
+                                    backward=kernel.backward, sms=sms).seconds
     return memory_bound_time(kernel.nbytes, profile).seconds
 
 
 def piece_seconds(kernels: PieceKernels, dtype: str, profile: DeviceProfile) -> PieceSeconds:
     """Sum of each phase's kernel seconds, and the seconds of every GEMM and attention kernel by name; `beside`:
-    the phases with the GEMMs on the SMs NCCL's channels leave (flash attention and memory-bound kernels as alone:
-    the latter stream at HBM bandwidth on fewer SMs; the former's grid is not re-timed)."""
+    the phases with the GEMMs' tiles and flash attention's blocks on the SMs NCCL's channels leave (memory-bound
+    kernels as alone: they stream at HBM bandwidth on fewer SMs)."""
     phases = [sum(kernel_seconds(k, dtype, profile) for k in getattr(kernels, p)) for p in "FIW"]
     named = tuple((k.name, kernel_seconds(k, dtype, profile)) for p in "FIW" for k in getattr(kernels, p)
                   if isinstance(k, (Gemm, FlashAttention)))

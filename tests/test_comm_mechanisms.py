@@ -19,7 +19,7 @@ from pipesim.hardware_toml import load_hardware
 from pipesim.ir import Kind
 from pipesim.kernel_costs import kernel_seconds, profile_of
 from pipesim.model.config import ModelConfig
-from pipesim.model.kernels import Gemm, embedding_kernels, head_kernels, layer_kernels
+from pipesim.model.kernels import FlashAttention, Gemm, embedding_kernels, head_kernels, layer_kernels
 from pipesim.model.options import LayerOptions
 from pipesim.model_costs import layer_options, model_costs, uniform_costs
 from pipesim.parallel_dims import ParallelDims
@@ -220,6 +220,25 @@ def test_model_costs_share_is_the_kernels_on_the_sms_nccl_leaves():
     assert shared[(0, "B")] == shared[(0, "W")] > 0
     assert model_costs(model, 1, 2, hw, dp=1).sm_share == {}
     assert model_costs(model, 1, 2, CPU, dp=2).sm_share == {}  # no device family: no kernels, no channels
+
+
+def test_flash_attention_shares_the_sms_too():
+    """With flash attention each action's share adds its flash kernels' extra waves on sms - channels SMs (the
+    memory-bound kernels stay as alone): the forward's share is its GEMMs' and its flash kernel's extras."""
+    model = ModelConfig(kind="gpt", hidden=1024, layers=2, heads=16, seq=1024, vocab=1024, batch=8, dtype="bfloat16")
+    hw = load_hardware("dgx-a100")
+    profile = profile_of(hw.device.family, hw.device.kernels)
+    free = profile.sms - profile.nccl_channels
+    opts = layer_options(model, attention="flash")
+    ks = layer_kernels(model, 2, opts)
+    flash = [k for k in ks.F if isinstance(k, FlashAttention)]
+    assert len(flash) == 1 and kernel_seconds(flash[0], "bfloat16", profile, free) > kernel_seconds(
+        flash[0], "bfloat16", profile)  # 2 x 16 heads x 8 query blocks = 256 blocks: 4 waves on 84 SMs, 3 on 108
+    extra_f = 2 * sum(kernel_seconds(k, "bfloat16", profile, free) - kernel_seconds(k, "bfloat16", profile)
+                      for k in ks.F if isinstance(k, (Gemm, FlashAttention)))
+    costs = model_costs(model, 1, 2, hw, dp=2, attention="flash")
+    assert costs.sm_share[(0, "F")] == pytest.approx(extra_f + _head_embedding_extra(model, hw, profile, free),
+                                                     rel=1e-9)
 
 
 def _head_embedding_extra(model, hw, profile, free) -> float:

@@ -182,6 +182,19 @@ def test_flash_attention_is_its_flops_at_its_own_efficiency_with_wave_quantisati
         flash_attention_time(1, 512, 4, 64, "bfloat16", dev, kv_heads=3)
 
 
+def test_flash_attention_on_fewer_sms_runs_more_waves_at_the_same_per_sm_rate():
+    dev = toy(sms=4)
+    alone = flash_attention_time(1, 512, 4, 64, "bfloat16", dev)  # 16 blocks: 4 waves on 4 SMs
+    assert flash_attention_time(1, 512, 4, 64, "bfloat16", dev, sms=4) == alone
+    three = flash_attention_time(1, 512, 4, 64, "bfloat16", dev, sms=3)  # ceil(16 / 3) = 6 waves of one block per SM
+    one_block = 4 * 512 * 512 * 256 / 16 / (4e12 * 0.5 / 4)  # a block's FLOPs at one SM's share of the rate
+    assert three.compute == pytest.approx(6 * one_block, rel=1e-15) and three.memory == alone.memory
+    assert three.compute == pytest.approx(alone.compute * 6 / 4, rel=1e-15)
+    for bad in (0, 5, 2.0, True):
+        with pytest.raises(PipesimError, match="1 to 4 SMs"):
+            flash_attention_time(1, 512, 4, 64, "bfloat16", dev, sms=bad)
+
+
 def test_megatron_gemms_on_a100_reach_most_of_mamf_and_small_ones_do_not():
     a100 = device_profile("A100")
     big = gemm_time(2048, 3 * 12288 // 8, 12288, "float16", a100)  # 175B's QKV GEMM at t = 8, 2048 tokens

@@ -61,13 +61,15 @@ def attention_flops(batch: int, seq: int, heads: int, head_dim: int, *, kv_seq: 
 
 def flash_attention_time(batch: int, seq: int, heads: int, head_dim: int, dtype: str, device: DeviceProfile, *,
                          kv_seq: int | None = None, kv_heads: int | None = None, causal: bool = False,
-                         backward: bool = False) -> KernelTime:
+                         backward: bool = False, sms: int | None = None) -> KernelTime:
     """Seconds of one flash-attention forward (or backward) kernel on `device`.
 
     compute = FLOPs / (peak x flash efficiency) / wave efficiency, with blocks = b x heads x
     ceil(s / 128) and wave efficiency = blocks / (ceil(blocks / SMs) x SMs); memory = Q, K, V, O
     (and dO, dQ, dK, dV backward) once through HBM; the two overlap as GEMMs do; plus one overhead.
     Grouped-query attention (`kv_heads` < heads) reads fewer K, V bytes, same FLOPs.
+    sms: the SMs its blocks may use (default all), e.g. those an overlapped NCCL collective leaves: the
+    waves are ceil(blocks / sms), each SM keeping the device's per-SM rate (as pipesim.device.gemm).
     """
     flops = attention_flops(batch, seq, heads, head_dim, kv_seq=kv_seq, causal=causal, backward=backward)
     kv, kvh = seq if kv_seq is None else kv_seq, heads if kv_heads is None else kv_heads
@@ -75,9 +77,12 @@ def flash_attention_time(batch: int, seq: int, heads: int, head_dim: int, dtype:
         raise PipesimError(f"kv_heads must divide heads ({heads}), got {kvh!r}")
     if dtype not in DTYPE_BYTES:
         raise PipesimError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPE_BYTES)}")
+    free = device.sms if sms is None else sms
+    if not isinstance(free, int) or isinstance(free, bool) or not 1 <= free <= device.sms:
+        raise PipesimError(f"flash attention runs on 1 to {device.sms} SMs of {device.name!r}, got {free!r}")
     eff = device.flash_backward_efficiency if backward else device.flash_forward_efficiency
     blocks = batch * heads * math.ceil(seq / FLASH_QUERY_BLOCK)
-    waves = math.ceil(blocks / device.sms)
+    waves = math.ceil(blocks / free)
     compute = flops / (device.peak(dtype) * eff) * (waves * device.sms / blocks)
     q_o = batch * seq * heads * head_dim  # elements of Q (and of O, dO, dQ)
     k_v = batch * kv * kvh * head_dim  # elements of K (and of V, dK, dV)
