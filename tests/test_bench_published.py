@@ -124,7 +124,7 @@ def test_table_summary_effects_and_trend_on_a_small_row_set():
 
 def test_every_row_parses_and_is_consistent():
     rows = DATA["rows"]
-    assert {r.source for r in rows} == {"NAR21", "KOR22", "LLAMA3", "BLOOM"}
+    assert {r.source for r in rows} == {"NAR21", "KOR22", "LLAMA3", "BLOOM", "MTNLG"}
     in_ref = {k for k, s in DATA["sources"].items() if s["in_published_md"]}
     assert in_ref == {"NAR21", "KOR22"}  # the goal's rows: those of shared/reference/published.md
     # NAR21 T1, KOR22 T5 (2 columns), T4 (3 x 2); Llama 3 Table 4's two 8K rows
@@ -132,13 +132,14 @@ def test_every_row_parses_and_is_consistent():
     assert [(r.id, r.published) for r in rows if r.source == "LLAMA3"] == [("llama3-405b-8k-8192gpus", 430),
                                                                              ("llama3-405b-8k-16384gpus", 400)]
     assert [(r.id, r.published) for r in rows if r.source == "BLOOM"] == [("bloom-176b", 150)]
+    assert [r.published for r in rows if r.source == "MTNLG"] == [126, 121, 113]  # Smith et al. 2022, sec. 2.4
     examples = (ROOT / "docs" / "published_examples.md").read_text()
     for r in rows:
         argv, args = bp.parse_command(r.command)
         hardware = {"LLAMA3": "dgx-h100", "BLOOM": str(ROOT / "bench" / "hardware" / "jean-zay-a100.toml")}
         assert argv[0] == "simulate" and args.hardware == hardware.get(r.source, "dgx-a100")  # a file: the repo's
         assert bp.gpus(args) == 8 * args.nodes, r.id  # 8 GPUs per node
-        if r.table in ("Table 1", "Table 5") and r.published is not None or r.source in ("LLAMA3", "BLOOM"):
+        if r.table in ("Table 1", "Table 5") and r.published is not None or r.source in ("LLAMA3", "BLOOM", "MTNLG"):
             assert re.search(re.escape(r.command) + r"\s+# fits", examples), r.id  # the same line as the docs
 
 
