@@ -44,14 +44,15 @@ class KernelFigures:
     --gpu`): each one given replaces the family's figure of pipesim/presets/gemm/devices.toml for this hardware."""
 
     matmul_efficiency: float | None = file_field("frac", doc="best GEMM FLOP/s / dense peak", default=None)
-    memory_efficiency: float | None = file_field("frac", default=None,
-                                                 doc="memory-bound kernels' (or a copy's) bytes/s / datasheet HBM")
+    memory_efficiency: float | None = file_field("frac", default=None, doc="a copy's bytes/s / datasheet HBM")
     kernel_overhead: float | None = file_field("nonneg", "seconds", "per kernel (median empty kernel)",
                                                default=None)
     flash_forward_efficiency: float | None = file_field("frac", doc="flash attention forward FLOP/s / peak",
                                                         default=None)
     flash_backward_efficiency: float | None = file_field("frac", doc="flash attention backward FLOP/s / peak",
                                                          default=None)
+    memory_bound_efficiency: float | None = file_field("frac", default=None,
+                                                       doc="memory-bound kernels' median bytes/s / datasheet HBM")
     source: str = file_field("str", doc="the run the figures come from (each figure's source)", default="")
 
     def figures(self) -> dict[str, float]:

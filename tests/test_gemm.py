@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from pipesim.device import measured
 from pipesim.device.gemm import gemm_bytes, gemm_flops, gemm_time, roofline
 from pipesim.device.kernels import attention_flops, flash_attention_time, memory_bound_time
 from pipesim.device.profile import DeviceProfile, device_profile, load_profiles
@@ -96,15 +97,22 @@ def test_shipped_profiles_cite_every_field_and_say_what_their_sources_say():
     for p in profiles.values():
         assert set(p.sources) == {"sms", "tiles", "flops", "hbm_bandwidth", "matmul_efficiency", "memory_efficiency",
                                   "kernel_overhead", "overlap", "flash_forward_efficiency",
-                                  "flash_backward_efficiency", "nccl_channels"}
+                                  "flash_backward_efficiency", "nccl_channels", "memory_bound_efficiency"}
     # MAMF table (stas00/ml-engineering): MAMF / peak, rounded as the table rounds its efficiency column
-    for family, mamf, peak in (("A100", 271.2, 312), ("H100", 794.5, 989), ("H200", 794.5, 989),
-                               ("B200", 1745.0, 2250)):
+    for family, mamf, peak in (("A100", 271.2, 312), ("H100", 794.5, 989), ("B200", 1745.0, 2250)):
         assert profiles[family].matmul_efficiency == pytest.approx(mamf / peak, abs=5e-4)
         assert profiles[family].peak("bfloat16") == peak * 1e12
     assert [profiles[f].sms for f in profiles] == [108, 108, 132, 132, 148]
     assert len({profiles["H100"], device_profile("H100"), profiles["H200"]}) == 2  # hashable, equal by figures
     assert profiles["H100"].flash_forward_efficiency == pytest.approx(740 / 989, abs=5e-3)  # FlashAttention-3
+    for family in ("A100", "A100-PCIe", "H100", "B200"):  # no measurement separates them there: today's model
+        assert profiles[family].memory_bound_efficiency == profiles[family].memory_efficiency
+    # the H200's kernel figures are its recorded GPU run's summary, to the three digits devices.toml keeps
+    run = measured.summarise(measured.read(ROOT / "tests/data/gpu_measurements_h200.csv"), profiles["H200"])
+    assert sorted(run) == ["flash_backward_efficiency", "flash_forward_efficiency", "kernel_overhead",
+                           "matmul_efficiency", "memory_bound_efficiency", "memory_efficiency"]
+    for name, value in run.items():
+        assert getattr(profiles["H200"], name) == float(f"{value:.3g}"), name
 
 
 def test_a_profile_file_without_a_source_is_refused(tmp_path):

@@ -45,14 +45,20 @@ HAND = replace(H100, matmul_efficiency=MATMUL, memory_efficiency=COPY / H100.hbm
                flash_forward_efficiency=FLASH_FWD, flash_backward_efficiency=FLASH_BWD)
 
 
-def test_memory_efficiency_is_the_memory_bound_kernels_median_when_recorded():
+def test_memory_bound_efficiency_is_the_memory_bound_kernels_median_and_memory_efficiency_the_copy():
     base = measured.read(SAMPLE)
     extra = [measured.Record(kind, "bfloat16", (), nbytes, 0.5)
              for kind, nbytes in (("softmax", 1000), ("softmax", 500), ("dropout", 3000), ("gelu", 4000))]
     data = measured.Measurements(base.meta, base.records + tuple(extra))
     assert measured.memory_bound_bandwidths(data) == {"softmax": 2000.0, "dropout": 6000.0, "gelu": 8000.0}  # each best
-    assert measured.summarise(data, H100)["memory_efficiency"] == 6000.0 / 3.35e12  # their median, not the copy
-    assert measured.summarise(base, H100)["memory_efficiency"] == COPY / 3.35e12  # none recorded: the best copy
+    fig = measured.summarise(data, H100)
+    assert fig["memory_bound_efficiency"] == 6000.0 / 3.35e12  # their median
+    assert fig["memory_efficiency"] == COPY / 3.35e12  # the copy: GEMM and flash operands stream at it
+    assert "memory_bound_efficiency" not in measured.summarise(base, H100)  # none recorded: the profile's
+    prof = H100.with_measured("run", **fig)
+    assert memory_bound_time(1e9, prof).memory == 1e9 / (3.35e12 * fig["memory_bound_efficiency"])
+    assert gemm_time(8192, 8192, 64, "bfloat16", prof).memory == \
+        gemm_time(8192, 8192, 64, "bfloat16", replace(prof, memory_bound_efficiency=None)).memory  # not the kernels'
     text = measured.write(data.meta, list(data.records))
     assert measured.parse(text).records == data.records
 
@@ -257,8 +263,9 @@ def test_the_measuring_code_on_the_cpu_writes_a_file_that_assembles(tmp_path):
     assert cal.dtype == "float32" and cal.link is None
     bandwidths = measured.memory_bound_bandwidths(again)
     assert list(bandwidths) == ["softmax", "dropout", "layer_norm", "gelu"]
-    assert cal.hardware.device.kernels.memory_efficiency == statistics.median(bandwidths.values()) / H100.hbm_bandwidth
-    assert "by the memory-bound kernels' median (softmax " in cal.summary()
+    assert cal.hardware.device.kernels.memory_bound_efficiency == \
+        statistics.median(bandwidths.values()) / H100.hbm_bandwidth
+    assert "memory-bound kernels: " in cal.summary() and ", their median (softmax " in cal.summary()
     assert cal.hardware.device.kernels.matmul_efficiency == measured.summarise(again, H100, "float32")[
         "matmul_efficiency"]
     held = min(1.0, again.of("gemm")[-1].seconds / again.of("gemm_sustained")[0].seconds)  # (1, 64, 64, 64) is last
@@ -282,4 +289,6 @@ def test_a_collectives_report_becomes_records(tmp_path):
 
 
 def test_the_docs_print_the_summary_the_code_computes():
-    assert gpu.assemble(measured.read(SAMPLE)).summary() in (ROOT / "docs/calibration.md").read_text()
+    recorded = measured.read(ROOT / "tests/data/gpu_measurements_h200.csv")  # bench/gpu_calibrate.sh on an H200
+    assert recorded.meta["device"] == "NVIDIA H200" and len(recorded.of("gemm")) == 128
+    assert gpu.assemble(recorded).summary() in (ROOT / "docs/calibration.md").read_text()

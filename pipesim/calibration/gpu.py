@@ -119,13 +119,16 @@ class GpuCalibration:
         assert k is not None
         lines = [f"{self.hardware.device.name} as device family {self.family}: {k.source}",
                  "kernel figures: " + ", ".join(f"{n} {v:.4g}" for n, v in k.figures().items())]
+        datasheet = self.profile.hbm_bandwidth / 1e12  # TB/s
         if k.memory_efficiency is not None:
-            datasheet = self.profile.hbm_bandwidth / 1e12  # TB/s
+            share = 100 * k.memory_efficiency
+            lines.append(f"HBM: {datasheet * k.memory_efficiency:.3f} TB/s by the best copy ({share:.1f} % of the "
+                         f"datasheet's {datasheet:.3f}): GEMM and flash operands")
+        if k.memory_bound_efficiency is not None:
             kernels = measured.memory_bound_bandwidths(self.data) if self.data is not None else {}
-            how = ("the memory-bound kernels' median (" + ", ".join(f"{n} {v / 1e12:.3f}" for n, v in kernels.items())
-                   + ")") if kernels else "the best copy"
-            lines.append(f"HBM: {self.hardware.device.hbm_bandwidth / 1e12:.3f} TB/s by {how} "
-                         f"({100 * k.memory_efficiency:.1f} % of the datasheet's {datasheet:.3f})")
+            lines.append(f"memory-bound kernels: {datasheet * k.memory_bound_efficiency:.3f} TB/s, their median ("
+                         + ", ".join(f"{n} {v / 1e12:.3f}" for n, v in kernels.items())
+                         + f") ({100 * k.memory_bound_efficiency:.1f} % of the datasheet)")
         held = measured.sustained_fraction(self.data, self.dtype) if self.data is not None else None
         if held is not None:
             lines.append(f"sustained GEMM: {100 * held:.1f} % of its burst rate once the clock settled "
@@ -164,8 +167,8 @@ def assemble(data: measured.Measurements, *, family: str | None = None, base: Ha
         measured_profile = profile.with_measured(source, **figures)  # checks each figure as a profile's
     except PipesimError as exc:
         raise PipesimError(f"{exc} (is the device family {family!r} right? pass --family)") from None
-    hbm = profile.hbm_bandwidth * figures["memory_efficiency"] if "memory_efficiency" in figures else \
-        base.device.hbm_bandwidth
+    streaming = figures.get("memory_bound_efficiency", figures.get("memory_efficiency"))
+    hbm = profile.hbm_bandwidth * streaming if streaming is not None else base.device.hbm_bandwidth
     memory = int(data.meta["memory"]) if data.meta.get("memory", "").isdigit() else base.device.memory
     device = replace(base.device, name=data.meta.get("device", base.device.name), family=family, kernels=kernels,
                      hbm_bandwidth=hbm, memory=memory)

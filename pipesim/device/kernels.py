@@ -34,10 +34,11 @@ class KernelTime:
 
 
 def memory_bound_time(nbytes: float, device: DeviceProfile, *, kernels: int = 1) -> KernelTime:
-    """`nbytes` read and written by `kernels` streaming kernels: bytes / (HBM x memory_efficiency) + overhead each."""
+    """`nbytes` read and written by `kernels` memory-bound kernels: bytes / (HBM x memory_bound_efficiency) + overhead
+    each (DeviceProfile.memory_bound_rate)."""
     if nbytes < 0 or kernels < 0:
         raise PipesimError(f"a memory-bound kernel needs bytes >= 0 and kernels >= 0, got {nbytes}, {kernels}")
-    memory = nbytes / (device.hbm_bandwidth * device.memory_efficiency)
+    memory = nbytes / device.memory_bound_rate
     overhead = kernels * device.kernel_overhead
     return KernelTime(memory + overhead, 0.0, memory, overhead, 0.0, float(nbytes))
 

@@ -36,7 +36,7 @@ class DeviceProfile:
     flops: dict[str, float]  # dtype -> dense peak FLOP/s ("tfloat32": fp32 inputs on tensor cores)
     hbm_bandwidth: float  # bytes/s, datasheet
     matmul_efficiency: float  # best achievable fraction of the peak for a large GEMM (MAMF / peak)
-    memory_efficiency: float  # achievable fraction of hbm_bandwidth for a streaming kernel
+    memory_efficiency: float  # achievable fraction of hbm_bandwidth streaming (a copy; GEMM and flash operands)
     kernel_overhead: float  # seconds per kernel (launch and fixed start-up), added once per kernel
     overlap: float  # fraction of min(compute, memory) hidden behind the other (1: max, 0: sum)
     flash_forward_efficiency: float  # flash attention forward: fraction of the peak
@@ -45,6 +45,9 @@ class DeviceProfile:
     # NCCL channels (one thread block, one SM, each) of a collective inside the node: the SMs an overlapped
     # GEMM loses (pipesim.overlap_interference); 0: overlap taken as free
     nccl_channels: int = 0
+    # memory-bound kernels (norms, softmax, activations, dropout, adds, the optimizer): their bytes/s / hbm_bandwidth;
+    # None: memory_efficiency (a run on an H200 measured torch's at 0.57 of the datasheet against a copy's 0.88)
+    memory_bound_efficiency: float | None = None
 
     def __post_init__(self) -> None:
         where = f"device {self.name!r}"
@@ -64,8 +67,10 @@ class DeviceProfile:
             value = getattr(self, name)
             if not (_positive(value) or (name == "kernel_overhead" and value == 0)):
                 raise PipesimError(f"{where}: {name} must be positive, got {value!r}")
-        for name in FRACTIONS:
+        for name in (*FRACTIONS, "memory_bound_efficiency"):
             value = getattr(self, name)
+            if value is None and name == "memory_bound_efficiency":
+                continue
             low_ok = value >= 0 if name == "overlap" else value > 0
             if not (isinstance(value, (int, float)) and low_ok and value <= 1):
                 raise PipesimError(f"{where}: {name} must be a fraction in (0, 1], got {value!r}")
@@ -73,7 +78,14 @@ class DeviceProfile:
     def __hash__(self) -> int:  # dict fields: hash by their sorted items so a profile can key a cache
         return hash((self.name, self.sms, self.tiles, tuple(sorted(self.flops.items())), self.hbm_bandwidth,
                      self.matmul_efficiency, self.memory_efficiency, self.kernel_overhead, self.overlap,
-                     self.flash_forward_efficiency, self.flash_backward_efficiency, self.nccl_channels))
+                     self.flash_forward_efficiency, self.flash_backward_efficiency, self.nccl_channels,
+                     self.memory_bound_efficiency))
+
+    @property
+    def memory_bound_rate(self) -> float:
+        """Bytes/s of a memory-bound kernel: HBM x memory_bound_efficiency (memory_efficiency when not given)."""
+        eff = self.memory_efficiency if self.memory_bound_efficiency is None else self.memory_bound_efficiency
+        return self.hbm_bandwidth * eff
 
     def peak(self, dtype: str) -> float:
         """Dense peak FLOP/s for `dtype`, or a one-line error naming the dtypes it has."""
