@@ -1,7 +1,7 @@
 """What one kernel figure would explain: the residual of `pipesim bench published`, diagnosed and never applied.
 
 For each `[[diagnosis]]` of bench/published_rows.toml: the value of one figure of the device's kernel profile
-(`matmul_efficiency`, `memory_efficiency`, ...: a `[device.kernels]` override on the row's hardware) at which the
+(`matmul_efficiency`, `memory_bound_efficiency`, ...: a `[device.kernels]` override on the row's hardware) at which the
 simulator reproduces one anchor row exactly (bisection over `range`), then every goal row (shared/reference/
 published.md's) simulated with that value. If one figure solved on one row brings the other rows to their
 published values, the residual is that figure's; if it does not, it lies in the mechanisms. The value is fitted to

@@ -292,3 +292,16 @@ def test_the_docs_print_the_summary_the_code_computes():
     recorded = measured.read(ROOT / "tests/data/gpu_measurements_h200.csv")  # bench/gpu_calibrate.sh on an H200
     assert recorded.meta["device"] == "NVIDIA H200" and len(recorded.of("gemm")) == 128
     assert gpu.assemble(recorded).summary() in (ROOT / "docs/calibration.md").read_text()
+
+
+def test_the_a100_what_if_file_is_mamf_times_the_h200_runs_ratios():
+    """bench/hardware/dgx-a100-h200-ratios.toml (docs/gpu_model.md's what-if) carries the recorded H200 run's sustained
+    fraction and memory-bound share over the A100's MAMF figure, and says it is no measurement of an A100."""
+    hw = load_hardware(str(ROOT / "bench/hardware/dgx-a100-h200-ratios.toml"))
+    run = measured.read(ROOT / "tests/data/gpu_measurements_h200.csv")
+    k = hw.device.kernels
+    assert hw.device.family == "A100" and k.source.startswith("what-if, not a measurement of an A100")
+    assert k.matmul_efficiency == pytest.approx(device_profile("A100").matmul_efficiency
+                                                * measured.sustained_fraction(run), abs=1e-4)
+    share = measured.summarise(run, device_profile("H200"))["memory_bound_efficiency"]
+    assert k.memory_bound_efficiency == pytest.approx(share, abs=1e-4)
