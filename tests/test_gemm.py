@@ -106,7 +106,9 @@ def test_shipped_profiles_cite_every_field_and_say_what_their_sources_say():
     assert len({profiles["H100"], device_profile("H100"), profiles["H200"]}) == 2  # hashable, equal by figures
     assert profiles["H100"].flash_forward_efficiency == pytest.approx(740 / 989, abs=5e-3)  # FlashAttention-3
     for family in ("A100", "A100-PCIe", "H100", "B200"):  # no measurement separates them there: today's model
-        assert profiles[family].memory_bound_efficiency == profiles[family].memory_efficiency
+        p = profiles[family]
+        assert p.memory_bound_efficiency is None and p.memory_bound_rate == p.hbm_bandwidth * p.memory_efficiency
+        assert replace(p, memory_efficiency=0.5).memory_bound_rate == p.hbm_bandwidth * 0.5  # follows an override
     # the H200's kernel figures are its recorded GPU run's summary, to the three digits devices.toml keeps
     run = measured.summarise(measured.read(ROOT / "tests/data/gpu_measurements_h200.csv"), profiles["H200"])
     assert sorted(run) == ["flash_backward_efficiency", "flash_forward_efficiency", "kernel_overhead",

@@ -167,8 +167,8 @@ def assemble(data: measured.Measurements, *, family: str | None = None, base: Ha
         measured_profile = profile.with_measured(source, **figures)  # checks each figure as a profile's
     except PipesimError as exc:
         raise PipesimError(f"{exc} (is the device family {family!r} right? pass --family)") from None
-    streaming = figures.get("memory_bound_efficiency", figures.get("memory_efficiency"))
-    hbm = profile.hbm_bandwidth * streaming if streaming is not None else base.device.hbm_bandwidth
+    measured_memory = {"memory_bound_efficiency", "memory_efficiency"} & set(figures)
+    hbm = measured_profile.memory_bound_rate if measured_memory else base.device.hbm_bandwidth
     memory = int(data.meta["memory"]) if data.meta.get("memory", "").isdigit() else base.device.memory
     device = replace(base.device, name=data.meta.get("device", base.device.name), family=family, kernels=kernels,
                      hbm_bandwidth=hbm, memory=memory)

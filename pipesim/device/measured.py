@@ -187,8 +187,8 @@ def profile_toml(family: str, profile: DeviceProfile) -> str:
              "flops = { " + ", ".join(f"{k} = {v:.6g}" for k, v in profile.flops.items()) + " }"]
     for name in ("hbm_bandwidth", "matmul_efficiency", "memory_efficiency", "kernel_overhead", "overlap",
                  "flash_forward_efficiency", "flash_backward_efficiency", "nccl_channels", "memory_bound_efficiency"):
-        value = getattr(profile, name)
-        lines.append(f"{name} = {profile.memory_efficiency if value is None else value:.6g}")
+        if getattr(profile, name) is not None:  # memory_bound_efficiency left out: it follows memory_efficiency
+            lines.append(f"{name} = {getattr(profile, name):.6g}")
     lines += ["", f"[{family}.sources]"]
     for key, value in profile.sources.items():
         lines.append(f"{key} = {json.dumps(value)}")  # a JSON string is a valid TOML basic string

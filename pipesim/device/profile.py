@@ -23,6 +23,7 @@ except ModuleNotFoundError:  # Python 3.10
 
 FRACTIONS = ("matmul_efficiency", "memory_efficiency", "overlap", "flash_forward_efficiency",
              "flash_backward_efficiency")
+OPTIONAL = frozenset({"memory_bound_efficiency"})  # a family may leave these out (each still names its source)
 DTYPE_BYTES = {"float32": 4, "tfloat32": 4, "bfloat16": 2, "float16": 2, "float8": 1}  # bytes per element
 
 
@@ -119,7 +120,7 @@ def load_profiles(path: Path | None = None) -> dict[str, DeviceProfile]:
     names = {f.name for f in fields(DeviceProfile)}
     profiles = {}
     for family, table in data.items():
-        missing = names - set(table) - {"sources"}
+        missing = names - set(table) - {"sources"} - OPTIONAL
         extra = set(table) - names
         if missing or extra:
             raise PipesimError(f"{path}: [{family}] " + (f"lacks {', '.join(sorted(missing))}" if missing else
