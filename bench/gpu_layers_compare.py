@@ -59,15 +59,15 @@ def compare_case(case: LayerCase, rows: list[dict], profile, by_kind: dict) -> l
         pk = case.kernels(fused)
         for phase in "FIW":
             ks = getattr(pk, phase)
-            model = sum(kernel_seconds(k, DTYPE, profile) for k in ks)
-            measured = sum(alone[(seen[k.name], k.name)] for k in ks)
+            pairs = [(kernel_seconds(k, DTYPE, profile), alone[(seen[k.name], k.name)]) for k in ks]  # model, alone
+            model, measured = sum(m for m, _ in pairs), sum(a for _, a in pairs)
             model_sums[(fused, phase)] = model
             if fused:
-                for k in ks:
+                for k, (m, a) in zip(ks, pairs):
                     acc = by_kind[kind_of(k)]
-                    acc[0] += kernel_seconds(k, DTYPE, profile)
-                    acc[1] += alone[(seen[k.name], k.name)]
-                    acc[2].append(kernel_seconds(k, DTYPE, profile) / alone[(seen[k.name], k.name)] - 1)
+                    acc[0] += m
+                    acc[1] += a
+                    acc[2].append(m / a - 1)
             mode = "sequence-fused" if fused else "sequence-unfused"
             back = seq.get((mode, phase), 0.0)
             lines.append(f"  {'fused  ' if fused else 'unfused'} {phase}: model {model * 1e3:8.3f} ms | kernels alone "
