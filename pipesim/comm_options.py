@@ -7,6 +7,10 @@
 - `overlap_grad_reduce`: Megatron-LM's `--overlap-grad-reduce` (off by default there; torch DDP always
   overlaps): a stage's gradients are reduced in buckets of `ddp_bucket_size` parameters, in reverse layer
   order, as its last backward passes them, instead of in one collective after it.
+- `blocking_p2p`: Megatron-LM's pipeline messages without `--overlap-p2p-communication` (its default):
+  p2p_communication.py posts each batch of isend/irecv with `batch_isend_irecv`, waits on every request and
+  calls `torch.cuda.synchronize()`, so a SEND holds its rank until its bytes have arrived. pipesim's
+  executor (and torch.distributed.pipelining) wait on their sends only later, so it is opt-in.
 
 The defaults are today's behaviour, bit for bit. Mechanics: docs/simulator.md ("Communication options").
 """
@@ -30,6 +34,7 @@ class CommOptions:
     scatter_gather: bool = False  # pipeline messages split over the tp ranks, all-gathered at the receiver
     overlap_grad_reduce: bool = False  # DP gradient reduction in buckets, overlapped with the last backward
     ddp_bucket_size: int | None = None  # parameters per bucket; None: Megatron's max(40M, 1M x dp)
+    blocking_p2p: bool = False  # a SEND holds its rank until its transfer ends (Megatron's p2p_communication)
 
     def __post_init__(self) -> None:
         size = self.ddp_bucket_size
@@ -52,12 +57,14 @@ class CommOptions:
             out.append("--overlap-grad-reduce")
         if self.ddp_bucket_size is not None:
             out += ["--ddp-bucket-size", str(self.ddp_bucket_size)]
+        if self.blocking_p2p:
+            out.append("--blocking-p2p")
         return out
 
     def report(self) -> dict:
         """The options as --json reports them."""
         return {"scatter_gather": self.scatter_gather, "overlap_grad_reduce": self.overlap_grad_reduce,
-                "ddp_bucket_size": self.ddp_bucket_size}
+                "ddp_bucket_size": self.ddp_bucket_size, "blocking_p2p": self.blocking_p2p}
 
 
 def bucket_fractions(params: int, bucket: int) -> tuple[float, ...]:

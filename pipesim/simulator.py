@@ -113,6 +113,7 @@ class _Kernel:
         self.memory: list[list[tuple[float, int]]] = [[(0.0, 0)] for _ in range(n)]  # (seconds, bytes)
         opts = comm_options or CommOptions()
         self.streams = CollectiveStreams(sched, hw, comm, par, costs, opts)  # DP/ZeRO collectives, the optimizer
+        self.blocking_sends = opts.blocking_p2p  # a SEND holds its rank until its transfer ends
         self.collectives = self.streams.records
         self._dp_allreduce = self.streams.grads_done  # after a stage's last weight-gradient piece
         self.step_ends: list = []  # per rank (pipesim.sim_step.RankStepEnd); [] without step costs
@@ -171,8 +172,13 @@ class _Kernel:
             i += 1
         elif self.posting[rank]:  # woken at the end of posting this SEND
             self.posting[rank] = False
-            self._post_send(rank, i, ops[i], now)
+            end = self._post_send(rank, i, ops[i], now)
             i += 1
+            if self.blocking_sends and end > now:  # and waits on it (Megatron)
+                ends[i - 1] = end
+                self.pos[rank] = i
+                wake(rank, end)
+                return
         elif self.computing[rank]:  # host cores: woken when the shared cores have done this action's work
             self.computing[rank] = False
             op = ops[i]
@@ -250,8 +256,12 @@ class _Kernel:
                         self.posting[rank] = True
                         clock.at(now, self.wakers[rank])
                         break
-                self._post_send(rank, i, op, now)
+                end = self._post_send(rank, i, op, now)
                 i += 1
+                if self.blocking_sends and end > now:  # Megatron waits on its sends: sleep until the bytes are in
+                    ends[i - 1] = end
+                    wake(rank, end)
+                    break
             else:
                 if record is GateOp:  # ZeRO 3: the compute waits for its prefetched all-gather, then runs
                     if op.ready > now:
@@ -278,8 +288,9 @@ class _Kernel:
         self.pos[rank] = i
         self.live[rank], self.inflight[rank], self.peak_inflight[rank] = live, held, peak
 
-    def _post_send(self, rank: int, i: int, op: SendOp, now: float) -> None:
-        """Post the SEND at `i` on `rank` at `now`: its transfer takes the links, a blocked receiver is woken."""
+    def _post_send(self, rank: int, i: int, op: SendOp, now: float) -> float:
+        """Post the SEND at `i` on `rank` at `now`: its transfer takes the links, a blocked receiver is woken.
+        Returns when the transfer ends."""
         rid, dst, nbytes, dur, res, link = op
         send = self.sched.programs[rank][i]
         tr = Transfer(send, rank, dst, nbytes, link, res, now, i)
@@ -295,3 +306,4 @@ class _Kernel:
             gather = self.ops[waiter][self.pos[waiter]].gather
             self._wake(waiter, tr.end + gather if gather else tr.end)
         self.ends[rank][i] = now
+        return tr.end

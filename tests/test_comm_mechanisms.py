@@ -95,6 +95,36 @@ def test_a_late_receiver_still_pays_the_all_gather():
             assert res.ends[1][i] == max(res.starts[1][i], arrive) + gather
 
 
+def test_blocking_p2p_holds_the_sender_until_its_bytes_have_arrived():
+    """Megatron's p2p_communication waits on every isend (batch_isend_irecv, wait, synchronize): the sender's
+    next action starts when its message's bytes are in; pipesim's default isend lets it start at once."""
+    s = 64 * 2**20
+    sched = schedules.build("1f1b", 2, 2)
+    free = simulate(sched, _two_stage(s), A100X2)
+    held = simulate(sched, _two_stage(s), A100X2, comm_options=CommOptions(blocking_p2p=True))
+    hop = A100X2.inter.latency + s / A100X2.inter.bandwidth  # the whole boundary over one HDR NIC
+    prog = held.schedule.programs[0]
+    send = next(i for i, a in enumerate(prog) if a.kind == Kind.SEND_F)  # F0's activation
+    assert prog[send + 1].kind == Kind.F and prog[send + 1].microbatch == 1
+    assert free.starts[0][send + 1] == free.ends[0][send] == MS  # the isend costs its rank nothing
+    assert held.ends[0][send] == held.starts[0][send + 1] == pytest.approx(MS + hop, rel=1e-12)
+    assert held.transfers[0].end == held.ends[0][send]
+    # critical path: F0 (1 ms), hop, stage 1's F0 + B0 (3 ms), [held: stage 1 sends B0's gradient (hop) before
+    # its F1], F1 + B1 (3 ms), hop, stage 0's B1 (2 ms)
+    assert free.makespan == pytest.approx(9 * MS + 2 * hop, rel=1e-12)
+    assert held.makespan == pytest.approx(9 * MS + 3 * hop, rel=1e-12)
+    assert CommOptions(blocking_p2p=True).flags() == ["--blocking-p2p"]
+    assert CommOptions(blocking_p2p=True).report()["blocking_p2p"] is True
+
+
+def test_blocking_p2p_changes_nothing_without_links():
+    sched = schedules.build("interleaved-1f1b", 2, 4, virtual=2)
+    costs = uniform_costs(4, {"F": MS, "I": MS, "W": MS}, boundary_bytes=2**20)
+    plain = simulate(sched, costs, A100X2, comm=False)
+    held = simulate(sched, costs, A100X2, comm=False, comm_options=CommOptions(blocking_p2p=True))
+    assert (held.starts, held.ends, held.makespan) == (plain.starts, plain.ends, plain.makespan)
+
+
 # -- mechanism 2 (data-parallel part): gradient buckets overlapped with the last backward -----------------------
 
 PARAMS = 4_000_000  # parameters of the stage on one tp rank
@@ -264,10 +294,11 @@ def test_the_flags_reach_simulate_and_sweep(command, tmp_path, capsys):
               "--tp", "2", "--dp", "2", "--hardware", "dgx-h100", "--json", str(out)]
     shape = ["1f1b", "-p", "2", "-m", "4"] if command == "simulate" else ["--schedules", "1f1b", "--stages", "2",
                                                                          "--microbatches", "4"]
-    flags = ["--scatter-gather", "--overlap-grad-reduce", "--ddp-bucket-size", "1000"]
+    flags = ["--scatter-gather", "--overlap-grad-reduce", "--ddp-bucket-size", "1000", "--blocking-p2p"]
     assert main([command, *shape, *common, *flags]) == 0
     data = json.loads(out.read_text())
     assert data["options"]["scatter_gather"] is True and data["options"]["ddp_bucket_size"] == 1000
+    assert data["options"]["blocking_p2p"] is True
 
 
 # -- mechanism 5: one collective dispatch, NCCL's algorithms on GPU presets --------------------------------------

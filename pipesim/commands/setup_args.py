@@ -96,7 +96,8 @@ def check_grad_args(grad_fp32: bool | None, model) -> None:
 
 
 def add_comm_args(parser: argparse.ArgumentParser) -> None:
-    """--scatter-gather, --overlap-grad-reduce, --ddp-bucket-size (pipesim.comm_options; simulate, sweep, plan)."""
+    """--scatter-gather, --overlap-grad-reduce, --ddp-bucket-size, --blocking-p2p (pipesim.comm_options; simulate,
+    sweep, plan)."""
     c = parser.add_argument_group("framework communication (Megatron-LM's options)")
     c.add_argument("--scatter-gather", action="store_true",
                    help="with tp > 1 and no sequence parallelism each tp rank sends 1/t of a pipeline message over "
@@ -109,10 +110,15 @@ def add_comm_args(parser: argparse.ArgumentParser) -> None:
     c.add_argument("--ddp-bucket-size", type=positive_int, default=None, metavar="PARAMS",
                    help="with --overlap-grad-reduce: parameters per gradient bucket (Megatron's flag; default "
                         "Megatron's max(40M, 1M x dp))")
+    c.add_argument("--blocking-p2p", action="store_true",
+                   help="each pipeline SEND holds its rank until its bytes have arrived, as Megatron's "
+                        "p2p_communication does without --overlap-p2p-communication (batch_isend_irecv, wait, "
+                        "torch.cuda.synchronize) (default off: the send overlaps the rank's next work, as "
+                        "pipesim's executor and torch.distributed.pipelining)")
 
 
 def comm_options_from_args(args: argparse.Namespace) -> CommOptions:
-    return CommOptions(args.scatter_gather, args.overlap_grad_reduce, args.ddp_bucket_size)
+    return CommOptions(args.scatter_gather, args.overlap_grad_reduce, args.ddp_bucket_size, args.blocking_p2p)
 
 
 def _split_list(text: str) -> list[int]:
