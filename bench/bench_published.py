@@ -191,6 +191,8 @@ def features(args: argparse.Namespace) -> str:
         out.append("blocking TP backward")
     if not args.grad_accum_fusion:
         out.append("unfused gradient accumulation")
+    if args.blocking_p2p and args.stages > 1:
+        out.append("blocking p2p")
     if args.overlap_grad_reduce and args.dp > 1:
         out.append("DP overlap" + (f", {args.ddp_bucket_size:,}-parameter buckets" if args.ddp_bucket_size else ""))
     hardware = Path(str(args.hardware))

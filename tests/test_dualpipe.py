@@ -181,7 +181,7 @@ def test_replicas_swap_their_gradients_before_the_optimizer():
         assert end.optimizer_start == swap.end
         # Megatron's bf16-mixed step, 16-bit grads and no loss scale: main-grad copy 6, norm 4, Adam 28, copy
         # back 6, zeroing 2 = 46 bytes per parameter, 5 memory-bound kernels per model stage
-        adam = sum(46 * counts[k] / (hw.device.hbm_bandwidth * prof.memory_efficiency) + 5 * prof.kernel_overhead
+        adam = sum(46 * counts[k] / (hw.device.hbm_bandwidth * prof.memory_bound_efficiency) + 5 * prof.kernel_overhead
                    for k in (r, p - 1 - r))  # seconds
         assert end.optimizer == pytest.approx(adam, rel=1e-12)
     assert result.step_time == max(e.step_end for e in result.step_ends) > result.makespan

@@ -99,16 +99,31 @@ def test_shipped_profiles_cite_every_field_and_say_what_their_sources_say():
                                   "kernel_overhead", "overlap", "flash_forward_efficiency",
                                   "flash_backward_efficiency", "nccl_channels", "memory_bound_efficiency"}
     # MAMF table (stas00/ml-engineering): MAMF / peak, rounded as the table rounds its efficiency column
-    for family, mamf, peak in (("A100", 271.2, 312), ("H100", 794.5, 989), ("B200", 1745.0, 2250)):
+    for family, mamf, peak in (("A100-PCIe", 252.9, 312), ("H100", 794.5, 989), ("B200", 1745.0, 2250)):
         assert profiles[family].matmul_efficiency == pytest.approx(mamf / peak, abs=5e-4)
         assert profiles[family].peak("bfloat16") == peak * 1e12
-    assert [profiles[f].sms for f in profiles] == [108, 108, 132, 132, 148]
-    assert len({profiles["H100"], device_profile("H100"), profiles["H200"]}) == 2  # hashable, equal by figures
-    assert profiles["H100"].flash_forward_efficiency == pytest.approx(740 / 989, abs=5e-3)  # FlashAttention-3
-    for family in ("A100", "A100-PCIe", "H100", "B200"):  # no measurement separates them there: today's model
+    # [HE22]: an A100's 8192^3 cuBLAS GEMM on random data, 258 TFLOP/s: the figure at which the model times it so
+    a100 = profiles["A100"]
+
+    def rate(efficiency: float) -> float:
+        t = gemm_time(8192, 8192, 8192, "bfloat16", replace(a100, matmul_efficiency=efficiency))
+        return t.flops / t.seconds
+
+    assert rate(0.8315) < 258e12 < rate(0.8325) and a100.matmul_efficiency == 0.832
+    # [LIGER]: torch.nn.LayerNorm forward, float32, M = 4096 rows, N >= 4096 (ms): median of 8 M N / t / datasheet HBM
+    liger = {"A100": {4096: 0.121824, 8192: 0.257552, 16384: 0.506688},
+             "A100-PCIe": {4096: 0.12185599654912949, 8192: 0.25804799795150757, 16384: 0.5079039931297302},
+             "H100": {4096: 0.066176, 8192: 0.152672, 16384: 0.306784}}
+    for family, times in liger.items():
         p = profiles[family]
-        assert p.memory_bound_efficiency is None and p.memory_bound_rate == p.hbm_bandwidth * p.memory_efficiency
-        assert replace(p, memory_efficiency=0.5).memory_bound_rate == p.hbm_bandwidth * 0.5  # follows an override
+        fractions = sorted(8 * 4096 * n / (ms * 1e-3) / p.hbm_bandwidth for n, ms in times.items())
+        assert p.memory_bound_efficiency == round(fractions[1], 3)
+        assert p.memory_bound_rate == p.hbm_bandwidth * p.memory_bound_efficiency
+        assert replace(p, memory_efficiency=0.5).memory_bound_rate == p.memory_bound_rate  # its own figure now
+    b200 = profiles["B200"]  # no measurement separates them there: it follows memory_efficiency and any override
+    assert b200.memory_bound_efficiency is None
+    assert b200.memory_bound_rate == b200.hbm_bandwidth * b200.memory_efficiency
+    assert replace(b200, memory_efficiency=0.5).memory_bound_rate == b200.hbm_bandwidth * 0.5
     # the H200's kernel figures are its recorded GPU run's summary, to the three digits devices.toml keeps
     run = measured.summarise(measured.read(ROOT / "tests/data/gpu_measurements_h200.csv"), profiles["H200"])
     assert sorted(run) == ["flash_backward_efficiency", "flash_forward_efficiency", "kernel_overhead",
@@ -209,5 +224,5 @@ def test_megatron_gemms_on_a100_reach_most_of_mamf_and_small_ones_do_not():
     a100 = device_profile("A100")
     big = gemm_time(2048, 3 * 12288 // 8, 12288, "float16", a100)  # 175B's QKV GEMM at t = 8, 2048 tokens
     tiny = gemm_time(128, 128, 128, "float16", a100)  # one kernel overhead dwarfs its 4 MFLOP
-    assert 0.8 < big.achieved / a100.peak("float16") <= a100.matmul_efficiency
+    assert 0.9 * a100.matmul_efficiency < big.achieved / a100.peak("float16") <= a100.matmul_efficiency
     assert tiny.achieved / a100.peak("float16") < 0.01 and tiny.seconds == pytest.approx(a100.kernel_overhead, rel=0.1)

@@ -128,7 +128,7 @@ def test_optimizer_on_a_device_family_is_its_passes_as_memory_bound_kernels():
     assert nbytes == 54 * params
     each = [p.bytes_per_param * params for p in optimizer_passes(PRECISIONS["mixed"], loss_scaling=True)]
     assert seconds == sum(memory_bound_time(b, profile).seconds for b in each)
-    assert seconds == pytest.approx(54 * params / (hw.device.hbm_bandwidth * profile.memory_efficiency)
+    assert seconds == pytest.approx(54 * params / (hw.device.hbm_bandwidth * profile.memory_bound_efficiency)
                                     + 6 * profile.kernel_overhead)
     sc = step_costs([params, params // 2], dp=1, zero=0, hw=hw, precision="mixed", loss_scaling=True)
     assert sc.optimizer_bytes == (54 * params, 54 * (params // 2))
