@@ -117,6 +117,24 @@ def test_blocking_p2p_holds_the_sender_until_its_bytes_have_arrived():
     assert CommOptions(blocking_p2p=True).report()["blocking_p2p"] is True
 
 
+@pytest.mark.parametrize("hw", [A100X2, CPU], ids=["gpu", "host-cores"])
+def test_every_blocking_send_ends_with_its_transfer_and_its_rank_waits(hw):
+    """On a GPU preset and on host cores (gloo: posting the isend is CPU work first), a held SEND's action ends
+    when its bytes arrive, and its rank's next action starts no earlier."""
+    sched = schedules.build("interleaved-1f1b", 2, 4, virtual=2)
+    costs = uniform_costs(4, {"F": MS, "I": MS, "W": MS}, boundary_bytes=2**22)
+    held = simulate(sched, costs, hw, comm_options=CommOptions(blocking_p2p=True))
+    free = simulate(sched, costs, hw)
+    assert len(held.transfers) == len(free.transfers) == 2 * 4 * (2 * 2 - 1)  # F and B messages between chunks
+    for tr in held.transfers:
+        i = tr.send_index
+        assert held.ends[tr.src][i] == tr.end >= tr.post
+        if i + 1 < len(held.starts[tr.src]):
+            assert held.starts[tr.src][i + 1] >= tr.end
+    assert any(free.ends[tr.src][tr.send_index] < tr.end for tr in free.transfers)  # there the rank went on
+    assert held.makespan > free.makespan
+
+
 def test_blocking_p2p_changes_nothing_without_links():
     sched = schedules.build("interleaved-1f1b", 2, 4, virtual=2)
     costs = uniform_costs(4, {"F": MS, "I": MS, "W": MS}, boundary_bytes=2**20)
