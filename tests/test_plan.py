@@ -234,6 +234,24 @@ def test_interleaved_exports_layers_per_virtual_stage():
     assert toml["parallelism"]["pipeline_parallel_layers_per_stage"] == 4
 
 
+def test_megatron_pipeline_sends_match_what_the_plan_timed():
+    """Megatron-LM waits on its pipeline sends unless --overlap-p2p-communication (interleaved only): a plan made
+    without --blocking-p2p exports that flag for an interleaved winner and says so for a 1F1B one."""
+    req = big_request()
+    cands = list(enumerate_candidates(req))
+    inter = next(c for c in cands if c.v == 2 and c.p == 2)
+    plain = next(c for c in cands if c.v == 1 and c.p == 2)
+    single = next(c for c in cands if c.p == 1)
+    held = replace(req, comm=CommOptions(blocking_p2p=True))
+    assert "--overlap-p2p-communication" in megatron_args(inter, req)
+    assert "--overlap-p2p-communication" not in megatron_args(inter, held)
+    note = [a for a in megatron_args(plain, req) if a.startswith("# pipesim timed the pipeline sends")]
+    assert len(note) == 1 and "--blocking-p2p" in note[0]
+    assert megatron_args(plain, held) == [a for a in megatron_args(plain, req) if a not in note]
+    assert megatron_args(single, req) == megatron_args(single, held)  # no pipeline, no sends
+    assert not any("p2p" in a for a in megatron_args(single, req))
+
+
 @pytest.mark.parametrize("argv, words", [
     (["--model", "gpt", "--hidden", "64", "--layers", "8", "--heads", "1", "--batch", "3", "--seq", "64",
       "--gpus", "16"], "--batch 3 splits over none of the data-parallel sizes [2, 4, 8, 16]"),

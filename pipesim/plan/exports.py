@@ -105,11 +105,24 @@ def megatron_args(c: Candidate, req: PlanRequest, attention: str | None = None) 
         out.append("--overlap-grad-reduce")
         if req.comm.ddp_bucket_size is not None:
             out += ["--ddp-bucket-size", str(req.comm.ddp_bucket_size)]
+    out += _p2p_args(c, req)
     if c.zero == 1:
         out.append("--use-distributed-optimizer")
     elif c.zero > 1:
         out.append(f"# ZeRO-{c.zero}: Megatron-LM's closest is --use-distributed-optimizer (ZeRO-1) or torch FSDP")
     return out
+
+
+def _p2p_args(c: Candidate, req: PlanRequest) -> list[str]:
+    """Megatron-LM waits on its pipeline sends unless --overlap-p2p-communication, which only its interleaved
+    schedule takes (megatron/core/pipeline_parallel/schedules.py refuses it without); a plan made with
+    --blocking-p2p timed Megatron's default, one without it timed sends that overlap the next compute."""
+    if c.p == 1 or req.comm.blocking_p2p:
+        return []
+    if c.v > 1:
+        return ["--overlap-p2p-communication"]
+    return ["# pipesim timed the pipeline sends as overlapping the next compute; Megatron-LM's 1F1B waits on each "
+            "(plan with --blocking-p2p for its timing)"]
 
 
 def schedule_csv(schedule: Schedule) -> str:
