@@ -172,12 +172,11 @@ class _Kernel:
             i += 1
         elif self.posting[rank]:  # woken at the end of posting this SEND
             self.posting[rank] = False
-            end = self._post_send(rank, i, ops[i], now)
+            resume = self._post_send(rank, i, ops[i], now)
             i += 1
-            if self.blocking_sends and end > now:  # and waits on it (Megatron)
-                ends[i - 1] = end
+            if resume > now:  # a blocking send: sleep until its bytes are in
                 self.pos[rank] = i
-                wake(rank, end)
+                wake(rank, resume)
                 return
         elif self.computing[rank]:  # host cores: woken when the shared cores have done this action's work
             self.computing[rank] = False
@@ -256,11 +255,10 @@ class _Kernel:
                         self.posting[rank] = True
                         clock.at(now, self.wakers[rank])
                         break
-                end = self._post_send(rank, i, op, now)
+                resume = self._post_send(rank, i, op, now)
                 i += 1
-                if self.blocking_sends and end > now:  # Megatron waits on its sends: sleep until the bytes are in
-                    ends[i - 1] = end
-                    wake(rank, end)
+                if resume > now:  # a blocking send: sleep until its bytes are in
+                    wake(rank, resume)
                     break
             else:
                 if record is GateOp:  # ZeRO 3: the compute waits for its prefetched all-gather, then runs
@@ -290,7 +288,8 @@ class _Kernel:
 
     def _post_send(self, rank: int, i: int, op: SendOp, now: float) -> float:
         """Post the SEND at `i` on `rank` at `now`: its transfer takes the links, a blocked receiver is woken.
-        Returns when the transfer ends."""
+        Returns when the rank may go on: `now` (an isend), or with `blocking_sends` the transfer's end (Megatron
+        waits on its sends), which is also when the SEND action ends."""
         rid, dst, nbytes, dur, res, link = op
         send = self.sched.programs[rank][i]
         tr = Transfer(send, rank, dst, nbytes, link, res, now, i)
@@ -305,5 +304,6 @@ class _Kernel:
         if waiter is not None:  # the receiver is already blocked on this message (then all-gathers it)
             gather = self.ops[waiter][self.pos[waiter]].gather
             self._wake(waiter, tr.end + gather if gather else tr.end)
-        self.ends[rank][i] = now
-        return tr.end
+        resume = tr.end if self.blocking_sends and tr.end > now else now
+        self.ends[rank][i] = resume
+        return resume
