@@ -4,7 +4,8 @@
 
 For each hardware (default: the shipped H200 profile, hgx-h200) it prints, per case, the model's seconds of the F,
 I and W kernel lists (fused, Megatron's) against the records: each kernel alone (summed), the phase back to back,
-and for the GPT cases the eager torch block against the unfused lists (F; I + W). Error = model / measured - 1
+and for the GPT cases the real blocks: the eager torch block and the Megatron-layout block against the unfused lists
+(F; I + W), the torch.compile block against the fused ones. Error = model / measured - 1
 (negative: the model is too fast). Then the same by kind of kernel over all cases. No torch needed.
 """
 
@@ -52,7 +53,7 @@ def compare_case(case: LayerCase, rows: list[dict], profile, by_kind: dict) -> l
     for r in rows:
         if r["mode"] == "alone":
             seen.setdefault(r["kernel"], r["phase"])
-    seq = {(r["mode"], r["phase"]): r["seconds"] for r in rows if r["mode"].startswith(("sequence", "eager"))}
+    seq = {(r["mode"], r["phase"]): r["seconds"] for r in rows if r["mode"] != "alone"}
     lines = []
     model_sums: dict[tuple[bool, str], float] = {}
     for fused in (True, False):
@@ -73,12 +74,16 @@ def compare_case(case: LayerCase, rows: list[dict], profile, by_kind: dict) -> l
             lines.append(f"  {'fused  ' if fused else 'unfused'} {phase}: model {model * 1e3:8.3f} ms | kernels alone "
                          f"{measured * 1e3:8.3f} ms ({_err(model, measured)}) | back to back {back * 1e3:8.3f} ms "
                          f"({_err(model, back)})")
-    if ("eager", "F") in seq:
-        f = model_sums[(False, "F")]
-        b = model_sums[(False, "I")] + model_sums[(False, "W")]
-        ef, eb = seq[("eager", "F")], seq[("eager", "B")]
-        lines.append(f"  eager torch block: F {ef * 1e3:8.3f} ms (model unfused {_err(f, ef)}) | B {eb * 1e3:8.3f} ms "
-                     f"(model unfused I+W {_err(b, eb)})")
+    blocks = (("eager", "eager torch block", False), ("megatron", "Megatron-layout block", False),
+              ("compiled", "torch.compile block", True))
+    for mode, label, fused in blocks:  # each block beside the model's list of its kernels (one per op, or fused)
+        if (mode, "F") in seq:
+            name = "fused" if fused else "unfused"
+            f = model_sums[(fused, "F")]
+            b = model_sums[(fused, "I")] + model_sums[(fused, "W")]
+            ef, eb = seq[(mode, "F")], seq[(mode, "B")]
+            lines.append(f"  {label + ':':22s} F {ef * 1e3:8.3f} ms (model {name} {_err(f, ef)}) | "
+                         f"B {eb * 1e3:8.3f} ms (model {name} I+W {_err(b, eb)})")
     return lines
 
 
