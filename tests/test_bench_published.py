@@ -124,7 +124,7 @@ def test_table_summary_effects_and_trend_on_a_small_row_set():
 
 def test_every_row_parses_and_is_consistent():
     rows = DATA["rows"]
-    assert {r.source for r in rows} == {"NAR21", "KOR22", "LLAMA3", "BLOOM", "MTNLG"}
+    assert {r.source for r in rows} == {"NAR21", "KOR22", "KOR22T4", "LLAMA3", "BLOOM", "MTNLG"}
     in_ref = {k for k, s in DATA["sources"].items() if s["in_published_md"]}
     assert in_ref == {"NAR21", "KOR22"}  # the goal's rows: those of shared/reference/published.md
     # NAR21 T1, KOR22 T5 (2 columns), T4 (3 x 2); Llama 3 Table 4's two 8K rows
@@ -133,6 +133,12 @@ def test_every_row_parses_and_is_consistent():
                                                                              ("llama3-405b-8k-16384gpus", 400)]
     assert [(r.id, r.published) for r in rows if r.source == "BLOOM"] == [("bloom-176b", 150)]
     assert [r.published for r in rows if r.source == "MTNLG"] == [126, 121, 113]  # Smith et al. 2022, sec. 2.4
+    # KOR22 Table 4's rows that published.md leaves out: sequence parallelism alone, selective alone (F, B in ms)
+    assert [r.published for r in rows if r.source == "KOR22T4"] == [7.2, 11.8, 7.7, 13.2]
+    for r in (r for r in rows if r.source == "KOR22T4"):  # each is KOR22's Table 4 command with one feature
+        base = next(b for b in rows if b.id == "kor22-layer-baseline-" + r.metric.split("_")[1])
+        feature = " --sequence-parallel" if "-sp-" in r.id else " --recompute selective"
+        assert r.command == base.command.replace(" --scatter-gather", feature + " --scatter-gather"), r.id
     examples = (ROOT / "docs" / "published_examples.md").read_text()
     for r in rows:
         argv, args = bp.parse_command(r.command)
