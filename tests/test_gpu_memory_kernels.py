@@ -77,7 +77,7 @@ def test_the_comparison_weights_each_family_by_bytes_over_the_gpu_kernel_time(ca
     with open(RECORDING, newline="") as fh:
         rows = list(csv.DictReader(fh))
     timed = {r["case"] for r in rows if r["case"] and not r["case"].startswith("Liger")}
-    assert len(timed) == 10 and timed <= {c.label for c in CASES}  # the run's 10 of the 14 layers
+    assert timed == {c.label for c in CASES}  # all 14 layers
     assert all(float(r["gpu_seconds"]) > 0 for r in rows)
     assert compare_main([str(RECORDING)]) == 0
     out = capsys.readouterr().out
