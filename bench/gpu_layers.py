@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import datetime
-import json
 import math
 import sys
 import time
@@ -31,6 +29,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from gpu_layer_configs import CASES, TINY_CASES, LayerCase
+from gpu_run import record_case, write_meta
 
 from pipesim.calibration.gpu_measure import timer
 from pipesim.model.kernels import FlashAttention, Gemm, Kernel
@@ -228,6 +227,17 @@ def eager_block(case: LayerCase, dev: torch.device, dtype: torch.dtype, iters: i
     return [dict(base, phase="F", seconds=fwd), dict(base, phase="B", seconds=max(both - fwd, 0.0))]
 
 
+def _case_rows(rows: list[dict], *, case: LayerCase, kernels: bool, blocks: list[str], dev: torch.device,
+               dtype: torch.dtype, iters: int, warmup: int, trace_dir: Path | None) -> None:
+    """Append one case's records: its kernels (alone, in sequence) and its blocks; each block traced into
+    `trace_dir`/<block>_trace.json when one is given."""
+    if kernels:
+        rows += time_case(case, dev, dtype, iters, warmup)
+    for kind in blocks:
+        path = trace_dir / f"{kind}_trace.json" if trace_dir is not None else None
+        rows += eager_block(case, dev, dtype, iters, warmup, path, kind)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", type=Path, help="folder for layers.csv, meta.json and eager_trace.json")
@@ -249,31 +259,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpu_layers.py: --blocks {args.blocks!r}: choose from {', '.join(BLOCKS)}", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
-    meta = {"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", "torch": torch.__version__,
-            "cuda": str(torch.version.cuda), "dtype": str(dtype).removeprefix("torch."), "iters": iters,
-            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
-    (args.out / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+    write_meta(args.out, dev, dtype, iters)
     traced, t0 = False, time.perf_counter()
     with open(args.out / "layers.csv", "w", newline="") as fh:
         out = csv.DictWriter(fh, FIELDS)
         out.writeheader()
         for case in cases:
-            rows = []
-            try:
-                if not args.no_kernels:
-                    rows += time_case(case, dev, dtype, iters, warmup)
-                for kind in (b for b in blocks if case.eager_layer):
-                    trace = not traced and (args.tiny or TRACED in case.label)
-                    path = args.out / f"{kind}_trace.json" if trace else None
-                    rows += eager_block(case, dev, dtype, iters, warmup, path, kind)
-                    traced = traced or (trace and kind == blocks[-1])
-            except Exception as exc:  # noqa: BLE001 (one case's failure must not lose the others' records)
-                print(f"gpu_layers.py: {case.label}: {type(exc).__name__}: {exc}", file=sys.stderr)
-            out.writerows(rows)
-            fh.flush()
-            print(f"{case.label}: {len(rows)} records ({time.perf_counter() - t0:.0f} s)", flush=True)
-            if dev.type == "cuda":
-                torch.cuda.empty_cache()
+            trace = not traced and case.eager_layer and bool(blocks) and (args.tiny or TRACED in case.label)
+            fill = partial(_case_rows, case=case, kernels=not args.no_kernels,
+                           blocks=blocks if case.eager_layer else [], dev=dev, dtype=dtype, iters=iters,
+                           warmup=warmup, trace_dir=args.out if trace else None)
+            record_case("gpu_layers.py", case.label, fill, out, fh, dev, t0)
+            traced = traced or trace
     return 0
 
 

@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import datetime
-import json
 import math
 import sys
 import time
@@ -34,6 +32,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from gpu_layer_configs import CASES, TINY_CASES, LayerCase
+from gpu_run import record_case, write_meta
 
 from pipesim.calibration.gpu_measure import timer
 from pipesim.model.kernels import MemoryBound
@@ -211,11 +210,11 @@ def copy_seconds(dev: torch.device, dtype: torch.dtype, nbytes: int, iters: int,
     return _both(dev, partial(torch.empty_like(src).copy_, src), iters, warmup)
 
 
-def case_rows(case: LayerCase, dev: torch.device, dtype: torch.dtype, iters: int, warmup: int,
-              impls: tuple[str, ...]) -> list[dict]:
-    """One record per (memory-bound kernel, impl) of the case's fused F, I and W lists; each (op, shape, phase) is
-    timed once and shared by the kernels that run it (the attention and MLP LayerNorms, say)."""
-    rows, done = [], {}
+def case_rows(rows: list[dict], *, case: LayerCase, dev: torch.device, dtype: torch.dtype, iters: int, warmup: int,
+              impls: tuple[str, ...]) -> None:
+    """Append one record per (memory-bound kernel, impl) of the case's fused F, I and W lists; each (op, shape,
+    phase) is timed once and shared by the kernels that run it (the attention and MLP LayerNorms, say)."""
+    done: dict[tuple, tuple[float, float]] = {}
     pk = case.kernels(True)
     for phase in "FIW":
         for k in getattr(pk, phase):
@@ -230,7 +229,6 @@ def case_rows(case: LayerCase, dev: torch.device, dtype: torch.dtype, iters: int
                 rows.append(dict(case=case.label, phase=phase, kernel=k.name, family=fam.name, impl=impl,
                                  elements=math.prod(fam.shapes[0]), nbytes=k.nbytes, seconds=done[key][0],
                                  gpu_seconds=done[key][1]))
-    return rows
 
 
 def liger_rows(dev: torch.device, iters: int, warmup: int, tiny: bool) -> list[dict]:
@@ -271,10 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     pool = TINY_CASES if args.tiny else CASES
     cases = list(dict.fromkeys(c for o in args.only.split(",") for c in pool if o in c.label))  # --only's order
     args.out.mkdir(parents=True, exist_ok=True)
-    meta = {"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", "torch": torch.__version__,
-            "cuda": str(torch.version.cuda), "dtype": str(dtype).removeprefix("torch."), "iters": iters,
-            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
-    (args.out / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+    write_meta(args.out, dev, dtype, iters)
     t0 = time.perf_counter()
     with open(args.out / "memory_kernels.csv", "w", newline="") as fh:
         out = csv.DictWriter(fh, FIELDS)
@@ -288,16 +283,9 @@ def main(argv: list[str] | None = None) -> int:
             if args.budget and time.perf_counter() - t0 > args.budget:
                 print(f"{case.label}: skipped (budget of {args.budget:.0f} s spent)", flush=True)
                 continue
-            try:
-                rows = case_rows(case, dev, dtype, iters, warmup, impls)
-            except Exception as exc:  # noqa: BLE001 (one case's failure must not lose the others' records)
-                print(f"gpu_memory_kernels.py: {case.label}: {type(exc).__name__}: {exc}", file=sys.stderr)
-                rows = []
-            out.writerows(rows)
-            fh.flush()
-            print(f"{case.label}: {len(rows)} records ({time.perf_counter() - t0:.0f} s)", flush=True)
-            if dev.type == "cuda":
-                torch.cuda.empty_cache()
+            record_case("gpu_memory_kernels.py", case.label, partial(case_rows, case=case, dev=dev, dtype=dtype,
+                                                                     iters=iters, warmup=warmup, impls=impls),
+                        out, fh, dev, t0)
     return 0
 
 
