@@ -56,7 +56,7 @@ def _rms_norm(x, w):
 def _softmax(x, mask, compiled: bool):
     if not compiled:  # torch's softmax kernel alone (Megatron's fallback chain is never what runs at scale)
         return F.softmax(x, -1)
-    return F.softmax((x * (1.0 / math.sqrt(128))).masked_fill(mask, float("-inf")), -1)
+    return F.softmax((x * (1.0 / math.sqrt(128))).masked_fill(mask, float("-inf")), -1)  # any scale: same bytes
 
 
 def _dropout(x):
@@ -93,7 +93,8 @@ def _bias_grad(g):
 
 @dataclass(frozen=True)
 class Family:
-    """An op of Megatron's layer and the tensors it runs on: (name, elements of its main tensor, inputs maker)."""
+    """An op of Megatron's layer and the tensors it runs on: its family name, the torch function, the inputs'
+    shapes and which of them take a gradient."""
 
     name: str
     fn: Callable
