@@ -91,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
 def run_chain(plan: list[tuple[RunConfig, list]], world: int, rank: int, device, backend: str) -> None:
     """Train each checked configuration in the process group that is already up (tests/launch_shared.py
     runs several test modules' chains in one launch this way); a failure ends the rank through `die`."""
-    from executor.mesh import build_mesh  # local import: torch loads after the configuration checks (see main)
+    from executor.api import free_runtimes  # local imports: torch loads after the configuration checks (see main)
+    from executor.mesh import build_mesh
 
     for cfg, schedules in plan:  # every rank builds every configuration's groups, in the same order
         mesh = build_mesh(cfg.dp, cfg.pp_size(world), cfg.tp)
@@ -103,6 +104,7 @@ def run_chain(plan: list[tuple[RunConfig, list]], world: int, rank: int, device,
                 die(rank, f"{sched.name} (setup or results)", exc)
         if rank == 0 and cfg.json:
             _write_json(cfg.json, results[0] if len(results) == 1 else {"runs": results})
+    free_runtimes()  # before main's destroy_process_group (executor.api.free_runtimes says why)
 
 
 def _write_json(target: str, data: dict) -> None:

@@ -6,8 +6,11 @@ output rows, regrouped for qkv; row-parallel: input columns, bias replicated).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from executor.mesh import Mesh
 
@@ -28,21 +31,27 @@ def ungroup_rows_by_rank(t: torch.Tensor, stacked: int, tp: int) -> torch.Tensor
 
 def full_parameters(stages: dict, mesh: Mesh) -> dict[str, torch.Tensor]:
     """{full-model name: tensor} for every parameter this rank holds (collective over TP when tp > 1)."""
+    return module_parameters([stage.module for stage in stages.values()], mesh.tp, mesh.tp_group)
+
+
+def module_parameters(modules: Iterable[nn.Module], tp: int = 1, tp_group=None) -> dict[str, torch.Tensor]:
+    """{full-model name: CPU copy} of the stage modules' parameters; with tp > 1 the shards are gathered over
+    `tp_group` (collective). With tp 1 no process group is needed: a result can answer after its run is over."""
     out: dict[str, torch.Tensor] = {}
-    if mesh.tp > 1:
+    if tp > 1:
         from executor.tensor_parallel import ColumnParallelLinear, RowParallelLinear
-    for stage in stages.values():
-        for mod_name, module in stage.module.named_modules():
+    for stage_module in modules:
+        for mod_name, module in stage_module.named_modules():
             direct = dict(module.named_parameters(recurse=False))
             if not direct:
                 continue
             prefix = f"{mod_name}." if mod_name else ""
             for pname, param in direct.items():
                 tensor = param.detach()
-                if mesh.tp > 1 and isinstance(module, ColumnParallelLinear):
+                if tp > 1 and isinstance(module, ColumnParallelLinear):
                     stacked = getattr(module, "stacked", 1)  # qkv: 3
-                    tensor = ungroup_rows_by_rank(_gather(tensor, 0, mesh.tp_group, mesh.tp), stacked, mesh.tp)
-                elif mesh.tp > 1 and isinstance(module, RowParallelLinear) and pname == "weight":
-                    tensor = _gather(tensor, 1, mesh.tp_group, mesh.tp)
+                    tensor = ungroup_rows_by_rank(_gather(tensor, 0, tp_group, tp), stacked, tp)
+                elif tp > 1 and isinstance(module, RowParallelLinear) and pname == "weight":
+                    tensor = _gather(tensor, 1, tp_group, tp)
                 out[prefix + pname] = tensor.cpu().clone()
     return out
