@@ -70,4 +70,10 @@ TINY_CASES: tuple[LayerCase, ...] = (  # the same code paths on a CPU (tests/tes
 )
 
 
-__all__ = ["CASES", "DTYPE", "TINY_CASES", "LayerCase"]
+def timed_as_backward(kernel: str, family: str) -> bool:
+    """Whether bench/gpu_memory_kernels.py times a memory-bound kernel as its op's backward: a kernel named
+    "... backward", except an add's (the residual gradients' sum is an add, timed forward)."""
+    return kernel.endswith(" backward") and family != "add"
+
+
+__all__ = ["CASES", "DTYPE", "TINY_CASES", "LayerCase", "timed_as_backward"]

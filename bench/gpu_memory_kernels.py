@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from gpu_layer_configs import CASES, TINY_CASES, LayerCase
+from gpu_layer_configs import CASES, TINY_CASES, LayerCase, timed_as_backward
 from gpu_run import record_case, write_meta
 
 from pipesim.calibration.gpu_measure import timer
@@ -166,7 +166,7 @@ def _step(fn: Callable, inputs: list[torch.Tensor], grads: list[torch.Tensor]) -
     torch.autograd.grad(outs, [x for x in inputs if x.requires_grad], grads)
 
 
-def kernel_seconds(dev: torch.device, fn: Callable, iters: int) -> float:
+def gpu_kernel_seconds(dev: torch.device, fn: Callable, iters: int) -> float:
     """Seconds per call that the GPU spends in kernels (torch.profiler's device events, summed): what the call costs
     with the host's launch overhead hidden, as it is inside a layer's stream of kernels. On a CPU: 0."""
     if dev.type != "cuda":
@@ -182,7 +182,7 @@ def kernel_seconds(dev: torch.device, fn: Callable, iters: int) -> float:
 def _both(dev: torch.device, fn: Callable, iters: int, warmup: int) -> tuple[float, float]:
     wall = timer(dev, fn, iters, warmup)
     try:
-        return wall, kernel_seconds(dev, fn, iters)
+        return wall, gpu_kernel_seconds(dev, fn, iters)
     except Exception as exc:  # noqa: BLE001 (a profiler that fails must not lose the clock's record)
         print(f"gpu_memory_kernels.py: torch.profiler: {type(exc).__name__}: {exc}", file=sys.stderr)
         return wall, 0.0
@@ -222,7 +222,7 @@ def case_rows(rows: list[dict], *, case: LayerCase, dev: torch.device, dtype: to
             if not isinstance(k, MemoryBound):
                 continue
             fam = family_of(k, case)
-            backward = k.name.endswith(" backward") and fam.name != "add"  # an add's gradient: the sum, an add
+            backward = timed_as_backward(k.name, fam.name)
             for impl in impls:
                 key = (fam.name, fam.shapes, backward, impl)
                 if key not in done:

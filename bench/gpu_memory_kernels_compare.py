@@ -19,6 +19,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpu_layer_configs import timed_as_backward
+
 from pipesim.errors import PipesimError
 from pipesim.hardware_toml import load_hardware
 from pipesim.kernel_costs import profile_of
@@ -38,8 +40,8 @@ class Record:
 
     @property
     def direction(self) -> str:
-        """"B" for a backward kernel (an add's gradient sum is timed as an add: "F")."""
-        return "B" if self.kernel.endswith(" backward") and self.family != "add" else "F"
+        """"B" for a kernel timed as its op's backward, else "F"."""
+        return "B" if timed_as_backward(self.kernel, self.family) else "F"
 
 
 def _seconds(row: dict) -> float:
