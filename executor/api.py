@@ -89,7 +89,7 @@ def free_runtimes() -> None:
     """Free finished runtimes now, before the caller's destroy_process_group. A Runtime's program closures refer
     back to it, so only the cyclic collector frees it, and the gloo objects it holds with it. Left to the
     collector's pass at interpreter exit, after destroy_process_group, gloo aborted the process there
-    ("terminate called without an active exception"): examples/train_with_api.py on 2 loaded cores, 4 of 182 runs
+    ("terminate called without an active exception"): examples/train_with_api.py on 2 loaded cores, 4 of 210 runs
     before, 0 of 160 with the runtime freed first."""
     gc.collect()
 
