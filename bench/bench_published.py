@@ -253,23 +253,24 @@ def result(row: Row, sim: dict | str, args: argparse.Namespace, *, no_optimizer:
 
 
 def evaluate(data: dict, jobs: int, breakdown: bool, directory: Path) -> tuple[list[Result], list[Switched]]:
-    """Every row as typed and, with `breakdown`, every published row under every switch."""
+    """Every row as typed and, with `breakdown`, every row under every switch."""
     parsed = {r.id: parse_command(r.command) for r in data["rows"]}
     plans: list[tuple[Switch, list[tuple[Row, list[str]]]]] = []
     if breakdown:
         for sw in data["switches"]:
             plans.append((sw, [(r, switched_argv(r.command, sw, directory) or parsed[r.id][0])
-                               for r in data["rows"] if r.published is not None]))
+                               for r in data["rows"]]))  # the effect-only rows too: the effects under each switch
     labels: dict[tuple[str, ...], str] = {}
     for r in data["rows"]:
         labels.setdefault(tuple(parsed[r.id][0]), r.id)
     for sw, runs in plans:
         for r, a in runs:
-            labels.setdefault(tuple(a), f"{r.id} [{sw.mechanism}, {sw.label.split(':')[0]}]")
+            labels.setdefault(tuple(a), f"{r.id} [{sw.mechanism}, {report.label_head(sw.label)}]")
     sims = run_all([list(k) for k in labels], jobs, lambda a: labels[tuple(a)])
     results = [result(r, sims[tuple(parsed[r.id][0])], parsed[r.id][1]) for r in data["rows"]]
     switched = [Switched(sw.mechanism, sw.label, [result(r, sims[tuple(a)], parsed[r.id][1],
-                                                         no_optimizer=sw.without_optimizer) for r, a in runs])
+                                                         no_optimizer=sw.without_optimizer) for r, a in runs],
+                         sw.heading)
                 for sw, runs in plans]
     return results, switched
 

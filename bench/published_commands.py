@@ -33,6 +33,11 @@ class Switch:
     drop_flags: tuple[str, ...] = ()
     skip_when: tuple[tuple[str, ...], ...] = ()  # argument sequences on which the switch cannot act
     without_optimizer: bool = False  # the same run, less its optimizer step (without_optimizer)
+    short: str = ""  # the rows file's `short`: its column heading in the table of relative effects under each switch
+
+    @property
+    def heading(self) -> str:
+        return self.short or self.mechanism
 
 
 def switches(mechanisms: list[dict]) -> list[Switch]:
@@ -43,7 +48,7 @@ def switches(mechanisms: list[dict]) -> list[Switch]:
             out.append(Switch(m["short"], s["label"], tuple(s.get("hardware", {}).items()),
                               tuple(s.get("add_flags", [])), tuple(s.get("drop_flags", [])),
                               tuple(tuple(shlex.split(w)) for w in s.get("skip_when", [])),
-                              bool(s.get("without_optimizer", False))))
+                              bool(s.get("without_optimizer", False)), s.get("short", "")))
     return out
 
 

@@ -90,9 +90,20 @@ class Switched:
     mechanism: str
     label: str  # how it is switched, for the reader
     results: list[Result]
+    heading: str = ""  # its column in the table of relative effects under each switch
 
 
 # ---- text ----------------------------------------------------------------------------------------------------
+
+def label_head(label: str) -> str:
+    """A switch label's words before its first colon outside parentheses ("off: x" -> "off")."""
+    depth = 0
+    for i, c in enumerate(label):
+        depth += (c == "(") - (c == ")")
+        if c == ":" and depth == 0:
+            return label[:i]
+    return label
+
 
 def pct(x: float) -> str:
     return f"{x * 100:+.1f} %"
@@ -122,16 +133,72 @@ def stats_line(label: str, s: Stats) -> str:
             f"speed factor {s.speed_factor:.3f}.")
 
 
-def effect_lines(effects: list[dict], by_id: dict[str, Result]) -> list[str]:
-    """Per effect and pair: published ratio (where both rows have a figure) and predicted ratio."""
-    lines = ["| effect | pair | published | predicted |", "|---|---|---:|---:|"]
+@dataclass(frozen=True)
+class EffectPair:
+    """One pair of a relative effect: the ratio a / b of two rows' figures, published and predicted."""
+
+    effect: str
+    label: str  # "a's configuration / b's configuration"
+    published: float | None  # None where a row has no published figure
+    predicted: float | None  # None where a run failed
+
+    @property
+    def error(self) -> float | None:
+        """predicted ratio / published ratio - 1."""
+        if self.published is None or self.predicted is None:
+            return None
+        return self.predicted / self.published - 1.0
+
+
+def effect_pairs(effects: list[dict], by_id: dict[str, Result]) -> list[EffectPair]:
+    """Every pair of every effect, in the rows file's order."""
+    out = []
     for e in effects:
         for a, b in e["pairs"]:
             ra, rb = by_id[a], by_id[b]
-            pub = (f"{ra.row.published / rb.row.published:.3f}" if ra.row.published and rb.row.published
-                   else "not in published.md")
-            pred = f"{ra.predicted / rb.predicted:.3f}" if ra.predicted and rb.predicted else "failed"
-            lines.append(f"| {e['name']} | {ra.row.configuration} / {rb.row.configuration} | {pub} | {pred} |")
+            pub = ra.row.published / rb.row.published if ra.row.published and rb.row.published else None
+            pred = ra.predicted / rb.predicted if ra.predicted and rb.predicted else None
+            out.append(EffectPair(e["name"], f"{ra.row.configuration} / {rb.row.configuration}", pub, pred))
+    return out
+
+
+def effect_stats_line(pairs: list[EffectPair]) -> str:
+    """One line: how many pairs have a published ratio, and the median and max |ratio error| over them."""
+    errs = [abs(p.error) for p in pairs if p.error is not None]
+    if not errs:
+        return "Relative effects: no pair with a published ratio."
+    return (f"Relative effects (issue 15 asks that they hold too; not part of the goal line above): {len(errs)} pairs "
+            f"with a published ratio, median |ratio error| {statistics.median(errs) * 100:.1f} %, max "
+            f"{max(errs) * 100:.1f} % (ratio error = predicted ratio / published ratio - 1; the causes, effect by "
+            "effect, under \"Relative effects\").")
+
+
+def effect_lines(effects: list[dict], by_id: dict[str, Result]) -> list[str]:
+    """Per effect and pair: published ratio (where both rows have a figure), predicted ratio, ratio error."""
+    lines = ["| effect | pair | published | predicted | ratio error |", "|---|---|---:|---:|---:|"]
+    for p in effect_pairs(effects, by_id):
+        pub = f"{p.published:.3f}" if p.published is not None else "not in published.md"
+        pred = f"{p.predicted:.3f}" if p.predicted is not None else "failed"
+        err = pct(p.error) if p.error is not None else "-"
+        lines.append(f"| {p.effect} | {p.label} | {pub} | {pred} | {err} |")
+    return lines
+
+
+def causes(entries: list[dict]) -> list[str]:
+    """The rows file's `why` of each effect or trend that has one: what sets it in pipesim, what is missing."""
+    return [f"- {e['name']}: {e['why']}" for e in entries if e.get("why")]
+
+
+def effect_switch_table(effects: list[dict], base: dict[str, Result], switched: list[Switched]) -> list[str]:
+    """Each effect pair's predicted ratio as run and under every switch (a column per switch, its `heading`)."""
+    runs = [{r.row.id: r for r in s.results} for s in switched]
+    head = [s.heading or s.mechanism for s in switched]
+    lines = ["| pair | published | as run | " + " | ".join(head) + " |",
+             "|---|---:|---:|" + "---:|" * len(switched)]
+    for p, *under in zip(effect_pairs(effects, base), *(effect_pairs(effects, {**base, **r}) for r in runs)):
+        pub = f"{p.published:.3f}" if p.published is not None else "-"
+        cells = [f"{q.predicted:.3f}" if q.predicted is not None else "failed" for q in (p, *under)]
+        lines.append(f"| {p.label} | {pub} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -202,6 +269,9 @@ def render(data: dict, results: list[Result], header: list[str], switched: list[
                   f"{pct(s.signed_mean)}, median {pct(s.signed_median)}. The residual amounts to one speed factor "
                   f"of {s.speed_factor:.3f} (geometric mean of predicted / published speed over these rows): a "
                   "diagnostic, never applied to any prediction."]
+    by_id = {r.row.id: r for r in results}
+    if data["effects"]:
+        lines += ["", effect_stats_line(effect_pairs(data["effects"], by_id))]
     if other:
         lines += ["", stats_line("Other published results (not in published.md, outside the goal)", stats(other))]
     if failed:
@@ -217,13 +287,21 @@ def render(data: dict, results: list[Result], header: list[str], switched: list[
                   "simulated with the same method. Reported apart; the issue-15 goal above does not count them."]
         lines += _source_sections({"sources": {k: v for k, v in data["sources"].items() if k not in in_ref}},
                                   other)
-    by_id = {r.row.id: r for r in results}
     if data["effects"]:
         lines += ["", "## Relative effects", "",
                   "Ratios of two rows' figures. \"not in published.md\": the paper's counterpart is not among the "
                   "reference rows, so only the prediction is shown.", "", *effect_lines(data["effects"], by_id)]
+        why = causes(data["effects"])
+        if why:
+            lines += ["", "What sets each effect in pipesim, and what is known to be missing "
+                      "(bench/published_rows.toml `why`; the per-switch table under \"Per-mechanism breakdown\" "
+                      "gives each mechanism's share):",
+                      "", *why]
     if data["trends"]:
         lines += ["", "## Trends", "", *trend_lines(data["trends"], by_id)]
+        why = causes(data["trends"])
+        if why:
+            lines += ["", "What sets each trend in pipesim (bench/published_rows.toml `why`):", "", *why]
     extra = [r for r in results if r.row.published is None]
     if extra:
         lines += ["", "Configurations simulated only for the effects above (no published figure): "
@@ -232,7 +310,8 @@ def render(data: dict, results: list[Result], header: list[str], switched: list[
                               for r in extra) + "."]
     if switched:
         lines += ["", "## Per-mechanism breakdown", "",
-                  "Every published row re-run with one of issue 15's mechanisms switched (its flag, a hardware "
+                  "Every row (published, or simulated for a relative effect) re-run with one of issue 15's "
+                  "mechanisms switched (its flag, a hardware "
                   "variant, or for the optimizer the same run less its optimizer step), all else as in the tables "
                   "above (\"as run\"). A switch that cannot act on a row (bench/published_rows.toml `skip_when`, or "
                   "a flag the row does not give) keeps the row's result. Signed error and speed factor in speed "
@@ -243,6 +322,13 @@ def render(data: dict, results: list[Result], header: list[str], switched: list[
                 continue
             sub = [Switched(s.mechanism, s.label, [r for r in s.results if r.row.id in ids]) for s in switched]
             lines += ["", f"### {title}", "", *breakdown_table(group, sub)]
+        if data["effects"]:
+            lines += ["", "### Relative effects under each switch", "",
+                      "Each pair's predicted ratio with one mechanism switched (columns: the switches above, in "
+                      "order: " + "; ".join(f"{s.heading or s.mechanism} = {s.mechanism}, {label_head(s.label)}"
+                                            for s in switched) + "). A column that leaves a ratio where it was "
+                      "as run is a mechanism the effect does not depend on.", "",
+                      *effect_switch_table(data["effects"], by_id, switched)]
     if data["mechanisms"]:
         lines += ["", "## Issue 15's mechanisms in the simulator that produced these figures", "",
                   "| mechanism | state |", "|---|---|",

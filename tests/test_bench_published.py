@@ -105,7 +105,8 @@ def test_table_summary_effects_and_trend_on_a_small_row_set():
     assert (n, med, worst) == (3, pytest.approx(0.25), pytest.approx(0.25))
     by_id = {r.row.id: r for r in results}
     lines = pr.effect_lines([{"name": "e", "pairs": [["b", "a"], ["a", "d"]]}], by_id)
-    assert lines[2:] == ["| e | b / a | 2.000 | 1.200 |", "| e | a / d | not in published.md | 1.250 |"]
+    # b / a: published 4 / 2 = 2, predicted 3 / 2.5 = 1.2, ratio error 1.2 / 2 - 1 = -40 %
+    assert lines[2:] == ["| e | b / a | 2.000 | 1.200 | -40.0 % |", "| e | a / d | not in published.md | 1.250 | - |"]
     by_id["e"] = _result("e", "S", 5.0, 1.0)  # published up from a, predicted down
     trend = pr.trend_lines([{"name": "t", "rows": ["a", "b", "c"]}, {"name": "u", "rows": ["a", "e", "c"]}], by_id)
     assert trend == ["- t: last / first 5.000 published, 4.200 predicted; 2 of 2 steps from one row to the next go "
@@ -120,6 +121,39 @@ def test_table_summary_effects_and_trend_on_a_small_row_set():
     assert "S: 3 rows, median |error| 25.0 %, max |error| 25.0 %; signed (speed, + = optimistic) mean" in doc
     failed = pr.Result(results[0].row, None, "f", failure="pipesim: error: x")
     assert "Rows whose command failed: `a` (pipesim: error: x)." in pr.render(data, [failed], ["# H"])
+
+
+def test_relative_effects_summary_causes_and_their_table_under_each_switch():
+    base = {r.row.id: r for r in (_result("a", "S", 2.0, 2.5), _result("b", "S", 4.0, 4.0), _result("c", "S", 3.0, 3.3),
+                                  _result("x", "S", None, 5.0))}
+    effects = [{"name": "e", "pairs": [["b", "a"], ["c", "a"]], "why": "because."},
+               {"name": "f", "pairs": [["x", "a"]]}]
+    pairs = pr.effect_pairs(effects, base)
+    # b / a: published 2, predicted 1.6 (-20 %); c / a: published 1.5, predicted 1.32 (-12 %); x / a: predicted only
+    assert [(p.label, p.published, p.predicted) for p in pairs] == [
+        ("b / a", 2.0, 4.0 / 2.5), ("c / a", 1.5, 3.3 / 2.5), ("x / a", None, 5.0 / 2.5)]
+    assert [round(p.error, 12) if p.error is not None else None for p in pairs] == [-0.2, -0.12, None]
+    assert pr.effect_stats_line(pairs) == (
+        "Relative effects (issue 15 asks that they hold too; not part of the goal line above): 2 pairs with a "
+        "published ratio, median |ratio error| 16.0 %, max 20.0 % (ratio error = predicted ratio / published ratio "
+        "- 1; the causes, effect by effect, under \"Relative effects\").")
+    assert pr.effect_stats_line(pairs[2:]) == "Relative effects: no pair with a published ratio."
+    assert pr.causes(effects + [{"name": "t", "rows": []}]) == ["- e: because."]
+    # a switch that slows row a to 3.2 (every ratio over a falls), and one whose run of x failed
+    slow = pr.Switched("1. m", "off: x (y: z): w", [_result("a", "S", 2.0, 3.2), base["b"], base["c"], base["x"]],
+                       "1 off")
+    broke = pr.Switched("2. n", "on", [base["a"], base["b"], base["c"], pr.Result(base["x"].row, None, "f")])
+    assert pr.effect_switch_table(effects, base, [slow, broke]) == [
+        "| pair | published | as run | 1 off | 2. n |", "|---|---:|---:|---:|---:|",
+        "| b / a | 2.000 | 1.600 | 1.250 | 1.600 |", "| c / a | 1.500 | 1.320 | 1.031 | 1.320 |",
+        "| x / a | - | 2.000 | 1.562 | failed |"]
+    assert [pr.label_head(s) for s in ("off: x (y: z): w", "DP on (what-if: not used): `--f`", "plain")] == [
+        "off", "DP on (what-if: not used)", "plain"]
+    data = {"sources": {"S": {"citation": "C"}}, "effects": effects, "trends": [], "mechanisms": []}
+    doc = pr.render(data, list(base.values()), ["# H"], [slow, broke])
+    assert pr.effect_stats_line(pairs) in doc and "- e: because." in doc
+    assert "| b / a | 2.000 | 1.600 | 1.250 | 1.600 |" in doc[doc.index("### Relative effects under each switch"):]
+    assert "1 off = 1. m, off; 2. n = 2. n, on)" in doc
 
 
 def test_every_row_parses_and_is_consistent():
