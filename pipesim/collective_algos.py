@@ -84,20 +84,22 @@ def group_shape(hw: Hardware, devices: list[int]) -> GroupShape:
     return GroupShape(len(devices), len(per_node), max(per_node.values()), hw.intra, inter)
 
 
-def bus_bandwidth(shape: GroupShape) -> float:
-    """Bytes/s per rank a ring or tree over the group sustains before protocol factors.
+def bus_bandwidth(shape: GroupShape, kind: str = "all_reduce") -> float:
+    """Bytes/s per rank a ring or tree of collective `kind` over the group sustains before protocol factors.
 
     One node: the intra link (a shared medium carries all n ranks' transfers at once: / n).
     Across nodes every byte leaves each node once per ring pass, so the node's NICs must carry a
     rank's whole bus bandwidth: rail-optimised (one NIC per GPU) gives per_node NICs; a shared
     NIC one. The ring runs at min(intra link, NICs x NIC bandwidth); with one rank per node
-    there is no intra hop.
+    there is no intra hop. Each link at its bandwidth for `kind` (LinkClass.kind_bandwidth: a measured
+    hardware file's factor per collective, 1 in the presets).
     """
-    intra = shape.intra.bandwidth / shape.per_node if shape.intra.shared else shape.intra.bandwidth
+    link = shape.intra.kind_bandwidth(kind)
+    intra = link / shape.per_node if shape.intra.shared else link
     if shape.inter is None:
         return intra
     nics = 1 if shape.inter.shared else shape.per_node
-    network = nics * shape.inter.bandwidth
+    network = nics * shape.inter.kind_bandwidth(kind)
     return network if shape.per_node == 1 else min(intra, network)
 
 
@@ -135,7 +137,7 @@ def tree_latency(shape: GroupShape, protocol: str) -> float:
 
 def algo_time(kind: str, nbytes: float, shape: GroupShape, algo: str, protocol: str) -> CollectiveTime:
     """Seconds of `kind` on S = nbytes with one (algorithm, protocol) pair (tree: all_reduce only)."""
-    bus = bus_bandwidth(shape)
+    bus = bus_bandwidth(shape, kind)
     if algo == "ring":
         bw = bus * RING_PROTOCOL_BW[protocol]
         moved = 2 * (shape.n - 1) / shape.n if kind == "all_reduce" else \

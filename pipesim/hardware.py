@@ -18,10 +18,13 @@ from typing import Any
 from pipesim.cost_equation import KINDS, CostEquation, SplitCosts, action_seconds
 from pipesim.errors import PipesimError
 
+COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter")  # the rings a link's `collective_bandwidth` scales
+
 
 def file_field(kind: str, unit: str = "", doc: str = "", default: Any = MISSING, **extra: Any) -> Any:
     """A dataclass field with its file metadata. Kinds: str, bool, pos (> 0), nonneg (>= 0), frac (0 < x <= 1),
-    posint, flops (dtype -> FLOP/s), kinds (F/I/W -> factor), choice (`choices`), section (a nested table)."""
+    posint, flops (dtype -> FLOP/s), kinds (F/I/W -> factor), collectives (NCCL collective -> factor), choice
+    (`choices`), section (a nested table)."""
     return field(default=default, metadata={"kind": kind, "unit": unit, "doc": doc, **extra})
 
 
@@ -36,6 +39,19 @@ class LinkClass:
     latency: float = file_field("nonneg", "seconds", "per message / per ring step")
     # one medium per node (PCIe through the host, loopback): all transfers contend
     shared: bool = file_field("bool", doc="one medium per node: all transfers contend", default=False)
+    # measured: an NCCL collective's bus bandwidth over all_reduce's, per kind (`pipesim calibrate --gpu` with
+    # several GPUs); a ring of that kind runs at bandwidth x factor. None: every kind at `bandwidth`
+    collective_bandwidth: dict[str, float] | None = file_field(
+        "collectives", doc="factor on bandwidth per NCCL collective (its measured busbw / all_reduce's)", default=None)
+
+    def __hash__(self) -> int:  # a dict field: hash by its sorted items so Hardware stays hashable
+        kinds = tuple(sorted(self.collective_bandwidth.items())) if self.collective_bandwidth else None
+        return hash((self.name, self.bandwidth, self.peak_bandwidth, self.latency, self.shared, kinds))
+
+    def kind_bandwidth(self, kind: str) -> float:
+        """Bytes/s a ring of collective `kind` runs at on this link: `bandwidth`, times its measured factor."""
+        factors = self.collective_bandwidth or {}
+        return self.bandwidth * factors.get(kind, 1.0)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from importlib import resources
 from pathlib import Path
 
 from pipesim.errors import PipesimError
-from pipesim.hardware import DeviceSpec, Hardware, HostProfile, KernelFigures, LinkClass
+from pipesim.hardware import COLLECTIVE_KINDS, DeviceSpec, Hardware, HostProfile, KernelFigures, LinkClass
 
 try:
     import tomllib
@@ -67,6 +67,15 @@ def _check(label: str, where: str, value: object, kind: str, unit: str) -> objec
         for k, v in value.items():
             if k not in ("F", "I", "W"):
                 raise PipesimError(f"{label}: {where} has unknown kind {k!r}; use F, I, W")
+            _check(label, f"{where}.{k}", v, "pos", unit)
+        return {k: float(v) for k, v in value.items()}
+    if kind == "collectives":
+        if not isinstance(value, dict) or not value:
+            raise PipesimError(f"{label}: {where} must be a table of collective = factor, e.g. "
+                               "{ all_gather = 0.9, reduce_scatter = 0.95 }")
+        for k, v in value.items():
+            if k not in COLLECTIVE_KINDS:
+                raise PipesimError(f"{label}: {where} has unknown collective {k!r}; use {', '.join(COLLECTIVE_KINDS)}")
             _check(label, f"{where}.{k}", v, "pos", unit)
         return {k: float(v) for k, v in value.items()}
     if kind == "flops":
@@ -175,7 +184,7 @@ def _lines(obj: object, always: bool) -> list[str]:
             continue
         if not always and f.default is not MISSING and value == f.default:
             continue
-        if meta["kind"] in ("flops", "kinds"):
+        if meta["kind"] in ("flops", "kinds", "collectives"):
             text = "{ " + ", ".join(f"{k} = {_value(float(v))}" for k, v in sorted(value.items())) + " }"
         elif meta["kind"] in ("pos", "nonneg", "frac"):
             text = _value(float(value))

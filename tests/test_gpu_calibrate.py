@@ -17,6 +17,7 @@ import pytest
 
 from pipesim.calibration import gpu
 from pipesim.cli import main as pipesim_main
+from pipesim.collective_algos import collective_time, group_shape, ring_latency
 from pipesim.comm_costs import ring_time
 from pipesim.device import measured
 from pipesim.device.gemm import gemm_time
@@ -307,3 +308,50 @@ def test_the_a100_what_if_file_is_mamf_times_the_h200_runs_ratios():
     assert k.matmul_efficiency == pytest.approx(mamf * measured.sustained_fraction(run), abs=1e-4)
     share = measured.summarise(run, device_profile("H200"))["memory_bound_efficiency"]
     assert k.memory_bound_efficiency == pytest.approx(share, abs=1e-4)
+
+
+def test_all_gather_and_reduce_scatter_get_their_own_bandwidth_factor_from_the_same_fit(tmp_path):
+    # an all_reduce and two half-as-fast-per-byte kinds over 8 ranks, hand-made: the ring's bytes coefficient is
+    # 2 (n-1)/n for all_reduce, (n-1)/n for the others (pipesim.comm_costs.ring_time)
+    rows = ["kind,dtype,shape,bytes,seconds", "all_reduce,float32,8,8192,2.2e-05",
+            "all_reduce,float32,8,268435456,0.00128",
+            "all_gather,float32,8,8192,1.5e-05", "all_gather,float32,8,268435456,0.0008",
+            "reduce_scatter,float32,8,8192,1.5e-05", "reduce_scatter,float32,8,268435456,0.00072",
+            "launch,float32,,0,5e-06"]
+    data = measured.parse("\n".join(rows) + "\n")
+    link = gpu.link_fit(data)
+    ag = 7 / 8 * (268435456 - 8192) / (0.0008 - 1.5e-5)  # the all_gather fit's bandwidth
+    rs = 7 / 8 * (268435456 - 8192) / (0.00072 - 1.5e-5)
+    factors = gpu.collective_factors(data, link)
+    assert factors == {"all_gather": pytest.approx(ag / link.bandwidth, rel=1e-14),
+                       "reduce_scatter": pytest.approx(rs / link.bandwidth, rel=1e-14)}
+    assert gpu.collective_factors(data, None) == {}
+    only_ar = measured.parse("\n".join(rows[:3]) + "\n")
+    assert gpu.collective_factors(only_ar, gpu.link_fit(only_ar)) == {}
+    hw = replace(load_hardware("dgx-h100"), intra=replace(load_hardware("dgx-h100").intra,
+                                                          bandwidth=link.bandwidth, collective_bandwidth=factors))
+    # a ring all_gather on 8 GPUs of one node: NCCL's latency plus (n-1)/n S at bandwidth x factor, Simple protocol
+    big = 1 << 30
+    t = collective_time("all_gather", big, list(range(8)), hw, algo="ring", protocol="Simple")
+    assert t.bus_bandwidth == link.bandwidth * factors["all_gather"]
+    assert t.seconds == pytest.approx(ring_latency("all_gather", group_shape(hw, list(range(8))), "Simple")
+                                      + 7 / 8 * big / (link.bandwidth * factors["all_gather"]), rel=1e-14)
+    ar = collective_time("all_reduce", big, list(range(8)), hw, algo="ring", protocol="Simple")
+    assert ar.bus_bandwidth == link.bandwidth  # all_reduce keeps the link's own bandwidth
+    # the file carries the factors and reads back equal; a bad table is one line
+    path = tmp_path / "hw.toml"
+    path.write_text(hardware_to_toml(hw))
+    assert load_hardware(str(path)) == hw and "collective_bandwidth = { all_gather = " in path.read_text()
+    for bad, said in (("{ all_to_all = 0.9 }", "unknown collective 'all_to_all'"),
+                      ("{ all_gather = 0 }", r"collective_bandwidth.all_gather must be a positive number"),
+                      ("0.9", "must be a table of collective = factor")):
+        text = hardware_to_toml(hw).replace("collective_bandwidth = {", f"collective_bandwidth = {bad} #{{", 1)
+        path.write_text(text)
+        with pytest.raises(PipesimError, match=said):
+            load_hardware(str(path))
+    # assemble puts them on the measured file's [intra] link
+    sample = measured.parse(SAMPLE.read_text() + "\n".join(rows[3:7]) + "\n")
+    cal = gpu.assemble(sample)
+    assert cal.hardware.intra.collective_bandwidth == gpu.collective_factors(sample, cal.link)
+    assert "collectives' bandwidth over all_reduce's: all_gather " in cal.summary()
+    assert gpu.assemble(measured.read(SAMPLE)).hardware.intra.collective_bandwidth is None  # all_reduce only

@@ -5,8 +5,8 @@ FILE` reads a recorded file (pipesim/device/measured.py's format); both end here
 tests assemble a recorded file on a machine with no GPU. What the file carries (docs/calibration.md):
 [device.kernels] = the measured figures of the family's kernel model (by measured.summarise's
 definitions), [device].hbm_bandwidth = the memory-bound kernels' median bytes/s (the best copy without
-them), and with NCCL results the [intra] link
-the simulator's ring formula needs to reproduce the smallest and the largest collective measured.
+them), and with NCCL results the [intra] link the simulator's ring formula needs to reproduce the smallest
+and the largest collective measured, with each other collective's bandwidth over it (collective_bandwidth).
 Everything else (topology, peaks, the network across nodes) is the base preset's, named in `source`.
 """
 
@@ -63,26 +63,48 @@ def _median_at(rows: list[measured.Record], nbytes: int) -> float:
     return statistics.median(r.seconds for r in rows if r.nbytes == nbytes)
 
 
+def _fit(data: measured.Measurements, kind: str) -> LinkFit | None:
+    """Solve t = a L + c S / B for `kind` through the smallest and largest S measured (median of repeats), with a
+    and c read off ring_time itself (a = its time at L = 1, S = 0; c = at S = 1, B = 1, L = 0). None: no two sizes."""
+    rows = data.of(kind)
+    sizes = sorted({r.nbytes for r in rows})
+    if len(sizes) < 2:
+        return None
+    n = rows[0].shape[0]
+    if n < 2 or any(r.shape[0] != n for r in rows):
+        raise PipesimError(f"{kind} records must all be over the same number (>= 2) of ranks")
+    small, large = (sizes[0], _median_at(rows, sizes[0])), (sizes[-1], _median_at(rows, sizes[-1]))
+    a, c = ring_time(kind, n, 0, 1.0, 1.0), ring_time(kind, n, 1, 1.0, 0.0)  # latency, bytes coefficients
+    if not large[1] > small[1]:
+        raise PipesimError(f"{kind}: {large[0]} bytes took no longer than {small[0]} ({large[1]} s <= "
+                           f"{small[1]} s); re-run the measurement")
+    bandwidth = c * (large[0] - small[0]) / (large[1] - small[1])
+    latency = max(0.0, (small[1] - c * small[0] / bandwidth) / a)
+    return LinkFit(kind, n, small, large, bandwidth, latency)
+
+
 def link_fit(data: measured.Measurements) -> LinkFit | None:
-    """Solve t = a L + c S / B through the smallest and largest S measured (median of repeats), with a and c
-    read off ring_time itself (a = its time at L = 1, S = 0; c = at S = 1, B = 1, L = 0). None: no two sizes."""
+    """The [intra] link: `_fit` of the first of LINK_KINDS measured at two sizes or more; None: none was."""
     for kind in LINK_KINDS:
-        rows = data.of(kind)
-        sizes = sorted({r.nbytes for r in rows})
-        if len(sizes) < 2:
-            continue
-        n = rows[0].shape[0]
-        if n < 2 or any(r.shape[0] != n for r in rows):
-            raise PipesimError(f"{kind} records must all be over the same number (>= 2) of ranks")
-        small, large = (sizes[0], _median_at(rows, sizes[0])), (sizes[-1], _median_at(rows, sizes[-1]))
-        a, c = ring_time(kind, n, 0, 1.0, 1.0), ring_time(kind, n, 1, 1.0, 0.0)  # latency, bytes coefficients
-        if not large[1] > small[1]:
-            raise PipesimError(f"{kind}: {large[0]} bytes took no longer than {small[0]} ({large[1]} s <= "
-                               f"{small[1]} s); re-run the measurement")
-        bandwidth = c * (large[0] - small[0]) / (large[1] - small[1])
-        latency = max(0.0, (small[1] - c * small[0] / bandwidth) / a)
-        return LinkFit(kind, n, small, large, bandwidth, latency)
+        fit = _fit(data, kind)
+        if fit is not None:
+            return fit
     return None
+
+
+def collective_factors(data: measured.Measurements, link: LinkFit | None) -> dict[str, float]:
+    """Each other ring collective's fitted bandwidth over the all_reduce link's (LinkClass.collective_bandwidth):
+    NCCL runs all_gather and reduce_scatter as their own kernels, not as halves of an all_reduce (Korthikanti et
+    al. 2022, section 6.2, found the pair slower than an all_reduce of the same bytes). {} without an all_reduce
+    link or without the other kinds at two sizes over its ranks."""
+    if link is None or link.kind != "all_reduce":
+        return {}
+    out = {}
+    for kind in ("all_gather", "reduce_scatter"):
+        fit = _fit(data, kind)
+        if fit is not None and fit.ranks == link.ranks:
+            out[kind] = fit.bandwidth / link.bandwidth
+    return out
 
 
 def collective_records(path: Path) -> list[measured.Record]:
@@ -137,6 +159,10 @@ class GpuCalibration:
             f = self.link
             lines.append(f"intra link: {f.bandwidth / 1e9:.1f} GB/s, {f.latency * 1e6:.2f} us: {f.kind} over "
                          f"{f.ranks} ranks reproduced at {f.small[0]} and {f.large[0]} bytes")
+            factors = self.hardware.intra.collective_bandwidth
+            if factors:
+                lines.append("collectives' bandwidth over all_reduce's: "
+                             + ", ".join(f"{k} {v:.3f}" for k, v in factors.items()))
         if self.gemms is not None:
             lines.append(f"GEMM model with these figures vs the run's {self.dtype} GEMMs: {self.gemms.summary()}")
         return "\n".join(lines)
@@ -173,12 +199,16 @@ def assemble(data: measured.Measurements, *, family: str | None = None, base: Ha
     device = replace(base.device, name=data.meta.get("device", base.device.name), family=family, kernels=kernels,
                      hbm_bandwidth=hbm, memory=memory)
     link = link_fit(data)
-    intra = replace(base.intra, bandwidth=link.bandwidth, latency=link.latency) if link else base.intra
+    factors = collective_factors(data, link)
+    intra = replace(base.intra, bandwidth=link.bandwidth, latency=link.latency,
+                    collective_bandwidth=factors or None) if link else base.intra
     parts = ["kernel figures ([device.kernels]) and hbm_bandwidth (the memory-bound kernels' median bandwidth, or "
              "the best copy without them): " + source]
     if link:
         parts.append(f"[intra] bandwidth and latency: NCCL {link.kind} over {link.ranks} ranks, the ring formula "
                      f"through {link.small[0]} and {link.large[0]} bytes")
+    if factors:
+        parts.append("[intra] collective_bandwidth: each collective's bandwidth by the same fit over all_reduce's")
     parts.append(f"everything else: preset {base.name} ({base.source})")
     hardware = replace(base, name=f"{base.name}-measured", device=device, intra=intra, source="; ".join(parts))
     rows = [Measured(*r.shape, dtype=dtype, flops_per_s=r.flops / r.seconds)
@@ -192,5 +222,5 @@ def measurements_path(output: Path) -> Path:
     return output.with_name(output.stem + ".measurements.csv")
 
 
-__all__ = ["GpuCalibration", "LinkFit", "assemble", "base_preset", "collective_records", "family_of", "gemm_dtype",
-           "link_fit", "measurements_path", "source_of"]
+__all__ = ["GpuCalibration", "LinkFit", "assemble", "base_preset", "collective_factors", "collective_records",
+           "family_of", "gemm_dtype", "link_fit", "measurements_path", "source_of"]
