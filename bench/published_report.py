@@ -90,7 +90,11 @@ class Switched:
     mechanism: str
     label: str  # how it is switched, for the reader
     results: list[Result]
-    heading: str = ""  # its column in the table of relative effects under each switch
+    heading: str = ""  # its column in the table of relative effects under each switch (default: the mechanism)
+
+    @property
+    def column(self) -> str:
+        return self.heading or self.mechanism
 
 
 # ---- text ----------------------------------------------------------------------------------------------------
@@ -190,9 +194,9 @@ def causes(entries: list[dict]) -> list[str]:
 
 
 def effect_switch_table(effects: list[dict], base: dict[str, Result], switched: list[Switched]) -> list[str]:
-    """Each effect pair's predicted ratio as run and under every switch (a column per switch, its `heading`)."""
+    """Each effect pair's predicted ratio as run and under every switch (a column per switch, its `column`)."""
     runs = [{r.row.id: r for r in s.results} for s in switched]
-    head = [s.heading or s.mechanism for s in switched]
+    head = [s.column for s in switched]
     lines = ["| pair | published | as run | " + " | ".join(head) + " |",
              "|---|---:|---:|" + "---:|" * len(switched)]
     for p, *under in zip(effect_pairs(effects, base), *(effect_pairs(effects, {**base, **r}) for r in runs)):
@@ -325,7 +329,7 @@ def render(data: dict, results: list[Result], header: list[str], switched: list[
         if data["effects"]:
             lines += ["", "### Relative effects under each switch", "",
                       "Each pair's predicted ratio with one mechanism switched (columns: the switches above, in "
-                      "order: " + "; ".join(f"{s.heading or s.mechanism} = {s.mechanism}, {label_head(s.label)}"
+                      "order: " + "; ".join(f"{s.column} = {s.mechanism}, {label_head(s.label)}"
                                             for s in switched) + "). A column that leaves a ratio where it was "
                       "as run is a mechanism the effect does not depend on.", "",
                       *effect_switch_table(data["effects"], by_id, switched)]
