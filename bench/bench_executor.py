@@ -109,8 +109,8 @@ def _torch_side(args: argparse.Namespace, name: str, rank: int, world: int):
 def _pipesim_side(args: argparse.Namespace, name: str, world: int):
     """The pipesim executor's Runtime for the same run; None when the executor is not importable."""
     try:
-        from executor.config import RunConfig
         from executor.mesh import build_mesh
+        from executor.run_config import RunConfig
         from executor.runtime import Runtime
     except ImportError as exc:
         print(f"bench_executor: pipesim executor unavailable ({exc})", file=sys.stderr)

@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from pipesim.hardware_toml import load_hardware
+from pipesim.hardware.toml_io import load_hardware
 from pipesim.model.config import ModelConfig
 from pipesim.model.hf_config import load_hf_config
 from pipesim.plan.search import default_workers, plan

@@ -35,7 +35,7 @@ from pathlib import Path
 from pipesim.cli import main as pipesim_main
 from pipesim.commands.common import model_config
 from pipesim.errors import PipesimError
-from pipesim.model.params import embedding_params, model_params
+from pipesim.model.param_counts import embedding_params, model_params
 
 try:
     import tomllib

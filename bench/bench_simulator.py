@@ -24,10 +24,10 @@ import dataclasses
 import time
 
 import schedules
-from pipesim.costs import CostTable
-from pipesim.hardware_toml import load_hardware
-from pipesim.lowering import add_p2p
-from pipesim.simulator import simulate
+from pipesim.cost.table import CostTable
+from pipesim.hardware.toml_io import load_hardware
+from pipesim.ir.lowering import add_p2p
+from pipesim.sim.simulator import simulate
 
 SIZES = [(4, 32), (8, 64), (16, 128), (32, 256), (64, 512), (64, 1024), (8, 4096), (64, 2048)]
 INTERLEAVED = [(32, 256, 2)]  # (p, m, v) of interleaved 1F1B, run after the 1F1B sizes
@@ -110,7 +110,7 @@ def main() -> None:
         print(line + f" | {lower_s:>10.3f}", flush=True)
     print("pipesim: real durations, every transfer holds its links (DGX H100 nodes, NVSwitch + InfiniBand), "
           "memory and critical path recorded; torch: one time unit per action, no links.")
-    print("lowering s: pipesim.lowering.add_p2p (compute-only -> with SEND/RECV), paid once by `pipesim simulate`.")
+    print("lowering s: pipesim.ir.lowering.add_p2p (compute-only -> with SEND/RECV), paid once by `pipesim simulate`.")
 
 
 if __name__ == "__main__":

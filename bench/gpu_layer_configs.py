@@ -1,6 +1,6 @@
 """The transformer layers bench/gpu_layers.py times on one GPU: the per-rank layer of published configurations.
 
-Each is one tensor-parallel rank's layer (the shapes pipesim.model.kernels gives for tp t), without the TP
+Each is one tensor-parallel rank's layer (the shapes pipesim.model.layer_kernels gives for tp t), without the TP
 collectives, so one GPU runs it. The GPT rows are Narayanan et al. 2021 Table 1 and Korthikanti et al. 2022 (their
 microbatch sizes, eager attention); the Llama rows are Llama 3 70B and 405B at tp 8 with flash attention
 (Dubey et al. 2024, Table 3's shapes). No torch here: bench/gpu_layers_compare.py reads these on any machine.
@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pipesim.model.config import ModelConfig
-from pipesim.model.kernels import PieceKernels, layer_kernels
+from pipesim.model.layer_kernels import PieceKernels, layer_kernels
 from pipesim.model.options import LayerOptions
 
 DTYPE = "bfloat16"  # the papers' A100 runs were fp16; on a Hopper GPU fp16 and bf16 have one tensor-core rate

@@ -4,7 +4,7 @@
   python bench/gpu_layers.py OUT_DIR --device cpu --tiny    # the same code paths on a CPU (the tests)
 
 For each case (one tensor-parallel rank's layer of a published configuration) it writes OUT_DIR/layers.csv:
-  alone      each GEMM, attention kernel and memory-bound kernel of pipesim.model.kernels.layer_kernels timed by
+  alone      each GEMM, attention kernel and memory-bound kernel of pipesim.model.layer_kernels.layer_kernels timed by
              itself (a GEMM in the layout its role has in Megatron: forward X W^T, dgrad dY W, wgrad dY^T X; a
              memory-bound kernel as a copy of the same bytes);
   sequence   each phase's (F, I, W) kernels back to back, fused (Megatron's kernels) and unfused lists;
@@ -32,7 +32,7 @@ from gpu_layer_configs import CASES, TINY_CASES, LayerCase
 from gpu_run import record_case, write_meta
 
 from pipesim.calibration.gpu_measure import timer
-from pipesim.model.kernels import FlashAttention, Gemm, Kernel
+from pipesim.model.layer_kernels import FlashAttention, Gemm, Kernel
 
 FIELDS = ("case", "mode", "phase", "kernel", "kind", "shape", "nbytes", "seconds")
 DROPOUT = 0.1  # Megatron's attention and hidden dropout in the papers' runs

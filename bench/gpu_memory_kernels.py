@@ -3,9 +3,9 @@
   python bench/gpu_memory_kernels.py OUT_DIR [--only LABELS] [--budget SECONDS]
   python bench/gpu_memory_kernels.py OUT_DIR --device cpu --tiny      # the same code paths on a CPU (the tests)
 
-The model charges each memory-bound kernel (pipesim.model.kernels.layer_kernels, fused=True) its bytes at one rate,
-memory_bound_efficiency x HBM. This measures the rate of each kind. For each case of bench/gpu_layer_configs.py and
-each such kernel, the op as Megatron-LM writes it, on the kernel's tensors ([s, b, h] layout), in two forms:
+The model charges each memory-bound kernel (pipesim.model.layer_kernels.layer_kernels, fused=True) its bytes at one
+rate, memory_bound_efficiency x HBM. This measures the rate of each kind. For each case of bench/gpu_layer_configs.py
+and each such kernel, the op as Megatron-LM writes it, on the kernel's tensors ([s, b, h] layout), in two forms:
   eager     torch's own kernels, one per op (for softmax, torch's softmax alone: Megatron never runs the unfused
             scale-mask chain);
   compiled  the same function under torch.compile (Triton kernels, one per fusion): it stands for Megatron's fused
@@ -35,7 +35,7 @@ from gpu_layer_configs import CASES, TINY_CASES, LayerCase, timed_as_backward
 from gpu_run import record_case, write_meta
 
 from pipesim.calibration.gpu_measure import timer
-from pipesim.model.kernels import MemoryBound
+from pipesim.model.layer_kernels import MemoryBound
 
 FIELDS = ("case", "phase", "kernel", "family", "impl", "elements", "nbytes", "seconds", "gpu_seconds")
 DROPOUT = 0.1  # Megatron's attention and hidden dropout in the papers' runs

@@ -4,10 +4,10 @@
 
 Seconds are the GPU's time in kernels (gpu_seconds) where recorded. Rates are fractions of the HBM datasheet bandwidth
 of the hardware (default: the shipped H200 profile, hgx-h200), with the model's bytes of each kernel
-(pipesim.model.kernels). It prints the copy and the Liger-shape LayerNorm references, each op family's byte-weighted
-rate per direction (forward, backward) and implementation (eager, compiled), and per case and phase the rate of the
-whole fused kernel list: eager (torch's kernels), best (per kernel the faster of the two), against the profile's
-memory_bound_efficiency. No torch needed.
+(pipesim.model.layer_kernels). It prints the copy and the Liger-shape LayerNorm references, each op family's
+byte-weighted rate per direction (forward, backward) and implementation (eager, compiled), and per case and phase
+the rate of the whole fused kernel list: eager (torch's kernels), best (per kernel the faster of the two), against
+the profile's memory_bound_efficiency. No torch needed.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from pathlib import Path
 
 from gpu_layer_configs import timed_as_backward
 
+from pipesim.cost.kernel_costs import profile_of
 from pipesim.errors import PipesimError
-from pipesim.hardware_toml import load_hardware
-from pipesim.kernel_costs import profile_of
+from pipesim.hardware.toml_io import load_hardware
 
 IMPLS = ("eager", "compiled")
 

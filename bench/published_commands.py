@@ -17,7 +17,7 @@ from pathlib import Path
 
 from pipesim.cli import build_parser
 from pipesim.errors import PipesimError
-from pipesim.hardware_toml import NESTED_SECTIONS, hardware_to_toml, load_hardware
+from pipesim.hardware.toml_io import NESTED_SECTIONS, hardware_to_toml, load_hardware
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from types import ModuleType
 
 from pipesim.device.profile import device_profile
-from pipesim.hardware_toml import load_hardware
+from pipesim.hardware.toml_io import load_hardware
 
 STEPS = 16  # bisection steps: the range / 2^16, finer than the figures' three significant digits
 

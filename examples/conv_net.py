@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pipesim.user_model import ModelParts
+from pipesim.cost.user_model_costs import ModelParts
 
 CHANNELS = (3, 8, 8, 16, 16, 16, 8, 8, 8)  # input channels, then each layer's output channels
 CLASSES = 10

@@ -9,4 +9,4 @@ from __future__ import annotations
 
 __all__ = ["RunConfig"]
 
-from executor.config import RunConfig
+from executor.run_config import RunConfig

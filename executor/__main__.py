@@ -24,9 +24,9 @@ from datetime import timedelta
 from pathlib import Path
 
 from executor import rank_status
-from executor.config import RunConfig, config_argument, configs_from_json
 from executor.faults import die
-from executor.progress import Progress
+from executor.progress_bar import Progress
+from executor.run_config import RunConfig, config_argument, configs_from_json
 from pipesim.errors import PipesimError
 from pipesim.outputs import write_text
 

@@ -7,7 +7,7 @@
     result = train("1f1b", model=nn.Sequential(...), split=[2, 2], loss_fn=F.mse_loss,
                    batches=lambda step: (x, y), steps=4, microbatches=4)
 
-The schedule is a registered name, a `pipesim.ir.Schedule` or a torch.distributed.pipelining CSV
+The schedule is a registered name, a `pipesim.ir.schedule.Schedule` or a torch.distributed.pipelining CSV
 file; the model is a list of stage modules (one per stage, the same on every rank: each rank keeps
 its own) or one `nn.Sequential`-like model cut by `split` (layers per stage). Boundary shapes come
 from one pass of the first batch's microbatch through the stages on the meta device. `pipesim run`
@@ -26,15 +26,15 @@ import torch.distributed as dist
 from torch import nn
 
 import schedules
-from executor.config import RunConfig, check_transport_order
 from executor.mesh import Mesh, build_mesh
 from executor.params import module_parameters
+from executor.run_config import RunConfig, check_transport_order
 from executor.runtime import Runtime
 from executor.timing import RankLog, gather, median_step_time, resolve, step_times, to_timeline, write_trace
 from executor.workload import PiecesWorkload
-from pipesim import torch_csv
 from pipesim.errors import PipesimError
-from pipesim.ir import Schedule
+from pipesim.ir import torch_csv
+from pipesim.ir.schedule import Schedule
 from pipesim.timeline import Timeline
 
 Batches = Callable[[int], tuple[torch.Tensor, torch.Tensor]] | Sequence[tuple[torch.Tensor, torch.Tensor]]
@@ -97,7 +97,7 @@ def free_runtimes() -> None:
 def resolve_schedule(schedule: str | Path | Schedule, pp: int, microbatches: int | None,
                      virtual: int | None = None) -> Schedule:
     """A registered name, a CSV file (`.csv`) or a Schedule -> a validated Schedule for `pp` ranks."""
-    from pipesim.schedule_check import validate  # networkx: only here
+    from pipesim.ir.schedule_check import validate  # networkx: only here
 
     if isinstance(schedule, Schedule):
         sched = schedule

@@ -25,8 +25,8 @@ import torch
 import torch.distributed as dist
 
 from executor.collectives_config import CollectivesConfig
-from executor.config import config_argument
-from pipesim.comm_costs import busbw_factor as _ring_factor
+from executor.run_config import config_argument
+from pipesim.comm.collective_costs import busbw_factor as _ring_factor
 from pipesim.errors import PipesimError
 from pipesim.outputs import write_text
 
@@ -50,7 +50,7 @@ class Result:
 
 
 def busbw_factor(op: str, n: int) -> float:
-    """nccl-tests factor; scatter and gather are not in pipesim.comm_costs, nccl-tests uses (n-1)/n."""
+    """nccl-tests factor; scatter and gather are not in pipesim.comm.collective_costs, nccl-tests uses (n-1)/n."""
     if op in ("scatter", "gather"):
         return (n - 1) / n
     return _ring_factor(op, n)

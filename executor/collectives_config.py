@@ -1,6 +1,6 @@
 """What the collectives benchmark measures, checked before torchrun starts; no torch at import.
 
-Built from `pipesim bench collectives`' flags (pipesim.commands.bench) and handed to the torchrun
+Built from `pipesim bench collectives`' flags (pipesim.commands.bench_cmd) and handed to the torchrun
 worker (`python -m executor.collectives_bench --config JSON`) as JSON of its fields.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 
-from executor.config import dataclass_from_dict
+from executor.run_config import dataclass_from_dict
 from pipesim.errors import PipesimError
 
 OPS = ("broadcast", "scatter", "gather", "reduce", "all_gather", "reduce_scatter", "all_reduce", "send_recv")

@@ -13,7 +13,7 @@ import sys
 import time
 
 from executor import rank_status
-from pipesim.ir import Action
+from pipesim.ir.schedule import Action
 
 
 def failure_message(rank: int, where: Action | str, exc: BaseException) -> str:

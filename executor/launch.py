@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import sys
 
-from executor.config import RunConfig, configs_to_json
+from executor.run_config import RunConfig, configs_to_json
 from executor.supervisor import run_reported
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from pipesim.ir import Schedule
+from pipesim.ir.schedule import Schedule
 
 
 class P2P:

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from executor.mesh import Mesh
-from pipesim.ir import Schedule
+from pipesim.ir.schedule import Schedule
 
 _TAG = 1 << 30  # above every P2P tag of a step (executor.p2p: < 2 x stages x microbatches)
 

@@ -18,18 +18,18 @@ import torch
 import torch.distributed as dist
 
 from executor import rank_status
-from executor.config import RunConfig
 from executor.faults import die, inject
 from executor.mesh import Mesh
 from executor.models import StageModule, apply_tensor_parallel, replicated_parameters, set_recompute
 from executor.p2p import P2P
 from executor.replicas import sum_chain_replicas
+from executor.run_config import RunConfig
 from executor.send_watch import SendWatcher
 from executor.stage import Stage
 from executor.timing import RankLog
 from executor.workload import BuiltinWorkload
-from pipesim.ir import Action, Kind, Schedule
-from pipesim.lowering import add_p2p
+from pipesim.ir.lowering import add_p2p
+from pipesim.ir.schedule import Action, Kind, Schedule
 
 
 class Runtime:

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 import torch.distributed as dist
 
-from pipesim.ir import Kind
-from pipesim.perfetto import write_trace as perfetto_write
+from pipesim.ir.schedule import Kind
+from pipesim.plots.perfetto import write_trace as perfetto_write
 from pipesim.timeline import Event, Timeline
 
 STREAM = {Kind.F: "compute", Kind.B: "compute", Kind.I: "compute", Kind.W: "compute",
@@ -94,5 +94,5 @@ def to_timeline(logs: list[RankLog], schedule: str, meta: dict) -> Timeline:
 
 
 def write_trace(timeline: Timeline, path: str) -> None:
-    """Perfetto JSON (pipesim.perfetto), which `Timeline.read` and the plots read back."""
+    """Perfetto JSON (pipesim.plots.perfetto), which `Timeline.read` and the plots read back."""
     perfetto_write(timeline, path)

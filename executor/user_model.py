@@ -1,6 +1,6 @@
 """A user's model from `--model MODULE:FACTORY`: called, checked, trained (a PiecesWorkload) and counted.
 
-The torch-free half (parsing the spec, importing the factory, the cost table) is `pipesim.user_model`.
+The torch-free half (parsing the spec, importing the factory, the cost table) is `pipesim.cost.user_model_costs`.
 Counting runs each piece once forward and backward on the meta device (no real allocation) under
 torch's FlopCounterMode: F is the forward's FLOPs; I the FLOPs of the gradient with respect to the
 piece's input alone (autograd prunes what only the weights need); W the rest of the full backward
@@ -21,10 +21,10 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
-from executor.config import RunConfig
+from executor.run_config import RunConfig
 from executor.workload import PiecesWorkload, infer_boundaries
+from pipesim.cost.user_model_costs import ModelParts, PieceCounts, UserModel, load_factory, model_parts
 from pipesim.errors import PipesimError
-from pipesim.user_model import ModelParts, PieceCounts, UserModel, load_factory, model_parts
 
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 

@@ -17,8 +17,8 @@ from functools import partial
 import torch
 from torch import nn
 
-from executor.config import RunConfig
 from executor.models import DTYPES, StageModule, boundary_shape, build_stages, loss_fn, synthetic_batch
+from executor.run_config import RunConfig
 from pipesim.errors import PipesimError
 from pipesim.model.config import split_layers
 

@@ -1,6 +1,6 @@
 """The `pipesim` command: one vocabulary of flags across subcommands.
 
-Each subcommand lives in `pipesim.commands.<name>` with `add_parser(subparsers)` and `run(args)`.
+Each subcommand lives in `pipesim.commands.<name>_cmd` with `add_parser(subparsers)` and `run(args)`.
 User mistakes (PipesimError) print one line and exit with code 2, never a traceback.
 """
 
@@ -42,13 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"pipesim {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name in COMMANDS:
-        try:
-            module = importlib.import_module(f"pipesim.commands.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name == f"pipesim.commands.{name}":
-                continue  # not built yet
-            raise
-        module.add_parser(sub)
+        importlib.import_module(f"pipesim.commands.{name}_cmd").add_parser(sub)
     return parser
 
 

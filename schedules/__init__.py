@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from pipesim.errors import PipesimError
-from pipesim.ir import Schedule
+from pipesim.ir.schedule import Schedule
 
 Builder = Callable[[int, int, int], Schedule]  # (ranks p, microbatches m, virtual v) -> schedule
 

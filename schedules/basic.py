@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pipesim.ir import Action, Kind, Schedule, loop_placement
+from pipesim.ir.schedule import Action, Kind, Schedule, loop_placement
 from schedules import register
 
 

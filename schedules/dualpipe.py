@@ -18,7 +18,7 @@ With F = I = W per stage and an F&B pair taking F + B, every rank idles (p/2 - 1
 from __future__ import annotations
 
 from pipesim.errors import PipesimError
-from pipesim.ir import Action, Schedule, overlapped, v_placement
+from pipesim.ir.schedule import Action, Schedule, overlapped, v_placement
 from schedules import register
 from schedules.dualpipe_v import dualpipe_v_rank
 

@@ -12,7 +12,7 @@ activations (its PP + 1); docs/schedule_library.md has the measured figures othe
 from __future__ import annotations
 
 from pipesim.errors import PipesimError
-from pipesim.ir import Action, Kind, Schedule, overlapped, v_placement
+from pipesim.ir.schedule import Action, Kind, Schedule, overlapped, v_placement
 from schedules import register
 
 

@@ -11,7 +11,7 @@ rounds.
 from __future__ import annotations
 
 from pipesim.errors import PipesimError
-from pipesim.ir import Action, Kind, Schedule, loop_placement
+from pipesim.ir.schedule import Action, Kind, Schedule, loop_placement
 from schedules import register
 
 

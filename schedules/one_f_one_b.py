@@ -6,7 +6,7 @@ it holds at min(p - r, m) microbatches instead of GPipe's m.
 
 from __future__ import annotations
 
-from pipesim.ir import Action, Kind, Schedule, loop_placement
+from pipesim.ir.schedule import Action, Kind, Schedule, loop_placement
 from schedules import register
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pipesim.ir import Action, Kind
+from pipesim.ir.schedule import Action, Kind
 
 
 def _ready(a: Action, done: set[Action], last_stage: int) -> bool:

@@ -15,7 +15,7 @@ for V-Half). The order is built for unit costs and used with any costs.
 from __future__ import annotations
 
 from pipesim.errors import PipesimError
-from pipesim.ir import Action, Kind, Schedule, v_placement
+from pipesim.ir.schedule import Action, Kind, Schedule, v_placement
 from schedules import register
 
 PERIOD = 6  # slots per microbatch in the block's repetition: F, F, I, I, W, W of one rank

@@ -10,7 +10,7 @@ Schedule (the order is kept; any costs may time it later). F's and I's keep micr
 every link's send order equals its receive order.
 
 `zb-auto` here times it with unit costs and 1F1B's memory (p microbatches per rank); `zb-2p` is
-the paper's ZB-2p, the same with twice that. `pipesim.zb_auto_costs` builds it from a cost table.
+the paper's ZB-2p, the same with twice that. `pipesim.cost.zb_auto_costs` builds it from a cost table.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from itertools import product
 
 from pipesim.errors import PipesimError
-from pipesim.ir import Action, Kind, Schedule, loop_placement
+from pipesim.ir.schedule import Action, Kind, Schedule, loop_placement
 from schedules import register
 from schedules.zero_bubble import zb_h1
 

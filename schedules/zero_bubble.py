@@ -6,7 +6,7 @@ the 1F1B warmup, then per microbatch k: F, I_k and W_(k-r), then the remaining W
 
 from __future__ import annotations
 
-from pipesim.ir import Action, Kind, Schedule, loop_placement
+from pipesim.ir.schedule import Action, Kind, Schedule, loop_placement
 from schedules import register
 
 

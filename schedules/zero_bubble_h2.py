@@ -11,7 +11,7 @@ before (p - 1) t_F, and for m >= 2p - 1 (or t_I = t_W, m >= p) nothing else is l
 
 from __future__ import annotations
 
-from pipesim.ir import Action, Kind, Schedule, loop_placement
+from pipesim.ir.schedule import Action, Kind, Schedule, loop_placement
 from schedules import register
 from schedules.unit_time import merge_unit_time
 

@@ -19,7 +19,7 @@ that paces the steady state (see docs/schedule_library.md).
 from __future__ import annotations
 
 from pipesim.errors import PipesimError
-from pipesim.ir import Action, Kind, Schedule, v_placement
+from pipesim.ir.schedule import Action, Kind, Schedule, v_placement
 from schedules import register
 from schedules.unit_time import merge_unit_time
 

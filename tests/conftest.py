@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import schedules
-from pipesim import torch_csv
+from pipesim.ir import torch_csv
 from tests.launch_shared import SharedLaunches
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")

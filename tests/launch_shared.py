@@ -27,8 +27,8 @@ from pathlib import Path
 
 import pytest
 
-from executor.config import configs_to_json
 from executor.launch import rank_environment
+from executor.run_config import configs_to_json
 from pipesim.commands.run_args import add_run_args, configs_from_args
 from pipesim.errors import PipesimError
 

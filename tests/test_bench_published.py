@@ -16,7 +16,7 @@ import pytest
 
 from pipesim.cli import main as pipesim_main
 from pipesim.errors import PipesimError
-from pipesim.hardware_toml import load_hardware
+from pipesim.hardware.toml_io import load_hardware
 
 ROOT = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("bench_published", ROOT / "bench" / "bench_published.py")

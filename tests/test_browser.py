@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 
 import schedules
-from pipesim.ir import Kind
+from pipesim.ir.schedule import Kind
 from pipesim.plots import compare_figure, timeline_figure, write_html
 from pipesim.plots.from_schedule import unit_timeline
 from pipesim.timeline import Timeline

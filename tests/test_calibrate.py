@@ -21,10 +21,10 @@ from pipesim.calibration.measured import (
 )
 from pipesim.calibration.plan import LECTURE_MLP, QUICK_MLP, run_spec, simulate_run
 from pipesim.calibration.refine import refine_corun, refine_oversubscription, refine_time_slice
+from pipesim.cost.stage_work import action_flops, stage_flops
 from pipesim.errors import PipesimError
-from pipesim.hardware_toml import hardware_to_toml, load_hardware
+from pipesim.hardware.toml_io import hardware_to_toml, load_hardware
 from pipesim.model.config import ModelConfig
-from pipesim.stage_work import action_flops, stage_flops
 from pipesim.timeline import Event, Timeline
 from tests.test_host_sharing import cpu_hardware
 
@@ -175,8 +175,8 @@ def test_split_group_overhead_counts_the_stage_parameter_groups(tmp_path):
     from dataclasses import replace
 
     import schedules
-    from pipesim.costs import CostTable
-    from pipesim.simulator import simulate
+    from pipesim.cost.table import CostTable
+    from pipesim.sim.simulator import simulate
 
     # a core per rank, no slowdowns: compute runs as on devices of their own
     hw = load_hardware("local-cpu").with_host(node_corun_slowdown=0.0, oversubscription_slowdown=0.0, time_slice=0.0,
@@ -196,8 +196,8 @@ def test_split_input_walks_the_stage_graph(tmp_path):
     from dataclasses import replace
 
     import schedules
-    from pipesim.costs import CostTable
-    from pipesim.simulator import simulate
+    from pipesim.cost.table import CostTable
+    from pipesim.sim.simulator import simulate
 
     hw = load_hardware("local-cpu").with_host(node_corun_slowdown=0.0, oversubscription_slowdown=0.0, time_slice=0.0,
                                               split_group_overhead=0.0, split_graph_overhead=0.0625)
@@ -216,8 +216,8 @@ def test_split_backward_overhead_enters_the_zb_h1_closed_form():
     from dataclasses import replace
 
     import schedules
-    from pipesim.costs import CostTable
-    from pipesim.simulator import simulate
+    from pipesim.cost.table import CostTable
+    from pipesim.sim.simulator import simulate
 
     hw = load_hardware("local-cpu").with_host(node_corun_slowdown=0.0, oversubscription_slowdown=0.0, time_slice=0.0,
                                               split_backward_overhead=0.5)

@@ -8,8 +8,8 @@ from pipesim.calibration.calibrate import build_hardware
 from pipesim.calibration.fit import ComputeFit, Sample, fit_compute, fit_link, typical_samples
 from pipesim.calibration.measured import interquartile_mean, typical_metrics, typical_run, typical_step
 from pipesim.errors import PipesimError
-from pipesim.hardware_toml import hardware_to_toml, load_hardware
-from pipesim.host.sharing import speed
+from pipesim.hardware.toml_io import hardware_to_toml, load_hardware
+from pipesim.sim.host.sharing import speed
 from pipesim.timeline import Event, Timeline
 
 RATES = (20e9, 12e9, 16e9)  # FLOP/s of F, I, W

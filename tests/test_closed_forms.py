@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import schedules
-from pipesim.analysis import inflight_by_rank, inflight_by_stage
-from pipesim.graph import critical_path
-from pipesim.ir import Kind
+from pipesim.ir.graph import critical_path
+from pipesim.ir.inflight import inflight_by_rank, inflight_by_stage
+from pipesim.ir.schedule import Kind
 
 
 def costs(f, b=None, i=None, w=None):

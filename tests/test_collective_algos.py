@@ -1,4 +1,4 @@
-"""Collectives as NCCL runs them (pipesim/collective_algos.py): closed forms on the presets' hierarchies."""
+"""Collectives as NCCL runs them (pipesim/comm/collective_algos.py): closed forms on the presets' hierarchies."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ from dataclasses import replace
 
 import pytest
 
-from pipesim.collective_algos import ALGOS, PROTOCOLS, algo_time, bus_bandwidth, collective_time, group_shape
-from pipesim.comm_costs import KINDS, group_collective_time
+from pipesim.comm.collective_algos import ALGOS, PROTOCOLS, algo_time, bus_bandwidth, collective_time, group_shape
+from pipesim.comm.collective_costs import KINDS, group_collective_time
 from pipesim.errors import PipesimError
-from pipesim.hardware_toml import load_hardware
+from pipesim.hardware.toml_io import load_hardware
 
 US = 1e-6
 GiB = 2**30

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipesim.comm_costs import (
+from pipesim.comm.collective_costs import (
     KINDS,
     busbw_factor,
     group_collective_time,
@@ -12,7 +12,7 @@ from pipesim.comm_costs import (
     ring_time,
 )
 from pipesim.errors import PipesimError
-from pipesim.hardware_toml import load_hardware
+from pipesim.hardware.toml_io import load_hardware
 
 
 def test_closed_forms():

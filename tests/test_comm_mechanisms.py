@@ -1,6 +1,6 @@
 """Issue 15's communication mechanisms in the simulator, in closed form: Megatron's scatter/gather of pipeline
 messages, data-parallel gradient buckets overlapped with the last backward, and NCCL's algorithms as the one
-collective dispatch (pipesim.comm_options, pipesim.collective_algos, pipesim.sim_step)."""
+collective dispatch (pipesim.comm.comm_options, pipesim.comm.collective_algos, pipesim.sim.step)."""
 
 from __future__ import annotations
 
@@ -11,21 +11,21 @@ import pytest
 
 import schedules
 from pipesim.cli import main
-from pipesim.collective_algos import collective_seconds, collective_time
-from pipesim.comm_costs import KINDS, group_collective_time
-from pipesim.comm_options import CommOptions, bucket_fractions
+from pipesim.comm.collective_algos import collective_seconds, collective_time
+from pipesim.comm.collective_costs import KINDS, group_collective_time
+from pipesim.comm.comm_options import CommOptions, bucket_fractions
+from pipesim.cost.kernel_costs import kernel_seconds, profile_of
+from pipesim.cost.model_costs import layer_options, model_costs, uniform_costs
+from pipesim.cost.step_costs import RingExchange, StepCollective, StepCosts
 from pipesim.errors import PipesimError
-from pipesim.hardware_toml import load_hardware
-from pipesim.ir import Kind
-from pipesim.kernel_costs import kernel_seconds, profile_of
+from pipesim.hardware.toml_io import load_hardware
+from pipesim.ir.schedule import Kind
 from pipesim.model.config import ModelConfig
-from pipesim.model.kernels import FlashAttention, Gemm, embedding_kernels, head_kernels, layer_kernels
+from pipesim.model.layer_kernels import FlashAttention, Gemm, embedding_kernels, head_kernels, layer_kernels
 from pipesim.model.options import LayerOptions
-from pipesim.model_costs import layer_options, model_costs, uniform_costs
 from pipesim.parallel_dims import ParallelDims
-from pipesim.sim_program import cp_exposed
-from pipesim.simulator import simulate
-from pipesim.step_costs import RingExchange, StepCollective, StepCosts
+from pipesim.sim.program import cp_exposed
+from pipesim.sim.simulator import simulate
 
 US = 1e-6  # seconds per microsecond
 MS = 1e-3  # seconds per millisecond

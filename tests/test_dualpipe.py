@@ -8,23 +8,23 @@ from dataclasses import replace
 import pytest
 
 import schedules
-from pipesim import torch_csv
-from pipesim.analysis import inflight_by_rank
-from pipesim.chain_costs import on_chains
-from pipesim.costs import CostTable
+from pipesim.cost.chain_costs import on_chains
+from pipesim.cost.kernel_costs import profile_of
+from pipesim.cost.model_costs import ParallelCosts
+from pipesim.cost.rank_memory import rank_memory
+from pipesim.cost.step_costs import step_costs
+from pipesim.cost.table import CostTable
 from pipesim.errors import PipesimError, ScheduleError
-from pipesim.graph import critical_path, overlap_durations
-from pipesim.hardware_toml import load_hardware
-from pipesim.ir import Action, Kind, Schedule
-from pipesim.kernel_costs import profile_of
-from pipesim.lowering import add_p2p
+from pipesim.hardware.toml_io import load_hardware
+from pipesim.ir import torch_csv
+from pipesim.ir.graph import critical_path, overlap_durations
+from pipesim.ir.inflight import inflight_by_rank
+from pipesim.ir.lowering import add_p2p
+from pipesim.ir.schedule import Action, Kind, Schedule
+from pipesim.ir.schedule_check import validate
 from pipesim.model.config import ModelConfig
-from pipesim.model_costs import ParallelCosts
-from pipesim.rank_memory import rank_memory
-from pipesim.schedule_check import validate
-from pipesim.sim_setup import SimSetup
-from pipesim.simulator import simulate
-from pipesim.step_costs import step_costs
+from pipesim.sim.sim_setup import SimSetup
+from pipesim.sim.simulator import simulate
 
 
 def timed(sched, table):
@@ -144,7 +144,7 @@ def test_torch_csv_round_trip_recovers_the_chains():
 
 def _costs_with_step(sched, hw, counts, *, step: bool, dp: int = 1, zero: int = 0):
     """F = I = W = 1 ms per stage, F&B = 2.5 ms, 1 MB messages, `counts` parameters per model stage (bf16 mixed
-    precision); with `step` the optimizer and the replicas' swap are simulated (pipesim.sim_step)."""
+    precision); with `step` the optimizer and the replicas' swap are simulated (pipesim.sim.step)."""
     n = sched.model_stages
     table = replace(CostTable.uniform(n, 1e-3, 1e-3, 1e-3, boundary_bytes=1_000_000), overlap_given=2.5e-3)
     costs = ParallelCosts(table=table, tp=1, dp=dp, tp_collectives={}, dp_grad_bytes=(0,) * n,

@@ -19,9 +19,9 @@ import schedules
 from executor.models import Block, build_full, build_stages, piece_ranges, set_recompute
 from executor.stage import Stage
 from executor.timing import RankLog, median_step_time, step_times
-from pipesim import torch_csv
-from pipesim.ir import Action, Kind
-from pipesim.lowering import add_p2p
+from pipesim.ir import torch_csv
+from pipesim.ir.lowering import add_p2p
+from pipesim.ir.schedule import Action, Kind
 from pipesim.model.config import ModelConfig
 from pipesim.timeline import Timeline
 from tests.executor_helpers import TINY_GPT, assert_matches_reference, chain, model_of

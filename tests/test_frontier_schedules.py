@@ -10,16 +10,16 @@ from hypothesis import strategies as st
 from torch.distributed.pipelining._schedule_visualizer import get_schedule_ops
 
 import schedules
-from pipesim import torch_csv
-from pipesim.analysis import inflight_by_rank
 from pipesim.cli import main
-from pipesim.costs import CostTable
+from pipesim.cost.table import CostTable
+from pipesim.cost.zb_auto_costs import MemoryLimit, parse_memory_limit
 from pipesim.errors import PipesimError
-from pipesim.graph import critical_path
-from pipesim.ir import Kind
-from pipesim.schedule_check import validate
-from pipesim.simulator import simulate
-from pipesim.zb_auto_costs import MemoryLimit, parse_memory_limit
+from pipesim.ir import torch_csv
+from pipesim.ir.graph import critical_path
+from pipesim.ir.inflight import inflight_by_rank
+from pipesim.ir.schedule import Kind
+from pipesim.ir.schedule_check import validate
+from pipesim.sim.simulator import simulate
 from schedules.zb_auto import AutoCosts, zb_auto_schedule
 
 

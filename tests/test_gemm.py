@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from pipesim.device import measured
+from pipesim.device import gpu_measurements as measured
 from pipesim.device.gemm import gemm_bytes, gemm_flops, gemm_time, roofline
+from pipesim.device.gemm_reference import compare, read_table
 from pipesim.device.kernels import attention_flops, flash_attention_time, memory_bound_time
 from pipesim.device.profile import DeviceProfile, device_profile, load_profiles
-from pipesim.device.reference import compare, read_table
 from pipesim.errors import PipesimError
 from pipesim.model.config import ModelConfig
 from pipesim.model.flops import attention_core_flops

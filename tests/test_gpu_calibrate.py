@@ -17,21 +17,21 @@ import pytest
 
 from pipesim.calibration import gpu
 from pipesim.cli import main as pipesim_main
-from pipesim.collective_algos import collective_time, group_shape, ring_latency
-from pipesim.comm_costs import ring_time
-from pipesim.device import measured
+from pipesim.comm.collective_algos import collective_time, group_shape, ring_latency
+from pipesim.comm.collective_costs import ring_time
+from pipesim.cost.kernel_costs import piece_seconds
+from pipesim.cost.model_costs import model_costs
+from pipesim.device import gpu_measurements as measured
 from pipesim.device.gemm import gemm_time
 from pipesim.device.kernels import memory_bound_time
 from pipesim.device.profile import device_profile, load_profiles
 from pipesim.errors import PipesimError
-from pipesim.hardware_toml import hardware_to_toml, load_hardware
-from pipesim.kernel_costs import piece_seconds
+from pipesim.hardware.toml_io import hardware_to_toml, load_hardware
 from pipesim.model.config import ModelConfig
 from pipesim.model.grad_accumulation import accumulate_gradients
-from pipesim.model.kernels import embedding_kernels, layer_kernels
+from pipesim.model.layer_kernels import embedding_kernels, layer_kernels
 from pipesim.model.options import LayerOptions
-from pipesim.model.params import block_params, embedding_params
-from pipesim.model_costs import model_costs
+from pipesim.model.param_counts import block_params, embedding_params
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "tests/data/gpu_measurements_h100_sample.csv"
@@ -312,7 +312,7 @@ def test_the_a100_what_if_file_is_mamf_times_the_h200_runs_ratios():
 
 def test_all_gather_and_reduce_scatter_get_their_own_bandwidth_factor_from_the_same_fit(tmp_path):
     # an all_reduce and two half-as-fast-per-byte kinds over 8 ranks, hand-made: the ring's bytes coefficient is
-    # 2 (n-1)/n for all_reduce, (n-1)/n for the others (pipesim.comm_costs.ring_time)
+    # 2 (n-1)/n for all_reduce, (n-1)/n for the others (pipesim.comm.collective_costs.ring_time)
     rows = ["kind,dtype,shape,bytes,seconds", "all_reduce,float32,8,8192,2.2e-05",
             "all_reduce,float32,8,268435456,0.00128",
             "all_gather,float32,8,8192,1.5e-05", "all_gather,float32,8,268435456,0.0008",

@@ -9,14 +9,14 @@ from dataclasses import replace
 import pytest
 
 from pipesim.cli import main as pipesim_main
+from pipesim.cost.kernel_costs import piece_seconds, profile_of
 from pipesim.device.gemm import gemm_bytes, gemm_time
 from pipesim.device.kernels import memory_bound_time
-from pipesim.kernel_costs import piece_seconds, profile_of
 from pipesim.model.config import ModelConfig
 from pipesim.model.grad_accumulation import accumulate_gradients, weight_gradient_params
-from pipesim.model.kernels import Gemm, MemoryBound, embedding_kernels, head_kernels, layer_kernels
+from pipesim.model.layer_kernels import Gemm, MemoryBound, embedding_kernels, head_kernels, layer_kernels
 from pipesim.model.options import LayerOptions, vocab_shard
-from pipesim.model.params import block_params, embedding_params, head_params
+from pipesim.model.param_counts import block_params, embedding_params, head_params
 
 GPT = ModelConfig(kind="gpt", hidden=512, layers=4, heads=8, seq=256, vocab=1000, batch=8, dtype="float16")
 LLAMA = replace(GPT, kv_heads=4, ffn_hidden=1408, activation="swiglu", norm="rmsnorm", dropout=False, biases=False,
@@ -119,8 +119,8 @@ def test_the_flag_adds_exactly_the_separate_adds_on_a_gpu_preset_and_nothing_on_
 
 def test_float32_main_grads_double_the_gradient_bytes_everywhere_they_are_counted():
     """--accumulate-allreduce-grads-in-fp32: memory, the dp reduction and the accumulation move 4 bytes per gradient."""
-    from pipesim.hardware_toml import load_hardware
-    from pipesim.model_costs import model_costs
+    from pipesim.cost.model_costs import model_costs
+    from pipesim.hardware.toml_io import load_hardware
 
     hw = load_hardware("dgx-a100")
     model = ModelConfig(kind="gpt", hidden=1024, layers=4, heads=16, seq=1024, batch=16, dtype="bfloat16")

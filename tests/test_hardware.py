@@ -6,10 +6,10 @@ import dataclasses
 
 import pytest
 
-from pipesim.cost_equation import CostEquation, SplitCosts, action_seconds
+from pipesim.cost.cost_equation import CostEquation, SplitCosts, action_seconds
 from pipesim.errors import PipesimError
-from pipesim.hardware import DeviceSpec, Hardware, HostProfile, LinkClass
-from pipesim.hardware_toml import hardware_to_toml, load_hardware, preset_names
+from pipesim.hardware.machine import DeviceSpec, Hardware, HostProfile, LinkClass
+from pipesim.hardware.toml_io import hardware_to_toml, load_hardware, preset_names
 
 PRESETS = ["2x-dgx-h100", "4x-dgx-h100", "dgx-a100", "dgx-h100", "hgx-b200", "hgx-h200", "local-cpu", "pcie-4gpu"]
 

@@ -9,7 +9,7 @@ import pytest
 from pipesim.errors import PipesimError
 from pipesim.model.config import ModelConfig
 from pipesim.model.hf_config import bundled_configs, load_hf_config
-from pipesim.model.params import model_params
+from pipesim.model.param_counts import model_params
 
 LLAMA = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
          "intermediate_size": 172, "vocab_size": 500, "max_position_embeddings": 128, "hidden_act": "silu",

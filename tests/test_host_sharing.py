@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from pipesim.hardware_toml import load_hardware
-from pipesim.host.sharing import HostSharing, runnable_profile, speed
-from pipesim.sim_clock import HeapClock as Clock
+from pipesim.hardware.toml_io import load_hardware
+from pipesim.sim.clock import HeapClock as Clock
+from pipesim.sim.host.sharing import HostSharing, runnable_profile, speed
 
 
 def test_speed_and_runnable_profile_closed_forms():
@@ -55,8 +55,8 @@ def cpu_hardware(cores: int, corun: float):
 
 def test_simulator_host_sharing():
     import schedules
-    from pipesim.costs import CostTable
-    from pipesim.simulator import simulate
+    from pipesim.cost.table import CostTable
+    from pipesim.sim.simulator import simulate
 
     table = CostTable.uniform(2, 1.0, 1.0, 1.0)
     naive = schedules.build("naive", 2, 1)

@@ -7,9 +7,9 @@ from dataclasses import replace
 
 import pytest
 
-from pipesim.hardware_toml import hardware_to_toml, load_hardware
-from pipesim.host.slices import HostTimeSlices
-from pipesim.sim_clock import HeapClock as Clock
+from pipesim.hardware.toml_io import hardware_to_toml, load_hardware
+from pipesim.sim.clock import HeapClock as Clock
+from pipesim.sim.host.slices import HostTimeSlices
 
 
 def _slices_run(cores: int, time_slice: float, oversub: float,
@@ -63,8 +63,8 @@ def test_simulator_with_slices_longer_than_any_action_runs_each_action_whole():
     every action runs uninterrupted (end - start is its cost, from when it got a core) and never more
     than `cores` compute at once; the same input gives the same output."""
     import schedules
-    from pipesim.costs import CostTable
-    from pipesim.simulator import simulate
+    from pipesim.cost.table import CostTable
+    from pipesim.sim.simulator import simulate
 
     table = CostTable.uniform(4, 1.0, 1.0, 1.0)
     sched = schedules.build("1f1b", 4, 8)
@@ -87,8 +87,8 @@ def test_simulator_with_slices_longer_than_any_action_runs_each_action_whole():
 
 def test_with_a_core_per_rank_slices_change_nothing():
     import schedules
-    from pipesim.costs import CostTable
-    from pipesim.simulator import simulate
+    from pipesim.cost.table import CostTable
+    from pipesim.sim.simulator import simulate
 
     table = CostTable.uniform(2, 1.0, 1.0, 1.0)
     sched = schedules.build("1f1b", 2, 4)

@@ -138,6 +138,16 @@ def heavy_at_import(found: list[Import]) -> set[str]:
     return {m for m in g.nodes if m in direct or direct & nx.descendants(g, m)}
 
 
+def reused_names(root: Path, folders: tuple[str, ...] = (*PACKAGES, "bench", "tests", "examples")) -> list[str]:
+    """Module file names (package `__init__`/`__main__` aside) that occur more than once in the project."""
+    seen: dict[str, list[str]] = {}
+    for folder in folders:
+        for path in sorted((root / folder).rglob("*.py")):
+            if path.name not in ("__init__.py", "__main__.py"):
+                seen.setdefault(path.name, []).append(str(path.relative_to(root)))
+    return sorted(f"{name}: {', '.join(paths)}" for name, paths in seen.items() if len(paths) > 1)
+
+
 def bad_local_imports(found: list[Import]) -> list[str]:
     heavy = heavy_at_import(found)
     bad = []
@@ -168,6 +178,11 @@ def test_function_local_imports_keep_heavy_modules_out_of_start_up():
                        f"'{MARK} <why>'):\n" + "\n".join(found))
 
 
+def test_no_module_name_is_used_twice():
+    found = reused_names(ROOT)
+    assert not found, "module names used twice (a reader cannot tell which one is meant):\n" + "\n".join(found)
+
+
 # --- the checker itself, on a made-up package --------------------------------------------------
 
 def _package(root: Path, files: dict[str, str]) -> Path:
@@ -187,13 +202,27 @@ def test_checker_finds_cycles_cli_imports_and_light_local_imports(tmp_path):
         "pipesim/uses.py": ("def f():\n    import os\n    import torch.nn\n    from pipesim import plotting\n"
                             "    import json  # local import: measured, 2 s\n"),
         "pipesim/commands/__init__.py": "",
-        "pipesim/commands/run.py": "from pipesim import a\n",
+        "pipesim/commands/run_cmd.py": "from pipesim import a\n",
         "pipesim/cli.py": "from pipesim.commands import run\n",
-        "pipesim/lib.py": "from .commands.run import main\n",
+        "pipesim/lib.py": "from .commands.run_cmd import main\n",
     })
     found = imports(root, ("pipesim",))
     assert [sorted(c) for c in cycles(found)] == [["pipesim.a", "pipesim.b"]]
-    assert cli_imports(found) == ["pipesim.lib -> pipesim.commands.run"]
+    assert cli_imports(found) == ["pipesim.lib -> pipesim.commands.run_cmd"]
     assert bad_local_imports(found) == ["pipesim.b:2 imports pipesim.a inside a function",
                                         "pipesim.uses:2 imports os inside a function"]
     assert heavy_at_import(found) == {"pipesim.plotting"}
+
+
+def test_checker_finds_a_module_name_used_twice(tmp_path):
+    root = _package(tmp_path, {
+        "pipesim/__init__.py": "",
+        "pipesim/progress.py": "",
+        "pipesim/sim/__init__.py": "",
+        "pipesim/sim/links.py": "",
+        "executor/__init__.py": "",
+        "executor/progress.py": "",
+        "tests/test_links.py": "",
+    })
+    assert reused_names(root, ("pipesim", "executor", "tests")) == [
+        "progress.py: pipesim/progress.py, executor/progress.py"]

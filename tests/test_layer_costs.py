@@ -11,6 +11,7 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from pipesim.cost.stage_work import gpt_block_flops
 from pipesim.errors import PipesimError
 from pipesim.model.activations import (
     embedding_activation_bytes,
@@ -32,8 +33,7 @@ from pipesim.model.flops import (
     model_flops,
 )
 from pipesim.model.options import LayerOptions
-from pipesim.model.params import block_params, embedding_params, head_params, model_params, stage_params
-from pipesim.stage_work import gpt_block_flops
+from pipesim.model.param_counts import block_params, embedding_params, head_params, model_params, stage_params
 
 SHAPES = [(64, 2, 256, 8), (128, 3, 512, 16), (2048, 1, 12288, 96)]  # (s, b, h, a)
 

@@ -10,21 +10,21 @@ from dataclasses import replace
 import pytest
 
 from pipesim.cli import main as pipesim_main
+from pipesim.cost.kernel_costs import gpt_stage_seconds, layer_seconds, overlap_gemm, piece_seconds, profile_of
+from pipesim.cost.model_costs import model_costs
 from pipesim.device.gemm import gemm_time
 from pipesim.device.kernels import flash_attention_time, memory_bound_time
-from pipesim.hardware_toml import load_hardware
-from pipesim.ir import Action, Kind
-from pipesim.kernel_costs import gpt_stage_seconds, layer_seconds, overlap_gemm, piece_seconds, profile_of
+from pipesim.hardware.toml_io import load_hardware
+from pipesim.ir.schedule import Action, Kind
 from pipesim.model.config import ModelConfig
 from pipesim.model.elementwise import layer_elementwise_bytes
 from pipesim.model.flops import head_flops, layer_flops
 from pipesim.model.grad_accumulation import accumulate_gradients
-from pipesim.model.kernels import FlashAttention, Gemm, MemoryBound, head_kernels, layer_kernels
+from pipesim.model.layer_kernels import FlashAttention, Gemm, MemoryBound, head_kernels, layer_kernels
 from pipesim.model.options import LayerOptions
-from pipesim.model.params import block_params
-from pipesim.model_costs import model_costs
+from pipesim.model.param_counts import block_params
 from pipesim.parallel_dims import ParallelDims
-from pipesim.sim_program import _tp_time
+from pipesim.sim.program import _tp_time
 
 GPT = ModelConfig(kind="gpt", hidden=512, layers=4, heads=8, seq=256, vocab=1000, batch=8, dtype="bfloat16")
 LLAMA = replace(GPT, kv_heads=4, ffn_hidden=1408, activation="swiglu", norm="rmsnorm", dropout=False, biases=False,
@@ -149,7 +149,7 @@ def test_fused_backward_collectives_carry_the_seconds_of_the_gemm_they_hide_behi
         split = costs.tp_collectives[(1, "I")]
         assert all(len(c) == 2 for c in split)  # a split I's wgrad runs later, in W: nothing to hide behind
         assert [c[:2] for c in fused] == list(split)
-        hidden = [c[2].seconds for c in fused if len(c) == 3]  # a HidingGemm (pipesim.overlap_interference)
+        hidden = [c[2].seconds for c in fused if len(c) == 3]  # a HidingGemm (pipesim.comm.overlap_interference)
         per_layer = ([layer["QKV dgrad"], layer["QKV wgrad"]] if sp else [layer["QKV wgrad"]])
         mlp = [layer["FC1 dgrad"], layer["FC1 wgrad"]] if sp else [layer["FC1 wgrad"]]
         head = dict(gpt_stage_seconds(GPT, b, 0, opts, first=False, last=True, fused=True, family="H100",

@@ -6,9 +6,12 @@ from __future__ import annotations
 import pytest
 
 import schedules
-from pipesim.costs import CostTable, StageCosts
+from pipesim.cost.model_costs import ParallelCosts
+from pipesim.cost.rank_memory import activation_peak
+from pipesim.cost.rank_memory import rank_memory as rank_memory_of
+from pipesim.cost.table import CostTable, StageCosts
 from pipesim.errors import PipesimError
-from pipesim.ir import Kind
+from pipesim.ir.schedule import Kind
 from pipesim.model.activations import embedding_activation_bytes, layer_activation_bytes, recompute_working_bytes
 from pipesim.model.config import ModelConfig
 from pipesim.model.hf_config import load_hf_config
@@ -27,11 +30,8 @@ from pipesim.model.memory import (
     zero3_chunk_collectives,
 )
 from pipesim.model.options import LayerOptions
-from pipesim.model.params import block_params, embedding_params, stage_params
-from pipesim.model_costs import ParallelCosts
-from pipesim.rank_memory import activation_peak
-from pipesim.rank_memory import rank_memory as rank_memory_of
-from pipesim.simulator import simulate
+from pipesim.model.param_counts import block_params, embedding_params, stage_params
+from pipesim.sim.simulator import simulate
 
 GiB = 2**30
 H100 = A100 = 80 * GiB

@@ -11,14 +11,14 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 import schedules
-from pipesim.costs import parse_cost_spec
+from pipesim.cost.model_costs import model_costs, uniform_costs
+from pipesim.cost.rank_memory import check_memory
+from pipesim.cost.stage_work import gpt_block_activation_bytes, gpt_block_flops, gpt_stage_work, mlp_stage_work
+from pipesim.cost.table import parse_cost_spec
 from pipesim.errors import PipesimError
-from pipesim.hardware_toml import load_hardware
-from pipesim.ir import Action, Kind
+from pipesim.hardware.toml_io import load_hardware
+from pipesim.ir.schedule import Action, Kind
 from pipesim.model.config import ModelConfig
-from pipesim.model_costs import model_costs, uniform_costs
-from pipesim.rank_memory import check_memory
-from pipesim.stage_work import gpt_block_activation_bytes, gpt_block_flops, gpt_stage_work, mlp_stage_work
 
 
 def _count(fn) -> int:
@@ -131,7 +131,7 @@ def test_mlp_stage_costs_by_roofline():
 def test_framework_ops_are_counted_and_priced_per_op():
     from dataclasses import replace
 
-    from pipesim.stage_work import gpt_stage_work, mlp_stage_work
+    from pipesim.cost.stage_work import gpt_stage_work, mlp_stage_work
 
     mlp = mlp_stage_work(ModelConfig(kind="mlp", hidden=64, layers=3, batch=8), 8, 3)
     assert mlp.ops == {"F": 6.0, "I": 6.0, "W": 3.0}  # per layer: linear + GeLU, their input grads, one dW

@@ -6,13 +6,13 @@ import pytest
 from torch.distributed.pipelining._schedule_visualizer import get_schedule_ops
 
 import schedules
-from pipesim.analysis import inflight_by_rank
 from pipesim.errors import PipesimError
-from pipesim.graph import critical_path
-from pipesim.ir import Action, Kind
-from pipesim.lowering import add_p2p
-from pipesim.schedule_check import fifo_mismatches
-from pipesim.torch_csv import parse_rows
+from pipesim.ir.graph import critical_path
+from pipesim.ir.inflight import inflight_by_rank
+from pipesim.ir.lowering import add_p2p
+from pipesim.ir.schedule import Action, Kind
+from pipesim.ir.schedule_check import fifo_mismatches
+from pipesim.ir.torch_csv import parse_rows
 from schedules.unit_time import merge_unit_time
 
 

@@ -1,4 +1,4 @@
-"""SM sharing under overlap (pipesim/overlap_interference.py): a GEMM beside an NCCL collective runs on the SMs
+"""SM sharing under overlap (pipesim/comm/overlap_interference.py): a GEMM beside an NCCL collective runs on the SMs
 the collective's channels leave, and the pair's time follows by hand from the wave model and NCCL's rules."""
 
 from __future__ import annotations
@@ -7,20 +7,20 @@ from dataclasses import replace
 
 import pytest
 
-from pipesim.collective_algos import collective_time
+from pipesim.comm.collective_algos import collective_time
+from pipesim.comm.overlap_interference import HidingGemm, channels_used, exposed_beside
+from pipesim.cost.kernel_costs import layer_seconds
+from pipesim.cost.model_costs import model_costs
 from pipesim.device.gemm import gemm_time
 from pipesim.device.profile import DeviceProfile, device_profile
 from pipesim.errors import PipesimError
-from pipesim.hardware_toml import load_hardware
-from pipesim.ir import Action, Kind
-from pipesim.kernel_costs import layer_seconds
+from pipesim.hardware.toml_io import load_hardware
+from pipesim.ir.schedule import Action, Kind
 from pipesim.model.config import ModelConfig
-from pipesim.model.kernels import Gemm
+from pipesim.model.layer_kernels import Gemm
 from pipesim.model.options import LayerOptions
-from pipesim.model_costs import model_costs
-from pipesim.overlap_interference import HidingGemm, channels_used, exposed_beside
 from pipesim.parallel_dims import ParallelDims
-from pipesim.sim_program import _tp_time
+from pipesim.sim.program import _tp_time
 
 TILE_FLOPS = 2 * 128 * 128 * 1024  # FLOPs of one 128 x 128 tile over k = 1024
 

@@ -8,16 +8,16 @@ import pytest
 from torch.distributed.pipelining._schedule_visualizer import get_schedule_ops
 
 import schedules
-from pipesim import torch_csv
-from pipesim.analysis import inflight_by_rank
-from pipesim.costs import CostTable, parse_cost_spec
+from pipesim.cost.table import CostTable, parse_cost_spec
 from pipesim.errors import PipesimError, ScheduleError
-from pipesim.graph import critical_path, overlap_durations
-from pipesim.ir import Action, overlapped
-from pipesim.lowering import add_p2p
-from pipesim.plots.timeline import merge_overlaps, timeline_figure
-from pipesim.schedule_check import render_grid, validate
-from pipesim.simulator import simulate
+from pipesim.ir import torch_csv
+from pipesim.ir.graph import critical_path, overlap_durations
+from pipesim.ir.inflight import inflight_by_rank
+from pipesim.ir.lowering import add_p2p
+from pipesim.ir.schedule import Action, overlapped
+from pipesim.ir.schedule_check import render_grid, validate
+from pipesim.plots.timeline_figure import merge_overlaps, timeline_figure
+from pipesim.sim.simulator import simulate
 
 
 def torch_rows(p, m, with_comms=False):

@@ -20,7 +20,7 @@ def test_wheel_contains_all_packages(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     for package in ("pipesim", "schedules", "executor"):
         assert f"{package}/__init__.py" in names
-    for module in ("pipesim/ir.py", "pipesim/cli.py", "schedules/one_f_one_b.py"):
+    for module in ("pipesim/ir/schedule.py", "pipesim/cli.py", "schedules/one_f_one_b.py"):
         assert module in names
     assert any(n.startswith("pipesim/presets/") and n.endswith(".toml") for n in names)
     assert not any(n.startswith("tests/") for n in names)

@@ -16,14 +16,14 @@ import pytest
 
 import schedules
 from executor.mesh import Mesh
-from pipesim.collective_algos import collective_seconds
-from pipesim.costs import CostTable
+from pipesim.comm.collective_algos import collective_seconds
+from pipesim.cost.model_costs import ParallelCosts, model_costs
+from pipesim.cost.table import CostTable
 from pipesim.errors import PipesimError
-from pipesim.hardware_toml import load_hardware
+from pipesim.hardware.toml_io import load_hardware
 from pipesim.model.config import ModelConfig
-from pipesim.model_costs import ParallelCosts, model_costs
 from pipesim.parallel_dims import AXES, Coords, ParallelDims
-from pipesim.simulator import simulate
+from pipesim.sim.simulator import simulate
 
 SIZES = (1, 2, 3)  # per axis; every combination of the four axes is tested
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 import schedules
-from pipesim.ir import Kind
-from pipesim.perfetto import TID, flow_pairs, timeline_to_trace, write_trace
+from pipesim.ir.schedule import Kind
 from pipesim.plots.from_schedule import unit_timeline
+from pipesim.plots.perfetto import TID, flow_pairs, timeline_to_trace, write_trace
 from pipesim.timeline import Event, Timeline
 
 DUR = {Kind.F: 1e-3, Kind.B: 2e-3}  # seconds; transfers take 0.25 ms

@@ -17,11 +17,11 @@ else:  # Python 3.10: the backport (a dependency there)
     import tomli as tomllib
 
 from pipesim.cli import build_parser, main
-from pipesim.comm_options import CommOptions
-from pipesim.hardware_toml import load_hardware
+from pipesim.comm.comm_options import CommOptions
+from pipesim.cost.model_costs import precision_of
+from pipesim.hardware.toml_io import load_hardware
 from pipesim.model.config import ModelConfig
 from pipesim.model.flops import model_flops
-from pipesim.model_costs import precision_of
 from pipesim.plan.estimate import estimate, optimizer_tail
 from pipesim.plan.evaluate import Evaluator
 from pipesim.plan.exports import megatron_args, torchtitan_toml

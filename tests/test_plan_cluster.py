@@ -18,7 +18,7 @@ import pytest
 
 from pipesim.cli import main
 from pipesim.errors import PipesimError
-from pipesim.hardware_toml import load_hardware
+from pipesim.hardware.toml_io import load_hardware
 from pipesim.model.config import ModelConfig
 from pipesim.plan import backends
 from pipesim.plan.backends import CONNECT_TIMEOUT, DaskBackend, RayBackend, open_backend

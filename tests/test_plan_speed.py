@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 
 import schedules
-from pipesim import torch_csv
 from pipesim.cli import main
-from pipesim.deps import releases_activations
+from pipesim.cost.model_costs import model_costs
 from pipesim.errors import PipesimError
-from pipesim.hardware_toml import load_hardware
-from pipesim.ir import Kind
+from pipesim.hardware.toml_io import load_hardware
+from pipesim.ir import torch_csv
+from pipesim.ir.deps import releases_activations
+from pipesim.ir.schedule import Kind
 from pipesim.model.config import ModelConfig
-from pipesim.model_costs import model_costs
 from pipesim.plan.evaluate import Evaluator
 from pipesim.plan.memory_bound import first_rank_inflight, rank_chunks
 from pipesim.plan.search import plan

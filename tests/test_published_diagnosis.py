@@ -9,7 +9,7 @@ import pytest
 
 from pipesim.device.profile import device_profile
 from pipesim.errors import PipesimError
-from pipesim.hardware_toml import load_hardware
+from pipesim.hardware.toml_io import load_hardware
 from tests.test_bench_published import LAYER, bp
 
 

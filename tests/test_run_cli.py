@@ -16,9 +16,9 @@ from dataclasses import fields
 
 import pytest
 
-from executor.config import RunConfig, configs_from_json, configs_to_json
 from executor.launch import torchrun_command
-from executor.progress import Progress
+from executor.progress_bar import Progress
+from executor.run_config import RunConfig, configs_from_json, configs_to_json
 from pipesim.cli import main
 from pipesim.commands.run_args import add_run_args, config_from_args, configs_from_args
 from pipesim.errors import PipesimError
@@ -157,9 +157,9 @@ def test_progress_is_a_bar_on_a_terminal_and_lines_elsewhere():
 
 
 def test_nccl_refuses_receives_out_of_send_order():
-    from executor.config import check_transport_order
-    from pipesim import torch_csv
+    from executor.run_config import check_transport_order
     from pipesim.errors import PipesimError
+    from pipesim.ir import torch_csv
 
     swapped = torch_csv.loads(
         "0F0,0F1,0SEND_F0,0SEND_F1,0RECV_B0,0B0,0RECV_B1,0B1\n"

@@ -9,9 +9,9 @@ import sys
 import pytest
 
 import schedules
-from pipesim import torch_csv
 from pipesim.cli import main
 from pipesim.errors import PipesimError
+from pipesim.ir import torch_csv
 
 
 def run_cli(capsys, *argv):

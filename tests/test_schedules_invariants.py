@@ -8,9 +8,9 @@ import pytest
 
 import schedules
 from pipesim.errors import PipesimError
-from pipesim.ir import Kind
-from pipesim.lowering import add_p2p
-from pipesim.schedule_check import fifo_mismatches, validate
+from pipesim.ir.lowering import add_p2p
+from pipesim.ir.schedule import Kind
+from pipesim.ir.schedule_check import fifo_mismatches, validate
 
 
 def all_configs():

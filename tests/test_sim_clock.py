@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 import schedules
-from pipesim.hardware_toml import load_hardware
+from pipesim.hardware.toml_io import load_hardware
 from pipesim.model.config import ModelConfig
-from pipesim.sim_clock import HeapClock, SimpyClock
-from pipesim.sim_setup import SimSetup
-from pipesim.simulator import simulate
+from pipesim.sim.clock import HeapClock, SimpyClock
+from pipesim.sim.sim_setup import SimSetup
+from pipesim.sim.simulator import simulate
 
 
 @pytest.mark.parametrize("clock_type", [HeapClock, SimpyClock])

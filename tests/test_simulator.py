@@ -8,14 +8,14 @@ from fractions import Fraction
 import pytest
 
 import schedules
-from pipesim.collective_algos import collective_seconds
-from pipesim.costs import CostTable, StageCosts
-from pipesim.graph import critical_path
-from pipesim.hardware import DeviceSpec, Hardware, HostProfile, LinkClass
-from pipesim.hardware_toml import load_hardware
+from pipesim.comm.collective_algos import collective_seconds
+from pipesim.cost.model_costs import ParallelCosts, model_costs
+from pipesim.cost.table import CostTable, StageCosts
+from pipesim.hardware.machine import DeviceSpec, Hardware, HostProfile, LinkClass
+from pipesim.hardware.toml_io import load_hardware
+from pipesim.ir.graph import critical_path
 from pipesim.model.config import ModelConfig
-from pipesim.model_costs import ParallelCosts, model_costs
-from pipesim.simulator import simulate
+from pipesim.sim.simulator import simulate
 from pipesim.timeline import Timeline
 
 
@@ -222,7 +222,7 @@ def test_json_schema_keys_and_units():
 
 @pytest.mark.parametrize("name", schedules.names())
 def test_peak_inflight_matches_the_schedule_analysis(name):
-    from pipesim.analysis import inflight_by_rank
+    from pipesim.ir.inflight import inflight_by_rank
 
     for sched in admitted(name, ps=(2, 4), ms=(4, 8)):
         result = simulate(sched, CostTable.uniform(sched.num_stages, 1.0, 1.0, 1.0), comm=False)
@@ -231,7 +231,7 @@ def test_peak_inflight_matches_the_schedule_analysis(name):
 
 def test_a_deadlocked_program_is_reported_not_hung():
     from pipesim.errors import PipesimError
-    from pipesim.ir import Action, Schedule
+    from pipesim.ir.schedule import Action, Schedule
 
     progs = (tuple(map(Action.parse, ["0RECV_B0", "0F0", "0SEND_F0", "0B0"])),
              tuple(map(Action.parse, ["1RECV_F0", "1F0", "1B0", "1SEND_B0"])))
@@ -266,7 +266,7 @@ def test_send_posting_and_late_recvs_exact_times():
 
 
 def test_p2p_plugins_closed_forms():
-    from pipesim.sim_links import GlooP2P, PlainP2P
+    from pipesim.sim.links import GlooP2P, PlainP2P
 
     plain = PlainP2P()
     assert plain.send_hold == 0.0 and plain.recv_done(5.0, 1.0, 3.0) == 3.0 and plain.recv_done(1.0, 2.0, 4.0) == 4.0
@@ -278,9 +278,9 @@ def test_p2p_plugins_closed_forms():
 
 
 def test_compute_plugin_adds_split_bookkeeping_only_with_a_host_profile():
-    from pipesim.cost_equation import SplitCosts
-    from pipesim.ir import Action, Kind
-    from pipesim.sim_program import TableCompute
+    from pipesim.cost.cost_equation import SplitCosts
+    from pipesim.ir.schedule import Action, Kind
+    from pipesim.sim.program import TableCompute
 
     stage = StageCosts(1.0, 2.0, 4.0, weight_ops=3, backward_ops=5)
     table = CostTable((stage, stage))
@@ -296,10 +296,10 @@ def test_compute_plugin_adds_split_bookkeeping_only_with_a_host_profile():
 def test_host_plugin_only_for_hardware_with_a_host_profile():
     from dataclasses import replace
 
-    from pipesim.host.sharing import HostSharing
-    from pipesim.host.slices import HostTimeSlices
-    from pipesim.sim_clock import HeapClock as Clock
-    from pipesim.simulator import host_model
+    from pipesim.sim.clock import HeapClock as Clock
+    from pipesim.sim.host.sharing import HostSharing
+    from pipesim.sim.host.slices import HostTimeSlices
+    from pipesim.sim.simulator import host_model
 
     for name in ("dgx-h100", "2x-dgx-h100", "pcie-4gpu"):
         assert load_hardware(name).host is None and host_model(Clock(), load_hardware(name), [0, 1]) is None
@@ -310,8 +310,8 @@ def test_host_plugin_only_for_hardware_with_a_host_profile():
 
 
 def test_message_slots_pair_each_send_with_its_recv():
-    from pipesim.deps import message_slot
-    from pipesim.lowering import add_p2p
+    from pipesim.ir.deps import message_slot
+    from pipesim.ir.lowering import add_p2p
 
     sched = add_p2p(schedules.build("interleaved-1f1b", 4, 8, 2))
     m = sched.num_microbatches

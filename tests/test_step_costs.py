@@ -12,20 +12,10 @@ from dataclasses import replace
 import pytest
 
 import schedules
-from pipesim.comm_costs import group_collective_time
-from pipesim.costs import CostTable
-from pipesim.device.kernels import memory_bound_time
-from pipesim.errors import PipesimError
-from pipesim.hardware import DeviceSpec, Hardware, LinkClass
-from pipesim.hardware_toml import load_hardware
-from pipesim.kernel_costs import profile_of
-from pipesim.model.config import ModelConfig
-from pipesim.model.memory import PRECISIONS, optimizer_step_bytes
-from pipesim.model.optimizer_step import optimizer_passes, pass_bytes
-from pipesim.model.options import LayerOptions
-from pipesim.model_costs import ParallelCosts, model_costs
-from pipesim.simulator import simulate
-from pipesim.step_costs import (
+from pipesim.comm.collective_costs import group_collective_time
+from pipesim.cost.kernel_costs import profile_of
+from pipesim.cost.model_costs import ParallelCosts, model_costs
+from pipesim.cost.step_costs import (
     RingExchange,
     StepCollective,
     StepCosts,
@@ -36,6 +26,16 @@ from pipesim.step_costs import (
     stage_step_collectives,
     step_costs,
 )
+from pipesim.cost.table import CostTable
+from pipesim.device.kernels import memory_bound_time
+from pipesim.errors import PipesimError
+from pipesim.hardware.machine import DeviceSpec, Hardware, LinkClass
+from pipesim.hardware.toml_io import load_hardware
+from pipesim.model.config import ModelConfig
+from pipesim.model.memory import PRECISIONS, optimizer_step_bytes
+from pipesim.model.optimizer_step import optimizer_passes, pass_bytes
+from pipesim.model.options import LayerOptions
+from pipesim.sim.simulator import simulate
 
 GB = 2**30  # bytes
 

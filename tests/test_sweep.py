@@ -1,4 +1,4 @@
-"""`pipesim sweep` and `pipesim.sweep`: rows equal to the closed forms, skipped combinations, JSON, plot."""
+"""`pipesim sweep` and `pipesim.sim.sweep`: rows equal to the closed forms, skipped combinations, JSON, plot."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import json
 import pytest
 
 from pipesim.cli import main
-from pipesim.hardware_toml import load_hardware
+from pipesim.hardware.toml_io import load_hardware
 from pipesim.model.config import ModelConfig
-from pipesim.sim_setup import SimSetup
-from pipesim.sweep import SCHEMA, format_table, run_sweep, to_dict
+from pipesim.sim.sim_setup import SimSetup
+from pipesim.sim.sweep import SCHEMA, format_table, run_sweep, to_dict
 
 UNIT = SimSetup(cost={"F": 1.0, "I": 1.0, "W": 1.0}, comm=False)
 

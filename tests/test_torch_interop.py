@@ -9,11 +9,11 @@ from torch.distributed.pipelining import schedules as torch_schedules
 from torch.distributed.pipelining._schedule_visualizer import get_schedule_ops
 
 import schedules
-from pipesim import torch_csv
 from pipesim.errors import PipesimError, ScheduleError
-from pipesim.ir import Action
-from pipesim.lowering import add_p2p
-from pipesim.schedule_check import fifo_mismatches, validate
+from pipesim.ir import torch_csv
+from pipesim.ir.lowering import add_p2p
+from pipesim.ir.schedule import Action
+from pipesim.ir.schedule_check import fifo_mismatches, validate
 from tests.launch_shared import register_call
 
 

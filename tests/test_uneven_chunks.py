@@ -11,11 +11,11 @@ import sys
 import pytest
 
 import schedules
+from pipesim.cost.model_costs import model_costs
 from pipesim.errors import PipesimError
-from pipesim.hardware_toml import load_hardware
+from pipesim.hardware.toml_io import load_hardware
 from pipesim.model.config import ModelConfig, split_layers
-from pipesim.model_costs import model_costs
-from pipesim.sim_setup import SimSetup
+from pipesim.sim.sim_setup import SimSetup
 from tests.executor_helpers import TINY_GPT, TINY_MLP, assert_matches_reference, chain, model_of
 from tests.launch_shared import register_run
 

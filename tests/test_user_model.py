@@ -1,4 +1,4 @@
-"""`--model MODULE:FACTORY` (pipesim.user_model, executor.user_model): the factory's errors up front, FLOP
+"""`--model MODULE:FACTORY` (pipesim.cost.user_model_costs, executor.user_model): the factory's errors up front, FLOP
 counting on meta (exact closed forms), the cost table from the counts, and `pipesim run` of the examples
 matching the single-process reference."""
 
@@ -15,9 +15,9 @@ import torch
 from torch import nn
 
 from executor.user_model import call_factory, count_piece, count_user_model, train_single, workload_from_parts
+from pipesim.cost.stage_work import stage_work
 from pipesim.errors import PipesimError
 from pipesim.model.config import ModelConfig
-from pipesim.stage_work import stage_work
 
 ROOT = Path(__file__).parent.parent
 
@@ -42,7 +42,7 @@ def bad_factories(tmp_path_factory) -> Path:
                                      "'nothere'"),
     ("examples/missing.py:make", "--model examples/missing.py:make: no such file examples/missing.py"),
     ("examples.conv_net:", "--model examples.conv_net:: expected MODULE:FACTORY"),
-    ("{bad}:number", "the factory returned a int; expected pipesim.user_model.ModelParts"),
+    ("{bad}:number", "the factory returned a int; expected pipesim.cost.user_model_costs.ModelParts"),
     ("{bad}:raises", "the factory raised ValueError: no weights here"),
     ("{bad}:strings", "layers must be a non-empty list of torch.nn.Module"),
     ("{bad}:wrong_keys", "the factory's dict needs keys layers and example_input"),

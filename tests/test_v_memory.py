@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 
 import schedules
-from pipesim.analysis import inflight_by_rank
-from pipesim.costs import CostTable
-from pipesim.graph import critical_path
-from pipesim.lowering import add_p2p
-from pipesim.schedule_check import fifo_mismatches, validate
-from pipesim.simulator import simulate
+from pipesim.cost.table import CostTable
+from pipesim.ir.graph import critical_path
+from pipesim.ir.inflight import inflight_by_rank
+from pipesim.ir.lowering import add_p2p
+from pipesim.ir.schedule_check import fifo_mismatches, validate
+from pipesim.sim.simulator import simulate
 from schedules.v_memory import PERIOD, block_slots, v_half_offsets, v_min_offsets
 
 UNIT = lambda a: 1 if a.is_compute else 0  # noqa: E731  every chunk action one unit (t_F = t_I = t_W)

@@ -7,11 +7,11 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import schedules
-from pipesim import torch_csv
 from pipesim.errors import PipesimError, ScheduleError
-from pipesim.ir import Action, Kind, Schedule
-from pipesim.lowering import add_p2p
-from pipesim.schedule_check import fifo_mismatches, validate
+from pipesim.ir import torch_csv
+from pipesim.ir.lowering import add_p2p
+from pipesim.ir.schedule import Action, Kind, Schedule
+from pipesim.ir.schedule_check import fifo_mismatches, validate
 
 
 def rows(*lines: str) -> Schedule:

@@ -16,7 +16,7 @@ from pipesim.calibration.measured import measured_metrics, trimmed_step
 from pipesim.calibration.plots import scatter_figure
 from pipesim.calibration.report import Report, render
 from pipesim.calibration.validation import Row, predict, ranking_check, summarize, validation_plan
-from pipesim.hardware_toml import load_hardware
+from pipesim.hardware.toml_io import load_hardware
 from pipesim.timeline import Event, Timeline
 
 

@@ -9,12 +9,12 @@ import pytest
 
 import schedules
 from pipesim.cli import main
-from pipesim.costs import CostTable
-from pipesim.hardware_toml import load_hardware
+from pipesim.cost.table import CostTable
+from pipesim.cost.zb_auto_costs import MemoryLimit, auto_costs, makespan_lower_bound
+from pipesim.hardware.toml_io import load_hardware
 from pipesim.model.config import ModelConfig
 from pipesim.parallel_dims import ParallelDims
-from pipesim.sim_setup import SimSetup
-from pipesim.zb_auto_costs import MemoryLimit, auto_costs, makespan_lower_bound
+from pipesim.sim.sim_setup import SimSetup
 from schedules.zb_auto import zb_auto_schedule
 
 UNLIMITED = MemoryLimit(bytes=float("inf"))

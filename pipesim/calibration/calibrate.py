@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipesim.calibration.fit import ComputeFit, fit_compute, fit_link, typical_samples
-from pipesim.calibration.launch import CYCLES, ROUNDS, measure_rounds
+from pipesim.calibration.launcher import CYCLES, ROUNDS, measure_rounds
 from pipesim.calibration.measured import (
     action_samples,
     comm_action_seconds,
@@ -33,7 +33,7 @@ from pipesim.calibration.plan import calibration_plan
 from pipesim.calibration.refine import refine_corun, refine_time_slice
 from pipesim.calibration.runs import memory_bandwidth
 from pipesim.errors import PipesimError
-from pipesim.hardware import DeviceSpec, Hardware, HostProfile, LinkClass
+from pipesim.hardware.machine import DeviceSpec, Hardware, HostProfile, LinkClass
 from pipesim.timeline import Timeline
 
 

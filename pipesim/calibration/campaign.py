@@ -17,13 +17,13 @@ from pathlib import Path
 
 from pipesim.calibration.calibrate import calibrate
 from pipesim.calibration.isolated import explain_gap
-from pipesim.calibration.launch import CYCLES, measure_rounds
+from pipesim.calibration.launcher import CYCLES, measure_rounds
 from pipesim.calibration.measured import late_recv_delay, measured_metrics, trimmed_step, typical_run, typical_step
 from pipesim.calibration.report import Report, load_line
 from pipesim.calibration.validation import Row, make_row, predict, ranking_check, summarize, validation_plan
-from pipesim.hardware import Hardware
-from pipesim.hardware_toml import hardware_to_toml
-from pipesim.sim_result import SimResult
+from pipesim.hardware.machine import Hardware
+from pipesim.hardware.toml_io import hardware_to_toml
+from pipesim.sim.result import SimResult
 from pipesim.timeline import Timeline
 
 CAMPAIGN_FILE = "campaign.json"  # in a --keep directory: how and when its timelines were measured

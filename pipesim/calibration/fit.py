@@ -7,8 +7,8 @@ Every compute action measured inside a run is one equation,
 
 The right side is the action's work: the seconds it would have taken alone. t_k is how long it ran
 while k ranks on its node were runnable (its own included; read off the timeline by
-`pipesim.host.sharing.runnable_profile`) and speed(k) is the processor-sharing rate the simulator
-uses (`pipesim.host.sharing.speed`: 1 alone, 1 / (1 + beta (k-1)) while every runnable rank has a
+`pipesim.sim.host.sharing.runnable_profile`) and speed(k) is the processor-sharing rate the simulator
+uses (`pipesim.sim.host.sharing.speed`: 1 alone, 1 / (1 + beta (k-1)) while every runnable rank has a
 core, less again by turn-taking and gamma per runnable rank beyond the cores). On the left, n is 1
 (2 for a fused B, which the simulator costs as I + W), f_* the FLOPs of the action's work (a B
 carries both f_I and f_W; the executor's first stage has no input gradient, so its I is empty and
@@ -30,9 +30,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from pipesim.cost_equation import CostEquation, SplitCosts, action_seconds
+from pipesim.cost.cost_equation import CostEquation, SplitCosts, action_seconds
 from pipesim.errors import PipesimError
-from pipesim.host.sharing import speed
+from pipesim.sim.host.sharing import speed
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,7 @@ class ComputeFit:
                 moved: tuple[float, float, float] = (0.0, 0.0, 0.0), split: int = 0, ops: float = 0.0,
                 groups: float = 0.0, backward_ops: float = 0.0, graph: float = 0.0) -> float:
         """Seconds of an action's work alone (the simulator's duration before sharing): the simulator's own
-        rule (`pipesim.cost_equation`) on the fitted figures."""
+        rule (`pipesim.cost.cost_equation`) on the fitted figures."""
         eq = self.equation()
         seconds = action_seconds(eq, flops, moved, actions=overheads, ops=ops, backward_ops=backward_ops)
         return eq.split.add_to(seconds, split, groups, graph)

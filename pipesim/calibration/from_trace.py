@@ -2,8 +2,8 @@
 
 A real run's traces (`pipesim.trace_import`) carry every action's start and end but no FLOPs or bytes;
 the model the run trained supplies them: pipesim's own (`--model mlp|gpt` and its sizes:
-`pipesim.stage_work.stage_work`) or the user's (`--model MODULE:FACTORY`, counted per layer by
-`executor.user_model`, summed per stage by `pipesim.user_model`). Then the fit is the one the
+`pipesim.cost.stage_work.stage_work`) or the user's (`--model MODULE:FACTORY`, counted per layer by
+`executor.user_model`, summed per stage by `pipesim.cost.user_model_costs`). Then the fit is the one the
 executor's timelines feed (`pipesim.calibration.calibrate`): the median action of each (trace, stage,
 kind) into `fit_compute`, the candidates in the same order; isend posting, late-RECV delay and the
 message latency read off the same timelines; the traced runtime's time between actions (its own
@@ -33,14 +33,14 @@ from pipesim.calibration.measured import (
     measured_steps,
     typical_metrics,
 )
+from pipesim.cost.model_costs import model_costs
+from pipesim.cost.stage_work import stage_work
+from pipesim.cost.user_model_costs import UserModel
 from pipesim.errors import PipesimError
-from pipesim.hardware import Hardware
+from pipesim.hardware.machine import Hardware
 from pipesim.model.config import ModelConfig
-from pipesim.model_costs import model_costs
-from pipesim.sim_setup import SimSetup
-from pipesim.stage_work import stage_work
+from pipesim.sim.sim_setup import SimSetup
 from pipesim.timeline import Timeline
-from pipesim.user_model import UserModel
 
 CORUN_MAX, CORUN_STEPS = 0.5, 50  # the grid of refine_corun
 

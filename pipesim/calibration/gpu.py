@@ -1,7 +1,7 @@
 """A hardware file from GPU measurements: the family's preset with the measured kernel figures, HBM and link.
 
 `pipesim calibrate --gpu` measures (pipesim/calibration/gpu_measure.py, torch) and `--from-measurements
-FILE` reads a recorded file (pipesim/device/measured.py's format); both end here, without torch, so the
+FILE` reads a recorded file (pipesim/device/gpu_measurements.py's format); both end here, without torch, so the
 tests assemble a recorded file on a machine with no GPU. What the file carries (docs/calibration.md):
 [device.kernels] = the measured figures of the family's kernel model (by measured.summarise's
 definitions), [device].hbm_bandwidth = the memory-bound kernels' median bytes/s (the best copy without
@@ -17,13 +17,13 @@ import statistics
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from pipesim.comm_costs import ring_time
-from pipesim.device import measured
+from pipesim.comm.collective_costs import ring_time
+from pipesim.device import gpu_measurements as measured
+from pipesim.device.gemm_reference import Comparison, Measured, compare
 from pipesim.device.profile import DeviceProfile, device_profile, load_profiles
-from pipesim.device.reference import Comparison, Measured, compare
 from pipesim.errors import PipesimError
-from pipesim.hardware import Hardware, KernelFigures
-from pipesim.hardware_toml import load_hardware, preset_names
+from pipesim.hardware.machine import Hardware, KernelFigures
+from pipesim.hardware.toml_io import load_hardware, preset_names
 
 FAMILY_NAMES = (("A100-PCIE", "A100-PCIe"), ("A100", "A100"), ("H100", "H100"), ("H200", "H200"),
                 ("B200", "B200"))  # fragment of torch.cuda.get_device_name (upper case) -> family; first match
@@ -49,7 +49,7 @@ def base_preset(family: str) -> Hardware:
 
 @dataclass(frozen=True)
 class LinkFit:
-    """The link figures with which pipesim.comm_costs.ring_time gives the measured times at both ends."""
+    """The link figures with which pipesim.comm.collective_costs.ring_time gives the measured times at both ends."""
 
     kind: str  # the collective fitted (all_reduce or send_recv)
     ranks: int

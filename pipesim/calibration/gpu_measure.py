@@ -26,7 +26,7 @@ from executor.collectives_config import CollectivesConfig
 from executor.launch import rank_environment
 from executor.supervisor import run_reported
 from pipesim.calibration.gpu import collective_records
-from pipesim.device import measured as rec
+from pipesim.device import gpu_measurements as rec
 from pipesim.errors import PipesimError
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -125,7 +125,7 @@ def measure_copy(dev: torch.device, grid: Grid) -> rec.Record:
 
 def measure_memory_bound(dev: torch.device, grid: Grid) -> list[rec.Record]:
     """torch's softmax and dropout over attention scores, layer norm and GeLU over rows, in the first GEMM dtype
-    (float32 on a CPU); bytes as pipesim.model.kernels counts them (dropout's mask: 1 byte per element)."""
+    (float32 on a CPU); bytes as pipesim.model.layer_kernels counts them (dropout's mask: 1 byte per element)."""
     dtype = DTYPES[grid.dtypes[0]] if dev.type == "cuda" else torch.float32
     name = str(dtype).removeprefix("torch.")
     heads, s = grid.scores

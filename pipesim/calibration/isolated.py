@@ -13,10 +13,10 @@ import time
 from dataclasses import replace
 
 import schedules
-from pipesim.costs import CostTable, StageCosts
+from pipesim.cost.table import CostTable, StageCosts
 from pipesim.model.config import ModelConfig, split_layers
-from pipesim.sim_setup import SimSetup
-from pipesim.simulator import simulate
+from pipesim.sim.sim_setup import SimSetup
+from pipesim.sim.simulator import simulate
 
 
 def isolated_stage_seconds(model: ModelConfig, num_stages: int, m: int, threads: int,

@@ -9,9 +9,9 @@ from __future__ import annotations
 import statistics
 
 from pipesim.calibration.fit import Sample
-from pipesim.host.sharing import runnable_profile
+from pipesim.cost.stage_work import action_flops, stage_work
 from pipesim.model.config import ModelConfig
-from pipesim.stage_work import action_flops, stage_work
+from pipesim.sim.host.sharing import runnable_profile
 from pipesim.timeline import Event, Timeline, pipeline_span, trimmed_step  # re-exported: the measured steps' reading
 
 
@@ -89,7 +89,7 @@ def action_samples(tl: Timeline, work: list | None = None) -> list[tuple[tuple[i
     """((stage, kind), Sample) of every compute action of the measured steps (see `samples_from_timeline`).
 
     `work`: per stage ((F, I, W) FLOPs, bytes, ops) of one microbatch; default `stage_work` of the
-    pipesim model in `meta.model` (a user's model counted by pipesim.user_model passes its own)."""
+    pipesim model in `meta.model` (a user's model counted by pipesim.cost.user_model_costs passes its own)."""
     if work is None:
         work = stage_work(ModelConfig(**tl.meta["model"]), tl.meta["p"] * tl.meta["v"], tl.meta["m"])
     out = []

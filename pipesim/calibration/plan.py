@@ -8,9 +8,9 @@ exactly as `pipesim simulate --hardware` would, for the fit's refinements and th
 from __future__ import annotations
 
 import schedules
-from pipesim.hardware import Hardware
+from pipesim.hardware.machine import Hardware
 from pipesim.model.config import ModelConfig
-from pipesim.sim_setup import SimSetup
+from pipesim.sim.sim_setup import SimSetup
 
 LECTURE_MLP = {"kind": "mlp", "hidden": 1024, "layers": 8, "batch": 64}
 QUICK_MLP = {"kind": "mlp", "hidden": 512, "layers": 4, "batch": 32}

@@ -8,7 +8,7 @@ these figures are chosen by simulating the fit runs (`simulate_run`) and compari
 from __future__ import annotations
 
 from pipesim.calibration.plan import simulate_run
-from pipesim.hardware import Hardware
+from pipesim.hardware.machine import Hardware
 
 
 def _grid_best(hw: Hardware, field: str, top: float, runs: list[dict], measured: dict[str, float],
@@ -48,7 +48,7 @@ def refine_oversubscription(hw: Hardware, runs: list[dict], measured: dict[str, 
     """The `oversubscription_slowdown` that best explains the step times of the fit runs with more ranks
     than cores (unchanged when there are none): turn-taking costs more than the cores' share (switches,
     caches, the waiting ranks' threads), and whole steps show it where single actions, preempted at
-    random, do not. With time slices it applies while any rank waits (`pipesim.host.slices`)."""
+    random, do not. With time slices it applies while any rank waits (`pipesim.sim.host.slices`)."""
     over = [r for r in runs if hw.host is not None and r["p"] > hw.host.cores]
     return _grid_best(hw, "oversubscription_slowdown", 1.0, over, measured, steps) if over else hw
 

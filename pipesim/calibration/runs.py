@@ -32,7 +32,7 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-from executor.config import RunConfig
+from executor.run_config import RunConfig
 from pipesim.model.config import ModelConfig
 
 # torch and the executor are imported inside the functions that run in the worker: `launch` imports

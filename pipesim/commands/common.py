@@ -8,9 +8,9 @@ import sys
 from dataclasses import replace
 
 import schedules
-from pipesim import torch_csv
 from pipesim.errors import PipesimError
-from pipesim.ir import Schedule
+from pipesim.ir import torch_csv
+from pipesim.ir.schedule import Schedule
 from pipesim.model.config import ACTIVATIONS, ModelConfig
 from pipesim.model.hf_config import bundled_configs, load_hf_config
 from pipesim.outputs import write_text
@@ -77,7 +77,7 @@ def check_schedule_size(p: int, v: int, m: int, limit: int = MAX_STAGE_MICROBATC
 def load_schedule(args: argparse.Namespace, *, validate: bool = True,
                   limit: int = MAX_STAGE_MICROBATCHES) -> Schedule:
     """The schedule named by NAME or --from-csv, validated."""
-    from pipesim.schedule_check import validate as check  # networkx: kept out of `pipesim`'s start-up
+    from pipesim.ir.schedule_check import validate as check  # networkx: kept out of `pipesim`'s start-up
 
     if args.from_csv and args.name:
         raise PipesimError("give a schedule NAME or --from-csv FILE, not both")
@@ -119,7 +119,8 @@ def add_model_args(parser: argparse.ArgumentParser, *, default: str | None = "ml
 
 
 def _model_name(text: str) -> str:
-    """mlp, gpt, or a factory MODULE:FACTORY / FILE.py:FACTORY (pipesim.user_model; checked where it is read)."""
+    """mlp, gpt, or a factory MODULE:FACTORY / FILE.py:FACTORY (pipesim.cost.user_model_costs; checked where it is
+    read)."""
     if text in ("mlp", "gpt") or ":" in text:
         return text
     raise argparse.ArgumentTypeError(f"invalid choice: {text!r} (choose mlp, gpt, MODULE:FACTORY or FILE.py:FACTORY)")

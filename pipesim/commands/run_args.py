@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from executor.config import FAIL_MODES, RECOMPUTE, RunConfig
+from executor.run_config import FAIL_MODES, RECOMPUTE, RunConfig
 from pipesim.commands.common import (
     add_model_args,
     add_output_args,
@@ -14,8 +14,8 @@ from pipesim.commands.common import (
     positive_int,
     user_model_config,
 )
+from pipesim.cost.user_model_costs import is_factory_spec
 from pipesim.errors import PipesimError
-from pipesim.user_model import is_factory_spec
 
 
 def add_run_args(parser: argparse.ArgumentParser) -> None:
@@ -83,7 +83,7 @@ def configs_from_args(args: argparse.Namespace) -> list[RunConfig]:
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
     names = tuple(n.strip() for n in args.name.split(",") if n.strip()) if args.name else ()
-    factory = args.model if is_factory_spec(args.model) else None  # --model MODULE:FACTORY (pipesim.user_model)
+    factory = args.model if is_factory_spec(args.model) else None  # --model MODULE:FACTORY (cost.user_model_costs)
     return RunConfig(
         names=names, csv=args.from_csv, stages=args.stages, microbatches=args.microbatches, virtual=args.virtual,
         dp=args.dp, tp=args.tp, model=user_model_config(args) if factory else model_config(args), factory=factory,

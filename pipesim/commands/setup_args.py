@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import argparse
 
-from pipesim.comm_options import CommOptions
+from pipesim.comm.comm_options import CommOptions
 from pipesim.commands.common import bounded_int, model_config, positive_int
-from pipesim.costs import parse_cost_spec
+from pipesim.cost.table import parse_cost_spec
+from pipesim.cost.zb_auto_costs import parse_memory_limit
 from pipesim.errors import PipesimError
-from pipesim.hardware_toml import load_hardware
+from pipesim.hardware.toml_io import load_hardware
 from pipesim.model.options import ATTENTION, RECOMPUTE
-from pipesim.sim_setup import DEFAULT_HARDWARE, SimSetup
-from pipesim.zb_auto_costs import parse_memory_limit
+from pipesim.sim.sim_setup import DEFAULT_HARDWARE, SimSetup
 
 
 def add_setup_args(parser: argparse.ArgumentParser) -> None:
@@ -76,7 +76,7 @@ def add_setup_args(parser: argparse.ArgumentParser) -> None:
 
 def add_grad_args(group) -> None:
     """--accumulate-allreduce-grads-in-fp32 / --grad-reduce-in-bf16: the main gradients' dtype (simulate, sweep,
-    plan); None when neither is given (the dtype's default, pipesim.model_costs.precision_of)."""
+    plan); None when neither is given (the dtype's default, pipesim.cost.model_costs.precision_of)."""
     grads = group.add_mutually_exclusive_group()
     grads.add_argument("--accumulate-allreduce-grads-in-fp32", dest="grad_fp32", action="store_const", const=True,
                        default=None,
@@ -96,7 +96,7 @@ def check_grad_args(grad_fp32: bool | None, model) -> None:
 
 
 def add_comm_args(parser: argparse.ArgumentParser) -> None:
-    """--scatter-gather, --overlap-grad-reduce, --ddp-bucket-size, --blocking-p2p (pipesim.comm_options; simulate,
+    """--scatter-gather, --overlap-grad-reduce, --ddp-bucket-size, --blocking-p2p (pipesim.comm.comm_options; simulate,
     sweep, plan)."""
     c = parser.add_argument_group("framework communication (Megatron-LM's options)")
     c.add_argument("--scatter-gather", action="store_true",

@@ -84,7 +84,7 @@ def gemm_time(m: int, n: int, k: int, dtype: str, device: DeviceProfile, *, batc
     bytes / (HBM x memory_efficiency), time = compute + memory - overlap min(compute, memory).
     The fastest tile is kept (ties: the first listed) and the kernel overhead added once.
     sms: the SMs the kernel's tiles may use (default: all of the device's), e.g. the SMs an overlapped
-    NCCL collective leaves it (pipesim.overlap_interference); each SM keeps the device's per-SM rate.
+    NCCL collective leaves it (pipesim.comm.overlap_interference); each SM keeps the device's per-SM rate.
     """
     _check_shape(m, n, k, batch)
     free = device.sms if sms is None else sms

@@ -44,7 +44,7 @@ class DeviceProfile:
     flash_backward_efficiency: float  # flash attention backward (recompute included): fraction of the peak
     sources: dict[str, str] = field(default_factory=dict, compare=False)  # field -> citation
     # NCCL channels (one thread block, one SM, each) of a collective inside the node: the SMs an overlapped
-    # GEMM loses (pipesim.overlap_interference); 0: overlap taken as free
+    # GEMM loses (pipesim.comm.overlap_interference); 0: overlap taken as free
     nccl_channels: int = 0
     # memory-bound kernels (norms, softmax, activations, dropout, adds, the optimizer): their bytes/s / hbm_bandwidth;
     # None: memory_efficiency (a run on an H200 measured torch's at 0.57 of the datasheet against a copy's 0.88)

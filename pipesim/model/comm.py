@@ -6,7 +6,7 @@ row-parallel matmul) and one in backward (of the column-parallel matmul's input 
 Sequence parallelism (Korthikanti et al. 2022, section 4.2.2) replaces each all-reduce with an
 all-gather before the block and a reduce-scatter after it: the same volume on the wire. Megatron
 overlaps the backward input-gradient collective with the weight-gradient GEMM that follows it.
-Bytes are those of the full (unsharded) tensor, the nccl-tests convention of comm_costs.py.
+Bytes are those of the full (unsharded) tensor, the nccl-tests convention of comm/collective_costs.py.
 """
 
 from __future__ import annotations

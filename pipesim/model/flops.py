@@ -1,6 +1,6 @@
 """FLOPs of a transformer layer and LM head, split F / I / W, on one rank, with recomputation.
 
-Convention as pipesim/model_costs.py's gpt_block_flops and torch's FlopCounterMode: matmuls
+Convention as pipesim/cost/model_costs.py's gpt_block_flops and torch's FlopCounterMode: matmuls
 only, 2 FLOPs per multiply-add. The weight matmuls' backward is the same again for the input
 gradient (I) and for the weight gradient (W); the score matmuls (Q K^T, A V) have no weights, so
 their whole backward is in I. Attention is counted over the full s x s square, causal or not, as

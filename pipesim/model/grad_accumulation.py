@@ -22,9 +22,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from pipesim.model.kernels import Gemm, Kernel, MemoryBound, PieceKernels
+from pipesim.model.layer_kernels import Gemm, Kernel, MemoryBound, PieceKernels
 
-WGRAD = " wgrad"  # suffix of a linear layer's weight-gradient GEMM (pipesim.model.kernels)
+WGRAD = " wgrad"  # suffix of a linear layer's weight-gradient GEMM (pipesim.model.layer_kernels)
 
 
 def weight_gradient_params(kernels: PieceKernels) -> int:
@@ -36,7 +36,7 @@ def accumulate_gradients(kernels: PieceKernels, params: int, *, dtype_bytes: int
                          fused: bool) -> PieceKernels:
     """The piece's kernels with its gradient accumulation in W.
 
-    params: all the piece's parameters on this rank (pipesim.model.params). fused: each wgrad GEMM
+    params: all the piece's parameters on this rank (pipesim.model.param_counts). fused: each wgrad GEMM
     reads and writes C in the buffer (c_bytes = 2 g) and one add covers the other parameters
     ((d + 2 g) bytes each); separate: one add per linear weight ((d + 2 g) m n bytes) after its
     GEMM, and one for the other parameters.

@@ -19,7 +19,7 @@ from pipesim.model.activations import recompute_working_bytes, stage_activation_
 from pipesim.model.comm import Collective, cp_kv_block_bytes
 from pipesim.model.config import ModelConfig
 from pipesim.model.options import LayerOptions
-from pipesim.model.params import stage_params
+from pipesim.model.param_counts import stage_params
 
 GiB = 2**30
 ZERO_STAGES = (0, 1, 2, 3)
@@ -111,7 +111,7 @@ def dp_collectives(params: int, *, dp: int, zero: int, microbatches: int,
     0: one all_reduce of the gradients at the step's end (DDP). 1: reduce_scatter of the gradients
     after the stage's last backward, then (after the optimizer step on the shard) all_gather of the
     parameters. 2: the same collectives, but the gradients stay sharded, so the reduce_scatter runs
-    after every microbatch (`count` = microbatches; pipesim.step_costs times each). 3:
+    after every microbatch (`count` = microbatches; pipesim.cost.step_costs times each). 3:
     `zero3_chunk_collectives`. dp = 1: none.
     """
     check_zero(zero, dp)

@@ -8,10 +8,10 @@ ranks past --max-candidates / --max-work are not simulated (docs/planner.md).
 
 from __future__ import annotations
 
-from pipesim.hardware import Hardware
+from pipesim.cost.step_costs import optimizer_seconds
+from pipesim.hardware.machine import Hardware
 from pipesim.plan.memory_bound import MIRRORED, rank_chunks
 from pipesim.plan.space import Candidate
-from pipesim.step_costs import optimizer_seconds
 
 # bubble in microbatch-times as a function of (p, v, m); unknown schedules: 1F1B's p - 1
 BUBBLE_UNITS = {

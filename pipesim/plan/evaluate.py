@@ -11,16 +11,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import schedules
+from pipesim.cost.model_costs import ParallelCosts, model_costs
+from pipesim.cost.rank_memory import rank_memory
 from pipesim.errors import PipesimError
-from pipesim.ir import Schedule
+from pipesim.ir.schedule import Schedule
 from pipesim.model.config import split_layers
 from pipesim.model.memory import MemoryBreakdown
-from pipesim.model_costs import ParallelCosts, model_costs
 from pipesim.plan.memory_bound import MemoryBound
 from pipesim.plan.space import Candidate, PlanRequest
-from pipesim.rank_memory import rank_memory
-from pipesim.sim_result import SimResult
-from pipesim.sim_setup import SimSetup
+from pipesim.sim.result import SimResult
+from pipesim.sim.sim_setup import SimSetup
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import shlex
 
-from pipesim import torch_csv
-from pipesim.ir import Schedule
+from pipesim.ir import torch_csv
+from pipesim.ir.schedule import Schedule
 from pipesim.plan.space import Candidate, PlanRequest
 
 # pipesim name -> torch.distributed.pipelining / torchtitan `pipeline_parallel_schedule`

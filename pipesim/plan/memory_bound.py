@@ -1,7 +1,7 @@
 """A cheap, exact-arithmetic lower bound on a candidate's peak memory per GPU, before any schedule is built.
 
 bound = max(the fullest rank's model state, rank 0's model state + its in-flight activations) + buffers,
-where the model state is what `pipesim.rank_memory` counts (parameters of the chunks a rank holds, per ZeRO
+where the model state is what `pipesim.cost.rank_memory` counts (parameters of the chunks a rank holds, per ZeRO
 stage, `step_peak_state`) and rank 0's in-flight count is the schedule family's closed form below, a lower
 bound on the chunk-microbatches rank 0 stashes at its peak, times the smallest stash of its chunks (with
 context parallelism each rank stashes seq / cp tokens: the layer options carry cp). A
@@ -11,12 +11,12 @@ bound <= exact on every registered schedule), so it is dropped without costing o
 
 from __future__ import annotations
 
+from pipesim.cost.model_costs import precision_of
 from pipesim.model.activations import stage_activation_bytes
 from pipesim.model.config import ModelConfig, split_layers
 from pipesim.model.memory import PRECISIONS, comm_buffer_bytes, step_peak_state
 from pipesim.model.options import LayerOptions
-from pipesim.model.params import stage_params
-from pipesim.model_costs import precision_of
+from pipesim.model.param_counts import stage_params
 from pipesim.plan.space import chunks_per_rank
 
 LOOPED = frozenset({"interleaved-1f1b", "interleaved-zb", "looped-bfs"})  # rank r holds stages r, r + p, ...
@@ -154,7 +154,7 @@ class MemoryBound:
         return self._buffers[key]
 
     def bound(self, c) -> int:
-        """Bytes: a lower bound on `c`'s peak memory on its fullest GPU (pipesim.rank_memory's figure)."""
+        """Bytes: a lower bound on `c`'s peak memory on its fullest GPU (pipesim.cost.rank_memory's figure)."""
         opts = self.options(c)
         family = placement_family(c.schedule, c.k)
         fullest, first = self.states(family, c)

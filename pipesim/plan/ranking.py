@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pipesim.model.flops import model_flops
 from pipesim.plan.evaluate import Costed
 from pipesim.plan.space import Candidate, PlanRequest
-from pipesim.sim_result import SimResult
+from pipesim.sim.result import SimResult
 
 PARTS = ("compute", "exposed_comm", "bubble", "tail")
 

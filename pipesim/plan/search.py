@@ -17,15 +17,15 @@ from dataclasses import dataclass, field, replace
 
 from tqdm import tqdm
 
+from pipesim.cost.model_costs import precision_of
+from pipesim.cost.zb_auto_costs import AUTO_SCHEDULES
 from pipesim.errors import PipesimError
-from pipesim.model_costs import precision_of
 from pipesim.plan.backends import Backend, LocalPool
 from pipesim.plan.estimate import estimate, optimizer_tail
 from pipesim.plan.evaluate import Costed, Evaluator
 from pipesim.plan.ranking import PlanRow, step_model_flops
 from pipesim.plan.space import Candidate, NoLayout, PlanRequest, enumerate_candidates
 from pipesim.units import format_bytes
-from pipesim.zb_auto_costs import AUTO_SCHEDULES
 
 DEFAULT_MAX_CANDIDATES = 200
 DEFAULT_MAX_WORK = 250_000  # work units (chunk-microbatches) spent at most: about 40 s on one core

@@ -18,12 +18,12 @@ from dataclasses import dataclass
 from functools import cache
 
 import schedules
-from pipesim.comm_options import CommOptions
+from pipesim.comm.comm_options import CommOptions
 from pipesim.errors import PipesimError
-from pipesim.hardware import Hardware
+from pipesim.hardware.machine import Hardware
 from pipesim.model.config import ModelConfig
 from pipesim.model.options import LayerOptions
-from pipesim.sim_setup import default_attention
+from pipesim.sim.sim_setup import default_attention
 
 VIRTUALS = (2, 3, 4)  # chunks per rank tried for schedules that take --virtual
 MAX_STAGE_MICROBATCHES = 1 << 20  # p x v x m above this is not built (the simulate command's own bound)

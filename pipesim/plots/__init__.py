@@ -2,7 +2,7 @@
 
 from pipesim.plots.compare import compare_figure
 from pipesim.plots.export import write_html, write_png
-from pipesim.plots.sweep import sweep_figure
-from pipesim.plots.timeline import timeline_figure
+from pipesim.plots.sweep_figure import sweep_figure
+from pipesim.plots.timeline_figure import timeline_figure
 
 __all__ = ["timeline_figure", "compare_figure", "sweep_figure", "write_html", "write_png"]

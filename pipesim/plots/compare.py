@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import plotly.graph_objects as go
 
 from pipesim.errors import PipesimError
-from pipesim.plots.timeline import busy_by_rank, fmt_time, pick_unit, stacked_figure, summary
+from pipesim.plots.timeline_figure import busy_by_rank, fmt_time, pick_unit, stacked_figure, summary
 from pipesim.timeline import Timeline, trimmed_step
 
 

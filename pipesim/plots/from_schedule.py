@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from pipesim.graph import critical_path
-from pipesim.ir import Action, Schedule
-from pipesim.lowering import add_p2p
+from pipesim.ir.graph import critical_path
+from pipesim.ir.lowering import add_p2p
+from pipesim.ir.schedule import Action, Schedule
 from pipesim.timeline import Event, Timeline
 
 

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from executor.__main__ import _exit_now, run_chain  # leave as `python -m executor` does
-from executor.config import configs_from_json
+from executor.run_config import configs_from_json
 from tests.launch_shared import BEGIN, END
 
 

@@ -22,7 +22,7 @@ from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
 
 import schedules
-from pipesim import torch_csv
+from pipesim.ir import torch_csv
 
 HIDDEN, BATCH = 8, 8
 

@@ -1,0 +1,25 @@
+"""One tensor-parallel collective inside a compute action, as the cost model hands it to the simulator.
+
+Megatron's layer runs its TP collectives inside F, B, I and W: most block the rank (the forward's
+all-reduce, sequence parallelism's all-gather and reduce-scatter), and on the kernel path with
+`--async-tensor-model-parallel-allreduce` a fused backward's input-gradient collective runs beside the
+weight-gradient GEMM instead, which loses the SMs of NCCL's channels meanwhile
+(pipesim.comm.overlap_interference). One record type for both, so no consumer tells shapes apart.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from pipesim.comm.overlap_interference import HidingGemm
+
+
+class TpCollective(NamedTuple):
+    """A collective over the stage's tp group: `nbytes` of `kind`, blocking or beside a GEMM."""
+
+    kind: str  # "all_reduce", "all_gather" or "reduce_scatter"
+    nbytes: int  # bytes of the full tensor (the collective's size as nccl-tests count it)
+    beside: HidingGemm | None = None  # the GEMM it runs beside (sharing its SMs); None: it blocks whole
+
+
+__all__ = ["TpCollective"]

@@ -1,0 +1,290 @@
+"""`pipesim plan`: the fastest parallel configuration of a transformer on a cluster, searched with the
+simulator (pipesim/plan/); a ranked table, --json, and the winner as commands (docs/planner.md)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+from pathlib import Path
+
+from pipesim.commands.common import (
+    SIZE_FLAGS,
+    STRUCTURE_FLAGS,
+    add_model_args,
+    add_transformer_args,
+    emit_json,
+    model_config,
+    positive_int,
+)
+from pipesim.commands.setup_args import add_comm_args, add_grad_args, check_grad_args, comm_options_from_args
+from pipesim.errors import PipesimError
+from pipesim.hardware.machine import Hardware
+from pipesim.hardware.toml_io import load_hardware
+from pipesim.model.config import ModelConfig
+from pipesim.model.options import ATTENTION, RECOMPUTE
+from pipesim.outputs import check_file, write_text
+from pipesim.plan.backends import open_backend
+from pipesim.plan.evaluate import Evaluator
+from pipesim.plan.exports import (
+    command_line,
+    megatron_text,
+    run_command,
+    run_note,
+    schedule_csv,
+    simulate_command,
+    torchtitan_toml,
+)
+from pipesim.plan.ranking import why_lost
+from pipesim.plan.search import DEFAULT_MAX_CANDIDATES, DEFAULT_MAX_WORK, PlanResult, default_workers, plan
+from pipesim.plan.space import RECOMPUTES, ZEROS, PlanRequest
+from pipesim.sim.sim_setup import DEFAULT_HARDWARE
+from pipesim.units import format_bytes
+
+EXAMPLES = """examples:
+  pipesim plan --model gpt --hidden 1024 --layers 8 --heads 16 --seq 1024 --vocab 32000 --batch 32 \\
+      --dtype bfloat16 --hardware dgx-h100 --gpus 8 --top 5
+  pipesim plan --model-config llama3-8b --seq 8192 --batch 64 --hardware dgx-h100 --nodes 2 --json plan.json \
+      --plot plan.html --export-csv winner.csv
+"""
+
+
+def _headroom(text: str) -> float:
+    """--memory-headroom: a fraction in [0, 1)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a fraction such as 0.1, got {text!r}") from None
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1), got {text!r}")
+    return value
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("plan", help="search the fastest parallel configuration (schedule, pp, tp, dp, ...)",
+                       epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_args(p, default="gpt")
+    add_transformer_args(p)
+    add_comm_args(p)
+    add_grad_args(p.add_argument_group("main gradients (Megatron-LM's flags)"))
+    g = p.add_argument_group("cluster and search")
+    g.add_argument("--hardware", metavar="PRESET|FILE", help=f"hardware preset or TOML file (default "
+                                                             f"{DEFAULT_HARDWARE})")
+    n = g.add_mutually_exclusive_group()
+    n.add_argument("--nodes", type=positive_int, default=None, metavar="N", help="nodes of the hardware's kind")
+    n.add_argument("--gpus", type=positive_int, default=None, metavar="N",
+                   help="GPUs in all (a multiple of the GPUs per node, or fewer than one node holds)")
+    g.add_argument("--schedules", type=_names, default=(), metavar="A,B,...",
+                   help="schedules to consider (default every registered one)")
+    g.add_argument("--max-tp", type=positive_int, default=None, help="largest tensor-parallel size (default a node)")
+    g.add_argument("--recompute", type=_recomputes, default=RECOMPUTES, metavar="none,selective,full",
+                   help="recomputation choices to consider (default all three)")
+    g.add_argument("--zero", type=_zeros, default=ZEROS, metavar="0,1,...",
+                   help="ZeRO stages to consider with dp > 1 (default 0,1)")
+    g.add_argument("--sequence-parallel", type=_on_off, default=(True,), metavar="on|off|on,off",
+                   help="sequence parallelism with tp > 1: on (default, Megatron's practice), off, or both searched")
+    g.add_argument("--cp", type=_cps, default=(1,), metavar="1,2,4,...",
+                   help="context-parallel sizes to search (ring attention; needs flash attention and --seq "
+                        "divisible by 2 cp; default 1: none)")
+    g.add_argument("--attention", choices=ATTENTION, default=None,
+                   help="attention kernel of every candidate (default: flash on GPUs at 16 bits, as simulate)")
+    g.add_argument("--tokens-per-step", type=positive_int, default=None, metavar="T",
+                   help="global batch in tokens (instead of --batch): T / --seq sequences")
+    g.add_argument("--memory-headroom", type=_headroom, default=0.0, metavar="FRACTION",
+                   help="share of each GPU's memory kept free (allocator fragmentation, buffers): 0 <= f < 1 "
+                        "(default 0)")
+    g.add_argument("--top", type=positive_int, default=10, metavar="N", help="rows shown (default 10)")
+    g.add_argument("--max-candidates", type=positive_int, default=DEFAULT_MAX_CANDIDATES, metavar="N",
+                   help="simulate at most N candidates that fit memory, in the estimate's order "
+                        f"(default {DEFAULT_MAX_CANDIDATES})")
+    g.add_argument("--max-work", type=positive_int, default=DEFAULT_MAX_WORK, metavar="N",
+                   help="stop the walk after N work units: p x v x m per candidate built, 20 x p x m more for "
+                        f"zb-auto / zb-2p (default {DEFAULT_MAX_WORK}, about 40 s on one core)")
+    g.add_argument("--workers", type=positive_int, default=None, metavar="N",
+                   help="processes simulating candidates (default: the machine's cores); results are the same")
+    g.add_argument("--cluster", default=None, metavar="dask://HOST:PORT|ray://HOST:PORT|ray",
+                   help="simulate the candidates on a running Dask scheduler or Ray cluster (extra "
+                        "pipesim[cluster]; default this machine's --workers); results are the same")
+    g.add_argument("--plot", default=None, metavar="FILE.html",
+                   help="write throughput against peak memory of every simulated candidate (HTML, plotly)")
+    g.add_argument("--png", default=None, metavar="FILE.png",
+                   help="also write the figure as a PNG (needs Chromium, as `pipesim plot --png`)")
+    g.add_argument("--export-csv", default=None, metavar="FILE.csv",
+                   help="write the winner's schedule as a torch.distributed.pipelining CSV")
+    g.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE",
+                   help="write the plan as JSON to FILE, or to stdout without FILE")
+    p.set_defaults(func=run)
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(t.strip() for t in text.split(",") if t.strip())
+
+
+def _on_off(text: str) -> tuple[bool, ...]:
+    words = _names(text)
+    if not words or any(w not in ("on", "off") for w in words):
+        raise argparse.ArgumentTypeError(f"on, off or on,off; got {text!r}")
+    return tuple(sorted({w == "on" for w in words}))
+
+
+def _cps(text: str) -> tuple[int, ...]:
+    """--cp: positive context-parallel sizes, comma-separated."""
+    try:
+        out = tuple(sorted({int(t) for t in _names(text)}))
+    except ValueError:
+        out = ()
+    if not out or any(cp < 1 for cp in out):
+        raise argparse.ArgumentTypeError(f"positive context-parallel sizes such as 1,2,4; got {text!r}")
+    return out
+
+
+def _csv_path(path: str | None) -> Path | None:
+    """--export-csv's file, checked before the search (a .csv in an existing folder)."""
+    if path is None:
+        return None
+    p = Path(path)
+    if p.suffix.lower() != ".csv" or p.is_dir():
+        raise PipesimError(f"--export-csv {path}: writes a CSV schedule; name the file *.csv")
+    if not p.parent.is_dir():
+        raise PipesimError(f"--export-csv {path}: folder {p.parent} does not exist")
+    return p
+
+
+def _recomputes(text: str) -> tuple[str, ...]:
+    out = _names(text)
+    bad = [r for r in out if r not in RECOMPUTE]
+    if bad or not out:
+        raise argparse.ArgumentTypeError(f"choose from {', '.join(RECOMPUTE)}, got {text!r}")
+    return out
+
+
+def _zeros(text: str) -> tuple[int, ...]:
+    try:
+        out = tuple(int(t) for t in _names(text))
+    except ValueError:
+        out = ()
+    if not out or any(z not in (0, 1, 2, 3) for z in out):
+        raise argparse.ArgumentTypeError(f"ZeRO stages are 0, 1, 2, 3; got {text!r}")
+    return out
+
+
+def cluster(args: argparse.Namespace) -> tuple[Hardware, int, list[str]]:
+    """(hardware joined to its nodes, GPUs to fill, the hardware flags that reproduce it)."""
+    name = args.hardware or DEFAULT_HARDWARE
+    hw = load_hardware(name)
+    flags = ["--hardware", name]
+    per_node = hw.devices_per_node
+    if args.nodes is not None:
+        return hw.with_nodes(args.nodes), args.nodes * per_node, flags + ["--nodes", str(args.nodes)]
+    if args.gpus is None:
+        return hw, hw.num_devices, flags
+    if args.gpus > per_node and args.gpus % per_node:
+        raise PipesimError(f"--gpus {args.gpus} is not a multiple of {hw.name}'s {per_node} GPUs per node")
+    nodes = max(1, args.gpus // per_node)
+    if nodes != hw.num_nodes:
+        hw, flags = hw.with_nodes(nodes), flags + ["--nodes", str(nodes)]
+    return hw, args.gpus, flags
+
+
+def model_flags(args: argparse.Namespace, req: PlanRequest) -> list[str]:
+    """The model flags as given (plus the step's --seq and --batch), for the exported simulate command."""
+    out = ["--model-config", args.model_config] if args.model_config else ["--model", "gpt"]
+    for name in SIZE_FLAGS + STRUCTURE_FLAGS:
+        value = getattr(args, name, None)
+        if value is not None and name not in ("seq", "batch"):
+            out += [f"--{name.replace('_', '-')}", str(value)]
+    return out + ["--seq", str(req.model.seq), "--batch", str(req.model.batch)]
+
+
+def run(args: argparse.Namespace) -> int:
+    json_path = check_file(args.json, "--json", "json")
+    plot_path = check_file(args.plot, "--plot", "html")
+    png_path = check_file(args.png, "--png", "png")
+    csv_path = _csv_path(args.export_csv)
+    if args.model == "mlp":
+        raise PipesimError("pipesim plan searches transformer layouts; drop --model mlp")
+    if args.tokens_per_step is not None:
+        if args.batch is not None:
+            raise PipesimError("give the global batch once: --batch (sequences) or --tokens-per-step (tokens)")
+        seq = args.seq if args.seq is not None else ModelConfig.seq
+        if args.tokens_per_step % seq:
+            raise PipesimError(f"--tokens-per-step {args.tokens_per_step} is not a multiple of --seq {seq}")
+        args.batch = args.tokens_per_step // seq
+    model = model_config(args)
+    check_grad_args(args.grad_fp32, model)
+    hw, gpus, hw_flags = cluster(args)
+    if args.memory_headroom:  # the search sees the memory left after the headroom
+        kept = int(hw.device.memory * (1.0 - args.memory_headroom))
+        hw = dataclasses.replace(hw, device=dataclasses.replace(hw.device, memory=kept))
+    req = PlanRequest(model, hw, gpus, args.schedules, args.max_tp, args.recompute, args.zero,
+                      comm=comm_options_from_args(args), attention=args.attention,
+                      sequence_parallel=args.sequence_parallel, cps=args.cp, grad_fp32=args.grad_fp32)
+    ev = Evaluator(req)
+    with open_backend(args.cluster, args.workers or default_workers()) as backend:
+        result = plan(req, max_candidates=args.max_candidates, max_work=args.max_work, evaluator=ev,
+                      backend=backend)
+    argv = simulate_command(result.best.candidate, model_flags(args, req), hw_flags + req.comm.flags(),
+                            args.attention, req.grad_fp32)
+    ranks = gpus // result.best.candidate.cp  # the executor has no cp: t x p x d ranks (exports.run_note)
+    per_node = ranks if ranks <= hw.devices_per_node else math.gcd(ranks, hw.devices_per_node)
+    run_argv = run_command(result.best.candidate, model_flags(args, req), per_node=per_node,
+                           nodes=ranks // per_node)
+    data = plan_json(result, args.top, argv, ev.attention, run_argv)
+    if csv_path:
+        write_text(csv_path, schedule_csv(ev.cost(result.best.candidate).schedule))
+    if plot_path or png_path:
+        from pipesim.plots.export import write_html, write_png  # local import: plotly, kept out of start-up
+        from pipesim.plots.plan_figure import plan_figure  # local import: plotly, kept out of start-up
+        title = (f"pipesim plan: {req.gpus} GPUs of {hw.name}, batch {model.batch} x seq {model.seq} "
+                 f"({len(result.rows)} candidates simulated)")
+        fig = plan_figure([r.to_dict() for r in result.rows], title=title, device_memory=hw.device.memory)
+        if plot_path:
+            write_html(fig, plot_path)
+        if png_path:
+            write_png(fig, png_path)
+    if json_path:
+        emit_json(str(json_path), data)
+    if args.json == "-":
+        emit_json("-", data)
+    else:
+        print(report(result, args.top, argv, ev.attention, run_argv))
+    return 0
+
+
+def plan_json(result: PlanResult, top: int, argv: list[str], attention: str, run_argv: list[str]) -> dict:
+    best, req = result.best, result.request
+    rows = [{**r.to_dict(), "why": why_lost(r, best)} for r in result.rows[:top]]
+    c = best.candidate
+    return {"schema": "pipesim.plan/1", "gpus": req.gpus, "hardware": req.hardware.name,
+            "device_memory": req.hardware.device.memory, "attention": attention, "counts": result.counts,
+            "rows": rows,
+            "winner": {"simulate_command": command_line(argv), "run_command": command_line(run_argv),
+                       **({"run_note": run_note(c)} if run_note(c) else {}),
+                       "megatron_args": megatron_text(c, req, attention).splitlines(),
+                       "torchtitan_toml": torchtitan_toml(c, req)}}
+
+
+def report(result: PlanResult, top: int, argv: list[str], attention: str, run_argv: list[str]) -> str:
+    """The ranked table, the counts, and the winner's exports."""
+    req, best = result.request, result.best
+    k = result.counts
+    lines = [f"plan: {req.gpus} GPUs of {req.hardware.name} ({format_bytes(req.hardware.device.memory)} each), "
+             f"batch {req.model.batch} x seq {req.model.seq}",
+             f"{k['enumerated']} candidates ({attention} attention), {k['over_memory_bound']} over memory by the "
+             f"bound; of the {k['fits_memory_bound']} left, in the estimate's order: {k['refused_by_schedule']} "
+             f"refused by their schedule, {k['over_memory']} over memory, {k['simulated']} simulated, "
+             f"{k['not_simulated_cap']} not reached",
+             f"{'#':>3} {'configuration':<56} {'step ms':>9} {'tok/s':>10} {'MFU':>6} {'TF/GPU':>7} "
+             f"{'peak mem':>10} {'bubble':>7}  why not first"]
+    for i, r in enumerate(result.rows[:top], 1):
+        lines.append(f"{i:>3} {r.candidate.label():<56} {r.step_time * 1e3:9.3f} {r.tokens_per_s:10.0f} "
+                     f"{r.mfu * 100:5.1f}% {r.tflops_per_gpu:7.1f} {format_bytes(r.peak_memory):>10} "
+                     f"{r.bubble_fraction * 100:6.1f}%  {why_lost(r, best)}")
+    c = best.candidate
+    lines += ["", "winner as a pipesim command:", "  " + command_line(argv), "",
+              "run it for real (NCCL; the same command on every node):", "  " + command_line(run_argv)]
+    lines += ["  " + run_note(c)] if run_note(c) else []
+    lines += ["", "Megatron-LM arguments:"]
+    lines += ["  " + x for x in megatron_text(c, req, attention).splitlines()]
+    lines += ["", "torchtitan job config:"] + [f"  {x}" if x else "" for x in torchtitan_toml(c, req).splitlines()]
+    return "\n".join(lines)

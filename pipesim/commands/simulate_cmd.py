@@ -1,0 +1,147 @@
+"""`pipesim simulate`: one schedule, one step, simulated with SimPy; a table, JSON or a Perfetto trace."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+
+from pipesim.commands.common import (
+    add_model_args,
+    add_output_args,
+    add_schedule_args,
+    add_transformer_args,
+    emit_json,
+    json_text,
+    load_schedule,
+    user_model_config,
+)
+from pipesim.commands.setup_args import add_setup_args, setup_from_args
+from pipesim.cost.rank_memory import memory_json
+from pipesim.cost.user_model_costs import is_factory_spec
+from pipesim.errors import PipesimError
+from pipesim.outputs import check_distinct, check_file, write_files
+from pipesim.plots.perfetto import trace_text
+from pipesim.sim.sim_setup import SimSetup
+from pipesim.units import format_bytes
+
+EXAMPLES = """examples:
+  pipesim simulate 1f1b --stages 4 --microbatches 8 --hardware dgx-h100 --model gpt --json
+  pipesim simulate gpipe -p 4 -m 8 --cost F=1,B=2 --comm none --json       # closed forms, in seconds
+  pipesim simulate interleaved-1f1b -p 4 -m 8 -v 2 --model gpt --layers 16 --trace sim.json
+  pipesim simulate 1f1b -p 8 -m 32 --model gpt --dp 2 --hardware 2x-dgx-h100
+  pipesim simulate --from-csv my_schedule.csv --cost F=1,I=1,W=1
+  pipesim simulate interleaved-1f1b --model gpt --hidden 12288 --layers 96 --heads 96 --seq 2048 --vocab 51200 \
+      --batch 1536 --microbatch-size 1 --tp 8 --stages 8 --virtual 3 --dp 8 --dtype bfloat16 \
+      --hardware dgx-a100 --nodes 64 --recompute selective --sequence-parallel    # docs/published_examples.md
+  pipesim simulate 1f1b --model-config llama3-8b --seq 8192 --batch 64 --microbatch-size 1 --tp 8 -p 4 \
+      --dp 2 --hardware dgx-h100 --nodes 8 --zero 1 --json
+"""
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("simulate", help="simulate one step of a schedule (SimPy)", epilog=EXAMPLES,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_schedule_args(p, microbatch_size=True)
+    add_setup_args(p)
+    add_model_args(p)
+    add_transformer_args(p)
+    add_output_args(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    json_path = check_file(args.json, "--json", "json")
+    trace_path = check_file(args.trace, "--trace", "json")
+    check_distinct(("--json", json_path), ("--trace", trace_path))
+    if is_factory_spec(args.model):  # the shared flags read as for pipesim's own models, then the factory's counts
+        setup = _with_user_model(setup_from_args(argparse.Namespace(**{**vars(args), "model": None})), args)
+    else:
+        setup = setup_from_args(args)
+    # Registered schedules are valid by construction (tests/test_schedules_invariants.py) and the
+    # simulator itself reports a deadlock; full validation (a networkx task graph) is kept for CSV
+    # imports, where it also prints the offending grid. At p=64, m=1024 it would cost ~10x the simulation.
+    args.microbatches = setup.microbatches(args.microbatches, args.microbatch_size)
+    sched = load_schedule(args, validate=bool(args.from_csv))
+    result, memory = setup.evaluate(sched)
+    data = result.to_dict()
+    data["options"] = setup.options()
+    if memory is not None:  # per rank: parameters, gradients, optimizer states, activations (+ in-flight), ...
+        data["memory"]["ranks"] = memory_json(memory)
+    files = {}  # written together or not at all
+    if json_path:
+        files[json_path] = json_text(data)
+    if trace_path:
+        timeline = result.timeline()
+        if setup.model is not None:  # the compare view checks it against the measured run's model
+            timeline.meta = {**timeline.meta, "model": setup.model.to_dict()}
+        elif setup.user_model is not None:  # as `pipesim run --model MODULE:FACTORY` records it
+            timeline.meta = {**timeline.meta, "model": {"factory": args.model, "batch": user_model_config(args).batch}}
+        files[trace_path] = trace_text(timeline)
+    write_files(files)
+    if args.json == "-":
+        emit_json("-", data)
+    else:
+        print(summary(data))
+    return 0
+
+
+def _with_user_model(setup: SimSetup, args: argparse.Namespace) -> SimSetup:
+    """--model MODULE:FACTORY: each layer's FLOPs and bytes counted on one microbatch (torch, on meta)."""
+    user = user_model_config(args)  # --batch and --seed; pipesim's size flags are refused
+    if args.cost is not None:
+        raise PipesimError(f"give --model {args.model} or --cost, not both")
+    for flag, value, plain in (("--tp", setup.tp, 1), ("--cp", setup.cp, 1), ("--sequence-parallel", setup.sp, False),
+                               ("--recompute", setup.recompute, "none"), ("--zero", setup.zero, 0)):
+        if value != plain:
+            raise PipesimError(f"{flag} needs pipesim's own --model mlp or gpt, not --model {args.model}")
+    if args.microbatch_size is not None:
+        if user.batch % (setup.dp * args.microbatch_size):
+            raise PipesimError(f"--batch {user.batch} does not split into dp({setup.dp}) x --microbatch-size "
+                               f"{args.microbatch_size}")
+        args.microbatches, args.microbatch_size = user.batch // (setup.dp * args.microbatch_size), None
+    args.microbatches = args.microbatches or 8
+    from executor.user_model import count_user_model  # local import: torch only with --model MODULE:FACTORY
+
+    counted = count_user_model(args.model, batch=user.batch, microbatches=args.microbatches, dp=setup.dp,
+                               seed=user.seed)
+    return replace(setup, model=None, user_model=counted)
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:10.3f}"
+
+
+
+def summary(d: dict) -> str:
+    """The human-readable report from the `pipesim.simulate/1` dict: totals, per rank, busiest links."""
+    s = d["schedule"]
+    where = f"on {d['hardware']}" if d["hardware"] else "(no hardware)"
+    lines = [
+        f"{s['name']}: {s['ranks']} ranks, {s['stages']} stages, {s['microbatches']} microbatches {where}, "
+        f"links {'modeled' if d['comm'] == 'links' else 'off'}, dp {d['parallel']['dp']} tp {d['parallel']['tp']}",
+        f"makespan {d['makespan'] * 1e3:.3f} ms   bubble {d['bubble_fraction'] * 100:.1f} %   "
+        f"peak activations {format_bytes(max(d['memory']['peak_activation_bytes'], default=0))}",
+        f"{'rank':>4} {'busy ms':>10} {'wait ms':>10} {'idle ms':>10} {'bubble':>7} {'peak act':>11} {'in-flight':>9}",
+    ]
+    mem = d["memory"]
+    if "step_time" in d:  # with the optimizer step (device presets, or --zero)
+        lines.insert(2, f"step time {d['step_time'] * 1e3:.3f} ms (to the optimizer's end)")
+    if mem.get("ranks"):  # the memory model's per-rank breakdown at its peak
+        top = max(mem["ranks"], key=lambda r: r["total"])
+        terms = ", ".join(f"{k.replace('_', ' ')} {format_bytes(top[k])}" for k in
+                          ("parameters", "gradients", "optimizer_states", "activations") if top.get(k))
+        lines.insert(3 if "step_time" in d else 2,
+                     f"peak memory {format_bytes(top['total'])} on rank {top['rank']} ({terms})")
+    for r in d["ranks"]:
+        i = r["rank"]
+        lines.append(f"{i:>4} {_ms(r['busy'])} {_ms(r['waiting_comm'])} {_ms(r['idle'])} "
+                     f"{r['bubble_fraction'] * 100:6.1f}% {format_bytes(mem['peak_activation_bytes'][i]):>11} "
+                     f"{mem['peak_inflight_microbatches'][i]:>9}")
+    links = sorted(d["links"], key=lambda x: (-x["utilization"], x["resource"]))[:3]
+    for x in links:
+        lines.append(f"link {x['resource']}: {x['transfers']} transfers, {format_bytes(x['bytes'])}, "
+                     f"busy {x['utilization'] * 100:.1f} %, {x['achieved_bandwidth'] / 1e9:.1f} GB/s achieved")
+    path = d["critical_path"]
+    kinds = {k: sum(1 for e in path if e["kind"] == k) for k in ("compute", "transfer", "collective")}
+    lines.append("critical path: " + ", ".join(f"{v} {k}" for k, v in kinds.items() if v))
+    return "\n".join(lines)

@@ -1,0 +1,203 @@
+"""Seconds of a stage's kernels on a GPU device profile: the kernel path of pipesim/cost/model_costs.py.
+
+A piece's kernels (pipesim/model/layer_kernels.py) are timed one by one on the hardware's device family
+(pipesim/device/: gemm_time with tile and wave quantisation, flash_attention_time, memory_bound_time)
+and summed per F, I and W. The planner prices thousands of configurations, so GEMM times are cached
+by shape and a piece's times by (model, microbatch, options, fusion, family, measured figures: a
+hardware file's `[device.kernels]`, which replace the family's profile figures). Also kept: each
+named GEMM's seconds, which the tensor-parallel collectives of a fused backward hide behind
+(Megatron's async all-reduce / reduce-scatter of the input gradient under the weight-gradient GEMM).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from pipesim.device.gemm import gemm_time
+from pipesim.device.kernels import flash_attention_time, memory_bound_time
+from pipesim.device.profile import DeviceProfile, device_profile
+from pipesim.hardware.machine import KernelFigures
+from pipesim.model.config import ModelConfig
+from pipesim.model.grad_accumulation import accumulate_gradients
+from pipesim.model.layer_kernels import (
+    FlashAttention,
+    Gemm,
+    Kernel,
+    PieceKernels,
+    embedding_kernels,
+    head_kernels,
+    layer_kernels,
+    mlp_layer_kernels,
+)
+from pipesim.model.options import LayerOptions
+from pipesim.model.param_counts import block_params, embedding_params, head_params
+
+# the linear a collective's `overlaps` text names (pipesim.model.comm) -> the GEMM names of pipesim.model.layer_kernels
+LINEAR_NAMES = {"QKV": "QKV", "MLP up": "FC1", "head": "LM head"}
+GRADIENT_SUFFIX = {"weight-gradient": "wgrad", "input-gradient": "dgrad"}
+
+
+@dataclass(frozen=True)
+class PieceSeconds:
+    """Seconds of one piece's kernels per microbatch: F, I, W, and each GEMM's seconds by name."""
+
+    F: float
+    I: float  # noqa: E741 (the action's name in the IR)
+    W: float
+    gemms: tuple[tuple[str, float], ...] = ()  # (GEMM name, seconds)
+    shapes: tuple[tuple[str, Gemm], ...] = ()  # (GEMM name, its shape): re-timed beside a collective
+    # F, I, W with every GEMM on the SMs an NCCL collective leaves (sms - nccl_channels): the piece run beside a
+    # data-parallel collective (pipesim.comm.overlap_interference's rule); equal to F, I, W without a channel figure
+    beside: tuple[float, float, float] = (0.0, 0.0, 0.0)
+
+    def scaled(self, k: int) -> tuple[float, float, float]:
+        return self.F * k, self.I * k, self.W * k
+
+
+@lru_cache(maxsize=1 << 16)
+def _gemm_seconds(m: int, n: int, k: int, batch: int, dtype: str, profile: DeviceProfile, c_bytes: int = 0,
+                  sms: int | None = None) -> float:
+    return gemm_time(m, n, k, dtype, profile, batch=batch, c_bytes=c_bytes, sms=sms).seconds
+
+
+def kernel_seconds(kernel: Kernel, dtype: str, profile: DeviceProfile, sms: int | None = None) -> float:
+    """One kernel's seconds: a GEMM by its shape and flash attention (causal) by its grid, each on `sms` SMs (default
+    all), the rest by its bytes."""
+    if isinstance(kernel, Gemm):
+        return _gemm_seconds(kernel.m, kernel.n, kernel.k, kernel.batch, dtype, profile, kernel.c_bytes, sms)
+    if isinstance(kernel, FlashAttention):
+        return flash_attention_time(kernel.batch, kernel.seq, kernel.heads, kernel.head_dim, dtype, profile,
+                                    kv_seq=kernel.kv_seq, kv_heads=kernel.kv_heads, causal=True,
+                                    backward=kernel.backward, sms=sms).seconds
+    return memory_bound_time(kernel.nbytes, profile).seconds
+
+
+def piece_seconds(kernels: PieceKernels, dtype: str, profile: DeviceProfile) -> PieceSeconds:
+    """Sum of each phase's kernel seconds, and the seconds of every GEMM and attention kernel by name; `beside`:
+    the phases with the GEMMs' tiles and flash attention's blocks on the SMs NCCL's channels leave (memory-bound
+    kernels as alone: they stream at HBM bandwidth on fewer SMs)."""
+    phases = [sum(kernel_seconds(k, dtype, profile) for k in getattr(kernels, p)) for p in "FIW"]
+    named = tuple((k.name, kernel_seconds(k, dtype, profile)) for p in "FIW" for k in getattr(kernels, p)
+                  if isinstance(k, (Gemm, FlashAttention)))
+    shapes = tuple((k.name, k) for p in "FIW" for k in getattr(kernels, p) if isinstance(k, Gemm))
+    free = profile.sms - profile.nccl_channels
+    beside = tuple(phases) if not profile.nccl_channels else tuple(
+        sum(kernel_seconds(k, dtype, profile, free) for k in getattr(kernels, p)) for p in "FIW")
+    return PieceSeconds(*phases, gemms=named, shapes=shapes, beside=beside)
+
+
+@lru_cache(maxsize=64)
+def profile_of(family: str, kernels: KernelFigures | None = None) -> DeviceProfile:
+    """The shipped device profile of `family` (read once), with a hardware file's measured figures over it."""
+    profile = device_profile(family)
+    if kernels is None or not kernels.figures():
+        return profile
+    return profile.with_measured(kernels.source or "[device.kernels] of the hardware file", **kernels.figures())
+
+
+def _accumulated(kernels: PieceKernels, model: ModelConfig, params: int, grad_fusion: bool,
+                 grad_bytes: int) -> PieceKernels:
+    """The piece's kernels with each microbatch's gradients added into main_grad (pipesim.model.grad_accumulation);
+    the buffer holds the precision's gradients: `grad_bytes`, 0 for the model's dtype (pipesim.model.memory)."""
+    d = model.dtype_bytes
+    return accumulate_gradients(kernels, params, dtype_bytes=d, grad_bytes=grad_bytes or d, fused=grad_fusion)
+
+
+@lru_cache(maxsize=4096)
+def layer_seconds(model: ModelConfig, b: int, opts: LayerOptions, fused: bool, family: str,
+                  kernels: KernelFigures | None = None, grad_fusion: bool = True,
+                  grad_bytes: int = 0) -> PieceSeconds:
+    pk = _accumulated(layer_kernels(model, b, opts, fused=fused), model, block_params(model, opts.tp), grad_fusion,
+                      grad_bytes)
+    return piece_seconds(pk, model.dtype, profile_of(family, kernels))
+
+
+@lru_cache(maxsize=4096)
+def head_seconds(model: ModelConfig, b: int, opts: LayerOptions, family: str,
+                 kernels: KernelFigures | None = None, grad_fusion: bool = True,
+                 grad_bytes: int = 0) -> PieceSeconds:
+    pk = _accumulated(head_kernels(model, b, opts), model, head_params(model, opts.tp), grad_fusion, grad_bytes)
+    return piece_seconds(pk, model.dtype, profile_of(family, kernels))
+
+
+@lru_cache(maxsize=4096)
+def embedding_seconds(model: ModelConfig, b: int, opts: LayerOptions, family: str,
+                      kernels: KernelFigures | None = None, grad_fusion: bool = True,
+                      grad_bytes: int = 0) -> PieceSeconds:
+    pk = _accumulated(embedding_kernels(model, b, opts), model, embedding_params(model, opts.tp), grad_fusion,
+                      grad_bytes)
+    return piece_seconds(pk, model.dtype, profile_of(family, kernels))
+
+
+@lru_cache(maxsize=4096)
+def mlp_layer_seconds(b: int, hidden: int, dtype: str, dtype_bytes: int, tp: int, input_grad: bool,
+                      family: str, kernels: KernelFigures | None = None) -> PieceSeconds:
+    return piece_seconds(mlp_layer_kernels(b, hidden, dtype_bytes, tp, input_grad=input_grad), dtype,
+                         profile_of(family, kernels))
+
+
+def overlap_gemm(overlaps: str) -> str | None:
+    """The GEMM name a collective's `overlaps` text (e.g. "W: QKV weight-gradient GEMM") hides behind, or None."""
+    if not overlaps or ":" not in overlaps:
+        return None
+    words = overlaps.split(":", 1)[1].split()
+    if len(words) < 3 or words[-1] != "GEMM" or words[-2] not in GRADIENT_SUFFIX:
+        return None
+    linear = LINEAR_NAMES.get(" ".join(words[:-2]))
+    return f"{linear} {GRADIENT_SUFFIX[words[-2]]}" if linear else None
+
+
+@dataclass(frozen=True)
+class StageSeconds:
+    """A stage's kernel seconds per microbatch (F, I, W) and the seconds of its named GEMMs (one piece's)."""
+
+    F: float
+    I: float  # noqa: E741 (the action's name in the IR)
+    W: float
+    gemms: dict[str, float]  # GEMM or attention kernel name -> seconds (a layer's, the head's)
+    shapes: dict[str, Gemm] = field(default_factory=dict)  # GEMM name -> its shape (pipesim.comm.overlap_interference)
+    beside: tuple[float, float, float] = (0.0, 0.0, 0.0)  # F, I, W beside an NCCL collective (PieceSeconds.beside)
+
+
+def gpt_stage_seconds(model: ModelConfig, b: int, layers: int, opts: LayerOptions, *, first: bool, last: bool,
+                      fused: bool, family: str, kernels: KernelFigures | None = None,
+                      grad_fusion: bool = True, grad_bytes: int = 0) -> StageSeconds:
+    """Embedding (first stage), `layers` identical layers, head + cross-entropy (last stage); each piece's
+    gradients added into main_grad in its W, inside the wgrad GEMMs when `grad_fusion`."""
+    total = [0.0, 0.0, 0.0]
+    beside = [0.0, 0.0, 0.0]
+    gemms: dict[str, float] = {}
+    shapes: dict[str, Gemm] = {}
+    pieces = []
+    if first:
+        pieces.append((embedding_seconds(model, b, opts, family, kernels, grad_fusion, grad_bytes), 1))
+    if layers:
+        pieces.append((layer_seconds(model, b, opts, fused, family, kernels, grad_fusion, grad_bytes), layers))
+    if last:
+        pieces.append((head_seconds(model, b, opts, family, kernels, grad_fusion, grad_bytes), 1))
+    for piece, count in pieces:
+        for slot, value in enumerate(piece.scaled(count)):
+            total[slot] += value
+            beside[slot] += piece.beside[slot] * count
+        gemms.update(piece.gemms)
+        shapes.update(piece.shapes)
+    return StageSeconds(*total, gemms=gemms, shapes=shapes, beside=(beside[0], beside[1], beside[2]))
+
+
+def mlp_stage_seconds(model: ModelConfig, b: int, layers: int, tp: int, *, first: bool, family: str,
+                      kernels: KernelFigures | None = None) -> StageSeconds:
+    """`layers` MLP layers; on the first stage the first layer computes no input gradient."""
+    total = [0.0, 0.0, 0.0]
+    beside = [0.0, 0.0, 0.0]
+    for n in range(layers):
+        piece = mlp_layer_seconds(b, model.hidden, model.dtype, model.dtype_bytes, tp, not (first and n == 0), family,
+                                  kernels)
+        for slot, value in enumerate(piece.scaled(1)):
+            total[slot] += value
+            beside[slot] += piece.beside[slot]
+    return StageSeconds(*total, gemms={}, beside=(beside[0], beside[1], beside[2]))
+
+
+__all__ = ["PieceSeconds", "StageSeconds", "gpt_stage_seconds", "kernel_seconds", "mlp_stage_seconds",
+           "overlap_gemm", "piece_seconds", "profile_of"]

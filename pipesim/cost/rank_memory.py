@@ -1,0 +1,78 @@
+"""Each pipeline rank's peak memory: model state per ZeRO stage, stashed activations at the schedule's
+peak, a recomputed layer's working set, communication buffers; and the check that refuses a rank
+that does not fit.
+
+The activation peak is exact for the schedule, not an upper bound: a rank's stash changes only at
+its own compute actions, in program order (F stashes its stage's microbatch; B, or W under a split
+backward, releases it), so walking the program gives the same peak as the simulator's memory
+timeline. A recomputing stage's backward (B, or I under a split backward) re-creates one layer's
+activations on top of what is stashed at that moment. Model state as the step holds it: ZeRO-3's
+chunks gathered on top of their shard (`step_peak_state`). Formulas:
+docs/large_models.md.
+"""
+
+from __future__ import annotations
+
+from pipesim.cost.model_costs import ParallelCosts
+from pipesim.hardware.machine import Hardware
+from pipesim.ir.deps import releases_activations
+from pipesim.ir.schedule import Kind, Schedule
+from pipesim.model.memory import PRECISIONS, MemoryBreakdown, check_rank_fits, step_peak_state
+
+RECOMPUTING = (Kind.B, Kind.I)  # the backward piece that re-runs a recomputed layer's forward first
+
+
+def activation_peak(schedule: Schedule, costs: ParallelCosts, rank: int) -> tuple[int, int, int]:
+    """(stashed bytes, recompute working bytes, in-flight microbatches) at `rank`'s peak of their sum."""
+    stages = costs.table.stages
+    live = held = 0
+    best = (0, 0, 0)
+    for a in schedule.programs[rank]:
+        k = a.kind
+        if k == Kind.F:
+            live += stages[a.stage].activation_bytes
+            held += 1
+            if live > best[0] + best[1]:
+                best = (live, 0, held)
+        elif k in RECOMPUTING and stages[a.stage].recompute_bytes:
+            extra = stages[a.stage].recompute_bytes
+            if live + extra > best[0] + best[1]:
+                best = (live, extra, held)
+        if releases_activations(k):
+            live -= stages[a.stage].activation_bytes
+            held -= 1
+    return best
+
+
+def rank_memory(schedule: Schedule, costs: ParallelCosts) -> list[MemoryBreakdown]:
+    """Peak memory of each pipeline rank (one tp/cp/dp replica; they are all alike)."""
+    counts = costs.param_counts or tuple(round(c.param_bytes / costs.dtype_bytes) for c in costs.table.stages)
+    precision = PRECISIONS[costs.precision]
+    out = []
+    for r in range(schedule.num_ranks):
+        params = sum(counts[s] for s in schedule.stages_of(r))
+        state = step_peak_state(params, dp=costs.dp, zero=costs.zero, precision=precision)  # the rank's chunks
+        stash, working, inflight = activation_peak(schedule, costs, r)
+        out.append(MemoryBreakdown(parameters=state.parameters, gradients=state.gradients,
+                                   optimizer_states=state.optimizer_states, activations=stash, inflight=inflight,
+                                   recompute=working, comm_buffers=costs.comm_buffer_bytes))
+    return out
+
+
+def check_memory(schedule: Schedule, costs: ParallelCosts, hw: Hardware,
+                 memory: list[MemoryBreakdown] | None = None) -> list[MemoryBreakdown]:
+    """Each rank's breakdown; PipesimError naming the first rank that does not fit, its total and largest term."""
+    memory = memory if memory is not None else rank_memory(schedule, costs)
+    for r, m in enumerate(memory):
+        stages = schedule.stages_of(r)
+        where = f"stage{'s' if len(stages) > 1 else ''} {','.join(map(str, stages))}"
+        check_rank_fits(m, rank=r, capacity=hw.device.memory, device=hw.device.name, where=where)
+    return memory
+
+
+def memory_json(memory: list[MemoryBreakdown]) -> list[dict]:
+    """Per rank: each term in bytes, the in-flight count at the peak, the total (`memory.ranks` in --json)."""
+    return [{"rank": r, **m.to_dict()} for r, m in enumerate(memory)]
+
+
+__all__ = ["activation_peak", "check_memory", "memory_json", "rank_memory"]

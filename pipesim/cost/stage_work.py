@@ -1,0 +1,215 @@
+"""What one microbatch does on one stage, before any hardware: FLOPs, bytes moved, framework ops, stash,
+parameters and tensor-parallel collectives per F, I and W.
+
+The MLP's layers and the transformer's embedding, blocks and head are pieces added into a `Work`;
+`pipesim.cost.model_costs` turns it into seconds on a machine (roofline on CPUs, kernel by kernel on GPU
+presets), and the calibration fit inverts the same counts (`stage_work`, `action_flops`). The
+transformer's figures come from the model layer (pipesim/model/); the memory traffic that feeds the
+calibrated CPU timing stays the estimate it was fitted with (docs/cost_model.md).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from pipesim.model.activations import (
+    embedding_activation_bytes,
+    head_activation_bytes,
+    layer_activation_bytes,
+    recompute_working_bytes,
+)
+from pipesim.model.comm import Collective, tp_embedding_collectives, tp_head_collectives, tp_layer_collectives
+from pipesim.model.config import ModelConfig, split_layers
+from pipesim.model.elementwise import layer_elementwise_bytes
+from pipesim.model.flops import head_flops, layer_flops
+from pipesim.model.options import LayerOptions
+from pipesim.model.param_counts import block_params, embedding_params, head_params
+
+MLP_LAYER_OPS = (2, 2, 1)  # framework ops of one MLP layer in F, I, W
+GPT_BLOCK_OPS = (10, 10, 6)  # framework ops of one transformer block in F, I, W
+CORE_OPS = 3  # ops of the attention core (scores, softmax, A V) that selective recomputation re-runs
+UNTIMED = "cross-entropy"  # the head's float32-per-token all_reduces: not timed yet (issue 15)
+
+
+
+
+@dataclass
+class Work:
+    """FLOPs, bytes moved and collectives of one microbatch through (part of) a stage, on one device."""
+
+    flops: dict[str, float] = field(default_factory=lambda: {"F": 0.0, "I": 0.0, "W": 0.0})  # FLOPs
+    moved: dict[str, float] = field(default_factory=lambda: {"F": 0.0, "I": 0.0, "W": 0.0})  # bytes (HBM)
+    ops: dict[str, float] = field(default_factory=lambda: {"F": 0.0, "I": 0.0, "W": 0.0})  # framework ops
+    activation_bytes: float = 0.0  # bytes stashed until backward
+    recompute_bytes: float = 0.0  # bytes a recomputed layer re-creates, live during its backward only
+    param_count: float = 0.0  # parameters held on this device
+    collectives: dict[str, list[tuple[str, int]]] = field(default_factory=lambda: {"F": [], "I": []})
+    backward_overlaps: list[str] = field(default_factory=list)  # per collectives["I"] entry: Megatron's overlap ("")
+
+    def add(self, f: float, i: float, w: float, *, moved: tuple[float, float, float] = (0.0, 0.0, 0.0),
+            act: float = 0.0, params: float = 0.0, ops: tuple[float, float, float] = (0.0, 0.0, 0.0)) -> None:
+        for key, value in zip("FIW", (f, i, w), strict=True):
+            self.flops[key] += value
+        for key, value in zip("FIW", moved, strict=True):
+            self.moved[key] += value
+        for key, value in zip("FIW", ops, strict=True):
+            self.ops[key] += value
+        self.activation_bytes += act
+        self.param_count += params
+
+
+def mlp_stage_work(model: ModelConfig, b: int, layers: int, tp: int = 1, *, first: bool = False) -> Work:
+    """`layers` x (Linear(h, h) + GeLU) on a microbatch of b rows.
+
+    Per layer F = 2*b*h*h FLOPs; I = F (grad wrt input); W = F (grad wrt weight); bias and GeLU
+    FLOPs are not counted (as torch's FlopCounterMode). tp splits each weight; one all_reduce of
+    b*h per column/row pair of layers in F and in I. Framework ops per layer: F 2 (linear, GeLU),
+    I 2 (their input gradients), W 1 (the weight gradient). On the first stage the data needs no
+    gradient, so its first Linear has none wrt its input: only the GeLU's gradient is left in I.
+    """
+    h, d = model.hidden, model.dtype_bytes
+    work = Work()
+    mm = 2 * b * h * h / tp  # FLOPs
+    weights = (h * h / tp + h) * d  # bytes
+    f_ops, i_ops, w_ops = MLP_LAYER_OPS
+    for n in range(layers):
+        no_dx = first and n == 0  # the data needs no gradient: I is only the GeLU's gradient
+        i_moved = 2 * b * h * d / tp if no_dx else weights + 4 * b * h * d / tp  # bytes
+        work.add(mm, 0.0 if no_dx else mm, mm, moved=(weights + 4 * b * h * d / tp, i_moved,
+                                                      weights + 2 * b * h * d / tp),
+                 act=2 * b * h * d / tp, params=h * h / tp + h, ops=(f_ops, i_ops - 1 if no_dx else i_ops, w_ops))
+    if tp > 1:
+        pairs = math.ceil(layers / 2)
+        work.collectives["F"] += [("all_reduce", b * h * d)] * pairs
+        work.collectives["I"] += [("all_reduce", b * h * d)] * pairs
+    return work
+
+
+def gpt_block_flops(model: ModelConfig, b: int) -> tuple[float, float, float]:
+    """(F, I, W) FLOPs of one transformer block on b sequences, before tp.
+
+    Weight matmuls (QKV, projection, 4h MLP): 24*b*s*h^2 forward, the same again for I and for W.
+    Score matmuls (Q K^T and A V): 4*b*s^2*h forward; they have no weights, so their backward
+    (grads wrt both operands, 8*b*s^2*h) goes entirely into I.
+    """
+    s, h = model.seq, model.hidden
+    dense = 24 * b * s * h * h
+    scores = 4 * b * s * s * h
+    return dense + scores, dense + 2 * scores, dense
+
+
+def gpt_block_activation_bytes(model: ModelConfig, b: int, tp: int = 1) -> float:
+    """Korthikanti et al. (2022): s*b*h*(10 + 24/t + 5*a*s/(h*t)) bytes at 16 bits, scaled to the dtype.
+
+    Only the memory-traffic estimate uses it now (the figure the CPU timing was calibrated with);
+    the stash is `pipesim.model.activations.layer_activation_bytes` (1-byte masks, GQA, flash, ...).
+    """
+    s, h, a = model.seq, model.hidden, model.heads
+    return s * b * h * (10 + 24 / tp + 5 * a * s / (h * tp)) * model.dtype_bytes / 2
+
+
+def _timed(collectives: list[Collective]) -> list[tuple[str, int]]:
+    """(kind, bytes) of the collectives the simulator times; the cross-entropy's scalars wait for issue 15."""
+    return [(c.kind, c.nbytes) for c in collectives if not c.what.startswith(UNTIMED)]
+
+
+def _add_backward(work: Work, collectives: list[Collective]) -> None:
+    """The backward collectives the simulator times, with the computation each overlaps in Megatron."""
+    kept = [c for c in collectives if not c.what.startswith(UNTIMED)]
+    work.collectives["I"] += [(c.kind, c.nbytes) for c in kept]
+    work.backward_overlaps += [c.overlaps for c in kept]
+
+
+def gpt_stage_work(model: ModelConfig, b: int, layers: int, *, first: bool, last: bool, tp: int = 1,
+                   opts: LayerOptions | None = None) -> Work:
+    """Embedding (first stage), `layers` blocks, final norm + LM head + loss (last stage).
+
+    FLOPs (with recomputation in I), stash, parameters and tp collectives from pipesim/model/ under
+    `opts` (default: tp only). Memory traffic: the estimate the CPU timing was fitted with (weights
+    plus the Korthikanti stash per block), plus the re-run forward under recomputation. Framework
+    ops: embedding F 3 (two lookups, add), W 2; block F 10, I 10, W 6, plus the re-run forward's in
+    I (full 10, selective 3); head F 3, I 3, W 2.
+    """
+    opts = opts if opts is not None else LayerOptions(tp=tp)
+    tp = opts.tp
+    s, h, v, d = model.seq, model.hidden, model.vocab, model.dtype_bytes
+    act = b * s * h * d  # bytes of one (b, s, h) activation
+    work = Work()
+    if first:  # token + position lookup: no matmul FLOPs; vocab-parallel embedding all_reduces its output
+        work.add(0.0, 0.0, 0.0, moved=(2 * act, 0.0, 2 * act), act=embedding_activation_bytes(model, b, opts),
+                 params=embedding_params(model, tp), ops=(3, 0, 2))
+        work.collectives["F"] += _timed(tp_embedding_collectives(model, b, opts))
+    if layers:
+        flops = layer_flops(model, b, opts)
+        traffic = (12 * h * h / tp + 13 * h) * d + gpt_block_activation_bytes(model, b, tp)  # bytes
+        rerun, rerun_ops = 0.0, 0
+        if opts.recompute == "full":
+            rerun, rerun_ops = traffic, GPT_BLOCK_OPS[0]
+        elif opts.recompute == "selective":
+            ew = layer_elementwise_bytes(model, b, opts).backward
+            rerun, rerun_ops = sum(n for k, n in ew.items() if k.startswith("recompute ")), CORE_OPS
+        f_ops, i_ops, w_ops = GPT_BLOCK_OPS
+        stash, params = layer_activation_bytes(model, b, opts), block_params(model, tp)
+        tp_colls = tp_layer_collectives(model, b, opts)
+        fwd_colls = _timed([c for c in tp_colls if c.phase == "F"])
+        bwd_colls = [c for c in tp_colls if c.phase != "F"]
+        for _ in range(layers):
+            work.add(flops.F, flops.I, flops.W, moved=(traffic, traffic + rerun if rerun else traffic, traffic),
+                     act=stash, params=params, ops=(f_ops, i_ops + rerun_ops, w_ops))
+            work.collectives["F"] += fwd_colls
+            _add_backward(work, bwd_colls)
+        work.recompute_bytes = recompute_working_bytes(model, b, opts)
+    if last:  # final norm + LM head (h x vocab) + cross-entropy on vocab-parallel logits
+        head = head_flops(model, b, opts)
+        logits = b * s * v / tp * d
+        traffic = h * v / tp * d + act + logits  # bytes
+        work.add(head.F, head.I, head.W, moved=(traffic, traffic, traffic), act=head_activation_bytes(model, b, opts),
+                 params=head_params(model, tp, holds_embedding=first), ops=(3, 3, 2))
+        colls = tp_head_collectives(model, b, opts)
+        work.collectives["F"] += _timed([c for c in colls if c.phase == "F"])
+        _add_backward(work, [c for c in colls if c.phase != "F"])
+    return work
+
+
+FIW = tuple[float, float, float]  # one figure per kind of compute: F, I, W
+
+
+def stage_work(model: ModelConfig, num_stages: int, m: int) -> list[tuple[FIW, FIW, FIW]]:
+    """((F, I, W) FLOPs, (F, I, W) bytes moved, (F, I, W) framework ops) of one microbatch on each
+    stage, as `model_costs` counts them (no tensor parallelism); the calibration fit inverts them."""
+    b = model.batch // m
+    out = []
+    for s, layers in enumerate(split_layers(model.layers, num_stages)):
+        if model.kind == "mlp":
+            work = mlp_stage_work(model, b, layers, first=s == 0)
+        else:
+            work = gpt_stage_work(model, b, layers, first=s == 0, last=s == num_stages - 1)
+        out.append(tuple(tuple(part[k] for k in "FIW") for part in (work.flops, work.moved, work.ops)))
+    return out
+
+
+def stage_flops(model: ModelConfig, num_stages: int, m: int) -> list[FIW]:
+    """(F, I, W) FLOPs of one microbatch on each stage, as the simulator's cost model counts them."""
+    return [work[0] for work in stage_work(model, num_stages, m)]
+
+
+def action_flops(kind: str, stage: int, flops: FIW) -> tuple[FIW, int]:
+    """(FLOPs attributed to the F, I, W rates, overheads charged) of one executed compute action.
+
+    The first stage has no input gradient: its I is empty and its W runs the whole backward (a plain
+    one, charged like a B), the rule `model_costs` applies to its durations.
+    """
+    f, i, w = flops
+    if kind == "F":
+        return (f, 0.0, 0.0), 1
+    if kind == "B":
+        return (0.0, i, w), 2
+    if kind == "I":
+        return ((0.0, 0.0, 0.0), 1) if stage == 0 else ((0.0, i, 0.0), 1)
+    return ((0.0, i, w), 2) if stage == 0 else ((0.0, 0.0, w), 1)
+
+
+__all__ = ["CORE_OPS", "FIW", "GPT_BLOCK_OPS", "MLP_LAYER_OPS", "UNTIMED", "Work", "action_flops",
+           "gpt_block_activation_bytes", "gpt_block_flops", "gpt_stage_work", "mlp_stage_work", "stage_flops",
+           "stage_work"]

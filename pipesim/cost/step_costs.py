@@ -1,0 +1,194 @@
+"""What data parallelism, the optimizer and context parallelism add to one stage's step, for the simulator.
+
+The model layer (pipesim.model.memory, pipesim.model.comm) says which collectives a stage issues and
+how many bytes Adam reads and writes; this module turns that into the per-stage figures the
+simulator kernel places in time (docs/simulator.md, "The step's end"):
+
+- ZeRO 0: one all_reduce of the gradients after the stage's last backward (DDP).
+- ZeRO 1: a reduce_scatter of the gradients after the stage's last backward, then, after the
+  optimizer step on the shard, an all_gather of the updated parameters (Megatron's distributed
+  optimizer: a full gradient buffer accumulates over the microbatches, reduced once).
+- ZeRO 2: the same all_gather, but the gradients stay sharded (the memory model's 2P / dp), so a
+  reduce_scatter follows every weight-gradient backward (phase `microbatch`); the optimizer waits
+  for the last (docs/simulator.md, "ZeRO").
+- ZeRO 3: an all_gather of each chunk's parameters before its first forward (prefetched from the
+  step's start; the chunk stays gathered through every forward and backward, FSDP2 with PP in
+  torchtitan: reshard_after_forward=False, and memory holds it), and a reduce_scatter of its
+  gradients after its last backward.
+- The optimizer step is memory-bound, on the shard the rank owns. On a GPU preset with a device family it is
+  Megatron-LM's passes (pipesim.model.optimizer_step: main-gradient copy, fp16's unscale, the norm for clipping,
+  Adam, the copy back to the 16-bit parameters, the gradient buffer's zeroing), each a memory-bound kernel of
+  the device profile (pipesim.device.kernels.memory_bound_time); elsewhere one fused Adam pass,
+  `optimizer_step_bytes` at the device's HBM bandwidth (the model before issue 15).
+- Context parallelism: ring attention's K/V hops (`cp_layer_exchanges`), each overlapping the
+  attention of the block held; `RingExchange` carries one run of hops and the compute it hides behind.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pipesim.cost.kernel_costs import profile_of
+from pipesim.device.kernels import memory_bound_time
+from pipesim.errors import PipesimError
+from pipesim.hardware.machine import Hardware
+from pipesim.model.comm import cp_layer_exchanges
+from pipesim.model.config import ModelConfig
+from pipesim.model.memory import PRECISIONS, Precision, dp_collectives, optimizer_step_bytes, zero3_chunk_collectives
+from pipesim.model.optimizer_step import optimizer_passes, pass_bytes
+from pipesim.model.options import LayerOptions
+
+# When a step collective runs, relative to the stage's (chunk's) work:
+PHASES = ("forward", "backward", "grads", "microbatch", "params")
+# forward: before its first forward (prefetched at the step's start); backward: before its first backward
+# (prefetched); grads: after its last backward (the optimizer waits for it); microbatch: after each of its
+# weight-gradient backwards (ZeRO 2; the optimizer waits for them too); params: after the optimizer step
+
+
+@dataclass(frozen=True)
+class StepCollective:
+    """One data-parallel collective of a stage per step, over the stage's dp group."""
+
+    kind: str  # all_reduce, reduce_scatter or all_gather
+    nbytes: int  # bytes of the whole buffer (nccl-tests convention, as comm_costs)
+    phase: str  # one of PHASES
+
+    def __post_init__(self) -> None:
+        if self.phase not in PHASES:
+            raise PipesimError(f"unknown step phase {self.phase!r}; choose one of {', '.join(PHASES)}")
+
+
+@dataclass(frozen=True)
+class StepCosts:
+    """Per stage: its data-parallel collectives and its optimizer step (what `simulate` adds after the pipeline)."""
+
+    collectives: tuple[tuple[StepCollective, ...], ...]  # per stage, in issue order
+    optimizer_seconds: tuple[float, ...]  # per stage: the Adam step on the shard this rank owns
+    optimizer_bytes: tuple[int, ...]  # per stage: HBM bytes that step reads and writes
+    zero: int = 0  # ZeRO stage the figures were made for (reported)
+
+
+def _precision(precision: Precision | str) -> Precision:
+    if isinstance(precision, Precision):
+        return precision
+    if precision not in PRECISIONS:
+        raise PipesimError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
+    return PRECISIONS[precision]
+
+
+def stage_step_collectives(params: int, *, dp: int, zero: int, precision: Precision | str = "mixed") -> tuple[
+        StepCollective, ...]:
+    """The dp collectives of one stage holding `params` parameters (per tp rank) in one step; () when dp = 1."""
+    prec = _precision(precision)
+    if zero == 3:
+        chunk = zero3_chunk_collectives(params, dp=dp, precision=prec)  # gathered once, kept until the backward
+        if not chunk:
+            return ()
+        gather, scatter = chunk
+        return (StepCollective("all_gather", gather.nbytes, "forward"),
+                StepCollective("reduce_scatter", scatter.nbytes, "grads"))
+    out = []
+    grads = "microbatch" if zero == 2 else "grads"  # ZeRO 2 keeps only its gradient shard: reduce every microbatch
+    for c in dp_collectives(params, dp=dp, zero=zero, microbatches=1, precision=prec):
+        out.append(StepCollective(c.kind, c.nbytes, "params" if c.kind == "all_gather" else grads))
+    return tuple(out)
+
+
+def optimizer_bytes_and_seconds(params: int, *, dp: int, zero: int, hw: Hardware, precision: Precision | str = "mixed",
+                                loss_scaling: bool = False) -> tuple[int, float]:
+    """HBM bytes and seconds of one optimizer step over the parameters a rank holds (`params`, one tp rank's).
+
+    With a device family: the precision's passes (pipesim.model.optimizer_step), each a memory-bound kernel;
+    `loss_scaling` adds fp16's unscale pass. Without: one Adam pass, its bytes / the device's HBM bandwidth.
+    """
+    prec = _precision(precision)
+    if not hw.device.family:
+        nbytes = optimizer_step_bytes(params, dp=dp, zero=zero, precision=prec)
+        return nbytes, nbytes / hw.device.hbm_bandwidth
+    profile = profile_of(hw.device.family, hw.device.kernels)
+    each = pass_bytes(optimizer_passes(prec, loss_scaling=loss_scaling), params, dp=dp, zero=zero)
+    return sum(each), sum(memory_bound_time(b, profile).seconds for b in each)
+
+
+def optimizer_seconds(params: int, *, dp: int, zero: int, hw: Hardware, precision: Precision | str = "mixed",
+                      loss_scaling: bool = False) -> float:
+    """Seconds of one optimizer step over the parameters a rank owns (`optimizer_bytes_and_seconds`)."""
+    return optimizer_bytes_and_seconds(params, dp=dp, zero=zero, hw=hw, precision=precision,
+                                       loss_scaling=loss_scaling)[1]
+
+
+def step_costs(params_per_stage: Sequence[int], *, dp: int, zero: int, hw: Hardware,
+               precision: Precision | str = "mixed", loss_scaling: bool = False) -> StepCosts:
+    """Data-parallel collectives and optimizer step of every stage; `params_per_stage` counts one tp rank's
+    parameters of each stage (pipesim.model.param_counts.stage_params); `loss_scaling`: fp16's grad scaler."""
+    prec = _precision(precision)
+    steps = [optimizer_bytes_and_seconds(p, dp=dp, zero=zero, hw=hw, precision=prec, loss_scaling=loss_scaling)
+             for p in params_per_stage]
+    return StepCosts(
+        collectives=tuple(stage_step_collectives(p, dp=dp, zero=zero, precision=prec) for p in params_per_stage),
+        optimizer_seconds=tuple(t for _, t in steps),
+        optimizer_bytes=tuple(b for b, _ in steps), zero=zero)
+
+
+@dataclass(frozen=True)
+class RingExchange:
+    """`hops` ring-attention hops in sequence, each sending `nbytes` to the next cp rank (and receiving as
+    much) while `overlap` seconds of attention compute run; a hop longer than that is exposed by the difference."""
+
+    nbytes: int  # bytes per hop, per direction
+    hops: int
+    overlap: float  # seconds of compute each hop hides behind (0: fully exposed)
+
+
+def ring_exchanges(model: ModelConfig, b: int, opts: LayerOptions, *, layers: int, attention_forward: float,
+                   attention_backward: float) -> dict[str, tuple[RingExchange, ...]]:
+    """Ring attention's hops of `layers` layers per microbatch, by phase ("F", "I"); {} when cp = 1.
+
+    attention_forward / attention_backward: seconds of one layer's attention core on this rank (all cp
+    blocks together); each hop overlaps one block's share (1 / cp of it). Forward: cp - 1 K/V hops.
+    Backward: cp - 1 hops carrying K/V and the accumulating dK/dV together, then the last dK/dV hop home
+    with nothing left to hide behind. Full recomputation's re-run forward hops overlap the re-run
+    forward's blocks. Key the "I" entry as the model's backward (B, or I with a split backward).
+    """
+    if opts.cp == 1 or layers == 0:
+        return {}
+    cp = opts.cp
+    block_f, block_b = attention_forward / cp, attention_backward / cp  # seconds per block
+    out: dict[str, list[RingExchange]] = {"F": [], "I": []}
+    backward: list = []
+    for c in cp_layer_exchanges(model, b, opts):
+        if c.phase == "F" or c.what.startswith("recompute"):
+            out[c.phase].append(RingExchange(c.nbytes, c.count * layers, block_f))
+        else:
+            backward.append(c)
+    if backward:  # K/V and dK/dV move together for cp - 1 hops; the last dK/dV hop goes home alone
+        together = sum(c.nbytes for c in backward)
+        out["I"].append(RingExchange(together, (cp - 1) * layers, block_b))
+        tail = sum(c.nbytes for c in backward if c.count == cp)
+        if tail:
+            out["I"].append(RingExchange(tail, layers, 0.0))
+    return {k: tuple(v) for k, v in out.items() if v}
+
+
+def exposed_seconds(exchanges: Sequence[RingExchange], hop_seconds) -> float:
+    """Seconds of `exchanges` not hidden behind compute: per hop max(0, hop time - overlap).
+
+    hop_seconds(nbytes) -> seconds of one hop (the slowest link of the cp ring)."""
+    total = 0.0
+    for x in exchanges:
+        hop = hop_seconds(x.nbytes)
+        if hop > x.overlap:
+            total += x.hops * (hop - x.overlap)
+    return total
+
+
+def per_microbatch_stages(step: StepCosts | None) -> frozenset[int]:
+    """Stages whose gradients are reduced after every microbatch (ZeRO 2)."""
+    if step is None:
+        return frozenset()
+    return frozenset(s for s, cs in enumerate(step.collectives) if any(c.phase == "microbatch" for c in cs))
+
+
+__all__ = ["PHASES", "RingExchange", "StepCollective", "StepCosts", "exposed_seconds", "optimizer_bytes_and_seconds",
+           "optimizer_seconds", "per_microbatch_stages", "ring_exchanges", "stage_step_collectives", "step_costs"]

@@ -1,0 +1,98 @@
+"""zb-auto from real costs: the Zero Bubble heuristic (schedules.zb_auto) fed by a cost table and a memory limit.
+
+The registry builds zb-auto and zb-2p with unit costs; with a model or `--cost` the simulator rebuilds
+them here from the table's F, I, W seconds, each boundary's P2P seconds and a per-rank activation
+limit (`--memory-limit`: bytes, or `Nx` times 1F1B's activation memory, p microbatches of the rank's
+stage; zb-auto defaults to 1x, zb-2p to 2x). The result is an ordinary Schedule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pipesim.cost.table import CostTable
+from pipesim.errors import PipesimError
+from pipesim.ir.schedule import Schedule
+from schedules.zb_auto import AutoCosts, zb_auto_schedule
+
+AUTO_SCHEDULES = {"zb-auto": 1.0, "zb-2p": 2.0}  # name -> default limit, in multiples of 1F1B's activations
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
+
+
+@dataclass(frozen=True)
+class MemoryLimit:
+    """Per-rank activation limit: absolute bytes, or a multiple of 1F1B's (p microbatches of the stage)."""
+
+    bytes: float | None = None  # bytes
+    multiple: float | None = None  # x 1F1B's activation memory
+
+    def per_rank(self, table: CostTable, p: int, m: int) -> tuple[float, ...]:
+        """Bytes each rank may stash (a stage without activation bytes counts one unit per microbatch)."""
+        if self.bytes is not None:
+            return (self.bytes,) * p
+        return tuple(self.multiple * min(p, m) * _activation(table, r) for r in range(p))
+
+
+def parse_memory_limit(text: str) -> MemoryLimit:
+    """`2x` (twice 1F1B's activation memory), `inf`, or bytes: `8000000000`, `8GB`, `7.5GiB`."""
+    t = text.strip().lower().replace(" ", "")
+    try:
+        if t in ("inf", "none", "unlimited"):
+            return MemoryLimit(bytes=float("inf"))
+        if t.endswith("x"):
+            value = float(t[:-1])
+            if value <= 0:
+                raise ValueError
+            return MemoryLimit(multiple=value)
+        digits = t.rstrip("abcdefghijklmnopqrstuvwxyz")
+        value = float(digits) * _UNITS[t[len(digits):]]
+        if value <= 0:
+            raise ValueError
+        return MemoryLimit(bytes=value)
+    except (ValueError, KeyError):
+        raise PipesimError(f"malformed --memory-limit {text!r}: expected bytes (8000000000, 8GB, 7.5GiB), "
+                           "a multiple of 1F1B's activation memory (2x), or inf") from None
+
+
+def _activation(table: CostTable, stage: int) -> float:
+    return float(table.stages[stage].activation_bytes or 1)
+
+
+def auto_costs(table: CostTable, p: int, m: int, limit: MemoryLimit, comm: Sequence[float] = ()) -> AutoCosts:
+    """The heuristic's inputs from a one-stage-per-rank cost table; `comm`: seconds per boundary (0 if empty)."""
+    if table.num_stages != p:
+        raise PipesimError(f"zb-auto places one stage per rank: {table.num_stages} stages on {p} ranks")
+    st = table.stages
+    return AutoCosts(tuple(c.forward for c in st), tuple(c.backward_input for c in st),
+                     tuple(c.backward_weight for c in st), tuple(comm) or (0.0,) * (p - 1),
+                     tuple(_activation(table, r) for r in range(p)), limit.per_rank(table, p, m))
+
+
+def makespan_lower_bound(table: CostTable, p: int, m: int, comm: Sequence[float] = ()) -> float:
+    """No one-stage-per-rank order of m microbatches ends sooner (seconds): for each rank r, its first input
+    arrives after the forwards and hops above it (head), then either all its work runs (m (F + I + W)), or
+    its F's and I's run (m (F + I)) and the last microbatch's input gradient still travels down to rank 0,
+    whose last W follows. With equal stages and no comm: max((p-1)F + m(F+I+W), (p-1)F + m(F+I) + (p-1)I + W).
+    """
+    st, hop = table.stages, tuple(comm) or (0.0,) * (p - 1)
+    bound = 0.0
+    for r in range(p):
+        head = sum(st[s].forward + hop[s] for s in range(r))
+        c = st[r]
+        chain = sum(hop[s] + st[s].backward_input for s in range(r)) + st[0].backward_weight
+        bound = max(bound, head + m * (c.forward + c.backward_input + c.backward_weight),
+                    head + m * (c.forward + c.backward_input) + chain)
+    return bound
+
+
+def rebuild(schedule: Schedule, table: CostTable, limit: MemoryLimit | None, comm: Sequence[float] = ()) -> Schedule:
+    """`schedule` again when it is zb-auto or zb-2p, ordered for these costs; any other schedule unchanged."""
+    default = AUTO_SCHEDULES.get(schedule.name)
+    if default is None:
+        if limit is not None:
+            raise PipesimError(f"--memory-limit applies to {' and '.join(AUTO_SCHEDULES)}, not {schedule.name}")
+        return schedule
+    limit = limit or MemoryLimit(multiple=default)
+    p, m = schedule.num_ranks, schedule.num_microbatches
+    return zb_auto_schedule(p, m, auto_costs(table, p, m, limit, comm), schedule.name)

@@ -1,0 +1,151 @@
+"""The job: one training run's parallel layout and options, validated once and passed whole.
+
+A `Job` is what the command line, a planner candidate or `executor.api.train` say about how a model
+is trained: the rank layout (`ParallelDims`: pp, dp, tp, cp), the transformer's options
+(recomputation, sequence parallelism, attention kernel), the ZeRO stage, the framework's
+communication switches (`CommOptions`) and the GPU kernel switches. It is frozen and hashable, so
+the planner caches on it and the executor sends it to its workers as it is. Every range check is in
+`__post_init__` and every divisibility check against a model in `check`, with the one-line messages
+users get; the cost model, the simulator, the result and the executor read the options from here and
+check nothing again. A new option is one field here and its one consumer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from pipesim.comm.comm_options import CommOptions
+from pipesim.errors import PipesimError
+from pipesim.model.config import ModelConfig
+from pipesim.model.memory import ZERO_STAGES
+from pipesim.model.options import ATTENTION, RECOMPUTE, LayerOptions
+from pipesim.parallel_dims import ParallelDims
+
+
+@dataclass(frozen=True)
+class KernelSwitches:
+    """How the GPU kernel path runs a layer (Megatron-LM's flags of these names; the defaults are Megatron's)."""
+
+    fusion: bool = True  # fused elementwise kernels (--no-kernel-fusion: eager PyTorch's one kernel per op)
+    tp_comm_overlap: bool = True  # backward TP collectives under the wgrad GEMM (--no-async-tensor-model-parallel-...)
+    grad_accum_fusion: bool = True  # wgrad GEMMs accumulate into main_grad (--no-gradient-accumulation-fusion)
+    grad_fp32: bool | None = None  # float32 main gradients; None: the dtype's default (float32 for bfloat16)
+
+    def flags(self) -> list[str]:
+        """The command-line flags that give these switches (for exported commands)."""
+        out = [] if self.fusion else ["--no-kernel-fusion"]
+        if not self.tp_comm_overlap:
+            out.append("--no-async-tensor-model-parallel-allreduce")
+        if not self.grad_accum_fusion:
+            out.append("--no-gradient-accumulation-fusion")
+        if self.grad_fp32 is True:
+            out.append("--accumulate-allreduce-grads-in-fp32")
+        elif self.grad_fp32 is False:
+            out.append("--grad-reduce-in-bf16")
+        return out
+
+
+@dataclass(frozen=True)
+class Job:
+    """How a model is trained: layout, layer options, ZeRO, communication and kernel switches."""
+
+    dims: ParallelDims = field(default_factory=ParallelDims)  # pp outermost ... tp innermost (one owner)
+    recompute: str = "none"  # "none", "selective" (attention core) or "full" (Megatron's meanings)
+    sp: bool = False  # sequence parallelism over the tp ranks (Korthikanti et al. 2022)
+    attention: str | None = None  # "flash" or "eager"; None: flash on GPUs at 16 bits (`resolve_attention`)
+    zero: int = 0  # ZeRO stage of the data-parallel state (0: plain DDP)
+    comm: CommOptions = field(default_factory=CommOptions)  # the framework's communication switches
+    kernels: KernelSwitches = field(default_factory=KernelSwitches)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.dims, ParallelDims):
+            raise PipesimError(f"a job's dims must be ParallelDims, got {type(self.dims).__name__}")
+        if self.recompute not in RECOMPUTE:
+            raise PipesimError(f"unknown --recompute {self.recompute!r}; choose {', '.join(RECOMPUTE)}")
+        if self.attention is not None and self.attention not in ATTENTION:
+            raise PipesimError(f"unknown --attention {self.attention!r}; choose {', '.join(ATTENTION)}")
+        if not isinstance(self.sp, bool):
+            raise PipesimError(f"sequence parallelism must be true or false, got {self.sp!r}")
+        if self.zero not in ZERO_STAGES or isinstance(self.zero, bool):
+            raise PipesimError(f"--zero must be one of 0, 1, 2, 3, got {self.zero!r}")
+
+    # the axes, as every consumer reads them
+    @property
+    def pp(self) -> int:
+        return self.dims.pp
+
+    @property
+    def dp(self) -> int:
+        return self.dims.dp
+
+    @property
+    def tp(self) -> int:
+        return self.dims.tp
+
+    @property
+    def cp(self) -> int:
+        return self.dims.cp
+
+    def with_pp(self, pp: int) -> Job:
+        """The same job on `pp` pipeline ranks (a sweep's or a schedule's own p)."""
+        return self if pp == self.dims.pp else replace(self, dims=replace(self.dims, pp=pp))
+
+    def resolve_attention(self, gpu: bool, model: ModelConfig | None) -> Job:
+        """The job with its attention kernel decided: flash on GPU hardware at 16 bits, eager on CPUs and in
+        float32 (the models the CPU preset was calibrated with); a given kernel stays."""
+        if self.attention is not None:
+            return self
+        flash = gpu and model is not None and model.dtype != "float32"
+        return replace(self, attention="flash" if flash else "eager")
+
+    @property
+    def attention_kernel(self) -> str:
+        return self.attention or "eager"
+
+    @property
+    def is_plain(self) -> bool:
+        """No transformer option set: what hand-given costs (`--cost`) and the MLP admit."""
+        return self.recompute == "none" and not self.sp and self.zero == 0 and self.dims.cp == 1
+
+    def check(self, model: ModelConfig, microbatches: int | None = None) -> None:
+        """PipesimError (one line, with the numbers) unless `model` and its batch split under this job."""
+        if self.kernels.grad_fp32 is False and model.dtype != "bfloat16":
+            raise PipesimError(f"--grad-reduce-in-bf16 needs a bfloat16 model (--dtype bfloat16), got {model.dtype}")
+        if microbatches is not None:
+            if not isinstance(microbatches, int) or isinstance(microbatches, bool) or microbatches < 1:
+                raise PipesimError(f"microbatches must be a positive integer, got {microbatches!r}")
+            if model.batch % (self.dims.dp * microbatches):
+                raise PipesimError(f"--batch {model.batch} does not split into dp({self.dims.dp}) x {microbatches} "
+                                   "microbatches evenly")
+        if model.hidden % self.dims.tp:
+            raise PipesimError(f"--hidden {model.hidden} is not divisible by tp({self.dims.tp})")
+        if model.kind != "gpt":
+            for flag, value, plain in (("--sequence-parallel", self.sp, False), ("--cp", self.dims.cp, 1),
+                                       ("--recompute", self.recompute, "none")):
+                if value != plain:
+                    raise PipesimError(f"{flag} needs a transformer (--model gpt or --model-config), not --model mlp")
+            return
+        self.layer_options(model).check(model)  # heads, kv heads, ffn by tp; seq by 2 cp; sp's seq by tp
+
+    def layer_options(self, model: ModelConfig) -> LayerOptions | None:
+        """The transformer layer's options under this job; None for the MLP."""
+        if model.kind != "gpt":
+            return None
+        return LayerOptions(tp=self.dims.tp, sp=self.sp, cp=self.dims.cp, recompute=self.recompute,
+                            attention=self.attention_kernel)
+
+    def flags(self) -> list[str]:
+        """The command-line flags that give this job's options (its layout is given by --stages/--dp/--tp/--cp)."""
+        out = []
+        if self.recompute != "none":
+            out += ["--recompute", self.recompute]
+        if self.sp:
+            out.append("--sequence-parallel")
+        if self.attention is not None:
+            out += ["--attention", self.attention]
+        if self.zero:
+            out += ["--zero", str(self.zero)]
+        return out + self.comm.flags() + self.kernels.flags()
+
+
+__all__ = ["Job", "KernelSwitches"]

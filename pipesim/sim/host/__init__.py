@@ -1,0 +1,4 @@
+"""The simulator's host plug-ins: how CPU processes share a host's cores (fluidly, or in time slices).
+
+Used only for hardware with a host profile (`pipesim.hardware.machine.HostProfile`); the simulator picks one.
+"""

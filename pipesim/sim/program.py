@@ -1,0 +1,208 @@
+"""The simulator's programs: each rank's lowered actions compiled to op records for the hot loop.
+
+An op holds what the kernel needs of an action and is the same for every microbatch, so one record
+per (stage, kind) is shared (creating and hashing records per action would dominate at p=64,
+m=1024); the microbatch is read from the action at run time. Message slots follow
+`pipesim.ir.deps.message_slot` (slot = op.slot + microbatch), and how long compute takes comes from
+the compute plug-in (`TableCompute`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from pipesim.comm.collective_algos import collective_seconds, collective_time, scatter_gather
+from pipesim.comm.overlap_interference import HidingGemm, exposed_collective
+from pipesim.cost.cost_equation import SplitCosts
+from pipesim.cost.step_costs import exposed_seconds
+from pipesim.cost.table import CostTable
+from pipesim.ir.deps import message_slot, produces_weight_grad, releases_activations
+from pipesim.ir.schedule import COMPUTE, SENDS, Action, Kind, Schedule
+from pipesim.parallel_dims import ParallelDims
+
+
+class ComputeOp(NamedTuple):
+    """F, B, I or W on one stage."""
+
+    seconds: float  # alone on its device, split bookkeeping included, TP collectives not
+    tp_seconds: float  # seconds of the blocking TP collectives inside it
+    stash_bytes: int  # bytes of activations stashed (+, F) or freed (-, the releasing backward)
+    inflight: int  # +1 (F), -1 (the releasing backward) or 0: microbatches stashed
+    allreduce_stage: int  # the stage whose DP gradient reduction follows it (its last B/W; ZeRO 2: each), else -1
+    recompute_bytes: int = 0  # bytes a recomputing backward (B, or I) re-creates, live only while it runs
+    shared: float = 0.0  # seconds it gains when it runs wholly beside its rank's data-parallel collectives (SMs)
+
+
+class SendOp(NamedTuple):
+    """A SEND: posts the message into slot `slot + microbatch`."""
+
+    slot: int
+    dst: int  # pipeline rank that receives
+    nbytes: int  # bytes
+    seconds: float  # uncontended transfer time
+    resources: tuple[str, ...]  # contended link resources it holds
+    link: str  # link class name ("" without communication)
+
+
+class RecvOp(NamedTuple):
+    """A RECV: takes the message in slot `slot + microbatch`."""
+
+    slot: int
+    gather: float = 0.0  # seconds the receiving tp group all-gathers a scatter/gather message after it arrives
+
+
+Op = ComputeOp | SendOp | RecvOp
+
+
+@dataclass(frozen=True)
+class TableCompute:
+    """Compute plug-in: an action's seconds from the cost table, plus the split bookkeeping of a host profile.
+
+    The first stage's split W is a plain backward and its I is empty: no bookkeeping there.
+    """
+
+    table: CostTable
+    split: SplitCosts | None = None  # None: hardware without a host profile (GPUs, or no hardware)
+
+    def seconds(self, action: Action) -> float:
+        d = self.table.duration(action)
+        k, st = action.kind, action.stage
+        if self.split is not None and st and (k == Kind.I or k == Kind.W):
+            costs = self.table.stages[st]
+            d = self.split.add_to(d, 1, costs.weight_ops if k == Kind.W else 0.0,
+                                  costs.backward_ops if k == Kind.I else 0.0)
+        return d
+
+
+def compile_programs(sched: Schedule, compute: TableCompute, hw: Any, comm: bool, par: ParallelDims,
+                     tp_collectives: dict, cp_seconds: dict | None = None,
+                     every_grad: frozenset[int] = frozenset(), scatter: bool = False,
+                     sm_share: dict | None = None) -> list[list[Op]]:
+    """Per rank, the op of each action (one shared record per (rank, stage, kind)); message slots use
+    the schedule's microbatch count as stride. cp_seconds: (stage, kind) -> exposed ring-attention
+    seconds added to that compute (`cp_exposed`). The last weight-gradient piece of each stage is
+    marked for its gradient reduction; with the stage in `every_grad` (ZeRO 2: a reduce-scatter per
+    microbatch) every one is. scatter: pipeline messages go Megatron's scatter/gather way (`scatter_gather`).
+    sm_share: (stage, kind) -> seconds a compute gains wholly beside a data-parallel collective (ComputeOp.shared;
+    only where collectives take time: `comm` and dp > 1)."""
+    shared = sm_share if comm and par.dp > 1 and sm_share else {}
+    stride = sched.num_microbatches
+    last_grad: dict[int, tuple[int, int]] = {}  # stage -> (rank, index) of its last B/W
+    all_ops: list[list[Op]] = []
+    for rank, prog in enumerate(sched.programs):
+        cache: dict[tuple[int, str], tuple[Op, bool]] = {}  # (stage, kind) -> (op, finishes a weight gradient)
+        ops: list[Op] = []
+        append = ops.append
+        for i, a in enumerate(prog):
+            key = (a.stage, a.kind)
+            entry = cache.get(key)
+            if entry is None:
+                op = _op(rank, a, sched, compute, hw, comm, par, tp_collectives, stride, cp_seconds, scatter)
+                if (a.stage, a.kind.value) in shared and a.kind in COMPUTE:
+                    op = op._replace(shared=shared[(a.stage, a.kind.value)])
+                grad = a.kind in COMPUTE and produces_weight_grad(a.kind)
+                if grad and a.stage in every_grad:
+                    op = op._replace(allreduce_stage=a.stage)
+                entry = cache[key] = (op, grad)
+            append(entry[0])
+            if entry[1]:
+                last_grad[a.stage] = (rank, i)
+        all_ops.append(ops)
+    for stage, (rank, i) in sorted(last_grad.items()):  # then all-reduce the stage's gradient
+        all_ops[rank][i] = all_ops[rank][i]._replace(allreduce_stage=stage)
+    _time_overlaps(sched, compute.table, all_ops)
+    return all_ops
+
+
+def _time_overlaps(sched: Schedule, table: CostTable, all_ops: list[list[Op]]) -> None:
+    """An overlapped pair (OVERLAP_F_B) takes `table.overlap_seconds(F, B)` in all: the backward half keeps
+    its time and the forward half gets the rest; both halves are adjacent, so nothing else runs between.
+    With overlap_share 1 (the default, no FB given) the ops stay as they are, bit for bit."""
+    if not sched.overlaps:
+        return
+    for rank, prog in enumerate(sched.programs):
+        for i in range(len(prog) - 1):
+            if (prog[i], prog[i + 1]) in sched.overlaps:
+                fwd, bwd = all_ops[rank][i], all_ops[rank][i + 1]
+                all_ops[rank][i] = fwd._replace(seconds=table.overlap_forward_seconds(fwd.seconds, bwd.seconds))
+
+
+def _op(rank: int, a: Action, sched: Schedule, compute: TableCompute, hw: Any, comm: bool, par: ParallelDims,
+        tp_collectives: dict, stride: int, cp_seconds: dict | None, scatter: bool = False) -> Op:
+    k, st = a.kind, a.stage
+    if k in COMPUTE:
+        sign = 1 if k == Kind.F else (-1 if releases_activations(k) else 0)
+        seconds = compute.seconds(a)
+        if cp_seconds and (st, k.value) in cp_seconds:  # ring attention's hops the attention did not hide
+            seconds += cp_seconds[(st, k.value)]
+        costs = compute.table.stages[st]
+        redo = costs.recompute_bytes if k == Kind.B or k == Kind.I else 0  # as pipesim.cost.rank_memory.RECOMPUTING
+        return ComputeOp(seconds, _tp_time(rank, a, hw, comm, par, tp_collectives),
+                         sign * costs.activation_bytes, sign, -1, redo)
+    slot = message_slot(st, k, 0, stride)
+    nbytes = compute.table.transfer_bytes(a)
+    split = scatter and comm and nbytes > 0  # Megatron's scatter/gather (the caller checked tp > 1, no sp)
+    if k not in SENDS:
+        return RecvOp(slot, _scatter_gather(hw, par, sched.rank_of(a.peer_stage), rank, nbytes).gather) if split \
+            else RecvOp(slot)
+    dst = sched.rank_of(a.peer_stage)
+    if not comm:
+        return SendOp(slot, dst, nbytes, 0.0, (), "")
+    src_dev, dst_dev = par.rank(pp=rank), par.rank(pp=dst)
+    if split:  # tp rank 0's rail carries S / t (the other ranks' rails the same, side by side)
+        sg = _scatter_gather(hw, par, rank, dst, nbytes)
+        return SendOp(slot, dst, sg.rail_bytes, sg.send, tuple(sorted(hw.link_resources(src_dev, dst_dev))),
+                      hw.link_between(src_dev, dst_dev).name)
+    return SendOp(slot, dst, nbytes, hw.p2p_time(src_dev, dst_dev, nbytes),
+                  tuple(sorted(hw.link_resources(src_dev, dst_dev))), hw.link_between(src_dev, dst_dev).name)
+
+
+def _scatter_gather(hw: Any, par: ParallelDims, src: int, dst: int, nbytes: int):
+    """Megatron's scatter/gather of one S = `nbytes` message from pipeline rank `src` to `dst` (their tp groups)."""
+    return scatter_gather(hw, par.group("tp", par.rank(pp=src)), par.group("tp", par.rank(pp=dst)), nbytes)
+
+
+def _tp_time(rank: int, action: Action, hw: Any, comm: bool, par: ParallelDims, tp_collectives: dict) -> float:
+    """Seconds of the TP collectives inside one compute action that no computation hides: a (kind, bytes) pair
+    blocks whole; a (kind, bytes, HidingGemm) triple runs beside that GEMM, which loses the SMs of NCCL's
+    channels meanwhile (`exposed_collective`); a (kind, bytes, seconds) triple beside that many seconds of
+    compute, for free: max(0, time - seconds)."""
+    colls = tp_collectives.get((action.stage, action.kind.value)) if tp_collectives else None
+    if not colls or par.tp == 1 or not comm:
+        return 0.0
+    group = par.group("tp", par.rank(pp=rank))
+    total = 0.0
+    for kind, nbytes, *hidden in colls:
+        if hidden and isinstance(hidden[0], HidingGemm):
+            total += exposed_collective(collective_time(kind, nbytes, group, hw), nbytes, len(group), hidden[0])
+            continue
+        seconds = collective_seconds(hw, kind, group, nbytes)
+        total += max(0.0, seconds - hidden[0]) if hidden else seconds
+    return total
+
+
+def cp_exposed(sched: Schedule, hw: Any, comm: bool, par: ParallelDims, cp_exchanges: dict) -> dict:
+    """(stage, kind) -> seconds of ring attention's K/V hops not hidden behind the attention compute.
+
+    A hop goes from each cp rank of the stage to the next at once, so it takes as long as the
+    ring's slowest pair (`collective_seconds` of send_recv); `pipesim.cost.step_costs.exposed_seconds`
+    keeps what each hop's compute does not cover. {} with cp = 1 or without links.
+    """
+    if par.cp == 1 or not comm or not cp_exchanges:
+        return {}
+    out = {}
+    for (stage, kind), exchanges in sorted(cp_exchanges.items()):
+        ring = par.group("cp", par.rank(pp=sched.rank_of(stage)))
+        pairs = [[ring[i], ring[(i + 1) % len(ring)]] for i in range(len(ring))]
+
+        def hop(nbytes: int, pairs: list = pairs) -> float:
+            return max(collective_seconds(hw, "send_recv", pair, nbytes) for pair in pairs)
+
+        seconds = exposed_seconds(exchanges, hop)
+        if seconds:
+            out[(stage, kind)] = seconds
+    return out
+
+
+__all__ = ["ComputeOp", "Op", "RecvOp", "SendOp", "TableCompute", "compile_programs", "cp_exposed"]

@@ -1,0 +1,253 @@
+"""The simulated step around the pipeline: data-parallel collectives on each rank's collective stream,
+ZeRO-3's prefetched all-gathers, the optimizer step and the parameter all-gather after it.
+
+Each pipeline rank has one collective stream (FIFO: a collective starts when it is issued and the
+one before it has ended), beside its compute stream, so collectives overlap the rank's compute.
+- Gradients: after a stage's last backward piece that produces weight gradients, its "grads"
+  collectives (all_reduce for ZeRO 0, reduce_scatter for ZeRO 1 and 3) are issued; ZeRO 2 keeps
+  only its gradient shard, so its "microbatch" reduce_scatter follows every such piece.
+- ZeRO 3: every chunk's all-gather is issued at the step's start in the order the rank first needs
+  them (prefetch); the chunk's first forward waits until its all-gather has ended (a `GateOp` in the
+  rank's program), and the chunk stays gathered until its gradients' reduce_scatter (the memory
+  model's `step_peak_state`). A "backward" phase collective would gate the first backward alike.
+- Optimizer: once the rank's program is done and its gradient collectives have ended (Adam needs
+  the reduced gradients), the optimizer step of all its stages runs on the compute stream, then
+  the "params" all-gathers (ZeRO 1/2) on the collective stream. The step ends when the last rank's
+  optimizer and all-gathers are done (`step_time`); the pipeline's span stays `makespan`.
+- Replicas (a schedule with chains, DualPipe): before the optimizer, each pair of ranks holding the two
+  copies of model stages swaps those stages' gradients (executor.replicas: one message each way at once,
+  a "send_recv" timed as one transfer over the pair's link), from when both ranks are ready as above and
+  both streams are free; ZeRO 1-3 swap the 1/dp shard left after their reduce_scatter. Phase "replicas".
+Without `ParallelCosts.step` only today's DDP all_reduce of `dp_grad_bytes` runs, and no optimizer.
+With `CommOptions.overlap_grad_reduce` (Megatron's --overlap-grad-reduce) a gradient collective is cut
+into buckets of `bucket_params` parameters in reverse layer order; bucket k becomes ready while the
+backward that produces it runs, at start + duration x (cumulative fraction of the stage's parameters),
+and the stream reduces the buckets in order; what runs past the backward's end is the exposed tail.
+Every collective is timed by `pipesim.comm.collective_algos.collective_seconds` (NCCL's algorithms on GPUs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from pipesim.comm.collective_algos import collective_seconds
+from pipesim.comm.comm_options import CommOptions, bucket_fractions
+from pipesim.cost.step_costs import StepCosts
+from pipesim.ir.schedule import BACKWARD_FIRST, Kind, Schedule
+from pipesim.model.memory import PRECISIONS
+from pipesim.parallel_dims import ParallelDims
+from pipesim.sim.program import ComputeOp, Op
+from pipesim.sim.records import CollectiveRecord
+
+AFTER_PIPELINE = ("replicas", "params")  # phases of step-end collectives: after the pipeline's span (makespan)
+
+
+class GateOp(NamedTuple):
+    """A compute that may not start before `ready` (its ZeRO-3 all-gather's end); then it runs as `op`."""
+
+    ready: float  # seconds
+    op: ComputeOp
+
+
+@dataclass
+class RankStepEnd:
+    """One rank's end of step: when its optimizer ran and when everything it had to do was done (seconds)."""
+
+    finish: float  # its program's last action
+    optimizer_start: float
+    optimizer_end: float
+    step_end: float  # the optimizer's end, or its last parameter all-gather's
+    gate_wait: float  # seconds its computes waited for ZeRO-3 all-gathers
+
+    @property
+    def optimizer(self) -> float:
+        return self.optimizer_end - self.optimizer_start
+
+    @property
+    def exposed(self) -> float:
+        """Seconds the rank's step was held by data-parallel communication its compute did not hide."""
+        return self.gate_wait + (self.optimizer_start - self.finish) + (self.step_end - self.optimizer_end)
+
+
+class CollectiveStreams:
+    """Every rank's collective stream and the step's end (the kernel calls `grads_done` and `finish`)."""
+
+    def __init__(self, sched: Schedule, hw: Any, comm: bool, par: ParallelDims, costs: Any,
+                 options: CommOptions | None = None):
+        self.sched, self.hw, self.par, self.comm = sched, hw, par, comm
+        self.on = comm and par.dp > 1  # collectives take time (else none are recorded, as today)
+        self.step: StepCosts | None = getattr(costs, "step", None)
+        self.dp_bytes = list(getattr(costs, "dp_grad_bytes", None) or [])
+        n = sched.num_ranks
+        self.records: list[CollectiveRecord] = []
+        self.last: list[CollectiveRecord | None] = [None] * n  # the tail of each rank's stream
+        self.gate_wait = [0.0] * n  # seconds
+        self.groups = [par.group("dp", par.rank(pp=r)) for r in range(n)] if self.on else []
+        opts = options or CommOptions()
+        self.bucket = opts.bucket_params(par.dp) if opts.overlap_grad_reduce else 0  # parameters; 0: no buckets
+        counts = tuple(getattr(costs, "param_counts", None) or ())
+        dtype = getattr(costs, "dtype_bytes", 0) or 0
+        if not counts and dtype:  # no exact counts: from the gradient bytes
+            counts = tuple(b // dtype for b in self.dp_bytes)
+        self.params = counts  # parameters of each stage on one tp rank (what the buckets divide)
+        self.grad_bytes = PRECISIONS[getattr(costs, "precision", "fp32")].grad_bytes  # bytes per gradient value
+
+    def _issue(self, rank: int, kind: str, stage: int, nbytes: int, now: float, after: int,
+               phase: str) -> CollectiveRecord:
+        seconds = collective_seconds(self.hw, kind, self.groups[rank], nbytes)
+        prev = self.last[rank]
+        start = now if prev is None or prev.end <= now else prev.end
+        rec = CollectiveRecord(rank, kind, stage, start, start + seconds, nbytes, after, prev, phase)
+        self.last[rank] = rec
+        self.records.append(rec)
+        return rec
+
+    def prefetch(self, ops: list[list[Op]]) -> None:
+        """ZeRO 3: issue each chunk's all-gathers at the step's start and gate its first forward / backward."""
+        if self.step is None or not self.on:
+            return
+        for rank, prog in enumerate(self.sched.programs):
+            needs: list[tuple[int, int, Any]] = []  # (index of the compute that needs it, stage, collective)
+            seen: set[tuple[int, str]] = set()
+            for i, a in enumerate(prog):
+                phase = "forward" if a.kind == Kind.F else "backward" if a.kind in BACKWARD_FIRST else ""
+                if phase and (a.stage, phase) not in seen:
+                    seen.add((a.stage, phase))
+                    needs += [(i, a.stage, c) for c in self.step.collectives[a.stage] if c.phase == phase]
+            for i, stage, c in needs:  # in the order the program needs them
+                rec = self._issue(rank, c.kind, stage, c.nbytes, 0.0, -1, c.phase)
+                ops[rank][i] = GateOp(rec.end, ops[rank][i])
+
+    def grads_done(self, rank: int, stage: int, index: int, now: float, start: float | None = None,
+                   share: float = 0.0) -> float:
+        """The stage's last weight-gradient piece (ZeRO 2: each), action `index` run from `start` to `now`,
+        ended: reduce its gradients (in buckets during it with overlap_grad_reduce). Returns the seconds that
+        piece ran longer for its own buckets beside it: their overlap with it x `share` (the fraction of its
+        progress NCCL's SMs take, ComputeOp.shared / (seconds + shared)); 0 without buckets or a share."""
+        if not self.on:
+            return 0.0
+        if self.step is None:  # today's step: DDP all_reduce of dp_grad_bytes
+            if self.dp_bytes:
+                return self._reduce(rank, "all_reduce", stage, self.dp_bytes[stage], start, now, index, "grads", share)
+            return 0.0
+        late = 0.0
+        for c in self.step.collectives[stage]:
+            if c.phase in ("grads", "microbatch"):  # ZeRO 2's "microbatch" ones: after every weight gradient
+                late += self._reduce(rank, c.kind, stage, c.nbytes, start, now, index, c.phase, share)
+        return late
+
+    def _reduce(self, rank: int, kind: str, stage: int, nbytes: int, start: float | None, end: float, index: int,
+                phase: str, share: float = 0.0) -> float:
+        """One gradient collective of a backward run from `start` to `end`: whole at `end`, or bucket by bucket
+        as the backward passes them (bucket k of fraction f_k ready at start + (end - start) f_k; the last at
+        `end` exactly). Returns the buckets' overlap with [start, end] x `share` (what they cost the backward)."""
+        if not self.bucket or start is None or stage >= len(self.params):
+            self._issue(rank, kind, stage, nbytes, end, index, phase)
+            return 0.0
+        fractions = bucket_fractions(self.params[stage], self.bucket)
+        sent = 0  # bytes of the buckets before
+        overlap = 0.0  # seconds the buckets ran while the backward did
+        for f in fractions[:-1]:
+            upto = round(nbytes * f)
+            rec = self._issue(rank, kind, stage, upto - sent, start + (end - start) * f, index, phase)
+            overlap += max(0.0, min(rec.end, end) - rec.start)
+            sent = upto
+        self._issue(rank, kind, stage, nbytes - sent, end, index, phase)
+        return overlap * share if share else 0.0
+
+    def beside(self, rank: int, now: float, seconds: float, extra: float) -> float:
+        """Seconds a compute of `seconds` alone takes from `now` on the rank while its collective stream is busy:
+        beside a collective it progresses at seconds / (seconds + extra) of its pace (its GEMMs on the SMs NCCL's
+        channels leave), alone at full pace. The stream's collectives issued so far are all it can meet: the
+        rank issues new ones only when a compute of its own ends."""
+        busy = []  # (start, end) of the stream's collectives still running after `now`, latest first
+        rec = self.last[rank] if self.on else None
+        while rec is not None and rec.end > now:
+            busy.append((rec.start, rec.end))
+            rec = rec.prev
+        if not busy:
+            return seconds
+        rate = seconds / (seconds + extra)  # progress per second beside a collective
+        t, work = now, seconds  # work: seconds of it left at full pace
+        for lo, hi in reversed(busy):
+            lo = max(lo, now)
+            if lo > t:  # alone until the next collective
+                if work <= lo - t:
+                    return t + work - now
+                work -= lo - t
+                t = lo
+            if work <= (hi - t) * rate:
+                return t + work / rate - now
+            work -= (hi - t) * rate
+            t = hi
+        return t + work - now
+
+    def finish(self, ends: list[list[float]]) -> list[RankStepEnd]:
+        """After the pipeline: each rank's replicas' gradient swap (chains), its optimizer (after its program and
+        its gradient collectives), then its parameter all-gathers. [] without step costs."""
+        if self.step is None:
+            return []
+        n = self.sched.num_ranks
+        finish = [ends[r][-1] if ends[r] else 0.0 for r in range(n)]
+        ready = [max([finish[r], *(c.end for c in self.records if c.rank == r and c.phase in ("grads", "microbatch"))])
+                 for r in range(n)]
+        starts = self._swap_replicas(ready)
+        out = []
+        for rank in range(n):
+            start = starts[rank]
+            stages = self.sched.stages_of(rank)
+            end = start
+            for s in stages:
+                end += self.step.optimizer_seconds[s]
+            step_end = end
+            if self.on:
+                for s in stages:
+                    for c in self.step.collectives[s]:
+                        if c.phase == "params":
+                            step_end = self._issue(rank, c.kind, s, c.nbytes, end, -1, "params").end
+            out.append(RankStepEnd(finish[rank], start, end, step_end, self.gate_wait[rank]))
+        return out
+
+    def replica_pairs(self) -> dict[tuple[int, int], list[int]]:
+        """(rank a, rank b), a < b -> a's stages whose other copy is on b, by model stage (b lists the same model
+        stages); {} for one chain. Copies on one rank are summed in place: no pair."""
+        pairs: dict[tuple[int, int], list[int]] = {}
+        sched = self.sched
+        if sched.chains == 1:
+            return pairs
+        for a in range(sched.num_ranks):
+            for s in sorted(sched.stages_of(a), key=sched.model_stage):
+                for other in sched.replicas(s):
+                    b = sched.rank_of(other)
+                    if b > a:
+                        pairs.setdefault((a, b), []).append(s)
+        return pairs
+
+    def _swap_replicas(self, ready: list[float]) -> list[float]:
+        """Each rank's optimizer start: `ready`, or the end of its swaps of replicated gradients (both ways at
+        once, one message per pair, in pair order) when the pipeline has chains and links take time."""
+        if not self.comm or self.sched.chains == 1:
+            return ready
+        starts = list(ready)
+        dp, zero = self.par.dp, self.step.zero
+        for (a, b), stages in sorted(self.replica_pairs().items()):
+            # bytes: each copy's gradients; after ZeRO's reduce_scatter, a rank's ceil(P / dp) shard of each stage
+            params = [self.params[s] if s < len(self.params) else 0 for s in stages]  # per tp rank
+            nbytes = sum(-(-n // dp) if zero else n for n in params) * self.grad_bytes
+            if not nbytes:
+                continue
+            tails = [c.end for c in (self.last[a], self.last[b]) if c is not None]
+            begin = max([starts[a], starts[b], *tails])
+            seconds = collective_seconds(self.hw, "send_recv", [self.par.rank(pp=a), self.par.rank(pp=b)], nbytes)
+            theirs = next(o for o in self.sched.replicas(stages[0]) if self.sched.rank_of(o) == b)
+            for rank, first in ((a, stages[0]), (b, theirs)):
+                rec = CollectiveRecord(rank, "send_recv", first, begin, begin + seconds, nbytes, -1, self.last[rank],
+                                       "replicas")
+                self.last[rank] = rec
+                self.records.append(rec)
+                starts[rank] = begin + seconds
+        return starts
+
+
+__all__ = ["CollectiveStreams", "GateOp", "RankStepEnd"]

@@ -1,0 +1,107 @@
+"""Sweeps: simulate every (schedule, p, m, v) combination and keep one row of headline numbers each.
+
+The rows (schema `pipesim.sim.sweep/1`) feed the `pipesim sweep` table and `pipesim.plots.sweep_figure`.
+Combinations a schedule does not admit (interleaved with m not a multiple of p, too many devices,
+a model that does not fit) are skipped with the reason, never silently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+from tqdm import tqdm
+
+import schedules as registry
+from pipesim.errors import PipesimError
+from pipesim.sim.sim_setup import SimSetup
+from pipesim.units import format_bytes
+
+SCHEMA = "pipesim.sim.sweep/1"
+
+
+def combinations(schedules: list[str], stages: list[int], microbatches: list[int],
+                 virtual: list[int] | None = None) -> Iterator[tuple[str, int, int, int]]:
+    """(schedule, p, m, v) in a stable order; v only varies for schedules that take --virtual."""
+    for name in schedules:
+        spec = registry.spec(name)  # unknown name: PipesimError up front
+        vs = sorted(set(virtual)) if (spec.virtual and virtual) else [spec.default_virtual]
+        for p in stages:
+            for m in microbatches:
+                for v in vs:
+                    yield name, p, m, v
+
+
+def run_one(setup: SimSetup, name: str, p: int, m: int, v: int) -> dict:
+    """One row: makespan (s), bubble fraction, peak activation bytes and in-flight, link utilization."""
+    sched = registry.build(name, p, m, v)  # valid by construction; the simulator reports deadlocks
+    result, memory = setup.evaluate(sched)
+    classes = result.link_class_stats()
+    peaks = result.peak_activation_bytes()
+
+    return {
+        "schedule": name, "stages": p, "microbatches": m, "virtual": v,
+        "makespan": result.makespan, "bubble_fraction": result.bubble_fraction,
+        "peak_activation_bytes": max(peaks, default=0), "peak_inflight": max(result.peak_inflight, default=0),
+        "link_utilization": {k: c["max_utilization"] for k, c in classes.items()},
+        "actions": result.num_actions(),
+        # the largest rank's peak: parameters + gradients + optimizer states + activations + buffers (None: --cost)
+        "peak_memory_bytes": max(m.total for m in memory) if memory else None,
+    }
+
+
+def run_sweep(schedules: list[str], stages: list[int], microbatches: list[int], virtual: list[int] | None,
+              setup: SimSetup, *, skipped: list[dict] | None = None, progress: bool = False) -> list[dict]:
+    """Rows for every admitted combination; the others go to `skipped` (with a `reason`) when given."""
+    combos = list(combinations(schedules, stages, microbatches, virtual))
+    rows: list[dict] = []
+    for name, p, m, v in _progress(combos, progress):
+        try:
+            rows.append(run_one(setup, name, p, m, v))
+        except PipesimError as exc:
+            if skipped is not None:
+                skipped.append({"schedule": name, "stages": p, "microbatches": m, "virtual": v, "reason": str(exc)})
+    return rows
+
+
+def _progress(items: list, show: bool) -> Iterable:
+    if not show:
+        return items
+    return tqdm(items, desc="sweep", unit="run", disable=None, leave=False)
+
+
+def to_dict(rows: list[dict], setup: SimSetup, skipped: list[dict] | None = None) -> dict:
+    """The `pipesim.sim.sweep/1` JSON object."""
+    hw = setup.hardware
+    return {
+        "schema": SCHEMA,
+        "hardware": getattr(hw, "name", None),
+        "comm": "links" if setup.comm and hw is not None else "none",
+        "model": setup.model.to_dict() if setup.model is not None and setup.cost is None else None,
+        "cost": setup.cost,
+        "dp": setup.dp, "tp": setup.tp,
+        "options": setup.options(),
+        "rows": rows,
+        "skipped": skipped or [],
+    }
+
+
+def format_table(rows: list[dict], skipped: list[dict] | None = None) -> str:
+    """Plain-text table: makespan in ms (or the cost unit), bubble %, peak activation memory."""
+    head = (f"{'schedule':<18} {'p':>3} {'m':>5} {'v':>2} {'makespan':>12} {'bubble':>7} {'peak act':>11} "
+            f"{'in-flight':>9}")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append(f"{r['schedule']:<18} {r['stages']:>3} {r['microbatches']:>5} {r['virtual']:>2} "
+                     f"{_time(r['makespan']):>12} {r['bubble_fraction'] * 100:6.1f}% "
+                     f"{format_bytes(r['peak_activation_bytes']):>11} {r['peak_inflight']:>9}")
+    for s in skipped or []:
+        lines.append(f"{s['schedule']:<18} {s['stages']:>3} {s['microbatches']:>5} {s['virtual']:>2}  skipped: "
+                     f"{s['reason']}")
+    return "\n".join(lines)
+
+
+def _time(seconds: float) -> str:
+    if seconds >= 1 or seconds == 0:
+        return f"{seconds:.4g} s"
+    return f"{seconds * 1e3:.4g} ms"
+
