@@ -251,7 +251,7 @@ def test_sweep_figure_names_its_setting_and_notes():
 
 def test_cli_sweep(tmp_path):
     path = tmp_path / "sweep.json"
-    path.write_text(json.dumps({"schema": "pipesim.sim.sweep/1", "hardware": "dgx-h100", "rows": SWEEP_ROWS}))
+    path.write_text(json.dumps({"schema": "pipesim.sweep/1", "hardware": "dgx-h100", "rows": SWEEP_ROWS}))
     assert main(["plot", str(path), "-o", str(tmp_path / "sweep.html")]) == 0
     assert (tmp_path / "sweep.html").stat().st_size > 3_000_000
 
@@ -271,7 +271,7 @@ def test_cli_user_mistakes_are_one_line_exit_2(traces, tmp_path, monkeypatch, ca
     monkeypatch.chdir(tmp_path)
     (tmp_path / "bad.json").write_text("{not json")
     (tmp_path / "other.json").write_text('{"schema": "something/1"}')
-    (tmp_path / "sweep.json").write_text(json.dumps({"schema": "pipesim.sim.sweep/1", "rows": SWEEP_ROWS}))
+    (tmp_path / "sweep.json").write_text(json.dumps({"schema": "pipesim.sweep/1", "rows": SWEEP_ROWS}))
     assert main(["plot", *argv]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and message in err

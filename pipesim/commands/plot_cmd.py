@@ -1,7 +1,7 @@
 """`pipesim plot`: turn traces and sweeps into self-contained interactive HTML (and PNG).
 
 One trace gives its timeline; a simulated and a measured trace give the compare view; a sweep
-JSON ("pipesim.sim.sweep/1") gives the sweep plots. Which one is decided by the files' contents.
+JSON ("pipesim.sweep/1") gives the sweep plots. Which one is decided by the files' contents.
 """
 
 from __future__ import annotations

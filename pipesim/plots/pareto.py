@@ -1,7 +1,7 @@
 """The Pareto view of a sweep: bubble against peak activation memory, one point per schedule, per configuration.
 
 What users choose from: a schedule is worth a look only if no other one has both less bubble and
-less memory on the same (p, m). Reads `pipesim sweep` rows (pipesim.sim.sweep/1); `pareto_front` is
+less memory on the same (p, m). Reads `pipesim sweep` rows (pipesim.sweep/1); `pareto_front` is
 the plain computation (no plotly needed to test it).
 """
 

@@ -1,6 +1,6 @@
 """Sweep plots: bubble fraction against microbatches, peak activation memory, link utilisation.
 
-Reads the rows of a `pipesim sweep` result (schema "pipesim.sim.sweep/1"): one dict per
+Reads the rows of a `pipesim sweep` result (schema "pipesim.sweep/1"): one dict per
 (schedule, stages, microbatches, virtual) with makespan, bubble_fraction, peak_activation_bytes,
 peak_inflight and link_utilization {link class: fraction}.
 """
@@ -15,7 +15,7 @@ from plotly.subplots import make_subplots
 from pipesim.errors import PipesimError
 from pipesim.plots.style import SCHEDULE_COLOURS, base_layout
 
-SCHEMA = "pipesim.sim.sweep/1"
+SCHEMA = "pipesim.sweep/1"
 REQUIRED = ("schedule", "stages", "microbatches", "bubble_fraction", "peak_activation_bytes")
 DASHES = ("solid", "dash", "dot", "dashdot", "longdash")  # one per stage count
 PATTERNS = ("", "/", ".", "x", "-")  # bar fill per stage count

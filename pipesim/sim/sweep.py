@@ -1,6 +1,6 @@
 """Sweeps: simulate every (schedule, p, m, v) combination and keep one row of headline numbers each.
 
-The rows (schema `pipesim.sim.sweep/1`) feed the `pipesim sweep` table and `pipesim.plots.sweep_figure`.
+The rows (schema `pipesim.sweep/1`) feed the `pipesim sweep` table and `pipesim.plots.sweep_figure`.
 Combinations a schedule does not admit (interleaved with m not a multiple of p, too many devices,
 a model that does not fit) are skipped with the reason, never silently.
 """
@@ -16,7 +16,7 @@ from pipesim.errors import PipesimError
 from pipesim.sim.sim_setup import SimSetup
 from pipesim.units import format_bytes
 
-SCHEMA = "pipesim.sim.sweep/1"
+SCHEMA = "pipesim.sweep/1"
 
 
 def combinations(schedules: list[str], stages: list[int], microbatches: list[int],
@@ -70,7 +70,7 @@ def _progress(items: list, show: bool) -> Iterable:
 
 
 def to_dict(rows: list[dict], setup: SimSetup, skipped: list[dict] | None = None) -> dict:
-    """The `pipesim.sim.sweep/1` JSON object."""
+    """The `pipesim.sweep/1` JSON object."""
     hw = setup.hardware
     return {
         "schema": SCHEMA,
