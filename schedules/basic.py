@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pipesim.ir.schedule import Action, Kind, Schedule, loop_placement
+from pipesim.ir.schedule import Action, Kind, Schedule, actions_for, loop_placement
 from schedules import register
 
 
@@ -17,8 +17,5 @@ def naive(p: int, m: int, v: int = 1) -> Schedule:
 
 @register("gpipe", "all forwards, then all backwards (Huang et al. 2019)", order=10)
 def gpipe(p: int, m: int, v: int = 1) -> Schedule:
-    programs = tuple(
-        tuple([Action(r, Kind.F, mb) for mb in range(m)] + [Action(r, Kind.B, mb) for mb in range(m)])
-        for r in range(p)
-    )
+    programs = tuple(actions_for(r, Kind.F, range(m)) + actions_for(r, Kind.B, range(m)) for r in range(p))
     return Schedule("gpipe", m, loop_placement(p, 1), programs)
