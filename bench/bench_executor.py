@@ -109,7 +109,7 @@ def _torch_side(args: argparse.Namespace, name: str, rank: int, world: int):
 def _pipesim_side(args: argparse.Namespace, name: str, world: int):
     """The pipesim executor's Runtime for the same run; None when the executor is not importable."""
     try:
-        from executor.mesh import build_mesh
+        from executor.mesh import build_mesh_for
         from executor.run_config import RunConfig
         from executor.runtime import Runtime
     except ImportError as exc:
@@ -121,7 +121,7 @@ def _pipesim_side(args: argparse.Namespace, name: str, world: int):
     cfg = RunConfig(names=(name,), stages=world, microbatches=args.microbatches, model=model, steps=1, warmup=0,
                     optimizer="sgd", lr=0.01, backend="gloo", quiet=True)  # one step per train() call
     sched = cfg.check(world)[0]
-    return Runtime(cfg, sched, build_mesh(1, world, 1), torch.device("cpu"))
+    return Runtime(cfg, sched, build_mesh_for(cfg.job_for(world).dims), torch.device("cpu"))
 
 
 def _worker(args: argparse.Namespace) -> None:

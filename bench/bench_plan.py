@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from pipesim.hardware.toml_io import load_hardware
+from pipesim.job import Job
 from pipesim.model.config import ModelConfig
 from pipesim.model.hf_config import load_hf_config
 from pipesim.plan.search import default_workers, plan
@@ -70,7 +71,7 @@ def from_command(command: str) -> tuple[PlanRequest, Candidate]:
     nodes = int(flags["--nodes"])
     hw = load_hardware(flags["--hardware"]).with_nodes(nodes)
     p, t, d, mbs = (int(flags[k]) for k in ("--stages", "--tp", "--dp", "--microbatch-size"))
-    req = PlanRequest(model, hw, nodes * hw.devices_per_node, attention=flags.get("--attention"),
+    req = PlanRequest(model, hw, nodes * hw.devices_per_node, job=Job(attention=flags.get("--attention")),
                       sequence_parallel=(False, True), zeros=(0, 1))
     published = Candidate(schedule, p, int(flags.get("--virtual", 1)), t, d, mbs, model.batch // (d * mbs),
                           flags.get("--recompute", "none"), 0, "--sequence-parallel" in flags)

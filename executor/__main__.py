@@ -92,10 +92,10 @@ def run_chain(plan: list[tuple[RunConfig, list]], world: int, rank: int, device,
     """Train each checked configuration in the process group that is already up (tests/launch_shared.py
     runs several test modules' chains in one launch this way); a failure ends the rank through `die`."""
     from executor.api import free_runtimes  # local imports: torch loads after the configuration checks (see main)
-    from executor.mesh import build_mesh
+    from executor.mesh import build_mesh_for
 
     for cfg, schedules in plan:  # every rank builds every configuration's groups, in the same order
-        mesh = build_mesh(cfg.dp, cfg.pp_size(world), cfg.tp)
+        mesh = build_mesh_for(cfg.job_for(world).dims)
         results = []
         for sched in schedules:
             try:

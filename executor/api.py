@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -26,7 +26,7 @@ import torch.distributed as dist
 from torch import nn
 
 import schedules
-from executor.mesh import Mesh, build_mesh
+from executor.mesh import Mesh, build_mesh_for
 from executor.params import module_parameters
 from executor.run_config import RunConfig, check_transport_order
 from executor.runtime import Runtime
@@ -35,6 +35,8 @@ from executor.workload import PiecesWorkload
 from pipesim.errors import PipesimError
 from pipesim.ir import torch_csv
 from pipesim.ir.schedule import Schedule
+from pipesim.job import Job
+from pipesim.parallel_dims import ParallelDims
 from pipesim.timeline import Timeline
 
 Batches = Callable[[int], tuple[torch.Tensor, torch.Tensor]] | Sequence[tuple[torch.Tensor, torch.Tensor]]
@@ -135,14 +137,11 @@ def train(schedule: str | Path | Schedule, stages: Sequence[nn.Module] | None = 
     model + split: `split` layers per stage (None: even). loss_fn(output, target) is the mean over
     a microbatch (the step's loss is the mean of the microbatches'). batches: a function
     step -> (inputs, targets) of the global batch, or a sequence of such pairs (steps = its length).
-    The world is dp x pp (pp = WORLD_SIZE / dp); data-parallel replicas average their gradients.
+    The world is dp x pp (the job's pp: WORLD_SIZE / dp); data-parallel replicas average their gradients.
     trace: True keeps the timeline on rank 0; a path also writes it there (pipesim plot reads it).
     """
     if (stages is None) == (model is None):
         raise PipesimError("give stages=[...] (one module per stage) or model= with split=, not both or neither")
-    world = dist.get_world_size()
-    if world % dp:
-        raise PipesimError(f"WORLD_SIZE({world}) is not divisible by dp({dp})")
     if not callable(batches):
         seq = list(batches)
         steps = len(seq) if steps is None else steps
@@ -151,8 +150,11 @@ def train(schedule: str | Path | Schedule, stages: Sequence[nn.Module] | None = 
         source = batches
     if not steps:
         raise PipesimError("give steps= (how many batches to train on)")
-    pp = world // dp
-    sched = resolve_schedule(schedule, pp, microbatches, virtual)
+    # the one Job of this call (pipesim.job), its pp what dp leaves of the world
+    cfg = RunConfig(job=Job(dims=ParallelDims(dp=dp)), steps=steps, warmup=min(1, steps - 1), optimizer=optimizer,
+                    lr=lr, trace=str(trace) if trace else None, quiet=True)
+    job = cfg.job_for(dist.get_world_size())
+    sched = resolve_schedule(schedule, job.pp, microbatches, virtual)
     m = sched.num_microbatches
     x0, _ = source(0)
     if stages is not None:
@@ -161,27 +163,27 @@ def train(schedule: str | Path | Schedule, stages: Sequence[nn.Module] | None = 
         pieces, split = list(stages), [1] * len(stages)
     else:
         pieces = pieces_of(model)
-    if x0.shape[0] % (dp * m):
-        raise PipesimError(f"a batch of {x0.shape[0]} rows does not split into dp({dp}) * microbatches({m})")
+    if x0.shape[0] % (job.dp * m):
+        raise PipesimError(f"a batch of {x0.shape[0]} rows does not split into dp({job.dp}) x {m} microbatches "
+                           "evenly")
     workload = PiecesWorkload(pieces, len(pieces), False, loss_fn, source, x0.shape[0],
                               tuple(split) if split is not None else None)
     workload.layers_per_stage(sched.model_stages)  # the split fits the stages, before any group is built
-    cfg = RunConfig(names=(sched.name,), microbatches=m, dp=dp, steps=steps, warmup=min(1, steps - 1),
-                    optimizer=optimizer, lr=lr, trace=str(trace) if trace else None, quiet=True)
-    mesh = build_mesh(dp, pp, 1)
+    cfg = replace(cfg, names=(sched.name,), microbatches=m)
+    mesh = build_mesh_for(job.dims)
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
     done = execute(cfg, sched, mesh, device, workload)
     logs, rt = done.logs, done.runtime
     # each rank holding a last stage logged the sum of its microbatches' losses / m: summed over a replica (DualPipe's
     # two chains end on two ranks), averaged over the dp replicas
     per = [lg.losses for lg in logs if lg.losses] if logs else []
-    losses = [sum(r[i] for r in per) / dp for i in range(len(per[0]))] if per else []
+    losses = [sum(r[i] for r in per) / job.dp for i in range(len(per[0]))] if per else []
     times = step_times(logs) if logs else []
     timeline = None
     if logs and trace:
         timeline = to_timeline(logs, sched.name, {"schedule": sched.name, "stages": sched.num_stages,
-                                                 "microbatches": m, "dp": dp, "pp": pp, "tp": 1, "steps": steps,
-                                                 "warmup": cfg.warmup, "step_times": times})
+                                                 "microbatches": m, "dp": job.dp, "pp": job.pp, "tp": job.tp,
+                                                 "steps": steps, "warmup": cfg.warmup, "step_times": times})
         if isinstance(trace, str | Path):
             write_trace(timeline, str(trace))
     modules = {s: st.module for s, st in rt.stages.items()}

@@ -1,5 +1,8 @@
 """This rank's place in the (pp, dp, tp) grid and its process groups, all read off `ParallelDims`.
 
+The executor builds its mesh from the run's one ParallelDims (`build_mesh_for(cfg.job_for(world).dims)`,
+`executor.api.train`'s job's dims); nothing rebuilds the grid from loose sizes.
+
 The layout itself (tp innermost, then dp, pp outermost, as Megatron-LM and torchtitan) belongs to
 `pipesim.parallel_dims`; the simulator places devices with the same object, so the devices it times
 are the ones these ranks run on. Nothing here computes a rank number by hand. Pipeline P2P uses
@@ -21,7 +24,7 @@ GROUP_AXES = ("dp", "tp")  # the axes that get a process group, created in this 
 class Mesh:
     """One rank's view of the grid: coordinates, group members, and its DP and TP groups (None when size 1).
 
-    `Mesh(dims, rank)` alone (no groups) is the pure layout; `build_mesh` adds the process groups.
+    `Mesh(dims, rank)` alone (no groups) is the pure layout; `build_mesh_for` adds the process groups.
     """
 
     dims: ParallelDims
@@ -58,13 +61,9 @@ class Mesh:
         return self.dims.pp_peer(self.rank, pp_rank)
 
 
-def build_mesh(dp: int, pp: int, tp: int) -> Mesh:
-    """This rank's Mesh with its DP and TP groups (collective: every rank creates every group, in order)."""
-    return build_mesh_for(ParallelDims(pp=pp, dp=dp, tp=tp))
-
-
 def build_mesh_for(dims: ParallelDims) -> Mesh:
-    """As `build_mesh`, from a ParallelDims; the grid must fill the process group exactly."""
+    """This rank's Mesh with its DP and TP groups (collective: every rank creates every group, in order); the grid
+    must fill the process group exactly."""
     dims.check_world(dist.get_world_size())
     mesh = Mesh(dims, dist.get_rank())
     for axis in GROUP_AXES:  # new_group is collective over the world: same calls, same order, everywhere

@@ -1,10 +1,13 @@
 """Run configuration, checked before any process group exists.
 
 `RunConfig` is built at the edge (`pipesim run`'s flags, pipesim.commands.run_args) and crosses to
-the torchrun workers as JSON (`to_dict`/`from_dict`, derived from the dataclass fields): one
-spelling of every field. Errors show the arithmetic (`dp(2) * pp(2) * tp(2) != WORLD_SIZE(6)`) and
-reach the user as one line with exit code 2, both from `pipesim run` (before torchrun starts) and
-from `python -m executor`.
+the torchrun workers as JSON (`to_dict`/`from_dict`, derived from the dataclass fields, the `Job` and
+its ParallelDims, CommOptions and KernelSwitches nested): one spelling of every field. The run's
+layout and layer options are its `job` (pipesim.job, built once at the edge); the pipeline size is
+`stages` or what dp, cp and tp leave of the world, resolved in one place (`job_for`). Options of a
+Job the executor does not implement are refused by name (`unhonoured`), never ignored. Errors show
+the arithmetic (`dp(2) * pp(2) * tp(2) != WORLD_SIZE(6)`) and reach the user as one line with exit
+code 2, both from `pipesim run` (before torchrun starts) and from `python -m executor`.
 """
 
 from __future__ import annotations
@@ -17,9 +20,8 @@ import schedules
 from pipesim.errors import PipesimError
 from pipesim.ir import torch_csv
 from pipesim.ir.schedule import Action, Schedule
+from pipesim.job import Job
 from pipesim.model.config import ModelConfig, split_layers
-from pipesim.model.options import RECOMPUTE  # one vocabulary with simulate/sweep (executed by models.set_recompute)
-from pipesim.parallel_dims import ParallelDims
 
 FAIL_MODES = ("raise", "kill", "hang")
 # the NVIDIA driver's device nodes (Linux; /dev/dxg under WSL 2): without any of them CUDA cannot be available
@@ -32,11 +34,11 @@ class RunConfig:
 
     names: tuple[str, ...] = ()  # registered schedules (empty when `csv` is given)
     csv: str | None = None  # torch.distributed.pipelining schedule CSV instead of names
-    stages: int | None = None  # pipeline ranks P; default WORLD_SIZE / (dp * tp)
+    stages: int | None = None  # pipeline ranks P; default WORLD_SIZE / (dp * cp * tp) (`job_for`)
     microbatches: int = 8
     virtual: int | None = None  # chunks per rank (interleaved schedules only)
-    dp: int = 1
-    tp: int = 1
+    # the layout (dp, tp; its pp is `stages`, set by `job_for`) and the layer options (sp, recompute) the ranks run
+    job: Job = field(default_factory=Job)
     model: ModelConfig = field(default_factory=ModelConfig)
     # `--model MODULE:FACTORY` (pipesim.cost.user_model_costs): the user's layers instead of `model`, whose batch and
     # seed still apply
@@ -50,8 +52,6 @@ class RunConfig:
     lr: float = 0.01
     backend: str | None = None  # gloo | nccl; default nccl when CUDA is available, else gloo
     pg_timeout: float = 60.0  # seconds a blocked collective or recv waits before failing
-    sequence_parallel: bool = False
-    recompute: str = "none"  # none | selective (gpt's attention core) | full (every layer)
     bucket_bytes: int | None = None  # DP all-reduce bucket size; None = one all-reduce per parameter set
     json: str | None = None
     trace: str | None = None
@@ -61,20 +61,35 @@ class RunConfig:
     fail_mode: str = "raise"  # ... by raising, SIGKILL-ing itself, or hanging
     quiet: bool = False
 
-    def pp_size(self, world: int) -> int:
-        if self.stages is not None:
-            return self.stages
-        if world % (self.dp * self.tp):
-            raise PipesimError(f"WORLD_SIZE({world}) is not divisible by dp({self.dp}) * tp({self.tp})")
-        return world // (self.dp * self.tp)
+    def __post_init__(self) -> None:
+        if not isinstance(self.job, Job):
+            raise PipesimError(f"a run's job must be a pipesim.job.Job, got {type(self.job).__name__}")
+        if self.job.pp not in (1, self.stages):  # one pipeline size: pp 1 in the job is the placeholder
+            raise PipesimError(f"the job's pp({self.job.pp}) is not stages({self.stages}): give the pipeline "
+                               "ranks as stages")
 
-    def dims(self, world: int) -> ParallelDims:
-        """The grid's sizes on `world` ranks (pp defaults to what dp and tp leave)."""
-        return ParallelDims(pp=self.pp_size(world), dp=self.dp, tp=self.tp)
+    def job_for(self, world: int) -> Job:
+        """The job on `world` ranks: pp is `stages`, or what dp, cp and tp leave; the grid must fill the world."""
+        dims = self.job.dims
+        pp = self.stages
+        if pp is None:
+            rest = dims.dp * dims.cp * dims.tp
+            if world % rest:
+                cp = f" * cp({dims.cp})" if dims.cp > 1 else ""
+                raise PipesimError(f"WORLD_SIZE({world}) is not divisible by dp({dims.dp}){cp} * tp({dims.tp})")
+            pp = world // rest
+        job = self.job.with_pp(pp)
+        job.dims.check_world(world)
+        return job
 
     def check(self, world: int) -> list[Schedule]:
         """Validate against the world size; return the schedules to run (validated IR)."""
-        self.dims(world).check_world(world)
+        unrun = unhonoured(self.job)
+        if unrun:
+            raise PipesimError(f"the executor does not implement {'; '.join(unrun)}: it trains with plain DDP "
+                               "(ZeRO 0), cp 1, torch's own attention and kernels, and unsplit non-blocking P2P "
+                               "(those options are the cost model's: pipesim simulate, plan)")
+        job = self.job_for(world)
         if self.warmup < 0:
             raise PipesimError(f"--warmup must be >= 0, got {self.warmup}")
         if self.optimizer not in ("sgd", "adam"):
@@ -90,32 +105,27 @@ class RunConfig:
             raise PipesimError(f"unknown --fail-mode {self.fail_mode!r}; choose {', '.join(FAIL_MODES)}")
         if self.fail_at is not None:
             Action.parse(self.fail_at)
-        if self.recompute not in RECOMPUTE:
-            raise PipesimError(f"unknown --recompute {self.recompute!r}; choose {', '.join(RECOMPUTE)}")
-        if self.recompute == "selective" and self.model.kind != "gpt":
+        if job.recompute == "selective" and self.model.kind != "gpt":
             raise PipesimError("--recompute selective re-runs the attention core, which --model mlp does not have; "
                                "use --recompute full")
         if self.factory is not None:
-            for flag, plain, value in (("--tp", 1, self.tp), ("--sequence-parallel", False, self.sequence_parallel),
-                                       ("--recompute", "none", self.recompute)):
+            for flag, plain, value in (("--tp", 1, job.tp), ("--sequence-parallel", False, job.sp),
+                                       ("--recompute", "none", job.recompute)):
                 if value != plain:
                     raise PipesimError(f"{flag} needs pipesim's own --model mlp or gpt, not --model {self.factory}")
-        elif self.tp > 1 and self.model.hidden % self.tp:
-            raise PipesimError(f"--hidden {self.model.hidden} is not divisible by tp({self.tp})")
-        if self.tp > 1 and self.model.kind == "gpt" and self.model.heads % self.tp:
-            raise PipesimError(f"--heads {self.model.heads} is not divisible by tp({self.tp})")
-        pp = self.pp_size(world)
-        built = [self._schedule(name, pp) for name in (self.names or (None,))]
+        built = [self._schedule(name, job.pp) for name in (self.names or (None,))]
         m = self.microbatches
-        if self.model.batch % (self.dp * m):
-            raise PipesimError(f"--batch {self.model.batch} does not split into dp({self.dp}) * "
-                               f"microbatches({m}) = {self.dp * m} equal parts")
-        if self.sequence_parallel and self.model.batch % (self.dp * m * self.tp):
+        # the cost model's checks of the batch split and of the sizes tp divides (hidden; gpt's heads). The executor's
+        # sequence parallelism splits a microbatch's rows, not its sequence, over tp (checked below), and its MLP also
+        # runs full recomputation, which the cost model's MLP refuses
+        replace(job, sp=False, recompute=job.recompute if self.model.kind == "gpt" else "none").check(self.model, m)
+        dp, tp = job.dp, job.tp
+        if job.sp and self.model.batch % (dp * m * tp):
             raise PipesimError(f"--sequence-parallel splits each microbatch over tp: --batch {self.model.batch} does "
-                               f"not split into dp({self.dp}) * microbatches({m}) * tp({self.tp}) equal parts")
+                               f"not split into dp({dp}) x {m} microbatches x tp({tp}) evenly")
         for sched in built if self.factory is None else ():  # a factory's layers are counted when it is called
             split = self.layers_per_stage(sched.model_stages)  # DualPipe: 2 chains of p stages, p chunks
-            if self.tp > 1 and self.model.kind == "mlp" and any(n % 2 for n in split):
+            if tp > 1 and self.model.kind == "mlp" and any(n % 2 for n in split):
                 raise PipesimError(f"tensor parallel MLP pairs column- and row-parallel layers: layers per stage "
                                    f"{split} must all be even")
         return built
@@ -160,13 +170,32 @@ class RunConfig:
         return replace(self, names=(name,))
 
     def to_dict(self) -> dict:
-        """Plain JSON types; `from_dict` inverts it (field by field, the model nested)."""
+        """Plain JSON types; `from_dict` inverts it exactly (field by field, the model and the job nested)."""
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict) -> RunConfig:
-        """The config `to_dict` gave; unknown keys are an error, missing ones take their defaults."""
+        """The config `to_dict` gave (the model and the job nested); unknown keys are an error, missing ones take
+        their defaults."""
         return dataclass_from_dict(cls, data, "run configuration")
+
+
+EXECUTED = ("dims", "recompute", "sp")  # the Job fields the executor runs (of the dims, cp only at 1)
+
+
+def unhonoured(job: Job) -> list[str]:
+    """The flags of `job`'s options the executor cannot run, as the user would give them (empty: it runs them all).
+
+    The executor trains with plain DDP and eager torch modules (torch's scaled_dot_product_attention picks its own
+    kernel): ZeRO, context parallelism, an attention kernel, the framework's communication switches (scatter-gather,
+    bucketed overlapped gradient reduction, blocking P2P) and the GPU kernel switches are the cost model's."""
+    out = [f"--cp {job.cp}"] if job.cp > 1 else []
+    plain = Job(**{name: getattr(job, name) for name in EXECUTED})
+    if job != plain:
+        flags = replace(job, recompute="none", sp=False).flags()
+        names = [f.name for f in fields(Job) if getattr(job, f.name) != getattr(plain, f.name)]
+        out.append(" ".join(flags) if flags else ", ".join(names))  # a field without a flag: its name
+    return out
 
 
 def dataclass_from_dict(cls, data: object, what: str):
@@ -181,7 +210,7 @@ def dataclass_from_dict(cls, data: object, what: str):
     for name, value in data.items():
         factory = known[name].default_factory
         if is_dataclass(factory) and isinstance(value, dict):
-            value = dataclass_from_dict(factory, value, f"{what} {name}")  # e.g. RunConfig.model
+            value = dataclass_from_dict(factory, value, f"{what} {name}")  # RunConfig.model, .job, Job.dims ...
         elif isinstance(value, list):
             value = tuple(value)  # JSON has no tuples
         kw[name] = value

@@ -28,6 +28,7 @@ from executor.send_watch import SendWatcher
 from executor.stage import Stage
 from executor.timing import RankLog
 from executor.workload import BuiltinWorkload
+from pipesim.errors import PipesimError
 from pipesim.ir.lowering import add_p2p
 from pipesim.ir.schedule import Action, Kind, Schedule
 
@@ -38,6 +39,9 @@ class Runtime:
     def __init__(self, cfg: RunConfig, schedule: Schedule, mesh: Mesh, device: torch.device,
                  workload=None) -> None:
         """`workload` (executor.workload): the model, loss and data; default pipesim's own from `cfg.model`."""
+        grid = cfg.job_for(mesh.world).dims
+        if grid != mesh.dims:  # one grid: the mesh is built from the run's job (build_mesh_for)
+            raise PipesimError(f"the mesh's {mesh.dims} is not the run's {grid}")
         self.cfg, self.mesh, self.device = cfg, mesh, device
         self.workload = workload = workload if workload is not None else BuiltinWorkload(cfg)
         self.schedule = add_p2p(schedule)
@@ -51,12 +55,12 @@ class Runtime:
         modules = {s: by_model[schedule.model_stage(s)] for s in local}
         for module in modules.values():
             if mesh.tp > 1:
-                apply_tensor_parallel(module, cfg.model, mesh.tp_group, sequence_parallel=cfg.sequence_parallel)
-            set_recompute(module, cfg.recompute)
+                apply_tensor_parallel(module, cfg.model, mesh.tp_group, sequence_parallel=cfg.job.sp)
+            set_recompute(module, cfg.job.recompute)
             module.to(device)
         loss = workload.loss
         # sequence parallel: each TP rank holds 1/tp of every microbatch's rows outside the TP layers
-        self.sp = cfg.sequence_parallel and mesh.tp > 1
+        self.sp = cfg.job.sp and mesh.tp > 1
         scale = 1.0 / (m * mesh.tp) if self.sp else 1.0 / m
         self.stages = {s: Stage(s, modules[s], is_last=schedule.chain_last(s), loss=loss, scale=scale)
                        for s in local}

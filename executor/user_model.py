@@ -119,7 +119,7 @@ def check_run(cfg: RunConfig, stage_counts: list[int]) -> None:
     schedule's stages, and a microbatch passes through the stages (shape inference) on meta."""
     work = workload_of(cfg)
     for n in stage_counts:
-        work.boundaries(n, cfg.model.batch // (cfg.dp * cfg.microbatches))
+        work.boundaries(n, cfg.model.batch // (cfg.job.dp * cfg.microbatches))
 
 
 class _OpCounter(TorchDispatchMode):

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field, replace
 from pipesim.comm.comm_options import CommOptions
 from pipesim.errors import PipesimError
 from pipesim.model.config import ModelConfig
-from pipesim.model.memory import ZERO_STAGES
-from pipesim.model.options import ATTENTION, RECOMPUTE, LayerOptions
+from pipesim.model.memory import check_zero
+from pipesim.model.options import ATTENTION, LayerOptions, check_choices, check_tp_split
 from pipesim.parallel_dims import ParallelDims
 
 
@@ -60,14 +60,11 @@ class Job:
     def __post_init__(self) -> None:
         if not isinstance(self.dims, ParallelDims):
             raise PipesimError(f"a job's dims must be ParallelDims, got {type(self.dims).__name__}")
-        if self.recompute not in RECOMPUTE:
-            raise PipesimError(f"unknown --recompute {self.recompute!r}; choose {', '.join(RECOMPUTE)}")
-        if self.attention is not None and self.attention not in ATTENTION:
-            raise PipesimError(f"unknown --attention {self.attention!r}; choose {', '.join(ATTENTION)}")
-        if not isinstance(self.sp, bool):
-            raise PipesimError(f"sequence parallelism must be true or false, got {self.sp!r}")
-        if self.zero not in ZERO_STAGES or isinstance(self.zero, bool):
-            raise PipesimError(f"--zero must be one of 0, 1, 2, 3, got {self.zero!r}")
+        # attention None: decided later (`resolve_attention`); one spelling of these messages with LayerOptions
+        check_choices(self.sp, self.recompute, ATTENTION[0] if self.attention is None else self.attention)
+        check_zero(self.zero, self.dims.dp)
+        if not isinstance(self.comm, CommOptions) or not isinstance(self.kernels, KernelSwitches):
+            raise PipesimError("a job's comm must be CommOptions and its kernels KernelSwitches")
 
     # the axes, as every consumer reads them
     @property
@@ -90,6 +87,11 @@ class Job:
         """The same job on `pp` pipeline ranks (a sweep's or a schedule's own p)."""
         return self if pp == self.dims.pp else replace(self, dims=replace(self.dims, pp=pp))
 
+    def per_stage(self) -> Job:
+        """The job as one stage's per-microbatch seconds see it: its tp, cp and layer and kernel options on one
+        pipeline rank and one replica, without ZeRO (what per-stage cost caches key on)."""
+        return replace(self, dims=ParallelDims(tp=self.dims.tp, cp=self.dims.cp), zero=0)
+
     def resolve_attention(self, gpu: bool, model: ModelConfig | None) -> Job:
         """The job with its attention kernel decided: flash on GPU hardware at 16 bits, eager on CPUs and in
         float32 (the models the CPU preset was calibrated with); a given kernel stays."""
@@ -107,25 +109,36 @@ class Job:
         """No transformer option set: what hand-given costs (`--cost`) and the MLP admit."""
         return self.recompute == "none" and not self.sp and self.zero == 0 and self.dims.cp == 1
 
+    def check_gradients(self, model: ModelConfig | None) -> None:
+        """PipesimError unless the main gradients' dtype suits `model` (None: hand-given costs, no model):
+        --grad-reduce-in-bf16 only for bfloat16. The commands ask it before building anything."""
+        if self.kernels.grad_fp32 is False and (model is None or model.dtype != "bfloat16"):
+            raise PipesimError(f"--grad-reduce-in-bf16 needs a bfloat16 model (--dtype bfloat16), got "
+                               f"{model.dtype if model is not None else 'no model'}")
+
     def check(self, model: ModelConfig, microbatches: int | None = None) -> None:
-        """PipesimError (one line, with the numbers) unless `model` and its batch split under this job."""
-        if self.kernels.grad_fp32 is False and model.dtype != "bfloat16":
-            raise PipesimError(f"--grad-reduce-in-bf16 needs a bfloat16 model (--dtype bfloat16), got {model.dtype}")
+        """PipesimError (one line, with the numbers) unless `model` and its batch split under this job: the
+        one place each divisibility check against a model is made (the tp splits, LayerOptions.check's)."""
+        self.check_gradients(model)
         if microbatches is not None:
             if not isinstance(microbatches, int) or isinstance(microbatches, bool) or microbatches < 1:
                 raise PipesimError(f"microbatches must be a positive integer, got {microbatches!r}")
             if model.batch % (self.dims.dp * microbatches):
                 raise PipesimError(f"--batch {model.batch} does not split into dp({self.dims.dp}) x {microbatches} "
                                    "microbatches evenly")
-        if model.hidden % self.dims.tp:
-            raise PipesimError(f"--hidden {model.hidden} is not divisible by tp({self.dims.tp})")
+        check_tp_split(model, self.dims.tp)  # before the layer options' own checks, as users have seen them
         if model.kind != "gpt":
             for flag, value, plain in (("--sequence-parallel", self.sp, False), ("--cp", self.dims.cp, 1),
                                        ("--recompute", self.recompute, "none")):
                 if value != plain:
                     raise PipesimError(f"{flag} needs a transformer (--model gpt or --model-config), not --model mlp")
             return
-        self.layer_options(model).check(model)  # heads, kv heads, ffn by tp; seq by 2 cp; sp's seq by tp
+        self.layer_options(model).check(model)  # (the tp splits again) seq by 2 cp; sp's seq by tp
+
+    def microbatch_size(self, model: ModelConfig, microbatches: int) -> int:
+        """Sequences per microbatch: batch / (dp x m), after `check`."""
+        self.check(model, microbatches)
+        return model.batch // (self.dims.dp * microbatches)
 
     def layer_options(self, model: ModelConfig) -> LayerOptions | None:
         """The transformer layer's options under this job; None for the MLP."""

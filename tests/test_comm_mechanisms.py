@@ -14,15 +14,16 @@ from pipesim.cli import main
 from pipesim.comm.collective_algos import collective_seconds, collective_time
 from pipesim.comm.collective_costs import KINDS, group_collective_time
 from pipesim.comm.comm_options import CommOptions, bucket_fractions
+from pipesim.comm.tp_collective import TpCollective
 from pipesim.cost.kernel_costs import kernel_seconds, profile_of
-from pipesim.cost.model_costs import layer_options, model_costs, uniform_costs
+from pipesim.cost.model_costs import model_costs, uniform_costs
 from pipesim.cost.step_costs import RingExchange, StepCollective, StepCosts
 from pipesim.errors import PipesimError
 from pipesim.hardware.toml_io import load_hardware
 from pipesim.ir.schedule import Kind
+from pipesim.job import Job
 from pipesim.model.config import ModelConfig
 from pipesim.model.layer_kernels import FlashAttention, Gemm, embedding_kernels, head_kernels, layer_kernels
-from pipesim.model.options import LayerOptions
 from pipesim.parallel_dims import ParallelDims
 from pipesim.sim.program import cp_exposed
 from pipesim.sim.simulator import simulate
@@ -43,13 +44,13 @@ def _index(res, rank: int, kind: Kind, stage: int) -> int:
 def _two_stage(nbytes: int, *, tp: int = 8, sp: bool = False):
     """p = 2 (one dgx-a100 node each), one microbatch, 1 ms per F / I / W, an S = `nbytes` boundary."""
     costs = uniform_costs(2, {"F": MS, "I": MS, "W": MS}, boundary_bytes=nbytes)
-    return replace(costs, tp=tp, options=LayerOptions(tp=tp, sp=sp) if sp else None)
+    return replace(costs, job=Job(ParallelDims(tp=tp), sp=sp))
 
 
 def test_scatter_gather_sends_one_tth_per_nic_then_all_gathers_in_the_receiving_node():
     s = 64 * 2**20  # bytes: b s h x 2 of a message
     sched = schedules.build("1f1b", 2, 1)
-    res = simulate(sched, _two_stage(s), A100X2, comm_options=CommOptions(scatter_gather=True))
+    res = simulate(sched, _with_comm(_two_stage(s), CommOptions(scatter_gather=True)), A100X2)
     nic, nvlink = A100X2.inter, A100X2.intra
     send = nic.latency + (s // 8) / nic.bandwidth  # each tp rank's part over its own NIC, side by side
     # the receiving node's 8 ranks all-gather S: NCCL's ring with Simple, base 8.4 us + 7 NVLink steps of 3.4 us
@@ -72,14 +73,14 @@ def test_without_scatter_gather_one_rank_sends_the_whole_boundary_over_one_nic()
     tr = res.transfers[0]
     assert tr.nbytes == s and tr.end - tr.start == pytest.approx(A100X2.inter.latency + s / 23.75e9, rel=1e-12)
     assert res.starts[1][_index(res, 1, Kind.F, 1)] == tr.end
-    assert res.makespan == simulate(sched, _two_stage(s), A100X2, comm_options=CommOptions()).makespan
+    assert res.makespan == simulate(sched, _with_comm(_two_stage(s), CommOptions()), A100X2).makespan
 
 
 @pytest.mark.parametrize("costs", [_two_stage(2**24, sp=True), _two_stage(2**24, tp=1)], ids=["sp", "tp1"])
 def test_scatter_gather_changes_nothing_with_sequence_parallelism_or_one_tp_rank(costs):
     sched = schedules.build("1f1b", 2, 4)
     plain = simulate(sched, costs, A100X2)
-    split = simulate(sched, costs, A100X2, comm_options=CommOptions(scatter_gather=True))
+    split = simulate(sched, _with_comm(costs, CommOptions(scatter_gather=True)), A100X2)
     assert (split.starts, split.ends, split.makespan) == (plain.starts, plain.ends, plain.makespan)
 
 
@@ -87,7 +88,7 @@ def test_a_late_receiver_still_pays_the_all_gather():
     """The gather runs on the receiving ranks after the bytes are in: a RECV reached late is not free."""
     s = 2**20
     sched = schedules.build("1f1b", 2, 4)
-    res = simulate(sched, _two_stage(s), A100X2, comm_options=CommOptions(scatter_gather=True))
+    res = simulate(sched, _with_comm(_two_stage(s), CommOptions(scatter_gather=True)), A100X2)
     gather = collective_seconds(A100X2, "all_gather", list(range(8, 16)), s)
     for i, a in enumerate(res.schedule.programs[1]):
         if a.kind == Kind.RECV_F:
@@ -101,7 +102,7 @@ def test_blocking_p2p_holds_the_sender_until_its_bytes_have_arrived():
     s = 64 * 2**20
     sched = schedules.build("1f1b", 2, 2)
     free = simulate(sched, _two_stage(s), A100X2)
-    held = simulate(sched, _two_stage(s), A100X2, comm_options=CommOptions(blocking_p2p=True))
+    held = simulate(sched, _with_comm(_two_stage(s), CommOptions(blocking_p2p=True)), A100X2)
     hop = A100X2.inter.latency + s / A100X2.inter.bandwidth  # the whole boundary over one HDR NIC
     prog = held.schedule.programs[0]
     send = next(i for i, a in enumerate(prog) if a.kind == Kind.SEND_F)  # F0's activation
@@ -123,7 +124,7 @@ def test_every_blocking_send_ends_with_its_transfer_and_its_rank_waits(hw):
     when its bytes arrive, and its rank's next action starts no earlier."""
     sched = schedules.build("interleaved-1f1b", 2, 4, virtual=2)
     costs = uniform_costs(4, {"F": MS, "I": MS, "W": MS}, boundary_bytes=2**22)
-    held = simulate(sched, costs, hw, comm_options=CommOptions(blocking_p2p=True))
+    held = simulate(sched, _with_comm(costs, CommOptions(blocking_p2p=True)), hw)
     free = simulate(sched, costs, hw)
     assert len(held.transfers) == len(free.transfers) == 2 * 4 * (2 * 2 - 1)  # F and B messages between chunks
     for tr in held.transfers:
@@ -139,7 +140,7 @@ def test_blocking_p2p_changes_nothing_without_links():
     sched = schedules.build("interleaved-1f1b", 2, 4, virtual=2)
     costs = uniform_costs(4, {"F": MS, "I": MS, "W": MS}, boundary_bytes=2**20)
     plain = simulate(sched, costs, A100X2, comm=False)
-    held = simulate(sched, costs, A100X2, comm=False, comm_options=CommOptions(blocking_p2p=True))
+    held = simulate(sched, _with_comm(costs, CommOptions(blocking_p2p=True)), A100X2, comm=False)
     assert (held.starts, held.ends, held.makespan) == (plain.starts, plain.ends, plain.makespan)
 
 
@@ -148,10 +149,20 @@ def test_blocking_p2p_changes_nothing_without_links():
 PARAMS = 4_000_000  # parameters of the stage on one tp rank
 
 
+def _with_comm(costs, options: CommOptions):
+    """The same costs with the job's communication switches set to `options`."""
+    return replace(costs, job=replace(costs.job, comm=options))
+
+
+def _dp1(costs):
+    """The same costs on one data-parallel replica (the rest of their job kept)."""
+    return replace(costs, job=replace(costs.job, dims=replace(costs.job.dims, dp=1)))
+
+
 def _one_stage_dp2(grad_bytes: int, step: StepCosts | None = None):
     """p = 1, dp = 2 on dgx-h100 (devices 0 and 1), F 1 ms, backward 2 ms (1 ms to 3 ms)."""
     costs = uniform_costs(1, {"F": MS, "I": MS, "W": MS})
-    return replace(costs, dp=2, dp_grad_bytes=(grad_bytes,), param_counts=(PARAMS,), step=step)
+    return replace(costs, job=Job(ParallelDims(dp=2)), dp_grad_bytes=(grad_bytes,), param_counts=(PARAMS,), step=step)
 
 
 def test_bucket_fractions_fill_in_reverse_layer_order_with_a_remainder_last():
@@ -166,7 +177,7 @@ def test_buckets_are_ready_as_the_backward_passes_them_and_only_the_last_is_expo
     g = 8_000_000  # bytes: 2 MB per bucket, reduced in ~10 us, well inside each 0.5 ms slice of the backward
     sched = schedules.build("1f1b", 1, 1)
     opts = CommOptions(overlap_grad_reduce=True, ddp_bucket_size=PARAMS // 4)
-    res = simulate(sched, _one_stage_dp2(g), H100, comm_options=opts)
+    res = simulate(sched, _with_comm(_one_stage_dp2(g), opts), H100)
     c = collective_seconds(H100, "all_reduce", [0, 1], g // 4)
     assert [(r.kind, r.nbytes, r.start) for r in res.collectives] == [
         ("all_reduce", g // 4, MS + 2 * MS * f) for f in (0.25, 0.5, 0.75)] + [("all_reduce", g // 4, 3 * MS)]
@@ -180,7 +191,7 @@ def test_slow_buckets_queue_on_the_collective_stream():
     g = 4 * 10**9  # bytes: 1 GB per bucket, each longer than the 0.5 ms the backward takes to fill the next
     sched = schedules.build("1f1b", 1, 1)
     opts = CommOptions(overlap_grad_reduce=True, ddp_bucket_size=PARAMS // 4)
-    res = simulate(sched, _one_stage_dp2(g), H100, comm_options=opts)
+    res = simulate(sched, _with_comm(_one_stage_dp2(g), opts), H100)
     c = collective_seconds(H100, "all_reduce", [0, 1], g // 4)
     assert c > 0.5 * MS
     assert res.collectives[0].start == 1.5 * MS
@@ -196,7 +207,7 @@ def test_zero1_reduce_scatters_in_buckets_and_gathers_the_parameters_after_the_o
                      optimizer_seconds=(opt,), optimizer_bytes=(0,), zero=1)
     sched = schedules.build("1f1b", 1, 1)
     opts = CommOptions(overlap_grad_reduce=True, ddp_bucket_size=PARAMS // 2)
-    res = simulate(sched, _one_stage_dp2(g, step), H100, comm_options=opts)
+    res = simulate(sched, _with_comm(_one_stage_dp2(g, step), opts), H100)
     rs = [r for r in res.collectives if r.kind == "reduce_scatter"]
     assert [(r.nbytes, r.start) for r in rs] == [(g // 2, 2 * MS), (g // 2, 3 * MS)]
     end = res.step_ends[0]
@@ -212,9 +223,9 @@ def test_slow_buckets_cost_the_backward_they_run_beside():
     g = 4 * 10**9  # bytes: 1 GB per bucket
     sched = schedules.build("1f1b", 1, 1)
     opts = CommOptions(overlap_grad_reduce=True, ddp_bucket_size=PARAMS // 4)
-    free = simulate(sched, _one_stage_dp2(g), H100, comm_options=opts)
+    free = simulate(sched, _with_comm(_one_stage_dp2(g), opts), H100)
     costs = replace(_one_stage_dp2(g), sm_share={(0, "B"): 2 * MS})
-    res = simulate(sched, costs, H100, comm_options=opts)
+    res = simulate(sched, _with_comm(costs, opts), H100)
     assert [(r.start, r.end) for r in res.collectives] == [(r.start, r.end) for r in free.collectives]
     overlap = sum(max(0.0, min(r.end, 3 * MS) - r.start) for r in free.collectives)  # seconds inside [1, 3] ms
     b = _index(res, 0, Kind.B, 0)
@@ -223,8 +234,8 @@ def test_slow_buckets_cost_the_backward_they_run_beside():
     assert res.to_dict()["ranks"][0]["dp_sm_share"] == res.sm_shared[0]
     assert "dp_sm_share" not in free.to_dict()["ranks"][0]
     # without dp nothing is shared: the same costs at dp 1 run as before, bit for bit
-    one = simulate(sched, replace(costs, dp=1), H100, comm_options=opts)
-    assert one.ends == simulate(sched, replace(_one_stage_dp2(g), dp=1), H100, comm_options=opts).ends
+    one = simulate(sched, _with_comm(_dp1(costs), opts), H100)
+    assert one.ends == simulate(sched, _with_comm(_dp1(_one_stage_dp2(g)), opts), H100).ends
 
 
 def test_a_compute_beside_its_ranks_reduce_scatter_runs_slower_while_it_runs():
@@ -256,8 +267,8 @@ def test_model_costs_share_is_the_kernels_on_the_sms_nccl_leaves():
     model = ModelConfig(kind="gpt", hidden=1024, layers=2, heads=16, seq=1024, vocab=1024, batch=8, dtype="bfloat16")
     hw = load_hardware("dgx-a100")
     profile = profile_of(hw.device.family, hw.device.kernels)
-    costs = model_costs(model, 1, 2, hw, dp=2)
-    opts = layer_options(model)
+    costs = model_costs(model, 1, 2, hw, Job(ParallelDims(dp=2)))
+    opts = Job().layer_options(model)
     free = profile.sms - profile.nccl_channels
     ks = layer_kernels(model, 2, opts)
     extra_f = 2 * sum(kernel_seconds(k, "bfloat16", profile, free) - kernel_seconds(k, "bfloat16", profile)
@@ -266,8 +277,9 @@ def test_model_costs_share_is_the_kernels_on_the_sms_nccl_leaves():
     assert set(shared) == {(0, "F"), (0, "W"), (0, "B")}  # the first stage runs its whole backward in W
     assert shared[(0, "F")] == pytest.approx(extra_f + _head_embedding_extra(model, hw, profile, free), rel=1e-9)
     assert shared[(0, "B")] == shared[(0, "W")] > 0
-    assert model_costs(model, 1, 2, hw, dp=1).sm_share == {}
-    assert model_costs(model, 1, 2, CPU, dp=2).sm_share == {}  # no device family: no kernels, no channels
+    assert model_costs(model, 1, 2, hw, Job()).sm_share == {}
+    # no device family: no kernels, no channels
+    assert model_costs(model, 1, 2, CPU, Job(ParallelDims(dp=2))).sm_share == {}
 
 
 def test_flash_attention_shares_the_sms_too():
@@ -277,21 +289,21 @@ def test_flash_attention_shares_the_sms_too():
     hw = load_hardware("dgx-a100")
     profile = profile_of(hw.device.family, hw.device.kernels)
     free = profile.sms - profile.nccl_channels
-    opts = layer_options(model, attention="flash")
+    opts = Job(attention="flash").layer_options(model)
     ks = layer_kernels(model, 2, opts)
     flash = [k for k in ks.F if isinstance(k, FlashAttention)]
     assert len(flash) == 1 and kernel_seconds(flash[0], "bfloat16", profile, free) > kernel_seconds(
         flash[0], "bfloat16", profile)  # 2 x 16 heads x 8 query blocks = 256 blocks: 4 waves on 84 SMs, 3 on 108
     extra_f = 2 * sum(kernel_seconds(k, "bfloat16", profile, free) - kernel_seconds(k, "bfloat16", profile)
                       for k in ks.F if isinstance(k, (Gemm, FlashAttention)))
-    costs = model_costs(model, 1, 2, hw, dp=2, attention="flash")
+    costs = model_costs(model, 1, 2, hw, Job(ParallelDims(dp=2), attention="flash"))
     assert costs.sm_share[(0, "F")] == pytest.approx(extra_f + _head_embedding_extra(model, hw, profile, free),
                                                      rel=1e-9)
 
 
 def _head_embedding_extra(model, hw, profile, free) -> float:
     """The forward GEMMs of the first and last pieces (embedding, head) on `free` SMs, less alone."""
-    opts = layer_options(model)
+    opts = Job().layer_options(model)
     return sum(kernel_seconds(k, "bfloat16", profile, free) - kernel_seconds(k, "bfloat16", profile)
                for pk in (embedding_kernels(model, 2, opts), head_kernels(model, 2, opts)) for k in pk.F
                if isinstance(k, Gemm))
@@ -339,8 +351,8 @@ def test_dispatch_is_comm_costs_bit_for_bit_on_the_cpu_preset(kind):
 def test_simulated_dp_and_tp_collectives_are_timed_by_the_dispatch():
     two = load_hardware("2x-dgx-h100")
     g = 2**28  # bytes of gradients, all-reduced across the two nodes (dp = 2, one rank per node, tp = 8)
-    costs = replace(uniform_costs(1, {"F": MS, "I": MS, "W": MS}), tp=8, dp=2, dp_grad_bytes=(g,),
-                    tp_collectives={(0, "F"): (("all_reduce", 2**24),)})
+    costs = replace(uniform_costs(1, {"F": MS, "I": MS, "W": MS}), job=Job(ParallelDims(tp=8, dp=2)),
+                    dp_grad_bytes=(g,), tp_collectives={(0, "F"): (TpCollective("all_reduce", 2**24),)})
     res = simulate(schedules.build("1f1b", 1, 1), costs, two)
     (rec,) = res.collectives
     nccl = collective_time("all_reduce", g, [0, 8], two)

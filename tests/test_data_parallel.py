@@ -9,8 +9,9 @@ import torch
 import torch.distributed as dist
 
 from executor.data_parallel import allreduce_gradients, plan_buckets
-from executor.mesh import build_mesh
+from executor.mesh import build_mesh_for
 from pipesim.errors import PipesimError
+from pipesim.parallel_dims import ParallelDims
 from tests.launch_shared import register_call
 
 SHAPES = [(3, 5), (7,), (4, 4), (2,), (6, 1)]  # 15, 7, 16, 2, 6 float32 elements
@@ -61,8 +62,9 @@ def allreduce_checks_on_rank(folder: Path) -> None:
             torch.testing.assert_close(p.grad, want, rtol=1e-6, atol=1e-6)
     # the executor's meshes on this world: each group has the members ParallelDims gives (pp outermost,
     # tp innermost), written out here, and the DP groups average among themselves only
-    meshes = [(build_mesh(2, 2, 1), [[0, 1], [2, 3]], None),  # (mesh: dp, pp, tp; its DP groups; TP groups)
-              (build_mesh(2, 1, 2), [[0, 2], [1, 3]], [[0, 1], [2, 3]])]
+    # (mesh; its DP groups; its TP groups)
+    meshes = [(build_mesh_for(ParallelDims(pp=2, dp=2)), [[0, 1], [2, 3]], None),
+              (build_mesh_for(ParallelDims(dp=2, tp=2)), [[0, 2], [1, 3]], [[0, 1], [2, 3]])]
     for mesh, dp_groups, tp_groups in meshes:
         assert dist.get_process_group_ranks(mesh.dp_group) == mesh.members("dp") == _mine(dp_groups, rank)
         if tp_groups is None:

@@ -22,7 +22,9 @@ from pipesim.ir.inflight import inflight_by_rank
 from pipesim.ir.lowering import add_p2p
 from pipesim.ir.schedule import Action, Kind, Schedule
 from pipesim.ir.schedule_check import validate
+from pipesim.job import Job
 from pipesim.model.config import ModelConfig
+from pipesim.parallel_dims import ParallelDims
 from pipesim.sim.sim_setup import SimSetup
 from pipesim.sim.simulator import simulate
 
@@ -147,10 +149,10 @@ def _costs_with_step(sched, hw, counts, *, step: bool, dp: int = 1, zero: int = 
     precision); with `step` the optimizer and the replicas' swap are simulated (pipesim.sim.step)."""
     n = sched.model_stages
     table = replace(CostTable.uniform(n, 1e-3, 1e-3, 1e-3, boundary_bytes=1_000_000), overlap_given=2.5e-3)
-    costs = ParallelCosts(table=table, tp=1, dp=dp, tp_collectives={}, dp_grad_bytes=(0,) * n,
-                          layers_per_stage=(0,) * n, dtype_bytes=2, param_counts=tuple(counts), zero=zero,
-                          precision="mixed",
-                          step=step_costs(counts, dp=dp, zero=zero, hw=hw, precision="mixed") if step else None)
+    job = Job(ParallelDims(dp=dp), zero=zero)
+    costs = ParallelCosts(table=table, job=job, tp_collectives={}, dp_grad_bytes=(0,) * n,
+                          layers_per_stage=(0,) * n, dtype_bytes=2, param_counts=tuple(counts), precision="mixed",
+                          step=step_costs(counts, job, hw=hw, precision="mixed") if step else None)
     return on_chains(costs, sched)
 
 

@@ -239,13 +239,16 @@ def test_signal_to_the_launcher_stops_every_rank(how, tmp_path):
 
 
 @pytest.mark.parametrize(("fields", "message"), [
-    ({"dp": 2, "tp": 2, "stages": 2}, "dp(2) * pp(2) * tp(2) != WORLD_SIZE(6)"),
-    ({"dp": 4}, "WORLD_SIZE(6) is not divisible by dp(4) * tp(1)"),
+    ({"job": {"dims": {"dp": 2, "tp": 2}}, "stages": 2}, "dp(2) * pp(2) * tp(2) != WORLD_SIZE(6)"),
+    ({"job": {"dims": {"dp": 4}}}, "WORLD_SIZE(6) is not divisible by dp(4) * tp(1)"),
+    ({"job": {"zero": 1}}, "the executor does not implement --zero 1: it trains with plain DDP (ZeRO 0), cp 1, "
+                           "torch's own attention and kernels, and unsplit non-blocking P2P (those options are the "
+                           "cost model's: pipesim simulate, plan)"),
     ({"model": {"layers": 4}}, "--layers 4 is fewer than the 6 stages; each stage needs a layer "
                                "(or give --layer-split)"),
     ({"steps": 2, "stage": 2}, "unknown run configuration field(s): stage"),
-    ({"recompute": "selective"}, "--recompute selective re-runs the attention core, which --model mlp does not "
-                                 "have; use --recompute full"),
+    ({"job": {"recompute": "selective"}}, "--recompute selective re-runs the attention core, which --model mlp "
+                                          "does not have; use --recompute full"),
     (None, "usage: python -m executor --config JSON|FILE (the run configurations `pipesim run --print-config` "
            "writes); got 1f1b --microbatches 4"),
 ])
@@ -255,7 +258,7 @@ def test_config_errors_exit_2_before_any_process_group(fields, message):
     env.update(RANK="0", WORLD_SIZE="6", LOCAL_RANK="0")
     config = {"names": ["1f1b"], "microbatches": 4, "model": {"batch": 8}}
     for key, value in (fields or {}).items():
-        config[key] = {**config[key], **value} if isinstance(value, dict) else value
+        config[key] = {**config.get(key, {}), **value} if isinstance(value, dict) else value
     argv = ["--config", json.dumps([config])] if fields else ["1f1b", "--microbatches", "4"]
     proc = subprocess.run([sys.executable, "-m", "executor", *argv], env=env, capture_output=True, text=True,
                           timeout=60)

@@ -27,6 +27,7 @@ from pipesim.device.kernels import memory_bound_time
 from pipesim.device.profile import device_profile, load_profiles
 from pipesim.errors import PipesimError
 from pipesim.hardware.toml_io import hardware_to_toml, load_hardware
+from pipesim.job import Job
 from pipesim.model.config import ModelConfig
 from pipesim.model.grad_accumulation import accumulate_gradients
 from pipesim.model.layer_kernels import embedding_kernels, layer_kernels
@@ -223,7 +224,7 @@ def test_a_gpt_stage_on_the_file_is_its_kernels_on_the_recorded_figures(tmp_path
     hw = load_hardware(str(path))
     model = ModelConfig(kind="gpt", hidden=1024, layers=4, heads=16, seq=1024, vocab=32000, batch=16, dtype="bfloat16")
     opts, b = LayerOptions(attention="flash"), 4
-    stage = model_costs(model, 2, 4, hw, attention="flash").table.stages[0]
+    stage = model_costs(model, 2, 4, hw, Job(attention="flash")).table.stages[0]
     pieces = ((embedding_kernels(model, b, opts), embedding_params(model)), (layer_kernels(model, b, opts),
                                                                             block_params(model)))
     emb, lay = (piece_seconds(accumulate_gradients(k, n, dtype_bytes=2, grad_bytes=4, fused=True), "bfloat16", HAND)

@@ -12,11 +12,13 @@ from pipesim.cli import main as pipesim_main
 from pipesim.cost.kernel_costs import piece_seconds, profile_of
 from pipesim.device.gemm import gemm_bytes, gemm_time
 from pipesim.device.kernels import memory_bound_time
+from pipesim.job import Job, KernelSwitches
 from pipesim.model.config import ModelConfig
 from pipesim.model.grad_accumulation import accumulate_gradients, weight_gradient_params
 from pipesim.model.layer_kernels import Gemm, MemoryBound, embedding_kernels, head_kernels, layer_kernels
 from pipesim.model.options import LayerOptions, vocab_shard
 from pipesim.model.param_counts import block_params, embedding_params, head_params
+from pipesim.parallel_dims import ParallelDims
 
 GPT = ModelConfig(kind="gpt", hidden=512, layers=4, heads=8, seq=256, vocab=1000, batch=8, dtype="float16")
 LLAMA = replace(GPT, kv_heads=4, ffn_hidden=1408, activation="swiglu", norm="rmsnorm", dropout=False, biases=False,
@@ -124,12 +126,14 @@ def test_float32_main_grads_double_the_gradient_bytes_everywhere_they_are_counte
 
     hw = load_hardware("dgx-a100")
     model = ModelConfig(kind="gpt", hidden=1024, layers=4, heads=16, seq=1024, batch=16, dtype="bfloat16")
-    mixed = model_costs(model, 2, 4, hw, dp=2, grad_fp32=False)
-    fp32 = model_costs(model, 2, 4, hw, dp=2, grad_fp32=True)
+    dp2 = Job(ParallelDims(dp=2))
+    mixed = model_costs(model, 2, 4, hw, replace(dp2, kernels=KernelSwitches(grad_fp32=False)))
+    fp32_job = replace(dp2, kernels=KernelSwitches(grad_fp32=True))
+    fp32 = model_costs(model, 2, 4, hw, fp32_job)
     assert (mixed.precision, fp32.precision) == ("mixed", "megatron")
     # Megatron's defaults: bfloat16 takes float32 main gradients by itself, float16 keeps 16-bit ones
-    assert model_costs(model, 2, 4, hw, dp=2).precision == "megatron"
-    assert model_costs(replace(model, dtype="float16"), 2, 4, hw, dp=2).precision == "mixed"
+    assert model_costs(model, 2, 4, hw, dp2).precision == "megatron"
+    assert model_costs(replace(model, dtype="float16"), 2, 4, hw, dp2).precision == "mixed"
     for a, b, params in zip(mixed.step.collectives, fp32.step.collectives, mixed.param_counts):
         assert [(c.kind, c.nbytes) for c in a] == [("all_reduce", 2 * params)]  # ZeRO 0: one all_reduce
         assert [(c.kind, c.nbytes) for c in b] == [("all_reduce", 4 * params)]
@@ -137,7 +141,7 @@ def test_float32_main_grads_double_the_gradient_bytes_everywhere_they_are_counte
                                  grad_bytes=4, fused=True)
     assert {k.c_bytes for k in layer.W if isinstance(k, Gemm)} == {8}  # the epilogue reads and writes float32 C
     assert fp32.table.stages[1].backward_weight > mixed.table.stages[1].backward_weight
-    assert model_costs(replace(model, dtype="float32"), 2, 4, hw, dp=2, grad_fp32=True).precision == "fp32"
+    assert model_costs(replace(model, dtype="float32"), 2, 4, hw, fp32_job).precision == "fp32"
 
 
 def test_the_flag_doubles_each_ranks_gradient_memory(tmp_path):

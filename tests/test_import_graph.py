@@ -1,8 +1,9 @@
 """The import graph of pipesim, executor and schedules: one way up, no cycles, the CLI on top.
 
 Every `import` and `from ... import` is read with ast, module-level and function-local alike
-(relative imports resolved); `from pkg import name` points at `pkg.name` when that is a module, else
-at `pkg`. An import of a module's own ancestor package is not an edge (Python initialises the
+(relative imports resolved; those under `if TYPE_CHECKING:` never run and are not edges);
+`from pkg import name` points at `pkg.name` when that is a module, else at `pkg`. An import of a
+module's own ancestor package is not an edge (Python initialises the
 package first; the schedules registry relies on it). Three rules:
 
 1. No cycles (each strongly connected component is printed with one cycle through it).
@@ -69,9 +70,16 @@ def _comments(source: str) -> dict[int, str]:
             if tok.type == tokenize.COMMENT}
 
 
+def _type_checking_only(node: ast.AST) -> bool:
+    """`if TYPE_CHECKING:`: its imports name types for annotations and never run."""
+    return isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+
+
 def _walk(node: ast.AST, in_function: bool = False):
-    """(import node, inside a function?) for every import under `node`."""
+    """(import node, inside a function?) for every import under `node` that runs (not under `if TYPE_CHECKING:`)."""
     for child in ast.iter_child_nodes(node):
+        if _type_checking_only(child):
+            continue
         if isinstance(child, (ast.Import, ast.ImportFrom)):
             yield child, in_function
         yield from _walk(child, in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
@@ -199,6 +207,7 @@ def test_checker_finds_cycles_cli_imports_and_light_local_imports(tmp_path):
         "pipesim/a.py": "from . import b\n",
         "pipesim/b.py": "def f():\n    from pipesim.a import x\n",  # cycle through a function-local import
         "pipesim/plotting.py": "import plotly\n",
+        "pipesim/typed.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import torch\n",  # never runs
         "pipesim/uses.py": ("def f():\n    import os\n    import torch.nn\n    from pipesim import plotting\n"
                             "    import json  # local import: measured, 2 s\n"),
         "pipesim/commands/__init__.py": "",

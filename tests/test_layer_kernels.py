@@ -10,12 +10,15 @@ from dataclasses import replace
 import pytest
 
 from pipesim.cli import main as pipesim_main
+from pipesim.comm.collective_algos import collective_seconds
+from pipesim.comm.tp_collective import TpCollective
 from pipesim.cost.kernel_costs import gpt_stage_seconds, layer_seconds, overlap_gemm, piece_seconds, profile_of
 from pipesim.cost.model_costs import model_costs
 from pipesim.device.gemm import gemm_time
 from pipesim.device.kernels import flash_attention_time, memory_bound_time
 from pipesim.hardware.toml_io import load_hardware
 from pipesim.ir.schedule import Action, Kind
+from pipesim.job import Job, KernelSwitches
 from pipesim.model.config import ModelConfig
 from pipesim.model.elementwise import layer_elementwise_bytes
 from pipesim.model.flops import head_flops, layer_flops
@@ -122,7 +125,7 @@ def test_piece_seconds_sum_the_device_models_kernel_by_kernel():
 def test_model_costs_on_a_family_preset_are_kernel_seconds_plus_the_action_overhead():
     hw = load_hardware("dgx-a100")
     assert hw.device.family == "A100"
-    costs = model_costs(GPT, 2, 4, hw, attention="flash")
+    costs = model_costs(GPT, 2, 4, hw, Job(attention="flash"))
     b = GPT.batch // 4
     opts = LayerOptions(attention="flash")
     last = gpt_stage_seconds(GPT, b, 2, opts, first=False, last=True, fused=True, family="A100",
@@ -133,7 +136,7 @@ def test_model_costs_on_a_family_preset_are_kernel_seconds_plus_the_action_overh
                                                              last.W + hw.per_action_overhead)
     # without a family: the roofline at compute_efficiency, as before
     plain = replace(hw, device=replace(hw.device, family=""))
-    roof = model_costs(GPT, 2, 4, plain, attention="flash").table.stages[1]
+    roof = model_costs(GPT, 2, 4, plain, Job(attention="flash")).table.stages[1]
     flops = layer_flops(GPT, b, opts) * 2 + head_flops(GPT, b, opts)
     assert roof.forward >= flops.F / (hw.device.flops["bfloat16"] * hw.device.compute_efficiency)
     assert roof.forward != stage.forward
@@ -142,14 +145,15 @@ def test_model_costs_on_a_family_preset_are_kernel_seconds_plus_the_action_overh
 def test_fused_backward_collectives_carry_the_seconds_of_the_gemm_they_hide_behind():
     hw = load_hardware("dgx-h100")
     for sp in (False, True):
-        costs = model_costs(GPT, 2, 4, hw, tp=2, sp=sp, attention="flash")
+        job = Job(ParallelDims(tp=2), sp=sp, attention="flash")
+        costs = model_costs(GPT, 2, 4, hw, job)
         b, opts = GPT.batch // 4, LayerOptions(tp=2, sp=sp, attention="flash")
         layer = dict(layer_seconds(GPT, b, opts, True, "H100", grad_bytes=4).gemms)  # float32 main grads
         fused = costs.tp_collectives[(1, "B")]
         split = costs.tp_collectives[(1, "I")]
-        assert all(len(c) == 2 for c in split)  # a split I's wgrad runs later, in W: nothing to hide behind
-        assert [c[:2] for c in fused] == list(split)
-        hidden = [c[2].seconds for c in fused if len(c) == 3]  # a HidingGemm (pipesim.comm.overlap_interference)
+        assert all(c.beside is None for c in split)  # a split I's wgrad runs later, in W: nothing to hide behind
+        assert [c._replace(beside=None) for c in fused] == list(split)
+        hidden = [c.beside.seconds for c in fused if c.beside is not None]  # pipesim.comm.overlap_interference
         per_layer = ([layer["QKV dgrad"], layer["QKV wgrad"]] if sp else [layer["QKV wgrad"]])
         mlp = [layer["FC1 dgrad"], layer["FC1 wgrad"]] if sp else [layer["FC1 wgrad"]]
         head = dict(gpt_stage_seconds(GPT, b, 0, opts, first=False, last=True, fused=True, family="H100",
@@ -157,7 +161,7 @@ def test_fused_backward_collectives_carry_the_seconds_of_the_gemm_they_hide_behi
         tail = [head["LM head dgrad"], head["LM head wgrad"]] if sp else [head["LM head wgrad"]]
         assert hidden == (mlp + per_layer) * 2 + tail
         assert costs.tp_collectives[(0, "W")] == costs.tp_collectives[(0, "B")]
-        off = model_costs(GPT, 2, 4, hw, tp=2, sp=sp, attention="flash", tp_comm_overlap=False)
+        off = model_costs(GPT, 2, 4, hw, replace(job, kernels=KernelSwitches(tp_comm_overlap=False)))
         assert off.tp_collectives[(1, "B")] == split
 
 
@@ -168,15 +172,12 @@ def test_overlap_gemm_names():
     assert overlap_gemm("") is None and overlap_gemm("attention of the block held") is None
 
 
-def test_a_triple_exposes_only_what_its_gemm_does_not_cover():
+def test_a_blocking_collective_is_exposed_whole():
     hw = load_hardware("dgx-h100")
     par = ParallelDims(pp=1, tp=2)
     action = Action(0, Kind.B, 0)
-    whole = _tp_time(0, action, hw, True, par, {(0, "B"): (("all_reduce", 2**24),)})
-    assert whole > 0
-    assert _tp_time(0, action, hw, True, par, {(0, "B"): (("all_reduce", 2**24, whole / 4),)}) == \
-        pytest.approx(whole * 3 / 4, rel=1e-12)
-    assert _tp_time(0, action, hw, True, par, {(0, "B"): (("all_reduce", 2**24, 2 * whole),)}) == 0.0
+    whole = _tp_time(0, action, hw, True, par, {(0, "B"): (TpCollective("all_reduce", 2**24),)})
+    assert whole == collective_seconds(hw, "all_reduce", [0, 1], 2**24) > 0
 
 
 def _makespan(tmp_path, *flags):

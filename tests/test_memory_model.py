@@ -12,6 +12,7 @@ from pipesim.cost.rank_memory import rank_memory as rank_memory_of
 from pipesim.cost.table import CostTable, StageCosts
 from pipesim.errors import PipesimError
 from pipesim.ir.schedule import Kind
+from pipesim.job import Job
 from pipesim.model.activations import embedding_activation_bytes, layer_activation_bytes, recompute_working_bytes
 from pipesim.model.config import ModelConfig
 from pipesim.model.hf_config import load_hf_config
@@ -31,6 +32,7 @@ from pipesim.model.memory import (
 )
 from pipesim.model.options import LayerOptions
 from pipesim.model.param_counts import block_params, embedding_params, stage_params
+from pipesim.parallel_dims import ParallelDims
 from pipesim.sim.simulator import simulate
 
 GiB = 2**30
@@ -122,8 +124,8 @@ def test_rank_memory_uses_the_step_state_of_the_ranks_chunks(zero):
     """Interleaved, 2 ranks x 2 chunks of 1000 parameters each (fp32 costs: 4 + 4 + 8 bytes), dp 4."""
     sched = schedules.build("interleaved-1f1b", 2, 4, 2)
     stage = StageCosts(1.0, 1.0, 1.0, activation_bytes=10)
-    costs = ParallelCosts(CostTable((stage,) * 4), tp=1, dp=4, tp_collectives={}, dp_grad_bytes=(0,) * 4,
-                          layers_per_stage=(1,) * 4, param_counts=(1000,) * 4, zero=zero)
+    costs = ParallelCosts(CostTable((stage,) * 4), Job(ParallelDims(dp=4), zero=zero), tp_collectives={},
+                          dp_grad_bytes=(0,) * 4, layers_per_stage=(1,) * 4, param_counts=(1000,) * 4)
     mem = rank_memory_of(sched, costs)[0]
     owned = 2000 // 4 if zero else 2000
     assert (mem.parameters, mem.gradients, mem.optimizer_states) == (
@@ -244,7 +246,7 @@ def test_llama3_405b_first_rank_on_16k_h100s():
 
 def _recompute_costs(stages: int, act: int, redo: int) -> ParallelCosts:
     stage = StageCosts(1.0, 1.0, 1.0, activation_bytes=act, recompute_bytes=redo)
-    return ParallelCosts(CostTable((stage,) * stages), tp=1, dp=1, tp_collectives={}, dp_grad_bytes=(0,) * stages,
+    return ParallelCosts(CostTable((stage,) * stages), Job(), tp_collectives={}, dp_grad_bytes=(0,) * stages,
                          layers_per_stage=(1,) * stages)
 
 

@@ -11,6 +11,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 import schedules
+from pipesim.comm.tp_collective import TpCollective
 from pipesim.cost.model_costs import model_costs, uniform_costs
 from pipesim.cost.rank_memory import check_memory
 from pipesim.cost.stage_work import gpt_block_activation_bytes, gpt_block_flops, gpt_stage_work, mlp_stage_work
@@ -18,7 +19,9 @@ from pipesim.cost.table import parse_cost_spec
 from pipesim.errors import PipesimError
 from pipesim.hardware.toml_io import load_hardware
 from pipesim.ir.schedule import Action, Kind
+from pipesim.job import Job
 from pipesim.model.config import ModelConfig
+from pipesim.parallel_dims import ParallelDims
 
 
 def _count(fn) -> int:
@@ -124,7 +127,7 @@ def test_mlp_stage_costs_by_roofline():
     assert costs.table.stages[0].boundary_bytes == 64 * 4096 * 4 and costs.table.stages[1].boundary_bytes == 0
     assert costs.table.duration(Action(1, Kind.B, 3)) == 2 * (4 * mm / peak + 5e-6)
     assert costs.table.duration(Action(0, Kind.B, 3)) == first.backward_weight
-    assert (costs.tp, costs.dp, costs.tp_collectives, costs.dp_grad_bytes) == (1, 1, {}, (0, 0))
+    assert (costs.job.tp, costs.job.dp, costs.tp_collectives, costs.dp_grad_bytes) == (1, 1, {}, (0, 0))
     assert costs.layers_per_stage == (4, 4)
 
 
@@ -172,26 +175,26 @@ def test_tensor_and_data_parallel():
     hw = load_hardware("2x-dgx-h100")
     model = ModelConfig(kind="gpt", hidden=512, layers=4, heads=8, seq=64, vocab=1000, batch=32, dtype="bfloat16")
     one = model_costs(model, 2, 4, hw)
-    two = model_costs(model, 2, 4, hw, tp=2, dp=2)  # microbatch 4 instead of 8
+    two = model_costs(model, 2, 4, hw, Job(ParallelDims(tp=2, dp=2)))  # microbatch 4 instead of 8
     b = 32 // (2 * 4)
     f, _, _ = gpt_block_flops(model, b)
     assert two.table.stages[0].flops_forward == 2 * f / 2  # 2 blocks, halved by tp; embedding has no FLOPs
     act = b * 64 * 512 * 2  # bytes of one (b, s, h) bf16 tensor
-    ar = ("all_reduce", act)
+    ar = TpCollective("all_reduce", act)  # blocking
     assert two.tp_collectives[(0, "F")] == (ar,) * 5  # embedding + 2 per block
     assert two.tp_collectives[(0, "W")] == two.tp_collectives[(0, "B")]  # stage 0's W: the backward
-    # a fused backward's all_reduces run under the QKV / FC1 weight-gradient GEMMs: (kind, bytes, GEMM seconds)
-    assert tuple(c[:2] for c in two.tp_collectives[(0, "B")]) == (ar,) * 4
-    assert all(len(c) == 3 and c[2].seconds > 0 for c in two.tp_collectives[(0, "B")])
+    # a fused backward's all_reduces run under the QKV / FC1 weight-gradient GEMMs (beside: the GEMM's seconds)
+    assert tuple(c._replace(beside=None) for c in two.tp_collectives[(0, "B")]) == (ar,) * 4
+    assert all(c.beside is not None and c.beside.seconds > 0 for c in two.tp_collectives[(0, "B")])
     assert (0, "I") not in two.tp_collectives
     assert two.tp_collectives[(1, "F")] == (ar,) * 4
     assert two.tp_collectives[(1, "I")] == (ar,) * 5  # + the LM head's input gradient
     assert two.dp_grad_bytes == tuple(s.param_bytes for s in two.table.stages)
     assert one.tp_collectives == {} and one.dp_grad_bytes == (0, 0)
     with pytest.raises(PipesimError, match=r"--heads 8 is not divisible by tp\(3\)"):
-        model_costs(ModelConfig(kind="gpt", hidden=24, heads=8, layers=2, batch=4), 2, 2, hw, tp=3)
+        model_costs(ModelConfig(kind="gpt", hidden=24, heads=8, layers=2, batch=4), 2, 2, hw, Job(ParallelDims(tp=3)))
     with pytest.raises(PipesimError, match=r"--batch 32 does not split into dp\(3\) x 4 microbatches"):
-        model_costs(model, 2, 4, hw, dp=3)
+        model_costs(model, 2, 4, hw, Job(ParallelDims(dp=3)))
 
 
 def test_uniform_costs():
@@ -199,7 +202,7 @@ def test_uniform_costs():
     assert [costs.table.duration(Action(s, Kind.B, 0)) for s in range(3)] == [2.0, 2.0, 2.0]
     assert costs.table.duration(Action(1, Kind.W, 0)) == 1.0
     assert costs.table.transfer_bytes(Action(0, Kind.SEND_F, 0)) == 10
-    assert (costs.tp, costs.dp, costs.dp_grad_bytes, costs.tp_collectives) == (1, 1, (0, 0, 0), {})
+    assert (costs.job, costs.dp_grad_bytes, costs.tp_collectives) == (Job(), (0, 0, 0), {})
 
 
 def test_memory_check_names_the_numbers():

@@ -9,6 +9,7 @@ import pytest
 
 from pipesim.comm.collective_algos import collective_time
 from pipesim.comm.overlap_interference import HidingGemm, channels_used, exposed_beside
+from pipesim.comm.tp_collective import TpCollective
 from pipesim.cost.kernel_costs import layer_seconds
 from pipesim.cost.model_costs import model_costs
 from pipesim.device.gemm import gemm_time
@@ -16,6 +17,7 @@ from pipesim.device.profile import DeviceProfile, device_profile
 from pipesim.errors import PipesimError
 from pipesim.hardware.toml_io import load_hardware
 from pipesim.ir.schedule import Action, Kind
+from pipesim.job import Job
 from pipesim.model.config import ModelConfig
 from pipesim.model.layer_kernels import Gemm
 from pipesim.model.options import LayerOptions
@@ -83,23 +85,22 @@ def test_a_triple_with_a_hiding_gemm_pays_for_the_sms_nccls_channels_hold():
     for nbytes in (2**22, 2**24):  # LL128 73.8 us (between G and G'), LL128 173.6 us (past G')
         c = collective_time("all_reduce", nbytes, list(range(8)), hw).seconds
         by_hand = c - g if c >= g_beside else c * (1 - 2 / 3)
-        shared = _tp_time(0, action, hw, True, par, {(0, "B"): (("all_reduce", nbytes, hiding),)})
+        shared = _tp_time(0, action, hw, True, par, {(0, "B"): (TpCollective("all_reduce", nbytes, hiding),)})
         assert shared == pytest.approx(by_hand, rel=1e-12)
-        free = _tp_time(0, action, hw, True, par, {(0, "B"): (("all_reduce", nbytes, g),)})
-        assert free == max(0.0, c - g)
+        free = max(0.0, c - g)  # what a GEMM that kept all its SMs would leave exposed
         assert shared > free if c < g_beside else shared == free  # past G' the slowed GEMM still ends under C
     c = collective_time("all_reduce", 2**22, list(range(8)), hw).seconds
     assert g < c < g_beside  # the first size is the partial case: C / 3 exposed, not C - G
     no_channels = replace(hiding, profile=toy(nccl_channels=0))
-    assert _tp_time(0, action, hw, True, par, {(0, "B"): (("all_reduce", 2**22, no_channels),)}) == c - g
+    assert _tp_time(0, action, hw, True, par, {(0, "B"): (TpCollective("all_reduce", 2**22, no_channels),)}) == c - g
 
 
 def test_model_costs_emits_the_gemm_a_collective_hides_behind_with_its_shape_and_profile():
     model = ModelConfig(kind="gpt", hidden=6144, layers=1, heads=64, seq=2048, vocab=51200, batch=4,
                         dtype="float16")
     hw = load_hardware("dgx-a100")
-    costs = model_costs(model, 3, 1, hw, tp=8, layer_split=[0, 1, 0])
-    hidden = [c[2] for c in costs.tp_collectives[(1, "B")] if len(c) == 3]
+    costs = model_costs(model, 3, 1, hw, Job(ParallelDims(tp=8)), layer_split=[0, 1, 0])
+    hidden = [c.beside for c in costs.tp_collectives[(1, "B")] if c.beside is not None]
     layer = dict(layer_seconds(model, 4, LayerOptions(tp=8), True, "A100").gemms)
     assert [h.name for h in hidden] == ["FC1 wgrad", "QKV wgrad"]
     assert [h.seconds for h in hidden] == [layer["FC1 wgrad"], layer["QKV wgrad"]]

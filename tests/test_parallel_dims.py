@@ -17,10 +17,12 @@ import pytest
 import schedules
 from executor.mesh import Mesh
 from pipesim.comm.collective_algos import collective_seconds
+from pipesim.comm.tp_collective import TpCollective
 from pipesim.cost.model_costs import ParallelCosts, model_costs
 from pipesim.cost.table import CostTable
 from pipesim.errors import PipesimError
 from pipesim.hardware.toml_io import load_hardware
+from pipesim.job import Job
 from pipesim.model.config import ModelConfig
 from pipesim.parallel_dims import AXES, Coords, ParallelDims
 from pipesim.sim.simulator import simulate
@@ -138,9 +140,11 @@ def _hardware(world: int, per_node: int):
 
 
 def _costs(dp: int, pp: int, tp: int) -> ParallelCosts:
-    tp_colls = {(s, kind): (("all_reduce", NBYTES),) * n for s in range(pp) for kind, n in (("F", 1), ("B", 2))}
-    return ParallelCosts(CostTable.uniform(pp, 1e-3, 1e-3, 1e-3, boundary_bytes=NBYTES), tp=tp, dp=dp,
-                         tp_collectives=tp_colls, dp_grad_bytes=tuple(2**24 + s for s in range(pp)),
+    tp_colls = {(s, kind): (TpCollective("all_reduce", NBYTES),) * n for s in range(pp)
+                for kind, n in (("F", 1), ("B", 2))}
+    return ParallelCosts(CostTable.uniform(pp, 1e-3, 1e-3, 1e-3, boundary_bytes=NBYTES),
+                         Job(ParallelDims(dp=dp, tp=tp)), tp_collectives=tp_colls,
+                         dp_grad_bytes=tuple(2**24 + s for s in range(pp)),
                          layers_per_stage=(1,) * pp)
 
 
@@ -169,7 +173,7 @@ def test_simulator_places_each_coordinate_where_the_executor_runs_it(dp, pp, tp)
         for p, prog in enumerate(result.schedule.programs):
             for i, a in enumerate(prog):
                 colls = costs.tp_collectives.get((a.stage, a.kind.value), ()) if tp > 1 else ()
-                want = sum(collective_seconds(hw, kind, pipeline[p].members("tp"), n) for kind, n in colls)
+                want = sum(collective_seconds(hw, c.kind, pipeline[p].members("tp"), c.nbytes) for c in colls)
                 assert result.tp_time[p][i] == want, (where, a)
         # each DP all-reduce: over the executor's DP group of that rank
         assert len(result.collectives) == (pp if dp > 1 else 0), where
@@ -200,7 +204,8 @@ def test_issue_example_pipeline_crosses_nodes_and_dp_stays_inside():
     InfiniBand (boundary 3 -> 4, 16 microbatches each way), which is what the executor's ranks do too."""
     hw = load_hardware("2x-dgx-h100")
     dims = ParallelDims(pp=8, dp=2)
-    result = simulate(schedules.build("1f1b", 8, 16), model_costs(ModelConfig(kind="gpt"), 8, 16, hw, dp=2), hw)
+    costs = model_costs(ModelConfig(kind="gpt"), 8, 16, hw, Job(ParallelDims(dp=2)))
+    result = simulate(schedules.build("1f1b", 8, 16), costs, hw)
     assert result.devices == [0, 2, 4, 6, 8, 10, 12, 14]
     crossing = [t for t in result.transfers if t.link == "infiniband"]
     assert len(crossing) == 32 and {(t.src, t.dst) for t in crossing} == {(3, 4), (4, 3)}

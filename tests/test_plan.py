@@ -20,6 +20,7 @@ from pipesim.cli import build_parser, main
 from pipesim.comm.comm_options import CommOptions
 from pipesim.cost.model_costs import precision_of
 from pipesim.hardware.toml_io import load_hardware
+from pipesim.job import Job
 from pipesim.model.config import ModelConfig
 from pipesim.model.flops import model_flops
 from pipesim.plan.estimate import estimate, optimizer_tail
@@ -56,15 +57,15 @@ def test_space_divides_model_batch_and_cluster():
     cands = enumerate_candidates(big_request())
     assert cands
     for c in cands:
-        assert c.t * c.p * c.d == 8 and 8 % c.t == 0
-        assert BIG.heads % c.t == 0 and c.p * c.v <= BIG.layers  # uneven splits by default
-        assert BIG.batch == c.d * c.mbs * c.m
-        assert c.d > 1 or c.zero == 0
+        assert c.tp * c.p * c.dp == 8 and 8 % c.tp == 0
+        assert BIG.heads % c.tp == 0 and c.p * c.v <= BIG.layers  # uneven splits by default
+        assert BIG.batch == c.dp * c.mbs * c.m
+        assert c.dp > 1 or c.zero == 0
         assert c.p > 1 or c.schedule == "1f1b"
         assert (c.v > 1) == (c.schedule == "interleaved-1f1b")
-    assert {(c.t, c.p, c.d) for c in cands} == {(t, p, 8 // (t * p)) for t in (1, 2, 4, 8) for p in (1, 2, 4, 8)
+    assert {(c.tp, c.p, c.dp) for c in cands} == {(t, p, 8 // (t * p)) for t in (1, 2, 4, 8) for p in (1, 2, 4, 8)
                                                 if 8 % (t * p) == 0}
-    assert {c.sp for c in cands if c.t > 1} == {True} and not any(c.sp for c in cands if c.t == 1)
+    assert {c.sp for c in cands if c.tp > 1} == {True} and not any(c.sp for c in cands if c.tp == 1)
     even = enumerate_candidates(PlanRequest(BIG, load_hardware("dgx-h100"), 8, SCHEDULES, uneven=False))
     assert even and all(BIG.layers % (c.p * c.v) == 0 for c in even)
     assert set(even) < set(enumerate_candidates(PlanRequest(BIG, load_hardware("dgx-h100"), 8, SCHEDULES)))
@@ -117,7 +118,7 @@ def test_rows_ranked_by_simulated_step_time_and_cap_keeps_estimate_order():
 def _estimate(ev, c):
     """The search's ordering key for `c` (estimate with the optimizer tail)."""
     req = ev.req
-    tail = optimizer_tail(c, ev.bounds.params(c.p * c.v, c.t), precision_of(req.model), req.hardware,
+    tail = optimizer_tail(c, ev.bounds.params(c.p * c.v, c.tp), precision_of(req.model), req.hardware,
                           loss_scaling=req.model.dtype == "float16")
     return estimate(c, ev.chunk_seconds(c), tail)
 
@@ -203,19 +204,19 @@ def test_torchtitan_and_megatron_exports():
     best = plan(req, progress=False).best.candidate
     toml = tomllib.loads(torchtitan_toml(best, req))
     par = toml["parallelism"]
-    assert par["pipeline_parallel_degree"] == best.p and par["tensor_parallel_degree"] == best.t
-    assert par["data_parallel_shard_degree"] * par["data_parallel_replicate_degree"] == best.d
+    assert par["pipeline_parallel_degree"] == best.p and par["tensor_parallel_degree"] == best.tp
+    assert par["data_parallel_shard_degree"] * par["data_parallel_replicate_degree"] == best.dp
     assert par["pipeline_parallel_microbatch_size"] == best.mbs
     assert "pipeline_parallel_schedule" in par or "pipeline_parallel_schedule_csv" in par
-    assert toml["training"] == {"local_batch_size": 16 // best.d, "global_batch_size": 16, "seq_len": 2048}
+    assert toml["training"] == {"local_batch_size": 16 // best.dp, "global_batch_size": 16, "seq_len": 2048}
     assert toml["activation_checkpoint"]["mode"] == best.recompute
     args = megatron_args(best, req)
     flag = {a: b for a, b in zip(args, args[1:], strict=False) if a.startswith("--")}
-    assert flag["--tensor-model-parallel-size"] == str(best.t)
+    assert flag["--tensor-model-parallel-size"] == str(best.tp)
     assert flag["--pipeline-model-parallel-size"] == str(best.p)
     assert flag["--micro-batch-size"] == str(best.mbs) and flag["--global-batch-size"] == "16"
     assert ("--use-distributed-optimizer" in args) == (best.zero == 1)
-    assert ("--sequence-parallel" in args) == best.sp == (best.t > 1)
+    assert ("--sequence-parallel" in args) == best.sp == (best.tp > 1)
     if best.v > 1:
         assert flag["--num-layers-per-virtual-pipeline-stage"] == str(16 // (best.p * best.v))
 
@@ -226,7 +227,8 @@ def test_interleaved_exports_layers_per_virtual_stage():
     args = megatron_args(c, req)
     assert args[args.index("--num-layers-per-virtual-pipeline-stage") + 1] == "4"
     assert "--overlap-grad-reduce" not in args
-    bucketed = megatron_args(c, replace(req, comm=CommOptions(overlap_grad_reduce=True, ddp_bucket_size=10**6)))
+    bucketed_comm = CommOptions(overlap_grad_reduce=True, ddp_bucket_size=10**6)
+    bucketed = megatron_args(c, replace(req, job=Job(comm=bucketed_comm)))
     i = bucketed.index("--overlap-grad-reduce")  # Megatron-LM's names; its bucket size counts parameters too
     assert bucketed[i + 1:i + 3] == ["--ddp-bucket-size", "1000000"] and bucketed[:i] == args[:i]
     toml = tomllib.loads(torchtitan_toml(c, req))
@@ -242,7 +244,7 @@ def test_megatron_pipeline_sends_match_what_the_plan_timed():
     inter = next(c for c in cands if c.v == 2 and c.p == 2)
     plain = next(c for c in cands if c.v == 1 and c.p == 2)
     single = next(c for c in cands if c.p == 1)
-    held = replace(req, comm=CommOptions(blocking_p2p=True))
+    held = replace(req, job=Job(comm=CommOptions(blocking_p2p=True)))
     assert "--overlap-p2p-communication" in megatron_args(inter, req)
     assert "--overlap-p2p-communication" not in megatron_args(inter, held)
     note = [a for a in megatron_args(plain, req) if a.startswith("# pipesim timed the pipeline sends")]
@@ -334,15 +336,15 @@ def test_space_respects_context_parallel_rules():
     # cp 8 and 16: 24 tokens not divisible by 2 cp; cp 3 divides no GPU count left by t
     assert {c.cp for c in cands} == {1, 2, 4}
     for c in cands:
-        assert c.t * c.cp * c.p * c.d == 16 and 8 % c.t == 0 and model.seq % (2 * c.cp) == 0
-    assert any(c.t * c.cp > 8 for c in cands)  # tp stays in a node; tp x cp may cross nodes
+        assert c.tp * c.cp * c.p * c.dp == 16 and 8 % c.tp == 0 and model.seq % (2 * c.cp) == 0
+    assert any(c.tp * c.cp > 8 for c in cands)  # tp stays in a node; tp x cp may cross nodes
     assert {(t, cp, p, d) for t, cp, p, d in layouts(req)} >= {(8, 2, 1, 1), (1, 4, 2, 2)}
     assert [c for c in cands if c.cp == 1] == enumerate_candidates(PlanRequest(model, hw, 16, SCHEDULES, None,
                                                                                ("none",), (0,)))
-    eager = PlanRequest(model, hw, 16, SCHEDULES, None, ("none",), (0,), attention="eager", cps=(1, 2))
+    eager = PlanRequest(model, hw, 16, SCHEDULES, None, ("none",), (0,), Job(attention="eager"), cps=(1, 2))
     assert {c.cp for c in enumerate_candidates(eager)} == {1}
     with pytest.raises(NoLayout, match=r"--cp 2 needs --attention flash"):
-        enumerate_candidates(PlanRequest(model, hw, 16, SCHEDULES, attention="eager", cps=(2,)))
+        enumerate_candidates(PlanRequest(model, hw, 16, SCHEDULES, job=Job(attention="eager"), cps=(2,)))
     with pytest.raises(NoLayout, match=r"--seq 24 is not divisible by 2 x cp\(8\)"):
         enumerate_candidates(PlanRequest(model, hw, 16, SCHEDULES, cps=(8,)))
     with pytest.raises(NoLayout, match="--cp 3 divides none of the 16 GPUs"):

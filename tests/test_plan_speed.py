@@ -21,7 +21,9 @@ from pipesim.hardware.toml_io import load_hardware
 from pipesim.ir import torch_csv
 from pipesim.ir.deps import releases_activations
 from pipesim.ir.schedule import Kind
+from pipesim.job import Job
 from pipesim.model.config import ModelConfig
+from pipesim.parallel_dims import ParallelDims
 from pipesim.plan.evaluate import Evaluator
 from pipesim.plan.memory_bound import first_rank_inflight, rank_chunks
 from pipesim.plan.search import plan
@@ -94,8 +96,8 @@ def test_chunk_seconds_follow_model_costs_per_stage(t, mbs, recompute, sp):
     for p, v in ((1, 1), (2, 1), (4, 2), (5, 1), (3, 3)):  # even and uneven cuts
         c = Candidate("1f1b" if v == 1 else "interleaved-1f1b", p, v, t, 8 // (t * p) or 1, mbs,
                       SMALL.batch // mbs, recompute, 0, sp)
-        costs = model_costs(SMALL, p * v, SMALL.batch // mbs, req.hardware, tp=t, sp=sp, recompute=recompute,
-                            attention=ev.attention)
+        job = Job(ParallelDims(tp=t), recompute=recompute, sp=sp, attention=ev.attention)
+        costs = model_costs(SMALL, p * v, SMALL.batch // mbs, req.hardware, job)
         direct = [s.forward + s.backward_input + s.backward_weight for s in costs.table.stages]
         assert ev.chunk_seconds(c) == pytest.approx(direct, rel=1e-9)  # affine in the layers
 

@@ -20,9 +20,12 @@ from executor.launch import torchrun_command
 from executor.progress_bar import Progress
 from executor.run_config import RunConfig, configs_from_json, configs_to_json
 from pipesim.cli import main
+from pipesim.comm.comm_options import CommOptions
 from pipesim.commands.run_args import add_run_args, config_from_args, configs_from_args
 from pipesim.errors import PipesimError
+from pipesim.job import Job, KernelSwitches
 from pipesim.model.config import ModelConfig
+from pipesim.parallel_dims import ParallelDims
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -66,9 +69,12 @@ def test_launch_command_carries_the_config_as_one_json_argument():
     args = _parser().parse_args(["zb-h1", "--microbatches", "8", "--dp", "2", "--model", "gpt", "--layers", "6",
                                  "--layer-split", "4,2", "--steps", "5", "--lr", "0.1", "--json", "r.json"])
     cfg = config_from_args(args)
-    assert cfg == RunConfig(names=("zb-h1",), microbatches=8, dp=2, model=ModelConfig(kind="gpt", layers=6),
-                            layer_split=(4, 2), steps=5, lr=0.1, json="r.json")
-    assert config_from_args(_parser().parse_args(["1f1b", "--recompute", "full"])).recompute == "full"
+    assert cfg == RunConfig(names=("zb-h1",), microbatches=8, job=Job(dims=ParallelDims(dp=2)),
+                            model=ModelConfig(kind="gpt", layers=6), layer_split=(4, 2), steps=5, lr=0.1,
+                            json="r.json")
+    assert config_from_args(_parser().parse_args(["1f1b", "--recompute", "full"])).job.recompute == "full"
+    built = config_from_args(_parser().parse_args(["1f1b", "--stages", "2", "--tp", "2", "--sequence-parallel"]))
+    assert built.job == Job(dims=ParallelDims(pp=2, tp=2), sp=True) and built.stages == 2
     cmd = torchrun_command(cfg, 4)
     assert cmd[:10] == [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4", "-m",
                         "executor", "--config", cmd[9]] and len(cmd) == 10
@@ -76,6 +82,45 @@ def test_launch_command_carries_the_config_as_one_json_argument():
     sent = json.loads(cmd[9])[0]
     assert list(sent) == [f.name for f in fields(RunConfig)]  # every field once, by its dataclass name
     assert list(sent["model"]) == [f.name for f in fields(ModelConfig)] and sent["layer_split"] == [4, 2]
+    assert sent["job"]["dims"] == {"pp": 1, "dp": 2, "tp": 1, "cp": 1}
+
+
+def test_the_job_crosses_to_the_workers_exactly():
+    """Every Job field, nested ParallelDims, CommOptions and KernelSwitches included, round-trips through the JSON
+    the workers read (to_dict/from_dict), to an equal (and equally hashed) Job."""
+    job = Job(dims=ParallelDims(pp=2, dp=3, tp=2, cp=2), recompute="selective", sp=True, attention="flash", zero=3,
+              comm=CommOptions(scatter_gather=True, overlap_grad_reduce=True, ddp_bucket_size=123, blocking_p2p=True),
+              kernels=KernelSwitches(fusion=False, tp_comm_overlap=False, grad_accum_fusion=False, grad_fp32=False))
+    cfg = RunConfig(names=("1f1b",), stages=2, job=job, model=ModelConfig(kind="gpt", dtype="bfloat16"))
+    back = configs_from_json(configs_to_json([cfg, RunConfig(names=("gpipe",))]))
+    assert back == [cfg, RunConfig(names=("gpipe",))] and back[0].job == job and hash(back[0].job) == hash(job)
+    assert isinstance(back[0].job.dims, ParallelDims) and isinstance(back[0].job.kernels, KernelSwitches)
+    with pytest.raises(PipesimError, match=r"^unknown run configuration job dims field\(s\): ep$"):
+        configs_from_json('{"job": {"dims": {"ep": 2}}}')
+    with pytest.raises(PipesimError, match=r"^the job's pp\(4\) is not stages\(2\): give the pipeline ranks as "):
+        RunConfig(stages=2, job=Job(dims=ParallelDims(pp=4)))
+
+
+@pytest.mark.parametrize(("job", "flags"), [
+    (Job(zero=1), "--zero 1"),
+    (Job(dims=ParallelDims(cp=2)), "--cp 2"),
+    (Job(attention="flash"), "--attention flash"),
+    (Job(attention="eager"), "--attention eager"),
+    (Job(comm=CommOptions(scatter_gather=True)), "--scatter-gather"),
+    (Job(comm=CommOptions(overlap_grad_reduce=True, ddp_bucket_size=8)), "--overlap-grad-reduce --ddp-bucket-size 8"),
+    (Job(comm=CommOptions(blocking_p2p=True)), "--blocking-p2p"),
+    (Job(kernels=KernelSwitches(fusion=False)), "--no-kernel-fusion"),
+    (Job(kernels=KernelSwitches(grad_fp32=True)), "--accumulate-allreduce-grads-in-fp32"),
+    (Job(recompute="full", sp=True, zero=2, kernels=KernelSwitches(tp_comm_overlap=False)),
+     "--zero 2 --no-async-tensor-model-parallel-allreduce"),
+])
+def test_job_options_the_executor_cannot_run_are_refused_by_flag(job, flags):
+    cfg = RunConfig(names=("1f1b",), microbatches=4, job=job, model=ModelConfig(batch=8))
+    with pytest.raises(PipesimError, match="^the executor does not implement ") as err:
+        cfg.check(2)
+    assert f"does not implement {flags}: it trains with plain DDP" in str(err.value) and "\n" not in str(err.value)
+    RunConfig(names=("1f1b",), microbatches=4, job=Job(recompute="full", sp=True, dims=ParallelDims(tp=2)),
+              model=ModelConfig(batch=8, layers=4)).check(4)  # what it does run
 
 
 def test_multi_node_launch_uses_the_c10d_rendezvous():
@@ -99,7 +144,7 @@ def test_print_config_writes_what_the_worker_reads(capsys):
     assert main(["run", "1f1b", "--nproc", "4", "--nnodes", "2", "--rdzv-endpoint", "h:1", "--dp", "2",
                  "--print-config", "--then", "gpipe", "--tp", "2", "--model", "gpt"]) == 0
     cfgs = configs_from_json(capsys.readouterr().out)
-    assert [(c.names, c.dp, c.tp, c.model.kind, c.pp_size(8)) for c in cfgs] == [
+    assert [(c.names, c.job.dp, c.job.tp, c.model.kind, c.job_for(8).pp) for c in cfgs] == [
         (("1f1b",), 2, 1, "mlp", 4), (("gpipe",), 1, 2, "gpt", 4)]
     assert main(["run", "1f1b", "--nproc", "2", "--nnodes", "2"]) == 2
     assert "--nnodes 2 needs --rdzv-endpoint HOST:PORT" in capsys.readouterr().err
@@ -110,7 +155,7 @@ def test_then_chains_configurations_into_one_launch():
     args = parser.parse_args(["1f1b", "--dp", "2", "--pg-timeout", "7", "--then", "gpipe", "--tp", "2", "--model",
                               "gpt", "--then", "zb-h1", "--steps", "5"])
     cfgs = configs_from_args(args)
-    assert [(c.names, c.dp, c.tp, c.model.kind, c.steps, c.pg_timeout) for c in cfgs] == [
+    assert [(c.names, c.job.dp, c.job.tp, c.model.kind, c.steps, c.pg_timeout) for c in cfgs] == [
         (("1f1b",), 2, 1, "mlp", 3, 7.0), (("gpipe",), 1, 2, "gpt", 3, 7.0), (("zb-h1",), 1, 1, "mlp", 5, 7.0)]
     assert configs_from_json(torchrun_command(cfgs, 4)[-1]) == cfgs == configs_from_json(configs_to_json(cfgs))
 

@@ -31,10 +31,12 @@ from pipesim.device.kernels import memory_bound_time
 from pipesim.errors import PipesimError
 from pipesim.hardware.machine import DeviceSpec, Hardware, LinkClass
 from pipesim.hardware.toml_io import load_hardware
+from pipesim.job import Job
 from pipesim.model.config import ModelConfig
 from pipesim.model.memory import PRECISIONS, optimizer_step_bytes
 from pipesim.model.optimizer_step import optimizer_passes, pass_bytes
 from pipesim.model.options import LayerOptions
+from pipesim.parallel_dims import ParallelDims
 from pipesim.sim.simulator import simulate
 
 GB = 2**30  # bytes
@@ -47,8 +49,8 @@ def toy(devices: int = 4) -> Hardware:
 
 def costs(stages: int, f: float, b: float, *, dp: int = 1, step: StepCosts | None = None, cp: int = 1,
           cp_exchanges: dict | None = None) -> ParallelCosts:
-    return ParallelCosts(CostTable.uniform(stages, f, b / 2, b / 2), tp=1, dp=dp, tp_collectives={},
-                         dp_grad_bytes=(0,) * stages, layers_per_stage=(0,) * stages, step=step, cp=cp,
+    return ParallelCosts(CostTable.uniform(stages, f, b / 2, b / 2), Job(ParallelDims(dp=dp, cp=cp)),
+                         tp_collectives={}, dp_grad_bytes=(0,) * stages, layers_per_stage=(0,) * stages, step=step,
                          cp_exchanges=cp_exchanges or {})
 
 
@@ -87,7 +89,7 @@ def test_optimizer_is_its_bytes_at_hbm_bandwidth_on_the_owned_shard():
     assert optimizer_seconds(2**20, dp=4, zero=0, hw=hw) == 28 * 2**20 / GB
     assert optimizer_seconds(2**20, dp=4, zero=1, hw=hw) == 28 * 2**18 / GB
     assert optimizer_seconds(2**20 + 1, dp=4, zero=3, hw=hw) == 28 * (2**18 + 1) / GB
-    sc = step_costs([2**20, 2**21], dp=2, zero=1, hw=hw, precision=PRECISIONS["fp32"])
+    sc = step_costs([2**20, 2**21], Job(ParallelDims(dp=2), zero=1), hw=hw, precision=PRECISIONS["fp32"])
     assert sc.optimizer_bytes == tuple(optimizer_step_bytes(p, dp=2, zero=1, precision=PRECISIONS["fp32"])
                                        for p in (2**20, 2**21))
     assert sc.optimizer_seconds == (28 * 2**19 / GB, 28 * 2**20 / GB)
@@ -130,7 +132,7 @@ def test_optimizer_on_a_device_family_is_its_passes_as_memory_bound_kernels():
     assert seconds == sum(memory_bound_time(b, profile).seconds for b in each)
     assert seconds == pytest.approx(54 * params / (hw.device.hbm_bandwidth * profile.memory_bound_efficiency)
                                     + 6 * profile.kernel_overhead)
-    sc = step_costs([params, params // 2], dp=1, zero=0, hw=hw, precision="mixed", loss_scaling=True)
+    sc = step_costs([params, params // 2], Job(), hw=hw, precision="mixed", loss_scaling=True)
     assert sc.optimizer_bytes == (54 * params, 54 * (params // 2))
     assert sc.optimizer_seconds[0] == seconds
     # bf16 (no loss scale, float32 main grads): 42 bytes per parameter
@@ -184,8 +186,8 @@ def test_zero2_reduces_after_every_microbatch_and_the_optimizer_waits_for_the_la
     r0, r1 = result.step_ends
     assert (r0.optimizer_start, r0.step_end, r1.optimizer_start, r1.step_end) == (6.5, 7.0, 5.5, 6.25)
     assert result.step_time == 7.0
-    zero2 = model_costs(ModelConfig(hidden=256, layers=4, batch=16), 2, 4, load_hardware("2x-dgx-h100"), dp=2,
-                        zero=2)
+    zero2 = model_costs(ModelConfig(hidden=256, layers=4, batch=16), 2, 4, load_hardware("2x-dgx-h100"),
+                        Job(ParallelDims(dp=2), zero=2))
     assert [c.phase for c in zero2.step.collectives[0]] == ["microbatch", "params"]
     kinds = [c.phase for c in simulate(schedules.build("1f1b", 2, 4), zero2, load_hardware("2x-dgx-h100")).collectives]
     assert kinds.count("microbatch") == 2 * 4  # 2 stages x 4 microbatches
@@ -250,7 +252,7 @@ def test_no_step_costs_is_todays_step():
     """Without ParallelCosts.step: today's DDP all_reduce, no optimizer, no new JSON keys."""
     hw = toy()
     sched = schedules.build("1f1b", 2, 2)
-    base = ParallelCosts(CostTable.uniform(2, 1.0, 0.5, 0.5), tp=1, dp=2, tp_collectives={},
+    base = ParallelCosts(CostTable.uniform(2, 1.0, 0.5, 0.5), Job(ParallelDims(dp=2)), tp_collectives={},
                          dp_grad_bytes=(GB, GB), layers_per_stage=(0, 0))
     result = simulate(sched, base, hw)
     assert [(c.kind, c.start, c.end) for c in result.collectives] == [("all_reduce", 5.0, 6.0),
@@ -269,8 +271,8 @@ def test_the_step_end_leaves_the_pipeline_untouched(hardware, dp):
     sched = schedules.build("1f1b", 2, 4)
     model = ModelConfig(hidden=256, layers=4, batch=16)
     if hw.host is not None:  # a calibrated CPU host predicts the pipeline span alone, unless ZeRO is asked for
-        assert model_costs(model, 2, 4, hw, dp=dp).step is None
-    with_step = model_costs(model, 2, 4, hw, dp=dp, zero=1 if hw.host is not None else 0)
+        assert model_costs(model, 2, 4, hw, Job(ParallelDims(dp=dp))).step is None
+    with_step = model_costs(model, 2, 4, hw, Job(ParallelDims(dp=dp), zero=1 if hw.host is not None else 0))
     assert with_step.step is not None
     a, b = simulate(sched, with_step, hw), simulate(sched, replace(with_step, step=None), hw)
     assert (a.starts, a.ends, a.makespan) == (b.starts, b.ends, b.makespan)
@@ -282,7 +284,7 @@ def test_the_step_end_leaves_the_pipeline_untouched(hardware, dp):
 def test_same_step_same_json_bit_for_bit():
     hw = toy(8)
     sched = schedules.build("interleaved-1f1b", 2, 4, 2)
-    c = costs(4, 1.0, 2.0, dp=2, step=step_costs([3 * 2**20] * 4, dp=2, zero=3, hw=hw))
+    c = costs(4, 1.0, 2.0, dp=2, step=step_costs([3 * 2**20] * 4, Job(ParallelDims(dp=2), zero=3), hw=hw))
     texts = {json.dumps(simulate(sched, c, hw).to_dict()) for _ in range(2)}
     assert len(texts) == 1
 

@@ -13,9 +13,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from executor.mesh import build_mesh
+from executor.mesh import build_mesh_for
 from executor.tensor_parallel import ColumnParallelLinear, RowParallelLinear, _reduce_scatter_dim0
 from pipesim.errors import PipesimError
+from pipesim.parallel_dims import ParallelDims
 from tests.launch_shared import register_call
 
 pytestmark = pytest.mark.dist
@@ -66,7 +67,7 @@ def tp_checks_on_rank(folder: Path, *tp_sizes: int) -> None:
     size is 2 for the error checks. An assertion that fails here fails the test with its traceback."""
     rank, world = dist.get_rank(), dist.get_world_size()
     for tp in tp_sizes:
-        mesh = build_mesh(world // tp, 1, tp)  # the executor's TP groups (every rank makes all)
+        mesh = build_mesh_for(ParallelDims(dp=world // tp, tp=tp))  # the executor's TP groups (every rank makes all)
         group = mesh.tp_group  # rank in group != global rank when world > tp
         for sp in (False, True):
             _check_block(group, sp, seed=7 + mesh.coords.dp)

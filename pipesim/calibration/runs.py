@@ -88,14 +88,14 @@ def _run_one(spec: dict, world: int, out: Path | None, cycle: int = 0) -> None:
     import torch.distributed as dist
 
     from executor import timing
-    from executor.mesh import build_mesh
+    from executor.mesh import build_mesh_for
     from executor.runtime import Runtime
 
     cfg = RunConfig(names=(spec["schedule"],), microbatches=spec["microbatches"], virtual=spec.get("virtual"),
                     model=ModelConfig(**spec["model"]), steps=spec["steps"], warmup=spec["warmup"],
                     backend="gloo", quiet=True)  # the runtime records every action's start and end
     sched = cfg.check(world)[0]
-    mesh = build_mesh(1, world, 1)
+    mesh = build_mesh_for(cfg.job_for(world).dims)
     rt = Runtime(cfg, sched, mesh, torch.device("cpu"))
     before = _probe_on_rank0()
     log = rt.train(None)

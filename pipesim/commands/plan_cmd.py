@@ -17,10 +17,11 @@ from pipesim.commands.common import (
     model_config,
     positive_int,
 )
-from pipesim.commands.setup_args import add_comm_args, add_grad_args, check_grad_args, comm_options_from_args
+from pipesim.commands.setup_args import add_comm_args, add_grad_args, comm_options_from_args
 from pipesim.errors import PipesimError
 from pipesim.hardware.machine import Hardware
 from pipesim.hardware.toml_io import load_hardware
+from pipesim.job import Job, KernelSwitches
 from pipesim.model.config import ModelConfig
 from pipesim.model.options import ATTENTION, RECOMPUTE
 from pipesim.outputs import check_file, write_text
@@ -211,20 +212,21 @@ def run(args: argparse.Namespace) -> int:
             raise PipesimError(f"--tokens-per-step {args.tokens_per_step} is not a multiple of --seq {seq}")
         args.batch = args.tokens_per_step // seq
     model = model_config(args)
-    check_grad_args(args.grad_fp32, model)
+    shared = Job(attention=args.attention, comm=comm_options_from_args(args),
+                 kernels=KernelSwitches(grad_fp32=args.grad_fp32))  # every candidate's (each its own layout)
+    shared.check_gradients(model)
     hw, gpus, hw_flags = cluster(args)
     if args.memory_headroom:  # the search sees the memory left after the headroom
         kept = int(hw.device.memory * (1.0 - args.memory_headroom))
         hw = dataclasses.replace(hw, device=dataclasses.replace(hw.device, memory=kept))
-    req = PlanRequest(model, hw, gpus, args.schedules, args.max_tp, args.recompute, args.zero,
-                      comm=comm_options_from_args(args), attention=args.attention,
-                      sequence_parallel=args.sequence_parallel, cps=args.cp, grad_fp32=args.grad_fp32)
+    req = PlanRequest(model, hw, gpus, args.schedules, args.max_tp, args.recompute, args.zero, shared,
+                      sequence_parallel=args.sequence_parallel, cps=args.cp)
     ev = Evaluator(req)
     with open_backend(args.cluster, args.workers or default_workers()) as backend:
         result = plan(req, max_candidates=args.max_candidates, max_work=args.max_work, evaluator=ev,
                       backend=backend)
-    argv = simulate_command(result.best.candidate, model_flags(args, req), hw_flags + req.comm.flags(),
-                            args.attention, req.grad_fp32)
+    argv = simulate_command(result.best.candidate, model_flags(args, req), hw_flags + shared.comm.flags(),
+                            args.attention, args.grad_fp32)
     ranks = gpus // result.best.candidate.cp  # the executor has no cp: t x p x d ranks (exports.run_note)
     per_node = ranks if ranks <= hw.devices_per_node else math.gcd(ranks, hw.devices_per_node)
     run_argv = run_command(result.best.candidate, model_flags(args, req), per_node=per_node,

@@ -1,10 +1,14 @@
-"""`pipesim run`'s flags and the `RunConfig`s they make: the run, then each `--then` run after it."""
+"""`pipesim run`'s flags and the `RunConfig`s they make: the run, then each `--then` run after it.
+
+Each run's layout and layer options are one `Job` (pipesim.job), built here from --stages, --dp, --tp,
+--sequence-parallel and --recompute and passed whole to the executor.
+"""
 
 from __future__ import annotations
 
 import argparse
 
-from executor.run_config import FAIL_MODES, RECOMPUTE, RunConfig
+from executor.run_config import FAIL_MODES, RunConfig
 from pipesim.commands.common import (
     add_model_args,
     add_output_args,
@@ -16,6 +20,9 @@ from pipesim.commands.common import (
 )
 from pipesim.cost.user_model_costs import is_factory_spec
 from pipesim.errors import PipesimError
+from pipesim.job import Job
+from pipesim.model.options import RECOMPUTE
+from pipesim.parallel_dims import ParallelDims
 
 
 def add_run_args(parser: argparse.ArgumentParser) -> None:
@@ -81,16 +88,22 @@ def configs_from_args(args: argparse.Namespace) -> list[RunConfig]:
     return cfgs
 
 
+def job_from_args(args: argparse.Namespace) -> Job:
+    """The run's one Job: its layout (pp only when --stages is given; else `RunConfig.job_for` sets it from the
+    world) and layer options."""
+    dims = ParallelDims(pp=args.stages or 1, dp=args.dp, tp=args.tp)
+    return Job(dims=dims, recompute=args.recompute, sp=args.sequence_parallel)
+
+
 def config_from_args(args: argparse.Namespace) -> RunConfig:
     names = tuple(n.strip() for n in args.name.split(",") if n.strip()) if args.name else ()
     factory = args.model if is_factory_spec(args.model) else None  # --model MODULE:FACTORY (cost.user_model_costs)
     return RunConfig(
         names=names, csv=args.from_csv, stages=args.stages, microbatches=args.microbatches, virtual=args.virtual,
-        dp=args.dp, tp=args.tp, model=user_model_config(args) if factory else model_config(args), factory=factory,
+        job=job_from_args(args), model=user_model_config(args) if factory else model_config(args), factory=factory,
         layer_split=tuple(args.layer_split) if args.layer_split else None, steps=args.steps, warmup=args.warmup,
         optimizer=args.optimizer, lr=args.lr, backend=args.backend, pg_timeout=args.pg_timeout,
-        sequence_parallel=args.sequence_parallel, recompute=args.recompute, bucket_bytes=args.bucket_bytes,
-        json=args.json, trace=args.trace,
+        bucket_bytes=args.bucket_bytes, json=args.json, trace=args.trace,
         save_dir=args.save_dir, fail_rank=args.fail_rank, fail_at=args.fail_at, fail_mode=args.fail_mode,
         quiet=args.quiet,
     )

@@ -10,9 +10,13 @@ from pipesim.commands.common import bounded_int, model_config, positive_int
 from pipesim.cost.table import parse_cost_spec
 from pipesim.cost.zb_auto_costs import parse_memory_limit
 from pipesim.errors import PipesimError
+from pipesim.hardware.machine import Hardware
 from pipesim.hardware.toml_io import load_hardware
+from pipesim.job import Job, KernelSwitches
+from pipesim.model.config import ModelConfig
 from pipesim.model.options import ATTENTION, RECOMPUTE
-from pipesim.sim.sim_setup import DEFAULT_HARDWARE, SimSetup
+from pipesim.parallel_dims import ParallelDims
+from pipesim.sim.sim_setup import DEFAULT_HARDWARE, SimSetup, on_gpus
 
 
 def add_setup_args(parser: argparse.ArgumentParser) -> None:
@@ -88,13 +92,6 @@ def add_grad_args(group) -> None:
                             "(Megatron's flag), instead of the float32 default")
 
 
-def check_grad_args(grad_fp32: bool | None, model) -> None:
-    """--grad-reduce-in-bf16 only for a bfloat16 model (one line otherwise)."""
-    if grad_fp32 is False and (model is None or model.dtype != "bfloat16"):
-        raise PipesimError(f"--grad-reduce-in-bf16 needs a bfloat16 model (--dtype bfloat16), got "
-                           f"{model.dtype if model else 'no model'}")
-
-
 def add_comm_args(parser: argparse.ArgumentParser) -> None:
     """--scatter-gather, --overlap-grad-reduce, --ddp-bucket-size, --blocking-p2p (pipesim.comm.comm_options; simulate,
     sweep, plan)."""
@@ -121,6 +118,16 @@ def comm_options_from_args(args: argparse.Namespace) -> CommOptions:
     return CommOptions(args.scatter_gather, args.overlap_grad_reduce, args.ddp_bucket_size, args.blocking_p2p)
 
 
+def sim_job(args: argparse.Namespace, model: ModelConfig | None, hardware: Hardware | None) -> Job:
+    """The Job of simulate's and sweep's flags (its pp: each schedule's), with the main gradients' dtype checked
+    against `model` (None: hand-given costs) and the attention kernel decided for the hardware."""
+    job = Job(ParallelDims(dp=args.dp, tp=args.tp, cp=args.cp), recompute=args.recompute, sp=args.sequence_parallel,
+              attention=args.attention, zero=args.zero, comm=comm_options_from_args(args),
+              kernels=KernelSwitches(args.kernel_fusion, args.tp_comm_overlap, args.grad_accum_fusion, args.grad_fp32))
+    job.check_gradients(model)
+    return job.resolve_attention(on_gpus(hardware), model)
+
+
 def _split_list(text: str) -> list[int]:
     """`0,2,2,0` -> [0, 2, 2, 0]: layers per chunk (>= 0; split_layers says which may be 0)."""
     return [bounded_int(t, 0) for t in text.split(",") if t.strip()]
@@ -142,11 +149,6 @@ def setup_from_args(args: argparse.Namespace) -> SimSetup:
     split = tuple(args.layer_split) if args.layer_split else None
     if split and cost is not None:
         raise PipesimError("--layer-split needs a model (--model), not --cost")
-    check_grad_args(args.grad_fp32, model)
-    return SimSetup(hardware, model, cost, args.boundary_bytes, args.activation_bytes, comm, args.dp, args.tp,
-                    layer_split=split, recompute=args.recompute, sp=args.sequence_parallel,
-                    attention=args.attention, cp=args.cp, zero=args.zero,
-                    memory_limit=parse_memory_limit(args.memory_limit) if args.memory_limit else None,
-                    kernel_fusion=args.kernel_fusion, tp_comm_overlap=args.tp_comm_overlap,
-                    grad_accum_fusion=args.grad_accum_fusion, grad_fp32=args.grad_fp32,
-                    comm_options=comm_options_from_args(args))
+    return SimSetup(hardware, model, cost, args.boundary_bytes, args.activation_bytes, comm,
+                    sim_job(args, model, hardware), layer_split=split,
+                    memory_limit=parse_memory_limit(args.memory_limit) if args.memory_limit else None)

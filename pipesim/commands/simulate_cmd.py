@@ -90,19 +90,20 @@ def _with_user_model(setup: SimSetup, args: argparse.Namespace) -> SimSetup:
     user = user_model_config(args)  # --batch and --seed; pipesim's size flags are refused
     if args.cost is not None:
         raise PipesimError(f"give --model {args.model} or --cost, not both")
-    for flag, value, plain in (("--tp", setup.tp, 1), ("--cp", setup.cp, 1), ("--sequence-parallel", setup.sp, False),
-                               ("--recompute", setup.recompute, "none"), ("--zero", setup.zero, 0)):
+    job = setup.job
+    for flag, value, plain in (("--tp", job.tp, 1), ("--cp", job.cp, 1), ("--sequence-parallel", job.sp, False),
+                               ("--recompute", job.recompute, "none"), ("--zero", job.zero, 0)):
         if value != plain:
             raise PipesimError(f"{flag} needs pipesim's own --model mlp or gpt, not --model {args.model}")
     if args.microbatch_size is not None:
-        if user.batch % (setup.dp * args.microbatch_size):
-            raise PipesimError(f"--batch {user.batch} does not split into dp({setup.dp}) x --microbatch-size "
+        if user.batch % (job.dp * args.microbatch_size):
+            raise PipesimError(f"--batch {user.batch} does not split into dp({job.dp}) x --microbatch-size "
                                f"{args.microbatch_size}")
-        args.microbatches, args.microbatch_size = user.batch // (setup.dp * args.microbatch_size), None
+        args.microbatches, args.microbatch_size = user.batch // (job.dp * args.microbatch_size), None
     args.microbatches = args.microbatches or 8
     from executor.user_model import count_user_model  # local import: torch only with --model MODULE:FACTORY
 
-    counted = count_user_model(args.model, batch=user.batch, microbatches=args.microbatches, dp=setup.dp,
+    counted = count_user_model(args.model, batch=user.batch, microbatches=args.microbatches, dp=job.dp,
                                seed=user.seed)
     return replace(setup, model=None, user_model=counted)
 

@@ -15,7 +15,6 @@ from pipesim.commands.common import add_model_args, add_transformer_args, check_
 from pipesim.commands.setup_args import add_setup_args, setup_from_args
 from pipesim.errors import PipesimError
 from pipesim.outputs import check_distinct, check_file, write_files
-from pipesim.parallel_dims import ParallelDims
 from pipesim.sim.sim_setup import SimSetup
 from pipesim.sim.simulator import check_devices
 from pipesim.sim.sweep import format_table, run_sweep, to_dict
@@ -112,7 +111,7 @@ def _admissible_stages(stages: list[int], setup: SimSetup, names: list[str], mic
     kept = []
     for p in stages:
         try:
-            check_devices(ParallelDims(pp=p, dp=setup.dp, tp=setup.tp), setup.hardware)
+            check_devices(setup.job.with_pp(p).dims, setup.hardware)
             kept.append(p)
         except PipesimError as exc:
             skipped.extend({"schedule": n, "stages": p, "microbatches": m, "virtual": registry.spec(n).default_virtual,

@@ -77,13 +77,13 @@ def piece_seconds(kernels: PieceKernels, dtype: str, profile: DeviceProfile) -> 
     """Sum of each phase's kernel seconds, and the seconds of every GEMM and attention kernel by name; `beside`:
     the phases with the GEMMs' tiles and flash attention's blocks on the SMs NCCL's channels leave (memory-bound
     kernels as alone: they stream at HBM bandwidth on fewer SMs)."""
-    phases = [sum(kernel_seconds(k, dtype, profile) for k in getattr(kernels, p)) for p in "FIW"]
-    named = tuple((k.name, kernel_seconds(k, dtype, profile)) for p in "FIW" for k in getattr(kernels, p)
+    phases = [sum(kernel_seconds(k, dtype, profile) for k in ks) for ks in kernels.phases()]
+    named = tuple((k.name, kernel_seconds(k, dtype, profile)) for ks in kernels.phases() for k in ks
                   if isinstance(k, (Gemm, FlashAttention)))
-    shapes = tuple((k.name, k) for p in "FIW" for k in getattr(kernels, p) if isinstance(k, Gemm))
+    shapes = tuple((k.name, k) for ks in kernels.phases() for k in ks if isinstance(k, Gemm))
     free = profile.sms - profile.nccl_channels
     beside = tuple(phases) if not profile.nccl_channels else tuple(
-        sum(kernel_seconds(k, dtype, profile, free) for k in getattr(kernels, p)) for p in "FIW")
+        sum(kernel_seconds(k, dtype, profile, free) for k in ks) for ks in kernels.phases())
     return PieceSeconds(*phases, gemms=named, shapes=shapes, beside=beside)
 
 
@@ -158,6 +158,10 @@ class StageSeconds:
     gemms: dict[str, float]  # GEMM or attention kernel name -> seconds (a layer's, the head's)
     shapes: dict[str, Gemm] = field(default_factory=dict)  # GEMM name -> its shape (pipesim.comm.overlap_interference)
     beside: tuple[float, float, float] = (0.0, 0.0, 0.0)  # F, I, W beside an NCCL collective (PieceSeconds.beside)
+
+    def phases(self) -> tuple[float, float, float]:
+        """F's, I's and W's seconds, in that order."""
+        return self.F, self.I, self.W
 
 
 def gpt_stage_seconds(model: ModelConfig, b: int, layers: int, opts: LayerOptions, *, first: bool, last: bool,

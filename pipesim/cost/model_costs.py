@@ -14,18 +14,23 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from pipesim.comm.overlap_interference import hiding_gemm
+from pipesim.comm.tp_collective import TpCollective
 from pipesim.cost.kernel_costs import StageSeconds, gpt_stage_seconds, mlp_stage_seconds, overlap_gemm, profile_of
 from pipesim.cost.stage_work import gpt_stage_work, mlp_stage_work
 from pipesim.cost.step_costs import StepCosts, ring_exchanges, step_costs
 from pipesim.cost.table import CostTable, StageCosts
 from pipesim.errors import PipesimError
 from pipesim.hardware.machine import Hardware
+from pipesim.job import Job
 from pipesim.model.config import ModelConfig, split_layers
 from pipesim.model.flops import attention_core_flops
-from pipesim.model.memory import PRECISIONS, ZERO_STAGES, comm_buffer_bytes
+from pipesim.model.memory import PRECISIONS, comm_buffer_bytes
 from pipesim.model.options import LayerOptions
 
 GiB = 2**30
+DEFAULT_JOB = Job()  # one rank per stage, no option: what a bare call costs
+
+
 def precision_of(model: ModelConfig, grad_fp32: bool | None = None) -> str:
     """The training state's precision: float32 training ("fp32"), else 16-bit mixed precision with 16-bit main
     gradients ("mixed") or float32 ones ("megatron": Megatron's --accumulate-allreduce-grads-in-fp32).
@@ -42,25 +47,20 @@ def precision_of(model: ModelConfig, grad_fp32: bool | None = None) -> str:
 
 @dataclass(frozen=True)
 class ParallelCosts:
-    """A CostTable plus what tensor and data parallelism add around it."""
+    """A CostTable plus what the job's tensor, data and context parallelism add around it."""
 
     table: CostTable  # per-stage seconds (already divided across tp) and bytes
-    tp: int
-    dp: int
-    # (stage, "F"|"B"|"I"|"W") -> ((collective, bytes), ...) blocking, inside that action; an entry
-    # (collective, bytes, HidingGemm) runs beside that GEMM, sharing its SMs (a fused backward on the kernel path;
-    # pipesim.comm.overlap_interference); (collective, bytes, seconds): beside that many seconds of compute, for free
-    tp_collectives: dict[tuple[int, str], tuple[tuple, ...]]
+    job: Job  # the job the costs were built for: dp, tp, cp, ZeRO, the transformer's and comm options
+    # (stage, "F"|"B"|"I"|"W") -> the tp collectives inside that action: blocking (beside None), or beside a GEMM
+    # whose SMs they share (a fused backward on the kernel path; pipesim.comm.overlap_interference)
+    tp_collectives: dict[tuple[int, str], tuple[TpCollective, ...]]
     dp_grad_bytes: tuple[int, ...]  # per stage: gradient bytes all-reduced across dp at step end
     layers_per_stage: tuple[int, ...]  # MLP layers / transformer blocks per stage (0: unknown)
     dtype_bytes: int = 4  # bytes per parameter value (to count parameters from param_bytes)
     # the memory model (pipesim.cost.rank_memory): exact parameters per stage, how the state is held, buffers
     param_counts: tuple[int, ...] = ()  # parameters per stage on one tp rank (empty: param_bytes / dtype_bytes)
-    zero: int = 0  # ZeRO stage of the data-parallel state (0: plain DDP)
     precision: str = "fp32"  # key of pipesim.model.memory.PRECISIONS
     comm_buffer_bytes: int = 0  # P2P / collective buffers every rank holds at once (an estimate)
-    options: LayerOptions | None = None  # the transformer's options (None: MLP or hand-given costs)
-    cp: int = 1  # context-parallel ranks per stage
     step: StepCosts | None = None  # per-stage DP collectives and optimizer seconds (pipesim.cost.step_costs)
     # (stage, "F"|"I"|"B"|"W") -> ring attention's K/V hops inside that action (pipesim.cost.step_costs.ring_exchanges)
     cp_exchanges: dict = field(default_factory=dict)
@@ -69,61 +69,30 @@ class ParallelCosts:
     sm_share: dict = field(default_factory=dict)
 
 
-def _check_parallel(model: ModelConfig, num_stages: int, microbatches: int, tp: int, dp: int) -> int:
-    """Microbatch size, after checking that batch, heads and hidden divide."""
-    for name, value in (("stages", num_stages), ("microbatches", microbatches), ("tp", tp), ("dp", dp)):
-        if not isinstance(value, int) or value < 1:
-            raise PipesimError(f"{name} must be a positive integer, got {value!r}")
-    if model.batch % (dp * microbatches):
-        raise PipesimError(f"--batch {model.batch} does not split into dp({dp}) x {microbatches} microbatches evenly")
-    if model.hidden % tp:
-        raise PipesimError(f"--hidden {model.hidden} is not divisible by tp({tp})")
-    if model.kind == "gpt" and model.heads % tp:
-        raise PipesimError(f"--heads {model.heads} is not divisible by tp({tp})")
-    return model.batch // (dp * microbatches)
-
-
-def layer_options(model: ModelConfig, *, tp: int = 1, sp: bool = False, cp: int = 1, recompute: str = "none",
-                  attention: str = "eager") -> LayerOptions | None:
-    """The transformer's LayerOptions, checked against `model`; None for the MLP (which refuses them)."""
-    if model.kind != "gpt":
-        for flag, value, plain in (("--sequence-parallel", sp, False), ("--cp", cp, 1), ("--recompute", recompute,
-                                                                                          "none")):
-            if value != plain:
-                raise PipesimError(f"{flag} needs a transformer (--model gpt or --model-config), not --model mlp")
-        return None
-    opts = LayerOptions(tp=tp, sp=sp, cp=cp, recompute=recompute, attention=attention)
-    opts.check(model)
-    return opts
-
-
-def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hardware, *, tp: int = 1, dp: int = 1,
-                layer_split: list[int] | None = None, sp: bool = False, cp: int = 1, recompute: str = "none",
-                attention: str = "eager", zero: int = 0, kernel_fusion: bool = True,
-                tp_comm_overlap: bool = True, grad_accum_fusion: bool = True,
-                grad_fp32: bool | None = None) -> ParallelCosts:
-    """Per-stage costs of `model` cut into `num_stages` stages (chunks) on `hw`.
+def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hardware, job: Job = DEFAULT_JOB, *,
+                layer_split: list[int] | None = None) -> ParallelCosts:
+    """Per-stage costs of `model` cut into `num_stages` stages (chunks) on `hw` under `job` (checked here, once).
 
     Durations: on a device with a `family` (GPU presets), each kernel timed from its shape
-    (pipesim.cost.kernel_costs; `kernel_fusion`: Megatron's fused elementwise kernels, else eager
-    PyTorch's), and with `tp_comm_overlap` a fused backward's input-gradient collectives carry
-    the GEMM they hide behind, as (kind, bytes, HidingGemm); each microbatch's gradients are added into
-    main_grad inside the wgrad GEMMs with `grad_accum_fusion`, else by separate kernels
-    (pipesim.model.grad_accumulation), in float32 with `grad_fp32` (also the dp reduction's and the
-    memory's gradient bytes: precision "megatron"); otherwise the roofline
-    at compute_efficiency. sp, cp, recompute, attention: the transformer's options
-    (pipesim.model.options.LayerOptions); zero: the ZeRO stage of the data-parallel state
-    (memory; its timing: "step").
+    (pipesim.cost.kernel_costs; the job's `kernels.fusion`: Megatron's fused elementwise kernels, else eager
+    PyTorch's), and with `kernels.tp_comm_overlap` a fused backward's input-gradient collectives carry
+    the GEMM they hide behind (TpCollective.beside); each microbatch's gradients are added into
+    main_grad inside the wgrad GEMMs with `kernels.grad_accum_fusion`, else by separate kernels
+    (pipesim.model.grad_accumulation), in float32 with `kernels.grad_fp32` (also the dp reduction's and the
+    memory's gradient bytes: precision "megatron"); otherwise the roofline at compute_efficiency. The job's
+    sp, cp, recompute, attention: the transformer's options (pipesim.model.options.LayerOptions); zero: the
+    ZeRO stage of the data-parallel state (memory; its timing: "step").
     """
-    b = _check_parallel(model, num_stages, microbatches, tp, dp)
-    opts = layer_options(model, tp=tp, sp=sp, cp=cp, recompute=recompute, attention=attention)
-    if zero not in ZERO_STAGES:
-        raise PipesimError(f"--zero must be one of 0, 1, 2, 3, got {zero!r}")
+    if not isinstance(num_stages, int) or isinstance(num_stages, bool) or num_stages < 1:
+        raise PipesimError(f"stages must be a positive integer, got {num_stages!r}")
+    b = job.microbatch_size(model, microbatches)  # every check against the model
+    opts = job.layer_options(model)
+    tp, dp, kernels = job.dims.tp, job.dims.dp, job.kernels
     split = split_layers(model.layers, num_stages, layer_split)
     d = model.dtype_bytes
-    precision = precision_of(model, grad_fp32)
+    precision = precision_of(model, kernels.grad_fp32)
     stages: list[StageCosts] = []
-    collectives: dict[tuple[int, str], tuple[tuple[str, int], ...]] = {}
+    collectives: dict[tuple[int, str], tuple[TpCollective, ...]] = {}
     grads: list[int] = []
     counts: list[int] = []
     exchanges: dict[tuple[int, str], tuple] = {}
@@ -133,20 +102,21 @@ def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hard
         buffers = 2 * boundary if num_stages > 1 else 0
     else:  # with sp the boundary is already split over tp; with cp each rank holds s / cp tokens
         boundary = opts.seq_sharded(b * opts.local_seq(model) * model.hidden * d)
-        buffers = comm_buffer_bytes(model, b, opts, dp=dp, zero=zero, precision=PRECISIONS[precision])
+        buffers = comm_buffer_bytes(model, b, opts, dp=dp, zero=job.zero, precision=PRECISIONS[precision])
     for s, layers in enumerate(split):
         last = s == num_stages - 1
         if opts is None:
             work = mlp_stage_work(model, b, layers, tp, first=s == 0)
         else:
             work = gpt_stage_work(model, b, layers, first=s == 0, last=last, opts=opts)
-        timed = _kernel_seconds(model, b, layers, hw, opts, tp, first=s == 0, last=last, fused=kernel_fusion,
-                                grad_fusion=grad_accum_fusion, grad_bytes=PRECISIONS[precision].grad_bytes)
+        timed = _kernel_seconds(model, b, layers, hw, opts, tp, first=s == 0, last=last, fused=kernels.fusion,
+                                grad_fusion=kernels.grad_accum_fusion, grad_bytes=PRECISIONS[precision].grad_bytes)
         if timed is None:
             fwd, inp, wgt = (hw.compute_time(work.flops[k], work.moved[k], model.dtype, k, work.ops[k])
                              for k in "FIW")
         else:  # the kernels' seconds plus the per-action (and per-op) overheads of the cost equation
-            fwd, inp, wgt = (getattr(timed, k) + hw.compute_time(0.0, 0.0, model.dtype, k, work.ops[k]) for k in "FIW")
+            fwd, inp, wgt = (t + hw.compute_time(0.0, 0.0, model.dtype, k, work.ops[k])
+                             for t, k in zip(timed.phases(), "FIW"))
         if s == 0:  # no gradient leaves the first stage: a split I has nothing to send, W runs the whole backward
             inp, wgt = 0.0, inp + wgt
         if timed is not None and dp > 1:
@@ -160,13 +130,13 @@ def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hard
                                  backward_ops=work.ops["I"] + work.ops["W"],
                                  recompute_bytes=round(work.recompute_bytes)))
         if work.collectives["F"]:
-            collectives[(s, "F")] = tuple((k, round(n)) for k, n in work.collectives["F"])
+            collectives[(s, "F")] = tuple(TpCollective(k, round(n)) for k, n in work.collectives["F"])
         if work.collectives["I"]:
             # in a fused backward the input-gradient all_reduces happen inside B; split, in I (the first
             # stage: in W, which runs its whole backward)
-            backward = tuple((k, round(n)) for k, n in work.collectives["I"])
+            backward = tuple(TpCollective(k, round(n)) for k, n in work.collectives["I"])
             collectives[(s, "W" if s == 0 else "I")] = collectives[(s, "B")] = backward
-            if timed is not None and tp_comm_overlap:  # a fused backward runs each wgrad GEMM right after its dgrad
+            if timed is not None and kernels.tp_comm_overlap:  # a fused backward: each wgrad GEMM after its dgrad
                 fused_b = _with_overlap(backward, work.backward_overlaps, timed, model.dtype, hw)
                 collectives[(s, "B")] = fused_b
                 if s == 0:
@@ -174,22 +144,20 @@ def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hard
         grads.append(param_bytes if dp > 1 else 0)
         if opts is not None and opts.cp > 1:
             _add_ring(exchanges, s, model, b, opts, layers, hw, timed)
-    return ParallelCosts(table=CostTable(tuple(stages)), tp=tp, dp=dp, tp_collectives=collectives,
+    return ParallelCosts(table=CostTable(tuple(stages)), job=job, tp_collectives=collectives,
                          dp_grad_bytes=tuple(grads), layers_per_stage=tuple(split), dtype_bytes=d,
-                         param_counts=tuple(counts), zero=zero, precision=precision, comm_buffer_bytes=buffers,
-                         options=opts, cp=cp, cp_exchanges=exchanges, sm_share=shared,
-                         step=_step(counts, dp=dp, zero=zero, hw=hw, precision=precision,
-                                    loss_scaling=model.dtype == "float16"))
+                         param_counts=tuple(counts), precision=precision, comm_buffer_bytes=buffers,
+                         cp_exchanges=exchanges, sm_share=shared,
+                         step=_step(counts, job, hw=hw, precision=precision, loss_scaling=model.dtype == "float16"))
 
 
-def _step(counts: list[int], *, dp: int, zero: int, hw: Hardware, precision: str,
-          loss_scaling: bool) -> StepCosts | None:
+def _step(counts: list[int], job: Job, *, hw: Hardware, precision: str, loss_scaling: bool) -> StepCosts | None:
     """The optimizer step and ZeRO's collectives, on device presets (or when --zero is asked for). A calibrated
     CPU host predicts the pipeline span its validation measures (pipesim/calibration): nothing is added there.
     `loss_scaling`: float16 trains under a loss scale (Megatron's grad scaler), whose unscale is a pass of its own."""
-    if hw.host is not None and zero == 0:
+    if hw.host is not None and job.zero == 0:
         return None
-    return step_costs(counts, dp=dp, zero=zero, hw=hw, precision=precision, loss_scaling=loss_scaling)
+    return step_costs(counts, job, hw=hw, precision=precision, loss_scaling=loss_scaling)
 
 
 def _kernel_seconds(model: ModelConfig, b: int, layers: int, hw: Hardware, opts: LayerOptions | None, tp: int, *,
@@ -216,17 +184,16 @@ def _add_sm_share(out: dict, stage: int, timed: StageSeconds) -> None:
             out[(stage, kind)] = extra
 
 
-def _with_overlap(backward: tuple[tuple[str, int], ...], overlaps: list[str], timed: StageSeconds, dtype: str,
-                  hw: Hardware) -> tuple[tuple, ...]:
-    """Megatron's async tensor-parallel backward: each collective that overlaps a GEMM becomes (kind, bytes,
+def _with_overlap(backward: tuple[TpCollective, ...], overlaps: list[str], timed: StageSeconds, dtype: str,
+                  hw: Hardware) -> tuple[TpCollective, ...]:
+    """Megatron's async tensor-parallel backward: each collective that overlaps a GEMM runs beside it (its
     HidingGemm: that GEMM's seconds and shape); the simulator exposes what the GEMM, slowed by the SMs NCCL's
-    channels hold, does not cover (pipesim.comm.overlap_interference). The rest stay pairs."""
+    channels hold, does not cover (pipesim.comm.overlap_interference). The rest stay blocking."""
     profile = profile_of(hw.device.family, hw.device.kernels)
-    out: list[tuple] = []
-    for n, (kind, nbytes) in enumerate(backward):
+    out: list[TpCollective] = []
+    for n, c in enumerate(backward):
         name = overlap_gemm(overlaps[n]) if n < len(overlaps) else None
-        gemm = hiding_gemm(name, timed.gemms, timed.shapes, dtype, profile)
-        out.append((kind, nbytes, gemm) if gemm is not None else (kind, nbytes))
+        out.append(c._replace(beside=hiding_gemm(name, timed.gemms, timed.shapes, dtype, profile)))
     return tuple(out)
 
 
@@ -249,13 +216,15 @@ def _add_ring(out: dict, stage: int, model: ModelConfig, b: int, opts: LayerOpti
         out[(stage, "W" if stage == 0 else "I")] = out[(stage, "B")] = ring["I"]
 
 
-def uniform_costs(num_stages: int, spec: dict[str, float], boundary_bytes: int = 0) -> ParallelCosts:
-    """Hand-given costs (`parse_cost_spec` output: seconds of F, I, W), the same on every stage."""
+def uniform_costs(num_stages: int, spec: dict[str, float], boundary_bytes: int = 0,
+                  job: Job = DEFAULT_JOB) -> ParallelCosts:
+    """Hand-given costs (`parse_cost_spec` output: seconds of F, I, W), the same on every stage, for `job` (its
+    communication options and pipeline size; hand-given costs know no model, so no other option)."""
     table = CostTable.uniform(num_stages, spec["F"], spec["I"], spec["W"], boundary_bytes=boundary_bytes)
     if "FB" in spec:  # seconds of an overlapped forward + backward (OVERLAP_F_B)
         table = replace(table, overlap_given=spec["FB"])
-    return ParallelCosts(table=table, tp=1, dp=1, tp_collectives={}, dp_grad_bytes=(0,) * num_stages,
+    return ParallelCosts(table=table, job=job, tp_collectives={}, dp_grad_bytes=(0,) * num_stages,
                          layers_per_stage=(0,) * num_stages)
 
 
-__all__ = ["ParallelCosts", "layer_options", "model_costs", "precision_of", "uniform_costs"]
+__all__ = ["DEFAULT_JOB", "ParallelCosts", "model_costs", "precision_of", "uniform_costs"]

@@ -51,7 +51,7 @@ def rank_memory(schedule: Schedule, costs: ParallelCosts) -> list[MemoryBreakdow
     out = []
     for r in range(schedule.num_ranks):
         params = sum(counts[s] for s in schedule.stages_of(r))
-        state = step_peak_state(params, dp=costs.dp, zero=costs.zero, precision=precision)  # the rank's chunks
+        state = step_peak_state(params, dp=costs.job.dims.dp, zero=costs.job.zero, precision=precision)  # its chunks
         stash, working, inflight = activation_peak(schedule, costs, r)
         out.append(MemoryBreakdown(parameters=state.parameters, gradients=state.gradients,
                                    optimizer_states=state.optimizer_states, activations=stash, inflight=inflight,

@@ -33,6 +33,7 @@ from pipesim.cost.kernel_costs import profile_of
 from pipesim.device.kernels import memory_bound_time
 from pipesim.errors import PipesimError
 from pipesim.hardware.machine import Hardware
+from pipesim.job import Job
 from pipesim.model.comm import cp_layer_exchanges
 from pipesim.model.config import ModelConfig
 from pipesim.model.memory import PRECISIONS, Precision, dp_collectives, optimizer_step_bytes, zero3_chunk_collectives
@@ -118,11 +119,13 @@ def optimizer_seconds(params: int, *, dp: int, zero: int, hw: Hardware, precisio
                                        loss_scaling=loss_scaling)[1]
 
 
-def step_costs(params_per_stage: Sequence[int], *, dp: int, zero: int, hw: Hardware,
-               precision: Precision | str = "mixed", loss_scaling: bool = False) -> StepCosts:
-    """Data-parallel collectives and optimizer step of every stage; `params_per_stage` counts one tp rank's
-    parameters of each stage (pipesim.model.param_counts.stage_params); `loss_scaling`: fp16's grad scaler."""
+def step_costs(params_per_stage: Sequence[int], job: Job, *, hw: Hardware, precision: Precision | str = "mixed",
+               loss_scaling: bool = False) -> StepCosts:
+    """Data-parallel collectives and optimizer step of every stage under the job's dp and ZeRO stage;
+    `params_per_stage` counts one tp rank's parameters of each stage (pipesim.model.param_counts.stage_params);
+    `loss_scaling`: fp16's grad scaler."""
     prec = _precision(precision)
+    dp, zero = job.dims.dp, job.zero
     steps = [optimizer_bytes_and_seconds(p, dp=dp, zero=zero, hw=hw, precision=prec, loss_scaling=loss_scaling)
              for p in params_per_stage]
     return StepCosts(

@@ -13,16 +13,22 @@ import importlib
 import importlib.util
 import os
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-from pipesim.cost.model_costs import ParallelCosts
+from pipesim.cost.model_costs import DEFAULT_JOB, ParallelCosts
 from pipesim.cost.step_costs import step_costs
 from pipesim.cost.table import CostTable, StageCosts
 from pipesim.errors import PipesimError
 from pipesim.hardware.machine import Hardware
+from pipesim.job import Job
 from pipesim.model.config import split_layers
+
+if TYPE_CHECKING:  # the torch-free half names torch's types without importing torch
+    from torch import Tensor
+    from torch.nn import Module
 
 FORMS = "MODULE:FACTORY (e.g. examples.conv_net:make) or FILE.py:FACTORY"
 
@@ -38,12 +44,12 @@ class ModelParts:
     (default: normal noise shaped like the output).
     """
 
-    layers: Any
-    example_input: Any
-    embedding: Any = None
-    head: Any = None
-    loss: Any = None
-    example_target: Any = None
+    layers: Sequence[Module]
+    example_input: Tensor
+    embedding: Module | None = None
+    head: Module | None = None
+    loss: Callable[[Tensor, Tensor], Tensor] | None = None
+    example_target: Tensor | None = None
 
 
 def is_factory_spec(text: str | None) -> bool:
@@ -161,9 +167,11 @@ class UserModel:
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
-def user_model_costs(model: UserModel, num_stages: int, hw: Hardware, *, dp: int = 1,
+def user_model_costs(model: UserModel, num_stages: int, hw: Hardware, job: Job = DEFAULT_JOB, *,
                      layer_split: list[int] | None = None) -> ParallelCosts:
-    """Per-stage seconds of the counted model on `hw` (the loop of `pipesim.cost.model_costs.model_costs`)."""
+    """Per-stage seconds of the counted model on `hw` (the loop of `pipesim.cost.model_costs.model_costs`);
+    of the job only its data parallelism applies (a user's module runs whole on each rank)."""
+    dp = job.dims.dp
     stages, grads, counts = [], [], []
     d = DTYPE_BYTES[model.dtype]
     sums = model.stage_sums(num_stages, layer_split)
@@ -181,9 +189,9 @@ def user_model_costs(model: UserModel, num_stages: int, hw: Hardware, *, dp: int
                                  backward_ops=st["ops"][1] + st["ops"][2]))
         grads.append(param_bytes if dp > 1 else 0)
     precision = "fp32" if model.dtype == "float32" else "mixed"
-    step = None if hw.host is not None else step_costs(counts, dp=dp, zero=0, hw=hw, precision=precision,
+    step = None if hw.host is not None else step_costs(counts, job, hw=hw, precision=precision,
                                                        loss_scaling=model.dtype == "float16")
-    return ParallelCosts(table=CostTable(tuple(stages)), tp=1, dp=dp, tp_collectives={}, dp_grad_bytes=tuple(grads),
+    return ParallelCosts(table=CostTable(tuple(stages)), job=job, tp_collectives={}, dp_grad_bytes=tuple(grads),
                          layers_per_stage=tuple(s["layers"] for s in sums), dtype_bytes=d,
                          param_counts=tuple(counts), precision=precision, step=step)
 

@@ -77,12 +77,20 @@ class PieceKernels:
     I: tuple[Kernel, ...]  # noqa: E741 (the action's name in the IR)
     W: tuple[Kernel, ...]
 
+    def phase(self, name: str) -> tuple[Kernel, ...]:
+        """The kernels of phase `name` ("F", "I" or "W")."""
+        return {"F": self.F, "I": self.I, "W": self.W}[name]
+
+    def phases(self) -> tuple[tuple[Kernel, ...], tuple[Kernel, ...], tuple[Kernel, ...]]:
+        """F's, I's and W's kernels, in that order."""
+        return self.F, self.I, self.W
+
     def flops(self, phase: str) -> int:
         """GEMM and attention FLOPs of one phase ("F", "I" or "W")."""
-        return sum(k.flops for k in getattr(self, phase) if not isinstance(k, MemoryBound))
+        return sum(k.flops for k in self.phase(phase) if not isinstance(k, MemoryBound))
 
     def memory_bytes(self, phase: str) -> int:
-        return sum(k.nbytes for k in getattr(self, phase) if isinstance(k, MemoryBound))
+        return sum(k.nbytes for k in self.phase(phase) if isinstance(k, MemoryBound))
 
 
 def _linears(model: ModelConfig, opts: LayerOptions) -> list[tuple[str, int, int]]:

@@ -57,7 +57,7 @@ class ModelState:
 
 
 def check_zero(zero: int, dp: int) -> None:
-    if zero not in ZERO_STAGES:
+    if zero not in ZERO_STAGES or isinstance(zero, bool):
         raise PipesimError(f"--zero must be one of 0, 1, 2, 3, got {zero!r}")
     if not isinstance(dp, int) or isinstance(dp, bool) or dp < 1:
         raise PipesimError(f"dp must be a positive integer, got {dp!r}")

@@ -31,12 +31,7 @@ class LayerOptions:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise PipesimError(f"{name} must be a positive integer, got {value!r}")
-        if not isinstance(self.sp, bool):
-            raise PipesimError(f"sequence parallelism must be true or false, got {self.sp!r}")
-        if self.recompute not in RECOMPUTE:
-            raise PipesimError(f"unknown --recompute {self.recompute!r}; choose {', '.join(RECOMPUTE)}")
-        if self.attention not in ATTENTION:
-            raise PipesimError(f"unknown --attention {self.attention!r}; choose {', '.join(ATTENTION)}")
+        check_choices(self.sp, self.recompute, self.attention)
         if self.cp > 1 and self.attention != "flash":
             raise PipesimError(f"--cp {self.cp} needs --attention flash (ring attention runs the fused kernel)")
 
@@ -44,11 +39,8 @@ class LayerOptions:
         """PipesimError (one line, with the numbers) unless `model` splits evenly under these options."""
         if model.kind != "gpt":
             raise PipesimError(f"transformer layer costs need --model gpt, got {model.kind!r}")
+        check_tp_split(model, self.tp)
         t = self.tp
-        for flag, value in (("--hidden", model.hidden), ("--heads", model.heads),
-                            ("--kv-heads", model.num_kv_heads), ("--ffn-hidden", model.ffn_size)):
-            if value % t:
-                raise PipesimError(f"{flag} {value} is not divisible by tp({t})")
         if self.cp > 1 and model.seq % (2 * self.cp):
             raise PipesimError(f"--seq {model.seq} is not divisible by 2 x cp({self.cp}) "
                                "(ring attention's load-balanced causal split)")
@@ -65,9 +57,31 @@ class LayerOptions:
         return value // self.tp if self.sp else value
 
 
+def check_choices(sp: bool, recompute: str, attention: str) -> None:
+    """PipesimError unless sp is a bool and recompute and attention are known names (LayerOptions' and the Job's
+    one spelling of these messages)."""
+    if not isinstance(sp, bool):
+        raise PipesimError(f"sequence parallelism must be true or false, got {sp!r}")
+    if recompute not in RECOMPUTE:
+        raise PipesimError(f"unknown --recompute {recompute!r}; choose {', '.join(RECOMPUTE)}")
+    if attention not in ATTENTION:
+        raise PipesimError(f"unknown --attention {attention!r}; choose {', '.join(ATTENTION)}")
+
+
+def check_tp_split(model: ModelConfig, tp: int) -> None:
+    """PipesimError unless tp divides what Megatron splits over it: the hidden size, and a transformer's heads,
+    kv heads and MLP width (the one place these messages are spelled)."""
+    sizes = [("--hidden", model.hidden)]
+    if model.kind == "gpt":
+        sizes += [("--heads", model.heads), ("--kv-heads", model.num_kv_heads), ("--ffn-hidden", model.ffn_size)]
+    for flag, value in sizes:
+        if value % tp:
+            raise PipesimError(f"{flag} {value} is not divisible by tp({tp})")
+
+
 def vocab_shard(model: ModelConfig, tp: int) -> int:
     """Vocabulary rows on one tp rank: ceil(V / tp) (Megatron pads the vocabulary to divide)."""
     return -(-model.vocab // tp)
 
 
-__all__ = ["ATTENTION", "RECOMPUTE", "LayerOptions", "vocab_shard"]
+__all__ = ["ATTENTION", "RECOMPUTE", "LayerOptions", "check_choices", "check_tp_split", "vocab_shard"]

@@ -47,7 +47,7 @@ def rank_seconds(c: Candidate, chunk_seconds: tuple[float, ...]) -> float:
 def optimizer_tail(c: Candidate, params: tuple[int, ...], precision: str, hw: Hardware, *,
                    loss_scaling: bool = False) -> float:
     """Seconds: the slowest rank's optimizer step over the parameters it owns, as step_costs times it."""
-    return max(optimizer_seconds(sum(params[s] for s in ids), dp=c.d, zero=c.zero, hw=hw, precision=precision,
+    return max(optimizer_seconds(sum(params[s] for s in ids), dp=c.dp, zero=c.zero, hw=hw, precision=precision,
                                  loss_scaling=loss_scaling) for ids in _held(c))
 
 

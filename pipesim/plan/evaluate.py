@@ -1,9 +1,8 @@
 """Costing one candidate the way `pipesim simulate` does (SimSetup), with the caches a search needs:
-the memory lower bound (no costs, no schedule), per-chunk seconds for the estimate per (chunks, mbs, t,
-recompute, sp, cp) (they do not depend on d, m or ZeRO), exact costs per (chunks, m, t, d, recompute, zero,
-sp, cp),
-one built schedule per (schedule, p, m, v), zb-auto / zb-2p's order per (schedule, costs). Exact memory is
-checked here, before any simulation.
+the memory lower bound (no costs, no schedule), per-chunk seconds for the estimate per (chunks, mbs, the
+job's layer options) (they do not depend on dp, m or ZeRO), exact costs per (candidate's Job, chunks, chains,
+m), one SimSetup per Job, one built schedule per (schedule, p, m, v), zb-auto / zb-2p's order per (schedule,
+costs). Exact memory is checked here, before any simulation.
 """
 
 from __future__ import annotations
@@ -15,6 +14,7 @@ from pipesim.cost.model_costs import ParallelCosts, model_costs
 from pipesim.cost.rank_memory import rank_memory
 from pipesim.errors import PipesimError
 from pipesim.ir.schedule import Schedule
+from pipesim.job import Job
 from pipesim.model.config import split_layers
 from pipesim.model.memory import MemoryBreakdown
 from pipesim.plan.memory_bound import MemoryBound
@@ -56,8 +56,9 @@ class Evaluator:
         self.schedules_built = 0
         self.simulated = 0
         self.flops = 0.0  # model FLOPs of one step (the search sets it; rows' MFU)
-        self.attention = req.attention or SimSetup(req.hardware, req.model).attention_kernel  # every candidate's
-        self.bounds = MemoryBound(req.model, self.attention, req.grad_fp32)
+        self.shared = req.shared_job  # what every candidate's Job shares (its attention decided)
+        self.attention = self.shared.attention_kernel  # every candidate's
+        self.bounds = MemoryBound(req.model, self.shared)
 
     def memory_bound(self, c: Candidate) -> int:
         """Bytes: a lower bound on `c`'s peak per GPU (pipesim.plan.memory_bound); PipesimError if the model refuses."""
@@ -67,10 +68,10 @@ class Evaluator:
         """F + I + W seconds per microbatch of each of `c`'s chunks, for the estimate (ordering only).
 
         A chunk's seconds are a per-stage constant, its layers', and the embedding's (first) and the head's
-        (last): one `model_costs` call on the cut [0, 1, 2, L - 3] per (mbs, t, recompute, sp, cp) gives the four
-        (the chunks' seconds do not depend on d, m or ZeRO), and every cut of every p x v is made from them.
+        (last): one `model_costs` call on the cut [0, 1, 2, L - 3] per (mbs, layer options) gives the four
+        (the chunks' seconds do not depend on dp, m or ZeRO), and every cut of every p x v is made from them.
         """
-        key = (c.chunks, c.mbs, c.t, c.recompute, c.sp, c.cp)
+        key = (c.chunks, c.mbs, self._layer_job(c))
         if key not in self._chunk_seconds:
             const, layer, first, last = self._pieces(c)
             chunks = c.chunks
@@ -81,33 +82,37 @@ class Evaluator:
 
     def _pieces(self, c: Candidate) -> tuple[float, float, float, float]:
         """Seconds per microbatch of (a stage's constant, one layer, the embedding, the head) under c's options."""
-        key = (c.mbs, c.t, c.recompute, c.sp, c.cp)
+        job = self._layer_job(c)
+        key = (c.mbs, job)
         if key not in self._pieces_cache:
             m = self.req.model
             if m.layers >= 3:
-                costs = model_costs(m, 4, m.batch // c.mbs, self.req.hardware, tp=c.t, sp=c.sp, cp=c.cp,
-                                    recompute=c.recompute, attention=self.attention, grad_fp32=self.req.grad_fp32,
-                                    layer_split=[0, 1, 2, m.layers - 3])
+                costs = model_costs(m, 4, m.batch // c.mbs, self.req.hardware, job, layer_split=[0, 1, 2, m.layers - 3])
                 t0, t1, t2, t3 = (x.forward + x.backward_input + x.backward_weight for x in costs.table.stages)
                 layer = t2 - t1
                 const = t1 - layer
                 pieces = (const, layer, t0 - const, t3 - const - (m.layers - 3) * layer)
             else:  # one or two layers: a stage per layer, the first with the embedding, the last with the head
-                costs = model_costs(m, m.layers, m.batch // c.mbs, self.req.hardware, tp=c.t, sp=c.sp, cp=c.cp,
-                                    recompute=c.recompute, attention=self.attention, grad_fp32=self.req.grad_fp32)
+                costs = model_costs(m, m.layers, m.batch // c.mbs, self.req.hardware, job)
                 total = [x.forward + x.backward_input + x.backward_weight for x in costs.table.stages]
                 pieces = (0.0, 0.0, total[0], total[-1] if m.layers > 1 else 0.0)
             self._pieces_cache[key] = pieces
         return self._pieces_cache[key]
 
+    def job(self, c: Candidate) -> Job:
+        """`c`'s Job: its layout and options over the request's shared ones (the caches' key)."""
+        return c.job(self.shared)
+
+    def _layer_job(self, c: Candidate) -> Job:
+        """`c`'s Job as a stage's seconds see it (Job.per_stage: not dp, ZeRO or p)."""
+        return self.job(c).per_stage()
+
     def setup(self, c: Candidate) -> SimSetup:
         """The SimSetup `pipesim simulate` would make from the exported command (memory checked here instead)."""
-        key = (c.t, c.d, c.recompute, c.zero, c.sp, c.cp)
-        if key not in self._setups:
-            self._setups[key] = SimSetup(self.req.hardware, self.req.model, dp=c.d, tp=c.t, cp=c.cp, check_memory=False,
-                                         recompute=c.recompute, sp=c.sp, zero=c.zero, attention=self.attention,
-                                         comm_options=self.req.comm, grad_fp32=self.req.grad_fp32)
-        return self._setups[key]
+        job = self.job(c)
+        if job not in self._setups:
+            self._setups[job] = SimSetup(self.req.hardware, self.req.model, job=job, check_memory=False)
+        return self._setups[job]
 
     def schedule(self, c: Candidate) -> Schedule:
         """The registered schedule, built once per (schedule, p, m, v); a refusal is remembered too."""
@@ -127,8 +132,7 @@ class Evaluator:
         """Costs, tuned schedule and memory of `c`; PipesimError when the schedule or model refuses it."""
         setup = self.setup(c)
         sched = self.schedule(c)
-        # DualPipe: spread on its chains
-        ckey = (c.chunks, sched.chains, c.m, c.t, c.d, c.recompute, c.zero, c.sp, c.cp)
+        ckey = (setup.job, c.chunks, sched.chains, c.m)  # DualPipe: spread on its chains
         if ckey not in self._costs:
             self._costs[ckey] = setup.costs(sched)
         costs = self._costs[ckey]

@@ -23,7 +23,7 @@ def simulate_command(c: Candidate, model_flags: list[str], hardware_flags: list[
     """argv of `pipesim simulate` for `c` (model and hardware flags as the plan was given them; `--attention`
     and the main gradients' flag when the plan was asked for them)."""
     argv = ["pipesim", "simulate", c.schedule, "--stages", str(c.p), "--microbatch-size", str(c.mbs),
-            "--tp", str(c.t), "--dp", str(c.d)]
+            "--tp", str(c.tp), "--dp", str(c.dp)]
     if c.cp > 1:
         argv += ["--cp", str(c.cp)]
     if c.v > 1:
@@ -49,8 +49,8 @@ def run_command(c: Candidate, model_flags: list[str], *, per_node: int, nodes: i
     executor keeps the whole optimizer state on every data-parallel rank: a ZeRO stage is a simulate figure;
     it has no context parallelism either, so `c.cp` is left out (`run_note` says so): pass per_node and nodes
     for the t x p x d ranks it runs, cp times fewer than the plan's GPUs."""
-    argv = ["pipesim", "run", c.schedule, "--stages", str(c.p), "--microbatches", str(c.m), "--tp", str(c.t),
-            "--dp", str(c.d)]
+    argv = ["pipesim", "run", c.schedule, "--stages", str(c.p), "--microbatches", str(c.m), "--tp", str(c.tp),
+            "--dp", str(c.dp)]
     if c.v > 1:
         argv += ["--virtual", str(c.v)]
     argv += ["--recompute", c.recompute]
@@ -67,7 +67,7 @@ def run_note(c: Candidate) -> str | None:
     if c.cp == 1:
         return None
     return (f"# the executor has no context parallelism: this runs cp {c.cp}'s layout without it, on "
-            f"{c.t * c.p * c.d} ranks that hold whole sequences, {c.cp}x the tokens per rank the plan counted "
+            f"{c.tp * c.p * c.dp} ranks that hold whole sequences, {c.cp}x the tokens per rank the plan counted "
             "(it may not fit memory)")
 
 
@@ -86,7 +86,7 @@ def megatron_args(c: Candidate, req: PlanRequest, attention: str | None = None) 
     if not even:
         out.append(f"# {m.layers} layers over {c.chunks} chunks: pipesim gives the remainder to the first chunks; "
                    "Megatron-LM splits unevenly only at the ends (--decoder-first/last-pipeline-num-layers)")
-    out += ["--tensor-model-parallel-size", str(c.t), "--pipeline-model-parallel-size", str(c.p)]
+    out += ["--tensor-model-parallel-size", str(c.tp), "--pipeline-model-parallel-size", str(c.p)]
     if c.cp > 1:
         out += ["--context-parallel-size", str(c.cp)]
     if c.v > 1 and even:
@@ -100,11 +100,11 @@ def megatron_args(c: Candidate, req: PlanRequest, attention: str | None = None) 
         out.append("--sequence-parallel")
     if attention == "flash":
         out.append("--use-flash-attn")
-    out += grad_flags(req.grad_fp32)
-    if req.comm.overlap_grad_reduce:  # the same names in Megatron-LM (--ddp-bucket-size in parameters too)
+    out += grad_flags(req.job.kernels.grad_fp32)
+    if req.job.comm.overlap_grad_reduce:  # the same names in Megatron-LM (--ddp-bucket-size in parameters too)
         out.append("--overlap-grad-reduce")
-        if req.comm.ddp_bucket_size is not None:
-            out += ["--ddp-bucket-size", str(req.comm.ddp_bucket_size)]
+        if req.job.comm.ddp_bucket_size is not None:
+            out += ["--ddp-bucket-size", str(req.job.comm.ddp_bucket_size)]
     out += _p2p_args(c, req)
     if c.zero == 1:
         out.append("--use-distributed-optimizer")
@@ -117,7 +117,7 @@ def _p2p_args(c: Candidate, req: PlanRequest) -> list[str]:
     """Megatron-LM waits on its pipeline sends unless --overlap-p2p-communication, which only its interleaved
     schedule takes (megatron/core/pipeline_parallel/schedules.py refuses it without); a plan made with
     --blocking-p2p timed Megatron's default, one without it timed sends that overlap the next compute."""
-    if c.p == 1 or req.comm.blocking_p2p:
+    if c.p == 1 or req.job.comm.blocking_p2p:
         return []
     if c.v > 1:
         return ["--overlap-p2p-communication"]
@@ -148,14 +148,14 @@ def megatron_text(c: Candidate, req: PlanRequest, attention: str | None = None) 
 def torchtitan_toml(c: Candidate, req: PlanRequest) -> str:
     """[parallelism], [training] and [activation_checkpoint] of torchtitan's job config for `c`."""
     m = req.model
-    shard = c.d if c.zero else 1
-    replicate = 1 if c.zero else c.d
+    shard = c.dp if c.zero else 1
+    replicate = 1 if c.zero else c.dp
     lines = ["[parallelism]",
              f"data_parallel_replicate_degree = {replicate}",
              f"data_parallel_shard_degree = {shard}"]
     if c.zero in (1, 2):
         lines.append('fsdp_reshard_after_forward = "never"  # ZeRO-2-like: parameters stay gathered')
-    lines += [f"tensor_parallel_degree = {c.t}",
+    lines += [f"tensor_parallel_degree = {c.tp}",
               f"context_parallel_degree = {c.cp}",
               f"pipeline_parallel_degree = {c.p}"]
     vflag = f" -v {c.v}" if c.v > 1 else ""
@@ -170,11 +170,11 @@ def torchtitan_toml(c: Candidate, req: PlanRequest) -> str:
     else:
         lines.append(f"# {m.layers} layers over {c.chunks} chunks do not split evenly: pipesim gives the remainder "
                      "to the first chunks (set module_fqns_per_model_part to match)")
-    lines += ["", "[training]", f"local_batch_size = {m.batch // c.d}", f"global_batch_size = {m.batch}",
+    lines += ["", "[training]", f"local_batch_size = {m.batch // c.dp}", f"global_batch_size = {m.batch}",
               f"seq_len = {m.seq}", "", "[activation_checkpoint]", f'mode = "{c.recompute}"']
     if c.recompute == "selective":
         lines.append('selective_ac_option = "op"')
-    if req.grad_fp32 is False:  # [training] above; torchtitan's default reduces in float32
+    if req.job.kernels.grad_fp32 is False:  # [training] above; torchtitan's default reduces in float32
         lines.insert(lines.index("[activation_checkpoint]") - 1, 'mixed_precision_reduce = "bfloat16"')
     return "\n".join(lines) + "\n"
 

@@ -12,6 +12,7 @@ bound <= exact on every registered schedule), so it is dropped without costing o
 from __future__ import annotations
 
 from pipesim.cost.model_costs import precision_of
+from pipesim.job import Job
 from pipesim.model.activations import stage_activation_bytes
 from pipesim.model.config import ModelConfig, split_layers
 from pipesim.model.memory import PRECISIONS, comm_buffer_bytes, step_peak_state
@@ -100,14 +101,15 @@ class MemoryBound:
     (model state by placement, p, v, t, d, ZeRO, not cp: every cp rank holds the same parameters; rank 0's stash
     by placement, p, v, mbs and the layer options, cp included)."""
 
-    def __init__(self, model: ModelConfig, attention: str, grad_fp32: bool | None = None) -> None:
-        self.model, self.attention = model, attention
-        self.precision = PRECISIONS[precision_of(model, grad_fp32)]
+    def __init__(self, model: ModelConfig, shared: Job) -> None:
+        """`shared`: what every candidate's Job shares (the request's `shared_job`: attention decided)."""
+        self.model, self.shared = model, shared
+        self.precision = PRECISIONS[precision_of(model, shared.kernels.grad_fp32)]
         self._params: dict[tuple, tuple[int, ...]] = {}
         self._states: dict[tuple, tuple[int, int]] = {}
         self._stash: dict[tuple, int] = {}
         self._buffers: dict[tuple, int] = {}
-        self._options: dict[tuple, LayerOptions] = {}
+        self._checked: set[LayerOptions] = set()
 
     def params(self, chunks: int, t: int) -> tuple[int, ...]:
         key = (chunks, t)
@@ -116,27 +118,27 @@ class MemoryBound:
         return self._params[key]
 
     def options(self, c) -> LayerOptions:
-        key = (c.t, c.sp, c.recompute, c.cp)
-        if key not in self._options:
-            self._options[key] = LayerOptions(tp=c.t, sp=c.sp, cp=c.cp, recompute=c.recompute,
-                                              attention=self.attention)
-            self._options[key].check(self.model)
-        return self._options[key]
+        """`c`'s layer options (its Job's), checked against the model once per distinct options."""
+        opts = c.job(self.shared).layer_options(self.model)
+        if opts not in self._checked:
+            opts.check(self.model)
+            self._checked.add(opts)
+        return opts
 
     def states(self, family: str | None, c) -> tuple[int, int]:
         """(the fullest rank's model state, rank 0's) in bytes; unknown placement: the smallest chunk's, twice."""
-        key = (family, c.p, c.v, c.t, c.d, c.zero)
+        key = (family, c.p, c.v, c.tp, c.dp, c.zero)
         if key not in self._states:
-            params = self.params(c.chunks, c.t)
+            params = self.params(c.chunks, c.tp)
             held = family_chunks(family, c.p, c.k) or [[min(range(c.chunks), key=lambda s: params[s])]]
-            states = [step_peak_state(sum(params[s] for s in ids), dp=c.d, zero=c.zero, precision=self.precision).total
+            states = [step_peak_state(sum(params[s] for s in ids), dp=c.dp, zero=c.zero, precision=self.precision).total
                       for ids in held]
             self._states[key] = (max(states), states[0])
         return self._states[key]
 
     def first_stash(self, family: str | None, c, opts: LayerOptions) -> int:
         """The smallest per-microbatch stash among rank 0's chunks (any chunk when the placement is unknown)."""
-        key = (family, c.p, c.v, c.mbs, c.t, c.sp, c.recompute, c.cp)
+        key = (family, c.p, c.v, c.mbs, c.tp, c.sp, c.recompute, c.cp)
         if key not in self._stash:
             chunks = c.chunks
             split = split_layers(self.model.layers, chunks)
@@ -147,9 +149,9 @@ class MemoryBound:
         return self._stash[key]
 
     def buffers(self, c, opts: LayerOptions) -> int:
-        key = (c.mbs, c.t, c.sp, c.recompute, c.cp, c.d, c.zero)
+        key = (c.mbs, c.tp, c.sp, c.recompute, c.cp, c.dp, c.zero)
         if key not in self._buffers:
-            self._buffers[key] = comm_buffer_bytes(self.model, c.mbs, opts, dp=c.d, zero=c.zero,
+            self._buffers[key] = comm_buffer_bytes(self.model, c.mbs, opts, dp=c.dp, zero=c.zero,
                                                    precision=self.precision)
         return self._buffers[key]
 

@@ -37,7 +37,7 @@ class PlanRow:
 
     def to_dict(self) -> dict:
         c = self.candidate
-        return {"schedule": c.schedule, "pp": c.p, "virtual": c.v, "tp": c.t, "dp": c.d, "cp": c.cp,
+        return {"schedule": c.schedule, "pp": c.p, "virtual": c.v, "tp": c.tp, "dp": c.dp, "cp": c.cp,
                 "microbatch_size": c.mbs, "microbatches": c.m, "recompute": c.recompute, "zero": c.zero,
                 "sequence_parallel": c.sp, "step_time": self.step_time, "tokens_per_s": self.tokens_per_s,
                 "mfu": self.mfu, "tflops_per_gpu": self.tflops_per_gpu, "peak_memory": self.peak_memory,
@@ -80,8 +80,8 @@ def _largest_difference(row: PlanRow, best: PlanRow) -> str:
         return f"memory-forced {c.recompute} recompute: +{ms:.2f} ms compute"
     if part == "compute" and c.recompute != w.recompute:
         return f"{c.recompute} recompute vs {w.recompute}: +{ms:.2f} ms compute"
-    if part == "compute" and c.t != w.t:
-        return f"tp {c.t} vs {w.t}: +{ms:.2f} ms compute (collectives, smaller matmuls)"
+    if part == "compute" and c.tp != w.tp:
+        return f"tp {c.tp} vs {w.tp}: +{ms:.2f} ms compute (collectives, smaller matmuls)"
     if part == "compute" and c.cp != w.cp:
         return f"cp {c.cp} vs {w.cp}: +{ms:.2f} ms compute (ring attention hops, shorter matmuls)"
     if part == "bubble":

@@ -48,7 +48,7 @@ class PlanResult:
 
 
 def _key(c: Candidate) -> tuple:
-    return (c.schedule, c.p, c.v, c.t, c.d, c.mbs, c.recompute, c.zero, c.sp, c.cp)
+    return (c.schedule, c.p, c.v, c.tp, c.dp, c.mbs, c.recompute, c.zero, c.sp, c.cp)
 
 
 def _refused_lighter(c: Candidate, over: set) -> bool:
@@ -87,7 +87,7 @@ def plan(req: PlanRequest, *, max_candidates: int = DEFAULT_MAX_CANDIDATES, max_
     survivors: list[tuple[float, int, Candidate]] = []
     over: set = set()
     closest: tuple[int, Candidate] | None = None
-    precision = precision_of(req.model, req.grad_fp32)
+    precision = precision_of(req.model, req.job.kernels.grad_fp32)
     fp16 = req.model.dtype == "float16"  # trained under a loss scale
     disable = None if progress else True
     for c in tqdm(candidates, desc="plan: bound", unit="cand", disable=disable, leave=False):
@@ -102,7 +102,7 @@ def plan(req: PlanRequest, *, max_candidates: int = DEFAULT_MAX_CANDIDATES, max_
             if closest is None or (bound, c) < closest:
                 closest = (bound, c)
             continue
-        tail = optimizer_tail(c, ev.bounds.params(c.chunks, c.t), precision, req.hardware, loss_scaling=fp16)
+        tail = optimizer_tail(c, ev.bounds.params(c.chunks, c.tp), precision, req.hardware, loss_scaling=fp16)
         survivors.append((estimate(c, ev.chunk_seconds(c), tail), c.chunks * c.m, c))
     survivors.sort()
     forced = list(include)

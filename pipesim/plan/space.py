@@ -1,29 +1,31 @@
-"""The planner's search space: every (schedule, p, v, t, cp, d, microbatch size, recompute, zero) that divides
+"""The planner's search space: every (schedule, p, v, tp, cp, dp, microbatch size, recompute, zero) that divides
 the model, the batch and the cluster, found by exact arithmetic before anything is costed.
 
-Rules: t x cp x p x d == GPUs; t divides the GPUs of a node (tensor parallelism stays on NVLink) and the heads
+Rules: tp x cp x p x dp == GPUs; tp divides the GPUs of a node (tensor parallelism stays on NVLink) and the heads
 and hidden size (and kv heads); cp is one of the request's `cps` that `LayerOptions.check` admits (flash
-attention, a sequence divisible by 2 cp), and t x cp may cross nodes (ring attention's hops overlap the
+attention, a sequence divisible by 2 cp), and tp x cp may cross nodes (ring attention's hops overlap the
 attention blocks; Llama 3 405B's 128k-token phase ran tp 8 x cp 16 on 8-GPU nodes); the layers go over p x v
 chunks, evenly or (with `uneven`, the default) as `split_layers` splits them (earlier chunks take the
-remainder; p x v at most the layers); the global batch splits into d replicas x m microbatches of mbs
-sequences; ZeRO only with d > 1; sequence parallelism on, off or both when t > 1 (`sequence_parallel`).
+remainder; p x v at most the layers); the global batch splits into dp replicas x m microbatches of mbs
+sequences; ZeRO only with dp > 1; sequence parallelism on, off or both when tp > 1 (`sequence_parallel`).
+A candidate's options are a Job (`Candidate.job`): the request's shared ones with the candidate's layout.
 With p = 1 every schedule is the same single stage, so only 1f1b is kept. When nothing is left, `NoLayout`
 names the constraint that removed the last survivors.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 
 import schedules
-from pipesim.comm.comm_options import CommOptions
 from pipesim.errors import PipesimError
 from pipesim.hardware.machine import Hardware
+from pipesim.job import Job
 from pipesim.model.config import ModelConfig
 from pipesim.model.options import LayerOptions
-from pipesim.sim.sim_setup import default_attention
+from pipesim.parallel_dims import ParallelDims
+from pipesim.sim.sim_setup import on_gpus
 
 VIRTUALS = (2, 3, 4)  # chunks per rank tried for schedules that take --virtual
 MAX_STAGE_MICROBATCHES = 1 << 20  # p x v x m above this is not built (the simulate command's own bound)
@@ -37,21 +39,26 @@ class PlanRequest:
 
     model: ModelConfig
     hardware: Hardware  # already joined to the right number of nodes
-    gpus: int  # GPUs the plan must fill exactly (t x cp x p x d)
+    gpus: int  # GPUs the plan must fill exactly (tp x cp x p x dp)
     schedules: tuple[str, ...] = ()  # empty: every registered schedule
     max_tp: int | None = None  # None: the GPUs of one node
     recomputes: tuple[str, ...] = RECOMPUTES
     zeros: tuple[int, ...] = ZEROS
-    comm: CommOptions = CommOptions()  # scatter/gather, overlapped gradient buckets (as simulate's flags)
-    attention: str | None = None  # None: SimSetup's default for the model and device
-    sequence_parallel: tuple[bool, ...] = (True,)  # choices when t > 1 (Megatron's practice: on)
+    # what every candidate shares: attention (None: SimSetup's default), comm options (as simulate's flags), the
+    # main gradients' dtype; its layout, recompute, sp and zero are each candidate's (`Candidate.job`)
+    job: Job = Job()
+    sequence_parallel: tuple[bool, ...] = (True,)  # choices when tp > 1 (Megatron's practice: on)
     uneven: bool = True  # p x v need not divide the layers (split_layers' remainder split)
     cps: tuple[int, ...] = (1,)  # context-parallel sizes to try (default none: today's plans unchanged)
-    grad_fp32: bool | None = None  # float32 main gradients (None: the dtype's default, model_costs.precision_of)
 
     @property
     def schedule_names(self) -> tuple[str, ...]:
         return self.schedules or tuple(schedules.names())
+
+    @property
+    def shared_job(self) -> Job:
+        """The options every candidate shares, its attention kernel decided as `pipesim simulate` decides it."""
+        return self.job.resolve_attention(on_gpus(self.hardware), self.model)
 
 
 @dataclass(frozen=True, order=True)
@@ -61,14 +68,20 @@ class Candidate:
     schedule: str
     p: int  # pipeline ranks
     v: int  # chunks per rank
-    t: int  # tensor-parallel ranks
-    d: int  # data-parallel replicas
+    tp: int  # tensor-parallel ranks
+    dp: int  # data-parallel replicas
     mbs: int  # sequences per microbatch
     m: int  # microbatches per step on each replica
     recompute: str
     zero: int
-    sp: bool = False  # sequence parallelism (only with t > 1)
+    sp: bool = False  # sequence parallelism (only with tp > 1)
     cp: int = 1  # context-parallel ranks (each holds seq / cp tokens of every sequence)
+
+    def job(self, shared: Job) -> Job:
+        """This candidate's Job: its layout, recompute, sp and ZeRO over the request's `shared_job` (the one
+        place a candidate's fields become options)."""
+        return replace(shared, dims=ParallelDims(pp=self.p, dp=self.dp, tp=self.tp, cp=self.cp),
+                       recompute=self.recompute, sp=self.sp, zero=self.zero)
 
     @property
     def k(self) -> int:
@@ -87,9 +100,9 @@ class Candidate:
 
     def label(self) -> str:
         v = f" v{self.v}" if self.v > 1 else ""
-        sp = " sp" if self.sp else (" nosp" if self.t > 1 else "")
+        sp = " sp" if self.sp else (" nosp" if self.tp > 1 else "")
         cp = f" cp{self.cp}" if self.cp > 1 else ""
-        return (f"{self.schedule} p{self.p}{v} t{self.t}{sp}{cp} d{self.d} mbs{self.mbs} m{self.m} "
+        return (f"{self.schedule} p{self.p}{v} t{self.tp}{sp}{cp} d{self.dp} mbs{self.mbs} m{self.m} "
                 f"rc={self.recompute} zero{self.zero}")
 
 
@@ -118,9 +131,8 @@ def _tp_ok(model: ModelConfig, t: int) -> bool:
 
 def cp_refusal(req: PlanRequest, cp: int) -> str | None:
     """Why the model layer refuses context parallelism `cp` (LayerOptions.check's line), None when it admits it."""
-    attention = req.attention or default_attention(req.hardware, req.model)
     try:
-        LayerOptions(cp=cp, attention=attention).check(req.model)
+        LayerOptions(cp=cp, attention=req.shared_job.attention_kernel).check(req.model)
     except PipesimError as exc:
         return str(exc)
     return None
