@@ -1,27 +1,30 @@
-"""Simulator speed: pipesim's discrete-event simulation vs torch.distributed.pipelining's unit-time dry run.
+"""Simulator speed: pipesim's whole `simulate` against torch.distributed.pipelining's in-process dry run.
 
-Both simulate the same lowered program (1F1B at every size, plus interleaved 1F1B p=32, m=256, v=2;
-pipesim's, converted to torch `_Action`s): pipesim with
-real durations and every P2P transfer holding its links, torch with every action one time unit
-(`schedules._simulate_comms_compute`). Reports simulated actions per second and the ratio.
+The issue's two reference cases, unit costs, no links: GPipe p=64, m=1024 and interleaved 1F1B p=32, m=256,
+v=2. Goal: pipesim at most 0.5x torch's CPU time on both, measured side by side in one run.
 
-    .venv/bin/python bench/bench_simulator.py              # sizes up to p=64, m=1024
-    .venv/bin/python bench/bench_simulator.py --quick      # small sizes only
-    .venv/bin/python bench/bench_simulator.py --only 64x1024,32x256v2   # the two reference cases
+- pipesim: `schedules.build` + `simulate(schedule, CostTable.uniform(stages, 1, 1, 1), None, comm=False)`,
+  which lowers (add_p2p), simulates and builds the SimResult; its makespan is checked against the closed form.
+- torch: its own generator (`_calculate_single_rank_operations` of ScheduleLoopedBFS with one local stage,
+  which is GPipe, or of ScheduleInterleaved1F1B, on every rank, no process group), `_add_send_recv` and
+  `_simulate_comms_compute`.
 
-Timings are CPU-time minima over repeats because the machine may be shared; compare the ratio.
-The last two sizes show how each grows with longer programs.
+    .venv/bin/python bench/bench_simulator.py            # the two reference cases
+    .venv/bin/python bench/bench_simulator.py --quick    # the same schedules at small sizes (a smoke run)
+    .venv/bin/python bench/bench_simulator.py --links    # then the older table: 1F1B with links modeled
 
-torch's dry run pops from the front of Python lists and rescans every rank each time step, so it
-grows faster than linearly; it is skipped at sizes where the previous size took over --torch-budget
-seconds (the estimate for the skipped size is printed instead).
+Timings are CPU-time minima over repeats, pipesim and torch alternating, because the machine may be shared;
+compare the ratio.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import time
+from collections.abc import Callable
+from typing import NamedTuple
 
 import schedules
 from pipesim.cost.table import CostTable
@@ -29,8 +32,108 @@ from pipesim.hardware.toml_io import load_hardware
 from pipesim.ir.lowering import add_p2p
 from pipesim.sim.simulator import simulate
 
-SIZES = [(4, 32), (8, 64), (16, 128), (32, 256), (64, 512), (64, 1024), (8, 4096), (64, 2048)]
-INTERLEAVED = [(32, 256, 2)]  # (p, m, v) of interleaved 1F1B, run after the 1F1B sizes
+GOAL = 0.5  # pipesim's CPU time over torch's, at most
+F, I, W = 1.0, 1.0, 1.0  # unit costs: forward, input-gradient and weight-gradient halves of a backward
+
+
+class Case(NamedTuple):
+    """One schedule at one size: `name` in pipesim's registry; v = 1 means one stage per rank."""
+
+    name: str
+    p: int
+    m: int
+    v: int = 1
+
+    def label(self) -> str:
+        return f"{self.name} p={self.p} m={self.m}" + (f" v={self.v}" if self.v > 1 else "")
+
+
+REFERENCE = [Case("gpipe", 64, 1024), Case("interleaved-1f1b", 32, 256, 2)]
+QUICK = [Case("gpipe", 8, 64), Case("interleaved-1f1b", 4, 32, 2)]
+
+
+def closed_form_makespan(case: Case) -> float:
+    """Unit-cost makespan (B = I + W): (m v + p - 1) (F + B) chunk-times, tests/test_closed_forms.py's formulas."""
+    return (case.m * case.v + case.p - 1) * (F + I + W)
+
+
+def pipesim_run(case: Case) -> tuple[int, float]:
+    """(actions, makespan) of pipesim's generation + simulate (lowering and result included)."""
+    sched = schedules.build(case.name, case.p, case.m, case.v)
+    result = simulate(sched, CostTable.uniform(sched.num_stages, F, I, W), None, comm=False)
+    return result.num_actions(), result.makespan
+
+
+def torch_schedules():
+    """torch.distributed.pipelining.schedules, imported before any timing so its import is not counted."""
+    from torch.distributed.pipelining import schedules as ts  # local import: torch stays out of start-up
+
+    return ts
+
+
+def torch_run(case: Case, ts) -> tuple[int, int]:
+    """(actions, time steps) of torch's generation + `_add_send_recv` + `_simulate_comms_compute`, in process."""
+    cls = ts.ScheduleLoopedBFS if case.v == 1 else ts.ScheduleInterleaved1F1B
+    gen = cls.__new__(cls)  # no __init__: it wants stages and a process group; the generator reads only these
+    gen.pp_group_size, gen.n_local_stages, gen._n_microbatches = case.p, case.v, case.m
+    gen._stages = [None] * case.v
+    gen.number_of_rounds = max(1, case.m // case.p)
+    gen.microbatches_per_round = case.m // gen.number_of_rounds
+    order = {r: gen._calculate_single_rank_operations(r) for r in range(case.p)}
+    compute = {r: [a for a in acts if a is not None] for r, acts in order.items()}
+    num_stages = case.p * case.v
+
+    def stage_to_rank(stage: int) -> int:
+        return stage % case.p
+
+    lowered = ts._add_send_recv(compute, stage_to_rank, num_stages)
+    steps = ts._simulate_comms_compute(lowered, stage_to_rank, num_stages)
+    return sum(len(acts) for acts in lowered.values()), max(len(s) for s in steps.values())
+
+
+def timed(fn: Callable[[], object]) -> tuple[float, object]:
+    """(CPU seconds, result) of one call, after collecting the previous run's garbage (untimed)."""
+    gc.collect()
+    t0 = time.process_time()
+    out = fn()
+    return time.process_time() - t0, out
+
+
+def compare(case: Case, repeats: int, ts) -> bool:
+    """Time both sides `repeats` times, alternating which goes first; print one line; True when within GOAL."""
+    best_ps = best_torch = float("inf")
+    ps_out = torch_out = None
+    for i in range(repeats):
+        for side in (("pipesim", "torch") if i % 2 == 0 else ("torch", "pipesim")):
+            if side == "pipesim":
+                seconds, ps_out = timed(lambda: pipesim_run(case))
+                best_ps = min(best_ps, seconds)
+            else:
+                seconds, torch_out = timed(lambda: torch_run(case, ts))
+                best_torch = min(best_torch, seconds)
+    (ps_actions, makespan), (torch_actions, torch_steps) = ps_out, torch_out
+    expected = closed_form_makespan(case)
+    assert makespan == expected, f"{case.label()}: pipesim makespan {makespan}, closed form {expected}"
+    ratio = best_ps / best_torch
+    ok = ratio <= GOAL
+    print(f"{case.label():<32} {ps_actions:>8} {best_ps:>10.3f} | {torch_actions:>8} {torch_steps:>7} "
+          f"{best_torch:>9.3f} | {ratio:>6.2f}x (goal <= {GOAL}x) {'PASS' if ok else 'MISS'}", flush=True)
+    return ok
+
+
+def reference_table(cases: list[Case], repeats: int) -> bool:
+    """The issue's comparison; True when every case is within GOAL."""
+    print(f"pipesim: build + simulate (unit costs F = I = W = 1, no links, result included); torch: generation + "
+          f"_add_send_recv + _simulate_comms_compute. CPU seconds, best of {repeats}, alternating.")
+    print(f"{'case':<32} {'actions':>8} {'pipesim s':>10} | {'actions':>8} {'steps':>7} {'torch s':>9} | "
+          "pipesim / torch")
+    ts = torch_schedules()
+    return all([compare(case, repeats, ts) for case in cases])
+
+
+# --links: the older table, 1F1B with every transfer holding its links vs torch's dry run on the same program
+LINK_SIZES = [(4, 32), (8, 64), (16, 128), (32, 256), (64, 512), (64, 1024), (8, 4096), (64, 2048)]
+LINK_INTERLEAVED = [(32, 256, 2)]  # (p, m, v) of interleaved 1F1B, after the 1F1B sizes
 
 
 def hardware_for(ranks: int):
@@ -40,78 +143,78 @@ def hardware_for(ranks: int):
     return dataclasses.replace(base, name=f"{nodes}x-dgx-h100", num_nodes=nodes) if nodes > base.num_nodes else base
 
 
-def best_of(fn, repeats: int):
+def best_of(fn: Callable[[], object], repeats: int) -> tuple[float, object]:
     """Smallest CPU time of `repeats` calls (the machine is shared; CPU time and the minimum are the least noisy)."""
     best, out = float("inf"), None
     for _ in range(repeats):
-        t0 = time.process_time()
-        out = fn()
-        best = min(best, time.process_time() - t0)
+        seconds, out = timed(fn)
+        best = min(best, seconds)
     return best, out
 
 
-def time_pipesim(lowered, repeats: int) -> tuple[float, int, float]:
-    """(seconds, actions, makespan) of simulate() on the lowered program, links modeled, result included."""
-    p = lowered.num_ranks
+def links_pipesim(lowered, repeats: int) -> tuple[float, int]:
+    """(seconds, actions) of simulate() on the lowered program, links modeled, result included."""
     # a GPT-ish stage: 1 ms F, 2 ms B, 16 MiB per message, 64 MiB stashed per microbatch
     table = CostTable.uniform(lowered.num_stages, 1e-3, 1e-3, 1e-3, boundary_bytes=16 << 20, activation_bytes=64 << 20)
-    hw = hardware_for(p)
+    hw = hardware_for(lowered.num_ranks)
     seconds, result = best_of(lambda: simulate(lowered, table, hw, comm=True), repeats)
-    return seconds, result.num_actions(), result.makespan
+    return seconds, result.num_actions()
 
 
-def time_torch(lowered, repeats: int) -> tuple[float, int]:
-    """(seconds, actions) of torch's dry run on the same lowered program."""
-    from torch.distributed.pipelining.schedules import _Action, _simulate_comms_compute
+def links_torch(lowered, repeats: int) -> float:
+    """Seconds of torch's dry run alone on the same lowered program (the conversion to `_Action`s not counted)."""
+    ts = torch_schedules()
 
-    def run():
-        order = {r: [_Action.from_str(str(a)) for a in prog] for r, prog in enumerate(lowered.programs)}
+    def run() -> float:
+        order = {r: [ts._Action.from_str(str(a)) for a in prog] for r, prog in enumerate(lowered.programs)}
         t0 = time.process_time()
-        _simulate_comms_compute(order, lowered.rank_of, lowered.num_stages)
-        return time.process_time() - t0  # the conversion above is not torch's cost
+        ts._simulate_comms_compute(order, lowered.rank_of, lowered.num_stages)
+        return time.process_time() - t0
 
-    seconds = min(run() for _ in range(repeats))
-    return seconds, lowered.num_actions()
+    return min(run() for _ in range(repeats))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="only the three smallest sizes")
-    parser.add_argument("--max-actions", type=int, default=2_000_000, help="skip sizes with more actions")
-    parser.add_argument("--repeats", type=int, default=3, help="best of N runs per size (default 3)")
-    parser.add_argument("--only", default="", help="comma-separated cases such as 64x1024,32x256v2 (default: all)")
-    parser.add_argument("--torch-budget", type=float, default=30.0, help="skip torch once a size took longer (s)")
-    args = parser.parse_args()
-    cases = [("1f1b", p, m, 1) for p, m in (SIZES[:3] if args.quick else SIZES)]
-    cases += [] if args.quick else [("interleaved-1f1b", p, m, v) for p, m, v in INTERLEAVED]
-    if args.only:
-        wanted = set(args.only.split(","))
-        cases = [c for c in cases if f"{c[1]}x{c[2]}" + (f"v{c[3]}" if c[3] > 1 else "") in wanted]
-    print("1F1B (v = 1) and interleaved 1F1B (v = 2), both simulators fed the same lowered program "
-          "(compute + SEND/RECV actions); best of "
-          f"{args.repeats}; CPU seconds of this process")
-    print(f"{'p':>3} {'m':>5} {'v':>2} {'actions':>8} | {'pipesim s':>9} {'actions/s':>10} | {'torch s':>9} "
-          f"{'actions/s':>10} | {'pipesim faster by':>17} | {'lowering s':>10}")
+def links_table(quick: bool, repeats: int, max_actions: int, torch_budget: float) -> None:
+    """pipesim with links vs torch's unit-time dry run on one lowered program, 1F1B up to p=64, m=2048."""
+    cases = [Case("1f1b", p, m) for p, m in (LINK_SIZES[:3] if quick else LINK_SIZES)]
+    cases += [] if quick else [Case("interleaved-1f1b", p, m, v) for p, m, v in LINK_INTERLEAVED]
+    print(f"\n--links: both simulators fed the same lowered program; pipesim times every transfer on its links "
+          f"(DGX H100 nodes), torch one time unit per action. Best of {repeats}.")
+    print(f"{'case':<32} {'actions':>8} | {'pipesim s':>9} {'actions/s':>10} | {'torch s':>9} {'actions/s':>10} | "
+          "pipesim faster by")
     last_torch = 0.0
-    for name, p, m, v in cases:
-        if 2 * p * m * v * 3 > args.max_actions:
+    for case in cases:
+        if 2 * case.p * case.m * case.v * 3 > max_actions:
             continue
-        sched = schedules.build(name, p, m, v) if v > 1 else schedules.build(name, p, m)
-        lower_s, lowered = best_of(lambda s=sched: add_p2p(s), 1)
-        ps, n, _ = time_pipesim(lowered, args.repeats)
-        line = f"{p:>3} {m:>5} {v:>2} {n:>8} | {ps:>9.3f} {n / ps:>10.0f} | "
-        if args.only or last_torch <= args.torch_budget:
-            ts, tn = time_torch(lowered, args.repeats if last_torch < 5 else 1)
-            assert tn == n, (tn, n)
-            last_torch = ts
-            line += f"{ts:>9.3f} {n / ts:>10.0f} | {ts / ps:>16.2f}x"
+        lowered = add_p2p(schedules.build(case.name, case.p, case.m, case.v))
+        ps, n = links_pipesim(lowered, repeats)
+        line = f"{case.label():<32} {n:>8} | {ps:>9.3f} {n / ps:>10.0f} | "
+        if last_torch <= torch_budget:  # torch's dry run grows faster than linearly: skip it past the budget
+            last_torch = links_torch(lowered, repeats if last_torch < 5 else 1)
+            line += f"{last_torch:>9.3f} {n / last_torch:>10.0f} | {last_torch / ps:>16.2f}x"
         else:
-            line += f"{'skipped':>9} {'':>10} | {'':>17}"
-        print(line + f" | {lower_s:>10.3f}", flush=True)
-    print("pipesim: real durations, every transfer holds its links (DGX H100 nodes, NVSwitch + InfiniBand), "
-          "memory and critical path recorded; torch: one time unit per action, no links.")
-    print("lowering s: pipesim.ir.lowering.add_p2p (compute-only -> with SEND/RECV), paid once by `pipesim simulate`.")
+            line += f"{'skipped':>9} {'':>10} |"
+        print(line, flush=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes only (a smoke run, no goal)")
+    parser.add_argument("--repeats", type=int, default=3, help="best of N runs per case (default 3)")
+    parser.add_argument("--links", action="store_true", help="then the older 1F1B table with links modeled")
+    parser.add_argument("--max-actions", type=int, default=2_000_000, help="--links: skip sizes with more actions")
+    parser.add_argument("--torch-budget", type=float, default=30.0,
+                        help="--links: skip torch once a size took longer (seconds)")
+    args = parser.parse_args()
+    ok = reference_table(QUICK if args.quick else REFERENCE, args.repeats)
+    if args.links:
+        links_table(args.quick, args.repeats, args.max_actions, args.torch_budget)
+    if args.quick:
+        print("--quick: small sizes, a smoke run; the goal is for the reference cases (run without --quick)")
+    else:
+        print("goal met on both reference cases" if ok else f"goal (pipesim <= {GOAL}x torch) missed on some case")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from pipesim.errors import PipesimError
+from pipesim.ir.gc_pause import no_gc
 from pipesim.ir.schedule import Schedule
 
 Builder = Callable[[int, int, int], Schedule]  # (ranks p, microbatches m, virtual v) -> schedule
@@ -72,7 +73,8 @@ def build(name: str, stages: int, microbatches: int, virtual: int | None = None)
         raise PipesimError(f"--virtual must be a positive integer, got {v!r}")
     if v != 1 and not entry.virtual:
         raise PipesimError(f"schedule {name!r} has one stage per rank; --virtual {v} is not admitted")
-    return entry.build(stages, microbatches, v)
+    with no_gc():  # a big schedule is 100k+ action tuples: the cyclic GC would rescan everything alive meanwhile
+        return entry.build(stages, microbatches, v)
 
 
 _discover()

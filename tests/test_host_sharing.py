@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from pipesim.hardware.toml_io import load_hardware
-from pipesim.sim.clock import HeapClock as Clock
+from pipesim.sim.clock import Clock
 from pipesim.sim.host.sharing import HostSharing, runnable_profile, speed
 
 

@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from pipesim.hardware.toml_io import hardware_to_toml, load_hardware
-from pipesim.sim.clock import HeapClock as Clock
+from pipesim.sim.clock import Clock
 from pipesim.sim.host.slices import HostTimeSlices
 
 

@@ -9,12 +9,15 @@ import pytest
 
 import schedules
 from pipesim.comm.collective_algos import collective_seconds
+from pipesim.comm.tp_collective import TpCollective
 from pipesim.cost.model_costs import ParallelCosts, model_costs
 from pipesim.cost.table import CostTable, StageCosts
 from pipesim.hardware.machine import DeviceSpec, Hardware, HostProfile, LinkClass
 from pipesim.hardware.toml_io import load_hardware
 from pipesim.ir.graph import critical_path
+from pipesim.job import Job
 from pipesim.model.config import ModelConfig
+from pipesim.parallel_dims import ParallelDims
 from pipesim.sim.simulator import simulate
 from pipesim.timeline import Timeline
 
@@ -139,7 +142,7 @@ def test_peak_activation_memory(p, m):
 def test_dp_allreduce_adds_exactly_its_time_at_the_end():
     hw = load_hardware("dgx-h100")
     sched = schedules.build("1f1b", 1, 4)
-    costs = ParallelCosts(CostTable.uniform(1, 1.0, 0.5, 0.5), tp=1, dp=2, tp_collectives={},
+    costs = ParallelCosts(CostTable.uniform(1, 1.0, 0.5, 0.5), Job(ParallelDims(dp=2)), tp_collectives={},
                           dp_grad_bytes=(10**9,), layers_per_stage=(0,))
     result = simulate(sched, costs, hw)
     t_ar = collective_seconds(hw, "all_reduce", [0, 1], 10**9)
@@ -152,8 +155,9 @@ def test_dp_allreduce_adds_exactly_its_time_at_the_end():
 def test_tp_collectives_block_inside_compute():
     hw = load_hardware("dgx-h100")
     sched = schedules.build("gpipe", 1, 1)
-    costs = ParallelCosts(CostTable.uniform(1, 1.0, 0.5, 0.5), tp=4, dp=1,
-                          tp_collectives={(0, "F"): (("all_reduce", 2**20),), (0, "B"): (("all_reduce", 2**20),) * 2},
+    ar = TpCollective("all_reduce", 2**20)
+    costs = ParallelCosts(CostTable.uniform(1, 1.0, 0.5, 0.5), Job(ParallelDims(tp=4)),
+                          tp_collectives={(0, "F"): (ar,), (0, "B"): (ar,) * 2},
                           dp_grad_bytes=(0,), layers_per_stage=(0,))
     result = simulate(sched, costs, hw)
     t = collective_seconds(hw, "all_reduce", [0, 1, 2, 3], 2**20)
@@ -166,7 +170,7 @@ def test_replicas_and_shards_place_ranks_on_megatron_devices():
     hw = load_hardware("2x-dgx-h100")
     model = ModelConfig(kind="gpt", hidden=256, layers=4, heads=4, seq=64, vocab=512, batch=16)
     sched = schedules.build("1f1b", 2, 4)
-    costs = model_costs(model, 2, 4, hw, tp=2, dp=4)
+    costs = model_costs(model, 2, 4, hw, Job(ParallelDims(tp=2, dp=4)))
     result = simulate(sched, costs, hw)
     assert result.devices == [0, 8]  # rank r on device r * dp * tp: the pipeline crosses the node boundary
     assert {t.link for t in result.transfers} == {"infiniband"}
@@ -188,7 +192,8 @@ def test_same_input_same_json_bit_for_bit():
     hw = load_hardware("2x-dgx-h100")
     model = ModelConfig(kind="gpt", hidden=256, layers=8, heads=4, seq=64, vocab=512, batch=32)
     sched = schedules.build("interleaved-1f1b", 4, 8, 2)
-    texts = {json.dumps(simulate(sched, model_costs(model, 8, 8, hw, dp=2), hw).to_dict()) for _ in range(2)}
+    costs = model_costs(model, 8, 8, hw, Job(ParallelDims(dp=2)))
+    texts = {json.dumps(simulate(sched, costs, hw).to_dict()) for _ in range(2)}
     assert len(texts) == 1
 
 
@@ -293,20 +298,28 @@ def test_compute_plugin_adds_split_bookkeeping_only_with_a_host_profile():
     assert host.seconds(Action(0, Kind.W, 0)) == 4.0  # the first stage's W is a plain backward
 
 
-def test_host_plugin_only_for_hardware_with_a_host_profile():
+def test_cpu_plugins_only_for_hardware_with_a_host_profile():
     from dataclasses import replace
 
-    from pipesim.sim.clock import HeapClock as Clock
+    from pipesim.sim.clock import Clock
     from pipesim.sim.host.sharing import HostSharing
     from pipesim.sim.host.slices import HostTimeSlices
-    from pipesim.sim.simulator import host_model
+    from pipesim.sim.links import GlooP2P, PlainP2P
+    from pipesim.sim.plugins import plugins_for
 
+    table = CostTable.uniform(2, 1.0, 1.0, 1.0)
     for name in ("dgx-h100", "2x-dgx-h100", "pcie-4gpu"):
-        assert load_hardware(name).host is None and host_model(Clock(), load_hardware(name), [0, 1]) is None
+        gpu = plugins_for(table, load_hardware(name), comm=True)
+        assert load_hardware(name).host is None and gpu.host is None and isinstance(gpu.p2p, PlainP2P)
+        assert gpu.compute.split is None
     cpu = load_hardware("local-cpu")
-    assert isinstance(host_model(Clock(), cpu, [0, 1]), HostTimeSlices)
-    assert isinstance(host_model(Clock(), replace(cpu, host=replace(cpu.host, time_slice=0.0)), [0, 1]), HostSharing)
-    assert host_model(Clock(), None, [0, 1]) is None
+    plugins = plugins_for(table, cpu, comm=True)
+    assert isinstance(plugins.host(Clock(), [0, 1]), HostTimeSlices) and plugins.compute.split == cpu.host.split_costs
+    assert plugins.p2p == GlooP2P(cpu.host.send_overhead, cpu.host.late_recv_delay)
+    assert isinstance(plugins_for(table, cpu, comm=False).p2p, PlainP2P)  # no links: nothing to post or wait for
+    fluid = replace(cpu, host=replace(cpu.host, time_slice=0.0))
+    assert isinstance(plugins_for(table, fluid, comm=True).host(Clock(), [0, 1]), HostSharing)
+    assert plugins_for(table, None, comm=True).host is None
 
 
 def test_message_slots_pair_each_send_with_its_recv():

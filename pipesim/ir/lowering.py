@@ -14,6 +14,7 @@ from __future__ import annotations
 from operator import itemgetter
 
 from pipesim.ir.deps import consumer_stage, producers, transfer_actions
+from pipesim.ir.gc_pause import no_gc
 from pipesim.ir.schedule import COMPUTE, Action, Kind, Schedule
 
 # (RECV kinds posted before a compute action, SEND kinds posted after it), all on the action's own stage and microbatch
@@ -56,10 +57,11 @@ def add_p2p(schedule: Schedule) -> Schedule:
     if schedule.has_comms:
         return schedule
     programs = []
-    for rank, prog in enumerate(schedule.programs):
-        table = {s: stage_transfers(s, schedule, rank) for s in set(map(_stage_of, prog))}
-        lowered = _lower_overlapped(prog, table, schedule.overlaps) if schedule.overlaps else _lower(prog, table)
-        programs.append(tuple(lowered))
+    with no_gc():  # two new actions per compute at most: 260k tuples at GPipe p=64, m=1024
+        for rank, prog in enumerate(schedule.programs):
+            table = {s: stage_transfers(s, schedule, rank) for s in set(map(_stage_of, prog))}
+            lowered = _lower_overlapped(prog, table, schedule.overlaps) if schedule.overlaps else _lower(prog, table)
+            programs.append(tuple(lowered))
     return schedule.with_programs(tuple(programs))
 
 

@@ -10,15 +10,19 @@ the compute plug-in (`TableCompute`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from pipesim.comm.collective_algos import collective_seconds, collective_time, scatter_gather
-from pipesim.comm.overlap_interference import HidingGemm, exposed_collective
+from pipesim.comm.overlap_interference import exposed_collective
+from pipesim.comm.tp_collective import TpCollective
 from pipesim.cost.cost_equation import SplitCosts
-from pipesim.cost.step_costs import exposed_seconds
+from pipesim.cost.model_costs import ParallelCosts
+from pipesim.cost.step_costs import exposed_seconds, per_microbatch_stages
 from pipesim.cost.table import CostTable
+from pipesim.hardware.machine import Hardware
 from pipesim.ir.deps import message_slot, produces_weight_grad, releases_activations
 from pipesim.ir.schedule import COMPUTE, SENDS, Action, Kind, Schedule
+from pipesim.job import Job
 from pipesim.parallel_dims import ParallelDims
 
 
@@ -43,6 +47,7 @@ class SendOp(NamedTuple):
     seconds: float  # uncontended transfer time
     resources: tuple[str, ...]  # contended link resources it holds
     link: str  # link class name ("" without communication)
+    blocking: bool = False  # holds its rank until its bytes are in (Megatron's p2p_communication waits on its sends)
 
 
 class RecvOp(NamedTuple):
@@ -75,40 +80,44 @@ class TableCompute:
         return d
 
 
-def compile_programs(sched: Schedule, compute: TableCompute, hw: Any, comm: bool, par: ParallelDims,
-                     tp_collectives: dict, cp_seconds: dict | None = None,
-                     every_grad: frozenset[int] = frozenset(), scatter: bool = False,
-                     sm_share: dict | None = None) -> list[list[Op]]:
-    """Per rank, the op of each action (one shared record per (rank, stage, kind)); message slots use
-    the schedule's microbatch count as stride. cp_seconds: (stage, kind) -> exposed ring-attention
-    seconds added to that compute (`cp_exposed`). The last weight-gradient piece of each stage is
-    marked for its gradient reduction; with the stage in `every_grad` (ZeRO 2: a reduce-scatter per
-    microbatch) every one is. scatter: pipeline messages go Megatron's scatter/gather way (`scatter_gather`).
-    sm_share: (stage, kind) -> seconds a compute gains wholly beside a data-parallel collective (ComputeOp.shared;
-    only where collectives take time: `comm` and dp > 1)."""
-    shared = sm_share if comm and par.dp > 1 and sm_share else {}
+def compile_programs(sched: Schedule, compute: TableCompute, hw: Hardware | None, comm: bool, job: Job,
+                     costs: ParallelCosts | None, cp_seconds: dict | None = None) -> list[list[Op]]:
+    """Per rank, the op of each action (one shared record per (rank, stage, kind)), with the framework's behaviour
+    lowered into the ops: the TP collectives inside each compute (`costs.tp_collectives`), ring attention's exposed
+    hops (`cp_seconds`: (stage, kind) -> seconds, `cp_exposed`), the SMs a compute loses beside its rank's
+    data-parallel collectives (`costs.sm_share`, where collectives take time: `comm` and dp > 1), which compute
+    releases a stage's gradient reduction (its last B/W; with ZeRO 2 every one), Megatron's scatter/gather of
+    pipeline messages (tp > 1 without sequence parallelism) and its blocking sends (`job.comm`). Message slots
+    use the schedule's microbatch count as stride. `costs` None: a bare cost table (no parallelism around it)."""
+    par = job.dims
+    opts = job.comm
+    shared = costs.sm_share if costs is not None and comm and par.dp > 1 and costs.sm_share else {}
+    every_grad = per_microbatch_stages(costs.step) if costs is not None else frozenset()
+    tp_collectives = costs.tp_collectives if costs is not None and comm and par.tp > 1 else {}
+    scatter = opts.scatter_gather and par.tp > 1 and not job.sp
     stride = sched.num_microbatches
     last_grad: dict[int, tuple[int, int]] = {}  # stage -> (rank, index) of its last B/W
     all_ops: list[list[Op]] = []
     for rank, prog in enumerate(sched.programs):
-        cache: dict[tuple[int, str], tuple[Op, bool]] = {}  # (stage, kind) -> (op, finishes a weight gradient)
-        ops: list[Op] = []
-        append = ops.append
-        for i, a in enumerate(prog):
-            key = (a.stage, a.kind)
-            entry = cache.get(key)
-            if entry is None:
-                op = _op(rank, a, sched, compute, hw, comm, par, tp_collectives, stride, cp_seconds, scatter)
-                if (a.stage, a.kind.value) in shared and a.kind in COMPUTE:
-                    op = op._replace(shared=shared[(a.stage, a.kind.value)])
-                grad = a.kind in COMPUTE and produces_weight_grad(a.kind)
-                if grad and a.stage in every_grad:
-                    op = op._replace(allreduce_stage=a.stage)
-                entry = cache[key] = (op, grad)
-            append(entry[0])
-            if entry[1]:
+        cache: dict[tuple[int, Kind], Op] = {}  # (stage, kind) -> its one op on this rank
+        for key, a in {(a.stage, a.kind): a for a in prog}.items():  # one action of each (stage, kind)
+            op = _op(rank, a, sched, compute, hw, comm, par, tp_collectives, stride, cp_seconds, scatter,
+                     opts.blocking_p2p)
+            if (a.stage, a.kind.value) in shared and a.kind in COMPUTE:
+                op = op._replace(shared=shared[(a.stage, a.kind.value)])
+            if a.kind in COMPUTE and produces_weight_grad(a.kind) and a.stage in every_grad:
+                op = op._replace(allreduce_stage=a.stage)
+            cache[key] = op
+        get = cache.__getitem__
+        all_ops.append([get((a.stage, a.kind)) for a in prog])
+        grads = {(st, k) for st, k in cache if k in COMPUTE and produces_weight_grad(k)}
+        for i in range(len(prog) - 1, -1, -1):  # each stage's last weight-gradient piece on this rank
+            if not grads:
+                break
+            a = prog[i]
+            if (a.stage, a.kind) in grads:
+                grads = {g for g in grads if g[0] != a.stage}
                 last_grad[a.stage] = (rank, i)
-        all_ops.append(ops)
     for stage, (rank, i) in sorted(last_grad.items()):  # then all-reduce the stage's gradient
         all_ops[rank][i] = all_ops[rank][i]._replace(allreduce_stage=stage)
     _time_overlaps(sched, compute.table, all_ops)
@@ -128,8 +137,9 @@ def _time_overlaps(sched: Schedule, table: CostTable, all_ops: list[list[Op]]) -
                 all_ops[rank][i] = fwd._replace(seconds=table.overlap_forward_seconds(fwd.seconds, bwd.seconds))
 
 
-def _op(rank: int, a: Action, sched: Schedule, compute: TableCompute, hw: Any, comm: bool, par: ParallelDims,
-        tp_collectives: dict, stride: int, cp_seconds: dict | None, scatter: bool = False) -> Op:
+def _op(rank: int, a: Action, sched: Schedule, compute: TableCompute, hw: Hardware | None, comm: bool,
+        par: ParallelDims, tp_collectives: dict[tuple[int, str], tuple[TpCollective, ...]], stride: int,
+        cp_seconds: dict | None, scatter: bool, blocking: bool) -> Op:
     k, st = a.kind, a.stage
     if k in COMPUTE:
         sign = 1 if k == Kind.F else (-1 if releases_activations(k) else 0)
@@ -147,49 +157,47 @@ def _op(rank: int, a: Action, sched: Schedule, compute: TableCompute, hw: Any, c
         return RecvOp(slot, _scatter_gather(hw, par, sched.rank_of(a.peer_stage), rank, nbytes).gather) if split \
             else RecvOp(slot)
     dst = sched.rank_of(a.peer_stage)
-    if not comm:
-        return SendOp(slot, dst, nbytes, 0.0, (), "")
+    if not comm or hw is None:
+        return SendOp(slot, dst, nbytes, 0.0, (), "", blocking)
     src_dev, dst_dev = par.rank(pp=rank), par.rank(pp=dst)
     if split:  # tp rank 0's rail carries S / t (the other ranks' rails the same, side by side)
         sg = _scatter_gather(hw, par, rank, dst, nbytes)
         return SendOp(slot, dst, sg.rail_bytes, sg.send, tuple(sorted(hw.link_resources(src_dev, dst_dev))),
-                      hw.link_between(src_dev, dst_dev).name)
+                      hw.link_between(src_dev, dst_dev).name, blocking)
     return SendOp(slot, dst, nbytes, hw.p2p_time(src_dev, dst_dev, nbytes),
-                  tuple(sorted(hw.link_resources(src_dev, dst_dev))), hw.link_between(src_dev, dst_dev).name)
+                  tuple(sorted(hw.link_resources(src_dev, dst_dev))), hw.link_between(src_dev, dst_dev).name, blocking)
 
 
-def _scatter_gather(hw: Any, par: ParallelDims, src: int, dst: int, nbytes: int):
+def _scatter_gather(hw: Hardware, par: ParallelDims, src: int, dst: int, nbytes: int):
     """Megatron's scatter/gather of one S = `nbytes` message from pipeline rank `src` to `dst` (their tp groups)."""
     return scatter_gather(hw, par.group("tp", par.rank(pp=src)), par.group("tp", par.rank(pp=dst)), nbytes)
 
 
-def _tp_time(rank: int, action: Action, hw: Any, comm: bool, par: ParallelDims, tp_collectives: dict) -> float:
-    """Seconds of the TP collectives inside one compute action that no computation hides: a (kind, bytes) pair
-    blocks whole; a (kind, bytes, HidingGemm) triple runs beside that GEMM, which loses the SMs of NCCL's
-    channels meanwhile (`exposed_collective`); a (kind, bytes, seconds) triple beside that many seconds of
-    compute, for free: max(0, time - seconds)."""
+def _tp_time(rank: int, action: Action, hw: Hardware | None, comm: bool, par: ParallelDims,
+             tp_collectives: dict[tuple[int, str], tuple[TpCollective, ...]]) -> float:
+    """Seconds of the TP collectives inside one compute action that no computation hides: a blocking one whole; one
+    beside a GEMM what that GEMM, slowed by the SMs of NCCL's channels, does not cover (`exposed_collective`)."""
     colls = tp_collectives.get((action.stage, action.kind.value)) if tp_collectives else None
-    if not colls or par.tp == 1 or not comm:
+    if not colls or par.tp == 1 or not comm or hw is None:
         return 0.0
     group = par.group("tp", par.rank(pp=rank))
     total = 0.0
-    for kind, nbytes, *hidden in colls:
-        if hidden and isinstance(hidden[0], HidingGemm):
-            total += exposed_collective(collective_time(kind, nbytes, group, hw), nbytes, len(group), hidden[0])
-            continue
-        seconds = collective_seconds(hw, kind, group, nbytes)
-        total += max(0.0, seconds - hidden[0]) if hidden else seconds
+    for c in colls:
+        if c.beside is not None:
+            total += exposed_collective(collective_time(c.kind, c.nbytes, group, hw), c.nbytes, len(group), c.beside)
+        else:
+            total += collective_seconds(hw, c.kind, group, c.nbytes)
     return total
 
 
-def cp_exposed(sched: Schedule, hw: Any, comm: bool, par: ParallelDims, cp_exchanges: dict) -> dict:
+def cp_exposed(sched: Schedule, hw: Hardware | None, comm: bool, par: ParallelDims, cp_exchanges: dict) -> dict:
     """(stage, kind) -> seconds of ring attention's K/V hops not hidden behind the attention compute.
 
     A hop goes from each cp rank of the stage to the next at once, so it takes as long as the
     ring's slowest pair (`collective_seconds` of send_recv); `pipesim.cost.step_costs.exposed_seconds`
     keeps what each hop's compute does not cover. {} with cp = 1 or without links.
     """
-    if par.cp == 1 or not comm or not cp_exchanges:
+    if par.cp == 1 or not comm or hw is None or not cp_exchanges:
         return {}
     out = {}
     for (stage, kind), exchanges in sorted(cp_exchanges.items()):

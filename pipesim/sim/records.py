@@ -1,23 +1,15 @@
-"""Records the simulator kernel writes besides per-action times (transfers: `pipesim.sim.links.Transfer`),
-and the GC pause that big runs need while they create them."""
+"""What the simulator kernel writes: the run's raw record (per-action times, transfers, collectives, memory),
+and the collective records."""
 
 from __future__ import annotations
 
-import gc
-from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-
-@contextmanager
-def no_gc():
-    """Pause Python's cyclic GC: big runs hold ~1M small acyclic objects it would rescan repeatedly."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
+from pipesim.cost.table import CostTable
+from pipesim.hardware.machine import Hardware
+from pipesim.ir.schedule import Schedule
+from pipesim.job import Job
+from pipesim.sim.links import Transfer
 
 
 @dataclass
@@ -37,4 +29,27 @@ class CollectiveRecord:
     phase: str = "grads"
 
 
-__all__ = ["CollectiveRecord", "no_gc"]
+@dataclass
+class RunRecord:
+    """One run of the kernel as it happened, before any metric: what `SimResult.build` derives everything from."""
+
+    schedule: Schedule  # lowered (with SEND/RECV)
+    table: CostTable
+    hardware: Hardware | None
+    comm: bool  # links modeled
+    job: Job  # its pp is the schedule's ranks
+    starts: list[list[float]]  # seconds, per rank, per action
+    ends: list[list[float]]  # seconds, per rank, per action
+    tp_time: list[list[float]]  # seconds of TP collectives inside each compute action
+    transfers: list[Transfer]  # in posting order
+    collectives: list[CollectiveRecord]  # in issue order
+    memory: list[list[tuple[float, int]]]  # per rank: (seconds, activation bytes: stashed + recomputing)
+    peak_inflight: list[int]  # per rank: most microbatches stashed at once
+    messages: list  # message slot -> Transfer (pipesim.ir.deps.message_slot)
+    slot_stride: int  # microbatch slots per (stage, direction)
+    step_ends: list = field(default_factory=list)  # per rank, pipesim.sim.step.RankStepEnd; [] without step costs
+    cp_seconds: dict = field(default_factory=dict)  # (stage, kind) -> exposed ring-attention seconds per action
+    sm_shared: list[float] = field(default_factory=list)  # per rank: seconds of compute lost to its DP collectives
+
+
+__all__ = ["CollectiveRecord", "RunRecord"]

@@ -9,13 +9,14 @@ bytes and bytes/s. (A little over 300 lines: every metric of one result and its 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from pipesim.cost.table import CostTable
 from pipesim.ir.deps import message_slot
+from pipesim.ir.gc_pause import no_gc
 from pipesim.ir.schedule import COMPUTE, RECVS, Schedule
+from pipesim.job import Job
 from pipesim.sim.links import Transfer
-from pipesim.sim.records import CollectiveRecord, no_gc
+from pipesim.sim.records import CollectiveRecord, RunRecord
 from pipesim.sim.step import AFTER_PIPELINE, RankStepEnd
 from pipesim.timeline import Event, Timeline
 
@@ -30,8 +31,7 @@ class SimResult:
     table: CostTable
     hardware: str | None  # hardware name; None when no hardware was given
     comm: bool  # links modeled
-    dp: int
-    tp: int
+    job: Job  # the layout and options simulated (its pp is the schedule's ranks)
     devices: list[int]  # device id of each pipeline rank (replica 0, TP shard 0)
     starts: list[list[float]]  # seconds, per rank, per action
     ends: list[list[float]]  # seconds, per rank, per action
@@ -48,30 +48,42 @@ class SimResult:
     step_ends: list[RankStepEnd] = field(default_factory=list)
     step_time: float = 0.0  # seconds to the last rank's optimizer (and parameter all-gather) end
     cp_seconds: dict = field(default_factory=dict)  # (stage, kind) -> exposed ring-attention seconds per action
-    cp: int = 1  # context-parallel ranks per stage
     sm_shared: list[float] = field(default_factory=list)  # per rank: seconds of compute lost to its DP collectives' SMs
 
     @staticmethod
-    def build(engine: Any) -> SimResult:
-        transfers = engine.transfers
-        ends = [e[-1] for e in engine.ends if e]
-        ends += [t.end for t in transfers] + [c.end for c in engine.collectives if c.phase not in AFTER_PIPELINE]
+    def build(run: RunRecord) -> SimResult:
+        """The result of one kernel run: its record, the makespan and step time, the links' figures."""
+        transfers = run.transfers
+        ends = [e[-1] for e in run.ends if e]
+        ends += [t.end for t in transfers] + [c.end for c in run.collectives if c.phase not in AFTER_PIPELINE]
         makespan = max(ends, default=0.0)  # the pipeline's span: replicas' swaps and parameter all-gathers follow it
-        step_time = max([makespan] + [r.step_end for r in engine.step_ends])
-        hw, par = engine.hw, engine.par
+        step_time = max([makespan] + [r.step_end for r in run.step_ends])
+        hw, par = run.hardware, run.job.dims
         info = {}
-        if hw is not None and engine.comm:
+        if hw is not None and run.comm:
             for link in (hw.intra, hw.inter):
                 if link is not None:
                     info[link.name] = {"bandwidth": link.bandwidth, "peak_bandwidth": link.peak_bandwidth,
                                        "latency": link.latency, "shared": link.shared}
         return SimResult(
-            engine.sched, engine.table, getattr(hw, "name", None), engine.comm, par.dp, par.tp,
-            [par.rank(pp=r) for r in range(engine.sched.num_ranks)], engine.starts, engine.ends, engine.tp_time,
-            transfers, engine.collectives, engine.memory, info, makespan,
-            list(engine.peak_inflight), engine.slots, engine.mbs, engine.step_ends, step_time, engine.cp_seconds,
-            par.cp, list(engine.sm_shared),
-        )
+            schedule=run.schedule, table=run.table, hardware=hw.name if hw is not None else None, comm=run.comm,
+            job=run.job, devices=[par.rank(pp=r) for r in range(run.schedule.num_ranks)], starts=run.starts,
+            ends=run.ends, tp_time=run.tp_time, transfers=transfers, collectives=run.collectives,
+            memory_timeline=run.memory, link_info=info, makespan=makespan, peak_inflight=list(run.peak_inflight),
+            messages=run.messages, slot_stride=run.slot_stride, step_ends=run.step_ends, step_time=step_time,
+            cp_seconds=run.cp_seconds, sm_shared=list(run.sm_shared))
+
+    @property
+    def dp(self) -> int:
+        return self.job.dims.dp
+
+    @property
+    def tp(self) -> int:
+        return self.job.dims.tp
+
+    @property
+    def cp(self) -> int:
+        return self.job.dims.cp
 
     def recv_transfer(self, recv) -> Transfer:
         """The message a RECV action consumed (`pipesim.ir.deps.message_slot`, as the simulator numbered it)."""
@@ -187,7 +199,7 @@ class SimResult:
         preceded by the transfer that held it); zero-length messages are left out.
         """
         sched = self.schedule
-        node: Any = None
+        node: tuple | None = None  # ("rank", r, i), ("coll", record) or ("xfer", transfer)
         best = -1.0
         for r in range(sched.num_ranks):
             if self.ends[r] and self.ends[r][-1] > best:

@@ -29,14 +29,16 @@ Every collective is timed by `pipesim.comm.collective_algos.collective_seconds` 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from pipesim.comm.collective_algos import collective_seconds
-from pipesim.comm.comm_options import CommOptions, bucket_fractions
-from pipesim.cost.step_costs import StepCosts
+from pipesim.comm.comm_options import bucket_fractions
+from pipesim.cost.model_costs import ParallelCosts
+from pipesim.cost.step_costs import StepCollective, StepCosts
+from pipesim.hardware.machine import Hardware
 from pipesim.ir.schedule import BACKWARD_FIRST, Kind, Schedule
+from pipesim.job import Job
 from pipesim.model.memory import PRECISIONS
-from pipesim.parallel_dims import ParallelDims
 from pipesim.sim.program import ComputeOp, Op
 from pipesim.sim.records import CollectiveRecord
 
@@ -73,25 +75,26 @@ class RankStepEnd:
 class CollectiveStreams:
     """Every rank's collective stream and the step's end (the kernel calls `grads_done` and `finish`)."""
 
-    def __init__(self, sched: Schedule, hw: Any, comm: bool, par: ParallelDims, costs: Any,
-                 options: CommOptions | None = None):
+    def __init__(self, sched: Schedule, hw: Hardware | None, comm: bool, job: Job, costs: ParallelCosts | None):
+        par = job.dims
         self.sched, self.hw, self.par, self.comm = sched, hw, par, comm
-        self.on = comm and par.dp > 1  # collectives take time (else none are recorded, as today)
-        self.step: StepCosts | None = getattr(costs, "step", None)
-        self.dp_bytes = list(getattr(costs, "dp_grad_bytes", None) or [])
+        self.on = comm and hw is not None and par.dp > 1  # collectives take time (else none are recorded, as today)
+        self.step: StepCosts | None = costs.step if costs is not None else None
+        self.dp_bytes = list(costs.dp_grad_bytes) if costs is not None else []
         n = sched.num_ranks
         self.records: list[CollectiveRecord] = []
         self.last: list[CollectiveRecord | None] = [None] * n  # the tail of each rank's stream
         self.gate_wait = [0.0] * n  # seconds
         self.groups = [par.group("dp", par.rank(pp=r)) for r in range(n)] if self.on else []
-        opts = options or CommOptions()
+        opts = job.comm
         self.bucket = opts.bucket_params(par.dp) if opts.overlap_grad_reduce else 0  # parameters; 0: no buckets
-        counts = tuple(getattr(costs, "param_counts", None) or ())
-        dtype = getattr(costs, "dtype_bytes", 0) or 0
+        counts = costs.param_counts if costs is not None else ()
+        dtype = costs.dtype_bytes if costs is not None else 0
         if not counts and dtype:  # no exact counts: from the gradient bytes
             counts = tuple(b // dtype for b in self.dp_bytes)
         self.params = counts  # parameters of each stage on one tp rank (what the buckets divide)
-        self.grad_bytes = PRECISIONS[getattr(costs, "precision", "fp32")].grad_bytes  # bytes per gradient value
+        precision = costs.precision if costs is not None else "fp32"
+        self.grad_bytes = PRECISIONS[precision].grad_bytes  # bytes per gradient value
 
     def _issue(self, rank: int, kind: str, stage: int, nbytes: int, now: float, after: int,
                phase: str) -> CollectiveRecord:
@@ -108,7 +111,7 @@ class CollectiveStreams:
         if self.step is None or not self.on:
             return
         for rank, prog in enumerate(self.sched.programs):
-            needs: list[tuple[int, int, Any]] = []  # (index of the compute that needs it, stage, collective)
+            needs: list[tuple[int, int, StepCollective]] = []  # (index of the compute that needs it, stage, collective)
             seen: set[tuple[int, str]] = set()
             for i, a in enumerate(prog):
                 phase = "forward" if a.kind == Kind.F else "backward" if a.kind in BACKWARD_FIRST else ""

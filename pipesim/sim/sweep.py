@@ -74,11 +74,11 @@ def to_dict(rows: list[dict], setup: SimSetup, skipped: list[dict] | None = None
     hw = setup.hardware
     return {
         "schema": SCHEMA,
-        "hardware": getattr(hw, "name", None),
+        "hardware": hw.name if hw is not None else None,
         "comm": "links" if setup.comm and hw is not None else "none",
         "model": setup.model.to_dict() if setup.model is not None and setup.cost is None else None,
         "cost": setup.cost,
-        "dp": setup.dp, "tp": setup.tp,
+        "dp": setup.job.dp, "tp": setup.job.tp,
         "options": setup.options(),
         "rows": rows,
         "skipped": skipped or [],
