@@ -282,6 +282,23 @@ def test_p2p_plugins_closed_forms():
     assert GlooP2P(0.25, 0.0).recv_done(5.0, 1.0, 3.0) == 3.0
 
 
+def test_plugins_passed_in_replace_the_ones_the_hardware_chooses():
+    """1F1B p = 2, m = 1, F = I = W = 1 s, no hardware: plain, F0 [0, 1], F1 [1, 2], B1 [2, 4], B0 [4, 6]. Given
+    gloo's P2P plug-in, each SEND holds its rank h = 0.25 s before its message leaves: the forward's and the
+    backward's SENDs are both on the path, so 6 + 2 h."""
+    from pipesim.sim.links import GlooP2P, PlainP2P
+    from pipesim.sim.plugins import Plugins
+    from pipesim.sim.program import TableCompute
+
+    sched, table = schedules.build("1f1b", 2, 1), CostTable.uniform(2, 1.0, 1.0, 1.0)
+    assert simulate(sched, table).makespan == 6.0
+    assert simulate(sched, table, plugins=Plugins(TableCompute(table), PlainP2P())).makespan == 6.0
+    held = simulate(sched, table, plugins=Plugins(TableCompute(table), GlooP2P(send_hold=0.25, late_recv=0.0)))
+    assert held.makespan == 6.5
+    assert [(str(a), held.starts[0][i], held.ends[0][i]) for i, a in enumerate(held.schedule.programs[0])] == [
+        ("0F0", 0.0, 1.0), ("0SEND_F0", 1.0, 1.25), ("0RECV_B0", 1.25, 4.5), ("0B0", 4.5, 6.5)]
+
+
 def test_compute_plugin_adds_split_bookkeeping_only_with_a_host_profile():
     from pipesim.cost.cost_equation import SplitCosts
     from pipesim.ir.schedule import Action, Kind

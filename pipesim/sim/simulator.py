@@ -50,13 +50,15 @@ def check_devices(dims: ParallelDims, hw: Hardware | None) -> None:
 
 
 def simulate(schedule: Schedule, costs: ParallelCosts | CostTable, hw: Hardware | None = None, *,
-             comm: bool = True) -> SimResult:
+             comm: bool = True, plugins: Plugins | None = None) -> SimResult:
     """Simulate one training step of `schedule`.
 
     `costs` is a CostTable (compute alone) or a `pipesim.cost.model_costs.ParallelCosts`, whose job says the
     data, tensor and context parallelism around the pipeline and the framework's communication options (its
     pp is the schedule's ranks). `hw` places ranks on devices and times the links; with `comm=False` (or no
     hardware) transfers take zero time and the makespan equals the task graph's critical path exactly.
+    `plugins`: what the machine does (compute seconds, host cores, P2P completion); by default the ones
+    `pipesim.sim.plugins.plugins_for` chooses for `hw`.
     """
     table, parallel = (costs.table, costs) if isinstance(costs, ParallelCosts) else (costs, None)
     job = parallel.job.with_pp(schedule.num_ranks) if parallel is not None else Job(ParallelDims(schedule.num_ranks))
@@ -70,7 +72,7 @@ def simulate(schedule: Schedule, costs: ParallelCosts | CostTable, hw: Hardware 
     check_devices(par, hw)
     with no_gc():  # ~1M live objects at p=64, m=1024: the cyclic GC would rescan them again and again
         lowered = add_p2p(schedule)
-        plugins = plugins_for(table, hw, comm)
+        plugins = plugins if plugins is not None else plugins_for(table, hw, comm)
         cp_seconds = cp_exposed(lowered, hw, comm, par, parallel.cp_exchanges if parallel is not None else {})
         ops = compile_programs(lowered, plugins.compute, hw, comm, job, parallel, cp_seconds)
         return _Kernel(lowered, ops, plugins, parallel, hw, comm, job, cp_seconds).run()
