@@ -223,6 +223,24 @@ def test_checker_finds_cycles_cli_imports_and_light_local_imports(tmp_path):
     assert heavy_at_import(found) == {"pipesim.plotting"}
 
 
+def indexed_modules(doc: str) -> set[str]:
+    """The module paths docs/architecture.md's index lists (its table rows that start with a path in backticks)."""
+    rows = [line.split("`")[1] for line in doc.splitlines() if line.startswith("| `")]
+    return {path for path in rows if path.endswith(".py")}
+
+
+def project_modules(root: Path) -> set[str]:
+    """Every module file of the three packages (package `__init__`/`__main__` aside), as a path from the root."""
+    return {str(p.relative_to(root)) for pkg in PACKAGES for p in (root / pkg).rglob("*.py")
+            if p.name not in ("__init__.py", "__main__.py")}
+
+
+def test_architecture_doc_indexes_every_module_and_no_other():
+    listed, present = indexed_modules((ROOT / "docs" / "architecture.md").read_text()), project_modules(ROOT)
+    assert not present - listed, f"modules missing from docs/architecture.md's index: {sorted(present - listed)}"
+    assert not listed - present, f"docs/architecture.md indexes modules that do not exist: {sorted(listed - present)}"
+
+
 def test_checker_finds_a_module_name_used_twice(tmp_path):
     root = _package(tmp_path, {
         "pipesim/__init__.py": "",

@@ -20,7 +20,6 @@ from pipesim.model.activations import (
     layer_saved_tensors,
     recompute_working_bytes,
 )
-from pipesim.model.comm import cp_layer_exchanges, tp_embedding_collectives, tp_head_collectives, tp_layer_collectives
 from pipesim.model.config import ModelConfig
 from pipesim.model.elementwise import layer_elementwise_bytes
 from pipesim.model.flops import (
@@ -31,6 +30,12 @@ from pipesim.model.flops import (
     iteration_flops,
     layer_flops,
     model_flops,
+)
+from pipesim.model.layer_collectives import (
+    cp_layer_exchanges,
+    tp_embedding_collectives,
+    tp_head_collectives,
+    tp_layer_collectives,
 )
 from pipesim.model.options import LayerOptions
 from pipesim.model.param_counts import block_params, embedding_params, head_params, model_params, stage_params

@@ -33,7 +33,8 @@ from pipesim.model.layer_kernels import (
 from pipesim.model.options import LayerOptions
 from pipesim.model.param_counts import block_params, embedding_params, head_params
 
-# the linear a collective's `overlaps` text names (pipesim.model.comm) -> the GEMM names of pipesim.model.layer_kernels
+# the linear a collective's `overlaps` text names (pipesim.model.layer_collectives) -> the GEMM names of
+# pipesim.model.layer_kernels
 LINEAR_NAMES = {"QKV": "QKV", "MLP up": "FC1", "head": "LM head"}
 GRADIENT_SUFFIX = {"weight-gradient": "wgrad", "input-gradient": "dgrad"}
 

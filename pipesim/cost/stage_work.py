@@ -19,10 +19,15 @@ from pipesim.model.activations import (
     layer_activation_bytes,
     recompute_working_bytes,
 )
-from pipesim.model.comm import Collective, tp_embedding_collectives, tp_head_collectives, tp_layer_collectives
 from pipesim.model.config import ModelConfig, split_layers
 from pipesim.model.elementwise import layer_elementwise_bytes
 from pipesim.model.flops import head_flops, layer_flops
+from pipesim.model.layer_collectives import (
+    Collective,
+    tp_embedding_collectives,
+    tp_head_collectives,
+    tp_layer_collectives,
+)
 from pipesim.model.options import LayerOptions
 from pipesim.model.param_counts import block_params, embedding_params, head_params
 

@@ -1,6 +1,6 @@
 """What data parallelism, the optimizer and context parallelism add to one stage's step, for the simulator.
 
-The model layer (pipesim.model.memory, pipesim.model.comm) says which collectives a stage issues and
+The model layer (pipesim.model.memory, pipesim.model.layer_collectives) says which collectives a stage issues and
 how many bytes Adam reads and writes; this module turns that into the per-stage figures the
 simulator kernel places in time (docs/simulator.md, "The step's end"):
 
@@ -34,8 +34,8 @@ from pipesim.device.kernels import memory_bound_time
 from pipesim.errors import PipesimError
 from pipesim.hardware.machine import Hardware
 from pipesim.job import Job
-from pipesim.model.comm import cp_layer_exchanges
 from pipesim.model.config import ModelConfig
+from pipesim.model.layer_collectives import cp_layer_exchanges
 from pipesim.model.memory import PRECISIONS, Precision, dp_collectives, optimizer_step_bytes, zero3_chunk_collectives
 from pipesim.model.optimizer_step import optimizer_passes, pass_bytes
 from pipesim.model.options import LayerOptions
