@@ -6,9 +6,10 @@ import json
 
 import pytest
 
+from pipesim.cli import main
 from pipesim.errors import PipesimError
 from pipesim.model.config import ModelConfig
-from pipesim.model.hf_config import bundled_configs, load_hf_config
+from pipesim.model.hf_config import bundled_configs, hf_key_report, load_hf_config, read_hf_config, resolve_model_config
 from pipesim.model.param_counts import model_params
 
 LLAMA = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -125,3 +126,75 @@ def test_microbatches_from_either_spelling():
         with pytest.raises(PipesimError) as err:
             model.microbatches_for(2, **kw)
         assert str(err.value) == message
+
+
+# -- keys pipesim does not model: refused, never simulated as a different (dense) model ------------------------
+
+# mistralai/Mixtral-8x7B-v0.1's config.json (Hugging Face hub), every key as published
+MIXTRAL_8X7B = {"architectures": ["MixtralForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 1,
+                "eos_token_id": 2, "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
+                "intermediate_size": 14336, "max_position_embeddings": 32768, "model_type": "mixtral",
+                "num_attention_heads": 32, "num_experts_per_tok": 2, "num_hidden_layers": 32,
+                "num_key_value_heads": 8, "num_local_experts": 8, "output_router_logits": False,
+                "rms_norm_eps": 1e-05, "rope_theta": 1000000.0, "router_aux_loss_coef": 0.02,
+                "sliding_window": None, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+                "transformers_version": "4.36.0.dev0", "use_cache": True, "vocab_size": 32000}
+
+
+def test_a_mixture_of_experts_config_is_refused_naming_its_keys(tmp_path):
+    path = _write(tmp_path, MIXTRAL_8X7B)
+    with pytest.raises(PipesimError) as err:
+        load_hf_config(path)
+    assert str(err.value) == (
+        f"{path}: keys that change the model and pipesim does not model: num_experts_per_tok, num_local_experts, "
+        "router_aux_loss_coef (mixture of experts); model_type ('mixtral': pipesim models llama, mistral, qwen2); "
+        "refused rather than simulated as a different model")
+
+
+def test_latent_attention_multi_token_prediction_and_unknown_keys_are_refused(tmp_path):
+    cfg = {**LLAMA, "q_lora_rank": 1536, "kv_lora_rank": 512, "num_nextn_predict_layers": 1, "qk_norm": True}
+    path = _write(tmp_path, cfg)
+    with pytest.raises(PipesimError) as err:
+        load_hf_config(path)
+    assert str(err.value) == (
+        f"{path}: keys that change the model and pipesim does not model: q_lora_rank, kv_lora_rank (multi-head "
+        "latent attention); num_nextn_predict_layers (multi-token prediction); qk_norm (unknown to pipesim); "
+        "refused rather than simulated as a different model")
+
+
+def test_switched_off_keys_and_a_window_as_long_as_the_sequence_change_nothing(tmp_path):
+    """Mistral 7B v0.1 attends in a 4096-token window: at --seq 4096 that is the whole causal mask, longer is
+    refused. Experts at 0 and a null window are off; qwen2's `use_sliding_window: false` turns its window off."""
+    mistral = {**LLAMA, "model_type": "mistral", "max_position_embeddings": 32768, "sliding_window": 4096}
+    path = _write(tmp_path, mistral)
+    with pytest.raises(PipesimError, match=r"sliding_window \(sliding-window attention\); refused"):
+        load_hf_config(path)
+    assert load_hf_config(path, seq=4096).seq == 4096
+    assert hf_key_report(path, seq=4096).ignored == ("sliding_window",)
+    off = {**LLAMA, "num_experts": 0, "sliding_window": None, "hidden_dropout": 0.0, "model_type": "qwen2",
+           "use_sliding_window": False, "max_window_layers": 28}
+    assert load_hf_config(_write(tmp_path, {**off, "sliding_window": 64})) == load_hf_config(_write(tmp_path, LLAMA))
+    report = hf_key_report(_write(tmp_path, off))
+    assert report.ignored == ("num_experts", "sliding_window", "hidden_dropout", "use_sliding_window",
+                              "max_window_layers")
+    assert report.read == tuple(LLAMA)  # every key of the Llama-style file is read
+
+
+def test_bundled_llama_configs_read_every_key_or_ignore_it_as_no_effect():
+    report = hf_key_report("llama3-8b")
+    assert report.ignored == ("_name_or_path", "architectures", "bos_token_id", "eos_token_id", "initializer_range",
+                              "pretraining_tp", "rope_scaling", "rope_theta", "use_cache")
+    assert set(report.read) | set(report.ignored) == set(read_hf_config(resolve_model_config("llama3-8b")))
+
+
+def test_the_cli_refuses_mixtral_in_one_line_and_lists_ignored_keys_in_json(tmp_path, capsys):
+    path = _write(tmp_path, MIXTRAL_8X7B)
+    code = main(["simulate", "1f1b", "-p", "4", "-m", "8", "--tp", "2", "--model-config", path,
+                 "--hardware", "dgx-h100", "--json", str(tmp_path / "out.json")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "num_local_experts" in err and "Traceback" not in err
+    assert not (tmp_path / "out.json").exists()
+    assert main(["simulate", "1f1b", "-p", "2", "-m", "2", "--model-config", "llama3-8b", "--seq", "1024",
+                 "--layers", "4", "--hardware", "dgx-h100", "--json", str(tmp_path / "ok.json")]) == 0
+    keys = json.loads((tmp_path / "ok.json").read_text())["model_config"]
+    assert keys["source"] == "llama3-8b" and keys["ignored"] == list(hf_key_report("llama3-8b").ignored)

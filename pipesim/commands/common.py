@@ -12,7 +12,7 @@ from pipesim.errors import PipesimError
 from pipesim.ir import torch_csv
 from pipesim.ir.schedule import Schedule
 from pipesim.model.config import ACTIVATIONS, ModelConfig
-from pipesim.model.hf_config import bundled_configs, load_hf_config
+from pipesim.model.hf_config import bundled_configs, hf_key_report, load_hf_config
 from pipesim.outputs import write_text
 
 
@@ -161,6 +161,15 @@ def model_config(args: argparse.Namespace) -> ModelConfig:
             if name in given:
                 raise PipesimError(f"--{name.replace('_', '-')} needs a transformer (--model gpt or --model-config)")
     return ModelConfig(kind=kind, seed=args.seed, **given)
+
+
+def model_config_json(args: argparse.Namespace) -> dict | None:
+    """--json's account of --model-config's file: the keys read and those ignored as changing nothing modelled."""
+    source = getattr(args, "model_config", None)
+    if not source:
+        return None
+    report = hf_key_report(source, seq=getattr(args, "seq", None))
+    return {"source": source, "read": list(report.read), "ignored": list(report.ignored)}
 
 
 def user_model_config(args: argparse.Namespace) -> ModelConfig:

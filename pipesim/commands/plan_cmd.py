@@ -15,6 +15,7 @@ from pipesim.commands.common import (
     add_transformer_args,
     emit_json,
     model_config,
+    model_config_json,
     positive_int,
 )
 from pipesim.commands.setup_args import add_comm_args, add_grad_args, comm_options_from_args
@@ -232,6 +233,8 @@ def run(args: argparse.Namespace) -> int:
     run_argv = run_command(result.best.candidate, model_flags(args, req), per_node=per_node,
                            nodes=ranks // per_node)
     data = plan_json(result, args.top, argv, ev.attention, run_argv)
+    if (keys := model_config_json(args)) is not None:
+        data["model_config"] = keys
     if csv_path:
         write_text(csv_path, schedule_csv(ev.cost(result.best.candidate).schedule))
     if plot_path or png_path:

@@ -13,6 +13,7 @@ from pipesim.commands.common import (
     emit_json,
     json_text,
     load_schedule,
+    model_config_json,
     user_model_config,
 )
 from pipesim.commands.setup_args import add_setup_args, setup_from_args
@@ -65,6 +66,8 @@ def run(args: argparse.Namespace) -> int:
     result, memory = setup.evaluate(sched)
     data = result.to_dict()
     data["options"] = setup.options()
+    if (keys := model_config_json(args)) is not None:
+        data["model_config"] = keys
     if memory is not None:  # per rank: parameters, gradients, optimizer states, activations (+ in-flight), ...
         data["memory"]["ranks"] = memory_json(memory)
     files = {}  # written together or not at all

@@ -6,7 +6,10 @@ max_position_embeddings, tie_word_embeddings (default false, as LlamaConfig), hi
 is Llama's gated MLP: SwiGLU; "gelu*" a plain two-matrix MLP), rms_norm_eps (present: RMSNorm),
 attention_bias / mlp_bias (default false), attention_dropout (default 0: no dropout), head_dim
 (if given, must be hidden_size / num_attention_heads), torch_dtype. Position embeddings are
-rotary (Llama's). The bundled configs (pipesim/model/configs/) load by name: `llama3-405b`.
+rotary (Llama's). Every other key is checked by `pipesim.model.hf_keys`: one that changes nothing
+pipesim models is ignored (and listed), one that would change the model (experts, latent attention, a
+sliding window shorter than the sequence, ...) refuses the file. The bundled configs
+(pipesim/model/configs/) load by name: `llama3-405b`.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from pathlib import Path
 
 from pipesim.errors import PipesimError
 from pipesim.model.config import DTYPE_BYTES, ModelConfig
+from pipesim.model.hf_keys import KeyReport, check_keys
 
 BUNDLED_DIR = Path(__file__).parent / "configs"
 REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size",
@@ -80,6 +84,11 @@ def model_from_hf(cfg: dict, *, where: str, seq: int | None = None, batch: int =
         if name not in cfg:
             raise PipesimError(f"{where}: field {name!r} is missing")
     sizes = {name: _positive_int(cfg, name, where) for name in REQUIRED}
+    max_seq = sizes["max_position_embeddings"]
+    seq = max_seq if seq is None else seq
+    if seq > max_seq:
+        raise PipesimError(f"--seq {seq} is longer than {where}'s max_position_embeddings {max_seq}")
+    check_keys(cfg, where=where, seq=seq)  # a key that changes the model and is not modelled: refused
     heads = sizes["num_attention_heads"]
     kv_heads = _positive_int(cfg, "num_key_value_heads", where) if "num_key_value_heads" in cfg else heads
     if sizes["hidden_size"] % heads:
@@ -95,12 +104,9 @@ def model_from_hf(cfg: dict, *, where: str, seq: int | None = None, batch: int =
     if "head_dim" in cfg and _positive_int(cfg, "head_dim", where) * heads != sizes["hidden_size"]:
         raise PipesimError(f"{where}: field 'head_dim' {cfg['head_dim']!r} is not hidden_size / num_attention_heads "
                            f"({sizes['hidden_size']} / {heads}); pipesim needs them equal")
-    max_seq = sizes["max_position_embeddings"]
-    seq = max_seq if seq is None else seq
-    if seq > max_seq:
-        raise PipesimError(f"--seq {seq} is longer than {where}'s max_position_embeddings {max_seq}")
     if dtype is None:
-        dtype = cfg.get("torch_dtype") if cfg.get("torch_dtype") in DTYPE_BYTES else "bfloat16"
+        given = cfg.get("torch_dtype", cfg.get("dtype"))  # transformers 4.56+ writes "dtype"
+        dtype = given if given in DTYPE_BYTES else "bfloat16"
     dropout = cfg.get("attention_dropout", 0.0)
     if not isinstance(dropout, (int, float)) or isinstance(dropout, bool) or not 0 <= dropout < 1:
         raise PipesimError(f"{where}: field 'attention_dropout' must be a number in [0, 1), got {dropout!r}")
@@ -118,6 +124,14 @@ def model_from_hf(cfg: dict, *, where: str, seq: int | None = None, batch: int =
         raise PipesimError(f"{where}: {e}") from None
 
 
+def hf_key_report(name_or_path: str | Path, *, seq: int | None = None) -> KeyReport:
+    """The keys of `--model-config`'s file that pipesim reads and those it ignores (for `--json`)."""
+    path = resolve_model_config(name_or_path)
+    cfg = read_hf_config(path)
+    max_seq = cfg.get("max_position_embeddings")
+    return check_keys(cfg, where=str(path), seq=seq if seq is not None else max_seq if isinstance(max_seq, int) else 0)
+
+
 def load_hf_config(name_or_path: str | Path, *, seq: int | None = None, batch: int = ModelConfig.batch,
                    dtype: str | None = None, seed: int = 0) -> ModelConfig:
     """`--model-config`: a bundled name or a config.json path, read into a ModelConfig (see `model_from_hf`)."""
@@ -125,4 +139,5 @@ def load_hf_config(name_or_path: str | Path, *, seq: int | None = None, batch: i
     return model_from_hf(read_hf_config(path), where=str(path), seq=seq, batch=batch, dtype=dtype, seed=seed)
 
 
-__all__ = ["bundled_configs", "load_hf_config", "model_from_hf", "read_hf_config", "resolve_model_config"]
+__all__ = ["bundled_configs", "hf_key_report", "load_hf_config", "model_from_hf", "read_hf_config",
+           "resolve_model_config"]

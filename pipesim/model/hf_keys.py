@@ -1,0 +1,96 @@
+"""Which keys of a Hugging Face config.json pipesim models, which change nothing it models, and the rest.
+
+A config key either sizes or shapes what pipesim simulates (`MODELED`, read by `hf_config.model_from_hf`),
+or changes nothing pipesim counts (`NO_EFFECT`: token ids, initialisation, rotary frequencies, caching:
+listed as ignored in `--json`), or is off at the value it has (`OFF_WHEN_EMPTY`: no experts, no sliding
+window, zero dropout; a sliding window as long as the sequence). Any other key, and any of those switched
+on, would change the computation: the config is refused with one line naming the keys, never simulated
+as a different (dense, full-attention) model. Mixtral's config.json, read as Llama, would be a dense 7B.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipesim.errors import PipesimError
+
+MODELED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size",
+           "max_position_embeddings", "num_key_value_heads", "hidden_act", "rms_norm_eps", "layer_norm_eps",
+           "attention_bias", "mlp_bias", "attention_dropout", "head_dim", "tie_word_embeddings", "torch_dtype",
+           "dtype", "model_type")
+# values that change no FLOP, byte or collective pipesim counts
+NO_EFFECT = ("_name_or_path", "architectures", "transformers_version", "bos_token_id", "eos_token_id",
+             "pad_token_id", "initializer_range", "rope_theta", "rope_scaling", "use_cache", "pretraining_tp",
+             "tokenizer_class", "auto_map", "output_attentions", "output_hidden_states", "return_dict",
+             "max_window_layers")
+# off at a false, zero, null or empty value; on otherwise (then they change the computation)
+OFF_WHEN_EMPTY = {
+    "num_local_experts": "mixture of experts", "n_routed_experts": "mixture of experts",
+    "num_experts": "mixture of experts", "num_experts_per_tok": "mixture of experts",
+    "moe_intermediate_size": "mixture of experts", "n_shared_experts": "mixture of experts",
+    "shared_expert_intermediate_size": "mixture of experts", "first_k_dense_replace": "mixture of experts",
+    "decoder_sparse_step": "mixture of experts", "moe_layer_freq": "mixture of experts",
+    "router_aux_loss_coef": "mixture of experts", "output_router_logits": "mixture of experts",
+    "router_jitter_noise": "mixture of experts", "norm_topk_prob": "mixture of experts",
+    "topk_group": "mixture of experts", "n_group": "mixture of experts",
+    "routed_scaling_factor": "mixture of experts", "mlp_only_layers": "mixture of experts",
+    "interleave_moe_layer_step": "mixture of experts",
+    "q_lora_rank": "multi-head latent attention", "kv_lora_rank": "multi-head latent attention",
+    "qk_rope_head_dim": "multi-head latent attention", "qk_nope_head_dim": "multi-head latent attention",
+    "v_head_dim": "multi-head latent attention",
+    "num_nextn_predict_layers": "multi-token prediction",
+    "sliding_window": "sliding-window attention", "use_sliding_window": "sliding-window attention",
+    "quantization_config": "quantized weights",
+    "hidden_dropout": "dropout", "resid_pdrop": "dropout", "embd_pdrop": "dropout",
+    "residual_dropout": "dropout", "final_logit_softcapping": "logit soft-capping",
+    "attn_logit_softcapping": "logit soft-capping",
+}
+MODEL_TYPES = ("llama", "mistral", "qwen2")  # Llama-style decoders: nothing beyond MODELED in their layers
+
+
+@dataclass(frozen=True)
+class KeyReport:
+    """A config's keys: those pipesim reads and those it ignores because they change nothing it models."""
+
+    read: tuple[str, ...]
+    ignored: tuple[str, ...]
+
+
+def _empty(value: object) -> bool:
+    return value is None or value is False or value == 0 or value == [] or value == {}
+
+
+def check_keys(cfg: dict, *, where: str, seq: int) -> KeyReport:
+    """The keys' report; PipesimError naming every key that would change the computation (`seq`: the training
+    sequence length, which a sliding window at least as long leaves whole)."""
+    changing: dict[str, str] = {}
+    read, ignored = [], []
+    window = cfg.get("sliding_window")
+    window_whole = not cfg.get("use_sliding_window", True) or (isinstance(window, int) and window >= seq)
+    for key, value in cfg.items():
+        if key in MODELED:
+            read.append(key)
+        elif key in NO_EFFECT:
+            ignored.append(key)
+        elif key in OFF_WHEN_EMPTY:
+            sliding = OFF_WHEN_EMPTY[key] == "sliding-window attention"
+            if _empty(value) or (sliding and window_whole):
+                ignored.append(key)
+            else:
+                changing[key] = OFF_WHEN_EMPTY[key]
+        else:
+            changing[key] = "unknown to pipesim"
+    kind = cfg.get("model_type")
+    if kind is not None and kind not in MODEL_TYPES:
+        changing["model_type"] = f"{kind!r}: pipesim models {', '.join(MODEL_TYPES)}"
+    if changing:
+        why: dict[str, list[str]] = {}
+        for key, what in changing.items():
+            why.setdefault(what, []).append(key)
+        parts = "; ".join(f"{', '.join(keys)} ({what})" for what, keys in why.items())
+        raise PipesimError(f"{where}: keys that change the model and pipesim does not model: {parts}; "
+                           "refused rather than simulated as a different model")
+    return KeyReport(tuple(read), tuple(ignored))
+
+
+__all__ = ["MODELED", "MODEL_TYPES", "NO_EFFECT", "OFF_WHEN_EMPTY", "KeyReport", "check_keys"]
