@@ -12,13 +12,14 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 
 from pipesim.errors import PipesimError
+from pipesim.model.moe import MoeConfig
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 ACTIVATIONS = ("gelu", "swiglu")  # MLP: Linear-GeLU-Linear, or SwiGLU's gate, up and down matrices
 NORMS = ("layernorm", "rmsnorm")
 POSITIONS = ("learned", "rope")  # a learned (seq x hidden) table, or rotary embeddings (no parameters)
 STRUCTURE_FIELDS = ("kv_heads", "ffn_hidden", "activation", "norm", "dropout", "biases", "positions",
-                    "tied_embeddings")  # left out of to_dict while at their defaults
+                    "tied_embeddings", "moe")  # left out of to_dict while at their defaults
 
 
 @dataclass(frozen=True)
@@ -43,8 +44,11 @@ class ModelConfig:
     biases: bool = True  # biases on the linear layers; Llama has none
     positions: str = "learned"  # position embedding: "learned" table or "rope"
     tied_embeddings: bool = False  # the LM head reuses the token embedding's matrix
+    moe: MoeConfig | None = None  # mixture of experts (pipesim/model/moe.py); None: every MLP dense
 
     def __post_init__(self) -> None:
+        if isinstance(self.moe, dict):  # from to_dict / JSON
+            object.__setattr__(self, "moe", MoeConfig(**self.moe))
         if self.kind not in ("mlp", "gpt"):
             raise PipesimError(f"unknown --model {self.kind!r}; choose mlp or gpt")
         for name in ("hidden", "layers", "heads", "seq", "vocab", "batch"):
@@ -71,6 +75,14 @@ class ModelConfig:
                 raise PipesimError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.kind == "gpt" and self.heads % self.num_kv_heads:
             raise PipesimError(f"--kv-heads {self.num_kv_heads} must divide --heads {self.heads}")
+        if self.moe is not None:
+            if not isinstance(self.moe, MoeConfig):
+                raise PipesimError(f"moe must be a MoeConfig, got {type(self.moe).__name__}")
+            if self.kind != "gpt":
+                raise PipesimError("experts (moe) need a transformer (--model gpt or --model-config)")
+            if self.moe.moe_layers(0, self.layers) == 0:
+                raise PipesimError(f"moe: none of the {self.layers} layers has experts (dense_layers "
+                                   f"{self.moe.dense_layers}, every {self.moe.every})")
 
     @property
     def dtype_bytes(self) -> int:

@@ -1,0 +1,79 @@
+"""A mixture-of-experts MLP: which layers have experts, how many, how wide, and how tokens reach them.
+
+A layer's MLP is either dense (the model's `ffn_size`) or a mixture of `experts` routed experts of
+width `expert_ffn`, each token sent to `top_k` of them by a router (a linear h -> E and a top-k), plus
+`shared_experts` that every token passes through (DeepSeek's; width `shared_ffn`). The first
+`dense_layers` layers are dense (DeepSeek-V3's `first_k_dense_replace`), and after them every
+`every`-th layer has experts (Qwen-MoE's `decoder_sparse_step`, Llama 4's interleaving: layer l is
+MoE when (l + 1) % every == 0). Routing is dropless unless `capacity_factor` is set (GShard/Switch:
+each expert takes at most capacity_factor x tokens x k / E tokens, the rest dropped); `imbalance` is
+the most-loaded expert's tokens over the mean (1.0: perfectly balanced), what the slowest expert-parallel
+rank computes and receives, since every rank waits for it at the combine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipesim.errors import PipesimError
+
+
+@dataclass(frozen=True)
+class MoeConfig:
+    """The experts of a mixture-of-experts model (see the module's docstring for each field's meaning)."""
+
+    experts: int  # routed experts per MoE layer (E)
+    top_k: int  # routed experts per token (k)
+    expert_ffn: int  # width of one routed expert's MLP (moe_intermediate_size; Mixtral: intermediate_size)
+    shared_experts: int = 0  # experts every token passes through (DeepSeek's n_shared_experts)
+    shared_ffn: int | None = None  # width of one shared expert; None: expert_ffn
+    dense_layers: int = 0  # the first layers with a dense MLP (first_k_dense_replace)
+    every: int = 1  # after them, layer l has experts when (l + 1) % every == 0 (decoder_sparse_step)
+    capacity_factor: float | None = None  # None: dropless; else tokens per expert capped at cf x T k / E
+    imbalance: float = 1.0  # the most-loaded expert's tokens / the mean (>= 1; dropless routing)
+
+    def __post_init__(self) -> None:
+        for name in ("experts", "top_k", "expert_ffn", "every"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise PipesimError(f"moe {name} must be a positive integer, got {value!r}")
+        for name in ("shared_experts", "dense_layers"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise PipesimError(f"moe {name} must be a non-negative integer, got {value!r}")
+        if self.shared_ffn is not None and (not isinstance(self.shared_ffn, int) or isinstance(self.shared_ffn, bool)
+                                            or self.shared_ffn < 1):
+            raise PipesimError(f"moe shared_ffn must be a positive integer, got {self.shared_ffn!r}")
+        if self.top_k > self.experts:
+            raise PipesimError(f"moe top_k {self.top_k} is more than its {self.experts} experts")
+        if self.capacity_factor is not None and (isinstance(self.capacity_factor, bool)
+                                                 or not isinstance(self.capacity_factor, (int, float))
+                                                 or self.capacity_factor <= 0):
+            raise PipesimError(f"moe capacity_factor must be a positive number, got {self.capacity_factor!r}")
+        if isinstance(self.imbalance, bool) or not isinstance(self.imbalance, (int, float)) or self.imbalance < 1:
+            raise PipesimError(f"moe imbalance (the most-loaded expert's tokens / the mean) must be >= 1, "
+                               f"got {self.imbalance!r}")
+        if self.capacity_factor is not None and self.imbalance != 1.0:
+            raise PipesimError("moe imbalance applies to dropless routing; with a capacity_factor the most-loaded "
+                               "expert takes capacity_factor x the mean")
+
+    @property
+    def shared_width(self) -> int:
+        """Width of one shared expert."""
+        return self.expert_ffn if self.shared_ffn is None else self.shared_ffn
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether layer `layer` (0-based, in model order) has experts."""
+        return layer >= self.dense_layers and (layer + 1) % self.every == 0
+
+    def moe_layers(self, start: int, count: int) -> int:
+        """How many of the layers start .. start + count - 1 have experts."""
+        return sum(self.is_moe_layer(layer) for layer in range(start, start + count))
+
+    def load_factor(self) -> float:
+        """Tokens the most-loaded expert computes over the mean: `imbalance` when dropless; with a capacity factor,
+        the capacity every expert's buffer is padded to (GShard; Megatron's --moe-pad-expert-input-to-capacity)."""
+        return float(self.capacity_factor) if self.capacity_factor is not None else float(self.imbalance)
+
+
+__all__ = ["MoeConfig"]
