@@ -84,6 +84,9 @@ class RunConfig:
 
     def check(self, world: int) -> list[Schedule]:
         """Validate against the world size; return the schedules to run (validated IR)."""
+        if self.model.moe is not None:
+            raise PipesimError(f"the executor trains dense models; this model has {self.model.moe.experts} experts "
+                               "in its mixture-of-experts layers (pipesim simulate and plan cost them)")
         unrun = unhonoured(self.job)
         if unrun:
             raise PipesimError(f"the executor does not implement {'; '.join(unrun)}: it trains with plain DDP "
@@ -180,19 +183,24 @@ class RunConfig:
         return dataclass_from_dict(cls, data, "run configuration")
 
 
-EXECUTED = ("dims", "recompute", "sp")  # the Job fields the executor runs (of the dims, cp only at 1)
+EXECUTED = ("dims", "recompute", "sp")  # the Job fields the executor runs (of the dims, cp, ep and etp only unset)
 
 
 def unhonoured(job: Job) -> list[str]:
     """The flags of `job`'s options the executor cannot run, as the user would give them (empty: it runs them all).
 
-    The executor trains with plain DDP and eager torch modules (torch's scaled_dot_product_attention picks its own
-    kernel): ZeRO, context parallelism, an attention kernel, the framework's communication switches (scatter-gather,
-    bucketed overlapped gradient reduction, blocking P2P) and the GPU kernel switches are the cost model's."""
+    The executor trains dense models with plain DDP and eager torch modules (torch's scaled_dot_product_attention
+    picks its own kernel): ZeRO, context parallelism, expert parallelism (ep, etp), an attention kernel, the
+    framework's communication switches (scatter-gather, bucketed overlapped gradient reduction, blocking P2P) and
+    the GPU kernel switches are the cost model's."""
+    dims = job.dims
     out = [f"--cp {job.cp}"] if job.cp > 1 else []
+    out += [f"--ep {dims.ep}"] if dims.ep > 1 else []
+    out += [f"--etp {dims.etp}"] if dims.etp is not None else []
     plain = Job(**{name: getattr(job, name) for name in EXECUTED})
     if job != plain:
-        flags = replace(job, recompute="none", sp=False).flags()
+        dense = replace(dims, ep=1, etp=None)  # their flags are listed above
+        flags = replace(job, dims=dense, recompute="none", sp=False).flags()
         names = [f.name for f in fields(Job) if getattr(job, f.name) != getattr(plain, f.name)]
         out.append(" ".join(flags) if flags else ", ".join(names))  # a field without a flag: its name
     return out

@@ -1,7 +1,7 @@
 """The job: one training run's parallel layout and options, validated once and passed whole.
 
 A `Job` is what the command line, a planner candidate or `executor.api.train` say about how a model
-is trained: the rank layout (`ParallelDims`: pp, dp, tp, cp), the transformer's options
+is trained: the rank layout (`ParallelDims`: pp, dp, tp, cp, and the experts' ep, etp), the transformer's options
 (recomputation, sequence parallelism, attention kernel), the ZeRO stage, the framework's
 communication switches (`CommOptions`) and the GPU kernel switches. It is frozen and hashable, so
 the planner caches on it and the executor sends it to its workers as it is. Every range check is in
@@ -83,14 +83,22 @@ class Job:
     def cp(self) -> int:
         return self.dims.cp
 
+    @property
+    def ep(self) -> int:
+        return self.dims.ep
+
     def with_pp(self, pp: int) -> Job:
         """The same job on `pp` pipeline ranks (a sweep's or a schedule's own p)."""
         return self if pp == self.dims.pp else replace(self, dims=replace(self.dims, pp=pp))
 
     def per_stage(self) -> Job:
         """The job as one stage's per-microbatch seconds see it: its tp, cp and layer and kernel options on one
-        pipeline rank and one replica, without ZeRO (what per-stage cost caches key on)."""
-        return replace(self, dims=ParallelDims(tp=self.dims.tp, cp=self.dims.cp), zero=0)
+        pipeline rank and one replica, without ZeRO (what per-stage cost caches key on). With experts (ep > 1 or
+        etp given) dp, ep and etp stay too: etp x ep x edp = tp x cp x dp needs the stage's dp."""
+        d = self.dims
+        dims = ParallelDims(dp=d.dp, tp=d.tp, cp=d.cp, ep=d.ep, etp=d.etp) if d.has_experts else \
+            ParallelDims(tp=d.tp, cp=d.cp)
+        return replace(self, dims=dims, zero=0)
 
     def resolve_attention(self, gpu: bool, model: ModelConfig | None) -> Job:
         """The job with its attention kernel decided: flash on GPU hardware at 16 bits, eager on CPUs and in
@@ -127,6 +135,7 @@ class Job:
                 raise PipesimError(f"--batch {model.batch} does not split into dp({self.dims.dp}) x {microbatches} "
                                    "microbatches evenly")
         check_tp_split(model, self.dims.tp)  # before the layer options' own checks, as users have seen them
+        self.check_experts(model)
         if model.kind != "gpt":
             for flag, value, plain in (("--sequence-parallel", self.sp, False), ("--cp", self.dims.cp, 1),
                                        ("--recompute", self.recompute, "none")):
@@ -134,6 +143,21 @@ class Job:
                     raise PipesimError(f"{flag} needs a transformer (--model gpt or --model-config), not --model mlp")
             return
         self.layer_options(model).check(model)  # (the tp splits again) seq by 2 cp; sp's seq by tp
+
+    def check_experts(self, model: ModelConfig) -> None:
+        """PipesimError unless the expert layout suits `model`: ep and a given etp need a mixture-of-experts model,
+        ep divides its experts and etp (default tp) each expert's width (Megatron-LM's arguments.py checks ep)."""
+        d, moe = self.dims, model.moe
+        if moe is None:
+            for flag, value in (("--ep", d.ep if d.ep > 1 else None), ("--etp", d.etp)):
+                if value is not None:
+                    raise PipesimError(f"{flag} {value} needs a mixture-of-experts model")
+            return
+        if moe.experts % d.ep:
+            raise PipesimError(f"--ep {d.ep} does not divide the {moe.experts} experts")
+        if moe.expert_ffn % d.expert_tp:
+            flag = f"--etp {d.etp}" if d.etp is not None else f"--tp {d.tp} (--etp's default)"
+            raise PipesimError(f"{flag} does not divide the expert width {moe.expert_ffn}")
 
     def microbatch_size(self, model: ModelConfig, microbatches: int) -> int:
         """Sequences per microbatch: batch / (dp x m), after `check`."""
@@ -144,12 +168,16 @@ class Job:
         """The transformer layer's options under this job; None for the MLP."""
         if model.kind != "gpt":
             return None
+        experts = {"ep": self.dims.ep, "etp": self.dims.expert_tp} if model.moe is not None else {}
         return LayerOptions(tp=self.dims.tp, sp=self.sp, cp=self.dims.cp, recompute=self.recompute,
-                            attention=self.attention_kernel)
+                            attention=self.attention_kernel, **experts)
 
     def flags(self) -> list[str]:
-        """The command-line flags that give this job's options (its layout is given by --stages/--dp/--tp/--cp)."""
-        out = []
+        """The command-line flags that give this job's options: the experts' --ep/--etp when set (the dense layout is
+        given by --stages/--dp/--tp/--cp)."""
+        out = ["--ep", str(self.dims.ep)] if self.dims.ep > 1 else []
+        if self.dims.etp is not None:
+            out += ["--etp", str(self.dims.etp)]
         if self.recompute != "none":
             out += ["--recompute", self.recompute]
         if self.sp:

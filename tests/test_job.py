@@ -7,18 +7,21 @@ from dataclasses import replace
 
 import pytest
 
-from pipesim.cli import build_parser
+from pipesim.cli import build_parser, main
 from pipesim.comm.comm_options import CommOptions
 from pipesim.commands.setup_args import sim_job
 from pipesim.errors import PipesimError
 from pipesim.hardware.toml_io import load_hardware
 from pipesim.job import Job, KernelSwitches
 from pipesim.model.config import ModelConfig
+from pipesim.model.moe import MoeConfig
+from pipesim.model.options import LayerOptions
 from pipesim.parallel_dims import ParallelDims
 
 GPT = ModelConfig(kind="gpt", hidden=256, layers=4, heads=8, kv_heads=4, ffn_hidden=768, seq=64, vocab=512, batch=16,
                   dtype="bfloat16")
 MLP = ModelConfig(kind="mlp", hidden=96, layers=4, batch=16)
+MOE = replace(GPT, moe=MoeConfig(experts=8, top_k=2, expert_ffn=512))
 NOT_MLP = "needs a transformer (--model gpt or --model-config), not --model mlp"
 
 
@@ -31,6 +34,8 @@ NOT_MLP = "needs a transformer (--model gpt or --model-config), not --model mlp"
     (lambda: Job(ParallelDims(dp=0)), "dp must be a positive integer, got 0"),
     (lambda: Job(dims=(1, 2)), "a job's dims must be ParallelDims, got tuple"),
     (lambda: Job(comm=None), "a job's comm must be CommOptions and its kernels KernelSwitches"),
+    (lambda: Job(ParallelDims(dp=2, ep=4)),
+     "dp(2) * tp(1) is not divisible by ep(4) * etp(1): a stage's ranks are etp x ep x edp to its experts"),
 ])
 def test_each_range_check_is_one_line(make, message):
     with pytest.raises(PipesimError) as err:
@@ -57,6 +62,13 @@ def test_each_range_check_is_one_line(make, message):
     (Job(recompute="full"), MLP, None, f"--recompute {NOT_MLP}"),
     (Job(kernels=KernelSwitches(grad_fp32=False)), MLP, None,
      "--grad-reduce-in-bf16 needs a bfloat16 model (--dtype bfloat16), got float32"),
+    (Job(ParallelDims(dp=2, ep=2)), GPT, None, "--ep 2 needs a mixture-of-experts model"),
+    (Job(ParallelDims(dp=2, ep=2)), MLP, None, "--ep 2 needs a mixture-of-experts model"),
+    (Job(ParallelDims(tp=2, etp=2)), GPT, None, "--etp 2 needs a mixture-of-experts model"),  # given, even = tp
+    (Job(ParallelDims(dp=3, ep=3)), MOE, None, "--ep 3 does not divide the 8 experts"),
+    (Job(ParallelDims(dp=3, etp=3)), MOE, None, "--etp 3 does not divide the expert width 512"),
+    (Job(ParallelDims(tp=2)), replace(MOE, moe=MoeConfig(experts=8, top_k=2, expert_ffn=511)), None,
+     "--tp 2 (--etp's default) does not divide the expert width 511"),
 ])
 def test_each_divisibility_check_is_one_line(job, model, m, message):
     with pytest.raises(PipesimError) as err:
@@ -69,6 +81,23 @@ def test_a_job_that_fits_passes_and_gives_its_microbatch_size():
     job.check(GPT, 4)
     assert job.microbatch_size(GPT, 4) == 2
     assert job.layer_options(GPT).tp == 4 and job.layer_options(MLP) is None
+
+
+def test_a_moe_job_that_fits_passes_and_gives_the_layers_its_experts_layout():
+    job = Job(ParallelDims(dp=4, tp=2, ep=4, etp=1), sp=True, attention="flash")
+    job.check(MOE, 2)
+    assert job.ep == 4 and job.dims.edp == 2
+    opts = job.layer_options(MOE)
+    assert (opts.tp, opts.ep, opts.etp) == (2, 4, 1)
+    default = Job(ParallelDims(dp=2, tp=2, ep=2), sp=True).layer_options(MOE)
+    assert (default.ep, default.etp) == (2, 2)  # etp: tp's
+    assert Job(ParallelDims(tp=2)).layer_options(GPT) == LayerOptions(tp=2)  # a dense model's as before
+
+
+def test_per_stage_keeps_the_expert_layout():
+    job = Job(ParallelDims(pp=4, dp=4, tp=2, ep=4, etp=1), zero=1, sp=True)
+    assert job.per_stage() == Job(ParallelDims(dp=4, tp=2, ep=4, etp=1), sp=True)  # the experts' edp needs dp
+    assert Job(ParallelDims(pp=4, dp=4, tp=2, etp=2)).per_stage().dims == ParallelDims(dp=4, tp=2, etp=2)
 
 
 def test_hand_given_costs_refuse_bf16_gradients_without_a_model():
@@ -113,3 +142,40 @@ def test_flags_read_back_through_the_cli_to_the_same_job():
     assert sim_job(args, GPT, load_hardware("dgx-h100")) == job
     plain = build_parser().parse_args(["simulate", "1f1b", *Job().flags()])
     assert sim_job(plain, GPT, load_hardware("dgx-h100")) == Job(attention="flash")
+
+
+def test_expert_flags_read_back_through_the_cli_to_the_same_job():
+    job = Job(ParallelDims(dp=4, tp=2, ep=4, etp=1), sp=True, attention="flash")
+    assert job.flags() == ["--ep", "4", "--etp", "1", "--sequence-parallel", "--attention", "flash"]
+    argv = ["simulate", "1f1b", "--dp", "4", "--tp", "2", *job.flags()]
+    assert sim_job(build_parser().parse_args(argv), MOE, load_hardware("dgx-h100")) == job
+    default = build_parser().parse_args(["simulate", "1f1b", "--dp", "2", "--ep", "2"])
+    assert sim_job(default, MOE, None).dims == ParallelDims(dp=2, ep=2)  # etp None: tp's
+    assert Job(ParallelDims(dp=2, ep=2)).flags() == ["--ep", "2"]
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--dp", "2", "--ep", "2"], "--ep 2 needs a mixture-of-experts model"),
+    (["--tp", "2", "--etp", "1"], "--etp 1 needs a mixture-of-experts model"),
+    (["--dp", "2", "--ep", "4"],
+     "dp(2) * tp(1) is not divisible by ep(4) * etp(1): a stage's ranks are etp x ep x edp to its experts"),
+])
+def test_simulate_refuses_a_bad_expert_layout_in_one_line(flags, message, capsys):
+    argv = ["simulate", "1f1b", "-p", "2", "-m", "4", "--model", "gpt", "--layers", "2", "--batch", "8", *flags]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err == f"pipesim: error: {message}\n"
+
+
+def test_simulate_help_documents_ep_and_etp(capsys):
+    with pytest.raises(SystemExit):
+        main(["simulate", "--help"])
+    out = "".join(capsys.readouterr().out.split())  # argparse wraps lines, and inside hyphenated words
+    for text in ("--ep N expert-parallel ranks: experts sharded over N ranks (Megatron-core's "
+                 "--expert-model-parallel-size)",
+                 "--etp N tensor parallelism inside each expert (--expert-tensor-parallel-size; default --tp)"):
+        assert "".join(text.split()) in out
+    for bad in ("0", "x"):
+        with pytest.raises(SystemExit):
+            main(["simulate", "1f1b", "--ep", bad])
+        assert "--ep" in capsys.readouterr().err

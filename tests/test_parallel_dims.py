@@ -24,7 +24,7 @@ from pipesim.errors import PipesimError
 from pipesim.hardware.toml_io import load_hardware
 from pipesim.job import Job
 from pipesim.model.config import ModelConfig
-from pipesim.parallel_dims import AXES, Coords, ParallelDims
+from pipesim.parallel_dims import AXES, EXPERT_AXES, Coords, ExpertCoords, ParallelDims
 from pipesim.sim.simulator import simulate
 
 SIZES = (1, 2, 3)  # per axis; every combination of the four axes is tested
@@ -103,13 +103,132 @@ def test_check_world_shows_the_arithmetic():
     (lambda: ParallelDims(tp=True), "tp must be a positive integer, got True"),
     (lambda: ParallelDims(pp=2).rank(pp=2), "pp coordinate 2 is outside 0..1"),
     (lambda: ParallelDims(pp=2, dp=2).coords(4), "rank 4 is outside 0..3"),
-    (lambda: ParallelDims().group("ep", 0), "unknown axis 'ep'; choose one of pp, dp, cp, tp"),
+    (lambda: ParallelDims().group("xp", 0), "unknown axis 'xp'; choose one of pp, dp, cp, tp, edp, ep, etp"),
+    (lambda: ParallelDims(ep=0), "ep must be a positive integer, got 0"),
+    (lambda: ParallelDims(etp=0), "etp must be a positive integer, got 0"),
+    (lambda: ParallelDims(etp=True), "etp must be a positive integer, got True"),
+    (lambda: ParallelDims(dp=4, tp=2, ep=3),
+     "dp(4) * tp(2) is not divisible by ep(3) * etp(2): a stage's ranks are etp x ep x edp to its experts"),
+    (lambda: ParallelDims(dp=2, cp=2, tp=2, ep=4, etp=4),
+     "dp(2) * cp(2) * tp(2) is not divisible by ep(4) * etp(4): a stage's ranks are etp x ep x edp to its experts"),
+    (lambda: ParallelDims(dp=4, ep=4).expert_rank(ep=4), "ep coordinate 4 is outside 0..3"),
+    (lambda: ParallelDims(dp=4, ep=2).expert_rank(edp=2), "edp coordinate 2 is outside 0..1"),
+    (lambda: ParallelDims(dp=4, ep=2).expert_coords(4), "rank 4 is outside 0..3"),
     (lambda: ParallelDims.node_of(3, 0), "devices per node must be >= 1, got 0"),
 ])
 def test_bad_input_is_one_line(call, message):
     with pytest.raises(PipesimError) as info:
         call()
     assert str(info.value) == message
+
+
+# -- the experts' layout (Megatron-core's expert RankGenerator) ------------------------------------------------------
+
+# world 16 = pp 2 x (dp 4 x tp 2); each case's groups written out by hand from Megatron-core's rules
+# (megatron/core/parallel_state.py, initialize_model_parallel: the expert RankGenerator's order is tp-ep-dp-pp with
+# tp = etp, dp = edp = world / (etp * ep * pp), so rank = ((pp * edp + e) * ep + x) * etp + t)
+MEGATRON_EXPERT_GROUPS = [
+    (2, 1, {  # edp 4: experts split over consecutive rank pairs, which are the dense tp pairs
+        "ep": [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9], [10, 11], [12, 13], [14, 15]],
+        "etp": [[r] for r in range(16)],
+        "edp": [[0, 2, 4, 6], [1, 3, 5, 7], [8, 10, 12, 14], [9, 11, 13, 15]]}),
+    (4, 1, {  # edp 2: an ep group spans two dense tp groups
+        "ep": [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]],
+        "etp": [[r] for r in range(16)],
+        "edp": [[0, 4], [1, 5], [2, 6], [3, 7], [8, 12], [9, 13], [10, 14], [11, 15]]}),
+    (2, 2, {  # edp 2: etp pairs are the dense tp pairs; ep strides over them
+        "ep": [[0, 2], [1, 3], [4, 6], [5, 7], [8, 10], [9, 11], [12, 14], [13, 15]],
+        "etp": [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9], [10, 11], [12, 13], [14, 15]],
+        "edp": [[0, 4], [1, 5], [2, 6], [3, 7], [8, 12], [9, 13], [10, 14], [11, 15]]}),
+    (4, 2, {  # edp 1: the ep groups are the dense dp groups; nothing is replicated
+        "ep": [[0, 2, 4, 6], [1, 3, 5, 7], [8, 10, 12, 14], [9, 11, 13, 15]],
+        "etp": [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9], [10, 11], [12, 13], [14, 15]],
+        "edp": [[r] for r in range(16)]}),
+    (1, 1, {  # ep 1, etp 1: every expert whole on every rank, replicated over the stage's 8 ranks
+        "ep": [[r] for r in range(16)],
+        "etp": [[r] for r in range(16)],
+        "edp": [list(range(8)), list(range(8, 16))]}),
+]
+
+
+@pytest.mark.parametrize(("ep", "etp", "want"), MEGATRON_EXPERT_GROUPS)
+def test_expert_groups_are_megatron_cores(ep, etp, want):
+    dims = ParallelDims(pp=2, dp=4, tp=2, ep=ep, etp=etp)
+    assert (dims.world, dims.ep, dims.expert_tp, dims.edp) == (16, ep, etp, 8 // (ep * etp))
+    for axis, groups in want.items():
+        assert dims.groups(axis) == groups, axis
+    assert dims.groups("pp") == [[r, r + 8] for r in range(8)]  # Megatron asserts the expert pp groups are these
+    assert dims.groups("tp") == [[r, r + 1] for r in range(0, 16, 2)]  # the dense layout is untouched
+    assert dims.groups("dp") == [[0, 2, 4, 6], [1, 3, 5, 7], [8, 10, 12, 14], [9, 11, 13, 15]]
+
+
+def test_etp_defaults_to_tp_as_megatron_core():
+    dims = ParallelDims(pp=2, dp=4, tp=2, ep=2)
+    assert dims.etp is None and dims.expert_tp == 2 and dims.edp == 2
+    assert dims.groups("ep") == MEGATRON_EXPERT_GROUPS[2][2]["ep"]  # as etp 2
+    assert ParallelDims(dp=4, tp=2).groups("etp") == ParallelDims(dp=4, tp=2).groups("tp")
+
+
+@pytest.mark.parametrize(("dims", "want"), [
+    # etp wider than tp: an expert's shards span two dense tp groups (two dp replicas)
+    (ParallelDims(dp=4, tp=2, etp=4), {"etp": [[0, 1, 2, 3], [4, 5, 6, 7]], "ep": [[r] for r in range(8)],
+                                        "edp": [[0, 4], [1, 5], [2, 6], [3, 7]]}),
+    # cp ranks are expert-data-parallel ones to the experts (Megatron-core's expert generator has cp 1)
+    (ParallelDims(dp=2, cp=2, ep=2), {"ep": [[0, 1], [2, 3]], "etp": [[0], [1], [2], [3]], "edp": [[0, 2], [1, 3]]}),
+    (ParallelDims(pp=3, dp=2, cp=2, tp=2, ep=4, etp=1),
+     {"ep": [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15], [16, 17, 18, 19], [20, 21, 22, 23]],
+      "edp": [[0, 4], [1, 5], [2, 6], [3, 7], [8, 12], [9, 13], [10, 14], [11, 15], [16, 20], [17, 21], [18, 22],
+              [19, 23]]}),
+])
+def test_expert_groups_of_other_layouts(dims, want):
+    for axis, groups in want.items():
+        assert dims.groups(axis) == groups, axis
+
+
+def test_docstring_worked_example():
+    """tp 2, dp 4, ep 4, etp 1 on the 8 ranks of a stage (pipesim/parallel_dims.py's docstring)."""
+    dims = ParallelDims(dp=4, tp=2, ep=4, etp=1)
+    assert dims.groups("tp") == [[0, 1], [2, 3], [4, 5], [6, 7]] and dims.groups("dp") == [[0, 2, 4, 6], [1, 3, 5, 7]]
+    assert dims.groups("ep") == [[0, 1, 2, 3], [4, 5, 6, 7]] and dims.edp == 2
+    assert dims.groups("edp") == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert dims.groups("etp") == [[r] for r in range(8)]
+    assert dims.group("ep", 6) == [4, 5, 6, 7] and dims.expert_coords(6) == ExpertCoords(pp=0, edp=1, ep=2, etp=0)
+    wide = ParallelDims(dp=4, tp=2, ep=4, etp=2)
+    assert wide.groups("etp") == [[0, 1], [2, 3], [4, 5], [6, 7]] and wide.groups("ep") == [[0, 2, 4, 6], [1, 3, 5, 7]]
+    assert wide.groups("edp") == [[r] for r in range(8)]
+
+
+def _expert_dims():
+    for pp, dp, cp, tp, ep, etp in itertools.product((1, 2), (1, 2, 4), (1, 2), (1, 2), (1, 2, 4), (None, 1, 2, 4)):
+        if (dp * cp * tp) % (ep * (tp if etp is None else etp)) == 0:
+            yield ParallelDims(pp=pp, dp=dp, cp=cp, tp=tp, ep=ep, etp=etp)
+
+
+def test_expert_groups_partition_the_world_and_keep_the_dense_layout():
+    count = 0
+    for dims in _expert_dims():
+        count += 1
+        dense = ParallelDims(pp=dims.pp, dp=dims.dp, cp=dims.cp, tp=dims.tp)
+        assert dims.expert_tp * dims.ep * dims.edp == dims.tp * dims.cp * dims.dp
+        for axis in AXES:  # ep/etp change nothing of the dense layout
+            assert dims.groups(axis) == dense.groups(axis), (dims, axis)
+        for axis in EXPERT_AXES:
+            size = {"pp": dims.pp, "edp": dims.edp, "ep": dims.ep, "etp": dims.expert_tp}[axis]
+            groups = dims.groups(axis)
+            assert sorted(r for g in groups for r in g) == list(range(dims.world)), (dims, axis)  # each rank once
+            assert all(len(g) == size and g == sorted(g) for g in groups) and len(groups) == dims.world // size
+            for g in groups:
+                coords = [dims.expert_coords(r) for r in g]
+                assert [getattr(c, axis) for c in coords] == list(range(size)), (dims, axis, g)
+                for other in EXPERT_AXES:  # members differ along `axis` only
+                    if other != axis:
+                        assert len({getattr(c, other) for c in coords}) == 1, (dims, axis, g)
+                assert all(dims.group(axis, r) == g for r in g)
+        for r in range(dims.world):
+            c = dims.expert_coords(r)
+            assert dims.expert_rank(pp=c.pp, edp=c.edp, ep=c.ep, etp=c.etp) == r
+            assert c.pp == dims.coords(r).pp
+    assert count > 100
 
 
 def test_node_of_is_torchruns_node_major_numbering():

@@ -25,6 +25,7 @@ from pipesim.commands.run_args import add_run_args, config_from_args, configs_fr
 from pipesim.errors import PipesimError
 from pipesim.job import Job, KernelSwitches
 from pipesim.model.config import ModelConfig
+from pipesim.model.moe import MoeConfig
 from pipesim.parallel_dims import ParallelDims
 
 
@@ -82,7 +83,7 @@ def test_launch_command_carries_the_config_as_one_json_argument():
     sent = json.loads(cmd[9])[0]
     assert list(sent) == [f.name for f in fields(RunConfig)]  # every field once, by its dataclass name
     assert list(sent["model"]) == [f.name for f in fields(ModelConfig)] and sent["layer_split"] == [4, 2]
-    assert sent["job"]["dims"] == {"pp": 1, "dp": 2, "tp": 1, "cp": 1}
+    assert sent["job"]["dims"] == {"pp": 1, "dp": 2, "tp": 1, "cp": 1, "ep": 1, "etp": None}
 
 
 def test_the_job_crosses_to_the_workers_exactly():
@@ -95,8 +96,8 @@ def test_the_job_crosses_to_the_workers_exactly():
     back = configs_from_json(configs_to_json([cfg, RunConfig(names=("gpipe",))]))
     assert back == [cfg, RunConfig(names=("gpipe",))] and back[0].job == job and hash(back[0].job) == hash(job)
     assert isinstance(back[0].job.dims, ParallelDims) and isinstance(back[0].job.kernels, KernelSwitches)
-    with pytest.raises(PipesimError, match=r"^unknown run configuration job dims field\(s\): ep$"):
-        configs_from_json('{"job": {"dims": {"ep": 2}}}')
+    with pytest.raises(PipesimError, match=r"^unknown run configuration job dims field\(s\): xp$"):
+        configs_from_json('{"job": {"dims": {"xp": 2}}}')
     with pytest.raises(PipesimError, match=r"^the job's pp\(4\) is not stages\(2\): give the pipeline ranks as "):
         RunConfig(stages=2, job=Job(dims=ParallelDims(pp=4)))
 
@@ -113,6 +114,9 @@ def test_the_job_crosses_to_the_workers_exactly():
     (Job(kernels=KernelSwitches(grad_fp32=True)), "--accumulate-allreduce-grads-in-fp32"),
     (Job(recompute="full", sp=True, zero=2, kernels=KernelSwitches(tp_comm_overlap=False)),
      "--zero 2 --no-async-tensor-model-parallel-allreduce"),
+    (Job(dims=ParallelDims(dp=2, ep=2)), "--ep 2"),
+    (Job(dims=ParallelDims(tp=2, etp=1)), "--etp 1"),
+    (Job(dims=ParallelDims(dp=2, ep=2, etp=1), zero=1), "--ep 2; --etp 1; --zero 1"),
 ])
 def test_job_options_the_executor_cannot_run_are_refused_by_flag(job, flags):
     cfg = RunConfig(names=("1f1b",), microbatches=4, job=job, model=ModelConfig(batch=8))
@@ -121,6 +125,18 @@ def test_job_options_the_executor_cannot_run_are_refused_by_flag(job, flags):
     assert f"does not implement {flags}: it trains with plain DDP" in str(err.value) and "\n" not in str(err.value)
     RunConfig(names=("1f1b",), microbatches=4, job=Job(recompute="full", sp=True, dims=ParallelDims(tp=2)),
               model=ModelConfig(batch=8, layers=4)).check(4)  # what it does run
+
+
+def test_the_executor_refuses_a_mixture_of_experts_model_in_one_line():
+    moe = ModelConfig(kind="gpt", hidden=64, heads=4, layers=2, batch=8, moe=MoeConfig(experts=4, top_k=2,
+                                                                                      expert_ffn=128))
+    cfg = RunConfig(names=("1f1b",), microbatches=4, model=moe)
+    with pytest.raises(PipesimError) as err:
+        cfg.check(2)
+    assert str(err.value) == ("the executor trains dense models; this model has 4 experts in its mixture-of-experts "
+                              "layers (pipesim simulate and plan cost them)")
+    ep = RunConfig(names=("1f1b",), microbatches=4, job=Job(dims=ParallelDims(dp=2, ep=2)))
+    assert configs_from_json(configs_to_json([ep])) == [ep]  # the experts' layout crosses to the workers as it is
 
 
 def test_multi_node_launch_uses_the_c10d_rendezvous():

@@ -1,4 +1,4 @@
-"""The flags of what to simulate against (hardware, --nodes, --cost, links, dp/tp/cp, recomputation, sequence
+"""The flags of what to simulate against (hardware, --nodes, --cost, links, dp/tp/cp/ep/etp, recomputation, sequence
 parallelism, attention kernel, ZeRO, the layer split), shared by `simulate` and `sweep`."""
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from pipesim.sim.sim_setup import DEFAULT_HARDWARE, SimSetup, on_gpus
 
 
 def add_setup_args(parser: argparse.ArgumentParser) -> None:
-    """--hardware, --nodes, --cost, --boundary-bytes, --activation-bytes, --comm, --dp, --tp, --cp, --layer-split,
-    --recompute, --sequence-parallel, --attention, --zero (model flags separately)."""
+    """--hardware, --nodes, --cost, --boundary-bytes, --activation-bytes, --comm, --dp, --tp, --cp, --ep, --etp,
+    --layer-split, --recompute, --sequence-parallel, --attention, --zero (model flags separately)."""
     g = parser.add_argument_group("costs and machine")
     g.add_argument("--hardware", metavar="PRESET|FILE",
                    help=f"hardware preset or TOML file (default {DEFAULT_HARDWARE} with a model; none with --cost)")
@@ -43,6 +43,11 @@ def add_setup_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel shards per stage (default 1)")
     g.add_argument("--cp", type=positive_int, default=1,
                    help="context-parallel ranks per stage: each holds seq / cp tokens, ring attention (default 1)")
+    g.add_argument("--ep", type=positive_int, default=1, metavar="N",
+                   help="expert-parallel ranks: experts sharded over N ranks (Megatron-core's "
+                        "--expert-model-parallel-size); ep x etp must divide tp x cp x dp (default 1)")
+    g.add_argument("--etp", type=positive_int, default=None, metavar="N",
+                   help="tensor parallelism inside each expert (--expert-tensor-parallel-size; default --tp)")
     g.add_argument("--layer-split", type=_split_list, default=None, metavar="N,N,...",
                    help="layers per stage, one entry per chunk (p x v with interleaved or V placements), e.g. "
                         "3,2,2,1; a transformer's first and last entries may be 0 (only the embedding / head) "
@@ -121,7 +126,8 @@ def comm_options_from_args(args: argparse.Namespace) -> CommOptions:
 def sim_job(args: argparse.Namespace, model: ModelConfig | None, hardware: Hardware | None) -> Job:
     """The Job of simulate's and sweep's flags (its pp: each schedule's), with the main gradients' dtype checked
     against `model` (None: hand-given costs) and the attention kernel decided for the hardware."""
-    job = Job(ParallelDims(dp=args.dp, tp=args.tp, cp=args.cp), recompute=args.recompute, sp=args.sequence_parallel,
+    dims = ParallelDims(dp=args.dp, tp=args.tp, cp=args.cp, ep=args.ep, etp=args.etp)
+    job = Job(dims, recompute=args.recompute, sp=args.sequence_parallel,
               attention=args.attention, zero=args.zero, comm=comm_options_from_args(args),
               kernels=KernelSwitches(args.kernel_fusion, args.tp_comm_overlap, args.grad_accum_fusion, args.grad_fp32))
     job.check_gradients(model)
