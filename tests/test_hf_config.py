@@ -38,7 +38,7 @@ def test_bundled_llama3_configs(name, layers, hidden, heads, ffn, max_seq, param
 
 
 def test_bundled_names_and_overrides():
-    assert bundled_configs() == ["llama3-405b", "llama3-70b", "llama3-8b"]
+    assert bundled_configs() == ["llama3-405b", "llama3-70b", "llama3-8b", "mixtral-8x22b", "mixtral-8x7b"]
     model = load_hf_config("llama3-8b", seq=4096, batch=512, dtype="float32")
     assert (model.seq, model.batch, model.dtype) == (4096, 512, "float32")
 
@@ -52,11 +52,22 @@ def test_a_config_file_round_trips_through_to_dict(tmp_path):
 
 
 def test_gelu_layernorm_tied_and_defaults(tmp_path):
-    cfg = {k: v for k, v in LLAMA.items() if k not in ("num_key_value_heads", "rms_norm_eps", "torch_dtype")}
+    """A file without a model_type: a GeLU MLP is the two-matrix one. In a llama file the MLP is gated whatever
+    hidden_act says (transformers' LlamaMLP), which pipesim models with silu only: refused."""
+    cfg = {k: v for k, v in LLAMA.items() if k not in ("num_key_value_heads", "rms_norm_eps", "torch_dtype",
+                                                       "model_type")}
     model = load_hf_config(_write(tmp_path, {**cfg, "hidden_act": "gelu", "tie_word_embeddings": True,
                                              "attention_dropout": 0.1, "mlp_bias": True}))
     assert (model.num_kv_heads, model.activation, model.norm, model.tied_embeddings, model.dropout, model.biases,
             model.dtype) == (4, "gelu", "layernorm", True, True, True, "bfloat16")
+    path = _write(tmp_path, {**LLAMA, "hidden_act": "gelu"})
+    with pytest.raises(PipesimError) as err:
+        load_hf_config(path)
+    assert str(err.value) == (f"{path}: field 'hidden_act' 'gelu': a llama MLP is gated whatever its activation "
+                              "(down(act(gate x) * up x)); pipesim models the gated MLP with silu or swish only")
+    qwen2 = _write(tmp_path, {**LLAMA, "model_type": "qwen2"})
+    with pytest.raises(PipesimError, match=r"model_type \('qwen2': pipesim models llama, mistral, mixtral\)"):
+        load_hf_config(qwen2)
 
 
 @pytest.mark.parametrize("change,message", [
@@ -91,7 +102,7 @@ def test_unreadable_files_and_unknown_names(tmp_path):
     with pytest.raises(PipesimError) as err:
         load_hf_config("llama9-1t")
     assert str(err.value) == ("--model-config llama9-1t: no such file or bundled config "
-                              "(bundled: llama3-405b, llama3-70b, llama3-8b)")
+                              "(bundled: llama3-405b, llama3-70b, llama3-8b, mixtral-8x22b, mixtral-8x7b)")
     with pytest.raises(PipesimError, match="is longer than .*'s max_position_embeddings 8192$"):
         load_hf_config("llama3-8b", seq=8193)
 
@@ -130,7 +141,7 @@ def test_microbatches_from_either_spelling():
 
 # -- keys pipesim does not model: refused, never simulated as a different (dense) model ------------------------
 
-# mistralai/Mixtral-8x7B-v0.1's config.json (Hugging Face hub), every key as published
+# mistralai/Mixtral-8x7B-v0.1's config.json (Hugging Face hub), every key as published (bundled as mixtral-8x7b)
 MIXTRAL_8X7B = {"architectures": ["MixtralForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 1,
                 "eos_token_id": 2, "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
                 "intermediate_size": 14336, "max_position_embeddings": 32768, "model_type": "mixtral",
@@ -141,13 +152,19 @@ MIXTRAL_8X7B = {"architectures": ["MixtralForCausalLM"], "attention_dropout": 0.
                 "transformers_version": "4.36.0.dev0", "use_cache": True, "vocab_size": 32000}
 
 
-def test_a_mixture_of_experts_config_is_refused_naming_its_keys(tmp_path):
-    path = _write(tmp_path, MIXTRAL_8X7B)
+def test_mixtral_loads_and_a_mixture_of_experts_with_an_unmodelled_key_is_refused_naming_its_keys(tmp_path):
+    """Mixtral's experts are read into ModelConfig.moe (tests/test_moe_config.py); DeepSeek's latent attention and
+    shared experts are not modelled: the file is refused, never simulated as a Mixtral-like or dense model."""
+    model = load_hf_config(_write(tmp_path, MIXTRAL_8X7B))
+    assert model == load_hf_config("mixtral-8x7b") and model.moe.experts == 8 and model.moe.top_k == 2
+    path = _write(tmp_path, {**MIXTRAL_8X7B, "model_type": "deepseek_v3", "q_lora_rank": 1536,
+                             "n_shared_experts": 1})
     with pytest.raises(PipesimError) as err:
         load_hf_config(path)
     assert str(err.value) == (
         f"{path}: keys that change the model and pipesim does not model: num_experts_per_tok, num_local_experts, "
-        "router_aux_loss_coef (mixture of experts); model_type ('mixtral': pipesim models llama, mistral, qwen2); "
+        "router_aux_loss_coef, n_shared_experts (mixture of experts); q_lora_rank (multi-head latent attention); "
+        "model_type ('deepseek_v3': pipesim models llama, mistral, mixtral); "
         "refused rather than simulated as a different model")
 
 
@@ -164,14 +181,14 @@ def test_latent_attention_multi_token_prediction_and_unknown_keys_are_refused(tm
 
 def test_switched_off_keys_and_a_window_as_long_as_the_sequence_change_nothing(tmp_path):
     """Mistral 7B v0.1 attends in a 4096-token window: at --seq 4096 that is the whole causal mask, longer is
-    refused. Experts at 0 and a null window are off; qwen2's `use_sliding_window: false` turns its window off."""
+    refused. Experts at 0 and a null window are off; `use_sliding_window: false` (Qwen2's key) turns a window off."""
     mistral = {**LLAMA, "model_type": "mistral", "max_position_embeddings": 32768, "sliding_window": 4096}
     path = _write(tmp_path, mistral)
     with pytest.raises(PipesimError, match=r"sliding_window \(sliding-window attention\); refused"):
         load_hf_config(path)
     assert load_hf_config(path, seq=4096).seq == 4096
     assert hf_key_report(path, seq=4096).ignored == ("sliding_window",)
-    off = {**LLAMA, "num_experts": 0, "sliding_window": None, "hidden_dropout": 0.0, "model_type": "qwen2",
+    off = {**LLAMA, "num_experts": 0, "sliding_window": None, "hidden_dropout": 0.0, "model_type": "mistral",
            "use_sliding_window": False, "max_window_layers": 28}
     assert load_hf_config(_write(tmp_path, {**off, "sliding_window": 64})) == load_hf_config(_write(tmp_path, LLAMA))
     report = hf_key_report(_write(tmp_path, off))
@@ -187,12 +204,12 @@ def test_bundled_llama_configs_read_every_key_or_ignore_it_as_no_effect():
     assert set(report.read) | set(report.ignored) == set(read_hf_config(resolve_model_config("llama3-8b")))
 
 
-def test_the_cli_refuses_mixtral_in_one_line_and_lists_ignored_keys_in_json(tmp_path, capsys):
-    path = _write(tmp_path, MIXTRAL_8X7B)
+def test_the_cli_refuses_an_unmodelled_moe_in_one_line_and_lists_ignored_keys_in_json(tmp_path, capsys):
+    path = _write(tmp_path, {**MIXTRAL_8X7B, "n_shared_experts": 2})
     code = main(["simulate", "1f1b", "-p", "4", "-m", "8", "--tp", "2", "--model-config", path,
                  "--hardware", "dgx-h100", "--json", str(tmp_path / "out.json")])
     err = capsys.readouterr().err
-    assert code == 2 and err.count("\n") == 1 and "num_local_experts" in err and "Traceback" not in err
+    assert code == 2 and err.count("\n") == 1 and "n_shared_experts" in err and "Traceback" not in err
     assert not (tmp_path / "out.json").exists()
     assert main(["simulate", "1f1b", "-p", "2", "-m", "2", "--model-config", "llama3-8b", "--seq", "1024",
                  "--layers", "4", "--hardware", "dgx-h100", "--json", str(tmp_path / "ok.json")]) == 0

@@ -9,7 +9,13 @@ attention_bias / mlp_bias (default false), attention_dropout (default 0: no drop
 rotary (Llama's). Every other key is checked by `pipesim.model.hf_keys`: one that changes nothing
 pipesim models is ignored (and listed), one that would change the model (experts, latent attention, a
 sliding window shorter than the sequence, ...) refuses the file. The bundled configs
-(pipesim/model/configs/) load by name: `llama3-405b`.
+(pipesim/model/configs/) load by name: `llama3-405b`, `mixtral-8x7b`.
+
+A "mixtral" file is Llama's layer with every MLP a mixture of experts (transformers' MixtralSparseMoeBlock):
+`num_local_experts` experts (default 8, as MixtralConfig), `num_experts_per_tok` of them per token (default 2),
+each a SwiGLU MLP of width `intermediate_size`, behind a bias-free router h -> E. Mixtral's experts are
+always gated (w2(act(w1 x) * w3 x)) and its linears never have biases, so a "gelu*" activation (a gated GeLU,
+which pipesim's two-matrix "gelu" is not) or a true `attention_bias` / `mlp_bias` refuses the file.
 """
 
 from __future__ import annotations
@@ -20,12 +26,16 @@ from pathlib import Path
 from pipesim.errors import PipesimError
 from pipesim.model.config import DTYPE_BYTES, ModelConfig
 from pipesim.model.hf_keys import KeyReport, check_keys
+from pipesim.model.moe import MoeConfig
 
 BUNDLED_DIR = Path(__file__).parent / "configs"
 REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size",
             "max_position_embeddings")
 GATED_ACTS = ("silu", "swish")  # a gated MLP: act(gate) * up, then down
 PLAIN_ACTS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast")
+GATED_TYPES = ("llama", "mistral")  # model types whose MLP is gated whatever hidden_act says (Mixtral's experts too:
+# `_mixtral_experts`)
+MIXTRAL_DEFAULTS = {"num_local_experts": 8, "num_experts_per_tok": 2}  # transformers' MixtralConfig defaults
 
 
 def bundled_configs() -> list[str]:
@@ -101,6 +111,10 @@ def model_from_hf(cfg: dict, *, where: str, seq: int | None = None, batch: int =
     if act not in GATED_ACTS + PLAIN_ACTS:
         raise PipesimError(f"{where}: field 'hidden_act' {act!r} is not supported; "
                            f"choose one of {', '.join(GATED_ACTS + PLAIN_ACTS)}")
+    if cfg.get("model_type") in GATED_TYPES and act not in GATED_ACTS:
+        raise PipesimError(f"{where}: field 'hidden_act' {act!r}: a {cfg['model_type']} MLP is gated whatever its "
+                           "activation (down(act(gate x) * up x)); pipesim models the gated MLP with silu or swish "
+                           "only")
     if "head_dim" in cfg and _positive_int(cfg, "head_dim", where) * heads != sizes["hidden_size"]:
         raise PipesimError(f"{where}: field 'head_dim' {cfg['head_dim']!r} is not hidden_size / num_attention_heads "
                            f"({sizes['hidden_size']} / {heads}); pipesim needs them equal")
@@ -112,6 +126,8 @@ def model_from_hf(cfg: dict, *, where: str, seq: int | None = None, batch: int =
         raise PipesimError(f"{where}: field 'attention_dropout' must be a number in [0, 1), got {dropout!r}")
     biases = _bool(cfg, "attention_bias", False, where) or _bool(cfg, "mlp_bias", False, where)
     tied = _bool(cfg, "tie_word_embeddings", False, where)
+    moe = _mixtral_experts(cfg, sizes["intermediate_size"], act=act, biases=biases, where=where) \
+        if cfg.get("model_type") == "mixtral" else None
     try:
         return ModelConfig(kind="gpt", hidden=sizes["hidden_size"], layers=sizes["num_hidden_layers"], heads=heads,
                            seq=seq, vocab=sizes["vocab_size"], batch=batch, dtype=dtype, seed=seed,
@@ -119,9 +135,28 @@ def model_from_hf(cfg: dict, *, where: str, seq: int | None = None, batch: int =
                            activation="swiglu" if act in GATED_ACTS else "gelu",
                            norm="rmsnorm" if "rms_norm_eps" in cfg else "layernorm",
                            dropout=dropout > 0, biases=biases, positions="rope",
-                           tied_embeddings=tied)
+                           tied_embeddings=tied, moe=moe)
     except PipesimError as e:
         raise PipesimError(f"{where}: {e}") from None
+
+
+def _mixtral_experts(cfg: dict, width: int, *, act: str, biases: bool, where: str) -> MoeConfig:
+    """Mixtral's MoeConfig: every layer's MLP is `num_local_experts` SwiGLU experts of width `intermediate_size`,
+    `num_experts_per_tok` per token, no shared expert (transformers' MixtralSparseMoeBlock). Refuses what that
+    block cannot be: a non-SiLU activation (its experts stay gated: a GeGLU is not pipesim's two-matrix MLP) and
+    biases (its linears are built with bias=False whatever the file says)."""
+    if act not in GATED_ACTS:
+        raise PipesimError(f"{where}: field 'hidden_act' {act!r}: Mixtral's experts are gated (w2(act(w1 x) * w3 x)), "
+                           f"which pipesim models with {' or '.join(GATED_ACTS)} only")
+    if biases:
+        raise PipesimError(f"{where}: field 'attention_bias' or 'mlp_bias' is true, but Mixtral's linears have no "
+                           "biases (transformers builds them bias-free)")
+    counts = {name: _positive_int(cfg, name, where) if name in cfg else default
+              for name, default in MIXTRAL_DEFAULTS.items()}
+    experts, top_k = counts["num_local_experts"], counts["num_experts_per_tok"]
+    if top_k > experts:
+        raise PipesimError(f"{where}: field 'num_experts_per_tok' {top_k} is more than num_local_experts {experts}")
+    return MoeConfig(experts=experts, top_k=top_k, expert_ffn=width)
 
 
 def hf_key_report(name_or_path: str | Path, *, seq: int | None = None) -> KeyReport:

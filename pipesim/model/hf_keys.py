@@ -6,6 +6,13 @@ listed as ignored in `--json`), or is off at the value it has (`OFF_WHEN_EMPTY`:
 window, zero dropout; a sliding window as long as the sequence). Any other key, and any of those switched
 on, would change the computation: the config is refused with one line naming the keys, never simulated
 as a different (dense, full-attention) model. Mixtral's config.json, read as Llama, would be a dense 7B.
+
+Some keys are read, or change nothing, only in the model type whose code reads them (`TYPE_MODELED`,
+`TYPE_NO_EFFECT`): Mixtral's `num_local_experts` and `num_experts_per_tok` size its experts, so they are
+read in a "mixtral" file and refuse a "llama" one (whose code would drop them: a dense model that the
+file's author did not mean). Mixture-of-experts types whose layers pipesim cannot count exactly stay
+refused: qwen2_moe (a sigmoid-gated shared expert, q/k/v biases without an output bias), deepseek_v3
+(latent attention, multi-token prediction), qwen3 / qwen3_moe (QK-norm, head_dim != hidden / heads).
 """
 
 from __future__ import annotations
@@ -31,7 +38,8 @@ OFF_WHEN_EMPTY = {
     "shared_expert_intermediate_size": "mixture of experts", "first_k_dense_replace": "mixture of experts",
     "decoder_sparse_step": "mixture of experts", "moe_layer_freq": "mixture of experts",
     "router_aux_loss_coef": "mixture of experts", "output_router_logits": "mixture of experts",
-    "router_jitter_noise": "mixture of experts", "norm_topk_prob": "mixture of experts",
+    "router_jitter_noise": "router jitter: a random scale on the experts' input in training",
+    "norm_topk_prob": "mixture of experts",
     "topk_group": "mixture of experts", "n_group": "mixture of experts",
     "routed_scaling_factor": "mixture of experts", "mlp_only_layers": "mixture of experts",
     "interleave_moe_layer_step": "mixture of experts",
@@ -45,7 +53,14 @@ OFF_WHEN_EMPTY = {
     "residual_dropout": "dropout", "final_logit_softcapping": "logit soft-capping",
     "attn_logit_softcapping": "logit soft-capping",
 }
-MODEL_TYPES = ("llama", "mistral", "qwen2")  # Llama-style decoders: nothing beyond MODELED in their layers
+# read only in the model type whose code reads them (pipesim.model.hf_config turns them into a MoeConfig)
+TYPE_MODELED = {"mixtral": ("num_local_experts", "num_experts_per_tok")}
+# change nothing pipesim counts in that model type: Mixtral's load-balancing loss (its coefficient, and whether
+# the forward returns the router logits to compute it) is a few FLOPs per token on logits the router already made
+TYPE_NO_EFFECT = {"mixtral": ("router_aux_loss_coef", "output_router_logits")}
+# Llama-style decoders: nothing beyond MODELED (and their TYPE_MODELED) in their layers
+# (qwen2 is not: its q, k and v have biases and its output projection none, which ModelConfig.biases cannot say)
+MODEL_TYPES = ("llama", "mistral", "mixtral")
 
 
 @dataclass(frozen=True)
@@ -67,10 +82,13 @@ def check_keys(cfg: dict, *, where: str, seq: int) -> KeyReport:
     read, ignored = [], []
     window = cfg.get("sliding_window")
     window_whole = not cfg.get("use_sliding_window", True) or (isinstance(window, int) and window >= seq)
+    kind = cfg.get("model_type")
+    type_read = TYPE_MODELED.get(kind, ()) if isinstance(kind, str) else ()
+    type_ignored = TYPE_NO_EFFECT.get(kind, ()) if isinstance(kind, str) else ()
     for key, value in cfg.items():
-        if key in MODELED:
+        if key in MODELED or key in type_read:
             read.append(key)
-        elif key in NO_EFFECT:
+        elif key in NO_EFFECT or key in type_ignored:
             ignored.append(key)
         elif key in OFF_WHEN_EMPTY:
             sliding = OFF_WHEN_EMPTY[key] == "sliding-window attention"
@@ -80,7 +98,6 @@ def check_keys(cfg: dict, *, where: str, seq: int) -> KeyReport:
                 changing[key] = OFF_WHEN_EMPTY[key]
         else:
             changing[key] = "unknown to pipesim"
-    kind = cfg.get("model_type")
     if kind is not None and kind not in MODEL_TYPES:
         changing["model_type"] = f"{kind!r}: pipesim models {', '.join(MODEL_TYPES)}"
     if changing:
@@ -93,4 +110,5 @@ def check_keys(cfg: dict, *, where: str, seq: int) -> KeyReport:
     return KeyReport(tuple(read), tuple(ignored))
 
 
-__all__ = ["MODELED", "MODEL_TYPES", "NO_EFFECT", "OFF_WHEN_EMPTY", "KeyReport", "check_keys"]
+__all__ = ["MODELED", "MODEL_TYPES", "NO_EFFECT", "OFF_WHEN_EMPTY", "TYPE_MODELED", "TYPE_NO_EFFECT", "KeyReport",
+           "check_keys"]
