@@ -30,6 +30,7 @@ from pipesim.model.layer_kernels import (
     layer_kernels,
     mlp_layer_kernels,
 )
+from pipesim.model.moe_layer import dense_mlp_params, moe_block_params
 from pipesim.model.options import LayerOptions
 from pipesim.model.param_counts import block_params, embedding_params, head_params
 
@@ -108,9 +109,12 @@ def _accumulated(kernels: PieceKernels, model: ModelConfig, params: int, grad_fu
 @lru_cache(maxsize=4096)
 def layer_seconds(model: ModelConfig, b: int, opts: LayerOptions, fused: bool, family: str,
                   kernels: KernelFigures | None = None, grad_fusion: bool = True,
-                  grad_bytes: int = 0) -> PieceSeconds:
-    pk = _accumulated(layer_kernels(model, b, opts, fused=fused), model, block_params(model, opts.tp), grad_fusion,
-                      grad_bytes)
+                  grad_bytes: int = 0, moe: bool = False) -> PieceSeconds:
+    """One block's seconds (`moe`: with the model's mixture of experts as its MLP)."""
+    params = block_params(model, opts.tp)
+    if moe:
+        params += moe_block_params(model, opts) - dense_mlp_params(model, opts.tp)
+    pk = _accumulated(layer_kernels(model, b, opts, fused=fused, moe=moe), model, params, grad_fusion, grad_bytes)
     return piece_seconds(pk, model.dtype, profile_of(family, kernels))
 
 
@@ -167,9 +171,9 @@ class StageSeconds:
 
 def gpt_stage_seconds(model: ModelConfig, b: int, layers: int, opts: LayerOptions, *, first: bool, last: bool,
                       fused: bool, family: str, kernels: KernelFigures | None = None,
-                      grad_fusion: bool = True, grad_bytes: int = 0) -> StageSeconds:
-    """Embedding (first stage), `layers` identical layers, head + cross-entropy (last stage); each piece's
-    gradients added into main_grad in its W, inside the wgrad GEMMs when `grad_fusion`."""
+                      grad_fusion: bool = True, grad_bytes: int = 0, moe_layers: int = 0) -> StageSeconds:
+    """Embedding (first stage), `layers` layers (`moe_layers` of them with experts), head + cross-entropy (last
+    stage); each piece's gradients added into main_grad in its W, inside the wgrad GEMMs when `grad_fusion`."""
     total = [0.0, 0.0, 0.0]
     beside = [0.0, 0.0, 0.0]
     gemms: dict[str, float] = {}
@@ -177,8 +181,12 @@ def gpt_stage_seconds(model: ModelConfig, b: int, layers: int, opts: LayerOption
     pieces = []
     if first:
         pieces.append((embedding_seconds(model, b, opts, family, kernels, grad_fusion, grad_bytes), 1))
-    if layers:
-        pieces.append((layer_seconds(model, b, opts, fused, family, kernels, grad_fusion, grad_bytes), layers))
+    if layers > moe_layers:
+        pieces.append((layer_seconds(model, b, opts, fused, family, kernels, grad_fusion, grad_bytes),
+                       layers - moe_layers))
+    if moe_layers:
+        pieces.append((layer_seconds(model, b, opts, fused, family, kernels, grad_fusion, grad_bytes, moe=True),
+                       moe_layers))
     if last:
         pieces.append((head_seconds(model, b, opts, family, kernels, grad_fusion, grad_bytes), 1))
     for piece, count in pieces:

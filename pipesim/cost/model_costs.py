@@ -13,10 +13,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from pipesim.comm.expert_exchange import ExpertExchange
 from pipesim.comm.overlap_interference import hiding_gemm
 from pipesim.comm.tp_collective import TpCollective
 from pipesim.cost.kernel_costs import StageSeconds, gpt_stage_seconds, mlp_stage_seconds, overlap_gemm, profile_of
-from pipesim.cost.stage_work import gpt_stage_work, mlp_stage_work
+from pipesim.cost.stage_work import Work, gpt_stage_work, mlp_stage_work
 from pipesim.cost.step_costs import StepCosts, ring_exchanges, step_costs
 from pipesim.cost.table import CostTable, StageCosts
 from pipesim.errors import PipesimError
@@ -25,6 +26,7 @@ from pipesim.job import Job
 from pipesim.model.config import ModelConfig, split_layers
 from pipesim.model.flops import attention_core_flops
 from pipesim.model.memory import PRECISIONS, comm_buffer_bytes
+from pipesim.model.moe_layer import tokens_here
 from pipesim.model.options import LayerOptions
 
 GiB = 2**30
@@ -67,6 +69,9 @@ class ParallelCosts:
     # (stage, "F"|"I"|"B"|"W") -> seconds that action gains when it runs wholly beside a data-parallel collective,
     # whose NCCL channels hold SMs its GEMMs lose (kernel path with a channel figure; empty: such overlap is free)
     sm_share: dict = field(default_factory=dict)
+    # (stage, "F"|"I"|"B"|"W") -> the expert-parallel all-to-alls inside that action (pipesim.comm.expert_exchange)
+    ep_exchanges: dict = field(default_factory=dict)
+    expert_param_counts: tuple[int, ...] = ()  # per stage, of param_counts: the routed experts' (ZeRO over edp)
 
 
 def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hardware, job: Job = DEFAULT_JOB, *,
@@ -89,6 +94,7 @@ def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hard
     opts = job.layer_options(model)
     tp, dp, kernels = job.dims.tp, job.dims.dp, job.kernels
     split = split_layers(model.layers, num_stages, layer_split)
+    moe_counts = _moe_layers_per_stage(model, split)
     d = model.dtype_bytes
     precision = precision_of(model, kernels.grad_fp32)
     stages: list[StageCosts] = []
@@ -103,14 +109,20 @@ def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hard
     else:  # with sp the boundary is already split over tp; with cp each rank holds s / cp tokens
         boundary = opts.seq_sharded(b * opts.local_seq(model) * model.hidden * d)
         buffers = comm_buffer_bytes(model, b, opts, dp=dp, zero=job.zero, precision=PRECISIONS[precision])
+    experts: list[int] = []
+    ep_exchanges: dict[tuple[int, str], tuple[ExpertExchange, ...]] = {}
     for s, layers in enumerate(split):
         last = s == num_stages - 1
         if opts is None:
             work = mlp_stage_work(model, b, layers, tp, first=s == 0)
         else:
-            work = gpt_stage_work(model, b, layers, first=s == 0, last=last, opts=opts)
+            work = gpt_stage_work(model, b, layers, first=s == 0, last=last, opts=opts, moe_layers=moe_counts[s])
         timed = _kernel_seconds(model, b, layers, hw, opts, tp, first=s == 0, last=last, fused=kernels.fusion,
-                                grad_fusion=kernels.grad_accum_fusion, grad_bytes=PRECISIONS[precision].grad_bytes)
+                                grad_fusion=kernels.grad_accum_fusion, grad_bytes=PRECISIONS[precision].grad_bytes,
+                                moe_layers=moe_counts[s])
+        if timed is None and moe_counts[s]:
+            raise PipesimError(f"mixture-of-experts layers are timed kernel by kernel: {hw.name} has no GPU device "
+                               "family (use a GPU preset)")
         if timed is None:
             fwd, inp, wgt = (hw.compute_time(work.flops[k], work.moved[k], model.dtype, k, work.ops[k])
                              for k in "FIW")
@@ -142,27 +154,61 @@ def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hard
                 if s == 0:
                     collectives[(0, "W")] = fused_b
         grads.append(param_bytes if dp > 1 else 0)
+        experts.append(round(work.expert_params))
+        if opts is not None and work.ep_exchanges["F"]:
+            _add_exchanges(ep_exchanges, s, model, b, opts, work)
         if opts is not None and opts.cp > 1:
             _add_ring(exchanges, s, model, b, opts, layers, hw, timed)
     return ParallelCosts(table=CostTable(tuple(stages)), job=job, tp_collectives=collectives,
                          dp_grad_bytes=tuple(grads), layers_per_stage=tuple(split), dtype_bytes=d,
                          param_counts=tuple(counts), precision=precision, comm_buffer_bytes=buffers,
-                         cp_exchanges=exchanges, sm_share=shared,
-                         step=_step(counts, job, hw=hw, precision=precision, loss_scaling=model.dtype == "float16"))
+                         cp_exchanges=exchanges, sm_share=shared, ep_exchanges=ep_exchanges,
+                         expert_param_counts=tuple(experts) if model.moe is not None else (),
+                         step=_step(counts, job, hw=hw, precision=precision, loss_scaling=model.dtype == "float16",
+                                    experts=experts if model.moe is not None else ()))
 
 
-def _step(counts: list[int], job: Job, *, hw: Hardware, precision: str, loss_scaling: bool) -> StepCosts | None:
+def _step(counts: list[int], job: Job, *, hw: Hardware, precision: str, loss_scaling: bool,
+          experts: list[int] | tuple[()] = ()) -> StepCosts | None:
     """The optimizer step and ZeRO's collectives, on device presets (or when --zero is asked for). A calibrated
     CPU host predicts the pipeline span its validation measures (pipesim/calibration): nothing is added there.
     `loss_scaling`: float16 trains under a loss scale (Megatron's grad scaler), whose unscale is a pass of its own."""
     if hw.host is not None and job.zero == 0:
         return None
-    return step_costs(counts, job, hw=hw, precision=precision, loss_scaling=loss_scaling)
+    return step_costs(counts, job, hw=hw, precision=precision, loss_scaling=loss_scaling, experts_per_stage=experts)
+
+
+def _moe_layers_per_stage(model: ModelConfig, split: list[int]) -> list[int]:
+    """How many of each stage's layers have experts (stages in model order: stage s holds the layers after the
+    earlier stages')."""
+    if model.moe is None:
+        return [0] * len(split)
+    starts = [sum(split[:s]) for s in range(len(split))]
+    return [model.moe.moe_layers(start, n) for start, n in zip(starts, split, strict=True)]
+
+
+def _add_exchanges(out: dict, stage: int, model: ModelConfig, b: int, opts: LayerOptions, work: Work) -> None:
+    """The stage's all-to-alls keyed like its tp collectives (the backward's in B and I; W on stage 0), each kind
+    once with the number of layers doing it."""
+    moe = model.moe
+    assert moe is not None
+    tokens = tokens_here(model, b, opts)
+
+    def grouped(colls) -> tuple[ExpertExchange, ...]:
+        counts: dict[str, int] = {}
+        for c in colls:
+            counts[c.what] = counts.get(c.what, 0) + 1
+        return tuple(ExpertExchange(what, tokens, model.hidden, moe.top_k, moe.experts, model.dtype_bytes,
+                                    moe.load_factor(), n) for what, n in counts.items())
+
+    out[(stage, "F")] = grouped(work.ep_exchanges["F"])
+    if work.ep_exchanges["I"]:
+        out[(stage, "W" if stage == 0 else "I")] = out[(stage, "B")] = grouped(work.ep_exchanges["I"])
 
 
 def _kernel_seconds(model: ModelConfig, b: int, layers: int, hw: Hardware, opts: LayerOptions | None, tp: int, *,
                     first: bool, last: bool, fused: bool, grad_fusion: bool = True,
-                    grad_bytes: int = 0) -> StageSeconds | None:
+                    grad_bytes: int = 0, moe_layers: int = 0) -> StageSeconds | None:
     """The stage's kernel seconds on the hardware's device family; None without one (the roofline path)."""
     family = hw.device.family
     if not family:
@@ -170,7 +216,8 @@ def _kernel_seconds(model: ModelConfig, b: int, layers: int, hw: Hardware, opts:
     if opts is None:
         return mlp_stage_seconds(model, b, layers, tp, first=first, family=family, kernels=hw.device.kernels)
     return gpt_stage_seconds(model, b, layers, opts, first=first, last=last, fused=fused, family=family,
-                             kernels=hw.device.kernels, grad_fusion=grad_fusion, grad_bytes=grad_bytes)
+                             kernels=hw.device.kernels, grad_fusion=grad_fusion, grad_bytes=grad_bytes,
+                             moe_layers=moe_layers)
 
 
 def _add_sm_share(out: dict, stage: int, timed: StageSeconds) -> None:

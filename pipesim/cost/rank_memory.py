@@ -17,7 +17,7 @@ from pipesim.cost.model_costs import ParallelCosts
 from pipesim.hardware.machine import Hardware
 from pipesim.ir.deps import releases_activations
 from pipesim.ir.schedule import Kind, Schedule
-from pipesim.model.memory import PRECISIONS, MemoryBreakdown, check_rank_fits, step_peak_state
+from pipesim.model.memory import PRECISIONS, MemoryBreakdown, ModelState, check_rank_fits, step_peak_state
 
 RECOMPUTING = (Kind.B, Kind.I)  # the backward piece that re-runs a recomputed layer's forward first
 
@@ -49,9 +49,15 @@ def rank_memory(schedule: Schedule, costs: ParallelCosts) -> list[MemoryBreakdow
     counts = costs.param_counts or tuple(round(c.param_bytes / costs.dtype_bytes) for c in costs.table.stages)
     precision = PRECISIONS[costs.precision]
     out = []
+    dims = costs.job.dims
     for r in range(schedule.num_ranks):
         params = sum(counts[s] for s in schedule.stages_of(r))
-        state = step_peak_state(params, dp=costs.job.dims.dp, zero=costs.job.zero, precision=precision)  # its chunks
+        experts = sum(costs.expert_param_counts[s] for s in schedule.stages_of(r)) if costs.expert_param_counts else 0
+        state = step_peak_state(params - experts, dp=dims.dp, zero=costs.job.zero, precision=precision)  # its chunks
+        if experts:  # the routed experts' state: sharded over the expert-data-parallel group
+            more = step_peak_state(experts, dp=dims.edp, zero=costs.job.zero, precision=precision)
+            state = ModelState(state.parameters + more.parameters, state.gradients + more.gradients,
+                               state.optimizer_states + more.optimizer_states)
         stash, working, inflight = activation_peak(schedule, costs, r)
         out.append(MemoryBreakdown(parameters=state.parameters, gradients=state.gradients,
                                    optimizer_states=state.optimizer_states, activations=stash, inflight=inflight,

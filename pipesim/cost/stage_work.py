@@ -17,17 +17,20 @@ from pipesim.model.activations import (
     embedding_activation_bytes,
     head_activation_bytes,
     layer_activation_bytes,
-    recompute_working_bytes,
+    stage_recompute_bytes,
 )
 from pipesim.model.config import ModelConfig, split_layers
 from pipesim.model.elementwise import layer_elementwise_bytes
-from pipesim.model.flops import head_flops, layer_flops
+from pipesim.model.flops import Flops, head_flops, layer_flops
 from pipesim.model.layer_collectives import (
     Collective,
+    ep_layer_exchanges,
     tp_embedding_collectives,
     tp_head_collectives,
     tp_layer_collectives,
 )
+from pipesim.model.layer_kernels import layer_kernels
+from pipesim.model.moe_layer import dense_mlp_params, expert_params_here, moe_block_params
 from pipesim.model.options import LayerOptions
 from pipesim.model.param_counts import block_params, embedding_params, head_params
 
@@ -51,6 +54,9 @@ class Work:
     param_count: float = 0.0  # parameters held on this device
     collectives: dict[str, list[tuple[str, int]]] = field(default_factory=lambda: {"F": [], "I": []})
     backward_overlaps: list[str] = field(default_factory=list)  # per collectives["I"] entry: Megatron's overlap ("")
+    # the expert-parallel all-to-alls per phase ("F", "I": the backward), in order (pipesim.model.layer_collectives)
+    ep_exchanges: dict[str, list[Collective]] = field(default_factory=lambda: {"F": [], "I": []})
+    expert_params: float = 0.0  # of param_count: the routed experts' (sharded over ep, reduced over edp)
 
     def add(self, f: float, i: float, w: float, *, moved: tuple[float, float, float] = (0.0, 0.0, 0.0),
             act: float = 0.0, params: float = 0.0, ops: tuple[float, float, float] = (0.0, 0.0, 0.0)) -> None:
@@ -127,14 +133,16 @@ def _add_backward(work: Work, collectives: list[Collective]) -> None:
 
 
 def gpt_stage_work(model: ModelConfig, b: int, layers: int, *, first: bool, last: bool, tp: int = 1,
-                   opts: LayerOptions | None = None) -> Work:
-    """Embedding (first stage), `layers` blocks, final norm + LM head + loss (last stage).
+                   opts: LayerOptions | None = None, moe_layers: int = 0) -> Work:
+    """Embedding (first stage), `layers` blocks (`moe_layers` of them with experts), final norm + LM head + loss
+    (last stage).
 
     FLOPs (with recomputation in I), stash, parameters and tp collectives from pipesim/model/ under
     `opts` (default: tp only). Memory traffic: the estimate the CPU timing was fitted with (weights
     plus the Korthikanti stash per block), plus the re-run forward under recomputation. Framework
     ops: embedding F 3 (two lookups, add), W 2; block F 10, I 10, W 6, plus the re-run forward's in
-    I (full 10, selective 3); head F 3, I 3, W 2.
+    I (full 10, selective 3); head F 3, I 3, W 2. A MoE block's FLOPs are the dense block's with the
+    MLP's GEMMs replaced by the router's, the experts' and the shared experts' (pipesim.model.layer_kernels).
     """
     opts = opts if opts is not None else LayerOptions(tp=tp)
     tp = opts.tp
@@ -146,7 +154,6 @@ def gpt_stage_work(model: ModelConfig, b: int, layers: int, *, first: bool, last
                  params=embedding_params(model, tp), ops=(3, 0, 2))
         work.collectives["F"] += _timed(tp_embedding_collectives(model, b, opts))
     if layers:
-        flops = layer_flops(model, b, opts)
         traffic = (12 * h * h / tp + 13 * h) * d + gpt_block_activation_bytes(model, b, tp)  # bytes
         rerun, rerun_ops = 0.0, 0
         if opts.recompute == "full":
@@ -155,16 +162,27 @@ def gpt_stage_work(model: ModelConfig, b: int, layers: int, *, first: bool, last
             ew = layer_elementwise_bytes(model, b, opts).backward
             rerun, rerun_ops = sum(n for k, n in ew.items() if k.startswith("recompute ")), CORE_OPS
         f_ops, i_ops, w_ops = GPT_BLOCK_OPS
-        stash, params = layer_activation_bytes(model, b, opts), block_params(model, tp)
-        tp_colls = tp_layer_collectives(model, b, opts)
-        fwd_colls = _timed([c for c in tp_colls if c.phase == "F"])
-        bwd_colls = [c for c in tp_colls if c.phase != "F"]
-        for _ in range(layers):
-            work.add(flops.F, flops.I, flops.W, moved=(traffic, traffic + rerun if rerun else traffic, traffic),
-                     act=stash, params=params, ops=(f_ops, i_ops + rerun_ops, w_ops))
-            work.collectives["F"] += fwd_colls
-            _add_backward(work, bwd_colls)
-        work.recompute_bytes = recompute_working_bytes(model, b, opts)
+        for moe, count in ((False, layers - moe_layers), (True, moe_layers)):
+            if not count:
+                continue
+            flops = moe_layer_flops(model, b, opts) if moe else layer_flops(model, b, opts)
+            stash = layer_activation_bytes(model, b, opts, moe=moe)
+            params = block_params(model, tp)
+            if moe:
+                params += moe_block_params(model, opts) - dense_mlp_params(model, tp)
+                work.expert_params += count * expert_params_here(model, opts)
+            tp_colls = tp_layer_collectives(model, b, opts, moe=moe)
+            fwd_colls = _timed([c for c in tp_colls if c.phase == "F"])
+            bwd_colls = [c for c in tp_colls if c.phase != "F"]
+            exchanges = ep_layer_exchanges(model, b, opts) if moe else []
+            for _ in range(count):
+                work.add(flops.F, flops.I, flops.W, moved=(traffic, traffic + rerun if rerun else traffic, traffic),
+                         act=stash, params=params, ops=(f_ops, i_ops + rerun_ops, w_ops))
+                work.collectives["F"] += fwd_colls
+                _add_backward(work, bwd_colls)
+                work.ep_exchanges["F"] += [c for c in exchanges if c.phase == "F"]
+                work.ep_exchanges["I"] += [c for c in exchanges if c.phase != "F"]
+        work.recompute_bytes = stage_recompute_bytes(model, b, opts, layers=layers, moe_layers=moe_layers)
     if last:  # final norm + LM head (h x vocab) + cross-entropy on vocab-parallel logits
         head = head_flops(model, b, opts)
         logits = b * s * v / tp * d
@@ -175,6 +193,15 @@ def gpt_stage_work(model: ModelConfig, b: int, layers: int, *, first: bool, last
         work.collectives["F"] += _timed([c for c in colls if c.phase == "F"])
         _add_backward(work, [c for c in colls if c.phase != "F"])
     return work
+
+
+def moe_layer_flops(model: ModelConfig, b: int, opts: LayerOptions) -> Flops:
+    """A MoE block's FLOPs per F, I, W: the dense block's (`layer_flops`) with its MLP's GEMMs (their kernels)
+    replaced by the mixture of experts' (the slowest rank's tokens)."""
+    dense, moe = layer_kernels(model, b, opts), layer_kernels(model, b, opts, moe=True)
+    base = layer_flops(model, b, opts)
+    f, i, w = (total + moe.flops(p) - dense.flops(p) for total, p in zip((base.F, base.I, base.W), "FIW", strict=True))
+    return Flops(f, i, w)
 
 
 FIW = tuple[float, float, float]  # one figure per kind of compute: F, I, W

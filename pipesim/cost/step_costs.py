@@ -27,7 +27,7 @@ simulator kernel places in time (docs/simulator.md, "The step's end"):
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pipesim.cost.kernel_costs import profile_of
 from pipesim.device.kernels import memory_bound_time
@@ -49,11 +49,12 @@ PHASES = ("forward", "backward", "grads", "microbatch", "params")
 
 @dataclass(frozen=True)
 class StepCollective:
-    """One data-parallel collective of a stage per step, over the stage's dp group."""
+    """One data-parallel collective of a stage per step, over the stage's dp group (the experts': edp)."""
 
     kind: str  # all_reduce, reduce_scatter or all_gather
     nbytes: int  # bytes of the whole buffer (nccl-tests convention, as comm_costs)
     phase: str  # one of PHASES
+    group: str = "dp"  # "dp", or "edp" for the routed experts' state (the expert-data-parallel group)
 
     def __post_init__(self) -> None:
         if self.phase not in PHASES:
@@ -120,18 +121,32 @@ def optimizer_seconds(params: int, *, dp: int, zero: int, hw: Hardware, precisio
 
 
 def step_costs(params_per_stage: Sequence[int], job: Job, *, hw: Hardware, precision: Precision | str = "mixed",
-               loss_scaling: bool = False) -> StepCosts:
+               loss_scaling: bool = False, experts_per_stage: Sequence[int] = ()) -> StepCosts:
     """Data-parallel collectives and optimizer step of every stage under the job's dp and ZeRO stage;
     `params_per_stage` counts one tp rank's parameters of each stage (pipesim.model.param_counts.stage_params);
-    `loss_scaling`: fp16's grad scaler."""
+    `loss_scaling`: fp16's grad scaler. `experts_per_stage`: of those, the routed experts' (a MoE model), whose
+    gradients are reduced and state sharded over the expert-data-parallel group (edp = tp cp dp / (ep etp),
+    Megatron-core's) instead of dp."""
     prec = _precision(precision)
-    dp, zero = job.dims.dp, job.zero
-    steps = [optimizer_bytes_and_seconds(p, dp=dp, zero=zero, hw=hw, precision=prec, loss_scaling=loss_scaling)
-             for p in params_per_stage]
-    return StepCosts(
-        collectives=tuple(stage_step_collectives(p, dp=dp, zero=zero, precision=prec) for p in params_per_stage),
-        optimizer_seconds=tuple(t for _, t in steps),
-        optimizer_bytes=tuple(b for b, _ in steps), zero=zero)
+    dp, zero, edp = job.dims.dp, job.zero, job.dims.edp
+    experts = list(experts_per_stage) or [0] * len(params_per_stage)
+    collectives, seconds, nbytes = [], [], []
+    for p, e in zip(params_per_stage, experts, strict=True):
+        colls = stage_step_collectives(p - e, dp=dp, zero=zero, precision=prec)
+        opt_bytes, opt_seconds = optimizer_bytes_and_seconds(p - e, dp=dp, zero=zero, hw=hw, precision=prec,
+                                                             loss_scaling=loss_scaling)
+        if e:
+            if edp > 1:
+                colls += tuple(replace(c, group="edp")
+                               for c in stage_step_collectives(e, dp=edp, zero=zero, precision=prec))
+            more_bytes, more_seconds = optimizer_bytes_and_seconds(e, dp=edp, zero=zero, hw=hw, precision=prec,
+                                                                   loss_scaling=loss_scaling)
+            opt_bytes, opt_seconds = opt_bytes + more_bytes, opt_seconds + more_seconds
+        collectives.append(colls)
+        seconds.append(opt_seconds)
+        nbytes.append(opt_bytes)
+    return StepCosts(collectives=tuple(collectives), optimizer_seconds=tuple(seconds),
+                     optimizer_bytes=tuple(nbytes), zero=zero)
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pipesim.model.config import ModelConfig
+from pipesim.model.moe_layer import ROUTER_BYTES, routed_tokens, tokens_here
 from pipesim.model.options import LayerOptions, vocab_shard
 
 MASK_BYTES = 1  # a dropout mask element (torch.bool)
@@ -32,13 +33,14 @@ class SavedTensor:
     core: bool = False  # inside the attention core (what selective recomputation drops)
 
 
-def layer_saved_tensors(model: ModelConfig, b: int, opts: LayerOptions, *, recompute: str | None = None) -> list[
-        SavedTensor]:
+def layer_saved_tensors(model: ModelConfig, b: int, opts: LayerOptions, *, recompute: str | None = None,
+                        moe: bool = False) -> list[SavedTensor]:
     """The tensors one transformer layer saves on one rank for a microbatch of b sequences.
 
     recompute (default `opts.recompute`): "none" every tensor below; "selective" all but the
     attention core's (scores, softmax, its dropout; flash: its logsumexp); "full" the layer
-    input only (Megatron keeps it sharded over tp under sequence parallelism).
+    input only (Megatron keeps it sharded over tp under sequence parallelism). `moe`: the layer's
+    MLP is the model's mixture of experts (`_moe_saved`).
     """
     opts.check(model)
     recompute = opts.recompute if recompute is None else recompute
@@ -70,7 +72,9 @@ def layer_saved_tensors(model: ModelConfig, b: int, opts: LayerOptions, *, recom
         saved.append(SavedTensor("attention dropout mask", seq_split(MASK_BYTES * tokens * h)))
     saved += [SavedTensor("MLP norm input", seq_split(d * tokens * h)),
               SavedTensor("MLP input", seq_split(d * tokens * h))]
-    if model.activation == "swiglu":  # a fused SwiGLU (Megatron's) saves gate and up, recomputes silu(gate) * up
+    if moe:
+        saved += _moe_saved(model, b, opts)
+    elif model.activation == "swiglu":  # a fused SwiGLU (Megatron's) saves gate and up, recomputes silu(gate) * up
         saved += [SavedTensor("gate and up", 2 * d * tokens * f // t),
                   SavedTensor("down projection input", d * tokens * f // t)]
     else:
@@ -83,12 +87,38 @@ def layer_saved_tensors(model: ModelConfig, b: int, opts: LayerOptions, *, recom
     return saved
 
 
-def layer_activation_bytes(model: ModelConfig, b: int, opts: LayerOptions) -> int:
+def _moe_saved(model: ModelConfig, b: int, opts: LayerOptions) -> list[SavedTensor]:
+    """What a mixture-of-experts MLP saves (Megatron-core's all-to-all dispatcher, the slowest rank's tokens): the
+    router's float32 probabilities, the dispatched tokens (expert FC1 input), the experts' FC1 outputs (SwiGLU: gate
+    and up) and FC2 input, the combined k outputs per token the weighted unpermute reads back, and the shared
+    experts' tensors as a dense MLP's."""
+    moe = model.moe
+    assert moe is not None
+    d, h = model.dtype_bytes, model.hidden
+    here = tokens_here(model, b, opts)
+    routed = routed_tokens(model, b, opts)
+    ffn = moe.expert_ffn // opts.etp
+    fc1 = 2 * ffn if model.activation == "swiglu" else ffn
+    saved = [SavedTensor("router probabilities", ROUTER_BYTES * here * moe.experts),
+             SavedTensor("dispatched tokens (expert FC1 input)", d * routed * h),
+             SavedTensor("expert FC1 output", d * routed * fc1),
+             SavedTensor("expert FC2 input", d * routed * ffn),
+             SavedTensor("expert outputs (unpermute input)", d * here * moe.top_k * h)]
+    width = moe.shared_experts * moe.shared_width // opts.tp
+    if width:
+        tokens = opts.local_seq(model) * b
+        saved += [SavedTensor("shared expert FC1 output", d * tokens * (2 * width if model.activation == "swiglu"
+                                                                          else width)),
+                  SavedTensor("shared expert FC2 input", d * tokens * width)]
+    return saved
+
+
+def layer_activation_bytes(model: ModelConfig, b: int, opts: LayerOptions, *, moe: bool = False) -> int:
     """Bytes one layer stashes per microbatch on one rank, until its backward (the sum of the saved tensors)."""
-    return sum(x.nbytes for x in layer_saved_tensors(model, b, opts))
+    return sum(x.nbytes for x in layer_saved_tensors(model, b, opts, moe=moe))
 
 
-def recompute_working_bytes(model: ModelConfig, b: int, opts: LayerOptions) -> int:
+def recompute_working_bytes(model: ModelConfig, b: int, opts: LayerOptions, *, moe: bool = False) -> int:
     """Bytes a recomputed layer re-creates, live during that layer's backward only.
 
     full: everything the layer would have saved, less the stashed input it is rebuilt from;
@@ -96,10 +126,16 @@ def recompute_working_bytes(model: ModelConfig, b: int, opts: LayerOptions) -> i
     """
     if opts.recompute == "none":
         return 0
-    every = layer_saved_tensors(model, b, opts, recompute="none")
+    every = layer_saved_tensors(model, b, opts, recompute="none", moe=moe)
     if opts.recompute == "selective":
         return sum(x.nbytes for x in every if x.core)
-    return sum(x.nbytes for x in every) - layer_activation_bytes(model, b, opts)
+    return sum(x.nbytes for x in every) - layer_activation_bytes(model, b, opts, moe=moe)
+
+
+def stage_recompute_bytes(model: ModelConfig, b: int, opts: LayerOptions, *, layers: int, moe_layers: int = 0) -> int:
+    """The recompute working set of a stage: one layer is re-run at a time, the larger kind's when it holds both."""
+    dense = recompute_working_bytes(model, b, opts) if layers > moe_layers else 0
+    return max(dense, recompute_working_bytes(model, b, opts, moe=True) if moe_layers else 0)
 
 
 def embedding_activation_bytes(model: ModelConfig, b: int, opts: LayerOptions) -> int:
@@ -122,9 +158,12 @@ def head_activation_bytes(model: ModelConfig, b: int, opts: LayerOptions) -> int
 
 
 def stage_activation_bytes(model: ModelConfig, b: int, opts: LayerOptions, *, layers: int, first: bool,
-                           last: bool) -> int:
-    """Stash of one microbatch on a pipeline stage: `layers` blocks, plus embedding / head where held."""
-    total = layers * layer_activation_bytes(model, b, opts)
+                           last: bool, moe_layers: int = 0) -> int:
+    """Stash of one microbatch on a pipeline stage: `layers` blocks (`moe_layers` of them with experts), plus
+    embedding / head where held."""
+    total = (layers - moe_layers) * layer_activation_bytes(model, b, opts)
+    if moe_layers:
+        total += moe_layers * layer_activation_bytes(model, b, opts, moe=True)
     if first:
         total += embedding_activation_bytes(model, b, opts)
     if last:
@@ -133,4 +172,4 @@ def stage_activation_bytes(model: ModelConfig, b: int, opts: LayerOptions, *, la
 
 
 __all__ = ["SavedTensor", "embedding_activation_bytes", "head_activation_bytes", "layer_activation_bytes",
-           "layer_saved_tensors", "recompute_working_bytes", "stage_activation_bytes"]
+           "layer_saved_tensors", "recompute_working_bytes", "stage_activation_bytes", "stage_recompute_bytes"]

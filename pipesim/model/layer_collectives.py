@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pipesim.model.config import ModelConfig
+from pipesim.model.moe_layer import routed_tokens, tokens_here
 from pipesim.model.options import LayerOptions
 
 CE_REDUCTIONS = ("max logit", "target logit", "sum of exp")  # vocab-parallel cross-entropy's all-reduces
@@ -47,11 +48,13 @@ def _residual_bytes(model: ModelConfig, b: int, opts: LayerOptions) -> int:
     return b * opts.local_seq(model) * model.hidden * model.dtype_bytes
 
 
-def _forward_tp(model: ModelConfig, b: int, opts: LayerOptions) -> list[Collective]:
+def _forward_tp(model: ModelConfig, b: int, opts: LayerOptions, *, moe: bool = False) -> list[Collective]:
     x = _residual_bytes(model, b, opts)
     out: list[Collective] = []
     for block, first in (("attention", "QKV"), ("MLP", "MLP up")):
-        if opts.sp:
+        if block == "MLP" and moe and opts.sp:
+            out += _moe_forward_tp(model, b, opts)
+        elif opts.sp:
             out.append(Collective("all_gather", x, "F", "tp", f"{block} input (before {first})"))
             out.append(Collective("reduce_scatter", x, "F", "tp", f"{block} output"))
         else:
@@ -59,7 +62,7 @@ def _forward_tp(model: ModelConfig, b: int, opts: LayerOptions) -> list[Collecti
     return out
 
 
-def tp_layer_collectives(model: ModelConfig, b: int, opts: LayerOptions) -> list[Collective]:
+def tp_layer_collectives(model: ModelConfig, b: int, opts: LayerOptions, *, moe: bool = False) -> list[Collective]:
     """Tensor-parallel collectives of one layer per microbatch, in order (F, then backward).
 
     Without sp: F all_reduce of each block's output (2 x b s h d); backward all_reduce of each
@@ -68,26 +71,77 @@ def tp_layer_collectives(model: ModelConfig, b: int, opts: LayerOptions) -> list
     output gradient (blocking), all_gather of the saved sharded input again (for the weight
     gradient; overlapped with the input-gradient GEMM) and reduce_scatter of the input gradient
     (overlapped with the weight-gradient GEMM). full recomputation first re-runs the forward's
-    collectives in I. tp = 1: none.
+    collectives in I. tp = 1: none. `moe`: the MLP block is the model's mixture of experts
+    (`_moe_tp`: its expert-tp and shared experts' collectives instead of the dense MLP's).
     """
     opts.check(model)
     if opts.tp == 1:
         return []
     x = _residual_bytes(model, b, opts)
-    out = _forward_tp(model, b, opts)
+    forward = _forward_tp(model, b, opts, moe=moe)
+    out = list(forward)
     if opts.recompute == "full":
-        out += [Collective(c.kind, c.nbytes, "I", "tp", f"recompute: {c.what}") for c in _forward_tp(model, b, opts)]
+        out += [Collective(c.kind, c.nbytes, "I", c.group, f"recompute: {c.what}") for c in forward]
     for block, first in (("MLP", "MLP up"), ("attention", "QKV")):  # backward runs the blocks in reverse
-        if opts.sp:
+        if block == "MLP" and moe and opts.sp:
+            out += _moe_tp_backward(model, b, opts)
+        elif opts.sp:
             out.append(Collective("all_gather", x, "I", "tp", f"{block} output gradient"))
             out.append(Collective("all_gather", x, "I", "tp", f"{block} input, again (for the {first} weight gradient)",
                                   overlaps=f"I: {first} input-gradient GEMM"))
             out.append(Collective("reduce_scatter", x, "I", "tp", f"{block} input gradient",
                                   overlaps=f"W: {first} weight-gradient GEMM"))
-        else:
+        else:  # a MoE layer without sp: the experts split over tp as the MLP (pipesim.model.options checks it)
             out.append(Collective("all_reduce", x, "I", "tp", f"{block} input gradient",
                                   overlaps=f"W: {first} weight-gradient GEMM"))
     return out
+
+
+def _moe_forward_tp(model: ModelConfig, b: int, opts: LayerOptions) -> list[Collective]:
+    """Under sp, a MoE MLP's forward tp collectives: with expert tp (etp = tp) the dispatched tokens all-gathered
+    over the etp group before the experts and their outputs reduce-scattered after (Megatron-core's all-to-all
+    dispatcher); the shared experts' input all-gathered and output reduce-scattered as the dense MLP's."""
+    out = []
+    if opts.etp > 1:
+        routed = routed_tokens(model, b, opts) * model.hidden * model.dtype_bytes
+        out += [Collective("all_gather", routed, "F", "tp", "dispatched tokens, over expert tp"),
+                Collective("reduce_scatter", routed, "F", "tp", "expert outputs, over expert tp")]
+    if model.moe is not None and model.moe.shared_experts:
+        x = _residual_bytes(model, b, opts)
+        out += [Collective("all_gather", x, "F", "tp", "shared experts' input"),
+                Collective("reduce_scatter", x, "F", "tp", "shared experts' output")]
+    return out
+
+
+def _moe_tp_backward(model: ModelConfig, b: int, opts: LayerOptions) -> list[Collective]:
+    """The backward of `_moe_forward_tp`: each gradient moves as its tensor did, the other way (blocking)."""
+    out = []
+    if opts.etp > 1:
+        routed = routed_tokens(model, b, opts) * model.hidden * model.dtype_bytes
+        out += [Collective("all_gather", routed, "I", "tp", "expert output gradient, over expert tp"),
+                Collective("reduce_scatter", routed, "I", "tp", "dispatched tokens' gradient, over expert tp")]
+    if model.moe is not None and model.moe.shared_experts:
+        x = _residual_bytes(model, b, opts)
+        out += [Collective("all_gather", x, "I", "tp", "shared experts' output gradient"),
+                Collective("reduce_scatter", x, "I", "tp", "shared experts' input gradient")]
+    return out
+
+
+def ep_layer_exchanges(model: ModelConfig, b: int, opts: LayerOptions) -> list[Collective]:
+    """A MoE layer's expert-parallel all-to-alls per microbatch, in order: F dispatch then combine; backward the
+    combine's gradient to the experts, then the dispatch's back (full recomputation re-runs the forward's two
+    first). nbytes: what this rank sends, each of its tokens' k copies (the timing, pipesim.comm.all_to_all,
+    counts peers and links); none with ep = 1."""
+    if opts.ep == 1 or model.moe is None:
+        return []
+    sent = tokens_here(model, b, opts) * model.moe.top_k * model.hidden * model.dtype_bytes
+    forward = [Collective("all_to_all", sent, "F", "ep", "MoE dispatch"),
+               Collective("all_to_all", sent, "F", "ep", "MoE combine")]
+    out = list(forward)
+    if opts.recompute == "full":
+        out += [Collective(c.kind, c.nbytes, "I", "ep", f"recompute: {c.what}") for c in forward]
+    return out + [Collective("all_to_all", sent, "I", "ep", "MoE combine backward"),
+                  Collective("all_to_all", sent, "I", "ep", "MoE dispatch backward")]
 
 
 def tp_embedding_collectives(model: ModelConfig, b: int, opts: LayerOptions) -> list[Collective]:
@@ -152,5 +206,5 @@ def cp_layer_exchanges(model: ModelConfig, b: int, opts: LayerOptions) -> list[C
     return out
 
 
-__all__ = ["Collective", "cp_kv_block_bytes", "cp_layer_exchanges", "tp_embedding_collectives",
+__all__ = ["Collective", "cp_kv_block_bytes", "cp_layer_exchanges", "ep_layer_exchanges", "tp_embedding_collectives",
            "tp_head_collectives", "tp_layer_collectives"]

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pipesim.model.activations import MASK_BYTES
 from pipesim.model.config import ModelConfig
 from pipesim.model.elementwise import layer_elementwise_bytes
+from pipesim.model.moe_layer import ROUTER_BYTES, expert_shapes, tokens_here
 from pipesim.model.options import LayerOptions, vocab_shard
 
 FP32 = 4  # bytes: Megatron's vocab-parallel cross-entropy runs on float32 logits (logits.float())
@@ -209,18 +210,31 @@ def _bias_gradients(model: ModelConfig, opts: LayerOptions, linears: list[tuple[
     return out
 
 
-def layer_kernels(model: ModelConfig, b: int, opts: LayerOptions, *, fused: bool = True) -> PieceKernels:
+def layer_kernels(model: ModelConfig, b: int, opts: LayerOptions, *, fused: bool = True,
+                  moe: bool = False) -> PieceKernels:
     """One transformer layer's kernels on one rank, recomputation (full: the whole forward; selective:
     the attention core and its memory-bound ops) first in I. Tokens: b s / cp (with sp, the
-    all-gathered input the GEMMs see)."""
+    all-gathered input the GEMMs see). `moe`: the layer's MLP is the model's mixture of experts
+    (`_moe_mlp`) instead of the dense MLP."""
     opts.check(model)
     tokens = b * opts.local_seq(model)
     linears = _linears(model, opts)
     core_f, core_b = _attention(model, b, opts)
     ew_f, ew_b = _elementwise(model, b, opts, fused)
-    f = _forward_gemms(linears[:1], tokens) + core_f + _forward_gemms(linears[1:], tokens) + ew_f
-    i = _dgrad_gemms(linears[2:], tokens) + core_b + _dgrad_gemms(linears[:2], tokens) + ew_b
-    w: list[Kernel] = list(_wgrad_gemms(linears, tokens))
+    if moe:
+        attn = linears[:2]
+        act = {"SwiGLU", "GeLU", "SwiGLU bias add", "GeLU bias add"}  # the dense MLP's activation: replaced
+        ew_f = [k for k in ew_f if k.name not in act]
+        ew_b = [k for k in ew_b if k.name.removesuffix(" backward") not in act]
+        mlp_f, mlp_i, mlp_w = _moe_mlp(model, b, opts)
+        f = _forward_gemms(attn[:1], tokens) + core_f + _forward_gemms(attn[1:], tokens) + mlp_f + ew_f
+        i = mlp_i + core_b + _dgrad_gemms(attn, tokens) + ew_b
+        w: list[Kernel] = list(_wgrad_gemms(attn, tokens)) + mlp_w
+        linears = attn
+    else:
+        f = _forward_gemms(linears[:1], tokens) + core_f + _forward_gemms(linears[1:], tokens) + ew_f
+        i = _dgrad_gemms(linears[2:], tokens) + core_b + _dgrad_gemms(linears[:2], tokens) + ew_b
+        w = list(_wgrad_gemms(linears, tokens))
     if model.biases:
         f[1:1] = [MemoryBound("QKV bias add", 2 * tokens * linears[0][2] * model.dtype_bytes)]
         w += _bias_gradients(model, opts, linears, tokens)
@@ -230,6 +244,56 @@ def layer_kernels(model: ModelConfig, b: int, opts: LayerOptions, *, fused: bool
         core_ew = {"softmax", "softmax dropout", "attention scale", "attention mask"}
         i = [*core_f, *(k for k in ew_f if k.name in core_ew), *i]
     return PieceKernels(tuple(f), tuple(i), tuple(w))
+
+
+def _moe_mlp(model: ModelConfig, b: int, opts: LayerOptions) -> tuple[list[Kernel], list[Kernel], list[Kernel]]:
+    """The mixture of experts' (F, I, W) kernels on one rank (pipesim.model.moe_layer; the all-to-alls and the
+    expert-tp collectives are timed by the simulator, not here).
+
+    F: router GEMM (tokens x E x h) and its float32 softmax and top-k (read and write the logits); permute (read
+    and write the k copies); the local experts' grouped FC1, activation and FC2 (one batched GEMM per matrix: E /
+    ep experts x tokens per expert, the slowest rank's); unpermute with the probabilities' weighted sum (read k
+    copies, write one); shared experts as a dense MLP of S x f_s columns split over tp. I and W: each GEMM's dgrad
+    and wgrad, the activation's and the permutes' backward, the router's softmax backward.
+    """
+    moe = model.moe
+    assert moe is not None  # layer_kernels' caller checked
+    d = model.dtype_bytes
+    h = model.hidden
+    here = tokens_here(model, b, opts)
+    shapes = expert_shapes(model, b, opts)
+    n, local = shapes.tokens_per_expert, shapes.local_experts
+    routed = n * local
+    swiglu = model.activation == "swiglu"
+    act = "SwiGLU" if swiglu else "GeLU"
+    act_f, act_b = (3, 5) if swiglu else (2, 3)  # bytes per ffn element and dtype byte (pipesim.model.elementwise)
+    logits = here * moe.experts * ROUTER_BYTES
+    f: list[Kernel] = [Gemm("router", here, moe.experts, h), MemoryBound("router softmax top-k", 2 * logits),
+                       MemoryBound("token permute", 2 * here * moe.top_k * h * d),
+                       Gemm("expert FC1", n, shapes.fc1_out, h, local),
+                       MemoryBound(f"expert {act}", act_f * routed * shapes.ffn * d),
+                       Gemm("expert FC2", n, h, shapes.ffn, local),
+                       MemoryBound("token unpermute", (moe.top_k + 1) * here * h * d)]
+    i: list[Kernel] = [MemoryBound("token unpermute backward", (moe.top_k + 1) * here * h * d),
+                       Gemm("expert FC2 dgrad", n, shapes.ffn, h, local),
+                       MemoryBound(f"expert {act} backward", act_b * routed * shapes.ffn * d),
+                       Gemm("expert FC1 dgrad", n, h, shapes.fc1_out, local),
+                       MemoryBound("token permute backward", 2 * here * moe.top_k * h * d),
+                       MemoryBound("router softmax backward", 3 * logits),
+                       Gemm("router dgrad", here, h, moe.experts)]
+    w: list[Kernel] = [Gemm("expert FC2 wgrad", shapes.ffn, h, n, local),
+                       Gemm("expert FC1 wgrad", h, shapes.fc1_out, n, local),
+                       Gemm("router wgrad", h, moe.experts, here)]
+    width = moe.shared_experts * moe.shared_width // opts.tp
+    if width:  # every token, as the dense MLP: on the all-gathered tokens under sp
+        tokens = b * opts.local_seq(model)
+        shared = [("shared FC1", h, 2 * width if swiglu else width), ("shared FC2", width, h)]
+        f += _forward_gemms(shared[:1], tokens) + [MemoryBound(f"shared {act}", act_f * tokens * width * d)] \
+            + _forward_gemms(shared[1:], tokens)
+        i += _dgrad_gemms(shared[1:], tokens) + [MemoryBound(f"shared {act} backward", act_b * tokens * width * d)] \
+            + _dgrad_gemms(shared[:1], tokens)
+        w += _wgrad_gemms(shared, tokens)
+    return f, i, w
 
 
 def head_kernels(model: ModelConfig, b: int, opts: LayerOptions) -> PieceKernels:

@@ -25,9 +25,11 @@ class LayerOptions:
     cp: int = 1  # context-parallel ranks: each holds seq / cp tokens; ring attention passes K/V around
     recompute: str = "none"  # "none", "selective" (attention core) or "full" (keep the layer input only)
     attention: str = "eager"  # "eager" or "flash"
+    ep: int = 1  # expert-parallel ranks: a MoE layer's experts sharded ep ways (Megatron-core's EP)
+    etp: int = 1  # tensor parallelism inside each expert (Megatron-core's expert TP; a dense model ignores it)
 
     def __post_init__(self) -> None:
-        for name in ("tp", "cp"):
+        for name in ("tp", "cp", "ep", "etp"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise PipesimError(f"{name} must be a positive integer, got {value!r}")
@@ -47,6 +49,22 @@ class LayerOptions:
         if self.sp and (model.seq // self.cp) % t:
             raise PipesimError(f"--seq {model.seq} / cp({self.cp}) is not divisible by tp({t}) "
                                "(sequence parallelism splits the sequence over tp)")
+        if model.moe is None:
+            if self.ep > 1:
+                raise PipesimError(f"--ep {self.ep} needs a mixture-of-experts model")
+            return
+        moe = model.moe
+        if moe.experts % self.ep:
+            raise PipesimError(f"--ep {self.ep} does not divide the {moe.experts} experts")
+        if moe.expert_ffn % self.etp:
+            raise PipesimError(f"--etp {self.etp} does not divide the expert width {moe.expert_ffn}")
+        if t > 1 and self.ep > 1 and not self.sp:  # megatron/training/arguments.py asserts the same
+            raise PipesimError(f"expert parallelism with tp({t}) needs --sequence-parallel (as Megatron-LM)")
+        if self.etp not in (1, t):
+            raise PipesimError(f"--etp {self.etp}: pipesim models expert tensor parallelism of 1 or --tp ({t})")
+        if t > 1 and not self.sp and self.etp != t:
+            raise PipesimError(f"--etp {self.etp} with tp({t}) and no sequence parallelism: the tp ranks hold the "
+                               "same tokens, so the experts split as the MLP does (--etp equal to --tp)")
 
     def local_seq(self, model: ModelConfig) -> int:
         """Tokens of one sequence on this rank: seq / cp."""

@@ -51,6 +51,11 @@ class PlanRequest:
     uneven: bool = True  # p x v need not divide the layers (split_layers' remainder split)
     cps: tuple[int, ...] = (1,)  # context-parallel sizes to try (default none: today's plans unchanged)
 
+    def __post_init__(self) -> None:
+        if self.model.moe is not None:  # its memory bound and estimate count dense layers: refused, not approximated
+            raise PipesimError("pipesim plan does not search expert parallelism yet: simulate a mixture-of-experts "
+                               "model with `pipesim simulate ... --ep N`")
+
     @property
     def schedule_names(self) -> tuple[str, ...]:
         return self.schedules or tuple(schedules.names())

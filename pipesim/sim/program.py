@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from pipesim.comm.collective_algos import collective_seconds, collective_time, scatter_gather
+from pipesim.comm.expert_exchange import ExpertExchange, exchange_seconds
 from pipesim.comm.overlap_interference import exposed_collective
 from pipesim.comm.tp_collective import TpCollective
 from pipesim.cost.cost_equation import SplitCosts
@@ -36,6 +37,7 @@ class ComputeOp(NamedTuple):
     allreduce_stage: int  # the stage whose DP gradient reduction follows it (its last B/W; ZeRO 2: each), else -1
     recompute_bytes: int = 0  # bytes a recomputing backward (B, or I) re-creates, live only while it runs
     shared: float = 0.0  # seconds it gains when it runs wholly beside its rank's data-parallel collectives (SMs)
+    ep_seconds: float = 0.0  # seconds of the expert-parallel all-to-alls inside it (they block the rank)
 
 
 class SendOp(NamedTuple):
@@ -94,6 +96,7 @@ def compile_programs(sched: Schedule, compute: TableCompute, hw: Hardware | None
     shared = costs.sm_share if costs is not None and comm and par.dp > 1 and costs.sm_share else {}
     every_grad = per_microbatch_stages(costs.step) if costs is not None else frozenset()
     tp_collectives = costs.tp_collectives if costs is not None and comm and par.tp > 1 else {}
+    ep_exchanges = costs.ep_exchanges if costs is not None and comm and par.ep > 1 else {}
     scatter = opts.scatter_gather and par.tp > 1 and not job.sp
     stride = sched.num_microbatches
     last_grad: dict[int, tuple[int, int]] = {}  # stage -> (rank, index) of its last B/W
@@ -105,6 +108,8 @@ def compile_programs(sched: Schedule, compute: TableCompute, hw: Hardware | None
                      opts.blocking_p2p)
             if (a.stage, a.kind.value) in shared and a.kind in COMPUTE:
                 op = op._replace(shared=shared[(a.stage, a.kind.value)])
+            if (a.stage, a.kind.value) in ep_exchanges and a.kind in COMPUTE:
+                op = op._replace(ep_seconds=_ep_time(rank, ep_exchanges[(a.stage, a.kind.value)], hw, par))
             if a.kind in COMPUTE and produces_weight_grad(a.kind) and a.stage in every_grad:
                 op = op._replace(allreduce_stage=a.stage)
             cache[key] = op
@@ -127,14 +132,24 @@ def compile_programs(sched: Schedule, compute: TableCompute, hw: Hardware | None
 def _time_overlaps(sched: Schedule, table: CostTable, all_ops: list[list[Op]]) -> None:
     """An overlapped pair (OVERLAP_F_B) takes `table.overlap_seconds(F, B)` in all: the backward half keeps
     its time and the forward half gets the rest; both halves are adjacent, so nothing else runs between.
-    With overlap_share 1 (the default, no FB given) the ops stay as they are, bit for bit."""
+    With overlap_share 1 (the default, no FB given) the ops stay as they are, bit for bit.
+
+    Expert-parallel all-to-alls are what the pair exists for (DualPipe, DeepSeek-V3 report section 3.2.1: one
+    chunk's dispatch and combine run while the other chunk computes): the two halves' all-to-alls, back to
+    back on the network, hide under the pair's computation, and only what is longer than it is exposed,
+    max(0, eF + eB - (cF + cB)), carried by the backward half."""
     if not sched.overlaps:
         return
     for rank, prog in enumerate(sched.programs):
         for i in range(len(prog) - 1):
             if (prog[i], prog[i + 1]) in sched.overlaps:
                 fwd, bwd = all_ops[rank][i], all_ops[rank][i + 1]
-                all_ops[rank][i] = fwd._replace(seconds=table.overlap_forward_seconds(fwd.seconds, bwd.seconds))
+                fwd = fwd._replace(seconds=table.overlap_forward_seconds(fwd.seconds, bwd.seconds))
+                if fwd.ep_seconds or bwd.ep_seconds:
+                    exposed = max(0.0, fwd.ep_seconds + bwd.ep_seconds - (fwd.seconds + bwd.seconds))
+                    fwd, bwd = fwd._replace(ep_seconds=0.0), bwd._replace(ep_seconds=exposed)
+                    all_ops[rank][i + 1] = bwd
+                all_ops[rank][i] = fwd
 
 
 def _op(rank: int, a: Action, sched: Schedule, compute: TableCompute, hw: Hardware | None, comm: bool,
@@ -188,6 +203,14 @@ def _tp_time(rank: int, action: Action, hw: Hardware | None, comm: bool, par: Pa
         else:
             total += collective_seconds(hw, c.kind, group, c.nbytes)
     return total
+
+
+def _ep_time(rank: int, exchanges: tuple[ExpertExchange, ...], hw: Hardware | None, par: ParallelDims) -> float:
+    """Seconds of a compute action's expert-parallel all-to-alls over the rank's ep group (replica 0's devices)."""
+    if hw is None:
+        return 0.0
+    group = par.group("ep", par.rank(pp=rank))
+    return sum(exchange_seconds(hw, group, x) for x in exchanges)
 
 
 def cp_exposed(sched: Schedule, hw: Hardware | None, comm: bool, par: ParallelDims, cp_exchanges: dict) -> dict:

@@ -50,6 +50,7 @@ class RunRecord:
     step_ends: list = field(default_factory=list)  # per rank, pipesim.sim.step.RankStepEnd; [] without step costs
     cp_seconds: dict = field(default_factory=dict)  # (stage, kind) -> exposed ring-attention seconds per action
     sm_shared: list[float] = field(default_factory=list)  # per rank: seconds of compute lost to its DP collectives
+    ep_time: list[list[float]] = field(default_factory=list)  # seconds of EP all-to-alls inside each compute action
 
 
 __all__ = ["CollectiveRecord", "RunRecord"]

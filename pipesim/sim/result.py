@@ -49,6 +49,7 @@ class SimResult:
     step_time: float = 0.0  # seconds to the last rank's optimizer (and parameter all-gather) end
     cp_seconds: dict = field(default_factory=dict)  # (stage, kind) -> exposed ring-attention seconds per action
     sm_shared: list[float] = field(default_factory=list)  # per rank: seconds of compute lost to its DP collectives' SMs
+    ep_time: list[list[float]] = field(default_factory=list)  # seconds of EP all-to-alls inside each compute action
 
     @staticmethod
     def build(run: RunRecord) -> SimResult:
@@ -71,7 +72,7 @@ class SimResult:
             ends=run.ends, tp_time=run.tp_time, transfers=transfers, collectives=run.collectives,
             memory_timeline=run.memory, link_info=info, makespan=makespan, peak_inflight=list(run.peak_inflight),
             messages=run.messages, slot_stride=run.slot_stride, step_ends=run.step_ends, step_time=step_time,
-            cp_seconds=run.cp_seconds, sm_shared=list(run.sm_shared))
+            cp_seconds=run.cp_seconds, sm_shared=list(run.sm_shared), ep_time=run.ep_time)
 
     @property
     def dp(self) -> int:
@@ -253,10 +254,15 @@ class SimResult:
         sched, events = self.schedule, []
         for r, prog in enumerate(sched.programs):
             s, e, tp = self.starts[r], self.ends[r], self.tp_time[r]
+            ep = self.ep_time[r] if self.ep_time else None
             for i, a in enumerate(prog):
                 k = a.kind.value
                 if a.kind in COMPUTE:
-                    events.append(Event(r, "compute", k, a.stage, a.microbatch, s[i], e[i] - tp[i]))
+                    x = ep[i] if ep is not None else 0.0  # the all-to-alls: drawn between the compute and the TP bar
+                    events.append(Event(r, "compute", k, a.stage, a.microbatch, s[i], e[i] - tp[i] - x))
+                    if x > 0:
+                        events.append(Event(r, "collective", "ep", a.stage, a.microbatch, e[i] - tp[i] - x,
+                                            e[i] - tp[i]))
                     if tp[i] > 0:
                         events.append(Event(r, "collective", "tp", a.stage, a.microbatch, e[i] - tp[i], e[i]))
                 elif a.kind in RECVS:
@@ -289,13 +295,16 @@ class SimResult:
         ranks = []
         for r in range(n):
             busy, tp = self.busy(r), sum(self.tp_time[r])
+            ep = sum(self.ep_time[r]) if self.ep_time else 0.0
             ranks.append({
                 "rank": r, "device": self.devices[r], "stages": list(s.stages_of(r)),
-                "busy": busy, "compute": busy - tp, "tp_collective": tp, "waiting_comm": self.waiting_comm(r),
+                "busy": busy, "compute": busy - tp - ep, "tp_collective": tp, "waiting_comm": self.waiting_comm(r),
                 "idle": self.makespan - busy, "bubble_fraction": self.rank_bubble(r),
                 "finish": self.ends[r][-1] if self.ends[r] else 0.0,
                 "dp_allreduce": sum(c.end - c.start for c in self.collectives if c.rank == r and c.phase != "replicas"),
             })
+            if ep:
+                ranks[-1]["ep_all_to_all"] = ep
             if s.chains > 1 and self.step_ends:
                 ranks[-1]["replica_exchange"] = sum(c.end - c.start for c in self.collectives
                                                     if c.rank == r and c.phase == "replicas")

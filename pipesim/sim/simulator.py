@@ -93,6 +93,7 @@ class _Kernel:
         self.ends = [[0.0] * len(p) for p in sched.programs]  # seconds, per action
         self.sm_shared = [0.0] * n  # seconds each rank's computes lost to its DP collectives' SMs (ComputeOp.shared)
         self.tp_time = [[0.0] * len(p) for p in sched.programs]  # seconds of TP collectives inside
+        self.ep_time = [[0.0] * len(p) for p in sched.programs]  # seconds of EP all-to-alls inside
         self.memory: list[list[tuple[float, int]]] = [[(0.0, 0)] for _ in range(n)]  # (seconds, bytes)
         self.streams = CollectiveStreams(sched, hw, comm, job, costs)  # DP/ZeRO collectives, the optimizer
         self._dp_allreduce = self.streams.grads_done  # after a stage's last weight-gradient piece
@@ -125,7 +126,7 @@ class _Kernel:
         return SimResult.build(RunRecord(
             self.sched, self.table, self.hw, self.comm, self.job, self.starts, self.ends, self.tp_time,
             self.transfers, self.streams.records, self.memory, self.peak_inflight, self.slots, self.slot_stride,
-            self.streams.finish(self.ends), self.cp_seconds, self.sm_shared))
+            self.streams.finish(self.ends), self.cp_seconds, self.sm_shared, self.ep_time))
 
     def _wake(self, rank: int, when: float) -> None:
         """Resume `rank` at exactly `when` (>= now); a rank sleeps on one thing at a time."""
@@ -158,11 +159,13 @@ class _Kernel:
                     at(resume, waker)
                     return
             else:  # COMPUTING, host cores: woken when the shared cores have done this action's work
-                _, tp, delta, count, grad_stage, recompute, _ = ops[i]
+                _, tp, delta, count, grad_stage, recompute, _, ep = ops[i]
                 starts[i] = self.host.started[rank]  # it began when it first had a core (time slices: maybe later)
                 ends[i] = now
                 if tp:
                     self.tp_time[rank][i] = tp
+                if ep:
+                    self.ep_time[rank][i] = ep
                 if recompute:  # the re-run forward's activations, live while this backward ran
                     mem.append((starts[i], live + recompute))
                     mem.append((now, live + delta))
@@ -183,10 +186,10 @@ class _Kernel:
             starts[i] = now
             record = type(op)
             if record is ComputeOp:
-                d, tp, delta, count, grad_stage, recompute, shared = op
+                d, tp, delta, count, grad_stage, recompute, shared, ep = op
                 if host is not None:  # shared cores: how long it takes depends on who else runs
                     self.waiting[rank] = COMPUTING
-                    host.start(rank, d + tp, waker)
+                    host.start(rank, d + tp + ep if ep else d + tp, waker)
                     break
                 if shared:  # beside the rank's data-parallel collectives its GEMMs lose NCCL's SMs
                     d = self.streams.beside(rank, now, d, shared)
@@ -194,6 +197,9 @@ class _Kernel:
                 if tp:
                     d += tp
                     self.tp_time[rank][i] = tp
+                if ep:  # the expert-parallel all-to-alls inside it (drawn before its TP collectives)
+                    d += ep
+                    self.ep_time[rank][i] = ep
                 if recompute:  # the re-run forward's activations live from this backward's start...
                     mem.append((now, live + recompute))
                     now += d

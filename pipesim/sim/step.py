@@ -78,14 +78,17 @@ class CollectiveStreams:
     def __init__(self, sched: Schedule, hw: Hardware | None, comm: bool, job: Job, costs: ParallelCosts | None):
         par = job.dims
         self.sched, self.hw, self.par, self.comm = sched, hw, par, comm
-        self.on = comm and hw is not None and par.dp > 1  # collectives take time (else none are recorded, as today)
         self.step: StepCosts | None = costs.step if costs is not None else None
+        experts = self.step is not None and any(c.group == "edp" for cs in self.step.collectives for c in cs)
+        # collectives take time (else none are recorded, as today); the experts' reduce over edp even at dp 1
+        self.on = comm and hw is not None and (par.dp > 1 or experts)
         self.dp_bytes = list(costs.dp_grad_bytes) if costs is not None else []
         n = sched.num_ranks
         self.records: list[CollectiveRecord] = []
         self.last: list[CollectiveRecord | None] = [None] * n  # the tail of each rank's stream
         self.gate_wait = [0.0] * n  # seconds
-        self.groups = [par.group("dp", par.rank(pp=r)) for r in range(n)] if self.on else []
+        self.groups = {axis: [par.group(axis, par.rank(pp=r)) for r in range(n)]
+                       for axis in (("dp", "edp") if experts else ("dp",))} if self.on else {}
         opts = job.comm
         self.bucket = opts.bucket_params(par.dp) if opts.overlap_grad_reduce else 0  # parameters; 0: no buckets
         counts = costs.param_counts if costs is not None else ()
@@ -97,8 +100,8 @@ class CollectiveStreams:
         self.grad_bytes = PRECISIONS[precision].grad_bytes  # bytes per gradient value
 
     def _issue(self, rank: int, kind: str, stage: int, nbytes: int, now: float, after: int,
-               phase: str) -> CollectiveRecord:
-        seconds = collective_seconds(self.hw, kind, self.groups[rank], nbytes)
+               phase: str, group: str = "dp") -> CollectiveRecord:
+        seconds = collective_seconds(self.hw, kind, self.groups[group][rank], nbytes)
         prev = self.last[rank]
         start = now if prev is None or prev.end <= now else prev.end
         rec = CollectiveRecord(rank, kind, stage, start, start + seconds, nbytes, after, prev, phase)
@@ -119,7 +122,7 @@ class CollectiveStreams:
                     seen.add((a.stage, phase))
                     needs += [(i, a.stage, c) for c in self.step.collectives[a.stage] if c.phase == phase]
             for i, stage, c in needs:  # in the order the program needs them
-                rec = self._issue(rank, c.kind, stage, c.nbytes, 0.0, -1, c.phase)
+                rec = self._issue(rank, c.kind, stage, c.nbytes, 0.0, -1, c.phase, c.group)
                 ops[rank][i] = GateOp(rec.end, ops[rank][i])
 
     def grads_done(self, rank: int, stage: int, index: int, now: float, start: float | None = None,
@@ -137,26 +140,26 @@ class CollectiveStreams:
         late = 0.0
         for c in self.step.collectives[stage]:
             if c.phase in ("grads", "microbatch"):  # ZeRO 2's "microbatch" ones: after every weight gradient
-                late += self._reduce(rank, c.kind, stage, c.nbytes, start, now, index, c.phase, share)
+                late += self._reduce(rank, c.kind, stage, c.nbytes, start, now, index, c.phase, share, c.group)
         return late
 
     def _reduce(self, rank: int, kind: str, stage: int, nbytes: int, start: float | None, end: float, index: int,
-                phase: str, share: float = 0.0) -> float:
+                phase: str, share: float = 0.0, group: str = "dp") -> float:
         """One gradient collective of a backward run from `start` to `end`: whole at `end`, or bucket by bucket
         as the backward passes them (bucket k of fraction f_k ready at start + (end - start) f_k; the last at
         `end` exactly). Returns the buckets' overlap with [start, end] x `share` (what they cost the backward)."""
         if not self.bucket or start is None or stage >= len(self.params):
-            self._issue(rank, kind, stage, nbytes, end, index, phase)
+            self._issue(rank, kind, stage, nbytes, end, index, phase, group)
             return 0.0
         fractions = bucket_fractions(self.params[stage], self.bucket)
         sent = 0  # bytes of the buckets before
         overlap = 0.0  # seconds the buckets ran while the backward did
         for f in fractions[:-1]:
             upto = round(nbytes * f)
-            rec = self._issue(rank, kind, stage, upto - sent, start + (end - start) * f, index, phase)
+            rec = self._issue(rank, kind, stage, upto - sent, start + (end - start) * f, index, phase, group)
             overlap += max(0.0, min(rec.end, end) - rec.start)
             sent = upto
-        self._issue(rank, kind, stage, nbytes - sent, end, index, phase)
+        self._issue(rank, kind, stage, nbytes - sent, end, index, phase, group)
         return overlap * share if share else 0.0
 
     def beside(self, rank: int, now: float, seconds: float, extra: float) -> float:
@@ -208,7 +211,7 @@ class CollectiveStreams:
                 for s in stages:
                     for c in self.step.collectives[s]:
                         if c.phase == "params":
-                            step_end = self._issue(rank, c.kind, s, c.nbytes, end, -1, "params").end
+                            step_end = self._issue(rank, c.kind, s, c.nbytes, end, -1, "params", c.group).end
             out.append(RankStepEnd(finish[rank], start, end, step_end, self.gate_wait[rank]))
         return out
 

@@ -1,0 +1,47 @@
+"""One expert-parallel all-to-all inside a compute action, as the cost model hands it to the simulator.
+
+A mixture-of-experts layer sends each token's k copies to the ranks holding their experts (dispatch)
+and brings the outputs back (combine); its backward moves the gradients the other way. The cost model
+says what moves (tokens, width, k, experts, the load on the slowest rank, how many layers do it back to
+back); the simulator times it over the action's expert-parallel group on the machine's links
+(`exchange_seconds`, pipesim.comm.all_to_all) and draws it as its own bar. It blocks its rank: Megatron's
+1F1B runs the all-to-all between the GEMMs that need its tokens (hiding it under another microbatch is
+a schedule's doing, DualPipe's overlapped F&B pairs).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from pipesim.comm.collective_algos import collective_seconds
+from pipesim.hardware.machine import Hardware
+
+
+class ExpertExchange(NamedTuple):
+    """`count` back-to-back all-to-alls of one kind over the action's ep group (one per MoE layer)."""
+
+    what: str  # "dispatch", "combine", "combine backward", "dispatch backward" (recomputed: "recompute: ...")
+    tokens: int  # tokens this rank routes (before the k copies)
+    hidden: int  # elements per token
+    top_k: int  # experts per token
+    experts: int  # routed experts of the layer
+    dtype_bytes: int  # bytes per element on the wire
+    load: float = 1.0  # the most-loaded rank's received tokens over the mean
+    count: int = 1  # layers doing it back to back in this action
+
+    @property
+    def sent_bytes(self) -> int:
+        """Bytes this rank sends: each token's k copies (before any deduplication per destination)."""
+        return self.tokens * self.top_k * self.hidden * self.dtype_bytes
+
+
+def exchange_seconds(hw: Hardware, devices: list[int], x: ExpertExchange) -> float:
+    """Seconds of `x.count` all-to-alls over `devices` (the ep group, global device ids), the slowest rank's."""
+    if len(devices) < 2:
+        return 0.0
+    # nccl-tests' all_to_all counts the whole buffer each rank sends (S/n to each peer, its own share stays)
+    whole = x.sent_bytes * x.load
+    return x.count * collective_seconds(hw, "all_to_all", devices, whole)
+
+
+__all__ = ["ExpertExchange", "exchange_seconds"]
