@@ -86,7 +86,11 @@ class RunConfig:
         """Validate against the world size; return the schedules to run (validated IR)."""
         if self.model.moe is not None:
             raise PipesimError(f"the executor trains dense models; this model has {self.model.moe.experts} experts "
-                               "in its mixture-of-experts layers (pipesim simulate and plan cost them)")
+                               "in its mixture-of-experts layers (pipesim simulate costs them)")
+        if self.model.mla is not None or self.model.mtp_layers:
+            what = "multi-head latent attention" if self.model.mla is not None else "multi-token prediction modules"
+            raise PipesimError(f"the executor trains standard attention without MTP; this model has {what} "
+                               "(pipesim simulate costs it)")
         unrun = unhonoured(self.job)
         if unrun:
             raise PipesimError(f"the executor does not implement {'; '.join(unrun)}: it trains with plain DDP "

@@ -38,7 +38,8 @@ def test_bundled_llama3_configs(name, layers, hidden, heads, ffn, max_seq, param
 
 
 def test_bundled_names_and_overrides():
-    assert bundled_configs() == ["llama3-405b", "llama3-70b", "llama3-8b", "mixtral-8x22b", "mixtral-8x7b"]
+    assert bundled_configs() == ["deepseek-v3", "llama3-405b", "llama3-70b", "llama3-8b", "mixtral-8x22b",
+                                 "mixtral-8x7b"]
     model = load_hf_config("llama3-8b", seq=4096, batch=512, dtype="float32")
     assert (model.seq, model.batch, model.dtype) == (4096, 512, "float32")
 
@@ -66,7 +67,8 @@ def test_gelu_layernorm_tied_and_defaults(tmp_path):
     assert str(err.value) == (f"{path}: field 'hidden_act' 'gelu': a llama MLP is gated whatever its activation "
                               "(down(act(gate x) * up x)); pipesim models the gated MLP with silu or swish only")
     qwen2 = _write(tmp_path, {**LLAMA, "model_type": "qwen2"})
-    with pytest.raises(PipesimError, match=r"model_type \('qwen2': pipesim models llama, mistral, mixtral\)"):
+    with pytest.raises(PipesimError,
+                       match=r"model_type \('qwen2': pipesim models llama, mistral, mixtral, deepseek_v3\)"):
         load_hf_config(qwen2)
 
 
@@ -102,7 +104,7 @@ def test_unreadable_files_and_unknown_names(tmp_path):
     with pytest.raises(PipesimError) as err:
         load_hf_config("llama9-1t")
     assert str(err.value) == ("--model-config llama9-1t: no such file or bundled config "
-                              "(bundled: llama3-405b, llama3-70b, llama3-8b, mixtral-8x22b, mixtral-8x7b)")
+                              "(bundled: deepseek-v3, llama3-405b, llama3-70b, llama3-8b, mixtral-8x22b, mixtral-8x7b)")
     with pytest.raises(PipesimError, match="is longer than .*'s max_position_embeddings 8192$"):
         load_hf_config("llama3-8b", seq=8193)
 
@@ -153,8 +155,9 @@ MIXTRAL_8X7B = {"architectures": ["MixtralForCausalLM"], "attention_dropout": 0.
 
 
 def test_mixtral_loads_and_a_mixture_of_experts_with_an_unmodelled_key_is_refused_naming_its_keys(tmp_path):
-    """Mixtral's experts are read into ModelConfig.moe (tests/test_moe_config.py); DeepSeek's latent attention and
-    shared experts are not modelled: the file is refused, never simulated as a Mixtral-like or dense model."""
+    """Mixtral's experts are read into ModelConfig.moe (tests/test_moe_config.py); in a deepseek_v3 file Mixtral's
+    expert keys are not DeepSeek's (its code would drop them): the file is refused, never simulated as another model.
+    DeepSeek-V3 itself loads (tests/test_deepseek_v3.py)."""
     model = load_hf_config(_write(tmp_path, MIXTRAL_8X7B))
     assert model == load_hf_config("mixtral-8x7b") and model.moe.experts == 8 and model.moe.top_k == 2
     path = _write(tmp_path, {**MIXTRAL_8X7B, "model_type": "deepseek_v3", "q_lora_rank": 1536,
@@ -162,10 +165,8 @@ def test_mixtral_loads_and_a_mixture_of_experts_with_an_unmodelled_key_is_refuse
     with pytest.raises(PipesimError) as err:
         load_hf_config(path)
     assert str(err.value) == (
-        f"{path}: keys that change the model and pipesim does not model: num_experts_per_tok, num_local_experts, "
-        "router_aux_loss_coef, n_shared_experts (mixture of experts); q_lora_rank (multi-head latent attention); "
-        "model_type ('deepseek_v3': pipesim models llama, mistral, mixtral); "
-        "refused rather than simulated as a different model")
+        f"{path}: keys that change the model and pipesim does not model: num_local_experts, router_aux_loss_coef "
+        "(mixture of experts); refused rather than simulated as a different model")
 
 
 def test_latent_attention_multi_token_prediction_and_unknown_keys_are_refused(tmp_path):

@@ -25,6 +25,7 @@ from pipesim.commands.run_args import add_run_args, config_from_args, configs_fr
 from pipesim.errors import PipesimError
 from pipesim.job import Job, KernelSwitches
 from pipesim.model.config import ModelConfig
+from pipesim.model.latent_attention import LatentAttention
 from pipesim.model.moe import MoeConfig
 from pipesim.parallel_dims import ParallelDims
 
@@ -134,7 +135,16 @@ def test_the_executor_refuses_a_mixture_of_experts_model_in_one_line():
     with pytest.raises(PipesimError) as err:
         cfg.check(2)
     assert str(err.value) == ("the executor trains dense models; this model has 4 experts in its mixture-of-experts "
-                              "layers (pipesim simulate and plan cost them)")
+                              "layers (pipesim simulate costs them)")
+    mla = ModelConfig(kind="gpt", hidden=64, heads=4, layers=2, batch=8, norm="rmsnorm", dropout=False, biases=False,
+                      positions="rope", mla=LatentAttention(None, 32, 16, 8, 16))
+    for model, what in ((mla, "multi-head latent attention"),
+                        (ModelConfig(kind="gpt", hidden=64, heads=4, layers=2, batch=8, positions="rope", mtp_layers=1),
+                         "multi-token prediction modules")):
+        with pytest.raises(PipesimError) as err:
+            RunConfig(names=("1f1b",), microbatches=4, model=model).check(2)
+        assert str(err.value) == (f"the executor trains standard attention without MTP; this model has {what} "
+                                  "(pipesim simulate costs it)")
     ep = RunConfig(names=("1f1b",), microbatches=4, job=Job(dims=ParallelDims(dp=2, ep=2)))
     assert configs_from_json(configs_to_json([ep])) == [ep]  # the experts' layout crosses to the workers as it is
 

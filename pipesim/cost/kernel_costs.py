@@ -29,14 +29,23 @@ from pipesim.model.layer_kernels import (
     head_kernels,
     layer_kernels,
     mlp_layer_kernels,
+    mtp_kernels,
 )
 from pipesim.model.moe_layer import dense_mlp_params, moe_block_params
 from pipesim.model.options import LayerOptions
-from pipesim.model.param_counts import block_params, embedding_params, head_params
+from pipesim.model.param_counts import (
+    block_params,
+    embedding_params,
+    head_params,
+    is_moe_layer,
+    mtp_embedding_params,
+    mtp_projection_params,
+)
 
 # the linear a collective's `overlaps` text names (pipesim.model.layer_collectives) -> the GEMM names of
 # pipesim.model.layer_kernels
-LINEAR_NAMES = {"QKV": "QKV", "MLP up": "FC1", "head": "LM head"}
+LINEAR_NAMES = {"QKV": "QKV", "MLP up": "FC1", "head": "LM head", "Q": "Q", "Q up": "Q up", "KV up": "KV up",
+                "MTP projection": "MTP projection"}
 GRADIENT_SUFFIX = {"weight-gradient": "wgrad", "input-gradient": "dgrad"}
 
 
@@ -71,7 +80,7 @@ def kernel_seconds(kernel: Kernel, dtype: str, profile: DeviceProfile, sms: int 
     if isinstance(kernel, FlashAttention):
         return flash_attention_time(kernel.batch, kernel.seq, kernel.heads, kernel.head_dim, dtype, profile,
                                     kv_seq=kernel.kv_seq, kv_heads=kernel.kv_heads, causal=True,
-                                    backward=kernel.backward, sms=sms).seconds
+                                    backward=kernel.backward, sms=sms, v_head_dim=kernel.v_head_dim).seconds
     return memory_bound_time(kernel.nbytes, profile).seconds
 
 
@@ -136,6 +145,18 @@ def embedding_seconds(model: ModelConfig, b: int, opts: LayerOptions, family: st
 
 
 @lru_cache(maxsize=4096)
+def mtp_seconds(model: ModelConfig, b: int, opts: LayerOptions, family: str, kernels: KernelFigures | None = None,
+                grad_fusion: bool = True, grad_bytes: int = 0, holds_embedding: bool = False) -> PieceSeconds:
+    """One multi-token-prediction module's own kernels (pipesim.model.layer_kernels.mtp_kernels), its gradients with
+    the embedding copy's unless `holds_embedding` (the stage holds the first stage's embedding, or an earlier module
+    carried the copy); its block and its pass through the head are `layer_seconds` and `head_seconds`."""
+    params = mtp_projection_params(model, opts.tp) + mtp_embedding_params(model, opts.tp,
+                                                                          holds_embedding=holds_embedding)
+    pk = _accumulated(mtp_kernels(model, b, opts), model, params, grad_fusion, grad_bytes)
+    return piece_seconds(pk, model.dtype, profile_of(family, kernels))
+
+
+@lru_cache(maxsize=4096)
 def mlp_layer_seconds(b: int, hidden: int, dtype: str, dtype_bytes: int, tp: int, input_grad: bool,
                       family: str, kernels: KernelFigures | None = None) -> PieceSeconds:
     return piece_seconds(mlp_layer_kernels(b, hidden, dtype_bytes, tp, input_grad=input_grad), dtype,
@@ -172,8 +193,9 @@ class StageSeconds:
 def gpt_stage_seconds(model: ModelConfig, b: int, layers: int, opts: LayerOptions, *, first: bool, last: bool,
                       fused: bool, family: str, kernels: KernelFigures | None = None,
                       grad_fusion: bool = True, grad_bytes: int = 0, moe_layers: int = 0) -> StageSeconds:
-    """Embedding (first stage), `layers` layers (`moe_layers` of them with experts), head + cross-entropy (last
-    stage); each piece's gradients added into main_grad in its W, inside the wgrad GEMMs when `grad_fusion`."""
+    """Embedding (first stage), `layers` layers (`moe_layers` of them with experts), head + cross-entropy and the
+    multi-token-prediction modules (last stage); each piece's gradients added into main_grad in its W, inside the
+    wgrad GEMMs when `grad_fusion`."""
     total = [0.0, 0.0, 0.0]
     beside = [0.0, 0.0, 0.0]
     gemms: dict[str, float] = {}
@@ -189,6 +211,11 @@ def gpt_stage_seconds(model: ModelConfig, b: int, layers: int, opts: LayerOption
                        moe_layers))
     if last:
         pieces.append((head_seconds(model, b, opts, family, kernels, grad_fusion, grad_bytes), 1))
+    for k in range(model.mtp_layers if last else 0):  # each module: its own kernels, a block, the head again
+        moe = is_moe_layer(model, model.layers + k)
+        pieces += [(mtp_seconds(model, b, opts, family, kernels, grad_fusion, grad_bytes, first or k > 0), 1),
+                   (layer_seconds(model, b, opts, fused, family, kernels, grad_fusion, grad_bytes, moe=moe), 1),
+                   (head_seconds(model, b, opts, family, kernels, grad_fusion, grad_bytes), 1)]
     for piece, count in pieces:
         for slot, value in enumerate(piece.scaled(count)):
             total[slot] += value
@@ -212,5 +239,5 @@ def mlp_stage_seconds(model: ModelConfig, b: int, layers: int, tp: int, *, first
     return StageSeconds(*total, gemms={}, beside=(beside[0], beside[1], beside[2]))
 
 
-__all__ = ["PieceSeconds", "StageSeconds", "gpt_stage_seconds", "kernel_seconds", "mlp_stage_seconds",
+__all__ = ["PieceSeconds", "StageSeconds", "gpt_stage_seconds", "kernel_seconds", "mlp_stage_seconds", "mtp_seconds",
            "overlap_gemm", "piece_seconds", "profile_of"]

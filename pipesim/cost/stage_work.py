@@ -17,22 +17,32 @@ from pipesim.model.activations import (
     embedding_activation_bytes,
     head_activation_bytes,
     layer_activation_bytes,
+    mtp_activation_bytes,
+    mtp_moe_layers,
     stage_recompute_bytes,
 )
 from pipesim.model.config import ModelConfig, split_layers
 from pipesim.model.elementwise import layer_elementwise_bytes
-from pipesim.model.flops import Flops, head_flops, layer_flops
+from pipesim.model.flops import Flops, head_flops, layer_flops, mtp_projection_flops
 from pipesim.model.layer_collectives import (
     Collective,
     ep_layer_exchanges,
     tp_embedding_collectives,
     tp_head_collectives,
     tp_layer_collectives,
+    tp_mtp_collectives,
 )
-from pipesim.model.layer_kernels import layer_kernels
+from pipesim.model.layer_kernels import check_mtp, layer_kernels
 from pipesim.model.moe_layer import dense_mlp_params, expert_params_here, moe_block_params
 from pipesim.model.options import LayerOptions
-from pipesim.model.param_counts import block_params, embedding_params, head_params
+from pipesim.model.param_counts import (
+    block_params,
+    embedding_params,
+    head_params,
+    is_moe_layer,
+    mtp_embedding_params,
+    mtp_projection_params,
+)
 
 MLP_LAYER_OPS = (2, 2, 1)  # framework ops of one MLP layer in F, I, W
 GPT_BLOCK_OPS = (10, 10, 6)  # framework ops of one transformer block in F, I, W
@@ -143,6 +153,7 @@ def gpt_stage_work(model: ModelConfig, b: int, layers: int, *, first: bool, last
     ops: embedding F 3 (two lookups, add), W 2; block F 10, I 10, W 6, plus the re-run forward's in
     I (full 10, selective 3); head F 3, I 3, W 2. A MoE block's FLOPs are the dense block's with the
     MLP's GEMMs replaced by the router's, the experts' and the shared experts' (pipesim.model.layer_kernels).
+    The last stage runs the model's multi-token-prediction modules after the head (`_add_mtp_module`).
     """
     opts = opts if opts is not None else LayerOptions(tp=tp)
     tp = opts.tp
@@ -182,7 +193,10 @@ def gpt_stage_work(model: ModelConfig, b: int, layers: int, *, first: bool, last
                 _add_backward(work, bwd_colls)
                 work.ep_exchanges["F"] += [c for c in exchanges if c.phase == "F"]
                 work.ep_exchanges["I"] += [c for c in exchanges if c.phase != "F"]
-        work.recompute_bytes = stage_recompute_bytes(model, b, opts, layers=layers, moe_layers=moe_layers)
+    if layers or (last and model.mtp_layers):  # one layer re-run at a time: the larger kind's (an MTP block too)
+        mtp, mtp_moe = (model.mtp_layers, mtp_moe_layers(model)) if last else (0, 0)
+        work.recompute_bytes = stage_recompute_bytes(model, b, opts, layers=layers + mtp,
+                                                     moe_layers=moe_layers + mtp_moe)
     if last:  # final norm + LM head (h x vocab) + cross-entropy on vocab-parallel logits
         head = head_flops(model, b, opts)
         logits = b * s * v / tp * d
@@ -192,7 +206,43 @@ def gpt_stage_work(model: ModelConfig, b: int, layers: int, *, first: bool, last
         colls = tp_head_collectives(model, b, opts)
         work.collectives["F"] += _timed([c for c in colls if c.phase == "F"])
         _add_backward(work, [c for c in colls if c.phase != "F"])
+        for k in range(model.mtp_layers):
+            _add_mtp_module(work, model, b, opts, moe=is_moe_layer(model, model.layers + k),
+                            embedding_copy=k == 0 and not first)
     return work
+
+
+def _add_mtp_module(work: Work, model: ModelConfig, b: int, opts: LayerOptions, *, moe: bool,
+                    embedding_copy: bool) -> None:
+    """One multi-token-prediction module on the last stage (DeepSeek-V3 report section 2.2; Megatron-core's
+    MultiTokenPredictionLayer): the shifted tokens' embedding, two norms, the projection 2h -> h, a block (`moe`:
+    with experts), and the shared head and cross-entropy run again. `embedding_copy`: the stage keeps its own copy of
+    the embedding (it does not hold the first stage's), counted once. Memory traffic: the block's and the head's
+    estimate, as for those pieces."""
+    check_mtp(model, opts)
+    s, h, v, d, tp = model.seq, model.hidden, model.vocab, model.dtype_bytes, opts.tp
+    flops = mtp_projection_flops(model, b, opts) + head_flops(model, b, opts)
+    flops = flops + (moe_layer_flops(model, b, opts) if moe else layer_flops(model, b, opts))
+    params = mtp_projection_params(model, tp) + block_params(model, tp)
+    if embedding_copy:
+        params += mtp_embedding_params(model, tp, holds_embedding=False)
+    if moe:
+        params += moe_block_params(model, opts) - dense_mlp_params(model, tp)
+        work.expert_params += expert_params_here(model, opts)
+    block = (12 * h * h / tp + 13 * h) * d + gpt_block_activation_bytes(model, b, tp)  # bytes, as a block's
+    head = h * v / tp * d + b * s * h * d + b * s * v / tp * d  # bytes, as the head's
+    traffic = block + head + 2 * h * h / tp * d
+    ops = tuple(x + y + z for x, y, z in zip(GPT_BLOCK_OPS, (3, 3, 2), (5, 3, 3), strict=True))
+    work.add(flops.F, flops.I, flops.W, moved=(traffic, traffic, traffic),
+             act=mtp_activation_bytes(model, b, opts, moe=moe), params=params, ops=ops)
+    colls = tp_mtp_collectives(model, b, opts) + tp_layer_collectives(model, b, opts, moe=moe) + \
+        tp_head_collectives(model, b, opts)
+    work.collectives["F"] += _timed([c for c in colls if c.phase == "F"])
+    _add_backward(work, [c for c in colls if c.phase != "F"])
+    if moe:
+        exchanges = ep_layer_exchanges(model, b, opts)
+        work.ep_exchanges["F"] += [c for c in exchanges if c.phase == "F"]
+        work.ep_exchanges["I"] += [c for c in exchanges if c.phase != "F"]
 
 
 def moe_layer_flops(model: ModelConfig, b: int, opts: LayerOptions) -> Flops:

@@ -44,16 +44,23 @@ def memory_bound_time(nbytes: float, device: DeviceProfile, *, kernels: int = 1)
 
 
 def attention_flops(batch: int, seq: int, heads: int, head_dim: int, *, kv_seq: int | None = None,
-                    causal: bool = False, backward: bool = False) -> float:
+                    causal: bool = False, backward: bool = False, v_head_dim: int | None = None) -> float:
     """FLOPs of Q K^T and A V: forward 4 b s_q s_k h (h = heads x head_dim); backward 2.5x; causal halves.
 
     The backward re-computes Q K^T from the saved log-sum-exp (flash), then runs four gradient
-    matmuls: (2 + 8) / 4 = 2.5x the forward, as pipesim/model/flops.py counts it.
+    matmuls: (2 + 8) / 4 = 2.5x the forward, as pipesim/model/flops.py counts it. A value head
+    `v_head_dim` narrower than the query/key head (latent attention: 128 against 192): forward
+    2 b s_q s_k heads (q + v), backward 2 b s_q s_k heads (3 q + 2 v).
     """
     kv = seq if kv_seq is None else kv_seq
-    for name, value in (("batch", batch), ("seq", seq), ("heads", heads), ("head_dim", head_dim), ("kv_seq", kv)):
+    vd = head_dim if v_head_dim is None else v_head_dim
+    for name, value in (("batch", batch), ("seq", seq), ("heads", heads), ("head_dim", head_dim), ("kv_seq", kv),
+                        ("v_head_dim", vd)):
         if not isinstance(value, int) or value < 1:
             raise PipesimError(f"attention needs positive integer sizes, got {name} = {value!r}")
+    if vd != head_dim:
+        flops = 2.0 * batch * seq * kv * heads * (3 * head_dim + 2 * vd if backward else head_dim + vd)
+        return flops / 2 if causal else flops
     flops = 4.0 * batch * seq * kv * heads * head_dim
     if backward:
         flops *= BACKWARD_FLOP_RATIO
@@ -62,7 +69,7 @@ def attention_flops(batch: int, seq: int, heads: int, head_dim: int, *, kv_seq: 
 
 def flash_attention_time(batch: int, seq: int, heads: int, head_dim: int, dtype: str, device: DeviceProfile, *,
                          kv_seq: int | None = None, kv_heads: int | None = None, causal: bool = False,
-                         backward: bool = False, sms: int | None = None) -> KernelTime:
+                         backward: bool = False, sms: int | None = None, v_head_dim: int | None = None) -> KernelTime:
     """Seconds of one flash-attention forward (or backward) kernel on `device`.
 
     compute = FLOPs / (peak x flash efficiency) / wave efficiency, with blocks = b x heads x
@@ -71,8 +78,11 @@ def flash_attention_time(batch: int, seq: int, heads: int, head_dim: int, dtype:
     Grouped-query attention (`kv_heads` < heads) reads fewer K, V bytes, same FLOPs.
     sms: the SMs its blocks may use (default all), e.g. those an overlapped NCCL collective leaves: the
     waves are ceil(blocks / sms), each SM keeping the device's per-SM rate (as pipesim.device.gemm).
+    v_head_dim: the value (and output) head when it differs from the query/key head (latent attention): its
+    FLOPs (`attention_flops`) at the same rate, V, O, dV, dO at that width.
     """
-    flops = attention_flops(batch, seq, heads, head_dim, kv_seq=kv_seq, causal=causal, backward=backward)
+    flops = attention_flops(batch, seq, heads, head_dim, kv_seq=kv_seq, causal=causal, backward=backward,
+                            v_head_dim=v_head_dim)
     kv, kvh = seq if kv_seq is None else kv_seq, heads if kv_heads is None else kv_heads
     if not isinstance(kvh, int) or not 1 <= kvh <= heads or heads % kvh:
         raise PipesimError(f"kv_heads must divide heads ({heads}), got {kvh!r}")
@@ -85,9 +95,10 @@ def flash_attention_time(batch: int, seq: int, heads: int, head_dim: int, dtype:
     blocks = batch * heads * math.ceil(seq / FLASH_QUERY_BLOCK)
     waves = math.ceil(blocks / free)
     compute = flops / (device.peak(dtype) * eff) * (waves * device.sms / blocks)
-    q_o = batch * seq * heads * head_dim  # elements of Q (and of O, dO, dQ)
-    k_v = batch * kv * kvh * head_dim  # elements of K (and of V, dK, dV)
-    elements = (4 * q_o + 4 * k_v) if backward else (2 * q_o + 2 * k_v)  # bwd: Q O dO dQ, K V dK dV
+    vd = head_dim if v_head_dim is None else v_head_dim
+    q_o = batch * seq * heads * (head_dim + vd)  # elements of Q and O (and dQ, dO)
+    k_v = batch * kv * kvh * (head_dim + vd)  # elements of K and V (and dK, dV)
+    elements = 2 * (q_o + k_v) if backward else q_o + k_v  # bwd: Q O dO dQ, K V dK dV
     moved = float(elements * DTYPE_BYTES[dtype])
     memory = moved / (device.hbm_bandwidth * device.memory_efficiency)
     seconds = roofline(compute, memory, device.overlap) + device.kernel_overhead

@@ -8,7 +8,10 @@ second linear's input 8sbh and dropout mask sbh: s b h (34 + 5 a s / h). Listing
 rather than the total lets grouped-query attention (K and V of h_kv), SwiGLU (gate and up of f),
 models without dropout, other dtypes, tp, sp, cp and recomputation follow from the same list.
 Masks are 1 byte (torch.bool), softmax statistics 4 (float32), everything else the model's dtype.
-Norm statistics (mean / rstd: 4-8 bytes per token) are not counted, as in the paper.
+Norm statistics (mean / rstd: 4-8 bytes per token) are not counted, as in the paper. Latent attention saves its
+latents and its own Q, K, V (pipesim.model.latent_attention.latent_saved) in place of the QKV input, Q, K and V;
+a multi-token-prediction module saves its embedding's and projection's inputs, a layer and a head
+(`mtp_activation_bytes`).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pipesim.model.config import ModelConfig
+from pipesim.model.latent_attention import latent_saved, latent_widths
 from pipesim.model.moe_layer import ROUTER_BYTES, routed_tokens, tokens_here
 from pipesim.model.options import LayerOptions, vocab_shard
 
@@ -48,17 +52,20 @@ def layer_saved_tensors(model: ModelConfig, b: int, opts: LayerOptions, *, recom
     s_loc = opts.local_seq(model)
     tokens = s_loc * b  # tokens of the microbatch on this rank
     h, f, a = model.hidden, model.ffn_size, model.heads
-    hkv = model.num_kv_heads * model.head_dim
     seq_split = opts.seq_sharded  # norms, dropout, the residual stream: split over tp only under sp
     if recompute == "full":
         return [SavedTensor("layer input", seq_split(d * tokens * h))]
-    saved = [
-        SavedTensor("attention norm input", seq_split(d * tokens * h)),
-        SavedTensor("QKV input", seq_split(d * tokens * h)),  # under sp: re-gathered in backward
-        SavedTensor("Q", d * tokens * h // t),
-        SavedTensor("K", d * tokens * hkv // t),
-        SavedTensor("V", d * tokens * hkv // t),
-    ]
+    saved = [SavedTensor("attention norm input", seq_split(d * tokens * h))]
+    if model.mla is not None:  # its latents and its own Q, K (nope + rope) and V (v_head) widths
+        saved += [SavedTensor(name, nbytes) for name, nbytes in latent_saved(model, b, opts)]
+        attention_out = d * tokens * latent_widths(model, t)[1]
+    else:
+        hkv = model.num_kv_heads * model.head_dim
+        saved += [SavedTensor("QKV input", seq_split(d * tokens * h)),  # under sp: re-gathered in backward
+                  SavedTensor("Q", d * tokens * h // t),
+                  SavedTensor("K", d * tokens * hkv // t),
+                  SavedTensor("V", d * tokens * hkv // t)]
+        attention_out = d * tokens * h // t
     if opts.attention == "eager":  # eager needs cp = 1, so the keys are the rank's own s_loc = s tokens
         scores = b * (a // t) * s_loc * model.seq  # elements of one (b, a/t, s, s) tensor
         saved.append(SavedTensor("softmax output", d * scores, core=True))
@@ -67,7 +74,7 @@ def layer_saved_tensors(model: ModelConfig, b: int, opts: LayerOptions, *, recom
             saved.append(SavedTensor("softmax dropout output", d * scores, core=True))
     else:  # flash: no s x s tensor; the kernel keeps one logsumexp per (token, head) and recomputes the scores
         saved.append(SavedTensor("attention logsumexp", STAT_BYTES * tokens * (a // t), core=True))
-    saved.append(SavedTensor("attention output (projection input)", d * tokens * h // t))
+    saved.append(SavedTensor("attention output (projection input)", attention_out))
     if model.dropout:
         saved.append(SavedTensor("attention dropout mask", seq_split(MASK_BYTES * tokens * h)))
     saved += [SavedTensor("MLP norm input", seq_split(d * tokens * h)),
@@ -157,10 +164,32 @@ def head_activation_bytes(model: ModelConfig, b: int, opts: LayerOptions) -> int
     return hidden + LOGIT_BYTES * tokens * vocab_shard(model, opts.tp)
 
 
+def mtp_activation_bytes(model: ModelConfig, b: int, opts: LayerOptions, *, moe: bool = False) -> int:
+    """Stash of one multi-token-prediction module per microbatch (Megatron-core's MultiTokenPredictionLayer; `moe`:
+    its block has experts): its embedding's dropout mask (as the embedding's), the embedding output (enorm's input)
+    and the projection's input (the concatenated 2h, split over tp under sp), its block as a layer, and its final
+    norm, head and float32 logits as the head's. The hidden state it starts from (hnorm's input) is the previous
+    head's input, saved there already. Full recomputation checkpoints the projection, the block and the final norm
+    (Megatron-core's _checkpointed_forward): the embedding output and the head's input and logits stay."""
+    opts.check(model)
+    hidden = opts.seq_sharded(model.dtype_bytes * opts.local_seq(model) * b * model.hidden)
+    head = head_activation_bytes(model, b, opts)
+    total = embedding_activation_bytes(model, b, opts) + hidden
+    if opts.recompute == "full":
+        return total + head - hidden
+    return total + 2 * hidden + layer_activation_bytes(model, b, opts, moe=moe) + head
+
+
+def mtp_moe_layers(model: ModelConfig) -> int:
+    """How many of the multi-token-prediction modules' blocks have experts (layer indices layers, layers + 1, ...)."""
+    moe = model.moe
+    return 0 if moe is None else moe.moe_layers(model.layers, model.mtp_layers)
+
+
 def stage_activation_bytes(model: ModelConfig, b: int, opts: LayerOptions, *, layers: int, first: bool,
                            last: bool, moe_layers: int = 0) -> int:
     """Stash of one microbatch on a pipeline stage: `layers` blocks (`moe_layers` of them with experts), plus
-    embedding / head where held."""
+    embedding / head (and the multi-token-prediction modules) where held."""
     total = (layers - moe_layers) * layer_activation_bytes(model, b, opts)
     if moe_layers:
         total += moe_layers * layer_activation_bytes(model, b, opts, moe=True)
@@ -168,8 +197,12 @@ def stage_activation_bytes(model: ModelConfig, b: int, opts: LayerOptions, *, la
         total += embedding_activation_bytes(model, b, opts)
     if last:
         total += head_activation_bytes(model, b, opts)
+        experts = mtp_moe_layers(model)
+        total += (model.mtp_layers - experts) * mtp_activation_bytes(model, b, opts)
+        total += experts * mtp_activation_bytes(model, b, opts, moe=True) if experts else 0
     return total
 
 
 __all__ = ["SavedTensor", "embedding_activation_bytes", "head_activation_bytes", "layer_activation_bytes",
-           "layer_saved_tensors", "recompute_working_bytes", "stage_activation_bytes", "stage_recompute_bytes"]
+           "layer_saved_tensors", "mtp_activation_bytes", "mtp_moe_layers", "recompute_working_bytes",
+           "stage_activation_bytes", "stage_recompute_bytes"]

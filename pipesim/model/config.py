@@ -3,7 +3,8 @@
 One config so that simulated and executed runs describe the same network. kind "gpt" is the GPT
 of Megatron's papers by default (4h GeLU MLP, LayerNorm, dropout, biases, learned positions); the
 fields after `seed` turn it into a Llama-style model (grouped-query attention, SwiGLU of its own
-width, RMSNorm, RoPE, no biases or dropout, tied or untied embeddings). Their defaults keep the
+width, RMSNorm, RoPE, no biases or dropout, tied or untied embeddings), a mixture of experts (`moe`), DeepSeek's
+multi-head latent attention (`mla`) and its multi-token-prediction modules (`mtp_layers`). Their defaults keep the
 "mlp" and "gpt" models exactly as they were, and `to_dict` leaves them out while at the default.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 
 from pipesim.errors import PipesimError
+from pipesim.model.latent_attention import LatentAttention
 from pipesim.model.moe import MoeConfig
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -19,7 +21,7 @@ ACTIVATIONS = ("gelu", "swiglu")  # MLP: Linear-GeLU-Linear, or SwiGLU's gate, u
 NORMS = ("layernorm", "rmsnorm")
 POSITIONS = ("learned", "rope")  # a learned (seq x hidden) table, or rotary embeddings (no parameters)
 STRUCTURE_FIELDS = ("kv_heads", "ffn_hidden", "activation", "norm", "dropout", "biases", "positions",
-                    "tied_embeddings", "moe")  # left out of to_dict while at their defaults
+                    "tied_embeddings", "moe", "mla", "mtp_layers")  # left out of to_dict while at their defaults
 
 
 @dataclass(frozen=True)
@@ -45,10 +47,14 @@ class ModelConfig:
     positions: str = "learned"  # position embedding: "learned" table or "rope"
     tied_embeddings: bool = False  # the LM head reuses the token embedding's matrix
     moe: MoeConfig | None = None  # mixture of experts (pipesim/model/moe.py); None: every MLP dense
+    mla: LatentAttention | None = None  # latent attention (pipesim/model/latent_attention.py); None: standard
+    mtp_layers: int = 0  # DeepSeek-V3's multi-token-prediction modules after the last layer (on the last stage)
 
     def __post_init__(self) -> None:
         if isinstance(self.moe, dict):  # from to_dict / JSON
             object.__setattr__(self, "moe", MoeConfig(**self.moe))
+        if isinstance(self.mla, dict):
+            object.__setattr__(self, "mla", LatentAttention(**self.mla))
         if self.kind not in ("mlp", "gpt"):
             raise PipesimError(f"unknown --model {self.kind!r}; choose mlp or gpt")
         for name in ("hidden", "layers", "heads", "seq", "vocab", "batch"):
@@ -83,6 +89,34 @@ class ModelConfig:
             if self.moe.moe_layers(0, self.layers) == 0:
                 raise PipesimError(f"moe: none of the {self.layers} layers has experts (dense_layers "
                                    f"{self.moe.dense_layers}, every {self.moe.every})")
+        self._check_deepseek()
+
+    def _check_deepseek(self) -> None:
+        """Latent attention and multi-token prediction: a transformer's, without what pipesim does not model with
+        them (biases on latent attention's linears, grouped key/value heads, learned positions)."""
+        if self.mla is not None:
+            if not isinstance(self.mla, LatentAttention):
+                raise PipesimError(f"mla must be a LatentAttention, got {type(self.mla).__name__}")
+            if self.kind != "gpt":
+                raise PipesimError("latent attention (mla) needs a transformer (--model gpt or --model-config)")
+            if self.biases:
+                raise PipesimError("latent attention (mla): pipesim models its linears bias-free (DeepSeek's "
+                                   "attention_bias false); set biases false")
+            if self.positions != "rope":
+                raise PipesimError("latent attention (mla) carries its positions in a decoupled rotary part: "
+                                   "positions must be rope")
+            if self.num_kv_heads != self.heads:
+                raise PipesimError(f"latent attention (mla) gives every head its own keys and values: --kv-heads "
+                                   f"{self.num_kv_heads} must equal --heads {self.heads}")
+        m = self.mtp_layers
+        if not isinstance(m, int) or isinstance(m, bool) or m < 0:
+            raise PipesimError(f"mtp_layers must be a non-negative integer, got {m!r}")
+        if m and self.kind != "gpt":
+            raise PipesimError("multi-token prediction (mtp_layers) needs a transformer (--model gpt or "
+                               "--model-config)")
+        if m and self.positions == "learned":
+            raise PipesimError("multi-token prediction (mtp_layers) with learned positions: Megatron-core supports "
+                               "rope only")
 
     @property
     def dtype_bytes(self) -> int:
@@ -100,6 +134,11 @@ class ModelConfig:
 
     @property
     def head_dim(self) -> int:
+        """Width of one attention head: hidden / heads. Latent attention has none (its query/key and value heads
+        differ): asking is an error, so that no cost is taken from standard attention's shapes."""
+        if self.mla is not None:
+            raise PipesimError("latent attention (mla) has no single head_dim: its costs come from "
+                               "pipesim.model.latent_attention")
         return self.hidden // self.heads
 
     def microbatch_size(self, microbatches: int) -> int:

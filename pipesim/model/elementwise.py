@@ -4,7 +4,9 @@ For timing on a GPU, where these ops run at HBM bandwidth, not at the tensor cor
 is counted unfused, as eager PyTorch runs it: forward reads its inputs and writes its output;
 backward reads the output gradient and what it saved and writes the input gradient(s). A fused
 kernel moves less; these are the upper figures. Parameter reads of the norms are left out (h
-values against tokens x h). Flash attention's softmax lives inside its kernel (counted as FLOPs).
+values against tokens x h). Flash attention's softmax lives inside its kernel (counted as FLOPs). Latent
+attention adds an RMSNorm on each latent, rotates only the rope parts (the queries' and the one shared rotary key per
+token), and assembles Q, K and V out of the up projections' outputs (pipesim.model.latent_attention).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from dataclasses import dataclass, field
 
 from pipesim.model.activations import MASK_BYTES
 from pipesim.model.config import ModelConfig
+from pipesim.model.latent_attention import assembly_bytes, check_latent, rope_elements
 from pipesim.model.options import LayerOptions
 
 
@@ -40,7 +43,9 @@ def layer_elementwise_bytes(model: ModelConfig, b: int, opts: LayerOptions) -> E
     K F 2nd, B 2nd; residual add F 3nd, B 3nd (the two gradients summed). n follows tp, sp and cp
     as the tensors do (norms, dropout and residual adds run on every tp rank unless sp splits
     them). Recomputation re-runs forward ops in backward: all of them (full) or the eager
-    attention core's softmax and dropout (selective).
+    attention core's softmax and dropout (selective). Latent attention: the Q and KV latents' norms (on n d_q and
+    n d_c elements, split over tp under sp), RoPE on `rope_elements`, and the Q, K, V assembly (`assembly_bytes`,
+    the same bytes in backward, where the gradients are split back).
     """
     opts.check(model)
     d, t = model.dtype_bytes, opts.tp
@@ -58,7 +63,16 @@ def layer_elementwise_bytes(model: ModelConfig, b: int, opts: LayerOptions) -> E
 
     norm = "RMSNorm" if model.norm == "rmsnorm" else "LayerNorm"
     op(f"attention {norm}", 2 * hidden * d, 3 * hidden * d)
-    if model.positions == "rope":
+    if model.mla is not None:
+        mla = check_latent(model, opts)
+        for name, width in (("Q latent", mla.q_lora_rank), ("KV latent", mla.kv_lora_rank)):
+            if width is not None:
+                n = opts.seq_sharded(tokens * width)
+                op(f"{name} {norm}", 2 * n * d, 3 * n * d)
+        qk = rope_elements(model, b, opts)
+        op("RoPE on Q and K", 2 * qk * d, 2 * qk * d)
+        op("Q, K, V assembly", assembly_bytes(model, b, opts), assembly_bytes(model, b, opts))
+    elif model.positions == "rope":
         qk = tokens * (model.hidden + model.num_kv_heads * model.head_dim) // t
         op("RoPE on Q and K", 2 * qk * d, 2 * qk * d)
     if opts.attention == "eager":

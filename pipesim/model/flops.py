@@ -5,7 +5,9 @@ only, 2 FLOPs per multiply-add. The weight matmuls' backward is the same again f
 gradient (I) and for the weight gradient (W); the score matmuls (Q K^T, A V) have no weights, so
 their whole backward is in I. Attention is counted over the full s x s square, causal or not, as
 Narayanan et al. 2021 eq. 3 and the MFU figures of the Megatron papers count it. Recomputation
-puts the re-run forward into I, the part of the backward that needs it first.
+puts the re-run forward into I, the part of the backward that needs it first. Latent attention (`model.mla`)
+counts its five linears on the tokens each multiplies (pipesim.model.latent_attention: the down projections whole on
+the rank's own tokens) and its core with a query/key head of nope + rope and a value head of v.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pipesim.model.config import ModelConfig
+from pipesim.model.latent_attention import check_latent, latent_linears, latent_widths
 from pipesim.model.options import LayerOptions, vocab_shard
 
 
@@ -39,13 +42,16 @@ def dense_flops(model: ModelConfig, b: int, opts: LayerOptions) -> int:
     """Forward FLOPs of one layer's weight matmuls on one rank: QKV, projection and MLP.
 
     2 n h (h + 2 h_kv) + 2 n h^2 + 4 n h f (GeLU) or 6 n h f (SwiGLU), n = b s / cp tokens, all / t.
-    The GPT (h_kv = h, f = 4h): 24 b s h^2.
+    The GPT (h_kv = h, f = 4h): 24 b s h^2. Latent attention: 2 x tokens x in x out of each of its linears on this
+    rank (the down projections whole, on n / t tokens under sp) in place of QKV and the projection.
     """
     opts.check(model)
     n = b * opts.local_seq(model)
     h, f = model.hidden, model.ffn_size
-    hkv = model.num_kv_heads * model.head_dim
     mlp = (6 if model.activation == "swiglu" else 4) * n * h * f
+    if model.mla is not None:
+        return sum(2 * x.tokens * x.inp * x.out for x in latent_linears(model, b, opts)) + mlp // opts.tp
+    hkv = model.num_kv_heads * model.head_dim
     return (2 * n * h * (h + 2 * hkv) + 2 * n * h * h + mlp) // opts.tp
 
 
@@ -57,11 +63,21 @@ def attention_core_flops(model: ModelConfig, b: int, opts: LayerOptions, *, caus
     gradient matmuls: 10 b s_q s_k h / t. Grouped-query attention does the same FLOPs (each
     query head still meets s_k keys of head_dim). causal=True counts the half a causal kernel
     really computes (s_q s_k / 2 pairs), for timing; the defaults count the full square.
+
+    Latent attention, with query/key width q = a (nope + rope) / t and value width v = a v_head / t on this rank:
+    forward 2 b s_q s_k (q + v) (Q K^T, A V); eager backward twice that; flash backward 2 b s_q s_k (3 q + 2 v)
+    (Q K^T again, dQ and dK of width q, dA and dV of width v). With q = v = h / t these are the lines above.
     """
     opts.check(model)
     pairs = b * opts.local_seq(model) * model.seq  # (query, key) pairs per head-dim, summed below over h
-    fwd = 4 * pairs * model.hidden // opts.tp
-    bwd = (10 if opts.attention == "flash" else 8) * pairs * model.hidden // opts.tp
+    if model.mla is not None:
+        check_latent(model, opts)
+        qk, v = latent_widths(model, opts.tp)
+        fwd = 2 * pairs * (qk + v)
+        bwd = 2 * pairs * (3 * qk + 2 * v) if opts.attention == "flash" else 2 * fwd
+    else:
+        fwd = 4 * pairs * model.hidden // opts.tp
+        bwd = (10 if opts.attention == "flash" else 8) * pairs * model.hidden // opts.tp
     if causal:
         fwd, bwd = fwd // 2, bwd // 2
     return Flops(fwd, bwd, 0)
@@ -91,16 +107,31 @@ def head_flops(model: ModelConfig, b: int, opts: LayerOptions) -> Flops:
     return Flops(head, head, head)
 
 
+def mtp_projection_flops(model: ModelConfig, b: int, opts: LayerOptions) -> Flops:
+    """A multi-token-prediction module's projection 2h -> h / t (Megatron-core's column-parallel eh_proj) on the
+    rank's tokens (all-gathered under sp): 4 b s h^2 / t each for F, I and W, the forward again in I under full
+    recomputation (Megatron-core checkpoints the module). Its block and its pass through the shared head are a
+    layer's and the head's (`layer_flops`, `head_flops`)."""
+    opts.check(model)
+    proj = 2 * b * opts.local_seq(model) * 2 * model.hidden * model.hidden // opts.tp
+    return Flops(proj, 2 * proj if opts.recompute == "full" else proj, proj)
+
+
 def iteration_flops(model: ModelConfig, global_batch: int, opts: LayerOptions, *, causal: bool = False) -> int:
-    """All ranks' FLOPs of one iteration (tp = cp = 1 view): layers x layer + head, over the global batch.
+    """All ranks' FLOPs of one iteration (tp = cp = 1 view): layers x layer + head, over the global batch, and each
+    multi-token-prediction module's projection, layer and head (every layer counted as the dense layer).
 
     With the GPT and eager attention this is Narayanan et al. 2021 eq. 3 under full recomputation,
     96 B s l h^2 (1 + s / (6h) + V / (16 l h)), and Korthikanti et al. 2022 eq. 7 without it,
     72 B s l h^2 (1 + s / (6h) + V / (12 l h)). causal=True counts the attention core's causal half.
     """
     one = LayerOptions(recompute=opts.recompute, attention=opts.attention)
-    layers = layer_flops(model, global_batch, one, causal=causal) * model.layers
-    return (layers + head_flops(model, global_batch, one)).total
+    layer = layer_flops(model, global_batch, one, causal=causal)
+    head = head_flops(model, global_batch, one)
+    total = (layer * model.layers + head).total
+    if model.mtp_layers:
+        total += (mtp_projection_flops(model, global_batch, one) + layer + head).total * model.mtp_layers
+    return total
 
 
 def model_flops(model: ModelConfig, global_batch: int) -> int:
@@ -112,4 +143,4 @@ def model_flops(model: ModelConfig, global_batch: int) -> int:
 
 
 __all__ = ["Flops", "attention_core_flops", "dense_flops", "head_flops", "iteration_flops", "layer_flops",
-           "model_flops"]
+           "model_flops", "mtp_projection_flops"]

@@ -16,6 +16,16 @@ A "mixtral" file is Llama's layer with every MLP a mixture of experts (transform
 each a SwiGLU MLP of width `intermediate_size`, behind a bias-free router h -> E. Mixtral's experts are
 always gated (w2(act(w1 x) * w3 x)) and its linears never have biases, so a "gelu*" activation (a gated GeLU,
 which pipesim's two-matrix "gelu" is not) or a true `attention_bias` / `mlp_bias` refuses the file.
+
+A "deepseek_v3" file (DeepSeek-V3's DeepseekV3ForCausalLM) reads, besides Llama's keys: multi-head latent attention
+(`q_lora_rank`, null for a plain Q projection, `kv_lora_rank`, `qk_nope_head_dim`, `qk_rope_head_dim`, `v_head_dim`:
+ModelConfig.mla); DeepSeekMoE (`n_routed_experts` -> experts, null for a dense model, `num_experts_per_tok` ->
+top_k, `moe_intermediate_size` -> expert_ffn and the shared experts' width, `n_shared_experts` -> shared_experts,
+`first_k_dense_replace` -> dense_layers of width `intermediate_size`, `moe_layer_freq` 1 -> every, `topk_method`
+"noaux_tc" -> a per-expert routing bias); `num_nextn_predict_layers` -> mtp_layers (absent: none). Its gated MLP
+and bias-free linears are Llama's. `moe_layer_freq` other than 1 is refused (DeepSeek places experts where
+l % freq == 0, MoeConfig.every where (l + 1) % every == 0), as is a `scoring_func` other than sigmoid or softmax
+and a `topk_method` DeepSeek's code does not know.
 """
 
 from __future__ import annotations
@@ -26,6 +36,7 @@ from pathlib import Path
 from pipesim.errors import PipesimError
 from pipesim.model.config import DTYPE_BYTES, ModelConfig
 from pipesim.model.hf_keys import KeyReport, check_keys
+from pipesim.model.latent_attention import LatentAttention
 from pipesim.model.moe import MoeConfig
 
 BUNDLED_DIR = Path(__file__).parent / "configs"
@@ -33,9 +44,11 @@ REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermed
             "max_position_embeddings")
 GATED_ACTS = ("silu", "swish")  # a gated MLP: act(gate) * up, then down
 PLAIN_ACTS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast")
-GATED_TYPES = ("llama", "mistral")  # model types whose MLP is gated whatever hidden_act says (Mixtral's experts too:
-# `_mixtral_experts`)
+GATED_TYPES = ("llama", "mistral", "deepseek_v3")  # model types whose MLP is gated whatever hidden_act says
+# (Mixtral's experts too: `_mixtral_experts`)
 MIXTRAL_DEFAULTS = {"num_local_experts": 8, "num_experts_per_tok": 2}  # transformers' MixtralConfig defaults
+DEEPSEEK_ROUTING = {"noaux_tc": True, "greedy": False, "group_limited_greedy": False}  # topk_method -> a score bias
+DEEPSEEK_SCORES = ("sigmoid", "softmax")  # scoring_func values DeepSeek's MoEGate computes
 
 
 def bundled_configs() -> list[str]:
@@ -128,6 +141,10 @@ def model_from_hf(cfg: dict, *, where: str, seq: int | None = None, batch: int =
     tied = _bool(cfg, "tie_word_embeddings", False, where)
     moe = _mixtral_experts(cfg, sizes["intermediate_size"], act=act, biases=biases, where=where) \
         if cfg.get("model_type") == "mixtral" else None
+    mla, mtp = None, 0
+    if cfg.get("model_type") == "deepseek_v3":
+        moe, mla = _deepseek_experts(cfg, where), _deepseek_attention(cfg, where)
+        mtp = _count(cfg, "num_nextn_predict_layers", where) if cfg.get("num_nextn_predict_layers") is not None else 0
     try:
         return ModelConfig(kind="gpt", hidden=sizes["hidden_size"], layers=sizes["num_hidden_layers"], heads=heads,
                            seq=seq, vocab=sizes["vocab_size"], batch=batch, dtype=dtype, seed=seed,
@@ -135,9 +152,66 @@ def model_from_hf(cfg: dict, *, where: str, seq: int | None = None, batch: int =
                            activation="swiglu" if act in GATED_ACTS else "gelu",
                            norm="rmsnorm" if "rms_norm_eps" in cfg else "layernorm",
                            dropout=dropout > 0, biases=biases, positions="rope",
-                           tied_embeddings=tied, moe=moe)
+                           tied_embeddings=tied, moe=moe, mla=mla, mtp_layers=mtp)
     except PipesimError as e:
         raise PipesimError(f"{where}: {e}") from None
+
+
+def _required(cfg: dict, name: str, where: str) -> object:
+    if name not in cfg:
+        raise PipesimError(f"{where}: field {name!r} is missing")
+    return cfg[name]
+
+
+def _count(cfg: dict, name: str, where: str) -> int:
+    """A non-negative integer field (present)."""
+    value = cfg[name]
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise PipesimError(f"{where}: field {name!r} must be a non-negative integer, got {value!r}")
+    return value
+
+
+def _deepseek_attention(cfg: dict, where: str) -> LatentAttention:
+    """DeepseekV3Attention's widths: q_lora_rank (null: q_proj h -> heads x (nope + rope)), kv_lora_rank,
+    qk_nope_head_dim, qk_rope_head_dim, v_head_dim (all required)."""
+    names = ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+    for name in ("q_lora_rank", *names):
+        _required(cfg, name, where)
+    q = None if cfg["q_lora_rank"] is None else _positive_int(cfg, "q_lora_rank", where)
+    kv, nope, rope, v = (_positive_int(cfg, name, where) for name in names)
+    return LatentAttention(q_lora_rank=q, kv_lora_rank=kv, qk_nope_dim=nope, qk_rope_dim=rope, v_head_dim=v)
+
+
+def _deepseek_experts(cfg: dict, where: str) -> MoeConfig | None:
+    """DeepseekV3MoE's layout (None when n_routed_experts is null: every MLP dense): n_routed_experts experts of width
+    moe_intermediate_size, num_experts_per_tok per token, n_shared_experts shared experts of the same width (one MLP
+    of n_shared x moe_intermediate_size, as DeepSeek builds them), the first first_k_dense_replace layers dense,
+    every later layer with experts (moe_layer_freq 1), and with topk_method "noaux_tc" the router's per-expert
+    e_score_correction_bias."""
+    if _required(cfg, "n_routed_experts", where) is None:
+        return None
+    for name in ("num_experts_per_tok", "moe_intermediate_size", "n_shared_experts", "first_k_dense_replace"):
+        _required(cfg, name, where)
+    experts, top_k, width = (_positive_int(cfg, name, where)
+                             for name in ("n_routed_experts", "num_experts_per_tok", "moe_intermediate_size"))
+    shared = 0 if cfg["n_shared_experts"] is None else _count(cfg, "n_shared_experts", where)
+    dense = _count(cfg, "first_k_dense_replace", where)
+    freq = cfg.get("moe_layer_freq", 1)
+    if freq != 1:
+        raise PipesimError(f"{where}: field 'moe_layer_freq' {freq!r}: DeepSeek places experts on layers l with "
+                           "l % freq == 0, pipesim's every on (l + 1) % every == 0; pipesim reads 1 only")
+    method = _required(cfg, "topk_method", where)
+    if method not in DEEPSEEK_ROUTING:
+        raise PipesimError(f"{where}: field 'topk_method' {method!r} is not DeepSeek's; choose one of "
+                           f"{', '.join(DEEPSEEK_ROUTING)}")
+    scores = cfg.get("scoring_func", "softmax")
+    if scores not in DEEPSEEK_SCORES:
+        raise PipesimError(f"{where}: field 'scoring_func' {scores!r} is not DeepSeek's; choose "
+                           f"{' or '.join(DEEPSEEK_SCORES)}")
+    if top_k > experts:
+        raise PipesimError(f"{where}: field 'num_experts_per_tok' {top_k} is more than n_routed_experts {experts}")
+    return MoeConfig(experts=experts, top_k=top_k, expert_ffn=width, shared_experts=shared, dense_layers=dense,
+                     expert_bias=DEEPSEEK_ROUTING[method])
 
 
 def _mixtral_experts(cfg: dict, width: int, *, act: str, biases: bool, where: str) -> MoeConfig:

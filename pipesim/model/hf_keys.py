@@ -10,9 +10,12 @@ as a different (dense, full-attention) model. Mixtral's config.json, read as Lla
 Some keys are read, or change nothing, only in the model type whose code reads them (`TYPE_MODELED`,
 `TYPE_NO_EFFECT`): Mixtral's `num_local_experts` and `num_experts_per_tok` size its experts, so they are
 read in a "mixtral" file and refuse a "llama" one (whose code would drop them: a dense model that the
-file's author did not mean). Mixture-of-experts types whose layers pipesim cannot count exactly stay
-refused: qwen2_moe (a sigmoid-gated shared expert, q/k/v biases without an output bias), deepseek_v3
-(latent attention, multi-token prediction), qwen3 / qwen3_moe (QK-norm, head_dim != hidden / heads).
+file's author did not mean). A "deepseek_v3" file's experts, latent attention and multi-token prediction are read
+(pipesim.model.hf_config); its router's keys that change nothing pipesim counts (the balance loss, group-limited
+routing, the scores' scaling) are ignored and listed. Mixture-of-experts types whose layers pipesim cannot count
+exactly stay refused: qwen2_moe (a sigmoid-gated shared expert, q/k/v biases without an output bias), qwen3 /
+qwen3_moe (QK-norm, head_dim != hidden / heads). quantization_config stays refused everywhere (DeepSeek-V3's
+says its checkpoint is FP8 with 128 x 128 block scales; pipesim trains in the dtype given and models no FP8 GEMM).
 """
 
 from __future__ import annotations
@@ -54,13 +57,23 @@ OFF_WHEN_EMPTY = {
     "attn_logit_softcapping": "logit soft-capping",
 }
 # read only in the model type whose code reads them (pipesim.model.hf_config turns them into a MoeConfig)
-TYPE_MODELED = {"mixtral": ("num_local_experts", "num_experts_per_tok")}
+TYPE_MODELED = {"mixtral": ("num_local_experts", "num_experts_per_tok"),
+                "deepseek_v3": ("n_routed_experts", "num_experts_per_tok", "moe_intermediate_size", "n_shared_experts",
+                                "first_k_dense_replace", "moe_layer_freq", "topk_method", "q_lora_rank", "kv_lora_rank",
+                                "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "num_nextn_predict_layers")}
 # change nothing pipesim counts in that model type: Mixtral's load-balancing loss (its coefficient, and whether
 # the forward returns the router logits to compute it) is a few FLOPs per token on logits the router already made
-TYPE_NO_EFFECT = {"mixtral": ("router_aux_loss_coef", "output_router_logits")}
-# Llama-style decoders: nothing beyond MODELED (and their TYPE_MODELED) in their layers
+TYPE_NO_EFFECT = {"mixtral": ("router_aux_loss_coef", "output_router_logits"),
+                  # DeepSeek-V3's router: the sequence-wise balance loss (aux_loss_alpha, seq_aux) is a few FLOPs per
+                  # token on scores the router made; sigmoid or softmax scores (scoring_func, checked), group-limited
+                  # top-k (n_group, topk_group: which experts, not how many; node-limited routing in training), the
+                  # scaling of the k weights (routed_scaling_factor, norm_topk_prob) cost what the softmax top-k
+                  # costs; ep_size is its inference code's expert placement (training's is --ep)
+                  "deepseek_v3": ("aux_loss_alpha", "seq_aux", "scoring_func", "n_group", "topk_group",
+                                  "routed_scaling_factor", "norm_topk_prob", "ep_size")}
+# decoders whose layers are nothing beyond MODELED and their TYPE_MODELED (Llama-style, and DeepSeek-V3's)
 # (qwen2 is not: its q, k and v have biases and its output projection none, which ModelConfig.biases cannot say)
-MODEL_TYPES = ("llama", "mistral", "mixtral")
+MODEL_TYPES = ("llama", "mistral", "mixtral", "deepseek_v3")
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,10 @@ Sequence parallelism (Korthikanti et al. 2022, section 4.2.2) replaces each all-
 all-gather before the block and a reduce-scatter after it: the same volume on the wire. Megatron
 overlaps the backward input-gradient collective with the weight-gradient GEMM that follows it.
 Bytes are those of the full (unsharded) tensor, the nccl-tests convention of comm/collective_costs.py.
+Latent attention (Megatron-core's MLASelfAttention, which pipesim takes under sequence parallelism only:
+pipesim.model.latent_attention) gathers its two latents and the rotary key before its column-parallel up projections
+instead of the block's input; a multi-token-prediction module adds its embedding's and its projection's
+(`tp_mtp_collectives`).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pipesim.model.config import ModelConfig
+from pipesim.model.latent_attention import check_latent, latent_widths
 from pipesim.model.moe_layer import routed_tokens, tokens_here
 from pipesim.model.options import LayerOptions
 
@@ -48,11 +53,50 @@ def _residual_bytes(model: ModelConfig, b: int, opts: LayerOptions) -> int:
     return b * opts.local_seq(model) * model.hidden * model.dtype_bytes
 
 
+def _latent_inputs(model: ModelConfig, b: int, opts: LayerOptions) -> list[tuple[str, str, int]]:
+    """(tensor, the linear reading it or "", bytes) of latent attention's sequence-parallel gathers: the Q latent
+    (read by Q up; without a query latent, the block's input read by Q), the KV latent (read by KV up) and the rotary
+    key (gather_from_sequence_parallel_region in get_query_key_value_tensors, read by no linear)."""
+    mla = check_latent(model, opts)
+    per_token = b * opts.local_seq(model) * model.dtype_bytes
+    if mla.q_lora_rank is None:
+        q = ("attention input", "Q", per_token * model.hidden)
+    else:
+        q = ("Q latent", "Q up", per_token * mla.q_lora_rank)
+    return [q, ("KV latent", "KV up", per_token * mla.kv_lora_rank), ("rotary key", "", per_token * mla.qk_rope_dim)]
+
+
+def _latent_forward(model: ModelConfig, b: int, opts: LayerOptions) -> list[Collective]:
+    """Latent attention's forward under sp: its gathers, then the projection's reduce-scatter."""
+    out = [Collective("all_gather", n, "F", "tp", f"{what} (before {linear})" if linear else what)
+           for what, linear, n in _latent_inputs(model, b, opts)]
+    return out + [Collective("reduce_scatter", _residual_bytes(model, b, opts), "F", "tp", "attention output")]
+
+
+def _latent_backward(model: ModelConfig, b: int, opts: LayerOptions) -> list[Collective]:
+    """Latent attention's backward under sp: the output gradient gathered (blocking); each up projection's saved
+    sharded input gathered again for its weight gradient (beside its input-gradient GEMM) and its input gradient
+    reduce-scattered (beside its weight-gradient GEMM), as the QKV's; the rotary key's gradient reduce-scattered
+    (blocking). The down projections run on the rank's own tokens: no collective for them."""
+    out = [Collective("all_gather", _residual_bytes(model, b, opts), "I", "tp", "attention output gradient")]
+    for what, linear, n in _latent_inputs(model, b, opts):
+        if not linear:
+            out.append(Collective("reduce_scatter", n, "I", "tp", f"{what} gradient"))
+            continue
+        out += [Collective("all_gather", n, "I", "tp", f"{what}, again (for the {linear} weight gradient)",
+                           overlaps=f"I: {linear} input-gradient GEMM"),
+                Collective("reduce_scatter", n, "I", "tp", f"{what} gradient",
+                           overlaps=f"W: {linear} weight-gradient GEMM")]
+    return out
+
+
 def _forward_tp(model: ModelConfig, b: int, opts: LayerOptions, *, moe: bool = False) -> list[Collective]:
     x = _residual_bytes(model, b, opts)
     out: list[Collective] = []
     for block, first in (("attention", "QKV"), ("MLP", "MLP up")):
-        if block == "MLP" and moe and opts.sp:
+        if block == "attention" and model.mla is not None:
+            out += _latent_forward(model, b, opts)
+        elif block == "MLP" and moe and opts.sp:
             out += _moe_forward_tp(model, b, opts)
         elif opts.sp:
             out.append(Collective("all_gather", x, "F", "tp", f"{block} input (before {first})"))
@@ -83,7 +127,9 @@ def tp_layer_collectives(model: ModelConfig, b: int, opts: LayerOptions, *, moe:
     if opts.recompute == "full":
         out += [Collective(c.kind, c.nbytes, "I", c.group, f"recompute: {c.what}") for c in forward]
     for block, first in (("MLP", "MLP up"), ("attention", "QKV")):  # backward runs the blocks in reverse
-        if block == "MLP" and moe and opts.sp:
+        if block == "attention" and model.mla is not None:
+            out += _latent_backward(model, b, opts)
+        elif block == "MLP" and moe and opts.sp:
             out += _moe_tp_backward(model, b, opts)
         elif opts.sp:
             out.append(Collective("all_gather", x, "I", "tp", f"{block} output gradient"))
@@ -178,9 +224,45 @@ def tp_head_collectives(model: ModelConfig, b: int, opts: LayerOptions) -> list[
     return out
 
 
-def cp_kv_block_bytes(model: ModelConfig, b: int, opts: LayerOptions) -> int:
-    """One rank's K and V block: 2 x (s / cp) x b x h_kv / t values of the model's dtype."""
+def tp_mtp_collectives(model: ModelConfig, b: int, opts: LayerOptions) -> list[Collective]:
+    """A multi-token-prediction module's own tp collectives (its block's and its pass through the head are a layer's
+    and the head's), Megatron-core's MultiTokenPredictionLayer: the vocab-parallel embedding of the shifted tokens
+    summed (all_reduce; sp: reduce_scatter); the column-parallel projection 2h -> h / t (eh_proj, gather_output
+    False) reading the concatenated 2h input (sp: all-gathered), its h / t outputs all-gathered over tp
+    (gather_from_tensor_model_parallel_region) and, under sp, split back to the rank's tokens (no communication).
+    Backward: the split's gradient all-gathered (sp; blocking); the projection's input gradient all-reduced (sp:
+    its input gathered again, beside the input-gradient GEMM, and the gradient reduce-scattered), beside its
+    weight-gradient GEMM. Full recomputation re-runs the projection's forward collectives first (the embedding is
+    outside the checkpoint). tp = 1: none."""
     opts.check(model)
+    if opts.tp == 1:
+        return []
+    x = _residual_bytes(model, b, opts)
+    out = tp_embedding_collectives(model, b, opts)
+    proj = [Collective("all_gather", 2 * x, "F", "tp", "MTP projection input")] if opts.sp else []
+    proj.append(Collective("all_gather", x, "F", "tp", "MTP projection output (over its h / t columns)"))
+    out += proj
+    if opts.recompute == "full":
+        out += [Collective(c.kind, c.nbytes, "I", c.group, f"recompute: {c.what}") for c in proj]
+    if opts.sp:
+        out += [Collective("all_gather", x, "I", "tp", "MTP block input gradient (the split's)"),
+                Collective("all_gather", 2 * x, "I", "tp", "MTP projection input, again (for its weight gradient)",
+                           overlaps="I: MTP projection input-gradient GEMM"),
+                Collective("reduce_scatter", 2 * x, "I", "tp", "MTP projection input gradient",
+                           overlaps="W: MTP projection weight-gradient GEMM")]
+    else:
+        out.append(Collective("all_reduce", 2 * x, "I", "tp", "MTP projection input gradient",
+                              overlaps="W: MTP projection weight-gradient GEMM"))
+    return out
+
+
+def cp_kv_block_bytes(model: ModelConfig, b: int, opts: LayerOptions) -> int:
+    """One rank's K and V block: 2 x (s / cp) x b x h_kv / t values of the model's dtype (latent attention: K of
+    a (nope + rope) / t and V of a v / t per token)."""
+    opts.check(model)
+    if model.mla is not None:
+        qk, v = latent_widths(model, opts.tp)
+        return opts.local_seq(model) * b * (qk + v) * model.dtype_bytes
     hkv = model.num_kv_heads * model.head_dim
     return 2 * opts.local_seq(model) * b * hkv // opts.tp * model.dtype_bytes
 
@@ -207,4 +289,4 @@ def cp_layer_exchanges(model: ModelConfig, b: int, opts: LayerOptions) -> list[C
 
 
 __all__ = ["Collective", "cp_kv_block_bytes", "cp_layer_exchanges", "ep_layer_exchanges", "tp_embedding_collectives",
-           "tp_head_collectives", "tp_layer_collectives"]
+           "tp_head_collectives", "tp_layer_collectives", "tp_mtp_collectives"]

@@ -8,15 +8,20 @@ bias + dropout + residual add, scale + mask + softmax, RoPE, LayerNorm: each rea
 and writes its output once), or eager PyTorch's one kernel per op with `fused=False`
 (Megatron's --no-bias-gelu-fusion, --no-bias-swiglu-fusion, --no-bias-dropout-fusion,
 --no-masked-softmax-fusion and --no-rope-fusion at once). Byte formulas: docs/gpu_model.md.
+Latent attention (`model.mla`): its five linears on the tokens each multiplies and a flash kernel whose value head
+(`v_head_dim`) is narrower than its query/key head (pipesim.model.latent_attention); a multi-token-prediction
+module's own kernels: `mtp_kernels`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from pipesim.errors import PipesimError
 from pipesim.model.activations import MASK_BYTES
 from pipesim.model.config import ModelConfig
 from pipesim.model.elementwise import layer_elementwise_bytes
+from pipesim.model.latent_attention import check_latent, latent_linears, rope_elements
 from pipesim.model.moe_layer import ROUTER_BYTES, expert_shapes, tokens_here
 from pipesim.model.options import LayerOptions, vocab_shard
 
@@ -51,10 +56,19 @@ class FlashAttention:
     kv_seq: int  # keys each query meets (s)
     kv_heads: int  # key/value heads on this rank (GQA)
     backward: bool
+    v_head_dim: int | None = None  # value (and output) width per head; None: head_dim (latent attention: narrower)
+
+    @property
+    def value_dim(self) -> int:
+        return self.head_dim if self.v_head_dim is None else self.v_head_dim
 
     @property
     def flops(self) -> int:
-        """The full-square count of pipesim.model.flops (forward 4 b s_q s_k h / t; backward 2.5x)."""
+        """The full-square count of pipesim.model.flops (forward 4 b s_q s_k h / t; backward 2.5x). With a value
+        head v other than the query/key head q: forward 2 b s_q s_k a (q + v), backward 2 b s_q s_k a (3 q + 2 v)."""
+        if self.value_dim != self.head_dim:
+            pairs = 2 * self.batch * self.seq * self.kv_seq * self.heads
+            return pairs * (3 * self.head_dim + 2 * self.value_dim if self.backward else self.head_dim + self.value_dim)
         fwd = 4 * self.batch * self.seq * self.kv_seq * self.heads * self.head_dim
         return fwd * 10 // 4 if self.backward else fwd
 
@@ -94,43 +108,64 @@ class PieceKernels:
         return sum(k.nbytes for k in self.phase(phase) if isinstance(k, MemoryBound))
 
 
-def _linears(model: ModelConfig, opts: LayerOptions) -> list[tuple[str, int, int]]:
-    """(name, in_features, out_features) of one layer's weight matrices on one tp rank, in forward order.
+Linear = tuple[str, int, int, int]  # (name, in_features, out_features, tokens it multiplies) on one rank
+
+
+def _linears(model: ModelConfig, b: int, opts: LayerOptions) -> tuple[list[Linear], list[Linear], list[Linear]]:
+    """One layer's weight matrices on one tp rank, in forward order: (before the attention core, after it, the MLP).
 
     Column-parallel (QKV, FC1) split their outputs over t, row-parallel (projection, FC2) their
-    inputs; SwiGLU's gate and up are one FC1 of 2 f / t outputs, as Megatron's linear_fc1.
+    inputs; SwiGLU's gate and up are one FC1 of 2 f / t outputs, as Megatron's linear_fc1. Each
+    multiplies b s / cp tokens (with sp, the all-gathered input); latent attention's linears are
+    pipesim.model.latent_attention's, its down projections on the rank's own tokens.
     """
     h, f, t = model.hidden, model.ffn_size, opts.tp
-    hkv = model.num_kv_heads * model.head_dim
+    tokens = b * opts.local_seq(model)
     fc1 = 2 * f if model.activation == "swiglu" else f
-    return [("QKV", h, (h + 2 * hkv) // t), ("projection", h // t, h), ("FC1", h, fc1 // t), ("FC2", f // t, h)]
+    mlp = [("FC1", h, fc1 // t, tokens), ("FC2", f // t, h, tokens)]
+    if model.mla is not None:
+        attn = [(x.name, x.inp, x.out, x.tokens) for x in latent_linears(model, b, opts)]
+        return attn[:-1], attn[-1:], mlp
+    hkv = model.num_kv_heads * model.head_dim
+    return [("QKV", h, (h + 2 * hkv) // t, tokens)], [("projection", h // t, h, tokens)], mlp
 
 
-def _forward_gemms(linears: list[tuple[str, int, int]], tokens: int) -> list[Gemm]:
-    return [Gemm(name, tokens, out, inp) for name, inp, out in linears]
+def _forward_gemms(linears: list[Linear]) -> list[Gemm]:
+    return [Gemm(name, tokens, out, inp) for name, inp, out, tokens in linears]
 
 
-def _dgrad_gemms(linears: list[tuple[str, int, int]], tokens: int) -> list[Gemm]:
+def _dgrad_gemms(linears: list[Linear]) -> list[Gemm]:
     """dX = dY W^T, in backward order."""
-    return [Gemm(f"{name} dgrad", tokens, inp, out) for name, inp, out in reversed(linears)]
+    return [Gemm(f"{name} dgrad", tokens, inp, out) for name, inp, out, tokens in reversed(linears)]
 
 
-def _wgrad_gemms(linears: list[tuple[str, int, int]], tokens: int) -> list[Gemm]:
+def _wgrad_gemms(linears: list[Linear]) -> list[Gemm]:
     """dW = X^T dY (k = tokens), in backward order."""
-    return [Gemm(f"{name} wgrad", inp, out, tokens) for name, inp, out in reversed(linears)]
+    return [Gemm(f"{name} wgrad", inp, out, tokens) for name, inp, out, tokens in reversed(linears)]
+
+
+def _with_tokens(linears: list[tuple[str, int, int]], tokens: int) -> list[Linear]:
+    return [(name, inp, out, tokens) for name, inp, out in linears]
 
 
 def _attention(model: ModelConfig, b: int, opts: LayerOptions) -> tuple[list[Kernel], list[Kernel]]:
-    """The attention core's (forward, backward) GEMMs or flash kernels."""
-    sq, sk, hd = opts.local_seq(model), model.seq, model.head_dim
+    """The attention core's (forward, backward) GEMMs or flash kernels (latent attention: query/key head nope + rope,
+    value head v, one key/value head per query head)."""
+    sq, sk = opts.local_seq(model), model.seq
     heads = model.heads // opts.tp
-    if opts.attention == "flash":
+    if model.mla is not None:
+        mla = check_latent(model, opts)
+        hd, vd, kvh = mla.qk_head_dim, mla.v_head_dim, heads
+    else:
+        hd = vd = model.head_dim
         kvh = model.num_kv_heads // opts.tp
-        return ([FlashAttention("flash attention", b, sq, heads, hd, sk, kvh, False)],
-                [FlashAttention("flash attention backward", b, sq, heads, hd, sk, kvh, True)])
+    if opts.attention == "flash":
+        v = None if vd == hd else vd
+        return ([FlashAttention("flash attention", b, sq, heads, hd, sk, kvh, False, v)],
+                [FlashAttention("flash attention backward", b, sq, heads, hd, sk, kvh, True, v)])
     bh = b * heads
-    fwd: list[Kernel] = [Gemm("Q K^T", sq, sk, hd, bh), Gemm("A V", sq, hd, sk, bh)]
-    bwd: list[Kernel] = [Gemm("A V dA", sq, sk, hd, bh), Gemm("A V dV", sk, hd, sq, bh),
+    fwd: list[Kernel] = [Gemm("Q K^T", sq, sk, hd, bh), Gemm("A V", sq, vd, sk, bh)]
+    bwd: list[Kernel] = [Gemm("A V dA", sq, sk, vd, bh), Gemm("A V dV", sk, vd, sq, bh),
                          Gemm("Q K^T dQ", sq, hd, sk, bh), Gemm("Q K^T dK", sk, hd, sq, bh)]
     return fwd, bwd
 
@@ -151,7 +186,10 @@ def _elementwise(model: ModelConfig, b: int, opts: LayerOptions, fused: bool) ->
     hidden = opts.seq_sharded(tokens * model.hidden)  # residual-stream elements on this rank
     ffn = tokens * model.ffn_size // opts.tp
     scores = b * (model.heads // opts.tp) * opts.local_seq(model) * model.seq
-    qk = tokens * (model.hidden + model.num_kv_heads * model.head_dim) // opts.tp
+    if model.mla is not None:
+        qk = rope_elements(model, b, opts)
+    else:
+        qk = tokens * (model.hidden + model.num_kv_heads * model.head_dim) // opts.tp
     mask = MASK_BYTES * hidden if model.dropout else 0
     norm = "RMSNorm" if model.norm == "rmsnorm" else "LayerNorm"
     fwd: list[Kernel] = []
@@ -166,6 +204,9 @@ def _elementwise(model: ModelConfig, b: int, opts: LayerOptions, fused: bool) ->
             op(name, ew.forward[name], ew.backward[name])
 
     from_ew(f"attention {norm}")
+    from_ew(f"Q latent {norm}")  # latent attention's latents' norms and its Q, K, V assembly (elementwise.py)
+    from_ew(f"KV latent {norm}")
+    from_ew("Q, K, V assembly")
     if model.positions == "rope":
         if fused:
             from_ew("RoPE on Q and K")
@@ -197,14 +238,13 @@ def _elementwise(model: ModelConfig, b: int, opts: LayerOptions, fused: bool) ->
     return fwd, bwd
 
 
-def _bias_gradients(model: ModelConfig, opts: LayerOptions, linears: list[tuple[str, int, int]],
-                    tokens: int) -> list[Kernel]:
+def _bias_gradients(model: ModelConfig, opts: LayerOptions, linears: list[Linear], tokens: int) -> list[Kernel]:
     """Each bias's gradient: a sum over the tokens of its output gradient (Megatron: grad_output.sum(dim=0) for QKV;
     autograd's reduction of the fused bias-GeLU and bias-dropout-add inputs for the others). The projection's
     and FC2's biases sit after the reduce (-scatter), on the (sp: sharded) residual stream."""
     d = model.dtype_bytes
     out = []
-    for name, _, width in linears:
+    for name, _, width, _ in linears:
         elements = opts.seq_sharded(tokens * width) if name in ("projection", "FC2") else tokens * width
         out.append(MemoryBound(f"{name} bias gradient", elements * d))
     return out
@@ -218,24 +258,25 @@ def layer_kernels(model: ModelConfig, b: int, opts: LayerOptions, *, fused: bool
     (`_moe_mlp`) instead of the dense MLP."""
     opts.check(model)
     tokens = b * opts.local_seq(model)
-    linears = _linears(model, opts)
+    before, after, mlp = _linears(model, b, opts)
+    attn = before + after
     core_f, core_b = _attention(model, b, opts)
     ew_f, ew_b = _elementwise(model, b, opts, fused)
     if moe:
-        attn = linears[:2]
         act = {"SwiGLU", "GeLU", "SwiGLU bias add", "GeLU bias add"}  # the dense MLP's activation: replaced
         ew_f = [k for k in ew_f if k.name not in act]
         ew_b = [k for k in ew_b if k.name.removesuffix(" backward") not in act]
         mlp_f, mlp_i, mlp_w = _moe_mlp(model, b, opts)
-        f = _forward_gemms(attn[:1], tokens) + core_f + _forward_gemms(attn[1:], tokens) + mlp_f + ew_f
-        i = mlp_i + core_b + _dgrad_gemms(attn, tokens) + ew_b
-        w: list[Kernel] = list(_wgrad_gemms(attn, tokens)) + mlp_w
+        f = _forward_gemms(before) + core_f + _forward_gemms(after) + mlp_f + ew_f
+        i = mlp_i + core_b + _dgrad_gemms(attn) + ew_b
+        w: list[Kernel] = list(_wgrad_gemms(attn)) + mlp_w
         linears = attn
     else:
-        f = _forward_gemms(linears[:1], tokens) + core_f + _forward_gemms(linears[1:], tokens) + ew_f
-        i = _dgrad_gemms(linears[2:], tokens) + core_b + _dgrad_gemms(linears[:2], tokens) + ew_b
-        w = list(_wgrad_gemms(linears, tokens))
-    if model.biases:
+        linears = attn + mlp
+        f = _forward_gemms(before) + core_f + _forward_gemms(after + mlp) + ew_f
+        i = _dgrad_gemms(mlp) + core_b + _dgrad_gemms(attn) + ew_b
+        w = list(_wgrad_gemms(linears))
+    if model.biases:  # never with latent attention (ModelConfig refuses it)
         f[1:1] = [MemoryBound("QKV bias add", 2 * tokens * linears[0][2] * model.dtype_bytes)]
         w += _bias_gradients(model, opts, linears, tokens)
     if opts.recompute == "full":
@@ -287,12 +328,12 @@ def _moe_mlp(model: ModelConfig, b: int, opts: LayerOptions) -> tuple[list[Kerne
     width = moe.shared_experts * moe.shared_width // opts.tp
     if width:  # every token, as the dense MLP: on the all-gathered tokens under sp
         tokens = b * opts.local_seq(model)
-        shared = [("shared FC1", h, 2 * width if swiglu else width), ("shared FC2", width, h)]
-        f += _forward_gemms(shared[:1], tokens) + [MemoryBound(f"shared {act}", act_f * tokens * width * d)] \
-            + _forward_gemms(shared[1:], tokens)
-        i += _dgrad_gemms(shared[1:], tokens) + [MemoryBound(f"shared {act} backward", act_b * tokens * width * d)] \
-            + _dgrad_gemms(shared[:1], tokens)
-        w += _wgrad_gemms(shared, tokens)
+        shared = _with_tokens([("shared FC1", h, 2 * width if swiglu else width), ("shared FC2", width, h)], tokens)
+        f += _forward_gemms(shared[:1]) + [MemoryBound(f"shared {act}", act_f * tokens * width * d)] \
+            + _forward_gemms(shared[1:])
+        i += _dgrad_gemms(shared[1:]) + [MemoryBound(f"shared {act} backward", act_b * tokens * width * d)] \
+            + _dgrad_gemms(shared[:1])
+        w += _wgrad_gemms(shared)
     return f, i, w
 
 
@@ -341,6 +382,46 @@ def embedding_kernels(model: ModelConfig, b: int, opts: LayerOptions) -> PieceKe
     return PieceKernels(tuple(f), (), (MemoryBound("embedding backward", full * d + table * d),))
 
 
+def mtp_kernels(model: ModelConfig, b: int, opts: LayerOptions) -> PieceKernels:
+    """A multi-token-prediction module's own kernels (its block's and its pass through the shared head are
+    `layer_kernels` and `head_kernels`): the shifted tokens' embedding (`embedding_kernels`, named "MTP ..."), the
+    two input norms on the (sp: sharded) hidden size (enorm on the embedding, hnorm on the previous depth's hidden
+    state; F 2, B 3 bytes per element and dtype byte), their concatenation (read and write the 2h; its backward takes
+    views), and the projection 2h -> h / t on the rank's tokens (all-gathered under sp), F, dgrad and wgrad."""
+    check_mtp(model, opts)
+    d = model.dtype_bytes
+    tokens = b * opts.local_seq(model)
+    hidden = opts.seq_sharded(tokens * model.hidden)
+    emb = embedding_kernels(model, b, opts)
+    norm = "RMSNorm" if model.norm == "rmsnorm" else "LayerNorm"
+    proj = _with_tokens([("MTP projection", 2 * model.hidden, model.hidden // opts.tp)], tokens)
+    f = [*(_renamed(k) for k in emb.F), MemoryBound(f"MTP embedding {norm}", 2 * hidden * d),
+         MemoryBound(f"MTP hidden {norm}", 2 * hidden * d), MemoryBound("MTP concatenation", 4 * hidden * d),
+         *_forward_gemms(proj)]
+    i = [*_dgrad_gemms(proj), MemoryBound(f"MTP embedding {norm} backward", 3 * hidden * d),
+         MemoryBound(f"MTP hidden {norm} backward", 3 * hidden * d)]
+    if opts.recompute == "full":  # Megatron-core checkpoints the projection (the embedding stays outside)
+        i = [*f[len(emb.F):], *i]
+    w = [*_wgrad_gemms(proj), *(_renamed(k) for k in emb.W)]
+    return PieceKernels(tuple(f), tuple(i), tuple(w))
+
+
+def _renamed(kernel: Kernel) -> Kernel:
+    """An embedding kernel as the multi-token-prediction module runs it again."""
+    return replace(kernel, name=f"MTP {kernel.name}")
+
+
+def check_mtp(model: ModelConfig, opts: LayerOptions) -> None:
+    """PipesimError unless the model's multi-token-prediction modules can be costed under these options: Megatron-core
+    does not support them with context parallelism."""
+    opts.check(model)
+    if not model.mtp_layers:
+        raise PipesimError("multi-token-prediction costs need a model with mtp_layers")
+    if opts.cp > 1:
+        raise PipesimError(f"multi-token prediction with --cp {opts.cp}: Megatron-core does not support it with "
+                           "context parallelism")
+
+
 def mlp_layer_kernels(b: int, hidden: int, dtype_bytes: int, tp: int, *, input_grad: bool = True) -> PieceKernels:
     """The lecture MLP's Linear(h, h / t) + GeLU on b rows: one GEMM each for F, I (unless the data needs
     no gradient) and W, and the GeLU as a memory-bound kernel (F 2, B 3 values per element)."""
@@ -353,5 +434,5 @@ def mlp_layer_kernels(b: int, hidden: int, dtype_bytes: int, tp: int, *, input_g
                         (Gemm("linear wgrad", hidden, out, b),))
 
 
-__all__ = ["FlashAttention", "Gemm", "Kernel", "MemoryBound", "PieceKernels", "embedding_kernels",
-           "head_kernels", "layer_kernels", "mlp_layer_kernels"]
+__all__ = ["FlashAttention", "Gemm", "Kernel", "MemoryBound", "PieceKernels", "check_mtp", "embedding_kernels",
+           "head_kernels", "layer_kernels", "mlp_layer_kernels", "mtp_kernels"]

@@ -8,7 +8,9 @@ width `expert_ffn`, each token sent to `top_k` of them by a router (a linear h -
 MoE when (l + 1) % every == 0). Routing is dropless unless `capacity_factor` is set (GShard/Switch:
 each expert takes at most capacity_factor x tokens x k / E tokens, the rest dropped); `imbalance` is
 the most-loaded expert's tokens over the mean (1.0: perfectly balanced), what the slowest expert-parallel
-rank computes and receives, since every rank waits for it at the combine.
+rank computes and receives, since every rank waits for it at the combine. `expert_bias`: DeepSeek-V3's
+auxiliary-loss-free balancing adds a per-expert bias to the routing scores (E values per MoE layer: a parameter of its
+checkpoint, counted in its totals; Megatron-core's expert_bias buffer is updated outside the optimizer).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ class MoeConfig:
     every: int = 1  # after them, layer l has experts when (l + 1) % every == 0 (decoder_sparse_step)
     capacity_factor: float | None = None  # None: dropless; else tokens per expert capped at cf x T k / E
     imbalance: float = 1.0  # the most-loaded expert's tokens / the mean (>= 1; dropless routing)
+    expert_bias: bool = False  # a per-expert routing-score bias (DeepSeek-V3's e_score_correction_bias: E values)
 
     def __post_init__(self) -> None:
         for name in ("experts", "top_k", "expert_ffn", "every"):
@@ -44,6 +47,8 @@ class MoeConfig:
         if self.shared_ffn is not None and (not isinstance(self.shared_ffn, int) or isinstance(self.shared_ffn, bool)
                                             or self.shared_ffn < 1):
             raise PipesimError(f"moe shared_ffn must be a positive integer, got {self.shared_ffn!r}")
+        if not isinstance(self.expert_bias, bool):
+            raise PipesimError(f"moe expert_bias must be true or false, got {self.expert_bias!r}")
         if self.top_k > self.experts:
             raise PipesimError(f"moe top_k {self.top_k} is more than its {self.experts} experts")
         if self.capacity_factor is not None and (isinstance(self.capacity_factor, bool)

@@ -7,13 +7,17 @@ rank, embedding and head split over the vocabulary. Counts are exact integers.
 `block_params` is always the dense block (the cost model adds a mixture of experts' MLP on top, per rank,
 in pipesim.model.moe_layer). The whole-model counts (`model_params`, `active_params`) and the per-piece
 helpers of a mixture of experts (`router_params`, `expert_params`, `shared_expert_params`, `moe_mlp_params`)
-count without parallelism, layer by layer as `MoeConfig.is_moe_layer` places the experts.
+count without parallelism, layer by layer as `MoeConfig.is_moe_layer` places the experts. Latent attention's
+block is `latent_params` (pipesim.model.latent_attention) plus the two norms and the MLP; a model's multi-token-
+prediction modules (`mtp_layers`, DeepSeek-V3) are counted in `model_params`, `active_params` and, with the copies
+of the embedding and the head DeepSeek's checkpoints store for each, `checkpoint_params`.
 """
 
 from __future__ import annotations
 
 from pipesim.errors import PipesimError
 from pipesim.model.config import ModelConfig
+from pipesim.model.latent_attention import latent_params
 from pipesim.model.moe import MoeConfig
 from pipesim.model.options import vocab_shard
 
@@ -24,16 +28,24 @@ def block_params(model: ModelConfig, tp: int = 1) -> int:
     QKV h (h + 2 h_kv) / t, projection h^2 / t, MLP 2 h f / t (GeLU) or 3 h f / t (SwiGLU); with
     biases (h + 2 h_kv) / t + h (attention) and f / t + h (GeLU MLP; 2 f / t + h for SwiGLU); norms
     2 h each (LayerNorm: weight and bias) or h (RMSNorm). The GPT (h_kv = h, f = 4h): 12 h^2 + 13 h at t = 1.
+    Latent attention (`model.mla`): its block (`latent_params`, no biases) in place of QKV and the projection.
     """
     h, f, t = model.hidden, model.ffn_size, tp
-    hkv = model.num_kv_heads * model.head_dim
     matrices = 3 if model.activation == "swiglu" else 2
+    norms = 2 * _norm(model)
+    if model.mla is not None:  # ModelConfig refuses biases with latent attention
+        return latent_params(model, t) + matrices * h * f // t + norms
+    hkv = model.num_kv_heads * model.head_dim
     weights = h * (h + 2 * hkv) // t + h * h // t + matrices * h * f // t
     biases = 0
     if model.biases:
         biases = (h + 2 * hkv) // t + h + (matrices - 1) * f // t + h
-    norms = 2 * (2 * h if model.norm == "layernorm" else h)
     return weights + biases + norms
+
+
+def _norm(model: ModelConfig) -> int:
+    """One norm over the hidden size: weight and bias (LayerNorm) or weight (RMSNorm)."""
+    return 2 * model.hidden if model.norm == "layernorm" else model.hidden
 
 
 def embedding_params(model: ModelConfig, tp: int = 1) -> int:
@@ -49,18 +61,35 @@ def head_params(model: ModelConfig, tp: int = 1, *, holds_embedding: bool = Fals
     both (`holds_embedding`); a last pipeline stage without the embedding keeps its own copy, as
     Megatron does (the two copies' gradients are all-reduced between first and last stage).
     """
-    norm = 2 * model.hidden if model.norm == "layernorm" else model.hidden
     shared = model.tied_embeddings and holds_embedding
-    return norm + (0 if shared else model.hidden * vocab_shard(model, tp))
+    return _norm(model) + (0 if shared else model.hidden * vocab_shard(model, tp))
+
+
+def mtp_projection_params(model: ModelConfig, tp: int = 1) -> int:
+    """One multi-token-prediction module less its transformer block, on one tp rank: the two input norms (enorm on
+    the embedding, hnorm on the previous depth's hidden state), the projection 2h -> h (bias-free, column-parallel:
+    Megatron-core's eh_proj, 2 h^2 / t) and the module's own final norm (HF's shared_head.norm). The embedding and the
+    output head are the main model's (DeepSeek-V3 report section 2.2): not counted here."""
+    return 3 * _norm(model) + 2 * model.hidden * model.hidden // tp
+
+
+def mtp_embedding_params(model: ModelConfig, tp: int = 1, *, holds_embedding: bool) -> int:
+    """The embedding the multi-token-prediction modules look their shifted tokens up in, on the last stage: the main
+    model's, so a stage that holds the embedding adds nothing; another last stage keeps a copy (Megatron-core builds
+    the embedding wherever MTP runs, its gradient summed with the first stage's, as for tied embeddings)."""
+    return 0 if holds_embedding or not model.mtp_layers else embedding_params(model, tp)
 
 
 def stage_params(model: ModelConfig, tp: int = 1, *, layers: int, first: bool, last: bool) -> int:
-    """Parameters on one tp rank of a pipeline stage holding `layers` blocks (embedding if first, head if last)."""
+    """Parameters on one tp rank of a pipeline stage holding `layers` blocks (embedding if first, head and the
+    multi-token-prediction modules if last; the dense block everywhere, as `block_params`)."""
     total = layers * block_params(model, tp)
     if first:
         total += embedding_params(model, tp)
     if last:
         total += head_params(model, tp, holds_embedding=first)
+        total += model.mtp_layers * (mtp_projection_params(model, tp) + block_params(model, tp))
+        total += mtp_embedding_params(model, tp, holds_embedding=first)
     return total
 
 
@@ -98,13 +127,28 @@ def shared_expert_params(model: ModelConfig) -> int:
 
 
 def moe_mlp_params(model: ModelConfig) -> int:
-    """One MoE layer's MLP, what replaces the dense MLP: router, E routed experts and the shared experts."""
-    return router_params(model) + _experts(model).experts * expert_params(model) + shared_expert_params(model)
+    """One MoE layer's MLP, what replaces the dense MLP: router (with DeepSeek-V3's per-expert bias), E routed experts
+    and the shared experts."""
+    return router_params(model) + expert_bias_params(model) + _experts(model).experts * expert_params(model) + \
+        shared_expert_params(model)
 
 
 def _attention_and_norms(model: ModelConfig) -> int:
-    """One block less its MLP: QKV, projection (and their biases) and the two norms."""
+    """One block less its MLP: QKV, projection (and their biases), or latent attention, and the two norms."""
     return block_params(model) - mlp_params(model, model.ffn_size)
+
+
+def expert_bias_params(model: ModelConfig) -> int:
+    """DeepSeek-V3's per-expert score-correction bias of one MoE layer (E values: HF's e_score_correction_bias, a
+    parameter of the checkpoint; Megatron-core keeps it as a buffer the optimizer never sees); 0 without one."""
+    moe = _experts(model)
+    return moe.experts if moe.expert_bias else 0
+
+
+def is_moe_layer(model: ModelConfig, layer: int) -> bool:
+    """Whether layer `layer` (0-based in model order; the multi-token-prediction blocks follow the main model's as
+    layers, layers + 1, ...: DeepSeek-V3's checkpoint stores its one as model.layers.61) has experts."""
+    return model.moe is not None and model.moe.is_moe_layer(layer)
 
 
 def _layer_params(model: ModelConfig, layer: int, *, active: bool) -> int:
@@ -113,8 +157,10 @@ def _layer_params(model: ModelConfig, layer: int, *, active: bool) -> int:
     moe = model.moe
     if moe is None or not moe.is_moe_layer(layer):
         return block_params(model)
-    routed = (moe.top_k if active else moe.experts) * expert_params(model)
-    return _attention_and_norms(model) + router_params(model) + routed + shared_expert_params(model)
+    if not active:
+        return _attention_and_norms(model) + moe_mlp_params(model)
+    return _attention_and_norms(model) + router_params(model) + expert_bias_params(model) + \
+        moe.top_k * expert_params(model) + shared_expert_params(model)
 
 
 def _ends(model: ModelConfig) -> int:
@@ -122,27 +168,48 @@ def _ends(model: ModelConfig) -> int:
     return embedding_params(model) + head_params(model, holds_embedding=True)
 
 
+def _mtp(model: ModelConfig, *, active: bool) -> int:
+    """The multi-token-prediction modules' own parameters: projection, norms and the block of layer index layers + k
+    (dense or with experts as `is_moe_layer` places them); the embedding and the head are the main model's."""
+    return sum(mtp_projection_params(model) + _layer_params(model, model.layers + k, active=active)
+               for k in range(model.mtp_layers))
+
+
 def model_params(model: ModelConfig) -> int:
     """All parameters of the model (no parallelism): embedding, blocks (each dense, or with the MoE MLP where
-    `MoeConfig.is_moe_layer`), final norm and head. Mixtral 8x7B: 46,702,792,704 (Mistral AI: "46.7B total")."""
-    if model.moe is None:
+    `MoeConfig.is_moe_layer`), final norm and head, and the multi-token-prediction modules' own (their embedding and
+    head shared). Mixtral 8x7B: 46,702,792,704 (Mistral AI: "46.7B total"); DeepSeek-V3 without its MTP module
+    671,026,419,200 (the report's "671B"), with it 682,636,487,424."""
+    if model.moe is None:  # the one stage holds the embedding the MTP modules look up in
         return stage_params(model, 1, layers=model.layers, first=True, last=True)
-    return _ends(model) + sum(_layer_params(model, layer, active=False) for layer in range(model.layers))
+    return _ends(model) + sum(_layer_params(model, layer, active=False) for layer in range(model.layers)) + \
+        _mtp(model, active=False)
+
+
+def checkpoint_params(model: ModelConfig) -> int:
+    """`model_params` as DeepSeek's checkpoints store a model with multi-token prediction: each MTP module keeps its
+    own copy of the embedding and the output head (model.layers.61.embed_tokens and .shared_head.head, V x h each,
+    untied). DeepSeek-V3: 684,489,845,504; the "685B" of its Hugging Face page also counts the FP8 block scales
+    (one float32 per 128 x 128 block of every FP8 weight), which pipesim does not train."""
+    return model_params(model) + model.mtp_layers * 2 * model.vocab * model.hidden
 
 
 def active_params(model: ModelConfig) -> int:
     """Parameters one token uses: everything but the routed experts the router did not pick (top_k of E per MoE
-    layer), the embedding and LM head counted whole.
+    layer), the embedding and LM head counted whole, the multi-token-prediction modules' own too.
 
     That is the convention of the published "active" figures: Mistral AI's "12.9B active" for Mixtral 8x7B is
     12,879,925,248 only with the embedding and the head (without them 12.62B); for DeepSeek-V3's "37B activated"
     the answer in deepseek-ai/DeepSeek-V3 issue #231 gives the same rule (8 of 256 routed experts, every other
-    parameter), about 37.55B. A dense model's active parameters are all of them.
+    parameter): 37,552,297,472 without the MTP module (the report's figure is the main model's). A dense model's
+    active parameters are all of them.
     """
     if model.moe is None:
         return model_params(model)
-    return _ends(model) + sum(_layer_params(model, layer, active=True) for layer in range(model.layers))
+    return _ends(model) + sum(_layer_params(model, layer, active=True) for layer in range(model.layers)) + \
+        _mtp(model, active=True)
 
 
-__all__ = ["active_params", "block_params", "embedding_params", "expert_params", "head_params", "mlp_params",
-           "model_params", "moe_mlp_params", "router_params", "shared_expert_params", "stage_params"]
+__all__ = ["active_params", "block_params", "checkpoint_params", "embedding_params", "expert_bias_params",
+           "expert_params", "head_params", "is_moe_layer", "mlp_params", "model_params", "moe_mlp_params",
+           "mtp_embedding_params", "mtp_projection_params", "router_params", "shared_expert_params", "stage_params"]
