@@ -1,7 +1,7 @@
 """The import graph of pipesim, executor and schedules: one way up, no cycles, the CLI on top.
 
 Every `import` and `from ... import` is read with ast, module-level and function-local alike
-(relative imports resolved; those under `if TYPE_CHECKING:` never run and are not edges);
+(relative imports resolved; those under `if TYPE_CHECKING:` never run: they count for cycles only);
 `from pkg import name` points at `pkg.name` when that is a module, else at `pkg`. An import of a
 module's own ancestor package is not an edge (Python initialises the
 package first; the schedules registry relies on it). Three rules:
@@ -46,6 +46,7 @@ class Import:
     target: str | None  # the module of ours it resolves to
     local: bool  # inside a function
     marked: bool  # its line carries MARK
+    typing_only: bool = False  # under `if TYPE_CHECKING:`: never runs, but still a dependency (cycles count it)
 
 
 def modules(root: Path, packages: tuple[str, ...]) -> dict[str, Path]:
@@ -75,14 +76,13 @@ def _type_checking_only(node: ast.AST) -> bool:
     return isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
 
 
-def _walk(node: ast.AST, in_function: bool = False):
-    """(import node, inside a function?) for every import under `node` that runs (not under `if TYPE_CHECKING:`)."""
+def _walk(node: ast.AST, in_function: bool = False, typing_only: bool = False):
+    """(import node, inside a function?, under `if TYPE_CHECKING:`?) for every import under `node`."""
     for child in ast.iter_child_nodes(node):
-        if _type_checking_only(child):
-            continue
         if isinstance(child, (ast.Import, ast.ImportFrom)):
-            yield child, in_function
-        yield from _walk(child, in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
+            yield child, in_function, typing_only
+        yield from _walk(child, in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)),
+                         typing_only or _type_checking_only(child))
 
 
 def imports(root: Path, packages: tuple[str, ...] = PACKAGES) -> list[Import]:
@@ -92,7 +92,7 @@ def imports(root: Path, packages: tuple[str, ...] = PACKAGES) -> list[Import]:
         source = path.read_text()
         comments = _comments(source)
         is_pkg = path.name == "__init__.py"
-        for node, local in _walk(ast.parse(source)):
+        for node, local, typing_only in _walk(ast.parse(source)):
             marked = MARK in comments.get(node.lineno, "")
             if isinstance(node, ast.Import):
                 names = [a.name for a in node.names]
@@ -104,7 +104,7 @@ def imports(root: Path, packages: tuple[str, ...] = PACKAGES) -> list[Import]:
                     base = ".".join([*pkg, base] if base else pkg)
                 names = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
             for name in dict.fromkeys(names):
-                found.append(Import(mod, node.lineno, name, _resolve(name, known), local, marked))
+                found.append(Import(mod, node.lineno, name, _resolve(name, known), local, marked, typing_only))
     return found
 
 
@@ -114,7 +114,8 @@ def graph(found: list[Import], *, module_level_only: bool = False) -> nx.DiGraph
     for imp in found:
         g.add_node(imp.module)
         t = imp.target
-        if t is None or t == imp.module or imp.module.startswith(t + ".") or (module_level_only and imp.local):
+        if t is None or t == imp.module or imp.module.startswith(t + ".") or (
+                module_level_only and (imp.local or imp.typing_only)):
             continue
         g.add_edge(imp.module, t)
     return g
@@ -142,7 +143,7 @@ def heavy_at_import(found: list[Import]) -> set[str]:
         for k in range(1, len(parts)):
             if ".".join(parts[:k]) in g:
                 g.add_edge(mod, ".".join(parts[:k]))  # importing a.b.c runs a/__init__ and a/b/__init__
-    direct = {i.module for i in found if not i.local and i.name.split(".")[0] in HEAVY}
+    direct = {i.module for i in found if not i.local and not i.typing_only and i.name.split(".")[0] in HEAVY}
     return {m for m in g.nodes if m in direct or direct & nx.descendants(g, m)}
 
 
@@ -208,6 +209,8 @@ def test_checker_finds_cycles_cli_imports_and_light_local_imports(tmp_path):
         "pipesim/b.py": "def f():\n    from pipesim.a import x\n",  # cycle through a function-local import
         "pipesim/plotting.py": "import plotly\n",
         "pipesim/typed.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import torch\n",  # never runs
+        "pipesim/hint_a.py": "from pipesim import hint_b\n",
+        "pipesim/hint_b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pipesim import hint_a\n",
         "pipesim/uses.py": ("def f():\n    import os\n    import torch.nn\n    from pipesim import plotting\n"
                             "    import json  # local import: measured, 2 s\n"),
         "pipesim/commands/__init__.py": "",
@@ -216,7 +219,8 @@ def test_checker_finds_cycles_cli_imports_and_light_local_imports(tmp_path):
         "pipesim/lib.py": "from .commands.run_cmd import main\n",
     })
     found = imports(root, ("pipesim",))
-    assert [sorted(c) for c in cycles(found)] == [["pipesim.a", "pipesim.b"]]
+    assert sorted(sorted(c) for c in cycles(found)) == [["pipesim.a", "pipesim.b"],
+                                                        ["pipesim.hint_a", "pipesim.hint_b"]]  # annotations count
     assert cli_imports(found) == ["pipesim.lib -> pipesim.commands.run_cmd"]
     assert bad_local_imports(found) == ["pipesim.b:2 imports pipesim.a inside a function",
                                         "pipesim.uses:2 imports os inside a function"]

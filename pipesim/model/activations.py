@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pipesim.model.config import ModelConfig
-from pipesim.model.latent_attention import latent_saved, latent_widths
+from pipesim.model.latent_layer import latent_saved, latent_widths
 from pipesim.model.moe_layer import ROUTER_BYTES, routed_tokens, tokens_here
 from pipesim.model.options import LayerOptions, vocab_shard
 

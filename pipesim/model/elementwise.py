@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from pipesim.model.activations import MASK_BYTES
 from pipesim.model.config import ModelConfig
-from pipesim.model.latent_attention import assembly_bytes, check_latent, rope_elements
+from pipesim.model.latent_layer import assembly_bytes, check_latent, rope_elements
 from pipesim.model.options import LayerOptions
 
 

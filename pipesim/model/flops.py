@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pipesim.model.config import ModelConfig
-from pipesim.model.latent_attention import check_latent, latent_linears, latent_widths
+from pipesim.model.latent_layer import check_latent, latent_linears, latent_widths
 from pipesim.model.options import LayerOptions, vocab_shard
 
 

@@ -21,7 +21,7 @@ from pipesim.errors import PipesimError
 from pipesim.model.activations import MASK_BYTES
 from pipesim.model.config import ModelConfig
 from pipesim.model.elementwise import layer_elementwise_bytes
-from pipesim.model.latent_attention import check_latent, latent_linears, rope_elements
+from pipesim.model.latent_layer import check_latent, latent_linears, rope_elements
 from pipesim.model.moe_layer import ROUTER_BYTES, expert_shapes, tokens_here
 from pipesim.model.options import LayerOptions, vocab_shard
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from pipesim.errors import PipesimError
 from pipesim.model.config import ModelConfig
-from pipesim.model.latent_attention import latent_params
+from pipesim.model.latent_layer import latent_params
 from pipesim.model.moe import MoeConfig
 from pipesim.model.options import vocab_shard
 
