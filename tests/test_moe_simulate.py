@@ -139,9 +139,3 @@ def test_an_overlapped_pair_exposes_only_the_all_to_alls_longer_than_its_compute
         assert alone.ep_seconds == e
     assert bwd.ep_seconds > 0  # the long one shows through
 
-
-def test_the_planner_refuses_a_moe_model_rather_than_rank_it_with_dense_bounds(capsys):
-    assert main(["plan", "--model-config", "mixtral-8x7b", "--seq", "4096", "--batch", "256",
-                 "--hardware", "dgx-h100", "--nodes", "8"]) == 2
-    assert capsys.readouterr().err.strip() == ("pipesim: error: pipesim plan does not search expert parallelism yet: "
-                                               "simulate a mixture-of-experts model with `pipesim simulate ... --ep N`")

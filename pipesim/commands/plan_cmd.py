@@ -264,7 +264,7 @@ def plan_json(result: PlanResult, top: int, argv: list[str], attention: str, run
             "device_memory": req.hardware.device.memory, "attention": attention, "counts": result.counts,
             "rows": rows,
             "winner": {"simulate_command": command_line(argv), "run_command": command_line(run_argv),
-                       **({"run_note": run_note(c)} if run_note(c) else {}),
+                       **({"run_note": run_note(c, req.model)} if run_note(c, req.model) else {}),
                        "megatron_args": megatron_text(c, req, attention).splitlines(),
                        "torchtitan_toml": torchtitan_toml(c, req)}}
 
@@ -288,7 +288,7 @@ def report(result: PlanResult, top: int, argv: list[str], attention: str, run_ar
     c = best.candidate
     lines += ["", "winner as a pipesim command:", "  " + command_line(argv), "",
               "run it for real (NCCL; the same command on every node):", "  " + command_line(run_argv)]
-    lines += ["  " + run_note(c)] if run_note(c) else []
+    lines += ["  " + run_note(c, req.model)] if run_note(c, req.model) else []
     lines += ["", "Megatron-LM arguments:"]
     lines += ["  " + x for x in megatron_text(c, req, attention).splitlines()]
     lines += ["", "torchtitan job config:"] + [f"  {x}" if x else "" for x in torchtitan_toml(c, req).splitlines()]

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from pipesim.cost.kernel_costs import profile_of
 from pipesim.device.kernels import memory_bound_time
@@ -97,6 +98,7 @@ def stage_step_collectives(params: int, *, dp: int, zero: int, precision: Precis
     return tuple(out)
 
 
+@lru_cache(maxsize=1 << 16)  # the planner's estimate asks it for every candidate's ranks (pure, immutable result)
 def optimizer_bytes_and_seconds(params: int, *, dp: int, zero: int, hw: Hardware, precision: Precision | str = "mixed",
                                 loss_scaling: bool = False) -> tuple[int, float]:
     """HBM bytes and seconds of one optimizer step over the parameters a rank holds (`params`, one tp rank's).

@@ -117,9 +117,24 @@ def mtp_projection_flops(model: ModelConfig, b: int, opts: LayerOptions) -> Flop
     return Flops(proj, 2 * proj if opts.recompute == "full" else proj, proj)
 
 
+def moe_mlp_delta(model: ModelConfig, tokens: int) -> int:
+    """A mixture-of-experts layer's GEMM FLOPs per phase (F, I or W alike) over `tokens`, less the dense MLP's it
+    replaces: the router (2 T h E), each token's top_k routed experts and the shared experts (2 T per weight), the
+    mean tokens per expert (an iteration's total, whatever the load on the slowest rank)."""
+    moe = model.moe
+    if moe is None:
+        return 0
+    matrices = 3 if model.activation == "swiglu" else 2
+    per_token = (model.hidden * moe.experts + moe.top_k * matrices * model.hidden * moe.expert_ffn
+                 + moe.shared_experts * matrices * model.hidden * moe.shared_width
+                 - matrices * model.hidden * model.ffn_size)
+    return 2 * tokens * per_token
+
+
 def iteration_flops(model: ModelConfig, global_batch: int, opts: LayerOptions, *, causal: bool = False) -> int:
     """All ranks' FLOPs of one iteration (tp = cp = 1 view): layers x layer + head, over the global batch, and each
-    multi-token-prediction module's projection, layer and head (every layer counted as the dense layer).
+    multi-token-prediction module's projection, layer and head; a mixture of experts' layers with their active
+    experts' GEMMs instead of the dense MLP's (`moe_mlp_delta`, F, I and W; F again in I under full recomputation).
 
     With the GPT and eager attention this is Narayanan et al. 2021 eq. 3 under full recomputation,
     96 B s l h^2 (1 + s / (6h) + V / (16 l h)), and Korthikanti et al. 2022 eq. 7 without it,
@@ -131,6 +146,10 @@ def iteration_flops(model: ModelConfig, global_batch: int, opts: LayerOptions, *
     total = (layer * model.layers + head).total
     if model.mtp_layers:
         total += (mtp_projection_flops(model, global_batch, one) + layer + head).total * model.mtp_layers
+    if model.moe is not None:
+        moe_layers = model.moe.moe_layers(0, model.layers + model.mtp_layers)
+        phases = 4 if opts.recompute == "full" else 3
+        total += moe_layers * phases * moe_mlp_delta(model, global_batch * model.seq)
     return total
 
 
@@ -143,4 +162,4 @@ def model_flops(model: ModelConfig, global_batch: int) -> int:
 
 
 __all__ = ["Flops", "attention_core_flops", "dense_flops", "head_flops", "iteration_flops", "layer_flops",
-           "model_flops", "mtp_projection_flops"]
+           "model_flops", "moe_mlp_delta", "mtp_projection_flops"]

@@ -7,7 +7,8 @@ costs). Exact memory is checked here, before any simulation.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 
 import schedules
 from pipesim.cost.model_costs import ParallelCosts, model_costs
@@ -81,19 +82,30 @@ class Evaluator:
         return self._chunk_seconds[key]
 
     def _pieces(self, c: Candidate) -> tuple[float, float, float, float]:
-        """Seconds per microbatch of (a stage's constant, one layer, the embedding, the head) under c's options."""
+        """Seconds per microbatch of (a stage's constant, one layer, the embedding, the head) under c's options.
+
+        A mixture of experts' stage keeps its dp (the experts' edp needs it) but its seconds per microbatch do
+        not depend on it: they are costed on the smallest dp the expert layout admits, one microbatch each; and
+        every layer as a MoE layer (its dense first or interleaved layers are few: the estimate only orders)."""
         job = self._layer_job(c)
+        m = self.req.model
+        if m.moe is not None:
+            dims = job.dims
+            width = dims.ep * dims.expert_tp
+            dp = width // math.gcd(width, dims.tp * dims.cp)  # ep x etp divides tp cp dp
+            job = replace(job, dims=replace(dims, dp=dp))
+            m = replace(m, batch=c.mbs * dp, moe=replace(m.moe, dense_layers=0, every=1))
         key = (c.mbs, job)
         if key not in self._pieces_cache:
-            m = self.req.model
+            per_replica = m.batch // (c.mbs * job.dims.dp)  # microbatches
             if m.layers >= 3:
-                costs = model_costs(m, 4, m.batch // c.mbs, self.req.hardware, job, layer_split=[0, 1, 2, m.layers - 3])
+                costs = model_costs(m, 4, per_replica, self.req.hardware, job, layer_split=[0, 1, 2, m.layers - 3])
                 t0, t1, t2, t3 = (x.forward + x.backward_input + x.backward_weight for x in costs.table.stages)
                 layer = t2 - t1
                 const = t1 - layer
                 pieces = (const, layer, t0 - const, t3 - const - (m.layers - 3) * layer)
             else:  # one or two layers: a stage per layer, the first with the embedding, the last with the head
-                costs = model_costs(m, m.layers, m.batch // c.mbs, self.req.hardware, job)
+                costs = model_costs(m, m.layers, per_replica, self.req.hardware, job)
                 total = [x.forward + x.backward_input + x.backward_weight for x in costs.table.stages]
                 pieces = (0.0, 0.0, total[0], total[-1] if m.layers > 1 else 0.0)
             self._pieces_cache[key] = pieces

@@ -9,6 +9,7 @@ import shlex
 
 from pipesim.ir import torch_csv
 from pipesim.ir.schedule import Schedule
+from pipesim.model.config import ModelConfig
 from pipesim.plan.space import Candidate, PlanRequest
 
 # pipesim name -> torch.distributed.pipelining / torchtitan `pipeline_parallel_schedule`
@@ -26,6 +27,10 @@ def simulate_command(c: Candidate, model_flags: list[str], hardware_flags: list[
             "--tp", str(c.tp), "--dp", str(c.dp)]
     if c.cp > 1:
         argv += ["--cp", str(c.cp)]
+    if c.ep > 1:
+        argv += ["--ep", str(c.ep)]
+    if c.etp:
+        argv += ["--etp", str(c.etp)]
     if c.v > 1:
         argv += ["--virtual", str(c.v)]
     argv += ["--recompute", c.recompute, "--zero", str(c.zero)]
@@ -62,8 +67,12 @@ def run_command(c: Candidate, model_flags: list[str], *, per_node: int, nodes: i
     return argv
 
 
-def run_note(c: Candidate) -> str | None:
-    """A `#` line for the run command when the winner uses what the executor lacks (context parallelism)."""
+def run_note(c: Candidate, model: ModelConfig | None = None) -> str | None:
+    """A `#` line for the run command when the winner uses what the executor lacks (a mixture of experts, latent
+    attention, MTP: it refuses them; context parallelism: it runs without)."""
+    if model is not None and (model.moe is not None or model.mla is not None or model.mtp_layers):
+        return ("# the executor trains dense models with standard attention: `pipesim run` refuses this model "
+                "(simulate it with the command above)")
     if c.cp == 1:
         return None
     return (f"# the executor has no context parallelism: this runs cp {c.cp}'s layout without it, on "
@@ -106,10 +115,30 @@ def megatron_args(c: Candidate, req: PlanRequest, attention: str | None = None) 
         if req.job.comm.ddp_bucket_size is not None:
             out += ["--ddp-bucket-size", str(req.job.comm.ddp_bucket_size)]
     out += _p2p_args(c, req)
+    out += _moe_args(c, req)
     if c.zero == 1:
         out.append("--use-distributed-optimizer")
     elif c.zero > 1:
         out.append(f"# ZeRO-{c.zero}: Megatron-LM's closest is --use-distributed-optimizer (ZeRO-1) or torch FSDP")
+    return out
+
+
+def _moe_args(c: Candidate, req: PlanRequest) -> list[str]:
+    """Megatron-core's MoE arguments for a mixture-of-experts model (megatron/training/arguments.py's names): the
+    experts, the layout, the all-to-all dispatcher pipesim times and the grouped GEMM it costs."""
+    moe = req.model.moe
+    if moe is None:
+        return []
+    out = ["--num-experts", str(moe.experts), "--moe-router-topk", str(moe.top_k), "--moe-ffn-hidden-size",
+           str(moe.expert_ffn), "--expert-model-parallel-size", str(c.ep), "--expert-tensor-parallel-size",
+           str(c.etp or c.tp), "--moe-token-dispatcher-type", "alltoall", "--moe-grouped-gemm"]
+    if moe.shared_experts:
+        out += ["--moe-shared-expert-intermediate-size", str(moe.shared_experts * moe.shared_width)]
+    if moe.dense_layers or moe.every > 1:
+        pattern = [int(moe.is_moe_layer(layer)) for layer in range(req.model.layers)]
+        out += ["--moe-layer-freq", f"'{pattern}'"]
+    if moe.capacity_factor is not None:
+        out += ["--moe-expert-capacity-factor", str(moe.capacity_factor), "--moe-pad-expert-input-to-capacity"]
     return out
 
 
@@ -158,6 +187,9 @@ def torchtitan_toml(c: Candidate, req: PlanRequest) -> str:
     lines += [f"tensor_parallel_degree = {c.tp}",
               f"context_parallel_degree = {c.cp}",
               f"pipeline_parallel_degree = {c.p}"]
+    if req.model.moe is not None:  # torchtitan's MoE parallelism (its expert TP is 1 or tp)
+        lines += [f"expert_parallel_degree = {c.ep}",
+                  f"expert_tensor_parallel_degree = {c.etp or c.tp}"]
     vflag = f" -v {c.v}" if c.v > 1 else ""
     if c.schedule in TORCH_SCHEDULES:
         lines.append(f'pipeline_parallel_schedule = "{TORCH_SCHEDULES[c.schedule]}"')

@@ -12,6 +12,7 @@ bound <= exact on every registered schedule), so it is dropped without costing o
 from __future__ import annotations
 
 from pipesim.cost.model_costs import precision_of
+from pipesim.cost.stage_work import gpt_stage_work
 from pipesim.job import Job
 from pipesim.model.activations import stage_activation_bytes
 from pipesim.model.config import ModelConfig, split_layers
@@ -96,6 +97,18 @@ def chunk_params(model: ModelConfig, chunks: int, t: int) -> tuple[int, ...]:
     return tuple(stage_params(model, t, layers=n, first=s == 0, last=s == chunks - 1) for s, n in enumerate(split))
 
 
+def moe_chunk_params(model: ModelConfig, chunks: int, opts: LayerOptions) -> tuple[tuple[int, int], ...]:
+    """A mixture-of-experts model's (parameters, of which the routed experts') per chunk on one rank, exactly as
+    model_costs counts them (`gpt_stage_work`: each chunk's MoE layers, the experts sharded over ep and etp)."""
+    split = split_layers(model.layers, chunks)
+    out = []
+    for s, n in enumerate(split):
+        work = gpt_stage_work(model, 1, n, first=s == 0, last=s == chunks - 1, opts=opts,
+                              moe_layers=model.moe.moe_layers(sum(split[:s]), n) if model.moe else 0)
+        out.append((round(work.param_count), round(work.expert_params)))
+    return tuple(out)
+
+
 class MemoryBound:
     """`bound(c)` for the candidates of one model and attention kernel; every piece cached by what it depends on
     (model state by placement, p, v, t, d, ZeRO, not cp: every cp rank holds the same parameters; rank 0's stash
@@ -106,6 +119,7 @@ class MemoryBound:
         self.model, self.shared = model, shared
         self.precision = PRECISIONS[precision_of(model, shared.kernels.grad_fp32)]
         self._params: dict[tuple, tuple[int, ...]] = {}
+        self._moe_params: dict[tuple, tuple[tuple[int, int], ...]] = {}
         self._states: dict[tuple, tuple[int, int]] = {}
         self._stash: dict[tuple, int] = {}
         self._buffers: dict[tuple, int] = {}
@@ -117,6 +131,13 @@ class MemoryBound:
             self._params[key] = chunk_params(self.model, chunks, t)
         return self._params[key]
 
+    def moe_params(self, chunks: int, opts: LayerOptions) -> tuple[tuple[int, int], ...]:
+        """`moe_chunk_params`, cached by what parameters depend on (chunks, tp, ep, etp)."""
+        key = (chunks, opts.tp, opts.ep, opts.etp)
+        if key not in self._moe_params:
+            self._moe_params[key] = moe_chunk_params(self.model, chunks, opts)
+        return self._moe_params[key]
+
     def options(self, c) -> LayerOptions:
         """`c`'s layer options (its Job's), checked against the model once per distinct options."""
         opts = c.job(self.shared).layer_options(self.model)
@@ -125,27 +146,40 @@ class MemoryBound:
             self._checked.add(opts)
         return opts
 
-    def states(self, family: str | None, c) -> tuple[int, int]:
-        """(the fullest rank's model state, rank 0's) in bytes; unknown placement: the smallest chunk's, twice."""
-        key = (family, c.p, c.v, c.tp, c.dp, c.zero)
+    def states(self, family: str | None, c, opts: LayerOptions) -> tuple[int, int]:
+        """(the fullest rank's model state, rank 0's) in bytes; unknown placement: the smallest chunk's, twice.
+        A mixture of experts' routed experts are sharded over the expert-data-parallel group (rank_memory's)."""
+        key = (family, c.p, c.v, c.tp, c.dp, c.zero, c.cp, c.ep, c.etp)
         if key not in self._states:
-            params = self.params(c.chunks, c.tp)
+            if self.model.moe is None:
+                params, experts = self.params(c.chunks, c.tp), (0,) * c.chunks
+            else:
+                both = self.moe_params(c.chunks, opts)
+                params, experts = tuple(p for p, _ in both), tuple(e for _, e in both)
+            edp = c.job(self.shared).dims.edp
             held = family_chunks(family, c.p, c.k) or [[min(range(c.chunks), key=lambda s: params[s])]]
-            states = [step_peak_state(sum(params[s] for s in ids), dp=c.dp, zero=c.zero, precision=self.precision).total
-                      for ids in held]
+            states = []
+            for ids in held:
+                total, routed = sum(params[s] for s in ids), sum(experts[s] for s in ids)
+                state = step_peak_state(total - routed, dp=c.dp, zero=c.zero, precision=self.precision).total
+                if routed:
+                    state += step_peak_state(routed, dp=edp, zero=c.zero, precision=self.precision).total
+                states.append(state)
             self._states[key] = (max(states), states[0])
         return self._states[key]
 
     def first_stash(self, family: str | None, c, opts: LayerOptions) -> int:
         """The smallest per-microbatch stash among rank 0's chunks (any chunk when the placement is unknown)."""
-        key = (family, c.p, c.v, c.mbs, c.tp, c.sp, c.recompute, c.cp)
+        key = (family, c.p, c.v, c.mbs, c.tp, c.sp, c.recompute, c.cp, c.ep, c.etp)
         if key not in self._stash:
             chunks = c.chunks
             split = split_layers(self.model.layers, chunks)
             held = family_chunks(family, c.p, c.k)
             ids = held[0] if held else range(chunks)
-            self._stash[key] = min(stage_activation_bytes(self.model, c.mbs, opts, layers=split[s], first=s == 0,
-                                                          last=s == chunks - 1) for s in ids)
+            moe = self.model.moe
+            self._stash[key] = min(stage_activation_bytes(
+                self.model, c.mbs, opts, layers=split[s], first=s == 0, last=s == chunks - 1,
+                moe_layers=moe.moe_layers(sum(split[:s]), split[s]) if moe else 0) for s in ids)
         return self._stash[key]
 
     def buffers(self, c, opts: LayerOptions) -> int:
@@ -159,10 +193,10 @@ class MemoryBound:
         """Bytes: a lower bound on `c`'s peak memory on its fullest GPU (pipesim.cost.rank_memory's figure)."""
         opts = self.options(c)
         family = placement_family(c.schedule, c.k)
-        fullest, first = self.states(family, c)
+        fullest, first = self.states(family, c, opts)
         stash = first_rank_inflight(c.schedule, c.p, c.m, c.v) * self.first_stash(family, c, opts)
         return max(fullest, first + stash) + self.buffers(c, opts)
 
 
 __all__ = ["LOOPED", "MIRRORED", "V_SHAPED", "MemoryBound", "chunk_params", "family_chunks", "first_rank_inflight",
-           "placement_family", "rank_chunks"]
+           "moe_chunk_params", "placement_family", "rank_chunks"]

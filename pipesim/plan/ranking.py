@@ -38,6 +38,7 @@ class PlanRow:
     def to_dict(self) -> dict:
         c = self.candidate
         return {"schedule": c.schedule, "pp": c.p, "virtual": c.v, "tp": c.tp, "dp": c.dp, "cp": c.cp,
+                "ep": c.ep, "etp": c.etp or c.tp,
                 "microbatch_size": c.mbs, "microbatches": c.m, "recompute": c.recompute, "zero": c.zero,
                 "sequence_parallel": c.sp, "step_time": self.step_time, "tokens_per_s": self.tokens_per_s,
                 "mfu": self.mfu, "tflops_per_gpu": self.tflops_per_gpu, "peak_memory": self.peak_memory,

@@ -51,11 +51,6 @@ class PlanRequest:
     uneven: bool = True  # p x v need not divide the layers (split_layers' remainder split)
     cps: tuple[int, ...] = (1,)  # context-parallel sizes to try (default none: today's plans unchanged)
 
-    def __post_init__(self) -> None:
-        if self.model.moe is not None:  # its memory bound and estimate count dense layers: refused, not approximated
-            raise PipesimError("pipesim plan does not search expert parallelism yet: simulate a mixture-of-experts "
-                               "model with `pipesim simulate ... --ep N`")
-
     @property
     def schedule_names(self) -> tuple[str, ...]:
         return self.schedules or tuple(schedules.names())
@@ -81,12 +76,14 @@ class Candidate:
     zero: int
     sp: bool = False  # sequence parallelism (only with tp > 1)
     cp: int = 1  # context-parallel ranks (each holds seq / cp tokens of every sequence)
+    ep: int = 1  # expert-parallel ranks (a mixture-of-experts model)
+    etp: int = 0  # tensor parallelism inside each expert; 0: tp (Megatron-core's default, and a dense model's)
 
     def job(self, shared: Job) -> Job:
         """This candidate's Job: its layout, recompute, sp and ZeRO over the request's `shared_job` (the one
         place a candidate's fields become options)."""
-        return replace(shared, dims=ParallelDims(pp=self.p, dp=self.dp, tp=self.tp, cp=self.cp),
-                       recompute=self.recompute, sp=self.sp, zero=self.zero)
+        dims = ParallelDims(pp=self.p, dp=self.dp, tp=self.tp, cp=self.cp, ep=self.ep, etp=self.etp or None)
+        return replace(shared, dims=dims, recompute=self.recompute, sp=self.sp, zero=self.zero)
 
     @property
     def k(self) -> int:
@@ -107,7 +104,9 @@ class Candidate:
         v = f" v{self.v}" if self.v > 1 else ""
         sp = " sp" if self.sp else (" nosp" if self.tp > 1 else "")
         cp = f" cp{self.cp}" if self.cp > 1 else ""
-        return (f"{self.schedule} p{self.p}{v} t{self.tp}{sp}{cp} d{self.dp} mbs{self.mbs} m{self.m} "
+        ep = f" ep{self.ep}" if self.ep > 1 or self.etp else ""
+        etp = f" etp{self.etp}" if self.etp else ""
+        return (f"{self.schedule} p{self.p}{v} t{self.tp}{sp}{cp}{ep}{etp} d{self.dp} mbs{self.mbs} m{self.m} "
                 f"rc={self.recompute} zero{self.zero}")
 
 
@@ -193,6 +192,25 @@ def virtuals(name: str, p: int, layers: int, uneven: bool = False) -> list[int]:
     return [v for v in VIRTUALS if p > 1 and splits(layers, p * v, uneven)]
 
 
+def expert_layouts(model: ModelConfig, t: int, cp: int, d: int, sp: bool) -> list[tuple[int, int]]:
+    """(ep, etp) to try for a mixture-of-experts model on a (t, cp, d) stage: ep any divisor of the experts and
+    etp tp (Megatron-core's default: 0) or 1, where ep x etp divides t cp d, etp the expert width, and the
+    layer options admit them (expert parallelism with tp needs sp; without sp the experts split as the MLP);
+    a dense model: [(1, 0)]."""
+    if model.moe is None:
+        return [(1, 0)]
+    out = []
+    for ep in divisors(model.moe.experts):
+        for etp in ((0, 1) if t > 1 else (0,)):
+            width = etp or t
+            if (t * cp * d) % (ep * width) or model.moe.expert_ffn % width:
+                continue
+            if t > 1 and ((ep > 1 and not sp) or (not sp and width != t)):
+                continue
+            out.append((ep, etp))
+    return out
+
+
 def enumerate_candidates(req: PlanRequest) -> list[Candidate]:
     """Every candidate passing the arithmetic, sorted; NoLayout naming the constraint that emptied the set."""
     model = req.model
@@ -229,8 +247,9 @@ def enumerate_candidates(req: PlanRequest) -> list[Candidate]:
                     if p * chunks_per_rank(name, v) * m > MAX_STAGE_MICROBATCHES:
                         too_big += 1
                         continue
-                    out.extend(Candidate(name, p, v, t, d, mbs, m, rc, z, sp, cp)
-                               for rc in req.recomputes for z in zeros for sp in sps)
+                    out.extend(Candidate(name, p, v, t, d, mbs, m, rc, z, sp, cp, ep, etp)
+                               for rc in req.recomputes for z in zeros for sp in sps
+                               for ep, etp in expert_layouts(model, t, cp, d, sp))
     if not out:
         raise NoLayout(f"every layout needs more than {MAX_STAGE_MICROBATCHES} stage-microbatches "
                        f"({too_big} refused); use a larger --batch per microbatch or fewer GPUs")
@@ -238,4 +257,4 @@ def enumerate_candidates(req: PlanRequest) -> list[Candidate]:
 
 
 __all__ = ["Candidate", "NoLayout", "PlanRequest", "RECOMPUTES", "ZEROS", "cp_refusal", "divisors",
-           "enumerate_candidates", "layouts"]
+           "enumerate_candidates", "expert_layouts", "layouts"]

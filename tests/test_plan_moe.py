@@ -1,0 +1,78 @@
+"""`pipesim plan` on mixture-of-experts models: the expert layouts it tries, its memory bound against the exact
+peak, and a Mixtral 8x22B plan on 64 H100s with its expert-parallel exports."""
+
+from __future__ import annotations
+
+import json
+
+from pipesim.cli import main
+from pipesim.errors import PipesimError
+from pipesim.hardware.toml_io import load_hardware
+from pipesim.model.config import ModelConfig
+from pipesim.model.flops import model_flops, moe_mlp_delta
+from pipesim.model.moe import MoeConfig
+from pipesim.plan.evaluate import Evaluator
+from pipesim.plan.space import Candidate, PlanRequest, enumerate_candidates, expert_layouts
+
+SMALL_MOE = ModelConfig(kind="gpt", hidden=256, layers=8, heads=8, seq=256, vocab=4000, batch=32, dtype="bfloat16",
+                        activation="swiglu", norm="rmsnorm", dropout=False, biases=False, positions="rope",
+                        ffn_hidden=512, moe=MoeConfig(8, 2, 256, shared_experts=1, dense_layers=1))
+
+
+def test_expert_layouts_are_megatron_cores_admissible_ones():
+    """ep divides the experts and, with etp (tp: 0, or 1), the stage's t cp d ranks; with tp, sp is required
+    for ep > 1, and without sp the experts split as the MLP (etp = tp)."""
+    assert expert_layouts(SMALL_MOE, 2, 1, 8, True) == [(1, 0), (1, 1), (2, 0), (2, 1), (4, 0), (4, 1), (8, 0),
+                                                        (8, 1)]
+    assert expert_layouts(SMALL_MOE, 2, 1, 2, True) == [(1, 0), (1, 1), (2, 0), (2, 1), (4, 1)]
+    assert expert_layouts(SMALL_MOE, 2, 1, 8, False) == [(1, 0)]
+    assert expert_layouts(SMALL_MOE, 1, 1, 4, False) == [(1, 0), (2, 0), (4, 0)]
+    assert expert_layouts(ModelConfig(kind="gpt"), 2, 1, 8, True) == [(1, 0)]
+    c = Candidate("1f1b", 2, 1, 2, 4, 1, 8, "none", 1, True, 1, 4, 1)
+    dims = c.job(PlanRequest(SMALL_MOE, load_hardware("dgx-h100"), 16).shared_job).dims
+    assert (dims.ep, dims.etp, dims.edp) == (4, 1, 2) and c.label() == "1f1b p2 t2 sp ep4 etp1 d4 mbs1 m8 rc=none zero1"
+
+
+def test_model_flops_count_the_active_experts():
+    """Per token, a MoE layer's GEMMs are the router's and its top-k routed and shared experts', not the dense MLP's:
+    6 x (h E + (k + shared) 3 h f_e) per token and layer for F + I + W."""
+    dense = ModelConfig(**{**SMALL_MOE.to_dict(), "moe": None})
+    tokens = SMALL_MOE.batch * SMALL_MOE.seq
+    h, f = 256, 256
+    assert moe_mlp_delta(SMALL_MOE, tokens) == 2 * tokens * (h * 8 + 3 * 3 * h * f - 3 * h * 512)
+    assert model_flops(SMALL_MOE, SMALL_MOE.batch) - model_flops(dense, dense.batch) == 7 * 3 * moe_mlp_delta(
+        SMALL_MOE, tokens)  # 7 of the 8 layers have experts (the first is dense)
+
+
+def test_memory_bound_never_exceeds_the_exact_peak_with_experts():
+    req = PlanRequest(SMALL_MOE, load_hardware("dgx-h100"), 8, zeros=(0, 1, 3))
+    ev = Evaluator(req)
+    checked = experts = 0
+    for c in enumerate_candidates(req):
+        if c.mbs != 1 or c.recompute == "selective":
+            continue  # keeps the test to seconds
+        try:
+            costed = ev.cost(c)
+        except PipesimError:
+            continue
+        assert ev.memory_bound(c) <= costed.peak_memory, c.label()
+        checked += 1
+        experts += c.ep > 1
+    assert checked > 100 and experts > 50
+
+
+def test_plan_mixtral_8x22b_on_64_h100s_exports_the_expert_layout(tmp_path):
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--model-config", "mixtral-8x22b", "--seq", "4096", "--batch", "512",
+                 "--hardware", "dgx-h100", "--nodes", "8", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    winner = data["winner"]
+    best = data["rows"][0]
+    assert f" --ep {best['ep']} " in winner["simulate_command"] and best["ep"] > 1
+    args = winner["megatron_args"]
+    assert "--num-experts 8" in args and "--moe-router-topk 2" in args
+    assert "--moe-token-dispatcher-type alltoall" in args
+    assert any(a.startswith("--expert-model-parallel-size ") for a in args)
+    assert "expert_parallel_degree = " in winner["torchtitan_toml"]
+    assert winner["run_note"].startswith("# the executor trains dense models")
+    assert data["model_config"]["source"] == "mixtral-8x22b"
