@@ -106,6 +106,8 @@ def test_simulate_command_runs_mixtral_with_expert_parallelism(tmp_path, capsys)
                  "--batch", "256", "--dp", "8", "--tp", "2", "--sequence-parallel", "--ep", "8", "--zero", "1",
                  "--hardware", "dgx-h100", "--nodes", "8", "--json", str(out), "--trace", str(trace)]) == 0
     data = json.loads(out.read_text())
+    assert {k: data["parallel"][k] for k in ("dp", "tp", "ep", "etp", "edp")} == {"dp": 8, "tp": 2, "ep": 8, "etp": 2,
+                                                                                "edp": 1}
     assert all(r["ep_all_to_all"] > 0 for r in data["ranks"])
     assert len(data["memory"]["ranks"]) == 4 and data["model_config"]["source"] == "mixtral-8x7b"
     names = {e.get("name", "") for e in json.loads(trace.read_text())["traceEvents"]}

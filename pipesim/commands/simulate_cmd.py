@@ -122,7 +122,8 @@ def summary(d: dict) -> str:
     where = f"on {d['hardware']}" if d["hardware"] else "(no hardware)"
     lines = [
         f"{s['name']}: {s['ranks']} ranks, {s['stages']} stages, {s['microbatches']} microbatches {where}, "
-        f"links {'modeled' if d['comm'] == 'links' else 'off'}, dp {d['parallel']['dp']} tp {d['parallel']['tp']}",
+        f"links {'modeled' if d['comm'] == 'links' else 'off'}, dp {d['parallel']['dp']} tp {d['parallel']['tp']}"
+        + (f" ep {d['parallel']['ep']} etp {d['parallel']['etp']}" if "ep" in d["parallel"] else ""),
         f"makespan {d['makespan'] * 1e3:.3f} ms   bubble {d['bubble_fraction'] * 100:.1f} %   "
         f"peak activations {format_bytes(max(d['memory']['peak_activation_bytes'], default=0))}",
         f"{'rank':>4} {'busy ms':>10} {'wait ms':>10} {'idle ms':>10} {'bubble':>7} {'peak act':>11} {'in-flight':>9}",

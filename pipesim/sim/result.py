@@ -341,6 +341,9 @@ class SimResult:
         }
         if self.cp > 1:
             out["parallel"]["cp"] = self.cp
+        dims = self.job.dims
+        if dims.has_experts:  # the expert layout (docs/moe.md)
+            out["parallel"].update(ep=dims.ep, etp=dims.expert_tp, edp=dims.edp)
         if self.step_ends:
             for row, c in zip(collectives, self.collectives, strict=True):
                 row["phase"] = c.phase
