@@ -141,3 +141,22 @@ def test_an_overlapped_pair_exposes_only_the_all_to_alls_longer_than_its_compute
         assert alone.ep_seconds == e
     assert bwd.ep_seconds > 0  # the long one shows through
 
+
+
+def test_routing_flags_set_the_load_on_the_slowest_rank(tmp_path, capsys):
+    """--moe-load-imbalance scales the slowest rank's expert tokens and all-to-alls; a capacity factor of 1 pads every
+    expert to the mean: the balanced run exactly. Both refused on a dense model."""
+    base = ["simulate", "1f1b", "-p", "4", "-m", "16", "--model-config", "mixtral-8x7b", "--seq", "4096", "--batch",
+            "256", "--dp", "8", "--tp", "2", "--sequence-parallel", "--ep", "8", "--hardware", "dgx-h100",
+            "--nodes", "8"]
+    steps = {}
+    for name, extra in (("balanced", []), ("skewed", ["--moe-load-imbalance", "1.25"]),
+                        ("capacity", ["--moe-expert-capacity-factor", "1.0"])):
+        out = tmp_path / f"{name}.json"
+        assert main([*base, *extra, "--json", str(out)]) == 0
+        steps[name] = json.loads(out.read_text())["step_time"]
+    assert steps["capacity"] == steps["balanced"] < steps["skewed"]
+    assert main(["simulate", "1f1b", "-p", "2", "-m", "4", "--model", "gpt", "--moe-load-imbalance", "1.2",
+                 "--hardware", "dgx-h100"]) == 2
+    assert capsys.readouterr().err.strip().endswith(
+        "--moe-load-imbalance needs a mixture-of-experts model (--model-config mixtral-8x7b, ...)")

@@ -137,6 +137,12 @@ def add_transformer_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--ffn-hidden", type=positive_int, default=None, help="MLP width (default 4 x --hidden)")
     g.add_argument("--activation", choices=ACTIVATIONS, default=None,
                    help="MLP: gelu (two matrices) or swiglu (gate, up, down) (default gelu)")
+    g.add_argument("--moe-load-imbalance", type=float, default=None, metavar="X",
+                   help="mixture of experts, dropless: the most-loaded expert's tokens over the mean (default 1: "
+                        "balanced); the slowest rank computes and receives that many more")
+    g.add_argument("--moe-expert-capacity-factor", type=float, default=None, metavar="CF",
+                   help="mixture of experts: drop tokens over CF x the mean per expert, buffers padded to it "
+                        "(Megatron-core's flag with --moe-pad-expert-input-to-capacity)")
 
 
 SIZE_FLAGS = ("hidden", "layers", "heads", "seq", "vocab", "batch", "dtype")  # ModelConfig field = flag name
@@ -154,13 +160,26 @@ def model_config(args: argparse.Namespace) -> ModelConfig:
             raise PipesimError("--model-config describes a transformer; drop --model mlp")
         base = load_hf_config(source, seq=given.get("seq"), batch=given.get("batch", ModelConfig.batch),
                               dtype=given.get("dtype"), seed=args.seed)
-        return replace(base, **given)
+        return _with_routing(replace(base, **given), args)
     kind = args.model or getattr(args, "model_default", None) or "mlp"
     if kind == "mlp":
         for name in STRUCTURE_FLAGS:
             if name in given:
                 raise PipesimError(f"--{name.replace('_', '-')} needs a transformer (--model gpt or --model-config)")
-    return ModelConfig(kind=kind, seed=args.seed, **given)
+    return _with_routing(ModelConfig(kind=kind, seed=args.seed, **given), args)
+
+
+def _with_routing(model: ModelConfig, args: argparse.Namespace) -> ModelConfig:
+    """--moe-load-imbalance / --moe-expert-capacity-factor into the model's MoeConfig (refused on a dense model)."""
+    routing = {name: value for name, value in (("imbalance", getattr(args, "moe_load_imbalance", None)),
+                                               ("capacity_factor", getattr(args, "moe_expert_capacity_factor", None)))
+               if value is not None}
+    if not routing:
+        return model
+    if model.moe is None:
+        flag = "--moe-load-imbalance" if "imbalance" in routing else "--moe-expert-capacity-factor"
+        raise PipesimError(f"{flag} needs a mixture-of-experts model (--model-config mixtral-8x7b, ...)")
+    return replace(model, moe=replace(model.moe, **routing))
 
 
 def model_config_json(args: argparse.Namespace) -> dict | None:
