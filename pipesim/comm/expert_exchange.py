@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from pipesim.comm.collective_algos import collective_seconds
+from pipesim.comm.all_to_all import combine_time, dispatch_time
 from pipesim.hardware.machine import Hardware
 
 
@@ -36,12 +36,14 @@ class ExpertExchange(NamedTuple):
 
 
 def exchange_seconds(hw: Hardware, devices: list[int], x: ExpertExchange) -> float:
-    """Seconds of `x.count` all-to-alls over `devices` (the ep group, global device ids), the slowest rank's."""
+    """Seconds of `x.count` all-to-alls over `devices` (the ep group, global device ids), the slowest rank's:
+    Megatron-core's alltoall dispatcher over NCCL (pipesim.comm.all_to_all, kernel "nccl": k copies per token)."""
     if len(devices) < 2:
         return 0.0
-    # nccl-tests' all_to_all counts the whole buffer each rank sends (S/n to each peer, its own share stays)
-    whole = x.sent_bytes * x.load
-    return x.count * collective_seconds(hw, "all_to_all", devices, whole)
+    timed = combine_time if "combine" in x.what else dispatch_time
+    one = timed(hw, devices, x.tokens, x.hidden, x.top_k, x.experts, dtype_bytes=x.dtype_bytes, imbalance=x.load,
+                kernel="nccl")
+    return x.count * one.seconds
 
 
 __all__ = ["ExpertExchange", "exchange_seconds"]
