@@ -97,7 +97,7 @@ def _forward_tp(model: ModelConfig, b: int, opts: LayerOptions, *, moe: bool = F
         if block == "attention" and model.mla is not None:
             out += _latent_forward(model, b, opts)
         elif block == "MLP" and moe and opts.sp:
-            out += _moe_forward_tp(model, b, opts)
+            out += _moe_tp(model, b, opts, "F")
         elif opts.sp:
             out.append(Collective("all_gather", x, "F", "tp", f"{block} input (before {first})"))
             out.append(Collective("reduce_scatter", x, "F", "tp", f"{block} output"))
@@ -130,7 +130,7 @@ def tp_layer_collectives(model: ModelConfig, b: int, opts: LayerOptions, *, moe:
         if block == "attention" and model.mla is not None:
             out += _latent_backward(model, b, opts)
         elif block == "MLP" and moe and opts.sp:
-            out += _moe_tp_backward(model, b, opts)
+            out += _moe_tp(model, b, opts, "I")
         elif opts.sp:
             out.append(Collective("all_gather", x, "I", "tp", f"{block} output gradient"))
             out.append(Collective("all_gather", x, "I", "tp", f"{block} input, again (for the {first} weight gradient)",
@@ -143,33 +143,28 @@ def tp_layer_collectives(model: ModelConfig, b: int, opts: LayerOptions, *, moe:
     return out
 
 
-def _moe_forward_tp(model: ModelConfig, b: int, opts: LayerOptions) -> list[Collective]:
-    """Under sp, a MoE MLP's forward tp collectives: with expert tp (etp = tp) the dispatched tokens all-gathered
-    over the etp group before the experts and their outputs reduce-scattered after (Megatron-core's all-to-all
-    dispatcher); the shared experts' input all-gathered and output reduce-scattered as the dense MLP's."""
-    out = []
-    if opts.etp > 1:
-        routed = routed_tokens(model, b, opts) * model.hidden * model.dtype_bytes
-        out += [Collective("all_gather", routed, "F", "tp", "dispatched tokens, over expert tp"),
-                Collective("reduce_scatter", routed, "F", "tp", "expert outputs, over expert tp")]
-    if model.moe is not None and model.moe.shared_experts:
-        x = _residual_bytes(model, b, opts)
-        out += [Collective("all_gather", x, "F", "tp", "shared experts' input"),
-                Collective("reduce_scatter", x, "F", "tp", "shared experts' output")]
-    return out
+MOE_TP = {  # phase -> the (kind, what) of the routed tokens' and the shared experts' collectives, in order
+    "F": ((("all_gather", "dispatched tokens, over expert tp"), ("reduce_scatter", "expert outputs, over expert tp")),
+          (("all_gather", "shared experts' input"), ("reduce_scatter", "shared experts' output"))),
+    "I": ((("all_gather", "expert output gradient, over expert tp"),
+           ("reduce_scatter", "dispatched tokens' gradient, over expert tp")),
+          (("all_gather", "shared experts' output gradient"), ("reduce_scatter", "shared experts' input gradient"))),
+}
 
 
-def _moe_tp_backward(model: ModelConfig, b: int, opts: LayerOptions) -> list[Collective]:
-    """The backward of `_moe_forward_tp`: each gradient moves as its tensor did, the other way (blocking)."""
+def _moe_tp(model: ModelConfig, b: int, opts: LayerOptions, phase: str) -> list[Collective]:
+    """Under sp, a MoE MLP's tp collectives in `phase` ("F", or "I": each gradient moves as its tensor did, the other
+    way, blocking): with expert tp (etp = tp) the dispatched tokens all-gathered over the etp group before the
+    experts and their outputs reduce-scattered after (Megatron-core's all-to-all dispatcher); the shared experts'
+    input all-gathered and output reduce-scattered as the dense MLP's."""
+    routed, shared = MOE_TP[phase]
     out = []
     if opts.etp > 1:
-        routed = routed_tokens(model, b, opts) * model.hidden * model.dtype_bytes
-        out += [Collective("all_gather", routed, "I", "tp", "expert output gradient, over expert tp"),
-                Collective("reduce_scatter", routed, "I", "tp", "dispatched tokens' gradient, over expert tp")]
+        nbytes = routed_tokens(model, b, opts) * model.hidden * model.dtype_bytes
+        out += [Collective(kind, nbytes, phase, "tp", what) for kind, what in routed]
     if model.moe is not None and model.moe.shared_experts:
         x = _residual_bytes(model, b, opts)
-        out += [Collective("all_gather", x, "I", "tp", "shared experts' output gradient"),
-                Collective("reduce_scatter", x, "I", "tp", "shared experts' input gradient")]
+        out += [Collective(kind, x, phase, "tp", what) for kind, what in shared]
     return out
 
 
