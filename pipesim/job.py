@@ -149,7 +149,9 @@ class Job:
         ep divides its experts and etp (default tp) each expert's width (Megatron-LM's arguments.py checks ep)."""
         d, moe = self.dims, model.moe
         if moe is None:
-            for flag, value in (("--ep", d.ep if d.ep > 1 else None), ("--etp", d.etp)):
+            for flag, value in (("--ep", d.ep if d.ep > 1 else None), ("--etp", d.etp),
+                                ("--moe-token-dispatcher-type", "flex" if self.comm.moe_dispatcher != "alltoall"
+                                 else None)):
                 if value is not None:
                     raise PipesimError(f"{flag} {value} needs a mixture-of-experts model")
             return

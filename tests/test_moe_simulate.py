@@ -10,6 +10,7 @@ import pytest
 
 import schedules
 from pipesim.cli import main
+from pipesim.comm.comm_options import CommOptions
 from pipesim.comm.expert_exchange import ExpertExchange, exchange_seconds
 from pipesim.cost.model_costs import model_costs, uniform_costs
 from pipesim.cost.rank_memory import rank_memory
@@ -118,29 +119,62 @@ def test_simulate_command_runs_mixtral_with_expert_parallelism(tmp_path, capsys)
     assert capsys.readouterr().err.strip().endswith("needs --sequence-parallel (as Megatron-LM)")
 
 
-def test_an_overlapped_pair_exposes_only_the_all_to_alls_longer_than_its_compute():
+@pytest.mark.parametrize("dispatcher,sms", [("alltoall", 24), ("deepep", 20), ("deepep", 32)])
+def test_an_overlapped_pair_hides_the_all_to_alls_at_the_price_of_their_sms(dispatcher, sms):
     """Hand-given costs: F 1 ms, B 2 ms (I = W = 1 ms) and one dispatch + combine per action of e seconds each way:
-    a plain F or B blocks for them; in a DualPipeV pair they run under the pair's 3 ms of compute, and only
-    max(0, eF + eB - 3 ms) is left, on the backward half."""
+    a plain F or B blocks for them; in a DualPipeV pair they run under the pair's G = 3 ms of compute, which runs on
+    the SMs the all-to-all kernels leave (s: NCCL's 24 channels of the H100's 132 SMs, or DeepEP's num_sms), so the
+    pair adds 2e s while 2e < G / (1 - s) and 2e - G beyond, on its backward half."""
     ms = 1e-3
     hw = load_hardware("dgx-h100")
     sched = add_p2p(schedules.build("dualpipev", 2, 4))
     base = uniform_costs(sched.num_stages, {"F": ms, "I": ms, "W": ms})
-    job = Job(ParallelDims(pp=2, dp=4, ep=4))
-    for tokens in (4096, 4096 * 64):  # a short exchange (hidden) and a long one (partly exposed)
+    comm = CommOptions(moe_dispatcher=dispatcher, deepep_sms=sms if dispatcher == "deepep" else 20)
+    job = Job(ParallelDims(pp=2, dp=4, ep=4), comm=comm)
+    kernel = "deepep" if dispatcher == "deepep" else "nccl"
+    share = sms / 132
+    for tokens, hidden in ((4096, True), (4096 * 64, False)):  # a short exchange (hidden) and a long one (exposed)
         x = (ExpertExchange("MoE dispatch", tokens, H, 2, 8, 2), ExpertExchange("MoE combine", tokens, H, 2, 8, 2))
         ep = {(s, k): x for s in range(sched.num_stages) for k in ("F", "B", "I", "W")}
         costs = replace(base, job=job, ep_exchanges=ep)
         ops = compile_programs(sched, plugins_for(costs.table, hw, True).compute, hw, True, job, costs)
-        e = sum(exchange_seconds(hw, job.dims.group("ep", job.dims.rank(pp=0)), y) for y in x)
+        e = sum(exchange_seconds(hw, job.dims.group("ep", job.dims.rank(pp=0)), y, kernel=kernel) for y in x)
         prog = sched.programs[0]
         pair = next(i for i in range(len(prog) - 1) if (prog[i], prog[i + 1]) in sched.overlaps)
         fwd, bwd = ops[0][pair], ops[0][pair + 1]
-        assert fwd.ep_seconds == 0.0 and bwd.ep_seconds == max(0.0, 2 * e - (fwd.seconds + bwd.seconds))
+        g = fwd.seconds + bwd.seconds
+        assert (2 * e < g / (1 - share)) is hidden
+        assert fwd.ep_seconds == 0.0
+        assert bwd.ep_seconds == pytest.approx(2 * e * share if hidden else 2 * e - g, rel=1e-12)
         alone = next(op for i, op in enumerate(ops[0]) if prog[i].kind.value == "F" and i not in (pair, pair + 1))
         assert alone.ep_seconds == e
-    assert bwd.ep_seconds > 0  # the long one shows through
 
+
+def test_the_deepep_dispatcher_is_chosen_by_megatrons_flags(tmp_path, capsys):
+    """--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep (or the older --moe-enable-deepep) times
+    the all-to-alls with DeepEP's kernels: one copy per destination rank instead of k, so Mixtral's top-2 over 8 ranks
+    moves fewer bytes and the step is shorter; the choice is reported and refused where it means nothing."""
+    base = ["simulate", "1f1b", "-p", "4", "-m", "16", "--model-config", "mixtral-8x7b", "--seq", "4096", "--batch",
+            "256", "--dp", "8", "--tp", "2", "--sequence-parallel", "--ep", "8", "--hardware", "dgx-h100",
+            "--nodes", "8"]
+    runs = {}
+    for name, extra in (("alltoall", []), ("deepep", ["--moe-token-dispatcher-type", "flex",
+                                                      "--moe-flex-dispatcher-backend", "deepep"]),
+                        ("old", ["--moe-token-dispatcher-type", "flex", "--moe-enable-deepep"])):
+        out = tmp_path / f"{name}.json"
+        assert main([*base, *extra, "--json", str(out)]) == 0
+        runs[name] = json.loads(out.read_text())
+    a2a = {k: sum(r["ep_all_to_all"] for r in v["ranks"]) for k, v in runs.items()}
+    assert a2a["deepep"] == a2a["old"] < a2a["alltoall"]
+    assert runs["deepep"]["options"]["moe_dispatcher"] == "deepep"
+    capsys.readouterr()
+    for extra, message in ((["--moe-enable-deepep"], "need --moe-token-dispatcher-type flex"),
+                           (["--moe-deepep-num-sms", "32"], "--moe-deepep-num-sms needs the DeepEP dispatcher")):
+        assert main([*base, *extra]) == 2
+        assert message in capsys.readouterr().err
+    assert main(["simulate", "1f1b", "-p", "2", "-m", "4", "--model", "gpt", "--moe-token-dispatcher-type", "flex",
+                 "--hardware", "dgx-h100"]) == 2
+    assert capsys.readouterr().err.strip().endswith("--moe-token-dispatcher-type flex needs a mixture-of-experts model")
 
 
 def test_routing_flags_set_the_load_on_the_slowest_rank(tmp_path, capsys):

@@ -11,6 +11,11 @@
   p2p_communication.py posts each batch of isend/irecv with `batch_isend_irecv`, waits on every request and
   calls `torch.cuda.synchronize()`, so a SEND holds its rank until its bytes have arrived. pipesim's
   executor (and torch.distributed.pipelining) wait on their sends only later, so it is opt-in.
+- `moe_dispatcher`: how a mixture-of-experts layer's tokens reach their experts. "alltoall" is Megatron-core's
+  `--moe-token-dispatcher-type alltoall` (NCCL all-to-all of each token's k copies); "deepep" its `flex`
+  dispatcher with the DeepEP backend (`--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep`;
+  before Megatron-core 0.16 `--moe-enable-deepep`), whose kernels hold `deepep_sms` SMs while they run
+  (`--moe-deepep-num-sms`, default 20 in megatron/training/arguments.py). Timing: pipesim.comm.all_to_all.
 
 The defaults are today's behaviour, bit for bit. Mechanics: docs/simulator.md ("Communication options").
 """
@@ -25,6 +30,8 @@ from pipesim.errors import PipesimError
 # MCore uses a default value of max(40000000, 1000000 * dp_size) parameters".
 MIN_DEFAULT_BUCKET_PARAMS = 40_000_000  # parameters
 DEFAULT_BUCKET_PARAMS_PER_DP_RANK = 1_000_000  # parameters per data-parallel rank
+MOE_DISPATCHERS = ("alltoall", "deepep")  # Megatron-core's alltoall dispatcher; its flex dispatcher on DeepEP
+DEFAULT_DEEPEP_SMS = 20  # Megatron-LM megatron/training/arguments.py, --moe-deepep-num-sms (default 20)
 
 
 @dataclass(frozen=True)
@@ -35,8 +42,19 @@ class CommOptions:
     overlap_grad_reduce: bool = False  # DP gradient reduction in buckets, overlapped with the last backward
     ddp_bucket_size: int | None = None  # parameters per bucket; None: Megatron's max(40M, 1M x dp)
     blocking_p2p: bool = False  # a SEND holds its rank until its transfer ends (Megatron's p2p_communication)
+    moe_dispatcher: str = "alltoall"  # "alltoall" (NCCL, k copies per token) or "deepep" (flex dispatcher)
+    deepep_sms: int = DEFAULT_DEEPEP_SMS  # SMs DeepEP's kernels hold while they run (deepep only)
 
     def __post_init__(self) -> None:
+        if self.moe_dispatcher not in MOE_DISPATCHERS:
+            raise PipesimError(f"unknown MoE token dispatcher {self.moe_dispatcher!r}; choose "
+                               f"{' or '.join(MOE_DISPATCHERS)}")
+        sms = self.deepep_sms
+        if not isinstance(sms, int) or isinstance(sms, bool) or sms < 1:
+            raise PipesimError(f"--moe-deepep-num-sms must be a positive integer, got {sms!r}")
+        if sms != DEFAULT_DEEPEP_SMS and self.moe_dispatcher != "deepep":
+            raise PipesimError("--moe-deepep-num-sms needs the DeepEP dispatcher (--moe-token-dispatcher-type flex "
+                               "--moe-flex-dispatcher-backend deepep)")
         size = self.ddp_bucket_size
         if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 1):
             raise PipesimError(f"--ddp-bucket-size must be a positive number of parameters, got {size!r}")
@@ -59,12 +77,20 @@ class CommOptions:
             out += ["--ddp-bucket-size", str(self.ddp_bucket_size)]
         if self.blocking_p2p:
             out.append("--blocking-p2p")
-        return out
+        return out + self.dispatcher_flags()
+
+    def dispatcher_flags(self) -> list[str]:
+        """Megatron-core's flags for the MoE token dispatcher (pipesim spells them the same); [] at the default."""
+        if self.moe_dispatcher == "alltoall":
+            return []
+        out = ["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", "deepep"]
+        return out + (["--moe-deepep-num-sms", str(self.deepep_sms)] if self.deepep_sms != DEFAULT_DEEPEP_SMS else [])
 
     def report(self) -> dict:
         """The options as --json reports them."""
         return {"scatter_gather": self.scatter_gather, "overlap_grad_reduce": self.overlap_grad_reduce,
-                "ddp_bucket_size": self.ddp_bucket_size, "blocking_p2p": self.blocking_p2p}
+                "ddp_bucket_size": self.ddp_bucket_size, "blocking_p2p": self.blocking_p2p,
+                "moe_dispatcher": self.moe_dispatcher, "deepep_sms": self.deepep_sms}
 
 
 def bucket_fractions(params: int, bucket: int) -> tuple[float, ...]:
@@ -79,4 +105,5 @@ def bucket_fractions(params: int, bucket: int) -> tuple[float, ...]:
     return tuple((k + 1) * bucket / params for k in range(full)) + (1.0,)
 
 
-__all__ = ["DEFAULT_BUCKET_PARAMS_PER_DP_RANK", "MIN_DEFAULT_BUCKET_PARAMS", "CommOptions", "bucket_fractions"]
+__all__ = ["DEFAULT_BUCKET_PARAMS_PER_DP_RANK", "DEFAULT_DEEPEP_SMS", "MIN_DEFAULT_BUCKET_PARAMS", "MOE_DISPATCHERS",
+           "CommOptions", "bucket_fractions"]

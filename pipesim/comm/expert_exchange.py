@@ -4,16 +4,17 @@ A mixture-of-experts layer sends each token's k copies to the ranks holding thei
 and brings the outputs back (combine); its backward moves the gradients the other way. The cost model
 says what moves (tokens, width, k, experts, the load on the slowest rank, how many layers do it back to
 back); the simulator times it over the action's expert-parallel group on the machine's links
-(`exchange_seconds`, pipesim.comm.all_to_all) and draws it as its own bar. It blocks its rank: Megatron's
-1F1B runs the all-to-all between the GEMMs that need its tokens (hiding it under another microbatch is
-a schedule's doing, DualPipe's overlapped F&B pairs).
+(`exchange_timing`, pipesim.comm.all_to_all, with the job's dispatcher: NCCL or DeepEP) and draws it as its own
+bar. It blocks its rank: Megatron's 1F1B runs the all-to-all between the GEMMs that need its tokens (hiding it under
+another microbatch is a schedule's doing, DualPipe's overlapped F&B pairs, where the SMs the kernel holds are what the
+hiding costs).
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
-from pipesim.comm.all_to_all import combine_time, dispatch_time
+from pipesim.comm.all_to_all import DEEPEP_SMS, combine_time, dispatch_time
 from pipesim.hardware.machine import Hardware
 
 
@@ -35,15 +36,22 @@ class ExpertExchange(NamedTuple):
         return self.tokens * self.top_k * self.hidden * self.dtype_bytes
 
 
-def exchange_seconds(hw: Hardware, devices: list[int], x: ExpertExchange) -> float:
-    """Seconds of `x.count` all-to-alls over `devices` (the ep group, global device ids), the slowest rank's:
-    Megatron-core's alltoall dispatcher over NCCL (pipesim.comm.all_to_all, kernel "nccl": k copies per token)."""
+def exchange_timing(hw: Hardware, devices: list[int], x: ExpertExchange, *, kernel: str = "nccl",
+                    deepep_sms: int = DEEPEP_SMS) -> tuple[float, int]:
+    """(seconds, SMs held) of `x.count` all-to-alls over `devices` (the ep group, global device ids), the slowest
+    rank's, with `kernel` "nccl" (Megatron-core's alltoall dispatcher: k copies per token) or "deepep" (its flex
+    dispatcher on DeepEP, whose kernels hold `deepep_sms` SMs; pipesim.comm.all_to_all). (0.0, 0) with one rank."""
     if len(devices) < 2:
-        return 0.0
+        return 0.0, 0
     timed = combine_time if "combine" in x.what else dispatch_time
     one = timed(hw, devices, x.tokens, x.hidden, x.top_k, x.experts, dtype_bytes=x.dtype_bytes, imbalance=x.load,
-                kernel="nccl")
-    return x.count * one.seconds
+                kernel=kernel)
+    return x.count * one.seconds, deepep_sms if kernel == "deepep" else one.sms
 
 
-__all__ = ["ExpertExchange", "exchange_seconds"]
+def exchange_seconds(hw: Hardware, devices: list[int], x: ExpertExchange, *, kernel: str = "nccl") -> float:
+    """Seconds of `x.count` all-to-alls over `devices` (`exchange_timing`'s)."""
+    return exchange_timing(hw, devices, x, kernel=kernel)[0]
+
+
+__all__ = ["ExpertExchange", "exchange_seconds", "exchange_timing"]

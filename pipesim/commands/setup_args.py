@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from pipesim.comm.comm_options import CommOptions
+from pipesim.comm.comm_options import DEFAULT_DEEPEP_SMS, CommOptions
 from pipesim.commands.common import bounded_int, model_config, positive_int
 from pipesim.cost.table import parse_cost_spec
 from pipesim.cost.zb_auto_costs import parse_memory_limit
@@ -117,10 +117,30 @@ def add_comm_args(parser: argparse.ArgumentParser) -> None:
                         "p2p_communication does without --overlap-p2p-communication (batch_isend_irecv, wait, "
                         "torch.cuda.synchronize) (default off: the send overlaps the rank's next work, as "
                         "pipesim's executor and torch.distributed.pipelining)")
+    m = parser.add_argument_group("mixture-of-experts token dispatch (Megatron-core's options)")
+    m.add_argument("--moe-token-dispatcher-type", choices=("alltoall", "flex"), default="alltoall",
+                   help="alltoall: NCCL all-to-all of each token's k copies; flex: the flex dispatcher, whose backend "
+                        "--moe-flex-dispatcher-backend names (Megatron's allgather dispatcher is not modelled) "
+                        "(default alltoall)")
+    m.add_argument("--moe-flex-dispatcher-backend", choices=("deepep",), default=None,
+                   help="with flex: DeepEP's kernels (one copy per destination rank, forwarded over NVLink across "
+                        "nodes; HybridEP is not modelled) (default deepep)")
+    m.add_argument("--moe-enable-deepep", action="store_true",
+                   help="Megatron-core before 0.16's spelling of --moe-flex-dispatcher-backend deepep")
+    m.add_argument("--moe-deepep-num-sms", type=positive_int, default=DEFAULT_DEEPEP_SMS, metavar="N",
+                   help=f"SMs DeepEP's kernels hold while they run, which the GEMMs beside them lose "
+                        f"(default {DEFAULT_DEEPEP_SMS}, Megatron's)")
 
 
 def comm_options_from_args(args: argparse.Namespace) -> CommOptions:
-    return CommOptions(args.scatter_gather, args.overlap_grad_reduce, args.ddp_bucket_size, args.blocking_p2p)
+    """The CommOptions of the flags; one line naming the flags that disagree (flex needs its backend and back)."""
+    flex = args.moe_token_dispatcher_type == "flex"
+    backend = args.moe_flex_dispatcher_backend or ("deepep" if args.moe_enable_deepep else None)
+    if backend is not None and not flex:
+        raise PipesimError("--moe-flex-dispatcher-backend / --moe-enable-deepep need --moe-token-dispatcher-type flex")
+    dispatcher = "deepep" if flex else "alltoall"  # deepep: flex's only backend here, and Megatron's default one
+    return CommOptions(args.scatter_gather, args.overlap_grad_reduce, args.ddp_bucket_size, args.blocking_p2p,
+                       moe_dispatcher=dispatcher, deepep_sms=args.moe_deepep_num_sms)
 
 
 def sim_job(args: argparse.Namespace, model: ModelConfig | None, hardware: Hardware | None) -> Job:

@@ -131,7 +131,9 @@ def _moe_args(c: Candidate, req: PlanRequest) -> list[str]:
         return []
     out = ["--num-experts", str(moe.experts), "--moe-router-topk", str(moe.top_k), "--moe-ffn-hidden-size",
            str(moe.expert_ffn), "--expert-model-parallel-size", str(c.ep), "--expert-tensor-parallel-size",
-           str(c.etp or c.tp), "--moe-token-dispatcher-type", "alltoall", "--moe-grouped-gemm"]
+           str(c.etp or c.tp)]
+    out += req.job.comm.dispatcher_flags() or ["--moe-token-dispatcher-type", "alltoall"]
+    out.append("--moe-grouped-gemm")
     if moe.shared_experts:
         out += ["--moe-shared-expert-intermediate-size", str(moe.shared_experts * moe.shared_width)]
     if moe.dense_layers or moe.every > 1:

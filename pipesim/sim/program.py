@@ -13,13 +13,15 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from pipesim.comm.collective_algos import collective_seconds, collective_time, scatter_gather
-from pipesim.comm.expert_exchange import ExpertExchange, exchange_seconds
-from pipesim.comm.overlap_interference import exposed_collective
+from pipesim.comm.comm_options import CommOptions
+from pipesim.comm.expert_exchange import ExpertExchange, exchange_timing
+from pipesim.comm.overlap_interference import exposed_beside, exposed_collective
 from pipesim.comm.tp_collective import TpCollective
 from pipesim.cost.cost_equation import SplitCosts
 from pipesim.cost.model_costs import ParallelCosts
 from pipesim.cost.step_costs import exposed_seconds, per_microbatch_stages
 from pipesim.cost.table import CostTable
+from pipesim.device.profile import device_profile
 from pipesim.hardware.machine import Hardware
 from pipesim.ir.deps import message_slot, produces_weight_grad, releases_activations
 from pipesim.ir.schedule import COMPUTE, SENDS, Action, Kind, Schedule
@@ -100,6 +102,7 @@ def compile_programs(sched: Schedule, compute: TableCompute, hw: Hardware | None
     scatter = opts.scatter_gather and par.tp > 1 and not job.sp
     stride = sched.num_microbatches
     last_grad: dict[int, tuple[int, int]] = {}  # stage -> (rank, index) of its last B/W
+    ep_sms = 0  # SMs the all-to-all kernels hold while they run
     all_ops: list[list[Op]] = []
     for rank, prog in enumerate(sched.programs):
         cache: dict[tuple[int, Kind], Op] = {}  # (stage, kind) -> its one op on this rank
@@ -109,7 +112,9 @@ def compile_programs(sched: Schedule, compute: TableCompute, hw: Hardware | None
             if (a.stage, a.kind.value) in shared and a.kind in COMPUTE:
                 op = op._replace(shared=shared[(a.stage, a.kind.value)])
             if (a.stage, a.kind.value) in ep_exchanges and a.kind in COMPUTE:
-                op = op._replace(ep_seconds=_ep_time(rank, ep_exchanges[(a.stage, a.kind.value)], hw, par))
+                ep, sms = _ep_time(rank, ep_exchanges[(a.stage, a.kind.value)], hw, par, opts)
+                op = op._replace(ep_seconds=ep)
+                ep_sms = max(ep_sms, sms)
             if a.kind in COMPUTE and produces_weight_grad(a.kind) and a.stage in every_grad:
                 op = op._replace(allreduce_stage=a.stage)
             cache[key] = op
@@ -125,19 +130,23 @@ def compile_programs(sched: Schedule, compute: TableCompute, hw: Hardware | None
                 last_grad[a.stage] = (rank, i)
     for stage, (rank, i) in sorted(last_grad.items()):  # then all-reduce the stage's gradient
         all_ops[rank][i] = all_ops[rank][i]._replace(allreduce_stage=stage)
-    _time_overlaps(sched, compute.table, all_ops)
+    sms = device_profile(hw.device.family).sms if ep_sms and hw is not None and hw.device.family else 0
+    _time_overlaps(sched, compute.table, all_ops, ep_sms / sms if sms else 0.0)
     return all_ops
 
 
-def _time_overlaps(sched: Schedule, table: CostTable, all_ops: list[list[Op]]) -> None:
+def _time_overlaps(sched: Schedule, table: CostTable, all_ops: list[list[Op]], ep_share: float = 0.0) -> None:
     """An overlapped pair (OVERLAP_F_B) takes `table.overlap_seconds(F, B)` in all: the backward half keeps
     its time and the forward half gets the rest; both halves are adjacent, so nothing else runs between.
     With overlap_share 1 (the default, no FB given) the ops stay as they are, bit for bit.
 
     Expert-parallel all-to-alls are what the pair exists for (DualPipe, DeepSeek-V3 report section 3.2.1: one
     chunk's dispatch and combine run while the other chunk computes): the two halves' all-to-alls, back to
-    back on the network, hide under the pair's computation, and only what is longer than it is exposed,
-    max(0, eF + eB - (cF + cB)), carried by the backward half."""
+    back on the network, hide under the pair's computation, carried by the backward half. Hiding is not free:
+    while the all-to-all kernels run they hold a share s = `ep_share` of the SMs (DeepEP's `num_sms`, NCCL's
+    channels), so the computation beside them runs at 1 - s of its speed (G' = G / (1 - s), linear in SMs) and the
+    pair adds `exposed_beside(C, G, G')`: max(C - G, C s) while the computation outlasts the all-to-alls
+    (C = eF + eB, G = cF + cB); s = 0 leaves max(0, C - G), the free overlap."""
     if not sched.overlaps:
         return
     for rank, prog in enumerate(sched.programs):
@@ -146,7 +155,8 @@ def _time_overlaps(sched: Schedule, table: CostTable, all_ops: list[list[Op]]) -
                 fwd, bwd = all_ops[rank][i], all_ops[rank][i + 1]
                 fwd = fwd._replace(seconds=table.overlap_forward_seconds(fwd.seconds, bwd.seconds))
                 if fwd.ep_seconds or bwd.ep_seconds:
-                    exposed = max(0.0, fwd.ep_seconds + bwd.ep_seconds - (fwd.seconds + bwd.seconds))
+                    busy = fwd.seconds + bwd.seconds  # G: the pair's computation on every SM
+                    exposed = max(0.0, exposed_beside(fwd.ep_seconds + bwd.ep_seconds, busy, busy / (1 - ep_share)))
                     fwd, bwd = fwd._replace(ep_seconds=0.0), bwd._replace(ep_seconds=exposed)
                     all_ops[rank][i + 1] = bwd
                 all_ops[rank][i] = fwd
@@ -205,12 +215,16 @@ def _tp_time(rank: int, action: Action, hw: Hardware | None, comm: bool, par: Pa
     return total
 
 
-def _ep_time(rank: int, exchanges: tuple[ExpertExchange, ...], hw: Hardware | None, par: ParallelDims) -> float:
-    """Seconds of a compute action's expert-parallel all-to-alls over the rank's ep group (replica 0's devices)."""
+def _ep_time(rank: int, exchanges: tuple[ExpertExchange, ...], hw: Hardware | None, par: ParallelDims,
+             opts: CommOptions) -> tuple[float, int]:
+    """(seconds, SMs held) of a compute action's expert-parallel all-to-alls over the rank's ep group (replica 0's
+    devices) with the job's dispatcher (`opts.moe_dispatcher`: NCCL's alltoall or DeepEP)."""
     if hw is None:
-        return 0.0
+        return 0.0, 0
     group = par.group("ep", par.rank(pp=rank))
-    return sum(exchange_seconds(hw, group, x) for x in exchanges)
+    kernel = "deepep" if opts.moe_dispatcher == "deepep" else "nccl"
+    timed = [exchange_timing(hw, group, x, kernel=kernel, deepep_sms=opts.deepep_sms) for x in exchanges]
+    return sum(t for t, _ in timed), max((n for _, n in timed), default=0)
 
 
 def cp_exposed(sched: Schedule, hw: Hardware | None, comm: bool, par: ParallelDims, cp_exchanges: dict) -> dict:
