@@ -12,7 +12,7 @@ from pipesim.ir.schedule import Action, Kind, Schedule, loop_placement
 from schedules import register
 
 
-def _virtual_action(k: int, p: int, v: int, rank: int, forward: bool) -> Action:
+def virtual_action(k: int, p: int, v: int, rank: int, forward: bool) -> Action:
     """The k-th forward (or backward) of `rank` in Megatron's virtual-microbatch order."""
     chunk = (k % (p * v)) // p
     if not forward:
@@ -39,11 +39,11 @@ def interleaved_1f1b(p: int, m: int, v: int = 2) -> Schedule:
     programs = []
     for r in range(p):
         warmup = total if m == p else min(total, (p - r - 1) * 2 + (v - 1) * p)
-        prog = [_virtual_action(k, p, v, r, True) for k in range(warmup)]
+        prog = [virtual_action(k, p, v, r, True) for k in range(warmup)]
         for i in range(total - warmup):
-            prog.append(_virtual_action(warmup + i, p, v, r, True))
-            prog.append(_virtual_action(i, p, v, r, False))
-        prog += [_virtual_action(k, p, v, r, False) for k in range(total - warmup, total)]
+            prog.append(virtual_action(warmup + i, p, v, r, True))
+            prog.append(virtual_action(i, p, v, r, False))
+        prog += [virtual_action(k, p, v, r, False) for k in range(total - warmup, total)]
         programs.append(tuple(prog))
     sched = Schedule("interleaved-1f1b", m, loop_placement(p, v), tuple(programs))
     sched.meta["virtual"] = v

@@ -19,6 +19,7 @@ BUBBLE_UNITS = {
     "gpipe": lambda p, v, m: p - 1,
     "1f1b": lambda p, v, m: p - 1,
     "interleaved-1f1b": lambda p, v, m: (p - 1) / v,
+    "combined-1f1b": lambda p, v, m: (p - 1) / v,  # interleaved 1F1B's order, steady F and B overlapped
     "looped-bfs": lambda p, v, m: (p - 1) / v,
     "interleaved-zb": lambda p, v, m: (p - 1) / (2 * v),  # about half of interleaved 1F1B's
     "zb-h1": lambda p, v, m: (p - 1) / 3,  # Qi et al. 2024: a third of 1F1B's

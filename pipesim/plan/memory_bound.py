@@ -21,7 +21,8 @@ from pipesim.model.options import LayerOptions
 from pipesim.model.param_counts import stage_params
 from pipesim.plan.space import chunks_per_rank
 
-LOOPED = frozenset({"interleaved-1f1b", "interleaved-zb", "looped-bfs"})  # rank r holds stages r, r + p, ...
+# rank r holds stages r, r + p, ...
+LOOPED = frozenset({"interleaved-1f1b", "combined-1f1b", "interleaved-zb", "looped-bfs"})
 V_SHAPED = frozenset({"zb-v", "v-half", "v-min", "dualpipev"})  # rank r holds stages r and 2p - 1 - r
 MIRRORED = frozenset({"dualpipe"})  # two directions: rank r runs replicas of model chunks r and p - 1 - r
 
@@ -30,7 +31,8 @@ def first_rank_inflight(name: str, p: int, m: int, v: int) -> int:
     """A lower bound on the chunk-microbatches rank 0 holds stashed at its peak (each family's closed form).
 
     1F1B and the ZB-H1-like orders: min(p, m) (Narayanan et al. 2021); GPipe: all m; looped BFS: all m x v;
-    ZB-H2: 2p; Megatron's interleaved 1F1B: its warm-up (v - 1) p + 2 (p - 1) plus the steady state's one; interleaved
+    ZB-H2: 2p; Megatron's interleaved 1F1B: its warm-up (v - 1) p + 2 (p - 1) plus the steady state's one (combined
+    1F1B: one more); interleaved
     zero bubble: min(m v, p v); V-shaped: two chunks per warm-up microbatch, up to 2p (ZB-V), p // 2 + 1 (V-Min);
     V-Half: m + 1 up to p + 1. Anything
     else: one (every schedule stashes the microbatch of its first forward).
@@ -47,6 +49,8 @@ def first_rank_inflight(name: str, p: int, m: int, v: int) -> int:
         return min(p, m)
     if name == "interleaved-1f1b":
         return min(m * v, (v - 1) * p + 2 * (p - 1) + 1)
+    if name == "combined-1f1b":  # one more warm-up forward (Megatron-core's A2A overlap)
+        return min(m * v, (v - 1) * p + 2 * (p - 1) + 2)
     if name == "interleaved-zb":
         return min(m * v, p * v)
     if name in ("zb-v", "dualpipev"):

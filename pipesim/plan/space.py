@@ -156,6 +156,7 @@ def layouts(req: PlanRequest) -> list[tuple[int, int, int, int]]:
 # what a schedule's builder refuses, by arithmetic on (p, m, v) (the builders' own checks, asked before building)
 ADMITS = {
     "interleaved-1f1b": lambda p, m, v: m % p == 0,  # Megatron: microbatches a multiple of the stages
+    "combined-1f1b": lambda p, m, v: m % p == 0,
     "interleaved-zb": lambda p, m, v: m % max(1, m // p) == 0,  # whole rounds
     "dualpipev": lambda p, m, v: m >= 2 * p and v == 2,
     "dualpipe": lambda p, m, v: p % 2 == 0 and m % 2 == 0 and m >= 2 * p,  # two chains of p, m / 2 each way
@@ -164,6 +165,10 @@ ADMITS = {
     "v-min": lambda p, m, v: v == 2,
 }
 
+
+# schedules Megatron-core runs only with experts sharded and without full recomputation (its A2A overlap asserts
+# expert_model_parallel_size > 1 and recompute_granularity != "full": megatron/core/transformer/transformer_config.py)
+NEEDS_EP = frozenset({"combined-1f1b"})
 
 # zb-auto / zb-2p are reordered for each candidate's costs by a search whose time grows steeply with p
 # (measured on the 2-core machine: p 8, m 64: 1.0 s; p 16, m 32: 5.9 s): the planner tries them up to p = 8
@@ -249,7 +254,8 @@ def enumerate_candidates(req: PlanRequest) -> list[Candidate]:
                         continue
                     out.extend(Candidate(name, p, v, t, d, mbs, m, rc, z, sp, cp, ep, etp)
                                for rc in req.recomputes for z in zeros for sp in sps
-                               for ep, etp in expert_layouts(model, t, cp, d, sp))
+                               for ep, etp in expert_layouts(model, t, cp, d, sp)
+                               if name not in NEEDS_EP or (ep > 1 and rc != "full"))
     if not out:
         raise NoLayout(f"every layout needs more than {MAX_STAGE_MICROBATCHES} stage-microbatches "
                        f"({too_big} refused); use a larger --batch per microbatch or fewer GPUs")
