@@ -87,9 +87,28 @@ def palm_flops_per_iteration(args: argparse.Namespace) -> float:
     return palm_flops_per_token(n, m.layers, m.heads, m.hidden // m.heads, m.seq) * m.batch * m.seq
 
 
+def megatron_flops_per_iteration(args: argparse.Namespace) -> float:
+    """Megatron-LM's `num_floating_point_operations` (megatron/training/training.py at core_v0.9.0, the count behind
+    its MoE README's TFLOPS): 12 B s L h^2 ((1 + G/A + s/h) Q/h + (f/h) k g + V/(2 L h)), G key/value groups of A
+    heads, Q = A x head dim, f the (expert) MLP width, k experts per token (1 dense), g 3/2 for SwiGLU, V the
+    vocabulary; the full s x s attention square, no router or recomputation."""
+    m = model_config(args)
+    h, s = m.hidden, m.seq
+    ffn, k = (m.moe.expert_ffn, m.moe.top_k) if m.moe is not None else (m.ffn_size, 1)
+    gated = 1.5 if m.activation == "swiglu" else 1.0
+    attention = (1 + m.num_kv_heads / m.heads + s / h) * (m.heads * m.head_dim / h)
+    return 12.0 * m.batch * s * m.layers * h * h * (attention + ffn / h * k * gated + m.vocab / (2 * m.layers * h))
+
+
 def tflops_per_gpu(flops: float, seconds: float, gpus: int) -> float:
     """TFLOP/s per GPU = FLOPs per iteration / (iteration seconds x GPUs) / 1e12."""
     return flops / (seconds * gpus) / 1e12
+
+
+def tokens_per_gpu_second(batch: int, seq: int, seconds: float, gpus: int) -> float:
+    """Tokens per second per GPU = batch x seq / (iteration seconds x GPUs): NeMo's and Megatron-Bridge's
+    performance tables' unit, which needs no FLOP count (none to agree on for a mixture of experts)."""
+    return batch * seq / (seconds * gpus)
 
 
 def iteration_seconds(sim: dict) -> float:
@@ -139,7 +158,11 @@ METRICS: dict[str, Metric] = {
         nar21_flops_per_iteration(a.batch, a.seq, a.layers, a.hidden, a.vocab), iteration_seconds(sim), gpus(a))),
     "tflops_per_gpu_palm": Metric("TFLOP/s per GPU", True, lambda sim, a: tflops_per_gpu(
         palm_flops_per_iteration(a), iteration_seconds(sim), gpus(a))),
+    "tflops_per_gpu_megatron": Metric("TFLOP/s per GPU", True, lambda sim, a: tflops_per_gpu(
+        megatron_flops_per_iteration(a), iteration_seconds(sim), gpus(a))),
     "seconds_per_iteration": Metric("s per iteration", False, lambda sim, a: iteration_seconds(sim)),
+    "tokens_per_sec_per_gpu": Metric("tokens/s per GPU", True, lambda sim, a: tokens_per_gpu_second(
+        a.batch, a.seq, iteration_seconds(sim), gpus(a))),
     "layer_forward_ms": Metric("ms", False, lambda sim, a: action_ms(sim, layer_stage(a), "F")),
     "layer_backward_ms": Metric("ms", False, lambda sim, a: action_ms(sim, layer_stage(a), "B")),
 }

@@ -91,6 +91,11 @@ class RunConfig:
             what = "multi-head latent attention" if self.model.mla is not None else "multi-token prediction modules"
             raise PipesimError(f"the executor trains standard attention without MTP; this model has {what} "
                                "(pipesim simulate costs it)")
+        heads = [what for what, on in ((f"heads of head_width {self.model.head_width}", self.model.head_width),
+                                       ("QK-norm", self.model.qk_norm)) if on]
+        if heads:  # Qwen3's attention: its Block would build heads of hidden / heads without the norms, another model
+            raise PipesimError(f"the executor trains heads of hidden / heads without QK-norm; this model has "
+                               f"{' and '.join(heads)} (pipesim simulate costs it)")
         unrun = unhonoured(self.job)
         if unrun:
             raise PipesimError(f"the executor does not implement {'; '.join(unrun)}: it trains with plain DDP "

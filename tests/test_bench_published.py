@@ -54,6 +54,9 @@ def test_tflops_per_gpu_and_iteration_seconds():
     assert bp.tflops_per_gpu(4e15, 2.0, 10) == pytest.approx(200.0, rel=1e-15)
     assert bp.iteration_seconds({"step_time": 3.5, "makespan": 3.0}) == 3.5
     assert bp.iteration_seconds({"makespan": 3.0}) == 3.0  # older JSON without step_time
+    # NeMo's unit: 256 sequences of 4096 tokens in 8 s on 64 GPUs
+    assert bp.tokens_per_gpu_second(256, 4096, 8.0, 64) == 2048.0
+    assert bp.METRICS["tokens_per_sec_per_gpu"].faster_is_higher
 
 
 def test_nar21_metric_reads_the_command_flags():

@@ -12,6 +12,7 @@ from pipesim.model.config import ModelConfig
 from pipesim.model.flops import model_flops, moe_mlp_delta
 from pipesim.model.moe import MoeConfig
 from pipesim.plan.evaluate import Evaluator
+from pipesim.plan.exports import megatron_args
 from pipesim.plan.space import Candidate, PlanRequest, enumerate_candidates, expert_layouts
 
 SMALL_MOE = ModelConfig(kind="gpt", hidden=256, layers=8, heads=8, seq=256, vocab=4000, batch=32, dtype="bfloat16",
@@ -76,3 +77,22 @@ def test_plan_mixtral_8x22b_on_64_h100s_exports_the_expert_layout(tmp_path):
     assert "expert_parallel_degree = " in winner["torchtitan_toml"]
     assert winner["run_note"].startswith("# the executor trains dense models")
     assert data["model_config"]["source"] == "mixtral-8x22b"
+
+
+def test_combined_1f1b_is_planned_only_where_megatron_core_runs_it():
+    """Megatron-core's A2A overlap asserts ep > 1 and no full recomputation: the planner offers combined-1f1b with
+    sharded experts only, never with full recomputation, and on a dense model not at all."""
+    req = PlanRequest(SMALL_MOE, load_hardware("dgx-h100"), 16, schedules=("combined-1f1b", "interleaved-1f1b"),
+                      recomputes=("none", "full"))
+    found = enumerate_candidates(req)
+    combined = [c for c in found if c.schedule == "combined-1f1b"]
+    plain = [c for c in found if c.schedule == "interleaved-1f1b"]
+    assert combined and all(c.ep > 1 and c.recompute != "full" for c in combined)
+    assert {c.ep for c in plain} >= {1, 2} and {c.recompute for c in plain} == {"none", "full"}
+    exported = megatron_args(combined[0], req)
+    assert "--overlap-moe-expert-parallel-comm" in exported and not exported[0].startswith("#")
+    assert "--overlap-moe-expert-parallel-comm" not in megatron_args(plain[0], req)
+    dense = ModelConfig(**{**SMALL_MOE.to_dict(), "moe": None})
+    assert not [c for c in enumerate_candidates(PlanRequest(dense, load_hardware("dgx-h100"), 16,
+                                                            schedules=("combined-1f1b", "interleaved-1f1b")))
+                if c.schedule == "combined-1f1b"]

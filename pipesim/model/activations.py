@@ -11,7 +11,8 @@ Masks are 1 byte (torch.bool), softmax statistics 4 (float32), everything else t
 Norm statistics (mean / rstd: 4-8 bytes per token) are not counted, as in the paper. Latent attention saves its
 latents and its own Q, K, V (pipesim.model.latent_attention.latent_saved) in place of the QKV input, Q, K and V;
 a multi-token-prediction module saves its embedding's and projection's inputs, a layer and a head
-(`mtp_activation_bytes`).
+(`mtp_activation_bytes`). Q, K, V and the attention output are heads x head_dim wide (the hidden size unless
+`head_width` says otherwise); QK-norm (Qwen3) saves its two inputs, the QKV's query and key outputs before the norm.
 """
 
 from __future__ import annotations
@@ -60,12 +61,15 @@ def layer_saved_tensors(model: ModelConfig, b: int, opts: LayerOptions, *, recom
         saved += [SavedTensor(name, nbytes) for name, nbytes in latent_saved(model, b, opts)]
         attention_out = d * tokens * latent_widths(model, t)[1]
     else:
-        hkv = model.num_kv_heads * model.head_dim
-        saved += [SavedTensor("QKV input", seq_split(d * tokens * h)),  # under sp: re-gathered in backward
-                  SavedTensor("Q", d * tokens * h // t),
+        hq, hkv = model.attention_width, model.kv_width
+        saved.append(SavedTensor("QKV input", seq_split(d * tokens * h)))  # under sp: re-gathered in backward
+        if model.qk_norm:  # each norm keeps its input, as the layer's norms: the QKV's query and key outputs
+            saved += [SavedTensor("Q head norm input", d * tokens * hq // t),
+                      SavedTensor("K head norm input", d * tokens * hkv // t)]
+        saved += [SavedTensor("Q", d * tokens * hq // t),
                   SavedTensor("K", d * tokens * hkv // t),
                   SavedTensor("V", d * tokens * hkv // t)]
-        attention_out = d * tokens * h // t
+        attention_out = d * tokens * hq // t
     if opts.attention == "eager":  # eager needs cp = 1, so the keys are the rank's own s_loc = s tokens
         scores = b * (a // t) * s_loc * model.seq  # elements of one (b, a/t, s, s) tensor
         saved.append(SavedTensor("softmax output", d * scores, core=True))

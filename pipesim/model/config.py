@@ -4,8 +4,10 @@ One config so that simulated and executed runs describe the same network. kind "
 of Megatron's papers by default (4h GeLU MLP, LayerNorm, dropout, biases, learned positions); the
 fields after `seed` turn it into a Llama-style model (grouped-query attention, SwiGLU of its own
 width, RMSNorm, RoPE, no biases or dropout, tied or untied embeddings), a mixture of experts (`moe`), DeepSeek's
-multi-head latent attention (`mla`) and its multi-token-prediction modules (`mtp_layers`). Their defaults keep the
-"mlp" and "gpt" models exactly as they were, and `to_dict` leaves them out while at the default.
+multi-head latent attention (`mla`) and its multi-token-prediction modules (`mtp_layers`), and Qwen3's attention
+(`head_width`: heads whose width is not hidden / heads, so that Q, K, V and the projection's input are heads x
+head_width wide; `qk_norm`: a norm over head_dim on every query and key head). Their defaults keep the "mlp" and
+"gpt" models exactly as they were, and `to_dict` leaves them out while at the default.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ ACTIVATIONS = ("gelu", "swiglu")  # MLP: Linear-GeLU-Linear, or SwiGLU's gate, u
 NORMS = ("layernorm", "rmsnorm")
 POSITIONS = ("learned", "rope")  # a learned (seq x hidden) table, or rotary embeddings (no parameters)
 STRUCTURE_FIELDS = ("kv_heads", "ffn_hidden", "activation", "norm", "dropout", "biases", "positions",
-                    "tied_embeddings", "moe", "mla", "mtp_layers")  # left out of to_dict while at their defaults
+                    "tied_embeddings", "moe", "mla", "mtp_layers", "head_width",
+                    "qk_norm")  # left out of to_dict while at their defaults
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,8 @@ class ModelConfig:
     moe: MoeConfig | None = None  # mixture of experts (pipesim/model/moe.py); None: every MLP dense
     mla: LatentAttention | None = None  # latent attention (pipesim/model/latent_attention.py); None: standard
     mtp_layers: int = 0  # DeepSeek-V3's multi-token-prediction modules after the last layer (on the last stage)
+    head_width: int | None = None  # width of one attention head (config.json's head_dim); None: hidden / heads
+    qk_norm: bool = False  # a norm (the model's kind) over head_dim on each query and key head (Qwen3's q/k_norm)
 
     def __post_init__(self) -> None:
         if isinstance(self.moe, dict):  # from to_dict / JSON
@@ -63,9 +68,27 @@ class ModelConfig:
                 raise PipesimError(f"--{name} must be a positive integer, got {value!r}")
         if self.dtype not in DTYPE_BYTES:
             raise PipesimError(f"unknown dtype {self.dtype!r}; choose one of {', '.join(DTYPE_BYTES)}")
-        if self.kind == "gpt" and self.hidden % self.heads:
+        self._check_heads()
+        if self.kind == "gpt" and self.head_width is None and self.hidden % self.heads:
             raise PipesimError(f"--hidden {self.hidden} must be divisible by --heads {self.heads}")
         self._check_structure()
+
+    def _check_heads(self) -> None:
+        """head_width and qk_norm: types, a transformer's, not latent attention's (whose heads have their own widths);
+        a head_width equal to hidden / heads is the default spelled out, stored as None (one model, one spelling)."""
+        width = self.head_width
+        if width is not None and (not isinstance(width, int) or isinstance(width, bool) or width < 1):
+            raise PipesimError(f"head_width must be a positive integer, got {width!r}")
+        if not isinstance(self.qk_norm, bool):
+            raise PipesimError(f"qk_norm must be true or false, got {self.qk_norm!r}")
+        for name, on in (("head_width", width is not None), ("qk_norm", self.qk_norm)):
+            if on and self.kind != "gpt":
+                raise PipesimError(f"{name} needs a transformer (--model gpt or --model-config)")
+            if on and self.mla is not None:
+                raise PipesimError(f"{name} with latent attention (mla): its heads' widths are mla's (qk_nope_dim, "
+                                   "qk_rope_dim, v_head_dim)")
+        if width is not None and width * self.heads == self.hidden:
+            object.__setattr__(self, "head_width", None)
 
     def _check_structure(self) -> None:
         """The transformer fields: types, choices, and kv heads dividing the heads."""
@@ -134,12 +157,23 @@ class ModelConfig:
 
     @property
     def head_dim(self) -> int:
-        """Width of one attention head: hidden / heads. Latent attention has none (its query/key and value heads
-        differ): asking is an error, so that no cost is taken from standard attention's shapes."""
+        """Width of one attention head: `head_width`, or hidden / heads. Latent attention has none (its query/key and
+        value heads differ): asking is an error, so that no cost is taken from standard attention's shapes."""
         if self.mla is not None:
             raise PipesimError("latent attention (mla) has no single head_dim: its costs come from "
                                "pipesim.model.latent_attention")
-        return self.hidden // self.heads
+        return self.hidden // self.heads if self.head_width is None else self.head_width
+
+    @property
+    def attention_width(self) -> int:
+        """Width of the queries and of the attention's output (the projection's input): heads x head_dim, the hidden
+        size unless `head_width` says otherwise (Qwen3-30B-A3B: 32 x 128 = 4096 over a 2048 hidden)."""
+        return self.heads * self.head_dim
+
+    @property
+    def kv_width(self) -> int:
+        """Width of the keys and of the values: kv heads x head_dim."""
+        return self.num_kv_heads * self.head_dim
 
     def microbatch_size(self, microbatches: int) -> int:
         """Samples per microbatch; the batch must split evenly."""

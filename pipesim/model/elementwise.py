@@ -6,7 +6,9 @@ backward reads the output gradient and what it saved and writes the input gradie
 kernel moves less; these are the upper figures. Parameter reads of the norms are left out (h
 values against tokens x h). Flash attention's softmax lives inside its kernel (counted as FLOPs). Latent
 attention adds an RMSNorm on each latent, rotates only the rope parts (the queries' and the one shared rotary key per
-token), and assembles Q, K and V out of the up projections' outputs (pipesim.model.latent_attention).
+token), and assembles Q, K and V out of the up projections' outputs (pipesim.model.latent_attention). QK-norm
+(`ModelConfig.qk_norm`, Qwen3) is a norm over head_dim on every query and every key head: one op on the queries and one
+on the keys, costed as the other norms on their elements.
 """
 
 from __future__ import annotations
@@ -45,7 +47,8 @@ def layer_elementwise_bytes(model: ModelConfig, b: int, opts: LayerOptions) -> E
     them). Recomputation re-runs forward ops in backward: all of them (full) or the eager
     attention core's softmax and dropout (selective). Latent attention: the Q and KV latents' norms (on n d_q and
     n d_c elements, split over tp under sp), RoPE on `rope_elements`, and the Q, K, V assembly (`assembly_bytes`,
-    the same bytes in backward, where the gradients are split back).
+    the same bytes in backward, where the gradients are split back). QK-norm: a norm on the rank's queries (n h_q / t
+    elements) and one on its keys (n h_kv / t), F 2nd, B 3nd each, before RoPE (transformers' Qwen3Attention).
     """
     opts.check(model)
     d, t = model.dtype_bytes, opts.tp
@@ -72,9 +75,14 @@ def layer_elementwise_bytes(model: ModelConfig, b: int, opts: LayerOptions) -> E
         qk = rope_elements(model, b, opts)
         op("RoPE on Q and K", 2 * qk * d, 2 * qk * d)
         op("Q, K, V assembly", assembly_bytes(model, b, opts), assembly_bytes(model, b, opts))
-    elif model.positions == "rope":
-        qk = tokens * (model.hidden + model.num_kv_heads * model.head_dim) // t
-        op("RoPE on Q and K", 2 * qk * d, 2 * qk * d)
+    else:
+        if model.qk_norm:  # over head_dim, on the rank's query heads and its key heads
+            for name, width in (("Q", model.attention_width), ("K", model.kv_width)):
+                n = tokens * width // t
+                op(f"{name} head {norm}", 2 * n * d, 3 * n * d)
+        if model.positions == "rope":
+            qk = tokens * (model.attention_width + model.kv_width) // t
+            op("RoPE on Q and K", 2 * qk * d, 2 * qk * d)
     if opts.attention == "eager":
         scores = b * (model.heads // t) * opts.local_seq(model) * model.seq
         op("softmax", 2 * scores * d, 3 * scores * d, core=True)

@@ -41,8 +41,9 @@ class Flops:
 def dense_flops(model: ModelConfig, b: int, opts: LayerOptions) -> int:
     """Forward FLOPs of one layer's weight matmuls on one rank: QKV, projection and MLP.
 
-    2 n h (h + 2 h_kv) + 2 n h^2 + 4 n h f (GeLU) or 6 n h f (SwiGLU), n = b s / cp tokens, all / t.
-    The GPT (h_kv = h, f = 4h): 24 b s h^2. Latent attention: 2 x tokens x in x out of each of its linears on this
+    2 n h (h_q + 2 h_kv) + 2 n h_q h + 4 n h f (GeLU) or 6 n h f (SwiGLU), n = b s / cp tokens, all / t
+    (h_q = heads x head_dim, h unless `head_width` says otherwise; h_kv = kv heads x head_dim).
+    The GPT (h_q = h_kv = h, f = 4h): 24 b s h^2. Latent attention: 2 x tokens x in x out of each of its linears on this
     rank (the down projections whole, on n / t tokens under sp) in place of QKV and the projection.
     """
     opts.check(model)
@@ -51,33 +52,34 @@ def dense_flops(model: ModelConfig, b: int, opts: LayerOptions) -> int:
     mlp = (6 if model.activation == "swiglu" else 4) * n * h * f
     if model.mla is not None:
         return sum(2 * x.tokens * x.inp * x.out for x in latent_linears(model, b, opts)) + mlp // opts.tp
-    hkv = model.num_kv_heads * model.head_dim
-    return (2 * n * h * (h + 2 * hkv) + 2 * n * h * h + mlp) // opts.tp
+    hq, hkv = model.attention_width, model.kv_width
+    return (2 * n * h * (hq + 2 * hkv) + 2 * n * hq * h + mlp) // opts.tp
 
 
 def attention_core_flops(model: ModelConfig, b: int, opts: LayerOptions, *, causal: bool = False) -> Flops:
-    """Q K^T and A V of one layer on one rank: forward 4 b s_q s_k h / t (s_q = s / cp local queries, s_k = s keys).
+    """Q K^T and A V of one layer on one rank: forward 4 b s_q s_k h_q / t (s_q = s / cp local queries, s_k = s keys;
+    h_q = heads x head_dim, the hidden size unless `head_width` says otherwise).
 
-    eager backward: the gradients wrt both operands of both matmuls, 8 b s_q s_k h / t, all in I.
-    flash backward: the kernel first re-computes Q K^T (2 b s_q s_k h / t), then the four
-    gradient matmuls: 10 b s_q s_k h / t. Grouped-query attention does the same FLOPs (each
+    eager backward: the gradients wrt both operands of both matmuls, 8 b s_q s_k h_q / t, all in I.
+    flash backward: the kernel first re-computes Q K^T (2 b s_q s_k h_q / t), then the four
+    gradient matmuls: 10 b s_q s_k h_q / t. Grouped-query attention does the same FLOPs (each
     query head still meets s_k keys of head_dim). causal=True counts the half a causal kernel
     really computes (s_q s_k / 2 pairs), for timing; the defaults count the full square.
 
     Latent attention, with query/key width q = a (nope + rope) / t and value width v = a v_head / t on this rank:
     forward 2 b s_q s_k (q + v) (Q K^T, A V); eager backward twice that; flash backward 2 b s_q s_k (3 q + 2 v)
-    (Q K^T again, dQ and dK of width q, dA and dV of width v). With q = v = h / t these are the lines above.
+    (Q K^T again, dQ and dK of width q, dA and dV of width v). With q = v = h_q / t these are the lines above.
     """
     opts.check(model)
-    pairs = b * opts.local_seq(model) * model.seq  # (query, key) pairs per head-dim, summed below over h
+    pairs = b * opts.local_seq(model) * model.seq  # (query, key) pairs per head-dim, summed below over h_q
     if model.mla is not None:
         check_latent(model, opts)
         qk, v = latent_widths(model, opts.tp)
         fwd = 2 * pairs * (qk + v)
         bwd = 2 * pairs * (3 * qk + 2 * v) if opts.attention == "flash" else 2 * fwd
     else:
-        fwd = 4 * pairs * model.hidden // opts.tp
-        bwd = (10 if opts.attention == "flash" else 8) * pairs * model.hidden // opts.tp
+        fwd = 4 * pairs * model.attention_width // opts.tp
+        bwd = (10 if opts.attention == "flash" else 8) * pairs * model.attention_width // opts.tp
     if causal:
         fwd, bwd = fwd // 2, bwd // 2
     return Flops(fwd, bwd, 0)

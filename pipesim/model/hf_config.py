@@ -5,11 +5,11 @@ num_attention_heads, as transformers' LlamaConfig), intermediate_size, vocab_siz
 max_position_embeddings, tie_word_embeddings (default false, as LlamaConfig), hidden_act ("silu"
 is Llama's gated MLP: SwiGLU; "gelu*" a plain two-matrix MLP), rms_norm_eps (present: RMSNorm),
 attention_bias / mlp_bias (default false), attention_dropout (default 0: no dropout), head_dim
-(if given, must be hidden_size / num_attention_heads), torch_dtype. Position embeddings are
-rotary (Llama's). Every other key is checked by `pipesim.model.hf_keys`: one that changes nothing
+(if given, must be hidden_size / num_attention_heads, but in a qwen3 file: below), torch_dtype. Position
+embeddings are rotary (Llama's). Every other key is checked by `pipesim.model.hf_keys`: one that changes nothing
 pipesim models is ignored (and listed), one that would change the model (experts, latent attention, a
 sliding window shorter than the sequence, ...) refuses the file. The bundled configs
-(pipesim/model/configs/) load by name: `llama3-405b`, `mixtral-8x7b`.
+(pipesim/model/configs/) load by name: `llama3-405b`, `mixtral-8x7b`, `qwen3-30b-a3b`.
 
 A "mixtral" file is Llama's layer with every MLP a mixture of experts (transformers' MixtralSparseMoeBlock):
 `num_local_experts` experts (default 8, as MixtralConfig), `num_experts_per_tok` of them per token (default 2),
@@ -26,6 +26,16 @@ top_k, `moe_intermediate_size` -> expert_ffn and the shared experts' width, `n_s
 and bias-free linears are Llama's. `moe_layer_freq` other than 1 is refused (DeepSeek places experts where
 l % freq == 0, MoeConfig.every where (l + 1) % every == 0), as is a `scoring_func` other than sigmoid or softmax
 and a `topk_method` DeepSeek's code does not know.
+
+A "qwen3" file (Qwen3ForCausalLM) is Llama's layer with QK-norm (an RMSNorm over head_dim on every query and key head:
+ModelConfig.qk_norm) and heads of `head_dim` whatever hidden_size / num_attention_heads is (ModelConfig.head_width):
+`head_dim` and `num_key_value_heads` are required (transformers' defaults for them, 128 and 32 or 4, are not
+Llama's). A "qwen3_moe" file (Qwen3MoeForCausalLM) adds Qwen3MoeSparseMoeBlock on layer l when l is not in
+`mlp_only_layers` and (l + 1) % `decoder_sparse_step` == 0 (the others dense, of width `intermediate_size`):
+`num_experts` experts (0: dense) of width `moe_intermediate_size`, `num_experts_per_tok` per token, a bias-free router,
+no shared expert (defaults those of Qwen3MoeConfig: 128, 768, 8, step 1, no mlp_only_layers). `mlp_only_layers` is read
+when it is what MoeConfig can say (dense first layers), refused otherwise. Qwen3's `attention_bias` puts biases on
+q, k, v and o only, which ModelConfig.biases (every linear) cannot say: a true one refuses the file.
 """
 
 from __future__ import annotations
@@ -44,11 +54,14 @@ REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermed
             "max_position_embeddings")
 GATED_ACTS = ("silu", "swish")  # a gated MLP: act(gate) * up, then down
 PLAIN_ACTS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast")
-GATED_TYPES = ("llama", "mistral", "deepseek_v3")  # model types whose MLP is gated whatever hidden_act says
-# (Mixtral's experts too: `_mixtral_experts`)
+# model types whose MLP is gated whatever hidden_act says (Mixtral's experts too: `_mixtral_experts`)
+GATED_TYPES = ("llama", "mistral", "deepseek_v3", "qwen3", "qwen3_moe")
 MIXTRAL_DEFAULTS = {"num_local_experts": 8, "num_experts_per_tok": 2}  # transformers' MixtralConfig defaults
 DEEPSEEK_ROUTING = {"noaux_tc": True, "greedy": False, "group_limited_greedy": False}  # topk_method -> a score bias
 DEEPSEEK_SCORES = ("sigmoid", "softmax")  # scoring_func values DeepSeek's MoEGate computes
+QWEN3_TYPES = ("qwen3", "qwen3_moe")  # Llama's layer with QK-norm and an explicit head_dim
+QWEN3_MOE_DEFAULTS = {"num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768,
+                      "decoder_sparse_step": 1}  # transformers' Qwen3MoeConfig defaults
 
 
 def bundled_configs() -> list[str]:
@@ -113,8 +126,12 @@ def model_from_hf(cfg: dict, *, where: str, seq: int | None = None, batch: int =
         raise PipesimError(f"--seq {seq} is longer than {where}'s max_position_embeddings {max_seq}")
     check_keys(cfg, where=where, seq=seq)  # a key that changes the model and is not modelled: refused
     heads = sizes["num_attention_heads"]
+    qwen3 = cfg.get("model_type") in QWEN3_TYPES
+    if qwen3:
+        for name in ("num_key_value_heads", "head_dim"):
+            _required(cfg, name, where)
     kv_heads = _positive_int(cfg, "num_key_value_heads", where) if "num_key_value_heads" in cfg else heads
-    if sizes["hidden_size"] % heads:
+    if not qwen3 and sizes["hidden_size"] % heads:
         raise PipesimError(f"{where}: field 'num_attention_heads' {heads} does not divide hidden_size "
                            f"{sizes['hidden_size']}")
     if heads % kv_heads:
@@ -128,7 +145,7 @@ def model_from_hf(cfg: dict, *, where: str, seq: int | None = None, batch: int =
         raise PipesimError(f"{where}: field 'hidden_act' {act!r}: a {cfg['model_type']} MLP is gated whatever its "
                            "activation (down(act(gate x) * up x)); pipesim models the gated MLP with silu or swish "
                            "only")
-    if "head_dim" in cfg and _positive_int(cfg, "head_dim", where) * heads != sizes["hidden_size"]:
+    if not qwen3 and "head_dim" in cfg and _positive_int(cfg, "head_dim", where) * heads != sizes["hidden_size"]:
         raise PipesimError(f"{where}: field 'head_dim' {cfg['head_dim']!r} is not hidden_size / num_attention_heads "
                            f"({sizes['hidden_size']} / {heads}); pipesim needs them equal")
     if dtype is None:
@@ -141,18 +158,23 @@ def model_from_hf(cfg: dict, *, where: str, seq: int | None = None, batch: int =
     tied = _bool(cfg, "tie_word_embeddings", False, where)
     moe = _mixtral_experts(cfg, sizes["intermediate_size"], act=act, biases=biases, where=where) \
         if cfg.get("model_type") == "mixtral" else None
-    mla, mtp = None, 0
+    mla, mtp, head_width = None, 0, None
     if cfg.get("model_type") == "deepseek_v3":
         moe, mla = _deepseek_experts(cfg, where), _deepseek_attention(cfg, where)
         mtp = _count(cfg, "num_nextn_predict_layers", where) if cfg.get("num_nextn_predict_layers") is not None else 0
+    if qwen3:
+        head_width = _qwen3_attention(cfg, biases=biases, where=where)
+    if cfg.get("model_type") == "qwen3_moe":
+        moe = _qwen3_experts(cfg, sizes["num_hidden_layers"], where)
     try:
         return ModelConfig(kind="gpt", hidden=sizes["hidden_size"], layers=sizes["num_hidden_layers"], heads=heads,
                            seq=seq, vocab=sizes["vocab_size"], batch=batch, dtype=dtype, seed=seed,
                            kv_heads=kv_heads, ffn_hidden=sizes["intermediate_size"],
                            activation="swiglu" if act in GATED_ACTS else "gelu",
-                           norm="rmsnorm" if "rms_norm_eps" in cfg else "layernorm",
+                           norm="rmsnorm" if "rms_norm_eps" in cfg or qwen3 else "layernorm",
                            dropout=dropout > 0, biases=biases, positions="rope",
-                           tied_embeddings=tied, moe=moe, mla=mla, mtp_layers=mtp)
+                           tied_embeddings=tied, moe=moe, mla=mla, mtp_layers=mtp, head_width=head_width,
+                           qk_norm=qwen3)
     except PipesimError as e:
         raise PipesimError(f"{where}: {e}") from None
 
@@ -231,6 +253,45 @@ def _mixtral_experts(cfg: dict, width: int, *, act: str, biases: bool, where: st
     if top_k > experts:
         raise PipesimError(f"{where}: field 'num_experts_per_tok' {top_k} is more than num_local_experts {experts}")
     return MoeConfig(experts=experts, top_k=top_k, expert_ffn=width)
+
+
+def _qwen3_attention(cfg: dict, *, biases: bool, where: str) -> int:
+    """Qwen3Attention's head width: `head_dim` (required; q_proj h -> heads x head_dim, k/v_proj h -> kv heads x
+    head_dim, o_proj heads x head_dim -> h, q_norm and k_norm over head_dim). Refuses biases: Qwen3's attention_bias
+    puts them on q, k, v and o only (its MLP and experts are built bias-free), which ModelConfig.biases cannot say."""
+    if biases:
+        raise PipesimError(f"{where}: field 'attention_bias' or 'mlp_bias' is true, but Qwen3's biases would sit on "
+                           "q, k, v and o only (its MLP is built bias-free), which pipesim's biases (every linear) "
+                           "cannot say")
+    return _positive_int(cfg, "head_dim", where)
+
+
+def _qwen3_experts(cfg: dict, layers: int, where: str) -> MoeConfig | None:
+    """Qwen3MoeSparseMoeBlock's layout (None when no layer has one: a dense model): `num_experts` SwiGLU experts of
+    width `moe_intermediate_size`, `num_experts_per_tok` per token, a bias-free softmax top-k router, no shared
+    expert, on layer l when l is not in `mlp_only_layers` and (l + 1) % `decoder_sparse_step` == 0. MoeConfig places
+    experts on l >= dense_layers with (l + 1) % every == 0: `mlp_only_layers` is read as dense first layers when that
+    gives the same layers, and refused otherwise."""
+    given = {name: cfg.get(name, default) for name, default in QWEN3_MOE_DEFAULTS.items()}
+    experts = _count(given, "num_experts", where)
+    top_k, width, step = (_positive_int(given, name, where)
+                          for name in ("num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step"))
+    only = cfg.get("mlp_only_layers")
+    only = [] if only is None else only
+    if not isinstance(only, list) or any(not isinstance(x, int) or isinstance(x, bool) or x < 0 for x in only):
+        raise PipesimError(f"{where}: field 'mlp_only_layers' must be a list of layer indices, got {only!r}")
+    sparse = [layer for layer in range(layers) if layer not in only and (layer + 1) % step == 0]
+    if not experts or not sparse:
+        return None
+    if top_k > experts:
+        raise PipesimError(f"{where}: field 'num_experts_per_tok' {top_k} is more than num_experts {experts}")
+    dense = max((layer + 1 for layer in only if layer < layers and (layer + 1) % step == 0), default=0)
+    moe = MoeConfig(experts=experts, top_k=top_k, expert_ffn=width, dense_layers=dense, every=step)
+    if [layer for layer in range(layers) if moe.is_moe_layer(layer)] != sparse:
+        raise PipesimError(f"{where}: field 'mlp_only_layers' {only}: pipesim places dense MLPs on the first layers "
+                           "only (then every decoder_sparse_step-th layer has experts); these dense layers are not "
+                           "first")
+    return moe
 
 
 def hf_key_report(name_or_path: str | Path, *, seq: int | None = None) -> KeyReport:

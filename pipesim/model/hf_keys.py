@@ -12,9 +12,13 @@ Some keys are read, or change nothing, only in the model type whose code reads t
 read in a "mixtral" file and refuse a "llama" one (whose code would drop them: a dense model that the
 file's author did not mean). A "deepseek_v3" file's experts, latent attention and multi-token prediction are read
 (pipesim.model.hf_config); its router's keys that change nothing pipesim counts (the balance loss, group-limited
-routing, the scores' scaling) are ignored and listed. Mixture-of-experts types whose layers pipesim cannot count
-exactly stay refused: qwen2_moe (a sigmoid-gated shared expert, q/k/v biases without an output bias), qwen3 /
-qwen3_moe (QK-norm, head_dim != hidden / heads). quantization_config stays refused everywhere (DeepSeek-V3's
+routing, the scores' scaling) are ignored and listed. A "qwen3" file (dense) and a "qwen3_moe" file are read with
+their QK-norm and their head_dim (ModelConfig.head_width, qk_norm); qwen3_moe's experts (num_experts,
+num_experts_per_tok, moe_intermediate_size, decoder_sparse_step, mlp_only_layers when MoeConfig can place them:
+pipesim.model.hf_config) are read, and its router's keys that change nothing pipesim counts (norm_topk_prob: the
+top-k weights renormalised; router_aux_loss_coef, output_router_logits: the balance loss on logits the router made)
+are ignored and listed. Types whose layers pipesim cannot count exactly stay refused: qwen2 / qwen2_moe (q/k/v biases
+without an output bias; a sigmoid-gated shared expert). quantization_config stays refused everywhere (DeepSeek-V3's
 says its checkpoint is FP8 with 128 x 128 block scales; pipesim trains in the dtype given and models no FP8 GEMM).
 """
 
@@ -60,7 +64,9 @@ OFF_WHEN_EMPTY = {
 TYPE_MODELED = {"mixtral": ("num_local_experts", "num_experts_per_tok"),
                 "deepseek_v3": ("n_routed_experts", "num_experts_per_tok", "moe_intermediate_size", "n_shared_experts",
                                 "first_k_dense_replace", "moe_layer_freq", "topk_method", "q_lora_rank", "kv_lora_rank",
-                                "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "num_nextn_predict_layers")}
+                                "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "num_nextn_predict_layers"),
+                "qwen3_moe": ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step",
+                              "mlp_only_layers")}
 # change nothing pipesim counts in that model type: Mixtral's load-balancing loss (its coefficient, and whether
 # the forward returns the router logits to compute it) is a few FLOPs per token on logits the router already made
 TYPE_NO_EFFECT = {"mixtral": ("router_aux_loss_coef", "output_router_logits"),
@@ -70,10 +76,14 @@ TYPE_NO_EFFECT = {"mixtral": ("router_aux_loss_coef", "output_router_logits"),
                   # scaling of the k weights (routed_scaling_factor, norm_topk_prob) cost what the softmax top-k
                   # costs; ep_size is its inference code's expert placement (training's is --ep)
                   "deepseek_v3": ("aux_loss_alpha", "seq_aux", "scoring_func", "n_group", "topk_group",
-                                  "routed_scaling_factor", "norm_topk_prob", "ep_size")}
-# decoders whose layers are nothing beyond MODELED and their TYPE_MODELED (Llama-style, and DeepSeek-V3's)
-# (qwen2 is not: its q, k and v have biases and its output projection none, which ModelConfig.biases cannot say)
-MODEL_TYPES = ("llama", "mistral", "mixtral", "deepseek_v3")
+                                  "routed_scaling_factor", "norm_topk_prob", "ep_size"),
+                  # Qwen3-MoE's router (Qwen3MoeSparseMoeBlock): a softmax top-k whose k weights are renormalised when
+                  # norm_topk_prob (k divisions per token), and Mixtral's balance loss
+                  "qwen3_moe": ("norm_topk_prob", "router_aux_loss_coef", "output_router_logits")}
+# decoders whose layers are nothing beyond MODELED and their TYPE_MODELED (Llama-style, DeepSeek-V3's, and Qwen3's:
+# Llama's layer with QK-norm and an explicit head_dim) (qwen2 is not: its q, k and v have biases and its output
+# projection none, which ModelConfig.biases cannot say)
+MODEL_TYPES = ("llama", "mistral", "mixtral", "deepseek_v3", "qwen3", "qwen3_moe")
 
 
 @dataclass(frozen=True)

@@ -258,8 +258,7 @@ def cp_kv_block_bytes(model: ModelConfig, b: int, opts: LayerOptions) -> int:
     if model.mla is not None:
         qk, v = latent_widths(model, opts.tp)
         return opts.local_seq(model) * b * (qk + v) * model.dtype_bytes
-    hkv = model.num_kv_heads * model.head_dim
-    return 2 * opts.local_seq(model) * b * hkv // opts.tp * model.dtype_bytes
+    return 2 * opts.local_seq(model) * b * model.kv_width // opts.tp * model.dtype_bytes
 
 
 def cp_layer_exchanges(model: ModelConfig, b: int, opts: LayerOptions) -> list[Collective]:

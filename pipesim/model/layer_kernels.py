@@ -10,7 +10,8 @@ and writes its output once), or eager PyTorch's one kernel per op with `fused=Fa
 --no-masked-softmax-fusion and --no-rope-fusion at once). Byte formulas: docs/gpu_model.md.
 Latent attention (`model.mla`): its five linears on the tokens each multiplies and a flash kernel whose value head
 (`v_head_dim`) is narrower than its query/key head (pipesim.model.latent_attention); a multi-token-prediction
-module's own kernels: `mtp_kernels`.
+module's own kernels: `mtp_kernels`. Heads of `head_width` (Qwen3) size QKV, the projection and the attention kernels
+at heads x head_dim, not the hidden size; QK-norm adds a norm kernel on the queries and one on the keys.
 """
 
 from __future__ import annotations
@@ -115,7 +116,8 @@ def _linears(model: ModelConfig, b: int, opts: LayerOptions) -> tuple[list[Linea
     """One layer's weight matrices on one tp rank, in forward order: (before the attention core, after it, the MLP).
 
     Column-parallel (QKV, FC1) split their outputs over t, row-parallel (projection, FC2) their
-    inputs; SwiGLU's gate and up are one FC1 of 2 f / t outputs, as Megatron's linear_fc1. Each
+    inputs; QKV's outputs are h_q + 2 h_kv (heads x head_dim and twice kv heads x head_dim), the projection's
+    inputs h_q; SwiGLU's gate and up are one FC1 of 2 f / t outputs, as Megatron's linear_fc1. Each
     multiplies b s / cp tokens (with sp, the all-gathered input); latent attention's linears are
     pipesim.model.latent_attention's, its down projections on the rank's own tokens.
     """
@@ -126,8 +128,8 @@ def _linears(model: ModelConfig, b: int, opts: LayerOptions) -> tuple[list[Linea
     if model.mla is not None:
         attn = [(x.name, x.inp, x.out, x.tokens) for x in latent_linears(model, b, opts)]
         return attn[:-1], attn[-1:], mlp
-    hkv = model.num_kv_heads * model.head_dim
-    return [("QKV", h, (h + 2 * hkv) // t, tokens)], [("projection", h // t, h, tokens)], mlp
+    hq, hkv = model.attention_width, model.kv_width
+    return [("QKV", h, (hq + 2 * hkv) // t, tokens)], [("projection", hq // t, h, tokens)], mlp
 
 
 def _forward_gemms(linears: list[Linear]) -> list[Gemm]:
@@ -189,7 +191,7 @@ def _elementwise(model: ModelConfig, b: int, opts: LayerOptions, fused: bool) ->
     if model.mla is not None:
         qk = rope_elements(model, b, opts)
     else:
-        qk = tokens * (model.hidden + model.num_kv_heads * model.head_dim) // opts.tp
+        qk = tokens * (model.attention_width + model.kv_width) // opts.tp
     mask = MASK_BYTES * hidden if model.dropout else 0
     norm = "RMSNorm" if model.norm == "rmsnorm" else "LayerNorm"
     fwd: list[Kernel] = []
@@ -204,6 +206,8 @@ def _elementwise(model: ModelConfig, b: int, opts: LayerOptions, fused: bool) ->
             op(name, ew.forward[name], ew.backward[name])
 
     from_ew(f"attention {norm}")
+    from_ew(f"Q head {norm}")  # QK-norm (ModelConfig.qk_norm): one kernel on the queries, one on the keys
+    from_ew(f"K head {norm}")
     from_ew(f"Q latent {norm}")  # latent attention's latents' norms and its Q, K, V assembly (elementwise.py)
     from_ew(f"KV latent {norm}")
     from_ew("Q, K, V assembly")

@@ -25,22 +25,33 @@ from pipesim.model.options import vocab_shard
 def block_params(model: ModelConfig, tp: int = 1) -> int:
     """Parameters of one transformer block on one tp rank.
 
-    QKV h (h + 2 h_kv) / t, projection h^2 / t, MLP 2 h f / t (GeLU) or 3 h f / t (SwiGLU); with
-    biases (h + 2 h_kv) / t + h (attention) and f / t + h (GeLU MLP; 2 f / t + h for SwiGLU); norms
-    2 h each (LayerNorm: weight and bias) or h (RMSNorm). The GPT (h_kv = h, f = 4h): 12 h^2 + 13 h at t = 1.
+    QKV h (h_q + 2 h_kv) / t, projection h_q h / t, MLP 2 h f / t (GeLU) or 3 h f / t (SwiGLU); with
+    biases (h_q + 2 h_kv) / t + h (attention) and f / t + h (GeLU MLP; 2 f / t + h for SwiGLU); norms
+    2 h each (LayerNorm: weight and bias) or h (RMSNorm); with `qk_norm` the two norms over head_dim (query and
+    key), whole on every tp rank. h_q = heads x head_dim (h unless `head_width` says otherwise), h_kv = kv heads x
+    head_dim. The GPT (h_q = h_kv = h, f = 4h): 12 h^2 + 13 h at t = 1.
     Latent attention (`model.mla`): its block (`latent_params`, no biases) in place of QKV and the projection.
     """
     h, f, t = model.hidden, model.ffn_size, tp
     matrices = 3 if model.activation == "swiglu" else 2
     norms = 2 * _norm(model)
-    if model.mla is not None:  # ModelConfig refuses biases with latent attention
+    if model.mla is not None:  # ModelConfig refuses biases and QK-norm with latent attention
         return latent_params(model, t) + matrices * h * f // t + norms
-    hkv = model.num_kv_heads * model.head_dim
-    weights = h * (h + 2 * hkv) // t + h * h // t + matrices * h * f // t
+    hq, hkv = model.attention_width, model.kv_width
+    weights = h * (hq + 2 * hkv) // t + hq * h // t + matrices * h * f // t
     biases = 0
     if model.biases:
-        biases = (h + 2 * hkv) // t + h + (matrices - 1) * f // t + h
-    return weights + biases + norms
+        biases = (hq + 2 * hkv) // t + h + (matrices - 1) * f // t + h
+    return weights + biases + norms + qk_norm_params(model)
+
+
+def qk_norm_params(model: ModelConfig) -> int:
+    """QK-norm's parameters in one layer (0 without it): a norm over head_dim on the queries and one on the keys
+    (Qwen3's q_norm and k_norm, head_dim weights each; a LayerNorm's bias doubles it), shared by every head, so whole
+    on every tp rank (transformers' plan replicates them)."""
+    if not model.qk_norm:
+        return 0
+    return 2 * (2 * model.head_dim if model.norm == "layernorm" else model.head_dim)
 
 
 def _norm(model: ModelConfig) -> int:
@@ -212,4 +223,5 @@ def active_params(model: ModelConfig) -> int:
 
 __all__ = ["active_params", "block_params", "checkpoint_params", "embedding_params", "expert_bias_params",
            "expert_params", "head_params", "is_moe_layer", "mlp_params", "model_params", "moe_mlp_params",
-           "mtp_embedding_params", "mtp_projection_params", "router_params", "shared_expert_params", "stage_params"]
+           "mtp_embedding_params", "mtp_projection_params", "qk_norm_params", "router_params", "shared_expert_params",
+           "stage_params"]

@@ -16,7 +16,8 @@ from pipesim.plan.space import Candidate, PlanRequest
 TORCH_SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B",
                    "looped-bfs": "LoopedBFS", "interleaved-zb": "InterleavedZeroBubble", "zb-v": "ZBVZeroBubble",
                    "dualpipev": "DualPipeV"}
-MEGATRON_SCHEDULES = ("1f1b", "interleaved-1f1b")  # what Megatron-LM runs (with --num-layers-per-virtual-...)
+# what Megatron-LM runs (with --num-layers-per-virtual-...; combined-1f1b with --overlap-moe-expert-parallel-comm)
+MEGATRON_SCHEDULES = ("1f1b", "interleaved-1f1b", "combined-1f1b")
 
 
 def simulate_command(c: Candidate, model_flags: list[str], hardware_flags: list[str],
@@ -69,8 +70,9 @@ def run_command(c: Candidate, model_flags: list[str], *, per_node: int, nodes: i
 
 def run_note(c: Candidate, model: ModelConfig | None = None) -> str | None:
     """A `#` line for the run command when the winner uses what the executor lacks (a mixture of experts, latent
-    attention, MTP: it refuses them; context parallelism: it runs without)."""
-    if model is not None and (model.moe is not None or model.mla is not None or model.mtp_layers):
+    attention, MTP, Qwen3's head_width and QK-norm: it refuses them; context parallelism: it runs without)."""
+    if model is not None and (model.moe is not None or model.mla is not None or model.mtp_layers
+                              or model.head_width is not None or model.qk_norm):
         return ("# the executor trains dense models with standard attention: `pipesim run` refuses this model "
                 "(simulate it with the command above)")
     if c.cp == 1:
@@ -115,6 +117,8 @@ def megatron_args(c: Candidate, req: PlanRequest, attention: str | None = None) 
         if req.job.comm.ddp_bucket_size is not None:
             out += ["--ddp-bucket-size", str(req.job.comm.ddp_bucket_size)]
     out += _p2p_args(c, req)
+    if c.schedule == "combined-1f1b":  # Megatron-core >= 0.14: interleaved 1F1B with the EP A2A overlap
+        out.append("--overlap-moe-expert-parallel-comm")
     out += _moe_args(c, req)
     if c.zero == 1:
         out.append("--use-distributed-optimizer")
