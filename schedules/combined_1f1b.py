@@ -13,10 +13,9 @@ activations per rank more than interleaved 1F1B.
 
 from __future__ import annotations
 
-from pipesim.errors import PipesimError
 from pipesim.ir.schedule import Schedule, loop_placement, overlapped
 from schedules import register
-from schedules.interleaved import virtual_action
+from schedules.interleaved import check_interleaved, interleaved_programs
 
 
 @register(
@@ -27,24 +26,8 @@ from schedules.interleaved import virtual_action
     order=32,
 )
 def combined_1f1b(p: int, m: int, v: int = 2) -> Schedule:
-    if v < 2:
-        raise PipesimError(f"combined-1f1b needs --virtual >= 2 chunks per rank, got {v} (Megatron-core overlaps "
-                           "the all-to-alls under virtual pipelining only)")
-    if m % p:
-        raise PipesimError(
-            f"combined-1f1b needs microbatches to be a multiple of stages: m={m} is not a multiple of p={p}"
-        )
-    total = m * v
-    programs, pairs = [], set()
-    for r in range(p):
-        warmup = total if m == p else min(total, (p - r - 1) * 2 + (v - 1) * p + 1)
-        prog = [virtual_action(k, p, v, r, True) for k in range(warmup)]
-        for i in range(total - warmup):
-            fwd, bwd = virtual_action(warmup + i, p, v, r, True), virtual_action(i, p, v, r, False)
-            prog += [fwd, bwd]
-            pairs.add((fwd, bwd))
-        prog += [virtual_action(k, p, v, r, False) for k in range(total - warmup, total)]
-        programs.append(tuple(prog))
-    sched = Schedule("combined-1f1b", m, loop_placement(p, v), tuple(programs))
+    check_interleaved("combined-1f1b", p, m, v, "(Megatron-core overlaps all-to-alls with virtual pipelining only)")
+    programs, pairs = interleaved_programs(p, m, v, extra_warmup=1)
+    sched = Schedule("combined-1f1b", m, loop_placement(p, v), programs)
     sched.meta["virtual"] = v
     return overlapped(sched, pairs)
