@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipesim.cli import build_parser
+from pipesim.commands.setup_args import apply_framework
 from pipesim.errors import PipesimError
 from pipesim.hardware.toml_io import NESTED_SECTIONS, hardware_to_toml, load_hardware
 
@@ -62,7 +63,7 @@ def parse_command(command: str) -> tuple[list[str], argparse.Namespace]:
         if words[i - 1] == "--hardware" and words[i].endswith(".toml") and not Path(words[i]).is_absolute() \
                 and (ROOT / words[i]).is_file():
             words[i] = str(ROOT / words[i])
-    return words[1:], build_parser().parse_args(words[1:])
+    return words[1:], apply_framework(build_parser().parse_args(words[1:]))
 
 
 def contains(words: list[str], seq: tuple[str, ...]) -> bool:

@@ -135,7 +135,8 @@ def test_resolve_attention_is_flash_on_gpus_at_16_bits_only():
 
 def test_flags_read_back_through_the_cli_to_the_same_job():
     job = Job(ParallelDims(dp=2, tp=2), recompute="selective", sp=True, attention="flash", zero=1,
-              comm=CommOptions(scatter_gather=True, overlap_grad_reduce=True, ddp_bucket_size=10**6, blocking_p2p=True),
+              comm=CommOptions(scatter_gather=True, overlap_grad_reduce=True, ddp_bucket_size=10**6, blocking_p2p=True,
+                               overlap_p2p_comm=True, overlap_param_gather=True),
               kernels=KernelSwitches(fusion=False, tp_comm_overlap=False, grad_accum_fusion=False, grad_fp32=False))
     argv = ["simulate", "1f1b", "--model", "gpt", "--dtype", "bfloat16", "--dp", "2", "--tp", "2", *job.flags()]
     args = build_parser().parse_args(argv)

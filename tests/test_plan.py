@@ -156,6 +156,25 @@ def test_exported_command_reproduces_step_time(capsys, tmp_path):
     assert ns.microbatches * best["microbatch_size"] * best["dp"] == 16 and ns.recompute == best["recompute"]
 
 
+@pytest.mark.parametrize("framework", ["nemo", "torchtitan"])
+def test_a_plan_for_a_framework_exports_a_command_that_reproduces_it(capsys, tmp_path, framework):
+    """--framework's switches reach every candidate and the winner's simulate command (NeMo's overlapped parameter
+    gather only where the candidate has the distributed optimizer; torchtitan's kernel switches)."""
+    out = tmp_path / "plan.json"
+    assert main(["plan", *SMALL, "--hardware", "dgx-h100", "--gpus", "4", "--schedules", "1f1b,interleaved-1f1b",
+                 "--framework", framework, "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    argv = shlex.split(data["winner"]["simulate_command"])
+    assert "--framework" not in argv  # typed out, so the command says what it times
+    if framework == "torchtitan":
+        assert {"--no-kernel-fusion", "--no-gradient-accumulation-fusion"} <= set(argv)
+    else:
+        assert "--blocking-p2p" in argv and "--overlap-grad-reduce" in argv
+    capsys.readouterr()
+    assert main(argv[1:] + ["--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["step_time"] == data["rows"][0]["step_time"]
+
+
 def test_bf16_main_gradients_are_planned_and_exported(capsys, tmp_path):
     """--grad-reduce-in-bf16: 2-byte gradients in the plan's memory and times, and in every export."""
     base = [*SMALL, "--hardware", "dgx-h100", "--gpus", "4", "--schedules", "1f1b", "--zero", "0",
@@ -237,16 +256,19 @@ def test_interleaved_exports_layers_per_virtual_stage():
 
 
 def test_megatron_pipeline_sends_match_what_the_plan_timed():
-    """Megatron-LM waits on its pipeline sends unless --overlap-p2p-communication (interleaved only): a plan made
-    without --blocking-p2p exports that flag for an interleaved winner and says so for a 1F1B one."""
+    """Megatron-core overlaps its interleaved schedule's sends by default and waits on all others: an interleaved
+    winner timed with held sends exports --no-overlap-p2p-communication, and a 1F1B one timed with free sends
+    says Megatron cannot do that."""
     req = big_request()
     cands = list(enumerate_candidates(req))
     inter = next(c for c in cands if c.v == 2 and c.p == 2)
     plain = next(c for c in cands if c.v == 1 and c.p == 2)
     single = next(c for c in cands if c.p == 1)
     held = replace(req, job=Job(comm=CommOptions(blocking_p2p=True)))
-    assert "--overlap-p2p-communication" in megatron_args(inter, req)
-    assert "--overlap-p2p-communication" not in megatron_args(inter, held)
+    core = replace(req, job=Job(comm=CommOptions(blocking_p2p=True, overlap_p2p_comm=True)))  # megatron-core's
+    assert "--no-overlap-p2p-communication" not in megatron_args(inter, req) + megatron_args(inter, core)
+    assert "--no-overlap-p2p-communication" in megatron_args(inter, held)
+    assert megatron_args(plain, core) == megatron_args(plain, held)
     note = [a for a in megatron_args(plain, req) if a.startswith("# pipesim timed the pipeline sends")]
     assert len(note) == 1 and "--blocking-p2p" in note[0]
     assert megatron_args(plain, held) == [a for a in megatron_args(plain, req) if a not in note]

@@ -11,6 +11,18 @@
   p2p_communication.py posts each batch of isend/irecv with `batch_isend_irecv`, waits on every request and
   calls `torch.cuda.synchronize()`, so a SEND holds its rank until its bytes have arrived. pipesim's
   executor (and torch.distributed.pipelining) wait on their sends only later, so it is opt-in.
+- `overlap_p2p_comm`: Megatron-core's `--overlap-p2p-communication` (on by default in megatron/training/arguments.py
+  since core_v0.6, `--no-overlap-p2p-communication` turns it off), which only its interleaved schedule honours:
+  there the steady state's sends are posted before the next chunk's compute and waited on after it
+  (p2p_communication.py `wait_on_reqs=(not overlap_p2p_comm)`), so with `blocking_p2p` a schedule of more stages
+  than ranks (v > 1) does not hold its ranks on its sends; its warm-up and flush still do unless
+  --overlap-p2p-communication-warmup-flush (not modelled: pipesim lifts the block on every send of such a schedule).
+- `overlap_param_gather`: Megatron-core's `--overlap-param-gather` (needs the distributed optimizer and
+  --overlap-grad-reduce, as megatron/training/arguments.py asserts): the updated parameters' all-gather of ZeRO 1/2
+  is not run after the optimizer but dispatched at the next step's start, each chunk's forward waiting for its own
+  (distrib_optimizer.py step_with_ready_grads: "the first all-gather is launched asynchronously in the next
+  optimizer.zero_grad() call and subsequent all-gathers are launched in the forward pre-hook"); pipesim gates a
+  chunk's first forward on its whole gather (a chunk's first bucket in Megatron), the ZeRO 3 prefetch's rule.
 - `moe_dispatcher`: how a mixture-of-experts layer's tokens reach their experts. "alltoall" is Megatron-core's
   `--moe-token-dispatcher-type alltoall` (NCCL all-to-all of each token's k copies); "deepep" its `flex`
   dispatcher with the DeepEP backend (`--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep`;
@@ -44,6 +56,8 @@ class CommOptions:
     blocking_p2p: bool = False  # a SEND holds its rank until its transfer ends (Megatron's p2p_communication)
     moe_dispatcher: str = "alltoall"  # "alltoall" (NCCL, k copies per token) or "deepep" (flex dispatcher)
     deepep_sms: int = DEFAULT_DEEPEP_SMS  # SMs DeepEP's kernels hold while they run (deepep only)
+    overlap_p2p_comm: bool = False  # with blocking_p2p: an interleaved schedule's sends do not block (Megatron-core)
+    overlap_param_gather: bool = False  # ZeRO 1/2's parameter all-gather prefetched before each chunk's forward
 
     def __post_init__(self) -> None:
         if self.moe_dispatcher not in MOE_DISPATCHERS:
@@ -55,6 +69,8 @@ class CommOptions:
         if sms != DEFAULT_DEEPEP_SMS and self.moe_dispatcher != "deepep":
             raise PipesimError("--moe-deepep-num-sms needs the DeepEP dispatcher (--moe-token-dispatcher-type flex "
                                "--moe-flex-dispatcher-backend deepep)")
+        if self.overlap_param_gather and not self.overlap_grad_reduce:  # megatron/training/arguments.py asserts it
+            raise PipesimError("--overlap-param-gather needs --overlap-grad-reduce (as Megatron-LM)")
         size = self.ddp_bucket_size
         if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 1):
             raise PipesimError(f"--ddp-bucket-size must be a positive number of parameters, got {size!r}")
@@ -77,7 +93,16 @@ class CommOptions:
             out += ["--ddp-bucket-size", str(self.ddp_bucket_size)]
         if self.blocking_p2p:
             out.append("--blocking-p2p")
+        if self.overlap_p2p_comm:
+            out.append("--overlap-p2p-communication")
+        if self.overlap_param_gather:
+            out.append("--overlap-param-gather")
         return out + self.dispatcher_flags()
+
+    def blocks_sends(self, interleaved: bool) -> bool:
+        """Whether a SEND holds its rank: blocking_p2p, unless Megatron's p2p overlap lifts it on an interleaved
+        schedule (more stages than ranks)."""
+        return self.blocking_p2p and not (self.overlap_p2p_comm and interleaved)
 
     def dispatcher_flags(self) -> list[str]:
         """Megatron-core's flags for the MoE token dispatcher (pipesim spells them the same); [] at the default."""
@@ -90,7 +115,8 @@ class CommOptions:
         """The options as --json reports them."""
         return {"scatter_gather": self.scatter_gather, "overlap_grad_reduce": self.overlap_grad_reduce,
                 "ddp_bucket_size": self.ddp_bucket_size, "blocking_p2p": self.blocking_p2p,
-                "moe_dispatcher": self.moe_dispatcher, "deepep_sms": self.deepep_sms}
+                "moe_dispatcher": self.moe_dispatcher, "deepep_sms": self.deepep_sms,
+                "overlap_p2p_comm": self.overlap_p2p_comm, "overlap_param_gather": self.overlap_param_gather}
 
 
 def bucket_fractions(params: int, bucket: int) -> tuple[float, ...]:

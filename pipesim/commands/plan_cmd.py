@@ -18,7 +18,7 @@ from pipesim.commands.common import (
     model_config_json,
     positive_int,
 )
-from pipesim.commands.setup_args import add_comm_args, add_grad_args, comm_options_from_args
+from pipesim.commands.setup_args import add_comm_args, add_grad_args, apply_framework, comm_options_from_args
 from pipesim.errors import PipesimError
 from pipesim.hardware.machine import Hardware
 from pipesim.hardware.toml_io import load_hardware
@@ -30,6 +30,7 @@ from pipesim.plan.backends import open_backend
 from pipesim.plan.evaluate import Evaluator
 from pipesim.plan.exports import (
     command_line,
+    grad_flags,
     megatron_text,
     run_command,
     run_note,
@@ -213,8 +214,10 @@ def run(args: argparse.Namespace) -> int:
             raise PipesimError(f"--tokens-per-step {args.tokens_per_step} is not a multiple of --seq {seq}")
         args.batch = args.tokens_per_step // seq
     model = model_config(args)
-    shared = Job(attention=args.attention, comm=comm_options_from_args(args),
-                 kernels=KernelSwitches(grad_fp32=args.grad_fp32))  # every candidate's (each its own layout)
+    apply_framework(args, keep=("zero",))  # the searched ZeRO stages stay plan's own
+    shared = Job(attention=args.attention, comm=comm_options_from_args(args),  # every candidate's (its own layout)
+                 kernels=KernelSwitches(args.kernel_fusion, args.tp_comm_overlap, args.grad_accum_fusion,
+                                        args.grad_fp32))
     shared.check_gradients(model)
     hw, gpus, hw_flags = cluster(args)
     if args.memory_headroom:  # the search sees the memory left after the headroom
@@ -226,8 +229,10 @@ def run(args: argparse.Namespace) -> int:
     with open_backend(args.cluster, args.workers or default_workers()) as backend:
         result = plan(req, max_candidates=args.max_candidates, max_work=args.max_work, evaluator=ev,
                       backend=backend)
-    argv = simulate_command(result.best.candidate, model_flags(args, req), hw_flags + shared.comm.flags(),
-                            args.attention, args.grad_fp32)
+    best = result.best.candidate.job(shared)  # the winner's switches (a profile's overlaps only where they apply)
+    switches = best.comm.flags() + [f for f in best.kernels.flags() if f not in grad_flags(True) + grad_flags(False)]
+    argv = simulate_command(result.best.candidate, model_flags(args, req), hw_flags + switches,
+                            args.attention, shared.kernels.grad_fp32)
     ranks = gpus // result.best.candidate.cp  # the executor has no cp: t x p x d ranks (exports.run_note)
     per_node = ranks if ranks <= hw.devices_per_node else math.gcd(ranks, hw.devices_per_node)
     run_argv = run_command(result.best.candidate, model_flags(args, req), per_node=per_node,

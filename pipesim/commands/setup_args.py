@@ -10,6 +10,7 @@ from pipesim.commands.common import bounded_int, model_config, positive_int
 from pipesim.cost.table import parse_cost_spec
 from pipesim.cost.zb_auto_costs import parse_memory_limit
 from pipesim.errors import PipesimError
+from pipesim.frameworks import DEFAULTS, PROFILES, resolve
 from pipesim.hardware.machine import Hardware
 from pipesim.hardware.toml_io import load_hardware
 from pipesim.job import Job, KernelSwitches
@@ -65,17 +66,19 @@ def add_setup_args(parser: argparse.ArgumentParser) -> None:
     f.add_argument("--attention", choices=ATTENTION, default=None,
                    help="attention kernel: flash stores no s x s scores (default flash on GPU hardware at 16 "
                         "bits, eager on CPUs and in float32)")
-    f.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=0,
+    f.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=None,
                    help="ZeRO stage over dp: 1 shards optimizer states (Megatron's distributed optimizer), 2 "
-                        "gradients too, 3 parameters too (FSDP) (default 0: plain DDP)")
-    f.add_argument("--no-kernel-fusion", dest="kernel_fusion", action="store_false",
+                        "gradients too, 3 parameters too (FSDP) (default --framework's, else 0: plain DDP)")
+    f.add_argument("--no-kernel-fusion", dest="kernel_fusion", action="store_false", default=None,
                    help="GPU presets: eager PyTorch's one kernel per elementwise op instead of Megatron's fused "
                         "kernels (its --no-bias-gelu-fusion, --no-bias-swiglu-fusion, --no-bias-dropout-fusion, "
                         "--no-masked-softmax-fusion and --no-rope-fusion at once)")
     f.add_argument("--no-async-tensor-model-parallel-allreduce", dest="tp_comm_overlap", action="store_false",
+                   default=None,
                    help="GPU presets: the backward TP all-reduce / reduce-scatter of the input gradient blocks "
                         "instead of running under the weight-gradient GEMM (Megatron's flag of that name)")
     f.add_argument("--no-gradient-accumulation-fusion", dest="grad_accum_fusion", action="store_false",
+                   default=None,
                    help="GPU presets: each microbatch's weight gradients written by their GEMM, then added into "
                         "the step's main_grad by a separate kernel, instead of the GEMM accumulating into it "
                         "(Megatron's flag of that name; its 2021 code, NAR21's runs, had no fusion)")
@@ -101,18 +104,29 @@ def add_comm_args(parser: argparse.ArgumentParser) -> None:
     """--scatter-gather, --overlap-grad-reduce, --ddp-bucket-size, --blocking-p2p (pipesim.comm.comm_options; simulate,
     sweep, plan)."""
     c = parser.add_argument_group("framework communication (Megatron-LM's options)")
-    c.add_argument("--scatter-gather", action="store_true",
+    c.add_argument("--framework", choices=tuple(PROFILES), default=None,
+                   help="a training stack's switches at once, each read from its source (docs/frameworks.md): "
+                        + "; ".join(f"{p.name}: {p.summary}" for p in PROFILES.values())
+                        + ". A flag given beside it wins (default: pipesim's own behaviour, the executor's)")
+    c.add_argument("--scatter-gather", action="store_true", default=None,
                    help="with tp > 1 and no sequence parallelism each tp rank sends 1/t of a pipeline message over "
                         "its own link and the receiving tp ranks all-gather it (Megatron's default "
                         "scatter_gather_tensors_in_pipeline; --no-scatter-gather-tensors-in-pipeline turns it off "
                         "there) (default off: one rank sends the whole message, as pipesim's executor)")
-    c.add_argument("--overlap-grad-reduce", action="store_true",
+    c.add_argument("--overlap-grad-reduce", action="store_true", default=None,
                    help="reduce each stage's data-parallel gradients in buckets as its last backward produces "
                         "them, overlapped with it (Megatron's flag; default off: one collective after it)")
     c.add_argument("--ddp-bucket-size", type=positive_int, default=None, metavar="PARAMS",
                    help="with --overlap-grad-reduce: parameters per gradient bucket (Megatron's flag; default "
                         "Megatron's max(40M, 1M x dp))")
-    c.add_argument("--blocking-p2p", action="store_true",
+    c.add_argument("--overlap-param-gather", action="store_true", default=None,
+                   help="with the distributed optimizer (--zero 1/2) and --overlap-grad-reduce: the updated "
+                        "parameters' all-gather runs before each chunk's first forward of the next step, overlapped "
+                        "with the forwards before it, instead of after the optimizer (Megatron's flag)")
+    c.add_argument("--overlap-p2p-communication", dest="overlap_p2p_comm", action="store_true", default=None,
+                   help="with --blocking-p2p: an interleaved schedule's sends do not hold their rank (Megatron-core's "
+                        "flag, on by default there and honoured by its interleaved schedule only)")
+    c.add_argument("--blocking-p2p", action="store_true", default=None,
                    help="each pipeline SEND holds its rank until its bytes have arrived, as Megatron's "
                         "p2p_communication does without --overlap-p2p-communication (batch_isend_irecv, wait, "
                         "torch.cuda.synchronize) (default off: the send overlaps the rank's next work, as "
@@ -140,12 +154,24 @@ def comm_options_from_args(args: argparse.Namespace) -> CommOptions:
         raise PipesimError("--moe-flex-dispatcher-backend / --moe-enable-deepep need --moe-token-dispatcher-type flex")
     dispatcher = "deepep" if flex else "alltoall"  # deepep: flex's only backend here, and Megatron's default one
     return CommOptions(args.scatter_gather, args.overlap_grad_reduce, args.ddp_bucket_size, args.blocking_p2p,
-                       moe_dispatcher=dispatcher, deepep_sms=args.moe_deepep_num_sms)
+                       moe_dispatcher=dispatcher, deepep_sms=args.moe_deepep_num_sms,
+                       overlap_p2p_comm=args.overlap_p2p_comm, overlap_param_gather=args.overlap_param_gather)
+
+
+def apply_framework(args: argparse.Namespace, *, keep: tuple[str, ...] = ()) -> argparse.Namespace:
+    """Fill every framework switch the command line left out (None) from --framework's profile, else pipesim's
+    default (pipesim.frameworks); `keep`: switches this command owns itself (plan's searched --zero). In place."""
+    given = {k: getattr(args, k, None) for k in DEFAULTS}
+    for k, v in resolve(given, getattr(args, "framework", None)).items():
+        if k not in keep:
+            setattr(args, k, v)
+    return args
 
 
 def sim_job(args: argparse.Namespace, model: ModelConfig | None, hardware: Hardware | None) -> Job:
     """The Job of simulate's and sweep's flags (its pp: each schedule's), with the main gradients' dtype checked
     against `model` (None: hand-given costs) and the attention kernel decided for the hardware."""
+    apply_framework(args)
     dims = ParallelDims(dp=args.dp, tp=args.tp, cp=args.cp, ep=args.ep, etp=args.etp)
     job = Job(dims, recompute=args.recompute, sp=args.sequence_parallel,
               attention=args.attention, zero=args.zero, comm=comm_options_from_args(args),
@@ -161,6 +187,7 @@ def _split_list(text: str) -> list[int]:
 
 def setup_from_args(args: argparse.Namespace) -> SimSetup:
     """Turn the shared flags into a SimSetup (loads the hardware, parses --cost)."""
+    apply_framework(args)
     if args.boundary_bytes < 0 or args.activation_bytes < 0:
         raise PipesimError("--boundary-bytes and --activation-bytes must be >= 0")
     cost = parse_cost_spec(args.cost) if args.cost else None

@@ -80,9 +80,11 @@ def _precision(precision: Precision | str) -> Precision:
     return PRECISIONS[precision]
 
 
-def stage_step_collectives(params: int, *, dp: int, zero: int, precision: Precision | str = "mixed") -> tuple[
-        StepCollective, ...]:
-    """The dp collectives of one stage holding `params` parameters (per tp rank) in one step; () when dp = 1."""
+def stage_step_collectives(params: int, *, dp: int, zero: int, precision: Precision | str = "mixed",
+                           overlap_param_gather: bool = False) -> tuple[StepCollective, ...]:
+    """The dp collectives of one stage holding `params` parameters (per tp rank) in one step; () when dp = 1.
+    `overlap_param_gather` (Megatron's flag, ZeRO 1/2): the parameters' all-gather runs before the chunk's first
+    forward of the (next) step instead of after the optimizer."""
     prec = _precision(precision)
     if zero == 3:
         chunk = zero3_chunk_collectives(params, dp=dp, precision=prec)  # gathered once, kept until the backward
@@ -94,7 +96,8 @@ def stage_step_collectives(params: int, *, dp: int, zero: int, precision: Precis
     out = []
     grads = "microbatch" if zero == 2 else "grads"  # ZeRO 2 keeps only its gradient shard: reduce every microbatch
     for c in dp_collectives(params, dp=dp, zero=zero, microbatches=1, precision=prec):
-        out.append(StepCollective(c.kind, c.nbytes, "params" if c.kind == "all_gather" else grads))
+        gathered = "forward" if overlap_param_gather else "params"
+        out.append(StepCollective(c.kind, c.nbytes, gathered if c.kind == "all_gather" else grads))
     return tuple(out)
 
 
@@ -131,16 +134,18 @@ def step_costs(params_per_stage: Sequence[int], job: Job, *, hw: Hardware, preci
     Megatron-core's) instead of dp."""
     prec = _precision(precision)
     dp, zero, edp = job.dims.dp, job.zero, job.dims.edp
+    overlap = job.comm.overlap_param_gather
     experts = list(experts_per_stage) or [0] * len(params_per_stage)
     collectives, seconds, nbytes = [], [], []
     for p, e in zip(params_per_stage, experts, strict=True):
-        colls = stage_step_collectives(p - e, dp=dp, zero=zero, precision=prec)
+        colls = stage_step_collectives(p - e, dp=dp, zero=zero, precision=prec, overlap_param_gather=overlap)
         opt_bytes, opt_seconds = optimizer_bytes_and_seconds(p - e, dp=dp, zero=zero, hw=hw, precision=prec,
                                                              loss_scaling=loss_scaling)
         if e:
             if edp > 1:
                 colls += tuple(replace(c, group="edp")
-                               for c in stage_step_collectives(e, dp=edp, zero=zero, precision=prec))
+                               for c in stage_step_collectives(e, dp=edp, zero=zero, precision=prec,
+                                                               overlap_param_gather=overlap))
             more_bytes, more_seconds = optimizer_bytes_and_seconds(e, dp=edp, zero=zero, hw=hw, precision=prec,
                                                                    loss_scaling=loss_scaling)
             opt_bytes, opt_seconds = opt_bytes + more_bytes, opt_seconds + more_seconds

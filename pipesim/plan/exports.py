@@ -112,10 +112,13 @@ def megatron_args(c: Candidate, req: PlanRequest, attention: str | None = None) 
     if attention == "flash":
         out.append("--use-flash-attn")
     out += grad_flags(req.job.kernels.grad_fp32)
-    if req.job.comm.overlap_grad_reduce:  # the same names in Megatron-LM (--ddp-bucket-size in parameters too)
+    comm = c.job(req.job).comm  # the candidate's: an overlapped parameter gather only with the distributed optimizer
+    if comm.overlap_grad_reduce:  # the same names in Megatron-LM (--ddp-bucket-size in parameters too)
         out.append("--overlap-grad-reduce")
-        if req.job.comm.ddp_bucket_size is not None:
-            out += ["--ddp-bucket-size", str(req.job.comm.ddp_bucket_size)]
+        if comm.ddp_bucket_size is not None:
+            out += ["--ddp-bucket-size", str(comm.ddp_bucket_size)]
+        if comm.overlap_param_gather:
+            out.append("--overlap-param-gather")
     out += _p2p_args(c, req)
     if c.schedule == "combined-1f1b":  # Megatron-core >= 0.14: interleaved 1F1B with the EP A2A overlap
         out.append("--overlap-moe-expert-parallel-comm")
@@ -149,15 +152,19 @@ def _moe_args(c: Candidate, req: PlanRequest) -> list[str]:
 
 
 def _p2p_args(c: Candidate, req: PlanRequest) -> list[str]:
-    """Megatron-LM waits on its pipeline sends unless --overlap-p2p-communication, which only its interleaved
-    schedule takes (megatron/core/pipeline_parallel/schedules.py refuses it without); a plan made with
-    --blocking-p2p timed Megatron's default, one without it timed sends that overlap the next compute."""
-    if c.p == 1 or req.job.comm.blocking_p2p:
+    """Megatron-core overlaps its interleaved schedule's steady-state sends by default (--no-overlap-p2p-communication
+    turns it off: megatron/training/arguments.py, Megatron-LM v0.15.3) and waits on every other send. An interleaved
+    winner timed with held sends (--blocking-p2p without --overlap-p2p-communication) exports the flag that holds
+    them; a 1F1B winner timed with free sends says Megatron cannot do that."""
+    comm = req.job.comm
+    if c.p == 1:
         return []
     if c.v > 1:
-        return ["--overlap-p2p-communication"]
+        return ["--no-overlap-p2p-communication"] if comm.blocks_sends(interleaved=True) else []
+    if comm.blocking_p2p:
+        return []
     return ["# pipesim timed the pipeline sends as overlapping the next compute; Megatron-LM's 1F1B waits on each "
-            "(plan with --blocking-p2p for its timing)"]
+            "(plan with --blocking-p2p, or --framework megatron-core, for its timing)"]
 
 
 def schedule_csv(schedule: Schedule) -> str:

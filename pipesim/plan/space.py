@@ -83,7 +83,10 @@ class Candidate:
         """This candidate's Job: its layout, recompute, sp and ZeRO over the request's `shared_job` (the one
         place a candidate's fields become options)."""
         dims = ParallelDims(pp=self.p, dp=self.dp, tp=self.tp, cp=self.cp, ep=self.ep, etp=self.etp or None)
-        return replace(shared, dims=dims, recompute=self.recompute, sp=self.sp, zero=self.zero)
+        comm = shared.comm
+        if comm.overlap_param_gather and self.zero not in (1, 2):  # only the distributed optimizer's gather overlaps
+            comm = replace(comm, overlap_param_gather=False)
+        return replace(shared, dims=dims, recompute=self.recompute, sp=self.sp, zero=self.zero, comm=comm)
 
     @property
     def k(self) -> int:

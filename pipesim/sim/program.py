@@ -100,6 +100,7 @@ def compile_programs(sched: Schedule, compute: TableCompute, hw: Hardware | None
     tp_collectives = costs.tp_collectives if costs is not None and comm and par.tp > 1 else {}
     ep_exchanges = costs.ep_exchanges if costs is not None and comm and par.ep > 1 else {}
     scatter = opts.scatter_gather and par.tp > 1 and not job.sp
+    blocking = opts.blocks_sends(interleaved=sched.model_stages > sched.num_ranks)
     stride = sched.num_microbatches
     last_grad: dict[int, tuple[int, int]] = {}  # stage -> (rank, index) of its last B/W
     ep_sms = 0  # SMs the all-to-all kernels hold while they run
@@ -108,7 +109,7 @@ def compile_programs(sched: Schedule, compute: TableCompute, hw: Hardware | None
         cache: dict[tuple[int, Kind], Op] = {}  # (stage, kind) -> its one op on this rank
         for key, a in {(a.stage, a.kind): a for a in prog}.items():  # one action of each (stage, kind)
             op = _op(rank, a, sched, compute, hw, comm, par, tp_collectives, stride, cp_seconds, scatter,
-                     opts.blocking_p2p)
+                     blocking)
             if (a.stage, a.kind.value) in shared and a.kind in COMPUTE:
                 op = op._replace(shared=shared[(a.stage, a.kind.value)])
             if (a.stage, a.kind.value) in ep_exchanges and a.kind in COMPUTE:

@@ -98,6 +98,7 @@ class CollectiveStreams:
         self.params = counts  # parameters of each stage on one tp rank (what the buckets divide)
         precision = costs.precision if costs is not None else "fp32"
         self.grad_bytes = PRECISIONS[precision].grad_bytes  # bytes per gradient value
+        self.param_bytes = PRECISIONS[precision].param_bytes  # bytes per parameter all-gathered
 
     def _issue(self, rank: int, kind: str, stage: int, nbytes: int, now: float, after: int,
                phase: str, group: str = "dp") -> CollectiveRecord:
@@ -122,8 +123,26 @@ class CollectiveStreams:
                     seen.add((a.stage, phase))
                     needs += [(i, a.stage, c) for c in self.step.collectives[a.stage] if c.phase == phase]
             for i, stage, c in needs:  # in the order the program needs them
+                if self.step.zero in (1, 2) and self.bucket:  # --overlap-param-gather: the next step's, in buckets
+                    ops[rank][i] = GateOp(self._bucketed_gather(rank, stage, c, ops[rank][i]), ops[rank][i])
+                    continue
                 rec = self._issue(rank, c.kind, stage, c.nbytes, 0.0, -1, c.phase, c.group)
                 ops[rank][i] = GateOp(rec.end, ops[rank][i])
+
+    def _bucketed_gather(self, rank: int, stage: int, c: StepCollective, op: Op) -> float:
+        """Megatron's overlapped parameter all-gather of a chunk, one bucket after another in forward order (the
+        first dispatched at the step's start, the rest as the forward reaches them): the forward may start once
+        every bucket k is in by the time its layers run, the forward's layers spread over the chunk's parameters
+        evenly: ready = max_k (end_k - F c_{k-1}), c_{k-1} the fraction of the parameters in buckets before k."""
+        fractions = bucket_fractions(c.nbytes, self.bucket * self.param_bytes)
+        forward = op.seconds + op.tp_seconds  # seconds the forward runs alone
+        ready, sent, before = 0.0, 0, 0.0
+        for f in fractions:
+            upto = round(c.nbytes * f)
+            rec = self._issue(rank, c.kind, stage, upto - sent, 0.0, -1, c.phase, c.group)
+            ready = max(ready, rec.end - forward * before)
+            sent, before = upto, f
+        return ready
 
     def grads_done(self, rank: int, stage: int, index: int, now: float, start: float | None = None,
                    share: float = 0.0) -> float:
