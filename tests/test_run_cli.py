@@ -271,3 +271,20 @@ def test_rendezvous_endpoint_launch_trains(tmp_path):
     result = json.loads(out.read_text())
     assert (result["schedule"], result["world_size"], result["pp"], len(result["losses"])) == ("1f1b", 2, 2, 2)
     assert "1f1b step 2/2" in proc.stderr  # rank 0's progress, relayed through the launcher (plain lines: no tty)
+
+
+def test_the_executor_refuses_a_llama_style_block_in_one_line():
+    """executor/models.py builds the GPT block (MHA, 4h GeLU, LayerNorm, biases, learned positions); a Llama-style
+    model is refused by what differs, never trained as another model."""
+    llama = ModelConfig(kind="gpt", hidden=64, heads=4, layers=2, batch=8, kv_heads=2, ffn_hidden=96,
+                        activation="swiglu", norm="rmsnorm", dropout=False, biases=False, positions="rope")
+    with pytest.raises(PipesimError) as err:
+        RunConfig(names=("1f1b",), microbatches=4, model=llama).check(2)
+    assert str(err.value) == ("the executor trains the GPT block (MHA, 4h GeLU MLP, LayerNorm, biases, learned "
+                              "positions); this model has kv_heads 2, ffn_hidden 96, activation swiglu, norm rmsnorm, "
+                              "positions rope, no biases (pipesim simulate costs it)")
+    tied = ModelConfig(kind="gpt", hidden=64, heads=4, layers=2, batch=8, tied_embeddings=True)
+    with pytest.raises(PipesimError, match="this model has tied embeddings"):
+        RunConfig(names=("1f1b",), microbatches=4, model=tied).check(2)
+    same = ModelConfig(kind="gpt", hidden=64, heads=4, layers=2, batch=8, kv_heads=4, ffn_hidden=256)
+    RunConfig(names=("1f1b",), microbatches=4, model=same).check(2)  # the GPT's own sizes given explicitly
