@@ -65,7 +65,7 @@ class Job:
         check_zero(self.zero, self.dims.dp)
         if not isinstance(self.comm, CommOptions) or not isinstance(self.kernels, KernelSwitches):
             raise PipesimError("a job's comm must be CommOptions and its kernels KernelSwitches")
-        if self.comm.overlap_param_gather and (self.zero == 3 or (self.zero == 0 and self.dims.dp > 1)):
+        if self.comm.overlap_param_gather and (self.zero == 3 or (self.zero == 0 and self.dims.dp_cp > 1)):
             raise PipesimError(f"--overlap-param-gather needs the distributed optimizer's parameter all-gather "
                                f"(--zero 1 or 2), got --zero {self.zero}")
 

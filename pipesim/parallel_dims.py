@@ -92,6 +92,13 @@ class ParallelDims:
         return self.dp * self.cp * self.tp // (self.ep * self.expert_tp)
 
     @property
+    def dp_cp(self) -> int:
+        """Ranks holding the same dense parameters: dp x cp. Megatron-core reduces their gradients and shards its
+        distributed optimizer over them (parallel_state.get_data_parallel_group(with_context_parallel=True) in
+        megatron/core/distributed/distributed_data_parallel.py and megatron/core/optimizer/__init__.py)."""
+        return self.dp * self.cp
+
+    @property
     def has_experts(self) -> bool:
         """An expert layout was asked for: ep > 1 or etp given."""
         return self.ep > 1 or self.etp is not None
@@ -147,16 +154,20 @@ class ParallelDims:
 
     def group(self, axis: str, rank: int) -> list[int]:
         """Members (global ranks, ascending) of `rank`'s group along `axis`: "pp", "dp", "cp" or "tp" of the dense
-        layout, or "edp", "ep" or "etp" of the experts' (pp is the same in both)."""
+        layout, "dp_cp" (the dense parameters' replicas, `dp_cp`), or "edp", "ep" or "etp" of the experts' (pp is
+        the same in both)."""
         if axis in AXES:
             me = self.coords(rank)
             fixed = {name: getattr(me, name) for name in AXES if name != axis}
             return [self.rank(**fixed, **{axis: i}) for i in range(getattr(self, axis))]
+        if axis == "dp_cp":  # dp and cp are adjacent axes: the ranks of my pp and tp
+            me = self.coords(rank)
+            return [self.rank(pp=me.pp, dp=d, cp=c, tp=me.tp) for d in range(self.dp) for c in range(self.cp)]
         if axis in EXPERT_AXES:
             mine = self.expert_coords(rank)
             fixed = {name: getattr(mine, name) for name in EXPERT_AXES if name != axis}
             return [self.expert_rank(**fixed, **{axis: i}) for i in range(self._size(axis))]
-        choices = (*AXES, *EXPERT_AXES[1:])
+        choices = (*AXES, "dp_cp", *EXPERT_AXES[1:])
         raise PipesimError(f"unknown axis {axis!r}; choose one of {', '.join(choices)}")
 
     def groups(self, axis: str) -> list[list[int]]:

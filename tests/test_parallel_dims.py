@@ -66,6 +66,15 @@ def test_group_members_of_a_2x2x2_grid():
     assert [dims.pp_peer(5, p) for p in range(2)] == [1, 5]
 
 
+def test_dense_replicas_are_dp_times_cp_as_megatron_cores_data_parallel_group_with_cp():
+    # pp 2, dp 2, cp 2, tp 2: rank = ((pp dp + d) cp + c) tp + t; the dense parameters' replicas of rank 5
+    # (pp 0, dp 1, cp 0, tp 1) are every (dp, cp) of its pp and tp: 1, 3, 5, 7
+    dims = ParallelDims(pp=2, dp=2, cp=2, tp=2)
+    assert dims.dp_cp == 4 and dims.group("dp_cp", 5) == [1, 3, 5, 7]
+    assert dims.groups("dp_cp") == [[0, 2, 4, 6], [1, 3, 5, 7], [8, 10, 12, 14], [9, 11, 13, 15]]
+    assert dims.group("dp", 5) == [1, 5] and dims.group("cp", 5) == [5, 7]
+
+
 def test_groups_partition_the_world_along_one_axis():
     for dims in _all_dims():
         for axis in AXES:
@@ -103,7 +112,7 @@ def test_check_world_shows_the_arithmetic():
     (lambda: ParallelDims(tp=True), "tp must be a positive integer, got True"),
     (lambda: ParallelDims(pp=2).rank(pp=2), "pp coordinate 2 is outside 0..1"),
     (lambda: ParallelDims(pp=2, dp=2).coords(4), "rank 4 is outside 0..3"),
-    (lambda: ParallelDims().group("xp", 0), "unknown axis 'xp'; choose one of pp, dp, cp, tp, edp, ep, etp"),
+    (lambda: ParallelDims().group("xp", 0), "unknown axis 'xp'; choose one of pp, dp, cp, tp, dp_cp, edp, ep, etp"),
     (lambda: ParallelDims(ep=0), "ep must be a positive integer, got 0"),
     (lambda: ParallelDims(etp=0), "etp must be a positive integer, got 0"),
     (lambda: ParallelDims(etp=True), "etp must be a positive integer, got True"),

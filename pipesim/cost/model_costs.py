@@ -92,7 +92,7 @@ def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hard
         raise PipesimError(f"stages must be a positive integer, got {num_stages!r}")
     b = job.microbatch_size(model, microbatches)  # every check against the model
     opts = job.layer_options(model)
-    tp, dp, kernels = job.dims.tp, job.dims.dp, job.kernels
+    tp, dp, kernels = job.dims.tp, job.dims.dp_cp, job.kernels  # dp: the dense gradients' replicas (dp x cp)
     split = split_layers(model.layers, num_stages, layer_split)
     moe_counts = _moe_layers_per_stage(model, split)
     d = model.dtype_bytes

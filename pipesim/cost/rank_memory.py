@@ -53,7 +53,7 @@ def rank_memory(schedule: Schedule, costs: ParallelCosts) -> list[MemoryBreakdow
     for r in range(schedule.num_ranks):
         params = sum(counts[s] for s in schedule.stages_of(r))
         experts = sum(costs.expert_param_counts[s] for s in schedule.stages_of(r)) if costs.expert_param_counts else 0
-        state = step_peak_state(params - experts, dp=dims.dp, zero=costs.job.zero, precision=precision)  # its chunks
+        state = step_peak_state(params - experts, dp=dims.dp_cp, zero=costs.job.zero, precision=precision)  # its chunks
         if experts:  # the routed experts' state: sharded over the expert-data-parallel group
             more = step_peak_state(experts, dp=dims.edp, zero=costs.job.zero, precision=precision)
             state = ModelState(state.parameters + more.parameters, state.gradients + more.gradients,

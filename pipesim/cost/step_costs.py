@@ -133,7 +133,7 @@ def step_costs(params_per_stage: Sequence[int], job: Job, *, hw: Hardware, preci
     gradients are reduced and state sharded over the expert-data-parallel group (edp = tp cp dp / (ep etp),
     Megatron-core's) instead of dp."""
     prec = _precision(precision)
-    dp, zero, edp = job.dims.dp, job.zero, job.dims.edp
+    dp, zero, edp = job.dims.dp_cp, job.zero, job.dims.edp  # the dense state's replicas include the cp ranks
     overlap = job.comm.overlap_param_gather
     experts = list(experts_per_stage) or [0] * len(params_per_stage)
     collectives, seconds, nbytes = [], [], []

@@ -165,7 +165,8 @@ class MemoryBound:
             states = []
             for ids in held:
                 total, routed = sum(params[s] for s in ids), sum(experts[s] for s in ids)
-                state = step_peak_state(total - routed, dp=c.dp, zero=c.zero, precision=self.precision).total
+                state = step_peak_state(total - routed, dp=c.dp * c.cp, zero=c.zero,  # dense: over dp x cp
+                                        precision=self.precision).total
                 if routed:
                     state += step_peak_state(routed, dp=edp, zero=c.zero, precision=self.precision).total
                 states.append(state)
@@ -189,7 +190,7 @@ class MemoryBound:
     def buffers(self, c, opts: LayerOptions) -> int:
         key = (c.mbs, c.tp, c.sp, c.recompute, c.cp, c.dp, c.zero)
         if key not in self._buffers:
-            self._buffers[key] = comm_buffer_bytes(self.model, c.mbs, opts, dp=c.dp, zero=c.zero,
+            self._buffers[key] = comm_buffer_bytes(self.model, c.mbs, opts, dp=c.dp * c.cp, zero=c.zero,
                                                    precision=self.precision)
         return self._buffers[key]
 

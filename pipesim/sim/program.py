@@ -95,7 +95,7 @@ def compile_programs(sched: Schedule, compute: TableCompute, hw: Hardware | None
     use the schedule's microbatch count as stride. `costs` None: a bare cost table (no parallelism around it)."""
     par = job.dims
     opts = job.comm
-    shared = costs.sm_share if costs is not None and comm and par.dp > 1 and costs.sm_share else {}
+    shared = costs.sm_share if costs is not None and comm and par.dp_cp > 1 and costs.sm_share else {}
     every_grad = per_microbatch_stages(costs.step) if costs is not None else frozenset()
     tp_collectives = costs.tp_collectives if costs is not None and comm and par.tp > 1 else {}
     ep_exchanges = costs.ep_exchanges if costs is not None and comm and par.ep > 1 else {}

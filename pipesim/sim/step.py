@@ -81,16 +81,16 @@ class CollectiveStreams:
         self.step: StepCosts | None = costs.step if costs is not None else None
         experts = self.step is not None and any(c.group == "edp" for cs in self.step.collectives for c in cs)
         # collectives take time (else none are recorded, as today); the experts' reduce over edp even at dp 1
-        self.on = comm and hw is not None and (par.dp > 1 or experts)
+        self.on = comm and hw is not None and (par.dp_cp > 1 or experts)
         self.dp_bytes = list(costs.dp_grad_bytes) if costs is not None else []
         n = sched.num_ranks
         self.records: list[CollectiveRecord] = []
         self.last: list[CollectiveRecord | None] = [None] * n  # the tail of each rank's stream
         self.gate_wait = [0.0] * n  # seconds
-        self.groups = {axis: [par.group(axis, par.rank(pp=r)) for r in range(n)]
+        self.groups = {axis: [par.group("dp_cp" if axis == "dp" else axis, par.rank(pp=r)) for r in range(n)]
                        for axis in (("dp", "edp") if experts else ("dp",))} if self.on else {}
         opts = job.comm
-        self.bucket = opts.bucket_params(par.dp) if opts.overlap_grad_reduce else 0  # parameters; 0: no buckets
+        self.bucket = opts.bucket_params(par.dp_cp) if opts.overlap_grad_reduce else 0  # parameters; 0: no buckets
         counts = costs.param_counts if costs is not None else ()
         dtype = costs.dtype_bytes if costs is not None else 0
         if not counts and dtype:  # no exact counts: from the gradient bytes
@@ -255,7 +255,7 @@ class CollectiveStreams:
         if not self.comm or self.sched.chains == 1:
             return ready
         starts = list(ready)
-        dp, zero = self.par.dp, self.step.zero
+        dp, zero = self.par.dp_cp, self.step.zero
         for (a, b), stages in sorted(self.replica_pairs().items()):
             # bytes: each copy's gradients; after ZeRO's reduce_scatter, a rank's ceil(P / dp) shard of each stage
             params = [self.params[s] if s < len(self.params) else 0 for s in stages]  # per tp rank
