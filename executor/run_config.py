@@ -230,7 +230,10 @@ def unhonoured(job: Job) -> list[str]:
     out = [f"--cp {job.cp}"] if job.cp > 1 else []
     out += [f"--ep {dims.ep}"] if dims.ep > 1 else []
     out += [f"--etp {dims.etp}"] if dims.etp is not None else []
+    # the executor's selective recomputation is the attention core's alone (Megatron-core's default module)
+    out += [f"--recompute-modules {' '.join(job.recompute_modules)}"] if job.recompute_modules else []
     plain = Job(**{name: getattr(job, name) for name in EXECUTED})
+    job = replace(job, recompute_modules=())  # listed above
     if job != plain:
         dense = replace(dims, ep=1, etp=None)  # their flags are listed above
         flags = replace(job, dims=dense, recompute="none", sp=False).flags()

@@ -17,8 +17,10 @@ from dataclasses import dataclass, field, replace
 from pipesim.comm.comm_options import CommOptions
 from pipesim.errors import PipesimError
 from pipesim.model.config import ModelConfig
+from pipesim.model.fp8 import Fp8Options, check_fp8_model
 from pipesim.model.memory import check_zero
 from pipesim.model.options import ATTENTION, LayerOptions, check_choices, check_tp_split
+from pipesim.model.recompute_modules import canonical_modules
 from pipesim.parallel_dims import ParallelDims
 
 
@@ -56,12 +58,19 @@ class Job:
     zero: int = 0  # ZeRO stage of the data-parallel state (0: plain DDP)
     comm: CommOptions = field(default_factory=CommOptions)  # the framework's communication switches
     kernels: KernelSwitches = field(default_factory=KernelSwitches)
+    # with recompute "selective": Megatron-core's --recompute-modules (pipesim.model.recompute_modules); () its
+    # default, core_attn alone (kept canonical, so both spellings are one job)
+    recompute_modules: tuple[str, ...] = ()
+    fp8: Fp8Options | None = None  # Megatron-core's --fp8-format / --fp8-recipe (pipesim.model.fp8); None: no FP8
 
     def __post_init__(self) -> None:
+        if self.fp8 is not None and not isinstance(self.fp8, Fp8Options):
+            raise PipesimError(f"a job's fp8 must be Fp8Options or None, got {type(self.fp8).__name__}")
         if not isinstance(self.dims, ParallelDims):
             raise PipesimError(f"a job's dims must be ParallelDims, got {type(self.dims).__name__}")
         # attention None: decided later (`resolve_attention`); one spelling of these messages with LayerOptions
         check_choices(self.sp, self.recompute, ATTENTION[0] if self.attention is None else self.attention)
+        object.__setattr__(self, "recompute_modules", canonical_modules(self.recompute, self.recompute_modules))
         check_zero(self.zero, self.dims.dp)
         if not isinstance(self.comm, CommOptions) or not isinstance(self.kernels, KernelSwitches):
             raise PipesimError("a job's comm must be CommOptions and its kernels KernelSwitches")
@@ -131,6 +140,7 @@ class Job:
         """PipesimError (one line, with the numbers) unless `model` and its batch split under this job: the
         one place each divisibility check against a model is made (the tp splits, LayerOptions.check's)."""
         self.check_gradients(model)
+        check_fp8_model(self.fp8, model.dtype, model.kind)
         if microbatches is not None:
             if not isinstance(microbatches, int) or isinstance(microbatches, bool) or microbatches < 1:
                 raise PipesimError(f"microbatches must be a positive integer, got {microbatches!r}")
@@ -175,7 +185,8 @@ class Job:
             return None
         experts = {"ep": self.dims.ep, "etp": self.dims.expert_tp} if model.moe is not None else {}
         return LayerOptions(tp=self.dims.tp, sp=self.sp, cp=self.dims.cp, recompute=self.recompute,
-                            attention=self.attention_kernel, **experts)
+                            attention=self.attention_kernel, recompute_modules=self.recompute_modules, fp8=self.fp8,
+                            **experts)
 
     def flags(self) -> list[str]:
         """The command-line flags that give this job's options: the experts' --ep/--etp when set (the dense layout is
@@ -185,12 +196,15 @@ class Job:
             out += ["--etp", str(self.dims.etp)]
         if self.recompute != "none":
             out += ["--recompute", self.recompute]
+        if self.recompute_modules:
+            out += ["--recompute-modules", *self.recompute_modules]
         if self.sp:
             out.append("--sequence-parallel")
         if self.attention is not None:
             out += ["--attention", self.attention]
         if self.zero:
             out += ["--zero", str(self.zero)]
+        out += self.fp8.flags() if self.fp8 is not None else []
         return out + self.comm.flags() + self.kernels.flags()
 
 

@@ -39,7 +39,7 @@ def test_bundled_llama3_configs(name, layers, hidden, heads, ffn, max_seq, param
 
 def test_bundled_names_and_overrides():
     assert bundled_configs() == ["deepseek-v3", "llama3-405b", "llama3-70b", "llama3-8b", "mixtral-8x22b",
-                                 "mixtral-8x7b", "qwen3-30b-a3b"]
+                                 "mixtral-8x7b", "qwen3-235b-a22b", "qwen3-30b-a3b"]
     model = load_hf_config("llama3-8b", seq=4096, batch=512, dtype="float32")
     assert (model.seq, model.batch, model.dtype) == (4096, 512, "float32")
 
@@ -105,7 +105,7 @@ def test_unreadable_files_and_unknown_names(tmp_path):
         load_hf_config("llama9-1t")
     assert str(err.value) == ("--model-config llama9-1t: no such file or bundled config "
                               "(bundled: deepseek-v3, llama3-405b, llama3-70b, llama3-8b, mixtral-8x22b, mixtral-8x7b, "
-                              "qwen3-30b-a3b)")
+                              "qwen3-235b-a22b, qwen3-30b-a3b)")
     with pytest.raises(PipesimError, match="is longer than .*'s max_position_embeddings 8192$"):
         load_hf_config("llama3-8b", seq=8193)
 

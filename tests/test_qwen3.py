@@ -96,6 +96,30 @@ def test_parameter_counts_are_a_hand_count_and_the_model_cards_figures():
     assert qk_norm_params(Q30) == 2 * HD
 
 
+def test_bundled_qwen3_235b_a22b_counts_exactly_against_the_model_card():
+    """Qwen/Qwen3-235B-A22B's config.json (bundled as qwen3-235b-a22b): the 30B-A3B's keys with 94 layers, hidden
+    4096, 64 query heads (4 key/value heads, head_dim 128), 128 experts of width 1536, 8 per token. The hand count of
+    the test above: 235,093,634,560 in total and 22,190,763,520 activated (the embedding and the head whole), the
+    model card's "235B in total and 22B activated"."""
+    q235 = load_hf_config("qwen3-235b-a22b", seq=4096, batch=2048)
+    h, layers, a, kv, hd, fe = 4096, 94, 64, 4, 128, 1536
+    cfg = read_hf_config(resolve_model_config("qwen3-235b-a22b"))
+    assert {k: v for k, v in cfg.items() if v != read_hf_config(resolve_model_config("qwen3-30b-a3b"))[k]} == {
+        "hidden_size": h, "intermediate_size": 12288, "max_window_layers": layers, "moe_intermediate_size": fe,
+        "num_attention_heads": a, "num_hidden_layers": layers}
+    assert (cfg["num_key_value_heads"], cfg["head_dim"], cfg["num_experts"], cfg["num_experts_per_tok"],
+            cfg["vocab_size"], cfg["rope_theta"], cfg["tie_word_embeddings"], cfg["max_position_embeddings"],
+            cfg["decoder_sparse_step"], cfg["mlp_only_layers"]) == (kv, hd, E, K, V, 1e6, False, 40960, 1, [])
+    assert q235.moe == MoeConfig(experts=E, top_k=K, expert_ffn=fe) and q235.qk_norm and q235.head_width == hd
+    attention = h * a * hd + 2 * h * kv * hd + a * hd * h
+    norms = 2 * hd + 2 * h
+    ends = V * h + h + h * V
+    total = ends + layers * (attention + norms + h * E + E * 3 * h * fe)
+    active = ends + layers * (attention + norms + h * E + K * 3 * h * fe)
+    assert (model_params(q235), active_params(q235)) == (total, active) == (235_093_634_560, 22_190_763_520)
+    assert round(total / 1e9) == 235 and round(active / 1e9) == 22
+
+
 def test_dense_qwen3_8b_counts_exactly_and_reads_as_llama_with_qk_norm(tmp_path):
     """Qwen3-8B (model card: 8.2B parameters, 6.95B non-embedding): its head_dim 128 is 4096 / 32, so the only
     difference from a Llama layer is QK-norm's 2 x 128 weights per layer."""

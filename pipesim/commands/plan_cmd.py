@@ -18,13 +18,22 @@ from pipesim.commands.common import (
     model_config_json,
     positive_int,
 )
-from pipesim.commands.setup_args import add_comm_args, add_grad_args, apply_framework, comm_options_from_args
+from pipesim.commands.setup_args import (
+    add_comm_args,
+    add_fp8_args,
+    add_grad_args,
+    apply_framework,
+    check_fp8_run,
+    comm_options_from_args,
+    fp8_from_args,
+)
 from pipesim.errors import PipesimError
 from pipesim.hardware.machine import Hardware
 from pipesim.hardware.toml_io import load_hardware
 from pipesim.job import Job, KernelSwitches
 from pipesim.model.config import ModelConfig
 from pipesim.model.options import ATTENTION, RECOMPUTE
+from pipesim.model.recompute_modules import RECOMPUTE_MODULES, canonical_modules, check_modules, effective_modules
 from pipesim.outputs import check_file, write_text
 from pipesim.plan.backends import open_backend
 from pipesim.plan.evaluate import Evaluator
@@ -70,6 +79,7 @@ def add_parser(sub) -> None:
     add_transformer_args(p)
     add_comm_args(p)
     add_grad_args(p.add_argument_group("main gradients (Megatron-LM's flags)"))
+    add_fp8_args(p.add_argument_group("FP8 (Megatron-core's Transformer Engine flags)"))
     g = p.add_argument_group("cluster and search")
     g.add_argument("--hardware", metavar="PRESET|FILE", help=f"hardware preset or TOML file (default "
                                                              f"{DEFAULT_HARDWARE})")
@@ -82,6 +92,9 @@ def add_parser(sub) -> None:
     g.add_argument("--max-tp", type=positive_int, default=None, help="largest tensor-parallel size (default a node)")
     g.add_argument("--recompute", type=_recomputes, default=RECOMPUTES, metavar="none,selective,full",
                    help="recomputation choices to consider (default all three)")
+    g.add_argument("--recompute-modules", nargs="+", default=None, metavar="MODULE",
+                   help="what the selective choice recomputes: Megatron-core's --recompute-modules, "
+                        f"{', '.join(RECOMPUTE_MODULES)} (default core_attn)")
     g.add_argument("--zero", type=_zeros, default=ZEROS, metavar="0,1,...",
                    help="ZeRO stages to consider with dp > 1 (default 0,1)")
     g.add_argument("--sequence-parallel", type=_on_off, default=(True,), metavar="on|off|on,off",
@@ -153,6 +166,18 @@ def _csv_path(path: str | None) -> Path | None:
     return p
 
 
+def plan_modules(model: ModelConfig, recomputes: tuple[str, ...], modules: list[str] | None) -> tuple[str, ...]:
+    """--recompute-modules for the plan's selective candidates, checked against the model once (PipesimError: one
+    line): they need selective among --recompute."""
+    if not modules:
+        return ()
+    if "selective" not in recomputes:
+        raise PipesimError(f"--recompute-modules needs selective among --recompute, got {','.join(recomputes)}")
+    out = canonical_modules("selective", modules)
+    check_modules(model, effective_modules("selective", out))
+    return out
+
+
 def _recomputes(text: str) -> tuple[str, ...]:
     out = _names(text)
     bad = [r for r in out if r not in RECOMPUTE]
@@ -217,20 +242,23 @@ def run(args: argparse.Namespace) -> int:
     apply_framework(args, keep=("zero",))  # the searched ZeRO stages stay plan's own
     shared = Job(attention=args.attention, comm=comm_options_from_args(args),  # every candidate's (its own layout)
                  kernels=KernelSwitches(args.kernel_fusion, args.tp_comm_overlap, args.grad_accum_fusion,
-                                        args.grad_fp32))
+                                        args.grad_fp32), fp8=fp8_from_args(args))
     shared.check_gradients(model)
     hw, gpus, hw_flags = cluster(args)
+    check_fp8_run(shared.fp8, model, hw)  # FP8 tensor cores and the recipe, before any candidate
     if args.memory_headroom:  # the search sees the memory left after the headroom
         kept = int(hw.device.memory * (1.0 - args.memory_headroom))
         hw = dataclasses.replace(hw, device=dataclasses.replace(hw.device, memory=kept))
     req = PlanRequest(model, hw, gpus, args.schedules, args.max_tp, args.recompute, args.zero, shared,
-                      sequence_parallel=args.sequence_parallel, cps=args.cp)
+                      sequence_parallel=args.sequence_parallel, cps=args.cp,
+                      recompute_modules=plan_modules(model, args.recompute, args.recompute_modules))
     ev = Evaluator(req)
     with open_backend(args.cluster, args.workers or default_workers()) as backend:
         result = plan(req, max_candidates=args.max_candidates, max_work=args.max_work, evaluator=ev,
                       backend=backend)
     best = result.best.candidate.job(shared)  # the winner's switches (a profile's overlaps only where they apply)
     switches = best.comm.flags() + [f for f in best.kernels.flags() if f not in grad_flags(True) + grad_flags(False)]
+    switches += shared.fp8.flags() if shared.fp8 is not None else []
     argv = simulate_command(result.best.candidate, model_flags(args, req), hw_flags + switches,
                             args.attention, shared.kernels.grad_fp32)
     ranks = gpus // result.best.candidate.cp  # the executor has no cp: t x p x d ranks (exports.run_note)

@@ -9,13 +9,16 @@ from pipesim.comm.comm_options import DEFAULT_DEEPEP_SMS, CommOptions
 from pipesim.commands.common import bounded_int, model_config, positive_int
 from pipesim.cost.table import parse_cost_spec
 from pipesim.cost.zb_auto_costs import parse_memory_limit
+from pipesim.device.fp8_rates import check_fp8_recipe
 from pipesim.errors import PipesimError
 from pipesim.frameworks import DEFAULTS, PROFILES, resolve
 from pipesim.hardware.machine import Hardware
 from pipesim.hardware.toml_io import load_hardware
 from pipesim.job import Job, KernelSwitches
 from pipesim.model.config import ModelConfig
+from pipesim.model.fp8 import DEFAULT_RECIPE, FP8_FORMATS, FP8_RECIPES, Fp8Options, check_fp8_model
 from pipesim.model.options import ATTENTION, RECOMPUTE
+from pipesim.model.recompute_modules import RECOMPUTE_MODULES
 from pipesim.parallel_dims import ParallelDims
 from pipesim.sim.sim_setup import DEFAULT_HARDWARE, SimSetup, on_gpus
 
@@ -60,6 +63,9 @@ def add_setup_args(parser: argparse.ArgumentParser) -> None:
     f.add_argument("--recompute", choices=RECOMPUTE, default="none",
                    help="activation recomputation, Megatron's meanings: selective re-runs the attention core, "
                         "full each layer's forward (default none)")
+    f.add_argument("--recompute-modules", nargs="+", default=None, metavar="MODULE",
+                   help="with --recompute selective: Megatron-core's submodules to recompute, "
+                        f"{', '.join(RECOMPUTE_MODULES)} (docs/large_models.md; default core_attn)")
     f.add_argument("--sequence-parallel", action="store_true",
                    help="sequence parallelism over the tp ranks (norm/dropout activations split; all-gather + "
                         "reduce-scatter instead of all-reduce)")
@@ -83,7 +89,31 @@ def add_setup_args(parser: argparse.ArgumentParser) -> None:
                         "the step's main_grad by a separate kernel, instead of the GEMM accumulating into it "
                         "(Megatron's flag of that name; its 2021 code, NAR21's runs, had no fusion)")
     add_grad_args(f)
+    add_fp8_args(f)
     add_comm_args(parser)
+
+
+def add_fp8_args(group) -> None:
+    """--fp8-format / --fp8-recipe: FP8 linear layers through Transformer Engine (simulate, sweep, plan), in
+    Megatron-core's spelling (megatron/training/arguments.py @ core_v0.15.0); `fp8_from_args` makes Fp8Options."""
+    group.add_argument("--fp8-format", choices=FP8_FORMATS, default=None,
+                       help="GPU presets: the linear layers' GEMMs in FP8 (hybrid: E4M3 forward, E5M2 gradients, "
+                            "TE's training default; e4m3: both E4M3), parameters staying in --dtype; attention, "
+                            "norms, the embedding and the output head stay bf16 (default off)")
+    group.add_argument("--fp8-recipe", choices=FP8_RECIPES, default=None,
+                       help=f"with --fp8-format: the scaling, Megatron-core's names (delayed, tensorwise: current "
+                            f"per-tensor; blockwise: 1x128 / 128x128 blocks; mxfp8: Blackwell only) "
+                            f"(default {DEFAULT_RECIPE})")
+
+
+def fp8_from_args(args: argparse.Namespace) -> Fp8Options | None:
+    """The Fp8Options of --fp8-format / --fp8-recipe; None without FP8; one line for a recipe without a format."""
+    fmt, recipe = getattr(args, "fp8_format", None), getattr(args, "fp8_recipe", None)
+    if fmt is None:
+        if recipe is not None:
+            raise PipesimError(f"--fp8-recipe {recipe} needs --fp8-format (e4m3 or hybrid) to turn FP8 on")
+        return None
+    return Fp8Options(fmt, recipe or DEFAULT_RECIPE)
 
 
 def add_grad_args(group) -> None:
@@ -175,9 +205,22 @@ def sim_job(args: argparse.Namespace, model: ModelConfig | None, hardware: Hardw
     dims = ParallelDims(dp=args.dp, tp=args.tp, cp=args.cp, ep=args.ep, etp=args.etp)
     job = Job(dims, recompute=args.recompute, sp=args.sequence_parallel,
               attention=args.attention, zero=args.zero, comm=comm_options_from_args(args),
-              kernels=KernelSwitches(args.kernel_fusion, args.tp_comm_overlap, args.grad_accum_fusion, args.grad_fp32))
+              kernels=KernelSwitches(args.kernel_fusion, args.tp_comm_overlap, args.grad_accum_fusion, args.grad_fp32),
+              recompute_modules=tuple(args.recompute_modules or ()), fp8=fp8_from_args(args))
     job.check_gradients(model)
+    check_fp8_run(job.fp8, model, hardware)
     return job.resolve_attention(on_gpus(hardware), model)
+
+
+def check_fp8_run(fp8: Fp8Options | None, model: ModelConfig | None, hardware: Hardware | None) -> None:
+    """One line, before any work, unless FP8 suits the model (a 16-bit transformer) and the hardware (FP8 tensor
+    cores running the recipe: pipesim.device.fp8_rates)."""
+    if fp8 is None:
+        return
+    if model is None or hardware is None:
+        raise PipesimError("--fp8-format needs a model on GPU hardware, not hand-given --cost")
+    check_fp8_model(fp8, model.dtype, model.kind)
+    check_fp8_recipe(hardware.device.family, fp8.recipe, hardware.device.name)
 
 
 def _split_list(text: str) -> list[int]:

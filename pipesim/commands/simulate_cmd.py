@@ -134,7 +134,7 @@ def summary(d: dict) -> str:
     if mem.get("ranks"):  # the memory model's per-rank breakdown at its peak
         top = max(mem["ranks"], key=lambda r: r["total"])
         terms = ", ".join(f"{k.replace('_', ' ')} {format_bytes(top[k])}" for k in
-                          ("parameters", "gradients", "optimizer_states", "activations") if top.get(k))
+                          ("parameters", "gradients", "optimizer_states", "activations", "fp8_weights") if top.get(k))
         lines.insert(3 if "step_time" in d else 2,
                      f"peak memory {format_bytes(top['total'])} on rank {top['rank']} ({terms})")
     for r in d["ranks"]:

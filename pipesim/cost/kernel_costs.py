@@ -14,11 +14,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from pipesim.device.fp8_rates import FP8, check_fp8_recipe, fp8_figures
 from pipesim.device.gemm import gemm_time
 from pipesim.device.kernels import flash_attention_time, memory_bound_time
 from pipesim.device.profile import DeviceProfile, device_profile
+from pipesim.errors import PipesimError
 from pipesim.hardware.machine import KernelFigures
 from pipesim.model.config import ModelConfig
+from pipesim.model.fp8_kernels import fp8_layer_kernels, scale_update_bytes
 from pipesim.model.grad_accumulation import accumulate_gradients
 from pipesim.model.layer_kernels import (
     FlashAttention,
@@ -72,10 +75,16 @@ def _gemm_seconds(m: int, n: int, k: int, batch: int, dtype: str, profile: Devic
     return gemm_time(m, n, k, dtype, profile, batch=batch, c_bytes=c_bytes, sms=sms).seconds
 
 
-def kernel_seconds(kernel: Kernel, dtype: str, profile: DeviceProfile, sms: int | None = None) -> float:
+def kernel_seconds(kernel: Kernel, dtype: str, profile: DeviceProfile, sms: int | None = None,
+                   fp8: DeviceProfile | None = None) -> float:
     """One kernel's seconds: a GEMM by its shape and flash attention (causal) by its grid, each on `sms` SMs (default
-    all), the rest by its bytes."""
+    all), the rest by its bytes. An FP8 GEMM (`Gemm.dtype` "float8") is timed on `fp8`, the profile as FP8 GEMMs see
+    it (pipesim.device.fp8_rates.Fp8Figures.gemm_profile)."""
     if isinstance(kernel, Gemm):
+        if kernel.dtype == FP8:
+            if fp8 is None:
+                raise PipesimError(f"{kernel.name} is an FP8 GEMM: timing it needs the device's FP8 figures")
+            return _gemm_seconds(kernel.m, kernel.n, kernel.k, kernel.batch, FP8, fp8, kernel.c_bytes, sms)
         return _gemm_seconds(kernel.m, kernel.n, kernel.k, kernel.batch, dtype, profile, kernel.c_bytes, sms)
     if isinstance(kernel, FlashAttention):
         return flash_attention_time(kernel.batch, kernel.seq, kernel.heads, kernel.head_dim, dtype, profile,
@@ -84,17 +93,18 @@ def kernel_seconds(kernel: Kernel, dtype: str, profile: DeviceProfile, sms: int 
     return memory_bound_time(kernel.nbytes, profile).seconds
 
 
-def piece_seconds(kernels: PieceKernels, dtype: str, profile: DeviceProfile) -> PieceSeconds:
+def piece_seconds(kernels: PieceKernels, dtype: str, profile: DeviceProfile,
+                  fp8: DeviceProfile | None = None) -> PieceSeconds:
     """Sum of each phase's kernel seconds, and the seconds of every GEMM and attention kernel by name; `beside`:
     the phases with the GEMMs' tiles and flash attention's blocks on the SMs NCCL's channels leave (memory-bound
-    kernels as alone: they stream at HBM bandwidth on fewer SMs)."""
-    phases = [sum(kernel_seconds(k, dtype, profile) for k in ks) for ks in kernels.phases()]
-    named = tuple((k.name, kernel_seconds(k, dtype, profile)) for ks in kernels.phases() for k in ks
+    kernels as alone: they stream at HBM bandwidth on fewer SMs). `fp8`: the profile FP8 GEMMs are timed on."""
+    phases = [sum(kernel_seconds(k, dtype, profile, fp8=fp8) for k in ks) for ks in kernels.phases()]
+    named = tuple((k.name, kernel_seconds(k, dtype, profile, fp8=fp8)) for ks in kernels.phases() for k in ks
                   if isinstance(k, (Gemm, FlashAttention)))
     shapes = tuple((k.name, k) for ks in kernels.phases() for k in ks if isinstance(k, Gemm))
     free = profile.sms - profile.nccl_channels
     beside = tuple(phases) if not profile.nccl_channels else tuple(
-        sum(kernel_seconds(k, dtype, profile, free) for k in ks) for ks in kernels.phases())
+        sum(kernel_seconds(k, dtype, profile, free, fp8) for k in ks) for ks in kernels.phases())
     return PieceSeconds(*phases, gemms=named, shapes=shapes, beside=beside)
 
 
@@ -105,6 +115,21 @@ def profile_of(family: str, kernels: KernelFigures | None = None) -> DeviceProfi
     if kernels is None or not kernels.figures():
         return profile
     return profile.with_measured(kernels.source or "[device.kernels] of the hardware file", **kernels.figures())
+
+
+@lru_cache(maxsize=64)
+def fp8_profile_of(family: str, kernels: KernelFigures | None = None) -> DeviceProfile:
+    """The profile FP8 GEMMs of `family` are timed on: its FP8 peak and achievable fraction over `profile_of`'s
+    figures (a hardware file's measured BF16 matmul_efficiency does not carry over to FP8)."""
+    return fp8_figures(family).gemm_profile(profile_of(family, kernels))
+
+
+def gemm_timing(shape: Gemm, dtype: str, family: str, kernels: KernelFigures | None = None
+                ) -> tuple[str, DeviceProfile]:
+    """(dtype, profile) a GEMM shape is timed with: FP8's for an FP8 GEMM, else the model's dtype on the family's."""
+    if shape.dtype == FP8:
+        return FP8, fp8_profile_of(family, kernels)
+    return dtype, profile_of(family, kernels)
 
 
 def _accumulated(kernels: PieceKernels, model: ModelConfig, params: int, grad_fusion: bool,
@@ -123,8 +148,35 @@ def layer_seconds(model: ModelConfig, b: int, opts: LayerOptions, fused: bool, f
     params = block_params(model, opts.tp)
     if moe:
         params += moe_block_params(model, opts) - dense_mlp_params(model, opts.tp)
-    pk = _accumulated(layer_kernels(model, b, opts, fused=fused, moe=moe), model, params, grad_fusion, grad_bytes)
-    return piece_seconds(pk, model.dtype, profile_of(family, kernels))
+    pk = _accumulated(fp8_layer(model, b, opts, fused, family, moe), model, params, grad_fusion, grad_bytes)
+    fp8 = fp8_profile_of(family, kernels) if opts.fp8 is not None else None
+    return piece_seconds(pk, model.dtype, profile_of(family, kernels), fp8)
+
+
+def fp8_layer(model: ModelConfig, b: int, opts: LayerOptions, fused: bool, family: str,
+              moe: bool = False) -> PieceKernels:
+    """A layer's kernels, with its linears in FP8 and their casts (pipesim.model.fp8_kernels) under `opts.fp8`,
+    after checking that the family runs the recipe (pipesim.device.fp8_rates: its FP8 tensor cores, its layouts)."""
+    kernels = layer_kernels(model, b, opts, fused=fused, moe=moe)
+    if opts.fp8 is None:
+        return kernels
+    figures = check_fp8_recipe(family, opts.fp8.recipe)
+    return fp8_layer_kernels(kernels, opts.fp8, dtype_bytes=model.dtype_bytes, tn_only=figures.tn_only, tp=opts.tp,
+                             sp=opts.sp)
+
+
+@lru_cache(maxsize=4096)
+def fp8_update_seconds(model: ModelConfig, b: int, opts: LayerOptions, family: str, layers: int, moe_layers: int,
+                       kernels: KernelFigures | None = None) -> float:
+    """Seconds of delayed scaling's amax-history and scale update of a stage's FP8 tensors in one forward (and as
+    much in its backward): one fused memory-bound kernel per pass (pipesim.model.fp8_kernels.scale_update_bytes);
+    0 without FP8, with another recipe, or without layers."""
+    if opts.fp8 is None or opts.fp8.recipe != "delayed" or layers == 0:
+        return 0.0
+    nbytes = (layers - moe_layers) * scale_update_bytes(fp8_layer(model, b, opts, True, family))
+    if moe_layers:
+        nbytes += moe_layers * scale_update_bytes(fp8_layer(model, b, opts, True, family, moe=True))
+    return memory_bound_time(nbytes, profile_of(family, kernels)).seconds
 
 
 @lru_cache(maxsize=4096)
@@ -222,6 +274,10 @@ def gpt_stage_seconds(model: ModelConfig, b: int, layers: int, opts: LayerOption
             beside[slot] += piece.beside[slot] * count
         gemms.update(piece.gemms)
         shapes.update(piece.shapes)
+    update = fp8_update_seconds(model, b, opts, family, layers, moe_layers, kernels)  # F and the backward (I)
+    for slot in (0, 1) if update else ():
+        total[slot] += update
+        beside[slot] += update
     return StageSeconds(*total, gemms=gemms, shapes=shapes, beside=(beside[0], beside[1], beside[2]))
 
 
@@ -239,5 +295,6 @@ def mlp_stage_seconds(model: ModelConfig, b: int, layers: int, tp: int, *, first
     return StageSeconds(*total, gemms={}, beside=(beside[0], beside[1], beside[2]))
 
 
-__all__ = ["PieceSeconds", "StageSeconds", "gpt_stage_seconds", "kernel_seconds", "mlp_stage_seconds", "mtp_seconds",
+__all__ = ["PieceSeconds", "StageSeconds", "fp8_layer", "fp8_profile_of", "fp8_update_seconds", "gemm_timing",
+           "gpt_stage_seconds", "kernel_seconds", "mlp_stage_seconds", "mtp_seconds",
            "overlap_gemm", "piece_seconds", "profile_of"]

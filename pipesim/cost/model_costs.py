@@ -16,10 +16,12 @@ from dataclasses import dataclass, field, replace
 from pipesim.comm.expert_exchange import ExpertExchange
 from pipesim.comm.overlap_interference import hiding_gemm
 from pipesim.comm.tp_collective import TpCollective
-from pipesim.cost.kernel_costs import StageSeconds, gpt_stage_seconds, mlp_stage_seconds, overlap_gemm, profile_of
+from pipesim.cost.fp8_costs import fp8_stage_costs, with_weight_casts
+from pipesim.cost.kernel_costs import StageSeconds, gemm_timing, gpt_stage_seconds, mlp_stage_seconds, overlap_gemm
 from pipesim.cost.stage_work import Work, gpt_stage_work, mlp_stage_work
 from pipesim.cost.step_costs import StepCosts, ring_exchanges, step_costs
 from pipesim.cost.table import CostTable, StageCosts
+from pipesim.device.fp8_rates import check_fp8_recipe
 from pipesim.errors import PipesimError
 from pipesim.hardware.machine import Hardware
 from pipesim.job import Job
@@ -72,6 +74,7 @@ class ParallelCosts:
     # (stage, "F"|"I"|"B"|"W") -> the expert-parallel all-to-alls inside that action (pipesim.comm.expert_exchange)
     ep_exchanges: dict = field(default_factory=dict)
     expert_param_counts: tuple[int, ...] = ()  # per stage, of param_counts: the routed experts' (ZeRO over edp)
+    fp8_weight_bytes: tuple[int, ...] = ()  # per stage: FP8 copies of its linear weights (empty: no FP8)
 
 
 def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hardware, job: Job = DEFAULT_JOB, *,
@@ -92,9 +95,12 @@ def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hard
         raise PipesimError(f"stages must be a positive integer, got {num_stages!r}")
     b = job.microbatch_size(model, microbatches)  # every check against the model
     opts = job.layer_options(model)
+    if job.fp8 is not None:  # FP8 tensor cores, and a recipe Transformer Engine runs there (one line otherwise)
+        check_fp8_recipe(hw.device.family, job.fp8.recipe, hw.device.name)
     tp, dp, kernels = job.dims.tp, job.dims.dp_cp, job.kernels  # dp: the dense gradients' replicas (dp x cp)
     split = split_layers(model.layers, num_stages, layer_split)
     moe_counts = _moe_layers_per_stage(model, split)
+    fp8_memory, fp8_seconds = fp8_stage_costs(model, b, opts, hw, split, moe_counts) if opts else ((), ())
     d = model.dtype_bytes
     precision = precision_of(model, kernels.grad_fp32)
     stages: list[StageCosts] = []
@@ -164,8 +170,10 @@ def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hard
                          param_counts=tuple(counts), precision=precision, comm_buffer_bytes=buffers,
                          cp_exchanges=exchanges, sm_share=shared, ep_exchanges=ep_exchanges,
                          expert_param_counts=tuple(experts) if model.moe is not None else (),
-                         step=_step(counts, job, hw=hw, precision=precision, loss_scaling=model.dtype == "float16",
-                                    experts=experts if model.moe is not None else ()))
+                         fp8_weight_bytes=fp8_memory,
+                         step=with_weight_casts(_step(counts, job, hw=hw, precision=precision,
+                                                      loss_scaling=model.dtype == "float16",
+                                                      experts=experts if model.moe is not None else ()), fp8_seconds))
 
 
 def _step(counts: list[int], job: Job, *, hw: Hardware, precision: str, loss_scaling: bool,
@@ -236,11 +244,14 @@ def _with_overlap(backward: tuple[TpCollective, ...], overlaps: list[str], timed
     """Megatron's async tensor-parallel backward: each collective that overlaps a GEMM runs beside it (its
     HidingGemm: that GEMM's seconds and shape); the simulator exposes what the GEMM, slowed by the SMs NCCL's
     channels hold, does not cover (pipesim.comm.overlap_interference). The rest stay blocking."""
-    profile = profile_of(hw.device.family, hw.device.kernels)
     out: list[TpCollective] = []
     for n, c in enumerate(backward):
         name = overlap_gemm(overlaps[n]) if n < len(overlaps) else None
-        out.append(c._replace(beside=hiding_gemm(name, timed.gemms, timed.shapes, dtype, profile)))
+        shape = timed.shapes.get(name) if name else None  # an FP8 GEMM is re-timed on FP8's figures
+        gemm_dtype, profile = gemm_timing(shape, dtype, hw.device.family, hw.device.kernels) if shape else \
+            (dtype, None)
+        out.append(c._replace(beside=hiding_gemm(name, timed.gemms, timed.shapes, gemm_dtype, profile)
+                              if profile is not None else None))
     return tuple(out)
 
 

@@ -59,9 +59,11 @@ def rank_memory(schedule: Schedule, costs: ParallelCosts) -> list[MemoryBreakdow
             state = ModelState(state.parameters + more.parameters, state.gradients + more.gradients,
                                state.optimizer_states + more.optimizer_states)
         stash, working, inflight = activation_peak(schedule, costs, r)
+        fp8 = sum(costs.fp8_weight_bytes[s] for s in schedule.stages_of(r)) if costs.fp8_weight_bytes else 0
         out.append(MemoryBreakdown(parameters=state.parameters, gradients=state.gradients,
                                    optimizer_states=state.optimizer_states, activations=stash, inflight=inflight,
-                                   recompute=working, comm_buffers=costs.comm_buffer_bytes))
+                                   recompute=working, comm_buffers=costs.comm_buffer_bytes,
+                                   fp8_weights=fp8))
     return out
 
 

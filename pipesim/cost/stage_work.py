@@ -171,7 +171,10 @@ def gpt_stage_work(model: ModelConfig, b: int, layers: int, *, first: bool, last
             rerun, rerun_ops = traffic, GPT_BLOCK_OPS[0]
         elif opts.recompute == "selective":
             ew = layer_elementwise_bytes(model, b, opts).backward
-            rerun, rerun_ops = sum(n for k, n in ew.items() if k.startswith("recompute ")), CORE_OPS
+            rerun = sum(n for k, n in ew.items() if k.startswith("recompute "))
+            core = ("recompute softmax", "recompute softmax dropout")  # the eager core's; counted in CORE_OPS
+            others = sum(k.startswith("recompute ") and k not in core for k in ew)  # other modules' ops
+            rerun_ops = (CORE_OPS if opts.recomputes("core_attn") else 0) + others
         f_ops, i_ops, w_ops = GPT_BLOCK_OPS
         for moe, count in ((False, layers - moe_layers), (True, moe_layers)):
             if not count:

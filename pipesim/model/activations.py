@@ -17,12 +17,14 @@ a multi-token-prediction module saves its embedding's and projection's inputs, a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pipesim.model.config import ModelConfig
+from pipesim.model.fp8 import Fp8Options, saved_bytes
 from pipesim.model.latent_layer import latent_saved, latent_widths
 from pipesim.model.moe_layer import ROUTER_BYTES, routed_tokens, tokens_here
 from pipesim.model.options import LayerOptions, vocab_shard
+from pipesim.model.recompute_modules import norms_recomputed
 
 MASK_BYTES = 1  # a dropout mask element (torch.bool)
 STAT_BYTES = 4  # flash attention's logsumexp per (token, head), float32
@@ -35,17 +37,24 @@ class SavedTensor:
 
     name: str
     nbytes: int  # bytes
-    core: bool = False  # inside the attention core (what selective recomputation drops)
+    dropped_by: tuple[str, ...] = ()  # the --recompute-modules any of which re-runs it instead of keeping it
+    only_with: str = ""  # saved only when this module is recomputed (an input its checkpoint keeps)
+    block: str = "MLP"  # the block whose backward re-creates it: "attention" or "MLP"
+
+    @property
+    def core(self) -> bool:
+        """Inside the attention core (what the default selective recomputation, core_attn, drops)."""
+        return "core_attn" in self.dropped_by
 
 
 def layer_saved_tensors(model: ModelConfig, b: int, opts: LayerOptions, *, recompute: str | None = None,
                         moe: bool = False) -> list[SavedTensor]:
     """The tensors one transformer layer saves on one rank for a microbatch of b sequences.
 
-    recompute (default `opts.recompute`): "none" every tensor below; "selective" all but the
-    attention core's (scores, softmax, its dropout; flash: its logsumexp); "full" the layer
-    input only (Megatron keeps it sharded over tp under sequence parallelism). `moe`: the layer's
-    MLP is the model's mixture of experts (`_moe_saved`).
+    recompute (default `opts.recompute`): "none" every tensor below; "selective" all but those its modules
+    (`opts.modules`, pipesim.model.recompute_modules) drop, by default the attention core's (scores, softmax, its
+    dropout; flash: its logsumexp); "full" the layer input only (Megatron keeps it sharded over tp under sequence
+    parallelism). `moe`: the layer's MLP is the model's mixture of experts (`_moe_saved`).
     """
     opts.check(model)
     recompute = opts.recompute if recompute is None else recompute
@@ -56,9 +65,14 @@ def layer_saved_tensors(model: ModelConfig, b: int, opts: LayerOptions, *, recom
     seq_split = opts.seq_sharded  # norms, dropout, the residual stream: split over tp only under sp
     if recompute == "full":
         return [SavedTensor("layer input", seq_split(d * tokens * h))]
+    norms = norms_recomputed(model, moe=moe)  # the norms "layernorm" re-runs (the rest are fused into TE linears)
     saved = [SavedTensor("attention norm input", seq_split(d * tokens * h))]
     if model.mla is not None:  # its latents and its own Q, K (nope + rope) and V (v_head) widths
-        saved += [SavedTensor(name, nbytes) for name, nbytes in latent_saved(model, b, opts)]
+        saved += [SavedTensor(name, nbytes, _latent_dropped_by(name), block="attention")
+                  for name, nbytes in latent_saved(model, b, opts)]
+        mla = model.mla  # mla_up_proj's checkpoint keeps the rotary key it rotates, all-gathered under sp
+        saved.append(SavedTensor("rotary key (up-projection checkpoint input)", d * tokens * mla.qk_rope_dim,
+                                 only_with="mla_up_proj", block="attention"))
         attention_out = d * tokens * latent_widths(model, t)[1]
     else:
         hq, hkv = model.attention_width, model.kv_width
@@ -70,32 +84,74 @@ def layer_saved_tensors(model: ModelConfig, b: int, opts: LayerOptions, *, recom
                   SavedTensor("K", d * tokens * hkv // t),
                   SavedTensor("V", d * tokens * hkv // t)]
         attention_out = d * tokens * hq // t
+    core = ("core_attn",)
     if opts.attention == "eager":  # eager needs cp = 1, so the keys are the rank's own s_loc = s tokens
         scores = b * (a // t) * s_loc * model.seq  # elements of one (b, a/t, s, s) tensor
-        saved.append(SavedTensor("softmax output", d * scores, core=True))
+        saved.append(SavedTensor("softmax output", d * scores, core, block="attention"))
         if model.dropout:  # the dropout's output, not the softmax's, is what A V reads
-            saved.append(SavedTensor("softmax dropout mask", MASK_BYTES * scores, core=True))
-            saved.append(SavedTensor("softmax dropout output", d * scores, core=True))
+            saved.append(SavedTensor("softmax dropout mask", MASK_BYTES * scores, core, block="attention"))
+            saved.append(SavedTensor("softmax dropout output", d * scores, core, block="attention"))
     else:  # flash: no s x s tensor; the kernel keeps one logsumexp per (token, head) and recomputes the scores
-        saved.append(SavedTensor("attention logsumexp", STAT_BYTES * tokens * (a // t), core=True))
+        saved.append(SavedTensor("attention logsumexp", STAT_BYTES * tokens * (a // t), core, block="attention"))
     saved.append(SavedTensor("attention output (projection input)", attention_out))
     if model.dropout:
         saved.append(SavedTensor("attention dropout mask", seq_split(MASK_BYTES * tokens * h)))
+    # the pre-MLP norm's output: a MoE layer's separate norm ("layernorm"); a dense MLP's checkpoint ("mlp") holds
+    # TE's fused norm, so it keeps the norm's input and drops its output with the rest
+    mlp = ("mlp",) if not moe else ()
     saved += [SavedTensor("MLP norm input", seq_split(d * tokens * h)),
-              SavedTensor("MLP input", seq_split(d * tokens * h))]
+              SavedTensor("MLP input", seq_split(d * tokens * h), ("layernorm",) if "MLP" in norms else mlp)]
     if moe:
         saved += _moe_saved(model, b, opts)
     elif model.activation == "swiglu":  # a fused SwiGLU (Megatron's) saves gate and up, recomputes silu(gate) * up
-        saved += [SavedTensor("gate and up", 2 * d * tokens * f // t),
-                  SavedTensor("down projection input", d * tokens * f // t)]
+        saved += [SavedTensor("gate and up", 2 * d * tokens * f // t, mlp),
+                  SavedTensor("down projection input", d * tokens * f // t, mlp)]
     else:
-        saved += [SavedTensor("GeLU input", d * tokens * f // t),
-                  SavedTensor("second linear input", d * tokens * f // t)]
+        saved += [SavedTensor("GeLU input", d * tokens * f // t, mlp),
+                  SavedTensor("second linear input", d * tokens * f // t, mlp)]
     if model.dropout:
         saved.append(SavedTensor("MLP dropout mask", seq_split(MASK_BYTES * tokens * h)))
     if recompute == "selective":
-        saved = [x for x in saved if not x.core]
+        modules = opts.modules
+        saved = [x for x in saved if not set(x.dropped_by) & set(modules) and x.only_with in ("", *modules)]
+    else:
+        saved = [x for x in saved if not x.only_with]
+    if opts.fp8 is not None and model.mla is None:
+        saved = _fp8_saved(saved, d, opts.fp8, flash=opts.attention == "flash", moe=moe)
     return saved
+
+
+FP8_INPUTS = ("QKV input", "down projection input", "second linear input", "dispatched tokens (expert FC1 input)",
+              "expert FC2 input", "shared expert FC2 input")  # an FP8 linear's input, saved by it alone
+
+
+def _fp8_saved(saved: list[SavedTensor], d: int, fp8: Fp8Options, *, flash: bool, moe: bool) -> list[SavedTensor]:
+    """The saved tensors under FP8: Transformer Engine's Linear saves its input as FP8 for the wgrad (one byte per
+    element, its column-wise copy, or the row-wise shard it re-gathers under sequence parallelism; plus block scales:
+    pipesim.model.fp8.saved_bytes) instead of in the dtype (transformer_engine/pytorch/module/linear.py @ v2.8:
+    `saved_inputmat = inputmat`, the quantised input, its row-wise data discarded). The projection's input is
+    also flash attention's output, which flash keeps in the dtype for its own backward, so under flash the FP8 copy
+    comes on top; the MLP input of a mixture of experts is the router's too (a bf16 torch linear), so it stays."""
+    out = []
+    for x in saved:
+        fp8_input = x.name in FP8_INPUTS or (x.name == "MLP input" and not moe)
+        projection = x.name == "attention output (projection input)"
+        if projection and flash:
+            out += [x, replace(x, name="projection input (FP8)", nbytes=saved_bytes(x.nbytes // d, fp8))]
+        elif fp8_input or projection:
+            out.append(replace(x, name=f"{x.name} (FP8)", nbytes=saved_bytes(x.nbytes // d, fp8)))
+        else:
+            out.append(x)
+    return out
+
+
+def _latent_dropped_by(name: str) -> tuple[str, ...]:
+    """Which module drops one of latent attention's saved tensors (pipesim.model.latent_layer.latent_saved's names):
+    the input norm's output ("layernorm": MLA's input norm is a module of its own), the normed latents and Q, K, V
+    ("mla_up_proj"); the latents themselves are its checkpoint's inputs."""
+    if name == "Q/KV down input":
+        return ("layernorm",)
+    return ("mla_up_proj",) if "normed" in name or name in ("Q", "K", "V") else ()
 
 
 def _moe_saved(model: ModelConfig, b: int, opts: LayerOptions) -> list[SavedTensor]:
@@ -110,17 +166,19 @@ def _moe_saved(model: ModelConfig, b: int, opts: LayerOptions) -> list[SavedTens
     routed = routed_tokens(model, b, opts)
     ffn = moe.expert_ffn // opts.etp
     fc1 = 2 * ffn if model.activation == "swiglu" else ffn
-    saved = [SavedTensor("router probabilities", ROUTER_BYTES * here * moe.experts),
-             SavedTensor("dispatched tokens (expert FC1 input)", d * routed * h),
-             SavedTensor("expert FC1 output", d * routed * fc1),
-             SavedTensor("expert FC2 input", d * routed * ffn),
-             SavedTensor("expert outputs (unpermute input)", d * here * moe.top_k * h)]
+    layer = ("moe",)  # the MoE layer's checkpoint keeps its input (the pre-MLP norm's output) only
+    saved = [SavedTensor("router probabilities", ROUTER_BYTES * here * moe.experts, layer),
+             SavedTensor("dispatched tokens (expert FC1 input)", d * routed * h, layer),
+             SavedTensor("expert FC1 output", d * routed * fc1, layer),
+             SavedTensor("expert FC2 input", d * routed * ffn, ("moe_act", "moe")),
+             SavedTensor("expert outputs (unpermute input)", d * here * moe.top_k * h, layer)]
     width = moe.shared_experts * moe.shared_width // opts.tp
     if width:
         tokens = opts.local_seq(model) * b
+        shared = ("moe", "shared_experts")
         saved += [SavedTensor("shared expert FC1 output", d * tokens * (2 * width if model.activation == "swiglu"
-                                                                          else width)),
-                  SavedTensor("shared expert FC2 input", d * tokens * width)]
+                                                                          else width), shared),
+                  SavedTensor("shared expert FC2 input", d * tokens * width, shared)]
     return saved
 
 
@@ -132,14 +190,17 @@ def layer_activation_bytes(model: ModelConfig, b: int, opts: LayerOptions, *, mo
 def recompute_working_bytes(model: ModelConfig, b: int, opts: LayerOptions, *, moe: bool = False) -> int:
     """Bytes a recomputed layer re-creates, live during that layer's backward only.
 
-    full: everything the layer would have saved, less the stashed input it is rebuilt from;
-    selective: the attention core's tensors; none: 0.
+    full: everything the layer would have saved, less the stashed input it is rebuilt from; selective: what its
+    modules dropped, the larger of the two blocks' (the MLP's re-created tensors are freed by its backward before
+    the attention block's are re-created); by default the attention core's tensors; none: 0.
     """
     if opts.recompute == "none":
         return 0
     every = layer_saved_tensors(model, b, opts, recompute="none", moe=moe)
     if opts.recompute == "selective":
-        return sum(x.nbytes for x in every if x.core)
+        modules = set(opts.modules)
+        dropped = [x for x in every if set(x.dropped_by) & modules]
+        return max(sum(x.nbytes for x in dropped if x.block == block) for block in ("attention", "MLP"))
     return sum(x.nbytes for x in every) - layer_activation_bytes(model, b, opts, moe=moe)
 
 

@@ -45,7 +45,9 @@ def layer_elementwise_bytes(model: ModelConfig, b: int, opts: LayerOptions) -> E
     K F 2nd, B 2nd; residual add F 3nd, B 3nd (the two gradients summed). n follows tp, sp and cp
     as the tensors do (norms, dropout and residual adds run on every tp rank unless sp splits
     them). Recomputation re-runs forward ops in backward: all of them (full) or the eager
-    attention core's softmax and dropout (selective). Latent attention: the Q and KV latents' norms (on n d_q and
+    attention core's softmax and dropout (selective), and the ops of a dense layer's other --recompute-modules
+    (`_module_ops`: layernorm, mla_up_proj, mlp; a MoE layer's are pipesim.model.layer_kernels'). Latent
+    attention: the Q and KV latents' norms (on n d_q and
     n d_c elements, split over tp under sp), RoPE on `rope_elements`, and the Q, K, V assembly (`assembly_bytes`,
     the same bytes in backward, where the gradients are split back). QK-norm: a norm on the rank's queries (n h_q / t
     elements) and one on its keys (n h_kv / t), F 2nd, B 3nd each, before RoPE (transformers' Qwen3Attention).
@@ -100,10 +102,26 @@ def layer_elementwise_bytes(model: ModelConfig, b: int, opts: LayerOptions) -> E
     if model.dropout:
         op("MLP dropout", 2 * hidden * d + MASK_BYTES * hidden, 2 * hidden * d + MASK_BYTES * hidden)
     op("MLP residual add", 3 * hidden * d, 3 * hidden * d)
-    rerun = list(fwd) if opts.recompute == "full" else core_ops if opts.recompute == "selective" else []
+    rerun = list(fwd) if opts.recompute == "full" else []
+    if opts.recompute == "selective":
+        rerun = (core_ops if opts.recomputes("core_attn") else []) + _module_ops(model, opts, list(fwd), norm)
     for name in rerun:
         bwd[f"recompute {name}"] = fwd[name]
     return ElementwiseBytes(forward=fwd, backward=bwd)
+
+
+def _module_ops(model: ModelConfig, opts: LayerOptions, ops: list[str], norm: str) -> list[str]:
+    """Of a dense layer's ops `ops`, those its --recompute-modules other than core_attn re-run (pipesim.model
+    .recompute_modules): layernorm latent attention's input norm (the others are fused into TE linears); mla_up_proj
+    the latents' norms, RoPE and the Q, K, V assembly; mlp TE's fused pre-MLP norm and the activation."""
+    names: set[str] = set()
+    if opts.recomputes("layernorm") and model.mla is not None:
+        names.add(f"attention {norm}")
+    if opts.recomputes("mla_up_proj"):
+        names |= {f"Q latent {norm}", f"KV latent {norm}", "RoPE on Q and K", "Q, K, V assembly"}
+    if opts.recomputes("mlp"):
+        names |= {f"MLP {norm}", "SwiGLU", "GeLU"}
+    return [name for name in ops if name in names]
 
 
 __all__ = ["ElementwiseBytes", "layer_elementwise_bytes"]

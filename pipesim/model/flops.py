@@ -89,7 +89,9 @@ def layer_flops(model: ModelConfig, b: int, opts: LayerOptions, *, causal: bool 
     """One transformer layer on one rank, with its recomputation in I (causal: the attention core's causal half).
 
     full: the backward first re-runs the whole forward (dense + attention core); selective:
-    only the attention core's forward. The GPT without recomputation, t = cp = 1, eager:
+    only the attention core's forward by default, and the GEMMs of its other modules a dense layer has
+    (`_module_rerun_flops`; a MoE layer's are `pipesim.cost.stage_work.moe_layer_flops`'). The GPT without
+    recomputation, t = cp = 1, eager:
     F = 24 b s h^2 + 4 b s^2 h, I = 24 b s h^2 + 8 b s^2 h, W = 24 b s h^2.
     """
     dense = dense_flops(model, b, opts)
@@ -98,8 +100,23 @@ def layer_flops(model: ModelConfig, b: int, opts: LayerOptions, *, causal: bool 
     if opts.recompute == "full":
         flops = flops + Flops(0, flops.F, 0)
     elif opts.recompute == "selective":
-        flops = flops + Flops(0, core.F, 0)
+        rerun = (core.F if opts.recomputes("core_attn") else 0) + _module_rerun_flops(model, b, opts)
+        flops = flops + Flops(0, rerun, 0)
     return flops
+
+
+def _module_rerun_flops(model: ModelConfig, b: int, opts: LayerOptions) -> int:
+    """Forward GEMM FLOPs a dense layer's backward re-runs for --recompute-modules other than core_attn (pipesim.model
+    .recompute_modules): mlp the dense MLP (4 or 6 n h f / t), mla_up_proj latent attention's up projections (Q up,
+    or Q without a query latent, and KV up)."""
+    out = 0
+    if opts.recomputes("mlp"):
+        out += (6 if model.activation == "swiglu" else 4) * b * opts.local_seq(model) * model.hidden \
+            * model.ffn_size // opts.tp
+    if opts.recomputes("mla_up_proj"):
+        out += sum(2 * x.tokens * x.inp * x.out for x in latent_linears(model, b, opts)
+                   if x.name in ("Q", "Q up", "KV up"))
+    return out
 
 
 def head_flops(model: ModelConfig, b: int, opts: LayerOptions) -> Flops:
@@ -142,7 +159,7 @@ def iteration_flops(model: ModelConfig, global_batch: int, opts: LayerOptions, *
     96 B s l h^2 (1 + s / (6h) + V / (16 l h)), and Korthikanti et al. 2022 eq. 7 without it,
     72 B s l h^2 (1 + s / (6h) + V / (12 l h)). causal=True counts the attention core's causal half.
     """
-    one = LayerOptions(recompute=opts.recompute, attention=opts.attention)
+    one = LayerOptions(recompute=opts.recompute, attention=opts.attention, recompute_modules=opts.recompute_modules)
     layer = layer_flops(model, global_batch, one, causal=causal)
     head = head_flops(model, global_batch, one)
     total = (layer * model.layers + head).total
@@ -152,7 +169,27 @@ def iteration_flops(model: ModelConfig, global_batch: int, opts: LayerOptions, *
         moe_layers = model.moe.moe_layers(0, model.layers + model.mtp_layers)
         phases = 4 if opts.recompute == "full" else 3
         total += moe_layers * phases * moe_mlp_delta(model, global_batch * model.seq)
+        total += moe_layers * _moe_rerun_delta(model, global_batch * model.seq, one)
     return total
+
+
+def _moe_rerun_delta(model: ModelConfig, tokens: int, opts: LayerOptions) -> int:
+    """A MoE layer's re-run GEMM FLOPs under --recompute-modules, less the dense layer's `layer_flops` counted for it:
+    moe its router, routed and shared experts; shared_experts its shared experts (once more inside moe's re-run);
+    less the dense MLP that mlp re-runs in dense layers only."""
+    moe = model.moe
+    assert moe is not None
+    matrices = 3 if model.activation == "swiglu" else 2
+    h = model.hidden
+    shared = moe.shared_experts * matrices * h * moe.shared_width
+    per_token = 0
+    if opts.recomputes("moe"):
+        per_token += h * moe.experts + moe.top_k * matrices * h * moe.expert_ffn + shared
+    if opts.recomputes("shared_experts"):
+        per_token += shared
+    if opts.recomputes("mlp"):
+        per_token -= matrices * h * model.ffn_size
+    return 2 * tokens * per_token
 
 
 def model_flops(model: ModelConfig, global_batch: int) -> int:

@@ -9,7 +9,7 @@ attention_bias / mlp_bias (default false), attention_dropout (default 0: no drop
 embeddings are rotary (Llama's). Every other key is checked by `pipesim.model.hf_keys`: one that changes nothing
 pipesim models is ignored (and listed), one that would change the model (experts, latent attention, a
 sliding window shorter than the sequence, ...) refuses the file. The bundled configs
-(pipesim/model/configs/) load by name: `llama3-405b`, `mixtral-8x7b`, `qwen3-30b-a3b`.
+(pipesim/model/configs/) load by name: `llama3-405b`, `mixtral-8x7b`, `qwen3-30b-a3b`, `qwen3-235b-a22b`.
 
 A "mixtral" file is Llama's layer with every MLP a mixture of experts (transformers' MixtralSparseMoeBlock):
 `num_local_experts` experts (default 8, as MixtralConfig), `num_experts_per_tok` of them per token (default 2),

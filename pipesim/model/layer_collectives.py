@@ -115,7 +115,8 @@ def tp_layer_collectives(model: ModelConfig, b: int, opts: LayerOptions, *, moe:
     output gradient (blocking), all_gather of the saved sharded input again (for the weight
     gradient; overlapped with the input-gradient GEMM) and reduce_scatter of the input gradient
     (overlapped with the weight-gradient GEMM). full recomputation first re-runs the forward's
-    collectives in I. tp = 1: none. `moe`: the MLP block is the model's mixture of experts
+    collectives in I; selective those inside its modules' checkpoints (`_module_collectives`).
+    tp = 1: none. `moe`: the MLP block is the model's mixture of experts
     (`_moe_tp`: its expert-tp and shared experts' collectives instead of the dense MLP's).
     """
     opts.check(model)
@@ -126,6 +127,8 @@ def tp_layer_collectives(model: ModelConfig, b: int, opts: LayerOptions, *, moe:
     out = list(forward)
     if opts.recompute == "full":
         out += [Collective(c.kind, c.nbytes, "I", c.group, f"recompute: {c.what}") for c in forward]
+    elif opts.recompute == "selective":
+        out += _module_collectives(opts, forward, moe=moe)
     for block, first in (("MLP", "MLP up"), ("attention", "QKV")):  # backward runs the blocks in reverse
         if block == "attention" and model.mla is not None:
             out += _latent_backward(model, b, opts)
@@ -141,6 +144,24 @@ def tp_layer_collectives(model: ModelConfig, b: int, opts: LayerOptions, *, moe:
             out.append(Collective("all_reduce", x, "I", "tp", f"{block} input gradient",
                                   overlaps=f"W: {first} weight-gradient GEMM"))
     return out
+
+
+def _module_collectives(opts: LayerOptions, forward: list[Collective], *, moe: bool) -> list[Collective]:
+    """The forward tp collectives selective recomputation's modules re-run in I, blocking as in the forward
+    (pipesim.model.recompute_modules): mla_up_proj the latents' all-gathers inside its column-parallel up projections
+    (the rotary key's is outside the checkpoint); mlp a dense MLP's (sp: its input's all-gather and output's
+    reduce-scatter; else its all-reduce); moe a MoE layer's expert-tp and shared experts' (without sp: the MLP
+    block's all-reduce); shared_experts the shared experts' (once more inside moe's re-run)."""
+    mlp_block = {"MLP input (before MLP up)", "MLP output"} | {what for pair in MOE_TP["F"] for _, what in pair}
+    shared = {what for _, what in MOE_TP["F"][1]}
+    picked: list[Collective] = []
+    if opts.recomputes("mla_up_proj"):
+        picked += [c for c in forward if c.what.endswith(("(before Q up)", "(before KV up)", "(before Q)"))]
+    if opts.recomputes("moe" if moe else "mlp"):
+        picked += [c for c in forward if c.what in mlp_block]
+    if moe and opts.recomputes("shared_experts"):
+        picked += [c for c in forward if c.what in shared]
+    return [Collective(c.kind, c.nbytes, "I", c.group, f"recompute: {c.what}") for c in picked]
 
 
 MOE_TP = {  # phase -> the (kind, what) of the routed tokens' and the shared experts' collectives, in order
@@ -172,14 +193,14 @@ def ep_layer_exchanges(model: ModelConfig, b: int, opts: LayerOptions) -> list[C
     """A MoE layer's expert-parallel all-to-alls per microbatch, in order: F dispatch then combine; backward the
     combine's gradient to the experts, then the dispatch's back (full recomputation re-runs the forward's two
     first). nbytes: what this rank sends, each of its tokens' k copies (the timing, pipesim.comm.all_to_all,
-    counts peers and links); none with ep = 1."""
+    counts peers and links); none with ep = 1. Selective recomputation's "moe" module re-runs them as full does."""
     if opts.ep == 1 or model.moe is None:
         return []
     sent = tokens_here(model, b, opts) * model.moe.top_k * model.hidden * model.dtype_bytes
     forward = [Collective("all_to_all", sent, "F", "ep", "MoE dispatch"),
                Collective("all_to_all", sent, "F", "ep", "MoE combine")]
     out = list(forward)
-    if opts.recompute == "full":
+    if opts.recompute == "full" or opts.recomputes("moe"):
         out += [Collective(c.kind, c.nbytes, "I", "ep", f"recompute: {c.what}") for c in forward]
     return out + [Collective("all_to_all", sent, "I", "ep", "MoE combine backward"),
                   Collective("all_to_all", sent, "I", "ep", "MoE dispatch backward")]

@@ -25,6 +25,7 @@ from pipesim.model.elementwise import layer_elementwise_bytes
 from pipesim.model.latent_layer import check_latent, latent_linears, rope_elements
 from pipesim.model.moe_layer import ROUTER_BYTES, expert_shapes, tokens_here
 from pipesim.model.options import LayerOptions, vocab_shard
+from pipesim.model.recompute_modules import norms_recomputed
 
 FP32 = 4  # bytes: Megatron's vocab-parallel cross-entropy runs on float32 logits (logits.float())
 
@@ -39,6 +40,7 @@ class Gemm:
     k: int
     batch: int = 1
     c_bytes: int = 0  # bytes per C element of an accumulating epilogue (read + write); 0: written once
+    dtype: str | None = None  # the GEMM's operand dtype; None: the model's ("float8": pipesim.model.fp8_kernels)
 
     @property
     def flops(self) -> int:
@@ -280,6 +282,7 @@ def layer_kernels(model: ModelConfig, b: int, opts: LayerOptions, *, fused: bool
         f = _forward_gemms(before) + core_f + _forward_gemms(after + mlp) + ew_f
         i = _dgrad_gemms(mlp) + core_b + _dgrad_gemms(attn) + ew_b
         w = list(_wgrad_gemms(linears))
+        mlp_f = []
     if model.biases:  # never with latent attention (ModelConfig refuses it)
         f[1:1] = [MemoryBound("QKV bias add", 2 * tokens * linears[0][2] * model.dtype_bytes)]
         w += _bias_gradients(model, opts, linears, tokens)
@@ -287,8 +290,39 @@ def layer_kernels(model: ModelConfig, b: int, opts: LayerOptions, *, fused: bool
         i = [*f, *i]
     elif opts.recompute == "selective":
         core_ew = {"softmax", "softmax dropout", "attention scale", "attention mask"}
-        i = [*core_f, *(k for k in ew_f if k.name in core_ew), *i]
+        rerun = [*core_f, *(k for k in ew_f if k.name in core_ew)] if opts.recomputes("core_attn") else []
+        i = [*rerun, *_module_reruns(model, opts, before, mlp, ew_f, mlp_f if moe else None), *i]
     return PieceKernels(tuple(f), tuple(i), tuple(w))
+
+
+def _module_reruns(model: ModelConfig, opts: LayerOptions, before: list[Linear], mlp: list[Linear],
+                   ew_f: list[Kernel], moe_f: list[Kernel] | None) -> list[Kernel]:
+    """The forward kernels selective recomputation's other modules re-run in I (pipesim.model.recompute_modules):
+    layernorm the norms that are modules of their own; mla_up_proj the up projections, the latents' norms, RoPE and
+    the Q, K, V assembly; mlp a dense layer's FC1, activation, FC2 and TE's norm fused into FC1; moe the MoE
+    forward (`moe_f`; a MoE layer), and once more what a nested moe_act or shared_experts checkpoint re-runs;
+    moe_act the experts' activation; shared_experts the shared experts' MLP. The all-to-alls and tp collectives
+    re-run with them are pipesim.model.layer_collectives'."""
+    norm = "RMSNorm" if model.norm == "rmsnorm" else "LayerNorm"
+    out: list[Kernel] = []
+    if opts.recomputes("layernorm"):
+        names = {f"{block} {norm}" for block in norms_recomputed(model, moe=moe_f is not None)}
+        out += [k for k in ew_f if k.name in names]
+    if opts.recomputes("mla_up_proj"):
+        out += _forward_gemms([x for x in before if x[0] in ("Q", "Q up", "KV up")])
+        names = {f"Q latent {norm}", f"KV latent {norm}", "Q, K, V assembly"}
+        out += [k for k in ew_f if k.name in names or k.name.startswith("RoPE on Q and K")]
+    if moe_f is None:
+        if opts.recomputes("mlp"):
+            act = {f"MLP {norm}", "SwiGLU", "GeLU", "SwiGLU bias add", "GeLU bias add"}
+            out += _forward_gemms(mlp[:1]) + [k for k in ew_f if k.name in act] + _forward_gemms(mlp[1:])
+        return out
+    moe_act = [k for k in moe_f if k.name.startswith("expert ") and isinstance(k, MemoryBound)]
+    shared = [k for k in moe_f if k.name.startswith("shared ")]
+    if opts.recomputes("moe"):
+        out += moe_f
+    out += moe_act if opts.recomputes("moe_act") else []
+    return out + (shared if opts.recomputes("shared_experts") else [])
 
 
 def _moe_mlp(model: ModelConfig, b: int, opts: LayerOptions) -> tuple[list[Kernel], list[Kernel], list[Kernel]]:

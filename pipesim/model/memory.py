@@ -152,12 +152,15 @@ class MemoryBreakdown:
     inflight: int  # microbatches (or chunk-microbatches) whose activations are stashed at the peak
     recompute: int = 0  # a recomputed layer's re-created activations, live during its backward
     comm_buffers: int = 0  # gathered parameters, P2P and collective buffers
+    fp8_weights: int = 0  # FP8 copies of the linear weights, kept through the step (pipesim.cost.fp8_costs)
 
     def terms(self) -> dict[str, int]:
-        """Each term by name (the keys of the JSON breakdown), largest first on ties by this order."""
-        return {"parameters": self.parameters, "gradients": self.gradients,
-                "optimizer_states": self.optimizer_states, "activations": self.activations,
-                "recompute": self.recompute, "comm_buffers": self.comm_buffers}
+        """Each term by name (the keys of the JSON breakdown), largest first on ties by this order; fp8_weights
+        only in an FP8 run."""
+        terms = {"parameters": self.parameters, "gradients": self.gradients,
+                 "optimizer_states": self.optimizer_states, "activations": self.activations,
+                 "recompute": self.recompute, "comm_buffers": self.comm_buffers}
+        return {**terms, "fp8_weights": self.fp8_weights} if self.fp8_weights else terms
 
     @property
     def total(self) -> int:

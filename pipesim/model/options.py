@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 from pipesim.errors import PipesimError
 from pipesim.model.config import ModelConfig
+from pipesim.model.fp8 import Fp8Options
+from pipesim.model.recompute_modules import canonical_modules, check_modules, effective_modules
 
 RECOMPUTE = ("none", "selective", "full")  # Megatron's --recompute-granularity (none: keep everything)
 ATTENTION = ("eager", "flash")  # materialised s x s scores, or a fused kernel keeping only softmax statistics
@@ -27,6 +29,10 @@ class LayerOptions:
     attention: str = "eager"  # "eager" or "flash"
     ep: int = 1  # expert-parallel ranks: a MoE layer's experts sharded ep ways (Megatron-core's EP)
     etp: int = 1  # tensor parallelism inside each expert (Megatron-core's expert TP; a dense model ignores it)
+    fp8: Fp8Options | None = None  # FP8 linears through Transformer Engine (pipesim.model.fp8); None: the dtype's
+    # with "selective": Megatron-core's --recompute-modules (pipesim.model.recompute_modules); () is its default,
+    # core_attn alone (kept canonical: Megatron's order, the default as ())
+    recompute_modules: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("tp", "cp", "ep", "etp"):
@@ -34,14 +40,31 @@ class LayerOptions:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise PipesimError(f"{name} must be a positive integer, got {value!r}")
         check_choices(self.sp, self.recompute, self.attention)
+        if self.fp8 is not None and not isinstance(self.fp8, Fp8Options):
+            raise PipesimError(f"fp8 must be Fp8Options or None, got {type(self.fp8).__name__}")
+        object.__setattr__(self, "recompute_modules", canonical_modules(self.recompute, self.recompute_modules))
+        discarded = [m for m in ("moe_act", "layernorm") if m in self.recompute_modules]
+        if discarded and self.fp8 is not None and self.fp8.recipe == "delayed":  # transformer_config.py raises too
+            raise PipesimError(f"--recompute-modules {discarded[0]} with FP8: delayed scaling does not support "
+                               "moe_act and layernorm recompute (Megatron-core)")
         if self.cp > 1 and self.attention != "flash":
             raise PipesimError(f"--cp {self.cp} needs --attention flash (ring attention runs the fused kernel)")
+
+    @property
+    def modules(self) -> tuple[str, ...]:
+        """The submodules selective recomputation re-runs (core_attn by default); () unless --recompute selective."""
+        return effective_modules(self.recompute, self.recompute_modules)
+
+    def recomputes(self, module: str) -> bool:
+        """Whether selective recomputation re-runs Megatron-core's `module` (pipesim.model.recompute_modules)."""
+        return module in self.modules
 
     def check(self, model: ModelConfig) -> None:
         """PipesimError (one line, with the numbers) unless `model` splits evenly under these options."""
         if model.kind != "gpt":
             raise PipesimError(f"transformer layer costs need --model gpt, got {model.kind!r}")
         check_tp_split(model, self.tp)
+        check_modules(model, self.modules)
         t = self.tp
         if self.cp > 1 and model.seq % (2 * self.cp):
             raise PipesimError(f"--seq {model.seq} is not divisible by 2 x cp({self.cp}) "

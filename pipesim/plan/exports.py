@@ -35,6 +35,8 @@ def simulate_command(c: Candidate, model_flags: list[str], hardware_flags: list[
     if c.v > 1:
         argv += ["--virtual", str(c.v)]
     argv += ["--recompute", c.recompute, "--zero", str(c.zero)]
+    if c.modules:
+        argv += ["--recompute-modules", *c.modules]
     if c.sp:
         argv.append("--sequence-parallel")
     if attention:
@@ -75,6 +77,9 @@ def run_note(c: Candidate, model: ModelConfig | None = None) -> str | None:
                               or model.head_width is not None or model.qk_norm):
         return ("# the executor trains dense models with standard attention: `pipesim run` refuses this model "
                 "(simulate it with the command above)")
+    if c.modules:
+        return (f"# the executor's selective recomputation is the attention core's alone: --recompute-modules "
+                f"{' '.join(c.modules)} is a simulate figure")
     if c.cp == 1:
         return None
     return (f"# the executor has no context parallelism: this runs cp {c.cp}'s layout without it, on "
@@ -105,6 +110,8 @@ def megatron_args(c: Candidate, req: PlanRequest, attention: str | None = None) 
     out += ["--micro-batch-size", str(c.mbs), "--global-batch-size", str(m.batch), "--seq-length", str(m.seq)]
     if c.recompute == "selective":
         out += ["--recompute-granularity", "selective"]
+        if c.modules:  # Megatron-core's flag (core_v0.13 on); its default is core_attn alone
+            out += ["--recompute-modules", *c.modules]
     elif c.recompute == "full":
         out += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
     if c.sp:
@@ -112,6 +119,8 @@ def megatron_args(c: Candidate, req: PlanRequest, attention: str | None = None) 
     if attention == "flash":
         out.append("--use-flash-attn")
     out += grad_flags(req.job.kernels.grad_fp32)
+    if req.job.fp8 is not None:  # Megatron-core's names (Transformer Engine's recipes; params stay bf16)
+        out += req.job.fp8.flags()
     comm = c.job(req.job).comm  # the candidate's: an overlapped parameter gather only with the distributed optimizer
     if comm.overlap_grad_reduce:  # the same names in Megatron-LM (--ddp-bucket-size in parameters too)
         out.append("--overlap-grad-reduce")
@@ -173,17 +182,14 @@ def schedule_csv(schedule: Schedule) -> str:
 
 
 def megatron_text(c: Candidate, req: PlanRequest, attention: str | None = None) -> str:
-    """The arguments one flag (with its value) per line, comments kept as lines."""
-    args = megatron_args(c, req, attention)
-    lines, i = [], 0
-    while i < len(args):
-        a = args[i]
-        if a.startswith("#") or i + 1 == len(args) or args[i + 1].startswith("--") or args[i + 1].startswith("#"):
+    """The arguments one flag (with its values: --recompute-modules takes several) per line, comments kept as
+    lines."""
+    lines: list[str] = []
+    for a in megatron_args(c, req, attention):
+        if a.startswith(("#", "--")) or not lines or lines[-1].startswith("#"):
             lines.append(a)
-            i += 1
         else:
-            lines.append(f"{a} {args[i + 1]}")
-            i += 2
+            lines[-1] += f" {a}"
     return "\n".join(lines)
 
 
@@ -219,10 +225,30 @@ def torchtitan_toml(c: Candidate, req: PlanRequest) -> str:
               f"seq_len = {m.seq}", "", "[activation_checkpoint]", f'mode = "{c.recompute}"']
     if c.recompute == "selective":
         lines.append('selective_ac_option = "op"')
+        if c.modules:
+            lines.append(f"# Megatron-core's --recompute-modules {' '.join(c.modules)} has no torchtitan option: "
+                         "its op-level selective checkpointing decides what it saves")
     if req.job.kernels.grad_fp32 is False:  # [training] above; torchtitan's default reduces in float32
         lines.insert(lines.index("[activation_checkpoint]") - 1, 'mixed_precision_reduce = "bfloat16"')
+    if req.job.fp8 is not None:
+        lines += ["", *torchtitan_fp8(req.job.fp8.recipe)]
     return "\n".join(lines) + "\n"
 
 
+def torchtitan_fp8(recipe: str) -> list[str]:
+    """torchtitan's (v0.2.x job_config.py) float8 sections for a Megatron-core --fp8-recipe: torchao's per-tensor
+    dynamic scaling is "tensorwise" (current scaling); it has no delayed scaling and no 1 x 128 block recipe, which
+    a comment says; mxfp8 is its MX converter. The output head stays bf16 there too (filter_fqns)."""
+    if recipe == "mxfp8":
+        return ["[model]", 'converters = ["quantize.linear.mx"]', "", "[quantize.linear.mx]",
+                'recipe_name = "mxfp8_cublas"', 'filter_fqns = ["output"]']
+    lines = ["[model]", 'converters = ["quantize.linear.float8"]', "", "[quantize.linear.float8]",
+             'recipe_name = "tensorwise"', 'filter_fqns = ["output"]']
+    if recipe != "tensorwise":
+        lines.insert(0, f"# torchao has no {recipe} scaling: tensorwise (current scaling) is the nearest recipe")
+    return lines
+
+
 __all__ = ["MEGATRON_SCHEDULES", "TORCH_SCHEDULES", "command_line", "megatron_args", "megatron_text",
-           "grad_flags", "run_command", "run_note", "schedule_csv", "simulate_command", "torchtitan_toml"]
+           "grad_flags", "run_command", "run_note", "schedule_csv", "simulate_command", "torchtitan_fp8",
+           "torchtitan_toml"]

@@ -50,6 +50,8 @@ class PlanRequest:
     sequence_parallel: tuple[bool, ...] = (True,)  # choices when tp > 1 (Megatron's practice: on)
     uneven: bool = True  # p x v need not divide the layers (split_layers' remainder split)
     cps: tuple[int, ...] = (1,)  # context-parallel sizes to try (default none: today's plans unchanged)
+    # what "selective" recomputes in this plan: Megatron-core's --recompute-modules (() its default, core_attn)
+    recompute_modules: tuple[str, ...] = ()
 
     @property
     def schedule_names(self) -> tuple[str, ...]:
@@ -78,6 +80,7 @@ class Candidate:
     cp: int = 1  # context-parallel ranks (each holds seq / cp tokens of every sequence)
     ep: int = 1  # expert-parallel ranks (a mixture-of-experts model)
     etp: int = 0  # tensor parallelism inside each expert; 0: tp (Megatron-core's default, and a dense model's)
+    modules: tuple[str, ...] = ()  # with recompute "selective": its --recompute-modules (() core_attn alone)
 
     def job(self, shared: Job) -> Job:
         """This candidate's Job: its layout, recompute, sp and ZeRO over the request's `shared_job` (the one
@@ -86,7 +89,9 @@ class Candidate:
         comm = shared.comm
         if comm.overlap_param_gather and self.zero not in (1, 2):  # only the distributed optimizer's gather overlaps
             comm = replace(comm, overlap_param_gather=False)
-        return replace(shared, dims=dims, recompute=self.recompute, sp=self.sp, zero=self.zero, comm=comm)
+        modules = self.modules if self.recompute == "selective" else ()
+        return replace(shared, dims=dims, recompute=self.recompute, sp=self.sp, zero=self.zero, comm=comm,
+                       recompute_modules=modules)
 
     @property
     def k(self) -> int:
@@ -110,7 +115,7 @@ class Candidate:
         ep = f" ep{self.ep}" if self.ep > 1 or self.etp else ""
         etp = f" etp{self.etp}" if self.etp else ""
         return (f"{self.schedule} p{self.p}{v} t{self.tp}{sp}{cp}{ep}{etp} d{self.dp} mbs{self.mbs} m{self.m} "
-                f"rc={self.recompute} zero{self.zero}")
+                f"rc={self.recompute}{'(' + '+'.join(self.modules) + ')' if self.modules else ''} zero{self.zero}")
 
 
 @cache
@@ -255,7 +260,8 @@ def enumerate_candidates(req: PlanRequest) -> list[Candidate]:
                     if p * chunks_per_rank(name, v) * m > MAX_STAGE_MICROBATCHES:
                         too_big += 1
                         continue
-                    out.extend(Candidate(name, p, v, t, d, mbs, m, rc, z, sp, cp, ep, etp)
+                    out.extend(Candidate(name, p, v, t, d, mbs, m, rc, z, sp, cp, ep, etp,
+                                         req.recompute_modules if rc == "selective" else ())
                                for rc in req.recomputes for z in zeros for sp in sps
                                for ep, etp in expert_layouts(model, t, cp, d, sp)
                                if name not in NEEDS_EP or (ep > 1 and rc != "full"))

@@ -73,6 +73,7 @@ class SimSetup:
         return {"recompute": job.recompute, "sequence_parallel": job.sp,
                 "attention": job.attention if model else None, "cp": job.dims.cp, "zero": job.zero,
                 "nodes": self.hardware.num_nodes if self.hardware is not None else None,
+                **({"recompute_modules": list(job.recompute_modules)} if job.recompute_modules else {}),
                 **(job.comm.report() if job.comm != CommOptions() else {})}  # set ones only
 
     def costs(self, schedule: Schedule) -> ParallelCosts:

@@ -123,11 +123,14 @@ class CollectiveStreams:
                     seen.add((a.stage, phase))
                     needs += [(i, a.stage, c) for c in self.step.collectives[a.stage] if c.phase == phase]
             for i, stage, c in needs:  # in the order the program needs them
+                op = ops[rank][i]
+                gated = op if isinstance(op, GateOp) else None  # the stage's dense and expert gathers gate it once
+                compute = gated.op if gated else op
                 if self.step.zero in (1, 2) and self.bucket:  # --overlap-param-gather: the next step's, in buckets
-                    ops[rank][i] = GateOp(self._bucketed_gather(rank, stage, c, ops[rank][i]), ops[rank][i])
-                    continue
-                rec = self._issue(rank, c.kind, stage, c.nbytes, 0.0, -1, c.phase, c.group)
-                ops[rank][i] = GateOp(rec.end, ops[rank][i])
+                    ready = self._bucketed_gather(rank, stage, c, compute)
+                else:
+                    ready = self._issue(rank, c.kind, stage, c.nbytes, 0.0, -1, c.phase, c.group).end
+                ops[rank][i] = GateOp(max(ready, gated.ready) if gated else ready, compute)
 
     def _bucketed_gather(self, rank: int, stage: int, c: StepCollective, op: Op) -> float:
         """Megatron's overlapped parameter all-gather of a chunk, one bucket after another in forward order (the

@@ -1,0 +1,72 @@
+"""What FP8 adds to a stage once per step: its linear weights' FP8 copies, their bytes in memory and their cast.
+
+Transformer Engine casts each linear weight to FP8 on the first microbatch of a step and keeps the copy (with its
+transpose on a TN-only device) for the step's other microbatches: Megatron-core's schedules.py sets
+`is_first_microbatch` on the model chunk, and TE's Linear caches the workspace under it
+(transformer_engine/pytorch/module/linear.py @ v2.8: `update_workspace = is_first_microbatch is None or
+is_first_microbatch`). So a rank holds, for every chunk, pipesim.model.fp8.weight_copy_bytes of its FP8 linears
+beside the unchanged bf16 parameters, float32 main gradients and Adam states, and pays one cast of those weights
+per step: read d (tensorwise: twice, the amax pass first) and write the copies, one memory-bound kernel per
+weight (two with tensorwise). The simulator's table is per microbatch and alike for all of them, so this
+once-per-step cast is charged with the step's optimizer (after the pipeline, on every rank) rather than in each
+chunk's first forward of the next step, where TE runs it; docs/cost_model.md, "FP8", says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from pipesim.cost.kernel_costs import fp8_layer, profile_of
+from pipesim.cost.step_costs import StepCosts
+from pipesim.device.fp8_rates import check_fp8_recipe
+from pipesim.device.kernels import memory_bound_time
+from pipesim.hardware.machine import Hardware
+from pipesim.model.config import ModelConfig
+from pipesim.model.fp8 import Fp8Options, weight_copy_bytes
+from pipesim.model.fp8_kernels import fp8_weight_params
+from pipesim.model.options import LayerOptions
+
+
+def stage_fp8_weights(model: ModelConfig, b: int, opts: LayerOptions, family: str, *, layers: int,
+                      moe_layers: int = 0) -> tuple[int, int]:
+    """(parameters, weights) of a stage's FP8 linears on one rank: its layers' (the experts' local share)."""
+    dense = fp8_weight_params(fp8_layer(model, b, opts, True, family)) if layers > moe_layers else (0, 0)
+    moe = fp8_weight_params(fp8_layer(model, b, opts, True, family, moe=True)) if moe_layers else (0, 0)
+    n = layers - moe_layers
+    return n * dense[0] + moe_layers * moe[0], n * dense[1] + moe_layers * moe[1]
+
+
+def weight_cast(params: int, weights: int, fp8: Fp8Options, *, dtype_bytes: int, tn_only: bool) -> tuple[int, int]:
+    """(bytes, kernels) of casting `weights` linear weights of `params` parameters to FP8 once: read the dtype
+    (tensorwise: an amax pass reads it first, a kernel of its own), write the copies (weight_copy_bytes)."""
+    reads = 2 if fp8.recipe == "tensorwise" else 1
+    return reads * dtype_bytes * params + weight_copy_bytes(params, fp8, tn_only=tn_only), reads * weights
+
+
+def fp8_stage_costs(model: ModelConfig, b: int, opts: LayerOptions, hw: Hardware, split: Sequence[int],
+                    moe_counts: Sequence[int]) -> tuple[tuple[int, ...], tuple[float, ...]]:
+    """Per stage: (bytes of its FP8 weight copies, seconds of casting them once per step); empty without FP8."""
+    fp8 = opts.fp8
+    if fp8 is None:
+        return (), ()
+    family = hw.device.family
+    tn_only = check_fp8_recipe(family, fp8.recipe, hw.device.name).tn_only
+    profile = profile_of(family, hw.device.kernels)
+    memory, seconds = [], []
+    for layers, moe in zip(split, moe_counts, strict=True):
+        params, weights = stage_fp8_weights(model, b, opts, family, layers=layers, moe_layers=moe)
+        memory.append(weight_copy_bytes(params, fp8, tn_only=tn_only))
+        nbytes, kernels = weight_cast(params, weights, fp8, dtype_bytes=model.dtype_bytes, tn_only=tn_only)
+        seconds.append(memory_bound_time(nbytes, profile, kernels=kernels).seconds if weights else 0.0)
+    return tuple(memory), tuple(seconds)
+
+
+def with_weight_casts(step: StepCosts, seconds: Sequence[float]) -> StepCosts:
+    """The step's costs with each stage's once-per-step FP8 weight cast added to its optimizer seconds."""
+    if not seconds:
+        return step
+    return replace(step, optimizer_seconds=tuple(a + c for a, c in zip(step.optimizer_seconds, seconds, strict=True)))
+
+
+__all__ = ["fp8_stage_costs", "stage_fp8_weights", "weight_cast", "with_weight_casts"]

@@ -1,0 +1,104 @@
+"""FP8 GEMM figures of a device family: its FP8 tensor-core peak, the fraction real FP8 GEMMs reach, its layouts.
+
+An FP8 GEMM is timed by the same model as any other (pipesim.device.gemm: tile and wave quantisation on the
+family's tile shapes, operands through HBM): only the peak, the achievable fraction and the bytes per operand
+change. The output tiles are the BF16 ones: CUTLASS's and cuBLAS's Hopper FP8 kernels use 128 x 128 and 128 x 256
+output tiles (both in the family's list) with a K tile of 128 bytes, 128 FP8 elements against BF16's 64, and the
+model has no K quantisation, so the K tile changes nothing here. The figures live in
+pipesim/presets/gemm/fp8.toml with a source each; a family absent there has no FP8 tensor cores (A100), and a
+device without a family (a CPU) none either: FP8 is refused there in one line, as an unknown recipe is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+
+from pipesim.device.profile import DeviceProfile
+from pipesim.errors import PipesimError
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+
+FIELDS = ("peak", "matmul_efficiency", "tn_only", "recipes")
+FP8 = "float8"  # the dtype name pipesim.device.profile.DTYPE_BYTES gives one byte
+
+
+@dataclass(frozen=True)
+class Fp8Figures:
+    """One family's FP8 tensor cores, each figure with its source (pipesim/presets/gemm/fp8.toml)."""
+
+    family: str
+    peak: float  # FLOP/s, dense FP8 (E4M3 and E5M2 alike)
+    matmul_efficiency: float  # best achievable fraction of `peak` for a large FP8 GEMM
+    tn_only: bool  # FP8 GEMMs take only the TN layout (Hopper): the dgrad and wgrad need transposed copies
+    recipes: tuple[str, ...]  # Megatron-core --fp8-recipe names Transformer Engine runs on this family
+    sources: dict[str, str] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.peak, (int, float)) and self.peak > 0):
+            raise PipesimError(f"fp8 figures of {self.family}: peak must be positive FLOP/s, got {self.peak!r}")
+        if not (isinstance(self.matmul_efficiency, float) and 0 < self.matmul_efficiency <= 1):
+            raise PipesimError(f"fp8 figures of {self.family}: matmul_efficiency must be a fraction in (0, 1], got "
+                               f"{self.matmul_efficiency!r}")
+        if not isinstance(self.tn_only, bool) or not self.recipes:
+            raise PipesimError(f"fp8 figures of {self.family}: tn_only must be true or false and recipes non-empty")
+
+    def gemm_profile(self, profile: DeviceProfile) -> DeviceProfile:
+        """`profile` as its FP8 GEMMs see it: the FP8 peak and achievable fraction, every other figure (SMs, tiles,
+        HBM, overhead, overlap) the family's own."""
+        return replace(profile, flops={**profile.flops, FP8: self.peak}, matmul_efficiency=self.matmul_efficiency,
+                       sources={**profile.sources, "flops": self.sources.get("peak", ""),
+                                "matmul_efficiency": self.sources.get("matmul_efficiency", "")})
+
+
+def _data_file() -> Path:
+    return Path(str(resources.files("pipesim").joinpath("presets", "gemm", "fp8.toml")))
+
+
+def load_fp8_figures(path: Path | None = None) -> dict[str, Fp8Figures]:
+    """Every family of an FP8 figures file (default the shipped fp8.toml), each field with its source."""
+    path = path or _data_file()
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise PipesimError(f"cannot read FP8 figures {path}: {exc}") from exc
+    out = {}
+    for family, table in data.items():
+        given = set(table) - {"sources"}
+        if given != set(FIELDS):
+            raise PipesimError(f"{path}: [{family}] must give exactly {', '.join(FIELDS)}")
+        unsourced = set(FIELDS) - set(table.get("sources", {}))
+        if unsourced:
+            raise PipesimError(f"{path}: [{family}] names no source for {', '.join(sorted(unsourced))}")
+        out[family] = Fp8Figures(family, table["peak"], table["matmul_efficiency"], table["tn_only"],
+                                 tuple(table["recipes"]), dict(table["sources"]))
+    return out
+
+
+@lru_cache(maxsize=8)
+def fp8_figures(family: str | None, device: str = "") -> Fp8Figures:
+    """The FP8 figures of `family`, or a one-line error: a device without FP8 tensor cores cannot run FP8."""
+    figures = load_fp8_figures()
+    if not family or family not in figures:
+        what = device or family or "this device"
+        raise PipesimError(f"--fp8-format needs FP8 tensor cores (H100, H200, B200): {what} has none "
+                           f"(FP8 families: {', '.join(figures)})")
+    return figures[family]
+
+
+def check_fp8_recipe(family: str | None, recipe: str, device: str = "") -> Fp8Figures:
+    """The family's FP8 figures, after checking that Transformer Engine runs `recipe` there (mxfp8: Blackwell)."""
+    figures = fp8_figures(family, device)
+    if recipe not in figures.recipes:
+        need = "Blackwell (B200)" if recipe == "mxfp8" else "a device that Transformer Engine runs it on"
+        raise PipesimError(f"--fp8-recipe {recipe} needs {need}: {device or family} runs "
+                           f"{', '.join(figures.recipes)}")
+    return figures
+
+
+__all__ = ["FP8", "Fp8Figures", "check_fp8_recipe", "fp8_figures", "load_fp8_figures"]

@@ -1,0 +1,102 @@
+"""FP8 training as Megatron-core runs it through Transformer Engine: which tensors are FP8 and their bytes.
+
+`--fp8-format {e4m3,hybrid}` turns FP8 on (hybrid: E4M3 forward, E5M2 gradients, TE's default) and
+`--fp8-recipe {delayed,tensorwise,blockwise,mxfp8}` picks the scaling (Megatron-core core_v0.15.0,
+megatron/training/arguments.py `_add_transformer_engine_args`; megatron/core/fp8_utils.py maps them onto TE's
+DelayedScaling, Float8CurrentScaling, Float8BlockScaling and MXFP8BlockScaling). The model's parameters stay
+in its dtype (bfloat16): TE keeps an FP8 copy of each linear weight beside them. Both FP8 formats are one byte
+per element, so the format changes no time or memory here; the recipe does:
+
+- delayed / tensorwise: one float32 scale per tensor; the cast computes the amax as it writes (delayed), or a
+  separate amax pass over the input comes first (tensorwise: "current" scaling, TE's
+  Float8CurrentScalingQuantizer: nvte_compute_amax, then nvte_quantize, transformer_engine/pytorch/csrc/
+  quantizer.cpp @ v2.8).
+- blockwise (DeepSeek-V3's): activations and gradients in 1 x 128 blocks, weights in 128 x 128 blocks, a float32
+  scale per block (TE recipe Float8BlockScaling: x/grad_block_scaling_dim 1, w 2); blocks have a direction,
+  so a tensor is quantised row-wise and column-wise: two FP8 copies and their scales.
+- mxfp8 (Blackwell): 1 x 32 blocks with an E8M0 (one byte) scale, also in both directions.
+
+Per-tensor (delayed / tensorwise) FP8 on Hopper has only TN GEMMs (TE's `nvte_is_non_tn_fp8_gemm_supported` is
+false below sm_100): the dgrad and wgrad GEMMs need transposed FP8 copies, which TE's cast writes in the same
+kernel (cast-transpose). Blackwell runs any layout, so one copy does (quantizer.cpp: `with_transpose =
+columnwise_usage && !nvte_is_non_tn_fp8_gemm_supported()`). That is the device's fact (`tn_only`), given by
+pipesim.device.fp8_rates. Byte formulas: docs/cost_model.md, "FP8".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipesim.errors import PipesimError
+
+FP8_FORMATS = ("e4m3", "hybrid")  # Megatron-core's --fp8-format choices
+FP8_RECIPES = ("delayed", "tensorwise", "blockwise", "mxfp8")  # Megatron-core's --fp8-recipe choices
+DEFAULT_RECIPE = "delayed"  # Megatron-core's --fp8-recipe default
+FP8_BYTES = 1  # bytes per FP8 element (E4M3 and E5M2 alike)
+BLOCK_SCALED = ("blockwise", "mxfp8")  # recipes whose tensors carry both directions and a scale per block
+# bytes of scales per element and direction: blockwise 4 B (float32) per 1 x 128 block, mxfp8 1 B (E8M0) per
+# 1 x 32 block: 1/32 either way
+SCALE_DIVISOR = 32
+WEIGHT_SCALE_DIVISOR = {"blockwise": 4096, "mxfp8": 32}  # weights: float32 per 128 x 128 block; mxfp8: 1 x 32
+
+
+@dataclass(frozen=True)
+class Fp8Options:
+    """An FP8 run's format and recipe (Megatron-core's --fp8-format and --fp8-recipe), checked on construction."""
+
+    format: str = "hybrid"  # "e4m3" (everything E4M3) or "hybrid" (E4M3 forward, E5M2 gradients)
+    recipe: str = DEFAULT_RECIPE  # "delayed", "tensorwise", "blockwise" or "mxfp8"
+
+    def __post_init__(self) -> None:
+        if self.format not in FP8_FORMATS:
+            raise PipesimError(f"unknown --fp8-format {self.format!r}; choose {', '.join(FP8_FORMATS)}")
+        if self.recipe not in FP8_RECIPES:
+            raise PipesimError(f"unknown --fp8-recipe {self.recipe!r}; choose {', '.join(FP8_RECIPES)}")
+
+    @property
+    def block_scaled(self) -> bool:
+        return self.recipe in BLOCK_SCALED
+
+    def flags(self) -> list[str]:
+        """The command-line flags that give these options (Megatron-core's spelling, and pipesim's)."""
+        return ["--fp8-format", self.format, "--fp8-recipe", self.recipe]
+
+
+def saved_bytes(elements: int, fp8: Fp8Options) -> int:
+    """Bytes of one FP8 tensor kept in one direction (what TE saves of a linear's input for its wgrad): one byte per
+    element, plus its block scales (1/32 byte per element) with blockwise or mxfp8."""
+    return FP8_BYTES * elements + (elements // SCALE_DIVISOR if fp8.block_scaled else 0)
+
+
+def cast_write_bytes(elements: int, fp8: Fp8Options, *, tn_only: bool, transposed: bool = True) -> int:
+    """Bytes the cast of an activation or gradient writes: the row-wise FP8 copy, the column-wise (transposed) one
+    where a GEMM needs it (`transposed`: some later GEMM reads it; per-tensor recipes write it only on a TN-only
+    device, block-scaled ones always) and block scales for each copy."""
+    if fp8.block_scaled:
+        copies = 2 if transposed else 1
+        return copies * saved_bytes(elements, fp8)
+    return FP8_BYTES * elements * (2 if transposed and tn_only else 1)
+
+
+def weight_copy_bytes(params: int, fp8: Fp8Options, *, tn_only: bool) -> int:
+    """Bytes of the FP8 copies TE keeps of `params` linear weights for a step (its weight workspace, cached across
+    the microbatches, `is_first_microbatch`): the weight and, for dgrad, its transpose on a TN-only device; both
+    directions with block scales under blockwise (128 x 128 blocks, float32) and mxfp8 (1 x 32, one byte)."""
+    if fp8.block_scaled:
+        return 2 * (FP8_BYTES * params + params // WEIGHT_SCALE_DIVISOR[fp8.recipe])
+    return FP8_BYTES * params * (2 if tn_only else 1)
+
+
+def check_fp8_model(fp8: Fp8Options | None, dtype: str, kind: str) -> None:
+    """PipesimError unless FP8 suits the model: a transformer (its linear layers run in FP8) with 16-bit
+    parameters (TE's FP8 autocast keeps the parameters and the rest of the layer in bf16 or fp16)."""
+    if fp8 is None:
+        return
+    if kind != "gpt":
+        raise PipesimError("--fp8-format needs a transformer (--model gpt or --model-config), not --model mlp")
+    if dtype not in ("bfloat16", "float16"):
+        raise PipesimError(f"--fp8-format needs 16-bit parameters (--dtype bfloat16), got {dtype}")
+
+
+__all__ = ["BLOCK_SCALED", "DEFAULT_RECIPE", "FP8_BYTES", "FP8_FORMATS", "FP8_RECIPES", "Fp8Options",
+           "cast_write_bytes", "check_fp8_model", "saved_bytes", "weight_copy_bytes"]

@@ -1,0 +1,114 @@
+"""A layer's kernels under FP8: which GEMMs run in FP8, and the casts Transformer Engine adds around them.
+
+TE runs the linear layers' three GEMMs in FP8: forward (fprop), input gradient (dgrad) and weight gradient
+(wgrad) of QKV, the attention projection, the MLP's FC1 and FC2, the experts' grouped FC1 and FC2 and the shared
+experts' (Megatron-core's TE spec: TELayerNormColumnParallelLinear, TERowParallelLinear, TEGroupedMLP), and latent
+attention's linears. Everything else stays in the model's dtype: flash attention (TE's default DotProductAttention
+is not FP8 unless --fp8-dot-product-attention), norms, softmax, the activations, the embedding, the router (a torch
+linear) and the LM head (Megatron's output_layer is a tensor_parallel.ColumnParallelLinear, not a TE module:
+megatron/core/models/gpt/gpt_model.py @ core_v0.15.0). Each FP8 GEMM reads one-byte operands and writes its
+output in the model's dtype (bf16).
+
+Per FP8 linear, per microbatch, the casts are memory-bound kernels (pipesim.model.fp8 gives their bytes):
+- F: the input X cast to FP8 (read d, write FP8: with a transposed copy for the wgrad on a TN-only device, TE's
+  fused cast-transpose); tensorwise first reads X once more for its amax. Under sequence parallelism the
+  column-parallel linears' input (QKV, FC1, shared FC1) is cast on the rank's shard before the all-gather
+  (TE's Linear: `with_input_all_gather_nccl`), and a per-tensor recipe casts it row-wise only (its all-gather
+  takes no column-wise data), so W transposes the gathered copy (read 1, write 1 byte per element).
+- I: the output gradient dY cast to FP8 for dgrad and wgrad alike (cast-transpose again).
+- W: nothing more (the wgrad reads the saved FP8 input and the FP8 dY).
+The weights' casts are once per step, not per microbatch (TE caches them: `is_first_microbatch`, which
+Megatron-core's schedules.py sets), so they are not here: `fp8_weight_params` counts what they cast.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from pipesim.model.fp8 import Fp8Options, cast_write_bytes
+from pipesim.model.layer_kernels import Gemm, Kernel, MemoryBound, PieceKernels
+
+FP8_LINEARS = frozenset({"QKV", "projection", "FC1", "FC2", "expert FC1", "expert FC2", "shared FC1",
+                         "shared FC2", "Q", "Q down", "Q up", "KV down", "KV up"})
+GATHERED = frozenset({"QKV", "FC1", "shared FC1"})  # column-parallel linears whose input sp all-gathers
+FP8 = "float8"  # the GEMM dtype of pipesim.device.profile.DTYPE_BYTES
+
+
+def _linear(name: str, suffix: str = "") -> str | None:
+    """The FP8 linear a GEMM name belongs to ("FC1 dgrad" -> "FC1"), or None."""
+    base = name.removesuffix(suffix) if suffix else name
+    if suffix and base == name:
+        return None
+    return base if base in FP8_LINEARS else None
+
+
+def _casts(what: str, elements: int, fp8: Fp8Options, d: int, *, tn_only: bool, transposed: bool) -> list[Kernel]:
+    """The amax pass (tensorwise) and the cast of one bf16 tensor of `elements` to FP8."""
+    out: list[Kernel] = []
+    if fp8.recipe == "tensorwise":
+        out.append(MemoryBound(f"{what} amax", d * elements))
+    out.append(MemoryBound(f"{what} cast", d * elements + cast_write_bytes(elements, fp8, tn_only=tn_only,
+                                                                           transposed=transposed)))
+    return out
+
+
+def fp8_layer_kernels(kernels: PieceKernels, fp8: Fp8Options, *, dtype_bytes: int, tn_only: bool, tp: int = 1,
+                      sp: bool = False) -> PieceKernels:
+    """`kernels` (a layer's, pipesim.model.layer_kernels) with its linears' GEMMs in FP8 (output written in the
+    model's dtype: c_bytes d unless an accumulating epilogue says otherwise) and the casts before them."""
+    d = dtype_bytes
+    gathered = sp and tp > 1
+
+    def forward(ks: tuple[Kernel, ...]) -> list[Kernel]:
+        out: list[Kernel] = []
+        for k in ks:
+            name = _linear(k.name) if isinstance(k, Gemm) else None
+            if name is None:
+                if isinstance(k, Gemm) and (n := _linear(k.name, " dgrad")) is not None:
+                    elements = k.batch * k.m * k.k  # dY: tokens x outputs
+                    out += _casts(f"{n} output gradient", elements, fp8, d, tn_only=tn_only, transposed=True)
+                    out.append(replace(k, dtype=FP8, c_bytes=k.c_bytes or d))
+                    continue
+                out.append(k)
+                continue
+            assert isinstance(k, Gemm)
+            elements = k.batch * k.m * k.k  # X: tokens x inputs (all-gathered under sp)
+            shard = gathered and name in GATHERED
+            out += _casts(f"{name} input", elements // tp if shard else elements, fp8, d, tn_only=tn_only,
+                          transposed=not shard or fp8.block_scaled)
+            out.append(replace(k, dtype=FP8, c_bytes=k.c_bytes or d))
+        return out
+
+    w: list[Kernel] = []
+    for k in kernels.W:
+        name = _linear(k.name, " wgrad") if isinstance(k, Gemm) else None
+        if name is None:
+            w.append(k)
+            continue
+        assert isinstance(k, Gemm)
+        if gathered and name in GATHERED and tn_only and not fp8.block_scaled:
+            w.append(MemoryBound(f"{name} input transpose", 2 * k.batch * k.m * k.k))  # read 1, write 1 per element
+        w.append(replace(k, dtype=FP8, c_bytes=k.c_bytes or d))
+    return PieceKernels(tuple(forward(kernels.F)), tuple(forward(kernels.I)), tuple(w))
+
+
+def fp8_weight_params(kernels: PieceKernels) -> tuple[int, int]:
+    """(parameters, weights) of the piece's FP8 linears, read off its FP8 wgrad GEMMs (k x n each, per expert)."""
+    params = weights = 0
+    for k in kernels.W:
+        if isinstance(k, Gemm) and k.dtype == FP8:
+            params += k.batch * k.m * k.n
+            weights += 1
+    return params, weights
+
+
+def scale_update_bytes(kernels: PieceKernels) -> int:
+    """Bytes of delayed scaling's amax-history and scale update for the piece's FP8 tensors (input, weight and
+    output gradient of each FP8 linear): the amax history (Megatron's --fp8-amax-history-len 1), the scale and
+    its inverse, float32 each, read and written: 24 bytes per tensor. One fused kernel per forward and backward
+    pass (TE's fused_amax_and_scale_update_after_reduction, run when Megatron's fp8 autocast around the whole
+    block exits)."""
+    return 3 * 24 * fp8_weight_params(kernels)[1]
+
+
+__all__ = ["FP8", "FP8_LINEARS", "GATHERED", "fp8_layer_kernels", "fp8_weight_params", "scale_update_bytes"]
