@@ -60,6 +60,7 @@ def _sibling(name: str):
 report = _sibling("published_report")
 diagnosis = _sibling("published_diagnosis")
 commands = _sibling("published_commands")
+goals = _sibling("published_goals")
 Switch, parse_command, switched_argv = commands.Switch, commands.parse_command, commands.switched_argv
 hardware_variant, substitute_hardware = commands.hardware_variant, commands.substitute_hardware
 Result, Row, Switched = report.Result, report.Row, report.Switched
@@ -98,6 +99,28 @@ def megatron_flops_per_iteration(args: argparse.Namespace) -> float:
     gated = 1.5 if m.activation == "swiglu" else 1.0
     attention = (1 + m.num_kv_heads / m.heads + s / h) * (m.heads * m.head_dim / h)
     return 12.0 * m.batch * s * m.layers * h * h * (attention + ffn / h * k * gated + m.vocab / (2 * m.layers * h))
+
+
+def megatron_core_flops_per_iteration(args: argparse.Namespace) -> float:
+    """Megatron-core's `num_floating_point_operations` from core_v0.12.0 on (commit 8873b55d6a, "Fixes in number of
+    floating-point operation estimates for MoE and attention layer"; the same at core_v0.14.0), the count behind
+    current Megatron / ModelZoo TFLOPS: B s (12 L h (f_d g L_d/L + (f_e k + f_s) g L_m/L) + 12 L h^2 (1 + G/A
+    + s/(2h)) Q/h + 6 h V): the causal half of the s x s square, dense (L_d) and MoE (L_m) layers apart, shared
+    experts of width f_s. Standard attention without multi-token prediction only (ValueError otherwise)."""
+    m = model_config(args)
+    if m.mla is not None or m.mtp_layers:
+        raise ValueError("megatron_core_flops_per_iteration: latent attention and MTP are not counted here")
+    h, s, layers = m.hidden, m.seq, m.layers
+    gated = 1.5 if m.activation == "swiglu" else 1.0
+    if m.moe is None:
+        mlp = m.ffn_size * gated
+    else:
+        moe_layers = m.moe.moe_layers(0, layers)
+        shared = m.moe.shared_experts * (m.moe.shared_ffn or m.moe.expert_ffn)
+        routed = m.moe.expert_ffn * m.moe.top_k
+        mlp = gated * (m.ffn_size * (layers - moe_layers) + (routed + shared) * moe_layers) / layers
+    attention = 12.0 * layers * h * h * (1 + m.num_kv_heads / m.heads + s / (2 * h)) * (m.heads * m.head_dim / h)
+    return m.batch * s * (12.0 * layers * h * mlp + attention + 6.0 * h * m.vocab)
 
 
 def tflops_per_gpu(flops: float, seconds: float, gpus: int) -> float:
@@ -160,6 +183,8 @@ METRICS: dict[str, Metric] = {
         palm_flops_per_iteration(a), iteration_seconds(sim), gpus(a))),
     "tflops_per_gpu_megatron": Metric("TFLOP/s per GPU", True, lambda sim, a: tflops_per_gpu(
         megatron_flops_per_iteration(a), iteration_seconds(sim), gpus(a))),
+    "tflops_per_gpu_megatron_core": Metric("TFLOP/s per GPU", True, lambda sim, a: tflops_per_gpu(
+        megatron_core_flops_per_iteration(a), iteration_seconds(sim), gpus(a))),
     "seconds_per_iteration": Metric("s per iteration", False, lambda sim, a: iteration_seconds(sim)),
     "tokens_per_sec_per_gpu": Metric("tokens/s per GPU", True, lambda sim, a: tokens_per_gpu_second(
         a.batch, a.seq, iteration_seconds(sim), gpus(a))),
@@ -178,9 +203,12 @@ def load(path: Path = ROWS) -> dict:
         if r["metric"] not in METRICS or r["source"] not in data["sources"]:
             raise ValueError(f"row {r['id']}: unknown metric {r['metric']!r} or source {r['source']!r}")
         metric = METRICS[r["metric"]]
+        cluster, work = rank_key(parse_command(r["command"])[1])
         rows.append(Row(id=r["id"], source=r["source"], table=r["table"], configuration=r["configuration"],
                         metric=r["metric"], command=r["command"], published=r.get("published"), unit=metric.unit,
-                        faster_is_higher=metric.faster_is_higher))
+                        faster_is_higher=metric.faster_is_higher, cluster=cluster, work=work))
+    for key, src in data["sources"].items():
+        goals.source_goal(key, src)  # an unknown `goal` is refused here, naming its source
     ids = [r.id for r in rows]
     if len(set(ids)) != len(ids):
         raise ValueError("duplicate row ids")
@@ -197,13 +225,30 @@ def load(path: Path = ROWS) -> dict:
             "diagnosis": data.get("diagnosis", [])}
 
 
+def rank_key(args: argparse.Namespace) -> tuple[str, float]:
+    """(the model and cluster a row's command runs, tokens per GPU per iteration): issue 33's rankings compare the
+    rows of one model on one cluster, its GPU count included ("the same model on the same cluster": schedules,
+    interleaving, recomputation, layouts; bench/published_goals.py), a time as work / time. The model is the
+    bundled config's name or file, or a --model gpt's shape."""
+    if args.model_config:
+        model = str(args.model_config)
+    else:
+        shape = (("h", args.hidden), ("L", args.layers), ("a", args.heads), ("kv", args.kv_heads),
+                 ("f", args.ffn_hidden), ("V", args.vocab), (" ", args.activation))
+        model = args.model + " " + "".join(f"{k}{v}" for k, v in shape if v is not None)
+    return f"{model} on {gpus(args)} x {args.hardware}", args.batch * args.seq / gpus(args)
+
+
 def features(args: argparse.Namespace) -> str:
     """The features a row's command uses, from its flags."""
     out = [args.name + (f" v={args.virtual}" if args.virtual else ""),
-           f"tp {args.tp} pp {args.stages} dp {args.dp}" + (f" cp {args.cp}" if args.cp > 1 else ""),
+           f"tp {args.tp} pp {args.stages} dp {args.dp}" + (f" cp {args.cp}" if args.cp > 1 else "")
+           + (f" ep {args.ep} etp {args.tp if args.etp is None else args.etp}" if args.ep > 1 else ""),
            f"recompute {args.recompute}" if args.recompute != "none" else "no recompute"]
     if args.sequence_parallel:
         out.append("SP")
+    if args.ep > 1:
+        out.append("DeepEP" if args.moe_token_dispatcher_type == "flex" else "NCCL all-to-all")
     if args.attention:
         out.append(f"{args.attention} attention")
     if args.zero:
@@ -358,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
               "forward and backward action times (the middle stage of a 0,1,0 layer split, TP communication "
               "included); Llama 3's TFLOP/s per GPU = (6 N + 12 L H Q T) x tokens per step / (iteration seconds "
               "x GPUs), PaLM's MFU numerator (N: parameters without the embedding table)."]
-    text = render(data, results, header, switched)
+    text = render(data, results, header, switched, goals.goal_lines(data["sources"], results, stats))
     text += "\n".join(diagnosis.lines(diagnoses, stats, report.pct)) + ("\n" if diagnoses else "")
     args.out.write_text(text)
     print(f"wrote {args.out}")
@@ -369,6 +414,8 @@ def main(argv: list[str] | None = None) -> int:
     other = [r for r in published if r.row.source not in in_ref]
     if other:
         print(stats_line("other sources", stats(other)))
+    for line in goals.goal_lines(data["sources"], results, stats):
+        print(line.replace("**", ""))
     return 1 if any(r.predicted is None for r in results) else 0
 
 

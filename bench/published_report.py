@@ -29,6 +29,8 @@ class Row:
     published: float | None  # in the metric's unit; None: simulated only, for a relative effect
     unit: str = ""  # the metric's unit, as printed
     faster_is_higher: bool = True  # True for a throughput, False for a time
+    cluster: str = ""  # the model and hardware of its command, for issue 33's rankings ("": not ranked)
+    work: float = 1.0  # tokens per GPU per iteration: a time's speed is work / time (bench/published_goals.py)
 
 
 @dataclass(frozen=True)
@@ -250,9 +252,11 @@ def _source_sections(data: dict, results: list[Result]) -> list[str]:
     return lines
 
 
-def render(data: dict, results: list[Result], header: list[str], switched: list[Switched] | None = None) -> str:
-    """docs/published.md: header, summary, a table per source (published.md's, then the others), relative effects,
-    trends, the per-mechanism breakdown and the mechanisms' state."""
+def render(data: dict, results: list[Result], header: list[str], switched: list[Switched] | None = None,
+           goals: list[str] | None = None) -> str:
+    """docs/published.md: header, summary (issue 15's goal line, then `goals`: issue 33's summaries, from
+    bench/published_goals.py), a table per source (published.md's, then the others), relative effects, trends, the
+    per-mechanism breakdown and the mechanisms' state."""
     in_ref = {k for k, s in data["sources"].items() if s.get("in_published_md", True)}
     published = [r for r in results if r.row.published is not None]
     ref = [r for r in published if r.row.source in in_ref]
@@ -273,6 +277,8 @@ def render(data: dict, results: list[Result], header: list[str], switched: list[
                   f"{pct(s.signed_mean)}, median {pct(s.signed_median)}. The residual amounts to one speed factor "
                   f"of {s.speed_factor:.3f} (geometric mean of predicted / published speed over these rows): a "
                   "diagnostic, never applied to any prediction."]
+    for line in goals or []:
+        lines += ["", line]
     by_id = {r.row.id: r for r in results}
     if data["effects"]:
         lines += ["", effect_stats_line(effect_pairs(data["effects"], by_id))]
@@ -288,7 +294,9 @@ def render(data: dict, results: list[Result], header: list[str], switched: list[
     if other:
         lines += ["", "## Other published results", "",
                   "Measurements not listed in shared/reference/published.md: other clusters, models and papers, "
-                  "simulated with the same method. Reported apart; the issue-15 goal above does not count them."]
+                  "simulated with the same method. Reported apart; the issue-15 goal above does not count them "
+                  "(issue 33's goals do: its reference goal those of published_modern.md, its second goal every "
+                  "row)."]
         lines += _source_sections({"sources": {k: v for k, v in data["sources"].items() if k not in in_ref}},
                                   other)
     if data["effects"]:

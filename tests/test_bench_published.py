@@ -161,7 +161,24 @@ def test_relative_effects_summary_causes_and_their_table_under_each_switch():
 
 def test_every_row_parses_and_is_consistent():
     rows = DATA["rows"]
-    assert {r.source for r in rows} == {"NAR21", "KOR22", "KOR22T4", "LLAMA3", "BLOOM", "MTNLG"}
+    moe = {"MCOREMOE", "MOEZOO", "MOEZOOQWEN3"}  # mixture-of-experts rows (issue 32), reported apart
+    assert {r.source for r in rows} == {"NAR21", "KOR22", "KOR22T4", "LLAMA3", "BLOOM", "MTNLG", "DGXC25"} | moe
+    assert [(r.id, r.metric, r.published) for r in rows if r.source in moe] == [
+        ("mcore-moe-mixtral-8x7b-64gpus", "tflops_per_gpu_megatron", 468),  # core_v0.10.0 MoE README
+        ("moezoo-mixtral-8x22b-128gpus-balanced", "tflops_per_gpu_megatron_core", 465),  # run_mixtral_8x22B.sh
+        # best_practice/qwen3/readme.md: four step-time rows, then the Long Context table's forced-balance TFLOPS
+        ("moezoo-qwen3-235b-tp2-pp8-ep32", "seconds_per_iteration", 19.7),
+        ("moezoo-qwen3-235b-tp2-pp8-ep32-a2a-overlap", "seconds_per_iteration", 17.6),
+        ("moezoo-qwen3-235b-tp2-pp32-ep8", "seconds_per_iteration", 24.2),
+        ("moezoo-qwen3-235b-tp4-pp8-ep8", "seconds_per_iteration", 29.0),
+        ("moezoo-qwen3-235b-16k-cp1", "tflops_per_gpu_megatron_core", 295),
+        ("moezoo-qwen3-235b-32k-cp2", "tflops_per_gpu_megatron_core", 335),
+        ("moezoo-qwen3-235b-64k-cp4", "tflops_per_gpu_megatron_core", 368),
+        ("moezoo-qwen3-235b-128k-cp8", "tflops_per_gpu_megatron_core", 389)]
+    for r in (r for r in rows if r.source == "MOEZOOQWEN3"):  # 96 layer slots: embedding and loss take one each
+        args = bp.parse_command(r.command)[1]
+        assert sum(args.layer_split) == 94 and len(args.layer_split) == args.stages * args.virtual
+        assert args.stages * args.tp * args.cp * args.dp == 256 and args.nodes == 32
     in_ref = {k for k, s in DATA["sources"].items() if s["in_published_md"]}
     assert in_ref == {"NAR21", "KOR22"}  # the goal's rows: those of shared/reference/published.md
     # NAR21 T1, KOR22 T5 (2 columns), T4 (3 x 2); Llama 3 Table 4's two 8K rows
@@ -179,7 +196,8 @@ def test_every_row_parses_and_is_consistent():
     examples = (ROOT / "docs" / "published_examples.md").read_text()
     for r in rows:
         argv, args = bp.parse_command(r.command)
-        hardware = {"LLAMA3": "dgx-h100", "BLOOM": str(ROOT / "bench" / "hardware" / "jean-zay-a100.toml")}
+        hardware = {"LLAMA3": "dgx-h100", "BLOOM": str(ROOT / "bench" / "hardware" / "jean-zay-a100.toml"),
+                    **dict.fromkeys(moe | {"DGXC25"}, "dgx-h100")}
         assert argv[0] == "simulate" and args.hardware == hardware.get(r.source, "dgx-a100")  # a file: the repo's
         assert bp.gpus(args) == 8 * args.nodes, r.id  # 8 GPUs per node
         if r.table in ("Table 1", "Table 5") and r.published is not None or r.source in ("LLAMA3", "BLOOM", "MTNLG"):
@@ -423,3 +441,123 @@ citation = "K"
         bp.main(["--rows", str(rows), "--out", str(out), "--hardware", "dgx-a100"])
     with pytest.raises(PipesimError, match="missing.toml"):
         bp.main(["--rows", str(rows), "--out", str(out), "--hardware", f"dgx-a100={tmp_path / 'missing.toml'}"])
+
+
+def _mixtral_args(extra: str = "") -> object:
+    _, args = bp.parse_command("pipesim simulate 1f1b --model-config mixtral-8x7b --seq 4096 --batch 256 "
+                               "--microbatch-size 1 --stages 4 --dp 16 --ep 8 --hardware dgx-h100 --nodes 8" + extra)
+    return args
+
+
+def test_megatron_flop_counts_of_mixtral_8x7b_by_hand():
+    # Mixtral 8x7B: h 4096, L 32, A 32, G 8, head dim 128, expert width 14336, top-2, SwiGLU, V 32000
+    b, s, h, layers, f, v = 256, 4096, 4096, 32, 14336, 32000
+    old = 12 * b * s * layers * h * h * ((1 + 8 / 32 + s / h) + f / h * 2 * 1.5 + v / (2 * layers * h))
+    assert bp.megatron_flops_per_iteration(_mixtral_args()) == pytest.approx(old, rel=1e-14)
+    # core_v0.12.0 on: the causal half of the square; the MLP and logit terms unchanged for an all-MoE model
+    new = b * s * (12 * layers * h * (f * 2 * 1.5) + 12 * layers * h * h * (1 + 8 / 32 + s / (2 * h)) + 6 * h * v)
+    assert bp.megatron_core_flops_per_iteration(_mixtral_args()) == pytest.approx(new, rel=1e-14)
+    assert old - new == pytest.approx(12 * b * s * layers * h * h * s / (2 * h), rel=1e-12)  # exactly half the square
+
+
+def test_megatron_core_count_of_dense_and_shared_expert_layers(monkeypatch):
+    # a toy MoE: 4 layers, the first dense (width 64), 3 with 4 experts top-1 of width 16 and one shared of width 8
+    args = _mixtral_args()
+    m = bp.model_config(args)
+    moe = replace(m.moe, experts=4, top_k=1, expert_ffn=16, shared_experts=1, shared_ffn=8, dense_layers=1)
+    toy = replace(m, hidden=32, layers=4, heads=4, kv_heads=2, ffn_hidden=64, vocab=100, seq=64, batch=2, moe=moe)
+    monkeypatch.setattr(bp, "model_config", lambda _args: toy)
+    mlp = 1.5 * (64 * 1 + (16 * 1 + 8) * 3) / 4
+    attention = 12 * 4 * 32 * 32 * (1 + 2 / 4 + 64 / 64) * (4 * 8 / 32)  # head dim 32 / 4 = 8
+    assert bp.megatron_core_flops_per_iteration(args) == pytest.approx(
+        2 * 64 * (12 * 4 * 32 * mlp + attention + 6 * 32 * 100), rel=1e-14)
+    assert bp.METRICS["tflops_per_gpu_megatron_core"].faster_is_higher
+
+
+# ---- issue 33's goals (bench/published_goals.py) ----------------------------------------------------------------
+
+pg = bp.goals
+
+
+def _ranked(row_id, published, predicted, *, cluster="m on hw", work=1.0, metric="seconds_per_iteration",
+            source="S"):
+    r = _result(row_id, source, published, predicted, metric=metric)
+    return pr.Result(replace(r.row, cluster=cluster, work=work), predicted, "f")
+
+
+def test_source_goal_reads_goal_else_in_published_md_and_refuses_others():
+    assert pg.source_goal("A", {}) == "reference"  # in_published_md is true when absent (issue 15's reading)
+    assert pg.source_goal("A", {"in_published_md": True}) == "reference"
+    assert pg.source_goal("A", {"in_published_md": False}) == "reported"
+    assert pg.source_goal("A", {"in_published_md": False, "goal": "reference"}) == "reference"
+    assert pg.source_goal("A", {"in_published_md": True, "goal": "reported"}) == "reported"
+    with pytest.raises(ValueError, match="source A: goal must be one of reference, reported, got 'all'"):
+        pg.source_goal("A", {"goal": "all"})
+    assert pg.reference_sources({"A": {}, "B": {"in_published_md": False}, "C": {"goal": "reference"}}) == {"A", "C"}
+
+
+def test_ranking_pairs_by_cluster_and_metric_with_times_per_gpu():
+    rows = [_ranked("a", 10.0, 9.0, work=100.0),  # speed published 10, predicted 11.1
+            _ranked("b", 10.0, 8.0, work=50.0),  # speed 5 and 6.25: slower than a in both -> agrees
+            _ranked("c", 20.0, 30.0, work=300.0),  # speed 15 and 10: faster than a published, slower predicted
+            _ranked("d", 5.0, 4.0, work=50.0, cluster="other"),  # another cluster: never paired
+            _ranked("e", 100.0, 90.0, metric="tflops_per_gpu_nar21"),  # another metric: never paired
+            _ranked("f", 20.0, 10.0, work=200.0),  # speed 10 as a's published: a tie with a, not ranked
+            _ranked("g", 7.0, None, work=100.0)]  # failed: left out
+    rk = pg.ranking(rows)
+    assert [(p.a, p.b, p.agrees) for p in rk.pairs] == [("a", "b", True), ("a", "c", False), ("b", "c", True),
+                                                        ("b", "f", True), ("c", "f", False)]  # f: 10 and 20
+    assert (rk.agree, rk.ties, rk.fraction) == (3, 1, 0.6)
+    assert pg.speed(rows[4].row, 90.0) == 90.0 and pg.speed(rows[0].row, 9.0) == pytest.approx(100 / 9)
+    assert math.isnan(pg.ranking(rows[3:5]).fraction)
+
+
+def test_goal_lines_of_issue_33_exactly():
+    sources = {"R": {"goal": "reference", "in_published_md": False}, "O": {"in_published_md": False}}
+    results = [_ranked("r1", 10.0, 10.4, source="R", work=10.0),  # |error| 4 %, speed 10 / 10.4
+               _ranked("r2", 20.0, 19.0, source="R", work=10.0),  # |error| 5 %, order r1 faster kept
+               _ranked("o1", 10.0, 8.5, source="O", cluster="x")]  # |error| 15 %, speed ratio 10 / 8.5
+    lines = pg.goal_lines(sources, results, pr.stats)
+    assert lines[0] == ("Issue 33's reference goal, the reference rows of published.md and published_modern.md "
+                        "together (R): 2 of 2 simulated, median |error| 4.5 %, max 5.0 % (goal: median <= 5 %, "
+                        "max <= 10 %): **met**.")
+    factor = (10 / 10.4 * 20 / 19 * 10 / 8.5) ** (1 / 3)
+    assert lines[1] == ("Issue 33's goal on every published row this bench reports: 3 of 3 simulated, median |error| "
+                        f"5.0 %, max 15.0 %, geometric mean of predicted / published speed {factor:.3f} (goal: median "
+                        "<= 8 %, max <= 20 %, speed factor in [0.95, 1.05]): **not met**.")  # 1.052: optimistic
+    assert lines[2] == ("Rankings (issue 33): 1 pairs of published rows of the same model on the same hardware and "
+                        "metric (speed per GPU), predicted order as published in 1 (100 %; goal >= 90 %): **met**.")
+    flipped = [*results[:1], _ranked("r2", 20.0, 9.0, source="R", work=10.0)]  # r2 now predicted faster than r1
+    lines = pg.goal_lines(sources, flipped, pr.stats)
+    assert "(goal: median <= 5 %, max <= 10 %): **not met**." in lines[0]  # |error| 55 %
+    assert lines[2].endswith("in 0 (0 %; goal >= 90 %): **not met**. Reversed: `r1` / `r2`.")
+    assert pg.goal_lines(sources, [], pr.stats) == ["No published row in this run: no issue-33 goal lines."]
+
+
+def test_the_modern_reference_rows_and_their_rank_keys():
+    assert pg.reference_sources(DATA["sources"]) == {"NAR21", "KOR22", "DGXC25"}
+    rows = [r for r in DATA["rows"] if r.source == "DGXC25"]
+    # shared/reference/published_modern.md, its Llama 3.1 and GPT-3 rows (Nemotron-4 left out, see the notes)
+    assert [(r.id.removeprefix("dgxc-"), r.published) for r in rows] == [
+        ("llama3.1-8b-8gpus", 12.27), ("llama3.1-8b-128gpus", 12.33), ("llama3.1-70b-64gpus", 14.66),
+        ("llama3.1-70b-2048gpus", 14.66), ("llama3.1-405b-512gpus", 19.78), ("llama3.1-405b-2048gpus", 19.87),
+        ("gpt3-175b-128gpus", 8.309), ("gpt3-175b-2048gpus", 8.49)]
+    layouts = [(a.tp, a.stages, a.cp, a.dp, a.virtual, a.batch, a.seq) for a in
+               (bp.parse_command(r.command)[1] for r in rows)]
+    assert layouts == [(1, 1, 2, 4, None, 128, 8192), (1, 1, 2, 64, None, 2048, 8192),
+                       (4, 4, 2, 2, 5, 128, 8192), (4, 4, 2, 64, 5, 4096, 8192),
+                       (8, 8, 2, 4, 8, 256, 8192), (8, 8, 2, 16, 8, 1024, 8192),
+                       (4, 8, 1, 4, 6, 256, 2048), (4, 8, 1, 64, 6, 4096, 2048)]
+    # the same model on the same cluster, its GPU count included: weak-scaling rows are not a ranking pair
+    assert [r.cluster for r in rows[::2]] == [
+        "llama3-8b on 8 x dgx-h100", "llama3-70b on 64 x dgx-h100", "llama3-405b on 512 x dgx-h100",
+        "gpt h12288L96a96V50688 on 128 x dgx-h100"]
+    assert len({r.cluster for r in rows}) == len(rows)
+    assert [r.work for r in rows[:3]] == [128 * 8192 / 8, 2048 * 8192 / 128, 128 * 8192 / 64]
+
+
+def test_an_unknown_goal_in_a_rows_file_is_refused(tmp_path):
+    rows = tmp_path / "rows.toml"
+    rows.write_text(f'[sources.KOR22]\ncitation = "K"\ngoal = "sometimes"\n\n{LAYER_ROWS}')
+    with pytest.raises(PipesimError, match="source KOR22: goal must be one of reference, reported"):
+        bp.main(["--rows", str(rows), "--out", str(tmp_path / "p.md")])
