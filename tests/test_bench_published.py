@@ -161,11 +161,12 @@ def test_relative_effects_summary_causes_and_their_table_under_each_switch():
 
 def test_every_row_parses_and_is_consistent():
     rows = DATA["rows"]
-    moe = {"MCOREMOE", "MOEZOO", "MOEZOOQWEN3"}  # mixture-of-experts rows (issue 32), reported apart
+    moe = {"MCOREMOE", "MOEZOO", "DEEPSEEKV3", "MOEZOOQWEN3"}  # mixture-of-experts rows (issue 32), reported apart
     assert {r.source for r in rows} == {"NAR21", "KOR22", "KOR22T4", "LLAMA3", "BLOOM", "MTNLG", "DGXC25"} | moe
     assert [(r.id, r.metric, r.published) for r in rows if r.source in moe] == [
         ("mcore-moe-mixtral-8x7b-64gpus", "tflops_per_gpu_megatron", 468),  # core_v0.10.0 MoE README
         ("moezoo-mixtral-8x22b-128gpus-balanced", "tflops_per_gpu_megatron_core", 465),  # run_mixtral_8x22B.sh
+        ("deepseek-v3-2048-h800", "tokens_per_sec_per_gpu", 1543.2),  # 1e12 / (180K GPU hours x 3600 s)
         # best_practice/qwen3/readme.md: four step-time rows, then the Long Context table's forced-balance TFLOPS
         ("moezoo-qwen3-235b-tp2-pp8-ep32", "seconds_per_iteration", 19.7),
         ("moezoo-qwen3-235b-tp2-pp8-ep32-a2a-overlap", "seconds_per_iteration", 17.6),
@@ -197,7 +198,8 @@ def test_every_row_parses_and_is_consistent():
     for r in rows:
         argv, args = bp.parse_command(r.command)
         hardware = {"LLAMA3": "dgx-h100", "BLOOM": str(ROOT / "bench" / "hardware" / "jean-zay-a100.toml"),
-                    **dict.fromkeys(moe | {"DGXC25"}, "dgx-h100")}
+                    **dict.fromkeys(moe | {"DGXC25"}, "dgx-h100"),
+                    "DEEPSEEKV3": str(ROOT / "bench" / "hardware" / "h800-deepseek.toml")}
         assert argv[0] == "simulate" and args.hardware == hardware.get(r.source, "dgx-a100")  # a file: the repo's
         assert bp.gpus(args) == 8 * args.nodes, r.id  # 8 GPUs per node
         if r.table in ("Table 1", "Table 5") and r.published is not None or r.source in ("LLAMA3", "BLOOM", "MTNLG"):

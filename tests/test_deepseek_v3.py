@@ -10,6 +10,8 @@ from dataclasses import replace
 import pytest
 
 from pipesim.cli import main
+from pipesim.comm.all_to_all import dispatch_time
+from pipesim.comm.expert_exchange import ExpertExchange, exchange_timing, node_limit
 from pipesim.cost.kernel_costs import kernel_seconds, profile_of
 from pipesim.cost.model_costs import model_costs
 from pipesim.cost.stage_work import gpt_stage_work, moe_layer_flops
@@ -26,7 +28,7 @@ from pipesim.model.latent_attention import LatentAttention
 from pipesim.model.latent_layer import latent_params
 from pipesim.model.layer_collectives import cp_kv_block_bytes, tp_layer_collectives, tp_mtp_collectives
 from pipesim.model.layer_kernels import FlashAttention, layer_kernels, mtp_kernels
-from pipesim.model.moe import MoeConfig
+from pipesim.model.moe import MoeConfig, group_node_limit
 from pipesim.model.options import LayerOptions
 from pipesim.model.param_counts import (
     active_params,
@@ -65,12 +67,14 @@ def test_bundled_config_loads_every_key_read_or_ignored():
     assert "quantization_config" not in cfg and cfg["model_type"] == "deepseek_v3" and len(cfg) == 45
     report = hf_key_report("deepseek-v3")
     assert set(report.read) | set(report.ignored) == set(cfg)
-    assert set(report.ignored) >= {"aux_loss_alpha", "seq_aux", "scoring_func", "n_group", "topk_group",
-                                   "routed_scaling_factor", "norm_topk_prob", "ep_size", "rope_scaling"}
-    assert {"q_lora_rank", "kv_lora_rank", "num_nextn_predict_layers", "topk_method"} <= set(report.read)
+    assert set(report.ignored) >= {"aux_loss_alpha", "seq_aux", "scoring_func", "routed_scaling_factor",
+                                   "norm_topk_prob", "ep_size", "rope_scaling"}
+    assert {"q_lora_rank", "kv_lora_rank", "num_nextn_predict_layers", "topk_method", "n_group",
+            "topk_group"} <= set(report.read)  # group-limited routing: the nodes a token's experts reach
     assert V3.mla == LatentAttention(q_lora_rank=DQ, kv_lora_rank=DC, qk_nope_dim=NOPE, qk_rope_dim=ROPE,
                                      v_head_dim=DV)
-    assert V3.moe == MoeConfig(experts=E, top_k=K, expert_ffn=FE, shared_experts=1, dense_layers=3, expert_bias=True)
+    assert V3.moe == MoeConfig(experts=E, top_k=K, expert_ffn=FE, shared_experts=1, dense_layers=3, expert_bias=True,
+                               groups=8, group_topk=4)
     assert (V3.mtp_layers, V3.ffn_size, V3.activation, V3.norm, V3.dtype) == (1, F, "swiglu", "rmsnorm", "bfloat16")
     assert ModelConfig(**json.loads(json.dumps(V3.to_dict()))) == V3  # to_dict round-trips mla and mtp_layers
     assert not {"mla", "mtp_layers"} & set(ModelConfig(kind="gpt").to_dict())  # left out at their defaults
@@ -421,3 +425,23 @@ def test_simulate_from_the_cli(capsys):
     assert main([*args, "--hardware", "hgx-h200", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["model_config"]["ignored"]
+
+
+def test_group_limited_routing_bounds_the_nodes_a_token_reaches():
+    """DeepSeek-V3's 4 of 8 groups over EP 64 on 8 nodes reach 4 nodes (its node-limited routing, arXiv:2412.19437
+    section 2.1.2): the exchange is timed as dispatch_time with node_limit 4; on one node, or with several groups
+    per node, there is no bound."""
+    hw = load_hardware("dgx-h100").with_nodes(8)
+    ep64 = list(range(64))
+    x = ExpertExchange("dispatch", 4096, 7168, 8, 256, 2, groups=8, group_topk=4)
+    assert node_limit(hw, ep64, x) == 4 == group_node_limit(8, 4, 8)
+    assert node_limit(hw, list(range(8)), x) is None  # one node
+    assert group_node_limit(8, 4, 16) == 8 and group_node_limit(8, 4, 4) is None  # a group per 2 nodes; 2 per node
+    assert node_limit(hw, ep64, x._replace(groups=1, group_topk=0)) is None
+    limited = exchange_timing(hw, ep64, x, kernel="deepep")[0]
+    assert limited == dispatch_time(hw, ep64, 4096, 7168, 8, 256, node_limit=4, kernel="deepep").seconds
+    assert limited < exchange_timing(hw, ep64, x._replace(groups=1, group_topk=0), kernel="deepep")[0]
+    with pytest.raises(PipesimError, match="group_topk must be given with groups > 1"):
+        MoeConfig(experts=256, top_k=8, expert_ffn=2048, groups=8)
+    with pytest.raises(PipesimError, match="groups must be a positive integer dividing the 256 experts"):
+        MoeConfig(experts=256, top_k=8, expert_ffn=2048, groups=3, group_topk=1)

@@ -164,6 +164,19 @@ def test_fp8_is_faster_and_reports_its_weights(tmp_path):
     assert out["fp8"]["memory"]["ranks"][0]["fp8_weights"] > 0
 
 
+def test_a_chained_schedule_holds_both_copies_fp8_weights(tmp_path):
+    """DualPipe's rank holds two stages (one per chain): each its model stage's FP8 weight copies."""
+    base = ["simulate", "--microbatch-size", "1", "--model", "gpt", "--dtype", "bfloat16", "--hidden", "1024",
+            "--layers", "4", "--heads", "16", "--seq", "1024", "--batch", "8", "--hardware", "dgx-h100",
+            "--fp8-format", "hybrid"]
+    out = {}
+    for name in ("dualpipe", "1f1b"):
+        path = tmp_path / f"{name}.json"
+        assert main([base[0], name, "-p", "2", *base[1:], "--json", str(path)]) == 0
+        out[name] = [r["fp8_weights"] for r in json.loads(path.read_text())["memory"]["ranks"]]
+    assert out["dualpipe"][0] == out["dualpipe"][1] == out["1f1b"][0] + out["1f1b"][1]  # stages 0 and 3, 1 and 2
+
+
 def test_the_planner_exports_fp8_as_each_framework_spells_it():
     model = ModelConfig(kind="gpt", hidden=1024, layers=8, heads=16, seq=1024, vocab=32000, batch=16)
     req = PlanRequest(model, load_hardware("dgx-h100"), 8, ("1f1b",), None, ("none",), (0,),

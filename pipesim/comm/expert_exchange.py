@@ -16,6 +16,7 @@ from typing import NamedTuple
 
 from pipesim.comm.all_to_all import DEEPEP_SMS, combine_time, dispatch_time
 from pipesim.hardware.machine import Hardware
+from pipesim.model.moe import group_node_limit
 
 
 class ExpertExchange(NamedTuple):
@@ -29,6 +30,8 @@ class ExpertExchange(NamedTuple):
     dtype_bytes: int  # bytes per element on the wire
     load: float = 1.0  # the most-loaded rank's received tokens over the mean
     count: int = 1  # layers doing it back to back in this action
+    groups: int = 1  # group-limited routing: the experts' groups (MoeConfig.groups)
+    group_topk: int = 0  # groups a token's experts come from (0: not group-limited)
 
     @property
     def sent_bytes(self) -> int:
@@ -45,8 +48,13 @@ def exchange_timing(hw: Hardware, devices: list[int], x: ExpertExchange, *, kern
         return 0.0, 0
     timed = combine_time if "combine" in x.what else dispatch_time
     one = timed(hw, devices, x.tokens, x.hidden, x.top_k, x.experts, dtype_bytes=x.dtype_bytes, imbalance=x.load,
-                kernel=kernel)
+                node_limit=node_limit(hw, devices, x), kernel=kernel)
     return x.count * one.seconds, deepep_sms if kernel == "deepep" else one.sms
+
+
+def node_limit(hw: Hardware, devices: list[int], x: ExpertExchange) -> int | None:
+    """The nodes a token reaches under the exchange's group-limited routing over `devices` (group_node_limit)."""
+    return group_node_limit(x.groups, x.group_topk, len({d // hw.devices_per_node for d in devices}))
 
 
 def exchange_seconds(hw: Hardware, devices: list[int], x: ExpertExchange, *, kernel: str = "nccl") -> float:
@@ -54,4 +62,4 @@ def exchange_seconds(hw: Hardware, devices: list[int], x: ExpertExchange, *, ker
     return exchange_timing(hw, devices, x, kernel=kernel)[0]
 
 
-__all__ = ["ExpertExchange", "exchange_seconds", "exchange_timing"]
+__all__ = ["ExpertExchange", "exchange_seconds", "exchange_timing", "node_limit"]

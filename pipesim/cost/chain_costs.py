@@ -39,4 +39,5 @@ def on_chains(costs: ParallelCosts, schedule: Schedule) -> ParallelCosts:
                    param_counts=_per_stage(costs.param_counts, schedule), step=step,
                    cp_exchanges=_keyed(costs.cp_exchanges, schedule),
                    ep_exchanges=_keyed(costs.ep_exchanges, schedule),
-                   expert_param_counts=_per_stage(costs.expert_param_counts, schedule))
+                   expert_param_counts=_per_stage(costs.expert_param_counts, schedule),
+                   fp8_weight_bytes=_per_stage(costs.fp8_weight_bytes, schedule))

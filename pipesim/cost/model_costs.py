@@ -207,7 +207,8 @@ def _add_exchanges(out: dict, stage: int, model: ModelConfig, b: int, opts: Laye
         for c in colls:
             counts[c.what] = counts.get(c.what, 0) + 1
         return tuple(ExpertExchange(what, tokens, model.hidden, moe.top_k, moe.experts, model.dtype_bytes,
-                                    moe.load_factor(), n) for what, n in counts.items())
+                                    moe.load_factor(), n, moe.groups, moe.group_topk or 0)
+                     for what, n in counts.items())
 
     out[(stage, "F")] = grouped(work.ep_exchanges["F"])
     if work.ep_exchanges["I"]:

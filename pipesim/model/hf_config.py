@@ -232,8 +232,10 @@ def _deepseek_experts(cfg: dict, where: str) -> MoeConfig | None:
                            f"{' or '.join(DEEPSEEK_SCORES)}")
     if top_k > experts:
         raise PipesimError(f"{where}: field 'num_experts_per_tok' {top_k} is more than n_routed_experts {experts}")
+    groups = cfg.get("n_group") or 1  # group-limited top-k: topk_group of n_group groups (DeepSeek's node limit)
+    group_topk = cfg.get("topk_group") if groups > 1 else None
     return MoeConfig(experts=experts, top_k=top_k, expert_ffn=width, shared_experts=shared, dense_layers=dense,
-                     expert_bias=DEEPSEEK_ROUTING[method])
+                     expert_bias=DEEPSEEK_ROUTING[method], groups=groups, group_topk=group_topk)
 
 
 def _mixtral_experts(cfg: dict, width: int, *, act: str, biases: bool, where: str) -> MoeConfig:

@@ -64,19 +64,19 @@ OFF_WHEN_EMPTY = {
 TYPE_MODELED = {"mixtral": ("num_local_experts", "num_experts_per_tok"),
                 "deepseek_v3": ("n_routed_experts", "num_experts_per_tok", "moe_intermediate_size", "n_shared_experts",
                                 "first_k_dense_replace", "moe_layer_freq", "topk_method", "q_lora_rank", "kv_lora_rank",
-                                "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "num_nextn_predict_layers"),
+                                "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "num_nextn_predict_layers",
+                                "n_group", "topk_group"),
                 "qwen3_moe": ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step",
                               "mlp_only_layers")}
 # change nothing pipesim counts in that model type: Mixtral's load-balancing loss (its coefficient, and whether
 # the forward returns the router logits to compute it) is a few FLOPs per token on logits the router already made
 TYPE_NO_EFFECT = {"mixtral": ("router_aux_loss_coef", "output_router_logits"),
                   # DeepSeek-V3's router: the sequence-wise balance loss (aux_loss_alpha, seq_aux) is a few FLOPs per
-                  # token on scores the router made; sigmoid or softmax scores (scoring_func, checked), group-limited
-                  # top-k (n_group, topk_group: which experts, not how many; node-limited routing in training), the
+                  # token on scores the router made; sigmoid or softmax scores (scoring_func, checked), the
                   # scaling of the k weights (routed_scaling_factor, norm_topk_prob) cost what the softmax top-k
                   # costs; ep_size is its inference code's expert placement (training's is --ep)
-                  "deepseek_v3": ("aux_loss_alpha", "seq_aux", "scoring_func", "n_group", "topk_group",
-                                  "routed_scaling_factor", "norm_topk_prob", "ep_size"),
+                  "deepseek_v3": ("aux_loss_alpha", "seq_aux", "scoring_func", "routed_scaling_factor",
+                                  "norm_topk_prob", "ep_size"),
                   # Qwen3-MoE's router (Qwen3MoeSparseMoeBlock): a softmax top-k whose k weights are renormalised when
                   # norm_topk_prob (k divisions per token), and Mixtral's balance loss
                   "qwen3_moe": ("norm_topk_prob", "router_aux_loss_coef", "output_router_logits")}

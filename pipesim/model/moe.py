@@ -34,6 +34,10 @@ class MoeConfig:
     capacity_factor: float | None = None  # None: dropless; else tokens per expert capped at cf x T k / E
     imbalance: float = 1.0  # the most-loaded expert's tokens / the mean (>= 1; dropless routing)
     expert_bias: bool = False  # a per-expert routing-score bias (DeepSeek-V3's e_score_correction_bias: E values)
+    # group-limited routing (DeepSeek-V3's n_group / topk_group; Megatron-core's --moe-router-num-groups /
+    # --moe-router-group-topk): the experts in `groups` equal groups, each token's k among `group_topk` of them
+    groups: int = 1
+    group_topk: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("experts", "top_k", "expert_ffn", "every"):
@@ -58,6 +62,16 @@ class MoeConfig:
         if isinstance(self.imbalance, bool) or not isinstance(self.imbalance, (int, float)) or self.imbalance < 1:
             raise PipesimError(f"moe imbalance (the most-loaded expert's tokens / the mean) must be >= 1, "
                                f"got {self.imbalance!r}")
+        if not isinstance(self.groups, int) or isinstance(self.groups, bool) or self.groups < 1 \
+                or self.experts % self.groups:
+            raise PipesimError(f"moe groups must be a positive integer dividing the {self.experts} experts, "
+                               f"got {self.groups!r}")
+        if (self.group_topk is None) != (self.groups == 1) or self.group_topk is not None and (
+                isinstance(self.group_topk, bool) or not isinstance(self.group_topk, int)
+                or not 1 <= self.group_topk <= self.groups
+                or self.top_k > self.group_topk * (self.experts // self.groups)):
+            raise PipesimError(f"moe group_topk must be given with groups > 1, between 1 and groups ({self.groups}), "
+                               f"its groups holding top_k ({self.top_k}) experts; got {self.group_topk!r}")
         if self.capacity_factor is not None and self.imbalance != 1.0:
             raise PipesimError("moe imbalance applies to dropless routing; with a capacity_factor the most-loaded "
                                "expert takes capacity_factor x the mean")
@@ -81,4 +95,15 @@ class MoeConfig:
         return float(self.capacity_factor) if self.capacity_factor is not None else float(self.imbalance)
 
 
-__all__ = ["MoeConfig"]
+def group_node_limit(groups: int, group_topk: int, nodes: int) -> int | None:
+    """The nodes a token's experts can be on when group-limited routing (`group_topk` of `groups` groups; 0: none)
+    runs over an ep group of `nodes` nodes, experts placed in order: group_topk x nodes / groups where each group
+    covers whole nodes (DeepSeek-V3's 8 groups over EP 64 on 8 nodes: 4, its "node-limited routing",
+    arXiv:2412.19437 section 2.1.2). None without groups, on one node, or where a node holds several groups (no
+    exact bound there: the all-to-all is timed as if every node could be reached)."""
+    if not group_topk or nodes < 2 or nodes % groups:
+        return None
+    return group_topk * nodes // groups
+
+
+__all__ = ["MoeConfig", "group_node_limit"]
