@@ -21,31 +21,11 @@ from pipesim.errors import PipesimError
 from pipesim.ir import torch_csv
 from pipesim.ir.schedule import Action, Schedule
 from pipesim.job import Job
-from pipesim.model.config import ModelConfig, split_layers
+from pipesim.model.config import ModelConfig, gpt_block_differences, split_layers
 
 FAIL_MODES = ("raise", "kill", "hang")
 # the NVIDIA driver's device nodes (Linux; /dev/dxg under WSL 2): without any of them CUDA cannot be available
 CUDA_DEVICE_FILES = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/dxg")
-
-
-def gpt_structure_differences(model: ModelConfig) -> list[str]:
-    """The structure fields of `model` that executor/models.py's GPT block does not build, as 'name value'
-    (ModelConfig's defaults are that block; dropout is the cost model's only: the executor trains without it)."""
-    if model.kind != "gpt":
-        return []
-    out = []
-    if model.kv_heads is not None and model.kv_heads != model.heads:
-        out.append(f"kv_heads {model.kv_heads}")
-    if model.ffn_hidden is not None and model.ffn_hidden != 4 * model.hidden:
-        out.append(f"ffn_hidden {model.ffn_hidden}")
-    for name in ("activation", "norm", "positions"):
-        if getattr(model, name) != getattr(ModelConfig, name):
-            out.append(f"{name} {getattr(model, name)}")
-    if not model.biases:
-        out.append("no biases")
-    if model.tied_embeddings:
-        out.append("tied embeddings")
-    return out
 
 
 @dataclass(frozen=True)
@@ -116,7 +96,7 @@ class RunConfig:
         if heads:  # Qwen3's attention: its Block would build heads of hidden / heads without the norms, another model
             raise PipesimError(f"the executor trains heads of hidden / heads without QK-norm; this model has "
                                f"{' and '.join(heads)} (pipesim simulate costs it)")
-        other = gpt_structure_differences(self.model)
+        other = gpt_block_differences(self.model)
         if other:  # a Llama-style block (GQA, SwiGLU, RMSNorm, RoPE, no biases) would be built as the GPT's
             raise PipesimError(f"the executor trains the GPT block (MHA, 4h GeLU MLP, LayerNorm, biases, learned "
                                f"positions); this model has {', '.join(other)} (pipesim simulate costs it)")

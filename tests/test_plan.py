@@ -388,3 +388,19 @@ def test_default_plans_unchanged_by_the_cp_search(capsys, tmp_path):
         runs.append(json.loads(out.read_text()))
     assert runs[0] == runs[1] and "run_note" not in runs[0]["winner"]
     assert "--context-parallel-size" not in " ".join(runs[0]["winner"]["megatron_args"])
+
+
+def test_the_run_export_of_a_llama_plan_is_a_command_pipesim_run_parses_with_its_note(capsys, tmp_path):
+    """`pipesim run` reads no --model-config or structure flags: the export is the executor's GPT at the model's
+    sizes, and its note names what the executor's block is not (a Llama block's GQA, SwiGLU, RMSNorm, RoPE)."""
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--model-config", "llama3-8b", "--seq", "1024", "--batch", "16", "--hardware", "dgx-h100",
+                 "--gpus", "8", "--schedules", "1f1b", "--top", "1", "--json", str(out)]) == 0
+    winner = json.loads(out.read_text())["winner"]
+    argv = shlex.split(winner["run_command"])
+    ns = build_parser().parse_args(argv[1:])
+    assert (ns.model, ns.hidden, ns.layers, ns.heads, ns.vocab, ns.seq, ns.batch, ns.dtype) == (
+        "gpt", 4096, 32, 32, 128256, 1024, 16, "bfloat16")
+    assert winner["run_note"] == ("# the executor trains the GPT block: this command runs a GPT of the model's "
+                                  "sizes, not the model (kv_heads 8, ffn_hidden 14336, activation swiglu, norm "
+                                  "rmsnorm, positions rope, no biases are simulate figures)")

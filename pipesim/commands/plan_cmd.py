@@ -214,6 +214,14 @@ def cluster(args: argparse.Namespace) -> tuple[Hardware, int, list[str]]:
     return hw, args.gpus, flags
 
 
+def run_model_flags(model: ModelConfig) -> list[str]:
+    """The model flags `pipesim run` takes for the plan's model: the executor's GPT at its sizes (run_note says when
+    the model's block is another; `pipesim run` reads no --model-config or structure flags)."""
+    return ["--model", "gpt", "--hidden", str(model.hidden), "--layers", str(model.layers), "--heads",
+            str(model.heads), "--vocab", str(model.vocab), "--seq", str(model.seq), "--batch", str(model.batch),
+            "--dtype", model.dtype]
+
+
 def model_flags(args: argparse.Namespace, req: PlanRequest) -> list[str]:
     """The model flags as given (plus the step's --seq and --batch), for the exported simulate command."""
     out = ["--model-config", args.model_config] if args.model_config else ["--model", "gpt"]
@@ -263,7 +271,7 @@ def run(args: argparse.Namespace) -> int:
                             args.attention, shared.kernels.grad_fp32)
     ranks = gpus // result.best.candidate.cp  # the executor has no cp: t x p x d ranks (exports.run_note)
     per_node = ranks if ranks <= hw.devices_per_node else math.gcd(ranks, hw.devices_per_node)
-    run_argv = run_command(result.best.candidate, model_flags(args, req), per_node=per_node,
+    run_argv = run_command(result.best.candidate, run_model_flags(req.model), per_node=per_node,
                            nodes=ranks // per_node)
     data = plan_json(result, args.top, argv, ev.attention, run_argv)
     if (keys := model_config_json(args)) is not None:

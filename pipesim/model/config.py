@@ -236,3 +236,24 @@ def split_layers(layers: int, stages: int, weights: list[int] | None = None) -> 
                            "(or give --layer-split)")
     base, extra = divmod(layers, stages)
     return [base + (1 if s < extra else 0) for s in range(stages)]
+
+
+def gpt_block_differences(model: ModelConfig) -> list[str]:
+    """The structure fields of a transformer that the executor's GPT block (executor/models.py: MHA, a 4h GeLU MLP,
+    LayerNorm, biases, learned positions, an untied head) does not build, as 'name value'; [] for that block or an
+    MLP. Its one owner: the executor refuses such a model with them, the planner's run export says so."""
+    if model.kind != "gpt":
+        return []
+    out = []
+    if model.kv_heads is not None and model.kv_heads != model.heads:
+        out.append(f"kv_heads {model.kv_heads}")
+    if model.ffn_hidden is not None and model.ffn_hidden != 4 * model.hidden:
+        out.append(f"ffn_hidden {model.ffn_hidden}")
+    for name in ("activation", "norm", "positions"):
+        if getattr(model, name) != getattr(ModelConfig, name):
+            out.append(f"{name} {getattr(model, name)}")
+    if not model.biases:
+        out.append("no biases")
+    if model.tied_embeddings:
+        out.append("tied embeddings")
+    return out

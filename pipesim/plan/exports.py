@@ -9,7 +9,7 @@ import shlex
 
 from pipesim.ir import torch_csv
 from pipesim.ir.schedule import Schedule
-from pipesim.model.config import ModelConfig
+from pipesim.model.config import ModelConfig, gpt_block_differences
 from pipesim.plan.space import Candidate, PlanRequest
 
 # pipesim name -> torch.distributed.pipelining / torchtitan `pipeline_parallel_schedule`
@@ -77,6 +77,9 @@ def run_note(c: Candidate, model: ModelConfig | None = None) -> str | None:
                               or model.head_width is not None or model.qk_norm):
         return ("# the executor trains dense models with standard attention: `pipesim run` refuses this model "
                 "(simulate it with the command above)")
+    if model is not None and (other := gpt_block_differences(model)):
+        return (f"# the executor trains the GPT block: this command runs a GPT of the model's sizes, not the model "
+                f"({', '.join(other)} are simulate figures)")
     if c.modules:
         return (f"# the executor's selective recomputation is the attention core's alone: --recompute-modules "
                 f"{' '.join(c.modules)} is a simulate figure")
