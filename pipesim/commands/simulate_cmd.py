@@ -20,6 +20,7 @@ from pipesim.commands.setup_args import add_setup_args, setup_from_args
 from pipesim.cost.rank_memory import memory_json
 from pipesim.cost.user_model_costs import is_factory_spec
 from pipesim.errors import PipesimError
+from pipesim.model.flops import model_flops, utilization
 from pipesim.outputs import check_distinct, check_file, write_files
 from pipesim.plots.perfetto import trace_text
 from pipesim.sim.sim_setup import SimSetup
@@ -70,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
         data["model_config"] = keys
     if memory is not None:  # per rank: parameters, gradients, optimizer states, activations (+ in-flight), ...
         data["memory"]["ranks"] = memory_json(memory)
+    data.update(_utilization(setup, result, data))
     files = {}  # written together or not at all
     if json_path:
         files[json_path] = json_text(data)
@@ -86,6 +88,20 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(summary(data))
     return 0
+
+
+def _utilization(setup: SimSetup, result, data: dict) -> dict:
+    """`mfu` and `tflops_per_gpu` of a transformer's step on a device with a peak in its dtype (the planner's
+    definition, pipesim.model.flops.utilization); {} otherwise."""
+    model, hw = setup.model, setup.hardware
+    if model is None or model.kind != "gpt" or hw is None or model.dtype not in hw.device.flops \
+            or "step_time" not in data:
+        return {}
+    d = setup.job.dims
+    gpus = result.schedule.num_ranks * d.dp * d.cp * d.tp
+    mfu, tflops = utilization(float(model_flops(model, model.batch)), data["step_time"], gpus,
+                              hw.device.flops[model.dtype])
+    return {"mfu": mfu, "tflops_per_gpu": tflops}
 
 
 def _with_user_model(setup: SimSetup, args: argparse.Namespace) -> SimSetup:
@@ -130,7 +146,9 @@ def summary(d: dict) -> str:
     ]
     mem = d["memory"]
     if "step_time" in d:  # with the optimizer step (device presets, or --zero)
-        lines.insert(2, f"step time {d['step_time'] * 1e3:.3f} ms (to the optimizer's end)")
+        mfu = (f"; MFU {d['mfu'] * 100:.1f} %, {d['tflops_per_gpu']:.1f} model TFLOP/s per GPU (causal attention, "
+               "no recomputation counted)") if "mfu" in d else ""
+        lines.insert(2, f"step time {d['step_time'] * 1e3:.3f} ms (to the optimizer's end){mfu}")
     if mem.get("ranks"):  # the memory model's per-rank breakdown at its peak
         top = max(mem["ranks"], key=lambda r: r["total"])
         terms = ", ".join(f"{k.replace('_', ' ')} {format_bytes(top[k])}" for k in

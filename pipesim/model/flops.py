@@ -200,5 +200,13 @@ def model_flops(model: ModelConfig, global_batch: int) -> int:
     return iteration_flops(model, global_batch, LayerOptions(attention="eager"), causal=True)
 
 
+def utilization(flops: float, seconds: float, gpus: int, peak: float) -> tuple[float, float]:
+    """(MFU, model TFLOP/s per GPU) of one step's `flops` model FLOPs (`model_flops`) in `seconds` on `gpus` GPUs of
+    dense `peak` FLOP/s each (the model dtype's, BF16's for an FP8 run): the one definition `pipesim plan` and
+    `pipesim simulate` report. With the causal half of attention counted it stays below 1 at any length."""
+    per_gpu = flops / (seconds * gpus)  # FLOP/s
+    return per_gpu / peak, per_gpu / 1e12
+
+
 __all__ = ["Flops", "attention_core_flops", "dense_flops", "head_flops", "iteration_flops", "layer_flops",
-           "model_flops", "moe_mlp_delta", "mtp_projection_flops"]
+           "model_flops", "moe_mlp_delta", "mtp_projection_flops", "utilization"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipesim.model.flops import model_flops
+from pipesim.model.flops import model_flops, utilization
 from pipesim.plan.evaluate import Costed
 from pipesim.plan.space import Candidate, PlanRequest
 from pipesim.sim.result import SimResult
@@ -58,10 +58,10 @@ def make_row(req: PlanRequest, costed: Costed, result: SimResult, flops: float) 
     step = result.step_time
     parts = {"compute": busy, "exposed_comm": wait, "bubble": result.makespan - busy - wait,
              "tail": step - result.makespan}
-    peak = req.hardware.device.flops[req.model.dtype]  # FLOP/s
+    mfu, tflops = utilization(flops, step, req.gpus, req.hardware.device.flops[req.model.dtype])
     m = req.model
-    return PlanRow(costed.candidate, step, m.batch * m.seq / step, flops / (step * req.gpus * peak),
-                   flops / (step * req.gpus) / 1e12, costed.peak_memory, result.bubble_fraction, parts)
+    return PlanRow(costed.candidate, step, m.batch * m.seq / step, mfu, tflops, costed.peak_memory,
+                   result.bubble_fraction, parts)
 
 
 def why_lost(row: PlanRow, best: PlanRow) -> str:
