@@ -35,6 +35,7 @@ class Switch:
     skip_when: tuple[tuple[str, ...], ...] = ()  # argument sequences on which the switch cannot act
     without_optimizer: bool = False  # the same run, less its optimizer step (without_optimizer)
     short: str = ""  # the rows file's `short`: its column heading in the table of relative effects under each switch
+    family: str = ""  # only rows whose --hardware has this device family (a figure of that family's profile)
 
     @property
     def heading(self) -> str:
@@ -49,7 +50,7 @@ def switches(mechanisms: list[dict]) -> list[Switch]:
             out.append(Switch(m["short"], s["label"], tuple(s.get("hardware", {}).items()),
                               tuple(s.get("add_flags", [])), tuple(s.get("drop_flags", [])),
                               tuple(tuple(shlex.split(w)) for w in s.get("skip_when", [])),
-                              bool(s.get("without_optimizer", False)), s.get("short", "")))
+                              bool(s.get("without_optimizer", False)), s.get("short", ""), s.get("family", "")))
     return out
 
 
@@ -102,6 +103,8 @@ def switched_argv(command: str, switch: Switch, directory: Path) -> list[str] | 
     words, _ = parse_command(command)
     if switch.without_optimizer or any(contains(words, seq) for seq in switch.skip_when):
         return None
+    if switch.family and load_hardware(words[words.index("--hardware") + 1]).device.family != switch.family:
+        return None  # another family's profile: the switch's figures are not its
     out = [w for w in words if w not in switch.drop_flags]
     out += [f for f in switch.add_flags if f not in out]
     if switch.hardware:

@@ -309,6 +309,10 @@ def test_switched_argv(tmp_path):
                               scale_out=replace(preset.scale_out, name="plain"))
     with pytest.raises(ValueError, match="no field 'device.famly'"):
         bp.hardware_variant("dgx-a100", (("device.famly", ""),), tmp_path)
+    burst = bp.Switch("m", "l", hardware=(("device.kernels.matmul_efficiency", 0.803),), family="H100")
+    assert bp.switched_argv(LAYER, burst, tmp_path) is None  # an A100 row: another family's figures
+    h100 = bp.switched_argv(LAYER.replace("dgx-a100", "dgx-h100"), burst, tmp_path)
+    assert load_hardware(h100[h100.index("--hardware") + 1]).device.kernels.matmul_efficiency == 0.803
 
 
 def test_skip_when_rules_of_the_rows_file_hold():
