@@ -162,7 +162,8 @@ def test_relative_effects_summary_causes_and_their_table_under_each_switch():
 def test_every_row_parses_and_is_consistent():
     rows = DATA["rows"]
     moe = {"MCOREMOE", "MOEZOO", "DEEPSEEKV3", "MOEZOOQWEN3"}  # mixture-of-experts rows (issue 32), reported apart
-    assert {r.source for r in rows} == {"NAR21", "KOR22", "KOR22T4", "LLAMA3", "BLOOM", "MTNLG", "DGXC25"} | moe
+    assert {r.source for r in rows} == {"NAR21", "KOR22", "KOR22T4", "LLAMA3", "BLOOM", "MTNLG", "DGXC25",
+                                        "DGXC25FP8"} | moe
     assert [(r.id, r.metric, r.published) for r in rows if r.source in moe] == [
         ("mcore-moe-mixtral-8x7b-64gpus", "tflops_per_gpu_megatron", 468),  # core_v0.10.0 MoE README
         ("moezoo-mixtral-8x22b-128gpus-balanced", "tflops_per_gpu_megatron_core", 465),  # run_mixtral_8x22B.sh
@@ -198,7 +199,7 @@ def test_every_row_parses_and_is_consistent():
     for r in rows:
         argv, args = bp.parse_command(r.command)
         hardware = {"LLAMA3": "dgx-h100", "BLOOM": str(ROOT / "bench" / "hardware" / "jean-zay-a100.toml"),
-                    **dict.fromkeys(moe | {"DGXC25"}, "dgx-h100"),
+                    **dict.fromkeys(moe | {"DGXC25", "DGXC25FP8"}, "dgx-h100"),
                     "DEEPSEEKV3": str(ROOT / "bench" / "hardware" / "h800-deepseek.toml")}
         assert argv[0] == "simulate" and args.hardware == hardware.get(r.source, "dgx-a100")  # a file: the repo's
         assert bp.gpus(args) == 8 * args.nodes, r.id  # 8 GPUs per node
@@ -543,21 +544,27 @@ def test_goal_lines_of_issue_33_exactly():
 def test_the_modern_reference_rows_and_their_rank_keys():
     assert pg.reference_sources(DATA["sources"]) == {"NAR21", "KOR22", "DGXC25"}
     rows = [r for r in DATA["rows"] if r.source == "DGXC25"]
-    # shared/reference/published_modern.md, its Llama 3.1 and GPT-3 rows (Nemotron-4 left out, see the notes)
+    # shared/reference/published_modern.md's ten rows
     assert [(r.id.removeprefix("dgxc-"), r.published) for r in rows] == [
         ("llama3.1-8b-8gpus", 12.27), ("llama3.1-8b-128gpus", 12.33), ("llama3.1-70b-64gpus", 14.66),
         ("llama3.1-70b-2048gpus", 14.66), ("llama3.1-405b-512gpus", 19.78), ("llama3.1-405b-2048gpus", 19.87),
-        ("gpt3-175b-128gpus", 8.309), ("gpt3-175b-2048gpus", 8.49)]
+        ("gpt3-175b-128gpus", 8.309), ("gpt3-175b-2048gpus", 8.49), ("nemotron4-15b-16gpus", 2.66),
+        ("nemotron4-340b-256gpus", 4.36)]
     layouts = [(a.tp, a.stages, a.cp, a.dp, a.virtual, a.batch, a.seq) for a in
                (bp.parse_command(r.command)[1] for r in rows)]
     assert layouts == [(1, 1, 2, 4, None, 128, 8192), (1, 1, 2, 64, None, 2048, 8192),
                        (4, 4, 2, 2, 5, 128, 8192), (4, 4, 2, 64, 5, 4096, 8192),
                        (8, 8, 2, 4, 8, 256, 8192), (8, 8, 2, 16, 8, 1024, 8192),
-                       (4, 8, 1, 4, 6, 256, 2048), (4, 8, 1, 64, 6, 4096, 2048)]
+                       (4, 8, 1, 4, 6, 256, 2048), (4, 8, 1, 64, 6, 4096, 2048),
+                       (2, 1, 1, 8, None, 64, 4096), (8, 8, 1, 4, 12, 64, 4096)]
+    # the FP8 tables beside them: the same commands (70B's own FP8 layout) with NeMo's hybrid delayed recipe
+    fp8 = [r for r in DATA["rows"] if r.source == "DGXC25FP8"]
+    assert [r.published for r in fp8] == [9.33, 9.86, 12.37, 5.626, 1.98, 2.93]
+    assert all(r.command.endswith(" --fp8-format hybrid --fp8-recipe delayed") for r in fp8)
     # the same model on the same cluster, its GPU count included: weak-scaling rows are not a ranking pair
     assert [r.cluster for r in rows[::2]] == [
         "llama3-8b on 8 x dgx-h100", "llama3-70b on 64 x dgx-h100", "llama3-405b on 512 x dgx-h100",
-        "gpt h12288L96a96V50688 on 128 x dgx-h100"]
+        "gpt h12288L96a96V50688 on 128 x dgx-h100", "nemotron4-15b on 16 x dgx-h100"]
     assert len({r.cluster for r in rows}) == len(rows)
     assert [r.work for r in rows[:3]] == [128 * 8192 / 8, 2048 * 8192 / 128, 128 * 8192 / 64]
 

@@ -39,7 +39,8 @@ def test_bundled_llama3_configs(name, layers, hidden, heads, ffn, max_seq, param
 
 def test_bundled_names_and_overrides():
     assert bundled_configs() == ["deepseek-v3", "llama3-405b", "llama3-70b", "llama3-8b", "mixtral-8x22b",
-                                 "mixtral-8x7b", "qwen3-235b-a22b", "qwen3-30b-a3b"]
+                                 "mixtral-8x7b", "nemotron4-15b", "nemotron4-340b", "qwen3-235b-a22b",
+                                 "qwen3-30b-a3b"]
     model = load_hf_config("llama3-8b", seq=4096, batch=512, dtype="float32")
     assert (model.seq, model.batch, model.dtype) == (4096, 512, "float32")
 
@@ -68,7 +69,7 @@ def test_gelu_layernorm_tied_and_defaults(tmp_path):
                               "(down(act(gate x) * up x)); pipesim models the gated MLP with silu or swish only")
     qwen2 = _write(tmp_path, {**LLAMA, "model_type": "qwen2"})
     with pytest.raises(PipesimError, match=r"model_type \('qwen2': pipesim models llama, mistral, mixtral, "
-                                           r"deepseek_v3, qwen3, qwen3_moe\)"):
+                                           r"deepseek_v3, qwen3, qwen3_moe, nemotron\)"):
         load_hf_config(qwen2)
 
 
@@ -83,7 +84,7 @@ def test_gelu_layernorm_tied_and_defaults(tmp_path):
     ({"torch_dtype": "float32", "max_position_embeddings": 64, "vocab_size": 0},
      "field 'vocab_size' must be a positive integer, got 0"),
     ({"hidden_act": "relu"}, "field 'hidden_act' 'relu' is not supported; choose one of silu, swish, gelu, gelu_new, "
-                             "gelu_pytorch_tanh, gelu_fast"),
+                             "gelu_pytorch_tanh, gelu_fast, relu2"),
     ({"tie_word_embeddings": "no"}, "field 'tie_word_embeddings' must be true or false, got 'no'"),
     ({"head_dim": 8}, "field 'head_dim' 8 is not hidden_size / num_attention_heads (64 / 4); pipesim needs them equal"),
     ({"attention_dropout": 2}, "field 'attention_dropout' must be a number in [0, 1), got 2"),
@@ -105,7 +106,7 @@ def test_unreadable_files_and_unknown_names(tmp_path):
         load_hf_config("llama9-1t")
     assert str(err.value) == ("--model-config llama9-1t: no such file or bundled config "
                               "(bundled: deepseek-v3, llama3-405b, llama3-70b, llama3-8b, mixtral-8x22b, mixtral-8x7b, "
-                              "qwen3-235b-a22b, qwen3-30b-a3b)")
+                              "nemotron4-15b, nemotron4-340b, qwen3-235b-a22b, qwen3-30b-a3b)")
     with pytest.raises(PipesimError, match="is longer than .*'s max_position_embeddings 8192$"):
         load_hf_config("llama3-8b", seq=8193)
 
@@ -119,7 +120,7 @@ def test_model_config_stays_as_it_was_for_mlp_and_gpt():
     assert (gpt.num_kv_heads, gpt.ffn_size, gpt.head_dim) == (8, 4096, 128)
     assert ModelConfig(kind="gpt", kv_heads=2).to_dict()["kv_heads"] == 2
     for kw, message in (({"kind": "llama"}, "unknown --model 'llama'; choose mlp or gpt"),
-                        ({"activation": "relu"}, "unknown activation 'relu'; choose gelu or swiglu"),
+                        ({"activation": "relu"}, "unknown activation 'relu'; choose gelu or swiglu or relu2"),
                         ({"ffn_hidden": 0}, "--ffn-hidden must be a positive integer, got 0")):
         with pytest.raises(PipesimError) as err:
             ModelConfig(**kw)

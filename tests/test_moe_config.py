@@ -288,8 +288,8 @@ def test_qwen2_moe_stays_refused(tmp_path):
     assert _refusal(path) == (
         f"{path}: keys that change the model and pipesim does not model: decoder_sparse_step, moe_intermediate_size, "
         "num_experts, num_experts_per_tok, router_aux_loss_coef, shared_expert_intermediate_size (mixture of experts); "
-        "model_type ('qwen2_moe': pipesim models llama, mistral, mixtral, deepseek_v3, qwen3, qwen3_moe); refused "
-        "rather than simulated as a different model")
+        "model_type ('qwen2_moe': pipesim models llama, mistral, mixtral, deepseek_v3, qwen3, qwen3_moe, nemotron); "
+        "refused rather than simulated as a different model")
 
 
 # DeepSeek-V3's config.json (deepseek-ai/DeepSeek-V3 on the Hugging Face hub), less auto_map and quantization_config

@@ -107,7 +107,8 @@ def layer_saved_tensors(model: ModelConfig, b: int, opts: LayerOptions, *, recom
         saved += [SavedTensor("gate and up", 2 * d * tokens * f // t, mlp),
                   SavedTensor("down projection input", d * tokens * f // t, mlp)]
     else:
-        saved += [SavedTensor("GeLU input", d * tokens * f // t, mlp),
+        saved += [SavedTensor("GeLU input" if model.activation == "gelu" else "ReLU output (squared ReLU's input)",
+                              d * tokens * f // t, mlp),
                   SavedTensor("second linear input", d * tokens * f // t, mlp)]
     if model.dropout:
         saved.append(SavedTensor("MLP dropout mask", seq_split(MASK_BYTES * tokens * h)))

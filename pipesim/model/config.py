@@ -19,7 +19,8 @@ from pipesim.model.latent_attention import LatentAttention
 from pipesim.model.moe import MoeConfig
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-ACTIVATIONS = ("gelu", "swiglu")  # MLP: Linear-GeLU-Linear, or SwiGLU's gate, up and down matrices
+# MLP: Linear-GeLU-Linear, SwiGLU's gate, up and down matrices, or Linear-ReLU^2-Linear (Nemotron-4's squared ReLU)
+ACTIVATIONS = ("gelu", "swiglu", "relu2")
 NORMS = ("layernorm", "rmsnorm")
 POSITIONS = ("learned", "rope")  # a learned (seq x hidden) table, or rotary embeddings (no parameters)
 STRUCTURE_FIELDS = ("kv_heads", "ffn_hidden", "activation", "norm", "dropout", "biases", "positions",
@@ -43,7 +44,7 @@ class ModelConfig:
     # transformer structure (gpt only); the defaults are the GPT of Megatron's papers
     kv_heads: int | None = None  # key/value heads (grouped-query attention); None: as many as heads
     ffn_hidden: int | None = None  # MLP width; None: 4 * hidden
-    activation: str = "gelu"  # "gelu" (two matrices) or "swiglu" (gate, up, down: three matrices)
+    activation: str = "gelu"  # "gelu" or "relu2" (two matrices), or "swiglu" (gate, up, down: three matrices)
     norm: str = "layernorm"  # "layernorm" (weight and bias) or "rmsnorm" (weight only)
     dropout: bool = True  # dropout after softmax, projection and MLP (masks stashed); Llama has none
     biases: bool = True  # biases on the linear layers; Llama has none
@@ -99,6 +100,8 @@ class ModelConfig:
         for name, choices in (("activation", ACTIVATIONS), ("norm", NORMS), ("positions", POSITIONS)):
             if getattr(self, name) not in choices:
                 raise PipesimError(f"unknown {name} {getattr(self, name)!r}; choose {' or '.join(choices)}")
+        if self.activation == "relu2" and self.moe is not None:
+            raise PipesimError("squared-ReLU experts are not modelled (mixture-of-experts models here are SwiGLU's)")
         for name in ("dropout", "biases", "tied_embeddings"):
             if not isinstance(getattr(self, name), bool):
                 raise PipesimError(f"{name} must be true or false, got {getattr(self, name)!r}")

@@ -37,6 +37,10 @@ class ElementwiseBytes:
         return sum(self.backward.values())
 
 
+# The dense MLP's activation, as the elementwise ops that run it (one kernel each way per name)
+ACTIVATION_OPS = {"gelu": ("GeLU",), "swiglu": ("SwiGLU",), "relu2": ("squared ReLU: ReLU", "squared ReLU: square")}
+ALL_ACTIVATION_OPS = frozenset(name for names in ACTIVATION_OPS.values() for name in names)
+
 def layer_elementwise_bytes(model: ModelConfig, b: int, opts: LayerOptions) -> ElementwiseBytes:
     """Softmax, norms, GeLU/SwiGLU, dropout, RoPE and residual adds of one layer, in bytes.
 
@@ -97,6 +101,9 @@ def layer_elementwise_bytes(model: ModelConfig, b: int, opts: LayerOptions) -> E
     op(f"MLP {norm}", 2 * hidden * d, 3 * hidden * d)
     if model.activation == "swiglu":
         op("SwiGLU", 3 * ffn * d, 5 * ffn * d)
+    elif model.activation == "relu2":  # Megatron-core's squared_relu, torch.pow(F.relu(x), 2): two kernels each way
+        for name in ACTIVATION_OPS["relu2"]:
+            op(name, 2 * ffn * d, 3 * ffn * d)
     else:
         op("GeLU", 2 * ffn * d, 3 * ffn * d)
     if model.dropout:
@@ -120,7 +127,7 @@ def _module_ops(model: ModelConfig, opts: LayerOptions, ops: list[str], norm: st
     if opts.recomputes("mla_up_proj"):
         names |= {f"Q latent {norm}", f"KV latent {norm}", "RoPE on Q and K", "Q, K, V assembly"}
     if opts.recomputes("mlp"):
-        names |= {f"MLP {norm}", "SwiGLU", "GeLU"}
+        names |= {f"MLP {norm}", *ALL_ACTIVATION_OPS}
     return [name for name in ops if name in names]
 
 

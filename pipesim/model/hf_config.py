@@ -54,6 +54,7 @@ REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermed
             "max_position_embeddings")
 GATED_ACTS = ("silu", "swish")  # a gated MLP: act(gate) * up, then down
 PLAIN_ACTS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast")
+SQUARED_RELU = ("relu2",)  # Nemotron-4's relu(x)^2 between two matrices (transformers' ACT2FN "relu2")
 # model types whose MLP is gated whatever hidden_act says (Mixtral's experts too: `_mixtral_experts`)
 GATED_TYPES = ("llama", "mistral", "deepseek_v3", "qwen3", "qwen3_moe")
 MIXTRAL_DEFAULTS = {"num_local_experts": 8, "num_experts_per_tok": 2}  # transformers' MixtralConfig defaults
@@ -138,9 +139,9 @@ def model_from_hf(cfg: dict, *, where: str, seq: int | None = None, batch: int =
         raise PipesimError(f"{where}: field 'num_key_value_heads' {kv_heads} does not divide num_attention_heads "
                            f"{heads}")
     act = cfg.get("hidden_act", "silu")
-    if act not in GATED_ACTS + PLAIN_ACTS:
+    if act not in GATED_ACTS + PLAIN_ACTS + SQUARED_RELU:
         raise PipesimError(f"{where}: field 'hidden_act' {act!r} is not supported; "
-                           f"choose one of {', '.join(GATED_ACTS + PLAIN_ACTS)}")
+                           f"choose one of {', '.join(GATED_ACTS + PLAIN_ACTS + SQUARED_RELU)}")
     if cfg.get("model_type") in GATED_TYPES and act not in GATED_ACTS:
         raise PipesimError(f"{where}: field 'hidden_act' {act!r}: a {cfg['model_type']} MLP is gated whatever its "
                            "activation (down(act(gate x) * up x)); pipesim models the gated MLP with silu or swish "
@@ -170,8 +171,8 @@ def model_from_hf(cfg: dict, *, where: str, seq: int | None = None, batch: int =
         return ModelConfig(kind="gpt", hidden=sizes["hidden_size"], layers=sizes["num_hidden_layers"], heads=heads,
                            seq=seq, vocab=sizes["vocab_size"], batch=batch, dtype=dtype, seed=seed,
                            kv_heads=kv_heads, ffn_hidden=sizes["intermediate_size"],
-                           activation="swiglu" if act in GATED_ACTS else "gelu",
-                           norm="rmsnorm" if "rms_norm_eps" in cfg or qwen3 else "layernorm",
+                           activation="swiglu" if act in GATED_ACTS else "relu2" if act in SQUARED_RELU else "gelu",
+                           norm="rmsnorm" if "rms_norm_eps" in cfg or qwen3 else "layernorm",  # norm_eps: LayerNorm
                            dropout=dropout > 0, biases=biases, positions="rope",
                            tied_embeddings=tied, moe=moe, mla=mla, mtp_layers=mtp, head_width=head_width,
                            qk_norm=qwen3)

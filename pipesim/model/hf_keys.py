@@ -67,7 +67,9 @@ TYPE_MODELED = {"mixtral": ("num_local_experts", "num_experts_per_tok"),
                                 "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "num_nextn_predict_layers",
                                 "n_group", "topk_group"),
                 "qwen3_moe": ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step",
-                              "mlp_only_layers")}
+                              "mlp_only_layers"),
+                # Nemotron-4 (transformers' NemotronConfig): its LayerNorm's epsilon names the norm's kind
+                "nemotron": ("norm_eps",)}
 # change nothing pipesim counts in that model type: Mixtral's load-balancing loss (its coefficient, and whether
 # the forward returns the router logits to compute it) is a few FLOPs per token on logits the router already made
 TYPE_NO_EFFECT = {"mixtral": ("router_aux_loss_coef", "output_router_logits"),
@@ -79,11 +81,14 @@ TYPE_NO_EFFECT = {"mixtral": ("router_aux_loss_coef", "output_router_logits"),
                                   "norm_topk_prob", "ep_size"),
                   # Qwen3-MoE's router (Qwen3MoeSparseMoeBlock): a softmax top-k whose k weights are renormalised when
                   # norm_topk_prob (k divisions per token), and Mixtral's balance loss
-                  "qwen3_moe": ("norm_topk_prob", "router_aux_loss_coef", "output_router_logits")}
+                  "qwen3_moe": ("norm_topk_prob", "router_aux_loss_coef", "output_router_logits"),
+                  # rotary embeddings on part of each head: Megatron applies them to that part and concatenates the
+                  # rest back, the same tensors read and written as a whole-head rotation
+                  "nemotron": ("partial_rotary_factor",)}
 # decoders whose layers are nothing beyond MODELED and their TYPE_MODELED (Llama-style, DeepSeek-V3's, and Qwen3's:
 # Llama's layer with QK-norm and an explicit head_dim) (qwen2 is not: its q, k and v have biases and its output
 # projection none, which ModelConfig.biases cannot say)
-MODEL_TYPES = ("llama", "mistral", "mixtral", "deepseek_v3", "qwen3", "qwen3_moe")
+MODEL_TYPES = ("llama", "mistral", "mixtral", "deepseek_v3", "qwen3", "qwen3_moe", "nemotron")
 
 
 @dataclass(frozen=True)

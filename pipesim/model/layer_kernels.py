@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from pipesim.errors import PipesimError
 from pipesim.model.activations import MASK_BYTES
 from pipesim.model.config import ModelConfig
-from pipesim.model.elementwise import layer_elementwise_bytes
+from pipesim.model.elementwise import ACTIVATION_OPS, ALL_ACTIVATION_OPS, layer_elementwise_bytes
 from pipesim.model.latent_layer import check_latent, latent_linears, rope_elements
 from pipesim.model.moe_layer import ROUTER_BYTES, expert_shapes, tokens_here
 from pipesim.model.options import LayerOptions, vocab_shard
@@ -227,10 +227,11 @@ def _elementwise(model: ModelConfig, b: int, opts: LayerOptions, fused: bool) ->
     for block in ("attention", "MLP"):
         if block == "MLP":
             from_ew(f"MLP {norm}")
-            act = "SwiGLU" if model.activation == "swiglu" else "GeLU"
+            acts = ACTIVATION_OPS[model.activation]
             if model.biases and not fused:  # bias add before the activation; its gradient: a reduction
-                op(f"{act} bias add", 2 * ffn * d * (2 if act == "SwiGLU" else 1), ffn * d)
-            from_ew(act)
+                op(f"{acts[0]} bias add", 2 * ffn * d * (2 if acts[0] == "SwiGLU" else 1), ffn * d)
+            for act in acts:
+                from_ew(act)
         if fused and (model.dropout or model.biases):  # bias + dropout + add: one kernel forward
             fwd.append(MemoryBound(f"{block} bias-dropout-add", 3 * hidden * d + mask))
             if model.dropout:
@@ -269,7 +270,7 @@ def layer_kernels(model: ModelConfig, b: int, opts: LayerOptions, *, fused: bool
     core_f, core_b = _attention(model, b, opts)
     ew_f, ew_b = _elementwise(model, b, opts, fused)
     if moe:
-        act = {"SwiGLU", "GeLU", "SwiGLU bias add", "GeLU bias add"}  # the dense MLP's activation: replaced
+        act = {*ALL_ACTIVATION_OPS, "SwiGLU bias add", "GeLU bias add"}  # the dense MLP's activation: replaced
         ew_f = [k for k in ew_f if k.name not in act]
         ew_b = [k for k in ew_b if k.name.removesuffix(" backward") not in act]
         mlp_f, mlp_i, mlp_w = _moe_mlp(model, b, opts)
@@ -314,7 +315,8 @@ def _module_reruns(model: ModelConfig, opts: LayerOptions, before: list[Linear],
         out += [k for k in ew_f if k.name in names or k.name.startswith("RoPE on Q and K")]
     if moe_f is None:
         if opts.recomputes("mlp"):
-            act = {f"MLP {norm}", "SwiGLU", "GeLU", "SwiGLU bias add", "GeLU bias add"}
+            act = {f"MLP {norm}", *ALL_ACTIVATION_OPS, "SwiGLU bias add", "GeLU bias add",
+                   "squared ReLU: ReLU bias add"}
             out += _forward_gemms(mlp[:1]) + [k for k in ew_f if k.name in act] + _forward_gemms(mlp[1:])
         return out
     moe_act = [k for k in moe_f if k.name.startswith("expert ") and isinstance(k, MemoryBound)]
