@@ -219,7 +219,8 @@ def test_a_row_runs_as_typed(tmp_path):
     out = tmp_path / "sim.json"
     assert pipesim_main(shlex.split(row.command)[1:] + ["--json", str(out)]) == 0
     assert result.predicted == json.loads(out.read_text())["step_time"]  # the simulator's figure, unchanged
-    assert result.features == ("1f1b, tp 8 pp 1 dp 1, recompute selective, SP, eager attention, 1 x dgx-a100")
+    assert result.features == ("1f1b, tp 8 pp 1 dp 1, recompute selective, SP, eager attention, unfused gradient "
+                               "accumulation, 1 x dgx-a100")
 
 
 def test_main_writes_the_report_for_a_rows_file(tmp_path):
