@@ -117,6 +117,20 @@ PROFILES: dict[str, FrameworkProfile] = {p.name: p for p in (
          Setting("attention", "eager", "NAR21 section 4.2: fused scale-mask-softmax, the s x s scores "
                  "materialised (flash attention came in 2022)"))),
     FrameworkProfile(
+        "megatron-lm-2022",
+        "Megatron-LM of KOR22 (2022-02 to 2022-09) in fp16: blocking sends, scatter/gather of pipeline messages, "
+        "the backward TP all-reduce asynchronous, gradient accumulation fusion turned off without fp32 "
+        "accumulation, eager attention",
+        (Setting("blocking_p2p", True, f"{_MLM21} megatron/p2p_communication.py, unchanged in 2022 (batch_isend_irecv, "
+                 "wait, torch.cuda.synchronize())"),
+         Setting("scatter_gather", True, f"{_MLM21} megatron/arguments.py: scatter_gather_tensors_in_pipeline on "
+                 "by default, unchanged in 2022"),
+         Setting("grad_accum_fusion", False, "NVIDIA/Megatron-LM 83b1e42f30 (2022-02-13) megatron/arguments.py: "
+                 "gradient_accumulation_fusion set to False unless --accumulate-allreduce-grads-in-fp32, until "
+                 "07916bf245 (2022-09-27) 'Support gradient accumulation fusion in fp16'"),
+         Setting("attention", "eager", "KOR22 (arXiv:2205.05198): Megatron's fused scale-mask-softmax, the s x s "
+                 "scores materialised"))),
+    FrameworkProfile(
         "megatron-core",
         "Megatron-LM / Megatron-core's own defaults (pretrain_gpt.py): sends waited on except in the interleaved "
         "steady state, the backward TP collective under the weight-gradient GEMM, fused gradient accumulation; "

@@ -8,6 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import tomllib
 
 import schedules
 from pipesim.cli import build_parser, main
@@ -36,13 +37,13 @@ def _sim(tmp_path, name: str, *argv: str) -> dict:
 
 
 def test_every_profile_names_known_switches_each_with_a_source():
-    assert set(PROFILES) == {"megatron-lm-2021", "megatron-core", "nemo", "torchtitan", "deepspeed"}
+    assert set(PROFILES) == {"megatron-lm-2021", "megatron-lm-2022", "megatron-core", "nemo", "torchtitan", "deepspeed"}
     for p in PROFILES.values():
         assert p.settings and all(s.dest in DEFAULTS and len(s.source) > 20 for s in p.settings)
         assert len({s.dest for s in p.settings}) == len(p.settings)  # each switch once
     with pytest.raises(PipesimError, match="unknown switches bogus"):
         FrameworkProfile("x", "y", (Setting("bogus", 1, "z"),))
-    with pytest.raises(PipesimError, match="choose one of megatron-lm-2021, megatron-core"):
+    with pytest.raises(PipesimError, match="choose one of megatron-lm-2021, megatron-lm-2022, megatron-core"):
         profile("megatron")
 
 
@@ -137,3 +138,18 @@ def test_a_profile_is_its_flags_typed_out_and_docs_list_them(name):
     assert named == typed
     doc = (ROOT / "docs" / "frameworks.md").read_text()
     assert f"`--framework {name}` = `{' '.join(PROFILES[name].flags())}`" in doc
+
+
+def test_the_2022_profile_is_exactly_the_flags_kor22s_rows_type():
+    """KOR22's rows (bench/published_rows.toml) type Megatron-LM of 2022's switches; the profile is the same Job."""
+    rows = tomllib.loads((ROOT / "bench" / "published_rows.toml").read_text())["rows"]
+    command = next(r["command"] for r in rows if r["id"] == "kor22-22b-selective-sp").split()[1:]
+    switches = ("--scatter-gather", "--blocking-p2p", "--no-gradient-accumulation-fusion")
+    words = [w for w in command if w not in switches]
+    i = words.index("--attention")
+    assert words[i + 1] == "eager" and len(words) == len(command) - 3
+    del words[i:i + 2]
+    hw = load_hardware("dgx-a100")
+    typed = sim_job(build_parser().parse_args(command), None, hw)
+    named = sim_job(build_parser().parse_args(words + ["--framework", "megatron-lm-2022"]), None, hw)
+    assert typed == named
