@@ -34,7 +34,7 @@ from gpu_run import record_case, write_meta
 from pipesim.calibration.gpu_measure import timer
 from pipesim.model.fp8 import Fp8Options
 from pipesim.model.fp8_kernels import FP8, GATHERED, fp8_layer_kernels
-from pipesim.model.layer_kernels import Gemm, MemoryBound, PieceKernels
+from pipesim.model.kernel_types import Gemm, MemoryBound, PieceKernels
 
 FIELDS = ("case", "phase", "kernel", "kind", "dtype", "impl", "m", "n", "k", "batch", "nbytes", "flops", "seconds")
 E4M3, E5M2 = "float8_e4m3fn", "float8_e5m2"

@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pipesim.model.config import ModelConfig
-from pipesim.model.layer_kernels import PieceKernels, layer_kernels
+from pipesim.model.kernel_types import PieceKernels
+from pipesim.model.layer_kernels import layer_kernels
 from pipesim.model.options import LayerOptions
 
 DTYPE = "bfloat16"  # the papers' A100 runs were fp16; on a Hopper GPU fp16 and bf16 have one tensor-core rate

@@ -32,7 +32,7 @@ from gpu_layer_configs import CASES, TINY_CASES, LayerCase
 from gpu_run import record_case, write_meta
 
 from pipesim.calibration.gpu_measure import timer
-from pipesim.model.layer_kernels import FlashAttention, Gemm, Kernel
+from pipesim.model.kernel_types import FlashAttention, Gemm, Kernel
 
 FIELDS = ("case", "mode", "phase", "kernel", "kind", "shape", "nbytes", "seconds")
 DROPOUT = 0.1  # Megatron's attention and hidden dropout in the papers' runs

@@ -23,7 +23,7 @@ from gpu_layer_configs import CASES, DTYPE, LayerCase
 from pipesim.cost.kernel_costs import kernel_seconds, profile_of
 from pipesim.errors import PipesimError
 from pipesim.hardware.toml_io import load_hardware
-from pipesim.model.layer_kernels import FlashAttention, Gemm, Kernel
+from pipesim.model.kernel_types import FlashAttention, Gemm, Kernel
 
 
 def kind_of(k: Kernel) -> str:

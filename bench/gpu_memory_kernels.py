@@ -35,7 +35,7 @@ from gpu_layer_configs import CASES, TINY_CASES, LayerCase, timed_as_backward
 from gpu_run import record_case, write_meta
 
 from pipesim.calibration.gpu_measure import timer
-from pipesim.model.layer_kernels import MemoryBound
+from pipesim.model.kernel_types import MemoryBound
 
 FIELDS = ("case", "phase", "kernel", "family", "impl", "elements", "nbytes", "seconds", "gpu_seconds")
 DROPOUT = 0.1  # Megatron's attention and hidden dropout in the papers' runs

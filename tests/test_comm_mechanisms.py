@@ -23,7 +23,9 @@ from pipesim.hardware.toml_io import load_hardware
 from pipesim.ir.schedule import Kind
 from pipesim.job import Job
 from pipesim.model.config import ModelConfig
-from pipesim.model.layer_kernels import FlashAttention, Gemm, embedding_kernels, head_kernels, layer_kernels
+from pipesim.model.kernel_types import FlashAttention, Gemm
+from pipesim.model.layer_kernels import layer_kernels
+from pipesim.model.piece_kernels import embedding_kernels, head_kernels
 from pipesim.parallel_dims import ParallelDims
 from pipesim.sim.program import cp_exposed
 from pipesim.sim.simulator import simulate

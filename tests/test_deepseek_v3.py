@@ -24,10 +24,11 @@ from pipesim.model.config import ModelConfig
 from pipesim.model.elementwise import layer_elementwise_bytes
 from pipesim.model.flops import attention_core_flops, dense_flops, head_flops, layer_flops, mtp_projection_flops
 from pipesim.model.hf_config import hf_key_report, load_hf_config, read_hf_config, resolve_model_config
+from pipesim.model.kernel_types import FlashAttention
 from pipesim.model.latent_attention import LatentAttention
 from pipesim.model.latent_layer import latent_params
 from pipesim.model.layer_collectives import cp_kv_block_bytes, tp_layer_collectives, tp_mtp_collectives
-from pipesim.model.layer_kernels import FlashAttention, layer_kernels, mtp_kernels
+from pipesim.model.layer_kernels import layer_kernels
 from pipesim.model.moe import MoeConfig, group_node_limit
 from pipesim.model.options import LayerOptions
 from pipesim.model.param_counts import (
@@ -38,6 +39,7 @@ from pipesim.model.param_counts import (
     moe_mlp_params,
     mtp_projection_params,
 )
+from pipesim.model.piece_kernels import mtp_kernels
 from pipesim.parallel_dims import ParallelDims
 
 V3 = load_hf_config("deepseek-v3", seq=4096, batch=32)

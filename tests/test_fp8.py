@@ -22,7 +22,7 @@ from pipesim.job import Job
 from pipesim.model.activations import layer_activation_bytes, layer_saved_tensors
 from pipesim.model.config import ModelConfig
 from pipesim.model.fp8 import Fp8Options, saved_bytes, weight_copy_bytes
-from pipesim.model.layer_kernels import MemoryBound
+from pipesim.model.kernel_types import MemoryBound
 from pipesim.model.options import LayerOptions
 from pipesim.parallel_dims import ParallelDims
 from pipesim.plan.exports import megatron_args, torchtitan_toml

@@ -14,7 +14,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from gpu_fp8 import FIELDS, cast_specs, fp8_kernels, gemm_specs  # noqa: E402
 from gpu_layer_configs import CASES, TINY_CASES  # noqa: E402
 
-from pipesim.model.layer_kernels import MemoryBound  # noqa: E402
+from pipesim.model.kernel_types import MemoryBound  # noqa: E402
 
 
 def test_specs_cover_every_fp8_kernel_with_the_models_bytes():

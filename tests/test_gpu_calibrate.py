@@ -30,9 +30,10 @@ from pipesim.hardware.toml_io import hardware_to_toml, load_hardware
 from pipesim.job import Job
 from pipesim.model.config import ModelConfig
 from pipesim.model.grad_accumulation import accumulate_gradients
-from pipesim.model.layer_kernels import embedding_kernels, layer_kernels
+from pipesim.model.layer_kernels import layer_kernels
 from pipesim.model.options import LayerOptions
 from pipesim.model.param_counts import block_params, embedding_params
+from pipesim.model.piece_kernels import embedding_kernels
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "tests/data/gpu_measurements_h100_sample.csv"

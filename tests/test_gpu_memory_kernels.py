@@ -18,7 +18,8 @@ from gpu_layer_configs import CASES, TINY_CASES  # noqa: E402
 from gpu_memory_kernels import family_of  # noqa: E402
 from gpu_memory_kernels_compare import main as compare_main  # noqa: E402
 
-from pipesim.model.layer_kernels import MASK_BYTES, MemoryBound  # noqa: E402
+from pipesim.model.activations import MASK_BYTES  # noqa: E402
+from pipesim.model.kernel_types import MemoryBound  # noqa: E402
 
 RECORDING = ROOT / "tests/data/gpu_memory_kernels_h200.csv"
 H200_HBM = 4.8e12  # bytes/s, the hgx-h200 preset's datasheet figure

@@ -15,9 +15,11 @@ from pipesim.device.kernels import memory_bound_time
 from pipesim.job import Job, KernelSwitches
 from pipesim.model.config import ModelConfig
 from pipesim.model.grad_accumulation import accumulate_gradients, weight_gradient_params
-from pipesim.model.layer_kernels import Gemm, MemoryBound, embedding_kernels, head_kernels, layer_kernels
+from pipesim.model.kernel_types import Gemm, MemoryBound
+from pipesim.model.layer_kernels import layer_kernels
 from pipesim.model.options import LayerOptions, vocab_shard
 from pipesim.model.param_counts import block_params, embedding_params, head_params
+from pipesim.model.piece_kernels import embedding_kernels, head_kernels
 from pipesim.parallel_dims import ParallelDims
 
 GPT = ModelConfig(kind="gpt", hidden=512, layers=4, heads=8, seq=256, vocab=1000, batch=8, dtype="float16")

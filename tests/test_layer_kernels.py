@@ -23,9 +23,11 @@ from pipesim.model.config import ModelConfig
 from pipesim.model.elementwise import layer_elementwise_bytes
 from pipesim.model.flops import head_flops, layer_flops
 from pipesim.model.grad_accumulation import accumulate_gradients
-from pipesim.model.layer_kernels import FlashAttention, Gemm, MemoryBound, head_kernels, layer_kernels
+from pipesim.model.kernel_types import FlashAttention, Gemm, MemoryBound
+from pipesim.model.layer_kernels import layer_kernels
 from pipesim.model.options import LayerOptions
 from pipesim.model.param_counts import block_params
+from pipesim.model.piece_kernels import head_kernels
 from pipesim.parallel_dims import ParallelDims
 from pipesim.sim.program import _tp_time
 

@@ -13,7 +13,8 @@ from pipesim.model.activations import layer_saved_tensors
 from pipesim.model.config import ModelConfig, gpt_block_differences
 from pipesim.model.elementwise import layer_elementwise_bytes
 from pipesim.model.hf_config import hf_key_report, load_hf_config, read_hf_config, resolve_model_config
-from pipesim.model.layer_kernels import MemoryBound, layer_kernels
+from pipesim.model.kernel_types import MemoryBound
+from pipesim.model.layer_kernels import layer_kernels
 from pipesim.model.moe import MoeConfig
 from pipesim.model.options import LayerOptions
 from pipesim.model.param_counts import embedding_params, model_params

@@ -19,7 +19,7 @@ from pipesim.hardware.toml_io import load_hardware
 from pipesim.ir.schedule import Action, Kind
 from pipesim.job import Job
 from pipesim.model.config import ModelConfig
-from pipesim.model.layer_kernels import Gemm
+from pipesim.model.kernel_types import Gemm
 from pipesim.model.options import LayerOptions
 from pipesim.parallel_dims import ParallelDims
 from pipesim.sim.program import _tp_time

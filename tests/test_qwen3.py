@@ -17,8 +17,9 @@ from pipesim.model.config import ModelConfig
 from pipesim.model.elementwise import layer_elementwise_bytes
 from pipesim.model.flops import attention_core_flops, dense_flops, layer_flops
 from pipesim.model.hf_config import hf_key_report, load_hf_config, read_hf_config, resolve_model_config
+from pipesim.model.kernel_types import FlashAttention, Gemm, MemoryBound
 from pipesim.model.latent_attention import LatentAttention
-from pipesim.model.layer_kernels import FlashAttention, Gemm, MemoryBound, layer_kernels
+from pipesim.model.layer_kernels import layer_kernels
 from pipesim.model.moe import MoeConfig
 from pipesim.model.options import LayerOptions
 from pipesim.model.param_counts import active_params, block_params, model_params, qk_norm_params

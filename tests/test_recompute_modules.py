@@ -16,9 +16,10 @@ from pipesim.job import Job
 from pipesim.model.activations import layer_activation_bytes, layer_saved_tensors, recompute_working_bytes
 from pipesim.model.config import ModelConfig
 from pipesim.model.flops import layer_flops
+from pipesim.model.kernel_types import Gemm, MemoryBound
 from pipesim.model.latent_attention import LatentAttention
 from pipesim.model.layer_collectives import ep_layer_exchanges, tp_layer_collectives
-from pipesim.model.layer_kernels import Gemm, MemoryBound, layer_kernels
+from pipesim.model.layer_kernels import layer_kernels
 from pipesim.model.moe import MoeConfig
 from pipesim.model.options import LayerOptions
 from pipesim.model.recompute_modules import canonical_modules

@@ -27,7 +27,7 @@ from functools import lru_cache
 from pipesim.comm.collective_algos import CollectiveTime
 from pipesim.device.gemm import gemm_time
 from pipesim.device.profile import DeviceProfile
-from pipesim.model.layer_kernels import Gemm
+from pipesim.model.kernel_types import Gemm
 
 # NVIDIA/nccl src/include/comm.h: bytes per thread before NCCL adds a channel (NCCL_*_THREAD_THRESHOLD)
 THREAD_THRESHOLD = {"LL": 8, "LL128": 8, "Simple": 64}

@@ -23,17 +23,8 @@ from pipesim.hardware.machine import KernelFigures
 from pipesim.model.config import ModelConfig
 from pipesim.model.fp8_kernels import fp8_layer_kernels, scale_update_bytes
 from pipesim.model.grad_accumulation import accumulate_gradients
-from pipesim.model.layer_kernels import (
-    FlashAttention,
-    Gemm,
-    Kernel,
-    PieceKernels,
-    embedding_kernels,
-    head_kernels,
-    layer_kernels,
-    mlp_layer_kernels,
-    mtp_kernels,
-)
+from pipesim.model.kernel_types import FlashAttention, Gemm, Kernel, PieceKernels
+from pipesim.model.layer_kernels import layer_kernels
 from pipesim.model.moe_layer import dense_mlp_params, moe_block_params
 from pipesim.model.options import LayerOptions
 from pipesim.model.param_counts import (
@@ -44,6 +35,7 @@ from pipesim.model.param_counts import (
     mtp_embedding_params,
     mtp_projection_params,
 )
+from pipesim.model.piece_kernels import embedding_kernels, head_kernels, mlp_layer_kernels, mtp_kernels
 
 # the linear a collective's `overlaps` text names (pipesim.model.layer_collectives) -> the GEMM names of
 # pipesim.model.layer_kernels
@@ -199,7 +191,7 @@ def embedding_seconds(model: ModelConfig, b: int, opts: LayerOptions, family: st
 @lru_cache(maxsize=4096)
 def mtp_seconds(model: ModelConfig, b: int, opts: LayerOptions, family: str, kernels: KernelFigures | None = None,
                 grad_fusion: bool = True, grad_bytes: int = 0, holds_embedding: bool = False) -> PieceSeconds:
-    """One multi-token-prediction module's own kernels (pipesim.model.layer_kernels.mtp_kernels), its gradients with
+    """One multi-token-prediction module's own kernels (pipesim.model.piece_kernels.mtp_kernels), its gradients with
     the embedding copy's unless `holds_embedding` (the stage holds the first stage's embedding, or an earlier module
     carried the copy); its block and its pass through the head are `layer_seconds` and `head_seconds`."""
     params = mtp_projection_params(model, opts.tp) + mtp_embedding_params(model, opts.tp,

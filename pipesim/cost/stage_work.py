@@ -32,7 +32,7 @@ from pipesim.model.layer_collectives import (
     tp_layer_collectives,
     tp_mtp_collectives,
 )
-from pipesim.model.layer_kernels import check_mtp, layer_kernels
+from pipesim.model.layer_kernels import layer_kernels
 from pipesim.model.moe_layer import dense_mlp_params, expert_params_here, moe_block_params
 from pipesim.model.options import LayerOptions
 from pipesim.model.param_counts import (
@@ -43,6 +43,7 @@ from pipesim.model.param_counts import (
     mtp_embedding_params,
     mtp_projection_params,
 )
+from pipesim.model.piece_kernels import check_mtp
 
 MLP_LAYER_OPS = (2, 2, 1)  # framework ops of one MLP layer in F, I, W
 GPT_BLOCK_OPS = (10, 10, 6)  # framework ops of one transformer block in F, I, W

@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from pipesim.model.fp8 import Fp8Options, cast_write_bytes
-from pipesim.model.layer_kernels import Gemm, Kernel, MemoryBound, PieceKernels
+from pipesim.model.kernel_types import Gemm, Kernel, MemoryBound, PieceKernels
 
 FP8_LINEARS = frozenset({"QKV", "projection", "FC1", "FC2", "expert FC1", "expert FC2", "shared FC1",
                          "shared FC2", "Q", "Q down", "Q up", "KV down", "KV up"})

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from pipesim.model.layer_kernels import Gemm, Kernel, MemoryBound, PieceKernels
+from pipesim.model.kernel_types import Gemm, Kernel, MemoryBound, PieceKernels
 
 WGRAD = " wgrad"  # suffix of a linear layer's weight-gradient GEMM (pipesim.model.layer_kernels)
 

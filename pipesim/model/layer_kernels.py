@@ -1,7 +1,8 @@
-"""The GPU kernels of a transformer's pieces for one microbatch on one rank, per F, I and W.
+"""The GPU kernels of a transformer layer for one microbatch on one rank, per F, I and W (the other pieces:
+pipesim.model.piece_kernels).
 
-Each kernel is typed by how it is timed: a GEMM (its m, n, k and batch), a flash-attention
-kernel (forward or backward), or a memory-bound kernel (the bytes it reads and writes). The
+Each kernel is typed by how it is timed (pipesim.model.kernel_types): a GEMM (its m, n, k and batch), a
+flash-attention kernel (forward or backward), or a memory-bound kernel (the bytes it reads and writes). The
 GEMMs and attention kernels carry exactly the FLOPs of pipesim/model/flops.py (tests tie them);
 the memory-bound kernels follow Megatron-LM's fused kernels by default (bias + GeLU / SwiGLU,
 bias + dropout + residual add, scale + mask + softmax, RoPE, LayerNorm: each reads its inputs
@@ -10,108 +11,32 @@ and writes its output once), or eager PyTorch's one kernel per op with `fused=Fa
 --no-masked-softmax-fusion and --no-rope-fusion at once). Byte formulas: docs/gpu_model.md.
 Latent attention (`model.mla`): its five linears on the tokens each multiplies and a flash kernel whose value head
 (`v_head_dim`) is narrower than its query/key head (pipesim.model.latent_attention); a multi-token-prediction
-module's own kernels: `mtp_kernels`. Heads of `head_width` (Qwen3) size QKV, the projection and the attention kernels
-at heads x head_dim, not the hidden size; QK-norm adds a norm kernel on the queries and one on the keys.
+module's own kernels: pipesim.model.piece_kernels.mtp_kernels. Heads of `head_width` (Qwen3) size QKV, the
+projection and the attention kernels at heads x head_dim, not the hidden size; QK-norm adds a norm kernel on the
+queries and one on the keys.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-
-from pipesim.errors import PipesimError
 from pipesim.model.activations import MASK_BYTES
 from pipesim.model.config import ModelConfig
 from pipesim.model.elementwise import ACTIVATION_OPS, ALL_ACTIVATION_OPS, layer_elementwise_bytes
+from pipesim.model.kernel_types import (
+    FlashAttention,
+    Gemm,
+    Kernel,
+    Linear,
+    MemoryBound,
+    PieceKernels,
+    dgrad_gemms,
+    forward_gemms,
+    wgrad_gemms,
+    with_tokens,
+)
 from pipesim.model.latent_layer import check_latent, latent_linears, rope_elements
 from pipesim.model.moe_layer import ROUTER_BYTES, expert_shapes, tokens_here
-from pipesim.model.options import LayerOptions, vocab_shard
+from pipesim.model.options import LayerOptions
 from pipesim.model.recompute_modules import norms_recomputed
-
-FP32 = 4  # bytes: Megatron's vocab-parallel cross-entropy runs on float32 logits (logits.float())
-
-
-@dataclass(frozen=True)
-class Gemm:
-    """C (m x n) = A (m x k) @ B (k x n), `batch` times in one kernel."""
-
-    name: str  # e.g. "QKV", "QKV dgrad", "QKV wgrad", "Q K^T"
-    m: int
-    n: int
-    k: int
-    batch: int = 1
-    c_bytes: int = 0  # bytes per C element of an accumulating epilogue (read + write); 0: written once
-    dtype: str | None = None  # the GEMM's operand dtype; None: the model's ("float8": pipesim.model.fp8_kernels)
-
-    @property
-    def flops(self) -> int:
-        return 2 * self.batch * self.m * self.n * self.k
-
-
-@dataclass(frozen=True)
-class FlashAttention:
-    """One fused attention kernel over `heads` query heads of `seq` local queries against `kv_seq` keys."""
-
-    name: str
-    batch: int
-    seq: int  # local queries (s / cp)
-    heads: int  # query heads on this rank (heads / t)
-    head_dim: int
-    kv_seq: int  # keys each query meets (s)
-    kv_heads: int  # key/value heads on this rank (GQA)
-    backward: bool
-    v_head_dim: int | None = None  # value (and output) width per head; None: head_dim (latent attention: narrower)
-
-    @property
-    def value_dim(self) -> int:
-        return self.head_dim if self.v_head_dim is None else self.v_head_dim
-
-    @property
-    def flops(self) -> int:
-        """The full-square count of pipesim.model.flops (forward 4 b s_q s_k h / t; backward 2.5x). With a value
-        head v other than the query/key head q: forward 2 b s_q s_k a (q + v), backward 2 b s_q s_k a (3 q + 2 v)."""
-        if self.value_dim != self.head_dim:
-            pairs = 2 * self.batch * self.seq * self.kv_seq * self.heads
-            return pairs * (3 * self.head_dim + 2 * self.value_dim if self.backward else self.head_dim + self.value_dim)
-        fwd = 4 * self.batch * self.seq * self.kv_seq * self.heads * self.head_dim
-        return fwd * 10 // 4 if self.backward else fwd
-
-
-@dataclass(frozen=True)
-class MemoryBound:
-    """A streaming kernel: `nbytes` read and written once through HBM."""
-
-    name: str
-    nbytes: int  # bytes
-
-
-Kernel = Gemm | FlashAttention | MemoryBound
-
-
-@dataclass(frozen=True)
-class PieceKernels:
-    """The kernels of one piece (layer, embedding, head) for one microbatch: forward, input and weight gradient."""
-
-    F: tuple[Kernel, ...]
-    I: tuple[Kernel, ...]  # noqa: E741 (the action's name in the IR)
-    W: tuple[Kernel, ...]
-
-    def phase(self, name: str) -> tuple[Kernel, ...]:
-        """The kernels of phase `name` ("F", "I" or "W")."""
-        return {"F": self.F, "I": self.I, "W": self.W}[name]
-
-    def phases(self) -> tuple[tuple[Kernel, ...], tuple[Kernel, ...], tuple[Kernel, ...]]:
-        """F's, I's and W's kernels, in that order."""
-        return self.F, self.I, self.W
-
-    def flops(self, phase: str) -> int:
-        """GEMM and attention FLOPs of one phase ("F", "I" or "W")."""
-        return sum(k.flops for k in self.phase(phase) if not isinstance(k, MemoryBound))
-
-    def memory_bytes(self, phase: str) -> int:
-        return sum(k.nbytes for k in self.phase(phase) if isinstance(k, MemoryBound))
-
-
-Linear = tuple[str, int, int, int]  # (name, in_features, out_features, tokens it multiplies) on one rank
 
 
 def _linears(model: ModelConfig, b: int, opts: LayerOptions) -> tuple[list[Linear], list[Linear], list[Linear]]:
@@ -132,24 +57,6 @@ def _linears(model: ModelConfig, b: int, opts: LayerOptions) -> tuple[list[Linea
         return attn[:-1], attn[-1:], mlp
     hq, hkv = model.attention_width, model.kv_width
     return [("QKV", h, (hq + 2 * hkv) // t, tokens)], [("projection", hq // t, h, tokens)], mlp
-
-
-def _forward_gemms(linears: list[Linear]) -> list[Gemm]:
-    return [Gemm(name, tokens, out, inp) for name, inp, out, tokens in linears]
-
-
-def _dgrad_gemms(linears: list[Linear]) -> list[Gemm]:
-    """dX = dY W^T, in backward order."""
-    return [Gemm(f"{name} dgrad", tokens, inp, out) for name, inp, out, tokens in reversed(linears)]
-
-
-def _wgrad_gemms(linears: list[Linear]) -> list[Gemm]:
-    """dW = X^T dY (k = tokens), in backward order."""
-    return [Gemm(f"{name} wgrad", inp, out, tokens) for name, inp, out, tokens in reversed(linears)]
-
-
-def _with_tokens(linears: list[tuple[str, int, int]], tokens: int) -> list[Linear]:
-    return [(name, inp, out, tokens) for name, inp, out in linears]
 
 
 def _attention(model: ModelConfig, b: int, opts: LayerOptions) -> tuple[list[Kernel], list[Kernel]]:
@@ -274,15 +181,15 @@ def layer_kernels(model: ModelConfig, b: int, opts: LayerOptions, *, fused: bool
         ew_f = [k for k in ew_f if k.name not in act]
         ew_b = [k for k in ew_b if k.name.removesuffix(" backward") not in act]
         mlp_f, mlp_i, mlp_w = _moe_mlp(model, b, opts)
-        f = _forward_gemms(before) + core_f + _forward_gemms(after) + mlp_f + ew_f
-        i = mlp_i + core_b + _dgrad_gemms(attn) + ew_b
-        w: list[Kernel] = list(_wgrad_gemms(attn)) + mlp_w
+        f = forward_gemms(before) + core_f + forward_gemms(after) + mlp_f + ew_f
+        i = mlp_i + core_b + dgrad_gemms(attn) + ew_b
+        w: list[Kernel] = list(wgrad_gemms(attn)) + mlp_w
         linears = attn
     else:
         linears = attn + mlp
-        f = _forward_gemms(before) + core_f + _forward_gemms(after + mlp) + ew_f
-        i = _dgrad_gemms(mlp) + core_b + _dgrad_gemms(attn) + ew_b
-        w = list(_wgrad_gemms(linears))
+        f = forward_gemms(before) + core_f + forward_gemms(after + mlp) + ew_f
+        i = dgrad_gemms(mlp) + core_b + dgrad_gemms(attn) + ew_b
+        w = list(wgrad_gemms(linears))
         mlp_f = []
     if model.biases:  # never with latent attention (ModelConfig refuses it)
         f[1:1] = [MemoryBound("QKV bias add", 2 * tokens * linears[0][2] * model.dtype_bytes)]
@@ -310,14 +217,14 @@ def _module_reruns(model: ModelConfig, opts: LayerOptions, before: list[Linear],
         names = {f"{block} {norm}" for block in norms_recomputed(model, moe=moe_f is not None)}
         out += [k for k in ew_f if k.name in names]
     if opts.recomputes("mla_up_proj"):
-        out += _forward_gemms([x for x in before if x[0] in ("Q", "Q up", "KV up")])
+        out += forward_gemms([x for x in before if x[0] in ("Q", "Q up", "KV up")])
         names = {f"Q latent {norm}", f"KV latent {norm}", "Q, K, V assembly"}
         out += [k for k in ew_f if k.name in names or k.name.startswith("RoPE on Q and K")]
     if moe_f is None:
         if opts.recomputes("mlp"):
             act = {f"MLP {norm}", *ALL_ACTIVATION_OPS, "SwiGLU bias add", "GeLU bias add",
                    "squared ReLU: ReLU bias add"}
-            out += _forward_gemms(mlp[:1]) + [k for k in ew_f if k.name in act] + _forward_gemms(mlp[1:])
+            out += forward_gemms(mlp[:1]) + [k for k in ew_f if k.name in act] + forward_gemms(mlp[1:])
         return out
     moe_act = [k for k in moe_f if k.name.startswith("expert ") and isinstance(k, MemoryBound)]
     shared = [k for k in moe_f if k.name.startswith("shared ")]
@@ -368,111 +275,13 @@ def _moe_mlp(model: ModelConfig, b: int, opts: LayerOptions) -> tuple[list[Kerne
     width = moe.shared_experts * moe.shared_width // opts.tp
     if width:  # every token, as the dense MLP: on the all-gathered tokens under sp
         tokens = b * opts.local_seq(model)
-        shared = _with_tokens([("shared FC1", h, 2 * width if swiglu else width), ("shared FC2", width, h)], tokens)
-        f += _forward_gemms(shared[:1]) + [MemoryBound(f"shared {act}", act_f * tokens * width * d)] \
-            + _forward_gemms(shared[1:])
-        i += _dgrad_gemms(shared[1:]) + [MemoryBound(f"shared {act} backward", act_b * tokens * width * d)] \
-            + _dgrad_gemms(shared[:1])
-        w += _wgrad_gemms(shared)
+        shared = with_tokens([("shared FC1", h, 2 * width if swiglu else width), ("shared FC2", width, h)], tokens)
+        f += forward_gemms(shared[:1]) + [MemoryBound(f"shared {act}", act_f * tokens * width * d)] \
+            + forward_gemms(shared[1:])
+        i += dgrad_gemms(shared[1:]) + [MemoryBound(f"shared {act} backward", act_b * tokens * width * d)] \
+            + dgrad_gemms(shared[:1])
+        w += wgrad_gemms(shared)
     return f, i, w
 
 
-def head_kernels(model: ModelConfig, b: int, opts: LayerOptions) -> PieceKernels:
-    """Final norm, LM head (h x ceil(V / t)) and Megatron's vocab-parallel cross-entropy on float32 logits.
-
-    Cross-entropy forward: cast to float32 (read d, write 4), max (read 4), subtract (read 4,
-    write 4), exp (read 4, write 4), sum (read 4), divide (read 4, write 4): d + 36 bytes per
-    logit; backward: scale the saved softmax (read 4, write 4), cast back (read 4, write d):
-    12 + d. Not fused by Megatron's defaults (--cross-entropy-loss-fusion is off).
-    """
-    opts.check(model)
-    d = model.dtype_bytes
-    tokens = b * opts.local_seq(model)
-    hidden = opts.seq_sharded(tokens * model.hidden)
-    vocab = vocab_shard(model, opts.tp)
-    logits = tokens * vocab
-    norm = "RMSNorm" if model.norm == "rmsnorm" else "LayerNorm"
-    f: tuple[Kernel, ...] = (MemoryBound(f"final {norm}", 2 * hidden * d), Gemm("LM head", tokens, vocab, model.hidden),
-                             MemoryBound("cross-entropy", logits * (d + 9 * FP32)))
-    i: tuple[Kernel, ...] = (MemoryBound("cross-entropy backward", logits * (d + 3 * FP32)),
-                             Gemm("LM head dgrad", tokens, model.hidden, vocab),
-                             MemoryBound(f"final {norm} backward", 3 * hidden * d))
-    w: tuple[Kernel, ...] = (Gemm("LM head wgrad", model.hidden, vocab, tokens),)
-    return PieceKernels(f, i, w)
-
-
-def embedding_kernels(model: ModelConfig, b: int, opts: LayerOptions) -> PieceKernels:
-    """Vocab-parallel token lookup (+ learned positions, + dropout): memory-bound, no FLOPs.
-
-    F: gather the rows (read and write b s h); the position add (read 2, write 1); dropout on the
-    (sp: sharded) output. W: the table's gradient, a scatter-add of b s h gradient rows into the
-    rank's ceil(V / t) x h rows (read the gradient, write the table).
-    """
-    opts.check(model)
-    d = model.dtype_bytes
-    tokens = b * opts.local_seq(model)
-    full = tokens * model.hidden
-    out = opts.seq_sharded(full)
-    f: list[Kernel] = [MemoryBound("embedding lookup", 2 * full * d)]
-    if model.positions == "learned":
-        f.append(MemoryBound("position add", 3 * full * d))
-    if model.dropout:
-        f.append(MemoryBound("embedding dropout", 2 * out * d + MASK_BYTES * out))
-    table = vocab_shard(model, opts.tp) * model.hidden
-    return PieceKernels(tuple(f), (), (MemoryBound("embedding backward", full * d + table * d),))
-
-
-def mtp_kernels(model: ModelConfig, b: int, opts: LayerOptions) -> PieceKernels:
-    """A multi-token-prediction module's own kernels (its block's and its pass through the shared head are
-    `layer_kernels` and `head_kernels`): the shifted tokens' embedding (`embedding_kernels`, named "MTP ..."), the
-    two input norms on the (sp: sharded) hidden size (enorm on the embedding, hnorm on the previous depth's hidden
-    state; F 2, B 3 bytes per element and dtype byte), their concatenation (read and write the 2h; its backward takes
-    views), and the projection 2h -> h / t on the rank's tokens (all-gathered under sp), F, dgrad and wgrad."""
-    check_mtp(model, opts)
-    d = model.dtype_bytes
-    tokens = b * opts.local_seq(model)
-    hidden = opts.seq_sharded(tokens * model.hidden)
-    emb = embedding_kernels(model, b, opts)
-    norm = "RMSNorm" if model.norm == "rmsnorm" else "LayerNorm"
-    proj = _with_tokens([("MTP projection", 2 * model.hidden, model.hidden // opts.tp)], tokens)
-    f = [*(_renamed(k) for k in emb.F), MemoryBound(f"MTP embedding {norm}", 2 * hidden * d),
-         MemoryBound(f"MTP hidden {norm}", 2 * hidden * d), MemoryBound("MTP concatenation", 4 * hidden * d),
-         *_forward_gemms(proj)]
-    i = [*_dgrad_gemms(proj), MemoryBound(f"MTP embedding {norm} backward", 3 * hidden * d),
-         MemoryBound(f"MTP hidden {norm} backward", 3 * hidden * d)]
-    if opts.recompute == "full":  # Megatron-core checkpoints the projection (the embedding stays outside)
-        i = [*f[len(emb.F):], *i]
-    w = [*_wgrad_gemms(proj), *(_renamed(k) for k in emb.W)]
-    return PieceKernels(tuple(f), tuple(i), tuple(w))
-
-
-def _renamed(kernel: Kernel) -> Kernel:
-    """An embedding kernel as the multi-token-prediction module runs it again."""
-    return replace(kernel, name=f"MTP {kernel.name}")
-
-
-def check_mtp(model: ModelConfig, opts: LayerOptions) -> None:
-    """PipesimError unless the model's multi-token-prediction modules can be costed under these options: Megatron-core
-    does not support them with context parallelism."""
-    opts.check(model)
-    if not model.mtp_layers:
-        raise PipesimError("multi-token-prediction costs need a model with mtp_layers")
-    if opts.cp > 1:
-        raise PipesimError(f"multi-token prediction with --cp {opts.cp}: Megatron-core does not support it with "
-                           "context parallelism")
-
-
-def mlp_layer_kernels(b: int, hidden: int, dtype_bytes: int, tp: int, *, input_grad: bool = True) -> PieceKernels:
-    """The lecture MLP's Linear(h, h / t) + GeLU on b rows: one GEMM each for F, I (unless the data needs
-    no gradient) and W, and the GeLU as a memory-bound kernel (F 2, B 3 values per element)."""
-    out = hidden // tp  # model_costs checks that tp divides the hidden size
-    act = b * out * dtype_bytes  # bytes of the layer's output on this rank
-    i: tuple[Kernel, ...] = (MemoryBound("GeLU backward", 3 * act),)
-    if input_grad:
-        i += (Gemm("linear dgrad", b, hidden, out),)
-    return PieceKernels((Gemm("linear", b, out, hidden), MemoryBound("GeLU", 2 * act)), i,
-                        (Gemm("linear wgrad", hidden, out, b),))
-
-
-__all__ = ["FlashAttention", "Gemm", "Kernel", "MemoryBound", "PieceKernels", "check_mtp", "embedding_kernels",
-           "head_kernels", "layer_kernels", "mlp_layer_kernels", "mtp_kernels"]
+__all__ = ["FlashAttention", "Gemm", "Kernel", "MemoryBound", "PieceKernels", "layer_kernels"]
