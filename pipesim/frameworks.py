@@ -101,35 +101,37 @@ _MEGATRON_CORE = (
             "(store_false: fused by default, with TE or APEX installed)"),
 )
 
+# Megatron-LM's pipeline messages and attention kernel as NAR21 (2021) and KOR22 (2022) ran them
+_MEGATRON_LM_PIPELINE = (
+    Setting("blocking_p2p", True, f"{_MLM21} megatron/p2p_communication.py: batch_isend_irecv, wait on every "
+            "request, torch.cuda.synchronize() (the same through 2022)"),
+    Setting("scatter_gather", True, f"{_MLM21} megatron/arguments.py: scatter_gather_tensors_in_pipeline on by "
+            "default (--no-scatter-gather-tensors-in-pipeline; the same through 2022)"),
+)
+_EAGER_ATTENTION = Setting("attention", "eager", "NAR21 section 4.2, KOR22: fused scale-mask-softmax, the s x s "
+                           "scores materialised (flash attention came after both)")
+
 PROFILES: dict[str, FrameworkProfile] = {p.name: p for p in (
     FrameworkProfile(
         "megatron-lm-2021",
-        "Megatron-LM of NAR21 / KOR22 (2021-22): blocking sends, scatter/gather of pipeline messages, the backward "
-        "TP all-reduce blocking, gradients added by a separate kernel, plain DDP without overlap, eager attention",
-        (Setting("blocking_p2p", True, f"{_MLM21} megatron/p2p_communication.py: batch_isend_irecv, wait on every "
-                 "request, torch.cuda.synchronize()"),
-         Setting("scatter_gather", True, f"{_MLM21} megatron/arguments.py: scatter_gather_tensors_in_pipeline on "
-                 "by default (--no-scatter-gather-tensors-in-pipeline)"),
-         Setting("tp_comm_overlap", False, f"{_MDS} megatron/mpu/layers.py: ColumnParallelLinear is F.linear under "
-                 "autograd after copy_to_tensor_model_parallel_region (the all-reduce blocks the backward)"),
-         Setting("grad_accum_fusion", False, f"{_MDS}: no fused weight-gradient accumulation (Megatron-LM added "
-                 "--gradient-accumulation-fusion later); its DDP adds each gradient into main_grad"),
-         Setting("attention", "eager", "NAR21 section 4.2: fused scale-mask-softmax, the s x s scores "
-                 "materialised (flash attention came in 2022)"))),
+        "Megatron-LM of NAR21 (2021): blocking sends, scatter/gather of pipeline messages, the backward TP "
+        "all-reduce blocking, gradients added by a separate kernel, plain DDP without overlap, eager attention",
+        _MEGATRON_LM_PIPELINE + (
+            Setting("tp_comm_overlap", False, f"{_MDS} megatron/mpu/layers.py: ColumnParallelLinear is F.linear "
+                    "under autograd after copy_to_tensor_model_parallel_region (the all-reduce blocks the backward)"),
+            Setting("grad_accum_fusion", False, f"{_MDS}: no fused weight-gradient accumulation (Megatron-LM added "
+                    "--gradient-accumulation-fusion later); its DDP adds each gradient into main_grad"),
+            _EAGER_ATTENTION)),
     FrameworkProfile(
         "megatron-lm-2022",
         "Megatron-LM of KOR22 (2022-02 to 2022-09) in fp16: blocking sends, scatter/gather of pipeline messages, "
         "the backward TP all-reduce asynchronous, gradient accumulation fusion turned off without fp32 "
         "accumulation, eager attention",
-        (Setting("blocking_p2p", True, f"{_MLM21} megatron/p2p_communication.py, unchanged in 2022 (batch_isend_irecv, "
-                 "wait, torch.cuda.synchronize())"),
-         Setting("scatter_gather", True, f"{_MLM21} megatron/arguments.py: scatter_gather_tensors_in_pipeline on "
-                 "by default, unchanged in 2022"),
-         Setting("grad_accum_fusion", False, "NVIDIA/Megatron-LM 83b1e42f30 (2022-02-13) megatron/arguments.py: "
-                 "gradient_accumulation_fusion set to False unless --accumulate-allreduce-grads-in-fp32, until "
-                 "07916bf245 (2022-09-27) 'Support gradient accumulation fusion in fp16'"),
-         Setting("attention", "eager", "KOR22 (arXiv:2205.05198): Megatron's fused scale-mask-softmax, the s x s "
-                 "scores materialised"))),
+        _MEGATRON_LM_PIPELINE + (
+            Setting("grad_accum_fusion", False, "NVIDIA/Megatron-LM 83b1e42f30 (2022-02-13) megatron/arguments.py: "
+                    "gradient_accumulation_fusion set to False unless --accumulate-allreduce-grads-in-fp32, until "
+                    "07916bf245 (2022-09-27) 'Support gradient accumulation fusion in fp16'"),
+            _EAGER_ATTENTION)),
     FrameworkProfile(
         "megatron-core",
         "Megatron-LM / Megatron-core's own defaults (pretrain_gpt.py): sends waited on except in the interleaved "
