@@ -25,6 +25,7 @@ from pipesim.model.param_counts import (
     router_params,
     shared_expert_params,
 )
+from tests.config_files import config_refusal, write_config
 
 # a Mixtral-shaped file small enough to count by hand: h 64, 4 heads of 16, 2 kv heads, 4 experts of width 96, top 2
 TINY_MIXTRAL = {"architectures": ["MixtralForCausalLM"], "hidden_act": "silu", "hidden_size": 64,
@@ -33,19 +34,6 @@ TINY_MIXTRAL = {"architectures": ["MixtralForCausalLM"], "hidden_act": "silu", "
                 "num_local_experts": 4, "output_router_logits": False, "rms_norm_eps": 1e-05,
                 "router_aux_loss_coef": 0.02, "sliding_window": None, "tie_word_embeddings": False,
                 "torch_dtype": "bfloat16", "vocab_size": 100}
-
-
-def _write(tmp_path, cfg: dict) -> str:
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps(cfg))
-    return str(path)
-
-
-def _refusal(path: str) -> str:
-    with pytest.raises(PipesimError) as err:
-        load_hf_config(path)
-    assert "\n" not in str(err.value)
-    return str(err.value)
 
 
 # -- Mixtral: the bundled configs and their published parameter counts -------------------------------------------
@@ -113,7 +101,7 @@ def test_mixtral_counts_match_the_modules_transformers_builds():
 
 
 def test_tiny_mixtral_file_loads_and_every_key_is_read_or_ignored(tmp_path):
-    path = _write(tmp_path, TINY_MIXTRAL)
+    path = write_config(tmp_path, TINY_MIXTRAL)
     model = load_hf_config(path)
     assert model.moe == MoeConfig(experts=4, top_k=2, expert_ffn=96)
     report = hf_key_report(path)
@@ -129,16 +117,16 @@ def test_tiny_mixtral_file_loads_and_every_key_is_read_or_ignored(tmp_path):
 def test_mixtral_expert_defaults_are_transformers_mixtral_config_defaults(tmp_path):
     """A mixtral file without the expert keys is what MixtralConfig builds: 8 experts, 2 per token."""
     cfg = {k: v for k, v in TINY_MIXTRAL.items() if k not in ("num_local_experts", "num_experts_per_tok")}
-    assert load_hf_config(_write(tmp_path, cfg)).moe == MoeConfig(experts=8, top_k=2, expert_ffn=96)
+    assert load_hf_config(write_config(tmp_path, cfg)).moe == MoeConfig(experts=8, top_k=2, expert_ffn=96)
 
 
 def test_a_zero_router_jitter_changes_nothing_and_a_nonzero_one_refuses(tmp_path):
-    path = _write(tmp_path, {**TINY_MIXTRAL, "router_jitter_noise": 0.0})
-    assert load_hf_config(path) == load_hf_config(_write(tmp_path, TINY_MIXTRAL))
-    assert "router_jitter_noise" in hf_key_report(_write(tmp_path, {**TINY_MIXTRAL, "router_jitter_noise": 0}))\
+    path = write_config(tmp_path, {**TINY_MIXTRAL, "router_jitter_noise": 0.0})
+    assert load_hf_config(path) == load_hf_config(write_config(tmp_path, TINY_MIXTRAL))
+    assert "router_jitter_noise" in hf_key_report(write_config(tmp_path, {**TINY_MIXTRAL, "router_jitter_noise": 0}))\
         .ignored
-    path = _write(tmp_path, {**TINY_MIXTRAL, "router_jitter_noise": 0.01})
-    assert _refusal(path) == (
+    path = write_config(tmp_path, {**TINY_MIXTRAL, "router_jitter_noise": 0.01})
+    assert config_refusal(path) == (
         f"{path}: keys that change the model and pipesim does not model: router_jitter_noise (router jitter: a random "
         "scale on the experts' input in training); refused rather than simulated as a different model")
 
@@ -245,16 +233,16 @@ def test_model_config_refuses_experts_it_cannot_place(kwargs, message):
                                "(transformers builds them bias-free)"),
 ])
 def test_a_bad_mixtral_field_is_one_line_naming_field_and_file(tmp_path, change, message):
-    path = _write(tmp_path, {**TINY_MIXTRAL, **change})
-    assert _refusal(path) == f"{path}: {message}"
+    path = write_config(tmp_path, {**TINY_MIXTRAL, **change})
+    assert config_refusal(path) == f"{path}: {message}"
 
 
 # -- on but unmodelled: refused, never simulated as a different model ----------------------------------------------
 
 def test_an_unmodelled_expert_key_in_a_mixtral_file_still_refuses(tmp_path):
     """Mixtral's code has no shared experts or dense first layers: a file that asks for them is not Mixtral."""
-    path = _write(tmp_path, {**TINY_MIXTRAL, "n_shared_experts": 1, "first_k_dense_replace": 1})
-    assert _refusal(path) == (
+    path = write_config(tmp_path, {**TINY_MIXTRAL, "n_shared_experts": 1, "first_k_dense_replace": 1})
+    assert config_refusal(path) == (
         f"{path}: keys that change the model and pipesim does not model: n_shared_experts, first_k_dense_replace "
         "(mixture of experts); refused rather than simulated as a different model")
 
@@ -262,8 +250,8 @@ def test_an_unmodelled_expert_key_in_a_mixtral_file_still_refuses(tmp_path):
 def test_mixtral_expert_keys_in_a_llama_file_refuse(tmp_path):
     """Llama's code would drop them and build a dense model the file's author did not mean."""
     cfg = {**TINY_MIXTRAL, "model_type": "llama"}
-    path = _write(tmp_path, cfg)
-    assert _refusal(path) == (
+    path = write_config(tmp_path, cfg)
+    assert config_refusal(path) == (
         f"{path}: keys that change the model and pipesim does not model: num_experts_per_tok, num_local_experts, "
         "router_aux_loss_coef (mixture of experts); refused rather than simulated as a different model")
 
@@ -284,8 +272,8 @@ QWEN2_MOE = {"architectures": ["Qwen2MoeForCausalLM"], "attention_dropout": 0.0,
 def test_qwen2_moe_stays_refused(tmp_path):
     """Its shared expert sits behind a sigmoid gate (a linear h -> 1) and its attention has q/k/v biases without an
     output bias: neither is a field of ModelConfig / MoeConfig, so its counts could not be exact."""
-    path = _write(tmp_path, QWEN2_MOE)
-    assert _refusal(path) == (
+    path = write_config(tmp_path, QWEN2_MOE)
+    assert config_refusal(path) == (
         f"{path}: keys that change the model and pipesim does not model: decoder_sparse_step, moe_intermediate_size, "
         "num_experts, num_experts_per_tok, router_aux_loss_coef, shared_expert_intermediate_size (mixture of experts); "
         "model_type ('qwen2_moe': pipesim models llama, mistral, mixtral, deepseek_v3, qwen3, qwen3_moe, nemotron); "
@@ -312,10 +300,11 @@ DEEPSEEK_V3 = {"architectures": ["DeepseekV3ForCausalLM"], "attention_bias": Fal
 def test_deepseek_v3_loads_and_its_fp8_quantization_config_stays_refused(tmp_path):
     """Latent attention, DeepSeekMoE and multi-token prediction are modelled now (tests/test_deepseek_v3.py); the
     published file's quantization_config (FP8 weights with block scales) still refuses it, naming the key."""
-    model = load_hf_config(_write(tmp_path, DEEPSEEK_V3))
+    model = load_hf_config(write_config(tmp_path, DEEPSEEK_V3))
     assert model.mla is not None and model.mtp_layers == 1 and model.moe.experts == 256
     quantized = {**DEEPSEEK_V3, "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3",
                                                         "quant_method": "fp8", "weight_block_size": [128, 128]}}
-    path = _write(tmp_path, quantized)
-    assert _refusal(path) == (f"{path}: keys that change the model and pipesim does not model: quantization_config "
-                              "(quantized weights); refused rather than simulated as a different model")
+    path = write_config(tmp_path, quantized)
+    assert config_refusal(path) == (f"{path}: keys that change the model and pipesim does not model: "
+                                    "quantization_config (quantized weights); refused rather than simulated as a "
+                                    "different model")

@@ -23,6 +23,7 @@ from pipesim.model.layer_kernels import layer_kernels
 from pipesim.model.moe import MoeConfig
 from pipesim.model.options import LayerOptions
 from pipesim.model.param_counts import active_params, block_params, model_params, qk_norm_params
+from tests.config_files import config_refusal, write_config
 
 # Qwen/Qwen3-30B-A3B's config.json (the Hugging Face hub), bundled as pipesim/model/configs/qwen3-30b-a3b.json
 H, L, A, KV, HD = 2048, 48, 32, 4, 128  # hidden, layers, query heads, key/value heads, head_dim
@@ -37,19 +38,6 @@ QWEN3_8B = {"architectures": ["Qwen3ForCausalLM"], "attention_bias": False, "att
             "num_key_value_heads": 8, "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 1000000,
             "sliding_window": None, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
             "transformers_version": "4.51.0", "use_cache": True, "use_sliding_window": False, "vocab_size": 151936}
-
-
-def _write(tmp_path, cfg: dict) -> str:
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps(cfg))
-    return str(path)
-
-
-def _refusal(path: str) -> str:
-    with pytest.raises(PipesimError) as err:
-        load_hf_config(path)
-    assert "\n" not in str(err.value)
-    return str(err.value)
 
 
 # --- the bundled config ---
@@ -124,7 +112,7 @@ def test_bundled_qwen3_235b_a22b_counts_exactly_against_the_model_card():
 def test_dense_qwen3_8b_counts_exactly_and_reads_as_llama_with_qk_norm(tmp_path):
     """Qwen3-8B (model card: 8.2B parameters, 6.95B non-embedding): its head_dim 128 is 4096 / 32, so the only
     difference from a Llama layer is QK-norm's 2 x 128 weights per layer."""
-    model = load_hf_config(_write(tmp_path, QWEN3_8B))
+    model = load_hf_config(write_config(tmp_path, QWEN3_8B))
     h, layers, a, kv, d, f, v = 4096, 36, 32, 8, 128, 12288, 151936
     assert (model.moe, model.head_width, model.head_dim, model.qk_norm, model.num_kv_heads) == (None, None, d, True, kv)
     layer = h * a * d + 2 * h * kv * d + a * d * h + 2 * d + 2 * h + 3 * h * f
@@ -211,15 +199,15 @@ def test_qk_norm_saves_its_inputs_and_q_and_the_projection_input_are_heads_x_hea
 
 def test_mlp_only_layers_read_as_dense_first_layers_when_moe_config_can_say_it(tmp_path):
     cfg = read_hf_config(resolve_model_config("qwen3-30b-a3b"))
-    model = load_hf_config(_write(tmp_path, {**cfg, "mlp_only_layers": [0, 1]}))
+    model = load_hf_config(write_config(tmp_path, {**cfg, "mlp_only_layers": [0, 1]}))
     assert model.moe == MoeConfig(experts=E, top_k=K, expert_ffn=FE, dense_layers=2)
     dense_block = block_params(model)  # Qwen3MoeMLP of intermediate_size on layers 0 and 1
     moe_block = dense_block - 3 * H * FD + H * E + E * 3 * H * FE
     assert model_params(model) == V * H + H + H * V + 2 * dense_block + 46 * moe_block
-    step = load_hf_config(_write(tmp_path, {**cfg, "decoder_sparse_step": 2, "mlp_only_layers": [1]}))
+    step = load_hf_config(write_config(tmp_path, {**cfg, "decoder_sparse_step": 2, "mlp_only_layers": [1]}))
     assert step.moe == MoeConfig(experts=E, top_k=K, expert_ffn=FE, dense_layers=2, every=2)  # layers 3, 5, ...
     assert [layer for layer in range(6) if step.moe.is_moe_layer(layer)] == [3, 5]
-    assert load_hf_config(_write(tmp_path, {**cfg, "num_experts": 0})).moe is None  # Qwen3MoeMLP everywhere
+    assert load_hf_config(write_config(tmp_path, {**cfg, "num_experts": 0})).moe is None  # Qwen3MoeMLP everywhere
 
 
 @pytest.mark.parametrize("change,message", [
@@ -241,15 +229,15 @@ def test_mlp_only_layers_read_as_dense_first_layers_when_moe_config_can_say_it(t
 def test_what_qwen3_moe_cannot_be_is_refused_in_one_line(tmp_path, change, message):
     cfg = {k: v for k, v in {**read_hf_config(resolve_model_config("qwen3-30b-a3b")), **change}.items()
            if v is not None}
-    path = _write(tmp_path, cfg)
-    assert _refusal(path) == f"{path}: {message}"
+    path = write_config(tmp_path, cfg)
+    assert config_refusal(path) == f"{path}: {message}"
 
 
 def test_expert_keys_in_a_dense_qwen3_file_refuse(tmp_path):
     """Qwen3ForCausalLM's code has no experts: a qwen3 file that asks for them is not Qwen3 (read as dense it would
     be a model its author did not mean)."""
-    path = _write(tmp_path, {**QWEN3_8B, "num_experts": 8, "num_experts_per_tok": 2})
-    assert _refusal(path) == (f"{path}: keys that change the model and pipesim does not model: num_experts, "
+    path = write_config(tmp_path, {**QWEN3_8B, "num_experts": 8, "num_experts_per_tok": 2})
+    assert config_refusal(path) == (f"{path}: keys that change the model and pipesim does not model: num_experts, "
                               "num_experts_per_tok (mixture of experts); refused rather than simulated as a different "
                               "model")
 
