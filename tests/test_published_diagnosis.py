@@ -21,8 +21,8 @@ def test_the_diagnosis_solves_a_planted_figure_and_reports_it(tmp_path):
     hw = load_hardware(str(planted))
     assert hw.device.kernels.matmul_efficiency == 0.7 and "not a measurement" in hw.device.kernels.source
     argv, args = bp.parse_command(LAYER)
-    forward = bp.action_ms(bp.run_argv(dg._on(argv, planted)), 1, "F")
-    shipped = bp.action_ms(bp.run_argv(argv), 1, "F")
+    forward = bp.metrics.action_ms(bp.run_argv(dg._on(argv, planted)), 1, "F")
+    shipped = bp.metrics.action_ms(bp.run_argv(argv), 1, "F")
     assert forward > shipped  # a lower efficiency is a slower forward: the bisection's direction
     rows = tmp_path / "rows.toml"
     rows.write_text(f"""
@@ -67,7 +67,7 @@ def test_the_diagnosis_checks_other_sources_of_the_same_family_out_of_sample(tmp
     planted = dg.variant(bp, "dgx-a100", "matmul_efficiency", 0.7, tmp_path)
     argv, _ = bp.parse_command(LAYER)
     on = [str(planted) if a == "dgx-a100" else a for a in argv]
-    fwd, bwd = (bp.action_ms(bp.run_argv(on), 1, k) for k in ("F", "B"))
+    fwd, bwd = (bp.metrics.action_ms(bp.run_argv(on), 1, k) for k in ("F", "B"))
     h100 = LAYER.replace("dgx-a100", "dgx-h100")
     rows = tmp_path / "rows.toml"
     rows.write_text("""
