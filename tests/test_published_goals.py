@@ -1,0 +1,104 @@
+"""Issue 33's goals in `pipesim bench published` (bench/published_goals.py): which sources form the reference goal,
+the ranking pairs, the goal lines, and the modern reference rows with their rank keys."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+
+from pipesim.errors import PipesimError
+from tests.test_bench_published import DATA, LAYER_ROWS, _result, bp, pr
+
+pg = bp.goals
+
+
+def _ranked(row_id, published, predicted, *, cluster="m on hw", work=1.0, metric="seconds_per_iteration",
+            source="S"):
+    r = _result(row_id, source, published, predicted, metric=metric)
+    return pr.Result(replace(r.row, cluster=cluster, work=work), predicted, "f")
+
+
+def test_source_goal_reads_goal_else_in_published_md_and_refuses_others():
+    assert pg.source_goal("A", {}) == "reference"  # in_published_md is true when absent (issue 15's reading)
+    assert pg.source_goal("A", {"in_published_md": True}) == "reference"
+    assert pg.source_goal("A", {"in_published_md": False}) == "reported"
+    assert pg.source_goal("A", {"in_published_md": False, "goal": "reference"}) == "reference"
+    assert pg.source_goal("A", {"in_published_md": True, "goal": "reported"}) == "reported"
+    with pytest.raises(ValueError, match="source A: goal must be one of reference, reported, got 'all'"):
+        pg.source_goal("A", {"goal": "all"})
+    assert pg.reference_sources({"A": {}, "B": {"in_published_md": False}, "C": {"goal": "reference"}}) == {"A", "C"}
+
+
+def test_ranking_pairs_by_cluster_and_metric_with_times_per_gpu():
+    rows = [_ranked("a", 10.0, 9.0, work=100.0),  # speed published 10, predicted 11.1
+            _ranked("b", 10.0, 8.0, work=50.0),  # speed 5 and 6.25: slower than a in both -> agrees
+            _ranked("c", 20.0, 30.0, work=300.0),  # speed 15 and 10: faster than a published, slower predicted
+            _ranked("d", 5.0, 4.0, work=50.0, cluster="other"),  # another cluster: never paired
+            _ranked("e", 100.0, 90.0, metric="tflops_per_gpu_nar21"),  # another metric: never paired
+            _ranked("f", 20.0, 10.0, work=200.0),  # speed 10 as a's published: a tie with a, not ranked
+            _ranked("g", 7.0, None, work=100.0)]  # failed: left out
+    rk = pg.ranking(rows)
+    assert [(p.a, p.b, p.agrees) for p in rk.pairs] == [("a", "b", True), ("a", "c", False), ("b", "c", True),
+                                                        ("b", "f", True), ("c", "f", False)]  # f: 10 and 20
+    assert (rk.agree, rk.ties, rk.fraction) == (3, 1, 0.6)
+    assert pg.speed(rows[4].row, 90.0) == 90.0 and pg.speed(rows[0].row, 9.0) == pytest.approx(100 / 9)
+    assert math.isnan(pg.ranking(rows[3:5]).fraction)
+
+
+def test_goal_lines_of_issue_33_exactly():
+    sources = {"R": {"goal": "reference", "in_published_md": False}, "O": {"in_published_md": False}}
+    results = [_ranked("r1", 10.0, 10.4, source="R", work=10.0),  # |error| 4 %, speed 10 / 10.4
+               _ranked("r2", 20.0, 19.0, source="R", work=10.0),  # |error| 5 %, order r1 faster kept
+               _ranked("o1", 10.0, 8.5, source="O", cluster="x")]  # |error| 15 %, speed ratio 10 / 8.5
+    lines = pg.goal_lines(sources, results, pr.stats)
+    assert lines[0] == ("Issue 33's reference goal, the reference rows of published.md and published_modern.md "
+                        "together (R): 2 of 2 simulated, median |error| 4.5 %, max 5.0 % (goal: median <= 5 %, "
+                        "max <= 10 %): **met**.")
+    factor = (10 / 10.4 * 20 / 19 * 10 / 8.5) ** (1 / 3)
+    assert lines[1] == ("Issue 33's goal on every published row this bench reports: 3 of 3 simulated, median |error| "
+                        f"5.0 %, max 15.0 %, geometric mean of predicted / published speed {factor:.3f} (goal: median "
+                        "<= 8 %, max <= 20 %, speed factor in [0.95, 1.05]): **not met**.")  # 1.052: optimistic
+    assert lines[2] == ("Rankings (issue 33): 1 pairs of published rows of the same model on the same hardware and "
+                        "metric (speed per GPU), predicted order as published in 1 (100 %; goal >= 90 %): **met**.")
+    flipped = [*results[:1], _ranked("r2", 20.0, 9.0, source="R", work=10.0)]  # r2 now predicted faster than r1
+    lines = pg.goal_lines(sources, flipped, pr.stats)
+    assert "(goal: median <= 5 %, max <= 10 %): **not met**." in lines[0]  # |error| 55 %
+    assert lines[2].endswith("in 0 (0 %; goal >= 90 %): **not met**. Reversed: `r1` / `r2`.")
+    assert pg.goal_lines(sources, [], pr.stats) == ["No published row in this run: no issue-33 goal lines."]
+
+
+def test_the_modern_reference_rows_and_their_rank_keys():
+    assert pg.reference_sources(DATA["sources"]) == {"NAR21", "KOR22", "DGXC25"}
+    rows = [r for r in DATA["rows"] if r.source == "DGXC25"]
+    # shared/reference/published_modern.md's ten rows
+    assert [(r.id.removeprefix("dgxc-"), r.published) for r in rows] == [
+        ("llama3.1-8b-8gpus", 12.27), ("llama3.1-8b-128gpus", 12.33), ("llama3.1-70b-64gpus", 14.66),
+        ("llama3.1-70b-2048gpus", 14.66), ("llama3.1-405b-512gpus", 19.78), ("llama3.1-405b-2048gpus", 19.87),
+        ("gpt3-175b-128gpus", 8.309), ("gpt3-175b-2048gpus", 8.49), ("nemotron4-15b-16gpus", 2.66),
+        ("nemotron4-340b-256gpus", 4.36)]
+    layouts = [(a.tp, a.stages, a.cp, a.dp, a.virtual, a.batch, a.seq) for a in
+               (bp.parse_command(r.command)[1] for r in rows)]
+    assert layouts == [(1, 1, 2, 4, None, 128, 8192), (1, 1, 2, 64, None, 2048, 8192),
+                       (4, 4, 2, 2, 5, 128, 8192), (4, 4, 2, 64, 5, 4096, 8192),
+                       (8, 8, 2, 4, 8, 256, 8192), (8, 8, 2, 16, 8, 1024, 8192),
+                       (4, 8, 1, 4, 6, 256, 2048), (4, 8, 1, 64, 6, 4096, 2048),
+                       (2, 1, 1, 8, None, 64, 4096), (8, 8, 1, 4, 12, 64, 4096)]
+    # the FP8 tables beside them: the same commands (70B's own FP8 layout) with NeMo's hybrid delayed recipe
+    fp8 = [r for r in DATA["rows"] if r.source == "DGXC25FP8"]
+    assert [r.published for r in fp8] == [9.33, 9.86, 12.37, 5.626, 1.98, 2.93]
+    assert all(r.command.endswith(" --fp8-format hybrid --fp8-recipe delayed") for r in fp8)
+    # the same model on the same cluster, its GPU count included: weak-scaling rows are not a ranking pair
+    assert [r.cluster for r in rows[::2]] == [
+        "llama3-8b on 8 x dgx-h100", "llama3-70b on 64 x dgx-h100", "llama3-405b on 512 x dgx-h100",
+        "gpt h12288L96a96V50688 on 128 x dgx-h100", "nemotron4-15b on 16 x dgx-h100"]
+    assert len({r.cluster for r in rows}) == len(rows)
+    assert [r.work for r in rows[:3]] == [128 * 8192 / 8, 2048 * 8192 / 128, 128 * 8192 / 64]
+
+
+def test_an_unknown_goal_in_a_rows_file_is_refused(tmp_path):
+    rows = tmp_path / "rows.toml"
+    rows.write_text(f'[sources.KOR22]\ncitation = "K"\ngoal = "sometimes"\n\n{LAYER_ROWS}')
+    with pytest.raises(PipesimError, match="source KOR22: goal must be one of reference, reported"):
+        bp.main(["--rows", str(rows), "--out", str(tmp_path / "p.md")])
