@@ -7,10 +7,10 @@ Three summaries, as issue 33 states them:
   `in_published_md = true`, and shared/reference/published_modern.md's): median |error| <= 5 %, max <= 10 %;
 - every published row the bench reports: median |error| <= 8 %, max <= 20 %, and no systematic optimism: the
   geometric mean of predicted / published speed between 0.95 and 1.05;
-- rankings: for every pair of published rows of the same model on the same hardware (Row.cluster) with the same
-  metric, whether the predicted order of their speeds is the published one; the fraction of pairs that agree
-  (goal >= 90 %). A row's speed is its figure for a throughput and work / figure for a time (Row.work: tokens per
-  GPU per iteration), so that rows of one model at different scales compare per GPU. Pairs the publication cannot
+- rankings: for every pair of published rows of the same model on the same cluster, its GPU count included
+  (Row.cluster), with the same metric, whether the predicted order of their speeds is the published one; the
+  fraction of pairs that agree (goal >= 90 %). A row's speed is its figure for a throughput and work / figure for a
+  time (Row.work: tokens per GPU per iteration), so that layouts of different batch or sequence compare per token. Pairs the publication cannot
   order (equal figures) are counted apart, not ranked.
 
 A source's `goal` ("reference" or "reported") may be left out: it is then "reference" for the sources of
@@ -127,13 +127,13 @@ def goal_lines(sources: dict[str, dict], results: list, stats: Callable) -> list
     if rk.pairs:
         wrong = [p for p in rk.pairs if not p.agrees]
         out.append(f"Rankings (issue 33): {len(rk.pairs)} pairs of published rows of the same model on the same "
-                   f"hardware and metric (speed per GPU), predicted order as published in {rk.agree} "
+                   f"cluster and metric (speed per GPU), predicted order as published in {rk.agree} "
                    f"({rk.fraction * 100:.0f} %; goal >= {RANK_GOAL * 100:.0f} %): "
                    f"**{'met' if rk.fraction >= RANK_GOAL else 'not met'}**"
                    + (f"; {rk.ties} pairs with equal published figures not ranked" if rk.ties else "")
                    + (". Reversed: " + "; ".join(f"`{p.a}` / `{p.b}`" for p in wrong) if wrong else "") + ".")
     else:
-        out.append("Rankings (issue 33): no pair of published rows of the same model on the same hardware in this run"
+        out.append("Rankings (issue 33): no pair of published rows of the same model on the same cluster in this run"
                    + (f" ({rk.ties} with equal published figures)" if rk.ties else "") + ".")
     if math.isnan(a.speed_factor):
         out.append("No published row ran: every goal above is not met.")

@@ -60,7 +60,7 @@ def test_goal_lines_of_issue_33_exactly():
     assert lines[1] == ("Issue 33's goal on every published row this bench reports: 3 of 3 simulated, median |error| "
                         f"5.0 %, max 15.0 %, geometric mean of predicted / published speed {factor:.3f} (goal: median "
                         "<= 8 %, max <= 20 %, speed factor in [0.95, 1.05]): **not met**.")  # 1.052: optimistic
-    assert lines[2] == ("Rankings (issue 33): 1 pairs of published rows of the same model on the same hardware and "
+    assert lines[2] == ("Rankings (issue 33): 1 pairs of published rows of the same model on the same cluster and "
                         "metric (speed per GPU), predicted order as published in 1 (100 %; goal >= 90 %): **met**.")
     flipped = [*results[:1], _ranked("r2", 20.0, 9.0, source="R", work=10.0)]  # r2 now predicted faster than r1
     lines = pg.goal_lines(sources, flipped, pr.stats)
