@@ -229,8 +229,7 @@ def _split_list(text: str) -> list[int]:
 
 
 def setup_from_args(args: argparse.Namespace) -> SimSetup:
-    """Turn the shared flags into a SimSetup (loads the hardware, parses --cost)."""
-    apply_framework(args)
+    """Turn the shared flags into a SimSetup (loads the hardware, parses --cost; sim_job applies --framework)."""
     if args.boundary_bytes < 0 or args.activation_bytes < 0:
         raise PipesimError("--boundary-bytes and --activation-bytes must be >= 0")
     cost = parse_cost_spec(args.cost) if args.cost else None
