@@ -71,7 +71,6 @@ def test_the_2021_profile_is_exactly_the_flags_nar21s_rows_type(tmp_path):
 
 
 def test_overlap_p2p_lifts_the_block_on_an_interleaved_schedule_only():
-    costs = uniform_costs(4, {"F": MS, "I": MS, "W": MS}, boundary_bytes=2**24)
     def run(name: str, v: int, comm: CommOptions) -> float:
         sched = schedules.build(name, 2, 4, virtual=v)
         c = uniform_costs(2 * v, {"F": MS, "I": MS, "W": MS}, boundary_bytes=2**24)
@@ -81,7 +80,8 @@ def test_overlap_p2p_lifts_the_block_on_an_interleaved_schedule_only():
     assert run("interleaved-1f1b", 2, both) < run("interleaved-1f1b", 2, CommOptions(blocking_p2p=True))
     assert run("1f1b", 1, both) == run("1f1b", 1, CommOptions(blocking_p2p=True)) > run("1f1b", 1, CommOptions())
     assert both.flags() == ["--blocking-p2p", "--overlap-p2p-communication"]
-    assert costs.job.comm.blocks_sends(interleaved=True) is False  # the default sends never block
+    assert [CommOptions().blocks_sends(i) for i in (False, True)] == [False, False]  # the default never blocks
+    assert [both.blocks_sends(i) for i in (False, True)] == [True, False]
 
 
 def test_overlap_param_gather_moves_the_all_gather_before_the_first_forward():
