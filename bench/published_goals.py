@@ -10,8 +10,8 @@ Three summaries, as issue 33 states them:
 - rankings: for every pair of published rows of the same model on the same cluster, its GPU count included
   (Row.cluster), with the same metric, whether the predicted order of their speeds is the published one; the
   fraction of pairs that agree (goal >= 90 %). A row's speed is its figure for a throughput and work / figure for a
-  time (Row.work: tokens per GPU per iteration), so that layouts of different batch or sequence compare per token. Pairs the publication cannot
-  order (equal figures) are counted apart, not ranked.
+  time (Row.work: tokens per GPU per iteration), so that layouts of different batch or sequence compare per token.
+  Pairs the publication cannot order (equal figures) are counted apart, not ranked.
 
 A source's `goal` ("reference" or "reported") may be left out: it is then "reference" for the sources of
 published.md (`in_published_md`, true when absent, as the issue-15 goal reads it) and "reported" for the others, so
