@@ -154,7 +154,7 @@ class GpuCalibration:
         held = measured.sustained_fraction(self.data, self.dtype) if self.data is not None else None
         if held is not None:
             lines.append(f"sustained GEMM: {100 * held:.1f} % of its burst rate once the clock settled "
-                         "(matmul_efficiency includes it)")
+                         "(matmul_efficiency and the flash figures include it)")
         if self.link is not None:
             f = self.link
             lines.append(f"intra link: {f.bandwidth / 1e9:.1f} GB/s, {f.latency * 1e6:.2f} us: {f.kind} over "
