@@ -26,6 +26,7 @@ from pipesim.model.flops import (
     Flops,
     attention_core_flops,
     dense_flops,
+    hardware_flops,
     head_flops,
     iteration_flops,
     layer_flops,
@@ -169,6 +170,22 @@ def test_iteration_flops_equal_narayanan_eq3_and_korthikanti_eq7(a, h, l, B):
     assert iteration_flops(model, B, LayerOptions()) == eq7
     causal = 72 * B * s * l * h * h * (1 + Fraction(s, 12 * h) + Fraction(V, 12 * l * h))  # MFU's count
     assert model_flops(model, B) == causal
+
+
+@pytest.mark.parametrize("a,h,l,B", NAR21[:3])
+def test_hardware_flops_add_recomputation_and_flash_s_diagonal_tiles_to_the_causal_count(a, h, l, B):
+    s, V = 2048, 51200
+    model = ModelConfig(kind="gpt", hidden=h, heads=a, layers=l, seq=s, vocab=V, batch=B, dtype="float16")
+    for rc in ("none", "selective", "full"):  # eager attention: the causal count with the recomputation
+        eager = LayerOptions(recompute=rc)
+        assert hardware_flops(model, B, eager) == iteration_flops(model, B, eager, causal=True)
+    # flash, causal: the core's forward 2 B s^2 h, backward 5 B s^2 h (and the forward again under full or selective
+    # recomputation), each x 128 / s more for the 128 x 128 diagonal tiles it computes whole
+    for rc, core in (("none", 7), ("selective", 9), ("full", 9)):
+        flash = LayerOptions(recompute=rc, attention="flash")
+        extra = core * B * s * h * 128 * l
+        assert hardware_flops(model, B, flash) == iteration_flops(model, B, flash, causal=True) + extra
+    assert hardware_flops(model, B, LayerOptions(attention="flash")) > model_flops(model, B)
 
 
 def test_recompute_orders_flops_full_over_selective_over_none():

@@ -20,7 +20,7 @@ from pipesim.commands.setup_args import add_setup_args, setup_from_args
 from pipesim.cost.rank_memory import memory_json
 from pipesim.cost.user_model_costs import is_factory_spec
 from pipesim.errors import PipesimError
-from pipesim.model.flops import model_flops, utilization
+from pipesim.model.flops import hardware_flops, model_flops, utilization
 from pipesim.outputs import check_distinct, check_file, write_files
 from pipesim.plots.perfetto import trace_text
 from pipesim.sim.sim_setup import SimSetup
@@ -92,16 +92,19 @@ def run(args: argparse.Namespace) -> int:
 
 def _utilization(setup: SimSetup, result, data: dict) -> dict:
     """`mfu` and `tflops_per_gpu` of a transformer's step on a device with a peak in its dtype (the planner's
-    definition, pipesim.model.flops.utilization); {} otherwise."""
+    definition, pipesim.model.flops.utilization), and `hfu`, the FLOPs executed (`hardware_flops`) at the same rate;
+    {} otherwise."""
     model, hw = setup.model, setup.hardware
     if model is None or model.kind != "gpt" or hw is None or model.dtype not in hw.device.flops \
             or "step_time" not in data:
         return {}
     d = setup.job.dims
     gpus = result.schedule.num_ranks * d.dp * d.cp * d.tp
-    mfu, tflops = utilization(float(model_flops(model, model.batch)), data["step_time"], gpus,
-                              hw.device.flops[model.dtype])
-    return {"mfu": mfu, "tflops_per_gpu": tflops}
+    peak = hw.device.flops[model.dtype]
+    mfu, tflops = utilization(float(model_flops(model, model.batch)), data["step_time"], gpus, peak)
+    opts = setup.job.layer_options(model)
+    hfu, _ = utilization(float(hardware_flops(model, model.batch, opts)), data["step_time"], gpus, peak)
+    return {"mfu": mfu, "tflops_per_gpu": tflops, "hfu": hfu}
 
 
 def _with_user_model(setup: SimSetup, args: argparse.Namespace) -> SimSetup:
@@ -147,7 +150,8 @@ def summary(d: dict) -> str:
     mem = d["memory"]
     if "step_time" in d:  # with the optimizer step (device presets, or --zero)
         mfu = (f"; MFU {d['mfu'] * 100:.1f} %, {d['tflops_per_gpu']:.1f} model TFLOP/s per GPU (causal attention, "
-               "no recomputation counted)") if "mfu" in d else ""
+               f"no recomputation counted); HFU {d['hfu'] * 100:.1f} % (the FLOPs executed: recomputation, flash's "
+               "diagonal tiles)") if "mfu" in d else ""
         lines.insert(2, f"step time {d['step_time'] * 1e3:.3f} ms (to the optimizer's end){mfu}")
     if mem.get("ranks"):  # the memory model's per-rank breakdown at its peak
         top = max(mem["ranks"], key=lambda r: r["total"])

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pipesim.device.kernels import causal_tile_factor
 from pipesim.model.config import ModelConfig
 from pipesim.model.latent_layer import check_latent, latent_linears, latent_widths
 from pipesim.model.options import LayerOptions, vocab_shard
@@ -200,6 +201,21 @@ def model_flops(model: ModelConfig, global_batch: int) -> int:
     return iteration_flops(model, global_batch, LayerOptions(attention="eager"), causal=True)
 
 
+def hardware_flops(model: ModelConfig, global_batch: int, opts: LayerOptions) -> int:
+    """What HFU counts (hardware FLOPs utilisation, Chowdhery et al. 2022, PaLM, appendix B): one iteration's FLOPs as
+    the GPUs execute them: the recomputation `opts` asks for, the attention core's causal half and, with flash
+    attention, each causal kernel's diagonal tiles computed whole (pipesim.device.kernels.causal_tile_factor, the
+    factor the simulator times them with). `model_flops` is the model's count, the same for every way to run it."""
+    total = iteration_flops(model, global_batch, opts, causal=True)
+    if opts.attention != "flash":
+        return total
+    one = LayerOptions(recompute=opts.recompute, attention=opts.attention, recompute_modules=opts.recompute_modules)
+    core = attention_core_flops(model, global_batch, one, causal=True)
+    rerun = core.F if opts.recompute == "full" or opts.recomputes("core_attn") else 0
+    extra = (core.total + rerun) * (causal_tile_factor(model.seq) - 1.0)  # FLOPs per layer in the diagonal tiles
+    return total + round(extra * (model.layers + model.mtp_layers))
+
+
 def utilization(flops: float, seconds: float, gpus: int, peak: float) -> tuple[float, float]:
     """(MFU, model TFLOP/s per GPU) of one step's `flops` model FLOPs (`model_flops`) in `seconds` on `gpus` GPUs of
     dense `peak` FLOP/s each (the model dtype's, BF16's for an FP8 run): the one definition `pipesim plan` and
@@ -208,5 +224,5 @@ def utilization(flops: float, seconds: float, gpus: int, peak: float) -> tuple[f
     return per_gpu / peak, per_gpu / 1e12
 
 
-__all__ = ["Flops", "attention_core_flops", "dense_flops", "head_flops", "iteration_flops", "layer_flops",
-           "model_flops", "moe_mlp_delta", "mtp_projection_flops", "utilization"]
+__all__ = ["Flops", "attention_core_flops", "dense_flops", "hardware_flops", "head_flops", "iteration_flops",
+           "layer_flops", "model_flops", "moe_mlp_delta", "mtp_projection_flops", "utilization"]
