@@ -169,7 +169,7 @@ PROFILES: dict[str, FrameworkProfile] = {p.name: p for p in (
         "deepspeed",
         "Megatron-DeepSpeed on DeepSpeed's pipeline engine: blocking sends, activations partitioned over the TP "
         "ranks between stages, the 2021 Megatron layers, ZeRO 1 with float32 gradients, reduction after the "
-        "last backward",
+        "last backward; the engine's instruction order is a schedule, deepspeed-1f1b (schedules/deepspeed_1f1b.py)",
         (Setting("blocking_p2p", True, "microsoft/DeepSpeed deepspeed/runtime/pipe/p2p.py: send() asserts "
                  "async_op == False"),
          Setting("scatter_gather", True, "microsoft/DeepSpeed deepspeed/runtime/pipe/engine.py: is_pipe_partitioned "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 
@@ -20,6 +21,14 @@ def all_configs():
             for m in range(1, 17):
                 for v in virtuals:
                     yield name, p, m, v
+
+
+def _comms(sched) -> Counter:
+    return Counter(a for prog in sched.programs for a in prog if a.is_comm)
+
+
+def _compute_only(sched):
+    return replace(sched, programs=tuple(tuple(a for a in prog if not a.is_comm) for prog in sched.programs))
 
 
 def build_or_none(name, p, m, v):
@@ -50,10 +59,12 @@ def test_every_schedule_valid_for_all_small_sizes(name):
         # DualPipe: two chains of p stages (two model copies), each microbatch on one of them
         assert sched.num_ranks == p and sched.model_stages == p * v and sched.num_microbatches == m
         assert sched.num_stages == p * v * sched.chains
-        counts = Counter((a.kind, a.stage, a.microbatch) for prog in sched.programs for a in prog)
+        counts = Counter((a.kind, a.stage, a.microbatch) for prog in sched.programs for a in prog if not a.is_comm)
         split = sched.split_pairs()  # DualPipeV splits only its drain's backwards into I and W
         assert set(counts.values()) == {1}
         assert len(counts) == 2 * p * v * m + len(split)  # every microbatch visits p * v stages
+        # a schedule that spells out its exchanges (deepspeed-1f1b) has every one lowering would add, and no other
+        assert not sched.has_comms or _comms(sched) == _comms(add_p2p(_compute_only(sched)))
         # F precedes its backward on the owning rank
         for prog in sched.programs:
             pos = {a: i for i, a in enumerate(prog)}
