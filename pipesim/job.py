@@ -183,7 +183,8 @@ class Job:
         """The transformer layer's options under this job; None for the MLP."""
         if model.kind != "gpt":
             return None
-        experts = {"ep": self.dims.ep, "etp": self.dims.expert_tp} if model.moe is not None else {}
+        experts = {"ep": self.dims.ep, "etp": self.dims.expert_tp, "moe_dispatcher": self.comm.moe_dispatcher} \
+            if model.moe is not None else {}
         return LayerOptions(tp=self.dims.tp, sp=self.sp, cp=self.dims.cp, recompute=self.recompute,
                             attention=self.attention_kernel, recompute_modules=self.recompute_modules, fp8=self.fp8,
                             **experts)

@@ -93,6 +93,28 @@ def test_expert_kernels_are_grouped_gemms_of_the_slowest_ranks_tokens():
     assert moe.flops("W") - dense.flops("W") == expert_flops + router - dense_mlp
 
 
+def test_the_alltoall_dispatcher_sorts_received_tokens_by_local_expert_and_back():
+    """Megatron-core's permutation 2 (sort_chunks_by_idxs) with more than one local expert: a read and a write of every
+    routed token before the experts and after them, and again in the backward; DeepEP's layout and one local expert
+    need neither."""
+    b, d = 2, 2
+    two = LayerOptions(tp=2, sp=True, ep=4, etp=1, attention="flash")  # 8 experts over ep 4: 2 local
+    routed = b * MIXTRAL.seq * K // 2
+    kernels = layer_kernels(MIXTRAL, b, two, moe=True)
+    names = [k.name for k in kernels.F]
+    assert names.index("token permute") < names.index("token sort by local expert") < names.index("expert FC1")
+    assert names.index("expert FC2") < names.index("token unsort by local expert") < names.index("token unpermute")
+    sorts = {k.name: k.nbytes for phase in ("F", "I") for k in getattr(kernels, phase) if "sort" in k.name}
+    assert sorts == dict.fromkeys(("token sort by local expert", "token unsort by local expert",
+                                   "token unsort backward", "token sort backward"), 2 * routed * H * d)
+    for opts in (LayerOptions(tp=2, sp=True, ep=4, etp=1, attention="flash", moe_dispatcher="deepep"),  # DeepEP
+                 LayerOptions(tp=1, ep=8, attention="flash")):  # one local expert
+        assert not [k for phase in ("F", "I") for k in getattr(layer_kernels(MIXTRAL, b, opts, moe=True), phase)
+                    if "sort" in k.name]
+    with pytest.raises(PipesimError, match="unknown MoE token dispatcher 'nccl'"):
+        LayerOptions(moe_dispatcher="nccl")
+
+
 def test_moe_saved_tensors_replace_the_dense_mlps():
     b = 1
     opts = LayerOptions(tp=1, ep=8, attention="flash")

@@ -37,12 +37,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pipesim.errors import PipesimError
+from pipesim.model.moe import MOE_DISPATCHERS
 
 # Megatron-LM megatron/core/distributed/distributed_data_parallel_config.py, `bucket_size`: "If unspecified,
 # MCore uses a default value of max(40000000, 1000000 * dp_size) parameters".
 MIN_DEFAULT_BUCKET_PARAMS = 40_000_000  # parameters
 DEFAULT_BUCKET_PARAMS_PER_DP_RANK = 1_000_000  # parameters per data-parallel rank
-MOE_DISPATCHERS = ("alltoall", "deepep")  # Megatron-core's alltoall dispatcher; its flex dispatcher on DeepEP
 DEFAULT_DEEPEP_SMS = 20  # Megatron-LM megatron/training/arguments.py, --moe-deepep-num-sms (default 20)
 
 

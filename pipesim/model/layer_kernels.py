@@ -239,7 +239,9 @@ def _moe_mlp(model: ModelConfig, b: int, opts: LayerOptions) -> tuple[list[Kerne
     expert-tp collectives are timed by the simulator, not here).
 
     F: router GEMM (tokens x E x h) and its float32 softmax and top-k (read and write the logits); permute (read
-    and write the k copies); the local experts' grouped FC1, activation and FC2 (one batched GEMM per matrix: E /
+    and write the k copies); with the alltoall dispatcher and more than one local expert, the received tokens sorted
+    by local expert before the experts and back after them (Megatron-core's permutation 2; DeepEP's layout needs
+    neither); the local experts' grouped FC1, activation and FC2 (one batched GEMM per matrix: E /
     ep experts x tokens per expert, the slowest rank's); unpermute with the probabilities' weighted sum (read k
     copies, write one); shared experts as a dense MLP of S x f_s columns split over tp. I and W: each GEMM's dgrad
     and wgrad, the activation's and the permutes' backward, the router's softmax backward.
@@ -269,6 +271,15 @@ def _moe_mlp(model: ModelConfig, b: int, opts: LayerOptions) -> tuple[list[Kerne
                        MemoryBound("token permute backward", 2 * here * moe.top_k * h * d),
                        MemoryBound("router softmax backward", 3 * logits),
                        Gemm("router dgrad", here, h, moe.experts)]
+    if opts.moe_dispatcher == "alltoall" and local > 1:
+        # permutation 2: the received tokens sorted by local expert, and back (megatron/core/transformer/moe/
+        # token_dispatcher.py, MoEAlltoAllTokenDispatcher.dispatch_postprocess / combine_preprocess:
+        # sort_chunks_by_idxs)
+        sort = 2 * routed * h * d  # read and write every routed token
+        f[3:3] = [MemoryBound("token sort by local expert", sort)]
+        f[-1:-1] = [MemoryBound("token unsort by local expert", sort)]
+        i[1:1] = [MemoryBound("token unsort backward", sort)]
+        i[-3:-3] = [MemoryBound("token sort backward", sort)]
     w: list[Kernel] = [Gemm("expert FC2 wgrad", shapes.ffn, h, n, local),
                        Gemm("expert FC1 wgrad", h, shapes.fc1_out, n, local),
                        Gemm("router wgrad", h, moe.experts, here)]

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 from pipesim.errors import PipesimError
 
+MOE_DISPATCHERS = ("alltoall", "deepep")  # Megatron-core's alltoall dispatcher; its flex dispatcher on DeepEP
+
 
 @dataclass(frozen=True)
 class MoeConfig:
@@ -106,4 +108,4 @@ def group_node_limit(groups: int, group_topk: int, nodes: int) -> int | None:
     return group_topk * nodes // groups
 
 
-__all__ = ["MoeConfig", "group_node_limit"]
+__all__ = ["MOE_DISPATCHERS", "MoeConfig", "group_node_limit"]

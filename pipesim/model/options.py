@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pipesim.errors import PipesimError
 from pipesim.model.config import ModelConfig
 from pipesim.model.fp8 import Fp8Options
+from pipesim.model.moe import MOE_DISPATCHERS
 from pipesim.model.recompute_modules import canonical_modules, check_modules, effective_modules
 
 RECOMPUTE = ("none", "selective", "full")  # Megatron's --recompute-granularity (none: keep everything)
@@ -33,6 +34,9 @@ class LayerOptions:
     # with "selective": Megatron-core's --recompute-modules (pipesim.model.recompute_modules); () is its default,
     # core_attn alone (kept canonical: Megatron's order, the default as ())
     recompute_modules: tuple[str, ...] = ()
+    # a MoE layer's token dispatcher (pipesim.model.moe.MOE_DISPATCHERS): "alltoall" sorts the received tokens
+    # by local expert and back (Megatron-core's permutation 2), "deepep" receives them in its own layout
+    moe_dispatcher: str = "alltoall"
 
     def __post_init__(self) -> None:
         for name in ("tp", "cp", "ep", "etp"):
@@ -43,6 +47,9 @@ class LayerOptions:
         if self.fp8 is not None and not isinstance(self.fp8, Fp8Options):
             raise PipesimError(f"fp8 must be Fp8Options or None, got {type(self.fp8).__name__}")
         object.__setattr__(self, "recompute_modules", canonical_modules(self.recompute, self.recompute_modules))
+        if self.moe_dispatcher not in MOE_DISPATCHERS:
+            raise PipesimError(f"unknown MoE token dispatcher {self.moe_dispatcher!r}; choose "
+                               f"{' or '.join(MOE_DISPATCHERS)}")
         discarded = [m for m in ("moe_act", "layernorm") if m in self.recompute_modules]
         if discarded and self.fp8 is not None and self.fp8.recipe == "delayed":  # transformer_config.py raises too
             raise PipesimError(f"--recompute-modules {discarded[0]} with FP8: delayed scaling does not support "
