@@ -20,6 +20,7 @@ from itertools import product
 from pipesim.errors import PipesimError
 from pipesim.ir.schedule import Action, Kind, Schedule, loop_placement
 from schedules import register
+from schedules.zb_heuristic import NoFit, paper_heuristic
 from schedules.zb_inputs import AutoCosts
 from schedules.zero_bubble import zb_h1
 
@@ -44,11 +45,17 @@ def zb_auto_programs(p: int, m: int, costs: AutoCosts) -> tuple[tuple[Action, ..
     extras = sorted({0, 1, 2, *(2 ** k for k in range(2, (2 * p).bit_length() + 1))}) + [None]
     h1 = zb_h1(p, m).programs  # ZB-H1's hand-written order stashes min(p, m) microbatches per rank: a candidate too
     h1_fits = all(min(p, m) * costs.activation[r] <= costs.limit[r] for r in range(p))
-    settings = [*product(("gap",), extras), ("h1", None), *product(("eager",), extras)]  # (W rule, depth)
+    settings = [*product(("gap",), extras), ("h1", None), *product(("eager",), extras), ("paper", None)]
     best = None
-    for rule, extra in settings:
+    for rule, extra in settings:  # (W rule, depth)
         if rule == "h1":
             candidate = (_time_fixed(p, m, costs, h1), h1) if h1_fits else None
+        elif rule == "paper":  # the paper's own heuristic (its grid of three hyperparameters), last: ties keep ours
+            try:
+                order = paper_heuristic(p, m, costs)[1]
+                candidate = (_time_fixed(p, m, costs, order), order)
+            except NoFit:
+                candidate = None
         else:
             depth = tuple(costs.limit[r] if extra is None else
                           min(costs.limit[r], (p - r + extra) * costs.activation[r]) for r in range(p))
