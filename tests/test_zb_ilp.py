@@ -84,7 +84,7 @@ def test_ilp_beats_the_heuristic_where_it_is_not_optimal():
 
 
 def test_schedule_command_reports_the_proven_optimum(capsys):
-    assert main(["schedule", "zb-auto", "-p", "3", "-m", "5", "--cost", "F=1,I=2,W=1", "--ilp", "--time-limit", "20",
+    assert main(["schedule", "zb-auto", "-p", "3", "-m", "5", "--cost", "F=1,I=2,W=1", "--ilp", "20",
                  "--format", "json"]) == 0
     data = json.loads(capsys.readouterr().out)
     search = data["search"]
@@ -101,3 +101,16 @@ def test_schedule_command_keeps_the_heuristic_with_its_gap_when_too_large(capsys
 def test_ilp_refuses_other_schedules(capsys):
     assert main(["schedule", "1f1b", "--ilp"]) == 2
     assert capsys.readouterr().err.strip() == "pipesim: error: --ilp searches zb-auto and zb-2p, not 1f1b"
+
+
+def test_simulate_runs_the_ilp_order_the_search_proved(capsys):
+    """`pipesim simulate zb-auto --ilp S`: the simulator times the very order the ILP proved optimal."""
+    argv = ["simulate", "zb-auto", "-p", "3", "-m", "5", "--cost", "F=1,I=2,W=1", "--ilp", "20", "--json", "-"]
+    assert main(argv) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["makespan"] == 24.0  # the proven optimum of test_schedule_command_reports_the_proven_optimum
+
+
+def test_simulate_refuses_a_non_positive_ilp_budget(capsys):
+    assert main(["simulate", "zb-auto", "--cost", "F=1,B=2", "--ilp", "0"]) == 2
+    assert capsys.readouterr().err.strip() == "pipesim: error: --ilp takes a positive number of seconds, got 0"

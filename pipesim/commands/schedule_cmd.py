@@ -17,13 +17,15 @@ from pipesim.ir.lowering import add_p2p
 from pipesim.ir.schedule import Kind
 from pipesim.outputs import check_file
 
+DEFAULT_ILP_SECONDS = 10.0  # seconds HiGHS may search when --ilp is given bare
+
 EXAMPLES = """examples:
   pipesim schedule 1f1b --stages 4 --microbatches 8
   pipesim schedule interleaved-1f1b --stages 4 --microbatches 8 --virtual 2 --format csv > il.csv
   pipesim schedule --from-csv il.csv          # validate; prints the grid or the deadlock
   pipesim schedule zb-h1 -p 4 -m 8 --comms --format json
   pipesim schedule zb-h1 -p 4 -m 8 --plot zb-h1.html   # unit-cost picture of the order
-  pipesim schedule zb-auto -p 3 -m 6 --ilp --time-limit 5          # proven optimum for unit costs
+  pipesim schedule zb-auto -p 3 -m 6 --ilp 5                        # proven optimum for unit costs
   pipesim schedule zb-2p -p 4 -m 8 --ilp --cost F=1,I=2,W=1 --hop 0.1 --format json
   pipesim schedule --list
 """
@@ -39,8 +41,9 @@ def add_parser(sub) -> None:
     p.add_argument("--plot", metavar="FILE.html",
                    help="also write a timeline of the schedule with unit costs (F=1, B=2 or I=W=1)")
     g = p.add_argument_group("exact search (zb-auto, zb-2p): the Zero Bubble paper's ILP, from the heuristic")
-    g.add_argument("--ilp", action="store_true", help="search the order by integer linear programming (HiGHS)")
-    g.add_argument("--time-limit", type=float, default=10.0, metavar="S", help="seconds for the solver (default 10)")
+    g.add_argument("--ilp", type=float, nargs="?", const=DEFAULT_ILP_SECONDS, default=None, metavar="SECONDS",
+                   help="search the order by integer linear programming (HiGHS) for up to SECONDS "
+                        f"(default {DEFAULT_ILP_SECONDS:g})")
     g.add_argument("--cost", metavar="F=<s>,I=<s>,W=<s>", default="F=1,I=1,W=1",
                    help="seconds per stage of each action (default unit costs)")
     g.add_argument("--hop", type=float, default=0.0, metavar="S", help="seconds to move a tensor between stages")
@@ -61,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     plot = check_file(args.plot, "--plot", "html")
     sched = load_schedule(args, limit=MAX_CHECKED_STAGE_MICROBATCHES)
-    found = search(args, sched) if args.ilp else None
+    found = search(args, sched) if args.ilp is not None else None
     if found is not None:
         sched = found.schedule
     shown = add_p2p(sched) if args.comms else sched
@@ -115,7 +118,7 @@ def search(args: argparse.Namespace, sched) -> Searched:
     if args.memory_limit:
         limit = parse_memory_limit(args.memory_limit)  # bytes here count microbatches: one stashes 1
     costs = auto_costs(table, p, m, limit, (args.hop,) * (p - 1))
-    return exact(args.name, costs, p, m, time_limit=args.time_limit, objective=args.objective)
+    return exact(args.name, costs, p, m, time_limit=args.ilp, objective=args.objective)
 
 
 def search_report(found: Searched, objective: str) -> dict:

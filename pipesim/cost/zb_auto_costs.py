@@ -90,8 +90,10 @@ def makespan_lower_bound(table: CostTable, p: int, m: int, comm: Sequence[float]
     return bound
 
 
-def rebuild(schedule: Schedule, table: CostTable, limit: MemoryLimit | None, comm: Sequence[float] = ()) -> Schedule:
-    """`schedule` again when it is zb-auto or zb-2p, ordered for these costs; any other schedule unchanged."""
+def rebuild(schedule: Schedule, table: CostTable, limit: MemoryLimit | None, comm: Sequence[float] = (),
+            ilp_time_limit: float | None = None) -> Schedule:
+    """`schedule` again when it is zb-auto or zb-2p, ordered for these costs (and, with `ilp_time_limit`
+    seconds, improved by the ILP where p, m are small enough: `exact`); any other schedule unchanged."""
     default = AUTO_SCHEDULES.get(schedule.name)
     if default is None:
         if limit is not None:
@@ -99,7 +101,10 @@ def rebuild(schedule: Schedule, table: CostTable, limit: MemoryLimit | None, com
         return schedule
     limit = limit or MemoryLimit(multiple=default)
     p, m = schedule.num_ranks, schedule.num_microbatches
-    return zb_auto_schedule(p, m, auto_costs(table, p, m, limit, comm), schedule.name)
+    costs = auto_costs(table, p, m, limit, comm)
+    if ilp_time_limit is not None:
+        return exact(schedule.name, costs, p, m, time_limit=ilp_time_limit).schedule
+    return zb_auto_schedule(p, m, costs, schedule.name)
 
 
 @dataclass(frozen=True)
@@ -132,7 +137,7 @@ def exact(name: str, costs: AutoCosts, p: int, m: int, *, time_limit: float = 10
     if name not in AUTO_SCHEDULES:
         raise PipesimError(f"--ilp searches {' and '.join(AUTO_SCHEDULES)}, not {name}")
     if time_limit <= 0:
-        raise PipesimError(f"--time-limit must be positive, got {time_limit:g}")
+        raise PipesimError(f"--ilp takes a positive number of seconds, got {time_limit:g}")
     start = zb_auto_programs(p, m, costs)
     heuristic = measure(p, start, costs, objective)
     floor = work_bound(p, m, costs, objective)
