@@ -46,8 +46,9 @@ class Costed:
 class Evaluator:
     """Costs, prunes and simulates candidates of one request; counts what it built and simulated."""
 
-    def __init__(self, req: PlanRequest) -> None:
+    def __init__(self, req: PlanRequest, ilp_seconds: float | None = None) -> None:
         self.req = req
+        self.ilp_seconds = ilp_seconds  # zb-auto / zb-2p also searched by the ILP for so long (finalists only)
         self._setups: dict[tuple, SimSetup] = {}
         self._costs: dict[tuple, ParallelCosts] = {}
         self._schedules: dict[tuple, Schedule | PipesimError] = {}
@@ -123,7 +124,8 @@ class Evaluator:
         """The SimSetup `pipesim simulate` would make from the exported command (memory checked here instead)."""
         job = self.job(c)
         if job not in self._setups:
-            self._setups[job] = SimSetup(self.req.hardware, self.req.model, job=job, check_memory=False)
+            self._setups[job] = SimSetup(self.req.hardware, self.req.model, job=job, check_memory=False,
+                                         ilp_time_limit=self.ilp_seconds)
         return self._setups[job]
 
     def schedule(self, c: Candidate) -> Schedule:
