@@ -6,15 +6,17 @@ and last stage one layer fewer, as the paper splits them; GPT-2's vocabulary, 50
 preset, one stage per rank, no tensor or data parallelism. For each: the simulated makespan of zb-h2 (the
 handcrafted order) and of zb-2p (searched for these costs under 2x 1F1B's activation memory), and
 `makespan_lower_bound` (no order of these costs ends sooner), so the table says how much any search could
-still win. `--vocab N` changes the vocabulary (pipesim's default GPT vocabulary is 1024).
+still win. `--vocab N` changes the vocabulary (pipesim's default GPT vocabulary is 1024); `--split even` puts the middle
+stages' layer count on every stage.
 
-    python bench/zb_paper_settings.py [--vocab 50257] [--models 1.5B,6.2B]
+    python bench/zb_paper_settings.py [--vocab 50257] [--models 1.5B,6.2B] [--split paper|even]
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import replace
 
 import schedules
 from pipesim.cost.zb_auto_costs import makespan_lower_bound
@@ -38,6 +40,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--vocab", type=int, default=50257)
     ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--split", choices=("paper", "even"), default="paper",
+                    help="layers per stage: the paper's (end stages one fewer) or pipesim's even split of "
+                         "p x the middle stages' layers")
     args = ap.parse_args()
     base = load_hardware("dgx-a100")
     print("| model | p | m | zb-h2 (ms) | zb-2p (ms) | lower bound (ms) | zb-h2 over bound | zb-2p over bound | "
@@ -49,7 +54,10 @@ def main() -> None:
         for m in ms:
             model = ModelConfig(kind="gpt", hidden=hidden, heads=heads, seq=1024, vocab=args.vocab, layers=layers,
                                 batch=m * mbs, dtype="bfloat16")
-            setup = SimSetup(hardware=hw, model=model, layer_split=paper_split(layers, p), check_memory=False)
+            if args.split == "even":  # as many layers on every stage as the paper's middle ones
+                model = replace(model, layers=paper_split(layers, p)[1] * p)
+            split = paper_split(layers, p) if args.split == "paper" else None
+            setup = SimSetup(hardware=hw, model=model, layer_split=split, check_memory=False)
             h2 = setup.run(schedules.build("zb-h2", p, m)).makespan
             registry = schedules.build("zb-2p", p, m)
             costs = setup.costs(registry)
