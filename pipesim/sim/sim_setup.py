@@ -137,4 +137,13 @@ class SimSetup:
             par = costs.job.with_pp(schedule.num_ranks).dims
             comm = tuple(hw.p2p_time(par.rank(pp=s), par.rank(pp=s + 1), table.stages[s].boundary_bytes)
                          for s in range(schedule.num_ranks - 1))
-        return rebuild(schedule, table, self.memory_limit, comm, self.ilp_time_limit)
+        searched = rebuild(schedule, table, self.memory_limit, comm, self.ilp_time_limit)
+        if searched is schedule or searched.programs == schedule.programs:
+            return searched
+        # the search times orders with plain seconds and hops; the simulator also knows link contention and a
+        # CPU's shared cores: under the default limit (the registry's order keeps it: 1x or 2x 1F1B's microbatches
+        # per rank) the searched order is kept unless the registry's simulates strictly faster
+        if self.memory_limit is None and (self.simulate(schedule, costs).makespan
+                                          < self.simulate(searched, costs).makespan):
+            return schedule
+        return searched
