@@ -4,6 +4,7 @@ tiny cases, it beats the heuristic where the heuristic is not optimal, and `pipe
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from itertools import permutations, product
 
 import pytest
@@ -56,6 +57,23 @@ CASES = [  # (forward, input grad, weight grad per stage, hop, limit in microbat
     ((2.0, 1.0), (0.0, 2.0), (3.0, 1.0), 0.0, 3.0, 0.5),
     ((1.0, 1.0), (3.0, 1.0), (1.0, 1.0), 1.0, 1.0, 0.5),
 ]
+
+
+def test_memory_limits_in_bytes_differ_per_stage():
+    """The first stage stashes more per microbatch than the last (an embedding against a head, in bytes), each
+    under its own byte limit: the ILP's optimum is the brute force's, and its order keeps every limit."""
+    p, m = 2, 3
+    costs = AutoCosts((1.0, 2.0), (1.0, 2.0), (2.0, 1.0), (0.5,), (3e9, 1e9), (6.5e9, 2.5e9), (1e9, 0.5e9))
+    result = solve(p, m, costs, zb_auto_programs(p, m, costs), time_limit=20)
+    assert result.optimal and result.objective == pytest.approx(brute_force(p, m, costs, "makespan"), abs=1e-9)
+    for r, prog in enumerate(result.programs):
+        held, peak = 0.0, 0.0
+        for a in prog:
+            held += {Kind.F: costs.activation[r], Kind.I: costs.weight_bytes(r) - costs.activation[r],
+                     Kind.W: -costs.weight_bytes(r)}[a.kind]
+            peak = max(peak, held)
+        assert peak <= costs.limit[r]
+    assert result.objective > brute_force(p, m, replace(costs, limit=(float("inf"),) * 2), "makespan")  # it binds
 
 
 @pytest.mark.parametrize("objective", ["makespan", "span"])
