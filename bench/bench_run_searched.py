@@ -1,9 +1,9 @@
 """zb-auto's searched order against its unit-cost order and zb-h2, measured by `pipesim run` on this CPU box.
 
-One torchrun chain per repeat (`pipesim run zb-h2,zb-auto ... --then --from-csv unit.csv`, the registry's
-unit-cost zb-auto order written as torch CSV), the three orders in one process group; prints each order's
-median measured step time over the repeats, its ratio to zb-h2's, and what the simulator predicts for it
-on the order's hardware (local-cpu). The box is shared and has 2 cores for 4 ranks: read ratios, not
+One torchrun chain per repeat (`pipesim run zb-h2 ... --then zb-auto ... --then --from-csv unit.csv`, the
+registry's unit-cost zb-auto order as torch CSV; the three rotated from repeat to repeat) in one process
+group; prints each order's median measured step time over the repeats, its ratio to zb-h2's, and what
+the simulator predicts for it on the order's hardware (local-cpu). The box is shared and has 2 cores for 4 ranks: read ratios, not
 seconds, and repeat.
 
     python bench/bench_run_searched.py [--repeats 3] [--steps 6]
@@ -56,15 +56,20 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         unit_csv = Path(tmp) / "unit.csv"
         unit_csv.write_text(torch_csv.dumps(schedules.build("zb-auto", P, 8)))
+        runs_of = {"zb-h2": ["zb-h2"], "zb-auto (searched)": ["zb-auto"],
+                   "zb-auto (unit-cost order)": ["--from-csv", str(unit_csv)]}
         for i in range(args.repeats):
-            out = [Path(tmp) / f"a{i}.json", Path(tmp) / f"b{i}.json"]
-            steps = ["--steps", str(args.steps)]
-            cmd = [sys.executable, "-m", "pipesim", "run", "zb-h2,zb-auto", "--nproc", str(P), *FLAGS, *steps,
-                   "--json", str(out[0]), "--then", "--from-csv", str(unit_csv), *FLAGS, *steps, "--json", str(out[1])]
+            order = labels[i % 3:] + labels[:i % 3]  # rotated: no order always runs first in the process group
+            cmd = [sys.executable, "-m", "pipesim", "run"]
+            outs = []
+            for n, label in enumerate(order):
+                outs.append(Path(tmp) / f"r{i}-{n}.json")
+                cmd += [*(["--then"] if n else []), *runs_of[label], *(["--nproc", str(P)] if not n else []),
+                        *FLAGS, "--steps", str(args.steps), "--json", str(outs[-1])]
             subprocess.run(cmd, check=True, env=env, cwd=root)
-            runs = json.loads(out[0].read_text())["runs"] + json.loads(out[1].read_text())["runs"]
-            for label, run in zip(labels, runs):
-                times[label].append(run["step_time"])
+            for label, path in zip(order, outs):
+                data = json.loads(path.read_text())
+                times[label].append(data.get("runs", [data])[0]["step_time"])
     sim = simulated()
     base = statistics.median(times["zb-h2"])
     print("| order | measured step (s, median) | vs zb-h2 | simulated (s) | simulated vs zb-h2 |")

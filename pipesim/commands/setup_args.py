@@ -59,7 +59,7 @@ def add_setup_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--memory-limit", metavar="BYTES|Nx", default=None,
                    help="zb-auto / zb-2p: activations each rank may hold, in bytes (8GB, 7.5GiB) or as a multiple "
                         "of 1F1B's (2x); their order is rebuilt for the costs (default 1x for zb-auto, 2x zb-2p)")
-    g.add_argument("--ilp", type=float, default=None, metavar="SECONDS", dest="ilp_time_limit",
+    g.add_argument("--ilp", type=float, nargs="?", const=10.0, default=None, metavar="SECONDS", dest="ilp_time_limit",
                    help="zb-auto / zb-2p: also search the order by the Zero Bubble paper's ILP (HiGHS) for up to "
                         "SECONDS, warm-started by the heuristic, where p and m are small enough")
     f = parser.add_argument_group("memory and recomputation (transformer)")
