@@ -3,8 +3,8 @@
 One torchrun chain per repeat (`pipesim run zb-h2 ... --then zb-auto ... --then --from-csv unit.csv`, the
 registry's unit-cost zb-auto order as torch CSV; the three rotated from repeat to repeat) in one process
 group; prints each order's median measured step time over the repeats, its ratio to zb-h2's, and what
-the simulator predicts for it on the order's hardware (local-cpu). The box is shared and has 2 cores for 4 ranks: read ratios, not
-seconds, and repeat.
+the simulator predicts for it on the order's hardware (local-cpu). The box is shared and has 2 cores for
+4 ranks: read ratios, not seconds, and repeat.
 
     python bench/bench_run_searched.py [--repeats 3] [--steps 6]
 """
