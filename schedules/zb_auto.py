@@ -36,7 +36,8 @@ def zb_auto_programs(p: int, m: int, costs: AutoCosts) -> tuple[tuple[Action, ..
     the warm-up depth, rank r stashing at most p - r + extra microbatches (extra = 0 is 1F1B's depth;
     no cap last), always under the memory limit, then ZB-H1's order, then the same depths with an
     eager W (a pending W whenever no F or I is ready, instead of only where it ends before the next
-    input: better when W is long, as on a GPT's first stage, whose I is empty); ties keep the earlier.
+    input: better when W is long, as on a GPT's first stage, whose I is empty), then the paper's own
+    heuristic as written (schedules.zb_heuristic, its grid of three hyperparameters); ties keep the earlier.
     """
     for r in range(p):
         if costs.limit[r] < costs.activation[r]:
