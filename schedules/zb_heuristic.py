@@ -47,9 +47,11 @@ def paper_heuristic(p: int, m: int, costs: AutoCosts) -> tuple[float, Programs]:
     return best
 
 
-def stage_spans(p: int, programs: Programs, costs: AutoCosts) -> tuple[list[float], list[float]]:
-    """(first start, last end) per stage of fixed per-rank orders, each action as early as its inputs and
-    its rank allow (F waits for the stage above plus the hop, I or a full B for the stage below plus the hop)."""
+def end_times(p: int, programs: Programs, costs: AutoCosts
+              ) -> tuple[dict[tuple[int, Kind, int], float], list[float], list[float]]:
+    """(end of every action keyed (stage, F|I|W, microbatch), first start and last end per stage) of fixed
+    per-rank orders, each action as early as its inputs and its rank allow: F waits for the stage above plus
+    the hop, I (or a full B, keyed as I) for the stage below plus the hop. ValueError if the orders deadlock."""
     end: dict[tuple[int, Kind, int], float] = {}
     pos, free = [0] * p, [0.0] * p
     first: list[float | None] = [None] * p
@@ -76,7 +78,13 @@ def stage_spans(p: int, programs: Programs, costs: AutoCosts) -> tuple[list[floa
                 moved = True
     if any(pos[r] < len(programs[r]) for r in range(p)):
         raise ValueError("the orders deadlock")
-    return [f or 0.0 for f in first], free
+    return end, [f or 0.0 for f in first], free
+
+
+def stage_spans(p: int, programs: Programs, costs: AutoCosts) -> tuple[list[float], list[float]]:
+    """(first start, last end) per stage of fixed per-rank orders (`end_times`)."""
+    _, first, last = end_times(p, programs, costs)
+    return first, last
 
 
 def span(p: int, programs: Programs, costs: AutoCosts) -> float:

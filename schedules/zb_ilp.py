@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from pipesim.errors import PipesimError
 from pipesim.ir.schedule import Action, Kind
-from schedules.zb_heuristic import stage_spans
+from schedules.zb_heuristic import end_times, stage_spans
 from schedules.zb_inputs import AutoCosts
 
 Programs = tuple[tuple[Action, ...], ...]
@@ -184,8 +184,7 @@ class _Model:
             h.addRow(lo, hi, len(coef), list(coef), list(coef.values()))
 
     def warm_start(self, h, highspy, programs: Programs) -> None:
-        first, last = stage_spans(self.p, programs, self.c)
-        ends = _ends(self.p, programs, self.c)
+        ends, first, last = end_times(self.p, programs, self.c)
         pos = {(a.stage, a.kind, a.microbatch): n for prog in programs for n, a in enumerate(prog)}
         values = [0.0] * (self.z + 1)
         for key, i in self.col.items():
@@ -207,33 +206,6 @@ class _Model:
                                        KINDS.index(key[1]), key[2]))
             out.append(tuple(Action(r, k, j) for _, k, j in keys))
         return tuple(out)
-
-
-def _ends(p: int, programs: Programs, costs: AutoCosts) -> dict[tuple[int, Kind, int], float]:
-    """End time of every action of fixed orders, as early as possible (the warm start's E)."""
-    end: dict[tuple[int, Kind, int], float] = {}
-    pos, free = [0] * p, [0.0] * p
-    moved = True
-    while moved:
-        moved = False
-        for r in range(p):
-            while pos[r] < len(programs[r]):
-                a = programs[r][pos[r]]
-                j = a.microbatch
-                if a.kind == Kind.F:
-                    deps = [] if r == 0 else [((r - 1, Kind.F, j), costs.comm[r - 1])]
-                    t = costs.forward[r]
-                elif a.kind == Kind.I:
-                    deps = [((r, Kind.F, j), 0.0)] + ([] if r == p - 1 else [((r + 1, Kind.I, j), costs.comm[r])])
-                    t = costs.backward_input[r]
-                else:
-                    deps, t = [((r, Kind.I, j), 0.0)], costs.backward_weight[r]
-                if any(d not in end for d, _ in deps):
-                    break
-                end[(r, a.kind, j)] = free[r] = max([free[r], *(end[d] + x for d, x in deps)]) + t
-                pos[r] += 1
-                moved = True
-    return end
 
 
 def _quiet(make):
