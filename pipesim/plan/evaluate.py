@@ -7,6 +7,7 @@ costs). Exact memory is checked here, before any simulation.
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass, replace
 
@@ -61,6 +62,14 @@ class Evaluator:
         self.shared = req.shared_job  # what every candidate's Job shares (its attention decided)
         self.attention = self.shared.attention_kernel  # every candidate's
         self.bounds = MemoryBound(req.model, self.shared)
+
+    def with_ilp(self, seconds: float) -> Evaluator:
+        """This evaluator with zb-auto / zb-2p also ILP-searched for `seconds`: its costs, schedules and bounds
+        shared (they do not depend on the search), its setups and searched orders its own."""
+        other = copy.copy(self)
+        other.ilp_seconds = seconds
+        other._setups, other._tuned = {}, {}
+        return other
 
     def memory_bound(self, c: Candidate) -> int:
         """Bytes: a lower bound on `c`'s peak per GPU (pipesim.plan.memory_bound); PipesimError if the model refuses."""

@@ -44,8 +44,7 @@ def searched_alternatives(row: PlanRow, req_layers: int, uneven: bool) -> list[C
 def search_finalists(ev: Evaluator, rows: list[PlanRow], *, count: int = DEFAULT_FINALISTS, seconds: float = 2.0
                      ) -> tuple[list[PlanRow], FinalistReport]:
     """`rows` (sorted, fastest first) with the searched schedules of the top `count` layouts merged in."""
-    fin = Evaluator(ev.req, ilp_seconds=seconds)
-    fin.flops = ev.flops
+    fin = ev.with_ilp(seconds)  # the walk's costs reused
     report = FinalistReport()
     by_candidate = {r.candidate: r for r in rows}
     tried: set[Candidate] = set()
