@@ -39,3 +39,13 @@ def test_run_config_carries_the_simulated_order(capsys):
 def test_a_run_without_searched_schedules_is_unchanged(capsys):
     assert main(["run", "1f1b", "--nproc", "2", "-m", "4", "--backend", "gloo", "--print-config"]) == 0
     assert configs_from_json(capsys.readouterr().out)[0].orders == ()
+
+
+def test_a_run_the_cost_model_refuses_keeps_the_unit_cost_order(capsys):
+    """The executor recomputes an MLP; the cost model does not model that: the registry's order runs, said once."""
+    argv = ["run", "zb-auto", "--nproc", "2", "-m", "4", "--model", "mlp", "--recompute", "full", "--backend", "gloo",
+            "--print-config"]
+    assert main(argv) == 0
+    out = capsys.readouterr()
+    assert configs_from_json(out.out)[0].orders == ()
+    assert out.err.startswith("pipesim run: zb-auto keeps its unit-cost order: the cost model refuses this run")

@@ -11,11 +11,13 @@ times. A user's `--model MODULE:FACTORY` keeps the registry's order (its costs n
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import replace
 
 import schedules
 from executor.run_config import RunConfig
 from pipesim.cost.zb_auto_costs import AUTO_SCHEDULES
+from pipesim.errors import PipesimError
 from pipesim.hardware.machine import Hardware
 from pipesim.hardware.toml_io import load_hardware
 from pipesim.sim.sim_setup import DEFAULT_HARDWARE, SimSetup
@@ -43,6 +45,11 @@ def searched_orders(cfg: RunConfig, world: int, hardware: str | None = None,
     orders = []
     for name in names:
         registry = schedules.build(name, job.pp, cfg.microbatches)
-        tuned = setup.tuned(registry, setup.costs(registry))
+        try:
+            tuned = setup.tuned(registry, setup.costs(registry))
+        except PipesimError as exc:  # the cost model refuses what the executor runs (an MLP's full recompute)
+            print(f"pipesim run: {name} keeps its unit-cost order: the cost model refuses this run ({exc})",
+                  file=sys.stderr)
+            continue
         orders.append((name, tuple(tuple(str(a) for a in prog) for prog in tuned.programs)))
     return replace(cfg, orders=tuple(orders))
