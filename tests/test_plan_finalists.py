@@ -16,7 +16,6 @@ from pipesim.plan.ranking import PlanRow
 from pipesim.plan.search import plan
 from pipesim.plan.space import PlanRequest
 
-pytest.importorskip("highspy")
 
 # 13B-ish on 8 H100s, pipelines only (tp 1): every finalist is a pipeline layout
 MODEL = ModelConfig(kind="gpt", hidden=8192, layers=16, heads=64, seq=2048, vocab=32000, batch=16, dtype="bfloat16")

@@ -15,7 +15,6 @@ from schedules.zb_auto import zb_auto_programs
 from schedules.zb_ilp import measure, solve, work_bound
 from schedules.zb_inputs import AutoCosts
 
-pytest.importorskip("highspy")
 
 
 def stage_orders(r: int, m: int, costs: AutoCosts):
