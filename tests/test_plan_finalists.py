@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import pytest
-
 from pipesim.hardware.toml_io import load_hardware
 from pipesim.model.config import ModelConfig
 from pipesim.plan.backends import visit
@@ -15,7 +13,6 @@ from pipesim.plan.finalists import search_finalists
 from pipesim.plan.ranking import PlanRow
 from pipesim.plan.search import plan
 from pipesim.plan.space import PlanRequest
-
 
 # 13B-ish on 8 H100s, pipelines only (tp 1): every finalist is a pipeline layout
 MODEL = ModelConfig(kind="gpt", hidden=8192, layers=16, heads=64, seq=2048, vocab=32000, batch=16, dtype="bfloat16")

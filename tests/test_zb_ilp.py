@@ -16,7 +16,6 @@ from schedules.zb_ilp import measure, solve, work_bound
 from schedules.zb_inputs import AutoCosts
 
 
-
 def stage_orders(r: int, m: int, costs: AutoCosts):
     """Every order of stage r's 3m actions that keeps each kind in microbatch order, I after F, W after I, and
     the stash (F +M_B, I +M_W - M_B, W -M_W) within the limit."""
