@@ -5,7 +5,8 @@ costed as `pipesim simulate` costs it (SimSetup: the run's model, layout and lay
 by default this CPU box's calibrated `local-cpu` preset under gloo and dgx-h100 under NCCL), the order is
 searched (`SimSetup.tuned`: the heuristic, and the ILP with `--ilp S`) and handed to the workers in the
 RunConfig (`orders`, the IR's action strings), so the executor runs exactly the Schedule the simulator
-times. A user's `--model MODULE:FACTORY` keeps the registry's order (its costs need the factory called).
+times. A user's `--model MODULE:FACTORY` keeps the registry's order (its costs need the factory called), so does a
+run the cost model refuses (said on stderr); `--then` runs are ordered with the first run's --hardware and --ilp.
 """
 
 from __future__ import annotations
