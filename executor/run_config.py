@@ -60,6 +60,9 @@ class RunConfig:
     fail_at: str | None = None  # ... at this action (torch notation, e.g. 1F3) ...
     fail_mode: str = "raise"  # ... by raising, SIGKILL-ing itself, or hanging
     quiet: bool = False
+    # zb-auto / zb-2p ordered for the simulated costs at the edge (pipesim.commands.run_args.searched_orders):
+    # (name, one tuple of action strings per rank); a name absent here runs the registry's (unit-cost) order
+    orders: tuple = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.job, Job):
@@ -169,6 +172,12 @@ class RunConfig:
             if self.virtual and len(self.names) == 1:
                 v = self.virtual  # let the registry reject --virtual for a one-chunk schedule
             sched = schedules.build(name, pp, self.microbatches, v)
+            searched = dict(self.orders).get(name)
+            if searched is not None:  # the order the simulator timed for this run's costs, the same actions
+                if len(searched) != pp:
+                    raise PipesimError(f"{name}'s searched order has {len(searched)} ranks, the run pp({pp})")
+                programs = tuple(tuple(Action.parse(a) for a in prog) for prog in searched)
+                sched = Schedule(name, self.microbatches, sched.placement, programs, dict(sched.meta))
         check_transport_order(validate(sched), nccl=self.uses_nccl())
         return sched
 

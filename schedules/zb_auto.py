@@ -15,31 +15,14 @@ the paper's ZB-2p, the same with twice that. `pipesim.cost.zb_auto_costs` builds
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from itertools import product
 
 from pipesim.errors import PipesimError
 from pipesim.ir.schedule import Action, Kind, Schedule, loop_placement
 from schedules import register
+from schedules.zb_heuristic import NoFit, paper_heuristic
+from schedules.zb_inputs import AutoCosts
 from schedules.zero_bubble import zb_h1
-
-
-@dataclass(frozen=True)
-class AutoCosts:
-    """What the heuristic needs, per stage (= rank): seconds and bytes."""
-
-    forward: tuple[float, ...]  # seconds of F
-    backward_input: tuple[float, ...]  # seconds of I
-    backward_weight: tuple[float, ...]  # seconds of W
-    comm: tuple[float, ...]  # seconds to move a tensor across boundary s -> s + 1 (p - 1 entries)
-    activation: tuple[float, ...]  # bytes one microbatch stashes on the stage, from F until its W
-    limit: tuple[float, ...]  # bytes of activations each rank may hold
-
-    @staticmethod
-    def uniform(p: int, f: float, i: float, w: float, comm: float = 0.0, limit_microbatches: float = 0.0) -> AutoCosts:
-        """Equal stages, unit activation; `limit_microbatches` 0 means unlimited."""
-        limit = float(limit_microbatches) if limit_microbatches else float("inf")
-        return AutoCosts((f,) * p, (i,) * p, (w,) * p, (comm,) * max(0, p - 1), (1.0,) * p, (limit,) * p)
 
 
 class _Stuck(Exception):
@@ -53,7 +36,8 @@ def zb_auto_programs(p: int, m: int, costs: AutoCosts) -> tuple[tuple[Action, ..
     the warm-up depth, rank r stashing at most p - r + extra microbatches (extra = 0 is 1F1B's depth;
     no cap last), always under the memory limit, then ZB-H1's order, then the same depths with an
     eager W (a pending W whenever no F or I is ready, instead of only where it ends before the next
-    input: better when W is long, as on a GPT's first stage, whose I is empty); ties keep the earlier.
+    input: better when W is long, as on a GPT's first stage, whose I is empty), then the paper's own
+    heuristic as written (schedules.zb_heuristic, its grid of three hyperparameters); ties keep the earlier.
     """
     for r in range(p):
         if costs.limit[r] < costs.activation[r]:
@@ -62,11 +46,17 @@ def zb_auto_programs(p: int, m: int, costs: AutoCosts) -> tuple[tuple[Action, ..
     extras = sorted({0, 1, 2, *(2 ** k for k in range(2, (2 * p).bit_length() + 1))}) + [None]
     h1 = zb_h1(p, m).programs  # ZB-H1's hand-written order stashes min(p, m) microbatches per rank: a candidate too
     h1_fits = all(min(p, m) * costs.activation[r] <= costs.limit[r] for r in range(p))
-    settings = [*product(("gap",), extras), ("h1", None), *product(("eager",), extras)]  # (W rule, depth)
+    settings = [*product(("gap",), extras), ("h1", None), *product(("eager",), extras), ("paper", None)]
     best = None
-    for rule, extra in settings:
+    for rule, extra in settings:  # (W rule, depth)
         if rule == "h1":
             candidate = (_time_fixed(p, m, costs, h1), h1) if h1_fits else None
+        elif rule == "paper":  # the paper's own heuristic (its grid of three hyperparameters), last: ties keep ours
+            try:
+                order = paper_heuristic(p, m, costs)[1]
+                candidate = (_time_fixed(p, m, costs, order), order)
+            except NoFit:
+                candidate = None
         else:
             depth = tuple(costs.limit[r] if extra is None else
                           min(costs.limit[r], (p - r + extra) * costs.activation[r]) for r in range(p))
@@ -166,6 +156,7 @@ def _list_schedule(p: int, m: int, costs: AutoCosts, depth: tuple[float, ...], e
             i_end[r][j_i] = free[r] = t + costs.backward_input[r]
             next_i[r] += 1
             pending_w[r].append(j_i)
+            held[r] += costs.weight_bytes(r) - costs.activation[r]  # I keeps only what W needs (M_W)
         elif ready_f:
             programs[r].append(Action(r, Kind.F, j_f))
             f_end[r][j_f] = free[r] = t + costs.forward[r]
@@ -176,7 +167,7 @@ def _list_schedule(p: int, m: int, costs: AutoCosts, depth: tuple[float, ...], e
             j = pending_w[r].pop(0)
             programs[r].append(Action(r, Kind.W, j))
             free[r] = t + costs.backward_weight[r]
-            held[r] -= costs.activation[r]
+            held[r] -= costs.weight_bytes(r)
         else:  # wait for the next arrival, or for another rank to move
             if any(q != r and left[q] and free[q] == t and not waited[q] for q in range(p)):
                 waited[r] = True  # let the others free now move first

@@ -27,6 +27,7 @@ from pipesim.commands.setup_args import (
     comm_options_from_args,
     fp8_from_args,
 )
+from pipesim.cost.zb_auto_costs import AUTO_SCHEDULES
 from pipesim.errors import PipesimError
 from pipesim.hardware.machine import Hardware
 from pipesim.hardware.toml_io import load_hardware
@@ -47,6 +48,7 @@ from pipesim.plan.exports import (
     simulate_command,
     torchtitan_toml,
 )
+from pipesim.plan.finalists import DEFAULT_FINALISTS
 from pipesim.plan.ranking import why_lost
 from pipesim.plan.search import DEFAULT_MAX_CANDIDATES, DEFAULT_MAX_WORK, PlanResult, default_workers, plan
 from pipesim.plan.space import RECOMPUTES, ZEROS, PlanRequest
@@ -109,6 +111,11 @@ def add_parser(sub) -> None:
     g.add_argument("--memory-headroom", type=_headroom, default=0.0, metavar="FRACTION",
                    help="share of each GPU's memory kept free (allocator fragmentation, buffers): 0 <= f < 1 "
                         "(default 0)")
+    g.add_argument("--ilp", type=float, nargs="?", const=2.0, default=None, metavar="SECONDS", dest="ilp_seconds",
+                   help="also try zb-auto / zb-2p on the best layouts, their orders searched by the Zero Bubble "
+                        "paper's ILP for up to SECONDS each (default 2; pipesim/plan/finalists.py)")
+    g.add_argument("--finalists", type=positive_int, default=DEFAULT_FINALISTS, metavar="K",
+                   help=f"with --ilp: the best K layouts searched again (default {DEFAULT_FINALISTS})")
     g.add_argument("--top", type=positive_int, default=10, metavar="N", help="rows shown (default 10)")
     g.add_argument("--max-candidates", type=positive_int, default=DEFAULT_MAX_CANDIDATES, metavar="N",
                    help="simulate at most N candidates that fit memory, in the estimate's order "
@@ -262,11 +269,15 @@ def run(args: argparse.Namespace) -> int:
                       recompute_modules=plan_modules(model, args.recompute, args.recompute_modules))
     ev = Evaluator(req)
     with open_backend(args.cluster, args.workers or default_workers()) as backend:
+        if args.ilp_seconds is not None and not args.ilp_seconds > 0:
+            raise PipesimError(f"--ilp takes a positive number of seconds, got {args.ilp_seconds:g}")
         result = plan(req, max_candidates=args.max_candidates, max_work=args.max_work, evaluator=ev,
-                      backend=backend)
+                      backend=backend, ilp_seconds=args.ilp_seconds, finalists=args.finalists)
     best = result.best.candidate.job(shared)  # the winner's switches (a profile's overlaps only where they apply)
     switches = best.comm.flags() + [f for f in best.kernels.flags() if f not in grad_flags(True) + grad_flags(False)]
     switches += shared.fp8.flags() if shared.fp8 is not None else []
+    if args.ilp_seconds is not None and result.best.candidate.schedule in AUTO_SCHEDULES:
+        switches += ["--ilp", f"{args.ilp_seconds:g}"]  # the winner's order is the ILP's
     argv = simulate_command(result.best.candidate, model_flags(args, req), hw_flags + switches,
                             args.attention, shared.kernels.grad_fp32)
     ranks = gpus // result.best.candidate.cp  # the executor has no cp: t x p x d ranks (exports.run_note)

@@ -54,6 +54,13 @@ def add_run_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--bucket-bytes", type=positive_int, default=None, help="DP all-reduce bucket size in bytes")
     g.add_argument("--save-dir", default=None, help="write each rank's final parameters and the result here")
     g.add_argument("--quiet", action="store_true", help="no progress bar or per-step lines")
+    g.add_argument("--hardware", metavar="PRESET|FILE", default=None,
+                   help="zb-auto / zb-2p: the machine whose simulated costs order them (default local-cpu under "
+                        "gloo, dgx-h100 under NCCL)")
+    g.add_argument("--ilp", type=float, nargs="?", const=10.0, default=None, metavar="SECONDS",
+                   dest="ilp_time_limit",
+                   help="zb-auto / zb-2p: also search their order by the Zero Bubble paper's ILP for up to SECONDS "
+                        "(default 10)")
     g.add_argument("--then", nargs=argparse.REMAINDER, default=None, metavar="NAME ...",
                    help="afterwards run another configuration (same flags; backend and --pg-timeout as here) "
                         "in the same process group, paying the start-up once")

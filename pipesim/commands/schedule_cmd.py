@@ -8,11 +8,16 @@ import sys
 
 import schedules
 from pipesim.commands.common import MAX_CHECKED_STAGE_MICROBATCHES, add_schedule_args, load_schedule
+from pipesim.cost.table import CostTable, parse_cost_spec
+from pipesim.cost.zb_auto_costs import AUTO_SCHEDULES, MemoryLimit, Searched, auto_costs, exact, parse_memory_limit
+from pipesim.errors import PipesimError
 from pipesim.ir import torch_csv
 from pipesim.ir.inflight import inflight_by_rank
 from pipesim.ir.lowering import add_p2p
 from pipesim.ir.schedule import Kind
 from pipesim.outputs import check_file
+
+DEFAULT_ILP_SECONDS = 10.0  # seconds HiGHS may search when --ilp is given bare
 
 EXAMPLES = """examples:
   pipesim schedule 1f1b --stages 4 --microbatches 8
@@ -20,6 +25,8 @@ EXAMPLES = """examples:
   pipesim schedule --from-csv il.csv          # validate; prints the grid or the deadlock
   pipesim schedule zb-h1 -p 4 -m 8 --comms --format json
   pipesim schedule zb-h1 -p 4 -m 8 --plot zb-h1.html   # unit-cost picture of the order
+  pipesim schedule zb-auto -p 3 -m 6 --ilp 5                        # proven optimum for unit costs
+  pipesim schedule zb-2p -p 4 -m 8 --ilp --cost F=1,I=2,W=1 --hop 0.1 --format json
   pipesim schedule --list
 """
 
@@ -33,6 +40,17 @@ def add_parser(sub) -> None:
     p.add_argument("--list", action="store_true", help="list the registered schedules")
     p.add_argument("--plot", metavar="FILE.html",
                    help="also write a timeline of the schedule with unit costs (F=1, B=2 or I=W=1)")
+    g = p.add_argument_group("exact search (zb-auto, zb-2p): the Zero Bubble paper's ILP, from the heuristic")
+    g.add_argument("--ilp", type=float, nargs="?", const=DEFAULT_ILP_SECONDS, default=None, metavar="SECONDS",
+                   help="search the order by integer linear programming (HiGHS) for up to SECONDS "
+                        f"(default {DEFAULT_ILP_SECONDS:g})")
+    g.add_argument("--cost", metavar="F=<s>,I=<s>,W=<s>", default="F=1,I=1,W=1",
+                   help="seconds per stage of each action (default unit costs)")
+    g.add_argument("--hop", type=float, default=0.0, metavar="S", help="seconds to move a tensor between stages")
+    g.add_argument("--memory-limit", metavar="N|Nx", default=None,
+                   help="activation limit: Nx 1F1B's (p microbatches) or N microbatches (default 1x zb-auto, 2x zb-2p)")
+    g.add_argument("--objective", choices=("makespan", "span"), default="makespan",
+                   help="minimise the last action's end, or the paper's longest stage span (its eq. 3)")
     p.set_defaults(func=run)
 
 
@@ -46,16 +64,23 @@ def run(args: argparse.Namespace) -> int:
         return 0
     plot = check_file(args.plot, "--plot", "html")
     sched = load_schedule(args, limit=MAX_CHECKED_STAGE_MICROBATCHES)
+    found = search(args, sched) if args.ilp is not None else None
+    if found is not None:
+        sched = found.schedule
     shown = add_p2p(sched) if args.comms else sched
     if args.format == "csv":
         print(torch_csv.dumps(shown), end="")
     elif args.format == "json":
         data = shown.to_dict()
         data["peak_inflight_microbatches"] = inflight_by_rank(sched)
+        if found is not None:
+            data["search"] = search_report(found, args.objective)
         print(json.dumps(data, indent=2))
     else:
         print(f"{sched.name}: {plural(sched.num_ranks, 'rank')}, {plural(sched.num_stages, 'stage')}, "
               f"{plural(sched.num_microbatches, 'microbatch', 'microbatches')}; valid")
+        if found is not None:
+            print(search_line(found, args.objective))
         print(render_grid(shown))
     if fifo_mismatches(add_p2p(sched)):
         print("note: some rank pairs receive in a different order than they send; fine on gloo (tagged), "
@@ -78,3 +103,38 @@ def write_unit_plot(sched, path: str) -> None:
     timeline = unit_timeline(sched, lambda a: unit.get(a.kind, 0.0))
     title = f"{sched.name}: unit costs F=1, B=2, I=W=1 (1 unit = 1 ms on the axis), no communication"
     write_html(timeline_figure([timeline], unit="ms", title=title), path)
+
+
+def search(args: argparse.Namespace, sched) -> Searched:
+    """The ILP's order of `sched` (zb-auto or zb-2p) for --cost, --hop and --memory-limit."""
+    if args.from_csv or args.name not in AUTO_SCHEDULES:
+        raise PipesimError(f"--ilp searches {' and '.join(AUTO_SCHEDULES)}, not {args.name or args.from_csv}")
+    if args.hop < 0:
+        raise PipesimError(f"--hop must be >= 0 seconds, got {args.hop:g}")
+    p, m = sched.num_ranks, sched.num_microbatches
+    cost = parse_cost_spec(args.cost)
+    table = CostTable.uniform(p, cost["F"], cost["I"], cost["W"])
+    limit = MemoryLimit(multiple=AUTO_SCHEDULES[args.name])
+    if args.memory_limit:
+        limit = parse_memory_limit(args.memory_limit)  # bytes here count microbatches: one stashes 1
+    costs = auto_costs(table, p, m, limit, (args.hop,) * (p - 1))
+    return exact(args.name, costs, p, m, time_limit=args.ilp, objective=args.objective)
+
+
+def search_report(found: Searched, objective: str) -> dict:
+    """What --format json says of the search (seconds of the cost units)."""
+    ilp = found.ilp
+    return {"objective": objective, "heuristic": found.heuristic, "value": found.value, "bound": found.bound,
+            "gap": found.gap, "ilp": None if ilp is None else {
+                "optimal": ilp.optimal, "status": ilp.status, "solve_seconds": ilp.seconds},
+            **({"ilp_skipped": found.reason} if ilp is None else {})}
+
+
+def search_line(found: Searched, objective: str) -> str:
+    ilp = found.ilp
+    if ilp is None:
+        return (f"{objective}: heuristic {found.heuristic:g}, lower bound {found.bound:g}, gap {found.gap:.2%} "
+                f"(ILP not run: {found.reason})")
+    verdict = "optimal" if ilp.optimal else f"best found, gap {found.gap:.2%} to the bound {found.bound:g}"
+    return (f"{objective}: ILP {ilp.objective:g} ({verdict}; heuristic {found.heuristic:g}), "
+            f"solved in {ilp.seconds:.2f} s ({ilp.status})")

@@ -59,6 +59,9 @@ def add_setup_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--memory-limit", metavar="BYTES|Nx", default=None,
                    help="zb-auto / zb-2p: activations each rank may hold, in bytes (8GB, 7.5GiB) or as a multiple "
                         "of 1F1B's (2x); their order is rebuilt for the costs (default 1x for zb-auto, 2x zb-2p)")
+    g.add_argument("--ilp", type=float, nargs="?", const=10.0, default=None, metavar="SECONDS", dest="ilp_time_limit",
+                   help="zb-auto / zb-2p: also search the order by the Zero Bubble paper's ILP (HiGHS) for up to "
+                        "SECONDS, warm-started by the heuristic, where p and m are small enough")
     f = parser.add_argument_group("memory and recomputation (transformer)")
     f.add_argument("--recompute", choices=RECOMPUTE, default="none",
                    help="activation recomputation, Megatron's meanings: selective re-runs the attention core, "
@@ -246,4 +249,13 @@ def setup_from_args(args: argparse.Namespace) -> SimSetup:
         raise PipesimError("--layer-split needs a model (--model), not --cost")
     return SimSetup(hardware, model, cost, args.boundary_bytes, args.activation_bytes, comm,
                     sim_job(args, model, hardware), layer_split=split,
-                    memory_limit=parse_memory_limit(args.memory_limit) if args.memory_limit else None)
+                    memory_limit=parse_memory_limit(args.memory_limit) if args.memory_limit else None,
+                    ilp_time_limit=ilp_seconds(args))
+
+
+def ilp_seconds(args) -> float | None:
+    """--ilp SECONDS, checked (positive; only zb-auto and zb-2p are searched)."""
+    seconds = getattr(args, "ilp_time_limit", None)
+    if seconds is not None and not seconds > 0:
+        raise PipesimError(f"--ilp takes a positive number of seconds, got {seconds:g}")
+    return seconds

@@ -13,8 +13,13 @@ from dataclasses import dataclass
 
 from pipesim.cost.table import CostTable
 from pipesim.errors import PipesimError
-from pipesim.ir.schedule import Schedule
-from schedules.zb_auto import AutoCosts, zb_auto_schedule
+from pipesim.ir.schedule import Schedule, loop_placement
+from schedules.zb_auto import AutoCosts, zb_auto_programs, zb_auto_schedule
+from schedules.zb_heuristic import NoFit, paper_heuristic
+from schedules.zb_ilp import IlpResult, measure, solve, work_bound
+
+MAX_ILP_BINARIES = 20_000  # order binaries (about 1.5 p m^2) above which `exact` keeps the heuristic: HiGHS
+# proves small cases in seconds (p 3, m 6: under 1 s on this 2-core CPU box) and only bounds large ones
 
 AUTO_SCHEDULES = {"zb-auto": 1.0, "zb-2p": 2.0}  # name -> default limit, in multiples of 1F1B's activations
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
@@ -86,8 +91,10 @@ def makespan_lower_bound(table: CostTable, p: int, m: int, comm: Sequence[float]
     return bound
 
 
-def rebuild(schedule: Schedule, table: CostTable, limit: MemoryLimit | None, comm: Sequence[float] = ()) -> Schedule:
-    """`schedule` again when it is zb-auto or zb-2p, ordered for these costs; any other schedule unchanged."""
+def rebuild(schedule: Schedule, table: CostTable, limit: MemoryLimit | None, comm: Sequence[float] = (),
+            ilp_time_limit: float | None = None) -> Schedule:
+    """`schedule` again when it is zb-auto or zb-2p, ordered for these costs (and, with `ilp_time_limit`
+    seconds, improved by the ILP where p, m are small enough: `exact`); any other schedule unchanged."""
     default = AUTO_SCHEDULES.get(schedule.name)
     if default is None:
         if limit is not None:
@@ -95,4 +102,59 @@ def rebuild(schedule: Schedule, table: CostTable, limit: MemoryLimit | None, com
         return schedule
     limit = limit or MemoryLimit(multiple=default)
     p, m = schedule.num_ranks, schedule.num_microbatches
-    return zb_auto_schedule(p, m, auto_costs(table, p, m, limit, comm), schedule.name)
+    costs = auto_costs(table, p, m, limit, comm)
+    if ilp_time_limit is not None:
+        return exact(schedule.name, costs, p, m, time_limit=ilp_time_limit).schedule
+    return zb_auto_schedule(p, m, costs, schedule.name)
+
+
+@dataclass(frozen=True)
+class Searched:
+    """An order searched for given costs: the schedule, the ILP's verdict (None: not run), the work bound."""
+
+    schedule: Schedule
+    ilp: IlpResult | None
+    heuristic: float  # seconds: the heuristic's makespan (or span)
+    bound: float  # seconds: no order is shorter
+    reason: str = ""  # why the ILP did not run
+
+    @property
+    def value(self) -> float:
+        return self.ilp.objective if self.ilp is not None else self.heuristic
+
+    @property
+    def gap(self) -> float:
+        """(value - bound) / value."""
+        return max(0.0, (self.value - self.bound) / self.value) if self.value else 0.0
+
+
+def ilp_binaries(p: int, m: int) -> int:
+    return p * 3 * m * (m - 1) // 2
+
+
+def exact(name: str, costs: AutoCosts, p: int, m: int, *, time_limit: float = 10.0,
+          objective: str = "makespan") -> Searched:
+    """zb-auto / zb-2p's heuristic order, then the ILP warm-started from it when p, m are small enough."""
+    if name not in AUTO_SCHEDULES:
+        raise PipesimError(f"--ilp searches {' and '.join(AUTO_SCHEDULES)}, not {name}")
+    if time_limit <= 0:
+        raise PipesimError(f"--ilp takes a positive number of seconds, got {time_limit:g}")
+    start = zb_auto_programs(p, m, costs)  # the shortest of zb-auto's settings, the paper's heuristic among them
+    if objective == "span":  # the paper's heuristic keeps its best by span: the better start for that objective
+        try:
+            paper = paper_heuristic(p, m, costs)[1]
+            if measure(p, paper, costs, objective) < measure(p, start, costs, objective):
+                start = paper
+        except NoFit:
+            pass
+    heuristic = measure(p, start, costs, objective)
+    floor = work_bound(p, m, costs, objective)
+    if ilp_binaries(p, m) > MAX_ILP_BINARIES:
+        sched = Schedule(name, m, loop_placement(p, 1), start)
+        sched.meta["memory_limit_bytes"] = list(costs.limit)
+        return Searched(sched, None, heuristic, floor, f"{ilp_binaries(p, m)} order binaries > {MAX_ILP_BINARIES}")
+    result = solve(p, m, costs, start, time_limit=time_limit, objective=objective)
+    sched = Schedule(name, m, loop_placement(p, 1), result.programs)
+    sched.meta["memory_limit_bytes"] = list(costs.limit)
+    sched.meta["search"] = "ilp-optimal" if result.optimal else "ilp-best-found"
+    return Searched(sched, result, heuristic, result.bound)

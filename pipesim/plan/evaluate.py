@@ -7,6 +7,7 @@ costs). Exact memory is checked here, before any simulation.
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass, replace
 
@@ -46,8 +47,9 @@ class Costed:
 class Evaluator:
     """Costs, prunes and simulates candidates of one request; counts what it built and simulated."""
 
-    def __init__(self, req: PlanRequest) -> None:
+    def __init__(self, req: PlanRequest, ilp_seconds: float | None = None) -> None:
         self.req = req
+        self.ilp_seconds = ilp_seconds  # zb-auto / zb-2p also searched by the ILP for so long (finalists only)
         self._setups: dict[tuple, SimSetup] = {}
         self._costs: dict[tuple, ParallelCosts] = {}
         self._schedules: dict[tuple, Schedule | PipesimError] = {}
@@ -60,6 +62,14 @@ class Evaluator:
         self.shared = req.shared_job  # what every candidate's Job shares (its attention decided)
         self.attention = self.shared.attention_kernel  # every candidate's
         self.bounds = MemoryBound(req.model, self.shared)
+
+    def with_ilp(self, seconds: float) -> Evaluator:
+        """This evaluator with zb-auto / zb-2p also ILP-searched for `seconds`: its costs, schedules and bounds
+        shared (they do not depend on the search), its setups and searched orders its own."""
+        other = copy.copy(self)
+        other.ilp_seconds = seconds
+        other._setups, other._tuned = {}, {}
+        return other
 
     def memory_bound(self, c: Candidate) -> int:
         """Bytes: a lower bound on `c`'s peak per GPU (pipesim.plan.memory_bound); PipesimError if the model refuses."""
@@ -123,7 +133,8 @@ class Evaluator:
         """The SimSetup `pipesim simulate` would make from the exported command (memory checked here instead)."""
         job = self.job(c)
         if job not in self._setups:
-            self._setups[job] = SimSetup(self.req.hardware, self.req.model, job=job, check_memory=False)
+            self._setups[job] = SimSetup(self.req.hardware, self.req.model, job=job, check_memory=False,
+                                         ilp_time_limit=self.ilp_seconds)
         return self._setups[job]
 
     def schedule(self, c: Candidate) -> Schedule:

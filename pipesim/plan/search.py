@@ -23,6 +23,7 @@ from pipesim.errors import PipesimError
 from pipesim.plan.backends import Backend, LocalPool
 from pipesim.plan.estimate import estimate, optimizer_tail
 from pipesim.plan.evaluate import Costed, Evaluator
+from pipesim.plan.finalists import DEFAULT_FINALISTS, search_finalists
 from pipesim.plan.ranking import PlanRow, step_model_flops
 from pipesim.plan.space import Candidate, NoLayout, PlanRequest, enumerate_candidates
 from pipesim.units import format_bytes
@@ -69,12 +70,15 @@ def default_workers() -> int:
 
 def plan(req: PlanRequest, *, max_candidates: int = DEFAULT_MAX_CANDIDATES, max_work: int = DEFAULT_MAX_WORK,
          progress: bool = True, evaluator: Evaluator | None = None, workers: int = 1, backend: Backend | None = None,
-         include: tuple[Candidate, ...] = ()) -> PlanResult:
+         include: tuple[Candidate, ...] = (), ilp_seconds: float | None = None,
+         finalists: int = DEFAULT_FINALISTS) -> PlanResult:
     """Search `req`'s space; PipesimError (one line) when nothing fits.
 
     include: candidates of the space simulated first, whatever the estimate and the caps (a published
     configuration to compare with); PipesimError if one is not in the space.
     backend: where the walk's candidates run (default a LocalPool of `workers`); the result is the same.
+    ilp_seconds: also search zb-auto / zb-2p on the top `finalists` layouts, by the ILP for so long each
+    (pipesim/plan/finalists.py); None: the walk's rows only.
     """
     ev = evaluator or Evaluator(req)
     ev.flops = step_model_flops(req)
@@ -144,6 +148,10 @@ def plan(req: PlanRequest, *, max_candidates: int = DEFAULT_MAX_CANDIDATES, max_
         _raise_nothing_fits(req, ev, closest, met_over, refusals)
     rows = [replace(r, refused_recompute=True) if _refused_lighter(r.candidate, over) else r for r in rows]
     rows.sort(key=PlanRow.sort_key)
+    if ilp_seconds is not None:
+        rows, report = search_finalists(ev, rows, count=finalists, seconds=ilp_seconds)
+        counts.update(finalists_tried=report.tried, finalists_simulated=report.simulated,
+                      finalists_improved=report.improved, finalists_added=report.added)
     return PlanResult(req, rows, counts, met_over)
 
 

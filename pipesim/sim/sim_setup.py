@@ -50,6 +50,7 @@ class SimSetup:
     layer_split: tuple[int, ...] | None = None  # layers per stage (uneven splits); None: even
     memory_limit: MemoryLimit | None = None  # zb-auto / zb-2p: per-rank activation limit (None: their default)
     user_model: UserModel | None = None  # --model MODULE:FACTORY, counted per layer (pipesim.cost.user_model_costs)
+    ilp_time_limit: float | None = None  # seconds: zb-auto / zb-2p also searched by the ILP (None: the heuristic)
 
     def __post_init__(self) -> None:
         if not isinstance(self.job, Job):
@@ -128,11 +129,21 @@ class SimSetup:
         return self.simulate(schedule, costs), self.memory(schedule, costs)
 
     def tuned(self, schedule: Schedule, costs: ParallelCosts) -> Schedule:
-        """zb-auto and zb-2p ordered for these costs, links and memory limit; other schedules as they are."""
+        """zb-auto and zb-2p ordered for these costs, links and memory limit (and the ILP with `ilp_time_limit`);
+        other schedules as they are."""
         hw, table = self.hardware, costs.table
         comm = ()
         if self.comm and hw is not None and schedule.name in AUTO_SCHEDULES:
             par = costs.job.with_pp(schedule.num_ranks).dims
             comm = tuple(hw.p2p_time(par.rank(pp=s), par.rank(pp=s + 1), table.stages[s].boundary_bytes)
                          for s in range(schedule.num_ranks - 1))
-        return rebuild(schedule, table, self.memory_limit, comm)
+        searched = rebuild(schedule, table, self.memory_limit, comm, self.ilp_time_limit)
+        if searched is schedule or searched.programs == schedule.programs:
+            return searched
+        # the search times orders with plain seconds and hops; the simulator also knows link contention and a
+        # CPU's shared cores: under the default limit (the registry's order keeps it: 1x or 2x 1F1B's microbatches
+        # per rank) the searched order is kept unless the registry's simulates strictly faster
+        if self.memory_limit is None and (self.simulate(schedule, costs).makespan
+                                          < self.simulate(searched, costs).makespan):
+            return schedule
+        return searched

@@ -1,0 +1,51 @@
+"""`pipesim run zb-auto|zb-2p`: the workers run the order the simulator times for the run's model, not the
+registry's unit-cost one (pipesim/commands/run_orders.py, RunConfig.orders)."""
+
+from __future__ import annotations
+
+import json
+
+import schedules
+from executor.run_config import RunConfig, configs_from_json
+from pipesim.cli import main
+from pipesim.commands.run_orders import order_hardware
+from pipesim.model.config import ModelConfig
+from pipesim.sim.sim_setup import SimSetup
+
+GPT = ["--model", "gpt", "--hidden", "128", "--layers", "8", "--heads", "4", "--seq", "64", "--vocab", "4096",
+       "--batch", "32"]
+
+
+def test_run_config_carries_the_simulated_order(capsys):
+    argv = ["run", "zb-auto,zb-h2", "--nproc", "4", "-m", "8", *GPT, "--backend", "gloo", "--print-config"]
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    cfg = configs_from_json(text)[0]
+    assert [name for name, _ in cfg.orders] == ["zb-auto"]  # only the searched schedules carry an order
+    built = cfg.check(4)  # what every worker builds from the JSON
+    model = ModelConfig(kind="gpt", hidden=128, layers=8, heads=4, seq=64, vocab=4096, batch=32)
+    plain = RunConfig(names=("zb-auto",), microbatches=8, model=model, backend="gloo")
+    setup = SimSetup(order_hardware(plain, None, 4), model, job=plain.job_for(4), check_memory=False)
+    registry = schedules.build("zb-auto", 4, 8)
+    tuned = setup.tuned(registry, setup.costs(registry))
+    assert built[0].programs == tuned.programs  # the very order the simulator times
+    assert tuned.programs != registry.programs  # here the model's costs change it
+    assert setup.simulate(tuned, setup.costs(registry)).makespan < setup.simulate(registry,
+                                                                                  setup.costs(registry)).makespan
+    assert built[1].programs == schedules.build("zb-h2", 4, 8).programs  # handcrafted: as registered
+    assert json.loads(text)[0]["orders"][0][0] == "zb-auto"
+
+
+def test_a_run_without_searched_schedules_is_unchanged(capsys):
+    assert main(["run", "1f1b", "--nproc", "2", "-m", "4", "--backend", "gloo", "--print-config"]) == 0
+    assert configs_from_json(capsys.readouterr().out)[0].orders == ()
+
+
+def test_a_run_the_cost_model_refuses_keeps_the_unit_cost_order(capsys):
+    """The executor recomputes an MLP; the cost model does not model that: the registry's order runs, said once."""
+    argv = ["run", "zb-auto", "--nproc", "2", "-m", "4", "--model", "mlp", "--recompute", "full", "--backend", "gloo",
+            "--print-config"]
+    assert main(argv) == 0
+    out = capsys.readouterr()
+    assert configs_from_json(out.out)[0].orders == ()
+    assert out.err.startswith("pipesim run: zb-auto keeps its unit-cost order: the cost model refuses this run")
