@@ -70,8 +70,8 @@ class Mesh:
 
 
 def build_mesh_for(dims: ParallelDims) -> Mesh:
-    """This rank's Mesh with its DP, TP, EP and EDP groups (collective: every rank creates every group, in order); the grid
-    must fill the process group exactly."""
+    """This rank's Mesh with its DP, TP, EP and EDP groups (collective: every rank creates every group, in order);
+    the grid must fill the process group exactly."""
     dims.check_world(dist.get_world_size())
     mesh = Mesh(dims, dist.get_rank())
     for axis in GROUP_AXES:  # new_group is collective over the world: same calls, same order, everywhere

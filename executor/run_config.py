@@ -198,7 +198,7 @@ class RunConfig:
         return dataclass_from_dict(cls, data, "run configuration")
 
 
-EXECUTED = ("dims", "recompute", "sp")  # the Job fields the executor runs (of the dims, cp only unset; ep: expert_checks)
+EXECUTED = ("dims", "recompute", "sp")  # the Job fields the executor runs (cp only unset; ep: expert_checks)
 
 
 def unhonoured(job: Job) -> list[str]:
