@@ -16,8 +16,10 @@ def check_experts(model: ModelConfig, job: Job, *, factory: str | None = None) -
     """PipesimError (one line) for a mixture-of-experts run the executor cannot train as asked."""
     dims, moe = job.dims, model.moe
     if moe is None:
-        if dims.ep > 1:
-            raise PipesimError(f"--ep {dims.ep} shards a mixture-of-experts model's experts; this model has none "
+        if dims.has_experts:
+            flags = " ".join(f for f, on in ((f"--ep {dims.ep}", dims.ep > 1), (f"--etp {dims.etp}",
+                                                                                dims.etp is not None)) if on)
+            raise PipesimError(f"{flags} shards a mixture-of-experts model's experts; this model has none "
                                "(--model moe)")
         return
     if factory is not None:

@@ -1,0 +1,210 @@
+"""The executor's mixture-of-experts model (`--model moe`, `--ep`): what the simulator counts, routing, capacity, and
+every registered schedule trained to the single-process reference on 2 and 4 gloo ranks with ep 2.
+
+The distributed runs are one `--then` chain per world size in the session's shared launches (tests/launch_shared.py).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+import schedules
+from executor.experts import MoeMLP, drive, expert_parameters, shard_experts
+from executor.models import build_full
+from executor.run_config import RunConfig
+from pipesim.cli import main
+from pipesim.errors import PipesimError
+from pipesim.ir.schedule import Action
+from pipesim.job import Job
+from pipesim.model.config import ModelConfig
+from pipesim.model.flops import moe_mlp_delta
+from pipesim.model.moe import MoeConfig
+from pipesim.model.moe_layer import expert_params_here, moe_block_params
+from pipesim.model.options import LayerOptions
+from pipesim.model.param_counts import model_params
+from pipesim.parallel_dims import ParallelDims
+from pipesim.timeline import Timeline
+from tests.executor_helpers import assert_matches_reference, chain
+from tests.launch_shared import register_run
+
+STEPS = 2
+MOE = ["--model", "moe", "--hidden", "16", "--heads", "2", "--seq", "8", "--vocab", "32", "--layers", "4",
+       "--batch", "8", "--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "32"]
+
+
+def moe_model(capacity_factor: float | None = None, shared: int | None = None) -> ModelConfig:
+    """The ModelConfig `MOE`'s flags build (with --moe-expert-capacity-factor / a shared expert)."""
+    return ModelConfig(kind="gpt", hidden=16, heads=2, seq=8, vocab=32, layers=4, batch=8,
+                       moe=MoeConfig(experts=4, top_k=2, expert_ffn=32, capacity_factor=capacity_factor,
+                                     shared_experts=1 if shared else 0, shared_ffn=shared))
+
+
+def _admitted(p: int, m: int) -> list[str]:
+    out = []
+    for name in schedules.names():
+        try:
+            schedules.build(name, p, m)
+        except PipesimError:
+            continue
+        out.append(name)
+    return out
+
+
+TWO = _admitted(1, 2)  # pp 1 x dp 2, ep 2: every schedule that runs one pipeline rank
+FOUR = _admitted(2, 4)  # pp 2 x dp 2, ep 2
+
+
+# -- the same model the simulator counts -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("ep", [1, 2, 4])
+@pytest.mark.parametrize("shared", [None, 24])
+def test_an_ep_ranks_moe_mlp_holds_the_parameters_the_simulator_counts(ep, shared):
+    model = moe_model(shared=shared)
+    layer = MoeMLP(model.hidden, model.moe)
+    shard_experts(layer, ep - 1, ep, group=object())  # the last ep rank's experts (no exchange runs here)
+    opts = LayerOptions(ep=ep)
+    assert sum(p.numel() for p in layer.parameters()) == moe_block_params(model, opts)
+    assert sum(p.numel() for p in expert_parameters([layer])) == expert_params_here(model, opts)
+    assert [n for n, _ in layer.experts.named_children()] == [str(e) for e in range(4 - 4 // ep, 4)]
+
+
+def test_the_full_moe_model_holds_the_simulators_parameter_count():
+    model = moe_model(shared=24)
+    assert sum(p.numel() for p in build_full(model).parameters()) == model_params(model)
+
+
+def test_an_moe_mlps_gemm_flops_are_the_simulators():
+    """Dropless: the router, each token's k experts and the shared expert, 2 FLOPs per weight per token (the
+    simulator's MoE MLP: the dense MLP's plus `moe_mlp_delta`)."""
+    model = moe_model(shared=24)
+    layer = MoeMLP(model.hidden, model.moe)
+    x = torch.randn(2, model.seq, model.hidden)
+    with FlopCounterMode(display=False) as counter:
+        layer(x)
+    tokens = 2 * model.seq
+    dense_mlp = 2 * tokens * 2 * model.hidden * model.ffn_size
+    assert counter.get_total_flops() == dense_mlp + moe_mlp_delta(model, tokens)
+
+
+# -- routing -------------------------------------------------------------------------------------------------------
+
+def test_capacity_keeps_each_experts_first_pairs_of_a_sequence():
+    """Capacity ceil(cf x s k / E) per sequence: with cf 0.5, s 4, k 1, E 2 each expert keeps 1 pair, the first."""
+    layer = MoeMLP(4, MoeConfig(experts=2, top_k=1, expert_ffn=4, capacity_factor=0.5))
+    experts = torch.tensor([[0, 0, 1, 1], [1, 0, 1, 0]])  # (b, s k)
+    assert layer.kept(experts, 4).tolist() == [[True, False, True, False], [True, True, False, False]]
+    assert MoeMLP(4, MoeConfig(experts=2, top_k=1, expert_ffn=4)).kept(experts, 4) is None  # dropless
+
+
+@pytest.mark.parametrize("cf", [None, 1.0])
+def test_routing_is_the_same_however_the_batch_is_cut(cf):
+    """What lets the reference (the whole batch at once) match any split into microbatches and replicas: routing
+    and capacity are per token and per sequence; and cf 1.0 does drop pairs on this batch."""
+    torch.manual_seed(0)
+    model = moe_model(capacity_factor=cf)
+    layer = MoeMLP(model.hidden, model.moe)
+    x = torch.randn(4, model.seq, model.hidden)
+    whole = layer(x)
+    torch.testing.assert_close(torch.cat([layer(x[:1]), layer(x[1:3]), layer(x[3:])]), whole, rtol=1e-6, atol=1e-7)
+    if cf is not None:
+        experts = torch.softmax(layer.router(x.reshape(-1, 16)), -1).topk(2, -1).indices.reshape(4, -1)
+        assert not layer.kept(experts, model.seq).all()
+
+
+def test_the_router_learns():
+    model = moe_model()
+    layer = MoeMLP(model.hidden, model.moe)
+    drive(layer.steps(torch.randn(2, model.seq, model.hidden))).square().sum().backward()
+    assert layer.router.weight.grad is not None and layer.router.weight.grad.abs().sum() > 0
+
+
+# -- refused before anything starts -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--ep", "3", "--dp", "3", "--nproc", "3"], "--ep 3 does not divide the 4 experts (--num-experts)"),
+    (["--ep", "4", "--dp", "2", "--nproc", "4"], "dp(2) * tp(1) is not divisible by ep(4) * etp(1)"),
+    (["--ep", "2", "--dp", "2", "--nproc", "2", "--moe-router-topk", "5"], "moe top_k 5 is more than its 4 experts"),
+    (["--ep", "2", "--dp", "2", "--nproc", "3"], "WORLD_SIZE(3) is not divisible by dp(2) * tp(1)"),
+    (["--ep", "2", "--dp", "2", "--nproc", "4", "--tp", "2"], "it does not run --tp 2 (tensor parallelism beside"),
+    (["--ep", "2", "--dp", "2", "--nproc", "2", "--recompute", "full"], "it does not run --recompute full"),
+])
+def test_a_bad_expert_layout_exits_2_in_one_line_before_launching(argv, message, capsys):
+    assert main(["run", "1f1b", "--microbatches", "2", *MOE, *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("pipesim: error: ") and message in err
+
+
+def test_ep_needs_experts_and_experts_need_moe():
+    with pytest.raises(PipesimError, match="--ep 2 shards a mixture-of-experts model's experts; this model has none"):
+        RunConfig(names=("1f1b",), microbatches=2, job=Job(dims=ParallelDims(dp=2, ep=2)),
+                  model=ModelConfig(kind="gpt", heads=2, hidden=16, batch=8)).check(2)
+    assert main(["run", "1f1b", "--nproc", "2", "--num-experts", "4"]) == 2
+
+
+# -- trained like the reference --------------------------------------------------------------------------------
+
+def _two_rank_flags(d):
+    common = ["--dp", "2", "--ep", "2", "--microbatches", "2", "--steps", str(STEPS), "--quiet"]
+    return chain([",".join(TWO), *MOE, *common, "--save-dir", str(d / "dropless")],
+                 ["1f1b,dualpipev", *MOE, *common, "--moe-expert-capacity-factor", "1.0", "--save-dir", str(d / "cf")])
+
+
+def _four_rank_flags(d):
+    common = ["--dp", "2", "--ep", "2", "--microbatches", "4", "--steps", str(STEPS), "--quiet"]
+    return chain([",".join(FOUR), *MOE, *common, "--save-dir", str(d / "dropless")],
+                 ["dualpipev", *MOE, *common, "--moe-shared-expert-intermediate-size", "24", "--save-dir",
+                  str(d / "shared"), "--trace", str(d / "dualpipev.json")])
+
+
+TWO_RANKS = register_run("moe_executor_2", 2, _two_rank_flags)
+FOUR_RANKS = register_run("moe_executor_4", 4, _four_rank_flags)
+
+
+@pytest.mark.dist
+def test_every_schedule_trains_the_moe_model_like_the_reference_on_two_ranks_ep2(shared_launches):
+    d = shared_launches.case(TWO_RANKS).check()
+    assert "dualpipev" in TWO and "combined-1f1b" in TWO
+    for name in TWO:
+        assert_matches_reference(d / "dropless", name, moe_model(), STEPS)
+    for name in ("1f1b", "dualpipev"):  # capacity 1.0 drops pairs (test_routing_is_the_same_however_the_batch_is_cut)
+        assert_matches_reference(d / "cf", name, moe_model(capacity_factor=1.0), STEPS)
+
+
+@pytest.mark.dist
+def test_every_schedule_trains_the_moe_model_like_the_reference_on_four_ranks_ep2(shared_launches):
+    d = shared_launches.case(FOUR_RANKS).check()
+    assert {"dualpipev", "dualpipe", "zb-v"} <= set(FOUR)
+    for name in FOUR:
+        assert_matches_reference(d / "dropless", name, moe_model(), STEPS)
+    # SGD: Adam turns the key bias's gradient, zero but for rounding (softmax ignores it), into whole steps
+    assert_matches_reference(d / "shared", "dualpipev", moe_model(shared=24), STEPS)
+
+
+@pytest.mark.dist
+def test_dualpipev_waits_for_the_forwards_all_to_all_after_the_paired_backward(shared_launches):
+    """Each overlapped pair (one MoE layer per chunk here): the forward issues its dispatch and stops (one exchange
+    in its bar, issued before the backward starts); the backward's two exchanges and then the forward's combine
+    run in the backward's bar (the pair's op records the forward's tail there). Run back to back, the forward's
+    bar would hold both of its exchanges."""
+    d = shared_launches.case(FOUR_RANKS).check()
+    tl = Timeline.read(d / "dualpipev.json")
+    pairs = [(Action.parse(f), Action.parse(b)) for f, b in tl.meta["overlaps"]]
+    seen = 0
+    for rank in range(4):
+        ev = [e for e in tl.events if e.rank == rank and e.step == 1]
+        computes = {(e.kind, e.stage, e.microbatch): e for e in ev if e.stream == "compute"}
+        for f, b in pairs:
+            if ("F", f.stage, f.microbatch) not in computes:
+                continue  # another rank's pair
+            fwd, bwd = computes[("F", f.stage, f.microbatch)], computes[("B", b.stage, b.microbatch)]
+            exchanges = [e for e in ev if e.kind == "all_to_all"]
+            in_fwd = [e for e in exchanges if (e.stage, e.microbatch) == (f.stage, f.microbatch)
+                      and fwd.start <= e.start <= bwd.end]
+            in_bwd = [e for e in exchanges if (e.stage, e.microbatch) == (b.stage, b.microbatch)
+                      and bwd.start <= e.start <= bwd.end]
+            assert len(in_fwd) == 1 and fwd.start <= in_fwd[0].start < bwd.start, (rank, f, b)
+            assert len(in_bwd) == 3, (rank, f, b)
+            seen += 1
+    assert seen == 2 * len(pairs)  # each pair on both data-parallel replicas of its pipeline rank
