@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from executor import rank_status
-from executor.expert_dispatch import set_exchange_observer
+from executor.expert_dispatch import ExchangeError, set_exchange_observer
 from executor.experts import expert_parameters, finish, shard_experts
 from executor.faults import die, inject
 from executor.mesh import Mesh
@@ -349,6 +349,8 @@ class Runtime:
                 if progress is not None:
                     progress(step, (end - start) / 1e9)
         except Exception as exc:  # noqa: BLE001 - any failure ends the run with a named rank and action
+            if isinstance(exc, ExchangeError) and isinstance(where, Action):
+                where = f"the expert all-to-all of {where.describe()}"
             die(self.mesh.rank, where, exc)
         if observe_tp:
             set_collective_observer(None)
