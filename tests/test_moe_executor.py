@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 import schedules
 from executor.experts import MoeMLP, drive, expert_parameters, shard_experts
-from executor.models import build_full
+from executor.models import Block, build_full
 from executor.run_config import RunConfig
+from executor.stage import backward_input, backward_weight
 from pipesim.cli import main
+from pipesim.cost.stage_work import executor_moe_block_ops
 from pipesim.errors import PipesimError
 from pipesim.ir.schedule import Action
 from pipesim.job import Job
@@ -86,6 +89,43 @@ def test_an_moe_mlps_gemm_flops_are_the_simulators():
     tokens = 2 * model.seq
     dense_mlp = 2 * tokens * 2 * model.hidden * model.ffn_size
     assert counter.get_total_flops() == dense_mlp + moe_mlp_delta(model, tokens)
+
+
+class _OpCount(TorchDispatchMode):
+    """Non-view aten ops, the count of the simulator's framework ops (GPT_BLOCK_OPS: a dense block's F is 10)."""
+
+    VIEWS = {"view", "_unsafe_view", "t", "transpose", "expand", "split", "split_with_sizes", "slice", "select",
+             "unsqueeze", "squeeze", "permute", "detach", "alias", "as_strided", "unbind"}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops += func.overloadpacket.__name__ not in self.VIEWS
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize(("experts", "shared"), [(2, None), (4, None), (4, 16), (8, 16)])
+def test_the_simulators_op_count_of_an_moe_block_is_the_executors(experts, shared):
+    model = ModelConfig(kind="gpt", hidden=16, heads=2, seq=8, vocab=32, layers=1, batch=8,
+                        moe=MoeConfig(experts=experts, top_k=2, expert_ffn=32, shared_experts=1 if shared else 0,
+                                      shared_ffn=shared))
+    block = Block(model, 0)
+    x = torch.randn(2, 8, 16, requires_grad=True)
+    with _OpCount() as f:
+        out = block(x)
+    grad = torch.randn_like(out)
+    with _OpCount() as i:
+        _, state = backward_input(out, grad, x, list(block.parameters()))
+    with _OpCount() as w:
+        backward_weight(state, list(block.parameters()))
+    counts = (f.ops, i.ops, w.ops)
+    assert counts == executor_moe_block_ops(model, LayerOptions())
+    dense = Block(ModelConfig(kind="gpt", hidden=16, heads=2, seq=8, vocab=32, layers=1, batch=8), 0)
+    with _OpCount() as f:
+        dense(x)
+    assert f.ops == 10  # GPT_BLOCK_OPS's F: the same way of counting
 
 
 # -- routing -------------------------------------------------------------------------------------------------------
