@@ -6,6 +6,8 @@ The distributed runs are one `--then` chain per world size in the session's shar
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -16,7 +18,8 @@ from executor.experts import MoeMLP, drive, expert_parameters, shard_experts
 from executor.models import Block, build_full
 from executor.run_config import RunConfig
 from executor.stage import backward_input, backward_weight
-from pipesim.cli import main
+from pipesim.cli import build_parser, main
+from pipesim.commands.setup_args import setup_from_args
 from pipesim.cost.stage_work import executor_moe_block_ops
 from pipesim.errors import PipesimError
 from pipesim.ir.schedule import Action
@@ -126,6 +129,24 @@ def test_the_simulators_op_count_of_an_moe_block_is_the_executors(experts, share
     with _OpCount() as f:
         dense(x)
     assert f.ops == 10  # GPT_BLOCK_OPS's F: the same way of counting
+
+
+def test_on_a_cpu_host_whose_cores_all_compute_the_overlapped_pair_hides_no_all_to_all():
+    """local-cpu (2 cores) with 2 ranks: gloo's exchange needs the cores the pair computes on (share 1), so
+    DualPipeV's step is the same with its pairs overlapped or run one half after the other; with spare cores (a
+    host of 8) the pairs hide their all-to-alls and the step is shorter."""
+    args = build_parser().parse_args(["simulate", "dualpipev", "-p", "1", "-m", "4", *MOE, "--dp", "2", "--ep", "2",
+                                      "--hardware", "local-cpu"])
+    setup = setup_from_args(args)
+    sched = schedules.build("dualpipev", 1, 4)
+    plain = replace(sched, overlaps=frozenset())
+
+    def step(s, schedule):
+        return s.evaluate(schedule)[0].to_dict()["makespan"]
+
+    assert step(setup, sched) == pytest.approx(step(setup, plain), rel=1e-12)
+    roomy = replace(setup, hardware=replace(setup.hardware, host=replace(setup.hardware.host, cores=8)))
+    assert step(roomy, sched) < step(roomy, plain)
 
 
 # -- routing -------------------------------------------------------------------------------------------------------
