@@ -216,7 +216,9 @@ def _four_rank_flags(d):
     common = ["--dp", "2", "--ep", "2", "--microbatches", "4", "--steps", str(STEPS), "--quiet"]
     return chain([",".join(FOUR), *MOE, *common, "--save-dir", str(d / "dropless")],
                  ["dualpipev", *MOE, *common, "--moe-shared-expert-intermediate-size", "24", "--save-dir",
-                  str(d / "shared"), "--trace", str(d / "dualpipev.json")])
+                  str(d / "shared"), "--trace", str(d / "dualpipev.json")],
+                 ["dualpipev", *MOE, *common, "--no-a2a-overlap", "--save-dir", str(d / "plain"), "--trace",
+                  str(d / "plain.json")])
 
 
 TWO_RANKS = register_run("moe_executor_2", 2, _two_rank_flags)
@@ -243,29 +245,36 @@ def test_every_schedule_trains_the_moe_model_like_the_reference_on_four_ranks_ep
     assert_matches_reference(d / "shared", "dualpipev", moe_model(shared=24), STEPS)
 
 
-@pytest.mark.dist
-def test_dualpipev_waits_for_the_forwards_all_to_all_after_the_paired_backward(shared_launches):
-    """Each overlapped pair (one MoE layer per chunk here): the forward issues its dispatch and stops (one exchange
-    in its bar, issued before the backward starts); the backward's two exchanges and then the forward's combine
-    run in the backward's bar (the pair's op records the forward's tail there). Run back to back, the forward's
-    bar would hold both of its exchanges."""
-    d = shared_launches.case(FOUR_RANKS).check()
-    tl = Timeline.read(d / "dualpipev.json")
+def _exchanges_per_pair(tl: Timeline) -> list[tuple[int, int]]:
+    """For each overlapped pair on each rank (step 2): (exchanges in the forward's bar issued before the backward
+    starts, exchanges in the backward's bar labelled with the backward)."""
     pairs = [(Action.parse(f), Action.parse(b)) for f, b in tl.meta["overlaps"]]
-    seen = 0
+    out = []
     for rank in range(4):
         ev = [e for e in tl.events if e.rank == rank and e.step == 1]
         computes = {(e.kind, e.stage, e.microbatch): e for e in ev if e.stream == "compute"}
+        exchanges = [e for e in ev if e.kind == "all_to_all"]
         for f, b in pairs:
             if ("F", f.stage, f.microbatch) not in computes:
                 continue  # another rank's pair
             fwd, bwd = computes[("F", f.stage, f.microbatch)], computes[("B", b.stage, b.microbatch)]
-            exchanges = [e for e in ev if e.kind == "all_to_all"]
             in_fwd = [e for e in exchanges if (e.stage, e.microbatch) == (f.stage, f.microbatch)
-                      and fwd.start <= e.start <= bwd.end]
+                      and fwd.start <= e.start < bwd.start]
             in_bwd = [e for e in exchanges if (e.stage, e.microbatch) == (b.stage, b.microbatch)
                       and bwd.start <= e.start <= bwd.end]
-            assert len(in_fwd) == 1 and fwd.start <= in_fwd[0].start < bwd.start, (rank, f, b)
-            assert len(in_bwd) == 3, (rank, f, b)
-            seen += 1
-    assert seen == 2 * len(pairs)  # each pair on both data-parallel replicas of its pipeline rank
+            out.append((len(in_fwd), len(in_bwd)))
+    assert len(out) == 2 * len(pairs)  # each pair on both data-parallel replicas of its pipeline rank
+    return out
+
+
+@pytest.mark.dist
+def test_dualpipev_waits_for_the_forwards_all_to_all_after_the_paired_backward(shared_launches):
+    """Each overlapped pair (one MoE layer per chunk here): the forward issues its dispatch and stops (one exchange
+    in its bar, issued before the backward starts); the backward's two exchanges and then the forward's combine
+    run in the backward's bar (the pair's op records the forward's tail there). With --no-a2a-overlap the same
+    order runs back to back: the forward's bar holds both its exchanges, the backward's its own two, and it
+    trains the same."""
+    d = shared_launches.case(FOUR_RANKS).check()
+    assert set(_exchanges_per_pair(Timeline.read(d / "dualpipev.json"))) == {(1, 3)}
+    assert set(_exchanges_per_pair(Timeline.read(d / "plain.json"))) == {(2, 2)}
+    assert_matches_reference(d / "plain", "dualpipev", moe_model(), STEPS)
