@@ -144,10 +144,11 @@ class StageModule(nn.Module):
         return x
 
     def steps(self, x: torch.Tensor) -> Steps:
-        """The stage as a generator yielding the all-to-alls in flight of its MoE blocks (DualPipeV's overlapped
-        F&B waits for them later; no recomputation here: `RunConfig.check` refuses it with experts)."""
+        """The stage as a generator yielding the all-to-alls in flight of its MoE blocks, or of any piece with such a
+        `steps(x)` generator (a user's layer: examples/moe_layers.py); DualPipeV's overlapped F&B waits for them
+        later. No recomputation here: `RunConfig.check` refuses it with experts."""
         for piece in self.pieces.values():
-            x = (yield from piece.steps(x)) if isinstance(piece, Block) else piece(x)
+            x = (yield from piece.steps(x)) if callable(getattr(piece, "steps", None)) else piece(x)
         return x
 
 

@@ -136,7 +136,8 @@ class RunConfig:
         # the cost model's checks of the batch split and of the sizes tp divides (hidden; gpt's heads). The executor's
         # sequence parallelism splits a microbatch's rows, not its sequence, over tp (checked below), and its MLP also
         # runs full recomputation, which the cost model's MLP refuses
-        replace(job, sp=False, recompute=job.recompute if self.model.kind == "gpt" else "none").check(self.model, m)
+        plain = replace(job, dims=replace(job.dims, ep=1)) if self.factory else job  # a factory's ep: check_run
+        replace(plain, sp=False, recompute=job.recompute if self.model.kind == "gpt" else "none").check(self.model, m)
         dp, tp = job.dp, job.tp
         if job.sp and self.model.batch % (dp * m * tp):
             raise PipesimError(f"--sequence-parallel splits each microbatch over tp: --batch {self.model.batch} does "

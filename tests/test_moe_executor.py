@@ -18,6 +18,7 @@ from executor.experts import MoeMLP, drive, expert_parameters, shard_experts
 from executor.models import Block, build_full
 from executor.run_config import RunConfig
 from executor.stage import backward_input, backward_weight
+from executor.user_model import call_factory, train_single, workload_from_parts
 from pipesim.cli import build_parser, main
 from pipesim.commands.setup_args import setup_from_args
 from pipesim.cost.stage_work import executor_moe_block_ops
@@ -32,7 +33,7 @@ from pipesim.model.options import LayerOptions
 from pipesim.model.param_counts import model_params
 from pipesim.parallel_dims import ParallelDims
 from pipesim.timeline import Timeline
-from tests.executor_helpers import assert_matches_reference, chain
+from tests.executor_helpers import assert_matches_reference, chain, load_run
 from tests.launch_shared import register_run
 
 STEPS = 2
@@ -209,7 +210,8 @@ def test_ep_needs_experts_and_experts_need_moe():
 def _two_rank_flags(d):
     common = ["--dp", "2", "--ep", "2", "--microbatches", "2", "--steps", str(STEPS), "--quiet"]
     return chain([",".join(TWO), *MOE, *common, "--save-dir", str(d / "dropless")],
-                 ["1f1b,dualpipev", *MOE, *common, "--moe-expert-capacity-factor", "1.0", "--save-dir", str(d / "cf")])
+                 ["1f1b,dualpipev", *MOE, *common, "--moe-expert-capacity-factor", "1.0", "--save-dir", str(d / "cf")],
+                 ["1f1b,dualpipev", "--model", USER_MOE, "--batch", "8", *common, "--save-dir", str(d / "user")])
 
 
 def _four_rank_flags(d):
@@ -221,6 +223,7 @@ def _four_rank_flags(d):
                   str(d / "plain.json")])
 
 
+USER_MOE = "examples/moe_layers.py:make"  # a factory's own layers holding executor.experts.MoeMLP
 TWO_RANKS = register_run("moe_executor_2", 2, _two_rank_flags)
 FOUR_RANKS = register_run("moe_executor_4", 4, _four_rank_flags)
 
@@ -233,6 +236,28 @@ def test_every_schedule_trains_the_moe_model_like_the_reference_on_two_ranks_ep2
         assert_matches_reference(d / "dropless", name, moe_model(), STEPS)
     for name in ("1f1b", "dualpipev"):  # capacity 1.0 drops pairs (test_routing_is_the_same_however_the_batch_is_cut)
         assert_matches_reference(d / "cf", name, moe_model(capacity_factor=1.0), STEPS)
+
+
+@pytest.mark.dist
+def test_a_factorys_own_moe_layers_train_with_ep_like_the_reference(shared_launches):
+    d = shared_launches.case(TWO_RANKS).check()
+    ref_losses, ref_params = train_single(workload_from_parts(call_factory(USER_MOE, 0), batch=8, seed=0, split=None),
+                                          STEPS)
+    for name in ("1f1b", "dualpipev"):
+        losses, params = load_run(d / "user", name)
+        torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=1e-5, atol=1e-6)
+        assert params.keys() == ref_params.keys() and "pieces.3.moe.experts.3.fc2.bias" in params
+        for key, value in ref_params.items():
+            torch.testing.assert_close(params[key], value, rtol=1e-5, atol=1e-6,
+                                       msg=lambda m, k=key, n=name: f"{n} {k}: {m}")
+
+
+def test_ep_on_a_factory_without_moe_layers_is_refused_before_launching(capsys):
+    assert main(["run", "1f1b", "--nproc", "2", "--dp", "2", "--ep", "2", "--microbatches", "2", "--batch", "8",
+                 "--model", "examples/widths.py:make"]) == 2
+    err = capsys.readouterr().err
+    assert err == ("pipesim: error: --ep 2 shards MoE layers (executor.experts.MoeMLP); --model "
+                   "examples/widths.py:make has none\n")
 
 
 @pytest.mark.dist
