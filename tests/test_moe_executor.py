@@ -220,7 +220,9 @@ def _four_rank_flags(d):
                  ["dualpipev", *MOE, *common, "--moe-shared-expert-intermediate-size", "24", "--save-dir",
                   str(d / "shared"), "--trace", str(d / "dualpipev.json")],
                  ["dualpipev", *MOE, *common, "--no-a2a-overlap", "--save-dir", str(d / "plain"), "--trace",
-                  str(d / "plain.json")])
+                  str(d / "plain.json")],
+                 ["1f1b,dualpipev", *MOE, "--dp", "4", "--ep", "2", "--microbatches", "2", "--steps", str(STEPS),
+                  "--quiet", "--bucket-bytes", "4096", "--save-dir", str(d / "edp")])
 
 
 USER_MOE = "examples/moe_layers.py:make"  # a factory's own layers holding executor.experts.MoeMLP
@@ -268,6 +270,8 @@ def test_every_schedule_trains_the_moe_model_like_the_reference_on_four_ranks_ep
         assert_matches_reference(d / "dropless", name, moe_model(), STEPS)
     # SGD: Adam turns the key bias's gradient, zero but for rounding (softmax ignores it), into whole steps
     assert_matches_reference(d / "shared", "dualpipev", moe_model(shared=24), STEPS)
+    for name in ("1f1b", "dualpipev"):  # dp 4 x ep 2: expert gradients averaged over edp groups of 2 ([0, 2], [1, 3])
+        assert_matches_reference(d / "edp", name, moe_model(), STEPS)
 
 
 def _exchanges_per_pair(tl: Timeline) -> list[tuple[int, int]]:
