@@ -13,7 +13,8 @@ from pipesim.model.config import ModelConfig
 
 
 def check_experts(model: ModelConfig, job: Job, *, factory: str | None = None) -> None:
-    """PipesimError (one line) for a mixture-of-experts run the executor cannot train as asked."""
+    """PipesimError (one line) for a mixture-of-experts run the executor cannot train as asked: pp, dp, ep and, with
+    sequence parallelism, tp (attention split over tp, whole experts: etp 1) are run."""
     dims, moe = job.dims, model.moe
     if factory is not None and dims.ep > 1 and dims.etp in (None, 1) and moe is None:
         return  # the factory's MoE layers are checked once it is called (executor.user_model.check_run)
@@ -29,8 +30,11 @@ def check_experts(model: ModelConfig, job: Job, *, factory: str | None = None) -
     if moe.experts % dims.ep:
         raise PipesimError(f"--ep {dims.ep} does not divide the {moe.experts} experts (--num-experts): each "
                            "expert-parallel rank holds experts / ep of them")
+    if dims.tp > 1 and not (job.sp and dims.etp == 1):
+        raise PipesimError(f"--model moe with --tp {dims.tp} needs --sequence-parallel (each tp rank routes its own "
+                           "tokens, as Megatron-core requires) and --etp 1 (whole experts on each rank; experts split "
+                           "over tp are not run)")
     unrun = [what for what, on in (
-        (f"--tp {dims.tp} (tensor parallelism beside experts)", dims.tp > 1),
         (f"--etp {dims.etp}", dims.etp not in (None, 1)),
         (f"--recompute {job.recompute}", job.recompute != "none"),
         (f"--moe-load-imbalance {moe.imbalance:g} (the cost model's; a run routes what its router routes)",
@@ -39,7 +43,7 @@ def check_experts(model: ModelConfig, job: Job, *, factory: str | None = None) -
         ("the router's expert bias", moe.expert_bias),
     ) if on]
     if unrun:
-        raise PipesimError(f"the executor's mixture-of-experts model runs with pp, dp and ep; it does not run "
+        raise PipesimError(f"the executor's mixture-of-experts model runs with pp, dp, ep and tp; it does not run "
                            f"{'; '.join(unrun)}")
 
 

@@ -260,8 +260,9 @@ def apply_tensor_parallel(stage: StageModule, cfg: ModelConfig, group, *, sequen
                                              sequence_parallel=sequence_parallel)
             piece.qkv.stacked = 3  # q, k, v blocks: read by params.full_parameters
             piece.proj = RowParallelLinear(piece.proj, group, sequence_parallel=sequence_parallel)
-            piece.fc1 = ColumnParallelLinear(piece.fc1, group, sequence_parallel=sequence_parallel)
-            piece.fc2 = RowParallelLinear(piece.fc2, group, sequence_parallel=sequence_parallel)
+            if piece.moe is None:  # an MoE MLP runs on the rank's own rows (sequence parallel; its experts: ep)
+                piece.fc1 = ColumnParallelLinear(piece.fc1, group, sequence_parallel=sequence_parallel)
+                piece.fc2 = RowParallelLinear(piece.fc2, group, sequence_parallel=sequence_parallel)
 
 
 def replicated_parameters(stages) -> list[nn.Parameter]:

@@ -137,7 +137,8 @@ class RunConfig:
         # sequence parallelism splits a microbatch's rows, not its sequence, over tp (checked below), and its MLP also
         # runs full recomputation, which the cost model's MLP refuses
         plain = replace(job, dims=replace(job.dims, ep=1)) if self.factory else job  # a factory's ep: check_run
-        replace(plain, sp=False, recompute=job.recompute if self.model.kind == "gpt" else "none").check(self.model, m)
+        sp = job.sp and self.model.moe is not None  # the cost model's rule: experts beside tp need sp
+        replace(plain, sp=sp, recompute=job.recompute if self.model.kind == "gpt" else "none").check(self.model, m)
         dp, tp = job.dp, job.tp
         if job.sp and self.model.batch % (dp * m * tp):
             raise PipesimError(f"--sequence-parallel splits each microbatch over tp: --batch {self.model.batch} does "

@@ -75,7 +75,9 @@ class Runtime:
                        for s in local}
         self.params = [p for st in self.stages.values() for p in st.params]
         self.experts = {id(p) for p in expert_parameters(modules.values())}  # reduced over edp, not dp
-        self.replicated = replicated_parameters(modules.values()) if self.sp else []
+        # routed experts are not replicated over tp: each tp rank holds its ep coordinate's own (etp 1)
+        self.replicated = [p for p in replicated_parameters(modules.values()) if id(p) not in self.experts] \
+            if self.sp else []
         # a rank whose stages hold no layer (identity stages, `--layer-split 0,4` on an MLP) has nothing to update
         self.optimizer = (None if not self.params else torch.optim.SGD(self.params, lr=cfg.lr)
                           if cfg.optimizer == "sgd" else torch.optim.Adam(self.params, lr=cfg.lr))
@@ -333,7 +335,7 @@ class Runtime:
                     nbytes = sum_chain_replicas(self.schedule, self.me, self.stages, self.mesh)
                     log.collectives.append((step, "all_reduce", t0, perf_counter_ns(), nbytes))
                 where = phase("the data-parallel gradient all-reduce")
-                if self.mesh.dp > 1:
+                if self.mesh.dp > 1 or self.mesh.edp_group is not None:
                     t0 = perf_counter_ns()
                     nbytes = self._allreduce()
                     log.collectives.append((step, "all_reduce", t0, perf_counter_ns(), nbytes))
@@ -364,20 +366,23 @@ class Runtime:
     def _allreduce(self) -> int:
         """Average gradients over the DP group; returns the bytes reduced.
 
-        A routed expert's gradient already sums the rows of its ep group's replicas (the all-to-all brought them):
-        it is summed over the expert-data-parallel group and divided by dp, so it is the mean over all replicas
-        as the dense gradients are."""
+        A routed expert's gradient already sums the rows of its ep group's ranks (the all-to-all brought them; under
+        sequence parallelism each tp rank's rows are its share of a replica's loss): it is summed over the
+        expert-data-parallel group and divided by dp, so it is the mean over all replicas as the dense gradients
+        are."""
         grads = [p for p in self.params if p.grad is not None]
         nbytes = sum(p.grad.numel() * p.grad.element_size() for p in grads)
         from executor.data_parallel import allreduce_gradients
 
         dense = [p for p in grads if id(p) not in self.experts]
-        allreduce_gradients(dense, self.mesh.dp_group, bucket_bytes=self.cfg.bucket_bytes)
+        if self.mesh.dp > 1:
+            allreduce_gradients(dense, self.mesh.dp_group, bucket_bytes=self.cfg.bucket_bytes)
         experts = [p for p in grads if id(p) in self.experts]
         if experts and self.mesh.edp_group is not None:
             allreduce_gradients(experts, self.mesh.edp_group, bucket_bytes=self.cfg.bucket_bytes)  # mean over edp
+        scale = self.mesh.dims.edp / self.mesh.dims.dp_cp  # the edp mean times edp: their sum, over dp replicas
         for p in experts:
-            p.grad.div_(self.mesh.dims.ep)  # edp x ep = dp (tp 1): the mean over all dp replicas
+            p.grad.mul_(scale)
         return nbytes
 
     def _sum_replicated(self) -> int:

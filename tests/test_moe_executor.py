@@ -189,7 +189,10 @@ def test_the_router_learns():
     (["--ep", "4", "--dp", "2", "--nproc", "4"], "dp(2) * tp(1) is not divisible by ep(4) * etp(1)"),
     (["--ep", "2", "--dp", "2", "--nproc", "2", "--moe-router-topk", "5"], "moe top_k 5 is more than its 4 experts"),
     (["--ep", "2", "--dp", "2", "--nproc", "3"], "WORLD_SIZE(3) is not divisible by dp(2) * tp(1)"),
-    (["--ep", "2", "--dp", "2", "--nproc", "4", "--tp", "2"], "it does not run --tp 2 (tensor parallelism beside"),
+    (["--ep", "2", "--dp", "2", "--nproc", "4", "--tp", "2", "--etp", "1"],
+     "--model moe with --tp 2 needs --sequence-parallel (each tp rank routes its own tokens"),
+    (["--ep", "2", "--dp", "2", "--nproc", "4", "--tp", "2", "--sequence-parallel"],
+     "and --etp 1 (whole experts on each rank"),
     (["--ep", "2", "--dp", "2", "--nproc", "2", "--recompute", "full"], "it does not run --recompute full"),
 ])
 def test_a_bad_expert_layout_exits_2_in_one_line_before_launching(argv, message, capsys):
@@ -211,7 +214,9 @@ def _two_rank_flags(d):
     common = ["--dp", "2", "--ep", "2", "--microbatches", "2", "--steps", str(STEPS), "--quiet"]
     return chain([",".join(TWO), *MOE, *common, "--save-dir", str(d / "dropless")],
                  ["1f1b,dualpipev", *MOE, *common, "--moe-expert-capacity-factor", "1.0", "--save-dir", str(d / "cf")],
-                 ["1f1b,dualpipev", "--model", USER_MOE, "--batch", "8", *common, "--save-dir", str(d / "user")])
+                 ["1f1b,dualpipev", "--model", USER_MOE, "--batch", "8", *common, "--save-dir", str(d / "user")],
+                 ["1f1b,dualpipev", *MOE, *TP, "--microbatches", "2", "--steps", str(STEPS), "--quiet", "--save-dir",
+                  str(d / "tp")])
 
 
 def _four_rank_flags(d):
@@ -222,9 +227,14 @@ def _four_rank_flags(d):
                  ["dualpipev", *MOE, *common, "--no-a2a-overlap", "--save-dir", str(d / "plain"), "--trace",
                   str(d / "plain.json")],
                  ["1f1b,dualpipev", *MOE, "--dp", "4", "--ep", "2", "--microbatches", "2", "--steps", str(STEPS),
-                  "--quiet", "--bucket-bytes", "4096", "--save-dir", str(d / "edp")])
+                  "--quiet", "--bucket-bytes", "4096", "--save-dir", str(d / "edp")],
+                 ["1f1b,dualpipev", *MOE, *TP, "--dp", "2", "--microbatches", "2", "--steps", str(STEPS), "--quiet",
+                  "--save-dir", str(d / "tp_dp")],
+                 ["1f1b,dualpipev", *MOE, *TP, "--microbatches", "4", "--steps", str(STEPS), "--quiet",
+                  "--save-dir", str(d / "tp_pp")])
 
 
+TP = ["--tp", "2", "--ep", "2", "--etp", "1", "--sequence-parallel"]  # attention over tp, whole experts over ep
 USER_MOE = "examples/moe_layers.py:make"  # a factory's own layers holding executor.experts.MoeMLP
 TWO_RANKS = register_run("moe_executor_2", 2, _two_rank_flags)
 FOUR_RANKS = register_run("moe_executor_4", 4, _four_rank_flags)
@@ -238,6 +248,7 @@ def test_every_schedule_trains_the_moe_model_like_the_reference_on_two_ranks_ep2
         assert_matches_reference(d / "dropless", name, moe_model(), STEPS)
     for name in ("1f1b", "dualpipev"):  # capacity 1.0 drops pairs (test_routing_is_the_same_however_the_batch_is_cut)
         assert_matches_reference(d / "cf", name, moe_model(capacity_factor=1.0), STEPS)
+        assert_matches_reference(d / "tp", name, moe_model(), STEPS)  # tp 2 x ep 2 on the same two ranks
 
 
 @pytest.mark.dist
@@ -272,6 +283,8 @@ def test_every_schedule_trains_the_moe_model_like_the_reference_on_four_ranks_ep
     assert_matches_reference(d / "shared", "dualpipev", moe_model(shared=24), STEPS)
     for name in ("1f1b", "dualpipev"):  # dp 4 x ep 2: expert gradients averaged over edp groups of 2 ([0, 2], [1, 3])
         assert_matches_reference(d / "edp", name, moe_model(), STEPS)
+        assert_matches_reference(d / "tp_dp", name, moe_model(), STEPS)  # dp 2 x tp 2, ep 2 (edp 2)
+        assert_matches_reference(d / "tp_pp", name, moe_model(), STEPS)  # pp 2 x tp 2, ep 2
 
 
 def _exchanges_per_pair(tl: Timeline) -> list[tuple[int, int]]:

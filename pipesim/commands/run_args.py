@@ -40,6 +40,9 @@ def add_run_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--ep", type=positive_int, default=1, metavar="N",
                    help="expert-parallel ranks: --model moe's experts sharded over N ranks of a stage (Megatron-core's "
                         "--expert-model-parallel-size; pipesim simulate's --ep) (default 1)")
+    g.add_argument("--etp", type=positive_int, default=None, metavar="N",
+                   help="--model moe: tensor parallelism inside each expert (Megatron-core's "
+                        "--expert-tensor-parallel-size; default --tp); the executor runs 1")
     g.add_argument("--moe-expert-capacity-factor", type=float, default=None, metavar="CF",
                    help="--model moe: each expert keeps at most CF x s k / E of a sequence's token pairs, the rest "
                         "dropped (default: dropless)")
@@ -100,7 +103,7 @@ def configs_from_args(args: argparse.Namespace) -> list[RunConfig]:
 def job_from_args(args: argparse.Namespace) -> Job:
     """The run's one Job: its layout (pp only when --stages is given; else `RunConfig.job_for` sets it from the
     world) and layer options."""
-    dims = ParallelDims(pp=args.stages or 1, dp=args.dp, tp=args.tp, ep=args.ep)
+    dims = ParallelDims(pp=args.stages or 1, dp=args.dp, tp=args.tp, ep=args.ep, etp=args.etp)
     return Job(dims=dims, recompute=args.recompute, sp=args.sequence_parallel)
 
 
