@@ -5,8 +5,9 @@ flags, then runs `torchrun --standalone --nproc-per-node 2 -m executor.collectiv
 the JSON being a `CollectivesConfig` (executor/collectives_config.py).
 
 Sizes are the whole buffer S (nccl-tests' "size"): all_gather's output, reduce_scatter's input,
-scatter's root input, gather's root output. algbw = S / t; busbw = algbw x factor, the factor being
-what a ring moves per link (all_reduce 2(n-1)/n, all_gather/reduce_scatter/scatter/gather (n-1)/n,
+scatter's root input, gather's root output, all_to_all's input on each rank (S / n to each peer, as a MoE
+layer's token dispatch sends). algbw = S / t; busbw = algbw x factor, the factor being what a ring moves per
+link (all_reduce 2(n-1)/n, all_gather/reduce_scatter/scatter/gather/all_to_all (n-1)/n,
 broadcast/reduce/send_recv 1), so busbw is comparable across ops and world sizes. Each result is
 checked (e.g. all_reduce of rank+1 gives n(n+1)/2) before it is timed.
 """
@@ -82,6 +83,9 @@ def _case(op: str, nbytes: int, dev: torch.device) -> tuple[int, Callable[[], No
         x, out = pat + r, torch.empty(chunk, **f)
         want = pat[mine] * n + (total - n)  # sum over ranks of (pat + rank)
         return numel * 4, lambda: _reduce_scatter_flat(out, x), lambda: bool(torch.equal(out, want))
+    if op == "all_to_all":  # chunk j of every rank goes to rank j: rank r receives each rank's chunk r
+        x, out = torch.full((numel,), float(r), **f), torch.empty(numel, **f)
+        return numel * 4, lambda: dist.all_to_all_single(out, x), lambda: bool(torch.equal(out, owner))
     if op == "scatter":
         parts, out = (list(pat.chunk(n)) if r == 0 else None), torch.empty(chunk, **f)
         return numel * 4, lambda: dist.scatter(out, parts, src=0), lambda: bool(torch.equal(out, pat[mine]))

@@ -12,7 +12,8 @@ from dataclasses import asdict, dataclass
 from executor.run_config import dataclass_from_dict
 from pipesim.errors import PipesimError
 
-OPS = ("broadcast", "scatter", "gather", "reduce", "all_gather", "reduce_scatter", "all_reduce", "send_recv")
+OPS = ("broadcast", "scatter", "gather", "reduce", "all_gather", "reduce_scatter", "all_reduce", "all_to_all",
+       "send_recv")
 _SUFFIX = {"": 1, "B": 1, "K": 1024, "M": 1024**2, "G": 1024**3}  # binary, as nccl-tests' -b/-e
 
 

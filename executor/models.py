@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from executor.experts import MoeMLP, Steps, drive
 from pipesim.model.config import ModelConfig
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -42,14 +43,15 @@ class Embed(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm transformer block: causal self-attention, then a 4h MLP.
+    """Pre-norm transformer block: causal self-attention, then a 4h MLP (or, on a layer with experts, an MoE MLP:
+    executor.experts; `steps` then yields its all-to-alls in flight).
 
     Under TP (Megatron) a rank holds heads/tp heads: `qkv` column-parallel (its q, k and v rows of
     those heads), `proj` row-parallel; `fc1` column-, `fc2` row-parallel. The forward reads the local
     width off `qkv`'s output, so one code path serves the full and the sharded block.
     """
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, layer: int = 0) -> None:
         super().__init__()
         h = cfg.hidden
         self.head_dim = h // cfg.heads
@@ -57,11 +59,27 @@ class Block(nn.Module):
         self.qkv = nn.Linear(h, 3 * h)
         self.proj = nn.Linear(h, h)
         self.ln2 = nn.LayerNorm(h)
-        self.fc1 = nn.Linear(h, 4 * h)
-        self.fc2 = nn.Linear(4 * h, h)
+        self.moe = MoeMLP(h, cfg.moe) if cfg.moe is not None and cfg.moe.is_moe_layer(layer) else None
+        if self.moe is None:
+            self.fc1 = nn.Linear(h, 4 * h)
+            self.fc2 = nn.Linear(4 * h, h)
         self.recompute_attention = False  # selective recomputation: the core keeps only q, k, v
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (b, t, h) -> (b, t, h)
+        if self.moe is not None:
+            return drive(self.steps(x))
+        x = self.attend(x)
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+    def steps(self, x: torch.Tensor) -> Steps:
+        """The block as a generator yielding its MoE MLP's all-to-alls in flight (none for a dense block)."""
+        x = self.attend(x)
+        if self.moe is None:
+            return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+        return x + (yield from self.moe.steps(self.ln2(x)))
+
+    def attend(self, x: torch.Tensor) -> torch.Tensor:
+        """x plus the attention's output."""
         qkv = self.qkv(self.ln1(x))  # (b, t, 3 hl); hl = h, or h / tp for this rank's heads
         b, t, width = qkv.shape  # b: all rows of the microbatch, also under sequence parallelism
         hl, hs = width // 3, self.head_dim
@@ -71,8 +89,7 @@ class Block(nn.Module):
         else:
             y = attention_core(q, k, v)
         y = y.transpose(1, 2).reshape(b, t, hl)
-        x = x + self.proj(y)
-        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+        return x + self.proj(y)
 
 
 def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -101,7 +118,7 @@ class FullModel(nn.Module):
         if cfg.kind == "mlp":
             pieces = [MLPLayer(cfg.hidden) for _ in range(cfg.layers)]
         else:
-            pieces = [Embed(cfg)] + [Block(cfg) for _ in range(cfg.layers)] + [Head(cfg)]
+            pieces = [Embed(cfg)] + [Block(cfg, layer) for layer in range(cfg.layers)] + [Head(cfg)]
         self.pieces = nn.ModuleList(pieces)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -124,6 +141,14 @@ class StageModule(nn.Module):
                 x = checkpoint(piece, x, use_reentrant=False)  # backward re-runs it (TP collectives too)
             else:
                 x = piece(x)
+        return x
+
+    def steps(self, x: torch.Tensor) -> Steps:
+        """The stage as a generator yielding the all-to-alls in flight of its MoE blocks, or of any piece with such a
+        `steps(x)` generator (a user's layer: examples/moe_layers.py); DualPipeV's overlapped F&B waits for them
+        later. No recomputation here: `RunConfig.check` refuses it with experts."""
+        for piece in self.pieces.values():
+            x = (yield from piece.steps(x)) if callable(getattr(piece, "steps", None)) else piece(x)
         return x
 
 
@@ -235,8 +260,9 @@ def apply_tensor_parallel(stage: StageModule, cfg: ModelConfig, group, *, sequen
                                              sequence_parallel=sequence_parallel)
             piece.qkv.stacked = 3  # q, k, v blocks: read by params.full_parameters
             piece.proj = RowParallelLinear(piece.proj, group, sequence_parallel=sequence_parallel)
-            piece.fc1 = ColumnParallelLinear(piece.fc1, group, sequence_parallel=sequence_parallel)
-            piece.fc2 = RowParallelLinear(piece.fc2, group, sequence_parallel=sequence_parallel)
+            if piece.moe is None:  # an MoE MLP runs on the rank's own rows (sequence parallel; its experts: ep)
+                piece.fc1 = ColumnParallelLinear(piece.fc1, group, sequence_parallel=sequence_parallel)
+                piece.fc2 = RowParallelLinear(piece.fc2, group, sequence_parallel=sequence_parallel)
 
 
 def replicated_parameters(stages) -> list[nn.Parameter]:

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 
 import schedules
+from executor.expert_checks import check_experts
 from pipesim.errors import PipesimError
 from pipesim.ir import torch_csv
 from pipesim.ir.schedule import Action, Schedule
@@ -63,6 +64,9 @@ class RunConfig:
     # zb-auto / zb-2p ordered for the simulated costs at the edge (pipesim.commands.run_args.searched_orders):
     # (name, one tuple of action strings per rank); a name absent here runs the registry's (unit-cost) order
     orders: tuple = ()
+    # experts over ep > 1: an overlapped F&B pair issues its forward's all-to-all asynchronously and runs the
+    # backward before waiting (executor.runtime); False runs the pair's halves back to back (the bench's baseline)
+    a2a_overlap: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.job, Job):
@@ -87,9 +91,7 @@ class RunConfig:
 
     def check(self, world: int) -> list[Schedule]:
         """Validate against the world size; return the schedules to run (validated IR)."""
-        if self.model.moe is not None:
-            raise PipesimError(f"the executor trains dense models; this model has {self.model.moe.experts} experts "
-                               "in its mixture-of-experts layers (pipesim simulate costs them)")
+        check_experts(self.model, self.job, factory=self.factory)
         if self.model.mla is not None or self.model.mtp_layers:
             what = "multi-head latent attention" if self.model.mla is not None else "multi-token prediction modules"
             raise PipesimError(f"the executor trains standard attention without MTP; this model has {what} "
@@ -137,7 +139,9 @@ class RunConfig:
         # the cost model's checks of the batch split and of the sizes tp divides (hidden; gpt's heads). The executor's
         # sequence parallelism splits a microbatch's rows, not its sequence, over tp (checked below), and its MLP also
         # runs full recomputation, which the cost model's MLP refuses
-        replace(job, sp=False, recompute=job.recompute if self.model.kind == "gpt" else "none").check(self.model, m)
+        plain = replace(job, dims=replace(job.dims, ep=1)) if self.factory else job  # a factory's ep: check_run
+        sp = job.sp and self.model.moe is not None  # the cost model's rule: experts beside tp need sp
+        replace(plain, sp=sp, recompute=job.recompute if self.model.kind == "gpt" else "none").check(self.model, m)
         dp, tp = job.dp, job.tp
         if job.sp and self.model.batch % (dp * m * tp):
             raise PipesimError(f"--sequence-parallel splits each microbatch over tp: --batch {self.model.batch} does "
@@ -205,26 +209,24 @@ class RunConfig:
         return dataclass_from_dict(cls, data, "run configuration")
 
 
-EXECUTED = ("dims", "recompute", "sp")  # the Job fields the executor runs (of the dims, cp, ep and etp only unset)
+EXECUTED = ("dims", "recompute", "sp")  # the Job fields the executor runs (cp only unset; ep: expert_checks)
 
 
 def unhonoured(job: Job) -> list[str]:
     """The flags of `job`'s options the executor cannot run, as the user would give them (empty: it runs them all).
 
-    The executor trains dense models with plain DDP and eager torch modules (torch's scaled_dot_product_attention
-    picks its own kernel): ZeRO, context parallelism, expert parallelism (ep, etp), an attention kernel, the
+    The executor trains with plain DDP and eager torch modules (torch's scaled_dot_product_attention picks its own
+    kernel): ZeRO, context parallelism, an attention kernel, the
     framework's communication switches (scatter-gather, bucketed overlapped gradient reduction, blocking P2P) and
     the GPU kernel switches are the cost model's."""
     dims = job.dims
-    out = [f"--cp {job.cp}"] if job.cp > 1 else []
-    out += [f"--ep {dims.ep}"] if dims.ep > 1 else []
-    out += [f"--etp {dims.etp}"] if dims.etp is not None else []
+    out = [f"--cp {job.cp}"] if job.cp > 1 else []  # ep and etp: executor.expert_checks
     # the executor's selective recomputation is the attention core's alone (Megatron-core's default module)
     out += [f"--recompute-modules {' '.join(job.recompute_modules)}"] if job.recompute_modules else []
     plain = Job(**{name: getattr(job, name) for name in EXECUTED})
     job = replace(job, recompute_modules=())  # listed above
     if job != plain:
-        dense = replace(dims, ep=1, etp=None)  # their flags are listed above
+        dense = replace(dims, ep=1, etp=None)  # executor.expert_checks judges them
         flags = replace(job, dims=dense, recompute="none", sp=False).flags()
         names = [f.name for f in fields(Job) if getattr(job, f.name) != getattr(plain, f.name)]
         out.append(" ".join(flags) if flags else ", ".join(names))  # a field without a flag: its name

@@ -4,8 +4,13 @@ All schedule logic comes from the IR (`add_p2p(schedule).programs[pp_rank]`); ea
 turned once into a small closure, so the hot loop is: time, call, append. SENDs are isends whose
 handles are waited at the end of the step (with `--trace` on gloo, by send_watch threads that stamp
 each completion); RECVs block. After the last action: DualPipe's sum of its two model replicas'
-gradients (executor.replicas), DP all-reduce,
-then one optimizer step (gradient accumulation over microbatches, losses scaled by 1/m).
+gradients (executor.replicas), DP all-reduce (the routed experts' gradients over their expert-data-parallel
+group instead), then one optimizer step (gradient accumulation over microbatches, losses scaled by 1/m).
+
+With experts over ep > 1 ranks an overlapped forward-and-backward pair (DualPipeV's OVERLAP_F_B) runs for real:
+the forward chunk runs up to its first all-to-all, issues it asynchronously, the backward chunk runs whole, and
+only then does the forward wait for its exchange and finish (`_overlapped`); `--no-a2a-overlap` runs the same
+order back to back instead (the bench's baseline).
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ import torch
 import torch.distributed as dist
 
 from executor import rank_status
+from executor.expert_dispatch import ExchangeError, set_exchange_observer
+from executor.experts import expert_parameters, finish, shard_experts
 from executor.faults import die, inject
 from executor.mesh import Mesh
 from executor.models import StageModule, apply_tensor_parallel, replicated_parameters, set_recompute
@@ -54,6 +61,8 @@ class Runtime:
         by_model = workload.stage_modules(schedule.model_stages, sorted({schedule.model_stage(s) for s in local}))
         modules = {s: by_model[schedule.model_stage(s)] for s in local}
         for module in modules.values():
+            if mesh.dims.ep > 1:
+                shard_experts(module, mesh.expert_coords.ep, mesh.dims.ep, mesh.ep_group)
             if mesh.tp > 1:
                 apply_tensor_parallel(module, cfg.model, mesh.tp_group, sequence_parallel=cfg.job.sp)
             set_recompute(module, cfg.job.recompute)
@@ -65,7 +74,10 @@ class Runtime:
         self.stages = {s: Stage(s, modules[s], is_last=schedule.chain_last(s), loss=loss, scale=scale)
                        for s in local}
         self.params = [p for st in self.stages.values() for p in st.params]
-        self.replicated = replicated_parameters(modules.values()) if self.sp else []
+        self.experts = {id(p) for p in expert_parameters(modules.values())}  # reduced over edp, not dp
+        # routed experts are not replicated over tp: each tp rank holds its ep coordinate's own (etp 1)
+        self.replicated = [p for p in replicated_parameters(modules.values()) if id(p) not in self.experts] \
+            if self.sp else []
         # a rank whose stages hold no layer (identity stages, `--layer-split 0,4` on an MLP) has nothing to update
         self.optimizer = (None if not self.params else torch.optim.SGD(self.params, lr=cfg.lr)
                           if cfg.optimizer == "sgd" else torch.optim.Adam(self.params, lr=cfg.lr))
@@ -90,6 +102,8 @@ class Runtime:
         # trace on gloo: stamp each send's completion (a thread per peer waits them; see send_watch)
         self.watcher = SendWatcher() if cfg.trace is not None and dist.get_backend() == "gloo" else None
         self.ops = [self._op(i, a) for i, a in enumerate(self.program)]
+        if cfg.model.moe is not None and mesh.dims.ep > 1 and cfg.a2a_overlap:
+            self._overlap_pairs()
         if dist.get_backend() == "nccl":
             self._fuse_sends()
         if cfg.fail_rank == mesh.rank and cfg.fail_at is not None:
@@ -164,18 +178,56 @@ class Runtime:
         idx = self.program.index(target)
         inner = self.ops[idx]
 
-        def faulty() -> None:
+        def faulty():
             if self.step_index == 0:
                 inject(self.cfg.fail_mode, self.mesh.rank, target)
-            inner()
+            return inner()
 
         self.ops[idx] = faulty
+
+    def _overlap_pairs(self) -> None:
+        """Each OVERLAP_F_B pair (adjacent: F then B) runs as one op at the B's index, the F's index doing nothing."""
+        prog = self.program
+        for idx in range(len(prog) - 1):
+            f, b = prog[idx], prog[idx + 1]
+            if (f, b) not in self.schedule.overlaps or self._passes(f.stage):
+                continue
+            s, mb = f.stage, f.microbatch
+            first, last = self.schedule.chain_first(s), self.schedule.chain_last(s)
+            next_local = not last and self._local(s + 1)
+            self.ops[idx + 1] = partial(self._overlapped, s, mb, first, last, next_local, self.ops[idx + 1],
+                                        idx, idx + 1)
+            self.ops[idx] = _ran_with_its_pair
+
+    def _overlapped(self, s: int, mb: int, first: bool, last: bool, next_local: bool, backward: Callable,
+                    f_idx: int, b_idx: int) -> list[tuple[int, int, int, int]]:
+        """F of (s, mb) up to its first all-to-all, issued async; the paired B whole; then F waits and finishes.
+
+        Returns the two actions' intervals: F's up to the issue, B's from there to the end (the forward's tail runs
+        after the backward, inside B's bar; the plots draw a pair as one bar)."""
+        t0 = perf_counter_ns()
+        x = self.x_mb[mb] if first else self.acts.pop((s, mb))
+        steps = self.stages[s].forward_steps(mb, x, self.y_mb[mb] if last else None)
+        try:
+            pending = next(steps)
+        except StopIteration as stop:  # no exchange in this chunk: nothing to overlap
+            t1 = perf_counter_ns()
+            self._deliver(stop.value, s, mb, last, next_local)
+            backward()
+            return [(self.step_index, f_idx, t0, t1), (self.step_index, b_idx, t1, perf_counter_ns())]
+        t1 = perf_counter_ns()
+        backward()  # the other chunk's backward, while the forward's dispatch is in flight
+        self._deliver(finish(pending, steps), s, mb, last, next_local)
+        return [(self.step_index, f_idx, t0, t1), (self.step_index, b_idx, t1, perf_counter_ns())]
 
     # -- the actions ---------------------------------------------------------------------------------
 
     def _forward(self, forward: Callable, s: int, mb: int, first: bool, last: bool, next_local: bool) -> None:
         x = self.x_mb[mb] if first else self.acts.pop((s, mb))
-        y = forward(mb, x, self.y_mb[mb] if last else None)
+        self._deliver(forward(mb, x, self.y_mb[mb] if last else None), s, mb, last, next_local)
+
+    def _deliver(self, y: torch.Tensor, s: int, mb: int, last: bool, next_local: bool) -> None:
+        """A forward's result: a loss, the next local stage's input, or an activation to send."""
         if last:
             self.losses.append(y)
         elif next_local:
@@ -233,6 +285,10 @@ class Runtime:
 
             record = log.tp_collectives.append
             set_collective_observer(lambda kind, t0, t1, nbytes: record((self.step_index, kind, t0, t1, nbytes)))
+        observe_ep = self.cfg.trace is not None and self.mesh.dims.ep > 1
+        if observe_ep:  # expert all-to-alls, from their issue to their completion
+            record_ep = log.tp_collectives.append
+            set_exchange_observer(lambda kind, t0, t1, nbytes: record_ep((self.step_index, kind, t0, t1, nbytes)))
         status = rank_status.current()  # what this rank is doing, for the launcher's failure line
         publish = status.doing if status is not None else None
         texts = [rank_status.RankStatus.encode(a.describe()) for a in self.program]
@@ -254,10 +310,13 @@ class Runtime:
                     if publish is not None:
                         publish(step, texts[idx], states[idx])
                     t0 = perf_counter_ns()
-                    op()
+                    ran = op()
                     if sync:
                         torch.cuda.synchronize(self.device)
-                    actions.append((step, idx, t0, perf_counter_ns()))
+                    if ran is None:
+                        actions.append((step, idx, t0, perf_counter_ns()))
+                    else:  # an overlapped pair gives both actions' intervals
+                        actions.extend(ran)
                 where = phase("the wait for posted sends")
                 if self.watcher is not None:
                     self.watcher.drain()
@@ -276,7 +335,7 @@ class Runtime:
                     nbytes = sum_chain_replicas(self.schedule, self.me, self.stages, self.mesh)
                     log.collectives.append((step, "all_reduce", t0, perf_counter_ns(), nbytes))
                 where = phase("the data-parallel gradient all-reduce")
-                if self.mesh.dp > 1:
+                if self.mesh.dp > 1 or self.mesh.edp_group is not None:
                     t0 = perf_counter_ns()
                     nbytes = self._allreduce()
                     log.collectives.append((step, "all_reduce", t0, perf_counter_ns(), nbytes))
@@ -292,21 +351,38 @@ class Runtime:
                 if progress is not None:
                     progress(step, (end - start) / 1e9)
         except Exception as exc:  # noqa: BLE001 - any failure ends the run with a named rank and action
+            if isinstance(exc, ExchangeError) and isinstance(where, Action):
+                where = f"the expert all-to-all of {where.describe()}"
             die(self.mesh.rank, where, exc)
         if observe_tp:
             set_collective_observer(None)
+        if observe_ep:
+            set_exchange_observer(None)
         if self.watcher is not None:
             self.watcher.close()
             log.sends_done = self.watcher.done
         return log
 
     def _allreduce(self) -> int:
-        """Average gradients over the DP group; returns the bytes reduced."""
+        """Average gradients over the DP group; returns the bytes reduced.
+
+        A routed expert's gradient already sums the rows of its ep group's ranks (the all-to-all brought them; under
+        sequence parallelism each tp rank's rows are its share of a replica's loss): it is summed over the
+        expert-data-parallel group and divided by dp, so it is the mean over all replicas as the dense gradients
+        are."""
         grads = [p for p in self.params if p.grad is not None]
         nbytes = sum(p.grad.numel() * p.grad.element_size() for p in grads)
         from executor.data_parallel import allreduce_gradients
 
-        allreduce_gradients(grads, self.mesh.dp_group, bucket_bytes=self.cfg.bucket_bytes)
+        dense = [p for p in grads if id(p) not in self.experts]
+        if self.mesh.dp > 1:
+            allreduce_gradients(dense, self.mesh.dp_group, bucket_bytes=self.cfg.bucket_bytes)
+        experts = [p for p in grads if id(p) in self.experts]
+        if experts and self.mesh.edp_group is not None:
+            allreduce_gradients(experts, self.mesh.edp_group, bucket_bytes=self.cfg.bucket_bytes)  # mean over edp
+        scale = self.mesh.dims.edp / self.mesh.dims.dp_cp  # the edp mean times edp: their sum, over dp replicas
+        for p in experts:
+            p.grad.mul_(scale)
         return nbytes
 
     def _sum_replicated(self) -> int:
@@ -333,6 +409,11 @@ def _pass_forward(mb: int, x: torch.Tensor, target: torch.Tensor | None) -> torc
 def _pass_gradient(mb: int, grad: torch.Tensor | None) -> torch.Tensor | None:
     """An identity stage's B or I: the output gradient is the input gradient."""
     return grad
+
+
+def _ran_with_its_pair() -> list:
+    """The F of an overlapped pair: it runs inside its B's op (`Runtime._overlapped`), which records both."""
+    return []
 
 
 def _no_weights(mb: int) -> None:

@@ -168,7 +168,13 @@ class Stage:
 
     def forward(self, mb: int, x: torch.Tensor, target: torch.Tensor | None = None) -> torch.Tensor:
         """Returns the activation to pass on, or (last stage) the unscaled loss, detached."""
-        out = self.module(x)
+        return self._keep(mb, x, self.module(x), target)
+
+    def forward_steps(self, mb: int, x: torch.Tensor, target: torch.Tensor | None = None):
+        """`forward` as a generator yielding the module's all-to-alls in flight (executor.experts.drive runs it)."""
+        return self._keep(mb, x, (yield from self.module.steps(x)), target)
+
+    def _keep(self, mb: int, x: torch.Tensor, out: torch.Tensor, target: torch.Tensor | None) -> torch.Tensor:
         if self.is_last:
             loss = self.loss(out, target)
             out = loss * self.scale

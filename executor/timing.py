@@ -3,7 +3,8 @@
 Times are `perf_counter_ns` (CLOCK_MONOTONIC on Linux), comparable across processes on one host;
 the hot loop only appends integer tuples. Rank 0 converts them to the simulator's schema
 (`pipesim.timeline.Timeline`, source "measured"), relative to the earliest start of step 0.
-With `--trace`, TP collectives (timed inside actions) and send completions (send_watch) join them.
+With `--trace`, TP collectives (timed inside actions), expert all-to-alls (labelled with the action that issued
+them, which an overlapped F's exchange outlives) and send completions (send_watch) join them.
 """
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ def resolve(log: RankLog, program, peer_of, nbytes) -> None:
     starts = [t0 for _, _, t0, _ in log.actions]  # actions run one after another: sorted
     for step, kind, t0, t1, nb in log.tp_collectives:  # labelled with the action they ran in
         i = bisect_right(starts, t0) - 1
-        a = program[log.actions[i][1]] if i >= 0 and t1 <= log.actions[i][3] else None
+        inside = i >= 0 and (t1 <= log.actions[i][3] or kind == "all_to_all")  # an async exchange outlives its F
+        a = program[log.actions[i][1]] if inside else None
         log.events.append(("collective", kind, a.stage if a else -1, a.microbatch if a else -1, t0, t1, nb, -1, step))
     log.actions = []
     log.tp_collectives = []

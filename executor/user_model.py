@@ -21,6 +21,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
+from executor.experts import MoeMLP
 from executor.run_config import RunConfig
 from executor.workload import PiecesWorkload, infer_boundaries
 from pipesim.cost.user_model_costs import ModelParts, PieceCounts, UserModel, load_factory, model_parts
@@ -116,10 +117,19 @@ def workload_of(cfg: RunConfig) -> PiecesWorkload:
 
 def check_run(cfg: RunConfig, stage_counts: list[int]) -> None:
     """Before anything starts: the factory loads and returns the right things, the split fits every
-    schedule's stages, and a microbatch passes through the stages (shape inference) on meta."""
+    schedule's stages, a microbatch passes through the stages (shape inference) on meta, and with --ep the
+    factory's MoE MLPs exist and split evenly."""
     work = workload_of(cfg)
     for n in stage_counts:
         work.boundaries(n, cfg.model.batch // (cfg.job.dp * cfg.microbatches))
+    ep = cfg.job.dims.ep
+    if ep > 1:  # expert parallelism shards the factory's MoE MLPs (executor.experts, examples/moe_layers.py)
+        counts = [m.num_experts for piece in work.pieces for m in piece.modules() if isinstance(m, MoeMLP)]
+        if not counts:
+            raise PipesimError(f"--ep {ep} shards MoE layers (executor.experts.MoeMLP); --model {cfg.factory} has none")
+        if any(n % ep for n in counts):
+            bad = next(n for n in counts if n % ep)
+            raise PipesimError(f"--ep {ep} does not divide the {bad} experts of an MoE layer of --model {cfg.factory}")
 
 
 class _OpCounter(TorchDispatchMode):

@@ -14,7 +14,7 @@ from executor.collectives_config import OPS, parse_size
 from pipesim.errors import PipesimError
 
 FACTORS_N2 = {"all_reduce": 1.0, "all_gather": 0.5, "reduce_scatter": 0.5, "scatter": 0.5, "gather": 0.5,
-              "broadcast": 1.0, "reduce": 1.0, "send_recv": 1.0}  # 2(n-1)/n, (n-1)/n, 1 at n = 2
+              "all_to_all": 0.5, "broadcast": 1.0, "reduce": 1.0, "send_recv": 1.0}  # 2(n-1)/n, (n-1)/n, 1 at n = 2
 
 
 def _pipesim(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess:

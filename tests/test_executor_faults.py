@@ -103,6 +103,26 @@ def test_killed_rank_is_named_with_its_signal(tmp_path):
 
 
 @pytest.mark.dist
+def test_a_rank_killed_while_its_peer_is_in_an_expert_all_to_all_is_named(tmp_path):
+    """--model moe over ep 2: rank 1 dies before its backward; rank 0's backward is inside the combine's
+    all-to-all (a lost peer, not a cause), and the line says so."""
+    moe = ["1f1b", "--nproc", "2", "--dp", "2", "--ep", "2", "--microbatches", "2", "--model", "moe", "--hidden", "16",
+           "--heads", "2", "--seq", "8", "--vocab", "32", "--layers", "2", "--batch", "8", "--num-experts", "4",
+           "--steps", "2", "--quiet", "--pg-timeout", "20"]
+    proc = _pipesim_run([*moe, "--fail-rank", "1", "--fail-at", "0B1", "--fail-mode", "kill",
+                         "--save-dir", str(tmp_path)], tmp_path)
+    assert proc.returncode == 1
+    assert ("executor: rank 0 failed during the expert all-to-all of B(stage 0, mb 1): ExchangeError: the token "
+            "all-to-all over ep ranks [0, 1] failed: ") in proc.stderr
+    last = _last_line(proc.stderr)
+    assert re.fullmatch(r"pipesim: rank 1 was killed \(SIGKILL\) during B\(stage 0, mb 1\) of step 1 of 1f1b; "
+                        r"rank 0 stopped during the expert all-to-all of B\(stage 0, mb 1\); torchrun's output: \S+",
+                        last), last
+    assert "Traceback" not in proc.stderr
+    assert not _alive_with(str(tmp_path))
+
+
+@pytest.mark.dist
 def test_hung_rank_is_named_within_the_process_group_timeout(tmp_path):
     cmd = [sys.executable, "-m", "pipesim", "run", *SMALL, "--fail-rank", "1", "--fail-at", "1F0", "--fail-mode",
            "hang", "--pg-timeout", "3", "--save-dir", str(tmp_path)]

@@ -15,6 +15,7 @@ from dataclasses import replace
 import pytest
 
 import schedules
+from executor.experts import MoeMLP, shard_experts
 from executor.mesh import Mesh
 from pipesim.comm.collective_algos import collective_seconds
 from pipesim.comm.tp_collective import TpCollective
@@ -24,6 +25,7 @@ from pipesim.errors import PipesimError
 from pipesim.hardware.toml_io import load_hardware
 from pipesim.job import Job
 from pipesim.model.config import ModelConfig
+from pipesim.model.moe import MoeConfig
 from pipesim.parallel_dims import AXES, EXPERT_AXES, Coords, ExpertCoords, ParallelDims
 from pipesim.sim.simulator import simulate
 
@@ -345,3 +347,15 @@ def test_issue_example_pipeline_crosses_nodes_and_dp_stays_inside():
     assert all(len({r // 8 for r in m.members("dp")}) == 1 for m in meshes)  # DP all-reduce on NVSwitch
     dp_time = collective_seconds(hw, "all_reduce", [0, 1], result.collectives[0].nbytes)
     assert result.collectives[0].end - result.collectives[0].start == pytest.approx(dp_time, rel=1e-12)
+
+
+def test_executor_expert_groups_and_experts_come_from_parallel_dims():
+    """pp 2 x dp 4 with ep 2 (etp 1, edp 2): rank 5 is stage 1's (edp 0, ep 1); it exchanges tokens with rank 4,
+    averages expert gradients with rank 7, and its MoE layers keep experts 2 and 3 of 4 (executor.experts)."""
+    dims = ParallelDims(pp=2, dp=4, ep=2)
+    mesh = Mesh(dims, 5)
+    assert mesh.expert_coords == dims.expert_coords(5) == ExpertCoords(pp=1, edp=0, ep=1, etp=0)
+    assert mesh.members("ep") == [4, 5] and mesh.members("edp") == [5, 7]
+    layer = MoeMLP(8, MoeConfig(experts=4, top_k=2, expert_ffn=8))
+    shard_experts(layer, mesh.expert_coords.ep, dims.ep, group=object())
+    assert list(layer.experts.keys()) == ["2", "3"]

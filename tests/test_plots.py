@@ -13,7 +13,7 @@ from pipesim.cli import main
 from pipesim.errors import PipesimError
 from pipesim.ir.schedule import Kind
 from pipesim.plots import compare_figure, export, sweep_figure, timeline_figure, write_html, write_png
-from pipesim.plots.compare import median_step, pick_step, prediction_error
+from pipesim.plots.compare import first_replica, median_step, pick_step, prediction_error
 from pipesim.plots.from_schedule import unit_timeline
 from pipesim.plots.perfetto import write_trace
 from pipesim.timeline import Event, Timeline
@@ -276,3 +276,19 @@ def test_cli_user_mistakes_are_one_line_exit_2(traces, tmp_path, monkeypatch, ca
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and message in err
     assert not (tmp_path / "x.html").exists()
+
+
+def test_a_data_parallel_measured_run_is_compared_through_its_first_replica():
+    """dp 2 x pp 2 (ranks 0, 1 are pipeline rank 0's replicas; 2, 3 rank 1's): ranks 0 and 2 become 0 and 1, their
+    peers renumbered, and the data-parallel all-reduce after the step's last compute is left out."""
+    events = [Event(r, "compute", "F", r // 2, 0, 0.0 + r // 2, 1.0 + r // 2) for r in range(4)]
+    events += [Event(0, "send", "SEND_F", 0, 0, 1.0, 1.2, 64, peer=2),
+               Event(2, "recv", "RECV_F", 1, 0, 0.5, 1.2, 64, peer=0),
+               Event(0, "collective", "all_to_all", 0, 0, 0.2, 0.3, 8),
+               Event(2, "collective", "all_reduce", -1, -1, 2.0, 3.0, 8)]
+    tl = Timeline("measured", "1f1b", 4, events, {"dp": 2, "pp": 2, "tp": 1})
+    one = first_replica(tl)
+    assert one.num_ranks == 2 and one.meta["replica"] == "data-parallel replica 1 of 2"
+    assert sorted((e.rank, e.kind, e.peer) for e in one.events) == [
+        (0, "F", -1), (0, "SEND_F", 1), (0, "all_to_all", -1), (1, "F", -1), (1, "RECV_F", 0)]
+    assert first_replica(replace(tl, meta={"dp": 1, "pp": 4, "tp": 1})).num_ranks == 4  # nothing to pick

@@ -17,7 +17,7 @@ import os
 import platform
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipesim.calibration.fit import ComputeFit, fit_compute, fit_link, typical_samples
@@ -32,6 +32,7 @@ from pipesim.calibration.measured import (
 from pipesim.calibration.plan import calibration_plan
 from pipesim.calibration.refine import refine_corun, refine_time_slice
 from pipesim.calibration.runs import memory_bandwidth
+from pipesim.comm.collective_algos import collective_seconds
 from pipesim.errors import PipesimError
 from pipesim.hardware.machine import DeviceSpec, Hardware, HostProfile, LinkClass
 from pipesim.timeline import Timeline
@@ -50,6 +51,9 @@ class Calibration:
     allreduce_busbw: list[tuple[int, float]]  # (bytes, bytes/s) measured
     memory_bandwidth: float  # bytes/s
     runs: list[str]  # ids of the fit runs
+    # gloo's all_to_all on 2 ranks (a MoE layer's token exchange): (bytes, seconds measured, seconds the fitted link
+    # gives it: collective_algos' all_to_all, as the simulator times the exchange)
+    all_to_all: list[tuple[int, float, float]] = field(default_factory=list)
 
     def summary(self) -> str:
         c, hw = self.compute, self.hardware
@@ -74,7 +78,10 @@ class Calibration:
             f"begun after its SEND lasts {hw.host.late_recv_delay * 1e6:.0f} us (mean; gloo progress)",
             f"p2p (gloo loopback): latency {self.latency * 1e6:.0f} us (the runs' own messages), bandwidth "
             f"{self.bandwidth / 1e9:.2f} GB/s (ping-pong); "
-            f"all_reduce busbw (2 ranks): {ar}",
+            f"all_reduce busbw (2 ranks): {ar}"
+            + ("; all_to_all (2 ranks), measured / on the fitted link: " + ", ".join(
+                f"{b / 2**10:.0f} KiB {t * 1e6:.0f} / {p * 1e6:.0f} us" for b, t, p in self.all_to_all)
+               if self.all_to_all else ""),
             f"memory copy bandwidth (1 thread): {self.memory_bandwidth / 1e9:.1f} GB/s",
         ])
 
@@ -174,7 +181,9 @@ def calibrate(*, quick: bool = False, workdir: Path | None = None, devices: int 
     spans = {key: step for key, (step, _) in typical.items()}
     hw = refine_corun(hw, runs, spans)
     hw = refine_time_slice(hw, runs, spans, {key: bubble for key, (_, bubble) in typical.items()})
-    cal = Calibration(hw, fit, send, per_unit, latency, bandwidth, ar, membw, sorted(timelines))
+    a2a = [(int(r["bytes"]), float(r["time"]), collective_seconds(hw, "all_to_all", [0, 1], int(r["bytes"])))
+           for r in (comm or {}).get("all_to_all", [])]
+    cal = Calibration(hw, fit, send, per_unit, latency, bandwidth, ar, membw, sorted(timelines), a2a)
     return cal, timelines
 
 

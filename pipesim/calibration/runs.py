@@ -12,7 +12,7 @@ passes in reverse order), so each is sampled at K moments of the launch rather t
 (a shared VM's speed drifts).
 Rank 0 writes OUTDIR/<id>.json for the first cycle and OUTDIR/<id>.cycle<k>.json for the others
 (measured Timelines whose meta holds step_times and the speed probe timed just before and after
-the run) and, with "comm", OUTDIR/comm.json (ping-pong seconds per size, all_reduce busbw, copy
+the run) and, with "comm", OUTDIR/comm.json (ping-pong seconds per size, all_reduce busbw, all_to_all seconds, copy
 bandwidth).
 
 The speed probe is a fixed single-threaded workload (the lecture MLP's layers at 8 rows, forward
@@ -40,6 +40,7 @@ from pipesim.model.config import ModelConfig
 
 PINGPONG_SIZES = (4, 1024, 65536, 1 << 20, 8 << 20)  # bytes
 ALLREDUCE_SIZES = (1 << 20, 16 << 20)  # bytes
+ALLTOALL_SIZES = (128 << 10, 1 << 20)  # bytes: a small MoE layer's token exchange (docs/moe.md) and a larger one
 
 
 def speed_probe(iters: int = 8) -> float:
@@ -161,9 +162,11 @@ def _comm(out: Path) -> None:
 
     pp = {n: _pingpong(n, 20 if n < (1 << 20) else 5) for n in PINGPONG_SIZES}
     ar = [measure("all_reduce", n, 5, 1, torch.device("cpu")) for n in ALLREDUCE_SIZES]
+    a2a = [measure("all_to_all", n, 20, 5, torch.device("cpu")) for n in ALLTOALL_SIZES]
     if dist.get_rank() == 0:
         data = {"pingpong": [[n, t] for n, t in pp.items()], "memory_bandwidth": memory_bandwidth(),
                 "all_reduce": [{"bytes": r.bytes, "time": r.time, "busbw": r.busbw} for r in ar],
+                "all_to_all": [{"bytes": r.bytes, "time": r.time, "busbw": r.busbw} for r in a2a],
                 "world_size": dist.get_world_size()}
         (out / "comm.json").write_text(json.dumps(data, indent=1))
 

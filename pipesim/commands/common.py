@@ -13,6 +13,7 @@ from pipesim.ir import torch_csv
 from pipesim.ir.schedule import Schedule
 from pipesim.model.config import ACTIVATIONS, ModelConfig
 from pipesim.model.hf_config import bundled_configs, hf_key_report, load_hf_config
+from pipesim.model.moe import MoeConfig
 from pipesim.outputs import write_text
 
 
@@ -102,9 +103,10 @@ def add_model_args(parser: argparse.ArgumentParser, *, default: str | None = "ml
     """
     d = ModelConfig()
     g = parser.add_argument_group("model")
-    g.add_argument("--model", type=_model_name, default=None, metavar="{mlp,gpt,MODULE:FACTORY}",
-                   help=f"model to cost or train (default {default}); run and simulate also take your own: "
-                        "MODULE:FACTORY or FILE.py:FACTORY (docs/your_model.md)")
+    g.add_argument("--model", type=_model_name, default=None, metavar="{mlp,gpt,moe,MODULE:FACTORY}",
+                   help=f"model to cost or train (default {default}); moe: the GPT with mixture-of-experts MLPs "
+                        "(docs/moe.md); run and simulate also take your own: MODULE:FACTORY or FILE.py:FACTORY "
+                        "(docs/your_model.md)")
     parser.set_defaults(model_default=default)
     g.add_argument("--hidden", type=positive_int, default=None, help=f"width / d_model (default {d.hidden})")
     g.add_argument("--layers", type=positive_int, default=None, help=f"layers or blocks (default {d.layers})")
@@ -116,14 +118,37 @@ def add_model_args(parser: argparse.ArgumentParser, *, default: str | None = "ml
     g.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
                    help=f"parameter and activation dtype (default {d.dtype}; with --model-config the file's)")
     g.add_argument("--seed", type=int, default=d.seed)
+    e = parser.add_argument_group("--model moe (Megatron-core's flag names)")
+    e.add_argument("--num-experts", type=positive_int, default=None, metavar="E",
+                   help=f"routed experts per MoE layer (default {MOE_DEFAULTS['experts']})")
+    e.add_argument("--moe-router-topk", type=positive_int, default=None, metavar="K",
+                   help=f"experts per token (default {MOE_DEFAULTS['top_k']})")
+    e.add_argument("--moe-ffn-hidden-size", type=positive_int, default=None, metavar="F",
+                   help="width of one routed expert (default 4 x --hidden, the dense MLP's)")
+    e.add_argument("--moe-shared-expert-intermediate-size", type=positive_int, default=None, metavar="S",
+                   help="width of the shared expert every token passes through (default none)")
+
+
+MOE_DEFAULTS = {"experts": 4, "top_k": 2}  # --model moe's experts and experts per token when not given
+MOE_FLAGS = ("num_experts", "moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size")
+
+
+def _moe_config(args: argparse.Namespace, hidden: int) -> MoeConfig:
+    """--model moe's experts: every layer an MoE MLP of GeLU experts (the GPT block's MLP), dropless."""
+    shared = getattr(args, "moe_shared_expert_intermediate_size", None)
+    return MoeConfig(experts=args.num_experts or MOE_DEFAULTS["experts"],
+                     top_k=args.moe_router_topk or MOE_DEFAULTS["top_k"],
+                     expert_ffn=args.moe_ffn_hidden_size or 4 * hidden,
+                     shared_experts=1 if shared else 0, shared_ffn=shared)
 
 
 def _model_name(text: str) -> str:
     """mlp, gpt, or a factory MODULE:FACTORY / FILE.py:FACTORY (pipesim.cost.user_model_costs; checked where it is
     read)."""
-    if text in ("mlp", "gpt") or ":" in text:
+    if text in ("mlp", "gpt", "moe") or ":" in text:
         return text
-    raise argparse.ArgumentTypeError(f"invalid choice: {text!r} (choose mlp, gpt, MODULE:FACTORY or FILE.py:FACTORY)")
+    raise argparse.ArgumentTypeError(f"invalid choice: {text!r} (choose mlp, gpt, moe, MODULE:FACTORY or "
+                                     "FILE.py:FACTORY)")
 
 
 def add_transformer_args(parser: argparse.ArgumentParser) -> None:
@@ -162,6 +187,12 @@ def model_config(args: argparse.Namespace) -> ModelConfig:
                               dtype=given.get("dtype"), seed=args.seed)
         return _with_routing(replace(base, **given), args)
     kind = args.model or getattr(args, "model_default", None) or "mlp"
+    moe_given = [name for name in MOE_FLAGS if getattr(args, name, None) is not None]
+    if kind == "moe":
+        base = ModelConfig(kind="gpt", seed=args.seed, **given)
+        return _with_routing(replace(base, moe=_moe_config(args, base.hidden)), args)
+    if moe_given:
+        raise PipesimError(f"--{moe_given[0].replace('_', '-')} needs --model moe")
     if kind == "mlp":
         for name in STRUCTURE_FLAGS:
             if name in given:

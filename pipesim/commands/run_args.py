@@ -1,7 +1,7 @@
 """`pipesim run`'s flags and the `RunConfig`s they make: the run, then each `--then` run after it.
 
 Each run's layout and layer options are one `Job` (pipesim.job), built here from --stages, --dp, --tp,
---sequence-parallel and --recompute and passed whole to the executor.
+--ep, --sequence-parallel and --recompute and passed whole to the executor.
 """
 
 from __future__ import annotations
@@ -37,6 +37,18 @@ def add_run_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("run")
     g.add_argument("--dp", type=positive_int, default=1, help="data-parallel replicas (default 1)")
     g.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel ranks per stage (default 1)")
+    g.add_argument("--ep", type=positive_int, default=1, metavar="N",
+                   help="expert-parallel ranks: --model moe's experts sharded over N ranks of a stage (Megatron-core's "
+                        "--expert-model-parallel-size; pipesim simulate's --ep) (default 1)")
+    g.add_argument("--etp", type=positive_int, default=None, metavar="N",
+                   help="--model moe: tensor parallelism inside each expert (Megatron-core's "
+                        "--expert-tensor-parallel-size; default --tp); the executor runs 1")
+    g.add_argument("--moe-expert-capacity-factor", type=float, default=None, metavar="CF",
+                   help="--model moe: each expert keeps at most CF x s k / E of a sequence's token pairs, the rest "
+                        "dropped (default: dropless)")
+    g.add_argument("--no-a2a-overlap", dest="a2a_overlap", action="store_false",
+                   help="--model moe with --ep: run an overlapped F&B pair's halves back to back instead of issuing "
+                        "the forward's all-to-all before the backward (the overlap's baseline)")
     g.add_argument("--layer-split", type=layer_split_list, default=None, metavar="N,N,...",
                    help="layers per stage, e.g. 3,2,2,1 (default: even split, earlier stages take the remainder)")
     g.add_argument("--steps", type=positive_int, default=3, help="training steps (default 3)")
@@ -98,7 +110,7 @@ def configs_from_args(args: argparse.Namespace) -> list[RunConfig]:
 def job_from_args(args: argparse.Namespace) -> Job:
     """The run's one Job: its layout (pp only when --stages is given; else `RunConfig.job_for` sets it from the
     world) and layer options."""
-    dims = ParallelDims(pp=args.stages or 1, dp=args.dp, tp=args.tp)
+    dims = ParallelDims(pp=args.stages or 1, dp=args.dp, tp=args.tp, ep=args.ep, etp=args.etp)
     return Job(dims=dims, recompute=args.recompute, sp=args.sequence_parallel)
 
 
@@ -112,5 +124,5 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         optimizer=args.optimizer, lr=args.lr, backend=args.backend, pg_timeout=args.pg_timeout,
         bucket_bytes=args.bucket_bytes, json=args.json, trace=args.trace,
         save_dir=args.save_dir, fail_rank=args.fail_rank, fail_at=args.fail_at, fail_mode=args.fail_mode,
-        quiet=args.quiet,
+        quiet=args.quiet, a2a_overlap=args.a2a_overlap,
     )

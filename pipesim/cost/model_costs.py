@@ -122,11 +122,12 @@ def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hard
         if opts is None:
             work = mlp_stage_work(model, b, layers, tp, first=s == 0)
         else:
-            work = gpt_stage_work(model, b, layers, first=s == 0, last=last, opts=opts, moe_layers=moe_counts[s])
+            work = gpt_stage_work(model, b, layers, first=s == 0, last=last, opts=opts, moe_layers=moe_counts[s],
+                                  executor_ops=hw.host is not None)
         timed = _kernel_seconds(model, b, layers, hw, opts, tp, first=s == 0, last=last, fused=kernels.fusion,
                                 grad_fusion=kernels.grad_accum_fusion, grad_bytes=PRECISIONS[precision].grad_bytes,
                                 moe_layers=moe_counts[s])
-        if timed is None and moe_counts[s]:
+        if timed is None and moe_counts[s] and hw.host is None:  # a calibrated CPU host: its roofline, as dense
             raise PipesimError(f"mixture-of-experts layers are timed kernel by kernel: {hw.name} has no GPU device "
                                "family (use a GPU preset)")
         if timed is None:

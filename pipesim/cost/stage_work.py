@@ -47,6 +47,16 @@ from pipesim.model.piece_kernels import check_mtp
 
 MLP_LAYER_OPS = (2, 2, 1)  # framework ops of one MLP layer in F, I, W
 GPT_BLOCK_OPS = (10, 10, 6)  # framework ops of one transformer block in F, I, W
+
+
+def executor_moe_block_ops(model: ModelConfig, opts: LayerOptions) -> tuple[int, int, int]:
+    """Framework ops (non-view aten ops, GPT_BLOCK_OPS's count) of one block of the executor's MoE model
+    (executor/experts.py) in F, I, W: 22, 22, 7 for attention, norms, router, top-k, permutation and combine, plus
+    4 per local expert (E / ep) and 4 for a shared expert in each; counted at ep 1 by
+    tests/test_moe_executor.py. What a calibrated CPU host runs: its per-op overhead dominates a small model."""
+    moe = model.moe
+    per = 4 * (moe.experts // opts.ep) + (4 if moe.shared_experts else 0)
+    return 22 + per, 22 + per, 7 + per
 CORE_OPS = 3  # ops of the attention core (scores, softmax, A V) that selective recomputation re-runs
 UNTIMED = "cross-entropy"  # the head's float32-per-token all_reduces: not timed yet (issue 15)
 
@@ -144,7 +154,7 @@ def _add_backward(work: Work, collectives: list[Collective]) -> None:
 
 
 def gpt_stage_work(model: ModelConfig, b: int, layers: int, *, first: bool, last: bool, tp: int = 1,
-                   opts: LayerOptions | None = None, moe_layers: int = 0) -> Work:
+                   opts: LayerOptions | None = None, moe_layers: int = 0, executor_ops: bool = False) -> Work:
     """Embedding (first stage), `layers` blocks (`moe_layers` of them with experts), final norm + LM head + loss
     (last stage).
 
@@ -155,6 +165,7 @@ def gpt_stage_work(model: ModelConfig, b: int, layers: int, *, first: bool, last
     I (full 10, selective 3); head F 3, I 3, W 2. A MoE block's FLOPs are the dense block's with the
     MLP's GEMMs replaced by the router's, the experts' and the shared experts' (pipesim.model.layer_kernels).
     The last stage runs the model's multi-token-prediction modules after the head (`_add_mtp_module`).
+    `executor_ops`: a MoE block counts the executor's ops (`executor_moe_block_ops`; a calibrated CPU host).
     """
     opts = opts if opts is not None else LayerOptions(tp=tp)
     tp = opts.tp
@@ -190,9 +201,10 @@ def gpt_stage_work(model: ModelConfig, b: int, layers: int, *, first: bool, last
             fwd_colls = _timed([c for c in tp_colls if c.phase == "F"])
             bwd_colls = [c for c in tp_colls if c.phase != "F"]
             exchanges = ep_layer_exchanges(model, b, opts) if moe else []
+            ops = executor_moe_block_ops(model, opts) if moe and executor_ops else (f_ops, i_ops, w_ops)
             for _ in range(count):
                 work.add(flops.F, flops.I, flops.W, moved=(traffic, traffic + rerun if rerun else traffic, traffic),
-                         act=stash, params=params, ops=(f_ops, i_ops + rerun_ops, w_ops))
+                         act=stash, params=params, ops=(ops[0], ops[1] + rerun_ops, ops[2]))
                 work.collectives["F"] += fwd_colls
                 _add_backward(work, bwd_colls)
                 work.ep_exchanges["F"] += [c for c in exchanges if c.phase == "F"]

@@ -6,18 +6,41 @@ figure. Steps are numbered from 1 everywhere a user reads them (`pipesim run`'s 
 "step 3 of 4"); a shown step spans its first compute start to its last compute end (the simulator's
 makespan), while the run's `step_time` is the median after warm-up up to the optimizer's end.
 Two runs of different shape (schedule, ranks, stages, chunks, microbatches) are not compared unless
-forced; a different model or hardware is said in the title.
+forced; a different model or hardware is said in the title. A measured run with data-parallel replicas (dp > 1,
+which an expert-parallel run needs) is compared through its first replica's pipeline ranks (`first_replica`): the
+simulator draws one pipeline, the replicas run alongside it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import plotly.graph_objects as go
 
 from pipesim.errors import PipesimError
+from pipesim.parallel_dims import ParallelDims
 from pipesim.plots.timeline_figure import busy_by_rank, fmt_time, pick_unit, stacked_figure, summary
 from pipesim.timeline import Timeline, trimmed_step
+
+
+def first_replica(measured: Timeline) -> Timeline:
+    """The pipeline ranks of data-parallel replica 0 (tp rank 0), renumbered 0 .. pp - 1, of a measured run over
+    dp x pp x tp ranks (meta "dp", "pp", "tp"), without the collectives after each step's last compute (the
+    data-parallel all-reduce); the timeline itself when dp and tp are 1 or not recorded."""
+    meta = measured.meta if isinstance(measured.meta, dict) else {}
+    dp, pp, tp = (meta.get(k) for k in ("dp", "pp", "tp"))
+    if not all(isinstance(v, int) for v in (dp, pp, tp)) or dp * tp == 1 or dp * pp * tp != measured.num_ranks:
+        return measured
+    dims = ParallelDims(pp=pp, dp=dp, tp=tp)
+    pipeline = {dims.rank(pp=p): p for p in range(pp)}
+    last: dict[int, float] = {}  # each step's last compute end: the data-parallel all-reduce after it is left out,
+    for e in measured.events:  # as the pipeline span the simulator predicts on a CPU host leaves it out
+        if e.stream == "compute" and e.rank in pipeline:
+            last[e.step] = max(last.get(e.step, e.end), e.end)
+    events = [replace(e, rank=pipeline[e.rank], peer=pipeline.get(e.peer, -1)) for e in measured.events
+              if e.rank in pipeline and not (e.stream == "collective" and e.stage < 0 and e.start >= last[e.step])]
+    shown = f"data-parallel replica 1 of {dp}" + (f", tp rank 1 of {tp}" if tp > 1 else "")
+    return Timeline(measured.source, measured.schedule, pp, events, {**meta, "replica": shown})
 
 
 def step_durations(timeline: Timeline) -> dict[int, float]:
@@ -153,14 +176,16 @@ def compare_figure(simulated: Timeline, measured: Timeline, *, step: int | None 
     """Two stacked timelines (simulated above measured), errors in the title and a line below it."""
     if simulated.source == "measured" and measured.source == "simulated":
         simulated, measured = measured, simulated
+    measured = first_replica(measured)
     notes = check_comparable(simulated, measured, force=force)
     sim = pick_step(simulated, None)
     meas = pick_step(measured, step)
     err = prediction_error(sim, meas)
     unit = pick_unit(max(sim.makespan, meas.makespan), unit)
     where = f" on {simulated.meta['hardware']}" if simulated.meta.get("hardware") else ""
+    replica = f"{measured.meta['replica']}, " if measured.meta.get("replica") else ""
     titles = [f"simulated {simulated.schedule}{where} · {summary(sim, unit).split(' · ', 2)[2]}",
-              f"measured {measured.schedule} (step {meas.meta['shown_step']} of {len(measured.steps())}, "
+              f"measured {measured.schedule} ({replica}step {meas.meta['shown_step']} of {len(measured.steps())}, "
               f"first to last compute) · {summary(meas, unit).split(' · ', 2)[2]}"]
     fig = stacked_figure([sim, meas], titles, unit=unit)
     per_rank = " · ".join(f"rank {r} {e:+.1%}" for r, e in enumerate(err.busy_by_rank))

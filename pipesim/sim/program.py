@@ -9,6 +9,7 @@ the compute plug-in (`TableCompute`).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -132,8 +133,18 @@ def compile_programs(sched: Schedule, compute: TableCompute, hw: Hardware | None
     for stage, (rank, i) in sorted(last_grad.items()):  # then all-reduce the stage's gradient
         all_ops[rank][i] = all_ops[rank][i]._replace(allreduce_stage=stage)
     sms = device_profile(hw.device.family).sms if ep_sms and hw is not None and hw.device.family else 0
-    _time_overlaps(sched, compute.table, all_ops, ep_sms / sms if sms else 0.0)
+    share = ep_sms / sms if sms else host_exchange_share(hw, par) if ep_exchanges else 0.0
+    _time_overlaps(sched, compute.table, all_ops, share)
     return all_ops
+
+
+def host_exchange_share(hw: Hardware | None, par: ParallelDims) -> float:
+    """On a CPU host (gloo) the all-to-all's copies and socket work run on the host's cores: with every core
+    computing (as many ranks as cores, or more) they take it from the computation beside them, all of it (1.0: the
+    overlapped pair hides nothing); with spare cores, none. 0.0 off a host."""
+    if hw is None or hw.host is None:
+        return 0.0
+    return 1.0 if min(par.world, hw.devices_per_node) >= hw.host.cores else 0.0
 
 
 def _time_overlaps(sched: Schedule, table: CostTable, all_ops: list[list[Op]], ep_share: float = 0.0) -> None:
@@ -147,7 +158,8 @@ def _time_overlaps(sched: Schedule, table: CostTable, all_ops: list[list[Op]], e
     while the all-to-all kernels run they hold a share s = `ep_share` of the SMs (DeepEP's `num_sms`, NCCL's
     channels), so the computation beside them runs at 1 - s of its speed (G' = G / (1 - s), linear in SMs) and the
     pair adds `exposed_beside(C, G, G')`: max(C - G, C s) while the computation outlasts the all-to-alls
-    (C = eF + eB, G = cF + cB); s = 0 leaves max(0, C - G), the free overlap."""
+    (C = eF + eB, G = cF + cB); s = 0 leaves max(0, C - G), the free overlap. On a CPU host s is the share of the
+    cores gloo's copies take (`host_exchange_share`); s = 1 exposes all of C."""
     if not sched.overlaps:
         return
     for rank, prog in enumerate(sched.programs):
@@ -157,7 +169,8 @@ def _time_overlaps(sched: Schedule, table: CostTable, all_ops: list[list[Op]], e
                 fwd = fwd._replace(seconds=table.overlap_forward_seconds(fwd.seconds, bwd.seconds))
                 if fwd.ep_seconds or bwd.ep_seconds:
                     busy = fwd.seconds + bwd.seconds  # G: the pair's computation on every SM
-                    exposed = max(0.0, exposed_beside(fwd.ep_seconds + bwd.ep_seconds, busy, busy / (1 - ep_share)))
+                    beside = busy / (1 - ep_share) if ep_share < 1 else math.inf  # G': no SM (core) left: never
+                    exposed = max(0.0, exposed_beside(fwd.ep_seconds + bwd.ep_seconds, busy, beside))
                     fwd, bwd = fwd._replace(ep_seconds=0.0), bwd._replace(ep_seconds=exposed)
                     all_ops[rank][i + 1] = bwd
                 all_ops[rank][i] = fwd

@@ -1,0 +1,322 @@
+"""The executor's mixture-of-experts model (`--model moe`, `--ep`): what the simulator counts, routing, capacity, and
+every registered schedule trained to the single-process reference on 2 and 4 gloo ranks with ep 2.
+
+The distributed runs are one `--then` chain per world size in the session's shared launches (tests/launch_shared.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import FlopCounterMode
+
+import schedules
+from executor.experts import MoeMLP, drive, expert_parameters, shard_experts
+from executor.models import Block, build_full
+from executor.run_config import RunConfig
+from executor.stage import backward_input, backward_weight
+from executor.user_model import call_factory, train_single, workload_from_parts
+from pipesim.cli import build_parser, main
+from pipesim.commands.setup_args import setup_from_args
+from pipesim.cost.stage_work import executor_moe_block_ops
+from pipesim.errors import PipesimError
+from pipesim.ir.schedule import Action
+from pipesim.job import Job
+from pipesim.model.config import ModelConfig
+from pipesim.model.flops import moe_mlp_delta
+from pipesim.model.moe import MoeConfig
+from pipesim.model.moe_layer import expert_params_here, moe_block_params
+from pipesim.model.options import LayerOptions
+from pipesim.model.param_counts import model_params
+from pipesim.parallel_dims import ParallelDims
+from pipesim.timeline import Timeline
+from tests.executor_helpers import assert_matches_reference, chain, load_run
+from tests.launch_shared import register_run
+
+STEPS = 2
+MOE = ["--model", "moe", "--hidden", "16", "--heads", "2", "--seq", "8", "--vocab", "32", "--layers", "4",
+       "--batch", "8", "--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "32"]
+
+
+def moe_model(capacity_factor: float | None = None, shared: int | None = None) -> ModelConfig:
+    """The ModelConfig `MOE`'s flags build (with --moe-expert-capacity-factor / a shared expert)."""
+    return ModelConfig(kind="gpt", hidden=16, heads=2, seq=8, vocab=32, layers=4, batch=8,
+                       moe=MoeConfig(experts=4, top_k=2, expert_ffn=32, capacity_factor=capacity_factor,
+                                     shared_experts=1 if shared else 0, shared_ffn=shared))
+
+
+def _admitted(p: int, m: int) -> list[str]:
+    out = []
+    for name in schedules.names():
+        try:
+            schedules.build(name, p, m)
+        except PipesimError:
+            continue
+        out.append(name)
+    return out
+
+
+TWO = _admitted(1, 2)  # pp 1 x dp 2, ep 2: every schedule that runs one pipeline rank
+FOUR = _admitted(2, 4)  # pp 2 x dp 2, ep 2
+
+
+# -- the same model the simulator counts -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("ep", [1, 2, 4])
+@pytest.mark.parametrize("shared", [None, 24])
+def test_an_ep_ranks_moe_mlp_holds_the_parameters_the_simulator_counts(ep, shared):
+    model = moe_model(shared=shared)
+    layer = MoeMLP(model.hidden, model.moe)
+    shard_experts(layer, ep - 1, ep, group=object())  # the last ep rank's experts (no exchange runs here)
+    opts = LayerOptions(ep=ep)
+    assert sum(p.numel() for p in layer.parameters()) == moe_block_params(model, opts)
+    assert sum(p.numel() for p in expert_parameters([layer])) == expert_params_here(model, opts)
+    assert [n for n, _ in layer.experts.named_children()] == [str(e) for e in range(4 - 4 // ep, 4)]
+
+
+def test_the_full_moe_model_holds_the_simulators_parameter_count():
+    model = moe_model(shared=24)
+    assert sum(p.numel() for p in build_full(model).parameters()) == model_params(model)
+
+
+def test_an_moe_mlps_gemm_flops_are_the_simulators():
+    """Dropless: the router, each token's k experts and the shared expert, 2 FLOPs per weight per token (the
+    simulator's MoE MLP: the dense MLP's plus `moe_mlp_delta`)."""
+    model = moe_model(shared=24)
+    layer = MoeMLP(model.hidden, model.moe)
+    x = torch.randn(2, model.seq, model.hidden)
+    with FlopCounterMode(display=False) as counter:
+        layer(x)
+    tokens = 2 * model.seq
+    dense_mlp = 2 * tokens * 2 * model.hidden * model.ffn_size
+    assert counter.get_total_flops() == dense_mlp + moe_mlp_delta(model, tokens)
+
+
+class _OpCount(TorchDispatchMode):
+    """Non-view aten ops, the count of the simulator's framework ops (GPT_BLOCK_OPS: a dense block's F is 10)."""
+
+    VIEWS = {"view", "_unsafe_view", "t", "transpose", "expand", "split", "split_with_sizes", "slice", "select",
+             "unsqueeze", "squeeze", "permute", "detach", "alias", "as_strided", "unbind"}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops += func.overloadpacket.__name__ not in self.VIEWS
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize(("experts", "shared"), [(2, None), (4, None), (4, 16), (8, 16)])
+def test_the_simulators_op_count_of_an_moe_block_is_the_executors(experts, shared):
+    model = ModelConfig(kind="gpt", hidden=16, heads=2, seq=8, vocab=32, layers=1, batch=8,
+                        moe=MoeConfig(experts=experts, top_k=2, expert_ffn=32, shared_experts=1 if shared else 0,
+                                      shared_ffn=shared))
+    block = Block(model, 0)
+    x = torch.randn(2, 8, 16, requires_grad=True)
+    with _OpCount() as f:
+        out = block(x)
+    grad = torch.randn_like(out)
+    with _OpCount() as i:
+        _, state = backward_input(out, grad, x, list(block.parameters()))
+    with _OpCount() as w:
+        backward_weight(state, list(block.parameters()))
+    counts = (f.ops, i.ops, w.ops)
+    assert counts == executor_moe_block_ops(model, LayerOptions())
+    dense = Block(ModelConfig(kind="gpt", hidden=16, heads=2, seq=8, vocab=32, layers=1, batch=8), 0)
+    with _OpCount() as f:
+        dense(x)
+    assert f.ops == 10  # GPT_BLOCK_OPS's F: the same way of counting
+
+
+def test_on_a_cpu_host_whose_cores_all_compute_the_overlapped_pair_hides_no_all_to_all():
+    """local-cpu (2 cores) with 2 ranks: gloo's exchange needs the cores the pair computes on (share 1), so
+    DualPipeV's step is the same with its pairs overlapped or run one half after the other; with spare cores (a
+    host of 8) the pairs hide their all-to-alls and the step is shorter."""
+    args = build_parser().parse_args(["simulate", "dualpipev", "-p", "1", "-m", "4", *MOE, "--dp", "2", "--ep", "2",
+                                      "--hardware", "local-cpu"])
+    setup = setup_from_args(args)
+    sched = schedules.build("dualpipev", 1, 4)
+    plain = replace(sched, overlaps=frozenset())
+
+    def step(s, schedule):
+        return s.evaluate(schedule)[0].to_dict()["makespan"]
+
+    assert step(setup, sched) == pytest.approx(step(setup, plain), rel=1e-12)
+    roomy = replace(setup, hardware=replace(setup.hardware, host=replace(setup.hardware.host, cores=8)))
+    assert step(roomy, sched) < step(roomy, plain)
+
+
+# -- routing -------------------------------------------------------------------------------------------------------
+
+def test_capacity_keeps_each_experts_first_pairs_of_a_sequence():
+    """Capacity ceil(cf x s k / E) per sequence: with cf 0.5, s 4, k 1, E 2 each expert keeps 1 pair, the first."""
+    layer = MoeMLP(4, MoeConfig(experts=2, top_k=1, expert_ffn=4, capacity_factor=0.5))
+    experts = torch.tensor([[0, 0, 1, 1], [1, 0, 1, 0]])  # (b, s k)
+    assert layer.kept(experts, 4).tolist() == [[True, False, True, False], [True, True, False, False]]
+    assert MoeMLP(4, MoeConfig(experts=2, top_k=1, expert_ffn=4)).kept(experts, 4) is None  # dropless
+
+
+@pytest.mark.parametrize("cf", [None, 1.0])
+def test_routing_is_the_same_however_the_batch_is_cut(cf):
+    """What lets the reference (the whole batch at once) match any split into microbatches and replicas: routing
+    and capacity are per token and per sequence; and cf 1.0 does drop pairs on this batch."""
+    torch.manual_seed(0)
+    model = moe_model(capacity_factor=cf)
+    layer = MoeMLP(model.hidden, model.moe)
+    x = torch.randn(4, model.seq, model.hidden)
+    whole = layer(x)
+    torch.testing.assert_close(torch.cat([layer(x[:1]), layer(x[1:3]), layer(x[3:])]), whole, rtol=1e-6, atol=1e-7)
+    if cf is not None:
+        experts = torch.softmax(layer.router(x.reshape(-1, 16)), -1).topk(2, -1).indices.reshape(4, -1)
+        assert not layer.kept(experts, model.seq).all()
+
+
+def test_the_router_learns():
+    model = moe_model()
+    layer = MoeMLP(model.hidden, model.moe)
+    drive(layer.steps(torch.randn(2, model.seq, model.hidden))).square().sum().backward()
+    assert layer.router.weight.grad is not None and layer.router.weight.grad.abs().sum() > 0
+
+
+# -- refused before anything starts -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--ep", "3", "--dp", "3", "--nproc", "3"], "--ep 3 does not divide the 4 experts (--num-experts)"),
+    (["--ep", "4", "--dp", "2", "--nproc", "4"], "dp(2) * tp(1) is not divisible by ep(4) * etp(1)"),
+    (["--ep", "2", "--dp", "2", "--nproc", "2", "--moe-router-topk", "5"], "moe top_k 5 is more than its 4 experts"),
+    (["--ep", "2", "--dp", "2", "--nproc", "3"], "WORLD_SIZE(3) is not divisible by dp(2) * tp(1)"),
+    (["--ep", "2", "--dp", "2", "--nproc", "4", "--tp", "2", "--etp", "1"],
+     "--model moe with --tp 2 needs --sequence-parallel (each tp rank routes its own tokens"),
+    (["--ep", "2", "--dp", "2", "--nproc", "4", "--tp", "2", "--sequence-parallel"],
+     "and --etp 1 (whole experts on each rank"),
+    (["--ep", "2", "--dp", "2", "--nproc", "2", "--recompute", "full"], "it does not run --recompute full"),
+])
+def test_a_bad_expert_layout_exits_2_in_one_line_before_launching(argv, message, capsys):
+    assert main(["run", "1f1b", "--microbatches", "2", *MOE, *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("pipesim: error: ") and message in err
+
+
+def test_ep_needs_experts_and_experts_need_moe():
+    with pytest.raises(PipesimError, match="--ep 2 shards a mixture-of-experts model's experts; this model has none"):
+        RunConfig(names=("1f1b",), microbatches=2, job=Job(dims=ParallelDims(dp=2, ep=2)),
+                  model=ModelConfig(kind="gpt", heads=2, hidden=16, batch=8)).check(2)
+    assert main(["run", "1f1b", "--nproc", "2", "--num-experts", "4"]) == 2
+
+
+# -- trained like the reference --------------------------------------------------------------------------------
+
+def _two_rank_flags(d):
+    common = ["--dp", "2", "--ep", "2", "--microbatches", "2", "--steps", str(STEPS), "--quiet"]
+    return chain([",".join(TWO), *MOE, *common, "--save-dir", str(d / "dropless")],
+                 ["1f1b,dualpipev", *MOE, *common, "--moe-expert-capacity-factor", "1.0", "--save-dir", str(d / "cf")],
+                 ["1f1b,dualpipev", "--model", USER_MOE, "--batch", "8", *common, "--save-dir", str(d / "user")],
+                 ["1f1b,dualpipev", *MOE, *TP, "--microbatches", "2", "--steps", str(STEPS), "--quiet", "--save-dir",
+                  str(d / "tp")])
+
+
+def _four_rank_flags(d):
+    common = ["--dp", "2", "--ep", "2", "--microbatches", "4", "--steps", str(STEPS), "--quiet"]
+    return chain([",".join(FOUR), *MOE, *common, "--save-dir", str(d / "dropless")],
+                 ["dualpipev", *MOE, *common, "--moe-shared-expert-intermediate-size", "24", "--save-dir",
+                  str(d / "shared"), "--trace", str(d / "dualpipev.json")],
+                 ["dualpipev", *MOE, *common, "--no-a2a-overlap", "--save-dir", str(d / "plain"), "--trace",
+                  str(d / "plain.json")],
+                 ["1f1b,dualpipev", *MOE, "--dp", "4", "--ep", "2", "--microbatches", "2", "--steps", str(STEPS),
+                  "--quiet", "--bucket-bytes", "4096", "--save-dir", str(d / "edp")],
+                 ["1f1b,dualpipev", *MOE, *TP, "--dp", "2", "--microbatches", "2", "--steps", str(STEPS), "--quiet",
+                  "--save-dir", str(d / "tp_dp")],
+                 ["1f1b,dualpipev", *MOE, *TP, "--microbatches", "4", "--steps", str(STEPS), "--quiet",
+                  "--save-dir", str(d / "tp_pp")])
+
+
+TP = ["--tp", "2", "--ep", "2", "--etp", "1", "--sequence-parallel"]  # attention over tp, whole experts over ep
+USER_MOE = "examples/moe_layers.py:make"  # a factory's own layers holding executor.experts.MoeMLP
+TWO_RANKS = register_run("moe_executor_2", 2, _two_rank_flags)
+FOUR_RANKS = register_run("moe_executor_4", 4, _four_rank_flags)
+
+
+@pytest.mark.dist
+def test_every_schedule_trains_the_moe_model_like_the_reference_on_two_ranks_ep2(shared_launches):
+    d = shared_launches.case(TWO_RANKS).check()
+    assert "dualpipev" in TWO and "combined-1f1b" in TWO
+    for name in TWO:
+        assert_matches_reference(d / "dropless", name, moe_model(), STEPS)
+    for name in ("1f1b", "dualpipev"):  # capacity 1.0 drops pairs (test_routing_is_the_same_however_the_batch_is_cut)
+        assert_matches_reference(d / "cf", name, moe_model(capacity_factor=1.0), STEPS)
+        assert_matches_reference(d / "tp", name, moe_model(), STEPS)  # tp 2 x ep 2 on the same two ranks
+
+
+@pytest.mark.dist
+def test_a_factorys_own_moe_layers_train_with_ep_like_the_reference(shared_launches):
+    d = shared_launches.case(TWO_RANKS).check()
+    ref_losses, ref_params = train_single(workload_from_parts(call_factory(USER_MOE, 0), batch=8, seed=0, split=None),
+                                          STEPS)
+    for name in ("1f1b", "dualpipev"):
+        losses, params = load_run(d / "user", name)
+        torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=1e-5, atol=1e-6)
+        assert params.keys() == ref_params.keys() and "pieces.3.moe.experts.3.fc2.bias" in params
+        for key, value in ref_params.items():
+            torch.testing.assert_close(params[key], value, rtol=1e-5, atol=1e-6,
+                                       msg=lambda m, k=key, n=name: f"{n} {k}: {m}")
+
+
+def test_ep_on_a_factory_without_moe_layers_is_refused_before_launching(capsys):
+    assert main(["run", "1f1b", "--nproc", "2", "--dp", "2", "--ep", "2", "--microbatches", "2", "--batch", "8",
+                 "--model", "examples/widths.py:make"]) == 2
+    err = capsys.readouterr().err
+    assert err == ("pipesim: error: --ep 2 shards MoE layers (executor.experts.MoeMLP); --model "
+                   "examples/widths.py:make has none\n")
+
+
+@pytest.mark.dist
+def test_every_schedule_trains_the_moe_model_like_the_reference_on_four_ranks_ep2(shared_launches):
+    d = shared_launches.case(FOUR_RANKS).check()
+    assert {"dualpipev", "dualpipe", "zb-v"} <= set(FOUR)
+    for name in FOUR:
+        assert_matches_reference(d / "dropless", name, moe_model(), STEPS)
+    # SGD: Adam turns the key bias's gradient, zero but for rounding (softmax ignores it), into whole steps
+    assert_matches_reference(d / "shared", "dualpipev", moe_model(shared=24), STEPS)
+    for name in ("1f1b", "dualpipev"):  # dp 4 x ep 2: expert gradients averaged over edp groups of 2 ([0, 2], [1, 3])
+        assert_matches_reference(d / "edp", name, moe_model(), STEPS)
+        assert_matches_reference(d / "tp_dp", name, moe_model(), STEPS)  # dp 2 x tp 2, ep 2 (edp 2)
+        assert_matches_reference(d / "tp_pp", name, moe_model(), STEPS)  # pp 2 x tp 2, ep 2
+
+
+def _exchanges_per_pair(tl: Timeline) -> list[tuple[int, int]]:
+    """For each overlapped pair on each rank (step 2): (exchanges in the forward's bar issued before the backward
+    starts, exchanges in the backward's bar labelled with the backward)."""
+    pairs = [(Action.parse(f), Action.parse(b)) for f, b in tl.meta["overlaps"]]
+    out = []
+    for rank in range(4):
+        ev = [e for e in tl.events if e.rank == rank and e.step == 1]
+        computes = {(e.kind, e.stage, e.microbatch): e for e in ev if e.stream == "compute"}
+        exchanges = [e for e in ev if e.kind == "all_to_all"]
+        for f, b in pairs:
+            if ("F", f.stage, f.microbatch) not in computes:
+                continue  # another rank's pair
+            fwd, bwd = computes[("F", f.stage, f.microbatch)], computes[("B", b.stage, b.microbatch)]
+            in_fwd = [e for e in exchanges if (e.stage, e.microbatch) == (f.stage, f.microbatch)
+                      and fwd.start <= e.start < bwd.start]
+            in_bwd = [e for e in exchanges if (e.stage, e.microbatch) == (b.stage, b.microbatch)
+                      and bwd.start <= e.start <= bwd.end]
+            out.append((len(in_fwd), len(in_bwd)))
+    assert len(out) == 2 * len(pairs)  # each pair on both data-parallel replicas of its pipeline rank
+    return out
+
+
+@pytest.mark.dist
+def test_dualpipev_waits_for_the_forwards_all_to_all_after_the_paired_backward(shared_launches):
+    """Each overlapped pair (one MoE layer per chunk here): the forward issues its dispatch and stops (one exchange
+    in its bar, issued before the backward starts); the backward's two exchanges and then the forward's combine
+    run in the backward's bar (the pair's op records the forward's tail there). With --no-a2a-overlap the same
+    order runs back to back: the forward's bar holds both its exchanges, the backward's its own two, and it
+    trains the same."""
+    d = shared_launches.case(FOUR_RANKS).check()
+    assert set(_exchanges_per_pair(Timeline.read(d / "dualpipev.json"))) == {(1, 3)}
+    assert set(_exchanges_per_pair(Timeline.read(d / "plain.json"))) == {(2, 2)}
+    assert_matches_reference(d / "plain", "dualpipev", moe_model(), STEPS)
