@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import replace
 
+from pipesim.calibration.speed_check import speed_note
 from pipesim.commands.common import (
     add_model_args,
     add_output_args,
@@ -67,6 +69,8 @@ def run(args: argparse.Namespace) -> int:
     # Registered schedules are valid by construction (tests/test_schedules_invariants.py) and the
     # simulator itself reports a deadlock; full validation (a networkx task graph) is kept for CSV
     # imports, where it also prints the offending grid. At p=64, m=1024 it would cost ~10x the simulation.
+    if args.hardware and (note := speed_note(setup.hardware, args.hardware)):  # another machine's file: say so once
+        print(note, file=sys.stderr)
     args.microbatches = setup.microbatches(args.microbatches, args.microbatch_size)
     sched = load_schedule(args, validate=bool(args.from_csv))
     pert = perturbation_from_args(args)
