@@ -14,7 +14,7 @@ from pipesim import __version__
 from pipesim.errors import PipesimError, ScheduleError
 
 COMMANDS = ("schedule", "simulate", "sweep", "run", "plot", "bench", "calibrate", "validate", "plan",
-            "import_trace")
+            "import_trace", "whatif")
 
 EPILOG = """examples:
   pipesim schedule 1f1b --stages 4 --microbatches 8

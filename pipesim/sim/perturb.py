@@ -10,8 +10,8 @@ shared per (rank, stage, kind); a perturbed op is a fresh record at its position
 - `jitter`: sigma of a lognormal factor exp(sigma z), z ~ N(0, 1), on every compute action's seconds
   (median 1, mean exp(sigma^2 / 2)), drawn from `random.Random(seed)` rank by rank, action by action, so
   one seed gives one result bit for bit;
-- `durations`: (rank, index in the lowered program) -> seconds, replacing a compute action's seconds (the
-  replay of a measured run, `pipesim.sim.replay`).
+- `durations`: (rank, index in the lowered program) -> seconds, replacing a compute action's seconds or a
+  SEND's transfer seconds (the replay of a measured run, `pipesim.sim.replay`); the factors apply on top.
 """
 
 from __future__ import annotations
@@ -74,10 +74,10 @@ class Perturbation:
                         seconds *= math.exp(self.jitter * draw(0.0, 1.0))
                     if seconds != op.seconds:
                         new[i] = op._replace(seconds=seconds)
-                elif type(op) is SendOp and links:
-                    factor = links.get(frozenset((rank, op.dst)))
-                    if factor is not None:
-                        new[i] = op._replace(seconds=op.seconds * factor)
+                elif type(op) is SendOp:
+                    seconds = self.durations.get((rank, i), op.seconds) * links.get(frozenset((rank, op.dst)), 1.0)
+                    if seconds != op.seconds:
+                        new[i] = op._replace(seconds=seconds)
             out.append(new)
         return out
 

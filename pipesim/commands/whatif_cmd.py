@@ -1,0 +1,81 @@
+"""`pipesim whatif`: a measured run's step replayed through the simulator, and what each rank and link cost it."""
+
+from __future__ import annotations
+
+import argparse
+
+from pipesim.commands.common import json_text
+from pipesim.commands.whatif_args import perturbation_from_args, whatif_lines
+from pipesim.errors import PipesimError
+from pipesim.outputs import check_file, write_files
+from pipesim.sim import replay
+from pipesim.sim.blame import what_if
+from pipesim.timeline import Timeline
+
+EXAMPLES = """examples:
+  pipesim import-trace traces/ -o measured.json && pipesim whatif measured.json
+  pipesim run 1f1b --nproc 2 --model mlp --trace run.json && pipesim whatif run.json --json
+  pipesim whatif measured.json --slow 1=1.5      # the recorded step with rank 1's compute 1.5x as long
+"""
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("whatif", help="replay a measured run's step and say what each rank and link cost it",
+                       epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("timeline", metavar="TIMELINE", help="a measured timeline: pipesim import-trace -o, pipesim run "
+                                                        "--trace")
+    p.add_argument("--step", type=int, default=None,
+                   help="the measured step to replay (default: the median one after the warm-up)")
+    p.add_argument("--slow", action="append", default=[], metavar="RANK=FACTOR",
+                   help="also replay with rank RANK's compute FACTOR times as long (repeatable)")
+    p.add_argument("--slow-link", action="append", default=[], metavar="A-B=FACTOR",
+                   help="also replay with the messages between ranks A and B FACTOR times as long")
+    p.add_argument("--jitter", type=float, default=0.0, metavar="SIGMA",
+                   help="also replay with every compute times a lognormal factor exp(SIGMA z)")
+    p.add_argument("--jitter-seed", type=int, default=0, metavar="N", help="seed of the jitter (default 0)")
+    p.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE",
+                   help="write the report as JSON to FILE, or to stdout without FILE")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    json_path = check_file(args.json, "--json", "json")
+    tl = Timeline.read(args.timeline)
+    if tl.source != "measured":
+        raise PipesimError(f"{args.timeline} is a {tl.source} timeline: give a measured one (pipesim import-trace, "
+                           "pipesim run --trace)")
+    if args.jitter_seed < 0:
+        raise PipesimError(f"--jitter-seed must be >= 0, got {args.jitter_seed}")
+    pert = perturbation_from_args(args)
+    if pert is not None:
+        pert.check(tl.num_ranks)  # ranks the trace does not have: one line, before any work
+    rec = replay.record(tl, args.step)
+    report = replay.what_ifs(rec)
+    if pert is not None:
+        base, changed = replay.run(rec), replay.run(rec, pert)
+        report["what_if"] = {"perturbation": pert.describe(), **pert.to_dict(), **what_if(base, changed)}
+    if json_path:
+        write_files({json_path: json_text(report)})
+    if args.json == "-":
+        print(json_text(report), end="")
+        return 0
+    print("\n".join(lines(report)))
+    return 0
+
+
+def lines(r: dict) -> list[str]:
+    """The report in words."""
+    out = [f"{r['schedule']}, {r['ranks_count']} ranks, step {r['step']}: measured {r['measured_step'] * 1e3:.3f} ms, "
+           f"replayed through the simulator {r['replayed_step'] * 1e3:.3f} ms ({r['replay_error']:+.2%})",
+           f"each rank's compute replaced by the median rank's (rank {r['median_rank']}):"]
+    for x in sorted(r["ranks"], key=lambda x: -x["share"]):
+        out.append(f"  rank {x['rank']}: compute {x['compute'] * 1e3:.3f} ms; the step would be "
+                   f"{x['share']:.1%} faster without it ({x['step_without'] * 1e3:.3f} ms)")
+    if r["links"]:
+        out.append(f"each link's deliveries replaced by the median link's ({r['median_link_delivery'] * 1e6:.0f} us):")
+    for x in sorted(r["links"], key=lambda x: -x["share"]):
+        out.append(f"  link {x['link']}: median delivery {x['median_delivery'] * 1e6:.0f} us; the step would be "
+                   f"{x['share']:.1%} faster ({x['step_without'] * 1e3:.3f} ms)")
+    if "what_if" in r:
+        out += whatif_lines(r["what_if"])
+    return out

@@ -1,0 +1,205 @@
+"""A measured run replayed through the simulator, and its what-ifs: each rank (or link) brought to the median's.
+
+A measured timeline (`pipesim import-trace`'s, or `pipesim run --trace`'s) holds when every action of a
+step began and ended. The replay gives the simulator, for one step, each compute action's own time and
+each message's delivery, read off that step, and lets it run the schedule's dependencies:
+- a compute's time is its end minus when it could begin: the later of the previous compute's end on its
+  rank and the end of the RECVs just before it (the runtime's own gaps, SEND posting and late RECVs'
+  progress are the rank's, so they count in it);
+- a message's delivery is the RECV's end minus the end of the compute that produced it (a RECV the trace
+  lacks counts as ending when its compute began).
+With every measured duration given back, the simulated ranks end each compute exactly when the measured
+ones did, so the replay reproduces the measured step (pipeline span: first compute start to last compute
+end) up to the trace's own inconsistencies (clocks of different hosts, missing RECVs); `Replay.error` says
+by how much, for the run at hand.
+
+The what-if then changes durations and lets the dependencies decide: rank k's compute times replaced by
+the median rank's (the j-th action of each kind on rank k takes what the j-th of that kind took on the
+median rank), or a link's deliveries by the median link's. "The step would be X % faster without rank k" is
+(replay - what-if) / replay. A receiver that reached its RECV late keeps that lateness in its message's
+delivery, so the gains are, if anything, understated.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+import schedules as registry
+from pipesim.cost.table import CostTable
+from pipesim.errors import PipesimError
+from pipesim.ir.lowering import add_p2p
+from pipesim.ir.schedule import COMPUTE, RECVS, SENDS, Schedule
+from pipesim.sim.perturb import Perturbation
+from pipesim.sim.result import SimResult
+from pipesim.sim.simulator import simulate
+from pipesim.timeline import Timeline, pipeline_span
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """One measured step as the simulator's inputs: the schedule and each action's measured seconds."""
+
+    schedule: Schedule  # as registered (the simulator lowers it; indices below are of add_p2p(schedule))
+    computes: dict[tuple[int, int], float]  # (rank, index) -> seconds of a compute action
+    messages: dict[tuple[int, int], float]  # (sender rank, SEND index) -> seconds of delivery
+    peers: dict[tuple[int, int], int]  # (sender rank, SEND index) -> receiving rank
+    step: int  # the measured step
+    measured: float  # seconds: the step's pipeline span (first compute start to last compute end)
+
+    def perturbation(self, computes: dict | None = None, messages: dict | None = None,
+                     extra: Perturbation | None = None) -> Perturbation:
+        durations = {**(computes or self.computes), **(messages or self.messages)}
+        if extra is None:
+            return Perturbation(durations=durations)
+        return Perturbation(slow=extra.slow, slow_links=extra.slow_links, jitter=extra.jitter, seed=extra.seed,
+                            durations=durations)
+
+
+def pick_step(tl: Timeline, step: int | None = None) -> int:
+    """`step` (checked), else the measured step after the warm-up whose span is the median (the lower one)."""
+    steps = tl.steps()
+    if step is not None:
+        if step not in steps:
+            raise PipesimError(f"the timeline has steps {steps[0]}-{steps[-1]}, not step {step}")
+        return step
+    warm = int(tl.meta.get("warmup", 0))
+    kept = steps[warm:] or steps
+    spans = sorted((pipeline_span(tl, s)[1] - pipeline_span(tl, s)[0], s) for s in kept)
+    return spans[(len(spans) - 1) // 2][1]
+
+
+def record(tl: Timeline, step: int | None = None) -> Recorded:
+    """The simulator's inputs for one measured step of `tl` (a registered schedule's run)."""
+    if tl.schedule not in registry.names():
+        raise PipesimError(f"the timeline's schedule {tl.schedule!r} is not a registered one: import the trace "
+                           "with --schedule NAME")
+    p, m = tl.num_ranks, int(tl.meta.get("m") or tl.meta.get("microbatches"))
+    stages = int(tl.meta.get("stages") or p * int(tl.meta.get("v", 1)))
+    sched = registry.build(tl.schedule, p, m, stages // p if registry.spec(tl.schedule).virtual else None)
+    if sched.overlaps:
+        raise PipesimError(f"{tl.schedule} runs overlapped forward + backward pairs, which the replay does not "
+                           "read from a timeline")
+    step = pick_step(tl, step)
+    t0, t1, _ = pipeline_span(tl, step)
+    seen = {(e.rank, e.stream, e.kind, e.stage, e.microbatch): e for e in tl.events if e.step == step}
+    lowered = add_p2p(sched)
+    computes: dict[tuple[int, int], float] = {}
+    ends: dict[tuple[int, int, int], float] = {}  # (stage, kind, microbatch) of a compute -> its end (rebased)
+    for r, prog in enumerate(lowered.programs):
+        for a in prog:
+            if a.kind in COMPUTE:
+                e = seen.get((r, "compute", a.kind.value, a.stage, a.microbatch))
+                if e is None:
+                    raise PipesimError(f"step {step} of the timeline has no {a} on rank {r}: not a run of "
+                                       f"{tl.schedule} with p {p}, m {m}")
+                ends[(a.stage, a.kind.value, a.microbatch)] = e.end - t0
+    recv_end: dict[tuple[int, int], float] = {}  # (rank, RECV index) -> when it ended (rebased)
+    for r, prog in enumerate(lowered.programs):
+        prev = 0.0
+        ready = 0.0
+        for i, a in enumerate(prog):
+            if a.kind in RECVS:
+                e = seen.get((r, "recv", a.kind.value, a.stage, a.microbatch))
+                nxt = next(b for b in prog[i:] if b.kind in COMPUTE)
+                end = e.end - t0 if e is not None else ends[(nxt.stage, nxt.kind.value, nxt.microbatch)] - \
+                    _measured_duration(seen, r, nxt)
+                recv_end[(r, i)] = end
+                ready = max(ready, end)
+            elif a.kind in COMPUTE:
+                end = ends[(a.stage, a.kind.value, a.microbatch)]
+                computes[(r, i)] = max(0.0, end - max(prev, ready))
+                prev, ready = end, 0.0
+    messages: dict[tuple[int, int], float] = {}
+    peers: dict[tuple[int, int], int] = {}
+    recv_at = {(a.stage, a.kind, a.microbatch): (r, i) for r, prog in enumerate(lowered.programs)
+               for i, a in enumerate(prog) if a.kind in RECVS}
+    for r, prog in enumerate(lowered.programs):
+        for i, a in enumerate(prog):
+            if a.kind not in SENDS:
+                continue
+            producer = next(b for b in reversed(prog[:i]) if b.kind in COMPUTE)
+            dst = recv_at[tuple(a.matching())]
+            messages[(r, i)] = max(0.0, recv_end[dst] - ends[(producer.stage, producer.kind.value,
+                                                                  producer.microbatch)])
+            peers[(r, i)] = dst[0]
+    return Recorded(sched, computes, messages, peers, step, t1 - t0)
+
+
+def _measured_duration(seen: dict, rank: int, a) -> float:
+    e = seen[(rank, "compute", a.kind.value, a.stage, a.microbatch)]
+    return e.end - e.start
+
+
+def run(rec: Recorded, perturb: Perturbation | None = None) -> SimResult:
+    """The recorded step through the simulator (no machine model: every duration is the measured one)."""
+    table = CostTable.uniform(rec.schedule.num_stages, 0.0, 0.0, 0.0)
+    return simulate(rec.schedule, table, None, comm=False, perturb=rec.perturbation(extra=perturb))
+
+
+def _span(result: SimResult) -> float:
+    """First compute start to last compute end of a simulated step (the measured step's definition)."""
+    sched = result.schedule
+    starts = [result.starts[r][i] for r, prog in enumerate(sched.programs) for i, a in enumerate(prog)
+              if a.kind in COMPUTE]
+    ends = [result.ends[r][i] for r, prog in enumerate(sched.programs) for i, a in enumerate(prog)
+            if a.kind in COMPUTE]
+    return max(ends) - min(starts)
+
+
+def median_rank(rec: Recorded) -> int:
+    """The rank whose compute seconds in the step are the median (the lower one with an even count)."""
+    totals = sorted((sum(v for (r, _), v in rec.computes.items() if r == rank), rank)
+                    for rank in range(rec.schedule.num_ranks))
+    return totals[(len(totals) - 1) // 2][1]
+
+
+def _by_kind(rec: Recorded, rank: int) -> dict[str, list[tuple[int, float]]]:
+    """kind -> [(index, seconds)] of the rank's computes in program order."""
+    prog = add_p2p(rec.schedule).programs[rank]
+    out: dict[str, list[tuple[int, float]]] = {}
+    for (r, i), v in sorted(rec.computes.items()):
+        if r == rank:
+            out.setdefault(prog[i].kind.value, []).append((i, v))
+    return out
+
+
+def _link(rec: Recorded, key: tuple[int, int]) -> tuple[int, int]:
+    return tuple(sorted((key[0], rec.peers[key])))
+
+
+def what_ifs(rec: Recorded) -> dict:
+    """The replay against the measured step, then each rank and each link brought to the median's: the step
+    and the share of it lost to that rank or link ((replay - what-if) / replay)."""
+    replay = _span(run(rec))
+    mid = median_rank(rec)
+    typical = _by_kind(rec, mid)
+    ranks = []
+    for k in range(rec.schedule.num_ranks):
+        computes = dict(rec.computes)
+        for kind, items in _by_kind(rec, k).items():
+            ref = typical.get(kind, [])
+            for j, (i, _) in enumerate(items):
+                if j < len(ref):
+                    computes[(k, i)] = ref[j][1]
+        t = _span(run(Recorded(rec.schedule, computes, rec.messages, rec.peers, rec.step, rec.measured)))
+        ranks.append({"rank": k, "compute": sum(v for (r, _), v in rec.computes.items() if r == k),
+                      "step_without": t, "share": (replay - t) / replay if replay > 0 else 0.0})
+    per_link: dict[tuple[int, int], list[float]] = {}
+    for key, v in rec.messages.items():
+        per_link.setdefault(_link(rec, key), []).append(v)
+    medians = {lk: statistics.median(v) for lk, v in per_link.items()}
+    typical_link = statistics.median_low(sorted(medians.values())) if medians else 0.0
+    links = []
+    for lk in sorted(per_link):
+        messages = {key: (typical_link if _link(rec, key) == lk else v) for key, v in rec.messages.items()}
+        t = _span(run(Recorded(rec.schedule, rec.computes, messages, rec.peers, rec.step, rec.measured)))
+        links.append({"link": f"{lk[0]}-{lk[1]}", "median_delivery": medians[lk], "step_without": t,
+                      "share": (replay - t) / replay if replay > 0 else 0.0})
+    return {"schedule": rec.schedule.name, "ranks_count": rec.schedule.num_ranks, "step": rec.step,
+            "measured_step": rec.measured, "replayed_step": replay,
+            "replay_error": replay / rec.measured - 1 if rec.measured > 0 else 0.0,
+            "median_rank": mid, "median_link_delivery": typical_link, "ranks": ranks, "links": links}
+
+
+__all__ = ["Recorded", "median_rank", "pick_step", "record", "run", "what_ifs"]
