@@ -330,13 +330,14 @@ class Runtime:
         return full_parameters(self.stages, self.mesh)
 
 
-def _stretched(op: Callable[[], None], extra: float, sync: Callable[[], None] | None) -> None:
+def _stretched(op: Callable[[], None], extra: float, sync: Callable[[], None] | None,
+               clock: Callable[[], int] = perf_counter_ns, pause: Callable[[float], None] = sleep) -> None:
     """Run a compute action, then sleep `extra` times its duration: the action takes (1 + extra) x as long."""
-    t0 = perf_counter_ns()
+    t0 = clock()
     op()
     if sync is not None:
         sync()
-    sleep(extra * (perf_counter_ns() - t0) / 1e9)
+    pause(extra * (clock() - t0) / 1e9)
 
 
 def _pass_forward(mb: int, x: torch.Tensor, target: torch.Tensor | None) -> torch.Tensor:
