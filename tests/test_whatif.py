@@ -122,3 +122,25 @@ def test_simulate_cli_reports_the_loss_and_the_blame_as_json(capsys):
     assert w["baseline_step_time"] == pytest.approx(33.0) and w["step_time"] == pytest.approx(45.0)
     assert w["loss"] == pytest.approx(12.0) and w["loss_fraction"] == pytest.approx(12 / 33)
     assert next(iter(w["extra_wait_by_culprit"])) == "rank 3"
+
+
+def test_the_trace_draws_the_blame_in_perfetto_and_the_figure(tmp_path, capsys):
+    from pipesim.plots.perfetto import BLAME_TID
+    from pipesim.plots.timeline_figure import timeline_figure
+    from pipesim.timeline import Timeline
+
+    path = tmp_path / "t.json"
+    assert main(["simulate", "1f1b", "-p", "4", "-m", "8", "--cost", "F=1,B=2", "--slow", "1=1.5",
+                 "--trace", str(path)]) == 0
+    capsys.readouterr()
+    trace = json.loads(path.read_text())
+    slices = [e for e in trace["traceEvents"] if e.get("cat") == "blame"]
+    tl = Timeline.read(path)
+    rows = tl.meta["blame"]
+    assert len(slices) == len(rows) > 0 and all(e["tid"] == BLAME_TID for e in slices)
+    sched = schedules.build("1f1b", 4, 8)
+    slow = simulate(sched, _table(4), perturb=Perturbation(slow=((1, 1.5),)))
+    assert rows == [[w.rank, w.start, w.end, w.culprit] for w in waits(slow)]
+    assert {e["name"] for e in slices} >= {"waits on rank 1"}
+    names = {t.name for t in timeline_figure(tl).data}
+    assert "waits on a rank (blame)" in names

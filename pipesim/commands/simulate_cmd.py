@@ -26,7 +26,7 @@ from pipesim.errors import PipesimError
 from pipesim.model.flops import model_flops, utilization
 from pipesim.outputs import check_distinct, check_file, write_files
 from pipesim.plots.perfetto import trace_text
-from pipesim.sim.blame import what_if
+from pipesim.sim.blame import blame_rows, what_if
 from pipesim.sim.sim_setup import SimSetup
 from pipesim.units import format_bytes
 
@@ -99,6 +99,8 @@ def run(args: argparse.Namespace) -> int:
             timeline.meta = {**timeline.meta, "model": setup.model.to_dict()}
         elif setup.user_model is not None:  # as `pipesim run --model MODULE:FACTORY` records it
             timeline.meta = {**timeline.meta, "model": {"factory": args.model, "batch": user_model_config(args).batch}}
+        if pert is not None:  # who waited on whom, drawn by pipesim plot and in Perfetto (pipesim.sim.blame)
+            timeline.meta = {**timeline.meta, "blame": blame_rows(result), "what_if": pert.describe()}
         files[trace_path] = trace_text(timeline)
     write_files(files)
     if args.json == "-":

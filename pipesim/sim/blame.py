@@ -88,6 +88,11 @@ def _root(result: SimResult, rank: int, index: int, memo: dict[tuple[int, int], 
     return root
 
 
+def blame_rows(result: SimResult) -> list[list]:
+    """[rank, start, end, culprit] of every attributed wait, for a timeline's meta (the plots draw them)."""
+    return [[w.rank, w.start, w.end, w.culprit] for w in waits(result)]
+
+
 def blame_table(result: SimResult) -> dict[tuple[int, str], float]:
     """(waiting rank, culprit) -> seconds waited, summed over the step."""
     table: dict[tuple[int, str], float] = {}
@@ -115,4 +120,4 @@ def what_if(base: SimResult, perturbed: SimResult) -> dict:
             "extra_wait_by_culprit": dict(sorted(culprits.items(), key=lambda kv: (-kv[1], kv[0])))}
 
 
-__all__ = ["Wait", "blame_table", "waits", "what_if"]
+__all__ = ["Wait", "blame_rows", "blame_table", "waits", "what_if"]
