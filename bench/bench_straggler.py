@@ -46,7 +46,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--factor", type=float, default=1.5, help="its compute stretched by this (default 1.5)")
     p.add_argument("--steps", type=int, default=6, help="steps per run, 2 of them warm-up (default 6)")
     p.add_argument("--rounds", type=int, default=2, help="plain/slow pairs per schedule (default 2)")
-    p.add_argument("--hardware", default="local-cpu", help="what the model prediction runs on (default local-cpu)")
+    p.add_argument("--hardware", default="local-cpu",
+                   help="what the model prediction runs on; a comma list gives one column each (default local-cpu)")
     p.add_argument("--json", metavar="FILE", help="write the rows as JSON")
     return p
 
@@ -72,8 +73,8 @@ def _step(path: Path) -> float:
     return float(json.loads(path.read_text())["step_time"])
 
 
-def _model_loss(name: str, args: argparse.Namespace) -> float:
-    setup = SimSetup(load_hardware(args.hardware), ModelConfig(kind="mlp", hidden=1024, layers=8, batch=64),
+def _model_loss(name: str, args: argparse.Namespace, hardware: str) -> float:
+    setup = SimSetup(load_hardware(hardware), ModelConfig(kind="mlp", hidden=1024, layers=8, batch=64),
                      check_memory=False)
     sched = schedules.build(name, 2, args.microbatches)
     base = setup.run(sched).step_time
@@ -90,6 +91,7 @@ def _replay_loss(trace: Path, args: argparse.Namespace) -> float:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     names = [n for n in args.schedules.split(",") if n]
+    hardware = [h for h in args.hardware.split(",") if h]
     with tempfile.TemporaryDirectory(prefix="pipesim-straggler-") as d:
         tmp = Path(d)
         subprocess.run(_chain(names, args, tmp), check=True)
@@ -100,18 +102,21 @@ def main(argv: list[str] | None = None) -> int:
             measured = statistics.median(slow) / statistics.median(plain) - 1
             replayed = statistics.median(_replay_loss(tmp / f"{name}-{r}-plain.trace.json", args)
                                          for r in range(args.rounds))
-            model = _model_loss(name, args)
+            models = {hw: _model_loss(name, args, hw) for hw in hardware}
             rows.append({"schedule": name, "plain_step": statistics.median(plain), "slow_step": statistics.median(slow),
-                         "measured_loss": measured, "model_loss": model, "replay_loss": replayed,
-                         "model_ratio": model / measured, "replay_ratio": replayed / measured})
-    print(f"slow rank {args.rank} x{args.factor:g}, 2 ranks, m {args.microbatches}, lecture MLP; model on "
-          f"{args.hardware}")
-    print(f"{'schedule':<18} {'plain ms':>9} {'slow ms':>9} {'measured':>9} {'model':>9} {'replay':>9} "
-          f"{'model/meas':>10} {'replay/meas':>11}")
+                         "plain_steps": plain, "slow_steps": slow, "measured_loss": measured,
+                         "replay_loss": replayed, "replay_ratio": replayed / measured,
+                         "model_loss": models, "model_ratio": {hw: x / measured for hw, x in models.items()}})
+    print(f"slow rank {args.rank} x{args.factor:g}, 2 ranks, m {args.microbatches}, lecture MLP, {args.rounds} "
+          f"plain/slow pairs; loss = slow step / plain step - 1; ratio = predicted loss / measured loss")
+    cols = "".join(f" {'model ' + str(n + 1):>9} {'ratio':>6}" for n in range(len(hardware)))
+    print(f"{'schedule':<18} {'plain ms':>9} {'slow ms':>9} {'measured':>9} {'replay':>9} {'ratio':>6}{cols}")
     for r in rows:
+        models = "".join(f" {r['model_loss'][hw]:+9.1%} {r['model_ratio'][hw]:6.2f}" for hw in hardware)
         print(f"{r['schedule']:<18} {r['plain_step'] * 1e3:9.2f} {r['slow_step'] * 1e3:9.2f} "
-              f"{r['measured_loss']:+9.1%} {r['model_loss']:+9.1%} {r['replay_loss']:+9.1%} "
-              f"{r['model_ratio']:10.2f} {r['replay_ratio']:11.2f}")
+              f"{r['measured_loss']:+9.1%} {r['replay_loss']:+9.1%} {r['replay_ratio']:6.2f}{models}")
+    for n, hw in enumerate(hardware, start=1):
+        print(f"model {n}: pipesim simulate on {hw}")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
     return 0

@@ -63,6 +63,10 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _faster(share: float) -> str:
+    return f"{share:.1%} faster" if share >= 0 else f"{-share:.1%} slower"
+
+
 def lines(r: dict) -> list[str]:
     """The report in words."""
     out = [f"{r['schedule']}, {r['ranks_count']} ranks, step {r['step']}: measured {r['measured_step'] * 1e3:.3f} ms, "
@@ -70,12 +74,12 @@ def lines(r: dict) -> list[str]:
            f"each rank's compute replaced by the median rank's (rank {r['median_rank']}):"]
     for x in sorted(r["ranks"], key=lambda x: -x["share"]):
         out.append(f"  rank {x['rank']}: compute {x['compute'] * 1e3:.3f} ms; the step would be "
-                   f"{x['share']:.1%} faster without it ({x['step_without'] * 1e3:.3f} ms)")
+                   f"{_faster(x['share'])} with it at the median ({x['step_without'] * 1e3:.3f} ms)")
     if r["links"]:
         out.append(f"each link's deliveries replaced by the median link's ({r['median_link_delivery'] * 1e6:.0f} us):")
     for x in sorted(r["links"], key=lambda x: -x["share"]):
         out.append(f"  link {x['link']}: median delivery {x['median_delivery'] * 1e6:.0f} us; the step would be "
-                   f"{x['share']:.1%} faster ({x['step_without'] * 1e3:.3f} ms)")
+                   f"{_faster(x['share'])} with it at the median ({x['step_without'] * 1e3:.3f} ms)")
     if "what_if" in r:
         out += whatif_lines(r["what_if"])
     return out
