@@ -66,3 +66,14 @@ def test_simulate_prints_the_note_on_stderr_once(tmp_path, monkeypatch, capsys):
     assert err.count("\n") == 1 and "4.24x faster" in err
     assert main(argv) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_a_file_measured_on_this_machine_is_not_checked(tmp_path, monkeypatch):
+    from dataclasses import replace
+
+    monkeypatch.setenv("PIPESIM_SPEED_CHECK", "1")
+    hw = load_hardware("local-cpu")
+    mine = replace(hw, host=replace(hw.host, probe_machine=machine_key()))
+    calls = []
+    assert speed_note(mine, "mine.toml", measure=lambda: calls.append(1) or 1.0, where=tmp_path) is None
+    assert calls == []  # not even probed

@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 
 from pipesim.calibration.measured import typical_metrics
 from pipesim.calibration.plan import LECTURE_MLP, run_spec, simulate_run
+from pipesim.calibration.speed_check import machine_key
 from pipesim.hardware.machine import Hardware, LinkClass
 from pipesim.timeline import Timeline
 
@@ -96,7 +97,7 @@ def rescale(base: Hardware, timelines: dict[str, list[Timeline]], runs: list[dic
     host = hw.host
     if host is not None:
         host = replace(host, probe_seconds=probe or host.probe_seconds,
-                       probe_tolerance=max(precision, RESCALE_TOLERANCE_FLOOR))
+                       probe_tolerance=max(precision, RESCALE_TOLERANCE_FLOOR), probe_machine=machine_key())
     hw = replace(hw, name=f"{base.name} (rescaled)", source=source, host=host)
     return Rescale(hw, s, precision, ratios, probe)
 

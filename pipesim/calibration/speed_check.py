@@ -6,7 +6,9 @@ speed probe, `pipesim.calibration.runs.speed_probe`: a few 1024-wide matmuls for
 thread, ~8 ms) says how fast its machine ran that probe; this machine runs it once (about a second with
 torch's import), keeps the figure under ~/.cache/pipesim (per host name, CPU model and core count), and when
 the two differ by more than the file's `probe_tolerance` prints one line with the command that measures this
-machine, once per (machine, hardware file). `PIPESIM_SPEED_CHECK=0` turns it off (the test suite does).
+machine, once per (machine, hardware file). A file measured on this very machine (`probe_machine`, which
+`pipesim calibrate` writes) is not checked: its own speed of the moment is the noise it states.
+`PIPESIM_SPEED_CHECK=0` turns it off (the test suite does).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 from pipesim.hardware.machine import Hardware
 
 CACHE_NAME = "speed-probe.json"
+PROBE_TOLERANCE = 0.25  # a full calibration's: the local-cpu preset's choice (docs/whatif.md)
 
 
 def cache_dir() -> Path:
@@ -79,8 +82,8 @@ def speed_note(hw: Hardware | None, name: str, measure: Callable[[], float] = _p
     time this machine meets it; None otherwise (no probe figure in the file, within tolerance, already said)."""
     host = hw.host if hw is not None else None
     if host is None or not host.probe_seconds or not host.probe_tolerance \
-            or os.environ.get("PIPESIM_SPEED_CHECK", "1") == "0":
-        return None
+            or os.environ.get("PIPESIM_SPEED_CHECK", "1") == "0" or host.probe_machine == machine_key():
+        return None  # no figure to compare, the check turned off, or a file measured on this very machine
     seconds, data = machine_probe(measure, where)
     ratio = seconds / host.probe_seconds
     if abs(ratio - 1) <= host.probe_tolerance:
@@ -97,4 +100,4 @@ def speed_note(hw: Hardware | None, name: str, measure: Callable[[], float] = _p
             f"-o hw.toml (~15 s) or pipesim calibrate -o hw.toml (~2.5 min), then --hardware hw.toml")
 
 
-__all__ = ["cache_dir", "machine_key", "machine_probe", "speed_note"]
+__all__ = ["PROBE_TOLERANCE", "cache_dir", "machine_key", "machine_probe", "speed_note"]

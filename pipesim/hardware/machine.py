@@ -134,6 +134,8 @@ class HostProfile:
                                       default=0.0)
     probe_tolerance: float = file_field("nonneg", doc="probe ratio beyond which this file is another machine's",
                                         default=0.0)
+    probe_machine: str = file_field("str", doc="host | CPU model | cores the probe ran on (this one: no check)",
+                                    default="")
 
     @property
     def split_costs(self) -> SplitCosts:
