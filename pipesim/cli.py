@@ -22,6 +22,7 @@ EPILOG = """examples:
   pipesim sweep --schedules gpipe,1f1b,zb-h1 --stages 4 --microbatches 4,8,16
   pipesim run 1f1b --nproc 2 --microbatches 4 --model mlp --trace measured.json
   pipesim plot measured.json simulated.json -o timeline.html
+  pipesim whatif measured.json --slow 1=1.5      # a measured step replayed, each rank's share (docs/whatif.md)
 """
 
 
