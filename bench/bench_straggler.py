@@ -3,7 +3,7 @@
 For each schedule (default 1f1b, interleaved-1f1b, zb-h1; 2 ranks, the lecture MLP), one torchrun job runs
 the step unperturbed and then with `--slow RANK=FACTOR` (the rank's compute stretched by sleeping the
 extra time), alternating `--rounds` times so that drifting load hits both alike; the measured loss is
-the slow run's median step over the plain run's, minus 1. Two predictions of that loss:
+the median over the (plain, slow) pairs, run back to back, of slow step / plain step, minus 1. Two predictions of that loss:
 
 - model: `pipesim simulate` of the schedule on `--hardware` (default local-cpu; `make demo`'s
   out/local-cpu.toml is this machine's), unperturbed and with `--slow`;
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in names:
             plain = [_step(tmp / f"{name}-{r}-plain.json") for r in range(args.rounds)]
             slow = [_step(tmp / f"{name}-{r}-slow.json") for r in range(args.rounds)]
-            measured = statistics.median(slow) / statistics.median(plain) - 1
+            measured = statistics.median(b / a for a, b in zip(plain, slow, strict=True)) - 1  # adjacent pairs
             replayed = statistics.median(_replay_loss(tmp / f"{name}-{r}-plain.trace.json", args)
                                          for r in range(args.rounds))
             models = {hw: _model_loss(name, args, hw) for hw in hardware}
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
                          "replay_loss": replayed, "replay_ratio": replayed / measured,
                          "model_loss": models, "model_ratio": {hw: x / measured for hw, x in models.items()}})
     print(f"slow rank {args.rank} x{args.factor:g}, 2 ranks, m {args.microbatches}, lecture MLP, {args.rounds} "
-          f"plain/slow pairs; loss = slow step / plain step - 1; ratio = predicted loss / measured loss")
+          f"plain/slow pairs; loss = median pair's slow step / plain step - 1; ratio = predicted loss / measured loss")
     cols = "".join(f" {'model ' + str(n + 1):>9} {'ratio':>6}" for n in range(len(hardware)))
     print(f"{'schedule':<18} {'plain ms':>9} {'slow ms':>9} {'measured':>9} {'replay':>9} {'ratio':>6}{cols}")
     for r in rows:
