@@ -3,7 +3,8 @@
 For each schedule (default 1f1b, interleaved-1f1b, zb-h1; 2 ranks, the lecture MLP), one torchrun job runs
 the step unperturbed and then with `--slow RANK=FACTOR` (the rank's compute stretched by sleeping the
 extra time), alternating `--rounds` times so that drifting load hits both alike; the measured loss
-is the median over the (plain, slow) pairs, run back to back, of slow step / plain step, minus 1. Two predictions of that loss:
+is the median over the (plain, slow) pairs, run back to back, of slow step / plain step, minus 1.
+Two predictions of that loss:
 
 - model: `pipesim simulate` of the schedule on `--hardware` (default local-cpu; `make demo`'s
   out/local-cpu.toml is this machine's), unperturbed and with `--slow`;
