@@ -98,3 +98,23 @@ def test_whatif_cli(tmp_path, capsys):
     Timeline("simulated", tl.schedule, tl.num_ranks, tl.events, tl.meta).write(sim)
     code, _, err = _cli(capsys, "whatif", str(sim))
     assert code == 2 and "is a simulated timeline" in err
+
+
+@pytest.mark.parametrize("name", ["1f1b", "interleaved-1f1b", "zb-h1"])
+def test_the_replays_straggler_is_the_simulators_on_its_own_timeline(name):
+    """Replaying a simulated step (gloo's SEND posting and late RECVs included) with rank 1 stretched gives the loss
+    the simulator predicts for the same straggler, exactly, when ranks do not slow each other (co-run 0: with it the
+    simulator also slows rank 0 while the stretched rank runs, which a replay of fixed durations does not)."""
+    from pipesim.sim.perturb import Perturbation
+
+    hw = load_hardware("local-cpu")
+    setup = SimSetup(hw.with_host(node_corun_slowdown=0.0), ModelConfig(kind="mlp", hidden=1024, layers=8, batch=64),
+                     check_memory=False)
+    sched = schedules.build(name, 2, 8)
+    slow = Perturbation(slow=((1, 1.5),))
+    base, stretched = setup.run(sched), replace(setup, perturb=slow).run(sched)
+    tl = base.timeline()
+    rec = replay.record(Timeline("measured", tl.schedule, tl.num_ranks, tl.events,
+                                 {**tl.meta, "stages": base.schedule.num_stages}))
+    assert replay.run(rec, slow).makespan / replay.run(rec).makespan == pytest.approx(
+        stretched.makespan / base.makespan, rel=1e-9)

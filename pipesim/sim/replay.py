@@ -4,10 +4,13 @@ A measured timeline (`pipesim import-trace`'s, or `pipesim run --trace`'s) holds
 step began and ended. The replay gives the simulator, for one step, each compute action's own time and
 each message's delivery, read off that step, and lets it run the schedule's dependencies:
 - a compute's time is its end minus when it could begin: the later of the previous compute's end on its
-  rank and the end of the RECVs just before it (the runtime's own gaps, SEND posting and late RECVs'
-  progress are the rank's, so they count in it);
-- a message's delivery is the RECV's end minus the end of the compute that produced it (a RECV the trace
-  lacks counts as ending when its compute began).
+  rank and the arrival of the messages its RECVs just before it took (the runtime's own gaps, SEND posting
+  and a late RECV's progress are the rank's, so they count in it);
+- a message's arrival: where the RECV began before the message was made (the end of the compute that
+  produced it), the RECV's end: the receiver waited for it; otherwise the message was there when the
+  receiver's previous compute ended (or when it was made, if later), and what the RECV took is the
+  receiver's own (gloo's progress of a late RECV). A RECV the trace lacks counts as ending when its
+  compute began.
 With every measured duration given back, the simulated ranks end each compute exactly when the measured
 ones did, so the replay reproduces the measured step (pipeline span: first compute start to last compute
 end) up to the trace's own inconsistencies (clocks of different hosts, missing RECVs); `Replay.error` says
@@ -23,7 +26,7 @@ delivery, so the gains are, if anything, understated.
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import schedules as registry
 from pipesim.cost.table import CostTable
@@ -41,19 +44,26 @@ class Recorded:
     """One measured step as the simulator's inputs: the schedule and each action's measured seconds."""
 
     schedule: Schedule  # as registered (the simulator lowers it; indices below are of add_p2p(schedule))
-    computes: dict[tuple[int, int], float]  # (rank, index) -> seconds of a compute action
+    computes: dict[tuple[int, int], float]  # (rank, index) -> seconds of a compute action, its rank's gaps included
     messages: dict[tuple[int, int], float]  # (sender rank, SEND index) -> seconds of delivery
     peers: dict[tuple[int, int], int]  # (sender rank, SEND index) -> receiving rank
     step: int  # the measured step
     measured: float  # seconds: the step's pipeline span (first compute start to last compute end)
+    spans: dict[tuple[int, int], float] = field(default_factory=dict)  # (rank, index) -> the compute's own seconds
 
-    def perturbation(self, computes: dict | None = None, messages: dict | None = None,
-                     extra: Perturbation | None = None) -> Perturbation:
-        durations = {**(computes or self.computes), **(messages or self.messages)}
+    def perturbation(self, extra: Perturbation | None = None) -> Perturbation:
+        """The recorded durations, with `extra` on top: a slow rank stretches its computes' own seconds (not the
+        gaps around them: posting, a late RECV's progress), as `pipesim run --slow` does; links and jitter as
+        elsewhere."""
+        computes = dict(self.computes)
         if extra is None:
-            return Perturbation(durations=durations)
-        return Perturbation(slow=extra.slow, slow_links=extra.slow_links, jitter=extra.jitter, seed=extra.seed,
-                            durations=durations)
+            return Perturbation(durations={**computes, **self.messages})
+        for rank, factor in extra.slow:
+            for key, own in self.spans.items():
+                if key[0] == rank:
+                    computes[key] += (factor - 1) * own
+        return Perturbation(slow_links=extra.slow_links, jitter=extra.jitter, seed=extra.seed,
+                            durations={**computes, **self.messages})
 
 
 def pick_step(tl: Timeline, step: int | None = None) -> int:
@@ -85,6 +95,7 @@ def record(tl: Timeline, step: int | None = None) -> Recorded:
     seen = {(e.rank, e.stream, e.kind, e.stage, e.microbatch): e for e in tl.events if e.step == step}
     lowered = add_p2p(sched)
     computes: dict[tuple[int, int], float] = {}
+    spans: dict[tuple[int, int], float] = {}
     ends: dict[tuple[int, int, int], float] = {}  # (stage, kind, microbatch) of a compute -> its end (rebased)
     for r, prog in enumerate(lowered.programs):
         for a in prog:
@@ -94,36 +105,38 @@ def record(tl: Timeline, step: int | None = None) -> Recorded:
                     raise PipesimError(f"step {step} of the timeline has no {a} on rank {r}: not a run of "
                                        f"{tl.schedule} with p {p}, m {m}")
                 ends[(a.stage, a.kind.value, a.microbatch)] = e.end - t0
-    recv_end: dict[tuple[int, int], float] = {}  # (rank, RECV index) -> when it ended (rebased)
+    sends: dict[tuple, tuple[int, int, float]] = {}  # SEND action -> (sender rank, its index, its producer's end)
     for r, prog in enumerate(lowered.programs):
-        prev = 0.0
-        ready = 0.0
+        for i, a in enumerate(prog):
+            if a.kind in SENDS:
+                producer = next(b for b in reversed(prog[:i]) if b.kind in COMPUTE)
+                sends[tuple(a)] = (r, i, ends[(producer.stage, producer.kind.value, producer.microbatch)])
+    messages: dict[tuple[int, int], float] = {}
+    peers: dict[tuple[int, int], int] = {}
+    for r, prog in enumerate(lowered.programs):
+        prev = ready = 0.0
         for i, a in enumerate(prog):
             if a.kind in RECVS:
+                src, j, made = sends[tuple(a.matching())]
                 e = seen.get((r, "recv", a.kind.value, a.stage, a.microbatch))
-                nxt = next(b for b in prog[i:] if b.kind in COMPUTE)
-                end = e.end - t0 if e is not None else ends[(nxt.stage, nxt.kind.value, nxt.microbatch)] - \
-                    _measured_duration(seen, r, nxt)
-                recv_end[(r, i)] = end
-                ready = max(ready, end)
+                if e is not None:
+                    start, end = e.start - t0, e.end - t0
+                else:  # not in the trace: it ended when its compute began
+                    nxt = next(b for b in prog[i:] if b.kind in COMPUTE)
+                    start = end = ends[(nxt.stage, nxt.kind.value, nxt.microbatch)] - _measured_duration(seen, r, nxt)
+                # waiting for the sender: the message's delivery ends the RECV; posted before the RECV began: what the
+                # RECV took is the receiver's own (gloo's progress), kept in its next compute, and the message counts
+                # as there when the receiver's previous compute ended (or when it was made, if later)
+                arrival = end if start < made else max(made, prev)
+                messages[(src, j)] = max(0.0, arrival - made)
+                peers[(src, j)] = r
+                ready = max(ready, arrival)
             elif a.kind in COMPUTE:
                 end = ends[(a.stage, a.kind.value, a.microbatch)]
                 computes[(r, i)] = max(0.0, end - max(prev, ready))
+                spans[(r, i)] = min(computes[(r, i)], _measured_duration(seen, r, a))
                 prev, ready = end, 0.0
-    messages: dict[tuple[int, int], float] = {}
-    peers: dict[tuple[int, int], int] = {}
-    recv_at = {(a.stage, a.kind, a.microbatch): (r, i) for r, prog in enumerate(lowered.programs)
-               for i, a in enumerate(prog) if a.kind in RECVS}
-    for r, prog in enumerate(lowered.programs):
-        for i, a in enumerate(prog):
-            if a.kind not in SENDS:
-                continue
-            producer = next(b for b in reversed(prog[:i]) if b.kind in COMPUTE)
-            dst = recv_at[tuple(a.matching())]
-            messages[(r, i)] = max(0.0, recv_end[dst] - ends[(producer.stage, producer.kind.value,
-                                                                  producer.microbatch)])
-            peers[(r, i)] = dst[0]
-    return Recorded(sched, computes, messages, peers, step, t1 - t0)
+    return Recorded(sched, computes, messages, peers, step, t1 - t0, spans)
 
 
 def _measured_duration(seen: dict, rank: int, a) -> float:
@@ -182,7 +195,7 @@ def what_ifs(rec: Recorded) -> dict:
             for j, (i, _) in enumerate(items):
                 if j < len(ref):
                     computes[(k, i)] = ref[j][1]
-        t = _span(run(Recorded(rec.schedule, computes, rec.messages, rec.peers, rec.step, rec.measured)))
+        t = _span(run(replace(rec, computes=computes)))
         ranks.append({"rank": k, "compute": sum(v for (r, _), v in rec.computes.items() if r == k),
                       "step_without": t, "share": (replay - t) / replay if replay > 0 else 0.0})
     per_link: dict[tuple[int, int], list[float]] = {}
@@ -193,7 +206,7 @@ def what_ifs(rec: Recorded) -> dict:
     links = []
     for lk in sorted(per_link):
         messages = {key: (typical_link if _link(rec, key) == lk else v) for key, v in rec.messages.items()}
-        t = _span(run(Recorded(rec.schedule, rec.computes, messages, rec.peers, rec.step, rec.measured)))
+        t = _span(run(replace(rec, messages=messages)))
         links.append({"link": f"{lk[0]}-{lk[1]}", "median_delivery": medians[lk], "step_without": t,
                       "share": (replay - t) / replay if replay > 0 else 0.0})
     return {"schedule": rec.schedule.name, "ranks_count": rec.schedule.num_ranks, "step": rec.step,
