@@ -3,14 +3,14 @@
 A measured timeline (`pipesim import-trace`'s, or `pipesim run --trace`'s) holds when every action of a
 step began and ended. The replay gives the simulator, for one step, each compute action's own time and
 each message's delivery, read off that step, and lets it run the schedule's dependencies:
-- a compute's time is its end minus when it could begin: the later of the previous compute's end on its
-  rank and the arrival of the messages its RECVs just before it took (the runtime's own gaps, SEND posting
-  and a late RECV's progress are the rank's, so they count in it);
-- a message's arrival: where the RECV began before the message was made (the end of the compute that
-  produced it), the RECV's end: the receiver waited for it; otherwise the message was there when the
-  receiver's previous compute ended (or when it was made, if later), and what the RECV took is the
-  receiver's own (gloo's progress of a late RECV). A RECV the trace lacks counts as ending when its
-  compute began.
+- a compute's time runs from when it could begin (the later of its rank's previous compute, posting its
+  SENDs included, and the arrival of the messages its RECVs just before it took) to its end plus the
+  posting of the SENDs that follow it: the runtime's gaps and a late RECV's progress are its rank's;
+- a message's arrival: where the RECV began before the message was posted (its SEND's start in the trace,
+  else its producer's end), the RECV's end: the receiver waited for it; otherwise the RECV's start, and
+  what the RECV took is the receiver's (a runtime that blocks on its own sends before it, as torch's
+  Schedule1F1B does, waits there on its peer: that gap stays the message's). A RECV the trace lacks
+  counts as ending when its compute began.
 With every measured duration given back, the simulated ranks end each compute exactly when the measured
 ones did, so the replay reproduces the measured step (pipeline span: first compute start to last compute
 end) up to the trace's own inconsistencies (clocks of different hosts, missing RECVs); `Replay.error` says
@@ -19,8 +19,9 @@ by how much, for the run at hand.
 The what-if then changes durations and lets the dependencies decide: rank k's compute times replaced by
 the median rank's (the j-th action of each kind on rank k takes what the j-th of that kind took on the
 median rank), or a link's deliveries by the median link's. "The step would be X % faster without rank k" is
-(replay - what-if) / replay. A receiver that reached its RECV late keeps that lateness in its message's
-delivery, so the gains are, if anything, understated.
+(replay - what-if) / replay. A slow rank (`--slow`) stretches its computes' own spans, not its gaps. A message
+whose receiver reached its RECV late keeps that lateness (it counts as arriving when the RECV began), so a
+what-if that makes the receiver earlier understates the gain.
 """
 
 from __future__ import annotations
@@ -96,52 +97,64 @@ def record(tl: Timeline, step: int | None = None) -> Recorded:
     lowered = add_p2p(sched)
     computes: dict[tuple[int, int], float] = {}
     spans: dict[tuple[int, int], float] = {}
-    ends: dict[tuple[int, int, int], float] = {}  # (stage, kind, microbatch) of a compute -> its end (rebased)
+    done: dict[tuple[int, int], float] = {}  # (rank, compute index) -> its end with its SENDs' posting (rebased)
     for r, prog in enumerate(lowered.programs):
-        for a in prog:
+        posts = [(e.start - t0, e.end - t0) for e in tl.events if e.step == step and e.rank == r and e.stream == "send"]
+        starts = sorted(e.start - t0 for e in tl.events if e.step == step and e.rank == r and e.stream != "send")
+        for i, a in enumerate(prog):
             if a.kind in COMPUTE:
                 e = seen.get((r, "compute", a.kind.value, a.stage, a.microbatch))
                 if e is None:
                     raise PipesimError(f"step {step} of the timeline has no {a} on rank {r}: not a run of "
                                        f"{tl.schedule} with p {p}, m {m}")
-                ends[(a.stage, a.kind.value, a.microbatch)] = e.end - t0
-    sends: dict[tuple, tuple[int, int, float]] = {}  # SEND action -> (sender rank, its index, its producer's end)
+                end = e.end - t0
+                nxt = next((x for x in starts if x >= end), end)  # the rank's next RECV or compute
+                # posting the SENDs that follow it is its rank's work, up to its next action (a span that lasts
+                # to the send's completion, as pipesim run records it, is cut there)
+                done[(r, i)] = min(nxt, max([end] + [x1 for x0, x1 in posts if end <= x0 <= nxt]))
+                spans[(r, i)] = e.end - e.start
+    where = {tuple(a): (r, i) for r, prog in enumerate(lowered.programs) for i, a in enumerate(prog)}
+    for r, prog in enumerate(lowered.programs):  # a message cannot be posted after its consumer began
+        for i, a in enumerate(prog):
+            if a.kind in SENDS:
+                k = next(k for k in range(i - 1, -1, -1) if prog[k].kind in COMPUTE)
+                dst, j = where[tuple(a.matching())]
+                use = next(b for b in lowered.programs[dst][j:] if b.kind in COMPUTE)
+                began = seen[(dst, "compute", use.kind.value, use.stage, use.microbatch)].start - t0
+                own = seen[(r, "compute", prog[k].kind.value, prog[k].stage, prog[k].microbatch)].end - t0
+                done[(r, k)] = min(done[(r, k)], max(own, began))
+    sends: dict[tuple, tuple[int, int, float, float]] = {}  # SEND -> (sender rank, index, posted in the replay, traced)
     for r, prog in enumerate(lowered.programs):
         for i, a in enumerate(prog):
             if a.kind in SENDS:
-                producer = next(b for b in reversed(prog[:i]) if b.kind in COMPUTE)
-                sends[tuple(a)] = (r, i, ends[(producer.stage, producer.kind.value, producer.microbatch)])
+                k = next(k for k in range(i - 1, -1, -1) if prog[k].kind in COMPUTE)  # its producer
+                e = seen.get((r, "send", a.kind.value, a.stage, a.microbatch))  # a runtime may post it later
+                made = done[(r, k)]
+                sends[tuple(a)] = (r, i, made, max(made, e.start - t0) if e is not None else made)
     messages: dict[tuple[int, int], float] = {}
     peers: dict[tuple[int, int], int] = {}
     for r, prog in enumerate(lowered.programs):
         prev = ready = 0.0
         for i, a in enumerate(prog):
             if a.kind in RECVS:
-                src, j, made = sends[tuple(a.matching())]
+                src, j, made, posted = sends[tuple(a.matching())]
                 e = seen.get((r, "recv", a.kind.value, a.stage, a.microbatch))
                 if e is not None:
                     start, end = e.start - t0, e.end - t0
                 else:  # not in the trace: it ended when its compute began
                     nxt = next(b for b in prog[i:] if b.kind in COMPUTE)
-                    start = end = ends[(nxt.stage, nxt.kind.value, nxt.microbatch)] - _measured_duration(seen, r, nxt)
-                # waiting for the sender: the message's delivery ends the RECV; posted before the RECV began: what the
-                # RECV took is the receiver's own (gloo's progress), kept in its next compute, and the message counts
-                # as there when the receiver's previous compute ended (or when it was made, if later)
-                arrival = end if start < made else max(made, prev)
+                    start = end = seen[(r, "compute", nxt.kind.value, nxt.stage, nxt.microbatch)].start - t0
+                # the receiver waited for the sender: the RECV's end; else the message was there when the RECV began
+                # and what the RECV took (gloo's progress of a late RECV) is the receiver's own
+                arrival = end if start < posted else max(made, start)
                 messages[(src, j)] = max(0.0, arrival - made)
                 peers[(src, j)] = r
                 ready = max(ready, arrival)
             elif a.kind in COMPUTE:
-                end = ends[(a.stage, a.kind.value, a.microbatch)]
-                computes[(r, i)] = max(0.0, end - max(prev, ready))
-                spans[(r, i)] = min(computes[(r, i)], _measured_duration(seen, r, a))
-                prev, ready = end, 0.0
+                computes[(r, i)] = max(0.0, done[(r, i)] - max(prev, ready))
+                spans[(r, i)] = min(spans[(r, i)], computes[(r, i)])
+                prev, ready = done[(r, i)], 0.0
     return Recorded(sched, computes, messages, peers, step, t1 - t0, spans)
-
-
-def _measured_duration(seen: dict, rank: int, a) -> float:
-    e = seen[(rank, "compute", a.kind.value, a.stage, a.microbatch)]
-    return e.end - e.start
 
 
 def run(rec: Recorded, perturb: Perturbation | None = None) -> SimResult:
