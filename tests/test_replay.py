@@ -122,3 +122,13 @@ def test_the_replays_straggler_is_the_simulators_on_its_own_timeline(name, rel):
                                  {**tl.meta, "stages": base.schedule.num_stages}))
     assert replay.run(rec, slow).makespan / replay.run(rec).makespan == pytest.approx(
         stretched.makespan / base.makespan, rel=rel)
+
+
+def test_whatif_steps_are_numbered_from_one(tmp_path, capsys):
+    path = tmp_path / "run.json"
+    tl = _as_measured("1f1b", 2, 4)
+    tl.write(path)
+    code, out, _ = _cli(capsys, "whatif", str(path), "--step", "1", "--json")
+    assert code == 0 and json.loads(out)["step"] == 1
+    code, _, err = _cli(capsys, "whatif", str(path), "--step", "2")
+    assert code == 2 and "the timeline has steps 1-1" in err

@@ -25,7 +25,8 @@ def add_parser(sub) -> None:
     p.add_argument("timeline", metavar="TIMELINE", help="a measured timeline: pipesim import-trace -o, pipesim run "
                                                         "--trace")
     p.add_argument("--step", type=int, default=None,
-                   help="the measured step to replay (default: the median one after the warm-up)")
+                   help="the measured step to replay, numbered from 1 as pipesim plot --step (default: the median "
+                        "one after the warm-up)")
     p.add_argument("--slow", action="append", default=[], metavar="RANK=FACTOR",
                    help="also replay with rank RANK's compute FACTOR times as long (repeatable)")
     p.add_argument("--slow-link", action="append", default=[], metavar="A-B=FACTOR",
@@ -49,8 +50,11 @@ def run(args: argparse.Namespace) -> int:
     pert = perturbation_from_args(args)
     if pert is not None:
         pert.check(tl.num_ranks)  # ranks the trace does not have: one line, before any work
-    rec = replay.record(tl, args.step)
-    report = replay.what_ifs(rec)
+    steps = [s + 1 for s in tl.steps()]
+    if args.step is not None and args.step not in steps:
+        raise PipesimError(f"--step {args.step}: the timeline has steps {steps[0]}-{steps[-1]} (numbered from 1)")
+    rec = replay.record(tl, args.step - 1 if args.step is not None else None)
+    report = {**replay.what_ifs(rec), "step": rec.step + 1}  # numbered from 1, as pipesim run and plot number them
     if pert is not None:
         base, changed = replay.run(rec), replay.run(rec, pert)
         report["what_if"] = {"perturbation": pert.describe(), **pert.to_dict(), **what_if(base, changed)}
