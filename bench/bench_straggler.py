@@ -60,12 +60,11 @@ def _chain(names: list[str], args: argparse.Namespace, tmp: Path) -> list[str]:
         for rnd in range(args.rounds):
             for slow in (False, True):
                 tag = f"{name}-{rnd}-{'slow' if slow else 'plain'}"
+                # both traced: recording costs time on 2 cores, and the plain and slow runs must pay it alike
                 one = [name, "-m", str(args.microbatches), *MODEL, "--steps", str(args.steps), "--warmup", "2",
-                       "--quiet", "--json", str(tmp / f"{tag}.json")]
+                       "--quiet", "--json", str(tmp / f"{tag}.json"), "--trace", str(tmp / f"{tag}.trace.json")]
                 if slow:
                     one += ["--slow", f"{args.rank}={args.factor:g}"]
-                else:
-                    one += ["--trace", str(tmp / f"{tag}.trace.json")]
                 argv += (["--then"] if argv else []) + one
     return [sys.executable, "-m", "pipesim", "run", "--nproc", "2", *argv]
 
