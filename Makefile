@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	mkdir -p $(OUT)
-	@# measure this machine first (~15 s): local-cpu's model at this machine's speed, its precision printed
+	@# measure this machine first (~10 s): local-cpu's model at this machine's speed, its precision printed
 	$(BIN)/pipesim calibrate --quick --rescale local-cpu -o $(OUT)/local-cpu.toml
 	$(BIN)/pipesim schedule 1f1b --stages 2 --microbatches 8
 	$(BIN)/pipesim simulate 1f1b --stages 2 --microbatches 8 --model mlp --hidden 1024 --layers 8 --batch 64 \

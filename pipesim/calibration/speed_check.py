@@ -97,7 +97,7 @@ def speed_note(hw: Hardware | None, name: str, measure: Callable[[], float] = _p
     return (f"pipesim: note: this machine is {pace} than the one {name} was calibrated on (speed probe "
             f"{seconds * 1e3:.2f} ms vs {host.probe_seconds * 1e3:.2f} ms, beyond its +-{host.probe_tolerance:.0%}), "
             f"so the prediction is for that machine; measure this one: pipesim calibrate --quick --rescale {name} "
-            f"-o hw.toml (~15 s) or pipesim calibrate -o hw.toml (~2.5 min), then --hardware hw.toml")
+            f"-o hw.toml (~10 s) or pipesim calibrate -o hw.toml (~2.5 min), then --hardware hw.toml")
 
 
 __all__ = ["PROBE_TOLERANCE", "cache_dir", "machine_key", "machine_probe", "speed_note"]

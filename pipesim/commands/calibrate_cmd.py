@@ -20,7 +20,7 @@ EXAMPLES = """examples:
   pipesim calibrate -o hw.toml          # ~2.5 min on 2 cores: 8 executor runs x 12 (2, 4 ranks), ping-pong, all_reduce
   pipesim simulate 1f1b -p 2 -m 8 --model mlp --hardware hw.toml
   pipesim calibrate -o hw.toml --quick         # smaller runs (seconds), noisier figures
-  pipesim calibrate -o hw.toml --quick --rescale local-cpu   # ~15 s: local-cpu's model at this machine's speed
+  pipesim calibrate -o hw.toml --quick --rescale local-cpu   # ~10 s: local-cpu's model at this machine's speed
   pipesim calibrate -o hw.toml --keep runs/    # keep the measured timelines (pipesim plot runs/*.json)
   pipesim calibrate -o hw.toml --from-trace traces/ --model my_model.py:make --batch 64   # a real run's traces
   pipesim calibrate -o h100.toml --gpu         # CUDA: GEMMs, HBM, launches, flash attention, NCCL (2-4 min)
@@ -37,7 +37,7 @@ def add_parser(sub) -> None:
     p.add_argument("--devices", type=int, default=4, help="ranks the hardware file offers (default 4)")
     p.add_argument("--rescale", metavar="PRESET|FILE", default=None,
                    help="with --quick: keep this CPU hardware file's model and fit one speed factor to three short "
-                        "runs on this machine (~15 s; the precision it reaches is printed and kept in the file)")
+                        "runs on this machine (~10 s; the precision it reaches is printed and kept in the file)")
     t = p.add_argument_group("from profiler traces (no executor runs; docs/your_model.md)")
     t.add_argument("--from-trace", nargs="+", metavar="TRACE", default=None,
                    help="fit to a real run's PyTorch profiler traces (one per rank, or a folder; as `pipesim "
