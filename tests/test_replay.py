@@ -132,3 +132,16 @@ def test_whatif_steps_are_numbered_from_one(tmp_path, capsys):
     assert code == 0 and json.loads(out)["step"] == 1
     code, _, err = _cli(capsys, "whatif", str(path), "--step", "2")
     assert code == 2 and "the timeline has steps 1-1" in err
+
+
+def test_whatif_trace_draws_the_replayed_steps_blame(tmp_path, capsys):
+    path, out = tmp_path / "run.json", tmp_path / "slow.json"
+    _as_measured("1f1b", 4, 8).write(path)
+    code, _, _ = _cli(capsys, "whatif", str(path), "--slow", "1=1.5", "--trace", str(out))
+    assert code == 0
+    drawn = Timeline.read(out)
+    assert drawn.meta["what_if"] == "rank 1 x1.5" and drawn.meta["blame"]
+    culprits = {row[3] for row in drawn.meta["blame"]}
+    assert "rank 1" in culprits
+    slices = [e for e in json.loads(out.read_text())["traceEvents"] if e.get("cat") == "blame"]
+    assert len(slices) == len(drawn.meta["blame"])

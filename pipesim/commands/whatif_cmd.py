@@ -7,15 +7,17 @@ import argparse
 from pipesim.commands.common import json_text
 from pipesim.commands.whatif_args import perturbation_from_args, whatif_lines
 from pipesim.errors import PipesimError
-from pipesim.outputs import check_file, write_files
+from pipesim.outputs import check_distinct, check_file, write_files
+from pipesim.plots.perfetto import trace_text
 from pipesim.sim import replay
-from pipesim.sim.blame import what_if
+from pipesim.sim.blame import blame_rows, what_if
 from pipesim.timeline import Timeline
 
 EXAMPLES = """examples:
   pipesim import-trace traces/ -o measured.json && pipesim whatif measured.json
   pipesim run 1f1b --nproc 2 --model mlp --trace run.json && pipesim whatif run.json --json
   pipesim whatif measured.json --slow 1=1.5      # the recorded step with rank 1's compute 1.5x as long
+  pipesim whatif measured.json --slow 1=1.5 --trace slow.json && pipesim plot slow.json -o slow.html
 """
 
 
@@ -36,11 +38,16 @@ def add_parser(sub) -> None:
     p.add_argument("--jitter-seed", type=int, default=0, metavar="N", help="seed of the jitter (default 0)")
     p.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE",
                    help="write the report as JSON to FILE, or to stdout without FILE")
+    p.add_argument("--trace", metavar="FILE.json", default=None,
+                   help="write the replayed step (with --slow/--slow-link/--jitter: the perturbed one) as a Perfetto "
+                        "trace, who waited on whom drawn (pipesim plot FILE.json -o view.html)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     json_path = check_file(args.json, "--json", "json")
+    trace_path = check_file(args.trace, "--trace", "json")
+    check_distinct(("--json", json_path), ("--trace", trace_path))
     tl = Timeline.read(args.timeline)
     if tl.source != "measured":
         raise PipesimError(f"{args.timeline} is a {tl.source} timeline: give a measured one (pipesim import-trace, "
@@ -55,11 +62,19 @@ def run(args: argparse.Namespace) -> int:
         raise PipesimError(f"--step {args.step}: the timeline has steps {steps[0]}-{steps[-1]} (numbered from 1)")
     rec = replay.record(tl, args.step - 1 if args.step is not None else None)
     report = {**replay.what_ifs(rec), "step": rec.step + 1}  # numbered from 1, as pipesim run and plot number them
+    base = replay.run(rec)
+    changed = replay.run(rec, pert) if pert is not None else base
     if pert is not None:
-        base, changed = replay.run(rec), replay.run(rec, pert)
         report["what_if"] = {"perturbation": pert.describe(), **pert.to_dict(), **what_if(base, changed)}
+    files = {}
     if json_path:
-        write_files({json_path: json_text(report)})
+        files[json_path] = json_text(report)
+    if trace_path:  # the replayed step, its attributed waits drawn (pipesim.sim.blame)
+        drawn = changed.timeline()
+        drawn.meta = {**drawn.meta, "replayed_from": args.timeline, "blame": blame_rows(changed),
+                      **({"what_if": pert.describe()} if pert is not None else {})}
+        files[trace_path] = trace_text(drawn)
+    write_files(files)
     if args.json == "-":
         print(json_text(report), end="")
         return 0
