@@ -25,9 +25,11 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	mkdir -p $(OUT)
+	@# measure this machine first (~10 s): local-cpu's model at this machine's speed, its precision printed
+	$(BIN)/pipesim calibrate --quick --rescale local-cpu -o $(OUT)/local-cpu.toml
 	$(BIN)/pipesim schedule 1f1b --stages 2 --microbatches 8
 	$(BIN)/pipesim simulate 1f1b --stages 2 --microbatches 8 --model mlp --hidden 1024 --layers 8 --batch 64 \
-	    --hardware local-cpu --trace $(OUT)/simulated.json --json $(OUT)/simulated-result.json
+	    --hardware $(OUT)/local-cpu.toml --trace $(OUT)/simulated.json --json $(OUT)/simulated-result.json
 	$(BIN)/pipesim run 1f1b --nproc 2 --microbatches 8 --model mlp --hidden 1024 --layers 8 --batch 64 \
 	    --steps 4 --trace $(OUT)/measured.json --json $(OUT)/measured-result.json
 	$(BIN)/pipesim plot $(OUT)/simulated.json $(OUT)/measured.json -o $(OUT)/timeline.html

@@ -158,6 +158,8 @@ def _run_one(cfg: RunConfig, sched, mesh, device, backend: str) -> dict | None:
         "param_elements_per_rank": [lg.param_elements for lg in logs],
         "step_time": timing.median_step_time(times, cfg.warmup), "step_times": times, "losses": losses,
     }
+    if cfg.slow_ranks:  # what-if: the ranks whose compute was stretched (a slowed run's trace says so too)
+        result["slow"] = [{"rank": r, "factor": f} for r, f in zip(cfg.slow_ranks, cfg.slow_factors, strict=True)]
     if cfg.trace:
         meta = {k: v for k, v in result.items() if k not in ("losses",)}
         if sched.overlaps:  # OVERLAP_F_B pairs: run back to back here, drawn as one bar each

@@ -67,6 +67,8 @@ class RunConfig:
     # experts over ep > 1: an overlapped F&B pair issues its forward's all-to-all asynchronously and runs the
     # backward before waiting (executor.runtime); False runs the pair's halves back to back (the bench's baseline)
     a2a_overlap: bool = True
+    slow_ranks: tuple[int, ...] = ()  # what-if (docs/whatif.md): these global ranks' compute is stretched ...
+    slow_factors: tuple[float, ...] = ()  # ... by these factors (>= 1), by sleeping the extra time after each action
 
     def __post_init__(self) -> None:
         if not isinstance(self.job, Job):
@@ -122,6 +124,14 @@ class RunConfig:
 
             if torch.cuda.device_count() < 1:
                 raise PipesimError("--backend nccl needs CUDA GPUs and this machine has none; use --backend gloo")
+        if len(self.slow_ranks) != len(self.slow_factors):
+            raise PipesimError("--slow: one factor per rank")
+        for rank, factor in zip(self.slow_ranks, self.slow_factors, strict=True):
+            if not 0 <= rank < world:
+                raise PipesimError(f"--slow {rank}={factor:g}: rank {rank} does not exist (ranks 0-{world - 1})")
+            if not factor >= 1:
+                raise PipesimError(f"--slow {rank}={factor:g}: the executor slows a rank by sleeping, so the factor "
+                                   "must be >= 1")
         if self.fail_mode not in FAIL_MODES:
             raise PipesimError(f"unknown --fail-mode {self.fail_mode!r}; choose {', '.join(FAIL_MODES)}")
         if self.fail_at is not None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
-from time import perf_counter_ns
+from time import perf_counter_ns, sleep
 
 import torch
 import torch.distributed as dist
@@ -37,7 +37,7 @@ from executor.timing import RankLog
 from executor.workload import BuiltinWorkload
 from pipesim.errors import PipesimError
 from pipesim.ir.lowering import add_p2p
-from pipesim.ir.schedule import Action, Kind, Schedule
+from pipesim.ir.schedule import COMPUTE, Action, Kind, Schedule
 
 
 class Runtime:
@@ -108,6 +108,11 @@ class Runtime:
             self._fuse_sends()
         if cfg.fail_rank == mesh.rank and cfg.fail_at is not None:
             self._arm_fault(Action.parse(cfg.fail_at))
+        slow = dict(zip(cfg.slow_ranks, cfg.slow_factors, strict=True)).get(mesh.rank, 1.0)
+        if slow != 1.0:  # what-if: this rank's compute stretched (a slow GPU), the extra time slept, its core free
+            sync = partial(torch.cuda.synchronize, device) if device.type == "cuda" else None
+            self.ops = [partial(_stretched, op, slow - 1.0, sync) if a.kind in COMPUTE else op
+                        for op, a in zip(self.ops, self.program, strict=True)]
 
     # -- building the closures (once) --------------------------------------------------------------
 
@@ -399,6 +404,16 @@ class Runtime:
         from executor.params import full_parameters
 
         return full_parameters(self.stages, self.mesh)
+
+
+def _stretched(op: Callable[[], None], extra: float, sync: Callable[[], None] | None,
+               clock: Callable[[], int] = perf_counter_ns, pause: Callable[[float], None] = sleep) -> None:
+    """Run a compute action, then sleep `extra` times its duration: the action takes (1 + extra) x as long."""
+    t0 = clock()
+    op()
+    if sync is not None:
+        sync()
+    pause(extra * (clock() - t0) / 1e9)
 
 
 def _pass_forward(mb: int, x: torch.Tensor, target: torch.Tensor | None) -> torch.Tensor:

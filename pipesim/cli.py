@@ -14,7 +14,7 @@ from pipesim import __version__
 from pipesim.errors import PipesimError, ScheduleError
 
 COMMANDS = ("schedule", "simulate", "sweep", "run", "plot", "bench", "calibrate", "validate", "plan",
-            "import_trace")
+            "import_trace", "whatif")
 
 EPILOG = """examples:
   pipesim schedule 1f1b --stages 4 --microbatches 8
@@ -22,6 +22,7 @@ EPILOG = """examples:
   pipesim sweep --schedules gpipe,1f1b,zb-h1 --stages 4 --microbatches 4,8,16
   pipesim run 1f1b --nproc 2 --microbatches 4 --model mlp --trace measured.json
   pipesim plot measured.json simulated.json -o timeline.html
+  pipesim whatif measured.json --slow 1=1.5      # a measured step replayed, each rank's share (docs/whatif.md)
 """
 
 

@@ -16,6 +16,7 @@ from pipesim.ir import torch_csv
 from tests.launch_shared import SharedLaunches
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("PIPESIM_SPEED_CHECK", "0")  # no probe per simulate (test_speed_check.py injects one)
 
 PROFILED_WORKER = Path(__file__).parent / "workers" / "profiled_pipeline.py"
 

@@ -43,6 +43,7 @@ INPUTS = {  # file name -> text, created in every case's folder
     "not-json.json": "{not json",
     "other.json": '{"schema": "something/1"}',
     "folder.json/keep": "",
+    "measured.json": (ROOT / "tests" / "data" / "measured_1f1b_gpt_p2.json").read_text(),  # a 2-rank run
     "folder.html/keep": "",
 }
 
@@ -71,6 +72,19 @@ CASES = [
     ("layer-split-sum", [*SIM, "--layer-split", "1,1"], "layer"),
     ("layer-split-cost", [*SIM, "--cost", "F=1,B=2", "--layer-split", "4,4"], "--layer-split needs a model"),
     ("negative-bytes", [*SIM, "--cost", "F=1,B=2", "--boundary-bytes", "-1"], ">= 0"),
+    ("slow-no-rank", [*SIM, "--cost", "F=1,B=2", "--slow", "5=2"], "pipeline rank 5 does not exist"),
+    ("slow-zero-factor", [*SIM, "--cost", "F=1,B=2", "--slow", "1=0"], "the factor must be > 0"),
+    ("slow-malformed", [*SIM, "--cost", "F=1,B=2", "--slow", "1:2"], "expected RANK=FACTOR"),
+    ("slow-link-malformed", [*SIM, "--cost", "F=1,B=2", "--slow-link", "0x1=2"], "expected A-B=FACTOR"),
+    ("slow-link-no-rank", [*SIM, "--model", "mlp", "--hardware", "local-cpu", "--slow-link", "0-7=2"],
+     "pipeline rank 7 does not exist"),
+    ("slow-link-same-rank", [*SIM, "--cost", "F=1,B=2", "--slow-link", "1-1=2"], "two different ranks"),
+    ("slow-link-no-links", [*SIM, "--cost", "F=1,B=2", "--slow-link", "0-1=2"], "--slow-link needs links"),
+    ("jitter-negative", [*SIM, "--cost", "F=1,B=2", "--jitter", "-0.1"], "--jitter must be a sigma >= 0"),
+    ("whatif-no-rank", ["whatif", "measured.json", "--slow", "5=2"], "pipeline rank 5 does not exist"),
+    ("whatif-link-no-rank", ["whatif", "measured.json", "--slow-link", "0-3=2"], "pipeline rank 3 does not exist"),
+    ("whatif-zero-factor", ["whatif", "measured.json", "--slow", "1=0"], "the factor must be > 0"),
+    ("whatif-not-a-timeline", ["whatif", "other.json"], "is not a pipesim timeline"),
     ("sweep-empty-schedules", ["sweep", "--schedules", ","], "at least one schedule"),
     ("sweep-unknown", ["sweep", "--schedules", "gpipe,nope"], "nope"),
     ("plot-missing-input", ["plot", "missing.json", "-o", "x.html"], "file not found: missing.json"),

@@ -117,7 +117,8 @@ def test_compute_time_is_the_cost_equation_the_fit_inverts():
 def test_host_profile_round_trips_and_every_field_is_written(tmp_path):
     host = HostProfile(cores=3, node_corun_slowdown=0.125, oversubscription_slowdown=0.25, time_slice=0.5,
                        send_overhead=1e-4, late_recv_delay=2e-4, split_backward_overhead=3e-4,
-                       split_group_overhead=4e-4, split_graph_overhead=5e-4)
+                       split_group_overhead=4e-4, split_graph_overhead=5e-4, probe_seconds=6e-3, probe_tolerance=0.2,
+                       probe_machine="box | cpu | 2 cores")
     hw = dataclasses.replace(load_hardware("dgx-h100"), host=host, backward_op_overhead=1e-6, per_op_overhead=2e-6,
                              roofline="sum")
     text = hardware_to_toml(hw)

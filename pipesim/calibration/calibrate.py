@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import platform
+import statistics
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ from pipesim.calibration.measured import (
 from pipesim.calibration.plan import calibration_plan
 from pipesim.calibration.refine import refine_corun, refine_time_slice
 from pipesim.calibration.runs import memory_bandwidth
+from pipesim.calibration.speed_check import PROBE_TOLERANCE, machine_key
 from pipesim.comm.collective_algos import collective_seconds
 from pipesim.errors import PipesimError
 from pipesim.hardware.machine import DeviceSpec, Hardware, HostProfile, LinkClass
@@ -174,7 +176,11 @@ def calibrate(*, quick: bool = False, workdir: Path | None = None, devices: int 
               "bandwidth from a gloo ping-pong" + (f"; {busbw}" if busbw else ""))
     hw = build_hardware(fit, overhead=fit.overhead, latency=latency, bandwidth=bandwidth, membw=membw, cores=cores,
                         devices=devices, source=source)
-    hw = hw.with_host(send_overhead=send, late_recv_delay=late_recv_delay(fair))
+    probes = [float(tl.meta["probe"]) for tl in every if tl.meta.get("probe")]
+    hw = hw.with_host(send_overhead=send, late_recv_delay=late_recv_delay(fair),
+                      # the speed probe beside the runs: `pipesim simulate` on another machine says so (speed_check)
+                      probe_seconds=statistics.median(probes) if probes else 0.0,
+                      probe_tolerance=PROBE_TOLERANCE if probes else 0.0, probe_machine=machine_key())
     runs = [{**tls[0].meta, "id": key, "schedule": tls[0].meta["schedule"], "microbatches": tls[0].meta["m"],
              "virtual": tls[0].meta["v"] if tls[0].meta["v"] > 1 else None} for key, tls in timelines.items()]
     typical = {key: typical_metrics(tls) for key, tls in timelines.items()}  # (step seconds, bubble)

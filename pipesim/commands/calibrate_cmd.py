@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import tempfile
 from pathlib import Path
 
 from executor.supervisor import interruptible
@@ -19,6 +20,7 @@ EXAMPLES = """examples:
   pipesim calibrate -o hw.toml          # ~2.5 min on 2 cores: 8 executor runs x 12 (2, 4 ranks), ping-pong, all_reduce
   pipesim simulate 1f1b -p 2 -m 8 --model mlp --hardware hw.toml
   pipesim calibrate -o hw.toml --quick         # smaller runs (seconds), noisier figures
+  pipesim calibrate -o hw.toml --quick --rescale local-cpu   # ~10 s: local-cpu's model at this machine's speed
   pipesim calibrate -o hw.toml --keep runs/    # keep the measured timelines (pipesim plot runs/*.json)
   pipesim calibrate -o hw.toml --from-trace traces/ --model my_model.py:make --batch 64   # a real run's traces
   pipesim calibrate -o h100.toml --gpu         # CUDA: GEMMs, HBM, launches, flash attention, NCCL (2-4 min)
@@ -33,6 +35,9 @@ def add_parser(sub) -> None:
     p.add_argument("--quick", action="store_true", help="small models and few steps (for tests; noisier)")
     p.add_argument("--keep", metavar="DIR", help="keep the measured timelines and the plan in DIR")
     p.add_argument("--devices", type=int, default=4, help="ranks the hardware file offers (default 4)")
+    p.add_argument("--rescale", metavar="PRESET|FILE", default=None,
+                   help="with --quick: keep this CPU hardware file's model and fit one speed factor to three short "
+                        "runs on this machine (~10 s; the precision it reaches is printed and kept in the file)")
     t = p.add_argument_group("from profiler traces (no executor runs; docs/your_model.md)")
     t.add_argument("--from-trace", nargs="+", metavar="TRACE", default=None,
                    help="fit to a real run's PyTorch profiler traces (one per rank, or a folder; as `pipesim "
@@ -63,6 +68,8 @@ def run(args: argparse.Namespace) -> int:
         return from_trace(args)
     if args.model or args.schedule:
         raise PipesimError("--model and --schedule describe a traced run: give them with --from-trace")
+    if args.rescale:
+        return rescale(args)
     from pipesim.calibration.calibrate import calibrate  # local import: the fit loads numpy, not at start-up
 
     out = check_file(args.output, "-o", "toml")
@@ -74,6 +81,29 @@ def run(args: argparse.Namespace) -> int:
     print(cal.summary())
     print(f"wrote {out}; use it with: pipesim simulate ... --hardware {out}, or check it: pipesim validate "
           f"--hardware {out}")
+    return 0
+
+
+def rescale(args: argparse.Namespace) -> int:
+    """--quick --rescale FILE: FILE's model at this machine's speed (pipesim.calibration.rescale)."""
+    from pipesim.calibration.launcher import measure_rounds  # local import: the launcher, at use only
+    from pipesim.calibration.rescale import rescale as fit_rescale
+    from pipesim.calibration.rescale import rescale_plan
+
+    if not args.quick:
+        raise PipesimError("--rescale is the quick calibration: give it with --quick")
+    out = check_file(args.output, "-o", "toml")
+    check_folder(args.keep, "--keep")
+    base = load_hardware(args.rescale)
+    if base.host is None:
+        raise PipesimError(f"--rescale {args.rescale}: not a CPU hardware file (it has no [host] profile)")
+    plan = rescale_plan()
+    with tempfile.TemporaryDirectory(prefix="pipesim-rescale-") as tmp:
+        timelines, _ = measure_rounds(plan, Path(args.keep) if args.keep else Path(tmp), 1, cycles=2)
+    fit = fit_rescale(base, timelines, plan)
+    write_text(out, hardware_to_toml(fit.hardware))
+    print(fit.summary())
+    print(f"wrote {out}; use it with: pipesim simulate ... --hardware {out}")
     return 0
 
 

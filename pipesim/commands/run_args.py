@@ -23,6 +23,7 @@ from pipesim.errors import PipesimError
 from pipesim.job import Job
 from pipesim.model.options import RECOMPUTE
 from pipesim.parallel_dims import ParallelDims
+from pipesim.sim.perturb import parse_slow
 
 
 def add_run_args(parser: argparse.ArgumentParser) -> None:
@@ -76,6 +77,9 @@ def add_run_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--then", nargs=argparse.REMAINDER, default=None, metavar="NAME ...",
                    help="afterwards run another configuration (same flags; backend and --pg-timeout as here) "
                         "in the same process group, paying the start-up once")
+    g.add_argument("--slow", action="append", default=[], metavar="RANK=FACTOR",
+                   help="what if (docs/whatif.md): global rank RANK's compute takes FACTOR (>= 1) times as long, the "
+                        "extra time slept after each action (repeatable)")
     f = parser.add_argument_group("fault injection (tests)")
     f.add_argument("--fail-rank", type=int, default=None, help="global rank that fails")
     f.add_argument("--fail-at", default=None, metavar="ACTION", help="action where it fails, e.g. 1F3")
@@ -117,6 +121,7 @@ def job_from_args(args: argparse.Namespace) -> Job:
 def config_from_args(args: argparse.Namespace) -> RunConfig:
     names = tuple(n.strip() for n in args.name.split(",") if n.strip()) if args.name else ()
     factory = args.model if is_factory_spec(args.model) else None  # --model MODULE:FACTORY (cost.user_model_costs)
+    slow = [parse_slow(text) for text in args.slow]
     return RunConfig(
         names=names, csv=args.from_csv, stages=args.stages, microbatches=args.microbatches, virtual=args.virtual,
         job=job_from_args(args), model=user_model_config(args) if factory else model_config(args), factory=factory,
@@ -124,5 +129,6 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         optimizer=args.optimizer, lr=args.lr, backend=args.backend, pg_timeout=args.pg_timeout,
         bucket_bytes=args.bucket_bytes, json=args.json, trace=args.trace,
         save_dir=args.save_dir, fail_rank=args.fail_rank, fail_at=args.fail_at, fail_mode=args.fail_mode,
-        quiet=args.quiet, a2a_overlap=args.a2a_overlap,
+        quiet=args.quiet, a2a_overlap=args.a2a_overlap, slow_ranks=tuple(r for r, _ in slow),
+        slow_factors=tuple(f for _, f in slow),
     )

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import replace
 
+from pipesim.calibration.speed_check import speed_note
 from pipesim.commands.common import (
     add_model_args,
     add_output_args,
@@ -17,12 +19,14 @@ from pipesim.commands.common import (
     user_model_config,
 )
 from pipesim.commands.setup_args import add_setup_args, setup_from_args
+from pipesim.commands.whatif_args import add_whatif_args, perturbation_from_args, whatif_lines
 from pipesim.cost.rank_memory import memory_json
 from pipesim.cost.user_model_costs import is_factory_spec
 from pipesim.errors import PipesimError
 from pipesim.model.flops import hardware_flops, model_flops, utilization
 from pipesim.outputs import check_distinct, check_file, write_files
 from pipesim.plots.perfetto import trace_text
+from pipesim.sim.blame import blame_rows, what_if
 from pipesim.sim.sim_setup import SimSetup
 from pipesim.units import format_bytes
 
@@ -31,6 +35,8 @@ EXAMPLES = """examples:
   pipesim simulate gpipe -p 4 -m 8 --cost F=1,B=2 --comm none --json       # closed forms, in seconds
   pipesim simulate interleaved-1f1b -p 4 -m 8 -v 2 --model gpt --layers 16 --trace sim.json
   pipesim simulate 1f1b -p 8 -m 32 --model gpt --dp 2 --hardware 2x-dgx-h100
+  pipesim simulate 1f1b -p 4 -m 8 --cost F=1,B=2 --slow 1=1.5     # what if rank 1 is 1.5x slow (docs/whatif.md)
+  pipesim simulate zb-h1 -p 4 -m 8 --model gpt --jitter 0.1 --jitter-seed 3 --slow-link 1-2=4
   pipesim simulate --from-csv my_schedule.csv --cost F=1,I=1,W=1
   pipesim simulate interleaved-1f1b --model gpt --hidden 12288 --layers 96 --heads 96 --seq 2048 --vocab 51200 \
       --batch 1536 --microbatch-size 1 --tp 8 --stages 8 --virtual 3 --dp 8 --dtype bfloat16 \
@@ -48,6 +54,7 @@ def add_parser(sub) -> None:
     add_model_args(p)
     add_transformer_args(p)
     add_output_args(p)
+    add_whatif_args(p)
     p.set_defaults(func=run)
 
 
@@ -62,10 +69,21 @@ def run(args: argparse.Namespace) -> int:
     # Registered schedules are valid by construction (tests/test_schedules_invariants.py) and the
     # simulator itself reports a deadlock; full validation (a networkx task graph) is kept for CSV
     # imports, where it also prints the offending grid. At p=64, m=1024 it would cost ~10x the simulation.
+    if args.hardware and (note := speed_note(setup.hardware, args.hardware)):  # another machine's file: say so once
+        print(note, file=sys.stderr)
     args.microbatches = setup.microbatches(args.microbatches, args.microbatch_size)
     sched = load_schedule(args, validate=bool(args.from_csv))
-    result, memory = setup.evaluate(sched)
+    pert = perturbation_from_args(args)
+    if pert is not None:
+        pert.check(sched.num_ranks)
+        if pert.slow_links and not setup.comm:
+            raise PipesimError("--slow-link needs links: give --hardware (and not --comm none)")
+        result, memory = replace(setup, perturb=pert).evaluate(sched)
+    else:
+        result, memory = setup.evaluate(sched)
     data = result.to_dict()
+    if pert is not None:  # the same step unperturbed, and who waited on whom (pipesim.sim.blame)
+        data["what_if"] = {"perturbation": pert.describe(), **pert.to_dict(), **what_if(setup.run(sched), result)}
     data["options"] = setup.options()
     if (keys := model_config_json(args)) is not None:
         data["model_config"] = keys
@@ -81,12 +99,16 @@ def run(args: argparse.Namespace) -> int:
             timeline.meta = {**timeline.meta, "model": setup.model.to_dict()}
         elif setup.user_model is not None:  # as `pipesim run --model MODULE:FACTORY` records it
             timeline.meta = {**timeline.meta, "model": {"factory": args.model, "batch": user_model_config(args).batch}}
+        if pert is not None:  # who waited on whom, drawn by pipesim plot and in Perfetto (pipesim.sim.blame)
+            timeline.meta = {**timeline.meta, "blame": blame_rows(result), "what_if": pert.describe()}
         files[trace_path] = trace_text(timeline)
     write_files(files)
     if args.json == "-":
         emit_json("-", data)
     else:
         print(summary(data))
+        if "what_if" in data:
+            print("\n".join(whatif_lines(data["what_if"])))
     return 0
 
 

@@ -9,10 +9,19 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 
 import schedules as registry
-from pipesim.commands.common import add_model_args, add_transformer_args, check_schedule_size, int_list, json_text
+from pipesim.commands.common import (
+    add_model_args,
+    add_transformer_args,
+    check_schedule_size,
+    int_list,
+    json_text,
+    positive_int,
+)
 from pipesim.commands.setup_args import add_setup_args, setup_from_args
+from pipesim.commands.whatif_args import add_whatif_args, perturbation_from_args
 from pipesim.errors import PipesimError
 from pipesim.outputs import check_distinct, check_file, write_files
 from pipesim.sim.sim_setup import SimSetup
@@ -24,6 +33,7 @@ EXAMPLES = """examples:
   pipesim sweep --schedules 1f1b,interleaved-1f1b --stages 4 --microbatches 8,16 --virtual 2,4 --model gpt
   pipesim sweep --schedules gpipe,1f1b --stages 4 --microbatches 4,8 --cost F=1,B=2 --json sweep.json
   pipesim sweep --schedules 1f1b,zb-h1 --stages 4,8 --microbatches 8,16,32 --plot sweep.html
+  pipesim sweep --schedules 1f1b,interleaved-1f1b,zb-h1,dualpipe --stages 4 -m 16 --model gpt --jitter 0.1
 """
 
 
@@ -41,6 +51,9 @@ def add_parser(sub) -> None:
     add_setup_args(p)
     add_model_args(p)
     add_transformer_args(p)
+    add_whatif_args(p)
+    p.add_argument("--samples", type=positive_int, default=8, metavar="N",
+                   help="with --jitter: draws per combination; rows rank by their mean makespan (default 8)")
     p.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE",
                    help="write the rows as JSON to FILE, or to stdout without FILE")
     p.add_argument("--plot", metavar="FILE.html", help="write the sweep figure (plotly HTML)")
@@ -60,6 +73,13 @@ def run(args: argparse.Namespace) -> int:
     for name in names:
         registry.spec(name)  # an unknown name: one line, before anything is built
     setup = setup_from_args(args)
+    pert = perturbation_from_args(args)
+    if pert is not None:
+        if pert.slow_links and not setup.comm:
+            raise PipesimError("--slow-link needs links: give --hardware (and not --comm none)")
+        for p in args.stages:
+            pert.check(p)  # a rank or link beyond the smallest pipeline: one line, before any work
+        setup = replace(setup, perturb=pert)
     args.microbatches = _microbatches(setup, args.microbatches, args.microbatch_size)
     skipped: list[dict] = []
     stages = _admissible_stages(args.stages, setup, names, args.microbatches, skipped)
@@ -70,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
                 for m in args.microbatches:
                     check_schedule_size(p, v, m)
     rows = run_sweep(names, stages, args.microbatches, args.virtual, setup, skipped=skipped,
-                     progress=sys.stderr.isatty()) if stages else []
+                     progress=sys.stderr.isatty(), samples=args.samples) if stages else []
     if not rows:  # nothing written: a failed sweep leaves no file behind
         reasons = list(dict.fromkeys(s["reason"] for s in skipped))
         raise PipesimError("no combination could be simulated: " + "; ".join(reasons[:3]))

@@ -130,6 +130,12 @@ class HostProfile:
                                        default=0.0)
     split_graph_overhead: float = file_field("nonneg", "seconds", "per backward op of the stage, on each split I",
                                        default=0.0)
+    probe_seconds: float = file_field("nonneg", "seconds", "the speed probe on the calibrated machine (0: none)",
+                                      default=0.0)
+    probe_tolerance: float = file_field("nonneg", doc="probe ratio beyond which this file is another machine's",
+                                        default=0.0)
+    probe_machine: str = file_field("str", doc="host | CPU model | cores the probe ran on (this one: no check)",
+                                    default="")
 
     @property
     def split_costs(self) -> SplitCosts:

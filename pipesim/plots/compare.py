@@ -194,7 +194,7 @@ def compare_figure(simulated: Timeline, measured: Timeline, *, step: int | None 
                 f"end)" if isinstance(step_time, float) else "")
     warning = (f"<br><span style='font-size:12px;color:#b00'>{' · '.join(notes)}</span>" if notes else "")
     fig.update_layout(
-        title_text=(f"{simulated.schedule}: predicted {fmt_time(sim.makespan, unit)} vs measured "
+        title_text=(f"{simulated.schedule}: predicted {fmt_time(sim.makespan, unit)}{where} vs measured "
                     f"{fmt_time(meas.makespan, unit)} (step {meas.meta['shown_step']}, first to last compute) · "
                     f"makespan error {err.makespan_abs:.1%}"
                     f"<br><span style='font-size:12px;color:#555'>compute-time error per rank "

@@ -134,7 +134,27 @@ def timeline_to_trace(timeline: Timeline) -> dict:
     order = sorted(range(len(timeline.events)), key=lambda i: (timeline.events[i].start, timeline.events[i].rank, i))
     events += [_slice(timeline.events[i], lane_of[i]) for i in order]
     events += _flows(timeline, lane_of)
+    events += _blame(timeline)
     return {"traceEvents": events, "displayTimeUnit": "ms", "pipesim": timeline.to_dict()}
+
+
+BLAME_TID = 9  # the track of a rank's attributed waits, below its streams
+
+
+def _blame(timeline: Timeline) -> list[dict]:
+    """A what-if's attributed waits (meta "blame": [rank, start, end, culprit], pipesim.sim.blame) as slices on a
+    "waits on" track of each waiting rank, named after the rank or link that caused them."""
+    rows = timeline.meta.get("blame") or []
+    out: list[dict] = []
+    for rank in sorted({int(r[0]) for r in rows}):
+        out.append({"ph": "M", "name": "thread_name", "pid": pid_of(rank), "tid": BLAME_TID,
+                    "args": {"name": "waits on (blame)"}})
+        out.append({"ph": "M", "name": "thread_sort_index", "pid": pid_of(rank), "tid": BLAME_TID,
+                    "args": {"sort_index": 1000}})
+    for rank, start, end, culprit in rows:
+        out.append({"ph": "X", "name": f"waits on {culprit}", "cat": "blame", "pid": pid_of(int(rank)),
+                    "tid": BLAME_TID, "ts": _us(start), "dur": _us(end - start), "args": {"culprit": culprit}})
+    return out
 
 
 def trace_text(timeline: Timeline) -> str:

@@ -151,6 +151,7 @@ def add_timeline(fig: go.Figure, timeline: Timeline, *, row: int, unit: str, leg
             col=1,
         )
         legend_seen.add(group)
+    _add_blame(fig, timeline, row=row, unit=unit, legend_seen=legend_seen)
     rows = row_names(timeline)
     fig.update_yaxes(type="category", categoryorder="array", categoryarray=rows, autorange="reversed",
                      showgrid=False, ticks="", ticklabelstandoff=8, row=row, col=1)
@@ -162,6 +163,34 @@ def add_timeline(fig: go.Figure, timeline: Timeline, *, row: int, unit: str, leg
     for rank, idle in enumerate(bubble_by_rank(timeline)):
         fig.add_annotation(x=1.0, xref="paper", xanchor="left", xshift=6, y=row_name(rank, "compute"), yref=yref,
                            text=f"idle {idle:.0%}", showarrow=False, font={"size": 11, "color": "#555555"})
+
+
+BLAME_COLOUR = "#d62728"
+
+
+def _add_blame(fig: go.Figure, timeline: Timeline, *, row: int, unit: str, legend_seen: set[str]) -> None:
+    """A what-if's attributed waits (meta "blame", pipesim.sim.blame) drawn over the waiting rank's recv row:
+    hatched red where it waits on a rank (the root of the late chain), hatched grey where on a link."""
+    rows = timeline.meta.get("blame") or []
+    if not rows:
+        return
+    scale = UNITS[unit]
+    for on_rank in (True, False):
+        picked = [r for r in rows if str(r[3]).startswith("rank") == on_rank]
+        if not picked:
+            continue
+        name = "waits on a rank (blame)" if on_rank else "waits on a link (blame)"
+        colour = BLAME_COLOUR if on_rank else "#7f7f7f"
+        fig.add_trace(go.Bar(
+            orientation="h", name=name, legendgroup=name, showlegend=name not in legend_seen,
+            y=[row_name(int(r[0]), "recv") for r in picked], base=[r[1] * scale for r in picked],
+            x=[(r[2] - r[1]) * scale for r in picked], width=0.5,
+            marker={"color": "rgba(0,0,0,0)", "line": {"color": colour, "width": 1},
+                    "pattern": {"shape": "/", "fgcolor": colour, "size": 5}},
+            customdata=[[r[3], fmt_time(r[2] - r[1], unit)] for r in picked],
+            hovertemplate="waits on <b>%{customdata[0]}</b> for %{customdata[1]}<extra>%{y}</extra>"),
+            row=row, col=1)
+        legend_seen.add(name)
 
 
 def summary(timeline: Timeline, unit: str) -> str:

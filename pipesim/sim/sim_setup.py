@@ -23,6 +23,7 @@ from pipesim.ir.schedule import Schedule
 from pipesim.job import Job
 from pipesim.model.config import ModelConfig
 from pipesim.model.memory import MemoryBreakdown
+from pipesim.sim.perturb import Perturbation
 from pipesim.sim.result import SimResult
 from pipesim.sim.simulator import check_devices, simulate
 
@@ -51,6 +52,7 @@ class SimSetup:
     memory_limit: MemoryLimit | None = None  # zb-auto / zb-2p: per-rank activation limit (None: their default)
     user_model: UserModel | None = None  # --model MODULE:FACTORY, counted per layer (pipesim.cost.user_model_costs)
     ilp_time_limit: float | None = None  # seconds: zb-auto / zb-2p also searched by the ILP (None: the heuristic)
+    perturb: Perturbation | None = None  # a what-if applied to every simulation (pipesim.sim.perturb)
 
     def __post_init__(self) -> None:
         if not isinstance(self.job, Job):
@@ -116,7 +118,8 @@ class SimSetup:
 
     def simulate(self, schedule: Schedule, costs: ParallelCosts) -> SimResult:
         """`schedule` simulated on these costs (their job says dp, tp, cp and the comm options)."""
-        return simulate(schedule, costs, self.hardware, comm=self.comm and self.hardware is not None)
+        return simulate(schedule, costs, self.hardware, comm=self.comm and self.hardware is not None,
+                        perturb=self.perturb)
 
     def run(self, schedule: Schedule) -> SimResult:
         costs = self.costs(schedule)

@@ -30,6 +30,7 @@ from pipesim.job import Job
 from pipesim.parallel_dims import ParallelDims
 from pipesim.sim.clock import Clock
 from pipesim.sim.links import LinkPool, Transfer
+from pipesim.sim.perturb import Perturbation
 from pipesim.sim.plugins import Plugins, plugins_for
 from pipesim.sim.program import ComputeOp, Op, SendOp, compile_programs, cp_exposed
 from pipesim.sim.records import RunRecord
@@ -50,7 +51,7 @@ def check_devices(dims: ParallelDims, hw: Hardware | None) -> None:
 
 
 def simulate(schedule: Schedule, costs: ParallelCosts | CostTable, hw: Hardware | None = None, *,
-             comm: bool = True, plugins: Plugins | None = None) -> SimResult:
+             comm: bool = True, plugins: Plugins | None = None, perturb: Perturbation | None = None) -> SimResult:
     """Simulate one training step of `schedule`.
 
     `costs` is a CostTable (compute alone) or a `pipesim.cost.model_costs.ParallelCosts`, whose job says the
@@ -58,7 +59,8 @@ def simulate(schedule: Schedule, costs: ParallelCosts | CostTable, hw: Hardware 
     pp is the schedule's ranks). `hw` places ranks on devices and times the links; with `comm=False` (or no
     hardware) transfers take zero time and the makespan equals the task graph's critical path exactly.
     `plugins`: what the machine does (compute seconds, host cores, P2P completion); by default the ones
-    `pipesim.sim.plugins.plugins_for` chooses for `hw`.
+    `pipesim.sim.plugins.plugins_for` chooses for `hw`. `perturb`: a what-if (a slow rank or link, jitter,
+    recorded durations) applied to the compiled programs' seconds (`pipesim.sim.perturb`).
     """
     table, parallel = (costs.table, costs) if isinstance(costs, ParallelCosts) else (costs, None)
     job = parallel.job.with_pp(schedule.num_ranks) if parallel is not None else Job(ParallelDims(schedule.num_ranks))
@@ -75,6 +77,8 @@ def simulate(schedule: Schedule, costs: ParallelCosts | CostTable, hw: Hardware 
         plugins = plugins if plugins is not None else plugins_for(table, hw, comm)
         cp_seconds = cp_exposed(lowered, hw, comm, par, parallel.cp_exchanges if parallel is not None else {})
         ops = compile_programs(lowered, plugins.compute, hw, comm, job, parallel, cp_seconds)
+        if perturb:
+            ops = perturb.apply(lowered, ops)
         return _Kernel(lowered, ops, plugins, parallel, hw, comm, job, cp_seconds).run()
 
 

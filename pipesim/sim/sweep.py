@@ -7,7 +7,9 @@ a model that does not fit) are skipped with the reason, never silently.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Iterable, Iterator
+from dataclasses import replace
 
 from tqdm import tqdm
 
@@ -31,10 +33,15 @@ def combinations(schedules: list[str], stages: list[int], microbatches: list[int
                     yield name, p, m, v
 
 
-def run_one(setup: SimSetup, name: str, p: int, m: int, v: int) -> dict:
-    """One row: makespan (s), bubble fraction, peak activation bytes and in-flight, link utilization."""
+def run_one(setup: SimSetup, name: str, p: int, m: int, v: int, samples: int = 8) -> dict:
+    """One row: makespan (s), bubble fraction, peak activation bytes and in-flight, link utilization; with a
+    what-if (`setup.perturb`) the row is the unperturbed step's, plus the perturbed one's (`what_if`)."""
     sched = registry.build(name, p, m, v)  # valid by construction; the simulator reports deadlocks
+    pert = setup.perturb
+    if pert:
+        setup = replace(setup, perturb=None)
     result, memory = setup.evaluate(sched)
+    extra = {"what_if": _what_if(setup, sched, pert, samples, result.makespan)} if pert else {}
     classes = result.link_class_stats()
     peaks = result.peak_activation_bytes()
 
@@ -46,17 +53,33 @@ def run_one(setup: SimSetup, name: str, p: int, m: int, v: int) -> dict:
         "actions": result.num_actions(),
         # the largest rank's peak: parameters + gradients + optimizer states + activations + buffers (None: --cost)
         "peak_memory_bytes": max(m.total for m in memory) if memory else None,
+        **extra,
     }
 
 
+def _what_if(setup: SimSetup, sched, pert, samples: int, ideal: float) -> dict:
+    """The perturbed makespan: one run, or with jitter the mean of `samples` draws (seeds seed .. seed + samples - 1)
+    and their standard deviation; `loss_fraction` against the unperturbed `ideal`."""
+    costs = setup.costs(sched)
+    tuned = setup.tuned(sched, costs)
+    draws = samples if pert.jitter else 1
+    spans = [replace(setup, perturb=replace(pert, seed=pert.seed + k)).simulate(tuned, costs).makespan
+             for k in range(draws)]
+    mean = statistics.fmean(spans)
+    return {"perturbation": pert.describe(), "samples": draws, "makespan": mean,
+            "makespan_std": statistics.pstdev(spans) if draws > 1 else 0.0,
+            "loss_fraction": mean / ideal - 1 if ideal > 0 else 0.0}
+
+
 def run_sweep(schedules: list[str], stages: list[int], microbatches: list[int], virtual: list[int] | None,
-              setup: SimSetup, *, skipped: list[dict] | None = None, progress: bool = False) -> list[dict]:
+              setup: SimSetup, *, skipped: list[dict] | None = None, progress: bool = False,
+              samples: int = 8) -> list[dict]:
     """Rows for every admitted combination; the others go to `skipped` (with a `reason`) when given."""
     combos = list(combinations(schedules, stages, microbatches, virtual))
     rows: list[dict] = []
     for name, p, m, v in _progress(combos, progress):
         try:
-            rows.append(run_one(setup, name, p, m, v))
+            rows.append(run_one(setup, name, p, m, v, samples))
         except PipesimError as exc:
             if skipped is not None:
                 skipped.append({"schedule": name, "stages": p, "microbatches": m, "virtual": v, "reason": str(exc)})
@@ -97,6 +120,17 @@ def format_table(rows: list[dict], skipped: list[dict] | None = None) -> str:
     for s in skipped or []:
         lines.append(f"{s['schedule']:<18} {s['stages']:>3} {s['microbatches']:>5} {s['virtual']:>2}  skipped: "
                      f"{s['reason']}")
+    ranked = sorted((r for r in rows if "what_if" in r), key=lambda r: (r["what_if"]["makespan"], r["schedule"]))
+    if ranked:
+        w = ranked[0]["what_if"]
+        draws = f", mean of {w['samples']} draws" if w["samples"] > 1 else ""
+        lines += ["", f"ranked by the expected makespan under {w['perturbation']}{draws}:"]
+        for n, r in enumerate(ranked, start=1):
+            x = r["what_if"]
+            spread = f" +- {_time(x['makespan_std'])}" if x["samples"] > 1 else ""
+            lines.append(f"{n:>3}. {r['schedule']:<18} p {r['stages']} m {r['microbatches']} v {r['virtual']}: "
+                         f"{_time(x['makespan'])}{spread} ({x['loss_fraction']:+.1%} over its ideal "
+                         f"{_time(r['makespan'])})")
     return "\n".join(lines)
 
 
