@@ -13,6 +13,7 @@ from pipesim.commands.common import (
     STRUCTURE_FLAGS,
     add_model_args,
     add_transformer_args,
+    bounded_int,
     emit_json,
     model_config,
     model_config_json,
@@ -49,6 +50,7 @@ from pipesim.plan.exports import (
     torchtitan_toml,
 )
 from pipesim.plan.finalists import DEFAULT_FINALISTS
+from pipesim.plan.jitter import PlanJitter, rank_under_jitter
 from pipesim.plan.ranking import why_lost
 from pipesim.plan.search import DEFAULT_MAX_CANDIDATES, DEFAULT_MAX_WORK, PlanResult, default_workers, plan
 from pipesim.plan.space import RECOMPUTES, ZEROS, PlanRequest
@@ -117,6 +119,13 @@ def add_parser(sub) -> None:
     g.add_argument("--finalists", type=positive_int, default=DEFAULT_FINALISTS, metavar="K",
                    help=f"with --ilp: the best K layouts searched again (default {DEFAULT_FINALISTS})")
     g.add_argument("--top", type=positive_int, default=10, metavar="N", help="rows shown (default 10)")
+    g.add_argument("--jitter", type=float, default=None, metavar="SIGMA",
+                   help="rank the shown rows by their expected step when every compute action's seconds are "
+                        "times exp(SIGMA z), z ~ N(0,1) (docs/whatif.md; pipesim/plan/jitter.py)")
+    g.add_argument("--jitter-seed", type=lambda t: bounded_int(t, 0), default=None, metavar="N",
+                   help="with --jitter: the first draw's seed (default 0); draw k of every row uses N + k")
+    g.add_argument("--samples", type=positive_int, default=None, metavar="N",
+                   help="with --jitter: draws per row; rows rank by their mean step (default 8)")
     g.add_argument("--max-candidates", type=positive_int, default=DEFAULT_MAX_CANDIDATES, metavar="N",
                    help="simulate at most N candidates that fit memory, in the estimate's order "
                         f"(default {DEFAULT_MAX_CANDIDATES})")
@@ -137,6 +146,16 @@ def add_parser(sub) -> None:
     g.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE",
                    help="write the plan as JSON to FILE, or to stdout without FILE")
     p.set_defaults(func=run)
+
+
+def _jitter(args: argparse.Namespace) -> PlanJitter | None:
+    """--jitter's ranking, or None; --jitter-seed and --samples mean nothing without it (one line)."""
+    if args.jitter is None:
+        given = [f for f, v in (("--jitter-seed", args.jitter_seed), ("--samples", args.samples)) if v is not None]
+        if given:
+            raise PipesimError(f"{given[0]} needs --jitter SIGMA (the ranking under jitter it sets up)")
+        return None
+    return PlanJitter(args.jitter, args.jitter_seed or 0, args.samples or 8)
 
 
 def _names(text: str) -> tuple[str, ...]:
@@ -253,6 +272,7 @@ def run(args: argparse.Namespace) -> int:
         if args.tokens_per_step % seq:
             raise PipesimError(f"--tokens-per-step {args.tokens_per_step} is not a multiple of --seq {seq}")
         args.batch = args.tokens_per_step // seq
+    jitter = _jitter(args)
     model = model_config(args)
     apply_framework(args, keep=("zero",))  # the searched ZeRO stages stay plan's own
     shared = Job(attention=args.attention, comm=comm_options_from_args(args),  # every candidate's (its own layout)
@@ -273,6 +293,8 @@ def run(args: argparse.Namespace) -> int:
             raise PipesimError(f"--ilp takes a positive number of seconds, got {args.ilp_seconds:g}")
         result = plan(req, max_candidates=args.max_candidates, max_work=args.max_work, evaluator=ev,
                       backend=backend, ilp_seconds=args.ilp_seconds, finalists=args.finalists)
+    if jitter is not None:  # the shown rows re-ranked by their expected step (pipesim.plan.jitter)
+        result.rows = rank_under_jitter(ev, result.rows, jitter, args.top)
     best = result.best.candidate.job(shared)  # the winner's switches (a profile's overlaps only where they apply)
     switches = best.comm.flags() + [f for f in best.kernels.flags() if f not in grad_flags(True) + grad_flags(False)]
     switches += shared.fp8.flags() if shared.fp8 is not None else []
@@ -332,11 +354,13 @@ def report(result: PlanResult, top: int, argv: list[str], attention: str, run_ar
              f"refused by their schedule, {k['over_memory']} over memory, {k['simulated']} simulated, "
              f"{k['not_simulated_cap']} not reached",
              f"{'#':>3} {'configuration':<56} {'step ms':>9} {'tok/s':>10} {'MFU':>6} {'TF/GPU':>7} "
-             f"{'peak mem':>10} {'bubble':>7}  why not first"]
+             f"{'peak mem':>10} {'bubble':>7}" + (f" {'E[step] ms':>11}" if best.expected_step_time else "")
+             + "  why not first"]
     for i, r in enumerate(result.rows[:top], 1):
+        expected = f" {r.expected_step_time * 1e3:11.3f}" if best.expected_step_time else ""
         lines.append(f"{i:>3} {r.candidate.label():<56} {r.step_time * 1e3:9.3f} {r.tokens_per_s:10.0f} "
                      f"{r.mfu * 100:5.1f}% {r.tflops_per_gpu:7.1f} {format_bytes(r.peak_memory):>10} "
-                     f"{r.bubble_fraction * 100:6.1f}%  {why_lost(r, best)}")
+                     f"{r.bubble_fraction * 100:6.1f}%{expected}  {why_lost(r, best)}")
     c = best.candidate
     lines += ["", "winner as a pipesim command:", "  " + command_line(argv), "",
               "run it for real (NCCL; the same command on every node):", "  " + command_line(run_argv)]

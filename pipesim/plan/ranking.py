@@ -31,6 +31,9 @@ class PlanRow:
     bubble_fraction: float  # idle over makespan, averaged over ranks
     parts: dict[str, float]  # seconds: compute, exposed_comm, bubble, tail (sum = step_time)
     refused_recompute: bool = False  # a lighter recomputation of this layout did not fit memory
+    # under `plan --jitter` (pipesim.plan.jitter): the mean step over the draws and its spread, seconds
+    expected_step_time: float | None = None
+    expected_step_std: float | None = None
 
     def sort_key(self) -> tuple:
         return (self.step_time, self.peak_memory, self.candidate)
@@ -42,7 +45,9 @@ class PlanRow:
                 "microbatch_size": c.mbs, "microbatches": c.m, "recompute": c.recompute, "zero": c.zero,
                 "sequence_parallel": c.sp, "step_time": self.step_time, "tokens_per_s": self.tokens_per_s,
                 "mfu": self.mfu, "tflops_per_gpu": self.tflops_per_gpu, "peak_memory": self.peak_memory,
-                "bubble_fraction": self.bubble_fraction, "parts": dict(self.parts)}
+                "bubble_fraction": self.bubble_fraction, "parts": dict(self.parts),
+                **({"expected_step_time": self.expected_step_time, "expected_step_std": self.expected_step_std}
+                   if self.expected_step_time is not None else {})}
 
 
 def step_model_flops(req: PlanRequest) -> float:
@@ -68,6 +73,9 @@ def why_lost(row: PlanRow, best: PlanRow) -> str:
     """The largest difference to the winner, in words ('' for the winner itself)."""
     if row is best:
         return "fastest"
+    if row.expected_step_time is not None and best.expected_step_time is not None:
+        return (f"+{(row.expected_step_time - best.expected_step_time) * 1e3:.2f} ms expected under jitter "
+                f"(ideal {(row.step_time - best.step_time) * 1e3:+.2f} ms)")
     return f"+{(row.step_time - best.step_time) * 1e3:.2f} ms: {_largest_difference(row, best)}"
 
 
