@@ -75,9 +75,9 @@ def _cpu(cores: int, corun: float, time_slice: float = 0.0, oversub: float = 0.0
                                     time_slice=time_slice))
 
 
-def _dp(sched, dp: int) -> ParallelCosts:
+def _dp(sched, dp: int, tp: int = 1) -> ParallelCosts:
     n = sched.num_stages
-    return ParallelCosts(CostTable.uniform(n, 1.0, 1.0, 1.0), Job(ParallelDims(pp=sched.num_ranks, dp=dp)),
+    return ParallelCosts(CostTable.uniform(n, 1.0, 1.0, 1.0), Job(ParallelDims(pp=sched.num_ranks, dp=dp, tp=tp)),
                          tp_collectives={}, dp_grad_bytes=(0,) * n, layers_per_stage=(0,) * n)
 
 
@@ -87,6 +87,11 @@ def test_simulated_step_with_data_parallel_replicas_on_the_host():
     assert simulate(naive, _dp(naive, 1), _cpu(2, c), comm=False).makespan == 6.0  # alone on its core
     # dp 2: each action's two copies share the 2 cores, both paying the co-run slowdown
     assert simulate(naive, _dp(naive, 2), _cpu(2, c), comm=False).makespan == pytest.approx(6 * (1 + c))
+    # tensor-parallel shards are copies too: tp 2 is dp 2 here, and dp 2 x tp 2 puts 4 processes on the 2 cores
+    assert simulate(naive, _dp(naive, 1, 2), _cpu(2, c), comm=False).makespan == pytest.approx(6 * (1 + c))
+    eight = replace(_cpu(2, c, 0.0, o), devices_per_node=8)  # the 8 processes of dp 2 x tp 2 x pp 2 on one host
+    assert simulate(naive, _dp(naive, 2, 2), eight, comm=False).makespan == pytest.approx(
+        6 * 2 * (1 + c) * (1 + 2 * o))  # fluid: each of 4 at (2 / 4) / ((1 + c)(1 + 2 o))
     # one core: the two copies take turns in slices longer than any action: w (1 + o) then w, per action
     assert simulate(naive, _dp(naive, 2), _cpu(1, 0.0, 10.0, o), comm=False).makespan == pytest.approx(6 * (2 + o))
     # 1F1B p 2, dp 2 on 2 cores (fluid, no co-run cost): k runnable pipeline ranks are 2k processes at 1 / k
