@@ -9,7 +9,7 @@ group instead), then one optimizer step (gradient accumulation over microbatches
 
 With experts over ep > 1 ranks an overlapped forward-and-backward pair (DualPipeV's OVERLAP_F_B) runs for real:
 the forward chunk runs up to its first all-to-all, issues it asynchronously, the backward chunk runs whole, and
-only then does the forward wait for its exchange and finish (`_overlapped`); `--no-a2a-overlap` runs the same
+only then does the forward wait for its exchange and finish (executor.overlap_pairs); `--no-a2a-overlap` runs the same
 order back to back instead (the bench's baseline).
 """
 
@@ -24,10 +24,11 @@ import torch.distributed as dist
 
 from executor import rank_status
 from executor.expert_dispatch import ExchangeError, set_exchange_observer
-from executor.experts import expert_parameters, finish, shard_experts
+from executor.experts import expert_parameters, shard_experts
 from executor.faults import die, inject
 from executor.mesh import Mesh
 from executor.models import StageModule, apply_tensor_parallel, replicated_parameters, set_recompute
+from executor.overlap_pairs import install_pairs
 from executor.p2p import P2P
 from executor.replicas import sum_chain_replicas
 from executor.run_config import RunConfig
@@ -103,7 +104,7 @@ class Runtime:
         self.watcher = SendWatcher() if cfg.trace is not None and dist.get_backend() == "gloo" else None
         self.ops = [self._op(i, a) for i, a in enumerate(self.program)]
         if cfg.model.moe is not None and mesh.dims.ep > 1 and cfg.a2a_overlap:
-            self._overlap_pairs()
+            install_pairs(self)  # DualPipe's overlapped F&B pairs (executor.overlap_pairs)
         if dist.get_backend() == "nccl":
             self._fuse_sends()
         if cfg.fail_rank == mesh.rank and cfg.fail_at is not None:
@@ -125,10 +126,10 @@ class Runtime:
         shape, dtype = self.boundaries[min(action.stage, action.peer_stage)]
         return torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()  # bytes
 
-    def _local(self, stage: int) -> bool:
+    def local(self, stage: int) -> bool:
         return self.schedule.rank_of(stage) == self.me
 
-    def _passes(self, stage: int) -> bool:
+    def passes(self, stage: int) -> bool:
         """An identity stage (a chunk with no layers, not its chain's last, which computes the loss): its output
         is its input and its input gradient its output gradient, so autograd has nothing to run."""
         module = self.stages[stage].module
@@ -138,15 +139,15 @@ class Runtime:
         s, mb, kind = a.stage, a.microbatch, a.kind
         if kind == Kind.F:
             first, last = self.schedule.chain_first(s), self.schedule.chain_last(s)
-            fn = _pass_forward if self._passes(s) else self.stages[s].forward
-            return partial(self._forward, fn, s, mb, first, last, not last and self._local(s + 1))
+            fn = _pass_forward if self.passes(s) else self.stages[s].forward
+            return partial(self._forward, fn, s, mb, first, last, not last and self.local(s + 1))
         if kind in (Kind.B, Kind.I):
             fn = self.stages[s].backward if kind == Kind.B else self.stages[s].backward_input
-            fn = _pass_gradient if self._passes(s) else fn
+            fn = _pass_gradient if self.passes(s) else fn
             first, last = self.schedule.chain_first(s), self.schedule.chain_last(s)
-            return partial(self._backward, fn, s, mb, first, last, not first and self._local(s - 1))
+            return partial(self._backward, fn, s, mb, first, last, not first and self.local(s - 1))
         if kind == Kind.W:
-            return partial(_no_weights if self._passes(s) else self.stages[s].backward_weight, mb)
+            return partial(_no_weights if self.passes(s) else self.stages[s].backward_weight, mb)
         peer = self.peer_of(a)
         if kind == Kind.RECV_F:
             return partial(self._recv, self.p2p.act[s][mb], peer, self.p2p.tag(False, s - 1, mb), self.acts,
@@ -190,48 +191,13 @@ class Runtime:
 
         self.ops[idx] = faulty
 
-    def _overlap_pairs(self) -> None:
-        """Each OVERLAP_F_B pair (adjacent: F then B) runs as one op at the B's index, the F's index doing nothing."""
-        prog = self.program
-        for idx in range(len(prog) - 1):
-            f, b = prog[idx], prog[idx + 1]
-            if (f, b) not in self.schedule.overlaps or self._passes(f.stage):
-                continue
-            s, mb = f.stage, f.microbatch
-            first, last = self.schedule.chain_first(s), self.schedule.chain_last(s)
-            next_local = not last and self._local(s + 1)
-            self.ops[idx + 1] = partial(self._overlapped, s, mb, first, last, next_local, self.ops[idx + 1],
-                                        idx, idx + 1)
-            self.ops[idx] = _ran_with_its_pair
-
-    def _overlapped(self, s: int, mb: int, first: bool, last: bool, next_local: bool, backward: Callable,
-                    f_idx: int, b_idx: int) -> list[tuple[int, int, int, int]]:
-        """F of (s, mb) up to its first all-to-all, issued async; the paired B whole; then F waits and finishes.
-
-        Returns the two actions' intervals: F's up to the issue, B's from there to the end (the forward's tail runs
-        after the backward, inside B's bar; the plots draw a pair as one bar)."""
-        t0 = perf_counter_ns()
-        x = self.x_mb[mb] if first else self.acts.pop((s, mb))
-        steps = self.stages[s].forward_steps(mb, x, self.y_mb[mb] if last else None)
-        try:
-            pending = next(steps)
-        except StopIteration as stop:  # no exchange in this chunk: nothing to overlap
-            t1 = perf_counter_ns()
-            self._deliver(stop.value, s, mb, last, next_local)
-            backward()
-            return [(self.step_index, f_idx, t0, t1), (self.step_index, b_idx, t1, perf_counter_ns())]
-        t1 = perf_counter_ns()
-        backward()  # the other chunk's backward, while the forward's dispatch is in flight
-        self._deliver(finish(pending, steps), s, mb, last, next_local)
-        return [(self.step_index, f_idx, t0, t1), (self.step_index, b_idx, t1, perf_counter_ns())]
-
     # -- the actions ---------------------------------------------------------------------------------
 
     def _forward(self, forward: Callable, s: int, mb: int, first: bool, last: bool, next_local: bool) -> None:
         x = self.x_mb[mb] if first else self.acts.pop((s, mb))
-        self._deliver(forward(mb, x, self.y_mb[mb] if last else None), s, mb, last, next_local)
+        self.deliver(forward(mb, x, self.y_mb[mb] if last else None), s, mb, last, next_local)
 
-    def _deliver(self, y: torch.Tensor, s: int, mb: int, last: bool, next_local: bool) -> None:
+    def deliver(self, y: torch.Tensor, s: int, mb: int, last: bool, next_local: bool) -> None:
         """A forward's result: a loss, the next local stage's input, or an activation to send."""
         if last:
             self.losses.append(y)
@@ -424,11 +390,6 @@ def _pass_forward(mb: int, x: torch.Tensor, target: torch.Tensor | None) -> torc
 def _pass_gradient(mb: int, grad: torch.Tensor | None) -> torch.Tensor | None:
     """An identity stage's B or I: the output gradient is the input gradient."""
     return grad
-
-
-def _ran_with_its_pair() -> list:
-    """The F of an overlapped pair: it runs inside its B's op (`Runtime._overlapped`), which records both."""
-    return []
 
 
 def _no_weights(mb: int) -> None:

@@ -280,11 +280,13 @@ def test_cli_user_mistakes_are_one_line_exit_2(traces, tmp_path, monkeypatch, ca
 
 def test_a_data_parallel_measured_run_is_compared_through_its_first_replica():
     """dp 2 x pp 2 (ranks 0, 1 are pipeline rank 0's replicas; 2, 3 rank 1's): ranks 0 and 2 become 0 and 1, their
-    peers renumbered, and the data-parallel all-reduce after the step's last compute is left out."""
+    peers renumbered, and the data-parallel all-reduce after each rank's last compute is left out (rank 0's too,
+    which begins before rank 2's last compute ends and would otherwise stretch the pipeline span)."""
     events = [Event(r, "compute", "F", r // 2, 0, 0.0 + r // 2, 1.0 + r // 2) for r in range(4)]
     events += [Event(0, "send", "SEND_F", 0, 0, 1.0, 1.2, 64, peer=2),
                Event(2, "recv", "RECV_F", 1, 0, 0.5, 1.2, 64, peer=0),
                Event(0, "collective", "all_to_all", 0, 0, 0.2, 0.3, 8),
+               Event(0, "collective", "all_reduce", -1, -1, 1.2, 2.5, 8),
                Event(2, "collective", "all_reduce", -1, -1, 2.0, 3.0, 8)]
     tl = Timeline("measured", "1f1b", 4, events, {"dp": 2, "pp": 2, "tp": 1})
     one = first_replica(tl)

@@ -331,11 +331,12 @@ def test_cpu_plugins_only_for_hardware_with_a_host_profile():
         assert gpu.compute.split is None
     cpu = load_hardware("local-cpu")
     plugins = plugins_for(table, cpu, comm=True)
-    assert isinstance(plugins.host(Clock(), [0, 1]), HostTimeSlices) and plugins.compute.split == cpu.host.split_costs
+    assert isinstance(plugins.host(Clock(), [[0], [1]]), HostTimeSlices)
+    assert plugins.compute.split == cpu.host.split_costs
     assert plugins.p2p == GlooP2P(cpu.host.send_overhead, cpu.host.late_recv_delay)
     assert isinstance(plugins_for(table, cpu, comm=False).p2p, PlainP2P)  # no links: nothing to post or wait for
     fluid = replace(cpu, host=replace(cpu.host, time_slice=0.0))
-    assert isinstance(plugins_for(table, fluid, comm=True).host(Clock(), [0, 1]), HostSharing)
+    assert isinstance(plugins_for(table, fluid, comm=True).host(Clock(), [[0], [1]]), HostSharing)
     assert plugins_for(table, None, comm=True).host is None
 
 

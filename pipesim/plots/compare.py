@@ -13,6 +13,7 @@ simulator draws one pipeline, the replicas run alongside it.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import plotly.graph_objects as go
@@ -25,20 +26,23 @@ from pipesim.timeline import Timeline, trimmed_step
 
 def first_replica(measured: Timeline) -> Timeline:
     """The pipeline ranks of data-parallel replica 0 (tp rank 0), renumbered 0 .. pp - 1, of a measured run over
-    dp x pp x tp ranks (meta "dp", "pp", "tp"), without the collectives after each step's last compute (the
-    data-parallel all-reduce); the timeline itself when dp and tp are 1 or not recorded."""
+    dp x pp x tp ranks (meta "dp", "pp", "tp"), without the collectives after each rank's last compute of a step
+    (the data-parallel all-reduce: a rank that finishes early waits there for its replicas, past the pipeline's
+    last compute); the timeline itself when dp and tp are 1 or not recorded."""
     meta = measured.meta if isinstance(measured.meta, dict) else {}
     dp, pp, tp = (meta.get(k) for k in ("dp", "pp", "tp"))
     if not all(isinstance(v, int) for v in (dp, pp, tp)) or dp * tp == 1 or dp * pp * tp != measured.num_ranks:
         return measured
     dims = ParallelDims(pp=pp, dp=dp, tp=tp)
     pipeline = {dims.rank(pp=p): p for p in range(pp)}
-    last: dict[int, float] = {}  # each step's last compute end: the data-parallel all-reduce after it is left out,
-    for e in measured.events:  # as the pipeline span the simulator predicts on a CPU host leaves it out
+    last: dict[tuple[int, int], float] = {}  # (step, rank) -> its last compute end: the data-parallel all-reduce
+    for e in measured.events:  # after it is left out, as the pipeline span the simulator predicts on a CPU host
         if e.stream == "compute" and e.rank in pipeline:
-            last[e.step] = max(last.get(e.step, e.end), e.end)
+            key = (e.step, e.rank)
+            last[key] = max(last.get(key, e.end), e.end)
     events = [replace(e, rank=pipeline[e.rank], peer=pipeline.get(e.peer, -1)) for e in measured.events
-              if e.rank in pipeline and not (e.stream == "collective" and e.stage < 0 and e.start >= last[e.step])]
+              if e.rank in pipeline and not (e.stream == "collective" and e.stage < 0
+                                              and e.start >= last.get((e.step, e.rank), math.inf))]
     shown = f"data-parallel replica 1 of {dp}" + (f", tp rank 1 of {tp}" if tp > 1 else "")
     return Timeline(measured.source, measured.schedule, pp, events, {**meta, "replica": shown})
 

@@ -5,7 +5,8 @@ through three small objects, each with one interface:
 - compute (`pipesim.sim.program.TableCompute`): how long each compute action takes (the cost table,
   plus a calibrated host's split-backward bookkeeping);
 - host (`pipesim.sim.host`): how ranks on one node share its CPU cores (`start(rank, seconds, done)`,
-  `started[rank]`); None on GPUs, where a compute holds its device alone. It lives on the run's clock,
+  `started[rank]`), the other replicas' copies of each pipeline rank included; None on GPUs, where a compute
+  holds its device alone. It lives on the run's clock,
   so the plug-ins carry a factory and the kernel calls it with its clock;
 - P2P (`pipesim.sim.links.PlainP2P`, `GlooP2P`): how long posting a SEND holds its rank and when a RECV
   completes.
@@ -20,13 +21,15 @@ from dataclasses import dataclass
 from pipesim.cost.table import CostTable
 from pipesim.hardware.machine import Hardware
 from pipesim.sim.clock import Clock
+from pipesim.sim.host.copies import HostCopies, expand
 from pipesim.sim.host.sharing import HostSharing
 from pipesim.sim.host.slices import HostTimeSlices
 from pipesim.sim.links import GlooP2P, PlainP2P
 from pipesim.sim.program import TableCompute
 
-HostModel = HostSharing | HostTimeSlices
-HostFactory = Callable[[Clock, list[int]], HostModel]  # (the run's clock, device of each pipeline rank) -> model
+HostModel = HostSharing | HostTimeSlices | HostCopies
+# (the run's clock, the devices of each pipeline rank's copies, its own first: one per replica) -> model
+HostFactory = Callable[[Clock, list[list[int]]], HostModel]
 
 
 @dataclass(frozen=True)
@@ -44,12 +47,16 @@ def plugins_for(table: CostTable, hw: Hardware | None, comm: bool) -> Plugins:
     if host is None:
         return Plugins(TableCompute(table), PlainP2P())
     p2p = GlooP2P(host.send_overhead, host.late_recv_delay) if comm else PlainP2P()
-    def factory(clock: Clock, devices: list[int]) -> HostModel:
-        nodes = [hw.node_of(d) for d in devices]
+    def factory(clock: Clock, devices: list[list[int]]) -> HostModel:
+        nodes, ids = expand([[hw.node_of(d) for d in copies] for copies in devices])
+        inner: HostSharing | HostTimeSlices
         if host.time_slice:
-            return HostTimeSlices(clock, nodes, host.cores, host.node_corun_slowdown, host.time_slice,
-                                  host.oversubscription_slowdown)
-        return HostSharing(clock, nodes, host.cores, host.node_corun_slowdown, host.oversubscription_slowdown)
+            inner = HostTimeSlices(clock, nodes, host.cores, host.node_corun_slowdown, host.time_slice,
+                                   host.oversubscription_slowdown)
+        else:
+            inner = HostSharing(clock, nodes, host.cores, host.node_corun_slowdown, host.oversubscription_slowdown)
+        # every replica's processes share the cores (pipesim.sim.host.copies); one copy each: the model itself
+        return HostCopies(inner, ids) if len(nodes) > len(devices) else inner
 
     return Plugins(TableCompute(table, host.split_costs), p2p, factory)
 

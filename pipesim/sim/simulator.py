@@ -107,7 +107,9 @@ class _Kernel:
         self.cp_seconds = cp_seconds
         self.ops = ops
         self.streams.prefetch(self.ops)  # ZeRO 3: all-gathers from the step's start, first F / B gated
-        devices = [par.rank(pp=r) for r in range(n)]
+        # each pipeline rank's device and its copies' in the other replicas (dp, cp, tp), which share a CPU host's cores
+        devices = [[par.rank(pp=r, dp=d, cp=c, tp=t) for d in range(par.dp) for c in range(par.cp)
+                    for t in range(par.tp)] for r in range(n)]
         self.host = plugins.host(self.clock, devices) if plugins.host is not None else None
 
     def run(self) -> SimResult:
