@@ -10,10 +10,11 @@ import pytest
 
 from pipesim.cli import main
 from pipesim.cost.v_search import handcrafted, search_v, serial
-from pipesim.ir.schedule import Schedule, v_placement
+from pipesim.ir.schedule import Schedule, loop_placement, v_placement
 from pipesim.ir.schedule_check import validate
 from schedules.placed_graph import KINDS, delta, deps, peak_stash, placed_measure, seconds_of
 from schedules.placed_ilp import solve_placed
+from schedules.placed_list import list_orders
 from schedules.zb_inputs import AutoCosts
 from schedules.zero_bubble_v import zb_v
 
@@ -27,17 +28,17 @@ def v_costs(p: int, f, i, w, hop: float = 0.0, limit: float = float("inf"), shar
     return AutoCosts(*each, comm, (1.0,) * s, (limit,) * p, held)
 
 
-def exhaustive(p: int, m: int, costs: AutoCosts) -> float:
+def exhaustive(p: int, m: int, costs: AutoCosts, placement: tuple[int, ...] | None = None) -> float:
     """The least makespan over every valid set of per-rank orders: every such order's timing, listed by (start time,
     position in `keys`), is one sequence of this search, which appends to any rank any action whose inputs and rank
     predecessor are placed, that starts after the previous one (or with it and later in `keys`: with positive
     seconds, actions starting together are on different ranks and independent) and keeps the rank's stash within
     its limit; pruned only by a valid bound (a rank's free time plus its remaining work)."""
-    placement = v_placement(p)
-    keys = [(s, k, j) for s in range(2 * p) for k in KINDS for j in range(m)]
+    placement = placement or v_placement(p)
+    keys = [(s, k, j) for s in range(len(placement)) for k in KINDS for j in range(m)]
     assert all(seconds_of(costs, key) > 0 for key in keys)
     left = [sum(seconds_of(costs, key) for key in keys if placement[key[0]] == r) for r in range(p)]
-    best = [placed_measure(placement, serial(p, m), costs) + 1e-9]  # a valid order's makespan: prunes no optimum
+    best = [float("inf")]
 
     def dfs(end, free, held, last, left):
         if len(end) == len(keys):
@@ -139,3 +140,30 @@ def test_serial_order_is_valid():
     """The fallback start: one microbatch down the V and back, each W after its I."""
     validate(Schedule("serial", 2, v_placement(3), serial(3, 2)))
     assert [str(a) for a in serial(2, 1)[0]] == ["0F0", "3F0", "3I0", "3W0", "0I0", "0W0"]
+
+
+def test_list_scheduler_starts_where_no_handcrafted_v_order_fits():
+    """Under 3 chunk stashes per rank (zb-v, v-half and v-min all hold 4 at p = 2; v-min 4 at p = 4) the start is
+    the list scheduler's order: valid, within the limit, well under one microbatch at a time."""
+    for p, m, expect in ((2, 3, 28.4), (4, 8, 118.5)):
+        costs = v_costs(p, 1.0, 1.5, 0.7, 0.1, limit=3.0)
+        name, programs = handcrafted(p, m, costs)
+        assert name == "list" and programs == list_orders(v_placement(p), m, costs)
+        validate(Schedule("list", m, v_placement(p), programs))
+        assert max(peak_stash(v_placement(p), programs, costs)) == 3.0
+        assert placed_measure(v_placement(p), programs, costs) == pytest.approx(expect, abs=1e-9)
+        assert expect < placed_measure(v_placement(p), serial(p, m), costs)
+
+
+def test_the_same_ilp_searches_the_looped_placement():
+    """Interleaved (looped) placement, p = 2 with 2 chunks each (rank 0: stages 0, 2): the ILP from the list
+    scheduler's order proves the exhaustive search's optimum, under a limit and without."""
+    placement = loop_placement(2, 2)
+    for limit in (float("inf"), 3.0):
+        costs = AutoCosts((1.0, 2.0, 1.0, 1.5), (1.5, 1.0, 2.0, 1.0), (0.5, 1.0, 0.7, 1.0), (0.2, 0.2, 0.2),
+                          (1.0,) * 4, (limit,) * 2)
+        start = list_orders(placement, 2, costs)
+        result = solve_placed(placement, 2, costs, start, time_limit=20)
+        assert result.optimal and result.objective == pytest.approx(exhaustive(2, 2, costs, placement), abs=1e-9)
+        assert result.objective <= placed_measure(placement, start, costs)
+        validate(Schedule("looped", 2, placement, result.programs))

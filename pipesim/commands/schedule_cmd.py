@@ -145,7 +145,9 @@ def search(args: argparse.Namespace, sched) -> Searched:
 def search_report(found: Searched, objective: str) -> dict:
     """What --format json says of the search (seconds of the cost units)."""
     ilp = found.ilp
-    return {"objective": objective, "heuristic": found.heuristic, "value": found.value, "bound": found.bound,
+    origin = found.schedule.meta.get("warm_start")
+    return {"objective": objective, "heuristic": found.heuristic, **({"warm_start": origin} if origin else {}),
+            "value": found.value, "bound": found.bound,
             "gap": found.gap, "ilp": None if ilp is None else {
                 "optimal": ilp.optimal, "status": ilp.status, "solve_seconds": ilp.seconds},
             **({"ilp_skipped": found.reason} if ilp is None else {})}
@@ -153,9 +155,11 @@ def search_report(found: Searched, objective: str) -> dict:
 
 def search_line(found: Searched, objective: str) -> str:
     ilp = found.ilp
+    origin = found.schedule.meta.get("warm_start")  # zb-v: the handcrafted V order (or "serial") it started from
+    start = "heuristic" if origin is None else f"start {origin}"
     if ilp is None:
-        return (f"{objective}: heuristic {found.heuristic:g}, lower bound {found.bound:g}, gap {found.gap:.2%} "
+        return (f"{objective}: {start} {found.heuristic:g}, lower bound {found.bound:g}, gap {found.gap:.2%} "
                 f"(ILP not run: {found.reason})")
     verdict = "optimal" if ilp.optimal else f"best found, gap {found.gap:.2%} to the bound {found.bound:g}"
-    return (f"{objective}: ILP {ilp.objective:g} ({verdict}; heuristic {found.heuristic:g}), "
+    return (f"{objective}: ILP {ilp.objective:g} ({verdict}; {start} {found.heuristic:g}), "
             f"solved in {ilp.seconds:.2f} s ({ilp.status})")

@@ -1,15 +1,15 @@
 """zb-v searched for real costs: the V placement's order (rank r holds stages r and 2p-1-r) found by the ILP
 over the placement (schedules.placed_ilp) under a per-rank activation limit in bytes, from the best
-handcrafted V order that fits.
+start that fits.
 
 Why: zb-v's order is tuned to equal costs and 1F1B's activation memory; Qi et al. 2024 ("Pipeline
 Parallelism with Controllable Memory", arXiv 2405.15362) hand-build V-Min, V-Half and V-ZB for about
 1/3, 1/2 and 1x of 1F1B's activations. Given a limit (`--memory-limit`: bytes, or `Nx` times 1F1B's,
-min(p, m) microbatches of the rank's two chunks; zb-v defaults to 1x, what it holds), the warm
-start is the shortest of zb-v, v-half and v-min that fits (one microbatch at a time when none does);
-with `--ilp S` the ILP improves it for up to S seconds and says whether it proved the optimum. Without
-`--ilp` but with a limit, that warm start is the answer. The result is an ordinary Schedule named zb-v
-on the V placement.
+min(p, m) microbatches of the rank's two chunks; zb-v defaults to 1x, what it holds), the start is
+the shortest of zb-v, v-half, v-min and a list scheduler's order (schedules.placed_list) that fits
+(one microbatch at a time when none does); with `--ilp S` the ILP improves it for up to S seconds and
+says whether it proved the optimum. Without `--ilp` but with a limit, that start is the answer. The
+result is an ordinary Schedule named zb-v on the V placement.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from pipesim.errors import PipesimError
 from pipesim.ir.schedule import Action, Kind, Schedule, v_placement
 from schedules.placed_graph import Graph, Programs, fits, placed_measure, placed_work_bound
 from schedules.placed_ilp import solve_placed
+from schedules.placed_list import list_orders
 from schedules.v_memory import v_half, v_min
 from schedules.zb_inputs import AutoCosts
 from schedules.zero_bubble_v import zb_v
@@ -66,14 +67,16 @@ def serial(p: int, m: int) -> Programs:
 
 
 def handcrafted(p: int, m: int, costs: AutoCosts, objective: str = "makespan") -> tuple[str, Programs]:
-    """(name, order) of the shortest of zb-v, v-half and v-min within the limit (ties keep that order); when none
-    fits, the one-microbatch-at-a-time order ("serial")."""
+    """(name, order) of the shortest of zb-v, v-half, v-min and the list scheduler's order (schedules.placed_list)
+    within the limit (ties keep that order); when none fits, the one-microbatch-at-a-time order ("serial")."""
     placement, best = v_placement(p), None
-    for name, programs in [(b.__name__.replace("_", "-"), b(p, m).programs) for b in (zb_v, v_half, v_min)] + [
-            ("serial", serial(p, m))]:
+    starts = [(b.__name__.replace("_", "-"), lambda b=b: b(p, m).programs) for b in (zb_v, v_half, v_min)]
+    starts += [("list", lambda: list_orders(placement, m, costs)), ("serial", lambda: serial(p, m))]
+    for name, build in starts:
         if best is not None and name == "serial":
             break
-        if not fits(placement, programs, costs):
+        programs = build()
+        if programs is None or not fits(placement, programs, costs):
             continue
         value = placed_measure(placement, programs, costs, objective)
         if best is None or value < best[0]:
