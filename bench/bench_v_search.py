@@ -3,10 +3,11 @@ the handcrafted V orders (zb-v, v-half, v-min), on abstract costs and on a model
 
 Part 1, abstract per-chunk seconds (unit activation per chunk, limits in chunk stashes per rank): for each
 (p, m, costs, limit), the makespan of each handcrafted order that fits, the search's warm start, its answer,
-its bound and gap, whether proven, and the solve's wall seconds. Part 2, a GPT costed on dgx-h100 (one rank's
-two chunks, 1F1B's activations as the 1x limit): the simulated step of zb-v's handcrafted order and of the
-searched one (SimSetup with --ilp / --memory-limit), so the simulator times what the search returned. Wall
-seconds depend on the machine; say which when quoting them.
+its bound and gap, whether proven, and the solve's wall seconds. Part 2, a GPT costed on dgx-h100 (the limit
+zb-v's own peak, or a multiple of 1F1B's activations: p microbatches of a rank's two chunks): the simulated
+step and peak activations of zb-v's handcrafted order and of the searched one (SimSetup with --ilp and
+--memory-limit), so the simulator times what the search returned. Wall seconds depend on the machine; say
+which when quoting them.
 
     python bench/bench_v_search.py [--seconds 5]
 """
@@ -72,7 +73,7 @@ def model(seconds: float) -> None:
         searched, searched_mem = SimSetup(hw, MODEL, ilp_time_limit=seconds, memory_limit=mem).evaluate(sched)
         wall = time.perf_counter() - t0
         peak = [max(b.activations for b in m) / 2**30 for m in (plain_mem, searched_mem)]
-        print(f"| {p} | {m} | {limit or '1x'} | {plain.makespan * 1e3:.2f} | {peak[0]:.2f} | "
+        print(f"| {p} | {m} | {limit or 'zb-v own'} | {plain.makespan * 1e3:.2f} | {peak[0]:.2f} | "
               f"{searched.makespan * 1e3:.2f} | {peak[1]:.2f} | {wall:.1f} |", flush=True)
 
 

@@ -9,7 +9,9 @@ import json
 import pytest
 
 from pipesim.cli import main
+from pipesim.cost.table import CostTable, StageCosts
 from pipesim.cost.v_search import handcrafted, search_v, serial
+from pipesim.cost.v_search import v_costs as cost_v_costs
 from pipesim.ir.schedule import Schedule, loop_placement, v_placement
 from pipesim.ir.schedule_check import validate
 from schedules.placed_graph import KINDS, delta, deps, peak_stash, placed_measure, seconds_of
@@ -167,3 +169,15 @@ def test_the_same_ilp_searches_the_looped_placement():
         assert result.optimal and result.objective == pytest.approx(exhaustive(2, 2, costs, placement), abs=1e-9)
         assert result.objective <= placed_measure(placement, start, costs)
         validate(Schedule("looped", 2, placement, result.programs))
+
+
+def test_default_limit_is_what_zb_v_holds():
+    """Without --memory-limit the V search keeps each rank within zb-v's own peak, in the table's bytes (the first and
+    last chunks stash more: the embedding, the head)."""
+    p, m = 3, 5
+    table = CostTable(tuple(StageCosts(1.0, 1.5, 0.7, 0, act, 0) for act in (300, 100, 100, 100, 100, 500)))
+    costs = cost_v_costs(table, p, m, None)
+    assert costs.limit == tuple(peak_stash(v_placement(p), zb_v(p, m).programs, costs)) == (2200.0, 600.0, 600.0)
+    # zb-v holds 2p = 6 chunk stashes per rank at its peak: on rank 0, four of chunk 0 (300 B) and two of chunk 5
+    found = search_v("zb-v", costs, p, m, time_limit=2)
+    assert all(a <= b for a, b in zip(peak_stash(v_placement(p), found.schedule.programs, costs), costs.limit))

@@ -60,7 +60,7 @@ def add_parser(sub) -> None:
     g.add_argument("--hop", type=float, default=0.0, metavar="S", help="seconds to move a tensor between stages")
     g.add_argument("--memory-limit", metavar="N|Nx", default=None,
                    help="activation limit: Nx 1F1B's (p microbatches) or N microbatches (zb-v: N chunk "
-                        "stashes, a chunk half a stage; default 1x zb-auto and zb-v, 2x zb-2p)")
+                        "stashes, a chunk half a stage; default 1x zb-auto, 2x zb-2p, zb-v's own peak for zb-v)")
     g.add_argument("--objective", choices=("makespan", "span"), default="makespan",
                    help="minimise the last action's end, or the paper's longest stage span (its eq. 3)")
     p.set_defaults(func=run)
@@ -129,9 +129,8 @@ def search(args: argparse.Namespace, sched) -> Searched:
     cost = parse_cost_spec(args.cost)
     if args.name in V_SEARCHED:  # --cost is one rank's share, as `simulate --cost` reads it: each chunk takes half
         table = CostTable.uniform(2 * p, cost["F"] / 2, cost["I"] / 2, cost["W"] / 2)
-        limit = MemoryLimit(multiple=V_SEARCHED[args.name])
-        if args.memory_limit:
-            limit = parse_memory_limit(args.memory_limit)  # bytes here count chunk stashes: one stashes 1
+        # bytes here count chunk stashes (one stashes 1); none given: what zb-v's own order holds
+        limit = parse_memory_limit(args.memory_limit) if args.memory_limit else None
         costs = v_costs(table, p, m, limit, (args.hop,) * (2 * p - 1))
         return search_v(args.name, costs, p, m, time_limit=args.ilp, objective=args.objective)
     table = CostTable.uniform(p, cost["F"], cost["I"], cost["W"])

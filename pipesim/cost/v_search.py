@@ -5,7 +5,7 @@ start that fits.
 Why: zb-v's order is tuned to equal costs and 1F1B's activation memory; Qi et al. 2024 ("Pipeline
 Parallelism with Controllable Memory", arXiv 2405.15362) hand-build V-Min, V-Half and V-ZB for about
 1/3, 1/2 and 1x of 1F1B's activations. Given a limit (`--memory-limit`: bytes, or `Nx` times 1F1B's,
-min(p, m) microbatches of the rank's two chunks; zb-v defaults to 1x, what it holds), the start is
+min(p, m) microbatches of the rank's two chunks; by default what zb-v's own order holds), the start is
 the shortest of zb-v, v-half, v-min and a list scheduler's order (schedules.placed_list) that fits
 (one microbatch at a time when none does); with `--ilp S` the ILP improves it for up to S seconds and
 says whether it proved the optimum. Without `--ilp` but with a limit, that start is the answer. The
@@ -15,19 +15,20 @@ result is an ordinary Schedule named zb-v on the V placement.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from pipesim.cost.table import CostTable
 from pipesim.cost.zb_auto_costs import MAX_ILP_BINARIES, MemoryLimit, Searched
 from pipesim.errors import PipesimError
 from pipesim.ir.schedule import Action, Kind, Schedule, v_placement
-from schedules.placed_graph import Graph, Programs, fits, placed_measure, placed_work_bound
+from schedules.placed_graph import Graph, Programs, fits, peak_stash, placed_measure, placed_work_bound
 from schedules.placed_ilp import solve_placed
 from schedules.placed_list import list_orders
 from schedules.v_memory import v_half, v_min
 from schedules.zb_inputs import AutoCosts
 from schedules.zero_bubble_v import zb_v
 
-V_SEARCHED = {"zb-v": 1.0}  # name -> default limit, in multiples of 1F1B's activations (zb-v holds 1x)
+V_SEARCHED = ("zb-v",)  # the schedules searched here; their default limit is zb-v's own peak, rank by rank
 
 
 def _activation(table: CostTable, stage: int) -> float:
@@ -42,17 +43,22 @@ def v_limit(limit: MemoryLimit, table: CostTable, p: int, m: int) -> tuple[float
                  for r in range(p))
 
 
-def v_costs(table: CostTable, p: int, m: int, limit: MemoryLimit, comm: Sequence[float] = ()) -> AutoCosts:
+def v_costs(table: CostTable, p: int, m: int, limit: MemoryLimit | None, comm: Sequence[float] = ()) -> AutoCosts:
     """The search's inputs from a 2p-chunk cost table; `comm`: seconds per boundary s -> s + 1 (0 if empty; the
-    turn of the V, boundary p-1 -> p, is on one rank and costs nothing whatever is given)."""
+    turn of the V, boundary p-1 -> p, is on one rank and costs nothing whatever is given). `limit` None: what
+    zb-v's own order holds on each rank, so the searched order never needs more memory than the handcrafted one."""
     if table.num_stages != 2 * p:
         raise PipesimError(f"zb-v places 2 chunks per rank: {table.num_stages} stages on {p} ranks")
     st = table.stages
     hops = list(comm) or [0.0] * (2 * p - 1)
     hops[p - 1] = 0.0
-    return AutoCosts(tuple(c.forward for c in st), tuple(c.backward_input for c in st),
-                     tuple(c.backward_weight for c in st), tuple(hops),
-                     tuple(_activation(table, s) for s in range(2 * p)), v_limit(limit, table, p, m))
+    stash = tuple(_activation(table, s) for s in range(2 * p))
+    costs = AutoCosts(tuple(c.forward for c in st), tuple(c.backward_input for c in st),
+                      tuple(c.backward_weight for c in st), tuple(hops), stash,
+                      v_limit(limit or MemoryLimit(bytes=float("inf")), table, p, m))
+    if limit is None:
+        costs = replace(costs, limit=tuple(peak_stash(v_placement(p), zb_v(p, m).programs, costs)))
+    return costs
 
 
 def serial(p: int, m: int) -> Programs:
@@ -125,5 +131,5 @@ def rebuild_v(schedule: Schedule, table: CostTable, limit: MemoryLimit | None, c
     p, m = schedule.num_ranks, schedule.num_microbatches
     if schedule.placement != v_placement(p):
         raise PipesimError(f"{schedule.name}: the V search needs the V placement")
-    costs = v_costs(table, p, m, limit or MemoryLimit(multiple=V_SEARCHED[schedule.name]), comm)
+    costs = v_costs(table, p, m, limit, comm)
     return search_v(schedule.name, costs, p, m, time_limit=ilp_time_limit).schedule
