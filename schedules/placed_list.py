@@ -8,8 +8,8 @@ stages on the same rank (so a rank never fills with chunk-0 forwards and strands
 would let them drain), the later stage first; else the oldest pending W when the cap forces it, when
 nothing else is left, or when the next input cannot arrive before the W would end (always, with
 `eager_w`); else it waits for the next arrival. Several caps (k times the rank's one-microbatch
-stash, k = 1, 2, 3 and the powers of two to 2p, then the limit) and both W rules are tried and the
-shortest order kept. Deterministic.
+stash, k = 2, 3 and the powers of two to 2p, from V-Min's (p+4)//3 up, then the limit) and both W rules
+are tried and the shortest order kept. Deterministic.
 """
 
 from __future__ import annotations
@@ -30,7 +30,9 @@ def list_orders(placement: Sequence[int], m: int, costs: AutoCosts) -> Programs 
     p = max(placement) + 1
     per_rank = [sum(costs.activation[s] for s in range(len(placement)) if placement[s] == r) for r in range(p)]
     best, caps = None, []
-    for k in sorted({1, 2, 3, *(2 ** i for i in range(2, (2 * p).bit_length() + 1))}) + [None]:
+    shallowest = (p + 4) // 3  # V-Min's microbatches (Qi et al. 2024): shallower caps mostly wait, and cost time
+    depths = sorted({2, 3, *(2 ** i for i in range(2, (2 * p).bit_length() + 1))})
+    for k in [k for k in depths if k >= shallowest] + [None]:
         cap = tuple(costs.limit[r] if k is None else min(costs.limit[r], k * per_rank[r]) for r in range(p))
         if cap not in caps:
             caps.append(cap)
@@ -55,6 +57,9 @@ def _run(placement: Sequence[int], m: int, costs: AutoCosts, cap: tuple[float, .
     held, free = [0.0] * p, [0.0] * p
     programs: list[list[Action]] = [[] for _ in range(p)]
     left = [3 * m * len(mine[r]) for r in range(p)]
+    # the ranks whose actions feed rank r's (holding a stage next to one of r's): only they can bring it new inputs
+    feeders = [sorted({placement[q] for s in mine[r] for q in (s - 1, s + 1) if 0 <= q < stages} - {r})
+               for r in range(p)]
 
     def ready_at(key: Key) -> float | None:
         """When `key`'s inputs are in (None: not all placed yet)."""
@@ -87,24 +92,23 @@ def _run(placement: Sequence[int], m: int, costs: AutoCosts, cap: tuple[float, .
     while any(left):
         r = min((q for q in range(p) if left[q]), key=lambda q: (free[q], waited[q], q))
         t = free[r]
-        ins = [x for x in nexts(r, Kind.I) if x[0] <= t]
+        i_next, f_next = nexts(r, Kind.I), nexts(r, Kind.F)
+        ins = [x for x in i_next if x[0] <= t]
         if ins:
             put(r, ins[0][2], t)
             continue
-        fs = [x for x in nexts(r, Kind.F) if x[0] <= t and
-              held[r] + delta(costs, x[2]) + later[x[2][0]] <= cap[r] * (1 + 1e-12)]
+        room = [x for x in f_next if held[r] + delta(costs, x[2]) + later[x[2][0]] <= cap[r] * (1 + 1e-12)]
+        fs = [x for x in room if x[0] <= t]
         if fs:
             put(r, sorted(fs, key=lambda x: (-x[2][0], x[0]))[0][2], t)
             continue
         ws = sorted(((end[(key[0], Kind.I, key[2])], key) for _, _, key in nexts(r, Kind.W)))
-        arrivals = [x[0] for x in nexts(r, Kind.I) + nexts(r, Kind.F) if x[0] > t]  # inputs known to come
+        arrivals = [x[0] for x in i_next + f_next if x[0] > t]  # inputs known to come
         pending_inputs = any(nxt[(s, k)] < m for s in mine[r] for k in (Kind.F, Kind.I))
         if ws:
             key = ws[0][1]
-            forced = not any(held[r] + delta(costs, x[2]) + later[x[2][0]] <= cap[r] * (1 + 1e-12)
-                             for x in nexts(r, Kind.F))
             fills = not arrivals or min(arrivals) >= t + seconds_of(costs, key)
-            if eager_w or forced or fills or not pending_inputs:
+            if eager_w or not room or fills or not pending_inputs:  # no room: the cap forces the W
                 put(r, key, t)
                 continue
         if any(q != r and left[q] and free[q] <= t and not waited[q] for q in range(p)):
@@ -113,10 +117,10 @@ def _run(placement: Sequence[int], m: int, costs: AutoCosts, cap: tuple[float, .
         idle = [q for q in range(p) if left[q] and free[q] <= t]  # r and every rank that waited for it at t
         moved = False
         for q in idle:
-            later_events = [x[0] for x in nexts(q, Kind.I) + nexts(q, Kind.F) if x[0] > t]
-            later_events += [free[o] for o in range(p) if o != q and left[o] and free[o] > t]
-            if later_events:
-                free[q], waited[q], moved = min(later_events), False, True
+            events = [x[0] for x in nexts(q, Kind.I) + nexts(q, Kind.F) if x[0] > t]
+            events += [free[o] for o in feeders[q] if left[o] and free[o] > t]
+            if events:
+                free[q], waited[q], moved = min(events), False, True
         if not moved:
             raise Stuck(f"rank {r} cannot progress at t={t}")
     return tuple(tuple(prog) for prog in programs)
