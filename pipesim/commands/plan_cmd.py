@@ -285,6 +285,8 @@ def run(args: argparse.Namespace) -> int:
     per_node = ranks if ranks <= hw.devices_per_node else math.gcd(ranks, hw.devices_per_node)
     run_argv = run_command(result.best.candidate, run_model_flags(req.model), per_node=per_node,
                            nodes=ranks // per_node)
+    if args.ilp_seconds is not None and result.best.candidate.schedule in V_SEARCHED:
+        run_argv += ["--ilp", f"{args.ilp_seconds:g}"]  # without it `pipesim run zb-v` runs the handcrafted order
     data = plan_json(result, args.top, argv, ev.attention, run_argv)
     if (keys := model_config_json(args)) is not None:
         data["model_config"] = keys
