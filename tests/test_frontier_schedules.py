@@ -154,7 +154,7 @@ def test_memory_limit_rebuilds_zb_auto_for_the_costs_and_stays_within_it(capsys)
     assert max(bytes_limit["memory"]["peak_activation_bytes"]) <= 6000
     assert one["makespan"] >= bytes_limit["makespan"] >= two["makespan"]
     code, err = simulated(capsys, "1f1b", *base, "--memory-limit", "2x")
-    assert code == 2 and "applies to zb-auto and zb-2p" in err
+    assert code == 2 and "applies to zb-auto, zb-2p and zb-v" in err
     code, err = simulated(capsys, "zb-auto", *base, "--memory-limit", "500")
     assert code == 2 and "below one microbatch" in err
 

@@ -49,3 +49,22 @@ def test_a_run_the_cost_model_refuses_keeps_the_unit_cost_order(capsys):
     out = capsys.readouterr()
     assert configs_from_json(out.out)[0].orders == ()
     assert out.err.startswith("pipesim run: zb-auto keeps its unit-cost order: the cost model refuses this run")
+
+
+def test_run_zb_v_with_ilp_carries_the_v_search_order(capsys):
+    """`pipesim run zb-v --ilp S`: the workers get the V order the search returned for the run's costs (without
+    --ilp zb-v keeps its handcrafted order and carries none)."""
+    argv = ["run", "zb-v", "--nproc", "2", "-m", "2", *GPT, "--backend", "gloo", "--print-config"]
+    assert main(argv) == 0
+    assert configs_from_json(capsys.readouterr().out)[0].orders == ()
+    assert main([*argv, "--ilp", "20"]) == 0
+    cfg = configs_from_json(capsys.readouterr().out)[0]
+    assert [name for name, _ in cfg.orders] == ["zb-v"]
+    model = ModelConfig(kind="gpt", hidden=128, layers=8, heads=4, seq=64, vocab=4096, batch=32)
+    plain = RunConfig(names=("zb-v",), microbatches=2, model=model, backend="gloo")
+    setup = SimSetup(order_hardware(plain, None, 2), model, job=plain.job_for(2), check_memory=False,
+                     ilp_time_limit=20)
+    registry = schedules.build("zb-v", 2, 2)
+    tuned = setup.tuned(registry, setup.costs(registry))
+    assert tuned.meta["search"] == "ilp-optimal"  # proven: the same order however fast the box
+    assert cfg.check(2)[0].programs == tuned.programs != registry.programs

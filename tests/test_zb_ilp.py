@@ -116,7 +116,7 @@ def test_schedule_command_keeps_the_heuristic_with_its_gap_when_too_large(capsys
 
 def test_ilp_refuses_other_schedules(capsys):
     assert main(["schedule", "1f1b", "--ilp"]) == 2
-    assert capsys.readouterr().err.strip() == "pipesim: error: --ilp searches zb-auto and zb-2p, not 1f1b"
+    assert capsys.readouterr().err.strip() == "pipesim: error: --ilp searches zb-auto, zb-2p and zb-v, not 1f1b"
 
 
 def test_simulate_runs_the_ilp_order_the_search_proved(capsys):

@@ -28,6 +28,7 @@ from pipesim.commands.setup_args import (
     comm_options_from_args,
     fp8_from_args,
 )
+from pipesim.cost.v_search import V_SEARCHED
 from pipesim.cost.zb_auto_costs import AUTO_SCHEDULES
 from pipesim.errors import PipesimError
 from pipesim.hardware.machine import Hardware
@@ -298,7 +299,7 @@ def run(args: argparse.Namespace) -> int:
     best = result.best.candidate.job(shared)  # the winner's switches (a profile's overlaps only where they apply)
     switches = best.comm.flags() + [f for f in best.kernels.flags() if f not in grad_flags(True) + grad_flags(False)]
     switches += shared.fp8.flags() if shared.fp8 is not None else []
-    if args.ilp_seconds is not None and result.best.candidate.schedule in AUTO_SCHEDULES:
+    if args.ilp_seconds is not None and result.best.candidate.schedule in {*AUTO_SCHEDULES, *V_SEARCHED}:
         switches += ["--ilp", f"{args.ilp_seconds:g}"]  # the winner's order is the ILP's
     argv = simulate_command(result.best.candidate, model_flags(args, req), hw_flags + switches,
                             args.attention, shared.kernels.grad_fp32)
@@ -306,6 +307,8 @@ def run(args: argparse.Namespace) -> int:
     per_node = ranks if ranks <= hw.devices_per_node else math.gcd(ranks, hw.devices_per_node)
     run_argv = run_command(result.best.candidate, run_model_flags(req.model), per_node=per_node,
                            nodes=ranks // per_node)
+    if args.ilp_seconds is not None and result.best.candidate.schedule in V_SEARCHED:
+        run_argv += ["--ilp", f"{args.ilp_seconds:g}"]  # without it `pipesim run zb-v` runs the handcrafted order
     data = plan_json(result, args.top, argv, ev.attention, run_argv)
     if (keys := model_config_json(args)) is not None:
         data["model_config"] = keys

@@ -1,4 +1,5 @@
-"""`pipesim run zb-auto` and `zb-2p`: their order searched for the simulated costs of the model being run.
+"""`pipesim run zb-auto` and `zb-2p` (and `zb-v` with `--ilp`): their order searched for the simulated costs of
+the model being run.
 
 The registry orders zb-auto and zb-2p for unit costs. Before torchrun starts, each run naming them is
 costed as `pipesim simulate` costs it (SimSetup: the run's model, layout and layer split on `--hardware`,
@@ -7,6 +8,8 @@ searched (`SimSetup.tuned`: the heuristic, and the ILP with `--ilp S`) and hande
 RunConfig (`orders`, the IR's action strings), so the executor runs exactly the Schedule the simulator
 times. A user's `--model MODULE:FACTORY` keeps the registry's order (its costs need the factory called), so does a
 run the cost model refuses (said on stderr); `--then` runs are ordered with the first run's --hardware and --ilp.
+zb-v is searched only with `--ilp` (pipesim.cost.v_search), and keeps its handcrafted order, said on stderr,
+where the searched one would receive on a link out of send order under NCCL.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ import sys
 from dataclasses import replace
 
 import schedules
-from executor.run_config import RunConfig
+from executor.run_config import RunConfig, check_transport_order
+from pipesim.cost.v_search import V_SEARCHED
 from pipesim.cost.zb_auto_costs import AUTO_SCHEDULES
 from pipesim.errors import PipesimError
 from pipesim.hardware.machine import Hardware
@@ -36,8 +40,9 @@ def order_hardware(cfg: RunConfig, name: str | None, world: int) -> Hardware:
 
 def searched_orders(cfg: RunConfig, world: int, hardware: str | None = None,
                     ilp_seconds: float | None = None) -> RunConfig:
-    """`cfg` with zb-auto / zb-2p's orders searched for its simulated costs (unchanged when it names neither)."""
-    names = [n for n in cfg.names if n in AUTO_SCHEDULES]
+    """`cfg` with zb-auto / zb-2p's orders (zb-v's with `ilp_seconds`) searched for its simulated costs (unchanged
+    when it names none)."""
+    names = [n for n in cfg.names if n in AUTO_SCHEDULES or (n in V_SEARCHED and ilp_seconds is not None)]
     if not names or cfg.factory is not None:
         return cfg
     job = cfg.job_for(world)
@@ -52,5 +57,13 @@ def searched_orders(cfg: RunConfig, world: int, hardware: str | None = None,
             print(f"pipesim run: {name} keeps its unit-cost order: the cost model refuses this run ({exc})",
                   file=sys.stderr)
             continue
+        if name in V_SEARCHED and tuned.programs != registry.programs:
+            from pipesim.ir.schedule_check import validate  # local import: networkx kept out of `pipesim`'s start-up
+
+            try:
+                check_transport_order(validate(tuned), nccl=cfg.uses_nccl())
+            except PipesimError as exc:
+                print(f"pipesim run: {name} keeps its handcrafted order: the searched one {exc}", file=sys.stderr)
+                continue
         orders.append((name, tuple(tuple(str(a) for a in prog) for prog in tuned.programs)))
     return replace(cfg, orders=tuple(orders))

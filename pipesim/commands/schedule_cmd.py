@@ -9,7 +9,16 @@ import sys
 import schedules
 from pipesim.commands.common import MAX_CHECKED_STAGE_MICROBATCHES, add_schedule_args, load_schedule
 from pipesim.cost.table import CostTable, parse_cost_spec
-from pipesim.cost.zb_auto_costs import AUTO_SCHEDULES, MemoryLimit, Searched, auto_costs, exact, parse_memory_limit
+from pipesim.cost.v_search import V_SEARCHED, search_v, v_costs
+from pipesim.cost.zb_auto_costs import (
+    AUTO_SCHEDULES,
+    SEARCHED_TEXT,
+    MemoryLimit,
+    Searched,
+    auto_costs,
+    exact,
+    parse_memory_limit,
+)
 from pipesim.errors import PipesimError
 from pipesim.ir import torch_csv
 from pipesim.ir.inflight import inflight_by_rank
@@ -27,6 +36,7 @@ EXAMPLES = """examples:
   pipesim schedule zb-h1 -p 4 -m 8 --plot zb-h1.html   # unit-cost picture of the order
   pipesim schedule zb-auto -p 3 -m 6 --ilp 5                        # proven optimum for unit costs
   pipesim schedule zb-2p -p 4 -m 8 --ilp --cost F=1,I=2,W=1 --hop 0.1 --format json
+  pipesim schedule zb-v -p 2 -m 3 --ilp 5 --cost F=1,I=1.5,W=0.7 --memory-limit 3   # V order, 3 chunk stashes
   pipesim schedule --list
 """
 
@@ -40,7 +50,8 @@ def add_parser(sub) -> None:
     p.add_argument("--list", action="store_true", help="list the registered schedules")
     p.add_argument("--plot", metavar="FILE.html",
                    help="also write a timeline of the schedule with unit costs (F=1, B=2 or I=W=1)")
-    g = p.add_argument_group("exact search (zb-auto, zb-2p): the Zero Bubble paper's ILP, from the heuristic")
+    g = p.add_argument_group("exact search (zb-auto, zb-2p, zb-v): the Zero Bubble paper's ILP, from the heuristic "
+                                "(zb-v: from the best of zb-v, v-half, v-min within the limit)")
     g.add_argument("--ilp", type=float, nargs="?", const=DEFAULT_ILP_SECONDS, default=None, metavar="SECONDS",
                    help="search the order by integer linear programming (HiGHS) for up to SECONDS "
                         f"(default {DEFAULT_ILP_SECONDS:g})")
@@ -48,7 +59,8 @@ def add_parser(sub) -> None:
                    help="seconds per stage of each action (default unit costs)")
     g.add_argument("--hop", type=float, default=0.0, metavar="S", help="seconds to move a tensor between stages")
     g.add_argument("--memory-limit", metavar="N|Nx", default=None,
-                   help="activation limit: Nx 1F1B's (p microbatches) or N microbatches (default 1x zb-auto, 2x zb-2p)")
+                   help="activation limit: Nx 1F1B's (p microbatches) or N microbatches (zb-v: N chunk "
+                        "stashes, a chunk half a stage; default 1x zb-auto, 2x zb-2p, zb-v's own peak for zb-v)")
     g.add_argument("--objective", choices=("makespan", "span"), default="makespan",
                    help="minimise the last action's end, or the paper's longest stage span (its eq. 3)")
     p.set_defaults(func=run)
@@ -64,7 +76,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     plot = check_file(args.plot, "--plot", "html")
     sched = load_schedule(args, limit=MAX_CHECKED_STAGE_MICROBATCHES)
-    found = search(args, sched) if args.ilp is not None else None
+    asked = args.ilp is not None or (args.memory_limit is not None and args.name in V_SEARCHED)
+    found = search(args, sched) if asked else None
     if found is not None:
         sched = found.schedule
     shown = add_p2p(sched) if args.comms else sched
@@ -106,13 +119,20 @@ def write_unit_plot(sched, path: str) -> None:
 
 
 def search(args: argparse.Namespace, sched) -> Searched:
-    """The ILP's order of `sched` (zb-auto or zb-2p) for --cost, --hop and --memory-limit."""
-    if args.from_csv or args.name not in AUTO_SCHEDULES:
-        raise PipesimError(f"--ilp searches {' and '.join(AUTO_SCHEDULES)}, not {args.name or args.from_csv}")
+    """The searched order of `sched` (zb-auto, zb-2p: the heuristic then the ILP; zb-v: the best handcrafted V
+    order within the limit, then the ILP with --ilp) for --cost, --hop and --memory-limit."""
+    if args.from_csv or (args.name not in AUTO_SCHEDULES and args.name not in V_SEARCHED):
+        raise PipesimError(f"--ilp searches {SEARCHED_TEXT}, not {args.name or args.from_csv}")
     if args.hop < 0:
         raise PipesimError(f"--hop must be >= 0 seconds, got {args.hop:g}")
     p, m = sched.num_ranks, sched.num_microbatches
     cost = parse_cost_spec(args.cost)
+    if args.name in V_SEARCHED:  # --cost is one rank's share, as `simulate --cost` reads it: each chunk takes half
+        table = CostTable.uniform(2 * p, cost["F"] / 2, cost["I"] / 2, cost["W"] / 2)
+        # bytes here count chunk stashes (one stashes 1); none given: what zb-v's own order holds
+        limit = parse_memory_limit(args.memory_limit) if args.memory_limit else None
+        costs = v_costs(table, p, m, limit, (args.hop,) * (2 * p - 1))
+        return search_v(args.name, costs, p, m, time_limit=args.ilp, objective=args.objective)
     table = CostTable.uniform(p, cost["F"], cost["I"], cost["W"])
     limit = MemoryLimit(multiple=AUTO_SCHEDULES[args.name])
     if args.memory_limit:
@@ -124,7 +144,9 @@ def search(args: argparse.Namespace, sched) -> Searched:
 def search_report(found: Searched, objective: str) -> dict:
     """What --format json says of the search (seconds of the cost units)."""
     ilp = found.ilp
-    return {"objective": objective, "heuristic": found.heuristic, "value": found.value, "bound": found.bound,
+    origin = found.schedule.meta.get("warm_start")
+    return {"objective": objective, "heuristic": found.heuristic, **({"warm_start": origin} if origin else {}),
+            "value": found.value, "bound": found.bound,
             "gap": found.gap, "ilp": None if ilp is None else {
                 "optimal": ilp.optimal, "status": ilp.status, "solve_seconds": ilp.seconds},
             **({"ilp_skipped": found.reason} if ilp is None else {})}
@@ -132,9 +154,11 @@ def search_report(found: Searched, objective: str) -> dict:
 
 def search_line(found: Searched, objective: str) -> str:
     ilp = found.ilp
+    origin = found.schedule.meta.get("warm_start")  # zb-v: the handcrafted V order (or "serial") it started from
+    start = "heuristic" if origin is None else f"start {origin}"
     if ilp is None:
-        return (f"{objective}: heuristic {found.heuristic:g}, lower bound {found.bound:g}, gap {found.gap:.2%} "
+        return (f"{objective}: {start} {found.heuristic:g}, lower bound {found.bound:g}, gap {found.gap:.2%} "
                 f"(ILP not run: {found.reason})")
     verdict = "optimal" if ilp.optimal else f"best found, gap {found.gap:.2%} to the bound {found.bound:g}"
-    return (f"{objective}: ILP {ilp.objective:g} ({verdict}; heuristic {found.heuristic:g}), "
+    return (f"{objective}: ILP {ilp.objective:g} ({verdict}; {start} {found.heuristic:g}), "
             f"solved in {ilp.seconds:.2f} s ({ilp.status})")

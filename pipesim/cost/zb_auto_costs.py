@@ -22,6 +22,7 @@ MAX_ILP_BINARIES = 20_000  # order binaries (about 1.5 p m^2) above which `exact
 # proves small cases in seconds (p 3, m 6: under 1 s on this 2-core CPU box) and only bounds large ones
 
 AUTO_SCHEDULES = {"zb-auto": 1.0, "zb-2p": 2.0}  # name -> default limit, in multiples of 1F1B's activations
+SEARCHED_TEXT = "zb-auto, zb-2p and zb-v"  # every schedule an order search applies to (zb-v: pipesim.cost.v_search)
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
 
 
@@ -98,7 +99,7 @@ def rebuild(schedule: Schedule, table: CostTable, limit: MemoryLimit | None, com
     default = AUTO_SCHEDULES.get(schedule.name)
     if default is None:
         if limit is not None:
-            raise PipesimError(f"--memory-limit applies to {' and '.join(AUTO_SCHEDULES)}, not {schedule.name}")
+            raise PipesimError(f"--memory-limit applies to {SEARCHED_TEXT}, not {schedule.name}")
         return schedule
     limit = limit or MemoryLimit(multiple=default)
     p, m = schedule.num_ranks, schedule.num_microbatches
@@ -136,7 +137,7 @@ def exact(name: str, costs: AutoCosts, p: int, m: int, *, time_limit: float = 10
           objective: str = "makespan") -> Searched:
     """zb-auto / zb-2p's heuristic order, then the ILP warm-started from it when p, m are small enough."""
     if name not in AUTO_SCHEDULES:
-        raise PipesimError(f"--ilp searches {' and '.join(AUTO_SCHEDULES)}, not {name}")
+        raise PipesimError(f"--ilp searches {SEARCHED_TEXT}, not {name}")
     if time_limit <= 0:
         raise PipesimError(f"--ilp takes a positive number of seconds, got {time_limit:g}")
     start = zb_auto_programs(p, m, costs)  # the shortest of zb-auto's settings, the paper's heuristic among them

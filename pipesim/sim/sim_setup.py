@@ -16,6 +16,7 @@ from pipesim.cost.chain_costs import on_chains
 from pipesim.cost.model_costs import ParallelCosts, model_costs, uniform_costs
 from pipesim.cost.rank_memory import check_memory, rank_memory
 from pipesim.cost.user_model_costs import UserModel, user_model_costs
+from pipesim.cost.v_search import V_SEARCHED, rebuild_v
 from pipesim.cost.zb_auto_costs import AUTO_SCHEDULES, MemoryLimit, rebuild
 from pipesim.errors import PipesimError
 from pipesim.hardware.machine import Hardware
@@ -49,9 +50,9 @@ class SimSetup:
     job: Job = Job()  # layout (its pp: the schedule's), transformer options, ZeRO, comm and kernel switches
     check_memory: bool = True  # refuse a model that does not fit device memory
     layer_split: tuple[int, ...] | None = None  # layers per stage (uneven splits); None: even
-    memory_limit: MemoryLimit | None = None  # zb-auto / zb-2p: per-rank activation limit (None: their default)
+    memory_limit: MemoryLimit | None = None  # zb-auto / zb-2p / zb-v: per-rank activation limit (None: default)
     user_model: UserModel | None = None  # --model MODULE:FACTORY, counted per layer (pipesim.cost.user_model_costs)
-    ilp_time_limit: float | None = None  # seconds: zb-auto / zb-2p also searched by the ILP (None: the heuristic)
+    ilp_time_limit: float | None = None  # seconds: zb-auto / zb-2p / zb-v also searched by the ILP (None: not)
     perturb: Perturbation | None = None  # a what-if applied to every simulation (pipesim.sim.perturb)
 
     def __post_init__(self) -> None:
@@ -133,14 +134,20 @@ class SimSetup:
 
     def tuned(self, schedule: Schedule, costs: ParallelCosts) -> Schedule:
         """zb-auto and zb-2p ordered for these costs, links and memory limit (and the ILP with `ilp_time_limit`);
-        other schedules as they are."""
+        zb-v too when a limit or the ILP is asked for (pipesim.cost.v_search); other schedules as they are."""
         hw, table = self.hardware, costs.table
+        searched_v = schedule.name in V_SEARCHED
         comm = ()
-        if self.comm and hw is not None and schedule.name in AUTO_SCHEDULES:
+        if self.comm and hw is not None and (schedule.name in AUTO_SCHEDULES or searched_v):
             par = costs.job.with_pp(schedule.num_ranks).dims
-            comm = tuple(hw.p2p_time(par.rank(pp=s), par.rank(pp=s + 1), table.stages[s].boundary_bytes)
-                         for s in range(schedule.num_ranks - 1))
-        searched = rebuild(schedule, table, self.memory_limit, comm, self.ilp_time_limit)
+            ranks = [schedule.rank_of(s) for s in range(schedule.num_stages)]
+            comm = tuple(0.0 if ranks[s] == ranks[s + 1] else
+                         hw.p2p_time(par.rank(pp=ranks[s]), par.rank(pp=ranks[s + 1]), table.stages[s].boundary_bytes)
+                         for s in range(schedule.num_stages - 1))
+        if searched_v:
+            searched = rebuild_v(schedule, table, self.memory_limit, comm, self.ilp_time_limit)
+        else:
+            searched = rebuild(schedule, table, self.memory_limit, comm, self.ilp_time_limit)
         if searched is schedule or searched.programs == schedule.programs:
             return searched
         # the search times orders with plain seconds and hops; the simulator also knows link contention and a
