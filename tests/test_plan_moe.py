@@ -75,7 +75,7 @@ def test_plan_mixtral_8x22b_on_64_h100s_exports_the_expert_layout(tmp_path):
     assert "--moe-token-dispatcher-type alltoall" in args
     assert any(a.startswith("--expert-model-parallel-size ") for a in args)
     assert "expert_parallel_degree = " in winner["torchtitan_toml"]
-    assert winner["run_note"].startswith("# the executor trains dense models")
+    assert winner["run_note"].startswith("# the executor trains the GPT block, dense or with its own GeLU experts")
     assert data["model_config"]["source"] == "mixtral-8x22b"
 
 

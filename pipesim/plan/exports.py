@@ -75,8 +75,8 @@ def run_note(c: Candidate, model: ModelConfig | None = None) -> str | None:
     attention, MTP, Qwen3's head_width and QK-norm: it refuses them; context parallelism: it runs without)."""
     if model is not None and (model.moe is not None or model.mla is not None or model.mtp_layers
                               or model.head_width is not None or model.qk_norm):
-        return ("# the executor trains dense models with standard attention: `pipesim run` refuses this model "
-                "(simulate it with the command above)")
+        return ("# the executor trains the GPT block, dense or with its own GeLU experts (--model moe), with standard "
+                "attention: `pipesim run` refuses this model (simulate it with the command above)")
     if model is not None and (other := gpt_block_differences(model)):
         return (f"# the executor trains the GPT block: this command runs a GPT of the model's sizes, not the model "
                 f"({', '.join(other)} are simulate figures)")
