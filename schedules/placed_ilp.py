@@ -16,10 +16,8 @@ imported only when a search runs.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 
-from pipesim.errors import PipesimError
 from pipesim.ir.schedule import Action
 from schedules.placed_graph import (
     KINDS,
@@ -33,47 +31,22 @@ from schedules.placed_graph import (
     placed_work_bound,
     seconds_of,
 )
-from schedules.zb_ilp import IlpResult, _quiet
+from schedules.zb_ilp import IlpResult, check_objective, run_search, set_warm_start
 from schedules.zb_inputs import AutoCosts
 
 
 def solve_placed(placement: Sequence[int], m: int, costs: AutoCosts, start: Programs, *, time_limit: float = 10.0,
                  objective: str = "makespan", seed: int = 0, graph: Graph | None = None) -> IlpResult:
     """The best order HiGHS finds within `time_limit` seconds, warm-started from `start` (valid, within limits)."""
-    import highspy  # local import: HiGHS is loaded only when an exact search runs
-
-    if objective not in ("makespan", "span"):
-        raise PipesimError(f"unknown ILP objective {objective!r}: makespan or span")
+    check_objective(objective)
     graph = graph or Graph(placement, m, costs)
     warm = placed_measure(placement, start, costs, objective)
     floor = placed_work_bound(graph, objective)
     if warm <= floor * (1 + 1e-12):  # the warm start meets the bound: proven without a solve
         return IlpResult(start, warm, warm, warm, True, 0.0, "Optimal (meets the work bound)")
     model = PlacedModel(graph, horizon=warm + 1e-9 * max(1.0, warm), objective=objective, floor=floor)
-    h = _quiet(highspy.Highs)
-    h.setOptionValue("output_flag", False)
-    h.setOptionValue("threads", 1)
-    h.setOptionValue("random_seed", seed)
-    h.setOptionValue("time_limit", float(time_limit))
-    model.build(h, highspy)
-    model.warm_start(h, highspy, start)
-    t0 = time.perf_counter()
-    h.run()
-    seconds = time.perf_counter() - t0
-    status = h.getModelStatus()
-    programs = start
-    if h.getInfo().primal_solution_status == 2:  # a feasible solution
-        candidate = model.programs(h.getSolution().col_value)
-        try:
-            if placed_measure(placement, candidate, costs, objective) <= warm and fits(placement, candidate, costs):
-                programs = candidate
-        except ValueError:  # ties of zero-length actions read back in a deadlocking order: keep the warm start
-            pass
-    value = placed_measure(placement, programs, costs, objective)
-    bound = max(floor, min(value, h.getInfo().mip_dual_bound))
-    optimal = status == highspy.HighsModelStatus.kOptimal
-    return IlpResult(programs, value, warm, value if optimal else bound, optimal, seconds,
-                     h.modelStatusToString(status))
+    return run_search(model, start, warm, floor, lambda progs: placed_measure(placement, progs, costs, objective),
+                      time_limit=time_limit, seed=seed, accept=lambda progs: fits(placement, progs, costs))
 
 
 class PlacedModel:
@@ -160,18 +133,7 @@ class PlacedModel:
         return rows
 
     def warm_start(self, h, highspy, programs: Programs) -> None:
-        ends, first, last = placed_end_times(self.g.placement, programs, self.c)
-        pos = {(a.stage, a.kind, a.microbatch): n for prog in programs for n, a in enumerate(prog)}
-        values = [0.0] * (self.z + 1)
-        for key, i in self.col.items():
-            values[i] = ends[key]
-        for (a, b), x in self.pairs.items():
-            values[x] = 1.0 if pos[a] < pos[b] else 0.0
-        values[self.z] = max(last) if self.objective == "makespan" else max(b - a for a, b in zip(first, last))
-        sol = highspy.HighsSolution()
-        sol.col_value = values
-        sol.value_valid = True
-        h.setSolution(sol)
+        set_warm_start(h, highspy, self, programs, *placed_end_times(self.g.placement, programs, self.c))
 
     def programs(self, values: list[float]) -> Programs:
         """Each rank's actions by start time (then end, then topological position: zero-length ties stay valid)."""

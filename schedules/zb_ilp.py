@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pipesim.errors import PipesimError
@@ -63,15 +64,29 @@ def measure(p: int, programs: Programs, costs: AutoCosts, objective: str) -> flo
 def solve(p: int, m: int, costs: AutoCosts, start: Programs, *, time_limit: float = 10.0,
           objective: str = "makespan", seed: int = 0) -> IlpResult:
     """The best order HiGHS finds within `time_limit` seconds, warm-started from `start` (a valid order)."""
-    import highspy  # local import: HiGHS is loaded only when an exact search runs
-
-    if objective not in ("makespan", "span"):
-        raise PipesimError(f"unknown ILP objective {objective!r}: makespan or span")
+    check_objective(objective)
     warm = measure(p, start, costs, objective)
     floor = work_bound(p, m, costs, objective)
     if warm <= floor * (1 + 1e-12):  # the warm start meets the work bound: proven without a solve
         return IlpResult(start, warm, warm, warm, True, 0.0, "Optimal (meets the work bound)")
     model = _Model(p, m, costs, horizon=warm + 1e-9 * max(1.0, warm), objective=objective, floor=floor)
+    return run_search(model, start, warm, floor, lambda progs: measure(p, progs, costs, objective),
+                      time_limit=time_limit, seed=seed)
+
+
+def check_objective(objective: str) -> None:
+    if objective not in ("makespan", "span"):
+        raise PipesimError(f"unknown ILP objective {objective!r}: makespan or span")
+
+
+def run_search(model, start: Programs, warm: float, floor: float, value_of: Callable[[Programs], float], *,
+               time_limit: float, seed: int, accept: Callable[[Programs], bool] = lambda programs: True
+               ) -> IlpResult:
+    """Solve `model` (build, warm_start, programs: _Model or schedules.placed_ilp.PlacedModel) on HiGHS,
+    single-threaded with `seed` and `time_limit`; keep its order only when `value_of` it is no worse than the warm
+    start's `warm` and `accept` takes it (a memory check), else the warm start."""
+    import highspy  # local import: HiGHS is loaded only when an exact search runs
+
     h = _quiet(highspy.Highs)
     h.setOptionValue("output_flag", False)
     h.setOptionValue("threads", 1)
@@ -87,15 +102,31 @@ def solve(p: int, m: int, costs: AutoCosts, start: Programs, *, time_limit: floa
     if h.getInfo().primal_solution_status == 2:  # a feasible solution
         candidate = model.programs(h.getSolution().col_value)
         try:
-            if measure(p, candidate, costs, objective) <= warm:
+            if value_of(candidate) <= warm and accept(candidate):
                 programs = candidate
         except ValueError:  # ties of zero-length actions read back in a deadlocking order: keep the warm start
             pass
-    value = measure(p, programs, costs, objective)
+    value = value_of(programs)
     bound = max(floor, min(value, h.getInfo().mip_dual_bound))
     optimal = status == highspy.HighsModelStatus.kOptimal
     return IlpResult(programs, value, warm, value if optimal else bound, optimal, seconds,
                      h.modelStatusToString(status))
+
+
+def set_warm_start(h, highspy, model, programs: Programs, ends: dict, first: list[float], last: list[float]) -> None:
+    """Hand HiGHS `programs` as its first solution: each action's end time, each open pair's order, and the
+    objective's variable (`model.col`, `model.pairs`, `model.z`, `model.objective`)."""
+    pos = {(a.stage, a.kind, a.microbatch): n for prog in programs for n, a in enumerate(prog)}
+    values = [0.0] * (model.z + 1)
+    for key, i in model.col.items():
+        values[i] = ends[key]
+    for (a, b), x in model.pairs.items():
+        values[x] = 1.0 if pos[a] < pos[b] else 0.0
+    values[model.z] = max(last) if model.objective == "makespan" else max(b - a for a, b in zip(first, last))
+    sol = highspy.HighsSolution()
+    sol.col_value = values
+    sol.value_valid = True
+    h.setSolution(sol)
 
 
 class _Model:
@@ -184,18 +215,7 @@ class _Model:
             h.addRow(lo, hi, len(coef), list(coef), list(coef.values()))
 
     def warm_start(self, h, highspy, programs: Programs) -> None:
-        ends, first, last = end_times(self.p, programs, self.c)
-        pos = {(a.stage, a.kind, a.microbatch): n for prog in programs for n, a in enumerate(prog)}
-        values = [0.0] * (self.z + 1)
-        for key, i in self.col.items():
-            values[i] = ends[key]
-        for (a, b), x in self.pairs.items():
-            values[x] = 1.0 if pos[a] < pos[b] else 0.0
-        values[self.z] = max(last) if self.objective == "makespan" else max(b - a for a, b in zip(first, last))
-        sol = highspy.HighsSolution()
-        sol.col_value = values
-        sol.value_valid = True
-        h.setSolution(sol)
+        set_warm_start(h, highspy, self, programs, *end_times(self.p, programs, self.c))
 
     def programs(self, values: list[float]) -> Programs:
         """Each stage's actions by start time (then end, then the binaries' kinds order F, I, W)."""
