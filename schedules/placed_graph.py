@@ -49,7 +49,8 @@ def deps(costs: AutoCosts, key: Key) -> list[tuple[Key, float]]:
 def placed_end_times(placement: Sequence[int], programs: Programs, costs: AutoCosts
                      ) -> tuple[dict[Key, float], list[float], list[float]]:
     """(end of every action, first start and last end per rank) of fixed per-rank orders, each action as
-    early as its inputs and its rank allow (seconds). ValueError if the orders deadlock."""
+    early as its inputs and its rank allow (seconds); a full backward B is keyed and waited on as its I.
+    ValueError if the orders deadlock."""
     p = len(programs)
     end: dict[Key, float] = {}
     pos, free = [0] * p, [0.0] * p
@@ -60,13 +61,15 @@ def placed_end_times(placement: Sequence[int], programs: Programs, costs: AutoCo
         for r in range(p):
             while pos[r] < len(programs[r]):
                 a = programs[r][pos[r]]
-                key = (a.stage, a.kind, a.microbatch)
+                full = a.kind == Kind.B  # a full backward: waits and feeds the stage above as I does, then runs W too
+                key = (a.stage, Kind.I if full else a.kind, a.microbatch)
                 need = deps(costs, key)
                 if any(d not in end for d, _ in need):
                     break
                 start = max([free[r], *(end[d] + c for d, c in need)])
                 first[r] = start if first[r] is None else first[r]
-                end[key] = free[r] = start + seconds_of(costs, key)
+                seconds = seconds_of(costs, key) + (costs.backward_weight[a.stage] if full else 0.0)
+                end[key] = free[r] = start + seconds
                 pos[r] += 1
                 moved = True
     if any(pos[r] < len(programs[r]) for r in range(p)):

@@ -20,7 +20,7 @@ from itertools import product
 from pipesim.errors import PipesimError
 from pipesim.ir.schedule import Action, Kind, Schedule, loop_placement
 from schedules import register
-from schedules.zb_heuristic import NoFit, paper_heuristic
+from schedules.zb_heuristic import NoFit, end_times, paper_heuristic
 from schedules.zb_inputs import AutoCosts
 from schedules.zero_bubble import zb_h1
 
@@ -74,31 +74,7 @@ def zb_auto_programs(p: int, m: int, costs: AutoCosts) -> tuple[tuple[Action, ..
 
 def _time_fixed(p: int, m: int, costs: AutoCosts, programs: tuple[tuple[Action, ...], ...]) -> float:
     """Makespan of fixed per-rank orders under the same timing rules (one stage per rank)."""
-    end: dict[Action, float] = {}
-    pos, free = [0] * p, [0.0] * p
-    moved = True
-    while moved:
-        moved = False
-        for r in range(p):
-            while pos[r] < len(programs[r]):
-                a = programs[r][pos[r]]
-                j = a.microbatch
-                if a.kind == Kind.F:
-                    deps = [] if r == 0 else [(Action(r - 1, Kind.F, j), costs.comm[r - 1])]
-                    seconds = costs.forward[r]
-                elif a.kind == Kind.I:
-                    deps = [(Action(r, Kind.F, j), 0.0)]
-                    deps += [] if r == p - 1 else [(Action(r + 1, Kind.I, j), costs.comm[r])]
-                    seconds = costs.backward_input[r]
-                else:
-                    deps, seconds = [(Action(r, Kind.I, j), 0.0)], costs.backward_weight[r]
-                if any(d not in end for d, _ in deps):
-                    break
-                start = max([free[r], *(end[d] + c for d, c in deps)])
-                end[a] = free[r] = start + seconds
-                pos[r] += 1
-                moved = True
-    return max(free)
+    return max(end_times(p, programs, costs)[2])
 
 
 def _list_schedule(p: int, m: int, costs: AutoCosts, depth: tuple[float, ...], eager_w: bool = False

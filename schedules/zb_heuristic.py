@@ -23,6 +23,7 @@ from __future__ import annotations
 from itertools import product
 
 from pipesim.ir.schedule import Action, Kind
+from schedules.placed_graph import placed_end_times
 from schedules.zb_inputs import AutoCosts
 
 Programs = tuple[tuple[Action, ...], ...]
@@ -50,35 +51,10 @@ def paper_heuristic(p: int, m: int, costs: AutoCosts) -> tuple[float, Programs]:
 def end_times(p: int, programs: Programs, costs: AutoCosts
               ) -> tuple[dict[tuple[int, Kind, int], float], list[float], list[float]]:
     """(end of every action keyed (stage, F|I|W, microbatch), first start and last end per stage) of fixed
-    per-rank orders, each action as early as its inputs and its rank allow: F waits for the stage above plus
-    the hop, I (or a full B, keyed as I) for the stage below plus the hop. ValueError if the orders deadlock."""
-    end: dict[tuple[int, Kind, int], float] = {}
-    pos, free = [0] * p, [0.0] * p
-    first: list[float | None] = [None] * p
-    moved = True
-    while moved:
-        moved = False
-        for r in range(p):
-            while pos[r] < len(programs[r]):
-                a = programs[r][pos[r]]
-                j = a.microbatch
-                if a.kind == Kind.F:
-                    deps = [] if r == 0 else [((r - 1, Kind.F, j), costs.comm[r - 1])]
-                elif a.kind in (Kind.I, Kind.B):
-                    deps = [((r, Kind.F, j), 0.0)] + ([] if r == p - 1 else [((r + 1, Kind.I, j), costs.comm[r])])
-                else:
-                    deps = [((r, Kind.I, j), 0.0)]
-                if any(d not in end for d, _ in deps):
-                    break
-                start = max([free[r], *(end[d] + c for d, c in deps)])
-                first[r] = start if first[r] is None else first[r]
-                key = Kind.I if a.kind == Kind.B else a.kind  # a full backward B feeds the stage above as I does
-                end[(r, key, j)] = free[r] = start + _seconds(costs, r, a.kind)
-                pos[r] += 1
-                moved = True
-    if any(pos[r] < len(programs[r]) for r in range(p)):
-        raise ValueError("the orders deadlock")
-    return end, [f or 0.0 for f in first], free
+    per-rank orders, one stage per rank: schedules.placed_graph.placed_end_times on that placement (F waits for
+    the stage above plus the hop, I or a full B, keyed as I, for the stage below plus the hop). ValueError if the
+    orders deadlock."""
+    return placed_end_times(range(p), programs, costs)
 
 
 def stage_spans(p: int, programs: Programs, costs: AutoCosts) -> tuple[list[float], list[float]]:
