@@ -31,7 +31,7 @@ from schedules.placed_graph import (
     placed_work_bound,
     seconds_of,
 )
-from schedules.zb_ilp import IlpResult, check_objective, run_search, set_warm_start
+from schedules.zb_ilp import IlpResult, add_columns, check_objective, run_search, set_warm_start
 from schedules.zb_inputs import AutoCosts
 
 
@@ -64,19 +64,7 @@ class PlacedModel:
 
     def build(self, h, highspy) -> None:
         inf, c, col, g = highspy.kHighsInf, self.c, self.col, self.g
-        n = self.z + 1
-        lower, upper = [0.0] * n, [self.horizon] * n
-        for key, i in col.items():
-            lower[i] = seconds_of(c, key)
-        for i in self.pairs.values():
-            upper[i] = 1.0
-        lower[self.z] = self.floor
-        cost = [0.0] * n
-        cost[self.z] = 1.0
-        h.addVars(n, lower, upper)
-        h.changeColsCost(n, list(range(n)), cost)
-        h.changeColsIntegrality(len(self.pairs), list(self.pairs.values()),
-                                [highspy.HighsVarType.kInteger] * len(self.pairs))
+        add_columns(h, highspy, self, lambda key: seconds_of(c, key))
         rows: list[tuple[dict[int, float], float, float]] = []
         for a, b, gap in g.edges:  # E_b - E_a >= gap
             rows.append(({col[b]: 1.0, col[a]: -1.0}, gap, inf))

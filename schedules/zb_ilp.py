@@ -113,6 +113,25 @@ def run_search(model, start: Programs, warm: float, floor: float, value_of: Call
                      h.modelStatusToString(status))
 
 
+def add_columns(h, highspy, model, seconds: Callable[[tuple[int, Kind, int]], float]) -> None:
+    """`model`'s columns (`col`, `pairs`, `z`, `horizon`, `floor`): each action's end time, at least its own
+    `seconds`, at most the horizon; each open pair's binary; the objective's variable, at least the floor,
+    minimised."""
+    n = model.z + 1
+    lower, upper = [0.0] * n, [model.horizon] * n
+    for key, i in model.col.items():
+        lower[i] = seconds(key)
+    for i in model.pairs.values():
+        upper[i] = 1.0
+    lower[model.z] = model.floor
+    cost = [0.0] * n
+    cost[model.z] = 1.0
+    h.addVars(n, lower, upper)
+    h.changeColsCost(n, list(range(n)), cost)
+    h.changeColsIntegrality(len(model.pairs), list(model.pairs.values()),
+                            [highspy.HighsVarType.kInteger] * len(model.pairs))
+
+
 def set_warm_start(h, highspy, model, programs: Programs, ends: dict, first: list[float], last: list[float]) -> None:
     """Hand HiGHS `programs` as its first solution: each action's end time, each open pair's order, and the
     objective's variable (`model.col`, `model.pairs`, `model.z`, `model.objective`)."""
@@ -155,19 +174,7 @@ class _Model:
 
     def build(self, h, highspy) -> None:
         inf = highspy.kHighsInf
-        n = self.z + 1
-        lower, upper = [0.0] * n, [self.horizon] * n
-        for key, i in self.col.items():
-            lower[i] = self.t(key)
-        for i in self.pairs.values():
-            upper[i] = 1.0
-        lower[self.z] = self.floor
-        cost = [0.0] * n
-        cost[self.z] = 1.0
-        h.addVars(n, lower, upper)
-        h.changeColsCost(n, list(range(n)), cost)
-        h.changeColsIntegrality(len(self.pairs), list(self.pairs.values()),
-                                [highspy.HighsVarType.kInteger] * len(self.pairs))
+        add_columns(h, highspy, self, self.t)
         rows: list[tuple[dict[int, float], float, float]] = []
 
         def after(b: int, a: int, gap: float) -> None:  # E_b - E_a >= gap
