@@ -14,6 +14,7 @@ from pipesim.errors import PipesimError
 from pipesim.model.activations import layer_saved_tensors
 from pipesim.model.elementwise import layer_elementwise_bytes
 from pipesim.model.flops import attention_core_flops, dense_flops, layer_flops
+from pipesim.model.fp8 import Fp8Options, saved_bytes
 from pipesim.model.kernel_types import FlashAttention
 from pipesim.model.latent_attention import LatentAttention
 from pipesim.model.layer_collectives import cp_kv_block_bytes, tp_layer_collectives
@@ -130,6 +131,23 @@ def test_latent_attention_saved_tensors_by_hand():
         "gate and up": 2 * d * n * F // t, "down projection input": d * n * F // t}
     full = layer_saved_tensors(replace(V3, moe=None), 1, replace(opts, recompute="full"))
     assert [(x.name, x.nbytes) for x in full] == [("layer input", d * n * H // t)]
+
+
+def test_latent_attention_saves_its_linears_inputs_as_fp8():
+    """Under FP8 (blockwise: + a float32 scale per 128 elements) the down projections' input, the normed latents
+    and the MLP's linears' inputs are saved as FP8; the latents (their norms' inputs), Q, K and V stay bf16, and
+    flash keeps its bf16 output beside the projection's FP8 copy."""
+    fp8 = Fp8Options("e4m3", "blockwise")
+    opts = LayerOptions(tp=2, sp=True, attention="flash")
+    model = replace(V3, moe=None)
+    bf16 = {x.name: x.nbytes for x in layer_saved_tensors(model, 1, opts)}
+    saved = {x.name: x.nbytes for x in layer_saved_tensors(model, 1, replace(opts, fp8=fp8))}
+    converted = ("Q/KV down input", "Q latent normed (Q up input)", "KV latent normed (KV up input)", "MLP input",
+                 "down projection input")
+    for name in converted:
+        assert saved.pop(f"{name} (FP8)") == saved_bytes(bf16.pop(name) // 2, fp8)
+    assert saved.pop("projection input (FP8)") == saved_bytes(bf16["attention output (projection input)"] // 2, fp8)
+    assert saved == bf16  # the rest as in bf16: the latents, Q, K, V, the norms' inputs, gate and up
 
 
 def test_latent_attention_elementwise_bytes():

@@ -59,7 +59,7 @@ def test_memory_per_rank_is_a_hand_count():
     routed = t * 2  # t / 2 tokens here x k 2 x etp 2: the etp pair computes all its experts' tokens
     moe = (4 * t // 2 * 8  # float32 router probabilities
            + d * routed * H + d * routed * 2 * F // 2 + d * routed * F // 2  # FC1 input, gate and up, FC2 input
-           + d * t // 2 * 2 * H)  # the k outputs per token the unpermute weighs
+           + 4 * routed)  # one float32 probability per routed token, kept by the weighted activation
     assert mem.activations == 4 * 8 * (attention + moe) and mem.inflight == 4
     assert mem.comm_buffers == 2 * (d * t * H // 2) + d * t * H  # P2P send and receive, sp's gathered input
 

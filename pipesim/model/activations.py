@@ -117,13 +117,16 @@ def layer_saved_tensors(model: ModelConfig, b: int, opts: LayerOptions, *, recom
         saved = [x for x in saved if not set(x.dropped_by) & set(modules) and x.only_with in ("", *modules)]
     else:
         saved = [x for x in saved if not x.only_with]
-    if opts.fp8 is not None and model.mla is None:
+    if opts.fp8 is not None:
         saved = _fp8_saved(saved, d, opts.fp8, flash=opts.attention == "flash", moe=moe)
     return saved
 
 
 FP8_INPUTS = ("QKV input", "down projection input", "second linear input", "dispatched tokens (expert FC1 input)",
-              "expert FC2 input", "shared expert FC2 input")  # an FP8 linear's input, saved by it alone
+              "expert FC2 input", "shared expert FC2 input",  # an FP8 linear's input, saved by it alone
+              # latent attention's: the down projections' input, and the normed latents the up projections read
+              # (TE's LayerNormColumnParallelLinear keeps its norm's input in the dtype and its output as FP8)
+              "Q/KV down input", "Q latent normed (Q up input)", "KV latent normed (KV up input)")
 
 
 def _fp8_saved(saved: list[SavedTensor], d: int, fp8: Fp8Options, *, flash: bool, moe: bool) -> list[SavedTensor]:
@@ -158,8 +161,13 @@ def _latent_dropped_by(name: str) -> tuple[str, ...]:
 def _moe_saved(model: ModelConfig, b: int, opts: LayerOptions) -> list[SavedTensor]:
     """What a mixture-of-experts MLP saves (Megatron-core's all-to-all dispatcher, the slowest rank's tokens): the
     router's float32 probabilities, the dispatched tokens (expert FC1 input), the experts' FC1 outputs (SwiGLU: gate
-    and up) and FC2 input, the combined k outputs per token the weighted unpermute reads back, and the shared
-    experts' tensors as a dense MLP's."""
+    and up) and FC2 input, each routed token's probability, and the shared experts' tensors as a dense MLP's.
+
+    The probabilities weigh the experts' activation (TEGroupedMLP's weighted_bias_swiglu_impl), which keeps one per
+    routed token; the unpermute after the combine is then a plain index sum that keeps nothing. Megatron-core moved
+    them there in core_v0.13.0 (NVIDIA/Megatron-LM 2659630721, 'perf(MoE): Memory efficient token permutation',
+    MR !2668, 2025-04); before it the unpermute multiplied the k expert outputs of each token by their probabilities
+    and kept those outputs (d T k h bytes more per layer), which pipesim no longer counts."""
     moe = model.moe
     assert moe is not None
     d, h = model.dtype_bytes, model.hidden
@@ -172,7 +180,7 @@ def _moe_saved(model: ModelConfig, b: int, opts: LayerOptions) -> list[SavedTens
              SavedTensor("dispatched tokens (expert FC1 input)", d * routed * h, layer),
              SavedTensor("expert FC1 output", d * routed * fc1, layer),
              SavedTensor("expert FC2 input", d * routed * ffn, ("moe_act", "moe")),
-             SavedTensor("expert outputs (unpermute input)", d * here * moe.top_k * h, layer)]
+             SavedTensor("routed probabilities (weighted activation input)", ROUTER_BYTES * routed, layer)]
     width = moe.shared_experts * moe.shared_width // opts.tp
     if width:
         tokens = opts.local_seq(model) * b

@@ -242,9 +242,10 @@ def _moe_mlp(model: ModelConfig, b: int, opts: LayerOptions) -> tuple[list[Kerne
     and write the k copies); with the alltoall dispatcher and more than one local expert, the received tokens sorted
     by local expert before the experts and back after them (Megatron-core's permutation 2; DeepEP's layout needs
     neither); the local experts' grouped FC1, activation and FC2 (one batched GEMM per matrix: E /
-    ep experts x tokens per expert, the slowest rank's); unpermute with the probabilities' weighted sum (read k
-    copies, write one); shared experts as a dense MLP of S x f_s columns split over tp. I and W: each GEMM's dgrad
-    and wgrad, the activation's and the permutes' backward, the router's softmax backward.
+    ep experts x tokens per expert, the slowest rank's); unpermute, a plain sum of each token's k outputs (read
+    k copies, write one; the probabilities weigh the activation, which reads one per routed token); shared
+    experts as a dense MLP of S x f_s columns split over tp. I and W: each GEMM's dgrad and wgrad, the
+    activation's and the permutes' backward, the router's softmax backward.
     """
     moe = model.moe
     assert moe is not None  # layer_kernels' caller checked
@@ -258,15 +259,18 @@ def _moe_mlp(model: ModelConfig, b: int, opts: LayerOptions) -> tuple[list[Kerne
     act = "SwiGLU" if swiglu else "GeLU"
     act_f, act_b = (3, 5) if swiglu else (2, 3)  # bytes per ffn element and dtype byte (pipesim.model.elementwise)
     logits = here * moe.experts * ROUTER_BYTES
+    probs = routed * ROUTER_BYTES  # one probability per routed token, read by the weighted activation (its
+    # backward reads it and writes its gradient): Megatron-core >= 0.13 weighs the experts' activation, not the
+    # unpermute (pipesim.model.activations._moe_saved)
     f: list[Kernel] = [Gemm("router", here, moe.experts, h), MemoryBound("router softmax top-k", 2 * logits),
                        MemoryBound("token permute", 2 * here * moe.top_k * h * d),
                        Gemm("expert FC1", n, shapes.fc1_out, h, local),
-                       MemoryBound(f"expert {act}", act_f * routed * shapes.ffn * d),
+                       MemoryBound(f"expert {act}", act_f * routed * shapes.ffn * d + probs),
                        Gemm("expert FC2", n, h, shapes.ffn, local),
                        MemoryBound("token unpermute", (moe.top_k + 1) * here * h * d)]
     i: list[Kernel] = [MemoryBound("token unpermute backward", (moe.top_k + 1) * here * h * d),
                        Gemm("expert FC2 dgrad", n, shapes.ffn, h, local),
-                       MemoryBound(f"expert {act} backward", act_b * routed * shapes.ffn * d),
+                       MemoryBound(f"expert {act} backward", act_b * routed * shapes.ffn * d + 2 * probs),
                        Gemm("expert FC1 dgrad", n, h, shapes.fc1_out, local),
                        MemoryBound("token permute backward", 2 * here * moe.top_k * h * d),
                        MemoryBound("router softmax backward", 3 * logits),
