@@ -33,6 +33,7 @@ from pathlib import Path
 
 from pipesim.cli import main as pipesim_main
 from pipesim.errors import PipesimError
+from pipesim.timeline import Timeline
 
 try:
     import tomllib
@@ -145,29 +146,40 @@ def features(args: argparse.Namespace) -> str:
 
 # ---- runs ----------------------------------------------------------------------------------------------------
 
-def run_argv(argv: list[str]) -> dict | str:
-    """Run `pipesim <argv> --json`; the JSON's parts the metrics read, or the failure's last line."""
+def run_argv(argv: list[str], actions: bool = False) -> dict | str:
+    """Run `pipesim <argv> --json`; the JSON's parts the metrics read, or the failure's last line. With `actions`
+    (a metric with `needs_actions`) also `--trace`, whose timeline gives every compute action's span: the JSON has
+    only the critical path's, and a trace costs about as much again as a large run, so only where a metric reads it."""
     with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "sim.json"
+        out, trace = Path(tmp) / "sim.json", Path(tmp) / "trace.json"
         err = io.StringIO()
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
-            code = pipesim_main(argv + ["--json", str(out)])
+            code = pipesim_main(argv + ["--json", str(out)] + (["--trace", str(trace)] if actions else []))
         if code != 0:
             said = err.getvalue().strip().splitlines()
             return said[-1] if said else f"exit {code}"
         sim = json.loads(out.read_text())
+        spans = ({"actions": [{"name": e.label, "kind": "compute", "rank": e.rank, "start": e.start, "end": e.end}
+                              for e in Timeline.read(trace).events if e.stream == "compute"]} if actions else {})
     return {"step_time": sim.get("step_time", sim["makespan"]), "makespan": sim["makespan"],
             "critical_path": [a for a in sim["critical_path"] if a["kind"] == "compute"],
-            "ranks": [{k: r[k] for k in ("step_end", "optimizer") if k in r} for r in sim.get("ranks", [])]}
+            "ranks": [{k: r[k] for k in ("step_end", "optimizer") if k in r} for r in sim.get("ranks", [])], **spans}
 
 
-def _timed(argv: list[str]) -> tuple[dict | str, float]:
+def needs_actions(row: Row) -> bool:
+    """Whether the row's metric reads an action off the critical path (its run keeps every compute action)."""
+    return METRICS[row.metric].needs_actions
+
+
+def _timed(job: tuple[list[str], bool]) -> tuple[dict | str, float]:
     t0 = time.perf_counter()
-    return run_argv(argv), time.perf_counter() - t0
+    return run_argv(*job), time.perf_counter() - t0
 
 
-def run_all(argvs: list[list[str]], jobs: int, label: Callable[[list[str]], str]) -> dict[tuple[str, ...], dict | str]:
-    """Each distinct argv once, on `jobs` processes (1: in this one); printed as they end."""
+def run_all(argvs: list[list[str]], jobs: int, label: Callable[[list[str]], str],
+            actions: set[tuple[str, ...]] = frozenset()) -> dict[tuple[str, ...], dict | str]:
+    """Each distinct argv once, on `jobs` processes (1: in this one); printed as they end. The argvs in `actions`
+    keep every compute action (run_argv)."""
     unique = list(dict.fromkeys(tuple(a) for a in argvs))
     out: dict[tuple[str, ...], dict | str] = {}
 
@@ -176,12 +188,13 @@ def run_all(argvs: list[list[str]], jobs: int, label: Callable[[list[str]], str]
         shown = "ok" if isinstance(sim, dict) else f"FAILED {sim}"
         print(f"{seconds:6.1f} s  [{len(out)}/{len(unique)}] {label(list(key))}: {shown}", flush=True)
 
+    work = [(list(k), k in actions) for k in unique]
     if jobs <= 1:
-        for key in unique:
-            done(key, *_timed(list(key)))
+        for key, job in zip(unique, work):
+            done(key, *_timed(job))
         return out
     with ProcessPoolExecutor(max_workers=jobs) as pool:
-        for key, (sim, seconds) in zip(unique, pool.map(_timed, [list(k) for k in unique])):
+        for key, (sim, seconds) in zip(unique, pool.map(_timed, work)):
             done(key, sim, seconds)
     return out
 
@@ -202,12 +215,15 @@ def evaluate(data: dict, jobs: int, breakdown: bool, directory: Path) -> tuple[l
             plans.append((sw, [(r, switched_argv(r.command, sw, directory) or parsed[r.id][0])
                                for r in data["rows"]]))  # the effect-only rows too: the effects under each switch
     labels: dict[tuple[str, ...], str] = {}
+    actions = {tuple(parsed[r.id][0]) for r in data["rows"] if needs_actions(r)}
     for r in data["rows"]:
         labels.setdefault(tuple(parsed[r.id][0]), r.id)
     for sw, runs in plans:
         for r, a in runs:
             labels.setdefault(tuple(a), f"{r.id} [{sw.mechanism}, {report.label_head(sw.label)}]")
-    sims = run_all([list(k) for k in labels], jobs, lambda a: labels[tuple(a)])
+            if needs_actions(r):
+                actions.add(tuple(a))
+    sims = run_all([list(k) for k in labels], jobs, lambda a: labels[tuple(a)], actions)
     results = [result(r, sims[tuple(parsed[r.id][0])], parsed[r.id][1]) for r in data["rows"]]
     switched = [Switched(sw.mechanism, sw.label, [result(r, sims[tuple(a)], parsed[r.id][1],
                                                          no_optimizer=sw.without_optimizer) for r, a in runs],
@@ -274,8 +290,10 @@ def main(argv: list[str] | None = None) -> int:
               "per GPU = 96 B s l h^2 (1 + s/(6h) + V/(16 l h)) / (iteration seconds x GPUs) (NAR21 eq. 3, "
               "counting the recompute pass); KOR22 Table 5 in seconds per iteration; KOR22 Table 4 as one layer's "
               "forward and backward action times (the middle stage of a 0,1,0 layer split, TP communication "
-              "included); Llama 3's TFLOP/s per GPU = (6 N + 12 L H Q T) x tokens per step / (iteration seconds "
-              "x GPUs), PaLM's MFU numerator (N: parameters without the embedding table)."]
+              "included); ZB24 Table 9 as the F, I (the paper's T_B) and W action times of the stage p // 2 of one "
+              "zb-h1 microbatch (every compute action's span from the run's --trace); Llama 3's TFLOP/s per GPU = "
+              "(6 N + 12 L H Q T) x tokens per step / (iteration seconds x GPUs), PaLM's MFU numerator (N: "
+              "parameters without the embedding table)."]
     text = render(data, results, header, switched, goals.goal_lines(data["sources"], results, stats))
     text += "\n".join(diagnosis.lines(diagnoses, stats, report.pct)) + ("\n" if diagnoses else "")
     args.out.write_text(text)

@@ -52,7 +52,7 @@ def solve(bench: ModuleType, row, field: str, lo: float, hi: float, directory: P
     spec = argv[argv.index("--hardware") + 1]
     for _ in range(STEPS):
         mid = (lo + hi) / 2
-        sim = bench.run_argv(_on(argv, variant(bench, spec, field, mid, directory)))
+        sim = bench.run_argv(_on(argv, variant(bench, spec, field, mid, directory)), bench.needs_actions(row))
         ratio = bench.result(row, sim, args).speed_ratio
         if ratio is None:
             raise ValueError(f"diagnosis: row {row.id} failed at {field} = {mid}")
@@ -87,7 +87,8 @@ def diagnose(data: dict, bench: ModuleType, goal: list, jobs: int, directory: Pa
             spec_r = argv[argv.index("--hardware") + 1]
             runs[r.id] = _on(argv, variant(bench, spec_r, d["field"], value, directory))
         label = f"diagnosis {d['field']} = {value}"
-        sims = bench.run_all(list(runs.values()), jobs, lambda _argv, label=label: label)
+        actions = {tuple(runs[r.id]) for r in [*goal, *outside] if bench.needs_actions(r)}
+        sims = bench.run_all(list(runs.values()), jobs, lambda _argv, label=label: label, actions)
         results = [bench.result(r, sims[tuple(runs[r.id])], bench.parse_command(r.command)[1])
                    for r in [*goal, *outside]]
         out.append(Diagnosis(d["field"], getattr(device_profile(family), d["field"]), value, anchor.id,

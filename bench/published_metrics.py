@@ -7,6 +7,7 @@ import argparse
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import schedules
 from pipesim.commands.common import model_config
 from pipesim.model.param_counts import embedding_params, model_params
 
@@ -102,12 +103,25 @@ def layer_stage(args: argparse.Namespace) -> int:
     return split.index(1)
 
 
+def middle_stage(args: argparse.Namespace) -> int:
+    """The stage with index p // 2 of --stages (ZB24 Table 9 rows: the paper's profiled per-stage times, read on a
+    stage with as many layers as every stage but the first and the last)."""
+    virtual = args.virtual if args.virtual is not None else schedules.spec(args.name).default_virtual
+    if virtual != 1:
+        raise ValueError(f"a stage-time row needs one chunk per rank (stage = rank), got {virtual} for {args.name}")
+    return args.stages // 2
+
+
 def action_ms(sim: dict, stage: int, kind: str) -> float:
-    """Milliseconds of the stage's one `kind` action (F or B) of a 1-microbatch run, from its critical path."""
+    """Milliseconds of the stage's one `kind` action (F, B, I or W) of microbatch 0. From the run's compute actions
+    (`sim["actions"]`, which the bench keeps for a metric with `needs_actions`: a W, or a stage's action that waits
+    on nothing, may lie off the critical path), else from its critical path (a 1-microbatch run's F and B are on
+    it)."""
     name = f"{stage}{kind}0"
-    spans = [a for a in sim["critical_path"] if a["kind"] == "compute" and a["name"] == name]
+    where = "actions" if "actions" in sim else "critical path"
+    spans = [a for a in sim.get("actions", sim["critical_path"]) if a["kind"] == "compute" and a["name"] == name]
     if len(spans) != 1:
-        raise ValueError(f"the critical path has {len(spans)} actions named {name}")
+        raise ValueError(f"the {where} has {len(spans)} actions named {name}")
     return (spans[0]["end"] - spans[0]["start"]) * 1e3
 
 
@@ -116,6 +130,7 @@ class Metric:
     unit: str
     faster_is_higher: bool  # a throughput (True) or a time (False): the sign of the speed error
     convert: Callable[[dict, argparse.Namespace], float]
+    needs_actions: bool = False  # reads an action perhaps off the critical path: its run keeps them all (--trace)
 
 
 METRICS: dict[str, Metric] = {
@@ -132,4 +147,8 @@ METRICS: dict[str, Metric] = {
         a.batch, a.seq, iteration_seconds(sim), gpus(a))),
     "layer_forward_ms": Metric("ms", False, lambda sim, a: action_ms(sim, layer_stage(a), "F")),
     "layer_backward_ms": Metric("ms", False, lambda sim, a: action_ms(sim, layer_stage(a), "B")),
+    # ZB24 Table 9: T_F, T_B (input gradient, the split backward's I) and T_W of the stage p // 2
+    "stage_forward_ms": Metric("ms", False, lambda sim, a: action_ms(sim, middle_stage(a), "F"), True),
+    "stage_input_grad_ms": Metric("ms", False, lambda sim, a: action_ms(sim, middle_stage(a), "I"), True),
+    "stage_weight_grad_ms": Metric("ms", False, lambda sim, a: action_ms(sim, middle_stage(a), "W"), True),
 }
