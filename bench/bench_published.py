@@ -131,6 +131,9 @@ def features(args: argparse.Namespace) -> str:
         out.append("scatter/gather")
     if not args.tp_comm_overlap and args.tp > 1:
         out.append("blocking TP backward")
+    if args.tp_comm_overlap_ub:
+        cfg = Path(args.tp_comm_overlap_cfg).name if args.tp_comm_overlap_cfg else "TE's defaults"
+        out.append(f"TP overlap (userbuffers, {cfg})")
     if not args.grad_accum_fusion:
         out.append("unfused gradient accumulation")
     if args.blocking_p2p and args.stages > 1:

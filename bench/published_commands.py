@@ -56,13 +56,14 @@ def switches(mechanisms: list[dict]) -> list[Switch]:
 
 def parse_command(command: str) -> tuple[list[str], argparse.Namespace]:
     """argv after `pipesim`, and its parsed flags; the command must be a `pipesim simulate` line. A relative
-    `--hardware` or `--model-config` file path is the repository's (bench/hardware/, bench/models/), as typed from
-    its root: resolved against it."""
+    `--hardware`, `--model-config` or `--tp-comm-overlap-cfg` file path is the repository's (bench/hardware/,
+    bench/models/, bench/tp_overlap/), as typed from its root: resolved against it."""
     words = shlex.split(command)
     if words[:2] != ["pipesim", "simulate"]:
         raise ValueError(f"not a `pipesim simulate` command: {command}")
     for i in range(2, len(words)):
-        if (words[i - 1], Path(words[i]).suffix) in (("--hardware", ".toml"), ("--model-config", ".json")) \
+        if (words[i - 1], Path(words[i]).suffix) in (("--hardware", ".toml"), ("--model-config", ".json"),
+                                                      ("--tp-comm-overlap-cfg", ".yaml")) \
                 and not Path(words[i]).is_absolute() and (ROOT / words[i]).is_file():
             words[i] = str(ROOT / words[i])
     return words[1:], apply_framework(build_parser().parse_args(words[1:]))

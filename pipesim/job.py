@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from pipesim.comm.comm_options import CommOptions
+from pipesim.comm.ub_overlap import UbConfig
 from pipesim.errors import PipesimError
 from pipesim.model.config import ModelConfig
 from pipesim.model.fp8 import Fp8Options, check_fp8_model
@@ -32,10 +33,14 @@ class KernelSwitches:
     tp_comm_overlap: bool = True  # backward TP collectives under the wgrad GEMM (--no-async-tensor-model-parallel-...)
     grad_accum_fusion: bool = True  # wgrad GEMMs accumulate into main_grad (--no-gradient-accumulation-fusion)
     grad_fp32: bool | None = None  # float32 main gradients; None: the dtype's default (float32 for bfloat16)
+    # --tp-comm-overlap: the dense linears' sp collectives inside their GEMMs by TE's userbuffers (its methods)
+    ub: UbConfig | None = None
 
     def flags(self) -> list[str]:
         """The command-line flags that give these switches (for exported commands)."""
         out = [] if self.fusion else ["--no-kernel-fusion"]
+        if self.ub is not None:
+            out += ["--tp-comm-overlap"] + (["--tp-comm-overlap-cfg", self.ub.source] if self.ub.source else [])
         if not self.tp_comm_overlap:
             out.append("--no-async-tensor-model-parallel-allreduce")
         if not self.grad_accum_fusion:
@@ -74,6 +79,14 @@ class Job:
         check_zero(self.zero, self.dims.dp)
         if not isinstance(self.comm, CommOptions) or not isinstance(self.kernels, KernelSwitches):
             raise PipesimError("a job's comm must be CommOptions and its kernels KernelSwitches")
+        if self.kernels.ub is not None:
+            if not self.kernels.tp_comm_overlap:
+                raise PipesimError("--tp-comm-overlap overlaps the backward collectives too: it cannot go with "
+                                   "--no-async-tensor-model-parallel-allreduce (or a --framework that sets it)")
+            if self.dims.tp == 1 or not self.sp:
+                raise PipesimError("--tp-comm-overlap needs tensor parallelism with --sequence-parallel "
+                                   "(Megatron-core: 'Tensor parallel communication/GEMM overlap can happen only "
+                                   "when sequence parallelism is enabled')")
         if self.comm.overlap_param_gather and (self.zero == 3 or (self.zero == 0 and self.dims.dp_cp > 1)):
             raise PipesimError(f"--overlap-param-gather needs the distributed optimizer's parameter all-gather "
                                f"(--zero 1 or 2), got --zero {self.zero}")

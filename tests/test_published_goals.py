@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -88,7 +89,15 @@ def test_the_modern_reference_rows_and_their_rank_keys():
     # the FP8 tables beside them: the same commands (70B's own FP8 layout) with NeMo's hybrid delayed recipe
     fp8 = [r for r in DATA["rows"] if r.source == "DGXC25FP8"]
     assert [r.published for r in fp8] == [9.33, 9.86, 12.37, 5.626, 1.98, 2.93]
-    assert all(r.command.endswith(" --fp8-format hybrid --fp8-recipe delayed") for r in fp8)
+    assert all(" --fp8-format hybrid --fp8-recipe delayed" in r.command for r in fp8)
+    # the launch scripts' TP communication overlap (userbuffers) wherever tp > 1: the recipes' configurations
+    ub = [(a.tp_comm_overlap_ub, a.tp_comm_overlap_cfg and Path(a.tp_comm_overlap_cfg).stem)
+          for a in (bp.parse_command(r.command)[1] for r in rows + fp8)]
+    assert ub == [(False, None)] * 2 + [(True, "userbuffers_bf16_h100_h8192_tp4_mbs1_seqlen8192")] * 2 \
+        + [(True, "userbuffers_bf16_h100_h16384_tp8_cp2_mbs1_seqlen8192")] * 2 + [(True, "nemo_gpt3_175b_h100")] * 2 \
+        + [(True, None)] * 2 + [(False, None), (True, "userbuffers_fp8_h100_h8192_tp4_mbs1_seqlen8192"),
+                                (True, "userbuffers_fp8_h100_h16384_tp8_cp2_mbs1_seqlen8192"),
+                                (True, "nemo_gpt3_175b_h100"), (True, None), (True, None)]
     # the same model on the same cluster, its GPU count included: weak-scaling rows are not a ranking pair
     assert [r.cluster for r in rows[::2]] == [
         "llama3-8b on 8 x dgx-h100", "llama3-70b on 64 x dgx-h100", "llama3-405b on 512 x dgx-h100",

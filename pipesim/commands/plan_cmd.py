@@ -23,10 +23,12 @@ from pipesim.commands.setup_args import (
     add_comm_args,
     add_fp8_args,
     add_grad_args,
+    add_ub_args,
     apply_framework,
     check_fp8_run,
     comm_options_from_args,
     fp8_from_args,
+    ub_from_args,
 )
 from pipesim.cost.v_search import V_SEARCHED
 from pipesim.cost.zb_auto_costs import AUTO_SCHEDULES
@@ -84,6 +86,7 @@ def add_parser(sub) -> None:
     add_transformer_args(p)
     add_comm_args(p)
     add_grad_args(p.add_argument_group("main gradients (Megatron-LM's flags)"))
+    add_ub_args(p.add_argument_group("tensor-parallel overlap (Megatron-core's flags)"))
     add_fp8_args(p.add_argument_group("FP8 (Megatron-core's Transformer Engine flags)"))
     g = p.add_argument_group("cluster and search")
     g.add_argument("--hardware", metavar="PRESET|FILE", help=f"hardware preset or TOML file (default "
@@ -278,7 +281,7 @@ def run(args: argparse.Namespace) -> int:
     apply_framework(args, keep=("zero",))  # the searched ZeRO stages stay plan's own
     shared = Job(attention=args.attention, comm=comm_options_from_args(args),  # every candidate's (its own layout)
                  kernels=KernelSwitches(args.kernel_fusion, args.tp_comm_overlap, args.grad_accum_fusion,
-                                        args.grad_fp32), fp8=fp8_from_args(args))
+                                        args.grad_fp32, ub_from_args(args)), fp8=fp8_from_args(args))
     shared.check_gradients(model)
     hw, gpus, hw_flags = cluster(args)
     check_fp8_run(shared.fp8, model, hw)  # FP8 tensor cores and the recipe, before any candidate

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from pipesim.comm.comm_options import DEFAULT_DEEPEP_SMS, CommOptions
+from pipesim.comm.ub_overlap import UbConfig
 from pipesim.commands.common import bounded_int, model_config, positive_int
 from pipesim.cost.table import parse_cost_spec
 from pipesim.cost.zb_auto_costs import parse_memory_limit
@@ -92,8 +93,30 @@ def add_setup_args(parser: argparse.ArgumentParser) -> None:
                         "the step's main_grad by a separate kernel, instead of the GEMM accumulating into it "
                         "(Megatron's flag of that name; its 2021 code, NAR21's runs, had no fusion)")
     add_grad_args(f)
+    add_ub_args(f)
     add_fp8_args(f)
     add_comm_args(parser)
+
+
+def add_ub_args(group) -> None:
+    """--tp-comm-overlap / --tp-comm-overlap-cfg: Transformer Engine's userbuffers (simulate, sweep, plan)."""
+    group.add_argument("--tp-comm-overlap", action="store_true", dest="tp_comm_overlap_ub",
+                       help="GPU presets, tp > 1 with --sequence-parallel: each dense linear's all-gather and "
+                            "reduce-scatter inside its own GEMM by Transformer Engine's userbuffers (ring exchange, "
+                            "pipelined or bulk overlap, TE's defaults; pipesim.comm.ub_overlap), Megatron-core's flag")
+    group.add_argument("--tp-comm-overlap-cfg", metavar="FILE", default=None,
+                       help="with --tp-comm-overlap: Megatron-core's YAML of userbuffers settings per GEMM (method, "
+                            "num_sm, num_splits, set_sm_margin, ...), as NeMo's tp_comm_overlap_cfg")
+
+
+def ub_from_args(args: argparse.Namespace) -> UbConfig | None:
+    """The userbuffers config of --tp-comm-overlap (None without it)."""
+    cfg = getattr(args, "tp_comm_overlap_cfg", None)
+    if not getattr(args, "tp_comm_overlap_ub", False):
+        if cfg is not None:
+            raise PipesimError("--tp-comm-overlap-cfg needs --tp-comm-overlap")
+        return None
+    return UbConfig.from_yaml(cfg) if cfg is not None else UbConfig()
 
 
 def add_fp8_args(group) -> None:
@@ -208,7 +231,8 @@ def sim_job(args: argparse.Namespace, model: ModelConfig | None, hardware: Hardw
     dims = ParallelDims(dp=args.dp, tp=args.tp, cp=args.cp, ep=args.ep, etp=args.etp)
     job = Job(dims, recompute=args.recompute, sp=args.sequence_parallel,
               attention=args.attention, zero=args.zero, comm=comm_options_from_args(args),
-              kernels=KernelSwitches(args.kernel_fusion, args.tp_comm_overlap, args.grad_accum_fusion, args.grad_fp32),
+              kernels=KernelSwitches(args.kernel_fusion, args.tp_comm_overlap, args.grad_accum_fusion, args.grad_fp32,
+                                     ub_from_args(args)),
               recompute_modules=tuple(args.recompute_modules or ()), fp8=fp8_from_args(args))
     job.check_gradients(model)
     check_fp8_run(job.fp8, model, hardware)

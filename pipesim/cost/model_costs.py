@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from pipesim.comm.expert_exchange import ExpertExchange
 from pipesim.comm.overlap_interference import hiding_gemm
 from pipesim.comm.tp_collective import TpCollective
+from pipesim.comm.ub_overlap import UbConfig, ub_gemm
 from pipesim.cost.fp8_costs import fp8_stage_costs, with_weight_casts
 from pipesim.cost.kernel_costs import StageSeconds, gemm_timing, gpt_stage_seconds, mlp_stage_seconds, overlap_gemm
 from pipesim.cost.stage_work import Work, gpt_stage_work, mlp_stage_work
@@ -148,8 +149,12 @@ def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hard
                                  flops_forward=work.flops["F"], weight_ops=work.ops["W"],
                                  backward_ops=work.ops["I"] + work.ops["W"],
                                  recompute_bytes=round(work.recompute_bytes)))
+        ub = kernels.ub if timed is not None else None  # userbuffers: the kernel path's GEMMs carry them
         if work.collectives["F"]:
             collectives[(s, "F")] = tuple(TpCollective(k, round(n)) for k, n in work.collectives["F"])
+            if ub is not None:
+                collectives[(s, "F")] = _on_userbuffers(collectives[(s, "F")], work.whats["F"], ub, timed,
+                                                        model.dtype, hw)
         if work.collectives["I"]:
             # in a fused backward the input-gradient all_reduces happen inside B; split, in I (the first
             # stage: in W, which runs its whole backward)
@@ -157,6 +162,8 @@ def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hard
             collectives[(s, "W" if s == 0 else "I")] = collectives[(s, "B")] = backward
             if timed is not None and kernels.tp_comm_overlap:  # a fused backward: each wgrad GEMM after its dgrad
                 fused_b = _with_overlap(backward, work.backward_overlaps, timed, model.dtype, hw)
+                if ub is not None:
+                    fused_b = _on_userbuffers(fused_b, work.whats["I"], ub, timed, model.dtype, hw)
                 collectives[(s, "B")] = fused_b
                 if s == 0:
                     collectives[(0, "W")] = fused_b
@@ -254,6 +261,23 @@ def _with_overlap(backward: tuple[TpCollective, ...], overlaps: list[str], timed
             (dtype, None)
         out.append(c._replace(beside=hiding_gemm(name, timed.gemms, timed.shapes, gemm_dtype, profile)
                               if profile is not None else None))
+    return tuple(out)
+
+
+def _on_userbuffers(colls: tuple[TpCollective, ...], whats: list[str], ub: UbConfig, timed: StageSeconds, dtype: str,
+                    hw: Hardware) -> tuple[TpCollective, ...]:
+    """`--tp-comm-overlap`: each dense linear's sp collective (`whats[n]` names it) inside its own GEMM by its
+    userbuffers method (pipesim.comm.ub_overlap); the others as they were."""
+    out: list[TpCollective] = []
+    for n, c in enumerate(colls):
+        named = ub_gemm(whats[n]) if n < len(whats) else None
+        shape = timed.shapes.get(named[1]) if named else None
+        if shape is None:
+            out.append(c)
+            continue
+        gemm_dtype, profile = gemm_timing(shape, dtype, hw.device.family, hw.device.kernels)
+        gemm = hiding_gemm(named[1], timed.gemms, timed.shapes, gemm_dtype, profile)
+        out.append(c._replace(beside=gemm, ub=ub.method(named[0])) if gemm is not None else c)
     return tuple(out)
 
 

@@ -75,6 +75,8 @@ class Work:
     param_count: float = 0.0  # parameters held on this device
     collectives: dict[str, list[tuple[str, int]]] = field(default_factory=lambda: {"F": [], "I": []})
     backward_overlaps: list[str] = field(default_factory=list)  # per collectives["I"] entry: Megatron's overlap ("")
+    # per collectives["F"] / ["I"] entry: the tensor it moves (pipesim.model.layer_collectives' `what`)
+    whats: dict[str, list[str]] = field(default_factory=lambda: {"F": [], "I": []})
     # the expert-parallel all-to-alls per phase ("F", "I": the backward), in order (pipesim.model.layer_collectives)
     ep_exchanges: dict[str, list[Collective]] = field(default_factory=lambda: {"F": [], "I": []})
     expert_params: float = 0.0  # of param_count: the routed experts' (sharded over ep, reduced over edp)
@@ -141,9 +143,11 @@ def gpt_block_activation_bytes(model: ModelConfig, b: int, tp: int = 1) -> float
     return s * b * h * (10 + 24 / tp + 5 * a * s / (h * tp)) * model.dtype_bytes / 2
 
 
-def _timed(collectives: list[Collective]) -> list[tuple[str, int]]:
-    """(kind, bytes) of the collectives the simulator times; the cross-entropy's scalars wait for issue 15."""
-    return [(c.kind, c.nbytes) for c in collectives if not c.what.startswith(UNTIMED)]
+def _add_forward(work: Work, collectives: list[Collective]) -> None:
+    """The forward collectives the simulator times (the cross-entropy's scalars wait for issue 15)."""
+    kept = [c for c in collectives if not c.what.startswith(UNTIMED)]
+    work.collectives["F"] += [(c.kind, c.nbytes) for c in kept]
+    work.whats["F"] += [c.what for c in kept]
 
 
 def _add_backward(work: Work, collectives: list[Collective]) -> None:
@@ -151,6 +155,7 @@ def _add_backward(work: Work, collectives: list[Collective]) -> None:
     kept = [c for c in collectives if not c.what.startswith(UNTIMED)]
     work.collectives["I"] += [(c.kind, c.nbytes) for c in kept]
     work.backward_overlaps += [c.overlaps for c in kept]
+    work.whats["I"] += [c.what for c in kept]
 
 
 def gpt_stage_work(model: ModelConfig, b: int, layers: int, *, first: bool, last: bool, tp: int = 1,
@@ -175,7 +180,7 @@ def gpt_stage_work(model: ModelConfig, b: int, layers: int, *, first: bool, last
     if first:  # token + position lookup: no matmul FLOPs; vocab-parallel embedding all_reduces its output
         work.add(0.0, 0.0, 0.0, moved=(2 * act, 0.0, 2 * act), act=embedding_activation_bytes(model, b, opts),
                  params=embedding_params(model, tp), ops=(3, 0, 2))
-        work.collectives["F"] += _timed(tp_embedding_collectives(model, b, opts))
+        _add_forward(work, tp_embedding_collectives(model, b, opts))
     if layers:
         traffic = (12 * h * h / tp + 13 * h) * d + gpt_block_activation_bytes(model, b, tp)  # bytes
         rerun, rerun_ops = 0.0, 0
@@ -198,14 +203,14 @@ def gpt_stage_work(model: ModelConfig, b: int, layers: int, *, first: bool, last
                 params += moe_block_params(model, opts) - dense_mlp_params(model, tp)
                 work.expert_params += count * expert_params_here(model, opts)
             tp_colls = tp_layer_collectives(model, b, opts, moe=moe)
-            fwd_colls = _timed([c for c in tp_colls if c.phase == "F"])
+            fwd_colls = [c for c in tp_colls if c.phase == "F"]
             bwd_colls = [c for c in tp_colls if c.phase != "F"]
             exchanges = ep_layer_exchanges(model, b, opts) if moe else []
             ops = executor_moe_block_ops(model, opts) if moe and executor_ops else (f_ops, i_ops, w_ops)
             for _ in range(count):
                 work.add(flops.F, flops.I, flops.W, moved=(traffic, traffic + rerun if rerun else traffic, traffic),
                          act=stash, params=params, ops=(ops[0], ops[1] + rerun_ops, ops[2]))
-                work.collectives["F"] += fwd_colls
+                _add_forward(work, fwd_colls)
                 _add_backward(work, bwd_colls)
                 work.ep_exchanges["F"] += [c for c in exchanges if c.phase == "F"]
                 work.ep_exchanges["I"] += [c for c in exchanges if c.phase != "F"]
@@ -220,7 +225,7 @@ def gpt_stage_work(model: ModelConfig, b: int, layers: int, *, first: bool, last
         work.add(head.F, head.I, head.W, moved=(traffic, traffic, traffic), act=head_activation_bytes(model, b, opts),
                  params=head_params(model, tp, holds_embedding=first), ops=(3, 3, 2))
         colls = tp_head_collectives(model, b, opts)
-        work.collectives["F"] += _timed([c for c in colls if c.phase == "F"])
+        _add_forward(work, [c for c in colls if c.phase == "F"])
         _add_backward(work, [c for c in colls if c.phase != "F"])
         for k in range(model.mtp_layers):
             _add_mtp_module(work, model, b, opts, moe=is_moe_layer(model, model.layers + k),
@@ -253,7 +258,7 @@ def _add_mtp_module(work: Work, model: ModelConfig, b: int, opts: LayerOptions, 
              act=mtp_activation_bytes(model, b, opts, moe=moe), params=params, ops=ops)
     colls = tp_mtp_collectives(model, b, opts) + tp_layer_collectives(model, b, opts, moe=moe) + \
         tp_head_collectives(model, b, opts)
-    work.collectives["F"] += _timed([c for c in colls if c.phase == "F"])
+    _add_forward(work, [c for c in colls if c.phase == "F"])
     _add_backward(work, [c for c in colls if c.phase != "F"])
     if moe:
         exchanges = ep_layer_exchanges(model, b, opts)

@@ -90,8 +90,11 @@ class Candidate:
         if comm.overlap_param_gather and self.zero not in (1, 2):  # only the distributed optimizer's gather overlaps
             comm = replace(comm, overlap_param_gather=False)
         modules = self.modules if self.recompute == "selective" else ()
+        kernels = shared.kernels
+        if kernels.ub is not None and (self.tp == 1 or not self.sp):  # userbuffers ride on sp's collectives only
+            kernels = replace(kernels, ub=None)
         return replace(shared, dims=dims, recompute=self.recompute, sp=self.sp, zero=self.zero, comm=comm,
-                       recompute_modules=modules)
+                       recompute_modules=modules, kernels=kernels)
 
     @property
     def k(self) -> int:

@@ -18,6 +18,7 @@ from pipesim.comm.comm_options import CommOptions
 from pipesim.comm.expert_exchange import ExpertExchange, exchange_timing
 from pipesim.comm.overlap_interference import exposed_beside, exposed_collective
 from pipesim.comm.tp_collective import TpCollective
+from pipesim.comm.ub_overlap import exposed_ub
 from pipesim.cost.cost_equation import SplitCosts
 from pipesim.cost.model_costs import ParallelCosts
 from pipesim.cost.step_costs import exposed_seconds, per_microbatch_stages
@@ -215,14 +216,17 @@ def _scatter_gather(hw: Hardware, par: ParallelDims, src: int, dst: int, nbytes:
 def _tp_time(rank: int, action: Action, hw: Hardware | None, comm: bool, par: ParallelDims,
              tp_collectives: dict[tuple[int, str], tuple[TpCollective, ...]]) -> float:
     """Seconds of the TP collectives inside one compute action that no computation hides: a blocking one whole; one
-    beside a GEMM what that GEMM, slowed by the SMs of NCCL's channels, does not cover (`exposed_collective`)."""
+    beside a GEMM what that GEMM, slowed by the SMs of NCCL's channels, does not cover (`exposed_collective`); one on
+    userbuffers what its method adds to its GEMM (pipesim.comm.ub_overlap)."""
     colls = tp_collectives.get((action.stage, action.kind.value)) if tp_collectives else None
     if not colls or par.tp == 1 or not comm or hw is None:
         return 0.0
     group = par.group("tp", par.rank(pp=rank))
     total = 0.0
     for c in colls:
-        if c.beside is not None:
+        if c.beside is not None and c.ub is not None:
+            total += exposed_ub(collective_time(c.kind, c.nbytes, group, hw).seconds, c.beside, c.ub, len(group))
+        elif c.beside is not None:
             total += exposed_collective(collective_time(c.kind, c.nbytes, group, hw), c.nbytes, len(group), c.beside)
         else:
             total += collective_seconds(hw, c.kind, group, c.nbytes)

@@ -1,0 +1,199 @@
+"""Transformer Engine's userbuffers: Megatron-core's `--tp-comm-overlap`, the sequence-parallel collectives inside
+their GEMMs.
+
+With sequence parallelism each linear of a layer gathers its input over tp before its GEMM (QKV, FC1; in backward
+the projection's and FC2's input gradients) or reduce-scatters its output after it (projection, FC2; in backward
+the QKV's and FC1's input gradients). Without the overlap pipesim runs the forward ones blocking and the backward
+ones beside the next GEMM on NCCL (pipesim.comm.overlap_interference). TE's userbuffers run each beside its own GEMM
+by one of three methods (transformer_engine/pytorch/module/base.py @ v2.1, initialize_ub):
+
+- ring_exchange (qkv_fprop, fc1_fprop, proj_dgrad, fc2_dgrad): the GEMM cut into n = tp chunks of its rows, each
+  computed while the next chunk arrives over the copy engines (use_ce): no SM held, the first chunk local.
+  pair = g + (n - 1) max(g, c), g the chunk's GEMM, c = C / (n - 1) one hop. With aggregate each GEMM takes two
+  chunks: n = tp / 2 GEMMs, the same bytes over n - 1 steps.
+- pipeline (proj_fprop, fc2_fprop): the GEMM cut into n = num_splits chunks, each chunk's output reduce-scattered by
+  a kernel on num_sm SMs while the next chunk computes; the last chunk's part exposed.
+  pair = g + (n - 1) max(g, c) + c, c = C / n.
+- bulk (qkv_dgrad, fc1_dgrad: the saved input gathered again beside the input-gradient GEMM; qkv_wgrad, fc1_wgrad:
+  the input gradient reduce-scattered beside the weight-gradient GEMM): the whole collective beside the whole GEMM
+  on num_sm SMs; without set_sm_margin the GEMM gets them back when it ends (exposed_beside's rule), with it it runs
+  on SMs - num_sm throughout: pair = max(G', C).
+
+g and G' come from the wave model (pipesim.device.gemm) on the SMs the communication leaves (SMs - num_sm where it
+holds them: pipeline, bulk, a ring exchange with set_sm_margin), taken as a ratio to the GEMM's time on all SMs so that
+a calibrated GEMM keeps its calibration; C is the collective as NCCL would run it over the same links
+(pipesim.comm.collective_algos). The collective adds pair - G to the GEMM's own seconds.
+
+Defaults are TE's get_default_config; `--tp-comm-overlap-cfg FILE` reads Megatron-core's YAML of the same keys (what
+NeMo's recipes pass as tp_comm_overlap_cfg). Only the dense linears' collectives ride on userbuffers here; latent
+attention's, the experts' and the head's keep pipesim's NCCL model.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from pipesim.comm.overlap_interference import HidingGemm, exposed_beside
+from pipesim.device.gemm import gemm_time
+from pipesim.errors import PipesimError
+
+METHODS = ("ring_exchange", "pipeline", "bulk")
+# transformer_engine/pytorch/module/base.py @ v2.1, initialize_ub: the default method of each userbuffers GEMM
+DEFAULT_METHOD = {"qkv_fprop": "ring_exchange", "fc1_fprop": "ring_exchange", "proj_dgrad": "ring_exchange",
+                  "fc2_dgrad": "ring_exchange", "proj_fprop": "pipeline", "fc2_fprop": "pipeline",
+                  "qkv_dgrad": "bulk", "qkv_wgrad": "bulk", "fc1_dgrad": "bulk", "fc1_wgrad": "bulk"}
+# add_ub's keywords that change no timing pipesim models (the CGA size, buffer dtype, stream priorities, which
+# collective a name is: fixed by the name here)
+TIMELESS_KEYS = ("cga_size", "fp8_buf", "comm_priority", "gemm_priority", "is_reduce_scatter",
+                 "pipeline_rs_overlap_first_gemm")
+# which of pipesim's tp collectives (pipesim.model.layer_collectives' `what`) rides on which userbuffers GEMM, and
+# the kernel (pipesim.model.layer_kernels' name) it runs inside
+UB_GEMMS = {"attention input (before QKV)": ("qkv_fprop", "QKV"),
+            "attention output": ("proj_fprop", "projection"),
+            "MLP input (before MLP up)": ("fc1_fprop", "FC1"),
+            "MLP output": ("fc2_fprop", "FC2"),
+            "attention output gradient": ("proj_dgrad", "projection dgrad"),
+            "attention input, again (for the QKV weight gradient)": ("qkv_dgrad", "QKV dgrad"),
+            "attention input gradient": ("qkv_wgrad", "QKV wgrad"),
+            "MLP output gradient": ("fc2_dgrad", "FC2 dgrad"),
+            "MLP input, again (for the MLP up weight gradient)": ("fc1_dgrad", "FC1 dgrad"),
+            "MLP input gradient": ("fc1_wgrad", "FC1 wgrad")}
+RECOMPUTED = "recompute: "  # a forward collective re-run in the backward (pipesim.model.layer_collectives)
+
+
+@dataclass(frozen=True)
+class UbMethod:
+    """How one userbuffers GEMM overlaps its collective (TE's add_ub keywords)."""
+
+    method: str  # "ring_exchange", "pipeline" or "bulk"
+    num_sm: int  # SMs its communication kernel holds (a ring exchange over the copy engines holds none)
+    set_sm_margin: bool  # the GEMM runs on SMs - num_sm throughout
+    num_splits: int  # chunks the GEMM is cut into; 0: tp (a ring exchange's default)
+    use_ce: bool = True  # a ring exchange over the copy engines (else on num_sm SMs)
+    aggregate: bool = False  # a ring exchange whose GEMMs each take two arrived chunks (half as many GEMMs)
+
+    @classmethod
+    def default(cls, name: str) -> UbMethod:
+        """TE v2.1's get_default_config for `name`."""
+        ring = DEFAULT_METHOD[name] == "ring_exchange"
+        return cls(DEFAULT_METHOD[name], 1 if ring else 16, not ring, 0 if ring else 4)
+
+    def held_sms(self) -> int:
+        """SMs the GEMM loses while the collective runs."""
+        if self.method == "ring_exchange" and self.use_ce:
+            return self.num_sm if self.set_sm_margin else 0
+        return self.num_sm
+
+    def chunks(self, tp: int) -> int:
+        """GEMMs the overlap cuts its GEMM into: bulk 1; a ring exchange tp (num_splits), half with aggregate."""
+        if self.method == "bulk":
+            return 1
+        n = self.num_splits or (tp if self.method == "ring_exchange" else 4)
+        return max(1, n // 2) if self.aggregate and self.method == "ring_exchange" else n
+
+
+@dataclass(frozen=True)
+class UbConfig:
+    """Every userbuffers GEMM's method: TE's defaults, overridden per name by a tp-comm-overlap-cfg file."""
+
+    methods: tuple[tuple[str, UbMethod], ...] = tuple((n, UbMethod.default(n)) for n in DEFAULT_METHOD)
+    source: str = ""  # the YAML file read ("" TE's defaults)
+
+    def method(self, name: str) -> UbMethod:
+        return dict(self.methods)[name]
+
+    @classmethod
+    def from_yaml(cls, path: str) -> UbConfig:
+        """Megatron-core's --tp-comm-overlap-cfg: a YAML mapping of userbuffers names to add_ub's keywords."""
+        import yaml  # local import: only a run given a config file needs PyYAML at start-up
+
+        try:
+            data = yaml.safe_load(Path(path).read_text())
+        except OSError as err:
+            raise PipesimError(f"--tp-comm-overlap-cfg {path}: {err.strerror or err}") from None
+        except yaml.YAMLError as err:
+            raise PipesimError(f"--tp-comm-overlap-cfg {path}: not YAML ({str(err).splitlines()[0]})") from None
+        return cls.from_mapping(data, path)
+
+    @classmethod
+    def from_mapping(cls, data: object, source: str) -> UbConfig:
+        """The config of a {name: {keyword: value}} mapping, each name's keywords over its TE default."""
+        if not isinstance(data, dict):
+            raise PipesimError(f"--tp-comm-overlap-cfg {source}: expected a mapping of userbuffers names "
+                               f"({', '.join(DEFAULT_METHOD)}) to their settings")
+        methods = dict(cls().methods)
+        for name, keys in data.items():
+            if name not in DEFAULT_METHOD:
+                raise PipesimError(f"--tp-comm-overlap-cfg {source}: unknown userbuffers name {name!r}; choose "
+                                   f"from {', '.join(DEFAULT_METHOD)}")
+            methods[name] = _method(name, keys or {}, source)
+        return cls(tuple(methods.items()), source)
+
+
+def _method(name: str, keys: object, source: str) -> UbMethod:
+    if not isinstance(keys, dict):
+        raise PipesimError(f"--tp-comm-overlap-cfg {source}: {name} needs a mapping of settings")
+    where = f"--tp-comm-overlap-cfg {source}: {name}"
+    method = keys.get("method", DEFAULT_METHOD[name])
+    if method not in METHODS:
+        raise PipesimError(f"{where}: unknown method {method!r}; choose {', '.join(METHODS)}")
+    base = UbMethod.default(name) if method == DEFAULT_METHOD[name] else UbMethod(
+        method, 1 if method == "ring_exchange" else 16, method != "ring_exchange", 0 if method == "ring_exchange"
+        else 4)
+    out = replace(base, method=method)
+    for key, value in keys.items():
+        if key == "method" or key in TIMELESS_KEYS:
+            continue
+        if key == "atomic_gemm":
+            if value:
+                raise PipesimError(f"{where}: atomic_gemm is not modelled (TE's atomic GEMM overlap, an FP8 beta)")
+            continue
+        if key in ("num_sm", "num_splits"):
+            if isinstance(value, bool) or not isinstance(value, int) or value < (1 if key == "num_sm" else 0):
+                raise PipesimError(f"{where}: {key} must be a {'positive' if key == 'num_sm' else 'non-negative'} "
+                                   f"integer, got {value!r}")
+            out = replace(out, **{key: value})
+        elif key in ("set_sm_margin", "use_ce", "aggregate"):
+            if value not in (True, False, 0, 1):
+                raise PipesimError(f"{where}: {key} must be true or false, got {value!r}")
+            out = replace(out, **{key: bool(value)})
+        else:
+            raise PipesimError(f"{where}: unknown setting {key!r}")
+    return out
+
+
+def ub_gemm(what: str) -> tuple[str, str] | None:
+    """(userbuffers name, kernel name) of the GEMM a tp collective rides on, or None (it keeps NCCL's model)."""
+    return UB_GEMMS.get(what.removeprefix(RECOMPUTED))
+
+
+def _seconds(gemm: HidingGemm, chunks: int, held: int) -> float:
+    """The GEMM cut into `chunks` along its rows, on SMs - `held`: its seconds (a ratio to the wave model's whole
+    GEMM on every SM, times the stage's timing of it)."""
+    g = gemm.gemm
+    whole = gemm_time(g.m, g.n, g.k, gemm.dtype, gemm.profile, batch=g.batch, c_bytes=g.c_bytes).seconds
+    part = gemm_time(math.ceil(g.m / chunks), g.n, g.k, gemm.dtype, gemm.profile, batch=g.batch,
+                     sms=gemm.profile.sms - held, c_bytes=g.c_bytes).seconds
+    return gemm.seconds * chunks * part / whole
+
+
+def exposed_ub(collective: float, gemm: HidingGemm, method: UbMethod, tp: int) -> float:
+    """Seconds a userbuffers collective of `collective` seconds adds to its GEMM's own (the module's formulas)."""
+    n, held = method.chunks(tp), method.held_sms()
+    if method.method == "bulk":
+        beside = _seconds(gemm, 1, held)
+        if method.set_sm_margin:
+            return max(beside, collective) - gemm.seconds
+        return exposed_beside(collective, gemm.seconds, beside)
+    g = _seconds(gemm, n, held) / n
+    if n == 1:  # one chunk: nothing to overlap it with
+        return collective + g - gemm.seconds
+    if method.method == "ring_exchange":
+        return g + (n - 1) * max(g, collective / (n - 1)) - gemm.seconds
+    c = collective / n
+    return g + (n - 1) * max(g, c) + c - gemm.seconds
+
+
+__all__ = ["DEFAULT_METHOD", "METHODS", "UB_GEMMS", "UbConfig", "UbMethod", "exposed_ub", "ub_gemm"]
