@@ -36,6 +36,7 @@ class Switch:
     without_optimizer: bool = False  # the same run, less its optimizer step (without_optimizer)
     short: str = ""  # the rows file's `short`: its column heading in the table of relative effects under each switch
     family: str = ""  # only rows whose --hardware has this device family (a figure of that family's profile)
+    drop_valued: tuple[str, ...] = ()  # flags dropped with the value after them (e.g. a file)
 
     @property
     def heading(self) -> str:
@@ -50,7 +51,8 @@ def switches(mechanisms: list[dict]) -> list[Switch]:
             out.append(Switch(m["short"], s["label"], tuple(s.get("hardware", {}).items()),
                               tuple(s.get("add_flags", [])), tuple(s.get("drop_flags", [])),
                               tuple(tuple(shlex.split(w)) for w in s.get("skip_when", [])),
-                              bool(s.get("without_optimizer", False)), s.get("short", ""), s.get("family", "")))
+                              bool(s.get("without_optimizer", False)), s.get("short", ""), s.get("family", ""),
+                              tuple(s.get("drop_valued", []))))
     return out
 
 
@@ -106,7 +108,8 @@ def switched_argv(command: str, switch: Switch, directory: Path) -> list[str] | 
         return None
     if switch.family and load_hardware(words[words.index("--hardware") + 1]).device.family != switch.family:
         return None  # another family's profile: the switch's figures are not its
-    out = [w for w in words if w not in switch.drop_flags]
+    valued = {i + 1 for i, w in enumerate(words) if w in switch.drop_valued}  # the values of dropped flags
+    out = [w for i, w in enumerate(words) if w not in switch.drop_flags + switch.drop_valued and i not in valued]
     out += [f for f in switch.add_flags if f not in out]
     if switch.hardware:
         if "--hardware" not in out:

@@ -83,10 +83,6 @@ class Job:
             if not self.kernels.tp_comm_overlap:
                 raise PipesimError("--tp-comm-overlap overlaps the backward collectives too: it cannot go with "
                                    "--no-async-tensor-model-parallel-allreduce (or a --framework that sets it)")
-            if self.dims.tp == 1 or not self.sp:
-                raise PipesimError("--tp-comm-overlap needs tensor parallelism with --sequence-parallel "
-                                   "(Megatron-core: 'Tensor parallel communication/GEMM overlap can happen only "
-                                   "when sequence parallelism is enabled')")
         if self.comm.overlap_param_gather and (self.zero == 3 or (self.zero == 0 and self.dims.dp_cp > 1)):
             raise PipesimError(f"--overlap-param-gather needs the distributed optimizer's parameter all-gather "
                                f"(--zero 1 or 2), got --zero {self.zero}")
@@ -160,6 +156,10 @@ class Job:
             if model.batch % (self.dims.dp * microbatches):
                 raise PipesimError(f"--batch {model.batch} does not split into dp({self.dims.dp}) x {microbatches} "
                                    "microbatches evenly")
+        if self.kernels.ub is not None and (self.dims.tp == 1 or not self.sp):  # a planner drops it per candidate
+            raise PipesimError("--tp-comm-overlap needs tensor parallelism with --sequence-parallel (Megatron-core: "
+                               "'Tensor parallel communication/GEMM overlap can happen only when sequence "
+                               "parallelism is enabled')")
         check_tp_split(model, self.dims.tp)  # before the layer options' own checks, as users have seen them
         self.check_experts(model)
         if model.kind != "gpt":

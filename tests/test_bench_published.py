@@ -300,6 +300,9 @@ def test_switched_argv(tmp_path):
     already = bp.Switch("m", "l", drop_flags=("--sequence-parallel",))
     assert bp.switched_argv(LAYER, already, tmp_path) is None  # nothing to drop: the same run
     assert bp.switched_argv(LAYER, bp.Switch("m", "l", without_optimizer=True), tmp_path) is None
+    ub = bp.Switch("m", "l", drop_flags=("--tp-comm-overlap",), drop_valued=("--tp-comm-overlap-cfg",))
+    cfg = " --tp-comm-overlap --tp-comm-overlap-cfg bench/tp_overlap/nemo_gpt3_175b_h100.yaml"
+    assert bp.switched_argv(LAYER + cfg, ub, tmp_path) == shlex.split(LAYER)[1:]  # the flag and its file dropped
     hw = bp.Switch("m", "l", hardware=(("device.family", ""), ("scale_out.name", "plain")))
     argv = bp.switched_argv(LAYER, hw, tmp_path)
     path = argv[argv.index("--hardware") + 1]

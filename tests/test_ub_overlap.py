@@ -147,3 +147,17 @@ def test_refusals_are_one_line_and_exit_2(capsys, extra, message):
     assert main([*BASE, *extra]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
+
+
+def test_plan_keeps_userbuffers_only_where_tp_and_sp_carry_them(capsys):
+    """The planner's tp 1 and no-sp candidates run without it (Megatron-core refuses it there); a tp > 1 winner
+    exports it in the simulate command and Megatron-LM's arguments."""
+    argv = ["plan", "--model", "gpt", "--hidden", "8192", "--layers", "8", "--heads", "64", "--seq", "4096",
+            "--vocab", "32000", "--batch", "16", "--dtype", "bfloat16", "--hardware", "dgx-h100", "--gpus", "8",
+            "--top", "3", "--recompute", "none", "--tp-comm-overlap"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    simulate = next(line for line in out.splitlines() if line.strip().startswith("pipesim simulate"))
+    assert "--tp 4" in simulate and "--sequence-parallel" in simulate and simulate.endswith(" --tp-comm-overlap")
+    megatron = out.split("Megatron-LM arguments:")[1].split("torchtitan job config:")[0].split()
+    assert "--tp-comm-overlap" in megatron and "--tp-comm-overlap-cfg" not in megatron

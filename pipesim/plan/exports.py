@@ -124,6 +124,9 @@ def megatron_args(c: Candidate, req: PlanRequest, attention: str | None = None) 
     out += grad_flags(req.job.kernels.grad_fp32)
     if req.job.fp8 is not None:  # Megatron-core's names (Transformer Engine's recipes; params stay bf16)
         out += req.job.fp8.flags()
+    ub = c.job(req.job).kernels.ub  # the candidate's: userbuffers only with tp > 1 and sequence parallelism
+    if ub is not None:  # Megatron-core's names
+        out += ["--tp-comm-overlap"] + (["--tp-comm-overlap-cfg", ub.source] if ub.source else [])
     comm = c.job(req.job).comm  # the candidate's: an overlapped parameter gather only with the distributed optimizer
     if comm.overlap_grad_reduce:  # the same names in Megatron-LM (--ddp-bucket-size in parameters too)
         out.append("--overlap-grad-reduce")
