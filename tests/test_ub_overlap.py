@@ -142,6 +142,8 @@ def test_the_simulator_adds_exactly_each_collectives_userbuffers_seconds(capsys)
      "--tp-comm-overlap overlaps the backward collectives too"),
     (["--sequence-parallel", "--tp-comm-overlap", "--tp-comm-overlap-cfg", "/nonexistent/ub.yaml"],
      "--tp-comm-overlap-cfg /nonexistent/ub.yaml: No such file or directory"),
+    (["--sequence-parallel", "--tp-comm-overlap", "--hardware", "local-cpu"],
+     "--tp-comm-overlap times each GEMM kernel by kernel: local-cpu has no GPU device family"),
 ])
 def test_refusals_are_one_line_and_exit_2(capsys, extra, message):
     assert main([*BASE, *extra]) == 2

@@ -99,6 +99,9 @@ def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hard
     if job.fp8 is not None:  # FP8 tensor cores, and a recipe Transformer Engine runs there (one line otherwise)
         check_fp8_recipe(hw.device.family, job.fp8.recipe, hw.device.name)
     tp, dp, kernels = job.dims.tp, job.dims.dp_cp, job.kernels  # dp: the dense gradients' replicas (dp x cp)
+    if kernels.ub is not None and not hw.device.family:  # userbuffers ride on GEMMs the kernel path times
+        raise PipesimError(f"--tp-comm-overlap times each GEMM kernel by kernel: {hw.name} has no GPU device family "
+                           "(use a GPU preset)")
     split = split_layers(model.layers, num_stages, layer_split)
     moe_counts = _moe_layers_per_stage(model, split)
     fp8_memory, fp8_seconds = fp8_stage_costs(model, b, opts, hw, split, moe_counts) if opts else ((), ())
