@@ -20,7 +20,7 @@ from pipesim.errors import PipesimError
 from pipesim.model.config import ModelConfig
 from pipesim.model.fp8 import Fp8Options, check_fp8_model
 from pipesim.model.memory import check_zero
-from pipesim.model.options import ATTENTION, LayerOptions, check_choices, check_tp_split
+from pipesim.model.options import ATTENTION, CP_COMM_TYPES, LayerOptions, check_choices, check_tp_split
 from pipesim.model.recompute_modules import canonical_modules
 from pipesim.parallel_dims import ParallelDims
 
@@ -67,6 +67,7 @@ class Job:
     # default, core_attn alone (kept canonical, so both spellings are one job)
     recompute_modules: tuple[str, ...] = ()
     fp8: Fp8Options | None = None  # Megatron-core's --fp8-format / --fp8-recipe (pipesim.model.fp8); None: no FP8
+    cp_comm: str = "p2p"  # Megatron-core's --cp-comm-type (pipesim.model.options.CP_COMM_TYPES)
 
     def __post_init__(self) -> None:
         if self.fp8 is not None and not isinstance(self.fp8, Fp8Options):
@@ -83,6 +84,8 @@ class Job:
             if not self.kernels.tp_comm_overlap:
                 raise PipesimError("--tp-comm-overlap overlaps the backward collectives too: it cannot go with "
                                    "--no-async-tensor-model-parallel-allreduce (or a --framework that sets it)")
+        if self.cp_comm not in CP_COMM_TYPES:
+            raise PipesimError(f"unknown --cp-comm-type {self.cp_comm!r}; choose {', '.join(CP_COMM_TYPES)}")
         if self.comm.overlap_param_gather and (self.zero == 3 or (self.zero == 0 and self.dims.dp_cp > 1)):
             raise PipesimError(f"--overlap-param-gather needs the distributed optimizer's parameter all-gather "
                                f"(--zero 1 or 2), got --zero {self.zero}")
@@ -200,7 +203,7 @@ class Job:
             if model.moe is not None else {}
         return LayerOptions(tp=self.dims.tp, sp=self.sp, cp=self.dims.cp, recompute=self.recompute,
                             attention=self.attention_kernel, recompute_modules=self.recompute_modules, fp8=self.fp8,
-                            **experts)
+                            cp_comm=self.cp_comm, **experts)
 
     def flags(self) -> list[str]:
         """The command-line flags that give this job's options: the experts' --ep/--etp when set (the dense layout is
@@ -219,6 +222,8 @@ class Job:
         if self.zero:
             out += ["--zero", str(self.zero)]
         out += self.fp8.flags() if self.fp8 is not None else []
+        if self.cp_comm != "p2p":
+            out += ["--cp-comm-type", self.cp_comm]
         return out + self.comm.flags() + self.kernels.flags()
 
 

@@ -21,6 +21,7 @@ from pipesim.commands.common import (
 )
 from pipesim.commands.setup_args import (
     add_comm_args,
+    add_cp_comm_arg,
     add_fp8_args,
     add_grad_args,
     add_ub_args,
@@ -110,6 +111,7 @@ def add_parser(sub) -> None:
     g.add_argument("--cp", type=_cps, default=(1,), metavar="1,2,4,...",
                    help="context-parallel sizes to search (ring attention; needs flash attention and --seq "
                         "divisible by 2 cp; default 1: none)")
+    add_cp_comm_arg(g)
     g.add_argument("--attention", choices=ATTENTION, default=None,
                    help="attention kernel of every candidate (default: flash on GPUs at 16 bits, as simulate)")
     g.add_argument("--tokens-per-step", type=positive_int, default=None, metavar="T",
@@ -281,7 +283,8 @@ def run(args: argparse.Namespace) -> int:
     apply_framework(args, keep=("zero",))  # the searched ZeRO stages stay plan's own
     shared = Job(attention=args.attention, comm=comm_options_from_args(args),  # every candidate's (its own layout)
                  kernels=KernelSwitches(args.kernel_fusion, args.tp_comm_overlap, args.grad_accum_fusion,
-                                        args.grad_fp32, ub_from_args(args)), fp8=fp8_from_args(args))
+                                        args.grad_fp32, ub_from_args(args)), fp8=fp8_from_args(args),
+                 cp_comm=args.cp_comm_type)
     shared.check_gradients(model)
     hw, gpus, hw_flags = cluster(args)
     check_fp8_run(shared.fp8, model, hw)  # FP8 tensor cores and the recipe, before any candidate
@@ -302,6 +305,8 @@ def run(args: argparse.Namespace) -> int:
     best = result.best.candidate.job(shared)  # the winner's switches (a profile's overlaps only where they apply)
     switches = best.comm.flags() + [f for f in best.kernels.flags() if f not in grad_flags(True) + grad_flags(False)]
     switches += shared.fp8.flags() if shared.fp8 is not None else []
+    if shared.cp_comm != "p2p" and result.best.candidate.cp > 1:
+        switches += ["--cp-comm-type", shared.cp_comm]
     if args.ilp_seconds is not None and result.best.candidate.schedule in {*AUTO_SCHEDULES, *V_SEARCHED}:
         switches += ["--ilp", f"{args.ilp_seconds:g}"]  # the winner's order is the ILP's
     argv = simulate_command(result.best.candidate, model_flags(args, req), hw_flags + switches,

@@ -18,7 +18,7 @@ from pipesim.hardware.toml_io import load_hardware
 from pipesim.job import Job, KernelSwitches
 from pipesim.model.config import ModelConfig
 from pipesim.model.fp8 import DEFAULT_RECIPE, FP8_FORMATS, FP8_RECIPES, Fp8Options, check_fp8_model
-from pipesim.model.options import ATTENTION, RECOMPUTE
+from pipesim.model.options import ATTENTION, CP_COMM_TYPES, RECOMPUTE
 from pipesim.model.recompute_modules import RECOMPUTE_MODULES
 from pipesim.parallel_dims import ParallelDims
 from pipesim.sim.sim_setup import DEFAULT_HARDWARE, SimSetup, on_gpus
@@ -48,6 +48,7 @@ def add_setup_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel shards per stage (default 1)")
     g.add_argument("--cp", type=positive_int, default=1,
                    help="context-parallel ranks per stage: each holds seq / cp tokens, ring attention (default 1)")
+    add_cp_comm_arg(g)
     g.add_argument("--ep", type=positive_int, default=1, metavar="N",
                    help="expert-parallel ranks: experts sharded over N ranks (Megatron-core's "
                         "--expert-model-parallel-size); ep x etp must divide tp x cp x dp (default 1)")
@@ -96,6 +97,14 @@ def add_setup_args(parser: argparse.ArgumentParser) -> None:
     add_ub_args(f)
     add_fp8_args(f)
     add_comm_args(parser)
+
+
+def add_cp_comm_arg(group) -> None:
+    """--cp-comm-type: how context parallelism moves K/V (simulate, sweep, plan), Megatron-core's flag."""
+    group.add_argument("--cp-comm-type", choices=CP_COMM_TYPES, default="p2p",
+                       help="with --cp: p2p, ring attention (K/V blocks passed round under the attention); all_gather, "
+                            "K/V all-gathered before the attention and dK/dV reduce-scattered after it, blocking "
+                            "(Llama 3's context parallelism) (default p2p)")
 
 
 def add_ub_args(group) -> None:
@@ -233,7 +242,8 @@ def sim_job(args: argparse.Namespace, model: ModelConfig | None, hardware: Hardw
               attention=args.attention, zero=args.zero, comm=comm_options_from_args(args),
               kernels=KernelSwitches(args.kernel_fusion, args.tp_comm_overlap, args.grad_accum_fusion, args.grad_fp32,
                                      ub_from_args(args)),
-              recompute_modules=tuple(args.recompute_modules or ()), fp8=fp8_from_args(args))
+              recompute_modules=tuple(args.recompute_modules or ()), fp8=fp8_from_args(args),
+              cp_comm=args.cp_comm_type)
     job.check_gradients(model)
     check_fp8_run(job.fp8, model, hardware)
     return job.resolve_attention(on_gpus(hardware), model)

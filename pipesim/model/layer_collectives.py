@@ -283,7 +283,8 @@ def cp_kv_block_bytes(model: ModelConfig, b: int, opts: LayerOptions) -> int:
 
 
 def cp_layer_exchanges(model: ModelConfig, b: int, opts: LayerOptions) -> list[Collective]:
-    """Ring attention's P2P traffic of one layer per microbatch, per direction (each rank sends this, and receives it).
+    """Context parallelism's traffic of one layer per microbatch: ring attention's P2P, per direction (each rank sends
+    this, and receives it); with --cp-comm-type all_gather the gathers of `_gathered_kv` instead.
 
     F: the K/V blocks go round the ring, cp - 1 hops (each rank meets every block, computing
     attention block by block while the next block is in flight). Backward: the K/V blocks go
@@ -293,6 +294,8 @@ def cp_layer_exchanges(model: ModelConfig, b: int, opts: LayerOptions) -> list[C
     if opts.cp == 1:
         return []
     kv = cp_kv_block_bytes(model, b, opts)
+    if opts.cp_comm == "all_gather":
+        return _gathered_kv(kv, opts)
     hops = opts.cp - 1
     overlap = "attention of the block held"
     out = [Collective("send_recv", kv, "F", "cp", "K/V block", overlaps=overlap, count=hops)]
@@ -301,6 +304,18 @@ def cp_layer_exchanges(model: ModelConfig, b: int, opts: LayerOptions) -> list[C
     out.append(Collective("send_recv", kv, "I", "cp", "K/V block", overlaps=overlap, count=hops))
     out.append(Collective("send_recv", kv, "I", "cp", "dK/dV block", overlaps=overlap, count=opts.cp))
     return out
+
+
+def _gathered_kv(kv: int, opts: LayerOptions) -> list[Collective]:
+    """--cp-comm-type all_gather (Transformer Engine's AttnFuncWithCPAndKVAllGather; Llama 3's context parallelism,
+    arXiv:2407.21783 section 3.3.2): K and V all-gathered over cp before the attention, blocking; the backward
+    gathers them again and reduce-scatters dK/dV. Bytes are the gathered tensor's (cp blocks)."""
+    whole = kv * opts.cp
+    out = [Collective("all_gather", whole, "F", "cp", "K/V, gathered")]
+    if opts.recompute == "full":
+        out.append(Collective("all_gather", whole, "I", "cp", "recompute: K/V, gathered"))
+    return out + [Collective("all_gather", whole, "I", "cp", "K/V, gathered again"),
+                  Collective("reduce_scatter", whole, "I", "cp", "dK/dV")]
 
 
 __all__ = ["Collective", "cp_kv_block_bytes", "cp_layer_exchanges", "ep_layer_exchanges", "tp_embedding_collectives",

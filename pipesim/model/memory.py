@@ -199,8 +199,8 @@ def comm_buffer_bytes(model: ModelConfig, b: int, opts: LayerOptions, *, dp: int
     total = 2 * opts.seq_sharded(x)
     if opts.sp and opts.tp > 1:
         total += x
-    if opts.cp > 1:
-        total += 2 * cp_kv_block_bytes(model, b, opts)
+    if opts.cp > 1:  # ring attention's block in flight and the one held; all_gather: every rank's block at once
+        total += (opts.cp if opts.cp_comm == "all_gather" else 2) * cp_kv_block_bytes(model, b, opts)
     return total
 
 

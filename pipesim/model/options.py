@@ -17,6 +17,9 @@ from pipesim.model.recompute_modules import canonical_modules, check_modules, ef
 
 RECOMPUTE = ("none", "selective", "full")  # Megatron's --recompute-granularity (none: keep everything)
 ATTENTION = ("eager", "flash")  # materialised s x s scores, or a fused kernel keeping only softmax statistics
+# Megatron-core's --cp-comm-type: p2p, ring attention (K/V blocks passed round, each hop under the attention of the
+# block held); all_gather, K/V gathered whole before the attention and dK/dV reduce-scattered after it
+CP_COMM_TYPES = ("p2p", "all_gather")
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,7 @@ class LayerOptions:
     # a MoE layer's token dispatcher (pipesim.model.moe.MOE_DISPATCHERS): "alltoall" sorts the received tokens
     # by local expert and back (Megatron-core's permutation 2), "deepep" receives them in its own layout
     moe_dispatcher: str = "alltoall"
+    cp_comm: str = "p2p"  # how context parallelism moves K/V (CP_COMM_TYPES)
 
     def __post_init__(self) -> None:
         for name in ("tp", "cp", "ep", "etp"):
@@ -54,6 +58,8 @@ class LayerOptions:
         if discarded and self.fp8 is not None and self.fp8.recipe == "delayed":  # transformer_config.py raises too
             raise PipesimError(f"--recompute-modules {discarded[0]} with FP8: delayed scaling does not support "
                                "moe_act and layernorm recompute (Megatron-core)")
+        if self.cp_comm not in CP_COMM_TYPES:
+            raise PipesimError(f"unknown --cp-comm-type {self.cp_comm!r}; choose {', '.join(CP_COMM_TYPES)}")
         if self.cp > 1 and self.attention != "flash":
             raise PipesimError(f"--cp {self.cp} needs --attention flash (ring attention runs the fused kernel)")
 

@@ -107,7 +107,8 @@ def megatron_args(c: Candidate, req: PlanRequest, attention: str | None = None) 
                    "Megatron-LM splits unevenly only at the ends (--decoder-first/last-pipeline-num-layers)")
     out += ["--tensor-model-parallel-size", str(c.tp), "--pipeline-model-parallel-size", str(c.p)]
     if c.cp > 1:
-        out += ["--context-parallel-size", str(c.cp)]
+        out += ["--context-parallel-size", str(c.cp)] + (["--cp-comm-type", req.job.cp_comm]
+                                                         if req.job.cp_comm != "p2p" else [])
     if c.v > 1 and even:
         out += ["--num-layers-per-virtual-pipeline-stage", str(m.layers // (c.chunks))]
     out += ["--micro-batch-size", str(c.mbs), "--global-batch-size", str(m.batch), "--seq-length", str(m.seq)]

@@ -246,7 +246,8 @@ def _ep_time(rank: int, exchanges: tuple[ExpertExchange, ...], hw: Hardware | No
 
 
 def cp_exposed(sched: Schedule, hw: Hardware | None, comm: bool, par: ParallelDims, cp_exchanges: dict) -> dict:
-    """(stage, kind) -> seconds of ring attention's K/V hops not hidden behind the attention compute.
+    """(stage, kind) -> seconds of ring attention's K/V hops not hidden behind the attention compute (and of
+    --cp-comm-type all_gather's gathers, exposed whole).
 
     A hop goes from each cp rank of the stage to the next at once, so it takes as long as the
     ring's slowest pair (`collective_seconds` of send_recv); `pipesim.cost.step_costs.exposed_seconds`
@@ -262,7 +263,9 @@ def cp_exposed(sched: Schedule, hw: Hardware | None, comm: bool, par: ParallelDi
         def hop(nbytes: int, pairs: list = pairs) -> float:
             return max(collective_seconds(hw, "send_recv", pair, nbytes) for pair in pairs)
 
-        seconds = exposed_seconds(exchanges, hop)
+        hops = [x for x in exchanges if x.kind == "send_recv"]  # --cp-comm-type all_gather: whole collectives
+        seconds = exposed_seconds(hops, hop) + sum(x.hops * collective_seconds(hw, x.kind, ring, x.nbytes)
+                                                   for x in exchanges if x.kind != "send_recv")
         if seconds:
             out[(stage, kind)] = seconds
     return out
