@@ -104,7 +104,8 @@ def add_cp_comm_arg(group) -> None:
     group.add_argument("--cp-comm-type", choices=CP_COMM_TYPES, default="p2p",
                        help="with --cp: p2p, ring attention (K/V blocks passed round under the attention); all_gather, "
                             "K/V all-gathered before the attention and dK/dV reduce-scattered after it, blocking "
-                            "(Llama 3's context parallelism) (default p2p)")
+                            "(Llama 3's context parallelism); a2a, DeepSpeed-Ulysses' all-to-alls to head shards "
+                            "and back (default p2p)")
 
 
 def add_ub_args(group) -> None:

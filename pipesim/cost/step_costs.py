@@ -164,8 +164,8 @@ class RingExchange:
     nbytes: int  # bytes per hop, per direction
     hops: int
     overlap: float  # seconds of compute each hop hides behind (0: fully exposed)
-    # "send_recv": a hop to the next cp rank; "all_gather" / "reduce_scatter": one collective over the cp group
-    # (--cp-comm-type all_gather), `nbytes` the gathered tensor's, run `hops` times and exposed whole
+    # "send_recv": a hop to the next cp rank; "all_gather" / "reduce_scatter" / "all_to_all": one collective over the
+    # cp group (--cp-comm-type all_gather, a2a), `nbytes` its size, run `hops` times and exposed whole
     kind: str = "send_recv"
 
 
@@ -184,7 +184,7 @@ def ring_exchanges(model: ModelConfig, b: int, opts: LayerOptions, *, layers: in
     cp = opts.cp
     block_f, block_b = attention_forward / cp, attention_backward / cp  # seconds per block
     out: dict[str, list[RingExchange]] = {"F": [], "I": []}
-    if opts.cp_comm == "all_gather":  # collectives over the cp group, blocking (nothing to hide behind)
+    if opts.cp_comm != "p2p":  # all_gather, a2a: collectives over the cp group, blocking (nothing to hide behind)
         for c in cp_layer_exchanges(model, b, opts):
             out[c.phase].append(RingExchange(c.nbytes, c.count * layers, 0.0, c.kind))
         return {k: tuple(v) for k, v in out.items() if v}

@@ -70,6 +70,8 @@ def _attention(model: ModelConfig, b: int, opts: LayerOptions) -> tuple[list[Ker
     else:
         hd = vd = model.head_dim
         kvh = model.num_kv_heads // opts.tp
+    if opts.cp > 1 and opts.cp_comm == "a2a":  # Ulysses: the whole sequence on heads / cp (the same FLOPs)
+        sq, heads, kvh = sk, heads // opts.cp, kvh // opts.cp
     if opts.attention == "flash":
         v = None if vd == hd else vd
         return ([FlashAttention("flash attention", b, sq, heads, hd, sk, kvh, False, v)],

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pipesim.errors import PipesimError
 from pipesim.model.activations import recompute_working_bytes, stage_activation_bytes
 from pipesim.model.config import ModelConfig
-from pipesim.model.layer_collectives import Collective, cp_kv_block_bytes
+from pipesim.model.layer_collectives import Collective, cp_kv_block_bytes, cp_q_block_bytes
 from pipesim.model.options import LayerOptions
 from pipesim.model.param_counts import stage_params
 
@@ -199,7 +199,9 @@ def comm_buffer_bytes(model: ModelConfig, b: int, opts: LayerOptions, *, dp: int
     total = 2 * opts.seq_sharded(x)
     if opts.sp and opts.tp > 1:
         total += x
-    if opts.cp > 1:  # ring attention's block in flight and the one held; all_gather: every rank's block at once
+    if opts.cp > 1 and opts.cp_comm == "a2a":  # Q, K, V in their head-sharded copies (as large as the rank's own)
+        total += cp_q_block_bytes(model, b, opts) + cp_kv_block_bytes(model, b, opts)
+    elif opts.cp > 1:  # ring attention's block in flight and the one held; all_gather: every rank's block at once
         total += (opts.cp if opts.cp_comm == "all_gather" else 2) * cp_kv_block_bytes(model, b, opts)
     return total
 

@@ -18,8 +18,9 @@ from pipesim.model.recompute_modules import canonical_modules, check_modules, ef
 RECOMPUTE = ("none", "selective", "full")  # Megatron's --recompute-granularity (none: keep everything)
 ATTENTION = ("eager", "flash")  # materialised s x s scores, or a fused kernel keeping only softmax statistics
 # Megatron-core's --cp-comm-type: p2p, ring attention (K/V blocks passed round, each hop under the attention of the
-# block held); all_gather, K/V gathered whole before the attention and dK/dV reduce-scattered after it
-CP_COMM_TYPES = ("p2p", "all_gather")
+# block held); all_gather, K/V gathered whole before the attention and dK/dV reduce-scattered after it; a2a,
+# DeepSpeed-Ulysses' all-to-alls from sequence shards to head shards around a full-sequence attention
+CP_COMM_TYPES = ("p2p", "all_gather", "a2a")
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,11 @@ class LayerOptions:
         if self.cp > 1 and model.seq % (2 * self.cp):
             raise PipesimError(f"--seq {model.seq} is not divisible by 2 x cp({self.cp}) "
                                "(ring attention's load-balanced causal split)")
+        if self.cp > 1 and self.cp_comm == "a2a":  # Transformer Engine splits both head counts over cp
+            heads, kv = model.heads // t, (model.heads if model.mla is not None else model.num_kv_heads) // t
+            if heads % self.cp or kv % self.cp:
+                raise PipesimError(f"--cp-comm-type a2a splits each rank's attention heads over cp: {heads} query and "
+                                   f"{kv} key/value heads per tp rank are not divisible by cp({self.cp})")
         if self.sp and (model.seq // self.cp) % t:
             raise PipesimError(f"--seq {model.seq} / cp({self.cp}) is not divisible by tp({t}) "
                                "(sequence parallelism splits the sequence over tp)")

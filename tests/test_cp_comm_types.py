@@ -1,9 +1,11 @@
-"""--cp-comm-type all_gather (Megatron-core's; Llama 3's context parallelism): K/V gathered whole before the
-attention, dK/dV reduce-scattered after it, blocking; bytes, the compute they lengthen and the buffer they hold."""
+"""--cp-comm-type (Megatron-core's): all_gather (Llama 3's context parallelism: K/V gathered whole before the attention,
+dK/dV reduce-scattered after it) and a2a (DeepSpeed-Ulysses: all-to-alls to head shards and back), both blocking;
+their bytes, the compute they lengthen, the buffers they hold and the attention kernel a2a runs."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -11,8 +13,12 @@ import schedules
 from pipesim.cli import main
 from pipesim.comm.collective_costs import group_collective_time
 from pipesim.cost.step_costs import RingExchange, ring_exchanges
+from pipesim.device.kernels import attention_flops
+from pipesim.errors import PipesimError
 from pipesim.model.config import ModelConfig
-from pipesim.model.layer_collectives import Collective, cp_kv_block_bytes, cp_layer_exchanges
+from pipesim.model.kernel_types import FlashAttention
+from pipesim.model.layer_collectives import Collective, cp_kv_block_bytes, cp_layer_exchanges, cp_q_block_bytes
+from pipesim.model.layer_kernels import layer_kernels
 from pipesim.model.memory import comm_buffer_bytes
 from pipesim.model.options import LayerOptions
 from pipesim.sim.simulator import simulate
@@ -61,3 +67,36 @@ def test_simulate_exposes_what_the_ring_hid(capsys):
     assert main([*BASE, "--cp-comm-type", "all_gather"]) == 0
     gathered = json.loads(capsys.readouterr().out)["ranks"][0]
     assert gathered["cp_exposed"] > ring["cp_exposed"]  # the ring's hops hide under the attention blocks
+
+
+ULYSSES = LayerOptions(cp=4, attention="flash", cp_comm="a2a")
+
+
+def test_the_all_to_alls_of_one_layer_by_hand():
+    kv = 2 * (512 // 4) * 2 * 256 * 4  # as above: the rank's K and V
+    q = (512 // 4) * 2 * 256 * 4  # its Q (and O): (s / cp) x b x a d_head x 4 bytes
+    assert cp_q_block_bytes(MODEL, 2, ULYSSES) == q
+    assert [(c.kind, c.nbytes, c.phase, c.what) for c in cp_layer_exchanges(MODEL, 2, ULYSSES)] == [
+        ("all_to_all", q, "F", "Q, to heads"), ("all_to_all", kv, "F", "K/V, to heads"),
+        ("all_to_all", q, "F", "O, to tokens"), ("all_to_all", q, "I", "dO, to heads"),
+        ("all_to_all", q, "I", "dQ, to tokens"), ("all_to_all", kv, "I", "dK/dV, to tokens")]
+    x = ring_exchanges(MODEL, 2, ULYSSES, layers=2, attention_forward=0.4, attention_backward=0.8)
+    assert x["F"] == (RingExchange(q, 2, 0.0, "all_to_all"), RingExchange(kv, 2, 0.0, "all_to_all"),
+                      RingExchange(q, 2, 0.0, "all_to_all"))
+    ring = LayerOptions(cp=4, attention="flash")
+    assert comm_buffer_bytes(MODEL, 2, ULYSSES) - comm_buffer_bytes(MODEL, 2, ring) == q + kv - 2 * kv
+
+
+def test_ulysses_runs_the_whole_sequence_on_a_quarter_of_the_heads():
+    """Each rank: all 512 queries on 8 / 4 = 2 heads, instead of 128 load-balanced queries on 8: the same FLOPs."""
+    (ring,) = [k for k in layer_kernels(MODEL, 2, LayerOptions(cp=4, attention="flash")).F
+               if isinstance(k, FlashAttention)]
+    (a2a,) = [k for k in layer_kernels(MODEL, 2, ULYSSES).F if isinstance(k, FlashAttention)]
+    assert (a2a.seq, a2a.heads, a2a.kv_seq) == (512, 2, 512) and (ring.seq, ring.heads) == (128, 8)
+    flops = [attention_flops(k.batch, k.seq, k.heads, k.head_dim, kv_seq=k.kv_seq, causal=True) for k in (ring, a2a)]
+    assert flops[0] == flops[1]
+
+
+def test_ulysses_needs_heads_that_split_over_cp():
+    with pytest.raises(PipesimError, match=r"8 query and 8 key/value heads per tp rank are not divisible by cp\(3\)"):
+        LayerOptions(cp=3, attention="flash", cp_comm="a2a").check(replace(MODEL, seq=576))
