@@ -110,7 +110,7 @@ CASES = [
     ("csv-unpaired-recv", ["schedule", "--from-csv", "unpaired.csv"], "SEND_F(stage 0, mb 0) is missing on rank 0"),
     ("csv-is-folder", ["schedule", "--from-csv", "folder.json"], "folder.json"),
     # -- hardware files
-    ("sim-cp-comm-type", [*SIM, "--cp-comm-type", "a2a"], "invalid choice: 'a2a'"),
+    ("sim-cp-comm-type", [*SIM, "--cp-comm-type", "a2a+p2p"], "invalid choice: 'a2a+p2p'"),
     ("sim-ub-overlap-no-sp", [*SIM, "--model", "gpt", "--tp", "2", "--hardware", "dgx-h100", "--tp-comm-overlap"],
      "--tp-comm-overlap needs tensor parallelism with --sequence-parallel"),
     ("sim-ub-cfg-unreadable", [*SIM, "--model", "gpt", "--tp", "2", "--sequence-parallel", "--hardware", "dgx-h100",
