@@ -75,10 +75,11 @@ class UbMethod:
     aggregate: bool = False  # a ring exchange whose GEMMs each take two arrived chunks (half as many GEMMs)
 
     @classmethod
-    def default(cls, name: str) -> UbMethod:
-        """TE v2.1's get_default_config for `name`."""
-        ring = DEFAULT_METHOD[name] == "ring_exchange"
-        return cls(DEFAULT_METHOD[name], 1 if ring else 16, not ring, 0 if ring else 4)
+    def default(cls, name: str, method: str | None = None) -> UbMethod:
+        """TE v2.1's get_default_config for `name` run by `method` (default: the name's own)."""
+        method = method or DEFAULT_METHOD[name]
+        ring = method == "ring_exchange"
+        return cls(method, 1 if ring else 16, not ring, 0 if ring else 4)
 
     def held_sms(self) -> int:
         """SMs the GEMM loses while the collective runs."""
@@ -139,10 +140,7 @@ def _method(name: str, keys: object, source: str) -> UbMethod:
     method = keys.get("method", DEFAULT_METHOD[name])
     if method not in METHODS:
         raise PipesimError(f"{where}: unknown method {method!r}; choose {', '.join(METHODS)}")
-    base = UbMethod.default(name) if method == DEFAULT_METHOD[name] else UbMethod(
-        method, 1 if method == "ring_exchange" else 16, method != "ring_exchange", 0 if method == "ring_exchange"
-        else 4)
-    out = replace(base, method=method)
+    out = UbMethod.default(name, method)
     for key, value in keys.items():
         if key == "method" or key in TIMELESS_KEYS:
             continue
