@@ -310,6 +310,18 @@ def test_tensor_parallel_sizes_divide_heads_and_stay_in_a_node():
 
 # ---- context parallelism (--cp) ---------------------------------------------------------------------------------
 
+
+def test_ulysses_layouts_split_each_tp_ranks_heads_over_cp():
+    """--cp-comm-type a2a: 8 heads and 4 key/value heads; (t, cp) = (4, 2) leaves one key/value head per tp rank,
+    which two cp ranks cannot split, so that pair is never a layout; ring attention (p2p) keeps it."""
+    model = ModelConfig(kind="gpt", hidden=256, layers=4, heads=8, kv_heads=4, seq=1024, batch=16,
+                        dtype="bfloat16")
+    hw = load_hardware("dgx-h100").with_nodes(2)
+    pairs = {(t, cp) for t, cp, _, _ in layouts(PlanRequest(model, hw, 16, ("1f1b",), cps=(1, 2),
+                                                            job=Job(cp_comm="a2a")))}
+    ring = {(t, cp) for t, cp, _, _ in layouts(PlanRequest(model, hw, 16, ("1f1b",), cps=(1, 2)))}
+    assert (4, 2) in ring and (4, 2) not in pairs and (2, 2) in pairs and ring - pairs == {(4, 2)}
+
 # 384k tokens, 25 heads (no tp but 1 on a node of 8), 2 layers, 2 sequences on 4 H100s: with cp 1 the only layout
 # (p 2 x d 2) needs 98 GiB; cp 2 and cp 4 fit
 LONG = ["--model", "gpt", "--hidden", "3200", "--layers", "2", "--heads", "25", "--seq", "393216", "--vocab", "32000",

@@ -144,10 +144,12 @@ def _tp_ok(model: ModelConfig, t: int) -> bool:
     return model.hidden % t == 0 and model.heads % t == 0 and kv % t == 0
 
 
-def cp_refusal(req: PlanRequest, cp: int) -> str | None:
-    """Why the model layer refuses context parallelism `cp` (LayerOptions.check's line), None when it admits it."""
+def cp_refusal(req: PlanRequest, cp: int, tp: int = 1) -> str | None:
+    """Why the model layer refuses context parallelism `cp` at tensor parallelism `tp` (LayerOptions.check's line:
+    a2a also splits each tp rank's heads over cp), None when it admits it."""
     try:
-        LayerOptions(cp=cp, attention=req.shared_job.attention_kernel).check(req.model)
+        LayerOptions(tp=tp, cp=cp, attention=req.shared_job.attention_kernel,
+                     cp_comm=req.shared_job.cp_comm).check(req.model)
     except PipesimError as exc:
         return str(exc)
     return None
@@ -160,7 +162,9 @@ def layouts(req: PlanRequest) -> list[tuple[int, int, int, int]]:
     max_tp = min(node, req.max_tp or node)
     tps = [t for t in divisors(node) if t <= max_tp and g % t == 0 and _tp_ok(model, t)]
     cps = sorted({cp for cp in req.cps if cp == 1 or cp_refusal(req, cp) is None})
+    heads_split = req.shared_job.cp_comm == "a2a"  # Ulysses: each (t, cp) pair must split the heads
     return [(t, cp, p, g // (t * cp * p)) for t in tps for cp in cps if (g // t) % cp == 0
+            and not (heads_split and cp > 1 and cp_refusal(req, cp, t) is not None)
             for p in divisors(g // (t * cp))]
 
 
