@@ -18,6 +18,7 @@ from pipesim.sim.host.copies import HostCopies, expand
 from pipesim.sim.host.sharing import HostSharing
 from pipesim.sim.host.slices import HostTimeSlices
 from pipesim.sim.simulator import simulate
+from tests.host_jobs import run_jobs
 
 
 def _copies_run(inner_kind: str, copies: int, cores: int, corun: float, oversub: float,
@@ -30,16 +31,7 @@ def _copies_run(inner_kind: str, copies: int, cores: int, corun: float, oversub:
     inner = (HostSharing(clock, nodes, cores, corun, oversub) if inner_kind == "fluid"
              else HostTimeSlices(clock, nodes, cores, corun, time_slice, oversub))
     host = HostCopies(inner, ids)
-    ends: dict[int, float] = {}
-    first: dict[int, float] = {}
-
-    def done(rank: int) -> None:
-        ends[rank], first[rank] = clock.now, host.started[rank]
-
-    for rank, start, work in jobs:
-        clock.at(start, lambda r=rank, w=work: host.start(r, w, lambda: done(r)))
-    clock.run()
-    return ends, first
+    return run_jobs(clock, host, jobs)
 
 
 def test_expand_numbers_each_ranks_copies_after_the_previous_ones():

@@ -10,6 +10,7 @@ import pytest
 from pipesim.hardware.toml_io import hardware_to_toml, load_hardware
 from pipesim.sim.clock import Clock
 from pipesim.sim.host.slices import HostTimeSlices
+from tests.host_jobs import run_jobs
 
 
 def _slices_run(cores: int, time_slice: float, oversub: float,
@@ -17,16 +18,7 @@ def _slices_run(cores: int, time_slice: float, oversub: float,
     """Finish time of each (rank, start, work) job under HostTimeSlices on one node, and first-core times."""
     clock = Clock()
     host = HostTimeSlices(clock, [0] * len(jobs), cores, 0.0, time_slice, oversub)
-    ends: dict[int, float] = {}
-    first: dict[int, float] = {}
-
-    def done(rank: int) -> None:
-        ends[rank], first[rank] = clock.now, host.started[rank]
-
-    for rank, start, work in jobs:
-        clock.at(start, lambda r=rank, w=work: host.start(r, w, lambda: done(r)))
-    clock.run()
-    return ends, first
+    return run_jobs(clock, host, jobs)
 
 
 def test_three_ranks_on_two_cores_take_turns_in_slices():
