@@ -10,7 +10,7 @@ import pytest
 from pipesim.device.profile import device_profile
 from pipesim.errors import PipesimError
 from pipesim.hardware.toml_io import load_hardware
-from tests.test_bench_published import LAYER, bp
+from tests.published_bench import LAYER, bp
 
 
 def test_the_diagnosis_solves_a_planted_figure_and_reports_it(tmp_path):

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from pipesim.errors import PipesimError
-from tests.test_bench_published import DATA, LAYER_ROWS, _result, bp, pr
+from tests.published_bench import DATA, LAYER_ROWS, _result, bp, pr
 
 pg = bp.goals
 

@@ -12,7 +12,7 @@ from pipesim.hardware.toml_io import load_hardware
 from pipesim.job import Job
 from pipesim.model.config import ModelConfig
 from pipesim.sim.sim_setup import SimSetup
-from tests.test_bench_published import DATA, bp
+from tests.published_bench import DATA, bp
 
 # three stages, one microbatch, hand-given seconds: stage 1's W (3.0 -> 4.25 s) ends before rank 0's, off the path
 COST = "pipesim simulate zb-h1 --stages 3 --microbatches 1 --cost F=0.5,I=0.75,W=1.25"
