@@ -33,10 +33,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from pathlib import Path
 
 from pipesim.comm.overlap_interference import HidingGemm, exposed_beside
 from pipesim.device.gemm import gemm_time
+from pipesim.device.profile import DeviceProfile
 from pipesim.errors import PipesimError
 
 METHODS = ("ring_exchange", "pipeline", "bulk")
@@ -171,10 +173,18 @@ def _seconds(gemm: HidingGemm, chunks: int, held: int) -> float:
     """The GEMM cut into `chunks` along its rows, on SMs - `held`: its seconds (a ratio to the wave model's whole
     GEMM on every SM, times the stage's timing of it)."""
     g = gemm.gemm
-    whole = gemm_time(g.m, g.n, g.k, gemm.dtype, gemm.profile, batch=g.batch, c_bytes=g.c_bytes).seconds
-    part = gemm_time(math.ceil(g.m / chunks), g.n, g.k, gemm.dtype, gemm.profile, batch=g.batch,
-                     sms=gemm.profile.sms - held, c_bytes=g.c_bytes).seconds
-    return gemm.seconds * chunks * part / whole
+    return gemm.seconds * _split_ratio(g.m, g.n, g.k, g.batch, g.c_bytes, gemm.dtype, gemm.profile, chunks, held)
+
+
+@lru_cache(maxsize=1 << 14)
+def _split_ratio(m: int, n: int, k: int, batch: int, c_bytes: int, dtype: str, profile: DeviceProfile, chunks: int,
+                 held: int) -> float:
+    """chunks x t(m / chunks rows on SMs - held) / t(m on every SM), of the wave model (every compute action asks
+    again: cached, as overlap_interference's ratio)."""
+    whole = gemm_time(m, n, k, dtype, profile, batch=batch, c_bytes=c_bytes).seconds
+    part = gemm_time(math.ceil(m / chunks), n, k, dtype, profile, batch=batch, sms=profile.sms - held,
+                     c_bytes=c_bytes).seconds
+    return chunks * part / whole
 
 
 def exposed_ub(collective: float, gemm: HidingGemm, method: UbMethod, tp: int) -> float:
