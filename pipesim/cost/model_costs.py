@@ -153,20 +153,21 @@ def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hard
                                  backward_ops=work.ops["I"] + work.ops["W"],
                                  recompute_bytes=round(work.recompute_bytes)))
         ub = kernels.ub if timed is not None else None  # userbuffers: the kernel path's GEMMs carry them
-        if work.collectives["F"]:
-            collectives[(s, "F")] = tuple(TpCollective(k, round(n)) for k, n in work.collectives["F"])
+        forward, backward_colls = work.collectives["F"], work.collectives["I"]
+        if forward:
+            collectives[(s, "F")] = tuple(TpCollective(c.kind, round(c.nbytes)) for c in forward)
             if ub is not None:
-                collectives[(s, "F")] = _on_userbuffers(collectives[(s, "F")], work.whats["F"], ub, timed,
+                collectives[(s, "F")] = _on_userbuffers(collectives[(s, "F")], [c.what for c in forward], ub, timed,
                                                         model.dtype, hw)
-        if work.collectives["I"]:
+        if backward_colls:
             # in a fused backward the input-gradient all_reduces happen inside B; split, in I (the first
             # stage: in W, which runs its whole backward)
-            backward = tuple(TpCollective(k, round(n)) for k, n in work.collectives["I"])
+            backward = tuple(TpCollective(c.kind, round(c.nbytes)) for c in backward_colls)
             collectives[(s, "W" if s == 0 else "I")] = collectives[(s, "B")] = backward
             if timed is not None and kernels.tp_comm_overlap:  # a fused backward: each wgrad GEMM after its dgrad
-                fused_b = _with_overlap(backward, work.backward_overlaps, timed, model.dtype, hw)
+                fused_b = _with_overlap(backward, [c.overlaps for c in backward_colls], timed, model.dtype, hw)
                 if ub is not None:
-                    fused_b = _on_userbuffers(fused_b, work.whats["I"], ub, timed, model.dtype, hw)
+                    fused_b = _on_userbuffers(fused_b, [c.what for c in backward_colls], ub, timed, model.dtype, hw)
                 collectives[(s, "B")] = fused_b
                 if s == 0:
                     collectives[(0, "W")] = fused_b
@@ -273,7 +274,7 @@ def _on_userbuffers(colls: tuple[TpCollective, ...], whats: list[str], ub: UbCon
     userbuffers method (pipesim.comm.ub_overlap); the others as they were."""
     out: list[TpCollective] = []
     for n, c in enumerate(colls):
-        named = ub_gemm(whats[n]) if n < len(whats) else None
+        named = ub_gemm(whats[n])
         shape = timed.shapes.get(named[1]) if named else None
         if shape is None:
             out.append(c)

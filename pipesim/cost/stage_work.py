@@ -73,10 +73,9 @@ class Work:
     activation_bytes: float = 0.0  # bytes stashed until backward
     recompute_bytes: float = 0.0  # bytes a recomputed layer re-creates, live during its backward only
     param_count: float = 0.0  # parameters held on this device
-    collectives: dict[str, list[tuple[str, int]]] = field(default_factory=lambda: {"F": [], "I": []})
-    backward_overlaps: list[str] = field(default_factory=list)  # per collectives["I"] entry: Megatron's overlap ("")
-    # per collectives["F"] / ["I"] entry: the tensor it moves (pipesim.model.layer_collectives' `what`)
-    whats: dict[str, list[str]] = field(default_factory=lambda: {"F": [], "I": []})
+    # the collectives the simulator times, per phase ("F", "I": the backward), in order, each with the tensor it
+    # moves and the computation Megatron overlaps it with (pipesim.model.layer_collectives)
+    collectives: dict[str, list[Collective]] = field(default_factory=lambda: {"F": [], "I": []})
     # the expert-parallel all-to-alls per phase ("F", "I": the backward), in order (pipesim.model.layer_collectives)
     ep_exchanges: dict[str, list[Collective]] = field(default_factory=lambda: {"F": [], "I": []})
     expert_params: float = 0.0  # of param_count: the routed experts' (sharded over ep, reduced over edp)
@@ -115,8 +114,8 @@ def mlp_stage_work(model: ModelConfig, b: int, layers: int, tp: int = 1, *, firs
                  act=2 * b * h * d / tp, params=h * h / tp + h, ops=(f_ops, i_ops - 1 if no_dx else i_ops, w_ops))
     if tp > 1:
         pairs = math.ceil(layers / 2)
-        work.collectives["F"] += [("all_reduce", b * h * d)] * pairs
-        work.collectives["I"] += [("all_reduce", b * h * d)] * pairs
+        work.collectives["F"] += [Collective("all_reduce", b * h * d, "F", "tp", "block output")] * pairs
+        work.collectives["I"] += [Collective("all_reduce", b * h * d, "I", "tp", "block input gradient")] * pairs
     return work
 
 
@@ -145,17 +144,12 @@ def gpt_block_activation_bytes(model: ModelConfig, b: int, tp: int = 1) -> float
 
 def _add_forward(work: Work, collectives: list[Collective]) -> None:
     """The forward collectives the simulator times (the cross-entropy's scalars wait for issue 15)."""
-    kept = [c for c in collectives if not c.what.startswith(UNTIMED)]
-    work.collectives["F"] += [(c.kind, c.nbytes) for c in kept]
-    work.whats["F"] += [c.what for c in kept]
+    work.collectives["F"] += [c for c in collectives if not c.what.startswith(UNTIMED)]
 
 
 def _add_backward(work: Work, collectives: list[Collective]) -> None:
     """The backward collectives the simulator times, with the computation each overlaps in Megatron."""
-    kept = [c for c in collectives if not c.what.startswith(UNTIMED)]
-    work.collectives["I"] += [(c.kind, c.nbytes) for c in kept]
-    work.backward_overlaps += [c.overlaps for c in kept]
-    work.whats["I"] += [c.what for c in kept]
+    work.collectives["I"] += [c for c in collectives if not c.what.startswith(UNTIMED)]
 
 
 def gpt_stage_work(model: ModelConfig, b: int, layers: int, *, first: bool, last: bool, tp: int = 1,
