@@ -40,7 +40,7 @@ class KernelSwitches:
         """The command-line flags that give these switches (for exported commands)."""
         out = [] if self.fusion else ["--no-kernel-fusion"]
         if self.ub is not None:
-            out += ["--tp-comm-overlap"] + (["--tp-comm-overlap-cfg", self.ub.source] if self.ub.source else [])
+            out += self.ub.flags()
         if not self.tp_comm_overlap:
             out.append("--no-async-tensor-model-parallel-allreduce")
         if not self.grad_accum_fusion:

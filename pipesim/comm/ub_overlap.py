@@ -107,6 +107,10 @@ class UbConfig:
     def method(self, name: str) -> UbMethod:
         return dict(self.methods)[name]
 
+    def flags(self) -> list[str]:
+        """Megatron-core's flags (and pipesim's) that give this config."""
+        return ["--tp-comm-overlap"] + (["--tp-comm-overlap-cfg", self.source] if self.source else [])
+
     @classmethod
     def from_yaml(cls, path: str) -> UbConfig:
         """Megatron-core's --tp-comm-overlap-cfg: a YAML mapping of userbuffers names to add_ub's keywords."""

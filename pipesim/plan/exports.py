@@ -127,7 +127,7 @@ def megatron_args(c: Candidate, req: PlanRequest, attention: str | None = None) 
         out += req.job.fp8.flags()
     ub = c.job(req.job).kernels.ub  # the candidate's: userbuffers only with tp > 1 and sequence parallelism
     if ub is not None:  # Megatron-core's names
-        out += ["--tp-comm-overlap"] + (["--tp-comm-overlap-cfg", ub.source] if ub.source else [])
+        out += ub.flags()
     comm = c.job(req.job).comm  # the candidate's: an overlapped parameter gather only with the distributed optimizer
     if comm.overlap_grad_reduce:  # the same names in Megatron-LM (--ddp-bucket-size in parameters too)
         out.append("--overlap-grad-reduce")
