@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from pipesim.comm.expert_exchange import ExpertExchange
-from pipesim.comm.overlap_interference import hiding_gemm
+from pipesim.comm.overlap_interference import HidingGemm, hiding_gemm
 from pipesim.comm.tp_collective import TpCollective
 from pipesim.comm.ub_overlap import UbConfig, ub_gemm
 from pipesim.cost.fp8_costs import fp8_stage_costs, with_weight_casts
@@ -252,20 +252,22 @@ def _add_sm_share(out: dict, stage: int, timed: StageSeconds) -> None:
             out[(stage, kind)] = extra
 
 
+def _hiding(name: str | None, timed: StageSeconds, dtype: str, hw: Hardware) -> HidingGemm | None:
+    """The stage's GEMM `name` as a HidingGemm (an FP8 GEMM re-timed on FP8's figures), None if it has none."""
+    shape = timed.shapes.get(name) if name else None
+    if shape is None:
+        return None
+    gemm_dtype, profile = gemm_timing(shape, dtype, hw.device.family, hw.device.kernels)
+    return hiding_gemm(name, timed.gemms, timed.shapes, gemm_dtype, profile)
+
+
 def _with_overlap(backward: tuple[TpCollective, ...], overlaps: list[str], timed: StageSeconds, dtype: str,
                   hw: Hardware) -> tuple[TpCollective, ...]:
     """Megatron's async tensor-parallel backward: each collective that overlaps a GEMM runs beside it (its
     HidingGemm: that GEMM's seconds and shape); the simulator exposes what the GEMM, slowed by the SMs NCCL's
     channels hold, does not cover (pipesim.comm.overlap_interference). The rest stay blocking."""
-    out: list[TpCollective] = []
-    for n, c in enumerate(backward):
-        name = overlap_gemm(overlaps[n]) if n < len(overlaps) else None
-        shape = timed.shapes.get(name) if name else None  # an FP8 GEMM is re-timed on FP8's figures
-        gemm_dtype, profile = gemm_timing(shape, dtype, hw.device.family, hw.device.kernels) if shape else \
-            (dtype, None)
-        out.append(c._replace(beside=hiding_gemm(name, timed.gemms, timed.shapes, gemm_dtype, profile)
-                              if profile is not None else None))
-    return tuple(out)
+    return tuple(c._replace(beside=_hiding(overlap_gemm(overlaps[n]), timed, dtype, hw))
+                 for n, c in enumerate(backward))
 
 
 def _on_userbuffers(colls: tuple[TpCollective, ...], whats: list[str], ub: UbConfig, timed: StageSeconds, dtype: str,
@@ -275,12 +277,7 @@ def _on_userbuffers(colls: tuple[TpCollective, ...], whats: list[str], ub: UbCon
     out: list[TpCollective] = []
     for n, c in enumerate(colls):
         named = ub_gemm(whats[n])
-        shape = timed.shapes.get(named[1]) if named else None
-        if shape is None:
-            out.append(c)
-            continue
-        gemm_dtype, profile = gemm_timing(shape, dtype, hw.device.family, hw.device.kernels)
-        gemm = hiding_gemm(named[1], timed.gemms, timed.shapes, gemm_dtype, profile)
+        gemm = _hiding(named[1], timed, dtype, hw) if named else None
         out.append(c._replace(beside=gemm, ub=ub.method(named[0])) if gemm is not None else c)
     return tuple(out)
 
