@@ -20,7 +20,7 @@ from pipesim.errors import PipesimError
 from pipesim.model.config import ModelConfig
 from pipesim.model.fp8 import Fp8Options, check_fp8_model
 from pipesim.model.memory import check_zero
-from pipesim.model.options import ATTENTION, CP_COMM_TYPES, LayerOptions, check_choices, check_tp_split
+from pipesim.model.options import ATTENTION, LayerOptions, check_choices, check_cp_comm, check_tp_split
 from pipesim.model.recompute_modules import canonical_modules
 from pipesim.parallel_dims import ParallelDims
 
@@ -84,8 +84,7 @@ class Job:
             if not self.kernels.tp_comm_overlap:
                 raise PipesimError("--tp-comm-overlap overlaps the backward collectives too: it cannot go with "
                                    "--no-async-tensor-model-parallel-allreduce (or a --framework that sets it)")
-        if self.cp_comm not in CP_COMM_TYPES:
-            raise PipesimError(f"unknown --cp-comm-type {self.cp_comm!r}; choose {', '.join(CP_COMM_TYPES)}")
+        check_cp_comm(self.cp_comm)
         if self.comm.overlap_param_gather and (self.zero == 3 or (self.zero == 0 and self.dims.dp_cp > 1)):
             raise PipesimError(f"--overlap-param-gather needs the distributed optimizer's parameter all-gather "
                                f"(--zero 1 or 2), got --zero {self.zero}")

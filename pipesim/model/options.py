@@ -59,8 +59,7 @@ class LayerOptions:
         if discarded and self.fp8 is not None and self.fp8.recipe == "delayed":  # transformer_config.py raises too
             raise PipesimError(f"--recompute-modules {discarded[0]} with FP8: delayed scaling does not support "
                                "moe_act and layernorm recompute (Megatron-core)")
-        if self.cp_comm not in CP_COMM_TYPES:
-            raise PipesimError(f"unknown --cp-comm-type {self.cp_comm!r}; choose {', '.join(CP_COMM_TYPES)}")
+        check_cp_comm(self.cp_comm)
         if self.cp > 1 and self.attention != "flash":
             raise PipesimError(f"--cp {self.cp} needs --attention flash (ring attention runs the fused kernel)")
 
@@ -128,6 +127,12 @@ def check_choices(sp: bool, recompute: str, attention: str) -> None:
         raise PipesimError(f"unknown --attention {attention!r}; choose {', '.join(ATTENTION)}")
 
 
+def check_cp_comm(cp_comm: str) -> None:
+    """PipesimError unless `cp_comm` is a known --cp-comm-type (LayerOptions' and the Job's one message)."""
+    if cp_comm not in CP_COMM_TYPES:
+        raise PipesimError(f"unknown --cp-comm-type {cp_comm!r}; choose {', '.join(CP_COMM_TYPES)}")
+
+
 def check_tp_split(model: ModelConfig, tp: int) -> None:
     """PipesimError unless tp divides what Megatron splits over it: the hidden size, and a transformer's heads,
     kv heads and MLP width (the one place these messages are spelled)."""
@@ -144,4 +149,5 @@ def vocab_shard(model: ModelConfig, tp: int) -> int:
     return -(-model.vocab // tp)
 
 
-__all__ = ["ATTENTION", "RECOMPUTE", "LayerOptions", "check_choices", "check_tp_split", "vocab_shard"]
+__all__ = ["ATTENTION", "CP_COMM_TYPES", "RECOMPUTE", "LayerOptions", "check_choices", "check_cp_comm",
+           "check_tp_split", "vocab_shard"]
