@@ -20,6 +20,7 @@ from pipesim.commands.common import (
 )
 from pipesim.commands.setup_args import add_setup_args, setup_from_args
 from pipesim.commands.whatif_args import add_whatif_args, perturbation_from_args, whatif_lines
+from pipesim.cost.fp8_costs import mfu_peak
 from pipesim.cost.rank_memory import memory_json
 from pipesim.cost.user_model_costs import is_factory_spec
 from pipesim.errors import PipesimError
@@ -114,15 +115,15 @@ def run(args: argparse.Namespace) -> int:
 
 def _utilization(setup: SimSetup, result, data: dict) -> dict:
     """`mfu` and `tflops_per_gpu` of a transformer's step on a device with a peak in its dtype (the planner's
-    definition, pipesim.model.flops.utilization), and `hfu`, the FLOPs executed (`hardware_flops`) at the same rate;
-    {} otherwise."""
+    definition, pipesim.model.flops.utilization, over pipesim.cost.fp8_costs.mfu_peak), and `hfu`, the FLOPs
+    executed (`hardware_flops`) at the same rate; {} otherwise."""
     model, hw = setup.model, setup.hardware
     if model is None or model.kind != "gpt" or hw is None or model.dtype not in hw.device.flops \
             or "step_time" not in data:
         return {}
     d = setup.job.dims
     gpus = result.schedule.num_ranks * d.dp * d.cp * d.tp
-    peak = hw.device.flops[model.dtype]
+    peak = mfu_peak(hw, model, setup.job.fp8)
     mfu, tflops = utilization(float(model_flops(model, model.batch)), data["step_time"], gpus, peak)
     opts = setup.job.layer_options(model)
     hfu, _ = utilization(float(hardware_flops(model, model.batch, opts)), data["step_time"], gpus, peak)

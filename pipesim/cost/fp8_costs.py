@@ -19,7 +19,7 @@ from dataclasses import replace
 
 from pipesim.cost.kernel_costs import fp8_layer, profile_of
 from pipesim.cost.step_costs import StepCosts
-from pipesim.device.fp8_rates import check_fp8_recipe
+from pipesim.device.fp8_rates import check_fp8_recipe, fp8_figures
 from pipesim.device.kernels import memory_bound_time
 from pipesim.hardware.machine import Hardware
 from pipesim.model.config import ModelConfig
@@ -69,4 +69,14 @@ def with_weight_casts(step: StepCosts, seconds: Sequence[float]) -> StepCosts:
     return replace(step, optimizer_seconds=tuple(a + c for a, c in zip(step.optimizer_seconds, seconds, strict=True)))
 
 
-__all__ = ["fp8_stage_costs", "stage_fp8_weights", "weight_cast", "with_weight_casts"]
+def mfu_peak(hw: Hardware, model: ModelConfig, fp8: Fp8Options | None) -> float:
+    """The dense peak (FLOP/s per GPU) MFU and HFU are counted against: the FP8 tensor cores' when the job's linears
+    run in FP8, the device's peak in the model's dtype otherwise. NVIDIA's convention (dgxc-benchmarking v25.04.02
+    llama3.1/README.md: its FP8 rows' MFU is over the FP8 peak, its BF16 rows' over the BF16 peak), and the one that
+    keeps MFU at or below 1: no kernel of an FP8 step runs faster than the FP8 peak."""
+    if fp8 is not None:
+        return fp8_figures(hw.device.family, hw.device.name).peak
+    return hw.device.flops[model.dtype]
+
+
+__all__ = ["fp8_stage_costs", "mfu_peak", "stage_fp8_weights", "weight_cast", "with_weight_casts"]

@@ -218,8 +218,9 @@ def hardware_flops(model: ModelConfig, global_batch: int, opts: LayerOptions) ->
 
 def utilization(flops: float, seconds: float, gpus: int, peak: float) -> tuple[float, float]:
     """(MFU, model TFLOP/s per GPU) of one step's `flops` model FLOPs (`model_flops`) in `seconds` on `gpus` GPUs of
-    dense `peak` FLOP/s each (the model dtype's, BF16's for an FP8 run): the one definition `pipesim plan` and
-    `pipesim simulate` report. With the causal half of attention counted it stays below 1 at any length."""
+    dense `peak` FLOP/s each (pipesim.cost.fp8_costs.mfu_peak: the FP8 tensor cores' for an FP8 run): the one
+    definition `pipesim plan` and `pipesim simulate` report. With the causal half of attention counted it stays below
+    1 at any length."""
     per_gpu = flops / (seconds * gpus)  # FLOP/s
     return per_gpu / peak, per_gpu / 1e12
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pipesim.cost.fp8_costs import mfu_peak
 from pipesim.model.flops import model_flops, utilization
 from pipesim.plan.evaluate import Costed
 from pipesim.plan.space import Candidate, PlanRequest
@@ -25,7 +26,7 @@ class PlanRow:
     candidate: Candidate
     step_time: float  # seconds
     tokens_per_s: float
-    mfu: float  # model FLOPs (no recomputation, causal attention) over GPUs x dense peak x step time
+    mfu: float  # model FLOPs (no recomputation, causal attention) over GPUs x dense peak (mfu_peak) x step time
     tflops_per_gpu: float  # model TFLOP/s per GPU
     peak_memory: int  # bytes on the fullest GPU
     bubble_fraction: float  # idle over makespan, averaged over ranks
@@ -63,7 +64,7 @@ def make_row(req: PlanRequest, costed: Costed, result: SimResult, flops: float) 
     step = result.step_time
     parts = {"compute": busy, "exposed_comm": wait, "bubble": result.makespan - busy - wait,
              "tail": step - result.makespan}
-    mfu, tflops = utilization(flops, step, req.gpus, req.hardware.device.flops[req.model.dtype])
+    mfu, tflops = utilization(flops, step, req.gpus, mfu_peak(req.hardware, req.model, req.job.fp8))
     m = req.model
     return PlanRow(costed.candidate, step, m.batch * m.seq / step, mfu, tflops, costed.peak_memory,
                    result.bubble_fraction, parts)
