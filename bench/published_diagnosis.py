@@ -3,9 +3,11 @@
 For each `[[diagnosis]]` of bench/published_rows.toml: the value of one figure of the device's kernel profile
 (`matmul_efficiency`, `memory_bound_efficiency`, ...: a `[device.kernels]` override on the row's hardware) at which the
 simulator reproduces one anchor row exactly (bisection over `range`), then every goal row (shared/reference/
-published.md's) simulated with that value. If one figure solved on one row brings the other rows to their
-published values, the residual is that figure's; if it does not, it lies in the mechanisms. The value is fitted to
-a row, so it is a diagnosis: no preset takes it, and every prediction in the tables above uses the sourced figures.
+published.md's) of the anchor's device family simulated with that value, and the other sources' rows of that family
+out of sample; an anchor on a family published.md has no row of (H100) is judged on those other rows alone. If one
+figure solved on one row brings the other rows to their published values, the residual is that figure's; if it does
+not, it lies in the mechanisms. The value is fitted to a row, so it is a diagnosis: no preset takes it, and every
+prediction in the tables above uses the sourced figures.
 """
 
 from __future__ import annotations
@@ -29,8 +31,10 @@ class Diagnosis:
     shipped: float  # the family profile's figure (sourced)
     solved: float  # the value at which the anchor row is reproduced
     anchor: str  # row id
-    results: list  # [Result] of the goal rows, simulated with `solved`
+    results: list  # [Result] of the goal rows of the family (without any: the other sources' rows), with `solved`
     outside: list = dataclasses.field(default_factory=list)  # [Result] of other sources' rows on the same family
+    family: str = ""  # the anchor's device family
+    in_goal: bool = True  # `results` are published.md's rows (False: the family has none; the other rows instead)
 
 
 def variant(bench: ModuleType, spec: str, field: str, value: float, directory: Path) -> Path:
@@ -81,18 +85,22 @@ def diagnose(data: dict, bench: ModuleType, goal: list, jobs: int, directory: Pa
         value = round(solve(bench, anchor, d["field"], lo, hi, directory), 4)
         family = load_hardware(spec).device.family
         outside = [r for r in others or [] if r.published is not None and _family(bench, r) == family]
+        own = [r for r in goal if _family(bench, r) == family]  # the solved figure is one family's
+        in_goal = bool(own)
+        if not in_goal:
+            own, outside = outside, []
         runs = {}
-        for r in [*goal, *outside]:  # each row on its own hardware, with the solved figure over it
+        for r in [*own, *outside]:  # each row on its own hardware, with the solved figure over it
             argv = bench.parse_command(r.command)[0]
             spec_r = argv[argv.index("--hardware") + 1]
             runs[r.id] = _on(argv, variant(bench, spec_r, d["field"], value, directory))
         label = f"diagnosis {d['field']} = {value}"
-        actions = {tuple(runs[r.id]) for r in [*goal, *outside] if bench.needs_actions(r)}
+        actions = {tuple(runs[r.id]) for r in [*own, *outside] if bench.needs_actions(r)}
         sims = bench.run_all(list(runs.values()), jobs, lambda _argv, label=label: label, actions)
         results = [bench.result(r, sims[tuple(runs[r.id])], bench.parse_command(r.command)[1])
-                   for r in [*goal, *outside]]
+                   for r in [*own, *outside]]
         out.append(Diagnosis(d["field"], getattr(device_profile(family), d["field"]), value, anchor.id,
-                             results[:len(goal)], results[len(goal):]))
+                             results[:len(own)], results[len(own):], family, in_goal))
     return out
 
 
@@ -101,16 +109,18 @@ def lines(diagnoses: list[Diagnosis], stats, pct) -> list[str]:
     if not diagnoses:
         return []
     out = ["", "## What one kernel figure would explain (a diagnosis, never applied)", "",
-           "One figure of the A100 kernel profile, changed alone, solved so that the anchor row is reproduced "
-           "exactly, then every goal row simulated with it (bench/published_diagnosis.py). The value is fitted to "
-           "a published row, so no preset takes it and nothing above uses it; it says where the residual lies: a "
-           "figure that, solved on one row, brings every other row near its published value is the residual's "
-           "cause, one that does not is not.", "",
-           "| figure | shipped (sourced) | solved on | value | rows | median \\|error\\| | max \\|error\\| | "
-           "signed mean (speed) | speed factor |", "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
+           "One figure of the anchor's device kernel profile, changed alone, solved so that the anchor row is "
+           "reproduced exactly, then every goal row of that device family simulated with it (published.md's; for a "
+           "family it has no row of, the other sources' rows of the family: 'rows' says which; "
+           "bench/published_diagnosis.py). The value is fitted to a published row, so no preset takes it and "
+           "nothing above uses it; it says where the residual lies: a figure that, solved on one row, brings every "
+           "other row near its published value is the residual's cause, one that does not is not.", "",
+           "| figure | family | shipped (sourced) | solved on | value | rows | median \\|error\\| | max \\|error\\| | "
+           "signed mean (speed) | speed factor |", "|---|---|---:|---|---:|---:|---:|---:|---:|---:|"]
     for d in diagnoses:
         s = stats(d.results)
-        out.append(f"| `{d.field}` | {d.shipped:.3f} | {d.anchor} | {d.solved:.3f} | {s.rows} | "
+        rows = f"{s.rows}" if d.in_goal else f"{s.rows} (other sources')"
+        out.append(f"| `{d.field}` | {d.family} | {d.shipped:.3f} | {d.anchor} | {d.solved:.3f} | {rows} | "
                    f"{s.median_abs * 100:.1f} % | {s.max_abs * 100:.1f} % | {pct(s.signed_mean)} | "
                    f"{s.speed_factor:.3f} |")
     out.append("")
@@ -119,13 +129,13 @@ def lines(diagnoses: list[Diagnosis], stats, pct) -> list[str]:
         for r in d.results:
             if r.error is not None:
                 by_source.setdefault(r.row.source, []).append(f"{r.row.configuration} {pct(r.error)}")
-        out.append(f"- `{d.field}` = {d.solved:.3f}: " + "; ".join(
+        out.append(f"- `{d.field}` = {d.solved:.3f} ({d.family}): " + "; ".join(
             f"{src}: " + ", ".join(items) for src, items in by_source.items()) + ".")
     outside = [d for d in diagnoses if d.outside]
     if outside:
         out += ["", "Out of sample: the same value on the rows of other sources with the anchor's device family "
                 "(not in published.md; not counted in the table above):", ""]
-        out += [f"- `{d.field}` = {d.solved:.3f}: " + ", ".join(
+        out += [f"- `{d.field}` = {d.solved:.3f} ({d.family}): " + ", ".join(
             f"{r.row.source} {r.row.configuration} {pct(r.error)}" for r in d.outside if r.error is not None) + "."
             for d in outside]
     return out

@@ -51,9 +51,9 @@ range = [0.3, 0.869]
     assert bp.main(["--rows", str(rows), "--out", str(out), "--jobs", "1", "--no-breakdown"]) == 0
     doc = out.read_text()
     shipped = device_profile("A100").matmul_efficiency
-    assert f"| `matmul_efficiency` | {shipped:.3f} | fwd | 0.700 | 1 | 0.0 % | 0.0 % |" in doc
-    assert "- `matmul_efficiency` = 0.700: KOR22: layer forward -0.0 %." in doc or \
-        "- `matmul_efficiency` = 0.700: KOR22: layer forward +0.0 %." in doc
+    assert f"| `matmul_efficiency` | A100 | {shipped:.3f} | fwd | 0.700 | 1 | 0.0 % | 0.0 % |" in doc
+    assert "- `matmul_efficiency` = 0.700 (A100): KOR22: layer forward -0.0 %." in doc or \
+        "- `matmul_efficiency` = 0.700 (A100): KOR22: layer forward +0.0 %." in doc
     assert "What one kernel figure" not in bp.report.render(data, [], [], [])  # only main adds it
     rows.write_text(rows.read_text().replace('anchor = "fwd"', 'anchor = "nope"'))
     with pytest.raises(PipesimError, match="diagnosis names an unknown row 'nope'"):
@@ -97,6 +97,51 @@ range = [0.3, 0.869]
     out = tmp_path / "p.md"
     assert bp.main(["--rows", str(rows), "--out", str(out), "--jobs", "1", "--no-breakdown"]) == 0
     doc = out.read_text()
-    line = next(x for x in doc.splitlines() if x.startswith("- `matmul_efficiency` = 0.700: OTHER a100 backward"))
-    assert re.fullmatch(r"- `matmul_efficiency` = 0\.700: OTHER a100 backward [+-]0\.0 %\.", line), line
+    line = next(x for x in doc.splitlines()
+                if x.startswith("- `matmul_efficiency` = 0.700 (A100): OTHER a100 backward"))
+    assert re.fullmatch(r"- `matmul_efficiency` = 0\.700 \(A100\): OTHER a100 backward [+-]0\.0 %\.", line), line
     assert "h100 backward" not in line
+
+
+def test_an_anchor_on_a_family_without_goal_rows_is_judged_on_that_familys_other_rows(tmp_path):
+    """Anchored on an H100 row (published.md has none), the figure is solved there and judged on the other sources'
+    H100 rows (planted at the same figure: 0 %), never on the A100 goal rows; the table says whose rows they are."""
+    dg = bp.diagnosis
+    h100 = LAYER.replace("dgx-a100", "dgx-h100")
+    planted = dg.variant(bp, "dgx-h100", "matmul_efficiency", 0.6, tmp_path)
+    argv, _ = bp.parse_command(h100)
+    on = [str(planted) if a == "dgx-h100" else a for a in argv]
+    fwd, bwd = (bp.metrics.action_ms(bp.run_argv(on), 1, k) for k in ("F", "B"))
+    rows = tmp_path / "rows.toml"
+    rows.write_text("""
+[sources.KOR22]
+citation = "K"
+
+[sources.OTHER]
+citation = "O"
+in_published_md = false
+""" + "".join(f"""
+[[rows]]
+id = "{i}"
+source = "{src}"
+table = "T"
+configuration = "{conf}"
+metric = "{metric}"
+published = {pub!r}
+command = "{cmd}"
+""" for i, src, conf, metric, pub, cmd in (("a", "KOR22", "a100 forward", "layer_forward_ms", 1.0, LAYER),
+                                           ("hf", "OTHER", "h100 forward", "layer_forward_ms", fwd, h100),
+                                           ("hb", "OTHER", "h100 backward", "layer_backward_ms", bwd, h100))) + """
+[[diagnosis]]
+anchor = "hf"
+field = "matmul_efficiency"
+range = [0.3, 0.9]
+""")
+    out = tmp_path / "p.md"
+    assert bp.main(["--rows", str(rows), "--out", str(out), "--jobs", "1", "--no-breakdown"]) == 0
+    doc = out.read_text()
+    shipped = device_profile("H100").matmul_efficiency
+    assert f"| `matmul_efficiency` | H100 | {shipped:.3f} | hf | 0.600 | 2 (other sources') | 0.0 % | 0.0 % |" in doc
+    line = next(x for x in doc.splitlines() if x.startswith("- `matmul_efficiency` = 0.600 (H100): "))
+    assert re.fullmatch(r"- `matmul_efficiency` = 0\.600 \(H100\): OTHER: h100 forward [+-]0\.0 %, "
+                        r"h100 backward [+-]0\.0 %\.", line), line
