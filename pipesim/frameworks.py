@@ -25,6 +25,7 @@ DEFAULTS: dict[str, object] = {
     "tp_comm_overlap": True,  # --no-async-tensor-model-parallel-allreduce turns it off
     "grad_accum_fusion": True,  # --no-gradient-accumulation-fusion turns it off
     "kernel_fusion": True,  # --no-kernel-fusion turns it off
+    "ce_fusion": False,  # --cross-entropy-loss-fusion (Megatron-core's default: off)
     "overlap_grad_reduce": False,  # --overlap-grad-reduce
     "overlap_param_gather": False,  # --overlap-param-gather
     "zero": 0,  # --zero
@@ -38,7 +39,7 @@ def flag_text(dest: str, value: object) -> str:
     """The flag(s) that give `value` to switch `dest` ('' where it is pipesim's default and has no flag)."""
     on_flags = {"scatter_gather": "--scatter-gather", "blocking_p2p": "--blocking-p2p",
                 "overlap_p2p_comm": "--overlap-p2p-communication", "overlap_grad_reduce": "--overlap-grad-reduce",
-                "overlap_param_gather": "--overlap-param-gather"}
+                "overlap_param_gather": "--overlap-param-gather", "ce_fusion": "--cross-entropy-loss-fusion"}
     off_flags = {"tp_comm_overlap": "--no-async-tensor-model-parallel-allreduce",
                  "grad_accum_fusion": "--no-gradient-accumulation-fusion", "kernel_fusion": "--no-kernel-fusion"}
     if dest in on_flags:
@@ -149,7 +150,9 @@ PROFILES: dict[str, FrameworkProfile] = {p.name: p for p in (
                     "DistributedDataParallelConfig(overlap_grad_reduce=True, ...)"),
             Setting("overlap_param_gather", True, f"{_NEMO} the same DistributedDataParallelConfig: "
                     "overlap_param_gather=True"),
-            Setting("grad_fp32", True, f"{_NEMO} the same DistributedDataParallelConfig: grad_reduce_in_fp32=True"))),
+            Setting("grad_fp32", True, f"{_NEMO} the same DistributedDataParallelConfig: grad_reduce_in_fp32=True"),
+            Setting("ce_fusion", True, f"{_NEMO} nemo/collections/llm/gpt/model/base.py: GPTConfig("
+                    "cross_entropy_loss_fusion=True), NemotronConfig the same (Megatron-core's default is False)"))),
     FrameworkProfile(
         "torchtitan",
         "torchtitan: torch.distributed.pipelining's sends (waited on later), DTensor tensor parallelism without "

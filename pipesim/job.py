@@ -35,6 +35,7 @@ class KernelSwitches:
     grad_fp32: bool | None = None  # float32 main gradients; None: the dtype's default (float32 for bfloat16)
     # --tp-comm-overlap: the dense linears' sp collectives inside their GEMMs by TE's userbuffers (its methods)
     ub: UbConfig | None = None
+    ce_fusion: bool = False  # --cross-entropy-loss-fusion: Megatron-core's fused vocab-parallel cross-entropy
 
     def flags(self) -> list[str]:
         """The command-line flags that give these switches (for exported commands)."""
@@ -49,6 +50,8 @@ class KernelSwitches:
             out.append("--accumulate-allreduce-grads-in-fp32")
         elif self.grad_fp32 is False:
             out.append("--grad-reduce-in-bf16")
+        if self.ce_fusion:
+            out.append("--cross-entropy-loss-fusion")
         return out
 
 

@@ -19,7 +19,7 @@ from pipesim.cost.step_costs import stage_step_collectives
 from pipesim.errors import PipesimError
 from pipesim.frameworks import DEFAULTS, PROFILES, FrameworkProfile, Setting, profile, resolve
 from pipesim.hardware.toml_io import load_hardware
-from pipesim.job import Job
+from pipesim.job import Job, KernelSwitches
 from pipesim.parallel_dims import ParallelDims
 from pipesim.sim.simulator import simulate
 
@@ -56,6 +56,12 @@ def test_a_typed_flag_wins_over_the_profile_which_wins_over_the_default():
     assert resolve({"blocking_p2p": False}, "nemo")["blocking_p2p"] is False
     assert resolve({}, None) == DEFAULTS
     assert resolve({"zero": None}, "torchtitan")["zero"] == 3
+    assert (nemo["ce_fusion"], DEFAULTS["ce_fusion"]) == (True, False)  # NeMo 2's GPTConfig; Megatron-core's default
+    assert resolve({"ce_fusion": False}, "nemo")["ce_fusion"] is False  # --no-cross-entropy-loss-fusion
+    off = sim_job(build_parser().parse_args(["simulate", "1f1b", "--framework", "nemo",
+                                             "--no-cross-entropy-loss-fusion"]), None, None)
+    assert off.kernels.ce_fusion is False and "--cross-entropy-loss-fusion" not in off.kernels.flags()
+    assert KernelSwitches(ce_fusion=True).flags() == ["--cross-entropy-loss-fusion"]
 
 
 def test_the_2021_profile_is_exactly_the_flags_nar21s_rows_type(tmp_path):

@@ -20,6 +20,7 @@ from pipesim.commands.common import (
     positive_int,
 )
 from pipesim.commands.setup_args import (
+    add_ce_fusion_args,
     add_comm_args,
     add_cp_comm_arg,
     add_fp8_args,
@@ -87,6 +88,7 @@ def add_parser(sub) -> None:
     add_transformer_args(p)
     add_comm_args(p)
     add_grad_args(p.add_argument_group("main gradients (Megatron-LM's flags)"))
+    add_ce_fusion_args(p.add_argument_group("loss (Megatron-core's flag)"))
     add_ub_args(p.add_argument_group("tensor-parallel overlap (Megatron-core's flags)"))
     add_fp8_args(p.add_argument_group("FP8 (Megatron-core's Transformer Engine flags)"))
     g = p.add_argument_group("cluster and search")
@@ -283,7 +285,8 @@ def run(args: argparse.Namespace) -> int:
     apply_framework(args, keep=("zero",))  # the searched ZeRO stages stay plan's own
     shared = Job(attention=args.attention, comm=comm_options_from_args(args),  # every candidate's (its own layout)
                  kernels=KernelSwitches(args.kernel_fusion, args.tp_comm_overlap, args.grad_accum_fusion,
-                                        args.grad_fp32, ub_from_args(args)), fp8=fp8_from_args(args),
+                                        args.grad_fp32, ub_from_args(args), ce_fusion=args.ce_fusion),
+                 fp8=fp8_from_args(args),
                  cp_comm=args.cp_comm_type)
     shared.check_gradients(model)
     hw, gpus, hw_flags = cluster(args)

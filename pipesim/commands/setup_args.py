@@ -93,6 +93,7 @@ def add_setup_args(parser: argparse.ArgumentParser) -> None:
                    help="GPU presets: each microbatch's weight gradients written by their GEMM, then added into "
                         "the step's main_grad by a separate kernel, instead of the GEMM accumulating into it "
                         "(Megatron's flag of that name; its 2021 code, NAR21's runs, had no fusion)")
+    add_ce_fusion_args(f)
     add_grad_args(f)
     add_ub_args(f)
     add_fp8_args(f)
@@ -224,6 +225,16 @@ def comm_options_from_args(args: argparse.Namespace) -> CommOptions:
                        overlap_p2p_comm=args.overlap_p2p_comm, overlap_param_gather=args.overlap_param_gather)
 
 
+def add_ce_fusion_args(g) -> None:
+    """--cross-entropy-loss-fusion (Megatron-core's flag) and pipesim's --no-... to undo a profile's."""
+    g.add_argument("--cross-entropy-loss-fusion", dest="ce_fusion", action="store_const", const=True, default=None,
+                   help="GPU presets: Megatron-core's fused vocab-parallel cross-entropy (its 'native' "
+                        "implementation: d + 20 bytes per logit forward, 8 + d backward instead of d + 36 and 12 + d) "
+                        "(default --framework's: on with nemo, else off)")
+    g.add_argument("--no-cross-entropy-loss-fusion", dest="ce_fusion", action="store_const", const=False,
+                   help="GPU presets: the unfused cross-entropy even where --framework fuses it")
+
+
 def apply_framework(args: argparse.Namespace, *, keep: tuple[str, ...] = ()) -> argparse.Namespace:
     """Fill every framework switch the command line left out (None) from --framework's profile, else pipesim's
     default (pipesim.frameworks); `keep`: switches this command owns itself (plan's searched --zero). In place."""
@@ -242,7 +253,7 @@ def sim_job(args: argparse.Namespace, model: ModelConfig | None, hardware: Hardw
     job = Job(dims, recompute=args.recompute, sp=args.sequence_parallel,
               attention=args.attention, zero=args.zero, comm=comm_options_from_args(args),
               kernels=KernelSwitches(args.kernel_fusion, args.tp_comm_overlap, args.grad_accum_fusion, args.grad_fp32,
-                                     ub_from_args(args)),
+                                     ub_from_args(args), ce_fusion=args.ce_fusion),
               recompute_modules=tuple(args.recompute_modules or ()), fp8=fp8_from_args(args),
               cp_comm=args.cp_comm_type)
     job.check_gradients(model)

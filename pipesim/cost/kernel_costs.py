@@ -174,8 +174,9 @@ def fp8_update_seconds(model: ModelConfig, b: int, opts: LayerOptions, family: s
 @lru_cache(maxsize=4096)
 def head_seconds(model: ModelConfig, b: int, opts: LayerOptions, family: str,
                  kernels: KernelFigures | None = None, grad_fusion: bool = True,
-                 grad_bytes: int = 0) -> PieceSeconds:
-    pk = _accumulated(head_kernels(model, b, opts), model, head_params(model, opts.tp), grad_fusion, grad_bytes)
+                 grad_bytes: int = 0, ce_fusion: bool = False) -> PieceSeconds:
+    pk = _accumulated(head_kernels(model, b, opts, ce_fusion=ce_fusion), model, head_params(model, opts.tp),
+                      grad_fusion, grad_bytes)
     return piece_seconds(pk, model.dtype, profile_of(family, kernels))
 
 
@@ -236,7 +237,8 @@ class StageSeconds:
 
 def gpt_stage_seconds(model: ModelConfig, b: int, layers: int, opts: LayerOptions, *, first: bool, last: bool,
                       fused: bool, family: str, kernels: KernelFigures | None = None,
-                      grad_fusion: bool = True, grad_bytes: int = 0, moe_layers: int = 0) -> StageSeconds:
+                      grad_fusion: bool = True, grad_bytes: int = 0, moe_layers: int = 0,
+                      ce_fusion: bool = False) -> StageSeconds:
     """Embedding (first stage), `layers` layers (`moe_layers` of them with experts), head + cross-entropy and the
     multi-token-prediction modules (last stage); each piece's gradients added into main_grad in its W, inside the
     wgrad GEMMs when `grad_fusion`."""
@@ -254,12 +256,12 @@ def gpt_stage_seconds(model: ModelConfig, b: int, layers: int, opts: LayerOption
         pieces.append((layer_seconds(model, b, opts, fused, family, kernels, grad_fusion, grad_bytes, moe=True),
                        moe_layers))
     if last:
-        pieces.append((head_seconds(model, b, opts, family, kernels, grad_fusion, grad_bytes), 1))
+        pieces.append((head_seconds(model, b, opts, family, kernels, grad_fusion, grad_bytes, ce_fusion), 1))
     for k in range(model.mtp_layers if last else 0):  # each module: its own kernels, a block, the head again
         moe = is_moe_layer(model, model.layers + k)
         pieces += [(mtp_seconds(model, b, opts, family, kernels, grad_fusion, grad_bytes, first or k > 0), 1),
                    (layer_seconds(model, b, opts, fused, family, kernels, grad_fusion, grad_bytes, moe=moe), 1),
-                   (head_seconds(model, b, opts, family, kernels, grad_fusion, grad_bytes), 1)]
+                   (head_seconds(model, b, opts, family, kernels, grad_fusion, grad_bytes, ce_fusion), 1)]
     for piece, count in pieces:
         for slot, value in enumerate(piece.scaled(count)):
             total[slot] += value

@@ -25,13 +25,17 @@ from pipesim.model.options import LayerOptions, vocab_shard
 FP32 = 4  # bytes: Megatron's vocab-parallel cross-entropy runs on float32 logits (logits.float())
 
 
-def head_kernels(model: ModelConfig, b: int, opts: LayerOptions) -> PieceKernels:
+def head_kernels(model: ModelConfig, b: int, opts: LayerOptions, *, ce_fusion: bool = False) -> PieceKernels:
     """Final norm, LM head (h x ceil(V / t)) and Megatron's vocab-parallel cross-entropy on float32 logits.
 
     Cross-entropy forward: cast to float32 (read d, write 4), max (read 4), subtract (read 4,
     write 4), exp (read 4, write 4), sum (read 4), divide (read 4, write 4): d + 36 bytes per
     logit; backward: scale the saved softmax (read 4, write 4), cast back (read 4, write d):
-    12 + d. Not fused by Megatron's defaults (--cross-entropy-loss-fusion is off).
+    12 + d. That is Megatron's default; with `ce_fusion` (--cross-entropy-loss-fusion, its 'native'
+    implementation: megatron/core/fusions/fused_cross_entropy.py, each @jit_fuser function one kernel that
+    reads its logit-sized inputs once and writes its outputs, an input it changes in place written back) the
+    forward is cast + max (read d, write 4), subtract + exp + sum (read 4, write 4), divide (read 4, write 4):
+    d + 20; the backward one kernel (read the softmax 4, write it back 4, write the gradient d): 8 + d.
     """
     opts.check(model)
     d = model.dtype_bytes
@@ -40,9 +44,10 @@ def head_kernels(model: ModelConfig, b: int, opts: LayerOptions) -> PieceKernels
     vocab = vocab_shard(model, opts.tp)
     logits = tokens * vocab
     norm = "RMSNorm" if model.norm == "rmsnorm" else "LayerNorm"
+    ce_f, ce_b = (5, 2) if ce_fusion else (9, 3)  # float32 passes per logit, forward and backward (above)
     f: tuple[Kernel, ...] = (MemoryBound(f"final {norm}", 2 * hidden * d), Gemm("LM head", tokens, vocab, model.hidden),
-                             MemoryBound("cross-entropy", logits * (d + 9 * FP32)))
-    i: tuple[Kernel, ...] = (MemoryBound("cross-entropy backward", logits * (d + 3 * FP32)),
+                             MemoryBound("cross-entropy", logits * (d + ce_f * FP32)))
+    i: tuple[Kernel, ...] = (MemoryBound("cross-entropy backward", logits * (d + ce_b * FP32)),
                              Gemm("LM head dgrad", tokens, model.hidden, vocab),
                              MemoryBound(f"final {norm} backward", 3 * hidden * d))
     w: tuple[Kernel, ...] = (Gemm("LM head wgrad", model.hidden, vocab, tokens),)
