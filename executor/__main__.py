@@ -24,9 +24,10 @@ from datetime import timedelta
 from pathlib import Path
 
 from executor import rank_status
+from executor.config_json import config_argument
 from executor.faults import die
 from executor.progress_bar import Progress
-from executor.run_config import RunConfig, config_argument, configs_from_json
+from executor.run_config import RunConfig, configs_from_json
 from pipesim.errors import PipesimError
 from pipesim.outputs import write_text
 

@@ -83,7 +83,7 @@ def execute(cfg: RunConfig, sched: Schedule, mesh: Mesh, device: torch.device, w
     log = rt.train(progress)
     if on_trained is not None:
         on_trained()
-    resolve(log, rt.program, rt.peer_of, rt.transfer_bytes)
+    resolve(log, rt.program, rt.transfers.peer_of, rt.transfers.transfer_bytes)
     return Executed(rt, gather(log))
 
 

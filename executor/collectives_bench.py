@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from executor.collectives_config import CollectivesConfig
-from executor.run_config import config_argument
+from executor.config_json import config_argument
 from pipesim.comm.collective_costs import busbw_factor as _ring_factor
 from pipesim.errors import PipesimError
 from pipesim.outputs import write_text

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 
-from executor.run_config import dataclass_from_dict
+from executor.config_json import dataclass_from_dict
 from pipesim.errors import PipesimError
 
 OPS = ("broadcast", "scatter", "gather", "reduce", "all_gather", "reduce_scatter", "all_reduce", "all_to_all",

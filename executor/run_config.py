@@ -13,10 +13,11 @@ code 2, both from `pipesim run` (before torchrun starts) and from `python -m exe
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 import schedules
+from executor.config_json import dataclass_from_dict
 from executor.expert_checks import check_experts
 from pipesim.errors import PipesimError
 from pipesim.ir import torch_csv
@@ -241,38 +242,6 @@ def unhonoured(job: Job) -> list[str]:
         names = [f.name for f in fields(Job) if getattr(job, f.name) != getattr(plain, f.name)]
         out.append(" ".join(flags) if flags else ", ".join(names))  # a field without a flag: its name
     return out
-
-
-def dataclass_from_dict(cls, data: object, what: str):
-    """`cls(**data)` from JSON: lists back to tuples, a dict back to a nested dataclass field (its default factory)."""
-    if not isinstance(data, dict):
-        raise PipesimError(f"a {what} is a JSON object, got {type(data).__name__}")
-    known = {f.name: f for f in fields(cls)}
-    unknown = sorted(set(data) - set(known))
-    if unknown:
-        raise PipesimError(f"unknown {what} field(s): {', '.join(unknown)}")
-    kw = {}
-    for name, value in data.items():
-        factory = known[name].default_factory
-        if is_dataclass(factory) and isinstance(value, dict):
-            value = dataclass_from_dict(factory, value, f"{what} {name}")  # RunConfig.model, .job, Job.dims ...
-        elif isinstance(value, list):
-            value = tuple(value)  # JSON has no tuples
-        kw[name] = value
-    return cls(**kw)
-
-
-def config_argument(argv: list[str], usage: str) -> str:
-    """The JSON text of a worker's one argument, `--config JSON` or `--config FILE`."""
-    if len(argv) != 2 or argv[0] != "--config":
-        raise PipesimError(f"{usage}; got {' '.join(argv) or 'no arguments'}")
-    text = argv[1]
-    if text.lstrip().startswith(("{", "[")):
-        return text
-    try:
-        return Path(text).read_text()
-    except OSError as exc:
-        raise PipesimError(f"cannot read {text}: {exc.strerror}") from None
 
 
 def configs_to_json(cfgs: list[RunConfig]) -> str:

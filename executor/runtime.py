@@ -2,10 +2,10 @@
 
 All schedule logic comes from the IR (`add_p2p(schedule).programs[pp_rank]`); each action is
 turned once into a small closure, so the hot loop is: time, call, append. SENDs are isends whose
-handles are waited at the end of the step (with `--trace` on gloo, by send_watch threads that stamp
-each completion); RECVs block. After the last action: DualPipe's sum of its two model replicas'
-gradients (executor.replicas), DP all-reduce (the routed experts' gradients over their expert-data-parallel
-group instead), then one optimizer step (gradient accumulation over microbatches, losses scaled by 1/m).
+handles are waited at the end of the step; RECVs block (executor.pipeline_transfers). After the last
+action: the gradient reductions (executor.gradient_sync: the sequence-parallel sum, DualPipe's sum of its
+two model replicas' gradients, the DP all-reduce), then one optimizer step (gradient accumulation over
+microbatches, losses scaled by 1/m).
 
 With experts over ep > 1 ranks an overlapped forward-and-backward pair (DualPipeV's OVERLAP_F_B) runs for real:
 the forward chunk runs up to its first all-to-all, issues it asynchronously, the backward chunk runs whole, and
@@ -24,16 +24,17 @@ import torch.distributed as dist
 
 from executor import rank_status
 from executor.expert_dispatch import ExchangeError, set_exchange_observer
-from executor.experts import expert_parameters, shard_experts
+from executor.experts import shard_experts
 from executor.faults import die, inject
+from executor.gradient_sync import GradientSync
 from executor.mesh import Mesh
-from executor.models import StageModule, apply_tensor_parallel, replicated_parameters, set_recompute
+from executor.models import StageModule, apply_tensor_parallel, set_recompute
 from executor.overlap_pairs import install_pairs
-from executor.p2p import P2P
-from executor.replicas import sum_chain_replicas
+from executor.params import full_parameters
+from executor.pipeline_transfers import PipelineTransfers
 from executor.run_config import RunConfig
-from executor.send_watch import SendWatcher
 from executor.stage import Stage
+from executor.tensor_parallel import set_collective_observer
 from executor.timing import RankLog
 from executor.workload import BuiltinWorkload
 from pipesim.errors import PipesimError
@@ -75,38 +76,31 @@ class Runtime:
         self.stages = {s: Stage(s, modules[s], is_last=schedule.chain_last(s), loss=loss, scale=scale)
                        for s in local}
         self.params = [p for st in self.stages.values() for p in st.params]
-        self.experts = {id(p) for p in expert_parameters(modules.values())}  # reduced over edp, not dp
-        # routed experts are not replicated over tp: each tp rank holds its ep coordinate's own (etp 1)
-        self.replicated = [p for p in replicated_parameters(modules.values()) if id(p) not in self.experts] \
-            if self.sp else []
+        self.grad_sync = GradientSync(self.schedule, self.me, self.stages, mesh, self.params, sp=self.sp,
+                                      bucket_bytes=cfg.bucket_bytes)
         # a rank whose stages hold no layer (identity stages, `--layer-split 0,4` on an MLP) has nothing to update
         self.optimizer = (None if not self.params else torch.optim.SGD(self.params, lr=cfg.lr)
                           if cfg.optimizer == "sgd" else torch.optim.Adam(self.params, lr=cfg.lr))
         self.mb_size = workload.batch_rows // (mesh.dp * m)
         self.rows = self.mb_size // mesh.tp if self.sp else self.mb_size  # rows of a microbatch on this rank
-        model_boundaries = workload.boundaries(schedule.model_stages, self.rows)  # (shape, dtype) out of stage s
-        self.boundaries = [None if schedule.chain_last(s) else model_boundaries[schedule.model_stage(s)]
-                           for s in range(schedule.num_stages - 1)]  # None: the end of a chain sends nothing
-        self.p2p = P2P(schedule, self.me, self.boundaries, device, use_tags=dist.get_backend() == "gloo")
+        model_boundaries = workload.boundaries(schedule.model_stages, self.rows)  # (shape, dtype) out of model stage k
+        self.transfers = PipelineTransfers(self.schedule, self.me, mesh, model_boundaries, device,
+                                           trace=cfg.trace is not None)
         self.log = RankLog(mesh.rank, param_elements=sum(p.numel() for p in self.params))
         # per-step state, keyed (stage, microbatch)
         self.acts: dict[tuple[int, int], torch.Tensor] = {}  # stage inputs waiting for their F
         self.outs: dict[tuple[int, int], torch.Tensor] = {}  # activations waiting for their SEND_F
         self.grads: dict[tuple[int, int], torch.Tensor] = {}  # output grads waiting for their B / I
         self.gins: dict[tuple[int, int], torch.Tensor] = {}  # input grads waiting for their SEND_B
-        self.pending: list = []  # (work, tensor) of posted isends
-        self.deferred: list = []  # NCCL: (P2POp, tensor) of sends fused with the next receive
         self.losses: list[torch.Tensor] = []
         self.x_mb: tuple[torch.Tensor, ...] = ()
         self.y_mb: tuple[torch.Tensor, ...] = ()
         self.step_index = 0
-        # trace on gloo: stamp each send's completion (a thread per peer waits them; see send_watch)
-        self.watcher = SendWatcher() if cfg.trace is not None and dist.get_backend() == "gloo" else None
         self.ops = [self._op(i, a) for i, a in enumerate(self.program)]
         if cfg.model.moe is not None and mesh.dims.ep > 1 and cfg.a2a_overlap:
             install_pairs(self)  # DualPipe's overlapped F&B pairs (executor.overlap_pairs)
         if dist.get_backend() == "nccl":
-            self._fuse_sends()
+            self.transfers.fuse_sends(self.program, self.ops, self.outs, self.gins)
         if cfg.fail_rank == mesh.rank and cfg.fail_at is not None:
             self._arm_fault(Action.parse(cfg.fail_at))
         slow = dict(zip(cfg.slow_ranks, cfg.slow_factors, strict=True)).get(mesh.rank, 1.0)
@@ -116,15 +110,6 @@ class Runtime:
                         for op, a in zip(self.ops, self.program, strict=True)]
 
     # -- building the closures (once) --------------------------------------------------------------
-
-    def peer_of(self, action: Action) -> int:
-        """Global rank on the other end of a P2P action."""
-        return self.mesh.pp_peer(self.schedule.rank_of(action.peer_stage))
-
-    def transfer_bytes(self, action: Action) -> int:
-        """Bytes of a SEND or RECV: the activation out of the lower stage (its gradient is as large)."""
-        shape, dtype = self.boundaries[min(action.stage, action.peer_stage)]
-        return torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()  # bytes
 
     def local(self, stage: int) -> bool:
         return self.schedule.rank_of(stage) == self.me
@@ -148,35 +133,14 @@ class Runtime:
             return partial(self._backward, fn, s, mb, first, last, not first and self.local(s - 1))
         if kind == Kind.W:
             return partial(_no_weights if self.passes(s) else self.stages[s].backward_weight, mb)
-        peer = self.peer_of(a)
+        peer, p2p, recv = self.transfers.peer_of(a), self.transfers.p2p, self.transfers.recv
         if kind == Kind.RECV_F:
-            return partial(self._recv, self.p2p.act[s][mb], peer, self.p2p.tag(False, s - 1, mb), self.acts,
-                           (s, mb), True)
+            return partial(recv, p2p.act[s][mb], peer, p2p.tag(False, s - 1, mb), self.acts, (s, mb), True)
         if kind == Kind.RECV_B:
-            return partial(self._recv, self.p2p.grad[s][mb], peer, self.p2p.tag(True, s + 1, mb), self.grads,
-                           (s, mb), False)
+            return partial(recv, p2p.grad[s][mb], peer, p2p.tag(True, s + 1, mb), self.grads, (s, mb), False)
         if kind == Kind.SEND_F:
-            return partial(self._send, self.outs, (s, mb), peer, self.p2p.tag(False, s, mb), idx)
-        return partial(self._send, self.gins, (s, mb), peer, self.p2p.tag(True, s, mb), idx)
-
-    def _fuse_sends(self) -> None:
-        """NCCL: a SEND directly followed by a RECV goes out in one batch_isend_irecv with it.
-
-        NCCL serializes a rank pair's P2P on one stream, so two ranks that each send before receiving
-        from the other would deadlock; a fused group cannot (torch's Schedule1F1B fuses the same way).
-        """
-        prog = self.program
-        for idx, a in enumerate(prog):
-            if a.kind not in (Kind.SEND_F, Kind.SEND_B):
-                continue
-            nxt = next((b for b in prog[idx + 1:] if b.kind not in (Kind.SEND_F, Kind.SEND_B)), None)
-            if nxt is not None and nxt.kind in (Kind.RECV_F, Kind.RECV_B):
-                source = self.outs if a.kind == Kind.SEND_F else self.gins
-                self.ops[idx] = partial(self._defer, source, (a.stage, a.microbatch), self.peer_of(a))
-
-    def _defer(self, source: dict, key: tuple[int, int], dst: int) -> None:
-        tensor = source.pop(key)
-        self.deferred.append((dist.P2POp(dist.isend, tensor, dst), tensor))
+            return partial(self._send, self.outs, (s, mb), peer, p2p.tag(False, s, mb), idx)
+        return partial(self._send, self.gins, (s, mb), peer, p2p.tag(True, s, mb), idx)
 
     def _arm_fault(self, target: Action) -> None:
         if target not in self.program:
@@ -215,22 +179,8 @@ class Runtime:
         else:
             self.gins[(s, mb)] = grad_in.contiguous()
 
-    def _recv(self, buf: torch.Tensor, src: int, tag: int, into: dict, key: tuple[int, int], leaf: bool) -> None:
-        if self.deferred:
-            works = dist.batch_isend_irecv([op for op, _ in self.deferred] + [dist.P2POp(dist.irecv, buf, src)])
-            self.pending.extend(zip(works[:-1], [t for _, t in self.deferred], strict=True))
-            self.deferred.clear()
-            works[-1].wait()
-        else:
-            self.p2p.recv(buf, src, tag).wait()
-        into[key] = buf.detach().requires_grad_() if leaf else buf
-
     def _send(self, source: dict, key: tuple[int, int], dst: int, tag: int, idx: int) -> None:
-        tensor = source.pop(key)
-        work = self.p2p.send(tensor, dst, tag)
-        self.pending.append((work, tensor))
-        if self.watcher is not None:
-            self.watcher.watch(work, dst, self.step_index, idx)
+        self.transfers.send(source.pop(key), dst, tag, self.step_index, idx)
 
     # -- the step --------------------------------------------------------------------------------------
 
@@ -252,8 +202,6 @@ class Runtime:
         sync = self.device.type == "cuda" and self.cfg.trace is not None
         observe_tp = self.cfg.trace is not None and self.mesh.tp > 1
         if observe_tp:  # TP collectives run inside F/B/I/W; timed only when a trace is asked for
-            from executor.tensor_parallel import set_collective_observer
-
             record = log.tp_collectives.append
             set_collective_observer(lambda kind, t0, t1, nbytes: record((self.step_index, kind, t0, t1, nbytes)))
         observe_ep = self.cfg.trace is not None and self.mesh.dims.ep > 1
@@ -289,27 +237,13 @@ class Runtime:
                     else:  # an overlapped pair gives both actions' intervals
                         actions.extend(ran)
                 where = phase("the wait for posted sends")
-                if self.watcher is not None:
-                    self.watcher.drain()
-                else:
-                    for work, _ in self.pending:
-                        work.wait()
-                self.pending.clear()
-                if self.replicated:
-                    where = phase("the tensor-parallel all-reduce of replicated gradients")
-                    t0 = perf_counter_ns()
-                    nbytes = self._sum_replicated()
-                    log.collectives.append((step, "all_reduce", t0, perf_counter_ns(), nbytes))
-                if self.schedule.chains > 1:
-                    where = phase("the sum of the replicated stages' gradients")
-                    t0 = perf_counter_ns()
-                    nbytes = sum_chain_replicas(self.schedule, self.me, self.stages, self.mesh)
-                    log.collectives.append((step, "all_reduce", t0, perf_counter_ns(), nbytes))
-                where = phase("the data-parallel gradient all-reduce")
-                if self.mesh.dp > 1 or self.mesh.edp_group is not None:
-                    t0 = perf_counter_ns()
-                    nbytes = self._allreduce()
-                    log.collectives.append((step, "all_reduce", t0, perf_counter_ns(), nbytes))
+                self.transfers.wait_sends()
+                for reduction in self.grad_sync.reductions:  # executor.gradient_sync
+                    where = phase(reduction.text)
+                    if reduction.run is not None:
+                        t0 = perf_counter_ns()
+                        nbytes = reduction.run()
+                        log.collectives.append((step, "all_reduce", t0, perf_counter_ns(), nbytes))
                 where = phase("the optimizer step", rank_status.BUSY)
                 if self.optimizer is not None:
                     self.optimizer.step()
@@ -329,46 +263,13 @@ class Runtime:
             set_collective_observer(None)
         if observe_ep:
             set_exchange_observer(None)
-        if self.watcher is not None:
-            self.watcher.close()
-            log.sends_done = self.watcher.done
+        done = self.transfers.close()
+        if done is not None:
+            log.sends_done = done
         return log
-
-    def _allreduce(self) -> int:
-        """Average gradients over the DP group; returns the bytes reduced.
-
-        A routed expert's gradient already sums the rows of its ep group's ranks (the all-to-all brought them; under
-        sequence parallelism each tp rank's rows are its share of a replica's loss): it is summed over the
-        expert-data-parallel group and divided by dp, so it is the mean over all replicas as the dense gradients
-        are."""
-        grads = [p for p in self.params if p.grad is not None]
-        nbytes = sum(p.grad.numel() * p.grad.element_size() for p in grads)
-        from executor.data_parallel import allreduce_gradients
-
-        dense = [p for p in grads if id(p) not in self.experts]
-        if self.mesh.dp > 1:
-            allreduce_gradients(dense, self.mesh.dp_group, bucket_bytes=self.cfg.bucket_bytes)
-        experts = [p for p in grads if id(p) in self.experts]
-        if experts and self.mesh.edp_group is not None:
-            allreduce_gradients(experts, self.mesh.edp_group, bucket_bytes=self.cfg.bucket_bytes)  # mean over edp
-        scale = self.mesh.dims.edp / self.mesh.dims.dp_cp  # the edp mean times edp: their sum, over dp replicas
-        for p in experts:
-            p.grad.mul_(scale)
-        return nbytes
-
-    def _sum_replicated(self) -> int:
-        """Sequence parallel: parameters outside the TP layers saw 1/tp of the rows; sum their grads."""
-        nbytes = 0
-        for p in self.replicated:
-            if p.grad is not None:
-                dist.all_reduce(p.grad, group=self.mesh.tp_group)
-                nbytes += p.grad.numel() * p.grad.element_size()
-        return nbytes
 
     def named_parameters(self) -> dict[str, torch.Tensor]:
         """This rank's parameters under their full-model names (TP shards gathered to full tensors)."""
-        from executor.params import full_parameters
-
         return full_parameters(self.stages, self.mesh)
 
 

@@ -101,7 +101,7 @@ def _run_one(spec: dict, world: int, out: Path | None, cycle: int = 0) -> None:
     before = _probe_on_rank0()
     log = rt.train(None)
     after = _probe_on_rank0()
-    timing.resolve(log, rt.program, rt.peer_of, rt.transfer_bytes)
+    timing.resolve(log, rt.program, rt.transfers.peer_of, rt.transfers.transfer_bytes)
     logs = timing.gather(log)
     if mesh.rank == 0 and out is not None:
         times = timing.step_times(logs)
