@@ -106,6 +106,43 @@ def test_the_modern_reference_rows_and_their_rank_keys():
     assert [r.work for r in rows[:3]] == [128 * 8192 / 8, 2048 * 8192 / 128, 128 * 8192 / 64]
 
 
+def test_the_405b_proxy_rows_their_layer_splits_and_rank_keys():
+    """dgxc-benchmarking's Llama 3.1 405B proxies: the full model's commands with --layers N, Megatron's split of N + 2
+    (embedding and loss counted as layers) over pp x vp chunks, DP overlap only where DP (CP not counted) is over 1."""
+    assert not DATA["sources"]["DGXC25PROXY"]["in_published_md"]
+    assert "DGXC25PROXY" not in pg.reference_sources(DATA["sources"])
+    rows = [r for r in DATA["rows"] if r.source == "DGXC25PROXY"]
+    assert [(r.id.removeprefix("dgxc-"), r.published) for r in rows] == [
+        ("llama3.1-405b-proxy-32gpus", 5.4), ("llama3.1-405b-proxy-64gpus", 10.1),
+        ("llama3.1-405b-proxy-128gpus", 19.62), ("fp8-llama3.1-405b-proxy-32gpus", 3.53),
+        ("fp8-llama3.1-405b-proxy-64gpus", 6.32), ("fp8-llama3.1-405b-proxy-128gpus", 12.18)]
+    args = [bp.parse_command(r.command)[1] for r in rows]
+    assert [(a.layers, a.tp, a.stages, a.virtual, a.cp, a.dp, a.batch, a.nodes) for a in args[:3]] == [
+        (8, 8, 1, None, 2, 2, 64, 4), (30, 8, 4, 8, 2, 1, 64, 8), (62, 8, 4, 8, 2, 2, 128, 16)]
+    assert [a.layer_split for a in args[:3]] == [None, [0] + [1] * 30 + [0], [1] + [2] * 30 + [1]]
+    assert [a.framework for a in args[:3]] == ["nemo", "megatron-core", "nemo"]
+    # the profile's switches as resolved: DP 2 overlapped in 128M-parameter buckets, DP 1 (64 GPUs) not overlapped
+    assert [(a.overlap_grad_reduce, a.overlap_param_gather, a.zero, a.ddp_bucket_size) for a in args[:3]] == [
+        (True, True, 1, 134217728), (False, False, 1, None), (True, True, 1, 134217728)]
+    full = next(r for r in DATA["rows"] if r.id == "dgxc-llama3.1-405b-512gpus")
+    for r, a in zip(rows, args):  # the full model's command with the proxy's layout, BF16 and FP8 as its sources'
+        assert a.model_config == "llama3-405b" and bp.metrics.gpus(a) == a.tp * a.stages * a.cp * a.dp
+        assert a.grad_fp32 is False and a.tp_comm_overlap_ub and a.sequence_parallel and a.attention == "flash"
+        fp8 = r.id.startswith("dgxc-fp8-")
+        assert (" --fp8-format hybrid --fp8-recipe delayed" in r.command) == fp8
+        assert Path(a.tp_comm_overlap_cfg).name == (
+            f"userbuffers_{'fp8' if fp8 else 'bf16'}_h100_h16384_tp8_cp2_mbs1_seqlen8192.yaml")
+        assert r.command.endswith(full.command[full.command.index(" --tp-comm-overlap "):].replace(
+            "bf16", "fp8" if fp8 else "bf16"))
+    # another model than the full 405B: ranked only against its own BF16 / FP8 twin on the same GPUs
+    assert [r.cluster for r in rows[:3]] == ["llama3-405b L8 on 32 x dgx-h100", "llama3-405b L30 on 64 x dgx-h100",
+                                            "llama3-405b L62 on 128 x dgx-h100"]
+    assert [r.cluster for r in rows[3:]] == [r.cluster for r in rows[:3]]
+    assert full.cluster == "llama3-405b on 512 x dgx-h100"
+    results = [pr.Result(r, r.published * 0.9, "f") for r in rows + [full]]
+    assert [(p.a, p.b) for p in pg.ranking(results).pairs] == [(rows[i].id, rows[i + 3].id) for i in range(3)]
+
+
 def test_an_unknown_goal_in_a_rows_file_is_refused(tmp_path):
     rows = tmp_path / "rows.toml"
     rows.write_text(f'[sources.KOR22]\ncitation = "K"\ngoal = "sometimes"\n\n{LAYER_ROWS}')
