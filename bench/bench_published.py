@@ -103,13 +103,15 @@ def rank_key(args: argparse.Namespace) -> tuple[str, float]:
     """(the model and cluster a row's command runs, tokens per GPU per iteration): issue 33's rankings compare the
     rows of one model on one cluster, its GPU count included ("the same model on the same cluster": schedules,
     interleaving, recomputation, layouts; bench/published_goals.py), a time as work / time. The model is the
-    bundled config's name or file, or a --model gpt's shape."""
+    bundled config's name or file with the shape flags that override it (a proxy of fewer layers, --layers 8, is
+    another model: "llama3-405b L8"), or a --model gpt's shape."""
+    shape = (("h", args.hidden), ("L", args.layers), ("a", args.heads), ("kv", args.kv_heads),
+             ("f", args.ffn_hidden), ("V", args.vocab), (" ", args.activation))
+    given = "".join(f"{k}{v}" for k, v in shape if v is not None)
     if args.model_config:
-        model = str(args.model_config)
+        model = str(args.model_config) + (" " + given if given else "")
     else:
-        shape = (("h", args.hidden), ("L", args.layers), ("a", args.heads), ("kv", args.kv_heads),
-                 ("f", args.ffn_hidden), ("V", args.vocab), (" ", args.activation))
-        model = args.model + " " + "".join(f"{k}{v}" for k, v in shape if v is not None)
+        model = args.model + " " + given
     return f"{model} on {gpus(args)} x {args.hardware}", args.batch * args.seq / gpus(args)
 
 

@@ -11,7 +11,8 @@ Three summaries, as issue 33 states them:
   (Row.cluster), with the same metric, whether the predicted order of their speeds is the published one; the
   fraction of pairs that agree (goal >= 90 %). A row's speed is its figure for a throughput and work / figure for a
   time (Row.work: tokens per GPU per iteration), so that layouts of different batch or sequence compare per token.
-  Pairs the publication cannot order (equal figures) are counted apart, not ranked.
+  Pairs the publication cannot order (equal figures) are counted apart, not ranked, and so are pairs of one command
+  (the same configuration published twice, at two software versions: the simulator cannot order them).
 
 A source's `goal` ("reference" or "reported") may be left out: it is then "reference" for the sources of
 published.md (`in_published_md`, true when absent, as the issue-15 goal reads it) and "reported" for the others, so
@@ -67,10 +68,12 @@ class RankPair:
 
 @dataclass(frozen=True)
 class Ranking:
-    """The ranked pairs, and how many pairs of published rows the publication could not order (equal figures)."""
+    """The ranked pairs, how many pairs of published rows the publication could not order (equal figures), and how
+    many share one command (one configuration measured twice: the simulator gives both one figure)."""
 
     pairs: tuple[RankPair, ...]
     ties: int
+    same_command: int = 0
 
     @property
     def agree(self) -> int:
@@ -83,11 +86,15 @@ class Ranking:
 
 
 def ranking(results: list) -> Ranking:
-    """Every pair of simulated published rows with the same cluster (not "") and metric, in the results' order."""
+    """Every pair of simulated published rows with the same cluster (not "") and metric, in the results' order;
+    a pair of one command is counted apart (Ranking.same_command), before its figures are compared."""
     ran = [r for r in results if r.row.published is not None and r.predicted is not None and r.row.cluster]
-    pairs, ties = [], 0
+    pairs, ties, same = [], 0, 0
     for x, y in itertools.combinations(ran, 2):
         if (x.row.cluster, x.row.metric) != (y.row.cluster, y.row.metric):
+            continue
+        if x.row.command == y.row.command:
+            same += 1
             continue
         pub_x, pub_y = speed(x.row, x.row.published), speed(y.row, y.row.published)
         if pub_x == pub_y:
@@ -95,7 +102,7 @@ def ranking(results: list) -> Ranking:
             continue
         pred_x, pred_y = speed(x.row, x.predicted), speed(y.row, y.predicted)
         pairs.append(RankPair(x.row.id, y.row.id, pub_x > pub_y, pred_x > pred_y))
-    return Ranking(tuple(pairs), ties)
+    return Ranking(tuple(pairs), ties, same)
 
 
 def goal_lines(sources: dict[str, dict], results: list, stats: Callable) -> list[str]:
@@ -131,6 +138,8 @@ def goal_lines(sources: dict[str, dict], results: list, stats: Callable) -> list
                    f"({rk.fraction * 100:.0f} %; goal >= {RANK_GOAL * 100:.0f} %): "
                    f"**{'met' if rk.fraction >= RANK_GOAL else 'not met'}**"
                    + (f"; {rk.ties} pairs with equal published figures not ranked" if rk.ties else "")
+                   + (f"; {rk.same_command} pairs of one command (one configuration at two software versions) "
+                      "not ranked" if rk.same_command else "")
                    + (". Reversed: " + "; ".join(f"`{p.a}` / `{p.b}`" for p in wrong) if wrong else "") + ".")
     else:
         out.append("Rankings (issue 33): no pair of published rows of the same model on the same cluster in this run"

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from pipesim.comm.ub_overlap import UbConfig
 from pipesim.errors import PipesimError
 from tests.published_bench import DATA, LAYER_ROWS, _result, bp, pr
 
@@ -16,9 +17,10 @@ pg = bp.goals
 
 
 def _ranked(row_id, published, predicted, *, cluster="m on hw", work=1.0, metric="seconds_per_iteration",
-            source="S"):
+            source="S", command=None):
     r = _result(row_id, source, published, predicted, metric=metric)
-    return pr.Result(replace(r.row, cluster=cluster, work=work), predicted, "f")
+    command = command or f"pipesim simulate 1f1b --batch {len(row_id)} # {row_id}"  # one command per row
+    return pr.Result(replace(r.row, cluster=cluster, work=work, command=command), predicted, "f")
 
 
 def test_source_goal_reads_goal_else_in_published_md_and_refuses_others():
@@ -46,6 +48,19 @@ def test_ranking_pairs_by_cluster_and_metric_with_times_per_gpu():
     assert (rk.agree, rk.ties, rk.fraction) == (3, 1, 0.6)
     assert pg.speed(rows[4].row, 90.0) == 90.0 and pg.speed(rows[0].row, 9.0) == pytest.approx(100 / 9)
     assert math.isnan(pg.ranking(rows[3:5]).fraction)
+
+
+def test_a_pair_of_one_command_is_counted_apart_not_ranked():
+    """One configuration published twice (two software versions): the simulator gives both one figure, so the pair
+    is not ranked either way; the goal line says how many."""
+    same = "pipesim simulate 1f1b --batch 8"
+    rows = [_ranked("v1", 10.0, 9.0, command=same), _ranked("v2", 11.0, 9.0, command=same),
+            _ranked("w", 16.0, 15.0, work=2.0)]  # w against each: ranked, faster (speed 0.125, predicted 0.133)
+    rk = pg.ranking(rows)
+    assert [(p.a, p.b) for p in rk.pairs] == [("v1", "w"), ("v2", "w")]
+    assert (rk.same_command, rk.ties) == (1, 0)
+    line = pg.goal_lines({"S": {}}, rows, pr.stats)[2]
+    assert line.endswith("**met**; 1 pairs of one command (one configuration at two software versions) not ranked.")
 
 
 def test_goal_lines_of_issue_33_exactly():
@@ -104,6 +119,84 @@ def test_the_modern_reference_rows_and_their_rank_keys():
         "gpt h12288L96a96V50688 on 128 x dgx-h100", "nemotron4-15b on 16 x dgx-h100"]
     assert len({r.cluster for r in rows}) == len(rows)
     assert [r.work for r in rows[:3]] == [128 * 8192 / 8, 2048 * 8192 / 128, 128 * 8192 / 64]
+
+
+def test_the_405b_proxy_rows_their_layer_splits_and_rank_keys():
+    """dgxc-benchmarking's Llama 3.1 405B proxies: the full model's commands with --layers N, Megatron's split of N + 2
+    (embedding and loss counted as layers) over pp x vp chunks, DP overlap only where DP (CP not counted) is over 1."""
+    assert not DATA["sources"]["DGXC25PROXY"]["in_published_md"]
+    assert "DGXC25PROXY" not in pg.reference_sources(DATA["sources"])
+    rows = [r for r in DATA["rows"] if r.source == "DGXC25PROXY"]
+    assert [(r.id.removeprefix("dgxc-"), r.published) for r in rows] == [
+        ("llama3.1-405b-proxy-32gpus", 5.4), ("llama3.1-405b-proxy-64gpus", 10.1),
+        ("llama3.1-405b-proxy-128gpus", 19.62), ("fp8-llama3.1-405b-proxy-32gpus", 3.53),
+        ("fp8-llama3.1-405b-proxy-64gpus", 6.32), ("fp8-llama3.1-405b-proxy-128gpus", 12.18)]
+    args = [bp.parse_command(r.command)[1] for r in rows]
+    assert [(a.layers, a.tp, a.stages, a.virtual, a.cp, a.dp, a.batch, a.nodes) for a in args[:3]] == [
+        (8, 8, 1, None, 2, 2, 64, 4), (30, 8, 4, 8, 2, 1, 64, 8), (62, 8, 4, 8, 2, 2, 128, 16)]
+    assert [a.layer_split for a in args[:3]] == [None, [0] + [1] * 30 + [0], [1] + [2] * 30 + [1]]
+    assert [a.framework for a in args[:3]] == ["nemo", "megatron-core", "nemo"]
+    # the profile's switches as resolved: DP 2 overlapped in 128M-parameter buckets, DP 1 (64 GPUs) not overlapped
+    assert [(a.overlap_grad_reduce, a.overlap_param_gather, a.zero, a.ddp_bucket_size) for a in args[:3]] == [
+        (True, True, 1, 134217728), (False, False, 1, None), (True, True, 1, 134217728)]
+    full = next(r for r in DATA["rows"] if r.id == "dgxc-llama3.1-405b-512gpus")
+    for r, a in zip(rows, args):  # the full model's command with the proxy's layout, BF16 and FP8 as its sources'
+        assert a.model_config == "llama3-405b" and bp.metrics.gpus(a) == a.tp * a.stages * a.cp * a.dp
+        assert a.grad_fp32 is False and a.tp_comm_overlap_ub and a.sequence_parallel and a.attention == "flash"
+        fp8 = r.id.startswith("dgxc-fp8-")
+        assert (" --fp8-format hybrid --fp8-recipe delayed" in r.command) == fp8
+        assert Path(a.tp_comm_overlap_cfg).name == (
+            f"userbuffers_{'fp8' if fp8 else 'bf16'}_h100_h16384_tp8_cp2_mbs1_seqlen8192.yaml")
+        assert r.command.endswith(full.command[full.command.index(" --tp-comm-overlap "):].replace(
+            "bf16", "fp8" if fp8 else "bf16"))
+    # another model than the full 405B: ranked only against its own BF16 / FP8 twin on the same GPUs
+    assert [r.cluster for r in rows[:3]] == ["llama3-405b L8 on 32 x dgx-h100", "llama3-405b L30 on 64 x dgx-h100",
+                                            "llama3-405b L62 on 128 x dgx-h100"]
+    assert [r.cluster for r in rows[3:]] == [r.cluster for r in rows[:3]]
+    assert full.cluster == "llama3-405b on 512 x dgx-h100"
+    results = [pr.Result(r, r.published * 0.9, "f") for r in rows + [full]]
+    assert [(p.a, p.b) for p in pg.ranking(results).pairs] == [(rows[i].id, rows[i + 3].id) for i in range(3)]
+
+
+def test_the_megatron_bridge_h100_rows_and_their_userbuffers_configs():
+    """Megatron-Bridge's DGX-H100 dense Llama rows: FP8 current scaling (tensorwise) on the H100 FP8-CS presets'
+    layouts, each its table's global batch, Megatron-Bridge's own userbuffers configs; one configuration published at
+    two versions is one command, and its pair is counted apart."""
+    assert not DATA["sources"]["MB25"]["in_published_md"]
+    rows = [r for r in DATA["rows"] if r.source == "MB25"]
+    assert [(r.id.removeprefix("mb25-"), r.metric, r.published) for r in rows] == [
+        ("25.11-llama3-70b-64gpus", "tokens_per_sec_per_gpu", 1602),
+        ("25.11-llama3.1-405b-1024gpus", "tokens_per_sec_per_gpu", 292),
+        ("26.02-llama3-70b-64gpus", "tokens_per_sec_per_gpu", 1621),
+        ("26.02-llama3.1-405b-1024gpus", "tokens_per_sec_per_gpu", 311),
+        ("26.04-llama3-70b-64gpus", "tokens_per_sec_per_gpu", 1633),
+        ("26.06-llama3.1-405b-1024gpus", "tokens_per_sec_per_gpu", 326)]
+    args = [bp.parse_command(r.command)[1] for r in rows]
+    assert [(a.tp, a.stages, a.virtual, a.cp, a.dp, a.batch) for a in args] == [
+        (4, 8, 5, 1, 2, 128), (8, 8, 8, 2, 8, 512), (4, 8, 5, 1, 2, 256), (8, 8, 8, 2, 8, 1536),
+        (4, 8, 5, 1, 2, 256), (8, 8, 8, 2, 8, 1536)]
+    for a in args:
+        assert (a.fp8_format, a.fp8_recipe, a.zero, a.overlap_grad_reduce, a.overlap_param_gather) == (
+            "hybrid", "tensorwise", 1, True, True)
+        assert a.ddp_bucket_size == 128 * 1024 * 1024 and a.grad_fp32 is False and a.recompute == "none"
+        assert Path(a.tp_comm_overlap_cfg).name.startswith("mbridge_userbuffers_fp8_h100_")
+        assert a.layer_split == (None if a.tp == 4 else [1] + [2] * 62 + [1])
+    # Megatron-Bridge's configs of the NeMo names: no aggregation, the reduce-scatters as ring exchanges
+    tp_overlap = Path(bp.ROOT) / "bench" / "tp_overlap"
+    for name in ("userbuffers_fp8_h100_h8192_tp4_mbs1_seqlen8192",
+                 "userbuffers_fp8_h100_h16384_tp8_cp2_mbs1_seqlen8192"):
+        mb, nemo = (UbConfig.from_yaml(str(tp_overlap / f"{pre}{name}.yaml")) for pre in ("mbridge_", ""))
+        assert [(n, m.method, m.num_sm, m.set_sm_margin, m.aggregate) for n, m in mb.methods
+                if n in ("proj_fprop", "fc2_fprop", "qkv_fprop")] == [
+            ("qkv_fprop", "ring_exchange", 1, False, False), ("proj_fprop", "ring_exchange", 1, True, False),
+            ("fc2_fprop", "ring_exchange", 1, True, False)]
+        assert nemo.method("proj_fprop").method == "pipeline"
+        assert [mb.method(n) for n in ("qkv_dgrad", "qkv_wgrad", "fc1_dgrad", "fc1_wgrad")] == [
+            nemo.method(n) for n in ("qkv_dgrad", "qkv_wgrad", "fc1_dgrad", "fc1_wgrad")]
+    results = [pr.Result(r, float(r.published), "f") for r in rows]
+    rk = pg.ranking(results)
+    assert rk.same_command == 2 and [(p.a, p.b) for p in rk.pairs] == [
+        (rows[0].id, rows[2].id), (rows[0].id, rows[4].id), (rows[1].id, rows[3].id), (rows[1].id, rows[5].id)]
 
 
 def test_an_unknown_goal_in_a_rows_file_is_refused(tmp_path):
