@@ -21,6 +21,7 @@ from pipesim.model.config import ModelConfig
 from pipesim.model.fp8 import Fp8Options, check_fp8_model
 from pipesim.model.memory import check_zero
 from pipesim.model.options import ATTENTION, LayerOptions, check_choices, check_cp_comm, check_tp_split
+from pipesim.model.piece_kernels import CE_FUSIONS
 from pipesim.model.recompute_modules import canonical_modules
 from pipesim.parallel_dims import ParallelDims
 
@@ -36,6 +37,12 @@ class KernelSwitches:
     # --tp-comm-overlap: the dense linears' sp collectives inside their GEMMs by TE's userbuffers (its methods)
     ub: UbConfig | None = None
     ce_fusion: bool = False  # --cross-entropy-loss-fusion: Megatron-core's fused vocab-parallel cross-entropy
+    ce_impl: str = "native"  # --cross-entropy-fusion-impl: "native" (Megatron-core's) or "te" (Transformer Engine's)
+
+    @property
+    def cross_entropy(self) -> str:
+        """The cross-entropy the head runs (pipesim.model.piece_kernels.CE_FUSIONS)."""
+        return self.ce_impl if self.ce_fusion else "unfused"
 
     def flags(self) -> list[str]:
         """The command-line flags that give these switches (for exported commands)."""
@@ -52,6 +59,8 @@ class KernelSwitches:
             out.append("--grad-reduce-in-bf16")
         if self.ce_fusion:
             out.append("--cross-entropy-loss-fusion")
+            if self.ce_impl != "native":
+                out += ["--cross-entropy-fusion-impl", self.ce_impl]
         return out
 
 
@@ -83,6 +92,12 @@ class Job:
         check_zero(self.zero, self.dims.dp)
         if not isinstance(self.comm, CommOptions) or not isinstance(self.kernels, KernelSwitches):
             raise PipesimError("a job's comm must be CommOptions and its kernels KernelSwitches")
+        if self.kernels.ce_impl not in CE_FUSIONS[1:]:
+            raise PipesimError(f"unknown --cross-entropy-fusion-impl {self.kernels.ce_impl!r}; choose "
+                               f"{' or '.join(CE_FUSIONS[1:])}")
+        if self.kernels.ce_impl != "native" and not self.kernels.ce_fusion:
+            raise PipesimError(f"--cross-entropy-fusion-impl {self.kernels.ce_impl} needs --cross-entropy-loss-fusion "
+                               "(Megatron-core runs the unfused cross-entropy otherwise)")
         if self.kernels.ub is not None:
             if not self.kernels.tp_comm_overlap:
                 raise PipesimError("--tp-comm-overlap overlaps the backward collectives too: it cannot go with "

@@ -201,13 +201,14 @@ def test_fusion_and_overlap_flags_reach_the_simulation(tmp_path, capsys):
 def test_fused_cross_entropy_bytes_by_hand():
     """--cross-entropy-loss-fusion: Megatron-core's fused_cross_entropy.py as one kernel per @jit_fuser function:
     forward d + 20 bytes per logit (cast + max, subtract + exp + sum, divide), backward 8 + d, against the unfused
-    d + 36 and 12 + d; the GEMMs and the norm are the same."""
+    d + 36 and 12 + d; Transformer Engine's (te) 3 d and 2 d; the GEMMs and the norm are the same."""
     opts = LayerOptions(tp=2, attention="flash")
     logits = 8 * 256 * 500  # b s tokens x the rank's 1000 / 2 vocabulary rows
-    plain, fused = head_kernels(GPT, 8, opts), head_kernels(GPT, 8, opts, ce_fusion=True)
+    plain, fused, te = (head_kernels(GPT, 8, opts, ce_fusion=c) for c in ("unfused", "native", "te"))
     ce = {k.name: k.nbytes for pk in (plain, fused) for k in (*pk.F, *pk.I) if "cross-entropy" in k.name}
     assert [k.nbytes for k in (*plain.F, *plain.I) if "cross-entropy" in k.name] == [logits * 38, logits * 14]
     assert [k.nbytes for k in (*fused.F, *fused.I) if "cross-entropy" in k.name] == [logits * 22, logits * 10]
     assert len(ce) == 2
+    assert [k.nbytes for k in (*te.F, *te.I) if "cross-entropy" in k.name] == [logits * 6, logits * 4]  # 3 d, 2 d
     assert [k for k in (*plain.F, *plain.I, *plain.W) if "cross-entropy" not in k.name] == \
         [k for k in (*fused.F, *fused.I, *fused.W) if "cross-entropy" not in k.name]

@@ -285,7 +285,8 @@ def run(args: argparse.Namespace) -> int:
     apply_framework(args, keep=("zero",))  # the searched ZeRO stages stay plan's own
     shared = Job(attention=args.attention, comm=comm_options_from_args(args),  # every candidate's (its own layout)
                  kernels=KernelSwitches(args.kernel_fusion, args.tp_comm_overlap, args.grad_accum_fusion,
-                                        args.grad_fp32, ub_from_args(args), ce_fusion=args.ce_fusion),
+                                        args.grad_fp32, ub_from_args(args), ce_fusion=args.ce_fusion,
+                                        ce_impl=args.ce_impl),
                  fp8=fp8_from_args(args),
                  cp_comm=args.cp_comm_type)
     shared.check_gradients(model)

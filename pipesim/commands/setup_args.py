@@ -233,6 +233,9 @@ def add_ce_fusion_args(g) -> None:
                         "(default --framework's: on with nemo, else off)")
     g.add_argument("--no-cross-entropy-loss-fusion", dest="ce_fusion", action="store_const", const=False,
                    help="GPU presets: the unfused cross-entropy even where --framework fuses it")
+    g.add_argument("--cross-entropy-fusion-impl", dest="ce_impl", choices=("native", "te"), default="native",
+                   help="with --cross-entropy-loss-fusion: Megatron-core's own fused kernels (native, default) or "
+                        "Transformer Engine's Triton kernel (te: 3 d bytes per logit forward, 2 d backward)")
 
 
 def apply_framework(args: argparse.Namespace, *, keep: tuple[str, ...] = ()) -> argparse.Namespace:
@@ -253,7 +256,7 @@ def sim_job(args: argparse.Namespace, model: ModelConfig | None, hardware: Hardw
     job = Job(dims, recompute=args.recompute, sp=args.sequence_parallel,
               attention=args.attention, zero=args.zero, comm=comm_options_from_args(args),
               kernels=KernelSwitches(args.kernel_fusion, args.tp_comm_overlap, args.grad_accum_fusion, args.grad_fp32,
-                                     ub_from_args(args), ce_fusion=args.ce_fusion),
+                                     ub_from_args(args), ce_fusion=args.ce_fusion, ce_impl=args.ce_impl),
               recompute_modules=tuple(args.recompute_modules or ()), fp8=fp8_from_args(args),
               cp_comm=args.cp_comm_type)
     job.check_gradients(model)

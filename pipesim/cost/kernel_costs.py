@@ -174,7 +174,7 @@ def fp8_update_seconds(model: ModelConfig, b: int, opts: LayerOptions, family: s
 @lru_cache(maxsize=4096)
 def head_seconds(model: ModelConfig, b: int, opts: LayerOptions, family: str,
                  kernels: KernelFigures | None = None, grad_fusion: bool = True,
-                 grad_bytes: int = 0, ce_fusion: bool = False) -> PieceSeconds:
+                 grad_bytes: int = 0, ce_fusion: str = "unfused") -> PieceSeconds:
     pk = _accumulated(head_kernels(model, b, opts, ce_fusion=ce_fusion), model, head_params(model, opts.tp),
                       grad_fusion, grad_bytes)
     return piece_seconds(pk, model.dtype, profile_of(family, kernels))
@@ -238,7 +238,7 @@ class StageSeconds:
 def gpt_stage_seconds(model: ModelConfig, b: int, layers: int, opts: LayerOptions, *, first: bool, last: bool,
                       fused: bool, family: str, kernels: KernelFigures | None = None,
                       grad_fusion: bool = True, grad_bytes: int = 0, moe_layers: int = 0,
-                      ce_fusion: bool = False) -> StageSeconds:
+                      ce_fusion: str = "unfused") -> StageSeconds:
     """Embedding (first stage), `layers` layers (`moe_layers` of them with experts), head + cross-entropy and the
     multi-token-prediction modules (last stage); each piece's gradients added into main_grad in its W, inside the
     wgrad GEMMs when `grad_fusion`."""

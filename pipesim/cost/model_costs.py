@@ -130,7 +130,7 @@ def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hard
                                   executor_ops=hw.host is not None)
         timed = _kernel_seconds(model, b, layers, hw, opts, tp, first=s == 0, last=last, fused=kernels.fusion,
                                 grad_fusion=kernels.grad_accum_fusion, grad_bytes=PRECISIONS[precision].grad_bytes,
-                                moe_layers=moe_counts[s], ce_fusion=kernels.ce_fusion)
+                                moe_layers=moe_counts[s], ce_fusion=kernels.cross_entropy)
         if timed is None and moe_counts[s] and hw.host is None:  # a calibrated CPU host: its roofline, as dense
             raise PipesimError(f"mixture-of-experts layers are timed kernel by kernel: {hw.name} has no GPU device "
                                "family (use a GPU preset)")
@@ -229,7 +229,7 @@ def _add_exchanges(out: dict, stage: int, model: ModelConfig, b: int, opts: Laye
 
 def _kernel_seconds(model: ModelConfig, b: int, layers: int, hw: Hardware, opts: LayerOptions | None, tp: int, *,
                     first: bool, last: bool, fused: bool, grad_fusion: bool = True,
-                    grad_bytes: int = 0, moe_layers: int = 0, ce_fusion: bool = False) -> StageSeconds | None:
+                    grad_bytes: int = 0, moe_layers: int = 0, ce_fusion: str = "unfused") -> StageSeconds | None:
     """The stage's kernel seconds on the hardware's device family; None without one (the roofline path)."""
     family = hw.device.family
     if not family:

@@ -25,17 +25,25 @@ from pipesim.model.options import LayerOptions, vocab_shard
 FP32 = 4  # bytes: Megatron's vocab-parallel cross-entropy runs on float32 logits (logits.float())
 
 
-def head_kernels(model: ModelConfig, b: int, opts: LayerOptions, *, ce_fusion: bool = False) -> PieceKernels:
+CE_FUSIONS = ("unfused", "native", "te")  # Megatron-core's cross-entropy: off, --cross-entropy-fusion-impl native / te
+# bytes per logit of each (forward, backward): (d + float32 passes x 4) for unfused and native, multiples of d for te
+_CE_FP32_PASSES = {"unfused": (9, 3), "native": (5, 2)}
+
+
+def head_kernels(model: ModelConfig, b: int, opts: LayerOptions, *, ce_fusion: str = "unfused") -> PieceKernels:
     """Final norm, LM head (h x ceil(V / t)) and Megatron's vocab-parallel cross-entropy on float32 logits.
 
     Cross-entropy forward: cast to float32 (read d, write 4), max (read 4), subtract (read 4,
     write 4), exp (read 4, write 4), sum (read 4), divide (read 4, write 4): d + 36 bytes per
     logit; backward: scale the saved softmax (read 4, write 4), cast back (read 4, write d):
-    12 + d. That is Megatron's default; with `ce_fusion` (--cross-entropy-loss-fusion, its 'native'
-    implementation: megatron/core/fusions/fused_cross_entropy.py, each @jit_fuser function one kernel that
-    reads its logit-sized inputs once and writes its outputs, an input it changes in place written back) the
-    forward is cast + max (read d, write 4), subtract + exp + sum (read 4, write 4), divide (read 4, write 4):
-    d + 20; the backward one kernel (read the softmax 4, write it back 4, write the gradient d): 8 + d.
+    12 + d. That is Megatron's default. `ce_fusion` "native" (--cross-entropy-loss-fusion, Megatron-core's
+    megatron/core/fusions/fused_cross_entropy.py: each @jit_fuser function one kernel that reads its logit-sized
+    inputs once and writes its outputs, an input it changes in place written back): forward cast + max (read d,
+    write 4), subtract + exp + sum (read 4, write 4), divide (read 4, write 4): d + 20; backward one kernel (read
+    the softmax 4, write it back 4, write the gradient d): 8 + d. "te" (--cross-entropy-fusion-impl te: Transformer
+    Engine's Triton parallel_cross_entropy, transformer_engine/pytorch/triton/cross_entropy.py @ v2.9, on the bf16
+    logits): the online-softmax pass reads them (d), the loss pass reads them again and writes the gradient over
+    them in place (2 d): 3 d; backward the in-place scale by the per-token loss gradient (read d, write d): 2 d.
     """
     opts.check(model)
     d = model.dtype_bytes
@@ -44,10 +52,16 @@ def head_kernels(model: ModelConfig, b: int, opts: LayerOptions, *, ce_fusion: b
     vocab = vocab_shard(model, opts.tp)
     logits = tokens * vocab
     norm = "RMSNorm" if model.norm == "rmsnorm" else "LayerNorm"
-    ce_f, ce_b = (5, 2) if ce_fusion else (9, 3)  # float32 passes per logit, forward and backward (above)
+    if ce_fusion not in CE_FUSIONS:
+        raise PipesimError(f"unknown cross-entropy {ce_fusion!r}; choose {', '.join(CE_FUSIONS)}")
+    if ce_fusion == "te":
+        ce_f, ce_b = 3 * d, 2 * d  # bytes per logit (above)
+    else:
+        passes_f, passes_b = _CE_FP32_PASSES[ce_fusion]
+        ce_f, ce_b = d + passes_f * FP32, d + passes_b * FP32
     f: tuple[Kernel, ...] = (MemoryBound(f"final {norm}", 2 * hidden * d), Gemm("LM head", tokens, vocab, model.hidden),
-                             MemoryBound("cross-entropy", logits * (d + ce_f * FP32)))
-    i: tuple[Kernel, ...] = (MemoryBound("cross-entropy backward", logits * (d + ce_b * FP32)),
+                             MemoryBound("cross-entropy", logits * ce_f))
+    i: tuple[Kernel, ...] = (MemoryBound("cross-entropy backward", logits * ce_b),
                              Gemm("LM head dgrad", tokens, model.hidden, vocab),
                              MemoryBound(f"final {norm} backward", 3 * hidden * d))
     w: tuple[Kernel, ...] = (Gemm("LM head wgrad", model.hidden, vocab, tokens),)
@@ -127,4 +141,4 @@ def mlp_layer_kernels(b: int, hidden: int, dtype_bytes: int, tp: int, *, input_g
                         (Gemm("linear wgrad", hidden, out, b),))
 
 
-__all__ = ["check_mtp", "embedding_kernels", "head_kernels", "mlp_layer_kernels", "mtp_kernels"]
+__all__ = ["CE_FUSIONS", "check_mtp", "embedding_kernels", "head_kernels", "mlp_layer_kernels", "mtp_kernels"]
