@@ -69,31 +69,9 @@ def test_the_diagnosis_checks_other_sources_of_the_same_family_out_of_sample(tmp
     on = [str(planted) if a == "dgx-a100" else a for a in argv]
     fwd, bwd = (bp.metrics.action_ms(bp.run_argv(on), 1, k) for k in ("F", "B"))
     h100 = LAYER.replace("dgx-a100", "dgx-h100")
-    rows = tmp_path / "rows.toml"
-    rows.write_text("""
-[sources.KOR22]
-citation = "K"
-
-[sources.OTHER]
-citation = "O"
-in_published_md = false
-""" + "".join(f"""
-[[rows]]
-id = "{i}"
-source = "{src}"
-table = "T"
-configuration = "{conf}"
-metric = "{metric}"
-published = {pub!r}
-command = "{cmd}"
-""" for i, src, conf, metric, pub, cmd in (("fwd", "KOR22", "layer forward", "layer_forward_ms", fwd, LAYER),
-                                           ("bwd", "OTHER", "a100 backward", "layer_backward_ms", bwd, LAYER),
-                                           ("h", "OTHER", "h100 backward", "layer_backward_ms", 1.0, h100))) + """
-[[diagnosis]]
-anchor = "fwd"
-field = "matmul_efficiency"
-range = [0.3, 0.869]
-""")
+    rows = _two_sources(tmp_path, (("fwd", "KOR22", "layer forward", "layer_forward_ms", fwd, LAYER),
+                                   ("bwd", "OTHER", "a100 backward", "layer_backward_ms", bwd, LAYER),
+                                   ("h", "OTHER", "h100 backward", "layer_backward_ms", 1.0, h100)), "fwd", 0.869)
     out = tmp_path / "p.md"
     assert bp.main(["--rows", str(rows), "--out", str(out), "--jobs", "1", "--no-breakdown"]) == 0
     doc = out.read_text()
@@ -112,8 +90,24 @@ def test_an_anchor_on_a_family_without_goal_rows_is_judged_on_that_familys_other
     argv, _ = bp.parse_command(h100)
     on = [str(planted) if a == "dgx-h100" else a for a in argv]
     fwd, bwd = (bp.metrics.action_ms(bp.run_argv(on), 1, k) for k in ("F", "B"))
-    rows = tmp_path / "rows.toml"
-    rows.write_text("""
+    rows = _two_sources(tmp_path, (("a", "KOR22", "a100 forward", "layer_forward_ms", 1.0, LAYER),
+                                   ("hf", "OTHER", "h100 forward", "layer_forward_ms", fwd, h100),
+                                   ("hb", "OTHER", "h100 backward", "layer_backward_ms", bwd, h100)), "hf", 0.9)
+    out = tmp_path / "p.md"
+    assert bp.main(["--rows", str(rows), "--out", str(out), "--jobs", "1", "--no-breakdown"]) == 0
+    doc = out.read_text()
+    shipped = device_profile("H100").matmul_efficiency
+    assert f"| `matmul_efficiency` | H100 | {shipped:.3f} | hf | 0.600 | 2 (other sources') | 0.0 % | 0.0 % |" in doc
+    line = next(x for x in doc.splitlines() if x.startswith("- `matmul_efficiency` = 0.600 (H100): "))
+    assert re.fullmatch(r"- `matmul_efficiency` = 0\.600 \(H100\): OTHER: h100 forward [+-]0\.0 %, "
+                        r"h100 backward [+-]0\.0 %\.", line), line
+
+
+def _two_sources(tmp_path, rows: tuple, anchor: str, hi: float):
+    """A rows file of a published.md source (KOR22) and another (OTHER), `rows` as (id, source, configuration,
+    metric, published, command), and one matmul_efficiency diagnosis on `anchor` over [0.3, hi]."""
+    path = tmp_path / "rows.toml"
+    path.write_text("""
 [sources.KOR22]
 citation = "K"
 
@@ -129,19 +123,10 @@ configuration = "{conf}"
 metric = "{metric}"
 published = {pub!r}
 command = "{cmd}"
-""" for i, src, conf, metric, pub, cmd in (("a", "KOR22", "a100 forward", "layer_forward_ms", 1.0, LAYER),
-                                           ("hf", "OTHER", "h100 forward", "layer_forward_ms", fwd, h100),
-                                           ("hb", "OTHER", "h100 backward", "layer_backward_ms", bwd, h100))) + """
+""" for i, src, conf, metric, pub, cmd in rows) + f"""
 [[diagnosis]]
-anchor = "hf"
+anchor = "{anchor}"
 field = "matmul_efficiency"
-range = [0.3, 0.9]
+range = [0.3, {hi}]
 """)
-    out = tmp_path / "p.md"
-    assert bp.main(["--rows", str(rows), "--out", str(out), "--jobs", "1", "--no-breakdown"]) == 0
-    doc = out.read_text()
-    shipped = device_profile("H100").matmul_efficiency
-    assert f"| `matmul_efficiency` | H100 | {shipped:.3f} | hf | 0.600 | 2 (other sources') | 0.0 % | 0.0 % |" in doc
-    line = next(x for x in doc.splitlines() if x.startswith("- `matmul_efficiency` = 0.600 (H100): "))
-    assert re.fullmatch(r"- `matmul_efficiency` = 0\.600 \(H100\): OTHER: h100 forward [+-]0\.0 %, "
-                        r"h100 backward [+-]0\.0 %\.", line), line
+    return path
