@@ -57,11 +57,14 @@ class KernelSwitches:
             out.append("--accumulate-allreduce-grads-in-fp32")
         elif self.grad_fp32 is False:
             out.append("--grad-reduce-in-bf16")
-        if self.ce_fusion:
-            out.append("--cross-entropy-loss-fusion")
-            if self.ce_impl != "native":
-                out += ["--cross-entropy-fusion-impl", self.ce_impl]
-        return out
+        return out + self.ce_flags()
+
+    def ce_flags(self) -> list[str]:
+        """Megatron-core's flags (and pipesim's) of the cross-entropy: the one spelling of every export."""
+        if not self.ce_fusion:
+            return []
+        return ["--cross-entropy-loss-fusion"] + (["--cross-entropy-fusion-impl", self.ce_impl]
+                                                  if self.ce_impl != "native" else [])
 
 
 @dataclass(frozen=True)

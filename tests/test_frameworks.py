@@ -62,6 +62,9 @@ def test_a_typed_flag_wins_over_the_profile_which_wins_over_the_default():
                                              "--no-cross-entropy-loss-fusion"]), None, None)
     assert off.kernels.ce_fusion is False and "--cross-entropy-loss-fusion" not in off.kernels.flags()
     assert KernelSwitches(ce_fusion=True).flags() == ["--cross-entropy-loss-fusion"]
+    te = KernelSwitches(ce_fusion=True, ce_impl="te")
+    assert te.flags() == te.ce_flags() == ["--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl", "te"]
+    assert te.cross_entropy == "te" and KernelSwitches(ce_impl="native").cross_entropy == "unfused"
 
 
 def test_the_2021_profile_is_exactly_the_flags_nar21s_rows_type(tmp_path):

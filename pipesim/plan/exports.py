@@ -123,10 +123,7 @@ def megatron_args(c: Candidate, req: PlanRequest, attention: str | None = None) 
     if attention == "flash":
         out.append("--use-flash-attn")
     out += grad_flags(req.job.kernels.grad_fp32)
-    if req.job.kernels.ce_fusion:  # Megatron-core's names
-        out.append("--cross-entropy-loss-fusion")
-        if req.job.kernels.ce_impl != "native":
-            out += ["--cross-entropy-fusion-impl", req.job.kernels.ce_impl]
+    out += req.job.kernels.ce_flags()  # Megatron-core's names
     if req.job.fp8 is not None:  # Megatron-core's names (Transformer Engine's recipes; params stay bf16)
         out += req.job.fp8.flags()
     ub = c.job(req.job).kernels.ub  # the candidate's: userbuffers only with tp > 1 and sequence parallelism
