@@ -21,7 +21,7 @@ from pipesim.model.config import ModelConfig
 from pipesim.model.fp8 import Fp8Options, check_fp8_model
 from pipesim.model.memory import check_zero
 from pipesim.model.options import ATTENTION, LayerOptions, check_choices, check_cp_comm, check_tp_split
-from pipesim.model.piece_kernels import CE_FUSIONS
+from pipesim.model.piece_kernels import CE_IMPLS
 from pipesim.model.recompute_modules import canonical_modules
 from pipesim.parallel_dims import ParallelDims
 
@@ -95,9 +95,9 @@ class Job:
         check_zero(self.zero, self.dims.dp)
         if not isinstance(self.comm, CommOptions) or not isinstance(self.kernels, KernelSwitches):
             raise PipesimError("a job's comm must be CommOptions and its kernels KernelSwitches")
-        if self.kernels.ce_impl not in CE_FUSIONS[1:]:
+        if self.kernels.ce_impl not in CE_IMPLS:
             raise PipesimError(f"unknown --cross-entropy-fusion-impl {self.kernels.ce_impl!r}; choose "
-                               f"{' or '.join(CE_FUSIONS[1:])}")
+                               f"{' or '.join(CE_IMPLS)}")
         if self.kernels.ce_impl != "native" and not self.kernels.ce_fusion:
             raise PipesimError(f"--cross-entropy-fusion-impl {self.kernels.ce_impl} needs --cross-entropy-loss-fusion "
                                "(Megatron-core runs the unfused cross-entropy otherwise)")

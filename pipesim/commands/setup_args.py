@@ -19,6 +19,7 @@ from pipesim.job import Job, KernelSwitches
 from pipesim.model.config import ModelConfig
 from pipesim.model.fp8 import DEFAULT_RECIPE, FP8_FORMATS, FP8_RECIPES, Fp8Options, check_fp8_model
 from pipesim.model.options import ATTENTION, CP_COMM_TYPES, RECOMPUTE
+from pipesim.model.piece_kernels import CE_IMPLS
 from pipesim.model.recompute_modules import RECOMPUTE_MODULES
 from pipesim.parallel_dims import ParallelDims
 from pipesim.sim.sim_setup import DEFAULT_HARDWARE, SimSetup, on_gpus
@@ -233,7 +234,7 @@ def add_ce_fusion_args(g) -> None:
                         "(default --framework's: on with nemo, else off)")
     g.add_argument("--no-cross-entropy-loss-fusion", dest="ce_fusion", action="store_const", const=False,
                    help="GPU presets: the unfused cross-entropy even where --framework fuses it")
-    g.add_argument("--cross-entropy-fusion-impl", dest="ce_impl", choices=("native", "te"), default="native",
+    g.add_argument("--cross-entropy-fusion-impl", dest="ce_impl", choices=CE_IMPLS, default="native",
                    help="with --cross-entropy-loss-fusion: Megatron-core's own fused kernels (native, default) or "
                         "Transformer Engine's Triton kernel (te: 3 d bytes per logit forward, 2 d backward)")
 

@@ -25,7 +25,8 @@ from pipesim.model.options import LayerOptions, vocab_shard
 FP32 = 4  # bytes: Megatron's vocab-parallel cross-entropy runs on float32 logits (logits.float())
 
 
-CE_FUSIONS = ("unfused", "native", "te")  # Megatron-core's cross-entropy: off, --cross-entropy-fusion-impl native / te
+CE_IMPLS = ("native", "te")  # Megatron-core's --cross-entropy-fusion-impl choices
+CE_FUSIONS = ("unfused", *CE_IMPLS)  # the cross-entropy a head runs: Megatron-core's unfused one, or a fused impl
 # bytes per logit of each (forward, backward): (d + float32 passes x 4) for unfused and native, multiples of d for te
 _CE_FP32_PASSES = {"unfused": (9, 3), "native": (5, 2)}
 
@@ -141,4 +142,5 @@ def mlp_layer_kernels(b: int, hidden: int, dtype_bytes: int, tp: int, *, input_g
                         (Gemm("linear wgrad", hidden, out, b),))
 
 
-__all__ = ["CE_FUSIONS", "check_mtp", "embedding_kernels", "head_kernels", "mlp_layer_kernels", "mtp_kernels"]
+__all__ = ["CE_FUSIONS", "CE_IMPLS", "check_mtp", "embedding_kernels", "head_kernels", "mlp_layer_kernels",
+           "mtp_kernels"]
