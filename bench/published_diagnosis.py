@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from types import ModuleType
 
@@ -64,9 +65,15 @@ def solve(bench: ModuleType, row, field: str, lo: float, hi: float, directory: P
     return (lo + hi) / 2
 
 
+@lru_cache(maxsize=64)
+def _spec_family(spec: str) -> str:
+    """The device family of a hardware preset or file (read once: every diagnosis asks it of every row)."""
+    return load_hardware(spec).device.family
+
+
 def _family(bench: ModuleType, row) -> str:
     argv, _ = bench.parse_command(row.command)
-    return load_hardware(argv[argv.index("--hardware") + 1]).device.family
+    return _spec_family(argv[argv.index("--hardware") + 1])
 
 
 def diagnose(data: dict, bench: ModuleType, goal: list, jobs: int, directory: Path,
@@ -79,11 +86,9 @@ def diagnose(data: dict, bench: ModuleType, goal: list, jobs: int, directory: Pa
         anchor = by_id.get(d["anchor"])
         if anchor is None or anchor.published is None:
             continue  # a restricted run (--only) without the anchor row
-        argv, _ = bench.parse_command(anchor.command)
-        spec = argv[argv.index("--hardware") + 1]
         lo, hi = d["range"]
         value = round(solve(bench, anchor, d["field"], lo, hi, directory), 4)
-        family = load_hardware(spec).device.family
+        family = _family(bench, anchor)
         outside = [r for r in others or [] if r.published is not None and _family(bench, r) == family]
         own = [r for r in goal if _family(bench, r) == family]  # the solved figure is one family's
         in_goal = bool(own)
