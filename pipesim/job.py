@@ -19,6 +19,7 @@ from pipesim.comm.ub_overlap import UbConfig
 from pipesim.errors import PipesimError
 from pipesim.model.config import ModelConfig
 from pipesim.model.fp8 import Fp8Options, check_fp8_model
+from pipesim.model.fsdp import FsdpPolicy, check_reshard, fsdp_policy
 from pipesim.model.memory import check_zero
 from pipesim.model.options import ATTENTION, LayerOptions, check_choices, check_cp_comm, check_tp_split
 from pipesim.model.piece_kernels import CE_IMPLS
@@ -83,6 +84,8 @@ class Job:
     recompute_modules: tuple[str, ...] = ()
     fp8: Fp8Options | None = None  # Megatron-core's --fp8-format / --fp8-recipe (pipesim.model.fp8); None: no FP8
     cp_comm: str = "p2p"  # Megatron-core's --cp-comm-type (pipesim.model.options.CP_COMM_TYPES)
+    # ZeRO 3: torchtitan's --parallelism.fsdp_reshard_after_forward (pipesim.model.fsdp): default, always, never
+    fsdp_reshard: str = "default"
 
     def __post_init__(self) -> None:
         if self.fp8 is not None and not isinstance(self.fp8, Fp8Options):
@@ -106,6 +109,10 @@ class Job:
                 raise PipesimError("--tp-comm-overlap overlaps the backward collectives too: it cannot go with "
                                    "--no-async-tensor-model-parallel-allreduce (or a --framework that sets it)")
         check_cp_comm(self.cp_comm)
+        check_reshard(self.fsdp_reshard)
+        if self.fsdp_reshard != "default" and self.zero != 3:
+            raise PipesimError(f"--fsdp-reshard-after-forward {self.fsdp_reshard} needs FSDP's sharded parameters "
+                               f"(--zero 3), got --zero {self.zero}")
         if self.comm.overlap_param_gather and (self.zero == 3 or (self.zero == 0 and self.dims.dp_cp > 1)):
             raise PipesimError(f"--overlap-param-gather needs the distributed optimizer's parameter all-gather "
                                f"(--zero 1 or 2), got --zero {self.zero}")
@@ -131,6 +138,11 @@ class Job:
     def ep(self) -> int:
         return self.dims.ep
 
+    @property
+    def fsdp(self) -> FsdpPolicy | None:
+        """ZeRO 3's resharding on this job's pp ranks (pipesim.model.fsdp); None under ZeRO 0-2."""
+        return fsdp_policy(self.fsdp_reshard, self.dims.pp) if self.zero == 3 else None
+
     def with_pp(self, pp: int) -> Job:
         """The same job on `pp` pipeline ranks (a sweep's or a schedule's own p)."""
         return self if pp == self.dims.pp else replace(self, dims=replace(self.dims, pp=pp))
@@ -142,7 +154,7 @@ class Job:
         d = self.dims
         dims = ParallelDims(dp=d.dp, tp=d.tp, cp=d.cp, ep=d.ep, etp=d.etp) if d.has_experts else \
             ParallelDims(tp=d.tp, cp=d.cp)
-        return replace(self, dims=dims, zero=0)
+        return replace(self, dims=dims, zero=0, fsdp_reshard="default")
 
     def resolve_attention(self, gpu: bool, model: ModelConfig | None) -> Job:
         """The job with its attention kernel decided: flash on GPU hardware at 16 bits, eager on CPUs and in

@@ -18,6 +18,7 @@ from pipesim.hardware.toml_io import load_hardware
 from pipesim.job import Job, KernelSwitches
 from pipesim.model.config import ModelConfig
 from pipesim.model.fp8 import DEFAULT_RECIPE, FP8_FORMATS, FP8_RECIPES, Fp8Options, check_fp8_model
+from pipesim.model.fsdp import FSDP_RESHARD
 from pipesim.model.options import ATTENTION, CP_COMM_TYPES, RECOMPUTE
 from pipesim.model.piece_kernels import CE_IMPLS
 from pipesim.model.recompute_modules import RECOMPUTE_MODULES
@@ -81,6 +82,11 @@ def add_setup_args(parser: argparse.ArgumentParser) -> None:
     f.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=None,
                    help="ZeRO stage over dp: 1 shards optimizer states (Megatron's distributed optimizer), 2 "
                         "gradients too, 3 parameters too (FSDP) (default --framework's, else 0: plain DDP)")
+    f.add_argument("--fsdp-reshard-after-forward", dest="fsdp_reshard", choices=FSDP_RESHARD, default="default",
+                   help="with --zero 3: torchtitan's FSDP2 resharding: always frees each unit's gathered parameters "
+                        "after its forward (gathered again for the backward), never keeps them, default frees them "
+                        "only without pipelining; without pipelining FSDP2 also frees them and reduce-scatters the "
+                        "gradients after every backward")
     f.add_argument("--no-kernel-fusion", dest="kernel_fusion", action="store_false", default=None,
                    help="GPU presets: eager PyTorch's one kernel per elementwise op instead of Megatron's fused "
                         "kernels (its --no-bias-gelu-fusion, --no-bias-swiglu-fusion, --no-bias-dropout-fusion, "
@@ -259,7 +265,7 @@ def sim_job(args: argparse.Namespace, model: ModelConfig | None, hardware: Hardw
               kernels=KernelSwitches(args.kernel_fusion, args.tp_comm_overlap, args.grad_accum_fusion, args.grad_fp32,
                                      ub_from_args(args), ce_fusion=args.ce_fusion, ce_impl=args.ce_impl),
               recompute_modules=tuple(args.recompute_modules or ()), fp8=fp8_from_args(args),
-              cp_comm=args.cp_comm_type)
+              cp_comm=args.cp_comm_type, fsdp_reshard=args.fsdp_reshard)
     job.check_gradients(model)
     check_fp8_run(job.fp8, model, hardware)
     return job.resolve_attention(on_gpus(hardware), model)

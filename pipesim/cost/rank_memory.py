@@ -7,7 +7,8 @@ its own compute actions, in program order (F stashes its stage's microbatch; B, 
 backward, releases it), so walking the program gives the same peak as the simulator's memory
 timeline. A recomputing stage's backward (B, or I under a split backward) re-creates one layer's
 activations on top of what is stashed at that moment. Model state as the step holds it: ZeRO-3's
-chunks gathered on top of their shard (`step_peak_state`). Formulas:
+chunks gathered on top of their shard (`step_peak_state`; all of them, or the two units FSDP2 holds at once
+when it reshards after each forward). Formulas:
 docs/large_models.md.
 """
 
@@ -17,6 +18,7 @@ from pipesim.cost.model_costs import ParallelCosts
 from pipesim.hardware.machine import Hardware
 from pipesim.ir.deps import releases_activations
 from pipesim.ir.schedule import Kind, Schedule
+from pipesim.model.fsdp import fsdp_policy, resident_fraction
 from pipesim.model.memory import PRECISIONS, MemoryBreakdown, ModelState, check_rank_fits, step_peak_state
 
 RECOMPUTING = (Kind.B, Kind.I)  # the backward piece that re-runs a recomputed layer's forward first
@@ -53,9 +55,11 @@ def rank_memory(schedule: Schedule, costs: ParallelCosts) -> list[MemoryBreakdow
     for r in range(schedule.num_ranks):
         params = sum(counts[s] for s in schedule.stages_of(r))
         experts = sum(costs.expert_param_counts[s] for s in schedule.stages_of(r)) if costs.expert_param_counts else 0
-        state = step_peak_state(params - experts, dp=dims.dp_cp, zero=costs.job.zero, precision=precision)  # its chunks
+        resident = _resident(schedule, costs, r)
+        state = step_peak_state(params - experts, dp=dims.dp_cp, zero=costs.job.zero, precision=precision,
+                                resident=resident)  # its chunks
         if experts:  # the routed experts' state: sharded over the expert-data-parallel group
-            more = step_peak_state(experts, dp=dims.edp, zero=costs.job.zero, precision=precision)
+            more = step_peak_state(experts, dp=dims.edp, zero=costs.job.zero, precision=precision, resident=resident)
             state = ModelState(state.parameters + more.parameters, state.gradients + more.gradients,
                                state.optimizer_states + more.optimizer_states)
         stash, working, inflight = activation_peak(schedule, costs, r)
@@ -65,6 +69,18 @@ def rank_memory(schedule: Schedule, costs: ParallelCosts) -> list[MemoryBreakdow
                                    recompute=working, comm_buffers=costs.comm_buffer_bytes,
                                    fp8_weights=fp8))
     return out
+
+
+def _resident(schedule: Schedule, costs: ParallelCosts, rank: int) -> float:
+    """ZeRO 3: the fraction of the rank's chunks gathered at its peak (pipesim.model.fsdp.resident_fraction); its
+    FSDP units are its layers, the embedding and the head (one computes at a time, whichever chunk holds it)."""
+    if costs.job.zero != 3:
+        return 1.0
+    policy = fsdp_policy(costs.job.fsdp_reshard, schedule.num_ranks)  # the schedule's pipeline, whatever the job's pp
+    stages = schedule.stages_of(rank)
+    units = sum(costs.layers_per_stage[s] for s in stages) if costs.layers_per_stage else len(stages)
+    units += (0 in stages) + (schedule.num_stages - 1 in stages)
+    return resident_fraction(policy, max(1, units))
 
 
 def check_memory(schedule: Schedule, costs: ParallelCosts, hw: Hardware,

@@ -11,10 +11,13 @@ simulator kernel places in time (docs/simulator.md, "The step's end"):
 - ZeRO 2: the same all_gather, but the gradients stay sharded (the memory model's 2P / dp), so a
   reduce_scatter follows every weight-gradient backward (phase `microbatch`); the optimizer waits
   for the last (docs/simulator.md, "ZeRO").
-- ZeRO 3: an all_gather of each chunk's parameters before its first forward (prefetched from the
-  step's start; the chunk stays gathered through every forward and backward, FSDP2 with PP in
-  torchtitan: reshard_after_forward=False, and memory holds it), and a reduce_scatter of its
-  gradients after its last backward.
+- ZeRO 3 (FSDP2; pipesim.model.fsdp says when it reshards): gathered once per step, an all_gather of each
+  chunk's parameters before its first forward (prefetched from the step's start; the chunk stays gathered
+  through every forward and backward, torchtitan's default with PP) and a reduce_scatter of its gradients
+  after its last backward. A chunk FSDP2 frees between computes (reshard after forward, or without
+  pipelining after every backward) is gathered again whenever it computes while freed (phase "gather",
+  unit by unit beside that compute), and without pipelining its gradients are reduce-scattered after
+  every backward ("microbatch", as ZeRO 2).
 - The optimizer step is memory-bound, on the shard the rank owns. On a GPU preset with a device family it is
   Megatron-LM's passes (pipesim.model.optimizer_step: main-gradient copy, fp16's unscale, the norm for clipping,
   Adam, the copy back to the 16-bit parameters, the gradient buffer's zeroing), each a memory-bound kernel of
@@ -36,16 +39,18 @@ from pipesim.errors import PipesimError
 from pipesim.hardware.machine import Hardware
 from pipesim.job import Job
 from pipesim.model.config import ModelConfig
+from pipesim.model.fsdp import FsdpPolicy
 from pipesim.model.layer_collectives import cp_layer_exchanges
 from pipesim.model.memory import PRECISIONS, Precision, dp_collectives, optimizer_step_bytes, zero3_chunk_collectives
 from pipesim.model.optimizer_step import optimizer_passes, pass_bytes
 from pipesim.model.options import LayerOptions
 
 # When a step collective runs, relative to the stage's (chunk's) work:
-PHASES = ("forward", "backward", "grads", "microbatch", "params")
+PHASES = ("forward", "backward", "grads", "microbatch", "params", "gather")
 # forward: before its first forward (prefetched at the step's start); backward: before its first backward
 # (prefetched); grads: after its last backward (the optimizer waits for it); microbatch: after each of its
-# weight-gradient backwards (ZeRO 2; the optimizer waits for them too); params: after the optimizer step
+# weight-gradient backwards (ZeRO 2; the optimizer waits for them too); params: after the optimizer step;
+# gather: before any of its computes that finds the chunk freed (ZeRO 3 resharding, issued when it starts)
 
 
 @dataclass(frozen=True)
@@ -70,6 +75,7 @@ class StepCosts:
     optimizer_seconds: tuple[float, ...]  # per stage: the Adam step on the shard this rank owns
     optimizer_bytes: tuple[int, ...]  # per stage: HBM bytes that step reads and writes
     zero: int = 0  # ZeRO stage the figures were made for (reported)
+    fsdp: FsdpPolicy | None = None  # ZeRO 3's resharding (pipesim.model.fsdp); None under ZeRO 0-2
 
 
 def _precision(precision: Precision | str) -> Precision:
@@ -81,18 +87,23 @@ def _precision(precision: Precision | str) -> Precision:
 
 
 def stage_step_collectives(params: int, *, dp: int, zero: int, precision: Precision | str = "mixed",
-                           overlap_param_gather: bool = False) -> tuple[StepCollective, ...]:
+                           overlap_param_gather: bool = False,
+                           fsdp: FsdpPolicy | None = None) -> tuple[StepCollective, ...]:
     """The dp collectives of one stage holding `params` parameters (per tp rank) in one step; () when dp = 1.
     `overlap_param_gather` (Megatron's flag, ZeRO 1/2): the parameters' all-gather runs before the chunk's first
-    forward of the (next) step instead of after the optimizer."""
+    forward of the (next) step instead of after the optimizer. `fsdp` (ZeRO 3; None: gathered once per step):
+    when FSDP2 frees the chunk between computes."""
     prec = _precision(precision)
     if zero == 3:
-        chunk = zero3_chunk_collectives(params, dp=dp, precision=prec)  # gathered once, kept until the backward
+        chunk = zero3_chunk_collectives(params, dp=dp, precision=prec)
         if not chunk:
             return ()
         gather, scatter = chunk
-        return (StepCollective("all_gather", gather.nbytes, "forward"),
-                StepCollective("reduce_scatter", scatter.nbytes, "grads"))
+        if fsdp is None or fsdp.once_per_step:  # gathered once, kept until the backward
+            return (StepCollective("all_gather", gather.nbytes, "forward"),
+                    StepCollective("reduce_scatter", scatter.nbytes, "grads"))
+        return (StepCollective("all_gather", gather.nbytes, "gather"),
+                StepCollective("reduce_scatter", scatter.nbytes, "microbatch" if fsdp.after_backward else "grads"))
     out = []
     grads = "microbatch" if zero == 2 else "grads"  # ZeRO 2 keeps only its gradient shard: reduce every microbatch
     for c in dp_collectives(params, dp=dp, zero=zero, microbatches=1, precision=prec):
@@ -134,18 +145,19 @@ def step_costs(params_per_stage: Sequence[int], job: Job, *, hw: Hardware, preci
     Megatron-core's) instead of dp."""
     prec = _precision(precision)
     dp, zero, edp = job.dims.dp_cp, job.zero, job.dims.edp  # the dense state's replicas include the cp ranks
-    overlap = job.comm.overlap_param_gather
+    overlap, fsdp = job.comm.overlap_param_gather, job.fsdp
     experts = list(experts_per_stage) or [0] * len(params_per_stage)
     collectives, seconds, nbytes = [], [], []
     for p, e in zip(params_per_stage, experts, strict=True):
-        colls = stage_step_collectives(p - e, dp=dp, zero=zero, precision=prec, overlap_param_gather=overlap)
+        colls = stage_step_collectives(p - e, dp=dp, zero=zero, precision=prec, overlap_param_gather=overlap,
+                                       fsdp=fsdp)
         opt_bytes, opt_seconds = optimizer_bytes_and_seconds(p - e, dp=dp, zero=zero, hw=hw, precision=prec,
                                                              loss_scaling=loss_scaling)
         if e:
             if edp > 1:
                 colls += tuple(replace(c, group="edp")
                                for c in stage_step_collectives(e, dp=edp, zero=zero, precision=prec,
-                                                               overlap_param_gather=overlap))
+                                                               overlap_param_gather=overlap, fsdp=fsdp))
             more_bytes, more_seconds = optimizer_bytes_and_seconds(e, dp=edp, zero=zero, hw=hw, precision=prec,
                                                                    loss_scaling=loss_scaling)
             opt_bytes, opt_seconds = opt_bytes + more_bytes, opt_seconds + more_seconds
@@ -153,7 +165,7 @@ def step_costs(params_per_stage: Sequence[int], job: Job, *, hw: Hardware, preci
         seconds.append(opt_seconds)
         nbytes.append(opt_bytes)
     return StepCosts(collectives=tuple(collectives), optimizer_seconds=tuple(seconds),
-                     optimizer_bytes=tuple(nbytes), zero=zero)
+                     optimizer_bytes=tuple(nbytes), zero=zero, fsdp=fsdp)
 
 
 @dataclass(frozen=True)
@@ -216,7 +228,7 @@ def exposed_seconds(exchanges: Sequence[RingExchange], hop_seconds) -> float:
 
 
 def per_microbatch_stages(step: StepCosts | None) -> frozenset[int]:
-    """Stages whose gradients are reduced after every microbatch (ZeRO 2)."""
+    """Stages whose gradients are reduced after every microbatch (ZeRO 2; ZeRO 3 without pipelining)."""
     if step is None:
         return frozenset()
     return frozenset(s for s, cs in enumerate(step.collectives) if any(c.phase == "microbatch" for c in cs))

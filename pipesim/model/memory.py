@@ -72,19 +72,22 @@ def model_state_bytes(params: int, *, dp: int, zero: int, precision: Precision =
                       optimizer_states=(shard if zero >= 1 else params) * precision.optimizer_bytes)
 
 
-def step_peak_state(params: int, *, dp: int, zero: int, precision: Precision = PRECISIONS["mixed"]) -> ModelState:
+def step_peak_state(params: int, *, dp: int, zero: int, precision: Precision = PRECISIONS["mixed"],
+                    resident: float = 1.0) -> ModelState:
     """The model state a pipeline rank holds during the step (its peak), as the simulator times the step.
 
     Gradients stay as `model_state_bytes` shards them (ZeRO 2/3: Llama 3's FSDP shards them with PP; the
     time model still reduces them once per step: docs/large_models.md says where the two differ).
-    ZeRO 3 (FSDP2 with PP, torchtitan's reshard_after_forward=False) gathers each chunk's parameters
-    once, at the step's start, and keeps them until the step's reduce_scatter: the unsharded copy adds
-    to the shard. dp = 1: `model_state_bytes`.
+    ZeRO 3 adds the gathered parameters to the shard: `resident` of the chunk's (pipesim.model.fsdp's
+    resident_fraction: all of it when FSDP2 keeps it gathered from the forward to the backward, two units when
+    it reshards after each forward). dp = 1: `model_state_bytes`.
     """
+    if not 0.0 < resident <= 1.0:
+        raise PipesimError(f"the resident fraction of a ZeRO-3 chunk is in (0, 1], got {resident!r}")
     state = model_state_bytes(params, dp=dp, zero=zero, precision=precision)
     if dp == 1:
         return state
-    gathered = params * precision.param_bytes if zero == 3 else 0
+    gathered = round(params * resident) * precision.param_bytes if zero == 3 else 0
     return ModelState(parameters=state.parameters + gathered, gradients=state.gradients,
                       optimizer_states=state.optimizer_states)
 

@@ -211,6 +211,8 @@ def torchtitan_toml(c: Candidate, req: PlanRequest) -> str:
              f"data_parallel_shard_degree = {shard}"]
     if c.zero in (1, 2):
         lines.append('fsdp_reshard_after_forward = "never"  # ZeRO-2-like: parameters stay gathered')
+    elif c.zero == 3:  # the policy the simulation ran (pipesim.model.fsdp)
+        lines.append(f'fsdp_reshard_after_forward = "{req.job.fsdp_reshard}"')
     lines += [f"tensor_parallel_degree = {c.tp}",
               f"context_parallel_degree = {c.cp}",
               f"pipeline_parallel_degree = {c.p}"]

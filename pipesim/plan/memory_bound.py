@@ -16,6 +16,7 @@ from pipesim.cost.stage_work import gpt_stage_work
 from pipesim.job import Job
 from pipesim.model.activations import stage_activation_bytes
 from pipesim.model.config import ModelConfig, split_layers
+from pipesim.model.fsdp import resident_fraction
 from pipesim.model.memory import PRECISIONS, comm_buffer_bytes, step_peak_state
 from pipesim.model.options import LayerOptions
 from pipesim.model.param_counts import stage_params
@@ -160,15 +161,20 @@ class MemoryBound:
             else:
                 both = self.moe_params(c.chunks, opts)
                 params, experts = tuple(p for p, _ in both), tuple(e for _, e in both)
-            edp = c.job(self.shared).dims.edp
+            job = c.job(self.shared)
+            edp, policy = job.dims.edp, job.fsdp
             held = family_chunks(family, c.p, c.k) or [[min(range(c.chunks), key=lambda s: params[s])]]
+            split = split_layers(self.model.layers, c.chunks)
             states = []
             for ids in held:
                 total, routed = sum(params[s] for s in ids), sum(experts[s] for s in ids)
+                units = sum(split[s] for s in ids) + (0 in ids) + (c.chunks - 1 in ids)  # rank_memory's FSDP units
+                resident = resident_fraction(policy, max(1, units)) if policy is not None else 1.0
                 state = step_peak_state(total - routed, dp=c.dp * c.cp, zero=c.zero,  # dense: over dp x cp
-                                        precision=self.precision).total
+                                        precision=self.precision, resident=resident).total
                 if routed:
-                    state += step_peak_state(routed, dp=edp, zero=c.zero, precision=self.precision).total
+                    state += step_peak_state(routed, dp=edp, zero=c.zero, precision=self.precision,
+                                             resident=resident).total
                 states.append(state)
             self._states[key] = (max(states), states[0])
         return self._states[key]

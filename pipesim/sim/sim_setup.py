@@ -78,6 +78,7 @@ class SimSetup:
                 "attention": job.attention if model else None, "cp": job.dims.cp, "zero": job.zero,
                 "nodes": self.hardware.num_nodes if self.hardware is not None else None,
                 **({"recompute_modules": list(job.recompute_modules)} if job.recompute_modules else {}),
+                **({"fsdp_reshard_after_forward": job.fsdp_reshard} if job.zero == 3 else {}),
                 **(job.comm.report() if job.comm != CommOptions() else {})}  # set ones only
 
     def costs(self, schedule: Schedule) -> ParallelCosts:

@@ -23,9 +23,10 @@ from pipesim.cost.model_costs import ParallelCosts
 from pipesim.cost.table import CostTable
 from pipesim.errors import PipesimError
 from pipesim.hardware.machine import Hardware
+from pipesim.ir.deps import produces_weight_grad
 from pipesim.ir.gc_pause import no_gc
 from pipesim.ir.lowering import add_p2p
-from pipesim.ir.schedule import Schedule
+from pipesim.ir.schedule import BACKWARD_FIRST, COMPUTE, Kind, Schedule
 from pipesim.job import Job
 from pipesim.parallel_dims import ParallelDims
 from pipesim.sim.clock import Clock
@@ -152,6 +153,7 @@ class _Kernel:
         at, peek = clock.at, clock.next_time  # nothing earlier than `now` pending -> keep going without a wake-up
         live, held, peak = self.live[rank], self.inflight[rank], self.peak_inflight[rank]
         waiting = self.waiting[rank]
+        fsdp = self.streams.fsdp is not None  # ZeRO 3 resharding: chunks gathered again when freed
         if waiting:
             self.waiting[rank] = RUNNING
             if waiting == BLOCKED:  # woken by the message this RECV waited for
@@ -166,6 +168,8 @@ class _Kernel:
                     return
             else:  # COMPUTING, host cores: woken when the shared cores have done this action's work
                 _, tp, delta, count, grad_stage, recompute, _, ep = ops[i]
+                if fsdp:
+                    self._fsdp_free(rank, prog[i])
                 starts[i] = self.host.started[rank]  # it began when it first had a core (time slices: maybe later)
                 ends[i] = now
                 if tp:
@@ -193,13 +197,18 @@ class _Kernel:
             record = type(op)
             if record is ComputeOp:
                 d, tp, delta, count, grad_stage, recompute, shared, ep = op
+                gather = self._fsdp_gather(rank, i, prog[i], now) if fsdp else None  # ZeRO 3: its chunk was freed
                 if host is not None:  # shared cores: how long it takes depends on who else runs
+                    if gather is not None:
+                        d = self._fsdp_wait(rank, gather, prog[i].stage, now, d)
                     self.waiting[rank] = COMPUTING
                     host.start(rank, d + tp + ep if ep else d + tp, waker)
                     break
                 if shared:  # beside the rank's data-parallel collectives its GEMMs lose NCCL's SMs
                     d = self.streams.beside(rank, now, d, shared)
                     self.sm_shared[rank] += d - op.seconds
+                if gather is not None:  # its units compute as their parameters arrive
+                    d = self._fsdp_wait(rank, gather, prog[i].stage, now, d)
                 if tp:
                     d += tp
                     self.tp_time[rank][i] = tp
@@ -228,6 +237,8 @@ class _Kernel:
                         self.sm_shared[rank] += late
                         now += late
                         ends[i] = now
+                if fsdp:
+                    self._fsdp_free(rank, prog[i])
                 i += 1
                 if d and peek() <= now:  # another event comes first: sleep until `now`
                     at(now, waker)
@@ -273,6 +284,21 @@ class _Kernel:
                 i += 1
         self.pos[rank] = i
         self.live[rank], self.inflight[rank], self.peak_inflight[rank] = live, held, peak
+
+    def _fsdp_gather(self, rank: int, i: int, a, now: float):
+        """The all-gather a forward or first backward piece issues when FSDP2 freed its chunk (None otherwise)."""
+        if a.kind == Kind.F or a.kind in BACKWARD_FIRST:
+            return self.streams.fsdp_gather(rank, a.stage, i, now)
+        return None
+
+    def _fsdp_wait(self, rank: int, gather, stage: int, now: float, seconds: float) -> float:
+        """The compute's seconds with its chunk arriving unit by unit; the difference is the rank's gather wait."""
+        gated = self.streams.fsdp_seconds(gather, stage, now, seconds)
+        self.streams.gate_wait[rank] += gated - seconds
+        return gated
+
+    def _fsdp_free(self, rank: int, a) -> None:
+        self.streams.fsdp_free(rank, a.stage, a.kind == Kind.F, a.kind in COMPUTE and produces_weight_grad(a.kind))
 
     def _post_send(self, rank: int, i: int, op: SendOp, now: float) -> float:
         """Post the SEND at `i` on `rank` at `now`: its transfer takes the links, a blocked receiver is woken.

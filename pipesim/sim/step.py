@@ -10,6 +10,11 @@ one before it has ended), beside its compute stream, so collectives overlap the 
   them (prefetch); the chunk's first forward waits until its all-gather has ended (a `GateOp` in the
   rank's program), and the chunk stays gathered until its gradients' reduce_scatter (the memory
   model's `step_peak_state`). A "backward" phase collective would gate the first backward alike.
+- ZeRO 3 with resharding (pipesim.model.fsdp: FSDP2 frees the chunk after a forward, or without pipelining
+  after every backward): a forward or first backward piece that finds its chunk freed issues the chunk's
+  "gather" all-gather when it starts; its units compute as their parts arrive (`gathered_seconds`), and what
+  that adds is the rank's gather wait. A ZeRO-3 chunk's gradients are reduce-scattered unit by unit as the
+  backward passes them (FSDP2 reduces each unit when its backward ends).
 - Optimizer: once the rank's program is done and its gradient collectives have ended (Adam needs
   the reduced gradients), the optimizer step of all its stages runs on the compute stream, then
   the "params" all-gathers (ZeRO 1/2) on the collective stream. The step ends when the last rank's
@@ -38,6 +43,7 @@ from pipesim.cost.step_costs import StepCollective, StepCosts
 from pipesim.hardware.machine import Hardware
 from pipesim.ir.schedule import BACKWARD_FIRST, Kind, Schedule
 from pipesim.job import Job
+from pipesim.model.fsdp import gathered_seconds
 from pipesim.model.memory import PRECISIONS
 from pipesim.sim.program import ComputeOp, Op
 from pipesim.sim.records import CollectiveRecord
@@ -99,6 +105,15 @@ class CollectiveStreams:
         precision = costs.precision if costs is not None else "fp32"
         self.grad_bytes = PRECISIONS[precision].grad_bytes  # bytes per gradient value
         self.param_bytes = PRECISIONS[precision].param_bytes  # bytes per parameter all-gathered
+        # ZeRO 3: each chunk's FSDP units (its layers, the embedding, the head), and the chunks each rank holds
+        # gathered now, where FSDP2 frees them between computes (`fsdp`; None: gathered once per step)
+        layers = costs.layers_per_stage if costs is not None else ()
+        last = sched.num_stages - 1
+        self.units = tuple(max(1, n + (s == 0) + (s == last)) for s, n in enumerate(layers)) \
+            if self.step is not None and self.step.zero == 3 and any(layers) else ()  # all 0: hand-given costs
+        policy = self.step.fsdp if self.step is not None else None
+        self.fsdp = policy if self.on and policy is not None and not policy.once_per_step else None
+        self.gathered: list[set[int]] = [set() for _ in range(n)]
 
     def _issue(self, rank: int, kind: str, stage: int, nbytes: int, now: float, after: int,
                phase: str, group: str = "dp") -> CollectiveRecord:
@@ -147,6 +162,29 @@ class CollectiveStreams:
             sent, before = upto, f
         return ready
 
+    def fsdp_gather(self, rank: int, stage: int, index: int, now: float) -> CollectiveRecord | None:
+        """ZeRO 3 with resharding: the all-gather(s) action `index` of `stage`, starting at `now`, issues because
+        FSDP2 freed its chunk (the later record, or None when the chunk is gathered or never freed)."""
+        if self.fsdp is None or stage in self.gathered[rank]:
+            return None
+        rec = None
+        for c in self.step.collectives[stage]:
+            if c.phase == "gather":
+                rec = self._issue(rank, c.kind, stage, c.nbytes, now, index, c.phase, c.group)
+        self.gathered[rank].add(stage)
+        return rec
+
+    def fsdp_seconds(self, rec: CollectiveRecord, stage: int, now: float, seconds: float) -> float:
+        """A compute of `seconds` from `now` whose chunk arrives unit by unit with `rec` (pipesim.model.fsdp)."""
+        return gathered_seconds(now, rec.start, rec.end, seconds, self.units[stage] if self.units else 1)
+
+    def fsdp_free(self, rank: int, stage: int, forward: bool, weight_grads: bool) -> None:
+        """After a compute of `stage`: FSDP2 frees the chunk after a forward (reshard after forward) and, without
+        pipelining, after the backward piece that leaves its weight gradients."""
+        if self.fsdp is not None and ((forward and self.fsdp.after_forward)
+                                      or (weight_grads and self.fsdp.after_backward)):
+            self.gathered[rank].discard(stage)
+
     def grads_done(self, rank: int, stage: int, index: int, now: float, start: float | None = None,
                    share: float = 0.0) -> float:
         """The stage's last weight-gradient piece (ZeRO 2: each), action `index` run from `start` to `now`,
@@ -170,10 +208,14 @@ class CollectiveStreams:
         """One gradient collective of a backward run from `start` to `end`: whole at `end`, or bucket by bucket
         as the backward passes them (bucket k of fraction f_k ready at start + (end - start) f_k; the last at
         `end` exactly). Returns the buckets' overlap with [start, end] x `share` (what they cost the backward)."""
-        if not self.bucket or start is None or stage >= len(self.params):
+        if self.units and start is not None and stage < len(self.units):  # ZeRO 3: FSDP2 reduces unit by unit
+            u = self.units[stage]
+            fractions = [(k + 1) / u for k in range(u)]
+        elif self.bucket and start is not None and stage < len(self.params):
+            fractions = bucket_fractions(self.params[stage], self.bucket)
+        else:
             self._issue(rank, kind, stage, nbytes, end, index, phase, group)
             return 0.0
-        fractions = bucket_fractions(self.params[stage], self.bucket)
         sent = 0  # bytes of the buckets before
         overlap = 0.0  # seconds the buckets ran while the backward did
         for f in fractions[:-1]:
