@@ -27,6 +27,8 @@ def _write(tmp_path, cfg) -> str:
     ("llama3-8b", 32, 4096, 32, 14336, 8192, 8_030_261_248),
     ("llama3-70b", 80, 8192, 64, 28672, 8192, 70_553_706_496),
     ("llama3-405b", 126, 16384, 128, 53248, 131072, 405_853_388_800),
+    ("llama3.1-8b", 32, 4096, 32, 14336, 131072, 8_030_261_248),  # Llama 3's shapes, 128k positions
+    ("llama3.1-70b", 80, 8192, 64, 28672, 131072, 70_553_706_496),
 ])
 def test_bundled_llama3_configs(name, layers, hidden, heads, ffn, max_seq, params):
     model = load_hf_config(name)
@@ -38,7 +40,8 @@ def test_bundled_llama3_configs(name, layers, hidden, heads, ffn, max_seq, param
 
 
 def test_bundled_names_and_overrides():
-    assert bundled_configs() == ["deepseek-v3", "llama3-405b", "llama3-70b", "llama3-8b", "mixtral-8x22b",
+    assert bundled_configs() == ["deepseek-v3", "llama3-405b", "llama3-70b", "llama3-8b", "llama3.1-70b",
+                                 "llama3.1-8b", "mixtral-8x22b",
                                  "mixtral-8x7b", "nemotron4-15b", "nemotron4-340b", "qwen3-235b-a22b",
                                  "qwen3-30b-a3b"]
     model = load_hf_config("llama3-8b", seq=4096, batch=512, dtype="float32")
@@ -105,7 +108,8 @@ def test_unreadable_files_and_unknown_names(tmp_path):
     with pytest.raises(PipesimError) as err:
         load_hf_config("llama9-1t")
     assert str(err.value) == ("--model-config llama9-1t: no such file or bundled config "
-                              "(bundled: deepseek-v3, llama3-405b, llama3-70b, llama3-8b, mixtral-8x22b, mixtral-8x7b, "
+                              "(bundled: deepseek-v3, llama3-405b, llama3-70b, llama3-8b, llama3.1-70b, llama3.1-8b, mixtral-8x22b, "
+                              "mixtral-8x7b, "
                               "nemotron4-15b, nemotron4-340b, qwen3-235b-a22b, qwen3-30b-a3b)")
     with pytest.raises(PipesimError, match="is longer than .*'s max_position_embeddings 8192$"):
         load_hf_config("llama3-8b", seq=8193)
