@@ -162,3 +162,24 @@ def test_the_2022_profile_is_exactly_the_flags_kor22s_rows_type():
     typed = sim_job(build_parser().parse_args(command), None, hw)
     named = sim_job(build_parser().parse_args(words + ["--framework", "megatron-lm-2022"]), None, hw)
     assert typed == named
+
+
+def test_compile_turns_torchtitans_eager_kernels_into_the_fused_ones(tmp_path, capsys):
+    """--compile: torch.compile's fused elementwise kernels where the torchtitan profile runs eager PyTorch; the
+    step is the one pipesim times with Megatron's fused kernels, bit for bit."""
+    def job(*flags: str) -> Job:
+        return sim_job(build_parser().parse_args(["simulate", "1f1b", "--framework", "torchtitan", *flags]), None,
+                       None)
+
+    assert job().kernels.fusion is False and job("--compile").kernels.fusion is True
+    base = [*GPT, "--stages", "1", "--dp", "16", "--zero", "3", "--microbatches", "1"]
+    compiled = _sim(tmp_path, "c", "1f1b", *base, "--framework", "torchtitan", "--compile")
+    eager = _sim(tmp_path, "e", "1f1b", *base, "--framework", "torchtitan")
+    fused = _sim(tmp_path, "f", "1f1b", *base, "--no-async-tensor-model-parallel-allreduce",
+                 "--no-gradient-accumulation-fusion", "--accumulate-allreduce-grads-in-fp32")
+    assert compiled["step_time"] == fused["step_time"] < eager["step_time"]
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+        main(["simulate", "1f1b", *base, "--compile", "--no-kernel-fusion"])
+    assert exit_.value.code == 2 and capsys.readouterr().err.strip().splitlines() == [
+        "pipesim simulate: error: argument --no-kernel-fusion: not allowed with argument --compile"]

@@ -94,10 +94,23 @@ def test_profiles_bad_figures_are_errors():
 def test_shipped_profiles_cite_every_field_and_say_what_their_sources_say():
     profiles = load_profiles()
     assert list(profiles) == ["A100", "A100-PCIe", "H100", "H200", "B200"]
+    flash2 = {"flash2_forward_efficiency", "flash2_backward_efficiency"}  # not on the B200: no source gives them
     for p in profiles.values():
         assert set(p.sources) == {"sms", "tiles", "flops", "hbm_bandwidth", "matmul_efficiency", "memory_efficiency",
                                   "kernel_overhead", "overlap", "flash_forward_efficiency",
-                                  "flash_backward_efficiency", "nccl_channels", "memory_bound_efficiency"}
+                                  "flash_backward_efficiency", "nccl_channels", "memory_bound_efficiency",
+                                  *(flash2 if p.flash2_forward_efficiency is not None else ())}
+    # FlashAttention-2: the A100's own flash figures; Hopper's, its flash figures times [FA3FIG]'s FA2 / FA3 ratios
+    # (causal forward 335 / 616, backward 322 / 561 TFLOP/s at 16k, head dim 128)
+    for family in ("A100", "A100-PCIe"):
+        p = profiles[family]
+        assert (p.flash2_forward_efficiency, p.flash2_backward_efficiency) == (p.flash_forward_efficiency,
+                                                                             p.flash_backward_efficiency)
+    for family in ("H100", "H200"):
+        p = profiles[family]
+        assert (p.flash2_forward_efficiency, p.flash2_backward_efficiency) == pytest.approx(
+            (p.flash_forward_efficiency * 335 / 616, p.flash_backward_efficiency * 322 / 561), abs=5e-4)
+    assert profiles["B200"].flash2_forward_efficiency is None
     # MAMF table (stas00/ml-engineering): MAMF / peak, rounded as the table rounds its efficiency column
     # the H100 times [H200RUN]'s sustained fraction 0.938 (the same die under the same 700 W limit), burst figures
     # elsewhere (their boards are not the H200's)

@@ -108,9 +108,9 @@ def test_unreadable_files_and_unknown_names(tmp_path):
     with pytest.raises(PipesimError) as err:
         load_hf_config("llama9-1t")
     assert str(err.value) == ("--model-config llama9-1t: no such file or bundled config "
-                              "(bundled: deepseek-v3, llama3-405b, llama3-70b, llama3-8b, llama3.1-70b, llama3.1-8b, mixtral-8x22b, "
-                              "mixtral-8x7b, "
-                              "nemotron4-15b, nemotron4-340b, qwen3-235b-a22b, qwen3-30b-a3b)")
+                              "(bundled: deepseek-v3, llama3-405b, llama3-70b, llama3-8b, llama3.1-70b, llama3.1-8b, "
+                              "mixtral-8x22b, mixtral-8x7b, nemotron4-15b, nemotron4-340b, qwen3-235b-a22b, "
+                              "qwen3-30b-a3b)")
     with pytest.raises(PipesimError, match="is longer than .*'s max_position_embeddings 8192$"):
         load_hf_config("llama3-8b", seq=8193)
 

@@ -77,8 +77,9 @@ def add_setup_args(parser: argparse.ArgumentParser) -> None:
                    help="sequence parallelism over the tp ranks (norm/dropout activations split; all-gather + "
                         "reduce-scatter instead of all-reduce)")
     f.add_argument("--attention", choices=ATTENTION, default=None,
-                   help="attention kernel: flash stores no s x s scores (default flash on GPU hardware at 16 "
-                        "bits, eager on CPUs and in float32)")
+                   help="attention kernel: flash stores no s x s scores, flash2 is FlashAttention-2 (PyTorch SDPA's "
+                        "flash backend; slower than cuDNN / FlashAttention-3 on Hopper) (default flash on GPU "
+                        "hardware at 16 bits, eager on CPUs and in float32)")
     f.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=None,
                    help="ZeRO stage over dp: 1 shards optimizer states (Megatron's distributed optimizer), 2 "
                         "gradients too, 3 parameters too (FSDP) (default --framework's, else 0: plain DDP)")
@@ -87,10 +88,14 @@ def add_setup_args(parser: argparse.ArgumentParser) -> None:
                         "after its forward (gathered again for the backward), never keeps them, default frees them "
                         "only without pipelining; without pipelining FSDP2 also frees them and reduce-scatters the "
                         "gradients after every backward")
-    f.add_argument("--no-kernel-fusion", dest="kernel_fusion", action="store_false", default=None,
-                   help="GPU presets: eager PyTorch's one kernel per elementwise op instead of Megatron's fused "
-                        "kernels (its --no-bias-gelu-fusion, --no-bias-swiglu-fusion, --no-bias-dropout-fusion, "
-                        "--no-masked-softmax-fusion and --no-rope-fusion at once)")
+    fusion = f.add_mutually_exclusive_group()
+    fusion.add_argument("--compile", dest="kernel_fusion", action="store_const", const=True, default=None,
+                        help="GPU presets: torch.compile's fused elementwise kernels (torchtitan's --compile.enable; "
+                             "timed as Megatron's fused kernels) even where --framework runs eager PyTorch")
+    fusion.add_argument("--no-kernel-fusion", dest="kernel_fusion", action="store_false", default=None,
+                        help="GPU presets: eager PyTorch's one kernel per elementwise op instead of Megatron's fused "
+                             "kernels (its --no-bias-gelu-fusion, --no-bias-swiglu-fusion, --no-bias-dropout-fusion, "
+                             "--no-masked-softmax-fusion and --no-rope-fusion at once)")
     f.add_argument("--no-async-tensor-model-parallel-allreduce", dest="tp_comm_overlap", action="store_false",
                    default=None,
                    help="GPU presets: the backward TP all-reduce / reduce-scatter of the input gradient blocks "

@@ -23,7 +23,8 @@ except ModuleNotFoundError:  # Python 3.10
 
 FRACTIONS = ("matmul_efficiency", "memory_efficiency", "overlap", "flash_forward_efficiency",
              "flash_backward_efficiency")
-OPTIONAL = frozenset({"memory_bound_efficiency"})  # a family may leave these out (each still names its source)
+# a family may leave these out (each still names its source)
+OPTIONAL = frozenset({"memory_bound_efficiency", "flash2_forward_efficiency", "flash2_backward_efficiency"})
 DTYPE_BYTES = {"float32": 4, "tfloat32": 4, "bfloat16": 2, "float16": 2, "float8": 1}  # bytes per element
 
 
@@ -49,6 +50,10 @@ class DeviceProfile:
     # memory-bound kernels (norms, softmax, activations, dropout, adds, the optimizer): their bytes/s / hbm_bandwidth;
     # None: memory_efficiency (a run on an H200 measured torch's at 0.57 of the datasheet against a copy's 0.88)
     memory_bound_efficiency: float | None = None
+    # FlashAttention-2 (PyTorch SDPA's flash backend, --attention flash2): forward and backward fractions of the
+    # peak; None: the family has no such figure (refused)
+    flash2_forward_efficiency: float | None = None
+    flash2_backward_efficiency: float | None = None
 
     def __post_init__(self) -> None:
         where = f"device {self.name!r}"
@@ -68,9 +73,9 @@ class DeviceProfile:
             value = getattr(self, name)
             if not (_positive(value) or (name == "kernel_overhead" and value == 0)):
                 raise PipesimError(f"{where}: {name} must be positive, got {value!r}")
-        for name in (*FRACTIONS, "memory_bound_efficiency"):
+        for name in (*FRACTIONS, *sorted(OPTIONAL)):
             value = getattr(self, name)
-            if value is None and name == "memory_bound_efficiency":
+            if value is None and name in OPTIONAL:
                 continue
             low_ok = value >= 0 if name == "overlap" else value > 0
             if not (isinstance(value, (int, float)) and low_ok and value <= 1):
@@ -80,7 +85,7 @@ class DeviceProfile:
         return hash((self.name, self.sms, self.tiles, tuple(sorted(self.flops.items())), self.hbm_bandwidth,
                      self.matmul_efficiency, self.memory_efficiency, self.kernel_overhead, self.overlap,
                      self.flash_forward_efficiency, self.flash_backward_efficiency, self.nccl_channels,
-                     self.memory_bound_efficiency))
+                     self.memory_bound_efficiency, self.flash2_forward_efficiency, self.flash2_backward_efficiency))
 
     @property
     def memory_bound_rate(self) -> float:
@@ -93,6 +98,18 @@ class DeviceProfile:
         if dtype not in self.flops:
             raise PipesimError(f"device {self.name!r} has no {dtype} peak (has {', '.join(sorted(self.flops))})")
         return self.flops[dtype]
+
+    def with_flash2(self) -> DeviceProfile:
+        """The profile whose flash kernel is FlashAttention-2 (`--attention flash2`); one line when the family has
+        no FlashAttention-2 figures."""
+        fwd, bwd = self.flash2_forward_efficiency, self.flash2_backward_efficiency
+        if fwd is None or bwd is None:
+            raise PipesimError(f"--attention flash2: device {self.name!r} has no FlashAttention-2 figures; use "
+                               "--attention flash (its fastest fused attention)")
+        src = self.sources
+        return replace(self, flash_forward_efficiency=fwd, flash_backward_efficiency=bwd,
+                       sources={**src, "flash_forward_efficiency": src.get("flash2_forward_efficiency", ""),
+                                "flash_backward_efficiency": src.get("flash2_backward_efficiency", "")})
 
     def with_measured(self, source: str, **figures: float) -> DeviceProfile:
         """A copy whose `figures` (e.g. matmul_efficiency) come from a measurement named `source`."""
@@ -125,7 +142,7 @@ def load_profiles(path: Path | None = None) -> dict[str, DeviceProfile]:
         if missing or extra:
             raise PipesimError(f"{path}: [{family}] " + (f"lacks {', '.join(sorted(missing))}" if missing else
                                                          f"has unknown {', '.join(sorted(extra))}"))
-        unsourced = names - {"name", "sources"} - set(table.get("sources", {}))
+        unsourced = set(table) - {"name", "sources"} - set(table.get("sources", {}))  # every figure given
         if unsourced:
             raise PipesimError(f"{path}: [{family}] names no source for {', '.join(sorted(unsourced))}")
         profiles[family] = DeviceProfile(**{**table, "tiles": tuple(tuple(t) for t in table["tiles"])})

@@ -118,7 +118,7 @@ def layer_saved_tensors(model: ModelConfig, b: int, opts: LayerOptions, *, recom
     else:
         saved = [x for x in saved if not x.only_with]
     if opts.fp8 is not None:
-        saved = _fp8_saved(saved, d, opts.fp8, flash=opts.attention == "flash", moe=moe)
+        saved = _fp8_saved(saved, d, opts.fp8, flash=opts.fused_attention, moe=moe)
     return saved
 
 

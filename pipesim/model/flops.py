@@ -77,10 +77,10 @@ def attention_core_flops(model: ModelConfig, b: int, opts: LayerOptions, *, caus
         check_latent(model, opts)
         qk, v = latent_widths(model, opts.tp)
         fwd = 2 * pairs * (qk + v)
-        bwd = 2 * pairs * (3 * qk + 2 * v) if opts.attention == "flash" else 2 * fwd
+        bwd = 2 * pairs * (3 * qk + 2 * v) if opts.fused_attention else 2 * fwd
     else:
         fwd = 4 * pairs * model.attention_width // opts.tp
-        bwd = (10 if opts.attention == "flash" else 8) * pairs * model.attention_width // opts.tp
+        bwd = (10 if opts.fused_attention else 8) * pairs * model.attention_width // opts.tp
     if causal:
         fwd, bwd = fwd // 2, bwd // 2
     return Flops(fwd, bwd, 0)
@@ -207,7 +207,7 @@ def hardware_flops(model: ModelConfig, global_batch: int, opts: LayerOptions) ->
     attention, each causal kernel's diagonal tiles computed whole (pipesim.device.kernels.causal_tile_factor, the
     factor the simulator times them with). `model_flops` is the model's count, the same for every way to run it."""
     total = iteration_flops(model, global_batch, opts, causal=True)
-    if opts.attention != "flash":
+    if not opts.fused_attention:
         return total
     one = LayerOptions(recompute=opts.recompute, attention=opts.attention, recompute_modules=opts.recompute_modules)
     core = attention_core_flops(model, global_batch, one, causal=True)

@@ -72,7 +72,7 @@ def _attention(model: ModelConfig, b: int, opts: LayerOptions) -> tuple[list[Ker
         kvh = model.num_kv_heads // opts.tp
     if opts.cp > 1 and opts.cp_comm == "a2a":  # Ulysses: the whole sequence on heads / cp (the same FLOPs)
         sq, heads, kvh = sk, heads // opts.cp, kvh // opts.cp
-    if opts.attention == "flash":
+    if opts.fused_attention:
         v = None if vd == hd else vd
         return ([FlashAttention("flash attention", b, sq, heads, hd, sk, kvh, False, v)],
                 [FlashAttention("flash attention backward", b, sq, heads, hd, sk, kvh, True, v)])

@@ -16,7 +16,11 @@ from pipesim.model.moe import MOE_DISPATCHERS
 from pipesim.model.recompute_modules import canonical_modules, check_modules, effective_modules
 
 RECOMPUTE = ("none", "selective", "full")  # Megatron's --recompute-granularity (none: keep everything)
-ATTENTION = ("eager", "flash")  # materialised s x s scores, or a fused kernel keeping only softmax statistics
+# materialised s x s scores, or a fused kernel keeping only softmax statistics: "flash" the device's fastest
+# (cuDNN or FlashAttention-3 on Hopper, FlashAttention-2 on Ampere), "flash2" FlashAttention-2 itself (PyTorch
+# SDPA's flash backend): the same FLOPs and memory, timed on the family's FlashAttention-2 figures
+ATTENTION = ("eager", "flash", "flash2")
+FUSED_ATTENTION = ("flash", "flash2")
 # Megatron-core's --cp-comm-type: p2p, ring attention (K/V blocks passed round, each hop under the attention of the
 # block held); all_gather, K/V gathered whole before the attention and dK/dV reduce-scattered after it; a2a,
 # DeepSpeed-Ulysses' all-to-alls from sequence shards to head shards around a full-sequence attention
@@ -31,7 +35,7 @@ class LayerOptions:
     sp: bool = False  # sequence parallelism: norm/dropout activations split over tp too (Korthikanti 2022)
     cp: int = 1  # context-parallel ranks: each holds seq / cp tokens; ring attention passes K/V around
     recompute: str = "none"  # "none", "selective" (attention core) or "full" (keep the layer input only)
-    attention: str = "eager"  # "eager" or "flash"
+    attention: str = "eager"  # "eager", "flash" or "flash2" (ATTENTION)
     ep: int = 1  # expert-parallel ranks: a MoE layer's experts sharded ep ways (Megatron-core's EP)
     etp: int = 1  # tensor parallelism inside each expert (Megatron-core's expert TP; a dense model ignores it)
     fp8: Fp8Options | None = None  # FP8 linears through Transformer Engine (pipesim.model.fp8); None: the dtype's
@@ -60,8 +64,13 @@ class LayerOptions:
             raise PipesimError(f"--recompute-modules {discarded[0]} with FP8: delayed scaling does not support "
                                "moe_act and layernorm recompute (Megatron-core)")
         check_cp_comm(self.cp_comm)
-        if self.cp > 1 and self.attention != "flash":
+        if self.cp > 1 and not self.fused_attention:
             raise PipesimError(f"--cp {self.cp} needs --attention flash (ring attention runs the fused kernel)")
+
+    @property
+    def fused_attention(self) -> bool:
+        """A flash kernel (either implementation): no s x s scores stored, the backward re-computes them."""
+        return self.attention in FUSED_ATTENTION
 
     @property
     def modules(self) -> tuple[str, ...]:

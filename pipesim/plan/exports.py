@@ -120,8 +120,10 @@ def megatron_args(c: Candidate, req: PlanRequest, attention: str | None = None) 
         out += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
     if c.sp:
         out.append("--sequence-parallel")
-    if attention == "flash":
+    if attention in ("flash", "flash2"):
         out.append("--use-flash-attn")
+    if attention == "flash2":  # Transformer Engine's FlashAttention backend (the flash-attn package), not cuDNN's
+        out += ["--attention-backend", "flash"]
     out += grad_flags(req.job.kernels.grad_fp32)
     out += req.job.kernels.ce_flags()  # Megatron-core's names
     if req.job.fp8 is not None:  # Megatron-core's names (Transformer Engine's recipes; params stay bf16)

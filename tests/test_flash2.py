@@ -1,0 +1,71 @@
+"""`--attention flash2`: FlashAttention-2 (PyTorch SDPA's flash backend) beside the device's fastest fused attention:
+the same FLOPs, memory and kernels, its attention timed on the family's FlashAttention-2 figures."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import replace
+
+import pytest
+
+from pipesim.cost.kernel_costs import layer_seconds, piece_seconds, profile_of
+from pipesim.errors import PipesimError
+from pipesim.model.activations import stage_activation_bytes
+from pipesim.model.config import ModelConfig
+from pipesim.model.flops import layer_flops
+from pipesim.model.layer_kernels import layer_kernels
+from pipesim.model.options import LayerOptions
+from pipesim.plan.exports import megatron_args
+from pipesim.plan.space import enumerate_candidates
+from tests.test_plan import big_request
+
+LLAMA = ModelConfig(kind="gpt", hidden=4096, layers=4, heads=32, kv_heads=8, ffn_hidden=14336, seq=8192, vocab=128256,
+                    dtype="bfloat16", activation="swiglu", norm="rmsnorm", dropout=False, biases=False,
+                    positions="rope")
+FLASH, FLASH2 = LayerOptions(attention="flash", cp=2), LayerOptions(attention="flash2", cp=2)
+
+
+def test_same_work_and_memory_as_flash():
+    assert layer_flops(LLAMA, 1, FLASH2) == layer_flops(LLAMA, 1, FLASH)
+    assert stage_activation_bytes(LLAMA, 1, FLASH2, layers=4, first=True, last=True) == \
+        stage_activation_bytes(LLAMA, 1, FLASH, layers=4, first=True, last=True)
+    assert layer_kernels(LLAMA, 1, FLASH2) == layer_kernels(LLAMA, 1, FLASH)
+
+
+def test_hopper_times_the_attention_on_flashattention_2s_figures():
+    """On an H100 the layer is the flash layer with its attention kernels at 0.318 / 0.275 of the peak; every other
+    kernel keeps its time."""
+    fa2 = layer_seconds(LLAMA, 1, FLASH2, True, "H100")
+    h100 = profile_of("H100")
+    assert (h100.flash2_forward_efficiency, h100.flash2_backward_efficiency) == (0.318, 0.275)
+    same = piece_seconds(layer_kernels(LLAMA, 1, FLASH), LLAMA.dtype,
+                         replace(h100, flash_forward_efficiency=0.318, flash_backward_efficiency=0.275))
+    flash = layer_seconds(LLAMA, 1, FLASH, True, "H100")
+    assert (fa2.F, fa2.I, fa2.W) == (same.F, same.I, flash.W)  # W: no attention (and its gradient accumulation)
+    best = dict(flash.gemms)
+    slow = dict(fa2.gemms)
+    assert slow["flash attention"] > 1.5 * best["flash attention"]
+    assert {k: v for k, v in slow.items() if "attention" not in k} == \
+        {k: v for k, v in best.items() if "attention" not in k}
+
+
+def test_ampere_flash_is_flashattention_2_and_blackwell_has_no_figure():
+    a100 = layer_seconds(LLAMA, 1, FLASH, True, "A100")
+    assert layer_seconds(LLAMA, 1, FLASH2, True, "A100") == a100
+    with pytest.raises(PipesimError, match="^--attention flash2: device 'B200-180GB' has no FlashAttention-2 figures"):
+        layer_seconds(LLAMA, 1, FLASH2, True, "B200")
+    bad = subprocess.run([sys.executable, "-m", "pipesim", "simulate", "1f1b", "--stages", "1", "--microbatches", "1",
+                          "--model", "gpt", "--hidden", "512", "--layers", "2", "--heads", "8", "--seq", "256",
+                          "--batch", "1", "--hardware", "hgx-b200", "--attention", "flash2"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+    assert "no FlashAttention-2 figures" in bad.stderr
+
+
+def test_megatron_export_names_the_flash_backend():
+    req = big_request()
+    c = next(iter(enumerate_candidates(req)))
+    assert "--attention-backend" not in megatron_args(c, req, "flash")
+    args = megatron_args(c, req, "flash2")
+    assert "--use-flash-attn" in args and args[args.index("--attention-backend") + 1] == "flash"
