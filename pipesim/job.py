@@ -86,6 +86,9 @@ class Job:
     cp_comm: str = "p2p"  # Megatron-core's --cp-comm-type (pipesim.model.options.CP_COMM_TYPES)
     # ZeRO 3: torchtitan's --parallelism.fsdp_reshard_after_forward (pipesim.model.fsdp): default, always, never
     fsdp_reshard: str = "default"
+    # Megatron-core's --fp8-param-gather: the FP8 linears' parameters kept in FP8 and all-gathered in FP8 by the
+    # distributed optimizer or FSDP (NeMo's fp8_params); pipesim.cost.fp8_costs
+    fp8_param_gather: bool = False
 
     def __post_init__(self) -> None:
         if self.fp8 is not None and not isinstance(self.fp8, Fp8Options):
@@ -110,6 +113,12 @@ class Job:
                                    "--no-async-tensor-model-parallel-allreduce (or a --framework that sets it)")
         check_cp_comm(self.cp_comm)
         check_reshard(self.fsdp_reshard)
+        if self.fp8_param_gather and self.fp8 is None:
+            raise PipesimError("--fp8-param-gather keeps the FP8 linears' parameters in FP8: it needs --fp8-format")
+        if self.fp8_param_gather and self.zero not in (1, 2):  # megatron/training/arguments.py asserts the first
+            raise PipesimError(f"--fp8-param-gather needs the distributed optimizer (--zero 1 or 2), got --zero "
+                               f"{self.zero}" + (" (Megatron-core turns it off under torch FSDP2 with Transformer "
+                                                 "Engine 2)" if self.zero == 3 else ""))
         if self.fsdp_reshard != "default" and self.zero != 3:
             raise PipesimError(f"--fsdp-reshard-after-forward {self.fsdp_reshard} needs FSDP's sharded parameters "
                                f"(--zero 3), got --zero {self.zero}")
@@ -154,7 +163,7 @@ class Job:
         d = self.dims
         dims = ParallelDims(dp=d.dp, tp=d.tp, cp=d.cp, ep=d.ep, etp=d.etp) if d.has_experts else \
             ParallelDims(tp=d.tp, cp=d.cp)
-        return replace(self, dims=dims, zero=0, fsdp_reshard="default")
+        return replace(self, dims=dims, zero=0, fsdp_reshard="default", fp8_param_gather=False)
 
     def resolve_attention(self, gpu: bool, model: ModelConfig | None) -> Job:
         """The job with its attention kernel decided: flash on GPU hardware at 16 bits, eager on CPUs and in
@@ -197,6 +206,9 @@ class Job:
                                "parallelism is enabled')")
         check_tp_split(model, self.dims.tp)  # before the layer options' own checks, as users have seen them
         self.check_experts(model)
+        if self.fp8_param_gather and model.moe is not None:
+            raise PipesimError("--fp8-param-gather with a mixture of experts is not modelled (the experts' FP8 "
+                               "parameters are gathered over their own group)")
         if model.kind != "gpt":
             for flag, value, plain in (("--sequence-parallel", self.sp, False), ("--cp", self.dims.cp, 1),
                                        ("--recompute", self.recompute, "none")):

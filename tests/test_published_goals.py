@@ -105,6 +105,7 @@ def test_the_modern_reference_rows_and_their_rank_keys():
     fp8 = [r for r in DATA["rows"] if r.source == "DGXC25FP8"]
     assert [r.published for r in fp8] == [9.33, 9.86, 12.37, 5.626, 1.98, 2.93]
     assert all(" --fp8-format hybrid --fp8-recipe delayed" in r.command for r in fp8)
+    assert all(r.command.endswith(" --fp8-param-gather") for r in fp8)  # fp8_params True (bf16_with_fp8_mixed)
     # the launch scripts' TP communication overlap (userbuffers) wherever tp > 1: the recipes' configurations
     ub = [(a.tp_comm_overlap_ub, a.tp_comm_overlap_cfg and Path(a.tp_comm_overlap_cfg).stem)
           for a in (bp.parse_command(r.command)[1] for r in rows + fp8)]
@@ -147,8 +148,9 @@ def test_the_405b_proxy_rows_their_layer_splits_and_rank_keys():
         assert (" --fp8-format hybrid --fp8-recipe delayed" in r.command) == fp8
         assert Path(a.tp_comm_overlap_cfg).name == (
             f"userbuffers_{'fp8' if fp8 else 'bf16'}_h100_h16384_tp8_cp2_mbs1_seqlen8192.yaml")
-        assert r.command.endswith(full.command[full.command.index(" --tp-comm-overlap "):].replace(
-            "bf16", "fp8" if fp8 else "bf16"))
+        assert r.command.endswith(" --fp8-param-gather") == fp8  # NeMo's fp8_params, stated with FP8
+        assert r.command.removesuffix(" --fp8-param-gather").endswith(
+            full.command[full.command.index(" --tp-comm-overlap "):].replace("bf16", "fp8" if fp8 else "bf16"))
     # another model than the full 405B: ranked only against its own BF16 / FP8 twin on the same GPUs
     assert [r.cluster for r in rows[:3]] == ["llama3-405b L8 on 32 x dgx-h100", "llama3-405b L30 on 64 x dgx-h100",
                                             "llama3-405b L62 on 128 x dgx-h100"]

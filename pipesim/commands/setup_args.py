@@ -88,6 +88,10 @@ def add_setup_args(parser: argparse.ArgumentParser) -> None:
                         "after its forward (gathered again for the backward), never keeps them, default frees them "
                         "only without pipelining; without pipelining FSDP2 also frees them and reduce-scatters the "
                         "gradients after every backward")
+    f.add_argument("--fp8-param-gather", action="store_true",
+                   help="with --fp8-format and the distributed optimizer or FSDP (--zero 1-3): the FP8 linears' "
+                        "parameters kept in FP8 and all-gathered in FP8, no separate FP8 copy (Megatron-core's "
+                        "flag; NeMo's fp8_params)")
     fusion = f.add_mutually_exclusive_group()
     fusion.add_argument("--compile", dest="kernel_fusion", action="store_const", const=True, default=None,
                         help="GPU presets: torch.compile's fused elementwise kernels (torchtitan's --compile.enable; "
@@ -270,7 +274,7 @@ def sim_job(args: argparse.Namespace, model: ModelConfig | None, hardware: Hardw
               kernels=KernelSwitches(args.kernel_fusion, args.tp_comm_overlap, args.grad_accum_fusion, args.grad_fp32,
                                      ub_from_args(args), ce_fusion=args.ce_fusion, ce_impl=args.ce_impl),
               recompute_modules=tuple(args.recompute_modules or ()), fp8=fp8_from_args(args),
-              cp_comm=args.cp_comm_type, fsdp_reshard=args.fsdp_reshard)
+              cp_comm=args.cp_comm_type, fsdp_reshard=args.fsdp_reshard, fp8_param_gather=args.fp8_param_gather)
     job.check_gradients(model)
     check_fp8_run(job.fp8, model, hardware)
     return job.resolve_attention(on_gpus(hardware), model)

@@ -40,4 +40,5 @@ def on_chains(costs: ParallelCosts, schedule: Schedule) -> ParallelCosts:
                    cp_exchanges=_keyed(costs.cp_exchanges, schedule),
                    ep_exchanges=_keyed(costs.ep_exchanges, schedule),
                    expert_param_counts=_per_stage(costs.expert_param_counts, schedule),
-                   fp8_weight_bytes=_per_stage(costs.fp8_weight_bytes, schedule))
+                   fp8_weight_bytes=_per_stage(costs.fp8_weight_bytes, schedule),
+                   fp8_param_counts=_per_stage(costs.fp8_param_counts, schedule))

@@ -45,21 +45,25 @@ def weight_cast(params: int, weights: int, fp8: Fp8Options, *, dtype_bytes: int,
 
 
 def fp8_stage_costs(model: ModelConfig, b: int, opts: LayerOptions, hw: Hardware, split: Sequence[int],
-                    moe_counts: Sequence[int]) -> tuple[tuple[int, ...], tuple[float, ...]]:
-    """Per stage: (bytes of its FP8 weight copies, seconds of casting them once per step); empty without FP8."""
+                    moe_counts: Sequence[int]) -> tuple[tuple[int, ...], tuple[float, ...], tuple[int, ...]]:
+    """Per stage: (bytes of its FP8 weight copies, seconds of casting them once per step, its FP8 linears'
+    parameters); empty without FP8. With --fp8-param-gather the copies are the parameters themselves (Megatron-core
+    keeps each FP8 linear's parameter as TE's FP8 tensor, its transpose beside it on a TN-only device): the same
+    bytes in place of the 16-bit parameter (rank_memory drops those), gathered in FP8 (step_costs)."""
     fp8 = opts.fp8
     if fp8 is None:
-        return (), ()
+        return (), (), ()
     family = hw.device.family
     tn_only = check_fp8_recipe(family, fp8.recipe, hw.device.name).tn_only
     profile = profile_of(family, hw.device.kernels)
-    memory, seconds = [], []
+    memory, seconds, counts = [], [], []
     for layers, moe in zip(split, moe_counts, strict=True):
         params, weights = stage_fp8_weights(model, b, opts, family, layers=layers, moe_layers=moe)
+        counts.append(params)
         memory.append(weight_copy_bytes(params, fp8, tn_only=tn_only))
         nbytes, kernels = weight_cast(params, weights, fp8, dtype_bytes=model.dtype_bytes, tn_only=tn_only)
         seconds.append(memory_bound_time(nbytes, profile, kernels=kernels).seconds if weights else 0.0)
-    return tuple(memory), tuple(seconds)
+    return tuple(memory), tuple(seconds), tuple(counts)
 
 
 def with_weight_casts(step: StepCosts, seconds: Sequence[float]) -> StepCosts:

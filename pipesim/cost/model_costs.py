@@ -76,6 +76,8 @@ class ParallelCosts:
     ep_exchanges: dict = field(default_factory=dict)
     expert_param_counts: tuple[int, ...] = ()  # per stage, of param_counts: the routed experts' (ZeRO over edp)
     fp8_weight_bytes: tuple[int, ...] = ()  # per stage: FP8 copies of its linear weights (empty: no FP8)
+    # per stage, of param_counts: the FP8 linears' parameters, kept in FP8 (--fp8-param-gather; empty otherwise)
+    fp8_param_counts: tuple[int, ...] = ()
 
 
 def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hardware, job: Job = DEFAULT_JOB, *,
@@ -104,7 +106,9 @@ def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hard
                            "(use a GPU preset)")
     split = split_layers(model.layers, num_stages, layer_split)
     moe_counts = _moe_layers_per_stage(model, split)
-    fp8_memory, fp8_seconds = fp8_stage_costs(model, b, opts, hw, split, moe_counts) if opts else ((), ())
+    fp8_memory, fp8_seconds, fp8_counts = fp8_stage_costs(model, b, opts, hw, split, moe_counts) if opts else \
+        ((), (), ())
+    fp8_params = fp8_counts if job.fp8_param_gather else ()  # kept and gathered in FP8
     d = model.dtype_bytes
     precision = precision_of(model, kernels.grad_fp32)
     stages: list[StageCosts] = []
@@ -182,20 +186,22 @@ def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hard
                          param_counts=tuple(counts), precision=precision, comm_buffer_bytes=buffers,
                          cp_exchanges=exchanges, sm_share=shared, ep_exchanges=ep_exchanges,
                          expert_param_counts=tuple(experts) if model.moe is not None else (),
-                         fp8_weight_bytes=fp8_memory,
+                         fp8_weight_bytes=fp8_memory, fp8_param_counts=fp8_params,
                          step=with_weight_casts(_step(counts, job, hw=hw, precision=precision,
                                                       loss_scaling=model.dtype == "float16",
-                                                      experts=experts if model.moe is not None else ()), fp8_seconds))
+                                                      experts=experts if model.moe is not None else (),
+                                                      fp8_params=fp8_params), fp8_seconds))
 
 
 def _step(counts: list[int], job: Job, *, hw: Hardware, precision: str, loss_scaling: bool,
-          experts: list[int] | tuple[()] = ()) -> StepCosts | None:
+          experts: list[int] | tuple[()] = (), fp8_params: tuple[int, ...] = ()) -> StepCosts | None:
     """The optimizer step and ZeRO's collectives, on device presets (or when --zero is asked for). A calibrated
     CPU host predicts the pipeline span its validation measures (pipesim/calibration): nothing is added there.
     `loss_scaling`: float16 trains under a loss scale (Megatron's grad scaler), whose unscale is a pass of its own."""
     if hw.host is not None and job.zero == 0:
         return None
-    return step_costs(counts, job, hw=hw, precision=precision, loss_scaling=loss_scaling, experts_per_stage=experts)
+    return step_costs(counts, job, hw=hw, precision=precision, loss_scaling=loss_scaling, experts_per_stage=experts,
+                      fp8_per_stage=fp8_params)
 
 
 def _moe_layers_per_stage(model: ModelConfig, split: list[int]) -> list[int]:

@@ -14,6 +14,8 @@ docs/large_models.md.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from pipesim.cost.model_costs import ParallelCosts
 from pipesim.hardware.machine import Hardware
 from pipesim.ir.deps import releases_activations
@@ -62,6 +64,9 @@ def rank_memory(schedule: Schedule, costs: ParallelCosts) -> list[MemoryBreakdow
             more = step_peak_state(experts, dp=dims.edp, zero=costs.job.zero, precision=precision, resident=resident)
             state = ModelState(state.parameters + more.parameters, state.gradients + more.gradients,
                                state.optimizer_states + more.optimizer_states)
+        if costs.fp8_param_counts:  # --fp8-param-gather: those parameters live in the FP8 copies' bytes
+            fp8_params = sum(costs.fp8_param_counts[s] for s in schedule.stages_of(r))
+            state = replace(state, parameters=state.parameters - fp8_params * precision.param_bytes)
         stash, working, inflight = activation_peak(schedule, costs, r)
         fp8 = sum(costs.fp8_weight_bytes[s] for s in schedule.stages_of(r)) if costs.fp8_weight_bytes else 0
         out.append(MemoryBreakdown(parameters=state.parameters, gradients=state.gradients,

@@ -87,12 +87,13 @@ def _precision(precision: Precision | str) -> Precision:
 
 
 def stage_step_collectives(params: int, *, dp: int, zero: int, precision: Precision | str = "mixed",
-                           overlap_param_gather: bool = False,
-                           fsdp: FsdpPolicy | None = None) -> tuple[StepCollective, ...]:
+                           overlap_param_gather: bool = False, fsdp: FsdpPolicy | None = None,
+                           fp8_params: int = 0) -> tuple[StepCollective, ...]:
     """The dp collectives of one stage holding `params` parameters (per tp rank) in one step; () when dp = 1.
     `overlap_param_gather` (Megatron's flag, ZeRO 1/2): the parameters' all-gather runs before the chunk's first
     forward of the (next) step instead of after the optimizer. `fsdp` (ZeRO 3; None: gathered once per step):
-    when FSDP2 frees the chunk between computes."""
+    when FSDP2 frees the chunk between computes. `fp8_params` (--fp8-param-gather, ZeRO 1/2): of the parameters,
+    those gathered as one FP8 byte each."""
     prec = _precision(precision)
     if zero == 3:
         chunk = zero3_chunk_collectives(params, dp=dp, precision=prec)
@@ -108,7 +109,10 @@ def stage_step_collectives(params: int, *, dp: int, zero: int, precision: Precis
     grads = "microbatch" if zero == 2 else "grads"  # ZeRO 2 keeps only its gradient shard: reduce every microbatch
     for c in dp_collectives(params, dp=dp, zero=zero, microbatches=1, precision=prec):
         gathered = "forward" if overlap_param_gather else "params"
-        out.append(StepCollective(c.kind, c.nbytes, gathered if c.kind == "all_gather" else grads))
+        if c.kind == "all_gather":  # FP8 parameters: one byte each
+            out.append(StepCollective(c.kind, c.nbytes - fp8_params * (prec.param_bytes - 1), gathered))
+        else:
+            out.append(StepCollective(c.kind, c.nbytes, grads))
     return tuple(out)
 
 
@@ -137,20 +141,23 @@ def optimizer_seconds(params: int, *, dp: int, zero: int, hw: Hardware, precisio
 
 
 def step_costs(params_per_stage: Sequence[int], job: Job, *, hw: Hardware, precision: Precision | str = "mixed",
-               loss_scaling: bool = False, experts_per_stage: Sequence[int] = ()) -> StepCosts:
+               loss_scaling: bool = False, experts_per_stage: Sequence[int] = (),
+               fp8_per_stage: Sequence[int] = ()) -> StepCosts:
     """Data-parallel collectives and optimizer step of every stage under the job's dp and ZeRO stage;
     `params_per_stage` counts one tp rank's parameters of each stage (pipesim.model.param_counts.stage_params);
     `loss_scaling`: fp16's grad scaler. `experts_per_stage`: of those, the routed experts' (a MoE model), whose
     gradients are reduced and state sharded over the expert-data-parallel group (edp = tp cp dp / (ep etp),
-    Megatron-core's) instead of dp."""
+    Megatron-core's) instead of dp. `fp8_per_stage`: of the dense parameters, those --fp8-param-gather gathers in
+    FP8."""
     prec = _precision(precision)
     dp, zero, edp = job.dims.dp_cp, job.zero, job.dims.edp  # the dense state's replicas include the cp ranks
     overlap, fsdp = job.comm.overlap_param_gather, job.fsdp
     experts = list(experts_per_stage) or [0] * len(params_per_stage)
+    fp8 = list(fp8_per_stage) or [0] * len(params_per_stage)
     collectives, seconds, nbytes = [], [], []
-    for p, e in zip(params_per_stage, experts, strict=True):
+    for p, e, f in zip(params_per_stage, experts, fp8, strict=True):
         colls = stage_step_collectives(p - e, dp=dp, zero=zero, precision=prec, overlap_param_gather=overlap,
-                                       fsdp=fsdp)
+                                       fsdp=fsdp, fp8_params=f)
         opt_bytes, opt_seconds = optimizer_bytes_and_seconds(p - e, dp=dp, zero=zero, hw=hw, precision=prec,
                                                              loss_scaling=loss_scaling)
         if e:

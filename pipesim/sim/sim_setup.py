@@ -79,6 +79,7 @@ class SimSetup:
                 "nodes": self.hardware.num_nodes if self.hardware is not None else None,
                 **({"recompute_modules": list(job.recompute_modules)} if job.recompute_modules else {}),
                 **({"fsdp_reshard_after_forward": job.fsdp_reshard} if job.zero == 3 else {}),
+                **({"fp8_param_gather": True} if job.fp8_param_gather else {}),
                 **(job.comm.report() if job.comm != CommOptions() else {})}  # set ones only
 
     def costs(self, schedule: Schedule) -> ParallelCosts:

@@ -1,0 +1,71 @@
+"""--fp8-param-gather (Megatron-core's flag; NeMo's fp8_params, Megatron-Bridge's FP8 current-scaling default): the
+FP8 linears' parameters kept as their FP8 copies and all-gathered by the distributed optimizer one byte each."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+import schedules
+from pipesim.cost.fp8_costs import stage_fp8_weights
+from pipesim.cost.model_costs import model_costs
+from pipesim.cost.rank_memory import rank_memory
+from pipesim.errors import PipesimError
+from pipesim.hardware.toml_io import load_hardware
+from pipesim.job import Job
+from pipesim.model.config import ModelConfig, split_layers
+from pipesim.model.fp8 import Fp8Options
+from pipesim.parallel_dims import ParallelDims
+
+LLAMA = ModelConfig(kind="gpt", hidden=1024, layers=4, heads=16, kv_heads=4, ffn_hidden=3584, seq=1024, vocab=32000,
+                    batch=16, dtype="bfloat16", activation="swiglu", norm="rmsnorm", dropout=False, biases=False,
+                    positions="rope")
+HW = load_hardware("2x-dgx-h100")
+FP8 = Fp8Options("hybrid", "delayed")
+
+
+def _costs(gather: bool, zero: int = 1):
+    job = Job(ParallelDims(pp=2, dp=4), zero=zero, fp8=FP8, attention="flash", fp8_param_gather=gather)
+    return model_costs(LLAMA, 2, 4, HW, job)
+
+
+def test_parameters_live_in_the_fp8_copies_and_gather_one_byte_each():
+    plain, fp8 = _costs(False), _costs(True)
+    opts = plain.job.layer_options(LLAMA)
+    fp8_params = [stage_fp8_weights(LLAMA, 1, opts, "H100", layers=n)[0] for n in split_layers(LLAMA.layers, 2)]
+    assert fp8.fp8_param_counts == tuple(fp8_params) and plain.fp8_param_counts == ()
+    for s in range(2):  # the parameters' all-gather: 2 bytes each, the FP8 linears' 1
+        gather = {c.kind: c.nbytes for c in plain.step.collectives[s]}["all_gather"]
+        assert {c.kind: c.nbytes for c in fp8.step.collectives[s]}["all_gather"] == gather - fp8_params[s]
+        assert gather == 2 * plain.param_counts[s]
+    sched = schedules.build("1f1b", 2, 4)
+    for r, (a, b) in enumerate(zip(rank_memory(sched, plain), rank_memory(sched, fp8), strict=True)):
+        assert a.parameters - b.parameters == 2 * fp8_params[r]  # the 16-bit copy is gone
+        assert (a.fp8_weights, a.gradients, a.optimizer_states) == (b.fp8_weights, b.gradients, b.optimizer_states)
+
+
+@pytest.mark.parametrize("kw,message", [
+    ({"zero": 1, "fp8": None}, "--fp8-param-gather keeps the FP8 linears' parameters in FP8: it needs --fp8-format"),
+    ({"zero": 0}, "--fp8-param-gather needs the distributed optimizer (--zero 1 or 2), got --zero 0"),
+    ({"zero": 3}, "--fp8-param-gather needs the distributed optimizer (--zero 1 or 2), got --zero 3 (Megatron-core "
+                  "turns it off under torch FSDP2 with Transformer Engine 2)"),
+])
+def test_refused_where_megatron_does_not_run_it(kw, message):
+    with pytest.raises(PipesimError) as err:
+        Job(ParallelDims(dp=2), **{"fp8": FP8, **kw}, fp8_param_gather=True)
+    assert str(err.value) == message
+
+
+def test_the_flag_on_the_command_line():
+    base = [sys.executable, "-m", "pipesim", "simulate", "1f1b", "--stages", "1", "--microbatches", "2",
+            "--model", "gpt", "--hidden", "512", "--layers", "2", "--heads", "8", "--seq", "256", "--batch", "8",
+            "--dp", "4", "--dtype", "bfloat16", "--hardware", "dgx-h100", "--fp8-format", "hybrid",
+            "--fp8-param-gather", "--json"]
+    ok = subprocess.run(base + ["--zero", "1"], capture_output=True, text=True, check=True)
+    assert json.loads(ok.stdout)["options"]["fp8_param_gather"] is True
+    bad = subprocess.run(base, capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
+        "pipesim: error: --fp8-param-gather needs the distributed optimizer (--zero 1 or 2), got --zero 0"]
