@@ -137,6 +137,9 @@ class RunConfig:
             raise PipesimError(f"unknown --fail-mode {self.fail_mode!r}; choose {', '.join(FAIL_MODES)}")
         if self.fail_at is not None:
             Action.parse(self.fail_at)
+        if job.recompute == "op":
+            raise PipesimError("--recompute op (torchtitan's per-op checkpointing) is simulated, not run: the executor "
+                               "has --recompute selective and full")
         if job.recompute == "selective" and self.model.kind != "gpt":
             raise PipesimError("--recompute selective re-runs the attention core, which --model mlp does not have; "
                                "use --recompute full")

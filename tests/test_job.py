@@ -26,7 +26,7 @@ NOT_MLP = "needs a transformer (--model gpt or --model-config), not --model mlp"
 
 
 @pytest.mark.parametrize("make,message", [
-    (lambda: Job(recompute="some"), "unknown --recompute 'some'; choose none, selective, full"),
+    (lambda: Job(recompute="some"), "unknown --recompute 'some'; choose none, selective, full, op"),
     (lambda: Job(attention="sdpa"), "unknown --attention 'sdpa'; choose eager, flash, flash2"),
     (lambda: Job(sp=1), "sequence parallelism must be true or false, got 1"),
     (lambda: Job(zero=4), "--zero must be one of 0, 1, 2, 3, got 4"),

@@ -360,7 +360,7 @@ def test_parameters_per_tp_rank():
                                           "causal split)"),
     ({"cp": 16, "attention": "flash"}, {"seq": 80}, "--seq 80 is not divisible by 2 x cp(16) (ring attention's "
                                                     "load-balanced causal split)"),
-    ({"recompute": "some"}, {}, "unknown --recompute 'some'; choose none, selective, full"),
+    ({"recompute": "some"}, {}, "unknown --recompute 'some'; choose none, selective, full, op"),
     ({"attention": "sdpa"}, {}, "unknown --attention 'sdpa'; choose eager, flash, flash2"),
     ({"tp": 4, "sp": True, "cp": 2, "attention": "flash"}, {"seq": 12, "kv_heads": 4}, "--seq 12 / cp(2) is not "
                                                                                         "divisible by tp(4) "

@@ -39,7 +39,7 @@ from pipesim.hardware.machine import Hardware
 from pipesim.hardware.toml_io import load_hardware
 from pipesim.job import Job, KernelSwitches
 from pipesim.model.config import ModelConfig
-from pipesim.model.options import ATTENTION, RECOMPUTE
+from pipesim.model.options import ATTENTION
 from pipesim.model.recompute_modules import RECOMPUTE_MODULES, canonical_modules, check_modules, effective_modules
 from pipesim.outputs import check_file, write_text
 from pipesim.plan.backends import open_backend
@@ -213,10 +213,12 @@ def plan_modules(model: ModelConfig, recomputes: tuple[str, ...], modules: list[
 
 
 def _recomputes(text: str) -> tuple[str, ...]:
+    """The searched --recompute choices: Megatron's (torchtitan's per-op policy is modelled for one tp and cp rank
+    only, pipesim.model.op_recompute: simulate it)."""
     out = _names(text)
-    bad = [r for r in out if r not in RECOMPUTE]
+    bad = [r for r in out if r not in RECOMPUTES]
     if bad or not out:
-        raise argparse.ArgumentTypeError(f"choose from {', '.join(RECOMPUTE)}, got {text!r}")
+        raise argparse.ArgumentTypeError(f"choose from {', '.join(RECOMPUTES)}, got {text!r}")
     return out
 
 

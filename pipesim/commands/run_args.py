@@ -61,7 +61,7 @@ def add_run_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--pg-timeout", type=float, default=60.0, metavar="S",
                    help="seconds a blocked receive or collective waits before the run fails (default 60)")
     g.add_argument("--sequence-parallel", action="store_true", help="TP with sequence parallelism (gpt)")
-    g.add_argument("--recompute", choices=RECOMPUTE, default="none",
+    g.add_argument("--recompute", choices=[r for r in RECOMPUTE if r != "op"], default="none",
                    help="activation recomputation (torch.utils.checkpoint, non-reentrant): full re-runs each layer's "
                         "forward in its backward, selective only gpt's attention core (default none)")
     g.add_argument("--bucket-bytes", type=positive_int, default=None, help="DP all-reduce bucket size in bytes")

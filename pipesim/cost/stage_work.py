@@ -180,7 +180,7 @@ def gpt_stage_work(model: ModelConfig, b: int, layers: int, *, first: bool, last
         rerun, rerun_ops = 0.0, 0
         if opts.recompute == "full":
             rerun, rerun_ops = traffic, GPT_BLOCK_OPS[0]
-        elif opts.recompute == "selective":
+        elif opts.recompute in ("selective", "op"):  # op: its elementwise ops (its GEMMs: layer_flops)
             ew = layer_elementwise_bytes(model, b, opts).backward
             rerun = sum(n for k, n in ew.items() if k.startswith("recompute "))
             core = ("recompute softmax", "recompute softmax dropout")  # the eager core's; counted in CORE_OPS

@@ -23,6 +23,7 @@ from pipesim.model.config import ModelConfig
 from pipesim.model.fp8 import Fp8Options, saved_bytes
 from pipesim.model.latent_layer import latent_saved, latent_widths
 from pipesim.model.moe_layer import ROUTER_BYTES, routed_tokens, tokens_here
+from pipesim.model.op_recompute import OP, op_saved
 from pipesim.model.options import LayerOptions, vocab_shard
 from pipesim.model.recompute_modules import norms_recomputed
 
@@ -54,7 +55,8 @@ def layer_saved_tensors(model: ModelConfig, b: int, opts: LayerOptions, *, recom
     recompute (default `opts.recompute`): "none" every tensor below; "selective" all but those its modules
     (`opts.modules`, pipesim.model.recompute_modules) drop, by default the attention core's (scores, softmax, its
     dropout; flash: its logsumexp); "full" the layer input only (Megatron keeps it sharded over tp under sequence
-    parallelism). `moe`: the layer's MLP is the model's mixture of experts (`_moe_saved`).
+    parallelism); "op" what torchtitan's per-op policy keeps (pipesim.model.op_recompute.op_saved). `moe`: the
+    layer's MLP is the model's mixture of experts (`_moe_saved`).
     """
     opts.check(model)
     recompute = opts.recompute if recompute is None else recompute
@@ -65,6 +67,8 @@ def layer_saved_tensors(model: ModelConfig, b: int, opts: LayerOptions, *, recom
     seq_split = opts.seq_sharded  # norms, dropout, the residual stream: split over tp only under sp
     if recompute == "full":
         return [SavedTensor("layer input", seq_split(d * tokens * h))]
+    if recompute == OP:  # torchtitan's per-op policy (tp = cp = 1, no FP8: pipesim.model.op_recompute)
+        return [SavedTensor(name, nbytes) for name, nbytes in op_saved(model, tokens)]
     norms = norms_recomputed(model, moe=moe)  # the norms "layernorm" re-runs (the rest are fused into TE linears)
     saved = [SavedTensor("attention norm input", seq_split(d * tokens * h))]
     if model.mla is not None:  # its latents and its own Q, K (nope + rope) and V (v_head) widths

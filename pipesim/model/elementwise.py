@@ -109,7 +109,7 @@ def layer_elementwise_bytes(model: ModelConfig, b: int, opts: LayerOptions) -> E
     if model.dropout:
         op("MLP dropout", 2 * hidden * d + MASK_BYTES * hidden, 2 * hidden * d + MASK_BYTES * hidden)
     op("MLP residual add", 3 * hidden * d, 3 * hidden * d)
-    rerun = list(fwd) if opts.recompute == "full" else []
+    rerun = list(fwd) if opts.recompute in ("full", "op") else []  # op: every elementwise op of the block again
     if opts.recompute == "selective":
         rerun = (core_ops if opts.recomputes("core_attn") else []) + _module_ops(model, opts, list(fwd), norm)
     for name in rerun:

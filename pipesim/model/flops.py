@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pipesim.device.kernels import causal_tile_factor
 from pipesim.model.config import ModelConfig
 from pipesim.model.latent_layer import check_latent, latent_linears, latent_widths
+from pipesim.model.op_recompute import OP, op_rerun_flops
 from pipesim.model.options import LayerOptions, vocab_shard
 
 
@@ -89,7 +90,8 @@ def attention_core_flops(model: ModelConfig, b: int, opts: LayerOptions, *, caus
 def layer_flops(model: ModelConfig, b: int, opts: LayerOptions, *, causal: bool = False) -> Flops:
     """One transformer layer on one rank, with its recomputation in I (causal: the attention core's causal half).
 
-    full: the backward first re-runs the whole forward (dense + attention core); selective:
+    full: the backward first re-runs the whole forward (dense + attention core); op: torchtitan's per-op policy
+    re-runs wk, wo and w3 (pipesim.model.op_recompute); selective:
     only the attention core's forward by default, and the GEMMs of its other modules a dense layer has
     (`_module_rerun_flops`; a MoE layer's are `pipesim.cost.stage_work.moe_layer_flops`'). The GPT without
     recomputation, t = cp = 1, eager:
@@ -103,6 +105,8 @@ def layer_flops(model: ModelConfig, b: int, opts: LayerOptions, *, causal: bool 
     elif opts.recompute == "selective":
         rerun = (core.F if opts.recomputes("core_attn") else 0) + _module_rerun_flops(model, b, opts)
         flops = flops + Flops(0, rerun, 0)
+    elif opts.recompute == OP:  # torchtitan's per-op policy: wk, wo and w3 again (pipesim.model.op_recompute)
+        flops = flops + Flops(0, op_rerun_flops(model, b * opts.local_seq(model)), 0)
     return flops
 
 

@@ -35,6 +35,7 @@ from pipesim.model.kernel_types import (
 )
 from pipesim.model.latent_layer import check_latent, latent_linears, rope_elements
 from pipesim.model.moe_layer import ROUTER_BYTES, expert_shapes, tokens_here
+from pipesim.model.op_recompute import OP, op_rerun_linears
 from pipesim.model.options import LayerOptions
 from pipesim.model.recompute_modules import norms_recomputed
 
@@ -198,6 +199,8 @@ def layer_kernels(model: ModelConfig, b: int, opts: LayerOptions, *, fused: bool
         w += _bias_gradients(model, opts, linears, tokens)
     if opts.recompute == "full":
         i = [*f, *i]
+    elif opts.recompute == OP:  # torchtitan's per-op policy: wk, wo, w3 and every memory-bound op again
+        i = [*ew_f, *forward_gemms(op_rerun_linears(model, tokens)), *i]
     elif opts.recompute == "selective":
         core_ew = {"softmax", "softmax dropout", "attention scale", "attention mask"}
         rerun = [*core_f, *(k for k in ew_f if k.name in core_ew)] if opts.recomputes("core_attn") else []

@@ -13,9 +13,12 @@ from pipesim.errors import PipesimError
 from pipesim.model.config import ModelConfig
 from pipesim.model.fp8 import Fp8Options
 from pipesim.model.moe import MOE_DISPATCHERS
+from pipesim.model.op_recompute import OP, check_op_recompute
 from pipesim.model.recompute_modules import canonical_modules, check_modules, effective_modules
 
-RECOMPUTE = ("none", "selective", "full")  # Megatron's --recompute-granularity (none: keep everything)
+# Megatron's --recompute-granularity (none: keep everything), and torchtitan's per-op checkpointing
+# (pipesim.model.op_recompute)
+RECOMPUTE = ("none", "selective", "full", "op")
 # materialised s x s scores, or a fused kernel keeping only softmax statistics: "flash" the device's fastest
 # (cuDNN or FlashAttention-3 on Hopper, FlashAttention-2 on Ampere), "flash2" FlashAttention-2 itself (PyTorch
 # SDPA's flash backend): the same FLOPs and memory, timed on the family's FlashAttention-2 figures
@@ -87,6 +90,8 @@ class LayerOptions:
             raise PipesimError(f"transformer layer costs need --model gpt, got {model.kind!r}")
         check_tp_split(model, self.tp)
         check_modules(model, self.modules)
+        if self.recompute == OP:
+            check_op_recompute(model, tp=self.tp, cp=self.cp, attention=self.attention, fp8=self.fp8 is not None)
         t = self.tp
         if self.cp > 1 and model.seq % (2 * self.cp):
             raise PipesimError(f"--seq {model.seq} is not divisible by 2 x cp({self.cp}) "

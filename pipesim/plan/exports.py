@@ -235,8 +235,8 @@ def torchtitan_toml(c: Candidate, req: PlanRequest) -> str:
                      "to the first chunks (set module_fqns_per_model_part to match)")
     lines += ["", "[training]", f"local_batch_size = {m.batch // c.dp}", f"global_batch_size = {m.batch}",
               f"seq_len = {m.seq}", "", "[activation_checkpoint]", f'mode = "{c.recompute}"']
-    if c.recompute == "selective":
-        lines.append('selective_ac_option = "op"')
+    if c.recompute == "selective":  # the nearest: Megatron's attention-core recompute has no torchtitan option
+        lines.append('selective_ac_option = "op"  # torchtitan\'s own policy, pipesim\'s --recompute op')
         if c.modules:
             lines.append(f"# Megatron-core's --recompute-modules {' '.join(c.modules)} has no torchtitan option: "
                          "its op-level selective checkpointing decides what it saves")

@@ -1,0 +1,60 @@
+"""torchtitan's per-op selective activation checkpointing (`--recompute op`; torchtitan's
+`--activation-checkpoint.mode selective --activation-checkpoint.selective-ac-option op`).
+
+Each transformer block runs under a checkpoint whose policy saves the outputs of the ops in `_save_list` (aten.mm,
+the SDPA kernels, reduce_scatter, max) except every second mm, and recomputes everything else in the backward
+(torchtitan/models/llama3/parallelize_llama.py @ e7c0cae and 9dec370, `_apply_ac_to_transformer_block`; the mm count
+restarts for each block's checkpoint). A Llama block's mms run wq, wk, wv, wo, w1, w3, w2 (`w2(silu(w1(x)) *
+w3(x))`): wq, wv, w1 and w2 are saved, wk, wo and w3 re-run, with every norm, RoPE, the SwiGLU product and the
+residual adds. The checkpoint keeps the block's input.
+
+Modelled for what these rules pin down: a dense SwiGLU block with a fused attention kernel on one tp and cp rank,
+without FP8. Elsewhere the policy also replays collectives (tensor and context parallelism's all-gathers are not
+saved), and torchao's float8 linears reach the policy through their tensor subclass; those are refused.
+"""
+
+from __future__ import annotations
+
+from pipesim.errors import PipesimError
+from pipesim.model.config import ModelConfig
+
+OP = "op"
+STAT_BYTES = 4  # the SDPA kernel's logsumexp per (token, head), float32
+
+
+def check_op_recompute(model: ModelConfig, *, tp: int, cp: int, attention: str, fp8: bool) -> None:
+    """One line unless `--recompute op` is modelled for this layer (the module docstring says why)."""
+    why = ("a mixture-of-experts layer" if model.moe is not None else
+           "latent attention" if model.mla is not None else
+           f"a {model.activation} MLP (torchtitan's blocks are SwiGLU)" if model.activation != "swiglu" else
+           "--attention eager (the policy saves the fused SDPA kernels' outputs)" if attention == "eager" else
+           f"--tp {tp} (the policy replays the tensor-parallel collectives)" if tp > 1 else
+           f"--cp {cp} (the policy replays the K/V exchanges)" if cp > 1 else
+           "FP8 (torchao's float8 linears reach the policy through their tensor subclass)" if fp8 else "")
+    if why:
+        raise PipesimError(f"--recompute op (torchtitan's per-op checkpointing) is not modelled with {why}")
+
+
+def op_saved(model: ModelConfig, tokens: int) -> list[tuple[str, int]]:
+    """(name, bytes) of what the policy keeps of one block for `tokens` tokens: its input, wq's, wv's, w1's and w2's
+    outputs, and the SDPA kernel's output and logsumexp."""
+    d, h, f = model.dtype_bytes, model.hidden, model.ffn_size
+    hq, hkv = model.attention_width, model.kv_width
+    return [("layer input", d * tokens * h), ("Q (wq output)", d * tokens * hq), ("V (wv output)", d * tokens * hkv),
+            ("attention output (SDPA)", d * tokens * hq), ("attention logsumexp", STAT_BYTES * tokens * model.heads),
+            ("gate (w1 output)", d * tokens * f), ("MLP output (w2 output)", d * tokens * h)]
+
+
+def op_rerun_linears(model: ModelConfig, tokens: int) -> list[tuple[str, int, int, int]]:
+    """The linears the backward re-runs, as pipesim.model.kernel_types' Linear (name, in, out, tokens): wk, wo, w3."""
+    h, f = model.hidden, model.ffn_size
+    return [("K (recompute)", h, model.kv_width, tokens), ("projection (recompute)", model.attention_width, h, tokens),
+            ("FC1 up half (recompute)", h, f, tokens)]
+
+
+def op_rerun_flops(model: ModelConfig, tokens: int) -> int:
+    """FLOPs of those re-run linears: 2 x tokens x in x out each."""
+    return sum(2 * n * i * o for _, i, o, n in op_rerun_linears(model, tokens))
+
+
+__all__ = ["OP", "check_op_recompute", "op_rerun_flops", "op_rerun_linears", "op_saved"]
