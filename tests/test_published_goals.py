@@ -11,6 +11,7 @@ import pytest
 
 from pipesim.comm.ub_overlap import UbConfig
 from pipesim.errors import PipesimError
+from pipesim.hardware.toml_io import load_hardware
 from tests.published_bench import DATA, LAYER_ROWS, _result, bp, pr
 
 pg = bp.goals
@@ -199,6 +200,33 @@ def test_the_megatron_bridge_h100_rows_and_their_userbuffers_configs():
     rk = pg.ranking(results)
     assert rk.same_command == 2 and [(p.a, p.b) for p in rk.pairs] == [
         (rows[0].id, rows[2].id), (rows[0].id, rows[4].id), (rows[1].id, rows[3].id), (rows[1].id, rows[5].id)]
+
+
+def test_the_torchtitan_rows_state_their_pages_configurations():
+    """torchtitan's H100 benchmark pages: FSDP over every rank (the profile's ZeRO 3, resharded without pipelining),
+    FlashAttention-2 (SDPA's flash backend first on Hopper then), Tables 1 and 3 with the per-op checkpointing
+    and torch.compile where stated, Table 2 and the 70B rows with full checkpointing, compile and Float8 as stated;
+    all on the Grand Teton file (96 GB HBM2e at 2.4 TB/s, the H100 family's 700 W figures)."""
+    assert not DATA["sources"]["TT24"]["in_published_md"]
+    rows = [r for r in DATA["rows"] if r.source == "TT24"]
+    assert [(r.id.split("-", 1)[1], r.published) for r in rows] == [
+        ("llama3.1-8b-fsdp-8gpus", 5762), ("llama3.1-8b-fsdp-compile-8gpus", 6667),
+        ("llama3.1-8b-fsdp-128gpus", 5605), ("llama3.1-8b-fsdp-compile-128gpus", 6514),
+        ("llama3.1-8b-cp1-32k", 3890), ("llama3.1-8b-cp2-64k", 2540), ("llama3.1-8b-cp4-128k", 1071),
+        ("llama3.1-70b-tp8-256gpus", 597.3), ("llama3.1-70b-tp8-float8-256gpus", 809.8)]
+    args = [bp.parse_command(r.command)[1] for r in rows]
+    for r, a in zip(rows, args, strict=True):
+        assert (a.framework, a.attention, a.zero, a.stages, r.metric) == (
+            "torchtitan", "flash2", 3, 1, "tokens_per_sec_per_gpu")
+        assert Path(a.hardware) == Path(bp.ROOT) / "bench" / "hardware" / "grand-teton-h100.toml"
+        assert a.recompute == ("op" if "fsdp" in r.id else "full")
+        assert (a.kernel_fusion is True) == ("compile" in r.id or "fsdp" not in r.id)
+        assert (a.fp8_format is not None) == ("cp" in r.id or "float8" in r.id)
+        assert a.batch == a.microbatch_size * a.dp  # the local batch, one microbatch per step
+    assert [(a.seq, a.dp, a.cp, a.tp) for a in args[4:]] == [
+        (32768, 8, 1, 1), (65536, 4, 2, 1), (131072, 2, 4, 1), (8192, 32, 1, 8), (8192, 32, 1, 8)]
+    hw = load_hardware(str(Path(bp.ROOT) / "bench" / "hardware" / "grand-teton-h100.toml"))
+    assert (hw.device.family, hw.device.hbm_bandwidth, hw.device.memory) == ("H100", 2.4e12, 96_000_000_000)
 
 
 def test_an_unknown_goal_in_a_rows_file_is_refused(tmp_path):
