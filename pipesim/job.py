@@ -39,6 +39,7 @@ class KernelSwitches:
     ub: UbConfig | None = None
     ce_fusion: bool = False  # --cross-entropy-loss-fusion: Megatron-core's fused vocab-parallel cross-entropy
     ce_impl: str = "native"  # --cross-entropy-fusion-impl: "native" (Megatron-core's) or "te" (Transformer Engine's)
+    eager_rmsnorm: bool = False  # --eager-rmsnorm: RMSNorm as eager PyTorch's ops (pipesim.model.eager_norm)
 
     @property
     def cross_entropy(self) -> str:
@@ -58,7 +59,7 @@ class KernelSwitches:
             out.append("--accumulate-allreduce-grads-in-fp32")
         elif self.grad_fp32 is False:
             out.append("--grad-reduce-in-bf16")
-        return out + self.ce_flags()
+        return out + self.ce_flags() + (["--eager-rmsnorm"] if self.eager_rmsnorm else [])
 
     def ce_flags(self) -> list[str]:
         """Megatron-core's flags (and pipesim's) of the cross-entropy: the one spelling of every export."""
@@ -194,6 +195,8 @@ class Job:
         one place each divisibility check against a model is made (the tp splits, LayerOptions.check's)."""
         self.check_gradients(model)
         check_fp8_model(self.fp8, model.dtype, model.kind)
+        if self.kernels.eager_rmsnorm and model.norm != "rmsnorm":
+            raise PipesimError(f"--eager-rmsnorm needs a model with RMSNorm, got {model.norm}")
         if microbatches is not None:
             if not isinstance(microbatches, int) or isinstance(microbatches, bool) or microbatches < 1:
                 raise PipesimError(f"microbatches must be a positive integer, got {microbatches!r}")
@@ -247,7 +250,7 @@ class Job:
             if model.moe is not None else {}
         return LayerOptions(tp=self.dims.tp, sp=self.sp, cp=self.dims.cp, recompute=self.recompute,
                             attention=self.attention_kernel, recompute_modules=self.recompute_modules, fp8=self.fp8,
-                            cp_comm=self.cp_comm, **experts)
+                            cp_comm=self.cp_comm, eager_rmsnorm=self.kernels.eager_rmsnorm, **experts)
 
     def flags(self) -> list[str]:
         """The command-line flags that give this job's options: the experts' --ep/--etp when set (the dense layout is

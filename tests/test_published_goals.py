@@ -221,6 +221,7 @@ def test_the_torchtitan_rows_state_their_pages_configurations():
         assert Path(a.hardware) == Path(bp.ROOT) / "bench" / "hardware" / "grand-teton-h100.toml"
         assert a.recompute == ("op" if "fsdp" in r.id else "full")
         assert (a.kernel_fusion is True) == ("compile" in r.id or "fsdp" not in r.id)
+        assert a.eager_rmsnorm == (a.kernel_fusion is not True)  # 9dec370's own RMSNorm, unless compiled
         assert (a.fp8_format is not None) == ("cp" in r.id or "float8" in r.id)
         assert a.batch == a.microbatch_size * a.dp  # the local batch, one microbatch per step
     assert [(a.seq, a.dp, a.cp, a.tp) for a in args[4:]] == [

@@ -92,6 +92,10 @@ def add_setup_args(parser: argparse.ArgumentParser) -> None:
                    help="with --fp8-format and the distributed optimizer or FSDP (--zero 1-3): the FP8 linears' "
                         "parameters kept in FP8 and all-gathered in FP8, no separate FP8 copy (Megatron-core's "
                         "flag; NeMo's fp8_params)")
+    f.add_argument("--eager-rmsnorm", action="store_true",
+                   help="GPU presets: RMSNorm as eager PyTorch's ops, 6 kernels forward and 9 backward in float32 "
+                        "(Hugging Face's LlamaRMSNorm, torchtitan's before torch.nn.RMSNorm, torch.nn.RMSNorm before "
+                        "torch 2.9) instead of one fused kernel; torch.compile fuses it again")
     fusion = f.add_mutually_exclusive_group()
     fusion.add_argument("--compile", dest="kernel_fusion", action="store_const", const=True, default=None,
                         help="GPU presets: torch.compile's fused elementwise kernels (torchtitan's --compile.enable; "
@@ -272,7 +276,8 @@ def sim_job(args: argparse.Namespace, model: ModelConfig | None, hardware: Hardw
     job = Job(dims, recompute=args.recompute, sp=args.sequence_parallel,
               attention=args.attention, zero=args.zero, comm=comm_options_from_args(args),
               kernels=KernelSwitches(args.kernel_fusion, args.tp_comm_overlap, args.grad_accum_fusion, args.grad_fp32,
-                                     ub_from_args(args), ce_fusion=args.ce_fusion, ce_impl=args.ce_impl),
+                                     ub_from_args(args), ce_fusion=args.ce_fusion, ce_impl=args.ce_impl,
+                                     eager_rmsnorm=args.eager_rmsnorm),
               recompute_modules=tuple(args.recompute_modules or ()), fp8=fp8_from_args(args),
               cp_comm=args.cp_comm_type, fsdp_reshard=args.fsdp_reshard, fp8_param_gather=args.fp8_param_gather)
     job.check_gradients(model)

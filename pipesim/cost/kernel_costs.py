@@ -21,6 +21,7 @@ from pipesim.device.profile import DeviceProfile, device_profile
 from pipesim.errors import PipesimError
 from pipesim.hardware.machine import KernelFigures
 from pipesim.model.config import ModelConfig
+from pipesim.model.eager_norm import with_eager_rmsnorm
 from pipesim.model.fp8_kernels import fp8_layer_kernels, scale_update_bytes
 from pipesim.model.grad_accumulation import accumulate_gradients
 from pipesim.model.kernel_types import FlashAttention, Gemm, Kernel, PieceKernels
@@ -124,6 +125,13 @@ def gemm_timing(shape: Gemm, dtype: str, family: str, kernels: KernelFigures | N
     return dtype, profile_of(family, kernels)
 
 
+def _norms(kernels: PieceKernels, model: ModelConfig, opts: LayerOptions) -> PieceKernels:
+    """The piece's kernels with its RMSNorms as eager PyTorch's ops under --eager-rmsnorm (pipesim.model.eager_norm)."""
+    if opts.eager_rmsnorm and model.norm == "rmsnorm":
+        return with_eager_rmsnorm(kernels, model.dtype_bytes)
+    return kernels
+
+
 def _accumulated(kernels: PieceKernels, model: ModelConfig, params: int, grad_fusion: bool,
                  grad_bytes: int) -> PieceKernels:
     """The piece's kernels with each microbatch's gradients added into main_grad (pipesim.model.grad_accumulation);
@@ -140,7 +148,8 @@ def layer_seconds(model: ModelConfig, b: int, opts: LayerOptions, fused: bool, f
     params = block_params(model, opts.tp)
     if moe:
         params += moe_block_params(model, opts) - dense_mlp_params(model, opts.tp)
-    pk = _accumulated(fp8_layer(model, b, opts, fused, family, moe), model, params, grad_fusion, grad_bytes)
+    pk = _accumulated(_norms(fp8_layer(model, b, opts, fused, family, moe), model, opts), model, params, grad_fusion,
+                      grad_bytes)
     fp8 = fp8_profile_of(family, kernels) if opts.fp8 is not None else None
     profile = profile_of(family, kernels)
     return piece_seconds(pk, model.dtype, profile.with_flash2() if opts.attention == "flash2" else profile, fp8)
@@ -176,8 +185,8 @@ def fp8_update_seconds(model: ModelConfig, b: int, opts: LayerOptions, family: s
 def head_seconds(model: ModelConfig, b: int, opts: LayerOptions, family: str,
                  kernels: KernelFigures | None = None, grad_fusion: bool = True,
                  grad_bytes: int = 0, ce_fusion: str = "unfused") -> PieceSeconds:
-    pk = _accumulated(head_kernels(model, b, opts, ce_fusion=ce_fusion), model, head_params(model, opts.tp),
-                      grad_fusion, grad_bytes)
+    pk = _accumulated(_norms(head_kernels(model, b, opts, ce_fusion=ce_fusion), model, opts), model,
+                      head_params(model, opts.tp), grad_fusion, grad_bytes)
     return piece_seconds(pk, model.dtype, profile_of(family, kernels))
 
 
@@ -198,7 +207,7 @@ def mtp_seconds(model: ModelConfig, b: int, opts: LayerOptions, family: str, ker
     carried the copy); its block and its pass through the head are `layer_seconds` and `head_seconds`."""
     params = mtp_projection_params(model, opts.tp) + mtp_embedding_params(model, opts.tp,
                                                                           holds_embedding=holds_embedding)
-    pk = _accumulated(mtp_kernels(model, b, opts), model, params, grad_fusion, grad_bytes)
+    pk = _accumulated(_norms(mtp_kernels(model, b, opts), model, opts), model, params, grad_fusion, grad_bytes)
     return piece_seconds(pk, model.dtype, profile_of(family, kernels))
 
 

@@ -49,6 +49,7 @@ class LayerOptions:
     # by local expert and back (Megatron-core's permutation 2), "deepep" receives them in its own layout
     moe_dispatcher: str = "alltoall"
     cp_comm: str = "p2p"  # how context parallelism moves K/V (CP_COMM_TYPES)
+    eager_rmsnorm: bool = False  # RMSNorm as eager PyTorch's ops (pipesim.model.eager_norm), not one fused kernel
 
     def __post_init__(self) -> None:
         for name in ("tp", "cp", "ep", "etp"):
