@@ -124,7 +124,8 @@ def test_every_row_parses_and_is_consistent():
         argv, args = bp.parse_command(r.command)
         hardware = {"LLAMA3": "dgx-h100", "BLOOM": str(ROOT / "bench" / "hardware" / "jean-zay-a100.toml"),
                     **dict.fromkeys(moe | {"DGXC25", "DGXC25FP8", "DGXC25PROXY", "MB25"}, "dgx-h100"),
-                    "DEEPSEEKV3": str(ROOT / "bench" / "hardware" / "h800-deepseek.toml")}
+                    "DEEPSEEKV3": str(ROOT / "bench" / "hardware" / "h800-deepseek.toml"),
+                    "TT24": str(ROOT / "bench" / "hardware" / "grand-teton-h100.toml")}
         assert argv[0] == "simulate" and args.hardware == hardware.get(r.source, "dgx-a100")  # a file: the repo's
         assert bp.metrics.gpus(args) == 8 * args.nodes, r.id  # 8 GPUs per node
         if r.table in ("Table 1", "Table 5") and r.published is not None or r.source in ("LLAMA3", "BLOOM", "MTNLG"):
