@@ -110,8 +110,8 @@ class Job:
                                "(Megatron-core runs the unfused cross-entropy otherwise)")
         if self.kernels.ub is not None:
             if not self.kernels.tp_comm_overlap:
-                raise PipesimError("--tp-comm-overlap overlaps the backward collectives too: it cannot go with "
-                                   "--no-async-tensor-model-parallel-allreduce (or a --framework that sets it)")
+                raise PipesimError(f"{self.kernels.ub.flags()[0]} overlaps the backward collectives too: it cannot go "
+                                   "with --no-async-tensor-model-parallel-allreduce (or a --framework that sets it)")
         check_cp_comm(self.cp_comm)
         check_reshard(self.fsdp_reshard)
         if self.fp8_param_gather and self.fp8 is None:
@@ -204,9 +204,9 @@ class Job:
                 raise PipesimError(f"--batch {model.batch} does not split into dp({self.dims.dp}) x {microbatches} "
                                    "microbatches evenly")
         if self.kernels.ub is not None and (self.dims.tp == 1 or not self.sp):  # a planner drops it per candidate
-            raise PipesimError("--tp-comm-overlap needs tensor parallelism with --sequence-parallel (Megatron-core: "
-                               "'Tensor parallel communication/GEMM overlap can happen only when sequence "
-                               "parallelism is enabled')")
+            raise PipesimError(f"{self.kernels.ub.flags()[0]} needs tensor parallelism with --sequence-parallel "
+                               "(Megatron-core: 'Tensor parallel communication/GEMM overlap can happen only when "
+                               "sequence parallelism is enabled')")
         check_tp_split(model, self.dims.tp)  # before the layer options' own checks, as users have seen them
         self.check_experts(model)
         if self.fp8_param_gather and model.moe is not None:

@@ -213,7 +213,8 @@ def test_the_torchtitan_rows_state_their_pages_configurations():
         ("llama3.1-8b-fsdp-8gpus", 5762), ("llama3.1-8b-fsdp-compile-8gpus", 6667),
         ("llama3.1-8b-fsdp-128gpus", 5605), ("llama3.1-8b-fsdp-compile-128gpus", 6514),
         ("llama3.1-8b-cp1-32k", 3890), ("llama3.1-8b-cp2-64k", 2540), ("llama3.1-8b-cp4-128k", 1071),
-        ("llama3.1-70b-tp8-256gpus", 597.3), ("llama3.1-70b-tp8-float8-256gpus", 809.8)]
+        ("llama3.1-70b-tp8-256gpus", 597.3), ("llama3.1-70b-tp8-float8-256gpus", 809.8),
+        ("llama3.1-70b-tp8-async-256gpus", 652.4), ("llama3.1-70b-tp8-float8-async-256gpus", 942.4)]
     args = [bp.parse_command(r.command)[1] for r in rows]
     for r, a in zip(rows, args, strict=True):
         assert (a.framework, a.attention, a.zero, a.stages, r.metric) == (
@@ -225,7 +226,8 @@ def test_the_torchtitan_rows_state_their_pages_configurations():
         assert (a.fp8_format is not None) == ("cp" in r.id or "float8" in r.id)
         assert a.batch == a.microbatch_size * a.dp  # the local batch, one microbatch per step
     assert [(a.seq, a.dp, a.cp, a.tp) for a in args[4:]] == [
-        (32768, 8, 1, 1), (65536, 4, 2, 1), (131072, 2, 4, 1), (8192, 32, 1, 8), (8192, 32, 1, 8)]
+        (32768, 8, 1, 1), (65536, 4, 2, 1), (131072, 2, 4, 1)] + [(8192, 32, 1, 8)] * 4
+    assert [a.async_tp for a in args[7:]] == [False, False, True, True]  # the async-TP page's two columns
     hw = load_hardware(str(Path(bp.ROOT) / "bench" / "hardware" / "grand-teton-h100.toml"))
     assert (hw.device.family, hw.device.hbm_bandwidth, hw.device.memory) == ("H100", 2.4e12, 96_000_000_000)
 

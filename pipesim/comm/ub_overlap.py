@@ -103,13 +103,27 @@ class UbConfig:
 
     methods: tuple[tuple[str, UbMethod], ...] = tuple((n, UbMethod.default(n)) for n in DEFAULT_METHOD)
     source: str = ""  # the YAML file read ("" TE's defaults)
+    async_tp: bool = False  # torch's micro-pipelined TP (`torch_async_tp`), not Transformer Engine's userbuffers
 
     def method(self, name: str) -> UbMethod:
         return dict(self.methods)[name]
 
     def flags(self) -> list[str]:
-        """Megatron-core's flags (and pipesim's) that give this config."""
+        """Megatron-core's flags (and pipesim's) that give this config; --async-tp for torch's."""
+        if self.async_tp:
+            return ["--async-tp"]
         return ["--tp-comm-overlap"] + (["--tp-comm-overlap-cfg", self.source] if self.source else [])
+
+    @classmethod
+    def torch_async_tp(cls) -> UbConfig:
+        """torchtitan's async TP (--parallelism.enable_async_tensor_parallel): torch.compile's micro-pipelining puts
+        every sequence-parallel all-gather and reduce-scatter inside its matmul (torch/distributed/_symmetric_memory
+        @ 006b161: `_pipelined_all_gather_and_consume` copies each peer's shard over the copy engines, `copy_` on a
+        second stream, while the shard before it is multiplied, the local one first; `_pipelined_produce_and_all2all`
+        multiplies each peer's chunk and copies it out the same way): every name a ring exchange in tp chunks over
+        the copy engines, no SM held."""
+        ring = UbMethod("ring_exchange", num_sm=0, set_sm_margin=False, num_splits=0, use_ce=True)
+        return cls(tuple((n, ring) for n in DEFAULT_METHOD), async_tp=True)
 
     @classmethod
     def from_yaml(cls, path: str) -> UbConfig:

@@ -96,6 +96,10 @@ def add_setup_args(parser: argparse.ArgumentParser) -> None:
                    help="GPU presets: RMSNorm as eager PyTorch's ops, 6 kernels forward and 9 backward in float32 "
                         "(Hugging Face's LlamaRMSNorm, torchtitan's before torch.nn.RMSNorm, torch.nn.RMSNorm before "
                         "torch 2.9) instead of one fused kernel; torch.compile fuses it again")
+    f.add_argument("--async-tp", action="store_true",
+                   help="GPU presets, tp > 1 with --sequence-parallel and --compile: torchtitan's async tensor "
+                        "parallelism, each sequence-parallel all-gather and reduce-scatter inside its matmul, chunk by "
+                        "chunk over the copy engines (torch's micro-pipelining; pipesim.comm.ub_overlap)")
     fusion = f.add_mutually_exclusive_group()
     fusion.add_argument("--compile", dest="kernel_fusion", action="store_const", const=True, default=None,
                         help="GPU presets: torch.compile's fused elementwise kernels (torchtitan's --compile.enable; "
@@ -271,13 +275,19 @@ def apply_framework(args: argparse.Namespace, *, keep: tuple[str, ...] = ()) -> 
 def sim_job(args: argparse.Namespace, model: ModelConfig | None, hardware: Hardware | None) -> Job:
     """The Job of simulate's and sweep's flags (its pp: each schedule's), with the main gradients' dtype checked
     against `model` (None: hand-given costs) and the attention kernel decided for the hardware."""
+    if getattr(args, "async_tp", False):  # its backward collectives run inside their matmuls too
+        if getattr(args, "tp_comm_overlap_ub", False):
+            raise PipesimError("--async-tp is torch's overlap, --tp-comm-overlap Transformer Engine's: give one")
+        args.tp_comm_overlap = True
     apply_framework(args)
+    if getattr(args, "async_tp", False) and args.kernel_fusion is False:
+        raise PipesimError("--async-tp needs torch.compile (--compile): torchtitan's async TP is a compiler pass")
     dims = ParallelDims(dp=args.dp, tp=args.tp, cp=args.cp, ep=args.ep, etp=args.etp)
     job = Job(dims, recompute=args.recompute, sp=args.sequence_parallel,
               attention=args.attention, zero=args.zero, comm=comm_options_from_args(args),
               kernels=KernelSwitches(args.kernel_fusion, args.tp_comm_overlap, args.grad_accum_fusion, args.grad_fp32,
-                                     ub_from_args(args), ce_fusion=args.ce_fusion, ce_impl=args.ce_impl,
-                                     eager_rmsnorm=args.eager_rmsnorm),
+                                     UbConfig.torch_async_tp() if args.async_tp else ub_from_args(args),
+                                     ce_fusion=args.ce_fusion, ce_impl=args.ce_impl, eager_rmsnorm=args.eager_rmsnorm),
               recompute_modules=tuple(args.recompute_modules or ()), fp8=fp8_from_args(args),
               cp_comm=args.cp_comm_type, fsdp_reshard=args.fsdp_reshard, fp8_param_gather=args.fp8_param_gather)
     job.check_gradients(model)
