@@ -34,6 +34,8 @@ def test_the_flag_lifts_the_blocking_backward_and_needs_compile():
         _job("--async-tp")
     with pytest.raises(PipesimError, match="^--async-tp is torch's overlap, --tp-comm-overlap Transformer Engine's"):
         _job("--compile", "--async-tp", "--tp-comm-overlap")
+    with pytest.raises(PipesimError, match="^--async-tp runs the backward collectives inside their matmuls"):
+        _job("--compile", "--async-tp", "--no-async-tensor-model-parallel-allreduce")
 
 
 def test_the_collectives_ride_on_their_matmuls():

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from pipesim.cli import build_parser
+from pipesim.commands.setup_args import sim_job
 from pipesim.cost.kernel_costs import head_seconds, layer_seconds
 from pipesim.errors import PipesimError
 from pipesim.job import Job, KernelSwitches
@@ -43,3 +45,9 @@ def test_refused_without_an_rmsnorm_and_exported():
     assert job.kernels.flags()[-1] == "--eager-rmsnorm"
     with pytest.raises(PipesimError, match="^--eager-rmsnorm needs a model with RMSNorm, got layernorm$"):
         job.check(ModelConfig(kind="gpt", hidden=256, heads=4, layers=2, seq=128, batch=8))
+
+
+def test_refused_with_compile():
+    args = build_parser().parse_args(["simulate", "1f1b", "--compile", "--eager-rmsnorm"])
+    with pytest.raises(PipesimError, match="^--eager-rmsnorm with --compile: torch.compile fuses the norm"):
+        sim_job(args, None, None)

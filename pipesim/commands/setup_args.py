@@ -278,7 +278,12 @@ def sim_job(args: argparse.Namespace, model: ModelConfig | None, hardware: Hardw
     if getattr(args, "async_tp", False):  # its backward collectives run inside their matmuls too
         if getattr(args, "tp_comm_overlap_ub", False):
             raise PipesimError("--async-tp is torch's overlap, --tp-comm-overlap Transformer Engine's: give one")
-        args.tp_comm_overlap = True
+        if args.tp_comm_overlap is False:  # typed: a flag a user typed is never overridden
+            raise PipesimError("--async-tp runs the backward collectives inside their matmuls: it cannot go with "
+                               "--no-async-tensor-model-parallel-allreduce")
+        args.tp_comm_overlap = True  # over the profile's (torchtitan's blocking DTensor backward)
+    if getattr(args, "eager_rmsnorm", False) and args.kernel_fusion is True:  # --compile typed
+        raise PipesimError("--eager-rmsnorm with --compile: torch.compile fuses the norm into one kernel each way")
     apply_framework(args)
     if getattr(args, "async_tp", False) and args.kernel_fusion is False:
         raise PipesimError("--async-tp needs torch.compile (--compile): torchtitan's async TP is a compiler pass")
