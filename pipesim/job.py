@@ -88,7 +88,7 @@ class Job:
     # ZeRO 3: torchtitan's --parallelism.fsdp_reshard_after_forward (pipesim.model.fsdp): default, always, never
     fsdp_reshard: str = "default"
     # Megatron-core's --fp8-param-gather: the FP8 linears' parameters kept in FP8 and all-gathered in FP8 by the
-    # distributed optimizer or FSDP (NeMo's fp8_params); pipesim.cost.fp8_costs
+    # distributed optimizer (NeMo's fp8_params); pipesim.cost.fp8_costs
     fp8_param_gather: bool = False
 
     def __post_init__(self) -> None:

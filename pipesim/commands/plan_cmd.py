@@ -19,19 +19,17 @@ from pipesim.commands.common import (
     model_config_json,
     positive_int,
 )
-from pipesim.commands.setup_args import (
+from pipesim.commands.kernel_args import (
     add_ce_fusion_args,
-    add_comm_args,
     add_cp_comm_arg,
     add_fp8_args,
     add_grad_args,
     add_ub_args,
-    apply_framework,
     check_fp8_run,
-    comm_options_from_args,
     fp8_from_args,
     ub_from_args,
 )
+from pipesim.commands.setup_args import add_comm_args, apply_framework, comm_options_from_args
 from pipesim.cost.v_search import V_SEARCHED
 from pipesim.cost.zb_auto_costs import AUTO_SCHEDULES
 from pipesim.errors import PipesimError

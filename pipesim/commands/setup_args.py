@@ -8,19 +8,26 @@ import argparse
 from pipesim.comm.comm_options import DEFAULT_DEEPEP_SMS, CommOptions
 from pipesim.comm.ub_overlap import UbConfig
 from pipesim.commands.common import bounded_int, model_config, positive_int
+from pipesim.commands.kernel_args import (
+    add_ce_fusion_args,
+    add_cp_comm_arg,
+    add_fp8_args,
+    add_grad_args,
+    add_ub_args,
+    check_fp8_run,
+    fp8_from_args,
+    ub_from_args,
+)
 from pipesim.cost.table import parse_cost_spec
 from pipesim.cost.zb_auto_costs import parse_memory_limit
-from pipesim.device.fp8_rates import check_fp8_recipe
 from pipesim.errors import PipesimError
 from pipesim.frameworks import DEFAULTS, PROFILES, resolve
 from pipesim.hardware.machine import Hardware
 from pipesim.hardware.toml_io import load_hardware
 from pipesim.job import Job, KernelSwitches
 from pipesim.model.config import ModelConfig
-from pipesim.model.fp8 import DEFAULT_RECIPE, FP8_FORMATS, FP8_RECIPES, Fp8Options, check_fp8_model
 from pipesim.model.fsdp import FSDP_RESHARD
-from pipesim.model.options import ATTENTION, CP_COMM_TYPES, RECOMPUTE
-from pipesim.model.piece_kernels import CE_IMPLS
+from pipesim.model.options import ATTENTION, RECOMPUTE
 from pipesim.model.recompute_modules import RECOMPUTE_MODULES
 from pipesim.parallel_dims import ParallelDims
 from pipesim.sim.sim_setup import DEFAULT_HARDWARE, SimSetup, on_gpus
@@ -89,7 +96,7 @@ def add_setup_args(parser: argparse.ArgumentParser) -> None:
                         "only without pipelining; without pipelining FSDP2 also frees them and reduce-scatters the "
                         "gradients after every backward")
     f.add_argument("--fp8-param-gather", action="store_true",
-                   help="with --fp8-format and the distributed optimizer or FSDP (--zero 1-3): the FP8 linears' "
+                   help="with --fp8-format and the distributed optimizer (--zero 1 or 2): the FP8 linears' "
                         "parameters kept in FP8 and all-gathered in FP8, no separate FP8 copy (Megatron-core's "
                         "flag; NeMo's fp8_params)")
     f.add_argument("--eager-rmsnorm", action="store_true",
@@ -122,73 +129,6 @@ def add_setup_args(parser: argparse.ArgumentParser) -> None:
     add_ub_args(f)
     add_fp8_args(f)
     add_comm_args(parser)
-
-
-def add_cp_comm_arg(group) -> None:
-    """--cp-comm-type: how context parallelism moves K/V (simulate, sweep, plan), Megatron-core's flag."""
-    group.add_argument("--cp-comm-type", choices=CP_COMM_TYPES, default="p2p",
-                       help="with --cp: p2p, ring attention (K/V blocks passed round under the attention); all_gather, "
-                            "K/V all-gathered before the attention and dK/dV reduce-scattered after it, blocking "
-                            "(Llama 3's context parallelism); a2a, DeepSpeed-Ulysses' all-to-alls to head shards "
-                            "and back (default p2p)")
-
-
-def add_ub_args(group) -> None:
-    """--tp-comm-overlap / --tp-comm-overlap-cfg: Transformer Engine's userbuffers (simulate, sweep, plan)."""
-    group.add_argument("--tp-comm-overlap", action="store_true", dest="tp_comm_overlap_ub",
-                       help="GPU presets, tp > 1 with --sequence-parallel: each dense linear's all-gather and "
-                            "reduce-scatter inside its own GEMM by Transformer Engine's userbuffers (ring exchange, "
-                            "pipelined or bulk overlap, TE's defaults; pipesim.comm.ub_overlap), Megatron-core's flag")
-    group.add_argument("--tp-comm-overlap-cfg", metavar="FILE", default=None,
-                       help="with --tp-comm-overlap: Megatron-core's YAML of userbuffers settings per GEMM (method, "
-                            "num_sm, num_splits, set_sm_margin, ...), as NeMo's tp_comm_overlap_cfg")
-
-
-def ub_from_args(args: argparse.Namespace) -> UbConfig | None:
-    """The userbuffers config of --tp-comm-overlap (None without it)."""
-    cfg = getattr(args, "tp_comm_overlap_cfg", None)
-    if not getattr(args, "tp_comm_overlap_ub", False):
-        if cfg is not None:
-            raise PipesimError("--tp-comm-overlap-cfg needs --tp-comm-overlap")
-        return None
-    return UbConfig.from_yaml(cfg) if cfg is not None else UbConfig()
-
-
-def add_fp8_args(group) -> None:
-    """--fp8-format / --fp8-recipe: FP8 linear layers through Transformer Engine (simulate, sweep, plan), in
-    Megatron-core's spelling (megatron/training/arguments.py @ core_v0.15.0); `fp8_from_args` makes Fp8Options."""
-    group.add_argument("--fp8-format", choices=FP8_FORMATS, default=None,
-                       help="GPU presets: the linear layers' GEMMs in FP8 (hybrid: E4M3 forward, E5M2 gradients, "
-                            "TE's training default; e4m3: both E4M3), parameters staying in --dtype; attention, "
-                            "norms, the embedding and the output head stay bf16 (default off)")
-    group.add_argument("--fp8-recipe", choices=FP8_RECIPES, default=None,
-                       help=f"with --fp8-format: the scaling, Megatron-core's names (delayed, tensorwise: current "
-                            f"per-tensor; blockwise: 1x128 / 128x128 blocks; mxfp8: Blackwell only) "
-                            f"(default {DEFAULT_RECIPE})")
-
-
-def fp8_from_args(args: argparse.Namespace) -> Fp8Options | None:
-    """The Fp8Options of --fp8-format / --fp8-recipe; None without FP8; one line for a recipe without a format."""
-    fmt, recipe = getattr(args, "fp8_format", None), getattr(args, "fp8_recipe", None)
-    if fmt is None:
-        if recipe is not None:
-            raise PipesimError(f"--fp8-recipe {recipe} needs --fp8-format (e4m3 or hybrid) to turn FP8 on")
-        return None
-    return Fp8Options(fmt, recipe or DEFAULT_RECIPE)
-
-
-def add_grad_args(group) -> None:
-    """--accumulate-allreduce-grads-in-fp32 / --grad-reduce-in-bf16: the main gradients' dtype (simulate, sweep,
-    plan); None when neither is given (the dtype's default, pipesim.cost.model_costs.precision_of)."""
-    grads = group.add_mutually_exclusive_group()
-    grads.add_argument("--accumulate-allreduce-grads-in-fp32", dest="grad_fp32", action="store_const", const=True,
-                       default=None,
-                       help="16-bit models: float32 main gradients, accumulated and reduced over dp in float32, 4 "
-                            "bytes per parameter instead of 2 (Megatron's flag; the default for bfloat16, as in "
-                            "Megatron-LM and torchtitan; float16 keeps 16-bit gradients unless given)")
-    grads.add_argument("--grad-reduce-in-bf16", dest="grad_fp32", action="store_const", const=False,
-                       help="bfloat16 models: bfloat16 main gradients, accumulated and reduced over dp in bfloat16 "
-                            "(Megatron's flag), instead of the float32 default")
 
 
 def add_comm_args(parser: argparse.ArgumentParser) -> None:
@@ -249,19 +189,6 @@ def comm_options_from_args(args: argparse.Namespace) -> CommOptions:
                        overlap_p2p_comm=args.overlap_p2p_comm, overlap_param_gather=args.overlap_param_gather)
 
 
-def add_ce_fusion_args(g) -> None:
-    """--cross-entropy-loss-fusion (Megatron-core's flag) and pipesim's --no-... to undo a profile's."""
-    g.add_argument("--cross-entropy-loss-fusion", dest="ce_fusion", action="store_const", const=True, default=None,
-                   help="GPU presets: Megatron-core's fused vocab-parallel cross-entropy (its 'native' "
-                        "implementation: d + 20 bytes per logit forward, 8 + d backward instead of d + 36 and 12 + d) "
-                        "(default --framework's: on with nemo, else off)")
-    g.add_argument("--no-cross-entropy-loss-fusion", dest="ce_fusion", action="store_const", const=False,
-                   help="GPU presets: the unfused cross-entropy even where --framework fuses it")
-    g.add_argument("--cross-entropy-fusion-impl", dest="ce_impl", choices=CE_IMPLS, default="native",
-                   help="with --cross-entropy-loss-fusion: Megatron-core's own fused kernels (native, default) or "
-                        "Transformer Engine's Triton kernel (te: 3 d bytes per logit forward, 2 d backward)")
-
-
 def apply_framework(args: argparse.Namespace, *, keep: tuple[str, ...] = ()) -> argparse.Namespace:
     """Fill every framework switch the command line left out (None) from --framework's profile, else pipesim's
     default (pipesim.frameworks); `keep`: switches this command owns itself (plan's searched --zero). In place."""
@@ -298,17 +225,6 @@ def sim_job(args: argparse.Namespace, model: ModelConfig | None, hardware: Hardw
     job.check_gradients(model)
     check_fp8_run(job.fp8, model, hardware)
     return job.resolve_attention(on_gpus(hardware), model)
-
-
-def check_fp8_run(fp8: Fp8Options | None, model: ModelConfig | None, hardware: Hardware | None) -> None:
-    """One line, before any work, unless FP8 suits the model (a 16-bit transformer) and the hardware (FP8 tensor
-    cores running the recipe: pipesim.device.fp8_rates)."""
-    if fp8 is None:
-        return
-    if model is None or hardware is None:
-        raise PipesimError("--fp8-format needs a model on GPU hardware, not hand-given --cost")
-    check_fp8_model(fp8, model.dtype, model.kind)
-    check_fp8_recipe(hardware.device.family, fp8.recipe, hardware.device.name)
 
 
 def _split_list(text: str) -> list[int]:

@@ -1,0 +1,107 @@
+"""The GPU kernel and precision flags simulate, sweep and plan share (Megatron-core's spellings): context
+parallelism's exchange, Transformer Engine's userbuffers, FP8, the main gradients' dtype and the fused cross-entropy,
+each with the function that reads it."""
+
+from __future__ import annotations
+
+import argparse
+
+from pipesim.comm.ub_overlap import UbConfig
+from pipesim.device.fp8_rates import check_fp8_recipe
+from pipesim.errors import PipesimError
+from pipesim.hardware.machine import Hardware
+from pipesim.model.config import ModelConfig
+from pipesim.model.fp8 import DEFAULT_RECIPE, FP8_FORMATS, FP8_RECIPES, Fp8Options, check_fp8_model
+from pipesim.model.options import CP_COMM_TYPES
+from pipesim.model.piece_kernels import CE_IMPLS
+
+
+def add_cp_comm_arg(group) -> None:
+    """--cp-comm-type: how context parallelism moves K/V (simulate, sweep, plan), Megatron-core's flag."""
+    group.add_argument("--cp-comm-type", choices=CP_COMM_TYPES, default="p2p",
+                       help="with --cp: p2p, ring attention (K/V blocks passed round under the attention); all_gather, "
+                            "K/V all-gathered before the attention and dK/dV reduce-scattered after it, blocking "
+                            "(Llama 3's context parallelism); a2a, DeepSpeed-Ulysses' all-to-alls to head shards "
+                            "and back (default p2p)")
+
+
+def add_ub_args(group) -> None:
+    """--tp-comm-overlap / --tp-comm-overlap-cfg: Transformer Engine's userbuffers (simulate, sweep, plan)."""
+    group.add_argument("--tp-comm-overlap", action="store_true", dest="tp_comm_overlap_ub",
+                       help="GPU presets, tp > 1 with --sequence-parallel: each dense linear's all-gather and "
+                            "reduce-scatter inside its own GEMM by Transformer Engine's userbuffers (ring exchange, "
+                            "pipelined or bulk overlap, TE's defaults; pipesim.comm.ub_overlap), Megatron-core's flag")
+    group.add_argument("--tp-comm-overlap-cfg", metavar="FILE", default=None,
+                       help="with --tp-comm-overlap: Megatron-core's YAML of userbuffers settings per GEMM (method, "
+                            "num_sm, num_splits, set_sm_margin, ...), as NeMo's tp_comm_overlap_cfg")
+
+
+def ub_from_args(args: argparse.Namespace) -> UbConfig | None:
+    """The userbuffers config of --tp-comm-overlap (None without it)."""
+    cfg = getattr(args, "tp_comm_overlap_cfg", None)
+    if not getattr(args, "tp_comm_overlap_ub", False):
+        if cfg is not None:
+            raise PipesimError("--tp-comm-overlap-cfg needs --tp-comm-overlap")
+        return None
+    return UbConfig.from_yaml(cfg) if cfg is not None else UbConfig()
+
+
+def add_fp8_args(group) -> None:
+    """--fp8-format / --fp8-recipe: FP8 linear layers through Transformer Engine (simulate, sweep, plan), in
+    Megatron-core's spelling (megatron/training/arguments.py @ core_v0.15.0); `fp8_from_args` makes Fp8Options."""
+    group.add_argument("--fp8-format", choices=FP8_FORMATS, default=None,
+                       help="GPU presets: the linear layers' GEMMs in FP8 (hybrid: E4M3 forward, E5M2 gradients, "
+                            "TE's training default; e4m3: both E4M3), parameters staying in --dtype; attention, "
+                            "norms, the embedding and the output head stay bf16 (default off)")
+    group.add_argument("--fp8-recipe", choices=FP8_RECIPES, default=None,
+                       help=f"with --fp8-format: the scaling, Megatron-core's names (delayed, tensorwise: current "
+                            f"per-tensor; blockwise: 1x128 / 128x128 blocks; mxfp8: Blackwell only) "
+                            f"(default {DEFAULT_RECIPE})")
+
+
+def fp8_from_args(args: argparse.Namespace) -> Fp8Options | None:
+    """The Fp8Options of --fp8-format / --fp8-recipe; None without FP8; one line for a recipe without a format."""
+    fmt, recipe = getattr(args, "fp8_format", None), getattr(args, "fp8_recipe", None)
+    if fmt is None:
+        if recipe is not None:
+            raise PipesimError(f"--fp8-recipe {recipe} needs --fp8-format (e4m3 or hybrid) to turn FP8 on")
+        return None
+    return Fp8Options(fmt, recipe or DEFAULT_RECIPE)
+
+
+def add_grad_args(group) -> None:
+    """--accumulate-allreduce-grads-in-fp32 / --grad-reduce-in-bf16: the main gradients' dtype (simulate, sweep,
+    plan); None when neither is given (the dtype's default, pipesim.cost.model_costs.precision_of)."""
+    grads = group.add_mutually_exclusive_group()
+    grads.add_argument("--accumulate-allreduce-grads-in-fp32", dest="grad_fp32", action="store_const", const=True,
+                       default=None,
+                       help="16-bit models: float32 main gradients, accumulated and reduced over dp in float32, 4 "
+                            "bytes per parameter instead of 2 (Megatron's flag; the default for bfloat16, as in "
+                            "Megatron-LM and torchtitan; float16 keeps 16-bit gradients unless given)")
+    grads.add_argument("--grad-reduce-in-bf16", dest="grad_fp32", action="store_const", const=False,
+                       help="bfloat16 models: bfloat16 main gradients, accumulated and reduced over dp in bfloat16 "
+                            "(Megatron's flag), instead of the float32 default")
+
+
+def add_ce_fusion_args(g) -> None:
+    """--cross-entropy-loss-fusion (Megatron-core's flag) and pipesim's --no-... to undo a profile's."""
+    g.add_argument("--cross-entropy-loss-fusion", dest="ce_fusion", action="store_const", const=True, default=None,
+                   help="GPU presets: Megatron-core's fused vocab-parallel cross-entropy (its 'native' "
+                        "implementation: d + 20 bytes per logit forward, 8 + d backward instead of d + 36 and 12 + d) "
+                        "(default --framework's: on with nemo, else off)")
+    g.add_argument("--no-cross-entropy-loss-fusion", dest="ce_fusion", action="store_const", const=False,
+                   help="GPU presets: the unfused cross-entropy even where --framework fuses it")
+    g.add_argument("--cross-entropy-fusion-impl", dest="ce_impl", choices=CE_IMPLS, default="native",
+                   help="with --cross-entropy-loss-fusion: Megatron-core's own fused kernels (native, default) or "
+                        "Transformer Engine's Triton kernel (te: 3 d bytes per logit forward, 2 d backward)")
+
+
+def check_fp8_run(fp8: Fp8Options | None, model: ModelConfig | None, hardware: Hardware | None) -> None:
+    """One line, before any work, unless FP8 suits the model (a 16-bit transformer) and the hardware (FP8 tensor
+    cores running the recipe: pipesim.device.fp8_rates)."""
+    if fp8 is None:
+        return
+    if model is None or hardware is None:
+        raise PipesimError("--fp8-format needs a model on GPU hardware, not hand-given --cost")
+    check_fp8_model(fp8, model.dtype, model.kind)
+    check_fp8_recipe(hardware.device.family, fp8.recipe, hardware.device.name)
