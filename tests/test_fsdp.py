@@ -25,6 +25,8 @@ from pipesim.model.fsdp import FsdpPolicy, fsdp_policy, gathered_seconds, reside
 from pipesim.model.memory import step_peak_state
 from pipesim.model.param_counts import stage_params
 from pipesim.parallel_dims import ParallelDims
+from pipesim.plan.memory_bound import MemoryBound
+from pipesim.plan.space import Candidate
 from pipesim.sim.simulator import simulate
 from tests.test_step_costs import GB, toy
 
@@ -158,3 +160,17 @@ def test_the_plans_fsdp_export_is_what_it_simulated(tmp_path, capsys):
     sim = json.loads(capsys.readouterr().out)
     assert sim["step_time"] == winner["step_time"]
     assert max(r["total"] for r in sim["memory"]["ranks"]) == winner["peak_memory"]
+
+
+@pytest.mark.parametrize("p", [1, 2])
+def test_the_planners_memory_bound_counts_the_same_units(p):
+    """The planner's lower bound holds the same FSDP units as rank_memory (pipesim.model.fsdp.fsdp_units): its model
+    state never exceeds the simulated peak, resharded (p = 1) or kept gathered (p = 2)."""
+    hw = load_hardware("2x-dgx-h100")
+    model = ModelConfig(kind="gpt", hidden=1024, heads=16, seq=1024, layers=4, vocab=32000, batch=32,
+                        dtype="bfloat16")
+    shared = Job(attention="flash")
+    c = Candidate("1f1b", p, 1, 1, 8, 1, 4, "none", 3)
+    costs = model_costs(model, p, 4, hw, c.job(shared))
+    peak = max(m.total for m in rank_memory(schedules.build("1f1b", p, 4), costs))
+    assert MemoryBound(model, shared).bound(c) <= peak

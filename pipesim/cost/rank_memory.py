@@ -20,7 +20,7 @@ from pipesim.cost.model_costs import ParallelCosts
 from pipesim.hardware.machine import Hardware
 from pipesim.ir.deps import releases_activations
 from pipesim.ir.schedule import Kind, Schedule
-from pipesim.model.fsdp import fsdp_policy, resident_fraction
+from pipesim.model.fsdp import fsdp_units, resident_fraction
 from pipesim.model.memory import PRECISIONS, MemoryBreakdown, ModelState, check_rank_fits, step_peak_state
 
 RECOMPUTING = (Kind.B, Kind.I)  # the backward piece that re-runs a recomputed layer's forward first
@@ -79,13 +79,13 @@ def rank_memory(schedule: Schedule, costs: ParallelCosts) -> list[MemoryBreakdow
 def _resident(schedule: Schedule, costs: ParallelCosts, rank: int) -> float:
     """ZeRO 3: the fraction of the rank's chunks gathered at its peak (pipesim.model.fsdp.resident_fraction); its
     FSDP units are its layers, the embedding and the head (one computes at a time, whichever chunk holds it)."""
-    if costs.job.zero != 3:
+    policy = costs.job.with_pp(schedule.num_ranks).fsdp  # the schedule's pipeline, whatever the job's pp
+    if policy is None:
         return 1.0
-    policy = fsdp_policy(costs.job.fsdp_reshard, schedule.num_ranks)  # the schedule's pipeline, whatever the job's pp
-    stages = schedule.stages_of(rank)
-    units = sum(costs.layers_per_stage[s] for s in stages) if costs.layers_per_stage else len(stages)
-    units += (0 in stages) + (schedule.num_stages - 1 in stages)
-    return resident_fraction(policy, max(1, units))
+    last = schedule.num_stages - 1
+    units = sum(fsdp_units(costs.layers_per_stage[s] if costs.layers_per_stage else 0, first=s == 0, last=s == last)
+                for s in schedule.stages_of(rank))
+    return resident_fraction(policy, units)
 
 
 def check_memory(schedule: Schedule, costs: ParallelCosts, hw: Hardware,

@@ -49,6 +49,12 @@ def fsdp_policy(reshard: str, pp: int) -> FsdpPolicy:
     return FsdpPolicy(after_forward=after_forward, after_backward=not pipelined)
 
 
+def fsdp_units(layers: int, *, first: bool, last: bool) -> int:
+    """A chunk's FSDP units: its transformer blocks, the embedding on the first chunk and the head on the last (each
+    fully_shard'ed on its own), at least one (the simulator's, the memory model's and the planner's one count)."""
+    return max(1, layers + first + last)
+
+
 def resident_fraction(policy: FsdpPolicy, units: int) -> float:
     """Fraction of a chunk's parameters gathered at a rank's peak: all of them when they stay gathered from the
     forward to the backward; otherwise the unit computing and the next one, prefetched (2 of `units`)."""
@@ -68,4 +74,5 @@ def gathered_seconds(now: float, start: float, end: float, compute: float, units
     return max(compute, first - now + compute, end - now + compute / units)
 
 
-__all__ = ["FSDP_RESHARD", "FsdpPolicy", "check_reshard", "fsdp_policy", "gathered_seconds", "resident_fraction"]
+__all__ = ["FSDP_RESHARD", "FsdpPolicy", "check_reshard", "fsdp_policy", "fsdp_units", "gathered_seconds",
+           "resident_fraction"]

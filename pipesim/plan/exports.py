@@ -10,6 +10,7 @@ import shlex
 from pipesim.ir import torch_csv
 from pipesim.ir.schedule import Schedule
 from pipesim.model.config import ModelConfig, gpt_block_differences
+from pipesim.model.options import FUSED_ATTENTION
 from pipesim.plan.space import Candidate, PlanRequest
 
 # pipesim name -> torch.distributed.pipelining / torchtitan `pipeline_parallel_schedule`
@@ -120,7 +121,7 @@ def megatron_args(c: Candidate, req: PlanRequest, attention: str | None = None) 
         out += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
     if c.sp:
         out.append("--sequence-parallel")
-    if attention in ("flash", "flash2"):
+    if attention in FUSED_ATTENTION:
         out.append("--use-flash-attn")
     if attention == "flash2":  # Transformer Engine's FlashAttention backend (the flash-attn package), not cuDNN's
         out += ["--attention-backend", "flash"]

@@ -16,7 +16,7 @@ from pipesim.cost.stage_work import gpt_stage_work
 from pipesim.job import Job
 from pipesim.model.activations import stage_activation_bytes
 from pipesim.model.config import ModelConfig, split_layers
-from pipesim.model.fsdp import resident_fraction
+from pipesim.model.fsdp import fsdp_units, resident_fraction
 from pipesim.model.memory import PRECISIONS, comm_buffer_bytes, step_peak_state
 from pipesim.model.options import LayerOptions
 from pipesim.model.param_counts import stage_params
@@ -168,8 +168,8 @@ class MemoryBound:
             states = []
             for ids in held:
                 total, routed = sum(params[s] for s in ids), sum(experts[s] for s in ids)
-                units = sum(split[s] for s in ids) + (0 in ids) + (c.chunks - 1 in ids)  # rank_memory's FSDP units
-                resident = resident_fraction(policy, max(1, units)) if policy is not None else 1.0
+                units = sum(fsdp_units(split[s], first=s == 0, last=s == c.chunks - 1) for s in ids)  # rank_memory's
+                resident = resident_fraction(policy, units) if policy is not None else 1.0
                 state = step_peak_state(total - routed, dp=c.dp * c.cp, zero=c.zero,  # dense: over dp x cp
                                         precision=self.precision, resident=resident).total
                 if routed:

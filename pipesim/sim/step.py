@@ -43,7 +43,7 @@ from pipesim.cost.step_costs import StepCollective, StepCosts
 from pipesim.hardware.machine import Hardware
 from pipesim.ir.schedule import BACKWARD_FIRST, Kind, Schedule
 from pipesim.job import Job
-from pipesim.model.fsdp import gathered_seconds
+from pipesim.model.fsdp import fsdp_units, gathered_seconds
 from pipesim.model.memory import PRECISIONS
 from pipesim.sim.program import ComputeOp, Op
 from pipesim.sim.records import CollectiveRecord
@@ -109,7 +109,7 @@ class CollectiveStreams:
         # gathered now, where FSDP2 frees them between computes (`fsdp`; None: gathered once per step)
         layers = costs.layers_per_stage if costs is not None else ()
         last = sched.num_stages - 1
-        self.units = tuple(max(1, n + (s == 0) + (s == last)) for s, n in enumerate(layers)) \
+        self.units = tuple(fsdp_units(n, first=s == 0, last=s == last) for s, n in enumerate(layers)) \
             if self.step is not None and self.step.zero == 3 and any(layers) else ()  # all 0: hand-given costs
         policy = self.step.fsdp if self.step is not None else None
         self.fsdp = policy if self.on and policy is not None and not policy.once_per_step else None
