@@ -34,6 +34,7 @@ from pipesim.model.layer_collectives import (
 )
 from pipesim.model.layer_kernels import layer_kernels
 from pipesim.model.moe_layer import dense_mlp_params, expert_params_here, moe_block_params
+from pipesim.model.op_recompute import OP
 from pipesim.model.options import LayerOptions
 from pipesim.model.param_counts import (
     block_params,
@@ -180,7 +181,7 @@ def gpt_stage_work(model: ModelConfig, b: int, layers: int, *, first: bool, last
         rerun, rerun_ops = 0.0, 0
         if opts.recompute == "full":
             rerun, rerun_ops = traffic, GPT_BLOCK_OPS[0]
-        elif opts.recompute in ("selective", "op"):  # op: its elementwise ops (its GEMMs: layer_flops)
+        elif opts.recompute in ("selective", OP):  # op: its elementwise ops (its GEMMs: layer_flops)
             ew = layer_elementwise_bytes(model, b, opts).backward
             rerun = sum(n for k, n in ew.items() if k.startswith("recompute "))
             core = ("recompute softmax", "recompute softmax dropout")  # the eager core's; counted in CORE_OPS

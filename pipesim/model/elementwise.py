@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pipesim.model.activations import MASK_BYTES
 from pipesim.model.config import ModelConfig
 from pipesim.model.latent_layer import assembly_bytes, check_latent, rope_elements
+from pipesim.model.op_recompute import OP
 from pipesim.model.options import LayerOptions
 
 
@@ -109,7 +110,7 @@ def layer_elementwise_bytes(model: ModelConfig, b: int, opts: LayerOptions) -> E
     if model.dropout:
         op("MLP dropout", 2 * hidden * d + MASK_BYTES * hidden, 2 * hidden * d + MASK_BYTES * hidden)
     op("MLP residual add", 3 * hidden * d, 3 * hidden * d)
-    rerun = list(fwd) if opts.recompute in ("full", "op") else []  # op: every elementwise op of the block again
+    rerun = list(fwd) if opts.recompute in ("full", OP) else []  # op: every elementwise op of the block again
     if opts.recompute == "selective":
         rerun = (core_ops if opts.recomputes("core_attn") else []) + _module_ops(model, opts, list(fwd), norm)
     for name in rerun:
