@@ -24,15 +24,16 @@ STAT_BYTES = 4  # the SDPA kernel's logsumexp per (token, head), float32
 
 def check_op_recompute(model: ModelConfig, *, tp: int, cp: int, attention: str, fp8: bool) -> None:
     """One line unless `--recompute op` is modelled for this layer (the module docstring says why)."""
-    why = ("a mixture-of-experts layer" if model.moe is not None else
-           "latent attention" if model.mla is not None else
-           f"a {model.activation} MLP (torchtitan's blocks are SwiGLU)" if model.activation != "swiglu" else
-           "--attention eager (the policy saves the fused SDPA kernels' outputs)" if attention == "eager" else
-           f"--tp {tp} (the policy replays the tensor-parallel collectives)" if tp > 1 else
-           f"--cp {cp} (the policy replays the K/V exchanges)" if cp > 1 else
-           "FP8 (torchao's float8 linears reach the policy through their tensor subclass)" if fp8 else "")
-    if why:
-        raise PipesimError(f"--recompute op (torchtitan's per-op checkpointing) is not modelled with {why}")
+    unmodelled = ((model.moe is not None, "a mixture-of-experts layer"),
+                  (model.mla is not None, "latent attention"),
+                  (model.activation != "swiglu", f"a {model.activation} MLP (torchtitan's blocks are SwiGLU)"),
+                  (attention == "eager", "--attention eager (the policy saves the fused SDPA kernels' outputs)"),
+                  (tp > 1, f"--tp {tp} (the policy replays the tensor-parallel collectives)"),
+                  (cp > 1, f"--cp {cp} (the policy replays the K/V exchanges)"),
+                  (fp8, "FP8 (torchao's float8 linears reach the policy through their tensor subclass)"))
+    for refused, why in unmodelled:
+        if refused:
+            raise PipesimError(f"--recompute op (torchtitan's per-op checkpointing) is not modelled with {why}")
 
 
 def op_saved(model: ModelConfig, tokens: int) -> list[tuple[str, int]]:
