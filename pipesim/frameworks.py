@@ -31,6 +31,7 @@ DEFAULTS: dict[str, object] = {
     "zero": 0,  # --zero
     "grad_fp32": None,  # --accumulate-allreduce-grads-in-fp32 / --grad-reduce-in-bf16 (None: the dtype's default)
     "attention": None,  # --attention (None: flash on GPUs at 16 bits)
+    "cp_comm_type": "p2p",  # --cp-comm-type (context parallelism's K/V exchange)
 }
 
 
@@ -48,7 +49,7 @@ def flag_text(dest: str, value: object) -> str:
         return "" if value else off_flags[dest]
     if dest == "grad_fp32":
         return {True: "--accumulate-allreduce-grads-in-fp32", False: "--grad-reduce-in-bf16"}.get(value, "")
-    return "" if value is None else f"--{dest} {value}"
+    return "" if value is None else f"--{dest.replace('_', '-')} {value}"
 
 
 @dataclass(frozen=True)
@@ -157,7 +158,7 @@ PROFILES: dict[str, FrameworkProfile] = {p.name: p for p in (
         "torchtitan",
         "torchtitan: torch.distributed.pipelining's sends (waited on later), DTensor tensor parallelism without "
         "async TP, autograd's gradient accumulation, eager PyTorch kernels (no torch.compile), FSDP2 over every "
-        "data-parallel rank with float32 gradient reduction",
+        "data-parallel rank with float32 gradient reduction, context parallelism's K/V shards all-gathered",
         (Setting("tp_comm_overlap", False, f"{_TITAN} torchtitan/config/job_config.py: enable_async_tensor_parallel: "
                  "bool = False (DTensor's backward all-reduce waits in autograd)"),
          Setting("grad_accum_fusion", False, "autograd accumulates each microbatch's weight gradient into .grad with "
@@ -167,7 +168,10 @@ PROFILES: dict[str, FrameworkProfile] = {p.name: p for p in (
          Setting("zero", 3, f"{_TITAN} torchtitan/config/job_config.py: data_parallel_shard_degree: int = -1 "
                  "(FSDP2's fully_shard over every remaining rank)"),
          Setting("grad_fp32", True, f"{_TITAN} torchtitan/config/job_config.py: mixed_precision_reduce = "
-                 "'float32'"))),
+                 "'float32'"),
+         Setting("cp_comm_type", "all_gather", f"{_TITAN} torchtitan/config/job_config.py: "
+                 "context_parallel_rotate_method = 'allgather' (torch's _AllGatherRotater: the K/V shards "
+                 "all-gathered once, beside the first block's attention)"))),
     FrameworkProfile(
         "deepspeed",
         "Megatron-DeepSpeed on DeepSpeed's pipeline engine: blocking sends, activations partitioned over the TP "

@@ -78,12 +78,12 @@ def test_refused_where_the_policy_does_more(model, opts, why):
         opts.check(model)
 
 
-@pytest.mark.parametrize("argv", [
-    ["plan", "--model", "gpt", "--gpus", "8", "--hardware", "dgx-h100", "--recompute", "op"],  # Megatron's searched
-    ["run", "1f1b", "--nproc", "2", "--recompute", "op"],  # the executor checkpoints full and selective only
-])
-def test_simulated_only(argv, capsys):
-    with pytest.raises(SystemExit) as exit_:
-        main(argv)
+def test_simulated_and_planned_for_torchtitan_only(capsys):
+    with pytest.raises(SystemExit) as exit_:  # the executor checkpoints full and selective only
+        main(["run", "1f1b", "--nproc", "2", "--recompute", "op"])
     err = capsys.readouterr().err.strip().splitlines()
     assert exit_.value.code == 2 and len(err) == 1 and "'op'" in err[0]
+    # the planner searches it for torchtitan (tests/test_plan_frameworks.py), not for pipesim's own executor
+    assert main(["plan", "--model", "gpt", "--gpus", "8", "--hardware", "dgx-h100", "--recompute", "op"]) == 2
+    assert capsys.readouterr().err.strip() == ("pipesim: error: --recompute op is torchtitan's per-op checkpointing: "
+                                               "plan it with --framework torchtitan")

@@ -228,7 +228,10 @@ def test_torchtitan_and_megatron_exports():
     assert par["data_parallel_shard_degree"] * par["data_parallel_replicate_degree"] == best.dp
     assert par["pipeline_parallel_microbatch_size"] == best.mbs
     assert "pipeline_parallel_schedule" in par or "pipeline_parallel_schedule_csv" in par
-    assert toml["training"] == {"local_batch_size": 16 // best.dp, "global_batch_size": 16, "seq_len": 2048}
+    local = best.mbs if best.p == 1 else 16 // best.dp  # torchtitan accumulates forwards of local_batch_size
+    assert toml["training"] == {"local_batch_size": local, "global_batch_size": 16, "seq_len": 2048}
+    steps = 16 // (local * best.dp)  # torchtitan/train.py's gradient_accumulation_steps
+    assert steps * (local // best.mbs if best.p > 1 else 1) == best.m
     assert toml["activation_checkpoint"]["mode"] == best.recompute
     args = megatron_args(best, req)
     flag = {a: b for a, b in zip(args, args[1:], strict=False) if a.startswith("--")}

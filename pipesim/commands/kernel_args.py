@@ -18,11 +18,11 @@ from pipesim.model.piece_kernels import CE_IMPLS
 
 def add_cp_comm_arg(group) -> None:
     """--cp-comm-type: how context parallelism moves K/V (simulate, sweep, plan), Megatron-core's flag."""
-    group.add_argument("--cp-comm-type", choices=CP_COMM_TYPES, default="p2p",
+    group.add_argument("--cp-comm-type", choices=CP_COMM_TYPES, default=None,
                        help="with --cp: p2p, ring attention (K/V blocks passed round under the attention); all_gather, "
                             "K/V all-gathered before the attention and dK/dV reduce-scattered after it, blocking "
                             "(Llama 3's context parallelism); a2a, DeepSpeed-Ulysses' all-to-alls to head shards "
-                            "and back (default p2p)")
+                            "and back (default --framework's: all_gather with torchtitan, else p2p)")
 
 
 def add_ub_args(group) -> None:

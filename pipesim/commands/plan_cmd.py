@@ -37,6 +37,7 @@ from pipesim.hardware.machine import Hardware
 from pipesim.hardware.toml_io import load_hardware
 from pipesim.job import Job, KernelSwitches
 from pipesim.model.config import ModelConfig
+from pipesim.model.op_recompute import OP
 from pipesim.model.options import ATTENTION
 from pipesim.model.recompute_modules import RECOMPUTE_MODULES, canonical_modules, check_modules, effective_modules
 from pipesim.outputs import check_file, write_text
@@ -44,6 +45,7 @@ from pipesim.plan.backends import open_backend
 from pipesim.plan.evaluate import Evaluator
 from pipesim.plan.exports import (
     command_line,
+    exports_for,
     grad_flags,
     megatron_text,
     run_command,
@@ -56,7 +58,8 @@ from pipesim.plan.finalists import DEFAULT_FINALISTS
 from pipesim.plan.jitter import PlanJitter, rank_under_jitter
 from pipesim.plan.ranking import why_lost
 from pipesim.plan.search import DEFAULT_MAX_CANDIDATES, DEFAULT_MAX_WORK, PlanResult, default_workers, plan
-from pipesim.plan.space import RECOMPUTES, ZEROS, PlanRequest
+from pipesim.plan.space import PlanRequest
+from pipesim.plan.stack_space import RECOMPUTES, ZEROS, stack_space
 from pipesim.sim.sim_setup import DEFAULT_HARDWARE
 from pipesim.units import format_bytes
 
@@ -96,18 +99,22 @@ def add_parser(sub) -> None:
     n.add_argument("--nodes", type=positive_int, default=None, metavar="N", help="nodes of the hardware's kind")
     n.add_argument("--gpus", type=positive_int, default=None, metavar="N",
                    help="GPUs in all (a multiple of the GPUs per node, or fewer than one node holds)")
-    g.add_argument("--schedules", type=_names, default=(), metavar="A,B,...",
-                   help="schedules to consider (default every registered one)")
+    g.add_argument("--schedules", type=_names, default=None, metavar="A,B,...",
+                   help="schedules to consider (default every one --framework runs; without it every registered "
+                        "one)")
     g.add_argument("--max-tp", type=positive_int, default=None, help="largest tensor-parallel size (default a node)")
-    g.add_argument("--recompute", type=_recomputes, default=RECOMPUTES, metavar="none,selective,full",
-                   help="recomputation choices to consider (default all three)")
+    g.add_argument("--recompute", type=_recomputes, default=None, metavar="none,selective,full,op",
+                   help="recomputation choices to consider (default every one --framework offers: none, op and "
+                        "full with torchtitan; without it none, selective and full)")
     g.add_argument("--recompute-modules", nargs="+", default=None, metavar="MODULE",
                    help="what the selective choice recomputes: Megatron-core's --recompute-modules, "
                         f"{', '.join(RECOMPUTE_MODULES)} (default core_attn)")
-    g.add_argument("--zero", type=_zeros, default=ZEROS, metavar="0,1,...",
-                   help="ZeRO stages to consider with dp > 1 (default 0,1)")
-    g.add_argument("--sequence-parallel", type=_on_off, default=(True,), metavar="on|off|on,off",
-                   help="sequence parallelism with tp > 1: on (default, Megatron's practice), off, or both searched")
+    g.add_argument("--zero", type=_zeros, default=None, metavar="0,1,...",
+                   help="ZeRO stages to consider with dp > 1 (default every one --framework offers: 0 and 3 "
+                        "(FSDP2) with torchtitan; without it 0,1)")
+    g.add_argument("--sequence-parallel", type=_on_off, default=None, metavar="on|off|on,off",
+                   help="sequence parallelism with tp > 1: on (default, Megatron's practice; without it where "
+                        "--framework has none), off, or both searched")
     g.add_argument("--cp", type=_cps, default=(1,), metavar="1,2,4,...",
                    help="context-parallel sizes to search (ring attention; needs flash attention and --seq "
                         "divisible by 2 cp; default 1: none)")
@@ -211,13 +218,37 @@ def plan_modules(model: ModelConfig, recomputes: tuple[str, ...], modules: list[
 
 
 def _recomputes(text: str) -> tuple[str, ...]:
-    """The searched --recompute choices: Megatron's (torchtitan's per-op policy is modelled for one tp and cp rank
-    only, pipesim.model.op_recompute: simulate it)."""
+    """The searched --recompute choices: Megatron's, and torchtitan's per-op policy (planned with --framework
+    torchtitan, on the layouts pipesim.model.op_recompute models: one tp and cp rank)."""
     out = _names(text)
-    bad = [r for r in out if r not in RECOMPUTES]
+    known = (*RECOMPUTES, OP)
+    bad = [r for r in out if r not in known]
     if bad or not out:
-        raise argparse.ArgumentTypeError(f"choose from {', '.join(RECOMPUTES)}, got {text!r}")
+        raise argparse.ArgumentTypeError(f"choose from {', '.join(known)}, got {text!r}")
     return out
+
+
+def plan_choices(args: argparse.Namespace) -> tuple[tuple[str, ...], tuple[int, ...], tuple[str, ...],
+                                                     tuple[bool, ...]]:
+    """(schedules, ZeRO stages, recomputations, sequence-parallel choices) to search: those typed, else
+    --framework's space (pipesim.plan.stack_space), else pipesim's own; one line for a typed choice the framework
+    cannot run."""
+    space = stack_space(getattr(args, "framework", None))
+    scheds = args.schedules or (space.schedule_names if space else ())
+    zeros = args.zero or (space.zeros if space else ZEROS)
+    recomputes = args.recompute or (space.recomputes if space else RECOMPUTES)
+    offered = space.sequence_parallel if space else (True, False)
+    sps = args.sequence_parallel or ((True,) if True in offered else offered)  # Megatron's practice: on
+    if space is None:
+        if OP in recomputes:
+            raise PipesimError("--recompute op is torchtitan's per-op checkpointing: plan it with --framework "
+                               "torchtitan")
+        return scheds, zeros, recomputes, sps
+    refusal = space.refusal(args.framework, schedule_names=scheds, zeros=zeros, recomputes=recomputes,
+                            sequence_parallel=sps, cps=args.cp, cp_comm=args.cp_comm_type)
+    if refusal:
+        raise PipesimError(refusal)
+    return scheds, zeros, recomputes, sps
 
 
 def _zeros(text: str) -> tuple[int, ...]:
@@ -283,6 +314,7 @@ def run(args: argparse.Namespace) -> int:
     jitter = _jitter(args)
     model = model_config(args)
     apply_framework(args, keep=("zero",))  # the searched ZeRO stages stay plan's own
+    scheds, zeros, recomputes, sps = plan_choices(args)
     shared = Job(attention=args.attention, comm=comm_options_from_args(args),  # every candidate's (its own layout)
                  kernels=KernelSwitches(args.kernel_fusion, args.tp_comm_overlap, args.grad_accum_fusion,
                                         args.grad_fp32, ub_from_args(args), ce_fusion=args.ce_fusion,
@@ -295,9 +327,9 @@ def run(args: argparse.Namespace) -> int:
     if args.memory_headroom:  # the search sees the memory left after the headroom
         kept = int(hw.device.memory * (1.0 - args.memory_headroom))
         hw = dataclasses.replace(hw, device=dataclasses.replace(hw.device, memory=kept))
-    req = PlanRequest(model, hw, gpus, args.schedules, args.max_tp, args.recompute, args.zero, shared,
-                      sequence_parallel=args.sequence_parallel, cps=args.cp,
-                      recompute_modules=plan_modules(model, args.recompute, args.recompute_modules))
+    req = PlanRequest(model, hw, gpus, scheds, args.max_tp, recomputes, zeros, shared, sequence_parallel=sps,
+                      cps=args.cp, recompute_modules=plan_modules(model, recomputes, args.recompute_modules),
+                      framework=args.framework)
     ev = Evaluator(req)
     with open_backend(args.cluster, args.workers or default_workers()) as backend:
         if args.ilp_seconds is not None and not args.ilp_seconds > 0:
@@ -354,8 +386,10 @@ def plan_json(result: PlanResult, top: int, argv: list[str], attention: str, run
             "rows": rows,
             "winner": {"simulate_command": command_line(argv), "run_command": command_line(run_argv),
                        **({"run_note": run_note(c, req.model)} if run_note(c, req.model) else {}),
-                       "megatron_args": megatron_text(c, req, attention).splitlines(),
-                       "torchtitan_toml": torchtitan_toml(c, req)}}
+                       **({"megatron_args": megatron_text(c, req, attention).splitlines()}
+                          if "megatron" in exports_for(req.framework) else {}),
+                       **({"torchtitan_toml": torchtitan_toml(c, req)}
+                          if "torchtitan" in exports_for(req.framework) else {})}}
 
 
 def report(result: PlanResult, top: int, argv: list[str], attention: str, run_argv: list[str]) -> str:
@@ -380,7 +414,10 @@ def report(result: PlanResult, top: int, argv: list[str], attention: str, run_ar
     lines += ["", "winner as a pipesim command:", "  " + command_line(argv), "",
               "run it for real (NCCL; the same command on every node):", "  " + command_line(run_argv)]
     lines += ["  " + run_note(c, req.model)] if run_note(c, req.model) else []
-    lines += ["", "Megatron-LM arguments:"]
-    lines += ["  " + x for x in megatron_text(c, req, attention).splitlines()]
-    lines += ["", "torchtitan job config:"] + [f"  {x}" if x else "" for x in torchtitan_toml(c, req).splitlines()]
+    if "megatron" in exports_for(req.framework):
+        lines += ["", "Megatron-LM arguments:"]
+        lines += ["  " + x for x in megatron_text(c, req, attention).splitlines()]
+    if "torchtitan" in exports_for(req.framework):
+        lines += ["", "torchtitan job config:"]
+        lines += [f"  {x}" if x else "" for x in torchtitan_toml(c, req).splitlines()]
     return "\n".join(lines)

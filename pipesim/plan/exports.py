@@ -10,15 +10,14 @@ import shlex
 from pipesim.ir import torch_csv
 from pipesim.ir.schedule import Schedule
 from pipesim.model.config import ModelConfig, gpt_block_differences
+from pipesim.model.op_recompute import OP
 from pipesim.model.options import FUSED_ATTENTION
 from pipesim.plan.space import Candidate, PlanRequest
+from pipesim.plan.stack_space import MEGATRON_SCHEDULES, TORCH_SCHEDULES
 
-# pipesim name -> torch.distributed.pipelining / torchtitan `pipeline_parallel_schedule`
-TORCH_SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B",
-                   "looped-bfs": "LoopedBFS", "interleaved-zb": "InterleavedZeroBubble", "zb-v": "ZBVZeroBubble",
-                   "dualpipev": "DualPipeV"}
-# what Megatron-LM runs (with --num-layers-per-virtual-...; combined-1f1b with --overlap-moe-expert-parallel-comm)
-MEGATRON_SCHEDULES = ("1f1b", "interleaved-1f1b", "combined-1f1b")
+# pipesim's --cp-comm-type -> torchtitan's context_parallel_rotate_method (torch's rotaters: all-gather the K/V
+# shards once, or pass them round the ring by all-to-all); Ulysses' head all-to-all (a2a) has none there
+TORCH_ROTATE = {"all_gather": "allgather", "p2p": "alltoall"}
 
 
 def simulate_command(c: Candidate, model_flags: list[str], hardware_flags: list[str],
@@ -62,7 +61,7 @@ def run_command(c: Candidate, model_flags: list[str], *, per_node: int, nodes: i
             "--dp", str(c.dp)]
     if c.v > 1:
         argv += ["--virtual", str(c.v)]
-    argv += ["--recompute", c.recompute]
+    argv += ["--recompute", "full" if c.recompute == OP else c.recompute]  # run_note says why
     if c.sp:
         argv.append("--sequence-parallel")
     argv += model_flags + ["--backend", "nccl", "--nproc", str(per_node)]
@@ -73,22 +72,33 @@ def run_command(c: Candidate, model_flags: list[str], *, per_node: int, nodes: i
 
 def run_note(c: Candidate, model: ModelConfig | None = None) -> str | None:
     """A `#` line for the run command when the winner uses what the executor lacks (a mixture of experts, latent
-    attention, MTP, Qwen3's head_width and QK-norm: it refuses them; context parallelism: it runs without)."""
+    attention, MTP, Qwen3's head_width and QK-norm: it refuses them; context parallelism: it runs without;
+    torchtitan's per-op checkpointing: it runs full recomputation instead)."""
+    notes = ["the executor has no per-op checkpointing: this runs full recomputation (torchtitan's op policy is a "
+             "simulate figure)"] if c.recompute == OP else []
     if model is not None and (model.moe is not None or model.mla is not None or model.mtp_layers
                               or model.head_width is not None or model.qk_norm):
-        return ("# the executor trains the GPT block, dense or with its own GeLU experts (--model moe), with standard "
-                "attention: `pipesim run` refuses this model (simulate it with the command above)")
-    if model is not None and (other := gpt_block_differences(model)):
-        return (f"# the executor trains the GPT block: this command runs a GPT of the model's sizes, not the model "
-                f"({', '.join(other)} are simulate figures)")
-    if c.modules:
-        return (f"# the executor's selective recomputation is the attention core's alone: --recompute-modules "
-                f"{' '.join(c.modules)} is a simulate figure")
-    if c.cp == 1:
-        return None
-    return (f"# the executor has no context parallelism: this runs cp {c.cp}'s layout without it, on "
-            f"{c.tp * c.p * c.dp} ranks that hold whole sequences, {c.cp}x the tokens per rank the plan counted "
-            "(it may not fit memory)")
+        notes.append("the executor trains the GPT block, dense or with its own GeLU experts (--model moe), with "
+                     "standard attention: `pipesim run` refuses this model (simulate it with the command above)")
+    elif model is not None and (other := gpt_block_differences(model)):
+        notes.append(f"the executor trains the GPT block: this command runs a GPT of the model's sizes, not the "
+                     f"model ({', '.join(other)} are simulate figures)")
+    elif c.modules:
+        notes.append(f"the executor's selective recomputation is the attention core's alone: --recompute-modules "
+                     f"{' '.join(c.modules)} is a simulate figure")
+    elif c.cp > 1:
+        notes.append(f"the executor has no context parallelism: this runs cp {c.cp}'s layout without it, on "
+                     f"{c.tp * c.p * c.dp} ranks that hold whole sequences, {c.cp}x the tokens per rank the plan "
+                     "counted (it may not fit memory)")
+    return "# " + "; ".join(notes) if notes else None
+
+
+def exports_for(framework: str | None) -> tuple[str, ...]:
+    """Which project exports a plan gives: its framework's own (torchtitan's TOML, or Megatron-LM's arguments for
+    the Megatron stacks and Megatron-DeepSpeed), both without --framework."""
+    if framework is None:
+        return ("megatron", "torchtitan")
+    return ("torchtitan",) if framework == "torchtitan" else ("megatron",)
 
 
 def command_line(argv: list[str]) -> str:
@@ -219,6 +229,10 @@ def torchtitan_toml(c: Candidate, req: PlanRequest) -> str:
     lines += [f"tensor_parallel_degree = {c.tp}",
               f"context_parallel_degree = {c.cp}",
               f"pipeline_parallel_degree = {c.p}"]
+    if c.cp > 1:
+        rotate = TORCH_ROTATE.get(req.job.cp_comm)
+        lines.append(f'context_parallel_rotate_method = "{rotate}"' if rotate else
+                     f"# --cp-comm-type {req.job.cp_comm} has no torchtitan rotate method (allgather or alltoall)")
     if req.model.moe is not None:  # torchtitan's MoE parallelism (its expert TP is 1 or tp)
         lines += [f"expert_parallel_degree = {c.ep}",
                   f"expert_tensor_parallel_degree = {c.etp or c.tp}"]
@@ -234,9 +248,15 @@ def torchtitan_toml(c: Candidate, req: PlanRequest) -> str:
     else:
         lines.append(f"# {m.layers} layers over {c.chunks} chunks do not split evenly: pipesim gives the remainder "
                      "to the first chunks (set module_fqns_per_model_part to match)")
-    lines += ["", "[training]", f"local_batch_size = {m.batch // c.dp}", f"global_batch_size = {m.batch}",
-              f"seq_len = {m.seq}", "", "[activation_checkpoint]", f'mode = "{c.recompute}"']
-    if c.recompute == "selective":  # the nearest: Megatron's attention-core recompute has no torchtitan option
+    # torchtitan accumulates global / (local x dp) forwards (torchtitan/train.py); a pipeline splits each local
+    # batch into microbatches: without one, pipesim's m microbatches are its accumulation steps
+    local = c.mbs if c.p == 1 else m.batch // c.dp
+    lines += ["", "[training]", f"local_batch_size = {local}", f"global_batch_size = {m.batch}",
+              f"seq_len = {m.seq}", "", "[activation_checkpoint]",
+              f'mode = "{"selective" if c.recompute == OP else c.recompute}"']
+    if c.recompute == OP:  # torchtitan's per-op policy, as simulated (pipesim.model.op_recompute)
+        lines.append('selective_ac_option = "op"')
+    elif c.recompute == "selective":  # the nearest: Megatron's attention-core recompute has no torchtitan option
         lines.append('selective_ac_option = "op"  # torchtitan\'s own policy, pipesim\'s --recompute op')
         if c.modules:
             lines.append(f"# Megatron-core's --recompute-modules {' '.join(c.modules)} has no torchtitan option: "
@@ -262,6 +282,5 @@ def torchtitan_fp8(recipe: str) -> list[str]:
     return lines
 
 
-__all__ = ["MEGATRON_SCHEDULES", "TORCH_SCHEDULES", "command_line", "megatron_args", "megatron_text",
-           "grad_flags", "run_command", "run_note", "schedule_csv", "simulate_command", "torchtitan_fp8",
-           "torchtitan_toml"]
+__all__ = ["TORCH_ROTATE", "command_line", "exports_for", "grad_flags", "megatron_args", "megatron_text",
+           "run_command", "run_note", "schedule_csv", "simulate_command", "torchtitan_fp8", "torchtitan_toml"]

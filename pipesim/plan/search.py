@@ -20,6 +20,7 @@ from tqdm import tqdm
 from pipesim.cost.model_costs import precision_of
 from pipesim.cost.zb_auto_costs import AUTO_SCHEDULES
 from pipesim.errors import PipesimError
+from pipesim.model.op_recompute import OP
 from pipesim.plan.backends import Backend, LocalPool
 from pipesim.plan.estimate import estimate, optimizer_tail
 from pipesim.plan.evaluate import Costed, Evaluator
@@ -31,7 +32,8 @@ from pipesim.units import format_bytes
 DEFAULT_MAX_CANDIDATES = 200
 DEFAULT_MAX_WORK = 250_000  # work units (chunk-microbatches) spent at most: about 40 s on one core
 REBUILD_WEIGHT = 20  # zb-auto / zb-2p: reordering for the costs takes about 20x a simulation per chunk-microbatch
-RECOMPUTE_ORDER = ("none", "selective", "full")
+# lightest stash last: Megatron's selective drops the attention core, torchtitan's op policy half the matmuls' outputs
+RECOMPUTE_ORDER = ("none", "selective", OP, "full")
 
 
 @dataclass

@@ -23,14 +23,14 @@ from pipesim.errors import PipesimError
 from pipesim.hardware.machine import Hardware
 from pipesim.job import Job
 from pipesim.model.config import ModelConfig
+from pipesim.model.op_recompute import OP, check_op_recompute
 from pipesim.model.options import LayerOptions
 from pipesim.parallel_dims import ParallelDims
+from pipesim.plan.stack_space import RECOMPUTES, ZEROS
 from pipesim.sim.sim_setup import on_gpus
 
 VIRTUALS = (2, 3, 4)  # chunks per rank tried for schedules that take --virtual
 MAX_STAGE_MICROBATCHES = 1 << 20  # p x v x m above this is not built (the simulate command's own bound)
-RECOMPUTES = ("none", "selective", "full")
-ZEROS = (0, 1)
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,7 @@ class PlanRequest:
     cps: tuple[int, ...] = (1,)  # context-parallel sizes to try (default none: today's plans unchanged)
     # what "selective" recomputes in this plan: Megatron-core's --recompute-modules (() its default, core_attn)
     recompute_modules: tuple[str, ...] = ()
+    framework: str | None = None  # the stack planned for (its space: pipesim.plan.stack_space; its exports only)
 
     @property
     def schedule_names(self) -> tuple[str, ...]:
@@ -150,6 +151,17 @@ def cp_refusal(req: PlanRequest, cp: int, tp: int = 1) -> str | None:
     try:
         LayerOptions(tp=tp, cp=cp, attention=req.shared_job.attention_kernel,
                      cp_comm=req.shared_job.cp_comm).check(req.model)
+    except PipesimError as exc:
+        return str(exc)
+    return None
+
+
+def op_refusal(req: PlanRequest, tp: int, cp: int) -> str | None:
+    """Why torchtitan's per-op checkpointing is not modelled at (tp, cp) for this model and kernels
+    (pipesim.model.op_recompute), None when it is."""
+    job = req.shared_job
+    try:
+        check_op_recompute(req.model, tp=tp, cp=cp, attention=job.attention_kernel, fp8=job.fp8 is not None)
     except PipesimError as exc:
         return str(exc)
     return None
@@ -254,9 +266,13 @@ def enumerate_candidates(req: PlanRequest) -> list[Candidate]:
                        f"{req.gpus} GPUs and --layers {model.layers} (pp {rule})")
     out: list[Candidate] = []
     too_big = 0
+    op_refused = [r for t, cp, _, _ in by_batch if OP in req.recomputes and (r := op_refusal(req, t, cp))]
+    if req.recomputes == (OP,) and len(op_refused) == len(by_batch):
+        raise NoLayout(op_refused[0])
     for t, cp, p, d in by_batch:
         names = [n for n in req.schedule_names if p > 1 or n == "1f1b"] or ["1f1b"]
         zeros = sorted({z if d > 1 else 0 for z in req.zeros})
+        recomputes = [rc for rc in req.recomputes if rc != OP or op_refusal(req, t, cp) is None]
         sps = sorted(set(req.sequence_parallel)) if t > 1 else [False]
         for mbs in divisors(model.batch // d):
             m = model.batch // (d * mbs)
@@ -269,7 +285,7 @@ def enumerate_candidates(req: PlanRequest) -> list[Candidate]:
                         continue
                     out.extend(Candidate(name, p, v, t, d, mbs, m, rc, z, sp, cp, ep, etp,
                                          req.recompute_modules if rc == "selective" else ())
-                               for rc in req.recomputes for z in zeros for sp in sps
+                               for rc in recomputes for z in zeros for sp in sps
                                for ep, etp in expert_layouts(model, t, cp, d, sp)
                                if name not in NEEDS_EP or (ep > 1 and rc != "full"))
     if not out:
@@ -278,5 +294,5 @@ def enumerate_candidates(req: PlanRequest) -> list[Candidate]:
     return sorted(out)
 
 
-__all__ = ["Candidate", "NoLayout", "PlanRequest", "RECOMPUTES", "ZEROS", "cp_refusal", "divisors",
-           "enumerate_candidates", "expert_layouts", "layouts"]
+__all__ = ["Candidate", "NoLayout", "PlanRequest", "cp_refusal", "divisors", "enumerate_candidates",
+           "expert_layouts", "layouts", "op_refusal"]

@@ -1,0 +1,156 @@
+"""`pipesim plan --framework NAME` plans what the stack can run (pipesim.plan.stack_space), refuses a typed choice it
+cannot run in one line, and exports the winner in the stack's own terms."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+import tomllib
+
+from pipesim.cli import main
+from pipesim.errors import PipesimError
+from pipesim.hardware.toml_io import load_hardware
+from pipesim.model.config import ModelConfig
+from pipesim.plan.evaluate import Evaluator
+from pipesim.plan.space import PlanRequest, enumerate_candidates
+from pipesim.plan.stack_space import SPACES, stack_space
+
+SMALL = ["--model", "gpt", "--hidden", "512", "--layers", "8", "--heads", "8", "--seq", "512", "--vocab", "8000",
+         "--batch", "16", "--dtype", "bfloat16"]
+# a Llama-like block (SwiGLU, grouped-query attention): the one torchtitan's per-op policy is modelled for
+LLAMA = ["--model", "gpt", "--hidden", "512", "--layers", "8", "--heads", "8", "--kv-heads", "2", "--activation",
+         "swiglu", "--ffn-hidden", "1408", "--seq", "1024", "--vocab", "8000", "--batch", "16", "--dtype", "bfloat16"]
+H100 = ["--hardware", "dgx-h100", "--gpus", "8"]
+
+
+def _plan(capsys, tmp_path, *argv: str) -> dict:
+    out = tmp_path / "plan.json"
+    assert main(["plan", *argv, "--top", "500", "--json", str(out)]) == 0
+    capsys.readouterr()
+    return json.loads(out.read_text())
+
+
+@pytest.mark.parametrize("framework", sorted(SPACES))
+def test_every_stack_plans_only_what_it_runs_and_exports_its_own_terms(capsys, tmp_path, framework):
+    space = SPACES[framework]
+    data = _plan(capsys, tmp_path, *LLAMA, *H100, "--framework", framework, "--max-candidates", "60")
+    rows = data["rows"]
+    assert rows
+    for r in rows:
+        assert r["schedule"] in space.schedule_names or (r["pp"] == 1 and r["schedule"] == "1f1b")
+        assert r["zero"] in space.zeros or (r["dp"] == 1 and r["zero"] == 0)
+        assert r["recompute"] in space.recomputes
+        # searched on wherever the stack offers it (Megatron's practice); off where it has none
+        assert r["sequence_parallel"] == (r["tp"] > 1 and True in space.sequence_parallel)
+        if r["recompute"] == "op":  # only where pipesim models torchtitan's policy
+            assert r["tp"] == 1 and r["cp"] == 1
+    winner = data["winner"]
+    assert ("torchtitan_toml" in winner) == (framework == "torchtitan")
+    assert ("megatron_args" in winner) == (framework != "torchtitan")
+
+
+def test_the_plan_without_a_framework_is_pipesims_own_and_exports_both(capsys, tmp_path):
+    data = _plan(capsys, tmp_path, *SMALL, *H100, "--max-candidates", "40")
+    assert {r["recompute"] for r in data["rows"]} <= {"none", "selective", "full"}
+    assert {r["zero"] for r in data["rows"]} <= {0, 1}
+    assert "torchtitan_toml" in data["winner"] and "megatron_args" in data["winner"]
+
+
+@pytest.mark.parametrize("framework, extra, expected", [
+    ("torchtitan", ["--zero", "0,1"], "--framework torchtitan has no ZeRO 1 (it offers ZeRO 0, 3: "),
+    ("torchtitan", ["--recompute", "selective"], "--framework torchtitan has no --recompute selective"),
+    ("torchtitan", ["--schedules", "1f1b,dualpipe"], "--framework torchtitan has no dualpipe schedule"),
+    ("torchtitan", ["--sequence-parallel", "off"], "--framework torchtitan has no --sequence-parallel off"),
+    ("torchtitan", ["--cp", "1,2", "--cp-comm-type", "a2a"], "--framework torchtitan has no --cp-comm-type a2a"),
+    ("deepspeed", ["--schedules", "zb-h1"], "--framework deepspeed has no zb-h1 schedule (it offers deepspeed-1f1b"),
+    ("deepspeed", ["--zero", "3"], "--framework deepspeed has no ZeRO 3"),
+    ("megatron-core", ["--recompute", "op"], "--framework megatron-core has no --recompute op"),
+    ("megatron-core", ["--schedules", "zb-v"], "--framework megatron-core has no zb-v schedule"),
+    ("megatron-lm-2021", ["--cp", "2"], "--framework megatron-lm-2021 has no context parallelism"),
+    ("megatron-lm-2021", ["--recompute", "selective"], "--framework megatron-lm-2021 has no --recompute selective"),
+    (None, ["--recompute", "op"], "--recompute op is torchtitan's per-op checkpointing: plan it with --framework "
+                                  "torchtitan"),
+])
+def test_a_choice_the_stack_cannot_run_is_refused_in_one_line(capsys, framework, extra, expected):
+    fw = ["--framework", framework] if framework else []
+    assert main(["plan", *LLAMA, *H100, *fw, *extra]) == 2
+    err = capsys.readouterr().err
+    assert expected in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_torchtitans_op_checkpointing_is_planned_simulated_and_exported_as_it_runs(capsys, tmp_path):
+    data = _plan(capsys, tmp_path, *LLAMA, *H100, "--framework", "torchtitan", "--recompute", "op",
+                 "--cp", "1,2")
+    assert data["rows"] and all(r["recompute"] == "op" and r["tp"] == 1 and r["cp"] == 1 for r in data["rows"])
+    winner = data["winner"]
+    argv = shlex.split(winner["simulate_command"])
+    assert argv[argv.index("--recompute") + 1] == "op"
+    assert main(argv[1:] + ["--json"]) == 0  # the export reproduces the planned step, bit for bit
+    assert json.loads(capsys.readouterr().out)["step_time"] == data["rows"][0]["step_time"]
+    toml = tomllib.loads(winner["torchtitan_toml"])
+    assert toml["activation_checkpoint"] == {"mode": "selective", "selective_ac_option": "op"}
+    best = data["rows"][0]
+    shard = toml["parallelism"]["data_parallel_shard_degree"]
+    assert (shard, toml["parallelism"]["data_parallel_replicate_degree"]) == (
+        (best["dp"], 1) if best["zero"] == 3 else (1, best["dp"]))
+    run = shlex.split(winner["run_command"])
+    assert run[run.index("--recompute") + 1] == "full"  # the executor has no per-op policy, and says so
+    assert winner["run_note"].startswith("# the executor has no per-op checkpointing: this runs full recomputation")
+
+
+def test_op_alone_on_a_block_it_is_not_modelled_for_names_why(capsys):
+    assert main(["plan", *SMALL, *H100, "--framework", "torchtitan", "--recompute", "op"]) == 2
+    err = capsys.readouterr().err
+    assert "--recompute op (torchtitan's per-op checkpointing) is not modelled with a gelu MLP" in err
+
+
+def test_torchtitan_context_parallelism_is_its_rotate_method(capsys, tmp_path):
+    """The profile's K/V exchange is torch's default all-gather rotater; the export names the rotate method."""
+    data = _plan(capsys, tmp_path, *LLAMA, *H100, "--framework", "torchtitan", "--cp", "2", "--recompute", "none")
+    assert all(r["cp"] == 2 for r in data["rows"])
+    assert tomllib.loads(data["winner"]["torchtitan_toml"])["parallelism"]["context_parallel_rotate_method"] == \
+        "allgather"
+    argv = shlex.split(data["winner"]["simulate_command"])
+    assert argv[argv.index("--cp-comm-type") + 1] == "all_gather"
+    ring = _plan(capsys, tmp_path, *LLAMA, *H100, "--framework", "torchtitan", "--cp", "2", "--recompute", "none",
+                 "--cp-comm-type", "p2p")
+    assert tomllib.loads(ring["winner"]["torchtitan_toml"])["parallelism"]["context_parallel_rotate_method"] == \
+        "alltoall"
+
+
+def test_simulate_with_the_torchtitan_profile_exchanges_kv_as_torchtitan_does(capsys):
+    base = ["simulate", "1f1b", *LLAMA, "--hardware", "dgx-h100", "--stages", "2", "--dp", "2", "--cp", "2", "--json"]
+    steps = {}
+    for name, extra in (("profile", ["--framework", "torchtitan"]),
+                        ("typed", ["--framework", "torchtitan", "--cp-comm-type", "all_gather"]),
+                        ("ring", ["--framework", "torchtitan", "--cp-comm-type", "p2p"])):
+        assert main([*base, *extra]) == 0
+        steps[name] = json.loads(capsys.readouterr().out)["step_time"]
+    assert steps["profile"] == steps["typed"] != steps["ring"]
+
+
+def test_the_memory_bound_holds_for_op_checkpointing():
+    """The planner prunes on a lower bound of the peak; with op checkpointing too it never exceeds rank_memory's."""
+    model = ModelConfig(kind="gpt", hidden=512, layers=8, heads=8, kv_heads=2, activation="swiglu", ffn_hidden=1408,
+                        seq=1024, vocab=8000, batch=16, dtype="bfloat16")
+    req = PlanRequest(model, load_hardware("dgx-h100"), 8, ("1f1b", "interleaved-1f1b", "zb-v"), None, ("op",),
+                      (0, 3), framework="torchtitan")
+    ev = Evaluator(req)
+    checked = 0
+    for c in enumerate_candidates(req):
+        assert c.recompute == "op" and c.tp == 1
+        try:
+            costed = ev.cost(c)
+        except PipesimError:
+            continue
+        assert ev.memory_bound(c) <= costed.peak_memory, c.label()
+        checked += 1
+    assert checked > 20
+
+
+def test_an_unknown_framework_has_no_space():
+    assert stack_space(None) is None
+    with pytest.raises(PipesimError, match="the planner knows"):
+        stack_space("jax")
