@@ -271,7 +271,12 @@ class Job:
         out += self.fp8.flags() if self.fp8 is not None else []
         if self.cp_comm != "p2p":
             out += ["--cp-comm-type", self.cp_comm]
-        return out + self.comm.flags() + self.kernels.flags()
+        return out + self.sharding_flags() + self.comm.flags() + self.kernels.flags()
+
+    def sharding_flags(self) -> list[str]:
+        """The flags of FSDP2's resharding policy and Megatron-core's FP8 parameter gather, where set."""
+        out = ["--fsdp-reshard-after-forward", self.fsdp_reshard] if self.fsdp_reshard != "default" else []
+        return out + (["--fp8-param-gather"] if self.fp8_param_gather else [])
 
 
 __all__ = ["Job", "KernelSwitches"]

@@ -14,6 +14,7 @@ from pipesim.errors import PipesimError
 from pipesim.hardware.toml_io import load_hardware
 from pipesim.job import Job, KernelSwitches
 from pipesim.model.config import ModelConfig
+from pipesim.model.fp8 import Fp8Options
 from pipesim.model.moe import MoeConfig
 from pipesim.model.options import LayerOptions
 from pipesim.parallel_dims import ParallelDims
@@ -141,6 +142,12 @@ def test_flags_read_back_through_the_cli_to_the_same_job():
     argv = ["simulate", "1f1b", "--model", "gpt", "--dtype", "bfloat16", "--dp", "2", "--tp", "2", *job.flags()]
     args = build_parser().parse_args(argv)
     assert sim_job(args, GPT, load_hardware("dgx-h100")) == job
+    sharded = Job(ParallelDims(dp=2), zero=3, attention="flash", fsdp_reshard="always")
+    fp8 = Job(ParallelDims(dp=2), zero=1, attention="flash", fp8=Fp8Options("hybrid", "tensorwise"),
+              fp8_param_gather=True)
+    for job in (sharded, fp8):
+        argv = ["simulate", "1f1b", "--model", "gpt", "--dtype", "bfloat16", "--dp", "2", *job.flags()]
+        assert sim_job(build_parser().parse_args(argv), GPT, load_hardware("dgx-h100")) == job
     plain = build_parser().parse_args(["simulate", "1f1b", *Job().flags()])
     assert sim_job(plain, GPT, load_hardware("dgx-h100")) == Job(attention="flash")
 

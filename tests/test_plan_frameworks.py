@@ -154,3 +154,47 @@ def test_an_unknown_framework_has_no_space():
     assert stack_space(None) is None
     with pytest.raises(PipesimError, match="the planner knows"):
         stack_space("jax")
+
+
+def test_torchtitans_compile_and_async_tp_are_planned_and_exported(capsys, tmp_path):
+    data = _plan(capsys, tmp_path, *LLAMA, *H100, "--framework", "torchtitan", "--compile", "--async-tp",
+                 "--recompute", "none", "--max-candidates", "40")
+    rows = data["rows"]
+    tp_rows = [r for r in rows if r["tp"] > 1]
+    assert tp_rows and all(r["sequence_parallel"] for r in tp_rows)
+    argv = shlex.split(data["winner"]["simulate_command"])
+    assert "--no-kernel-fusion" not in argv  # compiled: the fused kernels pipesim times by default
+    assert ("--async-tp" in argv) == (rows[0]["tp"] > 1)
+    assert main(argv[1:] + ["--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["step_time"] == rows[0]["step_time"]
+    toml = tomllib.loads(data["winner"]["torchtitan_toml"])
+    assert toml["compile"] == {"enable": True}
+    assert toml["parallelism"].get("enable_async_tensor_parallel", False) == (rows[0]["tp"] > 1)
+    # the same plan eager: every candidate slower, no [compile]
+    eager = _plan(capsys, tmp_path, *LLAMA, *H100, "--framework", "torchtitan", "--recompute", "none",
+                  "--max-candidates", "40")
+    assert "compile" not in tomllib.loads(eager["winner"]["torchtitan_toml"])
+    assert eager["rows"][0]["step_time"] > rows[0]["step_time"]
+    assert main(["plan", *LLAMA, *H100, "--framework", "torchtitan", "--async-tp"]) == 2
+    assert "--async-tp needs torch.compile (--compile)" in capsys.readouterr().err
+
+
+def test_fsdp_resharding_plans_zero_3_and_fp8_gathers_the_distributed_optimizer(capsys, tmp_path):
+    data = _plan(capsys, tmp_path, *LLAMA, *H100, "--framework", "torchtitan", "--fsdp-reshard-after-forward",
+                 "always", "--recompute", "none", "--max-candidates", "40")
+    assert all(r["zero"] == 3 or r["dp"] == 1 for r in data["rows"])
+    best = data["rows"][0]
+    argv = shlex.split(data["winner"]["simulate_command"])
+    assert argv[argv.index("--fsdp-reshard-after-forward") + 1] == "always"
+    assert main(argv[1:] + ["--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["step_time"] == best["step_time"]
+    assert tomllib.loads(data["winner"]["torchtitan_toml"])["parallelism"]["fsdp_reshard_after_forward"] == "always"
+    assert main(["plan", *LLAMA, *H100, "--framework", "torchtitan", "--fsdp-reshard-after-forward", "always",
+                 "--zero", "0,3"]) == 2
+    assert ("--fsdp-reshard-after-forward always needs ZeRO 3 among the plan's --zero, got 0,3"
+            in capsys.readouterr().err)
+    fp8 = ["--fp8-format", "hybrid", "--fp8-recipe", "tensorwise", "--fp8-param-gather"]
+    data = _plan(capsys, tmp_path, *LLAMA, *H100, "--framework", "megatron-core", *fp8, "--recompute", "none",
+                 "--max-candidates", "40")
+    assert all(r["zero"] == 1 or r["dp"] == 1 for r in data["rows"])
+    assert ("--fp8-param-gather" in data["winner"]["megatron_args"]) == (data["rows"][0]["dp"] > 1)

@@ -12,6 +12,7 @@ from pipesim.errors import PipesimError
 from pipesim.hardware.machine import Hardware
 from pipesim.model.config import ModelConfig
 from pipesim.model.fp8 import DEFAULT_RECIPE, FP8_FORMATS, FP8_RECIPES, Fp8Options, check_fp8_model
+from pipesim.model.fsdp import FSDP_RESHARD
 from pipesim.model.options import CP_COMM_TYPES
 from pipesim.model.piece_kernels import CE_IMPLS
 
@@ -94,6 +95,37 @@ def add_ce_fusion_args(g) -> None:
     g.add_argument("--cross-entropy-fusion-impl", dest="ce_impl", choices=CE_IMPLS, default="native",
                    help="with --cross-entropy-loss-fusion: Megatron-core's own fused kernels (native, default) or "
                         "Transformer Engine's Triton kernel (te: 3 d bytes per logit forward, 2 d backward)")
+
+
+def add_stack_kernel_args(f) -> None:
+    """The training stack's kernel and sharding choices simulate, sweep and plan share (torchtitan's and
+    Megatron-core's, in pipesim's spelling): FSDP2's resharding, FP8 parameter gathers, the eager RMSNorm, async TP,
+    torch.compile or eager kernels; `pipesim.commands.setup_args.apply_switches` checks them against each other."""
+    f.add_argument("--fsdp-reshard-after-forward", dest="fsdp_reshard", choices=FSDP_RESHARD, default="default",
+                   help="with --zero 3: torchtitan's FSDP2 resharding: always frees each unit's gathered parameters "
+                        "after its forward (gathered again for the backward), never keeps them, default frees them "
+                        "only without pipelining; without pipelining FSDP2 also frees them and reduce-scatters the "
+                        "gradients after every backward")
+    f.add_argument("--fp8-param-gather", action="store_true",
+                   help="with --fp8-format and the distributed optimizer (--zero 1 or 2): the FP8 linears' "
+                        "parameters kept in FP8 and all-gathered in FP8, no separate FP8 copy (Megatron-core's "
+                        "flag; NeMo's fp8_params)")
+    f.add_argument("--eager-rmsnorm", action="store_true",
+                   help="GPU presets: RMSNorm as eager PyTorch's ops, 6 kernels forward and 9 backward in float32 "
+                        "(Hugging Face's LlamaRMSNorm, torchtitan's before torch.nn.RMSNorm, torch.nn.RMSNorm before "
+                        "torch 2.9) instead of one fused kernel; torch.compile fuses it again")
+    f.add_argument("--async-tp", action="store_true",
+                   help="GPU presets, tp > 1 with --sequence-parallel and --compile: torchtitan's async tensor "
+                        "parallelism, each sequence-parallel all-gather and reduce-scatter inside its matmul, chunk by "
+                        "chunk over the copy engines (torch's micro-pipelining; pipesim.comm.ub_overlap)")
+    fusion = f.add_mutually_exclusive_group()
+    fusion.add_argument("--compile", dest="kernel_fusion", action="store_const", const=True, default=None,
+                        help="GPU presets: torch.compile's fused elementwise kernels (torchtitan's --compile.enable; "
+                             "timed as Megatron's fused kernels) even where --framework runs eager PyTorch")
+    fusion.add_argument("--no-kernel-fusion", dest="kernel_fusion", action="store_false", default=None,
+                        help="GPU presets: eager PyTorch's one kernel per elementwise op instead of Megatron's fused "
+                             "kernels (its --no-bias-gelu-fusion, --no-bias-swiglu-fusion, --no-bias-dropout-fusion, "
+                             "--no-masked-softmax-fusion and --no-rope-fusion at once)")
 
 
 def check_fp8_run(fp8: Fp8Options | None, model: ModelConfig | None, hardware: Hardware | None) -> None:

@@ -24,22 +24,28 @@ from pipesim.commands.kernel_args import (
     add_cp_comm_arg,
     add_fp8_args,
     add_grad_args,
+    add_stack_kernel_args,
     add_ub_args,
     check_fp8_run,
-    fp8_from_args,
-    ub_from_args,
 )
-from pipesim.commands.setup_args import add_comm_args, apply_framework, comm_options_from_args
+from pipesim.commands.plan_args import (
+    cp_sizes,
+    names_list,
+    on_off,
+    plan_modules,
+    recompute_list,
+    shared_job,
+    zero_list,
+)
+from pipesim.commands.setup_args import add_comm_args
 from pipesim.cost.v_search import V_SEARCHED
 from pipesim.cost.zb_auto_costs import AUTO_SCHEDULES
 from pipesim.errors import PipesimError
 from pipesim.hardware.machine import Hardware
 from pipesim.hardware.toml_io import load_hardware
-from pipesim.job import Job, KernelSwitches
 from pipesim.model.config import ModelConfig
-from pipesim.model.op_recompute import OP
 from pipesim.model.options import ATTENTION
-from pipesim.model.recompute_modules import RECOMPUTE_MODULES, canonical_modules, check_modules, effective_modules
+from pipesim.model.recompute_modules import RECOMPUTE_MODULES
 from pipesim.outputs import check_file, write_text
 from pipesim.plan.backends import open_backend
 from pipesim.plan.evaluate import Evaluator
@@ -59,7 +65,6 @@ from pipesim.plan.jitter import PlanJitter, rank_under_jitter
 from pipesim.plan.ranking import why_lost
 from pipesim.plan.search import DEFAULT_MAX_CANDIDATES, DEFAULT_MAX_WORK, PlanResult, default_workers, plan
 from pipesim.plan.space import PlanRequest
-from pipesim.plan.stack_space import RECOMPUTES, ZEROS, stack_space
 from pipesim.sim.sim_setup import DEFAULT_HARDWARE
 from pipesim.units import format_bytes
 
@@ -92,6 +97,7 @@ def add_parser(sub) -> None:
     add_ce_fusion_args(p.add_argument_group("loss (Megatron-core's flag)"))
     add_ub_args(p.add_argument_group("tensor-parallel overlap (Megatron-core's flags)"))
     add_fp8_args(p.add_argument_group("FP8 (Megatron-core's Transformer Engine flags)"))
+    add_stack_kernel_args(p.add_argument_group("kernels and sharding (torchtitan's and Megatron-core's choices)"))
     g = p.add_argument_group("cluster and search")
     g.add_argument("--hardware", metavar="PRESET|FILE", help=f"hardware preset or TOML file (default "
                                                              f"{DEFAULT_HARDWARE})")
@@ -99,23 +105,23 @@ def add_parser(sub) -> None:
     n.add_argument("--nodes", type=positive_int, default=None, metavar="N", help="nodes of the hardware's kind")
     n.add_argument("--gpus", type=positive_int, default=None, metavar="N",
                    help="GPUs in all (a multiple of the GPUs per node, or fewer than one node holds)")
-    g.add_argument("--schedules", type=_names, default=None, metavar="A,B,...",
+    g.add_argument("--schedules", type=names_list, default=None, metavar="A,B,...",
                    help="schedules to consider (default every one --framework runs; without it every registered "
                         "one)")
     g.add_argument("--max-tp", type=positive_int, default=None, help="largest tensor-parallel size (default a node)")
-    g.add_argument("--recompute", type=_recomputes, default=None, metavar="none,selective,full,op",
+    g.add_argument("--recompute", type=recompute_list, default=None, metavar="none,selective,full,op",
                    help="recomputation choices to consider (default every one --framework offers: none, op and "
                         "full with torchtitan; without it none, selective and full)")
     g.add_argument("--recompute-modules", nargs="+", default=None, metavar="MODULE",
                    help="what the selective choice recomputes: Megatron-core's --recompute-modules, "
                         f"{', '.join(RECOMPUTE_MODULES)} (default core_attn)")
-    g.add_argument("--zero", type=_zeros, default=None, metavar="0,1,...",
+    g.add_argument("--zero", type=zero_list, default=None, metavar="0,1,...",
                    help="ZeRO stages to consider with dp > 1 (default every one --framework offers: 0 and 3 "
                         "(FSDP2) with torchtitan; without it 0,1)")
-    g.add_argument("--sequence-parallel", type=_on_off, default=None, metavar="on|off|on,off",
+    g.add_argument("--sequence-parallel", type=on_off, default=None, metavar="on|off|on,off",
                    help="sequence parallelism with tp > 1: on (default, Megatron's practice; without it where "
                         "--framework has none), off, or both searched")
-    g.add_argument("--cp", type=_cps, default=(1,), metavar="1,2,4,...",
+    g.add_argument("--cp", type=cp_sizes, default=(1,), metavar="1,2,4,...",
                    help="context-parallel sizes to search (ring attention; needs flash attention and --seq "
                         "divisible by 2 cp; default 1: none)")
     add_cp_comm_arg(g)
@@ -171,26 +177,10 @@ def _jitter(args: argparse.Namespace) -> PlanJitter | None:
     return PlanJitter(args.jitter, args.jitter_seed or 0, args.samples or 8)
 
 
-def _names(text: str) -> tuple[str, ...]:
-    return tuple(t.strip() for t in text.split(",") if t.strip())
 
 
-def _on_off(text: str) -> tuple[bool, ...]:
-    words = _names(text)
-    if not words or any(w not in ("on", "off") for w in words):
-        raise argparse.ArgumentTypeError(f"on, off or on,off; got {text!r}")
-    return tuple(sorted({w == "on" for w in words}))
 
 
-def _cps(text: str) -> tuple[int, ...]:
-    """--cp: positive context-parallel sizes, comma-separated."""
-    try:
-        out = tuple(sorted({int(t) for t in _names(text)}))
-    except ValueError:
-        out = ()
-    if not out or any(cp < 1 for cp in out):
-        raise argparse.ArgumentTypeError(f"positive context-parallel sizes such as 1,2,4; got {text!r}")
-    return out
 
 
 def _csv_path(path: str | None) -> Path | None:
@@ -205,60 +195,12 @@ def _csv_path(path: str | None) -> Path | None:
     return p
 
 
-def plan_modules(model: ModelConfig, recomputes: tuple[str, ...], modules: list[str] | None) -> tuple[str, ...]:
-    """--recompute-modules for the plan's selective candidates, checked against the model once (PipesimError: one
-    line): they need selective among --recompute."""
-    if not modules:
-        return ()
-    if "selective" not in recomputes:
-        raise PipesimError(f"--recompute-modules needs selective among --recompute, got {','.join(recomputes)}")
-    out = canonical_modules("selective", modules)
-    check_modules(model, effective_modules("selective", out))
-    return out
 
 
-def _recomputes(text: str) -> tuple[str, ...]:
-    """The searched --recompute choices: Megatron's, and torchtitan's per-op policy (planned with --framework
-    torchtitan, on the layouts pipesim.model.op_recompute models: one tp and cp rank)."""
-    out = _names(text)
-    known = (*RECOMPUTES, OP)
-    bad = [r for r in out if r not in known]
-    if bad or not out:
-        raise argparse.ArgumentTypeError(f"choose from {', '.join(known)}, got {text!r}")
-    return out
 
 
-def plan_choices(args: argparse.Namespace) -> tuple[tuple[str, ...], tuple[int, ...], tuple[str, ...],
-                                                     tuple[bool, ...]]:
-    """(schedules, ZeRO stages, recomputations, sequence-parallel choices) to search: those typed, else
-    --framework's space (pipesim.plan.stack_space), else pipesim's own; one line for a typed choice the framework
-    cannot run."""
-    space = stack_space(getattr(args, "framework", None))
-    scheds = args.schedules or (space.schedule_names if space else ())
-    zeros = args.zero or (space.zeros if space else ZEROS)
-    recomputes = args.recompute or (space.recomputes if space else RECOMPUTES)
-    offered = space.sequence_parallel if space else (True, False)
-    sps = args.sequence_parallel or ((True,) if True in offered else offered)  # Megatron's practice: on
-    if space is None:
-        if OP in recomputes:
-            raise PipesimError("--recompute op is torchtitan's per-op checkpointing: plan it with --framework "
-                               "torchtitan")
-        return scheds, zeros, recomputes, sps
-    refusal = space.refusal(args.framework, schedule_names=scheds, zeros=zeros, recomputes=recomputes,
-                            sequence_parallel=sps, cps=args.cp, cp_comm=args.cp_comm_type)
-    if refusal:
-        raise PipesimError(refusal)
-    return scheds, zeros, recomputes, sps
 
 
-def _zeros(text: str) -> tuple[int, ...]:
-    try:
-        out = tuple(int(t) for t in _names(text))
-    except ValueError:
-        out = ()
-    if not out or any(z not in (0, 1, 2, 3) for z in out):
-        raise argparse.ArgumentTypeError(f"ZeRO stages are 0, 1, 2, 3; got {text!r}")
-    return out
 
 
 def cluster(args: argparse.Namespace) -> tuple[Hardware, int, list[str]]:
@@ -313,15 +255,7 @@ def run(args: argparse.Namespace) -> int:
         args.batch = args.tokens_per_step // seq
     jitter = _jitter(args)
     model = model_config(args)
-    apply_framework(args, keep=("zero",))  # the searched ZeRO stages stay plan's own
-    scheds, zeros, recomputes, sps = plan_choices(args)
-    shared = Job(attention=args.attention, comm=comm_options_from_args(args),  # every candidate's (its own layout)
-                 kernels=KernelSwitches(args.kernel_fusion, args.tp_comm_overlap, args.grad_accum_fusion,
-                                        args.grad_fp32, ub_from_args(args), ce_fusion=args.ce_fusion,
-                                        ce_impl=args.ce_impl),
-                 fp8=fp8_from_args(args),
-                 cp_comm=args.cp_comm_type)
-    shared.check_gradients(model)
+    shared, scheds, zeros, recomputes, sps = shared_job(args, model)
     hw, gpus, hw_flags = cluster(args)
     check_fp8_run(shared.fp8, model, hw)  # FP8 tensor cores and the recipe, before any candidate
     if args.memory_headroom:  # the search sees the memory left after the headroom
@@ -341,6 +275,7 @@ def run(args: argparse.Namespace) -> int:
     best = result.best.candidate.job(shared)  # the winner's switches (a profile's overlaps only where they apply)
     switches = best.comm.flags() + [f for f in best.kernels.flags() if f not in grad_flags(True) + grad_flags(False)]
     switches += shared.fp8.flags() if shared.fp8 is not None else []
+    switches += best.sharding_flags()
     if shared.cp_comm != "p2p" and result.best.candidate.cp > 1:
         switches += ["--cp-comm-type", shared.cp_comm]
     if args.ilp_seconds is not None and result.best.candidate.schedule in {*AUTO_SCHEDULES, *V_SEARCHED}:

@@ -13,6 +13,7 @@ from pipesim.commands.kernel_args import (
     add_cp_comm_arg,
     add_fp8_args,
     add_grad_args,
+    add_stack_kernel_args,
     add_ub_args,
     check_fp8_run,
     fp8_from_args,
@@ -26,7 +27,6 @@ from pipesim.hardware.machine import Hardware
 from pipesim.hardware.toml_io import load_hardware
 from pipesim.job import Job, KernelSwitches
 from pipesim.model.config import ModelConfig
-from pipesim.model.fsdp import FSDP_RESHARD
 from pipesim.model.options import ATTENTION, RECOMPUTE
 from pipesim.model.recompute_modules import RECOMPUTE_MODULES
 from pipesim.parallel_dims import ParallelDims
@@ -90,31 +90,7 @@ def add_setup_args(parser: argparse.ArgumentParser) -> None:
     f.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=None,
                    help="ZeRO stage over dp: 1 shards optimizer states (Megatron's distributed optimizer), 2 "
                         "gradients too, 3 parameters too (FSDP) (default --framework's, else 0: plain DDP)")
-    f.add_argument("--fsdp-reshard-after-forward", dest="fsdp_reshard", choices=FSDP_RESHARD, default="default",
-                   help="with --zero 3: torchtitan's FSDP2 resharding: always frees each unit's gathered parameters "
-                        "after its forward (gathered again for the backward), never keeps them, default frees them "
-                        "only without pipelining; without pipelining FSDP2 also frees them and reduce-scatters the "
-                        "gradients after every backward")
-    f.add_argument("--fp8-param-gather", action="store_true",
-                   help="with --fp8-format and the distributed optimizer (--zero 1 or 2): the FP8 linears' "
-                        "parameters kept in FP8 and all-gathered in FP8, no separate FP8 copy (Megatron-core's "
-                        "flag; NeMo's fp8_params)")
-    f.add_argument("--eager-rmsnorm", action="store_true",
-                   help="GPU presets: RMSNorm as eager PyTorch's ops, 6 kernels forward and 9 backward in float32 "
-                        "(Hugging Face's LlamaRMSNorm, torchtitan's before torch.nn.RMSNorm, torch.nn.RMSNorm before "
-                        "torch 2.9) instead of one fused kernel; torch.compile fuses it again")
-    f.add_argument("--async-tp", action="store_true",
-                   help="GPU presets, tp > 1 with --sequence-parallel and --compile: torchtitan's async tensor "
-                        "parallelism, each sequence-parallel all-gather and reduce-scatter inside its matmul, chunk by "
-                        "chunk over the copy engines (torch's micro-pipelining; pipesim.comm.ub_overlap)")
-    fusion = f.add_mutually_exclusive_group()
-    fusion.add_argument("--compile", dest="kernel_fusion", action="store_const", const=True, default=None,
-                        help="GPU presets: torch.compile's fused elementwise kernels (torchtitan's --compile.enable; "
-                             "timed as Megatron's fused kernels) even where --framework runs eager PyTorch")
-    fusion.add_argument("--no-kernel-fusion", dest="kernel_fusion", action="store_false", default=None,
-                        help="GPU presets: eager PyTorch's one kernel per elementwise op instead of Megatron's fused "
-                             "kernels (its --no-bias-gelu-fusion, --no-bias-swiglu-fusion, --no-bias-dropout-fusion, "
-                             "--no-masked-softmax-fusion and --no-rope-fusion at once)")
+    add_stack_kernel_args(f)
     f.add_argument("--no-async-tensor-model-parallel-allreduce", dest="tp_comm_overlap", action="store_false",
                    default=None,
                    help="GPU presets: the backward TP all-reduce / reduce-scatter of the input gradient blocks "
@@ -199,21 +175,29 @@ def apply_framework(args: argparse.Namespace, *, keep: tuple[str, ...] = ()) -> 
     return args
 
 
-def sim_job(args: argparse.Namespace, model: ModelConfig | None, hardware: Hardware | None) -> Job:
-    """The Job of simulate's and sweep's flags (its pp: each schedule's), with the main gradients' dtype checked
-    against `model` (None: hand-given costs) and the attention kernel decided for the hardware."""
+def apply_switches(args: argparse.Namespace, *, keep: tuple[str, ...] = ()) -> argparse.Namespace:
+    """`apply_framework`, with the kernel flags that override a profile checked against what was typed (simulate,
+    sweep, plan): --async-tp runs the backward collectives inside their matmuls (over a profile's blocking DTensor
+    backward, never over a typed flag) and needs torch.compile; --eager-rmsnorm is what --compile fuses. In place."""
     if getattr(args, "async_tp", False):  # its backward collectives run inside their matmuls too
         if getattr(args, "tp_comm_overlap_ub", False):
             raise PipesimError("--async-tp is torch's overlap, --tp-comm-overlap Transformer Engine's: give one")
-        if args.tp_comm_overlap is False:  # typed: a flag a user typed is never overridden
+        if getattr(args, "tp_comm_overlap", None) is False:  # typed: a flag a user typed is never overridden
             raise PipesimError("--async-tp runs the backward collectives inside their matmuls: it cannot go with "
                                "--no-async-tensor-model-parallel-allreduce")
         args.tp_comm_overlap = True  # over the profile's (torchtitan's blocking DTensor backward)
     if getattr(args, "eager_rmsnorm", False) and args.kernel_fusion is True:  # --compile typed
         raise PipesimError("--eager-rmsnorm with --compile: torch.compile fuses the norm into one kernel each way")
-    apply_framework(args)
+    apply_framework(args, keep=keep)
     if getattr(args, "async_tp", False) and args.kernel_fusion is False:
         raise PipesimError("--async-tp needs torch.compile (--compile): torchtitan's async TP is a compiler pass")
+    return args
+
+
+def sim_job(args: argparse.Namespace, model: ModelConfig | None, hardware: Hardware | None) -> Job:
+    """The Job of simulate's and sweep's flags (its pp: each schedule's), with the main gradients' dtype checked
+    against `model` (None: hand-given costs) and the attention kernel decided for the hardware."""
+    apply_switches(args)
     dims = ParallelDims(dp=args.dp, tp=args.tp, cp=args.cp, ep=args.ep, etp=args.etp)
     job = Job(dims, recompute=args.recompute, sp=args.sequence_parallel,
               attention=args.attention, zero=args.zero, comm=comm_options_from_args(args),

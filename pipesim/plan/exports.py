@@ -150,6 +150,8 @@ def megatron_args(c: Candidate, req: PlanRequest, attention: str | None = None) 
         if comm.overlap_param_gather:
             out.append("--overlap-param-gather")
     out += _p2p_args(c, req)
+    if c.job(req.job).fp8_param_gather:  # the distributed optimizer's FP8 gather (the candidate's ZeRO 1 / 2)
+        out.append("--fp8-param-gather")
     if c.schedule == "combined-1f1b":  # Megatron-core >= 0.14: interleaved 1F1B with the EP A2A overlap
         out.append("--overlap-moe-expert-parallel-comm")
     out += _moe_args(c, req)
@@ -226,6 +228,9 @@ def torchtitan_toml(c: Candidate, req: PlanRequest) -> str:
         lines.append('fsdp_reshard_after_forward = "never"  # ZeRO-2-like: parameters stay gathered')
     elif c.zero == 3:  # the policy the simulation ran (pipesim.model.fsdp)
         lines.append(f'fsdp_reshard_after_forward = "{req.job.fsdp_reshard}"')
+    job = c.job(req.job)
+    if job.kernels.ub is not None and job.kernels.ub.async_tp:  # torch's micro-pipelined TP (needs compile)
+        lines.append("enable_async_tensor_parallel = true")
     lines += [f"tensor_parallel_degree = {c.tp}",
               f"context_parallel_degree = {c.cp}",
               f"pipeline_parallel_degree = {c.p}"]
@@ -261,6 +266,11 @@ def torchtitan_toml(c: Candidate, req: PlanRequest) -> str:
         if c.modules:
             lines.append(f"# Megatron-core's --recompute-modules {' '.join(c.modules)} has no torchtitan option: "
                          "its op-level selective checkpointing decides what it saves")
+    if job.kernels.fusion:  # pipesim timed fused elementwise kernels: torchtitan gets them from torch.compile
+        lines += ["", "[compile]", "enable = true"]
+    if job.kernels.eager_rmsnorm:
+        lines.append("# --eager-rmsnorm: the norm as eager PyTorch's ops (torchtitan before torch.nn.RMSNorm's "
+                     "fused kernel, torch < 2.9)")
     if req.job.kernels.grad_fp32 is False:  # [training] above; torchtitan's default reduces in float32
         lines.insert(lines.index("[activation_checkpoint]") - 1, 'mixed_precision_reduce = "bfloat16"')
     if req.job.fp8 is not None:

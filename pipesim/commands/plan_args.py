@@ -1,0 +1,125 @@
+"""`pipesim plan`'s search choices from its flags: the schedules, ZeRO stages, recomputations and sequence-parallel
+choices (typed, else --framework's space, pipesim.plan.stack_space), and the Job every candidate shares."""
+
+from __future__ import annotations
+
+import argparse
+
+from pipesim.comm.ub_overlap import UbConfig
+from pipesim.commands.kernel_args import fp8_from_args, ub_from_args
+from pipesim.commands.setup_args import apply_switches, comm_options_from_args
+from pipesim.errors import PipesimError
+from pipesim.job import Job, KernelSwitches
+from pipesim.model.config import ModelConfig
+from pipesim.model.op_recompute import OP
+from pipesim.model.recompute_modules import canonical_modules, check_modules, effective_modules
+from pipesim.plan.stack_space import RECOMPUTES, ZEROS, stack_space
+
+
+def names_list(text: str) -> tuple[str, ...]:
+    return tuple(t.strip() for t in text.split(",") if t.strip())
+
+
+def on_off(text: str) -> tuple[bool, ...]:
+    words = names_list(text)
+    if not words or any(w not in ("on", "off") for w in words):
+        raise argparse.ArgumentTypeError(f"on, off or on,off; got {text!r}")
+    return tuple(sorted({w == "on" for w in words}))
+
+
+def cp_sizes(text: str) -> tuple[int, ...]:
+    """--cp: positive context-parallel sizes, comma-separated."""
+    try:
+        out = tuple(sorted({int(t) for t in names_list(text)}))
+    except ValueError:
+        out = ()
+    if not out or any(cp < 1 for cp in out):
+        raise argparse.ArgumentTypeError(f"positive context-parallel sizes such as 1,2,4; got {text!r}")
+    return out
+
+
+def plan_modules(model: ModelConfig, recomputes: tuple[str, ...], modules: list[str] | None) -> tuple[str, ...]:
+    """--recompute-modules for the plan's selective candidates, checked against the model once (PipesimError: one
+    line): they need selective among --recompute."""
+    if not modules:
+        return ()
+    if "selective" not in recomputes:
+        raise PipesimError(f"--recompute-modules needs selective among --recompute, got {','.join(recomputes)}")
+    out = canonical_modules("selective", modules)
+    check_modules(model, effective_modules("selective", out))
+    return out
+
+
+def recompute_list(text: str) -> tuple[str, ...]:
+    """The searched --recompute choices: Megatron's, and torchtitan's per-op policy (planned with --framework
+    torchtitan, on the layouts pipesim.model.op_recompute models: one tp and cp rank)."""
+    out = names_list(text)
+    known = (*RECOMPUTES, OP)
+    bad = [r for r in out if r not in known]
+    if bad or not out:
+        raise argparse.ArgumentTypeError(f"choose from {', '.join(known)}, got {text!r}")
+    return out
+
+
+def plan_choices(args: argparse.Namespace) -> tuple[tuple[str, ...], tuple[int, ...], tuple[str, ...],
+                                                     tuple[bool, ...]]:
+    """(schedules, ZeRO stages, recomputations, sequence-parallel choices) to search: those typed, else
+    --framework's space (pipesim.plan.stack_space), else pipesim's own; one line for a typed choice the framework
+    cannot run."""
+    space = stack_space(getattr(args, "framework", None))
+    scheds = args.schedules or (space.schedule_names if space else ())
+    zeros = args.zero or (space.zeros if space else ZEROS)
+    recomputes = args.recompute or (space.recomputes if space else RECOMPUTES)
+    offered = space.sequence_parallel if space else (True, False)
+    sps = args.sequence_parallel or ((True,) if True in offered else offered)  # Megatron's practice: on
+    if space is None:
+        if OP in recomputes:
+            raise PipesimError("--recompute op is torchtitan's per-op checkpointing: plan it with --framework "
+                               "torchtitan")
+        return scheds, zeros, recomputes, sps
+    refusal = space.refusal(args.framework, schedule_names=scheds, zeros=zeros, recomputes=recomputes,
+                            sequence_parallel=sps, cps=args.cp, cp_comm=args.cp_comm_type)
+    if refusal:
+        raise PipesimError(refusal)
+    return scheds, zeros, recomputes, sps
+
+
+def zero_list(text: str) -> tuple[int, ...]:
+    try:
+        out = tuple(int(t) for t in names_list(text))
+    except ValueError:
+        out = ()
+    if not out or any(z not in (0, 1, 2, 3) for z in out):
+        raise argparse.ArgumentTypeError(f"ZeRO stages are 0, 1, 2, 3; got {text!r}")
+    return out
+
+
+def shared_job(args: argparse.Namespace, model: ModelConfig) -> tuple[Job, tuple[str, ...], tuple[int, ...],
+                                                                     tuple[str, ...], tuple[bool, ...]]:
+    """(the Job every candidate shares, schedules, ZeRO stages, recomputations, sequence-parallel choices).
+
+    The framework's switches and the kernel flags are applied as simulate applies them (`apply_switches`; ZeRO stays
+    the plan's own). FSDP2's resharding policy needs ZeRO 3 and --fp8-param-gather the distributed optimizer (ZeRO
+    1 or 2): with either, the plan searches those stages only, and a typed --zero outside them is refused in one
+    line; a candidate without them (dp 1) runs without the option (`Candidate.job`)."""
+    apply_switches(args, keep=("zero",))
+    scheds, zeros, recomputes, sps = plan_choices(args)
+    needs = {}
+    if args.fsdp_reshard != "default":
+        needs["--fsdp-reshard-after-forward " + args.fsdp_reshard] = (3,)
+    if args.fp8_param_gather:
+        needs["--fp8-param-gather"] = (1, 2)
+    for flag, stages in needs.items():
+        kept = tuple(z for z in zeros if z in stages)
+        if not kept or (args.zero and kept != zeros):
+            raise PipesimError(f"{flag} needs ZeRO {' or '.join(map(str, stages))} among the plan's --zero, got "
+                               f"{','.join(map(str, zeros))}")
+        zeros = kept
+    job = Job(attention=args.attention, comm=comm_options_from_args(args), zero=zeros[0] if needs else 0,
+              kernels=KernelSwitches(args.kernel_fusion, args.tp_comm_overlap, args.grad_accum_fusion, args.grad_fp32,
+                                     UbConfig.torch_async_tp() if args.async_tp else ub_from_args(args),
+                                     ce_fusion=args.ce_fusion, ce_impl=args.ce_impl, eager_rmsnorm=args.eager_rmsnorm),
+              fp8=fp8_from_args(args), cp_comm=args.cp_comm_type, fsdp_reshard=args.fsdp_reshard,
+              fp8_param_gather=args.fp8_param_gather)
+    job.check_gradients(model)
+    return job, scheds, zeros, recomputes, sps
