@@ -32,6 +32,7 @@ DEFAULTS: dict[str, object] = {
     "grad_fp32": None,  # --accumulate-allreduce-grads-in-fp32 / --grad-reduce-in-bf16 (None: the dtype's default)
     "attention": None,  # --attention (None: flash on GPUs at 16 bits)
     "cp_comm_type": "p2p",  # --cp-comm-type (context parallelism's K/V exchange)
+    "dtensor_tp": False,  # --dtensor-tp (tensor parallelism as DTensor's parallel styles)
 }
 
 
@@ -40,7 +41,8 @@ def flag_text(dest: str, value: object) -> str:
     """The flag(s) that give `value` to switch `dest` ('' where it is pipesim's default and has no flag)."""
     on_flags = {"scatter_gather": "--scatter-gather", "blocking_p2p": "--blocking-p2p",
                 "overlap_p2p_comm": "--overlap-p2p-communication", "overlap_grad_reduce": "--overlap-grad-reduce",
-                "overlap_param_gather": "--overlap-param-gather", "ce_fusion": "--cross-entropy-loss-fusion"}
+                "overlap_param_gather": "--overlap-param-gather", "ce_fusion": "--cross-entropy-loss-fusion",
+                "dtensor_tp": "--dtensor-tp"}
     off_flags = {"tp_comm_overlap": "--no-async-tensor-model-parallel-allreduce",
                  "grad_accum_fusion": "--no-gradient-accumulation-fusion", "kernel_fusion": "--no-kernel-fusion"}
     if dest in on_flags:
@@ -156,9 +158,10 @@ PROFILES: dict[str, FrameworkProfile] = {p.name: p for p in (
                     "cross_entropy_loss_fusion=True), NemotronConfig the same (Megatron-core's default is False)"))),
     FrameworkProfile(
         "torchtitan",
-        "torchtitan: torch.distributed.pipelining's sends (waited on later), DTensor tensor parallelism without "
-        "async TP, autograd's gradient accumulation, eager PyTorch kernels (no torch.compile), FSDP2 over every "
-        "data-parallel rank with float32 gradient reduction, context parallelism's K/V shards all-gathered",
+        "torchtitan: torch.distributed.pipelining's sends (waited on later), DTensor tensor parallelism (its "
+        "gathered inputs saved, FP8 gathers under tensorwise float8) without async TP, autograd's gradient "
+        "accumulation, eager PyTorch kernels (no torch.compile), FSDP2 over every data-parallel rank with float32 "
+        "gradient reduction, context parallelism's K/V shards all-gathered",
         (Setting("tp_comm_overlap", False, f"{_TITAN} torchtitan/config/job_config.py: enable_async_tensor_parallel: "
                  "bool = False (DTensor's backward all-reduce waits in autograd)"),
          Setting("grad_accum_fusion", False, "autograd accumulates each microbatch's weight gradient into .grad with "
@@ -169,6 +172,10 @@ PROFILES: dict[str, FrameworkProfile] = {p.name: p for p in (
                  "(FSDP2's fully_shard over every remaining rank)"),
          Setting("grad_fp32", True, f"{_TITAN} torchtitan/config/job_config.py: mixed_precision_reduce = "
                  "'float32'"),
+         Setting("dtensor_tp", True, f"{_TITAN} torchtitan/models/llama3/infra/parallelize.py apply_tp: "
+                 "PrepareModuleInput(Shard(1) -> Replicate()) before attention and feed_forward, ColwiseParallel "
+                 "wq/wk/wv/w1/w3 (autograd saves the gathered input their matmuls read), and with float8 tensorwise "
+                 "PrepareFloat8ModuleInput / Float8ColwiseParallel ('float8 all-gather with TP')"),
          Setting("cp_comm_type", "all_gather", f"{_TITAN} torchtitan/config/job_config.py: "
                  "context_parallel_rotate_method = 'allgather' (torch's _AllGatherRotater: the K/V shards "
                  "all-gathered once, beside the first block's attention)"))),

@@ -40,6 +40,9 @@ class KernelSwitches:
     ce_fusion: bool = False  # --cross-entropy-loss-fusion: Megatron-core's fused vocab-parallel cross-entropy
     ce_impl: str = "native"  # --cross-entropy-fusion-impl: "native" (Megatron-core's) or "te" (Transformer Engine's)
     eager_rmsnorm: bool = False  # --eager-rmsnorm: RMSNorm as eager PyTorch's ops (pipesim.model.eager_norm)
+    # --dtensor-tp: tensor parallelism as torch DTensor's parallel styles (torchtitan): each block's all-gathered input
+    # saved for its weight gradients, gathered in FP8 under tensorwise FP8 (pipesim.model.layer_collectives)
+    dtensor_tp: bool = False
 
     @property
     def cross_entropy(self) -> str:
@@ -59,7 +62,8 @@ class KernelSwitches:
             out.append("--accumulate-allreduce-grads-in-fp32")
         elif self.grad_fp32 is False:
             out.append("--grad-reduce-in-bf16")
-        return out + self.ce_flags() + (["--eager-rmsnorm"] if self.eager_rmsnorm else [])
+        return (out + self.ce_flags() + (["--eager-rmsnorm"] if self.eager_rmsnorm else [])
+                + (["--dtensor-tp"] if self.dtensor_tp else []))
 
     def ce_flags(self) -> list[str]:
         """Megatron-core's flags (and pipesim's) of the cross-entropy: the one spelling of every export."""
@@ -250,7 +254,8 @@ class Job:
             if model.moe is not None else {}
         return LayerOptions(tp=self.dims.tp, sp=self.sp, cp=self.dims.cp, recompute=self.recompute,
                             attention=self.attention_kernel, recompute_modules=self.recompute_modules, fp8=self.fp8,
-                            cp_comm=self.cp_comm, eager_rmsnorm=self.kernels.eager_rmsnorm, **experts)
+                            cp_comm=self.cp_comm, eager_rmsnorm=self.kernels.eager_rmsnorm,
+                            dtensor_tp=self.kernels.dtensor_tp, **experts)
 
     def flags(self) -> list[str]:
         """The command-line flags that give this job's options: the experts' --ep/--etp when set (the dense layout is

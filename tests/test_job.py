@@ -142,7 +142,8 @@ def test_flags_read_back_through_the_cli_to_the_same_job():
     argv = ["simulate", "1f1b", "--model", "gpt", "--dtype", "bfloat16", "--dp", "2", "--tp", "2", *job.flags()]
     args = build_parser().parse_args(argv)
     assert sim_job(args, GPT, load_hardware("dgx-h100")) == job
-    sharded = Job(ParallelDims(dp=2), zero=3, attention="flash", fsdp_reshard="always")
+    sharded = Job(ParallelDims(dp=2), zero=3, attention="flash", fsdp_reshard="always",
+                  kernels=KernelSwitches(dtensor_tp=True))
     fp8 = Job(ParallelDims(dp=2), zero=1, attention="flash", fp8=Fp8Options("hybrid", "tensorwise"),
               fp8_param_gather=True)
     for job in (sharded, fp8):

@@ -32,6 +32,7 @@ from pipesim.model.flops import (
     layer_flops,
     model_flops,
 )
+from pipesim.model.fp8 import Fp8Options
 from pipesim.model.layer_collectives import (
     cp_layer_exchanges,
     tp_embedding_collectives,
@@ -303,6 +304,32 @@ def test_tp_collectives_without_and_with_sequence_parallelism():
     backward = [(c.kind, c.overlaps.split(":")[0]) for c in sp if c.phase == "I"]
     assert backward == [("all_gather", ""), ("all_gather", "I"), ("reduce_scatter", "W")] * 2
     assert tp_layer_collectives(model, 2, LayerOptions()) == []
+
+
+def test_dtensor_tp_saves_the_gathered_inputs_and_gathers_tensorwise_fp8_in_fp8():
+    """torchtitan's tensor parallelism (PrepareModuleInput then ColwiseParallel): autograd keeps the all-gathered input
+    of the column-parallel matmuls, so the backward gathers nothing again, and the saved input is the whole
+    sequence's; under tensorwise FP8 (torchao's PrepareFloat8ModuleInput) the forward gather moves one byte each."""
+    model = _llama()
+    s, b, h = 64, 3, 256
+    x = b * s * h * 2
+    megatron = tp_layer_collectives(model, b, LayerOptions(tp=2, sp=True, attention="flash"))
+    dtensor = tp_layer_collectives(model, b, LayerOptions(tp=2, sp=True, attention="flash", dtensor_tp=True))
+    assert [c for c in megatron if "again" not in c.what] == dtensor
+    assert [(c.kind, c.nbytes, c.phase) for c in dtensor] == [("all_gather", x, "F"), ("reduce_scatter", x, "F")] * 2 \
+        + [("all_gather", x, "I"), ("reduce_scatter", x, "I")] * 2
+    for recipe, gathered in (("tensorwise", x // 2), ("delayed", x)):
+        fp8 = LayerOptions(tp=2, sp=True, attention="flash", dtensor_tp=True, fp8=Fp8Options("hybrid", recipe),
+                           recompute="full")
+        got = [(c.nbytes, c.phase) for c in tp_layer_collectives(model, b, fp8) if c.kind == "all_gather"]
+        assert got == [(gathered, "F")] * 2 + [(gathered, "I")] * 2 + [(x, "I")] * 2  # recompute; output grads
+    saved = {x.name: x.nbytes for x in layer_saved_tensors(model, b, LayerOptions(tp=2, sp=True, attention="flash",
+                                                                                   dtensor_tp=True))}
+    sharded = {x.name: x.nbytes for x in layer_saved_tensors(model, b, LayerOptions(tp=2, sp=True,
+                                                                                    attention="flash"))}
+    assert saved["QKV input"] == saved["MLP input"] == 2 * s * b * h == 2 * sharded["QKV input"]
+    assert {k: v for k, v in saved.items() if k not in ("QKV input", "MLP input")} == \
+        {k: v for k, v in sharded.items() if k not in ("QKV input", "MLP input")}
 
 
 def test_full_recompute_reruns_the_forward_collectives_in_backward():

@@ -118,6 +118,11 @@ def add_stack_kernel_args(f) -> None:
                    help="GPU presets, tp > 1 with --sequence-parallel and --compile: torchtitan's async tensor "
                         "parallelism, each sequence-parallel all-gather and reduce-scatter inside its matmul, chunk by "
                         "chunk over the copy engines (torch's micro-pipelining; pipesim.comm.ub_overlap)")
+    f.add_argument("--dtensor-tp", action="store_true", default=None,
+                   help="tp > 1 with --sequence-parallel: tensor parallelism as torch DTensor's parallel styles "
+                        "(torchtitan's): each block's all-gathered input is saved for its weight gradients instead of "
+                        "gathered again in the backward (Megatron's), and gathered in FP8 under --fp8-recipe "
+                        "tensorwise (torchao's Float8ColwiseParallel) (default --framework's: on with torchtitan)")
     fusion = f.add_mutually_exclusive_group()
     fusion.add_argument("--compile", dest="kernel_fusion", action="store_const", const=True, default=None,
                         help="GPU presets: torch.compile's fused elementwise kernels (torchtitan's --compile.enable; "

@@ -118,7 +118,8 @@ def shared_job(args: argparse.Namespace, model: ModelConfig) -> tuple[Job, tuple
     job = Job(attention=args.attention, comm=comm_options_from_args(args), zero=zeros[0] if needs else 0,
               kernels=KernelSwitches(args.kernel_fusion, args.tp_comm_overlap, args.grad_accum_fusion, args.grad_fp32,
                                      UbConfig.torch_async_tp() if args.async_tp else ub_from_args(args),
-                                     ce_fusion=args.ce_fusion, ce_impl=args.ce_impl, eager_rmsnorm=args.eager_rmsnorm),
+                                     ce_fusion=args.ce_fusion, ce_impl=args.ce_impl, eager_rmsnorm=args.eager_rmsnorm,
+                                     dtensor_tp=args.dtensor_tp),
               fp8=fp8_from_args(args), cp_comm=args.cp_comm_type, fsdp_reshard=args.fsdp_reshard,
               fp8_param_gather=args.fp8_param_gather)
     job.check_gradients(model)

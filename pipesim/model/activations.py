@@ -80,7 +80,9 @@ def layer_saved_tensors(model: ModelConfig, b: int, opts: LayerOptions, *, recom
         attention_out = d * tokens * latent_widths(model, t)[1]
     else:
         hq, hkv = model.attention_width, model.kv_width
-        saved.append(SavedTensor("QKV input", seq_split(d * tokens * h)))  # under sp: re-gathered in backward
+        # under sp: re-gathered in backward (Megatron); DTensor's tp saves the gathered input its matmuls read
+        gathered = opts.dtensor_tp and opts.sp
+        saved.append(SavedTensor("QKV input", d * tokens * h if gathered else seq_split(d * tokens * h)))
         if model.qk_norm:  # each norm keeps its input, as the layer's norms: the QKV's query and key outputs
             saved += [SavedTensor("Q head norm input", d * tokens * hq // t),
                       SavedTensor("K head norm input", d * tokens * hkv // t)]
@@ -103,8 +105,9 @@ def layer_saved_tensors(model: ModelConfig, b: int, opts: LayerOptions, *, recom
     # the pre-MLP norm's output: a MoE layer's separate norm ("layernorm"); a dense MLP's checkpoint ("mlp") holds
     # TE's fused norm, so it keeps the norm's input and drops its output with the rest
     mlp = ("mlp",) if not moe else ()
+    mlp_input = d * tokens * h if opts.dtensor_tp and opts.sp and not moe else seq_split(d * tokens * h)
     saved += [SavedTensor("MLP norm input", seq_split(d * tokens * h)),
-              SavedTensor("MLP input", seq_split(d * tokens * h), ("layernorm",) if "MLP" in norms else mlp)]
+              SavedTensor("MLP input", mlp_input, ("layernorm",) if "MLP" in norms else mlp)]
     if moe:
         saved += _moe_saved(model, b, opts)
     elif model.activation == "swiglu":  # a fused SwiGLU (Megatron's) saves gate and up, recomputes silu(gate) * up

@@ -53,6 +53,19 @@ def _residual_bytes(model: ModelConfig, b: int, opts: LayerOptions) -> int:
     return b * opts.local_seq(model) * model.hidden * model.dtype_bytes
 
 
+FP8_GATHER_RECIPES = ("tensorwise",)  # torchtitan's "float8 all-gather with TP" (apply_tp): tensorwise scaling only
+
+
+def _input_gather_bytes(model: ModelConfig, b: int, opts: LayerOptions) -> int:
+    """Bytes of a block input's forward all-gather: the dtype's, or one byte per element where DTensor's tensor
+    parallelism casts it to FP8 first (torchao's PrepareFloat8ModuleInput under tensorwise FP8; its per-tensor scale,
+    one scalar, is not counted)."""
+    x = _residual_bytes(model, b, opts)
+    if opts.dtensor_tp and opts.fp8 is not None and opts.fp8.recipe in FP8_GATHER_RECIPES:
+        return x // model.dtype_bytes
+    return x
+
+
 def _latent_inputs(model: ModelConfig, b: int, opts: LayerOptions) -> list[tuple[str, str, int]]:
     """(tensor, the linear reading it or "", bytes) of latent attention's sequence-parallel gathers: the Q latent
     (read by Q up; without a query latent, the block's input read by Q), the KV latent (read by KV up) and the rotary
@@ -99,7 +112,8 @@ def _forward_tp(model: ModelConfig, b: int, opts: LayerOptions, *, moe: bool = F
         elif block == "MLP" and moe and opts.sp:
             out += _moe_tp(model, b, opts, "F")
         elif opts.sp:
-            out.append(Collective("all_gather", x, "F", "tp", f"{block} input (before {first})"))
+            out.append(Collective("all_gather", _input_gather_bytes(model, b, opts), "F", "tp",
+                                  f"{block} input (before {first})"))
             out.append(Collective("reduce_scatter", x, "F", "tp", f"{block} output"))
         else:
             out.append(Collective("all_reduce", x, "F", "tp", f"{block} output"))
@@ -114,7 +128,9 @@ def tp_layer_collectives(model: ModelConfig, b: int, opts: LayerOptions, *, moe:
     all_gather of each block's input and reduce_scatter of its output; backward all_gather of the
     output gradient (blocking), all_gather of the saved sharded input again (for the weight
     gradient; overlapped with the input-gradient GEMM) and reduce_scatter of the input gradient
-    (overlapped with the weight-gradient GEMM). full recomputation first re-runs the forward's
+    (overlapped with the weight-gradient GEMM). DTensor's tensor parallelism (`opts.dtensor_tp`, torchtitan's
+    PrepareModuleInput then ColwiseParallel) gathers nothing again: autograd saved the gathered input; under
+    tensorwise FP8 its forward gather moves FP8 bytes. full recomputation first re-runs the forward's
     collectives in I; selective those inside its modules' checkpoints (`_module_collectives`).
     tp = 1: none. `moe`: the MLP block is the model's mixture of experts
     (`_moe_tp`: its expert-tp and shared experts' collectives instead of the dense MLP's).
@@ -136,8 +152,10 @@ def tp_layer_collectives(model: ModelConfig, b: int, opts: LayerOptions, *, moe:
             out += _moe_tp(model, b, opts, "I")
         elif opts.sp:
             out.append(Collective("all_gather", x, "I", "tp", f"{block} output gradient"))
-            out.append(Collective("all_gather", x, "I", "tp", f"{block} input, again (for the {first} weight gradient)",
-                                  overlaps=f"I: {first} input-gradient GEMM"))
+            if not opts.dtensor_tp:  # DTensor's autograd kept the gathered input: nothing to gather again
+                out.append(Collective("all_gather", x, "I", "tp",
+                                      f"{block} input, again (for the {first} weight gradient)",
+                                      overlaps=f"I: {first} input-gradient GEMM"))
             out.append(Collective("reduce_scatter", x, "I", "tp", f"{block} input gradient",
                                   overlaps=f"W: {first} weight-gradient GEMM"))
         else:  # a MoE layer without sp: the experts split over tp as the MLP (pipesim.model.options checks it)

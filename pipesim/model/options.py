@@ -50,6 +50,9 @@ class LayerOptions:
     moe_dispatcher: str = "alltoall"
     cp_comm: str = "p2p"  # how context parallelism moves K/V (CP_COMM_TYPES)
     eager_rmsnorm: bool = False  # RMSNorm as eager PyTorch's ops (pipesim.model.eager_norm), not one fused kernel
+    # tensor parallelism as torch DTensor's styles (torchtitan): under sp each block's gathered input is what its
+    # column-parallel matmuls save (no re-gather in backward), and tensorwise FP8 gathers it in FP8
+    dtensor_tp: bool = False
 
     def __post_init__(self) -> None:
         for name in ("tp", "cp", "ep", "etp"):
