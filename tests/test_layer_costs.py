@@ -332,6 +332,20 @@ def test_dtensor_tp_saves_the_gathered_inputs_and_gathers_tensorwise_fp8_in_fp8(
         {k: v for k, v in sharded.items() if k not in ("QKV input", "MLP input")}
 
 
+def test_transformer_engine_gathers_fp8_and_reduce_scatters_in_the_dtype():
+    """Under FP8 TE's LayerNormLinear all-gathers its quantized norm output (forward, and again for the weight
+    gradient) and its row-parallel backward the quantized output gradient: one byte per element plus the recipe's
+    block scales; every reduce-scatter stays in the dtype."""
+    model = _llama()
+    s, b, h = 64, 3, 256
+    x = b * s * h * 2
+    for recipe, fp8_bytes in (("tensorwise", x // 2), ("blockwise", x // 2 + x // 2 // 32)):
+        opts = LayerOptions(tp=2, sp=True, attention="flash", fp8=Fp8Options("hybrid", recipe))
+        got = [(c.kind, c.nbytes, c.phase) for c in tp_layer_collectives(model, b, opts)]
+        assert got == [("all_gather", fp8_bytes, "F"), ("reduce_scatter", x, "F")] * 2 + \
+            [("all_gather", fp8_bytes, "I"), ("all_gather", fp8_bytes, "I"), ("reduce_scatter", x, "I")] * 2
+
+
 def test_full_recompute_reruns_the_forward_collectives_in_backward():
     model = _gpt(64, 256, 8)
     none = tp_layer_collectives(model, 2, LayerOptions(tp=4, sp=True))

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pipesim.model.config import ModelConfig
+from pipesim.model.fp8 import saved_bytes
 from pipesim.model.latent_layer import check_latent, latent_widths
 from pipesim.model.moe_layer import routed_tokens, tokens_here
 from pipesim.model.options import LayerOptions
@@ -57,13 +58,29 @@ FP8_GATHER_RECIPES = ("tensorwise",)  # torchtitan's "float8 all-gather with TP"
 
 
 def _input_gather_bytes(model: ModelConfig, b: int, opts: LayerOptions) -> int:
-    """Bytes of a block input's forward all-gather: the dtype's, or one byte per element where DTensor's tensor
-    parallelism casts it to FP8 first (torchao's PrepareFloat8ModuleInput under tensorwise FP8; its per-tensor scale,
-    one scalar, is not counted)."""
+    """Bytes of a block input's all-gather (forward, its recomputation, Megatron's re-gather for the weight gradient).
+
+    In the dtype without FP8. Under FP8 Transformer Engine's LayerNormLinear gathers the quantized norm output
+    (transformer_engine/pytorch/module/layernorm_linear.py @ v2.8: `gather_along_first_dim(ln_out, tp_group,
+    quantizer=input_quantizer)`, or the userbuffers buffer filled through the same quantizer): one byte per element
+    and the recipe's block scales (pipesim.model.fp8.saved_bytes). DTensor's tensor parallelism does so only under
+    tensorwise FP8 (torchao's PrepareFloat8ModuleInput). A tensorwise scale's amax all-reduce (a scalar) is not
+    counted."""
     x = _residual_bytes(model, b, opts)
-    if opts.dtensor_tp and opts.fp8 is not None and opts.fp8.recipe in FP8_GATHER_RECIPES:
-        return x // model.dtype_bytes
-    return x
+    if opts.fp8 is None or (opts.dtensor_tp and opts.fp8.recipe not in FP8_GATHER_RECIPES):
+        return x
+    return saved_bytes(x // model.dtype_bytes, opts.fp8)
+
+
+def _grad_gather_bytes(model: ModelConfig, b: int, opts: LayerOptions) -> int:
+    """Bytes of a row-parallel output gradient's all-gather in the backward: quantized first under Transformer
+    Engine's FP8 (module/base.py @ v2.8 grad_output_preprocess: `gather_along_first_dim(grad_output, ...,
+    quantizer=quantizer)`), in the dtype otherwise and under DTensor's (torchao casts the gradient inside its
+    matmul, after the gather)."""
+    x = _residual_bytes(model, b, opts)
+    if opts.fp8 is None or opts.dtensor_tp:
+        return x
+    return saved_bytes(x // model.dtype_bytes, opts.fp8)
 
 
 def _latent_inputs(model: ModelConfig, b: int, opts: LayerOptions) -> list[tuple[str, str, int]]:
@@ -129,9 +146,10 @@ def tp_layer_collectives(model: ModelConfig, b: int, opts: LayerOptions, *, moe:
     output gradient (blocking), all_gather of the saved sharded input again (for the weight
     gradient; overlapped with the input-gradient GEMM) and reduce_scatter of the input gradient
     (overlapped with the weight-gradient GEMM). DTensor's tensor parallelism (`opts.dtensor_tp`, torchtitan's
-    PrepareModuleInput then ColwiseParallel) gathers nothing again: autograd saved the gathered input; under
-    tensorwise FP8 its forward gather moves FP8 bytes. full recomputation first re-runs the forward's
-    collectives in I; selective those inside its modules' checkpoints (`_module_collectives`).
+    PrepareModuleInput then ColwiseParallel) gathers nothing again: autograd saved the gathered input. Under FP8
+    the input gathers move FP8 bytes (Transformer Engine's, and the output gradients' too; DTensor's under
+    tensorwise scaling only: `_input_gather_bytes`, `_grad_gather_bytes`). full recomputation first re-runs the
+    forward's collectives in I; selective those inside its modules' checkpoints (`_module_collectives`).
     tp = 1: none. `moe`: the MLP block is the model's mixture of experts
     (`_moe_tp`: its expert-tp and shared experts' collectives instead of the dense MLP's).
     """
@@ -151,9 +169,10 @@ def tp_layer_collectives(model: ModelConfig, b: int, opts: LayerOptions, *, moe:
         elif block == "MLP" and moe and opts.sp:
             out += _moe_tp(model, b, opts, "I")
         elif opts.sp:
-            out.append(Collective("all_gather", x, "I", "tp", f"{block} output gradient"))
+            out.append(Collective("all_gather", _grad_gather_bytes(model, b, opts), "I", "tp",
+                                  f"{block} output gradient"))
             if not opts.dtensor_tp:  # DTensor's autograd kept the gathered input: nothing to gather again
-                out.append(Collective("all_gather", x, "I", "tp",
+                out.append(Collective("all_gather", _input_gather_bytes(model, b, opts), "I", "tp",
                                       f"{block} input, again (for the {first} weight gradient)",
                                       overlaps=f"I: {first} input-gradient GEMM"))
             out.append(Collective("reduce_scatter", x, "I", "tp", f"{block} input gradient",

@@ -267,7 +267,7 @@ def torchtitan_toml(c: Candidate, req: PlanRequest) -> str:
             lines.append(f"# Megatron-core's --recompute-modules {' '.join(c.modules)} has no torchtitan option: "
                          "its op-level selective checkpointing decides what it saves")
     if job.kernels.fusion:  # pipesim timed fused elementwise kernels: torchtitan gets them from torch.compile
-        lines += ["", "[compile]", "enable = true"]
+        lines += ["", "[compile]", "enable = true  # pipesim timed fused elementwise kernels (torch.compile's)"]
     if job.kernels.eager_rmsnorm:
         lines.append("# --eager-rmsnorm: the norm as eager PyTorch's ops (torchtitan before torch.nn.RMSNorm's "
                      "fused kernel, torch < 2.9)")

@@ -117,7 +117,8 @@ class SimResult:
         return cached
 
     def idle(self, rank: int) -> float:
-        return self.makespan - self.busy(rank)
+        """Seconds of the makespan the rank does not compute (never below 0: a busy sum rounded past the makespan)."""
+        return max(0.0, self.makespan - self.busy(rank))
 
     def rank_bubble(self, rank: int) -> float:
         return self.idle(rank) / self.makespan if self.makespan > 0 else 0.0
