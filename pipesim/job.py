@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from pipesim.comm.comm_options import CommOptions
 from pipesim.comm.ub_overlap import UbConfig
 from pipesim.errors import PipesimError
+from pipesim.model.adam_states import AdamStates, check_adam_states
 from pipesim.model.config import ModelConfig
 from pipesim.model.fp8 import Fp8Options, check_fp8_model
 from pipesim.model.fsdp import FsdpPolicy, check_reshard, fsdp_policy
@@ -94,6 +95,8 @@ class Job:
     # Megatron-core's --fp8-param-gather: the FP8 linears' parameters kept in FP8 and all-gathered in FP8 by the
     # distributed optimizer (NeMo's fp8_params); pipesim.cost.fp8_costs
     fp8_param_gather: bool = False
+    # Megatron-core's --use-precision-aware-optimizer with its dtypes (pipesim.model.adam_states); None: float32
+    adam_states: AdamStates | None = None
 
     def __post_init__(self) -> None:
         if self.fp8 is not None and not isinstance(self.fp8, Fp8Options):
@@ -124,6 +127,7 @@ class Job:
             raise PipesimError(f"--fp8-param-gather needs the distributed optimizer (--zero 1 or 2), got --zero "
                                f"{self.zero}" + (" (Megatron-core turns it off under torch FSDP2 with Transformer "
                                                  "Engine 2)" if self.zero == 3 else ""))
+        check_adam_states(self.adam_states, zero=self.zero)
         if self.fsdp_reshard != "default" and self.zero != 3:
             raise PipesimError(f"--fsdp-reshard-after-forward {self.fsdp_reshard} needs FSDP's sharded parameters "
                                f"(--zero 3), got --zero {self.zero}")
@@ -168,7 +172,7 @@ class Job:
         d = self.dims
         dims = ParallelDims(dp=d.dp, tp=d.tp, cp=d.cp, ep=d.ep, etp=d.etp) if d.has_experts else \
             ParallelDims(tp=d.tp, cp=d.cp)
-        return replace(self, dims=dims, zero=0, fsdp_reshard="default", fp8_param_gather=False)
+        return replace(self, dims=dims, zero=0, fsdp_reshard="default", fp8_param_gather=False, adam_states=None)
 
     def resolve_attention(self, gpu: bool, model: ModelConfig | None) -> Job:
         """The job with its attention kernel decided: flash on GPU hardware at 16 bits, eager on CPUs and in
@@ -192,6 +196,9 @@ class Job:
         --grad-reduce-in-bf16 only for bfloat16. The commands ask it before building anything."""
         if self.kernels.grad_fp32 is False and (model is None or model.dtype != "bfloat16"):
             raise PipesimError(f"--grad-reduce-in-bf16 needs a bfloat16 model (--dtype bfloat16), got "
+                               f"{model.dtype if model is not None else 'no model'}")
+        if self.adam_states is not None and (model is None or model.dtype not in ("bfloat16", "float16")):
+            raise PipesimError(f"--use-precision-aware-optimizer lowers a 16-bit model's optimizer states, got "
                                f"{model.dtype if model is not None else 'no model'}")
 
     def check(self, model: ModelConfig, microbatches: int | None = None) -> None:
@@ -276,12 +283,14 @@ class Job:
         out += self.fp8.flags() if self.fp8 is not None else []
         if self.cp_comm != "p2p":
             out += ["--cp-comm-type", self.cp_comm]
-        return out + self.sharding_flags() + self.comm.flags() + self.kernels.flags()
+        return out + self.state_flags() + self.comm.flags() + self.kernels.flags()
 
-    def sharding_flags(self) -> list[str]:
-        """The flags of FSDP2's resharding policy and Megatron-core's FP8 parameter gather, where set."""
+    def state_flags(self) -> list[str]:
+        """The flags of the model state's layout where set: FSDP2's resharding policy, Megatron-core's FP8 parameter
+        gather and its precision-aware optimizer."""
         out = ["--fsdp-reshard-after-forward", self.fsdp_reshard] if self.fsdp_reshard != "default" else []
-        return out + (["--fp8-param-gather"] if self.fp8_param_gather else [])
+        out += ["--fp8-param-gather"] if self.fp8_param_gather else []
+        return out + (self.adam_states.flags() if self.adam_states is not None else [])
 
 
 __all__ = ["Job", "KernelSwitches"]

@@ -10,6 +10,7 @@ from pipesim.comm.ub_overlap import UbConfig
 from pipesim.device.fp8_rates import check_fp8_recipe
 from pipesim.errors import PipesimError
 from pipesim.hardware.machine import Hardware
+from pipesim.model.adam_states import MASTER_DTYPES, MOMENT_DTYPES, AdamStates
 from pipesim.model.config import ModelConfig
 from pipesim.model.fp8 import DEFAULT_RECIPE, FP8_FORMATS, FP8_RECIPES, Fp8Options, check_fp8_model
 from pipesim.model.fsdp import FSDP_RESHARD
@@ -131,6 +132,35 @@ def add_stack_kernel_args(f) -> None:
                         help="GPU presets: eager PyTorch's one kernel per elementwise op instead of Megatron's fused "
                              "kernels (its --no-bias-gelu-fusion, --no-bias-swiglu-fusion, --no-bias-dropout-fusion, "
                              "--no-masked-softmax-fusion and --no-rope-fusion at once)")
+
+
+def add_optimizer_args(group) -> None:
+    """Megatron-core's precision-aware optimizer (simulate, sweep, plan): --use-precision-aware-optimizer and the
+    dtypes of its master weights and moments (pipesim.model.adam_states); `adam_from_args` reads them."""
+    group.add_argument("--use-precision-aware-optimizer", action="store_true",
+                       help="with the distributed optimizer (--zero 1 or 2) and a 16-bit model: Adam's master weights "
+                            "and moments in the dtypes below (Transformer Engine's FusedAdam; a bfloat16 model's "
+                            "float32 master kept as its 16-bit remainder without FP8 or with delayed scaling), "
+                            "Megatron-core's flag")
+    group.add_argument("--main-params-dtype", choices=MASTER_DTYPES, default=None,
+                       help="with --use-precision-aware-optimizer: the master weights' dtype (default fp32)")
+    group.add_argument("--exp-avg-dtype", choices=MOMENT_DTYPES, default=None,
+                       help="with --use-precision-aware-optimizer: Adam's first moment's dtype (default fp32)")
+    group.add_argument("--exp-avg-sq-dtype", choices=MOMENT_DTYPES, default=None,
+                       help="with --use-precision-aware-optimizer: Adam's second moment's dtype (default fp32)")
+
+
+def adam_from_args(args: argparse.Namespace) -> AdamStates | None:
+    """The AdamStates of --use-precision-aware-optimizer (None without it); one line for a dtype given without it."""
+    dtypes = {"main_params": getattr(args, "main_params_dtype", None), "exp_avg": getattr(args, "exp_avg_dtype", None),
+              "exp_avg_sq": getattr(args, "exp_avg_sq_dtype", None)}
+    if not getattr(args, "use_precision_aware_optimizer", False):
+        given = [name for name, value in dtypes.items() if value is not None]
+        if given:
+            raise PipesimError(f"--{given[0].replace('_', '-')}-dtype needs --use-precision-aware-optimizer "
+                               "(Megatron-core uses the optimizer dtypes only with it)")
+        return None
+    return AdamStates(**{name: value for name, value in dtypes.items() if value is not None})
 
 
 def check_fp8_run(fp8: Fp8Options | None, model: ModelConfig | None, hardware: Hardware | None) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from pipesim.comm.ub_overlap import UbConfig
-from pipesim.commands.kernel_args import fp8_from_args, ub_from_args
+from pipesim.commands.kernel_args import adam_from_args, fp8_from_args, ub_from_args
 from pipesim.commands.setup_args import apply_switches, comm_options_from_args
 from pipesim.errors import PipesimError
 from pipesim.job import Job, KernelSwitches
@@ -109,6 +109,9 @@ def shared_job(args: argparse.Namespace, model: ModelConfig) -> tuple[Job, tuple
         needs["--fsdp-reshard-after-forward " + args.fsdp_reshard] = (3,)
     if args.fp8_param_gather:
         needs["--fp8-param-gather"] = (1, 2)
+    adam = adam_from_args(args)
+    if adam is not None:
+        needs["--use-precision-aware-optimizer"] = (1, 2)
     for flag, stages in needs.items():
         kept = tuple(z for z in zeros if z in stages)
         if not kept or (args.zero and kept != zeros):
@@ -121,6 +124,6 @@ def shared_job(args: argparse.Namespace, model: ModelConfig) -> tuple[Job, tuple
                                      ce_fusion=args.ce_fusion, ce_impl=args.ce_impl, eager_rmsnorm=args.eager_rmsnorm,
                                      dtensor_tp=args.dtensor_tp),
               fp8=fp8_from_args(args), cp_comm=args.cp_comm_type, fsdp_reshard=args.fsdp_reshard,
-              fp8_param_gather=args.fp8_param_gather)
+              fp8_param_gather=args.fp8_param_gather, adam_states=adam)
     job.check_gradients(model)
     return job, scheds, zeros, recomputes, sps

@@ -24,6 +24,7 @@ from pipesim.commands.kernel_args import (
     add_cp_comm_arg,
     add_fp8_args,
     add_grad_args,
+    add_optimizer_args,
     add_stack_kernel_args,
     add_ub_args,
     check_fp8_run,
@@ -98,6 +99,7 @@ def add_parser(sub) -> None:
     add_ub_args(p.add_argument_group("tensor-parallel overlap (Megatron-core's flags)"))
     add_fp8_args(p.add_argument_group("FP8 (Megatron-core's Transformer Engine flags)"))
     add_stack_kernel_args(p.add_argument_group("kernels and sharding (torchtitan's and Megatron-core's choices)"))
+    add_optimizer_args(p.add_argument_group("optimizer states (Megatron-core's flags)"))
     g = p.add_argument_group("cluster and search")
     g.add_argument("--hardware", metavar="PRESET|FILE", help=f"hardware preset or TOML file (default "
                                                              f"{DEFAULT_HARDWARE})")
@@ -275,7 +277,7 @@ def run(args: argparse.Namespace) -> int:
     best = result.best.candidate.job(shared)  # the winner's switches (a profile's overlaps only where they apply)
     switches = best.comm.flags() + [f for f in best.kernels.flags() if f not in grad_flags(True) + grad_flags(False)]
     switches += shared.fp8.flags() if shared.fp8 is not None else []
-    switches += best.sharding_flags()
+    switches += best.state_flags()
     if shared.cp_comm != "p2p" and result.best.candidate.cp > 1:
         switches += ["--cp-comm-type", shared.cp_comm]
     if args.ilp_seconds is not None and result.best.candidate.schedule in {*AUTO_SCHEDULES, *V_SEARCHED}:

@@ -9,10 +9,12 @@ from pipesim.comm.comm_options import DEFAULT_DEEPEP_SMS, CommOptions
 from pipesim.comm.ub_overlap import UbConfig
 from pipesim.commands.common import bounded_int, model_config, positive_int
 from pipesim.commands.kernel_args import (
+    adam_from_args,
     add_ce_fusion_args,
     add_cp_comm_arg,
     add_fp8_args,
     add_grad_args,
+    add_optimizer_args,
     add_stack_kernel_args,
     add_ub_args,
     check_fp8_run,
@@ -91,6 +93,7 @@ def add_setup_args(parser: argparse.ArgumentParser) -> None:
                    help="ZeRO stage over dp: 1 shards optimizer states (Megatron's distributed optimizer), 2 "
                         "gradients too, 3 parameters too (FSDP) (default --framework's, else 0: plain DDP)")
     add_stack_kernel_args(f)
+    add_optimizer_args(f)
     f.add_argument("--no-async-tensor-model-parallel-allreduce", dest="tp_comm_overlap", action="store_false",
                    default=None,
                    help="GPU presets: the backward TP all-reduce / reduce-scatter of the input gradient blocks "
@@ -206,7 +209,8 @@ def sim_job(args: argparse.Namespace, model: ModelConfig | None, hardware: Hardw
                                      ce_fusion=args.ce_fusion, ce_impl=args.ce_impl, eager_rmsnorm=args.eager_rmsnorm,
                                      dtensor_tp=args.dtensor_tp),
               recompute_modules=tuple(args.recompute_modules or ()), fp8=fp8_from_args(args),
-              cp_comm=args.cp_comm_type, fsdp_reshard=args.fsdp_reshard, fp8_param_gather=args.fp8_param_gather)
+              cp_comm=args.cp_comm_type, fsdp_reshard=args.fsdp_reshard, fp8_param_gather=args.fp8_param_gather,
+              adam_states=adam_from_args(args))
     job.check_gradients(model)
     check_fp8_run(job.fp8, model, hardware)
     return job.resolve_attention(on_gpus(hardware), model)

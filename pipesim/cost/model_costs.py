@@ -26,9 +26,11 @@ from pipesim.device.fp8_rates import check_fp8_recipe
 from pipesim.errors import PipesimError
 from pipesim.hardware.machine import Hardware
 from pipesim.job import Job
+from pipesim.model.adam_states import AdamStates
 from pipesim.model.config import ModelConfig, split_layers
 from pipesim.model.flops import attention_core_flops
-from pipesim.model.memory import PRECISIONS, comm_buffer_bytes
+from pipesim.model.fp8 import Fp8Options
+from pipesim.model.memory import comm_buffer_bytes, named_precision
 from pipesim.model.moe_layer import tokens_here
 from pipesim.model.options import LayerOptions
 
@@ -36,9 +38,12 @@ GiB = 2**30
 DEFAULT_JOB = Job()  # one rank per stage, no option: what a bare call costs
 
 
-def precision_of(model: ModelConfig, grad_fp32: bool | None = None) -> str:
-    """The training state's precision: float32 training ("fp32"), else 16-bit mixed precision with 16-bit main
-    gradients ("mixed") or float32 ones ("megatron": Megatron's --accumulate-allreduce-grads-in-fp32).
+def precision_of(model: ModelConfig, grad_fp32: bool | None = None, adam: AdamStates | None = None,
+                 fp8: Fp8Options | None = None) -> str:
+    """The training state's precision (a name pipesim.model.memory.named_precision reads): float32 training
+    ("fp32"), else 16-bit mixed precision with 16-bit main gradients ("mixed") or float32 ones ("megatron":
+    Megatron's --accumulate-allreduce-grads-in-fp32), with the precision-aware optimizer's states when `adam` is
+    given (their bytes depend on the dtype and the FP8 recipe: pipesim.model.adam_states).
 
     grad_fp32 None: Megatron-LM's default, float32 main gradients for bfloat16 ("bfloat16 requires gradient
     accumulation and all-reduce to be done in fp32", megatron/training/arguments.py; torchtitan's FSDP reduces in
@@ -47,7 +52,10 @@ def precision_of(model: ModelConfig, grad_fp32: bool | None = None) -> str:
         return "fp32"
     if grad_fp32 is None:
         grad_fp32 = model.dtype == "bfloat16"
-    return "megatron" if grad_fp32 else "mixed"
+    base = "megatron" if grad_fp32 else "mixed"
+    if adam is None:
+        return base
+    return f"{base}+{adam.tag(dtype=model.dtype, fp8_recipe=fp8.recipe if fp8 is not None else None)}"
 
 
 @dataclass(frozen=True)
@@ -64,7 +72,7 @@ class ParallelCosts:
     dtype_bytes: int = 4  # bytes per parameter value (to count parameters from param_bytes)
     # the memory model (pipesim.cost.rank_memory): exact parameters per stage, how the state is held, buffers
     param_counts: tuple[int, ...] = ()  # parameters per stage on one tp rank (empty: param_bytes / dtype_bytes)
-    precision: str = "fp32"  # key of pipesim.model.memory.PRECISIONS
+    precision: str = "fp32"  # a name pipesim.model.memory.named_precision reads
     comm_buffer_bytes: int = 0  # P2P / collective buffers every rank holds at once (an estimate)
     step: StepCosts | None = None  # per-stage DP collectives and optimizer seconds (pipesim.cost.step_costs)
     # (stage, "F"|"I"|"B"|"W") -> ring attention's K/V hops inside that action (pipesim.cost.step_costs.ring_exchanges)
@@ -110,7 +118,7 @@ def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hard
         ((), (), ())
     fp8_params = fp8_counts if job.fp8_param_gather else ()  # kept and gathered in FP8
     d = model.dtype_bytes
-    precision = precision_of(model, kernels.grad_fp32)
+    precision = precision_of(model, kernels.grad_fp32, job.adam_states, job.fp8)
     stages: list[StageCosts] = []
     collectives: dict[tuple[int, str], tuple[TpCollective, ...]] = {}
     grads: list[int] = []
@@ -122,7 +130,7 @@ def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hard
         buffers = 2 * boundary if num_stages > 1 else 0
     else:  # with sp the boundary is already split over tp; with cp each rank holds s / cp tokens
         boundary = opts.seq_sharded(b * opts.local_seq(model) * model.hidden * d)
-        buffers = comm_buffer_bytes(model, b, opts, dp=dp, zero=job.zero, precision=PRECISIONS[precision])
+        buffers = comm_buffer_bytes(model, b, opts, dp=dp, zero=job.zero, precision=named_precision(precision))
     experts: list[int] = []
     ep_exchanges: dict[tuple[int, str], tuple[ExpertExchange, ...]] = {}
     for s, layers in enumerate(split):
@@ -133,7 +141,7 @@ def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hard
             work = gpt_stage_work(model, b, layers, first=s == 0, last=last, opts=opts, moe_layers=moe_counts[s],
                                   executor_ops=hw.host is not None)
         timed = _kernel_seconds(model, b, layers, hw, opts, tp, first=s == 0, last=last, fused=kernels.fusion,
-                                grad_fusion=kernels.grad_accum_fusion, grad_bytes=PRECISIONS[precision].grad_bytes,
+                                grad_fusion=kernels.grad_accum_fusion, grad_bytes=named_precision(precision).grad_bytes,
                                 moe_layers=moe_counts[s], ce_fusion=kernels.cross_entropy)
         if timed is None and moe_counts[s] and hw.host is None:  # a calibrated CPU host: its roofline, as dense
             raise PipesimError(f"mixture-of-experts layers are timed kernel by kernel: {hw.name} has no GPU device "

@@ -21,7 +21,7 @@ from pipesim.hardware.machine import Hardware
 from pipesim.ir.deps import releases_activations
 from pipesim.ir.schedule import Kind, Schedule
 from pipesim.model.fsdp import fsdp_units, resident_fraction
-from pipesim.model.memory import PRECISIONS, MemoryBreakdown, ModelState, check_rank_fits, step_peak_state
+from pipesim.model.memory import MemoryBreakdown, ModelState, check_rank_fits, named_precision, step_peak_state
 
 RECOMPUTING = (Kind.B, Kind.I)  # the backward piece that re-runs a recomputed layer's forward first
 
@@ -51,7 +51,7 @@ def activation_peak(schedule: Schedule, costs: ParallelCosts, rank: int) -> tupl
 def rank_memory(schedule: Schedule, costs: ParallelCosts) -> list[MemoryBreakdown]:
     """Peak memory of each pipeline rank (one tp/cp/dp replica; they are all alike)."""
     counts = costs.param_counts or tuple(round(c.param_bytes / costs.dtype_bytes) for c in costs.table.stages)
-    precision = PRECISIONS[costs.precision]
+    precision = named_precision(costs.precision)
     out = []
     dims = costs.job.dims
     for r in range(schedule.num_ranks):

@@ -41,7 +41,13 @@ from pipesim.job import Job
 from pipesim.model.config import ModelConfig
 from pipesim.model.fsdp import FsdpPolicy
 from pipesim.model.layer_collectives import cp_layer_exchanges
-from pipesim.model.memory import PRECISIONS, Precision, dp_collectives, optimizer_step_bytes, zero3_chunk_collectives
+from pipesim.model.memory import (
+    Precision,
+    dp_collectives,
+    named_precision,
+    optimizer_step_bytes,
+    zero3_chunk_collectives,
+)
 from pipesim.model.optimizer_step import optimizer_passes, pass_bytes
 from pipesim.model.options import LayerOptions
 
@@ -81,9 +87,7 @@ class StepCosts:
 def _precision(precision: Precision | str) -> Precision:
     if isinstance(precision, Precision):
         return precision
-    if precision not in PRECISIONS:
-        raise PipesimError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
-    return PRECISIONS[precision]
+    return named_precision(precision)
 
 
 def stage_step_collectives(params: int, *, dp: int, zero: int, precision: Precision | str = "mixed",

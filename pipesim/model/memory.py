@@ -43,6 +43,18 @@ PRECISIONS = {
 }
 
 
+def named_precision(name: str) -> Precision:
+    """PRECISIONS[name], or a 16-bit one with a precision-aware optimizer's states, `base+adam-M-A-S` (master, first
+    and second moment bytes per parameter: pipesim.model.adam_states.AdamStates.tag)."""
+    base, _, tag = name.partition("+")
+    if base not in PRECISIONS or (tag and (base == "fp32" or not tag.startswith("adam-"))):
+        raise PipesimError(f"unknown precision {name!r}; choose one of {', '.join(PRECISIONS)}")
+    if not tag:
+        return PRECISIONS[base]
+    master, m, v = (int(x) for x in tag.removeprefix("adam-").split("-"))
+    return Precision(name, PRECISIONS[base].param_bytes, PRECISIONS[base].grad_bytes, master + m + v, master)
+
+
 @dataclass(frozen=True)
 class ModelState:
     """Bytes of parameters, gradients and optimizer states one rank holds between steps."""
@@ -239,6 +251,6 @@ def check_rank_fits(memory: MemoryBreakdown, *, rank: int, capacity: int, device
     )
 
 
-__all__ = ["PRECISIONS", "ZERO_STAGES", "MemoryBreakdown", "ModelState", "Precision", "check_rank_fits",
-           "check_zero", "comm_buffer_bytes", "dp_collectives", "model_state_bytes", "optimizer_step_bytes",
+__all__ = ["PRECISIONS", "ZERO_STAGES", "MemoryBreakdown", "ModelState", "Precision", "check_rank_fits", "check_zero",
+           "comm_buffer_bytes", "dp_collectives", "model_state_bytes", "named_precision", "optimizer_step_bytes",
            "rank_memory", "stage_memory", "step_peak_state", "zero3_chunk_collectives"]

@@ -152,6 +152,8 @@ def megatron_args(c: Candidate, req: PlanRequest, attention: str | None = None) 
     out += _p2p_args(c, req)
     if c.job(req.job).fp8_param_gather:  # the distributed optimizer's FP8 gather (the candidate's ZeRO 1 / 2)
         out.append("--fp8-param-gather")
+    if (adam := c.job(req.job).adam_states) is not None:  # Megatron-core's names
+        out += adam.flags()
     if c.schedule == "combined-1f1b":  # Megatron-core >= 0.14: interleaved 1F1B with the EP A2A overlap
         out.append("--overlap-moe-expert-parallel-comm")
     out += _moe_args(c, req)

@@ -17,7 +17,7 @@ from pipesim.job import Job
 from pipesim.model.activations import stage_activation_bytes
 from pipesim.model.config import ModelConfig, split_layers
 from pipesim.model.fsdp import fsdp_units, resident_fraction
-from pipesim.model.memory import PRECISIONS, comm_buffer_bytes, step_peak_state
+from pipesim.model.memory import comm_buffer_bytes, named_precision, step_peak_state
 from pipesim.model.options import LayerOptions
 from pipesim.model.param_counts import stage_params
 from pipesim.plan.space import chunks_per_rank
@@ -122,7 +122,8 @@ class MemoryBound:
     def __init__(self, model: ModelConfig, shared: Job) -> None:
         """`shared`: what every candidate's Job shares (the request's `shared_job`: attention decided)."""
         self.model, self.shared = model, shared
-        self.precision = PRECISIONS[precision_of(model, shared.kernels.grad_fp32)]
+        self.precision = named_precision(precision_of(model, shared.kernels.grad_fp32, shared.adam_states,
+                                                      shared.fp8))
         self._params: dict[tuple, tuple[int, ...]] = {}
         self._moe_params: dict[tuple, tuple[tuple[int, int], ...]] = {}
         self._states: dict[tuple, tuple[int, int]] = {}

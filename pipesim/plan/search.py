@@ -93,7 +93,7 @@ def plan(req: PlanRequest, *, max_candidates: int = DEFAULT_MAX_CANDIDATES, max_
     survivors: list[tuple[float, int, Candidate]] = []
     over: set = set()
     closest: tuple[int, Candidate] | None = None
-    precision = precision_of(req.model, req.job.kernels.grad_fp32)
+    precision = precision_of(req.model, req.job.kernels.grad_fp32, req.job.adam_states, req.job.fp8)
     fp16 = req.model.dtype == "float16"  # trained under a loss scale
     disable = None if progress else True
     for c in tqdm(candidates, desc="plan: bound", unit="cand", disable=disable, leave=False):

@@ -92,12 +92,14 @@ class Candidate:
             comm = replace(comm, overlap_param_gather=False)
         reshard = shared.fsdp_reshard if self.zero == 3 else "default"  # FSDP2's policy: sharded parameters only
         fp8_gather = shared.fp8_param_gather and self.zero in (1, 2)  # the distributed optimizer's FP8 gather
+        adam = shared.adam_states if self.zero in (1, 2) else None  # the precision-aware optimizer: likewise
         modules = self.modules if self.recompute == "selective" else ()
         kernels = shared.kernels
         if kernels.ub is not None and (self.tp == 1 or not self.sp):  # userbuffers ride on sp's collectives only
             kernels = replace(kernels, ub=None)
         return replace(shared, dims=dims, recompute=self.recompute, sp=self.sp, zero=self.zero, comm=comm,
-                       recompute_modules=modules, kernels=kernels, fsdp_reshard=reshard, fp8_param_gather=fp8_gather)
+                       recompute_modules=modules, kernels=kernels, fsdp_reshard=reshard, fp8_param_gather=fp8_gather,
+                       adam_states=adam)
 
     @property
     def k(self) -> int:
