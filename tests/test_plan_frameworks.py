@@ -13,9 +13,9 @@ from pipesim.cli import main
 from pipesim.errors import PipesimError
 from pipesim.hardware.toml_io import load_hardware
 from pipesim.model.config import ModelConfig
-from pipesim.plan.evaluate import Evaluator
 from pipesim.plan.space import PlanRequest, enumerate_candidates
 from pipesim.plan.stack_space import SPACES, stack_space
+from tests.plan_checks import bounds_hold
 
 SMALL = ["--model", "gpt", "--hidden", "512", "--layers", "8", "--heads", "8", "--seq", "512", "--vocab", "8000",
          "--batch", "16", "--dtype", "bfloat16"]
@@ -137,17 +137,8 @@ def test_the_memory_bound_holds_for_op_checkpointing():
                         seq=1024, vocab=8000, batch=16, dtype="bfloat16")
     req = PlanRequest(model, load_hardware("dgx-h100"), 8, ("1f1b", "interleaved-1f1b", "zb-v"), None, ("op",),
                       (0, 3), framework="torchtitan")
-    ev = Evaluator(req)
-    checked = 0
-    for c in enumerate_candidates(req):
-        assert c.recompute == "op" and c.tp == 1
-        try:
-            costed = ev.cost(c)
-        except PipesimError:
-            continue
-        assert ev.memory_bound(c) <= costed.peak_memory, c.label()
-        checked += 1
-    assert checked > 20
+    assert all(c.recompute == "op" and c.tp == 1 for c in enumerate_candidates(req))
+    assert len(bounds_hold(req)) > 20
 
 
 def test_an_unknown_framework_has_no_space():
