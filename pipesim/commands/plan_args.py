@@ -99,9 +99,9 @@ def shared_job(args: argparse.Namespace, model: ModelConfig) -> tuple[Job, tuple
     """(the Job every candidate shares, schedules, ZeRO stages, recomputations, sequence-parallel choices).
 
     The framework's switches and the kernel flags are applied as simulate applies them (`apply_switches`; ZeRO stays
-    the plan's own). FSDP2's resharding policy needs ZeRO 3 and --fp8-param-gather the distributed optimizer (ZeRO
-    1 or 2): with either, the plan searches those stages only, and a typed --zero outside them is refused in one
-    line; a candidate without them (dp 1) runs without the option (`Candidate.job`)."""
+    the plan's own). FSDP2's resharding policy needs ZeRO 3, --fp8-param-gather and the precision-aware optimizer the
+    distributed optimizer (ZeRO 1 or 2): with any of them the plan searches those stages only, and a typed --zero
+    outside them is refused in one line; a candidate without them (dp 1) runs without the option (`Candidate.job`)."""
     apply_switches(args, keep=("zero",))
     scheds, zeros, recomputes, sps = plan_choices(args)
     needs = {}
