@@ -59,7 +59,8 @@ def test_the_plan_without_a_framework_is_pipesims_own_and_exports_both(capsys, t
 
 
 @pytest.mark.parametrize("framework, extra, expected", [
-    ("torchtitan", ["--zero", "0,1"], "--framework torchtitan has no ZeRO 1 (it offers ZeRO 0, 3: "),
+    ("torchtitan", ["--zero", "0,1"],
+     "--framework torchtitan has no ZeRO 1 (it offers ZeRO 0, 3: pytorch/torchtitan v0.2.2, docs/frameworks.md)"),
     ("torchtitan", ["--recompute", "selective"], "--framework torchtitan has no --recompute selective"),
     ("torchtitan", ["--schedules", "1f1b,dualpipe"], "--framework torchtitan has no dualpipe schedule"),
     ("torchtitan", ["--sequence-parallel", "off"], "--framework torchtitan has no --sequence-parallel off"),

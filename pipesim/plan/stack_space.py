@@ -42,6 +42,7 @@ class StackSpace:
     sequence_parallel: tuple[bool, ...]  # with tp > 1
     cp_comm_types: tuple[str, ...]  # context parallelism's exchanges; () none (cp 1 only)
     sources: str
+    origin: str  # the repository and version, as a refusal names it (docs/frameworks.md has `sources`)
     not_run: tuple[str, ...] = ()  # with schedules None: the registered ones the stack cannot run
 
     @property
@@ -56,7 +57,7 @@ class StackSpace:
                 cp_comm: str) -> str | None:
         """The first choice typed for a plan that `framework` cannot run, as one line; None when all can run."""
         def line(what: str, offered: str) -> str:
-            return f"--framework {framework} has no {what} (it offers {offered}: {self.sources})"
+            return f"--framework {framework} has no {what} (it offers {offered}: {self.origin}, docs/frameworks.md)"
 
         for name in schedule_names:
             if name not in self.schedule_names:
@@ -100,20 +101,23 @@ _MEGATRON_CORE = StackSpace(
     sources=f"{_MCORE} megatron/core/pipeline_parallel/schedules.py (no pipelining, 1F1B, interleaved 1F1B; "
             "combined 1F1B with --overlap-moe-expert-parallel-comm), --use-distributed-optimizer (ZeRO 1; "
             "megatron/training/arguments.py refuses --use-torch-fsdp2 with pipelining, expert parallelism or the "
-            "distributed optimizer), --recompute-granularity selective|full, --cp-comm-type p2p|all_gather|a2a")
+            "distributed optimizer), --recompute-granularity selective|full, --cp-comm-type p2p|all_gather|a2a",
+    origin=_MCORE)
 
 SPACES: dict[str, StackSpace] = {
     "megatron-lm-2021": StackSpace(
         schedules=("1f1b", "interleaved-1f1b"), zeros=(0,), recomputes=("none", "full"),
         sequence_parallel=(False,), cp_comm_types=(),
         sources=f"{_MLM21} megatron/schedules.py (1F1B, interleaved 1F1B), megatron/arguments.py "
-                "(--checkpoint-activations only; no distributed optimizer, sequence or context parallelism)"),
+                "(--checkpoint-activations only; no distributed optimizer, sequence or context parallelism)",
+        origin=_MLM21),
     "megatron-lm-2022": StackSpace(
         schedules=("1f1b", "interleaved-1f1b"), zeros=(0, 1), recomputes=("none", "selective", "full"),
         sequence_parallel=(True, False), cp_comm_types=(),
         sources="NVIDIA/Megatron-LM of 2022: --sequence-parallel and --recompute-granularity selective (merged "
                 "cfd2e21607 and bbab79f869, 2022-04/05), --use-distributed-optimizer (merged d07d29df14, "
-                "2022-06-08); no context parallelism"),
+                "2022-06-08); no context parallelism",
+        origin="NVIDIA/Megatron-LM of 2022"),
     "megatron-core": _MEGATRON_CORE,
     "nemo": _MEGATRON_CORE,
     "torchtitan": StackSpace(
@@ -124,14 +128,16 @@ SPACES: dict[str, StackSpace] = {
                 "1F1B), data_parallel_replicate_degree (DDP) and data_parallel_shard_degree (FSDP2), "
                 "activation_checkpoint mode none|full|selective with selective_ac_option 'op', "
                 "context_parallel_rotate_method allgather|alltoall; torchtitan/models/llama3/infra/parallelize.py "
-                "shards the norms over the sequence under tp (SequenceParallel)"),
+                "shards the norms over the sequence under tp (SequenceParallel)",
+        origin=_TITAN),
     "deepspeed": StackSpace(
         schedules=("deepspeed-1f1b",), zeros=(0, 1), recomputes=("none", "full"),
         sequence_parallel=(False,), cp_comm_types=(),
         sources="microsoft/DeepSpeed deepspeed/runtime/pipe/engine.py (its TrainSchedule; PipelineEngine asserts "
                 "'ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism'), bigscience-workshop/"
                 "Megatron-DeepSpeed @ 119a0d2 (--checkpoint-activations; the 2021 layers without sequence "
-                "parallelism)"),
+                "parallelism)",
+        origin="microsoft/DeepSpeed's pipeline engine"),
 }
 
 # what `pipesim plan` searches without --framework: pipesim's own executor's choices
