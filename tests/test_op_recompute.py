@@ -18,6 +18,7 @@ from pipesim.model.activations import layer_activation_bytes, recompute_working_
 from pipesim.model.config import ModelConfig
 from pipesim.model.flops import layer_flops
 from pipesim.model.fp8 import Fp8Options
+from pipesim.model.fp8_kernels import fp8_layer_kernels
 from pipesim.model.hf_config import load_hf_config
 from pipesim.model.kernel_types import Gemm, MemoryBound
 from pipesim.model.layer_kernels import layer_kernels
@@ -48,6 +49,20 @@ def test_what_the_backward_re_runs():
                     Gemm("FC1 up half (recompute)", t, f, h), *plain.I)
 
 
+def test_under_float8_the_same_mms_are_saved_and_the_re_run_ones_are_float8():
+    """torchao's float8 linears call torch.mm on their float8 tensors, so the policy saves the same outputs (in
+    bf16) and wk, wo and w3 re-run as FP8 GEMMs after their inputs' amax and cast (tensorwise)."""
+    tensorwise = Fp8Options("hybrid", "tensorwise")
+    fp8 = dataclasses.replace(OP, fp8=tensorwise)
+    assert layer_activation_bytes(LLAMA, 2, fp8) == layer_activation_bytes(LLAMA, 2, OP)
+    assert layer_flops(LLAMA, 1, fp8) == layer_flops(LLAMA, 1, OP)
+    kernels = fp8_layer_kernels(layer_kernels(LLAMA, 1, OP), tensorwise, dtype_bytes=2, tn_only=True)
+    rerun = [k for k in kernels.I if "(recompute)" in k.name]
+    assert [k.name for k in rerun] == [f"{n} (recompute){step}" for n in ("K", "projection", "FC1 up half")
+                                       for step in (" input amax", " input cast", "")]
+    assert all(k.dtype == "float8" for k in rerun if isinstance(k, Gemm))
+
+
 def test_it_fits_where_megatrons_selective_recompute_does_not():
     """torchtitan's 8B on 8 H100, FSDP, local batch 2: op keeps 31 GiB of layer activations; Megatron's selective
     (the attention core alone) would keep 76 GiB and not fit 80 GiB."""
@@ -66,7 +81,6 @@ def test_it_fits_where_megatrons_selective_recompute_does_not():
     (LLAMA, LayerOptions(recompute="op", attention="flash", tp=2), "--tp 2"),
     (LLAMA, LayerOptions(recompute="op", attention="flash", cp=2), "--cp 2"),
     (LLAMA, LayerOptions(recompute="op", attention="eager"), "--attention eager"),
-    (LLAMA, LayerOptions(recompute="op", attention="flash", fp8=Fp8Options()), "FP8"),
     (ModelConfig(kind="gpt", hidden=512, heads=8, layers=2, seq=256), LayerOptions(recompute="op", attention="flash"),
      "a gelu MLP"),
     (load_hf_config("mixtral-8x7b", seq=4096), LayerOptions(recompute="op", attention="flash"),

@@ -205,13 +205,15 @@ def test_the_megatron_bridge_h100_rows_and_their_userbuffers_configs():
 def test_the_torchtitan_rows_state_their_pages_configurations():
     """torchtitan's H100 benchmark pages: FSDP over every rank (the profile's ZeRO 3, resharded without pipelining),
     FlashAttention-2 (SDPA's flash backend first on Hopper then), Tables 1 and 3 with the per-op checkpointing
-    and torch.compile where stated, Table 2 and the 70B rows with full checkpointing, compile and Float8 as stated;
+    and torch.compile where stated (and with Float8 where stated), Table 2 and the 70B rows with full checkpointing,
+    compile and Float8 as stated;
     all on the Grand Teton file (96 GB HBM2e at 2.4 TB/s, the H100 family's 700 W figures)."""
     assert not DATA["sources"]["TT24"]["in_published_md"]
     rows = [r for r in DATA["rows"] if r.source == "TT24"]
     assert [(r.id.split("-", 1)[1], r.published) for r in rows] == [
         ("llama3.1-8b-fsdp-8gpus", 5762), ("llama3.1-8b-fsdp-compile-8gpus", 6667),
         ("llama3.1-8b-fsdp-128gpus", 5605), ("llama3.1-8b-fsdp-compile-128gpus", 6514),
+        ("llama3.1-8b-fsdp-compile-float8-8gpus", 8532), ("llama3.1-8b-fsdp-compile-float8-128gpus", 8380),
         ("llama3.1-8b-cp1-32k", 3890), ("llama3.1-8b-cp2-64k", 2540), ("llama3.1-8b-cp4-128k", 1071),
         ("llama3.1-70b-tp8-256gpus", 597.3), ("llama3.1-70b-tp8-float8-256gpus", 809.8),
         ("llama3.1-70b-tp8-async-256gpus", 652.4), ("llama3.1-70b-tp8-float8-async-256gpus", 942.4)]
@@ -225,9 +227,10 @@ def test_the_torchtitan_rows_state_their_pages_configurations():
         assert a.eager_rmsnorm == (a.kernel_fusion is not True)  # 9dec370's own RMSNorm, unless compiled
         assert (a.fp8_format is not None) == ("cp" in r.id or "float8" in r.id)
         assert a.batch == a.microbatch_size * a.dp  # the local batch, one microbatch per step
-    assert [(a.seq, a.dp, a.cp, a.tp) for a in args[4:]] == [
+    assert [a.fp8_recipe for a in args if a.fp8_format is not None] == ["tensorwise"] * 7  # torchao's dynamic
+    assert [(a.seq, a.dp, a.cp, a.tp) for a in args[6:]] == [
         (32768, 8, 1, 1), (65536, 4, 2, 1), (131072, 2, 4, 1)] + [(8192, 32, 1, 8)] * 4
-    assert [a.async_tp for a in args[7:]] == [False, False, True, True]  # the async-TP page's two columns
+    assert [a.async_tp for a in args[9:]] == [False, False, True, True]  # the async-TP page's two columns
     hw = load_hardware(str(Path(bp.ROOT) / "bench" / "hardware" / "grand-teton-h100.toml"))
     assert (hw.device.family, hw.device.hbm_bandwidth, hw.device.memory) == ("H100", 2.4e12, 96_000_000_000)
 

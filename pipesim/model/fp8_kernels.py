@@ -29,7 +29,9 @@ from pipesim.model.fp8 import Fp8Options, cast_write_bytes
 from pipesim.model.kernel_types import Gemm, Kernel, MemoryBound, PieceKernels
 
 FP8_LINEARS = frozenset({"QKV", "projection", "FC1", "FC2", "expert FC1", "expert FC2", "shared FC1",
-                         "shared FC2", "Q", "Q down", "Q up", "KV down", "KV up"})
+                         "shared FC2", "Q", "Q down", "Q up", "KV down", "KV up",
+                         # torchtitan's per-op checkpointing re-runs wk, wo and w3 (pipesim.model.op_recompute)
+                         "K (recompute)", "projection (recompute)", "FC1 up half (recompute)"})
 GATHERED = frozenset({"QKV", "FC1", "shared FC1"})  # column-parallel linears whose input sp all-gathers
 FP8 = "float8"  # the GEMM dtype of pipesim.device.profile.DTYPE_BYTES
 

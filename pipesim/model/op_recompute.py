@@ -8,9 +8,15 @@ restarts for each block's checkpoint). A Llama block's mms run wq, wk, wv, wo, w
 w3(x))`): wq, wv, w1 and w2 are saved, wk, wo and w3 re-run, with every norm, RoPE, the SwiGLU product and the
 residual adds. The checkpoint keeps the block's input.
 
-Modelled for what these rules pin down: a dense SwiGLU block with a fused attention kernel on one tp and cp rank,
-without FP8. Elsewhere the policy also replays collectives (tensor and context parallelism's all-gathers are not
-saved), and torchao's float8 linears reach the policy through their tensor subclass; those are refused.
+Under FP8 (torchao's float8 linears, `--fp8-format` with torchtitan) the policy sees the same mms: torchao's
+`matmul_with_hp_or_float8_args` (torchao/float8/float8_linear.py) calls `torch.mm` on its float8 tensor subclass,
+and the checkpoint's dispatch mode runs before the subclass turns the call into `_scaled_mm`. So the same outputs
+are saved (in the dtype: the mm writes it), and wk, wo and w3 re-run as float8 GEMMs with their inputs' casts
+(pipesim.model.fp8_kernels); the amax results the list also saves (`aten.max`, one scalar per cast) are not counted.
+
+Modelled for what these rules pin down: a dense SwiGLU block with a fused attention kernel on one tp and cp rank.
+Elsewhere the policy also replays collectives (tensor and context parallelism's all-gathers are not saved); those
+are refused.
 """
 
 from __future__ import annotations
@@ -22,15 +28,14 @@ OP = "op"
 STAT_BYTES = 4  # the SDPA kernel's logsumexp per (token, head), float32
 
 
-def check_op_recompute(model: ModelConfig, *, tp: int, cp: int, attention: str, fp8: bool) -> None:
+def check_op_recompute(model: ModelConfig, *, tp: int, cp: int, attention: str) -> None:
     """One line unless `--recompute op` is modelled for this layer (the module docstring says why)."""
     unmodelled = ((model.moe is not None, "a mixture-of-experts layer"),
                   (model.mla is not None, "latent attention"),
                   (model.activation != "swiglu", f"a {model.activation} MLP (torchtitan's blocks are SwiGLU)"),
                   (attention == "eager", "--attention eager (the policy saves the fused SDPA kernels' outputs)"),
                   (tp > 1, f"--tp {tp} (the policy replays the tensor-parallel collectives)"),
-                  (cp > 1, f"--cp {cp} (the policy replays the K/V exchanges)"),
-                  (fp8, "FP8 (torchao's float8 linears reach the policy through their tensor subclass)"))
+                  (cp > 1, f"--cp {cp} (the policy replays the K/V exchanges)"))
     for refused, why in unmodelled:
         if refused:
             raise PipesimError(f"--recompute op (torchtitan's per-op checkpointing) is not modelled with {why}")

@@ -95,7 +95,7 @@ class LayerOptions:
         check_tp_split(model, self.tp)
         check_modules(model, self.modules)
         if self.recompute == OP:
-            check_op_recompute(model, tp=self.tp, cp=self.cp, attention=self.attention, fp8=self.fp8 is not None)
+            check_op_recompute(model, tp=self.tp, cp=self.cp, attention=self.attention)
         t = self.tp
         if self.cp > 1 and model.seq % (2 * self.cp):
             raise PipesimError(f"--seq {model.seq} is not divisible by 2 x cp({self.cp}) "

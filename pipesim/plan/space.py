@@ -165,7 +165,7 @@ def op_refusal(req: PlanRequest, tp: int, cp: int) -> str | None:
     (pipesim.model.op_recompute), None when it is."""
     job = req.shared_job
     try:
-        check_op_recompute(req.model, tp=tp, cp=cp, attention=job.attention_kernel, fp8=job.fp8 is not None)
+        check_op_recompute(req.model, tp=tp, cp=cp, attention=job.attention_kernel)
     except PipesimError as exc:
         return str(exc)
     return None
