@@ -33,6 +33,7 @@ DEFAULTS: dict[str, object] = {
     "attention": None,  # --attention (None: flash on GPUs at 16 bits)
     "cp_comm_type": "p2p",  # --cp-comm-type (context parallelism's K/V exchange)
     "dtensor_tp": False,  # --dtensor-tp (tensor parallelism as DTensor's parallel styles)
+    "fp8_impl": "te",  # --fp8-impl (whose FP8 linears: Transformer Engine's or torchao's)
 }
 
 
@@ -176,6 +177,9 @@ PROFILES: dict[str, FrameworkProfile] = {p.name: p for p in (
                  "PrepareModuleInput(Shard(1) -> Replicate()) before attention and feed_forward, ColwiseParallel "
                  "wq/wk/wv/w1/w3 (autograd saves the gathered input their matmuls read), and with float8 tensorwise "
                  "PrepareFloat8ModuleInput / Float8ColwiseParallel ('float8 all-gather with TP')"),
+         Setting("fp8_impl", "torchao", f"{_TITAN} torchtitan/config/job_config.py: model.converters "
+                 "'quantize.linear.float8' swaps nn.Linear for torchao's Float8Linear "
+                 "(torchao/float8/float8_linear.py)"),
          Setting("cp_comm_type", "all_gather", f"{_TITAN} torchtitan/config/job_config.py: "
                  "context_parallel_rotate_method = 'allgather' (torch's _AllGatherRotater: the K/V shards "
                  "all-gathered once, beside the first block's attention)"))),

@@ -12,7 +12,7 @@ from pipesim.errors import PipesimError
 from pipesim.hardware.machine import Hardware
 from pipesim.model.adam_states import MASTER_DTYPES, MOMENT_DTYPES, AdamStates
 from pipesim.model.config import ModelConfig
-from pipesim.model.fp8 import DEFAULT_RECIPE, FP8_FORMATS, FP8_RECIPES, Fp8Options, check_fp8_model
+from pipesim.model.fp8 import DEFAULT_RECIPE, FP8_FORMATS, FP8_IMPLS, FP8_RECIPES, Fp8Options, check_fp8_model
 from pipesim.model.fsdp import FSDP_RESHARD
 from pipesim.model.options import CP_COMM_TYPES
 from pipesim.model.piece_kernels import CE_IMPLS
@@ -58,7 +58,12 @@ def add_fp8_args(group) -> None:
     group.add_argument("--fp8-recipe", choices=FP8_RECIPES, default=None,
                        help=f"with --fp8-format: the scaling, Megatron-core's names (delayed, tensorwise: current "
                             f"per-tensor; blockwise: 1x128 / 128x128 blocks; mxfp8: Blackwell only) "
-                            f"(default {DEFAULT_RECIPE})")
+                            f"(default {DEFAULT_RECIPE}; tensorwise with --fp8-impl torchao)")
+    group.add_argument("--fp8-impl", choices=FP8_IMPLS, default=None,
+                       help="with --fp8-format: te, Transformer Engine's modules (weights' FP8 copies cached for the "
+                            "step, inputs saved in FP8); torchao, torchao's Float8Linear (weights cast at each use, "
+                            "inputs saved in the dtype and cast again for the wgrad) (default --framework's: torchao "
+                            "with torchtitan, else te)")
 
 
 def fp8_from_args(args: argparse.Namespace) -> Fp8Options | None:
@@ -68,7 +73,8 @@ def fp8_from_args(args: argparse.Namespace) -> Fp8Options | None:
         if recipe is not None:
             raise PipesimError(f"--fp8-recipe {recipe} needs --fp8-format (e4m3 or hybrid) to turn FP8 on")
         return None
-    return Fp8Options(fmt, recipe or DEFAULT_RECIPE)
+    impl = getattr(args, "fp8_impl", None) or "te"
+    return Fp8Options(fmt, recipe or (DEFAULT_RECIPE if impl == "te" else "tensorwise"), impl)
 
 
 def add_grad_args(group) -> None:

@@ -60,6 +60,10 @@ def fp8_stage_costs(model: ModelConfig, b: int, opts: LayerOptions, hw: Hardware
     for layers, moe in zip(split, moe_counts, strict=True):
         params, weights = stage_fp8_weights(model, b, opts, family, layers=layers, moe_layers=moe)
         counts.append(params)
+        if not fp8.caches_weights:  # torchao: no copy kept, each use casts (pipesim.model.fp8_kernels)
+            memory.append(0)
+            seconds.append(0.0)
+            continue
         memory.append(weight_copy_bytes(params, fp8, tn_only=tn_only))
         nbytes, kernels = weight_cast(params, weights, fp8, dtype_bytes=model.dtype_bytes, tn_only=tn_only)
         seconds.append(memory_bound_time(nbytes, profile, kernels=kernels).seconds if weights else 0.0)

@@ -124,7 +124,7 @@ def layer_saved_tensors(model: ModelConfig, b: int, opts: LayerOptions, *, recom
         saved = [x for x in saved if not set(x.dropped_by) & set(modules) and x.only_with in ("", *modules)]
     else:
         saved = [x for x in saved if not x.only_with]
-    if opts.fp8 is not None:
+    if opts.fp8 is not None and opts.fp8.impl == "te":  # torchao's Float8Linear saves its input in the dtype
         saved = _fp8_saved(saved, d, opts.fp8, flash=opts.fused_attention, moe=moe)
     return saved
 

@@ -21,6 +21,13 @@ false below sm_100): the dgrad and wgrad GEMMs need transposed FP8 copies, which
 kernel (cast-transpose). Blackwell runs any layout, so one copy does (quantizer.cpp: `with_transpose =
 columnwise_usage && !nvte_is_non_tn_fp8_gemm_supported()`). That is the device's fact (`tn_only`), given by
 pipesim.device.fp8_rates. Byte formulas: docs/cost_model.md, "FP8".
+
+`--fp8-impl torchao` (torchtitan's float8 converter, its profile's) runs the same GEMMs through torchao's
+Float8Linear instead (torchao/float8/float8_linear.py `matmul_with_hp_or_float8_args`): it keeps no FP8 weight copy
+across microbatches (the weight is cast at each use, forward and dgrad), saves the linear's input in the dtype and
+casts it again for the wgrad, and casts the output gradient once for the dgrad and once for the wgrad; each
+tensorwise cast reads its tensor once more for the amax first (pipesim.model.fp8_kernels). Its recipes are
+tensorwise and, through the MX converter, mxfp8.
 """
 
 from __future__ import annotations
@@ -32,6 +39,8 @@ from pipesim.errors import PipesimError
 FP8_FORMATS = ("e4m3", "hybrid")  # Megatron-core's --fp8-format choices
 FP8_RECIPES = ("delayed", "tensorwise", "blockwise", "mxfp8")  # Megatron-core's --fp8-recipe choices
 DEFAULT_RECIPE = "delayed"  # Megatron-core's --fp8-recipe default
+FP8_IMPLS = ("te", "torchao")  # Transformer Engine's modules (Megatron-core, NeMo) or torchao's Float8Linear
+TORCHAO_RECIPES = ("tensorwise", "mxfp8")  # torchao's dynamic per-tensor scaling; its MX converter
 FP8_BYTES = 1  # bytes per FP8 element (E4M3 and E5M2 alike)
 BLOCK_SCALED = ("blockwise", "mxfp8")  # recipes whose tensors carry both directions and a scale per block
 # bytes of scales per element and direction: blockwise 4 B (float32) per 1 x 128 block, mxfp8 1 B (E8M0) per
@@ -46,12 +55,23 @@ class Fp8Options:
 
     format: str = "hybrid"  # "e4m3" (everything E4M3) or "hybrid" (E4M3 forward, E5M2 gradients)
     recipe: str = DEFAULT_RECIPE  # "delayed", "tensorwise", "blockwise" or "mxfp8"
+    impl: str = "te"  # "te" (Transformer Engine) or "torchao" (torchtitan's float8 converter)
 
     def __post_init__(self) -> None:
         if self.format not in FP8_FORMATS:
             raise PipesimError(f"unknown --fp8-format {self.format!r}; choose {', '.join(FP8_FORMATS)}")
         if self.recipe not in FP8_RECIPES:
             raise PipesimError(f"unknown --fp8-recipe {self.recipe!r}; choose {', '.join(FP8_RECIPES)}")
+        if self.impl not in FP8_IMPLS:
+            raise PipesimError(f"unknown --fp8-impl {self.impl!r}; choose {', '.join(FP8_IMPLS)}")
+        if self.impl == "torchao" and self.recipe not in TORCHAO_RECIPES:
+            raise PipesimError(f"--fp8-impl torchao has no {self.recipe} recipe (torchao's float8 training scales "
+                               f"{' or '.join(TORCHAO_RECIPES)}): give --fp8-recipe tensorwise")
+
+    @property
+    def caches_weights(self) -> bool:
+        """Transformer Engine keeps each weight's FP8 copy for the step; torchao casts it at each use."""
+        return self.impl == "te"
 
     @property
     def block_scaled(self) -> bool:
@@ -59,7 +79,8 @@ class Fp8Options:
 
     def flags(self) -> list[str]:
         """The command-line flags that give these options (Megatron-core's spelling, and pipesim's)."""
-        return ["--fp8-format", self.format, "--fp8-recipe", self.recipe]
+        return ["--fp8-format", self.format, "--fp8-recipe", self.recipe] + \
+            (["--fp8-impl", self.impl] if self.impl != "te" else [])
 
 
 def saved_bytes(elements: int, fp8: Fp8Options) -> int:
@@ -98,5 +119,6 @@ def check_fp8_model(fp8: Fp8Options | None, dtype: str, kind: str) -> None:
         raise PipesimError(f"--fp8-format needs 16-bit parameters (--dtype bfloat16), got {dtype}")
 
 
-__all__ = ["BLOCK_SCALED", "DEFAULT_RECIPE", "FP8_BYTES", "FP8_FORMATS", "FP8_RECIPES", "Fp8Options",
+__all__ = ["BLOCK_SCALED", "DEFAULT_RECIPE", "FP8_BYTES", "FP8_FORMATS", "FP8_IMPLS", "FP8_RECIPES", "Fp8Options",
+           "TORCHAO_RECIPES",
            "cast_write_bytes", "check_fp8_model", "saved_bytes", "weight_copy_bytes"]

@@ -58,6 +58,8 @@ def fp8_layer_kernels(kernels: PieceKernels, fp8: Fp8Options, *, dtype_bytes: in
                       sp: bool = False) -> PieceKernels:
     """`kernels` (a layer's, pipesim.model.layer_kernels) with its linears' GEMMs in FP8 (output written in the
     model's dtype: c_bytes d unless an accumulating epilogue says otherwise) and the casts before them."""
+    if fp8.impl == "torchao":
+        return torchao_layer_kernels(kernels, fp8, dtype_bytes=dtype_bytes, gathered_shard=tp if sp else 1)
     d = dtype_bytes
     gathered = sp and tp > 1
 
@@ -94,6 +96,45 @@ def fp8_layer_kernels(kernels: PieceKernels, fp8: Fp8Options, *, dtype_bytes: in
     return PieceKernels(tuple(forward(kernels.F)), tuple(forward(kernels.I)), tuple(w))
 
 
+def torchao_layer_kernels(kernels: PieceKernels, fp8: Fp8Options, *, dtype_bytes: int,
+                          gathered_shard: int = 1) -> PieceKernels:
+    """`kernels` with its linears' GEMMs in FP8 as torchao's Float8Linear runs them (`matmul_with_hp_or_float8_args`,
+    torchao/float8/float8_linear.py): every operand cast at its use, row-wise, nothing cached. Forward: the input and
+    the weight; dgrad: the output gradient and the weight; wgrad: the output gradient again and the input, saved in
+    the dtype, again. Each tensorwise cast reads its tensor once for the amax first. Under DTensor's sequence
+    parallelism the column-parallel inputs are cast on the rank's shard before the gather (`gathered_shard`: tp)."""
+    d = dtype_bytes
+
+    def cast(what: str, elements: int) -> list[Kernel]:
+        return _casts(what, elements, fp8, d, tn_only=False, transposed=False)
+
+    def weight(k: Gemm) -> int:
+        return k.batch * k.n * k.k  # a GEMM's weight operand: in x out (dgrad: out x in), per expert
+
+    def phase(ks: tuple[Kernel, ...]) -> list[Kernel]:
+        out: list[Kernel] = []
+        for k in ks:
+            if not isinstance(k, Gemm):
+                out.append(k)
+                continue
+            tokens = k.batch * k.m * k.k  # its activation operand: tokens x in (dgrad: tokens x out)
+            if (name := _linear(k.name)) is not None:
+                shard = gathered_shard if name in GATHERED else 1
+                out += cast(f"{name} input", tokens // shard) + cast(f"{name} weight", weight(k))
+            elif (name := _linear(k.name, " dgrad")) is not None:
+                out += cast(f"{name} output gradient", tokens) + cast(f"{name} weight", weight(k))
+            elif (name := _linear(k.name, " wgrad")) is not None:  # dW (in x out) = X^T dY, k = tokens
+                out += cast(f"{name} output gradient (wgrad)", k.batch * k.k * k.n) + \
+                    cast(f"{name} input (wgrad)", k.batch * k.k * k.m)
+            else:
+                out.append(k)
+                continue
+            out.append(replace(k, dtype=FP8, c_bytes=k.c_bytes or d))
+        return out
+
+    return PieceKernels(tuple(phase(kernels.F)), tuple(phase(kernels.I)), tuple(phase(kernels.W)))
+
+
 def fp8_weight_params(kernels: PieceKernels) -> tuple[int, int]:
     """(parameters, weights) of the piece's FP8 linears, read off its FP8 wgrad GEMMs (k x n each, per expert)."""
     params = weights = 0
@@ -113,4 +154,5 @@ def scale_update_bytes(kernels: PieceKernels) -> int:
     return 3 * 24 * fp8_weight_params(kernels)[1]
 
 
-__all__ = ["FP8", "FP8_LINEARS", "GATHERED", "fp8_layer_kernels", "fp8_weight_params", "scale_update_bytes"]
+__all__ = ["FP8", "FP8_LINEARS", "GATHERED", "fp8_layer_kernels", "fp8_weight_params", "scale_update_bytes",
+           "torchao_layer_kernels"]

@@ -1,0 +1,72 @@
+"""`--fp8-impl torchao` (the torchtitan profile's): torchao's Float8Linear casts every operand at its use, keeps no FP8
+weight copy and saves its input in the dtype (pipesim.model.fp8_kernels.torchao_layer_kernels)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipesim.cli import build_parser, main
+from pipesim.commands.setup_args import sim_job
+from pipesim.errors import PipesimError
+from pipesim.hardware.toml_io import load_hardware
+from pipesim.job import Job
+from pipesim.model.activations import layer_saved_tensors
+from pipesim.model.config import ModelConfig
+from pipesim.model.fp8 import Fp8Options
+from pipesim.model.fp8_kernels import torchao_layer_kernels
+from pipesim.model.kernel_types import Gemm, MemoryBound, PieceKernels
+from pipesim.model.options import LayerOptions
+from pipesim.parallel_dims import ParallelDims
+
+TORCHAO = Fp8Options("hybrid", "tensorwise", "torchao")
+LLAMA = ["--model-config", "llama3.1-8b", "--seq", "2048", "--batch", "8", "--microbatch-size", "1"]
+
+
+def test_one_linear_casts_each_operand_at_its_use():
+    """FC2 of 100 tokens, 30 in, 20 out, bf16: input and weight before the forward GEMM, output gradient and weight
+    before the dgrad, output gradient and input again before the wgrad; each an amax pass (read 2 bytes per element)
+    and a row-wise cast (read 2, write 1); each FP8 GEMM writes its output in the dtype."""
+    kernels = PieceKernels((Gemm("FC2", 100, 20, 30),), (Gemm("FC2 dgrad", 100, 30, 20),),
+                           (Gemm("FC2 wgrad", 30, 20, 100),))
+    got = torchao_layer_kernels(kernels, TORCHAO, dtype_bytes=2)
+
+    def casts(what: str, elements: int) -> list[MemoryBound]:
+        return [MemoryBound(f"FC2 {what} amax", 2 * elements), MemoryBound(f"FC2 {what} cast", 3 * elements)]
+
+    assert got.F == (*casts("input", 100 * 30), *casts("weight", 30 * 20),
+                     Gemm("FC2", 100, 20, 30, c_bytes=2, dtype="float8"))
+    assert got.I == (*casts("output gradient", 100 * 20), *casts("weight", 30 * 20),
+                     Gemm("FC2 dgrad", 100, 30, 20, c_bytes=2, dtype="float8"))
+    assert got.W == (*casts("output gradient (wgrad)", 100 * 20), *casts("input (wgrad)", 100 * 30),
+                     Gemm("FC2 wgrad", 30, 20, 100, c_bytes=2, dtype="float8"))
+
+
+def test_it_keeps_no_weight_copy_and_saves_inputs_in_the_dtype(capsys):
+    base = ["simulate", "1f1b", *LLAMA, "--hardware", "dgx-h100", "--stages", "1", "--dp", "8", "--zero", "3",
+            "--fp8-format", "hybrid", "--fp8-recipe", "tensorwise", "--json"]
+    memory = {}
+    for impl in ("te", "torchao"):
+        assert main([*base, "--fp8-impl", impl]) == 0
+        memory[impl] = json.loads(capsys.readouterr().out)["memory"]["ranks"][0]
+    assert memory["te"]["fp8_weights"] > 0 and "fp8_weights" not in memory["torchao"]  # the JSON lists set terms
+    assert memory["torchao"]["activations"] > memory["te"]["activations"]
+    model = ModelConfig(kind="gpt", hidden=256, heads=8, layers=2, seq=64, kv_heads=2, activation="swiglu",
+                        ffn_hidden=512, dtype="bfloat16")
+    names = {x.name for x in layer_saved_tensors(model, 1, LayerOptions(attention="flash", fp8=TORCHAO))}
+    assert "QKV input" in names and not any("FP8" in n for n in names)
+
+
+def test_torchao_has_only_its_recipes_and_reads_back():
+    with pytest.raises(PipesimError, match="--fp8-impl torchao has no delayed recipe"):
+        Fp8Options("hybrid", "delayed", "torchao")
+    job = Job(ParallelDims(dp=2), attention="flash", fp8=TORCHAO)
+    assert job.flags()[-6:] == ["--fp8-format", "hybrid", "--fp8-recipe", "tensorwise", "--fp8-impl", "torchao"]
+    argv = ["simulate", "1f1b", "--model", "gpt", "--dtype", "bfloat16", "--dp", "2", *job.flags()]
+    model = ModelConfig(kind="gpt", dtype="bfloat16")
+    assert sim_job(build_parser().parse_args(argv), model, load_hardware("dgx-h100")) == job
+    # the torchtitan profile's float8 is torchao's, tensorwise unless said
+    args = build_parser().parse_args(["simulate", "1f1b", "--model", "gpt", "--dtype", "bfloat16", "--framework",
+                                      "torchtitan", "--fp8-format", "hybrid"])
+    assert sim_job(args, model, load_hardware("dgx-h100")).fp8 == TORCHAO
