@@ -19,6 +19,8 @@ from pipesim.model.fp8_kernels import torchao_layer_kernels
 from pipesim.model.kernel_types import Gemm, MemoryBound, PieceKernels
 from pipesim.model.options import LayerOptions
 from pipesim.parallel_dims import ParallelDims
+from pipesim.plan.exports import megatron_args
+from pipesim.plan.space import Candidate, PlanRequest
 
 TORCHAO = Fp8Options("hybrid", "tensorwise", "torchao")
 LLAMA = ["--model-config", "llama3.1-8b", "--seq", "2048", "--batch", "8", "--microbatch-size", "1"]
@@ -70,3 +72,13 @@ def test_torchao_has_only_its_recipes_and_reads_back():
     args = build_parser().parse_args(["simulate", "1f1b", "--model", "gpt", "--dtype", "bfloat16", "--framework",
                                       "torchtitan", "--fp8-format", "hybrid"])
     assert sim_job(args, model, load_hardware("dgx-h100")).fp8 == TORCHAO
+
+
+def test_megatrons_export_names_te_flags_and_says_what_was_timed():
+    req = PlanRequest(ModelConfig(kind="gpt", dtype="bfloat16", batch=16), load_hardware("dgx-h100"), 8,
+                      job=Job(fp8=TORCHAO))
+    args = megatron_args(Candidate("1f1b", 1, 1, 1, 8, 1, 2, "none", 0), req)
+    assert "--fp8-impl" not in args and args[args.index("--fp8-recipe") + 1] == "tensorwise"
+    assert "# pipesim timed torchao's float8 linears (--fp8-impl torchao); Megatron-core runs Transformer Engine's" \
+        in args
+

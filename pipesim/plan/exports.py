@@ -138,7 +138,10 @@ def megatron_args(c: Candidate, req: PlanRequest, attention: str | None = None) 
     out += grad_flags(req.job.kernels.grad_fp32)
     out += req.job.kernels.ce_flags()  # Megatron-core's names
     if req.job.fp8 is not None:  # Megatron-core's names (Transformer Engine's recipes; params stay bf16)
-        out += req.job.fp8.flags()
+        out += ["--fp8-format", req.job.fp8.format, "--fp8-recipe", req.job.fp8.recipe]
+        if req.job.fp8.impl != "te":
+            out.append("# pipesim timed torchao's float8 linears (--fp8-impl torchao); Megatron-core runs Transformer "
+                       "Engine's")
     ub = c.job(req.job).kernels.ub  # the candidate's: userbuffers only with tp > 1 and sequence parallelism
     if ub is not None:  # Megatron-core's names
         out += ub.flags()
