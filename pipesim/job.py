@@ -123,10 +123,15 @@ class Job:
         check_reshard(self.fsdp_reshard)
         if self.fp8_param_gather and self.fp8 is None:
             raise PipesimError("--fp8-param-gather keeps the FP8 linears' parameters in FP8: it needs --fp8-format")
-        if self.fp8_param_gather and self.zero not in (1, 2):  # megatron/training/arguments.py asserts the first
+        torchao = self.fp8 is not None and self.fp8.impl == "torchao"
+        if self.fp8_param_gather and torchao and self.zero != 3:
+            raise PipesimError(f"--fp8-param-gather with --fp8-impl torchao is FSDP2's float8 all-gather "
+                               f"(enable_fsdp_float8_all_gather): it needs --zero 3, got --zero {self.zero}")
+        if self.fp8_param_gather and not torchao and self.zero not in (1, 2):  # megatron/training/arguments.py
             raise PipesimError(f"--fp8-param-gather needs the distributed optimizer (--zero 1 or 2), got --zero "
                                f"{self.zero}" + (" (Megatron-core turns it off under torch FSDP2 with Transformer "
-                                                 "Engine 2)" if self.zero == 3 else ""))
+                                                 "Engine 2; torchao's float8 gathers under FSDP2: --fp8-impl torchao)"
+                                                 if self.zero == 3 else ""))
         check_adam_states(self.adam_states, zero=self.zero)
         if self.fsdp_reshard != "default" and self.zero != 3:
             raise PipesimError(f"--fsdp-reshard-after-forward {self.fsdp_reshard} needs FSDP's sharded parameters "
@@ -172,7 +177,16 @@ class Job:
         d = self.dims
         dims = ParallelDims(dp=d.dp, tp=d.tp, cp=d.cp, ep=d.ep, etp=d.etp) if d.has_experts else \
             ParallelDims(tp=d.tp, cp=d.cp)
-        return replace(self, dims=dims, zero=0, fsdp_reshard="default", fp8_param_gather=False, adam_states=None)
+        return replace(self, dims=dims, zero=0, fsdp_reshard="default", fp8_param_gather=False, adam_states=None,
+                       fp8=self.layer_fp8)
+
+    @property
+    def layer_fp8(self) -> Fp8Options | None:
+        """The FP8 options a layer sees: torchao's weights arrive already cast when FSDP2 gathers them in FP8
+        (--fp8-param-gather under ZeRO 3, torchao's enable_fsdp_float8_all_gather)."""
+        if self.fp8 is not None and self.fp8_param_gather and self.zero == 3:
+            return replace(self.fp8, gathered=True)
+        return self.fp8
 
     def resolve_attention(self, gpu: bool, model: ModelConfig | None) -> Job:
         """The job with its attention kernel decided: flash on GPU hardware at 16 bits, eager on CPUs and in
@@ -260,7 +274,8 @@ class Job:
         experts = {"ep": self.dims.ep, "etp": self.dims.expert_tp, "moe_dispatcher": self.comm.moe_dispatcher} \
             if model.moe is not None else {}
         return LayerOptions(tp=self.dims.tp, sp=self.sp, cp=self.dims.cp, recompute=self.recompute,
-                            attention=self.attention_kernel, recompute_modules=self.recompute_modules, fp8=self.fp8,
+                            attention=self.attention_kernel, recompute_modules=self.recompute_modules,
+                            fp8=self.layer_fp8,
                             cp_comm=self.cp_comm, eager_rmsnorm=self.kernels.eager_rmsnorm,
                             dtensor_tp=self.kernels.dtensor_tp, **experts)
 

@@ -51,7 +51,11 @@ def test_parameters_live_in_the_fp8_copies_and_gather_one_byte_each():
     ({"zero": 1, "fp8": None}, "--fp8-param-gather keeps the FP8 linears' parameters in FP8: it needs --fp8-format"),
     ({"zero": 0}, "--fp8-param-gather needs the distributed optimizer (--zero 1 or 2), got --zero 0"),
     ({"zero": 3}, "--fp8-param-gather needs the distributed optimizer (--zero 1 or 2), got --zero 3 (Megatron-core "
-                  "turns it off under torch FSDP2 with Transformer Engine 2)"),
+                  "turns it off under torch FSDP2 with Transformer Engine 2; torchao's float8 gathers under FSDP2: "
+                  "--fp8-impl torchao)"),
+    ({"zero": 1, "fp8": Fp8Options("hybrid", "tensorwise", "torchao")},
+     "--fp8-param-gather with --fp8-impl torchao is FSDP2's float8 all-gather (enable_fsdp_float8_all_gather): it "
+     "needs --zero 3, got --zero 1"),
 ])
 def test_refused_where_megatron_does_not_run_it(kw, message):
     with pytest.raises(PipesimError) as err:

@@ -82,3 +82,24 @@ def test_megatrons_export_names_te_flags_and_says_what_was_timed():
     assert "# pipesim timed torchao's float8 linears (--fp8-impl torchao); Megatron-core runs Transformer Engine's" \
         in args
 
+
+
+def test_fsdp2s_float8_all_gather_gathers_one_byte_and_casts_no_weight_at_its_use(capsys):
+    """--fp8-param-gather under ZeRO 3 with torchao (its enable_fsdp_float8_all_gather): each FP8 linear's parameter
+    all-gathered as one byte instead of two, the weights reaching the linears already cast; the shards stay."""
+    gathered = Fp8Options("hybrid", "tensorwise", "torchao", gathered=True)
+    kernels = PieceKernels((Gemm("FC2", 100, 20, 30),), (Gemm("FC2 dgrad", 100, 30, 20),), ())
+    got = torchao_layer_kernels(kernels, gathered, dtype_bytes=2)
+    assert not any("weight" in k.name for k in (*got.F, *got.I))
+    assert Job(ParallelDims(dp=2), zero=3, fp8=TORCHAO, fp8_param_gather=True).layer_fp8 == gathered
+    base = ["simulate", "1f1b", *LLAMA, "--hardware", "dgx-h100", "--stages", "1", "--dp", "8", "--zero", "3",
+            "--fp8-format", "hybrid", "--fp8-impl", "torchao", "--json"]
+    runs = {}
+    for name, extra in (("bf16", []), ("fp8", ["--fp8-param-gather"])):
+        assert main([*base, *extra]) == 0
+        runs[name] = json.loads(capsys.readouterr().out)
+    gathers = {name: sorted(c["bytes"] for c in run["collectives"] if c["kind"] == "all_gather")
+               for name, run in runs.items()}
+    assert len(gathers["fp8"]) == len(gathers["bf16"]) and all(f < b for f, b in zip(gathers["fp8"], gathers["bf16"]))
+    assert runs["fp8"]["memory"]["ranks"][0]["parameters"] == runs["bf16"]["memory"]["ranks"][0]["parameters"]
+    assert runs["fp8"]["step_time"] < runs["bf16"]["step_time"]

@@ -116,7 +116,8 @@ def add_stack_kernel_args(f) -> None:
     f.add_argument("--fp8-param-gather", action="store_true",
                    help="with --fp8-format and the distributed optimizer (--zero 1 or 2): the FP8 linears' "
                         "parameters kept in FP8 and all-gathered in FP8, no separate FP8 copy (Megatron-core's "
-                        "flag; NeMo's fp8_params)")
+                        "flag; NeMo's fp8_params); with --fp8-impl torchao and --zero 3: FSDP2 gathers them in FP8, "
+                        "already cast (torchao's enable_fsdp_float8_all_gather)")
     f.add_argument("--eager-rmsnorm", action="store_true",
                    help="GPU presets: RMSNorm as eager PyTorch's ops, 6 kernels forward and 9 backward in float32 "
                         "(Hugging Face's LlamaRMSNorm, torchtitan's before torch.nn.RMSNorm, torch.nn.RMSNorm before "

@@ -107,8 +107,9 @@ def shared_job(args: argparse.Namespace, model: ModelConfig) -> tuple[Job, tuple
     needs = {}
     if args.fsdp_reshard != "default":
         needs["--fsdp-reshard-after-forward " + args.fsdp_reshard] = (3,)
-    if args.fp8_param_gather:
-        needs["--fp8-param-gather"] = (1, 2)
+    fp8 = fp8_from_args(args)
+    if args.fp8_param_gather:  # the distributed optimizer's (Megatron-core), or FSDP2's float8 all-gather (torchao)
+        needs["--fp8-param-gather"] = (3,) if fp8 is not None and fp8.impl == "torchao" else (1, 2)
     adam = adam_from_args(args)
     if adam is not None:
         needs["--use-precision-aware-optimizer"] = (1, 2)
@@ -123,7 +124,7 @@ def shared_job(args: argparse.Namespace, model: ModelConfig) -> tuple[Job, tuple
                                      UbConfig.torch_async_tp() if args.async_tp else ub_from_args(args),
                                      ce_fusion=args.ce_fusion, ce_impl=args.ce_impl, eager_rmsnorm=args.eager_rmsnorm,
                                      dtensor_tp=args.dtensor_tp),
-              fp8=fp8_from_args(args), cp_comm=args.cp_comm_type, fsdp_reshard=args.fsdp_reshard,
+              fp8=fp8, cp_comm=args.cp_comm_type, fsdp_reshard=args.fsdp_reshard,
               fp8_param_gather=args.fp8_param_gather, adam_states=adam)
     job.check_gradients(model)
     return job, scheds, zeros, recomputes, sps

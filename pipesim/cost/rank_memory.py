@@ -64,7 +64,10 @@ def rank_memory(schedule: Schedule, costs: ParallelCosts) -> list[MemoryBreakdow
             more = step_peak_state(experts, dp=dims.edp, zero=costs.job.zero, precision=precision, resident=resident)
             state = ModelState(state.parameters + more.parameters, state.gradients + more.gradients,
                                state.optimizer_states + more.optimizer_states)
-        if costs.fp8_param_counts:  # --fp8-param-gather: those parameters live in the FP8 copies' bytes
+        fp8_options = costs.job.fp8
+        # Megatron's --fp8-param-gather: those parameters live in the FP8 copies' bytes (torchao's FSDP2 float8
+        # all-gather keeps its 16-bit shards: nothing to drop)
+        if costs.fp8_param_counts and fp8_options is not None and fp8_options.caches_weights:
             fp8_params = sum(costs.fp8_param_counts[s] for s in schedule.stages_of(r))
             state = replace(state, parameters=state.parameters - fp8_params * precision.param_bytes)
         stash, working, inflight = activation_peak(schedule, costs, r)

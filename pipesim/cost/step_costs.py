@@ -96,18 +96,20 @@ def stage_step_collectives(params: int, *, dp: int, zero: int, precision: Precis
     """The dp collectives of one stage holding `params` parameters (per tp rank) in one step; () when dp = 1.
     `overlap_param_gather` (Megatron's flag, ZeRO 1/2): the parameters' all-gather runs before the chunk's first
     forward of the (next) step instead of after the optimizer. `fsdp` (ZeRO 3; None: gathered once per step):
-    when FSDP2 frees the chunk between computes. `fp8_params` (--fp8-param-gather, ZeRO 1/2): of the parameters,
-    those gathered as one FP8 byte each."""
+    when FSDP2 frees the chunk between computes. `fp8_params` (--fp8-param-gather: the distributed optimizer's under
+    ZeRO 1/2, torchao's FSDP2 float8 all-gather under ZeRO 3): of the parameters, those gathered as one FP8 byte
+    each."""
     prec = _precision(precision)
     if zero == 3:
         chunk = zero3_chunk_collectives(params, dp=dp, precision=prec)
         if not chunk:
             return ()
         gather, scatter = chunk
+        gathered = gather.nbytes - fp8_params * (prec.param_bytes - 1)  # FP8 parameters: one byte each
         if fsdp is None or fsdp.once_per_step:  # gathered once, kept until the backward
-            return (StepCollective("all_gather", gather.nbytes, "forward"),
+            return (StepCollective("all_gather", gathered, "forward"),
                     StepCollective("reduce_scatter", scatter.nbytes, "grads"))
-        return (StepCollective("all_gather", gather.nbytes, "gather"),
+        return (StepCollective("all_gather", gathered, "gather"),
                 StepCollective("reduce_scatter", scatter.nbytes, "microbatch" if fsdp.after_backward else "grads"))
     out = []
     grads = "microbatch" if zero == 2 else "grads"  # ZeRO 2 keeps only its gradient shard: reduce every microbatch

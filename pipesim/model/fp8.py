@@ -56,6 +56,9 @@ class Fp8Options:
     format: str = "hybrid"  # "e4m3" (everything E4M3) or "hybrid" (E4M3 forward, E5M2 gradients)
     recipe: str = DEFAULT_RECIPE  # "delayed", "tensorwise", "blockwise" or "mxfp8"
     impl: str = "te"  # "te" (Transformer Engine) or "torchao" (torchtitan's float8 converter)
+    # torchao under FSDP2 with --fp8-param-gather (its enable_fsdp_float8_all_gather): the weights reach the linears
+    # already cast, gathered in FP8. Set by pipesim.job.Job from the job's flags, never typed.
+    gathered: bool = False
 
     def __post_init__(self) -> None:
         if self.format not in FP8_FORMATS:
@@ -64,6 +67,8 @@ class Fp8Options:
             raise PipesimError(f"unknown --fp8-recipe {self.recipe!r}; choose {', '.join(FP8_RECIPES)}")
         if self.impl not in FP8_IMPLS:
             raise PipesimError(f"unknown --fp8-impl {self.impl!r}; choose {', '.join(FP8_IMPLS)}")
+        if self.gathered and self.impl != "torchao":
+            raise PipesimError("FP8 weights gathered by FSDP2 are torchao's (enable_fsdp_float8_all_gather)")
         if self.impl == "torchao" and self.recipe not in TORCHAO_RECIPES:
             raise PipesimError(f"--fp8-impl torchao has no {self.recipe} recipe (torchao's float8 training scales "
                                f"{' or '.join(TORCHAO_RECIPES)}): give --fp8-recipe tensorwise")

@@ -108,8 +108,10 @@ def torchao_layer_kernels(kernels: PieceKernels, fp8: Fp8Options, *, dtype_bytes
     def cast(what: str, elements: int) -> list[Kernel]:
         return _casts(what, elements, fp8, d, tn_only=False, transposed=False)
 
-    def weight(k: Gemm) -> int:
-        return k.batch * k.n * k.k  # a GEMM's weight operand: in x out (dgrad: out x in), per expert
+    def weight_cast(name: str, k: Gemm) -> list[Kernel]:
+        """The weight operand (in x out; dgrad: out x in; per expert) cast at its use, unless FSDP2 gathered it in
+        FP8 (`fp8.gathered`: torchao casts each shard before the gather, once per gather, 1/dp of this; not counted)."""
+        return [] if fp8.gathered else cast(f"{name} weight", k.batch * k.n * k.k)
 
     def phase(ks: tuple[Kernel, ...]) -> list[Kernel]:
         out: list[Kernel] = []
@@ -120,9 +122,9 @@ def torchao_layer_kernels(kernels: PieceKernels, fp8: Fp8Options, *, dtype_bytes
             tokens = k.batch * k.m * k.k  # its activation operand: tokens x in (dgrad: tokens x out)
             if (name := _linear(k.name)) is not None:
                 shard = gathered_shard if name in GATHERED else 1
-                out += cast(f"{name} input", tokens // shard) + cast(f"{name} weight", weight(k))
+                out += cast(f"{name} input", tokens // shard) + weight_cast(name, k)
             elif (name := _linear(k.name, " dgrad")) is not None:
-                out += cast(f"{name} output gradient", tokens) + cast(f"{name} weight", weight(k))
+                out += cast(f"{name} output gradient", tokens) + weight_cast(name, k)
             elif (name := _linear(k.name, " wgrad")) is not None:  # dW (in x out) = X^T dY, k = tokens
                 out += cast(f"{name} output gradient (wgrad)", k.batch * k.k * k.n) + \
                     cast(f"{name} input (wgrad)", k.batch * k.k * k.m)

@@ -91,7 +91,8 @@ class Candidate:
         if comm.overlap_param_gather and self.zero not in (1, 2):  # only the distributed optimizer's gather overlaps
             comm = replace(comm, overlap_param_gather=False)
         reshard = shared.fsdp_reshard if self.zero == 3 else "default"  # FSDP2's policy: sharded parameters only
-        fp8_gather = shared.fp8_param_gather and self.zero in (1, 2)  # the distributed optimizer's FP8 gather
+        torchao = shared.fp8 is not None and shared.fp8.impl == "torchao"  # FSDP2's float8 gather, not the optimizer's
+        fp8_gather = shared.fp8_param_gather and self.zero in ((3,) if torchao else (1, 2))
         adam = shared.adam_states if self.zero in (1, 2) else None  # the precision-aware optimizer: likewise
         modules = self.modules if self.recompute == "selective" else ()
         kernels = shared.kernels
