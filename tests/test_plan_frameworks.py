@@ -190,3 +190,16 @@ def test_fsdp_resharding_plans_zero_3_and_fp8_gathers_the_distributed_optimizer(
                  "--max-candidates", "40")
     assert all(r["zero"] == 1 or r["dp"] == 1 for r in data["rows"])
     assert ("--fp8-param-gather" in data["winner"]["megatron_args"]) == (data["rows"][0]["dp"] > 1)
+
+
+@pytest.mark.parametrize("framework", ["deepspeed", "megatron-lm-2021"])
+def test_the_2021_megatron_stacks_export_their_own_flags(capsys, tmp_path, framework):
+    """Megatron-LM @ 46c74b4 and Megatron-DeepSpeed @ 119a0d2 checkpoint with --checkpoint-activations, have no
+    distributed optimizer (DeepSpeed's ZeRO 1 is its config) and no flash attention."""
+    data = _plan(capsys, tmp_path, *SMALL, "--hardware", "dgx-a100", "--gpus", "16", "--framework", framework,
+                 "--recompute", "full", "--max-candidates", "20")
+    args = data["winner"]["megatron_args"]
+    assert "--checkpoint-activations" in args and not any("--recompute-granularity" in a for a in args)
+    assert "--use-distributed-optimizer" not in " ".join(args) and "--use-flash-attn" not in " ".join(args)
+    if framework == "deepspeed" and data["rows"][0]["zero"] == 1:
+        assert any(a.startswith("# ZeRO 1 is DeepSpeed's") for a in args)

@@ -15,6 +15,9 @@ from pipesim.model.options import FUSED_ATTENTION
 from pipesim.plan.space import Candidate, PlanRequest
 from pipesim.plan.stack_space import MEGATRON_SCHEDULES, TORCH_SCHEDULES
 
+# stacks whose Megatron-LM is the 2021 code: full recomputation is --checkpoint-activations (NVIDIA/Megatron-LM @
+# 46c74b4 megatron/arguments.py; bigscience-workshop/Megatron-DeepSpeed @ 119a0d2 the same), no distributed optimizer
+MEGATRON_2021 = ("megatron-lm-2021", "deepspeed")
 # pipesim's --cp-comm-type -> torchtitan's context_parallel_rotate_method (torch's rotaters: all-gather the K/V
 # shards once, or pass them round the ring by all-to-all); Ulysses' head all-to-all (a2a) has none there
 TORCH_ROTATE = {"all_gather": "allgather", "p2p": "alltoall"}
@@ -127,13 +130,17 @@ def megatron_args(c: Candidate, req: PlanRequest, attention: str | None = None) 
         out += ["--recompute-granularity", "selective"]
         if c.modules:  # Megatron-core's flag (core_v0.13 on); its default is core_attn alone
             out += ["--recompute-modules", *c.modules]
+    elif c.recompute == "full" and req.framework in MEGATRON_2021:
+        out.append("--checkpoint-activations")
     elif c.recompute == "full":
         out += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
     if c.sp:
         out.append("--sequence-parallel")
-    if attention in FUSED_ATTENTION:
+    if attention in FUSED_ATTENTION and req.framework in MEGATRON_2021:
+        out.append("# pipesim timed flash attention, which the 2021 Megatron layers lack (plan with --attention eager)")
+    elif attention in FUSED_ATTENTION:
         out.append("--use-flash-attn")
-    if attention == "flash2":  # Transformer Engine's FlashAttention backend (the flash-attn package), not cuDNN's
+    if attention == "flash2" and req.framework not in MEGATRON_2021:  # TE's FlashAttention backend, not cuDNN's
         out += ["--attention-backend", "flash"]
     out += grad_flags(req.job.kernels.grad_fp32)
     out += req.job.kernels.ce_flags()  # Megatron-core's names
@@ -160,7 +167,9 @@ def megatron_args(c: Candidate, req: PlanRequest, attention: str | None = None) 
     if c.schedule == "combined-1f1b":  # Megatron-core >= 0.14: interleaved 1F1B with the EP A2A overlap
         out.append("--overlap-moe-expert-parallel-comm")
     out += _moe_args(c, req)
-    if c.zero == 1:
+    if c.zero == 1 and req.framework == "deepspeed":  # DeepSpeed's bf16 optimizer shards the fp32 state (ZeRO 1)
+        out.append('# ZeRO 1 is DeepSpeed\'s: --deepspeed with a ds_config of "zero_optimization": {"stage": 1}')
+    elif c.zero == 1:
         out.append("--use-distributed-optimizer")
     elif c.zero > 1:
         out.append(f"# ZeRO-{c.zero}: Megatron-LM's closest is --use-distributed-optimizer (ZeRO-1) or torch FSDP")
