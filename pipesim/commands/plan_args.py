@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import argparse
 
-from pipesim.comm.ub_overlap import UbConfig
-from pipesim.commands.kernel_args import adam_from_args, fp8_from_args, ub_from_args
-from pipesim.commands.setup_args import apply_switches, comm_options_from_args
+from pipesim.commands.kernel_args import adam_from_args, fp8_from_args
+from pipesim.commands.setup_args import apply_switches, comm_options_from_args, kernel_switches
 from pipesim.errors import PipesimError
-from pipesim.job import Job, KernelSwitches
+from pipesim.job import Job
 from pipesim.model.config import ModelConfig
 from pipesim.model.op_recompute import OP
 from pipesim.model.recompute_modules import canonical_modules, check_modules, effective_modules
@@ -120,10 +119,7 @@ def shared_job(args: argparse.Namespace, model: ModelConfig) -> tuple[Job, tuple
                                f"{','.join(map(str, zeros))}")
         zeros = kept
     job = Job(attention=args.attention, comm=comm_options_from_args(args), zero=zeros[0] if needs else 0,
-              kernels=KernelSwitches(args.kernel_fusion, args.tp_comm_overlap, args.grad_accum_fusion, args.grad_fp32,
-                                     UbConfig.torch_async_tp() if args.async_tp else ub_from_args(args),
-                                     ce_fusion=args.ce_fusion, ce_impl=args.ce_impl, eager_rmsnorm=args.eager_rmsnorm,
-                                     dtensor_tp=args.dtensor_tp),
+              kernels=kernel_switches(args),
               fp8=fp8, cp_comm=args.cp_comm_type, fsdp_reshard=args.fsdp_reshard,
               fp8_param_gather=args.fp8_param_gather, adam_states=adam)
     job.check_gradients(model)

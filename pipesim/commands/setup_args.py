@@ -197,6 +197,14 @@ def apply_switches(args: argparse.Namespace, *, keep: tuple[str, ...] = ()) -> a
     return args
 
 
+def kernel_switches(args: argparse.Namespace) -> KernelSwitches:
+    """The KernelSwitches of the kernel flags (simulate, sweep, plan), after `apply_switches` filled the framework's:
+    torchtitan's async TP as the ring-exchange overlap it is timed as, else TE's userbuffers when asked for."""
+    return KernelSwitches(args.kernel_fusion, args.tp_comm_overlap, args.grad_accum_fusion, args.grad_fp32,
+                          UbConfig.torch_async_tp() if args.async_tp else ub_from_args(args), ce_fusion=args.ce_fusion,
+                          ce_impl=args.ce_impl, eager_rmsnorm=args.eager_rmsnorm, dtensor_tp=args.dtensor_tp)
+
+
 def sim_job(args: argparse.Namespace, model: ModelConfig | None, hardware: Hardware | None) -> Job:
     """The Job of simulate's and sweep's flags (its pp: each schedule's), with the main gradients' dtype checked
     against `model` (None: hand-given costs) and the attention kernel decided for the hardware."""
@@ -204,10 +212,7 @@ def sim_job(args: argparse.Namespace, model: ModelConfig | None, hardware: Hardw
     dims = ParallelDims(dp=args.dp, tp=args.tp, cp=args.cp, ep=args.ep, etp=args.etp)
     job = Job(dims, recompute=args.recompute, sp=args.sequence_parallel,
               attention=args.attention, zero=args.zero, comm=comm_options_from_args(args),
-              kernels=KernelSwitches(args.kernel_fusion, args.tp_comm_overlap, args.grad_accum_fusion, args.grad_fp32,
-                                     UbConfig.torch_async_tp() if args.async_tp else ub_from_args(args),
-                                     ce_fusion=args.ce_fusion, ce_impl=args.ce_impl, eager_rmsnorm=args.eager_rmsnorm,
-                                     dtensor_tp=args.dtensor_tp),
+              kernels=kernel_switches(args),
               recompute_modules=tuple(args.recompute_modules or ()), fp8=fp8_from_args(args),
               cp_comm=args.cp_comm_type, fsdp_reshard=args.fsdp_reshard, fp8_param_gather=args.fp8_param_gather,
               adam_states=adam_from_args(args))

@@ -100,12 +100,13 @@ def stage_step_collectives(params: int, *, dp: int, zero: int, precision: Precis
     ZeRO 1/2, torchao's FSDP2 float8 all-gather under ZeRO 3): of the parameters, those gathered as one FP8 byte
     each."""
     prec = _precision(precision)
+    fp8_saved = fp8_params * (prec.param_bytes - 1)  # bytes the FP8 parameters' gather saves: one byte each
     if zero == 3:
         chunk = zero3_chunk_collectives(params, dp=dp, precision=prec)
         if not chunk:
             return ()
         gather, scatter = chunk
-        gathered = gather.nbytes - fp8_params * (prec.param_bytes - 1)  # FP8 parameters: one byte each
+        gathered = gather.nbytes - fp8_saved
         if fsdp is None or fsdp.once_per_step:  # gathered once, kept until the backward
             return (StepCollective("all_gather", gathered, "forward"),
                     StepCollective("reduce_scatter", scatter.nbytes, "grads"))
@@ -115,8 +116,8 @@ def stage_step_collectives(params: int, *, dp: int, zero: int, precision: Precis
     grads = "microbatch" if zero == 2 else "grads"  # ZeRO 2 keeps only its gradient shard: reduce every microbatch
     for c in dp_collectives(params, dp=dp, zero=zero, microbatches=1, precision=prec):
         gathered = "forward" if overlap_param_gather else "params"
-        if c.kind == "all_gather":  # FP8 parameters: one byte each
-            out.append(StepCollective(c.kind, c.nbytes - fp8_params * (prec.param_bytes - 1), gathered))
+        if c.kind == "all_gather":
+            out.append(StepCollective(c.kind, c.nbytes - fp8_saved, gathered))
         else:
             out.append(StepCollective(c.kind, c.nbytes, grads))
     return tuple(out)

@@ -149,10 +149,11 @@ def megatron_args(c: Candidate, req: PlanRequest, attention: str | None = None) 
         if req.job.fp8.impl != "te":
             out.append("# pipesim timed torchao's float8 linears (--fp8-impl torchao); Megatron-core runs Transformer "
                        "Engine's")
-    ub = c.job(req.job).kernels.ub  # the candidate's: userbuffers only with tp > 1 and sequence parallelism
+    job = c.job(req.job)  # the candidate's options: a profile's overlaps and sharding only where they apply
+    ub = job.kernels.ub  # userbuffers only with tp > 1 and sequence parallelism
     if ub is not None:  # Megatron-core's names
         out += ub.flags()
-    comm = c.job(req.job).comm  # the candidate's: an overlapped parameter gather only with the distributed optimizer
+    comm = job.comm  # an overlapped parameter gather only with the distributed optimizer
     if comm.overlap_grad_reduce:  # the same names in Megatron-LM (--ddp-bucket-size in parameters too)
         out.append("--overlap-grad-reduce")
         if comm.ddp_bucket_size is not None:
@@ -160,10 +161,10 @@ def megatron_args(c: Candidate, req: PlanRequest, attention: str | None = None) 
         if comm.overlap_param_gather:
             out.append("--overlap-param-gather")
     out += _p2p_args(c, req)
-    if c.job(req.job).fp8_param_gather:  # the distributed optimizer's FP8 gather (the candidate's ZeRO 1 / 2)
+    if job.fp8_param_gather:  # the distributed optimizer's FP8 gather (the candidate's ZeRO 1 / 2)
         out.append("--fp8-param-gather")
-    if (adam := c.job(req.job).adam_states) is not None:  # Megatron-core's names
-        out += adam.flags()
+    if job.adam_states is not None:  # Megatron-core's names
+        out += job.adam_states.flags()
     if c.schedule == "combined-1f1b":  # Megatron-core >= 0.14: interleaved 1F1B with the EP A2A overlap
         out.append("--overlap-moe-expert-parallel-comm")
     out += _moe_args(c, req)
