@@ -103,8 +103,9 @@ class CollectiveStreams:
             counts = tuple(b // dtype for b in self.dp_bytes)
         self.params = counts  # parameters of each stage on one tp rank (what the buckets divide)
         precision = costs.precision if costs is not None else "fp32"
-        self.grad_bytes = named_precision(precision).grad_bytes  # bytes per gradient value
-        self.param_bytes = named_precision(precision).param_bytes  # bytes per parameter all-gathered
+        state = named_precision(precision)
+        self.grad_bytes = state.grad_bytes  # bytes per gradient value
+        self.param_bytes = state.param_bytes  # bytes per parameter all-gathered
         # ZeRO 3: each chunk's FSDP units (its layers, the embedding, the head), and the chunks each rank holds
         # gathered now, where FSDP2 frees them between computes (`fsdp`; None: gathered once per step)
         layers = costs.layers_per_stage if costs is not None else ()
