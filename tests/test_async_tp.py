@@ -21,8 +21,8 @@ def _job(*flags: str):
 
 def test_every_collective_is_a_ring_exchange_over_the_copy_engines():
     cfg = UbConfig.torch_async_tp()
-    ring = UbMethod("ring_exchange", num_sm=0, set_sm_margin=False, num_splits=0, use_ce=True)
-    assert dict(cfg.methods) == dict.fromkeys(DEFAULT_METHOD, ring)
+    ring = UbMethod("ring_exchange", num_sm=0, set_sm_margin=False, num_splits=0, use_ce=True, copies_in=True)
+    assert dict(cfg.methods) == dict.fromkeys(DEFAULT_METHOD, ring)  # each gather copies its shard in first
     assert (ring.held_sms(), ring.chunks(8), cfg.flags()) == (0, 8, ["--async-tp"])
 
 

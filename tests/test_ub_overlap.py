@@ -21,6 +21,8 @@ from tests.test_overlap_interference import TILE_FLOPS, toy
 
 T = TILE_FLOPS / 1e12  # seconds of one 128 x 128 x 1024 tile on one toy SM
 FC2 = Gemm("FC2", 512, 512, 1024)  # 16 tiles: 4 waves on the toy's 4 SMs
+S = 4_000_000  # bytes of the full tensor a collective moves
+GATHER = {"kind": "all_gather", "nbytes": S}  # a gather that stages nothing (its producer writes into the buffer)
 
 
 def _gemm() -> HidingGemm:
@@ -74,25 +76,54 @@ def test_pipeline_by_hand():
     """4 chunks of 128 rows on the 3 SMs one comm SM leaves: 4 tiles, 2 waves each (g = 2T); C = 4T: c = T <= g, so
     pair = g + 3 g + c = 9T and the collective adds 5T to the GEMM's 4T."""
     m = UbMethod("pipeline", 1, True, 4)
-    assert exposed_ub(4 * T, _gemm(), m, tp=4) == pytest.approx(5 * T)
+    assert exposed_ub(4 * T, _gemm(), m, tp=4, kind="reduce_scatter", nbytes=S) == pytest.approx(5 * T)
 
 
 def test_ring_exchange_by_hand():
     """tp 4 chunks of 128 rows on all 4 SMs (copy engines): 1 wave each, g = T. C = 6T: hops of 2T > g, pair =
     T + 3 x 2T = 7T, 3T over the GEMM; C = 1.5T: hops of T / 2 hide, nothing added. Aggregated: 2 GEMMs of 256 rows
-    (2 waves, g = 2T), C = 6T in one hop: pair = 2T + 6T."""
+    (2 waves, g = 2T) after the partner's chunk (c = C / 3 = 2T), then one 2-chunk hop: pair = 2T + 2T + 4T."""
     m = UbMethod("ring_exchange", 1, False, 0)
-    assert exposed_ub(6 * T, _gemm(), m, tp=4) == pytest.approx(3 * T)
-    assert exposed_ub(1.5 * T, _gemm(), m, tp=4) == pytest.approx(0.0, abs=1e-15)
-    assert exposed_ub(6 * T, _gemm(), replace(m, aggregate=True), tp=4) == pytest.approx(4 * T)
+    assert exposed_ub(6 * T, _gemm(), m, tp=4, **GATHER) == pytest.approx(3 * T)
+    assert exposed_ub(1.5 * T, _gemm(), m, tp=4, **GATHER) == pytest.approx(0.0, abs=1e-15)
+    assert exposed_ub(6 * T, _gemm(), replace(m, aggregate=True), tp=4, **GATHER) == pytest.approx(4 * T)
+
+
+def test_an_aggregated_ring_waits_for_its_partners_chunk_first():
+    """TE's aggregate at tp 8: 4 GEMMs of 128 rows (1 wave, g = T) after one chunk's hop from the pair partner
+    (split_overlap_ag's initial 1X exchange). C = 0.7T: hops of c = 0.1T, 2c hides behind each GEMM, but the first
+    one is exposed: pair = 0.1T + 4T. C = 7T: c = T, pair = T + T + 3 x 2T = 8T, as the unaggregated ring's g + C."""
+    m = UbMethod("ring_exchange", 1, False, 0, aggregate=True)
+    assert m.chunks(8) == 4
+    assert exposed_ub(0.7 * T, _gemm(), m, tp=8, **GATHER) == pytest.approx(0.1 * T)
+    assert exposed_ub(7 * T, _gemm(), m, tp=8, **GATHER) == pytest.approx(4 * T)
 
 
 def test_bulk_by_hand():
     """The whole GEMM beside the collective on 3 SMs: 6 waves, G' = 6T. C = 3T: without the margin the GEMM gets
     the SM back when the collective ends, C (1 - G / G') = T; with it it stays on 3 SMs, max(G', C) - G = 2T."""
     m = UbMethod("bulk", 1, False, 4)
-    assert exposed_ub(3 * T, _gemm(), m, tp=4) == pytest.approx(T)
-    assert exposed_ub(3 * T, _gemm(), replace(m, set_sm_margin=True), tp=4) == pytest.approx(2 * T)
+    assert exposed_ub(3 * T, _gemm(), m, tp=4, kind="reduce_scatter", nbytes=S) == pytest.approx(T)
+    assert exposed_ub(3 * T, _gemm(), replace(m, set_sm_margin=True), tp=4, kind="reduce_scatter",
+                      nbytes=S) == pytest.approx(2 * T)
+
+
+def test_the_staging_kernels_by_hand():
+    """S = 4 MB on the toy's 1 TB/s HBM (no launch cost): a ring exchange's reduce-scatter sums its 4 partials after
+    the ring, S (1 + 1/4) = 5 MB, 5 us on top of the pair's 3T; an all-gather that copies its local chunk in stages
+    2 S / 4 = 2 MB, 2 us, and one whose LayerNorm writes into the buffer (TE's qkv_fprop) nothing; TE copies the
+    output gradient in before proj_dgrad's ring and the saved input before qkv_dgrad's bulk re-gather."""
+    ring = UbMethod("ring_exchange", 1, False, 0)
+    assert exposed_ub(6 * T, _gemm(), ring, tp=4, kind="reduce_scatter", nbytes=S) == pytest.approx(3 * T + 5e-6)
+    copying = replace(ring, copies_in=True)
+    assert exposed_ub(6 * T, _gemm(), copying, tp=4, kind="all_gather", nbytes=S) == pytest.approx(3 * T + 2e-6)
+    assert exposed_ub(6 * T, _gemm(), copying, tp=4, kind="reduce_scatter", nbytes=S) == pytest.approx(3 * T + 5e-6)
+    assert not UbConfig().method("qkv_fprop").copies_in and not UbConfig().method("fc1_fprop").copies_in
+    assert [n for n in DEFAULT_METHOD if UbConfig().method(n).copies_in] == ["proj_dgrad", "fc2_dgrad", "qkv_dgrad",
+                                                                             "fc1_dgrad"]
+    pipelined = UbMethod("pipeline", 1, True, 4)  # its reduce-scatter kernel reduces as it scatters: no staging
+    assert exposed_ub(4 * T, _gemm(), pipelined, tp=4, kind="reduce_scatter", nbytes=S) == \
+        exposed_ub(4 * T, _gemm(), pipelined, tp=4, kind="reduce_scatter", nbytes=0)
 
 
 def test_the_dense_linears_collectives_ride_on_their_own_gemms():
@@ -125,7 +156,8 @@ def test_the_simulator_adds_exactly_each_collectives_userbuffers_seconds(capsys)
         for c in costs.tp_collectives[key]:
             if c.ub is not None:  # a dense linear's: its userbuffers seconds
                 riding[key] = riding.get(key, 0) + 1
-                expected += exposed_ub(collective_time(c.kind, c.nbytes, group, hw).seconds, c.beside, c.ub, 4)
+                expected += exposed_ub(collective_time(c.kind, c.nbytes, group, hw).seconds, c.beside, c.ub, 4,
+                                       kind=c.kind, nbytes=c.nbytes)
             elif c.beside is not None:  # the embedding's and the head's keep NCCL's model
                 expected += exposed_collective(collective_time(c.kind, c.nbytes, group, hw), c.nbytes, 4, c.beside)
             else:

@@ -10,7 +10,9 @@ by one of three methods (transformer_engine/pytorch/module/base.py @ v2.1, initi
 - ring_exchange (qkv_fprop, fc1_fprop, proj_dgrad, fc2_dgrad): the GEMM cut into n = tp chunks of its rows, each
   computed while the next chunk arrives over the copy engines (use_ce): no SM held, the first chunk local.
   pair = g + (n - 1) max(g, c), g the chunk's GEMM, c = C / (n - 1) one hop. With aggregate each GEMM takes two
-  chunks: n = tp / 2 GEMMs, the same bytes over n - 1 steps.
+  chunks: n = tp / 2 GEMMs, after one chunk from the pair partner has arrived (split_overlap_ag's 'initial 1X input
+  chunk exchange between neighboring peers', before the first GEMM) and then 2-chunk hops:
+  pair = c + g + (n - 1) max(g, 2c), c = C / (tp - 1).
 - pipeline (proj_fprop, fc2_fprop): the GEMM cut into n = num_splits chunks, each chunk's output reduce-scattered by
   a kernel on num_sm SMs while the next chunk computes; the last chunk's part exposed.
   pair = g + (n - 1) max(g, c) + c, c = C / n.
@@ -18,6 +20,16 @@ by one of three methods (transformer_engine/pytorch/module/base.py @ v2.1, initi
   the input gradient reduce-scattered beside the weight-gradient GEMM): the whole collective beside the whole GEMM
   on num_sm SMs; without set_sm_margin the GEMM gets them back when it ends (exposed_beside's rule), with it it runs
   on SMs - num_sm throughout: pair = max(G', C).
+
+Around the ring each method stages bytes on the compute stream, exposed: a ring exchange's reduce-scatter sums its
+tp partial chunks in one memory-bound kernel after the ring (TE v2.1 comm_gemm_overlap.cpp
+CommOverlapP2PBase::split_overlap_rs `reduce_bf16`, torch's `_fused_matmul_reduce_scatter_impl` `reduce_fn` over the
+stacked partials): it reads the whole tensor and writes one chunk, S (1 + 1 / tp) bytes; an all-gather whose input
+is not written into the buffer by its producer first copies its local chunk in, 2 S / tp bytes (TE's
+`copy_into_buffer` of the output gradient and of the saved input re-gathered for the wgrad; torch's `copy_shard` into
+the local p2p buffer before the first matmul, which its comment says it gives up overlapping). TE's forward LayerNorm
+writes into the buffer itself (`get_buffer(..., local_chunk=True)`), and a pipelined or bulk reduce-scatter reduces
+inside its communication kernel.
 
 g and G' come from the wave model (pipesim.device.gemm) on the SMs the communication leaves (SMs - num_sm where it
 holds them: pipeline, bulk, a ring exchange with set_sm_margin), taken as a ratio to the GEMM's time on all SMs so that
@@ -38,6 +50,7 @@ from pathlib import Path
 
 from pipesim.comm.overlap_interference import HidingGemm, exposed_beside
 from pipesim.device.gemm import gemm_time
+from pipesim.device.kernels import memory_bound_time
 from pipesim.device.profile import DeviceProfile
 from pipesim.errors import PipesimError
 
@@ -63,6 +76,10 @@ UB_GEMMS = {"attention input (before QKV)": ("qkv_fprop", "QKV"),
             "MLP input, again (for the MLP up weight gradient)": ("fc1_dgrad", "FC1 dgrad"),
             "MLP input gradient": ("fc1_wgrad", "FC1 wgrad")}
 RECOMPUTED = "recompute: "  # a forward collective re-run in the backward (pipesim.model.layer_collectives)
+# the GEMMs whose gathered tensor TE copies into the userbuffer on the compute stream first (v2.1 module/base.py
+# grad_output_preprocess: copy_into_buffer(grad_output); layernorm_linear.py and layernorm_mlp.py backward:
+# copy_into_buffer(ln_out) before the bulk re-gather); qkv_fprop's and fc1_fprop's LayerNorm writes into it
+TE_COPIES_IN = ("proj_dgrad", "fc2_dgrad", "qkv_dgrad", "fc1_dgrad")
 
 
 @dataclass(frozen=True)
@@ -75,13 +92,14 @@ class UbMethod:
     num_splits: int  # chunks the GEMM is cut into; 0: tp (a ring exchange's default)
     use_ce: bool = True  # a ring exchange over the copy engines (else on num_sm SMs)
     aggregate: bool = False  # a ring exchange whose GEMMs each take two arrived chunks (half as many GEMMs)
+    copies_in: bool = False  # an all-gather's local chunk copied into the buffer on the compute stream first
 
     @classmethod
     def default(cls, name: str, method: str | None = None) -> UbMethod:
         """TE v2.1's get_default_config for `name` run by `method` (default: the name's own)."""
         method = method or DEFAULT_METHOD[name]
         ring = method == "ring_exchange"
-        return cls(method, 1 if ring else 16, not ring, 0 if ring else 4)
+        return cls(method, 1 if ring else 16, not ring, 0 if ring else 4, copies_in=name in TE_COPIES_IN)
 
     def held_sms(self) -> int:
         """SMs the GEMM loses while the collective runs."""
@@ -121,8 +139,8 @@ class UbConfig:
         @ 006b161: `_pipelined_all_gather_and_consume` copies each peer's shard over the copy engines, `copy_` on a
         second stream, while the shard before it is multiplied, the local one first; `_pipelined_produce_and_all2all`
         multiplies each peer's chunk and copies it out the same way): every name a ring exchange in tp chunks over
-        the copy engines, no SM held."""
-        ring = UbMethod("ring_exchange", num_sm=0, set_sm_margin=False, num_splits=0, use_ce=True)
+        the copy engines, no SM held, each gather's local shard copied into the p2p buffer first."""
+        ring = UbMethod("ring_exchange", num_sm=0, set_sm_margin=False, num_splits=0, use_ce=True, copies_in=True)
         return cls(tuple((n, ring) for n in DEFAULT_METHOD), async_tp=True)
 
     @classmethod
@@ -205,8 +223,27 @@ def _split_ratio(m: int, n: int, k: int, batch: int, c_bytes: int, dtype: str, p
     return chunks * part / whole
 
 
-def exposed_ub(collective: float, gemm: HidingGemm, method: UbMethod, tp: int) -> float:
-    """Seconds a userbuffers collective of `collective` seconds adds to its GEMM's own (the module's formulas)."""
+def staged_bytes(kind: str, nbytes: int, method: UbMethod, tp: int) -> float:
+    """Bytes the method reads and writes on the compute stream around its ring for a `kind` collective of the full
+    tensor's `nbytes` (the module's rule): a ring exchange's reduce-scatter sums tp partials, an all-gather that
+    copies in stages its local chunk."""
+    if kind == "reduce_scatter" and method.method == "ring_exchange":
+        return nbytes * (1 + 1 / tp)
+    if kind == "all_gather" and method.copies_in:
+        return 2 * nbytes / tp
+    return 0.0
+
+
+def exposed_ub(collective: float, gemm: HidingGemm, method: UbMethod, tp: int, *, kind: str, nbytes: int) -> float:
+    """Seconds a userbuffers `kind` collective of `nbytes` (the full tensor) and `collective` seconds adds to its
+    GEMM's own: the pair's formula, and its staging kernel exposed (the module's formulas)."""
+    staged = staged_bytes(kind, nbytes, method, tp)
+    staging = memory_bound_time(staged, gemm.profile).seconds if staged else 0.0
+    return staging + _paired(collective, gemm, method, tp)
+
+
+def _paired(collective: float, gemm: HidingGemm, method: UbMethod, tp: int) -> float:
+    """Seconds the collective's overlap with its GEMM adds to the GEMM's own (ring exchange, pipeline, bulk)."""
     n, held = method.chunks(tp), method.held_sms()
     if method.method == "bulk":
         beside = _seconds(gemm, 1, held)
@@ -216,10 +253,14 @@ def exposed_ub(collective: float, gemm: HidingGemm, method: UbMethod, tp: int) -
     g = _seconds(gemm, n, held) / n
     if n == 1:  # one chunk: nothing to overlap it with
         return collective + g - gemm.seconds
+    if method.method == "ring_exchange" and method.aggregate:
+        hop = collective / (tp - 1)  # one chunk
+        return hop + g + (n - 1) * max(g, 2 * hop) - gemm.seconds
     if method.method == "ring_exchange":
         return g + (n - 1) * max(g, collective / (n - 1)) - gemm.seconds
     c = collective / n
     return g + (n - 1) * max(g, c) + c - gemm.seconds
 
 
-__all__ = ["DEFAULT_METHOD", "METHODS", "UB_GEMMS", "UbConfig", "UbMethod", "exposed_ub", "ub_gemm"]
+__all__ = ["DEFAULT_METHOD", "METHODS", "TE_COPIES_IN", "UB_GEMMS", "UbConfig", "UbMethod", "exposed_ub",
+           "staged_bytes", "ub_gemm"]

@@ -225,7 +225,8 @@ def _tp_time(rank: int, action: Action, hw: Hardware | None, comm: bool, par: Pa
     total = 0.0
     for c in colls:
         if c.beside is not None and c.ub is not None:
-            total += exposed_ub(collective_time(c.kind, c.nbytes, group, hw).seconds, c.beside, c.ub, len(group))
+            total += exposed_ub(collective_time(c.kind, c.nbytes, group, hw).seconds, c.beside, c.ub, len(group),
+                                kind=c.kind, nbytes=c.nbytes)
         elif c.beside is not None:
             total += exposed_collective(collective_time(c.kind, c.nbytes, group, hw), c.nbytes, len(group), c.beside)
         else:
