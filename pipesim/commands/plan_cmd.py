@@ -38,6 +38,7 @@ from pipesim.commands.plan_args import (
     shared_job,
     zero_list,
 )
+from pipesim.commands.plan_report import plan_json, report
 from pipesim.commands.setup_args import add_comm_args
 from pipesim.cost.v_search import V_SEARCHED
 from pipesim.cost.zb_auto_costs import AUTO_SCHEDULES
@@ -51,23 +52,16 @@ from pipesim.outputs import check_file, write_text
 from pipesim.plan.backends import open_backend
 from pipesim.plan.evaluate import Evaluator
 from pipesim.plan.exports import (
-    command_line,
-    exports_for,
     grad_flags,
-    megatron_text,
     run_command,
-    run_note,
     schedule_csv,
     simulate_command,
-    torchtitan_toml,
 )
 from pipesim.plan.finalists import DEFAULT_FINALISTS
 from pipesim.plan.jitter import PlanJitter, rank_under_jitter
-from pipesim.plan.ranking import why_lost
-from pipesim.plan.search import DEFAULT_MAX_CANDIDATES, DEFAULT_MAX_WORK, PlanResult, default_workers, plan
+from pipesim.plan.search import DEFAULT_MAX_CANDIDATES, DEFAULT_MAX_WORK, default_workers, plan
 from pipesim.plan.space import PlanRequest
 from pipesim.sim.sim_setup import DEFAULT_HARDWARE
-from pipesim.units import format_bytes
 
 EXAMPLES = """examples:
   pipesim plan --model gpt --hidden 1024 --layers 8 --heads 16 --seq 1024 --vocab 32000 --batch 32 \\
@@ -312,49 +306,3 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(report(result, args.top, argv, ev.attention, run_argv))
     return 0
-
-
-def plan_json(result: PlanResult, top: int, argv: list[str], attention: str, run_argv: list[str]) -> dict:
-    best, req = result.best, result.request
-    rows = [{**r.to_dict(), "why": why_lost(r, best)} for r in result.rows[:top]]
-    c = best.candidate
-    return {"schema": "pipesim.plan/1", "gpus": req.gpus, "hardware": req.hardware.name,
-            "device_memory": req.hardware.device.memory, "attention": attention, "counts": result.counts,
-            "rows": rows,
-            "winner": {"simulate_command": command_line(argv), "run_command": command_line(run_argv),
-                       **({"run_note": run_note(c, req.model)} if run_note(c, req.model) else {}),
-                       **({"megatron_args": megatron_text(c, req, attention).splitlines()}
-                          if "megatron" in exports_for(req.framework) else {}),
-                       **({"torchtitan_toml": torchtitan_toml(c, req)}
-                          if "torchtitan" in exports_for(req.framework) else {})}}
-
-
-def report(result: PlanResult, top: int, argv: list[str], attention: str, run_argv: list[str]) -> str:
-    """The ranked table, the counts, and the winner's exports."""
-    req, best = result.request, result.best
-    k = result.counts
-    lines = [f"plan: {req.gpus} GPUs of {req.hardware.name} ({format_bytes(req.hardware.device.memory)} each), "
-             f"batch {req.model.batch} x seq {req.model.seq}",
-             f"{k['enumerated']} candidates ({attention} attention), {k['over_memory_bound']} over memory by the "
-             f"bound; of the {k['fits_memory_bound']} left, in the estimate's order: {k['refused_by_schedule']} "
-             f"refused by their schedule, {k['over_memory']} over memory, {k['simulated']} simulated, "
-             f"{k['not_simulated_cap']} not reached",
-             f"{'#':>3} {'configuration':<56} {'step ms':>9} {'tok/s':>10} {'MFU':>6} {'TF/GPU':>7} "
-             f"{'peak mem':>10} {'bubble':>7}" + (f" {'E[step] ms':>11}" if best.expected_step_time else "")
-             + "  why not first"]
-    for i, r in enumerate(result.rows[:top], 1):
-        expected = f" {r.expected_step_time * 1e3:11.3f}" if best.expected_step_time else ""
-        lines.append(f"{i:>3} {r.candidate.label():<56} {r.step_time * 1e3:9.3f} {r.tokens_per_s:10.0f} "
-                     f"{r.mfu * 100:5.1f}% {r.tflops_per_gpu:7.1f} {format_bytes(r.peak_memory):>10} "
-                     f"{r.bubble_fraction * 100:6.1f}%{expected}  {why_lost(r, best)}")
-    c = best.candidate
-    lines += ["", "winner as a pipesim command:", "  " + command_line(argv), "",
-              "run it for real (NCCL; the same command on every node):", "  " + command_line(run_argv)]
-    lines += ["  " + run_note(c, req.model)] if run_note(c, req.model) else []
-    if "megatron" in exports_for(req.framework):
-        lines += ["", "Megatron-LM arguments:"]
-        lines += ["  " + x for x in megatron_text(c, req, attention).splitlines()]
-    if "torchtitan" in exports_for(req.framework):
-        lines += ["", "torchtitan job config:"]
-        lines += [f"  {x}" if x else "" for x in torchtitan_toml(c, req).splitlines()]
-    return "\n".join(lines)
