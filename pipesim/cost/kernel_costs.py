@@ -17,6 +17,7 @@ from functools import lru_cache
 from pipesim.device.fp8_rates import FP8, check_fp8_recipe, fp8_figures
 from pipesim.device.gemm import gemm_time
 from pipesim.device.kernels import flash_attention_time, memory_bound_time
+from pipesim.device.power import at_power_limit
 from pipesim.device.profile import DeviceProfile, device_profile
 from pipesim.errors import PipesimError
 from pipesim.hardware.machine import KernelFigures
@@ -103,11 +104,16 @@ def piece_seconds(kernels: PieceKernels, dtype: str, profile: DeviceProfile,
 
 @lru_cache(maxsize=64)
 def profile_of(family: str, kernels: KernelFigures | None = None) -> DeviceProfile:
-    """The shipped device profile of `family` (read once), with a hardware file's measured figures over it."""
+    """The shipped device profile of `family` (read once), with a hardware file's figures over it: measured ones,
+    and its board's HBM and power limit (the limit as a tensor clock, pipesim.device.power)."""
     profile = device_profile(family)
     if kernels is None or not kernels.figures():
         return profile
-    return profile.with_measured(kernels.source or "[device.kernels] of the hardware file", **kernels.figures())
+    source = kernels.source or "[device.kernels] of the hardware file"
+    figures = kernels.figures()
+    watts = figures.pop("power_limit", None)
+    profile = profile.with_measured(source, **figures) if figures else profile
+    return at_power_limit(profile, watts, source) if watts is not None else profile
 
 
 @lru_cache(maxsize=64)

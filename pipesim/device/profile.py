@@ -24,7 +24,9 @@ except ModuleNotFoundError:  # Python 3.10
 FRACTIONS = ("matmul_efficiency", "memory_efficiency", "overlap", "flash_forward_efficiency",
              "flash_backward_efficiency")
 # a family may leave these out (each still names its source)
-OPTIONAL = frozenset({"memory_bound_efficiency", "flash2_forward_efficiency", "flash2_backward_efficiency"})
+OPTIONAL_FRACTIONS = frozenset({"memory_bound_efficiency", "flash2_forward_efficiency", "flash2_backward_efficiency"})
+OPTIONAL = OPTIONAL_FRACTIONS | {"power_limit", "power_ratings"}
+DERIVED = frozenset({"clock_scale"})  # set from a hardware file's board (pipesim.device.power), never in the presets
 DTYPE_BYTES = {"float32": 4, "tfloat32": 4, "bfloat16": 2, "float16": 2, "float8": 1}  # bytes per element
 
 
@@ -54,6 +56,13 @@ class DeviceProfile:
     # peak; None: the family has no such figure (refused)
     flash2_forward_efficiency: float | None = None
     flash2_backward_efficiency: float | None = None
+    # the reference board's power limit (watts) the figures above were measured under, and the boards of the same die
+    # NVIDIA rates at other limits: (watts, dense BF16 peak FLOP/s) pairs (pipesim.device.power); () none known
+    power_limit: float | None = None
+    power_ratings: tuple[tuple[float, float], ...] = ()
+    # this board's sustained tensor clock over the reference board's (a lower power limit: pipesim.device.power);
+    # every peak is taken times it
+    clock_scale: float = 1.0
 
     def __post_init__(self) -> None:
         where = f"device {self.name!r}"
@@ -73,9 +82,16 @@ class DeviceProfile:
             value = getattr(self, name)
             if not (_positive(value) or (name == "kernel_overhead" and value == 0)):
                 raise PipesimError(f"{where}: {name} must be positive, got {value!r}")
-        for name in (*FRACTIONS, *sorted(OPTIONAL)):
+        if self.power_limit is not None and not _positive(self.power_limit):
+            raise PipesimError(f"{where}: power_limit must be positive watts, got {self.power_limit!r}")
+        if any(len(r) != 2 or not all(_positive(x) for x in r) for r in self.power_ratings):
+            raise PipesimError(f"{where}: power_ratings must be (watts, FLOP/s) pairs of positive numbers, "
+                               f"got {self.power_ratings!r}")
+        if not _positive(self.clock_scale):
+            raise PipesimError(f"{where}: clock_scale must be positive, got {self.clock_scale!r}")
+        for name in (*FRACTIONS, *sorted(OPTIONAL_FRACTIONS)):
             value = getattr(self, name)
-            if value is None and name in OPTIONAL:
+            if value is None and name in OPTIONAL_FRACTIONS:
                 continue
             low_ok = value >= 0 if name == "overlap" else value > 0
             if not (isinstance(value, (int, float)) and low_ok and value <= 1):
@@ -85,7 +101,8 @@ class DeviceProfile:
         return hash((self.name, self.sms, self.tiles, tuple(sorted(self.flops.items())), self.hbm_bandwidth,
                      self.matmul_efficiency, self.memory_efficiency, self.kernel_overhead, self.overlap,
                      self.flash_forward_efficiency, self.flash_backward_efficiency, self.nccl_channels,
-                     self.memory_bound_efficiency, self.flash2_forward_efficiency, self.flash2_backward_efficiency))
+                     self.memory_bound_efficiency, self.flash2_forward_efficiency, self.flash2_backward_efficiency,
+                     self.power_limit, self.power_ratings, self.clock_scale))
 
     @property
     def memory_bound_rate(self) -> float:
@@ -94,10 +111,11 @@ class DeviceProfile:
         return self.hbm_bandwidth * eff
 
     def peak(self, dtype: str) -> float:
-        """Dense peak FLOP/s for `dtype`, or a one-line error naming the dtypes it has."""
+        """Dense peak FLOP/s for `dtype` at this board's clock (`clock_scale`), or a one-line error naming the dtypes
+        it has."""
         if dtype not in self.flops:
             raise PipesimError(f"device {self.name!r} has no {dtype} peak (has {', '.join(sorted(self.flops))})")
-        return self.flops[dtype]
+        return self.flops[dtype] * self.clock_scale
 
     def with_flash2(self) -> DeviceProfile:
         """The profile whose flash kernel is FlashAttention-2 (`--attention flash2`); one line when the family has
@@ -134,7 +152,7 @@ def load_profiles(path: Path | None = None) -> dict[str, DeviceProfile]:
         data = tomllib.loads(Path(path).read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise PipesimError(f"cannot read device profiles {path}: {exc}") from exc
-    names = {f.name for f in fields(DeviceProfile)}
+    names = {f.name for f in fields(DeviceProfile)} - DERIVED
     profiles = {}
     for family, table in data.items():
         missing = names - set(table) - {"sources"} - OPTIONAL
@@ -145,7 +163,9 @@ def load_profiles(path: Path | None = None) -> dict[str, DeviceProfile]:
         unsourced = set(table) - {"name", "sources"} - set(table.get("sources", {}))  # every figure given
         if unsourced:
             raise PipesimError(f"{path}: [{family}] names no source for {', '.join(sorted(unsourced))}")
-        profiles[family] = DeviceProfile(**{**table, "tiles": tuple(tuple(t) for t in table["tiles"])})
+        ratings = tuple((float(w), float(f)) for w, f in table.get("power_ratings", ()))
+        profiles[family] = DeviceProfile(**{**table, "tiles": tuple(tuple(t) for t in table["tiles"]),
+                                            "power_ratings": ratings})
     return profiles
 
 

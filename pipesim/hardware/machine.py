@@ -69,6 +69,12 @@ class KernelFigures:
                                                          default=None)
     memory_bound_efficiency: float | None = file_field("frac", default=None,
                                                        doc="memory-bound kernels' median bytes/s / datasheet HBM")
+    # a board of the family that differs from its reference board (pipesim/presets/gemm/devices.toml): its datasheet
+    # HBM, and its power limit, which sets its tensor clock (pipesim.device.power)
+    hbm_bandwidth: float | None = file_field("pos", "bytes/s", "this board's datasheet HBM, where it differs from the "
+                                             "family's", default=None)
+    power_limit: float | None = file_field("pos", "watts", "this board's power limit, where it differs from the "
+                                           "family's reference board", default=None)
     source: str = file_field("str", doc="the run the figures come from (each figure's source)", default="")
 
     def figures(self) -> dict[str, float]:
