@@ -3,6 +3,7 @@ the interpolation by hand, the refusals, and the kernel model and the simulator 
 
 from __future__ import annotations
 
+import json
 from importlib import resources
 
 import pytest
@@ -73,3 +74,47 @@ def test_a_power_limit_the_family_cannot_honour_is_one_line_and_exit_2(tmp_path,
     assert code == 2 and len(err.splitlines()) == 1
     assert "power_limit 300 W on device 'A100-SXM4-80GB': its family lists no rated boards" in err
 
+
+
+SIM = ["simulate", "1f1b", "-p", "2", "-m", "4", "--model", "gpt", "--hidden", "2048", "--layers", "4", "--heads",
+       "16", "--seq", "2048", "--batch", "4", "--dtype", "bfloat16", "--attention", "flash", "--json", "-"]
+
+
+def _step(capsys, *extra: str) -> float:
+    assert main([*SIM, *extra]) == 0
+    return json.loads(capsys.readouterr().out)["step_time"]
+
+
+def test_the_flag_is_the_boards_limit_in_the_file(tmp_path, capsys):
+    """--power-limit 500 on dgx-h100 is the same run as a file whose [device.kernels] says power_limit = 500, and
+    slower than the 700 W board; 700 is the board itself."""
+    preset = resources.files("pipesim").joinpath("presets", "dgx-h100.toml").read_text()
+    path = tmp_path / "h100-500w.toml"
+    path.write_text(preset.replace("[intra]", "[device.kernels]\npower_limit = 500\n\n[intra]", 1))
+    capped = _step(capsys, "--hardware", "dgx-h100", "--power-limit", "500")
+    assert capped == _step(capsys, "--hardware", str(path))
+    assert capped > _step(capsys, "--hardware", "dgx-h100") == _step(capsys, "--hardware", "dgx-h100",
+                                                                     "--power-limit", "700")
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--hardware", "dgx-a100", "--power-limit", "300"], "power_limit 300 W on device 'A100-SXM4-80GB'"),
+    (["--hardware", "local-cpu", "--power-limit", "300"], "--power-limit 300: hardware 'local-cpu' has no GPU"),
+    (["--hardware", "dgx-h100", "--power-limit", "350"], "outside the 400-700 W its rated boards span"),
+])
+def test_the_flag_refuses_in_one_line(capsys, extra, message):
+    assert main([*SIM[:-2], *extra]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err
+
+
+def test_plan_searches_and_exports_at_the_limit(capsys):
+    args = ["plan", "--model", "gpt", "--hidden", "2048", "--layers", "8", "--heads", "16", "--seq", "2048",
+            "--batch", "16", "--dtype", "bfloat16", "--hardware", "dgx-h100", "--gpus", "8", "--top", "1"]
+    assert main([*args, "--power-limit", "500", "--json", "-"]) == 0
+    capped = json.loads(capsys.readouterr().out)
+    assert main([*args, "--json", "-"]) == 0
+    full = json.loads(capsys.readouterr().out)
+    assert "--power-limit 500" in capped["winner"]["simulate_command"]
+    assert "--power-limit" not in full["winner"]["simulate_command"]
+    assert capped["rows"][0]["step_time"] > full["rows"][0]["step_time"]

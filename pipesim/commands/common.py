@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from dataclasses import replace
 
@@ -19,6 +20,17 @@ from pipesim.outputs import write_text
 
 def positive_int(text: str) -> int:
     return bounded_int(text, 1)
+
+
+def positive_float(text: str) -> float:
+    """`text` as a finite number > 0 (argparse's error otherwise)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
 
 
 def bounded_int(text: str, minimum: int) -> int:

@@ -39,7 +39,7 @@ from pipesim.commands.plan_args import (
     zero_list,
 )
 from pipesim.commands.plan_report import plan_json, report
-from pipesim.commands.setup_args import add_comm_args
+from pipesim.commands.setup_args import add_comm_args, add_power_limit_arg, capped
 from pipesim.cost.v_search import V_SEARCHED
 from pipesim.cost.zb_auto_costs import AUTO_SCHEDULES
 from pipesim.errors import PipesimError
@@ -97,6 +97,7 @@ def add_parser(sub) -> None:
     g = p.add_argument_group("cluster and search")
     g.add_argument("--hardware", metavar="PRESET|FILE", help=f"hardware preset or TOML file (default "
                                                              f"{DEFAULT_HARDWARE})")
+    add_power_limit_arg(g)
     n = g.add_mutually_exclusive_group()
     n.add_argument("--nodes", type=positive_int, default=None, metavar="N", help="nodes of the hardware's kind")
     n.add_argument("--gpus", type=positive_int, default=None, metavar="N",
@@ -204,6 +205,8 @@ def cluster(args: argparse.Namespace) -> tuple[Hardware, int, list[str]]:
     name = args.hardware or DEFAULT_HARDWARE
     hw = load_hardware(name)
     flags = ["--hardware", name]
+    if args.power_limit is not None:
+        hw, flags = capped(hw, args.power_limit), flags + ["--power-limit", f"{args.power_limit:g}"]
     per_node = hw.devices_per_node
     if args.nodes is not None:
         return hw.with_nodes(args.nodes), args.nodes * per_node, flags + ["--nodes", str(args.nodes)]

@@ -7,7 +7,7 @@ import argparse
 
 from pipesim.comm.comm_options import DEFAULT_DEEPEP_SMS, CommOptions
 from pipesim.comm.ub_overlap import UbConfig
-from pipesim.commands.common import bounded_int, model_config, positive_int
+from pipesim.commands.common import bounded_int, model_config, positive_float, positive_int
 from pipesim.commands.kernel_args import (
     adam_from_args,
     add_ce_fusion_args,
@@ -21,6 +21,7 @@ from pipesim.commands.kernel_args import (
     fp8_from_args,
     ub_from_args,
 )
+from pipesim.cost.kernel_costs import profile_of
 from pipesim.cost.table import parse_cost_spec
 from pipesim.cost.zb_auto_costs import parse_memory_limit
 from pipesim.errors import PipesimError
@@ -44,6 +45,7 @@ def add_setup_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--nodes", type=positive_int, default=None, metavar="N",
                    help="N nodes of the hardware's kind joined by its family's network (e.g. dgx-a100: 8x HDR "
                         "200 Gb/s per node; dgx-h100: 8x NDR 400 Gb/s); default the hardware's own")
+    add_power_limit_arg(g)
     g.add_argument("--cost", metavar="SPEC",
                    help="hand-given seconds per microbatch for one rank's share of the model: F=1,B=2 or "
                         "F=1,I=1,W=1 (with v chunks per rank each chunk takes 1/v); FB=2.5 adds the seconds of an "
@@ -226,6 +228,21 @@ def _split_list(text: str) -> list[int]:
     return [bounded_int(t, 0) for t in text.split(",") if t.strip()]
 
 
+def add_power_limit_arg(group) -> None:
+    """--power-limit W (simulate, sweep, plan)."""
+    group.add_argument("--power-limit", type=positive_float, default=None, metavar="W",
+                       help="GPU presets: the GPUs capped at W watts (nvidia-smi -pl), their tensor clock "
+                            "interpolated between the boards the family's datasheet rates (H100: the 400 W NVL, "
+                            "the 700 W SXM; docs/gpu_model.md)")
+
+
+def capped(hardware: Hardware, watts: float) -> Hardware:
+    """`hardware` at `watts`, checked now so that a limit the family cannot honour is refused in one line."""
+    out = hardware.with_power_limit(watts)
+    profile_of(out.device.family, out.device.kernels)
+    return out
+
+
 def setup_from_args(args: argparse.Namespace) -> SimSetup:
     """Turn the shared flags into a SimSetup (loads the hardware, parses --cost; sim_job applies --framework)."""
     if args.boundary_bytes < 0 or args.activation_bytes < 0:
@@ -237,6 +254,10 @@ def setup_from_args(args: argparse.Namespace) -> SimSetup:
         if hardware is None:
             raise PipesimError("--nodes needs --hardware (or a model, costed on the default hardware)")
         hardware = hardware.with_nodes(args.nodes)
+    if args.power_limit is not None:
+        if hardware is None:
+            raise PipesimError("--power-limit needs --hardware (or a model, costed on the default hardware)")
+        hardware = capped(hardware, args.power_limit)
     comm = (args.comm or "links") == "links" and hardware is not None
     model = None if cost is not None else model_config(args)
     split = tuple(args.layer_split) if args.layer_split else None

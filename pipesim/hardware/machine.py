@@ -267,6 +267,16 @@ class Hardware:
         return replace(self, name=base if nodes == 1 else f"{nodes}x-{base}", num_nodes=nodes,
                        inter=network if nodes > 1 else None)
 
+    def with_power_limit(self, watts: float) -> Hardware:
+        """Its GPUs capped at `watts` (`--power-limit`): the board's limit in `[device.kernels]`, which the family's
+        rated boards turn into a tensor clock (pipesim.device.power). Needs a GPU device family."""
+        if not self.device.family:
+            raise PipesimError(f"--power-limit {watts:g}: hardware {self.name!r} has no GPU device family to clock")
+        kernels = replace(self.device.kernels or KernelFigures(), power_limit=float(watts))
+        if not kernels.source:
+            kernels = replace(kernels, source=f"--power-limit {watts:g}")
+        return replace(self, device=replace(self.device, kernels=kernels))
+
     def with_host(self, **changes: Any) -> Hardware:
         """A copy whose host profile has `changes` (the hardware must have one)."""
         if self.host is None:
