@@ -239,6 +239,8 @@ def exposed_ub(collective: float, gemm: HidingGemm, method: UbMethod, tp: int, *
     GEMM's own: the pair's formula, and its staging kernel exposed (the module's formulas)."""
     staged = staged_bytes(kind, nbytes, method, tp)
     staging = memory_bound_time(staged, gemm.profile).seconds if staged else 0.0
+    if method.aggregate and kind != "all_gather":  # split_overlap_rs has no aggregated ring: TE ignores the key
+        method = replace(method, aggregate=False)
     return staging + _paired(collective, gemm, method, tp)
 
 
