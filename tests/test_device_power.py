@@ -56,6 +56,15 @@ def test_the_kernel_model_runs_at_the_boards_clock_and_hbm():
     assert "500 W board, its peaks x 0.8962" in board.sources["clock_scale"]
 
 
+def test_a_limit_over_measured_tensor_figures_is_refused():
+    """Measured figures (pipesim calibrate --gpu) already run at the measured board's clock: a limit on top would
+    scale them twice."""
+    with pytest.raises(PipesimError, match="^power_limit 500 W: the device's \\[device.kernels\\] also gives "
+                                           "matmul_efficiency, measured at that board's own clock"):
+        profile_of("H100", KernelFigures(matmul_efficiency=0.7, power_limit=500))
+    assert profile_of("H100", KernelFigures(memory_bound_efficiency=0.6, power_limit=500)).clock_scale < 1
+
+
 def test_grand_teton_is_the_500_w_hbm2e_board():
     hw = load_hardware(GRAND_TETON)
     assert (hw.device.kernels.hbm_bandwidth, hw.device.kernels.power_limit) == (2.4e12, 500)

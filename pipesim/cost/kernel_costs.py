@@ -102,6 +102,10 @@ def piece_seconds(kernels: PieceKernels, dtype: str, profile: DeviceProfile,
     return PieceSeconds(*phases, gemms=named, shapes=shapes, beside=beside)
 
 
+# measured figures that already run at the measured board's clock (a power limit must not scale them again)
+CLOCKED = ("matmul_efficiency", "flash_forward_efficiency", "flash_backward_efficiency")
+
+
 @lru_cache(maxsize=64)
 def profile_of(family: str, kernels: KernelFigures | None = None) -> DeviceProfile:
     """The shipped device profile of `family` (read once), with a hardware file's figures over it: measured ones,
@@ -112,6 +116,10 @@ def profile_of(family: str, kernels: KernelFigures | None = None) -> DeviceProfi
     source = kernels.source or "[device.kernels] of the hardware file"
     figures = kernels.figures()
     watts = figures.pop("power_limit", None)
+    measured = [f for f in CLOCKED if f in figures]
+    if watts is not None and measured:
+        raise PipesimError(f"power_limit {watts:g} W: the device's [device.kernels] also gives {', '.join(measured)}, "
+                           "measured at that board's own clock; give the limit or the measured figures, not both")
     profile = profile.with_measured(source, **figures) if figures else profile
     return at_power_limit(profile, watts, source) if watts is not None else profile
 
