@@ -85,7 +85,7 @@ def test_relative_effects_summary_causes_and_their_table_under_each_switch():
 
 def test_every_row_parses_and_is_consistent():
     rows = DATA["rows"]
-    moe = {"MCOREMOE", "MOEZOO", "DEEPSEEKV3", "MOEZOOQWEN3"}  # mixture-of-experts rows (issue 32), reported apart
+    moe = {"MCOREMOE", "MOEZOO", "DEEPSEEKV3", "MOEZOOQWEN3", "MCOREMOE26"}  # mixtures of experts (issue 32), apart
     assert {r.source for r in rows} == {"NAR21", "KOR22", "KOR22T4", "LLAMA3", "BLOOM", "MTNLG", "DGXC25", "DGXC25FP8",
                                         "DGXC25PROXY", "MB25", "TT24", "TT25H200", "ZB24"} | moe  # ZB24: stage times
     assert [(r.id, r.metric, r.published) for r in rows if r.source in moe] == [
@@ -100,7 +100,11 @@ def test_every_row_parses_and_is_consistent():
         ("moezoo-qwen3-235b-16k-cp1", "tflops_per_gpu_megatron_core", 295),
         ("moezoo-qwen3-235b-32k-cp2", "tflops_per_gpu_megatron_core", 335),
         ("moezoo-qwen3-235b-64k-cp4", "tflops_per_gpu_megatron_core", 368),
-        ("moezoo-qwen3-235b-128k-cp8", "tflops_per_gpu_megatron_core", 389)]
+        ("moezoo-qwen3-235b-128k-cp8", "tflops_per_gpu_megatron_core", 389),
+        ("mcore-moe-report-qwen3-235b-h100", "tokens_per_sec_per_gpu", 2132)]  # arXiv:2603.07685v2 Table 11
+    report, zoo = (next(r for r in rows if r.id == i) for i in ("mcore-moe-report-qwen3-235b-h100",
+                                                                 "moezoo-qwen3-235b-tp2-pp8-ep32-a2a-overlap"))
+    assert report.command == zoo.command  # Table 20's layout is the ModelZoo row's, at a later software version
     for r in (r for r in rows if r.source == "MOEZOOQWEN3"):  # 96 layer slots: embedding and loss take one each
         args = bp.parse_command(r.command)[1]
         assert sum(args.layer_split) == 94 and len(args.layer_split) == args.stages * args.virtual
