@@ -20,7 +20,8 @@ from pathlib import Path
 
 from gpu_layer_configs import CASES, DTYPE, LayerCase
 
-from pipesim.cost.kernel_costs import kernel_seconds, profile_of
+from pipesim.cost.device_profiles import profile_of
+from pipesim.cost.kernel_costs import kernel_seconds
 from pipesim.errors import PipesimError
 from pipesim.hardware.toml_io import load_hardware
 from pipesim.model.kernel_types import FlashAttention, Gemm, Kernel

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from gpu_layer_configs import timed_as_backward
 
-from pipesim.cost.kernel_costs import profile_of
+from pipesim.cost.device_profiles import profile_of
 from pipesim.errors import PipesimError
 from pipesim.hardware.toml_io import load_hardware
 

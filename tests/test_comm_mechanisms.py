@@ -15,7 +15,8 @@ from pipesim.comm.collective_algos import collective_seconds, collective_time
 from pipesim.comm.collective_costs import KINDS, group_collective_time
 from pipesim.comm.comm_options import CommOptions, bucket_fractions
 from pipesim.comm.tp_collective import TpCollective
-from pipesim.cost.kernel_costs import kernel_seconds, profile_of
+from pipesim.cost.device_profiles import profile_of
+from pipesim.cost.kernel_costs import kernel_seconds
 from pipesim.cost.model_costs import model_costs, uniform_costs
 from pipesim.cost.step_costs import RingExchange, StepCollective, StepCosts
 from pipesim.errors import PipesimError

@@ -9,7 +9,7 @@ from importlib import resources
 import pytest
 
 from pipesim.cli import main
-from pipesim.cost.kernel_costs import profile_of
+from pipesim.cost.device_profiles import profile_of
 from pipesim.device.gemm import gemm_time
 from pipesim.device.kernels import flash_attention_time, memory_bound_time
 from pipesim.device.power import clock_scale, rated_peak

@@ -9,7 +9,7 @@ import pytest
 
 import schedules
 from pipesim.cost.chain_costs import on_chains
-from pipesim.cost.kernel_costs import profile_of
+from pipesim.cost.device_profiles import profile_of
 from pipesim.cost.model_costs import ParallelCosts
 from pipesim.cost.rank_memory import rank_memory
 from pipesim.cost.step_costs import step_costs

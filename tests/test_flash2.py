@@ -9,7 +9,8 @@ from dataclasses import replace
 
 import pytest
 
-from pipesim.cost.kernel_costs import layer_seconds, piece_seconds, profile_of
+from pipesim.cost.device_profiles import profile_of
+from pipesim.cost.kernel_costs import layer_seconds, piece_seconds
 from pipesim.errors import PipesimError
 from pipesim.model.activations import stage_activation_bytes
 from pipesim.model.config import ModelConfig

@@ -11,8 +11,9 @@ import pytest
 import tomllib
 
 from pipesim.cli import main
+from pipesim.cost.device_profiles import fp8_profile_of, profile_of
 from pipesim.cost.fp8_costs import mfu_peak, stage_fp8_weights, weight_cast
-from pipesim.cost.kernel_costs import fp8_layer, fp8_profile_of, kernel_seconds, profile_of
+from pipesim.cost.kernel_costs import fp8_layer, kernel_seconds
 from pipesim.device.fp8_rates import check_fp8_recipe, load_fp8_figures
 from pipesim.device.gemm import gemm_time
 from pipesim.device.profile import device_profile

@@ -18,7 +18,8 @@ import gpu_layers  # noqa: E402
 from gpu_layer_configs import CASES, DTYPE, TINY_CASES  # noqa: E402
 from gpu_layers_compare import main as compare_main  # noqa: E402
 
-from pipesim.cost.kernel_costs import kernel_seconds, profile_of  # noqa: E402
+from pipesim.cost.device_profiles import profile_of  # noqa: E402
+from pipesim.cost.kernel_costs import kernel_seconds  # noqa: E402
 
 RECORDING = ROOT / "tests/data/gpu_layers_h200.csv"
 

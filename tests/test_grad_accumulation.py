@@ -9,7 +9,8 @@ from dataclasses import replace
 import pytest
 
 from pipesim.cli import main as pipesim_main
-from pipesim.cost.kernel_costs import piece_seconds, profile_of
+from pipesim.cost.device_profiles import profile_of
+from pipesim.cost.kernel_costs import piece_seconds
 from pipesim.device.gemm import gemm_bytes, gemm_time
 from pipesim.device.kernels import memory_bound_time
 from pipesim.job import Job, KernelSwitches

@@ -8,7 +8,8 @@ from dataclasses import replace
 
 import pytest
 
-from pipesim.cost.kernel_costs import kernel_seconds, profile_of
+from pipesim.cost.device_profiles import profile_of
+from pipesim.cost.kernel_costs import kernel_seconds
 from pipesim.device.kernels import attention_flops, flash_attention_time
 from pipesim.errors import PipesimError
 from pipesim.model.activations import layer_saved_tensors

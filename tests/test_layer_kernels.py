@@ -12,7 +12,8 @@ import pytest
 from pipesim.cli import main as pipesim_main
 from pipesim.comm.collective_algos import collective_seconds
 from pipesim.comm.tp_collective import TpCollective
-from pipesim.cost.kernel_costs import gpt_stage_seconds, layer_seconds, overlap_gemm, piece_seconds, profile_of
+from pipesim.cost.device_profiles import profile_of
+from pipesim.cost.kernel_costs import gpt_stage_seconds, layer_seconds, overlap_gemm, piece_seconds
 from pipesim.cost.model_costs import model_costs
 from pipesim.device.gemm import gemm_time
 from pipesim.device.kernels import flash_attention_time, memory_bound_time

@@ -13,7 +13,7 @@ import pytest
 
 import schedules
 from pipesim.comm.collective_costs import group_collective_time
-from pipesim.cost.kernel_costs import profile_of
+from pipesim.cost.device_profiles import profile_of
 from pipesim.cost.model_costs import ParallelCosts, model_costs
 from pipesim.cost.step_costs import (
     RingExchange,

@@ -21,7 +21,7 @@ from pipesim.commands.kernel_args import (
     fp8_from_args,
     ub_from_args,
 )
-from pipesim.cost.kernel_costs import profile_of
+from pipesim.cost.device_profiles import profile_of
 from pipesim.cost.table import parse_cost_spec
 from pipesim.cost.zb_auto_costs import parse_memory_limit
 from pipesim.errors import PipesimError

@@ -17,7 +17,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from pipesim.cost.kernel_costs import fp8_layer, profile_of
+from pipesim.cost.device_profiles import profile_of
+from pipesim.cost.kernel_costs import fp8_layer
 from pipesim.cost.step_costs import StepCosts
 from pipesim.device.fp8_rates import check_fp8_recipe, fp8_figures
 from pipesim.device.kernels import memory_bound_time

@@ -4,7 +4,8 @@ A piece's kernels (pipesim/model/layer_kernels.py) are timed one by one on the h
 (pipesim/device/: gemm_time with tile and wave quantisation, flash_attention_time, memory_bound_time)
 and summed per F, I and W. The planner prices thousands of configurations, so GEMM times are cached
 by shape and a piece's times by (model, microbatch, options, fusion, family, measured figures: a
-hardware file's `[device.kernels]`, which replace the family's profile figures). Also kept: each
+hardware file's `[device.kernels]`, which replace the family's profile figures: pipesim.cost.device_profiles).
+Also kept: each
 named GEMM's seconds, which the tensor-parallel collectives of a fused backward hide behind
 (Megatron's async all-reduce / reduce-scatter of the input gradient under the weight-gradient GEMM).
 """
@@ -14,11 +15,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from pipesim.device.fp8_rates import FP8, check_fp8_recipe, fp8_figures
+from pipesim.cost.device_profiles import fp8_profile_of, profile_of
+from pipesim.device.fp8_rates import FP8, check_fp8_recipe
 from pipesim.device.gemm import gemm_time
 from pipesim.device.kernels import flash_attention_time, memory_bound_time
-from pipesim.device.power import at_power_limit
-from pipesim.device.profile import DeviceProfile, device_profile
+from pipesim.device.profile import DeviceProfile
 from pipesim.errors import PipesimError
 from pipesim.hardware.machine import KernelFigures
 from pipesim.model.config import ModelConfig
@@ -100,43 +101,6 @@ def piece_seconds(kernels: PieceKernels, dtype: str, profile: DeviceProfile,
     beside = tuple(phases) if not profile.nccl_channels else tuple(
         sum(kernel_seconds(k, dtype, profile, free, fp8) for k in ks) for ks in kernels.phases())
     return PieceSeconds(*phases, gemms=named, shapes=shapes, beside=beside)
-
-
-# measured figures that already run at the measured board's clock (a power limit must not scale them again)
-CLOCKED = ("matmul_efficiency", "flash_forward_efficiency", "flash_backward_efficiency")
-
-
-@lru_cache(maxsize=64)
-def profile_of(family: str, kernels: KernelFigures | None = None) -> DeviceProfile:
-    """The shipped device profile of `family` (read once), with a hardware file's figures over it: measured ones,
-    and its board's HBM and power limit (the limit as a tensor clock, pipesim.device.power)."""
-    profile = device_profile(family)
-    if kernels is None or not kernels.figures():
-        return profile
-    source = kernels.source or "[device.kernels] of the hardware file"
-    figures = kernels.figures()
-    watts = figures.pop("power_limit", None)
-    measured = [f for f in CLOCKED if f in figures]
-    if watts is not None and measured:
-        raise PipesimError(f"power_limit {watts:g} W: the device's [device.kernels] also gives {', '.join(measured)}, "
-                           "measured at that board's own clock; give the limit or the measured figures, not both")
-    profile = profile.with_measured(source, **figures) if figures else profile
-    return at_power_limit(profile, watts, source) if watts is not None else profile
-
-
-@lru_cache(maxsize=64)
-def fp8_profile_of(family: str, kernels: KernelFigures | None = None) -> DeviceProfile:
-    """The profile FP8 GEMMs of `family` are timed on: its FP8 peak and achievable fraction over `profile_of`'s
-    figures (a hardware file's measured BF16 matmul_efficiency does not carry over to FP8)."""
-    return fp8_figures(family).gemm_profile(profile_of(family, kernels))
-
-
-def gemm_timing(shape: Gemm, dtype: str, family: str, kernels: KernelFigures | None = None
-                ) -> tuple[str, DeviceProfile]:
-    """(dtype, profile) a GEMM shape is timed with: FP8's for an FP8 GEMM, else the model's dtype on the family's."""
-    if shape.dtype == FP8:
-        return FP8, fp8_profile_of(family, kernels)
-    return dtype, profile_of(family, kernels)
 
 
 def _norms(kernels: PieceKernels, model: ModelConfig, opts: LayerOptions) -> PieceKernels:
@@ -313,6 +277,5 @@ def mlp_stage_seconds(model: ModelConfig, b: int, layers: int, tp: int, *, first
     return StageSeconds(*total, gemms={}, beside=(beside[0], beside[1], beside[2]))
 
 
-__all__ = ["PieceSeconds", "StageSeconds", "fp8_layer", "fp8_profile_of", "fp8_update_seconds", "gemm_timing",
-           "gpt_stage_seconds", "kernel_seconds", "mlp_stage_seconds", "mtp_seconds",
-           "overlap_gemm", "piece_seconds", "profile_of"]
+__all__ = ["PieceSeconds", "StageSeconds", "fp8_layer", "fp8_update_seconds", "gpt_stage_seconds", "kernel_seconds",
+           "mlp_stage_seconds", "mtp_seconds", "overlap_gemm", "piece_seconds"]

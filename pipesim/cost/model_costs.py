@@ -17,8 +17,9 @@ from pipesim.comm.expert_exchange import ExpertExchange
 from pipesim.comm.overlap_interference import HidingGemm, hiding_gemm
 from pipesim.comm.tp_collective import TpCollective
 from pipesim.comm.ub_overlap import UbConfig, ub_gemm
+from pipesim.cost.device_profiles import gemm_timing
 from pipesim.cost.fp8_costs import fp8_stage_costs, with_weight_casts
-from pipesim.cost.kernel_costs import StageSeconds, gemm_timing, gpt_stage_seconds, mlp_stage_seconds, overlap_gemm
+from pipesim.cost.kernel_costs import StageSeconds, gpt_stage_seconds, mlp_stage_seconds, overlap_gemm
 from pipesim.cost.stage_work import Work, gpt_stage_work, mlp_stage_work
 from pipesim.cost.step_costs import StepCosts, ring_exchanges, step_costs
 from pipesim.cost.table import CostTable, StageCosts

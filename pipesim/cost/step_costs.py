@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
-from pipesim.cost.kernel_costs import profile_of
+from pipesim.cost.device_profiles import profile_of
 from pipesim.device.kernels import memory_bound_time
 from pipesim.errors import PipesimError
 from pipesim.hardware.machine import Hardware
