@@ -89,9 +89,13 @@ SIM = ["simulate", "1f1b", "-p", "2", "-m", "4", "--model", "gpt", "--hidden", "
        "16", "--seq", "2048", "--batch", "4", "--dtype", "bfloat16", "--attention", "flash", "--json", "-"]
 
 
-def _step(capsys, *extra: str) -> float:
+def _run(capsys, *extra: str) -> dict:
     assert main([*SIM, *extra]) == 0
-    return json.loads(capsys.readouterr().out)["step_time"]
+    return json.loads(capsys.readouterr().out)
+
+
+def _step(capsys, *extra: str) -> float:
+    return _run(capsys, *extra)["step_time"]
 
 
 def test_the_flag_is_the_boards_limit_in_the_file(tmp_path, capsys):
@@ -100,6 +104,8 @@ def test_the_flag_is_the_boards_limit_in_the_file(tmp_path, capsys):
     preset = resources.files("pipesim").joinpath("presets", "dgx-h100.toml").read_text()
     path = tmp_path / "h100-500w.toml"
     path.write_text(preset.replace("[intra]", "[device.kernels]\npower_limit = 500\n\n[intra]", 1))
+    assert _run(capsys, "--hardware", "dgx-h100", "--power-limit", "500", "--nodes", "2")["hardware"] == \
+        "2x-dgx-h100@500W"  # every report names the cap
     capped = _step(capsys, "--hardware", "dgx-h100", "--power-limit", "500")
     assert capped == _step(capsys, "--hardware", str(path))
     assert capped > _step(capsys, "--hardware", "dgx-h100") == _step(capsys, "--hardware", "dgx-h100",

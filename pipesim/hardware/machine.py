@@ -269,13 +269,14 @@ class Hardware:
 
     def with_power_limit(self, watts: float) -> Hardware:
         """Its GPUs capped at `watts` (`--power-limit`): the board's limit in `[device.kernels]`, which the family's
-        rated boards turn into a tensor clock (pipesim.device.power). Needs a GPU device family."""
+        rated boards turn into a tensor clock (pipesim.device.power), named `<name>@<watts>W` so that every report
+        says so. Needs a GPU device family."""
         if not self.device.family:
             raise PipesimError(f"--power-limit {watts:g}: hardware {self.name!r} has no GPU device family to clock")
         kernels = replace(self.device.kernels or KernelFigures(), power_limit=float(watts))
         if not kernels.source:
             kernels = replace(kernels, source=f"--power-limit {watts:g}")
-        return replace(self, device=replace(self.device, kernels=kernels))
+        return replace(self, name=f"{self.name}@{watts:g}W", device=replace(self.device, kernels=kernels))
 
     def with_host(self, **changes: Any) -> Hardware:
         """A copy whose host profile has `changes` (the hardware must have one)."""
