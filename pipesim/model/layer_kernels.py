@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from pipesim.model.activations import MASK_BYTES
 from pipesim.model.config import ModelConfig
+from pipesim.model.cp_ring_kernels import cp_ring_bytes
 from pipesim.model.elementwise import ACTIVATION_OPS, ALL_ACTIVATION_OPS, layer_elementwise_bytes
 from pipesim.model.kernel_types import (
     FlashAttention,
@@ -75,8 +76,13 @@ def _attention(model: ModelConfig, b: int, opts: LayerOptions) -> tuple[list[Ker
         sq, heads, kvh = sk, heads // opts.cp, kvh // opts.cp
     if opts.fused_attention:
         v = None if vd == hd else vd
-        return ([FlashAttention("flash attention", b, sq, heads, hd, sk, kvh, False, v)],
-                [FlashAttention("flash attention backward", b, sq, heads, hd, sk, kvh, True, v)])
+        fwd_f: list[Kernel] = [FlashAttention("flash attention", b, sq, heads, hd, sk, kvh, False, v)]
+        bwd_f: list[Kernel] = [FlashAttention("flash attention backward", b, sq, heads, hd, sk, kvh, True, v)]
+        if opts.cp > 1 and opts.cp_comm == "p2p":
+            merge, sums = cp_ring_bytes(b * sq, heads, kvh, hd, vd, opts.cp, model.dtype_bytes)
+            fwd_f.append(MemoryBound("CP ring merges", merge))
+            bwd_f.append(MemoryBound("CP ring gradient sums", sums))
+        return fwd_f, bwd_f
     bh = b * heads
     fwd: list[Kernel] = [Gemm("Q K^T", sq, sk, hd, bh), Gemm("A V", sq, vd, sk, bh)]
     bwd: list[Kernel] = [Gemm("A V dA", sq, sk, vd, bh), Gemm("A V dV", sk, vd, sq, bh),
