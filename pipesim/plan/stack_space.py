@@ -32,6 +32,11 @@ _MCORE = "NVIDIA/Megatron-LM core_v0.15.3"
 _MLM21 = "NVIDIA/Megatron-LM @ 46c74b4"
 
 
+def _on_off(values: tuple[bool, ...]) -> str:
+    """Sequence-parallel choices as the flag spells them: on, off."""
+    return ", ".join("on" if v else "off" for v in values)
+
+
 @dataclass(frozen=True)
 class StackSpace:
     """The choices a stack offers for what the planner searches (pipesim names), and where each was read."""
@@ -70,15 +75,14 @@ class StackSpace:
                 return line(f"--recompute {rc}", "--recompute " + ", ".join(self.recomputes))
         for sp in sequence_parallel:
             if sp not in self.sequence_parallel:
-                return line(f"--sequence-parallel {'on' if sp else 'off'}", "sequence parallelism "
-                            + ", ".join("on" if s else "off" for s in self.sequence_parallel) + " with tp > 1")
+                return line(f"--sequence-parallel {_on_off((sp,))}",
+                            f"sequence parallelism {_on_off(self.sequence_parallel)} with tp > 1")
         if any(cp > 1 for cp in cps):
             if not self.cp_comm_types:
                 return line("context parallelism", "--cp 1 only")
             if cp_comm not in self.cp_comm_types:
                 return line(f"--cp-comm-type {cp_comm}", "--cp-comm-type " + ", ".join(self.cp_comm_types))
         return None
-
 
     def schedules_text(self) -> str:
         if self.schedules is None:
@@ -87,11 +91,8 @@ class StackSpace:
 
     def summary(self) -> str:
         """The space in one line, as docs/frameworks.md lists it (pipesim's names)."""
-        def on_off(values: tuple[bool, ...]) -> str:
-            return ", ".join("on" if v else "off" for v in values)
-
         return (f"schedules {self.schedules_text()}; ZeRO {', '.join(map(str, self.zeros))}; --recompute "
-                f"{', '.join(self.recomputes)}; sequence parallelism {on_off(self.sequence_parallel)}; "
+                f"{', '.join(self.recomputes)}; sequence parallelism {_on_off(self.sequence_parallel)}; "
                 + (f"--cp-comm-type {', '.join(self.cp_comm_types)}" if self.cp_comm_types else "no --cp"))
 
 
