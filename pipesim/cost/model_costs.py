@@ -19,6 +19,7 @@ from pipesim.comm.tp_collective import TpCollective
 from pipesim.comm.ub_overlap import UbConfig, ub_gemm
 from pipesim.cost.device_profiles import gemm_timing
 from pipesim.cost.fp8_costs import fp8_stage_costs, with_weight_casts
+from pipesim.cost.host_issue import NO_HOST_ISSUE, stage_host_issue
 from pipesim.cost.kernel_costs import StageSeconds, gpt_stage_seconds, mlp_stage_seconds, overlap_gemm
 from pipesim.cost.stage_work import Work, gpt_stage_work, mlp_stage_work
 from pipesim.cost.step_costs import StepCosts, ring_exchanges, step_costs
@@ -153,8 +154,13 @@ def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hard
         else:  # the kernels' seconds plus the per-action (and per-op) overheads of the cost equation
             fwd, inp, wgt = (t + hw.compute_time(0.0, 0.0, model.dtype, k, work.ops[k])
                              for t, k in zip(timed.phases(), "FIW"))
+        host = stage_host_issue(model, opts, moe_counts[s]) if timed is not None and opts is not None else \
+            NO_HOST_ISSUE  # a MoE layer's launches and waits (a calibrated CPU host's ops are in its equation)
+        fwd, inp, wgt = (t + gap for t, gap in zip((fwd, inp, wgt), host.waits, strict=True))
+        issue = host.issue
         if s == 0:  # no gradient leaves the first stage: a split I has nothing to send, W runs the whole backward
             inp, wgt = 0.0, inp + wgt
+            issue = (issue[0], 0.0, issue[1] + issue[2])
         if timed is not None and dp > 1:
             _add_sm_share(shared, s, timed)
         param_bytes = round(work.param_count * d)
@@ -164,7 +170,7 @@ def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hard
                                  activation_bytes=round(work.activation_bytes), param_bytes=param_bytes,
                                  flops_forward=work.flops["F"], weight_ops=work.ops["W"],
                                  backward_ops=work.ops["I"] + work.ops["W"],
-                                 recompute_bytes=round(work.recompute_bytes)))
+                                 recompute_bytes=round(work.recompute_bytes), host_seconds=issue))
         ub = kernels.ub if timed is not None else None  # userbuffers: the kernel path's GEMMs carry them
         forward, backward_colls = work.collectives["F"], work.collectives["I"]
         if forward:

@@ -26,10 +26,24 @@ class StageCosts:
     weight_ops: float = 0.0  # ops with weights (parameter groups a split backward handles one by one)
     backward_ops: float = 0.0  # framework ops of the stage's backward (I + W): the graph a split I walks
     recompute_bytes: int = 0  # bytes a recomputed layer re-creates, live during that layer's backward only
+    host_seconds: tuple[float, float, float] = (0.0, 0.0, 0.0)  # seconds the host takes to launch F, I, W where it
+    # cannot run ahead of the GPU (pipesim.cost.host_issue): each action lasts at least as long
 
     @property
     def backward(self) -> float:
         return self.backward_input + self.backward_weight
+
+    @property
+    def microbatch_seconds(self) -> float:
+        """Seconds of one microbatch's F and B here, each at least its host's launch seconds (collectives aside)."""
+        if not any(self.host_seconds):
+            return self.forward + self.backward_input + self.backward_weight
+        return max(self.forward, self.host(Kind.F)) + max(self.backward, self.host(Kind.B))
+
+    def host(self, kind: Kind) -> float:
+        """Seconds the host takes to launch a compute action of this stage (B: I and W), 0 where it runs ahead."""
+        f, i, w = self.host_seconds
+        return {Kind.F: f, Kind.I: i, Kind.W: w, Kind.B: i + w}.get(kind, 0.0)
 
 
 @dataclass(frozen=True)

@@ -110,13 +110,13 @@ class Evaluator:
             per_replica = m.batch // (c.mbs * job.dims.dp)  # microbatches
             if m.layers >= 3:
                 costs = model_costs(m, 4, per_replica, self.req.hardware, job, layer_split=[0, 1, 2, m.layers - 3])
-                t0, t1, t2, t3 = (x.forward + x.backward_input + x.backward_weight for x in costs.table.stages)
+                t0, t1, t2, t3 = (x.microbatch_seconds for x in costs.table.stages)
                 layer = t2 - t1
                 const = t1 - layer
                 pieces = (const, layer, t0 - const, t3 - const - (m.layers - 3) * layer)
             else:  # one or two layers: a stage per layer, the first with the embedding, the last with the head
                 costs = model_costs(m, m.layers, per_replica, self.req.hardware, job)
-                total = [x.forward + x.backward_input + x.backward_weight for x in costs.table.stages]
+                total = [x.microbatch_seconds for x in costs.table.stages]
                 pieces = (0.0, 0.0, total[0], total[-1] if m.layers > 1 else 0.0)
             self._pieces_cache[key] = pieces
         return self._pieces_cache[key]

@@ -136,7 +136,29 @@ def compile_programs(sched: Schedule, compute: TableCompute, hw: Hardware | None
     sms = device_profile(hw.device.family).sms if ep_sms and hw is not None and hw.device.family else 0
     share = ep_sms / sms if sms else host_exchange_share(hw, par) if ep_exchanges else 0.0
     _time_overlaps(sched, compute.table, all_ops, share)
+    if any(any(c.host_seconds) for c in compute.table.stages):
+        _floor_at_host(sched, compute.table, all_ops)
     return all_ops
+
+
+def _floor_at_host(sched: Schedule, table: CostTable, all_ops: list[list[Op]]) -> None:
+    """An action whose host cannot run ahead (pipesim.cost.host_issue) lasts at least the host's seconds to launch
+    it: the excess over its GPU seconds (collectives inside it included) joins its `seconds`. An overlapped pair's
+    host launches both halves, one after the other: the pair lasts at least their sum, the excess on its backward."""
+    for rank, prog in enumerate(sched.programs):
+        ops, i = all_ops[rank], 0
+        while i < len(prog):
+            a = prog[i]
+            if a.kind not in COMPUTE:
+                i += 1
+                continue
+            paired = i + 1 < len(prog) and (a, prog[i + 1]) in sched.overlaps
+            last = i + 1 if paired else i
+            host = sum(table.stages[b.stage].host(b.kind) for b in prog[i:last + 1])
+            busy = sum(op.seconds + op.tp_seconds + op.ep_seconds for op in ops[i:last + 1])
+            if host > busy:
+                ops[last] = ops[last]._replace(seconds=ops[last].seconds + host - busy)
+            i = last + 1
 
 
 def host_exchange_share(hw: Hardware | None, par: ParallelDims) -> float:

@@ -1,0 +1,80 @@
+"""What the host issues for one mixture-of-experts layer: kernel launches and device-to-host syncs.
+
+A dropless MoE layer cannot be queued ahead of the GPU: the host must learn how many tokens each expert gets
+(the all-to-all's split sizes, the grouped GEMM's m_splits) before it can launch what follows, so it waits for the
+GPU once or more per layer and then issues the rest one launch at a time. NVIDIA's MoE report (arXiv:2603.07685,
+section 4.3.6) names the result "host-boundedness". A dense layer has no such wait: its host runs ahead and its
+launches are not counted here.
+
+Counted from Megatron-LM 1e057005 (the MoE ModelZoo's main-branch runs) with Transformer Engine 2.4 and DeepEP
+483f00a; "counted" figures replayed the Python code under torch's dispatch mode, "read" ones come from reading it:
+- forward: the attention block (TE's fused norm + QKV, q/k norms, rotary, flash attention, projection, residuals,
+  the pre-MLP norm: read, 20), the router (counted, 22: its GEMM, fp32 casts, softmax, top-k, the auxiliary loss),
+  the dispatcher (alltoall: count all-gather, 4 D2H copies, preprocessing, permute, the two all-to-alls, chunk
+  sorts and unpermute, 21; flex/DeepEP: layout, notify, dispatch, the unfused multihot (counted 12), permute,
+  unpermute and combine, 23), one grouped-GEMM launch per local expert for FC1 and for FC2 (TE GroupedLinear runs
+  one cuBLASLt GEMM per expert), the activation (1), a shared expert's MLP (5: fc1, activation, fc2 and its tp
+  collectives);
+- backward: the router's 15 (counted), the attention block, dispatcher and activation read as 46, a data and a
+  weight gradient GEMM per local expert and GroupedLinear (4 per expert), a shared expert's 7; its weight-gradient
+  part (W of a split backward) the experts' wgrads, the attention block's 4 and the router's 1;
+- syncs: alltoall waits once in the forward (megatron/core/transformer/moe/token_dispatcher.py: the D2H stream's
+  synchronize before the all-to-all); DeepEP's normal dispatch spins on the host for the received counts
+  (deep_ep.cpp), and Megatron's unfused multihot at that commit indexes by boolean masks three times (each a
+  sync), 4 in the forward and 1 in the backward (the masks' backward). A recomputed MoE block repeats its forward's
+  launches and syncs in the backward (full recomputation the whole layer's).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipesim.model.config import ModelConfig
+from pipesim.model.options import LayerOptions
+
+ATTENTION_F = 20  # launches of the attention block's forward (read)
+ROUTER_F = 22  # the router's forward (counted)
+DISPATCH_F = {"alltoall": 21, "deepep": 23}  # the dispatcher's forward, dispatch and combine
+ACTIVATION = 1  # the experts' activation, forward or backward
+SHARED_F, SHARED_B = 5, 7  # a shared expert's MLP
+ROUTER_B = 15  # the router's backward (counted)
+REST_B = 46 - ACTIVATION  # the attention block's and the dispatcher's backward (read)
+WEIGHT_B = 5  # of the backward: the attention block's 4 weight gradients and the router's 1
+SYNCS_F = {"alltoall": 1, "deepep": 4}  # device-to-host waits of the forward
+SYNCS_B = {"alltoall": 0, "deepep": 1}  # ... of the backward
+
+
+@dataclass(frozen=True)
+class HostOps:
+    """Launches and device-to-host syncs of one MoE layer per action (I and W: a split backward's halves)."""
+
+    launches_f: int
+    launches_i: int
+    launches_w: int
+    syncs_f: int
+    syncs_i: int  # a fused backward's are the same (B = I + W)
+
+
+def moe_layer_host_ops(model: ModelConfig, opts: LayerOptions) -> HostOps:
+    """One MoE layer's `HostOps` on a rank holding E / ep local experts, under `opts`' dispatcher and recompute."""
+    moe = model.moe
+    assert moe is not None  # the caller counts MoE layers only
+    local = moe.experts // opts.ep
+    shared = 1 if moe.shared_experts else 0
+    moe_f = ROUTER_F + DISPATCH_F[opts.moe_dispatcher] + 2 * local + ACTIVATION + shared * SHARED_F
+    forward = ATTENTION_F + moe_f
+    weight = 2 * local + WEIGHT_B
+    backward = ROUTER_B + REST_B + ACTIVATION + 4 * local + shared * SHARED_B
+    syncs_f, syncs_i = SYNCS_F[opts.moe_dispatcher], SYNCS_B[opts.moe_dispatcher]
+    if opts.recompute == "full":  # the whole layer's forward again, waits and all
+        backward += forward
+        syncs_i += syncs_f
+    elif opts.recomputes("moe"):  # the MoE block's forward again
+        backward += moe_f
+        syncs_i += syncs_f
+    elif opts.recomputes("moe_act"):
+        backward += ACTIVATION
+    return HostOps(forward, backward - weight, weight, syncs_f, syncs_i)
+
+
+__all__ = ["HostOps", "moe_layer_host_ops"]
