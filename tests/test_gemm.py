@@ -94,7 +94,7 @@ def test_profiles_bad_figures_are_errors():
 def test_shipped_profiles_cite_every_field_and_say_what_their_sources_say():
     profiles = load_profiles()
     assert list(profiles) == ["A100", "A100-PCIe", "H100", "H200", "B200"]
-    flash2 = {"flash2_forward_efficiency", "flash2_backward_efficiency"}  # not on the B200: no source gives them
+    flash2 = {"flash2_forward_efficiency", "flash2_backward_efficiency"}
     for p in profiles.values():
         assert set(p.sources) == {"sms", "tiles", "flops", "hbm_bandwidth", "matmul_efficiency", "memory_efficiency",
                                   "kernel_overhead", "overlap", "flash_forward_efficiency",
@@ -114,7 +114,13 @@ def test_shipped_profiles_cite_every_field_and_say_what_their_sources_say():
         p = profiles[family]
         assert (p.flash2_forward_efficiency, p.flash2_backward_efficiency) == pytest.approx(
             (p.flash_forward_efficiency * 335 / 616, p.flash_backward_efficiency * 322 / 561), abs=5e-4)
-    assert profiles["B200"].flash2_forward_efficiency is None
+    # the B200's from NVIDIA's cuDNN benchmark ([CUDNNB200]), causal at 8k: cuDNN 1171.3 / 942.5 TFLOP/s, flash_attn
+    # 399.9 / 318.0, each x (1 + 128 / 8192) for the diagonal tiles
+    b200 = profiles["B200"]
+    tile = 1 + 128 / 8192
+    assert (b200.flash_forward_efficiency, b200.flash_backward_efficiency, b200.flash2_forward_efficiency,
+            b200.flash2_backward_efficiency) == pytest.approx(
+        tuple(x / 2250 * tile for x in (1171.3, 942.5, 399.9, 318.0)), abs=5e-4)
     # MAMF table (stas00/ml-engineering): MAMF / peak, rounded as the table rounds its efficiency column
     # the H100 times [H200RUN]'s sustained fraction 0.938 (the same die under the same 700 W limit), burst figures
     # elsewhere (their boards are not the H200's)
