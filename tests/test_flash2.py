@@ -53,13 +53,14 @@ def test_hopper_times_the_attention_on_flashattention_2s_figures():
 
 def test_ampere_flash_is_flashattention_2_blackwell_has_cudnns_benchmark_and_a_profile_without_figures_refuses():
     """The A100's flash kernel is FlashAttention-2; the B200's figures are NVIDIA's cuDNN benchmark's flash_attn rows
-    ([CUDNNB200]: 399.9 / 318.0 TFLOP/s causal at 8k, through the diagonal-tile count 1 + 128 / 8192); a profile
+    ([CUDNNB200]: 399.9 / 318.0 TFLOP/s causal at 8k, through the diagonal-tile count 1 + 128 / 8192, at the B200's
+    sustained clock, 1237 / 1450 of its burst: [B200SUST]); a profile
     without FlashAttention-2 figures (a user's measured one) refuses the flag in one line."""
     a100 = layer_seconds(LLAMA, 1, FLASH, True, "A100")
     assert layer_seconds(LLAMA, 1, FLASH2, True, "A100") == a100
     b200 = profile_of("B200")
     assert (b200.flash2_forward_efficiency, b200.flash2_backward_efficiency) == pytest.approx(
-        (399.9 / 2250 * (1 + 128 / 8192), 318.0 / 2250 * (1 + 128 / 8192)), abs=5e-4)
+        (399.9 / 2250 * (1 + 128 / 8192) * 1237 / 1450, 318.0 / 2250 * (1 + 128 / 8192) * 1237 / 1450), abs=5e-4)
     assert layer_seconds(LLAMA, 1, FLASH2, True, "B200").F > layer_seconds(LLAMA, 1, FLASH, True, "B200").F
     bare = replace(b200, flash2_forward_efficiency=None, flash2_backward_efficiency=None)
     with pytest.raises(PipesimError, match="^--attention flash2: device 'B200-180GB' has no FlashAttention-2 figures"):

@@ -53,9 +53,17 @@ def test_shipped_fp8_figures_are_the_datasheets_with_a_source_each():
     assert list(figs) == ["H100", "H200", "B200"]  # no A100: no FP8 tensor cores
     for family, peak in (("H100", 1979e12), ("H200", 1979e12), ("B200", 4500e12)):
         assert figs[family].peak == peak == pytest.approx(2 * device_profile(family).peak("bfloat16"), rel=1e-3)
-        assert set(figs[family].sources) == {"peak", "matmul_efficiency", "tn_only", "recipes"}
+        assert set(figs[family].sources) == {"peak", "matmul_efficiency", "tn_only", "recipes",
+                                             *(("recipe_efficiency",) if figs[family].recipe_efficiency else ())}
     # [TILELANG] 8192^3 on an H800 SXM (a burst) x the H200 run's sustained fraction, on both GH100 boards
     assert figs["H100"].matmul_efficiency == figs["H200"].matmul_efficiency == round(1507 / 1979 * 0.938, 3)
+    # the B200: [MAMF]'s FP8 row (3432.5 TFLOP/s, tensorwise) and cuBLAS's MXFP8 at 8192^3 (2849.9, triton PR #9044),
+    # each x the B200's sustained fraction 1237 / 1450 ([B200SUST]); the other recipes take the tensorwise figure
+    b200 = figs["B200"]
+    assert b200.matmul_efficiency == round(3432.5 / 4500 * 1237 / 1450, 3)
+    assert b200.efficiency("mxfp8") == round(2849.9 / 4500 * 1237 / 1450, 3) != b200.efficiency("tensorwise")
+    assert b200.efficiency("blockwise") == b200.efficiency(None) == b200.matmul_efficiency
+    assert figs["H100"].recipe_efficiency == ()
     assert figs["H100"].tn_only and figs["H200"].tn_only and not figs["B200"].tn_only
     assert "mxfp8" in figs["B200"].recipes and "mxfp8" not in figs["H100"].recipes
 

@@ -35,17 +35,18 @@ def profile_of(family: str, kernels: KernelFigures | None = None) -> DeviceProfi
 
 
 @lru_cache(maxsize=64)
-def fp8_profile_of(family: str, kernels: KernelFigures | None = None) -> DeviceProfile:
-    """The profile FP8 GEMMs of `family` are timed on: its FP8 peak and achievable fraction over `profile_of`'s
-    figures (a hardware file's measured BF16 matmul_efficiency does not carry over to FP8)."""
-    return fp8_figures(family).gemm_profile(profile_of(family, kernels))
+def fp8_profile_of(family: str, kernels: KernelFigures | None = None, recipe: str | None = None) -> DeviceProfile:
+    """The profile `recipe`'s FP8 GEMMs of `family` are timed on: its FP8 peak and achievable fraction over
+    `profile_of`'s figures (a hardware file's measured BF16 matmul_efficiency does not carry over to FP8)."""
+    return fp8_figures(family).gemm_profile(profile_of(family, kernels), recipe)
 
 
-def gemm_timing(shape: Gemm, dtype: str, family: str, kernels: KernelFigures | None = None
-                ) -> tuple[str, DeviceProfile]:
-    """(dtype, profile) a GEMM shape is timed with: FP8's for an FP8 GEMM, else the model's dtype on the family's."""
+def gemm_timing(shape: Gemm, dtype: str, family: str, kernels: KernelFigures | None = None,
+                recipe: str | None = None) -> tuple[str, DeviceProfile]:
+    """(dtype, profile) a GEMM shape is timed with: FP8's (`recipe`'s) for an FP8 GEMM, else the model's dtype on
+    the family's."""
     if shape.dtype == FP8:
-        return FP8, fp8_profile_of(family, kernels)
+        return FP8, fp8_profile_of(family, kernels, recipe)
     return dtype, profile_of(family, kernels)
 
 

@@ -128,7 +128,7 @@ def layer_seconds(model: ModelConfig, b: int, opts: LayerOptions, fused: bool, f
         params += moe_block_params(model, opts) - dense_mlp_params(model, opts.tp)
     pk = _accumulated(_norms(fp8_layer(model, b, opts, fused, family, moe), model, opts), model, params, grad_fusion,
                       grad_bytes)
-    fp8 = fp8_profile_of(family, kernels) if opts.fp8 is not None else None
+    fp8 = fp8_profile_of(family, kernels, opts.fp8.recipe) if opts.fp8 is not None else None
     profile = profile_of(family, kernels)
     return piece_seconds(pk, model.dtype, profile.with_flash2() if opts.attention == "flash2" else profile, fp8)
 

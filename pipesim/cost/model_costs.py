@@ -121,6 +121,7 @@ def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hard
     fp8_params = fp8_counts if job.fp8_param_gather else ()  # kept and gathered in FP8
     d = model.dtype_bytes
     precision = precision_of(model, kernels.grad_fp32, job.adam_states, job.fp8)
+    recipe = job.fp8.recipe if job.fp8 is not None else None  # whose FP8 GEMM figures a hiding GEMM is timed on
     stages: list[StageCosts] = []
     collectives: dict[tuple[int, str], tuple[TpCollective, ...]] = {}
     grads: list[int] = []
@@ -177,16 +178,17 @@ def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hard
             collectives[(s, "F")] = tuple(TpCollective(c.kind, round(c.nbytes)) for c in forward)
             if ub is not None:
                 collectives[(s, "F")] = _on_userbuffers(collectives[(s, "F")], [c.what for c in forward], ub, timed,
-                                                        model.dtype, hw)
+                                                        model.dtype, hw, recipe)
         if backward_colls:
             # in a fused backward the input-gradient all_reduces happen inside B; split, in I (the first
             # stage: in W, which runs its whole backward)
             backward = tuple(TpCollective(c.kind, round(c.nbytes)) for c in backward_colls)
             collectives[(s, "W" if s == 0 else "I")] = collectives[(s, "B")] = backward
             if timed is not None and kernels.tp_comm_overlap:  # a fused backward: each wgrad GEMM after its dgrad
-                fused_b = _with_overlap(backward, [c.overlaps for c in backward_colls], timed, model.dtype, hw)
+                fused_b = _with_overlap(backward, [c.overlaps for c in backward_colls], timed, model.dtype, hw, recipe)
                 if ub is not None:
-                    fused_b = _on_userbuffers(fused_b, [c.what for c in backward_colls], ub, timed, model.dtype, hw)
+                    fused_b = _on_userbuffers(fused_b, [c.what for c in backward_colls], ub, timed, model.dtype, hw,
+                                              recipe)
                 collectives[(s, "B")] = fused_b
                 if s == 0:
                     collectives[(0, "W")] = fused_b
@@ -273,32 +275,32 @@ def _add_sm_share(out: dict, stage: int, timed: StageSeconds) -> None:
             out[(stage, kind)] = extra
 
 
-def _hiding(name: str | None, timed: StageSeconds, dtype: str, hw: Hardware) -> HidingGemm | None:
-    """The stage's GEMM `name` as a HidingGemm (an FP8 GEMM re-timed on FP8's figures), None if it has none."""
+def _hiding(name: str | None, timed: StageSeconds, dtype: str, hw: Hardware, recipe: str | None) -> HidingGemm | None:
+    """The stage's GEMM `name` as a HidingGemm (an FP8 GEMM re-timed on `recipe`'s figures), None if it has none."""
     shape = timed.shapes.get(name) if name else None
     if shape is None:
         return None
-    gemm_dtype, profile = gemm_timing(shape, dtype, hw.device.family, hw.device.kernels)
+    gemm_dtype, profile = gemm_timing(shape, dtype, hw.device.family, hw.device.kernels, recipe)
     return hiding_gemm(name, timed.gemms, timed.shapes, gemm_dtype, profile)
 
 
 def _with_overlap(backward: tuple[TpCollective, ...], overlaps: list[str], timed: StageSeconds, dtype: str,
-                  hw: Hardware) -> tuple[TpCollective, ...]:
+                  hw: Hardware, recipe: str | None) -> tuple[TpCollective, ...]:
     """Megatron's async tensor-parallel backward: each collective that overlaps a GEMM runs beside it (its
     HidingGemm: that GEMM's seconds and shape); the simulator exposes what the GEMM, slowed by the SMs NCCL's
     channels hold, does not cover (pipesim.comm.overlap_interference). The rest stay blocking."""
-    return tuple(c._replace(beside=_hiding(overlap_gemm(overlaps[n]), timed, dtype, hw))
+    return tuple(c._replace(beside=_hiding(overlap_gemm(overlaps[n]), timed, dtype, hw, recipe))
                  for n, c in enumerate(backward))
 
 
 def _on_userbuffers(colls: tuple[TpCollective, ...], whats: list[str], ub: UbConfig, timed: StageSeconds, dtype: str,
-                    hw: Hardware) -> tuple[TpCollective, ...]:
+                    hw: Hardware, recipe: str | None) -> tuple[TpCollective, ...]:
     """`--tp-comm-overlap`: each dense linear's sp collective (`whats[n]` names it) inside its own GEMM by its
     userbuffers method (pipesim.comm.ub_overlap); the others as they were."""
     out: list[TpCollective] = []
     for n, c in enumerate(colls):
         named = ub_gemm(whats[n])
-        gemm = _hiding(named[1], timed, dtype, hw) if named else None
+        gemm = _hiding(named[1], timed, dtype, hw, recipe) if named else None
         out.append(c._replace(beside=gemm, ub=ub.method(named[0])) if gemm is not None else c)
     return tuple(out)
 

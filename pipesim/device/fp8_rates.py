@@ -25,6 +25,7 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
 FIELDS = ("peak", "matmul_efficiency", "tn_only", "recipes")
+OPTIONAL = ("recipe_efficiency",)  # recipe -> its GEMMs' own fraction of `peak`, where a source measures it apart
 FP8 = "float8"  # the dtype name pipesim.device.profile.DTYPE_BYTES gives one byte
 
 
@@ -38,6 +39,8 @@ class Fp8Figures:
     tn_only: bool  # FP8 GEMMs take only the TN layout (Hopper): the dgrad and wgrad need transposed copies
     recipes: tuple[str, ...]  # Megatron-core --fp8-recipe names Transformer Engine runs on this family
     sources: dict[str, str] = field(default_factory=dict, compare=False)
+    # a recipe whose GEMMs reach another fraction of `peak` (Blackwell's block-scaled MXFP8 GEMMs), by recipe name
+    recipe_efficiency: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self) -> None:
         if not (isinstance(self.peak, (int, float)) and self.peak > 0):
@@ -47,13 +50,22 @@ class Fp8Figures:
                                f"{self.matmul_efficiency!r}")
         if not isinstance(self.tn_only, bool) or not self.recipes:
             raise PipesimError(f"fp8 figures of {self.family}: tn_only must be true or false and recipes non-empty")
+        for recipe, eff in self.recipe_efficiency:
+            if recipe not in self.recipes or not (isinstance(eff, float) and 0 < eff <= 1):
+                raise PipesimError(f"fp8 figures of {self.family}: recipe_efficiency {recipe} = {eff!r} must be a "
+                                   "fraction in (0, 1] of one of its recipes")
 
-    def gemm_profile(self, profile: DeviceProfile) -> DeviceProfile:
-        """`profile` as its FP8 GEMMs see it: the FP8 peak and achievable fraction, every other figure (SMs, tiles,
-        HBM, overhead, overlap) the family's own."""
-        return replace(profile, flops={**profile.flops, FP8: self.peak}, matmul_efficiency=self.matmul_efficiency,
-                       sources={**profile.sources, "flops": self.sources.get("peak", ""),
-                                "matmul_efficiency": self.sources.get("matmul_efficiency", "")})
+    def efficiency(self, recipe: str | None = None) -> float:
+        """The achievable fraction of `peak` for `recipe`'s GEMMs (its own figure where one is given)."""
+        return dict(self.recipe_efficiency).get(recipe, self.matmul_efficiency)
+
+    def gemm_profile(self, profile: DeviceProfile, recipe: str | None = None) -> DeviceProfile:
+        """`profile` as `recipe`'s FP8 GEMMs see it: the FP8 peak and achievable fraction, every other figure (SMs,
+        tiles, HBM, overhead, overlap) the family's own."""
+        own = recipe in dict(self.recipe_efficiency)
+        source = self.sources.get("recipe_efficiency" if own else "matmul_efficiency", "")
+        return replace(profile, flops={**profile.flops, FP8: self.peak}, matmul_efficiency=self.efficiency(recipe),
+                       sources={**profile.sources, "flops": self.sources.get("peak", ""), "matmul_efficiency": source})
 
 
 def _data_file() -> Path:
@@ -70,13 +82,15 @@ def load_fp8_figures(path: Path | None = None) -> dict[str, Fp8Figures]:
     out = {}
     for family, table in data.items():
         given = set(table) - {"sources"}
-        if given != set(FIELDS):
-            raise PipesimError(f"{path}: [{family}] must give exactly {', '.join(FIELDS)}")
-        unsourced = set(FIELDS) - set(table.get("sources", {}))
+        if not set(FIELDS) <= given <= set(FIELDS) | set(OPTIONAL):
+            raise PipesimError(f"{path}: [{family}] must give exactly {', '.join(FIELDS)} (and may give "
+                               f"{', '.join(OPTIONAL)})")
+        unsourced = given - set(table.get("sources", {}))
         if unsourced:
             raise PipesimError(f"{path}: [{family}] names no source for {', '.join(sorted(unsourced))}")
         out[family] = Fp8Figures(family, table["peak"], table["matmul_efficiency"], table["tn_only"],
-                                 tuple(table["recipes"]), dict(table["sources"]))
+                                 tuple(table["recipes"]), dict(table["sources"]),
+                                 tuple(sorted(table.get("recipe_efficiency", {}).items())))
     return out
 
 
