@@ -37,10 +37,6 @@ class HostIssue:
     issue: tuple[float, float, float]  # seconds
     waits: tuple[float, float, float]  # seconds
 
-    @property
-    def none(self) -> bool:
-        return not any(self.issue) and not any(self.waits)
-
 
 NO_HOST_ISSUE = HostIssue((0.0, 0.0, 0.0), (0.0, 0.0, 0.0))
 
