@@ -147,3 +147,13 @@ def test_a_host_bound_moe_stage_is_timed_by_its_host_through_the_whole_path():
                 assert span == pytest.approx(host, rel=1e-9)
             else:
                 assert span > 2 * host
+
+
+def test_the_planners_estimate_sees_the_host_floor_and_a_dense_stage_is_unchanged():
+    """StageCosts.microbatch_seconds (the planner's ordering estimate): each of F and B at least its host's seconds;
+    without host seconds exactly F + I + W, as before."""
+    plain = CostTable.uniform(1, MS, MS, MS).stages[0]
+    assert plain.microbatch_seconds == plain.forward + plain.backward_input + plain.backward_weight
+    floored = replace(plain, host_seconds=(3 * MS, 0.5 * MS, 0.5 * MS))
+    assert floored.microbatch_seconds == pytest.approx(3 * MS + 2 * MS, rel=1e-12)
+    assert floored.host(Kind.B) == pytest.approx(MS, rel=1e-12) and floored.host(Kind.SEND_F) == 0.0

@@ -10,7 +10,10 @@ lasts max(G + waits, issue).
   obtained by minimizing the runtime over a set of examples on H100 GPUs" (meta-pytorch/autoparallel PR #146,
   2025-09-10, autoparallel/cost_models/compute_estimation.py's kernel_launch_overhead); PyTorch's issue #41383
   measured 6.8 us per op with autograd recording (5 us without) on a 2020 host. It includes the driver's launch,
-  about 3 us alone (meta-pytorch/tritonbench PR #1017: cuLaunchKernel 3.0 us on GB200).
+  about 3 us alone (meta-pytorch/tritonbench PR #1017: cuLaunchKernel 3.0 us on GB200). A GEMM's launch costs the
+  host more (cuBLAS picks its algorithm): NVIDIA's own CPU-overhead microbenchmark (NVIDIA/dgxc-benchmarking
+  v26.06.01 microbenchmarks/cpu_overhead, tiny torch.matmul back to back) prints 11-18 us per launch in its sample
+  output, on a platform it does not name; pipesim charges every launch the 7 us.
 - SYNC_ROUND_TRIP: 10 us from a kernel's end to the host's return from the wait, the least of 2,000 measured 4-byte
   device-to-host copies with a stream synchronize on an RTX 5090 (kekzl/imp issue #1654: minimum 9.2-9.7 us,
   median 31-32 us). No H100 host figure is published; the minimum is the one a busy-waiting host (DeepEP's spin)
