@@ -14,16 +14,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from pipesim.comm.expert_exchange import ExpertExchange
-from pipesim.comm.overlap_interference import HidingGemm, hiding_gemm
 from pipesim.comm.tp_collective import TpCollective
-from pipesim.comm.ub_overlap import UbConfig, ub_gemm
-from pipesim.cost.device_profiles import gemm_timing
 from pipesim.cost.fp8_costs import fp8_stage_costs, with_weight_casts
 from pipesim.cost.host_issue import NO_HOST_ISSUE, stage_host_issue
-from pipesim.cost.kernel_costs import StageSeconds, gpt_stage_seconds, mlp_stage_seconds, overlap_gemm
+from pipesim.cost.kernel_costs import StageSeconds, gpt_stage_seconds, mlp_stage_seconds
 from pipesim.cost.stage_work import Work, gpt_stage_work, mlp_stage_work
 from pipesim.cost.step_costs import StepCosts, ring_exchanges, step_costs
 from pipesim.cost.table import CostTable, StageCosts
+from pipesim.cost.tp_hiding import on_userbuffers, with_overlap
 from pipesim.device.fp8_rates import check_fp8_recipe
 from pipesim.errors import PipesimError
 from pipesim.hardware.machine import Hardware
@@ -177,7 +175,7 @@ def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hard
         if forward:
             collectives[(s, "F")] = tuple(TpCollective(c.kind, round(c.nbytes)) for c in forward)
             if ub is not None:
-                collectives[(s, "F")] = _on_userbuffers(collectives[(s, "F")], [c.what for c in forward], ub, timed,
+                collectives[(s, "F")] = on_userbuffers(collectives[(s, "F")], [c.what for c in forward], ub, timed,
                                                         model.dtype, hw, recipe)
         if backward_colls:
             # in a fused backward the input-gradient all_reduces happen inside B; split, in I (the first
@@ -185,9 +183,9 @@ def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hard
             backward = tuple(TpCollective(c.kind, round(c.nbytes)) for c in backward_colls)
             collectives[(s, "W" if s == 0 else "I")] = collectives[(s, "B")] = backward
             if timed is not None and kernels.tp_comm_overlap:  # a fused backward: each wgrad GEMM after its dgrad
-                fused_b = _with_overlap(backward, [c.overlaps for c in backward_colls], timed, model.dtype, hw, recipe)
+                fused_b = with_overlap(backward, [c.overlaps for c in backward_colls], timed, model.dtype, hw, recipe)
                 if ub is not None:
-                    fused_b = _on_userbuffers(fused_b, [c.what for c in backward_colls], ub, timed, model.dtype, hw,
+                    fused_b = on_userbuffers(fused_b, [c.what for c in backward_colls], ub, timed, model.dtype, hw,
                                               recipe)
                 collectives[(s, "B")] = fused_b
                 if s == 0:
@@ -273,36 +271,6 @@ def _add_sm_share(out: dict, stage: int, timed: StageSeconds) -> None:
     for kind, extra in (("F", f), ("I", i), ("W", w), ("B", i + w)):
         if extra > 0:
             out[(stage, kind)] = extra
-
-
-def _hiding(name: str | None, timed: StageSeconds, dtype: str, hw: Hardware, recipe: str | None) -> HidingGemm | None:
-    """The stage's GEMM `name` as a HidingGemm (an FP8 GEMM re-timed on `recipe`'s figures), None if it has none."""
-    shape = timed.shapes.get(name) if name else None
-    if shape is None:
-        return None
-    gemm_dtype, profile = gemm_timing(shape, dtype, hw.device.family, hw.device.kernels, recipe)
-    return hiding_gemm(name, timed.gemms, timed.shapes, gemm_dtype, profile)
-
-
-def _with_overlap(backward: tuple[TpCollective, ...], overlaps: list[str], timed: StageSeconds, dtype: str,
-                  hw: Hardware, recipe: str | None) -> tuple[TpCollective, ...]:
-    """Megatron's async tensor-parallel backward: each collective that overlaps a GEMM runs beside it (its
-    HidingGemm: that GEMM's seconds and shape); the simulator exposes what the GEMM, slowed by the SMs NCCL's
-    channels hold, does not cover (pipesim.comm.overlap_interference). The rest stay blocking."""
-    return tuple(c._replace(beside=_hiding(overlap_gemm(overlaps[n]), timed, dtype, hw, recipe))
-                 for n, c in enumerate(backward))
-
-
-def _on_userbuffers(colls: tuple[TpCollective, ...], whats: list[str], ub: UbConfig, timed: StageSeconds, dtype: str,
-                    hw: Hardware, recipe: str | None) -> tuple[TpCollective, ...]:
-    """`--tp-comm-overlap`: each dense linear's sp collective (`whats[n]` names it) inside its own GEMM by its
-    userbuffers method (pipesim.comm.ub_overlap); the others as they were."""
-    out: list[TpCollective] = []
-    for n, c in enumerate(colls):
-        named = ub_gemm(whats[n])
-        gemm = _hiding(named[1], timed, dtype, hw, recipe) if named else None
-        out.append(c._replace(beside=gemm, ub=ub.method(named[0])) if gemm is not None else c)
-    return tuple(out)
 
 
 def _add_ring(out: dict, stage: int, model: ModelConfig, b: int, opts: LayerOptions, layers: int,
