@@ -93,6 +93,8 @@ def test_an_action_lasts_as_long_as_its_host_takes_to_launch_it():
                 assert op.seconds == pytest.approx(3 * MS, rel=1e-12)
             elif a.kind == Kind.B:
                 assert op.seconds == pytest.approx(2 * MS, rel=1e-12)
+        # one record per (stage, kind), floored once: every microbatch's forward shares it
+        assert len({id(op) for a, op in zip(prog, ops[rank], strict=True) if a.kind == Kind.F}) == 1
     base = uniform_costs(2, {"F": MS, "I": MS, "W": MS})
     result = simulate(schedules.build("1f1b", 2, 4), replace(base, table=table), None, comm=False)
     bars = [e.end - e.start for e in result.timeline().events if e.stream == "compute" and e.kind == "F"]

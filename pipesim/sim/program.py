@@ -144,20 +144,26 @@ def compile_programs(sched: Schedule, compute: TableCompute, hw: Hardware | None
 def _floor_at_host(sched: Schedule, table: CostTable, all_ops: list[list[Op]]) -> None:
     """An action whose host cannot run ahead (pipesim.cost.host_issue) lasts at least the host's seconds to launch
     it: the excess over its GPU seconds (collectives inside it included) joins its `seconds`. An overlapped pair's
-    host launches both halves, one after the other: the pair lasts at least their sum, the excess on its backward."""
+    host launches both halves, one after the other: the pair lasts at least their sum, the excess on its backward.
+    A record shared by several positions (every microbatch's, outside pairs) is floored once and stays shared."""
     for rank, prog in enumerate(sched.programs):
         ops, i = all_ops[rank], 0
+        # ids of the records an action or pair spans -> (those records, kept alive so no id is reused; the last floored)
+        floored: dict[tuple[int, ...], tuple[tuple[Op, ...], Op]] = {}
         while i < len(prog):
             a = prog[i]
             if a.kind not in COMPUTE:
                 i += 1
                 continue
-            paired = i + 1 < len(prog) and (a, prog[i + 1]) in sched.overlaps
-            last = i + 1 if paired else i
-            host = sum(table.stages[b.stage].host(b.kind) for b in prog[i:last + 1])
-            busy = sum(op.seconds + op.tp_seconds + op.ep_seconds for op in ops[i:last + 1])
-            if host > busy:
-                ops[last] = ops[last]._replace(seconds=ops[last].seconds + host - busy)
+            last = i + 1 if i + 1 < len(prog) and (a, prog[i + 1]) in sched.overlaps else i
+            span = tuple(ops[i:last + 1])
+            key = tuple(map(id, span))
+            if key not in floored:
+                host = sum(table.stages[b.stage].host(b.kind) for b in prog[i:last + 1])
+                busy = sum(op.seconds + op.tp_seconds + op.ep_seconds for op in span)
+                floored[key] = (span, span[-1]._replace(seconds=span[-1].seconds + host - busy) if host > busy
+                                else span[-1])
+            ops[last] = floored[key][1]
             i = last + 1
 
 
