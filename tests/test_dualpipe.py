@@ -127,6 +127,26 @@ def test_each_rank_holds_two_model_stages_parameters_and_costs():
     assert sum(pd) == 2 * sum(p1)
 
 
+@pytest.mark.parametrize("name", ["dualpipe", "zb-v"])
+def test_a_rank_holding_both_ends_shares_the_tied_head(name):
+    """A tied head on a rank that also holds the embedding is that embedding (DeepSeek-V3 report 3.2.3): DualPipe's
+    first and last ranks and a V placement's rank 0 hold one h x V matrix less than the two stages' sum; the others
+    are unchanged."""
+    model = ModelConfig(kind="gpt", hidden=64, heads=4, seq=32, vocab=128, layers=8, batch=16, tied_embeddings=True)
+    setup = SimSetup(hardware=load_hardware("local-cpu"), model=model)
+    sched = schedules.build(name, 4, 8)
+    costs = setup.costs(sched)
+    n = sched.model_stages
+    sums = [sum(costs.param_counts[s] for s in sched.stages_of(r)) for r in range(sched.num_ranks)]
+    shared = [any(sched.model_stage(s) == 0 for s in sched.stages_of(r))
+              and any(sched.model_stage(s) == n - 1 for s in sched.stages_of(r)) for r in range(sched.num_ranks)]
+    assert costs.embedding_copy_counts[n - 1] == 64 * 128 and sum(shared) == (2 if name == "dualpipe" else 1)
+    got = [m.parameters for m in rank_memory(sched, costs)]
+    per_param = got[1] // sums[1]  # bytes per parameter (rank 1 holds neither end in either schedule)
+    assert got[1] == sums[1] * per_param
+    assert got == [(c - 64 * 128 * both) * per_param for c, both in zip(sums, shared, strict=True)]
+
+
 def test_cost_mode_charges_every_stage_the_full_cost():
     """--cost is one rank's share of the model; a DualPipe stage is a full model stage (not a half chunk)."""
     setup = SimSetup(cost={"F": 1.0, "I": 1.0, "W": 1.0})

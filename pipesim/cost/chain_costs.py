@@ -41,4 +41,5 @@ def on_chains(costs: ParallelCosts, schedule: Schedule) -> ParallelCosts:
                    ep_exchanges=_keyed(costs.ep_exchanges, schedule),
                    expert_param_counts=_per_stage(costs.expert_param_counts, schedule),
                    fp8_weight_bytes=_per_stage(costs.fp8_weight_bytes, schedule),
-                   fp8_param_counts=_per_stage(costs.fp8_param_counts, schedule))
+                   fp8_param_counts=_per_stage(costs.fp8_param_counts, schedule),
+                   embedding_copy_counts=_per_stage(costs.embedding_copy_counts, schedule))

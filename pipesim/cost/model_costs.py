@@ -33,6 +33,7 @@ from pipesim.model.fp8 import Fp8Options
 from pipesim.model.memory import comm_buffer_bytes, named_precision
 from pipesim.model.moe_layer import tokens_here
 from pipesim.model.options import LayerOptions
+from pipesim.model.param_counts import embedding_copy_params
 
 GiB = 2**30
 DEFAULT_JOB = Job()  # one rank per stage, no option: what a bare call costs
@@ -86,6 +87,8 @@ class ParallelCosts:
     fp8_weight_bytes: tuple[int, ...] = ()  # per stage: FP8 copies of its linear weights (empty: no FP8)
     # per stage, of param_counts: the FP8 linears' parameters, kept in FP8 (--fp8-param-gather; empty otherwise)
     fp8_param_counts: tuple[int, ...] = ()
+    # per stage, of param_counts: an embedding copy a rank holding a first stage too shares (embedding_copy_params)
+    embedding_copy_counts: tuple[int, ...] = ()
 
 
 def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hardware, job: Job = DEFAULT_JOB, *,
@@ -202,6 +205,8 @@ def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hard
                          cp_exchanges=exchanges, sm_share=shared, ep_exchanges=ep_exchanges,
                          expert_param_counts=tuple(experts) if model.moe is not None else (),
                          fp8_weight_bytes=fp8_memory, fp8_param_counts=fp8_params,
+                         embedding_copy_counts=tuple(embedding_copy_params(model, tp, first=s == 0, last=s == len(split)
+                                                                           - 1) for s in range(len(split))),
                          step=with_weight_casts(_step(counts, job, hw=hw, precision=precision,
                                                       loss_scaling=model.dtype == "float16",
                                                       experts=experts if model.moe is not None else (),

@@ -55,7 +55,7 @@ def rank_memory(schedule: Schedule, costs: ParallelCosts) -> list[MemoryBreakdow
     out = []
     dims = costs.job.dims
     for r in range(schedule.num_ranks):
-        params = sum(counts[s] for s in schedule.stages_of(r))
+        params = sum(counts[s] for s in schedule.stages_of(r)) - _shared_copies(schedule, costs, r)
         experts = sum(costs.expert_param_counts[s] for s in schedule.stages_of(r)) if costs.expert_param_counts else 0
         resident = _resident(schedule, costs, r)
         state = step_peak_state(params - experts, dp=dims.dp_cp, zero=costs.job.zero, precision=precision,
@@ -77,6 +77,15 @@ def rank_memory(schedule: Schedule, costs: ParallelCosts) -> list[MemoryBreakdow
                                    recompute=working, comm_buffers=costs.comm_buffer_bytes,
                                    fp8_weights=fp8))
     return out
+
+
+def _shared_copies(schedule: Schedule, costs: ParallelCosts, rank: int) -> int:
+    """Parameters of the rank's last stages' embedding copies that its own first stage's embedding stands in for
+    (pipesim.model.param_counts.embedding_copy_params: DualPipe's and the V placements' rank 0)."""
+    held = schedule.stages_of(rank)
+    if not costs.embedding_copy_counts or not any(schedule.model_stage(s) == 0 for s in held):
+        return 0
+    return sum(costs.embedding_copy_counts[s] for s in held)
 
 
 def _resident(schedule: Schedule, costs: ParallelCosts, rank: int) -> float:

@@ -91,6 +91,16 @@ def mtp_embedding_params(model: ModelConfig, tp: int = 1, *, holds_embedding: bo
     return 0 if holds_embedding or not model.mtp_layers else embedding_params(model, tp)
 
 
+def embedding_copy_params(model: ModelConfig, tp: int = 1, *, first: bool, last: bool) -> int:
+    """What a last stage without the embedding holds only to have it: the tied head's copy of the token matrix and
+    the multi-token-prediction modules' embedding copy. A rank that also holds a first stage shares them (one tensor,
+    one gradient): DeepSeek-V3 report section 3.2.3, DualPipe's first and last layers on one rank; any V placement."""
+    if first or not last:
+        return 0
+    tied = model.hidden * vocab_shard(model, tp) if model.tied_embeddings else 0
+    return tied + mtp_embedding_params(model, tp, holds_embedding=False)
+
+
 def stage_params(model: ModelConfig, tp: int = 1, *, layers: int, first: bool, last: bool) -> int:
     """Parameters on one tp rank of a pipeline stage holding `layers` blocks (embedding if first, head and the
     multi-token-prediction modules if last; the dense block everywhere, as `block_params`)."""
@@ -221,7 +231,7 @@ def active_params(model: ModelConfig) -> int:
         _mtp(model, active=True)
 
 
-__all__ = ["active_params", "block_params", "checkpoint_params", "embedding_params", "expert_bias_params",
-           "expert_params", "head_params", "is_moe_layer", "mlp_params", "model_params", "moe_mlp_params",
-           "mtp_embedding_params", "mtp_projection_params", "qk_norm_params", "router_params", "shared_expert_params",
-           "stage_params"]
+__all__ = ["active_params", "block_params", "checkpoint_params", "embedding_copy_params", "embedding_params",
+           "expert_bias_params", "expert_params", "head_params", "is_moe_layer", "mlp_params", "model_params",
+           "moe_mlp_params", "mtp_embedding_params", "mtp_projection_params", "qk_norm_params", "router_params",
+           "shared_expert_params", "stage_params"]
