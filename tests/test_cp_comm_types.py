@@ -16,8 +16,9 @@ from pipesim.cost.step_costs import RingExchange, ring_exchanges
 from pipesim.device.kernels import attention_flops
 from pipesim.errors import PipesimError
 from pipesim.model.config import ModelConfig
+from pipesim.model.cp_exchanges import cp_kv_block_bytes, cp_layer_exchanges, cp_q_block_bytes
 from pipesim.model.kernel_types import FlashAttention
-from pipesim.model.layer_collectives import Collective, cp_kv_block_bytes, cp_layer_exchanges, cp_q_block_bytes
+from pipesim.model.layer_collectives import Collective
 from pipesim.model.layer_kernels import layer_kernels
 from pipesim.model.memory import comm_buffer_bytes
 from pipesim.model.options import LayerOptions

@@ -13,12 +13,13 @@ from pipesim.cost.kernel_costs import kernel_seconds
 from pipesim.device.kernels import attention_flops, flash_attention_time
 from pipesim.errors import PipesimError
 from pipesim.model.activations import layer_saved_tensors
+from pipesim.model.cp_exchanges import cp_kv_block_bytes
 from pipesim.model.elementwise import layer_elementwise_bytes
 from pipesim.model.flops import attention_core_flops, dense_flops, layer_flops
 from pipesim.model.fp8 import Fp8Options, saved_bytes
 from pipesim.model.kernel_types import FlashAttention
 from pipesim.model.latent_attention import LatentAttention
-from pipesim.model.layer_collectives import cp_kv_block_bytes, tp_layer_collectives
+from pipesim.model.layer_collectives import tp_layer_collectives
 from pipesim.model.layer_kernels import layer_kernels
 from pipesim.model.options import LayerOptions
 from tests.deepseek_shapes import (

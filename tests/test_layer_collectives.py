@@ -7,9 +7,9 @@ from __future__ import annotations
 from fractions import Fraction
 
 from pipesim.model.activations import layer_saved_tensors
+from pipesim.model.cp_exchanges import cp_layer_exchanges
 from pipesim.model.fp8 import Fp8Options
 from pipesim.model.layer_collectives import (
-    cp_layer_exchanges,
     tp_embedding_collectives,
     tp_head_collectives,
     tp_layer_collectives,

@@ -39,8 +39,8 @@ from pipesim.errors import PipesimError
 from pipesim.hardware.machine import Hardware
 from pipesim.job import Job
 from pipesim.model.config import ModelConfig
+from pipesim.model.cp_exchanges import cp_layer_exchanges
 from pipesim.model.fsdp import FsdpPolicy
-from pipesim.model.layer_collectives import cp_layer_exchanges
 from pipesim.model.memory import (
     Precision,
     dp_collectives,

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pipesim.errors import PipesimError
 from pipesim.model.activations import recompute_working_bytes, stage_activation_bytes
 from pipesim.model.config import ModelConfig
-from pipesim.model.layer_collectives import Collective, cp_kv_block_bytes, cp_q_block_bytes
+from pipesim.model.cp_exchanges import cp_kv_block_bytes, cp_q_block_bytes
+from pipesim.model.layer_collectives import Collective
 from pipesim.model.options import LayerOptions
 from pipesim.model.param_counts import stage_params
 
