@@ -45,6 +45,38 @@ def test_one_linear_casts_each_operand_at_its_use():
                      Gemm("FC2 wgrad", 30, 20, 100, c_bytes=2, dtype="float8"))
 
 
+def test_compiled_tensorwise_casts_each_tensor_once_as_torchaos_roofline_counts():
+    """Under torch.compile one scale per tensor lets Inductor cast each activation and output gradient once, writing
+    both layouts, and read the weight for its amax once: torchao's roofline model of the recipe
+    (torchao/testing/training/roofline_utils.py @ 36027d8, no fusion into the producer) gives, per linear of M tokens,
+    K in and N out, 6 MK + 6 MN + 8 KN bytes of casts at 2 bytes per element; the wgrad adds none."""
+    m, k, n = 100, 30, 20
+    kernels = PieceKernels((Gemm("FC2", m, n, k),), (Gemm("FC2 dgrad", m, k, n),), (Gemm("FC2 wgrad", k, n, m),))
+    got = torchao_layer_kernels(kernels, TORCHAO, dtype_bytes=2, compiled=True)
+    casts = [x for phase in got.phases() for x in phase if isinstance(x, MemoryBound)]
+    assert sum(x.nbytes for x in casts) == 6 * m * k + 6 * m * n + 8 * k * n
+    assert got.F == (MemoryBound("FC2 input amax", 2 * m * k), MemoryBound("FC2 input cast (both layouts)", 4 * m * k),
+                     MemoryBound("FC2 weight amax", 2 * k * n), MemoryBound("FC2 weight cast", 3 * k * n),
+                     Gemm("FC2", m, n, k, c_bytes=2, dtype="float8"))
+    assert got.I == (MemoryBound("FC2 output gradient amax", 2 * m * n),
+                     MemoryBound("FC2 output gradient cast (both layouts)", 4 * m * n),
+                     MemoryBound("FC2 weight cast", 3 * k * n), Gemm("FC2 dgrad", m, k, n, c_bytes=2, dtype="float8"))
+    assert got.W == (Gemm("FC2 wgrad", k, n, m, c_bytes=2, dtype="float8"),)
+    eager = torchao_layer_kernels(kernels, TORCHAO, dtype_bytes=2)  # each operand at its use: 10 bytes per element
+    assert sum(x.nbytes for ph in eager.phases() for x in ph if isinstance(x, MemoryBound)) == 10 * (m * k + m * n
+                                                                                                    + k * n)
+
+
+def test_compiled_tensorwise_casts_a_gathered_input_on_its_shard_and_transposes_the_gathered_copy():
+    """DTensor's sequence parallelism gathers QKV's input in FP8: amax and a one-layout cast on the rank's 1/tp shard,
+    then the gathered copy transposed for the wgrad (read 1, write 1 byte per element)."""
+    kernels = PieceKernels((Gemm("QKV", 64, 48, 32),), (), ())
+    got = torchao_layer_kernels(kernels, TORCHAO, dtype_bytes=2, gathered_shard=4, compiled=True)
+    x = 64 * 32  # the gathered input's elements
+    assert got.F[:3] == (MemoryBound("QKV input amax", 2 * x // 4), MemoryBound("QKV input cast", 3 * x // 4),
+                         MemoryBound("QKV input transpose", 2 * x))
+
+
 def test_it_keeps_no_weight_copy_and_saves_inputs_in_the_dtype(capsys):
     base = ["simulate", "1f1b", *LLAMA, "--hardware", "dgx-h100", "--stages", "1", "--dp", "8", "--zero", "3",
             "--fp8-format", "hybrid", "--fp8-recipe", "tensorwise", "--json"]

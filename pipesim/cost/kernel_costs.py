@@ -142,7 +142,7 @@ def fp8_layer(model: ModelConfig, b: int, opts: LayerOptions, fused: bool, famil
         return kernels
     figures = check_fp8_recipe(family, opts.fp8.recipe)
     return fp8_layer_kernels(kernels, opts.fp8, dtype_bytes=model.dtype_bytes, tn_only=figures.tn_only, tp=opts.tp,
-                             sp=opts.sp)
+                             sp=opts.sp, compiled=fused)
 
 
 @lru_cache(maxsize=4096)

@@ -26,7 +26,8 @@ pipesim.device.fp8_rates. Byte formulas: docs/cost_model.md, "FP8".
 Float8Linear instead (torchao/float8/float8_linear.py `matmul_with_hp_or_float8_args`): it keeps no FP8 weight copy
 across microbatches (the weight is cast at each use, forward and dgrad), saves the linear's input in the dtype and
 casts it again for the wgrad, and casts the output gradient once for the dgrad and once for the wgrad; each
-tensorwise cast reads its tensor once more for the amax first (pipesim.model.fp8_kernels). Its recipes are
+tensorwise cast reads its tensor once more for the amax first (pipesim.model.fp8_kernels); under torch.compile
+each tensorwise tensor is cast once for all its uses. Its recipes are
 tensorwise and, through the MX converter, mxfp8.
 """
 

@@ -55,11 +55,13 @@ def _casts(what: str, elements: int, fp8: Fp8Options, d: int, *, tn_only: bool, 
 
 
 def fp8_layer_kernels(kernels: PieceKernels, fp8: Fp8Options, *, dtype_bytes: int, tn_only: bool, tp: int = 1,
-                      sp: bool = False) -> PieceKernels:
+                      sp: bool = False, compiled: bool = False) -> PieceKernels:
     """`kernels` (a layer's, pipesim.model.layer_kernels) with its linears' GEMMs in FP8 (output written in the
-    model's dtype: c_bytes d unless an accumulating epilogue says otherwise) and the casts before them."""
+    model's dtype: c_bytes d unless an accumulating epilogue says otherwise) and the casts before them. `compiled`:
+    torch.compile's fused kernels (torchao's casts are then Inductor's)."""
     if fp8.impl == "torchao":
-        return torchao_layer_kernels(kernels, fp8, dtype_bytes=dtype_bytes, gathered_shard=tp if sp else 1)
+        return torchao_layer_kernels(kernels, fp8, dtype_bytes=dtype_bytes, gathered_shard=tp if sp else 1,
+                                     compiled=compiled)
     d = dtype_bytes
     gathered = sp and tp > 1
 
@@ -97,12 +99,15 @@ def fp8_layer_kernels(kernels: PieceKernels, fp8: Fp8Options, *, dtype_bytes: in
 
 
 def torchao_layer_kernels(kernels: PieceKernels, fp8: Fp8Options, *, dtype_bytes: int,
-                          gathered_shard: int = 1) -> PieceKernels:
+                          gathered_shard: int = 1, compiled: bool = False) -> PieceKernels:
     """`kernels` with its linears' GEMMs in FP8 as torchao's Float8Linear runs them (`matmul_with_hp_or_float8_args`,
     torchao/float8/float8_linear.py): every operand cast at its use, row-wise, nothing cached. Forward: the input and
     the weight; dgrad: the output gradient and the weight; wgrad: the output gradient again and the input, saved in
     the dtype, again. Each tensorwise cast reads its tensor once for the amax first. Under DTensor's sequence
-    parallelism the column-parallel inputs are cast on the rank's shard before the gather (`gathered_shard`: tp)."""
+    parallelism the column-parallel inputs are cast on the rank's shard before the gather (`gathered_shard`: tp).
+    `compiled` with tensorwise scaling: torch.compile's casts instead (`compiled_tensorwise_kernels`)."""
+    if compiled and fp8.recipe == "tensorwise":
+        return compiled_tensorwise_kernels(kernels, fp8, dtype_bytes=dtype_bytes, gathered_shard=gathered_shard)
     d = dtype_bytes
 
     def cast(what: str, elements: int) -> list[Kernel]:
@@ -137,6 +142,56 @@ def torchao_layer_kernels(kernels: PieceKernels, fp8: Fp8Options, *, dtype_bytes
     return PieceKernels(tuple(phase(kernels.F)), tuple(phase(kernels.I)), tuple(phase(kernels.W)))
 
 
+def compiled_tensorwise_kernels(kernels: PieceKernels, fp8: Fp8Options, *, dtype_bytes: int,
+                                gathered_shard: int = 1) -> PieceKernels:
+    """torchao's tensorwise Float8Linear under torch.compile: one scale per tensor, so Inductor casts each activation
+    and output gradient once, in one kernel that writes both the row-major copy its first GEMM reads and the
+    column-major one the wgrad reads (saved from the forward), after one amax pass; the weight is read for its amax
+    once in the forward and cast in the forward and again in the backward with the saved scale. Bytes per tensor of
+    n elements: activation and output gradient 2n (amax) + 2n + 2n (cast), weight 2n + 3n + 3n: torchao's own model
+    of the compiled recipe (torchao/testing/training/roofline_utils.py @ 36027d8, `get_tensor_memory_traffic_ovhd_s`
+    without fusion into the producer; 'write twice in float8 (row-major and col-major)' @ eab345c). A column-parallel
+    input gathered over tp in FP8 (`gathered_shard`) is cast on the shard in its row-major layout and the gathered
+    copy transposed for the wgrad (read 1, write 1 byte per element)."""
+    d = dtype_bytes
+
+    def amax(what: str, n: int) -> MemoryBound:
+        return MemoryBound(f"{what} amax", d * n)
+
+    def weight(name: str, k: Gemm, *, first: bool) -> list[Kernel]:
+        if fp8.gathered:  # FSDP2 gathered it in FP8: cast on the shard before the gather (not counted)
+            return []
+        n = k.batch * k.n * k.k
+        return ([amax(f"{name} weight", n)] if first else []) + [MemoryBound(f"{name} weight cast", (d + 1) * n)]
+
+    def phase(ks: tuple[Kernel, ...]) -> list[Kernel]:
+        out: list[Kernel] = []
+        for k in ks:
+            if not isinstance(k, Gemm):
+                out.append(k)
+                continue
+            n = k.batch * k.m * k.k  # its activation operand: tokens x in (dgrad: tokens x out)
+            if (name := _linear(k.name)) is not None:
+                shard = gathered_shard if name in GATHERED else 1
+                if shard > 1:
+                    out += [amax(f"{name} input", n // shard), MemoryBound(f"{name} input cast", (d + 1) * n // shard),
+                            MemoryBound(f"{name} input transpose", 2 * n)]
+                else:
+                    out += [amax(f"{name} input", n), MemoryBound(f"{name} input cast (both layouts)", (d + 2) * n)]
+                out += weight(name, k, first=True)
+            elif (name := _linear(k.name, " dgrad")) is not None:
+                out += [amax(f"{name} output gradient", n),
+                        MemoryBound(f"{name} output gradient cast (both layouts)", (d + 2) * n)]
+                out += weight(name, k, first=False)
+            elif _linear(k.name, " wgrad") is None:
+                out.append(k)
+                continue
+            out.append(replace(k, dtype=FP8, c_bytes=k.c_bytes or d))
+        return out
+
+    return PieceKernels(tuple(phase(kernels.F)), tuple(phase(kernels.I)), tuple(phase(kernels.W)))
+
+
 def fp8_weight_params(kernels: PieceKernels) -> tuple[int, int]:
     """(parameters, weights) of the piece's FP8 linears, read off its FP8 wgrad GEMMs (k x n each, per expert)."""
     params = weights = 0
@@ -156,5 +211,5 @@ def scale_update_bytes(kernels: PieceKernels) -> int:
     return 3 * 24 * fp8_weight_params(kernels)[1]
 
 
-__all__ = ["FP8", "FP8_LINEARS", "GATHERED", "fp8_layer_kernels", "fp8_weight_params", "scale_update_bytes",
-           "torchao_layer_kernels"]
+__all__ = ["FP8", "FP8_LINEARS", "GATHERED", "compiled_tensorwise_kernels", "fp8_layer_kernels", "fp8_weight_params",
+           "scale_update_bytes", "torchao_layer_kernels"]
