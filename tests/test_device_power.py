@@ -4,12 +4,13 @@ the interpolation by hand, the refusals, and the kernel model and the simulator 
 from __future__ import annotations
 
 import json
+import statistics
 from importlib import resources
 
 import pytest
 
 from pipesim.cli import main
-from pipesim.cost.device_profiles import profile_of
+from pipesim.cost.device_profiles import fp8_profile_of, profile_of
 from pipesim.device.gemm import gemm_time
 from pipesim.device.kernels import flash_attention_time, memory_bound_time
 from pipesim.device.power import clock_scale, rated_peak
@@ -56,13 +57,48 @@ def test_the_kernel_model_runs_at_the_boards_clock_and_hbm():
     assert "500 W board, its peaks x 0.8962" in board.sources["clock_scale"]
 
 
-def test_a_limit_over_measured_tensor_figures_is_refused():
-    """Measured figures (pipesim calibrate --gpu) already run at the measured board's clock: a limit on top would
-    scale them twice."""
-    with pytest.raises(PipesimError, match="^power_limit 500 W: the device's \\[device.kernels\\] also gives "
-                                           "matmul_efficiency, measured at that board's own clock"):
-        profile_of("H100", KernelFigures(matmul_efficiency=0.7, power_limit=500))
+def test_figures_measured_on_a_limited_board_keep_their_rate():
+    """A measured figure (pipesim calibrate --gpu, or a cited benchmark of the board) already runs at that board's
+    clock: beside its power limit it keeps its rate, and only the figures not measured (here flash attention) take the
+    board's clock. BF16 and FP8 GEMMs each at their measured fraction of their datasheet peak."""
+    figures = KernelFigures(matmul_efficiency=0.574, fp8_matmul_efficiency=0.688, power_limit=500)
+    board = profile_of("H100", figures)
+    big = (8192, 8192, 8192)
+    alone = profile_of("H100", KernelFigures(matmul_efficiency=0.574))  # the same measurement, no limit given
+    assert gemm_time(*big, "bfloat16", board).compute == pytest.approx(gemm_time(*big, "bfloat16", alone).compute)
+    assert board.matmul_efficiency * board.clock_scale == pytest.approx(0.574)
+    assert board.clock_scale == pytest.approx(SCALE)
+    flash = (1, 8192, 32, 128, "bfloat16")
+    assert flash_attention_time(*flash, board, causal=True).compute == \
+        pytest.approx(flash_attention_time(*flash, device_profile("H100"), causal=True).compute / SCALE)
+    fp8 = fp8_profile_of("H100", figures, "tensorwise")
+    assert fp8.matmul_efficiency * fp8.clock_scale == pytest.approx(0.688)
+    assert fp8_profile_of("H100", KernelFigures(fp8_matmul_efficiency=0.688)).matmul_efficiency == 0.688
     assert profile_of("H100", KernelFigures(memory_bound_efficiency=0.6, power_limit=500)).clock_scale < 1
+
+
+def test_a_measured_figure_above_the_limited_boards_peak_is_refused(capsys):
+    with pytest.raises(PipesimError, match="^matmul_efficiency 0.95 measured on a 500 W board is above that board's "
+                                           "peak \\(x 0.8962 of the family's\\)"):
+        profile_of("H100", KernelFigures(matmul_efficiency=0.95, power_limit=500))
+    assert main([*SIM[:-2], "--hardware", GRAND_TETON, "--power-limit", "400"]) == 2  # measured at 500 W
+    err = capsys.readouterr().err.strip()
+    assert err == ("pipesim: error: --power-limit 400: hardware 'grand-teton-h100' already gives matmul_efficiency, "
+                   "fp8_matmul_efficiency in [device.kernels], for the board it was measured on; edit the file instead")
+
+
+def test_grand_teton_gemm_figures_are_the_cited_benchmarks_times_on_the_wave_model():
+    """The file's BF16 and FP8 GEMM fractions: the H100 profile's, times the median of its time over the time
+    meta-pytorch/float8_experimental PR #100 measured for LLaMa 2 70B's four linears at M = 16384 (bench_matmul.py)."""
+    measured = {(8192, 1280): (0.622e-3, 0.244e-3), (1024, 8192): (0.499e-3, 0.257e-3),
+                (8192, 7168): (3.445e-3, 1.470e-3), (3584, 8192): (1.628e-3, 0.700e-3)}  # (K, N): BF16, FP8 seconds
+    h100, fp8 = device_profile("H100"), fp8_profile_of("H100", None, "tensorwise")
+    bf16 = statistics.median(gemm_time(16384, n, k, "bfloat16", h100).seconds / t[0] for (k, n), t in measured.items())
+    f8 = statistics.median(gemm_time(16384, n, k, "float8", fp8, c_bytes=2).seconds / t[1]
+                           for (k, n), t in measured.items())
+    kernels = load_hardware(GRAND_TETON).device.kernels
+    assert kernels.matmul_efficiency == round(h100.matmul_efficiency * bf16, 3) == 0.574
+    assert kernels.fp8_matmul_efficiency == round(fp8.matmul_efficiency * f8, 3) == 0.688
 
 
 def test_grand_teton_is_the_500_w_hbm2e_board():

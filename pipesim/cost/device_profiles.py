@@ -3,42 +3,59 @@ with the file's measured figures and its board's HBM and power limit over them, 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import lru_cache
 
 from pipesim.device.fp8_rates import FP8, fp8_figures
-from pipesim.device.power import at_power_limit
+from pipesim.device.power import at_power_limit, clock_scale
 from pipesim.device.profile import DeviceProfile, device_profile
 from pipesim.errors import PipesimError
-from pipesim.hardware.machine import KernelFigures
+from pipesim.hardware.machine import MEASURED_AT_CLOCK, KernelFigures
 from pipesim.model.kernel_types import Gemm
-
-# measured figures that already run at the measured board's clock (a power limit must not scale them again)
-CLOCKED = ("matmul_efficiency", "flash_forward_efficiency", "flash_backward_efficiency")
 
 
 @lru_cache(maxsize=64)
 def profile_of(family: str, kernels: KernelFigures | None = None) -> DeviceProfile:
     """The shipped device profile of `family` (read once), with a hardware file's figures over it: measured ones,
-    and its board's HBM and power limit (the limit as a tensor clock, pipesim.device.power)."""
+    and its board's HBM and power limit (the limit as a tensor clock, pipesim.device.power, which the figures measured
+    on that board keep: their rates are the board's own, not scaled again)."""
     profile = device_profile(family)
     if kernels is None or not kernels.figures():
         return profile
     source = kernels.source or "[device.kernels] of the hardware file"
     figures = kernels.figures()
+    figures.pop("fp8_matmul_efficiency", None)  # FP8's own (fp8_profile_of)
     watts = figures.pop("power_limit", None)
-    measured = [f for f in CLOCKED if f in figures]
-    if watts is not None and measured:
-        raise PipesimError(f"power_limit {watts:g} W: the device's [device.kernels] also gives {', '.join(measured)}, "
-                           "measured at that board's own clock; give the limit or the measured figures, not both")
+    if watts is None:
+        return profile.with_measured(source, **figures) if figures else profile
+    scale = clock_scale(profile, watts)
+    figures.update({f: _unclocked(f, figures[f], scale, watts) for f in MEASURED_AT_CLOCK if f in figures})
     profile = profile.with_measured(source, **figures) if figures else profile
-    return at_power_limit(profile, watts, source) if watts is not None else profile
+    return at_power_limit(profile, watts, source)
+
+
+def _unclocked(name: str, value: float, scale: float, watts: float) -> float:
+    """A figure measured on a board of `watts` as a fraction of the family's unclocked peak: value / scale, so that
+    times the board's clock it is the rate measured."""
+    if value / scale > 1:
+        raise PipesimError(f"{name} {value:g} measured on a {watts:g} W board is above that board's peak "
+                           f"(x {scale:.4f} of the family's): the figure or the limit is wrong")
+    return value / scale
 
 
 @lru_cache(maxsize=64)
 def fp8_profile_of(family: str, kernels: KernelFigures | None = None, recipe: str | None = None) -> DeviceProfile:
     """The profile `recipe`'s FP8 GEMMs of `family` are timed on: its FP8 peak and achievable fraction over
-    `profile_of`'s figures (a hardware file's measured BF16 matmul_efficiency does not carry over to FP8)."""
-    return fp8_figures(family).gemm_profile(profile_of(family, kernels), recipe)
+    `profile_of`'s figures (a hardware file's measured BF16 matmul_efficiency does not carry over to FP8; its
+    fp8_matmul_efficiency, measured on that board, replaces the family's FP8 fraction for every recipe)."""
+    profile = fp8_figures(family).gemm_profile(profile_of(family, kernels), recipe)
+    measured = kernels.fp8_matmul_efficiency if kernels is not None else None
+    if measured is None:
+        return profile
+    value = measured if kernels.power_limit is None else \
+        _unclocked("fp8_matmul_efficiency", measured, profile.clock_scale, kernels.power_limit)
+    return replace(profile, matmul_efficiency=value,
+                   sources={**profile.sources, "matmul_efficiency": kernels.source or "[device.kernels]"})
 
 
 def gemm_timing(shape: Gemm, dtype: str, family: str, kernels: KernelFigures | None = None,
@@ -50,4 +67,4 @@ def gemm_timing(shape: Gemm, dtype: str, family: str, kernels: KernelFigures | N
     return dtype, profile_of(family, kernels)
 
 
-__all__ = ["CLOCKED", "fp8_profile_of", "gemm_timing", "profile_of"]
+__all__ = ["fp8_profile_of", "gemm_timing", "profile_of"]

@@ -54,12 +54,19 @@ class LinkClass:
         return self.bandwidth * factors.get(kind, 1.0)
 
 
+# [device.kernels] figures measured on a board, at its own tensor clock (a power limit beside them does not scale them)
+MEASURED_AT_CLOCK = ("matmul_efficiency", "fp8_matmul_efficiency", "flash_forward_efficiency",
+                     "flash_backward_efficiency")
+
+
 @dataclass(frozen=True)
 class KernelFigures:
     """Measured figures of the device family's kernel model (`[device.kernels]`, written by `pipesim calibrate
     --gpu`): each one given replaces the family's figure of pipesim/presets/gemm/devices.toml for this hardware."""
 
     matmul_efficiency: float | None = file_field("frac", doc="best GEMM FLOP/s / dense peak", default=None)
+    fp8_matmul_efficiency: float | None = file_field("frac", doc="best FP8 GEMM FLOP/s / FP8 dense peak",
+                                                     default=None)
     memory_efficiency: float | None = file_field("frac", default=None, doc="a copy's bytes/s / datasheet HBM")
     kernel_overhead: float | None = file_field("nonneg", "seconds", "per kernel (median empty kernel)",
                                                default=None)
@@ -273,6 +280,10 @@ class Hardware:
         says so. Needs a GPU device family."""
         if not self.device.family:
             raise PipesimError(f"--power-limit {watts:g}: hardware {self.name!r} has no GPU device family to clock")
+        given = self.device.kernels.figures() if self.device.kernels else {}
+        if clocked := [f for f in MEASURED_AT_CLOCK if f in given]:
+            raise PipesimError(f"--power-limit {watts:g}: hardware {self.name!r} already gives {', '.join(clocked)} "
+                               "in [device.kernels], for the board it was measured on; edit the file instead")
         kernels = replace(self.device.kernels or KernelFigures(), power_limit=float(watts))
         if not kernels.source:
             kernels = replace(kernels, source=f"--power-limit {watts:g}")
@@ -291,4 +302,4 @@ class Hardware:
         return d
 
 
-__all__ = ["DeviceSpec", "Hardware", "HostProfile", "KernelFigures", "LinkClass", "file_field"]
+__all__ = ["MEASURED_AT_CLOCK", "DeviceSpec", "Hardware", "HostProfile", "KernelFigures", "LinkClass", "file_field"]
