@@ -6,11 +6,12 @@
 #   bash bench/gpu_calibrate.sh out/h200 H200     # output folder, device family (default: from the GPU's name)
 #   PYTHON=.venv/bin/python bash bench/gpu_calibrate.sh
 #
-# It runs `pipesim calibrate --gpu`: on GPU 0, 128 GEMMs (bf16 and fp16, m, n, k each in 256..8192),
-# a 1 GiB HBM copy, softmax / dropout / layer norm / GeLU (the memory-bound kernels), 20 s of back-to-back
-# 8192^3 GEMMs (the sustained clock), empty-kernel launches,
+# It runs `pipesim calibrate --gpu`: on GPU 0, 128 GEMMs (bf16 and fp16, m, n, k each in 256..8192) and 64 FP8
+# ones where the GPU has FP8 tensor cores (torch._scaled_mm), a 1 GiB HBM copy, softmax / dropout / layer norm /
+# GeLU (the memory-bound kernels), 20 s of back-to-back 8192^3 GEMMs per precision (the sustained clock),
+# empty-kernel launches,
 # torch's scaled_dot_product_attention forward/backward
-# (about a minute and a half); with more than one GPU, NCCL all_reduce, all_gather, reduce_scatter and send_recv
+# (about two and a half minutes); with more than one GPU, NCCL all_reduce, all_gather, reduce_scatter and send_recv
 # over all of them under torchrun (8 KiB to 256 MiB, under a minute). Then, as a check, it simulates
 # a GPT pipeline on the new file.
 set -euo pipefail

@@ -255,12 +255,15 @@ def test_the_measuring_code_on_the_cpu_writes_a_file_that_assembles(tmp_path):
     data = gpu_measure.measure(gpu_measure.CPU_GRID, "cpu")
     assert data.meta["device"] == "cpu" and data.meta["gpus"] == "0"
     assert [r.kind for r in data.records] == ["launch"] * 3 + ["copy", "softmax", "dropout", "layer_norm", "gelu"] + \
-        ["gemm"] * 8 + ["gemm_sustained"] + ["flash_forward", "flash_backward"] * 2
-    assert data.of("gemm_sustained")[0].shape == (1, 64, 64, 64)  # the grid's largest square GEMM
+        ["gemm"] * 16 + ["gemm_sustained"] + ["flash_forward", "flash_backward"] * 2 + ["gemm_sustained"]
+    assert [(r.dtype, r.shape) for r in data.of("gemm_sustained")] == [("float32", (1, 64, 64, 64)),
+                                                                       ("float8", (1, 64, 64, 64))]  # the largest
+    assert [r.dtype for r in data.of("gemm")] == ["float32"] * 8 + ["float8"] * 8  # torch._scaled_mm on the CPU
     scores, rows = 2 * 64 * 64, 64 * 32  # CPU_GRID: 2 x 64 x 64 scores, 64 x 32 rows, float32
     assert [r.nbytes for r in data.records[4:8]] == [2 * scores * 4, 2 * scores * 4 + scores, 2 * rows * 4,
                                                      2 * rows * 4]
     assert {r.shape for r in data.of("gemm")} == {(1, m, n, k) for m in (32, 64) for n in (32, 64) for k in (32, 64)}
+    assert gpu.gemm_dtype(data) == "float32"  # FP8's records give their own figure
     assert [r.shape for r in data.of("flash_forward")] == [(1, 64, 2, 16, 0), (1, 64, 2, 16, 1)]
     assert data.of("copy")[0].nbytes == 2 << 20  # 1 MiB read and written
     path = tmp_path / "cpu.measurements.csv"
@@ -275,7 +278,13 @@ def test_the_measuring_code_on_the_cpu_writes_a_file_that_assembles(tmp_path):
     assert "memory-bound kernels: " in cal.summary() and ", their median (softmax " in cal.summary()
     assert cal.hardware.device.kernels.matmul_efficiency == measured.summarise(again, H100, "float32")[
         "matmul_efficiency"]
-    held = min(1.0, again.of("gemm")[-1].seconds / again.of("gemm_sustained")[0].seconds)  # (1, 64, 64, 64) is last
+    held = min(1.0, again.of("gemm")[7].seconds / again.of("gemm_sustained")[0].seconds)  # (1, 64, 64, 64): 8th
+    fp8 = [r for r in again.of("gemm") if r.dtype == "float8"]
+    held8 = min(1.0, fp8[-1].seconds / again.of("gemm_sustained")[1].seconds)
+    assert measured.sustained_fraction(again, "float8") == held8
+    assert cal.hardware.device.kernels.fp8_matmul_efficiency == pytest.approx(
+        max(r.flops / r.seconds for r in fp8) / 1979e12 * held8, rel=1e-12)  # the H100's FP8 peak (fp8.toml)
+    assert "FP8 GEMMs (torch._scaled_mm): " in cal.summary()
     assert measured.sustained_fraction(again, "float32") == held
     assert cal.hardware.device.kernels.matmul_efficiency == pytest.approx(
         max(r.flops / r.seconds for r in again.of("gemm")) / H100.peak("float32") * held, rel=1e-12)

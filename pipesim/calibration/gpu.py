@@ -19,6 +19,7 @@ from pathlib import Path
 
 from pipesim.comm.collective_costs import ring_time
 from pipesim.device import gpu_measurements as measured
+from pipesim.device.fp8_rates import fp8_figures
 from pipesim.device.gemm_reference import Comparison, Measured, compare
 from pipesim.device.profile import DeviceProfile, device_profile, load_profiles
 from pipesim.errors import PipesimError
@@ -120,7 +121,7 @@ def collective_records(path: Path) -> list[measured.Record]:
 
 def gemm_dtype(data: measured.Measurements) -> str:
     """The dtype matmul_efficiency is measured in: bfloat16 when the run timed it, else its first GEMM's."""
-    dtypes = [r.dtype for r in data.of(measured.GEMM)]
+    dtypes = [r.dtype for r in data.of(measured.GEMM) if r.dtype != measured.FP8_GEMM]  # FP8's is its own figure
     return "bfloat16" if "bfloat16" in dtypes or not dtypes else dtypes[0]
 
 
@@ -163,6 +164,10 @@ class GpuCalibration:
             if factors:
                 lines.append("collectives' bandwidth over all_reduce's: "
                              + ", ".join(f"{k} {v:.3f}" for k, v in factors.items()))
+        if k.fp8_matmul_efficiency is not None:
+            held = measured.sustained_fraction(self.data, measured.FP8_GEMM) if self.data is not None else None
+            lines.append(f"FP8 GEMMs (torch._scaled_mm): {100 * k.fp8_matmul_efficiency:.1f} % of the FP8 peak"
+                         + (f", sustained at {100 * held:.1f} % of their burst" if held is not None else ""))
         if self.gemms is not None:
             lines.append(f"GEMM model with these figures vs the run's {self.dtype} GEMMs: {self.gemms.summary()}")
         return "\n".join(lines)
@@ -175,6 +180,14 @@ def source_of(meta: dict[str, str]) -> str:
         (f" ({what})" if what else "")
 
 
+def fp8_peak(family: str) -> float | None:
+    """The family's dense FP8 peak (pipesim/presets/gemm/fp8.toml), None for a family without FP8 tensor cores."""
+    try:
+        return fp8_figures(family).peak
+    except PipesimError:
+        return None
+
+
 def assemble(data: measured.Measurements, *, family: str | None = None, base: Hardware | None = None) -> GpuCalibration:
     """The hardware file of a measurement: `base` (default: the family's single-node preset) with the measured
     kernel figures in [device.kernels], the memory-bound kernels' (or the best copy's) bandwidth as hbm_bandwidth,
@@ -183,14 +196,15 @@ def assemble(data: measured.Measurements, *, family: str | None = None, base: Ha
     profile = device_profile(family)
     base = base or base_preset(family)
     dtype = gemm_dtype(data)
-    figures = measured.summarise(data, profile, dtype)
+    figures = measured.summarise(data, profile, dtype, fp8_peak=fp8_peak(family))
     if not figures:
         raise PipesimError("the measurements hold no kernel record (gemm, copy, launch, flash_forward, "
                            "flash_backward): nothing to calibrate")
     source = source_of(data.meta)
     try:
         kernels = KernelFigures(**figures, source=source)
-        measured_profile = profile.with_measured(source, **figures)  # checks each figure as a profile's
+        measured_profile = profile.with_measured(source, **{k: v for k, v in figures.items()  # each as a profile's
+                                                            if k != "fp8_matmul_efficiency"})
     except PipesimError as exc:
         raise PipesimError(f"{exc} (is the device family {family!r} right? pass --family)") from None
     measured_memory = {"memory_bound_efficiency", "memory_efficiency"} & set(figures)
@@ -223,4 +237,4 @@ def measurements_path(output: Path) -> Path:
 
 
 __all__ = ["GpuCalibration", "LinkFit", "assemble", "base_preset", "collective_factors", "collective_records",
-           "family_of", "gemm_dtype", "link_fit", "measurements_path", "source_of"]
+           "family_of", "fp8_peak", "gemm_dtype", "link_fit", "measurements_path", "source_of"]

@@ -30,6 +30,7 @@ from pipesim.device import gpu_measurements as rec
 from pipesim.errors import PipesimError
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+FP8 = rec.FP8_GEMM  # torch._scaled_mm on E4M3 operands, per-tensor float32 scales, bf16 output (FP8 tensor cores)
 COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
 
 
@@ -52,12 +53,12 @@ class Grid:
     sustain_seconds: float = 20.0
 
 
-GPU_GRID = Grid((256, 1024, 4096, 8192), ("bfloat16", "float16"), ((4, 2048, 32, 128), (1, 8192, 32, 128)),
-                1 << 30, 10, 3)  # 128 GEMMs: about a minute on an H100
-QUICK_GRID = Grid((1024, 8192), ("bfloat16",), ((4, 2048, 32, 128),), 1 << 30, 5, 2, (8 << 10, 64 << 20),
+GPU_GRID = Grid((256, 1024, 4096, 8192), ("bfloat16", "float16", FP8), ((4, 2048, 32, 128), (1, 8192, 32, 128)),
+                1 << 30, 10, 3)  # 192 GEMMs (FP8 where the GPU has it): about two minutes on an H100
+QUICK_GRID = Grid((1024, 8192), ("bfloat16", FP8), ((4, 2048, 32, 128),), 1 << 30, 5, 2, (8 << 10, 64 << 20),
                   sustain_seconds=5.0)
-CPU_GRID = Grid((32, 64), ("float32",), ((1, 64, 2, 16),), 1 << 20, 2, 1, scores=(2, 64),
-                rows=(64, 32), sustain_seconds=0.05)  # the tests: these paths on a CPU
+CPU_GRID = Grid((32, 64), ("float32", FP8), ((1, 64, 2, 16),), 1 << 20, 2, 1, scores=(2, 64),
+                rows=(64, 32), sustain_seconds=0.05)  # the tests: these paths on a CPU (torch runs _scaled_mm there)
 
 
 def one_round(dev: torch.device, fn, iters: int) -> float:
@@ -84,14 +85,31 @@ def timer(dev: torch.device, fn, iters: int, warmup: int) -> float:
     return statistics.median(one_round(dev, fn, iters) for _ in range(3))
 
 
-def measure_sustained(dev: torch.device, grid: Grid) -> rec.Record:
-    """The grid's largest square GEMM (first dtype) back to back for `sustain_seconds`; the median seconds per call
-    of the rounds in the last quarter, when the clock has settled under the power limit (the grid's GEMMs, like
-    MAMF's figure, time bursts of a few dozen calls)."""
-    name, n = grid.dtypes[0], max(grid.gemm_sizes)
-    a = torch.randn(n, n, device=dev, dtype=DTYPES[name])
-    b = torch.randn(n, n, device=dev, dtype=DTYPES[name])
-    fn = partial(torch.matmul, a, b)
+def has_fp8(dev: torch.device) -> bool:
+    """Whether `dev` runs torch._scaled_mm: FP8 tensor cores (compute capability 8.9 on), or a CPU (torch's own)."""
+    return dev.type != "cuda" or torch.cuda.get_device_capability(dev) >= (8, 9)
+
+
+def gemm_call(dev: torch.device, name: str, m: int, n: int, k: int):
+    """A callable running one (m x k) @ (k x n) GEMM of dtype `name` on random operands: torch.matmul, or for FP8
+    torch._scaled_mm on E4M3 operands (the second column-major, as cuBLASLt's FP8 GEMM takes it) with float32
+    per-tensor scales and a bf16 output, what Transformer Engine and torchao run."""
+    if name != FP8:
+        a = torch.randn(m, k, device=dev, dtype=DTYPES[name])
+        b = torch.randn(k, n, device=dev, dtype=DTYPES[name])
+        return partial(torch.matmul, a, b)
+    a = torch.randn(m, k, device=dev).to(torch.float8_e4m3fn)
+    b = torch.randn(n, k, device=dev).to(torch.float8_e4m3fn).t()
+    one = torch.ones((), device=dev)
+    return partial(torch._scaled_mm, a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+
+
+def measure_sustained(dev: torch.device, grid: Grid, name: str | None = None) -> rec.Record:
+    """The grid's largest square GEMM (dtype `name`, default the first) back to back for `sustain_seconds`; the
+    median seconds per call of the rounds in the last quarter, when the clock has settled under the power limit (the
+    grid's GEMMs, like MAMF's figure, time bursts of a few dozen calls)."""
+    name, n = name or grid.dtypes[0], max(grid.gemm_sizes)
+    fn = gemm_call(dev, name, n, n, n)
     rounds: list[tuple[float, float]] = []  # (seconds since the start at the round's end, seconds per call)
     t0 = time.perf_counter()
     while not rounds or rounds[-1][0] < grid.sustain_seconds:
@@ -101,15 +119,18 @@ def measure_sustained(dev: torch.device, grid: Grid) -> rec.Record:
     return rec.Record(rec.GEMM_SUSTAINED, name, (1, n, n, n), 0, statistics.median(last))
 
 
+def runnable_dtypes(dev: torch.device, grid: Grid) -> tuple[str, ...]:
+    """The grid's dtypes `dev` runs: FP8 only where it has FP8 tensor cores (an A100 times the rest)."""
+    return tuple(d for d in grid.dtypes if d != FP8 or has_fp8(dev))
+
+
 def measure_gemms(dev: torch.device, grid: Grid) -> list[rec.Record]:
     out = []
-    for name in grid.dtypes:
+    for name in runnable_dtypes(dev, grid):
         for m in grid.gemm_sizes:
             for n in grid.gemm_sizes:
                 for k in grid.gemm_sizes:
-                    a = torch.randn(m, k, device=dev, dtype=DTYPES[name])
-                    b = torch.randn(k, n, device=dev, dtype=DTYPES[name])
-                    seconds = timer(dev, partial(torch.matmul, a, b), grid.iters, grid.warmup)
+                    seconds = timer(dev, gemm_call(dev, name, m, n, k), grid.iters, grid.warmup)
                     out.append(rec.Record(rec.GEMM, name, (1, m, n, k), 0, seconds))
     return out
 
@@ -193,9 +214,9 @@ def measure(grid: Grid, device: str = "cuda", *, collectives: bool = True) -> re
         raise PipesimError("--gpu needs a CUDA GPU and torch sees none (torch.cuda.is_available() is False); "
                            "without one, build the file from a recorded run: --from-measurements FILE")
     dev = torch.device("cuda", 0) if device == "cuda" else torch.device(device)
-    unknown = [d for d in grid.dtypes if d not in DTYPES]
+    unknown = [d for d in grid.dtypes if d not in DTYPES and d != FP8]
     if unknown:
-        raise PipesimError(f"unknown dtype {', '.join(unknown)}; choose from {', '.join(DTYPES)}")
+        raise PipesimError(f"unknown dtype {', '.join(unknown)}; choose from {', '.join((*DTYPES, FP8))}")
     gpus = torch.cuda.device_count() if dev.type == "cuda" else 0
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
     meta = {"device": name, "torch": torch.__version__, "cuda": str(torch.version.cuda),
@@ -204,11 +225,13 @@ def measure(grid: Grid, device: str = "cuda", *, collectives: bool = True) -> re
         meta["memory"] = str(torch.cuda.get_device_properties(dev).total_memory)  # bytes
     records = [*measure_launches(dev, grid), measure_copy(dev, grid), *measure_memory_bound(dev, grid),
                *measure_gemms(dev, grid), measure_sustained(dev, grid), *measure_flash(dev, grid)]
+    if FP8 in runnable_dtypes(dev, grid) and grid.dtypes[0] != FP8:  # its own clock under the limit (gpu_model.md)
+        records.append(measure_sustained(dev, grid, FP8))
     if collectives and gpus > 1:
         torch.cuda.empty_cache()  # the grid's cached blocks on GPU 0, before NCCL's ranks allocate there
         records += measure_collectives(gpus, grid)
     return rec.Measurements(meta, tuple(records))
 
 
-__all__ = ["CPU_GRID", "GPU_GRID", "Grid", "QUICK_GRID", "measure", "measure_collectives", "measure_memory_bound",
-           "measure_sustained", "one_round", "timer"]
+__all__ = ["CPU_GRID", "FP8", "GPU_GRID", "Grid", "QUICK_GRID", "runnable_dtypes", "gemm_call", "has_fp8", "measure",
+           "measure_collectives", "measure_memory_bound", "measure_sustained", "one_round", "timer"]

@@ -27,6 +27,7 @@ from pipesim.device.profile import DeviceProfile
 from pipesim.errors import PipesimError
 
 HEADER = ("kind", "dtype", "shape", "bytes", "seconds")
+FP8_GEMM = "float8"  # a gemm record's dtype for torch._scaled_mm on E4M3 operands (per-tensor scales, bf16 output)
 GEMM, COPY, LAUNCH, FLASH_FWD, FLASH_BWD = "gemm", "copy", "launch", "flash_forward", "flash_backward"
 GEMM_SUSTAINED = "gemm_sustained"  # a gemm's seconds per call after many seconds back to back (settled clock)
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
@@ -125,7 +126,8 @@ def write(meta: dict[str, str], records: list[Record]) -> str:
     return out.getvalue()
 
 
-def summarise(data: Measurements, base: DeviceProfile, dtype: str = "bfloat16") -> dict[str, float]:
+def summarise(data: Measurements, base: DeviceProfile, dtype: str = "bfloat16",
+              fp8_peak: float | None = None) -> dict[str, float]:
     """Profile fields the records measure, by the shipped figures' definitions (only those with records).
 
     matmul_efficiency = max over `dtype` gemms of FLOP/s / peak, times `sustained_fraction` when the file
@@ -135,13 +137,20 @@ def summarise(data: Measurements, base: DeviceProfile, dtype: str = "bfloat16") 
     H200 0.57 against a copy's 0.88: one figure cannot serve both); kernel_overhead = median launch; flash
     efficiencies = max over the causal records (pipesim times every flash kernel causal; a non-causal one runs
     faster per FLOP: 8 % at 8,192 tokens on the H200) of the FLOPs executed (`causal_tile_factor`) / seconds / peak,
-    times the sustained fraction as matmul_efficiency (the same clock under the same power limit).
+    times the sustained fraction as matmul_efficiency (the same clock under the same power limit);
+    fp8_matmul_efficiency = max over float8 gemms (torch._scaled_mm) of FLOP/s / `fp8_peak` (the family's FP8 peak,
+    pipesim.device.fp8_rates), times the float8 gemm's own sustained fraction: under a power limit FP8 and BF16 GEMMs
+    do not hold one clock (docs/gpu_model.md), so neither stands in for the other.
     """
     out: dict[str, float] = {}
     gemms = [r for r in data.of(GEMM) if r.dtype == dtype]
     if gemms:
         held = sustained_fraction(data, dtype)
         out["matmul_efficiency"] = max(r.flops / r.seconds for r in gemms) / base.peak(dtype) * (held or 1.0)
+    fp8 = [r for r in data.of(GEMM) if r.dtype == FP8_GEMM]
+    if fp8 and fp8_peak:
+        out["fp8_matmul_efficiency"] = max(r.flops / r.seconds for r in fp8) / fp8_peak * \
+            (sustained_fraction(data, FP8_GEMM) or 1.0)
     if data.of(COPY):
         out["memory_efficiency"] = max(r.nbytes / r.seconds for r in data.of(COPY)) / base.hbm_bandwidth
     kernels = memory_bound_bandwidths(data)
@@ -198,6 +207,6 @@ def profile_toml(family: str, profile: DeviceProfile) -> str:
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["COLLECTIVES", "GEMM_SUSTAINED", "HEADER", "KINDS", "MEMORY_BOUND", "Measurements", "Record",
+__all__ = ["COLLECTIVES", "FP8_GEMM", "GEMM_SUSTAINED", "HEADER", "KINDS", "MEMORY_BOUND", "Measurements", "Record",
            "collective_figures", "memory_bound_bandwidths", "parse", "sustained_fraction",
            "profile_toml", "read", "summarise", "write"]
