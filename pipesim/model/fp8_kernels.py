@@ -118,28 +118,36 @@ def torchao_layer_kernels(kernels: PieceKernels, fp8: Fp8Options, *, dtype_bytes
         FP8 (`fp8.gathered`: torchao casts each shard before the gather, once per gather, 1/dp of this; not counted)."""
         return [] if fp8.gathered else cast(f"{name} weight", k.batch * k.n * k.k)
 
-    def phase(ks: tuple[Kernel, ...]) -> list[Kernel]:
+    def casts(k: Gemm) -> list[Kernel] | None:
+        tokens = k.batch * k.m * k.k  # its activation operand: tokens x in (dgrad: tokens x out)
+        if (name := _linear(k.name)) is not None:
+            shard = gathered_shard if name in GATHERED else 1
+            return cast(f"{name} input", tokens // shard) + weight_cast(name, k)
+        if (name := _linear(k.name, " dgrad")) is not None:
+            return cast(f"{name} output gradient", tokens) + weight_cast(name, k)
+        if (name := _linear(k.name, " wgrad")) is not None:  # dW (in x out) = X^T dY, k = tokens
+            return cast(f"{name} output gradient (wgrad)", k.batch * k.k * k.n) + \
+                cast(f"{name} input (wgrad)", k.batch * k.k * k.m)
+        return None
+
+    return _in_fp8(kernels, casts, d)
+
+
+def _in_fp8(kernels: PieceKernels, casts, d: int) -> PieceKernels:
+    """`kernels` with each GEMM for which `casts(gemm)` gives a list (its casts, run before it) in FP8, writing its
+    output in the dtype (`d` bytes); a GEMM it gives None for stays as it is."""
+
+    def phase(ks: tuple[Kernel, ...]) -> tuple[Kernel, ...]:
         out: list[Kernel] = []
         for k in ks:
-            if not isinstance(k, Gemm):
+            before = casts(k) if isinstance(k, Gemm) else None
+            if before is None:
                 out.append(k)
                 continue
-            tokens = k.batch * k.m * k.k  # its activation operand: tokens x in (dgrad: tokens x out)
-            if (name := _linear(k.name)) is not None:
-                shard = gathered_shard if name in GATHERED else 1
-                out += cast(f"{name} input", tokens // shard) + weight_cast(name, k)
-            elif (name := _linear(k.name, " dgrad")) is not None:
-                out += cast(f"{name} output gradient", tokens) + weight_cast(name, k)
-            elif (name := _linear(k.name, " wgrad")) is not None:  # dW (in x out) = X^T dY, k = tokens
-                out += cast(f"{name} output gradient (wgrad)", k.batch * k.k * k.n) + \
-                    cast(f"{name} input (wgrad)", k.batch * k.k * k.m)
-            else:
-                out.append(k)
-                continue
-            out.append(replace(k, dtype=FP8, c_bytes=k.c_bytes or d))
-        return out
+            out += [*before, replace(k, dtype=FP8, c_bytes=k.c_bytes or d)]
+        return tuple(out)
 
-    return PieceKernels(tuple(phase(kernels.F)), tuple(phase(kernels.I)), tuple(phase(kernels.W)))
+    return PieceKernels(phase(kernels.F), phase(kernels.I), phase(kernels.W))
 
 
 def compiled_tensorwise_kernels(kernels: PieceKernels, fp8: Fp8Options, *, dtype_bytes: int,
@@ -164,32 +172,23 @@ def compiled_tensorwise_kernels(kernels: PieceKernels, fp8: Fp8Options, *, dtype
         n = k.batch * k.n * k.k
         return ([amax(f"{name} weight", n)] if first else []) + [MemoryBound(f"{name} weight cast", (d + 1) * n)]
 
-    def phase(ks: tuple[Kernel, ...]) -> list[Kernel]:
-        out: list[Kernel] = []
-        for k in ks:
-            if not isinstance(k, Gemm):
-                out.append(k)
-                continue
-            n = k.batch * k.m * k.k  # its activation operand: tokens x in (dgrad: tokens x out)
-            if (name := _linear(k.name)) is not None:
-                shard = gathered_shard if name in GATHERED else 1
-                if shard > 1:
-                    out += [amax(f"{name} input", n // shard), MemoryBound(f"{name} input cast", (d + 1) * n // shard),
-                            MemoryBound(f"{name} input transpose", 2 * n)]
-                else:
-                    out += [amax(f"{name} input", n), MemoryBound(f"{name} input cast (both layouts)", (d + 2) * n)]
-                out += weight(name, k, first=True)
-            elif (name := _linear(k.name, " dgrad")) is not None:
-                out += [amax(f"{name} output gradient", n),
-                        MemoryBound(f"{name} output gradient cast (both layouts)", (d + 2) * n)]
-                out += weight(name, k, first=False)
-            elif _linear(k.name, " wgrad") is None:
-                out.append(k)
-                continue
-            out.append(replace(k, dtype=FP8, c_bytes=k.c_bytes or d))
-        return out
+    def casts(k: Gemm) -> list[Kernel] | None:
+        n = k.batch * k.m * k.k  # its activation operand: tokens x in (dgrad: tokens x out)
+        if (name := _linear(k.name)) is not None:
+            shard = gathered_shard if name in GATHERED else 1
+            if shard > 1:
+                x = [amax(f"{name} input", n // shard), MemoryBound(f"{name} input cast", (d + 1) * n // shard),
+                     MemoryBound(f"{name} input transpose", 2 * n)]
+            else:
+                x = [amax(f"{name} input", n), MemoryBound(f"{name} input cast (both layouts)", (d + 2) * n)]
+            return x + weight(name, k, first=True)
+        if (name := _linear(k.name, " dgrad")) is not None:
+            dy = [amax(f"{name} output gradient", n),
+                  MemoryBound(f"{name} output gradient cast (both layouts)", (d + 2) * n)]
+            return dy + weight(name, k, first=False)
+        return [] if _linear(k.name, " wgrad") is not None else None  # the wgrad reads the saved FP8 copies
 
-    return PieceKernels(tuple(phase(kernels.F)), tuple(phase(kernels.I)), tuple(phase(kernels.W)))
+    return _in_fp8(kernels, casts, d)
 
 
 def fp8_weight_params(kernels: PieceKernels) -> tuple[int, int]:
