@@ -62,8 +62,9 @@ def add_fp8_args(group) -> None:
     group.add_argument("--fp8-impl", choices=FP8_IMPLS, default=None,
                        help="with --fp8-format: te, Transformer Engine's modules (weights' FP8 copies cached for the "
                             "step, inputs saved in FP8); torchao, torchao's Float8Linear (weights cast at each use, "
-                            "inputs saved in the dtype and cast again for the wgrad) (default --framework's: torchao "
-                            "with torchtitan, else te)")
+                            "inputs saved in the dtype and cast again for the wgrad; with --compile each tensorwise "
+                            "tensor cast once for all its uses) (default --framework's: torchao with torchtitan, "
+                            "else te)")
 
 
 def fp8_from_args(args: argparse.Namespace) -> Fp8Options | None:
