@@ -205,8 +205,9 @@ def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hard
                          cp_exchanges=exchanges, sm_share=shared, ep_exchanges=ep_exchanges,
                          expert_param_counts=tuple(experts) if model.moe is not None else (),
                          fp8_weight_bytes=fp8_memory, fp8_param_counts=fp8_params,
-                         embedding_copy_counts=tuple(embedding_copy_params(model, tp, first=s == 0, last=s == len(split)
-                                                                           - 1) for s in range(len(split))),
+                         embedding_copy_counts=tuple(embedding_copy_params(model, tp, first=s == 0,
+                                                                           last=s == num_stages - 1)
+                                                     for s in range(num_stages)),
                          step=with_weight_casts(_step(counts, job, hw=hw, precision=precision,
                                                       loss_scaling=model.dtype == "float16",
                                                       experts=experts if model.moe is not None else (),

@@ -97,7 +97,7 @@ def embedding_copy_params(model: ModelConfig, tp: int = 1, *, first: bool, last:
     one gradient): DeepSeek-V3 report section 3.2.3, DualPipe's first and last layers on one rank; any V placement."""
     if first or not last:
         return 0
-    tied = model.hidden * vocab_shard(model, tp) if model.tied_embeddings else 0
+    tied = head_params(model, tp) - head_params(model, tp, holds_embedding=True)  # 0 for an untied head
     return tied + mtp_embedding_params(model, tp, holds_embedding=False)
 
 
