@@ -7,7 +7,7 @@ from dataclasses import replace
 from functools import lru_cache
 
 from pipesim.device.fp8_rates import FP8, fp8_figures
-from pipesim.device.power import at_power_limit, clock_scale
+from pipesim.device.power import at_power_limit
 from pipesim.device.profile import DeviceProfile, device_profile
 from pipesim.errors import PipesimError
 from pipesim.hardware.machine import MEASURED_AT_CLOCK, KernelFigures
@@ -26,12 +26,11 @@ def profile_of(family: str, kernels: KernelFigures | None = None) -> DeviceProfi
     figures = kernels.figures()
     figures.pop("fp8_matmul_efficiency", None)  # FP8's own (fp8_profile_of)
     watts = figures.pop("power_limit", None)
-    if watts is None:
-        return profile.with_measured(source, **figures) if figures else profile
-    scale = clock_scale(profile, watts)
-    figures.update({f: _unclocked(f, figures[f], scale, watts) for f in MEASURED_AT_CLOCK if f in figures})
-    profile = profile.with_measured(source, **figures) if figures else profile
-    return at_power_limit(profile, watts, source)
+    if watts is not None:  # the board's clock first; the figures measured on it keep their rates
+        profile = at_power_limit(profile, watts, source)
+        figures.update({f: _unclocked(f, figures[f], profile.clock_scale, watts) for f in MEASURED_AT_CLOCK
+                        if f in figures})
+    return profile.with_measured(source, **figures) if figures else profile
 
 
 def _unclocked(name: str, value: float, scale: float, watts: float) -> float:
