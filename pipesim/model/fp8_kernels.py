@@ -65,37 +65,21 @@ def fp8_layer_kernels(kernels: PieceKernels, fp8: Fp8Options, *, dtype_bytes: in
     d = dtype_bytes
     gathered = sp and tp > 1
 
-    def forward(ks: tuple[Kernel, ...]) -> list[Kernel]:
-        out: list[Kernel] = []
-        for k in ks:
-            name = _linear(k.name) if isinstance(k, Gemm) else None
-            if name is None:
-                if isinstance(k, Gemm) and (n := _linear(k.name, " dgrad")) is not None:
-                    elements = k.batch * k.m * k.k  # dY: tokens x outputs
-                    out += _casts(f"{n} output gradient", elements, fp8, d, tn_only=tn_only, transposed=True)
-                    out.append(replace(k, dtype=FP8, c_bytes=k.c_bytes or d))
-                    continue
-                out.append(k)
-                continue
-            assert isinstance(k, Gemm)
-            elements = k.batch * k.m * k.k  # X: tokens x inputs (all-gathered under sp)
+    def casts(k: Gemm) -> list[Kernel] | None:
+        elements = k.batch * k.m * k.k  # X: tokens x inputs (all-gathered under sp); dgrad: dY, tokens x outputs
+        if (name := _linear(k.name)) is not None:
             shard = gathered and name in GATHERED
-            out += _casts(f"{name} input", elements // tp if shard else elements, fp8, d, tn_only=tn_only,
+            return _casts(f"{name} input", elements // tp if shard else elements, fp8, d, tn_only=tn_only,
                           transposed=not shard or fp8.block_scaled)
-            out.append(replace(k, dtype=FP8, c_bytes=k.c_bytes or d))
-        return out
+        if (name := _linear(k.name, " dgrad")) is not None:
+            return _casts(f"{name} output gradient", elements, fp8, d, tn_only=tn_only, transposed=True)
+        if (name := _linear(k.name, " wgrad")) is not None:
+            if gathered and name in GATHERED and tn_only and not fp8.block_scaled:
+                return [MemoryBound(f"{name} input transpose", 2 * elements)]  # read 1, write 1 per element
+            return []
+        return None
 
-    w: list[Kernel] = []
-    for k in kernels.W:
-        name = _linear(k.name, " wgrad") if isinstance(k, Gemm) else None
-        if name is None:
-            w.append(k)
-            continue
-        assert isinstance(k, Gemm)
-        if gathered and name in GATHERED and tn_only and not fp8.block_scaled:
-            w.append(MemoryBound(f"{name} input transpose", 2 * k.batch * k.m * k.k))  # read 1, write 1 per element
-        w.append(replace(k, dtype=FP8, c_bytes=k.c_bytes or d))
-    return PieceKernels(tuple(forward(kernels.F)), tuple(forward(kernels.I)), tuple(w))
+    return _in_fp8(kernels, casts, d)
 
 
 def torchao_layer_kernels(kernels: PieceKernels, fp8: Fp8Options, *, dtype_bytes: int,
