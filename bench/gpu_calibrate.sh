@@ -11,7 +11,8 @@
 # GeLU (the memory-bound kernels), 20 s of back-to-back 8192^3 GEMMs per precision (the sustained clock),
 # empty-kernel launches,
 # torch's scaled_dot_product_attention forward/backward
-# (about two and a half minutes); with more than one GPU, NCCL all_reduce, all_gather, reduce_scatter and send_recv
+# (about a minute and a half before the FP8 GEMMs and their 20 s were added; with them not yet timed on a GPU,
+# the 290 s timeout below bounds it); with more than one GPU, NCCL all_reduce, all_gather, reduce_scatter and send_recv
 # over all of them under torchrun (8 KiB to 256 MiB, under a minute). Then, as a check, it simulates
 # a GPT pipeline on the new file.
 set -euo pipefail
