@@ -43,6 +43,17 @@ def test_defaults_are_transformer_engines():
     assert cfg.method("qkv_fprop").held_sms() == 0  # over the copy engines
 
 
+def test_te_1_14s_defaults_differ_from_2_1s_only_in_the_sm_margin():
+    """bench/tp_overlap/te_v1.14_defaults.yaml (TE @ 3b2a7b00f get_default_config, what the DGX Cloud Nemotron-4
+    rows ran): every name as the built-in v2.1 default but without set_sm_margin, which TE 2.0 turned on for the
+    pipelined and bulk methods."""
+    old, new = UbConfig.from_yaml("bench/tp_overlap/te_v1.14_defaults.yaml"), UbConfig()
+    assert {n: old.method(n) for n in DEFAULT_METHOD} == \
+        {n: replace(new.method(n), set_sm_margin=False) for n in DEFAULT_METHOD}
+    assert [n for n in DEFAULT_METHOD if new.method(n).set_sm_margin] == \
+        ["proj_fprop", "fc2_fprop", "qkv_dgrad", "qkv_wgrad", "fc1_dgrad", "fc1_wgrad"]
+
+
 def test_a_config_file_overrides_names_key_by_key(tmp_path):
     path = tmp_path / "ub.yaml"
     path.write_text("fc2_fprop: {method: ring_exchange, num_sm: 1, set_sm_margin: 1}\n"

@@ -36,9 +36,10 @@ holds them: pipeline, bulk, a ring exchange with set_sm_margin), taken as a rati
 a calibrated GEMM keeps its calibration; C is the collective as NCCL would run it over the same links
 (pipesim.comm.collective_algos). The collective adds pair - G to the GEMM's own seconds.
 
-Defaults are TE's get_default_config; `--tp-comm-overlap-cfg FILE` reads Megatron-core's YAML of the same keys (what
-NeMo's recipes pass as tp_comm_overlap_cfg). Only the dense linears' collectives ride on userbuffers here; latent
-attention's, the experts' and the head's keep pipesim's NCCL model.
+Defaults are TE's get_default_config (v2.0 on: TE 1.x held no SM margin for any method, which
+bench/tp_overlap/te_v1.14_defaults.yaml spells); `--tp-comm-overlap-cfg FILE` reads Megatron-core's YAML of the same
+keys (what NeMo's recipes pass as tp_comm_overlap_cfg). Only the dense linears' collectives ride on userbuffers
+here; latent attention's, the experts' and the head's keep pipesim's NCCL model.
 """
 
 from __future__ import annotations
