@@ -107,14 +107,15 @@ def test_the_modern_reference_rows_and_their_rank_keys():
     assert [r.published for r in fp8] == [9.33, 9.86, 12.37, 5.626, 1.98, 2.93]
     assert all(" --fp8-format hybrid --fp8-recipe delayed" in r.command for r in fp8)
     assert all(r.command.endswith(" --fp8-param-gather") for r in fp8)  # fp8_params True (bf16_with_fp8_mixed)
-    # the launch scripts' TP communication overlap (userbuffers) wherever tp > 1: the recipes' configurations
+    # the launch scripts' TP communication overlap (userbuffers) wherever tp > 1: the recipes' configurations, and
+    # Nemotron-4's, which passes none, TE 1.14's defaults (the TE its NeMo commit pins)
     ub = [(a.tp_comm_overlap_ub, a.tp_comm_overlap_cfg and Path(a.tp_comm_overlap_cfg).stem)
           for a in (bp.parse_command(r.command)[1] for r in rows + fp8)]
     assert ub == [(False, None)] * 2 + [(True, "userbuffers_bf16_h100_h8192_tp4_mbs1_seqlen8192")] * 2 \
         + [(True, "userbuffers_bf16_h100_h16384_tp8_cp2_mbs1_seqlen8192")] * 2 + [(True, "nemo_gpt3_175b_h100")] * 2 \
-        + [(True, None)] * 2 + [(False, None), (True, "userbuffers_fp8_h100_h8192_tp4_mbs1_seqlen8192"),
-                                (True, "userbuffers_fp8_h100_h16384_tp8_cp2_mbs1_seqlen8192"),
-                                (True, "nemo_gpt3_175b_h100"), (True, None), (True, None)]
+        + [(True, "te_v1.14_defaults")] * 2 + [(False, None), (True, "userbuffers_fp8_h100_h8192_tp4_mbs1_seqlen8192"),
+                                               (True, "userbuffers_fp8_h100_h16384_tp8_cp2_mbs1_seqlen8192"),
+                                               (True, "nemo_gpt3_175b_h100")] + [(True, "te_v1.14_defaults")] * 2
     # the same model on the same cluster, its GPU count included: weak-scaling rows are not a ranking pair
     assert [r.cluster for r in rows[::2]] == [
         "llama3-8b on 8 x dgx-h100", "llama3-70b on 64 x dgx-h100", "llama3-405b on 512 x dgx-h100",
