@@ -87,7 +87,7 @@ def test_every_row_parses_and_is_consistent():
     rows = DATA["rows"]
     moe = {"MCOREMOE", "MOEZOO", "DEEPSEEKV3", "MOEZOOQWEN3", "MCOREMOE26"}  # mixtures of experts (issue 32), apart
     assert {r.source for r in rows} == {"NAR21", "KOR22", "KOR22T4", "LLAMA3", "BLOOM", "MTNLG", "DGXC25", "DGXC25FP8",
-                                        "DGXC25PROXY", "MB25", "MB25B200", "TT24", "TT25H200", "TORCHAO25",
+                                        "DGXC25PROXY", "MB25", "MB25B200", "TT24", "TT25H200", "TORCHAO25", "TORCHAO25B200",
                                         "ZB24"} | moe  # ZB24: stage times
     assert [(r.id, r.metric, r.published) for r in rows if r.source in moe] == [
         ("mcore-moe-mixtral-8x7b-64gpus", "tflops_per_gpu_megatron", 468),  # core_v0.10.0 MoE README
@@ -129,7 +129,7 @@ def test_every_row_parses_and_is_consistent():
         argv, args = bp.parse_command(r.command)
         hardware = {"LLAMA3": "dgx-h100", "BLOOM": str(ROOT / "bench" / "hardware" / "jean-zay-a100.toml"),
                     **dict.fromkeys(moe | {"DGXC25", "DGXC25FP8", "DGXC25PROXY", "MB25"}, "dgx-h100"),
-                    "TT25H200": "hgx-h200", "MB25B200": "hgx-b200",
+                    "TT25H200": "hgx-h200", "MB25B200": "hgx-b200", "TORCHAO25B200": "hgx-b200",
                     "DEEPSEEKV3": str(ROOT / "bench" / "hardware" / "h800-deepseek.toml"),
                     **dict.fromkeys(("TT24", "TORCHAO25"), str(ROOT / "bench" / "hardware" / "grand-teton-h100.toml"))}
         assert argv[0] == "simulate" and args.hardware == hardware.get(r.source, "dgx-a100")  # a file: the repo's

@@ -32,10 +32,21 @@ def test_the_h100s_rated_boards_by_hand():
     assert clock_scale(h100, 700) == 1.0 and clock_scale(h100, 400) == pytest.approx(835 / 989)
 
 
+def test_the_b200s_rated_boards_by_hand():
+    """HGX B100 1,750 TFLOP/s dense BF16 at 700 W, HGX B200 2,250 at 1000 W (the reference): a 750 W limit (torchao's
+    B200 benchmark) is 1,750 + 500 x 50 / 300 = 1,833.3 TFLOP/s, 0.8148 of the reference."""
+    b200 = device_profile("B200")
+    assert (b200.power_limit, b200.power_ratings) == (1000, ((700.0, 1.75e15), (1000.0, 2.25e15)))
+    assert rated_peak(b200.power_ratings, 750) == pytest.approx(1833.333e12, rel=1e-6)
+    assert clock_scale(b200, 750) == pytest.approx(1833.333 / 2250, rel=1e-6) == pytest.approx(0.8148, abs=1e-4)
+    assert clock_scale(b200, 1000) == 1.0 and clock_scale(b200, 700) == pytest.approx(1.75 / 2.25)
+
+
 @pytest.mark.parametrize("family,watts,message", [
     ("H100", 300, "power_limit 300 W on device 'H100-SXM5-80GB': outside the 400-700 W its rated boards span"),
     ("H100", 750, "outside the 400-700 W"),
     ("A100", 300, "power_limit 300 W on device 'A100-SXM4-80GB': its family lists no rated boards"),
+    ("B200", 1200, "power_limit 1200 W on device 'B200-180GB': outside the 700-1000 W its rated boards span"),
 ])
 def test_a_limit_no_rating_spans_is_refused(family, watts, message):
     with pytest.raises(PipesimError, match=message):
