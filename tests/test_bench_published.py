@@ -87,8 +87,8 @@ def test_every_row_parses_and_is_consistent():
     rows = DATA["rows"]
     moe = {"MCOREMOE", "MOEZOO", "DEEPSEEKV3", "MOEZOOQWEN3", "MCOREMOE26"}  # mixtures of experts (issue 32), apart
     assert {r.source for r in rows} == {"NAR21", "KOR22", "KOR22T4", "LLAMA3", "BLOOM", "MTNLG", "DGXC25", "DGXC25FP8",
-                                        "DGXC25PROXY", "MB25", "MB25B200", "TT24", "TT25H200", "TORCHAO25", "TORCHAO25B200",
-                                        "ZB24"} | moe  # ZB24: stage times
+                                        "DGXC25PROXY", "MB25", "MB25B200", "TT24", "TT25H200", "TORCHAO25",
+                                        "TORCHAO25B200", "ZB24"} | moe  # ZB24: stage times
     assert [(r.id, r.metric, r.published) for r in rows if r.source in moe] == [
         ("mcore-moe-mixtral-8x7b-64gpus", "tflops_per_gpu_megatron", 468),  # core_v0.10.0 MoE README
         ("moezoo-mixtral-8x22b-128gpus-balanced", "tflops_per_gpu_megatron_core", 465),  # run_mixtral_8x22B.sh
