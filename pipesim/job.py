@@ -19,7 +19,7 @@ from pipesim.comm.ub_overlap import UbConfig
 from pipesim.errors import PipesimError
 from pipesim.model.adam_states import AdamStates, check_adam_states
 from pipesim.model.config import ModelConfig
-from pipesim.model.fp8 import Fp8Options, check_fp8_model
+from pipesim.model.fp8 import FP8_GATHER_RECIPES, Fp8Options, check_fp8_model
 from pipesim.model.fsdp import FsdpPolicy, check_reshard, fsdp_policy
 from pipesim.model.memory import check_zero
 from pipesim.model.options import ATTENTION, LayerOptions, check_choices, check_cp_comm, check_tp_split
@@ -124,6 +124,10 @@ class Job:
         if self.fp8_param_gather and self.fp8 is None:
             raise PipesimError("--fp8-param-gather keeps the FP8 linears' parameters in FP8: it needs --fp8-format")
         torchao = self.fp8 is not None and self.fp8.impl == "torchao"
+        if self.fp8_param_gather and torchao and self.fp8.recipe not in FP8_GATHER_RECIPES:
+            raise PipesimError(f"--fp8-param-gather with --fp8-impl torchao is FSDP2's float8 all-gather, which "
+                               f"takes tensorwise scaling only (torchao/float8/config.py), got --fp8-recipe "
+                               f"{self.fp8.recipe}")
         if self.fp8_param_gather and torchao and self.zero != 3:
             raise PipesimError(f"--fp8-param-gather with --fp8-impl torchao is FSDP2's float8 all-gather "
                                f"(enable_fsdp_float8_all_gather): it needs --zero 3, got --zero {self.zero}")

@@ -160,6 +160,8 @@ def test_refusals_are_one_line_and_exit_2(capsys):
     with pytest.raises(PipesimError, match="fp8 must be Fp8Options"):
         Job(fp8="hybrid")
     with pytest.raises(PipesimError, match="unknown --fp8-recipe"):
+        Fp8Options("hybrid", "columnwise")
+    with pytest.raises(PipesimError, match="--fp8-recipe rowwise is torchao's"):  # Transformer Engine has no rowwise
         Fp8Options("hybrid", "rowwise")
 
 

@@ -135,3 +135,47 @@ def test_fsdp2s_float8_all_gather_gathers_one_byte_and_casts_no_weight_at_its_us
     assert len(gathers["fp8"]) == len(gathers["bf16"]) and all(f < b for f, b in zip(gathers["fp8"], gathers["bf16"]))
     assert runs["fp8"]["memory"]["ranks"][0]["parameters"] == runs["bf16"]["memory"]["ranks"][0]["parameters"]
     assert runs["fp8"]["step_time"] < runs["bf16"]["step_time"]
+
+
+def test_compiled_rowwise_casts_as_torchaos_roofline_counts():
+    """torchao's rowwise recipe under torch.compile (roofline_utils.py @ 36027d8, 'rowwise', no fusion into the
+    producer): per linear of M tokens, K in and N out at 2 bytes, 8 MK + 8 MN + 10 KN bytes of casts; each tensor a
+    wgrad reads along its other axis is cast again from a transposed copy in the dtype."""
+    m, k, n = 100, 30, 20
+    rowwise = Fp8Options("e4m3", "rowwise", "torchao")
+    kernels = PieceKernels((Gemm("FC2", m, n, k),), (Gemm("FC2 dgrad", m, k, n),), (Gemm("FC2 wgrad", k, n, m),))
+    got = torchao_layer_kernels(kernels, rowwise, dtype_bytes=2, compiled=True)
+    assert got.F == (MemoryBound("FC2 input cast (row-wise, transposed copy)", 5 * m * k),
+                     MemoryBound("FC2 weight cast (row-wise)", 3 * k * n),
+                     Gemm("FC2", m, n, k, c_bytes=2, dtype="float8"))
+    assert got.I == (MemoryBound("FC2 output gradient cast (row-wise, transposed copy)", 5 * m * n),
+                     MemoryBound("FC2 weight transpose", 4 * k * n),
+                     MemoryBound("FC2 weight cast (column-wise)", 3 * k * n),
+                     Gemm("FC2 dgrad", m, k, n, c_bytes=2, dtype="float8"))
+    assert got.W == (MemoryBound("FC2 output gradient cast (column-wise)", 3 * m * n),
+                     MemoryBound("FC2 input cast (column-wise)", 3 * m * k),
+                     Gemm("FC2 wgrad", k, n, m, c_bytes=2, dtype="float8"))
+    casts = [x for phase in got.phases() for x in phase if isinstance(x, MemoryBound)]
+    assert sum(x.nbytes for x in casts) == 8 * m * k + 8 * m * n + 10 * k * n
+    # eager: each operand cast at its use after a per-row amax pass, the same bytes as tensorwise's
+    eager = torchao_layer_kernels(kernels, rowwise, dtype_bytes=2)
+    assert eager == torchao_layer_kernels(kernels, TORCHAO, dtype_bytes=2)
+    # under DTensor's sequence parallelism a rowwise input is gathered in the dtype (only tensorwise gathers in FP8)
+    qkv = PieceKernels((Gemm("QKV", 64, 48, 32),), (), ())
+    assert torchao_layer_kernels(qkv, rowwise, dtype_bytes=2, gathered_shard=4, compiled=True) == \
+        torchao_layer_kernels(qkv, rowwise, dtype_bytes=2, compiled=True)
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--fp8-format", "e4m3", "--fp8-recipe", "rowwise"],
+     "--fp8-recipe rowwise is torchao's (Transformer Engine has no such recipe): give --fp8-impl torchao"),
+    (["--fp8-format", "e4m3", "--fp8-recipe", "rowwise", "--fp8-impl", "torchao", "--zero", "3", "--fp8-param-gather"],
+     "FSDP2's float8 all-gather, which takes tensorwise scaling only (torchao/float8/config.py), got --fp8-recipe "
+     "rowwise"),
+])
+def test_rowwise_is_torchaos_and_gathers_in_the_dtype(capsys, extra, message):
+    base = ["simulate", "1f1b", *LLAMA, "--hardware", "dgx-h100", "--stages", "1", "--dp", "8", "--json"]
+    assert main([*base, *extra]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err
+    assert main([*base, "--framework", "torchtitan", "--fp8-format", "e4m3", "--fp8-recipe", "rowwise"]) == 0

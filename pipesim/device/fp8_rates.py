@@ -37,7 +37,7 @@ class Fp8Figures:
     peak: float  # FLOP/s, dense FP8 (E4M3 and E5M2 alike)
     matmul_efficiency: float  # best achievable fraction of `peak` for a large FP8 GEMM
     tn_only: bool  # FP8 GEMMs take only the TN layout (Hopper): the dgrad and wgrad need transposed copies
-    recipes: tuple[str, ...]  # Megatron-core --fp8-recipe names Transformer Engine runs on this family
+    recipes: tuple[str, ...]  # --fp8-recipe names run on this family (Transformer Engine's; torchao's rowwise)
     sources: dict[str, str] = field(default_factory=dict, compare=False)
     # a recipe whose GEMMs reach another fraction of `peak` (Blackwell's block-scaled MXFP8 GEMMs), by recipe name
     recipe_efficiency: tuple[tuple[str, float], ...] = ()

@@ -28,7 +28,9 @@ across microbatches (the weight is cast at each use, forward and dgrad), saves t
 casts it again for the wgrad, and casts the output gradient once for the dgrad and once for the wgrad; each
 tensorwise cast reads its tensor once more for the amax first (pipesim.model.fp8_kernels); under torch.compile
 each tensorwise tensor is cast once for all its uses. Its recipes are
-tensorwise and, through the MX converter, mxfp8.
+tensorwise, rowwise (a scale per row of each operand, along the GEMM's reduction: torchao's Float8LinearConfig
+'rowwise', torchtitan's default float8 recipe; Transformer Engine has no such recipe) and, through the MX converter,
+mxfp8.
 """
 
 from __future__ import annotations
@@ -38,10 +40,14 @@ from dataclasses import dataclass
 from pipesim.errors import PipesimError
 
 FP8_FORMATS = ("e4m3", "hybrid")  # Megatron-core's --fp8-format choices
-FP8_RECIPES = ("delayed", "tensorwise", "blockwise", "mxfp8")  # Megatron-core's --fp8-recipe choices
+FP8_RECIPES = ("delayed", "tensorwise", "blockwise", "mxfp8", "rowwise")  # Megatron-core's choices, torchao's
 DEFAULT_RECIPE = "delayed"  # Megatron-core's --fp8-recipe default
 FP8_IMPLS = ("te", "torchao")  # Transformer Engine's modules (Megatron-core, NeMo) or torchao's Float8Linear
-TORCHAO_RECIPES = ("tensorwise", "mxfp8")  # torchao's dynamic per-tensor scaling; its MX converter
+TORCHAO_RECIPES = ("tensorwise", "rowwise", "mxfp8")  # torchao's dynamic scalings; its MX converter
+TORCHAO_ONLY = ("rowwise",)  # recipes Transformer Engine does not have
+# torchao's float8 gathers (torchtitan's float8 all-gather with TP, apply_tp; FSDP2's enable_fsdp_float8_all_gather:
+# torchao/float8/config.py @ 36027d8 'only supports tensorwise scaling granularity'): tensorwise scaling only
+FP8_GATHER_RECIPES = ("tensorwise",)
 FP8_BYTES = 1  # bytes per FP8 element (E4M3 and E5M2 alike)
 BLOCK_SCALED = ("blockwise", "mxfp8")  # recipes whose tensors carry both directions and a scale per block
 # bytes of scales per element and direction: blockwise 4 B (float32) per 1 x 128 block, mxfp8 1 B (E8M0) per
@@ -55,7 +61,7 @@ class Fp8Options:
     """An FP8 run's format and recipe (Megatron-core's --fp8-format and --fp8-recipe), checked on construction."""
 
     format: str = "hybrid"  # "e4m3" (everything E4M3) or "hybrid" (E4M3 forward, E5M2 gradients)
-    recipe: str = DEFAULT_RECIPE  # "delayed", "tensorwise", "blockwise" or "mxfp8"
+    recipe: str = DEFAULT_RECIPE  # "delayed", "tensorwise", "blockwise", "mxfp8" or (torchao) "rowwise"
     impl: str = "te"  # "te" (Transformer Engine) or "torchao" (torchtitan's float8 converter)
     # torchao under FSDP2 with --fp8-param-gather (its enable_fsdp_float8_all_gather): the weights reach the linears
     # already cast, gathered in FP8. Set by pipesim.job.Job from the job's flags, never typed.
@@ -73,6 +79,9 @@ class Fp8Options:
         if self.impl == "torchao" and self.recipe not in TORCHAO_RECIPES:
             raise PipesimError(f"--fp8-impl torchao has no {self.recipe} recipe (torchao's float8 training scales "
                                f"{' or '.join(TORCHAO_RECIPES)}): give --fp8-recipe tensorwise")
+        if self.impl == "te" and self.recipe in TORCHAO_ONLY:
+            raise PipesimError(f"--fp8-recipe {self.recipe} is torchao's (Transformer Engine has no such recipe): "
+                               "give --fp8-impl torchao")
 
     @property
     def caches_weights(self) -> bool:
@@ -125,6 +134,6 @@ def check_fp8_model(fp8: Fp8Options | None, dtype: str, kind: str) -> None:
         raise PipesimError(f"--fp8-format needs 16-bit parameters (--dtype bfloat16), got {dtype}")
 
 
-__all__ = ["BLOCK_SCALED", "DEFAULT_RECIPE", "FP8_BYTES", "FP8_FORMATS", "FP8_IMPLS", "FP8_RECIPES", "Fp8Options",
-           "TORCHAO_RECIPES",
-           "cast_write_bytes", "check_fp8_model", "saved_bytes", "weight_copy_bytes"]
+__all__ = ["BLOCK_SCALED", "DEFAULT_RECIPE", "FP8_BYTES", "FP8_FORMATS", "FP8_GATHER_RECIPES", "FP8_IMPLS",
+           "FP8_RECIPES", "Fp8Options", "TORCHAO_ONLY", "TORCHAO_RECIPES", "cast_write_bytes", "check_fp8_model",
+           "saved_bytes", "weight_copy_bytes"]

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from pipesim.model.fp8 import Fp8Options, cast_write_bytes
+from pipesim.model.fp8 import FP8_GATHER_RECIPES, Fp8Options, cast_write_bytes
 from pipesim.model.kernel_types import Gemm, Kernel, MemoryBound, PieceKernels
 
 FP8_LINEARS = frozenset({"QKV", "projection", "FC1", "FC2", "expert FC1", "expert FC2", "shared FC1",
@@ -45,9 +45,9 @@ def _linear(name: str, suffix: str = "") -> str | None:
 
 
 def _casts(what: str, elements: int, fp8: Fp8Options, d: int, *, tn_only: bool, transposed: bool) -> list[Kernel]:
-    """The amax pass (tensorwise) and the cast of one bf16 tensor of `elements` to FP8."""
+    """The amax pass (tensorwise; torchao's rowwise, per row) and the cast of one bf16 tensor of `elements` to FP8."""
     out: list[Kernel] = []
-    if fp8.recipe == "tensorwise":
+    if fp8.recipe in ("tensorwise", "rowwise"):
         out.append(MemoryBound(f"{what} amax", d * elements))
     out.append(MemoryBound(f"{what} cast", d * elements + cast_write_bytes(elements, fp8, tn_only=tn_only,
                                                                            transposed=transposed)))
@@ -89,9 +89,15 @@ def torchao_layer_kernels(kernels: PieceKernels, fp8: Fp8Options, *, dtype_bytes
     the weight; dgrad: the output gradient and the weight; wgrad: the output gradient again and the input, saved in
     the dtype, again. Each tensorwise cast reads its tensor once for the amax first. Under DTensor's sequence
     parallelism the column-parallel inputs are cast on the rank's shard before the gather (`gathered_shard`: tp).
-    `compiled` with tensorwise scaling: torch.compile's casts instead (`compiled_tensorwise_kernels`)."""
+    `compiled` with tensorwise or rowwise scaling: torch.compile's casts instead (`compiled_tensorwise_kernels`,
+    `compiled_rowwise_kernels`). Only tensorwise gathers in FP8: a rowwise input is gathered in the dtype and cast
+    whole."""
+    if fp8.recipe not in FP8_GATHER_RECIPES:
+        gathered_shard = 1
     if compiled and fp8.recipe == "tensorwise":
         return compiled_tensorwise_kernels(kernels, fp8, dtype_bytes=dtype_bytes, gathered_shard=gathered_shard)
+    if compiled and fp8.recipe == "rowwise":
+        return compiled_rowwise_kernels(kernels, dtype_bytes=dtype_bytes)
     d = dtype_bytes
 
     def cast(what: str, elements: int) -> list[Kernel]:
@@ -175,6 +181,36 @@ def compiled_tensorwise_kernels(kernels: PieceKernels, fp8: Fp8Options, *, dtype
     return _in_fp8(kernels, casts, d)
 
 
+def compiled_rowwise_kernels(kernels: PieceKernels, *, dtype_bytes: int) -> PieceKernels:
+    """torchao's rowwise Float8Linear under torch.compile: a scale per row along each GEMM's reduction, so a tensor
+    read along its other axis (the input and output gradient in the wgrad, the weight in the dgrad) needs a cast of
+    its own from a transposed copy in the dtype. torchao's model of the compiled recipe (torchao/testing/training/
+    roofline_utils.py @ 36027d8, `get_tensor_memory_traffic_ovhd_s`, 'rowwise', no fusion into the producer): an
+    activation or output gradient of n elements is cast row-wise while a transposed copy in the dtype is written
+    (read d n, write n + d n), and that copy cast again for the wgrad (read d n, write n); the weight is cast
+    row-wise for the forward (read d n, write n), transposed in the dtype for the dgrad (read d n, write d n) and
+    cast again (read d n, write n). Per linear of M tokens, K in and N out at 2 bytes: 8 MK + 8 MN + 10 KN; the
+    GEMMs at the family's FP8 rate, as torchao's roofline times them."""
+    d = dtype_bytes
+
+    def casts(k: Gemm) -> list[Kernel] | None:
+        if (name := _linear(k.name)) is not None:
+            x, w = k.batch * k.m * k.k, k.batch * k.n * k.k
+            return [MemoryBound(f"{name} input cast (row-wise, transposed copy)", (2 * d + 1) * x),
+                    MemoryBound(f"{name} weight cast (row-wise)", (d + 1) * w)]
+        if (name := _linear(k.name, " dgrad")) is not None:
+            dy, w = k.batch * k.m * k.k, k.batch * k.n * k.k
+            return [MemoryBound(f"{name} output gradient cast (row-wise, transposed copy)", (2 * d + 1) * dy),
+                    MemoryBound(f"{name} weight transpose", 2 * d * w),
+                    MemoryBound(f"{name} weight cast (column-wise)", (d + 1) * w)]
+        if (name := _linear(k.name, " wgrad")) is not None:  # dW (in x out) = X^T dY, k = tokens
+            return [MemoryBound(f"{name} output gradient cast (column-wise)", (d + 1) * k.batch * k.k * k.n),
+                    MemoryBound(f"{name} input cast (column-wise)", (d + 1) * k.batch * k.k * k.m)]
+        return None
+
+    return _in_fp8(kernels, casts, d)
+
+
 def fp8_weight_params(kernels: PieceKernels) -> tuple[int, int]:
     """(parameters, weights) of the piece's FP8 linears, read off its FP8 wgrad GEMMs (k x n each, per expert)."""
     params = weights = 0
@@ -194,5 +230,5 @@ def scale_update_bytes(kernels: PieceKernels) -> int:
     return 3 * 24 * fp8_weight_params(kernels)[1]
 
 
-__all__ = ["FP8", "FP8_LINEARS", "GATHERED", "compiled_tensorwise_kernels", "fp8_layer_kernels", "fp8_weight_params",
-           "scale_update_bytes", "torchao_layer_kernels"]
+__all__ = ["FP8", "FP8_LINEARS", "GATHERED", "compiled_rowwise_kernels", "compiled_tensorwise_kernels",
+           "fp8_layer_kernels", "fp8_weight_params", "scale_update_bytes", "torchao_layer_kernels"]

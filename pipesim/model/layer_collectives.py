@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pipesim.model.config import ModelConfig
-from pipesim.model.fp8 import saved_bytes
+from pipesim.model.fp8 import FP8_GATHER_RECIPES, saved_bytes
 from pipesim.model.latent_layer import check_latent
 from pipesim.model.moe_layer import routed_tokens, tokens_here
 from pipesim.model.options import LayerOptions
@@ -55,7 +55,6 @@ def _residual_bytes(model: ModelConfig, b: int, opts: LayerOptions) -> int:
     return b * opts.local_seq(model) * model.hidden * model.dtype_bytes
 
 
-FP8_GATHER_RECIPES = ("tensorwise",)  # torchtitan's "float8 all-gather with TP" (apply_tp): tensorwise scaling only
 
 
 def _input_gather_bytes(model: ModelConfig, b: int, opts: LayerOptions) -> int:

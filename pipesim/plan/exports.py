@@ -10,6 +10,7 @@ import shlex
 from pipesim.ir import torch_csv
 from pipesim.ir.schedule import Schedule
 from pipesim.model.config import ModelConfig, gpt_block_differences
+from pipesim.model.fp8 import TORCHAO_ONLY
 from pipesim.model.op_recompute import OP
 from pipesim.model.options import FUSED_ATTENTION
 from pipesim.plan.space import Candidate, PlanRequest
@@ -145,7 +146,11 @@ def megatron_args(c: Candidate, req: PlanRequest, attention: str | None = None) 
     out += grad_flags(req.job.kernels.grad_fp32)
     out += req.job.kernels.ce_flags()  # Megatron-core's names
     if req.job.fp8 is not None:  # Megatron-core's names (Transformer Engine's recipes; params stay bf16)
-        out += ["--fp8-format", req.job.fp8.format, "--fp8-recipe", req.job.fp8.recipe]
+        recipe = req.job.fp8.recipe
+        if recipe in TORCHAO_ONLY:
+            out.append(f"# Megatron-core has no {recipe} recipe (torchao's): tensorwise, current scaling, is nearest")
+            recipe = "tensorwise"
+        out += ["--fp8-format", req.job.fp8.format, "--fp8-recipe", recipe]
         if req.job.fp8.impl != "te":
             out.append("# pipesim timed torchao's float8 linears (--fp8-impl torchao); Megatron-core runs Transformer "
                        "Engine's")
@@ -294,15 +299,16 @@ def torchtitan_toml(c: Candidate, req: PlanRequest) -> str:
 
 
 def torchtitan_fp8(recipe: str) -> list[str]:
-    """torchtitan's (v0.2.x job_config.py) float8 sections for a Megatron-core --fp8-recipe: torchao's per-tensor
-    dynamic scaling is "tensorwise" (current scaling); it has no delayed scaling and no 1 x 128 block recipe, which
-    a comment says; mxfp8 is its MX converter. The output head stays bf16 there too (filter_fqns)."""
+    """torchtitan's (v0.2.x job_config.py) float8 sections for an --fp8-recipe: torchao's per-tensor dynamic scaling
+    is "tensorwise" (current scaling) and its per-row one "rowwise"; it has no delayed scaling and no 1 x 128 block
+    recipe, which a comment says; mxfp8 is its MX converter. The output head stays bf16 there too (filter_fqns)."""
     if recipe == "mxfp8":
         return ["[model]", 'converters = ["quantize.linear.mx"]', "", "[quantize.linear.mx]",
                 'recipe_name = "mxfp8_cublas"', 'filter_fqns = ["output"]']
+    own = recipe if recipe in ("tensorwise", "rowwise") else "tensorwise"  # torchao's per-tensor and per-row ones
     lines = ["[model]", 'converters = ["quantize.linear.float8"]', "", "[quantize.linear.float8]",
-             'recipe_name = "tensorwise"', 'filter_fqns = ["output"]']
-    if recipe != "tensorwise":
+             f'recipe_name = "{own}"', 'filter_fqns = ["output"]']
+    if recipe != own:
         lines.insert(0, f"# torchao has no {recipe} scaling: tensorwise (current scaling) is the nearest recipe")
     return lines
 
