@@ -57,7 +57,8 @@ def add_fp8_args(group) -> None:
                             "norms, the embedding and the output head stay bf16 (default off)")
     group.add_argument("--fp8-recipe", choices=FP8_RECIPES, default=None,
                        help=f"with --fp8-format: the scaling, Megatron-core's names (delayed, tensorwise: current "
-                            f"per-tensor; blockwise: 1x128 / 128x128 blocks; mxfp8: Blackwell only) "
+                            f"per-tensor; blockwise: 1x128 / 128x128 blocks; mxfp8: Blackwell only; torchao's rowwise: "
+                            f"a scale per row, --fp8-impl torchao only) "
                             f"(default {DEFAULT_RECIPE}; tensorwise with --fp8-impl torchao)")
     group.add_argument("--fp8-impl", choices=FP8_IMPLS, default=None,
                        help="with --fp8-format: te, Transformer Engine's modules (weights' FP8 copies cached for the "
