@@ -19,7 +19,7 @@ from pipesim.model.fp8_kernels import torchao_layer_kernels
 from pipesim.model.kernel_types import Gemm, MemoryBound, PieceKernels
 from pipesim.model.options import LayerOptions
 from pipesim.parallel_dims import ParallelDims
-from pipesim.plan.exports import megatron_args
+from pipesim.plan.exports import megatron_args, torchtitan_fp8
 from pipesim.plan.space import Candidate, PlanRequest
 
 TORCHAO = Fp8Options("hybrid", "tensorwise", "torchao")
@@ -179,3 +179,18 @@ def test_rowwise_is_torchaos_and_gathers_in_the_dtype(capsys, extra, message):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and message in err
     assert main([*base, "--framework", "torchtitan", "--fp8-format", "e4m3", "--fp8-recipe", "rowwise"]) == 0
+
+
+def test_the_exports_name_rowwise_where_the_framework_has_it():
+    """torchtitan's float8 section takes torchao's recipe name; Megatron-core has no rowwise, so its export gives the
+    nearest (tensorwise) and says so."""
+    assert torchtitan_fp8("rowwise") == ["[model]", 'converters = ["quantize.linear.float8"]', "",
+                                         "[quantize.linear.float8]", 'recipe_name = "rowwise"',
+                                         'filter_fqns = ["output"]']
+    assert torchtitan_fp8("delayed")[0] == "# torchao has no delayed scaling: tensorwise (current scaling) is the " \
+                                           "nearest recipe"
+    req = PlanRequest(ModelConfig(kind="gpt", dtype="bfloat16", batch=16), load_hardware("dgx-h100"), 8,
+                      job=Job(fp8=Fp8Options("e4m3", "rowwise", "torchao")))
+    args = megatron_args(Candidate("1f1b", 1, 1, 1, 8, 1, 2, "none", 0), req)
+    assert args[args.index("--fp8-recipe") + 1] == "tensorwise"
+    assert "# Megatron-core has no rowwise recipe (torchao's): tensorwise, current scaling, is nearest" in args
