@@ -56,7 +56,6 @@ def _residual_bytes(model: ModelConfig, b: int, opts: LayerOptions) -> int:
 
 
 
-
 def _input_gather_bytes(model: ModelConfig, b: int, opts: LayerOptions) -> int:
     """Bytes of a block input's all-gather (forward, its recomputation, Megatron's re-gather for the weight gradient).
 

@@ -10,7 +10,7 @@ import shlex
 from pipesim.ir import torch_csv
 from pipesim.ir.schedule import Schedule
 from pipesim.model.config import ModelConfig, gpt_block_differences
-from pipesim.model.fp8 import TORCHAO_ONLY
+from pipesim.model.fp8 import TORCHAO_ONLY, TORCHAO_RECIPES
 from pipesim.model.op_recompute import OP
 from pipesim.model.options import FUSED_ATTENTION
 from pipesim.plan.space import Candidate, PlanRequest
@@ -305,7 +305,7 @@ def torchtitan_fp8(recipe: str) -> list[str]:
     if recipe == "mxfp8":
         return ["[model]", 'converters = ["quantize.linear.mx"]', "", "[quantize.linear.mx]",
                 'recipe_name = "mxfp8_cublas"', 'filter_fqns = ["output"]']
-    own = recipe if recipe in ("tensorwise", "rowwise") else "tensorwise"  # torchao's per-tensor and per-row ones
+    own = recipe if recipe in TORCHAO_RECIPES else "tensorwise"  # mxfp8 returned above
     lines = ["[model]", 'converters = ["quantize.linear.float8"]', "", "[quantize.linear.float8]",
              f'recipe_name = "{own}"', 'filter_fqns = ["output"]']
     if recipe != own:
