@@ -143,7 +143,6 @@ def test_a_rank_holding_both_ends_shares_the_tied_head(name):
     assert costs.embedding_copy_counts[n - 1] == 64 * 128 and sum(shared) == (2 if name == "dualpipe" else 1)
     got = [m.parameters for m in rank_memory(sched, costs)]
     per_param = got[1] // sums[1]  # bytes per parameter (rank 1 holds neither end in either schedule)
-    assert got[1] == sums[1] * per_param
     assert got == [(c - 64 * 128 * both) * per_param for c, both in zip(sums, shared, strict=True)]
 
 
