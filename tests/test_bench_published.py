@@ -87,7 +87,7 @@ def test_every_row_parses_and_is_consistent():
     rows = DATA["rows"]
     moe = {"MCOREMOE", "MOEZOO", "DEEPSEEKV3", "MOEZOOQWEN3", "MCOREMOE26"}  # mixtures of experts (issue 32), apart
     assert {r.source for r in rows} == {"NAR21", "KOR22", "KOR22T4", "LLAMA3", "BLOOM", "MTNLG", "DGXC25", "DGXC25FP8",
-                                        "DGXC25PROXY", "MB25", "MB25B200", "TT24", "TT25H200", "TORCHAO25",
+                                        "DGXC25PROXY", "MB25", "MB25B200", "MB25GB200", "TT24", "TT25H200", "TORCHAO25",
                                         "TORCHAO25B200", "ZB24"} | moe  # ZB24: stage times
     assert [(r.id, r.metric, r.published) for r in rows if r.source in moe] == [
         ("mcore-moe-mixtral-8x7b-64gpus", "tflops_per_gpu_megatron", 468),  # core_v0.10.0 MoE README
@@ -130,10 +130,15 @@ def test_every_row_parses_and_is_consistent():
         hardware = {"LLAMA3": "dgx-h100", "BLOOM": str(ROOT / "bench" / "hardware" / "jean-zay-a100.toml"),
                     **dict.fromkeys(moe | {"DGXC25", "DGXC25FP8", "DGXC25PROXY", "MB25"}, "dgx-h100"),
                     "TT25H200": "hgx-h200", "MB25B200": "hgx-b200", "TORCHAO25B200": "hgx-b200",
+                    "MB25GB200": "gb200-nvl72",
                     "DEEPSEEKV3": str(ROOT / "bench" / "hardware" / "h800-deepseek.toml"),
                     **dict.fromkeys(("TT24", "TORCHAO25"), str(ROOT / "bench" / "hardware" / "grand-teton-h100.toml"))}
         assert argv[0] == "simulate" and args.hardware == hardware.get(r.source, "dgx-a100")  # a file: the repo's
-        assert bp.metrics.gpus(args) == 8 * args.nodes, r.id  # 8 GPUs per node
+        if r.source == "MB25GB200":  # racks filled as Slurm's segment of 4-GPU trays: all 2, else 16 of 18 per rack
+            assert bp.metrics.gpus(args) == args.nvlink_domain * (args.nodes or 1), r.id
+            assert args.nvlink_domain == min(bp.metrics.gpus(args), 64), r.id
+        else:
+            assert bp.metrics.gpus(args) == 8 * args.nodes, r.id  # 8 GPUs per node
         if r.table in ("Table 1", "Table 5") and r.published is not None or r.source in ("LLAMA3", "BLOOM", "MTNLG"):
             assert re.search(re.escape(r.command) + r"\s+# fits", examples), r.id  # the same line as the docs
 

@@ -33,20 +33,23 @@ def test_the_h100s_rated_boards_by_hand():
 
 
 def test_the_b200s_rated_boards_by_hand():
-    """HGX B100 1,750 TFLOP/s dense BF16 at 700 W, HGX B200 2,250 at 1000 W (the reference): a 750 W limit (torchao's
-    B200 benchmark) is 1,750 + 500 x 50 / 300 = 1,833.3 TFLOP/s, 0.8148 of the reference."""
+    """HGX B100 1,750 TFLOP/s dense BF16 at 700 W, HGX B200 2,250 at 1000 W (the reference), GB200 2,500 at 1200 W:
+    a 750 W limit (torchao's B200 benchmark) is 1,750 + 500 x 50 / 300 = 1,833.3 TFLOP/s, 0.8148 of the reference;
+    the GB200's 1200 W is 2,500 / 2,250 = 1.1111, and 1100 W halfway, 2,375 / 2,250 = 1.0556."""
     b200 = device_profile("B200")
-    assert (b200.power_limit, b200.power_ratings) == (1000, ((700.0, 1.75e15), (1000.0, 2.25e15)))
+    assert (b200.power_limit, b200.power_ratings) == (1000, ((700.0, 1.75e15), (1000.0, 2.25e15), (1200.0, 2.5e15)))
     assert rated_peak(b200.power_ratings, 750) == pytest.approx(1833.333e12, rel=1e-6)
     assert clock_scale(b200, 750) == pytest.approx(1833.333 / 2250, rel=1e-6) == pytest.approx(0.8148, abs=1e-4)
     assert clock_scale(b200, 1000) == 1.0 and clock_scale(b200, 700) == pytest.approx(1.75 / 2.25)
+    assert clock_scale(b200, 1200) == pytest.approx(2.5 / 2.25) == pytest.approx(1.1111, abs=1e-4)
+    assert clock_scale(b200, 1100) == pytest.approx(2.375 / 2.25)
 
 
 @pytest.mark.parametrize("family,watts,message", [
     ("H100", 300, "power_limit 300 W on device 'H100-SXM5-80GB': outside the 400-700 W its rated boards span"),
     ("H100", 750, "outside the 400-700 W"),
     ("A100", 300, "power_limit 300 W on device 'A100-SXM4-80GB': its family lists no rated boards"),
-    ("B200", 1200, "power_limit 1200 W on device 'B200-180GB': outside the 700-1000 W its rated boards span"),
+    ("B200", 1300, "power_limit 1300 W on device 'B200-180GB': outside the 700-1200 W its rated boards span"),
 ])
 def test_a_limit_no_rating_spans_is_refused(family, watts, message):
     with pytest.raises(PipesimError, match=message):

@@ -105,8 +105,10 @@ def test_shipped_profiles_cite_every_field_and_say_what_their_sources_say():
                                   *(("power_limit", "power_ratings") if p.power_ratings else ())}
     # the H100's rated boards (its datasheet): 835 TFLOP/s on the 400 W NVL, 989 on the 700 W SXM it is measured on
     assert (profiles["H100"].power_limit, profiles["H100"].power_ratings) == (700, ((400, 835e12), (700, 989e12)))
-    # the B200's (HGX B100 and HGX B200): 1,750 TFLOP/s on the 700 W board, 2,250 on the 1000 W one it is measured on
-    assert (profiles["B200"].power_limit, profiles["B200"].power_ratings) == (1000, ((700, 1.75e15), (1000, 2.25e15)))
+    # the B200's (HGX B100, HGX B200, GB200): 1,750 TFLOP/s on the 700 W board, 2,250 on the 1000 W one it is measured
+    # on, 2,500 in the 1200 W superchip
+    assert (profiles["B200"].power_limit, profiles["B200"].power_ratings) == \
+        (1000, ((700, 1.75e15), (1000, 2.25e15), (1200, 2.5e15)))
     assert [f for f, p in profiles.items() if p.power_ratings] == ["H100", "B200"]
     # FlashAttention-2: the A100's own flash figures; Hopper's, its flash figures times [FA3FIG]'s FA2 / FA3 ratios
     # (causal forward 335 / 616, backward 322 / 561 TFLOP/s at 16k, head dim 128)

@@ -11,7 +11,8 @@ from pipesim.errors import PipesimError
 from pipesim.hardware.machine import DeviceSpec, Hardware, HostProfile, LinkClass
 from pipesim.hardware.toml_io import hardware_to_toml, load_hardware, preset_names
 
-PRESETS = ["2x-dgx-h100", "4x-dgx-h100", "dgx-a100", "dgx-h100", "hgx-b200", "hgx-h200", "local-cpu", "pcie-4gpu"]
+PRESETS = ["2x-dgx-h100", "4x-dgx-h100", "dgx-a100", "dgx-h100", "gb200-nvl72", "hgx-b200", "hgx-h200", "local-cpu",
+           "pcie-4gpu"]
 
 
 def test_presets_all_load_and_round_trip(tmp_path):
@@ -180,7 +181,7 @@ def test_minimal_file_defaults(tmp_path):
         ('name = "t"', 'name = "t"\ncolour = "red"', "unknown field colour"),
         ("[intra]", "[intra]\n[intra]", "not valid TOML"),
         ("[intra]\nname", "[intr]\nname",
-         "unknown field intr (allowed: backward_op_overhead, device, devices_per_node, host, inter,"),
+         "unknown field intr (allowed: backward_op_overhead, device, devices_per_host, devices_per_node, host,"),
         ("num_nodes = 1", "num_nodes = 1\nhost_cores = 2", "unknown field host_cores (moved to [host].cores)"),
         ("num_nodes = 1", 'num_nodes = 1\nroofline = "min"', 'roofline must be "max" or "sum", got \'min\''),
         ("[intra]", "[host]\ntime_slice = 0.1\n[intra]", "missing field [host].cores"),

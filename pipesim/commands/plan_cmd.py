@@ -39,7 +39,7 @@ from pipesim.commands.plan_args import (
     zero_list,
 )
 from pipesim.commands.plan_report import plan_json, report
-from pipesim.commands.setup_args import add_comm_args, add_power_limit_arg, capped
+from pipesim.commands.setup_args import add_comm_args, add_domain_arg, add_power_limit_arg, capped
 from pipesim.cost.v_search import V_SEARCHED
 from pipesim.cost.zb_auto_costs import AUTO_SCHEDULES
 from pipesim.errors import PipesimError
@@ -97,6 +97,7 @@ def add_parser(sub) -> None:
     g = p.add_argument_group("cluster and search")
     g.add_argument("--hardware", metavar="PRESET|FILE", help=f"hardware preset or TOML file (default "
                                                              f"{DEFAULT_HARDWARE})")
+    add_domain_arg(g)
     add_power_limit_arg(g)
     n = g.add_mutually_exclusive_group()
     n.add_argument("--nodes", type=positive_int, default=None, metavar="N", help="nodes of the hardware's kind")
@@ -205,6 +206,8 @@ def cluster(args: argparse.Namespace) -> tuple[Hardware, int, list[str]]:
     name = args.hardware or DEFAULT_HARDWARE
     hw = load_hardware(name)
     flags = ["--hardware", name]
+    if args.nvlink_domain is not None:
+        hw, flags = hw.with_domain(args.nvlink_domain), flags + ["--nvlink-domain", str(args.nvlink_domain)]
     if args.power_limit is not None:
         hw, flags = capped(hw, args.power_limit), flags + ["--power-limit", f"{args.power_limit:g}"]
     per_node = hw.devices_per_node
@@ -213,7 +216,8 @@ def cluster(args: argparse.Namespace) -> tuple[Hardware, int, list[str]]:
     if args.gpus is None:
         return hw, hw.num_devices, flags
     if args.gpus > per_node and args.gpus % per_node:
-        raise PipesimError(f"--gpus {args.gpus} is not a multiple of {hw.name}'s {per_node} GPUs per node")
+        raise PipesimError(f"--gpus {args.gpus} is not a multiple of {hw.name}'s {per_node} GPUs per node "
+                           "(--nvlink-domain G fills G of each)")
     nodes = max(1, args.gpus // per_node)
     if nodes != hw.num_nodes:
         hw, flags = hw.with_nodes(nodes), flags + ["--nodes", str(nodes)]
@@ -282,7 +286,7 @@ def run(args: argparse.Namespace) -> int:
     argv = simulate_command(result.best.candidate, model_flags(args, req), hw_flags + switches,
                             args.attention, shared.kernels.grad_fp32)
     ranks = gpus // result.best.candidate.cp  # the executor has no cp: t x p x d ranks (exports.run_note)
-    per_node = ranks if ranks <= hw.devices_per_node else math.gcd(ranks, hw.devices_per_node)
+    per_node = ranks if ranks <= hw.host_devices else math.gcd(ranks, hw.host_devices)
     run_argv = run_command(result.best.candidate, run_model_flags(req.model), per_node=per_node,
                            nodes=ranks // per_node)
     if args.ilp_seconds is not None and result.best.candidate.schedule in V_SEARCHED:

@@ -37,14 +37,15 @@ from pipesim.sim.sim_setup import DEFAULT_HARDWARE, SimSetup, on_gpus
 
 
 def add_setup_args(parser: argparse.ArgumentParser) -> None:
-    """--hardware, --nodes, --cost, --boundary-bytes, --activation-bytes, --comm, --dp, --tp, --cp, --ep, --etp,
-    --layer-split, --recompute, --sequence-parallel, --attention, --zero (model flags separately)."""
+    """--hardware, --nvlink-domain, --nodes, --cost, --boundary-bytes, --activation-bytes, --comm, --dp, --tp, --cp,
+    --ep, --etp, --layer-split, --recompute, --sequence-parallel, --attention, --zero (model flags separately)."""
     g = parser.add_argument_group("costs and machine")
     g.add_argument("--hardware", metavar="PRESET|FILE",
                    help=f"hardware preset or TOML file (default {DEFAULT_HARDWARE} with a model; none with --cost)")
     g.add_argument("--nodes", type=positive_int, default=None, metavar="N",
                    help="N nodes of the hardware's kind joined by its family's network (e.g. dgx-a100: 8x HDR "
                         "200 Gb/s per node; dgx-h100: 8x NDR 400 Gb/s); default the hardware's own")
+    add_domain_arg(g)
     add_power_limit_arg(g)
     g.add_argument("--cost", metavar="SPEC",
                    help="hand-given seconds per microbatch for one rank's share of the model: F=1,B=2 or "
@@ -228,6 +229,13 @@ def _split_list(text: str) -> list[int]:
     return [bounded_int(t, 0) for t in text.split(",") if t.strip()]
 
 
+def add_domain_arg(group) -> None:
+    """--nvlink-domain G (simulate, sweep, plan)."""
+    group.add_argument("--nvlink-domain", type=positive_int, default=None, metavar="G",
+                       help="the job fills G GPUs of each node's NVLink domain before the next node's (gb200-nvl72: "
+                            "Slurm's --segment trays x 4, e.g. 64 of a rack's 72; default all of them)")
+
+
 def add_power_limit_arg(group) -> None:
     """--power-limit W (simulate, sweep, plan)."""
     group.add_argument("--power-limit", type=positive_float, default=None, metavar="W",
@@ -250,6 +258,10 @@ def setup_from_args(args: argparse.Namespace) -> SimSetup:
     cost = parse_cost_spec(args.cost) if args.cost else None
     hw_name = args.hardware or (None if cost is not None else DEFAULT_HARDWARE)
     hardware = load_hardware(hw_name) if hw_name else None
+    if args.nvlink_domain is not None:
+        if hardware is None:
+            raise PipesimError("--nvlink-domain needs --hardware (or a model, costed on the default hardware)")
+        hardware = hardware.with_domain(args.nvlink_domain)
     if args.nodes is not None:
         if hardware is None:
             raise PipesimError("--nodes needs --hardware (or a model, costed on the default hardware)")

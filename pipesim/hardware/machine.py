@@ -168,6 +168,9 @@ class Hardware:
     # the network `--nodes N` joins N such nodes with (a single-node preset's family's InfiniBand)
     scale_out: LinkClass | None = file_field("section", doc="network --nodes N joins such nodes with",
                                              default=None)
+    # the GPUs one host drives (a torchrun node), where fewer than a node's NVLink domain: GB200 NVL72's 4-GPU trays
+    devices_per_host: int | None = file_field("posint", doc="GPUs per host (torchrun node) where fewer than "
+                                              "devices_per_node (None: a node is one host)", default=None)
     per_action_overhead: float = file_field("nonneg", "seconds", "added to every compute action (dispatch)",
                                             default=0.0)
     per_op_overhead: float = file_field("nonneg", "seconds", "per framework op an action runs", default=0.0)
@@ -183,6 +186,11 @@ class Hardware:
     @property
     def num_devices(self) -> int:
         return self.devices_per_node * self.num_nodes
+
+    @property
+    def host_devices(self) -> int:
+        """The GPUs of one host (a torchrun node): `devices_per_host`, else a whole node."""
+        return self.devices_per_host or self.devices_per_node
 
     def _check_device(self, device: int) -> None:
         if not 0 <= device < self.num_devices:
@@ -273,6 +281,23 @@ class Hardware:
         base = self.name.split("x-", 1)[1] if self.num_nodes > 1 and "x-" in self.name else self.name
         return replace(self, name=base if nodes == 1 else f"{nodes}x-{base}", num_nodes=nodes,
                        inter=network if nodes > 1 else None)
+
+    def with_domain(self, devices: int) -> Hardware:
+        """Each node filled with only `devices` of its GPUs (`--nvlink-domain`): a job that takes part of every NVLink
+        domain, as Slurm's --segment places 4-GPU trays within GB200 NVL72 racks. Ranks fill a domain's `devices`
+        before the next domain's; named `<name>/<devices>`. Given before `--nodes` joins the domains."""
+        if not isinstance(devices, int) or isinstance(devices, bool) or not 1 <= devices <= self.devices_per_node:
+            raise PipesimError(f"--nvlink-domain {devices}: hardware {self.name!r} has {self.devices_per_node} "
+                               "devices per node; give 1 to that many")
+        if devices == self.devices_per_node:
+            return self
+        if self.num_nodes > 1:
+            raise PipesimError(f"--nvlink-domain {devices}: hardware {self.name!r} already joins {self.num_nodes} "
+                               "nodes; give a one-node preset and --nodes")
+        if self.devices_per_host is not None and devices % self.devices_per_host:
+            raise PipesimError(f"--nvlink-domain {devices}: hardware {self.name!r} has {self.devices_per_host} "
+                               "devices per host; a domain holds whole hosts")
+        return replace(self, name=f"{self.name}/{devices}", devices_per_node=devices)
 
     def with_power_limit(self, watts: float) -> Hardware:
         """Its GPUs capped at `watts` (`--power-limit`): the board's limit in `[device.kernels]`, which the family's
