@@ -146,6 +146,9 @@ def test_family_and_base_preset_come_from_the_gpu_name():
         ["H100", "H200", "A100-PCIe", "A100", "B200"]
     assert [gpu.base_preset(f).name for f in ("H100", "H200", "A100", "A100-PCIe", "B200")] == \
         ["dgx-h100", "hgx-h200", "dgx-a100", "pcie-4gpu", "hgx-b200"]
+    # a GB200 is the B200 family on its own 1,200 W board, in a rack: its preset, not the HGX board's
+    assert gpu.family_of("NVIDIA GB200") == "B200"
+    assert [gpu.base_preset("B200", n).name for n in ("NVIDIA GB200", "NVIDIA B200")] == ["gb200-nvl72", "hgx-b200"]
 
 
 def test_the_link_is_the_ring_formula_through_the_smallest_and_largest_all_reduce():

@@ -28,6 +28,7 @@ from pipesim.hardware.toml_io import load_hardware, preset_names
 
 FAMILY_NAMES = (("A100-PCIE", "A100-PCIe"), ("A100", "A100"), ("H100", "H100"), ("H200", "H200"),
                 ("B200", "B200"))  # fragment of torch.cuda.get_device_name (upper case) -> family; first match
+BOARD_PRESETS = (("GB200", "gb200-nvl72"),)  # a GPU name's fragment -> its board's preset, where a family has several
 LINK_KINDS = ("all_reduce", "send_recv")  # the collective the [intra] link is fitted to, in order of preference
 
 
@@ -39,11 +40,16 @@ def family_of(device_name: str) -> str:
     raise PipesimError(f"no device family for {device_name!r}; pass --family ({', '.join(sorted(load_profiles()))})")
 
 
-def base_preset(family: str) -> Hardware:
-    """The shipped single-node preset whose device is `family` (first by name), or a one-line error."""
+def base_preset(family: str, device_name: str = "") -> Hardware:
+    """The shipped single-node preset of the GPU `device_name` names (BOARD_PRESETS: a GB200 is the B200 family on its
+    own board), else the first by name whose device is `family`'s reference board (no [device.kernels]), or a one-line
+    error."""
+    for fragment, name in BOARD_PRESETS:
+        if fragment in device_name.upper() and load_hardware(name).device.family == family:
+            return load_hardware(name)
     for name in preset_names():
         hw = load_hardware(name)
-        if hw.device.family == family and hw.num_nodes == 1:
+        if hw.device.family == family and hw.num_nodes == 1 and hw.device.kernels is None:
             return hw
     raise PipesimError(f"no single-node preset has device family {family!r}; pass --hardware PRESET|FILE")
 
@@ -194,7 +200,7 @@ def assemble(data: measured.Measurements, *, family: str | None = None, base: Ha
     and the fitted [intra] link."""
     family = family or data.meta.get("family") or family_of(data.meta.get("device", ""))
     profile = device_profile(family)
-    base = base or base_preset(family)
+    base = base or base_preset(family, data.meta.get("device", ""))
     dtype = gemm_dtype(data)
     figures = measured.summarise(data, profile, dtype, fp8_peak=fp8_peak(family))
     if not figures:
