@@ -88,6 +88,10 @@ def test_figures_measured_on_a_limited_board_keep_their_rate():
     fp8 = fp8_profile_of("H100", figures, "tensorwise")
     assert fp8.matmul_efficiency * fp8.clock_scale == pytest.approx(0.688)
     assert fp8_profile_of("H100", KernelFigures(fp8_matmul_efficiency=0.688)).matmul_efficiency == 0.688
+    # a per-tensor measurement on a B200 board: MXFP8, which has a figure of its own, keeps its ratio to per-tensor's
+    b200 = KernelFigures(fp8_matmul_efficiency=0.6)
+    assert fp8_profile_of("B200", b200, "tensorwise").matmul_efficiency == 0.6
+    assert fp8_profile_of("B200", b200, "mxfp8").matmul_efficiency == pytest.approx(0.6 * 0.540 / 0.651)
     assert profile_of("H100", KernelFigures(memory_bound_efficiency=0.6, power_limit=500)).clock_scale < 1
 
 

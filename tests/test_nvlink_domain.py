@@ -11,7 +11,7 @@ import pytest
 
 from pipesim.cli import main
 from pipesim.commands.plan_cmd import cluster
-from pipesim.cost.device_profiles import profile_of
+from pipesim.cost.device_profiles import fp8_profile_of, profile_of
 from pipesim.errors import PipesimError
 from pipesim.hardware.toml_io import hardware_to_toml, load_hardware
 
@@ -20,8 +20,9 @@ SMALL = ["--model", "gpt", "--hidden", "1024", "--layers", "8", "--heads", "16",
 
 
 def test_the_gb200_preset_is_a_rack_of_b200s_at_1200_watts():
-    """72 GPUs per NVLink domain; 13.4 TB / 72 = 186 GB each; the B200 family's tensor rates x 2500 / 2250 (the GB200's
-    1,200 W rating over the 1000 W HGX B200 the family is measured on); HBM and NVLink 5 as the HGX B200's."""
+    """72 GPUs per NVLink domain; 13.4 TB / 72 = 186 GB each; the B200 family's clock x 2500 / 2250 (the GB200's
+    1,200 W rating over the 1000 W HGX B200 the family is measured on) for what no GB200 measurement gives, its GEMMs
+    as measured on a GB200; HBM and NVLink 5 as the HGX B200's."""
     gb, hgx = load_hardware("gb200-nvl72"), load_hardware("hgx-b200")
     assert (gb.devices_per_node, gb.num_nodes, gb.device.memory) == (72, 1, 186_000_000_000)
     assert (gb.host_devices, hgx.host_devices) == (4, 8)  # a 4-GPU tray; an HGX board is its own host
@@ -30,6 +31,16 @@ def test_the_gb200_preset_is_a_rack_of_b200s_at_1200_watts():
     rack, board = profile_of("B200", gb.device.kernels), profile_of("B200", hgx.device.kernels)
     assert rack.clock_scale == pytest.approx(2500 / 2250) and board.clock_scale == 1.0
     assert rack.peak("bfloat16") == pytest.approx(2500e12) and rack.hbm_bandwidth == board.hbm_bandwidth == 8e12
+    # its GEMMs are MAMF's GB200 bursts (1822.0 BF16, 3615.6 FP8 TFLOP/s) at the B200's sustained fraction, rounded
+    sustained = 1237 / 1450
+    assert gb.device.kernels.matmul_efficiency == round(1822.0 / 2250 * sustained, 4)
+    assert gb.device.kernels.fp8_matmul_efficiency == round(3615.6 / 4500 * sustained, 4)
+    assert rack.peak("bfloat16") * rack.matmul_efficiency == pytest.approx(2250e12 * 0.6908)
+    flash = board.flash_forward_efficiency  # unmeasured on a GB200: the rating's clock
+    assert rack.flash_forward_efficiency * rack.clock_scale == pytest.approx(flash * 2.5 / 2.25)
+    tensorwise, mxfp8 = (fp8_profile_of("B200", gb.device.kernels, r) for r in ("tensorwise", "mxfp8"))
+    assert tensorwise.peak("float8") * tensorwise.matmul_efficiency == pytest.approx(4500e12 * 0.6854)
+    assert mxfp8.matmul_efficiency / tensorwise.matmul_efficiency == pytest.approx(0.540 / 0.651)
 
 
 def test_a_domain_of_64_places_ranks_64_to_a_rack():

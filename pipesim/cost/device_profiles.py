@@ -45,15 +45,19 @@ def _unclocked(name: str, value: float, scale: float, watts: float) -> float:
 @lru_cache(maxsize=64)
 def fp8_profile_of(family: str, kernels: KernelFigures | None = None, recipe: str | None = None) -> DeviceProfile:
     """The profile `recipe`'s FP8 GEMMs of `family` are timed on: its FP8 peak and achievable fraction over
-    `profile_of`'s figures (a hardware file's measured BF16 matmul_efficiency does not carry over to FP8; its
-    fp8_matmul_efficiency, measured on that board, replaces the family's FP8 fraction for every recipe)."""
-    profile = fp8_figures(family).gemm_profile(profile_of(family, kernels), recipe)
+    `profile_of`'s figures (a hardware file's measured BF16 matmul_efficiency does not carry over to FP8). A file's
+    fp8_matmul_efficiency, measured on that board with per-tensor scales (bench/gpu_fp8.py's torch._scaled_mm, MAMF's
+    FP8 table), replaces the family's per-tensor fraction; a recipe with a figure of its own (the B200's MXFP8) keeps
+    its ratio to the family's per-tensor one on that board."""
+    figures = fp8_figures(family)
+    profile = figures.gemm_profile(profile_of(family, kernels), recipe)
     measured = kernels.fp8_matmul_efficiency if kernels is not None else None
     if measured is None:
         return profile
     value = measured if kernels.power_limit is None else \
         _unclocked("fp8_matmul_efficiency", measured, profile.clock_scale, kernels.power_limit)
-    return replace(profile, matmul_efficiency=value,
+    ratio = figures.efficiency(recipe) / figures.matmul_efficiency  # 1 for the per-tensor recipes
+    return replace(profile, matmul_efficiency=value * ratio,
                    sources={**profile.sources, "matmul_efficiency": kernels.source or "[device.kernels]"})
 
 
