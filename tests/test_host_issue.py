@@ -31,11 +31,13 @@ def _job(dispatcher: str, **kw) -> Job:
     return Job(ParallelDims(dp=8, tp=4, ep=8), sp=True, comm=CommOptions(moe_dispatcher=dispatcher), **kw)
 
 
-@pytest.mark.parametrize("dispatcher,forward,syncs", [("deepep", 98, (4, 1)), ("alltoall", 96, (1, 0))])
+@pytest.mark.parametrize("dispatcher,forward,syncs", [("deepep", 98, (4, 1)), ("alltoall", 96, (1, 0)),
+                                                     ("hybridep", 83, (1, 0))])
 def test_a_qwen3_layer_launches_a_hand_count(dispatcher, forward, syncs):
-    """16 local experts (128 / ep 8): forward 20 attention + 22 router + the dispatcher (23 DeepEP, 21 alltoall) + 2
-    grouped-GEMM launches per expert + 1 activation; backward 15 router + 45 attention and dispatcher + 1 activation
-    + 4 per expert = 125, of which W: 2 per expert + 5 = 37."""
+    """16 local experts (128 / ep 8): forward 20 attention + 22 router + the dispatcher (23 DeepEP, 21 alltoall, 8
+    Hybrid-EP: Megatron's float32 cast of the probabilities, Hybrid-EP's all-gather, metadata and permute-preprocessing
+    kernels, dispatch, permute, unpermute, combine) + 2 grouped-GEMM launches per expert + 1 activation; backward 15
+    router + 45 attention and dispatcher + 1 activation + 4 per expert = 125, of which W: 2 per expert + 5 = 37."""
     ops = moe_layer_host_ops(QWEN3, _job(dispatcher).layer_options(QWEN3))
     assert ops == HostOps(forward, 125 - 37, 37, *syncs)
 

@@ -16,6 +16,12 @@ how much leaves by each rank's own van (its InfiniBand NIC) depends on how the o
   per rank). Across nodes it crosses InfiniBand once per destination node, to the GPU with the same
   local index there, which forwards it over NVLink to the GPUs of that node that need it (DeepSeek-V3
   technical report, arXiv:2412.19437, section 3.2.2); the sender's own node is reached without the NIC.
+- kernel "hybridep": NVIDIA's Hybrid-EP in DeepEP (its hybrid-ep branch, docs/README_Hybrid-EP.md and
+  Hybrid-EP_Implementation.md), Megatron-core's flex dispatcher with `--moe-flex-dispatcher-backend hybridep`:
+  the same hierarchy (RDMA across NVLink domains, TMA copies over NVLink inside one) and the same bytes as DeepEP's
+  rule below, its bandwidth metric the received bytes too (`dispatched_hidden.numel() * 2` in its
+  tests/test_hybrid_ep.py). Its kernels hold fewer SMs by default: 24 for dispatch and for combine inside one NVLink
+  domain, 8 across domains (csrc/hybrid_ep/config.cuh, `num_sms_dispatch_api.value_or(...)`).
 
 With p the chance that a token hits a given rank and q that it hits a given node (uniform routing,
 `hit_probabilities`), g ranks per node on N nodes, h elements of b bytes, the slowest rank's bytes
@@ -46,13 +52,21 @@ from pipesim.device.profile import device_profile
 from pipesim.errors import PipesimError
 from pipesim.hardware.machine import Hardware, LinkClass
 
-KERNELS = ("nccl", "deepep")
+KERNELS = ("nccl", "deepep", "hybridep")
 # DeepEP's FP8 dispatch: one e4m3 byte per element plus a float32 scale per 128 elements (per_token_cast_to_fp8;
 # its tests count FP8 bytes as BF16's x (1 + 4 / 128) / 2)
 FP8_SCALED_BYTES = 1 + 4 / 128
 # DeepEP V1 normal kernels: `Buffer.set_num_sms(24)` (docs/legacy.md), num_sms = 24 in tests/legacy/test_intranode.py
 # and test_internode.py, the runs behind its published table
 DEEPEP_SMS = 24
+# Hybrid-EP's dispatch and combine kernels (deepseek-ai/DeepEP hybrid-ep csrc/hybrid_ep/config.cuh): 24 SMs inside one
+# NVLink domain, 8 when the group spans several (its RDMA path)
+HYBRIDEP_SMS = {True: 24, False: 8}  # one domain? -> SMs
+
+
+def hybridep_sms(domains: int) -> int:
+    """Hybrid-EP's default SMs for a group spread over `domains` NVLink domains."""
+    return HYBRIDEP_SMS[domains == 1]
 
 
 @dataclass(frozen=True)
@@ -60,7 +74,7 @@ class AllToAllTime:
     """One dispatch or combine over an expert-parallel group, as its slowest rank sees it (bytes: expected values)."""
 
     what: str  # "dispatch" | "combine"
-    kernel: str  # "nccl" | "deepep"
+    kernel: str  # "nccl" | "deepep" | "hybridep"
     seconds: float  # latency + the slower of the NVLink and NIC parts (they run at once)
     latency: float  # seconds of the latency term
     intra_bytes: float  # over NVLink/NVSwitch from (combine: to) the other GPUs of its node
@@ -162,7 +176,7 @@ def _exchange(what: str, hw: Hardware, devices: tuple[int, ...], tokens: int, hi
         latency = _nccl_latency(hw, nodes)
         sms = device_profile(hw.device.family).nccl_channels if hw.device.family else 0
     else:
-        _check_deepep(hw, per_node)
+        _check_deepep(hw, per_node, "HybridEP" if kernel == "hybridep" else "DeepEP")
         g = ep // nodes
         p, q = hit_probabilities(experts // ep, g, nodes, top_k, node_limit)
         intra = nodes * (g - 1) * tokens * p * token
@@ -170,7 +184,7 @@ def _exchange(what: str, hw: Hardware, devices: tuple[int, ...], tokens: int, hi
         received = nodes * g * tokens * p * token
         nvlink = received  # DeepEP's buffers carry the rank's own tokens too (module docstring)
         latency = hw.intra.latency + (hw.inter.latency if nodes > 1 and hw.inter is not None else 0.0)
-        sms = DEEPEP_SMS
+        sms = DEEPEP_SMS if kernel == "deepep" else hybridep_sms(nodes)
     busy = _busy(hw, g, nvlink, inter) * imbalance
     return AllToAllTime(what, kernel, latency + busy, latency, intra * imbalance, inter * imbalance,
                         received * imbalance, sms)
@@ -204,18 +218,19 @@ def _nccl_latency(hw: Hardware, nodes: int) -> float:
     return (BASE_LATENCY["ring"][simple] + HW_LATENCY[kind]["ring"][simple]) * US
 
 
-def _check_deepep(hw: Hardware, per_node: Counter) -> None:
-    """DeepEP needs NVLink inside a node and RDMA across nodes (its README), and a rail peer on every node."""
+def _check_deepep(hw: Hardware, per_node: Counter, name: str = "DeepEP") -> None:
+    """DeepEP (and Hybrid-EP, `name`) needs NVLink inside a node and RDMA across nodes (its README), and a rail peer on
+    every node."""
     if link_kind(hw.intra) != "nvlink" or hw.host is not None:
-        raise PipesimError(f"DeepEP's kernels need NVLink inside a node; hardware {hw.name!r} has {hw.intra.name}")
+        raise PipesimError(f"{name}'s kernels need NVLink inside a node; hardware {hw.name!r} has {hw.intra.name}")
     if len(per_node) > 1:
         if hw.inter is None or link_kind(hw.inter) != "net":
-            raise PipesimError(f"DeepEP's kernels need an RDMA network across nodes; hardware {hw.name!r} has "
+            raise PipesimError(f"{name}'s kernels need an RDMA network across nodes; hardware {hw.name!r} has "
                                f"{hw.inter.name if hw.inter else 'none'}")
         if len(set(per_node.values())) > 1:
-            raise PipesimError(f"DeepEP forwards through the same local rank on every node: the ep group needs as "
+            raise PipesimError(f"{name} forwards through the same local rank on every node: the ep group needs as "
                                f"many ranks on each node, got {dict(sorted(per_node.items()))}")
 
 
-__all__ = ["DEEPEP_SMS", "FP8_SCALED_BYTES", "KERNELS", "AllToAllTime", "combine_time", "dispatch_time",
-           "hit_probabilities"]
+__all__ = ["DEEPEP_SMS", "FP8_SCALED_BYTES", "HYBRIDEP_SMS", "KERNELS", "AllToAllTime", "combine_time",
+           "dispatch_time", "hit_probabilities", "hybridep_sms"]

@@ -26,7 +26,8 @@
 - `moe_dispatcher`: how a mixture-of-experts layer's tokens reach their experts. "alltoall" is Megatron-core's
   `--moe-token-dispatcher-type alltoall` (NCCL all-to-all of each token's k copies); "deepep" its `flex`
   dispatcher with the DeepEP backend (`--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep`;
-  before Megatron-core 0.16 `--moe-enable-deepep`), whose kernels hold `deepep_sms` SMs while they run
+  before Megatron-core 0.16 `--moe-enable-deepep`), whose kernels hold `deepep_sms` SMs while they run; "hybridep" the
+  flex dispatcher on Hybrid-EP (`--moe-flex-dispatcher-backend hybridep`), `hybridep_sms` SMs
   (`--moe-deepep-num-sms`, default 20 in megatron/training/arguments.py). Timing: pipesim.comm.all_to_all.
 
 The defaults are today's behaviour, bit for bit. Mechanics: docs/simulator.md ("Communication options").
@@ -56,6 +57,7 @@ class CommOptions:
     blocking_p2p: bool = False  # a SEND holds its rank until its transfer ends (Megatron's p2p_communication)
     moe_dispatcher: str = "alltoall"  # "alltoall" (NCCL, k copies per token) or "deepep" (flex dispatcher)
     deepep_sms: int = DEFAULT_DEEPEP_SMS  # SMs DeepEP's kernels hold while they run (deepep only)
+    hybridep_sms: int | None = None  # SMs Hybrid-EP's kernels hold (hybridep only; None: its own 24, 8 across domains)
     overlap_p2p_comm: bool = False  # with blocking_p2p: an interleaved schedule's sends do not block (Megatron-core)
     overlap_param_gather: bool = False  # ZeRO 1/2's parameter all-gather prefetched before each chunk's forward
 
@@ -69,6 +71,12 @@ class CommOptions:
         if sms != DEFAULT_DEEPEP_SMS and self.moe_dispatcher != "deepep":
             raise PipesimError("--moe-deepep-num-sms needs the DeepEP dispatcher (--moe-token-dispatcher-type flex "
                                "--moe-flex-dispatcher-backend deepep)")
+        hsms = self.hybridep_sms
+        if hsms is not None and (not isinstance(hsms, int) or isinstance(hsms, bool) or hsms < 1):
+            raise PipesimError(f"--moe-hybridep-num-sms must be a positive integer, got {hsms!r}")
+        if hsms is not None and self.moe_dispatcher != "hybridep":
+            raise PipesimError("--moe-hybridep-num-sms needs the Hybrid-EP dispatcher (--moe-token-dispatcher-type "
+                               "flex --moe-flex-dispatcher-backend hybridep)")
         if self.overlap_param_gather and not self.overlap_grad_reduce:  # megatron/training/arguments.py asserts it
             raise PipesimError("--overlap-param-gather needs --overlap-grad-reduce (as Megatron-LM)")
         size = self.ddp_bucket_size
@@ -108,14 +116,16 @@ class CommOptions:
         """Megatron-core's flags for the MoE token dispatcher (pipesim spells them the same); [] at the default."""
         if self.moe_dispatcher == "alltoall":
             return []
-        out = ["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", "deepep"]
+        out = ["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", self.moe_dispatcher]
+        if self.moe_dispatcher == "hybridep":
+            return out + (["--moe-hybridep-num-sms", str(self.hybridep_sms)] if self.hybridep_sms is not None else [])
         return out + (["--moe-deepep-num-sms", str(self.deepep_sms)] if self.deepep_sms != DEFAULT_DEEPEP_SMS else [])
 
     def report(self) -> dict:
         """The options as --json reports them."""
         return {"scatter_gather": self.scatter_gather, "overlap_grad_reduce": self.overlap_grad_reduce,
                 "ddp_bucket_size": self.ddp_bucket_size, "blocking_p2p": self.blocking_p2p,
-                "moe_dispatcher": self.moe_dispatcher, "deepep_sms": self.deepep_sms,
+                "moe_dispatcher": self.moe_dispatcher, "deepep_sms": self.deepep_sms, "hybridep_sms": self.hybridep_sms,
                 "overlap_p2p_comm": self.overlap_p2p_comm, "overlap_param_gather": self.overlap_param_gather}
 
 

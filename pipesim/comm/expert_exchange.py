@@ -4,10 +4,10 @@ A mixture-of-experts layer sends each token's k copies to the ranks holding thei
 and brings the outputs back (combine); its backward moves the gradients the other way. The cost model
 says what moves (tokens, width, k, experts, the load on the slowest rank, how many layers do it back to
 back); the simulator times it over the action's expert-parallel group on the machine's links
-(`exchange_timing`, pipesim.comm.all_to_all, with the job's dispatcher: NCCL or DeepEP) and draws it as its own
-bar. It blocks its rank: Megatron's 1F1B runs the all-to-all between the GEMMs that need its tokens (hiding it under
-another microbatch is a schedule's doing, DualPipe's overlapped F&B pairs, where the SMs the kernel holds are what the
-hiding costs).
+(`exchange_timing`, pipesim.comm.all_to_all, with the job's dispatcher: NCCL, DeepEP or Hybrid-EP) and draws it as
+its own bar. It blocks its rank: Megatron's 1F1B runs the all-to-all between the GEMMs that need its tokens (hiding
+it under another microbatch is a schedule's doing, DualPipe's overlapped F&B pairs, where the SMs the kernel holds are
+what the hiding costs).
 """
 
 from __future__ import annotations
@@ -40,16 +40,18 @@ class ExpertExchange(NamedTuple):
 
 
 def exchange_timing(hw: Hardware, devices: list[int], x: ExpertExchange, *, kernel: str = "nccl",
-                    deepep_sms: int = DEEPEP_SMS) -> tuple[float, int]:
+                    deepep_sms: int = DEEPEP_SMS, hybridep_sms: int | None = None) -> tuple[float, int]:
     """(seconds, SMs held) of `x.count` all-to-alls over `devices` (the ep group, global device ids), the slowest
-    rank's, with `kernel` "nccl" (Megatron-core's alltoall dispatcher: k copies per token) or "deepep" (its flex
-    dispatcher on DeepEP, whose kernels hold `deepep_sms` SMs; pipesim.comm.all_to_all). (0.0, 0) with one rank."""
+    rank's, with `kernel` "nccl" (Megatron-core's alltoall dispatcher: k copies per token), "deepep" (its flex
+    dispatcher on DeepEP, whose kernels hold `deepep_sms` SMs) or "hybridep" (on Hybrid-EP, `hybridep_sms` SMs, None:
+    Hybrid-EP's own default; pipesim.comm.all_to_all). (0.0, 0) with one rank."""
     if len(devices) < 2:
         return 0.0, 0
     timed = combine_time if "combine" in x.what else dispatch_time
     one = timed(hw, devices, x.tokens, x.hidden, x.top_k, x.experts, dtype_bytes=x.dtype_bytes, imbalance=x.load,
                 node_limit=node_limit(hw, devices, x), kernel=kernel)
-    return x.count * one.seconds, deepep_sms if kernel == "deepep" else one.sms
+    held = {"deepep": deepep_sms, "hybridep": hybridep_sms or one.sms}.get(kernel, one.sms)
+    return x.count * one.seconds, held
 
 
 def node_limit(hw: Hardware, devices: list[int], x: ExpertExchange) -> int | None:

@@ -149,9 +149,13 @@ def add_comm_args(parser: argparse.ArgumentParser) -> None:
                    help="alltoall: NCCL all-to-all of each token's k copies; flex: the flex dispatcher, whose backend "
                         "--moe-flex-dispatcher-backend names (Megatron's allgather dispatcher is not modelled) "
                         "(default alltoall)")
-    m.add_argument("--moe-flex-dispatcher-backend", choices=("deepep",), default=None,
+    m.add_argument("--moe-flex-dispatcher-backend", choices=("deepep", "hybridep"), default=None,
                    help="with flex: DeepEP's kernels (one copy per destination rank, forwarded over NVLink across "
-                        "nodes; HybridEP is not modelled) (default deepep)")
+                        "nodes) or NVIDIA's Hybrid-EP (the same bytes, fewer SMs, one host wait per dispatch; "
+                        "docs/moe.md) (default deepep)")
+    m.add_argument("--moe-hybridep-num-sms", type=positive_int, default=None, metavar="N",
+                   help="SMs Hybrid-EP's dispatch and combine kernels hold (default Hybrid-EP's own: 24 inside one "
+                        "NVLink domain, 8 across domains)")
     m.add_argument("--moe-enable-deepep", action="store_true",
                    help="Megatron-core before 0.16's spelling of --moe-flex-dispatcher-backend deepep")
     m.add_argument("--moe-deepep-num-sms", type=positive_int, default=DEFAULT_DEEPEP_SMS, metavar="N",
@@ -165,9 +169,10 @@ def comm_options_from_args(args: argparse.Namespace) -> CommOptions:
     backend = args.moe_flex_dispatcher_backend or ("deepep" if args.moe_enable_deepep else None)
     if backend is not None and not flex:
         raise PipesimError("--moe-flex-dispatcher-backend / --moe-enable-deepep need --moe-token-dispatcher-type flex")
-    dispatcher = "deepep" if flex else "alltoall"  # deepep: flex's only backend here, and Megatron's default one
+    dispatcher = (backend or "deepep") if flex else "alltoall"  # deepep: Megatron's default flex backend
     return CommOptions(args.scatter_gather, args.overlap_grad_reduce, args.ddp_bucket_size, args.blocking_p2p,
                        moe_dispatcher=dispatcher, deepep_sms=args.moe_deepep_num_sms,
+                       hybridep_sms=args.moe_hybridep_num_sms,
                        overlap_p2p_comm=args.overlap_p2p_comm, overlap_param_gather=args.overlap_param_gather)
 
 

@@ -23,6 +23,15 @@ Counted from Megatron-LM 1e057005 (the MoE ModelZoo's main-branch runs) with Tra
   (deep_ep.cpp), and Megatron's unfused multihot at that commit indexes by boolean masks three times (each a
   sync), 4 in the forward and 1 in the backward (the masks' backward). A recomputed MoE block repeats its forward's
   launches and syncs in the backward (full recomputation the whole layer's).
+- Hybrid-EP (flex with `--moe-flex-dispatcher-backend hybridep`; read, not counted: no Hybrid-EP build here): the
+  dispatcher's forward is 8 launches, Megatron's cast of the router's probabilities to float32 (token_dispatcher.py
+  _HybridEPManager.dispatch) and Hybrid-EP's own kernels (DeepEP hybrid-ep docs/Hybrid-EP_Implementation.md,
+  section 5: the metadata preprocessing's all-gather, metadata kernel and permute preprocessing, the dispatch and
+  permute kernels, the unpermute and combine kernels; a staging copy more across NVLink domains, not counted). It waits
+  once in the forward: dropless, Megatron passes no num_permuted_tokens, so the dispatch is blocking
+  (megatron/core/transformer/moe/fused_a2a.py: `non_blocking = num_permuted_tokens is not None`) and the counts reach
+  the host through pinned memory (hybrid_ep_buffer.py dispatch_with_permute); the backward's dispatch reuses the
+  forward's handle and count (HybridEPCombine.backward), so no wait there.
 """
 
 from __future__ import annotations
@@ -34,14 +43,14 @@ from pipesim.model.options import LayerOptions
 
 ATTENTION_F = 20  # launches of the attention block's forward (read)
 ROUTER_F = 22  # the router's forward (counted)
-DISPATCH_F = {"alltoall": 21, "deepep": 23}  # the dispatcher's forward, dispatch and combine
+DISPATCH_F = {"alltoall": 21, "deepep": 23, "hybridep": 8}  # the dispatcher's forward, dispatch and combine
 ACTIVATION = 1  # the experts' activation, forward or backward
 SHARED_F, SHARED_B = 5, 7  # a shared expert's MLP
 ROUTER_B = 15  # the router's backward (counted)
 REST_B = 45  # the attention block's and the dispatcher's backward (read: 46, less the activation counted apart)
 WEIGHT_B = 5  # of the backward: the attention block's 4 weight gradients and the router's 1
-SYNCS_F = {"alltoall": 1, "deepep": 4}  # device-to-host waits of the forward
-SYNCS_B = {"alltoall": 0, "deepep": 1}  # ... of the backward
+SYNCS_F = {"alltoall": 1, "deepep": 4, "hybridep": 1}  # device-to-host waits of the forward
+SYNCS_B = {"alltoall": 0, "deepep": 1, "hybridep": 0}  # ... of the backward
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 from pipesim.errors import PipesimError
 
-MOE_DISPATCHERS = ("alltoall", "deepep")  # Megatron-core's alltoall dispatcher; its flex dispatcher on DeepEP
+# Megatron-core's alltoall dispatcher; its flex dispatcher on DeepEP or on Hybrid-EP
+MOE_DISPATCHERS = ("alltoall", "deepep", "hybridep")
 
 
 @dataclass(frozen=True)

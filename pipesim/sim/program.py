@@ -265,12 +265,13 @@ def _tp_time(rank: int, action: Action, hw: Hardware | None, comm: bool, par: Pa
 def _ep_time(rank: int, exchanges: tuple[ExpertExchange, ...], hw: Hardware | None, par: ParallelDims,
              opts: CommOptions) -> tuple[float, int]:
     """(seconds, SMs held) of a compute action's expert-parallel all-to-alls over the rank's ep group (replica 0's
-    devices) with the job's dispatcher (`opts.moe_dispatcher`: NCCL's alltoall or DeepEP)."""
+    devices) with the job's dispatcher (`opts.moe_dispatcher`: NCCL's alltoall, DeepEP or Hybrid-EP)."""
     if hw is None:
         return 0.0, 0
     group = par.group("ep", par.rank(pp=rank))
-    kernel = "deepep" if opts.moe_dispatcher == "deepep" else "nccl"
-    timed = [exchange_timing(hw, group, x, kernel=kernel, deepep_sms=opts.deepep_sms) for x in exchanges]
+    kernel = "nccl" if opts.moe_dispatcher == "alltoall" else opts.moe_dispatcher
+    timed = [exchange_timing(hw, group, x, kernel=kernel, deepep_sms=opts.deepep_sms, hybridep_sms=opts.hybridep_sms)
+             for x in exchanges]
     return sum(t for t, _ in timed), max((n for _, n in timed), default=0)
 
 
