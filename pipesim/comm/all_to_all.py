@@ -176,7 +176,7 @@ def _exchange(what: str, hw: Hardware, devices: tuple[int, ...], tokens: int, hi
         latency = _nccl_latency(hw, nodes)
         sms = device_profile(hw.device.family).nccl_channels if hw.device.family else 0
     else:
-        _check_deepep(hw, per_node, "HybridEP" if kernel == "hybridep" else "DeepEP")
+        _check_deepep(hw, per_node, "Hybrid-EP" if kernel == "hybridep" else "DeepEP")
         g = ep // nodes
         p, q = hit_probabilities(experts // ep, g, nodes, top_k, node_limit)
         intra = nodes * (g - 1) * tokens * p * token
