@@ -61,12 +61,7 @@ FP8_SCALED_BYTES = 1 + 4 / 128
 DEEPEP_SMS = 24
 # Hybrid-EP's dispatch and combine kernels (deepseek-ai/DeepEP hybrid-ep csrc/hybrid_ep/config.cuh): 24 SMs inside one
 # NVLink domain, 8 when the group spans several (its RDMA path)
-HYBRIDEP_SMS = {True: 24, False: 8}  # one domain? -> SMs
-
-
-def hybridep_sms(domains: int) -> int:
-    """Hybrid-EP's default SMs for a group spread over `domains` NVLink domains."""
-    return HYBRIDEP_SMS[domains == 1]
+HYBRIDEP_SMS, HYBRIDEP_SMS_ACROSS = 24, 8
 
 
 @dataclass(frozen=True)
@@ -184,7 +179,7 @@ def _exchange(what: str, hw: Hardware, devices: tuple[int, ...], tokens: int, hi
         received = nodes * g * tokens * p * token
         nvlink = received  # DeepEP's buffers carry the rank's own tokens too (module docstring)
         latency = hw.intra.latency + (hw.inter.latency if nodes > 1 and hw.inter is not None else 0.0)
-        sms = DEEPEP_SMS if kernel == "deepep" else hybridep_sms(nodes)
+        sms = DEEPEP_SMS if kernel == "deepep" else HYBRIDEP_SMS if nodes == 1 else HYBRIDEP_SMS_ACROSS
     busy = _busy(hw, g, nvlink, inter) * imbalance
     return AllToAllTime(what, kernel, latency + busy, latency, intra * imbalance, inter * imbalance,
                         received * imbalance, sms)
@@ -232,5 +227,5 @@ def _check_deepep(hw: Hardware, per_node: Counter, name: str = "DeepEP") -> None
                                f"many ranks on each node, got {dict(sorted(per_node.items()))}")
 
 
-__all__ = ["DEEPEP_SMS", "FP8_SCALED_BYTES", "HYBRIDEP_SMS", "KERNELS", "AllToAllTime", "combine_time",
-           "dispatch_time", "hit_probabilities", "hybridep_sms"]
+__all__ = ["DEEPEP_SMS", "FP8_SCALED_BYTES", "HYBRIDEP_SMS", "HYBRIDEP_SMS_ACROSS", "KERNELS", "AllToAllTime",
+           "combine_time", "dispatch_time", "hit_probabilities"]

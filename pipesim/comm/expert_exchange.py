@@ -50,8 +50,9 @@ def exchange_timing(hw: Hardware, devices: list[int], x: ExpertExchange, *, kern
     timed = combine_time if "combine" in x.what else dispatch_time
     one = timed(hw, devices, x.tokens, x.hidden, x.top_k, x.experts, dtype_bytes=x.dtype_bytes, imbalance=x.load,
                 node_limit=node_limit(hw, devices, x), kernel=kernel)
-    held = {"deepep": deepep_sms, "hybridep": hybridep_sms or one.sms}.get(kernel, one.sms)
-    return x.count * one.seconds, held
+    if kernel == "deepep":
+        return x.count * one.seconds, deepep_sms
+    return x.count * one.seconds, hybridep_sms if kernel == "hybridep" and hybridep_sms else one.sms
 
 
 def node_limit(hw: Hardware, devices: list[int], x: ExpertExchange) -> int | None:
