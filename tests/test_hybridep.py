@@ -59,6 +59,10 @@ def test_the_flags_and_their_refusals(tmp_path, capsys):
     assert CommOptions(moe_dispatcher="hybridep").dispatcher_flags()[-1] == "hybridep"
     with pytest.raises(PipesimError, match="--moe-hybridep-num-sms needs the Hybrid-EP dispatcher"):
         CommOptions(moe_dispatcher="deepep", hybridep_sms=32)
+    with pytest.raises(PipesimError, match="^--moe-hybridep-num-sms must be a positive integer, got 0$"):
+        CommOptions(moe_dispatcher="hybridep", hybridep_sms=0)
+    with pytest.raises(PipesimError, match="^--moe-deepep-num-sms must be a positive integer, got None$"):
+        CommOptions(moe_dispatcher="deepep", deepep_sms=None)
     run = ["simulate", "dualpipev", "--model", "moe", "--hidden", "512", "--layers", "4", "--heads", "8",
            "--seq", "512", "--batch", "64", "--num-experts", "8", "--moe-router-topk", "2", "--stages", "2",
            "--dp", "4", "--ep", "4", "--hardware", "gb200-nvl72", "--moe-token-dispatcher-type", "flex"]

@@ -26,9 +26,10 @@
 - `moe_dispatcher`: how a mixture-of-experts layer's tokens reach their experts. "alltoall" is Megatron-core's
   `--moe-token-dispatcher-type alltoall` (NCCL all-to-all of each token's k copies); "deepep" its `flex`
   dispatcher with the DeepEP backend (`--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep`;
-  before Megatron-core 0.16 `--moe-enable-deepep`), whose kernels hold `deepep_sms` SMs while they run; "hybridep" the
-  flex dispatcher on Hybrid-EP (`--moe-flex-dispatcher-backend hybridep`), `hybridep_sms` SMs
-  (`--moe-deepep-num-sms`, default 20 in megatron/training/arguments.py). Timing: pipesim.comm.all_to_all.
+  before Megatron-core 0.16 `--moe-enable-deepep`), whose kernels hold `deepep_sms` SMs while they run
+  (`--moe-deepep-num-sms`, default 20 in megatron/training/arguments.py); "hybridep" the flex dispatcher on Hybrid-EP
+  (`--moe-flex-dispatcher-backend hybridep`), `hybridep_sms` SMs (`--moe-hybridep-num-sms`; None: Hybrid-EP's own
+  default). Timing: pipesim.comm.all_to_all.
 
 The defaults are today's behaviour, bit for bit. Mechanics: docs/simulator.md ("Communication options").
 """
@@ -55,7 +56,7 @@ class CommOptions:
     overlap_grad_reduce: bool = False  # DP gradient reduction in buckets, overlapped with the last backward
     ddp_bucket_size: int | None = None  # parameters per bucket; None: Megatron's max(40M, 1M x dp)
     blocking_p2p: bool = False  # a SEND holds its rank until its transfer ends (Megatron's p2p_communication)
-    moe_dispatcher: str = "alltoall"  # "alltoall" (NCCL, k copies per token) or "deepep" (flex dispatcher)
+    moe_dispatcher: str = "alltoall"  # "alltoall" (NCCL, k copies per token), "deepep" or "hybridep" (flex)
     deepep_sms: int = DEFAULT_DEEPEP_SMS  # SMs DeepEP's kernels hold while they run (deepep only)
     hybridep_sms: int | None = None  # SMs Hybrid-EP's kernels hold (hybridep only; None: its own 24, 8 across domains)
     overlap_p2p_comm: bool = False  # with blocking_p2p: an interleaved schedule's sends do not block (Megatron-core)
@@ -65,18 +66,15 @@ class CommOptions:
         if self.moe_dispatcher not in MOE_DISPATCHERS:
             raise PipesimError(f"unknown MoE token dispatcher {self.moe_dispatcher!r}; choose "
                                f"{' or '.join(MOE_DISPATCHERS)}")
-        sms = self.deepep_sms
-        if not isinstance(sms, int) or isinstance(sms, bool) or sms < 1:
-            raise PipesimError(f"--moe-deepep-num-sms must be a positive integer, got {sms!r}")
-        if sms != DEFAULT_DEEPEP_SMS and self.moe_dispatcher != "deepep":
-            raise PipesimError("--moe-deepep-num-sms needs the DeepEP dispatcher (--moe-token-dispatcher-type flex "
-                               "--moe-flex-dispatcher-backend deepep)")
-        hsms = self.hybridep_sms
-        if hsms is not None and (not isinstance(hsms, int) or isinstance(hsms, bool) or hsms < 1):
-            raise PipesimError(f"--moe-hybridep-num-sms must be a positive integer, got {hsms!r}")
-        if hsms is not None and self.moe_dispatcher != "hybridep":
-            raise PipesimError("--moe-hybridep-num-sms needs the Hybrid-EP dispatcher (--moe-token-dispatcher-type "
-                               "flex --moe-flex-dispatcher-backend hybridep)")
+        for backend, name, sms, default in (("deepep", "DeepEP", self.deepep_sms, DEFAULT_DEEPEP_SMS),
+                                            ("hybridep", "Hybrid-EP", self.hybridep_sms, None)):
+            flag = f"--moe-{backend}-num-sms"
+            optional = default is None  # Hybrid-EP's None: its own default
+            if not (optional and sms is None) and (not isinstance(sms, int) or isinstance(sms, bool) or sms < 1):
+                raise PipesimError(f"{flag} must be a positive integer, got {sms!r}")
+            if sms != default and self.moe_dispatcher != backend:
+                raise PipesimError(f"{flag} needs the {name} dispatcher (--moe-token-dispatcher-type flex "
+                                   f"--moe-flex-dispatcher-backend {backend})")
         if self.overlap_param_gather and not self.overlap_grad_reduce:  # megatron/training/arguments.py asserts it
             raise PipesimError("--overlap-param-gather needs --overlap-grad-reduce (as Megatron-LM)")
         size = self.ddp_bucket_size
