@@ -13,6 +13,7 @@ Everything else (topology, peaks, the network across nodes) is the base preset's
 from __future__ import annotations
 
 import json
+import re
 import statistics
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -28,7 +29,6 @@ from pipesim.hardware.toml_io import load_hardware, preset_names
 
 FAMILY_NAMES = (("A100-PCIE", "A100-PCIe"), ("A100", "A100"), ("H100", "H100"), ("H200", "H200"),
                 ("B200", "B200"))  # fragment of torch.cuda.get_device_name (upper case) -> family; first match
-BOARD_PRESETS = (("GB200", "gb200-nvl72"),)  # a GPU name's fragment -> its board's preset, where a family has several
 LINK_KINDS = ("all_reduce", "send_recv")  # the collective the [intra] link is fitted to, in order of preference
 
 
@@ -41,16 +41,14 @@ def family_of(device_name: str) -> str:
 
 
 def base_preset(family: str, device_name: str = "") -> Hardware:
-    """The shipped single-node preset of the GPU `device_name` names (BOARD_PRESETS: a GB200 is the B200 family on its
-    own board), else the first by name whose device is `family`'s reference board (no [device.kernels]), or a one-line
-    error."""
-    for fragment, name in BOARD_PRESETS:
-        if fragment in device_name.upper() and load_hardware(name).device.family == family:
-            return load_hardware(name)
-    for name in preset_names():
-        hw = load_hardware(name)
-        if hw.device.family == family and hw.num_nodes == 1 and hw.device.kernels is None:
-            return hw
+    """The shipped single-node preset of `family` whose device model (its name before the first '-', e.g. GB200) is a
+    word of the GPU's name `device_name` (a GB200 is the B200 family on its own board), else the first by name on the
+    family's reference board (no [device.kernels]), or a one-line error."""
+    presets = [hw for hw in map(load_hardware, preset_names()) if hw.device.family == family and hw.num_nodes == 1]
+    words = set(re.split(r"[^A-Z0-9]+", device_name.upper()))
+    named = [hw for hw in presets if hw.device.name.split("-")[0].upper() in words]
+    if found := named or [hw for hw in presets if hw.device.kernels is None]:
+        return found[0]
     raise PipesimError(f"no single-node preset has device family {family!r}; pass --hardware PRESET|FILE")
 
 
