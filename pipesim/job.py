@@ -123,6 +123,10 @@ class Job:
         check_reshard(self.fsdp_reshard)
         if self.fp8_param_gather and self.fp8 is None:
             raise PipesimError("--fp8-param-gather keeps the FP8 linears' parameters in FP8: it needs --fp8-format")
+        if self.fp8_param_gather and self.fp8.fp4:
+            raise PipesimError("--fp8-param-gather with --fp4-format: parameters kept and gathered in NVFP4 "
+                               "(Megatron-core's --fp4-param-gather) are not modelled; the NVFP4 linears keep bf16 "
+                               "parameters and a cached NVFP4 copy without it")
         torchao = self.fp8 is not None and self.fp8.impl == "torchao"
         if self.fp8_param_gather and torchao and self.fp8.recipe not in FP8_GATHER_RECIPES:
             raise PipesimError(f"--fp8-param-gather with --fp8-impl torchao is FSDP2's float8 all-gather, which "

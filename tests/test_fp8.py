@@ -54,7 +54,8 @@ def test_shipped_fp8_figures_are_the_datasheets_with_a_source_each():
     for family, peak in (("H100", 1979e12), ("H200", 1979e12), ("B200", 4500e12)):
         assert figs[family].peak == peak == pytest.approx(2 * device_profile(family).peak("bfloat16"), rel=1e-3)
         assert set(figs[family].sources) == {"peak", "matmul_efficiency", "tn_only", "recipes",
-                                             *(("recipe_efficiency",) if figs[family].recipe_efficiency else ())}
+                                             *(("recipe_efficiency",) if figs[family].recipe_efficiency else ()),
+                                             *(("fp4_peak",) if figs[family].fp4_peak else ())}
     # [MAMF]'s FP8 rows (torch._scaled_mm, bursts) x the H200 run's sustained fraction, on both GH100 boards
     assert figs["H100"].matmul_efficiency == round(1402.6 / 1979 * 0.938, 3)
     assert figs["H200"].matmul_efficiency == round(1453.4 / 1979 * 0.938, 3)

@@ -12,7 +12,16 @@ from pipesim.errors import PipesimError
 from pipesim.hardware.machine import Hardware
 from pipesim.model.adam_states import MASTER_DTYPES, MOMENT_DTYPES, AdamStates
 from pipesim.model.config import ModelConfig
-from pipesim.model.fp8 import DEFAULT_RECIPE, FP8_FORMATS, FP8_IMPLS, FP8_RECIPES, Fp8Options, check_fp8_model
+from pipesim.model.fp8 import (
+    DEFAULT_RECIPE,
+    FP4_FORMATS,
+    FP4_RECIPES,
+    FP8_FORMATS,
+    FP8_IMPLS,
+    FP8_RECIPES,
+    Fp8Options,
+    check_fp8_model,
+)
 from pipesim.model.fsdp import FSDP_RESHARD
 from pipesim.model.options import CP_COMM_TYPES
 from pipesim.model.piece_kernels import CE_IMPLS
@@ -66,11 +75,30 @@ def add_fp8_args(group) -> None:
                             "inputs saved in the dtype and cast again for the wgrad; with --compile each tensorwise "
                             "tensor cast once for all its uses) (default --framework's: torchao with torchtitan, "
                             "else te)")
+    group.add_argument("--fp4-format", choices=FP4_FORMATS, default=None,
+                       help="Blackwell presets: the linear layers' GEMMs in FP4 (E2M1) on the FP4 tensor cores, "
+                            "through Transformer Engine, instead of FP8; the rest as --fp8-format (Megatron-core's "
+                            "flag; not with --fp8-format)")
+    group.add_argument("--fp4-recipe", choices=FP4_RECIPES, default=None,
+                       help="with --fp4-format: nvfp4, TE's NVFP4BlockScaling (1x16 blocks with E4M3 scales and a "
+                            "float32 scale per tensor, 16x16 blocks for weights, random Hadamard transforms on the "
+                            "wgrad operands) (default nvfp4)")
 
 
 def fp8_from_args(args: argparse.Namespace) -> Fp8Options | None:
-    """The Fp8Options of --fp8-format / --fp8-recipe; None without FP8; one line for a recipe without a format."""
+    """The Fp8Options of --fp8-format / --fp8-recipe (or --fp4-format / --fp4-recipe: NVFP4); None without either;
+    one line for a recipe without its format or both formats at once."""
     fmt, recipe = getattr(args, "fp8_format", None), getattr(args, "fp8_recipe", None)
+    fp4, fp4_recipe = getattr(args, "fp4_format", None), getattr(args, "fp4_recipe", None)
+    if fp4 is not None or fp4_recipe is not None:
+        if fmt is not None or recipe is not None:  # megatron/training/arguments.py refuses it too
+            raise PipesimError("--fp4-format and --fp8-format cannot be used together: choose one")
+        if fp4 is None:
+            raise PipesimError(f"--fp4-recipe {fp4_recipe} needs --fp4-format e2m1 to turn FP4 on")
+        if getattr(args, "fp8_impl", None) not in (None, "te"):
+            raise PipesimError("--fp4-format runs Transformer Engine's NVFP4 linears: --fp8-impl torchao has none "
+                               "in pipesim")
+        return Fp8Options(fp4, fp4_recipe or FP4_RECIPES[0], "te")
     if fmt is None:
         if recipe is not None:
             raise PipesimError(f"--fp8-recipe {recipe} needs --fp8-format (e4m3 or hybrid) to turn FP8 on")

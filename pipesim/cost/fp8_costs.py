@@ -40,8 +40,8 @@ def stage_fp8_weights(model: ModelConfig, b: int, opts: LayerOptions, family: st
 
 def weight_cast(params: int, weights: int, fp8: Fp8Options, *, dtype_bytes: int, tn_only: bool) -> tuple[int, int]:
     """(bytes, kernels) of casting `weights` linear weights of `params` parameters to FP8 once: read the dtype
-    (tensorwise: an amax pass reads it first, a kernel of its own), write the copies (weight_copy_bytes)."""
-    reads = 2 if fp8.recipe == "tensorwise" else 1
+    (tensorwise and nvfp4: an amax pass reads it first, a kernel of its own), write the copies (weight_copy_bytes)."""
+    reads = 2 if fp8.global_amax else 1
     return reads * dtype_bytes * params + weight_copy_bytes(params, fp8, tn_only=tn_only), reads * weights
 
 
@@ -80,11 +80,11 @@ def with_weight_casts(step: StepCosts, seconds: Sequence[float]) -> StepCosts:
 
 def mfu_peak(hw: Hardware, model: ModelConfig, fp8: Fp8Options | None) -> float:
     """The dense peak (FLOP/s per GPU) MFU and HFU are counted against: the FP8 tensor cores' when the job's linears
-    run in FP8, the device's peak in the model's dtype otherwise. NVIDIA's convention (dgxc-benchmarking v25.04.02
-    llama3.1/README.md: its FP8 rows' MFU is over the FP8 peak, its BF16 rows' over the BF16 peak), and the one that
-    keeps MFU at or below 1: no kernel of an FP8 step runs faster than the FP8 peak."""
+    run in FP8 (the FP4 ones' under NVFP4), the device's peak in the model's dtype otherwise. NVIDIA's convention
+    (dgxc-benchmarking v25.04.02 llama3.1/README.md: its FP8 rows' MFU is over the FP8 peak, its BF16 rows' over the
+    BF16 peak), and the one that keeps MFU at or below 1: no kernel of an FP8 step runs faster than that peak."""
     if fp8 is not None:
-        return fp8_figures(hw.device.family, hw.device.name).peak
+        return fp8_figures(hw.device.family, hw.device.name).peak_of(fp8.recipe)
     return hw.device.flops[model.dtype]
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from pipesim.cost.device_profiles import fp8_profile_of, profile_of
-from pipesim.device.fp8_rates import FP8, check_fp8_recipe
+from pipesim.device.fp8_rates import FP4, FP8, check_fp8_recipe
 from pipesim.device.gemm import gemm_time
 from pipesim.device.kernels import flash_attention_time, memory_bound_time
 from pipesim.device.profile import DeviceProfile
@@ -73,13 +73,13 @@ def _gemm_seconds(m: int, n: int, k: int, batch: int, dtype: str, profile: Devic
 def kernel_seconds(kernel: Kernel, dtype: str, profile: DeviceProfile, sms: int | None = None,
                    fp8: DeviceProfile | None = None) -> float:
     """One kernel's seconds: a GEMM by its shape and flash attention (causal) by its grid, each on `sms` SMs (default
-    all), the rest by its bytes. An FP8 GEMM (`Gemm.dtype` "float8") is timed on `fp8`, the profile as FP8 GEMMs see
-    it (pipesim.device.fp8_rates.Fp8Figures.gemm_profile)."""
+    all), the rest by its bytes. An FP8 GEMM (`Gemm.dtype` "float8", NVFP4's "float4") is timed on `fp8`, the profile
+    as FP8 GEMMs see it (pipesim.device.fp8_rates.Fp8Figures.gemm_profile)."""
     if isinstance(kernel, Gemm):
-        if kernel.dtype == FP8:
+        if kernel.dtype in (FP8, FP4):
             if fp8 is None:
                 raise PipesimError(f"{kernel.name} is an FP8 GEMM: timing it needs the device's FP8 figures")
-            return _gemm_seconds(kernel.m, kernel.n, kernel.k, kernel.batch, FP8, fp8, kernel.c_bytes, sms)
+            return _gemm_seconds(kernel.m, kernel.n, kernel.k, kernel.batch, kernel.dtype, fp8, kernel.c_bytes, sms)
         return _gemm_seconds(kernel.m, kernel.n, kernel.k, kernel.batch, dtype, profile, kernel.c_bytes, sms)
     if isinstance(kernel, FlashAttention):
         return flash_attention_time(kernel.batch, kernel.seq, kernel.heads, kernel.head_dim, dtype, profile,

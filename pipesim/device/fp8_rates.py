@@ -25,8 +25,12 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
 FIELDS = ("peak", "matmul_efficiency", "tn_only", "recipes")
-OPTIONAL = ("recipe_efficiency",)  # recipe -> its GEMMs' own fraction of `peak`, where a source measures it apart
+# recipe_efficiency: recipe -> its GEMMs' own fraction of its peak, where a source measures it apart;
+# fp4_peak: the FP4 tensor cores' dense FLOP/s (Blackwell), which NVFP4's GEMMs (dtype float4) run at
+OPTIONAL = ("recipe_efficiency", "fp4_peak")
 FP8 = "float8"  # the dtype name pipesim.device.profile.DTYPE_BYTES gives one byte
+FP4 = "float4"  # ... half a byte: NVFP4's E2M1 elements
+FP4_RECIPES = ("nvfp4",)  # recipes whose GEMMs run on the FP4 tensor cores (Megatron-core's --fp4-recipe choices)
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,7 @@ class Fp8Figures:
     sources: dict[str, str] = field(default_factory=dict, compare=False)
     # a recipe whose GEMMs reach another fraction of `peak` (Blackwell's block-scaled MXFP8 GEMMs), by recipe name
     recipe_efficiency: tuple[tuple[str, float], ...] = ()
+    fp4_peak: float | None = None  # FLOP/s, dense FP4 (NVFP4's GEMMs); None: no FP4 tensor cores (Hopper)
 
     def __post_init__(self) -> None:
         if not (isinstance(self.peak, (int, float)) and self.peak > 0):
@@ -54,17 +59,28 @@ class Fp8Figures:
             if recipe not in self.recipes or not (isinstance(eff, float) and 0 < eff <= 1):
                 raise PipesimError(f"fp8 figures of {self.family}: recipe_efficiency {recipe} = {eff!r} must be a "
                                    "fraction in (0, 1] of one of its recipes")
+        fp4 = [r for r in self.recipes if r in FP4_RECIPES]
+        if self.fp4_peak is not None and not (isinstance(self.fp4_peak, (int, float)) and self.fp4_peak > 0):
+            raise PipesimError(f"fp8 figures of {self.family}: fp4_peak must be positive FLOP/s, got {self.fp4_peak!r}")
+        if fp4 and (self.fp4_peak is None or fp4[0] not in dict(self.recipe_efficiency)):
+            raise PipesimError(f"fp8 figures of {self.family}: recipe {fp4[0]} needs fp4_peak and its own "
+                               "recipe_efficiency (the FP4 tensor cores' figures)")
+
+    def peak_of(self, recipe: str | None = None) -> float:
+        """Dense FLOP/s `recipe`'s GEMMs run at: the FP4 tensor cores' for NVFP4, the FP8 ones' otherwise."""
+        return self.fp4_peak if recipe in FP4_RECIPES and self.fp4_peak is not None else self.peak
 
     def efficiency(self, recipe: str | None = None) -> float:
         """The achievable fraction of `peak` for `recipe`'s GEMMs (its own figure where one is given)."""
         return dict(self.recipe_efficiency).get(recipe, self.matmul_efficiency)
 
     def gemm_profile(self, profile: DeviceProfile, recipe: str | None = None) -> DeviceProfile:
-        """`profile` as `recipe`'s FP8 GEMMs see it: the FP8 peak and achievable fraction, every other figure (SMs,
-        tiles, HBM, overhead, overlap) the family's own."""
+        """`profile` as `recipe`'s FP8 GEMMs see it: the FP8 peak (and the FP4 one, which NVFP4's float4 GEMMs take)
+        and achievable fraction, every other figure (SMs, tiles, HBM, overhead, overlap) the family's own."""
         own = recipe in dict(self.recipe_efficiency)
         source = self.sources.get("recipe_efficiency" if own else "matmul_efficiency", "")
-        return replace(profile, flops={**profile.flops, FP8: self.peak}, matmul_efficiency=self.efficiency(recipe),
+        peaks = {FP8: self.peak, **({FP4: self.fp4_peak} if self.fp4_peak is not None else {})}
+        return replace(profile, flops={**profile.flops, **peaks}, matmul_efficiency=self.efficiency(recipe),
                        sources={**profile.sources, "flops": self.sources.get("peak", ""), "matmul_efficiency": source})
 
 
@@ -90,7 +106,7 @@ def load_fp8_figures(path: Path | None = None) -> dict[str, Fp8Figures]:
             raise PipesimError(f"{path}: [{family}] names no source for {', '.join(sorted(unsourced))}")
         out[family] = Fp8Figures(family, table["peak"], table["matmul_efficiency"], table["tn_only"],
                                  tuple(table["recipes"]), dict(table["sources"]),
-                                 tuple(sorted(table.get("recipe_efficiency", {}).items())))
+                                 tuple(sorted(table.get("recipe_efficiency", {}).items())), table.get("fp4_peak"))
     return out
 
 
@@ -109,10 +125,12 @@ def check_fp8_recipe(family: str | None, recipe: str, device: str = "") -> Fp8Fi
     """The family's FP8 figures, after checking that Transformer Engine runs `recipe` there (mxfp8: Blackwell)."""
     figures = fp8_figures(family, device)
     if recipe not in figures.recipes:
-        need = "Blackwell (B200)" if recipe == "mxfp8" else "a device that Transformer Engine runs it on"
-        raise PipesimError(f"--fp8-recipe {recipe} needs {need}: {device or family} runs "
+        need = "Blackwell (B200)" if recipe in ("mxfp8", *FP4_RECIPES) else \
+            "a device that Transformer Engine runs it on"
+        flag = "--fp4-recipe" if recipe in FP4_RECIPES else "--fp8-recipe"
+        raise PipesimError(f"{flag} {recipe} needs {need}: {device or family} runs "
                            f"{', '.join(figures.recipes)}")
     return figures
 
 
-__all__ = ["FP8", "Fp8Figures", "check_fp8_recipe", "fp8_figures", "load_fp8_figures"]
+__all__ = ["FP4", "FP4_RECIPES", "FP8", "Fp8Figures", "check_fp8_recipe", "fp8_figures", "load_fp8_figures"]

@@ -27,7 +27,8 @@ FRACTIONS = ("matmul_efficiency", "memory_efficiency", "overlap", "flash_forward
 OPTIONAL_FRACTIONS = frozenset({"memory_bound_efficiency", "flash2_forward_efficiency", "flash2_backward_efficiency"})
 OPTIONAL = OPTIONAL_FRACTIONS | {"power_limit", "power_ratings"}
 DERIVED = frozenset({"clock_scale"})  # set from a hardware file's board (pipesim.device.power), never in the presets
-DTYPE_BYTES = {"float32": 4, "tfloat32": 4, "bfloat16": 2, "float16": 2, "float8": 1}  # bytes per element
+# bytes per element (float4: NVFP4's E2M1, two to a byte; its block scales are the casts' bytes)
+DTYPE_BYTES = {"float32": 4, "tfloat32": 4, "bfloat16": 2, "float16": 2, "float8": 1, "float4": 0.5}
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,14 @@ per element, so the format changes no time or memory here; the recipe does:
   scale per block (TE recipe Float8BlockScaling: x/grad_block_scaling_dim 1, w 2); blocks have a direction,
   so a tensor is quantised row-wise and column-wise: two FP8 copies and their scales.
 - mxfp8 (Blackwell): 1 x 32 blocks with an E8M0 (one byte) scale, also in both directions.
+- nvfp4 (Blackwell; Megatron-core's `--fp4-format e2m1 --fp4-recipe nvfp4`, TE's NVFP4BlockScaling,
+  transformer_engine/common/recipe/__init__.py @ d0067d0da): E2M1 elements, half a byte each, in 1 x 16 blocks with
+  an E4M3 (one byte) scale, plus one float32 scale per tensor, so every cast first finds the tensor's amax (a
+  pass of its own, like current scaling); weights in 16 x 16 blocks; activations and gradients in both directions,
+  the column-wise copy (the wgrad's operand) after a 16 x 16 random Hadamard transform, gradients stochastically
+  rounded. TE's NVFP4Quantizer runs this as two kernels per tensor (transformer_engine/pytorch/csrc/quantizer.cpp
+  @ d0067d0da: nvte_hadamard_transform_amax, one read for the row-wise amax and the transformed column-wise one,
+  then nvte_quantize_with_hadamard_transform, one read writing both copies); weights' one amax pass and one cast.
 
 Per-tensor (delayed / tensorwise) FP8 on Hopper has only TN GEMMs (TE's `nvte_is_non_tn_fp8_gemm_supported` is
 false below sm_100): the dgrad and wgrad GEMMs need transposed FP8 copies, which TE's cast writes in the same
@@ -37,10 +45,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pipesim.device.fp8_rates import FP4, FP4_RECIPES, FP8
 from pipesim.errors import PipesimError
 
 FP8_FORMATS = ("e4m3", "hybrid")  # Megatron-core's --fp8-format choices
 FP8_RECIPES = ("delayed", "tensorwise", "blockwise", "mxfp8", "rowwise")  # Megatron-core's choices, torchao's
+FP4_FORMATS = ("e2m1",)  # Megatron-core's --fp4-format choices (transformer_config.py fp4)
+# FP4_RECIPES: Megatron-core's --fp4-recipe choices, nvfp4 (its "custom" takes a user's quantizer: not timed),
+# owned by pipesim.device.fp8_rates, whose figures give their GEMMs the FP4 tensor cores' peak
 DEFAULT_RECIPE = "delayed"  # Megatron-core's --fp8-recipe default
 FP8_IMPLS = ("te", "torchao")  # Transformer Engine's modules (Megatron-core, NeMo) or torchao's Float8Linear
 TORCHAO_RECIPES = ("tensorwise", "rowwise", "mxfp8")  # torchao's dynamic scalings; its MX converter
@@ -49,11 +61,13 @@ TORCHAO_ONLY = ("rowwise",)  # recipes Transformer Engine does not have
 # torchao/float8/config.py @ 36027d8 'only supports tensorwise scaling granularity'): tensorwise scaling only
 FP8_GATHER_RECIPES = ("tensorwise",)
 FP8_BYTES = 1  # bytes per FP8 element (E4M3 and E5M2 alike)
-BLOCK_SCALED = ("blockwise", "mxfp8")  # recipes whose tensors carry both directions and a scale per block
-# bytes of scales per element and direction: blockwise 4 B (float32) per 1 x 128 block, mxfp8 1 B (E8M0) per
-# 1 x 32 block: 1/32 either way
-SCALE_DIVISOR = 32
-WEIGHT_SCALE_DIVISOR = {"blockwise": 4096, "mxfp8": 32}  # weights: float32 per 128 x 128 block; mxfp8: 1 x 32
+BLOCK_SCALED = ("blockwise", "mxfp8", "nvfp4")  # recipes whose tensors carry both directions and a scale per block
+# elements per byte of scales, per direction: blockwise 4 B (float32) per 1 x 128 block, mxfp8 1 B (E8M0) per 1 x 32
+# block: 1/32 either way; nvfp4 1 B (E4M3) per 1 x 16 block
+SCALE_DIVISOR = {"blockwise": 32, "mxfp8": 32, "nvfp4": 16}
+# weights: float32 per 128 x 128 block; mxfp8: 1 x 32; nvfp4: E4M3 per 16 x 16 block
+WEIGHT_SCALE_DIVISOR = {"blockwise": 4096, "mxfp8": 32, "nvfp4": 256}
+FP8_GEMM, FP4_GEMM = FP8, FP4  # the GEMM dtypes of pipesim.device.profile.DTYPE_BYTES
 
 
 @dataclass(frozen=True)
@@ -68,10 +82,13 @@ class Fp8Options:
     gathered: bool = False
 
     def __post_init__(self) -> None:
-        if self.format not in FP8_FORMATS:
+        if self.format not in FP8_FORMATS + FP4_FORMATS:
             raise PipesimError(f"unknown --fp8-format {self.format!r}; choose {', '.join(FP8_FORMATS)}")
-        if self.recipe not in FP8_RECIPES:
+        if self.recipe not in FP8_RECIPES + FP4_RECIPES:
             raise PipesimError(f"unknown --fp8-recipe {self.recipe!r}; choose {', '.join(FP8_RECIPES)}")
+        if (self.format in FP4_FORMATS) != (self.recipe in FP4_RECIPES):
+            raise PipesimError(f"--fp4-recipe {self.recipe} goes with --fp4-format {FP4_FORMATS[0]}, an FP8 recipe "
+                               f"with --fp8-format, got format {self.format}")
         if self.impl not in FP8_IMPLS:
             raise PipesimError(f"unknown --fp8-impl {self.impl!r}; choose {', '.join(FP8_IMPLS)}")
         if self.gathered and self.impl != "torchao":
@@ -92,16 +109,39 @@ class Fp8Options:
     def block_scaled(self) -> bool:
         return self.recipe in BLOCK_SCALED
 
+    @property
+    def fp4(self) -> bool:
+        """NVFP4: the linears' GEMMs on the FP4 tensor cores, half a byte per element."""
+        return self.recipe in FP4_RECIPES
+
+    @property
+    def gemm_dtype(self) -> str:
+        """The dtype the linears' GEMMs run in (its peak and operand bytes): float4 under NVFP4, else float8."""
+        return FP4_GEMM if self.fp4 else FP8_GEMM
+
+    @property
+    def global_amax(self) -> bool:
+        """Each cast first reads its tensor for one amax: current per-tensor scaling, torchao's rowwise (per row)
+        and NVFP4's second-level float32 scale."""
+        return self.recipe in ("tensorwise", "rowwise", "nvfp4")
+
     def flags(self) -> list[str]:
         """The command-line flags that give these options (Megatron-core's spelling, and pipesim's)."""
+        if self.fp4:
+            return ["--fp4-format", self.format, "--fp4-recipe", self.recipe]
         return ["--fp8-format", self.format, "--fp8-recipe", self.recipe] + \
             (["--fp8-impl", self.impl] if self.impl != "te" else [])
 
 
+def data_bytes(elements: int, fp8: Fp8Options) -> int:
+    """Bytes of `elements` quantized elements without their scales: one each in FP8, half of one in NVFP4."""
+    return elements // 2 if fp8.fp4 else FP8_BYTES * elements
+
+
 def saved_bytes(elements: int, fp8: Fp8Options) -> int:
     """Bytes of one FP8 tensor kept in one direction (what TE saves of a linear's input for its wgrad): one byte per
-    element, plus its block scales (1/32 byte per element) with blockwise or mxfp8."""
-    return FP8_BYTES * elements + (elements // SCALE_DIVISOR if fp8.block_scaled else 0)
+    element (NVFP4: half), plus its block scales (1/32 byte per element with blockwise or mxfp8, 1/16 with nvfp4)."""
+    return data_bytes(elements, fp8) + (elements // SCALE_DIVISOR[fp8.recipe] if fp8.block_scaled else 0)
 
 
 def cast_write_bytes(elements: int, fp8: Fp8Options, *, tn_only: bool, transposed: bool = True) -> int:
@@ -117,9 +157,10 @@ def cast_write_bytes(elements: int, fp8: Fp8Options, *, tn_only: bool, transpose
 def weight_copy_bytes(params: int, fp8: Fp8Options, *, tn_only: bool) -> int:
     """Bytes of the FP8 copies TE keeps of `params` linear weights for a step (its weight workspace, cached across
     the microbatches, `is_first_microbatch`): the weight and, for dgrad, its transpose on a TN-only device; both
-    directions with block scales under blockwise (128 x 128 blocks, float32) and mxfp8 (1 x 32, one byte)."""
+    directions with block scales under blockwise (128 x 128 blocks, float32), mxfp8 (1 x 32, one byte) and nvfp4
+    (half a byte per element, 16 x 16 blocks of one byte: TE writes the transpose beside the row-wise copy)."""
     if fp8.block_scaled:
-        return 2 * (FP8_BYTES * params + params // WEIGHT_SCALE_DIVISOR[fp8.recipe])
+        return 2 * (data_bytes(params, fp8) + params // WEIGHT_SCALE_DIVISOR[fp8.recipe])
     return FP8_BYTES * params * (2 if tn_only else 1)
 
 
@@ -134,6 +175,7 @@ def check_fp8_model(fp8: Fp8Options | None, dtype: str, kind: str) -> None:
         raise PipesimError(f"--fp8-format needs 16-bit parameters (--dtype bfloat16), got {dtype}")
 
 
-__all__ = ["BLOCK_SCALED", "DEFAULT_RECIPE", "FP8_BYTES", "FP8_FORMATS", "FP8_GATHER_RECIPES", "FP8_IMPLS",
-           "FP8_RECIPES", "Fp8Options", "TORCHAO_ONLY", "TORCHAO_RECIPES", "cast_write_bytes", "check_fp8_model",
-           "saved_bytes", "weight_copy_bytes"]
+__all__ = ["BLOCK_SCALED", "DEFAULT_RECIPE", "FP4_FORMATS", "FP4_GEMM", "FP4_RECIPES", "FP8_BYTES", "FP8_FORMATS",
+           "FP8_GATHER_RECIPES", "FP8_GEMM", "FP8_IMPLS", "FP8_RECIPES", "Fp8Options", "TORCHAO_ONLY",
+           "TORCHAO_RECIPES", "cast_write_bytes", "check_fp8_model", "data_bytes", "saved_bytes",
+           "weight_copy_bytes"]

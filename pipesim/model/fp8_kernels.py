@@ -17,6 +17,8 @@ Per FP8 linear, per microbatch, the casts are memory-bound kernels (pipesim.mode
   takes no column-wise data), so W transposes the gathered copy (read 1, write 1 byte per element).
 - I: the output gradient dY cast to FP8 for dgrad and wgrad alike (cast-transpose again).
 - W: nothing more (the wgrad reads the saved FP8 input and the FP8 dY).
+NVFP4 (`--fp4-format e2m1`) runs the same GEMMs as float4 and, per input and output gradient, an amax pass (the
+row-wise amax and the Hadamard-transformed column-wise one) before a cast writing both directions.
 The weights' casts are once per step, not per microbatch (TE caches them: `is_first_microbatch`, which
 Megatron-core's schedules.py sets), so they are not here: `fp8_weight_params` counts what they cast.
 """
@@ -25,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from pipesim.model.fp8 import FP8_GATHER_RECIPES, Fp8Options, cast_write_bytes
+from pipesim.model.fp8 import FP4_GEMM, FP8_GATHER_RECIPES, Fp8Options, cast_write_bytes
 from pipesim.model.kernel_types import Gemm, Kernel, MemoryBound, PieceKernels
 
 FP8_LINEARS = frozenset({"QKV", "projection", "FC1", "FC2", "expert FC1", "expert FC2", "shared FC1",
@@ -34,6 +36,7 @@ FP8_LINEARS = frozenset({"QKV", "projection", "FC1", "FC2", "expert FC1", "exper
                          "K (recompute)", "projection (recompute)", "FC1 up half (recompute)"})
 GATHERED = frozenset({"QKV", "FC1", "shared FC1"})  # column-parallel linears whose input sp all-gathers
 FP8 = "float8"  # the GEMM dtype of pipesim.device.profile.DTYPE_BYTES
+QUANTIZED = frozenset({FP8, FP4_GEMM})  # GEMM dtypes of a quantized linear (NVFP4's float4)
 
 
 def _linear(name: str, suffix: str = "") -> str | None:
@@ -45,9 +48,10 @@ def _linear(name: str, suffix: str = "") -> str | None:
 
 
 def _casts(what: str, elements: int, fp8: Fp8Options, d: int, *, tn_only: bool, transposed: bool) -> list[Kernel]:
-    """The amax pass (tensorwise; torchao's rowwise, per row) and the cast of one bf16 tensor of `elements` to FP8."""
+    """The amax pass (tensorwise; torchao's rowwise, per row; nvfp4's, with the Hadamard-transformed copy's) and the
+    cast of one bf16 tensor of `elements` to FP8 (NVFP4)."""
     out: list[Kernel] = []
-    if fp8.recipe in ("tensorwise", "rowwise"):
+    if fp8.global_amax:
         out.append(MemoryBound(f"{what} amax", d * elements))
     out.append(MemoryBound(f"{what} cast", d * elements + cast_write_bytes(elements, fp8, tn_only=tn_only,
                                                                            transposed=transposed)))
@@ -79,7 +83,7 @@ def fp8_layer_kernels(kernels: PieceKernels, fp8: Fp8Options, *, dtype_bytes: in
             return []
         return None
 
-    return _in_fp8(kernels, casts, d)
+    return _in_fp8(kernels, casts, d, fp8.gemm_dtype)
 
 
 def torchao_layer_kernels(kernels: PieceKernels, fp8: Fp8Options, *, dtype_bytes: int,
@@ -123,9 +127,9 @@ def torchao_layer_kernels(kernels: PieceKernels, fp8: Fp8Options, *, dtype_bytes
     return _in_fp8(kernels, casts, d)
 
 
-def _in_fp8(kernels: PieceKernels, casts, d: int) -> PieceKernels:
-    """`kernels` with each GEMM for which `casts(gemm)` gives a list (its casts, run before it) in FP8, writing its
-    output in the dtype (`d` bytes); a GEMM it gives None for stays as it is."""
+def _in_fp8(kernels: PieceKernels, casts, d: int, gemm_dtype: str = FP8) -> PieceKernels:
+    """`kernels` with each GEMM for which `casts(gemm)` gives a list (its casts, run before it) in FP8 (`gemm_dtype`:
+    float4 under NVFP4), writing its output in the dtype (`d` bytes); a GEMM it gives None for stays as it is."""
 
     def phase(ks: tuple[Kernel, ...]) -> tuple[Kernel, ...]:
         out: list[Kernel] = []
@@ -134,7 +138,7 @@ def _in_fp8(kernels: PieceKernels, casts, d: int) -> PieceKernels:
             if before is None:
                 out.append(k)
                 continue
-            out += [*before, replace(k, dtype=FP8, c_bytes=k.c_bytes or d)]
+            out += [*before, replace(k, dtype=gemm_dtype, c_bytes=k.c_bytes or d)]
         return tuple(out)
 
     return PieceKernels(phase(kernels.F), phase(kernels.I), phase(kernels.W))
@@ -215,7 +219,7 @@ def fp8_weight_params(kernels: PieceKernels) -> tuple[int, int]:
     """(parameters, weights) of the piece's FP8 linears, read off its FP8 wgrad GEMMs (k x n each, per expert)."""
     params = weights = 0
     for k in kernels.W:
-        if isinstance(k, Gemm) and k.dtype == FP8:
+        if isinstance(k, Gemm) and k.dtype in QUANTIZED:
             params += k.batch * k.m * k.n
             weights += 1
     return params, weights
@@ -230,5 +234,5 @@ def scale_update_bytes(kernels: PieceKernels) -> int:
     return 3 * 24 * fp8_weight_params(kernels)[1]
 
 
-__all__ = ["FP8", "FP8_LINEARS", "GATHERED", "compiled_rowwise_kernels", "compiled_tensorwise_kernels",
+__all__ = ["FP8", "FP8_LINEARS", "QUANTIZED", "GATHERED", "compiled_rowwise_kernels", "compiled_tensorwise_kernels",
            "fp8_layer_kernels", "fp8_weight_params", "scale_update_bytes", "torchao_layer_kernels"]

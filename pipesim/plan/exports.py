@@ -10,7 +10,7 @@ import shlex
 from pipesim.ir import torch_csv
 from pipesim.ir.schedule import Schedule
 from pipesim.model.config import ModelConfig, gpt_block_differences
-from pipesim.model.fp8 import TORCHAO_ONLY, TORCHAO_RECIPES
+from pipesim.model.fp8 import FP4_RECIPES, TORCHAO_ONLY, TORCHAO_RECIPES
 from pipesim.model.op_recompute import OP
 from pipesim.model.options import FUSED_ATTENTION
 from pipesim.plan.space import Candidate, PlanRequest
@@ -150,7 +150,7 @@ def megatron_args(c: Candidate, req: PlanRequest, attention: str | None = None) 
         if recipe in TORCHAO_ONLY:
             out.append(f"# Megatron-core has no {recipe} recipe (torchao's): tensorwise, current scaling, is nearest")
             recipe = "tensorwise"
-        out += ["--fp8-format", req.job.fp8.format, "--fp8-recipe", recipe]
+        out += req.job.fp8.flags() if req.job.fp8.fp4 else ["--fp8-format", req.job.fp8.format, "--fp8-recipe", recipe]
         if req.job.fp8.impl != "te":
             out.append("# pipesim timed torchao's float8 linears (--fp8-impl torchao); Megatron-core runs Transformer "
                        "Engine's")
@@ -308,7 +308,10 @@ def torchtitan_fp8(recipe: str) -> list[str]:
     own = recipe if recipe in TORCHAO_RECIPES else "tensorwise"  # mxfp8 returned above
     lines = ["[model]", 'converters = ["quantize.linear.float8"]', "", "[quantize.linear.float8]",
              f'recipe_name = "{own}"', 'filter_fqns = ["output"]']
-    if recipe != own:
+    if recipe in FP4_RECIPES:
+        lines.insert(0, f"# pipesim timed Transformer Engine's {recipe} linears, not torchao's: float8 tensorwise is "
+                        "the converter this export names")
+    elif recipe != own:
         lines.insert(0, f"# torchao has no {recipe} scaling: tensorwise (current scaling) is the nearest recipe")
     return lines
 

@@ -1,0 +1,134 @@
+"""NVFP4 (Megatron-core's --fp4-format e2m1 --fp4-recipe nvfp4, Transformer Engine's NVFP4BlockScaling) on Blackwell:
+its bytes, its casts, its GEMMs at the FP4 tensor cores' figures, and its refusals, each against a hand count."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from pipesim.cli import main
+from pipesim.cost.device_profiles import fp8_profile_of, profile_of
+from pipesim.cost.fp8_costs import mfu_peak, stage_fp8_weights, weight_cast
+from pipesim.cost.kernel_costs import fp8_layer, kernel_seconds
+from pipesim.device.fp8_rates import Fp8Figures, load_fp8_figures
+from pipesim.device.gemm import gemm_time
+from pipesim.errors import PipesimError
+from pipesim.hardware.toml_io import load_hardware
+from pipesim.job import Job
+from pipesim.model.config import ModelConfig
+from pipesim.model.fp8 import Fp8Options, cast_write_bytes, saved_bytes, weight_copy_bytes
+from pipesim.model.kernel_types import Gemm, MemoryBound
+from pipesim.model.options import LayerOptions
+from pipesim.plan.exports import megatron_args
+from pipesim.plan.space import PlanRequest, enumerate_candidates
+
+LLAMA = ModelConfig(kind="gpt", hidden=256, layers=4, heads=8, seq=128, vocab=512, batch=8, dtype="bfloat16",
+                    kv_heads=2, ffn_hidden=512, activation="swiglu", norm="rmsnorm", dropout=False, biases=False,
+                    positions="rope")
+D = 2  # bfloat16 bytes
+TOKENS = 128  # b = 1, seq 128
+H, HQ, HKV, F = 256, 256, 64, 512  # hidden, query width, key/value width, MLP width
+NVFP4 = Fp8Options("e2m1", "nvfp4")
+
+
+def _opts(fp8=NVFP4, **kw) -> LayerOptions:
+    return LayerOptions(attention="flash", fp8=fp8, **kw)
+
+
+def _bytes(pk, phase: str) -> dict[str, int]:
+    return {k.name: k.nbytes for k in pk.phase(phase) if isinstance(k, MemoryBound)}
+
+
+def test_nvfp4_bytes_by_hand():
+    # half a byte per E2M1 element, one E4M3 scale per 16 elements
+    assert saved_bytes(1024, NVFP4) == 512 + 64
+    assert cast_write_bytes(1024, NVFP4, tn_only=False) == 2 * (512 + 64)  # row-wise and the transformed column-wise
+    assert cast_write_bytes(1024, NVFP4, tn_only=False, transposed=False) == 512 + 64
+    # weights: 16 x 16 blocks, one E4M3 scale per 256 elements, the copy and its transpose
+    assert weight_copy_bytes(65536, NVFP4, tn_only=False) == 2 * (32768 + 256)
+    assert NVFP4.gemm_dtype == "float4" and Fp8Options("e4m3", "mxfp8").gemm_dtype == "float8"
+    assert NVFP4.flags() == ["--fp4-format", "e2m1", "--fp4-recipe", "nvfp4"]
+
+
+def test_nvfp4_casts_by_hand():
+    pk = fp8_layer(LLAMA, 1, _opts(), True, "B200")
+    quantized = {k.name for ph in "FIW" for k in pk.phase(ph) if isinstance(k, Gemm) and k.dtype == "float4"}
+    assert quantized == {f"{x}{s}" for x in ("QKV", "projection", "FC1", "FC2") for s in ("", " dgrad", " wgrad")}
+    e_in, e_qkv = TOKENS * H, TOKENS * (HQ + 2 * HKV)
+    f, i = _bytes(pk, "F"), _bytes(pk, "I")
+    # every cast first reads its tensor for the amaxes (TE's nvte_hadamard_transform_amax), then one fused kernel
+    # writes the row-wise copy and the Hadamard-transformed column-wise one, each with its scales
+    assert f["QKV input amax"] == D * e_in
+    assert f["QKV input cast"] == D * e_in + 2 * (e_in // 2 + e_in // 16)
+    assert i["QKV output gradient amax"] == D * e_qkv
+    assert i["QKV output gradient cast"] == D * e_qkv + 2 * (e_qkv // 2 + e_qkv // 16)
+    assert _bytes(pk, "W") == {}  # the wgrad reads the saved column-wise copies
+    sp = fp8_layer(LLAMA, 1, _opts(tp=2, sp=True), True, "B200")  # the shard cast in both directions, then gathered
+    assert _bytes(sp, "F")["QKV input cast"] == D * e_in // 2 + 2 * (e_in // 4 + e_in // 32)
+
+
+def test_an_nvfp4_gemm_is_the_gemm_model_at_the_fp4_tensor_cores_figures():
+    b200 = profile_of("B200")
+    by_hand = replace(b200, flops={**b200.flops, "float4": 9000e12}, matmul_efficiency=0.497)
+    gemm = Gemm("FC1", 8192, 8192, 8192, dtype="float4", c_bytes=D)
+    got = kernel_seconds(gemm, "bfloat16", b200, fp8=fp8_profile_of("B200", None, "nvfp4"))
+    want = gemm_time(8192, 8192, 8192, "float4", by_hand, c_bytes=D)
+    assert got == want.seconds
+    assert want.bytes_moved == 2 * 8192**2 * 0.5 + 8192**2 * D  # E2M1 operands, bf16 output
+    fig = load_fp8_figures()["B200"]
+    assert fig.peak_of("nvfp4") == 2 * fig.peak_of("mxfp8") == 9000e12
+    # cuBLAS's FP4 GEMM at 8192^3 on a B200 (DeepGEMM PR #348: 5239 TFLOP/s) x the B200's sustained fraction 1237/1450
+    assert fig.efficiency("nvfp4") == round(5239 / 9000 * 1237 / 1450, 3)
+    hw = load_hardware("hgx-b200")
+    assert mfu_peak(hw, LLAMA, NVFP4) == 9000e12 and mfu_peak(hw, LLAMA, Fp8Options("e4m3", "mxfp8")) == 4500e12
+
+
+def test_nvfp4_weight_copies_and_their_cast_by_hand():
+    per_layer = H * (HQ + 2 * HKV) + HQ * H + H * 2 * F + F * H
+    params, weights = stage_fp8_weights(LLAMA, 1, _opts(), "B200", layers=2)
+    assert (params, weights) == (2 * per_layer, 8)
+    # an amax pass, then one cast writing both directions: 2 kernels per weight
+    assert weight_cast(params, weights, NVFP4, dtype_bytes=D, tn_only=False) == \
+        (2 * D * params + 2 * (params // 2 + params // 256), 16)
+
+
+def test_a_family_offering_nvfp4_names_its_fp4_figures():
+    with pytest.raises(PipesimError, match="recipe nvfp4 needs fp4_peak and its own recipe_efficiency"):
+        Fp8Figures("X", 4500e12, 0.6, False, ("mxfp8", "nvfp4"))
+    with pytest.raises(PipesimError, match="--fp4-recipe nvfp4 goes with --fp4-format e2m1"):
+        Fp8Options("e4m3", "nvfp4")
+    with pytest.raises(PipesimError, match="goes with --fp4-format"):
+        Fp8Options("e2m1", "mxfp8")
+
+
+def test_nvfp4_refusals_are_one_line_and_exit_2(capsys):
+    base = ["simulate", "1f1b", "-p", "2", "-m", "4", "--model-config", "llama3-8b", "--seq", "1024", "--batch", "8"]
+    cases = [(["--hardware", "dgx-h100", "--fp4-format", "e2m1"],
+              "--fp4-recipe nvfp4 needs Blackwell (B200): H100-SXM5-80GB runs delayed, tensorwise"),
+             (["--hardware", "hgx-b200", "--fp4-recipe", "nvfp4"], "--fp4-recipe nvfp4 needs --fp4-format e2m1"),
+             (["--hardware", "hgx-b200", "--fp4-format", "e2m1", "--fp8-format", "e4m3"],
+              "--fp4-format and --fp8-format cannot be used together"),
+             (["--hardware", "hgx-b200", "--fp4-format", "e2m1", "--fp8-impl", "torchao"],
+              "--fp8-impl torchao has none"),
+             (["--hardware", "hgx-b200", "--fp4-format", "e2m1", "--zero", "1", "--dp", "2", "--nodes", "1",
+               "--fp8-param-gather"], "Megatron-core's --fp4-param-gather) are not modelled")]
+    for extra, message in cases:
+        assert main(base + extra) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("pipesim: error: ") and message in err and "\n" not in err
+
+
+def test_nvfp4_runs_end_to_end_and_the_planner_exports_megatrons_flags(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    assert main(["simulate", "1f1b", "-p", "1", "--model-config", "llama3-8b", "--seq", "2048", "--batch", "4",
+                 "--microbatch-size", "1", "--hardware", "hgx-b200", "--nodes", "1", "--dp", "4",
+                 "--fp4-format", "e2m1", "--json", str(out)]) == 0
+    capsys.readouterr()
+    model = ModelConfig(kind="gpt", hidden=1024, layers=8, heads=16, seq=1024, vocab=32000, batch=16)
+    req = PlanRequest(model, load_hardware("hgx-b200"), 8, ("1f1b",), None, ("none",), (0,), Job(fp8=NVFP4))
+    args = megatron_args(enumerate_candidates(req)[0], req)
+    assert args[args.index("--fp4-format"):args.index("--fp4-format") + 4] == ["--fp4-format", "e2m1",
+                                                                               "--fp4-recipe", "nvfp4"]
+    assert "--fp8-format" not in args
+    assert Job(fp8=NVFP4).flags()[-4:] == NVFP4.flags()
