@@ -242,9 +242,9 @@ class Job:
                                "sequence parallelism is enabled')")
         check_tp_split(model, self.dims.tp)  # before the layer options' own checks, as users have seen them
         self.check_experts(model)
-        if self.fp8_param_gather and model.moe is not None:
-            raise PipesimError("--fp8-param-gather with a mixture of experts is not modelled (the experts' FP8 "
-                               "parameters are gathered over their own group)")
+        if self.fp8_param_gather and model.moe is not None and not self.fp8.caches_weights:
+            raise PipesimError("--fp8-param-gather with --fp8-impl torchao and a mixture of experts is not modelled "
+                               "(FSDP2's float8 all-gather of grouped experts)")
         if model.kind != "gpt":
             for flag, value, plain in (("--sequence-parallel", self.sp, False), ("--cp", self.dims.cp, 1),
                                        ("--recompute", self.recompute, "none")):

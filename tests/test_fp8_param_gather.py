@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
 import schedules
-from pipesim.cost.fp8_costs import stage_fp8_weights
+from pipesim.cost.fp8_costs import stage_fp8_expert_params, stage_fp8_weights
 from pipesim.cost.model_costs import model_costs
 from pipesim.cost.rank_memory import rank_memory
 from pipesim.errors import PipesimError
@@ -18,6 +19,7 @@ from pipesim.hardware.toml_io import load_hardware
 from pipesim.job import Job
 from pipesim.model.config import ModelConfig, split_layers
 from pipesim.model.fp8 import Fp8Options
+from pipesim.model.moe import MoeConfig
 from pipesim.parallel_dims import ParallelDims
 
 LLAMA = ModelConfig(kind="gpt", hidden=1024, layers=4, heads=16, kv_heads=4, ffn_hidden=3584, seq=1024, vocab=32000,
@@ -73,3 +75,38 @@ def test_the_flag_on_the_command_line():
     bad = subprocess.run(base, capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
         "pipesim: error: --fp8-param-gather needs the distributed optimizer (--zero 1 or 2), got --zero 0"]
+
+
+MOE = replace(LLAMA, moe=MoeConfig(experts=8, top_k=2, expert_ffn=512))
+MOE_HW = load_hardware("hgx-b200")
+MXFP8 = Fp8Options("e4m3", "mxfp8")
+
+
+def _moe_costs(gather: bool, fp8: Fp8Options = MXFP8, zero: int = 1):
+    job = Job(ParallelDims(pp=2, dp=4, ep=2), zero=zero, fp8=fp8, attention="flash", fp8_param_gather=gather)
+    return model_costs(MOE, 2, 4, MOE_HW, job)
+
+
+def test_a_mixture_of_experts_gathers_its_experts_fp8_parameters_over_their_own_group():
+    plain, fp8 = _moe_costs(False), _moe_costs(True)
+    opts = plain.job.layer_options(MOE)
+    split = split_layers(MOE.layers, 2)
+    totals = [stage_fp8_weights(MOE, 1, opts, "B200", layers=n, moe_layers=n)[0] for n in split]
+    experts = [stage_fp8_expert_params(MOE, 1, opts, "B200", moe_layers=n) for n in split]
+    # four local experts (8 over ep 2) per layer, FC1 (gate and up: 2 x 512 out of 1024) and FC2 (512 -> 1024)
+    assert experts == [n * 4 * (1024 * 2 * 512 + 512 * 1024) for n in split]
+    assert fp8.fp8_param_counts == tuple(totals) and all(0 < e < t for e, t in zip(experts, totals, strict=True))
+    for s in range(2):  # each group's all-gather drops a byte for each of its FP8 parameters
+        before = {c.group: c.nbytes for c in plain.step.collectives[s] if c.kind == "all_gather"}
+        after = {c.group: c.nbytes for c in fp8.step.collectives[s] if c.kind == "all_gather"}
+        assert set(before) == {"dp", "edp"}  # edp = dp / ep = 2
+        assert after["dp"] == before["dp"] - (totals[s] - experts[s])
+        assert after["edp"] == before["edp"] - experts[s]
+    sched = schedules.build("1f1b", 2, 4)
+    for r, (a, b) in enumerate(zip(rank_memory(sched, plain), rank_memory(sched, fp8), strict=True)):
+        assert a.parameters - b.parameters == 2 * totals[r]
+
+
+def test_torchaos_fsdp2_float8_gather_of_experts_is_refused():
+    with pytest.raises(PipesimError, match="--fp8-impl torchao and a mixture of experts is not modelled"):
+        _moe_costs(True, Fp8Options("hybrid", "tensorwise", "torchao"), zero=3)

@@ -25,7 +25,7 @@ from pipesim.device.kernels import memory_bound_time
 from pipesim.hardware.machine import Hardware
 from pipesim.model.config import ModelConfig
 from pipesim.model.fp8 import Fp8Options, weight_copy_bytes
-from pipesim.model.fp8_kernels import fp8_weight_params
+from pipesim.model.fp8_kernels import fp8_expert_params, fp8_weight_params
 from pipesim.model.options import LayerOptions
 
 
@@ -36,6 +36,11 @@ def stage_fp8_weights(model: ModelConfig, b: int, opts: LayerOptions, family: st
     moe = fp8_weight_params(fp8_layer(model, b, opts, True, family, moe=True)) if moe_layers else (0, 0)
     n = layers - moe_layers
     return n * dense[0] + moe_layers * moe[0], n * dense[1] + moe_layers * moe[1]
+
+
+def stage_fp8_expert_params(model: ModelConfig, b: int, opts: LayerOptions, family: str, *, moe_layers: int) -> int:
+    """Of `stage_fp8_weights`' parameters, the routed experts' on one rank (0 without MoE layers)."""
+    return moe_layers * fp8_expert_params(fp8_layer(model, b, opts, True, family, moe=True)) if moe_layers else 0
 
 
 def weight_cast(params: int, weights: int, fp8: Fp8Options, *, dtype_bytes: int, tn_only: bool) -> tuple[int, int]:
@@ -88,4 +93,5 @@ def mfu_peak(hw: Hardware, model: ModelConfig, fp8: Fp8Options | None) -> float:
     return hw.device.flops[model.dtype]
 
 
-__all__ = ["fp8_stage_costs", "mfu_peak", "stage_fp8_weights", "weight_cast", "with_weight_casts"]
+__all__ = ["fp8_stage_costs", "mfu_peak", "stage_fp8_expert_params", "stage_fp8_weights", "weight_cast",
+           "with_weight_casts"]

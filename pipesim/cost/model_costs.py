@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 
 from pipesim.comm.expert_exchange import ExpertExchange
 from pipesim.comm.tp_collective import TpCollective
-from pipesim.cost.fp8_costs import fp8_stage_costs, with_weight_casts
+from pipesim.cost.fp8_costs import fp8_stage_costs, stage_fp8_expert_params, with_weight_casts
 from pipesim.cost.host_issue import NO_HOST_ISSUE, stage_host_issue
 from pipesim.cost.kernel_costs import StageSeconds, gpt_stage_seconds, mlp_stage_seconds
 from pipesim.cost.stage_work import Work, gpt_stage_work, mlp_stage_work
@@ -120,6 +120,9 @@ def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hard
     fp8_memory, fp8_seconds, fp8_counts = fp8_stage_costs(model, b, opts, hw, split, moe_counts) if opts else \
         ((), (), ())
     fp8_params = fp8_counts if job.fp8_param_gather else ()  # kept and gathered in FP8
+    # of those, the routed experts': gathered over the expert-data-parallel group with their state
+    fp8_experts = tuple(stage_fp8_expert_params(model, b, opts, hw.device.family, moe_layers=m) for m in moe_counts) \
+        if fp8_params and model.moe is not None else ()
     d = model.dtype_bytes
     precision = precision_of(model, kernels.grad_fp32, job.adam_states, job.fp8)
     recipe = job.fp8.recipe if job.fp8 is not None else None  # whose FP8 GEMM figures a hiding GEMM is timed on
@@ -211,18 +214,19 @@ def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hard
                          step=with_weight_casts(_step(counts, job, hw=hw, precision=precision,
                                                       loss_scaling=model.dtype == "float16",
                                                       experts=experts if model.moe is not None else (),
-                                                      fp8_params=fp8_params), fp8_seconds))
+                                                      fp8_params=fp8_params, fp8_experts=fp8_experts), fp8_seconds))
 
 
 def _step(counts: list[int], job: Job, *, hw: Hardware, precision: str, loss_scaling: bool,
-          experts: list[int] | tuple[()] = (), fp8_params: tuple[int, ...] = ()) -> StepCosts | None:
+          experts: list[int] | tuple[()] = (), fp8_params: tuple[int, ...] = (),
+          fp8_experts: tuple[int, ...] = ()) -> StepCosts | None:
     """The optimizer step and ZeRO's collectives, on device presets (or when --zero is asked for). A calibrated
     CPU host predicts the pipeline span its validation measures (pipesim/calibration): nothing is added there.
     `loss_scaling`: float16 trains under a loss scale (Megatron's grad scaler), whose unscale is a pass of its own."""
     if hw.host is not None and job.zero == 0:
         return None
     return step_costs(counts, job, hw=hw, precision=precision, loss_scaling=loss_scaling, experts_per_stage=experts,
-                      fp8_per_stage=fp8_params)
+                      fp8_per_stage=fp8_params, fp8_experts_per_stage=fp8_experts)
 
 
 def _moe_layers_per_stage(model: ModelConfig, split: list[int]) -> list[int]:

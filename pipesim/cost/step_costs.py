@@ -149,29 +149,31 @@ def optimizer_seconds(params: int, *, dp: int, zero: int, hw: Hardware, precisio
 
 def step_costs(params_per_stage: Sequence[int], job: Job, *, hw: Hardware, precision: Precision | str = "mixed",
                loss_scaling: bool = False, experts_per_stage: Sequence[int] = (),
-               fp8_per_stage: Sequence[int] = ()) -> StepCosts:
+               fp8_per_stage: Sequence[int] = (), fp8_experts_per_stage: Sequence[int] = ()) -> StepCosts:
     """Data-parallel collectives and optimizer step of every stage under the job's dp and ZeRO stage;
     `params_per_stage` counts one tp rank's parameters of each stage (pipesim.model.param_counts.stage_params);
     `loss_scaling`: fp16's grad scaler. `experts_per_stage`: of those, the routed experts' (a MoE model), whose
     gradients are reduced and state sharded over the expert-data-parallel group (edp = tp cp dp / (ep etp),
-    Megatron-core's) instead of dp. `fp8_per_stage`: of the dense parameters, those --fp8-param-gather gathers in
-    FP8."""
+    Megatron-core's) instead of dp. `fp8_per_stage`: of the parameters, those --fp8-param-gather gathers in FP8;
+    `fp8_experts_per_stage`: of those, the routed experts' (gathered over edp with their state)."""
     prec = _precision(precision)
     dp, zero, edp = job.dims.dp_cp, job.zero, job.dims.edp  # the dense state's replicas include the cp ranks
     overlap, fsdp = job.comm.overlap_param_gather, job.fsdp
     experts = list(experts_per_stage) or [0] * len(params_per_stage)
     fp8 = list(fp8_per_stage) or [0] * len(params_per_stage)
+    fp8_experts = list(fp8_experts_per_stage) or [0] * len(params_per_stage)
     collectives, seconds, nbytes = [], [], []
-    for p, e, f in zip(params_per_stage, experts, fp8, strict=True):
+    for p, e, f, fe in zip(params_per_stage, experts, fp8, fp8_experts, strict=True):
         colls = stage_step_collectives(p - e, dp=dp, zero=zero, precision=prec, overlap_param_gather=overlap,
-                                       fsdp=fsdp, fp8_params=f)
+                                       fsdp=fsdp, fp8_params=f - fe)
         opt_bytes, opt_seconds = optimizer_bytes_and_seconds(p - e, dp=dp, zero=zero, hw=hw, precision=prec,
                                                              loss_scaling=loss_scaling)
         if e:
             if edp > 1:
                 colls += tuple(replace(c, group="edp")
                                for c in stage_step_collectives(e, dp=edp, zero=zero, precision=prec,
-                                                               overlap_param_gather=overlap, fsdp=fsdp))
+                                                               overlap_param_gather=overlap, fsdp=fsdp,
+                                                               fp8_params=fe))
             more_bytes, more_seconds = optimizer_bytes_and_seconds(e, dp=edp, zero=zero, hw=hw, precision=prec,
                                                                    loss_scaling=loss_scaling)
             opt_bytes, opt_seconds = opt_bytes + more_bytes, opt_seconds + more_seconds

@@ -225,6 +225,13 @@ def fp8_weight_params(kernels: PieceKernels) -> tuple[int, int]:
     return params, weights
 
 
+def fp8_expert_params(kernels: PieceKernels) -> int:
+    """Of `fp8_weight_params`' parameters, the routed experts' (their grouped FC1 and FC2, the local experts'), which
+    the distributed optimizer shards and gathers over the expert-data-parallel group instead of dp."""
+    return sum(k.batch * k.m * k.n for k in kernels.W
+               if isinstance(k, Gemm) and k.dtype in QUANTIZED and k.name.startswith("expert "))
+
+
 def scale_update_bytes(kernels: PieceKernels) -> int:
     """Bytes of delayed scaling's amax-history and scale update for the piece's FP8 tensors (input, weight and
     output gradient of each FP8 linear): the amax history (Megatron's --fp8-amax-history-len 1), the scale and
@@ -235,4 +242,4 @@ def scale_update_bytes(kernels: PieceKernels) -> int:
 
 
 __all__ = ["FP8", "FP8_LINEARS", "QUANTIZED", "GATHERED", "compiled_rowwise_kernels", "compiled_tensorwise_kernels",
-           "fp8_layer_kernels", "fp8_weight_params", "scale_update_bytes", "torchao_layer_kernels"]
+           "fp8_expert_params", "fp8_layer_kernels", "fp8_weight_params", "scale_update_bytes", "torchao_layer_kernels"]
