@@ -19,6 +19,7 @@ from pipesim.comm.ub_overlap import UbConfig
 from pipesim.errors import PipesimError
 from pipesim.model.adam_states import AdamStates, check_adam_states
 from pipesim.model.config import ModelConfig
+from pipesim.model.cuda_graphs import CudaGraphs
 from pipesim.model.fp8 import FP8_GATHER_RECIPES, Fp8Options, check_fp8_model
 from pipesim.model.fsdp import FsdpPolicy, check_reshard, fsdp_policy
 from pipesim.model.memory import check_zero
@@ -44,6 +45,8 @@ class KernelSwitches:
     # --dtensor-tp: tensor parallelism as torch DTensor's parallel styles (torchtitan): each block's all-gathered input
     # saved for its weight gradients, gathered in FP8 under tensorwise FP8 (pipesim.model.layer_collectives)
     dtensor_tp: bool = False
+    # --cuda-graph-impl / --cuda-graph-scope: Megatron-core's CUDA graphs (pipesim.model.cuda_graphs); None: eager
+    cuda_graphs: CudaGraphs | None = None
 
     @property
     def cross_entropy(self) -> str:
@@ -64,7 +67,8 @@ class KernelSwitches:
         elif self.grad_fp32 is False:
             out.append("--grad-reduce-in-bf16")
         return (out + self.ce_flags() + (["--eager-rmsnorm"] if self.eager_rmsnorm else [])
-                + (["--dtensor-tp"] if self.dtensor_tp else []))
+                + (["--dtensor-tp"] if self.dtensor_tp else [])
+                + (self.cuda_graphs.flags() if self.cuda_graphs is not None else []))
 
     def ce_flags(self) -> list[str]:
         """Megatron-core's flags (and pipesim's) of the cross-entropy: the one spelling of every export."""
@@ -109,6 +113,8 @@ class Job:
         check_zero(self.zero, self.dims.dp)
         if not isinstance(self.comm, CommOptions) or not isinstance(self.kernels, KernelSwitches):
             raise PipesimError("a job's comm must be CommOptions and its kernels KernelSwitches")
+        if self.kernels.cuda_graphs is not None and not isinstance(self.kernels.cuda_graphs, CudaGraphs):
+            raise PipesimError("a job's cuda_graphs must be CudaGraphs or None")
         if self.kernels.ce_impl not in CE_IMPLS:
             raise PipesimError(f"unknown --cross-entropy-fusion-impl {self.kernels.ce_impl!r}; choose "
                                f"{' or '.join(CE_IMPLS)}")
@@ -266,6 +272,8 @@ class Job:
             return
         if moe.experts % d.ep:
             raise PipesimError(f"--ep {d.ep} does not divide the {moe.experts} experts")
+        if self.kernels.cuda_graphs is not None:
+            self.kernels.cuda_graphs.check_moe(self.comm.moe_dispatcher)
         if moe.expert_ffn % d.expert_tp:
             flag = f"--etp {d.etp}" if d.etp is not None else f"--tp {d.tp} (--etp's default)"
             raise PipesimError(f"{flag} does not divide the expert width {moe.expert_ffn}")
@@ -279,8 +287,8 @@ class Job:
         """The transformer layer's options under this job; None for the MLP."""
         if model.kind != "gpt":
             return None
-        experts = {"ep": self.dims.ep, "etp": self.dims.expert_tp, "moe_dispatcher": self.comm.moe_dispatcher} \
-            if model.moe is not None else {}
+        experts = {"ep": self.dims.ep, "etp": self.dims.expert_tp, "moe_dispatcher": self.comm.moe_dispatcher,
+                   "cuda_graphs": self.kernels.cuda_graphs} if model.moe is not None else {}
         return LayerOptions(tp=self.dims.tp, sp=self.sp, cp=self.dims.cp, recompute=self.recompute,
                             attention=self.attention_kernel, recompute_modules=self.recompute_modules,
                             fp8=self.layer_fp8,

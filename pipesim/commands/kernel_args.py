@@ -12,6 +12,7 @@ from pipesim.errors import PipesimError
 from pipesim.hardware.machine import Hardware
 from pipesim.model.adam_states import MASTER_DTYPES, MOMENT_DTYPES, AdamStates
 from pipesim.model.config import ModelConfig
+from pipesim.model.cuda_graphs import CUDA_GRAPH_IMPLS, CUDA_GRAPH_SCOPES, CudaGraphs
 from pipesim.model.fp8 import (
     DEFAULT_RECIPE,
     FP4_FORMATS,
@@ -132,6 +133,29 @@ def add_ce_fusion_args(g) -> None:
     g.add_argument("--cross-entropy-fusion-impl", dest="ce_impl", choices=CE_IMPLS, default="native",
                    help="with --cross-entropy-loss-fusion: Megatron-core's own fused kernels (native, default) or "
                         "Transformer Engine's Triton kernel (te: 3 d bytes per logit forward, 2 d backward)")
+
+
+def add_cuda_graph_args(group) -> None:
+    """--cuda-graph-impl / --cuda-graph-scope (Megatron-core's flags; --cuda-graph-modules its newer name)."""
+    group.add_argument("--cuda-graph-impl", choices=("none", *CUDA_GRAPH_IMPLS), default="none",
+                       help="GPU presets: CUDA graphs as Megatron-core captures them (local: its own; "
+                            "transformer_engine: TE's make_graphed_callables; full_iteration: the whole iteration); "
+                            "they change the host launches pipesim charges a mixture-of-experts layer (default none)")
+    group.add_argument("--cuda-graph-scope", "--cuda-graph-modules", dest="cuda_graph_scope", nargs="+",
+                       choices=CUDA_GRAPH_SCOPES, default=None, metavar="MODULE",
+                       help=f"with --cuda-graph-impl local or transformer_engine: the parts of each layer graphed "
+                            f"({', '.join(CUDA_GRAPH_SCOPES)}; default the whole layer)")
+
+
+def cuda_graphs_from_args(args: argparse.Namespace) -> CudaGraphs | None:
+    """The CudaGraphs of --cuda-graph-impl / --cuda-graph-scope; None without graphs; one line for a scope alone."""
+    impl, scope = getattr(args, "cuda_graph_impl", "none"), getattr(args, "cuda_graph_scope", None)
+    if impl == "none":
+        if scope:
+            raise PipesimError(f"--cuda-graph-scope {' '.join(scope)} needs --cuda-graph-impl local or "
+                               "transformer_engine")
+        return None
+    return CudaGraphs(impl, tuple(scope or ()))
 
 
 def add_stack_kernel_args(f) -> None:

@@ -22,6 +22,7 @@ from pipesim.commands.common import (
 from pipesim.commands.kernel_args import (
     add_ce_fusion_args,
     add_cp_comm_arg,
+    add_cuda_graph_args,
     add_fp8_args,
     add_grad_args,
     add_optimizer_args,
@@ -92,6 +93,7 @@ def add_parser(sub) -> None:
     add_ce_fusion_args(p.add_argument_group("loss (Megatron-core's flag)"))
     add_ub_args(p.add_argument_group("tensor-parallel overlap (Megatron-core's flags)"))
     add_fp8_args(p.add_argument_group("FP8 (Megatron-core's Transformer Engine flags)"))
+    add_cuda_graph_args(p.add_argument_group("CUDA graphs (Megatron-core's flags)"))
     add_stack_kernel_args(p.add_argument_group("kernels and sharding (torchtitan's and Megatron-core's choices)"))
     add_optimizer_args(p.add_argument_group("optimizer states (Megatron-core's flags)"))
     g = p.add_argument_group("cluster and search")

@@ -12,12 +12,14 @@ from pipesim.commands.kernel_args import (
     adam_from_args,
     add_ce_fusion_args,
     add_cp_comm_arg,
+    add_cuda_graph_args,
     add_fp8_args,
     add_grad_args,
     add_optimizer_args,
     add_stack_kernel_args,
     add_ub_args,
     check_fp8_run,
+    cuda_graphs_from_args,
     fp8_from_args,
     ub_from_args,
 )
@@ -110,6 +112,7 @@ def add_setup_args(parser: argparse.ArgumentParser) -> None:
     add_grad_args(f)
     add_ub_args(f)
     add_fp8_args(f)
+    add_cuda_graph_args(f)
     add_comm_args(parser)
 
 
@@ -210,7 +213,8 @@ def kernel_switches(args: argparse.Namespace) -> KernelSwitches:
     torchtitan's async TP as the ring-exchange overlap it is timed as, else TE's userbuffers when asked for."""
     return KernelSwitches(args.kernel_fusion, args.tp_comm_overlap, args.grad_accum_fusion, args.grad_fp32,
                           UbConfig.torch_async_tp() if args.async_tp else ub_from_args(args), ce_fusion=args.ce_fusion,
-                          ce_impl=args.ce_impl, eager_rmsnorm=args.eager_rmsnorm, dtensor_tp=args.dtensor_tp)
+                          ce_impl=args.ce_impl, eager_rmsnorm=args.eager_rmsnorm, dtensor_tp=args.dtensor_tp,
+                          cuda_graphs=cuda_graphs_from_args(args))
 
 
 def sim_job(args: argparse.Namespace, model: ModelConfig | None, hardware: Hardware | None) -> Job:

@@ -32,6 +32,11 @@ Counted from Megatron-LM 1e057005 (the MoE ModelZoo's main-branch runs) with Tra
   (megatron/core/transformer/moe/fused_a2a.py: `non_blocking = num_permuted_tokens is not None`) and the counts reach
   the host through pinned memory (hybrid_ep_buffer.py dispatch_with_permute); the backward's dispatch reuses the
   forward's handle and count (HybridEPCombine.backward), so no wait there.
+- CUDA graphs (pipesim.model.cuda_graphs): a graphed attention block or router (with its pre-MLP norm and shared
+  experts) is its graph's replay, REPLAY_F launches forward, REPLAY_B in the backward and REPLAY_W for its weight
+  gradients, instead of its kernels' launches; the syncs stay (they are in the dispatch, outside every graph).
+  The attention block's backward launches are not counted apart from the dispatcher's: ATTENTION_B takes them as
+  its forward's 20 (read as the mirror of the forward) and the dispatcher's the rest of REST_B.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pipesim.model.config import ModelConfig
+from pipesim.model.cuda_graphs import REPLAY_B, REPLAY_F, REPLAY_W
 from pipesim.model.options import LayerOptions
 
 ATTENTION_F = 20  # launches of the attention block's forward (read)
@@ -48,7 +54,9 @@ ACTIVATION = 1  # the experts' activation, forward or backward
 SHARED_F, SHARED_B = 5, 7  # a shared expert's MLP
 ROUTER_B = 15  # the router's backward (counted)
 REST_B = 45  # the attention block's and the dispatcher's backward (read: 46, less the activation counted apart)
-WEIGHT_B = 5  # of the backward: the attention block's 4 weight gradients and the router's 1
+ATTENTION_B = ATTENTION_F  # of REST_B, the attention block's, its weight gradients among them (assumed: mirrored)
+ATTENTION_W, ROUTER_W = 4, 1  # of the backward, the weight gradients of the attention block and of the router
+WEIGHT_B = ATTENTION_W + ROUTER_W
 SYNCS_F = {"alltoall": 1, "deepep": 4, "hybridep": 1}  # device-to-host waits of the forward
 SYNCS_B = {"alltoall": 0, "deepep": 1, "hybridep": 0}  # ... of the backward
 
@@ -70,10 +78,17 @@ def moe_layer_host_ops(model: ModelConfig, opts: LayerOptions) -> HostOps:
     assert moe is not None  # the caller counts MoE layers only
     local = moe.experts // opts.ep
     shared = 1 if moe.shared_experts else 0
-    moe_f = ROUTER_F + DISPATCH_F[opts.moe_dispatcher] + 2 * local + ACTIVATION + shared * SHARED_F
-    forward = ATTENTION_F + moe_f
-    weight = 2 * local + WEIGHT_B
-    backward = ROUTER_B + REST_B + ACTIVATION + 4 * local + shared * SHARED_B
+    graphs = opts.cuda_graphs
+    attn = graphs is not None and graphs.captures("attn")
+    router = graphs is not None and graphs.captures("moe_router")  # with the shared experts
+    # (forward, whole backward, its weight gradients) of the attention block and of the router with shared experts
+    attn_ops = (REPLAY_F, REPLAY_B + REPLAY_W, REPLAY_W) if attn else (ATTENTION_F, ATTENTION_B, ATTENTION_W)
+    router_ops = (REPLAY_F, REPLAY_B + REPLAY_W, REPLAY_W) if router else \
+        (ROUTER_F + shared * SHARED_F, ROUTER_B + shared * SHARED_B, ROUTER_W)
+    moe_f = router_ops[0] + DISPATCH_F[opts.moe_dispatcher] + 2 * local + ACTIVATION
+    forward = attn_ops[0] + moe_f
+    weight = 2 * local + attn_ops[2] + router_ops[2]
+    backward = attn_ops[1] + router_ops[1] + (REST_B - ATTENTION_B) + ACTIVATION + 4 * local
     syncs_f, syncs_i = SYNCS_F[opts.moe_dispatcher], SYNCS_B[opts.moe_dispatcher]
     if opts.recompute == "full":  # the whole layer's forward again, waits and all
         backward += forward

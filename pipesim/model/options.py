@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from pipesim.errors import PipesimError
 from pipesim.model.config import ModelConfig
+from pipesim.model.cuda_graphs import CudaGraphs
 from pipesim.model.fp8 import Fp8Options
 from pipesim.model.moe import MOE_DISPATCHERS
 from pipesim.model.op_recompute import OP, check_op_recompute
@@ -53,6 +54,9 @@ class LayerOptions:
     # tensor parallelism as torch DTensor's styles (torchtitan): under sp each block's gathered input is what its
     # column-parallel matmuls save (no re-gather in backward), and tensorwise FP8 gathers it in FP8
     dtensor_tp: bool = False
+    # a MoE layer's CUDA graphs (Megatron-core's --cuda-graph-impl / --cuda-graph-scope): fewer host launches
+    # (pipesim.model.host_ops); None: eager
+    cuda_graphs: CudaGraphs | None = None
 
     def __post_init__(self) -> None:
         for name in ("tp", "cp", "ep", "etp"):
@@ -62,6 +66,8 @@ class LayerOptions:
         check_choices(self.sp, self.recompute, self.attention)
         if self.fp8 is not None and not isinstance(self.fp8, Fp8Options):
             raise PipesimError(f"fp8 must be Fp8Options or None, got {type(self.fp8).__name__}")
+        if self.cuda_graphs is not None and not isinstance(self.cuda_graphs, CudaGraphs):
+            raise PipesimError(f"cuda_graphs must be CudaGraphs or None, got {type(self.cuda_graphs).__name__}")
         object.__setattr__(self, "recompute_modules", canonical_modules(self.recompute, self.recompute_modules))
         if self.moe_dispatcher not in MOE_DISPATCHERS:
             raise PipesimError(f"unknown MoE token dispatcher {self.moe_dispatcher!r}; choose "

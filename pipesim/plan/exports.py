@@ -158,6 +158,8 @@ def megatron_args(c: Candidate, req: PlanRequest, attention: str | None = None) 
     ub = job.kernels.ub  # userbuffers only with tp > 1 and sequence parallelism
     if ub is not None:  # Megatron-core's names
         out += ub.flags()
+    if job.kernels.cuda_graphs is not None:  # Megatron-core's names
+        out += job.kernels.cuda_graphs.flags()
     comm = job.comm  # an overlapped parameter gather only with the distributed optimizer
     if comm.overlap_grad_reduce:  # the same names in Megatron-LM (--ddp-bucket-size in parameters too)
         out.append("--overlap-grad-reduce")
