@@ -124,7 +124,8 @@ def features(args: argparse.Namespace) -> str:
     if args.sequence_parallel:
         out.append("SP")
     if args.ep > 1:
-        out.append("DeepEP" if args.moe_token_dispatcher_type == "flex" else "NCCL all-to-all")
+        flex = "Hybrid-EP" if args.moe_flex_dispatcher_backend == "hybridep" else "DeepEP"
+        out.append(flex if args.moe_token_dispatcher_type == "flex" else "NCCL all-to-all")
     if args.attention:
         out.append(f"{args.attention} attention")
     if args.zero:
@@ -140,6 +141,14 @@ def features(args: argparse.Namespace) -> str:
         out.append("unfused gradient accumulation")
     if args.blocking_p2p and args.stages > 1:
         out.append("blocking p2p")
+    if args.fp4_format:
+        out.append(f"{args.fp4_recipe or 'nvfp4'} (NVFP4)")
+    elif args.fp8_format:
+        out.append(f"FP8 {args.fp8_recipe or 'delayed'}" + (" (torchao)" if args.fp8_impl == "torchao" else ""))
+    if args.fp8_param_gather:
+        out.append("FP8 parameter gather")
+    if args.cuda_graph_impl != "none":
+        out.append(f"CUDA graphs ({args.cuda_graph_impl}: {' '.join(args.cuda_graph_scope or ['whole layer'])})")
     if args.overlap_grad_reduce and args.dp > 1:
         out.append("DP overlap" + (f", {args.ddp_bucket_size:,}-parameter buckets" if args.ddp_bucket_size else ""))
     hardware = Path(str(args.hardware))

@@ -85,7 +85,8 @@ def test_relative_effects_summary_causes_and_their_table_under_each_switch():
 
 def test_every_row_parses_and_is_consistent():
     rows = DATA["rows"]
-    moe = {"MCOREMOE", "MOEZOO", "DEEPSEEKV3", "MOEZOOQWEN3", "MCOREMOE26"}  # mixtures of experts (issue 32), apart
+    # mixtures of experts (issue 32), apart
+    moe = {"MCOREMOE", "MOEZOO", "DEEPSEEKV3", "MOEZOOQWEN3", "MCOREMOE26", "MB26GB200MOE"}
     assert {r.source for r in rows} == {"NAR21", "KOR22", "KOR22T4", "LLAMA3", "BLOOM", "MTNLG", "DGXC25", "DGXC25FP8",
                                         "DGXC25PROXY", "MB25", "MB25B200", "MB25GB200", "TT24", "TT25H200", "TORCHAO25",
                                         "TORCHAO25B200", "ZB24"} | moe  # ZB24: stage times
@@ -102,7 +103,10 @@ def test_every_row_parses_and_is_consistent():
         ("moezoo-qwen3-235b-32k-cp2", "tflops_per_gpu_megatron_core", 335),
         ("moezoo-qwen3-235b-64k-cp4", "tflops_per_gpu_megatron_core", 368),
         ("moezoo-qwen3-235b-128k-cp8", "tflops_per_gpu_megatron_core", 389),
-        ("mcore-moe-report-qwen3-235b-h100", "tokens_per_sec_per_gpu", 2132)]  # arXiv:2603.07685v2 Table 11
+        ("mcore-moe-report-qwen3-235b-h100", "tokens_per_sec_per_gpu", 2132),  # arXiv:2603.07685v2 Table 11
+        # Megatron-Bridge's 26.02 DGX-GB200 MXFP8 tables
+        ("mb26gb200-26.02-qwen3-30b-a3b-mxfp8-8gpus", "tokens_per_sec_per_gpu", 26084),
+        ("mb26gb200-26.02-qwen3-235b-a22b-mxfp8-256gpus", "tokens_per_sec_per_gpu", 5448)]
     report, zoo = (next(r for r in rows if r.id == i) for i in ("mcore-moe-report-qwen3-235b-h100",
                                                                  "moezoo-qwen3-235b-tp2-pp8-ep32-a2a-overlap"))
     # Table 20's layout is the ModelZoo row's, at a later software version with CUDA graphs (its B.2)
@@ -132,11 +136,12 @@ def test_every_row_parses_and_is_consistent():
         hardware = {"LLAMA3": "dgx-h100", "BLOOM": str(ROOT / "bench" / "hardware" / "jean-zay-a100.toml"),
                     **dict.fromkeys(moe | {"DGXC25", "DGXC25FP8", "DGXC25PROXY", "MB25"}, "dgx-h100"),
                     "TT25H200": "hgx-h200", "MB25B200": "hgx-b200", "TORCHAO25B200": "hgx-b200",
-                    "MB25GB200": "gb200-nvl72",
+                    "MB25GB200": "gb200-nvl72", "MB26GB200MOE": "gb200-nvl72",
                     "DEEPSEEKV3": str(ROOT / "bench" / "hardware" / "h800-deepseek.toml"),
                     **dict.fromkeys(("TT24", "TORCHAO25"), str(ROOT / "bench" / "hardware" / "grand-teton-h100.toml"))}
         assert argv[0] == "simulate" and args.hardware == hardware.get(r.source, "dgx-a100")  # a file: the repo's
-        if r.source == "MB25GB200":  # racks filled as Slurm's segment of 4-GPU trays: all 2, else 16 of 18 per rack
+        # racks filled as Slurm's segment of 4-GPU trays: all 2, else 16 of 18 per rack
+        if r.source in ("MB25GB200", "MB26GB200MOE"):
             assert bp.metrics.gpus(args) == args.nvlink_domain * (args.nodes or 1), r.id
             assert args.nvlink_domain == min(bp.metrics.gpus(args), 64), r.id
         else:
