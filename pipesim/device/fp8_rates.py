@@ -122,7 +122,11 @@ def fp8_figures(family: str | None, device: str = "") -> Fp8Figures:
 
 
 def check_fp8_recipe(family: str | None, recipe: str, device: str = "") -> Fp8Figures:
-    """The family's FP8 figures, after checking that Transformer Engine runs `recipe` there (mxfp8: Blackwell)."""
+    """The family's FP8 figures, after checking that Transformer Engine runs `recipe` there (mxfp8, nvfp4:
+    Blackwell)."""
+    if recipe in FP4_RECIPES and (not family or family not in load_fp8_figures()):
+        what = device or family or "this device"
+        raise PipesimError(f"--fp4-format needs FP4 tensor cores (Blackwell: B200): {what} has none")
     figures = fp8_figures(family, device)
     if recipe not in figures.recipes:
         need = "Blackwell (B200)" if recipe in ("mxfp8", *FP4_RECIPES) else \

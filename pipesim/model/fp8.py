@@ -169,10 +169,11 @@ def check_fp8_model(fp8: Fp8Options | None, dtype: str, kind: str) -> None:
     parameters (TE's FP8 autocast keeps the parameters and the rest of the layer in bf16 or fp16)."""
     if fp8 is None:
         return
+    flag = fp8.flags()[0]  # --fp8-format, or --fp4-format under NVFP4
     if kind != "gpt":
-        raise PipesimError("--fp8-format needs a transformer (--model gpt or --model-config), not --model mlp")
+        raise PipesimError(f"{flag} needs a transformer (--model gpt or --model-config), not --model mlp")
     if dtype not in ("bfloat16", "float16"):
-        raise PipesimError(f"--fp8-format needs 16-bit parameters (--dtype bfloat16), got {dtype}")
+        raise PipesimError(f"{flag} needs 16-bit parameters (--dtype bfloat16), got {dtype}")
 
 
 __all__ = ["BLOCK_SCALED", "DEFAULT_RECIPE", "FP4_FORMATS", "FP4_GEMM", "FP4_RECIPES", "FP8_BYTES", "FP8_FORMATS",
