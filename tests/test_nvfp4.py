@@ -22,13 +22,8 @@ from pipesim.model.kernel_types import Gemm, MemoryBound
 from pipesim.model.options import LayerOptions
 from pipesim.plan.exports import megatron_args
 from pipesim.plan.space import PlanRequest, enumerate_candidates
+from tests.test_fp8 import HKV, HQ, LLAMA, TOKENS, D, F, H  # the same small Llama layer, hand-counted there
 
-LLAMA = ModelConfig(kind="gpt", hidden=256, layers=4, heads=8, seq=128, vocab=512, batch=8, dtype="bfloat16",
-                    kv_heads=2, ffn_hidden=512, activation="swiglu", norm="rmsnorm", dropout=False, biases=False,
-                    positions="rope")
-D = 2  # bfloat16 bytes
-TOKENS = 128  # b = 1, seq 128
-H, HQ, HKV, F = 256, 256, 64, 512  # hidden, query width, key/value width, MLP width
 NVFP4 = Fp8Options("e2m1", "nvfp4")
 
 
