@@ -96,8 +96,8 @@ class Job:
     cp_comm: str = "p2p"  # Megatron-core's --cp-comm-type (pipesim.model.options.CP_COMM_TYPES)
     # ZeRO 3: torchtitan's --parallelism.fsdp_reshard_after_forward (pipesim.model.fsdp): default, always, never
     fsdp_reshard: str = "default"
-    # Megatron-core's --fp8-param-gather: the FP8 linears' parameters kept in FP8 and all-gathered in FP8 by the
-    # distributed optimizer (NeMo's fp8_params); pipesim.cost.fp8_costs
+    # Megatron-core's --fp8-param-gather (--fp4-param-gather under NVFP4): the FP8 linears' parameters kept in FP8
+    # and all-gathered in FP8 by the distributed optimizer (NeMo's fp8_params); pipesim.cost.fp8_costs
     fp8_param_gather: bool = False
     # Megatron-core's --use-precision-aware-optimizer with its dtypes (pipesim.model.adam_states); None: float32
     adam_states: AdamStates | None = None
@@ -129,10 +129,6 @@ class Job:
         check_reshard(self.fsdp_reshard)
         if self.fp8_param_gather and self.fp8 is None:
             raise PipesimError("--fp8-param-gather keeps the FP8 linears' parameters in FP8: it needs --fp8-format")
-        if self.fp8_param_gather and self.fp8.fp4:
-            raise PipesimError("--fp8-param-gather with --fp4-format: parameters kept and gathered in NVFP4 "
-                               "(Megatron-core's --fp4-param-gather) are not modelled; the NVFP4 linears keep bf16 "
-                               "parameters and a cached NVFP4 copy without it")
         torchao = self.fp8 is not None and self.fp8.impl == "torchao"
         if self.fp8_param_gather and torchao and self.fp8.recipe not in FP8_GATHER_RECIPES:
             raise PipesimError(f"--fp8-param-gather with --fp8-impl torchao is FSDP2's float8 all-gather, which "
@@ -142,7 +138,7 @@ class Job:
             raise PipesimError(f"--fp8-param-gather with --fp8-impl torchao is FSDP2's float8 all-gather "
                                f"(enable_fsdp_float8_all_gather): it needs --zero 3, got --zero {self.zero}")
         if self.fp8_param_gather and not torchao and self.zero not in (1, 2):  # megatron/training/arguments.py
-            raise PipesimError(f"--fp8-param-gather needs the distributed optimizer (--zero 1 or 2), got --zero "
+            raise PipesimError(f"{self.param_gather_flag} needs the distributed optimizer (--zero 1 or 2), got --zero "
                                f"{self.zero}" + (" (Megatron-core turns it off under torch FSDP2 with Transformer "
                                                  "Engine 2; torchao's float8 gathers under FSDP2: --fp8-impl torchao)"
                                                  if self.zero == 3 else ""))
@@ -283,6 +279,11 @@ class Job:
         self.check(model, microbatches)
         return model.batch // (self.dims.dp * microbatches)
 
+    @property
+    def param_gather_flag(self) -> str:
+        """Megatron-core's flag of `fp8_param_gather`: --fp4-param-gather under NVFP4, else --fp8-param-gather."""
+        return "--fp4-param-gather" if self.fp8 is not None and self.fp8.fp4 else "--fp8-param-gather"
+
     def layer_options(self, model: ModelConfig) -> LayerOptions | None:
         """The transformer layer's options under this job; None for the MLP."""
         if model.kind != "gpt":
@@ -320,7 +321,7 @@ class Job:
         """The flags of the model state's layout where set: FSDP2's resharding policy, Megatron-core's FP8 parameter
         gather and its precision-aware optimizer."""
         out = ["--fsdp-reshard-after-forward", self.fsdp_reshard] if self.fsdp_reshard != "default" else []
-        out += ["--fp8-param-gather"] if self.fp8_param_gather else []
+        out += [self.param_gather_flag] if self.fp8_param_gather else []
         return out + (self.adam_states.flags() if self.adam_states is not None else [])
 
 

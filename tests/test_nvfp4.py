@@ -7,19 +7,23 @@ from dataclasses import replace
 
 import pytest
 
+import schedules
 from pipesim.cli import main
 from pipesim.cost.device_profiles import fp8_profile_of, profile_of
 from pipesim.cost.fp8_costs import mfu_peak, stage_fp8_weights, weight_cast
 from pipesim.cost.kernel_costs import fp8_layer, kernel_seconds
+from pipesim.cost.model_costs import model_costs
+from pipesim.cost.rank_memory import rank_memory
 from pipesim.device.fp8_rates import Fp8Figures, load_fp8_figures
 from pipesim.device.gemm import gemm_time
 from pipesim.errors import PipesimError
 from pipesim.hardware.toml_io import load_hardware
 from pipesim.job import Job
-from pipesim.model.config import ModelConfig
+from pipesim.model.config import ModelConfig, split_layers
 from pipesim.model.fp8 import Fp8Options, cast_write_bytes, saved_bytes, weight_copy_bytes
 from pipesim.model.kernel_types import Gemm, MemoryBound
 from pipesim.model.options import LayerOptions
+from pipesim.parallel_dims import ParallelDims
 from pipesim.plan.exports import megatron_args
 from pipesim.plan.space import PlanRequest, enumerate_candidates
 from tests.test_fp8 import HKV, HQ, LLAMA, TOKENS, D, F, H  # the same small Llama layer, hand-counted there
@@ -111,7 +115,11 @@ def test_nvfp4_refusals_are_one_line_and_exit_2(capsys):
              (["--hardware", "hgx-b200", "--fp4-format", "e2m1", "--fp8-impl", "torchao"],
               "--fp8-impl torchao has none"),
              (["--hardware", "hgx-b200", "--fp4-format", "e2m1", "--zero", "1", "--dp", "2", "--nodes", "1",
-               "--fp8-param-gather"], "Megatron-core's --fp4-param-gather) are not modelled")]
+               "--fp8-param-gather"], "NVFP4 parameters are gathered by --fp4-param-gather (Megatron-core's flag)"),
+             (["--hardware", "hgx-b200", "--fp8-format", "e4m3", "--fp4-param-gather"],
+              "--fp4-param-gather must be used together with --fp4-format"),
+             (["--hardware", "hgx-b200", "--fp4-format", "e2m1", "--fp4-param-gather"],
+              "--fp4-param-gather needs the distributed optimizer (--zero 1 or 2), got --zero 0")]
     for extra, message in cases:
         assert main(base + extra) == 2
         err = capsys.readouterr().err.strip()
@@ -131,3 +139,23 @@ def test_nvfp4_runs_end_to_end_and_the_planner_exports_megatrons_flags(tmp_path,
                                                                                "--fp4-recipe", "nvfp4"]
     assert "--fp8-format" not in args
     assert Job(fp8=NVFP4).flags()[-4:] == NVFP4.flags()
+
+
+def test_fp4_param_gather_keeps_the_parameters_in_nvfp4_and_gathers_packed_bytes():
+    """Megatron-core's --fp4-param-gather: the NVFP4 linears' parameters are their NVFP4 copies (the 16-bit copy goes)
+    and the distributed optimizer all-gathers them as packed bytes, two elements to a byte (param_and_grad_buffer.py:
+    numel // 2 uint8), so the gather moves 2 (P - Pq) + Pq / 2 bytes."""
+    hw = load_hardware("hgx-b200")
+    plain, fp4 = (model_costs(LLAMA, 2, 2, hw, Job(ParallelDims(pp=2, dp=4), zero=1, fp8=NVFP4, attention="flash",
+                                                   fp8_param_gather=g)) for g in (False, True))
+    opts = plain.job.layer_options(LLAMA)
+    quantized = [stage_fp8_weights(LLAMA, 1, opts, "B200", layers=n)[0] for n in split_layers(LLAMA.layers, 2)]
+    assert fp4.fp8_param_counts == tuple(quantized)
+    for s in range(2):
+        gather = {c.kind: c.nbytes for c in fp4.step.collectives[s]}["all_gather"]
+        assert gather == 2 * (plain.param_counts[s] - quantized[s]) + quantized[s] // 2
+    sched = schedules.build("1f1b", 2, 2)
+    for r, (a, b) in enumerate(zip(rank_memory(sched, plain), rank_memory(sched, fp4), strict=True)):
+        assert a.parameters - b.parameters == 2 * quantized[r] and a.fp8_weights == b.fp8_weights
+    assert Job(ParallelDims(dp=2), zero=1, fp8=NVFP4, fp8_param_gather=True).flags()[-5:] == \
+        [*NVFP4.flags(), "--fp4-param-gather"]

@@ -84,6 +84,9 @@ def add_fp8_args(group) -> None:
                        help="with --fp4-format: nvfp4, TE's NVFP4BlockScaling (1x16 blocks with E4M3 scales and a "
                             "float32 scale per tensor, 16x16 blocks for weights, random Hadamard transforms on the "
                             "wgrad operands) (default nvfp4)")
+    group.add_argument("--fp4-param-gather", action="store_true",
+                       help="with --fp4-format and the distributed optimizer (--zero 1 or 2): the NVFP4 linears' "
+                            "parameters kept in NVFP4 and all-gathered as packed NVFP4 bytes (Megatron-core's flag)")
 
 
 def fp8_from_args(args: argparse.Namespace) -> Fp8Options | None:
@@ -106,6 +109,19 @@ def fp8_from_args(args: argparse.Namespace) -> Fp8Options | None:
         return None
     impl = getattr(args, "fp8_impl", None) or "te"
     return Fp8Options(fmt, recipe or (DEFAULT_RECIPE if impl == "te" else "tensorwise"), impl)
+
+
+def param_gather_from_args(args: argparse.Namespace, fp8: Fp8Options | None) -> bool:
+    """Whether the quantized linears' parameters are kept and gathered quantized: --fp8-param-gather, or
+    --fp4-param-gather under NVFP4 (Megatron-core's two flags, one Job field); one line for the wrong one."""
+    fp8_gather, fp4_gather = getattr(args, "fp8_param_gather", False), getattr(args, "fp4_param_gather", False)
+    fp4 = fp8 is not None and fp8.fp4
+    if fp4_gather and not fp4:  # megatron/training/arguments.py's message
+        raise PipesimError("--fp4-param-gather must be used together with --fp4-format")
+    if fp8_gather and fp4:
+        raise PipesimError("--fp8-param-gather with --fp4-format: NVFP4 parameters are gathered by "
+                           "--fp4-param-gather (Megatron-core's flag)")
+    return bool(fp8_gather or fp4_gather)
 
 
 def add_grad_args(group) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from pipesim.commands.kernel_args import adam_from_args, fp8_from_args
+from pipesim.commands.kernel_args import adam_from_args, fp8_from_args, param_gather_from_args
 from pipesim.commands.setup_args import apply_switches, comm_options_from_args, kernel_switches
 from pipesim.errors import PipesimError
 from pipesim.job import Job
@@ -107,8 +107,10 @@ def shared_job(args: argparse.Namespace, model: ModelConfig) -> tuple[Job, tuple
     if args.fsdp_reshard != "default":
         needs["--fsdp-reshard-after-forward " + args.fsdp_reshard] = (3,)
     fp8 = fp8_from_args(args)
-    if args.fp8_param_gather:  # the distributed optimizer's (Megatron-core), or FSDP2's float8 all-gather (torchao)
-        needs["--fp8-param-gather"] = (3,) if fp8 is not None and fp8.impl == "torchao" else (1, 2)
+    gather = param_gather_from_args(args, fp8)
+    if gather:  # the distributed optimizer's (Megatron-core), or FSDP2's float8 all-gather (torchao)
+        flag = "--fp4-param-gather" if fp8 is not None and fp8.fp4 else "--fp8-param-gather"
+        needs[flag] = (3,) if fp8 is not None and fp8.impl == "torchao" else (1, 2)
     adam = adam_from_args(args)
     if adam is not None:
         needs["--use-precision-aware-optimizer"] = (1, 2)
@@ -121,6 +123,6 @@ def shared_job(args: argparse.Namespace, model: ModelConfig) -> tuple[Job, tuple
     job = Job(attention=args.attention, comm=comm_options_from_args(args), zero=zeros[0] if needs else 0,
               kernels=kernel_switches(args),
               fp8=fp8, cp_comm=args.cp_comm_type, fsdp_reshard=args.fsdp_reshard,
-              fp8_param_gather=args.fp8_param_gather, adam_states=adam)
+              fp8_param_gather=gather, adam_states=adam)
     job.check_gradients(model)
     return job, scheds, zeros, recomputes, sps

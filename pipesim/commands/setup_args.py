@@ -21,6 +21,7 @@ from pipesim.commands.kernel_args import (
     check_fp8_run,
     cuda_graphs_from_args,
     fp8_from_args,
+    param_gather_from_args,
     ub_from_args,
 )
 from pipesim.cost.device_profiles import profile_of
@@ -222,12 +223,13 @@ def sim_job(args: argparse.Namespace, model: ModelConfig | None, hardware: Hardw
     against `model` (None: hand-given costs) and the attention kernel decided for the hardware."""
     apply_switches(args)
     dims = ParallelDims(dp=args.dp, tp=args.tp, cp=args.cp, ep=args.ep, etp=args.etp)
+    fp8 = fp8_from_args(args)
     job = Job(dims, recompute=args.recompute, sp=args.sequence_parallel,
               attention=args.attention, zero=args.zero, comm=comm_options_from_args(args),
               kernels=kernel_switches(args),
-              recompute_modules=tuple(args.recompute_modules or ()), fp8=fp8_from_args(args),
-              cp_comm=args.cp_comm_type, fsdp_reshard=args.fsdp_reshard, fp8_param_gather=args.fp8_param_gather,
-              adam_states=adam_from_args(args))
+              recompute_modules=tuple(args.recompute_modules or ()), fp8=fp8,
+              cp_comm=args.cp_comm_type, fsdp_reshard=args.fsdp_reshard,
+              fp8_param_gather=param_gather_from_args(args, fp8), adam_states=adam_from_args(args))
     job.check_gradients(model)
     check_fp8_run(job.fp8, model, hardware)
     return job.resolve_attention(on_gpus(hardware), model)

@@ -168,8 +168,8 @@ def megatron_args(c: Candidate, req: PlanRequest, attention: str | None = None) 
         if comm.overlap_param_gather:
             out.append("--overlap-param-gather")
     out += _p2p_args(c, req)
-    if job.fp8_param_gather:  # the distributed optimizer's FP8 gather (the candidate's ZeRO 1 / 2)
-        out.append("--fp8-param-gather")
+    if job.fp8_param_gather:  # the distributed optimizer's FP8 (NVFP4) gather (the candidate's ZeRO 1 / 2)
+        out.append(job.param_gather_flag)
     if job.adam_states is not None:  # Megatron-core's names
         out += job.adam_states.flags()
     if c.schedule == "combined-1f1b":  # Megatron-core >= 0.14: interleaved 1F1B with the EP A2A overlap
