@@ -29,18 +29,22 @@ def _job(graphs: CudaGraphs | None, dispatcher: str = "hybridep", **kw) -> Job:
 def test_graphed_attention_and_router_cost_their_replays_by_hand():
     """16 local experts, Hybrid-EP. Eager: forward 20 attention + 22 router + 8 dispatcher + 2 x 16 grouped GEMMs + 1
     activation = 83; backward 20 attention (its 4 weight gradients among them) + 15 router (its 1) + 25 dispatcher +
-    1 activation + 4 x 16 = 125, of which W 2 x 16 + 5 = 37. Graphed attention and router: each forward 2 (the input
-    copied into the static buffer, the replay), each backward 2 + 1 (the output gradient copied in, the replay, the
-    weight-gradient graph): forward 2 + 2 + 8 + 32 + 1 = 45, backward 3 + 3 + 25 + 1 + 64 = 96, W 32 + 1 + 1 = 34."""
+    1 activation + 4 x 16 = 125, of which W 2 x 16 + 5 = 37. A graph's forward is 2 launches (the input copied into the
+    static buffer, the replay), its backward 2 + 1 (the output gradient copied in, the replay, the weight-gradient
+    graph). Attention and router graphed are one graph: forward 2 + 8 + 32 + 1 = 43, backward 3 + 25 + 1 + 64 = 93,
+    W 32 + 1 = 33. Attention alone: forward 83 - 20 + 2, backward 125 - 20 + 3, W 37 - 4 + 1. The router alone:
+    forward 83 - 22 + 2, backward 125 - 15 + 3, W 37 - 1 + 1."""
     eager = moe_layer_host_ops(QWEN3, _job(None).layer_options(QWEN3))
     assert eager == HostOps(83, 125 - 37, 37, 1, 0)
     graphed = moe_layer_host_ops(QWEN3, _job(CudaGraphs("transformer_engine", SCOPES)).layer_options(QWEN3))
-    assert graphed == HostOps(45, 96 - 34, 34, 1, 0)  # the dispatch's wait stays: it is outside every graph
+    assert graphed == HostOps(43, 93 - 33, 33, 1, 0)  # the dispatch's wait stays: it is outside every graph
     attn_only = moe_layer_host_ops(QWEN3, _job(CudaGraphs("local", ("attn",))).layer_options(QWEN3))
     assert attn_only == HostOps(83 - 20 + 2, (125 - 20 + 3) - (37 - 4 + 1), 37 - 4 + 1, 1, 0)
+    router_only = moe_layer_host_ops(QWEN3, _job(CudaGraphs("local", ("moe_router",))).layer_options(QWEN3))
+    assert router_only == HostOps(83 - 22 + 2, (125 - 15 + 3) - 37, 37, 1, 0)
     issue = stage_host_issue(QWEN3, _job(CudaGraphs("transformer_engine", SCOPES)).layer_options(QWEN3), 2)
-    assert issue.issue == pytest.approx((2 * (45 * LAUNCH_SECONDS + SYNC_ROUND_TRIP), 2 * 62 * LAUNCH_SECONDS,
-                                         2 * 34 * LAUNCH_SECONDS), rel=1e-12)
+    assert issue.issue == pytest.approx((2 * (43 * LAUNCH_SECONDS + SYNC_ROUND_TRIP), 2 * 60 * LAUNCH_SECONDS,
+                                         2 * 33 * LAUNCH_SECONDS), rel=1e-12)
 
 
 def test_scopes_are_megatrons_in_its_order_and_flags_round_trip():

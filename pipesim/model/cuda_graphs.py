@@ -13,7 +13,10 @@ Engine's make_graphed_callables ("transformer_engine"):
 
 A replayed graph costs the host a few launches instead of its kernels' (transformer_engine/pytorch/graph.py
 @ d0067d0da, `Graphed.forward` / `backward`): the input copied into the graph's static buffer and the replay, 2
-each way, and a split backward's weight-gradient graph (`backward_dw`) 1. pipesim charges host launches only in
+each way, and a split backward's weight-gradient graph (`backward_dw`) 1. With attn and moe_router both graphed,
+"one graph captures all static components before the dispatching operation" (NVIDIA's MoE report,
+arXiv:2603.07685 section 4.3.6): one replay. Not modelled: the graphs' static buffers and memory pool (the report:
+"about 7 GB extra memory on DeepSeek-V3 GB200 training"). pipesim charges host launches only in
 mixture-of-experts layers (pipesim.model.host_ops: a dense layer's host runs ahead of the GPU), so there graphs
 change what it charges; on a dense layer they change nothing. The flex dispatchers' preprocessing is views and at
 most one fused copy (token_dispatcher.py `MoEFlexTokenDispatcher.dispatch_preprocess`, `_HybridEPManager.

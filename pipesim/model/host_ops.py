@@ -34,7 +34,9 @@ Counted from Megatron-LM 1e057005 (the MoE ModelZoo's main-branch runs) with Tra
   forward's handle and count (HybridEPCombine.backward), so no wait there.
 - CUDA graphs (pipesim.model.cuda_graphs): a graphed attention block or router (with its pre-MLP norm and shared
   experts) is its graph's replay, REPLAY_F launches forward, REPLAY_B in the backward and REPLAY_W for its weight
-  gradients, instead of its kernels' launches; the syncs stay (they are in the dispatch, outside every graph).
+  gradients, instead of its kernels' launches; both graphed are one graph ("one graph captures all static
+  components before the dispatching operation", arXiv:2603.07685 section 4.3.6), replayed once; the syncs stay
+  (they are in the dispatch, outside every graph).
   The attention block's backward launches are not counted apart from the dispatcher's: ATTENTION_B takes them as
   its forward's 20 (read as the mirror of the forward) and the dispatcher's the rest of REST_B.
 """
@@ -83,8 +85,8 @@ def moe_layer_host_ops(model: ModelConfig, opts: LayerOptions) -> HostOps:
     router = graphs is not None and graphs.captures("moe_router")  # with the shared experts
     # (forward, whole backward, its weight gradients) of the attention block and of the router with shared experts
     attn_ops = (REPLAY_F, REPLAY_B + REPLAY_W, REPLAY_W) if attn else (ATTENTION_F, ATTENTION_B, ATTENTION_W)
-    router_ops = (REPLAY_F, REPLAY_B + REPLAY_W, REPLAY_W) if router else \
-        (ROUTER_F + shared * SHARED_F, ROUTER_B + shared * SHARED_B, ROUTER_W)
+    router_ops = (0, 0, 0) if router and attn else (REPLAY_F, REPLAY_B + REPLAY_W, REPLAY_W) if router else \
+        (ROUTER_F + shared * SHARED_F, ROUTER_B + shared * SHARED_B, ROUTER_W)  # both graphed: one graph
     moe_f = router_ops[0] + DISPATCH_F[opts.moe_dispatcher] + 2 * local + ACTIVATION
     forward = attn_ops[0] + moe_f
     weight = 2 * local + attn_ops[2] + router_ops[2]
