@@ -90,6 +90,8 @@ def test_on_the_command_line_graphs_shorten_a_host_bound_moe_step_and_leave_a_de
         assert main(base + extra + ["--json", str(out)]) == 0
         steps.append(json.loads(out.read_text())["step_time"])
     assert steps[1] < steps[0]  # this step is host-bound (1,024 tokens a microbatch): fewer launches, a shorter step
+    options = json.loads((tmp_path / "moe1.json").read_text())["options"]
+    assert (options["cuda_graph_impl"], options["cuda_graph_scope"]) == ("transformer_engine", list(SCOPES))
     dense = ["simulate", "1f1b", "-p", "2", "-m", "4", "--model-config", "llama3-8b", "--seq", "1024", "--batch", "8",
              "--hardware", "dgx-h100"]
     times = []

@@ -3,6 +3,7 @@ its bytes, its casts, its GEMMs at the FP4 tensor cores' figures, and its refusa
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
@@ -129,8 +130,11 @@ def test_nvfp4_refusals_are_one_line_and_exit_2(capsys):
 def test_nvfp4_runs_end_to_end_and_the_planner_exports_megatrons_flags(tmp_path, capsys):
     out = tmp_path / "r.json"
     assert main(["simulate", "1f1b", "-p", "1", "--model-config", "llama3-8b", "--seq", "2048", "--batch", "4",
-                 "--microbatch-size", "1", "--hardware", "hgx-b200", "--nodes", "1", "--dp", "4",
-                 "--fp4-format", "e2m1", "--json", str(out)]) == 0
+                 "--microbatch-size", "1", "--hardware", "hgx-b200", "--nodes", "1", "--dp", "4", "--zero", "1",
+                 "--fp4-format", "e2m1", "--fp4-param-gather", "--json", str(out)]) == 0
+    options = json.loads(out.read_text())["options"]  # in the flags' names
+    assert (options["fp4_format"], options["fp4_recipe"], options["fp4_param_gather"]) == ("e2m1", "nvfp4", True)
+    assert "fp8_format" not in options and "fp8_param_gather" not in options
     capsys.readouterr()
     model = ModelConfig(kind="gpt", hidden=1024, layers=8, heads=16, seq=1024, vocab=32000, batch=16)
     req = PlanRequest(model, load_hardware("hgx-b200"), 8, ("1f1b",), None, ("none",), (0,), Job(fp8=NVFP4))
