@@ -106,7 +106,8 @@ def test_every_row_parses_and_is_consistent():
         ("mcore-moe-report-qwen3-235b-h100", "tokens_per_sec_per_gpu", 2132),  # arXiv:2603.07685v2 Table 11
         # Megatron-Bridge's 26.02 DGX-GB200 MXFP8 tables
         ("mb26gb200-26.02-qwen3-30b-a3b-mxfp8-8gpus", "tokens_per_sec_per_gpu", 26084),
-        ("mb26gb200-26.02-qwen3-235b-a22b-mxfp8-256gpus", "tokens_per_sec_per_gpu", 5448)]
+        ("mb26gb200-26.02-qwen3-235b-a22b-mxfp8-256gpus", "tokens_per_sec_per_gpu", 5448),
+        ("mb26gb200-26.02-deepseek-v3-mxfp8-256gpus", "tokens_per_sec_per_gpu", 3955)]
     report, zoo = (next(r for r in rows if r.id == i) for i in ("mcore-moe-report-qwen3-235b-h100",
                                                                  "moezoo-qwen3-235b-tp2-pp8-ep32-a2a-overlap"))
     # Table 20's layout is the ModelZoo row's, at a later software version with CUDA graphs (its B.2)
