@@ -113,8 +113,10 @@ class Job:
         check_zero(self.zero, self.dims.dp)
         if not isinstance(self.comm, CommOptions) or not isinstance(self.kernels, KernelSwitches):
             raise PipesimError("a job's comm must be CommOptions and its kernels KernelSwitches")
-        if self.kernels.cuda_graphs is not None and not isinstance(self.kernels.cuda_graphs, CudaGraphs):
-            raise PipesimError("a job's cuda_graphs must be CudaGraphs or None")
+        if self.kernels.cuda_graphs is not None:
+            if not isinstance(self.kernels.cuda_graphs, CudaGraphs):
+                raise PipesimError("a job's cuda_graphs must be CudaGraphs or None")
+            self.kernels.cuda_graphs.check_recompute(self.recompute)
         if self.kernels.ce_impl not in CE_IMPLS:
             raise PipesimError(f"unknown --cross-entropy-fusion-impl {self.kernels.ce_impl!r}; choose "
                                f"{' or '.join(CE_IMPLS)}")
@@ -268,8 +270,11 @@ class Job:
             return
         if moe.experts % d.ep:
             raise PipesimError(f"--ep {d.ep} does not divide the {moe.experts} experts")
+        if moe.capacity_factor is not None and self.comm.moe_dispatcher == "deepep":  # transformer_config.py raises
+            raise PipesimError("--moe-expert-capacity-factor (drop-and-pad) with DeepEP: Megatron-core's flex "
+                               "dispatcher with the deepep backend does not support padding to capacity")
         if self.kernels.cuda_graphs is not None:
-            self.kernels.cuda_graphs.check_moe(self.comm.moe_dispatcher)
+            self.kernels.cuda_graphs.check_moe(self.comm.moe_dispatcher, padded=moe.capacity_factor is not None)
         if moe.expert_ffn % d.expert_tp:
             flag = f"--etp {d.etp}" if d.etp is not None else f"--tp {d.tp} (--etp's default)"
             raise PipesimError(f"{flag} does not divide the expert width {moe.expert_ffn}")

@@ -4,6 +4,7 @@ its replay instead of its launches; its refusals; its flags."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -103,3 +104,45 @@ def test_on_the_command_line_graphs_shorten_a_host_bound_moe_step_and_leave_a_de
     assert main(base + ["--cuda-graph-scope", "attn"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == "pipesim: error: --cuda-graph-scope attn needs --cuda-graph-impl local or transformer_engine"
+
+
+PADDED = replace(QWEN3, moe=replace(QWEN3.moe, capacity_factor=1.25))  # drop-and-pad: static token counts
+
+
+@pytest.mark.parametrize("dispatcher", ["alltoall", "hybridep"])
+def test_drop_and_pad_routing_waits_for_nothing(dispatcher):
+    """Megatron-core's alltoall dispatcher returns padded counts without a device-to-host copy, and Hybrid-EP's dispatch
+    is told its token count: the same launches as dropless, no waits (alltoall's forward: 96, hybridep's 83)."""
+    dropless = moe_layer_host_ops(QWEN3, _job(None, dispatcher).layer_options(QWEN3))
+    padded = moe_layer_host_ops(PADDED, _job(None, dispatcher).layer_options(PADDED))
+    assert dropless.syncs_f == 1 and padded == replace(dropless, syncs_f=0, syncs_i=0)
+
+
+def test_padded_routing_takes_graphs_over_the_moe_block_the_layer_and_the_iteration():
+    """Eager: forward 83, backward 125 (W 37). The whole layer one graph: 2 forward, 2 + 1 backward (W 1). The whole
+    iteration: nothing per layer. attn and moe graphed: two graphs, 2 + 2 forward, 3 + 3 backward (W 2). moe alone:
+    20 + 2 forward, 20 + 3 backward (W 4 + 1)."""
+    def ops(graphs):
+        return moe_layer_host_ops(PADDED, _job(graphs).layer_options(PADDED))
+    assert ops(CudaGraphs("local")) == HostOps(2, 2, 1, 0, 0)
+    assert ops(CudaGraphs("full_iteration")) == HostOps(0, 0, 0, 0, 0)
+    assert ops(CudaGraphs("transformer_engine", ("attn", "moe"))) == HostOps(4, 4, 2, 0, 0)
+    assert ops(CudaGraphs("transformer_engine", ("moe",))) == HostOps(22, 18, 5, 0, 0)
+    # a recomputed MoE block inside its graph is replayed with it: no launches added
+    recomputed = _job(CudaGraphs("transformer_engine", ("moe",)), recompute="selective", recompute_modules=("moe",))
+    assert moe_layer_host_ops(PADDED, recomputed.layer_options(PADDED)) == HostOps(22, 18, 5, 0, 0)
+
+
+@pytest.mark.parametrize("graphs,dispatcher,recompute,message", [
+    (CudaGraphs("local", ("moe", "moe_router")), "hybridep", "none", "moe and moe_router cannot go together"),
+    (None, "deepep", "none", "with DeepEP: Megatron-core's flex dispatcher with the deepep backend does not support"),
+])
+def test_what_megatron_refuses_pipesim_refuses(graphs, dispatcher, recompute, message):
+    with pytest.raises(PipesimError, match=message):
+        _job(graphs, dispatcher, recompute=recompute).check(PADDED, 64)
+
+
+def test_full_recomputation_needs_the_full_iteration_graph_dense_or_not():
+    with pytest.raises(PipesimError, match="Megatron-core supports full recomputation only with"):
+        Job(recompute="full", kernels=KernelSwitches(cuda_graphs=CudaGraphs("local", ("attn",))))
+    assert Job(recompute="full", kernels=KernelSwitches(cuda_graphs=CudaGraphs("full_iteration"))).recompute == "full"

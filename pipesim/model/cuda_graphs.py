@@ -22,8 +22,9 @@ change what it charges; on a dense layer they change nothing. The flex dispatche
 most one fused copy (token_dispatcher.py `MoEFlexTokenDispatcher.dispatch_preprocess`, `_HybridEPManager.
 setup_metadata`: reshapes), none of the launches pipesim counts, so moe_preprocess moves none; the alltoall
 dispatcher's preprocessing holds its device-to-host copies, which graphing moves (`cuda_dtoh_point`), not modelled:
-refused there. A whole MoE layer or iteration in a graph needs static token counts (drop-and-pad, or Megatron's
-paged stash), which pipesim's dropless host model does not have: refused.
+refused there. A whole MoE layer, layer or iteration in a graph needs static token counts: taken with
+drop-and-pad routing (a capacity factor: no waits either), refused for dropless routing (Megatron's paged stash,
+which makes it possible, is not modelled).
 """
 
 from __future__ import annotations
@@ -67,13 +68,24 @@ class CudaGraphs:
         """Whether `module` ("attn", "moe_router", ...) runs inside a per-layer graph."""
         return self.impl != "full_iteration" and module in self.scope
 
-    def check_moe(self, dispatcher: str) -> None:
-        """One line unless pipesim's host model of a dropless MoE layer holds under these graphs."""
-        if self.impl == "full_iteration" or not self.scope or "moe" in self.scope:
+    def check_recompute(self, recompute: str) -> None:
+        """One line for full recomputation under per-layer graphs (Megatron-core's transformer_config.py: "full
+        recompute is only supported with full iteration CUDA graph")."""
+        if recompute == "full" and self.impl != "full_iteration":
+            raise PipesimError("--recompute full with per-layer CUDA graphs: Megatron-core supports full "
+                               "recomputation only with --cuda-graph-impl full_iteration")
+
+    def check_moe(self, dispatcher: str, *, padded: bool) -> None:
+        """One line unless pipesim's host model of a MoE layer holds under these graphs (`padded`: drop-and-pad
+        routing, static token counts) and Megatron-core takes them (transformer_config.py's asserts)."""
+        if "moe" in self.scope and "moe_router" in self.scope:
+            raise PipesimError("--cuda-graph-scope moe and moe_router cannot go together (Megatron-core: the router "
+                               "is inside the moe graph)")
+        if not padded and (self.impl == "full_iteration" or not self.scope or "moe" in self.scope):
             what = "the whole iteration" if self.impl == "full_iteration" else \
                 "a whole MoE layer" if "moe" in self.scope else "the whole layer"
-            raise PipesimError(f"CUDA graphs over {what} need static token counts (drop-and-pad, or Megatron's paged "
-                               "stash), which pipesim's dropless MoE host model does not have: give "
+            raise PipesimError(f"CUDA graphs over {what} need static token counts: drop-and-pad routing "
+                               "(--moe-expert-capacity-factor; Megatron's paged stash is not modelled), or give "
                                "--cuda-graph-scope attn moe_router moe_preprocess")
         if "moe_preprocess" in self.scope and dispatcher == "alltoall":
             raise PipesimError("--cuda-graph-scope moe_preprocess with the alltoall dispatcher moves its "

@@ -36,7 +36,9 @@ Counted from Megatron-LM 1e057005 (the MoE ModelZoo's main-branch runs) with Tra
   experts) is its graph's replay, REPLAY_F launches forward, REPLAY_B in the backward and REPLAY_W for its weight
   gradients, instead of its kernels' launches; both graphed are one graph ("one graph captures all static
   components before the dispatching operation", arXiv:2603.07685 section 4.3.6), replayed once; the syncs stay
-  (they are in the dispatch, outside every graph).
+  (they are in the dispatch, outside every graph). With drop-and-pad routing a graph may also take the whole MoE block
+  ("moe"), the whole layer (no scope: one replay) or the whole iteration (full_iteration: no launches), and there are
+  no waits (static token counts).
   The attention block's backward launches are not counted apart from the dispatcher's: ATTENTION_B takes them as
   its forward's 20 (read as the mirror of the forward) and the dispatcher's the rest of REST_B.
 """
@@ -74,31 +76,49 @@ class HostOps:
     syncs_i: int  # a fused backward's are the same (B = I + W)
 
 
+def _add(*parts: tuple[int, int, int]) -> tuple[int, int, int]:
+    """(forward, whole backward, weight gradients) summed over parts of a layer."""
+    return tuple(sum(p[i] for p in parts) for i in range(3))  # type: ignore[return-value]
+
+
+REPLAY = (REPLAY_F, REPLAY_B + REPLAY_W, REPLAY_W)  # a graphed part: its replays (pipesim.model.cuda_graphs)
+
+
 def moe_layer_host_ops(model: ModelConfig, opts: LayerOptions) -> HostOps:
-    """One MoE layer's `HostOps` on a rank holding E / ep local experts, under `opts`' dispatcher and recompute."""
+    """One MoE layer's `HostOps` on a rank holding E / ep local experts, under `opts`' dispatcher, recompute and CUDA
+    graphs. Drop-and-pad routing (a capacity factor, its inputs padded to capacity) has static token counts, so no
+    wait: Megatron-core's alltoall dispatcher returns them without a device-to-host copy (token_dispatcher.py
+    `preprocess`: `if self.drop_and_pad: ... return num_tokens_per_local_expert`, `cuda_sync_point` "no_sync") and
+    Hybrid-EP's dispatch gets its token count (`num_permuted_tokens`), so it does not block."""
     moe = model.moe
     assert moe is not None  # the caller counts MoE layers only
     local = moe.experts // opts.ep
     shared = 1 if moe.shared_experts else 0
     graphs = opts.cuda_graphs
-    attn = graphs is not None and graphs.captures("attn")
-    router = graphs is not None and graphs.captures("moe_router")  # with the shared experts
-    # (forward, whole backward, its weight gradients) of the attention block and of the router with shared experts
-    attn_ops = (REPLAY_F, REPLAY_B + REPLAY_W, REPLAY_W) if attn else (ATTENTION_F, ATTENTION_B, ATTENTION_W)
-    router_ops = (0, 0, 0) if router and attn else (REPLAY_F, REPLAY_B + REPLAY_W, REPLAY_W) if router else \
+
+    def graphed(module: str) -> bool:
+        return graphs is not None and graphs.captures(module)
+
+    iteration = graphs is not None and graphs.impl == "full_iteration"
+    whole_layer = graphs is not None and not iteration and not graphs.scope
+    attn = REPLAY if graphed("attn") else (ATTENTION_F, ATTENTION_B, ATTENTION_W)
+    router = (0, 0, 0) if graphed("moe_router") and graphed("attn") else REPLAY if graphed("moe_router") else \
         (ROUTER_F + shared * SHARED_F, ROUTER_B + shared * SHARED_B, ROUTER_W)  # both graphed: one graph
-    moe_f = router_ops[0] + DISPATCH_F[opts.moe_dispatcher] + 2 * local + ACTIVATION
-    forward = attn_ops[0] + moe_f
-    weight = 2 * local + attn_ops[2] + router_ops[2]
-    backward = attn_ops[1] + router_ops[1] + (REST_B - ATTENTION_B) + ACTIVATION + 4 * local
-    syncs_f, syncs_i = SYNCS_F[opts.moe_dispatcher], SYNCS_B[opts.moe_dispatcher]
-    if opts.recompute == "full":  # the whole layer's forward again, waits and all
+    rest = (DISPATCH_F[opts.moe_dispatcher] + 2 * local + ACTIVATION, (REST_B - ATTENTION_B) + ACTIVATION + 4 * local,
+            2 * local)  # dispatcher, experts, activation
+    moe_ops = REPLAY if graphed("moe") else _add(router, rest)
+    forward, backward, weight = (0, 0, 0) if iteration else REPLAY if whole_layer else _add(attn, moe_ops)
+    padded = moe.capacity_factor is not None  # drop-and-pad: static token counts
+    syncs_f = 0 if padded else SYNCS_F[opts.moe_dispatcher]
+    syncs_i = 0 if padded else SYNCS_B[opts.moe_dispatcher]
+    in_graph = iteration or whole_layer  # a recomputation inside a graph is replayed with it
+    if opts.recompute == "full" and not in_graph:  # the whole layer's forward again, waits and all
         backward += forward
         syncs_i += syncs_f
-    elif opts.recomputes("moe"):  # the MoE block's forward again
-        backward += moe_f
+    elif opts.recomputes("moe") and not (in_graph or graphed("moe")):  # the MoE block's forward again
+        backward += moe_ops[0]
         syncs_i += syncs_f
-    elif opts.recomputes("moe_act"):
+    elif opts.recomputes("moe_act") and not (in_graph or graphed("moe")):
         backward += ACTIVATION
     return HostOps(forward, backward - weight, weight, syncs_f, syncs_i)
 
