@@ -146,3 +146,15 @@ def test_full_recomputation_needs_the_full_iteration_graph_dense_or_not():
     with pytest.raises(PipesimError, match="Megatron-core supports full recomputation only with"):
         Job(recompute="full", kernels=KernelSwitches(cuda_graphs=CudaGraphs("local", ("attn",))))
     assert Job(recompute="full", kernels=KernelSwitches(cuda_graphs=CudaGraphs("full_iteration"))).recompute == "full"
+
+
+def test_the_planner_leaves_full_recomputation_out_under_per_layer_graphs(tmp_path, capsys):
+    base = ["plan", "--model-config", "llama3-8b", "--hardware", "dgx-h100", "--gpus", "8", "--seq", "4096",
+            "--batch", "64", "--cuda-graph-impl", "local"]
+    out = tmp_path / "plan.json"
+    assert main(base + ["--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert rows and {r["recompute"] for r in rows} <= {"none", "selective"}  # full only under full_iteration
+    capsys.readouterr()
+    assert main(base + ["--recompute", "full"]) == 2  # typed: refused as simulate refuses it
+    assert "supports full recomputation only with --cuda-graph-impl full_iteration" in capsys.readouterr().err

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from pipesim.commands.kernel_args import adam_from_args, fp8_from_args, param_gather_from_args
+from pipesim.commands.kernel_args import adam_from_args, cuda_graphs_from_args, fp8_from_args, param_gather_from_args
 from pipesim.commands.setup_args import apply_switches, comm_options_from_args, kernel_switches
 from pipesim.errors import PipesimError
 from pipesim.job import Job
@@ -103,6 +103,11 @@ def shared_job(args: argparse.Namespace, model: ModelConfig) -> tuple[Job, tuple
     outside them is refused in one line; a candidate without them (dp 1) runs without the option (`Candidate.job`)."""
     apply_switches(args, keep=("zero",))
     scheds, zeros, recomputes, sps = plan_choices(args)
+    graphs = cuda_graphs_from_args(args)
+    if graphs is not None and graphs.impl != "full_iteration" and "full" in recomputes:
+        if args.recompute:  # typed: one line, as simulate says it
+            graphs.check_recompute("full")
+        recomputes = tuple(r for r in recomputes if r != "full")  # Megatron-core: full recompute needs full_iteration
     needs = {}
     if args.fsdp_reshard != "default":
         needs["--fsdp-reshard-after-forward " + args.fsdp_reshard] = (3,)
