@@ -116,7 +116,7 @@ class Job:
         if self.kernels.cuda_graphs is not None:
             if not isinstance(self.kernels.cuda_graphs, CudaGraphs):
                 raise PipesimError("a job's cuda_graphs must be CudaGraphs or None")
-            self.kernels.cuda_graphs.check_recompute(self.recompute)
+            self.kernels.cuda_graphs.check_recompute(self.recompute, self.recompute_modules)
         if self.kernels.ce_impl not in CE_IMPLS:
             raise PipesimError(f"unknown --cross-entropy-fusion-impl {self.kernels.ce_impl!r}; choose "
                                f"{' or '.join(CE_IMPLS)}")

@@ -146,6 +146,9 @@ def test_full_recomputation_needs_the_full_iteration_graph_dense_or_not():
     with pytest.raises(PipesimError, match="Megatron-core supports full recomputation only with"):
         Job(recompute="full", kernels=KernelSwitches(cuda_graphs=CudaGraphs("local", ("attn",))))
     assert Job(recompute="full", kernels=KernelSwitches(cuda_graphs=CudaGraphs("full_iteration"))).recompute == "full"
+    with pytest.raises(PipesimError, match="does not support recomputing a graphed router"):
+        Job(recompute="selective", recompute_modules=("moe",),
+            kernels=KernelSwitches(cuda_graphs=CudaGraphs("transformer_engine", ("moe_router",))))
 
 
 def test_the_planner_leaves_full_recomputation_out_under_per_layer_graphs(tmp_path, capsys):

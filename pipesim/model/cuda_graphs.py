@@ -68,12 +68,17 @@ class CudaGraphs:
         """Whether `module` ("attn", "moe_router", ...) runs inside a per-layer graph."""
         return self.impl != "full_iteration" and module in self.scope
 
-    def check_recompute(self, recompute: str) -> None:
-        """One line for full recomputation under per-layer graphs (Megatron-core's transformer_config.py: "full
-        recompute is only supported with full iteration CUDA graph")."""
+    def check_recompute(self, recompute: str, modules: tuple[str, ...] = ()) -> None:
+        """One line where Megatron-core refuses the recomputation under these graphs (transformer_config.py): full
+        recomputation except with full_iteration ("full recompute is only supported with full iteration CUDA
+        graph"), and the MoE block's with Transformer Engine's graphs over the router ("moe recompute is not
+        supported with moe_router CUDA graph")."""
         if recompute == "full" and self.impl != "full_iteration":
             raise PipesimError("--recompute full with per-layer CUDA graphs: Megatron-core supports full "
                                "recomputation only with --cuda-graph-impl full_iteration")
+        if self.impl == "transformer_engine" and "moe" in modules and "moe_router" in self.scope:
+            raise PipesimError("--recompute-modules moe with --cuda-graph-scope moe_router under --cuda-graph-impl "
+                               "transformer_engine: Megatron-core does not support recomputing a graphed router")
 
     def check_moe(self, dispatcher: str, *, padded: bool) -> None:
         """One line unless pipesim's host model of a MoE layer holds under these graphs (`padded`: drop-and-pad

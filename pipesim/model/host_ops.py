@@ -60,7 +60,6 @@ ROUTER_B = 15  # the router's backward (counted)
 REST_B = 45  # the attention block's and the dispatcher's backward (read: 46, less the activation counted apart)
 ATTENTION_B = ATTENTION_F  # of REST_B, the attention block's, its weight gradients among them (assumed: mirrored)
 ATTENTION_W, ROUTER_W = 4, 1  # of the backward, the weight gradients of the attention block and of the router
-WEIGHT_B = ATTENTION_W + ROUTER_W
 SYNCS_F = {"alltoall": 1, "deepep": 4, "hybridep": 1}  # device-to-host waits of the forward
 SYNCS_B = {"alltoall": 0, "deepep": 1, "hybridep": 0}  # ... of the backward
 
