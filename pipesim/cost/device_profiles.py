@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 from functools import lru_cache
 
-from pipesim.device.fp8_rates import FP4, FP8, fp8_figures
+from pipesim.device.fp8_rates import QUANTIZED, fp8_figures
 from pipesim.device.power import at_power_limit
 from pipesim.device.profile import DeviceProfile, device_profile
 from pipesim.errors import PipesimError
@@ -65,7 +65,7 @@ def gemm_timing(shape: Gemm, dtype: str, family: str, kernels: KernelFigures | N
                 recipe: str | None = None) -> tuple[str, DeviceProfile]:
     """(dtype, profile) a GEMM shape is timed with: FP8's (`recipe`'s) for an FP8 GEMM, else the model's dtype on
     the family's."""
-    if shape.dtype in (FP8, FP4):
+    if shape.dtype in QUANTIZED:
         return shape.dtype, fp8_profile_of(family, kernels, recipe)
     return dtype, profile_of(family, kernels)
 

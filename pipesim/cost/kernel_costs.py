@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from pipesim.cost.device_profiles import fp8_profile_of, profile_of
-from pipesim.device.fp8_rates import FP4, FP8, check_fp8_recipe
+from pipesim.device.fp8_rates import QUANTIZED, check_fp8_recipe
 from pipesim.device.gemm import gemm_time
 from pipesim.device.kernels import flash_attention_time, memory_bound_time
 from pipesim.device.profile import DeviceProfile
@@ -76,7 +76,7 @@ def kernel_seconds(kernel: Kernel, dtype: str, profile: DeviceProfile, sms: int 
     all), the rest by its bytes. An FP8 GEMM (`Gemm.dtype` "float8", NVFP4's "float4") is timed on `fp8`, the profile
     as FP8 GEMMs see it (pipesim.device.fp8_rates.Fp8Figures.gemm_profile)."""
     if isinstance(kernel, Gemm):
-        if kernel.dtype in (FP8, FP4):
+        if kernel.dtype in QUANTIZED:
             if fp8 is None:
                 raise PipesimError(f"{kernel.name} is an FP8 GEMM: timing it needs the device's FP8 figures")
             return _gemm_seconds(kernel.m, kernel.n, kernel.k, kernel.batch, kernel.dtype, fp8, kernel.c_bytes, sms)

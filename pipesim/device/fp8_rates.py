@@ -30,6 +30,7 @@ FIELDS = ("peak", "matmul_efficiency", "tn_only", "recipes")
 OPTIONAL = ("recipe_efficiency", "fp4_peak")
 FP8 = "float8"  # the dtype name pipesim.device.profile.DTYPE_BYTES gives one byte
 FP4 = "float4"  # ... half a byte: NVFP4's E2M1 elements
+QUANTIZED = (FP8, FP4)  # the GEMM dtypes a quantized linear runs in, timed on these figures (gemm_profile)
 FP4_RECIPES = ("nvfp4",)  # recipes whose GEMMs run on the FP4 tensor cores (Megatron-core's --fp4-recipe choices)
 
 
@@ -137,4 +138,5 @@ def check_fp8_recipe(family: str | None, recipe: str, device: str = "") -> Fp8Fi
     return figures
 
 
-__all__ = ["FP4", "FP4_RECIPES", "FP8", "Fp8Figures", "check_fp8_recipe", "fp8_figures", "load_fp8_figures"]
+__all__ = ["FP4", "FP4_RECIPES", "FP8", "QUANTIZED", "Fp8Figures", "check_fp8_recipe", "fp8_figures",
+           "load_fp8_figures"]

@@ -67,7 +67,6 @@ BLOCK_SCALED = ("blockwise", "mxfp8", "nvfp4")  # recipes whose tensors carry bo
 SCALE_DIVISOR = {"blockwise": 32, "mxfp8": 32, "nvfp4": 16}
 # weights: float32 per 128 x 128 block; mxfp8: 1 x 32; nvfp4: E4M3 per 16 x 16 block
 WEIGHT_SCALE_DIVISOR = {"blockwise": 4096, "mxfp8": 32, "nvfp4": 256}
-FP8_GEMM, FP4_GEMM = FP8, FP4  # the GEMM dtypes of pipesim.device.profile.DTYPE_BYTES
 
 
 @dataclass(frozen=True)
@@ -117,7 +116,7 @@ class Fp8Options:
     @property
     def gemm_dtype(self) -> str:
         """The dtype the linears' GEMMs run in (its peak and operand bytes): float4 under NVFP4, else float8."""
-        return FP4_GEMM if self.fp4 else FP8_GEMM
+        return FP4 if self.fp4 else FP8
 
     @property
     def global_amax(self) -> bool:
@@ -176,7 +175,7 @@ def check_fp8_model(fp8: Fp8Options | None, dtype: str, kind: str) -> None:
         raise PipesimError(f"{flag} needs 16-bit parameters (--dtype bfloat16), got {dtype}")
 
 
-__all__ = ["BLOCK_SCALED", "DEFAULT_RECIPE", "FP4_FORMATS", "FP4_GEMM", "FP4_RECIPES", "FP8_BYTES", "FP8_FORMATS",
-           "FP8_GATHER_RECIPES", "FP8_GEMM", "FP8_IMPLS", "FP8_RECIPES", "Fp8Options", "TORCHAO_ONLY",
+__all__ = ["BLOCK_SCALED", "DEFAULT_RECIPE", "FP4_FORMATS", "FP4_RECIPES", "FP8_BYTES", "FP8_FORMATS",
+           "FP8_GATHER_RECIPES", "FP8_IMPLS", "FP8_RECIPES", "Fp8Options", "TORCHAO_ONLY",
            "TORCHAO_RECIPES", "cast_write_bytes", "check_fp8_model", "data_bytes", "saved_bytes",
            "weight_copy_bytes"]

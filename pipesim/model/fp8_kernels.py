@@ -27,7 +27,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from pipesim.model.fp8 import FP4_GEMM, FP8_GATHER_RECIPES, Fp8Options, cast_write_bytes
+from pipesim.device.fp8_rates import FP8, QUANTIZED
+from pipesim.model.fp8 import FP8_GATHER_RECIPES, Fp8Options, cast_write_bytes
 from pipesim.model.kernel_types import Gemm, Kernel, MemoryBound, PieceKernels
 
 FP8_LINEARS = frozenset({"QKV", "projection", "FC1", "FC2", "expert FC1", "expert FC2", "shared FC1",
@@ -35,8 +36,6 @@ FP8_LINEARS = frozenset({"QKV", "projection", "FC1", "FC2", "expert FC1", "exper
                          # torchtitan's per-op checkpointing re-runs wk, wo and w3 (pipesim.model.op_recompute)
                          "K (recompute)", "projection (recompute)", "FC1 up half (recompute)"})
 GATHERED = frozenset({"QKV", "FC1", "shared FC1"})  # column-parallel linears whose input sp all-gathers
-FP8 = "float8"  # the GEMM dtype of pipesim.device.profile.DTYPE_BYTES
-QUANTIZED = frozenset({FP8, FP4_GEMM})  # GEMM dtypes of a quantized linear (NVFP4's float4)
 
 
 def _linear(name: str, suffix: str = "") -> str | None:
