@@ -287,7 +287,7 @@ class Job:
     @property
     def param_gather_flag(self) -> str:
         """Megatron-core's flag of `fp8_param_gather`: --fp4-param-gather under NVFP4, else --fp8-param-gather."""
-        return "--fp4-param-gather" if self.fp8 is not None and self.fp8.fp4 else "--fp8-param-gather"
+        return self.fp8.param_gather_flag if self.fp8 is not None else "--fp8-param-gather"
 
     def layer_options(self, model: ModelConfig) -> LayerOptions | None:
         """The transformer layer's options under this job; None for the MLP."""

@@ -49,6 +49,10 @@ def test_nvfp4_bytes_by_hand():
     assert weight_copy_bytes(65536, NVFP4, tn_only=False) == 2 * (32768 + 256)
     assert NVFP4.gemm_dtype == "float4" and Fp8Options("e4m3", "mxfp8").gemm_dtype == "float8"
     assert NVFP4.flags() == ["--fp4-format", "e2m1", "--fp4-recipe", "nvfp4"]
+    assert NVFP4.report() == {"fp4_format": "e2m1", "fp4_recipe": "nvfp4"}  # --json's words: the flags'
+    assert Fp8Options("hybrid", "tensorwise", "torchao").report() == \
+        {"fp8_format": "hybrid", "fp8_recipe": "tensorwise", "fp8_impl": "torchao"}
+    assert (NVFP4.param_gather_flag, Fp8Options().param_gather_flag) == ("--fp4-param-gather", "--fp8-param-gather")
 
 
 def test_nvfp4_casts_by_hand():

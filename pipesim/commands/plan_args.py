@@ -114,7 +114,7 @@ def shared_job(args: argparse.Namespace, model: ModelConfig) -> tuple[Job, tuple
     fp8 = fp8_from_args(args)
     gather = param_gather_from_args(args, fp8)
     if gather:  # the distributed optimizer's (Megatron-core), or FSDP2's float8 all-gather (torchao)
-        flag = "--fp4-param-gather" if fp8 is not None and fp8.fp4 else "--fp8-param-gather"
+        flag = fp8.param_gather_flag if fp8 is not None else "--fp8-param-gather"  # None: the Job refuses it
         needs[flag] = (3,) if fp8 is not None and fp8.impl == "torchao" else (1, 2)
     adam = adam_from_args(args)
     if adam is not None:

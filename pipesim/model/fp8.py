@@ -124,6 +124,17 @@ class Fp8Options:
         and NVFP4's second-level float32 scale."""
         return self.recipe in ("tensorwise", "rowwise", "nvfp4")
 
+    @property
+    def param_gather_flag(self) -> str:
+        """Megatron-core's flag that keeps these linears' parameters quantized and gathers them so."""
+        return "--fp4-param-gather" if self.fp4 else "--fp8-param-gather"
+
+    def report(self) -> dict[str, str]:
+        """The options as --json reports them: `flags()` as keys in their own words (fp8_format, fp4_recipe, ...)."""
+        flags = self.flags()
+        return {flag.removeprefix("--").replace("-", "_"): value for flag, value in zip(flags[::2], flags[1::2],
+                                                                                         strict=True)}
+
     def flags(self) -> list[str]:
         """The command-line flags that give these options (Megatron-core's spelling, and pipesim's)."""
         if self.fp4:

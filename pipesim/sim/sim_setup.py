@@ -80,9 +80,7 @@ class SimSetup:
                 **({"recompute_modules": list(job.recompute_modules)} if job.recompute_modules else {}),
                 **({"fsdp_reshard_after_forward": job.fsdp_reshard} if job.zero == 3 else {}),
                 # the linears' precision and the graphs, in their flags' names (set ones only)
-                **({"fp8_format" if not job.fp8.fp4 else "fp4_format": job.fp8.format,
-                    "fp8_recipe" if not job.fp8.fp4 else "fp4_recipe": job.fp8.recipe,
-                    **({"fp8_impl": job.fp8.impl} if job.fp8.impl != "te" else {})} if job.fp8 is not None else {}),
+                **(job.fp8.report() if job.fp8 is not None else {}),
                 **({job.param_gather_flag.removeprefix("--").replace("-", "_"): True} if job.fp8_param_gather else {}),
                 **({"cuda_graph_impl": job.kernels.cuda_graphs.impl,
                     "cuda_graph_scope": list(job.kernels.cuda_graphs.scope)} if job.kernels.cuda_graphs else {}),
