@@ -40,6 +40,7 @@ from pipesim.hardware.machine import Hardware
 from pipesim.job import Job
 from pipesim.model.config import ModelConfig
 from pipesim.model.cp_exchanges import cp_layer_exchanges
+from pipesim.model.fp8 import Fp8Options, data_bytes
 from pipesim.model.fsdp import FsdpPolicy
 from pipesim.model.memory import (
     Precision,
@@ -92,17 +93,17 @@ def _precision(precision: Precision | str) -> Precision:
 
 def stage_step_collectives(params: int, *, dp: int, zero: int, precision: Precision | str = "mixed",
                            overlap_param_gather: bool = False, fsdp: FsdpPolicy | None = None,
-                           fp8_params: int = 0, fp4: bool = False) -> tuple[StepCollective, ...]:
+                           fp8_params: int = 0, fp8: Fp8Options | None = None) -> tuple[StepCollective, ...]:
     """The dp collectives of one stage holding `params` parameters (per tp rank) in one step; () when dp = 1.
     `overlap_param_gather` (Megatron's flag, ZeRO 1/2): the parameters' all-gather runs before the chunk's first
     forward of the (next) step instead of after the optimizer. `fsdp` (ZeRO 3; None: gathered once per step):
     when FSDP2 frees the chunk between computes. `fp8_params` (--fp8-param-gather: the distributed optimizer's under
-    ZeRO 1/2, torchao's FSDP2 float8 all-gather under ZeRO 3): of the parameters, those gathered as one FP8 byte
-    each; `fp4` (--fp4-param-gather): as packed NVFP4 bytes instead, two elements to a byte (Megatron-core's
-    param_and_grad_buffer.py: the param buffer holds numel // 2 uint8 for NVFP4 parameters; their block scales,
-    1/256 byte per element, not counted)."""
+    ZeRO 1/2, torchao's FSDP2 float8 all-gather under ZeRO 3): of the parameters, those gathered quantized, as
+    `fp8`'s data bytes (pipesim.model.fp8.data_bytes; None: one FP8 byte each): under NVFP4 (--fp4-param-gather)
+    packed, two elements to a byte (Megatron-core's param_and_grad_buffer.py: the param buffer holds numel // 2 uint8
+    for NVFP4 parameters; their block scales, 1/256 byte per element, not counted)."""
     prec = _precision(precision)
-    gathered_bytes = fp8_params // 2 if fp4 else fp8_params  # what the quantized parameters' gather moves
+    gathered_bytes = data_bytes(fp8_params, fp8) if fp8 is not None else fp8_params  # what their gather moves
     fp8_saved = fp8_params * prec.param_bytes - gathered_bytes  # bytes that saves against 16-bit parameters
     if zero == 3:
         chunk = zero3_chunk_collectives(params, dp=dp, precision=prec)
@@ -162,14 +163,13 @@ def step_costs(params_per_stage: Sequence[int], job: Job, *, hw: Hardware, preci
     prec = _precision(precision)
     dp, zero, edp = job.dims.dp_cp, job.zero, job.dims.edp  # the dense state's replicas include the cp ranks
     overlap, fsdp = job.comm.overlap_param_gather, job.fsdp
-    fp4 = job.fp8 is not None and job.fp8.fp4  # --fp4-param-gather: NVFP4 parameters gathered as packed bytes
     experts = list(experts_per_stage) or [0] * len(params_per_stage)
     fp8 = list(fp8_per_stage) or [0] * len(params_per_stage)
     fp8_experts = list(fp8_experts_per_stage) or [0] * len(params_per_stage)
     collectives, seconds, nbytes = [], [], []
     for p, e, f, fe in zip(params_per_stage, experts, fp8, fp8_experts, strict=True):
         colls = stage_step_collectives(p - e, dp=dp, zero=zero, precision=prec, overlap_param_gather=overlap,
-                                       fsdp=fsdp, fp8_params=f - fe, fp4=fp4)
+                                       fsdp=fsdp, fp8_params=f - fe, fp8=job.fp8)
         opt_bytes, opt_seconds = optimizer_bytes_and_seconds(p - e, dp=dp, zero=zero, hw=hw, precision=prec,
                                                              loss_scaling=loss_scaling)
         if e:
@@ -177,7 +177,7 @@ def step_costs(params_per_stage: Sequence[int], job: Job, *, hw: Hardware, preci
                 colls += tuple(replace(c, group="edp")
                                for c in stage_step_collectives(e, dp=edp, zero=zero, precision=prec,
                                                                overlap_param_gather=overlap, fsdp=fsdp,
-                                                               fp8_params=fe, fp4=fp4))
+                                                               fp8_params=fe, fp8=job.fp8))
             more_bytes, more_seconds = optimizer_bytes_and_seconds(e, dp=edp, zero=zero, hw=hw, precision=prec,
                                                                    loss_scaling=loss_scaling)
             opt_bytes, opt_seconds = opt_bytes + more_bytes, opt_seconds + more_seconds
