@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from pipesim.commands.kernel_args import adam_from_args, cuda_graphs_from_args, fp8_from_args, param_gather_from_args
+from pipesim.commands.kernel_args import adam_from_args, fp8_from_args, param_gather_from_args
 from pipesim.commands.setup_args import apply_switches, comm_options_from_args, kernel_switches
 from pipesim.errors import PipesimError
 from pipesim.job import Job
@@ -103,7 +103,8 @@ def shared_job(args: argparse.Namespace, model: ModelConfig) -> tuple[Job, tuple
     outside them is refused in one line; a candidate without them (dp 1) runs without the option (`Candidate.job`)."""
     apply_switches(args, keep=("zero",))
     scheds, zeros, recomputes, sps = plan_choices(args)
-    graphs = cuda_graphs_from_args(args)
+    kernels = kernel_switches(args)
+    graphs = kernels.cuda_graphs
     if graphs is not None and graphs.impl != "full_iteration" and "full" in recomputes:
         if args.recompute:  # typed: one line, as simulate says it
             graphs.check_recompute("full")
@@ -126,7 +127,7 @@ def shared_job(args: argparse.Namespace, model: ModelConfig) -> tuple[Job, tuple
                                f"{','.join(map(str, zeros))}")
         zeros = kept
     job = Job(attention=args.attention, comm=comm_options_from_args(args), zero=zeros[0] if needs else 0,
-              kernels=kernel_switches(args),
+              kernels=kernels,
               fp8=fp8, cp_comm=args.cp_comm_type, fsdp_reshard=args.fsdp_reshard,
               fp8_param_gather=gather, adam_states=adam)
     job.check_gradients(model)
