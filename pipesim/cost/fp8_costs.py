@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from functools import lru_cache
 
 from pipesim.cost.device_profiles import profile_of
 from pipesim.cost.kernel_costs import fp8_layer
@@ -29,18 +30,26 @@ from pipesim.model.fp8_kernels import fp8_expert_params, fp8_weight_params
 from pipesim.model.options import LayerOptions
 
 
+@lru_cache(maxsize=1024)
+def _layer_fp8_counts(model: ModelConfig, b: int, opts: LayerOptions, family: str, moe: bool) -> tuple[int, int, int]:
+    """(parameters, weights, routed experts' parameters) of one layer's FP8 linears on one rank, built once for all
+    the stages that ask."""
+    kernels = fp8_layer(model, b, opts, True, family, moe=moe)
+    return (*fp8_weight_params(kernels), fp8_expert_params(kernels))
+
+
 def stage_fp8_weights(model: ModelConfig, b: int, opts: LayerOptions, family: str, *, layers: int,
                       moe_layers: int = 0) -> tuple[int, int]:
     """(parameters, weights) of a stage's FP8 linears on one rank: its layers' (the experts' local share)."""
-    dense = fp8_weight_params(fp8_layer(model, b, opts, True, family)) if layers > moe_layers else (0, 0)
-    moe = fp8_weight_params(fp8_layer(model, b, opts, True, family, moe=True)) if moe_layers else (0, 0)
+    dense = _layer_fp8_counts(model, b, opts, family, False) if layers > moe_layers else (0, 0, 0)
+    moe = _layer_fp8_counts(model, b, opts, family, True) if moe_layers else (0, 0, 0)
     n = layers - moe_layers
     return n * dense[0] + moe_layers * moe[0], n * dense[1] + moe_layers * moe[1]
 
 
 def stage_fp8_expert_params(model: ModelConfig, b: int, opts: LayerOptions, family: str, *, moe_layers: int) -> int:
     """Of `stage_fp8_weights`' parameters, the routed experts' on one rank (0 without MoE layers)."""
-    return moe_layers * fp8_expert_params(fp8_layer(model, b, opts, True, family, moe=True)) if moe_layers else 0
+    return moe_layers * _layer_fp8_counts(model, b, opts, family, True)[2] if moe_layers else 0
 
 
 def weight_cast(params: int, weights: int, fp8: Fp8Options, *, dtype_bytes: int, tn_only: bool) -> tuple[int, int]:
