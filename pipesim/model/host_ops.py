@@ -77,7 +77,8 @@ class HostOps:
 
 def _add(*parts: tuple[int, int, int]) -> tuple[int, int, int]:
     """(forward, whole backward, weight gradients) summed over parts of a layer."""
-    return tuple(sum(p[i] for p in parts) for i in range(3))  # type: ignore[return-value]
+    forward, backward, weight = map(sum, zip(*parts, strict=True))
+    return forward, backward, weight
 
 
 REPLAY = (REPLAY_F, REPLAY_B + REPLAY_W, REPLAY_W)  # a graphed part: its replays (pipesim.model.cuda_graphs)
@@ -101,8 +102,9 @@ def moe_layer_host_ops(model: ModelConfig, opts: LayerOptions) -> HostOps:
     iteration = graphs is not None and graphs.impl == "full_iteration"
     whole_layer = graphs is not None and not iteration and not graphs.scope
     attn = REPLAY if graphed("attn") else (ATTENTION_F, ATTENTION_B, ATTENTION_W)
-    router = (0, 0, 0) if graphed("moe_router") and graphed("attn") else REPLAY if graphed("moe_router") else \
-        (ROUTER_F + shared * SHARED_F, ROUTER_B + shared * SHARED_B, ROUTER_W)  # both graphed: one graph
+    router = (ROUTER_F + shared * SHARED_F, ROUTER_B + shared * SHARED_B, ROUTER_W)
+    if graphed("moe_router"):  # with attn graphed too, one graph: replayed with the attention block's
+        router = (0, 0, 0) if graphed("attn") else REPLAY
     rest = (DISPATCH_F[opts.moe_dispatcher] + 2 * local + ACTIVATION, (REST_B - ATTENTION_B) + ACTIVATION + 4 * local,
             2 * local)  # dispatcher, experts, activation
     moe_ops = REPLAY if graphed("moe") else _add(router, rest)
