@@ -91,6 +91,7 @@ def cast_specs(pk: PieceKernels, tn_only: bool, *, tp: int = 1, sp: bool = False
     rank's shard of the column-parallel linears' input under sequence parallelism, cast without its transpose), an
     output gradient's (tokens x outputs, from its dgrad GEMM), a gathered input's FP8 transpose (from its wgrad)."""
     shapes = {g.name: g for ph in "FIW" for g in pk.phase(ph) if isinstance(g, Gemm)}
+    casts_later = {k.name.removesuffix(" cast") for k in pk.W if k.name.endswith(" cast")}
     out = []
     for phase in "FIW":
         for k in pk.phase(phase):
@@ -100,14 +101,18 @@ def cast_specs(pk: PieceKernels, tn_only: bool, *, tp: int = 1, sp: bool = False
             if op == "transpose":  # "<linear> input transpose": the wgrad's X^T (m = inputs, k = tokens)
                 g = shapes[what.removesuffix(" input") + " wgrad"]
                 out.append(CastSpec(phase, k.name, op, g.batch * g.k, g.m, False, k.nbytes))
+            elif what.endswith(" input (column-wise)"):  # a kept bf16 input cast again for its wgrad: one copy
+                g = shapes[what.removesuffix(" input (column-wise)")]
+                out.append(CastSpec(phase, k.name, op, g.batch * g.m, g.k, False, k.nbytes))
             elif what.endswith(" output gradient"):
                 g = shapes[what.removesuffix(" output gradient") + " dgrad"]
                 out.append(CastSpec(phase, k.name, op, g.batch * g.m, g.k, tn_only, k.nbytes))
             else:
                 name = what.removesuffix(" input")
                 g, shard = shapes[name], sp and tp > 1 and name in GATHERED
+                kept = f"{name} input (column-wise)" in casts_later  # its wgrad casts the kept input instead
                 out.append(CastSpec(phase, k.name, op, g.batch * g.m // (tp if shard else 1), g.k,
-                                    tn_only and not shard, k.nbytes))
+                                    tn_only and not shard and not kept, k.nbytes))
     return out
 
 

@@ -114,6 +114,27 @@ def test_cast_kernels_bytes_by_hand():
     assert _bytes(sp, "F")["projection input cast"] == D * TOKENS * HQ // 2 + 2 * TOKENS * HQ // 2  # row-parallel
 
 
+def test_the_projection_keeps_its_bf16_input_under_every_recipe_but_delayed():
+    """Megatron-core's save_original_input on linear_proj (781e765818): the projection's wgrad reads flash's bf16
+    output, which flash keeps anyway, so no FP8 copy is saved; F casts row-wise only and W casts column-wise."""
+    e = TOKENS * HQ  # the projection's input elements
+    hopper = fp8_layer(LLAMA, 1, _opts(TENSORWISE), True, "H100")
+    assert _bytes(hopper, "F")["projection input cast"] == D * e + e  # row-wise only (the TN transpose not written)
+    w = _bytes(hopper, "W")
+    assert (w["projection input (column-wise) amax"], w["projection input (column-wise) cast"]) == (D * e, D * e + e)
+    mx = fp8_layer(LLAMA, 1, _opts(Fp8Options("e4m3", "mxfp8")), True, "B200")
+    assert _bytes(mx, "F")["projection input cast"] == D * e + e + e // 32  # one direction and its scales
+    assert _bytes(mx, "W")["projection input (column-wise) cast"] == D * e + e + e // 32
+    delayed = fp8_layer(LLAMA, 1, _opts(), True, "H100")  # delayed: the FP8 copy of both layouts, saved
+    assert _bytes(delayed, "F")["projection input cast"] == D * e + 2 * e and "projection input (column-wise) cast" \
+        not in _bytes(delayed, "W")
+    for fp8, attention in ((TENSORWISE, "flash"), (Fp8Options("e4m3", "mxfp8"), "flash"), (TENSORWISE, "eager")):
+        saved = {x.name: x.nbytes for x in layer_saved_tensors(LLAMA, 1, replace(_opts(fp8), attention=attention))}
+        assert saved["attention output (projection input)"] == D * e and "projection input (FP8)" not in saved
+    saved = {x.name: x.nbytes for x in layer_saved_tensors(LLAMA, 1, _opts())}
+    assert (saved["attention output (projection input)"], saved["projection input (FP8)"]) == (D * e, e)
+
+
 def test_the_cast_kernels_time_as_memory_bound_kernels():
     pk = fp8_layer(LLAMA, 1, _opts(), True, "H100")
     prof = profile_of("H100")

@@ -67,7 +67,10 @@ def test_nvfp4_casts_by_hand():
     assert f["QKV input cast"] == D * e_in + 2 * (e_in // 2 + e_in // 16)
     assert i["QKV output gradient amax"] == D * e_qkv
     assert i["QKV output gradient cast"] == D * e_qkv + 2 * (e_qkv // 2 + e_qkv // 16)
-    assert _bytes(pk, "W") == {}  # the wgrad reads the saved column-wise copies
+    e_proj = TOKENS * HQ  # the projection keeps its bf16 input (save_original_input): row-wise now, column-wise in W
+    assert f["projection input cast"] == D * e_proj + e_proj // 2 + e_proj // 16
+    assert _bytes(pk, "W") == {"projection input (column-wise) amax": D * e_proj,
+                               "projection input (column-wise) cast": D * e_proj + e_proj // 2 + e_proj // 16}
     sp = fp8_layer(LLAMA, 1, _opts(tp=2, sp=True), True, "B200")  # the shard cast in both directions, then gathered
     assert _bytes(sp, "F")["QKV input cast"] == D * e_in // 2 + 2 * (e_in // 4 + e_in // 32)
 

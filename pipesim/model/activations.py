@@ -142,12 +142,15 @@ def _fp8_saved(saved: list[SavedTensor], d: int, fp8: Fp8Options, *, flash: bool
     pipesim.model.fp8.saved_bytes) instead of in the dtype (transformer_engine/pytorch/module/linear.py @ v2.8:
     `saved_inputmat = inputmat`, the quantised input, its row-wise data discarded). The projection's input is
     also flash attention's output, which flash keeps in the dtype for its own backward, so under flash the FP8 copy
-    comes on top; the MLP input of a mixture of experts is the router's too (a bf16 torch linear), so it stays."""
+    comes on top, under delayed scaling only: every other recipe keeps the bf16 input alone
+    (`Fp8Options.keeps_projection_input`); the MLP input of a mixture of experts is the router's too (a bf16 torch linear), so it stays."""
     out = []
     for x in saved:
         fp8_input = x.name in FP8_INPUTS or (x.name == "MLP input" and not moe)
         projection = x.name == "attention output (projection input)"
-        if projection and flash:
+        if projection and fp8.keeps_projection_input:
+            out.append(x)  # the bf16 tensor alone, flash's output under flash
+        elif projection and flash:
             out += [x, replace(x, name="projection input (FP8)", nbytes=saved_bytes(x.nbytes // d, fp8))]
         elif fp8_input or projection:
             out.append(replace(x, name=f"{x.name} (FP8)", nbytes=saved_bytes(x.nbytes // d, fp8)))

@@ -125,6 +125,14 @@ class Fp8Options:
         return self.recipe in ("tensorwise", "rowwise", "nvfp4")
 
     @property
+    def keeps_projection_input(self) -> bool:
+        """The attention projection keeps its bf16 input (flash attention's output, which flash keeps anyway) for its
+        wgrad and casts it column-wise in the backward, instead of saving an FP8 copy: Megatron-core sets TE's
+        save_original_input on linear_proj under every TE recipe but delayed scaling (NVIDIA/Megatron-LM 781e765818,
+        2025-08-19, core_v0.15.0 on, with TE >= 2.6; NVFP4 with TE >= 2.7: megatron/core/transformer/attention.py)."""
+        return self.impl == "te" and self.recipe != "delayed"
+
+    @property
     def param_gather_flag(self) -> str:
         """Megatron-core's flag that keeps these linears' parameters quantized and gathers them so."""
         return "--fp4-param-gather" if self.fp4 else "--fp8-param-gather"

@@ -16,7 +16,9 @@ Per FP8 linear, per microbatch, the casts are memory-bound kernels (pipesim.mode
   (TE's Linear: `with_input_all_gather_nccl`), and a per-tensor recipe casts it row-wise only (its all-gather
   takes no column-wise data), so W transposes the gathered copy (read 1, write 1 byte per element).
 - I: the output gradient dY cast to FP8 for dgrad and wgrad alike (cast-transpose again).
-- W: nothing more (the wgrad reads the saved FP8 input and the FP8 dY).
+- W: nothing more (the wgrad reads the saved FP8 input and the FP8 dY), except the attention projection's under every
+  recipe but delayed scaling: it keeps its bf16 input (`Fp8Options.keeps_projection_input`), so F casts it row-wise
+  only and W casts it column-wise (and, per tensor, reads it once more for the amax).
 NVFP4 (`--fp4-format e2m1`) runs the same GEMMs as float4 and, per input and output gradient, an amax pass (the
 row-wise amax and the Hadamard-transformed column-wise one) before a cast writing both directions.
 The weights' casts are once per step, not per microbatch (TE caches them: `is_first_microbatch`, which
@@ -72,10 +74,13 @@ def fp8_layer_kernels(kernels: PieceKernels, fp8: Fp8Options, *, dtype_bytes: in
         elements = k.batch * k.m * k.k  # X: tokens x inputs (all-gathered under sp); dgrad: dY, tokens x outputs
         if (name := _linear(k.name)) is not None:
             shard = gathered and name in GATHERED
+            kept = name == "projection" and fp8.keeps_projection_input  # its wgrad casts the bf16 input again
             return _casts(f"{name} input", elements // tp if shard else elements, fp8, d, tn_only=tn_only,
-                          transposed=not shard or fp8.block_scaled)
+                          transposed=(not shard or fp8.block_scaled) and not kept)
         if (name := _linear(k.name, " dgrad")) is not None:
             return _casts(f"{name} output gradient", elements, fp8, d, tn_only=tn_only, transposed=True)
+        if _linear(k.name, " wgrad") == "projection" and fp8.keeps_projection_input:  # the column-wise copy alone
+            return _casts("projection input (column-wise)", elements, fp8, d, tn_only=False, transposed=False)
         if (name := _linear(k.name, " wgrad")) is not None:
             if gathered and name in GATHERED and tn_only and not fp8.block_scaled:
                 return [MemoryBound(f"{name} input transpose", 2 * elements)]  # read 1, write 1 per element
