@@ -143,7 +143,8 @@ def _fp8_saved(saved: list[SavedTensor], d: int, fp8: Fp8Options, *, flash: bool
     `saved_inputmat = inputmat`, the quantised input, its row-wise data discarded). The projection's input is
     also flash attention's output, which flash keeps in the dtype for its own backward, so under flash the FP8 copy
     comes on top, under delayed scaling only: every other recipe keeps the bf16 input alone
-    (`Fp8Options.keeps_projection_input`); the MLP input of a mixture of experts is the router's too (a bf16 torch linear), so it stays."""
+    (`Fp8Options.keeps_projection_input`); the MLP input of a mixture of experts is the router's too (a bf16 torch
+    linear), so it stays."""
     out = []
     for x in saved:
         fp8_input = x.name in FP8_INPUTS or (x.name == "MLP input" and not moe)
