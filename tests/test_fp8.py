@@ -50,8 +50,8 @@ def _bytes(pk, phase: str) -> dict[str, int]:
 
 def test_shipped_fp8_figures_are_the_datasheets_with_a_source_each():
     figs = load_fp8_figures()
-    assert list(figs) == ["H100", "H200", "B200"]  # no A100: no FP8 tensor cores
-    for family, peak in (("H100", 1979e12), ("H200", 1979e12), ("B200", 4500e12)):
+    assert list(figs) == ["H100", "H200", "B200", "B300"]  # no A100: no FP8 tensor cores
+    for family, peak in (("H100", 1979e12), ("H200", 1979e12), ("B200", 4500e12), ("B300", 4500e12)):
         assert figs[family].peak == peak == pytest.approx(2 * device_profile(family).peak("bfloat16"), rel=1e-3)
         assert set(figs[family].sources) == {"peak", "matmul_efficiency", "tn_only", "recipes",
                                              *(("recipe_efficiency",) if figs[family].recipe_efficiency else ()),
@@ -167,10 +167,10 @@ def test_fp8_weight_copies_and_their_cast_by_hand():
 def test_refusals_are_one_line_and_exit_2(capsys):
     base = ["simulate", "1f1b", "-p", "2", "-m", "4", "--model-config", "llama3-8b", "--seq", "1024", "--batch", "8"]
     cases = [(["--hardware", "dgx-a100", "--fp8-format", "hybrid"], "--fp8-format needs FP8 tensor cores (H100, "
-              "H200, B200): A100-SXM4-80GB has none (FP8 families: H100, H200, B200)"),
+              "H200, B200, B300): A100-SXM4-80GB has none"),
              (["--hardware", "local-cpu", "--fp8-format", "hybrid"], "has none"),
              (["--hardware", "dgx-h100", "--fp8-format", "hybrid", "--fp8-recipe", "mxfp8"],
-              "--fp8-recipe mxfp8 needs Blackwell (B200): H100-SXM5-80GB runs delayed, tensorwise, blockwise"),
+              "--fp8-recipe mxfp8 needs Blackwell (B200, B300): H100-SXM5-80GB runs delayed, tensorwise, blockwise"),
              (["--hardware", "dgx-h100", "--fp8-recipe", "tensorwise"],
               "--fp8-recipe tensorwise needs --fp8-format (e4m3 or hybrid) to turn FP8 on"),
              (["--hardware", "dgx-h100", "--fp8-format", "hybrid", "--dtype", "float32"],

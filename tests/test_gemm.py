@@ -95,7 +95,7 @@ def test_profiles_bad_figures_are_errors():
 
 def test_shipped_profiles_cite_every_field_and_say_what_their_sources_say():
     profiles = load_profiles()
-    assert list(profiles) == ["A100", "A100-PCIe", "H100", "H200", "B200"]
+    assert list(profiles) == ["A100", "A100-PCIe", "H100", "H200", "B200", "B300"]
     flash2 = {"flash2_forward_efficiency", "flash2_backward_efficiency"}
     for p in profiles.values():
         assert set(p.sources) == {"sms", "tiles", "flops", "hbm_bandwidth", "matmul_efficiency", "memory_efficiency",
@@ -109,7 +109,7 @@ def test_shipped_profiles_cite_every_field_and_say_what_their_sources_say():
     # on, 2,500 in the 1200 W superchip
     assert (profiles["B200"].power_limit, profiles["B200"].power_ratings) == \
         (1000, ((700, 1.75e15), (1000, 2.25e15), (1200, 2.5e15)))
-    assert [f for f, p in profiles.items() if p.power_ratings] == ["H100", "B200"]
+    assert [f for f, p in profiles.items() if p.power_ratings] == ["H100", "B200", "B300"]
     # FlashAttention-2: the A100's own flash figures; Hopper's, its flash figures times [FA3FIG]'s FA2 / FA3 ratios
     # (causal forward 335 / 616, backward 322 / 561 TFLOP/s at 16k, head dim 128)
     for family in ("A100", "A100-PCIe"):

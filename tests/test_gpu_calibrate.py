@@ -149,6 +149,10 @@ def test_family_and_base_preset_come_from_the_gpu_name():
     # a GB200 is the B200 family on its own 1,200 W board, in a rack: its preset, not the HGX board's
     assert gpu.family_of("NVIDIA GB200") == "B200"
     assert [gpu.base_preset("B200", n).name for n in ("NVIDIA GB200", "NVIDIA B200")] == ["gb200-nvl72", "hgx-b200"]
+    # Blackwell Ultra: torch names it "NVIDIA B300 SXM6 AC" (TE's GEMM guide) and "NVIDIA GB300" (cudnn-frontend's CSVs)
+    assert [gpu.family_of(n) for n in ("NVIDIA B300 SXM6 AC", "NVIDIA GB300")] == ["B300", "B300"]
+    assert [gpu.base_preset("B300", n).name for n in ("NVIDIA GB300", "NVIDIA B300 SXM6 AC")] == \
+        ["gb300-nvl72", "hgx-b300"]
 
 
 def test_the_link_is_the_ring_formula_through_the_smallest_and_largest_all_reduce():

@@ -11,8 +11,8 @@ from pipesim.errors import PipesimError
 from pipesim.hardware.machine import DeviceSpec, Hardware, HostProfile, LinkClass
 from pipesim.hardware.toml_io import hardware_to_toml, load_hardware, preset_names
 
-PRESETS = ["2x-dgx-h100", "4x-dgx-h100", "dgx-a100", "dgx-h100", "gb200-nvl72", "hgx-b200", "hgx-h200", "local-cpu",
-           "pcie-4gpu"]
+PRESETS = ["2x-dgx-h100", "4x-dgx-h100", "dgx-a100", "dgx-h100", "gb200-nvl72", "gb300-nvl72", "hgx-b200", "hgx-b300",
+           "hgx-h200", "local-cpu", "pcie-4gpu"]
 
 
 def test_presets_all_load_and_round_trip(tmp_path):

@@ -112,10 +112,10 @@ def test_a_family_offering_nvfp4_names_its_fp4_figures():
 def test_nvfp4_refusals_are_one_line_and_exit_2(capsys):
     base = ["simulate", "1f1b", "-p", "2", "-m", "4", "--model-config", "llama3-8b", "--seq", "1024", "--batch", "8"]
     cases = [(["--hardware", "dgx-h100", "--fp4-format", "e2m1"],
-              "--fp4-recipe nvfp4 needs Blackwell (B200): H100-SXM5-80GB runs delayed, tensorwise"),
+              "--fp4-recipe nvfp4 needs Blackwell (B200, B300): H100-SXM5-80GB runs delayed, tensorwise"),
              (["--hardware", "hgx-b200", "--fp4-recipe", "nvfp4"], "--fp4-recipe nvfp4 needs --fp4-format e2m1"),
              (["--hardware", "dgx-a100", "--fp4-format", "e2m1"],
-              "--fp4-format needs FP4 tensor cores (Blackwell: B200): A100-SXM4-80GB has none"),
+              "--fp4-format needs FP4 tensor cores (Blackwell: B200, B300): A100-SXM4-80GB has none"),
              (["--hardware", "hgx-b200", "--fp4-format", "e2m1", "--dtype", "float32"],
               "--fp4-format needs 16-bit parameters (--dtype bfloat16), got float32"),
              (["--hardware", "hgx-b200", "--fp4-format", "e2m1", "--fp8-format", "e4m3"],

@@ -27,8 +27,9 @@ from pipesim.errors import PipesimError
 from pipesim.hardware.machine import Hardware, KernelFigures
 from pipesim.hardware.toml_io import load_hardware, preset_names
 
+# fragment of torch.cuda.get_device_name (upper case) -> family; first match
 FAMILY_NAMES = (("A100-PCIE", "A100-PCIe"), ("A100", "A100"), ("H100", "H100"), ("H200", "H200"),
-                ("B200", "B200"))  # fragment of torch.cuda.get_device_name (upper case) -> family; first match
+                ("B200", "B200"), ("B300", "B300"))
 LINK_KINDS = ("all_reduce", "send_recv")  # the collective the [intra] link is fitted to, in order of preference
 
 

@@ -117,20 +117,20 @@ def fp8_figures(family: str | None, device: str = "") -> Fp8Figures:
     figures = load_fp8_figures()
     if not family or family not in figures:
         what = device or family or "this device"
-        raise PipesimError(f"--fp8-format needs FP8 tensor cores (H100, H200, B200): {what} has none "
-                           f"(FP8 families: {', '.join(figures)})")
+        raise PipesimError(f"--fp8-format needs FP8 tensor cores ({', '.join(figures)}): {what} has none")
     return figures[family]
 
 
 def check_fp8_recipe(family: str | None, recipe: str, device: str = "") -> Fp8Figures:
     """The family's FP8 figures, after checking that Transformer Engine runs `recipe` there (mxfp8, nvfp4:
     Blackwell)."""
+    blackwell = ", ".join(f for f, figs in load_fp8_figures().items() if figs.fp4_peak)
     if recipe in FP4_RECIPES and (not family or family not in load_fp8_figures()):
         what = device or family or "this device"
-        raise PipesimError(f"--fp4-format needs FP4 tensor cores (Blackwell: B200): {what} has none")
+        raise PipesimError(f"--fp4-format needs FP4 tensor cores (Blackwell: {blackwell}): {what} has none")
     figures = fp8_figures(family, device)
     if recipe not in figures.recipes:
-        need = "Blackwell (B200)" if recipe in ("mxfp8", *FP4_RECIPES) else \
+        need = f"Blackwell ({blackwell})" if recipe in ("mxfp8", *FP4_RECIPES) else \
             "a device that Transformer Engine runs it on"
         flag = "--fp4-recipe" if recipe in FP4_RECIPES else "--fp8-recipe"
         raise PipesimError(f"{flag} {recipe} needs {need}: {device or family} runs "
