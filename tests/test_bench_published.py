@@ -86,10 +86,11 @@ def test_relative_effects_summary_causes_and_their_table_under_each_switch():
 def test_every_row_parses_and_is_consistent():
     rows = DATA["rows"]
     # mixtures of experts (issue 32), apart
-    moe = {"MCOREMOE", "MOEZOO", "DEEPSEEKV3", "MOEZOOQWEN3", "MCOREMOE26", "MB26GB200MOE"}
+    moe = {"MCOREMOE", "MOEZOO", "DEEPSEEKV3", "MOEZOOQWEN3", "MCOREMOE26", "MB26GB200MOE", "MB26GB300MOE",
+           "MB26B300MOE", "MB26B200MOE"}
     assert {r.source for r in rows} == {"NAR21", "KOR22", "KOR22T4", "LLAMA3", "BLOOM", "MTNLG", "DGXC25", "DGXC25FP8",
-                                        "DGXC25PROXY", "MB25", "MB25B200", "MB25GB200", "TT24", "TT25H200", "TORCHAO25",
-                                        "TORCHAO25B200", "ZB24"} | moe  # ZB24: stage times
+                                        "DGXC25PROXY", "MB25", "MB25B200", "MB25GB200", "MB26GB300", "TT24", "TT25H200",
+                                        "TORCHAO25", "TORCHAO25B200", "ZB24"} | moe  # ZB24: stage times
     assert [(r.id, r.metric, r.published) for r in rows if r.source in moe] == [
         ("mcore-moe-mixtral-8x7b-64gpus", "tflops_per_gpu_megatron", 468),  # core_v0.10.0 MoE README
         ("moezoo-mixtral-8x22b-128gpus-balanced", "tflops_per_gpu_megatron_core", 465),  # run_mixtral_8x22B.sh
@@ -107,7 +108,19 @@ def test_every_row_parses_and_is_consistent():
         # Megatron-Bridge's 26.02 DGX-GB200 MXFP8 tables
         ("mb26gb200-26.02-qwen3-30b-a3b-mxfp8-8gpus", "tokens_per_sec_per_gpu", 26084),
         ("mb26gb200-26.02-qwen3-235b-a22b-mxfp8-256gpus", "tokens_per_sec_per_gpu", 5448),
-        ("mb26gb200-26.02-deepseek-v3-mxfp8-256gpus", "tokens_per_sec_per_gpu", 3955)]
+        ("mb26gb200-26.02-deepseek-v3-mxfp8-256gpus", "tokens_per_sec_per_gpu", 3955),
+        # the same tables' DGX-GB300 and DGX-B300 rows, and the B200 twin of the B300's DeepSeek-V3 preset
+        ("mb26gb300-26.02-deepseek-v3-mxfp8-256gpus", "tokens_per_sec_per_gpu", 4612),
+        ("mb26gb300-26.02-qwen3-30b-a3b-mxfp8-8gpus", "tokens_per_sec_per_gpu", 30376),
+        ("mb26gb300-26.02-qwen3-235b-a22b-mxfp8-256gpus", "tokens_per_sec_per_gpu", 6583),
+        ("mb26b300-26.02-deepseek-v3-mxfp8-256gpus", "tokens_per_sec_per_gpu", 2983),
+        ("mb26b300-26.02-qwen3-30b-a3b-mxfp8-8gpus", "tokens_per_sec_per_gpu", 29521),
+        ("mb26b300-26.02-qwen3-235b-a22b-mxfp8-256gpus", "tokens_per_sec_per_gpu", 2691),
+        ("mb26b200-26.02-deepseek-v3-mxfp8-256gpus", "tokens_per_sec_per_gpu", 2689)]
+    # DeepSeek-V3's preset runs unchanged on B300 and B200: the two commands differ in the hardware alone
+    b300, b200 = (next(r for r in rows if r.id == f"mb26{x}-26.02-deepseek-v3-mxfp8-256gpus") for x in ("b300", "b200"))
+    assert b300.command.replace("hgx-b300", "hgx-b200") == b200.command
+    assert [r.published for r in rows if r.source == "MB26GB300"] == [37556, 36108, 6798, 4596, 1333, 931, 988]
     report, zoo = (next(r for r in rows if r.id == i) for i in ("mcore-moe-report-qwen3-235b-h100",
                                                                  "moezoo-qwen3-235b-tp2-pp8-ep32-a2a-overlap"))
     # Table 20's layout is the ModelZoo row's, at a later software version with CUDA graphs (its B.2)
@@ -137,12 +150,13 @@ def test_every_row_parses_and_is_consistent():
         hardware = {"LLAMA3": "dgx-h100", "BLOOM": str(ROOT / "bench" / "hardware" / "jean-zay-a100.toml"),
                     **dict.fromkeys(moe | {"DGXC25", "DGXC25FP8", "DGXC25PROXY", "MB25"}, "dgx-h100"),
                     "TT25H200": "hgx-h200", "MB25B200": "hgx-b200", "TORCHAO25B200": "hgx-b200",
-                    "MB25GB200": "gb200-nvl72", "MB26GB200MOE": "gb200-nvl72",
+                    "MB25GB200": "gb200-nvl72", "MB26GB200MOE": "gb200-nvl72", "MB26GB300": "gb300-nvl72",
+                    "MB26GB300MOE": "gb300-nvl72", "MB26B300MOE": "hgx-b300", "MB26B200MOE": "hgx-b200",
                     "DEEPSEEKV3": str(ROOT / "bench" / "hardware" / "h800-deepseek.toml"),
                     **dict.fromkeys(("TT24", "TORCHAO25"), str(ROOT / "bench" / "hardware" / "grand-teton-h100.toml"))}
         assert argv[0] == "simulate" and args.hardware == hardware.get(r.source, "dgx-a100")  # a file: the repo's
         # racks filled as Slurm's segment of 4-GPU trays: all 2, else 16 of 18 per rack
-        if r.source in ("MB25GB200", "MB26GB200MOE"):
+        if r.source in ("MB25GB200", "MB26GB200MOE", "MB26GB300", "MB26GB300MOE"):
             assert bp.metrics.gpus(args) == args.nvlink_domain * (args.nodes or 1), r.id
             assert args.nvlink_domain == min(bp.metrics.gpus(args), 64), r.id
         else:
