@@ -61,6 +61,21 @@ def test_a_stage_issues_its_moe_layers_and_a_dense_stage_nothing():
     assert stage_host_issue(QWEN3, opts, 0) is NO_HOST_ISSUE
 
 
+def test_a_grace_host_launches_at_its_measured_ratio_to_an_x86_one():
+    """TE issue #2053: torch.nn.Linear's forward costs the host 37.08 us on a GB200 against 13.48 on an H100 DGX's
+    Xeon; the GB200 and GB300 trays' `host_launch` is the x86 figure times that ratio, and a stage's issue and
+    waits take it in place of LAUNCH_SECONDS."""
+    gb200, gb300 = load_hardware("gb200-nvl72"), load_hardware("gb300-nvl72")
+    assert gb200.host_launch == gb300.host_launch == round(LAUNCH_SECONDS * 37.08 / 13.48, 7) == 19.3e-6
+    assert load_hardware("dgx-h100").host_launch is None and load_hardware("hgx-b300").host_launch is None
+    opts = _job("hybridep").layer_options(QWEN3)
+    grace = stage_host_issue(QWEN3, opts, 2, gb200.host_launch)
+    assert grace.issue == pytest.approx((2 * (83 * 19.3e-6 + SYNC_ROUND_TRIP), 2 * 88 * 19.3e-6,
+                                         2 * 37 * 19.3e-6), rel=1e-12)
+    assert grace.waits == (2 * (SYNC_ROUND_TRIP + 19.3e-6), 0.0, 0.0)
+    assert stage_host_issue(QWEN3, opts, 2, None) == stage_host_issue(QWEN3, opts, 2)
+
+
 def test_the_cost_table_carries_the_issue_and_the_first_stage_folds_i_into_w():
     """Qwen3 in 4 stages of 24 (23 on the last): each stage's host seconds are its MoE layers'; the first stage's
     backward runs whole in W, so its I's host seconds join W's; a dense model's are zero."""

@@ -14,6 +14,8 @@ lasts max(G + waits, issue).
   host more (cuBLAS picks its algorithm): NVIDIA's own CPU-overhead microbenchmark (NVIDIA/dgxc-benchmarking
   v26.06.01 microbenchmarks/cpu_overhead, tiny torch.matmul back to back) prints 11-18 us per launch in its sample
   output, on a platform it does not name; pipesim charges every launch the 7 us.
+- A hardware file's `host_launch` replaces LAUNCH_SECONDS for its hosts: the Grace CPU of a GB200 or GB300 tray
+  (pipesim/presets/gb200-nvl72.toml) takes 2.75 times as long per op as an H100 DGX's Xeon.
 - SYNC_ROUND_TRIP: 10 us from a kernel's end to the host's return from the wait, the least of 2,000 measured 4-byte
   device-to-host copies with a stream synchronize on an RTX 5090 (kekzl/imp issue #1654: minimum 9.2-9.7 us,
   median 31-32 us). No H100 host figure is published; the minimum is the one a busy-waiting host (DeepEP's spin)
@@ -44,16 +46,19 @@ class HostIssue:
 NO_HOST_ISSUE = HostIssue((0.0, 0.0, 0.0), (0.0, 0.0, 0.0))
 
 
-def stage_host_issue(model: ModelConfig, opts: LayerOptions, moe_layers: int) -> HostIssue:
-    """The stage's `HostIssue` from its `moe_layers` MoE layers (dense layers' hosts run ahead: none)."""
+def stage_host_issue(model: ModelConfig, opts: LayerOptions, moe_layers: int,
+                     launch: float | None = None) -> HostIssue:
+    """The stage's `HostIssue` from its `moe_layers` MoE layers (dense layers' hosts run ahead: none), its host
+    taking `launch` seconds per op (a hardware file's `host_launch`; None: LAUNCH_SECONDS)."""
     if not moe_layers:
         return NO_HOST_ISSUE
+    launch = LAUNCH_SECONDS if launch is None else launch
     ops = moe_layer_host_ops(model, opts)
     launches = (ops.launches_f, ops.launches_i, ops.launches_w)
     syncs = (ops.syncs_f, ops.syncs_i, 0)
-    return HostIssue(tuple(moe_layers * (n * LAUNCH_SECONDS + s * SYNC_ROUND_TRIP)
+    return HostIssue(tuple(moe_layers * (n * launch + s * SYNC_ROUND_TRIP)
                            for n, s in zip(launches, syncs, strict=True)),
-                     tuple(moe_layers * s * SYNC_GAP for s in syncs))
+                     tuple(moe_layers * s * (SYNC_ROUND_TRIP + launch) for s in syncs))
 
 
 __all__ = ["LAUNCH_SECONDS", "NO_HOST_ISSUE", "SYNC_GAP", "SYNC_ROUND_TRIP", "HostIssue", "stage_host_issue"]

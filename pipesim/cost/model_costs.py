@@ -159,8 +159,9 @@ def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hard
         else:  # the kernels' seconds plus the per-action (and per-op) overheads of the cost equation
             fwd, inp, wgt = (t + hw.compute_time(0.0, 0.0, model.dtype, k, work.ops[k])
                              for t, k in zip(timed.phases(), "FIW"))
-        host = stage_host_issue(model, opts, moe_counts[s]) if timed is not None and opts is not None else \
-            NO_HOST_ISSUE  # a MoE layer's launches and waits (a calibrated CPU host's ops are in its equation)
+        # a MoE layer's launches and waits (a calibrated CPU host's ops are in its equation)
+        host = stage_host_issue(model, opts, moe_counts[s], hw.host_launch) \
+            if timed is not None and opts is not None else NO_HOST_ISSUE
         fwd, inp, wgt = (t + gap for t, gap in zip((fwd, inp, wgt), host.waits, strict=True))
         issue = host.issue
         if s == 0:  # no gradient leaves the first stage: a split I has nothing to send, W runs the whole backward

@@ -174,6 +174,9 @@ class Hardware:
     per_action_overhead: float = file_field("nonneg", "seconds", "added to every compute action (dispatch)",
                                             default=0.0)
     per_op_overhead: float = file_field("nonneg", "seconds", "per framework op an action runs", default=0.0)
+    # seconds the GPUs' host takes to launch one op of a MoE layer (pipesim.cost.host_issue); None: its x86 figure
+    host_launch: float | None = file_field("pos", "seconds", "host seconds per launched op (None: an x86 host's)",
+                                           default=None)
     # seconds per op of I and W work (autograd's engine); None: per_op_overhead
     backward_op_overhead: float | None = file_field("nonneg", "seconds", "per framework op of I and W work",
                                                     default=None)
