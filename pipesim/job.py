@@ -101,6 +101,8 @@ class Job:
     fp8_param_gather: bool = False
     # Megatron-core's --use-precision-aware-optimizer with its dtypes (pipesim.model.adam_states); None: float32
     adam_states: AdamStates | None = None
+    # Megatron-core's --activation-func-fp8-input-store: the fused SwiGLU keeps its input in FP8 for the backward
+    act_fp8_store: bool = False
 
     def __post_init__(self) -> None:
         if self.fp8 is not None and not isinstance(self.fp8, Fp8Options):
@@ -234,6 +236,9 @@ class Job:
         check_fp8_model(self.fp8, model.dtype, model.kind)
         if self.kernels.eager_rmsnorm and model.norm != "rmsnorm":
             raise PipesimError(f"--eager-rmsnorm needs a model with RMSNorm, got {model.norm}")
+        if self.act_fp8_store and not self.kernels.fusion:  # mlp.py: only the fused bias-SwiGLU stores in FP8
+            raise PipesimError("--activation-func-fp8-input-store is Megatron-core's fused SwiGLU "
+                               "(bias_activation_fusion): not with --no-kernel-fusion")
         if microbatches is not None:
             if not isinstance(microbatches, int) or isinstance(microbatches, bool) or microbatches < 1:
                 raise PipesimError(f"microbatches must be a positive integer, got {microbatches!r}")
@@ -251,7 +256,8 @@ class Job:
                                "(FSDP2's float8 all-gather of grouped experts)")
         if model.kind != "gpt":
             for flag, value, plain in (("--sequence-parallel", self.sp, False), ("--cp", self.dims.cp, 1),
-                                       ("--recompute", self.recompute, "none")):
+                                       ("--recompute", self.recompute, "none"),
+                                       ("--activation-func-fp8-input-store", self.act_fp8_store, False)):
                 if value != plain:
                     raise PipesimError(f"{flag} needs a transformer (--model gpt or --model-config), not --model mlp")
             return
@@ -299,7 +305,7 @@ class Job:
                             attention=self.attention_kernel, recompute_modules=self.recompute_modules,
                             fp8=self.layer_fp8,
                             cp_comm=self.cp_comm, eager_rmsnorm=self.kernels.eager_rmsnorm,
-                            dtensor_tp=self.kernels.dtensor_tp, **experts)
+                            dtensor_tp=self.kernels.dtensor_tp, act_fp8_store=self.act_fp8_store, **experts)
 
     def flags(self) -> list[str]:
         """The command-line flags that give this job's options: the experts' --ep/--etp when set (the dense layout is
@@ -311,6 +317,8 @@ class Job:
             out += ["--recompute", self.recompute]
         if self.recompute_modules:
             out += ["--recompute-modules", *self.recompute_modules]
+        if self.act_fp8_store:
+            out.append("--activation-func-fp8-input-store")
         if self.sp:
             out.append("--sequence-parallel")
         if self.attention is not None:

@@ -88,6 +88,10 @@ def add_setup_args(parser: argparse.ArgumentParser) -> None:
     f.add_argument("--recompute-modules", nargs="+", default=None, metavar="MODULE",
                    help="with --recompute selective: Megatron-core's submodules to recompute, "
                         f"{', '.join(RECOMPUTE_MODULES)} (docs/large_models.md; default core_attn)")
+    f.add_argument("--activation-func-fp8-input-store", action="store_true", dest="act_fp8_store",
+                   help="Megatron-core's: the fused SwiGLU saves its input for the backward in FP8 (E4M3, one byte "
+                        "per element, cast back in the backward): the dense MLP's, the experts' and the shared "
+                        "experts' gate and up outputs (docs/large_models.md)")
     f.add_argument("--sequence-parallel", action="store_true",
                    help="sequence parallelism over the tp ranks (norm/dropout activations split; all-gather + "
                         "reduce-scatter instead of all-reduce)")
@@ -229,7 +233,8 @@ def sim_job(args: argparse.Namespace, model: ModelConfig | None, hardware: Hardw
               kernels=kernel_switches(args),
               recompute_modules=tuple(args.recompute_modules or ()), fp8=fp8,
               cp_comm=args.cp_comm_type, fsdp_reshard=args.fsdp_reshard,
-              fp8_param_gather=param_gather_from_args(args, fp8), adam_states=adam_from_args(args))
+              fp8_param_gather=param_gather_from_args(args, fp8), adam_states=adam_from_args(args),
+              act_fp8_store=args.act_fp8_store)
     job.check_gradients(model)
     check_fp8_run(job.fp8, model, hardware)
     return job.resolve_attention(on_gpus(hardware), model)

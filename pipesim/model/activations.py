@@ -126,7 +126,19 @@ def layer_saved_tensors(model: ModelConfig, b: int, opts: LayerOptions, *, recom
         saved = [x for x in saved if not x.only_with]
     if opts.fp8 is not None and opts.fp8.impl == "te":  # torchao's Float8Linear saves its input in the dtype
         saved = _fp8_saved(saved, d, opts.fp8, flash=opts.fused_attention, moe=moe)
+    if opts.act_fp8_store:
+        saved = [replace(x, name=f"{x.name} (FP8 store)", nbytes=x.nbytes // d) if x.name in _stored_in_fp8(opts)
+                 else x for x in saved]
     return saved
+
+
+def _stored_in_fp8(opts: LayerOptions) -> tuple[str, ...]:
+    """The SwiGLU inputs Megatron-core's --activation-func-fp8-input-store keeps as FP8 (fused_bias_swiglu.py:
+    `input.to(torch.float8_e4m3fn)`, one byte per element, no scale): the dense MLP's, the shared experts' and the
+    experts' gate and up, the last unless moe_act recomputes the activation (its checkpoint keeps the input as it
+    came, in the dtype)."""
+    return ("gate and up", "shared expert FC1 output") + (() if opts.recomputes("moe_act") else
+                                                          ("expert FC1 output",))
 
 
 FP8_INPUTS = ("QKV input", "down projection input", "second linear input", "dispatched tokens (expert FC1 input)",

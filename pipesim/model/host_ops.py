@@ -101,11 +101,13 @@ def moe_layer_host_ops(model: ModelConfig, opts: LayerOptions) -> HostOps:
 
     iteration = graphs is not None and graphs.impl == "full_iteration"
     whole_layer = graphs is not None and not iteration and not graphs.scope
+    store = 1 if opts.act_fp8_store else 0  # --activation-func-fp8-input-store: a cast to FP8 and one back
+    activation = ACTIVATION + store
     attn = REPLAY if graphed("attn") else (ATTENTION_F, ATTENTION_B, ATTENTION_W)
-    router = (ROUTER_F + shared * SHARED_F, ROUTER_B + shared * SHARED_B, ROUTER_W)
+    router = (ROUTER_F + shared * (SHARED_F + store), ROUTER_B + shared * (SHARED_B + store), ROUTER_W)
     if graphed("moe_router"):  # with attn graphed too, one graph: replayed with the attention block's
         router = (0, 0, 0) if graphed("attn") else REPLAY
-    rest = (DISPATCH_F[opts.moe_dispatcher] + 2 * local + ACTIVATION, (REST_B - ATTENTION_B) + ACTIVATION + 4 * local,
+    rest = (DISPATCH_F[opts.moe_dispatcher] + 2 * local + activation, (REST_B - ATTENTION_B) + activation + 4 * local,
             2 * local)  # dispatcher, experts, activation
     moe_ops = REPLAY if graphed("moe") else _add(router, rest)
     forward, backward, weight = (0, 0, 0) if iteration else REPLAY if whole_layer else _add(attn, moe_ops)
@@ -120,7 +122,7 @@ def moe_layer_host_ops(model: ModelConfig, opts: LayerOptions) -> HostOps:
         backward += moe_ops[0]
         syncs_i += syncs_f
     elif opts.recomputes("moe_act") and not (in_graph or graphed("moe")):
-        backward += ACTIVATION
+        backward += activation
     return HostOps(forward, backward - weight, weight, syncs_f, syncs_i)
 
 

@@ -40,6 +40,12 @@ from pipesim.model.op_recompute import OP, op_rerun_linears
 from pipesim.model.options import LayerOptions
 from pipesim.model.recompute_modules import norms_recomputed
 
+# --activation-func-fp8-input-store's kernels (megatron/core/fusions/fused_bias_swiglu.py): the SwiGLU input cast to
+# FP8 for the backward (`input.to(torch.float8_e4m3fn)`, read d and write 1 byte per element), and back to the dtype
+# before the activation's backward (read 1, write d)
+FP8_STORE = "SwiGLU input FP8 store"
+FP8_RESTORE = "SwiGLU input FP8 restore"
+
 
 def _linears(model: ModelConfig, b: int, opts: LayerOptions) -> tuple[list[Linear], list[Linear], list[Linear]]:
     """One layer's weight matrices on one tp rank, in forward order: (before the attention core, after it, the MLP).
@@ -148,6 +154,9 @@ def _elementwise(model: ModelConfig, b: int, opts: LayerOptions, fused: bool) ->
                 op(f"{acts[0]} bias add", 2 * ffn * d * (2 if acts[0] == "SwiGLU" else 1), ffn * d)
             for act in acts:
                 from_ew(act)
+            if opts.act_fp8_store:  # its input (gate and up) cast to FP8 for the backward, and back there
+                fwd.append(MemoryBound(FP8_STORE, 2 * ffn * (d + 1)))
+                bwd.append(MemoryBound(FP8_RESTORE, 2 * ffn * (1 + d)))
         if fused and (model.dropout or model.biases):  # bias + dropout + add: one kernel forward
             fwd.append(MemoryBound(f"{block} bias-dropout-add", 3 * hidden * d + mask))
             if model.dropout:
@@ -234,7 +243,7 @@ def _module_reruns(model: ModelConfig, opts: LayerOptions, before: list[Linear],
     if moe_f is None:
         if opts.recomputes("mlp"):
             act = {f"MLP {norm}", *ALL_ACTIVATION_OPS, "SwiGLU bias add", "GeLU bias add",
-                   "squared ReLU: ReLU bias add"}
+                   "squared ReLU: ReLU bias add", FP8_STORE}
             out += forward_gemms(mlp[:1]) + [k for k in ew_f if k.name in act] + forward_gemms(mlp[1:])
         return out
     moe_act = [k for k in moe_f if k.name.startswith("expert ") and isinstance(k, MemoryBound)]
@@ -295,6 +304,13 @@ def _moe_mlp(model: ModelConfig, b: int, opts: LayerOptions) -> tuple[list[Kerne
         f[-1:-1] = [MemoryBound("token unsort by local expert", sort)]
         i[1:1] = [MemoryBound("token unsort backward", sort)]
         i[-3:-3] = [MemoryBound("token sort backward", sort)]
+    if opts.act_fp8_store:  # the SwiGLU input (gate and up: fc1_out wide) cast to FP8 after FC1, back before its
+        # backward (Megatron-core's weighted_bias_swiglu_impl with fp8_input_store)
+        store = 2 * routed * shapes.ffn * (d + 1)
+        f.insert(f.index(next(k for k in f if k.name == f"expert {act}")) + 1,
+                 MemoryBound(f"expert {FP8_STORE}", store))
+        i.insert(i.index(next(k for k in i if k.name == f"expert {act} backward")),
+                 MemoryBound(f"expert {FP8_RESTORE}", store))
     w: list[Kernel] = [Gemm("expert FC2 wgrad", shapes.ffn, h, n, local),
                        Gemm("expert FC1 wgrad", h, shapes.fc1_out, n, local),
                        Gemm("router wgrad", h, moe.experts, here)]
@@ -302,10 +318,11 @@ def _moe_mlp(model: ModelConfig, b: int, opts: LayerOptions) -> tuple[list[Kerne
     if width:  # every token, as the dense MLP: on the all-gathered tokens under sp
         tokens = b * opts.local_seq(model)
         shared = with_tokens([("shared FC1", h, 2 * width if swiglu else width), ("shared FC2", width, h)], tokens)
+        store = 2 * tokens * width * (d + 1)  # --activation-func-fp8-input-store: its SwiGLU input, as the experts'
         f += forward_gemms(shared[:1]) + [MemoryBound(f"shared {act}", act_f * tokens * width * d)] \
-            + forward_gemms(shared[1:])
-        i += dgrad_gemms(shared[1:]) + [MemoryBound(f"shared {act} backward", act_b * tokens * width * d)] \
-            + dgrad_gemms(shared[:1])
+            + ([MemoryBound(f"shared {FP8_STORE}", store)] if opts.act_fp8_store else []) + forward_gemms(shared[1:])
+        i += dgrad_gemms(shared[1:]) + ([MemoryBound(f"shared {FP8_RESTORE}", store)] if opts.act_fp8_store else []) \
+            + [MemoryBound(f"shared {act} backward", act_b * tokens * width * d)] + dgrad_gemms(shared[:1])
         w += wgrad_gemms(shared)
     return f, i, w
 

@@ -57,6 +57,9 @@ class LayerOptions:
     # a MoE layer's CUDA graphs (Megatron-core's --cuda-graph-impl / --cuda-graph-scope): fewer host launches
     # (pipesim.model.host_ops); None: eager
     cuda_graphs: CudaGraphs | None = None
+    # Megatron-core's --activation-func-fp8-input-store: the fused SwiGLU saves its input for the backward as FP8
+    # (pipesim.model.activations, pipesim.model.layer_kernels)
+    act_fp8_store: bool = False
 
     def __post_init__(self) -> None:
         for name in ("tp", "cp", "ep", "etp"):
@@ -102,6 +105,8 @@ class LayerOptions:
         check_modules(model, self.modules)
         if self.recompute == OP:
             check_op_recompute(model, tp=self.tp, cp=self.cp, attention=self.attention)
+        if self.act_fp8_store:
+            check_act_fp8_store(model, self.recompute)
         t = self.tp
         if self.cp > 1 and model.seq % (2 * self.cp):
             raise PipesimError(f"--seq {model.seq} is not divisible by 2 x cp({self.cp}) "
@@ -140,6 +145,18 @@ class LayerOptions:
         return value // self.tp if self.sp else value
 
 
+def check_act_fp8_store(model: ModelConfig, recompute: str) -> None:
+    """PipesimError unless --activation-func-fp8-input-store suits the layer: a SwiGLU MLP (Megatron-core's
+    transformer_config.py: 'Storing activation input in FP8 is supported only for SwiGLU') under Megatron's
+    recomputation, not torchtitan's per-op policy."""
+    if model.activation != "swiglu":
+        raise PipesimError(f"--activation-func-fp8-input-store stores SwiGLU's input: the model's MLP runs "
+                           f"{model.activation} (Megatron-core supports it only for SwiGLU)")
+    if recompute == OP:
+        raise PipesimError("--activation-func-fp8-input-store is Megatron-core's fused SwiGLU: not with --recompute "
+                           "op (torchtitan's per-op checkpointing)")
+
+
 def check_choices(sp: bool, recompute: str, attention: str) -> None:
     """PipesimError unless sp is a bool and recompute and attention are known names (LayerOptions' and the Job's
     one spelling of these messages)."""
@@ -173,5 +190,5 @@ def vocab_shard(model: ModelConfig, tp: int) -> int:
     return -(-model.vocab // tp)
 
 
-__all__ = ["ATTENTION", "CP_COMM_TYPES", "RECOMPUTE", "LayerOptions", "check_choices", "check_cp_comm",
-           "check_tp_split", "vocab_shard"]
+__all__ = ["ATTENTION", "CP_COMM_TYPES", "RECOMPUTE", "LayerOptions", "check_act_fp8_store", "check_choices",
+           "check_cp_comm", "check_tp_split", "vocab_shard"]
