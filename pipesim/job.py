@@ -23,7 +23,14 @@ from pipesim.model.cuda_graphs import CudaGraphs
 from pipesim.model.fp8 import FP8_GATHER_RECIPES, Fp8Options, check_fp8_model
 from pipesim.model.fsdp import FsdpPolicy, check_reshard, fsdp_policy
 from pipesim.model.memory import check_zero
-from pipesim.model.options import ATTENTION, LayerOptions, check_choices, check_cp_comm, check_tp_split
+from pipesim.model.options import (
+    ATTENTION,
+    LayerOptions,
+    check_act_fp8_store,
+    check_choices,
+    check_cp_comm,
+    check_tp_split,
+)
 from pipesim.model.piece_kernels import CE_IMPLS
 from pipesim.model.recompute_modules import canonical_modules
 from pipesim.parallel_dims import ParallelDims
@@ -236,9 +243,8 @@ class Job:
         check_fp8_model(self.fp8, model.dtype, model.kind)
         if self.kernels.eager_rmsnorm and model.norm != "rmsnorm":
             raise PipesimError(f"--eager-rmsnorm needs a model with RMSNorm, got {model.norm}")
-        if self.act_fp8_store and not self.kernels.fusion:  # mlp.py: only the fused bias-SwiGLU stores in FP8
-            raise PipesimError("--activation-func-fp8-input-store is Megatron-core's fused SwiGLU "
-                               "(bias_activation_fusion): not with --no-kernel-fusion")
+        if self.act_fp8_store:
+            check_act_fp8_store(model, self.recompute, fused=self.kernels.fusion)
         if microbatches is not None:
             if not isinstance(microbatches, int) or isinstance(microbatches, bool) or microbatches < 1:
                 raise PipesimError(f"microbatches must be a positive integer, got {microbatches!r}")
@@ -256,8 +262,7 @@ class Job:
                                "(FSDP2's float8 all-gather of grouped experts)")
         if model.kind != "gpt":
             for flag, value, plain in (("--sequence-parallel", self.sp, False), ("--cp", self.dims.cp, 1),
-                                       ("--recompute", self.recompute, "none"),
-                                       ("--activation-func-fp8-input-store", self.act_fp8_store, False)):
+                                       ("--recompute", self.recompute, "none")):
                 if value != plain:
                     raise PipesimError(f"{flag} needs a transformer (--model gpt or --model-config), not --model mlp")
             return

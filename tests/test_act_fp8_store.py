@@ -4,7 +4,9 @@ for the dense MLP, the experts and the shared experts, with recomputation and th
 
 from __future__ import annotations
 
+import json
 import re
+import shlex
 from dataclasses import replace
 
 import pytest
@@ -113,3 +115,24 @@ def test_the_flag_on_the_command_line(capsys):
                                                     "(--model gpt or --model-config), not --model mlp")
     with pytest.raises(PipesimError, match="stores SwiGLU's input"):
         Job(ParallelDims(), act_fp8_store=True).check(replace(LLAMA, activation="gelu"))
+
+
+def test_the_planner_plans_it_and_exports_it(capsys, tmp_path):
+    """Every candidate stores in FP8; the winner's pipesim command re-simulates to its own step, and Megatron's
+    arguments carry the flag. A GeLU model is refused in one line before any candidate."""
+    swiglu = ["--model", "gpt", "--hidden", "512", "--ffn-hidden", "1024", "--activation", "swiglu", "--layers", "4",
+              "--heads", "8", "--seq", "512", "--vocab", "8000", "--batch", "16", "--dtype", "bfloat16"]
+    out = tmp_path / "plan.json"
+    assert main(["plan", *swiglu, "--hardware", "dgx-h100", "--gpus", "8", "--framework", "megatron-core",
+                 "--activation-func-fp8-input-store", "--recompute", "none", "--max-candidates", "20",
+                 "--json", str(out)]) == 0
+    capsys.readouterr()
+    data = json.loads(out.read_text())
+    argv = shlex.split(data["winner"]["simulate_command"])
+    assert "--activation-func-fp8-input-store" in argv and "--activation-func-fp8-input-store" in \
+        data["winner"]["megatron_args"]
+    assert main(argv[1:] + ["--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["step_time"] == data["rows"][0]["step_time"]
+    gelu = [a for a in swiglu if a not in ("--activation", "swiglu")]
+    assert main(["plan", *gelu, "--hardware", "dgx-h100", "--gpus", "8", "--activation-func-fp8-input-store"]) == 2
+    assert capsys.readouterr().err.strip().endswith("(Megatron-core supports it only for SwiGLU)")

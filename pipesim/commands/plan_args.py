@@ -11,6 +11,7 @@ from pipesim.errors import PipesimError
 from pipesim.job import Job
 from pipesim.model.config import ModelConfig
 from pipesim.model.op_recompute import OP
+from pipesim.model.options import check_act_fp8_store
 from pipesim.model.recompute_modules import canonical_modules, check_modules, effective_modules
 from pipesim.plan.stack_space import RECOMPUTES, ZEROS, stack_space
 
@@ -126,9 +127,12 @@ def shared_job(args: argparse.Namespace, model: ModelConfig) -> tuple[Job, tuple
             raise PipesimError(f"{flag} needs ZeRO {' or '.join(map(str, stages))} among the plan's --zero, got "
                                f"{','.join(map(str, zeros))}")
         zeros = kept
+    if args.act_fp8_store:  # every candidate's layers: one line here, not one refusal per candidate
+        for recompute in recomputes:
+            check_act_fp8_store(model, recompute, fused=kernels.fusion)
     job = Job(attention=args.attention, comm=comm_options_from_args(args), zero=zeros[0] if needs else 0,
               kernels=kernels,
               fp8=fp8, cp_comm=args.cp_comm_type, fsdp_reshard=args.fsdp_reshard,
-              fp8_param_gather=gather, adam_states=adam)
+              fp8_param_gather=gather, adam_states=adam, act_fp8_store=args.act_fp8_store)
     job.check_gradients(model)
     return job, scheds, zeros, recomputes, sps

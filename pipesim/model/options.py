@@ -145,10 +145,17 @@ class LayerOptions:
         return value // self.tp if self.sp else value
 
 
-def check_act_fp8_store(model: ModelConfig, recompute: str) -> None:
-    """PipesimError unless --activation-func-fp8-input-store suits the layer: a SwiGLU MLP (Megatron-core's
-    transformer_config.py: 'Storing activation input in FP8 is supported only for SwiGLU') under Megatron's
-    recomputation, not torchtitan's per-op policy."""
+def check_act_fp8_store(model: ModelConfig, recompute: str, *, fused: bool = True) -> None:
+    """PipesimError unless --activation-func-fp8-input-store suits the layer: a transformer's SwiGLU MLP (Megatron-
+    core's transformer_config.py: 'Storing activation input in FP8 is supported only for SwiGLU') run by the fused
+    bias-SwiGLU (mlp.py stores in FP8 there only: not `fused` is --no-kernel-fusion) under Megatron's recomputation,
+    not torchtitan's per-op policy."""
+    if model.kind != "gpt":
+        raise PipesimError("--activation-func-fp8-input-store needs a transformer (--model gpt or --model-config), "
+                           "not --model mlp")
+    if not fused:
+        raise PipesimError("--activation-func-fp8-input-store is Megatron-core's fused SwiGLU "
+                           "(bias_activation_fusion): not with --no-kernel-fusion")
     if model.activation != "swiglu":
         raise PipesimError(f"--activation-func-fp8-input-store stores SwiGLU's input: the model's MLP runs "
                            f"{model.activation} (Megatron-core supports it only for SwiGLU)")
