@@ -3,7 +3,7 @@
 A GEMM's time depends on the device as much as on its shape: how many SMs share the tiles, the
 tile shapes the library picks from, the tensor-core peak per dtype, the HBM bandwidth, and how
 close to those peaks real kernels get. `DeviceProfile` holds those figures; the shipped families
-(A100, H100, H200, B200) live in pipesim/presets/gemm/devices.toml with a source per field, and a
+(A100, H100, H200, B200, B300) live in pipesim/presets/gemm/devices.toml with a source per field, and a
 GPU run of `pipesim calibrate --gpu` replaces the measured ones (`DeviceProfile.with_measured`).
 """
 
@@ -171,7 +171,7 @@ def load_profiles(path: Path | None = None) -> dict[str, DeviceProfile]:
 
 
 def device_profile(family: str) -> DeviceProfile:
-    """The shipped profile of `family` (A100, H100, H200, B200)."""
+    """The shipped profile of `family` (A100, A100-PCIe, H100, H200, B200, B300)."""
     profiles = load_profiles()
     if family not in profiles:
         raise PipesimError(f"unknown device family {family!r}; choose one of {', '.join(sorted(profiles))}")
