@@ -54,7 +54,8 @@ def add_parser(sub) -> None:
     g.add_argument("--from-measurements", metavar="FILE.csv", default=None,
                    help="build the hardware file from a recorded --gpu measurements file instead (no GPU needed)")
     g.add_argument("--family", default=None,
-                   help="device profile the figures replace (A100, A100-PCIe, H100, H200, B200, B300; default: the GPU's)")
+                   help="device profile the figures replace (A100, A100-PCIe, H100, H200, B200, B300; default: "
+                        "the GPU's)")
     add_model_args(p, default=None)
     p.set_defaults(func=interruptible(run))  # Ctrl-C/SIGTERM during a launch: every rank stopped, one line
 
