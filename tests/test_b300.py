@@ -3,6 +3,9 @@ Transformer Engine's own B300 GEMM measurement, and the GB300 is the family at i
 
 from __future__ import annotations
 
+import json
+import shlex
+
 import pytest
 
 from pipesim.cli import main
@@ -74,3 +77,18 @@ def test_nvfp4_llama_70b_fits_a_gb300_at_tp_1_only_with_its_state_sharded(capsys
     err = capsys.readouterr().err.strip()
     assert err.startswith("pipesim: error: rank 0") and err.endswith("but GB300-279GB has 259.84 GiB")
     assert "\n" not in err
+
+
+def test_the_planner_plans_a_gb300_rack_and_its_winner_re_simulates(capsys, tmp_path):
+    """The planner takes the new presets as any other: its winner's command, run again, gives its own step."""
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--model-config", "llama3-8b", "--seq", "4096", "--batch", "64", "--layers", "8",
+                 "--hardware", "gb300-nvl72", "--nvlink-domain", "8", "--gpus", "8", "--framework", "megatron-core",
+                 "--fp4-format", "e2m1", "--fp4-recipe", "nvfp4", "--recompute", "none", "--max-candidates", "20",
+                 "--json", str(out)]) == 0
+    capsys.readouterr()
+    data = json.loads(out.read_text())
+    argv = shlex.split(data["winner"]["simulate_command"])
+    assert argv[argv.index("--hardware") + 1] == "gb300-nvl72" and "--fp4-format" in argv
+    assert main(argv[1:] + ["--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["step_time"] == data["rows"][0]["step_time"]
