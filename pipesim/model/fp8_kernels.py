@@ -79,9 +79,9 @@ def fp8_layer_kernels(kernels: PieceKernels, fp8: Fp8Options, *, dtype_bytes: in
                           transposed=(not shard or fp8.block_scaled) and not kept)
         if (name := _linear(k.name, " dgrad")) is not None:
             return _casts(f"{name} output gradient", elements, fp8, d, tn_only=tn_only, transposed=True)
-        if _linear(k.name, " wgrad") == "projection" and fp8.keeps_projection_input:  # the column-wise copy alone
-            return _casts("projection input (column-wise)", elements, fp8, d, tn_only=False, transposed=False)
         if (name := _linear(k.name, " wgrad")) is not None:
+            if name == "projection" and fp8.keeps_projection_input:  # the kept bf16 input's column-wise copy alone
+                return _casts("projection input (column-wise)", elements, fp8, d, tn_only=False, transposed=False)
             if gathered and name in GATHERED and tn_only and not fp8.block_scaled:
                 return [MemoryBound(f"{name} input transpose", 2 * elements)]  # read 1, write 1 per element
             return []
@@ -245,5 +245,5 @@ def scale_update_bytes(kernels: PieceKernels) -> int:
     return 3 * 24 * fp8_weight_params(kernels)[1]
 
 
-__all__ = ["FP8", "FP8_LINEARS", "QUANTIZED", "GATHERED", "compiled_rowwise_kernels", "compiled_tensorwise_kernels",
+__all__ = ["FP8", "FP8_LINEARS", "GATHERED", "compiled_rowwise_kernels", "compiled_tensorwise_kernels",
            "fp8_expert_params", "fp8_layer_kernels", "fp8_weight_params", "scale_update_bytes", "torchao_layer_kernels"]
