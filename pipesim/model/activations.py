@@ -127,8 +127,9 @@ def layer_saved_tensors(model: ModelConfig, b: int, opts: LayerOptions, *, recom
     if opts.fp8 is not None and opts.fp8.impl == "te":  # torchao's Float8Linear saves its input in the dtype
         saved = _fp8_saved(saved, d, opts.fp8, flash=opts.fused_attention, moe=moe)
     if opts.act_fp8_store:
-        saved = [replace(x, name=f"{x.name} (FP8 store)", nbytes=x.nbytes // d) if x.name in _stored_in_fp8(opts)
-                 else x for x in saved]
+        stored = _stored_in_fp8(opts)
+        saved = [replace(x, name=f"{x.name} (FP8 store)", nbytes=x.nbytes // d) if x.name in stored else x
+                 for x in saved]
     return saved
 
 

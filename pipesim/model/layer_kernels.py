@@ -47,6 +47,16 @@ FP8_STORE = "SwiGLU input FP8 store"
 FP8_RESTORE = "SwiGLU input FP8 restore"
 
 
+def _fp8_store_kernels(prefix: str, elements: int, d: int, opts: LayerOptions) -> tuple[list[Kernel], list[Kernel]]:
+    """([the forward's cast], [the backward's cast back]) of a SwiGLU input of `elements` under
+    --activation-func-fp8-input-store, each reading one side and writing the other (d + 1 bytes per element); ([], [])
+    without it."""
+    if not opts.act_fp8_store:
+        return [], []
+    return [MemoryBound(f"{prefix}{FP8_STORE}", elements * (d + 1))], \
+        [MemoryBound(f"{prefix}{FP8_RESTORE}", elements * (1 + d))]
+
+
 def _linears(model: ModelConfig, b: int, opts: LayerOptions) -> tuple[list[Linear], list[Linear], list[Linear]]:
     """One layer's weight matrices on one tp rank, in forward order: (before the attention core, after it, the MLP).
 
@@ -154,9 +164,9 @@ def _elementwise(model: ModelConfig, b: int, opts: LayerOptions, fused: bool) ->
                 op(f"{acts[0]} bias add", 2 * ffn * d * (2 if acts[0] == "SwiGLU" else 1), ffn * d)
             for act in acts:
                 from_ew(act)
-            if opts.act_fp8_store:  # its input (gate and up) cast to FP8 for the backward, and back there
-                fwd.append(MemoryBound(FP8_STORE, 2 * ffn * (d + 1)))
-                bwd.append(MemoryBound(FP8_RESTORE, 2 * ffn * (1 + d)))
+            store, restore = _fp8_store_kernels("", 2 * ffn, d, opts)  # its input (gate and up), to FP8 and back
+            fwd += store
+            bwd += restore
         if fused and (model.dropout or model.biases):  # bias + dropout + add: one kernel forward
             fwd.append(MemoryBound(f"{block} bias-dropout-add", 3 * hidden * d + mask))
             if model.dropout:
@@ -282,14 +292,17 @@ def _moe_mlp(model: ModelConfig, b: int, opts: LayerOptions) -> tuple[list[Kerne
     probs = routed * ROUTER_BYTES  # one probability per routed token, read by the weighted activation (its
     # backward reads it and writes its gradient): Megatron-core >= 0.13 weighs the experts' activation, not the
     # unpermute (pipesim.model.activations._moe_saved)
+    # --activation-func-fp8-input-store: the SwiGLU input (gate and up) cast to FP8 after the activation, back
+    # before its backward (Megatron-core's weighted_bias_swiglu_impl with fp8_input_store)
+    store, restore = _fp8_store_kernels("expert ", 2 * routed * shapes.ffn, d, opts)
     f: list[Kernel] = [Gemm("router", here, moe.experts, h), MemoryBound("router softmax top-k", 2 * logits),
                        MemoryBound("token permute", 2 * here * moe.top_k * h * d),
                        Gemm("expert FC1", n, shapes.fc1_out, h, local),
-                       MemoryBound(f"expert {act}", act_f * routed * shapes.ffn * d + probs),
+                       MemoryBound(f"expert {act}", act_f * routed * shapes.ffn * d + probs), *store,
                        Gemm("expert FC2", n, h, shapes.ffn, local),
                        MemoryBound("token unpermute", (moe.top_k + 1) * here * h * d)]
     i: list[Kernel] = [MemoryBound("token unpermute backward", (moe.top_k + 1) * here * h * d),
-                       Gemm("expert FC2 dgrad", n, shapes.ffn, h, local),
+                       Gemm("expert FC2 dgrad", n, shapes.ffn, h, local), *restore,
                        MemoryBound(f"expert {act} backward", act_b * routed * shapes.ffn * d + 2 * probs),
                        Gemm("expert FC1 dgrad", n, h, shapes.fc1_out, local),
                        MemoryBound("token permute backward", 2 * here * moe.top_k * h * d),
@@ -304,13 +317,6 @@ def _moe_mlp(model: ModelConfig, b: int, opts: LayerOptions) -> tuple[list[Kerne
         f[-1:-1] = [MemoryBound("token unsort by local expert", sort)]
         i[1:1] = [MemoryBound("token unsort backward", sort)]
         i[-3:-3] = [MemoryBound("token sort backward", sort)]
-    if opts.act_fp8_store:  # the SwiGLU input (gate and up: fc1_out wide) cast to FP8 after FC1, back before its
-        # backward (Megatron-core's weighted_bias_swiglu_impl with fp8_input_store)
-        store = 2 * routed * shapes.ffn * (d + 1)
-        f.insert(f.index(next(k for k in f if k.name == f"expert {act}")) + 1,
-                 MemoryBound(f"expert {FP8_STORE}", store))
-        i.insert(i.index(next(k for k in i if k.name == f"expert {act} backward")),
-                 MemoryBound(f"expert {FP8_RESTORE}", store))
     w: list[Kernel] = [Gemm("expert FC2 wgrad", shapes.ffn, h, n, local),
                        Gemm("expert FC1 wgrad", h, shapes.fc1_out, n, local),
                        Gemm("router wgrad", h, moe.experts, here)]
@@ -318,11 +324,11 @@ def _moe_mlp(model: ModelConfig, b: int, opts: LayerOptions) -> tuple[list[Kerne
     if width:  # every token, as the dense MLP: on the all-gathered tokens under sp
         tokens = b * opts.local_seq(model)
         shared = with_tokens([("shared FC1", h, 2 * width if swiglu else width), ("shared FC2", width, h)], tokens)
-        store = 2 * tokens * width * (d + 1)  # --activation-func-fp8-input-store: its SwiGLU input, as the experts'
-        f += forward_gemms(shared[:1]) + [MemoryBound(f"shared {act}", act_f * tokens * width * d)] \
-            + ([MemoryBound(f"shared {FP8_STORE}", store)] if opts.act_fp8_store else []) + forward_gemms(shared[1:])
-        i += dgrad_gemms(shared[1:]) + ([MemoryBound(f"shared {FP8_RESTORE}", store)] if opts.act_fp8_store else []) \
-            + [MemoryBound(f"shared {act} backward", act_b * tokens * width * d)] + dgrad_gemms(shared[:1])
+        store, restore = _fp8_store_kernels("shared ", 2 * tokens * width, d, opts)  # as the experts'
+        f += forward_gemms(shared[:1]) + [MemoryBound(f"shared {act}", act_f * tokens * width * d), *store] \
+            + forward_gemms(shared[1:])
+        i += dgrad_gemms(shared[1:]) + [*restore, MemoryBound(f"shared {act} backward", act_b * tokens * width * d)] \
+            + dgrad_gemms(shared[:1])
         w += wgrad_gemms(shared)
     return f, i, w
 
