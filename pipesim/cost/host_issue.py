@@ -32,7 +32,14 @@ from pipesim.model.options import LayerOptions
 
 LAUNCH_SECONDS = 7e-6  # seconds per op the host launches (autoparallel PR #146, H100)
 SYNC_ROUND_TRIP = 10e-6  # seconds from the GPU's last kernel to the waiting host's return (kekzl/imp #1654)
-SYNC_GAP = SYNC_ROUND_TRIP + LAUNCH_SECONDS  # seconds the GPU idles per wait: the round trip, then one launch
+
+
+def sync_gap(launch: float = LAUNCH_SECONDS) -> float:
+    """Seconds the GPU idles per wait: the round trip, then one launch by a host taking `launch` seconds per op."""
+    return SYNC_ROUND_TRIP + launch
+
+
+SYNC_GAP = sync_gap()  # an x86 host's
 
 
 @dataclass(frozen=True)
@@ -58,7 +65,8 @@ def stage_host_issue(model: ModelConfig, opts: LayerOptions, moe_layers: int,
     syncs = (ops.syncs_f, ops.syncs_i, 0)
     return HostIssue(tuple(moe_layers * (n * launch + s * SYNC_ROUND_TRIP)
                            for n, s in zip(launches, syncs, strict=True)),
-                     tuple(moe_layers * s * (SYNC_ROUND_TRIP + launch) for s in syncs))
+                     tuple(moe_layers * s * sync_gap(launch) for s in syncs))
 
 
-__all__ = ["LAUNCH_SECONDS", "NO_HOST_ISSUE", "SYNC_GAP", "SYNC_ROUND_TRIP", "HostIssue", "stage_host_issue"]
+__all__ = ["LAUNCH_SECONDS", "NO_HOST_ISSUE", "SYNC_GAP", "SYNC_ROUND_TRIP", "HostIssue", "stage_host_issue",
+           "sync_gap"]
