@@ -24,6 +24,7 @@ from pipesim.model.fp8 import FP8_GATHER_RECIPES, Fp8Options, check_fp8_model
 from pipesim.model.fsdp import FsdpPolicy, check_reshard, fsdp_policy
 from pipesim.model.memory import check_zero
 from pipesim.model.options import (
+    ACT_FP8_STORE_FLAG,
     ATTENTION,
     LayerOptions,
     check_act_fp8_store,
@@ -322,8 +323,7 @@ class Job:
             out += ["--recompute", self.recompute]
         if self.recompute_modules:
             out += ["--recompute-modules", *self.recompute_modules]
-        if self.act_fp8_store:
-            out.append("--activation-func-fp8-input-store")
+        out += self.act_flags()
         if self.sp:
             out.append("--sequence-parallel")
         if self.attention is not None:
@@ -334,6 +334,10 @@ class Job:
         if self.cp_comm != "p2p":
             out += ["--cp-comm-type", self.cp_comm]
         return out + self.state_flags() + self.comm.flags() + self.kernels.flags()
+
+    def act_flags(self) -> list[str]:
+        """Megatron-core's flag of `act_fp8_store` where set (every export's one spelling)."""
+        return [ACT_FP8_STORE_FLAG] if self.act_fp8_store else []
 
     def state_flags(self) -> list[str]:
         """The flags of the model state's layout where set: FSDP2's resharding policy, Megatron-core's FP8 parameter

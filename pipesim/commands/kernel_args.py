@@ -24,7 +24,7 @@ from pipesim.model.fp8 import (
     check_fp8_model,
 )
 from pipesim.model.fsdp import FSDP_RESHARD
-from pipesim.model.options import CP_COMM_TYPES
+from pipesim.model.options import ACT_FP8_STORE_FLAG, CP_COMM_TYPES
 from pipesim.model.piece_kernels import CE_IMPLS
 
 
@@ -149,6 +149,14 @@ def add_ce_fusion_args(g) -> None:
     g.add_argument("--cross-entropy-fusion-impl", dest="ce_impl", choices=CE_IMPLS, default="native",
                    help="with --cross-entropy-loss-fusion: Megatron-core's own fused kernels (native, default) or "
                         "Transformer Engine's Triton kernel (te: 3 d bytes per logit forward, 2 d backward)")
+
+
+def add_act_fp8_store_arg(group) -> None:
+    """--activation-func-fp8-input-store (Megatron-core's flag; simulate, sweep, plan)."""
+    group.add_argument(ACT_FP8_STORE_FLAG, action="store_true", dest="act_fp8_store",
+                       help="Megatron-core's: the fused SwiGLU saves its input for the backward in FP8 (E4M3, one "
+                            "byte per element, cast back in the backward): the dense MLP's, the experts' and the "
+                            "shared experts' gate and up outputs; plan: every candidate's (docs/large_models.md)")
 
 
 def add_cuda_graph_args(group) -> None:

@@ -20,6 +20,7 @@ from pipesim.commands.common import (
     positive_int,
 )
 from pipesim.commands.kernel_args import (
+    add_act_fp8_store_arg,
     add_ce_fusion_args,
     add_cp_comm_arg,
     add_cuda_graph_args,
@@ -115,9 +116,7 @@ def add_parser(sub) -> None:
     g.add_argument("--recompute-modules", nargs="+", default=None, metavar="MODULE",
                    help="what the selective choice recomputes: Megatron-core's --recompute-modules, "
                         f"{', '.join(RECOMPUTE_MODULES)} (default core_attn)")
-    g.add_argument("--activation-func-fp8-input-store", action="store_true", dest="act_fp8_store",
-                   help="Megatron-core's: every candidate's fused SwiGLU keeps its input in FP8 for the backward "
-                        "(docs/large_models.md)")
+    add_act_fp8_store_arg(g)
     g.add_argument("--zero", type=zero_list, default=None, metavar="0,1,...",
                    help="ZeRO stages to consider with dp > 1 (default every one --framework offers: 0 and 3 "
                         "(FSDP2) with torchtitan; without it 0,1)")
@@ -283,7 +282,7 @@ def run(args: argparse.Namespace) -> int:
     best = result.best.candidate.job(shared)  # the winner's switches (a profile's overlaps only where they apply)
     switches = best.comm.flags() + [f for f in best.kernels.flags() if f not in grad_flags(True) + grad_flags(False)]
     switches += shared.fp8.flags() if shared.fp8 is not None else []
-    switches += best.state_flags() + (["--activation-func-fp8-input-store"] if shared.act_fp8_store else [])
+    switches += best.state_flags() + best.act_flags()
     if shared.cp_comm != "p2p" and result.best.candidate.cp > 1:
         switches += ["--cp-comm-type", shared.cp_comm]
     if args.ilp_seconds is not None and result.best.candidate.schedule in {*AUTO_SCHEDULES, *V_SEARCHED}:

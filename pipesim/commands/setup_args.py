@@ -10,6 +10,7 @@ from pipesim.comm.ub_overlap import UbConfig
 from pipesim.commands.common import bounded_int, model_config, positive_float, positive_int
 from pipesim.commands.kernel_args import (
     adam_from_args,
+    add_act_fp8_store_arg,
     add_ce_fusion_args,
     add_cp_comm_arg,
     add_cuda_graph_args,
@@ -88,10 +89,7 @@ def add_setup_args(parser: argparse.ArgumentParser) -> None:
     f.add_argument("--recompute-modules", nargs="+", default=None, metavar="MODULE",
                    help="with --recompute selective: Megatron-core's submodules to recompute, "
                         f"{', '.join(RECOMPUTE_MODULES)} (docs/large_models.md; default core_attn)")
-    f.add_argument("--activation-func-fp8-input-store", action="store_true", dest="act_fp8_store",
-                   help="Megatron-core's: the fused SwiGLU saves its input for the backward in FP8 (E4M3, one byte "
-                        "per element, cast back in the backward): the dense MLP's, the experts' and the shared "
-                        "experts' gate and up outputs (docs/large_models.md)")
+    add_act_fp8_store_arg(f)
     f.add_argument("--sequence-parallel", action="store_true",
                    help="sequence parallelism over the tp ranks (norm/dropout activations split; all-gather + "
                         "reduce-scatter instead of all-reduce)")

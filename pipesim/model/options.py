@@ -145,22 +145,25 @@ class LayerOptions:
         return value // self.tp if self.sp else value
 
 
+ACT_FP8_STORE_FLAG = "--activation-func-fp8-input-store"  # Megatron-core's flag (and pipesim's)
+
+
 def check_act_fp8_store(model: ModelConfig, recompute: str, *, fused: bool = True) -> None:
     """PipesimError unless --activation-func-fp8-input-store suits the layer: a transformer's SwiGLU MLP (Megatron-
     core's transformer_config.py: 'Storing activation input in FP8 is supported only for SwiGLU') run by the fused
     bias-SwiGLU (mlp.py stores in FP8 there only: not `fused` is --no-kernel-fusion) under Megatron's recomputation,
     not torchtitan's per-op policy."""
     if model.kind != "gpt":
-        raise PipesimError("--activation-func-fp8-input-store needs a transformer (--model gpt or --model-config), "
+        raise PipesimError(f"{ACT_FP8_STORE_FLAG} needs a transformer (--model gpt or --model-config), "
                            "not --model mlp")
     if not fused:
-        raise PipesimError("--activation-func-fp8-input-store is Megatron-core's fused SwiGLU "
-                           "(bias_activation_fusion): not with --no-kernel-fusion")
+        raise PipesimError(f"{ACT_FP8_STORE_FLAG} is Megatron-core's fused SwiGLU (bias_activation_fusion): "
+                           "not with --no-kernel-fusion")
     if model.activation != "swiglu":
-        raise PipesimError(f"--activation-func-fp8-input-store stores SwiGLU's input: the model's MLP runs "
+        raise PipesimError(f"{ACT_FP8_STORE_FLAG} stores SwiGLU's input: the model's MLP runs "
                            f"{model.activation} (Megatron-core supports it only for SwiGLU)")
     if recompute == OP:
-        raise PipesimError("--activation-func-fp8-input-store is Megatron-core's fused SwiGLU: not with --recompute "
+        raise PipesimError(f"{ACT_FP8_STORE_FLAG} is Megatron-core's fused SwiGLU: not with --recompute "
                            "op (torchtitan's per-op checkpointing)")
 
 
@@ -197,5 +200,5 @@ def vocab_shard(model: ModelConfig, tp: int) -> int:
     return -(-model.vocab // tp)
 
 
-__all__ = ["ATTENTION", "CP_COMM_TYPES", "RECOMPUTE", "LayerOptions", "check_act_fp8_store", "check_choices",
-           "check_cp_comm", "check_tp_split", "vocab_shard"]
+__all__ = ["ACT_FP8_STORE_FLAG", "ATTENTION", "CP_COMM_TYPES", "RECOMPUTE", "LayerOptions", "check_act_fp8_store",
+           "check_choices", "check_cp_comm", "check_tp_split", "vocab_shard"]
