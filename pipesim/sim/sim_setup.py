@@ -82,6 +82,7 @@ class SimSetup:
                 # the linears' precision and the graphs, in their flags' names (set ones only)
                 **(job.fp8.report() if job.fp8 is not None else {}),
                 **({job.param_gather_flag.removeprefix("--").replace("-", "_"): True} if job.fp8_param_gather else {}),
+                **{flag.removeprefix("--").replace("-", "_"): True for flag in job.act_flags()},
                 **({"cuda_graph_impl": job.kernels.cuda_graphs.impl,
                     "cuda_graph_scope": list(job.kernels.cuda_graphs.scope)} if job.kernels.cuda_graphs else {}),
                 **(job.comm.report() if job.comm != CommOptions() else {})}  # set ones only
