@@ -22,6 +22,7 @@ from pipesim.model.config import ModelConfig
 from pipesim.model.cuda_graphs import CudaGraphs
 from pipesim.model.fp8 import FP8_GATHER_RECIPES, Fp8Options, check_fp8_model
 from pipesim.model.fsdp import FsdpPolicy, check_reshard, fsdp_policy
+from pipesim.model.layer_precision import Bf16Layers
 from pipesim.model.memory import check_zero
 from pipesim.model.options import (
     ACT_FP8_STORE_FLAG,
@@ -111,6 +112,9 @@ class Job:
     adam_states: AdamStates | None = None
     # Megatron-core's --activation-func-fp8-input-store: the fused SwiGLU keeps its input in FP8 for the backward
     act_fp8_store: bool = False
+    # Megatron-core's --first-last-layers-bf16: the model's first and last layers outside the FP8 autocast
+    # (pipesim.model.layer_precision); None: every layer in FP8 under --fp8-format
+    bf16_layers: Bf16Layers | None = None
 
     def __post_init__(self) -> None:
         if self.fp8 is not None and not isinstance(self.fp8, Fp8Options):
@@ -155,6 +159,11 @@ class Job:
                                                  "Engine 2; torchao's float8 gathers under FSDP2: --fp8-impl torchao)"
                                                  if self.zero == 3 else ""))
         check_adam_states(self.adam_states, zero=self.zero)
+        if self.bf16_layers is not None:
+            if not isinstance(self.bf16_layers, Bf16Layers):
+                raise PipesimError(f"a job's bf16_layers must be Bf16Layers or None, got "
+                                   f"{type(self.bf16_layers).__name__}")
+            self.bf16_layers.check_recipe(self.fp8)
         if self.fsdp_reshard != "default" and self.zero != 3:
             raise PipesimError(f"--fsdp-reshard-after-forward {self.fsdp_reshard} needs FSDP's sharded parameters "
                                f"(--zero 3), got --zero {self.zero}")
@@ -246,6 +255,8 @@ class Job:
             raise PipesimError(f"--eager-rmsnorm needs a model with RMSNorm, got {model.norm}")
         if self.act_fp8_store:
             check_act_fp8_store(model, self.recompute, fused=self.kernels.fusion)
+        if self.bf16_layers is not None:
+            self.bf16_layers.check(model, self.dims.pp)
         if microbatches is not None:
             if not isinstance(microbatches, int) or isinstance(microbatches, bool) or microbatches < 1:
                 raise PipesimError(f"microbatches must be a positive integer, got {microbatches!r}")
@@ -336,8 +347,15 @@ class Job:
         return out + self.state_flags() + self.comm.flags() + self.kernels.flags()
 
     def act_flags(self) -> list[str]:
-        """Megatron-core's flag of `act_fp8_store` where set (every export's one spelling)."""
-        return [ACT_FP8_STORE_FLAG] if self.act_fp8_store else []
+        """Megatron-core's flags of `act_fp8_store` and `bf16_layers` where set (every export's one spelling)."""
+        return ([ACT_FP8_STORE_FLAG] if self.act_fp8_store else []) + \
+            (self.bf16_layers.flags() if self.bf16_layers is not None else [])
+
+    def bf16_layer_options(self, model: ModelConfig) -> LayerOptions | None:
+        """The options of a layer --first-last-layers-bf16 keeps out of FP8: the job's layer options without FP8
+        (None for the MLP)."""
+        opts = self.layer_options(model)
+        return replace(opts, fp8=None) if opts is not None else None
 
     def state_flags(self) -> list[str]:
         """The flags of the model state's layout where set: FSDP2's resharding policy, Megatron-core's FP8 parameter

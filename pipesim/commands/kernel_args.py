@@ -24,6 +24,7 @@ from pipesim.model.fp8 import (
     check_fp8_model,
 )
 from pipesim.model.fsdp import FSDP_RESHARD
+from pipesim.model.layer_precision import END_FLAG, FIRST_LAST_FLAG, START_FLAG, Bf16Layers
 from pipesim.model.options import ACT_FP8_STORE_FLAG, CP_COMM_TYPES
 from pipesim.model.piece_kernels import CE_IMPLS
 
@@ -87,6 +88,14 @@ def add_fp8_args(group) -> None:
     group.add_argument("--fp4-param-gather", action="store_true",
                        help="with --fp4-format and the distributed optimizer (--zero 1 or 2): the NVFP4 linears' "
                             "parameters kept in NVFP4 and all-gathered as packed NVFP4 bytes (Megatron-core's flag)")
+    group.add_argument(FIRST_LAST_FLAG, action="store_true", dest="first_last_layers_bf16",
+                       help="with --fp8-format or --fp4-format (not delayed scaling): the model's first and last "
+                            "layers outside the FP8 autocast, their linears, saved inputs and parameters in bf16 "
+                            "(Megatron-core's flag; docs/large_models.md)")
+    group.add_argument(START_FLAG, type=int, default=None, dest="bf16_start", metavar="N",
+                       help=f"with {FIRST_LAST_FLAG}: how many of the first layers (default 1)")
+    group.add_argument(END_FLAG, type=int, default=None, dest="bf16_end", metavar="N",
+                       help=f"with {FIRST_LAST_FLAG}: how many of the last layers (default 1)")
 
 
 def fp8_from_args(args: argparse.Namespace) -> Fp8Options | None:
@@ -109,6 +118,17 @@ def fp8_from_args(args: argparse.Namespace) -> Fp8Options | None:
         return None
     impl = getattr(args, "fp8_impl", None) or "te"
     return Fp8Options(fmt, recipe or (DEFAULT_RECIPE if impl == "te" else "tensorwise"), impl)
+
+
+def bf16_layers_from_args(args: argparse.Namespace) -> Bf16Layers | None:
+    """The Bf16Layers of --first-last-layers-bf16 and its counts; None without it; one line for a count alone."""
+    start, end = getattr(args, "bf16_start", None), getattr(args, "bf16_end", None)
+    if not getattr(args, "first_last_layers_bf16", False):
+        for flag, value in ((START_FLAG, start), (END_FLAG, end)):
+            if value is not None:
+                raise PipesimError(f"{flag} {value} needs {FIRST_LAST_FLAG}")
+        return None
+    return Bf16Layers(*(value if value is not None else 1 for value in (start, end)))
 
 
 def param_gather_from_args(args: argparse.Namespace, fp8: Fp8Options | None) -> bool:

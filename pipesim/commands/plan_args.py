@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import argparse
 
-from pipesim.commands.kernel_args import adam_from_args, fp8_from_args, param_gather_from_args
+from pipesim.commands.kernel_args import (
+    adam_from_args,
+    bf16_layers_from_args,
+    fp8_from_args,
+    param_gather_from_args,
+)
 from pipesim.commands.setup_args import apply_switches, comm_options_from_args, kernel_switches
 from pipesim.errors import PipesimError
 from pipesim.job import Job
@@ -133,6 +138,7 @@ def shared_job(args: argparse.Namespace, model: ModelConfig) -> tuple[Job, tuple
     job = Job(attention=args.attention, comm=comm_options_from_args(args), zero=zeros[0] if needs else 0,
               kernels=kernels,
               fp8=fp8, cp_comm=args.cp_comm_type, fsdp_reshard=args.fsdp_reshard,
-              fp8_param_gather=gather, adam_states=adam, act_fp8_store=args.act_fp8_store)
+              fp8_param_gather=gather, adam_states=adam, act_fp8_store=args.act_fp8_store,
+              bf16_layers=bf16_layers_from_args(args))
     job.check_gradients(model)
     return job, scheds, zeros, recomputes, sps

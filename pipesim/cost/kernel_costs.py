@@ -222,6 +222,13 @@ class StageSeconds:
         """F's, I's and W's seconds, in that order."""
         return self.F, self.I, self.W
 
+    def plus(self, other: StageSeconds) -> StageSeconds:
+        """This part of a stage and `other` (its bf16 layers under --first-last-layers-bf16) together: seconds summed;
+        a GEMM named in both keeps this part's seconds and shape (each part's collectives hide behind its own)."""
+        beside = tuple(a + b for a, b in zip(self.beside, other.beside, strict=True))
+        return StageSeconds(self.F + other.F, self.I + other.I, self.W + other.W, gemms={**other.gemms, **self.gemms},
+                            shapes={**other.shapes, **self.shapes}, beside=(beside[0], beside[1], beside[2]))
+
 
 def gpt_stage_seconds(model: ModelConfig, b: int, layers: int, opts: LayerOptions, *, first: bool, last: bool,
                       fused: bool, family: str, kernels: KernelFigures | None = None,

@@ -25,7 +25,7 @@ from pipesim.cost.tp_hiding import on_userbuffers, with_overlap
 from pipesim.device.fp8_rates import check_fp8_recipe
 from pipesim.errors import PipesimError
 from pipesim.hardware.machine import Hardware
-from pipesim.job import Job
+from pipesim.job import Job, KernelSwitches
 from pipesim.model.adam_states import AdamStates
 from pipesim.model.config import ModelConfig, split_layers
 from pipesim.model.flops import attention_core_flops
@@ -117,11 +117,16 @@ def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hard
                            "(use a GPU preset)")
     split = split_layers(model.layers, num_stages, layer_split)
     moe_counts = _moe_layers_per_stage(model, split)
-    fp8_memory, fp8_seconds, fp8_counts = fp8_stage_costs(model, b, opts, hw, split, moe_counts) if opts else \
+    # per stage: (its layers --first-last-layers-bf16 keeps in bf16, of them with experts); the FP8 parts are the rest
+    bf16 = _bf16_layers_per_stage(model, split, job)
+    bf16_opts = job.bf16_layer_options(model) if any(k for k, _ in bf16) else None
+    fp8_split = [n - k for n, (k, _) in zip(split, bf16, strict=True)]
+    fp8_moe = [m - km for m, (_, km) in zip(moe_counts, bf16, strict=True)]
+    fp8_memory, fp8_seconds, fp8_counts = fp8_stage_costs(model, b, opts, hw, fp8_split, fp8_moe) if opts else \
         ((), (), ())
     fp8_params = fp8_counts if job.fp8_param_gather else ()  # kept and gathered in FP8
     # of those, the routed experts': gathered over the expert-data-parallel group with their state
-    fp8_experts = tuple(stage_fp8_expert_params(model, b, opts, hw.device.family, moe_layers=m) for m in moe_counts) \
+    fp8_experts = tuple(stage_fp8_expert_params(model, b, opts, hw.device.family, moe_layers=m) for m in fp8_moe) \
         if fp8_params and model.moe is not None else ()
     d = model.dtype_bytes
     precision = precision_of(model, kernels.grad_fp32, job.adam_states, job.fp8)
@@ -140,16 +145,28 @@ def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hard
         buffers = comm_buffer_bytes(model, b, opts, dp=dp, zero=job.zero, precision=named_precision(precision))
     experts: list[int] = []
     ep_exchanges: dict[tuple[int, str], tuple[ExpertExchange, ...]] = {}
+    grad_bytes = named_precision(precision).grad_bytes
     for s, layers in enumerate(split):
         last = s == num_stages - 1
-        if opts is None:
-            work = mlp_stage_work(model, b, layers, tp, first=s == 0)
-        else:
-            work = gpt_stage_work(model, b, layers, first=s == 0, last=last, opts=opts, moe_layers=moe_counts[s],
-                                  executor_ops=hw.host is not None)
-        timed = _kernel_seconds(model, b, layers, hw, opts, tp, first=s == 0, last=last, fused=kernels.fusion,
-                                grad_fusion=kernels.grad_accum_fusion, grad_bytes=named_precision(precision).grad_bytes,
-                                moe_layers=moe_counts[s], ce_fusion=kernels.cross_entropy)
+        # the stage's parts, each (its work, its kernel seconds, the FP8 recipe its GEMMs run): the layers in FP8
+        # with the embedding, head and MTP modules, then the bf16 layers (--first-last-layers-bf16)
+        parts: list[tuple[Work, StageSeconds | None, str | None]] = []
+        for part_opts, n, moe, ends in ((opts, fp8_split[s], fp8_moe[s], True), (bf16_opts, *bf16[s], False)):
+            if n == 0 and not ends:
+                continue
+            if opts is None:
+                part = mlp_stage_work(model, b, n, tp, first=s == 0)
+            else:
+                part = gpt_stage_work(model, b, n, first=s == 0 and ends, last=last and ends, opts=part_opts,
+                                      moe_layers=moe, executor_ops=hw.host is not None)
+            part_timed = _kernel_seconds(model, b, n, hw, part_opts, tp, first=s == 0 and ends, last=last and ends,
+                                         fused=kernels.fusion, grad_fusion=kernels.grad_accum_fusion,
+                                         grad_bytes=grad_bytes, moe_layers=moe, ce_fusion=kernels.cross_entropy)
+            parts.append((part, part_timed, recipe if part_opts is opts else None))
+        work, timed = parts[0][0], parts[0][1]
+        for part, part_timed, _ in parts[1:]:
+            work = _merged(work, part)
+            timed = timed.plus(part_timed) if timed is not None and part_timed is not None else timed
         if timed is None and moe_counts[s] and hw.host is None:  # a calibrated CPU host: its roofline, as dense
             raise PipesimError(f"mixture-of-experts layers are timed kernel by kernel: {hw.name} has no GPU device "
                                "family (use a GPU preset)")
@@ -177,26 +194,9 @@ def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hard
                                  flops_forward=work.flops["F"], weight_ops=work.ops["W"],
                                  backward_ops=work.ops["I"] + work.ops["W"],
                                  recompute_bytes=round(work.recompute_bytes), host_seconds=issue))
-        ub = kernels.ub if timed is not None else None  # userbuffers: the kernel path's GEMMs carry them
-        forward, backward_colls = work.collectives["F"], work.collectives["I"]
-        if forward:
-            collectives[(s, "F")] = tuple(TpCollective(c.kind, round(c.nbytes)) for c in forward)
-            if ub is not None:
-                collectives[(s, "F")] = on_userbuffers(collectives[(s, "F")], [c.what for c in forward], ub, timed,
-                                                        model.dtype, hw, recipe)
-        if backward_colls:
-            # in a fused backward the input-gradient all_reduces happen inside B; split, in I (the first
-            # stage: in W, which runs its whole backward)
-            backward = tuple(TpCollective(c.kind, round(c.nbytes)) for c in backward_colls)
-            collectives[(s, "W" if s == 0 else "I")] = collectives[(s, "B")] = backward
-            if timed is not None and kernels.tp_comm_overlap:  # a fused backward: each wgrad GEMM after its dgrad
-                fused_b = with_overlap(backward, [c.overlaps for c in backward_colls], timed, model.dtype, hw, recipe)
-                if ub is not None:
-                    fused_b = on_userbuffers(fused_b, [c.what for c in backward_colls], ub, timed, model.dtype, hw,
-                                              recipe)
-                collectives[(s, "B")] = fused_b
-                if s == 0:
-                    collectives[(0, "W")] = fused_b
+        for part, part_timed, part_recipe in parts:  # each part's collectives hide behind its own GEMMs
+            for key, colls in _tp_collectives(s, part, part_timed, part_recipe, kernels, model.dtype, hw).items():
+                collectives[key] = collectives.get(key, ()) + colls
         grads.append(param_bytes if dp > 1 else 0)
         experts.append(round(work.expert_params))
         if opts is not None and work.ep_exchanges["F"]:
@@ -228,6 +228,48 @@ def _step(counts: list[int], job: Job, *, hw: Hardware, precision: str, loss_sca
         return None
     return step_costs(counts, job, hw=hw, precision=precision, loss_scaling=loss_scaling, experts_per_stage=experts,
                       fp8_per_stage=fp8_params, fp8_experts_per_stage=fp8_experts)
+
+
+def _merged(work: Work, part: Work) -> Work:
+    """A copy of `work` with `part` (another part of the same stage) added (Work.absorb)."""
+    out = replace(work, flops=dict(work.flops), moved=dict(work.moved), ops=dict(work.ops),
+                  collectives={k: list(v) for k, v in work.collectives.items()},
+                  ep_exchanges={k: list(v) for k, v in work.ep_exchanges.items()})
+    out.absorb(part)
+    return out
+
+
+def _tp_collectives(s: int, work: Work, timed: StageSeconds | None, recipe: str | None, kernels: KernelSwitches,
+                    dtype: str, hw: Hardware) -> dict[tuple[int, str], tuple[TpCollective, ...]]:
+    """(stage, action) -> the tp collectives of a stage (part), each carrying the GEMM it hides behind on the kernel
+    path: in the forward, userbuffers' (--tp-comm-overlap); in a fused backward (B) Megatron's async ones beside the
+    wgrad GEMMs, and userbuffers'; split, each blocks in I (the first stage: in W, which runs its whole backward)."""
+    out: dict[tuple[int, str], tuple[TpCollective, ...]] = {}
+    ub = kernels.ub if timed is not None else None  # userbuffers: the kernel path's GEMMs carry them
+    forward, backward_colls = work.collectives["F"], work.collectives["I"]
+    if forward:
+        out[(s, "F")] = tuple(TpCollective(c.kind, round(c.nbytes)) for c in forward)
+        if ub is not None:
+            out[(s, "F")] = on_userbuffers(out[(s, "F")], [c.what for c in forward], ub, timed, dtype, hw, recipe)
+    if backward_colls:
+        backward = tuple(TpCollective(c.kind, round(c.nbytes)) for c in backward_colls)
+        out[(s, "W" if s == 0 else "I")] = out[(s, "B")] = backward
+        if timed is not None and kernels.tp_comm_overlap:  # a fused backward: each wgrad GEMM after its dgrad
+            fused_b = with_overlap(backward, [c.overlaps for c in backward_colls], timed, dtype, hw, recipe)
+            if ub is not None:
+                fused_b = on_userbuffers(fused_b, [c.what for c in backward_colls], ub, timed, dtype, hw, recipe)
+            out[(s, "B")] = fused_b
+            if s == 0:
+                out[(0, "W")] = fused_b
+    return out
+
+
+def _bf16_layers_per_stage(model: ModelConfig, split: list[int], job: Job) -> list[tuple[int, int]]:
+    """Per stage (chunk, in model order): (its layers --first-last-layers-bf16 keeps in bf16, of them with experts);
+    (0, 0) everywhere without it."""
+    if job.bf16_layers is None or model.kind != "gpt":
+        return [(0, 0)] * len(split)
+    return [job.bf16_layers.in_chunk(model, sum(split[:s]), n) for s, n in enumerate(split)]
 
 
 def _moe_layers_per_stage(model: ModelConfig, split: list[int]) -> list[int]:

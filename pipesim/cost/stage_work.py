@@ -92,6 +92,20 @@ class Work:
         self.activation_bytes += act
         self.param_count += params
 
+    def absorb(self, other: Work) -> None:
+        """Adds `other`, another part of the same stage (its bf16 layers under --first-last-layers-bf16): its figures
+        summed, its collectives after these, the recompute working set the larger (one layer re-run at a time)."""
+        for mine, theirs in ((self.flops, other.flops), (self.moved, other.moved), (self.ops, other.ops)):
+            for key in mine:
+                mine[key] += theirs[key]
+        self.activation_bytes += other.activation_bytes
+        self.recompute_bytes = max(self.recompute_bytes, other.recompute_bytes)
+        self.param_count += other.param_count
+        self.expert_params += other.expert_params
+        for phase in self.collectives:
+            self.collectives[phase] += other.collectives[phase]
+            self.ep_exchanges[phase] += other.ep_exchanges[phase]
+
 
 def mlp_stage_work(model: ModelConfig, b: int, layers: int, tp: int = 1, *, first: bool = False) -> Work:
     """`layers` x (Linear(h, h) + GeLU) on a microbatch of b rows.

@@ -297,20 +297,24 @@ def torchtitan_toml(c: Candidate, req: PlanRequest) -> str:
     if req.job.kernels.grad_fp32 is False:  # [training] above; torchtitan's default reduces in float32
         lines.insert(lines.index("[activation_checkpoint]") - 1, 'mixed_precision_reduce = "bfloat16"')
     if req.job.fp8 is not None:
-        lines += ["", *torchtitan_fp8(req.job.fp8.recipe)]
+        bf16 = req.job.bf16_layers.indices(req.model.layers) if req.job.bf16_layers is not None else ()
+        lines += ["", *torchtitan_fp8(req.job.fp8.recipe, bf16)]
     return "\n".join(lines) + "\n"
 
 
-def torchtitan_fp8(recipe: str) -> list[str]:
+def torchtitan_fp8(recipe: str, bf16_layers: tuple[int, ...] = ()) -> list[str]:
     """torchtitan's (v0.2.x job_config.py) float8 sections for an --fp8-recipe: torchao's per-tensor dynamic scaling
     is "tensorwise" (current scaling) and its per-row one "rowwise"; it has no delayed scaling and no 1 x 128 block
-    recipe, which a comment says; mxfp8 is its MX converter. The output head stays bf16 there too (filter_fqns)."""
+    recipe, which a comment says; mxfp8 is its MX converter. The output head stays bf16 there too (filter_fqns), and
+    so do the layers `bf16_layers` names (--first-last-layers-bf16): filter_fqns matches a module's name by substring
+    (torchtitan/components/quantization/utils.py module_filter_fn), and "layers.3." names layer 3's linears alone."""
+    fqns = ", ".join(f'"{name}"' for name in ["output", *(f"layers.{k}." for k in bf16_layers)])
     if recipe == "mxfp8":
         return ["[model]", 'converters = ["quantize.linear.mx"]', "", "[quantize.linear.mx]",
-                'recipe_name = "mxfp8_cublas"', 'filter_fqns = ["output"]']
+                'recipe_name = "mxfp8_cublas"', f"filter_fqns = [{fqns}]"]
     own = recipe if recipe in TORCHAO_RECIPES else "tensorwise"  # mxfp8 returned above
     lines = ["[model]", 'converters = ["quantize.linear.float8"]', "", "[quantize.linear.float8]",
-             f'recipe_name = "{own}"', 'filter_fqns = ["output"]']
+             f'recipe_name = "{own}"', f"filter_fqns = [{fqns}]"]
     if recipe in FP4_RECIPES:
         lines.insert(0, f"# pipesim timed Transformer Engine's {recipe} linears, not torchao's: float8 tensorwise is "
                         "the converter this export names")

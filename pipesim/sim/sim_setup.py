@@ -24,6 +24,7 @@ from pipesim.ir.schedule import Schedule
 from pipesim.job import Job
 from pipesim.model.config import ModelConfig
 from pipesim.model.memory import MemoryBreakdown
+from pipesim.model.options import ACT_FP8_STORE_FLAG
 from pipesim.sim.perturb import Perturbation
 from pipesim.sim.result import SimResult
 from pipesim.sim.simulator import check_devices, simulate
@@ -82,7 +83,8 @@ class SimSetup:
                 # the linears' precision and the graphs, in their flags' names (set ones only)
                 **(job.fp8.report() if job.fp8 is not None else {}),
                 **({job.param_gather_flag.removeprefix("--").replace("-", "_"): True} if job.fp8_param_gather else {}),
-                **{flag.removeprefix("--").replace("-", "_"): True for flag in job.act_flags()},
+                **({ACT_FP8_STORE_FLAG.removeprefix("--").replace("-", "_"): True} if job.act_fp8_store else {}),
+                **(job.bf16_layers.report() if job.bf16_layers is not None else {}),
                 **({"cuda_graph_impl": job.kernels.cuda_graphs.impl,
                     "cuda_graph_scope": list(job.kernels.cuda_graphs.scope)} if job.kernels.cuda_graphs else {}),
                 **(job.comm.report() if job.comm != CommOptions() else {})}  # set ones only
