@@ -90,7 +90,7 @@ def test_every_row_parses_and_is_consistent():
            "MB26B300MOE", "MB26B200MOE"}
     assert {r.source for r in rows} == {"NAR21", "KOR22", "KOR22T4", "LLAMA3", "BLOOM", "MTNLG", "DGXC25", "DGXC25FP8",
                                         "DGXC25PROXY", "MB25", "MB25B200", "MB25GB200", "MB26GB300", "TT24", "TT25H200",
-                                        "TORCHAO25", "TORCHAO25B200", "ZB24"} | moe  # ZB24: stage times
+                                        "TORCHAO25", "TORCHAO25B200", "ZB24", "MLPERF50"} | moe  # ZB24: stage times
     assert [(r.id, r.metric, r.published) for r in rows if r.source in moe] == [
         ("mcore-moe-mixtral-8x7b-64gpus", "tflops_per_gpu_megatron", 468),  # core_v0.10.0 MoE README
         ("moezoo-mixtral-8x22b-128gpus-balanced", "tflops_per_gpu_megatron_core", 465),  # run_mixtral_8x22B.sh
@@ -121,6 +121,9 @@ def test_every_row_parses_and_is_consistent():
     b300, b200 = (next(r for r in rows if r.id == f"mb26{x}-26.02-deepseek-v3-mxfp8-256gpus") for x in ("b300", "b200"))
     assert b300.command.replace("hgx-b300", "hgx-b200") == b200.command
     assert [r.published for r in rows if r.source == "MB26GB300"] == [37556, 36108, 6798, 4596, 1333, 931, 988]
+    # MLPerf v5.0's logged step seconds (median of each file's steps after three, then of the files) as tokens/s/GPU
+    assert [r.published for r in rows if r.source == "MLPERF50"] == [
+        round(b * 8192 / (t * g), 1) for b, t, g in ((1152, 55.143, 512), (1152, 14.221, 2048), (1536, 5.177, 8192))]
     report, zoo = (next(r for r in rows if r.id == i) for i in ("mcore-moe-report-qwen3-235b-h100",
                                                                  "moezoo-qwen3-235b-tp2-pp8-ep32-a2a-overlap"))
     # Table 20's layout is the ModelZoo row's, at a later software version with CUDA graphs (its B.2)
@@ -148,7 +151,7 @@ def test_every_row_parses_and_is_consistent():
     for r in rows:
         argv, args = bp.parse_command(r.command)
         hardware = {"LLAMA3": "dgx-h100", "BLOOM": str(ROOT / "bench" / "hardware" / "jean-zay-a100.toml"),
-                    **dict.fromkeys(moe | {"DGXC25", "DGXC25FP8", "DGXC25PROXY", "MB25"}, "dgx-h100"),
+                    **dict.fromkeys(moe | {"DGXC25", "DGXC25FP8", "DGXC25PROXY", "MB25", "MLPERF50"}, "dgx-h100"),
                     "TT25H200": "hgx-h200", "MB25B200": "hgx-b200", "TORCHAO25B200": "hgx-b200",
                     "MB25GB200": "gb200-nvl72", "MB26GB200MOE": "gb200-nvl72", "MB26GB300": "gb300-nvl72",
                     "MB26GB300MOE": "gb300-nvl72", "MB26B300MOE": "hgx-b300", "MB26B200MOE": "hgx-b200",
