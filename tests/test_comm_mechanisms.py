@@ -139,6 +139,37 @@ def test_every_blocking_send_ends_with_its_transfer_and_its_rank_waits(hw):
     assert held.makespan > free.makespan
 
 
+def test_megatrons_interleaved_schedule_holds_only_its_warm_up_and_flush_sends():
+    """--overlap-p2p-communication overlaps the steady state's sends; the warm-up's and the flush's wait (Megatron-core
+    schedules.py, unless --overlap-p2p-communication-warmup-flush). p = 2, v = 2, m = 4 (`pipesim schedule`): rank 0
+    runs 0F0 0F1 2F0 2F1 | 0F2 2B0 ... 2F3 0B1 | 2B2 2B3 0B2 0B3, rank 1 1F0 1F1 | 3F0 3B0 ... 3F3 3B3 | 1B2 1B3."""
+    sched = schedules.build("interleaved-1f1b", 2, 4, virtual=2)
+    costs = uniform_costs(4, {"F": MS, "I": MS, "W": MS}, boundary_bytes=2**22)
+
+    def held(comm: CommOptions) -> set[tuple[int, str, int, int]]:
+        res = simulate(sched, _with_comm(costs, comm), A100X2)
+        out = set()
+        for tr in res.transfers:
+            a = res.schedule.programs[tr.src][tr.send_index]
+            assert res.ends[tr.src][tr.send_index] in (tr.post, tr.end) and tr.end > tr.post
+            if res.ends[tr.src][tr.send_index] == tr.end:
+                out.add((tr.src, a.kind.value, a.stage, a.microbatch))
+        return out
+
+    edges = {(0, "SEND_F", 0, 0), (0, "SEND_F", 0, 1), (0, "SEND_F", 2, 0), (0, "SEND_F", 2, 1),
+             (0, "SEND_B", 2, 2), (0, "SEND_B", 2, 3),
+             (1, "SEND_F", 1, 0), (1, "SEND_F", 1, 1), (1, "SEND_B", 1, 2), (1, "SEND_B", 1, 3)}
+    assert held(CommOptions(blocking_p2p=True, overlap_p2p_comm=True)) == edges
+    assert held(CommOptions(blocking_p2p=True, overlap_p2p_comm=True, overlap_p2p_warmup_flush=True)) == set()
+    assert len(held(CommOptions(blocking_p2p=True))) == 2 * 4 * (2 * 2 - 1)  # every send
+    assert CommOptions(blocking_p2p=True, overlap_p2p_comm=True, overlap_p2p_warmup_flush=True).flags()[-1] == \
+        "--overlap-p2p-communication-warmup-flush"
+    with pytest.raises(PipesimError) as err:
+        CommOptions(blocking_p2p=True, overlap_p2p_warmup_flush=True)
+    assert str(err.value) == "--overlap-p2p-communication-warmup-flush needs --overlap-p2p-communication (as " \
+        "Megatron-core)"
+
+
 def test_blocking_p2p_changes_nothing_without_links():
     sched = schedules.build("interleaved-1f1b", 2, 4, virtual=2)
     costs = uniform_costs(4, {"F": MS, "I": MS, "W": MS}, boundary_bytes=2**20)

@@ -15,8 +15,12 @@
   since core_v0.6, `--no-overlap-p2p-communication` turns it off), which only its interleaved schedule honours:
   there the steady state's sends are posted before the next chunk's compute and waited on after it
   (p2p_communication.py `wait_on_reqs=(not overlap_p2p_comm)`), so with `blocking_p2p` a schedule of more stages
-  than ranks (v > 1) does not hold its ranks on its sends; its warm-up and flush still do unless
-  --overlap-p2p-communication-warmup-flush (not modelled: pipesim lifts the block on every send of such a schedule).
+  than ranks (v > 1) does not hold its ranks on its sends in the steady state. Its warm-up (the forwards before a
+  rank's first 1F1B pair) and its flush (the backwards after its last one) still send with
+  send_forward_recv_forward / send_backward_recv_backward and wait on them (schedules.py
+  forward_backward_pipelining_with_interleaving, since NVIDIA/Megatron-LM 4295be1a6c, 2024-11-01) unless
+  `overlap_p2p_warmup_flush`, Megatron-core's `--overlap-p2p-communication-warmup-flush` (off by default; it needs
+  --overlap-p2p-communication, as model_parallel_config.py raises), lifts those too (pipesim.sim.program).
 - `overlap_param_gather`: Megatron-core's `--overlap-param-gather` (needs the distributed optimizer and
   --overlap-grad-reduce, as megatron/training/arguments.py asserts): the updated parameters' all-gather of ZeRO 1/2
   is not run after the optimizer but dispatched at the next step's start, each chunk's forward waiting for its own
@@ -61,6 +65,8 @@ class CommOptions:
     hybridep_sms: int | None = None  # SMs Hybrid-EP's kernels hold (hybridep only; None: its own 24, 8 across domains)
     overlap_p2p_comm: bool = False  # with blocking_p2p: an interleaved schedule's sends do not block (Megatron-core)
     overlap_param_gather: bool = False  # ZeRO 1/2's parameter all-gather prefetched before each chunk's forward
+    # with overlap_p2p_comm: the interleaved schedule's warm-up and flush sends do not block either (Megatron-core)
+    overlap_p2p_warmup_flush: bool = False
 
     def __post_init__(self) -> None:
         if self.moe_dispatcher not in MOE_DISPATCHERS:
@@ -75,6 +81,9 @@ class CommOptions:
             if sms != default and self.moe_dispatcher != backend:
                 raise PipesimError(f"{flag} needs the {name} dispatcher (--moe-token-dispatcher-type flex "
                                    f"--moe-flex-dispatcher-backend {backend})")
+        if self.overlap_p2p_warmup_flush and not self.overlap_p2p_comm:  # model_parallel_config.py raises
+            raise PipesimError("--overlap-p2p-communication-warmup-flush needs --overlap-p2p-communication (as "
+                               "Megatron-core)")
         if self.overlap_param_gather and not self.overlap_grad_reduce:  # megatron/training/arguments.py asserts it
             raise PipesimError("--overlap-param-gather needs --overlap-grad-reduce (as Megatron-LM)")
         size = self.ddp_bucket_size
@@ -101,6 +110,8 @@ class CommOptions:
             out.append("--blocking-p2p")
         if self.overlap_p2p_comm:
             out.append("--overlap-p2p-communication")
+        if self.overlap_p2p_warmup_flush:
+            out.append("--overlap-p2p-communication-warmup-flush")
         if self.overlap_param_gather:
             out.append("--overlap-param-gather")
         return out + self.dispatcher_flags()
@@ -109,6 +120,11 @@ class CommOptions:
         """Whether a SEND holds its rank: blocking_p2p, unless Megatron's p2p overlap lifts it on an interleaved
         schedule (more stages than ranks)."""
         return self.blocking_p2p and not (self.overlap_p2p_comm and interleaved)
+
+    def blocks_edge_sends(self, interleaved: bool) -> bool:
+        """Whether the warm-up's and the flush's SENDs hold their rank where the steady state's do not: Megatron-core's
+        interleaved schedule under --overlap-p2p-communication without --overlap-p2p-communication-warmup-flush."""
+        return self.blocking_p2p and self.overlap_p2p_comm and interleaved and not self.overlap_p2p_warmup_flush
 
     def dispatcher_flags(self) -> list[str]:
         """Megatron-core's flags for the MoE token dispatcher (pipesim spells them the same); [] at the default."""
@@ -124,7 +140,8 @@ class CommOptions:
         return {"scatter_gather": self.scatter_gather, "overlap_grad_reduce": self.overlap_grad_reduce,
                 "ddp_bucket_size": self.ddp_bucket_size, "blocking_p2p": self.blocking_p2p,
                 "moe_dispatcher": self.moe_dispatcher, "deepep_sms": self.deepep_sms, "hybridep_sms": self.hybridep_sms,
-                "overlap_p2p_comm": self.overlap_p2p_comm, "overlap_param_gather": self.overlap_param_gather}
+                "overlap_p2p_comm": self.overlap_p2p_comm, "overlap_param_gather": self.overlap_param_gather,
+                "overlap_p2p_warmup_flush": self.overlap_p2p_warmup_flush}
 
 
 def bucket_fractions(params: int, bucket: int) -> tuple[float, ...]:

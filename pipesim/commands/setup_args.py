@@ -146,6 +146,9 @@ def add_comm_args(parser: argparse.ArgumentParser) -> None:
     c.add_argument("--overlap-p2p-communication", dest="overlap_p2p_comm", action="store_true", default=None,
                    help="with --blocking-p2p: an interleaved schedule's sends do not hold their rank (Megatron-core's "
                         "flag, on by default there and honoured by its interleaved schedule only)")
+    c.add_argument("--overlap-p2p-communication-warmup-flush", dest="overlap_p2p_warmup_flush", action="store_true",
+                   help="with --overlap-p2p-communication: the interleaved schedule's warm-up and flush sends do not "
+                        "hold their rank either (Megatron-core's flag, default off: they wait on their sends)")
     c.add_argument("--blocking-p2p", action="store_true", default=None,
                    help="each pipeline SEND holds its rank until its bytes have arrived, as Megatron's "
                         "p2p_communication does without --overlap-p2p-communication (batch_isend_irecv, wait, "
@@ -180,7 +183,8 @@ def comm_options_from_args(args: argparse.Namespace) -> CommOptions:
     return CommOptions(args.scatter_gather, args.overlap_grad_reduce, args.ddp_bucket_size, args.blocking_p2p,
                        moe_dispatcher=dispatcher, deepep_sms=args.moe_deepep_num_sms,
                        hybridep_sms=args.moe_hybridep_num_sms,
-                       overlap_p2p_comm=args.overlap_p2p_comm, overlap_param_gather=args.overlap_param_gather)
+                       overlap_p2p_comm=args.overlap_p2p_comm, overlap_param_gather=args.overlap_param_gather,
+                       overlap_p2p_warmup_flush=args.overlap_p2p_warmup_flush)
 
 
 def apply_framework(args: argparse.Namespace, *, keep: tuple[str, ...] = ()) -> argparse.Namespace:

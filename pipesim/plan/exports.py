@@ -208,14 +208,17 @@ def _moe_args(c: Candidate, req: PlanRequest) -> list[str]:
 
 def _p2p_args(c: Candidate, req: PlanRequest) -> list[str]:
     """Megatron-core overlaps its interleaved schedule's steady-state sends by default (--no-overlap-p2p-communication
-    turns it off: megatron/training/arguments.py, Megatron-LM v0.15.3) and waits on every other send. An interleaved
+    turns it off: megatron/training/arguments.py, Megatron-LM v0.15.3) and waits on every other send (the warm-up's and
+    the flush's too, unless --overlap-p2p-communication-warmup-flush, exported where given). An interleaved
     winner timed with held sends (--blocking-p2p without --overlap-p2p-communication) exports the flag that holds
     them; a 1F1B winner timed with free sends says Megatron cannot do that."""
     comm = req.job.comm
     if c.p == 1:
         return []
     if c.v > 1:
-        return ["--no-overlap-p2p-communication"] if comm.blocks_sends(interleaved=True) else []
+        if comm.blocks_sends(interleaved=True):
+            return ["--no-overlap-p2p-communication"]
+        return ["--overlap-p2p-communication-warmup-flush"] if comm.overlap_p2p_warmup_flush else []
     if comm.blocking_p2p:
         return []
     return ["# pipesim timed the pipeline sends as overlapping the next compute; Megatron-LM's 1F1B waits on each "

@@ -26,7 +26,7 @@ from pipesim.cost.table import CostTable
 from pipesim.device.profile import device_profile
 from pipesim.hardware.machine import Hardware
 from pipesim.ir.deps import message_slot, produces_weight_grad, releases_activations
-from pipesim.ir.schedule import COMPUTE, SENDS, Action, Kind, Schedule
+from pipesim.ir.schedule import BACKWARD_FIRST, COMPUTE, SENDS, Action, Kind, Schedule
 from pipesim.job import Job
 from pipesim.parallel_dims import ParallelDims
 
@@ -133,12 +133,34 @@ def compile_programs(sched: Schedule, compute: TableCompute, hw: Hardware | None
                 last_grad[a.stage] = (rank, i)
     for stage, (rank, i) in sorted(last_grad.items()):  # then all-reduce the stage's gradient
         all_ops[rank][i] = all_ops[rank][i]._replace(allreduce_stage=stage)
+    if comm and opts.blocks_edge_sends(interleaved=sched.model_stages > sched.num_ranks):
+        _block_edge_sends(sched, all_ops)
     sms = device_profile(hw.device.family).sms if ep_sms and hw is not None and hw.device.family else 0
     share = ep_sms / sms if sms else host_exchange_share(hw, par) if ep_exchanges else 0.0
     _time_overlaps(sched, compute.table, all_ops, share)
     if any(any(c.host_seconds) for c in compute.table.stages):
         _floor_at_host(sched, compute.table, all_ops)
     return all_ops
+
+
+def _block_edge_sends(sched: Schedule, all_ops: list[list[Op]]) -> None:
+    """Megatron-core's interleaved schedule overlaps only its steady state's sends (--overlap-p2p-communication): each
+    rank's warm-up (its forwards before the first 1F1B pair: every SEND before the last forward that precedes its
+    first backward) and flush (its backwards after the last pair: every SEND after the first backward that follows
+    its last forward, but that backward's own) wait on their sends (schedules.py
+    forward_backward_pipelining_with_interleaving: send_forward_recv_forward / send_backward_recv_backward without
+    overlap_p2p_comm). Those SENDs hold the rank."""
+    for rank, prog in enumerate(sched.programs):
+        forwards = [i for i, a in enumerate(prog) if a.kind is Kind.F]
+        backwards = [i for i, a in enumerate(prog) if a.kind in BACKWARD_FIRST]
+        if not forwards or not backwards:
+            continue
+        steady_f = max(i for i in forwards if i < backwards[0]) if forwards[0] < backwards[0] else -1
+        steady_b = min((i for i in backwards if i > forwards[-1]), default=len(prog))
+        last_pair = (prog[steady_b].stage, prog[steady_b].microbatch) if steady_b < len(prog) else None
+        for i, a in enumerate(prog):
+            if a.kind in SENDS and (i < steady_f or (i > steady_b and (a.stage, a.microbatch) != last_pair)):
+                all_ops[rank][i] = all_ops[rank][i]._replace(blocking=True)
 
 
 def _floor_at_host(sched: Schedule, table: CostTable, all_ops: list[list[Op]]) -> None:
