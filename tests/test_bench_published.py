@@ -90,7 +90,7 @@ def test_every_row_parses_and_is_consistent():
            "MB26B300MOE", "MB26B200MOE"}
     assert {r.source for r in rows} == {"NAR21", "KOR22", "KOR22T4", "LLAMA3", "BLOOM", "MTNLG", "DGXC25", "DGXC25FP8",
                                         "DGXC25PROXY", "MB25", "MB25B200", "MB25GB200", "MB26GB300", "TT24", "TT25H200",
-                                        "TORCHAO25", "TORCHAO25B200", "ZB24", "MLPERF50"} | moe  # ZB24: stage times
+                                        "TORCHAO25", "TORCHAO25B200", "ZB24", "MLPERF50", "MLPERF51"} | moe
     assert [(r.id, r.metric, r.published) for r in rows if r.source in moe] == [
         ("mcore-moe-mixtral-8x7b-64gpus", "tflops_per_gpu_megatron", 468),  # core_v0.10.0 MoE README
         ("moezoo-mixtral-8x22b-128gpus-balanced", "tflops_per_gpu_megatron_core", 465),  # run_mixtral_8x22B.sh
@@ -124,6 +124,10 @@ def test_every_row_parses_and_is_consistent():
     # MLPerf v5.0's logged step seconds (median of each file's steps after three, then of the files) as tokens/s/GPU
     assert [r.published for r in rows if r.source == "MLPERF50"] == [
         round(b * 8192 / (t * g), 1) for b, t, g in ((1152, 55.143, 512), (1152, 14.221, 2048), (1536, 5.177, 8192))]
+    assert [r.published for r in rows if r.source == "MLPERF51"] == [round(36 * 8192 / (t * 72))
+                                                                      for t in (0.1480, 0.17095)]
+    gb300, gb200 = (r for r in rows if r.source == "MLPERF51")  # one configuration on the two racks
+    assert gb300.command.replace("gb300-nvl72", "gb200-nvl72") == gb200.command
     report, zoo = (next(r for r in rows if r.id == i) for i in ("mcore-moe-report-qwen3-235b-h100",
                                                                  "moezoo-qwen3-235b-tp2-pp8-ep32-a2a-overlap"))
     # Table 20's layout is the ModelZoo row's, at a later software version with CUDA graphs (its B.2)
@@ -155,11 +159,14 @@ def test_every_row_parses_and_is_consistent():
                     "TT25H200": "hgx-h200", "MB25B200": "hgx-b200", "TORCHAO25B200": "hgx-b200",
                     "MB25GB200": "gb200-nvl72", "MB26GB200MOE": "gb200-nvl72", "MB26GB300": "gb300-nvl72",
                     "MB26GB300MOE": "gb300-nvl72", "MB26B300MOE": "hgx-b300", "MB26B200MOE": "hgx-b200",
+                    "MLPERF51": "gb300-nvl72" if "gb300" in r.id else "gb200-nvl72",
                     "DEEPSEEKV3": str(ROOT / "bench" / "hardware" / "h800-deepseek.toml"),
                     **dict.fromkeys(("TT24", "TORCHAO25"), str(ROOT / "bench" / "hardware" / "grand-teton-h100.toml"))}
         assert argv[0] == "simulate" and args.hardware == hardware.get(r.source, "dgx-a100")  # a file: the repo's
         # racks filled as Slurm's segment of 4-GPU trays: all 2, else 16 of 18 per rack
-        if r.source in ("MB25GB200", "MB26GB200MOE", "MB26GB300", "MB26GB300MOE"):
+        if r.source == "MLPERF51":  # SEGMENT 18: the 18 trays of one rack, one NVLink domain of 72
+            assert bp.metrics.gpus(args) == 72 and args.nvlink_domain is None and args.nodes is None, r.id
+        elif r.source in ("MB25GB200", "MB26GB200MOE", "MB26GB300", "MB26GB300MOE"):
             assert bp.metrics.gpus(args) == args.nvlink_domain * (args.nodes or 1), r.id
             assert args.nvlink_domain == min(bp.metrics.gpus(args), 64), r.id
         else:
