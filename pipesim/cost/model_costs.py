@@ -21,11 +21,11 @@ from pipesim.cost.kernel_costs import StageSeconds, gpt_stage_seconds, mlp_stage
 from pipesim.cost.stage_work import Work, gpt_stage_work, mlp_stage_work
 from pipesim.cost.step_costs import StepCosts, ring_exchanges, step_costs
 from pipesim.cost.table import CostTable, StageCosts
-from pipesim.cost.tp_hiding import on_userbuffers, with_overlap
+from pipesim.cost.tp_hiding import stage_tp_collectives
 from pipesim.device.fp8_rates import check_fp8_recipe
 from pipesim.errors import PipesimError
 from pipesim.hardware.machine import Hardware
-from pipesim.job import Job, KernelSwitches
+from pipesim.job import Job
 from pipesim.model.adam_states import AdamStates
 from pipesim.model.config import ModelConfig, split_layers
 from pipesim.model.flops import attention_core_flops
@@ -163,9 +163,12 @@ def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hard
                                          fused=kernels.fusion, grad_fusion=kernels.grad_accum_fusion,
                                          grad_bytes=grad_bytes, moe_layers=moe, ce_fusion=kernels.cross_entropy)
             parts.append((part, part_timed, recipe if part_opts is opts else None))
+        for part, part_timed, part_recipe in parts:  # each part's collectives hide behind its own GEMMs
+            for key, colls in stage_tp_collectives(s, part, part_timed, part_recipe, kernels, model.dtype, hw).items():
+                collectives[key] = collectives.get(key, ()) + colls
         work, timed = parts[0][0], parts[0][1]
         for part, part_timed, _ in parts[1:]:
-            work = _merged(work, part)
+            work.absorb(part)
             timed = timed.plus(part_timed) if timed is not None and part_timed is not None else timed
         if timed is None and moe_counts[s] and hw.host is None:  # a calibrated CPU host: its roofline, as dense
             raise PipesimError(f"mixture-of-experts layers are timed kernel by kernel: {hw.name} has no GPU device "
@@ -194,9 +197,6 @@ def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hard
                                  flops_forward=work.flops["F"], weight_ops=work.ops["W"],
                                  backward_ops=work.ops["I"] + work.ops["W"],
                                  recompute_bytes=round(work.recompute_bytes), host_seconds=issue))
-        for part, part_timed, part_recipe in parts:  # each part's collectives hide behind its own GEMMs
-            for key, colls in _tp_collectives(s, part, part_timed, part_recipe, kernels, model.dtype, hw).items():
-                collectives[key] = collectives.get(key, ()) + colls
         grads.append(param_bytes if dp > 1 else 0)
         experts.append(round(work.expert_params))
         if opts is not None and work.ep_exchanges["F"]:
@@ -228,40 +228,6 @@ def _step(counts: list[int], job: Job, *, hw: Hardware, precision: str, loss_sca
         return None
     return step_costs(counts, job, hw=hw, precision=precision, loss_scaling=loss_scaling, experts_per_stage=experts,
                       fp8_per_stage=fp8_params, fp8_experts_per_stage=fp8_experts)
-
-
-def _merged(work: Work, part: Work) -> Work:
-    """A copy of `work` with `part` (another part of the same stage) added (Work.absorb)."""
-    out = replace(work, flops=dict(work.flops), moved=dict(work.moved), ops=dict(work.ops),
-                  collectives={k: list(v) for k, v in work.collectives.items()},
-                  ep_exchanges={k: list(v) for k, v in work.ep_exchanges.items()})
-    out.absorb(part)
-    return out
-
-
-def _tp_collectives(s: int, work: Work, timed: StageSeconds | None, recipe: str | None, kernels: KernelSwitches,
-                    dtype: str, hw: Hardware) -> dict[tuple[int, str], tuple[TpCollective, ...]]:
-    """(stage, action) -> the tp collectives of a stage (part), each carrying the GEMM it hides behind on the kernel
-    path: in the forward, userbuffers' (--tp-comm-overlap); in a fused backward (B) Megatron's async ones beside the
-    wgrad GEMMs, and userbuffers'; split, each blocks in I (the first stage: in W, which runs its whole backward)."""
-    out: dict[tuple[int, str], tuple[TpCollective, ...]] = {}
-    ub = kernels.ub if timed is not None else None  # userbuffers: the kernel path's GEMMs carry them
-    forward, backward_colls = work.collectives["F"], work.collectives["I"]
-    if forward:
-        out[(s, "F")] = tuple(TpCollective(c.kind, round(c.nbytes)) for c in forward)
-        if ub is not None:
-            out[(s, "F")] = on_userbuffers(out[(s, "F")], [c.what for c in forward], ub, timed, dtype, hw, recipe)
-    if backward_colls:
-        backward = tuple(TpCollective(c.kind, round(c.nbytes)) for c in backward_colls)
-        out[(s, "W" if s == 0 else "I")] = out[(s, "B")] = backward
-        if timed is not None and kernels.tp_comm_overlap:  # a fused backward: each wgrad GEMM after its dgrad
-            fused_b = with_overlap(backward, [c.overlaps for c in backward_colls], timed, dtype, hw, recipe)
-            if ub is not None:
-                fused_b = on_userbuffers(fused_b, [c.what for c in backward_colls], ub, timed, dtype, hw, recipe)
-            out[(s, "B")] = fused_b
-            if s == 0:
-                out[(0, "W")] = fused_b
-    return out
 
 
 def _bf16_layers_per_stage(model: ModelConfig, split: list[int], job: Job) -> list[tuple[int, int]]:

@@ -9,7 +9,9 @@ from pipesim.comm.tp_collective import TpCollective
 from pipesim.comm.ub_overlap import UbConfig, ub_gemm
 from pipesim.cost.device_profiles import gemm_timing
 from pipesim.cost.kernel_costs import StageSeconds, overlap_gemm
+from pipesim.cost.stage_work import Work
 from pipesim.hardware.machine import Hardware
+from pipesim.job import KernelSwitches
 
 
 def _hiding(name: str | None, timed: StageSeconds, dtype: str, hw: Hardware, recipe: str | None) -> HidingGemm | None:
@@ -42,4 +44,30 @@ def on_userbuffers(colls: tuple[TpCollective, ...], whats: list[str], ub: UbConf
     return tuple(out)
 
 
-__all__ = ["on_userbuffers", "with_overlap"]
+def stage_tp_collectives(s: int, work: Work, timed: StageSeconds | None, recipe: str | None, kernels: KernelSwitches,
+                         dtype: str, hw: Hardware) -> dict[tuple[int, str], tuple[TpCollective, ...]]:
+    """(stage, action) -> the tp collectives of stage `s` (or of a part of it: its bf16 layers under
+    --first-last-layers-bf16, whose GEMMs `timed` and `recipe` None give), each carrying the GEMM it hides behind on
+    the kernel path: in the forward, userbuffers' (--tp-comm-overlap); in a fused backward (B) Megatron's async ones
+    beside the wgrad GEMMs, and userbuffers'; split, each blocks in I (the first stage: in W, its whole backward)."""
+    out: dict[tuple[int, str], tuple[TpCollective, ...]] = {}
+    ub = kernels.ub if timed is not None else None  # userbuffers: the kernel path's GEMMs carry them
+    forward, backward_colls = work.collectives["F"], work.collectives["I"]
+    if forward:
+        out[(s, "F")] = tuple(TpCollective(c.kind, round(c.nbytes)) for c in forward)
+        if ub is not None:
+            out[(s, "F")] = on_userbuffers(out[(s, "F")], [c.what for c in forward], ub, timed, dtype, hw, recipe)
+    if backward_colls:
+        backward = tuple(TpCollective(c.kind, round(c.nbytes)) for c in backward_colls)
+        out[(s, "W" if s == 0 else "I")] = out[(s, "B")] = backward
+        if timed is not None and kernels.tp_comm_overlap:  # a fused backward: each wgrad GEMM after its dgrad
+            fused_b = with_overlap(backward, [c.overlaps for c in backward_colls], timed, dtype, hw, recipe)
+            if ub is not None:
+                fused_b = on_userbuffers(fused_b, [c.what for c in backward_colls], ub, timed, dtype, hw, recipe)
+            out[(s, "B")] = fused_b
+            if s == 0:
+                out[(0, "W")] = fused_b
+    return out
+
+
+__all__ = ["on_userbuffers", "stage_tp_collectives", "with_overlap"]
