@@ -334,7 +334,7 @@ class Job:
             out += ["--recompute", self.recompute]
         if self.recompute_modules:
             out += ["--recompute-modules", *self.recompute_modules]
-        out += self.act_flags()
+        out += self.precision_flags()
         if self.sp:
             out.append("--sequence-parallel")
         if self.attention is not None:
@@ -346,8 +346,9 @@ class Job:
             out += ["--cp-comm-type", self.cp_comm]
         return out + self.state_flags() + self.comm.flags() + self.kernels.flags()
 
-    def act_flags(self) -> list[str]:
-        """Megatron-core's flags of `act_fp8_store` and `bf16_layers` where set (every export's one spelling)."""
+    def precision_flags(self) -> list[str]:
+        """Megatron-core's flags of the layers' precision switches, `act_fp8_store` and `bf16_layers`, where set (every
+        export's one spelling)."""
         return ([ACT_FP8_STORE_FLAG] if self.act_fp8_store else []) + \
             (self.bf16_layers.flags() if self.bf16_layers is not None else [])
 

@@ -162,3 +162,30 @@ def test_torchtitan_keeps_the_same_layers_out_of_float8():
     assert torchtitan_fp8("tensorwise", (0, 30, 31))[-1] == 'filter_fqns = ["output", "layers.0.", "layers.30.", ' \
                                                            '"layers.31."]'
     assert torchtitan_fp8("tensorwise")[-1] == 'filter_fqns = ["output"]'
+
+
+def test_the_planner_plans_it_and_exports_it(capsys, tmp_path):
+    """Every candidate keeps its edge layers in bf16; the winner's pipesim command re-simulates to its own step, and
+    Megatron's arguments carry the flags. A count above a candidate's layers per rank is that candidate's refusal."""
+    model = ["--model", "gpt", "--hidden", "1024", "--ffn-hidden", "2816", "--activation", "swiglu", "--layers", "4",
+             "--heads", "8", "--seq", "512", "--vocab", "8000", "--batch", "16", "--dtype", "bfloat16"]
+    out = tmp_path / "plan.json"
+    assert main(["plan", *model, "--hardware", "dgx-h100", "--gpus", "8", "--framework", "megatron-core",
+                 "--fp8-format", "hybrid", "--fp8-recipe", "tensorwise", "--first-last-layers-bf16",
+                 "--num-layers-at-end-in-bf16", "2", "--recompute", "none", "--max-candidates", "20",
+                 "--json", str(out)]) == 0
+    capsys.readouterr()
+    data = json.loads(out.read_text())
+    flags = ["--first-last-layers-bf16", "--num-layers-at-end-in-bf16", "2"]
+    argv = shlex.split(data["winner"]["simulate_command"])
+    assert argv[argv.index(flags[0]):argv.index(flags[0]) + 3] == flags
+    assert " ".join(flags) in " ".join(data["winner"]["megatron_args"])
+    assert main(argv[1:] + ["--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["step_time"] == data["rows"][0]["step_time"]
+    # with 4 layers, a pipeline of 4 ranks holds 1 layer each: 2 at the end is more than Megatron-core allows there,
+    # which the planner's first pass refuses (1 at each end fits every pipeline size)
+    assert data["counts"]["refused_by_model"] > 0 and all(row["pp"] < 4 for row in data["rows"])
+    assert main(["plan", *model, "--hardware", "dgx-h100", "--gpus", "8", "--framework", "megatron-core",
+                 "--fp8-format", "hybrid", "--fp8-recipe", "tensorwise", "--first-last-layers-bf16",
+                 "--recompute", "none", "--max-candidates", "1", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["counts"]["refused_by_model"] == 0

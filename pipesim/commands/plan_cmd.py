@@ -282,7 +282,7 @@ def run(args: argparse.Namespace) -> int:
     best = result.best.candidate.job(shared)  # the winner's switches (a profile's overlaps only where they apply)
     switches = best.comm.flags() + [f for f in best.kernels.flags() if f not in grad_flags(True) + grad_flags(False)]
     switches += shared.fp8.flags() if shared.fp8 is not None else []
-    switches += best.state_flags() + best.act_flags()
+    switches += best.state_flags() + best.precision_flags()
     if shared.cp_comm != "p2p" and result.best.candidate.cp > 1:
         switches += ["--cp-comm-type", shared.cp_comm]
     if args.ilp_seconds is not None and result.best.candidate.schedule in {*AUTO_SCHEDULES, *V_SEARCHED}:

@@ -96,8 +96,10 @@ class Evaluator:
 
         A mixture of experts' stage keeps its dp (the experts' edp needs it) but its seconds per microbatch do
         not depend on it: they are costed on the smallest dp the expert layout admits, one microbatch each; and
-        every layer as a MoE layer (its dense first or interleaved layers are few: the estimate only orders)."""
-        job = self._layer_job(c)
+        every layer as a MoE layer (its dense first or interleaved layers are few: the estimate only orders); and every
+        layer in the job's FP8, the few --first-last-layers-bf16 keeps in bf16 too (the cut [0, 1, 2, L - 3] would
+        otherwise mix the two precisions into one layer's seconds)."""
+        job = replace(self._layer_job(c), bf16_layers=None)
         m = self.req.model
         if m.moe is not None:
             dims = job.dims

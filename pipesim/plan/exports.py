@@ -135,7 +135,7 @@ def megatron_args(c: Candidate, req: PlanRequest, attention: str | None = None) 
         out.append("--checkpoint-activations")
     elif c.recompute == "full":
         out += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
-    out += req.job.act_flags()
+    out += req.job.precision_flags()
     if c.sp:
         out.append("--sequence-parallel")
     if attention in FUSED_ATTENTION and req.framework in MEGATRON_2021:

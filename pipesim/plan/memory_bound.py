@@ -150,6 +150,8 @@ class MemoryBound:
         if opts not in self._checked:
             opts.check(self.model)
             self._checked.add(opts)
+        if self.shared.bf16_layers is not None:  # Megatron-core's bound: each count at most the layers per rank
+            self.shared.bf16_layers.check(self.model, c.p)
         return opts
 
     def states(self, family: str | None, c, opts: LayerOptions) -> tuple[int, int]:
