@@ -149,7 +149,9 @@ def _block_edge_sends(sched: Schedule, all_ops: list[list[Op]]) -> None:
     first backward) and flush (its backwards after the last pair: every SEND after the first backward that follows
     its last forward, but that backward's own) wait on their sends (schedules.py
     forward_backward_pipelining_with_interleaving: send_forward_recv_forward / send_backward_recv_backward without
-    overlap_p2p_comm). Those SENDs hold the rank."""
+    overlap_p2p_comm). Those SENDs hold the rank. Every other schedule with more stages than ranks (the V shapes,
+    the zero-bubble ones) gets the same rule: Megatron-core's p2p code is the only one pipesim models for a stack
+    that holds its sends (`--blocking-p2p`), and it lifts the hold only in the steady state."""
     for rank, prog in enumerate(sched.programs):
         forwards = [i for i, a in enumerate(prog) if a.kind is Kind.F]
         backwards = [i for i, a in enumerate(prog) if a.kind in BACKWARD_FIRST]
