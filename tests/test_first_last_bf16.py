@@ -126,10 +126,11 @@ def test_bf16_parameters_are_not_gathered_in_fp8():
     (lambda: _job(None, EDGES), "--first-last-layers-bf16 keeps an FP8 run's first and last layers in bf16: it needs "
                                 "--fp8-format (or --fp4-format)"),
     (lambda: _job(Fp8Options("hybrid", "delayed"), EDGES),
-     "--first-last-layers-bf16 does not go with --fp8-recipe delayed (Megatron-core: 'Delayed scaling does not "
-     "support first / last layer in BF16')"),
+     "--first-last-layers-bf16 does not go with --fp8-recipe delayed, Megatron-core's default (Megatron-core: "
+     "'Delayed scaling does not support first / last layer in BF16'): give another --fp8-recipe"),
     (lambda: _job(Fp8Options("hybrid", "tensorwise", "torchao"), EDGES),
-     "--first-last-layers-bf16 is Megatron-core's per-layer FP8 autocast: not with --fp8-impl torchao"),
+     "--first-last-layers-bf16 is Megatron-core's per-layer FP8 autocast: not with --fp8-impl torchao (torchtitan's "
+     "float8 converter keeps layers out of FP8 by its filter_fqns)"),
     (lambda: Bf16Layers(-1, 1), "--num-layers-at-start-in-bf16 must be a non-negative integer, got -1"),
 ])
 def test_refusals(job, message):

@@ -42,11 +42,12 @@ class Bf16Layers:
             raise PipesimError(f"{FIRST_LAST_FLAG} keeps an FP8 run's first and last layers in bf16: it needs "
                                "--fp8-format (or --fp4-format)")
         if fp8.recipe == "delayed":  # transformer_config.py raises the same
-            raise PipesimError(f"{FIRST_LAST_FLAG} does not go with --fp8-recipe delayed (Megatron-core: 'Delayed "
-                               "scaling does not support first / last layer in BF16')")
+            raise PipesimError(f"{FIRST_LAST_FLAG} does not go with --fp8-recipe delayed, Megatron-core's default "
+                               "(Megatron-core: 'Delayed scaling does not support first / last layer in BF16'): give "
+                               "another --fp8-recipe")
         if fp8.impl != "te":
             raise PipesimError(f"{FIRST_LAST_FLAG} is Megatron-core's per-layer FP8 autocast: not with --fp8-impl "
-                               f"{fp8.impl}")
+                               f"{fp8.impl} (torchtitan's float8 converter keeps layers out of FP8 by its filter_fqns)")
 
     def check(self, model: ModelConfig, pp: int) -> None:
         """PipesimError unless `model` is a transformer and each count is at most its layers per pipeline rank
