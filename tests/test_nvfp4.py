@@ -170,3 +170,34 @@ def test_fp4_param_gather_keeps_the_parameters_in_nvfp4_and_gathers_packed_bytes
         assert a.parameters - b.parameters == 2 * quantized[r] and a.fp8_weights == b.fp8_weights
     assert Job(ParallelDims(dp=2), zero=1, fp8=NVFP4, fp8_param_gather=True).flags()[-5:] == \
         [*NVFP4.flags(), "--fp4-param-gather"]
+
+
+def test_transformer_engines_nvfp4_switches_turned_off():
+    """--nvfp4-disable (TE's NVTE_NVFP4_DISABLE_* environment): without 2D quantization each weight copy carries
+    1 x 16 block scales (an activation's) instead of 16 x 16 ones; without the random Hadamard transform or
+    stochastic rounding the casts read and write the same bytes, so nothing pipesim counts moves."""
+    one_d = Fp8Options("e2m1", "nvfp4", nvfp4_disabled=("2d-quantization",))
+    p = 16 * 1024 * 1024
+    assert weight_copy_bytes(p, NVFP4, tn_only=False) == 2 * (p // 2 + p // 256)
+    assert weight_copy_bytes(p, one_d, tn_only=False) == 2 * (p // 2 + p // 16)
+    hw = load_hardware("hgx-b200")
+    job = Job(ParallelDims(pp=2), fp8=NVFP4, attention="flash")
+    plain, quiet, flat = (model_costs(LLAMA, 2, 2, hw, replace(job, fp8=f)) for f in
+                          (NVFP4, Fp8Options("e2m1", "nvfp4", nvfp4_disabled=("stochastic-rounding", "rht")), one_d))
+    assert (quiet.table, quiet.fp8_weight_bytes, quiet.step) == (plain.table, plain.fp8_weight_bytes, plain.step)
+    params = [stage_fp8_weights(LLAMA, 1, _opts(), "B200", layers=n)[0] for n in split_layers(LLAMA.layers, 2)]
+    assert flat.fp8_weight_bytes == tuple(2 * (n // 2 + n // 16) for n in params)
+    assert flat.table == plain.table  # the weights' cast is charged once per step, with the optimizer
+    assert all(a > b for a, b in zip(flat.step.optimizer_seconds, plain.step.optimizer_seconds, strict=True))
+    # canonical order, reported as a list, exported to Megatron as the environment it is
+    assert Fp8Options("e2m1", "nvfp4", nvfp4_disabled=("rht", "2d-quantization", "stochastic-rounding")).flags() == \
+        ["--fp4-format", "e2m1", "--fp4-recipe", "nvfp4", "--nvfp4-disable", "rht", "stochastic-rounding",
+         "2d-quantization"]
+    assert one_d.report() == {"fp4_format": "e2m1", "fp4_recipe": "nvfp4", "nvfp4_disable": ["2d-quantization"]}
+    model = ModelConfig(kind="gpt", hidden=1024, layers=8, heads=16, seq=1024, vocab=32000, batch=16)
+    req = PlanRequest(model, hw, 8, ("1f1b",), None, ("none",), (0,), Job(fp8=one_d))
+    args = megatron_args(enumerate_candidates(req)[0], req)
+    assert "--nvfp4-disable" not in args and "# in the environment: NVTE_NVFP4_DISABLE_2D_QUANTIZATION=1" in args
+    with pytest.raises(PipesimError) as err:
+        Fp8Options("e4m3", "mxfp8", nvfp4_disabled=("rht",))
+    assert str(err.value) == "--nvfp4-disable turns off Transformer Engine's NVFP4 switches: it needs --fp4-format e2m1"

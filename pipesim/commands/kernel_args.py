@@ -20,6 +20,8 @@ from pipesim.model.fp8 import (
     FP8_FORMATS,
     FP8_IMPLS,
     FP8_RECIPES,
+    NVFP4_DISABLE_FLAG,
+    NVFP4_SWITCHES,
     Fp8Options,
     check_fp8_model,
 )
@@ -88,6 +90,12 @@ def add_fp8_args(group) -> None:
     group.add_argument("--fp4-param-gather", action="store_true",
                        help="with --fp4-format and the distributed optimizer (--zero 1 or 2): the NVFP4 linears' "
                             "parameters kept in NVFP4 and all-gathered as packed NVFP4 bytes (Megatron-core's flag)")
+    group.add_argument(NVFP4_DISABLE_FLAG, nargs="+", choices=NVFP4_SWITCHES, default=None, dest="nvfp4_disable",
+                       metavar="SWITCH",
+                       help=f"with --fp4-format: Transformer Engine's NVFP4 switches the run turns off by its "
+                            f"environment (NVTE_NVFP4_DISABLE_RHT, _STOCHASTIC_ROUNDING, _2D_QUANTIZATION): "
+                            f"{', '.join(NVFP4_SWITCHES)}; 2d-quantization scales the weights in 1 x 16 blocks both "
+                            f"ways, the other two change no byte pipesim counts (docs/cost_model.md)")
     group.add_argument(FIRST_LAST_FLAG, action="store_true", dest="first_last_layers_bf16",
                        help="with --fp8-format or --fp4-format (not delayed scaling): the model's first and last "
                             "layers outside the FP8 autocast, their linears, saved inputs and parameters in bf16 "
@@ -111,7 +119,11 @@ def fp8_from_args(args: argparse.Namespace) -> Fp8Options | None:
         if getattr(args, "fp8_impl", None) not in (None, "te"):
             raise PipesimError("--fp4-format runs Transformer Engine's NVFP4 linears: --fp8-impl torchao has none "
                                "in pipesim")
-        return Fp8Options(fp4, fp4_recipe or FP4_RECIPES[0], "te")
+        return Fp8Options(fp4, fp4_recipe or FP4_RECIPES[0], "te",
+                          nvfp4_disabled=tuple(getattr(args, "nvfp4_disable", None) or ()))
+    if getattr(args, "nvfp4_disable", None):
+        raise PipesimError(f"{NVFP4_DISABLE_FLAG} turns off Transformer Engine's NVFP4 switches: it needs --fp4-format "
+                           "e2m1")
     if fmt is None:
         if recipe is not None:
             raise PipesimError(f"--fp8-recipe {recipe} needs --fp8-format (e4m3 or hybrid) to turn FP8 on")

@@ -67,6 +67,11 @@ BLOCK_SCALED = ("blockwise", "mxfp8", "nvfp4")  # recipes whose tensors carry bo
 SCALE_DIVISOR = {"blockwise": 32, "mxfp8": 32, "nvfp4": 16}
 # weights: float32 per 128 x 128 block; mxfp8: 1 x 32; nvfp4: E4M3 per 16 x 16 block
 WEIGHT_SCALE_DIVISOR = {"blockwise": 4096, "mxfp8": 32, "nvfp4": 256}
+# Transformer Engine's NVFP4 switches a run turns off by its environment (NVTE_NVFP4_DISABLE_RHT,
+# NVTE_NVFP4_DISABLE_STOCHASTIC_ROUNDING, NVTE_NVFP4_DISABLE_2D_QUANTIZATION: transformer_engine/common/recipe/
+# __init__.py @ d0067d0da NVFP4BlockScaling reads them): pipesim's flag --nvfp4-disable takes these names
+NVFP4_SWITCHES = ("rht", "stochastic-rounding", "2d-quantization")
+NVFP4_DISABLE_FLAG = "--nvfp4-disable"
 
 
 @dataclass(frozen=True)
@@ -79,6 +84,9 @@ class Fp8Options:
     # torchao under FSDP2 with --fp8-param-gather (its enable_fsdp_float8_all_gather): the weights reach the linears
     # already cast, gathered in FP8. Set by pipesim.job.Job from the job's flags, never typed.
     gathered: bool = False
+    # NVFP4's switches turned off (NVFP4_SWITCHES, sorted): 2d-quantization off quantizes weights in 1 x 16 blocks
+    # both ways (their scales 16 times the bytes); rht and stochastic-rounding off change no byte pipesim counts
+    nvfp4_disabled: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.format not in FP8_FORMATS + FP4_FORMATS:
@@ -95,6 +103,14 @@ class Fp8Options:
         if self.impl == "torchao" and self.recipe not in TORCHAO_RECIPES:
             raise PipesimError(f"--fp8-impl torchao has no {self.recipe} recipe (torchao's float8 training scales "
                                f"{' or '.join(TORCHAO_RECIPES)}): give --fp8-recipe tensorwise")
+        if self.nvfp4_disabled:
+            unknown = [x for x in self.nvfp4_disabled if x not in NVFP4_SWITCHES]
+            if unknown:
+                raise PipesimError(f"unknown {NVFP4_DISABLE_FLAG} {unknown[0]!r}; choose {', '.join(NVFP4_SWITCHES)}")
+            if not self.fp4:
+                raise PipesimError(f"{NVFP4_DISABLE_FLAG} turns off Transformer Engine's NVFP4 switches: it needs "
+                                   "--fp4-format e2m1")
+            object.__setattr__(self, "nvfp4_disabled", tuple(x for x in NVFP4_SWITCHES if x in self.nvfp4_disabled))
         if self.impl == "te" and self.recipe in TORCHAO_ONLY:
             raise PipesimError(f"--fp8-recipe {self.recipe} is torchao's (Transformer Engine has no such recipe): "
                                "give --fp8-impl torchao")
@@ -137,16 +153,28 @@ class Fp8Options:
         """Megatron-core's flag that keeps these linears' parameters quantized and gathers them so."""
         return "--fp4-param-gather" if self.fp4 else "--fp8-param-gather"
 
-    def report(self) -> dict[str, str]:
-        """The options as --json reports them: `flags()` as keys in their own words (fp8_format, fp4_recipe, ...)."""
-        flags = self.flags()
-        return {flag.removeprefix("--").replace("-", "_"): value for flag, value in zip(flags[::2], flags[1::2],
-                                                                                         strict=True)}
+    @property
+    def weight_scale_divisor(self) -> int:
+        """Weight elements per byte of block scales: the recipe's weight blocks, NVFP4's 1 x 16 ones without 2D
+        quantization (NVTE_NVFP4_DISABLE_2D_QUANTIZATION: each direction scaled like an activation)."""
+        if self.recipe == "nvfp4" and "2d-quantization" in self.nvfp4_disabled:
+            return SCALE_DIVISOR["nvfp4"]
+        return WEIGHT_SCALE_DIVISOR[self.recipe]
 
-    def flags(self) -> list[str]:
+    def report(self) -> dict[str, object]:
+        """The options as --json reports them: `flags()` as keys in their own words (fp8_format, fp4_recipe, ...)."""
+        flags = self.flags(with_switches=False)
+        out: dict[str, object] = {flag.removeprefix("--").replace("-", "_"): value
+                                  for flag, value in zip(flags[::2], flags[1::2], strict=True)}
+        if self.nvfp4_disabled:
+            out[NVFP4_DISABLE_FLAG.removeprefix("--").replace("-", "_")] = list(self.nvfp4_disabled)
+        return out
+
+    def flags(self, *, with_switches: bool = True) -> list[str]:
         """The command-line flags that give these options (Megatron-core's spelling, and pipesim's)."""
         if self.fp4:
-            return ["--fp4-format", self.format, "--fp4-recipe", self.recipe]
+            switches = [NVFP4_DISABLE_FLAG, *self.nvfp4_disabled] if self.nvfp4_disabled and with_switches else []
+            return ["--fp4-format", self.format, "--fp4-recipe", self.recipe, *switches]
         return ["--fp8-format", self.format, "--fp8-recipe", self.recipe] + \
             (["--fp8-impl", self.impl] if self.impl != "te" else [])
 
@@ -178,7 +206,7 @@ def weight_copy_bytes(params: int, fp8: Fp8Options, *, tn_only: bool) -> int:
     directions with block scales under blockwise (128 x 128 blocks, float32), mxfp8 (1 x 32, one byte) and nvfp4
     (half a byte per element, 16 x 16 blocks of one byte: TE writes the transpose beside the row-wise copy)."""
     if fp8.block_scaled:
-        return 2 * (data_bytes(params, fp8) + params // WEIGHT_SCALE_DIVISOR[fp8.recipe])
+        return 2 * (data_bytes(params, fp8) + params // fp8.weight_scale_divisor)
     return FP8_BYTES * params * (2 if tn_only else 1)
 
 
@@ -195,6 +223,6 @@ def check_fp8_model(fp8: Fp8Options | None, dtype: str, kind: str) -> None:
 
 
 __all__ = ["BLOCK_SCALED", "DEFAULT_RECIPE", "FP4_FORMATS", "FP4_RECIPES", "FP8_BYTES", "FP8_FORMATS",
-           "FP8_GATHER_RECIPES", "FP8_IMPLS", "FP8_RECIPES", "Fp8Options", "TORCHAO_ONLY",
-           "TORCHAO_RECIPES", "cast_write_bytes", "check_fp8_model", "data_bytes", "saved_bytes",
+           "FP8_GATHER_RECIPES", "FP8_IMPLS", "FP8_RECIPES", "NVFP4_DISABLE_FLAG", "NVFP4_SWITCHES", "Fp8Options",
+           "TORCHAO_ONLY", "TORCHAO_RECIPES", "cast_write_bytes", "check_fp8_model", "data_bytes", "saved_bytes",
            "weight_copy_bytes"]

@@ -151,7 +151,10 @@ def megatron_args(c: Candidate, req: PlanRequest, attention: str | None = None) 
         if recipe in TORCHAO_ONLY:
             out.append(f"# Megatron-core has no {recipe} recipe (torchao's): tensorwise, current scaling, is nearest")
             recipe = "tensorwise"
-        out += req.job.fp8.flags() if req.job.fp8.fp4 else ["--fp8-format", req.job.fp8.format, "--fp8-recipe", recipe]
+        out += req.job.fp8.flags(with_switches=False) if req.job.fp8.fp4 else \
+            ["--fp8-format", req.job.fp8.format, "--fp8-recipe", recipe]
+        out += [f"# in the environment: NVTE_NVFP4_DISABLE_{x.upper().replace('-', '_')}=1"
+                for x in req.job.fp8.nvfp4_disabled]  # Transformer Engine's switches, not Megatron's flags
         if req.job.fp8.impl != "te":
             out.append("# pipesim timed torchao's float8 linears (--fp8-impl torchao); Megatron-core runs Transformer "
                        "Engine's")
