@@ -90,7 +90,8 @@ def test_every_row_parses_and_is_consistent():
            "MB26B300MOE", "MB26B200MOE"}
     assert {r.source for r in rows} == {"NAR21", "KOR22", "KOR22T4", "LLAMA3", "BLOOM", "MTNLG", "DGXC25", "DGXC25FP8",
                                         "DGXC25PROXY", "MB25", "MB25B200", "MB25GB200", "MB26GB300", "TT24", "TT25H200",
-                                        "TORCHAO25", "TORCHAO25B200", "ZB24", "MLPERF50", "MLPERF51"} | moe
+                                        "TORCHAO25", "TORCHAO25B200", "ZB24", "MLPERF50", "MLPERF51",
+                                        "MLPERF51NVFP4"} | moe
     assert [(r.id, r.metric, r.published) for r in rows if r.source in moe] == [
         ("mcore-moe-mixtral-8x7b-64gpus", "tflops_per_gpu_megatron", 468),  # core_v0.10.0 MoE README
         ("moezoo-mixtral-8x22b-128gpus-balanced", "tflops_per_gpu_megatron_core", 465),  # run_mixtral_8x22B.sh
@@ -127,6 +128,9 @@ def test_every_row_parses_and_is_consistent():
     assert [r.published for r in rows if r.source == "MLPERF51"] == [
         round(b * 8192 / (t * g)) for b, t, g in ((36, 0.1480, 72), (36, 0.17095, 72), (64, 0.08542, 512),
                                                    (64, 0.088905, 512))]
+    assert [r.published for r in rows if r.source == "MLPERF51NVFP4"] == [
+        round(b * 8192 / (t * g), 1) for b, t, g in ((1152, 13.1448, 512), (1152, 17.2602, 512), (960, 3.1901, 2560),
+                                                      (1280, 2.2286, 5120))]
     mlperf = [r for r in rows if r.source == "MLPERF51"]  # one configuration on the two systems at each size
     for gb300, gb200 in (mlperf[:2], mlperf[2:]):
         assert gb300.command.replace("gb300-nvl72", "gb200-nvl72") == gb200.command
@@ -161,13 +165,13 @@ def test_every_row_parses_and_is_consistent():
                     "TT25H200": "hgx-h200", "MB25B200": "hgx-b200", "TORCHAO25B200": "hgx-b200",
                     "MB25GB200": "gb200-nvl72", "MB26GB200MOE": "gb200-nvl72", "MB26GB300": "gb300-nvl72",
                     "MB26GB300MOE": "gb300-nvl72", "MB26B300MOE": "hgx-b300", "MB26B200MOE": "hgx-b200",
-                    "MLPERF51": "gb300-nvl72" if "gb300" in r.id else "gb200-nvl72",
+                    **dict.fromkeys(("MLPERF51", "MLPERF51NVFP4"), "gb300-nvl72" if "gb300" in r.id else "gb200-nvl72"),
                     "DEEPSEEKV3": str(ROOT / "bench" / "hardware" / "h800-deepseek.toml"),
                     **dict.fromkeys(("TT24", "TORCHAO25"), str(ROOT / "bench" / "hardware" / "grand-teton-h100.toml"))}
         assert argv[0] == "simulate" and args.hardware == hardware.get(r.source, "dgx-a100")  # a file: the repo's
         # racks filled as Slurm's segment of 4-GPU trays: all 2, else 16 of 18 per rack
-        if r.source == "MLPERF51":  # SEGMENT 18: one rack's 18 trays, one NVLink domain; SEGMENT 16: domains of 64
-            assert (bp.metrics.gpus(args), args.nvlink_domain, args.nodes) in ((72, None, None), (512, 64, 8)), r.id
+        if r.source in ("MLPERF51", "MLPERF51NVFP4"):  # SEGMENT 18: one rack, one NVLink domain; 16: domains of 64
+            assert (bp.metrics.gpus(args), args.nvlink_domain) in ((72, None), (64 * (args.nodes or 0), 64)), r.id
         elif r.source in ("MB25GB200", "MB26GB200MOE", "MB26GB300", "MB26GB300MOE"):
             assert bp.metrics.gpus(args) == args.nvlink_domain * (args.nodes or 1), r.id
             assert args.nvlink_domain == min(bp.metrics.gpus(args), 64), r.id
