@@ -28,6 +28,7 @@ from pipesim.model.kernel_types import FlashAttention, Gemm
 from pipesim.model.layer_kernels import layer_kernels
 from pipesim.model.piece_kernels import embedding_kernels, head_kernels
 from pipesim.parallel_dims import ParallelDims
+from pipesim.sim.blame import exposed_comm
 from pipesim.sim.program import cp_exposed
 from pipesim.sim.simulator import simulate
 
@@ -117,6 +118,10 @@ def test_blocking_p2p_holds_the_sender_until_its_bytes_have_arrived():
     # its F1], F1 + B1 (3 ms), hop, stage 0's B1 (2 ms)
     assert free.makespan == pytest.approx(9 * MS + 2 * hop, rel=1e-12)
     assert held.makespan == pytest.approx(9 * MS + 3 * hop, rel=1e-12)
+    # exposed communication (the planner's): every held send, and the in-flight part of each wait; stage 0's RECV_B0
+    # begins 2 ms before stage 1's gradient arrives (its F1 and held SEND_F1 against stage 1's F0 and B0)
+    assert exposed_comm(free)[1] == pytest.approx(hop, rel=1e-12)
+    assert exposed_comm(held) == pytest.approx([3 * hop + 2 * MS, 3 * hop], rel=1e-12)
     assert CommOptions(blocking_p2p=True).flags() == ["--blocking-p2p"]
     assert CommOptions(blocking_p2p=True).report()["blocking_p2p"] is True
 

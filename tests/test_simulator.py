@@ -18,6 +18,7 @@ from pipesim.ir.graph import critical_path
 from pipesim.job import Job
 from pipesim.model.config import ModelConfig
 from pipesim.parallel_dims import ParallelDims
+from pipesim.sim.blame import exposed_comm
 from pipesim.sim.simulator import simulate
 from pipesim.timeline import Timeline
 
@@ -96,6 +97,18 @@ def test_two_ranks_with_links_exact_action_starts():
     assert [result.waiting_comm(r) for r in (0, 1)] == [3 + 1, 1.5]
     assert [result.busy(r) for r in (0, 1)] == [6, 6]
     assert result.bubble_fraction == 0.4
+
+
+def test_exposed_comm_is_the_in_flight_part_of_each_wait():
+    """The run above: rank 1's RECV_F0 waits 0-1.5 (stage 0 computing F0 until 1, its message moving 1-1.5); rank 0's
+    RECV_B0 waits 2-5 (stage 1 computing until 4.5, the message 4.5-5) and RECV_B1 7-8 (7.5, 7.5-8). Only the moving
+    part is communication; the rest is the pipeline's fill and drain (the planner's bubble)."""
+    sched = schedules.build("1f1b", 2, 2)
+    result = simulate(sched, CostTable.uniform(2, 1.0, 1.0, 1.0, boundary_bytes=1), toy_hardware(0.25, 4.0))
+    assert exposed_comm(result) == [0.5 + 0.5, 0.5]
+    assert [result.waiting_comm(r) for r in (0, 1)] == [3 + 1, 1.5]
+    alone = simulate(sched, CostTable.uniform(2, 1.0, 1.0, 1.0, boundary_bytes=1), comm=False)
+    assert exposed_comm(alone) == [0, 0] and [alone.waiting_comm(r) for r in (0, 1)] == [3, 1]
 
 
 def test_messages_from_one_port_serialize():

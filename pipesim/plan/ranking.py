@@ -2,8 +2,10 @@
 each one lost to the winner: the largest of the differences its step time splits into.
 
 step_time = compute + exposed comm + bubble + tail, each averaged over pipeline ranks: compute is the
-busy time (with the TP collectives inside actions and any recomputation), exposed comm the time blocked
-in a RECV, bubble the rest of the makespan, tail the data-parallel synchronisation and optimizer after it.
+busy time (with the TP collectives inside actions and any recomputation), exposed comm the time held by
+pipeline messages in flight (pipesim.sim.blame.exposed_comm: a RECV's wait once its message was posted, a
+blocking SEND), bubble the rest of the makespan (a RECV waiting for its sender to compute: fill, drain, an
+unbalanced split), tail the data-parallel synchronisation and optimizer after it.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pipesim.cost.fp8_costs import mfu_peak
 from pipesim.model.flops import model_flops, utilization
 from pipesim.plan.evaluate import Costed
 from pipesim.plan.space import Candidate, PlanRequest
+from pipesim.sim.blame import exposed_comm
 from pipesim.sim.result import SimResult
 
 PARTS = ("compute", "exposed_comm", "bubble", "tail")
@@ -60,7 +63,7 @@ def make_row(req: PlanRequest, costed: Costed, result: SimResult, flops: float) 
     """The figures of one simulated candidate."""
     n = result.schedule.num_ranks
     busy = sum(result.busy(r) for r in range(n)) / n
-    wait = sum(result.waiting_comm(r) for r in range(n)) / n
+    wait = sum(exposed_comm(result)) / n
     step = result.step_time
     parts = {"compute": busy, "exposed_comm": wait, "bubble": result.makespan - busy - wait,
              "tail": step - result.makespan}

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipesim.ir.schedule import COMPUTE, RECVS
+from pipesim.ir.schedule import COMPUTE, RECVS, SENDS
 from pipesim.sim.result import SimResult
 
 
@@ -93,6 +93,20 @@ def blame_rows(result: SimResult) -> list[list]:
     return [[w.rank, w.start, w.end, w.culprit] for w in waits(result)]
 
 
+def exposed_comm(result: SimResult) -> list[float]:
+    """Per pipeline rank, seconds held by messages themselves: the in-flight part of its RECVs' waits (`waits`' link
+    part: the bytes posted and still queued or moving) and every SEND that held it (blocking p2p). The rest of a
+    RECV's wait is its sender still computing (pipeline fill and drain, an unbalanced split): bubble, not
+    communication."""
+    out = [0.0] * result.schedule.num_ranks
+    for w in waits(result):
+        if w.culprit_rank < 0:
+            out[w.rank] += w.seconds
+    for r, prog in enumerate(result.schedule.programs):
+        out[r] += sum(result.ends[r][i] - result.starts[r][i] for i, a in enumerate(prog) if a.kind in SENDS)
+    return out
+
+
 def blame_table(result: SimResult) -> dict[tuple[int, str], float]:
     """(waiting rank, culprit) -> seconds waited, summed over the step."""
     table: dict[tuple[int, str], float] = {}
@@ -120,4 +134,4 @@ def what_if(base: SimResult, perturbed: SimResult) -> dict:
             "extra_wait_by_culprit": dict(sorted(culprits.items(), key=lambda kv: (-kv[1], kv[0])))}
 
 
-__all__ = ["Wait", "blame_rows", "blame_table", "waits", "what_if"]
+__all__ = ["Wait", "blame_rows", "blame_table", "exposed_comm", "waits", "what_if"]
