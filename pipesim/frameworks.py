@@ -34,6 +34,9 @@ DEFAULTS: dict[str, object] = {
     "cp_comm_type": "p2p",  # --cp-comm-type (context parallelism's K/V exchange)
     "dtensor_tp": False,  # --dtensor-tp (tensor parallelism as DTensor's parallel styles)
     "fp8_impl": "te",  # --fp8-impl (whose FP8 linears: Transformer Engine's or torchao's)
+    # torchtitan's layer split: the layers the embedding and the output weigh (pipesim.model.pipeline_split)
+    "pipeline_parallel_first_stage_less_layers": 0,  # --pipeline-parallel-first-stage-less-layers
+    "pipeline_parallel_last_stage_less_layers": 0,  # --pipeline-parallel-last-stage-less-layers
 }
 
 
@@ -162,7 +165,8 @@ PROFILES: dict[str, FrameworkProfile] = {p.name: p for p in (
         "torchtitan: torch.distributed.pipelining's sends (waited on later), DTensor tensor parallelism (its "
         "gathered inputs saved, FP8 gathers under tensorwise float8) without async TP, autograd's gradient "
         "accumulation, eager PyTorch kernels (no torch.compile), FSDP2 over every data-parallel rank with float32 "
-        "gradient reduction, context parallelism's K/V shards all-gathered",
+        "gradient reduction, context parallelism's K/V shards all-gathered, the pipeline's layers split with the "
+        "embedding and the output weighing one layer each",
         (Setting("tp_comm_overlap", False, f"{_TITAN} torchtitan/config/job_config.py: enable_async_tensor_parallel: "
                  "bool = False (DTensor's backward all-reduce waits in autograd)"),
          Setting("grad_accum_fusion", False, "autograd accumulates each microbatch's weight gradient into .grad with "
@@ -182,7 +186,12 @@ PROFILES: dict[str, FrameworkProfile] = {p.name: p for p in (
                  "(torchao/float8/float8_linear.py)"),
          Setting("cp_comm_type", "all_gather", f"{_TITAN} torchtitan/config/job_config.py: "
                  "context_parallel_rotate_method = 'allgather' (torch's _AllGatherRotater: the K/V shards "
-                 "all-gathered once, beside the first block's attention)"))),
+                 "all-gathered once, beside the first block's attention)"),
+         Setting("pipeline_parallel_first_stage_less_layers", 1, f"{_TITAN} torchtitan/config/job_config.py: "
+                 "pipeline_parallel_first_stage_less_layers: int = 1 (the embedding weighs one layer in "
+                 "torchtitan/distributed/pipeline_parallel.py generate_llm_fqn_per_model_part)"),
+         Setting("pipeline_parallel_last_stage_less_layers", 1, f"{_TITAN} torchtitan/config/job_config.py: "
+                 "pipeline_parallel_last_stage_less_layers: int = 1 (the norm and output weigh one layer)"))),
     FrameworkProfile(
         "deepspeed",
         "Megatron-DeepSpeed on DeepSpeed's pipeline engine: blocking sends, activations partitioned over the TP "

@@ -256,7 +256,8 @@ def test_interleaved_exports_layers_per_virtual_stage():
     assert bucketed[i + 1:i + 3] == ["--ddp-bucket-size", "1000000"] and bucketed[:i] == args[:i]
     toml = tomllib.loads(torchtitan_toml(c, req))
     assert toml["parallelism"]["pipeline_parallel_schedule"] == "Interleaved1F1B"
-    assert toml["parallelism"]["pipeline_parallel_layers_per_stage"] == 4
+    assert [len([n for n in part if n.startswith("layers.")]) for part in
+            toml["parallelism"]["module_fqns_per_model_part"]] == [4, 4, 4, 4]  # the stages pipesim simulated
 
 
 def test_megatron_pipeline_sends_match_what_the_plan_timed():

@@ -42,6 +42,7 @@ from pipesim.commands.plan_args import (
 )
 from pipesim.commands.plan_report import plan_json, report
 from pipesim.commands.setup_args import add_comm_args, add_domain_arg, add_power_limit_arg, capped
+from pipesim.commands.split_args import add_split_args, split_rule, typed_split
 from pipesim.cost.v_search import V_SEARCHED
 from pipesim.cost.zb_auto_costs import AUTO_SCHEDULES
 from pipesim.errors import PipesimError
@@ -49,6 +50,7 @@ from pipesim.hardware.machine import Hardware
 from pipesim.hardware.toml_io import load_hardware
 from pipesim.model.config import ModelConfig
 from pipesim.model.options import ATTENTION
+from pipesim.model.pipeline_split import FIRST_LAYERS, LAST_LAYERS
 from pipesim.model.recompute_modules import RECOMPUTE_MODULES
 from pipesim.outputs import check_file, write_text
 from pipesim.plan.backends import open_backend
@@ -97,6 +99,7 @@ def add_parser(sub) -> None:
     add_cuda_graph_args(p.add_argument_group("CUDA graphs (Megatron-core's flags)"))
     add_stack_kernel_args(p.add_argument_group("kernels and sharding (torchtitan's and Megatron-core's choices)"))
     add_optimizer_args(p.add_argument_group("optimizer states (Megatron-core's flags)"))
+    add_split_args(p.add_argument_group("layer split (Megatron-core's and torchtitan's flags)"))
     g = p.add_argument_group("cluster and search")
     g.add_argument("--hardware", metavar="PRESET|FILE", help=f"hardware preset or TOML file (default "
                                                              f"{DEFAULT_HARDWARE})")
@@ -262,7 +265,12 @@ def run(args: argparse.Namespace) -> int:
         args.batch = args.tokens_per_step // seq
     jitter = _jitter(args)
     model = model_config(args)
+    typed = typed_split(args)  # before --framework fills its switches
     shared, scheds, zeros, recomputes, sps = shared_job(args, model)
+    rule = split_rule(args, typed, model)
+    if rule.needs_placement:
+        raise PipesimError(f"{FIRST_LAYERS} / {LAST_LAYERS} fix one pipeline rank's layers, and the plan searches "
+                           "pipeline sizes: plan with the account-for flags, or simulate the layout")
     hw, gpus, hw_flags = cluster(args)
     check_fp8_run(shared.fp8, model, hw)  # FP8 tensor cores and the recipe, before any candidate
     if args.memory_headroom:  # the search sees the memory left after the headroom
@@ -270,7 +278,7 @@ def run(args: argparse.Namespace) -> int:
         hw = dataclasses.replace(hw, device=dataclasses.replace(hw.device, memory=kept))
     req = PlanRequest(model, hw, gpus, scheds, args.max_tp, recomputes, zeros, shared, sequence_parallel=sps,
                       cps=args.cp, recompute_modules=plan_modules(model, recomputes, args.recompute_modules),
-                      framework=args.framework)
+                      framework=args.framework, split_rule=rule)
     ev = Evaluator(req)
     with open_backend(args.cluster, args.workers or default_workers()) as backend:
         if args.ilp_seconds is not None and not args.ilp_seconds > 0:
@@ -282,7 +290,7 @@ def run(args: argparse.Namespace) -> int:
     best = result.best.candidate.job(shared)  # the winner's switches (a profile's overlaps only where they apply)
     switches = best.comm.flags() + [f for f in best.kernels.flags() if f not in grad_flags(True) + grad_flags(False)]
     switches += shared.fp8.flags() if shared.fp8 is not None else []
-    switches += best.state_flags() + best.precision_flags()
+    switches += best.state_flags() + best.precision_flags() + rule.flags()
     if shared.cp_comm != "p2p" and result.best.candidate.cp > 1:
         switches += ["--cp-comm-type", shared.cp_comm]
     if args.ilp_seconds is not None and result.best.candidate.schedule in {*AUTO_SCHEDULES, *V_SEARCHED}:

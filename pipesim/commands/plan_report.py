@@ -29,7 +29,10 @@ def report(result: PlanResult, top: int, argv: list[str], attention: str, run_ar
     k = result.counts
     lines = [f"plan: {req.gpus} GPUs of {req.hardware.name} ({format_bytes(req.hardware.device.memory)} each), "
              f"batch {req.model.batch} x seq {req.model.seq}",
-             f"{k['enumerated']} candidates ({attention} attention), {k['over_memory_bound']} over memory by the "
+             f"{k['enumerated']} candidates ({attention} attention), "
+             + (f"{k['refused_by_model']} refused by the model's or the layer split's rules, "
+                if k.get("refused_by_model") else "")
+             + f"{k['over_memory_bound']} over memory by the "
              f"bound; of the {k['fits_memory_bound']} left, in the estimate's order: {k['refused_by_schedule']} "
              f"refused by their schedule, {k['over_memory']} over memory, {k['simulated']} simulated, "
              f"{k['not_simulated_cap']} not reached",

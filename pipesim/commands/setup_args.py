@@ -26,6 +26,7 @@ from pipesim.commands.kernel_args import (
     param_gather_from_args,
     ub_from_args,
 )
+from pipesim.commands.split_args import add_split_args, split_rule, typed_split
 from pipesim.cost.device_profiles import profile_of
 from pipesim.cost.table import parse_cost_spec
 from pipesim.cost.zb_auto_costs import parse_memory_limit
@@ -77,6 +78,7 @@ def add_setup_args(parser: argparse.ArgumentParser) -> None:
                    help="layers per stage, one entry per chunk (p x v with interleaved or V placements), e.g. "
                         "3,2,2,1; a transformer's first and last entries may be 0 (only the embedding / head) "
                         "(default: even split, earlier stages take the remainder)")
+    add_split_args(g)
     g.add_argument("--memory-limit", metavar="BYTES|Nx", default=None,
                    help="zb-auto / zb-2p: activations each rank may hold, in bytes (8GB, 7.5GiB) or as a multiple "
                         "of 1F1B's (2x); their order is rebuilt for the costs (default 1x for zb-auto, 2x zb-2p)")
@@ -294,8 +296,10 @@ def setup_from_args(args: argparse.Namespace) -> SimSetup:
     split = tuple(args.layer_split) if args.layer_split else None
     if split and cost is not None:
         raise PipesimError("--layer-split needs a model (--model), not --cost")
-    return SimSetup(hardware, model, cost, args.boundary_bytes, args.activation_bytes, comm,
-                    sim_job(args, model, hardware), layer_split=split,
+    typed = typed_split(args)  # before --framework fills its switches
+    job = sim_job(args, model, hardware)
+    return SimSetup(hardware, model, cost, args.boundary_bytes, args.activation_bytes, comm, job, layer_split=split,
+                    split_rule=split_rule(args, typed, model, explicit=split is not None),
                     memory_limit=parse_memory_limit(args.memory_limit) if args.memory_limit else None,
                     ilp_time_limit=ilp_seconds(args))
 

@@ -17,7 +17,6 @@ from pipesim.cost.rank_memory import rank_memory
 from pipesim.errors import PipesimError
 from pipesim.ir.schedule import Schedule
 from pipesim.job import Job
-from pipesim.model.config import split_layers
 from pipesim.model.memory import MemoryBreakdown
 from pipesim.plan.memory_bound import MemoryBound
 from pipesim.plan.space import Candidate, PlanRequest
@@ -61,7 +60,7 @@ class Evaluator:
         self.flops = 0.0  # model FLOPs of one step (the search sets it; rows' MFU)
         self.shared = req.shared_job  # what every candidate's Job shares (its attention decided)
         self.attention = self.shared.attention_kernel  # every candidate's
-        self.bounds = MemoryBound(req.model, self.shared)
+        self.bounds = MemoryBound(req.model, self.shared, req.stage_split)
 
     def with_ilp(self, seconds: float) -> Evaluator:
         """This evaluator with zb-auto / zb-2p also ILP-searched for `seconds`: its costs, schedules and bounds
@@ -86,7 +85,7 @@ class Evaluator:
         if key not in self._chunk_seconds:
             const, layer, first, last = self._pieces(c)
             chunks = c.chunks
-            split = split_layers(self.req.model.layers, chunks)
+            split = self.req.stage_split(chunks)
             self._chunk_seconds[key] = tuple(const + n * layer + (first if s == 0 else 0.0)
                                              + (last if s == chunks - 1 else 0.0) for s, n in enumerate(split))
         return self._chunk_seconds[key]
@@ -136,7 +135,7 @@ class Evaluator:
         job = self.job(c)
         if job not in self._setups:
             self._setups[job] = SimSetup(self.req.hardware, self.req.model, job=job, check_memory=False,
-                                         ilp_time_limit=self.ilp_seconds)
+                                         ilp_time_limit=self.ilp_seconds, split_rule=self.req.split_rule)
         return self._setups[job]
 
     def schedule(self, c: Candidate) -> Schedule:

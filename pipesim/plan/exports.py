@@ -5,6 +5,7 @@ context parallelism in the `pipesim run` command (the executor has none).
 
 from __future__ import annotations
 
+import json
 import shlex
 
 from pipesim.ir import torch_csv
@@ -13,6 +14,7 @@ from pipesim.model.config import ModelConfig, gpt_block_differences
 from pipesim.model.fp8 import FP4_RECIPES, TORCHAO_ONLY, TORCHAO_RECIPES
 from pipesim.model.op_recompute import OP
 from pipesim.model.options import FUSED_ATTENTION
+from pipesim.model.pipeline_split import torchtitan_fqns
 from pipesim.plan.space import Candidate, PlanRequest
 from pipesim.plan.stack_space import MEGATRON_SCHEDULES, TORCH_SCHEDULES
 
@@ -116,15 +118,23 @@ def megatron_args(c: Candidate, req: PlanRequest, attention: str | None = None) 
     if c.schedule not in MEGATRON_SCHEDULES:
         runs = "interleaved 1F1B" if c.v > 1 else "1F1B"
         out.append(f"# Megatron-LM has no {c.schedule} schedule; the layout below runs as {runs} there")
+    rule = req.split_rule if req.split_rule.megatron else None  # the account-for flags (the plan's only Megatron rule)
     even = m.layers % (c.chunks) == 0
-    if not even:
+    if not even and rule is None:
         out.append(f"# {m.layers} layers over {c.chunks} chunks: pipesim gives the remainder to the first chunks; "
                    "Megatron-LM splits unevenly only at the ends (--decoder-first/last-pipeline-num-layers)")
+    if req.split_rule.torchtitan:
+        out.append(f"# pipesim split the layers by torchtitan's weights ({' '.join(req.split_rule.flags())}): "
+                   f"{','.join(map(str, req.stage_split(c.chunks)))} per chunk, which Megatron-LM's flags do not give")
     out += ["--tensor-model-parallel-size", str(c.tp), "--pipeline-model-parallel-size", str(c.p)]
+    if rule is not None:
+        out += rule.flags()
     if c.cp > 1:
         out += ["--context-parallel-size", str(c.cp)] + (["--cp-comm-type", req.job.cp_comm]
                                                          if req.job.cp_comm != "p2p" else [])
-    if c.v > 1 and even:
+    if c.v > 1 and rule is not None:  # Megatron counts the slots itself: give it the chunks per rank
+        out += ["--num-virtual-stages-per-pipeline-rank", str(c.v)]
+    elif c.v > 1 and even:
         out += ["--num-layers-per-virtual-pipeline-stage", str(m.layers // (c.chunks))]
     out += ["--micro-batch-size", str(c.mbs), "--global-batch-size", str(m.batch), "--seq-length", str(m.seq)]
     if c.recompute == "selective":
@@ -277,11 +287,8 @@ def torchtitan_toml(c: Candidate, req: PlanRequest) -> str:
         lines.append(f'pipeline_parallel_schedule_csv = "{c.schedule}.csv"  # no built-in torch schedule: '
                      f'`pipesim schedule {c.schedule} -p {c.p} -m {c.m}{vflag} --format csv`')
     lines.append(f"pipeline_parallel_microbatch_size = {c.mbs}")
-    if m.layers % (c.chunks) == 0:
-        lines.append(f"pipeline_parallel_layers_per_stage = {m.layers // (c.chunks)}")
-    else:
-        lines.append(f"# {m.layers} layers over {c.chunks} chunks do not split evenly: pipesim gives the remainder "
-                     "to the first chunks (set module_fqns_per_model_part to match)")
+    if c.p > 1:  # the stages pipesim simulated, module by module: torchtitan builds its stages from this list
+        lines.append(f"module_fqns_per_model_part = {json.dumps(torchtitan_fqns(req.stage_split(c.chunks)))}")
     # torchtitan accumulates global / (local x dp) forwards (torchtitan/train.py); a pipeline splits each local
     # batch into microbatches: without one, pipesim's m microbatches are its accumulation steps
     local = c.mbs if c.p == 1 else m.batch // c.dp

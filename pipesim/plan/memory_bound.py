@@ -11,6 +11,8 @@ bound <= exact on every registered schedule), so it is dropped without costing o
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from pipesim.cost.model_costs import precision_of
 from pipesim.cost.stage_work import gpt_stage_work
 from pipesim.job import Job
@@ -96,16 +98,18 @@ def rank_chunks(name: str, p: int, v: int) -> list[list[int]] | None:
     return family_chunks(placement_family(name, k), p, k)
 
 
-def chunk_params(model: ModelConfig, chunks: int, t: int) -> tuple[int, ...]:
-    """Parameters per chunk on one tp rank, cut as model_costs cuts (split_layers, empty ends allowed)."""
-    split = split_layers(model.layers, chunks)
+def chunk_params(model: ModelConfig, chunks: int, t: int, split: list[int] | None = None) -> tuple[int, ...]:
+    """Parameters per chunk on one tp rank, cut as model_costs cuts (`split`, default split_layers; empty ends
+    allowed)."""
+    split = split or split_layers(model.layers, chunks)
     return tuple(stage_params(model, t, layers=n, first=s == 0, last=s == chunks - 1) for s, n in enumerate(split))
 
 
-def moe_chunk_params(model: ModelConfig, chunks: int, opts: LayerOptions) -> tuple[tuple[int, int], ...]:
+def moe_chunk_params(model: ModelConfig, chunks: int, opts: LayerOptions,
+                     split: list[int] | None = None) -> tuple[tuple[int, int], ...]:
     """A mixture-of-experts model's (parameters, of which the routed experts') per chunk on one rank, exactly as
     model_costs counts them (`gpt_stage_work`: each chunk's MoE layers, the experts sharded over ep and etp)."""
-    split = split_layers(model.layers, chunks)
+    split = split or split_layers(model.layers, chunks)
     out = []
     for s, n in enumerate(split):
         work = gpt_stage_work(model, 1, n, first=s == 0, last=s == chunks - 1, opts=opts,
@@ -119,9 +123,11 @@ class MemoryBound:
     (model state by placement, p, v, t, d, ZeRO, not cp: every cp rank holds the same parameters; rank 0's stash
     by placement, p, v, mbs and the layer options, cp included)."""
 
-    def __init__(self, model: ModelConfig, shared: Job) -> None:
-        """`shared`: what every candidate's Job shares (the request's `shared_job`: attention decided)."""
+    def __init__(self, model: ModelConfig, shared: Job, split: Callable[[int], list[int]] | None = None) -> None:
+        """`shared`: what every candidate's Job shares (the request's `shared_job`: attention decided); `split`:
+        layers per chunk for a number of chunks (the request's `stage_split`; default split_layers)."""
         self.model, self.shared = model, shared
+        self.split = split or (lambda chunks: split_layers(model.layers, chunks))
         self.precision = named_precision(precision_of(model, shared.kernels.grad_fp32, shared.adam_states,
                                                       shared.fp8))
         self._params: dict[tuple, tuple[int, ...]] = {}
@@ -134,14 +140,14 @@ class MemoryBound:
     def params(self, chunks: int, t: int) -> tuple[int, ...]:
         key = (chunks, t)
         if key not in self._params:
-            self._params[key] = chunk_params(self.model, chunks, t)
+            self._params[key] = chunk_params(self.model, chunks, t, self.split(chunks))
         return self._params[key]
 
     def moe_params(self, chunks: int, opts: LayerOptions) -> tuple[tuple[int, int], ...]:
         """`moe_chunk_params`, cached by what parameters depend on (chunks, tp, ep, etp)."""
         key = (chunks, opts.tp, opts.ep, opts.etp)
         if key not in self._moe_params:
-            self._moe_params[key] = moe_chunk_params(self.model, chunks, opts)
+            self._moe_params[key] = moe_chunk_params(self.model, chunks, opts, self.split(chunks))
         return self._moe_params[key]
 
     def options(self, c) -> LayerOptions:
@@ -167,7 +173,7 @@ class MemoryBound:
             job = c.job(self.shared)
             edp, policy = job.dims.edp, job.fsdp
             held = family_chunks(family, c.p, c.k) or [[min(range(c.chunks), key=lambda s: params[s])]]
-            split = split_layers(self.model.layers, c.chunks)
+            split = self.split(c.chunks)
             states = []
             for ids in held:
                 total, routed = sum(params[s] for s in ids), sum(experts[s] for s in ids)
@@ -187,7 +193,7 @@ class MemoryBound:
         key = (family, c.p, c.v, c.mbs, c.tp, c.sp, c.recompute, c.cp, c.ep, c.etp)
         if key not in self._stash:
             chunks = c.chunks
-            split = split_layers(self.model.layers, chunks)
+            split = self.split(chunks)
             held = family_chunks(family, c.p, c.k)
             ids = held[0] if held else range(chunks)
             moe = self.model.moe

@@ -25,6 +25,7 @@ from pipesim.job import Job
 from pipesim.model.config import ModelConfig
 from pipesim.model.memory import MemoryBreakdown
 from pipesim.model.options import ACT_FP8_STORE_FLAG
+from pipesim.model.pipeline_split import SplitRule
 from pipesim.sim.perturb import Perturbation
 from pipesim.sim.result import SimResult
 from pipesim.sim.simulator import check_devices, simulate
@@ -50,7 +51,8 @@ class SimSetup:
     comm: bool = True  # model links (False: transfers take no time)
     job: Job = Job()  # layout (its pp: the schedule's), transformer options, ZeRO, comm and kernel switches
     check_memory: bool = True  # refuse a model that does not fit device memory
-    layer_split: tuple[int, ...] | None = None  # layers per stage (uneven splits); None: even
+    layer_split: tuple[int, ...] | None = None  # layers per stage (uneven splits); None: `split_rule`'s
+    split_rule: SplitRule = SplitRule()  # a stack's split (pipesim.model.pipeline_split); unset: even
     memory_limit: MemoryLimit | None = None  # zb-auto / zb-2p / zb-v: per-rank activation limit (None: default)
     user_model: UserModel | None = None  # --model MODULE:FACTORY, counted per layer (pipesim.cost.user_model_costs)
     ilp_time_limit: float | None = None  # seconds: zb-auto / zb-2p / zb-v also searched by the ILP (None: not)
@@ -87,6 +89,7 @@ class SimSetup:
                 **(job.bf16_layers.report() if job.bf16_layers is not None else {}),
                 **({"cuda_graph_impl": job.kernels.cuda_graphs.impl,
                     "cuda_graph_scope": list(job.kernels.cuda_graphs.scope)} if job.kernels.cuda_graphs else {}),
+                **self.split_rule.report(),
                 **(job.comm.report() if job.comm != CommOptions() else {})}  # set ones only
 
     def costs(self, schedule: Schedule) -> ParallelCosts:
@@ -110,6 +113,8 @@ class SimSetup:
                 costs = replace(costs, table=table)
             return on_chains(costs, schedule)
         split = list(self.layer_split) if self.layer_split else None
+        if split is None and self.split_rule and self.model is not None:
+            split = self.split_rule.split(self.model.layers, n, schedule.placement[:n])
         if self.user_model is not None and self.hardware is not None:
             return on_chains(user_model_costs(self.user_model, n, self.hardware, job, layer_split=split), schedule)
         if self.model is None or self.hardware is None:

@@ -1,0 +1,206 @@
+"""How a training stack cuts a transformer's layers over its pipeline stages, beside an explicit --layer-split.
+
+pipesim's own cut (`split_layers`) gives every stage (chunk) layers / stages and the remainder to the first ones, the
+embedding riding on the first stage and the output head on the last. The stacks balance those two ends their own way:
+
+- Megatron-core (NVIDIA/Megatron-LM @ d98e8a64, megatron/core/transformer/transformer_block.py
+  get_num_layers_to_build, and transformer_config.py's checks):
+  - `--account-for-embedding-in-pipeline-split`, `--account-for-loss-in-pipeline-split`: the embedding and the loss
+    (the output head) each take one layer's slot. The L + e + l slots split evenly over the p x v chunks (Megatron
+    asserts (L + e + l) % p == 0 and the per-rank count % v == 0, i.e. % (p v)); the first chunk of the first rank
+    builds one layer fewer, the last chunk of the last rank one fewer.
+  - `--decoder-first-pipeline-num-layers N`, `--decoder-last-pipeline-num-layers N` (num_layers_in_first /
+    last_pipeline_stage): the first (last) pipeline rank holds N layers over its v chunks, N / v each; the other
+    ranks share the rest evenly (it must divide, and each rank's count by v). Megatron refuses them beside the
+    account-for flags. They name pipeline ranks, so they need Megatron's interleaved placement (stage s on rank
+    s mod p).
+- torchtitan (pytorch/torchtitan v0.2.2, torchtitan/distributed/pipeline_parallel.py generate_llm_fqn_per_model_part;
+  torchtitan/config/job_config.py pipeline_parallel_first_stage_less_layers and _last_stage_less_layers, 1 each by
+  default): the embedding weighs a layers and the output (norm and head) b. The L + a + b effective layers split over
+  the n stages, (L + a + b) // n each and the remainder to the first stages; then the first stage holds a layers
+  fewer and the last b fewer. torchtitan refuses more stages than effective layers, and a or b above (L + a + b) // n.
+
+Every refusal is one line, as the stack's own assertion would stop the run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipesim.errors import PipesimError
+
+ACCOUNT_EMBEDDING = "--account-for-embedding-in-pipeline-split"
+ACCOUNT_LOSS = "--account-for-loss-in-pipeline-split"
+FIRST_LAYERS = "--decoder-first-pipeline-num-layers"
+LAST_LAYERS = "--decoder-last-pipeline-num-layers"
+FIRST_LESS = "--pipeline-parallel-first-stage-less-layers"
+LAST_LESS = "--pipeline-parallel-last-stage-less-layers"
+
+
+@dataclass(frozen=True)
+class SplitRule:
+    """A stack's rule for layers per stage; nothing set: pipesim's even split."""
+
+    account_embedding: bool = False  # Megatron: the embedding takes a layer's slot
+    account_loss: bool = False  # Megatron: the loss (output head) takes a layer's slot
+    first_layers: int | None = None  # Megatron: layers of the first pipeline rank
+    last_layers: int | None = None  # Megatron: layers of the last pipeline rank
+    first_less: int = 0  # torchtitan: layers the embedding weighs
+    last_less: int = 0  # torchtitan: layers the output weighs
+
+    def __post_init__(self) -> None:
+        for name in ("first_layers", "last_layers"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+                raise PipesimError(f"{FIRST_LAYERS if name == 'first_layers' else LAST_LAYERS} takes a count of "
+                                   f"layers (0 or more), got {value!r}")
+        for name, flag in (("first_less", FIRST_LESS), ("last_less", LAST_LESS)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise PipesimError(f"{flag} takes a count of layers (0 or more), got {value!r}")
+        if self.ranks_given and (self.account_embedding or self.account_loss):
+            raise PipesimError(f"{FIRST_LAYERS} / {LAST_LAYERS} cannot go with {ACCOUNT_EMBEDDING} / {ACCOUNT_LOSS} "
+                               "(Megatron-core refuses the two at once)")
+        if self.torchtitan and self.megatron:
+            raise PipesimError(f"{FIRST_LESS} / {LAST_LESS} are torchtitan's split, the others Megatron-core's: "
+                               "give one stack's")
+
+    @property
+    def ranks_given(self) -> bool:
+        return self.first_layers is not None or self.last_layers is not None
+
+    @property
+    def megatron(self) -> bool:
+        return self.account_embedding or self.account_loss or self.ranks_given
+
+    @property
+    def torchtitan(self) -> bool:
+        return bool(self.first_less or self.last_less)
+
+    @property
+    def needs_placement(self) -> bool:
+        """Whether the rule names pipeline ranks (Megatron's first / last rank counts), not stages."""
+        return self.ranks_given
+
+    def __bool__(self) -> bool:
+        return self.megatron or self.torchtitan
+
+    def split(self, layers: int, stages: int, placement: tuple[int, ...] | None = None) -> list[int] | None:
+        """Layers per stage in pipeline order (stage 0 holds the embedding, the last the head); None: the even
+        split. `placement` (stage -> rank) is needed by the rank counts alone."""
+        if self.torchtitan:
+            return torchtitan_split(layers, stages, self.first_less, self.last_less)
+        if self.account_embedding or self.account_loss:
+            return account_split(layers, stages, embedding=self.account_embedding, loss=self.account_loss)
+        if self.ranks_given:
+            if placement is None or len(placement) != stages:
+                raise PipesimError(f"{FIRST_LAYERS} / {LAST_LAYERS} name pipeline ranks: the schedule's placement "
+                                   "is needed")
+            return rank_split(layers, placement, self.first_layers, self.last_layers)
+        return None
+
+    def flags(self) -> list[str]:
+        """The flags that give this rule (the winner's command, --json)."""
+        out = [ACCOUNT_EMBEDDING] * self.account_embedding + [ACCOUNT_LOSS] * self.account_loss
+        out += [FIRST_LAYERS, str(self.first_layers)] if self.first_layers is not None else []
+        out += [LAST_LAYERS, str(self.last_layers)] if self.last_layers is not None else []
+        out += [FIRST_LESS, str(self.first_less)] if self.first_less else []
+        out += [LAST_LESS, str(self.last_less)] if self.last_less else []
+        return out
+
+    def report(self) -> dict:
+        """--json's account (the set fields, in their flags' names)."""
+        out: dict = {}
+        for flag, value in ((ACCOUNT_EMBEDDING, self.account_embedding), (ACCOUNT_LOSS, self.account_loss),
+                            (FIRST_LAYERS, self.first_layers), (LAST_LAYERS, self.last_layers),
+                            (FIRST_LESS, self.first_less or None), (LAST_LESS, self.last_less or None)):
+            if value:
+                out[flag.removeprefix("--").replace("-", "_")] = value
+        return out
+
+
+def account_split(layers: int, stages: int, *, embedding: bool, loss: bool) -> list[int]:
+    """Megatron-core's account-for split: the L + e + l slots evenly over the stages, the first stage one layer
+    fewer for the embedding, the last one fewer for the loss."""
+    slots = layers + embedding + loss
+    if slots % stages:
+        raise PipesimError(f"{layers} layers and {embedding + loss} slot(s) for the embedding / loss "
+                           f"({ACCOUNT_EMBEDDING}, {ACCOUNT_LOSS}) do not split evenly over {stages} pipeline chunks: "
+                           f"Megatron-core needs (layers + slots) divisible by pp x vp")
+    per = slots // stages
+    out = [per] * stages
+    out[0] -= embedding
+    out[-1] -= loss
+    if min(out) < 0:
+        raise PipesimError(f"{stages} chunks of {per} slot(s): not enough layers for the embedding and the loss "
+                           "slots in one chunk")
+    return out
+
+
+def rank_split(layers: int, placement: tuple[int, ...], first: int | None, last: int | None) -> list[int]:
+    """Megatron-core's uneven first / last rank: `first` (`last`) layers on the first (last) pipeline rank, the
+    rest evenly over the others, each rank's layers evenly over its chunks (placement: stage s on rank s mod p)."""
+    stages = len(placement)
+    p = max(placement) + 1
+    v = stages // p
+    if p < 2:
+        raise PipesimError(f"{FIRST_LAYERS} / {LAST_LAYERS} need a pipeline (2 or more ranks)")
+    if any(r != s % p for s, r in enumerate(placement)):
+        raise PipesimError(f"{FIRST_LAYERS} / {LAST_LAYERS} place layers by pipeline rank as Megatron's schedules "
+                           "do (stage s on rank s mod p); this schedule places its stages otherwise: give "
+                           "--layer-split")
+    per_rank: dict[int, int] = {}
+    if first is not None:
+        per_rank[0] = first
+    if last is not None:
+        per_rank[p - 1] = last
+    rest, left = layers - sum(per_rank.values()), p - len(per_rank)
+    if rest < 0 or (left == 0 and rest != 0) or (left and rest % left):
+        given = " and ".join(f"{n} on the {which} rank" for which, n in (("first", first), ("last", last))
+                             if n is not None)
+        raise PipesimError(f"{layers} layers less {given} leave {rest} for {left} other rank(s): Megatron-core needs "
+                           "them to divide evenly")
+    for r in range(p):
+        per_rank.setdefault(r, rest // left if left else 0)
+    uneven = [r for r in range(p) if per_rank[r] % v]
+    if uneven:
+        raise PipesimError(f"pipeline rank {uneven[0]}'s {per_rank[uneven[0]]} layers do not split over its {v} "
+                           "chunks: Megatron-core needs each rank's count divisible by vp")
+    return [per_rank[r] // v for r in placement]
+
+
+def torchtitan_split(layers: int, stages: int, first_less: int, last_less: int) -> list[int]:
+    """torchtitan's weighted split (generate_llm_fqn_per_model_part): the embedding weighs `first_less` layers,
+    the output `last_less`; refused where torchtitan raises."""
+    if stages == 1:
+        return [layers]
+    effective = layers + first_less + last_less
+    if stages > effective:
+        raise PipesimError(f"{stages} pipeline stages exceed torchtitan's {effective} effective layers "
+                           f"({layers} + {first_less} + {last_less})")
+    per, extra = divmod(effective, stages)
+    if first_less > per or last_less > per:
+        raise PipesimError(f"torchtitan's {FIRST_LESS} {first_less} / {LAST_LESS} {last_less} exceed the "
+                           f"{per} layers per stage of {stages} stages")
+    out = [per + (1 if s < extra else 0) for s in range(stages)]
+    out[0] -= first_less
+    out[-1] -= last_less
+    return out
+
+
+def torchtitan_fqns(split: list[int]) -> list[list[str]]:
+    """torchtitan's module_fqns_per_model_part for `split` (its Llama modules: tok_embeddings, layers.N, norm,
+    output), the list pipeline_llm builds its stages from when given."""
+    out, layer = [], 0
+    for s, n in enumerate(split):
+        names = ["tok_embeddings"] if s == 0 else []
+        names += [f"layers.{k}" for k in range(layer, layer + n)]
+        layer += n
+        if s == len(split) - 1:
+            names += ["norm", "output"]
+        out.append(names)
+    return out
+
+
+__all__ = ["ACCOUNT_EMBEDDING", "ACCOUNT_LOSS", "FIRST_LAYERS", "FIRST_LESS", "LAST_LAYERS", "LAST_LESS", "SplitRule",
+           "account_split", "rank_split", "torchtitan_fqns", "torchtitan_split"]

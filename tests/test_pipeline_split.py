@@ -1,0 +1,156 @@
+"""The stacks' layer splits (pipesim/model/pipeline_split.py): Megatron-core's account-for and first / last rank
+counts, torchtitan's weighted split, exact against their sources' rules; the flags through simulate and plan."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import replace
+
+import pytest
+import tomllib
+
+import schedules
+from pipesim.cli import main
+from pipesim.errors import PipesimError
+from pipesim.hardware.toml_io import load_hardware
+from pipesim.model.config import ModelConfig
+from pipesim.model.pipeline_split import SplitRule, account_split, rank_split, torchtitan_fqns, torchtitan_split
+from pipesim.plan.exports import torchtitan_toml
+from pipesim.plan.space import PlanRequest, enumerate_candidates
+
+SMALL = ["--model", "gpt", "--dtype", "bfloat16", "--hidden", "512", "--layers", "14", "--heads", "8", "--seq", "512",
+         "--vocab", "32000", "--batch", "8", "--microbatch-size", "1", "--hardware", "dgx-h100"]
+
+
+def _sim(tmp_path, name: str, *argv: str) -> dict:
+    out = tmp_path / f"{name}.json"
+    assert main(["simulate", *argv, "--json", str(out)]) == 0
+    return json.loads(out.read_text())
+
+
+def test_megatron_account_for_split_is_the_recipes_one():
+    # Llama 3.1 405B's 126 layers + embedding + loss over 8 x 8 chunks: NeMo's 405B recipe (source DGXC25)
+    assert account_split(126, 64, embedding=True, loss=True) == [1] + [2] * 62 + [1]
+    assert account_split(15, 4, embedding=True, loss=False) == [3, 4, 4, 4]
+    assert account_split(15, 4, embedding=False, loss=True) == [4, 4, 4, 3]
+    assert account_split(32, 1, embedding=True, loss=True) == [32]
+    with pytest.raises(PipesimError, match="do not split evenly over 4 pipeline chunks"):
+        account_split(32, 4, embedding=True, loss=True)
+
+
+def test_megatron_rank_counts_follow_the_interleaved_placement():
+    looped = tuple(s % 4 for s in range(8))  # p 4, v 2: stage s on rank s mod 4
+    assert rank_split(32, looped, 6, 6) == [3, 5, 5, 3, 3, 5, 5, 3]
+    assert rank_split(32, (0, 1, 2, 3), None, 2) == [10, 10, 10, 2]
+    assert rank_split(16, (0, 1), 6, 10) == [6, 10]
+    with pytest.raises(PipesimError, match="32 layers less 3 on the last rank leave 29 for 3 other rank"):
+        rank_split(32, (0, 1, 2, 3), None, 3)
+    with pytest.raises(PipesimError, match="rank 1's 9 layers do not split over its 2 chunks"):
+        rank_split(32, looped, 4, 10)
+    v_shape = schedules.build("zb-v", 4, 8).placement
+    with pytest.raises(PipesimError, match="this schedule places its stages otherwise"):
+        rank_split(32, v_shape, None, 2)
+
+
+def test_torchtitan_split_is_generate_llm_fqn_per_model_parts():
+    # its docstring's example: 3 layers over 2 stages, the embedding and the output weighing 2 layers each
+    assert torchtitan_split(3, 2, 2, 2) == [2, 1]
+    # v0.2.2's default weights (1, 1): 34 effective layers over 8 stages, 4 each and the 2 left to the first two
+    assert torchtitan_split(32, 8, 1, 1) == [4, 5, 4, 4, 4, 4, 4, 3]
+    assert torchtitan_split(32, 4, 1, 1) == [8, 9, 8, 7]
+    assert torchtitan_split(32, 1, 1, 1) == [32]
+    with pytest.raises(PipesimError, match="9 pipeline stages exceed torchtitan's 8 effective layers"):
+        torchtitan_split(6, 9, 1, 1)
+    with pytest.raises(PipesimError, match="exceed the 2 layers per stage of 4 stages"):
+        torchtitan_split(6, 4, 3, 0)
+    assert torchtitan_fqns([1, 2, 1]) == [["tok_embeddings", "layers.0"], ["layers.1", "layers.2"],
+                                          ["layers.3", "norm", "output"]]
+
+
+def test_one_stack_at_a_time_and_their_flags():
+    rule = SplitRule(account_embedding=True, account_loss=True)
+    assert rule.flags() == ["--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"]
+    assert rule.report() == {"account_for_embedding_in_pipeline_split": True,
+                             "account_for_loss_in_pipeline_split": True}
+    assert not SplitRule() and SplitRule().split(32, 4) is None
+    assert SplitRule(first_less=1, last_less=1).flags() == ["--pipeline-parallel-first-stage-less-layers", "1",
+                                                            "--pipeline-parallel-last-stage-less-layers", "1"]
+    with pytest.raises(PipesimError, match="cannot go with --account-for-embedding"):
+        SplitRule(account_embedding=True, last_layers=2)
+    with pytest.raises(PipesimError, match="give one stack's"):
+        SplitRule(account_loss=True, first_less=1)
+
+
+def test_the_flags_simulate_exactly_their_explicit_split(tmp_path):
+    layout = ["--stages", "2", "--virtual", "2", "--dp", "1"]
+    flags = _sim(tmp_path, "flags", "interleaved-1f1b", *SMALL, *layout,
+                 "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split")
+    typed = _sim(tmp_path, "typed", "interleaved-1f1b", *SMALL, *layout, "--layer-split", "3,4,4,3")
+    even = _sim(tmp_path, "even", "interleaved-1f1b", *SMALL, *layout)
+    assert flags["step_time"] == typed["step_time"] != even["step_time"]
+    assert flags["options"]["account_for_loss_in_pipeline_split"] is True
+    last = _sim(tmp_path, "last", "1f1b", *SMALL, "--stages", "2", "--decoder-last-pipeline-num-layers", "5")
+    assert last["step_time"] == _sim(tmp_path, "last_typed", "1f1b", *SMALL, "--stages", "2",
+                                     "--layer-split", "9,5")["step_time"]
+
+
+def test_torchtitan_profile_takes_its_split(tmp_path):
+    layout = ["--stages", "4", "--dp", "1"]
+    titan = _sim(tmp_path, "titan", "1f1b", *SMALL, *layout, "--framework", "torchtitan")
+    typed = _sim(tmp_path, "typed", "1f1b", *SMALL, *layout, "--framework", "torchtitan", "--layer-split", "3,4,4,3")
+    assert titan["step_time"] == typed["step_time"]  # 14 + 2 over 4: 4 each, less one at either end
+    assert titan["options"]["pipeline_parallel_first_stage_less_layers"] == 1
+    unweighted = _sim(tmp_path, "unweighted", "1f1b", *SMALL, *layout, "--framework", "torchtitan",
+                      "--pipeline-parallel-first-stage-less-layers", "0",
+                      "--pipeline-parallel-last-stage-less-layers", "0")
+    even = _sim(tmp_path, "even", "1f1b", *SMALL, *layout, "--framework", "torchtitan", "--layer-split", "4,4,3,3")
+    assert unweighted["step_time"] == even["step_time"] != titan["step_time"]
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--layer-split", "7,7", "--decoder-last-pipeline-num-layers", "5"],
+     "--layer-split gives every stage's layers: it cannot go with --decoder-last-pipeline-num-layers"),
+    (["--framework", "torchtitan", "--account-for-loss-in-pipeline-split"],
+     "--framework torchtitan splits the layers by torchtitan's weights"),
+    (["--account-for-embedding-in-pipeline-split"], "do not split evenly over 2 pipeline chunks"),
+])
+def test_refusals_are_one_line(capsys, argv, message):
+    assert main(["simulate", "1f1b", *SMALL, "--stages", "2", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err and "Traceback" not in err
+
+
+def test_a_split_flag_needs_a_transformer(capsys):
+    assert main(["simulate", "1f1b", "--stages", "2", "--decoder-last-pipeline-num-layers", "2"]) == 2
+    assert "needs --model gpt, moe or a --model-config" in capsys.readouterr().err
+
+
+def test_plan_applies_and_exports_the_rule(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    base = ["plan", "--model", "gpt", "--hidden", "512", "--layers", "14", "--heads", "8", "--seq", "512",
+            "--vocab", "32000", "--batch", "16", "--dtype", "bfloat16", "--hardware", "dgx-h100", "--gpus", "4",
+            "--top", "3", "--schedules", "1f1b,interleaved-1f1b"]
+    assert main([*base, "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
+                 "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    argv = shlex.split(data["winner"]["simulate_command"])
+    assert "--account-for-embedding-in-pipeline-split" in argv and "--account-for-loss-in-pipeline-split" in argv
+    again = tmp_path / "again.json"
+    assert main([*argv[1:], "--json", str(again)]) == 0  # the exported command re-simulates to the plan's step
+    assert json.loads(again.read_text())["step_time"] == data["rows"][0]["step_time"]
+    assert data["counts"]["refused_by_model"] > 0  # the p x v that 14 + 2 slots do not divide
+    assert main([*base, "--decoder-last-pipeline-num-layers", "2"]) == 2
+    assert "fix one pipeline rank's layers" in capsys.readouterr().err
+
+
+def test_torchtitan_export_names_the_simulated_stages():
+    req = PlanRequest(ModelConfig(kind="gpt", hidden=1024, layers=16, heads=16, seq=1024, vocab=32000, batch=16,
+                                  dtype="bfloat16"), load_hardware("dgx-h100"), 8, ("interleaved-1f1b",))
+    c = next(c for c in enumerate_candidates(req) if c.v == 2 and c.p == 2)
+    toml = tomllib.loads(torchtitan_toml(c, req))["parallelism"]
+    assert toml["module_fqns_per_model_part"] == torchtitan_fqns([4, 4, 4, 4])
+    assert "pipeline_parallel_layers_per_stage" not in toml
+    titan = replace(req, split_rule=SplitRule(first_less=1, last_less=1))
+    toml = tomllib.loads(torchtitan_toml(c, titan))["parallelism"]
+    assert toml["module_fqns_per_model_part"] == torchtitan_fqns([4, 5, 4, 3])
