@@ -15,7 +15,15 @@ from pipesim.cli import main
 from pipesim.errors import PipesimError
 from pipesim.hardware.toml_io import load_hardware
 from pipesim.model.config import ModelConfig
-from pipesim.model.pipeline_split import SplitRule, account_split, rank_split, torchtitan_fqns, torchtitan_split
+from pipesim.model.pipeline_split import (
+    SplitRule,
+    account_split,
+    layout_split,
+    parse_layout,
+    rank_split,
+    torchtitan_fqns,
+    torchtitan_split,
+)
 from pipesim.plan.exports import torchtitan_toml
 from pipesim.plan.space import PlanRequest, enumerate_candidates
 
@@ -68,6 +76,28 @@ def test_torchtitan_split_is_generate_llm_fqn_per_model_parts():
                                           ["layers.3", "norm", "output"]]
 
 
+def test_megatron_layout_strings_parse_as_megatron_parses_them():
+    # parse_str_to_list's docstring example: "Ettt|(tt|)*29,m|L" is [E t t t] + [t t] x 29 + [m] + [L]
+    assert parse_layout("Ettt|(tt|)*29,m|L") == ["Ettt"] + ["tt"] * 29 + ["m", "L"]
+    with pytest.raises(PipesimError, match="a standalone MTP stage is not modelled"):
+        layout_split("Ettt|(tt|)*29,m|L", 61, 32, mtp_layers=1)
+    # Megatron-Bridge @ 067f987df recipes/deepseek/h100/deepseek_v3.py, PP 16: the embedding with 4 layers, 14
+    # stages of 4, the last layer with the MTP module and the loss (the split bench rows give as 4 x 15, 1)
+    assert layout_split("Et*4|(t*4|)*14tmL", 61, 16, mtp_layers=1) == [4] * 15 + [1]
+    assert layout_split("E|t*3|t*3|t*2L", 8, 4) == [0, 3, 3, 2]
+    for bad, message in (("Et*4|t*4", "the embedding E must come first and the loss L last"),
+                         ("|Et*4|t*4L", "an empty stage before E or after L is not modelled"),
+                         ("Et*4|t*3L", "holds 7 decoder and 0 MTP layers; the model has 8 and 0"),
+                         ("Et*4|mt*4L", "decoder layers must come before the MTP layers"),
+                         ("Et*4|t*4q", "unknown layer letter 'q'")):
+        with pytest.raises(PipesimError, match=message):
+            layout_split(bad, 8, len(parse_layout(bad)) if "q" not in bad else 2, mtp_layers=1 if "m" in bad else 0)
+    with pytest.raises(PipesimError, match="has 2 stages; the schedule has 4"):
+        layout_split("Et*4|t*4L", 8, 4)
+    with pytest.raises(PipesimError, match="cannot go with the other pipeline layout flags"):
+        SplitRule(layout="Et*4|t*4L", account_loss=True)
+
+
 def test_one_stack_at_a_time_and_their_flags():
     rule = SplitRule(account_embedding=True, account_loss=True)
     assert rule.flags() == ["--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"]
@@ -90,6 +120,10 @@ def test_the_flags_simulate_exactly_their_explicit_split(tmp_path):
     even = _sim(tmp_path, "even", "interleaved-1f1b", *SMALL, *layout)
     assert flags["step_time"] == typed["step_time"] != even["step_time"]
     assert flags["options"]["account_for_loss_in_pipeline_split"] is True
+    layout = _sim(tmp_path, "layout", "interleaved-1f1b", *SMALL, *layout,
+                  "--pipeline-model-parallel-layout", "Et*3|t*4|t*4|t*3L")
+    assert layout["step_time"] == typed["step_time"]
+    assert layout["options"]["pipeline_model_parallel_layout"] == "Et*3|t*4|t*4|t*3L"
     last = _sim(tmp_path, "last", "1f1b", *SMALL, "--stages", "2", "--decoder-last-pipeline-num-layers", "5")
     assert last["step_time"] == _sim(tmp_path, "last_typed", "1f1b", *SMALL, "--stages", "2",
                                      "--layer-split", "9,5")["step_time"]
@@ -141,7 +175,7 @@ def test_plan_applies_and_exports_the_rule(tmp_path, capsys):
     assert json.loads(again.read_text())["step_time"] == data["rows"][0]["step_time"]
     assert data["counts"]["refused_by_model"] > 0  # the p x v that 14 + 2 slots do not divide
     assert main([*base, "--decoder-last-pipeline-num-layers", "2"]) == 2
-    assert "fix one pipeline rank's layers" in capsys.readouterr().err
+    assert "fix one layout's layers" in capsys.readouterr().err
 
 
 def test_torchtitan_export_names_the_simulated_stages():

@@ -50,7 +50,7 @@ from pipesim.hardware.machine import Hardware
 from pipesim.hardware.toml_io import load_hardware
 from pipesim.model.config import ModelConfig
 from pipesim.model.options import ATTENTION
-from pipesim.model.pipeline_split import FIRST_LAYERS, LAST_LAYERS
+from pipesim.model.pipeline_split import FIRST_LAYERS, LAST_LAYERS, LAYOUT
 from pipesim.model.recompute_modules import RECOMPUTE_MODULES
 from pipesim.outputs import check_file, write_text
 from pipesim.plan.backends import open_backend
@@ -268,9 +268,9 @@ def run(args: argparse.Namespace) -> int:
     typed = typed_split(args)  # before --framework fills its switches
     shared, scheds, zeros, recomputes, sps = shared_job(args, model)
     rule = split_rule(args, typed, model)
-    if rule.needs_placement:
-        raise PipesimError(f"{FIRST_LAYERS} / {LAST_LAYERS} fix one pipeline rank's layers, and the plan searches "
-                           "pipeline sizes: plan with the account-for flags, or simulate the layout")
+    if rule.fixes_stages:
+        raise PipesimError(f"{FIRST_LAYERS}, {LAST_LAYERS} and {LAYOUT} fix one layout's layers, and the plan "
+                           "searches pipeline sizes: plan with the account-for flags, or simulate the layout")
     hw, gpus, hw_flags = cluster(args)
     check_fp8_run(shared.fp8, model, hw)  # FP8 tensor cores and the recipe, before any candidate
     if args.memory_headroom:  # the search sees the memory left after the headroom

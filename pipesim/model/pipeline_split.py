@@ -14,6 +14,12 @@ embedding riding on the first stage and the output head on the last. The stacks 
     ranks share the rest evenly (it must divide, and each rank's count by v). Megatron refuses them beside the
     account-for flags. They name pipeline ranks, so they need Megatron's interleaved placement (stage s on rank
     s mod p).
+  - `--pipeline-model-parallel-layout STR` (pipeline_parallel_layer_layout.py parse_str_to_list): each stage's
+    layers spelled out, stages in pipeline order split by "|", "E" the embedding, "t" a decoder layer, "m" an MTP
+    layer, "L" the loss, "(...)*n" and "x*n" repeated, commas cosmetic. Megatron asserts the embedding first and
+    once, the loss last and once, the decoder and MTP counts the model's and the decoders before the MTP layers;
+    pipesim also keeps the embedding on the first stage and the MTP layers and the loss on the last (the MTP
+    modules ride with the head here: a standalone MTP stage is refused).
 - torchtitan (pytorch/torchtitan v0.2.2, torchtitan/distributed/pipeline_parallel.py generate_llm_fqn_per_model_part;
   torchtitan/config/job_config.py pipeline_parallel_first_stage_less_layers and _last_stage_less_layers, 1 each by
   default): the embedding weighs a layers and the output (norm and head) b. The L + a + b effective layers split over
@@ -25,6 +31,7 @@ Every refusal is one line, as the stack's own assertion would stop the run.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from pipesim.errors import PipesimError
@@ -35,6 +42,7 @@ FIRST_LAYERS = "--decoder-first-pipeline-num-layers"
 LAST_LAYERS = "--decoder-last-pipeline-num-layers"
 FIRST_LESS = "--pipeline-parallel-first-stage-less-layers"
 LAST_LESS = "--pipeline-parallel-last-stage-less-layers"
+LAYOUT = "--pipeline-model-parallel-layout"
 
 
 @dataclass(frozen=True)
@@ -47,6 +55,7 @@ class SplitRule:
     last_layers: int | None = None  # Megatron: layers of the last pipeline rank
     first_less: int = 0  # torchtitan: layers the embedding weighs
     last_less: int = 0  # torchtitan: layers the output weighs
+    layout: str | None = None  # Megatron: --pipeline-model-parallel-layout, every stage spelled out
 
     def __post_init__(self) -> None:
         for name in ("first_layers", "last_layers"):
@@ -61,6 +70,9 @@ class SplitRule:
         if self.ranks_given and (self.account_embedding or self.account_loss):
             raise PipesimError(f"{FIRST_LAYERS} / {LAST_LAYERS} cannot go with {ACCOUNT_EMBEDDING} / {ACCOUNT_LOSS} "
                                "(Megatron-core refuses the two at once)")
+        if self.layout is not None and (self.ranks_given or self.account_embedding or self.account_loss):
+            raise PipesimError(f"{LAYOUT} cannot go with the other pipeline layout flags (Megatron-core refuses them "
+                               "together)")
         if self.torchtitan and self.megatron:
             raise PipesimError(f"{FIRST_LESS} / {LAST_LESS} are torchtitan's split, the others Megatron-core's: "
                                "give one stack's")
@@ -71,23 +83,28 @@ class SplitRule:
 
     @property
     def megatron(self) -> bool:
-        return self.account_embedding or self.account_loss or self.ranks_given
+        return self.account_embedding or self.account_loss or self.ranks_given or self.layout is not None
 
     @property
     def torchtitan(self) -> bool:
         return bool(self.first_less or self.last_less)
 
     @property
-    def needs_placement(self) -> bool:
-        """Whether the rule names pipeline ranks (Megatron's first / last rank counts), not stages."""
-        return self.ranks_given
+    def fixes_stages(self) -> bool:
+        """Whether the rule fixes one layout (a rank's layers, or every stage's) rather than a rule over any
+        number of stages: the planner, which searches pipeline sizes, refuses it."""
+        return self.ranks_given or self.layout is not None
 
     def __bool__(self) -> bool:
         return self.megatron or self.torchtitan
 
-    def split(self, layers: int, stages: int, placement: tuple[int, ...] | None = None) -> list[int] | None:
+    def split(self, layers: int, stages: int, placement: tuple[int, ...] | None = None, *,
+              mtp_layers: int = 0) -> list[int] | None:
         """Layers per stage in pipeline order (stage 0 holds the embedding, the last the head); None: the even
-        split. `placement` (stage -> rank) is needed by the rank counts alone."""
+        split. `placement` (stage -> rank) is needed by the rank counts alone, `mtp_layers` (the model's) by a
+        layout."""
+        if self.layout is not None:
+            return layout_split(self.layout, layers, stages, mtp_layers)
         if self.torchtitan:
             return torchtitan_split(layers, stages, self.first_less, self.last_less)
         if self.account_embedding or self.account_loss:
@@ -106,6 +123,7 @@ class SplitRule:
         out += [LAST_LAYERS, str(self.last_layers)] if self.last_layers is not None else []
         out += [FIRST_LESS, str(self.first_less)] if self.first_less else []
         out += [LAST_LESS, str(self.last_less)] if self.last_less else []
+        out += [LAYOUT, self.layout] if self.layout is not None else []
         return out
 
     def report(self) -> dict:
@@ -113,7 +131,8 @@ class SplitRule:
         out: dict = {}
         for flag, value in ((ACCOUNT_EMBEDDING, self.account_embedding), (ACCOUNT_LOSS, self.account_loss),
                             (FIRST_LAYERS, self.first_layers), (LAST_LAYERS, self.last_layers),
-                            (FIRST_LESS, self.first_less or None), (LAST_LESS, self.last_less or None)):
+                            (FIRST_LESS, self.first_less or None), (LAST_LESS, self.last_less or None),
+                            (LAYOUT, self.layout)):
             if value:
                 out[flag.removeprefix("--").replace("-", "_")] = value
         return out
@@ -169,6 +188,43 @@ def rank_split(layers: int, placement: tuple[int, ...], first: int | None, last:
     return [per_rank[r] // v for r in placement]
 
 
+def parse_layout(text: str) -> list[str]:
+    """Megatron-core's layout string as its stages' letters: commas dropped, "(...)*n" then "x*n" unrolled, split
+    at "|" (parse_str_to_list's order of substitutions); one line for a letter Megatron does not know."""
+    flat = text.replace(",", "")
+    for pattern in (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)"):
+        flat = re.sub(pattern, lambda x: x.group(1) * int(x.group(2)), flat)
+    stages = flat.split("|")
+    bad = sorted({c for stage in stages for c in stage if c not in "ELtm"})
+    if bad:
+        raise PipesimError(f"{LAYOUT} {text!r}: unknown layer letter {bad[0]!r} (E embedding, t decoder layer, "
+                           "m MTP layer, L loss)")
+    return stages
+
+
+def layout_split(text: str, layers: int, stages: int, mtp_layers: int = 0) -> list[int]:
+    """The decoder layers of each stage of a Megatron-core layout, checked as Megatron and pipesim's cost model
+    need it."""
+    parsed = parse_layout(text)
+    if len(parsed) != stages:
+        raise PipesimError(f"{LAYOUT} {text!r} has {len(parsed)} stages; the schedule has {stages} (pp x vp)")
+    flat = "".join(parsed)
+    if flat.count("E") != 1 or flat.count("L") != 1 or not flat.startswith("E") or not flat.endswith("L"):
+        raise PipesimError(f"{LAYOUT} {text!r}: the embedding E must come first and the loss L last, once each")
+    if "E" not in parsed[0] or "L" not in parsed[-1]:
+        raise PipesimError(f"{LAYOUT} {text!r}: pipesim keeps the embedding on the first stage and the loss on the "
+                           "last; an empty stage before E or after L is not modelled")
+    if flat.count("t") != layers or flat.count("m") != mtp_layers:
+        raise PipesimError(f"{LAYOUT} {text!r} holds {flat.count('t')} decoder and {flat.count('m')} MTP layers; "
+                           f"the model has {layers} and {mtp_layers}")
+    if "m" in flat and "t" in flat[flat.index("m"):]:
+        raise PipesimError(f"{LAYOUT} {text!r}: decoder layers must come before the MTP layers")
+    if any("m" in stage for stage in parsed[:-1]):
+        raise PipesimError(f"{LAYOUT} {text!r}: a standalone MTP stage is not modelled (pipesim runs the MTP "
+                           "modules with the head, on the last stage)")
+    return [stage.count("t") for stage in parsed]
+
+
 def torchtitan_split(layers: int, stages: int, first_less: int, last_less: int) -> list[int]:
     """torchtitan's weighted split (generate_llm_fqn_per_model_part): the embedding weighs `first_less` layers,
     the output `last_less`; refused where torchtitan raises."""
@@ -202,5 +258,6 @@ def torchtitan_fqns(split: list[int]) -> list[list[str]]:
     return out
 
 
-__all__ = ["ACCOUNT_EMBEDDING", "ACCOUNT_LOSS", "FIRST_LAYERS", "FIRST_LESS", "LAST_LAYERS", "LAST_LESS", "SplitRule",
-           "account_split", "rank_split", "torchtitan_fqns", "torchtitan_split"]
+__all__ = ["ACCOUNT_EMBEDDING", "ACCOUNT_LOSS", "FIRST_LAYERS", "FIRST_LESS", "LAST_LAYERS", "LAST_LESS", "LAYOUT",
+           "SplitRule", "account_split", "layout_split", "parse_layout", "rank_split", "torchtitan_fqns",
+           "torchtitan_split"]

@@ -114,7 +114,8 @@ class SimSetup:
             return on_chains(costs, schedule)
         split = list(self.layer_split) if self.layer_split else None
         if split is None and self.split_rule and self.model is not None:
-            split = self.split_rule.split(self.model.layers, n, schedule.placement[:n])
+            split = self.split_rule.split(self.model.layers, n, schedule.placement[:n],
+                                          mtp_layers=self.model.mtp_layers)
         if self.user_model is not None and self.hardware is not None:
             return on_chains(user_model_costs(self.user_model, n, self.hardware, job, layer_split=split), schedule)
         if self.model is None or self.hardware is None:
