@@ -19,12 +19,13 @@ from pipesim.model.pipeline_split import (
     SplitRule,
     account_split,
     layout_split,
+    megatron_layout,
     parse_layout,
     rank_split,
     torchtitan_fqns,
     torchtitan_split,
 )
-from pipesim.plan.exports import torchtitan_toml
+from pipesim.plan.exports import megatron_args, torchtitan_toml
 from pipesim.plan.space import PlanRequest, enumerate_candidates
 
 SMALL = ["--model", "gpt", "--dtype", "bfloat16", "--hidden", "512", "--layers", "14", "--heads", "8", "--seq", "512",
@@ -188,3 +189,20 @@ def test_torchtitan_export_names_the_simulated_stages():
     titan = replace(req, split_rule=SplitRule(first_less=1, last_less=1))
     toml = tomllib.loads(torchtitan_toml(c, titan))["parallelism"]
     assert toml["module_fqns_per_model_part"] == torchtitan_fqns([4, 5, 4, 3])
+
+
+def test_a_split_megatrons_flags_cannot_give_is_exported_as_its_layout():
+    assert megatron_layout([4] * 15 + [1], 1) == "Et*4|(t*4|)*14tmL"  # Megatron-Bridge's DeepSeek-V3, PP 16
+    for split in ([1] + [2] * 62 + [1], [3, 4, 4, 3], [5, 5, 5, 5, 4, 4, 4], [0, 3, 3, 2], [7], [2, 1]):
+        assert layout_split(megatron_layout(split), sum(split), len(split)) == split
+    model = ModelConfig(kind="gpt", hidden=1024, layers=14, heads=16, seq=1024, vocab=32000, batch=16,
+                        dtype="bfloat16")
+    req = PlanRequest(model, load_hardware("dgx-h100"), 8, ("interleaved-1f1b",))
+    c = next(c for c in enumerate_candidates(req) if c.v == 2 and c.p == 2)  # 14 layers over 4 chunks: 4, 4, 3, 3
+    args = megatron_args(c, req)
+    assert args[args.index("--pipeline-model-parallel-layout") + 1] == "Et*4|t*4|t*3|t*3L"
+    assert "--num-layers-per-virtual-pipeline-stage" not in args  # the layout gives the chunks per rank
+    legacy = megatron_args(c, replace(req, framework="megatron-lm-2021"))
+    assert "--pipeline-model-parallel-layout" not in legacy and legacy[0].startswith("# 14 layers over 4 chunks")
+    titan = megatron_args(c, replace(req, split_rule=SplitRule(first_less=1, last_less=1)))
+    assert titan[titan.index("--pipeline-model-parallel-layout") + 1] == "Et*3|(t*4|)*2t*3L"

@@ -225,6 +225,26 @@ def layout_split(text: str, layers: int, stages: int, mtp_layers: int = 0) -> li
     return [stage.count("t") for stage in parsed]
 
 
+def megatron_layout(split: list[int], mtp_layers: int = 0) -> str:
+    """The --pipeline-model-parallel-layout string of `split` (layers per stage in pipeline order): the embedding on
+    the first stage, the MTP layers and the loss on the last, runs of equal stages between them as "(...|)*k"
+    (the form of Megatron-Bridge's recipes: "Et*4|(t*4|)*14tmL")."""
+    def layers(n: int) -> str:
+        return f"t*{n}" if n > 1 else "t" * n
+    if len(split) == 1:
+        return "E" + layers(split[0]) + "m" * mtp_layers + "L"
+    out = "E" + layers(split[0]) + "|"
+    middle = [layers(n) for n in split[1:-1]]
+    k = 0
+    while k < len(middle):
+        run = 1
+        while k + run < len(middle) and middle[k + run] == middle[k]:
+            run += 1
+        out += f"({middle[k]}|)*{run}" if run > 1 else middle[k] + "|"
+        k += run
+    return out + layers(split[-1]) + "m" * mtp_layers + "L"
+
+
 def torchtitan_split(layers: int, stages: int, first_less: int, last_less: int) -> list[int]:
     """torchtitan's weighted split (generate_llm_fqn_per_model_part): the embedding weighs `first_less` layers,
     the output `last_less`; refused where torchtitan raises."""
@@ -259,5 +279,5 @@ def torchtitan_fqns(split: list[int]) -> list[list[str]]:
 
 
 __all__ = ["ACCOUNT_EMBEDDING", "ACCOUNT_LOSS", "FIRST_LAYERS", "FIRST_LESS", "LAST_LAYERS", "LAST_LESS", "LAYOUT",
-           "SplitRule", "account_split", "layout_split", "parse_layout", "rank_split", "torchtitan_fqns",
-           "torchtitan_split"]
+           "SplitRule", "account_split", "layout_split", "megatron_layout", "parse_layout", "rank_split",
+           "torchtitan_fqns", "torchtitan_split"]

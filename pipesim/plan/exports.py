@@ -14,13 +14,14 @@ from pipesim.model.config import ModelConfig, gpt_block_differences
 from pipesim.model.fp8 import FP4_RECIPES, TORCHAO_ONLY, TORCHAO_RECIPES
 from pipesim.model.op_recompute import OP
 from pipesim.model.options import FUSED_ATTENTION
-from pipesim.model.pipeline_split import torchtitan_fqns
+from pipesim.model.pipeline_split import LAYOUT, megatron_layout, torchtitan_fqns
 from pipesim.plan.space import Candidate, PlanRequest
 from pipesim.plan.stack_space import MEGATRON_SCHEDULES, TORCH_SCHEDULES
 
 # stacks whose Megatron-LM is the 2021 code: full recomputation is --checkpoint-activations (NVIDIA/Megatron-LM @
 # 46c74b4 megatron/arguments.py; bigscience-workshop/Megatron-DeepSpeed @ 119a0d2 the same), no distributed optimizer
 MEGATRON_2021 = ("megatron-lm-2021", "deepspeed")
+MEGATRON_LEGACY = (*MEGATRON_2021, "megatron-lm-2022")  # before Megatron-core's --pipeline-model-parallel-layout
 # pipesim's --cp-comm-type -> torchtitan's context_parallel_rotate_method (torch's rotaters: all-gather the K/V
 # shards once, or pass them round the ring by all-to-all); Ulysses' head all-to-all (a2a) has none there
 TORCH_ROTATE = {"all_gather": "allgather", "p2p": "alltoall"}
@@ -119,20 +120,26 @@ def megatron_args(c: Candidate, req: PlanRequest, attention: str | None = None) 
         runs = "interleaved 1F1B" if c.v > 1 else "1F1B"
         out.append(f"# Megatron-LM has no {c.schedule} schedule; the layout below runs as {runs} there")
     rule = req.split_rule if req.split_rule.megatron else None  # the account-for flags (the plan's only Megatron rule)
-    even = m.layers % (c.chunks) == 0
+    split = req.stage_split(c.chunks)
+    even = split == [m.layers // c.chunks] * c.chunks  # Megatron's own default split
+    layout = None  # every stage spelled out: the split pipesim simulated, where Megatron's flags give another
     if not even and rule is None:
-        out.append(f"# {m.layers} layers over {c.chunks} chunks: pipesim gives the remainder to the first chunks; "
-                   "Megatron-LM splits unevenly only at the ends (--decoder-first/last-pipeline-num-layers)")
-    if req.split_rule.torchtitan:
-        out.append(f"# pipesim split the layers by torchtitan's weights ({' '.join(req.split_rule.flags())}): "
-                   f"{','.join(map(str, req.stage_split(c.chunks)))} per chunk, which Megatron-LM's flags do not give")
+        if req.framework in MEGATRON_LEGACY:
+            out.append(f"# {m.layers} layers over {c.chunks} chunks: pipesim gives the remainder to the first chunks; "
+                       "Megatron-LM splits unevenly only at the ends (--decoder-first/last-pipeline-num-layers)")
+        else:  # Megatron-core >= 0.13 (NVIDIA/Megatron-LM 77732c3628)
+            layout = megatron_layout(split, m.mtp_layers)
     out += ["--tensor-model-parallel-size", str(c.tp), "--pipeline-model-parallel-size", str(c.p)]
     if rule is not None:
         out += rule.flags()
+    if layout is not None:
+        out += [LAYOUT, layout]
     if c.cp > 1:
         out += ["--context-parallel-size", str(c.cp)] + (["--cp-comm-type", req.job.cp_comm]
                                                          if req.job.cp_comm != "p2p" else [])
-    if c.v > 1 and rule is not None:  # Megatron counts the slots itself: give it the chunks per rank
+    if c.v > 1 and layout is not None:
+        pass  # the layout gives the chunks per rank
+    elif c.v > 1 and rule is not None:  # Megatron counts the slots itself: give it the chunks per rank
         out += ["--num-virtual-stages-per-pipeline-rank", str(c.v)]
     elif c.v > 1 and even:
         out += ["--num-layers-per-virtual-pipeline-stage", str(m.layers // (c.chunks))]
