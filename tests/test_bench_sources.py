@@ -3,6 +3,7 @@ papers, tables and logs say, checked row by row (the bench's machinery: tests/te
 
 from __future__ import annotations
 
+from pipesim.model.pipeline_split import account_split
 from tests.published_bench import DATA, MOE_SOURCES, bp
 
 
@@ -65,7 +66,9 @@ def test_each_sources_published_figures_and_commands():
         "moe_preprocess"
     for r in (r for r in rows if r.source == "MOEZOOQWEN3"):  # 96 layer slots: embedding and loss take one each
         args = bp.parse_command(r.command)[1]
-        assert sum(args.layer_split) == 94 and len(args.layer_split) == args.stages * args.virtual
+        assert args.account_embedding and args.account_loss and args.layer_split is None
+        slots = account_split(94, args.stages * args.virtual, embedding=True, loss=True)
+        assert slots[0] == slots[-1] == slots[1] - 1 and sum(slots) == 94
         assert args.stages * args.tp * args.cp * args.dp == 256 and args.nodes == 32
     in_ref = {k for k, s in DATA["sources"].items() if s["in_published_md"]}
     assert in_ref == {"NAR21", "KOR22"}  # the goal's rows: those of shared/reference/published.md
