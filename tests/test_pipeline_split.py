@@ -25,7 +25,7 @@ from pipesim.model.pipeline_split import (
     torchtitan_fqns,
     torchtitan_split,
 )
-from pipesim.plan.exports import megatron_args, torchtitan_toml
+from pipesim.plan.exports import megatron_args, run_command, torchtitan_toml
 from pipesim.plan.space import PlanRequest, enumerate_candidates
 
 SMALL = ["--model", "gpt", "--dtype", "bfloat16", "--hidden", "512", "--layers", "14", "--heads", "8", "--seq", "512",
@@ -206,3 +206,7 @@ def test_a_split_megatrons_flags_cannot_give_is_exported_as_its_layout():
     assert "--pipeline-model-parallel-layout" not in legacy and legacy[0].startswith("# 14 layers over 4 chunks")
     titan = megatron_args(c, replace(req, split_rule=SplitRule(first_less=1, last_less=1)))
     assert titan[titan.index("--pipeline-model-parallel-layout") + 1] == "Et*3|(t*4|)*2t*3L"
+    # and `pipesim run` trains the stages simulated: the split is typed out where the rule moved it
+    run = run_command(c, ["--model", "gpt"], per_node=8, nodes=1, split=[3, 4, 4, 3])
+    assert run[run.index("--layer-split") + 1] == "3,4,4,3"
+    assert "--layer-split" not in run_command(c, ["--model", "gpt"], per_node=8, nodes=1, split=[4, 4, 3, 3])

@@ -300,7 +300,7 @@ def run(args: argparse.Namespace) -> int:
     ranks = gpus // result.best.candidate.cp  # the executor has no cp: t x p x d ranks (exports.run_note)
     per_node = ranks if ranks <= hw.host_devices else math.gcd(ranks, hw.host_devices)
     run_argv = run_command(result.best.candidate, run_model_flags(req.model), per_node=per_node,
-                           nodes=ranks // per_node)
+                           nodes=ranks // per_node, split=req.stage_split(result.best.candidate.chunks))
     if args.ilp_seconds is not None and result.best.candidate.schedule in V_SEARCHED:
         run_argv += ["--ilp", f"{args.ilp_seconds:g}"]  # without it `pipesim run zb-v` runs the handcrafted order
     data = plan_json(result, args.top, argv, ev.attention, run_argv)

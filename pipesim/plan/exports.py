@@ -10,7 +10,7 @@ import shlex
 
 from pipesim.ir import torch_csv
 from pipesim.ir.schedule import Schedule
-from pipesim.model.config import ModelConfig, gpt_block_differences
+from pipesim.model.config import ModelConfig, gpt_block_differences, split_layers
 from pipesim.model.fp8 import FP4_RECIPES, TORCHAO_ONLY, TORCHAO_RECIPES
 from pipesim.model.op_recompute import OP
 from pipesim.model.options import FUSED_ATTENTION
@@ -58,12 +58,14 @@ def grad_flags(grad_fp32: bool | None) -> list[str]:
     return ["--accumulate-allreduce-grads-in-fp32"] if grad_fp32 else ["--grad-reduce-in-bf16"]
 
 
-def run_command(c: Candidate, model_flags: list[str], *, per_node: int, nodes: int) -> list[str]:
+def run_command(c: Candidate, model_flags: list[str], *, per_node: int, nodes: int,
+                split: list[int] | None = None) -> list[str]:
     """argv of `pipesim run` that trains `c` for real with NCCL: the same command on each of `nodes` nodes,
     `per_node` ranks each (torchrun's c10d rendezvous at a HOST:PORT every node reaches when nodes > 1). The
     executor keeps the whole optimizer state on every data-parallel rank: a ZeRO stage is a simulate figure;
     it has no context parallelism either, so `c.cp` is left out (`run_note` says so): pass per_node and nodes
-    for the t x p x d ranks it runs, cp times fewer than the plan's GPUs."""
+    for the t x p x d ranks it runs, cp times fewer than the plan's GPUs. `split`: the layers per chunk the plan
+    simulated, typed out where a split rule made them differ from the even split the executor takes by default."""
     argv = ["pipesim", "run", c.schedule, "--stages", str(c.p), "--microbatches", str(c.m), "--tp", str(c.tp),
             "--dp", str(c.dp)]
     if c.v > 1:
@@ -71,6 +73,8 @@ def run_command(c: Candidate, model_flags: list[str], *, per_node: int, nodes: i
     argv += ["--recompute", "full" if c.recompute == OP else c.recompute]  # run_note says why
     if c.sp:
         argv.append("--sequence-parallel")
+    if split is not None and split != split_layers(sum(split), len(split)):
+        argv += ["--layer-split", ",".join(map(str, split))]
     argv += model_flags + ["--backend", "nccl", "--nproc", str(per_node)]
     if nodes > 1:
         argv += ["--nnodes", str(nodes), "--rdzv-endpoint", "HOST:29500"]
