@@ -15,9 +15,12 @@ from pipesim.cli import main
 from pipesim.errors import PipesimError
 from pipesim.hardware.toml_io import load_hardware
 from pipesim.model.config import ModelConfig
+from pipesim.model.hf_config import model_from_hf, read_hf_config, resolve_model_config
 from pipesim.model.pipeline_split import (
+    BalancedSplit,
     SplitRule,
     account_split,
+    balanced_split,
     layout_split,
     megatron_layout,
     parse_layout,
@@ -25,6 +28,7 @@ from pipesim.model.pipeline_split import (
     torchtitan_fqns,
     torchtitan_split,
 )
+from pipesim.plan.balance import balanced_rule
 from pipesim.plan.exports import megatron_args, run_command, torchtitan_toml
 from pipesim.plan.space import PlanRequest, enumerate_candidates
 
@@ -200,13 +204,53 @@ def test_a_split_megatrons_flags_cannot_give_is_exported_as_its_layout():
     req = PlanRequest(model, load_hardware("dgx-h100"), 8, ("interleaved-1f1b",))
     c = next(c for c in enumerate_candidates(req) if c.v == 2 and c.p == 2)  # 14 layers over 4 chunks: 4, 4, 3, 3
     args = megatron_args(c, req)
-    assert args[args.index("--pipeline-model-parallel-layout") + 1] == "Et*4|t*4|t*3|t*3L"
+    assert args[args.index("--pipeline-model-parallel-layout") + 1] == "'Et*4|t*4|t*3|t*3L'"  # quoted for the shell
     assert "--num-layers-per-virtual-pipeline-stage" not in args  # the layout gives the chunks per rank
     legacy = megatron_args(c, replace(req, framework="megatron-lm-2021"))
     assert "--pipeline-model-parallel-layout" not in legacy and legacy[0].startswith("# 14 layers over 4 chunks")
     titan = megatron_args(c, replace(req, split_rule=SplitRule(first_less=1, last_less=1)))
-    assert titan[titan.index("--pipeline-model-parallel-layout") + 1] == "Et*3|(t*4|)*2t*3L"
+    assert titan[titan.index("--pipeline-model-parallel-layout") + 1] == "'Et*3|(t*4|)*2t*3L'"
     # and `pipesim run` trains the stages simulated: the split is typed out where the rule moved it
     run = run_command(c, ["--model", "gpt"], per_node=8, nodes=1, split=[3, 4, 4, 3])
     assert run[run.index("--layer-split") + 1] == "3,4,4,3"
     assert "--layer-split" not in run_command(c, ["--model", "gpt"], per_node=8, nodes=1, split=[4, 4, 3, 3])
+
+
+def test_balanced_split_minimises_the_busiest_stage():
+    # 32 layers, 4 stages, the head weighing 2.4 layers: total load 34.4, so some stage carries 9 at least (eight
+    # each and 6 on the last hold 30 only); the surplus leaves the later of the busiest stages first
+    assert balanced_split(32, 4, 0.0, 2.4) == [9, 9, 8, 6]
+    assert balanced_split(32, 4, 0.0, 0.0) == [8, 8, 8, 8]
+    assert balanced_split(80, 8, 0.0, 1.2) == [11] + [10] * 6 + [9]
+    assert balanced_split(5, 4, 0.0, 3.0) == [2, 2, 1, 0]
+    assert balanced_split(32, 7, 0.0, 2.4) == [5, 5, 5, 5, 5, 5, 2]
+    for layers, stages, first, last in ((32, 4, 0.0, 2.4), (126, 16, 0.0, 0.65), (61, 16, 0.5, 1.5), (7, 3, 1.0, 1.0)):
+        split = balanced_split(layers, stages, first, last)
+        load = max(n + (first if i == 0 else 0) + (last if i == stages - 1 else 0) for i, n in enumerate(split))
+        assert sum(split) == layers and min(split) >= 0
+        assert load - 1 < (layers + first + last) / stages <= load  # within a layer of the mean: no better cut
+    rule = BalancedSplit(0.0, 2.4)
+    assert rule and not rule.megatron and not rule.fixes_stages and rule.flags() == []
+
+
+def test_plan_balance_layers_exports_the_split_it_simulated(tmp_path, capsys):
+    base = ["plan", "--model-config", "llama3-8b", "--seq", "2048", "--batch", "16", "--hardware", "dgx-h100",
+            "--gpus", "4", "--top", "3", "--schedules", "1f1b", "--max-tp", "1", "--zero", "0"]
+    out = tmp_path / "plan.json"
+    assert main([*base, "--balance-layers", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    best = data["rows"][0]
+    argv = shlex.split(data["winner"]["simulate_command"])
+    assert best["pp"] == 4  # Llama 3 8B on 4 GPUs without tp or ZeRO: a pipeline
+    llama = model_from_hf(read_hf_config(resolve_model_config("llama3-8b")), where="llama3-8b", seq=2048)
+    weight = balanced_rule(llama).last_weight
+    assert 2.0 < weight < 2.5  # h V against a layer's GEMMs and causal attention at 2k tokens
+    assert argv[argv.index("--layer-split") + 1] == ",".join(map(str, balanced_split(32, 4, 0.0, weight))) == "9,9,8,6"
+    again = tmp_path / "again.json"
+    assert main([*argv[1:], "--json", str(again)]) == 0
+    assert json.loads(again.read_text())["step_time"] == best["step_time"]
+    even = tmp_path / "even.json"
+    assert main([*base, "--json", str(even)]) == 0
+    assert json.loads(even.read_text())["rows"][0]["step_time"] > best["step_time"]  # the head's stage was the pace
+    assert main([*base, "--balance-layers", "--account-for-loss-in-pipeline-split"]) == 2
+    assert "--balance-layers chooses the split itself" in capsys.readouterr().err

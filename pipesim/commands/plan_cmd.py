@@ -50,10 +50,11 @@ from pipesim.hardware.machine import Hardware
 from pipesim.hardware.toml_io import load_hardware
 from pipesim.model.config import ModelConfig
 from pipesim.model.options import ATTENTION
-from pipesim.model.pipeline_split import FIRST_LAYERS, LAST_LAYERS, LAYOUT
+from pipesim.model.pipeline_split import FIRST_LAYERS, LAST_LAYERS, LAYOUT, BalancedSplit
 from pipesim.model.recompute_modules import RECOMPUTE_MODULES
 from pipesim.outputs import check_file, write_text
 from pipesim.plan.backends import open_backend
+from pipesim.plan.balance import balanced_rule
 from pipesim.plan.evaluate import Evaluator
 from pipesim.plan.exports import (
     grad_flags,
@@ -99,7 +100,12 @@ def add_parser(sub) -> None:
     add_cuda_graph_args(p.add_argument_group("CUDA graphs (Megatron-core's flags)"))
     add_stack_kernel_args(p.add_argument_group("kernels and sharding (torchtitan's and Megatron-core's choices)"))
     add_optimizer_args(p.add_argument_group("optimizer states (Megatron-core's flags)"))
-    add_split_args(p.add_argument_group("layer split (Megatron-core's and torchtitan's flags)"))
+    split = p.add_argument_group("layer split (Megatron-core's and torchtitan's flags, or pipesim's balance)")
+    add_split_args(split)
+    split.add_argument("--balance-layers", action="store_true",
+                       help="cut each candidate's layers so that its busiest stage carries the least it can, the "
+                            "head weighing its FLOPs in layers (pipesim/plan/balance.py); exported as Megatron-core's "
+                            "--pipeline-model-parallel-layout, torchtitan's module list and --layer-split")
     g = p.add_argument_group("cluster and search")
     g.add_argument("--hardware", metavar="PRESET|FILE", help=f"hardware preset or TOML file (default "
                                                              f"{DEFAULT_HARDWARE})")
@@ -268,6 +274,11 @@ def run(args: argparse.Namespace) -> int:
     typed = typed_split(args)  # before --framework fills its switches
     shared, scheds, zeros, recomputes, sps = shared_job(args, model)
     rule = split_rule(args, typed, model)
+    if args.balance_layers:
+        if typed or rule:
+            raise PipesimError(f"--balance-layers chooses the split itself: it cannot go with "
+                               f"{typed[0] if typed else f'--framework {args.framework}'}'s split")
+        rule = balanced_rule(model)
     if rule.fixes_stages:
         raise PipesimError(f"{FIRST_LAYERS}, {LAST_LAYERS} and {LAYOUT} fix one layout's layers, and the plan "
                            "searches pipeline sizes: plan with the account-for flags, or simulate the layout")
@@ -291,6 +302,8 @@ def run(args: argparse.Namespace) -> int:
     switches = best.comm.flags() + [f for f in best.kernels.flags() if f not in grad_flags(True) + grad_flags(False)]
     switches += shared.fp8.flags() if shared.fp8 is not None else []
     switches += best.state_flags() + best.precision_flags() + rule.flags()
+    if isinstance(rule, BalancedSplit) and result.best.candidate.chunks > 1:  # no stack's flag: its split
+        switches += ["--layer-split", ",".join(map(str, req.stage_split(result.best.candidate.chunks)))]
     if shared.cp_comm != "p2p" and result.best.candidate.cp > 1:
         switches += ["--cp-comm-type", shared.cp_comm]
     if args.ilp_seconds is not None and result.best.candidate.schedule in {*AUTO_SCHEDULES, *V_SEARCHED}:

@@ -31,6 +31,7 @@ Every refusal is one line, as the stack's own assertion would stop the run.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -136,6 +137,60 @@ class SplitRule:
             if value:
                 out[flag.removeprefix("--").replace("-", "_")] = value
         return out
+
+
+@dataclass(frozen=True)
+class BalancedSplit:
+    """pipesim's own rule for `pipesim plan --balance-layers`: the layers cut so that the most loaded stage carries
+    as little as it can, the embedding weighing `first_weight` layers on the first stage and the head `last_weight`
+    on the last (fractions: the planner's ratio of their FLOPs to a layer's). No stack has it as a flag: the
+    plan exports the split it gives (Megatron-core's layout string, torchtitan's module list, --layer-split)."""
+
+    first_weight: float
+    last_weight: float
+
+    megatron = False
+    torchtitan = False
+    fixes_stages = False
+
+    def __bool__(self) -> bool:
+        return True
+
+    def split(self, layers: int, stages: int, placement: tuple[int, ...] | None = None, *,
+              mtp_layers: int = 0) -> list[int]:
+        return balanced_split(layers, stages, self.first_weight, self.last_weight)
+
+    def flags(self) -> list[str]:
+        return []  # not a flag of any stack: the commands carry its split
+
+    def report(self) -> dict:
+        return {"balanced_layer_split": {"embedding_weight": self.first_weight, "head_weight": self.last_weight}}
+
+
+def balanced_split(layers: int, stages: int, first_weight: float, last_weight: float) -> list[int]:
+    """Layers per stage minimising the largest stage's load (its layers, plus `first_weight` on the first stage and
+    `last_weight` on the last): the smallest load T whose capacities floor(T - weight) hold every layer, then the
+    surplus taken one layer at a time from the most loaded stage (the later one on a tie)."""
+    if stages == 1:
+        return [layers]
+    extra = [first_weight] + [0.0] * (stages - 2) + [last_weight]
+
+    def capacity(t: float) -> list[int]:
+        return [max(0, math.floor(t - e + 1e-9)) for e in extra]
+
+    targets = sorted({k + e for k in range(layers + 1) for e in set(extra)})
+    lo, hi = 0, len(targets) - 1
+    while lo < hi:  # the smallest target whose capacities hold the layers
+        mid = (lo + hi) // 2
+        if sum(capacity(targets[mid])) >= layers:
+            hi = mid
+        else:
+            lo = mid + 1
+    out = capacity(targets[lo])
+    for _ in range(sum(out) - layers):
+        s = max((i for i in range(stages) if out[i]), key=lambda i: (out[i] + extra[i], i))
+        out[s] -= 1
+    return out
 
 
 def account_split(layers: int, stages: int, *, embedding: bool, loss: bool) -> list[int]:
@@ -279,5 +334,5 @@ def torchtitan_fqns(split: list[int]) -> list[list[str]]:
 
 
 __all__ = ["ACCOUNT_EMBEDDING", "ACCOUNT_LOSS", "FIRST_LAYERS", "FIRST_LESS", "LAST_LAYERS", "LAST_LESS", "LAYOUT",
-           "SplitRule", "account_split", "layout_split", "megatron_layout", "parse_layout", "rank_split",
-           "torchtitan_fqns", "torchtitan_split"]
+           "BalancedSplit", "SplitRule", "account_split", "balanced_split", "layout_split", "megatron_layout",
+           "parse_layout", "rank_split", "torchtitan_fqns", "torchtitan_split"]

@@ -137,7 +137,7 @@ def megatron_args(c: Candidate, req: PlanRequest, attention: str | None = None) 
     if rule is not None:
         out += rule.flags()
     if layout is not None:
-        out += [LAYOUT, layout]
+        out += [LAYOUT, f"'{layout}'"]  # quoted for the shell, as --moe-layer-freq's list
     if c.cp > 1:
         out += ["--context-parallel-size", str(c.cp)] + (["--cp-comm-type", req.job.cp_comm]
                                                          if req.job.cp_comm != "p2p" else [])

@@ -25,7 +25,7 @@ from pipesim.job import Job
 from pipesim.model.config import ModelConfig, split_layers
 from pipesim.model.op_recompute import OP, check_op_recompute
 from pipesim.model.options import LayerOptions
-from pipesim.model.pipeline_split import SplitRule
+from pipesim.model.pipeline_split import BalancedSplit, SplitRule
 from pipesim.parallel_dims import ParallelDims
 from pipesim.plan.stack_space import RECOMPUTES, ZEROS
 from pipesim.sim.sim_setup import on_gpus
@@ -54,7 +54,8 @@ class PlanRequest:
     # what "selective" recomputes in this plan: Megatron-core's --recompute-modules (() its default, core_attn)
     recompute_modules: tuple[str, ...] = ()
     framework: str | None = None  # the stack planned for (its space: pipesim.plan.stack_space; its exports only)
-    split_rule: SplitRule = SplitRule()  # how every candidate cuts its layers (placement-free; unset: even)
+    # how every candidate cuts its layers (placement-free; unset: even); BalancedSplit: `plan --balance-layers`
+    split_rule: SplitRule | BalancedSplit = SplitRule()
 
     def stage_split(self, chunks: int) -> list[int]:
         """Layers per chunk as the candidates' costs cut them: the split rule's (PipesimError where it cannot
