@@ -16,14 +16,12 @@ from pipesim.errors import PipesimError
 from pipesim.hardware.toml_io import load_hardware
 from pipesim.model.config import ModelConfig
 from pipesim.model.hf_config import model_from_hf, read_hf_config, resolve_model_config
+from pipesim.model.megatron_layout import layout_split, megatron_layout, parse_layout
 from pipesim.model.pipeline_split import (
     BalancedSplit,
     SplitRule,
     account_split,
     balanced_split,
-    layout_split,
-    megatron_layout,
-    parse_layout,
     rank_split,
     torchtitan_fqns,
     torchtitan_split,

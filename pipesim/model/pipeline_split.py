@@ -14,12 +14,7 @@ embedding riding on the first stage and the output head on the last. The stacks 
     ranks share the rest evenly (it must divide, and each rank's count by v). Megatron refuses them beside the
     account-for flags. They name pipeline ranks, so they need Megatron's interleaved placement (stage s on rank
     s mod p).
-  - `--pipeline-model-parallel-layout STR` (pipeline_parallel_layer_layout.py parse_str_to_list): each stage's
-    layers spelled out, stages in pipeline order split by "|", "E" the embedding, "t" a decoder layer, "m" an MTP
-    layer, "L" the loss, "(...)*n" and "x*n" repeated, commas cosmetic. Megatron asserts the embedding first and
-    once, the loss last and once, the decoder and MTP counts the model's and the decoders before the MTP layers;
-    pipesim also keeps the embedding on the first stage and the MTP layers and the loss on the last (the MTP
-    modules ride with the head here: a standalone MTP stage is refused).
+  - `--pipeline-model-parallel-layout STR`: every stage spelled out (pipesim.model.megatron_layout, the grammar).
 - torchtitan (pytorch/torchtitan v0.2.2, torchtitan/distributed/pipeline_parallel.py generate_llm_fqn_per_model_part;
   torchtitan/config/job_config.py pipeline_parallel_first_stage_less_layers and _last_stage_less_layers, 1 each by
   default): the embedding weighs a layers and the output (norm and head) b. The L + a + b effective layers split over
@@ -32,10 +27,10 @@ Every refusal is one line, as the stack's own assertion would stop the run.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 
 from pipesim.errors import PipesimError
+from pipesim.model.megatron_layout import LAYOUT, layout_split
 
 ACCOUNT_EMBEDDING = "--account-for-embedding-in-pipeline-split"
 ACCOUNT_LOSS = "--account-for-loss-in-pipeline-split"
@@ -43,7 +38,6 @@ FIRST_LAYERS = "--decoder-first-pipeline-num-layers"
 LAST_LAYERS = "--decoder-last-pipeline-num-layers"
 FIRST_LESS = "--pipeline-parallel-first-stage-less-layers"
 LAST_LESS = "--pipeline-parallel-last-stage-less-layers"
-LAYOUT = "--pipeline-model-parallel-layout"
 
 
 @dataclass(frozen=True)
@@ -243,63 +237,6 @@ def rank_split(layers: int, placement: tuple[int, ...], first: int | None, last:
     return [per_rank[r] // v for r in placement]
 
 
-def parse_layout(text: str) -> list[str]:
-    """Megatron-core's layout string as its stages' letters: commas dropped, "(...)*n" then "x*n" unrolled, split
-    at "|" (parse_str_to_list's order of substitutions); one line for a letter Megatron does not know."""
-    flat = text.replace(",", "")
-    for pattern in (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)"):
-        flat = re.sub(pattern, lambda x: x.group(1) * int(x.group(2)), flat)
-    stages = flat.split("|")
-    bad = sorted({c for stage in stages for c in stage if c not in "ELtm"})
-    if bad:
-        raise PipesimError(f"{LAYOUT} {text!r}: unknown layer letter {bad[0]!r} (E embedding, t decoder layer, "
-                           "m MTP layer, L loss)")
-    return stages
-
-
-def layout_split(text: str, layers: int, stages: int, mtp_layers: int = 0) -> list[int]:
-    """The decoder layers of each stage of a Megatron-core layout, checked as Megatron and pipesim's cost model
-    need it."""
-    parsed = parse_layout(text)
-    if len(parsed) != stages:
-        raise PipesimError(f"{LAYOUT} {text!r} has {len(parsed)} stages; the schedule has {stages} (pp x vp)")
-    flat = "".join(parsed)
-    if flat.count("E") != 1 or flat.count("L") != 1 or not flat.startswith("E") or not flat.endswith("L"):
-        raise PipesimError(f"{LAYOUT} {text!r}: the embedding E must come first and the loss L last, once each")
-    if "E" not in parsed[0] or "L" not in parsed[-1]:
-        raise PipesimError(f"{LAYOUT} {text!r}: pipesim keeps the embedding on the first stage and the loss on the "
-                           "last; an empty stage before E or after L is not modelled")
-    if flat.count("t") != layers or flat.count("m") != mtp_layers:
-        raise PipesimError(f"{LAYOUT} {text!r} holds {flat.count('t')} decoder and {flat.count('m')} MTP layers; "
-                           f"the model has {layers} and {mtp_layers}")
-    if "m" in flat and "t" in flat[flat.index("m"):]:
-        raise PipesimError(f"{LAYOUT} {text!r}: decoder layers must come before the MTP layers")
-    if any("m" in stage for stage in parsed[:-1]):
-        raise PipesimError(f"{LAYOUT} {text!r}: a standalone MTP stage is not modelled (pipesim runs the MTP "
-                           "modules with the head, on the last stage)")
-    return [stage.count("t") for stage in parsed]
-
-
-def megatron_layout(split: list[int], mtp_layers: int = 0) -> str:
-    """The --pipeline-model-parallel-layout string of `split` (layers per stage in pipeline order): the embedding on
-    the first stage, the MTP layers and the loss on the last, runs of equal stages between them as "(...|)*k"
-    (the form of Megatron-Bridge's recipes: "Et*4|(t*4|)*14tmL")."""
-    def layers(n: int) -> str:
-        return f"t*{n}" if n > 1 else "t" * n
-    if len(split) == 1:
-        return "E" + layers(split[0]) + "m" * mtp_layers + "L"
-    out = "E" + layers(split[0]) + "|"
-    middle = [layers(n) for n in split[1:-1]]
-    k = 0
-    while k < len(middle):
-        run = 1
-        while k + run < len(middle) and middle[k + run] == middle[k]:
-            run += 1
-        out += f"({middle[k]}|)*{run}" if run > 1 else middle[k] + "|"
-        k += run
-    return out + layers(split[-1]) + "m" * mtp_layers + "L"
-
-
 def torchtitan_split(layers: int, stages: int, first_less: int, last_less: int) -> list[int]:
     """torchtitan's weighted split (generate_llm_fqn_per_model_part): the embedding weighs `first_less` layers,
     the output `last_less`; refused where torchtitan raises."""
@@ -334,5 +271,5 @@ def torchtitan_fqns(split: list[int]) -> list[list[str]]:
 
 
 __all__ = ["ACCOUNT_EMBEDDING", "ACCOUNT_LOSS", "FIRST_LAYERS", "FIRST_LESS", "LAST_LAYERS", "LAST_LESS", "LAYOUT",
-           "BalancedSplit", "SplitRule", "account_split", "balanced_split", "layout_split", "megatron_layout",
-           "parse_layout", "rank_split", "torchtitan_fqns", "torchtitan_split"]
+           "BalancedSplit", "SplitRule", "account_split", "balanced_split", "rank_split", "torchtitan_fqns",
+           "torchtitan_split"]

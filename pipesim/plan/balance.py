@@ -1,8 +1,8 @@
 """`pipesim plan --balance-layers`: the weights pipesim's balanced split gives the embedding and the head, in layers.
 
 A pipeline's slowest stage sets its pace, and the stage with the output head carries the head's GEMMs besides its
-layers: Llama 3 8B's head (h 4096 x 128,256) weighs 2.04 of its layers in FLOPs at 8,192 tokens, Llama 3.1 405B's 0.63. The
-balanced split (pipesim.model.pipeline_split.balanced_split) gives that stage fewer layers by this weight. The
+layers: Llama 3 8B's head (h 4096 x 128,256) weighs 2.04 of its layers in FLOPs at 8,192 tokens, Llama 3.1 405B's
+0.63. The balanced split (pipesim.model.pipeline_split.balanced_split) gives that stage fewer layers by this weight. The
 weight is a ratio of FLOPs (pipesim.model.flops: the head's F + I + W over one layer's, causal attention, one
 sequence, no parallelism), the same for every candidate; the embedding's lookup has no matmul and weighs 0.
 """

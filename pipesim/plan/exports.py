@@ -12,9 +12,10 @@ from pipesim.ir import torch_csv
 from pipesim.ir.schedule import Schedule
 from pipesim.model.config import ModelConfig, gpt_block_differences, split_layers
 from pipesim.model.fp8 import FP4_RECIPES, TORCHAO_ONLY, TORCHAO_RECIPES
+from pipesim.model.megatron_layout import LAYOUT, megatron_layout
 from pipesim.model.op_recompute import OP
 from pipesim.model.options import FUSED_ATTENTION
-from pipesim.model.pipeline_split import LAYOUT, megatron_layout, torchtitan_fqns
+from pipesim.model.pipeline_split import torchtitan_fqns
 from pipesim.plan.space import Candidate, PlanRequest
 from pipesim.plan.stack_space import MEGATRON_SCHEDULES, TORCH_SCHEDULES
 
