@@ -112,8 +112,11 @@ def test_a_rank_killed_while_its_peer_is_in_an_expert_all_to_all_is_named(tmp_pa
     proc = _pipesim_run([*moe, "--fail-rank", "1", "--fail-at", "0B1", "--fail-mode", "kill",
                          "--save-dir", str(tmp_path)], tmp_path)
     assert proc.returncode == 1
-    assert ("executor: rank 0 failed during the expert all-to-all of B(stage 0, mb 1): ExchangeError: the token "
-            "all-to-all over ep ranks [0, 1] failed: ") in proc.stderr
+    # rank 0 reports its own failed exchange unless torchrun's teardown kills it first (a race: seen once in a full
+    # run on this 2-core box, 2026-12-06); the supervisor's last line below names both ranks either way
+    own = [line for line in proc.stderr.splitlines() if line.startswith("executor: rank 0 ")]
+    assert all(line.startswith("executor: rank 0 failed during the expert all-to-all of B(stage 0, mb 1): "
+                               "ExchangeError: the token all-to-all over ep ranks [0, 1] failed: ") for line in own)
     last = _last_line(proc.stderr)
     assert re.fullmatch(r"pipesim: rank 1 was killed \(SIGKILL\) during B\(stage 0, mb 1\) of step 1 of 1f1b; "
                         r"rank 0 stopped during the expert all-to-all of B\(stage 0, mb 1\); torchrun's output: \S+",

@@ -12,6 +12,7 @@ import pytest
 from pipesim.comm.ub_overlap import UbConfig
 from pipesim.errors import PipesimError
 from pipesim.hardware.toml_io import load_hardware
+from pipesim.model.pipeline_split import account_split
 from tests.published_bench import DATA, LAYER_ROWS, _result, bp, pr
 
 pg = bp.goals
@@ -137,7 +138,11 @@ def test_the_405b_proxy_rows_their_layer_splits_and_rank_keys():
     args = [bp.parse_command(r.command)[1] for r in rows]
     assert [(a.layers, a.tp, a.stages, a.virtual, a.cp, a.dp, a.batch, a.nodes) for a in args[:3]] == [
         (8, 8, 1, None, 2, 2, 64, 4), (30, 8, 4, 8, 2, 1, 64, 8), (62, 8, 4, 8, 2, 2, 128, 16)]
-    assert [a.layer_split for a in args[:3]] == [None, [0] + [1] * 30 + [0], [1] + [2] * 30 + [1]]
+    # the recipes' account_for_embedding/loss_in_pipeline_split, typed as Megatron-core's flags (since 2026-12-06)
+    assert [(a.layer_split, a.account_embedding, a.account_loss) for a in args[:3]] == [
+        (None, False, False), (None, True, True), (None, True, True)]
+    assert [account_split(a.layers, a.stages * a.virtual, embedding=True, loss=True) for a in args[1:3]] == [
+        [0] + [1] * 30 + [0], [1] + [2] * 30 + [1]]
     assert [a.framework for a in args[:3]] == ["nemo", "megatron-core", "nemo"]
     # the profile's switches as resolved: DP 2 overlapped in 128M-parameter buckets, DP 1 (64 GPUs) not overlapped
     assert [(a.overlap_grad_reduce, a.overlap_param_gather, a.zero, a.ddp_bucket_size) for a in args[:3]] == [
@@ -184,7 +189,8 @@ def test_the_megatron_bridge_h100_rows_and_their_userbuffers_configs():
             "hybrid", "tensorwise", 1, True, True)
         assert a.ddp_bucket_size == 128 * 1024 * 1024 and a.grad_fp32 is False and a.recompute == "none"
         assert Path(a.tp_comm_overlap_cfg).name.startswith("mbridge_userbuffers_fp8_h100_")
-        assert a.layer_split == (None if a.tp == 4 else [1] + [2] * 62 + [1])
+        assert a.layer_split is None and a.account_embedding == a.account_loss == (a.tp != 4)
+        assert a.tp == 4 or account_split(126, a.stages * a.virtual, embedding=True, loss=True) == [1] + [2] * 62 + [1]
     # Megatron-Bridge's configs of the NeMo names: no aggregation, the reduce-scatters as ring exchanges
     tp_overlap = Path(bp.ROOT) / "bench" / "tp_overlap"
     for name in ("userbuffers_fp8_h100_h8192_tp4_mbs1_seqlen8192",
