@@ -11,7 +11,8 @@ import pytest
 import tomllib
 
 import schedules
-from pipesim.cli import main
+from pipesim.cli import build_parser, main
+from pipesim.commands.run_args import config_from_args
 from pipesim.errors import PipesimError
 from pipesim.hardware.toml_io import load_hardware
 from pipesim.model.config import ModelConfig
@@ -252,3 +253,21 @@ def test_plan_balance_layers_exports_the_split_it_simulated(tmp_path, capsys):
     assert json.loads(even.read_text())["rows"][0]["step_time"] > best["step_time"]  # the head's stage was the pace
     assert main([*base, "--balance-layers", "--account-for-loss-in-pipeline-split"]) == 2
     assert "--balance-layers chooses the split itself" in capsys.readouterr().err
+
+
+def test_run_takes_the_same_flags_and_trains_the_split_simulate_cuts():
+    gpt = ["--nproc", "2", "--model", "gpt", "--layers", "6", "--hidden", "16", "--heads", "2", "--seq", "8",
+           "--vocab", "32", "--batch", "8", "--microbatches", "4"]
+    def cfg(*argv):
+        return config_from_args(build_parser().parse_args(["run", *argv]))
+    assert cfg("interleaved-1f1b", "--stages", "2", "--virtual", "2", *gpt, "--account-for-embedding-in-pipeline-split",
+               "--account-for-loss-in-pipeline-split").layer_split == (1, 2, 2, 1)  # 6 + 2 slots over 4 chunks
+    assert cfg("1f1b", "--stages", "2", *gpt, "--pipeline-model-parallel-layout", "Et*4|t*2L").layer_split == (4, 2)
+    assert cfg("1f1b", "--stages", "2", *gpt).layer_split is None
+    for argv, message in ((["1f1b", *gpt, "--decoder-last-pipeline-num-layers", "2"], "needs --stages and a schedule"),
+                          (["zb-v", "--stages", "2", "--virtual", "2", *gpt, "--decoder-last-pipeline-num-layers", "2"],
+                           "this schedule places its stages otherwise"),
+                          (["1f1b", "--stages", "2", *gpt, "--layer-split", "3,3",
+                            "--account-for-loss-in-pipeline-split"], "--layer-split gives every stage's layers")):
+        with pytest.raises(PipesimError, match=message):
+            cfg(*argv)

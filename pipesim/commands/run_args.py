@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 
+import schedules
 from executor.run_config import FAIL_MODES, RunConfig
 from pipesim.commands.common import (
     add_model_args,
@@ -18,9 +19,11 @@ from pipesim.commands.common import (
     positive_int,
     user_model_config,
 )
+from pipesim.commands.split_args import add_split_args, split_rule, typed_split
 from pipesim.cost.user_model_costs import is_factory_spec
 from pipesim.errors import PipesimError
 from pipesim.job import Job
+from pipesim.model.config import ModelConfig
 from pipesim.model.options import RECOMPUTE
 from pipesim.parallel_dims import ParallelDims
 from pipesim.sim.perturb import parse_slow
@@ -52,6 +55,7 @@ def add_run_args(parser: argparse.ArgumentParser) -> None:
                         "the forward's all-to-all before the backward (the overlap's baseline)")
     g.add_argument("--layer-split", type=layer_split_list, default=None, metavar="N,N,...",
                    help="layers per stage, e.g. 3,2,2,1 (default: even split, earlier stages take the remainder)")
+    add_split_args(g)
     g.add_argument("--steps", type=positive_int, default=3, help="training steps (default 3)")
     g.add_argument("--warmup", type=int, default=1, help="steps left out of step_time (default 1)")
     g.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd")
@@ -118,14 +122,36 @@ def job_from_args(args: argparse.Namespace) -> Job:
     return Job(dims=dims, recompute=args.recompute, sp=args.sequence_parallel)
 
 
+def rule_split(args: argparse.Namespace, names: tuple[str, ...], model: ModelConfig | None) -> list[int] | None:
+    """The layers per chunk the split flags give (pipesim.model.pipeline_split, as simulate cuts them), resolved here
+    for the named schedules' placement; None without a split flag."""
+    typed = typed_split(args)
+    if not typed:
+        return None
+    rule = split_rule(args, typed, model, explicit=args.layer_split is not None)
+    if args.stages is None or not names:
+        raise PipesimError(f"{typed[0]} needs --stages and a schedule NAME here (the executor sets the stages from "
+                           "the world otherwise): or give --layer-split")
+    splits = set()
+    for name in names:
+        sched = schedules.build(name, args.stages, args.microbatches, args.virtual or 1)
+        n = sched.model_stages
+        splits.add(tuple(rule.split(model.layers, n, sched.placement[:n], mtp_layers=model.mtp_layers)))
+    if len(splits) > 1:
+        raise PipesimError(f"{typed[0]} cuts the schedules' stages differently: run them one at a time")
+    return list(splits.pop())
+
+
 def config_from_args(args: argparse.Namespace) -> RunConfig:
     names = tuple(n.strip() for n in args.name.split(",") if n.strip()) if args.name else ()
     factory = args.model if is_factory_spec(args.model) else None  # --model MODULE:FACTORY (cost.user_model_costs)
     slow = [parse_slow(text) for text in args.slow]
+    model = user_model_config(args) if factory else model_config(args)
+    split = rule_split(args, names, None if factory else model) or args.layer_split  # refuses the two together
     return RunConfig(
         names=names, csv=args.from_csv, stages=args.stages, microbatches=args.microbatches, virtual=args.virtual,
-        job=job_from_args(args), model=user_model_config(args) if factory else model_config(args), factory=factory,
-        layer_split=tuple(args.layer_split) if args.layer_split else None, steps=args.steps, warmup=args.warmup,
+        job=job_from_args(args), model=model, factory=factory,
+        layer_split=tuple(split) if split else None, steps=args.steps, warmup=args.warmup,
         optimizer=args.optimizer, lr=args.lr, backend=args.backend, pg_timeout=args.pg_timeout,
         bucket_bytes=args.bucket_bytes, json=args.json, trace=args.trace,
         save_dir=args.save_dir, fail_rank=args.fail_rank, fail_at=args.fail_at, fail_mode=args.fail_mode,
