@@ -232,6 +232,15 @@ def test_balanced_split_minimises_the_busiest_stage():
     assert rule and not rule.megatron and not rule.fixes_stages and rule.flags() == []
 
 
+def test_the_balanced_split_of_deepseek_v3_is_megatron_bridges_own_layout():
+    # the last stage carries the head and the MTP module (a projection, a block, a pass through the head): 3.5
+    # layers; over 16 stages that is Megatron-Bridge's hand-made PP 16 layout, "Et*4|(t*4|)*14tmL" (067f987df)
+    dsv3 = model_from_hf(read_hf_config(resolve_model_config("deepseek-v3")), where="deepseek-v3", seq=4096)
+    rule = balanced_rule(dsv3)
+    assert 3.4 < rule.last_weight < 3.6 and rule.first_weight == 0.0
+    assert megatron_layout(rule.split(61, 16), 1) == "Et*4|(t*4|)*14tmL"
+
+
 def test_plan_balance_layers_exports_the_split_it_simulated(tmp_path, capsys):
     base = ["plan", "--model-config", "llama3-8b", "--seq", "2048", "--batch", "16", "--hardware", "dgx-h100",
             "--gpus", "4", "--top", "3", "--schedules", "1f1b", "--max-tp", "1", "--zero", "0"]

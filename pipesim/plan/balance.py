@@ -3,24 +3,29 @@
 A pipeline's slowest stage sets its pace, and the stage with the output head carries the head's GEMMs besides its
 layers: Llama 3 8B's head (h 4096 x 128,256) weighs 2.04 of its layers in FLOPs at 8,192 tokens, Llama 3.1 405B's
 0.63. The balanced split (pipesim.model.pipeline_split.balanced_split) gives that stage fewer layers by this weight. The
-weight is a ratio of FLOPs (pipesim.model.flops: the head's F + I + W over one layer's, causal attention, one
-sequence, no parallelism), the same for every candidate; the embedding's lookup has no matmul and weighs 0.
+weight is a ratio of FLOPs (pipesim.model.flops: the head's F + I + W, and a DeepSeek-V3 MTP module's, over one
+layer's, causal attention, one sequence, no parallelism), the same for every candidate; the embedding's lookup has no
+matmul and weighs 0.
 """
 
 from __future__ import annotations
 
 from pipesim.cost.stage_work import moe_layer_flops
 from pipesim.model.config import ModelConfig
-from pipesim.model.flops import head_flops, layer_flops
+from pipesim.model.flops import head_flops, layer_flops, mtp_projection_flops
 from pipesim.model.options import LayerOptions
 from pipesim.model.pipeline_split import BalancedSplit
 
 
 def balanced_rule(model: ModelConfig) -> BalancedSplit:
-    """The balanced split of `model`: the embedding weighs 0 layers, the head its FLOPs over a layer's."""
+    """The balanced split of `model`: the embedding weighs 0 layers; the last stage's extra work, the head and the
+    multi-token-prediction modules pipesim runs there (each a projection, a block and a pass through the head), its
+    FLOPs over a layer's."""
     opts = LayerOptions(attention="flash")
     layer = moe_layer_flops(model, 1, opts) if model.moe is not None else layer_flops(model, 1, opts, causal=True)
-    return BalancedSplit(0.0, head_flops(model, 1, opts).total / layer.total)
+    head = head_flops(model, 1, opts).total
+    mtp = model.mtp_layers * (mtp_projection_flops(model, 1, opts).total + layer.total + head)
+    return BalancedSplit(0.0, (head + mtp) / layer.total)
 
 
 __all__ = ["balanced_rule"]
