@@ -34,24 +34,29 @@ class Wait:
         return self.end - self.start
 
 
-def waits(result: SimResult) -> list[Wait]:
-    """Every blocked RECV's time, split into the sender-late part (its root rank) and the in-flight part (link)."""
-    sched, starts, ends = result.schedule, result.starts, result.ends
-    out: list[Wait] = []
-    roots: dict[tuple[int, int], int] = {}
-    for r, prog in enumerate(sched.programs):
+def _blocked_recvs(result: SimResult):
+    """(rank, index, start, late, end, transfer) of every RECV that blocked: the sender-late part runs from start to
+    `late` (when its message was posted, at most end), the in-flight part from max(start, late) to end."""
+    starts, ends = result.starts, result.ends
+    for r, prog in enumerate(result.schedule.programs):
         for i, a in enumerate(prog):
             s, e = starts[r][i], ends[r][i]
-            if a.kind not in RECVS or e <= s:
-                continue
-            t = result.recv_transfer(a)
-            late = min(t.post, e)
-            if late > s:
-                root = _root(result, r, i, roots)
-                out.append(Wait(r, i, s, late, f"rank {root}", root))
-            if e > max(s, late):
-                lo, hi = sorted((t.src, t.dst))
-                out.append(Wait(r, i, max(s, late), e, f"link {lo}-{hi}", -1))
+            if a.kind in RECVS and e > s:
+                t = result.recv_transfer(a)
+                yield r, i, s, min(t.post, e), e, t
+
+
+def waits(result: SimResult) -> list[Wait]:
+    """Every blocked RECV's time, split into the sender-late part (its root rank) and the in-flight part (link)."""
+    out: list[Wait] = []
+    roots: dict[tuple[int, int], int] = {}
+    for r, i, s, late, e, t in _blocked_recvs(result):
+        if late > s:
+            root = _root(result, r, i, roots)
+            out.append(Wait(r, i, s, late, f"rank {root}", root))
+        if e > max(s, late):
+            lo, hi = sorted((t.src, t.dst))
+            out.append(Wait(r, i, max(s, late), e, f"link {lo}-{hi}", -1))
     return out
 
 
@@ -99,9 +104,8 @@ def exposed_comm(result: SimResult) -> list[float]:
     RECV's wait is its sender still computing (pipeline fill and drain, an unbalanced split): bubble, not
     communication."""
     out = [0.0] * result.schedule.num_ranks
-    for w in waits(result):
-        if w.culprit_rank < 0:
-            out[w.rank] += w.seconds
+    for r, _, s, late, e, _ in _blocked_recvs(result):  # `waits`' link part, without tracing the late senders
+        out[r] += max(0.0, e - max(s, late))
     for r, prog in enumerate(result.schedule.programs):
         out[r] += sum(result.ends[r][i] - result.starts[r][i] for i, a in enumerate(prog) if a.kind in SENDS)
     return out
