@@ -25,6 +25,7 @@ from pipesim.errors import PipesimError
 from pipesim.job import Job
 from pipesim.model.config import ModelConfig
 from pipesim.model.options import RECOMPUTE
+from pipesim.model.pipeline_split import schedule_split
 from pipesim.parallel_dims import ParallelDims
 from pipesim.sim.perturb import parse_slow
 
@@ -135,8 +136,7 @@ def rule_split(args: argparse.Namespace, names: tuple[str, ...], model: ModelCon
     splits = set()
     for name in names:
         sched = schedules.build(name, args.stages, args.microbatches, args.virtual or 1)
-        n = sched.model_stages
-        splits.add(tuple(rule.split(model.layers, n, sched.placement[:n], mtp_layers=model.mtp_layers)))
+        splits.add(tuple(schedule_split(rule, model, sched)))
     if len(splits) > 1:
         raise PipesimError(f"{typed[0]} cuts the schedules' stages differently: run them one at a time")
     return list(splits.pop())

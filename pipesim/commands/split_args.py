@@ -1,4 +1,4 @@
-"""The layer-split flags (simulate, sweep, plan): Megatron-core's five and torchtitan's two
+"""The layer-split flags (simulate, sweep, plan, run): Megatron-core's five and torchtitan's two
 (pipesim.model.pipeline_split), the torchtitan profile's defaults (pipesim.frameworks), and what may go with what."""
 
 from __future__ import annotations

@@ -161,6 +161,13 @@ class BalancedSplit:
         return {"balanced_layer_split": {"embedding_weight": self.first_weight, "head_weight": self.last_weight}}
 
 
+def schedule_split(rule: SplitRule | BalancedSplit, model, schedule) -> list[int] | None:
+    """Layers per model stage of `schedule` (its `model_stages` chunks in pipeline order) under `rule`, None: the
+    even split; its placement serves the rank counts, `model`'s MTP layers a layout. simulate's and run's one cut."""
+    n = schedule.model_stages
+    return rule.split(model.layers, n, schedule.placement[:n], mtp_layers=model.mtp_layers)
+
+
 def balanced_split(layers: int, stages: int, first_weight: float, last_weight: float) -> list[int]:
     """Layers per stage minimising the largest stage's load (its layers, plus `first_weight` on the first stage and
     `last_weight` on the last): the smallest load T whose capacities floor(T - weight) hold every layer, then the
@@ -271,5 +278,5 @@ def torchtitan_fqns(split: list[int]) -> list[list[str]]:
 
 
 __all__ = ["ACCOUNT_EMBEDDING", "ACCOUNT_LOSS", "FIRST_LAYERS", "FIRST_LESS", "LAST_LAYERS", "LAST_LESS", "LAYOUT",
-           "BalancedSplit", "SplitRule", "account_split", "balanced_split", "rank_split", "torchtitan_fqns",
-           "torchtitan_split"]
+           "BalancedSplit", "SplitRule", "account_split", "balanced_split", "rank_split", "schedule_split",
+           "torchtitan_fqns", "torchtitan_split"]

@@ -25,7 +25,7 @@ from pipesim.job import Job
 from pipesim.model.config import ModelConfig
 from pipesim.model.memory import MemoryBreakdown
 from pipesim.model.options import ACT_FP8_STORE_FLAG
-from pipesim.model.pipeline_split import SplitRule
+from pipesim.model.pipeline_split import BalancedSplit, SplitRule, schedule_split
 from pipesim.sim.perturb import Perturbation
 from pipesim.sim.result import SimResult
 from pipesim.sim.simulator import check_devices, simulate
@@ -52,7 +52,7 @@ class SimSetup:
     job: Job = Job()  # layout (its pp: the schedule's), transformer options, ZeRO, comm and kernel switches
     check_memory: bool = True  # refuse a model that does not fit device memory
     layer_split: tuple[int, ...] | None = None  # layers per stage (uneven splits); None: `split_rule`'s
-    split_rule: SplitRule = SplitRule()  # a stack's split (pipesim.model.pipeline_split); unset: even
+    split_rule: SplitRule | BalancedSplit = SplitRule()  # a stack's split, or the plan's balance; unset: even
     memory_limit: MemoryLimit | None = None  # zb-auto / zb-2p / zb-v: per-rank activation limit (None: default)
     user_model: UserModel | None = None  # --model MODULE:FACTORY, counted per layer (pipesim.cost.user_model_costs)
     ilp_time_limit: float | None = None  # seconds: zb-auto / zb-2p / zb-v also searched by the ILP (None: not)
@@ -114,8 +114,7 @@ class SimSetup:
             return on_chains(costs, schedule)
         split = list(self.layer_split) if self.layer_split else None
         if split is None and self.split_rule and self.model is not None:
-            split = self.split_rule.split(self.model.layers, n, schedule.placement[:n],
-                                          mtp_layers=self.model.mtp_layers)
+            split = schedule_split(self.split_rule, self.model, schedule)
         if self.user_model is not None and self.hardware is not None:
             return on_chains(user_model_costs(self.user_model, n, self.hardware, job, layer_split=split), schedule)
         if self.model is None or self.hardware is None:
