@@ -142,12 +142,11 @@ def megatron_args(c: Candidate, req: PlanRequest, attention: str | None = None) 
     if c.cp > 1:
         out += ["--context-parallel-size", str(c.cp)] + (["--cp-comm-type", req.job.cp_comm]
                                                          if req.job.cp_comm != "p2p" else [])
-    if c.v > 1 and layout is not None:
-        pass  # the layout gives the chunks per rank
-    elif c.v > 1 and rule is not None:  # Megatron counts the slots itself: give it the chunks per rank
-        out += ["--num-virtual-stages-per-pipeline-rank", str(c.v)]
-    elif c.v > 1 and even:
-        out += ["--num-layers-per-virtual-pipeline-stage", str(m.layers // (c.chunks))]
+    if c.v > 1 and layout is None:  # a layout gives the chunks per rank itself
+        if rule is not None:  # Megatron counts the slots itself: give it the chunks per rank
+            out += ["--num-virtual-stages-per-pipeline-rank", str(c.v)]
+        elif even:
+            out += ["--num-layers-per-virtual-pipeline-stage", str(m.layers // (c.chunks))]
     out += ["--micro-batch-size", str(c.mbs), "--global-batch-size", str(m.batch), "--seq-length", str(m.seq)]
     if c.recompute == "selective":
         out += ["--recompute-granularity", "selective"]
