@@ -73,13 +73,15 @@ def layer_ms(argv: list[str], tmp: Path) -> tuple[float, float]:
 
 
 def compare(tmp: Path) -> list[dict]:
-    rows = []
+    rows, dense = [], {}  # the dense twin per (model, precision): the dispatchers share it
     for case, (f_meas, b_meas) in MEASURED.items():
         model, dispatcher, _, precision = case.split("_")
         base = COMMON + MODELS[model] + PRECISIONS[precision]
         moe_f, moe_b = layer_ms(["--model", "moe", *base, *EXPERTS[model], "--ep", "8", *DISPATCHERS[dispatcher]],
                                 tmp)
-        dense_f, dense_b = layer_ms(["--model", "gpt", *base, "--ffn-hidden", "128"], tmp)
+        if (model, precision) not in dense:
+            dense[(model, precision)] = layer_ms(["--model", "gpt", *base, "--ffn-hidden", "128"], tmp)
+        dense_f, dense_b = dense[(model, precision)]
         f, b = moe_f - dense_f, moe_b - dense_b
         rows.append({"case": case, "measured_ms": [f_meas, b_meas], "pipesim_ms": [f, b],
                      "ratio": [f / f_meas, b / b_meas]})
