@@ -17,7 +17,7 @@ from pipesim.errors import PipesimError
 from pipesim.hardware.toml_io import load_hardware
 from pipesim.model.config import ModelConfig
 from pipesim.model.hf_config import model_from_hf, read_hf_config, resolve_model_config
-from pipesim.model.megatron_layout import layout_split, megatron_layout, parse_layout
+from pipesim.model.megatron_layout import MAX_LETTERS, layout_split, megatron_layout, parse_layout
 from pipesim.model.pipeline_split import (
     BalancedSplit,
     SplitRule,
@@ -98,6 +98,12 @@ def test_megatron_layout_strings_parse_as_megatron_parses_them():
             layout_split(bad, 8, len(parse_layout(bad)) if "q" not in bad else 2, mtp_layers=1 if "m" in bad else 0)
     with pytest.raises(PipesimError, match="has 2 stages; the schedule has 4"):
         layout_split("Et*4|t*4L", 8, 4)
+    # repeat counts are unrolled only up to a bound: no overflow, no gigabyte string, no int() of 5,000 digits
+    assert parse_layout(f"Et*{MAX_LETTERS - 2}L") == ["E" + "t" * (MAX_LETTERS - 2) + "L"]
+    for huge in (f"Et*{MAX_LETTERS - 1}L", "Et*100000000000000000000|L", "(Et*100000|)*100000L",
+                 "Et*" + "9" * 5000 + "L"):
+        with pytest.raises(PipesimError, match="unrolls to more than 1,048,576 letters"):
+            parse_layout(huge)
     with pytest.raises(PipesimError, match="cannot go with the other pipeline layout flags"):
         SplitRule(layout="Et*4|t*4L", account_loss=True)
 

@@ -15,6 +15,12 @@ import re
 from pipesim.errors import PipesimError
 
 LAYOUT = "--pipeline-model-parallel-layout"
+MAX_LETTERS = 1 << 20  # an unrolled layout longer than this is no model's (a guard against "t*10**20")
+
+
+def _times(digits: str) -> int:
+    """A repeat count, saturated above MAX_LETTERS (int() refuses strings of over 4,300 digits)."""
+    return int(digits) if len(digits) <= 7 else MAX_LETTERS + 1
 
 
 def parse_layout(text: str) -> list[str]:
@@ -22,6 +28,9 @@ def parse_layout(text: str) -> list[str]:
     at "|" (parse_str_to_list's order of substitutions); one line for a letter Megatron does not know."""
     flat = text.replace(",", "")
     for pattern in (r"\(([^)]+)\)\*(\d+)", r"(.)\*(\d+)"):
+        matches = list(re.finditer(pattern, flat))
+        if len(flat) + sum(len(m.group(1)) * _times(m.group(2)) - len(m.group(0)) for m in matches) > MAX_LETTERS:
+            raise PipesimError(f"{LAYOUT} {text!r} unrolls to more than {MAX_LETTERS:,} letters")
         flat = re.sub(pattern, lambda x: x.group(1) * int(x.group(2)), flat)
     stages = flat.split("|")
     bad = sorted({c for stage in stages for c in stage if c not in "ELtm"})
