@@ -41,6 +41,21 @@ def test_a_run_without_searched_schedules_is_unchanged(capsys):
     assert configs_from_json(capsys.readouterr().out)[0].orders == ()
 
 
+def test_order_flags_without_an_order_to_search_are_refused(capsys):
+    """--hardware and --ilp only cost searched orders: beside none they are refused, not ignored."""
+    base = ["run", "--nproc", "2", "-m", "4", "--model", "mlp", "--backend", "gloo", "--print-config"]
+    hardware = "--hardware costs the order of zb-auto, zb-2p (and of zb-v with --ilp) only; this run has none to order"
+    ilp = "--ilp searches the order of zb-auto, zb-2p, zb-v only; this run has none of them"
+    for names, flags, message in (("1f1b", ["--hardware", "dgx-h100"], hardware),
+                                  ("zb-v", ["--hardware", "dgx-h100"], hardware),
+                                  ("zb-h1", ["--ilp", "2"], ilp)):
+        assert main([base[0], names, *base[1:], *flags]) == 2
+        assert capsys.readouterr().err == f"pipesim: error: {message}\n"
+    # one searched run of a --then chain is enough (the chain is ordered with the first run's flags)
+    assert main([base[0], "1f1b", *base[1:], "--hardware", "local-cpu", "--then", "zb-auto"]) == 0
+    assert [c.orders != () for c in configs_from_json(capsys.readouterr().out)] == [False, True]
+
+
 def test_a_run_the_cost_model_refuses_keeps_the_unit_cost_order(capsys):
     """The executor recomputes an MLP; the cost model does not model that: the registry's order runs, said once."""
     argv = ["run", "zb-auto", "--nproc", "2", "-m", "4", "--model", "mlp", "--recompute", "full", "--backend", "gloo",

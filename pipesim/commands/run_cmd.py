@@ -15,7 +15,7 @@ from executor.launch import launch
 from executor.run_config import RunConfig, configs_to_json
 from pipesim.commands.common import positive_int
 from pipesim.commands.run_args import add_run_args, configs_from_args
-from pipesim.commands.run_orders import searched_orders
+from pipesim.commands.run_orders import check_order_flags, searched_orders
 from pipesim.commands.setup_args import ilp_seconds
 from pipesim.errors import PipesimError
 from pipesim.outputs import check_distinct, check_file, check_folder
@@ -62,7 +62,9 @@ def run(args: argparse.Namespace) -> int:
     if args.nnodes > 1 and args.rdzv_endpoint is None:
         raise PipesimError(f"--nnodes {args.nnodes} needs --rdzv-endpoint HOST:PORT (a node every node can reach)")
     world = args.nproc * args.nnodes
-    cfgs = [searched_orders(cfg, world, args.hardware, ilp_seconds(args)) for cfg in configs_from_args(args)]
+    cfgs = configs_from_args(args)
+    check_order_flags(cfgs, args.hardware, ilp_seconds(args))
+    cfgs = [searched_orders(cfg, world, args.hardware, ilp_seconds(args)) for cfg in cfgs]
     for cfg in cfgs:
         check_numbers(cfg, world)
         built = cfg.check(world)  # PipesimError -> one line, exit 2, nothing launched

@@ -38,6 +38,18 @@ def order_hardware(cfg: RunConfig, name: str | None, world: int) -> Hardware:
     return hw.with_nodes(need) if need > hw.num_nodes else hw
 
 
+def check_order_flags(cfgs: list[RunConfig], hardware: str | None, ilp_seconds: float | None) -> None:
+    """Refuse --hardware and --ilp where no run of `cfgs` has an order they search (they would be ignored)."""
+    names = {n for cfg in cfgs if cfg.factory is None for n in cfg.names}
+    if ilp_seconds is not None and not names & (set(AUTO_SCHEDULES) | set(V_SEARCHED)):
+        raise PipesimError(f"--ilp searches the order of {', '.join([*AUTO_SCHEDULES, *V_SEARCHED])} only; "
+                           f"this run has none of them")
+    searched = names & set(AUTO_SCHEDULES) or (names & set(V_SEARCHED) if ilp_seconds is not None else set())
+    if hardware is not None and not searched:
+        raise PipesimError(f"--hardware costs the order of {', '.join(AUTO_SCHEDULES)} (and of "
+                           f"{', '.join(V_SEARCHED)} with --ilp) only; this run has none to order")
+
+
 def searched_orders(cfg: RunConfig, world: int, hardware: str | None = None,
                     ilp_seconds: float | None = None) -> RunConfig:
     """`cfg` with zb-auto / zb-2p's orders (zb-v's with `ilp_seconds`) searched for its simulated costs (unchanged
