@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 import json
+from dataclasses import replace
 
 import pytest
 
 from pipesim.cli import main
+from pipesim.commands.common import add_model_args, add_transformer_args, model_config
 from pipesim.errors import PipesimError
 from pipesim.model.config import ModelConfig
 from pipesim.model.hf_config import bundled_configs, hf_key_report, load_hf_config, read_hf_config, resolve_model_config
@@ -46,6 +49,27 @@ def test_bundled_names_and_overrides():
                                  "qwen3-30b-a3b"]
     model = load_hf_config("llama3-8b", seq=4096, batch=512, dtype="float32")
     assert (model.seq, model.batch, model.dtype) == (4096, 512, "float32")
+
+
+def test_expert_flags_override_a_moe_config_and_are_refused_on_a_dense_one(capsys):
+    """Megatron's expert flags beside --model-config: over a mixture of experts' own fields, exactly; on a dense
+    model refused in one line (before, ignored: the dense model was simulated)."""
+    def model(*flags: str) -> ModelConfig:
+        parser = argparse.ArgumentParser()
+        add_model_args(parser)
+        add_transformer_args(parser)
+        return model_config(parser.parse_args(["--model-config", "qwen3-30b-a3b", *flags]))
+
+    base = model().moe
+    assert (base.experts, base.top_k, base.expert_ffn, base.shared_experts) == (128, 8, 768, 0)
+    over = model("--num-experts", "64", "--moe-router-topk", "4", "--moe-ffn-hidden-size", "1536",
+                 "--moe-shared-expert-intermediate-size", "2048").moe
+    assert over == replace(base, experts=64, top_k=4, expert_ffn=1536, shared_experts=1, shared_ffn=2048)
+    argv = ["simulate", "1f1b", "--model-config", "llama3.1-8b", "--seq", "4096", "--batch", "8", "--stages", "1",
+            "--hardware", "dgx-h100", "--num-experts", "8"]
+    assert main(argv) == 2
+    assert capsys.readouterr().err == ("pipesim: error: --num-experts: --model-config llama3.1-8b is a dense model "
+                                       "(give a mixture-of-experts config, or --model moe)\n")
 
 
 def test_a_config_file_round_trips_through_to_dict(tmp_path):

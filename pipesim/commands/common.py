@@ -130,7 +130,8 @@ def add_model_args(parser: argparse.ArgumentParser, *, default: str | None = "ml
     g.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
                    help=f"parameter and activation dtype (default {d.dtype}; with --model-config the file's)")
     g.add_argument("--seed", type=int, default=d.seed)
-    e = parser.add_argument_group("--model moe (Megatron-core's flag names)")
+    e = parser.add_argument_group("experts: --model moe's, or over a mixture-of-experts --model-config's (Megatron-core's "
+                                  "flag names)")
     e.add_argument("--num-experts", type=positive_int, default=None, metavar="E",
                    help=f"routed experts per MoE layer (default {MOE_DEFAULTS['experts']})")
     e.add_argument("--moe-router-topk", type=positive_int, default=None, metavar="K",
@@ -168,7 +169,8 @@ def add_transformer_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("transformer structure (simulate, sweep)")
     g.add_argument("--model-config", metavar="FILE|NAME",
                    help="a Hugging Face config.json, or a bundled one: " + ", ".join(bundled_configs())
-                        + " (implies a transformer; size flags given too override the file's)")
+                        + " (implies a transformer; size flags given too override the file's, and the expert flags a "
+                        "mixture of experts')")
     g.add_argument("--kv-heads", type=positive_int, default=None,
                    help="key/value heads, grouped-query attention (default: --heads)")
     g.add_argument("--ffn-hidden", type=positive_int, default=None, help="MLP width (default 4 x --hidden)")
@@ -197,7 +199,7 @@ def model_config(args: argparse.Namespace) -> ModelConfig:
             raise PipesimError("--model-config describes a transformer; drop --model mlp")
         base = load_hf_config(source, seq=given.get("seq"), batch=given.get("batch", ModelConfig.batch),
                               dtype=given.get("dtype"), seed=args.seed)
-        return _with_routing(replace(base, **given), args)
+        return _with_routing(_with_expert_flags(replace(base, **given), args, source), args)
     kind = args.model or getattr(args, "model_default", None) or "mlp"
     moe_given = [name for name in MOE_FLAGS if getattr(args, name, None) is not None]
     if kind == "moe":
@@ -210,6 +212,23 @@ def model_config(args: argparse.Namespace) -> ModelConfig:
             if name in given:
                 raise PipesimError(f"--{name.replace('_', '-')} needs a transformer (--model gpt or --model-config)")
     return _with_routing(ModelConfig(kind=kind, seed=args.seed, **given), args)
+
+
+def _with_expert_flags(model: ModelConfig, args: argparse.Namespace, source: str) -> ModelConfig:
+    """--num-experts, --moe-router-topk, --moe-ffn-hidden-size, --moe-shared-expert-intermediate-size (Megatron's
+    total shared width) over a mixture-of-experts --model-config's own; refused on a dense one."""
+    given = {name: getattr(args, name) for name in MOE_FLAGS if getattr(args, name, None) is not None}
+    if not given:
+        return model
+    if model.moe is None:
+        flag = "--" + next(iter(given)).replace("_", "-")
+        raise PipesimError(f"{flag}: --model-config {source} is a dense model (give a mixture-of-experts config, "
+                           "or --model moe)")
+    fields = {"experts": given.get("num_experts"), "top_k": given.get("moe_router_topk"),
+              "expert_ffn": given.get("moe_ffn_hidden_size")}
+    if "moe_shared_expert_intermediate_size" in given:
+        fields |= {"shared_experts": 1, "shared_ffn": given["moe_shared_expert_intermediate_size"]}
+    return replace(model, moe=replace(model.moe, **{k: v for k, v in fields.items() if v is not None}))
 
 
 def _with_routing(model: ModelConfig, args: argparse.Namespace) -> ModelConfig:
