@@ -70,6 +70,10 @@ def test_expert_flags_override_a_moe_config_and_are_refused_on_a_dense_one(capsy
     assert main(argv) == 2
     assert capsys.readouterr().err == ("pipesim: error: --num-experts: --model-config llama3.1-8b is a dense model "
                                        "(give a mixture-of-experts config, or --model moe)\n")
+    for kind in ("mlp", "moe"):  # the file says what the model is
+        assert main([*argv[:-2], "--model", kind]) == 2
+        assert capsys.readouterr().err == (f"pipesim: error: --model-config describes the model, experts or not; "
+                                           f"drop --model {kind}\n")
 
 
 def test_a_config_file_round_trips_through_to_dict(tmp_path):

@@ -195,8 +195,8 @@ def model_config(args: argparse.Namespace) -> ModelConfig:
         raise PipesimError(f"--model {args.model}: a model factory is read by `pipesim run` and `pipesim simulate`")
     source = getattr(args, "model_config", None)
     if source:
-        if args.model == "mlp":
-            raise PipesimError("--model-config describes a transformer; drop --model mlp")
+        if args.model in ("mlp", "moe"):
+            raise PipesimError(f"--model-config describes the model, experts or not; drop --model {args.model}")
         base = load_hf_config(source, seq=given.get("seq"), batch=given.get("batch", ModelConfig.batch),
                               dtype=given.get("dtype"), seed=args.seed)
         return _with_routing(_with_expert_flags(replace(base, **given), args, source), args)
