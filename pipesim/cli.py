@@ -11,6 +11,7 @@ import importlib
 import sys
 
 from pipesim import __version__
+from pipesim.commands.torchtitan_import import FLAG, expand
 from pipesim.errors import PipesimError, ScheduleError
 
 COMMANDS = ("schedule", "simulate", "sweep", "run", "plot", "bench", "calibrate", "validate", "plan",
@@ -49,6 +50,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["simulate"] and any(a == FLAG or a.startswith(FLAG + "=") for a in argv):
+        try:  # a torchtitan job config read as the flags it stands for, before the ones typed after it
+            argv = expand(argv)
+        except PipesimError as exc:
+            print(f"pipesim: error: {exc}", file=sys.stderr)
+            return 2
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()

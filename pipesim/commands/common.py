@@ -130,8 +130,8 @@ def add_model_args(parser: argparse.ArgumentParser, *, default: str | None = "ml
     g.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
                    help=f"parameter and activation dtype (default {d.dtype}; with --model-config the file's)")
     g.add_argument("--seed", type=int, default=d.seed)
-    e = parser.add_argument_group("experts: --model moe's, or over a mixture-of-experts --model-config's (Megatron-core's "
-                                  "flag names)")
+    e = parser.add_argument_group("experts: --model moe's, or over a mixture-of-experts --model-config's "
+                                  "(Megatron-core's flag names)")
     e.add_argument("--num-experts", type=positive_int, default=None, metavar="E",
                    help=f"routed experts per MoE layer (default {MOE_DEFAULTS['experts']})")
     e.add_argument("--moe-router-topk", type=positive_int, default=None, metavar="K",

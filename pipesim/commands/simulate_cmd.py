@@ -19,6 +19,7 @@ from pipesim.commands.common import (
     user_model_config,
 )
 from pipesim.commands.setup_args import add_setup_args, setup_from_args
+from pipesim.commands.torchtitan_import import FLAG
 from pipesim.commands.whatif_args import add_whatif_args, perturbation_from_args, whatif_lines
 from pipesim.cost.fp8_costs import mfu_peak
 from pipesim.cost.rank_memory import memory_json
@@ -56,6 +57,10 @@ def add_parser(sub) -> None:
     add_transformer_args(p)
     add_output_args(p)
     add_whatif_args(p)
+    p.add_argument(FLAG, metavar="JOB.toml",
+                   help="a torchtitan job config (its [model], [training], [parallelism], [activation_checkpoint], "
+                        "[compile], [quantize] sections) as the flags it stands for; flags typed after it win; "
+                        "degrees of -1 take the GPUs of --hardware and --nodes (docs/frameworks.md)")
     p.set_defaults(func=run)
 
 

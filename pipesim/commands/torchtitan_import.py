@@ -1,0 +1,392 @@
+"""`pipesim simulate --from-torchtitan JOB.toml`: a torchtitan job config read as pipesim's own flags.
+
+torchtitan users describe a run in one TOML (pytorch/torchtitan v0.2.2 torchtitan/config/job_config.py, whose
+section and key names are read here); `pipesim plan` writes the same sections (pipesim.plan.exports). This module
+turns such a file into `pipesim simulate` flags, placed before the ones typed after it, so that a flag on the command
+line wins as it does in torchtitan (`--parallelism.tensor_parallel_degree 8` over the file). What changes the
+model or its timing and pipesim does not model is refused in one line; the keys that change neither (optimizer
+hyperparameters, data, logging, checkpoints) are read past. Degrees of -1 take the rest of the job's GPUs, as
+torchtitan's ParallelDims does: WORLD_SIZE is the GPUs of `--hardware` (with `--nodes`, `--nvlink-domain`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+import tomllib
+
+from pipesim.errors import PipesimError
+from pipesim.hardware.toml_io import load_hardware
+from pipesim.plan.exports import TORCH_ROTATE
+from pipesim.plan.stack_space import TORCH_SCHEDULES
+from pipesim.sim.sim_setup import DEFAULT_HARDWARE
+
+FLAG = "--from-torchtitan"
+# torchtitan's (model.name, model.flavor) -> the bundled config of the same shapes (torchtitan/models/*/__init__.py
+# @ v0.2.2: llama3's 8B, 70B and 405B are Llama 3.1's; rope scaling changes no cost)
+FLAVORS = {("llama3", "8B"): "llama3.1-8b", ("llama3", "70B"): "llama3.1-70b", ("llama3", "405B"): "llama3-405b",
+           ("qwen3", "30B-A3B"): "qwen3-30b-a3b", ("qwen3", "235B-A22B"): "qwen3-235b-a22b"}
+SCHEDULES = {torch: ours for ours, torch in TORCH_SCHEDULES.items()}
+SINGLE_STAGE = ("GPipe", "1F1B")  # torch's PipelineScheduleSingle classes: one stage per rank
+ROTATE = {torch: ours for ours, torch in TORCH_ROTATE.items()}
+# sections that change neither the model nor a step's time
+IGNORED = ("job", "profiling", "metrics", "optimizer", "lr_scheduler", "checkpoint", "comm", "memory_estimation",
+           "fault_tolerance", "experimental", "validation")
+# keys read past in the sections read: data, logging, numerics that cost nothing pipesim times
+PASSED = {"model": ("hf_assets_path", "tokenizer_path", "print_after_conversion"),
+          "training": ("dataset", "dataset_path", "max_norm", "steps", "gc_freq", "gc_debug", "dataloader"),
+          "activation_checkpoint": ("preserve_rng_state", "determinism_check", "debug", "early_stop",
+                                    "per_op_sac_force_recompute_mm_shapes_by_fqns"),
+          "debug": ("seed", "deterministic", "deterministic_warn_only", "moe_force_load_balance"),
+          "parallelism": ("pipeline_parallel_expert_parallel_overlap",)}
+FLOAT8 = ("float8", "quantize.linear.float8")  # the converter's name before and after torchtitan's quantize.* keys
+MX = ("mx", "quantize.linear.mx")
+
+
+class _Keys:
+    """One section's keys, each taken once; what is left over at the end is a key pipesim does not know."""
+
+    def __init__(self, data: dict, section: str, where: str):
+        table = data.get(section, {})
+        if not isinstance(table, dict):
+            raise PipesimError(f"{where}: [{section}] must be a table")
+        self.left, self.section, self.where = dict(table), section, where
+        for key in PASSED.get(section, ()):
+            self.left.pop(key, None)
+
+    def take(self, key: str, default, kind: type | tuple[type, ...]):
+        value = self.left.pop(key, default)
+        if value is not None and (not isinstance(value, kind) or isinstance(value, bool) and kind is not bool):
+            raise PipesimError(f"{self.where}: {self.section}.{key} = {value!r} is not a {_kind(kind)}")
+        return value
+
+    def refuse(self, key: str, default, why: str) -> None:
+        """A key pipesim does not model: its default passes, any other value is refused."""
+        value = self.left.pop(key, default)
+        if value != default:
+            raise PipesimError(f"{self.where}: {self.section}.{key} = {value!r}: {why}")
+
+    def done(self) -> None:
+        if self.left:
+            key = next(iter(self.left))
+            raise PipesimError(f"{self.where}: unknown key {self.section}.{key} (torchtitan v0.2.2's job_config.py "
+                               "has none such, or pipesim does not read it)")
+
+
+def _kind(kind) -> str:
+    names = {int: "integer", str: "string", bool: "boolean", list: "list", float: "number"}
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    return " or ".join(names.get(k, k.__name__) for k in kinds)
+
+
+def _world(argv: list[str]) -> int:
+    """The job's GPUs from the command line's --hardware, --nvlink-domain and --nodes (torchtitan's WORLD_SIZE)."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--hardware", default=DEFAULT_HARDWARE)
+    p.add_argument("--nodes", type=int, default=None)
+    p.add_argument("--nvlink-domain", type=int, default=None)
+    known, _ = p.parse_known_args(argv)
+    hw = load_hardware(known.hardware)
+    if known.nvlink_domain is not None:
+        hw = hw.with_domain(known.nvlink_domain)
+    if known.nodes is not None:
+        hw = hw.with_nodes(known.nodes)
+    return hw.num_devices
+
+
+def _typed_model(argv: list[str]) -> bool:
+    """Whether the command line gives the model itself (--model-config or --model), replacing the file's."""
+    return any(a in ("--model-config", "--model") or a.startswith(("--model-config=", "--model=")) for a in argv)
+
+
+def _split(parts: list, where: str) -> list[int]:
+    """module_fqns_per_model_part -> layers per model part, checked as pipesim models a stage (the embedding first,
+    the norm and the head last, each decoder layer once and in order)."""
+    if not all(isinstance(part, list) and all(isinstance(n, str) for n in part) for part in parts) or not parts:
+        raise PipesimError(f"{where}: parallelism.module_fqns_per_model_part must be a list of lists of names")
+    split, expected = [], 0
+    for s, part in enumerate(parts):
+        names = list(part)
+        head = ["tok_embeddings"] if s == 0 else []
+        tail = ["norm", "output"] if s == len(parts) - 1 else []
+        body = names[len(head):len(names) - len(tail)]
+        indices = [re.fullmatch(r"layers\.(\d+)", n) for n in body]
+        if names[:len(head)] != head or names[len(names) - len(tail):] != tail or not all(indices):
+            raise PipesimError(f"{where}: module_fqns_per_model_part part {s} is {names}: pipesim models "
+                               "tok_embeddings first, norm and output last, and layers.N between")
+        numbers = [int(m.group(1)) for m in indices]
+        if numbers != list(range(expected, expected + len(numbers))):
+            raise PipesimError(f"{where}: module_fqns_per_model_part part {s} holds layers {numbers}; the parts "
+                               "must take the layers in order")
+        expected += len(numbers)
+        split.append(len(numbers))
+    return split
+
+
+def torchtitan_argv(path: str, argv: list[str]) -> tuple[str, list[str]]:
+    """(schedule, `pipesim simulate` flags) of torchtitan job config `path`; `argv` the rest of the command line
+    (its --hardware and --nodes give WORLD_SIZE; its own --model-config replaces the file's model)."""
+    where = f"{FLAG} {path}"
+    try:
+        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise PipesimError(f"{where}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PipesimError(f"{where}: cannot read: {exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise PipesimError(f"{where}: not valid TOML: {exc}") from None
+    unknown = sorted(set(data) - {*IGNORED, "model", "training", "parallelism", "activation_checkpoint", "compile",
+                                  "quantize", "debug"})
+    if unknown:
+        raise PipesimError(f"{where}: unknown section [{unknown[0]}] (torchtitan v0.2.2's job_config.py has none such)")
+    out = ["--framework", "torchtitan"]
+
+    model = _Keys(data, "model", where)
+    name, flavor = model.take("name", "llama3", str), model.take("flavor", "debugmodel", str)
+    converters = model.take("converters", [], list)
+    model.done()
+    config = FLAVORS.get((name, flavor))
+    if config is None and not _typed_model(argv):
+        raise PipesimError(f"{where}: torchtitan's {name} {flavor} has no bundled config ("
+                           + ", ".join(f"{n} {f}" for n, f in FLAVORS) + "); give --model-config")
+    if config is not None:
+        out += ["--model-config", config]
+
+    training = _Keys(data, "training", where)
+    local = training.take("local_batch_size", 8, int)
+    global_batch = training.take("global_batch_size", -1, int)
+    seq = training.take("seq_len", 2048, int)
+    param = training.take("mixed_precision_param", "bfloat16", str)
+    reduce = training.take("mixed_precision_reduce", "float32", str)
+    training.refuse("enable_cpu_offload", False, "pipesim does not model FSDP's CPU offload")
+    training.refuse("dtype", "float32", "training without float32 master weights is not modelled")
+    training.done()
+    if param not in ("bfloat16", "float32") or reduce not in ("bfloat16", "float32"):
+        raise PipesimError(f"{where}: training.mixed_precision_param / _reduce take bfloat16 or float32")
+    out += ["--seq", str(seq), "--dtype", param]
+    if reduce == "bfloat16":
+        out.append("--grad-reduce-in-bf16")
+
+    par = _Keys(data, "parallelism", where)
+    replicate = par.take("data_parallel_replicate_degree", 1, int)
+    shard = par.take("data_parallel_shard_degree", -1, int)
+    reshard = par.take("fsdp_reshard_after_forward", "default", str)
+    tp = par.take("tensor_parallel_degree", 1, int)
+    par.refuse("disable_loss_parallel", False, "pipesim's head is vocabulary-parallel (loss parallel) under tp")
+    async_tp = par.take("enable_async_tensor_parallel", False, bool)
+    pp = par.take("pipeline_parallel_degree", 1, int)
+    fqns = par.take("module_fqns_per_model_part", None, list)
+    first_less = par.take("pipeline_parallel_first_stage_less_layers", 1, int)
+    last_less = par.take("pipeline_parallel_last_stage_less_layers", 1, int)
+    per_stage = par.take("pipeline_parallel_layers_per_stage", None, int)
+    schedule_name = par.take("pipeline_parallel_schedule", "1F1B", str)
+    csv = par.take("pipeline_parallel_schedule_csv", "", str)
+    pp_mbs = par.take("pipeline_parallel_microbatch_size", 1, int)
+    cp = par.take("context_parallel_degree", 1, int)
+    par.refuse("context_parallel_load_balancer", "headtail", "pipesim's context parallelism is the head-tail "
+               "(causal load-balanced) one")
+    rotate = par.take("context_parallel_rotate_method", "allgather", str)
+    ep = par.take("expert_parallel_degree", 1, int)
+    etp = par.take("expert_tensor_parallel_degree", 1, int)
+    par.refuse("expert_parallel_comm_backend", "standard", "pipesim times torchtitan's standard all-to-all only")
+    par.done()
+
+    for label, value in (("tensor_parallel_degree", tp), ("pipeline_parallel_degree", pp),
+                         ("context_parallel_degree", cp), ("data_parallel_replicate_degree", replicate),
+                         ("expert_parallel_degree", ep), ("expert_tensor_parallel_degree", etp),
+                         ("local_batch_size", local), ("pipeline_parallel_microbatch_size", pp_mbs)):
+        if value < 1:
+            raise PipesimError(f"{where}: {label} = {value} must be at least 1")
+    if shard < 1 and shard != -1:
+        raise PipesimError(f"{where}: parallelism.data_parallel_shard_degree = {shard}: give -1 or at least 1")
+    if shard == -1:  # the rest of the job's GPUs (torchtitan's ParallelDims)
+        world, rest = _world(argv), replicate * tp * pp * cp
+        if world % rest:
+            raise PipesimError(f"{where}: {world} GPUs are not a multiple of replicate x tp x pp x cp = {rest}")
+        shard = world // rest
+    if replicate > 1 and shard > 1:
+        raise PipesimError(f"{where}: HSDP (data_parallel_replicate_degree {replicate} x shard {shard}) is not "
+                           "modelled: give one of them")
+    dp = replicate * shard
+    out += ["--dp", str(dp), "--zero", "3" if shard > 1 else "0"]
+    if shard > 1:
+        out += ["--fsdp-reshard-after-forward", reshard]
+    if tp > 1:
+        out += ["--tp", str(tp), "--sequence-parallel"]  # torchtitan's apply_tp: SequenceParallel norms
+    if async_tp:
+        out.append("--async-tp")
+    if cp > 1:
+        if rotate not in ROTATE:
+            raise PipesimError(f"{where}: context_parallel_rotate_method {rotate!r}: allgather or alltoall")
+        out += ["--cp", str(cp), "--cp-comm-type", ROTATE[rotate]]
+    if ep > 1:
+        out += ["--ep", str(ep)]
+    if etp > 1 or ep > 1:
+        out += ["--etp", str(etp)]
+
+    batch = global_batch if global_batch != -1 else local * dp
+    if batch % (local * dp):
+        raise PipesimError(f"{where}: global_batch_size {batch} is not a multiple of local_batch_size x dp = "
+                           f"{local} x {dp} (torchtitan asserts it)")
+    out += ["--batch", str(batch)]
+    schedule = "1f1b"
+    if pp == 1:  # no pipeline: each gradient-accumulation step is one microbatch of the local batch
+        out += ["--stages", "1", "--microbatch-size", str(local)]
+    else:
+        if local % pp_mbs:
+            raise PipesimError(f"{where}: local_batch_size {local} is not a multiple of "
+                               f"pipeline_parallel_microbatch_size {pp_mbs}")
+        out += ["--stages", str(pp), "--microbatch-size", str(pp_mbs)]
+        schedule, v = _pipeline(where, schedule_name, csv, pp, fqns, per_stage, path)
+        if csv:
+            out += ["--from-csv", schedule]
+        if v > 1 and not csv:
+            out += ["--virtual", str(v)]
+        if fqns is not None:  # the layers' count is checked where the split is (pipesim.model.config)
+            split = _split(fqns, where)
+            out += ["--layer-split", ",".join(map(str, split))]
+        else:
+            out += ["--pipeline-parallel-first-stage-less-layers", str(first_less),
+                    "--pipeline-parallel-last-stage-less-layers", str(last_less)]
+
+    out += _recompute(data, where) + _compile(data, where) + _quantize(data, converters, where)
+    _Keys(data, "debug", where).done()
+    return schedule, out
+
+
+def _pipeline(where: str, name: str, csv: str, pp: int, fqns, per_stage, path: str) -> tuple[str, int]:
+    """(the schedule, or the CSV file's path; its stages per rank) as torchtitan's pipeline_llm decides them."""
+    if csv:
+        found = Path(path).parent / csv
+        return str(found if found.is_file() else Path(csv)), 1
+    if name not in SCHEDULES:
+        raise PipesimError(f"{where}: pipeline_parallel_schedule {name!r}: pipesim runs "
+                           + ", ".join(SCHEDULES) + " (or a pipeline_parallel_schedule_csv)")
+    if fqns is not None:
+        if len(fqns) % pp:
+            raise PipesimError(f"{where}: {len(fqns)} model parts over pipeline_parallel_degree {pp}")
+        v = len(fqns) // pp
+    elif per_stage is not None:  # ceil((layers + the embedding's and the head's weights) / layers per stage)
+        raise PipesimError(f"{where}: pipeline_parallel_layers_per_stage: give module_fqns_per_model_part or the "
+                           "default stage count (pipesim needs the model's layers to count the stages)")
+    else:
+        v = 1 if name in SINGLE_STAGE else 2  # pipeline_llm's default
+    if name in SINGLE_STAGE and v != 1 or name not in SINGLE_STAGE and v < 2:
+        raise PipesimError(f"{where}: {name} with {v} stages per rank: torchtitan refuses it")
+    return SCHEDULES[name], v
+
+
+def _recompute(data: dict, where: str) -> list[str]:
+    ac = _Keys(data, "activation_checkpoint", where)
+    mode, option = ac.take("mode", "selective", str), ac.take("selective_ac_option", "2", str)
+    ac.refuse("memory_budget", 0.5, "the memory-budget policy is not modelled")
+    ac.refuse("visualize_memory_budget_pareto", False, "the memory-budget policy is not modelled")
+    ac.done()
+    if mode == "none":
+        return ["--recompute", "none"]
+    if mode == "full" or mode == "selective" and option == "1":  # every layer checkpointed
+        return ["--recompute", "full"]
+    if mode == "selective" and option == "op":
+        return ["--recompute", "op"]
+    if mode == "selective":
+        raise PipesimError(f"{where}: activation_checkpoint.selective_ac_option = {option!r} (one layer in every "
+                           f"{option} checkpointed) is not modelled: op, or 1 (every layer)")
+    raise PipesimError(f"{where}: activation_checkpoint.mode = {mode!r}: none, full or selective")
+
+
+def _compile(data: dict, where: str) -> list[str]:
+    keys = _Keys(data, "compile", where)
+    enable = keys.take("enable", False, bool)
+    components = keys.take("components", ["model", "loss"], list)
+    keys.refuse("backend", "inductor", "pipesim times inductor's fused kernels")
+    keys.done()
+    return ["--compile"] if enable and "model" in components else []  # the model's elementwise kernels fused
+
+
+def _quantize(data: dict, converters: list, where: str) -> list[str]:
+    """[model] converters and [quantize.linear.float8 | mx] -> --fp8-format/--fp8-recipe (torchao's)."""
+    table = data.get("quantize", {})
+    if not isinstance(table, dict) or not all(isinstance(table.get(k, {}), dict) for k in ("linear", "grouped_mm")):
+        raise PipesimError(f"{where}: [quantize] must hold tables")
+    extra = sorted(set(table) - {"linear", "grouped_mm"}) or sorted(set(table.get("linear", {})) - {"float8", "mx"})
+    if extra:
+        raise PipesimError(f"{where}: unknown section quantize.{extra[0]}")
+    if any(table.get("grouped_mm", {}).get(k, {}) for k in table.get("grouped_mm", {})) or any(
+            c.startswith("quantize.grouped_mm") for c in converters):
+        raise PipesimError(f"{where}: quantized grouped GEMMs (quantize.grouped_mm) are not modelled")
+    linear = table.get("linear", {})
+    fp8 = _Keys(linear, "float8", where + " [quantize.linear]")
+    recipe = fp8.take("recipe_name", None, str)
+    gather = fp8.take("enable_fsdp_float8_all_gather", False, bool)
+    fp8.take("precompute_float8_dynamic_scale_for_fsdp", False, bool)  # one amax pass a step: not counted
+    fqns8 = fp8.take("filter_fqns", [], list)
+    fp8.refuse("emulate", False, "emulated float8 is not timed")
+    fp8.done()
+    mx = _Keys(linear, "mx", where + " [quantize.linear]")
+    mx_recipe = mx.take("recipe_name", "mxfp8_cublas", str)
+    fqns_mx = mx.take("filter_fqns", ["output"], list)
+    mx.left.pop("mxfp8_dim1_cast_kernel_choice", None)  # a cast kernel's implementation: the same bytes
+    mx.done()
+    unknown = [c for c in converters if c not in (*FLOAT8, *MX)]
+    if unknown:
+        raise PipesimError(f"{where}: model.converters {unknown[0]!r} is not modelled ({', '.join(FLOAT8 + MX)})")
+    float8, mxfp8 = any(c in FLOAT8 for c in converters), any(c in MX for c in converters)
+    if float8 and mxfp8:
+        raise PipesimError(f"{where}: model.converters names both float8 and mx linears")
+    out: list[str] = []
+    if float8:
+        if recipe not in (None, "tensorwise", "rowwise"):
+            raise PipesimError(f"{where}: quantize.linear.float8.recipe_name {recipe!r}: tensorwise or rowwise")
+        if set(fqns8) - {"output"}:
+            raise PipesimError(f"{where}: quantize.linear.float8.filter_fqns {fqns8}: pipesim keeps the output head "
+                               "in bf16 and every other linear in float8")
+        if recipe == "rowwise":
+            out += ["--fp8-format", "e4m3", "--fp8-recipe", "rowwise"]
+        else:
+            out += ["--fp8-format", "hybrid", "--fp8-recipe", "tensorwise"]
+        if gather:
+            out.append("--fp8-param-gather")
+    if mxfp8:
+        if mx_recipe != "mxfp8_cublas":
+            raise PipesimError(f"{where}: quantize.linear.mx.recipe_name {mx_recipe!r}: pipesim times mxfp8_cublas")
+        if set(fqns_mx) - {"output"}:
+            raise PipesimError(f"{where}: quantize.linear.mx.filter_fqns {fqns_mx}: pipesim keeps the output head "
+                               "in bf16 and every other linear in MXFP8")
+        out += ["--fp8-format", "e4m3", "--fp8-recipe", "mxfp8"]
+    if out:
+        out += ["--fp8-impl", "torchao"]
+    return out
+
+
+def expand(argv: list[str]) -> list[str]:
+    """`simulate [SCHEDULE] --from-torchtitan FILE REST` -> `simulate SCHEDULE FLAGS REST`: the file's flags first,
+    so that REST wins; the schedule the file names unless one is typed."""
+    rest = list(argv[1:])
+    at = [i for i, a in enumerate(rest) if a == FLAG or a.startswith(FLAG + "=")]
+    if len(at) != 1:
+        raise PipesimError(f"{FLAG} takes one file")
+    i = at[0]
+    if "=" in rest[i]:
+        path, del_to = rest[i].split("=", 1)[1], i + 1
+    elif i + 1 < len(rest):
+        path, del_to = rest[i + 1], i + 2
+    else:
+        raise PipesimError(f"{FLAG} needs a file")
+    rest = rest[:i] + rest[del_to:]
+    typed = rest[0] if rest and not rest[0].startswith("-") else None
+    if typed is not None:
+        rest = rest[1:]
+    if any(a == "--framework" or a.startswith("--framework=") for a in rest):
+        raise PipesimError(f"{FLAG}: the file is torchtitan's; drop --framework")
+    schedule, flags = torchtitan_argv(path, rest)
+    if typed is not None:  # a typed schedule replaces the file's (its CSV too)
+        if "--from-csv" in flags:
+            at_csv = flags.index("--from-csv")
+            flags = flags[:at_csv] + flags[at_csv + 2:]
+        return [argv[0], typed, *flags, *rest]
+    return [argv[0], *([] if "--from-csv" in flags else [schedule]), *flags, *rest]
+
+
+__all__ = ["FLAG", "FLAVORS", "expand", "torchtitan_argv"]

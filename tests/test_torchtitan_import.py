@@ -1,0 +1,98 @@
+"""`pipesim simulate --from-torchtitan JOB.toml` (pipesim/commands/torchtitan_import.py): a torchtitan job config
+read as the flags it stands for, exactly; the plan's own torchtitan export simulates back to the plan's step; what
+pipesim does not model refused in one line."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+
+from pipesim.cli import main
+from pipesim.commands.torchtitan_import import expand
+from pipesim.errors import PipesimError
+
+# the shipped example: the keys of torchtitan v0.2.2's llama3_8b.toml with float8, compile and context parallelism
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "torchtitan_llama3_8b.toml"
+
+
+def _file(tmp_path, text: str, name: str = "job.toml") -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def test_a_job_config_reads_as_its_flags_exactly():
+    path = str(EXAMPLE)
+    # WORLD_SIZE from the hardware: 2 nodes of 8 GPUs; data_parallel_shard_degree -1 takes 16 / cp 2 = 8
+    assert expand(["simulate", "--from-torchtitan", path, "--hardware", "dgx-h100", "--nodes", "2"]) == [
+        "simulate", "1f1b", "--framework", "torchtitan", "--model-config", "llama3.1-8b", "--seq", "65536",
+        "--dtype", "bfloat16", "--dp", "8", "--zero", "3", "--fsdp-reshard-after-forward", "default",
+        "--cp", "2", "--cp-comm-type", "all_gather", "--batch", "8", "--stages", "1", "--microbatch-size", "1",
+        "--recompute", "full", "--compile", "--fp8-format", "hybrid", "--fp8-recipe", "tensorwise",
+        "--fp8-param-gather", "--fp8-impl", "torchao", "--hardware", "dgx-h100", "--nodes", "2"]
+    # a schedule typed first replaces the file's; flags typed after the file come after its own, so they win
+    argv = expand(["simulate", "zb-h1", f"--from-torchtitan={path}", "--cp", "4"])
+    assert argv[:2] == ["simulate", "zb-h1"] and argv[-2:] == ["--cp", "4"]
+
+
+def test_the_plans_torchtitan_export_simulates_back_to_the_plans_step(tmp_path):
+    """`pipesim plan --framework torchtitan` exports a TOML; read back, it is the very run the plan timed (a
+    pipeline of 16 uneven model parts, interleaved zero bubble, tp 4)."""
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--model-config", "llama3.1-70b", "--seq", "8192", "--batch", "32", "--hardware",
+                 "dgx-h100", "--nodes", "2", "--framework", "torchtitan", "--top", "1", "--json", str(out)]) == 0
+    plan = json.loads(out.read_text())
+    winner = shlex.split(plan["winner"]["simulate_command"])
+    assert winner[2] == "interleaved-zb" and "--virtual" in winner  # a pipeline with uneven parts, as below
+    job = _file(tmp_path, plan["winner"]["torchtitan_toml"])
+    again = tmp_path / "again.json"
+    assert main(["simulate", "--from-torchtitan", job, "--model-config", "llama3.1-70b", "--hardware", "dgx-h100",
+                 "--nodes", "2", "--json", str(again)]) == 0
+    assert json.loads(again.read_text())["step_time"] == plan["rows"][0]["step_time"]
+    argv = expand(["simulate", "--from-torchtitan", job, "--model-config", "llama3.1-70b", "--hardware", "dgx-h100",
+                   "--nodes", "2"])
+    assert argv[argv.index("--layer-split") + 1] == "5,6" + ",5" * 13 + ",4"  # the first and last part lighter
+
+
+@pytest.mark.parametrize("text, message", [
+    ('[model]\nflavor = "8B"\n[bogus]\nx = 1', "unknown section [bogus]"),
+    ('[model]\nflavor = "8B"\n[training]\nbogus = 1', "unknown key training.bogus"),
+    ('[model]\nflavor = "8B_flex"', "torchtitan's llama3 8B_flex has no bundled config"),
+    ('[model]\nflavor = 8', "model.flavor = 8 is not a string"),
+    ('[model]\nflavor = "8B"\n[parallelism]\ndata_parallel_replicate_degree = 2\ndata_parallel_shard_degree = 4',
+     "HSDP (data_parallel_replicate_degree 2 x shard 4) is not modelled"),
+    ('[model]\nflavor = "8B"', "selective_ac_option = '2' (one layer in every 2 checkpointed) is not modelled"),
+    ('[model]\nflavor = "8B"\n[activation_checkpoint]\nmode = "memory_budget"\nmemory_budget = 0.3',
+     "activation_checkpoint.memory_budget = 0.3: the memory-budget policy is not modelled"),
+    ('[model]\nflavor = "8B"\n[parallelism]\ntensor_parallel_degree = 3',
+     "8 GPUs are not a multiple of replicate x tp x pp x cp = 3"),
+    ('[model]\nflavor = "8B"\n[training]\nlocal_batch_size = 1\nglobal_batch_size = 12',
+     "global_batch_size 12 is not a multiple of local_batch_size x dp = 1 x 8"),
+    ('[model]\nflavor = "8B"\nconverters = ["float8"]\n[activation_checkpoint]\nmode = "full"\n'
+     '[quantize.linear.float8]\nrecipe_name = "rowwise_with_gw_hp"',
+     "recipe_name 'rowwise_with_gw_hp': tensorwise or rowwise"),
+    ('[model]\nflavor = "8B"\nconverters = ["quantize.grouped_mm.float8"]\n[activation_checkpoint]\nmode = "none"',
+     "quantized grouped GEMMs"),
+    ('[model]\nflavor = "8B"\n[training]\ndtype = "bfloat16"', "without float32 master weights is not modelled"),
+    ('[model]\nflavor = "8B"\n[parallelism]\npipeline_parallel_degree = 2\npipeline_parallel_schedule = "ZBV"',
+     "pipeline_parallel_schedule 'ZBV': pipesim runs"),
+    ('[model]\nflavor = "8B"\n[parallelism]\npipeline_parallel_degree = 2\nmodule_fqns_per_model_part = '
+     '[["tok_embeddings", "layers.0"], ["layers.2", "norm", "output"]]', "part 1 holds layers [2]"),
+    ("not toml [", "not valid TOML"),
+])
+def test_what_pipesim_does_not_model_is_refused_in_one_line(tmp_path, capsys, text, message):
+    path = _file(tmp_path, text)
+    assert main(["simulate", "--from-torchtitan", path, "--hardware", "dgx-h100"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"pipesim: error: --from-torchtitan {path}: ") and message in err
+
+
+def test_the_file_is_torchtitans(tmp_path):
+    path = _file(tmp_path, '[model]\nflavor = "8B"')
+    with pytest.raises(PipesimError, match="the file is torchtitan's; drop --framework"):
+        expand(["simulate", "--from-torchtitan", path, "--framework", "nemo"])
+    with pytest.raises(PipesimError, match="no such file"):
+        expand(["simulate", "--from-torchtitan", str(tmp_path / "none.toml")])
