@@ -96,3 +96,19 @@ def test_the_file_is_torchtitans(tmp_path):
         expand(["simulate", "--from-torchtitan", path, "--framework", "nemo"])
     with pytest.raises(PipesimError, match="no such file"):
         expand(["simulate", "--from-torchtitan", str(tmp_path / "none.toml")])
+
+
+def test_layers_per_stage_count_the_stages_as_pipeline_llm_does(tmp_path):
+    """ceil((80 layers + the embedding's 1 + the head's 1) / 11) = 8 stages over pp 4: 2 per rank, split by the
+    torchtitan weights; 9 layers per stage give 10 stages, which 4 ranks cannot take."""
+    text = ('[model]\nflavor = "70B"\n[training]\nseq_len = 8192\nlocal_batch_size = 16\n[parallelism]\n'
+            'tensor_parallel_degree = 4\npipeline_parallel_degree = 4\npipeline_parallel_schedule = "Interleaved1F1B"\n'
+            'pipeline_parallel_layers_per_stage = {}\n[activation_checkpoint]\nmode = "full"\n')
+    argv = expand(["simulate", "--from-torchtitan", _file(tmp_path, text.format(11)), "--hardware", "dgx-h100",
+                   "--nodes", "2"])
+    assert argv[1] == "interleaved-1f1b" and argv[argv.index("--virtual") + 1] == "2"
+    assert argv[argv.index("--pipeline-parallel-first-stage-less-layers") + 1] == "1"
+    assert argv[argv.index("--dp") + 1] == "1" and argv[argv.index("--zero") + 1] == "0"  # 16 / (tp 4 x pp 4)
+    with pytest.raises(PipesimError, match="gives 10 stages, not a multiple of pipeline_parallel_degree 4"):
+        expand(["simulate", "--from-torchtitan", _file(tmp_path, text.format(9)), "--hardware", "dgx-h100",
+                "--nodes", "2"])

@@ -19,6 +19,7 @@ import tomllib
 
 from pipesim.errors import PipesimError
 from pipesim.hardware.toml_io import load_hardware
+from pipesim.model.hf_config import load_hf_config
 from pipesim.plan.exports import TORCH_ROTATE
 from pipesim.plan.stack_space import TORCH_SCHEDULES
 from pipesim.sim.sim_setup import DEFAULT_HARDWARE
@@ -239,7 +240,13 @@ def torchtitan_argv(path: str, argv: list[str]) -> tuple[str, list[str]]:
             raise PipesimError(f"{where}: local_batch_size {local} is not a multiple of "
                                f"pipeline_parallel_microbatch_size {pp_mbs}")
         out += ["--stages", str(pp), "--microbatch-size", str(pp_mbs)]
-        schedule, v = _pipeline(where, schedule_name, csv, pp, fqns, per_stage, path)
+        stages = None
+        if per_stage is not None and fqns is None:  # pipeline_llm: ceil((layers + both weights) / layers per stage)
+            layers = _layers(config, argv, where)
+            if per_stage < 1:
+                raise PipesimError(f"{where}: pipeline_parallel_layers_per_stage = {per_stage} must be at least 1")
+            stages = -(-(layers + first_less + last_less) // per_stage)
+        schedule, v = _pipeline(where, schedule_name, csv, pp, fqns, stages, path)
         if csv:
             out += ["--from-csv", schedule]
         if v > 1 and not csv:
@@ -256,7 +263,18 @@ def torchtitan_argv(path: str, argv: list[str]) -> tuple[str, list[str]]:
     return schedule, out
 
 
-def _pipeline(where: str, name: str, csv: str, pp: int, fqns, per_stage, path: str) -> tuple[str, int]:
+def _layers(config: str | None, argv: list[str], where: str) -> int:
+    """The model's decoder layers: the flavor's bundled config, else the --model-config typed."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--model-config", default=None)
+    typed = p.parse_known_args(argv)[0].model_config
+    if typed is None and config is None:
+        raise PipesimError(f"{where}: pipeline_parallel_layers_per_stage needs the model's layers: give "
+                           "--model-config")
+    return load_hf_config(typed or config).layers
+
+
+def _pipeline(where: str, name: str, csv: str, pp: int, fqns, stages: int | None, path: str) -> tuple[str, int]:
     """(the schedule, or the CSV file's path; its stages per rank) as torchtitan's pipeline_llm decides them."""
     if csv:
         found = Path(path).parent / csv
@@ -268,9 +286,11 @@ def _pipeline(where: str, name: str, csv: str, pp: int, fqns, per_stage, path: s
         if len(fqns) % pp:
             raise PipesimError(f"{where}: {len(fqns)} model parts over pipeline_parallel_degree {pp}")
         v = len(fqns) // pp
-    elif per_stage is not None:  # ceil((layers + the embedding's and the head's weights) / layers per stage)
-        raise PipesimError(f"{where}: pipeline_parallel_layers_per_stage: give module_fqns_per_model_part or the "
-                           "default stage count (pipesim needs the model's layers to count the stages)")
+    elif stages is not None:  # from pipeline_parallel_layers_per_stage
+        if stages % pp:
+            raise PipesimError(f"{where}: pipeline_parallel_layers_per_stage gives {stages} stages, not a multiple of "
+                               f"pipeline_parallel_degree {pp} (torchtitan refuses it)")
+        v = stages // pp
     else:
         v = 1 if name in SINGLE_STAGE else 2  # pipeline_llm's default
     if name in SINGLE_STAGE and v != 1 or name not in SINGLE_STAGE and v < 2:
