@@ -82,6 +82,9 @@ def test_the_plans_torchtitan_export_simulates_back_to_the_plans_step(tmp_path):
     ('[model]\nflavor = "8B"\n[parallelism]\npipeline_parallel_degree = 2\nmodule_fqns_per_model_part = '
      '[["tok_embeddings", "layers.0"], ["layers.2", "norm", "output"]]', "part 1 holds layers [2]"),
     ("not toml [", "not valid TOML"),
+    # torchtitan v0.1's spelling (llama3_8b.toml @ e7c0cae, June 2025): its split rule differs, so it is refused
+    ('[model]\nflavor = "8B"\n[training]\ncompile = false\n[float8]\nfilter_fqns = ["output"]',
+     "[float8] is torchtitan v0.1's spelling; pipesim reads v0.2's job_config.py keys"),
 ])
 def test_what_pipesim_does_not_model_is_refused_in_one_line(tmp_path, capsys, text, message):
     path = _file(tmp_path, text)

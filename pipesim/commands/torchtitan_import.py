@@ -15,14 +15,18 @@ import argparse
 import re
 from pathlib import Path
 
-import tomllib
-
+from pipesim.commands.torchtitan_sections import Keys, compile_flags, quantize_flags, recompute_flags
 from pipesim.errors import PipesimError
 from pipesim.hardware.toml_io import load_hardware
 from pipesim.model.hf_config import load_hf_config
 from pipesim.plan.exports import TORCH_ROTATE
 from pipesim.plan.stack_space import TORCH_SCHEDULES
 from pipesim.sim.sim_setup import DEFAULT_HARDWARE
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
 
 FLAG = "--from-torchtitan"
 # torchtitan's (model.name, model.flavor) -> the bundled config of the same shapes (torchtitan/models/*/__init__.py
@@ -32,54 +36,14 @@ FLAVORS = {("llama3", "8B"): "llama3.1-8b", ("llama3", "70B"): "llama3.1-70b", (
 SCHEDULES = {torch: ours for ours, torch in TORCH_SCHEDULES.items()}
 SINGLE_STAGE = ("GPipe", "1F1B")  # torch's PipelineScheduleSingle classes: one stage per rank
 ROTATE = {torch: ours for ours, torch in TORCH_ROTATE.items()}
+# torchtitan v0.1.0's config_manager.py spellings that v0.2 moved or dropped (its split_points and layers-per-stage
+# split, torchtitan/distributed/pipeline.py generate_split_points, is another rule than v0.2's)
+V01_SECTIONS = ("float8", "mx")
+V01_KEYS = (("training", "compile"), ("parallelism", "pipeline_parallel_split_points"),
+            ("parallelism", "enable_compiled_autograd"))
 # sections that change neither the model nor a step's time
 IGNORED = ("job", "profiling", "metrics", "optimizer", "lr_scheduler", "checkpoint", "comm", "memory_estimation",
            "fault_tolerance", "experimental", "validation")
-# keys read past in the sections read: data, logging, numerics that cost nothing pipesim times
-PASSED = {"model": ("hf_assets_path", "tokenizer_path", "print_after_conversion"),
-          "training": ("dataset", "dataset_path", "max_norm", "steps", "gc_freq", "gc_debug", "dataloader"),
-          "activation_checkpoint": ("preserve_rng_state", "determinism_check", "debug", "early_stop",
-                                    "per_op_sac_force_recompute_mm_shapes_by_fqns"),
-          "debug": ("seed", "deterministic", "deterministic_warn_only", "moe_force_load_balance"),
-          "parallelism": ("pipeline_parallel_expert_parallel_overlap",)}
-FLOAT8 = ("float8", "quantize.linear.float8")  # the converter's name before and after torchtitan's quantize.* keys
-MX = ("mx", "quantize.linear.mx")
-
-
-class _Keys:
-    """One section's keys, each taken once; what is left over at the end is a key pipesim does not know."""
-
-    def __init__(self, data: dict, section: str, where: str):
-        table = data.get(section, {})
-        if not isinstance(table, dict):
-            raise PipesimError(f"{where}: [{section}] must be a table")
-        self.left, self.section, self.where = dict(table), section, where
-        for key in PASSED.get(section, ()):
-            self.left.pop(key, None)
-
-    def take(self, key: str, default, kind: type | tuple[type, ...]):
-        value = self.left.pop(key, default)
-        if value is not None and (not isinstance(value, kind) or isinstance(value, bool) and kind is not bool):
-            raise PipesimError(f"{self.where}: {self.section}.{key} = {value!r} is not a {_kind(kind)}")
-        return value
-
-    def refuse(self, key: str, default, why: str) -> None:
-        """A key pipesim does not model: its default passes, any other value is refused."""
-        value = self.left.pop(key, default)
-        if value != default:
-            raise PipesimError(f"{self.where}: {self.section}.{key} = {value!r}: {why}")
-
-    def done(self) -> None:
-        if self.left:
-            key = next(iter(self.left))
-            raise PipesimError(f"{self.where}: unknown key {self.section}.{key} (torchtitan v0.2.2's job_config.py "
-                               "has none such, or pipesim does not read it)")
-
-
-def _kind(kind) -> str:
-    names = {int: "integer", str: "string", bool: "boolean", list: "list", float: "number"}
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    return " or ".join(names.get(k, k.__name__) for k in kinds)
 
 
 def _world(argv: list[str]) -> int:
@@ -140,11 +104,15 @@ def torchtitan_argv(path: str, argv: list[str]) -> tuple[str, list[str]]:
         raise PipesimError(f"{where}: not valid TOML: {exc}") from None
     unknown = sorted(set(data) - {*IGNORED, "model", "training", "parallelism", "activation_checkpoint", "compile",
                                   "quantize", "debug"})
+    old = [f"[{k}]" for k in V01_SECTIONS if k in data] + [f"{t}.{k}" for t, k in V01_KEYS if k in data.get(t, {})]
+    if old:  # torchtitan v0.1's config_manager.py: its pipeline split is another rule, so no silent reading
+        raise PipesimError(f"{where}: {old[0]} is torchtitan v0.1's spelling; pipesim reads v0.2's job_config.py "
+                           "keys ([quantize.linear.float8], [compile] enable, module_fqns_per_model_part)")
     if unknown:
         raise PipesimError(f"{where}: unknown section [{unknown[0]}] (torchtitan v0.2.2's job_config.py has none such)")
     out = ["--framework", "torchtitan"]
 
-    model = _Keys(data, "model", where)
+    model = Keys(data, "model", where)
     name, flavor = model.take("name", "llama3", str), model.take("flavor", "debugmodel", str)
     converters = model.take("converters", [], list)
     model.done()
@@ -155,7 +123,7 @@ def torchtitan_argv(path: str, argv: list[str]) -> tuple[str, list[str]]:
     if config is not None:
         out += ["--model-config", config]
 
-    training = _Keys(data, "training", where)
+    training = Keys(data, "training", where)
     local = training.take("local_batch_size", 8, int)
     global_batch = training.take("global_batch_size", -1, int)
     seq = training.take("seq_len", 2048, int)
@@ -170,7 +138,7 @@ def torchtitan_argv(path: str, argv: list[str]) -> tuple[str, list[str]]:
     if reduce == "bfloat16":
         out.append("--grad-reduce-in-bf16")
 
-    par = _Keys(data, "parallelism", where)
+    par = Keys(data, "parallelism", where)
     replicate = par.take("data_parallel_replicate_degree", 1, int)
     shard = par.take("data_parallel_shard_degree", -1, int)
     reshard = par.take("fsdp_reshard_after_forward", "default", str)
@@ -258,8 +226,8 @@ def torchtitan_argv(path: str, argv: list[str]) -> tuple[str, list[str]]:
             out += ["--pipeline-parallel-first-stage-less-layers", str(first_less),
                     "--pipeline-parallel-last-stage-less-layers", str(last_less)]
 
-    out += _recompute(data, where) + _compile(data, where) + _quantize(data, converters, where)
-    _Keys(data, "debug", where).done()
+    out += recompute_flags(data, where) + compile_flags(data, where) + quantize_flags(data, converters, where)
+    Keys(data, "debug", where).done()
     return schedule, out
 
 
@@ -296,88 +264,6 @@ def _pipeline(where: str, name: str, csv: str, pp: int, fqns, stages: int | None
     if name in SINGLE_STAGE and v != 1 or name not in SINGLE_STAGE and v < 2:
         raise PipesimError(f"{where}: {name} with {v} stages per rank: torchtitan refuses it")
     return SCHEDULES[name], v
-
-
-def _recompute(data: dict, where: str) -> list[str]:
-    ac = _Keys(data, "activation_checkpoint", where)
-    mode, option = ac.take("mode", "selective", str), ac.take("selective_ac_option", "2", str)
-    ac.refuse("memory_budget", 0.5, "the memory-budget policy is not modelled")
-    ac.refuse("visualize_memory_budget_pareto", False, "the memory-budget policy is not modelled")
-    ac.done()
-    if mode == "none":
-        return ["--recompute", "none"]
-    if mode == "full" or mode == "selective" and option == "1":  # every layer checkpointed
-        return ["--recompute", "full"]
-    if mode == "selective" and option == "op":
-        return ["--recompute", "op"]
-    if mode == "selective":
-        raise PipesimError(f"{where}: activation_checkpoint.selective_ac_option = {option!r} (one layer in every "
-                           f"{option} checkpointed) is not modelled: op, or 1 (every layer)")
-    raise PipesimError(f"{where}: activation_checkpoint.mode = {mode!r}: none, full or selective")
-
-
-def _compile(data: dict, where: str) -> list[str]:
-    keys = _Keys(data, "compile", where)
-    enable = keys.take("enable", False, bool)
-    components = keys.take("components", ["model", "loss"], list)
-    keys.refuse("backend", "inductor", "pipesim times inductor's fused kernels")
-    keys.done()
-    return ["--compile"] if enable and "model" in components else []  # the model's elementwise kernels fused
-
-
-def _quantize(data: dict, converters: list, where: str) -> list[str]:
-    """[model] converters and [quantize.linear.float8 | mx] -> --fp8-format/--fp8-recipe (torchao's)."""
-    table = data.get("quantize", {})
-    if not isinstance(table, dict) or not all(isinstance(table.get(k, {}), dict) for k in ("linear", "grouped_mm")):
-        raise PipesimError(f"{where}: [quantize] must hold tables")
-    extra = sorted(set(table) - {"linear", "grouped_mm"}) or sorted(set(table.get("linear", {})) - {"float8", "mx"})
-    if extra:
-        raise PipesimError(f"{where}: unknown section quantize.{extra[0]}")
-    if any(table.get("grouped_mm", {}).get(k, {}) for k in table.get("grouped_mm", {})) or any(
-            c.startswith("quantize.grouped_mm") for c in converters):
-        raise PipesimError(f"{where}: quantized grouped GEMMs (quantize.grouped_mm) are not modelled")
-    linear = table.get("linear", {})
-    fp8 = _Keys(linear, "float8", where + " [quantize.linear]")
-    recipe = fp8.take("recipe_name", None, str)
-    gather = fp8.take("enable_fsdp_float8_all_gather", False, bool)
-    fp8.take("precompute_float8_dynamic_scale_for_fsdp", False, bool)  # one amax pass a step: not counted
-    fqns8 = fp8.take("filter_fqns", [], list)
-    fp8.refuse("emulate", False, "emulated float8 is not timed")
-    fp8.done()
-    mx = _Keys(linear, "mx", where + " [quantize.linear]")
-    mx_recipe = mx.take("recipe_name", "mxfp8_cublas", str)
-    fqns_mx = mx.take("filter_fqns", ["output"], list)
-    mx.left.pop("mxfp8_dim1_cast_kernel_choice", None)  # a cast kernel's implementation: the same bytes
-    mx.done()
-    unknown = [c for c in converters if c not in (*FLOAT8, *MX)]
-    if unknown:
-        raise PipesimError(f"{where}: model.converters {unknown[0]!r} is not modelled ({', '.join(FLOAT8 + MX)})")
-    float8, mxfp8 = any(c in FLOAT8 for c in converters), any(c in MX for c in converters)
-    if float8 and mxfp8:
-        raise PipesimError(f"{where}: model.converters names both float8 and mx linears")
-    out: list[str] = []
-    if float8:
-        if recipe not in (None, "tensorwise", "rowwise"):
-            raise PipesimError(f"{where}: quantize.linear.float8.recipe_name {recipe!r}: tensorwise or rowwise")
-        if set(fqns8) - {"output"}:
-            raise PipesimError(f"{where}: quantize.linear.float8.filter_fqns {fqns8}: pipesim keeps the output head "
-                               "in bf16 and every other linear in float8")
-        if recipe == "rowwise":
-            out += ["--fp8-format", "e4m3", "--fp8-recipe", "rowwise"]
-        else:
-            out += ["--fp8-format", "hybrid", "--fp8-recipe", "tensorwise"]
-        if gather:
-            out.append("--fp8-param-gather")
-    if mxfp8:
-        if mx_recipe != "mxfp8_cublas":
-            raise PipesimError(f"{where}: quantize.linear.mx.recipe_name {mx_recipe!r}: pipesim times mxfp8_cublas")
-        if set(fqns_mx) - {"output"}:
-            raise PipesimError(f"{where}: quantize.linear.mx.filter_fqns {fqns_mx}: pipesim keeps the output head "
-                               "in bf16 and every other linear in MXFP8")
-        out += ["--fp8-format", "e4m3", "--fp8-recipe", "mxfp8"]
-    if out:
-        out += ["--fp8-impl", "torchao"]
-    return out
 
 
 def expand(argv: list[str]) -> list[str]:
