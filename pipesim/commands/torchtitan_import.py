@@ -116,7 +116,7 @@ def torchtitan_argv(path: str, argv: list[str]) -> tuple[str, list[str]]:
     name, flavor = model.take("name", "llama3", str), model.take("flavor", "debugmodel", str)
     converters = model.take("converters", [], list)
     model.done()
-    config = FLAVORS.get((name, flavor))
+    config = None if _typed_model(argv) else FLAVORS.get((name, flavor))  # a model typed replaces the file's
     if config is None and not _typed_model(argv):
         raise PipesimError(f"{where}: torchtitan's {name} {flavor} has no bundled config ("
                            + ", ".join(f"{n} {f}" for n, f in FLAVORS) + "); give --model-config")
