@@ -39,22 +39,29 @@ def test_a_job_config_reads_as_its_flags_exactly():
 
 
 def test_the_plans_torchtitan_export_simulates_back_to_the_plans_step(tmp_path):
-    """`pipesim plan --framework torchtitan` exports a TOML; read back, it is the very run the plan timed (a
-    pipeline of 16 uneven model parts, interleaved zero bubble, tp 4)."""
+    """`pipesim plan --framework torchtitan` exports a whole job config (the model's flavor, float8 in one [model]
+    table); read back, it is the very run the plan timed (a pipeline of 16 uneven model parts, interleaved zero
+    bubble, tp 4)."""
     out = tmp_path / "plan.json"
     assert main(["plan", "--model-config", "llama3.1-70b", "--seq", "8192", "--batch", "32", "--hardware",
-                 "dgx-h100", "--nodes", "2", "--framework", "torchtitan", "--top", "1", "--json", str(out)]) == 0
+                 "dgx-h100", "--nodes", "2", "--framework", "torchtitan", "--fp8-format", "hybrid", "--fp8-recipe",
+                 "tensorwise", "--top", "1", "--json", str(out)]) == 0
     plan = json.loads(out.read_text())
     winner = shlex.split(plan["winner"]["simulate_command"])
     assert winner[2] == "interleaved-zb" and "--virtual" in winner  # a pipeline with uneven parts, as below
-    job = _file(tmp_path, plan["winner"]["torchtitan_toml"])
+    toml = plan["winner"]["torchtitan_toml"]
+    assert toml.startswith('[model]\nname = "llama3"\nflavor = "70B"\nconverters = ["quantize.linear.float8"]\n\n')
+    job = _file(tmp_path, toml)
     again = tmp_path / "again.json"
-    assert main(["simulate", "--from-torchtitan", job, "--model-config", "llama3.1-70b", "--hardware", "dgx-h100",
-                 "--nodes", "2", "--json", str(again)]) == 0
+    assert main(["simulate", "--from-torchtitan", job, "--hardware", "dgx-h100", "--nodes", "2", "--json",
+                 str(again)]) == 0
     assert json.loads(again.read_text())["step_time"] == plan["rows"][0]["step_time"]
-    argv = expand(["simulate", "--from-torchtitan", job, "--model-config", "llama3.1-70b", "--hardware", "dgx-h100",
-                   "--nodes", "2"])
+    argv = expand(["simulate", "--from-torchtitan", job, "--hardware", "dgx-h100", "--nodes", "2"])
     assert argv[argv.index("--layer-split") + 1] == "5,6" + ",5" * 13 + ",4"  # the first and last part lighter
+    # a model changed by a flag is no torchtitan flavor: the export leaves [model] out
+    assert main(["plan", "--model-config", "llama3.1-8b", "--layers", "16", "--seq", "8192", "--batch", "16",
+                 "--hardware", "dgx-h100", "--framework", "torchtitan", "--top", "1", "--json", str(out)]) == 0
+    assert not json.loads(out.read_text())["winner"]["torchtitan_toml"].startswith("[model]")
 
 
 @pytest.mark.parametrize("text, message", [

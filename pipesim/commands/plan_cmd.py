@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 
 from pipesim.commands.common import (
+    MOE_FLAGS,
     SIZE_FLAGS,
     STRUCTURE_FLAGS,
     add_model_args,
@@ -316,7 +317,10 @@ def run(args: argparse.Namespace) -> int:
                            nodes=ranks // per_node, split=req.stage_split(result.best.candidate.chunks))
     if args.ilp_seconds is not None and result.best.candidate.schedule in V_SEARCHED:
         run_argv += ["--ilp", f"{args.ilp_seconds:g}"]  # without it `pipesim run zb-v` runs the handcrafted order
-    data = plan_json(result, args.top, argv, ev.attention, run_argv)
+    changed = [n for n in SIZE_FLAGS + STRUCTURE_FLAGS + MOE_FLAGS
+               if n not in ("seq", "batch") and getattr(args, n, None) is not None]
+    config = args.model_config if args.model_config and not changed else None  # the bundled config, unchanged
+    data = plan_json(result, args.top, argv, ev.attention, run_argv, config)
     if (keys := model_config_json(args)) is not None:
         data["model_config"] = keys
     if csv_path:
@@ -336,5 +340,5 @@ def run(args: argparse.Namespace) -> int:
     if args.json == "-":
         emit_json("-", data)
     else:
-        print(report(result, args.top, argv, ev.attention, run_argv))
+        print(report(result, args.top, argv, ev.attention, run_argv, config))
     return 0

@@ -8,7 +8,9 @@ from pipesim.plan.search import PlanResult
 from pipesim.units import format_bytes
 
 
-def plan_json(result: PlanResult, top: int, argv: list[str], attention: str, run_argv: list[str]) -> dict:
+def plan_json(result: PlanResult, top: int, argv: list[str], attention: str, run_argv: list[str],
+              config: str | None = None) -> dict:
+    """The plan as JSON; `config` the bundled config the model is, unchanged (torchtitan's export names it)."""
     best, req = result.best, result.request
     rows = [{**r.to_dict(), "why": why_lost(r, best)} for r in result.rows[:top]]
     c = best.candidate
@@ -19,12 +21,13 @@ def plan_json(result: PlanResult, top: int, argv: list[str], attention: str, run
                        **({"run_note": run_note(c, req.model)} if run_note(c, req.model) else {}),
                        **({"megatron_args": megatron_text(c, req, attention).splitlines()}
                           if "megatron" in exports_for(req.framework) else {}),
-                       **({"torchtitan_toml": torchtitan_toml(c, req)}
+                       **({"torchtitan_toml": torchtitan_toml(c, req, config)}
                           if "torchtitan" in exports_for(req.framework) else {})}}
 
 
-def report(result: PlanResult, top: int, argv: list[str], attention: str, run_argv: list[str]) -> str:
-    """The ranked table, the counts, and the winner's exports."""
+def report(result: PlanResult, top: int, argv: list[str], attention: str, run_argv: list[str],
+           config: str | None = None) -> str:
+    """The ranked table, the counts, and the winner's exports (`config` as plan_json's)."""
     req, best = result.request, result.best
     k = result.counts
     lines = [f"plan: {req.gpus} GPUs of {req.hardware.name} ({format_bytes(req.hardware.device.memory)} each), "
@@ -53,7 +56,7 @@ def report(result: PlanResult, top: int, argv: list[str], attention: str, run_ar
         lines += ["  " + x for x in megatron_text(c, req, attention).splitlines()]
     if "torchtitan" in exports_for(req.framework):
         lines += ["", "torchtitan job config:"]
-        lines += [f"  {x}" if x else "" for x in torchtitan_toml(c, req).splitlines()]
+        lines += [f"  {x}" if x else "" for x in torchtitan_toml(c, req, config).splitlines()]
     return "\n".join(lines)
 
 

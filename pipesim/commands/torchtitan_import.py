@@ -20,7 +20,7 @@ from pipesim.errors import PipesimError
 from pipesim.hardware.toml_io import load_hardware
 from pipesim.model.hf_config import load_hf_config
 from pipesim.plan.exports import TORCH_ROTATE
-from pipesim.plan.stack_space import TORCH_SCHEDULES
+from pipesim.plan.stack_space import TORCH_SCHEDULES, TORCHTITAN_FLAVORS
 from pipesim.sim.sim_setup import DEFAULT_HARDWARE
 
 try:
@@ -29,10 +29,7 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
 FLAG = "--from-torchtitan"
-# torchtitan's (model.name, model.flavor) -> the bundled config of the same shapes (torchtitan/models/*/__init__.py
-# @ v0.2.2: llama3's 8B, 70B and 405B are Llama 3.1's; rope scaling changes no cost)
-FLAVORS = {("llama3", "8B"): "llama3.1-8b", ("llama3", "70B"): "llama3.1-70b", ("llama3", "405B"): "llama3-405b",
-           ("qwen3", "30B-A3B"): "qwen3-30b-a3b", ("qwen3", "235B-A22B"): "qwen3-235b-a22b"}
+FLAVORS = TORCHTITAN_FLAVORS  # (model.name, model.flavor) -> the bundled config of its shapes
 SCHEDULES = {torch: ours for ours, torch in TORCH_SCHEDULES.items()}
 SINGLE_STAGE = ("GPipe", "1F1B")  # torch's PipelineScheduleSingle classes: one stage per rank
 ROTATE = {torch: ours for ours, torch in TORCH_ROTATE.items()}

@@ -17,7 +17,7 @@ from pipesim.model.op_recompute import OP
 from pipesim.model.options import FUSED_ATTENTION
 from pipesim.model.pipeline_split import torchtitan_fqns
 from pipesim.plan.space import Candidate, PlanRequest
-from pipesim.plan.stack_space import MEGATRON_SCHEDULES, TORCH_SCHEDULES
+from pipesim.plan.stack_space import MEGATRON_SCHEDULES, TORCH_SCHEDULES, TORCHTITAN_FLAVORS
 
 # stacks whose Megatron-LM is the 2021 code: full recomputation is --checkpoint-activations (NVIDIA/Megatron-LM @
 # 46c74b4 megatron/arguments.py; bigscience-workshop/Megatron-DeepSpeed @ 119a0d2 the same), no distributed optimizer
@@ -266,14 +266,17 @@ def megatron_text(c: Candidate, req: PlanRequest, attention: str | None = None) 
     return "\n".join(lines)
 
 
-def torchtitan_toml(c: Candidate, req: PlanRequest) -> str:
-    """[parallelism], [training] and [activation_checkpoint] of torchtitan's job config for `c`."""
+def torchtitan_toml(c: Candidate, req: PlanRequest, config: str | None = None) -> str:
+    """[parallelism], [training] and [activation_checkpoint] of torchtitan's job config for `c`; [model] too when
+    the plan's model is bundled config `config` unchanged and torchtitan has it as a flavor."""
     m = req.model
+    flavor = next((key for key, name in TORCHTITAN_FLAVORS.items() if name == config), None)
     shard = c.dp if c.zero else 1
     replicate = 1 if c.zero else c.dp
-    lines = ["[parallelism]",
-             f"data_parallel_replicate_degree = {replicate}",
-             f"data_parallel_shard_degree = {shard}"]
+    lines = [] if flavor is None else ["[model]", f'name = "{flavor[0]}"', f'flavor = "{flavor[1]}"', ""]
+    lines += ["[parallelism]",
+              f"data_parallel_replicate_degree = {replicate}",
+              f"data_parallel_shard_degree = {shard}"]
     if c.zero in (1, 2):
         lines.append('fsdp_reshard_after_forward = "never"  # ZeRO-2-like: parameters stay gathered')
     elif c.zero == 3:  # the policy the simulation ran (pipesim.model.fsdp)
@@ -322,7 +325,12 @@ def torchtitan_toml(c: Candidate, req: PlanRequest) -> str:
         lines.insert(lines.index("[activation_checkpoint]") - 1, 'mixed_precision_reduce = "bfloat16"')
     if req.job.fp8 is not None:
         bf16 = req.job.bf16_layers.indices(req.model.layers) if req.job.bf16_layers is not None else ()
-        lines += ["", *torchtitan_fp8(req.job.fp8.recipe, bf16)]
+        fp8 = torchtitan_fp8(req.job.fp8.recipe, bf16)
+        if flavor is not None:  # one [model] table: its converters join the name and the flavor
+            at = fp8.index("[model]")
+            lines.insert(3, fp8[at + 1])
+            del fp8[at:at + 3]
+        lines += ["", *fp8]
     return "\n".join(lines) + "\n"
 
 

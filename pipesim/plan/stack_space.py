@@ -17,6 +17,11 @@ import schedules
 from pipesim.errors import PipesimError
 from pipesim.model.op_recompute import OP
 
+# torchtitan's (model.name, model.flavor) -> the bundled config of the same shapes (pytorch/torchtitan v0.2.2
+# torchtitan/models/*/__init__.py: llama3's 8B, 70B and 405B are Llama 3.1's; rope scaling changes no cost)
+TORCHTITAN_FLAVORS = {("llama3", "8B"): "llama3.1-8b", ("llama3", "70B"): "llama3.1-70b",
+                      ("llama3", "405B"): "llama3-405b", ("qwen3", "30B-A3B"): "qwen3-30b-a3b",
+                      ("qwen3", "235B-A22B"): "qwen3-235b-a22b"}
 # pipesim name -> torch.distributed.pipelining / torchtitan `pipeline_parallel_schedule`
 TORCH_SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B",
                    "looped-bfs": "LoopedBFS", "interleaved-zb": "InterleavedZeroBubble", "zb-v": "ZBVZeroBubble",
@@ -155,5 +160,5 @@ def stack_space(framework: str | None) -> StackSpace | None:
     return SPACES[framework]
 
 
-__all__ = ["MEGATRON_SCHEDULES", "NOT_AS_CSV", "RECOMPUTES", "SPACES", "StackSpace", "TORCH_SCHEDULES", "ZEROS",
-           "stack_space"]
+__all__ = ["MEGATRON_SCHEDULES", "NOT_AS_CSV", "RECOMPUTES", "SPACES", "TORCHTITAN_FLAVORS", "TORCH_SCHEDULES",
+           "StackSpace", "ZEROS", "stack_space"]
