@@ -198,9 +198,19 @@ def test_a_moe_model_round_trips_through_to_dict_and_json():
     ({"dense_layers": "1"}, "moe dense_layers must be a non-negative integer, got '1'"),
     ({"shared_ffn": 0}, "moe shared_ffn must be a positive integer, got 0"),
     ({"top_k": 5}, "moe top_k 5 is more than its 4 experts"),
-    ({"capacity_factor": True}, "moe capacity_factor must be a positive number, got True"),
-    ({"capacity_factor": -1.0}, "moe capacity_factor must be a positive number, got -1.0"),
-    ({"imbalance": 0.5}, "moe imbalance (the most-loaded expert's tokens / the mean) must be >= 1, got 0.5"),
+    ({"capacity_factor": True}, "moe capacity_factor must be a number in (0, E / k = 2] (an expert holds at most "
+                                "every token), got True"),
+    ({"capacity_factor": -1.0}, "moe capacity_factor must be a number in (0, E / k = 2] (an expert holds at most "
+                                "every token), got -1.0"),
+    # an expert gets each token at most once: above E / k the ratio is impossible (and inf or 1e300 overflowed)
+    ({"capacity_factor": 2.5}, "moe capacity_factor must be a number in (0, E / k = 2] (an expert holds at most "
+                               "every token), got 2.5"),
+    ({"capacity_factor": float("inf")}, "moe capacity_factor must be a number in (0, E / k = 2] (an expert holds at "
+                                        "most every token), got inf"),
+    ({"imbalance": 0.5}, "moe imbalance (the most-loaded expert's tokens / the mean) must be in [1, E / k = 2] (an "
+                         "expert receives at most every token), got 0.5"),
+    ({"imbalance": float("nan")}, "moe imbalance (the most-loaded expert's tokens / the mean) must be in [1, E / k = "
+                                  "2] (an expert receives at most every token), got nan"),
     ({"capacity_factor": 1.5, "imbalance": 1.1},
      "moe imbalance applies to dropless routing; with a capacity_factor the most-loaded expert takes capacity_factor "
      "x the mean"),

@@ -33,8 +33,10 @@ def test_moe_config_places_experts_after_the_dense_layers_every_nth_layer():
 @pytest.mark.parametrize("kwargs,message", [
     ({"experts": 0}, "moe experts must be a positive integer, got 0"),
     ({"top_k": 9}, "moe top_k 9 is more than its 8 experts"),
-    ({"imbalance": 0.9}, "moe imbalance (the most-loaded expert's tokens / the mean) must be >= 1, got 0.9"),
-    ({"capacity_factor": 0}, "moe capacity_factor must be a positive number, got 0"),
+    ({"imbalance": 0.9}, "moe imbalance (the most-loaded expert's tokens / the mean) must be in [1, E / k = 4] (an "
+                         "expert receives at most every token), got 0.9"),
+    ({"capacity_factor": 0}, "moe capacity_factor must be a number in (0, E / k = 4] (an expert holds at most every "
+                             "token), got 0"),
     ({"capacity_factor": 1.0, "imbalance": 1.2},
      "moe imbalance applies to dropless routing; with a capacity_factor the most-loaded expert takes capacity_factor "
      "x the mean"),

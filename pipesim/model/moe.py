@@ -58,13 +58,17 @@ class MoeConfig:
             raise PipesimError(f"moe expert_bias must be true or false, got {self.expert_bias!r}")
         if self.top_k > self.experts:
             raise PipesimError(f"moe top_k {self.top_k} is more than its {self.experts} experts")
+        # an expert receives each token at most once: at most T of the mean's T k / E, so both ratios stay <= E / k
+        most = self.experts / self.top_k
         if self.capacity_factor is not None and (isinstance(self.capacity_factor, bool)
                                                  or not isinstance(self.capacity_factor, (int, float))
-                                                 or self.capacity_factor <= 0):
-            raise PipesimError(f"moe capacity_factor must be a positive number, got {self.capacity_factor!r}")
-        if isinstance(self.imbalance, bool) or not isinstance(self.imbalance, (int, float)) or self.imbalance < 1:
-            raise PipesimError(f"moe imbalance (the most-loaded expert's tokens / the mean) must be >= 1, "
-                               f"got {self.imbalance!r}")
+                                                 or not 0 < self.capacity_factor <= most):
+            raise PipesimError(f"moe capacity_factor must be a number in (0, E / k = {most:g}] (an expert holds at "
+                               f"most every token), got {self.capacity_factor!r}")
+        if isinstance(self.imbalance, bool) or not isinstance(self.imbalance, (int, float)) \
+                or not 1 <= self.imbalance <= most:
+            raise PipesimError(f"moe imbalance (the most-loaded expert's tokens / the mean) must be in [1, E / k = "
+                               f"{most:g}] (an expert receives at most every token), got {self.imbalance!r}")
         if not isinstance(self.groups, int) or isinstance(self.groups, bool) or self.groups < 1 \
                 or self.experts % self.groups:
             raise PipesimError(f"moe groups must be a positive integer dividing the {self.experts} experts, "
