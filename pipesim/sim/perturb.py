@@ -71,7 +71,7 @@ class Perturbation:
                 if type(op) is ComputeOp:
                     seconds = self.durations.get((rank, i), op.seconds) * stretch
                     if draw is not None:
-                        seconds *= math.exp(self.jitter * draw(0.0, 1.0))
+                        seconds *= self._factor(draw(0.0, 1.0))
                     if seconds != op.seconds:
                         new[i] = op._replace(seconds=seconds)
                 elif type(op) is SendOp:
@@ -80,6 +80,14 @@ class Perturbation:
                         new[i] = op._replace(seconds=seconds)
             out.append(new)
         return out
+
+    def _factor(self, z: float) -> float:
+        """The jitter's factor exp(sigma z) for one draw; one line where it leaves the floats (a sigma of hundreds)."""
+        try:
+            return math.exp(self.jitter * z)
+        except OverflowError:
+            raise PipesimError(f"--jitter {self.jitter:g}: the factor exp(sigma z) of a draw z = {z:.2f} overflows; "
+                               "give a smaller sigma") from None
 
     def describe(self) -> str:
         """`rank 1 x2, link 0-1 x3, jitter sigma 0.1 (seed 0)`: what was perturbed, for reports."""
