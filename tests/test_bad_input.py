@@ -84,6 +84,8 @@ CASES = [
     ("jitter-overflow", [*SIM, "--cost", "F=1,B=2", "--jitter", "1000"],
      "--jitter 1000: the factor exp(sigma z) of a draw z = 0.94 overflows; give a smaller sigma"),
     ("whatif-jitter-overflow", ["whatif", "measured.json", "--jitter", "1000"], "exp(sigma z) of a draw"),
+    ("layers-huge", [*SIM, "--model", "gpt", "--layers", "1000000000"],
+     "--layers 1000000000 is above pipesim's bound of 65,536 (the deepest published models have a few hundred)"),
     ("moe-imbalance-nan", [*SIM, "--model", "moe", "--moe-load-imbalance", "nan"],
      "moe imbalance (the most-loaded expert's tokens / the mean) must be in [1, E / k = 2]"),
     ("moe-capacity-inf", [*SIM, "--model", "moe", "--moe-expert-capacity-factor", "inf"],

@@ -27,6 +27,7 @@ STRUCTURE_FIELDS = ("kv_heads", "ffn_hidden", "activation", "norm", "dropout", "
                     "tied_embeddings", "moe", "mla", "mtp_layers", "head_width",
                     "qk_norm")  # left out of to_dict while at their defaults
 
+MAX_LAYERS = 1 << 16  # layers of one model: far above any published one, a step costed in well under a second
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -67,6 +68,9 @@ class ModelConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise PipesimError(f"--{name} must be a positive integer, got {value!r}")
+        if self.layers > MAX_LAYERS:  # the costs walk the layers one by one: 10**9 of them never came back
+            raise PipesimError(f"--layers {self.layers} is above pipesim's bound of {MAX_LAYERS:,} (the deepest "
+                               "published models have a few hundred)")
         if self.dtype not in DTYPE_BYTES:
             raise PipesimError(f"unknown dtype {self.dtype!r}; choose one of {', '.join(DTYPE_BYTES)}")
         self._check_heads()
