@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from pipesim.errors import PipesimError
@@ -82,6 +82,21 @@ def check_distinct(*named: tuple[str, Path | None]) -> None:
         if key in seen:
             raise PipesimError(f"{seen[key]} and {flag} name the same file {p}")
         seen[key] = flag
+
+
+def check_apart(outputs: Iterable[tuple[str, Path | None]], inputs: Iterable[tuple[str, str | Path | None]]) -> None:
+    """An output naming a file the command reads would replace its own input: refuse. An input folder is read
+    whole, so an output inside it is refused too (the next run would read it as an input)."""
+    read = [(flag, Path(p).resolve()) for flag, p in inputs if p and Path(p).exists()]
+    for flag, p in outputs:
+        if p is None:
+            continue
+        out = p.resolve()
+        for source, path in read:
+            if out == path:
+                raise PipesimError(f"{flag} {p} is the file {source} reads: give another file")
+            if path.is_dir() and path in out.parents:
+                raise PipesimError(f"{flag} {p} is inside {path}, the folder {source} reads: give another folder")
 
 
 def _check_writable_folder(folder: Path, where: str) -> None:

@@ -45,6 +45,9 @@ INPUTS = {  # file name -> text, created in every case's folder
     "folder.json/keep": "",
     "measured.json": (ROOT / "tests" / "data" / "measured_1f1b_gpt_p2.json").read_text(),  # a 2-rank run
     "folder.html/keep": "",
+    "tiny-config.json": '{"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 500, '
+                        '"max_position_embeddings": 128, "model_type": "llama", "hidden_act": "silu"}',
+    "traces/keep": "",
 }
 
 SIM = ["simulate", "1f1b", "-p", "2", "-m", "4"]
@@ -84,6 +87,10 @@ CASES = [
     ("jitter-overflow", [*SIM, "--cost", "F=1,B=2", "--jitter", "1000"],
      "--jitter 1000: the factor exp(sigma z) of a draw z = 0.94 overflows; give a smaller sigma"),
     ("whatif-jitter-overflow", ["whatif", "measured.json", "--jitter", "1000"], "exp(sigma z) of a draw"),
+    ("output-over-input", [*SIM, "--model-config", "tiny-config.json", "--json", "tiny-config.json"],
+     "--json tiny-config.json is the file --model-config reads: give another file"),
+    ("import-trace-output-in-input", ["import-trace", "traces", "-o", "traces/out.json"],
+     "-o traces/out.json is inside"),
     ("layers-huge", [*SIM, "--model", "gpt", "--layers", "1000000000"],
      "--layers 1000000000 is above pipesim's bound of 65,536 (the deepest published models have a few hundred)"),
     ("moe-imbalance-nan", [*SIM, "--model", "moe", "--moe-load-imbalance", "nan"],

@@ -262,6 +262,15 @@ def user_model_config(args: argparse.Namespace) -> ModelConfig:
     return ModelConfig(batch=args.batch or ModelConfig.batch, seed=args.seed)
 
 
+INPUT_FLAGS = (("--model-config", "model_config"), ("--hardware", "hardware"), ("--from-csv", "from_csv"),
+               ("--tp-comm-overlap-cfg", "tp_comm_overlap_cfg"))  # flags that may name a file the command reads
+
+
+def input_files(args: argparse.Namespace) -> list[tuple[str, str | None]]:
+    """(flag, path) of the files simulate, sweep and plan read (a preset's or bundled config's name is no file)."""
+    return [(flag, getattr(args, dest, None)) for flag, dest in INPUT_FLAGS]
+
+
 def add_output_args(parser: argparse.ArgumentParser, *, trace: bool = True) -> None:
     """--json [FILE] (stdout when no FILE) and --trace FILE (Perfetto JSON)."""
     parser.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE",

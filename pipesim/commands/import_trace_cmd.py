@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from pipesim.outputs import check_file, write_text
+from pipesim.outputs import check_apart, check_file, write_text
 from pipesim.trace_import import import_traces
 
 EXAMPLES = """examples:
@@ -33,6 +33,7 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     out = check_file(args.output, "-o", "json")
+    check_apart([("-o", out)], [("import-trace", t) for t in args.traces])
     timeline = import_traces(args.traces, schedule=args.schedule)
     text = json.dumps(timeline.to_dict(), separators=(",", ":"))
     if out is None:  # -o -: the timeline on stdout, the summary on stderr

@@ -16,6 +16,7 @@ from pipesim.commands.common import (
     add_transformer_args,
     bounded_int,
     emit_json,
+    input_files,
     model_config,
     model_config_json,
     positive_int,
@@ -53,7 +54,7 @@ from pipesim.model.config import ModelConfig
 from pipesim.model.options import ATTENTION
 from pipesim.model.pipeline_split import FIRST_LAYERS, LAST_LAYERS, LAYOUT, BalancedSplit
 from pipesim.model.recompute_modules import RECOMPUTE_MODULES
-from pipesim.outputs import check_file, write_text
+from pipesim.outputs import check_apart, check_file, write_text
 from pipesim.plan.backends import open_backend
 from pipesim.plan.balance import balanced_rule
 from pipesim.plan.evaluate import Evaluator
@@ -260,6 +261,7 @@ def run(args: argparse.Namespace) -> int:
     json_path = check_file(args.json, "--json", "json")
     plot_path = check_file(args.plot, "--plot", "html")
     png_path = check_file(args.png, "--png", "png")
+    check_apart([("--json", json_path), ("--plot", plot_path), ("--png", png_path)], input_files(args))
     csv_path = _csv_path(args.export_csv)
     if args.model == "mlp":
         raise PipesimError("pipesim plan searches transformer layouts; drop --model mlp")

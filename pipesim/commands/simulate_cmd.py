@@ -13,6 +13,7 @@ from pipesim.commands.common import (
     add_schedule_args,
     add_transformer_args,
     emit_json,
+    input_files,
     json_text,
     load_schedule,
     model_config_json,
@@ -26,7 +27,7 @@ from pipesim.cost.rank_memory import memory_json
 from pipesim.cost.user_model_costs import is_factory_spec
 from pipesim.errors import PipesimError
 from pipesim.model.flops import hardware_flops, model_flops, utilization
-from pipesim.outputs import check_distinct, check_file, write_files
+from pipesim.outputs import check_apart, check_distinct, check_file, write_files
 from pipesim.plots.perfetto import trace_text
 from pipesim.sim.blame import blame_rows, what_if
 from pipesim.sim.sim_setup import SimSetup
@@ -68,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
     json_path = check_file(args.json, "--json", "json")
     trace_path = check_file(args.trace, "--trace", "json")
     check_distinct(("--json", json_path), ("--trace", trace_path))
+    check_apart([("--json", json_path), ("--trace", trace_path)], input_files(args))
     if is_factory_spec(args.model):  # the shared flags read as for pipesim's own models, then the factory's counts
         setup = _with_user_model(setup_from_args(argparse.Namespace(**{**vars(args), "model": None})), args)
     else:

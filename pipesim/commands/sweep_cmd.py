@@ -16,6 +16,7 @@ from pipesim.commands.common import (
     add_model_args,
     add_transformer_args,
     check_schedule_size,
+    input_files,
     int_list,
     json_text,
     positive_int,
@@ -23,7 +24,7 @@ from pipesim.commands.common import (
 from pipesim.commands.setup_args import add_setup_args, setup_from_args
 from pipesim.commands.whatif_args import add_whatif_args, perturbation_from_args
 from pipesim.errors import PipesimError
-from pipesim.outputs import check_distinct, check_file, write_files
+from pipesim.outputs import check_apart, check_distinct, check_file, write_files
 from pipesim.sim.sim_setup import SimSetup
 from pipesim.sim.simulator import check_devices
 from pipesim.sim.sweep import format_table, run_sweep, to_dict
@@ -67,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
     plot_path = check_file(args.plot, "--plot", "html")
     pareto_path = check_file(args.pareto, "--pareto", "html")
     check_distinct(("--json", json_path), ("--plot", plot_path), ("--pareto", pareto_path))
+    check_apart([("--json", json_path), ("--plot", plot_path), ("--pareto", pareto_path)], input_files(args))
     names = [n.strip() for n in args.schedules.split(",") if n.strip()]
     if not names:
         raise PipesimError("--schedules needs at least one schedule name")
