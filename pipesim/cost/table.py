@@ -6,6 +6,7 @@ bytes that cross the stage boundary. Hand-written (`--cost F=1,B=2`) or derived 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from pipesim.errors import PipesimError
@@ -119,12 +120,14 @@ def parse_cost_spec(text: str) -> dict[str, float]:
         key = key.strip().upper()
         if not sep or key not in ("F", "B", "I", "W", "FB"):
             raise PipesimError(f"malformed --cost {text!r}: expected F=<s>,B=<s> or F=<s>,I=<s>,W=<s>")
+        if key in values:
+            raise PipesimError(f"--cost {text!r} gives {key} twice")
         try:
             values[key] = float(value)
         except ValueError:
             raise PipesimError(f"malformed --cost {text!r}: {value.strip()!r} is not a number") from None
-        if values[key] < 0:
-            raise PipesimError(f"--cost {key} must be >= 0, got {values[key]}")
+        if not math.isfinite(values[key]) or values[key] < 0:
+            raise PipesimError(f"--cost {key} must be a finite number >= 0, got {values[key]}")
     if "F" not in values:
         raise PipesimError(f"--cost {text!r} needs F=<seconds>")
     if "B" in values and ("I" in values or "W" in values):

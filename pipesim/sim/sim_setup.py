@@ -103,6 +103,9 @@ class SimSetup:
                 raise PipesimError("--dp/--tp/--cp need a model (--model), not --cost")
             if job.recompute != "none" or job.sp or job.zero:
                 raise PipesimError("--recompute/--sequence-parallel/--zero need a model (--model), not --cost")
+            if "FB" in self.cost and not schedule.overlaps:
+                raise PipesimError(f"--cost FB= times overlapped forward + backward pairs; {schedule.name} has none "
+                                   "(dualpipev, combined-1f1b and the DualPipe family do)")
             # --cost is one rank's share of the model; with v chunks per rank each chunk takes 1/v of it
             share = schedule.num_ranks / n
             costs = uniform_costs(n, {k: t * share for k, t in self.cost.items()}, boundary_bytes=self.boundary_bytes,
