@@ -23,11 +23,12 @@ from pipesim.commands.common import (
 )
 from pipesim.commands.setup_args import add_setup_args, setup_from_args
 from pipesim.commands.whatif_args import add_whatif_args, perturbation_from_args
+from pipesim.cost.zb_auto_costs import SEARCHED_TEXT
 from pipesim.errors import PipesimError
 from pipesim.outputs import check_apart, check_distinct, check_file, write_files
 from pipesim.sim.sim_setup import SimSetup
 from pipesim.sim.simulator import check_devices
-from pipesim.sim.sweep import format_table, run_sweep, to_dict
+from pipesim.sim.sweep import SEARCHED, format_table, run_sweep, to_dict
 
 EXAMPLES = """examples:
   pipesim sweep --schedules gpipe,1f1b,zb-h1 --stages 2,4 --microbatches 4,8,16
@@ -75,6 +76,11 @@ def run(args: argparse.Namespace) -> int:
     for name in names:
         registry.spec(name)  # an unknown name: one line, before anything is built
     setup = setup_from_args(args)
+    for flag, given in (("--ilp", setup.ilp_time_limit), ("--memory-limit", setup.memory_limit)):
+        if given is not None and not set(names) & set(SEARCHED):
+            raise PipesimError(f"{flag} applies to {SEARCHED_TEXT}; the sweep has none of them")
+    if args.virtual and not any(registry.spec(n).virtual for n in names):
+        raise PipesimError(f"--virtual applies to schedules with several stages per rank; {', '.join(names)} have one")
     pert = perturbation_from_args(args)
     if pert is not None:
         if pert.slow_links and not setup.comm:

@@ -98,8 +98,9 @@ def rebuild(schedule: Schedule, table: CostTable, limit: MemoryLimit | None, com
     seconds, improved by the ILP where p, m are small enough: `exact`); any other schedule unchanged."""
     default = AUTO_SCHEDULES.get(schedule.name)
     if default is None:
-        if limit is not None:
-            raise PipesimError(f"--memory-limit applies to {SEARCHED_TEXT}, not {schedule.name}")
+        for flag, given in (("--memory-limit", limit is not None), ("--ilp", ilp_time_limit is not None)):
+            if given:
+                raise PipesimError(f"{flag} applies to {SEARCHED_TEXT}, not {schedule.name}")
         return schedule
     limit = limit or MemoryLimit(multiple=default)
     p, m = schedule.num_ranks, schedule.num_microbatches

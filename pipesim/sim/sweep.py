@@ -14,6 +14,8 @@ from dataclasses import replace
 from tqdm import tqdm
 
 import schedules as registry
+from pipesim.cost.v_search import V_SEARCHED
+from pipesim.cost.zb_auto_costs import AUTO_SCHEDULES
 from pipesim.errors import PipesimError
 from pipesim.sim.sim_setup import SimSetup
 from pipesim.units import format_bytes
@@ -71,15 +73,19 @@ def _what_if(setup: SimSetup, sched, pert, samples: int, ideal: float) -> dict:
             "loss_fraction": mean / ideal - 1 if ideal > 0 else 0.0}
 
 
+SEARCHED = (*AUTO_SCHEDULES, *V_SEARCHED)  # the schedules whose order --ilp and --memory-limit search
+
+
 def run_sweep(schedules: list[str], stages: list[int], microbatches: list[int], virtual: list[int] | None,
               setup: SimSetup, *, skipped: list[dict] | None = None, progress: bool = False,
               samples: int = 8) -> list[dict]:
     """Rows for every admitted combination; the others go to `skipped` (with a `reason`) when given."""
     combos = list(combinations(schedules, stages, microbatches, virtual))
     rows: list[dict] = []
+    plain = replace(setup, ilp_time_limit=None, memory_limit=None)  # --ilp / --memory-limit order searched ones
     for name, p, m, v in _progress(combos, progress):
         try:
-            rows.append(run_one(setup, name, p, m, v, samples))
+            rows.append(run_one(setup if name in SEARCHED else plain, name, p, m, v, samples))
         except PipesimError as exc:
             if skipped is not None:
                 skipped.append({"schedule": name, "stages": p, "microbatches": m, "virtual": v, "reason": str(exc)})
