@@ -105,6 +105,11 @@ CASES = [
                                  "--ilp", "5"], "--ilp applies to zb-auto, zb-2p and zb-v; the sweep has none of them"),
     ("sweep-virtual-none-looped", ["sweep", "--schedules", "1f1b,zb-h1", "-p", "2", "-m", "4", "--cost", "F=1,B=2",
                                    "--virtual", "2"], "--virtual applies to schedules with several stages per rank"),
+    ("mlp-heads", [*SIM, "--model", "mlp", "--heads", "16"], "--heads needs a transformer (--model gpt or "
+                                                               "--model-config)"),
+    ("mlp-attention", [*SIM, "--model", "mlp", "--attention", "flash"], "--attention needs a transformer"),
+    ("boundary-bytes-with-a-model", [*SIM, "--model", "mlp", "--boundary-bytes", "100"],
+     "--boundary-bytes sizes --cost's stages; a model's messages and activations come from the model"),
     ("layers-huge", [*SIM, "--model", "gpt", "--layers", "1000000000"],
      "--layers 1000000000 is above pipesim's bound of 65,536 (the deepest published models have a few hundred)"),
     ("moe-imbalance-nan", [*SIM, "--model", "moe", "--moe-load-imbalance", "nan"],

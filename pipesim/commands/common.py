@@ -207,8 +207,8 @@ def model_config(args: argparse.Namespace) -> ModelConfig:
         return _with_routing(replace(base, moe=_moe_config(args, base.hidden)), args)
     if moe_given:
         raise PipesimError(f"--{moe_given[0].replace('_', '-')} needs --model moe")
-    if kind == "mlp":
-        for name in STRUCTURE_FLAGS:
+    if kind == "mlp":  # an MLP has no heads, sequence or vocabulary: those flags would size nothing
+        for name in ("heads", "seq", "vocab", *STRUCTURE_FLAGS):
             if name in given:
                 raise PipesimError(f"--{name.replace('_', '-')} needs a transformer (--model gpt or --model-config)")
     return _with_routing(ModelConfig(kind=kind, seed=args.seed, **given), args)

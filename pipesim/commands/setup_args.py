@@ -306,6 +306,9 @@ def setup_from_args(args: argparse.Namespace) -> SimSetup:
     cost = parse_cost_spec(args.cost) if args.cost is not None else None
     if cost is not None:  # the seconds are given: a model's flags would size nothing
         _refuse_model_flags(args)
+    elif args.boundary_bytes or args.activation_bytes:  # a model's own sizes are its messages and activations
+        flag = "--boundary-bytes" if args.boundary_bytes else "--activation-bytes"
+        raise PipesimError(f"{flag} sizes --cost's stages; a model's messages and activations come from the model")
     hw_name = args.hardware or (None if cost is not None else DEFAULT_HARDWARE)
     hardware = load_hardware(hw_name) if hw_name else None
     if args.nvlink_domain is not None:
@@ -322,6 +325,8 @@ def setup_from_args(args: argparse.Namespace) -> SimSetup:
         hardware = capped(hardware, args.power_limit)
     comm = (args.comm or "links") == "links" and hardware is not None
     model = None if cost is not None else model_config(args)
+    if model is not None and model.kind == "mlp" and getattr(args, "attention", None) is not None:
+        raise PipesimError("--attention needs a transformer (--model gpt or --model-config); an MLP has none")
     split = tuple(args.layer_split) if args.layer_split else None
     if split and cost is not None:
         raise PipesimError("--layer-split needs a model (--model), not --cost")
