@@ -7,6 +7,7 @@ predicted and measured runs overlay with no conversion. Times are seconds from t
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -89,21 +90,54 @@ class Timeline:
             data = data["pipesim"]
         if not isinstance(data, dict) or data.get("schema") != SCHEMA:
             raise PipesimError(f"{origin} is not a pipesim timeline (expected schema {SCHEMA!r})")
+        num_ranks = data.get("num_ranks")
+        if not _is_int(num_ranks) or num_ranks < 1:
+            raise PipesimError(f"{origin} is a malformed timeline: num_ranks must be a positive integer, "
+                               f"got {num_ranks!r}")
         try:
             events = [Event(**e) for e in data["events"]]
-            return Timeline(data["source"], data["schedule"], int(data["num_ranks"]), events, data.get("meta", {}))
+            timeline = Timeline(data["source"], data["schedule"], num_ranks, events, data.get("meta", {}))
         except (KeyError, TypeError) as exc:
             raise PipesimError(f"{origin} is a malformed timeline: {exc}") from None
+        for i, e in enumerate(events):  # the plots and the replay index ranks and subtract times unchecked
+            _check_event(e, i, num_ranks, origin)
+        return timeline
 
     @staticmethod
     def read(path: str | Path) -> Timeline:
-        try:
-            data = json.loads(Path(path).read_text())
-        except FileNotFoundError:
-            raise PipesimError(f"timeline file not found: {path}") from None
-        except (OSError, json.JSONDecodeError) as exc:
-            raise PipesimError(f"cannot read timeline {path}: {exc}") from None
-        return Timeline.from_dict(data, str(path))
+        return Timeline.from_dict(read_json(path), str(path))
+
+
+def read_json(path: str | Path) -> object:
+    """The JSON in the file a user named (a timeline, a trace, a sweep); PipesimError in one line if unreadable."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise PipesimError(f"file not found: {path}") from None
+    except IsADirectoryError:
+        raise PipesimError(f"{path} is a folder, not a trace file") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise PipesimError(f"cannot read {path}: {str(exc).splitlines()[0]}") from None
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_time(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check_event(e: Event, i: int, num_ranks: int, origin: str) -> None:
+    """Refuse event `i` (its index in "events") when its rank or times cannot be placed on the time axis."""
+    where = f"{origin} is a malformed timeline: event {i}"
+    if not _is_int(e.rank) or not 0 <= e.rank < num_ranks:
+        raise PipesimError(f"{where} has rank {e.rank!r}; expected an integer in [0, {num_ranks})")
+    for name in ("start", "end"):
+        if not _is_time(getattr(e, name)):
+            raise PipesimError(f"{where} has {name} {getattr(e, name)!r}; expected a finite number of seconds")
+    if e.end < e.start:
+        raise PipesimError(f"{where} ends before it starts (start {e.start!r}, end {e.end!r})")
 
 
 def pipeline_span(tl: Timeline, step: int) -> tuple[float, float, list[float]]:

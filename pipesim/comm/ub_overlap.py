@@ -150,9 +150,11 @@ class UbConfig:
         import yaml  # local import: only a run given a config file needs PyYAML at start-up
 
         try:
-            data = yaml.safe_load(Path(path).read_text())
+            data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
         except OSError as err:
             raise PipesimError(f"--tp-comm-overlap-cfg {path}: {err.strerror or err}") from None
+        except UnicodeDecodeError as err:
+            raise PipesimError(f"--tp-comm-overlap-cfg {path}: not UTF-8 (byte {err.start}: {err.reason})") from None
         except yaml.YAMLError as err:
             raise PipesimError(f"--tp-comm-overlap-cfg {path}: not YAML ({str(err).splitlines()[0]})") from None
         return cls.from_mapping(data, path)

@@ -52,6 +52,8 @@ def run(args: argparse.Namespace) -> int:
     if tl.source != "measured":
         raise PipesimError(f"{args.timeline} is a {tl.source} timeline: give a measured one (pipesim import-trace, "
                            "pipesim run --trace)")
+    if not tl.events:  # a step is replayed: one with no events has nothing to replay
+        raise PipesimError(f"{args.timeline} has no events: no step to replay")
     if args.jitter_seed < 0:
         raise PipesimError(f"--jitter-seed must be >= 0, got {args.jitter_seed}")
     pert = perturbation_from_args(args)

@@ -108,9 +108,9 @@ def parse(text: str, name: str = "measurements") -> Measurements:
 
 def read(path: Path) -> Measurements:
     try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise PipesimError(f"cannot read measurements {path}: {exc}") from exc
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:  # a folder, a binary file: one line, no traceback
+        raise PipesimError(f"cannot read measurements {path}: {exc}") from None
     return parse(text, str(path))
 
 

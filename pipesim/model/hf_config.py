@@ -100,9 +100,11 @@ def read_hf_config(path: str | Path) -> dict:
     """The JSON object in `path`; PipesimError (one line, naming the file) if unreadable or not an object."""
     path = Path(path)
     try:
-        cfg = json.loads(path.read_text())
+        cfg = json.loads(path.read_text(encoding="utf-8"))  # config.json is UTF-8 (transformers writes it so)
     except OSError as e:
         raise PipesimError(f"{path}: cannot read ({e.strerror or e})") from None
+    except UnicodeDecodeError as e:
+        raise PipesimError(f"{path}: not UTF-8 (byte {e.start}: {e.reason})") from None
     except json.JSONDecodeError as e:
         raise PipesimError(f"{path}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
     if not isinstance(cfg, dict):
@@ -115,7 +117,7 @@ def model_from_hf(cfg: dict, *, where: str, seq: int | None = None, batch: int =
     """A ModelConfig (kind "gpt", Llama-style fields) from a parsed config.json; `where` names it in errors.
 
     seq: training sequence length (default max_position_embeddings; longer is refused). dtype:
-    default the file's torch_dtype when pipesim knows it, else bfloat16.
+    default the file's torch_dtype (one pipesim does not model is refused), bfloat16 when it names none.
     """
     for name in REQUIRED:
         if name not in cfg:
@@ -150,8 +152,12 @@ def model_from_hf(cfg: dict, *, where: str, seq: int | None = None, batch: int =
         raise PipesimError(f"{where}: field 'head_dim' {cfg['head_dim']!r} is not hidden_size / num_attention_heads "
                            f"({sizes['hidden_size']} / {heads}); pipesim needs them equal")
     if dtype is None:
-        given = cfg.get("torch_dtype", cfg.get("dtype"))  # transformers 4.56+ writes "dtype"
-        dtype = given if given in DTYPE_BYTES else "bfloat16"
+        key = "torch_dtype" if "torch_dtype" in cfg else "dtype"  # transformers 4.56+ writes "dtype"
+        given = cfg.get(key)  # one pipesim does not model is refused: simulated as bfloat16 its bytes would be wrong
+        if given is not None and (not isinstance(given, str) or given not in DTYPE_BYTES):
+            raise PipesimError(f"{where}: field {key!r} {given!r} is not a dtype pipesim models; "
+                               f"choose one of {', '.join(DTYPE_BYTES)}")
+        dtype = given or "bfloat16"
     dropout = cfg.get("attention_dropout", 0.0)
     if not isinstance(dropout, (int, float)) or isinstance(dropout, bool) or not 0 <= dropout < 1:
         raise PipesimError(f"{where}: field 'attention_dropout' must be a number in [0, 1), got {dropout!r}")

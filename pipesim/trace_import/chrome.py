@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,11 +78,15 @@ def read_rank_trace(path: Path) -> RankTrace:
         if not isinstance(e, dict) or e.get("ph") != "X":
             continue
         try:
-            start = float(e["ts"]) * 1e-6  # microseconds -> seconds
-            spans.append(Span(str(e["name"]), str(e.get("cat", "")), start, start + float(e.get("dur", 0)) * 1e-6,
-                              int(e.get("tid", 0)) if str(e.get("tid", "0")).lstrip("-").isdigit() else 0))
+            ts, dur = float(e["ts"]), float(e.get("dur", 0))  # microseconds
+            name, tid = str(e["name"]), int(e.get("tid", 0)) if str(e.get("tid", "0")).lstrip("-").isdigit() else 0
         except (KeyError, TypeError, ValueError):
             raise PipesimError(f"{path} is not a Chrome trace (malformed event: {str(e)[:80]})") from None
+        if not (math.isfinite(ts) and math.isfinite(dur) and dur >= 0):  # else NaN in the JSON, or end < start
+            raise PipesimError(f"{path}: event {name!r} at ts {e['ts']} has dur {e.get('dur', 0)}: "
+                               "expected a finite ts and a finite dur >= 0")
+        start = ts * 1e-6  # microseconds -> seconds
+        spans.append(Span(name, str(e.get("cat", "")), start, start + dur * 1e-6, tid))
     spans.sort(key=lambda s: (s.start, -s.end))
     info = data.get("distributedInfo") if isinstance(data, dict) else None
     rank = world = None
