@@ -28,13 +28,14 @@ from pathlib import Path
 
 from executor.launch import rank_environment
 from executor.supervisor import run_reported
+from pipesim.cli import OneLineParser
 from pipesim.model.config import ModelConfig, split_layers
 
 LABELS = {"gpipe": "GPipe", "1f1b": "1F1B"}
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="pipesim bench executor", description=__doc__.splitlines()[0])
     p.add_argument("--schedules", default="gpipe,1f1b", help="gpipe and/or 1f1b (default both)")
     p.add_argument("--nproc", type=int, default=2, help="pipeline ranks = stages (default 2)")
     p.add_argument("--hidden", type=int, default=1024)

@@ -33,12 +33,13 @@ from pathlib import Path
 
 from executor.launch import rank_environment
 from executor.supervisor import run_reported
+from pipesim.cli import OneLineParser
 
 CASES = ("waits", "small-ops", "big-ops", "sleeps")
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="pipesim bench late-recv", description=__doc__.splitlines()[0])
     p.add_argument("--iters", type=int, default=60, help="late RECVs timed per case (default 60)")
     p.add_argument("--sender-ms", type=float, default=6.0, help="ms the sender works after its isend (default 6)")
     p.add_argument("--receiver-ms", type=float, default=2.0, help="ms the receiver computes before its irecv (2)")

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+from pipesim.cli import OneLineParser
 from pipesim.cli import main as pipesim_main
 from pipesim.errors import PipesimError
 from pipesim.timeline import Timeline
@@ -265,7 +266,7 @@ def restrict(data: dict, only: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="pipesim bench published", description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="pipesim bench published", description=__doc__.splitlines()[0])
     p.add_argument("--rows", type=Path, default=ROWS, help="rows file (default bench/published_rows.toml)")
     p.add_argument("--out", type=Path, default=OUT, help="markdown report (default docs/published.md)")
     p.add_argument("--only", default=None, help="comma-separated sources (default all)")

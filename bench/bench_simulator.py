@@ -19,7 +19,6 @@ compare the ratio.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import gc
 import time
@@ -27,6 +26,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 import schedules
+from pipesim.cli import OneLineParser
 from pipesim.cost.table import CostTable
 from pipesim.hardware.toml_io import load_hardware
 from pipesim.ir.lowering import add_p2p
@@ -198,7 +198,7 @@ def links_table(quick: bool, repeats: int, max_actions: int, torch_budget: float
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="pipesim bench simulator", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes only (a smoke run, no goal)")
     parser.add_argument("--repeats", type=int, default=3, help="best of N runs per case (default 3)")
     parser.add_argument("--links", action="store_true", help="then the older 1F1B table with links modeled")

@@ -21,6 +21,7 @@ from executor.config_json import dataclass_from_dict
 from executor.expert_checks import check_experts
 from pipesim.errors import PipesimError
 from pipesim.ir import torch_csv
+from pipesim.ir.lowering import add_p2p
 from pipesim.ir.schedule import Action, Schedule
 from pipesim.job import Job
 from pipesim.model.config import ModelConfig, gpt_block_differences, split_layers
@@ -135,8 +136,6 @@ class RunConfig:
                                    "must be >= 1")
         if self.fail_mode not in FAIL_MODES:
             raise PipesimError(f"unknown --fail-mode {self.fail_mode!r}; choose {', '.join(FAIL_MODES)}")
-        if self.fail_at is not None:
-            Action.parse(self.fail_at)
         if job.recompute == "op":
             raise PipesimError("--recompute op (torchtitan's per-op checkpointing) is simulated, not run: the executor "
                                "has --recompute selective and full")
@@ -149,6 +148,7 @@ class RunConfig:
                 if value != plain:
                     raise PipesimError(f"{flag} needs pipesim's own --model mlp or gpt, not --model {self.factory}")
         built = [self._schedule(name, job.pp) for name in (self.names or (None,))]
+        self._check_fault(job, built)
         m = self.microbatches
         # the cost model's checks of the batch split and of the sizes tp divides (hidden; gpt's heads). The executor's
         # sequence parallelism splits a microbatch's rows, not its sequence, over tp (checked below), and its MLP also
@@ -166,6 +166,25 @@ class RunConfig:
                 raise PipesimError(f"tensor parallel MLP pairs column- and row-parallel layers: layers per stage "
                                    f"{split} must all be even")
         return built
+
+    def _check_fault(self, job: Job, built: list[Schedule]) -> None:
+        """--fail-rank and --fail-at together, naming an action that rank runs (executor.runtime arms it in the
+        rank's lowered program): a fault that could never fire is refused, not run as a clean run."""
+        if self.fail_rank is None and self.fail_at is None:
+            return
+        if self.fail_at is None:
+            raise PipesimError(f"--fail-rank {self.fail_rank} needs --fail-at ACTION: the action where it fails, "
+                               "e.g. 1F3")
+        if self.fail_rank is None:
+            raise PipesimError(f"--fail-at {self.fail_at} needs --fail-rank RANK: the rank that fails there")
+        target = Action.parse(self.fail_at)
+        pp = job.dims.coords(self.fail_rank).pp
+        if not any(target in add_p2p(sched).programs[pp] for sched in built):
+            stages = built[0].stages_of(pp)
+            held = f"stage{'s' * (len(stages) > 1)} {', '.join(map(str, stages))}"
+            raise PipesimError(f"--fail-at {self.fail_at}: rank {self.fail_rank} (pipeline rank {pp}: {held}, "
+                               f"microbatches 0 to {self.microbatches - 1}) never runs it, so the fault could "
+                               "never fire")
 
     def layers_per_stage(self, num_stages: int) -> list[int]:
         weights = list(self.layer_split) if self.layer_split else None  # a chunk may hold no layer (an identity stage)

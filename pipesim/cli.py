@@ -27,22 +27,22 @@ EPILOG = """examples:
 """
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse that exits with code 2 and a single line on bad flags."""
+class OneLineParser(argparse.ArgumentParser):
+    """argparse that exits with code 2 and a single line on bad flags (the bench scripts' parsers too)."""
 
     def error(self, message: str):  # noqa: D401
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = OneLineParser(
         prog="pipesim",
         description="Design, simulate, run and plot pipeline-parallel training schedules.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"pipesim {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
     for name in COMMANDS:
         importlib.import_module(f"pipesim.commands.{name}_cmd").add_parser(sub)
     return parser

@@ -38,10 +38,10 @@ BENCH_DIR = Path(__file__).resolve().parents[2] / "bench"  # present in a source
 
 def add_collectives_args(p: argparse.ArgumentParser) -> None:
     """The flags of `pipesim bench collectives` (a CollectivesConfig, see collectives_config)."""
-    p.add_argument("--sizes", default="1K,64K,1M,16M", help="buffer sizes S, K/M/G binary (default 1K,64K,1M,16M)")
-    p.add_argument("--ops", default=",".join(OPS), help=f"collectives (default all: {','.join(OPS)})")
-    p.add_argument("--iters", type=int, default=20, help="timed calls per size (default 20)")
-    p.add_argument("--warmup", type=int, default=2, help="untimed calls per size (default 2)")
+    p.add_argument("--sizes", default=None, help="buffer sizes S, K/M/G binary (default 1K,64K,1M,16M)")
+    p.add_argument("--ops", default=None, help=f"collectives (default all: {','.join(OPS)})")
+    p.add_argument("--iters", type=int, default=None, help="timed calls per size (default 20)")
+    p.add_argument("--warmup", type=int, default=None, help="untimed calls per size (default 2)")
     p.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
                    help="auto: nccl with GPUs, else gloo")
     p.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE",
@@ -95,12 +95,24 @@ def size_bound(nproc: int) -> int:
     return memory // (2 * MAX_BUFFERS * nproc)
 
 
+TABLE_FLAGS = ("sizes", "ops", "iters", "warmup", "plot")  # the table's measurement, which --lecture does not run
+
+
 def collectives_config(args: argparse.Namespace) -> CollectivesConfig:
     """The checked configuration of the flags; user mistakes fail here, with one line, before torchrun starts."""
+    if args.lecture:
+        given = [name for name in TABLE_FLAGS if getattr(args, name) is not None]
+        if given:
+            raise PipesimError(f"--{given[0]} is for the table of --sizes and --ops; --lecture runs the lecture's "
+                               "demo instead (all_reduce and reduce_scatter of --elements floats, timed once)")
+    elif args.elements is not None:
+        raise PipesimError("--elements sizes the --lecture demo: give it with --lecture (the table's buffers are "
+                           "--sizes)")
     json_path = check_file(args.json, "--json", "json")
     plot_path = check_file(args.plot, "--plot", "html")
     check_distinct(("--json", json_path), ("--plot", plot_path))
-    sizes = tuple(parse_size(s) for s in args.sizes.split(",") if s.strip())
+    default = CollectivesConfig()  # the table's sizes, ops, iters and warmup where not given
+    sizes = default.sizes if args.sizes is None else tuple(parse_size(s) for s in args.sizes.split(",") if s.strip())
     bound = size_bound(getattr(args, "nproc", 1))
     too_big = [s for s in sizes if s > bound] + ([args.elements * 4] if args.elements and args.elements * 4 > bound
                                                  else [])
@@ -110,8 +122,10 @@ def collectives_config(args: argparse.Namespace) -> CollectivesConfig:
                            "machine's memory)")
     if not (math.isfinite(args.timeout) and 0 < args.timeout <= MAX_TIMEOUT):
         raise PipesimError(f"--timeout must be more than 0 and at most {MAX_TIMEOUT:g} seconds, got {args.timeout}")
-    ops = tuple(parse_ops(args.ops))
-    return CollectivesConfig(sizes=sizes, ops=ops, iters=args.iters, warmup=args.warmup, backend=args.backend,
+    ops = default.ops if args.ops is None else tuple(parse_ops(args.ops))
+    iters = default.iters if args.iters is None else args.iters
+    warmup = default.warmup if args.warmup is None else args.warmup
+    return CollectivesConfig(sizes=sizes, ops=ops, iters=iters, warmup=warmup, backend=args.backend,
                              json=args.json, plot=args.plot, lecture=args.lecture, elements=args.elements,
                              timeout=args.timeout).check()
 

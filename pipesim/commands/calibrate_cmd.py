@@ -8,7 +8,7 @@ from pathlib import Path
 
 from executor.supervisor import interruptible
 from pipesim.calibration.gpu import assemble, measurements_path
-from pipesim.commands.common import add_model_args, model_config, user_model_config
+from pipesim.commands.common import MOE_FLAGS, SIZE_FLAGS, add_model_args, model_config, user_model_config
 from pipesim.cost.user_model_costs import is_factory_spec
 from pipesim.device import gpu_measurements as measured
 from pipesim.errors import PipesimError
@@ -28,13 +28,17 @@ EXAMPLES = """examples:
 """
 
 
+DEVICES = 4  # --devices' default: ranks a CPU calibration's hardware file offers
+
+
 def add_parser(sub) -> None:
     p = sub.add_parser("calibrate", help="measure this machine (executor timelines, ping-pong) -> hardware TOML",
                        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-o", "--output", required=True, metavar="FILE.toml", help="hardware file to write")
     p.add_argument("--quick", action="store_true", help="small models and few steps (for tests; noisier)")
     p.add_argument("--keep", metavar="DIR", help="keep the measured timelines and the plan in DIR")
-    p.add_argument("--devices", type=int, default=4, help="ranks the hardware file offers (default 4)")
+    p.add_argument("--devices", type=int, default=None,
+                   help=f"ranks the CPU hardware file offers (default {DEVICES}; not with --gpu)")
     p.add_argument("--rescale", metavar="PRESET|FILE", default=None,
                    help="with --quick: keep this CPU hardware file's model and fit one speed factor to three short "
                         "runs on this machine (~10 s; the precision it reaches is printed and kept in the file)")
@@ -75,9 +79,10 @@ def run(args: argparse.Namespace) -> int:
 
     out = check_file(args.output, "-o", "toml")
     check_folder(args.keep, "--keep")
-    if args.devices < 2:
-        raise PipesimError(f"--devices must be >= 2, got {args.devices}")
-    cal, _ = calibrate(quick=args.quick, workdir=Path(args.keep) if args.keep else None, devices=args.devices)
+    devices = _devices(args)
+    if devices < 2:
+        raise PipesimError(f"--devices must be >= 2, got {devices}")
+    cal, _ = calibrate(quick=args.quick, workdir=Path(args.keep) if args.keep else None, devices=devices)
     write_text(out, hardware_to_toml(cal.hardware))
     print(cal.summary())
     print(f"wrote {out}; use it with: pipesim simulate ... --hardware {out}, or check it: pipesim validate "
@@ -127,7 +132,7 @@ def from_trace(args: argparse.Namespace) -> int:
         model = model_config(args)
     cal = calibrate_from_timelines([timeline], model=model, user_model=user,
                                    base=load_hardware(args.hardware or "local-cpu"),
-                                   devices=args.devices)
+                                   devices=_devices(args))
     write_text(out, hardware_to_toml(cal.hardware))
     print(cal.summary())
     print(f"wrote {out}; use it with: pipesim simulate {timeline.schedule} -p {timeline.meta['p']} -m "
@@ -142,8 +147,18 @@ def gpu(args: argparse.Namespace) -> int:
         raise PipesimError("-o names the hardware file to write (FILE.toml), not stdout")
     if args.gpu and args.from_measurements:
         raise PipesimError("--gpu measures, --from-measurements reads a recorded run: give one of them")
+    mode = "--gpu" if args.gpu else "--from-measurements"
     if args.from_trace or args.model or args.schedule:
-        raise PipesimError("--from-trace, --model and --schedule calibrate from a traced run, not with --gpu")
+        raise PipesimError(f"--from-trace, --model and --schedule calibrate from a traced run, not with {mode}")
+    unused = [(flag, what) for flag, given, what in (
+        ("--devices", args.devices is not None, "sets the ranks of a CPU calibration's file"),
+        ("--keep", args.keep is not None, "keeps a CPU calibration's timelines"),
+        ("--rescale", args.rescale is not None, "rescales a CPU hardware file (with --quick)"),
+        ("--quick", args.quick and args.from_measurements is not None, "shortens --gpu's measurement"),
+    ) if given] + [(flag, "sizes a traced run's model (--from-trace)") for flag in _model_flags(args)]
+    if unused:
+        flag, what = unused[0]
+        raise PipesimError(f"{flag} {what}: it does nothing with {mode}")
     base = load_hardware(args.hardware) if args.hardware else None
     if args.from_measurements:
         data = measured.read(Path(args.from_measurements))
@@ -159,3 +174,13 @@ def gpu(args: argparse.Namespace) -> int:
     print(cal.summary())
     print(f"wrote {out}; use it with: pipesim simulate ... --hardware {out}")
     return 0
+
+
+def _devices(args: argparse.Namespace) -> int:
+    """--devices, or its default."""
+    return DEVICES if args.devices is None else args.devices
+
+
+def _model_flags(args: argparse.Namespace) -> list[str]:
+    """The traced run's model sizes given (--hidden, --batch, the experts'; not --seed, whose default is a value)."""
+    return [f"--{name.replace('_', '-')}" for name in (*SIZE_FLAGS, *MOE_FLAGS) if getattr(args, name) is not None]

@@ -148,7 +148,7 @@ def add_parser(sub) -> None:
     g.add_argument("--ilp", type=float, nargs="?", const=2.0, default=None, metavar="SECONDS", dest="ilp_seconds",
                    help="also try zb-auto / zb-2p on the best layouts, their orders searched by the Zero Bubble "
                         "paper's ILP for up to SECONDS each (default 2; pipesim/plan/finalists.py)")
-    g.add_argument("--finalists", type=positive_int, default=DEFAULT_FINALISTS, metavar="K",
+    g.add_argument("--finalists", type=positive_int, default=None, metavar="K",
                    help=f"with --ilp: the best K layouts searched again (default {DEFAULT_FINALISTS})")
     g.add_argument("--top", type=positive_int, default=10, metavar="N", help="rows shown (default 10)")
     g.add_argument("--jitter", type=float, default=None, metavar="SIGMA",
@@ -273,6 +273,8 @@ def run(args: argparse.Namespace) -> int:
             raise PipesimError(f"--tokens-per-step {args.tokens_per_step} is not a multiple of --seq {seq}")
         args.batch = args.tokens_per_step // seq
     jitter = _jitter(args)
+    if args.finalists is not None and args.ilp_seconds is None:
+        raise PipesimError("--finalists needs --ilp [SECONDS] (the ILP search of the best K layouts it sets)")
     model = model_config(args)
     typed = typed_split(args)  # before --framework fills its switches
     shared, scheds, zeros, recomputes, sps = shared_job(args, model)
@@ -298,7 +300,7 @@ def run(args: argparse.Namespace) -> int:
         if args.ilp_seconds is not None and not args.ilp_seconds > 0:
             raise PipesimError(f"--ilp takes a positive number of seconds, got {args.ilp_seconds:g}")
         result = plan(req, max_candidates=args.max_candidates, max_work=args.max_work, evaluator=ev,
-                      backend=backend, ilp_seconds=args.ilp_seconds, finalists=args.finalists)
+                      backend=backend, ilp_seconds=args.ilp_seconds, finalists=args.finalists or DEFAULT_FINALISTS)
     if jitter is not None:  # the shown rows re-ranked by their expected step (pipesim.plan.jitter)
         result.rows = rank_under_jitter(ev, result.rows, jitter, args.top)
     best = result.best.candidate.job(shared)  # the winner's switches (a profile's overlaps only where they apply)

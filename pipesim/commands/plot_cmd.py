@@ -7,14 +7,12 @@ JSON ("pipesim.sweep/1") gives the sweep plots. Which one is decided by the file
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 
 from pipesim.commands.common import positive_int
 from pipesim.commands.sweep_cmd import setting_line
 from pipesim.errors import PipesimError
 from pipesim.outputs import check_distinct, check_file
-from pipesim.timeline import Timeline
+from pipesim.timeline import Timeline, read_json
 
 EXAMPLES = """examples:
   pipesim plot out/simulated.json -o timeline.html                     # one timeline
@@ -46,17 +44,6 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
-def _load(path: str) -> dict:
-    try:
-        return json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise PipesimError(f"file not found: {path}") from None
-    except IsADirectoryError:
-        raise PipesimError(f"{path} is a folder, not a trace file") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise PipesimError(f"cannot read {path}: {str(exc).splitlines()[0]}") from None
-
-
 def build_figure(paths: list[str], *, step: int | None = None, unit: str | None = None, title: str | None = None,
                  force: bool = False):
     """The figure the files call for: sweep plots, compare view, or timeline(s)."""
@@ -64,11 +51,15 @@ def build_figure(paths: list[str], *, step: int | None = None, unit: str | None 
     from pipesim.plots.compare import pick_step
     from pipesim.plots.sweep_figure import SCHEMA as SWEEP_SCHEMA
 
-    docs = [(p, _load(p)) for p in paths]
+    docs = [(p, read_json(p)) for p in paths]  # the reader `pipesim whatif` uses too
     sweeps = [p for p, d in docs if isinstance(d, dict) and d.get("schema") == SWEEP_SCHEMA]
     if sweeps:
         if len(docs) > 1:
             raise PipesimError(f"plot a sweep on its own: {sweeps[0]} is a sweep, the other files are not")
+        given = [flag for flag, value in (("--step", step), ("--unit", unit), ("--force", force)) if value]
+        if given:
+            raise PipesimError(f"{given[0]} acts on timelines; {sweeps[0]} is a sweep, whose plots have no step or "
+                               "time axis")
         rows = docs[0][1].get("rows")
         if not isinstance(rows, list):
             raise PipesimError(f"{sweeps[0]} has no 'rows' list")
@@ -83,6 +74,11 @@ def build_figure(paths: list[str], *, step: int | None = None, unit: str | None 
         if title:
             fig.update_layout(title_text=title)
         return fig
+    if force:
+        raise PipesimError("--force compares a simulated and a measured timeline of different shapes: give it with "
+                           "one of each")
+    if step is not None and all(t.source != "measured" for t in timelines):
+        raise PipesimError(f"--step picks a step of a measured run; {paths[0]} is {timelines[0].source}")
     shown = [pick_step(t, step) if t.source == "measured" else pick_step(t, None) if len(t.steps()) > 1 else t
              for t in timelines]
     return timeline_figure(shown, unit=unit, title=title)
@@ -92,6 +88,8 @@ def run(args: argparse.Namespace) -> int:
     out = check_file(args.output, "-o", "html")
     png = check_file(args.png, "--png", "png")
     check_distinct(("-o", out), ("--png", png))
+    if args.width and not png:
+        raise PipesimError("--width sizes the PNG: give it with --png")
     from pipesim.plots import write_html, write_png  # plotly: kept out of `pipesim`'s start-up
 
     fig = build_figure(args.traces, step=args.step, unit=args.unit, title=args.title, force=args.force)

@@ -88,7 +88,8 @@ def add_run_args(parser: argparse.ArgumentParser) -> None:
     f = parser.add_argument_group("fault injection (tests)")
     f.add_argument("--fail-rank", type=int, default=None, help="global rank that fails")
     f.add_argument("--fail-at", default=None, metavar="ACTION", help="action where it fails, e.g. 1F3")
-    f.add_argument("--fail-mode", choices=FAIL_MODES, default="raise", help="raise, SIGKILL itself, or hang")
+    f.add_argument("--fail-mode", choices=FAIL_MODES, default=None,
+                   help="with --fail-at: raise (default), SIGKILL itself, or hang")
 
 
 class _ThenParser(argparse.ArgumentParser):
@@ -148,13 +149,16 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     slow = [parse_slow(text) for text in args.slow]
     model = user_model_config(args) if factory else model_config(args)
     split = rule_split(args, names, None if factory else model) or args.layer_split  # refuses the two together
+    if args.fail_mode is not None and args.fail_at is None:  # RunConfig.check pairs --fail-rank and --fail-at
+        raise PipesimError(f"--fail-mode {args.fail_mode} says how --fail-at's action fails: give it with "
+                           "--fail-rank and --fail-at")
     return RunConfig(
         names=names, csv=args.from_csv, stages=args.stages, microbatches=args.microbatches, virtual=args.virtual,
         job=job_from_args(args), model=model, factory=factory,
         layer_split=tuple(split) if split else None, steps=args.steps, warmup=args.warmup,
         optimizer=args.optimizer, lr=args.lr, backend=args.backend, pg_timeout=args.pg_timeout,
         bucket_bytes=args.bucket_bytes, json=args.json, trace=args.trace,
-        save_dir=args.save_dir, fail_rank=args.fail_rank, fail_at=args.fail_at, fail_mode=args.fail_mode,
+        save_dir=args.save_dir, fail_rank=args.fail_rank, fail_at=args.fail_at, fail_mode=args.fail_mode or "raise",
         quiet=args.quiet, a2a_overlap=args.a2a_overlap, slow_ranks=tuple(r for r, _ in slow),
         slow_factors=tuple(f for _, f in slow),
     )
