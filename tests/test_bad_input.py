@@ -110,6 +110,8 @@ CASES = [
     ("mlp-attention", [*SIM, "--model", "mlp", "--attention", "flash"], "--attention needs a transformer"),
     ("boundary-bytes-with-a-model", [*SIM, "--model", "mlp", "--boundary-bytes", "100"],
      "--boundary-bytes sizes --cost's stages; a model's messages and activations come from the model"),
+    ("schedule-search-flag-without-ilp", ["schedule", "zb-auto", "-p", "4", "-m", "8", "--memory-limit", "2x"],
+     "--memory-limit sets the exact search: give --ilp (zb-auto, zb-2p, zb-v) with it"),
     ("layers-huge", [*SIM, "--model", "gpt", "--layers", "1000000000"],
      "--layers 1000000000 is above pipesim's bound of 65,536 (the deepest published models have a few hundred)"),
     ("moe-imbalance-nan", [*SIM, "--model", "moe", "--moe-load-imbalance", "nan"],

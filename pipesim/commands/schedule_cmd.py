@@ -55,14 +55,15 @@ def add_parser(sub) -> None:
     g.add_argument("--ilp", type=float, nargs="?", const=DEFAULT_ILP_SECONDS, default=None, metavar="SECONDS",
                    help="search the order by integer linear programming (HiGHS) for up to SECONDS "
                         f"(default {DEFAULT_ILP_SECONDS:g})")
-    g.add_argument("--cost", metavar="F=<s>,I=<s>,W=<s>", default="F=1,I=1,W=1",
+    g.add_argument("--cost", metavar="F=<s>,I=<s>,W=<s>", default=None,
                    help="seconds per stage of each action (default unit costs)")
-    g.add_argument("--hop", type=float, default=0.0, metavar="S", help="seconds to move a tensor between stages")
+    g.add_argument("--hop", type=float, default=None, metavar="S",
+                   help="seconds to move a tensor between stages (default 0)")
     g.add_argument("--memory-limit", metavar="N|Nx", default=None,
                    help="activation limit: Nx 1F1B's (p microbatches) or N microbatches (zb-v: N chunk "
                         "stashes, a chunk half a stage; default 1x zb-auto, 2x zb-2p, zb-v's own peak for zb-v)")
-    g.add_argument("--objective", choices=("makespan", "span"), default="makespan",
-                   help="minimise the last action's end, or the paper's longest stage span (its eq. 3)")
+    g.add_argument("--objective", choices=("makespan", "span"), default=None,
+                   help="minimise the last action's end (default), or the paper's longest stage span (its eq. 3)")
     p.set_defaults(func=run)
 
 
@@ -77,6 +78,11 @@ def run(args: argparse.Namespace) -> int:
     plot = check_file(args.plot, "--plot", "html")
     sched = load_schedule(args, limit=MAX_CHECKED_STAGE_MICROBATCHES)
     asked = args.ilp is not None or (args.memory_limit is not None and args.name in V_SEARCHED)
+    if not asked:  # the search's own flags, given without a search, would change nothing
+        for flag, value in (("--cost", args.cost), ("--hop", args.hop), ("--memory-limit", args.memory_limit),
+                            ("--objective", args.objective)):
+            if value is not None:
+                raise PipesimError(f"{flag} sets the exact search: give --ilp (zb-auto, zb-2p, zb-v) with it")
     found = search(args, sched) if asked else None
     if found is not None:
         sched = found.schedule
@@ -87,13 +93,13 @@ def run(args: argparse.Namespace) -> int:
         data = shown.to_dict()
         data["peak_inflight_microbatches"] = inflight_by_rank(sched)
         if found is not None:
-            data["search"] = search_report(found, args.objective)
+            data["search"] = search_report(found, args.objective or "makespan")
         print(json.dumps(data, indent=2))
     else:
         print(f"{sched.name}: {plural(sched.num_ranks, 'rank')}, {plural(sched.num_stages, 'stage')}, "
               f"{plural(sched.num_microbatches, 'microbatch', 'microbatches')}; valid")
         if found is not None:
-            print(search_line(found, args.objective))
+            print(search_line(found, args.objective or "makespan"))
         print(render_grid(shown))
     if fifo_mismatches(add_p2p(sched)):
         print("note: some rank pairs receive in a different order than they send; fine on gloo (tagged), "
@@ -123,22 +129,24 @@ def search(args: argparse.Namespace, sched) -> Searched:
     order within the limit, then the ILP with --ilp) for --cost, --hop and --memory-limit."""
     if args.from_csv or (args.name not in AUTO_SCHEDULES and args.name not in V_SEARCHED):
         raise PipesimError(f"--ilp searches {SEARCHED_TEXT}, not {args.name or args.from_csv}")
-    if args.hop < 0:
-        raise PipesimError(f"--hop must be >= 0 seconds, got {args.hop:g}")
+    hop = 0.0 if args.hop is None else args.hop
+    if not hop >= 0:
+        raise PipesimError(f"--hop must be >= 0 seconds, got {hop:g}")
     p, m = sched.num_ranks, sched.num_microbatches
-    cost = parse_cost_spec(args.cost)
+    cost = parse_cost_spec(args.cost or "F=1,I=1,W=1")
+    objective = args.objective or "makespan"
     if args.name in V_SEARCHED:  # --cost is one rank's share, as `simulate --cost` reads it: each chunk takes half
         table = CostTable.uniform(2 * p, cost["F"] / 2, cost["I"] / 2, cost["W"] / 2)
         # bytes here count chunk stashes (one stashes 1); none given: what zb-v's own order holds
         limit = parse_memory_limit(args.memory_limit) if args.memory_limit else None
-        costs = v_costs(table, p, m, limit, (args.hop,) * (2 * p - 1))
-        return search_v(args.name, costs, p, m, time_limit=args.ilp, objective=args.objective)
+        costs = v_costs(table, p, m, limit, (hop,) * (2 * p - 1))
+        return search_v(args.name, costs, p, m, time_limit=args.ilp, objective=objective)
     table = CostTable.uniform(p, cost["F"], cost["I"], cost["W"])
     limit = MemoryLimit(multiple=AUTO_SCHEDULES[args.name])
     if args.memory_limit:
         limit = parse_memory_limit(args.memory_limit)  # bytes here count microbatches: one stashes 1
-    costs = auto_costs(table, p, m, limit, (args.hop,) * (p - 1))
-    return exact(args.name, costs, p, m, time_limit=args.ilp, objective=args.objective)
+    costs = auto_costs(table, p, m, limit, (hop,) * (p - 1))
+    return exact(args.name, costs, p, m, time_limit=args.ilp, objective=objective)
 
 
 def search_report(found: Searched, objective: str) -> dict:
