@@ -106,6 +106,8 @@ def rank_key(args: argparse.Namespace) -> tuple[str, float]:
     interleaving, recomputation, layouts; bench/published_goals.py), a time as work / time. The model is the
     bundled config's name or file with the shape flags that override it (a proxy of fewer layers, --layers 8, is
     another model: "llama3-405b L8"), or a --model gpt's shape."""
+    if args.cost is not None:  # hand-given seconds (a test's row): no model, its work one unit per GPU
+        return f"--cost {args.cost} on {gpus(args)} x {args.hardware}", 1.0
     shape = (("h", args.hidden), ("L", args.layers), ("a", args.heads), ("kv", args.kv_heads),
              ("f", args.ffn_hidden), ("V", args.vocab), (" ", args.activation))
     given = "".join(f"{k}{v}" for k, v in shape if v is not None)
