@@ -60,6 +60,20 @@ def test_calibrate_gpu_refuses_the_cpu_calibrations_flags_before_measuring(capsy
     assert not out.exists()
 
 
+@pytest.mark.parametrize(("extra", "line"), [
+    (["--hidden", "512"], "--hidden sizes a traced run's model (--from-trace): it does nothing with the executor runs"),
+    (["--hardware", "dgx-h100"], "--hardware names the base file of --from-trace or --gpu: it does nothing with the "
+                                 "executor runs"),
+    (["--quick", "--rescale", "local-cpu", "--devices", "3"], "--devices sets the ranks of a measured file; a "
+                                                              "rescaled one keeps its base's: it does nothing with "
+                                                              "--quick --rescale"),
+])
+def test_the_cpu_calibrations_refuse_what_they_do_not_use_before_running(capsys, tmp_path, extra, line):
+    out = tmp_path / "hw.toml"
+    assert _refused(capsys, ["calibrate", "-o", str(out), *extra]) == f"pipesim: error: {line}"
+    assert not out.exists()
+
+
 def test_calibrate_from_measurements_keeps_the_flags_it_uses(capsys, tmp_path):
     out = tmp_path / "hw.toml"
     assert main(["calibrate", "-o", str(out), "--from-measurements", str(SAMPLE), "--family", "H100",

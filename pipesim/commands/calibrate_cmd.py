@@ -73,6 +73,14 @@ def run(args: argparse.Namespace) -> int:
         return from_trace(args)
     if args.model or args.schedule:
         raise PipesimError("--model and --schedule describe a traced run: give them with --from-trace")
+    mode = "--quick --rescale" if args.rescale else "the executor runs"
+    unused = [(flag, "sizes a traced run's model (--from-trace)") for flag in _model_flags(args)]
+    unused += [("--hardware", "names the base file of --from-trace or --gpu")] if args.hardware else []
+    unused += [("--devices", "sets the ranks of a measured file; a rescaled one keeps its base's")] \
+        if args.rescale and args.devices is not None else []
+    if unused:
+        flag, what = unused[0]
+        raise PipesimError(f"{flag} {what}: it does nothing with {mode}")
     if args.rescale:
         return rescale(args)
     from pipesim.calibration.calibrate import calibrate  # local import: the fit loads numpy, not at start-up
