@@ -7,15 +7,8 @@ import argparse
 
 from pipesim.comm.comm_options import DEFAULT_DEEPEP_SMS, CommOptions
 from pipesim.comm.ub_overlap import UbConfig
-from pipesim.commands.common import (
-    MOE_FLAGS,
-    SIZE_FLAGS,
-    STRUCTURE_FLAGS,
-    bounded_int,
-    model_config,
-    positive_float,
-    positive_int,
-)
+from pipesim.commands.common import bounded_int, model_config, positive_float, positive_int
+from pipesim.commands.cost_args import refuse_model_flags
 from pipesim.commands.kernel_args import (
     adam_from_args,
     add_act_fp8_store_arg,
@@ -280,32 +273,13 @@ def capped(hardware: Hardware, watts: float) -> Hardware:
     return out
 
 
-def _refuse_model_flags(args: argparse.Namespace) -> None:
-    """--cost gives one rank's seconds: a model, its sizes or its kernels' switches beside it would be ignored."""
-    names = ["model", "model_config", *SIZE_FLAGS, *STRUCTURE_FLAGS, *MOE_FLAGS, "moe_load_imbalance",
-             "moe_expert_capacity_factor", "attention", "fp8_impl"]
-    given = [f"--{n.replace('_', '-')}" for n in names if getattr(args, n, None) is not None]
-    switches = {"eager_rmsnorm": "--eager-rmsnorm", "act_fp8_store": "--activation-func-fp8-input-store",
-                "use_precision_aware_optimizer": "--use-precision-aware-optimizer",
-                "first_last_layers_bf16": "--first-last-layers-bf16", "moe_enable_deepep": "--moe-enable-deepep"}
-    given += [flag for dest, flag in switches.items() if getattr(args, dest, False)]
-    if getattr(args, "kernel_fusion", None) is not None:
-        given.append("--compile" if args.kernel_fusion else "--no-kernel-fusion")
-    for dest, plain, flag in (("moe_token_dispatcher_type", "alltoall", "--moe-token-dispatcher-type"),
-                              ("cuda_graph_impl", "none", "--cuda-graph-impl")):
-        if getattr(args, dest, plain) != plain:
-            given.append(flag)
-    if given:
-        raise PipesimError(f"{given[0]} needs a model, but --cost gives the seconds: drop one")
-
-
 def setup_from_args(args: argparse.Namespace) -> SimSetup:
     """Turn the shared flags into a SimSetup (loads the hardware, parses --cost; sim_job applies --framework)."""
     if args.boundary_bytes < 0 or args.activation_bytes < 0:
         raise PipesimError("--boundary-bytes and --activation-bytes must be >= 0")
     cost = parse_cost_spec(args.cost) if args.cost is not None else None
     if cost is not None:  # the seconds are given: a model's flags would size nothing
-        _refuse_model_flags(args)
+        refuse_model_flags(args)
     elif args.boundary_bytes or args.activation_bytes:  # a model's own sizes are its messages and activations
         flag = "--boundary-bytes" if args.boundary_bytes else "--activation-bytes"
         raise PipesimError(f"{flag} sizes --cost's stages; a model's messages and activations come from the model")
