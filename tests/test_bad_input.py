@@ -89,6 +89,8 @@ CASES = [
     ("whatif-jitter-overflow", ["whatif", "measured.json", "--jitter", "1000"], "exp(sigma z) of a draw"),
     ("output-over-input", [*SIM, "--model-config", "tiny-config.json", "--json", "tiny-config.json"],
      "--json tiny-config.json is the file --model-config reads: give another file"),
+    ("whatif-trace-over-input", ["whatif", "measured.json", "--trace", "measured.json"],
+     "--trace measured.json is the file whatif reads: give another file"),
     ("import-trace-output-in-input", ["import-trace", "traces", "-o", "traces/out.json"],
      "-o traces/out.json is inside"),
     ("cost-with-model", [*SIM, "--cost", "F=1,B=2", "--model-config", "tiny-config.json"],

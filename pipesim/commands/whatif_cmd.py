@@ -7,7 +7,7 @@ import argparse
 from pipesim.commands.common import json_text
 from pipesim.commands.whatif_args import perturbation_from_args, whatif_lines
 from pipesim.errors import PipesimError
-from pipesim.outputs import check_distinct, check_file, write_files
+from pipesim.outputs import check_apart, check_distinct, check_file, write_files
 from pipesim.plots.perfetto import trace_text
 from pipesim.sim import replay
 from pipesim.sim.blame import blame_rows, what_if
@@ -48,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
     json_path = check_file(args.json, "--json", "json")
     trace_path = check_file(args.trace, "--trace", "json")
     check_distinct(("--json", json_path), ("--trace", trace_path))
+    check_apart([("--json", json_path), ("--trace", trace_path)], [("whatif", args.timeline)])
     tl = Timeline.read(args.timeline)
     if tl.source != "measured":
         raise PipesimError(f"{args.timeline} is a {tl.source} timeline: give a measured one (pipesim import-trace, "
