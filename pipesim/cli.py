@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["simulate"] and any(a == FLAG or a.startswith(FLAG + "=") for a in argv):
+    if argv[:1] in (["simulate"], ["plan"]) and any(a == FLAG or a.startswith(FLAG + "=") for a in argv):
         try:  # a torchtitan job config read as the flags it stands for, before the ones typed after it
             argv = expand(argv)
         except PipesimError as exc:

@@ -122,3 +122,16 @@ def test_layers_per_stage_count_the_stages_as_pipeline_llm_does(tmp_path):
     with pytest.raises(PipesimError, match="gives 10 stages, not a multiple of pipeline_parallel_degree 4"):
         expand(["simulate", "--from-torchtitan", _file(tmp_path, text.format(9)), "--hardware", "dgx-h100",
                 "--nodes", "2"])
+
+
+def test_plan_takes_the_files_job_and_searches_its_layout(tmp_path):
+    """`pipesim plan --from-torchtitan`: the file's model, batch (torchtitan's local x dp on these 16 GPUs: 1 x 8),
+    sequence and precision, exactly as typed; its layout (FSDP 8 x CP 2, full AC, 1F1B) is what the plan searches."""
+    argv = expand(["plan", "--from-torchtitan", str(EXAMPLE), "--gpus", "16", "--hardware", "dgx-h100"])
+    assert argv == ["plan", "--framework", "torchtitan", "--model-config", "llama3.1-8b", "--seq", "65536", "--dtype",
+                    "bfloat16", "--batch", "8", "--compile", "--fp8-format", "hybrid", "--fp8-recipe", "tensorwise",
+                    "--fp8-param-gather", "--fp8-impl", "torchao", "--gpus", "16", "--hardware", "dgx-h100"]
+    read, typed = tmp_path / "read.json", tmp_path / "typed.json"
+    assert main([*argv[:1], "--from-torchtitan", str(EXAMPLE), *argv[-4:], "--top", "3", "--json", str(read)]) == 0
+    assert main([*argv, "--top", "3", "--json", str(typed)]) == 0
+    assert json.loads(read.read_text())["rows"] == json.loads(typed.read_text())["rows"]

@@ -45,6 +45,7 @@ from pipesim.commands.plan_args import (
 from pipesim.commands.plan_report import plan_json, report
 from pipesim.commands.setup_args import add_comm_args, add_domain_arg, add_power_limit_arg, capped
 from pipesim.commands.split_args import add_split_args, split_rule, typed_split
+from pipesim.commands.torchtitan_import import FLAG
 from pipesim.cost.v_search import V_SEARCHED
 from pipesim.cost.zb_auto_costs import AUTO_SCHEDULES
 from pipesim.errors import PipesimError
@@ -177,6 +178,10 @@ def add_parser(sub) -> None:
                    help="write the winner's schedule as a torch.distributed.pipelining CSV")
     g.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE",
                    help="write the plan as JSON to FILE, or to stdout without FILE")
+    p.add_argument(FLAG, metavar="JOB.toml",
+                   help="a torchtitan job config's job: its model, batch, sequence, precision and compile "
+                        "(pipesim simulate --from-torchtitan reads the rest too); the layout is searched "
+                        "(docs/frameworks.md)")
     p.set_defaults(func=run)
 
 

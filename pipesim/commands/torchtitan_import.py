@@ -49,7 +49,10 @@ def _world(argv: list[str]) -> int:
     p.add_argument("--hardware", default=DEFAULT_HARDWARE)
     p.add_argument("--nodes", type=int, default=None)
     p.add_argument("--nvlink-domain", type=int, default=None)
+    p.add_argument("--gpus", type=int, default=None)  # pipesim plan's own count
     known, _ = p.parse_known_args(argv)
+    if known.gpus is not None:
+        return known.gpus
     hw = load_hardware(known.hardware)
     if known.nvlink_domain is not None:
         hw = hw.with_domain(known.nvlink_domain)
@@ -263,9 +266,27 @@ def _pipeline(where: str, name: str, csv: str, pp: int, fqns, stages: int | None
     return SCHEDULES[name], v
 
 
+# what `pipesim plan --from-torchtitan` keeps of the file: the job (model, batch, sequence, precision, compile);
+# the layout (parallel degrees, pipeline, schedule, recomputation) is what the plan searches
+PLAN_KEEPS = ("--framework", "--model-config", "--seq", "--dtype", "--grad-reduce-in-bf16", "--batch", "--compile",
+              "--fp8-format", "--fp8-recipe", "--fp8-param-gather", "--fp8-impl")
+
+
+def _plan_flags(flags: list[str]) -> list[str]:
+    """The job's flags of a translated file (every value of these flags is a word, never a --flag)."""
+    out, keep = [], False
+    for word in flags:
+        if word.startswith("--"):
+            keep = word in PLAN_KEEPS
+        if keep:
+            out.append(word)
+    return out
+
+
 def expand(argv: list[str]) -> list[str]:
     """`simulate [SCHEDULE] --from-torchtitan FILE REST` -> `simulate SCHEDULE FLAGS REST`: the file's flags first,
-    so that REST wins; the schedule the file names unless one is typed."""
+    so that REST wins; the schedule the file names unless one is typed. `plan --from-torchtitan FILE REST` -> `plan
+    JOB-FLAGS REST`: the file's model, batch, sequence and precision, its layout left to the search."""
     rest = list(argv[1:])
     at = [i for i, a in enumerate(rest) if a == FLAG or a.startswith(FLAG + "=")]
     if len(at) != 1:
@@ -278,12 +299,15 @@ def expand(argv: list[str]) -> list[str]:
     else:
         raise PipesimError(f"{FLAG} needs a file")
     rest = rest[:i] + rest[del_to:]
-    typed = rest[0] if rest and not rest[0].startswith("-") else None
+    planning = argv[0] == "plan"
+    typed = rest[0] if rest and not rest[0].startswith("-") and not planning else None
     if typed is not None:
         rest = rest[1:]
     if any(a == "--framework" or a.startswith("--framework=") for a in rest):
         raise PipesimError(f"{FLAG}: the file is torchtitan's; drop --framework")
     schedule, flags = torchtitan_argv(path, rest)
+    if planning:
+        return [argv[0], *_plan_flags(flags), *rest]
     if typed is not None:  # a typed schedule replaces the file's (its CSV too)
         if "--from-csv" in flags:
             at_csv = flags.index("--from-csv")
