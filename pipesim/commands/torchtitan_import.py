@@ -12,15 +12,14 @@ torchtitan's ParallelDims does: WORLD_SIZE is the GPUs of `--hardware` (with `--
 from __future__ import annotations
 
 import argparse
-import re
 from pathlib import Path
 
+from pipesim.commands.torchtitan_pipeline import model_layers, parts_split, stages_per_rank
 from pipesim.commands.torchtitan_sections import Keys, compile_flags, quantize_flags, recompute_flags
 from pipesim.errors import PipesimError
 from pipesim.hardware.toml_io import load_hardware
-from pipesim.model.hf_config import load_hf_config
 from pipesim.plan.exports import TORCH_ROTATE
-from pipesim.plan.stack_space import TORCH_SCHEDULES, TORCHTITAN_FLAVORS
+from pipesim.plan.stack_space import TORCHTITAN_FLAVORS
 from pipesim.sim.sim_setup import DEFAULT_HARDWARE
 
 try:
@@ -30,8 +29,6 @@ except ModuleNotFoundError:  # Python 3.10
 
 FLAG = "--from-torchtitan"
 FLAVORS = TORCHTITAN_FLAVORS  # (model.name, model.flavor) -> the bundled config of its shapes
-SCHEDULES = {torch: ours for ours, torch in TORCH_SCHEDULES.items()}
-SINGLE_STAGE = ("GPipe", "1F1B")  # torch's PipelineScheduleSingle classes: one stage per rank
 ROTATE = {torch: ours for ours, torch in TORCH_ROTATE.items()}
 # torchtitan v0.1.0's config_manager.py spellings that v0.2 moved or dropped (its split_points and layers-per-stage
 # split, torchtitan/distributed/pipeline.py generate_split_points, is another rule than v0.2's)
@@ -64,30 +61,6 @@ def _world(argv: list[str]) -> int:
 def _typed_model(argv: list[str]) -> bool:
     """Whether the command line gives the model itself (--model-config or --model), replacing the file's."""
     return any(a in ("--model-config", "--model") or a.startswith(("--model-config=", "--model=")) for a in argv)
-
-
-def _split(parts: list, where: str) -> list[int]:
-    """module_fqns_per_model_part -> layers per model part, checked as pipesim models a stage (the embedding first,
-    the norm and the head last, each decoder layer once and in order)."""
-    if not all(isinstance(part, list) and all(isinstance(n, str) for n in part) for part in parts) or not parts:
-        raise PipesimError(f"{where}: parallelism.module_fqns_per_model_part must be a list of lists of names")
-    split, expected = [], 0
-    for s, part in enumerate(parts):
-        names = list(part)
-        head = ["tok_embeddings"] if s == 0 else []
-        tail = ["norm", "output"] if s == len(parts) - 1 else []
-        body = names[len(head):len(names) - len(tail)]
-        indices = [re.fullmatch(r"layers\.(\d+)", n) for n in body]
-        if names[:len(head)] != head or names[len(names) - len(tail):] != tail or not all(indices):
-            raise PipesimError(f"{where}: module_fqns_per_model_part part {s} is {names}: pipesim models "
-                               "tok_embeddings first, norm and output last, and layers.N between")
-        numbers = [int(m.group(1)) for m in indices]
-        if numbers != list(range(expected, expected + len(numbers))):
-            raise PipesimError(f"{where}: module_fqns_per_model_part part {s} holds layers {numbers}; the parts "
-                               "must take the layers in order")
-        expected += len(numbers)
-        split.append(len(numbers))
-    return split
 
 
 def torchtitan_argv(path: str, argv: list[str]) -> tuple[str, list[str]]:
@@ -210,17 +183,17 @@ def torchtitan_argv(path: str, argv: list[str]) -> tuple[str, list[str]]:
         out += ["--stages", str(pp), "--microbatch-size", str(pp_mbs)]
         stages = None
         if per_stage is not None and fqns is None:  # pipeline_llm: ceil((layers + both weights) / layers per stage)
-            layers = _layers(config, argv, where)
+            layers = model_layers(config, argv, where)
             if per_stage < 1:
                 raise PipesimError(f"{where}: pipeline_parallel_layers_per_stage = {per_stage} must be at least 1")
             stages = -(-(layers + first_less + last_less) // per_stage)
-        schedule, v = _pipeline(where, schedule_name, csv, pp, fqns, stages, path)
+        schedule, v = stages_per_rank(where, schedule_name, csv, pp, fqns, stages, path)
         if csv:
             out += ["--from-csv", schedule]
         if v > 1 and not csv:
             out += ["--virtual", str(v)]
         if fqns is not None:  # the layers' count is checked where the split is (pipesim.model.config)
-            split = _split(fqns, where)
+            split = parts_split(fqns, where)
             out += ["--layer-split", ",".join(map(str, split))]
         else:
             out += ["--pipeline-parallel-first-stage-less-layers", str(first_less),
@@ -229,41 +202,6 @@ def torchtitan_argv(path: str, argv: list[str]) -> tuple[str, list[str]]:
     out += recompute_flags(data, where) + compile_flags(data, where) + quantize_flags(data, converters, where)
     Keys(data, "debug", where).done()
     return schedule, out
-
-
-def _layers(config: str | None, argv: list[str], where: str) -> int:
-    """The model's decoder layers: the flavor's bundled config, else the --model-config typed."""
-    p = argparse.ArgumentParser(add_help=False)
-    p.add_argument("--model-config", default=None)
-    typed = p.parse_known_args(argv)[0].model_config
-    if typed is None and config is None:
-        raise PipesimError(f"{where}: pipeline_parallel_layers_per_stage needs the model's layers: give "
-                           "--model-config")
-    return load_hf_config(typed or config).layers
-
-
-def _pipeline(where: str, name: str, csv: str, pp: int, fqns, stages: int | None, path: str) -> tuple[str, int]:
-    """(the schedule, or the CSV file's path; its stages per rank) as torchtitan's pipeline_llm decides them."""
-    if csv:
-        found = Path(path).parent / csv
-        return str(found if found.is_file() else Path(csv)), 1
-    if name not in SCHEDULES:
-        raise PipesimError(f"{where}: pipeline_parallel_schedule {name!r}: pipesim runs "
-                           + ", ".join(SCHEDULES) + " (or a pipeline_parallel_schedule_csv)")
-    if fqns is not None:
-        if len(fqns) % pp:
-            raise PipesimError(f"{where}: {len(fqns)} model parts over pipeline_parallel_degree {pp}")
-        v = len(fqns) // pp
-    elif stages is not None:  # from pipeline_parallel_layers_per_stage
-        if stages % pp:
-            raise PipesimError(f"{where}: pipeline_parallel_layers_per_stage gives {stages} stages, not a multiple of "
-                               f"pipeline_parallel_degree {pp} (torchtitan refuses it)")
-        v = stages // pp
-    else:
-        v = 1 if name in SINGLE_STAGE else 2  # pipeline_llm's default
-    if name in SINGLE_STAGE and v != 1 or name not in SINGLE_STAGE and v < 2:
-        raise PipesimError(f"{where}: {name} with {v} stages per rank: torchtitan refuses it")
-    return SCHEDULES[name], v
 
 
 # what `pipesim plan --from-torchtitan` keeps of the file: the job (model, batch, sequence, precision, compile);
