@@ -42,9 +42,11 @@ def config_argument(argv: list[str], usage: str) -> str:
     if text.lstrip().startswith(("{", "[")):
         return text
     try:
-        return Path(text).read_text()
+        return Path(text).read_text(encoding="utf-8")
     except OSError as exc:
         raise PipesimError(f"cannot read {text}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise PipesimError(f"cannot read {text}: not UTF-8 (byte {exc.start}: {exc.reason})") from None
 
 
 __all__ = ["config_argument", "dataclass_from_dict"]

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from executor.config_json import config_argument
+from pipesim.calibration.campaign import CAMPAIGN_FILE, provenance
 from pipesim.cli import main
 from pipesim.errors import PipesimError
 from pipesim.model.hf_config import model_from_hf
@@ -177,3 +179,20 @@ def test_known_or_absent_torch_dtype(given, dtype):
 
 def test_dtype_flag_overrides_the_file():
     assert model_from_hf({**TINY, "torch_dtype": "int8"}, where="config.json", dtype="float16").dtype == "float16"
+
+
+def test_an_executor_config_file_that_is_not_utf8_is_one_line(tmp_path):
+    """`python -m executor --config FILE` (what `pipesim run` hands each worker) reads the file as UTF-8."""
+    path = tmp_path / "config.json"
+    path.write_bytes(b"\xff\xfe{}")
+    with pytest.raises(PipesimError) as err:
+        config_argument(["--config", str(path)], "usage")
+    assert str(err.value) == f"cannot read {path}: not UTF-8 (byte 0: invalid start byte)"
+
+
+def test_a_reused_folders_broken_campaign_record_is_one_line(tmp_path):
+    (tmp_path / CAMPAIGN_FILE).write_text('{"command": "x"}')
+    with pytest.raises(PipesimError) as err:
+        provenance(tmp_path)
+    assert str(err.value) == (f"{tmp_path / CAMPAIGN_FILE} is not a campaign record pipesim wrote "
+                              "(KeyError: 'started')")

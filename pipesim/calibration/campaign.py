@@ -21,6 +21,7 @@ from pipesim.calibration.launcher import CYCLES, measure_rounds
 from pipesim.calibration.measured import late_recv_delay, measured_metrics, trimmed_step, typical_run, typical_step
 from pipesim.calibration.report import Report, load_line
 from pipesim.calibration.validation import Row, make_row, predict, ranking_check, summarize, validation_plan
+from pipesim.errors import PipesimError
 from pipesim.hardware.machine import Hardware
 from pipesim.hardware.toml_io import hardware_to_toml
 from pipesim.sim.result import SimResult
@@ -125,9 +126,12 @@ def provenance(workdir: Path) -> str:
     """Where a reused directory's timelines come from: its campaign.json, else the files' times."""
     meta = workdir / CAMPAIGN_FILE
     if meta.is_file():
-        c = json.loads(meta.read_text())
-        return (f"`{workdir}` measured by `{c['command']}` from {_utc(c['started'])} for {c['seconds']:.0f} s "
-                f"(load before `{c['load_before']}`, after `{c['load_after']}`)")
+        try:  # written by pipesim itself, but a reused folder is the user's: a broken one is said in one line
+            c = json.loads(meta.read_text(encoding="utf-8"))
+            return (f"`{workdir}` measured by `{c['command']}` from {_utc(c['started'])} for {c['seconds']:.0f} s "
+                    f"(load before `{c['load_before']}`, after `{c['load_after']}`)")
+        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
+            raise PipesimError(f"{meta} is not a campaign record pipesim wrote ({type(exc).__name__}: {exc})") from None
     stamps = [f.stat().st_mtime for f in workdir.glob("round*/p*/*.json")]
     if not stamps:
         return f"`{workdir}`"
