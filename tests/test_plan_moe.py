@@ -84,3 +84,18 @@ def test_combined_1f1b_is_planned_only_where_megatron_core_runs_it():
     assert not [c for c in enumerate_candidates(PlanRequest(dense, load_hardware("dgx-h100"), 16,
                                                             schedules=("combined-1f1b", "interleaved-1f1b")))
                 if c.schedule == "combined-1f1b"]
+
+
+def test_the_exported_command_keeps_the_expert_flags_over_the_config(tmp_path):
+    """Expert and routing flags over a mixture of experts' config change the model: the winner's simulate command
+    types them again and re-simulates to the plan's step (before, it dropped them and simulated the file's 128
+    experts)."""
+    out, again = tmp_path / "plan.json", tmp_path / "again.json"
+    assert main(["plan", "--model-config", "qwen3-30b-a3b", "--num-experts", "64", "--moe-load-imbalance", "1.5",
+                 "--seq", "4096", "--batch", "64", "--hardware", "dgx-h100", "--gpus", "8", "--top", "1", "--json",
+                 str(out)]) == 0
+    plan = json.loads(out.read_text())
+    argv = plan["winner"]["simulate_command"].split()
+    assert argv[argv.index("--num-experts") + 1] == "64" and argv[argv.index("--moe-load-imbalance") + 1] == "1.5"
+    assert main([*argv[1:], "--json", str(again)]) == 0
+    assert json.loads(again.read_text())["step_time"] == plan["rows"][0]["step_time"]

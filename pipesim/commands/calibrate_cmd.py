@@ -8,7 +8,7 @@ from pathlib import Path
 
 from executor.supervisor import interruptible
 from pipesim.calibration.gpu import assemble, measurements_path
-from pipesim.commands.common import MOE_FLAGS, SIZE_FLAGS, add_model_args, model_config, user_model_config
+from pipesim.commands.common import add_model_args, given_model_flags, model_config, user_model_config
 from pipesim.cost.user_model_costs import is_factory_spec
 from pipesim.device import gpu_measurements as measured
 from pipesim.errors import PipesimError
@@ -191,4 +191,4 @@ def _devices(args: argparse.Namespace) -> int:
 
 def _model_flags(args: argparse.Namespace) -> list[str]:
     """The traced run's model sizes given (--hidden, --batch, the experts'; not --seed, whose default is a value)."""
-    return [f"--{name.replace('_', '-')}" for name in (*SIZE_FLAGS, *MOE_FLAGS) if getattr(args, name) is not None]
+    return [flag for flag, _ in given_model_flags(args)]

@@ -186,6 +186,15 @@ def add_transformer_args(parser: argparse.ArgumentParser) -> None:
 
 SIZE_FLAGS = ("hidden", "layers", "heads", "seq", "vocab", "batch", "dtype")  # ModelConfig field = flag name
 STRUCTURE_FLAGS = ("kv_heads", "ffn_hidden", "activation")
+ROUTING_FLAGS = ("moe_load_imbalance", "moe_expert_capacity_factor")
+MODEL_FLAGS = (*SIZE_FLAGS, *STRUCTURE_FLAGS, *MOE_FLAGS, *ROUTING_FLAGS)  # every flag that shapes pipesim's model
+
+
+def given_model_flags(args: argparse.Namespace, *, skip: tuple[str, ...] = ()) -> list[tuple[str, object]]:
+    """(--flag, value) of each model flag the command line gave (MODEL_FLAGS less `skip`), in that order: what a
+    `--cost` run refuses, a calibration mode does not use, and a plan's export must type again."""
+    return [(f"--{name.replace('_', '-')}", getattr(args, name)) for name in MODEL_FLAGS
+            if name not in skip and getattr(args, name, None) is not None]
 
 
 def model_config(args: argparse.Namespace) -> ModelConfig:
@@ -233,8 +242,8 @@ def _with_expert_flags(model: ModelConfig, args: argparse.Namespace, source: str
 
 def _with_routing(model: ModelConfig, args: argparse.Namespace) -> ModelConfig:
     """--moe-load-imbalance / --moe-expert-capacity-factor into the model's MoeConfig (refused on a dense model)."""
-    routing = {name: value for name, value in (("imbalance", getattr(args, "moe_load_imbalance", None)),
-                                               ("capacity_factor", getattr(args, "moe_expert_capacity_factor", None)))
+    routing = {name: value for name, value in zip(("imbalance", "capacity_factor"),
+                                                  (getattr(args, flag, None) for flag in ROUTING_FLAGS), strict=True)
                if value is not None}
     if not routing:
         return model

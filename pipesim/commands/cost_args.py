@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import argparse
 
-from pipesim.commands.common import MOE_FLAGS, SIZE_FLAGS, STRUCTURE_FLAGS
+from pipesim.commands.common import given_model_flags
 from pipesim.errors import PipesimError
 
 
 def refuse_model_flags(args: argparse.Namespace) -> None:
     """--cost gives one rank's seconds: a model, its sizes or its kernels' switches beside it would be ignored."""
-    names = ["model", "model_config", *SIZE_FLAGS, *STRUCTURE_FLAGS, *MOE_FLAGS, "moe_load_imbalance",
-             "moe_expert_capacity_factor", "attention", "fp8_impl"]
-    given = [f"--{n.replace('_', '-')}" for n in names if getattr(args, n, None) is not None]
+    given = [f"--{n.replace('_', '-')}" for n in ("model", "model_config") if getattr(args, n, None) is not None]
+    given += [flag for flag, _ in given_model_flags(args)]
+    given += [f"--{n.replace('_', '-')}" for n in ("attention", "fp8_impl") if getattr(args, n, None) is not None]
     switches = {"eager_rmsnorm": "--eager-rmsnorm", "act_fp8_store": "--activation-func-fp8-input-store",
                 "use_precision_aware_optimizer": "--use-precision-aware-optimizer",
                 "first_last_layers_bf16": "--first-last-layers-bf16", "moe_enable_deepep": "--moe-enable-deepep"}

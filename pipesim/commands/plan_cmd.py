@@ -9,13 +9,11 @@ import math
 from pathlib import Path
 
 from pipesim.commands.common import (
-    MOE_FLAGS,
-    SIZE_FLAGS,
-    STRUCTURE_FLAGS,
     add_model_args,
     add_transformer_args,
     bounded_int,
     emit_json,
+    given_model_flags,
     input_files,
     model_config,
     model_config_json,
@@ -252,13 +250,14 @@ def run_model_flags(model: ModelConfig) -> list[str]:
             "--dtype", model.dtype]
 
 
+STEP_FLAGS = ("seq", "batch")  # the step's, not the model's: the exports give them from the request
+
+
 def model_flags(args: argparse.Namespace, req: PlanRequest) -> list[str]:
     """The model flags as given (plus the step's --seq and --batch), for the exported simulate command."""
     out = ["--model-config", args.model_config] if args.model_config else ["--model", "gpt"]
-    for name in SIZE_FLAGS + STRUCTURE_FLAGS:
-        value = getattr(args, name, None)
-        if value is not None and name not in ("seq", "batch"):
-            out += [f"--{name.replace('_', '-')}", str(value)]
+    for flag, value in given_model_flags(args, skip=STEP_FLAGS):  # sizes, structure, experts, routing
+        out += [flag, str(value)]
     return out + ["--seq", str(req.model.seq), "--batch", str(req.model.batch)]
 
 
@@ -326,9 +325,8 @@ def run(args: argparse.Namespace) -> int:
                            nodes=ranks // per_node, split=req.stage_split(result.best.candidate.chunks))
     if args.ilp_seconds is not None and result.best.candidate.schedule in V_SEARCHED:
         run_argv += ["--ilp", f"{args.ilp_seconds:g}"]  # without it `pipesim run zb-v` runs the handcrafted order
-    changed = [n for n in SIZE_FLAGS + STRUCTURE_FLAGS + MOE_FLAGS
-               if n not in ("seq", "batch") and getattr(args, n, None) is not None]
-    config = args.model_config if args.model_config and not changed else None  # the bundled config, unchanged
+    unchanged = not given_model_flags(args, skip=STEP_FLAGS)
+    config = args.model_config if args.model_config and unchanged else None  # the bundled config, as it is
     data = plan_json(result, args.top, argv, ev.attention, run_argv, config)
     if (keys := model_config_json(args)) is not None:
         data["model_config"] = keys
