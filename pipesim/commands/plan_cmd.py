@@ -44,8 +44,7 @@ from pipesim.commands.plan_report import plan_json, report
 from pipesim.commands.setup_args import add_comm_args, add_domain_arg, add_power_limit_arg, capped
 from pipesim.commands.split_args import add_split_args, split_rule, typed_split
 from pipesim.commands.torchtitan_import import FLAG
-from pipesim.cost.v_search import V_SEARCHED
-from pipesim.cost.zb_auto_costs import AUTO_SCHEDULES
+from pipesim.cost.v_search import SEARCHED, V_SEARCHED
 from pipesim.errors import PipesimError
 from pipesim.hardware.machine import Hardware
 from pipesim.hardware.toml_io import load_hardware
@@ -315,7 +314,7 @@ def run(args: argparse.Namespace) -> int:
         switches += ["--layer-split", ",".join(map(str, req.stage_split(result.best.candidate.chunks)))]
     if shared.cp_comm != "p2p" and result.best.candidate.cp > 1:
         switches += ["--cp-comm-type", shared.cp_comm]
-    if args.ilp_seconds is not None and result.best.candidate.schedule in {*AUTO_SCHEDULES, *V_SEARCHED}:
+    if args.ilp_seconds is not None and result.best.candidate.schedule in SEARCHED:
         switches += ["--ilp", f"{args.ilp_seconds:g}"]  # the winner's order is the ILP's
     argv = simulate_command(result.best.candidate, model_flags(args, req), hw_flags + switches,
                             args.attention, shared.kernels.grad_fp32)

@@ -20,7 +20,7 @@ from dataclasses import replace
 
 import schedules
 from executor.run_config import RunConfig, check_transport_order
-from pipesim.cost.v_search import V_SEARCHED
+from pipesim.cost.v_search import SEARCHED, V_SEARCHED
 from pipesim.cost.zb_auto_costs import AUTO_SCHEDULES
 from pipesim.errors import PipesimError
 from pipesim.hardware.machine import Hardware
@@ -38,14 +38,17 @@ def order_hardware(cfg: RunConfig, name: str | None, world: int) -> Hardware:
     return hw.with_nodes(need) if need > hw.num_nodes else hw
 
 
+def _ordered(name: str, ilp_seconds: float | None) -> bool:
+    """Whether `pipesim run` searches `name`'s order: zb-auto and zb-2p always, zb-v with --ilp."""
+    return name in AUTO_SCHEDULES or (name in V_SEARCHED and ilp_seconds is not None)
+
+
 def check_order_flags(cfgs: list[RunConfig], hardware: str | None, ilp_seconds: float | None) -> None:
     """Refuse --hardware and --ilp where no run of `cfgs` has an order they search (they would be ignored)."""
     names = {n for cfg in cfgs if cfg.factory is None for n in cfg.names}
-    if ilp_seconds is not None and not names & (set(AUTO_SCHEDULES) | set(V_SEARCHED)):
-        raise PipesimError(f"--ilp searches the order of {', '.join([*AUTO_SCHEDULES, *V_SEARCHED])} only; "
-                           f"this run has none of them")
-    searched = names & set(AUTO_SCHEDULES) or (names & set(V_SEARCHED) if ilp_seconds is not None else set())
-    if hardware is not None and not searched:
+    if ilp_seconds is not None and not names & set(SEARCHED):
+        raise PipesimError(f"--ilp searches the order of {', '.join(SEARCHED)} only; this run has none of them")
+    if hardware is not None and not any(_ordered(n, ilp_seconds) for n in names):
         raise PipesimError(f"--hardware costs the order of {', '.join(AUTO_SCHEDULES)} (and of "
                            f"{', '.join(V_SEARCHED)} with --ilp) only; this run has none to order")
 
@@ -54,7 +57,7 @@ def searched_orders(cfg: RunConfig, world: int, hardware: str | None = None,
                     ilp_seconds: float | None = None) -> RunConfig:
     """`cfg` with zb-auto / zb-2p's orders (zb-v's with `ilp_seconds`) searched for its simulated costs (unchanged
     when it names none)."""
-    names = [n for n in cfg.names if n in AUTO_SCHEDULES or (n in V_SEARCHED and ilp_seconds is not None)]
+    names = [n for n in cfg.names if _ordered(n, ilp_seconds)]
     if not names or cfg.factory is not None:
         return cfg
     job = cfg.job_for(world)

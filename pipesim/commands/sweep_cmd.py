@@ -23,12 +23,13 @@ from pipesim.commands.common import (
 )
 from pipesim.commands.setup_args import add_setup_args, setup_from_args
 from pipesim.commands.whatif_args import add_whatif_args, perturbation_from_args
+from pipesim.cost.v_search import SEARCHED
 from pipesim.cost.zb_auto_costs import SEARCHED_TEXT
 from pipesim.errors import PipesimError
 from pipesim.outputs import check_apart, check_distinct, check_file, write_files
 from pipesim.sim.sim_setup import SimSetup
 from pipesim.sim.simulator import check_devices
-from pipesim.sim.sweep import SEARCHED, format_table, run_sweep, to_dict
+from pipesim.sim.sweep import format_table, run_sweep, to_dict
 
 EXAMPLES = """examples:
   pipesim sweep --schedules gpipe,1f1b,zb-h1 --stages 2,4 --microbatches 4,8,16

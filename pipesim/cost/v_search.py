@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from pipesim.cost.table import CostTable
-from pipesim.cost.zb_auto_costs import MAX_ILP_BINARIES, MemoryLimit, Searched
+from pipesim.cost.zb_auto_costs import AUTO_SCHEDULES, MAX_ILP_BINARIES, MemoryLimit, Searched
 from pipesim.errors import PipesimError
 from pipesim.ir.schedule import Action, Kind, Schedule, v_placement
 from schedules.placed_graph import Graph, Programs, fits, peak_stash, placed_measure, placed_work_bound
@@ -29,6 +29,7 @@ from schedules.zb_inputs import AutoCosts
 from schedules.zero_bubble_v import zb_v
 
 V_SEARCHED = ("zb-v",)  # the schedules searched here; their default limit is zb-v's own peak, rank by rank
+SEARCHED = (*AUTO_SCHEDULES, *V_SEARCHED)  # every schedule whose order a search sets (SEARCHED_TEXT in words)
 
 
 def _activation(table: CostTable, stage: int) -> float:

@@ -14,8 +14,7 @@ from dataclasses import replace
 from tqdm import tqdm
 
 import schedules as registry
-from pipesim.cost.v_search import V_SEARCHED
-from pipesim.cost.zb_auto_costs import AUTO_SCHEDULES
+from pipesim.cost.v_search import SEARCHED
 from pipesim.errors import PipesimError
 from pipesim.sim.sim_setup import SimSetup
 from pipesim.units import format_bytes
@@ -71,9 +70,6 @@ def _what_if(setup: SimSetup, sched, pert, samples: int, ideal: float) -> dict:
     return {"perturbation": pert.describe(), "samples": draws, "makespan": mean,
             "makespan_std": statistics.pstdev(spans) if draws > 1 else 0.0,
             "loss_fraction": mean / ideal - 1 if ideal > 0 else 0.0}
-
-
-SEARCHED = (*AUTO_SCHEDULES, *V_SEARCHED)  # the schedules whose order --ilp and --memory-limit search
 
 
 def run_sweep(schedules: list[str], stages: list[int], microbatches: list[int], virtual: list[int] | None,
