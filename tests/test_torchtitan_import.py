@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
+import schedules
 from pipesim.cli import main
 from pipesim.commands.torchtitan_import import expand
 from pipesim.errors import PipesimError
+from pipesim.ir import torch_csv
 
 # the shipped example: the keys of torchtitan v0.2.2's llama3_8b.toml with float8, compile and context parallelism
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "torchtitan_llama3_8b.toml"
@@ -135,3 +137,19 @@ def test_plan_takes_the_files_job_and_searches_its_layout(tmp_path):
     assert main([*argv[:1], "--from-torchtitan", str(EXAMPLE), *argv[-4:], "--top", "3", "--json", str(read)]) == 0
     assert main([*argv, "--top", "3", "--json", str(typed)]) == 0
     assert json.loads(read.read_text())["rows"] == json.loads(typed.read_text())["rows"]
+
+
+def test_a_schedule_csv_is_read_beside_the_file_and_a_typed_schedule_replaces_it(tmp_path):
+    """pipeline_parallel_schedule_csv: the CSV beside the TOML, simulated as pipesim's zb-h1 (whose order it is);
+    a schedule typed before --from-torchtitan replaces the CSV."""
+    torch_csv.dump(schedules.build("zb-h1", 2, 4).compute_only(), tmp_path / "zb.csv")
+    job = _file(tmp_path, '[model]\nflavor = "8B"\n[training]\nseq_len = 4096\nlocal_batch_size = 4\n'
+                          '[parallelism]\npipeline_parallel_degree = 2\npipeline_parallel_schedule_csv = "zb.csv"\n'
+                          '[activation_checkpoint]\nmode = "full"\n')
+    argv = expand(["simulate", "--from-torchtitan", job, "--hardware", "dgx-h100"])
+    assert argv[1] == "--framework" and argv[argv.index("--from-csv") + 1] == str(tmp_path / "zb.csv")
+    typed = expand(["simulate", "zb-h1", "--from-torchtitan", job, "--hardware", "dgx-h100"])
+    assert typed[1] == "zb-h1" and "--from-csv" not in typed
+    read, named = tmp_path / "read.json", tmp_path / "named.json"
+    assert main([*argv, "--json", str(read)]) == 0 and main([*typed, "--json", str(named)]) == 0
+    assert json.loads(read.read_text())["step_time"] == json.loads(named.read_text())["step_time"]

@@ -28,7 +28,6 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
 FLAG = "--from-torchtitan"
-FLAVORS = TORCHTITAN_FLAVORS  # (model.name, model.flavor) -> the bundled config of its shapes
 ROTATE = {torch: ours for ours, torch in TORCH_ROTATE.items()}
 # torchtitan v0.1.0's config_manager.py spellings that v0.2 moved or dropped (its split_points and layers-per-stage
 # split, torchtitan/distributed/pipeline.py generate_split_points, is another rule than v0.2's)
@@ -40,32 +39,34 @@ IGNORED = ("job", "profiling", "metrics", "optimizer", "lr_scheduler", "checkpoi
            "fault_tolerance", "experimental", "validation")
 
 
-def _world(argv: list[str]) -> int:
-    """The job's GPUs from the command line's --hardware, --nvlink-domain and --nodes (torchtitan's WORLD_SIZE)."""
-    p = argparse.ArgumentParser(add_help=False)
+def _typed(argv: list[str]) -> argparse.Namespace:
+    """What the rest of the command line says of the job: the GPUs (--hardware, --nodes, --nvlink-domain, or plan's
+    --gpus: torchtitan's WORLD_SIZE) and a model of its own (--model-config or --model, replacing the file's)."""
+    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)  # the flags as typed, no prefix of another
     p.add_argument("--hardware", default=DEFAULT_HARDWARE)
-    p.add_argument("--nodes", type=int, default=None)
-    p.add_argument("--nvlink-domain", type=int, default=None)
-    p.add_argument("--gpus", type=int, default=None)  # pipesim plan's own count
-    known, _ = p.parse_known_args(argv)
-    if known.gpus is not None:
-        return known.gpus
-    hw = load_hardware(known.hardware)
-    if known.nvlink_domain is not None:
-        hw = hw.with_domain(known.nvlink_domain)
-    if known.nodes is not None:
-        hw = hw.with_nodes(known.nodes)
+    for flag in ("--nodes", "--nvlink-domain", "--gpus"):
+        p.add_argument(flag, type=int, default=None)
+    p.add_argument("--model-config", default=None)
+    p.add_argument("--model", default=None)
+    return p.parse_known_args(argv)[0]
+
+
+def _world(typed: argparse.Namespace) -> int:
+    """The job's GPUs, as the command will have them."""
+    if typed.gpus is not None:
+        return typed.gpus
+    hw = load_hardware(typed.hardware)
+    if typed.nvlink_domain is not None:
+        hw = hw.with_domain(typed.nvlink_domain)
+    if typed.nodes is not None:
+        hw = hw.with_nodes(typed.nodes)
     return hw.num_devices
 
 
-def _typed_model(argv: list[str]) -> bool:
-    """Whether the command line gives the model itself (--model-config or --model), replacing the file's."""
-    return any(a in ("--model-config", "--model") or a.startswith(("--model-config=", "--model=")) for a in argv)
-
-
-def torchtitan_argv(path: str, argv: list[str]) -> tuple[str, list[str]]:
-    """(schedule, `pipesim simulate` flags) of torchtitan job config `path`; `argv` the rest of the command line
-    (its --hardware and --nodes give WORLD_SIZE; its own --model-config replaces the file's model)."""
+def torchtitan_argv(path: str, argv: list[str]) -> tuple[str | None, list[str]]:
+    """(schedule, None for a CSV given as --from-csv; `pipesim simulate` flags) of torchtitan job config `path`;
+    `argv` the rest of the command line (its --hardware and --nodes give WORLD_SIZE; its own model replaces the
+    file's)."""
     where = f"{FLAG} {path}"
     try:
         data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
@@ -89,11 +90,14 @@ def torchtitan_argv(path: str, argv: list[str]) -> tuple[str, list[str]]:
     name, flavor = model.take("name", "llama3", str), model.take("flavor", "debugmodel", str)
     converters = model.take("converters", [], list)
     model.done()
-    config = None if _typed_model(argv) else FLAVORS.get((name, flavor))  # a model typed replaces the file's
-    if config is None and not _typed_model(argv):
+    typed = _typed(argv)
+    config = TORCHTITAN_FLAVORS.get((name, flavor))
+    if typed.model_config or typed.model:  # a model typed replaces the file's
+        config = None
+    elif config is None:
         raise PipesimError(f"{where}: torchtitan's {name} {flavor} has no bundled config ("
-                           + ", ".join(f"{n} {f}" for n, f in FLAVORS) + "); give --model-config")
-    if config is not None:
+                           + ", ".join(f"{n} {f}" for n, f in TORCHTITAN_FLAVORS) + "); give --model-config")
+    else:
         out += ["--model-config", config]
 
     training = Keys(data, "training", where)
@@ -144,7 +148,7 @@ def torchtitan_argv(path: str, argv: list[str]) -> tuple[str, list[str]]:
     if shard < 1 and shard != -1:
         raise PipesimError(f"{where}: parallelism.data_parallel_shard_degree = {shard}: give -1 or at least 1")
     if shard == -1:  # the rest of the job's GPUs (torchtitan's ParallelDims)
-        world, rest = _world(argv), replicate * tp * pp * cp
+        world, rest = _world(typed), replicate * tp * pp * cp
         if world % rest:
             raise PipesimError(f"{where}: {world} GPUs are not a multiple of replicate x tp x pp x cp = {rest}")
         shard = world // rest
@@ -183,14 +187,15 @@ def torchtitan_argv(path: str, argv: list[str]) -> tuple[str, list[str]]:
         out += ["--stages", str(pp), "--microbatch-size", str(pp_mbs)]
         stages = None
         if per_stage is not None and fqns is None:  # pipeline_llm: ceil((layers + both weights) / layers per stage)
-            layers = model_layers(config, argv, where)
+            layers = model_layers(config or typed.model_config, where)
             if per_stage < 1:
                 raise PipesimError(f"{where}: pipeline_parallel_layers_per_stage = {per_stage} must be at least 1")
             stages = -(-(layers + first_less + last_less) // per_stage)
         schedule, v = stages_per_rank(where, schedule_name, csv, pp, fqns, stages, path)
-        if csv:
+        if csv:  # the file's schedule is the CSV: no name
             out += ["--from-csv", schedule]
-        if v > 1 and not csv:
+            schedule = None
+        elif v > 1:
             out += ["--virtual", str(v)]
         if fqns is not None:  # the layers' count is checked where the split is (pipesim.model.config)
             split = parts_split(fqns, where)
@@ -238,20 +243,20 @@ def expand(argv: list[str]) -> list[str]:
         raise PipesimError(f"{FLAG} needs a file")
     rest = rest[:i] + rest[del_to:]
     planning = argv[0] == "plan"
-    typed = rest[0] if rest and not rest[0].startswith("-") and not planning else None
-    if typed is not None:
+    name = rest[0] if rest and not rest[0].startswith("-") and not planning else None
+    if name is not None:
         rest = rest[1:]
     if any(a == "--framework" or a.startswith("--framework=") for a in rest):
         raise PipesimError(f"{FLAG}: the file is torchtitan's; drop --framework")
     schedule, flags = torchtitan_argv(path, rest)
     if planning:
         return [argv[0], *_plan_flags(flags), *rest]
-    if typed is not None:  # a typed schedule replaces the file's (its CSV too)
-        if "--from-csv" in flags:
+    if name is not None:  # a typed schedule replaces the file's (its CSV too)
+        if schedule is None:
             at_csv = flags.index("--from-csv")
             flags = flags[:at_csv] + flags[at_csv + 2:]
-        return [argv[0], typed, *flags, *rest]
-    return [argv[0], *([] if "--from-csv" in flags else [schedule]), *flags, *rest]
+        schedule = name
+    return [argv[0], *([schedule] if schedule else []), *flags, *rest]
 
 
-__all__ = ["FLAG", "FLAVORS", "expand", "torchtitan_argv"]
+__all__ = ["FLAG", "expand", "torchtitan_argv"]

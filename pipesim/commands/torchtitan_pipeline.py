@@ -4,7 +4,6 @@ and the layers of each model part a job config lists."""
 
 from __future__ import annotations
 
-import argparse
 import re
 from pathlib import Path
 
@@ -40,15 +39,12 @@ def parts_split(parts: list, where: str) -> list[int]:
     return split
 
 
-def model_layers(config: str | None, argv: list[str], where: str) -> int:
-    """The model's decoder layers: the flavor's bundled config, else the --model-config typed."""
-    p = argparse.ArgumentParser(add_help=False)
-    p.add_argument("--model-config", default=None)
-    typed = p.parse_known_args(argv)[0].model_config
-    if typed is None and config is None:
+def model_layers(config: str | None, where: str) -> int:
+    """The decoder layers of `config` (the flavor's bundled config, or the --model-config typed)."""
+    if config is None:
         raise PipesimError(f"{where}: pipeline_parallel_layers_per_stage needs the model's layers: give "
                            "--model-config")
-    return load_hf_config(typed or config).layers
+    return load_hf_config(config).layers
 
 
 def stages_per_rank(where: str, name: str, csv: str, pp: int, fqns, stages: int | None, path: str) -> tuple[str, int]:
