@@ -9,7 +9,7 @@ import sys
 import schedules
 from pipesim.commands.common import MAX_CHECKED_STAGE_MICROBATCHES, add_schedule_args, load_schedule
 from pipesim.cost.table import CostTable, parse_cost_spec
-from pipesim.cost.v_search import V_SEARCHED, search_v, v_costs
+from pipesim.cost.v_search import SEARCHED, V_SEARCHED, search_v, v_costs
 from pipesim.cost.zb_auto_costs import (
     AUTO_SCHEDULES,
     SEARCHED_TEXT,
@@ -83,6 +83,9 @@ def run(args: argparse.Namespace) -> int:
                             ("--objective", args.objective)):
             if value is not None:
                 raise PipesimError(f"{flag} sets the exact search: give --ilp (zb-auto, zb-2p, zb-v) with it")
+    args.cost = args.cost or "F=1,I=1,W=1"  # the search's defaults, once flags left out have been told apart
+    args.hop = 0.0 if args.hop is None else args.hop
+    args.objective = args.objective or "makespan"
     found = search(args, sched) if asked else None
     if found is not None:
         sched = found.schedule
@@ -93,13 +96,13 @@ def run(args: argparse.Namespace) -> int:
         data = shown.to_dict()
         data["peak_inflight_microbatches"] = inflight_by_rank(sched)
         if found is not None:
-            data["search"] = search_report(found, args.objective or "makespan")
+            data["search"] = search_report(found, args.objective)
         print(json.dumps(data, indent=2))
     else:
         print(f"{sched.name}: {plural(sched.num_ranks, 'rank')}, {plural(sched.num_stages, 'stage')}, "
               f"{plural(sched.num_microbatches, 'microbatch', 'microbatches')}; valid")
         if found is not None:
-            print(search_line(found, args.objective or "makespan"))
+            print(search_line(found, args.objective))
         print(render_grid(shown))
     if fifo_mismatches(add_p2p(sched)):
         print("note: some rank pairs receive in a different order than they send; fine on gloo (tagged), "
@@ -127,14 +130,13 @@ def write_unit_plot(sched, path: str) -> None:
 def search(args: argparse.Namespace, sched) -> Searched:
     """The searched order of `sched` (zb-auto, zb-2p: the heuristic then the ILP; zb-v: the best handcrafted V
     order within the limit, then the ILP with --ilp) for --cost, --hop and --memory-limit."""
-    if args.from_csv or (args.name not in AUTO_SCHEDULES and args.name not in V_SEARCHED):
+    if args.from_csv or args.name not in SEARCHED:
         raise PipesimError(f"--ilp searches {SEARCHED_TEXT}, not {args.name or args.from_csv}")
-    hop = 0.0 if args.hop is None else args.hop
+    hop, objective = args.hop, args.objective
     if not hop >= 0:
         raise PipesimError(f"--hop must be >= 0 seconds, got {hop:g}")
     p, m = sched.num_ranks, sched.num_microbatches
-    cost = parse_cost_spec(args.cost or "F=1,I=1,W=1")
-    objective = args.objective or "makespan"
+    cost = parse_cost_spec(args.cost)
     if args.name in V_SEARCHED:  # --cost is one rank's share, as `simulate --cost` reads it: each chunk takes half
         table = CostTable.uniform(2 * p, cost["F"] / 2, cost["I"] / 2, cost["W"] / 2)
         # bytes here count chunk stashes (one stashes 1); none given: what zb-v's own order holds

@@ -88,8 +88,7 @@ def quantize_flags(data: dict, converters: list, where: str) -> list[str]:
     extra = sorted(set(table) - {"linear", "grouped_mm"}) or sorted(set(table.get("linear", {})) - {"float8", "mx"})
     if extra:
         raise PipesimError(f"{where}: unknown section quantize.{extra[0]}")
-    if any(table.get("grouped_mm", {}).get(k, {}) for k in table.get("grouped_mm", {})) or any(
-            c.startswith("quantize.grouped_mm") for c in converters):
+    if any(table.get("grouped_mm", {}).values()) or any(c.startswith("quantize.grouped_mm") for c in converters):
         raise PipesimError(f"{where}: quantized grouped GEMMs (quantize.grouped_mm) are not modelled")
     linear = table.get("linear", {})
     fp8 = Keys(linear, "float8", where + " [quantize.linear]")

@@ -29,6 +29,7 @@ STRUCTURE_FIELDS = ("kv_heads", "ffn_hidden", "activation", "norm", "dropout", "
 
 MAX_LAYERS = 1 << 16  # layers of one model: far above any published one, a step costed in well under a second
 
+
 @dataclass(frozen=True)
 class ModelConfig:
     """Sizes of the model; `layers` are split across stages (uneven splits allowed)."""
