@@ -190,24 +190,16 @@ def test_plan_refuses_finalists_without_ilp(capsys):
 
 # -- 5. bench collectives: --elements only with --lecture, the table's flags only without it
 
+TABLE_ONLY = ("is for the table of --sizes and --ops; --lecture runs the lecture's demo instead (all_reduce and "
+              "reduce_scatter of --elements floats, timed once)")
+
+
 @pytest.mark.parametrize(("extra", "line"), [
     (["--nproc", "2", "--sizes", "1K", "--ops", "all_reduce", "--elements", "5"],
      "--elements sizes the --lecture demo: give it with --lecture (the table's buffers are --sizes)"),
-    (["--lecture", "--sizes", "1K", "--ops", "broadcast"],
-     "--sizes is for the table of --sizes and --ops; --lecture runs the lecture's demo instead (all_reduce and "
-     "reduce_scatter of --elements floats, timed once)"),
-    (["--lecture", "--ops", "broadcast"],
-     "--ops is for the table of --sizes and --ops; --lecture runs the lecture's demo instead (all_reduce and "
-     "reduce_scatter of --elements floats, timed once)"),
-    (["--lecture", "--iters", "5"],
-     "--iters is for the table of --sizes and --ops; --lecture runs the lecture's demo instead (all_reduce and "
-     "reduce_scatter of --elements floats, timed once)"),
-    (["--lecture", "--warmup", "0"],
-     "--warmup is for the table of --sizes and --ops; --lecture runs the lecture's demo instead (all_reduce and "
-     "reduce_scatter of --elements floats, timed once)"),
-    (["--lecture", "--plot", "c.html"],
-     "--plot is for the table of --sizes and --ops; --lecture runs the lecture's demo instead (all_reduce and "
-     "reduce_scatter of --elements floats, timed once)"),
+    *[(["--lecture", *flags], f"{flags[0]} {TABLE_ONLY}")
+      for flags in (["--sizes", "1K", "--ops", "broadcast"], ["--ops", "broadcast"], ["--iters", "5"],
+                    ["--warmup", "0"], ["--plot", "c.html"])],
 ])
 def test_bench_collectives_refuses_flags_of_the_other_mode_before_torchrun(capsys, monkeypatch, extra, line):
     monkeypatch.setattr(bench_cmd, "_torchrun", lambda *a: pytest.fail("torchrun started"))
