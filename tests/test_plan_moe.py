@@ -92,8 +92,8 @@ def test_the_exported_command_keeps_the_expert_flags_over_the_config(tmp_path):
     experts)."""
     out, again = tmp_path / "plan.json", tmp_path / "again.json"
     assert main(["plan", "--model-config", "qwen3-30b-a3b", "--num-experts", "64", "--moe-load-imbalance", "1.5",
-                 "--seq", "4096", "--batch", "64", "--hardware", "dgx-h100", "--gpus", "8", "--top", "1", "--json",
-                 str(out)]) == 0
+                 "--seq", "4096", "--batch", "64", "--hardware", "dgx-h100", "--gpus", "8", "--max-candidates", "5",
+                 "--top", "1", "--json", str(out)]) == 0
     plan = json.loads(out.read_text())
     argv = plan["winner"]["simulate_command"].split()
     assert argv[argv.index("--num-experts") + 1] == "64" and argv[argv.index("--moe-load-imbalance") + 1] == "1.5"
