@@ -6,9 +6,6 @@ layouts are in the space, and the winner's CSV runs in torch's runtime."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -28,11 +25,9 @@ from pipesim.plan.evaluate import Evaluator
 from pipesim.plan.memory_bound import first_rank_inflight, rank_chunks
 from pipesim.plan.search import plan
 from pipesim.plan.space import Candidate, PlanRequest, admits, enumerate_candidates
+from tests.launch_shared import register_call
 from tests.plan_checks import bounds_hold
 
-from .conftest import free_port
-
-WORKER = Path(__file__).parent / "workers" / "torch_runtime_csv.py"
 SMALL = ModelConfig(kind="gpt", hidden=256, layers=12, heads=8, seq=256, vocab=4000, batch=48, dtype="bfloat16")
 
 
@@ -128,27 +123,50 @@ def test_published_layouts_are_in_the_space():
     assert Candidate("1f1b", 16, 1, 8, 128, 1, 16, "none", 1, True) in set(enumerate_candidates(req))
 
 
-def test_exported_csv_runs_in_torch_runtime(tmp_path, capsys):
+# 2 GPUs, an odd batch (no data parallelism), tp 1: the winner is a 2-stage pipeline
+WINNER_PLAN = ["plan", "--model", "gpt", "--hidden", "64", "--layers", "4", "--heads", "2", "--seq", "64", "--vocab",
+               "500", "--batch", "3", "--dtype", "bfloat16", "--hardware", "dgx-h100", "--gpus", "2", "--max-tp", "1",
+               "--schedules", "1f1b,interleaved-1f1b,zb-h1", "--workers", "1"]
+
+
+def winner_in_torch_runtime_on_rank(folder) -> None:
+    """Rank side, in the session's shared 2-rank launch (tests/launch_shared.py): rank 0 makes the same plan as the
+    test (the planner is deterministic) and exports its winner's CSV; every rank steps that CSV in torch's runtime
+    (tests/workers/torch_runtime_csv.py); rank 0 writes the result to out.json."""
+    import torch.distributed as dist
+
+    from tests.workers.torch_runtime_csv import run_case
+
+    folder = Path(folder)
+    if dist.get_rank() == 0:
+        code = main([*WINNER_PLAN, "--export-csv", str(folder / "winner.csv"), "--json", str(folder / "plan.json")])
+        assert code == 0, code
+    dist.barrier()
+    best = json.loads((folder / "plan.json").read_text())["rows"][0]
+    result = run_case(str(folder / "winner.csv"), best["virtual"], best["microbatches"])
+    if dist.get_rank() == 0:
+        (folder / "out.json").write_text(json.dumps(result))
+
+
+WINNER_IN_TORCH = register_call("plan_winner_torch_runtime", 2, f"{__name__}:winner_in_torch_runtime_on_rank")
+
+
+def test_exported_csv_runs_in_torch_runtime(tmp_path, capsys, shared_launches):
     """2 GPUs, an odd batch (no data parallelism), tp 1: the winner is a 2-stage pipeline; its CSV is the
     schedule the plan simulated and torch's runtime steps it to the unsplit model's loss."""
     csv_path, out = tmp_path / "winner.csv", tmp_path / "plan.json"
-    assert main(["plan", "--model", "gpt", "--hidden", "64", "--layers", "4", "--heads", "2", "--seq", "64",
-                 "--vocab", "500", "--batch", "3", "--dtype", "bfloat16", "--hardware", "dgx-h100", "--gpus", "2",
-                 "--max-tp", "1", "--schedules", "1f1b,interleaved-1f1b,zb-h1", "--export-csv", str(csv_path),
-                 "--json", str(out), "--workers", "1"]) == 0
+    assert main([*WINNER_PLAN, "--export-csv", str(csv_path), "--json", str(out)]) == 0
     capsys.readouterr()
     best = json.loads(out.read_text())["rows"][0]
     sched = torch_csv.load(csv_path)
     assert (sched.num_ranks, sched.num_microbatches) == (best["pp"], best["microbatches"]) == (2, best["microbatches"])
     built = schedules.build(best["schedule"], 2, best["microbatches"], best["virtual"])
     assert sched.programs == built.programs
-    result = tmp_path / "out.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
-           "--rdzv-endpoint", f"127.0.0.1:{free_port()}", str(WORKER), str(csv_path), str(best["virtual"]),
-           str(best["microbatches"]), str(result)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    got = json.loads(result.read_text())
+    # torch's runtime steps this very CSV: the shared launch's rank 0 planned the same winner, byte for byte
+    d = shared_launches.case(WINNER_IN_TORCH).check()
+    assert (d / "winner.csv").read_bytes() == csv_path.read_bytes()
+    got = json.loads((d / "out.json").read_text())
+    assert got["world"] == 2
     assert got["loss_sum"] == pytest.approx(got["expected"], rel=1e-5)
 
 

@@ -4,14 +4,14 @@ checks, one real launch, and the sweep's ranking under jitter."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+from pathlib import Path
 
 import pytest
 
 from executor.run_config import RunConfig, configs_from_json, configs_to_json
 from executor.runtime import _stretched
 from pipesim.cli import main
+from tests.launch_shared import register_run
 
 
 def test_stretched_sleeps_extra_times_the_action():
@@ -40,13 +40,20 @@ def test_run_slow_refused_before_launching(slow, message, capsys):
     assert err.count("\n") == 1 and message in err
 
 
-def test_a_slowed_run_says_so_in_its_result(tmp_path):
-    out = tmp_path / "r.json"
-    proc = subprocess.run([sys.executable, "-m", "pipesim", "run", "1f1b", "--nproc", "2", "-m", "4", "--model", "mlp",
-                           "--hidden", "64", "--layers", "2", "--batch", "8", "--steps", "2", "--quiet", "--slow",
-                           "1=2", "--json", str(out)], capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stderr
-    assert json.loads(out.read_text())["slow"] == [{"rank": 1, "factor": 2.0}]
+def _slowed_flags(d: Path) -> list[str]:
+    return ["1f1b", "-m", "4", "--model", "mlp", "--hidden", "64", "--layers", "2", "--batch", "8", "--steps", "2",
+            "--quiet", "--slow", "1=2", "--json", str(d / "r.json")]
+
+
+# `pipesim run`'s flags, trained as `python -m executor` trains them, in the session's shared 2-rank launch
+# (tests/launch_shared.py): no torchrun start-up of its own
+SLOWED = register_run("whatif_slowed", 2, _slowed_flags)
+
+
+@pytest.mark.dist
+def test_a_slowed_run_says_so_in_its_result(shared_launches):
+    d = shared_launches.case(SLOWED).check()
+    assert json.loads((d / "r.json").read_text())["slow"] == [{"rank": 1, "factor": 2.0}]
 
 
 def test_sweep_ranks_by_expected_makespan_under_jitter(capsys):

@@ -8,6 +8,8 @@ stages= (one nn.Sequential per stage).
 
 from __future__ import annotations
 
+import gc
+
 import torch.distributed as dist
 from torch import nn
 
@@ -42,6 +44,10 @@ def every_schedule(which: str) -> dict[str, dict]:
     p = dist.get_world_size()
     spec = {"conv": "examples/conv_net.py:make", "widths": "examples/widths.py:make"}[which]
     work = _workload(spec)
+    # the shape inference imported torch._dynamo: kept out of the full collection after each train (the launch's
+    # tests/workers/shared_ranks.py froze what was alive before the cases), which then walks the new runtime only
+    gc.collect()
+    gc.freeze()
     report = {}
     for name in schedules.names():
         m = 2 * p
