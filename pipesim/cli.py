@@ -11,9 +11,11 @@ import importlib
 import sys
 
 from pipesim import __version__
-from pipesim.commands.torchtitan_import import FLAG, expand
+from pipesim.commands import megatron_import, torchtitan_import
 from pipesim.errors import PipesimError, ScheduleError
 
+# the job files simulate and plan read as flags: their flag -> the function that expands the command line
+IMPORTS = {torchtitan_import.FLAG: torchtitan_import.expand, megatron_import.FLAG: megatron_import.expand}
 COMMANDS = ("schedule", "simulate", "sweep", "run", "plot", "bench", "calibrate", "validate", "plan",
             "import_trace", "whatif")
 
@@ -51,9 +53,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] in (["simulate"], ["plan"]) and any(a == FLAG or a.startswith(FLAG + "=") for a in argv):
-        try:  # a torchtitan job config read as the flags it stands for, before the ones typed after it
-            argv = expand(argv)
+    found = [flag for flag in IMPORTS if any(a == flag or a.startswith(flag + "=") for a in argv)]
+    if argv[:1] in (["simulate"], ["plan"]) and found:
+        try:  # a job file read as the flags it stands for, before the ones typed after it
+            if len(found) > 1:
+                raise PipesimError(f"{found[0]} and {found[1]}: give one job file")
+            argv = IMPORTS[found[0]](argv)
         except PipesimError as exc:
             print(f"pipesim: error: {exc}", file=sys.stderr)
             return 2

@@ -190,5 +190,5 @@ def _devices(args: argparse.Namespace) -> int:
 
 
 def _model_flags(args: argparse.Namespace) -> list[str]:
-    """The traced run's model sizes given (--hidden, --batch, the experts'; not --seed, whose default is a value)."""
+    """The traced run's model sizes given (--hidden, --batch, the experts'; not --seed, which sizes nothing)."""
     return [flag for flag, _ in given_model_flags(args)]

@@ -9,6 +9,7 @@ import sys
 from dataclasses import replace
 
 import schedules
+from pipesim.commands.structure_args import add_structure_args, flag_words
 from pipesim.errors import PipesimError
 from pipesim.ir import torch_csv
 from pipesim.ir.schedule import Schedule
@@ -129,7 +130,8 @@ def add_model_args(parser: argparse.ArgumentParser, *, default: str | None = "ml
     g.add_argument("--batch", type=positive_int, default=None, help=f"global batch per step (default {d.batch})")
     g.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
                    help=f"parameter and activation dtype (default {d.dtype}; with --model-config the file's)")
-    g.add_argument("--seed", type=int, default=d.seed)
+    g.add_argument("--seed", type=int, default=None,
+                   help=f"pipesim run: the parameters' and synthetic data's seed (default {d.seed})")
     e = parser.add_argument_group("experts: --model moe's, or over a mixture-of-experts --model-config's "
                                   "(Megatron-core's flag names)")
     e.add_argument("--num-experts", type=positive_int, default=None, metavar="E",
@@ -137,7 +139,7 @@ def add_model_args(parser: argparse.ArgumentParser, *, default: str | None = "ml
     e.add_argument("--moe-router-topk", type=positive_int, default=None, metavar="K",
                    help=f"experts per token (default {MOE_DEFAULTS['top_k']})")
     e.add_argument("--moe-ffn-hidden-size", type=positive_int, default=None, metavar="F",
-                   help="width of one routed expert (default 4 x --hidden, the dense MLP's)")
+                   help="width of one routed expert (default the dense MLP's: --ffn-hidden, else 4 x --hidden)")
     e.add_argument("--moe-shared-expert-intermediate-size", type=positive_int, default=None, metavar="S",
                    help="width of the shared expert every token passes through (default none)")
 
@@ -147,11 +149,12 @@ MOE_FLAGS = ("num_experts", "moe_router_topk", "moe_ffn_hidden_size", "moe_share
 
 
 def _moe_config(args: argparse.Namespace, hidden: int) -> MoeConfig:
-    """--model moe's experts: every layer an MoE MLP of GeLU experts (the GPT block's MLP), dropless."""
+    """--model moe's experts: every layer an MoE MLP of GeLU experts (the GPT block's MLP), dropless; an expert as
+    wide as the dense MLP would be unless --moe-ffn-hidden-size (Megatron's default: --ffn-hidden-size's)."""
     shared = getattr(args, "moe_shared_expert_intermediate_size", None)
     return MoeConfig(experts=args.num_experts or MOE_DEFAULTS["experts"],
                      top_k=args.moe_router_topk or MOE_DEFAULTS["top_k"],
-                     expert_ffn=args.moe_ffn_hidden_size or 4 * hidden,
+                     expert_ffn=args.moe_ffn_hidden_size or getattr(args, "ffn_hidden", None) or 4 * hidden,
                      shared_experts=1 if shared else 0, shared_ffn=shared)
 
 
@@ -176,6 +179,7 @@ def add_transformer_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--ffn-hidden", type=positive_int, default=None, help="MLP width (default 4 x --hidden)")
     g.add_argument("--activation", choices=ACTIVATIONS, default=None,
                    help="MLP: gelu (two matrices) or swiglu (gate, up, down) (default gelu)")
+    add_structure_args(g)
     g.add_argument("--moe-load-imbalance", type=float, default=None, metavar="X",
                    help="mixture of experts, dropless: the most-loaded expert's tokens over the mean (default 1: "
                         "balanced); the slowest rank computes and receives that many more")
@@ -185,16 +189,34 @@ def add_transformer_args(parser: argparse.ArgumentParser) -> None:
 
 
 SIZE_FLAGS = ("hidden", "layers", "heads", "seq", "vocab", "batch", "dtype")  # ModelConfig field = flag name
-STRUCTURE_FLAGS = ("kv_heads", "ffn_hidden", "activation")
+# ModelConfig field = argparse destination; typed as `flag_words` says
+STRUCTURE_FLAGS = ("kv_heads", "ffn_hidden", "activation", "norm", "positions", "biases", "dropout", "qk_norm",
+                   "head_width", "tied_embeddings")
 ROUTING_FLAGS = ("moe_load_imbalance", "moe_expert_capacity_factor")
 MODEL_FLAGS = (*SIZE_FLAGS, *STRUCTURE_FLAGS, *MOE_FLAGS, *ROUTING_FLAGS)  # every flag that shapes pipesim's model
 
 
 def given_model_flags(args: argparse.Namespace, *, skip: tuple[str, ...] = ()) -> list[tuple[str, object]]:
-    """(--flag, value) of each model flag the command line gave (MODEL_FLAGS less `skip`), in that order: what a
-    `--cost` run refuses, a calibration mode does not use, and a plan's export must type again."""
-    return [(f"--{name.replace('_', '-')}", getattr(args, name)) for name in MODEL_FLAGS
-            if name not in skip and getattr(args, name, None) is not None]
+    """(--flag, value) of each model flag the command line gave (MODEL_FLAGS less `skip`), in that order, value None
+    for a switch: what a `--cost` run refuses, a calibration mode does not use, and a plan's export must type again
+    (`model_flag_words`)."""
+    out = []
+    for name in MODEL_FLAGS:
+        if name not in skip and getattr(args, name, None) is not None:
+            words = flag_words(name, getattr(args, name))
+            out.append((words[0], words[1] if len(words) > 1 else None))
+    return out
+
+
+def model_flag_words(args: argparse.Namespace, *, skip: tuple[str, ...] = ()) -> list[str]:
+    """`given_model_flags` as the words a command line types."""
+    return [word for flag, value in given_model_flags(args, skip=skip)
+            for word in ([flag] if value is None else [flag, str(value)])]
+
+
+def seed_of(args: argparse.Namespace) -> int:
+    """--seed, or ModelConfig's default when not given (None tells a typed seed apart: a simulation refuses it)."""
+    return ModelConfig.seed if getattr(args, "seed", None) is None else args.seed
 
 
 def model_config(args: argparse.Namespace) -> ModelConfig:
@@ -207,20 +229,26 @@ def model_config(args: argparse.Namespace) -> ModelConfig:
         if args.model in ("mlp", "moe"):
             raise PipesimError(f"--model-config describes the model, experts or not; drop --model {args.model}")
         base = load_hf_config(source, seq=given.get("seq"), batch=given.get("batch", ModelConfig.batch),
-                              dtype=given.get("dtype"), seed=args.seed)
-        return _with_routing(_with_expert_flags(replace(base, **given), args, source), args)
+                              dtype=given.get("dtype"), seed=seed_of(args))
+        model = _with_routing(_with_expert_flags(replace(base, **given), args, source), args)
+        moe = model.moe
+        if "ffn_hidden" in given and moe is not None and all(map(moe.is_moe_layer, range(model.layers))):
+            raise PipesimError(f"--ffn-hidden sizes a dense MLP, and every layer of {source} has experts "
+                               "(--moe-ffn-hidden-size sizes them)")
+        return model
     kind = args.model or getattr(args, "model_default", None) or "mlp"
     moe_given = [name for name in MOE_FLAGS if getattr(args, name, None) is not None]
     if kind == "moe":
-        base = ModelConfig(kind="gpt", seed=args.seed, **given)
+        base = ModelConfig(kind="gpt", seed=seed_of(args), **given)
         return _with_routing(replace(base, moe=_moe_config(args, base.hidden)), args)
     if moe_given:
         raise PipesimError(f"--{moe_given[0].replace('_', '-')} needs --model moe")
     if kind == "mlp":  # an MLP has no heads, sequence or vocabulary: those flags would size nothing
         for name in ("heads", "seq", "vocab", *STRUCTURE_FLAGS):
             if name in given:
-                raise PipesimError(f"--{name.replace('_', '-')} needs a transformer (--model gpt or --model-config)")
-    return _with_routing(ModelConfig(kind=kind, seed=args.seed, **given), args)
+                raise PipesimError(f"{flag_words(name, given[name])[0]} needs a transformer (--model gpt or "
+                                   "--model-config)")
+    return _with_routing(ModelConfig(kind=kind, seed=seed_of(args), **given), args)
 
 
 def _with_expert_flags(model: ModelConfig, args: argparse.Namespace, source: str) -> ModelConfig:
@@ -266,9 +294,9 @@ def user_model_config(args: argparse.Namespace) -> ModelConfig:
     """With --model MODULE:FACTORY, what still applies of pipesim's model flags: --batch and --seed."""
     sizes = [k for k in SIZE_FLAGS + STRUCTURE_FLAGS if k != "batch" and getattr(args, k, None) is not None]
     if sizes or getattr(args, "model_config", None):
-        flag = "--" + (sizes[0] if sizes else "model_config").replace("_", "-")
+        flag = flag_words(sizes[0], getattr(args, sizes[0]))[0] if sizes else "--model-config"
         raise PipesimError(f"{flag} sizes pipesim's own models; --model {args.model} defines its own layers")
-    return ModelConfig(batch=args.batch or ModelConfig.batch, seed=args.seed)
+    return ModelConfig(batch=args.batch or ModelConfig.batch, seed=seed_of(args))
 
 
 INPUT_FLAGS = (("--model-config", "model_config"), ("--hardware", "hardware"), ("--from-csv", "from_csv"),

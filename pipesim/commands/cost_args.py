@@ -1,5 +1,6 @@
 """`--cost` mode's rule: one rank's seconds given by hand, so no flag that sizes a model or switches its kernels
-may stand beside it (each would be ignored: the seconds are not computed)."""
+may stand beside it (each would be ignored: the seconds are not computed), nor one that needs tp, cp or dp > 1 (which
+need a model); and its messages' flags need links to act on."""
 
 from __future__ import annotations
 
@@ -7,6 +8,17 @@ import argparse
 
 from pipesim.commands.common import given_model_flags
 from pipesim.errors import PipesimError
+
+# (dest, flag) of switches that default to None, so that a typed one is told from --framework's: each acts on a
+# model's layers (tp, cp, dp > 1 or the kernels), which --cost has not
+TYPED_SWITCHES = (("dtensor_tp", "--dtensor-tp"), ("tp_comm_overlap", "--no-async-tensor-model-parallel-allreduce"),
+                  ("grad_accum_fusion", "--no-gradient-accumulation-fusion"),
+                  ("cp_comm_type", "--cp-comm-type"),
+                  ("zero", "--zero"), ("scatter_gather", "--scatter-gather"),
+                  ("overlap_grad_reduce", "--overlap-grad-reduce"))
+# (dest, flag) of the flags that act on --cost's pipeline messages only where links carry them
+MESSAGE_FLAGS = (("boundary_bytes", "--boundary-bytes"), ("blocking_p2p", "--blocking-p2p"),
+                 ("overlap_p2p_comm", "--overlap-p2p-communication"), ("framework", "--framework"))
 
 
 def refuse_model_flags(args: argparse.Namespace) -> None:
@@ -18,6 +30,15 @@ def refuse_model_flags(args: argparse.Namespace) -> None:
                 "use_precision_aware_optimizer": "--use-precision-aware-optimizer",
                 "first_last_layers_bf16": "--first-last-layers-bf16", "moe_enable_deepep": "--moe-enable-deepep"}
     given += [flag for dest, flag in switches.items() if getattr(args, dest, False)]
+    given += [flag for dest, flag in TYPED_SWITCHES if getattr(args, dest, None) is not None]
+    for dest, on, off in (("ce_fusion", "--cross-entropy-loss-fusion", "--no-cross-entropy-loss-fusion"),
+                          ("grad_fp32", "--accumulate-allreduce-grads-in-fp32", "--grad-reduce-in-bf16")):
+        if getattr(args, dest, None) is not None:  # one dest, two flags
+            given.append(on if getattr(args, dest) else off)
+    if getattr(args, "async_tp", False):
+        given.append("--async-tp")
+    if getattr(args, "tp_comm_overlap_ub", False):
+        given.append("--tp-comm-overlap")
     if getattr(args, "kernel_fusion", None) is not None:
         given.append("--compile" if args.kernel_fusion else "--no-kernel-fusion")
     for dest, plain, flag in (("moe_token_dispatcher_type", "alltoall", "--moe-token-dispatcher-type"),
@@ -28,4 +49,18 @@ def refuse_model_flags(args: argparse.Namespace) -> None:
         raise PipesimError(f"{given[0]} needs a model, but --cost gives the seconds: drop one")
 
 
-__all__ = ["refuse_model_flags"]
+def refuse_without_links(args: argparse.Namespace, links: bool) -> None:
+    """--cost without links (no --hardware, or --comm none): its messages are free, so the flags that size or hold
+    them would change nothing; `--comm links` without hardware has no links to give."""
+    if getattr(args, "comm", None) == "links" and getattr(args, "hardware", None) is None:  # none: as without it
+        raise PipesimError("--comm links needs --hardware with --cost (the links are the hardware's; without it the "
+                           "messages are free)")
+    if links:
+        return
+    given = [flag for dest, flag in MESSAGE_FLAGS if getattr(args, dest, None)]
+    if given:
+        raise PipesimError(f"{given[0]} acts on --cost's pipeline messages, which are free without links: give "
+                           "--hardware (and not --comm none)")
+
+
+__all__ = ["refuse_model_flags", "refuse_without_links"]

@@ -17,6 +17,7 @@ from pipesim.commands.common import (
     input_files,
     model_config,
     model_config_json,
+    model_flag_words,
     positive_int,
 )
 from pipesim.commands.kernel_args import (
@@ -31,6 +32,8 @@ from pipesim.commands.kernel_args import (
     add_ub_args,
     check_fp8_run,
 )
+from pipesim.commands.megatron_import import FLAG as MEGATRON_FLAG
+from pipesim.commands.model_switches import SEED
 from pipesim.commands.plan_args import (
     cp_sizes,
     names_list,
@@ -179,6 +182,10 @@ def add_parser(sub) -> None:
                    help="a torchtitan job config's job: its model, batch, sequence, precision and compile "
                         "(pipesim simulate --from-torchtitan reads the rest too); the layout is searched "
                         "(docs/frameworks.md)")
+    p.add_argument(MEGATRON_FLAG, metavar="ARGS",
+                   help="a Megatron-LM launch's job: pretrain_gpt.py's model, batch, sequence and precision "
+                        "(pipesim simulate --from-megatron reads the rest too); the layout is searched "
+                        "(docs/frameworks.md)")
     p.set_defaults(func=run)
 
 
@@ -255,8 +262,7 @@ STEP_FLAGS = ("seq", "batch")  # the step's, not the model's: the exports give t
 def model_flags(args: argparse.Namespace, req: PlanRequest) -> list[str]:
     """The model flags as given (plus the step's --seq and --batch), for the exported simulate command."""
     out = ["--model-config", args.model_config] if args.model_config else ["--model", "gpt"]
-    for flag, value in given_model_flags(args, skip=STEP_FLAGS):  # sizes, structure, experts, routing
-        out += [flag, str(value)]
+    out += model_flag_words(args, skip=STEP_FLAGS)  # sizes, structure, experts, routing
     return out + ["--seq", str(req.model.seq), "--batch", str(req.model.batch)]
 
 
@@ -268,6 +274,8 @@ def run(args: argparse.Namespace) -> int:
     csv_path = _csv_path(args.export_csv)
     if args.model == "mlp":
         raise PipesimError("pipesim plan searches transformer layouts; drop --model mlp")
+    if args.seed is not None:  # the same line as simulate's
+        raise PipesimError(SEED)
     if args.tokens_per_step is not None:
         if args.batch is not None:
             raise PipesimError("give the global batch once: --batch (sequences) or --tokens-per-step (tokens)")

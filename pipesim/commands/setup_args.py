@@ -8,7 +8,7 @@ import argparse
 from pipesim.comm.comm_options import DEFAULT_DEEPEP_SMS, CommOptions
 from pipesim.comm.ub_overlap import UbConfig
 from pipesim.commands.common import bounded_int, model_config, positive_float, positive_int
-from pipesim.commands.cost_args import refuse_model_flags
+from pipesim.commands.cost_args import refuse_model_flags, refuse_without_links
 from pipesim.commands.kernel_args import (
     adam_from_args,
     add_act_fp8_store_arg,
@@ -27,6 +27,7 @@ from pipesim.commands.kernel_args import (
     param_gather_from_args,
     ub_from_args,
 )
+from pipesim.commands.model_switches import refuse_unhonoured
 from pipesim.commands.split_args import add_split_args, split_rule, typed_split
 from pipesim.cost.device_profiles import profile_of
 from pipesim.cost.table import parse_cost_spec
@@ -149,6 +150,9 @@ def add_comm_args(parser: argparse.ArgumentParser) -> None:
     c.add_argument("--overlap-p2p-communication", dest="overlap_p2p_comm", action="store_true", default=None,
                    help="with --blocking-p2p: an interleaved schedule's sends do not hold their rank (Megatron-core's "
                         "flag, on by default there and honoured by its interleaved schedule only)")
+    c.add_argument("--no-overlap-p2p-communication", dest="overlap_p2p_comm", action="store_false", default=None,
+                   help="an interleaved schedule's sends hold their rank, over --framework's overlap (Megatron-core's "
+                        "flag: with --blocking-p2p, each waits for its bytes)")
     c.add_argument("--overlap-p2p-communication-warmup-flush", dest="overlap_p2p_warmup_flush", action="store_true",
                    help="with --overlap-p2p-communication: the interleaved schedule's warm-up and flush sends do not "
                         "hold their rank either (Megatron-core's flag, default off: they wait on their sends)")
@@ -298,9 +302,10 @@ def setup_from_args(args: argparse.Namespace) -> SimSetup:
             raise PipesimError("--power-limit needs --hardware (or a model, costed on the default hardware)")
         hardware = capped(hardware, args.power_limit)
     comm = (args.comm or "links") == "links" and hardware is not None
+    if cost is not None:
+        refuse_without_links(args, comm)
     model = None if cost is not None else model_config(args)
-    if model is not None and model.kind == "mlp" and getattr(args, "attention", None) is not None:
-        raise PipesimError("--attention needs a transformer (--model gpt or --model-config); an MLP has none")
+    refuse_unhonoured(args, model)  # typed switches the model has nothing for
     split = tuple(args.layer_split) if args.layer_split else None
     if split and cost is not None:
         raise PipesimError("--layer-split needs a model (--model), not --cost")

@@ -19,6 +19,7 @@ from pipesim.commands.common import (
     model_config_json,
     user_model_config,
 )
+from pipesim.commands.megatron_import import FLAG as MEGATRON_FLAG
 from pipesim.commands.setup_args import add_setup_args, setup_from_args
 from pipesim.commands.torchtitan_import import FLAG
 from pipesim.commands.whatif_args import add_whatif_args, perturbation_from_args, whatif_lines
@@ -62,6 +63,10 @@ def add_parser(sub) -> None:
                    help="a torchtitan job config (its [model], [training], [parallelism], [activation_checkpoint], "
                         "[compile], [quantize] sections) as the flags it stands for; flags typed after it win; "
                         "degrees of -1 take the GPUs of --hardware and --nodes (docs/frameworks.md)")
+    p.add_argument(MEGATRON_FLAG, metavar="ARGS",
+                   help="a Megatron-LM launch: pretrain_gpt.py's arguments (after torchrun's, whose --nproc-per-node "
+                        "x --nnodes give the GPUs, else --hardware's and --nodes') as the flags they stand for, under "
+                        "--framework megatron-core; flags typed after it win (docs/frameworks.md)")
     p.set_defaults(func=run)
 
 
@@ -71,7 +76,8 @@ def run(args: argparse.Namespace) -> int:
     check_distinct(("--json", json_path), ("--trace", trace_path))
     check_apart([("--json", json_path), ("--trace", trace_path)], input_files(args))
     if is_factory_spec(args.model):  # the shared flags read as for pipesim's own models, then the factory's counts
-        setup = _with_user_model(setup_from_args(argparse.Namespace(**{**vars(args), "model": None})), args)
+        setup = _with_user_model(setup_from_args(argparse.Namespace(**{**vars(args), "model": None,
+                                                                        "factory": args.model})), args)
     else:
         setup = setup_from_args(args)
     # Registered schedules are valid by construction (tests/test_schedules_invariants.py) and the

@@ -11,16 +11,14 @@ torchtitan's ParallelDims does: WORLD_SIZE is the GPUs of `--hardware` (with `--
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
+from pipesim.commands.job_import import keep_flags, take_file, typed_rest, world_size
 from pipesim.commands.torchtitan_pipeline import model_layers, parts_split, stages_per_rank
 from pipesim.commands.torchtitan_sections import Keys, compile_flags, quantize_flags, recompute_flags
 from pipesim.errors import PipesimError
-from pipesim.hardware.toml_io import load_hardware
 from pipesim.plan.exports import TORCH_ROTATE
 from pipesim.plan.stack_space import TORCHTITAN_FLAVORS
-from pipesim.sim.sim_setup import DEFAULT_HARDWARE
 
 try:
     import tomllib
@@ -37,30 +35,6 @@ V01_KEYS = (("training", "compile"), ("parallelism", "pipeline_parallel_split_po
 # sections that change neither the model nor a step's time
 IGNORED = ("job", "profiling", "metrics", "optimizer", "lr_scheduler", "checkpoint", "comm", "memory_estimation",
            "fault_tolerance", "experimental", "validation")
-
-
-def _typed(argv: list[str]) -> argparse.Namespace:
-    """What the rest of the command line says of the job: the GPUs (--hardware, --nodes, --nvlink-domain, or plan's
-    --gpus: torchtitan's WORLD_SIZE) and a model of its own (--model-config or --model, replacing the file's)."""
-    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)  # the flags as typed, no prefix of another
-    p.add_argument("--hardware", default=DEFAULT_HARDWARE)
-    for flag in ("--nodes", "--nvlink-domain", "--gpus"):
-        p.add_argument(flag, type=int, default=None)
-    p.add_argument("--model-config", default=None)
-    p.add_argument("--model", default=None)
-    return p.parse_known_args(argv)[0]
-
-
-def _world(typed: argparse.Namespace) -> int:
-    """The job's GPUs, as the command will have them."""
-    if typed.gpus is not None:
-        return typed.gpus
-    hw = load_hardware(typed.hardware)
-    if typed.nvlink_domain is not None:
-        hw = hw.with_domain(typed.nvlink_domain)
-    if typed.nodes is not None:
-        hw = hw.with_nodes(typed.nodes)
-    return hw.num_devices
 
 
 def torchtitan_argv(path: str, argv: list[str]) -> tuple[str | None, list[str]]:
@@ -90,7 +64,7 @@ def torchtitan_argv(path: str, argv: list[str]) -> tuple[str | None, list[str]]:
     name, flavor = model.take("name", "llama3", str), model.take("flavor", "debugmodel", str)
     converters = model.take("converters", [], list)
     model.done()
-    typed = _typed(argv)
+    typed = typed_rest(argv)
     config = TORCHTITAN_FLAVORS.get((name, flavor))
     if typed.model_config or typed.model:  # a model typed replaces the file's
         config = None
@@ -148,7 +122,7 @@ def torchtitan_argv(path: str, argv: list[str]) -> tuple[str | None, list[str]]:
     if shard < 1 and shard != -1:
         raise PipesimError(f"{where}: parallelism.data_parallel_shard_degree = {shard}: give -1 or at least 1")
     if shard == -1:  # the rest of the job's GPUs (torchtitan's ParallelDims)
-        world, rest = _world(typed), replicate * tp * pp * cp
+        world, rest = world_size(typed), replicate * tp * pp * cp
         if world % rest:
             raise PipesimError(f"{where}: {world} GPUs are not a multiple of replicate x tp x pp x cp = {rest}")
         shard = world // rest
@@ -215,33 +189,11 @@ PLAN_KEEPS = ("--framework", "--model-config", "--seq", "--dtype", "--grad-reduc
               "--fp8-format", "--fp8-recipe", "--fp8-param-gather", "--fp8-impl")
 
 
-def _plan_flags(flags: list[str]) -> list[str]:
-    """The job's flags of a translated file (every value of these flags is a word, never a --flag)."""
-    out, keep = [], False
-    for word in flags:
-        if word.startswith("--"):
-            keep = word in PLAN_KEEPS
-        if keep:
-            out.append(word)
-    return out
-
-
 def expand(argv: list[str]) -> list[str]:
     """`simulate [SCHEDULE] --from-torchtitan FILE REST` -> `simulate SCHEDULE FLAGS REST`: the file's flags first,
     so that REST wins; the schedule the file names unless one is typed. `plan --from-torchtitan FILE REST` -> `plan
     JOB-FLAGS REST`: the file's model, batch, sequence and precision, its layout left to the search."""
-    rest = list(argv[1:])
-    at = [i for i, a in enumerate(rest) if a == FLAG or a.startswith(FLAG + "=")]
-    if len(at) != 1:
-        raise PipesimError(f"{FLAG} takes one file")
-    i = at[0]
-    if "=" in rest[i]:
-        path, del_to = rest[i].split("=", 1)[1], i + 1
-    elif i + 1 < len(rest):
-        path, del_to = rest[i + 1], i + 2
-    else:
-        raise PipesimError(f"{FLAG} needs a file")
-    rest = rest[:i] + rest[del_to:]
+    path, rest = take_file(list(argv[1:]), FLAG)
     planning = argv[0] == "plan"
     name = rest[0] if rest and not rest[0].startswith("-") and not planning else None
     if name is not None:
@@ -250,7 +202,7 @@ def expand(argv: list[str]) -> list[str]:
         raise PipesimError(f"{FLAG}: the file is torchtitan's; drop --framework")
     schedule, flags = torchtitan_argv(path, rest)
     if planning:
-        return [argv[0], *_plan_flags(flags), *rest]
+        return [argv[0], *keep_flags(flags, PLAN_KEEPS), *rest]
     if name is not None:  # a typed schedule replaces the file's (its CSV too)
         if schedule is None:
             at_csv = flags.index("--from-csv")

@@ -1,0 +1,117 @@
+"""The model of pretrain_gpt.py's arguments as pipesim's flags, with Megatron-LM v0.15.3's defaults (megatron/
+training/arguments.py validate_args): a GPT of LayerNorm, GeLU, learned positions, biases, dropout 0.1 and embedding
+and output TIED; SwiGLU's width int(8h / 3 / 64) x 64 unless given; the vocabulary padded as
+megatron/training/tokenizer/tokenizer.py _vocab_size_with_padding pads it. What pipesim cannot represent is refused."""
+
+from __future__ import annotations
+
+from pipesim.commands.megatron_args import MegatronArgs
+from pipesim.errors import PipesimError
+
+DENSE_FLAGS = ("--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--group-query-attention",
+               "--num-query-groups", "--kv-channels", "--swiglu", "--squared-relu", "--normalization",
+               "--disable-bias-linear", "--position-embedding-type", "--use-rotary-position-embeddings",
+               "--rotary-percent", "--untie-embeddings-and-output-weights", "--hidden-dropout", "--attention-dropout",
+               "--qk-layernorm", "--max-position-embeddings", "--vocab-size", "--padded-vocab-size",
+               "--make-vocab-size-divisible-by", "--tokenizer-type")
+EXPERT_FLAGS = ("--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size",
+                "--moe-layer-freq")
+MODEL_FLAGS = DENSE_FLAGS + EXPERT_FLAGS  # read past when the command line types its own model
+DROPOUT = 0.1  # Megatron's --hidden-dropout and --attention-dropout default
+
+
+def padded_vocab(vocab: int, divisible_by: int, tp: int) -> int:
+    """Megatron's _vocab_size_with_padding: up to a multiple of --make-vocab-size-divisible-by x tp."""
+    multiple = divisible_by * tp
+    return -(-vocab // multiple) * multiple
+
+
+def swiglu_width(hidden: int) -> int:
+    """Megatron's SwiGLU width when --ffn-hidden-size is not given: int((4h x 2 / 3) / 64) x 64."""
+    return int((4 * hidden * 2 / 3) / 64) * 64
+
+
+def model_flags(a: MegatronArgs, *, tp: int, seq: int, vocab_typed: bool) -> list[str]:
+    """pipesim's model flags of the file (`vocab_typed`: the command line gives --vocab, so the file need not)."""
+    w = a.where
+    layers, hidden, heads = a.need("--num-layers"), a.need("--hidden-size"), a.need("--num-attention-heads")
+    max_positions = a.need("--max-position-embeddings")
+    if max_positions < seq:  # Megatron asserts it
+        raise _error(w, f"--max-position-embeddings {max_positions} is below --seq-length {seq} (Megatron asserts "
+                        "max_position_embeddings >= seq_length)")
+    swiglu, relu2 = a.on("--swiglu"), a.on("--squared-relu")
+    if swiglu and relu2:
+        raise _error(w, "--swiglu and --squared-relu: give one activation")
+    activation = "swiglu" if swiglu else "relu2" if relu2 else "gelu"
+    ffn = a.number("--ffn-hidden-size", swiglu_width(hidden) if swiglu else 4 * hidden)
+    out = ["--layers", str(layers), "--hidden", str(hidden), "--heads", str(heads), "--ffn-hidden", str(ffn),
+           "--activation", activation]
+    if a.on("--group-query-attention"):
+        out += ["--kv-heads", str(a.number("--num-query-groups", 1))]
+    if a.on("--kv-channels"):
+        out += ["--kv-channels", str(a.number("--kv-channels", None))]
+    out += ["--normalization", a.one_of("--normalization", {"LayerNorm": "LayerNorm", "RMSNorm": "RMSNorm"},
+                                        "LayerNorm", "LayerNorm or RMSNorm")]
+    positions = "rope" if a.on("--use-rotary-position-embeddings") else a.one_of(
+        "--position-embedding-type", {"learned_absolute": "learned_absolute", "rope": "rope"}, "learned_absolute",
+        "pipesim models learned_absolute and rope positions")
+    if positions == "learned_absolute" and max_positions != seq:  # its table is max_position_embeddings x hidden
+        raise _error(w, f"--max-position-embeddings {max_positions} above --seq-length {seq} with learned positions: "
+                        "pipesim's learned table holds --seq-length rows")
+    if positions == "rope" and a.number("--rotary-percent", 1.0, float) != 1.0:
+        raise _error(w, "--rotary-percent below 1 (rotary embeddings over part of each head) is not modelled")
+    out += ["--position-embedding-type", positions]
+    if a.on("--disable-bias-linear"):
+        out.append("--disable-bias-linear")
+    out.append("--untie-embeddings-and-output-weights" if a.on("--untie-embeddings-and-output-weights")
+               else "--tie-embeddings-and-output-weights")
+    hidden_p, attention_p = (a.number(f, DROPOUT, float) for f in ("--hidden-dropout", "--attention-dropout"))
+    if (hidden_p > 0) != (attention_p > 0):
+        raise _error(w, f"--hidden-dropout {hidden_p:g} with --attention-dropout {attention_p:g}: pipesim's dropout "
+                        "runs in all three places or none (give both above 0, or both 0)")
+    out.append("--dropout" if hidden_p > 0 else "--no-dropout")
+    if a.on("--qk-layernorm"):
+        out.append("--qk-layernorm")
+    if not vocab_typed:
+        out += ["--vocab", str(_vocab(a, tp))]
+    return out + _expert_flags(a, layers, ffn)
+
+
+def _vocab(a: MegatronArgs, tp: int) -> int:
+    """--padded-vocab-size as given, else --vocab-size (one more with the NullTokenizer: its end-of-document token)
+    padded as Megatron pads it."""
+    padded = a.number("--padded-vocab-size", None)
+    if padded is not None:
+        return padded
+    vocab = a.number("--vocab-size", None)
+    if vocab is None:
+        raise _error(a.where, "the vocabulary comes from the tokenizer file; give --vocab-size in the file or --vocab "
+                              "after it")
+    if a.text("--tokenizer-type") == "NullTokenizer":
+        vocab += 1
+    return padded_vocab(vocab, a.number("--make-vocab-size-divisible-by", 128), tp)
+
+
+def _expert_flags(a: MegatronArgs, layers: int, ffn: int) -> list[str]:
+    """The experts (--num-experts on): every layer's MLP a mixture (--moe-layer-freq 1, or a list of ones), each
+    expert --moe-ffn-hidden-size wide (Megatron's default: the dense `ffn`)."""
+    experts = a.number("--num-experts", None)
+    if experts is None:
+        return []
+    freq = (a.text("--moe-layer-freq", "1") or "").replace(" ", "")
+    if freq not in ("1", "[" + ",".join(["1"] * layers) + "]"):
+        raise _error(a.where, f"--moe-layer-freq {a.text('--moe-layer-freq')}: pipesim reads every layer a mixture of "
+                              "experts here (1); dense layers are read from a --model-config (first_k_dense_replace, "
+                              "decoder_sparse_step)")
+    out = ["--num-experts", str(experts), "--moe-router-topk", str(a.number("--moe-router-topk", 2)),
+           "--moe-ffn-hidden-size", str(a.number("--moe-ffn-hidden-size", ffn))]
+    if a.on("--moe-shared-expert-intermediate-size"):
+        out += ["--moe-shared-expert-intermediate-size", str(a.number("--moe-shared-expert-intermediate-size", None))]
+    return out
+
+
+def _error(where: str, message: str) -> PipesimError:
+    return PipesimError(f"{where}: {message}")
+
+
+__all__ = ["DROPOUT", "MODEL_FLAGS", "model_flags", "padded_vocab", "swiglu_width"]

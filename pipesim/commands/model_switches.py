@@ -1,0 +1,55 @@
+"""Typed switches the model cannot honour, refused: a transformer's kernel switches on the lecture's MLP (`--model
+mlp`), whose layers pipesim times as their GEMMs alone (a fused elementwise kernel, a loss, an attention, a
+weight-gradient accumulation, a graph or a DTensor layout has nothing to act on there), and float32 gradients asked of
+a float32 model, whose gradients are float32 already; and `--seed`, which seeds `pipesim run`'s parameters and data,
+where a simulation draws none. A --framework's own switches are not typed and stay accepted: a profile applies where
+it can."""
+
+from __future__ import annotations
+
+import argparse
+
+from pipesim.errors import PipesimError
+from pipesim.model.config import ModelConfig
+
+NEEDS = "needs a transformer (--model gpt, moe or --model-config)"
+SEED = ("--seed seeds `pipesim run`'s parameters and synthetic data; a simulation draws none (--jitter-seed seeds "
+        "--jitter's draws)")
+
+
+def typed_kernel_switches(args: argparse.Namespace) -> list[str]:
+    """The transformer kernel switches the command line typed, as their flags (in the parser's order)."""
+    given = ["--attention"] if getattr(args, "attention", None) is not None else []
+    for dest, on, off in (("kernel_fusion", "--compile", "--no-kernel-fusion"),
+                          ("dtensor_tp", "--dtensor-tp", None),
+                          ("tp_comm_overlap", None, "--no-async-tensor-model-parallel-allreduce"),
+                          ("grad_accum_fusion", None, "--no-gradient-accumulation-fusion"),
+                          ("ce_fusion", "--cross-entropy-loss-fusion", "--no-cross-entropy-loss-fusion")):
+        value = getattr(args, dest, None)
+        if value is not None:
+            given.append(on if value else off)
+    if getattr(args, "cuda_graph_impl", "none") != "none":
+        given.append("--cuda-graph-impl")
+    return [flag for flag in given if flag is not None]
+
+
+def refuse_unhonoured(args: argparse.Namespace, model: ModelConfig | None) -> None:
+    """PipesimError naming the first typed switch `model` cannot honour (None: hand-given costs, cost_args' rule);
+    a factory's model (--model MODULE:FACTORY) is timed from its own counts, where no kernel switch acts either."""
+    if getattr(args, "seed", None) is not None:
+        raise PipesimError(SEED)
+    if model is None:
+        return
+    factory = getattr(args, "factory", None)  # simulate's --model MODULE:FACTORY (its placeholder model an MLP)
+    given = typed_kernel_switches(args) if model.kind == "mlp" else []
+    if given and factory:
+        raise PipesimError(f"{given[0]} {NEEDS}, not --model {factory}: a factory's layers are timed from their "
+                           "counted FLOPs and bytes")
+    if given:
+        raise PipesimError(f"{given[0]} {NEEDS}: pipesim times the MLP's layers as their GEMMs alone")
+    if getattr(args, "grad_fp32", None) is True and model.dtype == "float32":
+        raise PipesimError("--accumulate-allreduce-grads-in-fp32 needs a 16-bit model (--dtype bfloat16 or float16): "
+                           "a float32 model's gradients are float32 already")
+
+
+__all__ = ["refuse_unhonoured", "typed_kernel_switches"]

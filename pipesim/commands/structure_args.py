@@ -1,0 +1,83 @@
+"""The transformer's structure flags of simulate, sweep and plan, in Megatron-LM's names (megatron/training/arguments.py
+@ v0.15.3) where Megatron has one: ModelConfig's norm, positions, biases, dropout, q/k norm, head width and tied
+embeddings, each overriding a --model-config file's field as the size flags do (pipesim.commands.common.model_config),
+and how each is typed back (a plan's exported command, --cost's refusal)."""
+
+from __future__ import annotations
+
+import argparse
+
+# Megatron-LM's names (megatron/training/arguments.py, v0.15.3) for ModelConfig's norm and positions, as typed
+NORMALIZATIONS = {"LayerNorm": "layernorm", "RMSNorm": "rmsnorm"}
+POSITION_TYPES = {"learned_absolute": "learned", "rope": "rope"}
+# the switches of the structure flags: (ModelConfig field, value) -> the flag that gives it
+STRUCTURE_SWITCHES = {("biases", False): "--disable-bias-linear", ("dropout", True): "--dropout",
+                      ("dropout", False): "--no-dropout", ("qk_norm", True): "--qk-layernorm",
+                      ("tied_embeddings", True): "--tie-embeddings-and-output-weights",
+                      ("tied_embeddings", False): "--untie-embeddings-and-output-weights"}
+# the structure flags whose name is not their field's: field -> (flag, {field value: typed value})
+STRUCTURE_NAMES = {"norm": ("--normalization", {v: k for k, v in NORMALIZATIONS.items()}),
+                   "positions": ("--position-embedding-type", {v: k for k, v in POSITION_TYPES.items()}),
+                   "head_width": ("--kv-channels", {})}
+
+
+def _named(choices: dict[str, str]):
+    """An argparse type taking `choices`' keys (Megatron's spelling) to their values (ModelConfig's)."""
+    def convert(text: str) -> str:
+        if text not in choices:
+            raise argparse.ArgumentTypeError(f"invalid choice: {text!r} (choose from {', '.join(choices)})")
+        return choices[text]
+    return convert
+
+
+def add_structure_args(g) -> None:
+    """The transformer's structure in Megatron-LM's flag names (ModelConfig's norm, positions, biases, dropout, q/k
+    norm, head width and tied embeddings); each overrides a --model-config file's field, as the size flags do."""
+    g.add_argument("--normalization", type=_named(NORMALIZATIONS), default=None, dest="norm",
+                   metavar="{LayerNorm,RMSNorm}", help="the norms: LayerNorm (weight and bias) or RMSNorm (weight "
+                                                       "only) (default LayerNorm, Megatron's)")
+    g.add_argument("--position-embedding-type", type=_named(POSITION_TYPES), default=None, dest="positions",
+                   metavar="{learned_absolute,rope}",
+                   help="a learned seq x hidden table, or rotary embeddings (no parameters) (default learned_absolute)")
+    g.add_argument("--disable-bias-linear", action="store_const", const=False, default=None, dest="biases",
+                   help="no biases on the linear layers (Megatron's flag; default biases, GPT's)")
+    g.add_argument("--dropout", action=argparse.BooleanOptionalAction, default=None,
+                   help="dropout after the softmax, the projection and the MLP, its masks stashed (default on, GPT's); "
+                        "pipesim's cost depends on whether it runs, not on its probability, so one switch stands for "
+                        "Megatron's --hidden-dropout and --attention-dropout")
+    g.add_argument("--qk-layernorm", action="store_const", const=True, default=None, dest="qk_norm",
+                   help="a norm over head_dim on every query and key head (Megatron's flag; Qwen3's q/k_norm)")
+    g.add_argument("--kv-channels", type=_positive, default=None, dest="head_width", metavar="D",
+                   help="width of one attention head, when not hidden / heads (Megatron's flag; config.json's "
+                        "head_dim)")
+    tie = g.add_mutually_exclusive_group()
+    tie.add_argument("--tie-embeddings-and-output-weights", action="store_const", const=True, default=None,
+                     dest="tied_embeddings",
+                     help="the output head reuses the token embedding's matrix (default untied; Megatron ties them "
+                          "unless --untie-embeddings-and-output-weights)")
+    tie.add_argument("--untie-embeddings-and-output-weights", action="store_const", const=False,
+                     dest="tied_embeddings", help="an output head of its own (over a tied --model-config's)")
+
+
+def _positive(text: str) -> int:
+    """`text` as an integer >= 1 (argparse's error otherwise)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def flag_words(name: str, value) -> list[str]:
+    """How model flag `name` (an argparse destination of MODEL_FLAGS) is typed to give `value`: a switch alone, or
+    the flag and its value in the flag's own spelling."""
+    if (name, value) in STRUCTURE_SWITCHES:
+        return [STRUCTURE_SWITCHES[name, value]]
+    flag, spelled = STRUCTURE_NAMES.get(name, (f"--{name.replace('_', '-')}", {}))
+    return [flag, str(spelled.get(value, value))]
+
+
+__all__ = ["NORMALIZATIONS", "POSITION_TYPES", "STRUCTURE_NAMES", "STRUCTURE_SWITCHES", "add_structure_args",
+           "flag_words"]

@@ -1,0 +1,188 @@
+"""`pipesim simulate --from-megatron ARGS` (pipesim/commands/megatron_import.py): a Megatron-LM launch read as the
+flags it stands for, exactly; the plan's own Megatron export simulates back to the plan's step; what pipesim does not
+model refused in one line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pipesim.cli import main
+from pipesim.commands.megatron_import import expand
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "megatron_llama3_8b.sh"
+# Llama 3.1 70B in Megatron's words (its config.json's shapes); vocab 128256 is a multiple of 16 x tp 8
+LLAMA_70B = ("--num-layers 80 --hidden-size 8192 --ffn-hidden-size 28672 --num-attention-heads 64 "
+             "--group-query-attention --num-query-groups 8 --swiglu --normalization RMSNorm --disable-bias-linear "
+             "--position-embedding-type rope --untie-embeddings-and-output-weights --hidden-dropout 0 "
+             "--attention-dropout 0 --max-position-embeddings 131072 --vocab-size 128256 "
+             "--make-vocab-size-divisible-by 16 --bf16")
+
+
+def _file(tmp_path, text: str, name: str = "run.sh") -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def _run(capsys, argv: list[str]) -> dict:
+    capsys.readouterr()
+    assert main(argv + ["--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_the_plans_megatron_export_simulates_back_to_the_plans_step(tmp_path, capsys):
+    """`pipesim plan --framework megatron-core` exports pretrain_gpt.py's arguments (one flag a line); with the
+    model's own arguments added they are the very run the plan timed: interleaved 1F1B, 2 stages x 4 chunks, tp 8."""
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--model-config", "llama3.1-70b", "--seq", "4096", "--batch", "32", "--hardware", "dgx-h100",
+                 "--nodes", "2", "--framework", "megatron-core", "--schedules", "interleaved-1f1b", "--recompute",
+                 "full", "--max-candidates", "3", "--top", "1", "--json", str(out)]) == 0
+    plan = json.loads(out.read_text())
+    lines = plan["winner"]["megatron_args"]
+    assert "--num-layers-per-virtual-pipeline-stage 10" in lines  # a pipeline of interleaved chunks, as below
+    path = _file(tmp_path, "# the plan's export\n" + "\n".join(lines) + "\n" + LLAMA_70B + "\n")
+    argv = expand(["simulate", "--from-megatron", path, "--hardware", "dgx-h100", "--nodes", "2"])
+    assert argv[:2] == ["simulate", "interleaved-1f1b"] and argv[argv.index("--virtual") + 1] == "4"
+    again = _run(capsys, ["simulate", "--from-megatron", path, "--hardware", "dgx-h100", "--nodes", "2"])
+    assert again["step_time"] == plan["rows"][0]["step_time"]
+
+
+LLAMA_8B_TYPED = ["--model", "gpt", "--layers", "4", "--hidden", "1024", "--heads", "16", "--kv-heads", "4",
+                  "--ffn-hidden", "3584", "--activation", "swiglu", "--normalization", "RMSNorm",
+                  "--position-embedding-type", "rope", "--disable-bias-linear", "--no-dropout", "--vocab", "32768"]
+LLAMA_8B_FILE = ("--num-layers 4 --hidden-size 1024 --num-attention-heads 16 --group-query-attention "
+                 "--num-query-groups 4 --ffn-hidden-size 3584 --swiglu --normalization RMSNorm "
+                 "--position-embedding-type rope --disable-bias-linear --hidden-dropout 0.0 --attention-dropout 0.0 "
+                 "--untie-embeddings-and-output-weights --max-position-embeddings 8192 --vocab-size 32768")
+# GPT-3-shaped: Megatron's defaults (LayerNorm, GeLU 4h, learned positions, biases, dropout 0.1, tied)
+GPT3_TYPED = ["--model", "gpt", "--layers", "4", "--hidden", "1024", "--heads", "16", "--vocab", "50432",
+              "--tie-embeddings-and-output-weights"]
+GPT3_FILE = ("--num-layers 4 --hidden-size 1024 --num-attention-heads 16 --max-position-embeddings 2048 "
+             "--tokenizer-type GPT2BPETokenizer --vocab-file gpt2-vocab.json --merge-file gpt2-merges.txt "
+             "--vocab-size 50257")  # padded to 50432 (a multiple of 128 x tp 2)
+MOE_TYPED = ["--model", "moe", "--layers", "4", "--hidden", "1024", "--heads", "16", "--ffn-hidden", "2048",
+             "--activation", "swiglu", "--normalization", "RMSNorm", "--position-embedding-type", "rope",
+             "--disable-bias-linear", "--no-dropout", "--vocab", "32768", "--num-experts", "8", "--moe-router-topk",
+             "2", "--moe-ffn-hidden-size", "512", "--ep", "4", "--etp", "1", "--zero", "1"]
+MOE_FILE = ("--num-layers 4 --hidden-size 1024 --num-attention-heads 16 --ffn-hidden-size 2048 --swiglu "
+            "--normalization RMSNorm --position-embedding-type rope --disable-bias-linear --hidden-dropout 0 "
+            "--attention-dropout 0 --untie-embeddings-and-output-weights --max-position-embeddings 2048 "
+            "--vocab-size 32768 --num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 512 "
+            "--expert-model-parallel-size 4 --expert-tensor-parallel-size 1 --moe-token-dispatcher-type alltoall "
+            "--moe-grouped-gemm --use-distributed-optimizer --moe-aux-loss-coeff 1e-2")
+
+
+@pytest.mark.parametrize("typed, text, seq", [
+    (LLAMA_8B_TYPED, LLAMA_8B_FILE, 4096), (GPT3_TYPED, GPT3_FILE, 2048), (MOE_TYPED, MOE_FILE, 2048)])
+def test_a_file_equals_the_same_flags_typed(tmp_path, capsys, typed, text, seq):
+    """Llama-shaped (RMSNorm, SwiGLU, rope, no biases, untied, GQA, no dropout), GPT-3-shaped (Megatron's defaults:
+    the vocabulary padded, embeddings tied, dropout 0.1) and a mixture of experts: step time and peak memory equal
+    to the same model and layout typed as pipesim's flags under --framework megatron-core."""
+    tp, layout = ("1" if "moe" in typed else "2"), "--pipeline-model-parallel-size 2"
+    path = _file(tmp_path, f"torchrun --nproc_per_node=8 pretrain_gpt.py --tensor-model-parallel-size {tp} {layout} "
+                           f"--seq-length {seq} --micro-batch-size 1 --global-batch-size 16 --bf16 "
+                           f"--recompute-activations {text} --lr 1e-4 --train-iters 10\n")
+    dp = str(8 // (int(tp) * 2))
+    mine = _run(capsys, ["simulate", "--from-megatron", path, "--hardware", "dgx-h100"])
+    theirs = _run(capsys, ["simulate", "1f1b", "--framework", "megatron-core", *typed, "--tp", tp, "--dp", dp,
+                           "--stages", "2", "--seq", str(seq), "--microbatch-size", "1", "--batch", "16", "--dtype",
+                           "bfloat16", "--recompute", "selective", "--hardware", "dgx-h100"]
+                   + (["--moe-token-dispatcher-type", "alltoall"] if "moe" in typed else []))
+    assert mine["step_time"] == theirs["step_time"]
+    assert mine["memory"]["param_bytes"] == theirs["memory"]["param_bytes"]
+    assert mine["memory"]["peak_activation_bytes"] == theirs["memory"]["peak_activation_bytes"]
+
+
+def test_the_files_flags_come_first_and_typed_ones_win():
+    argv = expand(["simulate", "--from-megatron", str(EXAMPLE), "--hardware", "dgx-h100", "--recompute", "full"])
+    assert argv[:4] == ["simulate", "1f1b", "--model", "gpt"]
+    assert argv[-4:] == ["--hardware", "dgx-h100", "--recompute", "full"]
+    for flag, value in (("--framework", "megatron-core"), ("--tp", "2"), ("--dp", "4"), ("--zero", "1"),
+                        ("--batch", "128"), ("--microbatch-size", "1"), ("--seq", "8192"), ("--dtype", "bfloat16"),
+                        ("--ffn-hidden", "14336"), ("--kv-heads", "8"), ("--kv-channels", "128"),
+                        ("--vocab", "128256"), ("--attention", "flash"), ("--recompute", "selective")):
+        assert argv[argv.index(flag) + 1] == value, flag
+    assert "--untie-embeddings-and-output-weights" in argv and "--no-dropout" in argv
+
+
+def test_the_example_simulates(capsys):
+    data = _run(capsys, ["simulate", "--from-megatron", str(EXAMPLE), "--hardware", "dgx-h100"])
+    assert data["parallel"]["dp"] == 4 and data["parallel"]["tp"] == 2
+
+
+def test_megatrons_defaults_are_read_as_megatron_has_them(tmp_path):
+    """No --ffn-hidden-size with SwiGLU: int(8h / 3 / 64) x 64 (4096 -> 10880); the NullTokenizer's vocabulary one
+    more (its end-of-document token) padded to 128 x tp; no --global-batch-size: micro x dp; neither --bf16 nor
+    --fp16: float32."""
+    path = _file(tmp_path, "--num-layers 2 --hidden-size 4096 --num-attention-heads 32 --swiglu --seq-length 1024 "
+                           "--max-position-embeddings 1024 --micro-batch-size 2 --tokenizer-type NullTokenizer "
+                           "--vocab-size 32000 --tensor-model-parallel-size 2")
+    argv = expand(["simulate", "--from-megatron", path, "--hardware", "dgx-h100"])
+    for flag, value in (("--ffn-hidden", "10880"), ("--vocab", "32256"), ("--batch", "8"), ("--dtype", "float32"),
+                        ("--dp", "4")):
+        assert argv[argv.index(flag) + 1] == value, flag
+    assert "--dropout" in argv and "--tie-embeddings-and-output-weights" in argv
+
+
+BASE = ("--num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-length 512 --max-position-embeddings 512 "
+        "--micro-batch-size 1 --vocab-size 1024 ")
+
+
+@pytest.mark.parametrize("text, message", [
+    (BASE + "--bogus 1", "--bogus is not read: Megatron-LM v0.15.3 has no such flag, or it changes the run and "
+                         "pipesim does not model it"),
+    (BASE + "--tensor-model-parallel-size $TP", "'$TP' holds a shell variable: expand shell variables first"),
+    ("torchrun --nproc-per-node 8 pretrain_bert.py " + BASE,
+     "the launch runs 'pretrain_bert.py'; pipesim reads pretrain_gpt.py's arguments"),
+    (BASE + "--tensor-model-parallel-size 3", "8 GPUs are not a multiple of tp x pp x cp = 3 (Megatron asserts it)"),
+    (BASE + "--global-batch-size 12", "--global-batch-size 12 is not a multiple of --micro-batch-size x dp = 1 x 8"),
+    (BASE + "--recompute-granularity full --recompute-method block --recompute-num-layers 2",
+     "--recompute-granularity full with --recompute-method block --recompute-num-layers 2: pipesim models every "
+     "layer recomputed on its own (uniform, 1)"),
+    (BASE + "--hidden-dropout 0", "--hidden-dropout 0 with --attention-dropout 0.1: pipesim's dropout runs in all "
+                                  "three places or none (give both above 0, or both 0)"),
+    (BASE.replace("--vocab-size 1024 ", ""), "the vocabulary comes from the tokenizer file; give --vocab-size in the "
+                                             "file or --vocab after it"),
+    (BASE + "--rampup-batch-size 16 8 1000", "--rampup-batch-size changes the batch over the run; pipesim times one "
+                                             "step of one batch"),
+    (BASE + "--no-bias-gelu-fusion", "--no-bias-gelu-fusion alone: pipesim turns Megatron's five fusions off "
+                                     "together (--no-kernel-fusion)"),
+    (BASE + "--num-experts 4 --moe-grouped-gemm", "--moe-token-dispatcher-type allgather: Megatron's allgather "
+                                                  "dispatcher is not modelled: give alltoall or flex"),
+    (BASE + "--num-experts 4 --moe-token-dispatcher-type alltoall", "experts without --moe-grouped-gemm run one GEMM "
+                                                                    "per expert (SequentialMLP)"),
+    (BASE + "--transformer-impl local", "--transformer-impl local: pipesim times Transformer Engine's layers"),
+    (BASE + "--bf16 extra", "--bf16 takes no value, got 'extra'"),
+    (BASE + "--checkpoint-activations", "--checkpoint-activations is no longer valid in Megatron-LM v0.15.3"),
+    (BASE.replace("--max-position-embeddings 512", "--max-position-embeddings 256"),
+     "--max-position-embeddings 256 is below --seq-length 512 (Megatron asserts"),
+])
+def test_what_pipesim_does_not_model_is_refused_in_one_line(tmp_path, capsys, text, message):
+    path = _file(tmp_path, text)
+    assert main(["simulate", "--from-megatron", path, "--hardware", "dgx-h100"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"pipesim: error: --from-megatron {path}: ") and message in err
+
+
+def test_one_job_file_and_no_framework(tmp_path, capsys):
+    path = _file(tmp_path, BASE)
+    assert main(["simulate", "--from-megatron", path, "--framework", "nemo"]) == 2
+    assert "the file is Megatron-LM's (--framework megatron-core); drop --framework" in capsys.readouterr().err
+    assert main(["simulate", "--from-megatron", path, "--from-torchtitan", path]) == 2
+    assert capsys.readouterr().err == ("pipesim: error: --from-torchtitan and --from-megatron: give one job file\n")
+
+
+def test_plan_takes_the_files_job_and_searches_its_layout(tmp_path):
+    argv = expand(["plan", "--from-megatron", str(EXAMPLE), "--hardware", "dgx-h100"])
+    assert argv[:4] == ["plan", "--model", "gpt", "--framework"]
+    assert "--tp" not in argv and "--recompute" not in argv and "--zero" not in argv  # the layout is searched
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--from-megatron", str(EXAMPLE), "--hardware", "dgx-h100", "--max-candidates", "3",
+                 "--top", "1", "--json", str(out)]) == 0
+    winner = json.loads(out.read_text())["winner"]["simulate_command"].split()
+    for flag, value in (("--layers", "32"), ("--seq", "8192"), ("--batch", "128"), ("--dtype", "bfloat16"),
+                        ("--vocab", "128256"), ("--normalization", "RMSNorm")):
+        assert winner[winner.index(flag) + 1] == value, flag
