@@ -25,7 +25,8 @@ class CollectiveRecord:
     after: int = -1  # index of the compute action whose end released it
     prev: CollectiveRecord | None = None  # the collective before it on the same stream
     # pipesim.cost.step_costs.PHASES: "grads", "forward"/"backward" (ZeRO-3 prefetch), "params"; or "replicas"
-    # (pipesim.sim.step: the replicated stages' gradients swapped before the optimizer)
+    # (pipesim.sim.step: the replicated stages' gradients swapped before the optimizer) or "embedding" (a last
+    # stage's embedding copy's gradients all-reduced with the first stage's)
     phase: str = "grads"
 
 

@@ -259,13 +259,17 @@ class SimResult:
                 "busy": busy, "compute": busy - tp - ep, "tp_collective": tp, "waiting_comm": self.waiting_comm(r),
                 "idle": self.makespan - busy, "bubble_fraction": self.rank_bubble(r),
                 "finish": self.ends[r][-1] if self.ends[r] else 0.0,
-                "dp_allreduce": sum(c.end - c.start for c in self.collectives if c.rank == r and c.phase != "replicas"),
+                "dp_allreduce": sum(c.end - c.start for c in self.collectives
+                                    if c.rank == r and c.phase not in ("replicas", "embedding")),
             })
             if ep:
                 ranks[-1]["ep_all_to_all"] = ep
             if s.chains > 1 and self.step_ends:
                 ranks[-1]["replica_exchange"] = sum(c.end - c.start for c in self.collectives
                                                     if c.rank == r and c.phase == "replicas")
+            embedding = [c.end - c.start for c in self.collectives if c.rank == r and c.phase == "embedding"]
+            if embedding:  # the tied embedding copy's gradient all-reduce with the first stage (pipesim.sim.step)
+                ranks[-1]["embedding_allreduce"] = sum(embedding)
             if self.cp_seconds:
                 ranks[-1]["cp_exposed"] = self.cp_exposed(r)
             if any(self.sm_shared):

@@ -23,6 +23,12 @@ one before it has ended), beside its compute stream, so collectives overlap the 
   copies of model stages swaps those stages' gradients (executor.replicas: one message each way at once,
   a "send_recv" timed as one transfer over the pair's link), from when both ranks are ready as above and
   both streams are free; ZeRO 1-3 swap the 1/dp shard left after their reduce_scatter. Phase "replicas".
+- Embedding copies: a last stage that keeps its own copy of the word embedding (a tied head, the MTP modules')
+  on another rank than the first stage all-reduces that copy's gradients with the first stage's once both are
+  ready, before either runs its optimizer: Megatron-core's finalize_model_grads, after the data-parallel sync,
+  `_allreduce_word_embedding_grads` over the embedding group (NVIDIA/Megatron-LM v0.15.3
+  megatron/core/distributed/finalize_model_grads.py), the whole main_grad tensor even under the distributed
+  optimizer. Phase "embedding"; one chain only (a schedule with chains keeps its copies on the first stage's rank).
 Without `ParallelCosts.step` only today's DDP all_reduce of `dp_grad_bytes` runs, and no optimizer.
 With `CommOptions.overlap_grad_reduce` (Megatron's --overlap-grad-reduce) a gradient collective is cut
 into buckets of `bucket_params` parameters in reverse layer order; bucket k becomes ready while the
@@ -48,7 +54,8 @@ from pipesim.model.memory import named_precision
 from pipesim.sim.program import ComputeOp, Op
 from pipesim.sim.records import CollectiveRecord
 
-AFTER_PIPELINE = ("replicas", "params")  # phases of step-end collectives: after the pipeline's span (makespan)
+# phases of step-end collectives: after the pipeline's span (makespan)
+AFTER_PIPELINE = ("replicas", "embedding", "params")
 
 
 class GateOp(NamedTuple):
@@ -115,6 +122,7 @@ class CollectiveStreams:
         policy = self.step.fsdp if self.step is not None else None
         self.fsdp = policy if self.on and policy is not None and not policy.once_per_step else None
         self.gathered: list[set[int]] = [set() for _ in range(n)]
+        self.embedding_copies = costs.embedding_copy_counts if costs is not None else ()  # parameters per stage
 
     def _issue(self, rank: int, kind: str, stage: int, nbytes: int, now: float, after: int,
                phase: str, group: str = "dp") -> CollectiveRecord:
@@ -263,7 +271,7 @@ class CollectiveStreams:
         finish = [ends[r][-1] if ends[r] else 0.0 for r in range(n)]
         ready = [max([finish[r], *(c.end for c in self.records if c.rank == r and c.phase in ("grads", "microbatch"))])
                  for r in range(n)]
-        starts = self._swap_replicas(ready)
+        starts = self._reduce_embedding(self._swap_replicas(ready))
         out = []
         for rank in range(n):
             start = starts[rank]
@@ -278,6 +286,29 @@ class CollectiveStreams:
                         if c.phase == "params":
                             step_end = self._issue(rank, c.kind, s, c.nbytes, end, -1, "params", c.group).end
             out.append(RankStepEnd(finish[rank], start, end, step_end, self.gate_wait[rank]))
+        return out
+
+    def _reduce_embedding(self, starts: list[float]) -> list[float]:
+        """Each rank's optimizer start after the embedding group's all-reduce (the first stage's rank and the rank
+        of the last stage, when that one keeps its own embedding copy): `starts`, later for those two ranks."""
+        sched = self.sched
+        last = sched.num_stages - 1
+        if not self.comm or self.hw is None or sched.chains > 1 or last >= len(self.embedding_copies):
+            return starts
+        a, b = sched.rank_of(0), sched.rank_of(last)
+        nbytes = self.embedding_copies[last] * self.grad_bytes
+        if a == b or not nbytes:
+            return starts
+        tails = [c.end for c in (self.last[a], self.last[b]) if c is not None]
+        begin = max([starts[a], starts[b], *tails])
+        seconds = collective_seconds(self.hw, "all_reduce", [self.par.rank(pp=a), self.par.rank(pp=b)], nbytes)
+        out = list(starts)
+        for rank, stage in ((a, 0), (b, last)):
+            rec = CollectiveRecord(rank, "all_reduce", stage, begin, begin + seconds, nbytes, -1, self.last[rank],
+                                   "embedding")
+            self.last[rank] = rec
+            self.records.append(rec)
+            out[rank] = begin + seconds
         return out
 
     def replica_pairs(self) -> dict[tuple[int, int], list[int]]:
