@@ -81,6 +81,9 @@ class CommOptions:
             if sms != default and self.moe_dispatcher != backend:
                 raise PipesimError(f"{flag} needs the {name} dispatcher (--moe-token-dispatcher-type flex "
                                    f"--moe-flex-dispatcher-backend {backend})")
+        if self.overlap_p2p_comm and not self.blocking_p2p:  # it lifts held sends: without them it changes nothing
+            raise PipesimError("--overlap-p2p-communication lets an interleaved schedule's sends go without holding "
+                               "their rank: it needs --blocking-p2p (or --framework megatron-core), where they hold it")
         if self.overlap_p2p_warmup_flush and not self.overlap_p2p_comm:  # model_parallel_config.py raises
             raise PipesimError("--overlap-p2p-communication-warmup-flush needs --overlap-p2p-communication (as "
                                "Megatron-core)")

@@ -20,8 +20,8 @@ def add_whatif_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--jitter", type=float, default=0.0, metavar="SIGMA",
                    help="every compute action's seconds times exp(SIGMA z), z ~ N(0,1): lognormal, median 1 "
                         "(e.g. 0.1: about 10 %% spread); default 0")
-    g.add_argument("--jitter-seed", type=lambda t: bounded_int(t, 0), default=0, metavar="N",
-                   help="seed of the jitter's draws (default 0): one seed, one result")
+    g.add_argument("--jitter-seed", type=lambda t: bounded_int(t, 0), default=None, metavar="N",
+                   help="with --jitter: seed of the jitter's draws (default 0): one seed, one result")
 
 
 def perturbation_from_args(args: argparse.Namespace) -> Perturbation | None:
@@ -30,7 +30,10 @@ def perturbation_from_args(args: argparse.Namespace) -> Perturbation | None:
     links = tuple(parse_slow_link(t) for t in args.slow_link)
     if args.jitter < 0 or args.jitter != args.jitter:
         raise PipesimError(f"--jitter must be a sigma >= 0, got {args.jitter:g}")
-    pert = Perturbation(slow=slow, slow_links=links, jitter=args.jitter, seed=args.jitter_seed)
+    if args.jitter_seed is not None and not args.jitter:  # nothing is drawn without it
+        raise PipesimError("--jitter-seed seeds --jitter's draws: it needs --jitter SIGMA > 0")
+    seed = 0 if args.jitter_seed is None else args.jitter_seed
+    pert = Perturbation(slow=slow, slow_links=links, jitter=args.jitter, seed=seed)
     return pert if pert else None
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from pipesim.commands.common import json_text
+from pipesim.commands.common import bounded_int, json_text
 from pipesim.commands.whatif_args import perturbation_from_args, whatif_lines
 from pipesim.errors import PipesimError
 from pipesim.outputs import check_apart, check_distinct, check_file, write_files
@@ -35,7 +35,8 @@ def add_parser(sub) -> None:
                    help="also replay with the messages between ranks A and B FACTOR times as long")
     p.add_argument("--jitter", type=float, default=0.0, metavar="SIGMA",
                    help="also replay with every compute times a lognormal factor exp(SIGMA z)")
-    p.add_argument("--jitter-seed", type=int, default=0, metavar="N", help="seed of the jitter (default 0)")
+    p.add_argument("--jitter-seed", type=lambda t: bounded_int(t, 0), default=None, metavar="N",
+                   help="with --jitter: seed of the jitter (default 0)")
     p.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE",
                    help="write the report as JSON to FILE, or to stdout without FILE")
     p.add_argument("--trace", metavar="FILE.json", default=None,
@@ -55,8 +56,6 @@ def run(args: argparse.Namespace) -> int:
                            "pipesim run --trace)")
     if not tl.events:  # a step is replayed: one with no events has nothing to replay
         raise PipesimError(f"{args.timeline} has no events: no step to replay")
-    if args.jitter_seed < 0:
-        raise PipesimError(f"--jitter-seed must be >= 0, got {args.jitter_seed}")
     pert = perturbation_from_args(args)
     if pert is not None:
         pert.check(tl.num_ranks)  # ranks the trace does not have: one line, before any work
