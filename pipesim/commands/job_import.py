@@ -50,6 +50,20 @@ def take_file(argv: list[str], flag: str) -> tuple[str, list[str]]:
     return path, argv[:i] + argv[del_to:]
 
 
+def split_command(argv: list[str], flag: str, whose: str) -> tuple[str, list[str], str | None, bool]:
+    """(the file, the rest of the command line, a schedule typed before it or None, whether `plan`) of `simulate
+    [SCHEDULE] flag FILE REST` or `plan flag FILE REST`; a --framework beside the file is refused (`whose`: the
+    file's stack, which is its framework)."""
+    path, rest = take_file(list(argv[1:]), flag)
+    planning = argv[0] == "plan"
+    name = rest[0] if rest and not rest[0].startswith("-") and not planning else None
+    if name is not None:
+        rest = rest[1:]
+    if any(a == "--framework" or a.startswith("--framework=") for a in rest):
+        raise PipesimError(f"{flag}: the file is {whose}; drop --framework")
+    return path, rest, name, planning
+
+
 def keep_flags(flags: list[str], kept: tuple[str, ...]) -> list[str]:
     """The flags of `kept` (with their values) among translated `flags` (every value a word, never a --flag)."""
     out, keep = [], False
@@ -61,4 +75,4 @@ def keep_flags(flags: list[str], kept: tuple[str, ...]) -> list[str]:
     return out
 
 
-__all__ = ["keep_flags", "take_file", "typed_rest", "world_size"]
+__all__ = ["keep_flags", "split_command", "take_file", "typed_rest", "world_size"]

@@ -12,7 +12,7 @@ WORLD_SIZE / (tp x pp x cp), WORLD_SIZE torchrun's --nproc-per-node x --nnodes, 
 
 from __future__ import annotations
 
-from pipesim.commands.job_import import keep_flags, take_file, typed_rest, world_size
+from pipesim.commands.job_import import keep_flags, split_command, typed_rest, world_size
 from pipesim.commands.megatron_args import MegatronArgs
 from pipesim.commands.megatron_model import MODEL_FLAGS, model_flags
 from pipesim.commands.torchtitan_pipeline import model_layers
@@ -218,13 +218,7 @@ def expand(argv: list[str]) -> list[str]:
     """`simulate [SCHEDULE] --from-megatron FILE REST` -> `simulate SCHEDULE FLAGS REST`: the file's flags first, so
     that REST wins; the schedule the file's flags give unless one is typed. `plan --from-megatron FILE REST` ->
     `plan JOB-FLAGS REST`: the file's model, batch, sequence and precision, its layout left to the search."""
-    path, rest = take_file(list(argv[1:]), FLAG)
-    planning = argv[0] == "plan"
-    name = rest[0] if rest and not rest[0].startswith("-") and not planning else None
-    if name is not None:
-        rest = rest[1:]
-    if any(a == "--framework" or a.startswith("--framework=") for a in rest):
-        raise PipesimError(f"{FLAG}: the file is Megatron-LM's (--framework megatron-core); drop --framework")
+    path, rest, name, planning = split_command(argv, FLAG, "Megatron-LM's (--framework megatron-core)")
     schedule, flags = megatron_argv(path, rest)
     if planning:
         return [argv[0], *keep_flags(flags, PLAN_KEEPS), *rest]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipesim.commands.job_import import keep_flags, take_file, typed_rest, world_size
+from pipesim.commands.job_import import keep_flags, split_command, typed_rest, world_size
 from pipesim.commands.torchtitan_pipeline import model_layers, parts_split, stages_per_rank
 from pipesim.commands.torchtitan_sections import Keys, compile_flags, quantize_flags, recompute_flags
 from pipesim.errors import PipesimError
@@ -193,13 +193,7 @@ def expand(argv: list[str]) -> list[str]:
     """`simulate [SCHEDULE] --from-torchtitan FILE REST` -> `simulate SCHEDULE FLAGS REST`: the file's flags first,
     so that REST wins; the schedule the file names unless one is typed. `plan --from-torchtitan FILE REST` -> `plan
     JOB-FLAGS REST`: the file's model, batch, sequence and precision, its layout left to the search."""
-    path, rest = take_file(list(argv[1:]), FLAG)
-    planning = argv[0] == "plan"
-    name = rest[0] if rest and not rest[0].startswith("-") and not planning else None
-    if name is not None:
-        rest = rest[1:]
-    if any(a == "--framework" or a.startswith("--framework=") for a in rest):
-        raise PipesimError(f"{FLAG}: the file is torchtitan's; drop --framework")
+    path, rest, name, planning = split_command(argv, FLAG, "torchtitan's")
     schedule, flags = torchtitan_argv(path, rest)
     if planning:
         return [argv[0], *keep_flags(flags, PLAN_KEEPS), *rest]

@@ -299,17 +299,23 @@ class CollectiveStreams:
         nbytes = self.embedding_copies[last] * self.grad_bytes
         if a == b or not nbytes:
             return starts
+        out = list(starts)
+        self._pair_exchange(out, "all_reduce", ((a, 0), (b, last)), nbytes, "embedding")
+        return out
+
+    def _pair_exchange(self, starts: list[float], kind: str, ends: tuple[tuple[int, int], tuple[int, int]],
+                       nbytes: int, phase: str) -> None:
+        """A step-end exchange between two ranks ((rank, stage) each) once both are ready (`starts`) and both
+        streams are free, recorded on both; `starts` moved to its end, in place."""
+        (a, _), (b, _) = ends
         tails = [c.end for c in (self.last[a], self.last[b]) if c is not None]
         begin = max([starts[a], starts[b], *tails])
-        seconds = collective_seconds(self.hw, "all_reduce", [self.par.rank(pp=a), self.par.rank(pp=b)], nbytes)
-        out = list(starts)
-        for rank, stage in ((a, 0), (b, last)):
-            rec = CollectiveRecord(rank, "all_reduce", stage, begin, begin + seconds, nbytes, -1, self.last[rank],
-                                   "embedding")
+        seconds = collective_seconds(self.hw, kind, [self.par.rank(pp=a), self.par.rank(pp=b)], nbytes)
+        for rank, stage in ends:
+            rec = CollectiveRecord(rank, kind, stage, begin, begin + seconds, nbytes, -1, self.last[rank], phase)
             self.last[rank] = rec
             self.records.append(rec)
-            out[rank] = begin + seconds
-        return out
+            starts[rank] = begin + seconds
 
     def replica_pairs(self) -> dict[tuple[int, int], list[int]]:
         """(rank a, rank b), a < b -> a's stages whose other copy is on b, by model stage (b lists the same model
@@ -339,16 +345,8 @@ class CollectiveStreams:
             nbytes = sum(-(-n // dp) if zero else n for n in params) * self.grad_bytes
             if not nbytes:
                 continue
-            tails = [c.end for c in (self.last[a], self.last[b]) if c is not None]
-            begin = max([starts[a], starts[b], *tails])
-            seconds = collective_seconds(self.hw, "send_recv", [self.par.rank(pp=a), self.par.rank(pp=b)], nbytes)
             theirs = next(o for o in self.sched.replicas(stages[0]) if self.sched.rank_of(o) == b)
-            for rank, first in ((a, stages[0]), (b, theirs)):
-                rec = CollectiveRecord(rank, "send_recv", first, begin, begin + seconds, nbytes, -1, self.last[rank],
-                                       "replicas")
-                self.last[rank] = rec
-                self.records.append(rec)
-                starts[rank] = begin + seconds
+            self._pair_exchange(starts, "send_recv", ((a, stages[0]), (b, theirs)), nbytes, "replicas")
         return starts
 
 
