@@ -65,7 +65,7 @@ VALUES = {  # values for flags whose type gives none (the first non-default valu
     "--kv-heads": ["2"], "--ffn-hidden": ["512"], "--moe-load-imbalance": ["1.5"],
     "--moe-expert-capacity-factor": ["1.0"], "--slow": ["1=1.5"], "--slow-link": ["0-1=2"], "--jitter": ["0.1"],
     "--jitter-seed": ["1"], "--num-layers-at-start-in-bf16": ["2"], "--num-layers-at-end-in-bf16": ["2"],
-    "--kv-channels": ["32"], "--hidden-dropout": ["0.0"], "--attention-dropout": ["0.0"],
+    "--kv-channels": ["32"], "--moe-layer-freq": ["[0,1,1,1]"],
 }
 
 

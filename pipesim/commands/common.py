@@ -9,13 +9,20 @@ import sys
 from dataclasses import replace
 
 import schedules
+from pipesim.commands.expert_args import (
+    MOE_DEFAULTS,
+    MOE_FLAGS,
+    ROUTING_FLAGS,
+    moe_config,
+    with_expert_flags,
+    with_routing,
+)
 from pipesim.commands.structure_args import add_structure_args, flag_words
 from pipesim.errors import PipesimError
 from pipesim.ir import torch_csv
 from pipesim.ir.schedule import Schedule
 from pipesim.model.config import ACTIVATIONS, ModelConfig
 from pipesim.model.hf_config import bundled_configs, hf_key_report, load_hf_config
-from pipesim.model.moe import MoeConfig
 from pipesim.outputs import write_text
 
 
@@ -142,20 +149,10 @@ def add_model_args(parser: argparse.ArgumentParser, *, default: str | None = "ml
                    help="width of one routed expert (default the dense MLP's: --ffn-hidden, else 4 x --hidden)")
     e.add_argument("--moe-shared-expert-intermediate-size", type=positive_int, default=None, metavar="S",
                    help="width of the shared expert every token passes through (default none)")
-
-
-MOE_DEFAULTS = {"experts": 4, "top_k": 2}  # --model moe's experts and experts per token when not given
-MOE_FLAGS = ("num_experts", "moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size")
-
-
-def _moe_config(args: argparse.Namespace, hidden: int) -> MoeConfig:
-    """--model moe's experts: every layer an MoE MLP of GeLU experts (the GPT block's MLP), dropless; an expert as
-    wide as the dense MLP would be unless --moe-ffn-hidden-size (Megatron's default: --ffn-hidden-size's)."""
-    shared = getattr(args, "moe_shared_expert_intermediate_size", None)
-    return MoeConfig(experts=args.num_experts or MOE_DEFAULTS["experts"],
-                     top_k=args.moe_router_topk or MOE_DEFAULTS["top_k"],
-                     expert_ffn=args.moe_ffn_hidden_size or getattr(args, "ffn_hidden", None) or 4 * hidden,
-                     shared_experts=1 if shared else 0, shared_ffn=shared)
+    e.add_argument("--moe-layer-freq", default=None, metavar="N|LIST",
+                   help="which layers have experts, Megatron-core's spelling: 1 (every layer, the default), or one "
+                        "0/1 per layer such as '([0]*3+[1]*58)'; pipesim places them after the first dense layers "
+                        "on every N-th (docs/moe.md)")
 
 
 def _model_name(text: str) -> str:
@@ -192,7 +189,6 @@ SIZE_FLAGS = ("hidden", "layers", "heads", "seq", "vocab", "batch", "dtype")  # 
 # ModelConfig field = argparse destination; typed as `flag_words` says
 STRUCTURE_FLAGS = ("kv_heads", "ffn_hidden", "activation", "norm", "positions", "biases", "dropout", "qk_norm",
                    "head_width", "tied_embeddings")
-ROUTING_FLAGS = ("moe_load_imbalance", "moe_expert_capacity_factor")
 MODEL_FLAGS = (*SIZE_FLAGS, *STRUCTURE_FLAGS, *MOE_FLAGS, *ROUTING_FLAGS)  # every flag that shapes pipesim's model
 
 
@@ -230,7 +226,7 @@ def model_config(args: argparse.Namespace) -> ModelConfig:
             raise PipesimError(f"--model-config describes the model, experts or not; drop --model {args.model}")
         base = load_hf_config(source, seq=given.get("seq"), batch=given.get("batch", ModelConfig.batch),
                               dtype=given.get("dtype"), seed=seed_of(args))
-        model = _with_routing(_with_expert_flags(replace(base, **given), args, source), args)
+        model = with_routing(with_expert_flags(replace(base, **given), args, source), args)
         moe = model.moe
         if "ffn_hidden" in given and moe is not None and all(map(moe.is_moe_layer, range(model.layers))):
             raise PipesimError(f"--ffn-hidden sizes a dense MLP, and every layer of {source} has experts "
@@ -240,7 +236,7 @@ def model_config(args: argparse.Namespace) -> ModelConfig:
     moe_given = [name for name in MOE_FLAGS if getattr(args, name, None) is not None]
     if kind == "moe":
         base = ModelConfig(kind="gpt", seed=seed_of(args), **given)
-        return _with_routing(replace(base, moe=_moe_config(args, base.hidden)), args)
+        return with_routing(replace(base, moe=moe_config(args, base.hidden, base.layers)), args)
     if moe_given:
         raise PipesimError(f"--{moe_given[0].replace('_', '-')} needs --model moe")
     if kind == "mlp":  # an MLP has no heads, sequence or vocabulary: those flags would size nothing
@@ -248,37 +244,7 @@ def model_config(args: argparse.Namespace) -> ModelConfig:
             if name in given:
                 raise PipesimError(f"{flag_words(name, given[name])[0]} needs a transformer (--model gpt or "
                                    "--model-config)")
-    return _with_routing(ModelConfig(kind=kind, seed=seed_of(args), **given), args)
-
-
-def _with_expert_flags(model: ModelConfig, args: argparse.Namespace, source: str) -> ModelConfig:
-    """--num-experts, --moe-router-topk, --moe-ffn-hidden-size, --moe-shared-expert-intermediate-size (Megatron's
-    total shared width) over a mixture-of-experts --model-config's own; refused on a dense one."""
-    given = {name: getattr(args, name) for name in MOE_FLAGS if getattr(args, name, None) is not None}
-    if not given:
-        return model
-    if model.moe is None:
-        flag = "--" + next(iter(given)).replace("_", "-")
-        raise PipesimError(f"{flag}: --model-config {source} is a dense model (give a mixture-of-experts config, "
-                           "or --model moe)")
-    fields = {"experts": given.get("num_experts"), "top_k": given.get("moe_router_topk"),
-              "expert_ffn": given.get("moe_ffn_hidden_size")}
-    if "moe_shared_expert_intermediate_size" in given:
-        fields |= {"shared_experts": 1, "shared_ffn": given["moe_shared_expert_intermediate_size"]}
-    return replace(model, moe=replace(model.moe, **{k: v for k, v in fields.items() if v is not None}))
-
-
-def _with_routing(model: ModelConfig, args: argparse.Namespace) -> ModelConfig:
-    """--moe-load-imbalance / --moe-expert-capacity-factor into the model's MoeConfig (refused on a dense model)."""
-    routing = {name: value for name, value in zip(("imbalance", "capacity_factor"),
-                                                  (getattr(args, flag, None) for flag in ROUTING_FLAGS), strict=True)
-               if value is not None}
-    if not routing:
-        return model
-    if model.moe is None:
-        flag = "--moe-load-imbalance" if "imbalance" in routing else "--moe-expert-capacity-factor"
-        raise PipesimError(f"{flag} needs a mixture-of-experts model (--model-config mixtral-8x7b, ...)")
-    return replace(model, moe=replace(model.moe, **routing))
+    return with_routing(ModelConfig(kind=kind, seed=seed_of(args), **given), args)
 
 
 def model_config_json(args: argparse.Namespace) -> dict | None:

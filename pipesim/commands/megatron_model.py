@@ -74,7 +74,7 @@ def model_flags(a: MegatronArgs, *, tp: int, seq: int, vocab_typed: bool) -> lis
         out.append("--qk-layernorm")
     if not vocab_typed:
         out += ["--vocab", str(_vocab(a, tp))]
-    return out + _expert_flags(a, layers, ffn)
+    return out + _expert_flags(a, ffn)
 
 
 def _vocab(a: MegatronArgs, tp: int) -> int:
@@ -92,18 +92,15 @@ def _vocab(a: MegatronArgs, tp: int) -> int:
     return padded_vocab(vocab, a.number("--make-vocab-size-divisible-by", 128), tp)
 
 
-def _expert_flags(a: MegatronArgs, layers: int, ffn: int) -> list[str]:
-    """The experts (--num-experts on): every layer's MLP a mixture (--moe-layer-freq 1, or a list of ones), each
-    expert --moe-ffn-hidden-size wide (Megatron's default: the dense `ffn`)."""
+def _expert_flags(a: MegatronArgs, ffn: int) -> list[str]:
+    """The experts (--num-experts on): on the layers --moe-layer-freq gives (pipesim.model.moe_layer_freq reads it,
+    refusing a placement it cannot spell), each expert --moe-ffn-hidden-size wide (Megatron's default: the dense
+    `ffn`)."""
     experts = a.number("--num-experts", None)
     if experts is None:
         return []
-    freq = (a.text("--moe-layer-freq", "1") or "").replace(" ", "")
-    if freq not in ("1", "[" + ",".join(["1"] * layers) + "]"):
-        raise _error(a.where, f"--moe-layer-freq {a.text('--moe-layer-freq')}: pipesim reads every layer a mixture of "
-                              "experts here (1); dense layers are read from a --model-config (first_k_dense_replace, "
-                              "decoder_sparse_step)")
-    out = ["--num-experts", str(experts), "--moe-router-topk", str(a.number("--moe-router-topk", 2)),
+    out = ["--moe-layer-freq", a.text("--moe-layer-freq")] if a.on("--moe-layer-freq") else []
+    out += ["--num-experts", str(experts), "--moe-router-topk", str(a.number("--moe-router-topk", 2)),
            "--moe-ffn-hidden-size", str(a.number("--moe-ffn-hidden-size", ffn))]
     if a.on("--moe-shared-expert-intermediate-size"):
         out += ["--moe-shared-expert-intermediate-size", str(a.number("--moe-shared-expert-intermediate-size", None))]

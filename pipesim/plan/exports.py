@@ -13,6 +13,8 @@ from pipesim.ir.schedule import Schedule
 from pipesim.model.config import ModelConfig, gpt_block_differences, split_layers
 from pipesim.model.fp8 import FP4_RECIPES, TORCHAO_ONLY, TORCHAO_RECIPES
 from pipesim.model.megatron_layout import LAYOUT, megatron_layout
+from pipesim.model.moe_layer_freq import FLAG as FREQ
+from pipesim.model.moe_layer_freq import megatron_pattern
 from pipesim.model.op_recompute import OP
 from pipesim.model.options import FUSED_ATTENTION
 from pipesim.model.pipeline_split import torchtitan_fqns
@@ -223,8 +225,7 @@ def _moe_args(c: Candidate, req: PlanRequest) -> list[str]:
     if moe.shared_experts:
         out += ["--moe-shared-expert-intermediate-size", str(moe.shared_experts * moe.shared_width)]
     if moe.dense_layers or moe.every > 1:
-        pattern = [int(moe.is_moe_layer(layer)) for layer in range(req.model.layers)]
-        out += ["--moe-layer-freq", f"'{pattern}'"]
+        out += [FREQ, f"'{megatron_pattern(moe.dense_layers, moe.every, req.model.layers)}'"]
     if moe.capacity_factor is not None:
         out += ["--moe-expert-capacity-factor", str(moe.capacity_factor), "--moe-pad-expert-input-to-capacity"]
     return out
