@@ -75,6 +75,7 @@ def test_ampere_flash_is_flashattention_2_blackwell_has_cudnns_benchmark_and_a_p
 def test_megatron_export_names_the_flash_backend():
     req = big_request()
     c = next(iter(enumerate_candidates(req)))
-    assert "--attention-backend" not in megatron_args(c, req, "flash")
+    fused = megatron_args(c, req, "flash")
+    assert "--use-flash-attn" not in fused and fused[fused.index("--attention-backend") + 1] == "fused"  # cuDNN's
     args = megatron_args(c, req, "flash2")
-    assert "--use-flash-attn" in args and args[args.index("--attention-backend") + 1] == "flash"
+    assert "--use-flash-attn" not in args and args[args.index("--attention-backend") + 1] == "flash"

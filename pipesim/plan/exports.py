@@ -163,10 +163,9 @@ def megatron_args(c: Candidate, req: PlanRequest, attention: str | None = None) 
         out.append("--sequence-parallel")
     if attention in FUSED_ATTENTION and req.framework in MEGATRON_2021:
         out.append("# pipesim timed flash attention, which the 2021 Megatron layers lack (plan with --attention eager)")
-    elif attention in FUSED_ATTENTION:
-        out.append("--use-flash-attn")
-    if attention == "flash2" and req.framework not in MEGATRON_2021:  # TE's FlashAttention backend, not cuDNN's
-        out += ["--attention-backend", "flash"]
+    elif attention in FUSED_ATTENTION:  # Transformer Engine's backend by name (v0.15.3's --use-flash-attn selects
+        # nothing): cuDNN's fused attention (pipesim's flash figures), or FlashAttention-2 (flash2)
+        out += ["--attention-backend", "flash" if attention == "flash2" else "fused"]
     out += grad_flags(req.job.kernels.grad_fp32)
     out += req.job.kernels.ce_flags()  # Megatron-core's names
     if req.job.fp8 is not None:  # Megatron-core's names (Transformer Engine's recipes; params stay bf16)
