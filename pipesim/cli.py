@@ -12,6 +12,7 @@ import sys
 
 from pipesim import __version__
 from pipesim.commands import megatron_import, torchtitan_import
+from pipesim.commands.job_import import take_file
 from pipesim.errors import PipesimError, ScheduleError
 
 # the job files simulate and plan read as flags: their flag -> the function that expands the command line
@@ -54,15 +55,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
     found = [flag for flag in IMPORTS if any(a == flag or a.startswith(flag + "=") for a in argv)]
+    job_file = None  # (flag, path) of a job file, an input no output may replace (pipesim.outputs.check_apart)
     if argv[:1] in (["simulate"], ["plan"]) and found:
         try:  # a job file read as the flags it stands for, before the ones typed after it
             if len(found) > 1:
                 raise PipesimError(f"{found[0]} and {found[1]}: give one job file")
+            job_file = (found[0], take_file(argv[1:], found[0])[0])
             argv = IMPORTS[found[0]](argv)
         except PipesimError as exc:
             print(f"pipesim: error: {exc}", file=sys.stderr)
             return 2
     args = parser.parse_args(argv)
+    args.job_file = job_file
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

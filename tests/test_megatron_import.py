@@ -186,3 +186,82 @@ def test_plan_takes_the_files_job_and_searches_its_layout(tmp_path):
     for flag, value in (("--layers", "32"), ("--seq", "8192"), ("--batch", "128"), ("--dtype", "bfloat16"),
                         ("--vocab", "128256"), ("--normalization", "RMSNorm")):
         assert winner[winner.index(flag) + 1] == value, flag
+
+
+SMALL = ("--num-layers 4 --hidden-size 1024 --num-attention-heads 8 --seq-length 1024 --max-position-embeddings 1024 "
+         "--micro-batch-size 1 --global-batch-size 16 --bf16 --vocab-size 32000")
+
+
+def test_plan_keeps_the_files_software_choices_and_searches_the_layout(tmp_path):
+    """The plan searches the degrees, the schedule, recomputation and ZeRO; the file's overlaps, fusions and
+    gradient dtype are the job's and stay (dropping them would plan another run)."""
+    path = _file(tmp_path, SMALL + " --tensor-model-parallel-size 2 --sequence-parallel --use-distributed-optimizer "
+                 "--overlap-grad-reduce --overlap-param-gather --tp-comm-overlap --cross-entropy-loss-fusion "
+                 "--grad-reduce-in-bf16 --decoder-first-pipeline-num-layers 1 --pipeline-model-parallel-size 2")
+    argv = expand(["plan", "--from-megatron", path, "--hardware", "dgx-h100"])
+    for kept in ("--overlap-grad-reduce", "--overlap-param-gather", "--tp-comm-overlap", "--cross-entropy-loss-fusion",
+                 "--grad-reduce-in-bf16"):
+        assert kept in argv
+    for searched in ("--tp", "--stages", "--zero", "--sequence-parallel", "--decoder-first-pipeline-num-layers"):
+        assert searched not in argv
+
+
+@pytest.mark.parametrize("command", ["simulate", "plan"])
+def test_no_output_replaces_the_launch_file(tmp_path, capsys, command):
+    path = _file(tmp_path, SMALL, "run.json")  # a name the outputs' own check takes
+    before = Path(path).read_text()
+    assert main([command, "--from-megatron", path, "--hardware", "dgx-h100", "--json", path]) == 2
+    assert capsys.readouterr().err.strip() == f"pipesim: error: --json {path} is the file --from-megatron reads: " \
+                                              "give another file"
+    assert Path(path).read_text() == before
+
+
+@pytest.mark.parametrize(("launch", "line"), [
+    ("torchrun --nproc-per-node \u00b2 pretrain_gpt.py", "torchrun's --nproc-per-node '\u00b2': give a whole number of "
+                                                         "GPUs and nodes"),
+    ("torchrun --nproc-per-node 8 my_pretrain_gpt.py", "the launch runs 'my_pretrain_gpt.py'; pipesim reads "
+                                                       "pretrain_gpt.py's arguments"),
+])
+def test_the_launcher_is_read_strictly(tmp_path, capsys, launch, line):
+    path = _file(tmp_path, f"{launch} {SMALL}")
+    assert main(["simulate", "--from-megatron", path, "--hardware", "dgx-h100"]) == 2
+    assert capsys.readouterr().err.strip() == f"pipesim: error: --from-megatron {path}: {line}"
+
+
+MOE = " --num-experts 4 --moe-grouped-gemm --moe-token-dispatcher-type alltoall"
+
+
+@pytest.mark.parametrize(("text", "line"), [
+    (SMALL.replace("--num-layers 4", "--num-layers 5") + " --pipeline-model-parallel-size 2",
+     "5 layers (with the embedding and loss the split counts) do not split into --pipeline-model-parallel-size 2 x 1 "
+     "chunks (Megatron asserts an even split without a layout or --decoder-first/last-pipeline-num-layers)"),
+    (SMALL + " --num-virtual-stages-per-pipeline-rank 2",
+     "a virtual pipeline at --pipeline-model-parallel-size 1: Megatron's interleaved schedule needs more than 1 (more "
+     "than 2 with --no-overlap-p2p-communication)"),
+    (SMALL + " --pipeline-model-parallel-size 2 --num-virtual-stages-per-pipeline-rank 2 "
+     "--no-overlap-p2p-communication",
+     "a virtual pipeline at --pipeline-model-parallel-size 2: Megatron's interleaved schedule needs more than 1 (more "
+     "than 2 with --no-overlap-p2p-communication)"),
+    (SMALL.replace("--bf16", "--fp16") + MOE,
+     "--moe-grouped-gemm without --bf16 (Megatron asserts 'Currently GroupedGEMM for MoE only supports bf16 dtype.')"),
+    (SMALL + MOE + " --moe-pad-expert-input-to-capacity",
+     "--moe-pad-expert-input-to-capacity needs --moe-expert-capacity-factor (Megatron asserts it)"),
+    (SMALL + MOE + " --pipeline-model-parallel-size 2 --num-virtual-stages-per-pipeline-rank 2 "
+     "--overlap-moe-expert-parallel-comm",
+     "--overlap-moe-expert-parallel-comm overlaps the expert-parallel all-to-alls: it needs "
+     "--expert-model-parallel-size > 1 (Megatron asserts it)"),
+    (SMALL + " --hidden-dropout nan --attention-dropout nan", "--hidden-dropout nan: a probability from 0 up to 1"),
+    (SMALL + " --hidden-dropout 0.1 --attention-dropout inf", "--attention-dropout inf: a probability from 0 up to 1"),
+    (SMALL + " --padded-vocab-size 32001 --tensor-model-parallel-size 2",
+     "--padded-vocab-size 32001 is not a multiple of --tensor-model-parallel-size 2"),
+])
+def test_what_megatron_refuses_to_start_with_is_refused(tmp_path, capsys, text, line):
+    path = _file(tmp_path, text)
+    assert main(["simulate", "--from-megatron", path, "--hardware", "dgx-h100"]) == 2
+    assert capsys.readouterr().err.strip() == f"pipesim: error: --from-megatron {path}: {line}"
+
+
+def test_a_typed_model_kind_is_refused_and_a_config_replaces_the_files(tmp_path, capsys):
+    path = _file(tmp_path, SMALL)
+    assert main(["simulate", "--from-megatron", path, "--hardware", "dgx-h100", "--model", "gpt"]) == 2
+    assert "--model gpt after the file: the file's model is its --num-layers" in capsys.readouterr().err

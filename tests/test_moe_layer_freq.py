@@ -5,6 +5,7 @@ simulated back through --from-megatron to the plan's step."""
 from __future__ import annotations
 
 import json
+import shlex
 
 import pytest
 
@@ -31,11 +32,15 @@ def test_megatrons_spellings(text, layers, pattern):
 @pytest.mark.parametrize(("text", "message"), [
     ("[0, 1, 1]", "--moe-layer-freq [0, 1, 1]: 3 entries of 0 and 1 for 4 layers (one per layer)"),
     ("[0, 2, 1, 1]", "--moe-layer-freq [0, 2, 1, 1]: 4 entries of 0 and 1 for 4 layers (one per layer)"),
-    ("__import__('os')", "--moe-layer-freq __import__('os'): not an integer or a list of 0 and 1"),
-    ("[1] * 10**9", "--moe-layer-freq [1] * 10**9: not an integer or a list of 0 and 1"),
-    ("[1] * 2000000", "--moe-layer-freq [1] * 2000000: not an integer or a list of 0 and 1"),
+    ("__import__('os')", "--moe-layer-freq __import__('os'): not an integer or a list of at most 4 0s and 1s"),
+    ("[1] * 10**9", "--moe-layer-freq [1] * 10**9: not an integer or a list of at most 4 0s and 1s"),
+    ("[1] * 2000000", "--moe-layer-freq [1] * 2000000: not an integer or a list of at most 4 0s and 1s"),
+    ("[1]*3+[1]*3", "--moe-layer-freq [1]*3+[1]*3: not an integer or a list of at most 4 0s and 1s"),
+    ("[1]" + "+[1]" * 3000, "--moe-layer-freq " + ("[1]" + "+[1]" * 3000)[:60] + ": not an integer or a list of 0 "
+     "and 1"),  # deeper than Python's parser goes
     ("0", "--moe-layer-freq 0: an integer frequency is at least 1"),
     ("[0,", "--moe-layer-freq [0,: not an integer or a list of 0 and 1"),
+    ("[0.5, 1, 1, 1]", "--moe-layer-freq [0.5, 1, 1, 1]: not an integer or a list of at most 4 0s and 1s"),
 ])
 def test_what_is_not_a_pattern_is_refused(text, message):
     with pytest.raises(PipesimError) as err:
@@ -53,6 +58,10 @@ def test_placements_pipesim_can_spell_and_cannot():
         assert megatron_pattern(*placement(parse_pattern(text, 12)), 12) == text
     with pytest.raises(PipesimError, match=r"experts on layers \[0, 2\]; pipesim places them after"):
         placement([1, 0, 1, 0])  # Megatron's --moe-layer-freq 2
+    long = [0] * 60000 + [1, 0, 1] + [0] * 5533  # 65,536 layers: refused at once, the pattern's gcd is 1
+    with pytest.raises(PipesimError, match=r"experts on layers \[60000, 60002\]"):
+        placement(long)
+    assert placement([0] * 65535 + [1]) == (65535, 1)  # the least period first, in linear time
     with pytest.raises(PipesimError, match="no layer has experts"):
         placement([0, 0, 0])
 
@@ -99,3 +108,11 @@ def test_a_plans_export_with_dense_layers_simulates_back(tmp_path, capsys):
     path.write_text("\n".join(lines) + "\n" + MODEL + "\n")
     again = _sim(capsys, "simulate", "--from-megatron", str(path), "--hardware", "dgx-h100")
     assert again["step_time"] == plan["rows"][0]["step_time"]
+    typed = shlex.split(plan["winner"]["simulate_command"])[1:]  # the exported command: --model moe, the layers too
+    assert typed[typed.index("--model") + 1] == "moe" and "--moe-layer-freq" in typed
+    assert _sim(capsys, *typed)["step_time"] == plan["rows"][0]["step_time"]
+    # plan --from-megatron keeps the file's placement (it is the model's, not the layout's)
+    replan = tmp_path / "replan.json"
+    assert main(["plan", "--from-megatron", str(path), "--hardware", "dgx-h100", "--max-candidates", "3", "--top", "1",
+                 "--json", str(replan)]) == 0
+    assert "--moe-layer-freq" in shlex.split(json.loads(replan.read_text())["winner"]["simulate_command"])

@@ -271,7 +271,8 @@ INPUT_FLAGS = (("--model-config", "model_config"), ("--hardware", "hardware"), (
 
 def input_files(args: argparse.Namespace) -> list[tuple[str, str | None]]:
     """(flag, path) of the files simulate, sweep and plan read (a preset's or bundled config's name is no file)."""
-    return [(flag, getattr(args, dest, None)) for flag, dest in INPUT_FLAGS]
+    job = getattr(args, "job_file", None)  # --from-megatron / --from-torchtitan's file, read before argparse (cli)
+    return [(flag, getattr(args, dest, None)) for flag, dest in INPUT_FLAGS] + ([job] if job else [])
 
 
 def add_output_args(parser: argparse.ArgumentParser, *, trace: bool = True) -> None:

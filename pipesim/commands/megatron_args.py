@@ -6,7 +6,7 @@ table; `MegatronArgs` hands each value out typed, one line for a bad one."""
 from __future__ import annotations
 
 import shlex
-from pathlib import Path
+from pathlib import Path, PurePath
 
 from pipesim.commands.megatron_flags import IGNORED_FLAGS, LATER, PASSED, READ, REFUSED, SWITCH, VALUE
 from pipesim.errors import PipesimError
@@ -40,7 +40,7 @@ def _launcher(words: list[str], where: str) -> tuple[int | None, list[str]]:
     if not words or words[0].startswith("--"):
         return None, words
     at = next((i for i, w in enumerate(words) if w.endswith(".py")), None)
-    if at is None or not words[at].endswith(SCRIPT):
+    if at is None or PurePath(words[at]).name != SCRIPT:  # the script itself, not one whose name ends so
         what = repr(words[at]) if at is not None else "no Python script"
         raise PipesimError(f"{where}: the launch runs {what}; pipesim reads {SCRIPT}'s arguments")
     head = words[:at]
@@ -55,7 +55,7 @@ def _launcher(words: list[str], where: str) -> tuple[int | None, list[str]]:
         key = name.replace("_", "-")
         if key in ("--nproc-per-node", "--nnodes"):
             value = value or (head[i + 1] if i + 1 < len(head) else "")
-            if not value.isdigit() or int(value) < 1:
+            if not (value.isascii() and value.isdigit()) or int(value) < 1:  # not '²', which isdigit() takes
                 raise PipesimError(f"{where}: torchrun's {name} {value!r}: give a whole number of GPUs and nodes")
             counts[key] = int(value)
     world = counts["--nproc-per-node"] * counts.get("--nnodes", 1) if "--nproc-per-node" in counts else None

@@ -97,7 +97,7 @@ IGNORED: dict[str, tuple[str, ...]] = {
         "--dist-ckpt-save-pre-mcore-014", "--dist-ckpt-optim-fully-reshardable",
         "--distrib-optim-fully-reshardable-mem-efficient"),
     "logging, timers and profiling (_add_logging_args, the profile flags): they watch the run": (
-        "--log-params-norm", "--log-num-zeros-in-grad", "--log-throughput", "--log-progress", "--timing-log-level",
+        "--log-throughput", "--log-progress", "--timing-log-level",
         "--log-energy", "--no-barrier-with-level-1-timing", "--timing-log-option", "--tensorboard-log-interval",
         "--tensorboard-queue-size", "--log-timers-to-tensorboard", "--no-log-loss-scale-to-tensorboard",
         "--log-validation-ppl-to-tensorboard", "--log-memory-to-tensorboard", "--log-world-size-to-tensorboard",
@@ -189,6 +189,9 @@ REFUSED = {
     "--overlap-param-gather-with-optimizer-step": "overlaps the first chunk's gather with the optimizer, not modelled",
     "--use-ring-exchange-p2p": "pipesim times the pipeline sends as NCCL's batch_isend_irecv",
     "--ddp-num-buckets": "pipesim sizes the gradient buckets by --ddp-bucket-size",
+    "--log-params-norm": "adds a pass over every parameter and an all-reduce to each step, which pipesim does not time",
+    "--log-num-zeros-in-grad": "adds a pass over every gradient and an all-reduce to each step, which pipesim does not "
+                               "time",
 }
 
 __all__ = ["IGNORED", "IGNORED_FLAGS", "LATER", "LIST", "PASSED", "READ", "REFUSED", "SWITCH", "VALUE"]

@@ -82,7 +82,11 @@ def megatron_argv(path: str, argv: list[str]) -> tuple[str, list[str]]:
     out += ["--batch", str(batch), "--microbatch-size", str(mbs), "--seq", str(seq)]
     out += ["--dtype", _dtype(a)] + _fp8(a)
 
-    own_model = typed.model_config is not None or typed.model is not None
+    if typed.model is not None:  # the file's model is its own flags: only a config file replaces it whole
+        raise PipesimError(f"{where}: --model {typed.model} after the file: the file's model is its --num-layers, "
+                           "--hidden-size, ... (a size flag typed after it overrides the file's); give --model-config "
+                           "to replace it")
+    own_model = typed.model_config is not None
     if not own_model:
         out = ["--model", "moe" if a.on("--num-experts") else "gpt", *out,
                *model_flags(a, tp=tp, seq=seq, vocab_typed=typed.vocab is not None)]
@@ -92,6 +96,7 @@ def megatron_argv(path: str, argv: list[str]) -> tuple[str, list[str]]:
     if a.on(LAYOUT):
         out += [LAYOUT, a.text(LAYOUT)]
     out += _recompute(a) + _kernels(a) + _experts(a)
+    _megatron_asserts(a, pp, v, layers, ep=a.number("--expert-model-parallel-size", 1))
     for flag in PASS_AS_TYPED:
         if a.on(flag):
             out += [flag, *a.texts(flag)]
@@ -152,6 +157,33 @@ def _pipeline(a: MegatronArgs, pp: int, layers: int) -> tuple[str, int]:
     return ("interleaved-1f1b" if v > 1 else "1f1b"), v
 
 
+def _megatron_asserts(a: MegatronArgs, pp: int, v: int, layers: int, *, ep: int) -> None:
+    """What Megatron-LM v0.15.3 refuses to start with (validate_args in megatron/training/arguments.py,
+    TransformerConfig.__post_init__), refused here too rather than simulated as a run that cannot exist."""
+    counted = layers + a.on("--account-for-embedding-in-pipeline-split") + a.on("--account-for-loss-in-pipeline-split")
+    uneven = any(a.on(f) for f in (LAYOUT, "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers"))
+    if not uneven and counted % (pp * v):
+        raise PipesimError(f"{a.where}: {counted} layers (with the embedding and loss the split counts) do not split "
+                           f"into --pipeline-model-parallel-size {pp} x {v} chunks (Megatron asserts an even split "
+                           "without a layout or --decoder-first/last-pipeline-num-layers)")
+    if v > 1 and pp <= (2 if a.on("--no-overlap-p2p-communication") else 1):
+        raise PipesimError(f"{a.where}: a virtual pipeline at --pipeline-model-parallel-size {pp}: Megatron's "
+                           "interleaved schedule needs more than 1 (more than 2 with --no-overlap-p2p-communication)")
+    if a.on("--moe-grouped-gemm") and not a.on("--bf16"):
+        raise PipesimError(f"{a.where}: --moe-grouped-gemm without --bf16 (Megatron asserts 'Currently GroupedGEMM "
+                           "for MoE only supports bf16 dtype.')")
+    if a.on("--moe-pad-expert-input-to-capacity") and not a.on("--moe-expert-capacity-factor"):
+        raise PipesimError(f"{a.where}: --moe-pad-expert-input-to-capacity needs --moe-expert-capacity-factor "
+                           "(Megatron asserts it)")
+    if a.on("--overlap-moe-expert-parallel-comm"):
+        if ep == 1:
+            raise PipesimError(f"{a.where}: --overlap-moe-expert-parallel-comm overlaps the expert-parallel "
+                               "all-to-alls: it needs --expert-model-parallel-size > 1 (Megatron asserts it)")
+        if a.text("--recompute-granularity") == "full":
+            raise PipesimError(f"{a.where}: --overlap-moe-expert-parallel-comm with full recomputation (Megatron "
+                               "asserts recompute_granularity != 'full')")
+
+
 def _recompute(a: MegatronArgs) -> list[str]:
     granularity = "selective" if a.on("--recompute-activations") else a.text("--recompute-granularity")
     method, layers = a.text("--recompute-method"), a.number("--recompute-num-layers", None)
@@ -204,14 +236,18 @@ def _experts(a: MegatronArgs) -> list[str]:
     return out
 
 
-# what `pipesim plan --from-megatron` keeps of the file: the job (model, batch, sequence, precision); the layout is
-# what the plan searches
+# what `pipesim plan --from-megatron` keeps of the file: the job (model, batch, sequence, precision) and the software
+# choices the plan does not search (kernels, dispatcher, overlaps, the optimizer's dtypes, the split rule); the
+# layout (degrees, chunks, the schedule, recomputation, ZeRO and a fixed layer split) is what the plan searches
+LAYOUT_FLAGS = ("--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers")
 PLAN_KEEPS = ("--framework", "--model", "--seq", "--batch", "--dtype", "--fp8-format", "--fp8-recipe", "--layers",
               "--hidden", "--heads", "--ffn-hidden", "--activation", "--kv-heads", "--kv-channels", "--normalization",
               "--position-embedding-type", "--disable-bias-linear", "--tie-embeddings-and-output-weights",
               "--untie-embeddings-and-output-weights", "--dropout", "--no-dropout", "--qk-layernorm", "--vocab",
               "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size",
-              "--moe-expert-capacity-factor", "--fp4-format", "--fp4-recipe")
+              "--moe-layer-freq", "--moe-expert-capacity-factor", "--moe-token-dispatcher-type", "--attention",
+              "--no-kernel-fusion", "--cuda-graph-scope",
+              *(f for f in PASS_AS_TYPED if f not in LAYOUT_FLAGS))
 
 
 def expand(argv: list[str]) -> list[str]:

@@ -66,6 +66,9 @@ def model_flags(a: MegatronArgs, *, tp: int, seq: int, vocab_typed: bool) -> lis
     out.append("--untie-embeddings-and-output-weights" if a.on("--untie-embeddings-and-output-weights")
                else "--tie-embeddings-and-output-weights")
     hidden_p, attention_p = (a.number(f, DROPOUT, float) for f in ("--hidden-dropout", "--attention-dropout"))
+    for flag, prob in (("--hidden-dropout", hidden_p), ("--attention-dropout", attention_p)):
+        if not 0 <= prob < 1:  # nan fails both: torch's dropout takes 0 <= p <= 1, and p = 1 zeroes the stream
+            raise _error(w, f"{flag} {prob:g}: a probability from 0 up to 1")
     if (hidden_p > 0) != (attention_p > 0):
         raise _error(w, f"--hidden-dropout {hidden_p:g} with --attention-dropout {attention_p:g}: pipesim's dropout "
                         "runs in all three places or none (give both above 0, or both 0)")
@@ -82,6 +85,9 @@ def _vocab(a: MegatronArgs, tp: int) -> int:
     padded as Megatron pads it."""
     padded = a.number("--padded-vocab-size", None)
     if padded is not None:
+        if padded % tp:  # VocabParallelEmbedding splits the rows over the tp ranks
+            raise _error(a.where, f"--padded-vocab-size {padded} is not a multiple of --tensor-model-parallel-size "
+                                  f"{tp}")
         return padded
     vocab = a.number("--vocab-size", None)
     if vocab is None:

@@ -261,7 +261,8 @@ STEP_FLAGS = ("seq", "batch")  # the step's, not the model's: the exports give t
 
 def model_flags(args: argparse.Namespace, req: PlanRequest) -> list[str]:
     """The model flags as given (plus the step's --seq and --batch), for the exported simulate command."""
-    out = ["--model-config", args.model_config] if args.model_config else ["--model", "gpt"]
+    kind = "moe" if args.model == "moe" else "gpt"  # --model moe's experts are its flags: the export keeps the kind
+    out = ["--model-config", args.model_config] if args.model_config else ["--model", kind]
     out += model_flag_words(args, skip=STEP_FLAGS)  # sizes, structure, experts, routing
     return out + ["--seq", str(req.model.seq), "--batch", str(req.model.batch)]
 

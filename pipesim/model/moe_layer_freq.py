@@ -10,20 +10,25 @@ layers on every layer l with (l + 1) % every == 0; a pattern it cannot spell tha
 from __future__ import annotations
 
 import ast
+import math
 
 from pipesim.errors import PipesimError
 
 FLAG = "--moe-layer-freq"
+MAX_TEXT = 400_000  # characters of a pattern: ModelConfig.MAX_LAYERS 0s and 1s written out as a list take 196,608
 
 
 def parse_pattern(text: str, layers: int) -> list[int]:
     """One 0/1 per layer from Megatron's spelling: an integer N, or a list expression of 0/1 (literals joined by
     + and repeated by * an integer); its length must be `layers` (Megatron asserts it)."""
+    if len(text) > MAX_TEXT:
+        raise PipesimError(f"{FLAG}: {len(text)} characters; write a long pattern as an expression such as "
+                           "'([0]*3+[1]*58)'")
     try:
         tree = ast.parse(text.strip(), mode="eval").body
-    except SyntaxError:
-        raise PipesimError(f"{FLAG} {text}: not an integer or a list of 0 and 1") from None
-    value = _evaluate(tree, text)
+        value = _evaluate(tree, text, max(layers, 1))
+    except (SyntaxError, RecursionError, MemoryError):  # a malformed or too deeply nested expression
+        raise PipesimError(f"{FLAG} {text[:60]}: not an integer or a list of 0 and 1") from None
     if isinstance(value, int):
         if value < 1:
             raise PipesimError(f"{FLAG} {text}: an integer frequency is at least 1")
@@ -33,36 +38,43 @@ def parse_pattern(text: str, layers: int) -> list[int]:
     return value
 
 
-def _evaluate(node: ast.AST, text: str) -> int | list[int]:
-    """An integer, a list of integers, list + list, or list * integer: nothing else is evaluated."""
+def _evaluate(node: ast.AST, text: str, layers: int) -> int | list[int]:
+    """An integer, a list of integers, list + list, or list * integer: nothing else is evaluated, and no list
+    longer than the model's layers is built (a longer one could not be the pattern)."""
+    out: int | list[int] | None = None
     if isinstance(node, ast.Constant) and type(node.value) is int:
-        return node.value
-    if isinstance(node, ast.List):
-        items = [_evaluate(e, text) for e in node.elts]
-        if all(isinstance(i, int) for i in items):
-            return items
-    if isinstance(node, ast.BinOp):
-        left, right = _evaluate(node.left, text), _evaluate(node.right, text)
+        out = node.value
+    elif isinstance(node, ast.List):
+        items = [_evaluate(e, text, layers) for e in node.elts]
+        out = items if all(isinstance(i, int) for i in items) else None
+    elif isinstance(node, ast.BinOp):
+        left, right = _evaluate(node.left, text, layers), _evaluate(node.right, text, layers)
         if isinstance(node.op, ast.Add) and isinstance(left, list) and isinstance(right, list):
-            return left + right
-        if isinstance(node.op, ast.Mult) and isinstance(left, list) != isinstance(right, list):
-            times = right if isinstance(left, list) else left
-            items = left if isinstance(left, list) else right
-            if 0 <= times and len(items) * times <= 1_000_000:  # layers are bounded far below (MAX_LAYERS)
-                return items * times
-    raise PipesimError(f"{FLAG} {text}: not an integer or a list of 0 and 1")
+            out = left + right if len(left) + len(right) <= layers else None
+        elif isinstance(node.op, ast.Mult) and isinstance(left, list) != isinstance(right, list):
+            times, items = (right, left) if isinstance(left, list) else (left, right)
+            out = items * times if 0 <= times and len(items) * times <= layers else None
+    if out is None:
+        raise PipesimError(f"{FLAG} {text[:60]}: not an integer or a list of at most {layers} 0s and 1s")
+    return out
 
 
 def placement(pattern: list[int]) -> tuple[int, int]:
     """(dense_layers, every) of MoeConfig whose experts sit exactly on the pattern's 1s (the least every, then the
     fewest dense layers, where several spell it), or PipesimError."""
-    if 1 not in pattern:
+    ones = [layer for layer, v in enumerate(pattern) if v]
+    if not ones:
         raise PipesimError(f"{FLAG}: no layer has experts (give a dense model instead)")
-    for every in range(1, len(pattern) + 1):  # the least `every`, then the fewest dense layers: one spelling
-        for dense in range(pattern.index(1) + 1):
-            if all(bool(v) == (layer >= dense and (layer + 1) % every == 0) for layer, v in enumerate(pattern)):
-                return dense, every
-    raise PipesimError(f"{FLAG}: experts on layers {[i for i, v in enumerate(pattern) if v]}; pipesim places them "
+    g = 0
+    for layer in ones:  # every `every` divides each expert layer's l + 1
+        g = math.gcd(g, layer + 1)
+    for every in (e for e in range(1, g + 1) if g % e == 0):  # the least `every`, then the fewest dense layers
+        zeros = [layer for layer in range(every - 1, len(pattern), every) if not pattern[layer]]
+        dense = zeros[-1] + 1 if zeros else 0  # the last dense layer where the period would put experts
+        if dense <= ones[0]:
+            return dense, every
+    shown = ", ".join(map(str, ones[:8])) + (", ..." if len(ones) > 8 else "")
+    raise PipesimError(f"{FLAG}: experts on layers [{shown}]; pipesim places them "
                        "after the first dense layers on every layer l with (l + 1) % N == 0")
 
 
