@@ -265,3 +265,12 @@ def test_a_typed_model_kind_is_refused_and_a_config_replaces_the_files(tmp_path,
     path = _file(tmp_path, SMALL)
     assert main(["simulate", "--from-megatron", path, "--hardware", "dgx-h100", "--model", "gpt"]) == 2
     assert "--model gpt after the file: the file's model is its --num-layers" in capsys.readouterr().err
+
+
+def test_a_typed_degree_moves_the_data_parallel_degree_as_in_megatron(tmp_path, capsys):
+    """WORLD_SIZE stays the launch's (8): --tp 2 typed after the file leaves dp = 8 / 2 = 4, not the file's 8."""
+    path = _file(tmp_path, "torchrun --nproc-per-node 8 pretrain_gpt.py " + SMALL)
+    argv = expand(["simulate", "--from-megatron", path, "--tp", "2"])
+    assert argv[argv.index("--dp") + 1] == "4" and argv[-2:] == ["--tp", "2"]
+    d = _run(capsys, ["simulate", "--from-megatron", path, "--tp", "2", "--hardware", "dgx-h100"])
+    assert (d["parallel"]["dp"], d["parallel"]["tp"]) == (4, 2)

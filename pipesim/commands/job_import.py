@@ -13,10 +13,11 @@ from pipesim.sim.sim_setup import DEFAULT_HARDWARE
 
 def typed_rest(argv: list[str]) -> argparse.Namespace:
     """What the rest of the command line says of the job: the GPUs (--hardware, --nodes, --nvlink-domain, or plan's
-    --gpus: the frameworks' WORLD_SIZE) and a model of its own (--model-config or --model, replacing the file's)."""
+    --gpus: the frameworks' WORLD_SIZE), a model of its own (--model-config or --model, replacing the file's) and the
+    degrees typed over the file's (--tp, --stages, --cp: the data-parallel degree follows them, as in Megatron)."""
     p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)  # the flags as typed, no prefix of another
     p.add_argument("--hardware", default=DEFAULT_HARDWARE)
-    for flag in ("--nodes", "--nvlink-domain", "--gpus", "--vocab"):
+    for flag in ("--nodes", "--nvlink-domain", "--gpus", "--vocab", "--tp", "--stages", "--cp"):
         p.add_argument(flag, type=int, default=None)
     p.add_argument("--model-config", default=None)
     p.add_argument("--model", default=None)

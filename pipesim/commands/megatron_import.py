@@ -47,7 +47,8 @@ def megatron_argv(path: str, argv: list[str]) -> tuple[str, list[str]]:
     a = MegatronArgs(path, where)
     typed = typed_rest(argv)
     out = ["--framework", "megatron-core"]
-    tp, pp, cp = (a.number(f"--{n}-parallel-size", 1) for n in ("tensor-model", "pipeline-model", "context"))
+    tp, pp, cp = (a.number(f"--{n}-parallel-size", 1) if over is None else over  # a typed degree wins: dp follows
+                  for n, over in (("tensor-model", typed.tp), ("pipeline-model", typed.stages), ("context", typed.cp)))
     world = a.world if a.world is not None else world_size(typed)
     if world % (tp * pp * cp):
         raise PipesimError(f"{where}: {world} GPUs are not a multiple of tp x pp x cp = {tp * pp * cp} (Megatron "
