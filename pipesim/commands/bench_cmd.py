@@ -18,7 +18,7 @@ from pathlib import Path
 from executor.collectives_config import OPS, CollectivesConfig, parse_ops, parse_size
 from executor.launch import rank_environment
 from executor.supervisor import run_reported
-from pipesim.commands.common import positive_int
+from pipesim.commands.arg_types import positive_int
 from pipesim.errors import PipesimError
 from pipesim.outputs import check_distinct, check_file
 from pipesim.units import format_bytes

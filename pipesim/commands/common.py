@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from dataclasses import replace
 
 import schedules
+from pipesim.commands.arg_types import bounded_int, positive_int
 from pipesim.commands.expert_args import (
     MOE_DEFAULTS,
     MOE_FLAGS,
@@ -24,32 +24,6 @@ from pipesim.ir.schedule import Schedule
 from pipesim.model.config import ACTIVATIONS, ModelConfig
 from pipesim.model.hf_config import bundled_configs, hf_key_report, load_hf_config
 from pipesim.outputs import write_text
-
-
-def positive_int(text: str) -> int:
-    return bounded_int(text, 1)
-
-
-def positive_float(text: str) -> float:
-    """`text` as a finite number > 0 (argparse's error otherwise)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
-
-
-def bounded_int(text: str, minimum: int) -> int:
-    """`text` as an integer >= `minimum` (argparse's error otherwise)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < minimum:
-        raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
-    return value
 
 
 def int_list(text: str) -> list[int]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from pipesim.commands.common import positive_int
+from pipesim.commands.arg_types import positive_int
 from pipesim.commands.sweep_cmd import setting_line
 from pipesim.errors import PipesimError
 from pipesim.outputs import check_distinct, check_file

@@ -10,13 +10,13 @@ import argparse
 
 import schedules
 from executor.run_config import FAIL_MODES, RunConfig
+from pipesim.commands.arg_types import positive_int
 from pipesim.commands.common import (
     add_model_args,
     add_output_args,
     add_schedule_args,
     layer_split_list,
     model_config,
-    positive_int,
     user_model_config,
 )
 from pipesim.commands.split_args import add_split_args, split_rule, typed_split

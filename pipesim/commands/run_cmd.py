@@ -13,7 +13,7 @@ from pathlib import Path
 
 from executor.launch import launch
 from executor.run_config import RunConfig, configs_to_json
-from pipesim.commands.common import positive_int
+from pipesim.commands.arg_types import positive_int
 from pipesim.commands.run_args import add_run_args, configs_from_args
 from pipesim.commands.run_orders import check_order_flags, searched_orders
 from pipesim.commands.setup_args import ilp_seconds

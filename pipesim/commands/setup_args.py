@@ -7,7 +7,8 @@ import argparse
 
 from pipesim.comm.comm_options import DEFAULT_DEEPEP_SMS, CommOptions
 from pipesim.comm.ub_overlap import UbConfig
-from pipesim.commands.common import bounded_int, model_config, positive_float, positive_int
+from pipesim.commands.arg_types import bounded_int, positive_float, positive_int
+from pipesim.commands.common import model_config
 from pipesim.commands.cost_args import refuse_model_flags, refuse_without_links
 from pipesim.commands.kernel_args import (
     adam_from_args,

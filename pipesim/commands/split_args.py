@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from pipesim.commands.common import bounded_int
+from pipesim.commands.arg_types import bounded_int
 from pipesim.errors import PipesimError
 from pipesim.model.config import ModelConfig
 from pipesim.model.pipeline_split import (

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 
+from pipesim.commands.arg_types import positive_int
+
 # Megatron-LM's names (megatron/training/arguments.py, v0.15.3) for ModelConfig's norm and positions, as typed
 NORMALIZATIONS = {"LayerNorm": "layernorm", "RMSNorm": "rmsnorm"}
 POSITION_TYPES = {"learned_absolute": "learned", "rope": "rope"}
@@ -47,7 +49,7 @@ def add_structure_args(g) -> None:
                         "Megatron's --hidden-dropout and --attention-dropout")
     g.add_argument("--qk-layernorm", action="store_const", const=True, default=None, dest="qk_norm",
                    help="a norm over head_dim on every query and key head (Megatron's flag; Qwen3's q/k_norm)")
-    g.add_argument("--kv-channels", type=_positive, default=None, dest="head_width", metavar="D",
+    g.add_argument("--kv-channels", type=positive_int, default=None, dest="head_width", metavar="D",
                    help="width of one attention head, when not hidden / heads (Megatron's flag; config.json's "
                         "head_dim)")
     tie = g.add_mutually_exclusive_group()
@@ -57,17 +59,6 @@ def add_structure_args(g) -> None:
                           "unless --untie-embeddings-and-output-weights)")
     tie.add_argument("--untie-embeddings-and-output-weights", action="store_const", const=False,
                      dest="tied_embeddings", help="an output head of its own (over a tied --model-config's)")
-
-
-def _positive(text: str) -> int:
-    """`text` as an integer >= 1 (argparse's error otherwise)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
 
 
 def flag_words(name: str, value) -> list[str]:

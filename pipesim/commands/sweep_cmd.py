@@ -12,6 +12,7 @@ import sys
 from dataclasses import replace
 
 import schedules as registry
+from pipesim.commands.arg_types import positive_int
 from pipesim.commands.common import (
     add_model_args,
     add_transformer_args,
@@ -19,7 +20,6 @@ from pipesim.commands.common import (
     input_files,
     int_list,
     json_text,
-    positive_int,
 )
 from pipesim.commands.setup_args import add_setup_args, setup_from_args
 from pipesim.commands.whatif_args import add_whatif_args, perturbation_from_args

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from pipesim.commands.common import bounded_int
+from pipesim.commands.arg_types import bounded_int
 from pipesim.errors import PipesimError
 from pipesim.sim.perturb import Perturbation, parse_slow, parse_slow_link
 

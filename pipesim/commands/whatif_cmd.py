@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from pipesim.commands.common import bounded_int, json_text
+from pipesim.commands.arg_types import bounded_int
+from pipesim.commands.common import json_text
 from pipesim.commands.whatif_args import perturbation_from_args, whatif_lines
 from pipesim.errors import PipesimError
 from pipesim.outputs import check_apart, check_distinct, check_file, write_files
