@@ -265,6 +265,11 @@ def test_a_typed_model_kind_is_refused_and_a_config_replaces_the_files(tmp_path,
     path = _file(tmp_path, SMALL)
     assert main(["simulate", "--from-megatron", path, "--hardware", "dgx-h100", "--model", "gpt"]) == 2
     assert "--model gpt after the file: the file's model is its --num-layers" in capsys.readouterr().err
+    argv = expand(["simulate", "--from-megatron", path, "--model-config", "llama3-8b"])
+    assert "--hidden" not in argv and "--vocab" not in argv  # none of the file's model flags is kept
+    d = _run(capsys, ["simulate", "--from-megatron", path, "--model-config", "llama3-8b", "--layers", "4",
+                      "--hardware", "dgx-h100"])
+    assert d["model_config"]["source"] == "llama3-8b"
 
 
 def test_a_typed_degree_moves_the_data_parallel_degree_as_in_megatron(tmp_path, capsys):

@@ -12,7 +12,6 @@ from pipesim.commands.megatron_flags import IGNORED_FLAGS, LATER, PASSED, READ, 
 from pipesim.errors import PipesimError
 
 SCRIPT = "pretrain_gpt.py"
-LAUNCHERS = ("torchrun", "python", "python3")
 RUN_MODULES = ("torch.distributed.run",)  # torchrun's module (`python -m torch.distributed.run`)
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pipesim.commands.job_import import keep_flags, split_command, typed_rest, world_size
 from pipesim.commands.megatron_args import MegatronArgs
-from pipesim.commands.megatron_model import MODEL_FLAGS, model_flags
+from pipesim.commands.megatron_model import model_flags
 from pipesim.commands.torchtitan_pipeline import model_layers
 from pipesim.errors import PipesimError
 from pipesim.model.megatron_layout import LAYOUT, parse_layout
@@ -262,4 +262,4 @@ def expand(argv: list[str]) -> list[str]:
     return [argv[0], name or schedule, *flags, *rest]
 
 
-__all__ = ["FLAG", "MODEL_FLAGS", "expand", "megatron_argv"]
+__all__ = ["FLAG", "expand", "megatron_argv"]

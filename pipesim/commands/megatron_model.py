@@ -6,17 +6,9 @@ megatron/training/tokenizer/tokenizer.py _vocab_size_with_padding pads it. What 
 from __future__ import annotations
 
 from pipesim.commands.megatron_args import MegatronArgs
+from pipesim.commands.structure_args import NORMALIZATIONS, POSITION_TYPES
 from pipesim.errors import PipesimError
 
-DENSE_FLAGS = ("--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--group-query-attention",
-               "--num-query-groups", "--kv-channels", "--swiglu", "--squared-relu", "--normalization",
-               "--disable-bias-linear", "--position-embedding-type", "--use-rotary-position-embeddings",
-               "--rotary-percent", "--untie-embeddings-and-output-weights", "--hidden-dropout", "--attention-dropout",
-               "--qk-layernorm", "--max-position-embeddings", "--vocab-size", "--padded-vocab-size",
-               "--make-vocab-size-divisible-by", "--tokenizer-type")
-EXPERT_FLAGS = ("--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size",
-                "--moe-layer-freq")
-MODEL_FLAGS = DENSE_FLAGS + EXPERT_FLAGS  # read past when the command line types its own model
 DROPOUT = 0.1  # Megatron's --hidden-dropout and --attention-dropout default
 
 
@@ -50,10 +42,10 @@ def model_flags(a: MegatronArgs, *, tp: int, seq: int, vocab_typed: bool) -> lis
         out += ["--kv-heads", str(a.number("--num-query-groups", 1))]
     if a.on("--kv-channels"):
         out += ["--kv-channels", str(a.number("--kv-channels", None))]
-    out += ["--normalization", a.one_of("--normalization", {"LayerNorm": "LayerNorm", "RMSNorm": "RMSNorm"},
-                                        "LayerNorm", "LayerNorm or RMSNorm")]
+    out += ["--normalization", a.one_of("--normalization", {k: k for k in NORMALIZATIONS}, "LayerNorm",
+                                        " or ".join(NORMALIZATIONS))]
     positions = "rope" if a.on("--use-rotary-position-embeddings") else a.one_of(
-        "--position-embedding-type", {"learned_absolute": "learned_absolute", "rope": "rope"}, "learned_absolute",
+        "--position-embedding-type", {k: k for k in POSITION_TYPES}, "learned_absolute",
         "pipesim models learned_absolute and rope positions")
     if positions == "learned_absolute" and max_positions != seq:  # its table is max_position_embeddings x hidden
         raise _error(w, f"--max-position-embeddings {max_positions} above --seq-length {seq} with learned positions: "
@@ -117,4 +109,4 @@ def _error(where: str, message: str) -> PipesimError:
     return PipesimError(f"{where}: {message}")
 
 
-__all__ = ["DROPOUT", "MODEL_FLAGS", "model_flags", "padded_vocab", "swiglu_width"]
+__all__ = ["DROPOUT", "model_flags", "padded_vocab", "swiglu_width"]

@@ -8,17 +8,16 @@ import dataclasses
 import math
 from pathlib import Path
 
+from pipesim.commands.arg_types import bounded_int, positive_int
 from pipesim.commands.common import (
     add_model_args,
     add_transformer_args,
-    bounded_int,
     emit_json,
     given_model_flags,
     input_files,
     model_config,
     model_config_json,
     model_flag_words,
-    positive_int,
 )
 from pipesim.commands.kernel_args import (
     add_act_fp8_store_arg,
@@ -183,9 +182,9 @@ def add_parser(sub) -> None:
                         "(pipesim simulate --from-torchtitan reads the rest too); the layout is searched "
                         "(docs/frameworks.md)")
     p.add_argument(MEGATRON_FLAG, metavar="ARGS",
-                   help="a Megatron-LM launch's job: pretrain_gpt.py's model, batch, sequence and precision "
-                        "(pipesim simulate --from-megatron reads the rest too); the layout is searched "
-                        "(docs/frameworks.md)")
+                   help="a Megatron-LM launch's job: pretrain_gpt.py's model, batch, sequence, precision and the "
+                        "software choices the plan does not search (kernels, dispatcher, overlaps, gradient dtype); "
+                        "the layout is searched (docs/frameworks.md)")
     p.set_defaults(func=run)
 
 
