@@ -7,14 +7,12 @@ from __future__ import annotations
 import argparse
 
 from pipesim.commands.common import given_model_flags
+from pipesim.commands.model_switches import typed_kernel_switches
 from pipesim.errors import PipesimError
 
 # (dest, flag) of switches that default to None, so that a typed one is told from --framework's: each acts on a
 # model's layers (tp, cp, dp > 1 or the kernels), which --cost has not
-TYPED_SWITCHES = (("dtensor_tp", "--dtensor-tp"), ("tp_comm_overlap", "--no-async-tensor-model-parallel-allreduce"),
-                  ("grad_accum_fusion", "--no-gradient-accumulation-fusion"),
-                  ("cp_comm_type", "--cp-comm-type"),
-                  ("zero", "--zero"), ("scatter_gather", "--scatter-gather"),
+TYPED_SWITCHES = (("cp_comm_type", "--cp-comm-type"), ("zero", "--zero"), ("scatter_gather", "--scatter-gather"),
                   ("overlap_grad_reduce", "--overlap-grad-reduce"))
 # (dest, flag) of the flags that act on --cost's pipeline messages only where links carry them
 MESSAGE_FLAGS = (("boundary_bytes", "--boundary-bytes"), ("blocking_p2p", "--blocking-p2p"),
@@ -25,26 +23,21 @@ def refuse_model_flags(args: argparse.Namespace) -> None:
     """--cost gives one rank's seconds: a model, its sizes or its kernels' switches beside it would be ignored."""
     given = [f"--{n.replace('_', '-')}" for n in ("model", "model_config") if getattr(args, n, None) is not None]
     given += [flag for flag, _ in given_model_flags(args)]
-    given += [f"--{n.replace('_', '-')}" for n in ("attention", "fp8_impl") if getattr(args, n, None) is not None]
+    given += typed_kernel_switches(args)  # the attention, fusions, TP backward, gradient accumulation, graphs
+    given += ["--fp8-impl"] if getattr(args, "fp8_impl", None) is not None else []
     switches = {"eager_rmsnorm": "--eager-rmsnorm", "act_fp8_store": "--activation-func-fp8-input-store",
                 "use_precision_aware_optimizer": "--use-precision-aware-optimizer",
                 "first_last_layers_bf16": "--first-last-layers-bf16", "moe_enable_deepep": "--moe-enable-deepep"}
     given += [flag for dest, flag in switches.items() if getattr(args, dest, False)]
     given += [flag for dest, flag in TYPED_SWITCHES if getattr(args, dest, None) is not None]
-    for dest, on, off in (("ce_fusion", "--cross-entropy-loss-fusion", "--no-cross-entropy-loss-fusion"),
-                          ("grad_fp32", "--accumulate-allreduce-grads-in-fp32", "--grad-reduce-in-bf16")):
-        if getattr(args, dest, None) is not None:  # one dest, two flags
-            given.append(on if getattr(args, dest) else off)
+    if getattr(args, "grad_fp32", None) is not None:  # one dest, two flags
+        given.append("--accumulate-allreduce-grads-in-fp32" if args.grad_fp32 else "--grad-reduce-in-bf16")
     if getattr(args, "async_tp", False):
         given.append("--async-tp")
     if getattr(args, "tp_comm_overlap_ub", False):
         given.append("--tp-comm-overlap")
-    if getattr(args, "kernel_fusion", None) is not None:
-        given.append("--compile" if args.kernel_fusion else "--no-kernel-fusion")
-    for dest, plain, flag in (("moe_token_dispatcher_type", "alltoall", "--moe-token-dispatcher-type"),
-                              ("cuda_graph_impl", "none", "--cuda-graph-impl")):
-        if getattr(args, dest, plain) != plain:
-            given.append(flag)
+    if getattr(args, "moe_token_dispatcher_type", "alltoall") != "alltoall":
+        given.append("--moe-token-dispatcher-type")
     if given:
         raise PipesimError(f"{given[0]} needs a model, but --cost gives the seconds: drop one")
 
