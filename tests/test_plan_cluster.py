@@ -202,3 +202,18 @@ def test_ray_from_the_command_line(ray_cluster, tmp_path, capsys, monkeypatch):
     capsys.readouterr()
     a, b = json.loads(local.read_text()), json.loads(remote.read_text())
     assert len(a["rows"]) == 12 and b["rows"] == a["rows"]
+
+
+def test_the_local_pool_stopped_early_lets_its_workers_finish_and_gives_the_serial_rows():
+    """The walk stops after --max-candidates with candidates still queued: the fork pool cancels those, lets the
+    running ones finish and leaves no process behind (it used to kill them, which could hang on the result queue's
+    lock), and its rows are the serial walk's bit for bit."""
+    import multiprocessing
+
+    req = PlanRequest(SMALL, load_hardware("dgx-h100"), 8, SCHEDULES)
+    serial = plan(req, max_candidates=6, progress=False, workers=1)
+    pooled = plan(req, max_candidates=6, progress=False, workers=2)
+    assert pooled.counts["not_simulated_cap"] > 0  # stopped early
+    assert pooled.counts == {**serial.counts, "schedules_built": 0}  # the workers built them
+    assert [r.to_dict() for r in pooled.rows] == [r.to_dict() for r in serial.rows]
+    assert multiprocessing.active_children() == []

@@ -16,6 +16,7 @@ import socket
 import uuid
 from collections import deque
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
 
 from pipesim.errors import PipesimError
 from pipesim.plan.evaluate import Evaluator
@@ -71,7 +72,11 @@ def _visit_forked(c: Candidate) -> Outcome:
 
 
 class LocalPool(Backend):
-    """`workers` forked processes (inline for one); they inherit the evaluator and its caches."""
+    """`workers` forked processes (inline for one); they inherit the evaluator and its caches.
+
+    When the walk stops early the candidates not started are cancelled and those running finish: a worker is never
+    killed. multiprocessing.Pool's terminate() killed them, and one killed while it held the result queue's lock left
+    the pool's task thread waiting on that lock forever (`pipesim plan` hung, now and then, after its search)."""
 
     name = "local"
 
@@ -84,13 +89,11 @@ class LocalPool(Backend):
             yield from super().outcomes(ev, order)
             return
         _FORKED = ev
+        pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("fork"))
         try:
-            with multiprocessing.get_context("fork").Pool(self.workers) as pool:
-                try:
-                    yield from pool.imap(_visit_forked, order, chunksize=1)
-                finally:
-                    pool.terminate()
+            yield from pool.map(_visit_forked, order)
         finally:
+            pool.shutdown(wait=True, cancel_futures=True)
             _FORKED = None
 
 
