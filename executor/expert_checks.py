@@ -34,13 +34,15 @@ def check_experts(model: ModelConfig, job: Job, *, factory: str | None = None) -
         raise PipesimError(f"--model moe with --tp {dims.tp} needs --sequence-parallel (each tp rank routes its own "
                            "tokens, as Megatron-core requires) and --etp 1 (whole experts on each rank; experts split "
                            "over tp are not run)")
+    if moe.capacity_factor is not None and dims.tp > 1:
+        raise PipesimError(f"--moe-expert-capacity-factor with --tp {dims.tp}: sequence parallelism routes each tp "
+                           "rank's part of a sequence, so a capacity would count per part (Megatron-core's way), and "
+                           "the executor counts it per sequence; run capacity at tp 1")
     unrun = [what for what, on in (
         (f"--etp {dims.etp}", dims.etp not in (None, 1)),
         (f"--recompute {job.recompute}", job.recompute != "none"),
         (f"--moe-load-imbalance {moe.imbalance:g} (the cost model's; a run routes what its router routes)",
          moe.imbalance != 1.0),
-        ("group-limited routing", moe.groups > 1),
-        ("the router's expert bias", moe.expert_bias),
     ) if on]
     if unrun:
         raise PipesimError(f"the executor's mixture-of-experts model runs with pp, dp, ep and tp; it does not run "

@@ -1,9 +1,9 @@
 """The mixture-of-experts MLP the executor trains: a learned top-k router, routed experts, an optional shared expert.
 
-The layer pipesim's cost model counts for `--model moe` (pipesim/model/moe.py, moe_layer.py; the GPT block's
-conventions: GeLU, biases): a router Linear(h, E) without bias, a float32 softmax and top-k; E experts of
-Linear(h, f) + GeLU + Linear(f, h); `shared_experts x shared_ffn` columns of one dense MLP every token passes
-through. A token's output is the sum of its k experts' outputs weighted by their router probabilities (not
+The layer pipesim's cost model counts (pipesim/model/moe.py, moe_layer.py; the model's activation and biases: the
+GPT's GeLU and biases for `--model moe`): a router Linear(h, E) without bias, a float32 softmax and top-k; E experts,
+each an executor.mlp.Mlp of f hidden units; `shared_experts x shared_ffn` hidden units of one dense MLP every token
+passes through. A token's output is the sum of its k experts' outputs weighted by their router probabilities (not
 renormalised), so the router learns through those weights.
 
 Routing is dropless unless `capacity_factor` is set; then each expert keeps at most ceil(cf x s x k / E) of a
@@ -28,33 +28,25 @@ import torch.nn.functional as F
 from torch import nn
 
 from executor.expert_dispatch import Pending, exchange_counts, issue
+from executor.mlp import Mlp
+from pipesim.model.config import ModelConfig
 from pipesim.model.moe import MoeConfig
 
 Steps = Generator[Pending, None, torch.Tensor]  # yields exchanges in flight, returns the layer's output
 
 
-class Expert(nn.Module):
-    """One expert (or the shared experts' one dense MLP): Linear(h, f) + GeLU + Linear(f, h)."""
-
-    def __init__(self, hidden: int, ffn: int) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(hidden, ffn)
-        self.fc2 = nn.Linear(ffn, hidden)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (rows, h) -> (rows, h)
-        return self.fc2(F.gelu(self.fc1(x)))
-
-
 class MoeMLP(nn.Module):
     """Router, routed experts (this rank's), shared expert; `steps(x)` on (b, s, h) returns (b, s, h)."""
 
-    def __init__(self, hidden: int, moe: MoeConfig) -> None:
+    def __init__(self, hidden: int, moe: MoeConfig, activation: str = ModelConfig.activation,
+                 biases: bool = ModelConfig.biases) -> None:
         super().__init__()
         self.num_experts, self.top_k, self.capacity_factor = moe.experts, moe.top_k, moe.capacity_factor
         self.router = nn.Linear(hidden, moe.experts, bias=False)
-        self.experts = nn.ModuleDict({str(e): Expert(hidden, moe.expert_ffn) for e in range(moe.experts)})
+        self.experts = nn.ModuleDict({str(e): Mlp(hidden, moe.expert_ffn, activation, biases)
+                                     for e in range(moe.experts)})
         width = moe.shared_experts * moe.shared_width
-        self.shared = Expert(hidden, width) if width else None
+        self.shared = Mlp(hidden, width, activation, biases) if width else None
         self.group = None  # the ep process group; None: every expert here (ep 1, the reference)
         self.ep = 1
 
@@ -160,4 +152,4 @@ def shard_experts(module: nn.Module, ep_rank: int, ep: int, group) -> None:
             sub.shard(ep_rank, ep, group)
 
 
-__all__ = ["Expert", "MoeMLP", "drive", "expert_parameters", "finish", "shard_experts"]
+__all__ = ["MoeMLP", "drive", "expert_parameters", "finish", "shard_experts"]

@@ -1,7 +1,8 @@
 """What a rank reduces between its last backward and the optimizer step, in the order it runs them.
 
 After the last action of a step the gradients are still each rank's own share: under sequence parallelism the
-parameters outside the TP layers saw 1/tp of the rows (summed over the TP group), DualPipe's two chains hold two
+parameters outside the TP layers saw 1/tp of the rows (summed over the TP group; the QK-norms, 1/tp of the heads, with
+or without it), DualPipe's two chains hold two
 copies of each model stage (summed between the copies' ranks, executor.replicas), and data parallelism holds one
 replica per dp rank (averaged over the DP group; the routed experts' gradients over their expert-data-parallel
 group instead). The runtime (executor.runtime) runs `GradientSync.reductions` one after the other, naming each as
@@ -21,7 +22,7 @@ from torch import nn
 from executor.data_parallel import allreduce_gradients
 from executor.experts import expert_parameters
 from executor.mesh import Mesh
-from executor.models import replicated_parameters
+from executor.models import head_norm_parameters, replicated_parameters
 from executor.replicas import sum_chain_replicas
 from executor.stage import Stage
 from pipesim.ir.schedule import Schedule
@@ -46,8 +47,10 @@ class GradientSync:
         modules = [st.module for st in stages.values()]
         self.mesh, self.params, self.bucket_bytes = mesh, params, bucket_bytes  # bucket_bytes in bytes
         self.experts = {id(p) for p in expert_parameters(modules)}  # reduced over edp, not dp
-        # routed experts are not replicated over tp: each tp rank holds its ep coordinate's own (etp 1)
-        self.replicated = [p for p in replicated_parameters(modules) if id(p) not in self.experts] if sp else []
+        # routed experts are not replicated over tp: each tp rank holds its ep coordinate's own (etp 1); without
+        # sequence parallelism only the QK-norms see a share (their rank's heads)
+        partial_sums = replicated_parameters(modules) if sp else head_norm_parameters(modules) if mesh.tp > 1 else []
+        self.replicated = [p for p in partial_sums if id(p) not in self.experts]
         reductions = []
         if self.replicated:
             reductions.append(Reduction("the tensor-parallel all-reduce of replicated gradients", self._sum_replicated))
@@ -80,7 +83,8 @@ class GradientSync:
         return nbytes
 
     def _sum_replicated(self) -> int:
-        """Sequence parallel: parameters outside the TP layers saw 1/tp of the rows; sum their grads."""
+        """Parameters outside the TP layers that saw 1/tp of the rows (sequence parallel) or of the heads (QK-norm):
+        sum their grads."""
         nbytes = 0
         for p in self.replicated:
             if p.grad is not None:

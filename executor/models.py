@@ -1,4 +1,7 @@
-"""The models the executor trains: the lecture's deep MLP and a small GPT, cut into stages by layers.
+"""The models the executor trains: the lecture's deep MLP and a transformer, cut into stages by layers.
+
+The transformer is executor.transformer's blocks between an embedding and a head, whatever structure the ModelConfig
+gives them (the GPT of Megatron's papers by default).
 
 The full model is built from the seed once, identically on every rank, and each stage keeps its
 slice; the single-process reference builds the same model, so parameters match by construction.
@@ -12,10 +15,13 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from executor.experts import MoeMLP, Steps, drive
+from executor.experts import Steps
+from executor.mlp import fc1_rows
+from executor.transformer import Block, make_norm, qkv_rows
 from pipesim.model.config import ModelConfig
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+SEQUENCE_DIM = 1  # a transformer's activations are (b, s, h): sequence parallelism splits s
 
 
 class MLPLayer(nn.Module):
@@ -30,79 +36,27 @@ class MLPLayer(nn.Module):
 
 
 class Embed(nn.Module):
-    """Token plus learned position embeddings (first GPT stage only)."""
+    """Token embeddings, plus a learned position table unless the blocks rotate (first GPT stage only)."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.tok = nn.Embedding(cfg.vocab, cfg.hidden)
-        self.pos = nn.Embedding(cfg.seq, cfg.hidden)
+        self.pos = nn.Embedding(cfg.seq, cfg.hidden) if cfg.positions == "learned" else None
+        self.first_position = 0  # of the tokens it gets: a sequence-parallel rank's shard starts further on
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:  # (b, t) int64 -> (b, t, h)
-        pos = torch.arange(idx.shape[1], device=idx.device)
+        if self.pos is None:
+            return self.tok(idx)
+        pos = torch.arange(self.first_position, self.first_position + idx.shape[1], device=idx.device)
         return self.tok(idx) + self.pos(pos)
 
 
-class Block(nn.Module):
-    """Pre-norm transformer block: causal self-attention, then a 4h MLP (or, on a layer with experts, an MoE MLP:
-    executor.experts; `steps` then yields its all-to-alls in flight).
-
-    Under TP (Megatron) a rank holds heads/tp heads: `qkv` column-parallel (its q, k and v rows of
-    those heads), `proj` row-parallel; `fc1` column-, `fc2` row-parallel. The forward reads the local
-    width off `qkv`'s output, so one code path serves the full and the sharded block.
-    """
-
-    def __init__(self, cfg: ModelConfig, layer: int = 0) -> None:
-        super().__init__()
-        h = cfg.hidden
-        self.head_dim = h // cfg.heads
-        self.ln1 = nn.LayerNorm(h)
-        self.qkv = nn.Linear(h, 3 * h)
-        self.proj = nn.Linear(h, h)
-        self.ln2 = nn.LayerNorm(h)
-        self.moe = MoeMLP(h, cfg.moe) if cfg.moe is not None and cfg.moe.is_moe_layer(layer) else None
-        if self.moe is None:
-            self.fc1 = nn.Linear(h, 4 * h)
-            self.fc2 = nn.Linear(4 * h, h)
-        self.recompute_attention = False  # selective recomputation: the core keeps only q, k, v
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (b, t, h) -> (b, t, h)
-        if self.moe is not None:
-            return drive(self.steps(x))
-        x = self.attend(x)
-        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
-
-    def steps(self, x: torch.Tensor) -> Steps:
-        """The block as a generator yielding its MoE MLP's all-to-alls in flight (none for a dense block)."""
-        x = self.attend(x)
-        if self.moe is None:
-            return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
-        return x + (yield from self.moe.steps(self.ln2(x)))
-
-    def attend(self, x: torch.Tensor) -> torch.Tensor:
-        """x plus the attention's output."""
-        qkv = self.qkv(self.ln1(x))  # (b, t, 3 hl); hl = h, or h / tp for this rank's heads
-        b, t, width = qkv.shape  # b: all rows of the microbatch, also under sequence parallelism
-        hl, hs = width // 3, self.head_dim
-        q, k, v = (z.view(b, t, hl // hs, hs).transpose(1, 2) for z in qkv.split(hl, dim=2))  # (b, nh, t, hs)
-        if self.recompute_attention:
-            y = checkpoint(attention_core, q, k, v, use_reentrant=False)
-        else:
-            y = attention_core(q, k, v)
-        y = y.transpose(1, 2).reshape(b, t, hl)
-        return x + self.proj(y)
-
-
-def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Causal softmax(QK^T / sqrt(d)) V, (b, nh, t, hs) each: what selective recomputation re-runs."""
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-
-
 class Head(nn.Module):
-    """Final LayerNorm and the vocabulary projection (last GPT stage only)."""
+    """Final norm and the vocabulary projection (last GPT stage only)."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.ln = nn.LayerNorm(cfg.hidden)
+        self.ln = make_norm(cfg.norm, cfg.hidden)
         self.out = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (b, t, h) -> (b, t, vocab)
@@ -214,34 +168,49 @@ def synthetic_batch(cfg: ModelConfig, step: int,
     return tokens[:, :-1].contiguous().to(device), tokens[:, 1:].contiguous().to(device)
 
 
-def boundary_shape(cfg: ModelConfig, microbatch_size: int) -> tuple[int, ...]:
-    """Shape of the activation (and its gradient) between two stages; known ahead, so no handshake."""
+def boundary_shape(cfg: ModelConfig, microbatch_size: int, seq_shards: int = 1) -> tuple[int, ...]:
+    """Shape of the activation (and its gradient) between two stages, its sequence split over `seq_shards`
+    sequence-parallel ranks; known ahead, so no handshake."""
     if cfg.kind == "mlp":
         return (microbatch_size, cfg.hidden)
-    return (microbatch_size, cfg.seq, cfg.hidden)
+    return (microbatch_size, cfg.seq // seq_shards, cfg.hidden)
 
 
-def group_rows_by_rank(full: nn.Linear, stacked: int, tp: int) -> nn.Linear:
-    """A copy of `full` whose output rows [A; B; C] (`stacked` blocks) are reordered [A0 B0 C0 | A1 B1 C1 | ...].
+def group_rows_by_rank(full: nn.Linear, blocks: tuple[int, ...], tp: int) -> nn.Linear:
+    """A copy of `full` whose output rows [A; B; C] (blocks of `blocks` rows) are reordered [A0 B0 C0 | A1 B1 C1 | ...].
 
-    Then the contiguous 1/tp row slice a column-parallel layer takes is rank r's share of every
-    block: for `qkv`, the q, k and v rows of rank r's heads. `params.full_parameters` undoes it.
+    Then the contiguous 1/tp row slice a column-parallel layer takes is rank r's share of every block: for `qkv`, the
+    q, k and v rows of rank r's query and key/value heads; for SwiGLU's `fc1`, its gate and up rows.
+    `params.ungroup_rows_by_rank` undoes it.
     """
     out = nn.Linear(full.in_features, full.out_features, bias=full.bias is not None,
                     device=full.weight.device, dtype=full.weight.dtype)
     with torch.no_grad():
         for mine, theirs in zip(out.parameters(), full.parameters(), strict=True):
-            n = theirs.shape[0] // (stacked * tp)
-            mine.copy_(theirs.reshape(stacked, tp, n, *theirs.shape[1:]).transpose(0, 1).reshape(theirs.shape))
+            parts = [part.reshape(tp, rows // tp, *theirs.shape[1:]) for part, rows
+                     in zip(theirs.split(list(blocks)), blocks, strict=True)]  # (tp, rows / tp, ...) each
+            mine.copy_(torch.cat(parts, dim=1).reshape(theirs.shape))
     return out
+
+
+def _column(linear: nn.Linear, blocks: tuple[int, ...], group, tp: int, sequence_parallel: bool) -> nn.Module:
+    """A column-parallel shard of `linear` (a transformer's: sequence-parallel on the sequence, dim 1), its rows
+    grouped by rank first when it stacks several blocks."""
+    from executor.tensor_parallel import ColumnParallelLinear
+
+    layer = ColumnParallelLinear(group_rows_by_rank(linear, blocks, tp) if len(blocks) > 1 else linear, group,
+                                 sequence_parallel=sequence_parallel, sp_dim=SEQUENCE_DIM)
+    layer.blocks = blocks  # read by params.full_parameters
+    return layer
 
 
 def apply_tensor_parallel(stage: StageModule, cfg: ModelConfig, group, *, sequence_parallel: bool = False) -> None:
     """Megatron sharding: mlp layer pairs column/row; GPT blocks' attention by heads (qkv column, proj row)
     and MLP (fc1 column, fc2 row): one all_reduce per pair forward and one backward.
 
-    With `sequence_parallel` the activations between blocks are split by rows (dim 0: samples of
-    the microbatch) over the TP group; norms run on the shard, attention on all rows of its heads.
+    With `sequence_parallel` the activations between blocks are split over the TP group: a transformer's by its
+    sequence (dim 1 of (b, s, h), Megatron's split; the embedding adds the positions of its shard), the MLP's by rows
+    (dim 0 of (b, h)); norms run on the shard, attention on the whole sequence of its heads.
     """
     import torch.distributed as dist
 
@@ -255,14 +224,23 @@ def apply_tensor_parallel(stage: StageModule, cfg: ModelConfig, group, *, sequen
         return
     tp = dist.get_world_size(group)
     for piece in stage.pieces.values():
+        if isinstance(piece, Embed) and sequence_parallel:
+            piece.first_position = dist.get_rank(group) * cfg.seq // tp
         if isinstance(piece, Block):
-            piece.qkv = ColumnParallelLinear(group_rows_by_rank(piece.qkv, 3, tp), group,
-                                             sequence_parallel=sequence_parallel)
-            piece.qkv.stacked = 3  # q, k, v blocks: read by params.full_parameters
-            piece.proj = RowParallelLinear(piece.proj, group, sequence_parallel=sequence_parallel)
+            piece.qkv = _column(piece.qkv, qkv_rows(cfg), group, tp, sequence_parallel)
+            piece.proj = RowParallelLinear(piece.proj, group, sequence_parallel=sequence_parallel, sp_dim=SEQUENCE_DIM)
             if piece.moe is None:  # an MoE MLP runs on the rank's own rows (sequence parallel; its experts: ep)
-                piece.fc1 = ColumnParallelLinear(piece.fc1, group, sequence_parallel=sequence_parallel)
-                piece.fc2 = RowParallelLinear(piece.fc2, group, sequence_parallel=sequence_parallel)
+                piece.fc1 = _column(piece.fc1, fc1_rows(cfg.activation, cfg.ffn_size), group, tp, sequence_parallel)
+                piece.fc2 = RowParallelLinear(piece.fc2, group, sequence_parallel=sequence_parallel,
+                                              sp_dim=SEQUENCE_DIM)
+
+
+def head_norm_parameters(stages) -> list[nn.Parameter]:
+    """The QK-norms' weights (and biases): whole on every TP rank but applied to its own heads only, so each rank's
+    gradient is a partial sum to add over tp with or without sequence parallelism (Megatron-core all-reduces them over
+    tp too: finalize_model_grads' _allreduce_layernorm_grads)."""
+    return [p for st in stages for mod in st.modules() if isinstance(mod, Block)
+            for norm in (mod.q_norm, mod.k_norm) if norm is not None for p in norm.parameters()]
 
 
 def replicated_parameters(stages) -> list[nn.Parameter]:

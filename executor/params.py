@@ -21,12 +21,12 @@ def _gather(shard: torch.Tensor, dim: int, group, size: int) -> torch.Tensor:
     return torch.cat(parts, dim=dim)
 
 
-def ungroup_rows_by_rank(t: torch.Tensor, stacked: int, tp: int) -> torch.Tensor:
+def ungroup_rows_by_rank(t: torch.Tensor, blocks: tuple[int, ...], tp: int) -> torch.Tensor:
     """Inverse of `models.group_rows_by_rank`: rows [A0 B0 | A1 B1] back to [A0 A1 | B0 B1]."""
-    if stacked == 1:
+    if len(blocks) == 1:
         return t
-    n = t.shape[0] // (stacked * tp)
-    return t.reshape(tp, stacked, n, *t.shape[1:]).transpose(0, 1).reshape(t.shape)
+    per_rank = t.reshape(tp, t.shape[0] // tp, *t.shape[1:]).split([rows // tp for rows in blocks], dim=1)
+    return torch.cat([part.reshape(rows, *t.shape[1:]) for part, rows in zip(per_rank, blocks, strict=True)])
 
 
 def full_parameters(stages: dict, mesh: Mesh) -> dict[str, torch.Tensor]:
@@ -49,8 +49,8 @@ def module_parameters(modules: Iterable[nn.Module], tp: int = 1, tp_group=None) 
             for pname, param in direct.items():
                 tensor = param.detach()
                 if tp > 1 and isinstance(module, ColumnParallelLinear):
-                    stacked = getattr(module, "stacked", 1)  # qkv: 3
-                    tensor = ungroup_rows_by_rank(_gather(tensor, 0, tp_group, tp), stacked, tp)
+                    blocks = getattr(module, "blocks", (tensor.shape[0] * tp,))  # qkv: q, k, v; SwiGLU's fc1: gate, up
+                    tensor = ungroup_rows_by_rank(_gather(tensor, 0, tp_group, tp), blocks, tp)
                 elif tp > 1 and isinstance(module, RowParallelLinear) and pname == "weight":
                     tensor = _gather(tensor, 1, tp_group, tp)
                 out[prefix + pname] = tensor.cpu().clone()

@@ -24,7 +24,7 @@ from pipesim.ir import torch_csv
 from pipesim.ir.lowering import add_p2p
 from pipesim.ir.schedule import Action, Schedule
 from pipesim.job import Job
-from pipesim.model.config import ModelConfig, gpt_block_differences, split_layers
+from pipesim.model.config import ModelConfig, split_layers, unbuilt_structure
 
 FAIL_MODES = ("raise", "kill", "hang")
 # the NVIDIA driver's device nodes (Linux; /dev/dxg under WSL 2): without any of them CUDA cannot be available
@@ -95,20 +95,11 @@ class RunConfig:
 
     def check(self, world: int) -> list[Schedule]:
         """Validate against the world size; return the schedules to run (validated IR)."""
+        unbuilt = unbuilt_structure(self.model)
+        if unbuilt:
+            raise PipesimError(f"the executor does not build {', '.join(unbuilt)}, which this model has (pipesim "
+                               "simulate costs it)")
         check_experts(self.model, self.job, factory=self.factory)
-        if self.model.mla is not None or self.model.mtp_layers:
-            what = "multi-head latent attention" if self.model.mla is not None else "multi-token prediction modules"
-            raise PipesimError(f"the executor trains standard attention without MTP; this model has {what} "
-                               "(pipesim simulate costs it)")
-        heads = [what for what, on in ((f"heads of head_width {self.model.head_width}", self.model.head_width),
-                                       ("QK-norm", self.model.qk_norm)) if on]
-        if heads:  # Qwen3's attention: its Block would build heads of hidden / heads without the norms, another model
-            raise PipesimError(f"the executor trains heads of hidden / heads without QK-norm; this model has "
-                               f"{' and '.join(heads)} (pipesim simulate costs it)")
-        other = gpt_block_differences(self.model)
-        if other:  # a Llama-style block (GQA, SwiGLU, RMSNorm, RoPE, no biases) would be built as the GPT's
-            raise PipesimError(f"the executor trains the GPT block (MHA, 4h GeLU MLP, LayerNorm, biases, learned "
-                               f"positions); this model has {', '.join(other)} (pipesim simulate costs it)")
         unrun = unhonoured(self.job)
         if unrun:
             raise PipesimError(f"the executor does not implement {'; '.join(unrun)}: it trains with plain DDP "
@@ -150,14 +141,15 @@ class RunConfig:
         built = [self._schedule(name, job.pp) for name in (self.names or (None,))]
         self._check_fault(job, built)
         m = self.microbatches
-        # the cost model's checks of the batch split and of the sizes tp divides (hidden; gpt's heads). The executor's
-        # sequence parallelism splits a microbatch's rows, not its sequence, over tp (checked below), and its MLP also
-        # runs full recomputation, which the cost model's MLP refuses
+        # the cost model's checks of the batch split and of the sizes tp divides (hidden; gpt's heads; the sequence
+        # under sequence parallelism, which splits a transformer's sequence over tp as Megatron does). The MLP's
+        # sequence parallelism splits a microbatch's rows instead (checked below), and its MLP also runs full
+        # recomputation, which the cost model's MLP refuses
         plain = replace(job, dims=replace(job.dims, ep=1)) if self.factory else job  # a factory's ep: check_run
-        sp = job.sp and self.model.moe is not None  # the cost model's rule: experts beside tp need sp
+        sp = job.sp and self.model.kind == "gpt"
         replace(plain, sp=sp, recompute=job.recompute if self.model.kind == "gpt" else "none").check(self.model, m)
         dp, tp = job.dp, job.tp
-        if job.sp and self.model.batch % (dp * m * tp):
+        if job.sp and self.model.kind == "mlp" and self.model.batch % (dp * m * tp):
             raise PipesimError(f"--sequence-parallel splits each microbatch over tp: --batch {self.model.batch} does "
                                f"not split into dp({dp}) x {m} microbatches x tp({tp}) evenly")
         for sched in built if self.factory is None else ():  # a factory's layers are counted when it is called

@@ -70,8 +70,10 @@ class Runtime:
             set_recompute(module, cfg.job.recompute)
             module.to(device)
         loss = workload.loss
-        # sequence parallel: each TP rank holds 1/tp of every microbatch's rows outside the TP layers
+        # sequence parallel: outside the TP layers each TP rank holds 1/tp of every sequence (a transformer, as
+        # Megatron) or of every microbatch's rows (the MLP, which has no sequence)
         self.sp = cfg.job.sp and mesh.tp > 1
+        self.seq_shards = mesh.tp if self.sp and cfg.model.kind == "gpt" else 1
         scale = 1.0 / (m * mesh.tp) if self.sp else 1.0 / m
         self.stages = {s: Stage(s, modules[s], is_last=schedule.chain_last(s), loss=loss, scale=scale)
                        for s in local}
@@ -82,8 +84,8 @@ class Runtime:
         self.optimizer = (None if not self.params else torch.optim.SGD(self.params, lr=cfg.lr)
                           if cfg.optimizer == "sgd" else torch.optim.Adam(self.params, lr=cfg.lr))
         self.mb_size = workload.batch_rows // (mesh.dp * m)
-        self.rows = self.mb_size // mesh.tp if self.sp else self.mb_size  # rows of a microbatch on this rank
-        model_boundaries = workload.boundaries(schedule.model_stages, self.rows)  # (shape, dtype) out of model stage k
+        self.rows = self.mb_size // mesh.tp if self.sp and self.seq_shards == 1 else self.mb_size  # on this rank
+        model_boundaries = workload.boundaries(schedule.model_stages, self.rows, self.seq_shards)  # out of stage k
         self.transfers = PipelineTransfers(self.schedule, self.me, mesh, model_boundaries, device,
                                            trace=cfg.trace is not None)
         self.log = RankLog(mesh.rank, param_elements=sum(p.numel() for p in self.params))
@@ -190,7 +192,12 @@ class Runtime:
         d = self.mesh.coords.dp
         self.x_mb = x[d * rows:(d + 1) * rows].chunk(self.m)
         self.y_mb = y[d * rows:(d + 1) * rows].chunk(self.m)
-        if self.sp:
+        if self.seq_shards > 1:  # this rank's part of every sequence: its tokens and their targets
+            per = x.shape[1] // self.seq_shards
+            lo = self.mesh.coords.tp * per
+            self.x_mb = tuple(t[:, lo:lo + per] for t in self.x_mb)
+            self.y_mb = tuple(t[:, lo:lo + per] for t in self.y_mb)
+        elif self.sp:
             lo = self.mesh.coords.tp * self.rows
             self.x_mb = tuple(t[lo:lo + self.rows] for t in self.x_mb)
             self.y_mb = tuple(t[lo:lo + self.rows] for t in self.y_mb)

@@ -2,10 +2,11 @@
 
 A column layer splits the output features, a row layer the input features, so an MLP block
 (column, GELU, row) needs one all_reduce forward and one backward. With sequence parallelism the
-activations outside the block stay sharded on dim 0 (tokens): the all_reduce becomes an all_gather
+activations outside the block stay sharded on their token dim: the all_reduce becomes an all_gather
 before the column layer and a reduce_scatter after the row layer (same bytes, sharded memory).
 
-Glossary: "tp" is the size of `group`; "dim 0" is the token/sequence dim (Megatron's [s, b, h] layout).
+Glossary: "tp" is the size of `group`; the sharded dim `sp_dim` is the sequence (dim 1 of a transformer's
+(b, s, h) activations, as Megatron splits its [s, b, h] ones on s) or the rows of an MLP's (b, h) (dim 0).
 """
 
 from __future__ import annotations
@@ -40,6 +41,13 @@ def _all_reduce(x: torch.Tensor, group) -> torch.Tensor:
     out = x.contiguous().clone()  # never reduce in place into a tensor autograd may still hold
     dist.all_reduce(out, group=group)
     return out
+
+
+def _along(collective, x: torch.Tensor, group, dim: int) -> torch.Tensor:
+    """`collective` (a dim-0 one) applied along `dim`: that dim moved first and back (a copy when dim > 0)."""
+    if dim == 0:
+        return collective(x, group)
+    return collective(x.movedim(dim, 0), group).movedim(0, dim).contiguous()
 
 
 def _all_gather_dim0(x: torch.Tensor, group) -> torch.Tensor:
@@ -99,29 +107,29 @@ class _ReduceFromTP(torch.autograd.Function):
 
 
 class _GatherFromSP(torch.autograd.Function):
-    """all_gather on dim 0 forward, reduce_scatter backward (sequence-parallel entry of a block)."""
+    """all_gather on `dim` forward, reduce_scatter backward (sequence-parallel entry of a block)."""
 
     @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return _all_gather_dim0(x, group)
+    def forward(ctx, x, group, dim):
+        ctx.group, ctx.dim = group, dim
+        return _along(_all_gather_dim0, x, group, dim)
 
     @staticmethod
     def backward(ctx, grad):
-        return _reduce_scatter_dim0(grad, ctx.group), None
+        return _along(_reduce_scatter_dim0, grad, ctx.group, ctx.dim), None, None
 
 
 class _ReduceScatterToSP(torch.autograd.Function):
-    """reduce_scatter on dim 0 forward, all_gather backward (sequence-parallel exit of a block)."""
+    """reduce_scatter on `dim` forward, all_gather backward (sequence-parallel exit of a block)."""
 
     @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return _reduce_scatter_dim0(x, group)
+    def forward(ctx, x, group, dim):
+        ctx.group, ctx.dim = group, dim
+        return _along(_reduce_scatter_dim0, x, group, dim)
 
     @staticmethod
     def backward(ctx, grad):
-        return _all_gather_dim0(grad, ctx.group), None
+        return _along(_all_gather_dim0, grad, ctx.group, ctx.dim), None, None
 
 
 def copy_to_tp_region(x: torch.Tensor, group=None) -> torch.Tensor:
@@ -132,12 +140,12 @@ def reduce_from_tp_region(x: torch.Tensor, group=None) -> torch.Tensor:
     return _ReduceFromTP.apply(x, group)
 
 
-def gather_from_sp_region(x: torch.Tensor, group=None) -> torch.Tensor:
-    return _GatherFromSP.apply(x, group)
+def gather_from_sp_region(x: torch.Tensor, group=None, dim: int = 0) -> torch.Tensor:
+    return _GatherFromSP.apply(x, group, dim)
 
 
-def reduce_scatter_to_sp_region(x: torch.Tensor, group=None) -> torch.Tensor:
-    return _ReduceScatterToSP.apply(x, group)
+def reduce_scatter_to_sp_region(x: torch.Tensor, group=None, dim: int = 0) -> torch.Tensor:
+    return _ReduceScatterToSP.apply(x, group, dim)
 
 
 def _shard_bounds(total: int, group, what: str) -> tuple[int, int]:
@@ -152,45 +160,45 @@ def _shard_bounds(total: int, group, what: str) -> tuple[int, int]:
 class ColumnParallelLinear(nn.Module):
     """y[..., out/tp] = x W_rows^T + b_rows: this rank's rows of `full`'s weight (output sharded on the last dim).
 
-    Input replicated (or, with sequence_parallel, sharded on dim 0 and all-gathered here).
+    Input replicated (or, with sequence_parallel, sharded on `sp_dim` and all-gathered here).
     """
 
-    def __init__(self, full: nn.Linear, group=None, *, sequence_parallel: bool = False) -> None:
+    def __init__(self, full: nn.Linear, group=None, *, sequence_parallel: bool = False, sp_dim: int = 0) -> None:
         super().__init__()
         start, end = _shard_bounds(full.out_features, group, "out_features")
         self.group = group
-        self.sequence_parallel = sequence_parallel
+        self.sequence_parallel, self.sp_dim = sequence_parallel, sp_dim
         self.in_features, self.out_features = full.in_features, end - start  # local sizes
         self.weight = nn.Parameter(full.weight.detach()[start:end].clone())  # (out/tp, in)
         self.bias = nn.Parameter(full.bias.detach()[start:end].clone()) if full.bias is not None else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.sequence_parallel:
-            x = gather_from_sp_region(x, self.group)  # (s/tp, ..., in) -> (s, ..., in)
+            x = gather_from_sp_region(x, self.group, self.sp_dim)  # s/tp tokens -> s
         else:
             x = copy_to_tp_region(x, self.group)
-        return nn.functional.linear(x, self.weight, self.bias)  # (s, ..., out/tp)
+        return nn.functional.linear(x, self.weight, self.bias)  # (..., out/tp)
 
 
 class RowParallelLinear(nn.Module):
     """y = sum over ranks of x[..., in/tp] W_cols^T, then + b once (the bias is replicated, added after the sum).
 
-    Output replicated (or, with sequence_parallel, reduce-scattered to a dim-0 shard).
+    Output replicated (or, with sequence_parallel, reduce-scattered to a shard of `sp_dim`).
     """
 
-    def __init__(self, full: nn.Linear, group=None, *, sequence_parallel: bool = False) -> None:
+    def __init__(self, full: nn.Linear, group=None, *, sequence_parallel: bool = False, sp_dim: int = 0) -> None:
         super().__init__()
         start, end = _shard_bounds(full.in_features, group, "in_features")
         self.group = group
-        self.sequence_parallel = sequence_parallel
+        self.sequence_parallel, self.sp_dim = sequence_parallel, sp_dim
         self.in_features, self.out_features = end - start, full.out_features  # local sizes
         self.weight = nn.Parameter(full.weight.detach()[:, start:end].clone())  # (out, in/tp)
         self.bias = nn.Parameter(full.bias.detach().clone()) if full.bias is not None else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        partial = nn.functional.linear(x, self.weight)  # (s, ..., out), a partial sum
+        partial = nn.functional.linear(x, self.weight)  # (..., out), a partial sum
         if self.sequence_parallel:
-            y = reduce_scatter_to_sp_region(partial, self.group)  # (s/tp, ..., out)
+            y = reduce_scatter_to_sp_region(partial, self.group, self.sp_dim)  # s tokens -> s/tp
             if self.bias is not None:
                 # each rank sees only its tokens, so the replicated bias's grad is summed over the group
                 y = y + copy_to_tp_region(self.bias, self.group)

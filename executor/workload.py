@@ -44,8 +44,8 @@ class BuiltinWorkload:
     def batch(self, step: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         return synthetic_batch(self.cfg.model, step, device)
 
-    def boundaries(self, num_stages: int, rows: int) -> list[Boundary]:
-        shape, dtype = boundary_shape(self.cfg.model, rows), DTYPES[self.cfg.model.dtype]
+    def boundaries(self, num_stages: int, rows: int, seq_shards: int = 1) -> list[Boundary]:
+        shape, dtype = boundary_shape(self.cfg.model, rows, seq_shards), DTYPES[self.cfg.model.dtype]
         return [(shape, dtype)] * (num_stages - 1)
 
 
@@ -97,7 +97,9 @@ class PiecesWorkload:
             raise PipesimError(f"step {step}'s batch has {x.shape[0]} rows, the first had {self.batch_rows}")
         return x.to(device), y.to(device)
 
-    def boundaries(self, num_stages: int, rows: int) -> list[Boundary]:
+    def boundaries(self, num_stages: int, rows: int, seq_shards: int = 1) -> list[Boundary]:
+        if seq_shards != 1:  # RunConfig.check refuses sequence parallelism for a user's model
+            raise PipesimError("a user's model runs without sequence parallelism")
         x, _ = self.batch_source(0)
         shapes = infer_boundaries([self.stage_modules(num_stages, [s])[s] for s in range(num_stages)], x[:rows])
         return shapes[:-1]

@@ -115,9 +115,9 @@ def _nested(trace: Timeline) -> dict[tuple[int, int, str, int, int], list]:
 def test_tp2_pp2_gpt_sequence_parallel_matches_reference(runs):
     for name in TP_GPT_NAMES:
         assert_matches_reference(runs / "sp", name, model_of(TINY_GPT), STEPS)
-    # a microbatch of 8 / 2 = 4 samples is split over tp 2: 2 x seq 8 x hidden 16 floats per transfer
+    # each sequence of a microbatch of 8 / 2 = 4 samples is split over tp 2: 4 x seq 4 x hidden 16 floats per transfer
     trace = Timeline.read(runs / "sp.json")
-    assert {e.bytes for e in trace.events if e.stream in ("send", "recv")} == {2 * 8 * 16 * 4}
+    assert {e.bytes for e in trace.events if e.stream in ("send", "recv")} == {4 * 4 * 16 * 4}
     # per block forward: all_gather before qkv and fc1, reduce_scatter after proj and fc2 (2 blocks per stage),
     # each on the microbatch's full activation (4 samples x seq 8 x hidden 16 floats)
     nested = _nested(trace)
@@ -155,8 +155,13 @@ def test_qkv_rows_grouped_by_rank_and_back():
     import torch
 
     full = torch.nn.Linear(2, 12)  # q, k, v of 4 rows each (2 heads of 2); tp 2
-    grouped = group_rows_by_rank(full, 3, 2)
+    grouped = group_rows_by_rank(full, (4, 4, 4), 2)
     w = full.weight.detach()
     assert torch.equal(grouped.weight[:6], torch.cat([w[0:2], w[4:6], w[8:10]]))  # rank 0: q, k, v of head 0
     assert torch.equal(grouped.bias[6:], torch.cat([full.bias[2:4], full.bias[6:8], full.bias[10:12]]).detach())
-    assert torch.equal(ungroup_rows_by_rank(grouped.weight.detach(), 3, 2), w)
+    assert torch.equal(ungroup_rows_by_rank(grouped.weight.detach(), (4, 4, 4), 2), w)
+    gqa = torch.nn.Linear(2, 8, bias=False)  # grouped-query: q of 4 rows (2 heads of 2), k and v of 2 (1 kv head)
+    w = gqa.weight.detach()
+    grouped = group_rows_by_rank(gqa, (4, 2, 2), 2).weight.detach()
+    assert torch.equal(grouped, torch.cat([w[0:2], w[4:5], w[6:7], w[2:4], w[5:6], w[7:8]]))  # rank 0, then rank 1
+    assert torch.equal(ungroup_rows_by_rank(grouped, (4, 2, 2), 2), w)

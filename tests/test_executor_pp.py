@@ -14,11 +14,12 @@ import statistics
 import pytest
 import torch
 
-import executor.models
+import executor.transformer
 import schedules
-from executor.models import Block, build_full, build_stages, piece_ranges, set_recompute
+from executor.models import build_full, build_stages, piece_ranges, set_recompute
 from executor.stage import Stage
 from executor.timing import RankLog, median_step_time, step_times
+from executor.transformer import Block
 from pipesim.ir import torch_csv
 from pipesim.ir.lowering import add_p2p
 from pipesim.ir.schedule import Action, Kind
@@ -122,8 +123,8 @@ def test_recomputation_reruns_the_forward_and_keeps_gradients_exact(mode, split,
     """Attention cores run per stage of 2 blocks: 2 in the forward, plus 2 per recomputing backward pass;
     the input and weight gradients are bit for bit those of the stage without recomputation."""
     calls = []
-    core = executor.models.attention_core
-    monkeypatch.setattr(executor.models, "attention_core", lambda q, k, v: calls.append(1) or core(q, k, v))
+    core = executor.transformer.attention_core
+    monkeypatch.setattr(executor.transformer, "attention_core", lambda q, k, v: calls.append(1) or core(q, k, v))
     cfg = ModelConfig(kind="gpt", hidden=8, heads=2, seq=5, layers=4, vocab=16)
     plain, recomputing = (build_stages(cfg, [1, 2, 1], [1])[1] for _ in range(2))  # a middle stage: 2 blocks
     set_recompute(recomputing, mode)

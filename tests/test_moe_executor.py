@@ -15,9 +15,10 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import schedules
 from executor.experts import MoeMLP, drive, expert_parameters, shard_experts
-from executor.models import Block, build_full
+from executor.models import build_full
 from executor.run_config import RunConfig
 from executor.stage import backward_input, backward_weight
+from executor.transformer import Block
 from executor.user_model import call_factory, train_single, workload_from_parts
 from pipesim.cli import build_parser, main
 from pipesim.commands.setup_args import setup_from_args

@@ -10,7 +10,7 @@ import pytest
 
 from pipesim.errors import PipesimError
 from pipesim.model.activations import layer_saved_tensors
-from pipesim.model.config import ModelConfig, gpt_block_differences
+from pipesim.model.config import ModelConfig, unbuilt_structure
 from pipesim.model.elementwise import layer_elementwise_bytes
 from pipesim.model.hf_config import hf_key_report, load_hf_config, read_hf_config, resolve_model_config
 from pipesim.model.kernel_types import MemoryBound
@@ -58,6 +58,6 @@ def test_squared_relu_is_two_kernels_each_way_over_two_matrices():
     assert "squared ReLU: ReLU" in f_kernels and "squared ReLU: square" in f_kernels
     sizes = [t.nbytes for t in layer_saved_tensors(relu2, 2, opts)]
     assert sizes == [t.nbytes for t in layer_saved_tensors(gelu, 2, opts)]
-    assert gpt_block_differences(relu2) == ["activation relu2", "positions rope", "no biases"]  # executor refuses
+    assert unbuilt_structure(relu2) == []  # the executor builds it (tests/test_executor_structure.py)
     with pytest.raises(PipesimError, match="squared-ReLU experts are not modelled"):
         ModelConfig(kind="gpt", activation="relu2", moe=MoeConfig(experts=4, top_k=2, expert_ffn=64))

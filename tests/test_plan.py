@@ -18,6 +18,8 @@ else:  # Python 3.10: the backport (a dependency there)
 
 from pipesim.cli import build_parser, main
 from pipesim.comm.comm_options import CommOptions
+from pipesim.commands.common import model_config
+from pipesim.commands.run_args import config_from_args
 from pipesim.cost.model_costs import precision_of
 from pipesim.hardware.toml_io import load_hardware
 from pipesim.job import Job
@@ -311,17 +313,14 @@ def test_tensor_parallel_sizes_divide_heads_and_stay_in_a_node():
                                          req.hardware, 16, ("1f1b",)))
 
 
-def test_the_run_export_of_a_llama_plan_is_a_command_pipesim_run_parses_with_its_note(capsys, tmp_path):
-    """`pipesim run` reads no --model-config or structure flags: the export is the executor's GPT at the model's
-    sizes, and its note names what the executor's block is not (a Llama block's GQA, SwiGLU, RMSNorm, RoPE)."""
+def test_the_run_export_of_a_llama_plan_builds_the_planned_model_in_the_executor(capsys, tmp_path):
+    """The run export types the simulate export's model flags: `pipesim run` reads them into the same ModelConfig
+    (grouped-query attention, SwiGLU, RMSNorm, RoPE, no biases: executor/transformer.py builds them), so no note."""
     out = tmp_path / "plan.json"
     assert main(["plan", "--model-config", "llama3-8b", "--seq", "1024", "--batch", "16", "--hardware", "dgx-h100",
                  "--gpus", "8", "--schedules", "1f1b", "--top", "1", "--json", str(out)]) == 0
     winner = json.loads(out.read_text())["winner"]
-    argv = shlex.split(winner["run_command"])
-    ns = build_parser().parse_args(argv[1:])
-    assert (ns.model, ns.hidden, ns.layers, ns.heads, ns.vocab, ns.seq, ns.batch, ns.dtype) == (
-        "gpt", 4096, 32, 32, 128256, 1024, 16, "bfloat16")
-    assert winner["run_note"] == ("# the executor trains the GPT block: this command runs a GPT of the model's "
-                                  "sizes, not the model (kv_heads 8, ffn_hidden 14336, activation swiglu, norm "
-                                  "rmsnorm, positions rope, no biases are simulate figures)")
+    run = config_from_args(build_parser().parse_args(shlex.split(winner["run_command"])[1:]))
+    simulated = model_config(build_parser().parse_args(shlex.split(winner["simulate_command"])[1:]))
+    assert run.model == simulated and run.model.kv_heads == 8 and run.model.activation == "swiglu"
+    assert "run_note" not in winner

@@ -4,8 +4,11 @@ peak, and a Mixtral 8x22B plan on 64 H100s with its expert-parallel exports."""
 from __future__ import annotations
 
 import json
+import shlex
 
-from pipesim.cli import main
+from pipesim.cli import build_parser, main
+from pipesim.commands.common import model_config
+from pipesim.commands.run_args import config_from_args
 from pipesim.hardware.toml_io import load_hardware
 from pipesim.model.config import ModelConfig
 from pipesim.model.flops import model_flops, moe_mlp_delta
@@ -63,7 +66,11 @@ def test_plan_mixtral_8x22b_on_64_h100s_exports_the_expert_layout(tmp_path):
     assert "--moe-token-dispatcher-type alltoall" in args
     assert any(a.startswith("--expert-model-parallel-size ") for a in args)
     assert "expert_parallel_degree = " in winner["torchtitan_toml"]
-    assert winner["run_note"].startswith("# the executor trains the GPT block, dense or with its own GeLU experts")
+    # the executor builds Mixtral's SwiGLU experts and takes the layout: its checks pass on the command's ranks
+    assert "run_note" not in winner
+    run = config_from_args(build_parser().parse_args(shlex.split(winner["run_command"])[1:] + ["--backend", "gloo"]))
+    assert run.model == model_config(build_parser().parse_args(shlex.split(winner["simulate_command"])[1:]))
+    assert [s.name for s in run.check(best["tp"] * best["pp"] * best["dp"])] == [best["schedule"]]
     assert data["model_config"]["source"] == "mixtral-8x22b"
 
 

@@ -139,8 +139,20 @@ def _model_name(text: str) -> str:
 
 
 def add_transformer_args(parser: argparse.ArgumentParser) -> None:
-    """Llama-style structure for the cost model: --model-config, --kv-heads, --ffn-hidden, --activation."""
-    g = parser.add_argument_group("transformer structure (simulate, sweep)")
+    """The transformer's structure (`add_structure_group`) and, for the cost model, the experts' routing."""
+    g = add_structure_group(parser)
+    g.add_argument("--moe-load-imbalance", type=float, default=None, metavar="X",
+                   help="mixture of experts, dropless: the most-loaded expert's tokens over the mean (default 1: "
+                        "balanced); the slowest rank computes and receives that many more")
+    g.add_argument("--moe-expert-capacity-factor", type=float, default=None, metavar="CF",
+                   help="mixture of experts: drop tokens over CF x the mean per expert, buffers padded to it "
+                        "(Megatron-core's flag with --moe-pad-expert-input-to-capacity)")
+
+
+def add_structure_group(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
+    """Llama-style structure, one model for the cost model and the executor: --model-config, --kv-heads, --ffn-hidden,
+    --activation and the structure flags (pipesim.commands.structure_args)."""
+    g = parser.add_argument_group("transformer structure")
     g.add_argument("--model-config", metavar="FILE|NAME",
                    help="a Hugging Face config.json, or a bundled one: " + ", ".join(bundled_configs())
                         + " (implies a transformer; size flags given too override the file's, and the expert flags a "
@@ -149,14 +161,9 @@ def add_transformer_args(parser: argparse.ArgumentParser) -> None:
                    help="key/value heads, grouped-query attention (default: --heads)")
     g.add_argument("--ffn-hidden", type=positive_int, default=None, help="MLP width (default 4 x --hidden)")
     g.add_argument("--activation", choices=ACTIVATIONS, default=None,
-                   help="MLP: gelu (two matrices) or swiglu (gate, up, down) (default gelu)")
+                   help="MLP: gelu or relu2 (two matrices), or swiglu (gate, up, down) (default gelu)")
     add_structure_args(g)
-    g.add_argument("--moe-load-imbalance", type=float, default=None, metavar="X",
-                   help="mixture of experts, dropless: the most-loaded expert's tokens over the mean (default 1: "
-                        "balanced); the slowest rank computes and receives that many more")
-    g.add_argument("--moe-expert-capacity-factor", type=float, default=None, metavar="CF",
-                   help="mixture of experts: drop tokens over CF x the mean per expert, buffers padded to it "
-                        "(Megatron-core's flag with --moe-pad-expert-input-to-capacity)")
+    return g
 
 
 SIZE_FLAGS = ("hidden", "layers", "heads", "seq", "vocab", "batch", "dtype")  # ModelConfig field = flag name

@@ -247,12 +247,15 @@ def cluster(args: argparse.Namespace) -> tuple[Hardware, int, list[str]]:
     return hw, args.gpus, flags
 
 
-def run_model_flags(model: ModelConfig) -> list[str]:
-    """The model flags `pipesim run` takes for the plan's model: the executor's GPT at its sizes (run_note says when
-    the model's block is another; `pipesim run` reads no --model-config or structure flags)."""
-    return ["--model", "gpt", "--hidden", str(model.hidden), "--layers", str(model.layers), "--heads",
-            str(model.heads), "--vocab", str(model.vocab), "--seq", str(model.seq), "--batch", str(model.batch),
-            "--dtype", model.dtype]
+def run_model_flags(args: argparse.Namespace, req: PlanRequest) -> list[str]:
+    """The model flags `pipesim run` takes for the plan's model: the simulate export's (the same --model-config and
+    structure flags build the same model in the executor) less the cost model's routing assumption, which a run
+    replaces by what its router routes (exports.run_note says so)."""
+    words = model_flags(args, req)
+    if "--moe-load-imbalance" in words:
+        at = words.index("--moe-load-imbalance")
+        words = words[:at] + words[at + 2:]
+    return words
 
 
 STEP_FLAGS = ("seq", "batch")  # the step's, not the model's: the exports give them from the request
@@ -328,7 +331,7 @@ def run(args: argparse.Namespace) -> int:
                             args.attention, shared.kernels.grad_fp32)
     ranks = gpus // result.best.candidate.cp  # the executor has no cp: t x p x d ranks (exports.run_note)
     per_node = ranks if ranks <= hw.host_devices else math.gcd(ranks, hw.host_devices)
-    run_argv = run_command(result.best.candidate, run_model_flags(req.model), per_node=per_node,
+    run_argv = run_command(result.best.candidate, run_model_flags(args, req), per_node=per_node,
                            nodes=ranks // per_node, split=req.stage_split(result.best.candidate.chunks))
     if args.ilp_seconds is not None and result.best.candidate.schedule in V_SEARCHED:
         run_argv += ["--ilp", f"{args.ilp_seconds:g}"]  # without it `pipesim run zb-v` runs the handcrafted order

@@ -15,6 +15,7 @@ from pipesim.commands.common import (
     add_model_args,
     add_output_args,
     add_schedule_args,
+    add_structure_group,
     layer_split_list,
     model_config,
     user_model_config,
@@ -38,6 +39,7 @@ def add_run_args(parser: argparse.ArgumentParser) -> None:
         if action.dest == "stages":
             action.help = "pipeline ranks (default WORLD_SIZE / (dp * tp))"
     add_model_args(parser)
+    add_structure_group(parser)
     add_output_args(parser)
     g = parser.add_argument_group("run")
     g.add_argument("--dp", type=positive_int, default=1, help="data-parallel replicas (default 1)")

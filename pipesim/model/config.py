@@ -246,22 +246,18 @@ def split_layers(layers: int, stages: int, weights: list[int] | None = None) -> 
     return [base + (1 if s < extra else 0) for s in range(stages)]
 
 
-def gpt_block_differences(model: ModelConfig) -> list[str]:
-    """The structure fields of a transformer that the executor's GPT block (executor/models.py: MHA, a 4h GeLU MLP,
-    LayerNorm, biases, learned positions, an untied head) does not build, as 'name value'; [] for that block or an
-    MLP. Its one owner: the executor refuses such a model with them, the planner's run export says so."""
+def unbuilt_structure(model: ModelConfig) -> list[str]:
+    """The structure of a transformer the executor (executor/transformer.py) does not build, as 'name'; [] when it
+    builds the whole model. It builds every dense layer the cost model costs (grouped-query attention, heads of
+    their own width, QK-norm, each activation, norm and position kind, with or without biases) and a top-k router's
+    experts; not latent attention, multi-token prediction, an output layer tied to the embedding, or DeepSeek-V3's
+    routing (groups, a score bias). Its one owner: the executor
+    refuses such a model, the planner's run export says so."""
     if model.kind != "gpt":
         return []
-    out = []
-    if model.kv_heads is not None and model.kv_heads != model.heads:
-        out.append(f"kv_heads {model.kv_heads}")
-    if model.ffn_hidden is not None and model.ffn_hidden != 4 * model.hidden:
-        out.append(f"ffn_hidden {model.ffn_hidden}")
-    for name in ("activation", "norm", "positions"):
-        if getattr(model, name) != getattr(ModelConfig, name):
-            out.append(f"{name} {getattr(model, name)}")
-    if not model.biases:
-        out.append("no biases")
-    if model.tied_embeddings:
-        out.append("tied embeddings")
-    return out
+    moe = model.moe
+    return [what for what, on in (("multi-head latent attention", model.mla is not None),
+                                  ("multi-token prediction modules", model.mtp_layers > 0),
+                                  ("tied embeddings", model.tied_embeddings),
+                                  ("group-limited routing", moe is not None and moe.groups > 1),
+                                  ("the router's expert bias", moe is not None and moe.expert_bias)) if on]

@@ -10,7 +10,7 @@ import shlex
 
 from pipesim.ir import torch_csv
 from pipesim.ir.schedule import Schedule
-from pipesim.model.config import ModelConfig, gpt_block_differences, split_layers
+from pipesim.model.config import ModelConfig, split_layers, unbuilt_structure
 from pipesim.model.fp8 import FP4_RECIPES, TORCHAO_ONLY, TORCHAO_RECIPES
 from pipesim.model.megatron_layout import LAYOUT, megatron_layout
 from pipesim.model.moe_layer_freq import FLAG as FREQ
@@ -71,6 +71,10 @@ def run_command(c: Candidate, model_flags: list[str], *, per_node: int, nodes: i
     simulated, typed out where a split rule made them differ from the even split the executor takes by default."""
     argv = ["pipesim", "run", c.schedule, "--stages", str(c.p), "--microbatches", str(c.m), "--tp", str(c.tp),
             "--dp", str(c.dp)]
+    if c.ep > 1:
+        argv += ["--ep", str(c.ep)]
+    if c.etp:
+        argv += ["--etp", str(c.etp)]
     if c.v > 1:
         argv += ["--virtual", str(c.v)]
     argv += ["--recompute", "full" if c.recompute == OP else c.recompute]  # run_note says why
@@ -85,18 +89,25 @@ def run_command(c: Candidate, model_flags: list[str], *, per_node: int, nodes: i
 
 
 def run_note(c: Candidate, model: ModelConfig | None = None) -> str | None:
-    """A `#` line for the run command when the winner uses what the executor lacks (a mixture of experts, latent
-    attention, MTP, Qwen3's head_width and QK-norm: it refuses them; context parallelism: it runs without;
-    torchtitan's per-op checkpointing: it runs full recomputation instead)."""
+    """A `#` line for the run command when the winner uses what the executor lacks (latent attention, MTP, a tied
+    head, DeepSeek's routing: it refuses them; experts with recomputation, split over tp, or routed unevenly by the
+    cost model's assumption: it refuses those too; context parallelism: it runs without; torchtitan's per-op
+    checkpointing: it runs full recomputation instead)."""
     notes = ["the executor has no per-op checkpointing: this runs full recomputation (torchtitan's op policy is a "
              "simulate figure)"] if c.recompute == OP else []
-    if model is not None and (model.moe is not None or model.mla is not None or model.mtp_layers
-                              or model.head_width is not None or model.qk_norm):
-        notes.append("the executor trains the GPT block, dense or with its own GeLU experts (--model moe), with "
-                     "standard attention: `pipesim run` refuses this model (simulate it with the command above)")
-    elif model is not None and (other := gpt_block_differences(model)):
-        notes.append(f"the executor trains the GPT block: this command runs a GPT of the model's sizes, not the "
-                     f"model ({', '.join(other)} are simulate figures)")
+    unbuilt = unbuilt_structure(model) if model is not None else []
+    moe = model.moe if model is not None else None
+    unrun = [what for what, on in (
+        (f"recomputation ({c.recompute})", c.recompute != "none"),
+        (f"experts split over tp ({c.etp or c.tp})", (c.etp or c.tp) > 1),
+        (f"the cost model's load imbalance ({moe.imbalance:g})", moe.imbalance != 1.0),
+    ) if on] if moe is not None else []
+    if unbuilt:
+        notes.append(f"the executor does not build {', '.join(unbuilt)}: `pipesim run` refuses this model (simulate "
+                     "it with the command above)")
+    elif unrun:
+        notes.append(f"the executor's experts run without {', '.join(unrun)}: `pipesim run` refuses this layout "
+                     "(simulate it with the command above)")
     elif c.modules:
         notes.append(f"the executor's selective recomputation is the attention core's alone: --recompute-modules "
                      f"{' '.join(c.modules)} is a simulate figure")

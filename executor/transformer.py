@@ -1,0 +1,123 @@
+"""The executor's transformer block, built from the same ModelConfig the cost model reads: the GPT of Megatron's
+papers by default, and the Llama / Qwen3 structures a config gives (grouped-query attention, heads of their own width,
+QK-norm, SwiGLU or squared ReLU of their own width, RMSNorm, rotary positions, no biases).
+
+The attention's input projection is one `qkv` matrix of rows [Q; K; V] (heads x head_dim, then kv heads x head_dim
+twice), as the MLP's SwiGLU fc1 is [gate; up] (executor.mlp), so that a column-parallel shard
+(executor.models.group_rows_by_rank) holds each block's rows of its own heads. The forward reads its local widths off
+those outputs: one code path serves the whole block (the single-process reference) and a tensor-parallel rank's share.
+The parameter counts are pipesim.model.param_counts' (tests/test_executor_structure.py ties them).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from executor.experts import MoeMLP, Steps, drive
+from executor.mlp import activate, fc1_rows
+from pipesim.model.config import ModelConfig
+
+ROTARY_BASE = 10_000.0  # Megatron-LM's --rotary-base default (Llama 3 trains with 500,000: no parameter depends on it)
+NORM_EPS = 1e-5  # Megatron-LM's --norm-epsilon default, for both norms
+
+
+def make_norm(kind: str, width: int) -> nn.Module:
+    """LayerNorm (weight and bias) or RMSNorm (weight only) over the last `width` features."""
+    return nn.LayerNorm(width, eps=NORM_EPS) if kind == "layernorm" else nn.RMSNorm(width, eps=NORM_EPS)
+
+
+def qkv_rows(cfg: ModelConfig) -> tuple[int, int, int]:
+    """Rows of the Q, K and V blocks of `qkv`: heads x head_dim, kv heads x head_dim, kv heads x head_dim."""
+    hd = cfg.head_dim
+    return cfg.heads * hd, cfg.num_kv_heads * hd, cfg.num_kv_heads * hd
+
+
+def rotate(x: torch.Tensor) -> torch.Tensor:
+    """Rotary position embedding on (b, heads, t, head_dim), Megatron-core's default form (rotate_half: the first
+    and second halves of head_dim paired, the full width rotated), angles in float32."""
+    t, d = x.shape[-2], x.shape[-1]
+    inv_freq = 1.0 / ROTARY_BASE ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d)  # (d / 2,)
+    angles = torch.outer(torch.arange(t, device=x.device, dtype=torch.float32), inv_freq)  # (t, d / 2)
+    cos, sin = torch.cat((angles, angles), dim=-1).cos(), torch.cat((angles, angles), dim=-1).sin()  # (t, d)
+    first, second = x.float().chunk(2, dim=-1)
+    return (x.float() * cos + torch.cat((-second, first), dim=-1) * sin).to(x.dtype)
+
+
+def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal softmax(QK^T / sqrt(d)) V on (b, heads, t, d) queries and (b, kv heads, t, d) keys and values, each kv
+    head serving heads / kv heads consecutive query heads: what selective recomputation re-runs."""
+    group = q.shape[1] // k.shape[1]
+    if group > 1:
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: causal self-attention, then the MLP (or, on a layer with experts, an MoE MLP:
+    executor.experts; `steps` then yields its all-to-alls in flight).
+
+    Under TP (Megatron) a rank holds heads / tp query heads and kv heads / tp key/value heads: `qkv` column-parallel
+    (its rows of Q, K and V), `proj` row-parallel; `fc1` column- (its gate and up rows), `fc2` row-parallel.
+    """
+
+    def __init__(self, cfg: ModelConfig, layer: int = 0) -> None:
+        super().__init__()
+        h = cfg.hidden
+        self.head_dim = cfg.head_dim
+        self.qkv_split = qkv_rows(cfg)  # the whole block's; a rank's are the same fractions of its width
+        self.positions = cfg.positions
+        self.ln1 = make_norm(cfg.norm, h)
+        self.qkv = nn.Linear(h, sum(self.qkv_split), bias=cfg.biases)
+        self.q_norm = make_norm(cfg.norm, self.head_dim) if cfg.qk_norm else None
+        self.k_norm = make_norm(cfg.norm, self.head_dim) if cfg.qk_norm else None
+        self.proj = nn.Linear(self.qkv_split[0], h, bias=cfg.biases)
+        self.ln2 = make_norm(cfg.norm, h)
+        self.activation = cfg.activation
+        moe = cfg.moe is not None and cfg.moe.is_moe_layer(layer)
+        self.moe = MoeMLP(h, cfg.moe, cfg.activation, cfg.biases) if moe else None
+        if self.moe is None:
+            width = cfg.ffn_size
+            self.fc1 = nn.Linear(h, sum(fc1_rows(cfg.activation, width)), bias=cfg.biases)
+            self.fc2 = nn.Linear(width, h, bias=cfg.biases)
+        self.recompute_attention = False  # selective recomputation: the core keeps only q, k, v
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (b, t, h) -> (b, t, h)
+        if self.moe is not None:
+            return drive(self.steps(x))
+        x = self.attend(x)
+        return x + self.mlp(self.ln2(x))
+
+    def mlp(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(activate(self.fc1(x), self.activation))
+
+    def steps(self, x: torch.Tensor) -> Steps:
+        """The block as a generator yielding its MoE MLP's all-to-alls in flight (none for a dense block)."""
+        x = self.attend(x)
+        if self.moe is None:
+            return x + self.mlp(self.ln2(x))
+        return x + (yield from self.moe.steps(self.ln2(x)))
+
+    def attend(self, x: torch.Tensor) -> torch.Tensor:
+        """x plus the attention's output."""
+        qkv = self.qkv(self.ln1(x))  # (b, t, width): the whole block's rows, or this rank's share of each
+        b, t, width = qkv.shape  # b: all rows of the microbatch, also under sequence parallelism
+        whole, hd = sum(self.qkv_split), self.head_dim
+        widths = [width * rows // whole for rows in self.qkv_split]
+        q, k, v = (z.view(b, t, w // hd, hd).transpose(1, 2) for z, w in zip(qkv.split(widths, dim=2), widths,
+                                                                             strict=True))  # (b, heads, t, hd)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if self.positions == "rope":
+            q, k = rotate(q), rotate(k)
+        if self.recompute_attention:
+            y = checkpoint(attention_core, q, k, v, use_reentrant=False)
+        else:
+            y = attention_core(q, k, v)
+        y = y.transpose(1, 2).reshape(b, t, widths[0])
+        return x + self.proj(y)
+
+
+__all__ = ["Block", "attention_core", "make_norm", "qkv_rows", "rotate"]

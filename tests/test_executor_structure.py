@@ -1,0 +1,105 @@
+"""The executor builds the transformer structures the cost model costs (executor/transformer.py): a Llama block
+(grouped-query attention, SwiGLU of its own width, RMSNorm, rotary positions, no biases), Qwen3's attention (heads of
+their own width, QK-norm), Nemotron's squared ReLU, and experts in the model's activation. Their parameters are the
+cost model's count exactly, and tensor-parallel runs (with and without sequence parallelism, which moves the
+QK-norms' gradient sum) train them like the single-process reference.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from executor.models import build_full
+from executor.transformer import rotate
+from pipesim.cli import build_parser
+from pipesim.commands.run_args import config_from_args
+from pipesim.model.config import ModelConfig
+from pipesim.model.moe import MoeConfig
+from pipesim.model.param_counts import model_params
+from tests.executor_helpers import assert_matches_reference, chain
+from tests.launch_shared import register_run
+
+STEPS = 2
+SIZES = ["--model", "gpt", "--hidden", "16", "--heads", "4", "--seq", "8", "--vocab", "32", "--layers", "4",
+         "--batch", "8"]
+LLAMA = [*SIZES, "--kv-heads", "2", "--ffn-hidden", "24", "--activation", "swiglu", "--normalization", "RMSNorm",
+         "--position-embedding-type", "rope", "--disable-bias-linear"]
+QWEN3 = [*LLAMA, "--kv-channels", "6", "--qk-layernorm"]  # 4 heads of 6: attention 24 wide on a hidden of 16
+NEMOTRON = [*SIZES, "--activation", "relu2", "--ffn-hidden", "40", "--position-embedding-type", "rope",
+            "--disable-bias-linear"]
+NAMES = ["1f1b", "zb-h1"]
+
+
+def model_from(flags: list[str]) -> ModelConfig:
+    """The ModelConfig `pipesim run` builds from these flags."""
+    return config_from_args(build_parser().parse_args(["run", "1f1b", "--nproc", "1", *flags])).model
+
+
+def test_the_flags_build_the_structures_they_name():
+    llama, qwen3, nemotron = map(model_from, (LLAMA, QWEN3, NEMOTRON))
+    assert (llama.kv_heads, llama.ffn_size, llama.activation, llama.norm, llama.positions, llama.biases) == (
+        2, 24, "swiglu", "rmsnorm", "rope", False)
+    assert (qwen3.head_dim, qwen3.qk_norm) == (6, True)
+    assert (nemotron.activation, nemotron.ffn_size) == ("relu2", 40)
+
+
+@pytest.mark.parametrize("flags", [SIZES, LLAMA, QWEN3, NEMOTRON], ids=["gpt", "llama", "qwen3", "nemotron"])
+def test_the_executor_holds_the_cost_models_parameters(flags):
+    model = model_from(flags)
+    assert sum(p.numel() for p in build_full(model).parameters()) == model_params(model)
+
+
+def test_swiglu_experts_hold_the_cost_models_parameters():
+    moe = MoeConfig(experts=4, top_k=2, expert_ffn=12, shared_experts=1, shared_ffn=8, dense_layers=1)
+    for biases in (True, False):
+        model = ModelConfig(kind="gpt", hidden=16, heads=4, layers=3, activation="swiglu", norm="rmsnorm",
+                            positions="rope", biases=biases, moe=moe)
+        assert sum(p.numel() for p in build_full(model).parameters()) == model_params(model)
+
+
+def test_rotary_embedding_turns_each_pair_by_its_angle():
+    """Position t turns the pair (x_i, x_{i + d/2}) by t / 10000^(2i/d): position 0 is untouched, norms are kept,
+    and a query-key product depends on their distance only."""
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 1, 8, 4, generator=gen)
+    rq = rotate(q)
+    torch.testing.assert_close(rq[..., 0, :], q[..., 0, :], rtol=0, atol=0)
+    torch.testing.assert_close(rq.norm(dim=-1), q.norm(dim=-1))
+    t, angle = 3, 3 / 10000 ** (2 * 1 / 4)  # pair 1 (features 1 and 3) at position 3
+    x1, x3 = q[0, 0, t, 1], q[0, 0, t, 3]
+    torch.testing.assert_close(rq[0, 0, t, [1, 3]], torch.stack([x1 * math.cos(angle) - x3 * math.sin(angle),
+                                                                   x3 * math.cos(angle) + x1 * math.sin(angle)]))
+    same = torch.ones(1, 1, 8, 4)  # the same query and key at every position
+    scores = rotate(same)[0, 0] @ rotate(same)[0, 0].T  # (8, 8)
+    for gap in range(3):
+        torch.testing.assert_close(scores.diagonal(gap), scores.diagonal(gap)[:1].expand(8 - gap))
+
+
+def _flags(d):
+    common = ["--steps", str(STEPS), "--quiet", "--microbatches", "2"]
+    return chain(
+        [",".join(NAMES), "--tp", "2", *LLAMA, *common, "--save-dir", str(d / "llama")],
+        [",".join(NAMES), "--tp", "2", "--sequence-parallel", *LLAMA, *common, "--save-dir", str(d / "llama_sp")],
+        [",".join(NAMES), "--tp", "2", *QWEN3, *common, "--save-dir", str(d / "qwen3")],
+        [",".join(NAMES), "--tp", "2", "--sequence-parallel", *QWEN3, *common, "--save-dir", str(d / "qwen3_sp")],
+        [",".join(NAMES), "--tp", "2", *NEMOTRON, *common, "--save-dir", str(d / "nemotron")],
+    )
+
+
+FOUR_RANKS = register_run("executor_structure", 4, _flags)
+
+
+@pytest.fixture(scope="module")
+def runs(shared_launches):
+    return shared_launches.case(FOUR_RANKS).check()
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize(("folder", "flags"), [("llama", LLAMA), ("llama_sp", LLAMA), ("qwen3", QWEN3),
+                                               ("qwen3_sp", QWEN3), ("nemotron", NEMOTRON)])
+def test_tp2_pp2_trains_the_structure_like_the_reference(runs, folder, flags):
+    for name in NAMES:
+        assert_matches_reference(runs / folder, name, model_from(flags), STEPS)
