@@ -1,6 +1,7 @@
 """What a rank reduces between its last backward and the optimizer step, in the order it runs them.
 
-After the last action of a step the gradients are still each rank's own share: under sequence parallelism the
+After the last action of a step the gradients are still each rank's own share (a head tied to the embedding holds
+its copy's, summed with the first stage's as Megatron-LM does): under sequence parallelism the
 parameters outside the TP layers saw 1/tp of the rows (summed over the TP group; the QK-norms, 1/tp of the heads, with
 or without it), DualPipe's two chains hold two
 copies of each model stage (summed between the copies' ranks, executor.replicas), and data parallelism holds one
@@ -22,8 +23,8 @@ from torch import nn
 from executor.data_parallel import allreduce_gradients
 from executor.experts import expert_parameters
 from executor.mesh import Mesh
-from executor.models import head_norm_parameters, replicated_parameters
-from executor.replicas import sum_chain_replicas
+from executor.models import Embed, Head, head_norm_parameters, replicated_parameters
+from executor.replicas import sum_chain_replicas, sum_tied_embedding, tied_partner
 from executor.stage import Stage
 from pipesim.ir.schedule import Schedule
 
@@ -41,9 +42,10 @@ class GradientSync:
     the DP (and expert-data-parallel) mean."""
 
     def __init__(self, schedule: Schedule, me: int, stages: dict[int, Stage], mesh: Mesh,
-                 params: list[nn.Parameter], *, sp: bool, bucket_bytes: int | None) -> None:
+                 params: list[nn.Parameter], *, sp: bool, bucket_bytes: int | None, tied: bool = False) -> None:
         """`params`: the stages' parameters; `sp`: sequence parallelism over tp > 1 ranks; `bucket_bytes`: the DP
-        all-reduce's buckets (None: one all_reduce per parameter, executor.data_parallel)."""
+        all-reduce's buckets (None: one all_reduce per parameter, executor.data_parallel); `tied`: the head's weight
+        is the embedding's, summed between the first and last stage when two ranks hold them."""
         modules = [st.module for st in stages.values()]
         self.mesh, self.params, self.bucket_bytes = mesh, params, bucket_bytes  # bucket_bytes in bytes
         self.experts = {id(p) for p in expert_parameters(modules)}  # reduced over edp, not dp
@@ -57,6 +59,12 @@ class GradientSync:
         if schedule.chains > 1:
             reductions.append(Reduction("the sum of the replicated stages' gradients",
                                         partial(sum_chain_replicas, schedule, me, stages, mesh)))
+        ends = tied_partner(schedule) if tied else None
+        if ends is not None and me in ends:
+            weight = next(piece.tok.weight if isinstance(piece, Embed) else piece.out.weight for st in stages.values()
+                          for piece in st.module.pieces.values() if isinstance(piece, Embed | Head))
+            reductions.append(Reduction("the sum of the tied embedding's gradients between the first and last stage",
+                                        partial(sum_tied_embedding, schedule, me, weight, mesh)))
         data_parallel = mesh.dp > 1 or mesh.edp_group is not None  # else the phase is named, nothing reduced
         reductions.append(Reduction("the data-parallel gradient all-reduce",
                                     self._allreduce if data_parallel else None))

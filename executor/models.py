@@ -22,6 +22,7 @@ from pipesim.model.config import ModelConfig
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 SEQUENCE_DIM = 1  # a transformer's activations are (b, s, h): sequence parallelism splits s
+EMBEDDING_WEIGHT = "pieces.0.tok.weight"  # the token embedding's name in the full model (piece 0), a tied head's too
 
 
 class MLPLayer(nn.Module):
@@ -52,12 +53,14 @@ class Embed(nn.Module):
 
 
 class Head(nn.Module):
-    """Final norm and the vocabulary projection (last GPT stage only)."""
+    """Final norm and the vocabulary projection (last GPT stage only); with tied embeddings the projection's weight is
+    the token embedding's (FullModel ties them), a copy of it on a rank that does not hold the embedding."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.ln = make_norm(cfg.norm, cfg.hidden)
         self.out = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
+        self.out.tied_head = cfg.tied_embeddings  # its weight saved under EMBEDDING_WEIGHT (params.module_parameters)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (b, t, h) -> (b, t, vocab)
         return self.out(self.ln(x))
@@ -73,6 +76,8 @@ class FullModel(nn.Module):
             pieces = [MLPLayer(cfg.hidden) for _ in range(cfg.layers)]
         else:
             pieces = [Embed(cfg)] + [Block(cfg, layer) for layer in range(cfg.layers)] + [Head(cfg)]
+            if cfg.tied_embeddings:  # one Parameter: the reference (and a rank holding both) sums both uses' grads
+                pieces[-1].out.weight = pieces[0].tok.weight
         self.pieces = nn.ModuleList(pieces)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -249,4 +254,5 @@ def replicated_parameters(stages) -> list[nn.Parameter]:
 
     sharded = {id(p) for st in stages for mod in st.modules()
                if isinstance(mod, ColumnParallelLinear | RowParallelLinear) for p in mod.parameters()}
-    return [p for st in stages for p in st.parameters() if id(p) not in sharded]
+    whole = {id(p): p for st in stages for p in st.parameters() if id(p) not in sharded}  # a tied one once
+    return list(whole.values())

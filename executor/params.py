@@ -13,6 +13,7 @@ import torch.distributed as dist
 from torch import nn
 
 from executor.mesh import Mesh
+from executor.models import EMBEDDING_WEIGHT
 
 
 def _gather(shard: torch.Tensor, dim: int, group, size: int) -> torch.Tensor:
@@ -46,6 +47,7 @@ def module_parameters(modules: Iterable[nn.Module], tp: int = 1, tp_group=None) 
             if not direct:
                 continue
             prefix = f"{mod_name}." if mod_name else ""
+            tied = getattr(module, "tied_head", False)  # a tied head's weight is the embedding's (or its copy)
             for pname, param in direct.items():
                 tensor = param.detach()
                 if tp > 1 and isinstance(module, ColumnParallelLinear):
@@ -53,5 +55,5 @@ def module_parameters(modules: Iterable[nn.Module], tp: int = 1, tp_group=None) 
                     tensor = ungroup_rows_by_rank(_gather(tensor, 0, tp_group, tp), blocks, tp)
                 elif tp > 1 and isinstance(module, RowParallelLinear) and pname == "weight":
                     tensor = _gather(tensor, 1, tp_group, tp)
-                out[prefix + pname] = tensor.cpu().clone()
+                out[EMBEDDING_WEIGHT if tied and pname == "weight" else prefix + pname] = tensor.cpu().clone()
     return out

@@ -139,6 +139,10 @@ class RunConfig:
                 if value != plain:
                     raise PipesimError(f"{flag} needs pipesim's own --model mlp or gpt, not --model {self.factory}")
         built = [self._schedule(name, job.pp) for name in (self.names or (None,))]
+        for sched in built if self.model.tied_embeddings else ():
+            if sched.chains > 1:
+                raise PipesimError(f"{sched.name} runs each model stage on two ranks, and this model's head is tied to "
+                                   "its embedding: the executor ties them on schedules with one chain")
         self._check_fault(job, built)
         m = self.microbatches
         # the cost model's checks of the batch split and of the sizes tp divides (hidden; gpt's heads; the sequence

@@ -77,9 +77,10 @@ class Runtime:
         scale = 1.0 / (m * mesh.tp) if self.sp else 1.0 / m
         self.stages = {s: Stage(s, modules[s], is_last=schedule.chain_last(s), loss=loss, scale=scale)
                        for s in local}
-        self.params = [p for st in self.stages.values() for p in st.params]
+        # a tied embedding and head on one rank (pp 1, a V schedule) are one Parameter: optimised once
+        self.params = list({id(p): p for st in self.stages.values() for p in st.params}.values())
         self.grad_sync = GradientSync(self.schedule, self.me, self.stages, mesh, self.params, sp=self.sp,
-                                      bucket_bytes=cfg.bucket_bytes)
+                                      bucket_bytes=cfg.bucket_bytes, tied=cfg.model.tied_embeddings)
         # a rank whose stages hold no layer (identity stages, `--layer-split 0,4` on an MLP) has nothing to update
         self.optimizer = (None if not self.params else torch.optim.SGD(self.params, lr=cfg.lr)
                           if cfg.optimizer == "sgd" else torch.optim.Adam(self.params, lr=cfg.lr))

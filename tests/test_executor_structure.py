@@ -7,6 +7,7 @@ QK-norms' gradient sum) train them like the single-process reference.
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -16,6 +17,7 @@ from executor.models import build_full
 from executor.transformer import rotate
 from pipesim.cli import build_parser
 from pipesim.commands.run_args import config_from_args
+from pipesim.errors import PipesimError
 from pipesim.model.config import ModelConfig
 from pipesim.model.moe import MoeConfig
 from pipesim.model.param_counts import model_params
@@ -30,6 +32,8 @@ LLAMA = [*SIZES, "--kv-heads", "2", "--ffn-hidden", "24", "--activation", "swigl
 QWEN3 = [*LLAMA, "--kv-channels", "6", "--qk-layernorm"]  # 4 heads of 6: attention 24 wide on a hidden of 16
 NEMOTRON = [*SIZES, "--activation", "relu2", "--ffn-hidden", "40", "--position-embedding-type", "rope",
             "--disable-bias-linear"]
+TIED = [*LLAMA, "--tie-embeddings-and-output-weights"]  # the head's weight is the embedding's
+TIED_GPT = [*SIZES, "--layers", "8", "--tie-embeddings-and-output-weights"]  # learned positions; 8 layers: 8 chunks
 NAMES = ["1f1b", "zb-h1"]
 
 
@@ -46,7 +50,8 @@ def test_the_flags_build_the_structures_they_name():
     assert (nemotron.activation, nemotron.ffn_size) == ("relu2", 40)
 
 
-@pytest.mark.parametrize("flags", [SIZES, LLAMA, QWEN3, NEMOTRON], ids=["gpt", "llama", "qwen3", "nemotron"])
+@pytest.mark.parametrize("flags", [SIZES, LLAMA, QWEN3, NEMOTRON, TIED],
+                         ids=["gpt", "llama", "qwen3", "nemotron", "tied"])
 def test_the_executor_holds_the_cost_models_parameters(flags):
     model = model_from(flags)
     assert sum(p.numel() for p in build_full(model).parameters()) == model_params(model)
@@ -86,6 +91,9 @@ def _flags(d):
         [",".join(NAMES), "--tp", "2", *QWEN3, *common, "--save-dir", str(d / "qwen3")],
         [",".join(NAMES), "--tp", "2", "--sequence-parallel", *QWEN3, *common, "--save-dir", str(d / "qwen3_sp")],
         [",".join(NAMES), "--tp", "2", *NEMOTRON, *common, "--save-dir", str(d / "nemotron")],
+        [",".join(NAMES), "--tp", "2", "--sequence-parallel", *TIED, *common, "--save-dir", str(d / "tied_sp")],
+        ["interleaved-1f1b,zb-v", *TIED_GPT, "--steps", str(STEPS), "--quiet", "--microbatches", "4",
+         "--save-dir", str(d / "tied_pp4")],
     )
 
 
@@ -99,7 +107,24 @@ def runs(shared_launches):
 
 @pytest.mark.dist
 @pytest.mark.parametrize(("folder", "flags"), [("llama", LLAMA), ("llama_sp", LLAMA), ("qwen3", QWEN3),
-                                               ("qwen3_sp", QWEN3), ("nemotron", NEMOTRON)])
+                                               ("qwen3_sp", QWEN3), ("nemotron", NEMOTRON), ("tied_sp", TIED)])
 def test_tp2_pp2_trains_the_structure_like_the_reference(runs, folder, flags):
     for name in NAMES:
         assert_matches_reference(runs / folder, name, model_from(flags), STEPS)
+
+
+@pytest.mark.dist
+def test_a_tied_head_trains_like_the_reference_beside_or_away_from_its_embedding(runs):
+    """pp 4: interleaved 1F1B keeps the head on the last rank (its copy's gradients summed with the first rank's,
+    and both copies saved equal bit for bit: executor_helpers.load_run), zb-v on the first (one Parameter)."""
+    for name in ("interleaved-1f1b", "zb-v"):
+        assert_matches_reference(runs / "tied_pp4", name, model_from(TIED_GPT), STEPS)
+    sizes = json.loads((runs / "tied_pp4" / "interleaved-1f1b" / "result.json").read_text())["param_elements_per_rank"]
+    assert sizes[3] - sizes[1] == 16 + 16 + 32 * 16  # the last rank: the final norm and its copy of the embedding
+
+
+def test_a_tied_head_on_two_chains_is_refused_in_one_line():
+    with pytest.raises(PipesimError) as err:
+        config_from_args(build_parser().parse_args(["run", "dualpipe", "--nproc", "4", *TIED_GPT])).check(4)
+    assert str(err.value) == ("dualpipe runs each model stage on two ranks, and this model's head is tied to its "
+                              "embedding: the executor ties them on schedules with one chain")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import shlex
 
+import schedules
 from pipesim.ir import torch_csv
 from pipesim.ir.schedule import Schedule
 from pipesim.model.config import ModelConfig, split_layers, unbuilt_structure
@@ -89,10 +90,10 @@ def run_command(c: Candidate, model_flags: list[str], *, per_node: int, nodes: i
 
 
 def run_note(c: Candidate, model: ModelConfig | None = None) -> str | None:
-    """A `#` line for the run command when the winner uses what the executor lacks (latent attention, MTP, a tied
-    head, DeepSeek's routing: it refuses them; experts with recomputation, split over tp, or routed unevenly by the
-    cost model's assumption: it refuses those too; context parallelism: it runs without; torchtitan's per-op
-    checkpointing: it runs full recomputation instead)."""
+    """A `#` line for the run command when the winner uses what the executor lacks (latent attention, MTP,
+    DeepSeek's routing, a tied head on DualPipe's two chains: it refuses them; experts with recomputation, split over
+    tp, or routed unevenly by the cost model's assumption: it refuses those too; context parallelism: it runs
+    without; torchtitan's per-op checkpointing: it runs full recomputation instead)."""
     notes = ["the executor has no per-op checkpointing: this runs full recomputation (torchtitan's op policy is a "
              "simulate figure)"] if c.recompute == OP else []
     unbuilt = unbuilt_structure(model) if model is not None else []
@@ -102,9 +103,13 @@ def run_note(c: Candidate, model: ModelConfig | None = None) -> str | None:
         (f"experts split over tp ({c.etp or c.tp})", (c.etp or c.tp) > 1),
         (f"the cost model's load imbalance ({moe.imbalance:g})", moe.imbalance != 1.0),
     ) if on] if moe is not None else []
+    two_chains = model is not None and model.tied_embeddings and schedules.build(c.schedule, c.p, c.m, c.v).chains > 1
     if unbuilt:
         notes.append(f"the executor does not build {', '.join(unbuilt)}: `pipesim run` refuses this model (simulate "
                      "it with the command above)")
+    elif two_chains:
+        notes.append(f"the executor ties the embedding and the head on schedules with one chain: `pipesim run` refuses "
+                     f"{c.schedule} for this model (simulate it with the command above)")
     elif unrun:
         notes.append(f"the executor's experts run without {', '.join(unrun)}: `pipesim run` refuses this layout "
                      "(simulate it with the command above)")
