@@ -40,6 +40,16 @@ def test_a_job_config_reads_as_its_flags_exactly():
     assert argv[:2] == ["simulate", "zb-h1"] and argv[-2:] == ["--cp", "4"]
 
 
+def test_a_typed_degree_resizes_the_data_parallel_rest(tmp_path):
+    """data_parallel_shard_degree -1 is what the degrees leave of WORLD_SIZE, the typed ones over the file's (as
+    torchtitan's ParallelDims with a command-line override): 8 GPUs at tp 2 (typed) x cp 2 leave FSDP 2."""
+    argv = expand(["simulate", "--from-torchtitan", str(EXAMPLE), "--hardware", "dgx-h100", "--tp", "2"])
+    assert argv[argv.index("--dp") + 1] == "2" and argv[argv.index("--batch") + 1] == "2"
+    out = tmp_path / "sim.json"
+    assert main([*argv, "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["parallel"]["dp"] == 2
+
+
 def test_the_plans_torchtitan_export_simulates_back_to_the_plans_step(tmp_path):
     """`pipesim plan --framework torchtitan` exports a whole job config (the model's flavor, float8 in one [model]
     table); read back, it is the very run the plan timed (a pipeline of 16 uneven model parts, interleaved zero
