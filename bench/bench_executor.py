@@ -70,11 +70,15 @@ def _torch_side(args: argparse.Namespace, name: str, rank: int, world: int):
     from torch import nn
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
+    from executor.models import piece_seed  # local import: torch, kept out of the launcher's start-up
+
     split = split_layers(args.layers, world)
     lo = sum(split[:rank])
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(args.seed)  # the same draws as executor.models.build_full
-        full = [nn.Linear(args.hidden, args.hidden) for _ in range(args.layers)]
+    full = []
+    for index in range(args.layers):  # the same draws as executor.models.build_piece: each layer its own seed
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(piece_seed(args.seed, index))
+            full.append(nn.Linear(args.hidden, args.hidden))
     layers: list[nn.Module] = []
     for fc in full[lo:lo + split[rank]]:
         layers += [fc, nn.GELU()]

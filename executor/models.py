@@ -3,8 +3,9 @@
 The transformer is executor.transformer's blocks between an embedding and a head, whatever structure the ModelConfig
 gives them (the GPT of Megatron's papers by default).
 
-The full model is built from the seed once, identically on every rank, and each stage keeps its
-slice; the single-process reference builds the same model, so parameters match by construction.
+Each piece (a layer; a transformer's embedding, block or head) is drawn from its own seed, so a rank builds only
+the pieces of its stages and they are the full model's; the single-process reference builds every piece the same
+way, so parameters match by construction.
 Parameter names are the full model's (`pieces.3.fc1.weight`) on every stage.
 """
 
@@ -69,15 +70,8 @@ class Head(nn.Module):
 class FullModel(nn.Module):
     """The whole network as a list of pieces; a stage is a contiguous run of pieces."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, pieces: list[nn.Module]) -> None:
         super().__init__()
-        self.kind = cfg.kind
-        if cfg.kind == "mlp":
-            pieces = [MLPLayer(cfg.hidden) for _ in range(cfg.layers)]
-        else:
-            pieces = [Embed(cfg)] + [Block(cfg, layer) for layer in range(cfg.layers)] + [Head(cfg)]
-            if cfg.tied_embeddings:  # one Parameter: the reference (and a rank holding both) sums both uses' grads
-                pieces[-1].out.weight = pieces[0].tok.weight
         self.pieces = nn.ModuleList(pieces)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -125,12 +119,47 @@ def set_recompute(stage: StageModule, mode: str) -> None:
             piece.recompute_attention = mode == "selective"
 
 
-def build_full(cfg: ModelConfig) -> FullModel:
-    """The full model from `cfg.seed`; the global RNG is left as it was."""
+def piece_count(cfg: ModelConfig) -> int:
+    """Pieces of the full model: the MLP's layers, or a transformer's embedding, blocks and head."""
+    return cfg.layers if cfg.kind == "mlp" else cfg.layers + 2
+
+
+def piece_seed(seed: int, index: int) -> int:
+    """The seed piece `index` is drawn from: each piece its own, so that a rank builds only the pieces it holds and
+    they are the full model's, bit for bit."""
+    return seed * 7_919 + index
+
+
+def build_piece(cfg: ModelConfig, index: int) -> nn.Module:
+    """Piece `index` of the full model, drawn from its own seed (the global RNG is left as it was), in cfg's dtype."""
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(cfg.seed)
-        model = FullModel(cfg)
-    return model.to(DTYPES[cfg.dtype])
+        torch.manual_seed(piece_seed(cfg.seed, index))
+        if cfg.kind == "mlp":
+            piece = MLPLayer(cfg.hidden)
+        elif index == 0:
+            piece = Embed(cfg)
+        elif index == cfg.layers + 1:
+            piece = Head(cfg)
+        else:
+            piece = Block(cfg, index - 1)
+    return piece.to(DTYPES[cfg.dtype])
+
+
+def build_pieces(cfg: ModelConfig, indices: list[int]) -> dict[int, nn.Module]:
+    """The pieces at `indices` and nothing else (a rank's stages: a 70B model is never built whole on one rank). A
+    head tied to the embedding shares its Parameter when both are built, else starts from a copy of its values."""
+    pieces = {i: build_piece(cfg, i) for i in indices}
+    head = pieces.get(cfg.layers + 1) if cfg.kind == "gpt" and cfg.tied_embeddings else None
+    if head is not None:
+        embed = pieces[0] if 0 in pieces else build_piece(cfg, 0)
+        head.out.weight = embed.tok.weight if 0 in pieces else nn.Parameter(embed.tok.weight.detach().clone())
+    return pieces
+
+
+def build_full(cfg: ModelConfig) -> FullModel:
+    """The full model from `cfg.seed` (the single-process reference's)."""
+    pieces = build_pieces(cfg, list(range(piece_count(cfg))))
+    return FullModel([pieces[i] for i in range(piece_count(cfg))])
 
 
 def piece_ranges(cfg: ModelConfig, layers_per_stage: list[int]) -> list[range]:
@@ -148,10 +177,10 @@ def piece_ranges(cfg: ModelConfig, layers_per_stage: list[int]) -> list[range]:
 
 
 def build_stages(cfg: ModelConfig, layers_per_stage: list[int], wanted: list[int]) -> dict[int, StageModule]:
-    """Stage modules for the stages in `wanted`, cut from one full model built from the seed."""
-    full = build_full(cfg)
+    """Stage modules for the stages in `wanted`: their pieces of the full model, built alone from their seeds."""
     ranges = piece_ranges(cfg, layers_per_stage)
-    return {s: StageModule({i: full.pieces[i] for i in ranges[s]}) for s in wanted}
+    pieces = build_pieces(cfg, sorted({i for s in wanted for i in ranges[s]}))
+    return {s: StageModule({i: pieces[i] for i in ranges[s]}) for s in wanted}
 
 
 def loss_fn(cfg: ModelConfig, out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

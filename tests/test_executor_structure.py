@@ -13,6 +13,7 @@ import math
 import pytest
 import torch
 
+import executor.models
 from executor.models import build_full
 from executor.transformer import rotate
 from pipesim.cli import build_parser
@@ -63,6 +64,21 @@ def test_swiglu_experts_hold_the_cost_models_parameters():
         model = ModelConfig(kind="gpt", hidden=16, heads=4, layers=3, activation="swiglu", norm="rmsnorm",
                             positions="rope", biases=biases, moe=moe)
         assert sum(p.numel() for p in build_full(model).parameters()) == model_params(model)
+
+
+def test_a_stage_built_alone_holds_the_full_models_pieces_bit_for_bit(monkeypatch):
+    """A rank builds only its stages' pieces, each from its own seed: the last stage of a tied model (blocks 3-4 and
+    the head) equals the full model's, its head a copy of the embedding, and no other piece is built."""
+    model = model_from(TIED)
+    full = dict(build_full(model).named_parameters())
+    built = []
+    real = executor.models.build_piece
+    monkeypatch.setattr(executor.models, "build_piece", lambda cfg, i: built.append(i) or real(cfg, i))
+    last = executor.models.build_stages(model, [2, 2], [1])[1]
+    assert built == [3, 4, 5, 0]  # its pieces, then the embedding whose values the tied head copies
+    for name, value in last.named_parameters():
+        expected = full["pieces.0.tok.weight" if name == "pieces.5.out.weight" else name]
+        torch.testing.assert_close(value, expected, rtol=0, atol=0)
 
 
 def test_rotary_embedding_turns_each_pair_by_its_angle():
