@@ -1,14 +1,14 @@
 """What a rank reduces between its last backward and the optimizer step, in the order it runs them.
 
-After the last action of a step the gradients are still each rank's own share (a head tied to the embedding holds
-its copy's, summed with the first stage's as Megatron-LM does): under sequence parallelism the
-parameters outside the TP layers saw 1/tp of the rows (summed over the TP group; the QK-norms, 1/tp of the heads, with
-or without it), DualPipe's two chains hold two
-copies of each model stage (summed between the copies' ranks, executor.replicas), and data parallelism holds one
-replica per dp rank (averaged over the DP group; the routed experts' gradients over their expert-data-parallel
-group instead). The runtime (executor.runtime) runs `GradientSync.reductions` one after the other, naming each as
-what its rank is doing, and times each as one "all_reduce" collective. Kept apart from the interpreter because
-none of it depends on the program: which reductions a rank runs is known once its stages are built.
+After the last action of a step the gradients are still each rank's own share: under sequence parallelism the
+parameters outside the TP layers saw 1/tp of the tokens (summed over the TP group; the QK-norms saw 1/tp of the heads,
+with or without it), a head tied to the embedding on another rank holds its copy's (summed with the first stage's, as
+Megatron-LM does), DualPipe's two chains hold two copies of each model stage (summed between the copies' ranks,
+executor.replicas), and data parallelism holds one replica per dp rank (averaged over the DP group; the routed experts'
+gradients over their expert-data-parallel group instead). The runtime (executor.runtime) runs
+`GradientSync.reductions` one after the other, naming each as what its rank is doing, and times each as one
+"all_reduce" collective. Kept apart from the interpreter because none of it depends on the program: which reductions a
+rank runs is known once its stages are built.
 """
 
 from __future__ import annotations

@@ -103,7 +103,7 @@ class Block(nn.Module):
     def attend(self, x: torch.Tensor) -> torch.Tensor:
         """x plus the attention's output."""
         qkv = self.qkv(self.ln1(x))  # (b, t, width): the whole block's rows, or this rank's share of each
-        b, t, width = qkv.shape  # b: all rows of the microbatch, also under sequence parallelism
+        b, t, width = qkv.shape  # t: the whole sequence, also under sequence parallelism (qkv gathered it)
         whole, hd = sum(self.qkv_split), self.head_dim
         widths = [width * rows // whole for rows in self.qkv_split]
         q, k, v = (z.view(b, t, w // hd, hd).transpose(1, 2) for z, w in zip(qkv.split(widths, dim=2), widths,
