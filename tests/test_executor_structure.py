@@ -139,6 +139,13 @@ def test_a_tied_head_trains_like_the_reference_beside_or_away_from_its_embedding
     assert sizes[3] - sizes[1] == 16 + 16 + 32 * 16  # the last rank: the final norm and its copy of the embedding
 
 
+def test_typed_dropout_is_refused_by_the_executor_in_one_line():
+    with pytest.raises(PipesimError) as err:
+        model_from([*SIZES, "--dropout"])
+    assert str(err.value) == "--dropout: the executor trains without dropout (pipesim simulate costs it)"
+    assert model_from([*SIZES, "--no-dropout"]).dropout is False  # what it trains anyway
+
+
 def test_a_tied_head_on_two_chains_is_refused_in_one_line():
     with pytest.raises(PipesimError) as err:
         config_from_args(build_parser().parse_args(["run", "dualpipe", "--nproc", "4", *TIED_GPT])).check(4)

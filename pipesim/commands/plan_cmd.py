@@ -250,12 +250,13 @@ def cluster(args: argparse.Namespace) -> tuple[Hardware, int, list[str]]:
 def run_model_flags(args: argparse.Namespace, req: PlanRequest) -> list[str]:
     """The model flags `pipesim run` takes for the plan's model: the simulate export's (the same --model-config and
     structure flags build the same model in the executor) less the cost model's routing assumption, which a run
-    replaces by what its router routes (exports.run_note says so)."""
+    replaces by what its router routes (exports.run_note says so), and a typed --dropout, which the executor does not
+    apply (as for a GPT's default dropout)."""
     words = model_flags(args, req)
     if "--moe-load-imbalance" in words:
         at = words.index("--moe-load-imbalance")
         words = words[:at] + words[at + 2:]
-    return words
+    return [word for word in words if word != "--dropout"]
 
 
 STEP_FLAGS = ("seq", "batch")  # the step's, not the model's: the exports give them from the request

@@ -151,6 +151,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     slow = [parse_slow(text) for text in args.slow]
     model = user_model_config(args) if factory else model_config(args)
     split = rule_split(args, names, None if factory else model) or args.layer_split  # refuses the two together
+    if args.dropout:  # typed: a switch the executor cannot honour (a GPT's default dropout is the cost model's figure)
+        raise PipesimError("--dropout: the executor trains without dropout (pipesim simulate costs it)")
     if args.fail_mode is not None and args.fail_at is None:  # RunConfig.check pairs --fail-rank and --fail-at
         raise PipesimError(f"--fail-mode {args.fail_mode} says how --fail-at's action fails: give it with "
                            "--fail-rank and --fail-at")
