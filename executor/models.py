@@ -11,6 +11,8 @@ Parameter names are the full model's (`pieces.3.fc1.weight`) on every stage.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -22,6 +24,7 @@ from executor.transformer import Block, make_norm, qkv_rows
 from pipesim.model.config import ModelConfig
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+Prepare = Callable[[nn.Module], nn.Module]  # a piece, sharded and moved where it runs
 SEQUENCE_DIM = 1  # a transformer's activations are (b, s, h): sequence parallelism splits s
 EMBEDDING_WEIGHT = "pieces.0.tok.weight"  # the token embedding's name in the full model (piece 0), a tied head's too
 
@@ -87,6 +90,7 @@ class StageModule(nn.Module):
         super().__init__()
         self.pieces = nn.ModuleDict({str(i): p for i, p in pieces.items()})
         self.checkpointed: set[str] = set()  # full recomputation: pieces that keep only their input
+        self.prepared = False  # its pieces already sharded and on their device (build_stages' `prepare`)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for key, piece in self.pieces.items():
@@ -145,14 +149,19 @@ def build_piece(cfg: ModelConfig, index: int) -> nn.Module:
     return piece.to(DTYPES[cfg.dtype])
 
 
-def build_pieces(cfg: ModelConfig, indices: list[int]) -> dict[int, nn.Module]:
-    """The pieces at `indices` and nothing else (a rank's stages: a 70B model is never built whole on one rank). A
-    head tied to the embedding shares its Parameter when both are built, else starts from a copy of its values."""
-    pieces = {i: build_piece(cfg, i) for i in indices}
-    head = pieces.get(cfg.layers + 1) if cfg.kind == "gpt" and cfg.tied_embeddings else None
-    if head is not None:
-        embed = pieces[0] if 0 in pieces else build_piece(cfg, 0)
-        head.out.weight = embed.tok.weight if 0 in pieces else nn.Parameter(embed.tok.weight.detach().clone())
+def build_pieces(cfg: ModelConfig, indices: list[int], prepare: Prepare | None = None) -> dict[int, nn.Module]:
+    """The pieces at `indices` and nothing else (a rank's stages: a 70B model is never built whole on one rank), each
+    passed through `prepare` (sharded, moved to its device) before the next is built, so a rank holds one unsharded
+    piece at a time. A head tied to the embedding shares its Parameter when both are built, else starts from a copy
+    of its values."""
+    pieces: dict[int, nn.Module] = {}
+    for i in sorted(indices):
+        piece = build_piece(cfg, i)
+        if cfg.kind == "gpt" and cfg.tied_embeddings and i == cfg.layers + 1:
+            embed = pieces.get(0)
+            piece.out.weight = embed.tok.weight if embed is not None else \
+                nn.Parameter(build_piece(cfg, 0).tok.weight.detach().clone())
+        pieces[i] = prepare(piece) if prepare is not None else piece
     return pieces
 
 
@@ -176,11 +185,16 @@ def piece_ranges(cfg: ModelConfig, layers_per_stage: list[int]) -> list[range]:
     return ranges
 
 
-def build_stages(cfg: ModelConfig, layers_per_stage: list[int], wanted: list[int]) -> dict[int, StageModule]:
-    """Stage modules for the stages in `wanted`: their pieces of the full model, built alone from their seeds."""
+def build_stages(cfg: ModelConfig, layers_per_stage: list[int], wanted: list[int],
+                 prepare: Prepare | None = None) -> dict[int, StageModule]:
+    """Stage modules for the stages in `wanted`: their pieces of the full model, built alone from their seeds (and
+    each prepared as it is built: the modules say so)."""
     ranges = piece_ranges(cfg, layers_per_stage)
-    pieces = build_pieces(cfg, sorted({i for s in wanted for i in ranges[s]}))
-    return {s: StageModule({i: pieces[i] for i in ranges[s]}) for s in wanted}
+    pieces = build_pieces(cfg, sorted({i for s in wanted for i in ranges[s]}), prepare)
+    stages = {s: StageModule({i: pieces[i] for i in ranges[s]}) for s in wanted}
+    for stage in stages.values():
+        stage.prepared = prepare is not None
+    return stages
 
 
 def loss_fn(cfg: ModelConfig, out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -246,8 +260,6 @@ def apply_tensor_parallel(stage: StageModule, cfg: ModelConfig, group, *, sequen
     sequence (dim 1 of (b, s, h), Megatron's split; the embedding adds the positions of its shard), the MLP's by rows
     (dim 0 of (b, h)); norms run on the shard, attention on the whole sequence of its heads.
     """
-    import torch.distributed as dist
-
     from executor.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 
     if cfg.kind == "mlp":
@@ -256,17 +268,26 @@ def apply_tensor_parallel(stage: StageModule, cfg: ModelConfig, group, *, sequen
             a.fc = ColumnParallelLinear(a.fc, group, sequence_parallel=sequence_parallel)
             b.fc = RowParallelLinear(b.fc, group, sequence_parallel=sequence_parallel)
         return
-    tp = dist.get_world_size(group)
     for piece in stage.pieces.values():
-        if isinstance(piece, Embed) and sequence_parallel:
-            piece.first_position = dist.get_rank(group) * cfg.seq // tp
-        if isinstance(piece, Block):
-            piece.qkv = _column(piece.qkv, qkv_rows(cfg), group, tp, sequence_parallel)
-            piece.proj = RowParallelLinear(piece.proj, group, sequence_parallel=sequence_parallel, sp_dim=SEQUENCE_DIM)
-            if piece.moe is None:  # an MoE MLP runs on the rank's own rows (sequence parallel; its experts: ep)
-                piece.fc1 = _column(piece.fc1, fc1_rows(cfg.activation, cfg.ffn_size), group, tp, sequence_parallel)
-                piece.fc2 = RowParallelLinear(piece.fc2, group, sequence_parallel=sequence_parallel,
-                                              sp_dim=SEQUENCE_DIM)
+        shard_piece(piece, cfg, group, sequence_parallel=sequence_parallel)
+
+
+def shard_piece(piece: nn.Module, cfg: ModelConfig, group, *, sequence_parallel: bool = False) -> None:
+    """One transformer piece's Megatron sharding over `group` (apply_tensor_parallel's, a piece at a time)."""
+    import torch.distributed as dist
+
+    from executor.tensor_parallel import RowParallelLinear
+
+    tp = dist.get_world_size(group)
+    if isinstance(piece, Embed) and sequence_parallel:
+        piece.first_position = dist.get_rank(group) * cfg.seq // tp
+    if isinstance(piece, Block):
+        piece.qkv = _column(piece.qkv, qkv_rows(cfg), group, tp, sequence_parallel)
+        piece.proj = RowParallelLinear(piece.proj, group, sequence_parallel=sequence_parallel, sp_dim=SEQUENCE_DIM)
+        if piece.moe is None:  # an MoE MLP runs on the rank's own rows (sequence parallel; its experts: ep)
+            piece.fc1 = _column(piece.fc1, fc1_rows(cfg.activation, cfg.ffn_size), group, tp, sequence_parallel)
+            piece.fc2 = RowParallelLinear(piece.fc2, group, sequence_parallel=sequence_parallel,
+                                          sp_dim=SEQUENCE_DIM)
 
 
 def head_norm_parameters(stages) -> list[nn.Parameter]:

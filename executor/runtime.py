@@ -21,6 +21,7 @@ from time import perf_counter_ns, sleep
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from executor import rank_status
 from executor.expert_dispatch import ExchangeError, set_exchange_observer
@@ -28,7 +29,7 @@ from executor.experts import shard_experts
 from executor.faults import die, inject
 from executor.gradient_sync import GradientSync
 from executor.mesh import Mesh
-from executor.models import StageModule, apply_tensor_parallel, set_recompute
+from executor.models import StageModule, apply_tensor_parallel, set_recompute, shard_piece
 from executor.overlap_pairs import install_pairs
 from executor.params import full_parameters
 from executor.pipeline_transfers import PipelineTransfers
@@ -60,15 +61,17 @@ class Runtime:
         self.m = m
         local = list(schedule.stages_of(self.me))
         # a stage runs its model stage's layers; DualPipe's two chains hold two replicas of each (Schedule.chains)
-        by_model = workload.stage_modules(schedule.model_stages, sorted({schedule.model_stage(s) for s in local}))
+        by_model = workload.stage_modules(schedule.model_stages, sorted({schedule.model_stage(s) for s in local}),
+                                          self._prepare_piece)
         modules = {s: by_model[schedule.model_stage(s)] for s in local}
         for module in modules.values():
-            if mesh.dims.ep > 1:
-                shard_experts(module, mesh.expert_coords.ep, mesh.dims.ep, mesh.ep_group)
-            if mesh.tp > 1:
-                apply_tensor_parallel(module, cfg.model, mesh.tp_group, sequence_parallel=cfg.job.sp)
+            if not getattr(module, "prepared", False):  # a user's model, or the MLP: prepared whole
+                if mesh.dims.ep > 1:
+                    shard_experts(module, mesh.expert_coords.ep, mesh.dims.ep, mesh.ep_group)
+                if mesh.tp > 1:
+                    apply_tensor_parallel(module, cfg.model, mesh.tp_group, sequence_parallel=cfg.job.sp)
+                module.to(device)
             set_recompute(module, cfg.job.recompute)
-            module.to(device)
         loss = workload.loss
         # sequence parallel: outside the TP layers each TP rank holds 1/tp of every sequence (a transformer, as
         # Megatron) or of every microbatch's rows (the MLP, which has no sequence)
@@ -184,6 +187,16 @@ class Runtime:
 
     def _send(self, source: dict, key: tuple[int, int], dst: int, tag: int, idx: int) -> None:
         self.transfers.send(source.pop(key), dst, tag, self.step_index, idx)
+
+    def _prepare_piece(self, piece: nn.Module) -> nn.Module:
+        """One piece of pipesim's transformer as it is built: its experts and tensor-parallel layers sharded, then
+        moved to this rank's device, so the rank never holds its stages' unsharded layers at once."""
+        mesh = self.mesh
+        if mesh.dims.ep > 1:
+            shard_experts(piece, mesh.expert_coords.ep, mesh.dims.ep, mesh.ep_group)
+        if mesh.tp > 1:
+            shard_piece(piece, self.cfg.model, mesh.tp_group, sequence_parallel=self.cfg.job.sp)
+        return piece.to(self.device)
 
     # -- the step --------------------------------------------------------------------------------------
 

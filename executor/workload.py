@@ -17,7 +17,7 @@ from functools import partial
 import torch
 from torch import nn
 
-from executor.models import DTYPES, StageModule, boundary_shape, build_stages, loss_fn, synthetic_batch
+from executor.models import DTYPES, Prepare, StageModule, boundary_shape, build_stages, loss_fn, synthetic_batch
 from executor.run_config import RunConfig
 from pipesim.errors import PipesimError
 from pipesim.model.config import split_layers
@@ -38,8 +38,11 @@ class BuiltinWorkload:
     def layers_per_stage(self, num_stages: int) -> list[int]:
         return self.cfg.layers_per_stage(num_stages)
 
-    def stage_modules(self, num_stages: int, wanted: list[int]) -> dict[int, nn.Module]:
-        return build_stages(self.cfg.model, self.layers_per_stage(num_stages), wanted)
+    def stage_modules(self, num_stages: int, wanted: list[int], prepare: Prepare | None = None) -> dict[int, nn.Module]:
+        """The stages' modules; a transformer's pieces each `prepare`d as it is built (the MLP's tensor parallelism
+        pairs layers, so its stages are prepared whole, by the caller)."""
+        piecewise = prepare if self.cfg.model.kind == "gpt" else None
+        return build_stages(self.cfg.model, self.layers_per_stage(num_stages), wanted, piecewise)
 
     def batch(self, step: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         return synthetic_batch(self.cfg.model, step, device)
@@ -83,7 +86,8 @@ class PiecesWorkload:
             start += n
         return out
 
-    def stage_modules(self, num_stages: int, wanted: list[int]) -> dict[int, nn.Module]:
+    def stage_modules(self, num_stages: int, wanted: list[int], prepare: Prepare | None = None) -> dict[int, nn.Module]:
+        """The stages' modules, unprepared (`prepare` is for pipesim's own models: the caller prepares these)."""
         ranges = self.ranges(num_stages)
         return {s: StageModule({i: self.pieces[i] for i in ranges[s]}) for s in wanted}
 

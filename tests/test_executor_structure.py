@@ -79,6 +79,10 @@ def test_a_stage_built_alone_holds_the_full_models_pieces_bit_for_bit(monkeypatc
     for name, value in last.named_parameters():
         expected = full["pieces.0.tok.weight" if name == "pieces.5.out.weight" else name]
         torch.testing.assert_close(value, expected, rtol=0, atol=0)
+    # a prepare step (the runtime's: shard, move to the device) takes each piece before the next is built
+    built.clear()
+    prepared = executor.models.build_stages(model, [2, 2], [1], prepare=lambda p: built.append("ready") or p)[1]
+    assert built == [3, "ready", 4, "ready", 5, 0, "ready"] and prepared.prepared and not last.prepared
 
 
 def test_rotary_embedding_turns_each_pair_by_its_angle():
