@@ -11,12 +11,12 @@ $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	@# torch: the CPU build unless this machine has CUDA (never a multi-GB CUDA wheel on a CPU box)
 	@if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
-	    $(BIN)/pip install "torch>=2.4,<3"; \
+	    $(BIN)/pip install "torch>=2.5,<3"; \
 	elif $(BIN)/pip install torch==2.13.0 --dry-run --report $(VENV)/torch-plan.json >/dev/null 2>&1 \
 	        && grep -q '"2.13.0+cpu"' $(VENV)/torch-plan.json; then \
 	    $(BIN)/pip install torch==2.13.0; \
 	else \
-	    $(BIN)/pip install "torch>=2.4,<3" --index-url https://download.pytorch.org/whl/cpu; \
+	    $(BIN)/pip install "torch>=2.5,<3" --index-url https://download.pytorch.org/whl/cpu; \
 	fi
 	@# dask (about 7 s to install): the planner's --cluster dask:// tests run for real; ray (240 MB, a head node
 	@# per test run) stays out of the test set-up, its tests skip unless `pip install -e ".[ray]"`

@@ -11,6 +11,8 @@ The parameter counts are pipesim.model.param_counts' (tests/test_executor_struct
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -35,24 +37,31 @@ def qkv_rows(cfg: ModelConfig) -> tuple[int, int, int]:
     return cfg.heads * hd, cfg.num_kv_heads * hd, cfg.num_kv_heads * hd
 
 
+@functools.lru_cache(maxsize=16)
+def rotary_tables(t: int, d: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of every position's angles, (t, d) float32 each: positions 0..t-1 turn feature pair i (i, i + d/2)
+    by position / ROTARY_BASE^(2i/d). Built once per shape and device (Megatron-core's RotaryEmbedding keeps them
+    too), not per call."""
+    with torch.no_grad():
+        inv_freq = 1.0 / ROTARY_BASE ** (torch.arange(0, d, 2, device=device, dtype=torch.float32) / d)  # (d / 2,)
+        angles = torch.outer(torch.arange(t, device=device, dtype=torch.float32), inv_freq)  # (t, d / 2)
+        angles = torch.cat((angles, angles), dim=-1)  # (t, d)
+        return angles.cos(), angles.sin()
+
+
 def rotate(x: torch.Tensor) -> torch.Tensor:
     """Rotary position embedding on (b, heads, t, head_dim), Megatron-core's default form (rotate_half: the first
-    and second halves of head_dim paired, the full width rotated), angles in float32."""
-    t, d = x.shape[-2], x.shape[-1]
-    inv_freq = 1.0 / ROTARY_BASE ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d)  # (d / 2,)
-    angles = torch.outer(torch.arange(t, device=x.device, dtype=torch.float32), inv_freq)  # (t, d / 2)
-    cos, sin = torch.cat((angles, angles), dim=-1).cos(), torch.cat((angles, angles), dim=-1).sin()  # (t, d)
+    and second halves of head_dim paired, the full width rotated), in float32."""
+    cos, sin = rotary_tables(x.shape[-2], x.shape[-1], x.device)
     first, second = x.float().chunk(2, dim=-1)
     return (x.float() * cos + torch.cat((-second, first), dim=-1) * sin).to(x.dtype)
 
 
 def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Causal softmax(QK^T / sqrt(d)) V on (b, heads, t, d) queries and (b, kv heads, t, d) keys and values, each kv
-    head serving heads / kv heads consecutive query heads: what selective recomputation re-runs."""
-    group = q.shape[1] // k.shape[1]
-    if group > 1:
-        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    head serving heads / kv heads consecutive query heads (torch's grouped-query SDPA, torch >= 2.5): what selective
+    recomputation re-runs."""
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=k.shape[1] != q.shape[1])
 
 
 class Block(nn.Module):
@@ -120,4 +129,4 @@ class Block(nn.Module):
         return x + self.proj(y)
 
 
-__all__ = ["Block", "attention_core", "make_norm", "qkv_rows", "rotate"]
+__all__ = ["Block", "attention_core", "make_norm", "qkv_rows", "rotary_tables", "rotate"]

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from executor.reference import train_reference
 from pipesim.model.config import ModelConfig
@@ -60,3 +61,18 @@ def assert_matches_reference(save_dir: Path, name: str, model: ModelConfig, step
     assert params.keys() == ref.params.keys(), f"{name}: parameter sets differ"
     for key, value in ref.params.items():
         torch.testing.assert_close(params[key], value, rtol=1e-5, atol=1e-6, msg=lambda m, k=key: f"{name} {k}: {m}")
+
+
+class OpCount(TorchDispatchMode):
+    """Non-view aten ops, the count of the simulator's framework ops (GPT_BLOCK_OPS: a dense block's F is 10)."""
+
+    VIEWS = {"view", "_unsafe_view", "t", "transpose", "expand", "split", "split_with_sizes", "slice", "select",
+             "unsqueeze", "squeeze", "permute", "detach", "alias", "as_strided", "unbind"}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops += func.overloadpacket.__name__ not in self.VIEWS
+        return func(*args, **(kwargs or {}))

@@ -15,14 +15,17 @@ import torch
 
 import executor.models
 from executor.models import build_full
-from executor.transformer import rotate
+from executor.stage import backward_input, backward_weight
+from executor.transformer import Block, rotate
 from pipesim.cli import build_parser
 from pipesim.commands.run_args import config_from_args
+from pipesim.cost.stage_work import GPT_BLOCK_OPS, executor_block_ops, executor_moe_block_ops
 from pipesim.errors import PipesimError
 from pipesim.model.config import ModelConfig
 from pipesim.model.moe import MoeConfig
+from pipesim.model.options import LayerOptions
 from pipesim.model.param_counts import model_params
-from tests.executor_helpers import assert_matches_reference, chain
+from tests.executor_helpers import OpCount, assert_matches_reference, chain
 from tests.launch_shared import register_run
 
 STEPS = 2
@@ -83,6 +86,52 @@ def test_a_stage_built_alone_holds_the_full_models_pieces_bit_for_bit(monkeypatc
     built.clear()
     prepared = executor.models.build_stages(model, [2, 2], [1], prepare=lambda p: built.append("ready") or p)[1]
     assert built == [3, "ready", 4, "ready", 5, 0, "ready"] and prepared.prepared and not last.prepared
+
+
+def _block_ops(model: ModelConfig) -> tuple[int, int, int]:
+    """The executor block's framework ops in F, I and W (tests/executor_helpers.OpCount), its rotary tables built."""
+    torch.manual_seed(0)  # the same parameters and input for every structure (an expert block's routing with them)
+    block, x = Block(model, 0), torch.randn(2, 8, 16, requires_grad=True)
+    block(x)  # the rotary tables are built once per shape, not per call
+    with OpCount() as f:
+        out = block(x)
+    with OpCount() as i:
+        _, state = backward_input(out, torch.randn_like(out), x, list(block.parameters()))
+    with OpCount() as w:
+        backward_weight(state, list(block.parameters()))
+    return f.ops, i.ops, w.ops
+
+
+STRUCTURES = [{"norm": "rmsnorm"}, {"positions": "rope"}, {"kv_heads": 2}, {"activation": "swiglu"},
+              {"activation": "relu2"}, {"qk_norm": True}, {"norm": "rmsnorm", "qk_norm": True}, {"biases": False},
+              {"head_width": 6}, {"kv_heads": 1}, {"kv_heads": 2, "activation": "swiglu", "norm": "rmsnorm",
+                                                   "positions": "rope", "biases": False, "qk_norm": True,
+                                                   "head_width": 6}]
+
+
+@pytest.mark.parametrize("fields", STRUCTURES, ids=lambda f: ",".join(f"{k}={v}" for k, v in f.items()))
+def test_the_cpu_cost_models_ops_of_a_block_are_the_executors(fields):
+    """What a calibrated CPU host charges per op (pipesim.cost.stage_work.executor_block_ops): the executor's block
+    runs the GPT block's ops plus its structure's, counted here the way GPT_BLOCK_OPS is."""
+    sizes = {"kind": "gpt", "hidden": 16, "heads": 4, "seq": 8, "vocab": 32, "layers": 1, "batch": 8}
+    gpt, model = ModelConfig(**sizes), ModelConfig(**sizes, **fields)
+    extra = tuple(m - g for m, g in zip(_block_ops(model), _block_ops(gpt), strict=True))
+    assert extra == tuple(e - g for e, g in zip(executor_block_ops(model), GPT_BLOCK_OPS, strict=True))
+
+
+@pytest.mark.parametrize(("activation", "biases"), [("swiglu", True), ("gelu", False), ("swiglu", False)])
+def test_the_cpu_cost_models_ops_of_an_expert_block_are_the_executors(activation, biases):
+    """The same for a block with experts (executor_moe_block_ops), against the GPT's expert block counted alike."""
+    for experts, shared in ((2, None), (4, 16)):
+        moe = MoeConfig(experts=experts, top_k=2, expert_ffn=32, shared_experts=1 if shared else 0, shared_ffn=shared)
+        sizes = {"kind": "gpt", "hidden": 16, "heads": 4, "seq": 8, "vocab": 32, "layers": 1, "batch": 8, "moe": moe}
+        gpt = ModelConfig(**sizes)
+        model = ModelConfig(**sizes, activation=activation, biases=biases, norm="rmsnorm", positions="rope",
+                            kv_heads=2)
+        extra = tuple(m - g for m, g in zip(_block_ops(model), _block_ops(gpt), strict=True))
+        opts = LayerOptions()
+        assert extra == tuple(m - g for m, g in zip(executor_moe_block_ops(model, opts),
+                                                    executor_moe_block_ops(gpt, opts), strict=True))
 
 
 def test_rotary_embedding_turns_each_pair_by_its_angle():

@@ -10,7 +10,6 @@ from dataclasses import replace
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 import schedules
@@ -34,7 +33,7 @@ from pipesim.model.options import LayerOptions
 from pipesim.model.param_counts import model_params
 from pipesim.parallel_dims import ParallelDims
 from pipesim.timeline import Timeline
-from tests.executor_helpers import assert_matches_reference, chain, load_run
+from tests.executor_helpers import OpCount, assert_matches_reference, chain, load_run
 from tests.launch_shared import register_run
 
 STEPS = 2
@@ -96,21 +95,6 @@ def test_an_moe_mlps_gemm_flops_are_the_simulators():
     assert counter.get_total_flops() == dense_mlp + moe_mlp_delta(model, tokens)
 
 
-class _OpCount(TorchDispatchMode):
-    """Non-view aten ops, the count of the simulator's framework ops (GPT_BLOCK_OPS: a dense block's F is 10)."""
-
-    VIEWS = {"view", "_unsafe_view", "t", "transpose", "expand", "split", "split_with_sizes", "slice", "select",
-             "unsqueeze", "squeeze", "permute", "detach", "alias", "as_strided", "unbind"}
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops += func.overloadpacket.__name__ not in self.VIEWS
-        return func(*args, **(kwargs or {}))
-
-
 @pytest.mark.parametrize(("experts", "shared"), [(2, None), (4, None), (4, 16), (8, 16)])
 def test_the_simulators_op_count_of_an_moe_block_is_the_executors(experts, shared):
     model = ModelConfig(kind="gpt", hidden=16, heads=2, seq=8, vocab=32, layers=1, batch=8,
@@ -118,17 +102,17 @@ def test_the_simulators_op_count_of_an_moe_block_is_the_executors(experts, share
                                       shared_ffn=shared))
     block = Block(model, 0)
     x = torch.randn(2, 8, 16, requires_grad=True)
-    with _OpCount() as f:
+    with OpCount() as f:
         out = block(x)
     grad = torch.randn_like(out)
-    with _OpCount() as i:
+    with OpCount() as i:
         _, state = backward_input(out, grad, x, list(block.parameters()))
-    with _OpCount() as w:
+    with OpCount() as w:
         backward_weight(state, list(block.parameters()))
     counts = (f.ops, i.ops, w.ops)
     assert counts == executor_moe_block_ops(model, LayerOptions())
     dense = Block(ModelConfig(kind="gpt", hidden=16, heads=2, seq=8, vocab=32, layers=1, batch=8), 0)
-    with _OpCount() as f:
+    with OpCount() as f:
         dense(x)
     assert f.ops == 10  # GPT_BLOCK_OPS's F: the same way of counting
 

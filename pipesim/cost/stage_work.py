@@ -11,7 +11,7 @@ calibrated CPU timing stays the estimate it was fitted with (docs/cost_model.md)
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from pipesim.model.activations import (
     embedding_activation_bytes,
@@ -50,14 +50,52 @@ MLP_LAYER_OPS = (2, 2, 1)  # framework ops of one MLP layer in F, I, W
 GPT_BLOCK_OPS = (10, 10, 6)  # framework ops of one transformer block in F, I, W
 
 
+# the executor's extra framework ops (F, I, W) over the GPT block's, per structure field (executor/transformer.py,
+# counted as GPT_BLOCK_OPS is, non-view aten ops, by tests/test_executor_structure.py): RMSNorm as torch's composite
+# (pow, mean, add, rsqrt, mul, mul) for the block's two norms, rotary embedding on q and k (mul, neg, cat, mul, add
+# each), SwiGLU's or squared ReLU's second op, QK-norm by kind, and no bias gradients without biases (4 linears);
+# grouped-query attention adds none (torch's SDPA with enable_gqa), nor do heads of their own width. Additive to the
+# op but for one case no model has: QK-norm beside a single key/value head runs one op fewer.
+STRUCTURE_OPS = {"rmsnorm": (10, 22, 2), "rope": (10, 10, 0), "gated": (1, 3, 0), "qk_layernorm": (3, 4, 2),
+                 "qk_rmsnorm": (15, 24, 4), "no biases": (0, 0, -4)}
+EXPERT_GATED_OPS = (1, 3, 0)  # an expert's (or the shared experts') SwiGLU over its GeLU
+EMBED_ROPE_OPS = (-3, 0, -1)  # an embedding without the learned position table: one lookup, no add
+HEAD_RMSNORM_OPS = (5, 11, 1)  # the final norm as RMSNorm's composite (one of the block's two)
+EXPERT_NO_BIAS_OPS = (0, 0, -2)  # an expert without its two biases' gradients
+
+
+def structure_ops(model: ModelConfig) -> tuple[int, int, int]:
+    """The executor's framework ops of one block beyond the GPT block's (STRUCTURE_OPS), in F, I, W."""
+    on = [name for name, here in (
+        ("rmsnorm", model.norm == "rmsnorm"), ("rope", model.positions == "rope"),
+        ("gated", model.activation != "gelu"),
+        (f"qk_{model.norm}", model.qk_norm), ("no biases", not model.biases)) if here]
+    return tuple(sum(STRUCTURE_OPS[name][k] for name in on) for k in range(3))
+
+
+def executor_block_ops(model: ModelConfig) -> tuple[int, int, int]:
+    """Framework ops of one dense block of the executor's transformer in F, I, W: GPT_BLOCK_OPS plus its structure's
+    (`structure_ops`). What a calibrated CPU host runs: its per-op overhead dominates a small model."""
+    return tuple(g + s for g, s in zip(GPT_BLOCK_OPS, structure_ops(model), strict=True))
+
+
 def executor_moe_block_ops(model: ModelConfig, opts: LayerOptions) -> tuple[int, int, int]:
     """Framework ops (non-view aten ops, GPT_BLOCK_OPS's count) of one block of the executor's MoE model
     (executor/experts.py) in F, I, W: 22, 22, 7 for attention, norms, router, top-k, permutation and combine, plus
-    4 per local expert (E / ep) and 4 for a shared expert in each; counted at ep 1 by
-    tests/test_moe_executor.py. What a calibrated CPU host runs: its per-op overhead dominates a small model."""
+    4 per local expert (E / ep) and 4 for a shared expert in each, and the structure's (`structure_ops`: its
+    attention and norms, each expert's activation and biases); counted at ep 1 by tests/test_moe_executor.py and
+    tests/test_executor_structure.py. What a calibrated CPU host runs: its per-op overhead dominates a small model."""
     moe = model.moe
-    per = 4 * (moe.experts // opts.ep) + (4 if moe.shared_experts else 0)
-    return 22 + per, 22 + per, 7 + per
+    mlps = moe.experts // opts.ep + (1 if moe.shared_experts else 0)
+    per = 4 * mlps
+    ops = [22 + per, 22 + per, 7 + per]
+    dense_mlp = (EXPERT_GATED_OPS if model.activation != "gelu" else (0, 0, 0),
+                 (0, 0, -2) if not model.biases else (0, 0, 0))  # the structure's counts for the dense MLP
+    for k in range(3):
+        ops[k] += structure_ops(model)[k] - sum(part[k] for part in dense_mlp)
+        ops[k] += mlps * ((EXPERT_GATED_OPS[k] if model.activation != "gelu" else 0)
+                          + (EXPERT_NO_BIAS_OPS[k] if not model.biases else 0))
+    return tuple(ops)
 CORE_OPS = 3  # ops of the attention core (scores, softmax, A V) that selective recomputation re-runs
 UNTIMED = "cross-entropy"  # the head's float32-per-token all_reduces: not timed yet (issue 15)
 
@@ -167,6 +205,17 @@ def _add_backward(work: Work, collectives: list[Collective]) -> None:
     work.collectives["I"] += [c for c in collectives if not c.what.startswith(UNTIMED)]
 
 
+def _plus(a: tuple[int, int, int], b: tuple[int, int, int]) -> tuple[int, int, int]:
+    return tuple(x + y for x, y in zip(a, b, strict=True))
+
+
+def _gpt_shaped(model: ModelConfig) -> ModelConfig:
+    """`model`'s sizes in the GPT block's structure (MHA, 4h GeLU, LayerNorm, biases): what the CPU fit's block
+    weights count, so that another structure's are counted as a difference from them."""
+    return replace(model, kv_heads=None, ffn_hidden=None, activation="gelu", norm="layernorm", biases=True,
+                   head_width=None, qk_norm=False, moe=None, mla=None)
+
+
 def gpt_stage_work(model: ModelConfig, b: int, layers: int, *, first: bool, last: bool, tp: int = 1,
                    opts: LayerOptions | None = None, moe_layers: int = 0, executor_ops: bool = False) -> Work:
     """Embedding (first stage), `layers` blocks (`moe_layers` of them with experts), final norm + LM head + loss
@@ -187,21 +236,24 @@ def gpt_stage_work(model: ModelConfig, b: int, layers: int, *, first: bool, last
     act = b * s * h * d  # bytes of one (b, s, h) activation
     work = Work()
     if first:  # token + position lookup: no matmul FLOPs; vocab-parallel embedding all_reduces its output
+        ops = _plus((3, 0, 2), EMBED_ROPE_OPS if executor_ops and model.positions == "rope" else (0, 0, 0))
         work.add(0.0, 0.0, 0.0, moved=(2 * act, 0.0, 2 * act), act=embedding_activation_bytes(model, b, opts),
-                 params=embedding_params(model, tp), ops=(3, 0, 2))
+                 params=embedding_params(model, tp), ops=ops)
         _add_forward(work, tp_embedding_collectives(model, b, opts))
     if layers:
-        traffic = (12 * h * h / tp + 13 * h) * d + gpt_block_activation_bytes(model, b, tp)  # bytes
+        # the GPT block's weights the CPU fit was made with, and what another structure holds beyond them
+        weights = 12 * h * h / tp + 13 * h + block_params(model, tp) - block_params(_gpt_shaped(model), tp)
+        traffic = weights * d + gpt_block_activation_bytes(model, b, tp)  # bytes
+        block_ops = executor_block_ops(model) if executor_ops else GPT_BLOCK_OPS
         rerun, rerun_ops = 0.0, 0
         if opts.recompute == "full":
-            rerun, rerun_ops = traffic, GPT_BLOCK_OPS[0]
+            rerun, rerun_ops = traffic, block_ops[0]
         elif opts.recompute in ("selective", OP):  # op: its elementwise ops (its GEMMs: layer_flops)
             ew = layer_elementwise_bytes(model, b, opts).backward
             rerun = sum(n for k, n in ew.items() if k.startswith("recompute "))
             core = ("recompute softmax", "recompute softmax dropout")  # the eager core's; counted in CORE_OPS
             others = sum(k.startswith("recompute ") and k not in core for k in ew)  # other modules' ops
             rerun_ops = (CORE_OPS if opts.recomputes("core_attn") else 0) + others
-        f_ops, i_ops, w_ops = GPT_BLOCK_OPS
         for moe, count in ((False, layers - moe_layers), (True, moe_layers)):
             if not count:
                 continue
@@ -215,7 +267,7 @@ def gpt_stage_work(model: ModelConfig, b: int, layers: int, *, first: bool, last
             fwd_colls = [c for c in tp_colls if c.phase == "F"]
             bwd_colls = [c for c in tp_colls if c.phase != "F"]
             exchanges = ep_layer_exchanges(model, b, opts) if moe else []
-            ops = executor_moe_block_ops(model, opts) if moe and executor_ops else (f_ops, i_ops, w_ops)
+            ops = executor_moe_block_ops(model, opts) if moe and executor_ops else block_ops
             for _ in range(count):
                 work.add(flops.F, flops.I, flops.W, moved=(traffic, traffic + rerun if rerun else traffic, traffic),
                          act=stash, params=params, ops=(ops[0], ops[1] + rerun_ops, ops[2]))
@@ -231,8 +283,9 @@ def gpt_stage_work(model: ModelConfig, b: int, layers: int, *, first: bool, last
         head = head_flops(model, b, opts)
         logits = b * s * v / tp * d
         traffic = h * v / tp * d + act + logits  # bytes
+        ops = _plus((3, 3, 2), HEAD_RMSNORM_OPS if executor_ops and model.norm == "rmsnorm" else (0, 0, 0))
         work.add(head.F, head.I, head.W, moved=(traffic, traffic, traffic), act=head_activation_bytes(model, b, opts),
-                 params=head_params(model, tp, holds_embedding=first), ops=(3, 3, 2))
+                 params=head_params(model, tp, holds_embedding=first), ops=ops)
         colls = tp_head_collectives(model, b, opts)
         _add_forward(work, [c for c in colls if c.phase == "F"])
         _add_backward(work, [c for c in colls if c.phase != "F"])
@@ -322,6 +375,7 @@ def action_flops(kind: str, stage: int, flops: FIW) -> tuple[FIW, int]:
     return ((0.0, i, w), 2) if stage == 0 else ((0.0, 0.0, w), 1)
 
 
-__all__ = ["CORE_OPS", "FIW", "GPT_BLOCK_OPS", "MLP_LAYER_OPS", "UNTIMED", "Work", "action_flops",
+__all__ = ["CORE_OPS", "EMBED_ROPE_OPS", "FIW", "GPT_BLOCK_OPS", "HEAD_RMSNORM_OPS", "MLP_LAYER_OPS", "STRUCTURE_OPS",
+           "UNTIMED", "Work", "action_flops", "executor_block_ops", "executor_moe_block_ops", "structure_ops",
            "gpt_block_activation_bytes", "gpt_block_flops", "gpt_stage_work", "mlp_stage_work", "stage_flops",
            "stage_work"]
