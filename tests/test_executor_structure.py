@@ -19,7 +19,7 @@ from executor.stage import backward_input, backward_weight
 from executor.transformer import Block, rotate
 from pipesim.cli import build_parser
 from pipesim.commands.run_args import config_from_args
-from pipesim.cost.stage_work import GPT_BLOCK_OPS, executor_block_ops, executor_moe_block_ops
+from pipesim.cost.executor_ops import GPT_BLOCK_OPS, executor_block_ops, executor_moe_block_ops
 from pipesim.errors import PipesimError
 from pipesim.model.config import ModelConfig
 from pipesim.model.moe import MoeConfig
@@ -111,7 +111,7 @@ STRUCTURES = [{"norm": "rmsnorm"}, {"positions": "rope"}, {"kv_heads": 2}, {"act
 
 @pytest.mark.parametrize("fields", STRUCTURES, ids=lambda f: ",".join(f"{k}={v}" for k, v in f.items()))
 def test_the_cpu_cost_models_ops_of_a_block_are_the_executors(fields):
-    """What a calibrated CPU host charges per op (pipesim.cost.stage_work.executor_block_ops): the executor's block
+    """What a calibrated CPU host charges per op (pipesim.cost.executor_ops.executor_block_ops): the executor's block
     runs the GPT block's ops plus its structure's, counted here the way GPT_BLOCK_OPS is."""
     sizes = {"kind": "gpt", "hidden": 16, "heads": 4, "seq": 8, "vocab": 32, "layers": 1, "batch": 8}
     gpt, model = ModelConfig(**sizes), ModelConfig(**sizes, **fields)

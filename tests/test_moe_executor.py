@@ -21,7 +21,7 @@ from executor.transformer import Block
 from executor.user_model import call_factory, train_single, workload_from_parts
 from pipesim.cli import build_parser, main
 from pipesim.commands.setup_args import setup_from_args
-from pipesim.cost.stage_work import executor_moe_block_ops
+from pipesim.cost.executor_ops import executor_moe_block_ops
 from pipesim.errors import PipesimError
 from pipesim.ir.schedule import Action
 from pipesim.job import Job

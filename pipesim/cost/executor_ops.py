@@ -1,0 +1,65 @@
+"""Framework ops of the executor's pieces: what a calibrated CPU host charges per op (`per_op_overhead`), whose
+eager dispatch makes a narrow model's many small ops dear. Counted as non-view aten ops of each piece in F, I and W
+(tests/executor_helpers.OpCount; tests/test_executor_structure.py and tests/test_moe_executor.py tie them to the
+executor); the GPT block's and the MLP layer's are the counts the CPU fit was made with.
+"""
+
+from __future__ import annotations
+
+from pipesim.model.config import ModelConfig
+from pipesim.model.options import LayerOptions
+
+MLP_LAYER_OPS = (2, 2, 1)  # framework ops of one MLP layer in F, I, W
+GPT_BLOCK_OPS = (10, 10, 6)  # framework ops of one transformer block in F, I, W
+
+
+# the executor's extra framework ops (F, I, W) over the GPT block's, per structure field (executor/transformer.py,
+# counted as GPT_BLOCK_OPS is, non-view aten ops, by tests/test_executor_structure.py): RMSNorm as torch's composite
+# (pow, mean, add, rsqrt, mul, mul) for the block's two norms, rotary embedding on q and k (mul, neg, cat, mul, add
+# each), SwiGLU's or squared ReLU's second op, QK-norm by kind, and no bias gradients without biases (4 linears);
+# grouped-query attention adds none (torch's SDPA with enable_gqa), nor do heads of their own width. Additive to the
+# op but for one case no model has: QK-norm beside a single key/value head runs one op fewer.
+STRUCTURE_OPS = {"rmsnorm": (10, 22, 2), "rope": (10, 10, 0), "gated": (1, 3, 0), "qk_layernorm": (3, 4, 2),
+                 "qk_rmsnorm": (15, 24, 4), "no biases": (0, 0, -4)}
+EXPERT_GATED_OPS = (1, 3, 0)  # an expert's (or the shared experts') SwiGLU over its GeLU
+EMBED_ROPE_OPS = (-3, 0, -1)  # an embedding without the learned position table: one lookup, no add
+HEAD_RMSNORM_OPS = (5, 11, 1)  # the final norm as RMSNorm's composite (one of the block's two)
+EXPERT_NO_BIAS_OPS = (0, 0, -2)  # an expert without its two biases' gradients
+
+
+def structure_ops(model: ModelConfig) -> tuple[int, int, int]:
+    """The executor's framework ops of one block beyond the GPT block's (STRUCTURE_OPS), in F, I, W."""
+    on = [name for name, here in (
+        ("rmsnorm", model.norm == "rmsnorm"), ("rope", model.positions == "rope"),
+        ("gated", model.activation != "gelu"),
+        (f"qk_{model.norm}", model.qk_norm), ("no biases", not model.biases)) if here]
+    return tuple(sum(STRUCTURE_OPS[name][k] for name in on) for k in range(3))
+
+
+def executor_block_ops(model: ModelConfig) -> tuple[int, int, int]:
+    """Framework ops of one dense block of the executor's transformer in F, I, W: GPT_BLOCK_OPS plus its structure's
+    (`structure_ops`). What a calibrated CPU host runs: its per-op overhead dominates a small model."""
+    return tuple(g + s for g, s in zip(GPT_BLOCK_OPS, structure_ops(model), strict=True))
+
+
+def executor_moe_block_ops(model: ModelConfig, opts: LayerOptions) -> tuple[int, int, int]:
+    """Framework ops (non-view aten ops, GPT_BLOCK_OPS's count) of one block of the executor's MoE model
+    (executor/experts.py) in F, I, W: 22, 22, 7 for attention, norms, router, top-k, permutation and combine, plus
+    4 per local expert (E / ep) and 4 for a shared expert in each, and the structure's (`structure_ops`: its
+    attention and norms, each expert's activation and biases); counted at ep 1 by tests/test_moe_executor.py and
+    tests/test_executor_structure.py. What a calibrated CPU host runs: its per-op overhead dominates a small model."""
+    moe = model.moe
+    mlps = moe.experts // opts.ep + (1 if moe.shared_experts else 0)
+    per = 4 * mlps
+    ops = [22 + per, 22 + per, 7 + per]
+    dense_mlp = (EXPERT_GATED_OPS if model.activation != "gelu" else (0, 0, 0),
+                 (0, 0, -2) if not model.biases else (0, 0, 0))  # the structure's counts for the dense MLP
+    for k in range(3):
+        ops[k] += structure_ops(model)[k] - sum(part[k] for part in dense_mlp)
+        ops[k] += mlps * ((EXPERT_GATED_OPS[k] if model.activation != "gelu" else 0)
+                          + (EXPERT_NO_BIAS_OPS[k] if not model.biases else 0))
+    return tuple(ops)
+
+
+__all__ = ["EMBED_ROPE_OPS", "EXPERT_GATED_OPS", "EXPERT_NO_BIAS_OPS", "GPT_BLOCK_OPS", "HEAD_RMSNORM_OPS",
+           "MLP_LAYER_OPS", "STRUCTURE_OPS", "executor_block_ops", "executor_moe_block_ops", "structure_ops"]
