@@ -3,8 +3,9 @@
 The layer pipesim's cost model counts (pipesim/model/moe.py, moe_layer.py; the model's activation and biases: the
 GPT's GeLU and biases for `--model moe`): a router Linear(h, E) without bias, a float32 softmax and top-k; E experts,
 each an executor.mlp.Mlp of f hidden units; `shared_experts x shared_ffn` hidden units of one dense MLP every token
-passes through. A token's output is the sum of its k experts' outputs weighted by their router probabilities (not
-renormalised), so the router learns through those weights.
+passes through. A token's output is the sum of its k experts' outputs weighted by their router probabilities (divided
+by their sum when `MoeConfig.renormalize`: Mixtral's and Qwen3-MoE's routers), so the router learns through those
+weights.
 
 Routing is dropless unless `capacity_factor` is set; then each expert keeps at most ceil(cf x s x k / E) of a
 sequence's s tokens' pairs, the first ones by position and then by rank among the token's k (Switch/GShard's
@@ -42,6 +43,7 @@ class MoeMLP(nn.Module):
                  biases: bool = ModelConfig.biases) -> None:
         super().__init__()
         self.num_experts, self.top_k, self.capacity_factor = moe.experts, moe.top_k, moe.capacity_factor
+        self.renormalize = moe.renormalize
         self.router = nn.Linear(hidden, moe.experts, bias=False)
         self.experts = nn.ModuleDict({str(e): Mlp(hidden, moe.expert_ffn, activation, biases)
                                      for e in range(moe.experts)})
@@ -77,6 +79,8 @@ class MoeMLP(nn.Module):
         tokens = x.reshape(-1, h)
         probs = torch.softmax(self.router(tokens).float(), dim=-1)  # (N, E), float32 as Megatron's router
         weight, expert = probs.topk(self.top_k, dim=-1)  # (N, k) each
+        if self.renormalize:  # Mixtral's and Qwen3's (norm_topk_prob): the k weights sum to 1
+            weight = weight / weight.sum(dim=-1, keepdim=True)
         token = torch.arange(tokens.shape[0], device=x.device).repeat_interleave(self.top_k)
         expert, weight = expert.reshape(-1), weight.reshape(-1)
         keep = self.kept(expert.view(b, s * self.top_k), s)

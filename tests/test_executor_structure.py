@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -119,14 +120,17 @@ def test_the_cpu_cost_models_ops_of_a_block_are_the_executors(fields):
     assert extra == tuple(e - g for e, g in zip(executor_block_ops(model), GPT_BLOCK_OPS, strict=True))
 
 
-@pytest.mark.parametrize(("activation", "biases"), [("swiglu", True), ("gelu", False), ("swiglu", False)])
-def test_the_cpu_cost_models_ops_of_an_expert_block_are_the_executors(activation, biases):
-    """The same for a block with experts (executor_moe_block_ops), against the GPT's expert block counted alike."""
+@pytest.mark.parametrize(("activation", "biases", "renormalize"), [("swiglu", True, False), ("gelu", False, False),
+                                                                   ("swiglu", False, True), ("gelu", True, True)])
+def test_the_cpu_cost_models_ops_of_an_expert_block_are_the_executors(activation, biases, renormalize):
+    """The same for a block with experts (executor_moe_block_ops), against the GPT's expert block counted alike;
+    with a renormalising router (Mixtral's, Qwen3's) too."""
     for experts, shared in ((2, None), (4, 16)):
-        moe = MoeConfig(experts=experts, top_k=2, expert_ffn=32, shared_experts=1 if shared else 0, shared_ffn=shared)
-        sizes = {"kind": "gpt", "hidden": 16, "heads": 4, "seq": 8, "vocab": 32, "layers": 1, "batch": 8, "moe": moe}
-        gpt = ModelConfig(**sizes)
-        model = ModelConfig(**sizes, activation=activation, biases=biases, norm="rmsnorm", positions="rope",
+        moe = MoeConfig(experts=experts, top_k=2, expert_ffn=32, shared_experts=1 if shared else 0, shared_ffn=shared,
+                        renormalize=renormalize)
+        sizes = {"kind": "gpt", "hidden": 16, "heads": 4, "seq": 8, "vocab": 32, "layers": 1, "batch": 8}
+        gpt = ModelConfig(**sizes, moe=replace(moe, renormalize=False))
+        model = ModelConfig(**sizes, moe=moe, activation=activation, biases=biases, norm="rmsnorm", positions="rope",
                             kv_heads=2)
         extra = tuple(m - g for m, g in zip(_block_ops(model), _block_ops(gpt), strict=True))
         opts = LayerOptions()

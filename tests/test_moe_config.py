@@ -53,7 +53,7 @@ def test_bundled_mixtral_configs_and_their_published_parameter_counts(name, laye
         (layers, hidden, heads, 8, 32000, max_seq)
     assert (model.activation, model.norm, model.dropout, model.biases, model.positions, model.tied_embeddings,
             model.dtype) == ("swiglu", "rmsnorm", False, False, "rope", False, "bfloat16")
-    assert model.moe == MoeConfig(experts=8, top_k=2, expert_ffn=ffn) and model.ffn_size == ffn
+    assert model.moe == MoeConfig(experts=8, top_k=2, expert_ffn=ffn, renormalize=True) and model.ffn_size == ffn
     assert model.moe.moe_layers(0, model.layers) == layers  # every layer's MLP is the mixture
     assert (model_params(model), active_params(model)) == (total, active)
     published_total, published_active = {"mixtral-8x7b": (46.7, 12.9), "mixtral-8x22b": (141, 39)}[name]
@@ -103,7 +103,7 @@ def test_mixtral_counts_match_the_modules_transformers_builds():
 def test_tiny_mixtral_file_loads_and_every_key_is_read_or_ignored(tmp_path):
     path = write_config(tmp_path, TINY_MIXTRAL)
     model = load_hf_config(path)
-    assert model.moe == MoeConfig(experts=4, top_k=2, expert_ffn=96)
+    assert model.moe == MoeConfig(experts=4, top_k=2, expert_ffn=96, renormalize=True)
     report = hf_key_report(path)
     assert "num_local_experts" in report.read and "num_experts_per_tok" in report.read
     assert report.ignored == ("architectures", "output_router_logits", "router_aux_loss_coef", "sliding_window")
@@ -117,7 +117,8 @@ def test_tiny_mixtral_file_loads_and_every_key_is_read_or_ignored(tmp_path):
 def test_mixtral_expert_defaults_are_transformers_mixtral_config_defaults(tmp_path):
     """A mixtral file without the expert keys is what MixtralConfig builds: 8 experts, 2 per token."""
     cfg = {k: v for k, v in TINY_MIXTRAL.items() if k not in ("num_local_experts", "num_experts_per_tok")}
-    assert load_hf_config(write_config(tmp_path, cfg)).moe == MoeConfig(experts=8, top_k=2, expert_ffn=96)
+    assert load_hf_config(write_config(tmp_path, cfg)).moe == MoeConfig(experts=8, top_k=2, expert_ffn=96,
+                                                                        renormalize=True)
 
 
 def test_a_zero_router_jitter_changes_nothing_and_a_nonzero_one_refuses(tmp_path):

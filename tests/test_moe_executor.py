@@ -305,3 +305,21 @@ def test_dualpipev_waits_for_the_forwards_all_to_all_after_the_paired_backward(s
     assert set(_exchanges_per_pair(Timeline.read(d / "dualpipev.json"))) == {(1, 3)}
     assert set(_exchanges_per_pair(Timeline.read(d / "plain.json"))) == {(2, 2)}
     assert_matches_reference(d / "plain", "dualpipev", moe_model(), STEPS)
+
+
+@pytest.mark.parametrize("renormalize", [False, True])
+def test_a_renormalising_router_weighs_each_tokens_k_experts_to_one(renormalize):
+    """Mixtral's and Qwen3's router (MoeConfig.renormalize, their configs' norm_topk_prob): each token's k weights
+    divided by their sum; without it, the softmax's own probabilities. The layer's output is that weighted sum."""
+    torch.manual_seed(0)
+    layer = MoeMLP(4, MoeConfig(experts=4, top_k=2, expert_ffn=8, renormalize=renormalize))
+    x = torch.randn(1, 3, 4)
+    probs = torch.softmax(layer.router(x.reshape(3, 4)).float(), dim=-1)
+    weight, chosen = probs.topk(2, dim=-1)
+    if renormalize:
+        weight = weight / weight.sum(dim=-1, keepdim=True)
+    expected = torch.stack([sum(w * layer.experts[str(int(e))](x[0, t]) for w, e in zip(weight[t], chosen[t],
+                                                                                       strict=True))
+                            for t in range(3)])
+    torch.testing.assert_close(layer(x)[0], expected)
+    assert torch.allclose(weight.sum(dim=-1), torch.ones(3)) == renormalize

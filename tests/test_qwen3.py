@@ -47,11 +47,12 @@ def test_bundled_config_loads_every_key_read_or_ignored():
     assert cfg["model_type"] == "qwen3_moe" and cfg["architectures"] == ["Qwen3MoeForCausalLM"] and len(cfg) == 34
     report = hf_key_report("qwen3-30b-a3b")
     assert set(report.read) | set(report.ignored) == set(cfg)
-    assert {"norm_topk_prob", "router_aux_loss_coef", "output_router_logits", "max_window_layers", "sliding_window",
+    assert {"router_aux_loss_coef", "output_router_logits", "max_window_layers", "sliding_window",
             "use_sliding_window", "rope_theta", "rope_scaling"} <= set(report.ignored)
     assert {"head_dim", "num_experts", "num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step",
-            "mlp_only_layers"} <= set(report.read)
-    assert Q30.moe == MoeConfig(experts=E, top_k=K, expert_ffn=FE)  # every layer, no shared expert, no bias
+            "mlp_only_layers", "norm_topk_prob"} <= set(report.read)
+    # every layer, no shared expert, no bias; the k weights renormalised (norm_topk_prob: the executor's router)
+    assert Q30.moe == MoeConfig(experts=E, top_k=K, expert_ffn=FE, renormalize=True)
     assert (Q30.hidden, Q30.layers, Q30.heads, Q30.num_kv_heads, Q30.head_dim, Q30.head_width, Q30.qk_norm) == \
         (H, L, A, KV, HD, HD, True)
     assert (Q30.attention_width, Q30.kv_width) == (A * HD, KV * HD) == (4096, 512)  # not the 2048 hidden
@@ -99,7 +100,8 @@ def test_bundled_qwen3_235b_a22b_counts_exactly_against_the_model_card():
     assert (cfg["num_key_value_heads"], cfg["head_dim"], cfg["num_experts"], cfg["num_experts_per_tok"],
             cfg["vocab_size"], cfg["rope_theta"], cfg["tie_word_embeddings"], cfg["max_position_embeddings"],
             cfg["decoder_sparse_step"], cfg["mlp_only_layers"]) == (kv, hd, E, K, V, 1e6, False, 40960, 1, [])
-    assert q235.moe == MoeConfig(experts=E, top_k=K, expert_ffn=fe) and q235.qk_norm and q235.head_width == hd
+    assert q235.moe == MoeConfig(experts=E, top_k=K, expert_ffn=fe, renormalize=True)
+    assert q235.qk_norm and q235.head_width == hd
     attention = h * a * hd + 2 * h * kv * hd + a * hd * h
     norms = 2 * hd + 2 * h
     ends = V * h + h + h * V
@@ -200,14 +202,19 @@ def test_qk_norm_saves_its_inputs_and_q_and_the_projection_input_are_heads_x_hea
 def test_mlp_only_layers_read_as_dense_first_layers_when_moe_config_can_say_it(tmp_path):
     cfg = read_hf_config(resolve_model_config("qwen3-30b-a3b"))
     model = load_hf_config(write_config(tmp_path, {**cfg, "mlp_only_layers": [0, 1]}))
-    assert model.moe == MoeConfig(experts=E, top_k=K, expert_ffn=FE, dense_layers=2)
+    assert model.moe == MoeConfig(experts=E, top_k=K, expert_ffn=FE, dense_layers=2, renormalize=True)
     dense_block = block_params(model)  # Qwen3MoeMLP of intermediate_size on layers 0 and 1
     moe_block = dense_block - 3 * H * FD + H * E + E * 3 * H * FE
     assert model_params(model) == V * H + H + H * V + 2 * dense_block + 46 * moe_block
     step = load_hf_config(write_config(tmp_path, {**cfg, "decoder_sparse_step": 2, "mlp_only_layers": [1]}))
-    assert step.moe == MoeConfig(experts=E, top_k=K, expert_ffn=FE, dense_layers=2, every=2)  # layers 3, 5, ...
+    # layers 3, 5, ...
+    assert step.moe == MoeConfig(experts=E, top_k=K, expert_ffn=FE, dense_layers=2, every=2, renormalize=True)
     assert [layer for layer in range(6) if step.moe.is_moe_layer(layer)] == [3, 5]
     assert load_hf_config(write_config(tmp_path, {**cfg, "num_experts": 0})).moe is None  # Qwen3MoeMLP everywhere
+    plain = load_hf_config(write_config(tmp_path, {k: v for k, v in cfg.items() if k != "norm_topk_prob"}))
+    assert plain.moe.renormalize is False  # Qwen3MoeConfig's default: the k weights as the softmax gave them
+    with pytest.raises(PipesimError, match="field 'norm_topk_prob' must be true or false, got 1"):
+        load_hf_config(write_config(tmp_path, {**cfg, "norm_topk_prob": 1}))
 
 
 @pytest.mark.parametrize("change,message", [

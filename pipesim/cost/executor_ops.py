@@ -25,6 +25,7 @@ EXPERT_GATED_OPS = (1, 3, 0)  # an expert's (or the shared experts') SwiGLU over
 EMBED_ROPE_OPS = (-3, 0, -1)  # an embedding without the learned position table: one lookup, no add
 HEAD_RMSNORM_OPS = (5, 11, 1)  # the final norm as RMSNorm's composite (one of the block's two)
 EXPERT_NO_BIAS_OPS = (0, 0, -2)  # an expert without its two biases' gradients
+RENORMALIZE_OPS = (2, 7, 0)  # the router's k weights divided by their sum (MoeConfig.renormalize): sum, div
 
 
 def structure_ops(model: ModelConfig) -> tuple[int, int, int]:
@@ -58,8 +59,11 @@ def executor_moe_block_ops(model: ModelConfig, opts: LayerOptions) -> tuple[int,
         ops[k] += structure_ops(model)[k] - sum(part[k] for part in dense_mlp)
         ops[k] += mlps * ((EXPERT_GATED_OPS[k] if model.activation != "gelu" else 0)
                           + (EXPERT_NO_BIAS_OPS[k] if not model.biases else 0))
+    if moe.renormalize:
+        ops = [n + extra for n, extra in zip(ops, RENORMALIZE_OPS, strict=True)]
     return tuple(ops)
 
 
 __all__ = ["EMBED_ROPE_OPS", "EXPERT_GATED_OPS", "EXPERT_NO_BIAS_OPS", "GPT_BLOCK_OPS", "HEAD_RMSNORM_OPS",
-           "MLP_LAYER_OPS", "STRUCTURE_OPS", "executor_block_ops", "executor_moe_block_ops", "structure_ops"]
+           "MLP_LAYER_OPS", "RENORMALIZE_OPS", "STRUCTURE_OPS", "executor_block_ops", "executor_moe_block_ops",
+           "structure_ops"]

@@ -261,7 +261,8 @@ def _mixtral_experts(cfg: dict, width: int, *, act: str, biases: bool, where: st
     experts, top_k = counts["num_local_experts"], counts["num_experts_per_tok"]
     if top_k > experts:
         raise PipesimError(f"{where}: field 'num_experts_per_tok' {top_k} is more than num_local_experts {experts}")
-    return MoeConfig(experts=experts, top_k=top_k, expert_ffn=width)
+    # MixtralSparseMoeBlock: softmax over all E, top-k, then the k weights divided by their sum
+    return MoeConfig(experts=experts, top_k=top_k, expert_ffn=width, renormalize=True)
 
 
 def _qwen3_attention(cfg: dict, *, biases: bool, where: str) -> int:
@@ -295,7 +296,11 @@ def _qwen3_experts(cfg: dict, layers: int, where: str) -> MoeConfig | None:
     if top_k > experts:
         raise PipesimError(f"{where}: field 'num_experts_per_tok' {top_k} is more than num_experts {experts}")
     dense = max((layer + 1 for layer in only if layer < layers and (layer + 1) % step == 0), default=0)
-    moe = MoeConfig(experts=experts, top_k=top_k, expert_ffn=width, dense_layers=dense, every=step)
+    renormalize = cfg.get("norm_topk_prob", False)  # Qwen3MoeConfig's default
+    if not isinstance(renormalize, bool):
+        raise PipesimError(f"{where}: field 'norm_topk_prob' must be true or false, got {renormalize!r}")
+    moe = MoeConfig(experts=experts, top_k=top_k, expert_ffn=width, dense_layers=dense, every=step,
+                    renormalize=renormalize)
     if [layer for layer in range(layers) if moe.is_moe_layer(layer)] != sparse:
         raise PipesimError(f"{where}: field 'mlp_only_layers' {only}: pipesim places dense MLPs on the first layers "
                            "only (then every decoder_sparse_step-th layer has experts); these dense layers are not "

@@ -15,9 +15,10 @@ file's author did not mean). A "deepseek_v3" file's experts, latent attention an
 routing, the scores' scaling) are ignored and listed. A "qwen3" file (dense) and a "qwen3_moe" file are read with
 their QK-norm and their head_dim (ModelConfig.head_width, qk_norm); qwen3_moe's experts (num_experts,
 num_experts_per_tok, moe_intermediate_size, decoder_sparse_step, mlp_only_layers when MoeConfig can place them:
-pipesim.model.hf_config) are read, and its router's keys that change nothing pipesim counts (norm_topk_prob: the
-top-k weights renormalised; router_aux_loss_coef, output_router_logits: the balance loss on logits the router made)
-are ignored and listed. Types whose layers pipesim cannot count exactly stay refused: qwen2 / qwen2_moe (q/k/v biases
+pipesim.model.hf_config) are read, and so is norm_topk_prob (the top-k weights renormalised: MoeConfig.renormalize,
+which the executor's router honours, costing nothing pipesim counts); its router's keys that change nothing pipesim
+counts or runs (router_aux_loss_coef, output_router_logits: the balance loss on logits the router made) are ignored and
+listed. Types whose layers pipesim cannot count exactly stay refused: qwen2 / qwen2_moe (q/k/v biases
 without an output bias; a sigmoid-gated shared expert). quantization_config stays refused everywhere (DeepSeek-V3's
 says its checkpoint is FP8 with 128 x 128 block scales; pipesim trains in the dtype given and models no FP8 GEMM).
 """
@@ -67,7 +68,7 @@ TYPE_MODELED = {"mixtral": ("num_local_experts", "num_experts_per_tok"),
                                 "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "num_nextn_predict_layers",
                                 "n_group", "topk_group"),
                 "qwen3_moe": ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step",
-                              "mlp_only_layers"),
+                              "mlp_only_layers", "norm_topk_prob"),
                 # Nemotron-4 (transformers' NemotronConfig): its LayerNorm's epsilon names the norm's kind
                 "nemotron": ("norm_eps",)}
 # change nothing pipesim counts in that model type: Mixtral's load-balancing loss (its coefficient, and whether
@@ -79,9 +80,9 @@ TYPE_NO_EFFECT = {"mixtral": ("router_aux_loss_coef", "output_router_logits"),
                   # costs; ep_size is its inference code's expert placement (training's is --ep)
                   "deepseek_v3": ("aux_loss_alpha", "seq_aux", "scoring_func", "routed_scaling_factor",
                                   "norm_topk_prob", "ep_size"),
-                  # Qwen3-MoE's router (Qwen3MoeSparseMoeBlock): a softmax top-k whose k weights are renormalised when
-                  # norm_topk_prob (k divisions per token), and Mixtral's balance loss
-                  "qwen3_moe": ("norm_topk_prob", "router_aux_loss_coef", "output_router_logits"),
+                  # Qwen3-MoE's balance loss, as Mixtral's (its norm_topk_prob, the k weights renormalised, is read:
+                  # MoeConfig.renormalize, which the executor's router honours)
+                  "qwen3_moe": ("router_aux_loss_coef", "output_router_logits"),
                   # rotary embeddings on part of each head: Megatron applies them to that part and concatenates the
                   # rest back, the same tensors read and written as a whole-head rotation
                   "nemotron": ("partial_rotary_factor",)}

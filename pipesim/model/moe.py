@@ -41,6 +41,9 @@ class MoeConfig:
     # --moe-router-group-topk): the experts in `groups` equal groups, each token's k among `group_topk` of them
     groups: int = 1
     group_topk: int | None = None
+    # the router's k weights divided by their sum (Mixtral's softmax over the top-k logits, Qwen3-MoE's
+    # norm_topk_prob): k divisions per token, no cost pipesim counts; the executor's router honours it
+    renormalize: bool = False
 
     def __post_init__(self) -> None:
         for name in ("experts", "top_k", "expert_ffn", "every"):
@@ -79,6 +82,8 @@ class MoeConfig:
                 or self.top_k > self.group_topk * (self.experts // self.groups)):
             raise PipesimError(f"moe group_topk must be given with groups > 1, between 1 and groups ({self.groups}), "
                                f"its groups holding top_k ({self.top_k}) experts; got {self.group_topk!r}")
+        if not isinstance(self.renormalize, bool):
+            raise PipesimError(f"moe renormalize must be true or false, got {self.renormalize!r}")
         if self.capacity_factor is not None and self.imbalance != 1.0:
             raise PipesimError("moe imbalance applies to dropless routing; with a capacity_factor the most-loaded "
                                "expert takes capacity_factor x the mean")
