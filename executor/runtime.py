@@ -62,15 +62,11 @@ class Runtime:
         local = list(schedule.stages_of(self.me))
         # a stage runs its model stage's layers; DualPipe's two chains hold two replicas of each (Schedule.chains)
         by_model = workload.stage_modules(schedule.model_stages, sorted({schedule.model_stage(s) for s in local}),
-                                          self._prepare_piece)
+                                          self._prepare)
         modules = {s: by_model[schedule.model_stage(s)] for s in local}
         for module in modules.values():
-            if not getattr(module, "prepared", False):  # a user's model, or the MLP: prepared whole
-                if mesh.dims.ep > 1:
-                    shard_experts(module, mesh.expert_coords.ep, mesh.dims.ep, mesh.ep_group)
-                if mesh.tp > 1:
-                    apply_tensor_parallel(module, cfg.model, mesh.tp_group, sequence_parallel=cfg.job.sp)
-                module.to(device)
+            if not module.prepared:  # a user's model, or the MLP: prepared whole
+                self._prepare(module)
             set_recompute(module, cfg.job.recompute)
         loss = workload.loss
         # sequence parallel: outside the TP layers each TP rank holds 1/tp of every sequence (a transformer, as
@@ -188,15 +184,17 @@ class Runtime:
     def _send(self, source: dict, key: tuple[int, int], dst: int, tag: int, idx: int) -> None:
         self.transfers.send(source.pop(key), dst, tag, self.step_index, idx)
 
-    def _prepare_piece(self, piece: nn.Module) -> nn.Module:
-        """One piece of pipesim's transformer as it is built: its experts and tensor-parallel layers sharded, then
-        moved to this rank's device, so the rank never holds its stages' unsharded layers at once."""
+    def _prepare(self, module: nn.Module) -> nn.Module:
+        """Its experts and tensor-parallel layers sharded, then moved to this rank's device: one piece of pipesim's
+        transformer as it is built (so the rank never holds its stages' unsharded layers at once), or a whole stage
+        (the MLP, whose tp pairs layers; a user's model)."""
         mesh = self.mesh
         if mesh.dims.ep > 1:
-            shard_experts(piece, mesh.expert_coords.ep, mesh.dims.ep, mesh.ep_group)
+            shard_experts(module, mesh.expert_coords.ep, mesh.dims.ep, mesh.ep_group)
         if mesh.tp > 1:
-            shard_piece(piece, self.cfg.model, mesh.tp_group, sequence_parallel=self.cfg.job.sp)
-        return piece.to(self.device)
+            shard = apply_tensor_parallel if isinstance(module, StageModule) else shard_piece
+            shard(module, self.cfg.model, mesh.tp_group, sequence_parallel=self.cfg.job.sp)
+        return module.to(self.device)
 
     # -- the step --------------------------------------------------------------------------------------
 
