@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pipesim.errors import PipesimError
 from pipesim.job import Job
-from pipesim.model.config import ModelConfig
+from pipesim.model.config import ModelConfig, unrun_expert_layout
 
 
 def check_experts(model: ModelConfig, job: Job, *, factory: str | None = None) -> None:
@@ -34,16 +34,7 @@ def check_experts(model: ModelConfig, job: Job, *, factory: str | None = None) -
         raise PipesimError(f"--model moe with --tp {dims.tp} needs --sequence-parallel (each tp rank routes its own "
                            "tokens, as Megatron-core requires) and --etp 1 (whole experts on each rank; experts split "
                            "over tp are not run)")
-    if moe.capacity_factor is not None and dims.tp > 1:
-        raise PipesimError(f"--moe-expert-capacity-factor with --tp {dims.tp}: sequence parallelism routes each tp "
-                           "rank's part of a sequence, so a capacity would count per part (Megatron-core's way), and "
-                           "the executor counts it per sequence; run capacity at tp 1")
-    unrun = [what for what, on in (
-        (f"--etp {dims.etp}", dims.etp not in (None, 1)),
-        (f"--recompute {job.recompute}", job.recompute != "none"),
-        (f"--moe-load-imbalance {moe.imbalance:g} (the cost model's; a run routes what its router routes)",
-         moe.imbalance != 1.0),
-    ) if on]
+    unrun = unrun_expert_layout(moe, tp=dims.tp, expert_tp=dims.expert_tp, recompute=job.recompute)
     if unrun:
         raise PipesimError(f"the executor's mixture-of-experts model runs with pp, dp, ep and tp; it does not run "
                            f"{'; '.join(unrun)}")

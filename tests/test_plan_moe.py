@@ -6,14 +6,20 @@ from __future__ import annotations
 import json
 import shlex
 
+import pytest
+
+from executor.run_config import RunConfig
 from pipesim.cli import build_parser, main
 from pipesim.commands.common import model_config
 from pipesim.commands.run_args import config_from_args
+from pipesim.errors import PipesimError
 from pipesim.hardware.toml_io import load_hardware
+from pipesim.job import Job
 from pipesim.model.config import ModelConfig
 from pipesim.model.flops import model_flops, moe_mlp_delta
 from pipesim.model.moe import MoeConfig
-from pipesim.plan.exports import megatron_args
+from pipesim.parallel_dims import ParallelDims
+from pipesim.plan.exports import megatron_args, run_note
 from pipesim.plan.space import Candidate, PlanRequest, enumerate_candidates, expert_layouts
 from tests.plan_checks import bounds_hold
 
@@ -106,3 +112,20 @@ def test_the_exported_command_keeps_the_expert_flags_over_the_config(tmp_path):
     assert argv[argv.index("--num-experts") + 1] == "64" and argv[argv.index("--moe-load-imbalance") + 1] == "1.5"
     assert main([*argv[1:], "--json", str(again)]) == 0
     assert json.loads(again.read_text())["step_time"] == plan["rows"][0]["step_time"]
+
+
+def test_the_run_note_names_what_the_executors_expert_checks_refuse():
+    """One owner (pipesim.model.config.unrun_expert_layout): the plan's run note and `pipesim run`'s refusal name the
+    same flags, here recomputation and a capacity factor beside tp (per tp rank's part of a sequence)."""
+    model = ModelConfig(kind="gpt", hidden=64, heads=4, layers=2, seq=16, batch=8,
+                        moe=MoeConfig(experts=4, top_k=2, expert_ffn=32, capacity_factor=1.0))
+    c = Candidate("1f1b", p=1, v=1, tp=2, dp=2, mbs=1, m=4, recompute="selective", zero=0, sp=True, ep=2, etp=1)
+    items = ("--recompute selective; --moe-expert-capacity-factor beside --tp 2 (a capacity per tp rank's part of a "
+             "sequence)")
+    assert run_note(c, model) == (f"# the executor's experts do not run {items}: `pipesim run` refuses this layout "
+                                  "(simulate it with the command above)")
+    job = Job(dims=ParallelDims(tp=2, dp=2, ep=2, etp=1), sp=True, recompute="selective")
+    with pytest.raises(PipesimError) as err:
+        RunConfig(names=("1f1b",), microbatches=4, job=job, model=model).check(4)
+    assert str(err.value) == ("the executor's mixture-of-experts model runs with pp, dp, ep and tp; it does not run "
+                              f"{items}")

@@ -11,7 +11,7 @@ import shlex
 import schedules
 from pipesim.ir import torch_csv
 from pipesim.ir.schedule import Schedule
-from pipesim.model.config import ModelConfig, split_layers, unbuilt_structure
+from pipesim.model.config import ModelConfig, split_layers, unbuilt_structure, unrun_expert_layout
 from pipesim.model.fp8 import FP4_RECIPES, TORCHAO_ONLY, TORCHAO_RECIPES
 from pipesim.model.megatron_layout import LAYOUT, megatron_layout
 from pipesim.model.moe_layer_freq import FLAG as FREQ
@@ -97,12 +97,9 @@ def run_note(c: Candidate, model: ModelConfig | None = None) -> str | None:
     notes = ["the executor has no per-op checkpointing: this runs full recomputation (torchtitan's op policy is a "
              "simulate figure)"] if c.recompute == OP else []
     unbuilt = unbuilt_structure(model) if model is not None else []
-    moe = model.moe if model is not None else None
-    unrun = [what for what, on in (
-        (f"recomputation ({c.recompute})", c.recompute != "none"),
-        (f"experts split over tp ({c.etp or c.tp})", (c.etp or c.tp) > 1),
-        (f"the cost model's load imbalance ({moe.imbalance:g})", moe.imbalance != 1.0),
-    ) if on] if moe is not None else []
+    recompute = "full" if c.recompute == OP else c.recompute  # the run command's
+    unrun = unrun_expert_layout(model.moe, tp=c.tp, expert_tp=c.etp or c.tp, recompute=recompute) \
+        if model is not None and model.moe is not None else []
     two_chains = model is not None and model.tied_embeddings and schedules.build(c.schedule, c.p, c.m, c.v).chains > 1
     if unbuilt:
         notes.append(f"the executor does not build {', '.join(unbuilt)}: `pipesim run` refuses this model (simulate "
@@ -111,7 +108,7 @@ def run_note(c: Candidate, model: ModelConfig | None = None) -> str | None:
         notes.append(f"the executor ties the embedding and the head on schedules with one chain: `pipesim run` refuses "
                      f"{c.schedule} for this model (simulate it with the command above)")
     elif unrun:
-        notes.append(f"the executor's experts run without {', '.join(unrun)}: `pipesim run` refuses this layout "
+        notes.append(f"the executor's experts do not run {'; '.join(unrun)}: `pipesim run` refuses this layout "
                      "(simulate it with the command above)")
     elif c.modules:
         notes.append(f"the executor's selective recomputation is the attention core's alone: --recompute-modules "
