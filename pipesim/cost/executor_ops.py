@@ -9,6 +9,7 @@ from __future__ import annotations
 from pipesim.model.config import ModelConfig
 from pipesim.model.options import LayerOptions
 
+NO_OPS = (0, 0, 0)
 MLP_LAYER_OPS = (2, 2, 1)  # framework ops of one MLP layer in F, I, W
 GPT_BLOCK_OPS = (10, 10, 6)  # framework ops of one transformer block in F, I, W
 
@@ -28,6 +29,11 @@ EXPERT_NO_BIAS_OPS = (0, 0, -2)  # an expert without its two biases' gradients
 RENORMALIZE_OPS = (2, 7, 0)  # the router's k weights divided by their sum (MoeConfig.renormalize): sum, div
 
 
+def add_ops(*counts: tuple[int, int, int]) -> tuple[int, int, int]:
+    """(F, I, W) op counts added phase by phase."""
+    return tuple(sum(phase) for phase in zip(*counts, strict=True))
+
+
 def structure_ops(model: ModelConfig) -> tuple[int, int, int]:
     """The executor's framework ops of one block beyond the GPT block's (STRUCTURE_OPS), in F, I, W."""
     on = [name for name, here in (
@@ -40,7 +46,7 @@ def structure_ops(model: ModelConfig) -> tuple[int, int, int]:
 def executor_block_ops(model: ModelConfig) -> tuple[int, int, int]:
     """Framework ops of one dense block of the executor's transformer in F, I, W: GPT_BLOCK_OPS plus its structure's
     (`structure_ops`). What a calibrated CPU host runs: its per-op overhead dominates a small model."""
-    return tuple(g + s for g, s in zip(GPT_BLOCK_OPS, structure_ops(model), strict=True))
+    return add_ops(GPT_BLOCK_OPS, structure_ops(model))
 
 
 def executor_moe_block_ops(model: ModelConfig, opts: LayerOptions) -> tuple[int, int, int]:
@@ -51,19 +57,14 @@ def executor_moe_block_ops(model: ModelConfig, opts: LayerOptions) -> tuple[int,
     tests/test_executor_structure.py. What a calibrated CPU host runs: its per-op overhead dominates a small model."""
     moe = model.moe
     mlps = moe.experts // opts.ep + (1 if moe.shared_experts else 0)
-    per = 4 * mlps
-    ops = [22 + per, 22 + per, 7 + per]
-    dense_mlp = (EXPERT_GATED_OPS if model.activation != "gelu" else (0, 0, 0),
-                 (0, 0, -2) if not model.biases else (0, 0, 0))  # the structure's counts for the dense MLP
-    for k in range(3):
-        ops[k] += structure_ops(model)[k] - sum(part[k] for part in dense_mlp)
-        ops[k] += mlps * ((EXPERT_GATED_OPS[k] if model.activation != "gelu" else 0)
-                          + (EXPERT_NO_BIAS_OPS[k] if not model.biases else 0))
-    if moe.renormalize:
-        ops = [n + extra for n, extra in zip(ops, RENORMALIZE_OPS, strict=True)]
-    return tuple(ops)
+    # one MLP's share of the structure's ops, the dense MLP's in structure_ops as each expert's
+    mlp = add_ops(EXPERT_GATED_OPS if model.activation != "gelu" else NO_OPS,
+                  EXPERT_NO_BIAS_OPS if not model.biases else NO_OPS)
+    attention = add_ops(structure_ops(model), tuple(-n for n in mlp))  # and the norms
+    ops = add_ops((22, 22, 7), attention, tuple(mlps * (4 + n) for n in mlp))
+    return add_ops(ops, RENORMALIZE_OPS) if moe.renormalize else ops
 
 
 __all__ = ["EMBED_ROPE_OPS", "EXPERT_GATED_OPS", "EXPERT_NO_BIAS_OPS", "GPT_BLOCK_OPS", "HEAD_RMSNORM_OPS",
-           "MLP_LAYER_OPS", "RENORMALIZE_OPS", "STRUCTURE_OPS", "executor_block_ops", "executor_moe_block_ops",
-           "structure_ops"]
+           "MLP_LAYER_OPS", "NO_OPS", "RENORMALIZE_OPS", "STRUCTURE_OPS", "add_ops", "executor_block_ops",
+           "executor_moe_block_ops", "structure_ops"]

@@ -18,6 +18,8 @@ from pipesim.cost.executor_ops import (
     GPT_BLOCK_OPS,
     HEAD_RMSNORM_OPS,
     MLP_LAYER_OPS,
+    NO_OPS,
+    add_ops,
     executor_block_ops,
     executor_moe_block_ops,
 )
@@ -163,10 +165,6 @@ def _add_backward(work: Work, collectives: list[Collective]) -> None:
     work.collectives["I"] += [c for c in collectives if not c.what.startswith(UNTIMED)]
 
 
-def _plus(a: tuple[int, int, int], b: tuple[int, int, int]) -> tuple[int, int, int]:
-    return tuple(x + y for x, y in zip(a, b, strict=True))
-
-
 def _gpt_shaped(model: ModelConfig) -> ModelConfig:
     """`model`'s sizes in the GPT block's structure (MHA, 4h GeLU, LayerNorm, biases): what the CPU fit's block
     weights count, so that another structure's are counted as a difference from them."""
@@ -194,7 +192,7 @@ def gpt_stage_work(model: ModelConfig, b: int, layers: int, *, first: bool, last
     act = b * s * h * d  # bytes of one (b, s, h) activation
     work = Work()
     if first:  # token + position lookup: no matmul FLOPs; vocab-parallel embedding all_reduces its output
-        ops = _plus((3, 0, 2), EMBED_ROPE_OPS if executor_ops and model.positions == "rope" else (0, 0, 0))
+        ops = add_ops((3, 0, 2), EMBED_ROPE_OPS if executor_ops and model.positions == "rope" else NO_OPS)
         work.add(0.0, 0.0, 0.0, moved=(2 * act, 0.0, 2 * act), act=embedding_activation_bytes(model, b, opts),
                  params=embedding_params(model, tp), ops=ops)
         _add_forward(work, tp_embedding_collectives(model, b, opts))
@@ -241,7 +239,7 @@ def gpt_stage_work(model: ModelConfig, b: int, layers: int, *, first: bool, last
         head = head_flops(model, b, opts)
         logits = b * s * v / tp * d
         traffic = h * v / tp * d + act + logits  # bytes
-        ops = _plus((3, 3, 2), HEAD_RMSNORM_OPS if executor_ops and model.norm == "rmsnorm" else (0, 0, 0))
+        ops = add_ops((3, 3, 2), HEAD_RMSNORM_OPS if executor_ops and model.norm == "rmsnorm" else NO_OPS)
         work.add(head.F, head.I, head.W, moved=(traffic, traffic, traffic), act=head_activation_bytes(model, b, opts),
                  params=head_params(model, tp, holds_embedding=first), ops=ops)
         colls = tp_head_collectives(model, b, opts)
