@@ -19,7 +19,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from executor.experts import MoeMLP, Steps, drive
-from executor.mlp import activate, fc1_rows
+from executor.mlp import Mlp, activate
 from pipesim.model.config import ModelConfig
 
 ROTARY_BASE = 10_000.0  # Megatron-LM's --rotary-base default (Llama 3 trains with 500,000: no parameter depends on it)
@@ -87,10 +87,9 @@ class Block(nn.Module):
         self.activation = cfg.activation
         moe = cfg.moe is not None and cfg.moe.is_moe_layer(layer)
         self.moe = MoeMLP(h, cfg.moe, cfg.activation, cfg.biases) if moe else None
-        if self.moe is None:
-            width = cfg.ffn_size
-            self.fc1 = nn.Linear(h, sum(fc1_rows(cfg.activation, width)), bias=cfg.biases)
-            self.fc2 = nn.Linear(width, h, bias=cfg.biases)
+        if self.moe is None:  # executor.mlp.Mlp's matrices, held as the block's own (pieces.N.fc1: tp shards them)
+            dense = Mlp(h, cfg.ffn_size, cfg.activation, cfg.biases)
+            self.fc1, self.fc2 = dense.fc1, dense.fc2
         self.recompute_attention = False  # selective recomputation: the core keeps only q, k, v
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (b, t, h) -> (b, t, h)
