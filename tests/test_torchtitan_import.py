@@ -42,9 +42,11 @@ def test_a_job_config_reads_as_its_flags_exactly():
 
 def test_a_typed_degree_resizes_the_data_parallel_rest(tmp_path):
     """data_parallel_shard_degree -1 is what the degrees leave of WORLD_SIZE, the typed ones over the file's (as
-    torchtitan's ParallelDims with a command-line override): 8 GPUs at tp 2 (typed) x cp 2 leave FSDP 2."""
+    torchtitan's ParallelDims with a command-line override): 8 GPUs at tp 2 (typed) x cp 2 leave FSDP 2, and the typed
+    tp brings apply_tp's sequence-parallel norms as the file's would."""
     argv = expand(["simulate", "--from-torchtitan", str(EXAMPLE), "--hardware", "dgx-h100", "--tp", "2"])
     assert argv[argv.index("--dp") + 1] == "2" and argv[argv.index("--batch") + 1] == "2"
+    assert argv[argv.index("--tp") + 1:argv.index("--tp") + 3] == ["2", "--sequence-parallel"]
     out = tmp_path / "sim.json"
     assert main([*argv, "--json", str(out)]) == 0
     assert json.loads(out.read_text())["parallel"]["dp"] == 2

@@ -11,7 +11,6 @@ torchtitan's ParallelDims does: WORLD_SIZE is the GPUs of `--hardware` (with `--
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 from pipesim.commands.job_import import keep_flags, split_command, typed_rest, world_size
@@ -122,10 +121,13 @@ def torchtitan_argv(path: str, argv: list[str]) -> tuple[str | None, list[str]]:
             raise PipesimError(f"{where}: {label} = {value} must be at least 1")
     if shard < 1 and shard != -1:
         raise PipesimError(f"{where}: parallelism.data_parallel_shard_degree = {shard}: give -1 or at least 1")
-    if shard == -1:  # the rest of the job's GPUs (torchtitan's ParallelDims), after the degrees typed over the file's
+    # a --tp or --cp typed after the file is the job's degree, as a command-line override is torchtitan's: the
+    # sequence-parallel norms and the rotate method follow it; a typed --stages only sizes the data-parallel rest
+    # (the file's pipeline parts are cut for its own degree)
+    tp, cp = (d if over is None else over for d, over in ((tp, typed.tp), (cp, typed.cp)))
+    if shard == -1:  # the rest of the job's GPUs (torchtitan's ParallelDims)
         world = world_size(typed)
-        rest = replicate * math.prod(d if over is None else over for d, over in ((tp, typed.tp), (pp, typed.stages),
-                                                                                 (cp, typed.cp)))
+        rest = replicate * tp * cp * (pp if typed.stages is None else typed.stages)
         if world % rest:
             raise PipesimError(f"{where}: {world} GPUs are not a multiple of replicate x tp x pp x cp = {rest}")
         shard = world // rest
