@@ -130,6 +130,12 @@ def _fp8(a: MegatronArgs) -> list[str]:
     return ["--fp8-format", a.text("--fp8-format"), "--fp8-recipe", a.text("--fp8-recipe", "delayed")]
 
 
+def _split_slots(a: MegatronArgs, layers: int) -> int:
+    """The layer slots Megatron's pipeline split counts: the layers, and the embedding and the loss where the
+    account-for flags count them."""
+    return layers + a.on("--account-for-embedding-in-pipeline-split") + a.on("--account-for-loss-in-pipeline-split")
+
+
 def _pipeline(a: MegatronArgs, pp: int, layers: int) -> tuple[str, int]:
     """(the schedule, chunks per rank) of Megatron's virtual-pipeline flags (at most one, as validate_args asserts)."""
     given = [f for f in (LAYOUT, "--num-virtual-stages-per-pipeline-rank", "--num-layers-per-virtual-pipeline-stage")
@@ -147,8 +153,7 @@ def _pipeline(a: MegatronArgs, pp: int, layers: int) -> tuple[str, int]:
         v = a.number("--num-virtual-stages-per-pipeline-rank", 1)
     elif a.on("--num-layers-per-virtual-pipeline-stage"):
         per_chunk = a.number("--num-layers-per-virtual-pipeline-stage", 1)
-        counted = layers + a.on("--account-for-embedding-in-pipeline-split") + a.on("--account-for-loss-in-pipeline-"
-                                                                                   "split")
+        counted = _split_slots(a, layers)
         if counted % pp or counted // pp % per_chunk:
             raise PipesimError(f"{a.where}: {counted} layers do not split into --pipeline-model-parallel-size {pp} "
                                f"x chunks of --num-layers-per-virtual-pipeline-stage {per_chunk}")
@@ -161,7 +166,7 @@ def _pipeline(a: MegatronArgs, pp: int, layers: int) -> tuple[str, int]:
 def _megatron_asserts(a: MegatronArgs, pp: int, v: int, layers: int, *, ep: int) -> None:
     """What Megatron-LM v0.15.3 refuses to start with (validate_args in megatron/training/arguments.py,
     TransformerConfig.__post_init__), refused here too rather than simulated as a run that cannot exist."""
-    counted = layers + a.on("--account-for-embedding-in-pipeline-split") + a.on("--account-for-loss-in-pipeline-split")
+    counted = _split_slots(a, layers)
     uneven = any(a.on(f) for f in (LAYOUT, "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers"))
     if not uneven and counted % (pp * v):
         raise PipesimError(f"{a.where}: {counted} layers (with the embedding and loss the split counts) do not split "
