@@ -53,8 +53,9 @@ def rotate(x: torch.Tensor) -> torch.Tensor:
     """Rotary position embedding on (b, heads, t, head_dim), Megatron-core's default form (rotate_half: the first
     and second halves of head_dim paired, the full width rotated), in float32."""
     cos, sin = rotary_tables(x.shape[-2], x.shape[-1], x.device)
-    first, second = x.float().chunk(2, dim=-1)
-    return (x.float() * cos + torch.cat((-second, first), dim=-1) * sin).to(x.dtype)
+    xf = x.float()  # one cast (none for float32)
+    first, second = xf.chunk(2, dim=-1)
+    return (xf * cos + torch.cat((-second, first), dim=-1) * sin).to(x.dtype)
 
 
 def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
