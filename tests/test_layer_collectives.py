@@ -71,9 +71,49 @@ def test_transformer_engine_gathers_fp8_and_reduce_scatters_in_the_dtype():
     x = b * s * h * 2
     for recipe, fp8_bytes in (("tensorwise", x // 2), ("blockwise", x // 2 + x // 2 // 32)):
         opts = LayerOptions(tp=2, sp=True, attention="flash", fp8=Fp8Options("hybrid", recipe))
-        got = [(c.kind, c.nbytes, c.phase) for c in tp_layer_collectives(model, b, opts)]
+        got = [(c.kind, c.nbytes, c.phase) for c in tp_layer_collectives(model, b, opts)
+               if not c.what.endswith(" amax")]
         assert got == [("all_gather", fp8_bytes, "F"), ("reduce_scatter", x, "F")] * 2 + \
             [("all_gather", fp8_bytes, "I"), ("all_gather", fp8_bytes, "I"), ("reduce_scatter", x, "I")] * 2
+
+
+def test_a_per_tensor_scale_reduces_its_amax_over_tp_before_each_quantized_gather():
+    """Current scaling and NVFP4 quantize a block's input (forward) and a row-parallel output gradient (backward)
+    on the rank's shard with one scale for the whole tensor, so TE all-reduces the amax over tp first (NVFP4 its
+    row-wise and column-wise amax together); block-scaled and delayed recipes, bf16, and gathers that move the dtype
+    (DTensor's output gradients) reduce nothing. Full recomputation re-runs the forward's."""
+    model = _llama()
+    b = 3
+
+    def whats(opts):
+        return [(c.kind, c.nbytes, c.phase, c.what) for c in tp_layer_collectives(model, b, opts)]
+
+    for recipe, fmt, amax in (("tensorwise", "hybrid", 4), ("nvfp4", "e2m1", 8)):
+        got = whats(LayerOptions(tp=2, sp=True, attention="flash", fp8=Fp8Options(fmt, recipe)))
+        assert [w for w in got if w[3].endswith("amax")] == [
+            ("all_reduce", amax, "F", "attention input amax"), ("all_reduce", amax, "F", "MLP input amax"),
+            ("all_reduce", amax, "I", "MLP output gradient amax"),
+            ("all_reduce", amax, "I", "attention output gradient amax")]
+        order = [w[3] for w in got]  # each amax right before the gather of its tensor
+        for tensor in ("attention input", "MLP input"):
+            assert order.index(f"{tensor} amax") + 1 == order.index(next(w for w in order
+                                                                         if w.startswith(f"{tensor} (before")))
+        for tensor in ("MLP output gradient", "attention output gradient"):
+            assert order.index(f"{tensor} amax") + 1 == order.index(tensor)
+    for recipe in ("delayed", "blockwise", "mxfp8"):
+        assert not any(w[3].endswith("amax") for w in whats(LayerOptions(tp=2, sp=True, attention="flash",
+                                                                         fp8=Fp8Options("hybrid", recipe))))
+    assert not any(w[3].endswith("amax") for w in whats(LayerOptions(tp=2, sp=True, attention="flash")))
+    assert not any(w[3].endswith("amax") for w in whats(LayerOptions(tp=2, attention="flash",
+                                                                     fp8=Fp8Options("hybrid", "tensorwise"))))
+    dtensor = whats(LayerOptions(tp=2, sp=True, attention="flash", dtensor_tp=True,
+                                 fp8=Fp8Options("hybrid", "tensorwise", impl="torchao")))
+    assert [w[3] for w in dtensor if w[3].endswith("amax")] == ["attention input amax", "MLP input amax"]
+    full = whats(LayerOptions(tp=2, sp=True, attention="flash", recompute="full",
+                              fp8=Fp8Options("hybrid", "tensorwise")))
+    assert [w[3] for w in full if w[3].endswith("amax")] == [
+        "attention input amax", "MLP input amax", "recompute: attention input amax", "recompute: MLP input amax",
+        "MLP output gradient amax", "attention output gradient amax"]
 
 
 def test_full_recompute_reruns_the_forward_collectives_in_backward():

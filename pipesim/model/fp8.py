@@ -141,6 +141,19 @@ class Fp8Options:
         return self.recipe in ("tensorwise", "rowwise", "nvfp4")
 
     @property
+    def tensor_scaled(self) -> bool:
+        """One scale spans the whole tensor (current per-tensor scaling; NVFP4's second-level float32 scale), so a
+        tensor quantized shard by shard before its all-gather needs its amax reduced over the shards first."""
+        return self.recipe in ("tensorwise", "nvfp4")
+
+    @property
+    def amax_bytes(self) -> int:
+        """Bytes of one quantization's amax reduction: a float32; NVFP4's two, its row-wise and its column-wise amax
+        in one coalesced all-reduce (transformer_engine/pytorch/csrc/quantizer.cpp @ d0067d0da,
+        NVFP4Quantizer::quantize_impl `allreduce_coalesced`)."""
+        return 8 if self.fp4 else 4
+
+    @property
     def keeps_projection_input(self) -> bool:
         """The attention projection keeps its bf16 input (flash attention's output, which flash keeps anyway) for its
         wgrad and casts it column-wise in the backward, instead of saving an FP8 copy: Megatron-core sets TE's

@@ -63,12 +63,34 @@ def _input_gather_bytes(model: ModelConfig, b: int, opts: LayerOptions) -> int:
     (transformer_engine/pytorch/module/layernorm_linear.py @ v2.8: `gather_along_first_dim(ln_out, tp_group,
     quantizer=input_quantizer)`, or the userbuffers buffer filled through the same quantizer): one byte per element
     and the recipe's block scales (pipesim.model.fp8.saved_bytes). DTensor's tensor parallelism does so only under
-    tensorwise FP8 (torchao's PrepareFloat8ModuleInput). A tensorwise scale's amax all-reduce (a scalar) is not
-    counted."""
+    tensorwise FP8 (torchao's PrepareFloat8ModuleInput). A per-tensor scale's amax is reduced first
+    (`_amax_reduction`)."""
     x = _residual_bytes(model, b, opts)
-    if opts.fp8 is None or (opts.dtensor_tp and opts.fp8.recipe not in FP8_GATHER_RECIPES):
-        return x
-    return saved_bytes(x // model.dtype_bytes, opts.fp8)
+    return saved_bytes(x // model.dtype_bytes, opts.fp8) if _input_quantized(opts) else x
+
+
+def _input_quantized(opts: LayerOptions) -> bool:
+    """A block input is quantized on the rank's shard before its all-gather (`_input_gather_bytes`)."""
+    return opts.fp8 is not None and not (opts.dtensor_tp and opts.fp8.recipe not in FP8_GATHER_RECIPES)
+
+
+def _grad_quantized(opts: LayerOptions) -> bool:
+    """A row-parallel output gradient is quantized on the rank's shard before its all-gather (`_grad_gather_bytes`)."""
+    return opts.fp8 is not None and not opts.dtensor_tp
+
+
+def _amax_reduction(opts: LayerOptions, quantized: bool, phase: str, what: str) -> list[Collective]:
+    """The all-reduce of a shard-quantized tensor's amax over tp, blocking, before its cast: a scale that spans the
+    whole tensor (`Fp8Options.tensor_scaled`) must be the same on every shard it gathers. Transformer Engine sets
+    the tp group as the amax reduction group of a column-parallel linear's input quantizer and of a row-parallel
+    one's output-gradient quantizer under sequence parallelism (transformer_engine/pytorch/module/linear.py,
+    layernorm_linear.py, layernorm_mlp.py @ d0067d0da: set_quantizer_amax_reduction_group), and the quantizer
+    all-reduces the amax between its amax kernel and its cast, the compute stream waiting on it (csrc/quantizer.cpp
+    Float8CurrentScalingQuantizer::quantize_impl `amax_reduction_group->allreduce(...)->wait()`); torchao's
+    tensorwise cast of a sharded DTensor reduces its torch.max over the mesh the same way."""
+    if not (quantized and opts.fp8 is not None and opts.fp8.tensor_scaled):
+        return []
+    return [Collective("all_reduce", opts.fp8.amax_bytes, phase, "tp", f"{what} amax")]
 
 
 def _grad_gather_bytes(model: ModelConfig, b: int, opts: LayerOptions) -> int:
@@ -77,9 +99,7 @@ def _grad_gather_bytes(model: ModelConfig, b: int, opts: LayerOptions) -> int:
     quantizer=quantizer)`), in the dtype otherwise and under DTensor's (torchao casts the gradient inside its
     matmul, after the gather)."""
     x = _residual_bytes(model, b, opts)
-    if opts.fp8 is None or opts.dtensor_tp:
-        return x
-    return saved_bytes(x // model.dtype_bytes, opts.fp8)
+    return saved_bytes(x // model.dtype_bytes, opts.fp8) if _grad_quantized(opts) else x
 
 
 def _latent_inputs(model: ModelConfig, b: int, opts: LayerOptions) -> list[tuple[str, str, int]]:
@@ -128,6 +148,7 @@ def _forward_tp(model: ModelConfig, b: int, opts: LayerOptions, *, moe: bool = F
         elif block == "MLP" and moe and opts.sp:
             out += _moe_tp(model, b, opts, "F")
         elif opts.sp:
+            out += _amax_reduction(opts, _input_quantized(opts), "F", f"{block} input")
             out.append(Collective("all_gather", _input_gather_bytes(model, b, opts), "F", "tp",
                                   f"{block} input (before {first})"))
             out.append(Collective("reduce_scatter", x, "F", "tp", f"{block} output"))
@@ -147,7 +168,8 @@ def tp_layer_collectives(model: ModelConfig, b: int, opts: LayerOptions, *, moe:
     (overlapped with the weight-gradient GEMM). DTensor's tensor parallelism (`opts.dtensor_tp`, torchtitan's
     PrepareModuleInput then ColwiseParallel) gathers nothing again: autograd saved the gathered input. Under FP8
     the input gathers move FP8 bytes (Transformer Engine's, and the output gradients' too; DTensor's under
-    tensorwise scaling only: `_input_gather_bytes`, `_grad_gather_bytes`). full recomputation first re-runs the
+    tensorwise scaling only: `_input_gather_bytes`, `_grad_gather_bytes`), and under a per-tensor scale each such
+    gather follows its amax's all-reduce (`_amax_reduction`). full recomputation first re-runs the
     forward's collectives in I; selective those inside its modules' checkpoints (`_module_collectives`).
     tp = 1: none. `moe`: the MLP block is the model's mixture of experts
     (`_moe_tp`: its expert-tp and shared experts' collectives instead of the dense MLP's).
@@ -168,6 +190,7 @@ def tp_layer_collectives(model: ModelConfig, b: int, opts: LayerOptions, *, moe:
         elif block == "MLP" and moe and opts.sp:
             out += _moe_tp(model, b, opts, "I")
         elif opts.sp:
+            out += _amax_reduction(opts, _grad_quantized(opts), "I", f"{block} output gradient")
             out.append(Collective("all_gather", _grad_gather_bytes(model, b, opts), "I", "tp",
                                   f"{block} output gradient"))
             if not opts.dtensor_tp:  # DTensor's autograd kept the gathered input: nothing to gather again
@@ -188,7 +211,8 @@ def _module_collectives(opts: LayerOptions, forward: list[Collective], *, moe: b
     (the rotary key's is outside the checkpoint); mlp a dense MLP's (sp: its input's all-gather and output's
     reduce-scatter; else its all-reduce); moe a MoE layer's expert-tp and shared experts' (without sp: the MLP
     block's all-reduce); shared_experts the shared experts' (once more inside moe's re-run)."""
-    mlp_block = {"MLP input (before MLP up)", "MLP output"} | {what for pair in MOE_TP["F"] for _, what in pair}
+    mlp_block = {"MLP input amax", "MLP input (before MLP up)", "MLP output"}
+    mlp_block |= {what for pair in MOE_TP["F"] for _, what in pair}
     shared = {what for _, what in MOE_TP["F"][1]}
     picked: list[Collective] = []
     if opts.recomputes("mla_up_proj"):
