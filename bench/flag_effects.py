@@ -88,6 +88,11 @@ DEFAULTS = {  # flag and value: why it is what the context already has
     "--no-overlap-p2p-communication": "the default without --framework megatron-core",
     "--untie-embeddings-and-output-weights": "--model gpt's head is untied already",
 }
+COSTLESS = {  # flag: why it changes no step time or memory anywhere it is accepted
+    "--moe-router-load-balancing-type": "the load-balancing loss is a few FLOPs per token on the router's scores, "
+                                        "no cost pipesim counts; `pipesim run` trains it",
+    "--moe-aux-loss-coeff": "as --moe-router-load-balancing-type: the loss's coefficient",
+}
 WHY = {  # (context, flag and value): why it changes nothing there
     ("gpt, dgx-h100", "--microbatch-size 2"): "the context's own: batch 8 over 4 microbatches",
     ("llama3-8b, tp 2, sp, dgx-h100", "--microbatch-size 2"): "the context's own: batch 8 over 4 microbatches",
@@ -119,6 +124,8 @@ def explained(context: str, piece: list[str]) -> str | None:
         return "the context's own model"
     if piece[0] == "--cuda-graph-impl" and "moe" not in ctx:
         return "graphs change a mixture-of-experts layer's host launches; a dense layer's host runs ahead"
+    if piece[0] in COSTLESS:
+        return COSTLESS[piece[0]]
     needs = DEGREE_ONE.get(piece[0])
     if needs is not None and (needs not in ctx or ctx[ctx.index(needs) + 1] == "1"):
         return f"needs {needs} > 1"

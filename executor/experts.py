@@ -13,6 +13,16 @@ first-come order), and the dropped pairs add nothing. The capacity is per sequen
 however the batch is cut into microbatches and data-parallel replicas, which lets the single-process reference
 drop the same pairs as any parallel run.
 
+A load-balancing loss (`MoeConfig.balance_loss`, Megatron-core's switch_load_balancing_loss_func) trains the router
+towards even loads: per group of tokens, coeff x E / k x sum_i f_i P_i, where f_i is the share of the group's tokens
+whose top k holds expert i (before any capacity drop) and P_i the group's mean router probability of i; a group is a
+microbatch's tokens (aux_loss: `balance_sequences` sequences, which the runtime sets to the microbatch's) or each
+sequence's (seq_aux_loss), and the layer's loss is the mean over its groups. Under sequence parallelism a rank holds
+s / tp tokens of each sequence: the counts are summed over tp first (as Megatron-core's reduce over its tp-cp group)
+and each rank adds its tokens' share of P, so the ranks' losses sum to the group's. Like Megatron-core's
+MoEAuxLossAutoScaler, the loss rides on the layer's output and its backward adds the loss's gradient times
+`aux_scale` (the runtime's 1 / microbatches, as the main loss's), so no stage has to carry it to the last one.
+
 With expert parallelism each rank keeps the E / ep experts of its ep coordinate (pipesim.parallel_dims; expert x
 on rank x E / ep ...), still named by their global index (`moe.experts.5.fc1.weight`), and exchanges rows over
 the ep group (executor.expert_dispatch). `steps` is the layer as a generator that yields each exchange in flight,
@@ -25,6 +35,7 @@ import math
 from collections.abc import Generator, Iterable
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
@@ -51,6 +62,13 @@ class MoeMLP(nn.Module):
         self.shared = Mlp(hidden, width, activation, biases) if width else None
         self.group = None  # the ep process group; None: every expert here (ep 1, the reference)
         self.ep = 1
+        # the load-balancing loss (none when coeff is 0); set by the runtime: its gradient's scale, the sequences
+        # of an aux_loss group (a microbatch's) and, under sequence parallelism, the tp group the counts sum over
+        self.balance, self.aux_coeff = moe.balance, float(moe.aux_loss_coeff) if moe.balance_loss else 0.0
+        self.aux_scale = 1.0
+        self.balance_sequences: int | None = None  # None: the whole input is one group (aux_loss)
+        self.tp_group = None
+        self.tp = 1
 
     def shard(self, ep_rank: int, ep: int, group) -> None:
         """Keep the experts of ep coordinate `ep_rank` (E / ep consecutive ones) and exchange over `group`."""
@@ -79,6 +97,7 @@ class MoeMLP(nn.Module):
         tokens = x.reshape(-1, h)
         probs = torch.softmax(self.router(tokens).float(), dim=-1)  # (N, E), float32 as Megatron's router
         weight, expert = probs.topk(self.top_k, dim=-1)  # (N, k) each
+        chosen = expert
         if self.renormalize:  # Mixtral's and Qwen3's (norm_topk_prob): the k weights sum to 1
             weight = weight / weight.sum(dim=-1, keepdim=True)
         token = torch.arange(tokens.shape[0], device=x.device).repeat_interleave(self.top_k)
@@ -107,7 +126,27 @@ class MoeMLP(nn.Module):
         out = tokens.new_zeros(tokens.shape).index_add(0, token, out_rows * weight.to(tokens.dtype)[:, None])
         if self.shared is not None:
             out = out + self.shared(tokens)
-        return out.view(b, s, h)
+        out = out.view(b, s, h)
+        if self.aux_coeff:
+            out = _AuxLoss.apply(out, self.balance_loss(probs.view(b, s, -1), chosen.view(b, s, -1)), self.aux_scale)
+        return out
+
+    def balance_loss(self, probs: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+        """This rank's share of the load-balancing loss of (b, s, E) router probabilities and (b, s, k) chosen
+        experts: the mean over groups of coeff x E / k x sum_i f_i P_i (the module's docstring)."""
+        b, s, e = probs.shape
+        per = 1 if self.balance == "seq_aux_loss" else b if self.balance_sequences is None else self.balance_sequences
+        if b % per:
+            raise ValueError(f"{b} sequences do not form groups of {per} (the load-balancing loss's)")
+        groups = b // per
+        chose = torch.zeros_like(probs).scatter_(-1, chosen, 1.0)  # (b, s, E): 1 where a token's top k holds i
+        counts = chose.view(groups, per * s, e).sum(dim=1)  # (groups, E): tokens per expert, f_i x tokens
+        if self.tp_group is not None:  # the sequence's other tokens are on the other tp ranks
+            dist.all_reduce(counts, group=self.tp_group)
+        tokens = per * s * self.tp  # a group's tokens over every tp rank
+        # sum_g sum_i counts_gi x sum_(t in g) p_ti, as one product over this rank's tokens (its gradient a product)
+        weight = counts.repeat_interleave(per * s, dim=0).view(b, s, e)
+        return (weight * probs).sum() * (self.aux_coeff * e / (self.top_k * groups * tokens * tokens))
 
     def _compute(self, rows: torch.Tensor, received: torch.Tensor) -> torch.Tensor:
         """Rows ordered (source rank, local expert) through their experts, returned in the same order. Every local
@@ -122,6 +161,22 @@ class MoeMLP(nn.Module):
             for i, part in zip(mine, y.split([sizes[i] for i in mine]), strict=True):
                 parts[i] = part
         return torch.cat(parts)
+
+
+class _AuxLoss(torch.autograd.Function):
+    """The layer's output, unchanged; in the backward, the load-balancing loss's gradient times `scale` too
+    (Megatron-core's MoEAuxLossAutoScaler)."""
+
+    @staticmethod
+    def forward(ctx, out: torch.Tensor, loss: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.scale = scale
+        ctx.save_for_backward(loss)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (loss,) = ctx.saved_tensors
+        return grad, torch.full_like(loss, ctx.scale), None
 
 
 def drive(steps: Steps) -> torch.Tensor:
@@ -149,6 +204,20 @@ def expert_parameters(modules: Iterable[nn.Module]) -> list[nn.Parameter]:
             for p in sub.experts.parameters()]
 
 
+def set_balance(modules: Iterable[nn.Module], *, scale: float, sequences: int | None, tp_group=None, tp: int = 1,
+                split_sequences: bool = True) -> None:
+    """Every MoE MLP's load-balancing loss as this rank trains it: its gradient's `scale` (1 / microbatches), the
+    sequences of an aux_loss group (a microbatch's on this rank) and the tp group (of `tp` ranks) a microbatch is
+    split over under sequence parallelism (None: none), each sequence's tokens (`split_sequences`: a transformer) or
+    its rows (then a sequence is whole here, and only an aux_loss group spans the tp ranks)."""
+    for module in modules:
+        for sub in module.modules():
+            if isinstance(sub, MoeMLP):
+                spans = tp_group is not None and (split_sequences or sub.balance == "aux_loss")
+                sub.aux_scale, sub.balance_sequences = scale, sequences
+                sub.tp_group, sub.tp = (tp_group, tp) if spans else (None, 1)
+
+
 def shard_experts(module: nn.Module, ep_rank: int, ep: int, group) -> None:
     """Every MoE MLP of `module` keeps its ep coordinate's experts."""
     for sub in module.modules():
@@ -156,4 +225,4 @@ def shard_experts(module: nn.Module, ep_rank: int, ep: int, group) -> None:
             sub.shard(ep_rank, ep, group)
 
 
-__all__ = ["MoeMLP", "drive", "expert_parameters", "finish", "shard_experts"]
+__all__ = ["MoeMLP", "drive", "expert_parameters", "finish", "set_balance", "shard_experts"]

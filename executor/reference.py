@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+from executor.experts import set_balance
 from executor.models import build_full, loss_fn, synthetic_batch
 from pipesim.model.config import ModelConfig
 
@@ -20,8 +21,12 @@ class ReferenceResult:
     params: dict[str, torch.Tensor]  # full-model names (`pieces.3.fc.weight`) -> final values
 
 
-def train_reference(model_cfg: ModelConfig, steps: int, *, optimizer: str = "sgd", lr: float = 0.01) -> ReferenceResult:
+def train_reference(model_cfg: ModelConfig, steps: int, *, optimizer: str = "sgd", lr: float = 0.01,
+                    balance_sequences: int | None = None) -> ReferenceResult:
+    """`balance_sequences`: the sequences of a load-balancing (aux_loss) group, the run's microbatch per replica
+    (None: the whole batch)."""
     model = build_full(model_cfg)
+    set_balance([model], scale=1.0, sequences=balance_sequences)
     params = list(model.parameters())
     opt = torch.optim.SGD(params, lr=lr) if optimizer == "sgd" else torch.optim.Adam(params, lr=lr)
     losses = []

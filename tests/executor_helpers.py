@@ -47,14 +47,16 @@ def load_run(save_dir: Path, name: str) -> tuple[list[float], dict[str, torch.Te
 
 
 @functools.cache
-def _reference(model: ModelConfig, steps: int, optimizer: str, lr: float):
-    return train_reference(model, steps, optimizer=optimizer, lr=lr)  # one per model, however many schedules
+def _reference(model: ModelConfig, steps: int, optimizer: str, lr: float, balance_sequences: int | None):
+    # one per model, however many schedules
+    return train_reference(model, steps, optimizer=optimizer, lr=lr, balance_sequences=balance_sequences)
 
 
 def assert_matches_reference(save_dir: Path, name: str, model: ModelConfig, steps: int, *, optimizer: str = "sgd",
-                             lr: float = 0.01) -> None:
+                             lr: float = 0.01, balance_sequences: int | None = None) -> None:
+    """`balance_sequences`: a load-balancing (aux_loss) group's sequences, the run's microbatch per replica."""
     losses, params = load_run(save_dir, name)
-    ref = _reference(model, steps, optimizer, lr)
+    ref = _reference(model, steps, optimizer, lr, balance_sequences)
     assert len(losses) == steps
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref.losses), rtol=1e-5, atol=1e-6,
                                msg=lambda m: f"{name}: losses differ\n{m}")

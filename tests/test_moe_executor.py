@@ -41,11 +41,14 @@ MOE = ["--model", "moe", "--hidden", "16", "--heads", "2", "--seq", "8", "--voca
        "--batch", "8", "--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "32"]
 
 
-def moe_model(capacity_factor: float | None = None, shared: int | None = None) -> ModelConfig:
-    """The ModelConfig `MOE`'s flags build (with --moe-expert-capacity-factor / a shared expert)."""
+def moe_model(capacity_factor: float | None = None, shared: int | None = None, balance: str = "aux_loss",
+              aux: float = 0.0) -> ModelConfig:
+    """The ModelConfig `MOE`'s flags build (with --moe-expert-capacity-factor / a shared expert / a load-balancing
+    loss: --moe-router-load-balancing-type, --moe-aux-loss-coeff)."""
     return ModelConfig(kind="gpt", hidden=16, heads=2, seq=8, vocab=32, layers=4, batch=8,
                        moe=MoeConfig(experts=4, top_k=2, expert_ffn=32, capacity_factor=capacity_factor,
-                                     shared_experts=1 if shared else 0, shared_ffn=shared))
+                                     shared_experts=1 if shared else 0, shared_ffn=shared, balance=balance,
+                                     aux_loss_coeff=aux))
 
 
 def _admitted(p: int, m: int) -> list[str]:
@@ -95,13 +98,16 @@ def test_an_moe_mlps_gemm_flops_are_the_simulators():
     assert counter.get_total_flops() == dense_mlp + moe_mlp_delta(model, tokens)
 
 
-@pytest.mark.parametrize(("experts", "shared"), [(2, None), (4, None), (4, 16), (8, 16)])
-def test_the_simulators_op_count_of_an_moe_block_is_the_executors(experts, shared):
+@pytest.mark.parametrize(("experts", "shared", "balance", "sequences"),
+                         [(2, None, "none", 2), (4, None, "none", 2), (4, 16, "none", 2), (8, 16, "none", 2),
+                          (4, None, "aux_loss", 2), (4, None, "seq_aux_loss", 1), (4, 16, "seq_aux_loss", 3)])
+def test_the_simulators_op_count_of_an_moe_block_is_the_executors(experts, shared, balance, sequences):
+    """The balance loss's ops are the same for one group or several (`sequences` in a microbatch)."""
     model = ModelConfig(kind="gpt", hidden=16, heads=2, seq=8, vocab=32, layers=1, batch=8,
                         moe=MoeConfig(experts=experts, top_k=2, expert_ffn=32, shared_experts=1 if shared else 0,
-                                      shared_ffn=shared))
+                                      shared_ffn=shared, balance=balance, aux_loss_coeff=0.5))
     block = Block(model, 0)
-    x = torch.randn(2, 8, 16, requires_grad=True)
+    x = torch.randn(sequences, 8, 16, requires_grad=True)
     with OpCount() as f:
         out = block(x)
     grad = torch.randn_like(out)
@@ -167,6 +173,46 @@ def test_the_router_learns():
     assert layer.router.weight.grad is not None and layer.router.weight.grad.abs().sum() > 0
 
 
+@pytest.mark.parametrize(("balance", "per", "want"), [
+    # one group of both sequences: f = (5/8, 3/8), P = (0.5, 0.5); sum f P = 0.5
+    ("aux_loss", 2, 0.5),
+    # per sequence: (3/4, 1/4) . (0.6, 0.4) = 0.55 and (2/4, 2/4) . (0.4, 0.6) = 0.5, mean 0.525
+    ("seq_aux_loss", None, 0.525),
+])
+def test_the_balance_loss_is_megatrons_switch_loss_over_each_group(balance, per, want):
+    """coeff x E / k x sum_i f_i P_i per group (Megatron-core's switch_load_balancing_loss_func; seq_aux_loss per
+    sequence), the mean over groups: two sequences of four tokens, E 2, k 1, coeff 0.1."""
+    layer = MoeMLP(4, MoeConfig(experts=2, top_k=1, expert_ffn=4, balance=balance, aux_loss_coeff=0.1))
+    layer.balance_sequences = per
+    probs = torch.tensor([[[0.9, 0.1], [0.7, 0.3], [0.2, 0.8], [0.6, 0.4]],
+                          [[0.3, 0.7], [0.6, 0.4], [0.1, 0.9], [0.6, 0.4]]])
+    chosen = torch.tensor([[[0], [0], [1], [0]], [[1], [0], [1], [0]]])
+    assert layer.balance_loss(probs, chosen).item() == pytest.approx(0.1 * 2 / 1 * want, rel=1e-6)
+
+
+@pytest.mark.parametrize("balance", ["aux_loss", "seq_aux_loss"])
+def test_the_balance_loss_rides_on_the_output_as_if_added_to_the_loss(balance):
+    """Megatron-core's MoEAuxLossAutoScaler: backpropagating the output alone gives the gradients of output plus
+    `aux_scale` x the balance loss, which reaches the router and the input; none at coefficient 0."""
+    torch.manual_seed(0)
+    moe = MoeConfig(experts=4, top_k=2, expert_ffn=8, balance=balance, aux_loss_coeff=0.5)
+    layer, plain = MoeMLP(6, moe), MoeMLP(6, replace(moe, aux_loss_coeff=0.0))
+    plain.load_state_dict(layer.state_dict())
+    layer.aux_scale = plain.aux_scale = 0.25
+    x = torch.randn(3, 5, 6, requires_grad=True)
+    drive(layer.steps(x)).sum().backward()
+    carried = layer.router.weight.grad.clone(), x.grad.clone()
+    x.grad = None
+    probs = torch.softmax(plain.router(x.reshape(-1, 6)).float(), dim=-1).view(3, 5, 4)
+    loss = layer.balance_loss(probs, probs.topk(2, dim=-1).indices)
+    (drive(plain.steps(x)).sum() + 0.25 * loss).backward()
+    torch.testing.assert_close(carried[0], plain.router.weight.grad, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(carried[1], x.grad, rtol=1e-5, atol=1e-6)
+    plain.zero_grad()
+    drive(plain.steps(x)).sum().backward()  # the output alone, without the loss
+    assert (carried[0] - plain.router.weight.grad).abs().max() > 1e-3
+
+
 # -- refused before anything starts -----------------------------------------------------------------------------
 
 @pytest.mark.parametrize(("argv", "message"), [
@@ -186,6 +232,18 @@ def test_a_bad_expert_layout_exits_2_in_one_line_before_launching(argv, message,
     assert err.count("\n") == 1 and err.startswith("pipesim: error: ") and message in err
 
 
+def test_a_balance_loss_needs_experts_and_a_coefficient_it_can_use(capsys):
+    assert main(["simulate", "1f1b", "--model-config", "llama3-8b", "--moe-aux-loss-coeff", "0.01"]) == 2
+    assert capsys.readouterr().err == ("pipesim: error: --moe-aux-loss-coeff needs a mixture-of-experts model "
+                                       "(--model-config mixtral-8x7b, ...)\n")
+    assert main(["run", "1f1b", "--nproc", "2", "--microbatches", "2", *MOE, "--moe-aux-loss-coeff", "-1"]) == 2
+    assert capsys.readouterr().err == "pipesim: error: moe aux_loss_coeff must be a finite number >= 0, got -1.0\n"
+    with pytest.raises(SystemExit) as exit_:  # argparse's one line: a kind the executor does not train
+        main(["run", "1f1b", "--nproc", "2", "--microbatches", "2", *MOE, "--moe-router-load-balancing-type",
+              "sinkhorn"])
+    assert exit_.value.code == 2 and "invalid choice: 'sinkhorn'" in capsys.readouterr().err
+
+
 def test_ep_needs_experts_and_experts_need_moe():
     with pytest.raises(PipesimError, match="--ep 2 shards a mixture-of-experts model's experts; this model has none"):
         RunConfig(names=("1f1b",), microbatches=2, job=Job(dims=ParallelDims(dp=2, ep=2)),
@@ -201,7 +259,10 @@ def _two_rank_flags(d):
                  ["1f1b,dualpipev", *MOE, *common, "--moe-expert-capacity-factor", "1.0", "--save-dir", str(d / "cf")],
                  ["1f1b,dualpipev", "--model", USER_MOE, "--batch", "8", *common, "--save-dir", str(d / "user")],
                  ["1f1b,dualpipev", *MOE, *TP, "--microbatches", "2", "--steps", str(STEPS), "--quiet", "--save-dir",
-                  str(d / "tp")])
+                  str(d / "tp")],
+                 ["1f1b,dualpipev", *MOE, *common, *AUX, "--save-dir", str(d / "aux")],
+                 ["1f1b,dualpipev", *MOE, *TP, "--microbatches", "2", "--steps", str(STEPS), "--quiet", *AUX,
+                  "--moe-router-load-balancing-type", "seq_aux_loss", "--save-dir", str(d / "tp_seq_aux")])
 
 
 def _four_rank_flags(d):
@@ -216,10 +277,13 @@ def _four_rank_flags(d):
                  ["1f1b,dualpipev", *MOE, *TP, "--dp", "2", "--microbatches", "2", "--steps", str(STEPS), "--quiet",
                   "--save-dir", str(d / "tp_dp")],
                  ["1f1b,dualpipev", *MOE, *TP, "--microbatches", "4", "--steps", str(STEPS), "--quiet",
-                  "--save-dir", str(d / "tp_pp")])
+                  "--save-dir", str(d / "tp_pp")],
+                 ["1f1b,zb-h1,dualpipev", *MOE, *TP, "--microbatches", "4", "--steps", str(STEPS), "--quiet", *AUX,
+                  "--save-dir", str(d / "tp_pp_aux")])
 
 
 TP = ["--tp", "2", "--ep", "2", "--etp", "1", "--sequence-parallel"]  # attention over tp, whole experts over ep
+AUX = ["--moe-aux-loss-coeff", "0.5"]  # Megatron-core's load-balancing loss (aux_loss: over each microbatch)
 USER_MOE = "examples/moe_layers.py:make"  # a factory's own layers holding executor.experts.MoeMLP
 TWO_RANKS = register_run("moe_executor_2", 2, _two_rank_flags)
 FOUR_RANKS = register_run("moe_executor_4", 4, _four_rank_flags)
@@ -234,6 +298,9 @@ def test_every_schedule_trains_the_moe_model_like_the_reference_on_two_ranks_ep2
     for name in ("1f1b", "dualpipev"):  # capacity 1.0 drops pairs (test_routing_is_the_same_however_the_batch_is_cut)
         assert_matches_reference(d / "cf", name, moe_model(capacity_factor=1.0), STEPS)
         assert_matches_reference(d / "tp", name, moe_model(), STEPS)  # tp 2 x ep 2 on the same two ranks
+        # the balance loss over each microbatch of 8 / (dp 2 x 2) = 2 sequences; per sequence, split over tp 2
+        assert_matches_reference(d / "aux", name, moe_model(aux=0.5), STEPS, balance_sequences=2)
+        assert_matches_reference(d / "tp_seq_aux", name, moe_model(balance="seq_aux_loss", aux=0.5), STEPS)
 
 
 @pytest.mark.dist
@@ -270,6 +337,8 @@ def test_every_schedule_trains_the_moe_model_like_the_reference_on_four_ranks_ep
         assert_matches_reference(d / "edp", name, moe_model(), STEPS)
         assert_matches_reference(d / "tp_dp", name, moe_model(), STEPS)  # dp 2 x tp 2, ep 2 (edp 2)
         assert_matches_reference(d / "tp_pp", name, moe_model(), STEPS)  # pp 2 x tp 2, ep 2
+    for name in ("1f1b", "zb-h1", "dualpipev"):  # microbatches of 2 sequences, each split over tp 2 (counts summed)
+        assert_matches_reference(d / "tp_pp_aux", name, moe_model(aux=0.5), STEPS, balance_sequences=2)
 
 
 def _exchanges_per_pair(tl: Timeline) -> list[tuple[int, int]]:

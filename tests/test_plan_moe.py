@@ -62,7 +62,7 @@ def test_memory_bound_never_exceeds_the_exact_peak_with_experts():
 def test_plan_mixtral_8x22b_on_64_h100s_exports_the_expert_layout(tmp_path):
     out = tmp_path / "plan.json"
     assert main(["plan", "--model-config", "mixtral-8x22b", "--seq", "4096", "--batch", "512",
-                 "--hardware", "dgx-h100", "--nodes", "8", "--json", str(out)]) == 0
+                 "--hardware", "dgx-h100", "--nodes", "8", "--moe-aux-loss-coeff", "0.02", "--json", str(out)]) == 0
     data = json.loads(out.read_text())
     winner = data["winner"]
     best = data["rows"][0]
@@ -78,6 +78,9 @@ def test_plan_mixtral_8x22b_on_64_h100s_exports_the_expert_layout(tmp_path):
     assert run.model == model_config(build_parser().parse_args(shlex.split(winner["simulate_command"])[1:]))
     assert [s.name for s in run.check(best["tp"] * best["pp"] * best["dp"])] == [best["schedule"]]
     assert data["model_config"]["source"] == "mixtral-8x22b"
+    # the load-balancing loss travels to both: the run trains it, Megatron-core is told it
+    assert run.model.moe.balance_loss and run.model.moe.aux_loss_coeff == 0.02
+    assert "--moe-router-load-balancing-type aux_loss --moe-aux-loss-coeff 0.02" in " ".join(args)
 
 
 def test_combined_1f1b_is_planned_only_where_megatron_core_runs_it():

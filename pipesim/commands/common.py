@@ -23,6 +23,7 @@ from pipesim.ir import torch_csv
 from pipesim.ir.schedule import Schedule
 from pipesim.model.config import ACTIVATIONS, ModelConfig
 from pipesim.model.hf_config import bundled_configs, hf_key_report, load_hf_config
+from pipesim.model.moe import BALANCE_TYPES
 from pipesim.outputs import write_text
 
 
@@ -147,6 +148,17 @@ def add_transformer_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--moe-expert-capacity-factor", type=float, default=None, metavar="CF",
                    help="mixture of experts: drop tokens over CF x the mean per expert, buffers padded to it "
                         "(Megatron-core's flag with --moe-pad-expert-input-to-capacity)")
+    add_balance_args(g)
+
+
+def add_balance_args(g: argparse._ArgumentGroup) -> None:
+    """Megatron-core's load-balancing loss of a mixture of experts (pipesim.model.moe), for `simulate` and `run`."""
+    g.add_argument("--moe-router-load-balancing-type", choices=BALANCE_TYPES, default=None,
+                   help="mixture of experts: the load-balancing loss over each microbatch's tokens (aux_loss, "
+                        "Megatron-core's default), each sequence's (seq_aux_loss) or none; `pipesim run` trains it, "
+                        "the cost model counts nothing for it")
+    g.add_argument("--moe-aux-loss-coeff", type=float, default=None, metavar="C",
+                   help="mixture of experts: the load-balancing loss's coefficient (default 0: no loss)")
 
 
 def add_structure_group(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:

@@ -11,7 +11,9 @@ from pipesim.model.config import ModelConfig
 from pipesim.model.moe import MoeConfig
 from pipesim.model.moe_layer_freq import parse_pattern, placement
 
-ROUTING_FLAGS = ("moe_load_imbalance", "moe_expert_capacity_factor")
+ROUTING_FLAGS = ("moe_load_imbalance", "moe_expert_capacity_factor", "moe_router_load_balancing_type",
+                 "moe_aux_loss_coeff")
+ROUTING_FIELDS = ("imbalance", "capacity_factor", "balance", "aux_loss_coeff")  # MoeConfig's, flag by flag
 MOE_DEFAULTS = {"experts": 4, "top_k": 2}  # --model moe's experts and experts per token when not given
 MOE_FLAGS = ("num_experts", "moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size",
              "moe_layer_freq")
@@ -56,16 +58,16 @@ def with_expert_flags(model: ModelConfig, args: argparse.Namespace, source: str)
 
 
 def with_routing(model: ModelConfig, args: argparse.Namespace) -> ModelConfig:
-    """--moe-load-imbalance / --moe-expert-capacity-factor into the model's MoeConfig (refused on a dense model)."""
-    routing = {name: value for name, value in zip(("imbalance", "capacity_factor"),
-                                                  (getattr(args, flag, None) for flag in ROUTING_FLAGS), strict=True)
-               if value is not None}
-    if not routing:
+    """--moe-load-imbalance / --moe-expert-capacity-factor / --moe-router-load-balancing-type /
+    --moe-aux-loss-coeff into the model's MoeConfig (refused on a dense model)."""
+    given = {flag: value for flag in ROUTING_FLAGS if (value := getattr(args, flag, None)) is not None}
+    if not given:
         return model
     if model.moe is None:
-        flag = "--moe-load-imbalance" if "imbalance" in routing else "--moe-expert-capacity-factor"
+        flag = "--" + next(iter(given)).replace("_", "-")
         raise PipesimError(f"{flag} needs a mixture-of-experts model (--model-config mixtral-8x7b, ...)")
-    return replace(model, moe=replace(model.moe, **routing))
+    fields = dict(zip(ROUTING_FLAGS, ROUTING_FIELDS, strict=True))
+    return replace(model, moe=replace(model.moe, **{fields[flag]: value for flag, value in given.items()}))
 
 
 __all__ = ["MOE_DEFAULTS", "MOE_FLAGS", "ROUTING_FLAGS", "moe_config", "with_expert_flags", "with_routing"]

@@ -27,6 +27,9 @@ EMBED_ROPE_OPS = (-3, 0, -1)  # an embedding without the learned position table:
 HEAD_RMSNORM_OPS = (5, 11, 1)  # the final norm as RMSNorm's composite (one of the block's two)
 EXPERT_NO_BIAS_OPS = (0, 0, -2)  # an expert without its two biases' gradients
 RENORMALIZE_OPS = (2, 7, 0)  # the router's k weights divided by their sum (MoeConfig.renormalize): sum, div
+# the load-balancing loss (MoeConfig.balance_loss, executor.experts): F the chosen experts scattered, counted, each
+# token's counts, the product and its sum, the scale; I the autoscaler's gradient, two products and an add
+BALANCE_OPS = (7, 4, 0)
 
 
 def add_ops(*counts: tuple[int, int, int]) -> tuple[int, int, int]:
@@ -52,9 +55,10 @@ def executor_block_ops(model: ModelConfig) -> tuple[int, int, int]:
 def executor_moe_block_ops(model: ModelConfig, opts: LayerOptions) -> tuple[int, int, int]:
     """Framework ops (non-view aten ops, GPT_BLOCK_OPS's count) of one block of the executor's MoE model
     (executor/experts.py) in F, I, W: 22, 22, 7 for attention, norms, router, top-k, permutation and combine, plus
-    4 per local expert (E / ep) and 4 for a shared expert in each, and the structure's (`structure_ops`: its
-    attention and norms, each expert's activation and biases); counted at ep 1 by tests/test_moe_executor.py and
-    tests/test_executor_structure.py. What a calibrated CPU host runs: its per-op overhead dominates a small model."""
+    4 per local expert (E / ep) and 4 for a shared expert in each, the load-balancing loss's (BALANCE_OPS), and the
+    structure's (`structure_ops`: its attention and norms, each expert's activation and biases); counted at ep 1 by
+    tests/test_moe_executor.py and tests/test_executor_structure.py. What a calibrated CPU host runs: its per-op
+    overhead dominates a small model."""
     moe = model.moe
     mlps = moe.experts // opts.ep + (1 if moe.shared_experts else 0)
     # one MLP's share of the structure's ops, the dense MLP's in structure_ops as each expert's
@@ -62,9 +66,10 @@ def executor_moe_block_ops(model: ModelConfig, opts: LayerOptions) -> tuple[int,
                   EXPERT_NO_BIAS_OPS if not model.biases else NO_OPS)
     attention = add_ops(structure_ops(model), tuple(-n for n in mlp))  # and the norms
     ops = add_ops((22, 22, 7), attention, tuple(mlps * (4 + n) for n in mlp))
-    return add_ops(ops, RENORMALIZE_OPS) if moe.renormalize else ops
+    ops = add_ops(ops, RENORMALIZE_OPS) if moe.renormalize else ops
+    return add_ops(ops, BALANCE_OPS) if moe.balance_loss else ops
 
 
-__all__ = ["EMBED_ROPE_OPS", "EXPERT_GATED_OPS", "EXPERT_NO_BIAS_OPS", "GPT_BLOCK_OPS", "HEAD_RMSNORM_OPS",
-           "MLP_LAYER_OPS", "NO_OPS", "RENORMALIZE_OPS", "STRUCTURE_OPS", "add_ops", "executor_block_ops",
-           "executor_moe_block_ops", "structure_ops"]
+__all__ = ["BALANCE_OPS", "EMBED_ROPE_OPS", "EXPERT_GATED_OPS", "EXPERT_NO_BIAS_OPS", "GPT_BLOCK_OPS",
+           "HEAD_RMSNORM_OPS", "MLP_LAYER_OPS", "NO_OPS", "RENORMALIZE_OPS", "STRUCTURE_OPS", "add_ops",
+           "executor_block_ops", "executor_moe_block_ops", "structure_ops"]

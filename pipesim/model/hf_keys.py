@@ -17,8 +17,10 @@ their QK-norm and their head_dim (ModelConfig.head_width, qk_norm); qwen3_moe's 
 num_experts_per_tok, moe_intermediate_size, decoder_sparse_step, mlp_only_layers when MoeConfig can place them:
 pipesim.model.hf_config) are read, and so is norm_topk_prob (the top-k weights renormalised: MoeConfig.renormalize,
 which the executor's router honours, costing nothing pipesim counts); its router's keys that change nothing pipesim
-counts or runs (router_aux_loss_coef, output_router_logits: the balance loss on logits the router made) are ignored and
-listed. Types whose layers pipesim cannot count exactly stay refused: qwen2 / qwen2_moe (q/k/v biases
+counts (router_aux_loss_coef, output_router_logits: the balance loss on logits the router made) are ignored and
+listed: Hugging Face's code adds that loss only under output_router_logits (false in every bundled file) and over all
+layers at once, not Megatron-core's per-layer loss, which `--moe-aux-loss-coeff` gives the executor (docs/moe.md).
+Types whose layers pipesim cannot count exactly stay refused: qwen2 / qwen2_moe (q/k/v biases
 without an output bias; a sigmoid-gated shared expert). quantization_config stays refused everywhere (DeepSeek-V3's
 says its checkpoint is FP8 with 128 x 128 block scales; pipesim trains in the dtype given and models no FP8 GEMM).
 """

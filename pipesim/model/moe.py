@@ -11,6 +11,9 @@ the most-loaded expert's tokens over the mean (1.0: perfectly balanced), what th
 rank computes and receives, since every rank waits for it at the combine. `expert_bias`: DeepSeek-V3's
 auxiliary-loss-free balancing adds a per-expert bias to the routing scores (E values per MoE layer: a parameter of its
 checkpoint, counted in its totals; Megatron-core's expert_bias buffer is updated outside the optimizer).
+`balance` and `aux_loss_coeff`: Megatron-core's load-balancing loss (--moe-router-load-balancing-type,
+--moe-aux-loss-coeff; its defaults "aux_loss" and 0, no loss): a few FLOPs per token on scores the router made, no
+cost pipesim counts; the executor trains it (executor.experts).
 """
 
 from __future__ import annotations
@@ -21,6 +24,9 @@ from pipesim.errors import PipesimError
 
 # Megatron-core's alltoall dispatcher; its flex dispatcher on DeepEP or on Hybrid-EP
 MOE_DISPATCHERS = ("alltoall", "deepep", "hybridep")
+# Megatron-core's --moe-router-load-balancing-type choices pipesim's executor trains: the switch loss over a
+# microbatch's tokens, over each sequence's, or none (its global_aux_loss and sinkhorn are not run)
+BALANCE_TYPES = ("aux_loss", "seq_aux_loss", "none")
 
 
 @dataclass(frozen=True)
@@ -44,6 +50,13 @@ class MoeConfig:
     # the router's k weights divided by their sum (Mixtral's softmax over the top-k logits, Qwen3-MoE's
     # norm_topk_prob): k divisions per token, no cost pipesim counts; the executor's router honours it
     renormalize: bool = False
+    balance: str = "aux_loss"  # the load-balancing loss's kind (BALANCE_TYPES), Megatron-core's default
+    aux_loss_coeff: float = 0.0  # its coefficient; 0: no loss (Megatron-core's default)
+
+    @property
+    def balance_loss(self) -> bool:
+        """The router trains a load-balancing loss (a kind other than none, at a positive coefficient)."""
+        return self.balance != "none" and self.aux_loss_coeff > 0
 
     def __post_init__(self) -> None:
         for name in ("experts", "top_k", "expert_ffn", "every"):
@@ -84,6 +97,11 @@ class MoeConfig:
                                f"its groups holding top_k ({self.top_k}) experts; got {self.group_topk!r}")
         if not isinstance(self.renormalize, bool):
             raise PipesimError(f"moe renormalize must be true or false, got {self.renormalize!r}")
+        if self.balance not in BALANCE_TYPES:
+            raise PipesimError(f"moe balance must be one of {', '.join(BALANCE_TYPES)}, got {self.balance!r}")
+        if isinstance(self.aux_loss_coeff, bool) or not isinstance(self.aux_loss_coeff, (int, float)) \
+                or not 0 <= self.aux_loss_coeff < float("inf"):
+            raise PipesimError(f"moe aux_loss_coeff must be a finite number >= 0, got {self.aux_loss_coeff!r}")
         if self.capacity_factor is not None and self.imbalance != 1.0:
             raise PipesimError("moe imbalance applies to dropless routing; with a capacity_factor the most-loaded "
                                "expert takes capacity_factor x the mean")
@@ -118,4 +136,4 @@ def group_node_limit(groups: int, group_topk: int, nodes: int) -> int | None:
     return group_topk * nodes // groups
 
 
-__all__ = ["MOE_DISPATCHERS", "MoeConfig", "group_node_limit"]
+__all__ = ["BALANCE_TYPES", "MOE_DISPATCHERS", "MoeConfig", "group_node_limit"]
