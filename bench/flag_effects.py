@@ -92,6 +92,7 @@ COSTLESS = {  # flag: why it changes no step time or memory anywhere it is accep
     "--moe-router-load-balancing-type": "the load-balancing loss is a few FLOPs per token on the router's scores, "
                                         "no cost pipesim counts; `pipesim run` trains it",
     "--moe-aux-loss-coeff": "as --moe-router-load-balancing-type: the loss's coefficient",
+    "--moe-z-loss-coeff": "the router z-loss, as the load-balancing loss: a few FLOPs per token, not counted",
 }
 WHY = {  # (context, flag and value): why it changes nothing there
     ("gpt, dgx-h100", "--microbatch-size 2"): "the context's own: batch 8 over 4 microbatches",

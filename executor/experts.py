@@ -22,6 +22,9 @@ s / tp tokens of each sequence: the counts are summed over tp first (as Megatron
 and each rank adds its tokens' share of P, so the ranks' losses sum to the group's. Like Megatron-core's
 MoEAuxLossAutoScaler, the loss rides on the layer's output and its backward adds the loss's gradient times
 `aux_scale` (the runtime's 1 / microbatches, as the main loss's), so no stage has to carry it to the last one.
+The router z-loss (`MoeConfig.z_loss_coeff`, ST-MoE's; Megatron-core's z_loss_func) rides the same way: coeff x the
+mean over the rank's tokens of logsumexp(logits)^2, divided by the tp ranks its microbatch's tokens are split over
+(Megatron-core divides by its tp-cp group's size), so their sum over tp is the microbatch's mean.
 
 With expert parallelism each rank keeps the E / ep experts of its ep coordinate (pipesim.parallel_dims; expert x
 on rank x E / ep ...), still named by their global index (`moe.experts.5.fc1.weight`), and exchanges rows over
@@ -65,10 +68,12 @@ class MoeMLP(nn.Module):
         # the load-balancing loss (none when coeff is 0); set by the runtime: its gradient's scale, the sequences
         # of an aux_loss group (a microbatch's) and, under sequence parallelism, the tp group the counts sum over
         self.balance, self.aux_coeff = moe.balance, float(moe.aux_loss_coeff) if moe.balance_loss else 0.0
+        self.z_coeff = float(moe.z_loss_coeff)
         self.aux_scale = 1.0
         self.balance_sequences: int | None = None  # None: the whole input is one group (aux_loss)
         self.tp_group = None
-        self.tp = 1
+        self.tp = 1  # the tp ranks a balance group's tokens are split over
+        self.token_shards = 1  # the tp ranks a microbatch's tokens are split over (the z-loss's mean)
 
     def shard(self, ep_rank: int, ep: int, group) -> None:
         """Keep the experts of ep coordinate `ep_rank` (E / ep consecutive ones) and exchange over `group`."""
@@ -95,7 +100,8 @@ class MoeMLP(nn.Module):
     def steps(self, x: torch.Tensor) -> Steps:
         b, s, h = x.shape
         tokens = x.reshape(-1, h)
-        probs = torch.softmax(self.router(tokens).float(), dim=-1)  # (N, E), float32 as Megatron's router
+        logits = self.router(tokens).float()  # (N, E), float32 as Megatron's router
+        probs = torch.softmax(logits, dim=-1)
         weight, expert = probs.topk(self.top_k, dim=-1)  # (N, k) each
         chosen = expert
         if self.renormalize:  # Mixtral's and Qwen3's (norm_topk_prob): the k weights sum to 1
@@ -127,9 +133,15 @@ class MoeMLP(nn.Module):
         if self.shared is not None:
             out = out + self.shared(tokens)
         out = out.view(b, s, h)
-        if self.aux_coeff:
-            out = _AuxLoss.apply(out, self.balance_loss(probs.view(b, s, -1), chosen.view(b, s, -1)), self.aux_scale)
+        losses = ([self.balance_loss(probs.view(b, s, -1), chosen.view(b, s, -1))] if self.aux_coeff else []) + \
+            ([self.z_loss(logits)] if self.z_coeff else [])
+        if losses:
+            out = _AuxLoss.apply(out, losses[0] if len(losses) == 1 else losses[0] + losses[1], self.aux_scale)
         return out
+
+    def z_loss(self, logits: torch.Tensor) -> torch.Tensor:
+        """This rank's share of the router z-loss of (N, E) logits: coeff / token shards x mean logsumexp^2."""
+        return torch.logsumexp(logits, dim=-1).square().mean() * (self.z_coeff / self.token_shards)
 
     def balance_loss(self, probs: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
         """This rank's share of the load-balancing loss of (b, s, E) router probabilities and (b, s, k) chosen
@@ -216,6 +228,7 @@ def set_balance(modules: Iterable[nn.Module], *, scale: float, sequences: int | 
                 spans = tp_group is not None and (split_sequences or sub.balance == "aux_loss")
                 sub.aux_scale, sub.balance_sequences = scale, sequences
                 sub.tp_group, sub.tp = (tp_group, tp) if spans else (None, 1)
+                sub.token_shards = tp if tp_group is not None else 1
 
 
 def shard_experts(module: nn.Module, ep_rank: int, ep: int, group) -> None:

@@ -6,6 +6,7 @@ The distributed runs are one `--then` chain per world size in the session's shar
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import pytest
@@ -42,13 +43,13 @@ MOE = ["--model", "moe", "--hidden", "16", "--heads", "2", "--seq", "8", "--voca
 
 
 def moe_model(capacity_factor: float | None = None, shared: int | None = None, balance: str = "aux_loss",
-              aux: float = 0.0) -> ModelConfig:
+              aux: float = 0.0, z: float = 0.0) -> ModelConfig:
     """The ModelConfig `MOE`'s flags build (with --moe-expert-capacity-factor / a shared expert / a load-balancing
-    loss: --moe-router-load-balancing-type, --moe-aux-loss-coeff)."""
+    loss: --moe-router-load-balancing-type, --moe-aux-loss-coeff / a z-loss: --moe-z-loss-coeff)."""
     return ModelConfig(kind="gpt", hidden=16, heads=2, seq=8, vocab=32, layers=4, batch=8,
                        moe=MoeConfig(experts=4, top_k=2, expert_ffn=32, capacity_factor=capacity_factor,
                                      shared_experts=1 if shared else 0, shared_ffn=shared, balance=balance,
-                                     aux_loss_coeff=aux))
+                                     aux_loss_coeff=aux, z_loss_coeff=z))
 
 
 def _admitted(p: int, m: int) -> list[str]:
@@ -98,14 +99,15 @@ def test_an_moe_mlps_gemm_flops_are_the_simulators():
     assert counter.get_total_flops() == dense_mlp + moe_mlp_delta(model, tokens)
 
 
-@pytest.mark.parametrize(("experts", "shared", "balance", "sequences"),
-                         [(2, None, "none", 2), (4, None, "none", 2), (4, 16, "none", 2), (8, 16, "none", 2),
-                          (4, None, "aux_loss", 2), (4, None, "seq_aux_loss", 1), (4, 16, "seq_aux_loss", 3)])
-def test_the_simulators_op_count_of_an_moe_block_is_the_executors(experts, shared, balance, sequences):
-    """The balance loss's ops are the same for one group or several (`sequences` in a microbatch)."""
+@pytest.mark.parametrize(("experts", "shared", "balance", "z", "sequences"),
+                         [(2, None, "none", 0, 2), (4, None, "none", 0, 2), (4, 16, "none", 0, 2),
+                          (8, 16, "none", 0, 2), (4, None, "aux_loss", 0, 2), (4, None, "seq_aux_loss", 0, 1),
+                          (4, 16, "seq_aux_loss", 0, 3), (4, None, "none", 0.1, 2), (4, 16, "aux_loss", 0.1, 3)])
+def test_the_simulators_op_count_of_an_moe_block_is_the_executors(experts, shared, balance, z, sequences):
+    """The router's losses' ops are the same for one balance group or several (`sequences` in a microbatch)."""
     model = ModelConfig(kind="gpt", hidden=16, heads=2, seq=8, vocab=32, layers=1, batch=8,
                         moe=MoeConfig(experts=experts, top_k=2, expert_ffn=32, shared_experts=1 if shared else 0,
-                                      shared_ffn=shared, balance=balance, aux_loss_coeff=0.5))
+                                      shared_ffn=shared, balance=balance, aux_loss_coeff=0.5, z_loss_coeff=z))
     block = Block(model, 0)
     x = torch.randn(sequences, 8, 16, requires_grad=True)
     with OpCount() as f:
@@ -190,21 +192,35 @@ def test_the_balance_loss_is_megatrons_switch_loss_over_each_group(balance, per,
     assert layer.balance_loss(probs, chosen).item() == pytest.approx(0.1 * 2 / 1 * want, rel=1e-6)
 
 
-@pytest.mark.parametrize("balance", ["aux_loss", "seq_aux_loss"])
-def test_the_balance_loss_rides_on_the_output_as_if_added_to_the_loss(balance):
+def test_the_z_loss_is_the_mean_squared_log_sum_exp_of_the_routers_logits():
+    """ST-MoE's router z-loss as Megatron-core's z_loss_func: coeff x mean over tokens of logsumexp(logits)^2, over
+    the tp ranks a microbatch's tokens are split over (each rank's share; their sum is the mean)."""
+    layer = MoeMLP(4, MoeConfig(experts=2, top_k=1, expert_ffn=4, z_loss_coeff=0.1))
+    logits = torch.tensor([[0.0, 0.0], [1.0, -1.0], [2.0, 2.0]])
+    lse = [math.log(2.0), math.log(math.e + 1 / math.e), 2.0 + math.log(2.0)]
+    assert layer.z_loss(logits).item() == pytest.approx(0.1 * sum(v * v for v in lse) / 3, rel=1e-6)
+    layer.token_shards = 2
+    assert layer.z_loss(logits).item() == pytest.approx(0.1 * sum(v * v for v in lse) / 6, rel=1e-6)
+
+
+@pytest.mark.parametrize(("balance", "aux", "z"), [("aux_loss", 0.5, 0.0), ("seq_aux_loss", 0.5, 0.0),
+                                                   ("aux_loss", 0.0, 0.1), ("seq_aux_loss", 0.5, 0.1)])
+def test_the_routers_losses_ride_on_the_output_as_if_added_to_the_loss(balance, aux, z):
     """Megatron-core's MoEAuxLossAutoScaler: backpropagating the output alone gives the gradients of output plus
-    `aux_scale` x the balance loss, which reaches the router and the input; none at coefficient 0."""
+    `aux_scale` x the balance loss and the z-loss, which reach the router and the input; none at coefficient 0."""
     torch.manual_seed(0)
-    moe = MoeConfig(experts=4, top_k=2, expert_ffn=8, balance=balance, aux_loss_coeff=0.5)
-    layer, plain = MoeMLP(6, moe), MoeMLP(6, replace(moe, aux_loss_coeff=0.0))
+    moe = MoeConfig(experts=4, top_k=2, expert_ffn=8, balance=balance, aux_loss_coeff=aux, z_loss_coeff=z)
+    layer, plain = MoeMLP(6, moe), MoeMLP(6, replace(moe, aux_loss_coeff=0.0, z_loss_coeff=0.0))
     plain.load_state_dict(layer.state_dict())
     layer.aux_scale = plain.aux_scale = 0.25
     x = torch.randn(3, 5, 6, requires_grad=True)
     drive(layer.steps(x)).sum().backward()
     carried = layer.router.weight.grad.clone(), x.grad.clone()
     x.grad = None
-    probs = torch.softmax(plain.router(x.reshape(-1, 6)).float(), dim=-1).view(3, 5, 4)
-    loss = layer.balance_loss(probs, probs.topk(2, dim=-1).indices)
+    logits = plain.router(x.reshape(-1, 6)).float()
+    probs = torch.softmax(logits, dim=-1).view(3, 5, 4)
+    loss = layer.balance_loss(probs, probs.topk(2, dim=-1).indices) if aux else 0.0
+    loss = loss + (layer.z_loss(logits) if z else 0.0)
     (drive(plain.steps(x)).sum() + 0.25 * loss).backward()
     torch.testing.assert_close(carried[0], plain.router.weight.grad, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(carried[1], x.grad, rtol=1e-5, atol=1e-6)
@@ -261,7 +277,7 @@ def _two_rank_flags(d):
                  ["1f1b,dualpipev", *MOE, *TP, "--microbatches", "2", "--steps", str(STEPS), "--quiet", "--save-dir",
                   str(d / "tp")],
                  ["1f1b,dualpipev", *MOE, *common, *AUX, "--save-dir", str(d / "aux")],
-                 ["1f1b,dualpipev", *MOE, *TP, "--microbatches", "2", "--steps", str(STEPS), "--quiet", *AUX,
+                 ["1f1b,dualpipev", *MOE, *TP, "--microbatches", "2", "--steps", str(STEPS), "--quiet", *AUX, *Z,
                   "--moe-router-load-balancing-type", "seq_aux_loss", "--save-dir", str(d / "tp_seq_aux")])
 
 
@@ -279,11 +295,12 @@ def _four_rank_flags(d):
                  ["1f1b,dualpipev", *MOE, *TP, "--microbatches", "4", "--steps", str(STEPS), "--quiet",
                   "--save-dir", str(d / "tp_pp")],
                  ["1f1b,zb-h1,dualpipev", *MOE, *TP, "--microbatches", "4", "--steps", str(STEPS), "--quiet", *AUX,
-                  "--save-dir", str(d / "tp_pp_aux")])
+                  *Z, "--save-dir", str(d / "tp_pp_aux")])
 
 
 TP = ["--tp", "2", "--ep", "2", "--etp", "1", "--sequence-parallel"]  # attention over tp, whole experts over ep
 AUX = ["--moe-aux-loss-coeff", "0.5"]  # Megatron-core's load-balancing loss (aux_loss: over each microbatch)
+Z = ["--moe-z-loss-coeff", "0.1"]  # and its router z-loss
 USER_MOE = "examples/moe_layers.py:make"  # a factory's own layers holding executor.experts.MoeMLP
 TWO_RANKS = register_run("moe_executor_2", 2, _two_rank_flags)
 FOUR_RANKS = register_run("moe_executor_4", 4, _four_rank_flags)
@@ -298,9 +315,10 @@ def test_every_schedule_trains_the_moe_model_like_the_reference_on_two_ranks_ep2
     for name in ("1f1b", "dualpipev"):  # capacity 1.0 drops pairs (test_routing_is_the_same_however_the_batch_is_cut)
         assert_matches_reference(d / "cf", name, moe_model(capacity_factor=1.0), STEPS)
         assert_matches_reference(d / "tp", name, moe_model(), STEPS)  # tp 2 x ep 2 on the same two ranks
-        # the balance loss over each microbatch of 8 / (dp 2 x 2) = 2 sequences; per sequence, split over tp 2
+        # the balance loss over each microbatch of 8 / (dp 2 x 2) = 2 sequences; per sequence, split over tp 2 (with
+        # the z-loss, its mean over a microbatch split over tp 2)
         assert_matches_reference(d / "aux", name, moe_model(aux=0.5), STEPS, balance_sequences=2)
-        assert_matches_reference(d / "tp_seq_aux", name, moe_model(balance="seq_aux_loss", aux=0.5), STEPS)
+        assert_matches_reference(d / "tp_seq_aux", name, moe_model(balance="seq_aux_loss", aux=0.5, z=0.1), STEPS)
 
 
 @pytest.mark.dist
@@ -338,7 +356,7 @@ def test_every_schedule_trains_the_moe_model_like_the_reference_on_four_ranks_ep
         assert_matches_reference(d / "tp_dp", name, moe_model(), STEPS)  # dp 2 x tp 2, ep 2 (edp 2)
         assert_matches_reference(d / "tp_pp", name, moe_model(), STEPS)  # pp 2 x tp 2, ep 2
     for name in ("1f1b", "zb-h1", "dualpipev"):  # microbatches of 2 sequences, each split over tp 2 (counts summed)
-        assert_matches_reference(d / "tp_pp_aux", name, moe_model(aux=0.5), STEPS, balance_sequences=2)
+        assert_matches_reference(d / "tp_pp_aux", name, moe_model(aux=0.5, z=0.1), STEPS, balance_sequences=2)
 
 
 def _exchanges_per_pair(tl: Timeline) -> list[tuple[int, int]]:

@@ -159,6 +159,9 @@ def add_balance_args(g: argparse._ArgumentGroup) -> None:
                         "the cost model counts nothing for it")
     g.add_argument("--moe-aux-loss-coeff", type=float, default=None, metavar="C",
                    help="mixture of experts: the load-balancing loss's coefficient (default 0: no loss)")
+    g.add_argument("--moe-z-loss-coeff", type=float, default=None, metavar="C",
+                   help="mixture of experts: the router z-loss's coefficient, C x the mean squared log-sum-exp of "
+                        "the router's logits (ST-MoE; default: none); `pipesim run` trains it")
 
 
 def add_structure_group(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:

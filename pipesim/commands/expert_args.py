@@ -12,8 +12,8 @@ from pipesim.model.moe import MoeConfig
 from pipesim.model.moe_layer_freq import parse_pattern, placement
 
 ROUTING_FLAGS = ("moe_load_imbalance", "moe_expert_capacity_factor", "moe_router_load_balancing_type",
-                 "moe_aux_loss_coeff")
-ROUTING_FIELDS = ("imbalance", "capacity_factor", "balance", "aux_loss_coeff")  # MoeConfig's, flag by flag
+                 "moe_aux_loss_coeff", "moe_z_loss_coeff")
+ROUTING_FIELDS = ("imbalance", "capacity_factor", "balance", "aux_loss_coeff", "z_loss_coeff")  # MoeConfig's
 MOE_DEFAULTS = {"experts": 4, "top_k": 2}  # --model moe's experts and experts per token when not given
 MOE_FLAGS = ("num_experts", "moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size",
              "moe_layer_freq")
@@ -59,7 +59,7 @@ def with_expert_flags(model: ModelConfig, args: argparse.Namespace, source: str)
 
 def with_routing(model: ModelConfig, args: argparse.Namespace) -> ModelConfig:
     """--moe-load-imbalance / --moe-expert-capacity-factor / --moe-router-load-balancing-type /
-    --moe-aux-loss-coeff into the model's MoeConfig (refused on a dense model)."""
+    --moe-aux-loss-coeff / --moe-z-loss-coeff into the model's MoeConfig (refused on a dense model)."""
     given = {flag: value for flag in ROUTING_FLAGS if (value := getattr(args, flag, None)) is not None}
     if not given:
         return model

@@ -30,6 +30,9 @@ RENORMALIZE_OPS = (2, 7, 0)  # the router's k weights divided by their sum (MoeC
 # the load-balancing loss (MoeConfig.balance_loss, executor.experts): F the chosen experts scattered, counted, each
 # token's counts, the product and its sum, the scale; I the autoscaler's gradient, two products and an add
 BALANCE_OPS = (7, 4, 0)
+# the router z-loss (MoeConfig.z_loss_coeff): F logsumexp, square, mean, scale; I its gradient through them
+Z_LOSS_OPS = (4, 10, 0)
+BOTH_LOSSES_OPS = (1, -1, 0)  # both losses: their sum (an add), one autoscaler gradient (a full_like fewer)
 
 
 def add_ops(*counts: tuple[int, int, int]) -> tuple[int, int, int]:
@@ -55,7 +58,7 @@ def executor_block_ops(model: ModelConfig) -> tuple[int, int, int]:
 def executor_moe_block_ops(model: ModelConfig, opts: LayerOptions) -> tuple[int, int, int]:
     """Framework ops (non-view aten ops, GPT_BLOCK_OPS's count) of one block of the executor's MoE model
     (executor/experts.py) in F, I, W: 22, 22, 7 for attention, norms, router, top-k, permutation and combine, plus
-    4 per local expert (E / ep) and 4 for a shared expert in each, the load-balancing loss's (BALANCE_OPS), and the
+    4 per local expert (E / ep) and 4 for a shared expert in each, the router's losses' (BALANCE_OPS, Z_LOSS_OPS), the
     structure's (`structure_ops`: its attention and norms, each expert's activation and biases); counted at ep 1 by
     tests/test_moe_executor.py and tests/test_executor_structure.py. What a calibrated CPU host runs: its per-op
     overhead dominates a small model."""
@@ -67,9 +70,11 @@ def executor_moe_block_ops(model: ModelConfig, opts: LayerOptions) -> tuple[int,
     attention = add_ops(structure_ops(model), tuple(-n for n in mlp))  # and the norms
     ops = add_ops((22, 22, 7), attention, tuple(mlps * (4 + n) for n in mlp))
     ops = add_ops(ops, RENORMALIZE_OPS) if moe.renormalize else ops
-    return add_ops(ops, BALANCE_OPS) if moe.balance_loss else ops
+    ops = add_ops(ops, BALANCE_OPS) if moe.balance_loss else ops
+    ops = add_ops(ops, Z_LOSS_OPS) if moe.z_loss_coeff else ops
+    return add_ops(ops, BOTH_LOSSES_OPS) if moe.balance_loss and moe.z_loss_coeff else ops
 
 
-__all__ = ["BALANCE_OPS", "EMBED_ROPE_OPS", "EXPERT_GATED_OPS", "EXPERT_NO_BIAS_OPS", "GPT_BLOCK_OPS",
-           "HEAD_RMSNORM_OPS", "MLP_LAYER_OPS", "NO_OPS", "RENORMALIZE_OPS", "STRUCTURE_OPS", "add_ops",
-           "executor_block_ops", "executor_moe_block_ops", "structure_ops"]
+__all__ = ["BALANCE_OPS", "BOTH_LOSSES_OPS", "EMBED_ROPE_OPS", "EXPERT_GATED_OPS", "EXPERT_NO_BIAS_OPS",
+           "GPT_BLOCK_OPS", "HEAD_RMSNORM_OPS", "MLP_LAYER_OPS", "NO_OPS", "RENORMALIZE_OPS", "STRUCTURE_OPS",
+           "Z_LOSS_OPS", "add_ops", "executor_block_ops", "executor_moe_block_ops", "structure_ops"]

@@ -12,8 +12,9 @@ rank computes and receives, since every rank waits for it at the combine. `exper
 auxiliary-loss-free balancing adds a per-expert bias to the routing scores (E values per MoE layer: a parameter of its
 checkpoint, counted in its totals; Megatron-core's expert_bias buffer is updated outside the optimizer).
 `balance` and `aux_loss_coeff`: Megatron-core's load-balancing loss (--moe-router-load-balancing-type,
---moe-aux-loss-coeff; its defaults "aux_loss" and 0, no loss): a few FLOPs per token on scores the router made, no
-cost pipesim counts; the executor trains it (executor.experts).
+--moe-aux-loss-coeff; its defaults "aux_loss" and 0, no loss), and `z_loss_coeff` its router z-loss (ST-MoE's,
+--moe-z-loss-coeff): a few FLOPs per token on scores the router made, no cost pipesim counts; the executor trains
+them (executor.experts).
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ class MoeConfig:
     renormalize: bool = False
     balance: str = "aux_loss"  # the load-balancing loss's kind (BALANCE_TYPES), Megatron-core's default
     aux_loss_coeff: float = 0.0  # its coefficient; 0: no loss (Megatron-core's default)
+    z_loss_coeff: float = 0.0  # the router z-loss's coefficient; 0: none (Megatron-core's default, None)
 
     @property
     def balance_loss(self) -> bool:
@@ -99,9 +101,10 @@ class MoeConfig:
             raise PipesimError(f"moe renormalize must be true or false, got {self.renormalize!r}")
         if self.balance not in BALANCE_TYPES:
             raise PipesimError(f"moe balance must be one of {', '.join(BALANCE_TYPES)}, got {self.balance!r}")
-        if isinstance(self.aux_loss_coeff, bool) or not isinstance(self.aux_loss_coeff, (int, float)) \
-                or not 0 <= self.aux_loss_coeff < float("inf"):
-            raise PipesimError(f"moe aux_loss_coeff must be a finite number >= 0, got {self.aux_loss_coeff!r}")
+        for name in ("aux_loss_coeff", "z_loss_coeff"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+                raise PipesimError(f"moe {name} must be a finite number >= 0, got {value!r}")
         if self.capacity_factor is not None and self.imbalance != 1.0:
             raise PipesimError("moe imbalance applies to dropless routing; with a capacity_factor the most-loaded "
                                "expert takes capacity_factor x the mean")

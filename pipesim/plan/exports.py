@@ -242,6 +242,8 @@ def _moe_args(c: Candidate, req: PlanRequest) -> list[str]:
         out += ["--moe-expert-capacity-factor", str(moe.capacity_factor), "--moe-pad-expert-input-to-capacity"]
     if moe.balance_loss:  # Megatron-core's own flags (its defaults, aux_loss at 0, need none)
         out += ["--moe-router-load-balancing-type", moe.balance, "--moe-aux-loss-coeff", f"{moe.aux_loss_coeff:g}"]
+    if moe.z_loss_coeff:
+        out += ["--moe-z-loss-coeff", f"{moe.z_loss_coeff:g}"]
     return out
 
 
