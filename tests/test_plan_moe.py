@@ -81,6 +81,7 @@ def test_plan_mixtral_8x22b_on_64_h100s_exports_the_expert_layout(tmp_path):
     # the load-balancing loss travels to both: the run trains it, Megatron-core is told it
     assert run.model.moe.balance_loss and run.model.moe.aux_loss_coeff == 0.02
     assert "--moe-router-load-balancing-type aux_loss --moe-aux-loss-coeff 0.02" in " ".join(args)
+    assert "--moe-router-pre-softmax" not in args  # Mixtral's softmax over its top 2: Megatron-core's default
 
 
 def test_combined_1f1b_is_planned_only_where_megatron_core_runs_it():
@@ -95,6 +96,8 @@ def test_combined_1f1b_is_planned_only_where_megatron_core_runs_it():
     assert {c.ep for c in plain} >= {1, 2} and {c.recompute for c in plain} == {"none", "full"}
     exported = megatron_args(combined[0], req)
     assert "--overlap-moe-expert-parallel-comm" in exported and not exported[0].startswith("#")
+    # pipesim's own router takes the softmax over every expert before the top k: Megatron-core's pre-softmax
+    assert "--moe-router-pre-softmax" in exported
     assert "--overlap-moe-expert-parallel-comm" not in megatron_args(plain[0], req)
     dense = ModelConfig(**{**SMALL_MOE.to_dict(), "moe": None})
     assert not [c for c in enumerate_candidates(PlanRequest(dense, load_hardware("dgx-h100"), 16,
