@@ -98,7 +98,7 @@ class RunConfig:
         unbuilt = unbuilt_structure(self.model)
         if unbuilt:
             raise PipesimError(f"the executor does not build {', '.join(unbuilt)}, which this model has (pipesim "
-                               "simulate costs it)")
+                               "simulate takes it)")
         check_experts(self.model, self.job, factory=self.factory)
         unrun = unhonoured(self.job)
         if unrun:

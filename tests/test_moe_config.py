@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 
 from pipesim.errors import PipesimError
-from pipesim.model.config import ModelConfig
+from pipesim.model.config import ModelConfig, unbuilt_structure
 from pipesim.model.hf_config import hf_key_report, load_hf_config, read_hf_config, resolve_model_config
 from pipesim.model.moe import MoeConfig
 from pipesim.model.param_counts import (
@@ -106,12 +106,27 @@ def test_tiny_mixtral_file_loads_and_every_key_is_read_or_ignored(tmp_path):
     assert model.moe == MoeConfig(experts=4, top_k=2, expert_ffn=96, renormalize=True)
     report = hf_key_report(path)
     assert "num_local_experts" in report.read and "num_experts_per_tok" in report.read
-    assert report.ignored == ("architectures", "output_router_logits", "router_aux_loss_coef", "sliding_window")
+    assert report.ignored == ("architectures", "sliding_window")
     assert set(report.read) | set(report.ignored) == set(TINY_MIXTRAL)
     for name in ("mixtral-8x7b", "mixtral-8x22b"):
         bundled = hf_key_report(name)
         assert set(bundled.read) | set(bundled.ignored) == set(read_hf_config(resolve_model_config(name)))
-        assert "router_aux_loss_coef" in bundled.ignored and "output_router_logits" in bundled.ignored
+        assert "router_aux_loss_coef" in bundled.read and "output_router_logits" in bundled.read
+        assert load_hf_config(resolve_model_config(name)).moe.hf_router_loss == 0  # output_router_logits false
+
+
+def test_a_files_own_router_loss_is_read_and_the_executor_refuses_it(tmp_path):
+    """transformers adds router_aux_loss_coef x its load-balancing loss (over every layer at once, not Megatron-core's
+    per layer) only under output_router_logits: read so, costing nothing; `pipesim run` refuses it in one line."""
+    on = load_hf_config(write_config(tmp_path, {**TINY_MIXTRAL, "output_router_logits": True}))
+    assert on.moe.hf_router_loss == 0.02 and unbuilt_structure(on) == [
+        "Hugging Face's router loss over every layer at once (output_router_logits; --moe-aux-loss-coeff trains "
+        "Megatron-core's per layer)"]
+    absent = {k: v for k, v in TINY_MIXTRAL.items() if k != "router_aux_loss_coef"}
+    assert load_hf_config(write_config(tmp_path, {**absent, "output_router_logits": True})).moe.hf_router_loss == \
+        0.001  # MixtralConfig's default
+    with pytest.raises(PipesimError, match="field 'output_router_logits' must be true or false, got 'yes'"):
+        load_hf_config(write_config(tmp_path, {**TINY_MIXTRAL, "output_router_logits": "yes"}))
 
 
 def test_mixtral_expert_defaults_are_transformers_mixtral_config_defaults(tmp_path):

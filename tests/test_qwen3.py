@@ -47,10 +47,10 @@ def test_bundled_config_loads_every_key_read_or_ignored():
     assert cfg["model_type"] == "qwen3_moe" and cfg["architectures"] == ["Qwen3MoeForCausalLM"] and len(cfg) == 34
     report = hf_key_report("qwen3-30b-a3b")
     assert set(report.read) | set(report.ignored) == set(cfg)
-    assert {"router_aux_loss_coef", "output_router_logits", "max_window_layers", "sliding_window",
-            "use_sliding_window", "rope_theta", "rope_scaling"} <= set(report.ignored)
+    assert {"max_window_layers", "sliding_window", "use_sliding_window", "rope_theta", "rope_scaling"} <= \
+        set(report.ignored)
     assert {"head_dim", "num_experts", "num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step",
-            "mlp_only_layers", "norm_topk_prob"} <= set(report.read)
+            "mlp_only_layers", "norm_topk_prob", "router_aux_loss_coef", "output_router_logits"} <= set(report.read)
     # every layer, no shared expert, no bias; the k weights renormalised (norm_topk_prob: the executor's router)
     assert Q30.moe == MoeConfig(experts=E, top_k=K, expert_ffn=FE, renormalize=True)
     assert (Q30.hidden, Q30.layers, Q30.heads, Q30.num_kv_heads, Q30.head_dim, Q30.head_width, Q30.qk_norm) == \

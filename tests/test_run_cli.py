@@ -142,7 +142,7 @@ def test_the_executor_refuses_latent_attention_mtp_and_experts_without_a_moe_mod
         with pytest.raises(PipesimError) as err:
             RunConfig(names=("1f1b",), microbatches=4, model=model).check(2)
         assert str(err.value) == (f"the executor does not build {what}, which this model has (pipesim simulate "
-                                  "costs it)")
+                                  "takes it)")
     ep = RunConfig(names=("1f1b",), microbatches=4, job=Job(dims=ParallelDims(dp=2, ep=2)), model=moe)
     ep.check(2)  # the executor trains it (tests/test_moe_executor.py)
     assert configs_from_json(configs_to_json([ep])) == [ep]  # the experts' layout crosses to the workers as it is

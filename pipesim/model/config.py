@@ -250,15 +250,19 @@ def unbuilt_structure(model: ModelConfig) -> list[str]:
     """The structure of a transformer the executor (executor/transformer.py) does not build, as 'name'; [] when it
     builds the whole model. It builds every dense layer the cost model costs (grouped-query attention, heads of
     their own width, QK-norm, each activation, norm and position kind, with or without biases) and a top-k router's
-    experts, and a head tied to the embedding; not latent attention, multi-token prediction, or DeepSeek-V3's routing
-    (groups, a score bias). Its one owner: the executor refuses such a model, the planner's run export says so."""
+    experts, and a head tied to the embedding; not latent attention, multi-token prediction, DeepSeek-V3's routing
+    (groups, a score bias), or a Hugging Face config's own router loss (its training objective, not a layer). Its one
+    owner: the executor refuses such a model, the planner's run export says so."""
     if model.kind != "gpt":
         return []
     moe = model.moe
     return [what for what, on in (("multi-head latent attention", model.mla is not None),
                                   ("multi-token prediction modules", model.mtp_layers > 0),
                                   ("group-limited routing", moe is not None and moe.groups > 1),
-                                  ("the router's expert bias", moe is not None and moe.expert_bias)) if on]
+                                  ("the router's expert bias", moe is not None and moe.expert_bias),
+                                  ("Hugging Face's router loss over every layer at once (output_router_logits; "
+                                   "--moe-aux-loss-coeff trains Megatron-core's per layer)",
+                                   moe is not None and moe.hf_router_loss > 0)) if on]
 
 
 def unrun_expert_layout(moe: MoeConfig, *, tp: int, expert_tp: int, recompute: str) -> list[str]:

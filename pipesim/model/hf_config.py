@@ -262,7 +262,22 @@ def _mixtral_experts(cfg: dict, width: int, *, act: str, biases: bool, where: st
     if top_k > experts:
         raise PipesimError(f"{where}: field 'num_experts_per_tok' {top_k} is more than num_local_experts {experts}")
     # MixtralSparseMoeBlock: softmax over all E, top-k, then the k weights divided by their sum
-    return MoeConfig(experts=experts, top_k=top_k, expert_ffn=width, renormalize=True)
+    return MoeConfig(experts=experts, top_k=top_k, expert_ffn=width, renormalize=True,
+                     hf_router_loss=_hf_router_loss(cfg, where))
+
+
+def _hf_router_loss(cfg: dict, where: str) -> float:
+    """The router loss a Mixtral or Qwen3-MoE file trains under transformers' own code: router_aux_loss_coef (0.001,
+    MixtralConfig's and Qwen3MoeConfig's default, when absent) when output_router_logits is true
+    (MixtralForCausalLM.forward adds coef x load_balancing_loss_func over every layer's router logits at once), else
+    none."""
+    on = cfg.get("output_router_logits", False)
+    if not isinstance(on, bool):
+        raise PipesimError(f"{where}: field 'output_router_logits' must be true or false, got {on!r}")
+    coef = cfg.get("router_aux_loss_coef", 0.001)
+    if isinstance(coef, bool) or not isinstance(coef, (int, float)) or not 0 <= coef < float("inf"):
+        raise PipesimError(f"{where}: field 'router_aux_loss_coef' must be a finite number >= 0, got {coef!r}")
+    return float(coef) if on else 0.0
 
 
 def _qwen3_attention(cfg: dict, *, biases: bool, where: str) -> int:
@@ -300,7 +315,7 @@ def _qwen3_experts(cfg: dict, layers: int, where: str) -> MoeConfig | None:
     if not isinstance(renormalize, bool):
         raise PipesimError(f"{where}: field 'norm_topk_prob' must be true or false, got {renormalize!r}")
     moe = MoeConfig(experts=experts, top_k=top_k, expert_ffn=width, dense_layers=dense, every=step,
-                    renormalize=renormalize)
+                    renormalize=renormalize, hf_router_loss=_hf_router_loss(cfg, where))
     if [layer for layer in range(layers) if moe.is_moe_layer(layer)] != sparse:
         raise PipesimError(f"{where}: field 'mlp_only_layers' {only}: pipesim places dense MLPs on the first layers "
                            "only (then every decoder_sparse_step-th layer has experts); these dense layers are not "

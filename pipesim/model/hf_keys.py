@@ -16,10 +16,10 @@ routing, the scores' scaling) are ignored and listed. A "qwen3" file (dense) and
 their QK-norm and their head_dim (ModelConfig.head_width, qk_norm); qwen3_moe's experts (num_experts,
 num_experts_per_tok, moe_intermediate_size, decoder_sparse_step, mlp_only_layers when MoeConfig can place them:
 pipesim.model.hf_config) are read, and so is norm_topk_prob (the top-k weights renormalised: MoeConfig.renormalize,
-which the executor's router honours, costing nothing pipesim counts); its router's keys that change nothing pipesim
-counts (router_aux_loss_coef, output_router_logits: the balance loss on logits the router made) are ignored and
-listed: Hugging Face's code adds that loss only under output_router_logits (false in every bundled file) and over all
-layers at once, not Megatron-core's per-layer loss, which `--moe-aux-loss-coeff` gives the executor (docs/moe.md).
+which the executor's router honours, costing nothing pipesim counts). A Mixtral or Qwen3-MoE file's router loss
+(router_aux_loss_coef, trained by Hugging Face's code only under output_router_logits, false in every bundled file)
+is read as MoeConfig.hf_router_loss: one loss over every layer's routing at once, not Megatron-core's per-layer loss
+that `--moe-aux-loss-coeff` gives the executor, so `pipesim run` refuses it and simulate counts nothing for it.
 Types whose layers pipesim cannot count exactly stay refused: qwen2 / qwen2_moe (q/k/v biases
 without an output bias; a sigmoid-gated shared expert). quantization_config stays refused everywhere (DeepSeek-V3's
 says its checkpoint is FP8 with 128 x 128 block scales; pipesim trains in the dtype given and models no FP8 GEMM).
@@ -64,27 +64,23 @@ OFF_WHEN_EMPTY = {
     "attn_logit_softcapping": "logit soft-capping",
 }
 # read only in the model type whose code reads them (pipesim.model.hf_config turns them into a MoeConfig)
-TYPE_MODELED = {"mixtral": ("num_local_experts", "num_experts_per_tok"),
+TYPE_MODELED = {"mixtral": ("num_local_experts", "num_experts_per_tok", "router_aux_loss_coef", "output_router_logits"),
                 "deepseek_v3": ("n_routed_experts", "num_experts_per_tok", "moe_intermediate_size", "n_shared_experts",
                                 "first_k_dense_replace", "moe_layer_freq", "topk_method", "q_lora_rank", "kv_lora_rank",
                                 "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "num_nextn_predict_layers",
                                 "n_group", "topk_group"),
                 "qwen3_moe": ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step",
-                              "mlp_only_layers", "norm_topk_prob"),
+                              "mlp_only_layers", "norm_topk_prob", "router_aux_loss_coef", "output_router_logits"),
                 # Nemotron-4 (transformers' NemotronConfig): its LayerNorm's epsilon names the norm's kind
                 "nemotron": ("norm_eps",)}
-# change nothing pipesim counts in that model type: Mixtral's load-balancing loss (its coefficient, and whether
-# the forward returns the router logits to compute it) is a few FLOPs per token on logits the router already made
-TYPE_NO_EFFECT = {"mixtral": ("router_aux_loss_coef", "output_router_logits"),
-                  # DeepSeek-V3's router: the sequence-wise balance loss (aux_loss_alpha, seq_aux) is a few FLOPs per
+# change nothing pipesim counts in that model type (Mixtral's and Qwen3-MoE's own router loss, router_aux_loss_coef
+# under output_router_logits, is read: MoeConfig.hf_router_loss, which the executor refuses)
+TYPE_NO_EFFECT = {# DeepSeek-V3's router: the sequence-wise balance loss (aux_loss_alpha, seq_aux) is a few FLOPs per
                   # token on scores the router made; sigmoid or softmax scores (scoring_func, checked), the
                   # scaling of the k weights (routed_scaling_factor, norm_topk_prob) cost what the softmax top-k
                   # costs; ep_size is its inference code's expert placement (training's is --ep)
                   "deepseek_v3": ("aux_loss_alpha", "seq_aux", "scoring_func", "routed_scaling_factor",
                                   "norm_topk_prob", "ep_size"),
-                  # Qwen3-MoE's balance loss, as Mixtral's (its norm_topk_prob, the k weights renormalised, is read:
-                  # MoeConfig.renormalize, which the executor's router honours)
-                  "qwen3_moe": ("router_aux_loss_coef", "output_router_logits"),
                   # rotary embeddings on part of each head: Megatron applies them to that part and concatenates the
                   # rest back, the same tensors read and written as a whole-head rotation
                   "nemotron": ("partial_rotary_factor",)}

@@ -54,6 +54,9 @@ class MoeConfig:
     balance: str = "aux_loss"  # the load-balancing loss's kind (BALANCE_TYPES), Megatron-core's default
     aux_loss_coeff: float = 0.0  # its coefficient; 0: no loss (Megatron-core's default)
     z_loss_coeff: float = 0.0  # the router z-loss's coefficient; 0: none (Megatron-core's default, None)
+    # a Hugging Face config's own router loss (router_aux_loss_coef under output_router_logits): one loss over every
+    # layer's routing at once, k times Megatron-core's per layer; costs nothing counted, the executor refuses it
+    hf_router_loss: float = 0.0
 
     @property
     def balance_loss(self) -> bool:
@@ -101,7 +104,7 @@ class MoeConfig:
             raise PipesimError(f"moe renormalize must be true or false, got {self.renormalize!r}")
         if self.balance not in BALANCE_TYPES:
             raise PipesimError(f"moe balance must be one of {', '.join(BALANCE_TYPES)}, got {self.balance!r}")
-        for name in ("aux_loss_coeff", "z_loss_coeff"):
+        for name in ("aux_loss_coeff", "z_loss_coeff", "hf_router_loss"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
                 raise PipesimError(f"moe {name} must be a finite number >= 0, got {value!r}")
