@@ -93,6 +93,8 @@ COSTLESS = {  # flag: why it changes no step time or memory anywhere it is accep
                                         "no cost pipesim counts; `pipesim run` trains it",
     "--moe-aux-loss-coeff": "as --moe-router-load-balancing-type: the loss's coefficient",
     "--moe-z-loss-coeff": "the router z-loss, as the load-balancing loss: a few FLOPs per token, not counted",
+    "--moe-token-drop-policy": "which tokens a capacity drops, not how many: the same cost (`pipesim run` drops by "
+                               "it; dropless routing drops none)",
 }
 WHY = {  # (context, flag and value): why it changes nothing there
     ("gpt, dgx-h100", "--microbatch-size 2"): "the context's own: batch 8 over 4 microbatches",

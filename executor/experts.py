@@ -8,10 +8,12 @@ by their sum when `MoeConfig.renormalize`: Mixtral's and Qwen3-MoE's routers), s
 weights.
 
 Routing is dropless unless `capacity_factor` is set; then each expert keeps at most ceil(cf x s x k / E) of a
-sequence's s tokens' pairs, the first ones by position and then by rank among the token's k (Switch/GShard's
-first-come order), and the dropped pairs add nothing. The capacity is per sequence, so the choice is the same
-however the batch is cut into microbatches and data-parallel replicas, which lets the single-process reference
-drop the same pairs as any parallel run.
+sequence's s tokens' pairs: those with the largest router weights (`drop_policy` probs, Megatron-core's default
+--moe-token-drop-policy: topk_softmax_with_capacity keeps each expert's top-capacity gates), ties by position, or the
+first ones by position and then by rank among the token's k (position: Switch/GShard's first-come order); the
+dropped pairs add nothing. The capacity is per sequence, so the choice is the same however the batch is cut into
+microbatches and data-parallel replicas, which lets the single-process reference drop the same pairs as any parallel
+run.
 
 A load-balancing loss (`MoeConfig.balance_loss`, Megatron-core's switch_load_balancing_loss_func) trains the router
 towards even loads: per group of tokens, coeff x E / k x sum_i f_i P_i, where f_i is the share of the group's tokens
@@ -57,6 +59,7 @@ class MoeMLP(nn.Module):
                  biases: bool = ModelConfig.biases) -> None:
         super().__init__()
         self.num_experts, self.top_k, self.capacity_factor = moe.experts, moe.top_k, moe.capacity_factor
+        self.drop_policy = moe.drop_policy
         self.renormalize = moe.renormalize
         self.router = nn.Linear(hidden, moe.experts, bias=False)
         self.experts = nn.ModuleDict({str(e): Mlp(hidden, moe.expert_ffn, activation, biases)
@@ -87,15 +90,19 @@ class MoeMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return drive(self.steps(x))
 
-    def kept(self, experts: torch.Tensor, seq: int) -> torch.Tensor | None:
-        """Capacity mode: which (token, k) pairs, (b, s k) in token order, fit their expert's per-sequence
-        capacity; None when dropless."""
+    def kept(self, experts: torch.Tensor, weights: torch.Tensor, seq: int) -> torch.Tensor | None:
+        """Capacity mode: which (token, k) pairs, (b, s k) in token order with their router weights, fit their
+        expert's per-sequence capacity; None when dropless."""
         if self.capacity_factor is None:
             return None
         capacity = math.ceil(self.capacity_factor * seq * self.top_k / self.num_experts)  # pairs per expert
-        onehot = F.one_hot(experts, self.num_experts)  # (b, s k, E)
-        position = ((onehot.cumsum(dim=1) - 1) * onehot).sum(dim=-1)  # the pair's place in its expert's queue
-        return position < capacity
+        # the order an expert takes its pairs in: by weight, largest first (probs), or by position
+        order = torch.argsort(-weights, dim=1, stable=True) if self.drop_policy == "probs" else \
+            torch.arange(experts.shape[1], device=experts.device).expand_as(experts)
+        queued = experts.gather(1, order)
+        onehot = F.one_hot(queued, self.num_experts)  # (b, s k, E)
+        place = ((onehot.cumsum(dim=1) - 1) * onehot).sum(dim=-1)  # each pair's place in its expert's queue
+        return torch.empty_like(place).scatter_(1, order, place) < capacity
 
     def steps(self, x: torch.Tensor) -> Steps:
         b, s, h = x.shape
@@ -108,7 +115,7 @@ class MoeMLP(nn.Module):
             weight = weight / weight.sum(dim=-1, keepdim=True)
         token = torch.arange(tokens.shape[0], device=x.device).repeat_interleave(self.top_k)
         expert, weight = expert.reshape(-1), weight.reshape(-1)
-        keep = self.kept(expert.view(b, s * self.top_k), s)
+        keep = self.kept(expert.view(b, s * self.top_k), weight.view(b, s * self.top_k), s)
         if keep is not None:
             keep = keep.reshape(-1)
             token, expert, weight = token[keep], expert[keep], weight[keep]

@@ -43,13 +43,13 @@ MOE = ["--model", "moe", "--hidden", "16", "--heads", "2", "--seq", "8", "--voca
 
 
 def moe_model(capacity_factor: float | None = None, shared: int | None = None, balance: str = "aux_loss",
-              aux: float = 0.0, z: float = 0.0) -> ModelConfig:
+              aux: float = 0.0, z: float = 0.0, drop_policy: str = "probs") -> ModelConfig:
     """The ModelConfig `MOE`'s flags build (with --moe-expert-capacity-factor / a shared expert / a load-balancing
     loss: --moe-router-load-balancing-type, --moe-aux-loss-coeff / a z-loss: --moe-z-loss-coeff)."""
     return ModelConfig(kind="gpt", hidden=16, heads=2, seq=8, vocab=32, layers=4, batch=8,
                        moe=MoeConfig(experts=4, top_k=2, expert_ffn=32, capacity_factor=capacity_factor,
                                      shared_experts=1 if shared else 0, shared_ffn=shared, balance=balance,
-                                     aux_loss_coeff=aux, z_loss_coeff=z))
+                                     aux_loss_coeff=aux, z_loss_coeff=z, drop_policy=drop_policy))
 
 
 def _admitted(p: int, m: int) -> list[str]:
@@ -145,27 +145,31 @@ def test_on_a_cpu_host_whose_cores_all_compute_the_overlapped_pair_hides_no_all_
 
 # -- routing -------------------------------------------------------------------------------------------------------
 
-def test_capacity_keeps_each_experts_first_pairs_of_a_sequence():
-    """Capacity ceil(cf x s k / E) per sequence: with cf 0.5, s 4, k 1, E 2 each expert keeps 1 pair, the first."""
-    layer = MoeMLP(4, MoeConfig(experts=2, top_k=1, expert_ffn=4, capacity_factor=0.5))
+def test_capacity_keeps_each_experts_largest_or_first_pairs_of_a_sequence():
+    """Capacity ceil(cf x s k / E) per sequence: with cf 0.5, s 4, k 1, E 2 each expert keeps 1 pair: its largest
+    router weight (probs, Megatron-core's default; equal weights by position), or its first (position)."""
     experts = torch.tensor([[0, 0, 1, 1], [1, 0, 1, 0]])  # (b, s k)
-    assert layer.kept(experts, 4).tolist() == [[True, False, True, False], [True, True, False, False]]
-    assert MoeMLP(4, MoeConfig(experts=2, top_k=1, expert_ffn=4)).kept(experts, 4) is None  # dropless
+    weights = torch.tensor([[0.6, 0.9, 0.7, 0.7], [0.8, 0.5, 0.9, 0.6]])
+    probs = MoeMLP(4, MoeConfig(experts=2, top_k=1, expert_ffn=4, capacity_factor=0.5))
+    assert probs.kept(experts, weights, 4).tolist() == [[False, True, True, False], [False, False, True, True]]
+    first = MoeMLP(4, MoeConfig(experts=2, top_k=1, expert_ffn=4, capacity_factor=0.5, drop_policy="position"))
+    assert first.kept(experts, weights, 4).tolist() == [[True, False, True, False], [True, True, False, False]]
+    assert MoeMLP(4, MoeConfig(experts=2, top_k=1, expert_ffn=4)).kept(experts, weights, 4) is None  # dropless
 
 
-@pytest.mark.parametrize("cf", [None, 1.0])
-def test_routing_is_the_same_however_the_batch_is_cut(cf):
+@pytest.mark.parametrize(("cf", "policy"), [(None, "probs"), (1.0, "probs"), (1.0, "position")])
+def test_routing_is_the_same_however_the_batch_is_cut(cf, policy):
     """What lets the reference (the whole batch at once) match any split into microbatches and replicas: routing
     and capacity are per token and per sequence; and cf 1.0 does drop pairs on this batch."""
     torch.manual_seed(0)
-    model = moe_model(capacity_factor=cf)
+    model = moe_model(capacity_factor=cf, drop_policy=policy)
     layer = MoeMLP(model.hidden, model.moe)
     x = torch.randn(4, model.seq, model.hidden)
     whole = layer(x)
     torch.testing.assert_close(torch.cat([layer(x[:1]), layer(x[1:3]), layer(x[3:])]), whole, rtol=1e-6, atol=1e-7)
     if cf is not None:
-        experts = torch.softmax(layer.router(x.reshape(-1, 16)), -1).topk(2, -1).indices.reshape(4, -1)
-        assert not layer.kept(experts, model.seq).all()
+        weights, experts = torch.softmax(layer.router(x.reshape(-1, 16)), -1).topk(2, -1)
+        assert not layer.kept(experts.reshape(4, -1), weights.reshape(4, -1), model.seq).all()
 
 
 def test_the_router_learns():
@@ -273,6 +277,8 @@ def _two_rank_flags(d):
     common = ["--dp", "2", "--ep", "2", "--microbatches", "2", "--steps", str(STEPS), "--quiet"]
     return chain([",".join(TWO), *MOE, *common, "--save-dir", str(d / "dropless")],
                  ["1f1b,dualpipev", *MOE, *common, "--moe-expert-capacity-factor", "1.0", "--save-dir", str(d / "cf")],
+                 ["1f1b", *MOE, *common, "--moe-expert-capacity-factor", "1.0", "--moe-token-drop-policy", "position",
+                  "--save-dir", str(d / "cf_position")],
                  ["1f1b,dualpipev", "--model", USER_MOE, "--batch", "8", *common, "--save-dir", str(d / "user")],
                  ["1f1b,dualpipev", *MOE, *TP, "--microbatches", "2", "--steps", str(STEPS), "--quiet", "--save-dir",
                   str(d / "tp")],
@@ -310,10 +316,11 @@ FOUR_RANKS = register_run("moe_executor_4", 4, _four_rank_flags)
 def test_every_schedule_trains_the_moe_model_like_the_reference_on_two_ranks_ep2(shared_launches):
     d = shared_launches.case(TWO_RANKS).check()
     assert "dualpipev" in TWO and "combined-1f1b" in TWO
+    assert_matches_reference(d / "cf_position", "1f1b", moe_model(capacity_factor=1.0, drop_policy="position"), STEPS)
     for name in TWO:
         assert_matches_reference(d / "dropless", name, moe_model(), STEPS)
     for name in ("1f1b", "dualpipev"):  # capacity 1.0 drops pairs (test_routing_is_the_same_however_the_batch_is_cut)
-        assert_matches_reference(d / "cf", name, moe_model(capacity_factor=1.0), STEPS)
+        assert_matches_reference(d / "cf", name, moe_model(capacity_factor=1.0), STEPS)  # the probs policy
         assert_matches_reference(d / "tp", name, moe_model(), STEPS)  # tp 2 x ep 2 on the same two ranks
         # the balance loss over each microbatch of 8 / (dp 2 x 2) = 2 sequences; per sequence, split over tp 2 (with
         # the z-loss, its mean over a microbatch split over tp 2)

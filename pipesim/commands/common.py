@@ -23,7 +23,7 @@ from pipesim.ir import torch_csv
 from pipesim.ir.schedule import Schedule
 from pipesim.model.config import ACTIVATIONS, ModelConfig
 from pipesim.model.hf_config import bundled_configs, hf_key_report, load_hf_config
-from pipesim.model.moe import BALANCE_TYPES
+from pipesim.model.moe import BALANCE_TYPES, DROP_POLICIES
 from pipesim.outputs import write_text
 
 
@@ -148,11 +148,15 @@ def add_transformer_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--moe-expert-capacity-factor", type=float, default=None, metavar="CF",
                    help="mixture of experts: drop tokens over CF x the mean per expert, buffers padded to it "
                         "(Megatron-core's flag with --moe-pad-expert-input-to-capacity)")
-    add_balance_args(g)
+    add_router_args(g)
 
 
-def add_balance_args(g: argparse._ArgumentGroup) -> None:
-    """Megatron-core's load-balancing loss of a mixture of experts (pipesim.model.moe), for `simulate` and `run`."""
+def add_router_args(g: argparse._ArgumentGroup) -> None:
+    """How a mixture of experts' router trains (pipesim.model.moe), for `simulate` and `run`: Megatron-core's
+    load-balancing loss, z-loss and token-drop policy."""
+    g.add_argument("--moe-token-drop-policy", choices=DROP_POLICIES, default=None,
+                   help="mixture of experts with a capacity factor: an expert over capacity keeps its "
+                        "highest-probability tokens (probs, Megatron-core's default) or its first ones (position)")
     g.add_argument("--moe-router-load-balancing-type", choices=BALANCE_TYPES, default=None,
                    help="mixture of experts: the load-balancing loss over each microbatch's tokens (aux_loss, "
                         "Megatron-core's default), each sequence's (seq_aux_loss) or none; `pipesim run` trains it, "

@@ -11,9 +11,10 @@ from pipesim.model.config import ModelConfig
 from pipesim.model.moe import MoeConfig
 from pipesim.model.moe_layer_freq import parse_pattern, placement
 
-ROUTING_FLAGS = ("moe_load_imbalance", "moe_expert_capacity_factor", "moe_router_load_balancing_type",
-                 "moe_aux_loss_coeff", "moe_z_loss_coeff")
-ROUTING_FIELDS = ("imbalance", "capacity_factor", "balance", "aux_loss_coeff", "z_loss_coeff")  # MoeConfig's
+ROUTING_FLAGS = ("moe_load_imbalance", "moe_expert_capacity_factor", "moe_token_drop_policy",
+                 "moe_router_load_balancing_type", "moe_aux_loss_coeff", "moe_z_loss_coeff")
+# MoeConfig's fields, flag by flag
+ROUTING_FIELDS = ("imbalance", "capacity_factor", "drop_policy", "balance", "aux_loss_coeff", "z_loss_coeff")
 MOE_DEFAULTS = {"experts": 4, "top_k": 2}  # --model moe's experts and experts per token when not given
 MOE_FLAGS = ("num_experts", "moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size",
              "moe_layer_freq")
@@ -58,8 +59,9 @@ def with_expert_flags(model: ModelConfig, args: argparse.Namespace, source: str)
 
 
 def with_routing(model: ModelConfig, args: argparse.Namespace) -> ModelConfig:
-    """--moe-load-imbalance / --moe-expert-capacity-factor / --moe-router-load-balancing-type /
-    --moe-aux-loss-coeff / --moe-z-loss-coeff into the model's MoeConfig (refused on a dense model)."""
+    """--moe-load-imbalance / --moe-expert-capacity-factor / --moe-token-drop-policy /
+    --moe-router-load-balancing-type / --moe-aux-loss-coeff / --moe-z-loss-coeff into the model's MoeConfig (refused
+    on a dense model)."""
     given = {flag: value for flag in ROUTING_FLAGS if (value := getattr(args, flag, None)) is not None}
     if not given:
         return model

@@ -56,7 +56,8 @@ PASSED = {
     "--no-gradient-accumulation-fusion": SWITCH, "--cross-entropy-loss-fusion": SWITCH,
     "--cross-entropy-fusion-impl": VALUE, "--accumulate-allreduce-grads-in-fp32": SWITCH,
     "--grad-reduce-in-bf16": SWITCH, "--fp8-param-gather": SWITCH, "--moe-router-load-balancing-type": VALUE,
-    "--moe-aux-loss-coeff": VALUE, "--moe-z-loss-coeff": VALUE, "--first-last-layers-bf16": SWITCH,
+    "--moe-aux-loss-coeff": VALUE, "--moe-z-loss-coeff": VALUE, "--moe-token-drop-policy": VALUE,
+    "--first-last-layers-bf16": SWITCH,
     "--num-layers-at-start-in-bf16": VALUE, "--num-layers-at-end-in-bf16": VALUE, "--fp4-format": VALUE,
     "--fp4-recipe": VALUE, "--fp4-param-gather": SWITCH, "--use-precision-aware-optimizer": SWITCH,
     "--main-params-dtype": VALUE, "--exp-avg-dtype": VALUE, "--exp-avg-sq-dtype": VALUE,
@@ -143,7 +144,7 @@ IGNORED: dict[str, tuple[str, ...]] = {
         "--fp8-margin", "--fp8-interval", "--fp8-amax-history-len", "--fp8-amax-compute-algo",
         "--moe-input-jitter-eps",
         "--moe-per-layer-logging", "--moe-router-dtype", "--moe-router-score-function", "--moe-router-pre-softmax",
-        "--moe-router-topk-scaling-factor", "--moe-router-bias-update-rate", "--moe-token-drop-policy",
+        "--moe-router-topk-scaling-factor", "--moe-router-bias-update-rate",
         "--moe-router-force-load-balancing", "--ddp-average-in-collective"),
     "flags v0.15.3 keeps but no longer acts on (--no-async-tensor-model-parallel-allreduce: 'DEPRECATED. This flag "
     "is ignored.'; scatter_gather_tensors_in_pipeline read nowhere else; Megatron-core models the default)": (

@@ -12,9 +12,9 @@ import schedules
 from executor.run_config import FAIL_MODES, RunConfig
 from pipesim.commands.arg_types import positive_int
 from pipesim.commands.common import (
-    add_balance_args,
     add_model_args,
     add_output_args,
+    add_router_args,
     add_schedule_args,
     add_structure_group,
     layer_split_list,
@@ -54,7 +54,7 @@ def add_run_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--moe-expert-capacity-factor", type=float, default=None, metavar="CF",
                    help="--model moe: each expert keeps at most CF x s k / E of a sequence's token pairs, the rest "
                         "dropped (default: dropless)")
-    add_balance_args(g)
+    add_router_args(g)
     g.add_argument("--no-a2a-overlap", dest="a2a_overlap", action="store_false",
                    help="--model moe with --ep: run an overlapped F&B pair's halves back to back instead of issuing "
                         "the forward's all-to-all before the backward (the overlap's baseline)")

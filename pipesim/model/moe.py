@@ -25,6 +25,9 @@ from pipesim.errors import PipesimError
 
 # Megatron-core's alltoall dispatcher; its flex dispatcher on DeepEP or on Hybrid-EP
 MOE_DISPATCHERS = ("alltoall", "deepep", "hybridep")
+# Megatron-core's --moe-token-drop-policy: over capacity an expert keeps its highest-probability tokens (its
+# default) or its first ones by position
+DROP_POLICIES = ("probs", "position")
 # Megatron-core's --moe-router-load-balancing-type choices pipesim's executor trains: the switch loss over a
 # microbatch's tokens, over each sequence's, or none (its global_aux_loss and sinkhorn are not run)
 BALANCE_TYPES = ("aux_loss", "seq_aux_loss", "none")
@@ -42,6 +45,7 @@ class MoeConfig:
     dense_layers: int = 0  # the first layers with a dense MLP (first_k_dense_replace)
     every: int = 1  # after them, layer l has experts when (l + 1) % every == 0 (decoder_sparse_step)
     capacity_factor: float | None = None  # None: dropless; else tokens per expert capped at cf x T k / E
+    drop_policy: str = "probs"  # over capacity, which tokens an expert keeps (DROP_POLICIES; Megatron-core's default)
     imbalance: float = 1.0  # the most-loaded expert's tokens / the mean (>= 1; dropless routing)
     expert_bias: bool = False  # a per-expert routing-score bias (DeepSeek-V3's e_score_correction_bias: E values)
     # group-limited routing (DeepSeek-V3's n_group / topk_group; Megatron-core's --moe-router-num-groups /
@@ -102,6 +106,8 @@ class MoeConfig:
                                f"its groups holding top_k ({self.top_k}) experts; got {self.group_topk!r}")
         if not isinstance(self.renormalize, bool):
             raise PipesimError(f"moe renormalize must be true or false, got {self.renormalize!r}")
+        if self.drop_policy not in DROP_POLICIES:
+            raise PipesimError(f"moe drop_policy must be one of {', '.join(DROP_POLICIES)}, got {self.drop_policy!r}")
         if self.balance not in BALANCE_TYPES:
             raise PipesimError(f"moe balance must be one of {', '.join(BALANCE_TYPES)}, got {self.balance!r}")
         for name in ("aux_loss_coeff", "z_loss_coeff", "hf_router_loss"):
@@ -142,4 +148,4 @@ def group_node_limit(groups: int, group_topk: int, nodes: int) -> int | None:
     return group_topk * nodes // groups
 
 
-__all__ = ["BALANCE_TYPES", "MOE_DISPATCHERS", "MoeConfig", "group_node_limit"]
+__all__ = ["BALANCE_TYPES", "DROP_POLICIES", "MOE_DISPATCHERS", "MoeConfig", "group_node_limit"]

@@ -240,6 +240,8 @@ def _moe_args(c: Candidate, req: PlanRequest) -> list[str]:
         out += [FREQ, f"'{megatron_pattern(moe.dense_layers, moe.every, req.model.layers)}'"]
     if moe.capacity_factor is not None:
         out += ["--moe-expert-capacity-factor", str(moe.capacity_factor), "--moe-pad-expert-input-to-capacity"]
+        if moe.drop_policy != "probs":  # Megatron-core's default
+            out += ["--moe-token-drop-policy", moe.drop_policy]
     if not moe.renormalize and not moe.expert_bias:  # Megatron-core's softmax follows the top-k (renormalising)
         out.append("--moe-router-pre-softmax")  # unless this flag: the softmax over every expert first, as --model moe
     if moe.balance_loss:  # Megatron-core's own flags (its defaults, aux_loss at 0, need none)
