@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from dataclasses import replace
 
 import pytest
 
@@ -98,6 +99,12 @@ def test_combined_1f1b_is_planned_only_where_megatron_core_runs_it():
     assert "--overlap-moe-expert-parallel-comm" in exported and not exported[0].startswith("#")
     # pipesim's own router takes the softmax over every expert before the top k: Megatron-core's pre-softmax
     assert "--moe-router-pre-softmax" in exported
+    capped = replace(SMALL_MOE, moe=replace(SMALL_MOE.moe, capacity_factor=1.0, drop_policy="position"))
+    words = " ".join(megatron_args(combined[0], PlanRequest(capped, load_hardware("dgx-h100"), 16)))
+    assert "--moe-expert-capacity-factor 1.0 --moe-pad-expert-input-to-capacity --moe-token-drop-policy position" \
+        in words  # probs, Megatron-core's default, goes unsaid
+    assert "--moe-token-drop-policy" not in " ".join(megatron_args(combined[0], PlanRequest(
+        replace(SMALL_MOE, moe=replace(SMALL_MOE.moe, capacity_factor=1.0)), load_hardware("dgx-h100"), 16)))
     assert "--overlap-moe-expert-parallel-comm" not in megatron_args(plain[0], req)
     dense = ModelConfig(**{**SMALL_MOE.to_dict(), "moe": None})
     assert not [c for c in enumerate_candidates(PlanRequest(dense, load_hardware("dgx-h100"), 16,
