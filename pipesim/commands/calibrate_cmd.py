@@ -8,7 +8,13 @@ from pathlib import Path
 
 from executor.supervisor import interruptible
 from pipesim.calibration.gpu import assemble, measurements_path
-from pipesim.commands.common import add_model_args, given_model_flags, model_config, user_model_config
+from pipesim.commands.common import (
+    add_model_args,
+    add_structure_group,
+    given_model_flags,
+    model_config,
+    user_model_config,
+)
 from pipesim.cost.user_model_costs import is_factory_spec
 from pipesim.device import gpu_measurements as measured
 from pipesim.errors import PipesimError
@@ -61,6 +67,7 @@ def add_parser(sub) -> None:
                    help="device profile the figures replace (A100, A100-PCIe, H100, H200, B200, B300; default: "
                         "the GPU's)")
     add_model_args(p, default=None)
+    add_structure_group(p)  # a traced run's transformer: --model-config, its structure flags (pipesim run's)
     p.set_defaults(func=interruptible(run))  # Ctrl-C/SIGTERM during a launch: every rank stopped, one line
 
 
@@ -71,8 +78,8 @@ def run(args: argparse.Namespace) -> int:
         raise PipesimError("--family names the GPU's device profile: give it with --gpu or --from-measurements")
     if args.from_trace:
         return from_trace(args)
-    if args.model or args.schedule:
-        raise PipesimError("--model and --schedule describe a traced run: give them with --from-trace")
+    if args.model or args.model_config or args.schedule:
+        raise PipesimError("--model, --model-config and --schedule describe a traced run: give them with --from-trace")
     mode = "--quick --rescale" if args.rescale else "the executor runs"
     unused = [(flag, "sizes a traced run's model (--from-trace)") for flag in _model_flags(args)]
     unused += [("--hardware", "names the base file of --from-trace or --gpu")] if args.hardware else []
@@ -126,12 +133,12 @@ def from_trace(args: argparse.Namespace) -> int:
     from pipesim.calibration.from_trace import calibrate_from_timelines  # local import: numpy, at use only
 
     out = check_file(args.output, "-o", "toml")
-    if not args.model:
+    if not args.model and not args.model_config:
         raise PipesimError("--from-trace needs --model: the traced run's model (mlp or gpt with its sizes, or "
-                           "MODULE:FACTORY) and its --batch")
+                           "MODULE:FACTORY; or --model-config) and its --batch")
     timeline = import_traces(args.from_trace, schedule=args.schedule)
     model = user = None
-    if is_factory_spec(args.model):
+    if args.model and is_factory_spec(args.model):
         from executor.user_model import count_user_model  # local import: torch only with --model MODULE:FACTORY
 
         cfg = user_model_config(args)
@@ -143,8 +150,9 @@ def from_trace(args: argparse.Namespace) -> int:
                                    devices=_devices(args))
     write_text(out, hardware_to_toml(cal.hardware))
     print(cal.summary())
+    given = f"--model {args.model}" if args.model else f"--model-config {args.model_config}"
     print(f"wrote {out}; use it with: pipesim simulate {timeline.schedule} -p {timeline.meta['p']} -m "
-          f"{timeline.meta['m']} --model {args.model} ... --hardware {out}")
+          f"{timeline.meta['m']} {given} ... --hardware {out}")
     return 0
 
 
@@ -156,8 +164,9 @@ def gpu(args: argparse.Namespace) -> int:
     if args.gpu and args.from_measurements:
         raise PipesimError("--gpu measures, --from-measurements reads a recorded run: give one of them")
     mode = "--gpu" if args.gpu else "--from-measurements"
-    if args.from_trace or args.model or args.schedule:
-        raise PipesimError(f"--from-trace, --model and --schedule calibrate from a traced run, not with {mode}")
+    if args.from_trace or args.model or args.model_config or args.schedule:
+        raise PipesimError(f"--from-trace, --model, --model-config and --schedule calibrate from a traced run, not "
+                           f"with {mode}")
     unused = [(flag, what) for flag, given, what in (
         ("--devices", args.devices is not None, "sets the ranks of a CPU calibration's file"),
         ("--keep", args.keep is not None, "keeps a CPU calibration's timelines"),

@@ -301,14 +301,18 @@ FIW = tuple[float, float, float]  # one figure per kind of compute: F, I, W
 
 def stage_work(model: ModelConfig, num_stages: int, m: int) -> list[tuple[FIW, FIW, FIW]]:
     """((F, I, W) FLOPs, (F, I, W) bytes moved, (F, I, W) framework ops) of one microbatch on each
-    stage, as `model_costs` counts them (no tensor parallelism); the calibration fit inverts them."""
+    stage, as `model_costs` counts them on a calibrated CPU host (no tensor parallelism; the executor's ops for the
+    model's structure and experts); the calibration fit inverts them."""
     b = model.batch // m
     out = []
-    for s, layers in enumerate(split_layers(model.layers, num_stages)):
+    split = split_layers(model.layers, num_stages)
+    for s, layers in enumerate(split):
         if model.kind == "mlp":
             work = mlp_stage_work(model, b, layers, first=s == 0)
         else:
-            work = gpt_stage_work(model, b, layers, first=s == 0, last=s == num_stages - 1)
+            moe = model.moe.moe_layers(sum(split[:s]), layers) if model.moe is not None else 0
+            work = gpt_stage_work(model, b, layers, first=s == 0, last=s == num_stages - 1, moe_layers=moe,
+                                  executor_ops=True)
         out.append(tuple(tuple(part[k] for k in "FIW") for part in (work.flops, work.moved, work.ops)))
     return out
 
