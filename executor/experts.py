@@ -13,7 +13,8 @@ sequence's s tokens' pairs: those with the largest router weights (`drop_policy`
 first ones by position and then by rank among the token's k (position: Switch/GShard's first-come order); the
 dropped pairs add nothing. The capacity is per sequence, so the choice is the same however the batch is cut into
 microbatches and data-parallel replicas, which lets the single-process reference drop the same pairs as any parallel
-run.
+run. Under sequence parallelism each tp rank routes its part of a sequence, and its capacity counts that part
+(Megatron-core's per-rank capacity); the reference cuts each sequence into the same `capacity_parts`.
 
 A load-balancing loss (`MoeConfig.balance_loss`, Megatron-core's switch_load_balancing_loss_func) trains the router
 towards even loads: per group of tokens, coeff x E / k x sum_i f_i P_i, where f_i is the share of the group's tokens
@@ -60,6 +61,7 @@ class MoeMLP(nn.Module):
         super().__init__()
         self.num_experts, self.top_k, self.capacity_factor = moe.experts, moe.top_k, moe.capacity_factor
         self.drop_policy = moe.drop_policy
+        self.capacity_parts = 1  # a sequence's parts the capacity counts apart: tp under sequence parallelism
         self.renormalize = moe.renormalize
         self.router = nn.Linear(hidden, moe.experts, bias=False)
         self.experts = nn.ModuleDict({str(e): Mlp(hidden, moe.expert_ffn, activation, biases)
@@ -92,17 +94,19 @@ class MoeMLP(nn.Module):
 
     def kept(self, experts: torch.Tensor, weights: torch.Tensor, seq: int) -> torch.Tensor | None:
         """Capacity mode: which (token, k) pairs, (b, s k) in token order with their router weights, fit their
-        expert's per-sequence capacity; None when dropless."""
+        expert's capacity in their sequence (in their part of it: `capacity_parts`); None when dropless."""
         if self.capacity_factor is None:
             return None
-        capacity = math.ceil(self.capacity_factor * seq * self.top_k / self.num_experts)  # pairs per expert
+        b, parts = experts.shape[0], self.capacity_parts
+        experts, weights = experts.reshape(b * parts, -1), weights.reshape(b * parts, -1)  # a row per part
+        capacity = math.ceil(self.capacity_factor * (seq // parts) * self.top_k / self.num_experts)  # pairs per expert
         # the order an expert takes its pairs in: by weight, largest first (probs), or by position
         order = torch.argsort(-weights, dim=1, stable=True) if self.drop_policy == "probs" else \
             torch.arange(experts.shape[1], device=experts.device).expand_as(experts)
         queued = experts.gather(1, order)
-        onehot = F.one_hot(queued, self.num_experts)  # (b, s k, E)
+        onehot = F.one_hot(queued, self.num_experts)  # (b parts, s k / parts, E)
         place = ((onehot.cumsum(dim=1) - 1) * onehot).sum(dim=-1)  # each pair's place in its expert's queue
-        return torch.empty_like(place).scatter_(1, order, place) < capacity
+        return (torch.empty_like(place).scatter_(1, order, place) < capacity).reshape(b, -1)
 
     def steps(self, x: torch.Tensor) -> Steps:
         b, s, h = x.shape

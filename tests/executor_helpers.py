@@ -47,16 +47,19 @@ def load_run(save_dir: Path, name: str) -> tuple[list[float], dict[str, torch.Te
 
 
 @functools.cache
-def _reference(model: ModelConfig, steps: int, optimizer: str, lr: float, balance_sequences: int | None):
+def _reference(model: ModelConfig, steps: int, optimizer: str, lr: float, balance_sequences: int | None,
+               capacity_parts: int):
     # one per model, however many schedules
-    return train_reference(model, steps, optimizer=optimizer, lr=lr, balance_sequences=balance_sequences)
+    return train_reference(model, steps, optimizer=optimizer, lr=lr, balance_sequences=balance_sequences,
+                           capacity_parts=capacity_parts)
 
 
 def assert_matches_reference(save_dir: Path, name: str, model: ModelConfig, steps: int, *, optimizer: str = "sgd",
-                             lr: float = 0.01, balance_sequences: int | None = None) -> None:
-    """`balance_sequences`: a load-balancing (aux_loss) group's sequences, the run's microbatch per replica."""
+                             lr: float = 0.01, balance_sequences: int | None = None, capacity_parts: int = 1) -> None:
+    """`balance_sequences`: a load-balancing (aux_loss) group's sequences, the run's microbatch per replica;
+    `capacity_parts`: the run's tp with sequence parallelism, whose ranks count an expert's capacity apart."""
     losses, params = load_run(save_dir, name)
-    ref = _reference(model, steps, optimizer, lr, balance_sequences)
+    ref = _reference(model, steps, optimizer, lr, balance_sequences, capacity_parts)
     assert len(losses) == steps
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref.losses), rtol=1e-5, atol=1e-6,
                                msg=lambda m: f"{name}: losses differ\n{m}")

@@ -155,6 +155,11 @@ def test_capacity_keeps_each_experts_largest_or_first_pairs_of_a_sequence():
     first = MoeMLP(4, MoeConfig(experts=2, top_k=1, expert_ffn=4, capacity_factor=0.5, drop_policy="position"))
     assert first.kept(experts, weights, 4).tolist() == [[True, False, True, False], [True, True, False, False]]
     assert MoeMLP(4, MoeConfig(experts=2, top_k=1, expert_ffn=4)).kept(experts, weights, 4) is None  # dropless
+    # the reference of a tp 2 run with sequence parallelism: each half of a sequence apart, with cf 1.0 a capacity
+    # of ceil(1.0 x 2 x 1 / 2) = 1 pair per expert in each half of 2 tokens
+    halves = MoeMLP(4, MoeConfig(experts=2, top_k=1, expert_ffn=4, capacity_factor=1.0))
+    halves.capacity_parts = 2
+    assert halves.kept(experts, weights, 4).tolist() == [[False, True, True, False], [True, True, True, True]]
 
 
 @pytest.mark.parametrize(("cf", "policy"), [(None, "probs"), (1.0, "probs"), (1.0, "position")])
@@ -283,6 +288,8 @@ def _two_rank_flags(d):
                  ["1f1b,dualpipev", *MOE, *TP, "--microbatches", "2", "--steps", str(STEPS), "--quiet", "--save-dir",
                   str(d / "tp")],
                  ["1f1b,dualpipev", *MOE, *common, *AUX, "--save-dir", str(d / "aux")],
+                 ["1f1b,dualpipev", *MOE, *TP, "--microbatches", "2", "--steps", str(STEPS), "--quiet",
+                  "--moe-expert-capacity-factor", "1.0", "--save-dir", str(d / "tp_cf")],
                  ["1f1b,dualpipev", *MOE, *TP, "--microbatches", "2", "--steps", str(STEPS), "--quiet", *AUX, *Z,
                   "--moe-router-load-balancing-type", "seq_aux_loss", "--save-dir", str(d / "tp_seq_aux")])
 
@@ -325,6 +332,8 @@ def test_every_schedule_trains_the_moe_model_like_the_reference_on_two_ranks_ep2
         # the balance loss over each microbatch of 8 / (dp 2 x 2) = 2 sequences; per sequence, split over tp 2 (with
         # the z-loss, its mean over a microbatch split over tp 2)
         assert_matches_reference(d / "aux", name, moe_model(aux=0.5), STEPS, balance_sequences=2)
+        # capacity at tp 2 with SP: each rank counts its half of a sequence (Megatron-core's per-rank capacity)
+        assert_matches_reference(d / "tp_cf", name, moe_model(capacity_factor=1.0), STEPS, capacity_parts=2)
         assert_matches_reference(d / "tp_seq_aux", name, moe_model(balance="seq_aux_loss", aux=0.5, z=0.1), STEPS)
 
 

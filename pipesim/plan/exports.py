@@ -98,7 +98,7 @@ def run_note(c: Candidate, model: ModelConfig | None = None) -> str | None:
              "simulate figure)"] if c.recompute == OP else []
     unbuilt = unbuilt_structure(model) if model is not None else []
     recompute = "full" if c.recompute == OP else c.recompute  # the run command's
-    unrun = unrun_expert_layout(model.moe, tp=c.tp, expert_tp=c.etp or c.tp, recompute=recompute) \
+    unrun = unrun_expert_layout(model.moe, expert_tp=c.etp or c.tp, recompute=recompute) \
         if model is not None and model.moe is not None else []
     two_chains = model is not None and model.tied_embeddings and schedules.build(c.schedule, c.p, c.m, c.v).chains > 1
     if unbuilt:
