@@ -45,7 +45,6 @@ class MoeConfig:
     dense_layers: int = 0  # the first layers with a dense MLP (first_k_dense_replace)
     every: int = 1  # after them, layer l has experts when (l + 1) % every == 0 (decoder_sparse_step)
     capacity_factor: float | None = None  # None: dropless; else tokens per expert capped at cf x T k / E
-    drop_policy: str = "probs"  # over capacity, which tokens an expert keeps (DROP_POLICIES; Megatron-core's default)
     imbalance: float = 1.0  # the most-loaded expert's tokens / the mean (>= 1; dropless routing)
     expert_bias: bool = False  # a per-expert routing-score bias (DeepSeek-V3's e_score_correction_bias: E values)
     # group-limited routing (DeepSeek-V3's n_group / topk_group; Megatron-core's --moe-router-num-groups /
@@ -55,6 +54,7 @@ class MoeConfig:
     # the router's k weights divided by their sum (Mixtral's softmax over the top-k logits, Qwen3-MoE's
     # norm_topk_prob): k divisions per token, no cost pipesim counts; the executor's router honours it
     renormalize: bool = False
+    drop_policy: str = "probs"  # over capacity, which tokens an expert keeps (DROP_POLICIES; Megatron-core's default)
     balance: str = "aux_loss"  # the load-balancing loss's kind (BALANCE_TYPES), Megatron-core's default
     aux_loss_coeff: float = 0.0  # its coefficient; 0: no loss (Megatron-core's default)
     z_loss_coeff: float = 0.0  # the router z-loss's coefficient; 0: none (Megatron-core's default, None)
