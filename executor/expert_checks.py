@@ -34,7 +34,7 @@ def check_experts(model: ModelConfig, job: Job, *, factory: str | None = None) -
         raise PipesimError(f"--model moe with --tp {dims.tp} needs --sequence-parallel (each tp rank routes its own "
                            "tokens, as Megatron-core requires) and --etp 1 (whole experts on each rank; experts split "
                            "over tp are not run)")
-    unrun = unrun_expert_layout(moe, expert_tp=dims.expert_tp, recompute=job.recompute)
+    unrun = unrun_expert_layout(moe, expert_tp=dims.expert_tp)
     if unrun:
         raise PipesimError(f"the executor's mixture-of-experts model runs with pp, dp, ep and tp; it does not run "
                            f"{'; '.join(unrun)}")

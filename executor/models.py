@@ -103,9 +103,15 @@ class StageModule(nn.Module):
     def steps(self, x: torch.Tensor) -> Steps:
         """The stage as a generator yielding the all-to-alls in flight of its MoE blocks, or of any piece with such a
         `steps(x)` generator (a user's layer: examples/moe_layers.py); DualPipeV's overlapped F&B waits for them
-        later. No recomputation here: `RunConfig.check` refuses it with experts."""
-        for piece in self.pieces.values():
-            x = (yield from piece.steps(x)) if callable(getattr(piece, "steps", None)) else piece(x)
+        later. A piece full recomputation checkpoints runs as `forward` does, its all-to-alls waited on at once
+        (nothing of it overlaps), and again in its backward."""
+        for key, piece in self.pieces.items():
+            if key in self.checkpointed:
+                x = checkpoint(piece, x, use_reentrant=False)
+            elif callable(getattr(piece, "steps", None)):
+                x = yield from piece.steps(x)
+            else:
+                x = piece(x)
         return x
 
 

@@ -15,7 +15,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import schedules
 from executor.experts import MoeMLP, drive, expert_parameters, shard_experts
-from executor.models import build_full
+from executor.models import StageModule, build_full, set_recompute
 from executor.run_config import RunConfig
 from executor.stage import backward_input, backward_weight
 from executor.transformer import Block
@@ -177,6 +177,21 @@ def test_routing_is_the_same_however_the_batch_is_cut(cf, policy):
         assert not layer.kept(experts.reshape(4, -1), weights.reshape(4, -1), model.seq).all()
 
 
+@pytest.mark.parametrize(("mode", "runs"), [("none", 1), ("full", 2)])
+def test_a_recomputed_moe_block_runs_again_in_its_backward_on_the_overlap_path_too(mode, runs, monkeypatch):
+    """DualPipeV's overlapped pairs run a stage as `steps` (its all-to-alls in flight): a block full recomputation
+    checkpoints runs whole there and again in the backward, as through `forward` (it was skipped before)."""
+    stage = StageModule({1: Block(moe_model(), 0)})  # one MoE block
+    set_recompute(stage, mode)
+    calls = []
+    block = stage.pieces["1"]
+    real = block.attend
+    monkeypatch.setattr(block, "attend", lambda x: calls.append(1) or real(x))
+    x = torch.randn(2, 8, 16, requires_grad=True)
+    drive(stage.steps(x)).sum().backward()
+    assert len(calls) == runs and x.grad is not None
+
+
 def test_the_router_learns():
     model = moe_model()
     layer = MoeMLP(model.hidden, model.moe)
@@ -249,7 +264,6 @@ def test_the_routers_losses_ride_on_the_output_as_if_added_to_the_loss(balance, 
      "--model moe with --tp 2 needs --sequence-parallel (each tp rank routes its own tokens"),
     (["--ep", "2", "--dp", "2", "--nproc", "4", "--tp", "2", "--sequence-parallel"],
      "and --etp 1 (whole experts on each rank"),
-    (["--ep", "2", "--dp", "2", "--nproc", "2", "--recompute", "full"], "it does not run --recompute full"),
 ])
 def test_a_bad_expert_layout_exits_2_in_one_line_before_launching(argv, message, capsys):
     assert main(["run", "1f1b", "--microbatches", "2", *MOE, *argv]) == 2
@@ -308,7 +322,9 @@ def _four_rank_flags(d):
                  ["1f1b,dualpipev", *MOE, *TP, "--microbatches", "4", "--steps", str(STEPS), "--quiet",
                   "--save-dir", str(d / "tp_pp")],
                  ["1f1b,zb-h1,dualpipev", *MOE, *TP, "--microbatches", "4", "--steps", str(STEPS), "--quiet", *AUX,
-                  *Z, "--save-dir", str(d / "tp_pp_aux")])
+                  *Z, "--save-dir", str(d / "tp_pp_aux")],
+                 ["1f1b,zb-h1,dualpipev", *MOE, *TP, "--microbatches", "4", "--steps", str(STEPS), "--quiet", *AUX,
+                  *Z, "--moe-expert-capacity-factor", "1.0", "--recompute", "full", "--save-dir", str(d / "recompute")])
 
 
 TP = ["--tp", "2", "--ep", "2", "--etp", "1", "--sequence-parallel"]  # attention over tp, whole experts over ep
@@ -373,6 +389,9 @@ def test_every_schedule_trains_the_moe_model_like_the_reference_on_four_ranks_ep
         assert_matches_reference(d / "tp_pp", name, moe_model(), STEPS)  # pp 2 x tp 2, ep 2
     for name in ("1f1b", "zb-h1", "dualpipev"):  # microbatches of 2 sequences, each split over tp 2 (counts summed)
         assert_matches_reference(d / "tp_pp_aux", name, moe_model(aux=0.5, z=0.1), STEPS, balance_sequences=2)
+        # full recomputation: each block re-run in its backward, all-to-alls, capacity and losses included
+        assert_matches_reference(d / "recompute", name, moe_model(aux=0.5, z=0.1, capacity_factor=1.0), STEPS,
+                                 balance_sequences=2, capacity_parts=2)
 
 
 def _exchanges_per_pair(tl: Timeline) -> list[tuple[int, int]]:

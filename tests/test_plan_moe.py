@@ -129,11 +129,12 @@ def test_the_exported_command_keeps_the_expert_flags_over_the_config(tmp_path):
 
 def test_the_run_note_names_what_the_executors_expert_checks_refuse():
     """One owner (pipesim.model.config.unrun_expert_layout): the plan's run note and `pipesim run`'s refusal name the
-    same flags, here recomputation (a capacity factor beside tp runs: each tp rank counts its part of a sequence)."""
+    same flags, here the cost model's load imbalance; recomputation and a capacity factor beside tp run (each tp
+    rank counting its part of a sequence)."""
     model = ModelConfig(kind="gpt", hidden=64, heads=4, layers=2, seq=16, batch=8,
-                        moe=MoeConfig(experts=4, top_k=2, expert_ffn=32, capacity_factor=1.0))
+                        moe=MoeConfig(experts=4, top_k=2, expert_ffn=32, imbalance=1.5))
     c = Candidate("1f1b", p=1, v=1, tp=2, dp=2, mbs=1, m=4, recompute="selective", zero=0, sp=True, ep=2, etp=1)
-    items = "--recompute selective"
+    items = "--moe-load-imbalance 1.5 (the cost model's; a run routes what its router routes)"
     assert run_note(c, model) == (f"# the executor's experts do not run {items}: `pipesim run` refuses this layout "
                                   "(simulate it with the command above)")
     job = Job(dims=ParallelDims(tp=2, dp=2, ep=2, etp=1), sp=True, recompute="selective")
@@ -141,3 +142,6 @@ def test_the_run_note_names_what_the_executors_expert_checks_refuse():
         RunConfig(names=("1f1b",), microbatches=4, job=job, model=model).check(4)
     assert str(err.value) == ("the executor's mixture-of-experts model runs with pp, dp, ep and tp; it does not run "
                               f"{items}")
+    runs = replace(model, moe=replace(model.moe, imbalance=1.0, capacity_factor=1.0))
+    assert run_note(c, runs) is None
+    RunConfig(names=("1f1b",), microbatches=4, job=job, model=runs).check(4)

@@ -265,13 +265,12 @@ def unbuilt_structure(model: ModelConfig) -> list[str]:
                                    moe is not None and moe.hf_router_loss > 0)) if on]
 
 
-def unrun_expert_layout(moe: MoeConfig, *, expert_tp: int, recompute: str) -> list[str]:
+def unrun_expert_layout(moe: MoeConfig, *, expert_tp: int) -> list[str]:
     """What of a mixture-of-experts job the executor (executor/experts.py) does not run, as the flags that ask for it;
     [] when it runs it. Its one owner: the executor refuses such a run (executor.expert_checks), the planner's run
     export says so."""
     return [what for what, on in (
         (f"--etp {expert_tp} (experts split over tp)", expert_tp > 1),
-        (f"--recompute {recompute}", recompute != "none"),
         (f"--moe-load-imbalance {moe.imbalance:g} (the cost model's; a run routes what its router routes)",
          moe.imbalance != 1.0),
     ) if on]

@@ -91,14 +91,13 @@ def run_command(c: Candidate, model_flags: list[str], *, per_node: int, nodes: i
 
 def run_note(c: Candidate, model: ModelConfig | None = None) -> str | None:
     """A `#` line for the run command when the winner uses what the executor lacks (latent attention, MTP,
-    DeepSeek's routing, a tied head on DualPipe's two chains: it refuses them; experts with recomputation, split over
-    tp, or routed unevenly by the cost model's assumption: it refuses those too; context parallelism: it runs
-    without; torchtitan's per-op checkpointing: it runs full recomputation instead)."""
+    DeepSeek's routing, a tied head on DualPipe's two chains: it refuses them; experts split over tp, or routed
+    unevenly by the cost model's assumption: it refuses those too; context parallelism: it runs without; torchtitan's
+    per-op checkpointing: it runs full recomputation instead)."""
     notes = ["the executor has no per-op checkpointing: this runs full recomputation (torchtitan's op policy is a "
              "simulate figure)"] if c.recompute == OP else []
     unbuilt = unbuilt_structure(model) if model is not None else []
-    recompute = "full" if c.recompute == OP else c.recompute  # the run command's
-    unrun = unrun_expert_layout(model.moe, expert_tp=c.etp or c.tp, recompute=recompute) \
+    unrun = unrun_expert_layout(model.moe, expert_tp=c.etp or c.tp) \
         if model is not None and model.moe is not None else []
     two_chains = model is not None and model.tied_embeddings and schedules.build(c.schedule, c.p, c.m, c.v).chains > 1
     if unbuilt:
