@@ -57,15 +57,21 @@ class MoeMLP(nn.Module):
     """Router, routed experts (this rank's), shared expert; `steps(x)` on (b, s, h) returns (b, s, h)."""
 
     def __init__(self, hidden: int, moe: MoeConfig, activation: str = ModelConfig.activation,
-                 biases: bool = ModelConfig.biases) -> None:
+                 biases: bool = ModelConfig.biases, *, ep: tuple[int, int] | None = None) -> None:
+        """`ep`: (this rank's ep coordinate, ep) to draw only its E / ep experts (default: all of them)."""
         super().__init__()
         self.num_experts, self.top_k, self.capacity_factor = moe.experts, moe.top_k, moe.capacity_factor
         self.drop_policy = moe.drop_policy
         self.capacity_parts = 1  # a sequence's parts the capacity counts apart: tp under sequence parallelism
         self.renormalize = moe.renormalize
         self.router = nn.Linear(hidden, moe.experts, bias=False)
-        self.experts = nn.ModuleDict({str(e): Mlp(hidden, moe.expert_ffn, activation, biases)
-                                     for e in range(moe.experts)})
+        # each expert from its own seed (base + e, base one draw of the RNG here, the same on every rank), so that an
+        # expert-parallel rank draws only its own experts and they are the whole layer's, bit for bit
+        base = int(torch.randint(0, 2**62, (1,)).item())
+        local = moe.experts // ep[1] if ep else moe.experts
+        first = ep[0] * local if ep else 0
+        self.experts = nn.ModuleDict({str(e): _drawn(base + e, lambda: Mlp(hidden, moe.expert_ffn, activation, biases))
+                                     for e in range(first, first + local)})
         width = moe.shared_experts * moe.shared_width
         self.shared = Mlp(hidden, width, activation, biases) if width else None
         self.group = None  # the ep process group; None: every expert here (ep 1, the reference)
@@ -85,7 +91,7 @@ class MoeMLP(nn.Module):
         if self.group is not None:  # DualPipe's two chains may hold one module twice
             return
         local = self.num_experts // ep
-        keep = range(ep_rank * local, (ep_rank + 1) * local)
+        keep = range(ep_rank * local, (ep_rank + 1) * local)  # already all it holds where built with its `ep`
         self.experts = nn.ModuleDict({str(e): self.experts[str(e)] for e in keep})
         self.group, self.ep = group, ep
 
@@ -184,6 +190,13 @@ class MoeMLP(nn.Module):
             for i, part in zip(mine, y.split([sizes[i] for i in mine]), strict=True):
                 parts[i] = part
         return torch.cat(parts)
+
+
+def _drawn(seed: int, build):
+    """`build()` with the RNG seeded `seed`, the caller's RNG left as it was."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return build()
 
 
 class _AuxLoss(torch.autograd.Function):

@@ -140,8 +140,9 @@ def piece_seed(seed: int, index: int) -> int:
     return seed * 7_919 + index
 
 
-def build_piece(cfg: ModelConfig, index: int) -> nn.Module:
-    """Piece `index` of the full model, drawn from its own seed (the global RNG is left as it was), in cfg's dtype."""
+def build_piece(cfg: ModelConfig, index: int, ep: tuple[int, int] | None = None) -> nn.Module:
+    """Piece `index` of the full model, drawn from its own seed (the global RNG is left as it was), in cfg's dtype;
+    `ep` (the rank's ep coordinate, ep): a block's MoE MLP draws only that rank's experts."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(piece_seed(cfg.seed, index))
         if cfg.kind == "mlp":
@@ -151,18 +152,19 @@ def build_piece(cfg: ModelConfig, index: int) -> nn.Module:
         elif index == cfg.layers + 1:
             piece = Head(cfg)
         else:
-            piece = Block(cfg, index - 1)
+            piece = Block(cfg, index - 1, ep=ep)
     return piece.to(DTYPES[cfg.dtype])
 
 
-def build_pieces(cfg: ModelConfig, indices: list[int], prepare: Prepare | None = None) -> dict[int, nn.Module]:
+def build_pieces(cfg: ModelConfig, indices: list[int], prepare: Prepare | None = None,
+                 ep: tuple[int, int] | None = None) -> dict[int, nn.Module]:
     """The pieces at `indices` and nothing else (a rank's stages: a 70B model is never built whole on one rank), each
     passed through `prepare` (sharded, moved to its device) before the next is built, so a rank holds one unsharded
     piece at a time. A head tied to the embedding shares its Parameter when both are built, else starts from a copy
     of its values."""
     pieces: dict[int, nn.Module] = {}
     for i in sorted(indices):
-        piece = build_piece(cfg, i)
+        piece = build_piece(cfg, i, ep)
         if cfg.kind == "gpt" and cfg.tied_embeddings and i == cfg.layers + 1:
             embed = pieces.get(0)
             piece.out.weight = embed.tok.weight if embed is not None else \
@@ -192,11 +194,11 @@ def piece_ranges(cfg: ModelConfig, layers_per_stage: list[int]) -> list[range]:
 
 
 def build_stages(cfg: ModelConfig, layers_per_stage: list[int], wanted: list[int],
-                 prepare: Prepare | None = None) -> dict[int, StageModule]:
+                 prepare: Prepare | None = None, ep: tuple[int, int] | None = None) -> dict[int, StageModule]:
     """Stage modules for the stages in `wanted`: their pieces of the full model, built alone from their seeds (and
     each prepared as it is built: the modules say so)."""
     ranges = piece_ranges(cfg, layers_per_stage)
-    pieces = build_pieces(cfg, sorted({i for s in wanted for i in ranges[s]}), prepare)
+    pieces = build_pieces(cfg, sorted({i for s in wanted for i in ranges[s]}), prepare, ep)
     stages = {s: StageModule({i: pieces[i] for i in ranges[s]}) for s in wanted}
     for stage in stages.values():
         stage.prepared = prepare is not None

@@ -61,8 +61,9 @@ class Runtime:
         self.m = m
         local = list(schedule.stages_of(self.me))
         # a stage runs its model stage's layers; DualPipe's two chains hold two replicas of each (Schedule.chains)
+        ep = (mesh.expert_coords.ep, mesh.dims.ep) if mesh.dims.ep > 1 else None  # draw only this rank's experts
         by_model = workload.stage_modules(schedule.model_stages, sorted({schedule.model_stage(s) for s in local}),
-                                          self._prepare)
+                                          self._prepare, ep)
         modules = {s: by_model[schedule.model_stage(s)] for s in local}
         for module in modules.values():
             if not module.prepared:  # a user's model, or the MLP: prepared whole

@@ -73,7 +73,8 @@ class Block(nn.Module):
     (its rows of Q, K and V), `proj` row-parallel; `fc1` column- (its gate and up rows), `fc2` row-parallel.
     """
 
-    def __init__(self, cfg: ModelConfig, layer: int = 0) -> None:
+    def __init__(self, cfg: ModelConfig, layer: int = 0, *, ep: tuple[int, int] | None = None) -> None:
+        """`ep`: (this rank's ep coordinate, ep): an MoE MLP draws only that rank's experts (executor.experts)."""
         super().__init__()
         h = cfg.hidden
         self.head_dim = cfg.head_dim
@@ -87,7 +88,7 @@ class Block(nn.Module):
         self.ln2 = make_norm(cfg.norm, h)
         self.activation = cfg.activation
         moe = cfg.moe is not None and cfg.moe.is_moe_layer(layer)
-        self.moe = MoeMLP(h, cfg.moe, cfg.activation, cfg.biases) if moe else None
+        self.moe = MoeMLP(h, cfg.moe, cfg.activation, cfg.biases, ep=ep) if moe else None
         if self.moe is None:  # executor.mlp.Mlp's matrices, held as the block's own (pieces.N.fc1: tp shards them)
             dense = Mlp(h, cfg.ffn_size, cfg.activation, cfg.biases)
             self.fc1, self.fc2 = dense.fc1, dense.fc2

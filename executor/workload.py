@@ -38,11 +38,13 @@ class BuiltinWorkload:
     def layers_per_stage(self, num_stages: int) -> list[int]:
         return self.cfg.layers_per_stage(num_stages)
 
-    def stage_modules(self, num_stages: int, wanted: list[int], prepare: Prepare | None = None) -> dict[int, nn.Module]:
+    def stage_modules(self, num_stages: int, wanted: list[int], prepare: Prepare | None = None,
+                      ep: tuple[int, int] | None = None) -> dict[int, nn.Module]:
         """The stages' modules; a transformer's pieces each `prepare`d as it is built (the MLP's tensor parallelism
-        pairs layers, so its stages are prepared whole, by the caller)."""
+        pairs layers, so its stages are prepared whole, by the caller); `ep` (the rank's ep coordinate, ep): its MoE
+        MLPs draw only that rank's experts."""
         piecewise = prepare if self.cfg.model.kind == "gpt" else None
-        return build_stages(self.cfg.model, self.layers_per_stage(num_stages), wanted, piecewise)
+        return build_stages(self.cfg.model, self.layers_per_stage(num_stages), wanted, piecewise, ep)
 
     def batch(self, step: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         return synthetic_batch(self.cfg.model, step, device)
@@ -86,8 +88,10 @@ class PiecesWorkload:
             start += n
         return out
 
-    def stage_modules(self, num_stages: int, wanted: list[int], prepare: Prepare | None = None) -> dict[int, nn.Module]:
-        """The stages' modules, unprepared (`prepare` is for pipesim's own models: the caller prepares these)."""
+    def stage_modules(self, num_stages: int, wanted: list[int], prepare: Prepare | None = None,
+                      ep: tuple[int, int] | None = None) -> dict[int, nn.Module]:
+        """The stages' modules, unprepared (`prepare` and `ep` are for pipesim's own models: the caller prepares
+        these)."""
         ranges = self.ranges(num_stages)
         return {s: StageModule({i: self.pieces[i] for i in ranges[s]}) for s in wanted}
 

@@ -77,7 +77,7 @@ def test_a_stage_built_alone_holds_the_full_models_pieces_bit_for_bit(monkeypatc
     full = dict(build_full(model).named_parameters())
     built = []
     real = executor.models.build_piece
-    monkeypatch.setattr(executor.models, "build_piece", lambda cfg, i: built.append(i) or real(cfg, i))
+    monkeypatch.setattr(executor.models, "build_piece", lambda cfg, i, ep=None: built.append(i) or real(cfg, i, ep))
     last = executor.models.build_stages(model, [2, 2], [1])[1]
     assert built == [3, 4, 5, 0]  # its pieces, then the embedding whose values the tied head copies
     for name, value in last.named_parameters():

@@ -15,7 +15,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import schedules
 from executor.experts import MoeMLP, drive, expert_parameters, shard_experts
-from executor.models import StageModule, build_full, set_recompute
+from executor.models import StageModule, build_full, build_piece, set_recompute
 from executor.run_config import RunConfig
 from executor.stage import backward_input, backward_weight
 from executor.transformer import Block
@@ -79,6 +79,20 @@ def test_an_ep_ranks_moe_mlp_holds_the_parameters_the_simulator_counts(ep, share
     assert sum(p.numel() for p in layer.parameters()) == moe_block_params(model, opts)
     assert sum(p.numel() for p in expert_parameters([layer])) == expert_params_here(model, opts)
     assert [n for n, _ in layer.experts.named_children()] == [str(e) for e in range(4 - 4 // ep, 4)]
+
+
+@pytest.mark.parametrize("ep", [2, 4])
+def test_an_ep_rank_draws_only_its_experts_and_they_are_the_whole_layers(ep):
+    """Each expert from its own seed: a block built for ep coordinate r holds experts r E / ep .. (r + 1) E / ep - 1
+    alone (never drawing the others: a Qwen3-235B layer's 128 experts are 9.7 GB in float32), every value the
+    whole block's, bit for bit."""
+    whole = build_piece(moe_model(), 1).state_dict()
+    for r in range(ep):
+        part = build_piece(moe_model(), 1, ep=(r, ep))
+        assert sorted(part.moe.experts, key=int) == [str(e) for e in range(r * 4 // ep, (r + 1) * 4 // ep)]
+        got = part.state_dict()
+        assert set(got) <= set(whole) and all(torch.equal(whole[k], v) for k, v in got.items())
+        assert len(whole) - len(got) == (4 - 4 // ep) * 4  # the other experts' fc1/fc2 weights and biases
 
 
 def test_the_full_moe_model_holds_the_simulators_parameter_count():
