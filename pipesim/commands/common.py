@@ -145,15 +145,16 @@ def add_transformer_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--moe-load-imbalance", type=float, default=None, metavar="X",
                    help="mixture of experts, dropless: the most-loaded expert's tokens over the mean (default 1: "
                         "balanced); the slowest rank computes and receives that many more")
-    g.add_argument("--moe-expert-capacity-factor", type=float, default=None, metavar="CF",
-                   help="mixture of experts: drop tokens over CF x the mean per expert, buffers padded to it "
-                        "(Megatron-core's flag with --moe-pad-expert-input-to-capacity)")
     add_router_args(g)
 
 
 def add_router_args(g: argparse._ArgumentGroup) -> None:
     """How a mixture of experts' router trains (pipesim.model.moe), for `simulate` and `run`: Megatron-core's
-    load-balancing loss, z-loss and token-drop policy."""
+    capacity factor and token-drop policy, load-balancing loss and z-loss."""
+    g.add_argument("--moe-expert-capacity-factor", type=float, default=None, metavar="CF",
+                   help="mixture of experts: each expert keeps at most CF x the mean of its tokens (per sequence, per "
+                        "tp rank's part of it, in `pipesim run`), the rest dropped; the cost model pads buffers to it "
+                        "(Megatron-core's flag with --moe-pad-expert-input-to-capacity) (default: dropless)")
     g.add_argument("--moe-token-drop-policy", choices=DROP_POLICIES, default=None,
                    help="mixture of experts with a capacity factor: an expert over capacity keeps its "
                         "highest-probability tokens (probs, Megatron-core's default) or its first ones (position)")

@@ -51,9 +51,6 @@ def add_run_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--etp", type=positive_int, default=None, metavar="N",
                    help="--model moe: tensor parallelism inside each expert (Megatron-core's "
                         "--expert-tensor-parallel-size; default --tp); the executor runs 1")
-    g.add_argument("--moe-expert-capacity-factor", type=float, default=None, metavar="CF",
-                   help="--model moe: each expert keeps at most CF x s k / E of a sequence's token pairs, the rest "
-                        "dropped (default: dropless)")
     add_router_args(g)
     g.add_argument("--no-a2a-overlap", dest="a2a_overlap", action="store_false",
                    help="--model moe with --ep: run an overlapped F&B pair's halves back to back instead of issuing "
