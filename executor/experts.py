@@ -76,14 +76,14 @@ class MoeMLP(nn.Module):
         self.shared = Mlp(hidden, width, activation, biases) if width else None
         self.group = None  # the ep process group; None: every expert here (ep 1, the reference)
         self.ep = 1
-        # the load-balancing loss (none when coeff is 0); set by the runtime: its gradient's scale, the sequences
-        # of an aux_loss group (a microbatch's) and, under sequence parallelism, the tp group the counts sum over
+        # the load-balancing loss (none when coeff is 0); set by the runtime (set_routing): its gradient's scale, the
+        # sequences of an aux_loss group (a microbatch's) and, under sequence parallelism, the tp group the counts sum
+        # over (None where a group's tokens are all here)
         self.balance, self.aux_coeff = moe.balance, float(moe.aux_loss_coeff) if moe.balance_loss else 0.0
         self.z_coeff = float(moe.z_loss_coeff)
         self.aux_scale = 1.0
         self.balance_sequences: int | None = None  # None: the whole input is one group (aux_loss)
         self.tp_group = None
-        self.tp = 1  # the tp ranks a balance group's tokens are split over
         self.token_shards = 1  # the tp ranks a microbatch's tokens are split over (the z-loss's mean)
 
     def shard(self, ep_rank: int, ep: int, group) -> None:
@@ -172,7 +172,7 @@ class MoeMLP(nn.Module):
         counts = chose.view(groups, per * s, e).sum(dim=1)  # (groups, E): tokens per expert, f_i x tokens
         if self.tp_group is not None:  # the sequence's other tokens are on the other tp ranks
             dist.all_reduce(counts, group=self.tp_group)
-        tokens = per * s * self.tp  # a group's tokens over every tp rank
+        tokens = per * s * (self.token_shards if self.tp_group is not None else 1)  # a group's, over its tp ranks
         # sum_g sum_i counts_gi x sum_(t in g) p_ti, as one product over this rank's tokens (its gradient a product)
         weight = counts.repeat_interleave(per * s, dim=0).view(b, s, e)
         return (weight * probs).sum() * (self.aux_coeff * e / (self.top_k * groups * tokens * tokens))
@@ -240,18 +240,19 @@ def expert_parameters(modules: Iterable[nn.Module]) -> list[nn.Parameter]:
             for p in sub.experts.parameters()]
 
 
-def set_balance(modules: Iterable[nn.Module], *, scale: float, sequences: int | None, tp_group=None, tp: int = 1,
-                split_sequences: bool = True) -> None:
-    """Every MoE MLP's load-balancing loss as this rank trains it: its gradient's `scale` (1 / microbatches), the
-    sequences of an aux_loss group (a microbatch's on this rank) and the tp group (of `tp` ranks) a microbatch is
+def set_routing(modules: Iterable[nn.Module], *, scale: float, sequences: int | None, tp_group=None, tp: int = 1,
+                split_sequences: bool = True, capacity_parts: int = 1) -> None:
+    """Every MoE MLP's routing and losses as this rank trains them: the losses' gradient `scale` (1 / microbatches),
+    the sequences of an aux_loss group (a microbatch's on this rank), the tp group (of `tp` ranks) a microbatch is
     split over under sequence parallelism (None: none), each sequence's tokens (`split_sequences`: a transformer) or
-    its rows (then a sequence is whole here, and only an aux_loss group spans the tp ranks)."""
+    its rows (then a sequence is whole here, and only an aux_loss group spans the tp ranks), and the parts of a
+    sequence an expert's capacity counts apart (the reference's: a run's tp ranks each route their own part)."""
     for module in modules:
         for sub in module.modules():
             if isinstance(sub, MoeMLP):
                 spans = tp_group is not None and (split_sequences or sub.balance == "aux_loss")
-                sub.aux_scale, sub.balance_sequences = scale, sequences
-                sub.tp_group, sub.tp = (tp_group, tp) if spans else (None, 1)
+                sub.aux_scale, sub.balance_sequences, sub.capacity_parts = scale, sequences, capacity_parts
+                sub.tp_group = tp_group if spans else None
                 sub.token_shards = tp if tp_group is not None else 1
 
 
@@ -262,4 +263,4 @@ def shard_experts(module: nn.Module, ep_rank: int, ep: int, group) -> None:
             sub.shard(ep_rank, ep, group)
 
 
-__all__ = ["MoeMLP", "drive", "expert_parameters", "finish", "set_balance", "shard_experts"]
+__all__ = ["MoeMLP", "drive", "expert_parameters", "finish", "set_routing", "shard_experts"]

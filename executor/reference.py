@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from executor.experts import MoeMLP, set_balance
+from executor.experts import set_routing
 from executor.models import build_full, loss_fn, synthetic_batch
 from pipesim.model.config import ModelConfig
 
@@ -27,10 +27,7 @@ def train_reference(model_cfg: ModelConfig, steps: int, *, optimizer: str = "sgd
     (None: the whole batch); `capacity_parts`: the parts of a sequence an expert's capacity counts apart, the run's
     tp under sequence parallelism."""
     model = build_full(model_cfg)
-    set_balance([model], scale=1.0, sequences=balance_sequences)
-    for sub in model.modules():
-        if isinstance(sub, MoeMLP):
-            sub.capacity_parts = capacity_parts
+    set_routing([model], scale=1.0, sequences=balance_sequences, capacity_parts=capacity_parts)
     params = list(model.parameters())
     opt = torch.optim.SGD(params, lr=lr) if optimizer == "sgd" else torch.optim.Adam(params, lr=lr)
     losses = []

@@ -25,7 +25,7 @@ from torch import nn
 
 from executor import rank_status
 from executor.expert_dispatch import ExchangeError, set_exchange_observer
-from executor.experts import set_balance, shard_experts
+from executor.experts import set_routing, shard_experts
 from executor.faults import die, inject
 from executor.gradient_sync import GradientSync
 from executor.mesh import Mesh
@@ -87,7 +87,7 @@ class Runtime:
         self.mb_size = workload.batch_rows // (mesh.dp * m)
         self.rows = self.mb_size // mesh.tp if self.sp and self.seq_shards == 1 else self.mb_size  # on this rank
         # the load-balancing loss: a microbatch's rows here, its counts summed over tp where tp splits its groups
-        set_balance(modules.values(), scale=1.0 / m, sequences=self.rows, tp_group=mesh.tp_group if self.sp else None,
+        set_routing(modules.values(), scale=1.0 / m, sequences=self.rows, tp_group=mesh.tp_group if self.sp else None,
                     tp=mesh.tp, split_sequences=self.seq_shards > 1)
         model_boundaries = workload.boundaries(schedule.model_stages, self.rows, self.seq_shards)  # out of stage k
         self.transfers = PipelineTransfers(self.schedule, self.me, mesh, model_boundaries, device,
