@@ -18,7 +18,7 @@ from pipesim.comm.tp_collective import TpCollective
 from pipesim.cost.fp8_costs import fp8_stage_costs, stage_fp8_expert_params, with_weight_casts
 from pipesim.cost.host_issue import NO_HOST_ISSUE, stage_host_issue
 from pipesim.cost.kernel_costs import StageSeconds, gpt_stage_seconds, mlp_stage_seconds
-from pipesim.cost.stage_work import Work, gpt_stage_work, mlp_stage_work
+from pipesim.cost.stage_work import Work, gpt_stage_work, mlp_stage_work, moe_layers_per_stage
 from pipesim.cost.step_costs import StepCosts, ring_exchanges, step_costs
 from pipesim.cost.table import CostTable, StageCosts
 from pipesim.cost.tp_hiding import stage_tp_collectives
@@ -116,7 +116,7 @@ def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hard
         raise PipesimError(f"--tp-comm-overlap times each GEMM kernel by kernel: {hw.name} has no GPU device family "
                            "(use a GPU preset)")
     split = split_layers(model.layers, num_stages, layer_split)
-    moe_counts = _moe_layers_per_stage(model, split)
+    moe_counts = moe_layers_per_stage(model, split)
     # per stage: (its layers --first-last-layers-bf16 keeps in bf16, of them with experts); the FP8 parts are the rest
     bf16 = _bf16_layers_per_stage(model, split, job)
     bf16_opts = job.bf16_layer_options(model) if any(k for k, _ in bf16) else None
@@ -236,15 +236,6 @@ def _bf16_layers_per_stage(model: ModelConfig, split: list[int], job: Job) -> li
     if job.bf16_layers is None or model.kind != "gpt":
         return [(0, 0)] * len(split)
     return [job.bf16_layers.in_chunk(model, sum(split[:s]), n) for s, n in enumerate(split)]
-
-
-def _moe_layers_per_stage(model: ModelConfig, split: list[int]) -> list[int]:
-    """How many of each stage's layers have experts (stages in model order: stage s holds the layers after the
-    earlier stages')."""
-    if model.moe is None:
-        return [0] * len(split)
-    starts = [sum(split[:s]) for s in range(len(split))]
-    return [model.moe.moe_layers(start, n) for start, n in zip(starts, split, strict=True)]
 
 
 def _add_exchanges(out: dict, stage: int, model: ModelConfig, b: int, opts: LayerOptions, work: Work) -> None:

@@ -306,15 +306,23 @@ def stage_work(model: ModelConfig, num_stages: int, m: int) -> list[tuple[FIW, F
     b = model.batch // m
     out = []
     split = split_layers(model.layers, num_stages)
-    for s, layers in enumerate(split):
+    for s, (layers, moe) in enumerate(zip(split, moe_layers_per_stage(model, split), strict=True)):
         if model.kind == "mlp":
             work = mlp_stage_work(model, b, layers, first=s == 0)
         else:
-            moe = model.moe.moe_layers(sum(split[:s]), layers) if model.moe is not None else 0
             work = gpt_stage_work(model, b, layers, first=s == 0, last=s == num_stages - 1, moe_layers=moe,
                                   executor_ops=True)
         out.append(tuple(tuple(part[k] for k in "FIW") for part in (work.flops, work.moved, work.ops)))
     return out
+
+
+def moe_layers_per_stage(model: ModelConfig, split: list[int]) -> list[int]:
+    """How many of each stage's layers have experts (stages in model order: stage s holds the layers after the
+    earlier stages')."""
+    if model.moe is None:
+        return [0] * len(split)
+    starts = [sum(split[:s]) for s in range(len(split))]
+    return [model.moe.moe_layers(start, n) for start, n in zip(starts, split, strict=True)]
 
 
 def stage_flops(model: ModelConfig, num_stages: int, m: int) -> list[FIW]:
@@ -338,6 +346,5 @@ def action_flops(kind: str, stage: int, flops: FIW) -> tuple[FIW, int]:
     return ((0.0, i, w), 2) if stage == 0 else ((0.0, 0.0, w), 1)
 
 
-__all__ = ["CORE_OPS", "FIW", "UNTIMED", "Work", "action_flops",
-           "gpt_block_activation_bytes", "gpt_block_flops", "gpt_stage_work", "mlp_stage_work", "stage_flops",
-           "stage_work"]
+__all__ = ["CORE_OPS", "FIW", "UNTIMED", "Work", "action_flops", "gpt_block_activation_bytes", "gpt_block_flops",
+           "gpt_stage_work", "mlp_stage_work", "moe_layers_per_stage", "stage_flops", "stage_work"]
