@@ -42,7 +42,6 @@ from collections.abc import Generator, Iterable
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 
 from executor.expert_dispatch import Pending, exchange_counts, issue
@@ -110,7 +109,8 @@ class MoeMLP(nn.Module):
         order = torch.argsort(-weights, dim=1, stable=True) if self.drop_policy == "probs" else \
             torch.arange(experts.shape[1], device=experts.device).expand_as(experts)
         queued = experts.gather(1, order)
-        onehot = F.one_hot(queued, self.num_experts)  # (b parts, s k / parts, E)
+        # (b parts, s k / parts, E); a scatter, not F.one_hot, whose range check reads the indices back to the host
+        onehot = queued.new_zeros(*queued.shape, self.num_experts).scatter_(-1, queued.unsqueeze(-1), 1)
         place = ((onehot.cumsum(dim=1) - 1) * onehot).sum(dim=-1)  # each pair's place in its expert's queue
         return (torch.empty_like(place).scatter_(1, order, place) < capacity).reshape(b, -1)
 
