@@ -43,7 +43,7 @@ def test_bundled_llama3_configs(name, layers, hidden, heads, ffn, max_seq, param
 
 
 def test_bundled_names_and_overrides():
-    assert bundled_configs() == ["deepseek-v3", "llama3-405b", "llama3-70b", "llama3-8b", "llama3.1-70b",
+    assert bundled_configs() == ["deepseek-v3", "kimi-k2", "llama3-405b", "llama3-70b", "llama3-8b", "llama3.1-70b",
                                  "llama3.1-8b", "mixtral-8x22b",
                                  "mixtral-8x7b", "nemotron4-15b", "nemotron4-340b", "qwen3-235b-a22b",
                                  "qwen3-30b-a3b"]
@@ -100,7 +100,7 @@ def test_gelu_layernorm_tied_and_defaults(tmp_path):
                               "(down(act(gate x) * up x)); pipesim models the gated MLP with silu or swish only")
     qwen2 = _write(tmp_path, {**LLAMA, "model_type": "qwen2"})
     with pytest.raises(PipesimError, match=r"model_type \('qwen2': pipesim models llama, mistral, mixtral, "
-                                           r"deepseek_v3, qwen3, qwen3_moe, nemotron\)"):
+                                           r"deepseek_v3, qwen3, qwen3_moe, nemotron, kimi_k2\)"):
         load_hf_config(qwen2)
 
 
@@ -136,7 +136,7 @@ def test_unreadable_files_and_unknown_names(tmp_path):
     with pytest.raises(PipesimError) as err:
         load_hf_config("llama9-1t")
     assert str(err.value) == ("--model-config llama9-1t: no such file or bundled config "
-                              "(bundled: deepseek-v3, llama3-405b, llama3-70b, llama3-8b, llama3.1-70b, llama3.1-8b, "
+                              "(bundled: deepseek-v3, kimi-k2, llama3-405b, llama3-70b, llama3-8b, llama3.1-70b, llama3.1-8b, "
                               "mixtral-8x22b, mixtral-8x7b, nemotron4-15b, nemotron4-340b, qwen3-235b-a22b, "
                               "qwen3-30b-a3b)")
     with pytest.raises(PipesimError, match="is longer than .*'s max_position_embeddings 8192$"):

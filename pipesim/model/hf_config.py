@@ -9,7 +9,7 @@ attention_bias / mlp_bias (default false), attention_dropout (default 0: no drop
 embeddings are rotary (Llama's). Every other key is checked by `pipesim.model.hf_keys`: one that changes nothing
 pipesim models is ignored (and listed), one that would change the model (experts, latent attention, a
 sliding window shorter than the sequence, ...) refuses the file. The bundled configs
-(pipesim/model/configs/) load by name: `llama3-405b`, `mixtral-8x7b`, `qwen3-30b-a3b`, `qwen3-235b-a22b`.
+(pipesim/model/configs/) load by name: `llama3-405b`, `mixtral-8x7b`, `qwen3-30b-a3b`, `qwen3-235b-a22b`, `kimi-k2`.
 
 A "mixtral" file is Llama's layer with every MLP a mixture of experts (transformers' MixtralSparseMoeBlock):
 `num_local_experts` experts (default 8, as MixtralConfig), `num_experts_per_tok` of them per token (default 2),
@@ -25,7 +25,8 @@ top_k, `moe_intermediate_size` -> expert_ffn and the shared experts' width, `n_s
 "noaux_tc" -> a per-expert routing bias); `num_nextn_predict_layers` -> mtp_layers (absent: none). Its gated MLP
 and bias-free linears are Llama's. `moe_layer_freq` other than 1 is refused (DeepSeek places experts where
 l % freq == 0, MoeConfig.every where (l + 1) % every == 0), as is a `scoring_func` other than sigmoid or softmax
-and a `topk_method` DeepSeek's code does not know.
+and a `topk_method` DeepSeek's code does not know. A "kimi_k2" file (Moonshot AI's Kimi K2) runs the same
+DeepseekV3ForCausalLM code and is read as a "deepseek_v3" one (pipesim.model.hf_keys.TYPE_ALIASES).
 
 A "qwen3" file (Qwen3ForCausalLM) is Llama's layer with QK-norm (an RMSNorm over head_dim on every query and key head:
 ModelConfig.qk_norm) and heads of `head_dim` whatever hidden_size / num_attention_heads is (ModelConfig.head_width):
@@ -45,7 +46,7 @@ from pathlib import Path
 
 from pipesim.errors import PipesimError
 from pipesim.model.config import DTYPE_BYTES, ModelConfig
-from pipesim.model.hf_keys import KeyReport, check_keys
+from pipesim.model.hf_keys import KeyReport, check_keys, code_type
 from pipesim.model.latent_attention import LatentAttention
 from pipesim.model.moe import MoeConfig
 
@@ -128,8 +129,9 @@ def model_from_hf(cfg: dict, *, where: str, seq: int | None = None, batch: int =
     if seq > max_seq:
         raise PipesimError(f"--seq {seq} is longer than {where}'s max_position_embeddings {max_seq}")
     check_keys(cfg, where=where, seq=seq)  # a key that changes the model and is not modelled: refused
+    kind = code_type(cfg)  # the code the file runs: "kimi_k2" is DeepSeek-V3's (pipesim.model.hf_keys.TYPE_ALIASES)
     heads = sizes["num_attention_heads"]
-    qwen3 = cfg.get("model_type") in QWEN3_TYPES
+    qwen3 = kind in QWEN3_TYPES
     if qwen3:
         for name in ("num_key_value_heads", "head_dim"):
             _required(cfg, name, where)
@@ -144,8 +146,8 @@ def model_from_hf(cfg: dict, *, where: str, seq: int | None = None, batch: int =
     if act not in GATED_ACTS + PLAIN_ACTS + SQUARED_RELU:
         raise PipesimError(f"{where}: field 'hidden_act' {act!r} is not supported; "
                            f"choose one of {', '.join(GATED_ACTS + PLAIN_ACTS + SQUARED_RELU)}")
-    if cfg.get("model_type") in GATED_TYPES and act not in GATED_ACTS:
-        raise PipesimError(f"{where}: field 'hidden_act' {act!r}: a {cfg['model_type']} MLP is gated whatever its "
+    if kind in GATED_TYPES and act not in GATED_ACTS:
+        raise PipesimError(f"{where}: field 'hidden_act' {act!r}: a {kind} MLP is gated whatever its "
                            "activation (down(act(gate x) * up x)); pipesim models the gated MLP with silu or swish "
                            "only")
     if not qwen3 and "head_dim" in cfg and _positive_int(cfg, "head_dim", where) * heads != sizes["hidden_size"]:
@@ -164,14 +166,14 @@ def model_from_hf(cfg: dict, *, where: str, seq: int | None = None, batch: int =
     biases = _bool(cfg, "attention_bias", False, where) or _bool(cfg, "mlp_bias", False, where)
     tied = _bool(cfg, "tie_word_embeddings", False, where)
     moe = _mixtral_experts(cfg, sizes["intermediate_size"], act=act, biases=biases, where=where) \
-        if cfg.get("model_type") == "mixtral" else None
+        if kind == "mixtral" else None
     mla, mtp, head_width = None, 0, None
-    if cfg.get("model_type") == "deepseek_v3":
+    if kind == "deepseek_v3":
         moe, mla = _deepseek_experts(cfg, where), _deepseek_attention(cfg, where)
         mtp = _count(cfg, "num_nextn_predict_layers", where) if cfg.get("num_nextn_predict_layers") is not None else 0
     if qwen3:
         head_width = _qwen3_attention(cfg, biases=biases, where=where)
-    if cfg.get("model_type") == "qwen3_moe":
+    if kind == "qwen3_moe":
         moe = _qwen3_experts(cfg, sizes["num_hidden_layers"], where)
     try:
         return ModelConfig(kind="gpt", hidden=sizes["hidden_size"], layers=sizes["num_hidden_layers"], heads=heads,

@@ -88,6 +88,17 @@ TYPE_NO_EFFECT = {# DeepSeek-V3's router: the sequence-wise balance loss (aux_lo
 # Llama's layer with QK-norm and an explicit head_dim) (qwen2 is not: its q, k and v have biases and its output
 # projection none, which ModelConfig.biases cannot say)
 MODEL_TYPES = ("llama", "mistral", "mixtral", "deepseek_v3", "qwen3", "qwen3_moe", "nemotron")
+# model types whose files run another type's code, read as that type: Moonshot AI's Kimi K2 "reuses the
+# DeepSeekV3CausalLM architecture" and names itself "kimi_k2" only so that inference engines can tell the two apart
+# (MoonshotAI/Kimi-K2 docs/deploy_guidance.md, which suggests model_type "deepseek_v3" for a framework that does not
+# know it; its config.json's architectures and auto_map name DeepseekV3ForCausalLM and configuration_deepseek)
+TYPE_ALIASES = {"kimi_k2": "deepseek_v3"}
+
+
+def code_type(cfg: dict) -> str | None:
+    """The model type whose code a config.json runs: its model_type, or the type an alias runs (TYPE_ALIASES)."""
+    kind = cfg.get("model_type")
+    return TYPE_ALIASES.get(kind, kind) if isinstance(kind, str) else kind
 
 
 @dataclass(frozen=True)
@@ -109,7 +120,7 @@ def check_keys(cfg: dict, *, where: str, seq: int) -> KeyReport:
     read, ignored = [], []
     window = cfg.get("sliding_window")
     window_whole = not cfg.get("use_sliding_window", True) or (isinstance(window, int) and window >= seq)
-    kind = cfg.get("model_type")
+    kind = code_type(cfg)
     type_read = TYPE_MODELED.get(kind, ()) if isinstance(kind, str) else ()
     type_ignored = TYPE_NO_EFFECT.get(kind, ()) if isinstance(kind, str) else ()
     for key, value in cfg.items():
@@ -126,7 +137,7 @@ def check_keys(cfg: dict, *, where: str, seq: int) -> KeyReport:
         else:
             changing[key] = "unknown to pipesim"
     if kind is not None and kind not in MODEL_TYPES:
-        changing["model_type"] = f"{kind!r}: pipesim models {', '.join(MODEL_TYPES)}"
+        changing["model_type"] = f"{kind!r}: pipesim models {', '.join((*MODEL_TYPES, *TYPE_ALIASES))}"
     if changing:
         why: dict[str, list[str]] = {}
         for key, what in changing.items():
@@ -137,5 +148,5 @@ def check_keys(cfg: dict, *, where: str, seq: int) -> KeyReport:
     return KeyReport(tuple(read), tuple(ignored))
 
 
-__all__ = ["MODELED", "MODEL_TYPES", "NO_EFFECT", "OFF_WHEN_EMPTY", "TYPE_MODELED", "TYPE_NO_EFFECT", "KeyReport",
-           "check_keys"]
+__all__ = ["MODELED", "MODEL_TYPES", "NO_EFFECT", "OFF_WHEN_EMPTY", "TYPE_ALIASES", "TYPE_MODELED", "TYPE_NO_EFFECT",
+           "KeyReport", "check_keys", "code_type"]
