@@ -11,6 +11,7 @@ import pytest
 from pipesim.cli import main
 from pipesim.commands.common import add_model_args, add_transformer_args, model_config
 from pipesim.errors import PipesimError
+from pipesim.model.attention_window import SlidingWindow
 from pipesim.model.config import ModelConfig
 from pipesim.model.hf_config import bundled_configs, hf_key_report, load_hf_config, read_hf_config, resolve_model_config
 from pipesim.model.param_counts import model_params
@@ -43,8 +44,8 @@ def test_bundled_llama3_configs(name, layers, hidden, heads, ffn, max_seq, param
 
 
 def test_bundled_names_and_overrides():
-    assert bundled_configs() == ["deepseek-v3", "kimi-k2", "llama3-405b", "llama3-70b", "llama3-8b", "llama3.1-70b",
-                                 "llama3.1-8b", "mixtral-8x22b",
+    assert bundled_configs() == ["deepseek-v3", "gpt-oss-120b", "gpt-oss-20b", "kimi-k2", "llama3-405b",
+                                 "llama3-70b", "llama3-8b", "llama3.1-70b", "llama3.1-8b", "mixtral-8x22b",
                                  "mixtral-8x7b", "nemotron4-15b", "nemotron4-340b", "qwen3-235b-a22b",
                                  "qwen3-30b-a3b"]
     model = load_hf_config("llama3-8b", seq=4096, batch=512, dtype="float32")
@@ -100,7 +101,7 @@ def test_gelu_layernorm_tied_and_defaults(tmp_path):
                               "(down(act(gate x) * up x)); pipesim models the gated MLP with silu or swish only")
     qwen2 = _write(tmp_path, {**LLAMA, "model_type": "qwen2"})
     with pytest.raises(PipesimError, match=r"model_type \('qwen2': pipesim models llama, mistral, mixtral, "
-                                           r"deepseek_v3, qwen3, qwen3_moe, nemotron, kimi_k2\)"):
+                                           r"deepseek_v3, qwen3, qwen3_moe, nemotron, gpt_oss, kimi_k2\)"):
         load_hf_config(qwen2)
 
 
@@ -136,8 +137,9 @@ def test_unreadable_files_and_unknown_names(tmp_path):
     with pytest.raises(PipesimError) as err:
         load_hf_config("llama9-1t")
     assert str(err.value) == ("--model-config llama9-1t: no such file or bundled config "
-                              "(bundled: deepseek-v3, kimi-k2, llama3-405b, llama3-70b, llama3-8b, llama3.1-70b, llama3.1-8b, "
-                              "mixtral-8x22b, mixtral-8x7b, nemotron4-15b, nemotron4-340b, qwen3-235b-a22b, "
+                              "(bundled: deepseek-v3, gpt-oss-120b, gpt-oss-20b, kimi-k2, llama3-405b, llama3-70b, "
+                              "llama3-8b, llama3.1-70b, llama3.1-8b, mixtral-8x22b, mixtral-8x7b, nemotron4-15b, "
+                              "nemotron4-340b, qwen3-235b-a22b, "
                               "qwen3-30b-a3b)")
     with pytest.raises(PipesimError, match="is longer than .*'s max_position_embeddings 8192$"):
         load_hf_config("llama3-8b", seq=8193)
@@ -215,21 +217,25 @@ def test_latent_attention_multi_token_prediction_and_unknown_keys_are_refused(tm
 
 
 def test_switched_off_keys_and_a_window_as_long_as_the_sequence_change_nothing(tmp_path):
-    """Mistral 7B v0.1 attends in a 4096-token window: at --seq 4096 that is the whole causal mask, longer is
-    refused. Experts at 0 and a null window are off; `use_sliding_window: false` (Qwen2's key) turns a window off."""
+    """Mistral 7B v0.1 attends in a 4096-token window on every layer (MistralAttention): read, it windows a longer
+    sequence and at --seq 4096 is the whole causal mask. Experts at 0 and a null window are off; in a file whose type
+    has no window (llama) `use_sliding_window: false` (Qwen2's key) leaves any window off."""
     mistral = {**LLAMA, "model_type": "mistral", "max_position_embeddings": 32768, "sliding_window": 4096}
     path = _write(tmp_path, mistral)
-    with pytest.raises(PipesimError, match=r"sliding_window \(sliding-window attention\); refused"):
-        load_hf_config(path)
-    assert load_hf_config(path, seq=4096).seq == 4096
-    assert hf_key_report(path, seq=4096).ignored == ("sliding_window",)
-    off = {**LLAMA, "num_experts": 0, "sliding_window": None, "hidden_dropout": 0.0, "model_type": "mistral",
+    model = load_hf_config(path)
+    assert (model.window, model.window_size, model.windowed_layers(0, model.layers)) == \
+        (SlidingWindow(4096), 4096, model.layers)
+    assert load_hf_config(path, seq=4096).window_size is None
+    assert "sliding_window" in hf_key_report(path, seq=4096).read
+    off = {**LLAMA, "num_experts": 0, "sliding_window": None, "hidden_dropout": 0.0, "model_type": "llama",
            "use_sliding_window": False, "max_window_layers": 28}
     assert load_hf_config(_write(tmp_path, {**off, "sliding_window": 64})) == load_hf_config(_write(tmp_path, LLAMA))
     report = hf_key_report(_write(tmp_path, off))
     assert report.ignored == ("num_experts", "sliding_window", "hidden_dropout", "use_sliding_window",
                               "max_window_layers")
     assert report.read == tuple(LLAMA)  # every key of the Llama-style file is read
+    with pytest.raises(PipesimError, match=r"sliding_window \(sliding-window attention\); refused"):
+        load_hf_config(_write(tmp_path, {**off, "sliding_window": 64, "use_sliding_window": True}))
 
 
 def test_bundled_llama_configs_read_every_key_or_ignore_it_as_no_effect():

@@ -12,7 +12,7 @@ named GEMM's seconds, which the tensor-parallel collectives of a fused backward 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 from pipesim.cost.device_profiles import fp8_profile_of, profile_of
@@ -84,7 +84,8 @@ def kernel_seconds(kernel: Kernel, dtype: str, profile: DeviceProfile, sms: int 
     if isinstance(kernel, FlashAttention):
         return flash_attention_time(kernel.batch, kernel.seq, kernel.heads, kernel.head_dim, dtype, profile,
                                     kv_seq=kernel.kv_seq, kv_heads=kernel.kv_heads, causal=True,
-                                    backward=kernel.backward, sms=sms, v_head_dim=kernel.v_head_dim).seconds
+                                    backward=kernel.backward, sms=sms, v_head_dim=kernel.v_head_dim,
+                                    window=kernel.window).seconds
     return memory_bound_time(kernel.nbytes, profile).seconds
 
 
@@ -233,8 +234,9 @@ class StageSeconds:
 def gpt_stage_seconds(model: ModelConfig, b: int, layers: int, opts: LayerOptions, *, first: bool, last: bool,
                       fused: bool, family: str, kernels: KernelFigures | None = None,
                       grad_fusion: bool = True, grad_bytes: int = 0, moe_layers: int = 0,
-                      ce_fusion: str = "unfused") -> StageSeconds:
-    """Embedding (first stage), `layers` layers (`moe_layers` of them with experts), head + cross-entropy and the
+                      ce_fusion: str = "unfused", windowed: tuple[int, int] = (0, 0)) -> StageSeconds:
+    """Embedding (first stage), `layers` layers (`moe_layers` of them with experts; `windowed`: of the dense and of the
+    MoE ones, those attending over the model's sliding window), head + cross-entropy and the
     multi-token-prediction modules (last stage); each piece's gradients added into main_grad in its W, inside the
     wgrad GEMMs when `grad_fusion`."""
     total = [0.0, 0.0, 0.0]
@@ -244,12 +246,14 @@ def gpt_stage_seconds(model: ModelConfig, b: int, layers: int, opts: LayerOption
     pieces = []
     if first:
         pieces.append((embedding_seconds(model, b, opts, family, kernels, grad_fusion, grad_bytes), 1))
-    if layers > moe_layers:
-        pieces.append((layer_seconds(model, b, opts, fused, family, kernels, grad_fusion, grad_bytes),
-                       layers - moe_layers))
-    if moe_layers:
-        pieces.append((layer_seconds(model, b, opts, fused, family, kernels, grad_fusion, grad_bytes, moe=True),
-                       moe_layers))
+    narrow = replace(opts, window=model.window_size)  # a windowed layer's
+    for moe, count, n_windowed in ((False, layers - moe_layers, windowed[0]), (True, moe_layers, windowed[1])):
+        if count > n_windowed:
+            pieces.append((layer_seconds(model, b, opts, fused, family, kernels, grad_fusion, grad_bytes, moe=moe),
+                           count - n_windowed))
+        if n_windowed:
+            pieces.append((layer_seconds(model, b, narrow, fused, family, kernels, grad_fusion, grad_bytes, moe=moe),
+                           n_windowed))
     if last:
         pieces.append((head_seconds(model, b, opts, family, kernels, grad_fusion, grad_bytes, ce_fusion), 1))
     for k in range(model.mtp_layers if last else 0):  # each module: its own kernels, a block, the head again

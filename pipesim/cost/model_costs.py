@@ -18,7 +18,7 @@ from pipesim.comm.tp_collective import TpCollective
 from pipesim.cost.fp8_costs import fp8_stage_costs, stage_fp8_expert_params, with_weight_casts
 from pipesim.cost.host_issue import NO_HOST_ISSUE, stage_host_issue
 from pipesim.cost.kernel_costs import StageSeconds, gpt_stage_seconds, mlp_stage_seconds
-from pipesim.cost.stage_work import Work, gpt_stage_work, mlp_stage_work, moe_layers_per_stage
+from pipesim.cost.stage_work import Work, gpt_stage_work, mlp_stage_work, moe_layers_per_stage, windowed_per_stage
 from pipesim.cost.step_costs import StepCosts, ring_exchanges, step_costs
 from pipesim.cost.table import CostTable, StageCosts
 from pipesim.cost.tp_hiding import stage_tp_collectives
@@ -117,8 +117,11 @@ def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hard
                            "(use a GPU preset)")
     split = split_layers(model.layers, num_stages, layer_split)
     moe_counts = moe_layers_per_stage(model, split)
+    windowed = windowed_per_stage(model, split) if opts is not None else [(0, 0)] * num_stages
     # per stage: (its layers --first-last-layers-bf16 keeps in bf16, of them with experts); the FP8 parts are the rest
     bf16 = _bf16_layers_per_stage(model, split, job)
+    if model.window_size is not None:  # windowed layers are timed kernel by kernel, all in the one part
+        _check_windowed(model, hw, bf16)
     bf16_opts = job.bf16_layer_options(model) if any(k for k, _ in bf16) else None
     fp8_split = [n - k for n, (k, _) in zip(split, bf16, strict=True)]
     fp8_moe = [m - km for m, (_, km) in zip(moe_counts, bf16, strict=True)]
@@ -158,10 +161,11 @@ def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hard
                 part = mlp_stage_work(model, b, n, tp, first=s == 0)
             else:
                 part = gpt_stage_work(model, b, n, first=s == 0 and ends, last=last and ends, opts=part_opts,
-                                      moe_layers=moe, executor_ops=hw.host is not None)
+                                      moe_layers=moe, executor_ops=hw.host is not None, windowed=windowed[s])
             part_timed = _kernel_seconds(model, b, n, hw, part_opts, tp, first=s == 0 and ends, last=last and ends,
                                          fused=kernels.fusion, grad_fusion=kernels.grad_accum_fusion,
-                                         grad_bytes=grad_bytes, moe_layers=moe, ce_fusion=kernels.cross_entropy)
+                                         grad_bytes=grad_bytes, moe_layers=moe, ce_fusion=kernels.cross_entropy,
+                                         windowed=windowed[s])
             parts.append((part, part_timed, recipe if part_opts is opts else None))
         for part, part_timed, part_recipe in parts:  # each part's collectives hide behind its own GEMMs
             for key, colls in stage_tp_collectives(s, part, part_timed, part_recipe, kernels, model.dtype, hw).items():
@@ -230,6 +234,15 @@ def _step(counts: list[int], job: Job, *, hw: Hardware, precision: str, loss_sca
                       fp8_per_stage=fp8_params, fp8_experts_per_stage=fp8_experts)
 
 
+def _check_windowed(model: ModelConfig, hw: Hardware, bf16: list[tuple[int, int]]) -> None:
+    """A model with sliding-window layers: timed kernel by kernel (a GPU preset), its layers in one precision."""
+    if not hw.device.family:
+        raise PipesimError(f"sliding-window attention is timed kernel by kernel: {hw.name} has no GPU device family "
+                           "(use a GPU preset)")
+    if any(k for k, _ in bf16):
+        raise PipesimError("--first-last-layers-bf16 with sliding-window attention is not modelled")
+
+
 def _bf16_layers_per_stage(model: ModelConfig, split: list[int], job: Job) -> list[tuple[int, int]]:
     """Per stage (chunk, in model order): (its layers --first-last-layers-bf16 keeps in bf16, of them with experts);
     (0, 0) everywhere without it."""
@@ -260,7 +273,8 @@ def _add_exchanges(out: dict, stage: int, model: ModelConfig, b: int, opts: Laye
 
 def _kernel_seconds(model: ModelConfig, b: int, layers: int, hw: Hardware, opts: LayerOptions | None, tp: int, *,
                     first: bool, last: bool, fused: bool, grad_fusion: bool = True,
-                    grad_bytes: int = 0, moe_layers: int = 0, ce_fusion: str = "unfused") -> StageSeconds | None:
+                    grad_bytes: int = 0, moe_layers: int = 0, ce_fusion: str = "unfused",
+                    windowed: tuple[int, int] = (0, 0)) -> StageSeconds | None:
     """The stage's kernel seconds on the hardware's device family; None without one (the roofline path)."""
     family = hw.device.family
     if not family:
@@ -269,7 +283,7 @@ def _kernel_seconds(model: ModelConfig, b: int, layers: int, hw: Hardware, opts:
         return mlp_stage_seconds(model, b, layers, tp, first=first, family=family, kernels=hw.device.kernels)
     return gpt_stage_seconds(model, b, layers, opts, first=first, last=last, fused=fused, family=family,
                              kernels=hw.device.kernels, grad_fusion=grad_fusion, grad_bytes=grad_bytes,
-                             moe_layers=moe_layers, ce_fusion=ce_fusion)
+                             moe_layers=moe_layers, ce_fusion=ce_fusion, windowed=windowed)
 
 
 def _add_sm_share(out: dict, stage: int, timed: StageSeconds) -> None:

@@ -23,6 +23,7 @@ from pipesim.cost.executor_ops import (
     executor_block_ops,
     executor_moe_block_ops,
 )
+from pipesim.errors import PipesimError
 from pipesim.model.activations import (
     embedding_activation_bytes,
     head_activation_bytes,
@@ -176,8 +177,10 @@ def _gpt_shaped(model: ModelConfig) -> ModelConfig:
 
 
 def gpt_stage_work(model: ModelConfig, b: int, layers: int, *, first: bool, last: bool, tp: int = 1,
-                   opts: LayerOptions | None = None, moe_layers: int = 0, executor_ops: bool = False) -> Work:
-    """Embedding (first stage), `layers` blocks (`moe_layers` of them with experts), final norm + LM head + loss
+                   opts: LayerOptions | None = None, moe_layers: int = 0, executor_ops: bool = False,
+                   windowed: tuple[int, int] | None = None) -> Work:
+    """Embedding (first stage), `layers` blocks (`moe_layers` of them with experts; `windowed`: how many of the dense
+    and of the MoE ones attend over the model's sliding window, `windowed_per_stage`), final norm + LM head + loss
     (last stage).
 
     FLOPs (with recomputation in I), stash, parameters and tp collectives from pipesim/model/ under
@@ -213,10 +216,15 @@ def gpt_stage_work(model: ModelConfig, b: int, layers: int, *, first: bool, last
             core = ("recompute softmax", "recompute softmax dropout")  # the eager core's; counted in CORE_OPS
             others = sum(k.startswith("recompute ") and k not in core for k in ew)  # other modules' ops
             rerun_ops = (CORE_OPS if opts.recomputes("core_attn") else 0) + others
-        for moe, count in ((False, layers - moe_layers), (True, moe_layers)):
+        wd, wm = _windowed(model, windowed)
+        for moe, count, n_windowed in ((False, layers - moe_layers, wd), (True, moe_layers, wm)):
             if not count:
                 continue
             flops = moe_layer_flops(model, b, opts) if moe else layer_flops(model, b, opts)
+            band = flops  # the windowed layers': their attention core over the band (pipesim.model.flops)
+            if n_windowed:
+                narrow = replace(opts, window=model.window_size)
+                band = moe_layer_flops(model, b, narrow) if moe else layer_flops(model, b, narrow)
             stash = layer_activation_bytes(model, b, opts, moe=moe)
             params = block_params(model, tp)
             if moe:
@@ -227,8 +235,9 @@ def gpt_stage_work(model: ModelConfig, b: int, layers: int, *, first: bool, last
             bwd_colls = [c for c in tp_colls if c.phase != "F"]
             exchanges = ep_layer_exchanges(model, b, opts) if moe else []
             ops = executor_moe_block_ops(model, opts) if moe and executor_ops else block_ops
-            for _ in range(count):
-                work.add(flops.F, flops.I, flops.W, moved=(traffic, traffic + rerun if rerun else traffic, traffic),
+            for k in range(count):
+                f = band if k < n_windowed else flops
+                work.add(f.F, f.I, f.W, moved=(traffic, traffic + rerun if rerun else traffic, traffic),
                          act=stash, params=params, ops=(ops[0], ops[1] + rerun_ops, ops[2]))
                 _add_forward(work, fwd_colls)
                 _add_backward(work, bwd_colls)
@@ -306,13 +315,37 @@ def stage_work(model: ModelConfig, num_stages: int, m: int) -> list[tuple[FIW, F
     b = model.batch // m
     out = []
     split = split_layers(model.layers, num_stages)
+    windowed = windowed_per_stage(model, split) if model.kind == "gpt" else [(0, 0)] * len(split)
     for s, (layers, moe) in enumerate(zip(split, moe_layers_per_stage(model, split), strict=True)):
         if model.kind == "mlp":
             work = mlp_stage_work(model, b, layers, first=s == 0)
         else:
             work = gpt_stage_work(model, b, layers, first=s == 0, last=s == num_stages - 1, moe_layers=moe,
-                                  executor_ops=True)
+                                  executor_ops=True, windowed=windowed[s])
         out.append(tuple(tuple(part[k] for k in "FIW") for part in (work.flops, work.moved, work.ops)))
+    return out
+
+
+def _windowed(model: ModelConfig, windowed: tuple[int, int] | None) -> tuple[int, int]:
+    """A stage's (windowed dense, windowed MoE) layers as given; a model with a sliding window must say them."""
+    if windowed is None:
+        if model.window_size is not None:
+            raise PipesimError("a model with sliding-window layers needs each stage's windowed layers "
+                               "(windowed_per_stage)")
+        return 0, 0
+    return windowed
+
+
+def windowed_per_stage(model: ModelConfig, split: list[int]) -> list[tuple[int, int]]:
+    """Per stage (in model order): how many of its dense layers and of its MoE layers attend over the model's
+    sliding window (ModelConfig.windowed_layers); (0, 0) everywhere without one."""
+    out = []
+    start = 0
+    for n in split:
+        layers = [layer for layer in range(start, start + n) if model.windowed_layers(layer, 1)]
+        moe = sum(is_moe_layer(model, layer) for layer in layers)
+        out.append((len(layers) - moe, moe))
+        start += n
     return out
 
 
@@ -347,4 +380,5 @@ def action_flops(kind: str, stage: int, flops: FIW) -> tuple[FIW, int]:
 
 
 __all__ = ["CORE_OPS", "FIW", "UNTIMED", "Work", "action_flops", "gpt_block_activation_bytes", "gpt_block_flops",
-           "gpt_stage_work", "mlp_stage_work", "moe_layers_per_stage", "stage_flops", "stage_work"]
+           "gpt_stage_work", "mlp_stage_work", "moe_layers_per_stage", "stage_flops", "stage_work",
+           "windowed_per_stage"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 from pipesim.device.gemm import roofline
 from pipesim.device.profile import DTYPE_BYTES, DeviceProfile
@@ -67,6 +68,25 @@ def attention_flops(batch: int, seq: int, heads: int, head_dim: int, *, kv_seq: 
     return flops / 2 if causal else flops
 
 
+def band_pairs(seq: int, size: int) -> int:
+    """Causal (query, key) pairs of one head of a windowed layer over `seq` tokens: sum of min(i + 1, size)."""
+    if size >= seq:
+        return seq * (seq + 1) // 2
+    return size * seq - size * (size - 1) // 2
+
+
+@lru_cache(maxsize=1 << 12)
+def band_tile_pairs(seq: int, size: int, block: int) -> int:
+    """(query, key) pairs a flash kernel computes for one head of a windowed layer: every B x B tile the band touches,
+    whole (B = `block`; pipesim.model.attention_window gives the formula)."""
+    total = 0
+    for first in range(0, seq, block):
+        last = min(first + block, seq) - 1  # the query block's last row
+        earliest = max(0, first - (size - 1))  # its first row's earliest key
+        total += (last // block - earliest // block + 1) * block * (last - first + 1)
+    return total
+
+
 def causal_tile_factor(kv_seq: int) -> float:
     """Executed over counted FLOPs of a causal flash kernel: 1 + FLASH_QUERY_BLOCK / kv_seq.
 
@@ -80,7 +100,8 @@ def causal_tile_factor(kv_seq: int) -> float:
 
 def flash_attention_time(batch: int, seq: int, heads: int, head_dim: int, dtype: str, device: DeviceProfile, *,
                          kv_seq: int | None = None, kv_heads: int | None = None, causal: bool = False,
-                         backward: bool = False, sms: int | None = None, v_head_dim: int | None = None) -> KernelTime:
+                         backward: bool = False, sms: int | None = None, v_head_dim: int | None = None,
+                         window: int | None = None) -> KernelTime:
     """Seconds of one flash-attention forward (or backward) kernel on `device`.
 
     compute = FLOPs executed (causal: the diagonal tiles whole, `causal_tile_factor`) / (peak x flash
@@ -92,9 +113,16 @@ def flash_attention_time(batch: int, seq: int, heads: int, head_dim: int, dtype:
     waves are ceil(blocks / sms), each SM keeping the device's per-SM rate (as pipesim.device.gemm).
     v_head_dim: the value (and output) head when it differs from the query/key head (latent attention): its
     FLOPs (`attention_flops`) at the same rate, V, O, dV, dO at that width.
+    window: a causal sliding window of that many keys (seq = kv_seq, one rank's whole sequence): its counted FLOPs the
+    band's (`band_pairs`), its executed ones the B x B tiles the band touches (`band_tile_pairs`), at the same rate.
     """
     flops = attention_flops(batch, seq, heads, head_dim, kv_seq=kv_seq, causal=causal, backward=backward,
                             v_head_dim=v_head_dim)
+    if window is not None:
+        if not causal or (kv_seq is not None and kv_seq != seq):
+            raise PipesimError("a sliding window is timed on a causal kernel over the rank's whole sequence")
+        per_pair = attention_flops(batch, 1, heads, head_dim, backward=backward, v_head_dim=v_head_dim)
+        flops = per_pair * band_pairs(seq, window)
     kv, kvh = seq if kv_seq is None else kv_seq, heads if kv_heads is None else kv_heads
     if not isinstance(kvh, int) or not 1 <= kvh <= heads or heads % kvh:
         raise PipesimError(f"kv_heads must divide heads ({heads}), got {kvh!r}")
@@ -106,7 +134,10 @@ def flash_attention_time(batch: int, seq: int, heads: int, head_dim: int, dtype:
     eff = device.flash_backward_efficiency if backward else device.flash_forward_efficiency
     blocks = batch * heads * math.ceil(seq / FLASH_QUERY_BLOCK)
     waves = math.ceil(blocks / free)
-    executed = flops * causal_tile_factor(kv) if causal else flops
+    if window is not None:
+        executed = per_pair * band_tile_pairs(seq, window, FLASH_QUERY_BLOCK)
+    else:
+        executed = flops * causal_tile_factor(kv) if causal else flops
     compute = executed / (device.peak(dtype) * eff) * (waves * device.sms / blocks)
     vd = head_dim if v_head_dim is None else v_head_dim
     q_o = batch * seq * heads * (head_dim + vd)  # elements of Q and O (and dQ, dO)
@@ -118,5 +149,6 @@ def flash_attention_time(batch: int, seq: int, heads: int, head_dim: int, dtype:
     return KernelTime(seconds, compute, memory, device.kernel_overhead, flops, moved)
 
 
-__all__ = ["BACKWARD_FLOP_RATIO", "FLASH_QUERY_BLOCK", "KernelTime", "attention_flops", "causal_tile_factor",
+__all__ = ["BACKWARD_FLOP_RATIO", "FLASH_QUERY_BLOCK", "KernelTime", "attention_flops", "band_pairs",
+           "band_tile_pairs", "causal_tile_factor",
            "flash_attention_time", "memory_bound_time"]

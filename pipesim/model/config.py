@@ -6,8 +6,10 @@ fields after `seed` turn it into a Llama-style model (grouped-query attention, S
 width, RMSNorm, RoPE, no biases or dropout, tied or untied embeddings), a mixture of experts (`moe`), DeepSeek's
 multi-head latent attention (`mla`) and its multi-token-prediction modules (`mtp_layers`), and Qwen3's attention
 (`head_width`: heads whose width is not hidden / heads, so that Q, K, V and the projection's input are heads x
-head_width wide; `qk_norm`: a norm over head_dim on every query and key head). Their defaults keep the "mlp" and
-"gpt" models exactly as they were, and `to_dict` leaves them out while at the default.
+head_width wide; `qk_norm`: a norm over head_dim on every query and key head), sliding-window attention (`window`,
+pipesim.model.attention_window) and GPT-OSS's attention sinks (`attention_sinks`: one learned logit per head that
+joins each softmax's denominator). Their defaults keep the "mlp" and "gpt" models exactly as they were, and `to_dict`
+leaves them out while at the default.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 
 from pipesim.errors import PipesimError
+from pipesim.model.attention_window import SlidingWindow
 from pipesim.model.latent_attention import LatentAttention
 from pipesim.model.moe import MoeConfig
 
@@ -24,8 +27,8 @@ ACTIVATIONS = ("gelu", "swiglu", "relu2")
 NORMS = ("layernorm", "rmsnorm")
 POSITIONS = ("learned", "rope")  # a learned (seq x hidden) table, or rotary embeddings (no parameters)
 STRUCTURE_FIELDS = ("kv_heads", "ffn_hidden", "activation", "norm", "dropout", "biases", "positions",
-                    "tied_embeddings", "moe", "mla", "mtp_layers", "head_width",
-                    "qk_norm")  # left out of to_dict while at their defaults
+                    "tied_embeddings", "moe", "mla", "mtp_layers", "head_width", "qk_norm", "window",
+                    "attention_sinks")  # left out of to_dict while at their defaults
 
 MAX_LAYERS = 1 << 16  # layers of one model: far above any published one, a step costed in well under a second
 
@@ -57,10 +60,14 @@ class ModelConfig:
     mtp_layers: int = 0  # DeepSeek-V3's multi-token-prediction modules after the last layer (on the last stage)
     head_width: int | None = None  # width of one attention head (config.json's head_dim); None: hidden / heads
     qk_norm: bool = False  # a norm (the model's kind) over head_dim on each query and key head (Qwen3's q/k_norm)
+    window: SlidingWindow | None = None  # sliding-window attention on some or all layers; None: full attention
+    attention_sinks: bool = False  # a learned logit per head in every softmax's denominator (GPT-OSS's sinks)
 
     def __post_init__(self) -> None:
         if isinstance(self.moe, dict):  # from to_dict / JSON
             object.__setattr__(self, "moe", MoeConfig(**self.moe))
+        if isinstance(self.window, dict):
+            object.__setattr__(self, "window", SlidingWindow(**self.window))
         if isinstance(self.mla, dict):
             object.__setattr__(self, "mla", LatentAttention(**self.mla))
         if self.kind not in ("mlp", "gpt"):
@@ -148,6 +155,32 @@ class ModelConfig:
         if m and self.positions == "learned":
             raise PipesimError("multi-token prediction (mtp_layers) with learned positions: Megatron-core supports "
                                "rope only")
+        self._check_window()
+
+    def _check_window(self) -> None:
+        """Sliding windows and sinks: a standard transformer's attention (not latent attention's, not with
+        multi-token prediction: pipesim models neither with them)."""
+        if self.window is not None and not isinstance(self.window, SlidingWindow):
+            raise PipesimError(f"window must be a SlidingWindow, got {type(self.window).__name__}")
+        if not isinstance(self.attention_sinks, bool):
+            raise PipesimError(f"attention_sinks must be true or false, got {self.attention_sinks!r}")
+        for name, on in (("sliding-window attention (window)", self.window is not None),
+                         ("attention sinks", self.attention_sinks)):
+            if on and self.kind != "gpt":
+                raise PipesimError(f"{name} needs a transformer (--model gpt or --model-config)")
+            if on and (self.mla is not None or self.mtp_layers):
+                raise PipesimError(f"{name} with latent attention or multi-token prediction is not modelled")
+
+    def windowed_layers(self, start: int, n: int) -> int:
+        """How many of layers start .. start + n - 1 attend over a window shorter than the sequence (0 without one:
+        a window at least as long as the sequence is full attention)."""
+        return 0 if self.window_size is None else self.window.windowed_layers(start, n)
+
+    @property
+    def window_size(self) -> int | None:
+        """Keys a windowed layer's query sees when that is fewer than the sequence; None: every layer attends fully."""
+        w = self.window
+        return w.size if w is not None and w.size < self.seq else None
 
     @property
     def dtype_bytes(self) -> int:
@@ -251,8 +284,9 @@ def unbuilt_structure(model: ModelConfig) -> list[str]:
     builds the whole model. It builds every dense layer the cost model costs (grouped-query attention, heads of
     their own width, QK-norm, each activation, norm and position kind, with or without biases) and a top-k router's
     experts, and a head tied to the embedding; not latent attention, multi-token prediction, DeepSeek-V3's routing
-    (groups, a score bias), or a Hugging Face config's own router loss (its training objective, not a layer). Its one
-    owner: the executor refuses such a model, the planner's run export says so."""
+    (groups, a score bias), GPT-OSS's sliding windows, attention sinks and router bias, or a Hugging Face config's
+    own router loss (its training objective, not a layer). Its one owner: the executor refuses such a model, the
+    planner's run export says so."""
     if model.kind != "gpt":
         return []
     moe = model.moe
@@ -260,6 +294,9 @@ def unbuilt_structure(model: ModelConfig) -> list[str]:
                                   ("multi-token prediction modules", model.mtp_layers > 0),
                                   ("group-limited routing", moe is not None and moe.groups > 1),
                                   ("the router's expert bias", moe is not None and moe.expert_bias),
+                                  ("sliding-window attention", model.window_size is not None),
+                                  ("attention sinks", model.attention_sinks),
+                                  ("a router bias", moe is not None and moe.router_bias),
                                   ("Hugging Face's router loss over every layer at once (output_router_logits; "
                                    "--moe-aux-loss-coeff trains Megatron-core's per layer)",
                                    moe is not None and moe.hf_router_loss > 0)) if on]

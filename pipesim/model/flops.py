@@ -12,9 +12,9 @@ the rank's own tokens) and its core with a query/key head of nope + rope and a v
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from pipesim.device.kernels import causal_tile_factor
+from pipesim.device.kernels import FLASH_QUERY_BLOCK, band_pairs, band_tile_pairs, causal_tile_factor
 from pipesim.model.config import ModelConfig
 from pipesim.model.latent_layer import check_latent, latent_linears, latent_widths
 from pipesim.model.op_recompute import OP, op_rerun_flops
@@ -71,9 +71,14 @@ def attention_core_flops(model: ModelConfig, b: int, opts: LayerOptions, *, caus
     Latent attention, with query/key width q = a (nope + rope) / t and value width v = a v_head / t on this rank:
     forward 2 b s_q s_k (q + v) (Q K^T, A V); eager backward twice that; flash backward 2 b s_q s_k (3 q + 2 v)
     (Q K^T again, dQ and dK of width q, dA and dV of width v). With q = v = h_q / t these are the lines above.
+
+    A windowed layer (`opts.window` w, cp 1): its causal pairs are the band's, band_pairs(s, w) = w s - w (w - 1) / 2
+    (pipesim.model.attention_window), which the full-square count takes twice, as it takes s^2 for s^2 / 2.
     """
     opts.check(model)
     pairs = b * opts.local_seq(model) * model.seq  # (query, key) pairs per head-dim, summed below over h_q
+    if opts.window is not None:  # the band, twice (the full-square convention; causal halves it back)
+        pairs = 2 * b * band_pairs(model.seq, opts.window)
     if model.mla is not None:
         check_latent(model, opts)
         qk, v = latent_widths(model, opts.tp)
@@ -167,7 +172,11 @@ def iteration_flops(model: ModelConfig, global_batch: int, opts: LayerOptions, *
     one = LayerOptions(recompute=opts.recompute, attention=opts.attention, recompute_modules=opts.recompute_modules)
     layer = layer_flops(model, global_batch, one, causal=causal)
     head = head_flops(model, global_batch, one)
-    total = (layer * model.layers + head).total
+    windowed = model.windowed_layers(0, model.layers)  # their attention core over the band (attention_core_flops)
+    total = (layer * (model.layers - windowed) + head).total
+    if windowed:
+        total += (layer_flops(model, global_batch, replace(one, window=model.window_size), causal=causal)
+                  * windowed).total
     if model.mtp_layers:
         total += (mtp_projection_flops(model, global_batch, one) + layer + head).total * model.mtp_layers
     if model.moe is not None:
@@ -214,10 +223,17 @@ def hardware_flops(model: ModelConfig, global_batch: int, opts: LayerOptions) ->
     if not opts.fused_attention:
         return total
     one = LayerOptions(recompute=opts.recompute, attention=opts.attention, recompute_modules=opts.recompute_modules)
+    rerun = opts.recompute == "full" or opts.recomputes("core_attn")
+    windowed = model.windowed_layers(0, model.layers)
     core = attention_core_flops(model, global_batch, one, causal=True)
-    rerun = core.F if opts.recompute == "full" or opts.recomputes("core_attn") else 0
-    extra = (core.total + rerun) * (causal_tile_factor(model.seq) - 1.0)  # FLOPs per layer in the diagonal tiles
-    return total + round(extra * (model.layers + model.mtp_layers))
+    extra = (core.total + (core.F if rerun else 0)) * (causal_tile_factor(model.seq) - 1.0)  # the diagonal tiles
+    total += round(extra * (model.layers - windowed + model.mtp_layers))
+    if windowed:  # the band's tiles, whole (pipesim.model.attention_window)
+        w = model.window_size
+        core = attention_core_flops(model, global_batch, replace(one, window=w), causal=True)
+        whole = band_tile_pairs(model.seq, w, FLASH_QUERY_BLOCK) / band_pairs(model.seq, w)
+        total += round((core.total + (core.F if rerun else 0)) * (whole - 1.0) * windowed)
+    return total
 
 
 def utilization(flops: float, seconds: float, gpus: int, peak: float) -> tuple[float, float]:

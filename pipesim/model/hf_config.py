@@ -46,6 +46,7 @@ from pathlib import Path
 
 from pipesim.errors import PipesimError
 from pipesim.model.config import DTYPE_BYTES, ModelConfig
+from pipesim.model.hf_gpt_oss import gpt_oss_experts, read_window
 from pipesim.model.hf_keys import KeyReport, check_keys, code_type
 from pipesim.model.latent_attention import LatentAttention
 from pipesim.model.moe import MoeConfig
@@ -57,11 +58,13 @@ GATED_ACTS = ("silu", "swish")  # a gated MLP: act(gate) * up, then down
 PLAIN_ACTS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast")
 SQUARED_RELU = ("relu2",)  # Nemotron-4's relu(x)^2 between two matrices (transformers' ACT2FN "relu2")
 # model types whose MLP is gated whatever hidden_act says (Mixtral's experts too: `_mixtral_experts`)
-GATED_TYPES = ("llama", "mistral", "deepseek_v3", "qwen3", "qwen3_moe")
+GATED_TYPES = ("llama", "mistral", "deepseek_v3", "qwen3", "qwen3_moe", "gpt_oss")
 MIXTRAL_DEFAULTS = {"num_local_experts": 8, "num_experts_per_tok": 2}  # transformers' MixtralConfig defaults
 DEEPSEEK_ROUTING = {"noaux_tc": True, "greedy": False, "group_limited_greedy": False}  # topk_method -> a score bias
 DEEPSEEK_SCORES = ("sigmoid", "softmax")  # scoring_func values DeepSeek's MoEGate computes
 QWEN3_TYPES = ("qwen3", "qwen3_moe")  # Llama's layer with QK-norm and an explicit head_dim
+OWN_HEAD_TYPES = (*QWEN3_TYPES, "gpt_oss")  # heads of head_dim whatever hidden_size / num_attention_heads is
+GPT_OSS_HEADS = {"head_dim": 64, "num_key_value_heads": 8}  # transformers' GptOssConfig defaults
 QWEN3_MOE_DEFAULTS = {"num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768,
                       "decoder_sparse_step": 1}  # transformers' Qwen3MoeConfig defaults
 
@@ -131,12 +134,14 @@ def model_from_hf(cfg: dict, *, where: str, seq: int | None = None, batch: int =
     check_keys(cfg, where=where, seq=seq)  # a key that changes the model and is not modelled: refused
     kind = code_type(cfg)  # the code the file runs: "kimi_k2" is DeepSeek-V3's (pipesim.model.hf_keys.TYPE_ALIASES)
     heads = sizes["num_attention_heads"]
-    qwen3 = kind in QWEN3_TYPES
+    qwen3, own_heads = kind in QWEN3_TYPES, kind in OWN_HEAD_TYPES
+    if kind == "gpt_oss":
+        cfg = {**GPT_OSS_HEADS, **cfg}  # its defaults where the file is silent
     if qwen3:
         for name in ("num_key_value_heads", "head_dim"):
             _required(cfg, name, where)
     kv_heads = _positive_int(cfg, "num_key_value_heads", where) if "num_key_value_heads" in cfg else heads
-    if not qwen3 and sizes["hidden_size"] % heads:
+    if not own_heads and sizes["hidden_size"] % heads:
         raise PipesimError(f"{where}: field 'num_attention_heads' {heads} does not divide hidden_size "
                            f"{sizes['hidden_size']}")
     if heads % kv_heads:
@@ -150,7 +155,7 @@ def model_from_hf(cfg: dict, *, where: str, seq: int | None = None, batch: int =
         raise PipesimError(f"{where}: field 'hidden_act' {act!r}: a {kind} MLP is gated whatever its "
                            "activation (down(act(gate x) * up x)); pipesim models the gated MLP with silu or swish "
                            "only")
-    if not qwen3 and "head_dim" in cfg and _positive_int(cfg, "head_dim", where) * heads != sizes["hidden_size"]:
+    if not own_heads and "head_dim" in cfg and _positive_int(cfg, "head_dim", where) * heads != sizes["hidden_size"]:
         raise PipesimError(f"{where}: field 'head_dim' {cfg['head_dim']!r} is not hidden_size / num_attention_heads "
                            f"({sizes['hidden_size']} / {heads}); pipesim needs them equal")
     if dtype is None:
@@ -163,7 +168,10 @@ def model_from_hf(cfg: dict, *, where: str, seq: int | None = None, batch: int =
     dropout = cfg.get("attention_dropout", 0.0)
     if not isinstance(dropout, (int, float)) or isinstance(dropout, bool) or not 0 <= dropout < 1:
         raise PipesimError(f"{where}: field 'attention_dropout' must be a number in [0, 1), got {dropout!r}")
-    biases = _bool(cfg, "attention_bias", False, where) or _bool(cfg, "mlp_bias", False, where)
+    biases = _bool(cfg, "attention_bias", kind == "gpt_oss", where) or _bool(cfg, "mlp_bias", False, where)
+    if kind == "gpt_oss" and not biases:
+        raise PipesimError(f"{where}: field 'attention_bias' false, but GPT-OSS's experts and router keep their biases "
+                           "(GptOssExperts), which pipesim's biases (every linear) cannot say")
     tied = _bool(cfg, "tie_word_embeddings", False, where)
     moe = _mixtral_experts(cfg, sizes["intermediate_size"], act=act, biases=biases, where=where) \
         if kind == "mixtral" else None
@@ -175,15 +183,19 @@ def model_from_hf(cfg: dict, *, where: str, seq: int | None = None, batch: int =
         head_width = _qwen3_attention(cfg, biases=biases, where=where)
     if kind == "qwen3_moe":
         moe = _qwen3_experts(cfg, sizes["num_hidden_layers"], where)
+    if kind == "gpt_oss":
+        head_width = _positive_int(cfg, "head_dim", where)
+        moe = gpt_oss_experts(cfg, sizes["intermediate_size"], router_loss=_hf_router_loss(cfg, where), where=where)
+    window = read_window(cfg, kind, sizes["num_hidden_layers"], where)
     try:
         return ModelConfig(kind="gpt", hidden=sizes["hidden_size"], layers=sizes["num_hidden_layers"], heads=heads,
                            seq=seq, vocab=sizes["vocab_size"], batch=batch, dtype=dtype, seed=seed,
                            kv_heads=kv_heads, ffn_hidden=sizes["intermediate_size"],
                            activation="swiglu" if act in GATED_ACTS else "relu2" if act in SQUARED_RELU else "gelu",
-                           norm="rmsnorm" if "rms_norm_eps" in cfg or qwen3 else "layernorm",  # norm_eps: LayerNorm
+                           norm="rmsnorm" if "rms_norm_eps" in cfg or own_heads else "layernorm",  # norm_eps: LayerNorm
                            dropout=dropout > 0, biases=biases, positions="rope",
                            tied_embeddings=tied, moe=moe, mla=mla, mtp_layers=mtp, head_width=head_width,
-                           qk_norm=qwen3)
+                           qk_norm=qwen3, window=window, attention_sinks=kind == "gpt_oss")
     except PipesimError as e:
         raise PipesimError(f"{where}: {e}") from None
 

@@ -39,7 +39,7 @@ MODELED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermedi
 NO_EFFECT = ("_name_or_path", "architectures", "transformers_version", "bos_token_id", "eos_token_id",
              "pad_token_id", "initializer_range", "rope_theta", "rope_scaling", "use_cache", "pretraining_tp",
              "tokenizer_class", "auto_map", "output_attentions", "output_hidden_states", "return_dict",
-             "max_window_layers")
+             "max_window_layers", "rope_parameters")  # rope_parameters: transformers 5's rope_theta and rope_scaling
 # off at a false, zero, null or empty value; on otherwise (then they change the computation)
 OFF_WHEN_EMPTY = {
     "num_local_experts": "mixture of experts", "n_routed_experts": "mixture of experts",
@@ -64,7 +64,8 @@ OFF_WHEN_EMPTY = {
     "attn_logit_softcapping": "logit soft-capping",
 }
 # read only in the model type whose code reads them (pipesim.model.hf_config turns them into a MoeConfig)
-TYPE_MODELED = {"mixtral": ("num_local_experts", "num_experts_per_tok", "router_aux_loss_coef", "output_router_logits"),
+TYPE_MODELED = {"mixtral": ("num_local_experts", "num_experts_per_tok", "router_aux_loss_coef", "output_router_logits",
+                            "sliding_window"),
                 "deepseek_v3": ("n_routed_experts", "num_experts_per_tok", "moe_intermediate_size", "n_shared_experts",
                                 "first_k_dense_replace", "moe_layer_freq", "topk_method", "q_lora_rank", "kv_lora_rank",
                                 "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "num_nextn_predict_layers",
@@ -72,7 +73,12 @@ TYPE_MODELED = {"mixtral": ("num_local_experts", "num_experts_per_tok", "router_
                 "qwen3_moe": ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step",
                               "mlp_only_layers", "norm_topk_prob", "router_aux_loss_coef", "output_router_logits"),
                 # Nemotron-4 (transformers' NemotronConfig): its LayerNorm's epsilon names the norm's kind
-                "nemotron": ("norm_eps",)}
+                "nemotron": ("norm_eps",),
+                # GPT-OSS: experts on every layer, windowed layers (pipesim.model.hf_gpt_oss)
+                "gpt_oss": ("num_local_experts", "num_experts_per_tok", "experts_per_token", "sliding_window",
+                            "layer_types", "router_aux_loss_coef", "output_router_logits"),
+                # every layer windowed by sliding_window (MistralAttention, MixtralAttention)
+                "mistral": ("sliding_window",)}
 # change nothing pipesim counts in that model type (Mixtral's and Qwen3-MoE's own router loss, router_aux_loss_coef
 # under output_router_logits, is read: MoeConfig.hf_router_loss, which the executor refuses)
 TYPE_NO_EFFECT = {# DeepSeek-V3's router: the sequence-wise balance loss (aux_loss_alpha, seq_aux) is a few FLOPs per
@@ -83,11 +89,13 @@ TYPE_NO_EFFECT = {# DeepSeek-V3's router: the sequence-wise balance loss (aux_lo
                                   "norm_topk_prob", "ep_size"),
                   # rotary embeddings on part of each head: Megatron applies them to that part and concatenates the
                   # rest back, the same tensors read and written as a whole-head rotation
-                  "nemotron": ("partial_rotary_factor",)}
+                  "nemotron": ("partial_rotary_factor",),
+                  # GPT-OSS: its SwiGLU's clamp and sigmoid gain (the same tensors as SwiGLU's), YaRN's original context
+                  "gpt_oss": ("swiglu_limit", "swiglu_alpha", "initial_context_length")}
 # decoders whose layers are nothing beyond MODELED and their TYPE_MODELED (Llama-style, DeepSeek-V3's, and Qwen3's:
 # Llama's layer with QK-norm and an explicit head_dim) (qwen2 is not: its q, k and v have biases and its output
 # projection none, which ModelConfig.biases cannot say)
-MODEL_TYPES = ("llama", "mistral", "mixtral", "deepseek_v3", "qwen3", "qwen3_moe", "nemotron")
+MODEL_TYPES = ("llama", "mistral", "mixtral", "deepseek_v3", "qwen3", "qwen3_moe", "nemotron", "gpt_oss")
 # model types whose files run another type's code, read as that type: Moonshot AI's Kimi K2 "reuses the
 # DeepSeekV3CausalLM architecture" and names itself "kimi_k2" only so that inference engines can tell the two apart
 # (MoonshotAI/Kimi-K2 docs/deploy_guidance.md, which suggests model_type "deepseek_v3" for a framework that does not
@@ -126,6 +134,11 @@ def check_keys(cfg: dict, *, where: str, seq: int) -> KeyReport:
     for key, value in cfg.items():
         if key in MODELED or key in type_read:
             read.append(key)
+        elif key == "layer_types":  # every layer full (Qwen3's newer files): nothing windowed
+            if isinstance(value, list) and all(v == "full_attention" for v in value):
+                ignored.append(key)
+            else:
+                changing[key] = "sliding-window attention"
         elif key in NO_EFFECT or key in type_ignored:
             ignored.append(key)
         elif key in OFF_WHEN_EMPTY:

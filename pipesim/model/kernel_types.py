@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pipesim.device.kernels import band_pairs
+
 
 @dataclass(frozen=True)
 class Gemm:
@@ -41,6 +43,7 @@ class FlashAttention:
     kv_heads: int  # key/value heads on this rank (GQA)
     backward: bool
     v_head_dim: int | None = None  # value (and output) width per head; None: head_dim (latent attention: narrower)
+    window: int | None = None  # keys a query sees under a causal sliding window; None: every key (kv_seq)
 
     @property
     def value_dim(self) -> int:
@@ -49,7 +52,11 @@ class FlashAttention:
     @property
     def flops(self) -> int:
         """The full-square count of pipesim.model.flops (forward 4 b s_q s_k h / t; backward 2.5x). With a value
-        head v other than the query/key head q: forward 2 b s_q s_k a (q + v), backward 2 b s_q s_k a (3 q + 2 v)."""
+        head v other than the query/key head q: forward 2 b s_q s_k a (q + v), backward 2 b s_q s_k a (3 q + 2 v).
+        A sliding window: s_q s_k is twice its band's pairs (pipesim.model.flops.attention_core_flops)."""
+        if self.window is not None:  # the band, twice (as standard attention: no latent attention has a window)
+            fwd = 8 * self.batch * band_pairs(self.seq, self.window) * self.heads * self.head_dim
+            return fwd * 10 // 4 if self.backward else fwd
         if self.value_dim != self.head_dim:
             pairs = 2 * self.batch * self.seq * self.kv_seq * self.heads
             return pairs * (3 * self.head_dim + 2 * self.value_dim if self.backward else self.head_dim + self.value_dim)

@@ -18,6 +18,7 @@ queries and one on the keys.
 
 from __future__ import annotations
 
+from pipesim.errors import PipesimError
 from pipesim.model.activations import MASK_BYTES
 from pipesim.model.config import ModelConfig
 from pipesim.model.cp_ring_kernels import cp_ring_bytes
@@ -79,7 +80,7 @@ def _linears(model: ModelConfig, b: int, opts: LayerOptions) -> tuple[list[Linea
 
 def _attention(model: ModelConfig, b: int, opts: LayerOptions) -> tuple[list[Kernel], list[Kernel]]:
     """The attention core's (forward, backward) GEMMs or flash kernels (latent attention: query/key head nope + rope,
-    value head v, one key/value head per query head)."""
+    value head v, one key/value head per query head; a windowed layer's kernels over its band, named apart)."""
     sq, sk = opts.local_seq(model), model.seq
     heads = model.heads // opts.tp
     if model.mla is not None:
@@ -90,10 +91,14 @@ def _attention(model: ModelConfig, b: int, opts: LayerOptions) -> tuple[list[Ker
         kvh = model.num_kv_heads // opts.tp
     if opts.cp > 1 and opts.cp_comm == "a2a":  # Ulysses: the whole sequence on heads / cp (the same FLOPs)
         sq, heads, kvh = sk, heads // opts.cp, kvh // opts.cp
+    if opts.window is not None and not opts.fused_attention:
+        raise PipesimError(f"sliding-window attention (a window of {opts.window} keys) is timed as a fused kernel "
+                           "only: give --attention flash")
     if opts.fused_attention:
         v = None if vd == hd else vd
-        fwd_f: list[Kernel] = [FlashAttention("flash attention", b, sq, heads, hd, sk, kvh, False, v)]
-        bwd_f: list[Kernel] = [FlashAttention("flash attention backward", b, sq, heads, hd, sk, kvh, True, v)]
+        name = "flash attention" if opts.window is None else "sliding-window attention"  # apart in StageSeconds
+        fwd_f: list[Kernel] = [FlashAttention(name, b, sq, heads, hd, sk, kvh, False, v, opts.window)]
+        bwd_f: list[Kernel] = [FlashAttention(f"{name} backward", b, sq, heads, hd, sk, kvh, True, v, opts.window)]
         if opts.cp > 1 and opts.cp_comm == "p2p":
             merge, sums = cp_ring_bytes(b * sq, heads, kvh, hd, vd, opts.cp, model.dtype_bytes)
             fwd_f.append(MemoryBound("CP ring merges", merge))

@@ -11,6 +11,8 @@ the most-loaded expert's tokens over the mean (1.0: perfectly balanced), what th
 rank computes and receives, since every rank waits for it at the combine. `expert_bias`: DeepSeek-V3's
 auxiliary-loss-free balancing adds a per-expert bias to the routing scores (E values per MoE layer: a parameter of its
 checkpoint, counted in its totals; Megatron-core's expert_bias buffer is updated outside the optimizer).
+`router_bias`: the router's linear has a bias of its own (GPT-OSS's GptOssTopKRouter: F.linear(x, weight, bias)),
+E trained parameters per MoE layer added to the logits before the top-k.
 `balance` and `aux_loss_coeff`: Megatron-core's load-balancing loss (--moe-router-load-balancing-type,
 --moe-aux-loss-coeff; its defaults "aux_loss" and 0, no loss), and `z_loss_coeff` its router z-loss (ST-MoE's,
 --moe-z-loss-coeff): a few FLOPs per token on scores the router made, no cost pipesim counts; the executor trains
@@ -47,6 +49,7 @@ class MoeConfig:
     capacity_factor: float | None = None  # None: dropless; else tokens per expert capped at cf x T k / E
     imbalance: float = 1.0  # the most-loaded expert's tokens / the mean (>= 1; dropless routing)
     expert_bias: bool = False  # a per-expert routing-score bias (DeepSeek-V3's e_score_correction_bias: E values)
+    router_bias: bool = False  # the router's linear has a bias (GPT-OSS's: E trained values)
     # group-limited routing (DeepSeek-V3's n_group / topk_group; Megatron-core's --moe-router-num-groups /
     # --moe-router-group-topk): the experts in `groups` equal groups, each token's k among `group_topk` of them
     groups: int = 1
@@ -79,8 +82,9 @@ class MoeConfig:
         if self.shared_ffn is not None and (not isinstance(self.shared_ffn, int) or isinstance(self.shared_ffn, bool)
                                             or self.shared_ffn < 1):
             raise PipesimError(f"moe shared_ffn must be a positive integer, got {self.shared_ffn!r}")
-        if not isinstance(self.expert_bias, bool):
-            raise PipesimError(f"moe expert_bias must be true or false, got {self.expert_bias!r}")
+        for name in ("expert_bias", "router_bias"):
+            if not isinstance(getattr(self, name), bool):
+                raise PipesimError(f"moe {name} must be true or false, got {getattr(self, name)!r}")
         if self.top_k > self.experts:
             raise PipesimError(f"moe top_k {self.top_k} is more than its {self.experts} experts")
         # an expert receives each token at most once: at most T of the mean's T k / E, so both ratios stay <= E / k

@@ -70,9 +70,9 @@ def expert_shapes(model: ModelConfig, b: int, opts: LayerOptions) -> ExpertShape
 
 
 def moe_block_params(model: ModelConfig, opts: LayerOptions) -> int:
-    """Parameters of one MoE MLP on one rank: the router (h x E, whole on every rank, no bias), its E / ep local
-    experts split etp ways, the shared experts split tp ways as the dense MLP, and the MLP's norm is the layer's
-    (counted with the attention block)."""
+    """Parameters of one MoE MLP on one rank: the router (h x E, whole on every rank; and its E biases with
+    `router_bias`), its E / ep local experts split etp ways, the shared experts split tp ways as the dense MLP, and
+    the MLP's norm is the layer's (counted with the attention block)."""
     moe = _moe(model)
     h = model.hidden
     matrices = 3 if model.activation == "swiglu" else 2
@@ -80,7 +80,8 @@ def moe_block_params(model: ModelConfig, opts: LayerOptions) -> int:
     shared = matrices * h * shared_width // opts.tp
     if model.biases and shared_width:
         shared += (matrices - 1) * shared_width // opts.tp + h
-    return h * moe.experts + expert_params_here(model, opts) + shared
+    router = h * moe.experts + (moe.experts if moe.router_bias else 0)
+    return router + expert_params_here(model, opts) + shared
 
 
 def expert_params_here(model: ModelConfig, opts: LayerOptions) -> int:

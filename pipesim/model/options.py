@@ -60,6 +60,9 @@ class LayerOptions:
     # Megatron-core's --activation-func-fp8-input-store: the fused SwiGLU saves its input for the backward as FP8
     # (pipesim.model.activations, pipesim.model.layer_kernels)
     act_fp8_store: bool = False
+    # the sliding window of the layer being costed (the model's window_size on its windowed layers, which the stage's
+    # costs pick: pipesim.model.attention_window); None: full attention
+    window: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("tp", "cp", "ep", "etp"):
@@ -80,6 +83,9 @@ class LayerOptions:
             raise PipesimError(f"--recompute-modules {discarded[0]} with FP8: delayed scaling does not support "
                                "moe_act and layernorm recompute (Megatron-core)")
         check_cp_comm(self.cp_comm)
+        if self.window is not None and (not isinstance(self.window, int) or isinstance(self.window, bool)
+                                        or self.window < 1):
+            raise PipesimError(f"window must be a positive integer or None, got {self.window!r}")
         if self.cp > 1 and not self.fused_attention:
             raise PipesimError(f"--cp {self.cp} needs --attention flash (ring attention runs the fused kernel)")
 
@@ -108,6 +114,12 @@ class LayerOptions:
         if self.act_fp8_store:
             check_act_fp8_store(model, self.recompute)
         t = self.tp
+        if self.window is not None and self.window != model.window_size:
+            raise PipesimError(f"a layer's window {self.window} is not the model's sliding window "
+                               f"({model.window_size})")
+        if model.window_size is not None and self.cp > 1:  # no windowed ring attention is modelled
+            raise PipesimError(f"--cp {self.cp} with sliding-window attention (a window of {model.window_size} keys) "
+                               "is not modelled: give --cp 1")
         if self.cp > 1 and model.seq % (2 * self.cp):
             raise PipesimError(f"--seq {model.seq} is not divisible by 2 x cp({self.cp}) "
                                "(ring attention's load-balanced causal split)")

@@ -28,8 +28,9 @@ def block_params(model: ModelConfig, tp: int = 1) -> int:
     QKV h (h_q + 2 h_kv) / t, projection h_q h / t, MLP 2 h f / t (GeLU) or 3 h f / t (SwiGLU); with
     biases (h_q + 2 h_kv) / t + h (attention) and f / t + h (GeLU MLP; 2 f / t + h for SwiGLU); norms
     2 h each (LayerNorm: weight and bias) or h (RMSNorm); with `qk_norm` the two norms over head_dim (query and
-    key), whole on every tp rank. h_q = heads x head_dim (h unless `head_width` says otherwise), h_kv = kv heads x
-    head_dim. The GPT (h_q = h_kv = h, f = 4h): 12 h^2 + 13 h at t = 1.
+    key), whole on every tp rank; with `attention_sinks` one logit per head, a / t (split with the heads, as
+    Megatron-core's learnable softmax offset). h_q = heads x head_dim (h unless `head_width` says otherwise), h_kv =
+    kv heads x head_dim. The GPT (h_q = h_kv = h, f = 4h): 12 h^2 + 13 h at t = 1.
     Latent attention (`model.mla`): its block (`latent_params`, no biases) in place of QKV and the projection.
     """
     h, f, t = model.hidden, model.ffn_size, tp
@@ -42,7 +43,8 @@ def block_params(model: ModelConfig, tp: int = 1) -> int:
     biases = 0
     if model.biases:
         biases = (hq + 2 * hkv) // t + h + (matrices - 1) * f // t + h
-    return weights + biases + norms + qk_norm_params(model)
+    sinks = model.heads // t if model.attention_sinks else 0
+    return weights + biases + norms + qk_norm_params(model) + sinks
 
 
 def qk_norm_params(model: ModelConfig) -> int:
@@ -130,8 +132,10 @@ def _experts(model: ModelConfig) -> MoeConfig:
 
 
 def router_params(model: ModelConfig) -> int:
-    """The router of one MoE layer: a linear h -> E without bias (Mixtral's `gate`, Megatron's TopKRouter)."""
-    return model.hidden * _experts(model).experts
+    """The router of one MoE layer: a linear h -> E, without bias (Mixtral's `gate`, Megatron's TopKRouter) unless
+    `router_bias` (GPT-OSS's router: E more)."""
+    moe = _experts(model)
+    return model.hidden * moe.experts + (moe.experts if moe.router_bias else 0)
 
 
 def expert_params(model: ModelConfig) -> int:

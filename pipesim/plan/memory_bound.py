@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from pipesim.cost.model_costs import precision_of
-from pipesim.cost.stage_work import gpt_stage_work
+from pipesim.cost.stage_work import gpt_stage_work, windowed_per_stage
 from pipesim.job import Job
 from pipesim.model.activations import stage_activation_bytes
 from pipesim.model.config import ModelConfig, split_layers
@@ -110,10 +110,12 @@ def moe_chunk_params(model: ModelConfig, chunks: int, opts: LayerOptions,
     """A mixture-of-experts model's (parameters, of which the routed experts') per chunk on one rank, exactly as
     model_costs counts them (`gpt_stage_work`: each chunk's MoE layers, the experts sharded over ep and etp)."""
     split = split or split_layers(model.layers, chunks)
+    windowed = windowed_per_stage(model, split)
     out = []
     for s, n in enumerate(split):
         work = gpt_stage_work(model, 1, n, first=s == 0, last=s == chunks - 1, opts=opts,
-                              moe_layers=model.moe.moe_layers(sum(split[:s]), n) if model.moe else 0)
+                              moe_layers=model.moe.moe_layers(sum(split[:s]), n) if model.moe else 0,
+                              windowed=windowed[s])
         out.append((round(work.param_count), round(work.expert_params)))
     return tuple(out)
 
