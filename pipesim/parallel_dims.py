@@ -154,8 +154,9 @@ class ParallelDims:
 
     def group(self, axis: str, rank: int) -> list[int]:
         """Members (global ranks, ascending) of `rank`'s group along `axis`: "pp", "dp", "cp" or "tp" of the dense
-        layout, "dp_cp" (the dense parameters' replicas, `dp_cp`), or "edp", "ep" or "etp" of the experts' (pp is
-        the same in both)."""
+        layout, "dp_cp" (the dense parameters' replicas, `dp_cp`), "tp_dp_cp" (every rank of its pipeline stage:
+        Megatron-core's amax reduction group, get_amax_reduction_group(with_context_parallel=True)), or "edp", "ep"
+        or "etp" of the experts' (pp is the same in both)."""
         if axis in AXES:
             me = self.coords(rank)
             fixed = {name: getattr(me, name) for name in AXES if name != axis}
@@ -163,11 +164,15 @@ class ParallelDims:
         if axis == "dp_cp":  # dp and cp are adjacent axes: the ranks of my pp and tp
             me = self.coords(rank)
             return [self.rank(pp=me.pp, dp=d, cp=c, tp=me.tp) for d in range(self.dp) for c in range(self.cp)]
+        if axis == "tp_dp_cp":  # the inner three axes: every rank of my pipeline stage
+            me = self.coords(rank)
+            return [self.rank(pp=me.pp, dp=d, cp=c, tp=t) for d in range(self.dp) for c in range(self.cp)
+                    for t in range(self.tp)]
         if axis in EXPERT_AXES:
             mine = self.expert_coords(rank)
             fixed = {name: getattr(mine, name) for name in EXPERT_AXES if name != axis}
             return [self.expert_rank(**fixed, **{axis: i}) for i in range(self._size(axis))]
-        choices = (*AXES, "dp_cp", *EXPERT_AXES[1:])
+        choices = (*AXES, "dp_cp", "tp_dp_cp", *EXPERT_AXES[1:])
         raise PipesimError(f"unknown axis {axis!r}; choose one of {', '.join(choices)}")
 
     def groups(self, axis: str) -> list[list[int]]:

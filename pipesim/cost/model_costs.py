@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 
 from pipesim.comm.expert_exchange import ExpertExchange
 from pipesim.comm.tp_collective import TpCollective
+from pipesim.cost.fp8_amax import amax_reductions
 from pipesim.cost.fp8_costs import fp8_stage_costs, stage_fp8_expert_params, with_weight_casts
 from pipesim.cost.host_issue import NO_HOST_ISSUE, stage_host_issue
 from pipesim.cost.kernel_costs import StageSeconds, gpt_stage_seconds, mlp_stage_seconds
@@ -170,6 +171,9 @@ def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hard
         for part, part_timed, part_recipe in parts:  # each part's collectives hide behind its own GEMMs
             for key, colls in stage_tp_collectives(s, part, part_timed, part_recipe, kernels, model.dtype, hw).items():
                 collectives[key] = collectives.get(key, ()) + colls
+        for kind, colls in amax_reductions(job.fp8, fp8_split[s] if opts is not None else 0,
+                                           first_stage=s == 0).items():  # delayed scaling's, over the whole stage
+            collectives[(s, kind)] = collectives.get((s, kind), ()) + colls
         work, timed = parts[0][0], parts[0][1]
         for part, part_timed, _ in parts[1:]:
             work.absorb(part)

@@ -99,7 +99,7 @@ def compile_programs(sched: Schedule, compute: TableCompute, hw: Hardware | None
     opts = job.comm
     shared = costs.sm_share if costs is not None and comm and par.dp_cp > 1 and costs.sm_share else {}
     every_grad = per_microbatch_stages(costs.step) if costs is not None else frozenset()
-    tp_collectives = costs.tp_collectives if costs is not None and comm and par.tp > 1 else {}
+    tp_collectives = costs.tp_collectives if costs is not None and comm else {}  # each over a group of more than 1
     ep_exchanges = costs.ep_exchanges if costs is not None and comm and par.ep > 1 else {}
     scatter = opts.scatter_gather and par.tp > 1 and not job.sp
     blocking = opts.blocks_sends(interleaved=sched.model_stages > sched.num_ranks)
@@ -267,15 +267,19 @@ def _scatter_gather(hw: Hardware, par: ParallelDims, src: int, dst: int, nbytes:
 
 def _tp_time(rank: int, action: Action, hw: Hardware | None, comm: bool, par: ParallelDims,
              tp_collectives: dict[tuple[int, str], tuple[TpCollective, ...]]) -> float:
-    """Seconds of the TP collectives inside one compute action that no computation hides: a blocking one whole; one
-    beside a GEMM what that GEMM, slowed by the SMs of NCCL's channels, does not cover (`exposed_collective`); one on
-    userbuffers what its method adds to its GEMM (pipesim.comm.ub_overlap)."""
+    """Seconds of the collectives inside one compute action that no computation hides (tp's, and the whole stage's
+    amax reduction: `TpCollective.axis`): a blocking one whole; one beside a GEMM what that GEMM, slowed by the SMs of
+    NCCL's channels, does not cover (`exposed_collective`); one on userbuffers what its method adds to its GEMM
+    (pipesim.comm.ub_overlap)."""
     colls = tp_collectives.get((action.stage, action.kind.value)) if tp_collectives else None
-    if not colls or par.tp == 1 or not comm or hw is None:
+    if not colls or not comm or hw is None:
         return 0.0
-    group = par.group("tp", par.rank(pp=rank))
     total = 0.0
+    groups: dict[str, list[int]] = {}  # by axis: tp's for most, the whole stage's for an amax reduction
     for c in colls:
+        group = groups.get(c.axis) or groups.setdefault(c.axis, par.group(c.axis, par.rank(pp=rank)))
+        if len(group) == 1:  # one rank: nothing to exchange
+            continue
         if c.beside is not None and c.ub is not None:
             total += exposed_ub(collective_time(c.kind, c.nbytes, group, hw).seconds, c.beside, c.ub, len(group),
                                 kind=c.kind, nbytes=c.nbytes)
