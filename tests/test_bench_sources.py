@@ -44,7 +44,15 @@ def test_each_sources_published_figures_and_commands():
         ("mb26b300-26.02-deepseek-v3-mxfp8-256gpus", "tokens_per_sec_per_gpu", 2983),
         ("mb26b300-26.02-qwen3-30b-a3b-mxfp8-8gpus", "tokens_per_sec_per_gpu", 29521),
         ("mb26b300-26.02-qwen3-235b-a22b-mxfp8-256gpus", "tokens_per_sec_per_gpu", 2691),
-        ("mb26b200-26.02-deepseek-v3-mxfp8-256gpus", "tokens_per_sec_per_gpu", 2689)]
+        ("mb26b200-26.02-deepseek-v3-mxfp8-256gpus", "tokens_per_sec_per_gpu", 2689),
+        # the 26.02 GPT OSS 120B BF16 table's H100, GB200 and B200 rows
+        ("mb26-26.02-gpt-oss-120b-bf16-h100-64gpus", "tokens_per_sec_per_gpu", 5993),
+        ("mb26-26.02-gpt-oss-120b-bf16-gb200-64gpus", "tokens_per_sec_per_gpu", 15784),
+        ("mb26-26.02-gpt-oss-120b-bf16-b200-64gpus", "tokens_per_sec_per_gpu", 8047)]
+    # the GB200's and B200's preset is one: their commands differ in the hardware alone
+    gb200, b200 = (next(r for r in rows if r.id == f"mb26-26.02-gpt-oss-120b-bf16-{x}-64gpus")
+                   for x in ("gb200", "b200"))
+    assert gb200.command.replace("gb200-nvl72 --nvlink-domain 64", "hgx-b200 --nodes 8") == b200.command
     # DeepSeek-V3's preset runs unchanged on B300 and B200: the two commands differ in the hardware alone
     b300, b200 = (next(r for r in rows if r.id == f"mb26{x}-26.02-deepseek-v3-mxfp8-256gpus") for x in ("b300", "b200"))
     assert b300.command.replace("hgx-b300", "hgx-b200") == b200.command
