@@ -65,7 +65,8 @@ VALUES = {  # values for flags whose type gives none (the first non-default valu
     "--kv-heads": ["2"], "--ffn-hidden": ["512"], "--moe-load-imbalance": ["1.5"],
     "--moe-expert-capacity-factor": ["1.0"], "--slow": ["1=1.5"], "--slow-link": ["0-1=2"], "--jitter": ["0.1"],
     "--jitter-seed": ["1"], "--num-layers-at-start-in-bf16": ["2"], "--num-layers-at-end-in-bf16": ["2"],
-    "--kv-channels": ["32"], "--moe-layer-freq": ["[0,1,1,1]"],
+    "--kv-channels": ["32"], "--moe-layer-freq": ["[0,1,1,1]"], "--softmax-type": ["learnable"],
+    "--window-size": ["63,0"], "--window-attn-skip-freq": ["2"],
 }
 
 

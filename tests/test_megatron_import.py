@@ -75,8 +75,16 @@ MOE_FILE = ("--num-layers 4 --hidden-size 1024 --num-attention-heads 16 --ffn-hi
             "--moe-grouped-gemm --use-distributed-optimizer --moe-aux-loss-coeff 1e-2")
 
 
+# GPT-OSS-shaped attention on that Llama: a 512-key window on every other layer, a sink logit per head
+WINDOWED_TYPED = [*LLAMA_8B_TYPED, "--window-size", "511,0", "--window-attn-skip-freq", "2", "--softmax-type",
+                  "learnable", "--attention", "flash"]
+WINDOWED_FILE = (LLAMA_8B_FILE + " --window-size 511,0 --window-attn-skip-freq 2 --softmax-type learnable "
+                 "--attention-backend fused")
+
+
 @pytest.mark.parametrize("typed, text, seq", [
-    (LLAMA_8B_TYPED, LLAMA_8B_FILE, 4096), (GPT3_TYPED, GPT3_FILE, 2048), (MOE_TYPED, MOE_FILE, 2048)])
+    (LLAMA_8B_TYPED, LLAMA_8B_FILE, 4096), (GPT3_TYPED, GPT3_FILE, 2048), (MOE_TYPED, MOE_FILE, 2048),
+    (WINDOWED_TYPED, WINDOWED_FILE, 4096)])
 def test_a_file_equals_the_same_flags_typed(tmp_path, capsys, typed, text, seq):
     """Llama-shaped (RMSNorm, SwiGLU, rope, no biases, untied, GQA, no dropout), GPT-3-shaped (Megatron's defaults:
     the vocabulary padded, embeddings tied, dropout 0.1) and a mixture of experts: step time and peak memory equal
@@ -155,6 +163,10 @@ BASE = ("--num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-length 5
     (BASE + "--num-experts 4 --moe-token-dispatcher-type alltoall", "experts without --moe-grouped-gemm run one GEMM "
                                                                     "per expert (SequentialMLP)"),
     (BASE + "--transformer-impl local", "--transformer-impl local: pipesim times Transformer Engine's layers"),
+    (BASE + "--softmax-type off-by-one", "--softmax-type off-by-one: pipesim models the vanilla softmax and the "
+                                         "learnable one (a sink logit per head)"),
+    (BASE + "--window-size 63,0 --window-attn-skip-freq [1,1,0]", "--window-attn-skip-freq [1,1,0]: pipesim models "
+                                                                  "full attention on every N-th layer"),
     (BASE + "--bf16 extra", "--bf16 takes no value, got 'extra'"),
     (BASE + "--checkpoint-activations", "--checkpoint-activations is no longer valid in Megatron-LM v0.15.3"),
     (BASE.replace("--max-position-embeddings 512", "--max-position-embeddings 256"),

@@ -85,3 +85,35 @@ def test_a_plans_export_types_them_again(tmp_path):
                  "dgx-h100", "--gpus", "8", "--max-candidates", "3", "--top", "1", "--json", str(out)]) == 0
     command = json.loads(out.read_text())["winner"]["simulate_command"]
     assert "--normalization RMSNorm --disable-bias-linear --no-dropout --tie-embeddings-and-output-weights" in command
+
+
+def test_sinks_and_windows_in_megatrons_names(capsys, tmp_path):
+    """--softmax-type learnable: a sink logit per head (heads parameters a layer); --window-size L,0 a window of L + 1
+    keys, --window-attn-skip-freq N every N-th layer full; the skip frequency alone re-patterns a file's window; each
+    refused in one line where it means nothing."""
+    base, _ = _memory(capsys)
+    sinks, _ = _memory(capsys, "--softmax-type", "learnable")
+    assert sinks - base == L * 4  # four heads
+    model = _model("--model", "gpt", "--window-size", "63,0", "--window-attn-skip-freq", "2", "--seq", "128")
+    assert (model.window.size, model.window.full_every, model.windowed_layers(0, 8)) == (64, 2, 4)
+    oss = _model("--model-config", "gpt-oss-20b", "--window-attn-skip-freq", "3")
+    assert (oss.window.size, oss.window.full_every) == (128, 3)
+    assert _model("--model-config", "gpt-oss-20b", "--window-size", "255,0").window.full_every == 2
+    for flags, message in ((["--model", "mlp", "--window-size", "63,0"], "--window-size needs a transformer"),
+                           (["--model", "gpt", "--window-attn-skip-freq", "2"],
+                            "--window-attn-skip-freq needs a sliding window: give --window-size")):
+        assert main(["simulate", "1f1b", *flags]) == 2
+        assert message in capsys.readouterr().err
+    for flags, message in ((["--window-size", "63,1"], "pipesim models causal windows"),
+                           (["--window-attn-skip-freq", "1"], "must be >= 2, got 1"),
+                           (["--softmax-type", "off-by-one"], "invalid choice: 'off-by-one'")):
+        with pytest.raises(SystemExit) as exc:
+            main(["simulate", "1f1b", "--model", "gpt", *flags])
+        assert exc.value.code == 2 and message in capsys.readouterr().err
+    out = tmp_path / "plan.json"  # a plan's export types them again
+    assert main(["plan", "--model", "gpt", "--hidden", "512", "--layers", "4", "--heads", "8", "--seq", "512",
+                 "--vocab", "8000", "--batch", "8", "--dtype", "bfloat16", "--window-size", "63,0",
+                 "--window-attn-skip-freq", "2", "--softmax-type", "learnable", "--attention", "flash", "--hardware",
+                 "dgx-h100", "--gpus", "8", "--max-candidates", "3", "--top", "1", "--json", str(out)]) == 0
+    command = json.loads(out.read_text())["winner"]["simulate_command"]
+    assert "--softmax-type learnable --window-size 63,0 --window-attn-skip-freq 2" in command

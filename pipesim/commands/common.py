@@ -17,10 +17,11 @@ from pipesim.commands.expert_args import (
     with_expert_flags,
     with_routing,
 )
-from pipesim.commands.structure_args import add_structure_args, flag_words
+from pipesim.commands.structure_args import WINDOW_FLAGS, add_structure_args, flag_words
 from pipesim.errors import PipesimError
 from pipesim.ir import torch_csv
 from pipesim.ir.schedule import Schedule
+from pipesim.model.attention_window import SlidingWindow
 from pipesim.model.config import ACTIVATIONS, ModelConfig
 from pipesim.model.hf_config import bundled_configs, hf_key_report, load_hf_config
 from pipesim.model.moe import BALANCE_TYPES, DROP_POLICIES
@@ -189,8 +190,9 @@ def add_structure_group(parser: argparse.ArgumentParser) -> argparse._ArgumentGr
 SIZE_FLAGS = ("hidden", "layers", "heads", "seq", "vocab", "batch", "dtype")  # ModelConfig field = flag name
 # ModelConfig field = argparse destination; typed as `flag_words` says
 STRUCTURE_FLAGS = ("kv_heads", "ffn_hidden", "activation", "norm", "positions", "biases", "dropout", "qk_norm",
-                   "head_width", "tied_embeddings")
-MODEL_FLAGS = (*SIZE_FLAGS, *STRUCTURE_FLAGS, *MOE_FLAGS, *ROUTING_FLAGS)  # every flag that shapes pipesim's model
+                   "head_width", "tied_embeddings", "attention_sinks")
+# every flag that shapes pipesim's model (the window flags make ModelConfig.window together: `with_window`)
+MODEL_FLAGS = (*SIZE_FLAGS, *STRUCTURE_FLAGS, *WINDOW_FLAGS, *MOE_FLAGS, *ROUTING_FLAGS)
 
 
 def given_model_flags(args: argparse.Namespace, *, skip: tuple[str, ...] = ()) -> list[tuple[str, object]]:
@@ -227,7 +229,7 @@ def model_config(args: argparse.Namespace) -> ModelConfig:
             raise PipesimError(f"--model-config describes the model, experts or not; drop --model {args.model}")
         base = load_hf_config(source, seq=given.get("seq"), batch=given.get("batch", ModelConfig.batch),
                               dtype=given.get("dtype"), seed=seed_of(args))
-        model = with_routing(with_expert_flags(replace(base, **given), args, source), args)
+        model = with_routing(with_expert_flags(with_window(replace(base, **given), args), args, source), args)
         moe = model.moe
         if "ffn_hidden" in given and moe is not None and all(map(moe.is_moe_layer, range(model.layers))):
             raise PipesimError(f"--ffn-hidden sizes a dense MLP, and every layer of {source} has experts "
@@ -236,16 +238,31 @@ def model_config(args: argparse.Namespace) -> ModelConfig:
     kind = args.model or getattr(args, "model_default", None) or "mlp"
     moe_given = [name for name in MOE_FLAGS if getattr(args, name, None) is not None]
     if kind == "moe":
-        base = ModelConfig(kind="gpt", seed=seed_of(args), **given)
+        base = with_window(ModelConfig(kind="gpt", seed=seed_of(args), **given), args)
         return with_routing(replace(base, moe=moe_config(args, base.hidden, base.layers)), args)
     if moe_given:
         raise PipesimError(f"--{moe_given[0].replace('_', '-')} needs --model moe")
     if kind == "mlp":  # an MLP has no heads, sequence or vocabulary: those flags would size nothing
-        for name in ("heads", "seq", "vocab", *STRUCTURE_FLAGS):
-            if name in given:
-                raise PipesimError(f"{flag_words(name, given[name])[0]} needs a transformer (--model gpt or "
+        for name in ("heads", "seq", "vocab", *STRUCTURE_FLAGS, *WINDOW_FLAGS):
+            value = given.get(name, getattr(args, name, None) if name in WINDOW_FLAGS else None)
+            if value is not None:
+                raise PipesimError(f"{flag_words(name, value)[0]} needs a transformer (--model gpt or "
                                    "--model-config)")
-    return with_routing(ModelConfig(kind=kind, seed=seed_of(args), **given), args)
+    return with_routing(with_window(ModelConfig(kind=kind, seed=seed_of(args), **given), args), args)
+
+
+def with_window(model: ModelConfig, args: argparse.Namespace) -> ModelConfig:
+    """`model` with --window-size and --window-attn-skip-freq (Megatron's): a window of L + 1 keys, every N-th layer
+    full; the skip frequency alone changes the pattern of a --model-config's own window."""
+    size, skip = getattr(args, "window_size", None), getattr(args, "window_skip_freq", None)
+    if size is None and skip is None:
+        return model
+    if size is None:
+        if model.window is None:
+            raise PipesimError("--window-attn-skip-freq needs a sliding window: give --window-size")
+        return replace(model, window=SlidingWindow(model.window.size, skip))
+    every = skip if skip is not None else model.window.full_every if model.window is not None else 0
+    return replace(model, window=SlidingWindow(size[0] + 1, every))
 
 
 def model_config_json(args: argparse.Namespace) -> dict | None:

@@ -39,7 +39,8 @@ READ = {
     "--squared-relu": SWITCH, "--normalization": VALUE, "--disable-bias-linear": SWITCH,
     "--position-embedding-type": VALUE, "--use-rotary-position-embeddings": SWITCH, "--rotary-percent": VALUE,
     "--untie-embeddings-and-output-weights": SWITCH, "--hidden-dropout": VALUE, "--attention-dropout": VALUE,
-    "--qk-layernorm": SWITCH, "--max-position-embeddings": VALUE, "--vocab-size": VALUE,
+    "--qk-layernorm": SWITCH, "--max-position-embeddings": VALUE, "--vocab-size": VALUE, "--window-size": VALUE,
+    "--window-attn-skip-freq": VALUE,
     "--padded-vocab-size": VALUE, "--make-vocab-size-divisible-by": VALUE, "--tokenizer-type": VALUE,
     # experts
     "--num-experts": VALUE, "--moe-router-topk": VALUE, "--moe-ffn-hidden-size": VALUE,

@@ -58,7 +58,6 @@ def megatron_argv(path: str, argv: list[str]) -> tuple[str, list[str]]:
     _only(a, "--num-distributed-optimizer-instances", "1", "one distributed-optimizer instance is modelled")
     _only(a, "--empty-unused-memory-level", "0", "emptying the CUDA cache each step is not modelled")
     _only(a, "--optimizer", "adam", "pipesim counts Adam's states")
-    _only(a, "--softmax-type", "vanilla", "pipesim times the vanilla softmax")
     _only(a, "--transformer-impl", "transformer_engine", "pipesim times Transformer Engine's layers")
     _only(a, "--main-grads-dtype", "fp32", "give --grad-reduce-in-bf16 for bfloat16 main gradients")
     _only(a, "--microbatch-group-size-per-virtual-pipeline-stage", str(pp), "pipesim's interleaved 1F1B groups pp "
@@ -250,6 +249,7 @@ PLAN_KEEPS = ("--framework", "--model", "--seq", "--batch", "--dtype", "--fp8-fo
               "--hidden", "--heads", "--ffn-hidden", "--activation", "--kv-heads", "--kv-channels", "--normalization",
               "--position-embedding-type", "--disable-bias-linear", "--tie-embeddings-and-output-weights",
               "--untie-embeddings-and-output-weights", "--dropout", "--no-dropout", "--qk-layernorm", "--vocab",
+              "--softmax-type", "--window-size", "--window-attn-skip-freq",
               "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size",
               "--moe-layer-freq", "--moe-expert-capacity-factor", "--moe-token-dispatcher-type", "--attention",
               "--no-kernel-fusion", "--cuda-graph-scope",

@@ -6,7 +6,7 @@ megatron/training/tokenizer/tokenizer.py _vocab_size_with_padding pads it. What 
 from __future__ import annotations
 
 from pipesim.commands.megatron_args import MegatronArgs
-from pipesim.commands.structure_args import NORMALIZATIONS, POSITION_TYPES
+from pipesim.commands.structure_args import NORMALIZATIONS, POSITION_TYPES, SOFTMAX_TYPES
 from pipesim.errors import PipesimError
 
 DROPOUT = 0.1  # Megatron's --hidden-dropout and --attention-dropout default
@@ -67,9 +67,27 @@ def model_flags(a: MegatronArgs, *, tp: int, seq: int, vocab_typed: bool) -> lis
     out.append("--dropout" if hidden_p > 0 else "--no-dropout")
     if a.on("--qk-layernorm"):
         out.append("--qk-layernorm")
+    out += _attention_flags(a)
     if not vocab_typed:
         out += ["--vocab", str(_vocab(a, tp))]
     return out + _expert_flags(a, ffn)
+
+
+def _attention_flags(a: MegatronArgs) -> list[str]:
+    """--softmax-type (vanilla or learnable: GPT-OSS's sinks), --window-size and --window-attn-skip-freq as typed; a
+    skip pattern given as a list (Megatron's moe_freq_type) that no every-N-th rule says is refused."""
+    softmax = a.one_of("--softmax-type", {k: k for k in SOFTMAX_TYPES}, "vanilla",
+                       "pipesim models the vanilla softmax and the learnable one (a sink logit per head)")
+    out = ["--softmax-type", softmax] if softmax != "vanilla" else []
+    if a.on("--window-size"):
+        out += ["--window-size", a.text("--window-size")]
+    if a.on("--window-attn-skip-freq"):
+        skip = a.text("--window-attn-skip-freq")
+        if not skip.isdigit():
+            raise _error(a.where, f"--window-attn-skip-freq {skip}: pipesim models full attention on every N-th layer "
+                                  "(an integer N), not a per-layer list")
+        out += ["--window-attn-skip-freq", skip]
+    return out
 
 
 def _vocab(a: MegatronArgs, tp: int) -> int:

@@ -1,13 +1,13 @@
 """The transformer's structure flags of simulate, sweep and plan, in Megatron-LM's names (megatron/training/arguments.py
-@ v0.15.3) where Megatron has one: ModelConfig's norm, positions, biases, dropout, q/k norm, head width and tied
-embeddings, each overriding a --model-config file's field as the size flags do (pipesim.commands.common.model_config),
-and how each is typed back (a plan's exported command, --cost's refusal)."""
+@ v0.15.3) where Megatron has one: ModelConfig's norm, positions, biases, dropout, q/k norm, head width, tied
+embeddings, attention sinks and sliding window, each overriding a --model-config file's field as the size flags do
+(pipesim.commands.common.model_config), and how each is typed back (a plan's exported command, --cost's refusal)."""
 
 from __future__ import annotations
 
 import argparse
 
-from pipesim.commands.arg_types import positive_int
+from pipesim.commands.arg_types import bounded_int, positive_int
 
 # Megatron-LM's names (megatron/training/arguments.py, v0.15.3) for ModelConfig's norm and positions, as typed
 NORMALIZATIONS = {"LayerNorm": "layernorm", "RMSNorm": "rmsnorm"}
@@ -17,10 +17,28 @@ STRUCTURE_SWITCHES = {("biases", False): "--disable-bias-linear", ("dropout", Tr
                       ("dropout", False): "--no-dropout", ("qk_norm", True): "--qk-layernorm",
                       ("tied_embeddings", True): "--tie-embeddings-and-output-weights",
                       ("tied_embeddings", False): "--untie-embeddings-and-output-weights"}
+# Megatron-core's --softmax-type for ModelConfig.attention_sinks: its learnable one is GPT-OSS's sink logit per head
+SOFTMAX_TYPES = {"vanilla": False, "learnable": True}
 # the structure flags whose name is not their field's: field -> (flag, {field value: typed value})
 STRUCTURE_NAMES = {"norm": ("--normalization", {v: k for k, v in NORMALIZATIONS.items()}),
                    "positions": ("--position-embedding-type", {v: k for k, v in POSITION_TYPES.items()}),
-                   "head_width": ("--kv-channels", {})}
+                   "head_width": ("--kv-channels", {}),
+                   "attention_sinks": ("--softmax-type", {v: k for k, v in SOFTMAX_TYPES.items()}),
+                   "window_size": ("--window-size", {}), "window_skip_freq": ("--window-attn-skip-freq", {})}
+WINDOW_FLAGS = ("window_size", "window_skip_freq")  # argparse destinations that make ModelConfig.window together
+
+
+def window_pair(text: str) -> tuple[int, int]:
+    """Megatron's --window-size "L,R" (keys i - L .. i + R of query i), causal: R must be 0."""
+    parts = text.split(",")
+    try:
+        left, right = (int(x) for x in parts)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not two integers L,R (Megatron's tuple)") from None
+    if left < 0 or right != 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: pipesim models causal windows, L >= 0 keys before each query "
+                                         "and R = 0 after it")
+    return left, right
 
 
 def _named(choices: dict[str, str]):
@@ -52,6 +70,17 @@ def add_structure_args(g) -> None:
     g.add_argument("--kv-channels", type=positive_int, default=None, dest="head_width", metavar="D",
                    help="width of one attention head, when not hidden / heads (Megatron's flag; config.json's "
                         "head_dim)")
+    g.add_argument("--softmax-type", type=_named(SOFTMAX_TYPES), default=None, dest="attention_sinks",
+                   metavar="{vanilla,learnable}",
+                   help="learnable: a learned sink logit per head in every softmax (Megatron-core's, GPT-OSS's); "
+                        "default vanilla")
+    g.add_argument("--window-size", type=window_pair, default=None, dest="window_size", metavar="L,0",
+                   help="sliding-window attention: each query sees the L keys before it and itself (Megatron's "
+                        "tuple, causal); default none")
+    g.add_argument("--window-attn-skip-freq", type=lambda t: bounded_int(t, 2), default=None,
+                   dest="window_skip_freq", metavar="N",
+                   help="with a window: every N-th layer keeps full attention (layer l when (l + 1) %% N == 0, "
+                        "Megatron's); default none")
     tie = g.add_mutually_exclusive_group()
     tie.add_argument("--tie-embeddings-and-output-weights", action="store_const", const=True, default=None,
                      dest="tied_embeddings",
@@ -66,9 +95,11 @@ def flag_words(name: str, value) -> list[str]:
     the flag and its value in the flag's own spelling."""
     if (name, value) in STRUCTURE_SWITCHES:
         return [STRUCTURE_SWITCHES[name, value]]
+    if name == "window_size":  # Megatron's tuple
+        return ["--window-size", f"{value[0]},{value[1]}"]
     flag, spelled = STRUCTURE_NAMES.get(name, (f"--{name.replace('_', '-')}", {}))
     return [flag, str(spelled.get(value, value))]
 
 
-__all__ = ["NORMALIZATIONS", "POSITION_TYPES", "STRUCTURE_NAMES", "STRUCTURE_SWITCHES", "add_structure_args",
-           "flag_words"]
+__all__ = ["NORMALIZATIONS", "POSITION_TYPES", "SOFTMAX_TYPES", "STRUCTURE_NAMES", "STRUCTURE_SWITCHES",
+           "WINDOW_FLAGS", "add_structure_args", "flag_words", "window_pair"]
