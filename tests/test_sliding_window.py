@@ -11,7 +11,8 @@ from pipesim.cli import main
 from pipesim.cost.device_profiles import profile_of
 from pipesim.cost.kernel_costs import gpt_stage_seconds, layer_seconds
 from pipesim.cost.model_costs import model_costs
-from pipesim.cost.stage_work import gpt_stage_work, windowed_per_stage
+from pipesim.cost.stage_layers import windowed_per_stage
+from pipesim.cost.stage_work import gpt_stage_work
 from pipesim.device.kernels import (
     FLASH_QUERY_BLOCK,
     attention_flops,

@@ -19,7 +19,8 @@ from pipesim.cost.fp8_amax import amax_reductions
 from pipesim.cost.fp8_costs import fp8_stage_costs, stage_fp8_expert_params, with_weight_casts
 from pipesim.cost.host_issue import NO_HOST_ISSUE, stage_host_issue
 from pipesim.cost.kernel_costs import StageSeconds, gpt_stage_seconds, mlp_stage_seconds
-from pipesim.cost.stage_work import Work, gpt_stage_work, mlp_stage_work, moe_layers_per_stage, windowed_per_stage
+from pipesim.cost.stage_layers import moe_layers_per_stage, windowed_per_stage
+from pipesim.cost.stage_work import Work, gpt_stage_work, mlp_stage_work
 from pipesim.cost.step_costs import StepCosts, ring_exchanges, step_costs
 from pipesim.cost.table import CostTable, StageCosts
 from pipesim.cost.tp_hiding import stage_tp_collectives

@@ -23,6 +23,7 @@ from pipesim.cost.executor_ops import (
     executor_block_ops,
     executor_moe_block_ops,
 )
+from pipesim.cost.stage_layers import moe_layers_per_stage, windowed_per_stage
 from pipesim.errors import PipesimError
 from pipesim.model.activations import (
     embedding_activation_bytes,
@@ -336,28 +337,6 @@ def _windowed(model: ModelConfig, windowed: tuple[int, int] | None) -> tuple[int
     return windowed
 
 
-def windowed_per_stage(model: ModelConfig, split: list[int]) -> list[tuple[int, int]]:
-    """Per stage (in model order): how many of its dense layers and of its MoE layers attend over the model's
-    sliding window (ModelConfig.windowed_layers); (0, 0) everywhere without one."""
-    out = []
-    start = 0
-    for n in split:
-        layers = [layer for layer in range(start, start + n) if model.windowed_layers(layer, 1)]
-        moe = sum(is_moe_layer(model, layer) for layer in layers)
-        out.append((len(layers) - moe, moe))
-        start += n
-    return out
-
-
-def moe_layers_per_stage(model: ModelConfig, split: list[int]) -> list[int]:
-    """How many of each stage's layers have experts (stages in model order: stage s holds the layers after the
-    earlier stages')."""
-    if model.moe is None:
-        return [0] * len(split)
-    starts = [sum(split[:s]) for s in range(len(split))]
-    return [model.moe.moe_layers(start, n) for start, n in zip(starts, split, strict=True)]
-
-
 def stage_flops(model: ModelConfig, num_stages: int, m: int) -> list[FIW]:
     """(F, I, W) FLOPs of one microbatch on each stage, as the simulator's cost model counts them."""
     return [work[0] for work in stage_work(model, num_stages, m)]
@@ -380,5 +359,4 @@ def action_flops(kind: str, stage: int, flops: FIW) -> tuple[FIW, int]:
 
 
 __all__ = ["CORE_OPS", "FIW", "UNTIMED", "Work", "action_flops", "gpt_block_activation_bytes", "gpt_block_flops",
-           "gpt_stage_work", "mlp_stage_work", "moe_layers_per_stage", "stage_flops", "stage_work",
-           "windowed_per_stage"]
+           "gpt_stage_work", "mlp_stage_work", "stage_flops", "stage_work"]

@@ -14,7 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from pipesim.cost.model_costs import precision_of
-from pipesim.cost.stage_work import gpt_stage_work, windowed_per_stage
+from pipesim.cost.stage_layers import windowed_per_stage
+from pipesim.cost.stage_work import gpt_stage_work
 from pipesim.job import Job
 from pipesim.model.activations import stage_activation_bytes
 from pipesim.model.config import ModelConfig, split_layers
