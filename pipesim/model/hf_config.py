@@ -46,8 +46,8 @@ from pathlib import Path
 
 from pipesim.errors import PipesimError
 from pipesim.model.config import DTYPE_BYTES, ModelConfig
-from pipesim.model.hf_gpt_oss import gpt_oss_experts, read_window
-from pipesim.model.hf_keys import KeyReport, check_keys, code_type
+from pipesim.model.hf_gpt_oss import GPT_OSS_DEFAULTS, gpt_oss_experts, read_window
+from pipesim.model.hf_keys import KeyReport, check_keys, code_type, positive_field
 from pipesim.model.latent_attention import LatentAttention
 from pipesim.model.moe import MoeConfig
 
@@ -64,7 +64,6 @@ DEEPSEEK_ROUTING = {"noaux_tc": True, "greedy": False, "group_limited_greedy": F
 DEEPSEEK_SCORES = ("sigmoid", "softmax")  # scoring_func values DeepSeek's MoEGate computes
 QWEN3_TYPES = ("qwen3", "qwen3_moe")  # Llama's layer with QK-norm and an explicit head_dim
 OWN_HEAD_TYPES = (*QWEN3_TYPES, "gpt_oss")  # heads of head_dim whatever hidden_size / num_attention_heads is
-GPT_OSS_HEADS = {"head_dim": 64, "num_key_value_heads": 8}  # transformers' GptOssConfig defaults
 QWEN3_MOE_DEFAULTS = {"num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768,
                       "decoder_sparse_step": 1}  # transformers' Qwen3MoeConfig defaults
 
@@ -84,13 +83,6 @@ def resolve_model_config(name_or_path: str | Path) -> Path:
         return bundled
     raise PipesimError(f"--model-config {name_or_path}: no such file or bundled config "
                        f"(bundled: {', '.join(bundled_configs())})")
-
-
-def _positive_int(cfg: dict, name: str, where: str) -> int:
-    value = cfg[name]
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise PipesimError(f"{where}: field {name!r} must be a positive integer, got {value!r}")
-    return value
 
 
 def _bool(cfg: dict, name: str, default: bool, where: str) -> bool:
@@ -126,7 +118,7 @@ def model_from_hf(cfg: dict, *, where: str, seq: int | None = None, batch: int =
     for name in REQUIRED:
         if name not in cfg:
             raise PipesimError(f"{where}: field {name!r} is missing")
-    sizes = {name: _positive_int(cfg, name, where) for name in REQUIRED}
+    sizes = {name: positive_field(cfg, name, where) for name in REQUIRED}
     max_seq = sizes["max_position_embeddings"]
     seq = max_seq if seq is None else seq
     if seq > max_seq:
@@ -136,11 +128,11 @@ def model_from_hf(cfg: dict, *, where: str, seq: int | None = None, batch: int =
     heads = sizes["num_attention_heads"]
     qwen3, own_heads = kind in QWEN3_TYPES, kind in OWN_HEAD_TYPES
     if kind == "gpt_oss":
-        cfg = {**GPT_OSS_HEADS, **cfg}  # its defaults where the file is silent
+        cfg = {**GPT_OSS_DEFAULTS, **cfg}  # GptOssConfig's defaults where the file is silent
     if qwen3:
         for name in ("num_key_value_heads", "head_dim"):
             _required(cfg, name, where)
-    kv_heads = _positive_int(cfg, "num_key_value_heads", where) if "num_key_value_heads" in cfg else heads
+    kv_heads = positive_field(cfg, "num_key_value_heads", where) if "num_key_value_heads" in cfg else heads
     if not own_heads and sizes["hidden_size"] % heads:
         raise PipesimError(f"{where}: field 'num_attention_heads' {heads} does not divide hidden_size "
                            f"{sizes['hidden_size']}")
@@ -155,7 +147,7 @@ def model_from_hf(cfg: dict, *, where: str, seq: int | None = None, batch: int =
         raise PipesimError(f"{where}: field 'hidden_act' {act!r}: a {kind} MLP is gated whatever its "
                            "activation (down(act(gate x) * up x)); pipesim models the gated MLP with silu or swish "
                            "only")
-    if not own_heads and "head_dim" in cfg and _positive_int(cfg, "head_dim", where) * heads != sizes["hidden_size"]:
+    if not own_heads and "head_dim" in cfg and positive_field(cfg, "head_dim", where) * heads != sizes["hidden_size"]:
         raise PipesimError(f"{where}: field 'head_dim' {cfg['head_dim']!r} is not hidden_size / num_attention_heads "
                            f"({sizes['hidden_size']} / {heads}); pipesim needs them equal")
     if dtype is None:
@@ -168,7 +160,7 @@ def model_from_hf(cfg: dict, *, where: str, seq: int | None = None, batch: int =
     dropout = cfg.get("attention_dropout", 0.0)
     if not isinstance(dropout, (int, float)) or isinstance(dropout, bool) or not 0 <= dropout < 1:
         raise PipesimError(f"{where}: field 'attention_dropout' must be a number in [0, 1), got {dropout!r}")
-    biases = _bool(cfg, "attention_bias", kind == "gpt_oss", where) or _bool(cfg, "mlp_bias", False, where)
+    biases = _bool(cfg, "attention_bias", False, where) or _bool(cfg, "mlp_bias", False, where)
     if kind == "gpt_oss" and not biases:
         raise PipesimError(f"{where}: field 'attention_bias' false, but GPT-OSS's experts and router keep their biases "
                            "(GptOssExperts), which pipesim's biases (every linear) cannot say")
@@ -184,7 +176,7 @@ def model_from_hf(cfg: dict, *, where: str, seq: int | None = None, batch: int =
     if kind == "qwen3_moe":
         moe = _qwen3_experts(cfg, sizes["num_hidden_layers"], where)
     if kind == "gpt_oss":
-        head_width = _positive_int(cfg, "head_dim", where)
+        head_width = positive_field(cfg, "head_dim", where)
         moe = gpt_oss_experts(cfg, sizes["intermediate_size"], router_loss=_hf_router_loss(cfg, where), where=where)
     window = read_window(cfg, kind, sizes["num_hidden_layers"], where)
     try:
@@ -220,8 +212,8 @@ def _deepseek_attention(cfg: dict, where: str) -> LatentAttention:
     names = ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
     for name in ("q_lora_rank", *names):
         _required(cfg, name, where)
-    q = None if cfg["q_lora_rank"] is None else _positive_int(cfg, "q_lora_rank", where)
-    kv, nope, rope, v = (_positive_int(cfg, name, where) for name in names)
+    q = None if cfg["q_lora_rank"] is None else positive_field(cfg, "q_lora_rank", where)
+    kv, nope, rope, v = (positive_field(cfg, name, where) for name in names)
     return LatentAttention(q_lora_rank=q, kv_lora_rank=kv, qk_nope_dim=nope, qk_rope_dim=rope, v_head_dim=v)
 
 
@@ -235,7 +227,7 @@ def _deepseek_experts(cfg: dict, where: str) -> MoeConfig | None:
         return None
     for name in ("num_experts_per_tok", "moe_intermediate_size", "n_shared_experts", "first_k_dense_replace"):
         _required(cfg, name, where)
-    experts, top_k, width = (_positive_int(cfg, name, where)
+    experts, top_k, width = (positive_field(cfg, name, where)
                              for name in ("n_routed_experts", "num_experts_per_tok", "moe_intermediate_size"))
     shared = 0 if cfg["n_shared_experts"] is None else _count(cfg, "n_shared_experts", where)
     dense = _count(cfg, "first_k_dense_replace", where)
@@ -270,7 +262,7 @@ def _mixtral_experts(cfg: dict, width: int, *, act: str, biases: bool, where: st
     if biases:
         raise PipesimError(f"{where}: field 'attention_bias' or 'mlp_bias' is true, but Mixtral's linears have no "
                            "biases (transformers builds them bias-free)")
-    counts = {name: _positive_int(cfg, name, where) if name in cfg else default
+    counts = {name: positive_field(cfg, name, where) if name in cfg else default
               for name, default in MIXTRAL_DEFAULTS.items()}
     experts, top_k = counts["num_local_experts"], counts["num_experts_per_tok"]
     if top_k > experts:
@@ -302,7 +294,7 @@ def _qwen3_attention(cfg: dict, *, biases: bool, where: str) -> int:
         raise PipesimError(f"{where}: field 'attention_bias' or 'mlp_bias' is true, but Qwen3's biases would sit on "
                            "q, k, v and o only (its MLP is built bias-free), which pipesim's biases (every linear) "
                            "cannot say")
-    return _positive_int(cfg, "head_dim", where)
+    return positive_field(cfg, "head_dim", where)
 
 
 def _qwen3_experts(cfg: dict, layers: int, where: str) -> MoeConfig | None:
@@ -313,7 +305,7 @@ def _qwen3_experts(cfg: dict, layers: int, where: str) -> MoeConfig | None:
     gives the same layers, and refused otherwise."""
     given = {name: cfg.get(name, default) for name, default in QWEN3_MOE_DEFAULTS.items()}
     experts = _count(given, "num_experts", where)
-    top_k, width, step = (_positive_int(given, name, where)
+    top_k, width, step = (positive_field(given, name, where)
                           for name in ("num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step"))
     only = cfg.get("mlp_only_layers")
     only = [] if only is None else only

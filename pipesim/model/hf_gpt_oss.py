@@ -21,18 +21,16 @@ from __future__ import annotations
 
 from pipesim.errors import PipesimError
 from pipesim.model.attention_window import SlidingWindow
+from pipesim.model.hf_keys import positive_field
 from pipesim.model.moe import MoeConfig
 
 WINDOWED, FULL = "sliding_attention", "full_attention"  # transformers' layer_types values
-GPT_OSS_DEFAULTS = {"num_local_experts": 128, "num_experts_per_tok": 4, "sliding_window": 128}  # GptOssConfig's
+# transformers' GptOssConfig defaults, where a file is silent (its layer_types: every other layer windowed, from the
+# first: full_every 2)
+GPT_OSS_DEFAULTS = {"num_local_experts": 128, "num_experts_per_tok": 4, "sliding_window": 128, "head_dim": 64,
+                    "num_key_value_heads": 8, "attention_bias": True}
+GPT_OSS_FULL_EVERY = 2
 WINDOW_EVERY_LAYER = ("mistral", "mixtral")  # their attention windows every layer by sliding_window
-
-
-def _count(cfg: dict, name: str, default: int, where: str) -> int:
-    value = cfg.get(name, default)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise PipesimError(f"{where}: field {name!r} must be a positive integer, got {value!r}")
-    return value
 
 
 def _layer_types(cfg: dict, layers: int, where: str) -> list[str] | None:
@@ -51,32 +49,32 @@ def _pattern(kinds: list[str], size: int, where: str) -> SlidingWindow | None:
     full = [n for n, kind in enumerate(kinds) if kind == FULL]
     if len(full) == len(kinds):
         return None
-    every = full[0] + 1 if full else 0
-    window = SlidingWindow(size, every) if every != 1 else None
-    if window is None or any(window.windowed(n) != (kind == WINDOWED) for n, kind in enumerate(kinds)):
+    every = full[0] + 1 if full else 0  # the first full layer sets the period; check every other layer follows it
+    if every == 1 or any(SlidingWindow(size, every).windowed(n) != (kind == WINDOWED) for n, kind in enumerate(kinds)):
         raise PipesimError(f"{where}: field 'layer_types' puts full attention on layers {full}: pipesim models a "
                            "window on every layer or full attention on every k-th (layer l when (l + 1) % k == 0)")
-    return window
+    return SlidingWindow(size, every)
 
 
 def read_window(cfg: dict, kind: str | None, layers: int, where: str) -> SlidingWindow | None:
-    """The file's sliding windows (the module's rules); None: full attention everywhere."""
+    """The file's sliding windows (the module's rules; a "gpt_oss" file with GPT_OSS_DEFAULTS filled in); None:
+    full attention everywhere."""
     kinds = _layer_types(cfg, layers, where)
     if kind == "gpt_oss":
-        size = _count(cfg, "sliding_window", GPT_OSS_DEFAULTS["sliding_window"], where)
-        return _pattern(kinds or [WINDOWED if (n + 1) % 2 else FULL for n in range(layers)], size, where)
+        size = positive_field(cfg, "sliding_window", where)
+        return SlidingWindow(size, GPT_OSS_FULL_EVERY) if kinds is None else _pattern(kinds, size, where)
     if kind in WINDOW_EVERY_LAYER and cfg.get("sliding_window") is not None:
-        return SlidingWindow(_count(cfg, "sliding_window", 1, where))
+        return SlidingWindow(positive_field(cfg, "sliding_window", where))
     if kinds is not None and WINDOWED in kinds:  # check_keys refuses these unless the type reads them
         raise PipesimError(f"{where}: field 'layer_types' windows layers a {kind} file does not window")
     return None
 
 
 def gpt_oss_experts(cfg: dict, width: int, *, router_loss: float, where: str) -> MoeConfig:
-    """GPT-OSS's experts on every layer (the module's docstring): `num_local_experts` of `intermediate_size`
-    (`width`), `num_experts_per_tok` per token (the legacy `experts_per_token` must agree), a router with a bias."""
-    experts = _count(cfg, "num_local_experts", GPT_OSS_DEFAULTS["num_local_experts"], where)
-    top_k = _count(cfg, "num_experts_per_tok", GPT_OSS_DEFAULTS["num_experts_per_tok"], where)
+    """GPT-OSS's experts on every layer (the module's docstring; a file with GPT_OSS_DEFAULTS filled in):
+    `num_local_experts` of `intermediate_size` (`width`), `num_experts_per_tok` per token (the legacy
+    `experts_per_token` must agree), a router with a bias."""
+    experts, top_k = (positive_field(cfg, name, where) for name in ("num_local_experts", "num_experts_per_tok"))
     if "experts_per_token" in cfg and cfg["experts_per_token"] != top_k:
         raise PipesimError(f"{where}: field 'experts_per_token' {cfg['experts_per_token']!r} disagrees with "
                            f"num_experts_per_tok {top_k}")

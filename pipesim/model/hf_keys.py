@@ -103,6 +103,14 @@ MODEL_TYPES = ("llama", "mistral", "mixtral", "deepseek_v3", "qwen3", "qwen3_moe
 TYPE_ALIASES = {"kimi_k2": "deepseek_v3"}
 
 
+def positive_field(cfg: dict, name: str, where: str) -> int:
+    """Field `name` of a config.json (present) as a positive integer; PipesimError naming the file otherwise."""
+    value = cfg[name]
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise PipesimError(f"{where}: field {name!r} must be a positive integer, got {value!r}")
+    return value
+
+
 def code_type(cfg: dict) -> str | None:
     """The model type whose code a config.json runs: its model_type, or the type an alias runs (TYPE_ALIASES)."""
     kind = cfg.get("model_type")
@@ -162,4 +170,4 @@ def check_keys(cfg: dict, *, where: str, seq: int) -> KeyReport:
 
 
 __all__ = ["MODELED", "MODEL_TYPES", "NO_EFFECT", "OFF_WHEN_EMPTY", "TYPE_ALIASES", "TYPE_MODELED", "TYPE_NO_EFFECT",
-           "KeyReport", "check_keys", "code_type"]
+           "KeyReport", "check_keys", "code_type", "positive_field"]
