@@ -87,6 +87,13 @@ def band_tile_pairs(seq: int, size: int, block: int) -> int:
     return total
 
 
+def window_tile_factor(seq: int, size: int) -> float:
+    """Executed over counted FLOPs of a flash kernel over a causal window of `size` keys: the B x B tiles the band
+    touches (`band_tile_pairs`) over its pairs (`band_pairs`), B = FLASH_QUERY_BLOCK; causal_tile_factor's 1 + B / s
+    when the window covers the sequence (and s is a multiple of B)."""
+    return band_tile_pairs(seq, size, FLASH_QUERY_BLOCK) / band_pairs(seq, size)
+
+
 def causal_tile_factor(kv_seq: int) -> float:
     """Executed over counted FLOPs of a causal flash kernel: 1 + FLASH_QUERY_BLOCK / kv_seq.
 
@@ -121,8 +128,8 @@ def flash_attention_time(batch: int, seq: int, heads: int, head_dim: int, dtype:
     if window is not None:
         if not causal or (kv_seq is not None and kv_seq != seq):
             raise PipesimError("a sliding window is timed on a causal kernel over the rank's whole sequence")
-        per_pair = attention_flops(batch, 1, heads, head_dim, backward=backward, v_head_dim=v_head_dim)
-        flops = per_pair * band_pairs(seq, window)
+        flops = attention_flops(batch, 1, heads, head_dim, backward=backward, v_head_dim=v_head_dim) * \
+            band_pairs(seq, window)
     kv, kvh = seq if kv_seq is None else kv_seq, heads if kv_heads is None else kv_heads
     if not isinstance(kvh, int) or not 1 <= kvh <= heads or heads % kvh:
         raise PipesimError(f"kv_heads must divide heads ({heads}), got {kvh!r}")
@@ -135,7 +142,7 @@ def flash_attention_time(batch: int, seq: int, heads: int, head_dim: int, dtype:
     blocks = batch * heads * math.ceil(seq / FLASH_QUERY_BLOCK)
     waves = math.ceil(blocks / free)
     if window is not None:
-        executed = per_pair * band_tile_pairs(seq, window, FLASH_QUERY_BLOCK)
+        executed = flops * window_tile_factor(seq, window)
     else:
         executed = flops * causal_tile_factor(kv) if causal else flops
     compute = executed / (device.peak(dtype) * eff) * (waves * device.sms / blocks)
@@ -150,5 +157,4 @@ def flash_attention_time(batch: int, seq: int, heads: int, head_dim: int, dtype:
 
 
 __all__ = ["BACKWARD_FLOP_RATIO", "FLASH_QUERY_BLOCK", "KernelTime", "attention_flops", "band_pairs",
-           "band_tile_pairs", "causal_tile_factor",
-           "flash_attention_time", "memory_bound_time"]
+           "band_tile_pairs", "causal_tile_factor", "flash_attention_time", "memory_bound_time", "window_tile_factor"]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from pipesim.device.kernels import FLASH_QUERY_BLOCK, band_pairs, band_tile_pairs, causal_tile_factor
+from pipesim.device.kernels import band_pairs, causal_tile_factor, window_tile_factor
 from pipesim.model.config import ModelConfig
 from pipesim.model.latent_layer import check_latent, latent_linears, latent_widths
 from pipesim.model.op_recompute import OP, op_rerun_flops
@@ -231,8 +231,7 @@ def hardware_flops(model: ModelConfig, global_batch: int, opts: LayerOptions) ->
     if windowed:  # the band's tiles, whole (pipesim.model.attention_window)
         w = model.window_size
         core = attention_core_flops(model, global_batch, replace(one, window=w), causal=True)
-        whole = band_tile_pairs(model.seq, w, FLASH_QUERY_BLOCK) / band_pairs(model.seq, w)
-        total += round((core.total + (core.F if rerun else 0)) * (whole - 1.0) * windowed)
+        total += round((core.total + (core.F if rerun else 0)) * (window_tile_factor(model.seq, w) - 1.0) * windowed)
     return total
 
 
