@@ -243,10 +243,11 @@ def model_config(args: argparse.Namespace) -> ModelConfig:
     if moe_given:
         raise PipesimError(f"--{moe_given[0].replace('_', '-')} needs --model moe")
     if kind == "mlp":  # an MLP has no heads, sequence or vocabulary: those flags would size nothing
+        typed = {**given, **{name: getattr(args, name) for name in WINDOW_FLAGS
+                             if getattr(args, name, None) is not None}}
         for name in ("heads", "seq", "vocab", *STRUCTURE_FLAGS, *WINDOW_FLAGS):
-            value = given.get(name, getattr(args, name, None) if name in WINDOW_FLAGS else None)
-            if value is not None:
-                raise PipesimError(f"{flag_words(name, value)[0]} needs a transformer (--model gpt or "
+            if name in typed:
+                raise PipesimError(f"{flag_words(name, typed[name])[0]} needs a transformer (--model gpt or "
                                    "--model-config)")
     return with_routing(with_window(ModelConfig(kind=kind, seed=seed_of(args), **given), args), args)
 

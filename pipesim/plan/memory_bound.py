@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from pipesim.cost.model_costs import precision_of
-from pipesim.cost.stage_layers import windowed_per_stage
+from pipesim.cost.stage_layers import moe_layers_per_stage, windowed_per_stage
 from pipesim.cost.stage_work import gpt_stage_work
 from pipesim.job import Job
 from pipesim.model.activations import stage_activation_bytes
@@ -111,11 +111,10 @@ def moe_chunk_params(model: ModelConfig, chunks: int, opts: LayerOptions,
     """A mixture-of-experts model's (parameters, of which the routed experts') per chunk on one rank, exactly as
     model_costs counts them (`gpt_stage_work`: each chunk's MoE layers, the experts sharded over ep and etp)."""
     split = split or split_layers(model.layers, chunks)
-    windowed = windowed_per_stage(model, split)
+    moe, windowed = moe_layers_per_stage(model, split), windowed_per_stage(model, split)
     out = []
     for s, n in enumerate(split):
-        work = gpt_stage_work(model, 1, n, first=s == 0, last=s == chunks - 1, opts=opts,
-                              moe_layers=model.moe.moe_layers(sum(split[:s]), n) if model.moe else 0,
+        work = gpt_stage_work(model, 1, n, first=s == 0, last=s == chunks - 1, opts=opts, moe_layers=moe[s],
                               windowed=windowed[s])
         out.append((round(work.param_count), round(work.expert_params)))
     return tuple(out)
