@@ -28,6 +28,7 @@ from pipesim.model.options import LayerOptions, vocab_shard
 from pipesim.model.recompute_modules import norms_recomputed
 
 MASK_BYTES = 1  # a dropout mask element (torch.bool)
+CLAMPED = "expert FC1 output, clamped"  # the clamps' concatenated copy (pipesim.model.grouped_mlp_extras)
 STAT_BYTES = 4  # flash attention's logsumexp per (token, head), float32
 LOGIT_BYTES = 4  # the cross-entropy's softmax over the vocabulary, kept in float32 (Megatron)
 
@@ -127,19 +128,20 @@ def layer_saved_tensors(model: ModelConfig, b: int, opts: LayerOptions, *, recom
     if opts.fp8 is not None and opts.fp8.impl == "te":  # torchao's Float8Linear saves its input in the dtype
         saved = _fp8_saved(saved, d, opts.fp8, flash=opts.fused_attention, moe=moe)
     if opts.act_fp8_store:
-        stored = _stored_in_fp8(opts)
+        stored = _stored_in_fp8(opts, clamped=moe and model.moe is not None and model.moe.glu_clamp is not None)
         saved = [replace(x, name=f"{x.name} (FP8 store)", nbytes=x.nbytes // d) if x.name in stored else x
                  for x in saved]
     return saved
 
 
-def _stored_in_fp8(opts: LayerOptions) -> tuple[str, ...]:
+def _stored_in_fp8(opts: LayerOptions, *, clamped: bool = False) -> tuple[str, ...]:
     """The SwiGLU inputs Megatron-core's --activation-func-fp8-input-store keeps as FP8 (fused_bias_swiglu.py:
     `input.to(torch.float8_e4m3fn)`, one byte per element, no scale): the dense MLP's, the shared experts' and the
     experts' gate and up, the last unless moe_act recomputes the activation (its checkpoint keeps the input as it
-    came, in the dtype)."""
-    return ("gate and up", "shared expert FC1 output") + (() if opts.recomputes("moe_act") else
-                                                          ("expert FC1 output",))
+    came, in the dtype). A clamped expert activation stores its clamped copy so, the clamps their input (the FC1
+    output) in the dtype."""
+    experts = () if opts.recomputes("moe_act") else (CLAMPED,) if clamped else ("expert FC1 output",)
+    return ("gate and up", "shared expert FC1 output") + experts
 
 
 FP8_INPUTS = ("QKV input", "down projection input", "second linear input", "dispatched tokens (expert FC1 input)",
@@ -191,7 +193,9 @@ def _moe_saved(model: ModelConfig, b: int, opts: LayerOptions) -> list[SavedTens
     routed token; the unpermute after the combine is then a plain index sum that keeps nothing. Megatron-core moved
     them there in core_v0.13.0 (NVIDIA/Megatron-LM 2659630721, 'perf(MoE): Memory efficient token permutation',
     MR !2668, 2025-04); before it the unpermute multiplied the k expert outputs of each token by their probabilities
-    and kept those outputs (d T k h bytes more per layer), which pipesim no longer counts."""
+    and kept those outputs (d T k h bytes more per layer), which pipesim no longer counts. A clamped activation
+    (GPT-OSS's) keeps the clamps' concatenated copy too, what the fused activation saves while the clamps keep the FC1
+    output (pipesim.model.grouped_mlp_extras)."""
     moe = model.moe
     assert moe is not None
     d, h = model.dtype_bytes, model.hidden
@@ -204,6 +208,7 @@ def _moe_saved(model: ModelConfig, b: int, opts: LayerOptions) -> list[SavedTens
              SavedTensor("dispatched tokens (expert FC1 input)", d * routed * h, layer),
              SavedTensor("expert FC1 output", d * routed * fc1, layer),
              SavedTensor("expert FC2 input", d * routed * ffn, ("moe_act", "moe")),
+             *([SavedTensor(CLAMPED, d * routed * fc1, ("moe_act", "moe"))] if moe.glu_clamp is not None else []),
              SavedTensor("routed probabilities (weighted activation input)", ROUTER_BYTES * routed, layer)]
     width = moe.shared_experts * moe.shared_width // opts.tp
     if width:

@@ -127,6 +127,9 @@ class ModelConfig:
             if self.moe.moe_layers(0, self.layers) == 0:
                 raise PipesimError(f"moe: none of the {self.layers} layers has experts (dense_layers "
                                    f"{self.moe.dense_layers}, every {self.moe.every})")
+            if self.moe.glu_clamp is not None and self.activation != "swiglu":
+                raise PipesimError(f"moe glu_clamp clamps a gated activation's input; activation {self.activation!r} "
+                                   "has none (use swiglu)")
         self._check_deepseek()
 
     def _check_deepseek(self) -> None:
@@ -284,9 +287,9 @@ def unbuilt_structure(model: ModelConfig) -> list[str]:
     builds the whole model. It builds every dense layer the cost model costs (grouped-query attention, heads of
     their own width, QK-norm, each activation, norm and position kind, with or without biases) and a top-k router's
     experts, and a head tied to the embedding; not latent attention, multi-token prediction, DeepSeek-V3's routing
-    (groups, a score bias), GPT-OSS's sliding windows, attention sinks and router bias, or a Hugging Face config's
-    own router loss (its training objective, not a layer). Its one owner: the executor refuses such a model, the
-    planner's run export says so."""
+    (groups, a score bias), GPT-OSS's sliding windows, attention sinks, router bias and clamped activation, or a
+    Hugging Face config's own router loss (its training objective, not a layer). Its one owner: the executor refuses
+    such a model, the planner's run export says so."""
     if model.kind != "gpt":
         return []
     moe = model.moe
@@ -297,6 +300,8 @@ def unbuilt_structure(model: ModelConfig) -> list[str]:
                                   ("sliding-window attention", model.window_size is not None),
                                   ("attention sinks", model.attention_sinks),
                                   ("a router bias", moe is not None and moe.router_bias),
+                                  ("a clamped expert activation (GPT-OSS's swiglu_limit)",
+                                   moe is not None and moe.glu_clamp is not None),
                                   ("Hugging Face's router loss over every layer at once (output_router_logits; "
                                    "--moe-aux-loss-coeff trains Megatron-core's per layer)",
                                    moe is not None and moe.hf_router_loss > 0)) if on]

@@ -13,8 +13,9 @@ of `head_dim` (64: 64 x 64 = 4096 over a 2880 hidden), biases on q, k, v and o (
 one learned sink logit per head in every softmax (GptOssAttention.sinks), and on every layer an MoE MLP:
 GptOssTopKRouter, a linear h -> E with a bias, its top k logits softmaxed (the same weights as Mixtral's softmax then
 renormalised top k), and `num_local_experts` experts of width `intermediate_size`, each gate_up and down with a bias
-(GptOssExperts: gate_up_proj_bias, down_proj_bias), gated as SwiGLU with a clamp (`swiglu_limit`) and a sigmoid
-gain (`swiglu_alpha`, 1.702) that read and write the same tensors as SwiGLU does: no cost pipesim counts.
+(GptOssExperts: gate_up_proj_bias, down_proj_bias), gated as SwiGLU with a sigmoid gain (`swiglu_alpha`, 1.702:
+inside the activation's kernel, no cost of its own) and a clamp of its input at `swiglu_limit` (`MoeConfig.glu_clamp`,
+which Megatron-core runs as kernels of their own: pipesim.model.grouped_mlp_extras).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ WINDOWED, FULL = "sliding_attention", "full_attention"  # transformers' layer_ty
 # transformers' GptOssConfig defaults, where a file is silent (its layer_types: every other layer windowed, from the
 # first: full_every 2)
 GPT_OSS_DEFAULTS = {"num_local_experts": 128, "num_experts_per_tok": 4, "sliding_window": 128, "head_dim": 64,
-                    "num_key_value_heads": 8, "attention_bias": True}
+                    "num_key_value_heads": 8, "attention_bias": True, "swiglu_limit": 7.0}
 GPT_OSS_FULL_EVERY = 2
 WINDOW_EVERY_LAYER = ("mistral", "mixtral")  # their attention windows every layer by sliding_window
 
@@ -73,15 +74,18 @@ def read_window(cfg: dict, kind: str | None, layers: int, where: str) -> Sliding
 def gpt_oss_experts(cfg: dict, width: int, *, router_loss: float, where: str) -> MoeConfig:
     """GPT-OSS's experts on every layer (the module's docstring; a file with GPT_OSS_DEFAULTS filled in):
     `num_local_experts` of `intermediate_size` (`width`), `num_experts_per_tok` per token (the legacy
-    `experts_per_token` must agree), a router with a bias."""
+    `experts_per_token` must agree), a router with a bias, the activation's input clamped at `swiglu_limit`."""
     experts, top_k = (positive_field(cfg, name, where) for name in ("num_local_experts", "num_experts_per_tok"))
     if "experts_per_token" in cfg and cfg["experts_per_token"] != top_k:
         raise PipesimError(f"{where}: field 'experts_per_token' {cfg['experts_per_token']!r} disagrees with "
                            f"num_experts_per_tok {top_k}")
     if top_k > experts:
         raise PipesimError(f"{where}: field 'num_experts_per_tok' {top_k} is more than num_local_experts {experts}")
+    limit = cfg["swiglu_limit"]
+    if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not 0 < limit < float("inf"):
+        raise PipesimError(f"{where}: field 'swiglu_limit' must be a positive number, got {limit!r}")
     return MoeConfig(experts=experts, top_k=top_k, expert_ffn=width, renormalize=True, router_bias=True,
-                     hf_router_loss=router_loss)
+                     glu_clamp=float(limit), hf_router_loss=router_loss)
 
 
 __all__ = ["GPT_OSS_DEFAULTS", "WINDOW_EVERY_LAYER", "gpt_oss_experts", "read_window"]

@@ -14,7 +14,8 @@ Counted from Megatron-LM 1e057005 (the MoE ModelZoo's main-branch runs) with Tra
   sorts and unpermute, 21; flex/DeepEP: layout, notify, dispatch, the unfused multihot (counted 12), permute,
   unpermute and combine, 23), one grouped-GEMM launch per local expert for FC1 and for FC2 (TE GroupedLinear runs
   one cuBLASLt GEMM per expert), the activation (1), a shared expert's MLP (5: fc1, activation, fc2 and its tp
-  collectives);
+  collectives); a clamped activation's clamps and an FC2 bias their kernels (pipesim.model.grouped_mlp_extras,
+  forward and backward, read);
 - backward: the router's 15 (counted), the attention block, dispatcher and activation read as 46, a data and a
   weight gradient GEMM per local expert and GroupedLinear (4 per expert), a shared expert's 7; its weight-gradient
   part (W of a split backward) the experts' wgrads, the attention block's 4 and the router's 1;
@@ -49,6 +50,7 @@ from dataclasses import dataclass
 
 from pipesim.model.config import ModelConfig
 from pipesim.model.cuda_graphs import REPLAY_B, REPLAY_F, REPLAY_W
+from pipesim.model.grouped_mlp_extras import CLAMP_LAUNCHES, extra_launches
 from pipesim.model.options import LayerOptions
 
 ATTENTION_F = 20  # launches of the attention block's forward (read)
@@ -107,8 +109,9 @@ def moe_layer_host_ops(model: ModelConfig, opts: LayerOptions) -> HostOps:
     router = (ROUTER_F + shared * (SHARED_F + store), ROUTER_B + shared * (SHARED_B + store), ROUTER_W)
     if graphed("moe_router"):  # with attn graphed too, one graph: replayed with the attention block's
         router = (0, 0, 0) if graphed("attn") else REPLAY
-    rest = (DISPATCH_F[opts.moe_dispatcher] + 2 * local + activation, (REST_B - ATTENTION_B) + activation + 4 * local,
-            2 * local)  # dispatcher, experts, activation
+    extra = extra_launches(local, clamp=moe.glu_clamp is not None, bias=model.biases)
+    rest = _add((DISPATCH_F[opts.moe_dispatcher] + 2 * local + activation,
+                 (REST_B - ATTENTION_B) + activation + 4 * local, 2 * local), extra)  # dispatcher, experts, activation
     moe_ops = REPLAY if graphed("moe") else _add(router, rest)
     forward, backward, weight = (0, 0, 0) if iteration else REPLAY if whole_layer else _add(attn, moe_ops)
     padded = moe.capacity_factor is not None  # drop-and-pad: static token counts
@@ -122,7 +125,7 @@ def moe_layer_host_ops(model: ModelConfig, opts: LayerOptions) -> HostOps:
         backward += moe_ops[0]
         syncs_i += syncs_f
     elif opts.recomputes("moe_act") and not (in_graph or graphed("moe")):
-        backward += activation
+        backward += activation + (CLAMP_LAUNCHES if moe.glu_clamp is not None else 0)
     return HostOps(forward, backward - weight, weight, syncs_f, syncs_i)
 
 

@@ -23,6 +23,7 @@ from pipesim.model.activations import MASK_BYTES
 from pipesim.model.config import ModelConfig
 from pipesim.model.cp_ring_kernels import cp_ring_bytes
 from pipesim.model.elementwise import ACTIVATION_OPS, ALL_ACTIVATION_OPS, layer_elementwise_bytes
+from pipesim.model.grouped_mlp_extras import expert_extras
 from pipesim.model.kernel_types import (
     FlashAttention,
     Gemm,
@@ -280,10 +281,15 @@ def _moe_mlp(model: ModelConfig, b: int, opts: LayerOptions) -> tuple[list[Kerne
     ep experts x tokens per expert, the slowest rank's); unpermute, a plain sum of each token's k outputs (read
     k copies, write one; the probabilities weigh the activation, which reads one per routed token); shared
     experts as a dense MLP of S x f_s columns split over tp. I and W: each GEMM's dgrad and wgrad, the
-    activation's and the permutes' backward, the router's softmax backward.
+    activation's and the permutes' backward, the router's softmax backward. A clamped activation's input and the
+    experts' FC2 bias add Megatron-core's kernels of pipesim.model.grouped_mlp_extras (the clamp before the
+    activation, the bias after FC2).
     """
     moe = model.moe
     assert moe is not None  # layer_kernels' caller checked
+    if model.biases and opts.etp > 1:
+        raise PipesimError(f"experts with biases cannot be split over --etp {opts.etp}: Transformer Engine's "
+                           "GroupedLinear has no bias under tensor parallelism")
     d = model.dtype_bytes
     h = model.hidden
     here = tokens_here(model, b, opts)
@@ -300,15 +306,17 @@ def _moe_mlp(model: ModelConfig, b: int, opts: LayerOptions) -> tuple[list[Kerne
     # --activation-func-fp8-input-store: the SwiGLU input (gate and up) cast to FP8 after the activation, back
     # before its backward (Megatron-core's weighted_bias_swiglu_impl with fp8_input_store)
     store, restore = _fp8_store_kernels("expert ", 2 * routed * shapes.ffn, d, opts)
+    extra = expert_extras(routed, shapes.ffn, h, d, clamp=moe.glu_clamp is not None, bias=model.biases)
     f: list[Kernel] = [Gemm("router", here, moe.experts, h), MemoryBound("router softmax top-k", 2 * logits),
                        MemoryBound("token permute", 2 * here * moe.top_k * h * d),
-                       Gemm("expert FC1", n, shapes.fc1_out, h, local),
+                       Gemm("expert FC1", n, shapes.fc1_out, h, local), *extra.clamp_f,
                        MemoryBound(f"expert {act}", act_f * routed * shapes.ffn * d + probs), *store,
-                       Gemm("expert FC2", n, h, shapes.ffn, local),
+                       Gemm("expert FC2", n, h, shapes.ffn, local), *extra.bias_f,
                        MemoryBound("token unpermute", (moe.top_k + 1) * here * h * d)]
-    i: list[Kernel] = [MemoryBound("token unpermute backward", (moe.top_k + 1) * here * h * d),
+    i: list[Kernel] = [MemoryBound("token unpermute backward", (moe.top_k + 1) * here * h * d), *extra.bias_i,
                        Gemm("expert FC2 dgrad", n, shapes.ffn, h, local), *restore,
                        MemoryBound(f"expert {act} backward", act_b * routed * shapes.ffn * d + 2 * probs),
+                       *extra.clamp_i,
                        Gemm("expert FC1 dgrad", n, h, shapes.fc1_out, local),
                        MemoryBound("token permute backward", 2 * here * moe.top_k * h * d),
                        MemoryBound("router softmax backward", 3 * logits),
@@ -322,7 +330,7 @@ def _moe_mlp(model: ModelConfig, b: int, opts: LayerOptions) -> tuple[list[Kerne
         f[-1:-1] = [MemoryBound("token unsort by local expert", sort)]
         i[1:1] = [MemoryBound("token unsort backward", sort)]
         i[-3:-3] = [MemoryBound("token sort backward", sort)]
-    w: list[Kernel] = [Gemm("expert FC2 wgrad", shapes.ffn, h, n, local),
+    w: list[Kernel] = [*extra.bias_w, Gemm("expert FC2 wgrad", shapes.ffn, h, n, local),
                        Gemm("expert FC1 wgrad", h, shapes.fc1_out, n, local),
                        Gemm("router wgrad", h, moe.experts, here)]
     width = moe.shared_experts * moe.shared_width // opts.tp

@@ -13,6 +13,9 @@ auxiliary-loss-free balancing adds a per-expert bias to the routing scores (E va
 checkpoint, counted in its totals; Megatron-core's expert_bias buffer is updated outside the optimizer).
 `router_bias`: the router's linear has a bias of its own (GPT-OSS's GptOssTopKRouter: F.linear(x, weight, bias)),
 E trained parameters per MoE layer added to the logits before the top-k.
+`glu_clamp`: the experts' gated activation clamps its input at this value (GPT-OSS's `swiglu_limit`, Megatron-core's
+activation_func_clamp_value): no parameter or FLOP, but Megatron-core runs it as kernels of its own
+(pipesim.model.grouped_mlp_extras).
 `balance` and `aux_loss_coeff`: Megatron-core's load-balancing loss (--moe-router-load-balancing-type,
 --moe-aux-loss-coeff; its defaults "aux_loss" and 0, no loss), and `z_loss_coeff` its router z-loss (ST-MoE's,
 --moe-z-loss-coeff): a few FLOPs per token on scores the router made, no cost pipesim counts; the executor trains
@@ -50,6 +53,7 @@ class MoeConfig:
     imbalance: float = 1.0  # the most-loaded expert's tokens / the mean (>= 1; dropless routing)
     expert_bias: bool = False  # a per-expert routing-score bias (DeepSeek-V3's e_score_correction_bias: E values)
     router_bias: bool = False  # the router's linear has a bias (GPT-OSS's: E trained values)
+    glu_clamp: float | None = None  # the experts' GLU input clamped at this value (GPT-OSS's swiglu_limit); None: none
     # group-limited routing (DeepSeek-V3's n_group / topk_group; Megatron-core's --moe-router-num-groups /
     # --moe-router-group-topk): the experts in `groups` equal groups, each token's k among `group_topk` of them
     groups: int = 1
@@ -85,6 +89,10 @@ class MoeConfig:
         for name in ("expert_bias", "router_bias"):
             if not isinstance(getattr(self, name), bool):
                 raise PipesimError(f"moe {name} must be true or false, got {getattr(self, name)!r}")
+        if self.glu_clamp is not None and (isinstance(self.glu_clamp, bool)
+                                           or not isinstance(self.glu_clamp, (int, float))
+                                           or not 0 < self.glu_clamp < float("inf")):
+            raise PipesimError(f"moe glu_clamp must be a positive finite number or null, got {self.glu_clamp!r}")
         if self.top_k > self.experts:
             raise PipesimError(f"moe top_k {self.top_k} is more than its {self.experts} experts")
         # an expert receives each token at most once: at most T of the mean's T k / E, so both ratios stay <= E / k
