@@ -66,7 +66,9 @@ def test_bundled_config_loads_every_key_read_or_ignored():
     report = hf_key_report("deepseek-v3")
     assert set(report.read) | set(report.ignored) == set(cfg)
     assert set(report.ignored) >= {"aux_loss_alpha", "seq_aux", "scoring_func", "routed_scaling_factor",
-                                   "norm_topk_prob", "ep_size", "rope_scaling"}
+                                   "norm_topk_prob", "ep_size"}
+    # YaRN with mscale = mscale_all_dim = 1: read, its attention factor 1 (pipesim.model.hf_rope)
+    assert "rope_scaling" in report.read and load_hf_config("deepseek-v3", seq=4096).rope_mscale == 1.0
     assert {"q_lora_rank", "kv_lora_rank", "num_nextn_predict_layers", "topk_method", "n_group",
             "topk_group"} <= set(report.read)  # group-limited routing: the nodes a token's experts reach
     assert V3.mla == LatentAttention(q_lora_rank=DQ, kv_lora_rank=DC, qk_nope_dim=NOPE, qk_rope_dim=ROPE,

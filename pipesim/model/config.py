@@ -28,7 +28,7 @@ NORMS = ("layernorm", "rmsnorm")
 POSITIONS = ("learned", "rope")  # a learned (seq x hidden) table, or rotary embeddings (no parameters)
 STRUCTURE_FIELDS = ("kv_heads", "ffn_hidden", "activation", "norm", "dropout", "biases", "positions",
                     "tied_embeddings", "moe", "mla", "mtp_layers", "head_width", "qk_norm", "window",
-                    "attention_sinks")  # left out of to_dict while at their defaults
+                    "attention_sinks", "rope_mscale")  # left out of to_dict while at their defaults
 
 MAX_LAYERS = 1 << 16  # layers of one model: far above any published one, a step costed in well under a second
 
@@ -62,6 +62,9 @@ class ModelConfig:
     qk_norm: bool = False  # a norm (the model's kind) over head_dim on each query and key head (Qwen3's q/k_norm)
     window: SlidingWindow | None = None  # sliding-window attention on some or all layers; None: full attention
     attention_sinks: bool = False  # a learned logit per head in every softmax's denominator (GPT-OSS's sinks)
+    # YaRN's attention factor on RoPE's cos and sin (pipesim.model.hf_rope); 1.0: none. Not 1: Megatron-core's RoPE
+    # runs unfused
+    rope_mscale: float = 1.0
 
     def __post_init__(self) -> None:
         if isinstance(self.moe, dict):  # from to_dict / JSON
@@ -117,6 +120,14 @@ class ModelConfig:
         for name in ("dropout", "biases", "tied_embeddings"):
             if not isinstance(getattr(self, name), bool):
                 raise PipesimError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if isinstance(self.rope_mscale, bool) or not isinstance(self.rope_mscale, (int, float)) \
+                or not 0 < self.rope_mscale < float("inf"):
+            raise PipesimError(f"rope_mscale must be a positive finite number, got {self.rope_mscale!r}")
+        if self.rope_mscale != 1.0 and (self.positions != "rope" or self.mla is not None):
+            raise PipesimError(f"rope_mscale {self.rope_mscale:g} (YaRN's attention factor) scales rotary "
+                               "embeddings of standard attention; this model has "
+                               + ("latent attention (its YaRN factor is not modelled)" if self.mla is not None
+                                  else f"{self.positions} positions"))
         if self.kind == "gpt" and self.heads % self.num_kv_heads:
             raise PipesimError(f"--kv-heads {self.num_kv_heads} must divide --heads {self.heads}")
         if self.moe is not None:

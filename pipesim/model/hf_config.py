@@ -48,6 +48,7 @@ from pipesim.errors import PipesimError
 from pipesim.model.config import DTYPE_BYTES, ModelConfig
 from pipesim.model.hf_gpt_oss import GPT_OSS_DEFAULTS, gpt_oss_experts, read_window
 from pipesim.model.hf_keys import KeyReport, check_keys, code_type, positive_field
+from pipesim.model.hf_rope import yarn_attention_factor
 from pipesim.model.latent_attention import LatentAttention
 from pipesim.model.moe import MoeConfig
 
@@ -187,7 +188,8 @@ def model_from_hf(cfg: dict, *, where: str, seq: int | None = None, batch: int =
                            norm="rmsnorm" if "rms_norm_eps" in cfg or own_heads else "layernorm",  # norm_eps: LayerNorm
                            dropout=dropout > 0, biases=biases, positions="rope",
                            tied_embeddings=tied, moe=moe, mla=mla, mtp_layers=mtp, head_width=head_width,
-                           qk_norm=qwen3, window=window, attention_sinks=kind == "gpt_oss")
+                           qk_norm=qwen3, window=window, attention_sinks=kind == "gpt_oss",
+                           rope_mscale=yarn_attention_factor(cfg, where))
     except PipesimError as e:
         raise PipesimError(f"{where}: {e}") from None
 

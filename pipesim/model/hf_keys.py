@@ -30,6 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pipesim.errors import PipesimError
+from pipesim.model.hf_rope import names_yarn
 
 MODELED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size",
            "max_position_embeddings", "num_key_value_heads", "hidden_act", "rms_norm_eps", "layer_norm_eps",
@@ -37,9 +38,12 @@ MODELED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermedi
            "dtype", "model_type")
 # values that change no FLOP, byte or collective pipesim counts
 NO_EFFECT = ("_name_or_path", "architectures", "transformers_version", "bos_token_id", "eos_token_id",
-             "pad_token_id", "initializer_range", "rope_theta", "rope_scaling", "use_cache", "pretraining_tp",
+             "pad_token_id", "initializer_range", "rope_theta", "use_cache", "pretraining_tp",
              "tokenizer_class", "auto_map", "output_attentions", "output_hidden_states", "return_dict",
-             "max_window_layers", "rope_parameters")  # rope_parameters: transformers 5's rope_theta and rope_scaling
+             "max_window_layers")
+# rotary scaling (transformers 5's rope_parameters holds rope_theta and it): read when it names YaRN, whose attention
+# factor costs time (pipesim.model.hf_rope); any other kind only changes the frequencies, no effect
+ROTARY_SCALING = ("rope_scaling", "rope_parameters")
 # off at a false, zero, null or empty value; on otherwise (then they change the computation)
 OFF_WHEN_EMPTY = {
     "num_local_experts": "mixture of experts", "n_routed_experts": "mixture of experts",
@@ -142,6 +146,8 @@ def check_keys(cfg: dict, *, where: str, seq: int) -> KeyReport:
     for key, value in cfg.items():
         if key in MODELED or key in type_read:
             read.append(key)
+        elif key in ROTARY_SCALING:
+            (read if names_yarn(value) else ignored).append(key)
         elif key == "layer_types":  # every layer full (Qwen3's newer files): nothing windowed
             if isinstance(value, list) and all(v == "full_attention" for v in value):
                 ignored.append(key)
@@ -169,5 +175,5 @@ def check_keys(cfg: dict, *, where: str, seq: int) -> KeyReport:
     return KeyReport(tuple(read), tuple(ignored))
 
 
-__all__ = ["MODELED", "MODEL_TYPES", "NO_EFFECT", "OFF_WHEN_EMPTY", "TYPE_ALIASES", "TYPE_MODELED", "TYPE_NO_EFFECT",
-           "KeyReport", "check_keys", "code_type", "positive_field"]
+__all__ = ["MODELED", "MODEL_TYPES", "NO_EFFECT", "OFF_WHEN_EMPTY", "ROTARY_SCALING", "TYPE_ALIASES", "TYPE_MODELED",
+           "TYPE_NO_EFFECT", "KeyReport", "check_keys", "code_type", "positive_field"]

@@ -152,7 +152,7 @@ def _elementwise(model: ModelConfig, b: int, opts: LayerOptions, fused: bool) ->
     from_ew(f"KV latent {norm}")
     from_ew("Q, K, V assembly")
     if model.positions == "rope":
-        if fused:
+        if fused and model.rope_mscale == 1.0:  # YaRN's attention factor: Megatron-core's RoPE unfused (hf_rope)
             from_ew("RoPE on Q and K")
         else:  # rotate_half (read, write), x cos, rot sin (read, write each), their sum (read 2, write)
             op("RoPE on Q and K (unfused)", 9 * qk * d, 9 * qk * d)
