@@ -97,11 +97,13 @@ def test_shipped_profiles_cite_every_field_and_say_what_their_sources_say():
     profiles = load_profiles()
     assert list(profiles) == ["A100", "A100-PCIe", "H100", "H200", "B200", "B300"]
     flash2 = {"flash2_forward_efficiency", "flash2_backward_efficiency"}
+    hd64 = {"flash_hd64_forward", "flash_hd64_backward", "flash2_hd64_forward", "flash2_hd64_backward"}
     for p in profiles.values():
         assert set(p.sources) == {"sms", "tiles", "flops", "hbm_bandwidth", "matmul_efficiency", "memory_efficiency",
                                   "kernel_overhead", "overlap", "flash_forward_efficiency",
                                   "flash_backward_efficiency", "nccl_channels", "memory_bound_efficiency",
                                   *(flash2 if p.flash2_forward_efficiency is not None else ()),
+                                  *(hd64 if p.flash_hd64_forward is not None else ()),
                                   *(("power_limit", "power_ratings") if p.power_ratings else ())}
     # the H100's rated boards (its datasheet): 835 TFLOP/s on the 400 W NVL, 989 on the 700 W SXM it is measured on
     assert (profiles["H100"].power_limit, profiles["H100"].power_ratings) == (700, ((400, 835e12), (700, 989e12)))

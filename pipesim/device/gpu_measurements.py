@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipesim.comm.collective_costs import busbw_factor
-from pipesim.device.kernels import attention_flops, causal_tile_factor
+from pipesim.device.kernels import attention_flops, causal_tile_factor, head_dim_factor
 from pipesim.device.profile import DeviceProfile
 from pipesim.errors import PipesimError
 
@@ -160,8 +160,9 @@ def summarise(data: Measurements, base: DeviceProfile, dtype: str = "bfloat16",
         out["kernel_overhead"] = statistics.median(r.seconds for r in data.of(LAUNCH))
     for kind, name in ((FLASH_FWD, "flash_forward_efficiency"), (FLASH_BWD, "flash_backward_efficiency")):
         rows = [r for r in data.of(kind) if r.dtype == dtype and r.shape[4]]  # causal: the kernel training runs
-        if rows:
-            executed = max(r.flops * causal_tile_factor(r.shape[1]) / r.seconds for r in rows)
+        if rows:  # at the reference head dim (a row at another is divided by the family's head_dim_factor)
+            executed = max(r.flops * causal_tile_factor(r.shape[1]) / r.seconds /
+                           head_dim_factor(base, r.shape[3], backward=kind == FLASH_BWD) for r in rows)
             out[name] = executed / base.peak(dtype) * (sustained_fraction(data, dtype) or 1.0)
     return out
 

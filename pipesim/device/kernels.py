@@ -105,6 +105,21 @@ def causal_tile_factor(kv_seq: int) -> float:
     return 1.0 + FLASH_QUERY_BLOCK / kv_seq
 
 
+HEAD_DIM_REFERENCE = 128  # the head dim a family's flash figures are measured at
+
+
+def head_dim_factor(device: DeviceProfile, head_dim: int, *, backward: bool = False) -> float:
+    """The flash kernel's rate at `head_dim` over its rate at HEAD_DIM_REFERENCE: the family's figure at 64
+    (`flash_hd64_*`; 1 without one) for 64 and below, linear in the head dim up to 1 at 128, 1 above (no backward
+    figure beyond 128 was found; [FA3]'s causal cuDNN forward at 256 is within 6 % of 128's)."""
+    at64 = device.flash_hd64_backward if backward else device.flash_hd64_forward
+    if at64 is None or head_dim >= HEAD_DIM_REFERENCE:
+        return 1.0
+    if head_dim <= 64:
+        return at64
+    return at64 + (1.0 - at64) * (head_dim - 64) / (HEAD_DIM_REFERENCE - 64)
+
+
 def flash_attention_time(batch: int, seq: int, heads: int, head_dim: int, dtype: str, device: DeviceProfile, *,
                          kv_seq: int | None = None, kv_heads: int | None = None, causal: bool = False,
                          backward: bool = False, sms: int | None = None, v_head_dim: int | None = None,
@@ -112,7 +127,7 @@ def flash_attention_time(batch: int, seq: int, heads: int, head_dim: int, dtype:
     """Seconds of one flash-attention forward (or backward) kernel on `device`.
 
     compute = FLOPs executed (causal: the diagonal tiles whole, `causal_tile_factor`) / (peak x flash
-    efficiency) / wave efficiency, with blocks = b x heads x
+    efficiency x `head_dim_factor`) / wave efficiency, with blocks = b x heads x
     ceil(s / 128) and wave efficiency = blocks / (ceil(blocks / SMs) x SMs); memory = Q, K, V, O
     (and dO, dQ, dK, dV backward) once through HBM; the two overlap as GEMMs do; plus one overhead.
     Grouped-query attention (`kv_heads` < heads) reads fewer K, V bytes, same FLOPs.
@@ -138,7 +153,8 @@ def flash_attention_time(batch: int, seq: int, heads: int, head_dim: int, dtype:
     free = device.sms if sms is None else sms
     if not isinstance(free, int) or isinstance(free, bool) or not 1 <= free <= device.sms:
         raise PipesimError(f"flash attention runs on 1 to {device.sms} SMs of {device.name!r}, got {free!r}")
-    eff = device.flash_backward_efficiency if backward else device.flash_forward_efficiency
+    eff = (device.flash_backward_efficiency if backward else device.flash_forward_efficiency) * \
+        head_dim_factor(device, head_dim, backward=backward)
     blocks = batch * heads * math.ceil(seq / FLASH_QUERY_BLOCK)
     waves = math.ceil(blocks / free)
     if window is not None:
@@ -156,5 +172,6 @@ def flash_attention_time(batch: int, seq: int, heads: int, head_dim: int, dtype:
     return KernelTime(seconds, compute, memory, device.kernel_overhead, flops, moved)
 
 
-__all__ = ["BACKWARD_FLOP_RATIO", "FLASH_QUERY_BLOCK", "KernelTime", "attention_flops", "band_pairs",
-           "band_tile_pairs", "causal_tile_factor", "flash_attention_time", "memory_bound_time", "window_tile_factor"]
+__all__ = ["BACKWARD_FLOP_RATIO", "FLASH_QUERY_BLOCK", "HEAD_DIM_REFERENCE", "KernelTime", "attention_flops",
+           "band_pairs", "band_tile_pairs", "causal_tile_factor", "flash_attention_time", "head_dim_factor",
+           "memory_bound_time", "window_tile_factor"]

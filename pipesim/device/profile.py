@@ -24,7 +24,9 @@ except ModuleNotFoundError:  # Python 3.10
 FRACTIONS = ("matmul_efficiency", "memory_efficiency", "overlap", "flash_forward_efficiency",
              "flash_backward_efficiency")
 # a family may leave these out (each still names its source)
-OPTIONAL_FRACTIONS = frozenset({"memory_bound_efficiency", "flash2_forward_efficiency", "flash2_backward_efficiency"})
+OPTIONAL_FRACTIONS = frozenset({"memory_bound_efficiency", "flash2_forward_efficiency", "flash2_backward_efficiency",
+                                "flash_hd64_forward", "flash_hd64_backward", "flash2_hd64_forward",
+                                "flash2_hd64_backward"})
 OPTIONAL = OPTIONAL_FRACTIONS | {"power_limit", "power_ratings"}
 DERIVED = frozenset({"clock_scale"})  # set from a hardware file's board (pipesim.device.power), never in the presets
 # bytes per element (float4: NVFP4's E2M1, two to a byte; its block scales are the casts' bytes)
@@ -57,6 +59,13 @@ class DeviceProfile:
     # peak; None: the family has no such figure (refused)
     flash2_forward_efficiency: float | None = None
     flash2_backward_efficiency: float | None = None
+    # the flash kernel's rate at head dim 64 over its rate at 128, forward and backward (pipesim.device.kernels.
+    # head_dim_factor: smaller heads do less MMA work per softmax); flash2_*: FlashAttention-2's; None: no figure, the
+    # head dim changes nothing
+    flash_hd64_forward: float | None = None
+    flash_hd64_backward: float | None = None
+    flash2_hd64_forward: float | None = None
+    flash2_hd64_backward: float | None = None
     # the reference board's power limit (watts) the figures above were measured under, and the boards of the same die
     # NVIDIA rates at other limits: (watts, dense BF16 peak FLOP/s) pairs (pipesim.device.power); () none known
     power_limit: float | None = None
@@ -103,7 +112,8 @@ class DeviceProfile:
                      self.matmul_efficiency, self.memory_efficiency, self.kernel_overhead, self.overlap,
                      self.flash_forward_efficiency, self.flash_backward_efficiency, self.nccl_channels,
                      self.memory_bound_efficiency, self.flash2_forward_efficiency, self.flash2_backward_efficiency,
-                     self.power_limit, self.power_ratings, self.clock_scale))
+                     self.flash_hd64_forward, self.flash_hd64_backward, self.flash2_hd64_forward,
+                     self.flash2_hd64_backward, self.power_limit, self.power_ratings, self.clock_scale))
 
     @property
     def memory_bound_rate(self) -> float:
@@ -126,9 +136,9 @@ class DeviceProfile:
             raise PipesimError(f"--attention flash2: device {self.name!r} has no FlashAttention-2 figures; use "
                                "--attention flash (its fastest fused attention)")
         src = self.sources
-        return replace(self, flash_forward_efficiency=fwd, flash_backward_efficiency=bwd,
-                       sources={**src, "flash_forward_efficiency": src.get("flash2_forward_efficiency", ""),
-                                "flash_backward_efficiency": src.get("flash2_backward_efficiency", "")})
+        swapped = ("forward_efficiency", "backward_efficiency", "hd64_forward", "hd64_backward")
+        return replace(self, **{f"flash_{x}": getattr(self, f"flash2_{x}") for x in swapped},
+                       sources={**src, **{f"flash_{x}": src.get(f"flash2_{x}", "") for x in swapped}})
 
     def with_measured(self, source: str, **figures: float) -> DeviceProfile:
         """A copy whose `figures` (e.g. matmul_efficiency) come from a measurement named `source`."""
