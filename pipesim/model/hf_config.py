@@ -180,6 +180,7 @@ def model_from_hf(cfg: dict, *, where: str, seq: int | None = None, batch: int =
         head_width = positive_field(cfg, "head_dim", where)
         moe = gpt_oss_experts(cfg, sizes["intermediate_size"], router_loss=_hf_router_loss(cfg, where), where=where)
     window = read_window(cfg, kind, sizes["num_hidden_layers"], where)
+    rope_mscale = yarn_attention_factor(cfg, where)
     try:
         return ModelConfig(kind="gpt", hidden=sizes["hidden_size"], layers=sizes["num_hidden_layers"], heads=heads,
                            seq=seq, vocab=sizes["vocab_size"], batch=batch, dtype=dtype, seed=seed,
@@ -189,7 +190,7 @@ def model_from_hf(cfg: dict, *, where: str, seq: int | None = None, batch: int =
                            dropout=dropout > 0, biases=biases, positions="rope",
                            tied_embeddings=tied, moe=moe, mla=mla, mtp_layers=mtp, head_width=head_width,
                            qk_norm=qwen3, window=window, attention_sinks=kind == "gpt_oss",
-                           rope_mscale=yarn_attention_factor(cfg, where))
+                           rope_mscale=rope_mscale)
     except PipesimError as e:
         raise PipesimError(f"{where}: {e}") from None
 
