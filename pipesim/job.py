@@ -24,6 +24,7 @@ from pipesim.model.fp8 import FP8_GATHER_RECIPES, Fp8Options, check_fp8_model
 from pipesim.model.fsdp import FsdpPolicy, check_reshard, fsdp_policy
 from pipesim.model.layer_precision import Bf16Layers
 from pipesim.model.memory import check_zero
+from pipesim.model.muon_options import MuonOptions, check_muon
 from pipesim.model.options import (
     ACT_FP8_STORE_FLAG,
     ATTENTION,
@@ -115,6 +116,8 @@ class Job:
     # Megatron-core's --first-last-layers-bf16: the model's first and last layers outside the FP8 autocast
     # (pipesim.model.layer_precision); None: every layer in FP8 under --fp8-format
     bf16_layers: Bf16Layers | None = None
+    # Megatron-core's --optimizer muon / dist_muon (pipesim.model.muon_options, pipesim.cost.muon_step); None: Adam
+    muon: MuonOptions | None = None
 
     def __post_init__(self) -> None:
         if self.fp8 is not None and not isinstance(self.fp8, Fp8Options):
@@ -167,9 +170,13 @@ class Job:
         if self.fsdp_reshard != "default" and self.zero != 3:
             raise PipesimError(f"--fsdp-reshard-after-forward {self.fsdp_reshard} needs FSDP's sharded parameters "
                                f"(--zero 3), got --zero {self.zero}")
-        if self.comm.overlap_param_gather and (self.zero == 3 or (self.zero == 0 and self.dims.dp_cp > 1)):
+        check_muon(self.muon, zero=self.zero, overlap_grad_reduce=self.comm.overlap_grad_reduce,
+                   overlap_param_gather=self.comm.overlap_param_gather, precision_aware=self.adam_states is not None,
+                   fp8_param_gather=self.fp8_param_gather)
+        gathers = self.zero in (1, 2) or (self.muon is not None and self.muon.distributed)  # dist_muon's gather
+        if self.comm.overlap_param_gather and not gathers and (self.zero == 3 or self.dims.dp_cp > 1):
             raise PipesimError(f"--overlap-param-gather needs the distributed optimizer's parameter all-gather "
-                               f"(--zero 1 or 2), got --zero {self.zero}")
+                               f"(--zero 1 or 2, or --optimizer dist_muon), got --zero {self.zero}")
 
     # the axes, as every consumer reads them
     @property
@@ -209,7 +216,7 @@ class Job:
         dims = ParallelDims(dp=d.dp, tp=d.tp, cp=d.cp, ep=d.ep, etp=d.etp) if d.has_experts else \
             ParallelDims(tp=d.tp, cp=d.cp)
         return replace(self, dims=dims, zero=0, fsdp_reshard="default", fp8_param_gather=False, adam_states=None,
-                       fp8=self.layer_fp8)
+                       muon=None, fp8=self.layer_fp8)
 
     @property
     def layer_fp8(self) -> Fp8Options | None:
@@ -251,6 +258,11 @@ class Job:
         one place each divisibility check against a model is made (the tp splits, LayerOptions.check's)."""
         self.check_gradients(model)
         check_fp8_model(self.fp8, model.dtype, model.kind)
+        if self.muon is not None and model.dtype == "float16":
+            raise PipesimError(f"--optimizer {self.muon.name} with a float16 model: Megatron-core's Muon runs bf16 or "
+                               "float32 ('muon with fp16 is not supported')")
+        if self.muon is not None and model.mtp_layers:
+            raise PipesimError(f"--optimizer {self.muon.name} with multi-token-prediction modules is not modelled")
         if self.kernels.eager_rmsnorm and model.norm != "rmsnorm":
             raise PipesimError(f"--eager-rmsnorm needs a model with RMSNorm, got {model.norm}")
         if self.act_fp8_store:
@@ -363,7 +375,8 @@ class Job:
         gather and its precision-aware optimizer."""
         out = ["--fsdp-reshard-after-forward", self.fsdp_reshard] if self.fsdp_reshard != "default" else []
         out += [self.param_gather_flag] if self.fp8_param_gather else []
-        return out + (self.adam_states.flags() if self.adam_states is not None else [])
+        out += self.adam_states.flags() if self.adam_states is not None else []
+        return out + (self.muon.flags() if self.muon is not None else [])
 
 
 __all__ = ["Job", "KernelSwitches"]

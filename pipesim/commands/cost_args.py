@@ -30,6 +30,8 @@ def refuse_model_flags(args: argparse.Namespace) -> None:
                 "first_last_layers_bf16": "--first-last-layers-bf16", "moe_enable_deepep": "--moe-enable-deepep"}
     given += [flag for dest, flag in switches.items() if getattr(args, dest, False)]
     given += [flag for dest, flag in TYPED_SWITCHES if getattr(args, dest, None) is not None]
+    if getattr(args, "optimizer", "adam") != "adam":
+        given.append("--optimizer")
     if getattr(args, "grad_fp32", None) is not None:  # one dest, two flags
         given.append("--accumulate-allreduce-grads-in-fp32" if args.grad_fp32 else "--grad-reduce-in-bf16")
     if getattr(args, "async_tp", False):

@@ -27,6 +27,7 @@ from pipesim.model.fp8 import (
 )
 from pipesim.model.fsdp import FSDP_RESHARD
 from pipesim.model.layer_precision import END_FLAG, FIRST_LAST_FLAG, START_FLAG, Bf16Layers
+from pipesim.model.muon_options import OPTIMIZERS, MuonOptions, muon_options
 from pipesim.model.options import ACT_FP8_STORE_FLAG, CP_COMM_TYPES
 from pipesim.model.piece_kernels import CE_IMPLS
 
@@ -265,6 +266,16 @@ def add_optimizer_args(group) -> None:
                        help="with --use-precision-aware-optimizer: Adam's first moment's dtype (default fp32)")
     group.add_argument("--exp-avg-sq-dtype", choices=MOMENT_DTYPES, default=None,
                        help="with --use-precision-aware-optimizer: Adam's second moment's dtype (default fp32)")
+    group.add_argument("--optimizer", choices=OPTIMIZERS, default="adam",
+                       help="Megatron-core's optimizer: adam (default), muon (every state on every data-parallel "
+                            "rank) or dist_muon (whole tensors dealt to the data-parallel ranks, the parameters "
+                            "all-gathered after the step); Muon's Newton-Schulz GEMMs are timed kernel by kernel")
+    group.add_argument("--muon-num-ns-steps", type=int, default=None,
+                       help="with --optimizer muon / dist_muon: Newton-Schulz steps (default 5)")
+    group.add_argument("--muon-no-split-qkv", dest="muon_split_qkv", action="store_false",
+                       help="with Muon: orthogonalize QKV whole (default: its Q, K and V parts apart)")
+    group.add_argument("--muon-use-nesterov", action="store_true",
+                       help="with Muon: Nesterov momentum (one more pass over the Muon tensors)")
 
 
 def adam_from_args(args: argparse.Namespace) -> AdamStates | None:
@@ -278,6 +289,13 @@ def adam_from_args(args: argparse.Namespace) -> AdamStates | None:
                                "(Megatron-core uses the optimizer dtypes only with it)")
         return None
     return AdamStates(**{name: value for name, value in dtypes.items() if value is not None})
+
+
+def muon_from_args(args: argparse.Namespace) -> MuonOptions | None:
+    """The MuonOptions of --optimizer (None for adam, the default)."""
+    return muon_options(getattr(args, "optimizer", "adam"), ns_steps=getattr(args, "muon_num_ns_steps", None),
+                        split_qkv=getattr(args, "muon_split_qkv", True),
+                        nesterov=getattr(args, "muon_use_nesterov", False))
 
 
 def check_fp8_run(fp8: Fp8Options | None, model: ModelConfig | None, hardware: Hardware | None) -> None:

@@ -69,7 +69,11 @@ PASSED = {
 # Megatron-core after v0.15.3 (its TransformerConfig fields as flags, core_v0.16.0 on), which pipesim's own flags and
 # its plan exports use: read as pipesim's flags of those names
 LATER = {"--moe-flex-dispatcher-backend": VALUE, "--moe-hybridep-num-sms": VALUE,
-         "--activation-func-fp8-input-store": SWITCH}
+         "--activation-func-fp8-input-store": SWITCH,
+         # Muon (NVIDIA/Megatron-LM d7288711ba; --optimizer muon / dist_muon is READ): pipesim's flags of these names
+         "--muon-num-ns-steps": VALUE, "--muon-no-split-qkv": SWITCH, "--muon-use-nesterov": SWITCH}
+# Muon's choices that would change its step (later Megatron-core): read, and refused unless at their default
+READ.update({"--muon-tp-mode": VALUE, "--muon-fp32-matmul-prec": VALUE, "--muon-scalar-optimizer": VALUE})
 
 # read past, group by group: none changes a step's time or memory as pipesim models them
 IGNORED: dict[str, tuple[str, ...]] = {
@@ -147,6 +151,9 @@ IGNORED: dict[str, tuple[str, ...]] = {
         "--moe-per-layer-logging", "--moe-router-dtype", "--moe-router-score-function", "--moe-router-pre-softmax",
         "--moe-router-topk-scaling-factor", "--moe-router-bias-update-rate",
         "--moe-router-force-load-balancing", "--ddp-average-in-collective"),
+    "Muon's hyperparameters (later Megatron-core): numbers, not work (every coefficient set runs the same three "
+    "GEMMs a Newton-Schulz step)": (
+        "--muon-momentum", "--muon-scale-mode", "--muon-extra-scale-factor", "--muon-coefficient-type"),
     "flags v0.15.3 keeps but no longer acts on (--no-async-tensor-model-parallel-allreduce: 'DEPRECATED. This flag "
     "is ignored.'; scatter_gather_tensors_in_pipeline read nowhere else; Megatron-core models the default)": (
         "--no-async-tensor-model-parallel-allreduce", "--no-scatter-gather-tensors-in-pipeline", "--use-mcore-models"),

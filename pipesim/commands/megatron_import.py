@@ -18,6 +18,7 @@ from pipesim.commands.megatron_model import model_flags
 from pipesim.commands.torchtitan_pipeline import model_layers
 from pipesim.errors import PipesimError
 from pipesim.model.megatron_layout import LAYOUT, parse_layout
+from pipesim.model.muon_options import OPTIMIZERS
 
 FLAG = "--from-megatron"
 CP_TYPES = {"p2p": "p2p", "a2a": "a2a", "allgather": "all_gather"}  # Megatron's --cp-comm-type -> pipesim's
@@ -37,7 +38,7 @@ PASS_AS_TYPED = ("--account-for-embedding-in-pipeline-split", "--account-for-los
                  "--fp4-format", "--fp4-recipe", "--fp4-param-gather", "--use-precision-aware-optimizer",
                  "--main-params-dtype", "--exp-avg-dtype", "--exp-avg-sq-dtype", "--activation-func-fp8-input-store",
                  "--cuda-graph-impl", "--moe-enable-deepep", "--moe-deepep-num-sms", "--moe-flex-dispatcher-backend",
-                 "--moe-hybridep-num-sms")
+                 "--moe-hybridep-num-sms", "--muon-num-ns-steps", "--muon-no-split-qkv", "--muon-use-nesterov")
 
 
 def megatron_argv(path: str, argv: list[str]) -> tuple[str, list[str]]:
@@ -57,7 +58,13 @@ def megatron_argv(path: str, argv: list[str]) -> tuple[str, list[str]]:
     _only(a, "--distributed-backend", "nccl", "pipesim times NCCL's collectives")
     _only(a, "--num-distributed-optimizer-instances", "1", "one distributed-optimizer instance is modelled")
     _only(a, "--empty-unused-memory-level", "0", "emptying the CUDA cache each step is not modelled")
-    _only(a, "--optimizer", "adam", "pipesim counts Adam's states")
+    if a.text("--optimizer", "adam") not in OPTIMIZERS:
+        raise PipesimError(f"{where}: --optimizer {a.text('--optimizer')}: pipesim models {', '.join(OPTIMIZERS)}")
+    if a.text("--optimizer", "adam") != "adam":  # Muon: its choices that would change its step, at their defaults
+        _only(a, "--muon-tp-mode", "blockwise", "pipesim times each tp shard orthogonalized alone (blockwise)")
+        _only(a, "--muon-fp32-matmul-prec", "medium", "pipesim times the Newton-Schulz GEMMs in bfloat16 (medium)")
+        _only(a, "--muon-scalar-optimizer", "adam", "pipesim steps Muon's other tensors with Adam")
+        out += ["--optimizer", a.text("--optimizer")]
     _only(a, "--transformer-impl", "transformer_engine", "pipesim times Transformer Engine's layers")
     _only(a, "--main-grads-dtype", "fp32", "give --grad-reduce-in-bf16 for bfloat16 main gradients")
     _only(a, "--microbatch-group-size-per-virtual-pipeline-stage", str(pp), "pipesim's interleaved 1F1B groups pp "

@@ -9,6 +9,7 @@ from pipesim.commands.kernel_args import (
     adam_from_args,
     bf16_layers_from_args,
     fp8_from_args,
+    muon_from_args,
     param_gather_from_args,
 )
 from pipesim.commands.setup_args import apply_switches, comm_options_from_args, kernel_switches
@@ -123,6 +124,10 @@ def shared_job(args: argparse.Namespace, model: ModelConfig) -> tuple[Job, tuple
     if gather:  # the distributed optimizer's (Megatron-core), or FSDP2's float8 all-gather (torchao)
         flag = fp8.param_gather_flag if fp8 is not None else "--fp8-param-gather"  # None: the Job refuses it
         needs[flag] = (3,) if fp8 is not None and fp8.impl == "torchao" else (1, 2)
+    muon = muon_from_args(args)
+    if muon is not None:  # the bound and the search's ZeRO stages are Adam's
+        raise PipesimError(f"pipesim plan searches Adam's ZeRO stages; --optimizer {muon.name} is not planned: "
+                           "simulate a candidate with it")
     adam = adam_from_args(args)
     if adam is not None:
         needs["--use-precision-aware-optimizer"] = (1, 2)

@@ -25,6 +25,7 @@ from pipesim.commands.kernel_args import (
     check_fp8_run,
     cuda_graphs_from_args,
     fp8_from_args,
+    muon_from_args,
     param_gather_from_args,
     ub_from_args,
 )
@@ -245,7 +246,7 @@ def sim_job(args: argparse.Namespace, model: ModelConfig | None, hardware: Hardw
               recompute_modules=tuple(args.recompute_modules or ()), fp8=fp8,
               cp_comm=args.cp_comm_type, fsdp_reshard=args.fsdp_reshard,
               fp8_param_gather=param_gather_from_args(args, fp8), adam_states=adam_from_args(args),
-              act_fp8_store=args.act_fp8_store, bf16_layers=bf16_layers_from_args(args))
+              act_fp8_store=args.act_fp8_store, bf16_layers=bf16_layers_from_args(args), muon=muon_from_args(args))
     job.check_gradients(model)
     check_fp8_run(job.fp8, model, hardware)
     return job.resolve_attention(on_gpus(hardware), model)

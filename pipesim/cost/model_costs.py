@@ -15,10 +15,12 @@ from dataclasses import dataclass, field, replace
 
 from pipesim.comm.expert_exchange import ExpertExchange
 from pipesim.comm.tp_collective import TpCollective
+from pipesim.cost.device_profiles import profile_of
 from pipesim.cost.fp8_amax import amax_reductions
 from pipesim.cost.fp8_costs import fp8_stage_costs, stage_fp8_expert_params, with_weight_casts
 from pipesim.cost.host_issue import NO_HOST_ISSUE, stage_host_issue
 from pipesim.cost.kernel_costs import StageSeconds, gpt_stage_seconds, mlp_stage_seconds
+from pipesim.cost.muon_step import MuonStage, muon_stage
 from pipesim.cost.stage_layers import moe_layers_per_stage, windowed_per_stage
 from pipesim.cost.stage_work import Work, gpt_stage_work, mlp_stage_work
 from pipesim.cost.step_costs import StepCosts, ring_exchanges, step_costs
@@ -32,10 +34,11 @@ from pipesim.model.adam_states import AdamStates
 from pipesim.model.config import ModelConfig, split_layers
 from pipesim.model.flops import attention_core_flops
 from pipesim.model.fp8 import Fp8Options
-from pipesim.model.memory import comm_buffer_bytes, named_precision
+from pipesim.model.memory import Precision, comm_buffer_bytes, named_precision
 from pipesim.model.moe_layer import tokens_here
 from pipesim.model.options import LayerOptions
 from pipesim.model.param_counts import embedding_copy_params
+from pipesim.model.weight_tensors import stage_tensors
 
 GiB = 2**30
 DEFAULT_JOB = Job()  # one rank per stage, no option: what a bare call costs
@@ -91,6 +94,9 @@ class ParallelCosts:
     fp8_param_counts: tuple[int, ...] = ()
     # per stage, of param_counts: an embedding copy a rank holding a first stage too shares (embedding_copy_params)
     embedding_copy_counts: tuple[int, ...] = ()
+    # per stage under --optimizer muon / dist_muon: the largest optimizer state a rank keeps of it (bytes; empty: Adam's
+    # states, from the counts)
+    muon_state_bytes: tuple[int, ...] = ()
 
 
 def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hardware, job: Job = DEFAULT_JOB, *,
@@ -212,6 +218,8 @@ def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hard
             _add_exchanges(ep_exchanges, s, model, b, opts, work)
         if opts is not None and opts.cp > 1:
             _add_ring(exchanges, s, model, b, opts, layers, hw, timed)
+    muon = _muon_stages(model, split, moe_counts, job, hw, opts, named_precision(precision)) \
+        if job.muon is not None else ()
     return ParallelCosts(table=CostTable(tuple(stages)), job=job, tp_collectives=collectives,
                          dp_grad_bytes=tuple(grads), layers_per_stage=tuple(split), dtype_bytes=d,
                          param_counts=tuple(counts), precision=precision, comm_buffer_bytes=buffers,
@@ -224,19 +232,37 @@ def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hard
                          step=with_weight_casts(_step(counts, job, hw=hw, precision=precision,
                                                       loss_scaling=model.dtype == "float16",
                                                       experts=experts if model.moe is not None else (),
-                                                      fp8_params=fp8_params, fp8_experts=fp8_experts), fp8_seconds))
+                                                      fp8_params=fp8_params, fp8_experts=fp8_experts,
+                                                      muon=muon), fp8_seconds),
+                         muon_state_bytes=tuple(m.state_bytes for m in muon))
+
+
+def _muon_stages(model: ModelConfig, split: list[int], moe_counts: list[int], job: Job, hw: Hardware,
+                 opts: LayerOptions | None, precision: Precision) -> tuple[MuonStage, ...]:
+    """Each stage's Muon step (pipesim.cost.muon_step) from its tensors (pipesim.model.weight_tensors)."""
+    assert job.muon is not None
+    if opts is None or not hw.device.family:
+        raise PipesimError(f"--optimizer {job.muon.name} is timed on a transformer's tensors kernel by kernel: "
+                           + ("give --model gpt or --model-config" if opts is None else
+                              f"{hw.name} has no GPU device family (use a GPU preset)"))
+    profile = profile_of(hw.device.family, hw.device.kernels)
+    last = len(split) - 1
+    return tuple(muon_stage(stage_tensors(model, opts, layers=n, moe_layers=m, first=s == 0, last=s == last),
+                            model, opts.tp, job.muon, dp=job.dims.dp_cp, edp=job.dims.edp, precision=precision,
+                            profile=profile)
+                 for s, (n, m) in enumerate(zip(split, moe_counts, strict=True)))
 
 
 def _step(counts: list[int], job: Job, *, hw: Hardware, precision: str, loss_scaling: bool,
           experts: list[int] | tuple[()] = (), fp8_params: tuple[int, ...] = (),
-          fp8_experts: tuple[int, ...] = ()) -> StepCosts | None:
+          fp8_experts: tuple[int, ...] = (), muon: tuple[MuonStage, ...] = ()) -> StepCosts | None:
     """The optimizer step and ZeRO's collectives, on device presets (or when --zero is asked for). A calibrated
     CPU host predicts the pipeline span its validation measures (pipesim/calibration): nothing is added there.
     `loss_scaling`: float16 trains under a loss scale (Megatron's grad scaler), whose unscale is a pass of its own."""
-    if hw.host is not None and job.zero == 0:
+    if hw.host is not None and job.zero == 0 and job.muon is None:
         return None
     return step_costs(counts, job, hw=hw, precision=precision, loss_scaling=loss_scaling, experts_per_stage=experts,
-                      fp8_per_stage=fp8_params, fp8_experts_per_stage=fp8_experts)
+                      fp8_per_stage=fp8_params, fp8_experts_per_stage=fp8_experts, muon_stages=muon)
 
 
 def _check_windowed(model: ModelConfig, hw: Hardware, bf16: list[tuple[int, int]]) -> None:

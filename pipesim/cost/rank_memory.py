@@ -64,6 +64,8 @@ def rank_memory(schedule: Schedule, costs: ParallelCosts) -> list[MemoryBreakdow
             more = step_peak_state(experts, dp=dims.edp, zero=costs.job.zero, precision=precision, resident=resident)
             state = ModelState(state.parameters + more.parameters, state.gradients + more.gradients,
                                state.optimizer_states + more.optimizer_states)
+        if costs.muon_state_bytes:  # Muon's master and momentum (dist_muon: the rank's dealt share), Adam's the rest
+            state = replace(state, optimizer_states=sum(costs.muon_state_bytes[s] for s in schedule.stages_of(r)))
         fp8_options = costs.job.fp8
         # Megatron's --fp8-param-gather: those parameters live in the FP8 copies' bytes (torchao's FSDP2 float8
         # all-gather keeps its 16-bit shards: nothing to drop)

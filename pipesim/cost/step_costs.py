@@ -34,6 +34,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from pipesim.cost.device_profiles import profile_of
+from pipesim.cost.muon_step import MuonStage
 from pipesim.device.kernels import memory_bound_time
 from pipesim.errors import PipesimError
 from pipesim.hardware.machine import Hardware
@@ -83,6 +84,8 @@ class StepCosts:
     optimizer_bytes: tuple[int, ...]  # per stage: HBM bytes that step reads and writes
     zero: int = 0  # ZeRO stage the figures were made for (reported)
     fsdp: FsdpPolicy | None = None  # ZeRO 3's resharding (pipesim.model.fsdp); None under ZeRO 0-2
+    # the parameters' all-gather runs in the DDP buckets with --overlap-param-gather (ZeRO 1-2, dist_muon)
+    bucketed_gather: bool = False
 
 
 def _precision(precision: Precision | str) -> Precision:
@@ -151,16 +154,41 @@ def optimizer_seconds(params: int, *, dp: int, zero: int, hw: Hardware, precisio
                                        loss_scaling=loss_scaling)[1]
 
 
+def _muon_collectives(params: int, experts: int, job: Job, prec: Precision) -> tuple[StepCollective, ...]:
+    """Megatron-core's Muon: DDP's all-reduce of the gradients over dp x cp (the routed experts' over edp) and, under
+    dist_muon, the updated parameters' all-gather after the step, or before the next forward with
+    --overlap-param-gather (LayerWiseDistributedOptimizer's async_allgather, in the DDP buckets)."""
+    assert job.muon is not None
+    out: list[StepCollective] = []
+    for count, ranks, group in ((params - experts, job.dims.dp_cp, "dp"), (experts, job.dims.edp, "edp")):
+        if not count or ranks == 1:
+            continue
+        out += [replace(c, group=group) for c in stage_step_collectives(count, dp=ranks, zero=0, precision=prec)]
+        if job.muon.distributed:
+            out.append(StepCollective("all_gather", count * prec.param_bytes,
+                                      "forward" if job.comm.overlap_param_gather else "params", group))
+    return tuple(out)
+
+
 def step_costs(params_per_stage: Sequence[int], job: Job, *, hw: Hardware, precision: Precision | str = "mixed",
                loss_scaling: bool = False, experts_per_stage: Sequence[int] = (),
-               fp8_per_stage: Sequence[int] = (), fp8_experts_per_stage: Sequence[int] = ()) -> StepCosts:
+               fp8_per_stage: Sequence[int] = (), fp8_experts_per_stage: Sequence[int] = (),
+               muon_stages: Sequence[MuonStage] = ()) -> StepCosts:
     """Data-parallel collectives and optimizer step of every stage under the job's dp and ZeRO stage;
     `params_per_stage` counts one tp rank's parameters of each stage (pipesim.model.param_counts.stage_params);
     `loss_scaling`: fp16's grad scaler. `experts_per_stage`: of those, the routed experts' (a MoE model), whose
     gradients are reduced and state sharded over the expert-data-parallel group (edp = tp cp dp / (ep etp),
     Megatron-core's) instead of dp. `fp8_per_stage`: of the parameters, those --fp8-param-gather gathers in FP8;
-    `fp8_experts_per_stage`: of those, the routed experts' (gathered over edp with their state)."""
+    `fp8_experts_per_stage`: of those, the routed experts' (gathered over edp with their state). `muon_stages`: under
+    --optimizer muon / dist_muon, each stage's step (pipesim.cost.muon_step), whose seconds replace Adam's."""
     prec = _precision(precision)
+    if job.muon is not None:
+        experts = list(experts_per_stage) or [0] * len(params_per_stage)
+        return StepCosts(collectives=tuple(_muon_collectives(p, e, job, prec)
+                                           for p, e in zip(params_per_stage, experts, strict=True)),
+                         optimizer_seconds=tuple(m.seconds for m in muon_stages),
+                         optimizer_bytes=tuple(m.pass_bytes for m in muon_stages), zero=0, fsdp=None,
+                         bucketed_gather=job.muon.distributed)
     dp, zero, edp = job.dims.dp_cp, job.zero, job.dims.edp  # the dense state's replicas include the cp ranks
     overlap, fsdp = job.comm.overlap_param_gather, job.fsdp
     experts = list(experts_per_stage) or [0] * len(params_per_stage)
@@ -185,7 +213,7 @@ def step_costs(params_per_stage: Sequence[int], job: Job, *, hw: Hardware, preci
         seconds.append(opt_seconds)
         nbytes.append(opt_bytes)
     return StepCosts(collectives=tuple(collectives), optimizer_seconds=tuple(seconds),
-                     optimizer_bytes=tuple(nbytes), zero=zero, fsdp=fsdp)
+                     optimizer_bytes=tuple(nbytes), zero=zero, fsdp=fsdp, bucketed_gather=zero in (1, 2))
 
 
 @dataclass(frozen=True)

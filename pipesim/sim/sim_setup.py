@@ -82,6 +82,7 @@ class SimSetup:
                 "nodes": self.hardware.num_nodes if self.hardware is not None else None,
                 **({"recompute_modules": list(job.recompute_modules)} if job.recompute_modules else {}),
                 **({"fsdp_reshard_after_forward": job.fsdp_reshard} if job.zero == 3 else {}),
+                **({"optimizer": job.muon.name} if job.muon is not None else {}),
                 # the linears' precision and the graphs, in their flags' names (set ones only)
                 **(job.fp8.report() if job.fp8 is not None else {}),
                 **({job.param_gather_flag.removeprefix("--").replace("-", "_"): True} if job.fp8_param_gather else {}),

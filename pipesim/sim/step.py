@@ -150,7 +150,7 @@ class CollectiveStreams:
                 op = ops[rank][i]
                 gated = op if isinstance(op, GateOp) else None  # the stage's dense and expert gathers gate it once
                 compute = gated.op if gated else op
-                if self.step.zero in (1, 2) and self.bucket:  # --overlap-param-gather: the next step's, in buckets
+                if self.step.bucketed_gather and self.bucket:  # --overlap-param-gather: the next step's, in buckets
                     ready = self._bucketed_gather(rank, stage, c, compute)
                 else:
                     ready = self._issue(rank, c.kind, stage, c.nbytes, 0.0, -1, c.phase, c.group).end

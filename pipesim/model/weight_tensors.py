@@ -1,0 +1,133 @@
+"""Every trainable tensor of a pipeline stage on one rank, with its shape: what an optimizer that treats matrices
+apart from the rest needs (Muon: pipesim.cost.muon_step), where the other costs need only counts
+(pipesim.model.param_counts, whose totals these tensors sum to, tested).
+
+The tensors are Megatron-core's (TE layer spec): per layer linear_qkv.weight [(h_q + 2 h_kv) / t, h] with its norm
+weight (and bias) and, with biases, its bias; linear_proj.weight [h, h_q / t] (bias [h]); linear_fc1.weight
+[m f / t, h] (m = 2 for SwiGLU) with the pre-MLP norm, linear_fc2.weight [h, f / t]; QK-norm's two head-dim norms;
+the attention sinks [a / t]. Latent attention's linears (pipesim.model.latent_layer.latent_linears) and its latents'
+norms in place of QKV and the projection. A MoE layer's MLP: the router [E, h] (bias [E] with `router_bias`; an
+expert score bias is a buffer, no tensor), each local expert's linear_fc1.weight{i} [m f_e / etp, h] and
+linear_fc2.weight{i} [h, f_e / etp] (biases [m f_e / etp] and [h]), the shared experts as one dense MLP split over
+tp. The first stage adds the word embedding [V / t, h] (and a learned position table [s, h]); the last the final
+norm and, unless the head is the embedding on that rank, the output layer [V / t, h]. Shapes are (rows, columns) of
+the weight as stored (out, in); `expert` marks the routed experts' (reduced and sharded over the expert-data-
+parallel group), `embedding` the embedding and output layer (Megatron-core's is_embedding_or_output_parameter).
+Multi-token-prediction modules are not listed (their callers refuse them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipesim.errors import PipesimError
+from pipesim.model.config import ModelConfig
+from pipesim.model.latent_layer import latent_linears
+from pipesim.model.options import LayerOptions, vocab_shard
+
+
+@dataclass(frozen=True)
+class WeightTensor:
+    """One trainable tensor on one rank: its name, its shape, and `count` of them alike (a layer's local experts)."""
+
+    name: str
+    shape: tuple[int, ...]
+    count: int = 1
+    expert: bool = False  # a routed expert's: its gradient reduced over the expert-data-parallel group
+    embedding: bool = False  # the word embedding or the output layer
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def matrix(self) -> bool:
+        """A 2-D weight other than the embedding's and the output layer's: what Muon orthogonalizes."""
+        return len(self.shape) == 2 and not self.embedding
+
+
+def _norm(model: ModelConfig, width: int, name: str) -> list[WeightTensor]:
+    """A norm over `width`: its weight, and its bias when a LayerNorm."""
+    out = [WeightTensor(f"{name} weight", (width,))]
+    if model.norm == "layernorm":
+        out.append(WeightTensor(f"{name} bias", (width,)))
+    return out
+
+
+def _mlp(model: ModelConfig, width: int, split: int, prefix: str, *, count: int = 1,
+         expert: bool = False) -> list[WeightTensor]:
+    """An MLP of `width` split `split` ways: FC1 [m w / split, h] and FC2 [h, w / split], with their biases."""
+    h, m = model.hidden, 2 if model.activation == "swiglu" else 1
+    out = [WeightTensor(f"{prefix}FC1", (m * width // split, h), count, expert),
+           WeightTensor(f"{prefix}FC2", (h, width // split), count, expert)]
+    if model.biases:
+        out += [WeightTensor(f"{prefix}FC1 bias", (m * width // split,), count, expert),
+                WeightTensor(f"{prefix}FC2 bias", (h,), count, expert)]
+    return out
+
+
+def _attention(model: ModelConfig, opts: LayerOptions) -> list[WeightTensor]:
+    """The attention block and its input norm (and QK-norm, sinks) on one tp rank."""
+    t, h = opts.tp, model.hidden
+    out = _norm(model, h, "attention norm")
+    if model.mla is not None:
+        mla = model.mla
+        out += [WeightTensor(lin.name, (lin.out, lin.inp)) for lin in latent_linears(model, 1, opts)]
+        if mla.q_lora_rank is not None:
+            out += _norm(model, mla.q_lora_rank, "Q latent norm")
+        return out + _norm(model, mla.kv_lora_rank, "KV latent norm")
+    hq, hkv = model.attention_width, model.kv_width
+    out += [WeightTensor("QKV", ((hq + 2 * hkv) // t, h)), WeightTensor("projection", (h, hq // t))]
+    if model.biases:
+        out += [WeightTensor("QKV bias", ((hq + 2 * hkv) // t,)), WeightTensor("projection bias", (h,))]
+    if model.qk_norm:
+        out += _norm(model, model.head_dim, "Q head norm") + _norm(model, model.head_dim, "K head norm")
+    if model.attention_sinks:
+        out.append(WeightTensor("attention sinks", (model.heads // t,)))
+    return out
+
+
+def layer_tensors(model: ModelConfig, opts: LayerOptions, *, moe: bool = False) -> list[WeightTensor]:
+    """One layer's trainable tensors on one rank: dense, or with the model's mixture of experts as its MLP (`moe`)."""
+    out = _attention(model, opts) + _norm(model, model.hidden, "MLP norm")
+    if not moe:
+        return out + _mlp(model, model.ffn_size, opts.tp, "")
+    experts = model.moe
+    if experts is None:
+        raise PipesimError("a MoE layer's tensors need a model with experts (moe)")
+    out.append(WeightTensor("router", (experts.experts, model.hidden)))
+    if experts.router_bias:
+        out.append(WeightTensor("router bias", (experts.experts,)))
+    out += _mlp(model, experts.expert_ffn, opts.etp, "expert ", count=experts.experts // opts.ep, expert=True)
+    width = experts.shared_experts * experts.shared_width
+    return out + (_mlp(model, width, opts.tp, "shared expert ") if width else [])
+
+
+def stage_tensors(model: ModelConfig, opts: LayerOptions, *, layers: int, moe_layers: int = 0, first: bool,
+                  last: bool) -> list[WeightTensor]:
+    """A stage's tensors on one rank: its `layers` (`moe_layers` of them with experts), the embedding if `first`, the
+    final norm and the output layer if `last` (the output layer is the embedding where one rank holds both and they
+    are tied). Multi-token-prediction modules are refused: their tensors are not listed."""
+    if last and model.mtp_layers:
+        raise PipesimError("the multi-token-prediction modules' tensors are not listed (pipesim.model.weight_tensors)")
+    h = model.hidden
+    out = [WeightTensor(t.name, t.shape, t.count * (layers - moe_layers), t.expert, t.embedding)
+           for t in layer_tensors(model, opts)] if layers > moe_layers else []
+    if moe_layers:
+        out += [WeightTensor(t.name, t.shape, t.count * moe_layers, t.expert, t.embedding)
+                for t in layer_tensors(model, opts, moe=True)]
+    if first:
+        out.append(WeightTensor("word embedding", (vocab_shard(model, opts.tp), h), embedding=True))
+        if model.positions == "learned":
+            out.append(WeightTensor("position embedding", (model.seq, h), embedding=True))
+    if last:
+        out += _norm(model, h, "final norm")
+        if not (model.tied_embeddings and first):
+            out.append(WeightTensor("output layer", (vocab_shard(model, opts.tp), h), embedding=True))
+    return out
+
+
+__all__ = ["WeightTensor", "layer_tensors", "stage_tensors"]
