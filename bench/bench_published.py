@@ -133,6 +133,8 @@ def features(args: argparse.Namespace) -> str:
         out.append(f"{args.attention} attention")
     if args.zero:
         out.append(f"ZeRO {args.zero}")
+    if args.optimizer != "adam":
+        out.append(args.optimizer + (" (Nesterov)" if args.muon_use_nesterov else ""))
     if args.scatter_gather and args.tp > 1 and not args.sequence_parallel:  # a no-op otherwise
         out.append("scatter/gather")
     if not args.tp_comm_overlap and args.tp > 1:

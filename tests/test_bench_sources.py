@@ -48,7 +48,9 @@ def test_each_sources_published_figures_and_commands():
         # the 26.02 GPT OSS 120B BF16 table's H100, GB200 and B200 rows
         ("mb26-26.02-gpt-oss-120b-bf16-h100-64gpus", "tokens_per_sec_per_gpu", 5993),
         ("mb26-26.02-gpt-oss-120b-bf16-gb200-64gpus", "tokens_per_sec_per_gpu", 15784),
-        ("mb26-26.02-gpt-oss-120b-bf16-b200-64gpus", "tokens_per_sec_per_gpu", 8047)]
+        ("mb26-26.02-gpt-oss-120b-bf16-b200-64gpus", "tokens_per_sec_per_gpu", 8047),
+        # the 26.04 Kimi_K2 table's GB300 row (dist_muon)
+        ("mb26-26.04-kimi-k2-mxfp8-gb300-256gpus", "tokens_per_sec_per_gpu", 5332)]
     # the GB200's and B200's preset is one: their commands differ in the hardware alone
     gb200, b200 = (next(r for r in rows if r.id == f"mb26-26.02-gpt-oss-120b-bf16-{x}-64gpus")
                    for x in ("gb200", "b200"))
