@@ -20,7 +20,6 @@ from pipesim.cost.muon_step import (
     NESTEROV_BYTES,
     deal,
     muon_stage,
-    ns_flops,
     ns_matrices,
     ns_seconds,
 )
@@ -95,7 +94,6 @@ def test_newton_schulz_by_hand():
         step = (gemm_time(m, m, n, "bfloat16", H100).seconds + gemm_time(m, m, m, "bfloat16", H100, c_bytes=4).seconds
                 + gemm_time(m, n, m, "bfloat16", H100, c_bytes=4).seconds)
         assert ns_seconds(rows, cols, 5, H100) == pytest.approx(5 * step, rel=1e-12)
-        assert ns_flops(rows, cols, 5) == 5 * (2 * m * m * n + 2 * m ** 3 + 2 * m * n * m)
 
 
 def test_the_ping_pong_deal():

@@ -8,7 +8,7 @@ blockwise` (the default) orthogonalizes each rank's shard as it is, no communica
 The Newton-Schulz orthogonalization of an m x n matrix (m <= n, transposed if not) under --muon-fp32-matmul-prec
 medium: X normalized and cast to bfloat16, then per step (newton_schulz_step, NVIDIA-NeMo/Emerging-Optimizers
 muon_utils.py) A = X X^T, B = b A + c A A, X = a X + B X: GEMMs m x m x n, m x m x m (accumulating into A) and
-m x n x m (accumulating into X), each timed by pipesim.device.gemm; 2 m n (2 m + m^2 / n) FLOPs a step.
+m x n x m (accumulating into X), each timed by pipesim.device.gemm; 4 m^2 n + 2 m^3 FLOPs a step.
 
 Around it, per element of a Muon matrix (float32 unless said), the passes Megatron-core's Float16 wrapper and
 OrthogonalizedOptimizer.step make: the 16-bit gradient copied to a float32 main gradient (2 + 4 bytes), its norm for
@@ -28,7 +28,7 @@ stage's tensors (a rank holding several virtual stages deals each apart).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from pipesim.device.gemm import gemm_time
@@ -38,7 +38,7 @@ from pipesim.model.config import ModelConfig
 from pipesim.model.memory import Precision
 from pipesim.model.muon_options import MuonOptions
 from pipesim.model.optimizer_step import optimizer_passes
-from pipesim.model.weight_tensors import WeightTensor
+from pipesim.model.weight_tensors import QKV, WeightTensor
 
 MUON_PASS_BYTES = 6 + 4 + 8 + 12 + 12 + 6 + 6 + 16 + 12 + 6 + 2  # bytes per Muon element (the module's list)
 NESTEROV_BYTES = 12  # --muon-use-nesterov's lerp into a new tensor
@@ -53,11 +53,6 @@ class Share:
     muon_elements: int = 0
     adam_elements: int = 0
 
-    def plus(self, tensor: WeightTensor, matrices: tuple[tuple[int, int], ...]) -> Share:
-        if matrices:
-            return Share(self.matrices + matrices, self.muon_elements + tensor.numel, self.adam_elements)
-        return Share(self.matrices, self.muon_elements, self.adam_elements + tensor.numel)
-
 
 def ns_matrices(tensor: WeightTensor, model: ModelConfig, tp: int, options: MuonOptions) -> tuple[tuple[int, int], ...]:
     """The matrices one tensor (one of its `count`) is orthogonalized as: () for an Adam tensor; QKV's Q, K and V parts
@@ -65,7 +60,7 @@ def ns_matrices(tensor: WeightTensor, model: ModelConfig, tp: int, options: Muon
     if not tensor.matrix:
         return ()
     rows, cols = tensor.shape
-    if tensor.name == "QKV" and options.split_qkv:
+    if tensor.name == QKV and options.split_qkv:
         q = model.attention_width // tp
         kv = model.kv_width // tp
         return ((q, cols), (kv, cols), (kv, cols))
@@ -83,16 +78,10 @@ def ns_seconds(rows: int, cols: int, steps: int, profile: DeviceProfile) -> floa
     return steps * step
 
 
-def ns_flops(rows: int, cols: int, steps: int) -> int:
-    """FLOPs of the iteration on one matrix: steps x (2 m m n + 2 m^3 + 2 m n m), m = min, n = max."""
-    m, n = min(rows, cols), max(rows, cols)
-    return steps * (4 * m * m * n + 2 * m ** 3)
-
-
 def deal(tensors: list[WeightTensor], ranks: int) -> list[list[WeightTensor]]:
     """LayerWiseDistributedOptimizer.shard_params: the tensors (each of `count` expanded) sorted by size, stably,
     dealt to `ranks` ranks in ping-pong order."""
-    single = [WeightTensor(t.name, t.shape, 1, t.expert, t.embedding) for t in tensors for _ in range(t.count)]
+    single = [replace(t, count=1) for t in tensors for _ in range(t.count)]
     single.sort(key=lambda t: t.numel)
     loop = list(range(ranks)) + list(range(ranks))[::-1]
     out: list[list[WeightTensor]] = [[] for _ in range(ranks)]
@@ -101,19 +90,28 @@ def deal(tensors: list[WeightTensor], ranks: int) -> list[list[WeightTensor]]:
     return out
 
 
+def _share(tensors: list[WeightTensor], model: ModelConfig, tp: int, options: MuonOptions) -> Share:
+    """The part of a rank holding `tensors` (each `count` times)."""
+    matrices: list[tuple[int, int]] = []
+    muon = adam = 0
+    for t in tensors:
+        parts = ns_matrices(t, model, tp, options)
+        matrices += parts * t.count
+        if parts:
+            muon += t.numel * t.count
+        else:
+            adam += t.numel * t.count
+    return Share(tuple(matrices), muon, adam)
+
+
 def shares(tensors: list[WeightTensor], model: ModelConfig, tp: int, options: MuonOptions, *, dp: int,
            edp: int) -> tuple[list[Share], list[Share]]:
     """Each rank's dense part and each rank's expert part: every tensor on every rank under `muon` (one share each),
     the ping-pong deal over dp x cp (dense) and edp (routed experts) under `dist_muon`."""
     out = []
     for group, ranks in (([t for t in tensors if not t.expert], dp), ([t for t in tensors if t.expert], edp)):
-        parts = []
-        for own in deal(group, ranks if options.distributed else 1):
-            share = Share()
-            for t in own:
-                share = share.plus(t, ns_matrices(t, model, tp, options))
-            parts.append(share)
-        out.append(parts)
+        owned = deal(group, ranks) if options.distributed else [group]
+        out.append([_share(own, model, tp, options) for own in owned])
     return out[0], out[1]
 
 
@@ -132,9 +130,10 @@ def muon_stage(tensors: list[WeightTensor], model: ModelConfig, tp: int, options
     (the two deals are independent: an upper bound by at most one tensor's share)."""
     seconds, state, nbytes = 0.0, 0, 0
     for group in shares(tensors, model, tp, options, dp=dp, edp=edp):
-        slowest = max(group, key=lambda s: share_seconds(s, options, precision, profile))
-        seconds += share_seconds(slowest, options, precision, profile)
-        nbytes += sum(share_pass_bytes(slowest, options, precision))
+        slowest, share = max(((share_seconds(s, options, precision, profile), s) for s in group),
+                             key=lambda timed: timed[0])
+        seconds += slowest
+        nbytes += sum(share_pass_bytes(share, options, precision))
         state += max(share_state_bytes(s, precision) for s in group)
     return MuonStage(seconds, state, nbytes)
 
@@ -160,5 +159,5 @@ def share_state_bytes(share: Share, precision: Precision) -> int:
     return share.muon_elements * (master + 4) + share.adam_elements * precision.optimizer_bytes
 
 
-__all__ = ["MUON_PASS_BYTES", "NESTEROV_BYTES", "MuonStage", "Share", "deal", "muon_stage", "ns_flops",
-           "ns_matrices", "ns_seconds", "share_pass_bytes", "share_seconds", "share_state_bytes", "shares"]
+__all__ = ["MUON_PASS_BYTES", "NESTEROV_BYTES", "MuonStage", "Share", "deal", "muon_stage", "ns_matrices",
+           "ns_seconds", "share_pass_bytes", "share_seconds", "share_state_bytes", "shares"]

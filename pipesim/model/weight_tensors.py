@@ -18,13 +18,14 @@ Multi-token-prediction modules are not listed (their callers refuse them).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pipesim.errors import PipesimError
 from pipesim.model.config import ModelConfig
 from pipesim.model.latent_layer import latent_linears
 from pipesim.model.options import LayerOptions, vocab_shard
 
+QKV = "QKV"  # the fused query-key-value weight (Megatron-core's linear_qkv: Muon splits it per head group)
 
 @dataclass(frozen=True)
 class WeightTensor:
@@ -80,7 +81,7 @@ def _attention(model: ModelConfig, opts: LayerOptions) -> list[WeightTensor]:
             out += _norm(model, mla.q_lora_rank, "Q latent norm")
         return out + _norm(model, mla.kv_lora_rank, "KV latent norm")
     hq, hkv = model.attention_width, model.kv_width
-    out += [WeightTensor("QKV", ((hq + 2 * hkv) // t, h)), WeightTensor("projection", (h, hq // t))]
+    out += [WeightTensor(QKV, ((hq + 2 * hkv) // t, h)), WeightTensor("projection", (h, hq // t))]
     if model.biases:
         out += [WeightTensor("QKV bias", ((hq + 2 * hkv) // t,)), WeightTensor("projection bias", (h,))]
     if model.qk_norm:
@@ -114,11 +115,10 @@ def stage_tensors(model: ModelConfig, opts: LayerOptions, *, layers: int, moe_la
     if last and model.mtp_layers:
         raise PipesimError("the multi-token-prediction modules' tensors are not listed (pipesim.model.weight_tensors)")
     h = model.hidden
-    out = [WeightTensor(t.name, t.shape, t.count * (layers - moe_layers), t.expert, t.embedding)
-           for t in layer_tensors(model, opts)] if layers > moe_layers else []
+    out = [replace(t, count=t.count * (layers - moe_layers)) for t in layer_tensors(model, opts)] \
+        if layers > moe_layers else []
     if moe_layers:
-        out += [WeightTensor(t.name, t.shape, t.count * moe_layers, t.expert, t.embedding)
-                for t in layer_tensors(model, opts, moe=True)]
+        out += [replace(t, count=t.count * moe_layers) for t in layer_tensors(model, opts, moe=True)]
     if first:
         out.append(WeightTensor("word embedding", (vocab_shard(model, opts.tp), h), embedding=True))
         if model.positions == "learned":
@@ -130,4 +130,4 @@ def stage_tensors(model: ModelConfig, opts: LayerOptions, *, layers: int, moe_la
     return out
 
 
-__all__ = ["WeightTensor", "layer_tensors", "stage_tensors"]
+__all__ = ["QKV", "WeightTensor", "layer_tensors", "stage_tensors"]
