@@ -58,13 +58,14 @@ def megatron_argv(path: str, argv: list[str]) -> tuple[str, list[str]]:
     _only(a, "--distributed-backend", "nccl", "pipesim times NCCL's collectives")
     _only(a, "--num-distributed-optimizer-instances", "1", "one distributed-optimizer instance is modelled")
     _only(a, "--empty-unused-memory-level", "0", "emptying the CUDA cache each step is not modelled")
-    if a.text("--optimizer", "adam") not in OPTIMIZERS:
-        raise PipesimError(f"{where}: --optimizer {a.text('--optimizer')}: pipesim models {', '.join(OPTIMIZERS)}")
-    if a.text("--optimizer", "adam") != "adam":  # Muon: its choices that would change its step, at their defaults
+    optimizer = a.text("--optimizer", "adam")
+    if optimizer not in OPTIMIZERS:
+        raise PipesimError(f"{where}: --optimizer {optimizer}: pipesim models {', '.join(OPTIMIZERS)}")
+    if optimizer != "adam":  # Muon: its choices that would change its step, at their defaults
         _only(a, "--muon-tp-mode", "blockwise", "pipesim times each tp shard orthogonalized alone (blockwise)")
         _only(a, "--muon-fp32-matmul-prec", "medium", "pipesim times the Newton-Schulz GEMMs in bfloat16 (medium)")
         _only(a, "--muon-scalar-optimizer", "adam", "pipesim steps Muon's other tensors with Adam")
-        out += ["--optimizer", a.text("--optimizer")]
+        out += ["--optimizer", optimizer]
     _only(a, "--transformer-impl", "transformer_engine", "pipesim times Transformer Engine's layers")
     _only(a, "--main-grads-dtype", "fp32", "give --grad-reduce-in-bf16 for bfloat16 main gradients")
     _only(a, "--microbatch-group-size-per-virtual-pipeline-stage", str(pp), "pipesim's interleaved 1F1B groups pp "

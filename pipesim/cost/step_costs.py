@@ -182,8 +182,8 @@ def step_costs(params_per_stage: Sequence[int], job: Job, *, hw: Hardware, preci
     `fp8_experts_per_stage`: of those, the routed experts' (gathered over edp with their state). `muon_stages`: under
     --optimizer muon / dist_muon, each stage's step (pipesim.cost.muon_step), whose seconds replace Adam's."""
     prec = _precision(precision)
+    experts = list(experts_per_stage) or [0] * len(params_per_stage)
     if job.muon is not None:
-        experts = list(experts_per_stage) or [0] * len(params_per_stage)
         return StepCosts(collectives=tuple(_muon_collectives(p, e, job, prec)
                                            for p, e in zip(params_per_stage, experts, strict=True)),
                          optimizer_seconds=tuple(m.seconds for m in muon_stages),
@@ -191,7 +191,6 @@ def step_costs(params_per_stage: Sequence[int], job: Job, *, hw: Hardware, preci
                          bucketed_gather=job.muon.distributed)
     dp, zero, edp = job.dims.dp_cp, job.zero, job.dims.edp  # the dense state's replicas include the cp ranks
     overlap, fsdp = job.comm.overlap_param_gather, job.fsdp
-    experts = list(experts_per_stage) or [0] * len(params_per_stage)
     fp8 = list(fp8_per_stage) or [0] * len(params_per_stage)
     fp8_experts = list(fp8_experts_per_stage) or [0] * len(params_per_stage)
     collectives, seconds, nbytes = [], [], []
