@@ -3,7 +3,7 @@ bubble, parameter and activation memory, and the costs of replicated stages."""
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import fields, replace
 
 import pytest
 
@@ -12,7 +12,7 @@ from pipesim.cost.chain_costs import on_chains
 from pipesim.cost.device_profiles import profile_of
 from pipesim.cost.model_costs import ParallelCosts
 from pipesim.cost.rank_memory import rank_memory
-from pipesim.cost.step_costs import step_costs
+from pipesim.cost.step_costs import StepCosts, step_costs
 from pipesim.cost.table import CostTable
 from pipesim.errors import PipesimError, ScheduleError
 from pipesim.hardware.toml_io import load_hardware
@@ -239,3 +239,29 @@ def test_zero_swaps_the_shard_after_the_reduce_scatter():
         assert len(grads) == 4 and c.start == max([*grads, result.ends[c.rank][-1], result.ends[partner][-1]])
         gathers = [g for g in result.collectives if g.rank == c.rank and g.phase == "params"]
         assert gathers and min(g.start for g in gathers) >= result.step_ends[c.rank].optimizer_end > c.end
+
+
+def test_on_chains_spreads_every_per_stage_figure():
+    """Each per-stage tuple and (stage, kind)-keyed table of ParallelCosts and StepCosts, read off their fields,
+    comes back with one entry per schedule stage, its model stage's (a field on_chains forgot would stay short:
+    Muon's states and the SMs a DP collective takes once were)."""
+    sched = schedules.build("dualpipe", 4, 8)
+    n = sched.model_stages
+    table = CostTable.uniform(n, 1e-3, 1e-3, 1e-3, boundary_bytes=1)
+    values = {}
+    for f in fields(ParallelCosts):
+        if f.type.startswith("tuple"):
+            values[f.name] = tuple(range(n))
+        elif f.type.startswith("dict"):
+            values[f.name] = {(s, "F"): s for s in range(n)}
+    step = StepCosts(**{f.name: tuple(range(n)) for f in fields(StepCosts) if f.type.startswith("tuple")})
+    spread = on_chains(ParallelCosts(table=table, job=Job(), step=step, **values), sched)
+    stages = range(sched.num_stages)
+    for name, value in values.items():
+        expect = tuple(sched.model_stage(s) for s in stages) if isinstance(value, tuple) else \
+            {(s, "F"): sched.model_stage(s) for s in stages}
+        assert getattr(spread, name) == expect, name
+    for f in fields(StepCosts):
+        if f.type.startswith("tuple"):
+            assert getattr(spread.step, f.name) == tuple(sched.model_stage(s) for s in stages), f.name
+    assert len(spread.table.stages) == sched.num_stages

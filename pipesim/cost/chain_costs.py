@@ -37,9 +37,10 @@ def on_chains(costs: ParallelCosts, schedule: Schedule) -> ParallelCosts:
                    dp_grad_bytes=_per_stage(costs.dp_grad_bytes, schedule),
                    layers_per_stage=_per_stage(costs.layers_per_stage, schedule),
                    param_counts=_per_stage(costs.param_counts, schedule), step=step,
-                   cp_exchanges=_keyed(costs.cp_exchanges, schedule),
+                   cp_exchanges=_keyed(costs.cp_exchanges, schedule), sm_share=_keyed(costs.sm_share, schedule),
                    ep_exchanges=_keyed(costs.ep_exchanges, schedule),
                    expert_param_counts=_per_stage(costs.expert_param_counts, schedule),
                    fp8_weight_bytes=_per_stage(costs.fp8_weight_bytes, schedule),
                    fp8_param_counts=_per_stage(costs.fp8_param_counts, schedule),
-                   embedding_copy_counts=_per_stage(costs.embedding_copy_counts, schedule))
+                   embedding_copy_counts=_per_stage(costs.embedding_copy_counts, schedule),
+                   muon_state_bytes=_per_stage(costs.muon_state_bytes, schedule))
