@@ -180,9 +180,10 @@ def test_the_command_line(capsys, tmp_path):
     assert capsys.readouterr().err.strip().startswith("pipesim: error: --optimizer muon with --zero 1")
     assert main(base[:-4] + ["--hardware", "local-cpu", "--layers", "4", "--optimizer", "muon"]) == 2
     assert "no GPU device family" in capsys.readouterr().err
-    assert main(["plan", "--model-config", "llama3-8b", "--seq", "1024", "--batch", "16", "--hardware", "dgx-h100",
-                 "--optimizer", "dist_muon"]) == 2
-    assert "pipesim plan searches Adam's ZeRO stages" in capsys.readouterr().err
+    assert main(base + ["--optimizer", "muon", "--framework", "torchtitan", "--zero", "0"]) == 2
+    assert capsys.readouterr().err.strip() == ("pipesim: error: --optimizer muon is Megatron-core's Muon "
+                                               "(core_v0.16.0 on); --framework torchtitan does not run it: give "
+                                               "--framework megatron-core, or none")
     assert Job(muon=MuonOptions(distributed=True, nesterov=True)).flags()[-3:] == \
         ["--optimizer", "dist_muon", "--muon-use-nesterov"]
 

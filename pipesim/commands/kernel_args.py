@@ -27,7 +27,7 @@ from pipesim.model.fp8 import (
 )
 from pipesim.model.fsdp import FSDP_RESHARD
 from pipesim.model.layer_precision import END_FLAG, FIRST_LAST_FLAG, START_FLAG, Bf16Layers
-from pipesim.model.muon_options import OPTIMIZERS, MuonOptions, muon_options
+from pipesim.model.muon_options import OPTIMIZERS, MuonOptions, check_muon_framework, muon_options
 from pipesim.model.options import ACT_FP8_STORE_FLAG, CP_COMM_TYPES
 from pipesim.model.piece_kernels import CE_IMPLS
 
@@ -292,10 +292,12 @@ def adam_from_args(args: argparse.Namespace) -> AdamStates | None:
 
 
 def muon_from_args(args: argparse.Namespace) -> MuonOptions | None:
-    """The MuonOptions of --optimizer (None for adam, the default)."""
-    return muon_options(getattr(args, "optimizer", "adam"), ns_steps=getattr(args, "muon_num_ns_steps", None),
+    """The MuonOptions of --optimizer (None for adam, the default); one line where --framework's stack has none."""
+    muon = muon_options(getattr(args, "optimizer", "adam"), ns_steps=getattr(args, "muon_num_ns_steps", None),
                         split_qkv=getattr(args, "muon_split_qkv", True),
                         nesterov=getattr(args, "muon_use_nesterov", False))
+    check_muon_framework(muon, getattr(args, "framework", None))
+    return muon
 
 
 def check_fp8_run(fp8: Fp8Options | None, model: ModelConfig | None, hardware: Hardware | None) -> None:

@@ -106,8 +106,9 @@ def shared_job(args: argparse.Namespace, model: ModelConfig) -> tuple[Job, tuple
 
     The framework's switches and the kernel flags are applied as simulate applies them (`apply_switches`; ZeRO stays
     the plan's own). FSDP2's resharding policy needs ZeRO 3, --fp8-param-gather and the precision-aware optimizer the
-    distributed optimizer (ZeRO 1 or 2): with any of them the plan searches those stages only, and a typed --zero
-    outside them is refused in one line; a candidate without them (dp 1) runs without the option (`Candidate.job`)."""
+    distributed optimizer (ZeRO 1 or 2), Megatron-core's Muon ZeRO 0: with any of them the plan searches those stages
+    only, and a typed --zero outside them is refused in one line; a candidate without them (dp 1) runs without the
+    option (`Candidate.job`)."""
     apply_switches(args, keep=("zero",))
     scheds, zeros, recomputes, sps = plan_choices(args)
     kernels = kernel_switches(args)
@@ -125,9 +126,8 @@ def shared_job(args: argparse.Namespace, model: ModelConfig) -> tuple[Job, tuple
         flag = fp8.param_gather_flag if fp8 is not None else "--fp8-param-gather"  # None: the Job refuses it
         needs[flag] = (3,) if fp8 is not None and fp8.impl == "torchao" else (1, 2)
     muon = muon_from_args(args)
-    if muon is not None:  # the bound and the search's ZeRO stages are Adam's
-        raise PipesimError(f"pipesim plan searches Adam's ZeRO stages; --optimizer {muon.name} is not planned: "
-                           "simulate a candidate with it")
+    if muon is not None:  # Megatron-core's Muon runs without the distributed optimizer (dist_muon deals its own)
+        needs[f"--optimizer {muon.name}"] = (0,)
     adam = adam_from_args(args)
     if adam is not None:
         needs["--use-precision-aware-optimizer"] = (1, 2)
@@ -144,6 +144,6 @@ def shared_job(args: argparse.Namespace, model: ModelConfig) -> tuple[Job, tuple
               kernels=kernels,
               fp8=fp8, cp_comm=args.cp_comm_type, fsdp_reshard=args.fsdp_reshard,
               fp8_param_gather=gather, adam_states=adam, act_fp8_store=args.act_fp8_store,
-              bf16_layers=bf16_layers_from_args(args))
+              bf16_layers=bf16_layers_from_args(args), muon=muon)
     job.check_gradients(model)
     return job, scheds, zeros, recomputes, sps

@@ -46,6 +46,7 @@ from pipesim.commands.plan_report import plan_json, report
 from pipesim.commands.setup_args import add_comm_args, add_domain_arg, add_power_limit_arg, capped
 from pipesim.commands.split_args import add_split_args, split_rule, typed_split
 from pipesim.commands.torchtitan_import import FLAG
+from pipesim.cost.model_costs import check_muon_device
 from pipesim.cost.v_search import SEARCHED, V_SEARCHED
 from pipesim.errors import PipesimError
 from pipesim.hardware.machine import Hardware
@@ -304,6 +305,7 @@ def run(args: argparse.Namespace) -> int:
                            "searches pipeline sizes: plan with the account-for flags, or simulate the layout")
     hw, gpus, hw_flags = cluster(args)
     check_fp8_run(shared.fp8, model, hw)  # FP8 tensor cores and the recipe, before any candidate
+    check_muon_device(shared.muon, hw)  # Muon's step is timed kernel by kernel: a GPU family
     if args.memory_headroom:  # the search sees the memory left after the headroom
         kept = int(hw.device.memory * (1.0 - args.memory_headroom))
         hw = dataclasses.replace(hw, device=dataclasses.replace(hw.device, memory=kept))

@@ -5,7 +5,13 @@ from __future__ import annotations
 from pipesim.plan.exports import command_line, exports_for, megatron_text, run_note, torchtitan_toml
 from pipesim.plan.ranking import why_lost
 from pipesim.plan.search import PlanResult
+from pipesim.plan.space import PlanRequest
 from pipesim.units import format_bytes
+
+
+def muon_name(req: PlanRequest) -> str | None:
+    """The plan's --optimizer when it is Megatron-core's Muon (None: Adam)."""
+    return req.job.muon.name if req.job.muon is not None else None
 
 
 def plan_json(result: PlanResult, top: int, argv: list[str], attention: str, run_argv: list[str],
@@ -18,11 +24,11 @@ def plan_json(result: PlanResult, top: int, argv: list[str], attention: str, run
             "device_memory": req.hardware.device.memory, "attention": attention, "counts": result.counts,
             "rows": rows,
             "winner": {"simulate_command": command_line(argv), "run_command": command_line(run_argv),
-                       **({"run_note": run_note(c, req.model)} if run_note(c, req.model) else {}),
+                       **({"run_note": note} if (note := run_note(c, req.model, muon_name(req))) else {}),
                        **({"megatron_args": megatron_text(c, req, attention).splitlines()}
-                          if "megatron" in exports_for(req.framework) else {}),
+                          if "megatron" in exports_for(req.framework, req.job.muon is not None) else {}),
                        **({"torchtitan_toml": torchtitan_toml(c, req, config)}
-                          if "torchtitan" in exports_for(req.framework) else {})}}
+                          if "torchtitan" in exports_for(req.framework, req.job.muon is not None) else {})}}
 
 
 def report(result: PlanResult, top: int, argv: list[str], attention: str, run_argv: list[str],
@@ -50,11 +56,12 @@ def report(result: PlanResult, top: int, argv: list[str], attention: str, run_ar
     c = best.candidate
     lines += ["", "winner as a pipesim command:", "  " + command_line(argv), "",
               "run it for real (NCCL; the same command on every node):", "  " + command_line(run_argv)]
-    lines += ["  " + run_note(c, req.model)] if run_note(c, req.model) else []
-    if "megatron" in exports_for(req.framework):
+    note = run_note(c, req.model, muon_name(req))
+    lines += ["  " + note] if note else []
+    if "megatron" in exports_for(req.framework, req.job.muon is not None):
         lines += ["", "Megatron-LM arguments:"]
         lines += ["  " + x for x in megatron_text(c, req, attention).splitlines()]
-    if "torchtitan" in exports_for(req.framework):
+    if "torchtitan" in exports_for(req.framework, req.job.muon is not None):
         lines += ["", "torchtitan job config:"]
         lines += [f"  {x}" if x else "" for x in torchtitan_toml(c, req, config).splitlines()]
     return "\n".join(lines)

@@ -36,6 +36,7 @@ from pipesim.model.flops import attention_core_flops
 from pipesim.model.fp8 import Fp8Options
 from pipesim.model.memory import Precision, comm_buffer_bytes, named_precision
 from pipesim.model.moe_layer import tokens_here
+from pipesim.model.muon_options import MuonOptions
 from pipesim.model.options import LayerOptions
 from pipesim.model.param_counts import embedding_copy_params
 from pipesim.model.weight_tensors import stage_tensors
@@ -218,7 +219,7 @@ def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hard
             _add_exchanges(ep_exchanges, s, model, b, opts, work)
         if opts is not None and opts.cp > 1:
             _add_ring(exchanges, s, model, b, opts, layers, hw, timed)
-    muon = _muon_stages(model, split, moe_counts, job, hw, opts, named_precision(precision)) \
+    muon = muon_stages(model, split, moe_counts, job, hw, opts, named_precision(precision)) \
         if job.muon is not None else ()
     return ParallelCosts(table=CostTable(tuple(stages)), job=job, tp_collectives=collectives,
                          dp_grad_bytes=tuple(grads), layers_per_stage=tuple(split), dtype_bytes=d,
@@ -237,14 +238,21 @@ def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hard
                          muon_state_bytes=tuple(m.state_bytes for m in muon))
 
 
-def _muon_stages(model: ModelConfig, split: list[int], moe_counts: list[int], job: Job, hw: Hardware,
+def check_muon_device(muon: MuonOptions | None, hw: Hardware) -> None:
+    """One line unless Muon's step can be timed on `hw`: its GEMMs and passes kernel by kernel need a GPU family."""
+    if muon is not None and not hw.device.family:
+        raise PipesimError(f"--optimizer {muon.name} is timed on a transformer's tensors kernel by kernel: {hw.name} "
+                           "has no GPU device family (use a GPU preset)")
+
+
+def muon_stages(model: ModelConfig, split: list[int], moe_counts: list[int], job: Job, hw: Hardware,
                  opts: LayerOptions | None, precision: Precision) -> tuple[MuonStage, ...]:
     """Each stage's Muon step (pipesim.cost.muon_step) from its tensors (pipesim.model.weight_tensors)."""
     assert job.muon is not None
-    if opts is None or not hw.device.family:
-        raise PipesimError(f"--optimizer {job.muon.name} is timed on a transformer's tensors kernel by kernel: "
-                           + ("give --model gpt or --model-config" if opts is None else
-                              f"{hw.name} has no GPU device family (use a GPU preset)"))
+    if opts is None:
+        raise PipesimError(f"--optimizer {job.muon.name} is timed on a transformer's tensors kernel by kernel: give "
+                           "--model gpt or --model-config")
+    check_muon_device(job.muon, hw)
     profile = profile_of(hw.device.family, hw.device.kernels)
     last = len(split) - 1
     return tuple(muon_stage(stage_tensors(model, opts, layers=n, moe_layers=m, first=s == 0, last=s == last),
@@ -358,4 +366,5 @@ def uniform_costs(num_stages: int, spec: dict[str, float], boundary_bytes: int =
                          layers_per_stage=(0,) * num_stages)
 
 
-__all__ = ["DEFAULT_JOB", "ParallelCosts", "model_costs", "precision_of", "uniform_costs"]
+__all__ = ["DEFAULT_JOB", "ParallelCosts", "check_muon_device", "model_costs", "muon_stages", "precision_of",
+           "uniform_costs"]

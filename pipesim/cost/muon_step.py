@@ -128,14 +128,25 @@ def muon_stage(tensors: list[WeightTensor], model: ModelConfig, tp: int, options
                precision: Precision, profile: DeviceProfile) -> MuonStage:
     """The stage's step and state: the slowest dense part plus the slowest expert part, the largest of each state
     (the two deals are independent: an upper bound by at most one tensor's share)."""
-    seconds, state, nbytes = 0.0, 0, 0
-    for group in shares(tensors, model, tp, options, dp=dp, edp=edp):
+    seconds, nbytes = 0.0, 0
+    groups = shares(tensors, model, tp, options, dp=dp, edp=edp)
+    for group in groups:
         slowest, share = max(((share_seconds(s, options, precision, profile), s) for s in group),
                              key=lambda timed: timed[0])
         seconds += slowest
         nbytes += sum(share_pass_bytes(share, options, precision))
-        state += max(share_state_bytes(s, precision) for s in group)
-    return MuonStage(seconds, state, nbytes)
+    return MuonStage(seconds, largest_state(groups, precision), nbytes)
+
+
+def largest_state(groups: tuple[list[Share], list[Share]], precision: Precision) -> int:
+    """Bytes: the largest dense share's optimizer state plus the largest expert share's (`shares`' two groups)."""
+    return sum(max(share_state_bytes(s, precision) for s in group) for group in groups if group)
+
+
+def muon_state_bytes(tensors: list[WeightTensor], model: ModelConfig, tp: int, options: MuonOptions, *, dp: int,
+                     edp: int, precision: Precision) -> int:
+    """The stage's `muon_stage(...).state_bytes` without timing anything (the planner's memory bound)."""
+    return largest_state(shares(tensors, model, tp, options, dp=dp, edp=edp), precision)
 
 
 def share_pass_bytes(share: Share, options: MuonOptions, precision: Precision) -> tuple[int, ...]:
@@ -159,5 +170,6 @@ def share_state_bytes(share: Share, precision: Precision) -> int:
     return share.muon_elements * (master + 4) + share.adam_elements * precision.optimizer_bytes
 
 
-__all__ = ["MUON_PASS_BYTES", "NESTEROV_BYTES", "MuonStage", "Share", "deal", "muon_stage", "ns_matrices",
-           "ns_seconds", "share_pass_bytes", "share_seconds", "share_state_bytes", "shares"]
+__all__ = ["MUON_PASS_BYTES", "NESTEROV_BYTES", "MuonStage", "Share", "deal", "largest_state", "muon_stage",
+           "muon_state_bytes", "ns_matrices", "ns_seconds", "share_pass_bytes", "share_seconds", "share_state_bytes",
+           "shares"]

@@ -21,6 +21,10 @@ from dataclasses import dataclass
 from pipesim.errors import PipesimError
 
 OPTIMIZERS = ("adam", "muon", "dist_muon")  # Megatron-LM's --optimizer choices pipesim models
+# the --framework profiles whose stack runs Megatron-core's Muon: it entered at core_v0.16.0 (NVIDIA/Megatron-LM
+# 5548cdc57b, 2026-01-14, 'Add muon and layerwise distributed optimizer'); the 2021-22 Megatron-LM, NeMo 2.2.0's,
+# torchtitan's and DeepSpeed's profiles predate it or are other stacks
+MUON_FRAMEWORKS = ("megatron-core",)
 MUON_DEFAULTS = {"ns_steps": 5, "split_qkv": True, "nesterov": False}  # megatron/training/arguments.py
 
 
@@ -75,6 +79,13 @@ def muon_options(optimizer: str, *, ns_steps: int | None = None, split_qkv: bool
                        split_qkv=split_qkv, nesterov=nesterov)
 
 
+def check_muon_framework(muon: MuonOptions | None, framework: str | None) -> None:
+    """One line where --framework names a stack that does not run Megatron-core's Muon (None: no profile)."""
+    if muon is not None and framework is not None and framework not in MUON_FRAMEWORKS:
+        raise PipesimError(f"--optimizer {muon.name} is Megatron-core's Muon (core_v0.16.0 on); --framework "
+                           f"{framework} does not run it: give --framework {' or '.join(MUON_FRAMEWORKS)}, or none")
+
+
 def check_muon(muon: MuonOptions | None, *, zero: int, overlap_grad_reduce: bool, overlap_param_gather: bool,
                precision_aware: bool, fp8_param_gather: bool) -> None:
     """Megatron-core's refusals of a Muon job, in one line each."""
@@ -96,4 +107,5 @@ def check_muon(muon: MuonOptions | None, *, zero: int, overlap_grad_reduce: bool
                            "(Megatron-core: 'Use dist_muon instead')")
 
 
-__all__ = ["MUON_DEFAULTS", "OPTIMIZERS", "MuonOptions", "check_muon", "muon_options"]
+__all__ = ["MUON_DEFAULTS", "MUON_FRAMEWORKS", "OPTIMIZERS", "MuonOptions", "check_muon", "check_muon_framework",
+           "muon_options"]

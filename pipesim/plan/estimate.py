@@ -1,6 +1,7 @@
 """The order in which surviving candidates are simulated: a closed-form step-time estimate, cheapest first.
 
-estimate = (m + E) x (the busiest rank's F + I + W seconds per microbatch) + that rank's optimizer step,
+estimate = (m + E) x (the busiest rank's F + I + W seconds per microbatch) + the slowest rank's optimizer step
+(Adam's over the parameters it owns, or Megatron-core's Muon step of its chunks, pipesim.cost.muon_step),
 where E is the schedule's bubble in microbatch-times (its closed form, or an approximation documented
 here). It ignores links and data-parallel synchronisation, so it only orders the candidates: the ones it
 ranks past --max-candidates / --max-work are not simulated (docs/planner.md).
@@ -45,6 +46,11 @@ def rank_seconds(c: Candidate, chunk_seconds: tuple[float, ...]) -> float:
     return share * max(sum(chunk_seconds[s] for s in ids) for ids in _held(c))
 
 
+def rank_tail(c: Candidate, chunk_tail: tuple[float, ...]) -> float:
+    """Seconds: the slowest rank's sum of a per-chunk step (each rank steps the chunks it holds)."""
+    return max(sum(chunk_tail[s] for s in ids) for ids in _held(c))
+
+
 def optimizer_tail(c: Candidate, params: tuple[int, ...], precision: str, hw: Hardware, *,
                    loss_scaling: bool = False) -> float:
     """Seconds: the slowest rank's optimizer step over the parameters it owns, as step_costs times it."""
@@ -58,4 +64,4 @@ def estimate(c: Candidate, chunk_seconds: tuple[float, ...], tail: float = 0.0) 
     return (c.m + units) * rank_seconds(c, chunk_seconds) + tail
 
 
-__all__ = ["BUBBLE_UNITS", "estimate", "optimizer_tail", "rank_seconds"]
+__all__ = ["BUBBLE_UNITS", "estimate", "optimizer_tail", "rank_seconds", "rank_tail"]

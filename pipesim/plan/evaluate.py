@@ -12,12 +12,14 @@ import math
 from dataclasses import dataclass, replace
 
 import schedules
-from pipesim.cost.model_costs import ParallelCosts, model_costs
+from pipesim.cost.model_costs import ParallelCosts, model_costs, muon_stages
 from pipesim.cost.rank_memory import rank_memory
+from pipesim.cost.stage_layers import moe_layers_per_stage
 from pipesim.errors import PipesimError
 from pipesim.ir.schedule import Schedule
 from pipesim.job import Job
-from pipesim.model.memory import MemoryBreakdown
+from pipesim.model.memory import MemoryBreakdown, named_precision
+from pipesim.plan.estimate import optimizer_tail, rank_tail
 from pipesim.plan.memory_bound import MemoryBound
 from pipesim.plan.space import Candidate, PlanRequest
 from pipesim.sim.result import SimResult
@@ -55,6 +57,7 @@ class Evaluator:
         self._tuned: dict[tuple, Schedule] = {}
         self._chunk_seconds: dict[tuple, tuple[float, ...]] = {}
         self._pieces_cache: dict[tuple, tuple[float, float, float, float]] = {}
+        self._muon_seconds: dict[tuple, tuple[float, ...]] = {}
         self.schedules_built = 0
         self.simulated = 0
         self.flops = 0.0  # model FLOPs of one step (the search sets it; rows' MFU)
@@ -89,6 +92,22 @@ class Evaluator:
             self._chunk_seconds[key] = tuple(const + n * layer + (first if s == 0 else 0.0)
                                              + (last if s == chunks - 1 else 0.0) for s, n in enumerate(split))
         return self._chunk_seconds[key]
+
+    def optimizer_tail(self, c: Candidate, precision: str, *, loss_scaling: bool = False) -> float:
+        """Seconds of the slowest rank's optimizer step, for the estimate (ordering only): Adam's over the parameters
+        each rank owns (`estimate.optimizer_tail`), or under Muon each chunk's step as model_costs times it
+        (`muon_stages`: the dist_muon deal over dp x cp), cached by what the deal depends on."""
+        if self.shared.muon is None:
+            return optimizer_tail(c, self.bounds.params(c.chunks, c.tp), precision, self.req.hardware,
+                                  loss_scaling=loss_scaling)
+        job = self.job(c)
+        key = (c.chunks, c.tp, job.dims.dp_cp, job.dims.edp, c.ep, c.etp)
+        if key not in self._muon_seconds:
+            model, split = self.req.model, self.req.stage_split(c.chunks)
+            self._muon_seconds[key] = tuple(m.seconds for m in muon_stages(
+                model, split, moe_layers_per_stage(model, split), job, self.req.hardware, job.layer_options(model),
+                named_precision(precision)))
+        return rank_tail(c, self._muon_seconds[key])
 
     def _pieces(self, c: Candidate) -> tuple[float, float, float, float]:
         """Seconds per microbatch of (a stage's constant, one layer, the embedding, the head) under c's options.

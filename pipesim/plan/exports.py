@@ -89,13 +89,17 @@ def run_command(c: Candidate, model_flags: list[str], *, per_node: int, nodes: i
     return argv
 
 
-def run_note(c: Candidate, model: ModelConfig | None = None) -> str | None:
+def run_note(c: Candidate, model: ModelConfig | None = None, muon: str | None = None) -> str | None:
     """A `#` line for the run command when the winner uses what the executor lacks (latent attention, MTP,
     DeepSeek's routing, a tied head on DualPipe's two chains: it refuses them; experts split over tp, or routed
     unevenly by the cost model's assumption: it refuses those too; context parallelism: it runs without; torchtitan's
-    per-op checkpointing: it runs full recomputation instead)."""
+    per-op checkpointing: it runs full recomputation instead; `muon`, the plan's --optimizer muon | dist_muon: it
+    steps SGD or Adam)."""
     notes = ["the executor has no per-op checkpointing: this runs full recomputation (torchtitan's op policy is a "
              "simulate figure)"] if c.recompute == OP else []
+    if muon is not None:
+        notes.append(f"the executor steps SGD or Adam (pipesim run --optimizer): --optimizer {muon}'s step is a "
+                     "simulate figure")
     unbuilt = unbuilt_structure(model) if model is not None else []
     unrun = unrun_expert_layout(model.moe, expert_tp=c.etp or c.tp) \
         if model is not None and model.moe is not None else []
@@ -119,9 +123,12 @@ def run_note(c: Candidate, model: ModelConfig | None = None) -> str | None:
     return "# " + "; ".join(notes) if notes else None
 
 
-def exports_for(framework: str | None) -> tuple[str, ...]:
+def exports_for(framework: str | None, muon: bool = False) -> tuple[str, ...]:
     """Which project exports a plan gives: its framework's own (torchtitan's TOML, or Megatron-LM's arguments for
-    the Megatron stacks and Megatron-DeepSpeed), both without --framework."""
+    the Megatron stacks and Megatron-DeepSpeed), both without --framework; Megatron-LM's alone under Megatron-core's
+    Muon (`muon`), which torchtitan does not run."""
+    if muon:
+        return ("megatron",)
     if framework is None:
         return ("megatron", "torchtitan")
     return ("torchtitan",) if framework == "torchtitan" else ("megatron",)
@@ -210,6 +217,8 @@ def megatron_args(c: Candidate, req: PlanRequest, attention: str | None = None) 
         out.append(job.param_gather_flag)
     if job.adam_states is not None:  # Megatron-core's names
         out += job.adam_states.flags()
+    if job.muon is not None:  # Megatron-core's --optimizer muon / dist_muon and its flags (core_v0.16.0 on)
+        out += job.muon.flags()
     if c.schedule == "combined-1f1b":  # Megatron-core >= 0.14: interleaved 1F1B with the EP A2A overlap
         out.append("--overlap-moe-expert-parallel-comm")
     out += _moe_args(c, req)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from pipesim.cost.model_costs import precision_of
+from pipesim.cost.muon_step import muon_state_bytes
 from pipesim.cost.stage_layers import moe_layers_per_stage, windowed_per_stage
 from pipesim.cost.stage_work import gpt_stage_work
 from pipesim.job import Job
@@ -23,6 +24,7 @@ from pipesim.model.fsdp import fsdp_units, resident_fraction
 from pipesim.model.memory import comm_buffer_bytes, named_precision, step_peak_state
 from pipesim.model.options import LayerOptions
 from pipesim.model.param_counts import stage_params
+from pipesim.model.weight_tensors import stage_tensors
 from pipesim.plan.space import chunks_per_rank
 
 # rank r holds stages r, r + p, ...
@@ -137,6 +139,7 @@ class MemoryBound:
         self._states: dict[tuple, tuple[int, int]] = {}
         self._stash: dict[tuple, int] = {}
         self._buffers: dict[tuple, int] = {}
+        self._muon: dict[tuple, tuple[int, ...]] = {}
         self._checked: set[LayerOptions] = set()
 
     def params(self, chunks: int, t: int) -> tuple[int, ...]:
@@ -181,14 +184,32 @@ class MemoryBound:
                 total, routed = sum(params[s] for s in ids), sum(experts[s] for s in ids)
                 units = sum(fsdp_units(split[s], first=s == 0, last=s == c.chunks - 1) for s in ids)  # rank_memory's
                 resident = resident_fraction(policy, units) if policy is not None else 1.0
-                state = step_peak_state(total - routed, dp=c.dp * c.cp, zero=c.zero,  # dense: over dp x cp
-                                        precision=self.precision, resident=resident).total
+                parts = [step_peak_state(total - routed, dp=c.dp * c.cp, zero=c.zero,  # dense: over dp x cp
+                                         precision=self.precision, resident=resident)]
                 if routed:
-                    state += step_peak_state(routed, dp=edp, zero=c.zero, precision=self.precision,
-                                             resident=resident).total
+                    parts.append(step_peak_state(routed, dp=edp, zero=c.zero, precision=self.precision,
+                                                 resident=resident))
+                state = sum(part.total for part in parts)
+                if self.shared.muon is not None:  # Muon's states in place of Adam's (rank_memory's)
+                    state += sum(self.muon_states(c, opts)[s] for s in ids) - sum(p.optimizer_states for p in parts)
                 states.append(state)
             self._states[key] = (max(states), states[0])
         return self._states[key]
+
+    def muon_states(self, c, opts: LayerOptions) -> tuple[int, ...]:
+        """Bytes per chunk: Muon's optimizer state on the chunk's fullest rank (model_costs' `muon_state_bytes`, the
+        dist_muon deal over dp x cp and the expert-data-parallel ranks), cached by what the deal depends on."""
+        dims = c.job(self.shared).dims
+        key = (c.chunks, c.tp, dims.dp_cp, dims.edp, c.ep, c.etp)
+        if key not in self._muon:
+            split = self.split(c.chunks)
+            last = c.chunks - 1
+            self._muon[key] = tuple(
+                muon_state_bytes(stage_tensors(self.model, opts, layers=n, moe_layers=k, first=s == 0, last=s == last),
+                                 self.model, c.tp, self.shared.muon, dp=dims.dp_cp, edp=dims.edp,
+                                 precision=self.precision)
+                for s, (n, k) in enumerate(zip(split, moe_layers_per_stage(self.model, split), strict=True)))
+        return self._muon[key]
 
     def first_stash(self, family: str | None, c, opts: LayerOptions) -> int:
         """The smallest per-microbatch stash among rank 0's chunks (any chunk when the placement is unknown)."""

@@ -22,7 +22,7 @@ from pipesim.cost.zb_auto_costs import AUTO_SCHEDULES
 from pipesim.errors import PipesimError
 from pipesim.model.op_recompute import OP
 from pipesim.plan.backends import Backend, LocalPool
-from pipesim.plan.estimate import estimate, optimizer_tail
+from pipesim.plan.estimate import estimate
 from pipesim.plan.evaluate import Costed, Evaluator
 from pipesim.plan.finalists import DEFAULT_FINALISTS, search_finalists
 from pipesim.plan.ranking import PlanRow, step_model_flops
@@ -108,7 +108,7 @@ def plan(req: PlanRequest, *, max_candidates: int = DEFAULT_MAX_CANDIDATES, max_
             if closest is None or (bound, c) < closest:
                 closest = (bound, c)
             continue
-        tail = optimizer_tail(c, ev.bounds.params(c.chunks, c.tp), precision, req.hardware, loss_scaling=fp16)
+        tail = ev.optimizer_tail(c, precision, loss_scaling=fp16)
         survivors.append((estimate(c, ev.chunk_seconds(c), tail), c.chunks * c.m, c))
     survivors.sort()
     forced = list(include)
