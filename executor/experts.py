@@ -1,8 +1,9 @@
 """The mixture-of-experts MLP the executor trains: a learned top-k router, routed experts, an optional shared expert.
 
 The layer pipesim's cost model counts (pipesim/model/moe.py, moe_layer.py; the model's activation and biases: the
-GPT's GeLU and biases for `--model moe`): a router Linear(h, E) without bias, a float32 softmax and top-k; E experts,
-each an executor.mlp.Mlp of f hidden units; `shared_experts x shared_ffn` hidden units of one dense MLP every token
+GPT's GeLU and biases for `--model moe`): a router Linear(h, E) (with a bias where `MoeConfig.router_bias`: GPT-OSS's),
+a float32 softmax and top-k; E experts, each an executor.mlp.Mlp of f hidden units (its gate shaped as the MoeConfig
+says: executor.mlp.Gate); `shared_experts x shared_ffn` hidden units of one dense MLP every token
 passes through. A token's output is the sum of its k experts' outputs weighted by their router probabilities (divided
 by their sum when `MoeConfig.renormalize`: Mixtral's and Qwen3-MoE's routers), so the router learns through those
 weights.
@@ -45,7 +46,7 @@ import torch.distributed as dist
 from torch import nn
 
 from executor.expert_dispatch import Pending, exchange_counts, issue
-from executor.mlp import Mlp
+from executor.mlp import Gate, Mlp
 from pipesim.model.config import ModelConfig
 from pipesim.model.moe import MoeConfig
 
@@ -63,13 +64,15 @@ class MoeMLP(nn.Module):
         self.drop_policy = moe.drop_policy
         self.capacity_parts = 1  # a sequence's parts the capacity counts apart: tp under sequence parallelism
         self.renormalize = moe.renormalize
-        self.router = nn.Linear(hidden, moe.experts, bias=False)
+        self.router = nn.Linear(hidden, moe.experts, bias=moe.router_bias)  # GPT-OSS's router has a bias
         # each expert from its own seed (base + e, base one draw of the RNG here, the same on every rank), so that an
         # expert-parallel rank draws only its own experts and they are the whole layer's, bit for bit
         base = int(torch.randint(0, 2**62, (1,)).item())
         local = moe.experts // ep[1] if ep else moe.experts
         first = ep[0] * local if ep else 0
-        self.experts = nn.ModuleDict({str(e): _drawn(base + e, lambda: Mlp(hidden, moe.expert_ffn, activation, biases))
+        gate = Gate.of(moe)  # the routed experts' gate shape (GPT-OSS's clamp, gain and offset)
+        self.experts = nn.ModuleDict({str(e): _drawn(base + e, lambda: Mlp(hidden, moe.expert_ffn, activation, biases,
+                                                                            gate))
                                      for e in range(first, first + local)})
         width = moe.shared_experts * moe.shared_width
         self.shared = Mlp(hidden, width, activation, biases) if width else None

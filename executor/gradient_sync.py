@@ -23,7 +23,7 @@ from torch import nn
 from executor.data_parallel import allreduce_gradients
 from executor.experts import expert_parameters
 from executor.mesh import Mesh
-from executor.models import Embed, Head, head_norm_parameters, replicated_parameters
+from executor.models import Embed, Head, head_parameters, replicated_parameters
 from executor.replicas import sum_chain_replicas, sum_tied_embedding, tied_partner
 from executor.stage import Stage
 from pipesim.ir.schedule import Schedule
@@ -50,8 +50,8 @@ class GradientSync:
         self.mesh, self.params, self.bucket_bytes = mesh, params, bucket_bytes  # bucket_bytes in bytes
         self.experts = {id(p) for p in expert_parameters(modules)}  # reduced over edp, not dp
         # routed experts are not replicated over tp: each tp rank holds its ep coordinate's own (etp 1); without
-        # sequence parallelism only the QK-norms see a share (their rank's heads)
-        partial_sums = replicated_parameters(modules) if sp else head_norm_parameters(modules) if mesh.tp > 1 else []
+        # sequence parallelism only the QK-norms and the attention sinks see a share (their rank's heads)
+        partial_sums = replicated_parameters(modules) if sp else head_parameters(modules) if mesh.tp > 1 else []
         self.replicated = [p for p in partial_sums if id(p) not in self.experts]
         reductions = []
         if self.replicated:

@@ -290,6 +290,7 @@ def shard_piece(piece: nn.Module, cfg: ModelConfig, group, *, sequence_parallel:
     if isinstance(piece, Embed) and sequence_parallel:
         piece.first_position = dist.get_rank(group) * cfg.seq // tp
     if isinstance(piece, Block):
+        piece.first_head = dist.get_rank(group) * cfg.heads // tp  # its sinks: its own heads'
         piece.qkv = _column(piece.qkv, qkv_rows(cfg), group, tp, sequence_parallel)
         piece.proj = RowParallelLinear(piece.proj, group, sequence_parallel=sequence_parallel, sp_dim=SEQUENCE_DIM)
         if piece.moe is None:  # an MoE MLP runs on the rank's own rows (sequence parallel; its experts: ep)
@@ -298,12 +299,14 @@ def shard_piece(piece: nn.Module, cfg: ModelConfig, group, *, sequence_parallel:
                                           sp_dim=SEQUENCE_DIM)
 
 
-def head_norm_parameters(stages) -> list[nn.Parameter]:
-    """The QK-norms' weights (and biases): whole on every TP rank but applied to its own heads only, so each rank's
-    gradient is a partial sum to add over tp with or without sequence parallelism (Megatron-core all-reduces them over
-    tp too: finalize_model_grads' _allreduce_layernorm_grads)."""
+def head_parameters(stages) -> list[nn.Parameter]:
+    """The QK-norms' weights (and biases) and the attention sinks: whole on every TP rank but applied to its own heads
+    only, so each rank's gradient is a partial sum to add over tp with or without sequence parallelism (Megatron-core
+    all-reduces the norms' over tp too: finalize_model_grads' _allreduce_layernorm_grads; it shards the sinks by head,
+    which the sum over whole copies equals)."""
     return [p for st in stages for mod in st.modules() if isinstance(mod, Block)
-            for norm in (mod.q_norm, mod.k_norm) if norm is not None for p in norm.parameters()]
+            for p in [*(q for norm in (mod.q_norm, mod.k_norm) if norm is not None for q in norm.parameters()),
+                      *([mod.sinks] if mod.sinks is not None else [])]]
 
 
 def replicated_parameters(stages) -> list[nn.Parameter]:

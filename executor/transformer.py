@@ -1,6 +1,9 @@
 """The executor's transformer block, built from the same ModelConfig the cost model reads: the GPT of Megatron's
 papers by default, and the Llama / Qwen3 structures a config gives (grouped-query attention, heads of their own width,
-QK-norm, SwiGLU or squared ReLU of their own width, RMSNorm, rotary positions, no biases).
+QK-norm, SwiGLU or squared ReLU of their own width, RMSNorm, rotary positions, no biases), and GPT-OSS's attention:
+sliding windows on the layers `ModelConfig.window` names (a query sees its `size` latest keys, itself included:
+transformers' sliding_window) and a learned sink logit per head in every softmax's denominator (transformers v4.55.0
+GptOssAttention: the sinks concatenated to the scores, softmaxed, dropped).
 
 The attention's input projection is one `qkv` matrix of rows [Q; K; V] (heads x head_dim, then kv heads x head_dim
 twice), as the MLP's SwiGLU fc1 is [gate; up] (executor.mlp), so that a column-parallel shard
@@ -58,11 +61,32 @@ def rotate(x: torch.Tensor) -> torch.Tensor:
     return (xf * cos + torch.cat((-second, first), dim=-1) * sin).to(x.dtype)
 
 
-def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+@functools.lru_cache(maxsize=16)
+def band(t: int, window: int | None, device: torch.device) -> torch.Tensor:
+    """(t, t) bool: True where query i sees key j, j <= i and (with a window) i - j < window."""
+    i = torch.arange(t, device=device)
+    seen = i[None, :] <= i[:, None]
+    return seen if window is None else seen & (i[:, None] - i[None, :] < window)
+
+
+def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None = None,
+                   sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Causal softmax(QK^T / sqrt(d)) V on (b, heads, t, d) queries and (b, kv heads, t, d) keys and values, each kv
     head serving heads / kv heads consecutive query heads (torch's grouped-query SDPA, torch >= 2.5): what selective
-    recomputation re-runs."""
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=k.shape[1] != q.shape[1])
+    recomputation re-runs. `window`: keys a query sees, itself included; `sinks`: one logit per query head here,
+    (heads,), in every softmax's denominator."""
+    gqa = k.shape[1] != q.shape[1]
+    if window is None and sinks is None:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+    seen = band(q.shape[-2], window, q.device)
+    if sinks is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=seen, enable_gqa=gqa)
+    if gqa:
+        k, v = (z.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for z in (k, v))
+    scores = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5
+    scores = scores.masked_fill(~seen, float("-inf"))
+    logits = torch.cat((scores, sinks.to(scores.dtype).view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)), dim=-1)
+    return torch.softmax(logits, dim=-1)[..., :-1] @ v
 
 
 class Block(nn.Module):
@@ -84,6 +108,11 @@ class Block(nn.Module):
         self.qkv = nn.Linear(h, sum(self.qkv_split), bias=cfg.biases)
         self.q_norm = make_norm(cfg.norm, self.head_dim) if cfg.qk_norm else None
         self.k_norm = make_norm(cfg.norm, self.head_dim) if cfg.qk_norm else None
+        windowed = cfg.window_size is not None and cfg.window.windowed(layer)
+        self.window = cfg.window_size if windowed else None  # keys a query sees (None: causal over the sequence)
+        # one sink logit per query head, whole on every tp rank (each applies its own heads': `first_head`)
+        self.sinks = nn.Parameter(torch.zeros(cfg.heads)) if cfg.attention_sinks else None
+        self.first_head = 0  # the first of this rank's query heads (executor.models.shard_piece sets it under tp)
         self.proj = nn.Linear(self.qkv_split[0], h, bias=cfg.biases)
         self.ln2 = make_norm(cfg.norm, h)
         self.activation = cfg.activation
@@ -122,12 +151,13 @@ class Block(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         if self.positions == "rope":
             q, k = rotate(q), rotate(k)
+        sinks = None if self.sinks is None else self.sinks[self.first_head:self.first_head + q.shape[1]]
         if self.recompute_attention:
-            y = checkpoint(attention_core, q, k, v, use_reentrant=False)
+            y = checkpoint(attention_core, q, k, v, self.window, sinks, use_reentrant=False)
         else:
-            y = attention_core(q, k, v)
+            y = attention_core(q, k, v, self.window, sinks)
         y = y.transpose(1, 2).reshape(b, t, widths[0])
         return x + self.proj(y)
 
 
-__all__ = ["Block", "attention_core", "make_norm", "qkv_rows", "rotary_tables", "rotate"]
+__all__ = ["Block", "attention_core", "band", "make_norm", "qkv_rows", "rotary_tables", "rotate"]

@@ -1,8 +1,9 @@
 """The executor builds the transformer structures the cost model costs (executor/transformer.py): a Llama block
 (grouped-query attention, SwiGLU of its own width, RMSNorm, rotary positions, no biases), Qwen3's attention (heads of
-their own width, QK-norm), Nemotron's squared ReLU, and experts in the model's activation. Their parameters are the
-cost model's count exactly, and tensor-parallel runs (with and without sequence parallelism, which moves the
-QK-norms' gradient sum) train them like the single-process reference.
+their own width, QK-norm), Nemotron's squared ReLU, experts in the model's activation, and GPT-OSS's layer (sliding
+windows, attention sinks, a router bias, the clamped and offset gate). Their parameters are the cost model's count
+exactly, and tensor-parallel runs (with and without sequence parallelism, which moves the QK-norms' and the sinks'
+gradient sum) train them like the single-process reference.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pipesim.cli import build_parser
 from pipesim.commands.run_args import config_from_args
 from pipesim.cost.executor_ops import GPT_BLOCK_OPS, executor_block_ops, executor_moe_block_ops
 from pipesim.errors import PipesimError
+from pipesim.model.attention_window import SlidingWindow
 from pipesim.model.config import ModelConfig
 from pipesim.model.moe import MoeConfig
 from pipesim.model.options import LayerOptions
@@ -39,6 +41,13 @@ NEMOTRON = [*SIZES, "--activation", "relu2", "--ffn-hidden", "40", "--position-e
             "--disable-bias-linear"]
 TIED = [*LLAMA, "--tie-embeddings-and-output-weights"]  # the head's weight is the embedding's
 TIED_GPT = [*SIZES, "--layers", "8", "--tie-embeddings-and-output-weights"]  # learned positions; 8 layers: 8 chunks
+# GPT-OSS's layer at a small size (tests/data/tiny_gpt_oss.json, model_type gpt_oss): every other layer windowed over 4
+# keys, a sink per head, biases, a router with a bias, 4 experts of 12 with the clamped, offset gate; in float32, the
+# reference's precision (a bfloat16 run rounds the microbatches' sum apart from the whole batch's)
+GPT_OSS = ["--model-config", "tests/data/tiny_gpt_oss.json", "--seq", "16", "--batch", "8", "--dtype", "float32"]
+GPT_OSS_TP = ["--tp", "2", "--sequence-parallel", "--ep", "2", "--etp", "1"]
+# GPT-OSS's attention on the GPT (Megatron-core's flags): sinks, every other layer windowed over 4 of the 8 tokens
+SINKS = [*SIZES, "--softmax-type", "learnable", "--window-size", "4,0", "--window-attn-skip-freq", "2"]
 NAMES = ["1f1b", "zb-h1"]
 
 
@@ -55,8 +64,8 @@ def test_the_flags_build_the_structures_they_name():
     assert (nemotron.activation, nemotron.ffn_size) == ("relu2", 40)
 
 
-@pytest.mark.parametrize("flags", [SIZES, LLAMA, QWEN3, NEMOTRON, TIED],
-                         ids=["gpt", "llama", "qwen3", "nemotron", "tied"])
+@pytest.mark.parametrize("flags", [SIZES, LLAMA, QWEN3, NEMOTRON, TIED, SINKS, GPT_OSS],
+                         ids=["gpt", "llama", "qwen3", "nemotron", "tied", "sinks", "gpt-oss"])
 def test_the_executor_holds_the_cost_models_parameters(flags):
     model = model_from(flags)
     assert sum(p.numel() for p in build_full(model).parameters()) == model_params(model)
@@ -103,7 +112,10 @@ def _block_ops(model: ModelConfig) -> tuple[int, int, int]:
     return f.ops, i.ops, w.ops
 
 
-STRUCTURES = [{"norm": "rmsnorm"}, {"positions": "rope"}, {"kv_heads": 2}, {"activation": "swiglu"},
+WINDOW = SlidingWindow(4)  # 4 of the block's 8 tokens, on every layer
+STRUCTURES = [{"window": WINDOW}, {"attention_sinks": True}, {"window": WINDOW, "attention_sinks": True},
+              {"kv_heads": 2, "attention_sinks": True}, {"kv_heads": 2, "window": WINDOW},
+              {"norm": "rmsnorm"}, {"positions": "rope"}, {"kv_heads": 2}, {"activation": "swiglu"},
               {"activation": "relu2"}, {"qk_norm": True}, {"norm": "rmsnorm", "qk_norm": True}, {"biases": False},
               {"head_width": 6}, {"kv_heads": 1}, {"kv_heads": 2, "activation": "swiglu", "norm": "rmsnorm",
                                                    "positions": "rope", "biases": False, "qk_norm": True,
@@ -117,19 +129,26 @@ def test_the_cpu_cost_models_ops_of_a_block_are_the_executors(fields):
     sizes = {"kind": "gpt", "hidden": 16, "heads": 4, "seq": 8, "vocab": 32, "layers": 1, "batch": 8}
     gpt, model = ModelConfig(**sizes), ModelConfig(**sizes, **fields)
     extra = tuple(m - g for m, g in zip(_block_ops(model), _block_ops(gpt), strict=True))
-    assert extra == tuple(e - g for e, g in zip(executor_block_ops(model), GPT_BLOCK_OPS, strict=True))
+    windowed = model.window_size is not None  # layer 0, the block counted: windowed when the model has a window
+    assert extra == tuple(e - g for e, g in zip(executor_block_ops(model, windowed), GPT_BLOCK_OPS, strict=True))
 
 
-@pytest.mark.parametrize(("activation", "biases", "renormalize"), [("swiglu", True, False), ("gelu", False, False),
-                                                                   ("swiglu", False, True), ("gelu", True, True)])
-def test_the_cpu_cost_models_ops_of_an_expert_block_are_the_executors(activation, biases, renormalize):
+GATES = [{}, {"router_bias": True}, {"glu_clamp": 7.0}, {"glu_alpha": 1.702}, {"glu_offset": 1.0},
+         {"router_bias": True, "glu_clamp": 7.0, "glu_alpha": 1.702, "glu_offset": 1.0}]  # the last GPT-OSS's
+
+
+@pytest.mark.parametrize(("activation", "biases", "renormalize", "gate"),
+                         [("swiglu", True, False, {}), ("gelu", False, False, {}), ("swiglu", False, True, {}),
+                          ("gelu", True, True, {})] + [("swiglu", True, True, g) for g in GATES[1:]])
+def test_the_cpu_cost_models_ops_of_an_expert_block_are_the_executors(activation, biases, renormalize, gate):
     """The same for a block with experts (executor_moe_block_ops), against the GPT's expert block counted alike;
-    with a renormalising router (Mixtral's, Qwen3's) too."""
+    with a renormalising router (Mixtral's, Qwen3's) too, and GPT-OSS's router bias and gate shape."""
     for experts, shared in ((2, None), (4, 16)):
         moe = MoeConfig(experts=experts, top_k=2, expert_ffn=32, shared_experts=1 if shared else 0, shared_ffn=shared,
-                        renormalize=renormalize)
+                        renormalize=renormalize, **gate)
         sizes = {"kind": "gpt", "hidden": 16, "heads": 4, "seq": 8, "vocab": 32, "layers": 1, "batch": 8}
-        gpt = ModelConfig(**sizes, moe=replace(moe, renormalize=False))
+        gpt = ModelConfig(**sizes, moe=replace(moe, renormalize=False, router_bias=False, glu_clamp=None,
+                                               glu_alpha=1.0, glu_offset=0.0))
         model = ModelConfig(**sizes, moe=moe, activation=activation, biases=biases, norm="rmsnorm", positions="rope",
                             kv_heads=2)
         extra = tuple(m - g for m, g in zip(_block_ops(model), _block_ops(gpt), strict=True))
@@ -165,8 +184,12 @@ def _flags(d):
         [",".join(NAMES), "--tp", "2", "--sequence-parallel", *QWEN3, *common, "--save-dir", str(d / "qwen3_sp")],
         [",".join(NAMES), "--tp", "2", *NEMOTRON, *common, "--save-dir", str(d / "nemotron")],
         [",".join(NAMES), "--tp", "2", "--sequence-parallel", *TIED, *common, "--save-dir", str(d / "tied_sp")],
+        [",".join(NAMES), "--tp", "2", *SINKS, *common, "--save-dir", str(d / "sinks")],
         ["interleaved-1f1b,zb-v", *TIED_GPT, "--steps", str(STEPS), "--quiet", "--microbatches", "4",
          "--save-dir", str(d / "tied_pp4")],
+        [",".join(NAMES), *GPT_OSS_TP, *GPT_OSS, *common, "--save-dir", str(d / "gpt_oss")],
+        [",".join(NAMES), *GPT_OSS_TP, *GPT_OSS, *common, "--recompute", "selective", "--save-dir",
+         str(d / "gpt_oss_selective")],
     )
 
 
@@ -180,10 +203,21 @@ def runs(shared_launches):
 
 @pytest.mark.dist
 @pytest.mark.parametrize(("folder", "flags"), [("llama", LLAMA), ("llama_sp", LLAMA), ("qwen3", QWEN3),
-                                               ("qwen3_sp", QWEN3), ("nemotron", NEMOTRON), ("tied_sp", TIED)])
+                                               ("qwen3_sp", QWEN3), ("nemotron", NEMOTRON), ("tied_sp", TIED),
+                                               ("sinks", SINKS)])
 def test_tp2_pp2_trains_the_structure_like_the_reference(runs, folder, flags):
     for name in NAMES:
         assert_matches_reference(runs / folder, name, model_from(flags), STEPS)
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("folder", ["gpt_oss", "gpt_oss_selective"])
+def test_tp2_sp_ep2_pp2_trains_gpt_oss_like_the_reference(runs, folder):
+    """GPT-OSS's windows, sinks (each tp rank its heads': their gradients summed over tp), router bias and gate, on
+    pp 2 x tp 2 with sequence parallelism and the experts over ep 2; selective recomputation re-runs the windowed and
+    sink-weighted core."""
+    for name in NAMES:
+        assert_matches_reference(runs / folder, name, model_from(GPT_OSS), STEPS)
 
 
 @pytest.mark.dist

@@ -102,18 +102,21 @@ def test_the_host_launches_them():
     assert delta(CLAMPED, ACT) == (3, 3 + 3, 0)  # the clamps again before the backward
 
 
-def test_gpt_oss_carries_its_clamp():
+def test_gpt_oss_carries_its_gate():
+    """GPT-OSS's clamp at swiglu_limit, transformers' sigmoid gain 1.702 and (up + 1); the executor builds them."""
     model = load_hf_config("gpt-oss-20b", seq=4096)
-    assert model.moe.glu_clamp == 7.0 and model.biases
-    assert "a clamped expert activation (GPT-OSS's swiglu_limit)" in unbuilt_structure(model)
+    assert (model.moe.glu_clamp, model.moe.glu_alpha, model.moe.glu_offset) == (7.0, 1.702, 1.0) and model.biases
+    assert unbuilt_structure(model) == []
+    assert "glu_alpha" not in load_hf_config("mixtral-8x7b", seq=4096).to_dict()["moe"]  # at SwiGLU's: left out
 
 
 def test_a_config_file_sets_or_refuses_the_limit(tmp_path, capsys):
     cfg = json.loads(resolve_model_config("gpt-oss-20b").read_text())
-    cfg["swiglu_limit"] = 3.5
+    cfg["swiglu_limit"], cfg["swiglu_alpha"] = 3.5, 1.5
     path = tmp_path / "config.json"
     path.write_text(json.dumps(cfg))
-    assert load_hf_config(path, seq=4096).moe.glu_clamp == 3.5
+    moe = load_hf_config(path, seq=4096).moe
+    assert (moe.glu_clamp, moe.glu_alpha) == (3.5, 1.5)
     cfg["swiglu_limit"] = -1
     path.write_text(json.dumps(cfg))
     args = ["simulate", "1f1b", "--model-config", str(path), "--stages", "1", "--microbatches", "1"]
@@ -124,8 +127,10 @@ def test_a_config_file_sets_or_refuses_the_limit(tmp_path, capsys):
 @pytest.mark.parametrize("build,message", [
     (lambda: replace(PLAIN.moe, glu_clamp=0), "moe glu_clamp must be a positive finite number or null, got 0"),
     (lambda: replace(PLAIN.moe, glu_clamp=True), "moe glu_clamp must be a positive finite number or null, got True"),
-    (lambda: replace(CLAMPED, activation="gelu"), "moe glu_clamp clamps a gated activation's input; activation "
-                                                  "'gelu' has none (use swiglu)"),
+    (lambda: replace(CLAMPED, activation="gelu"), "moe glu_clamp, glu_alpha and glu_offset shape a gated "
+                                                  "activation; activation 'gelu' has none (use swiglu)"),
+    (lambda: replace(PLAIN.moe, glu_alpha=0), "moe glu_alpha must be a positive finite number, got 0"),
+    (lambda: replace(PLAIN.moe, glu_offset=float("nan")), "moe glu_offset must be a finite number, got nan"),
     (lambda: layer_kernels(BIASED, 1, LayerOptions(attention="flash", tp=2, sp=True, ep=EP, etp=2),
                            moe=True),
      "experts with biases cannot be split over --etp 2: Transformer Engine's GroupedLinear has no bias under tensor "

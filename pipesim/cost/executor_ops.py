@@ -7,6 +7,7 @@ executor); the GPT block's and the MLP layer's are the counts the CPU fit was ma
 from __future__ import annotations
 
 from pipesim.model.config import ModelConfig
+from pipesim.model.moe import MoeConfig
 from pipesim.model.options import LayerOptions
 
 NO_OPS = (0, 0, 0)
@@ -21,8 +22,18 @@ GPT_BLOCK_OPS = (10, 10, 6)  # framework ops of one transformer block in F, I, W
 # grouped-query attention adds none (torch's SDPA with enable_gqa), nor do heads of their own width. Additive to the
 # op but for one case no model has: QK-norm beside a single key/value head runs one op fewer.
 STRUCTURE_OPS = {"rmsnorm": (10, 22, 2), "rope": (10, 10, 0), "gated": (1, 3, 0), "qk_layernorm": (3, 4, 2),
-                 "qk_rmsnorm": (15, 24, 4), "no biases": (0, 0, -4)}
+                 "qk_rmsnorm": (15, 24, 4), "no biases": (0, 0, -4),
+                 # GPT-OSS's attention (executor.transformer.attention_core): a windowed layer's SDPA under a band
+                 # mask; the sinks' own core (slice, scores, mask, concatenation, softmax, slice, product), with
+                 # grouped-query heads their keys and values repeated (its band mask is there with or without a
+                 # window)
+                 "window": (3, 0, 0), "sinks": (10, 10, 2), "sinks_gqa": (0, 3, 0)}
 EXPERT_GATED_OPS = (1, 3, 0)  # an expert's (or the shared experts') SwiGLU over its GeLU
+# a routed expert's gate shape over SwiGLU's (executor.mlp.activate; MoeConfig.glu_clamp, glu_alpha, glu_offset): the
+# two clamps, the sigmoid gain in place of silu, the offset's add; and the router's bias gradient
+# (MoeConfig.router_bias)
+GATE_OPS = {"clamp": (2, 8, 0), "alpha": (2, 4, 0), "offset": (1, 0, 0)}
+ROUTER_BIAS_OPS = (0, 0, 1)
 EMBED_ROPE_OPS = (-3, 0, -1)  # an embedding without the learned position table: one lookup, no add
 HEAD_RMSNORM_OPS = (5, 11, 1)  # the final norm as RMSNorm's composite (one of the block's two)
 EXPERT_NO_BIAS_OPS = (0, 0, -2)  # an expert without its two biases' gradients
@@ -40,41 +51,57 @@ def add_ops(*counts: tuple[int, int, int]) -> tuple[int, int, int]:
     return tuple(sum(phase) for phase in zip(*counts, strict=True))
 
 
-def structure_ops(model: ModelConfig) -> tuple[int, int, int]:
-    """The executor's framework ops of one block beyond the GPT block's (STRUCTURE_OPS), in F, I, W."""
+def structure_ops(model: ModelConfig, windowed: bool = False) -> tuple[int, int, int]:
+    """The executor's framework ops of one block beyond the GPT block's (STRUCTURE_OPS), in F, I, W; `windowed`: the
+    block attends over the model's window."""
+    sinks = model.attention_sinks
     on = [name for name, here in (
         ("rmsnorm", model.norm == "rmsnorm"), ("rope", model.positions == "rope"),
         ("gated", model.activation != "gelu"),
-        (f"qk_{model.norm}", model.qk_norm), ("no biases", not model.biases)) if here]
+        (f"qk_{model.norm}", model.qk_norm), ("no biases", not model.biases),
+        ("window", windowed and not sinks), ("sinks", sinks),
+        ("sinks_gqa", sinks and model.num_kv_heads != model.heads)) if here]
     return tuple(sum(STRUCTURE_OPS[name][k] for name in on) for k in range(3))
 
 
-def executor_block_ops(model: ModelConfig) -> tuple[int, int, int]:
+def executor_block_ops(model: ModelConfig, windowed: bool = False) -> tuple[int, int, int]:
     """Framework ops of one dense block of the executor's transformer in F, I, W: GPT_BLOCK_OPS plus its structure's
-    (`structure_ops`). What a calibrated CPU host runs: its per-op overhead dominates a small model."""
-    return add_ops(GPT_BLOCK_OPS, structure_ops(model))
+    (`structure_ops`; `windowed`: a layer of the model's window). What a calibrated CPU host runs: its per-op overhead
+    dominates a small model."""
+    return add_ops(GPT_BLOCK_OPS, structure_ops(model, windowed))
 
 
-def executor_moe_block_ops(model: ModelConfig, opts: LayerOptions) -> tuple[int, int, int]:
+def gate_ops(moe: MoeConfig) -> tuple[int, int, int]:
+    """A routed expert's gate-shape ops over SwiGLU's (GATE_OPS)."""
+    on = [name for name, here in (("clamp", moe.glu_clamp is not None), ("alpha", moe.glu_alpha != 1.0),
+                                  ("offset", moe.glu_offset != 0.0)) if here]
+    return add_ops(NO_OPS, *(GATE_OPS[name] for name in on))
+
+
+def executor_moe_block_ops(model: ModelConfig, opts: LayerOptions, windowed: bool = False) -> tuple[int, int, int]:
     """Framework ops (non-view aten ops, GPT_BLOCK_OPS's count) of one block of the executor's MoE model
     (executor/experts.py) in F, I, W: 22, 22, 7 for attention, norms, router, top-k, permutation and combine, plus
     4 per local expert (E / ep) and 4 for a shared expert in each, the router's losses' (BALANCE_OPS, Z_LOSS_OPS), the
-    structure's (`structure_ops`: its attention and norms, each expert's activation and biases); counted at ep 1 by
+    structure's (`structure_ops`: its attention and norms, each expert's activation and biases; `windowed`: a layer
+    of the model's window), each routed expert's gate shape (`gate_ops`) and the router's bias; counted at ep 1 by
     tests/test_moe_executor.py and tests/test_executor_structure.py. What a calibrated CPU host runs: its per-op
     overhead dominates a small model."""
     moe = model.moe
-    mlps = moe.experts // opts.ep + (1 if moe.shared_experts else 0)
+    routed = moe.experts // opts.ep
+    mlps = routed + (1 if moe.shared_experts else 0)
     # one MLP's share of the structure's ops, the dense MLP's in structure_ops as each expert's
     mlp = add_ops(EXPERT_GATED_OPS if model.activation != "gelu" else NO_OPS,
                   EXPERT_NO_BIAS_OPS if not model.biases else NO_OPS)
-    attention = add_ops(structure_ops(model), tuple(-n for n in mlp))  # and the norms
-    ops = add_ops((22, 22, 7), attention, tuple(mlps * (4 + n) for n in mlp))
+    attention = add_ops(structure_ops(model, windowed), tuple(-n for n in mlp))  # and the norms
+    ops = add_ops((22, 22, 7), attention, tuple(mlps * (4 + n) for n in mlp),
+                  tuple(routed * n for n in gate_ops(moe)), ROUTER_BIAS_OPS if moe.router_bias else NO_OPS)
     ops = add_ops(ops, RENORMALIZE_OPS) if moe.renormalize else ops
     ops = add_ops(ops, BALANCE_OPS) if moe.balance_loss else ops
     ops = add_ops(ops, Z_LOSS_OPS) if moe.z_loss_coeff else ops
     return add_ops(ops, BOTH_LOSSES_OPS) if moe.balance_loss and moe.z_loss_coeff else ops
 
 
-__all__ = ["BALANCE_OPS", "BOTH_LOSSES_OPS", "EMBED_ROPE_OPS", "EXPERT_GATED_OPS", "EXPERT_NO_BIAS_OPS",
-           "GPT_BLOCK_OPS", "HEAD_RMSNORM_OPS", "MLP_LAYER_OPS", "NO_OPS", "RENORMALIZE_OPS", "STRUCTURE_OPS",
-           "Z_LOSS_OPS", "add_ops", "executor_block_ops", "executor_moe_block_ops", "structure_ops"]
+__all__ = ["BALANCE_OPS", "BOTH_LOSSES_OPS", "EMBED_ROPE_OPS", "EXPERT_GATED_OPS", "EXPERT_NO_BIAS_OPS", "GATE_OPS",
+           "GPT_BLOCK_OPS", "HEAD_RMSNORM_OPS", "MLP_LAYER_OPS", "NO_OPS", "RENORMALIZE_OPS", "ROUTER_BIAS_OPS",
+           "STRUCTURE_OPS", "Z_LOSS_OPS", "add_ops", "executor_block_ops", "executor_moe_block_ops", "gate_ops",
+           "structure_ops"]

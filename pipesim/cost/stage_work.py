@@ -207,10 +207,9 @@ def gpt_stage_work(model: ModelConfig, b: int, layers: int, *, first: bool, last
         # the GPT block's weights the CPU fit was made with, and what another structure holds beyond them
         weights = 12 * h * h / tp + 13 * h + block_params(model, tp) - block_params(_gpt_shaped(model), tp)
         traffic = weights * d + gpt_block_activation_bytes(model, b, tp)  # bytes
-        block_ops = executor_block_ops(model) if executor_ops else GPT_BLOCK_OPS
         rerun, rerun_ops = 0.0, 0
         if opts.recompute == "full":
-            rerun, rerun_ops = traffic, block_ops[0]
+            rerun = traffic  # its ops: the layer's forward's (below)
         elif opts.recompute in ("selective", OP):  # op: its elementwise ops (its GEMMs: layer_flops)
             ew = layer_elementwise_bytes(model, b, opts).backward
             rerun = sum(n for k, n in ew.items() if k.startswith("recompute "))
@@ -235,11 +234,14 @@ def gpt_stage_work(model: ModelConfig, b: int, layers: int, *, first: bool, last
             fwd_colls = [c for c in tp_colls if c.phase == "F"]
             bwd_colls = [c for c in tp_colls if c.phase != "F"]
             exchanges = ep_layer_exchanges(model, b, opts) if moe else []
-            ops = executor_moe_block_ops(model, opts) if moe and executor_ops else block_ops
             for k in range(count):
-                f = band if k < n_windowed else flops
+                windowed_here = k < n_windowed
+                f = band if windowed_here else flops
+                dense = executor_block_ops(model, windowed_here) if executor_ops else GPT_BLOCK_OPS
+                ops = executor_moe_block_ops(model, opts, windowed_here) if moe and executor_ops else dense
+                again = dense[0] if opts.recompute == "full" else rerun_ops  # the re-run forward: the block's
                 work.add(f.F, f.I, f.W, moved=(traffic, traffic + rerun if rerun else traffic, traffic),
-                         act=stash, params=params, ops=(ops[0], ops[1] + rerun_ops, ops[2]))
+                         act=stash, params=params, ops=(ops[0], ops[1] + again, ops[2]))
                 _add_forward(work, fwd_colls)
                 _add_backward(work, bwd_colls)
                 work.ep_exchanges["F"] += [c for c in exchanges if c.phase == "F"]

@@ -26,6 +26,8 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 ACTIVATIONS = ("gelu", "swiglu", "relu2")
 NORMS = ("layernorm", "rmsnorm")
 POSITIONS = ("learned", "rope")  # a learned (seq x hidden) table, or rotary embeddings (no parameters)
+MOE_GLU_FIELDS = ("glu_alpha", "glu_offset")  # MoeConfig's, left out of to_dict at their defaults
+MOE_GLU_DEFAULTS = {f.name: f.default for f in fields(MoeConfig) if f.name in MOE_GLU_FIELDS}
 STRUCTURE_FIELDS = ("kv_heads", "ffn_hidden", "activation", "norm", "dropout", "biases", "positions",
                     "tied_embeddings", "moe", "mla", "mtp_layers", "head_width", "qk_norm", "window",
                     "attention_sinks", "rope_mscale")  # left out of to_dict while at their defaults
@@ -138,9 +140,9 @@ class ModelConfig:
             if self.moe.moe_layers(0, self.layers) == 0:
                 raise PipesimError(f"moe: none of the {self.layers} layers has experts (dense_layers "
                                    f"{self.moe.dense_layers}, every {self.moe.every})")
-            if self.moe.glu_clamp is not None and self.activation != "swiglu":
-                raise PipesimError(f"moe glu_clamp clamps a gated activation's input; activation {self.activation!r} "
-                                   "has none (use swiglu)")
+            if not self.moe.plain_glu and self.activation != "swiglu":
+                raise PipesimError(f"moe glu_clamp, glu_alpha and glu_offset shape a gated activation; activation "
+                                   f"{self.activation!r} has none (use swiglu)")
         self._check_deepseek()
 
     def _check_deepseek(self) -> None:
@@ -267,6 +269,10 @@ class ModelConfig:
         for f in fields(self):
             if f.name in STRUCTURE_FIELDS and data[f.name] == f.default:
                 del data[f.name]
+        if data.get("moe") is not None:  # the experts' gate shape, likewise (MoeConfig's defaults: SwiGLU's)
+            for name in MOE_GLU_FIELDS:
+                if data["moe"][name] == MOE_GLU_DEFAULTS[name]:
+                    del data["moe"][name]
         return data
 
 
@@ -296,11 +302,11 @@ def split_layers(layers: int, stages: int, weights: list[int] | None = None) -> 
 def unbuilt_structure(model: ModelConfig) -> list[str]:
     """The structure of a transformer the executor (executor/transformer.py) does not build, as 'name'; [] when it
     builds the whole model. It builds every dense layer the cost model costs (grouped-query attention, heads of
-    their own width, QK-norm, each activation, norm and position kind, with or without biases) and a top-k router's
-    experts, and a head tied to the embedding; not latent attention, multi-token prediction, DeepSeek-V3's routing
-    (groups, a score bias), GPT-OSS's sliding windows, attention sinks, router bias and clamped activation, or a
-    Hugging Face config's own router loss (its training objective, not a layer). Its one owner: the executor refuses
-    such a model, the planner's run export says so."""
+    their own width, QK-norm, each activation, norm and position kind, with or without biases, sliding windows and
+    attention sinks) and a top-k router's experts (with a router bias, and GPT-OSS's clamped, offset gate), and a head
+    tied to the embedding; not latent attention, multi-token prediction, DeepSeek-V3's routing (groups, a score
+    bias), or a Hugging Face config's own router loss (its training objective, not a layer). Its one owner: the
+    executor refuses such a model, the planner's run export says so."""
     if model.kind != "gpt":
         return []
     moe = model.moe
@@ -308,11 +314,6 @@ def unbuilt_structure(model: ModelConfig) -> list[str]:
                                   ("multi-token prediction modules", model.mtp_layers > 0),
                                   ("group-limited routing", moe is not None and moe.groups > 1),
                                   ("the router's expert bias", moe is not None and moe.expert_bias),
-                                  ("sliding-window attention", model.window_size is not None),
-                                  ("attention sinks", model.attention_sinks),
-                                  ("a router bias", moe is not None and moe.router_bias),
-                                  ("a clamped expert activation (GPT-OSS's swiglu_limit)",
-                                   moe is not None and moe.glu_clamp is not None),
                                   ("Hugging Face's router loss over every layer at once (output_router_logits; "
                                    "--moe-aux-loss-coeff trains Megatron-core's per layer)",
                                    moe is not None and moe.hf_router_loss > 0)) if on]

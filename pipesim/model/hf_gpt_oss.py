@@ -13,9 +13,11 @@ of `head_dim` (64: 64 x 64 = 4096 over a 2880 hidden), biases on q, k, v and o (
 one learned sink logit per head in every softmax (GptOssAttention.sinks), and on every layer an MoE MLP:
 GptOssTopKRouter, a linear h -> E with a bias, its top k logits softmaxed (the same weights as Mixtral's softmax then
 renormalised top k), and `num_local_experts` experts of width `intermediate_size`, each gate_up and down with a bias
-(GptOssExperts: gate_up_proj_bias, down_proj_bias), gated as SwiGLU with a sigmoid gain (`swiglu_alpha`, 1.702:
-inside the activation's kernel, no cost of its own) and a clamp of its input at `swiglu_limit` (`MoeConfig.glu_clamp`,
-which Megatron-core runs as kernels of their own: pipesim.model.grouped_mlp_extras).
+(GptOssExperts: gate_up_proj_bias, down_proj_bias), gated as gate x sigmoid(alpha x gate) x (up + 1) (transformers
+v4.55.0 GptOssExperts: alpha 1.702, a file's `swiglu_alpha` where it gives one; `MoeConfig.glu_alpha` and `glu_offset`:
+inside the activation's kernel, no cost of its own) with the gate clamped above and the up half on both sides at
+`swiglu_limit` (`MoeConfig.glu_clamp`, which Megatron-core runs as kernels of their own:
+pipesim.model.grouped_mlp_extras).
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ WINDOWED, FULL = "sliding_attention", "full_attention"  # transformers' layer_ty
 # transformers' GptOssConfig defaults, where a file is silent (its layer_types: every other layer windowed, from the
 # first: full_every 2)
 GPT_OSS_DEFAULTS = {"num_local_experts": 128, "num_experts_per_tok": 4, "sliding_window": 128, "head_dim": 64,
-                    "num_key_value_heads": 8, "attention_bias": True, "swiglu_limit": 7.0}
+                    "num_key_value_heads": 8, "attention_bias": True, "swiglu_limit": 7.0, "swiglu_alpha": 1.702}
+GPT_OSS_GLU_OFFSET = 1.0  # GptOssExperts' (up + 1) (Megatron-core's glu_linear_offset for GPT-OSS)
 GPT_OSS_FULL_EVERY = 2
 WINDOW_EVERY_LAYER = ("mistral", "mixtral")  # their attention windows every layer by sliding_window
 
@@ -81,11 +84,16 @@ def gpt_oss_experts(cfg: dict, width: int, *, router_loss: float, where: str) ->
                            f"num_experts_per_tok {top_k}")
     if top_k > experts:
         raise PipesimError(f"{where}: field 'num_experts_per_tok' {top_k} is more than num_local_experts {experts}")
-    limit = cfg["swiglu_limit"]
-    if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not 0 < limit < float("inf"):
-        raise PipesimError(f"{where}: field 'swiglu_limit' must be a positive number, got {limit!r}")
+    limit, alpha = (_positive_number(cfg, name, where) for name in ("swiglu_limit", "swiglu_alpha"))
     return MoeConfig(experts=experts, top_k=top_k, expert_ffn=width, renormalize=True, router_bias=True,
-                     glu_clamp=float(limit), hf_router_loss=router_loss)
+                     glu_clamp=limit, glu_alpha=alpha, glu_offset=GPT_OSS_GLU_OFFSET, hf_router_loss=router_loss)
+
+
+def _positive_number(cfg: dict, name: str, where: str) -> float:
+    value = cfg[name]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+        raise PipesimError(f"{where}: field {name!r} must be a positive number, got {value!r}")
+    return float(value)
 
 
 __all__ = ["GPT_OSS_DEFAULTS", "WINDOW_EVERY_LAYER", "gpt_oss_experts", "read_window"]

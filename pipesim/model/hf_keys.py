@@ -80,7 +80,8 @@ TYPE_MODELED = {"mixtral": ("num_local_experts", "num_experts_per_tok", "router_
                 "nemotron": ("norm_eps",),
                 # GPT-OSS: experts on every layer, windowed layers (pipesim.model.hf_gpt_oss)
                 "gpt_oss": ("num_local_experts", "num_experts_per_tok", "experts_per_token", "sliding_window",
-                            "layer_types", "router_aux_loss_coef", "output_router_logits", "swiglu_limit"),
+                            "layer_types", "router_aux_loss_coef", "output_router_logits", "swiglu_limit",
+                            "swiglu_alpha"),
                 # every layer windowed by sliding_window (MistralAttention, MixtralAttention)
                 "mistral": ("sliding_window",)}
 # change nothing pipesim counts in that model type (Mixtral's and Qwen3-MoE's own router loss, router_aux_loss_coef
@@ -94,8 +95,8 @@ TYPE_NO_EFFECT = {# DeepSeek-V3's router: the sequence-wise balance loss (aux_lo
                   # rotary embeddings on part of each head: Megatron applies them to that part and concatenates the
                   # rest back, the same tensors read and written as a whole-head rotation
                   "nemotron": ("partial_rotary_factor",),
-                  # GPT-OSS: its SwiGLU's sigmoid gain (inside the activation's kernel), YaRN's original context
-                  "gpt_oss": ("swiglu_alpha", "initial_context_length")}
+                  # GPT-OSS: YaRN's original context
+                  "gpt_oss": ("initial_context_length",)}
 # decoders whose layers are nothing beyond MODELED and their TYPE_MODELED (Llama-style, DeepSeek-V3's, and Qwen3's:
 # Llama's layer with QK-norm and an explicit head_dim) (qwen2 is not: its q, k and v have biases and its output
 # projection none, which ModelConfig.biases cannot say)

@@ -15,7 +15,10 @@ checkpoint, counted in its totals; Megatron-core's expert_bias buffer is updated
 E trained parameters per MoE layer added to the logits before the top-k.
 `glu_clamp`: the experts' gated activation clamps its input at this value (GPT-OSS's `swiglu_limit`, Megatron-core's
 activation_func_clamp_value): no parameter or FLOP, but Megatron-core runs it as kernels of its own
-(pipesim.model.grouped_mlp_extras).
+(pipesim.model.grouped_mlp_extras). `glu_alpha` and `glu_offset`: the experts' gate is gate x sigmoid(alpha x gate)
+times (up + offset); SwiGLU's are 1 and 0, GPT-OSS's 1.702 and 1 (transformers' GptOssExperts: alpha, (up + 1) * glu;
+Megatron-core's quick_gelu with glu_linear_offset 1.0): inside the activation's kernel, no cost pipesim counts; the
+executor trains that function (executor.mlp).
 `balance` and `aux_loss_coeff`: Megatron-core's load-balancing loss (--moe-router-load-balancing-type,
 --moe-aux-loss-coeff; its defaults "aux_loss" and 0, no loss), and `z_loss_coeff` its router z-loss (ST-MoE's,
 --moe-z-loss-coeff): a few FLOPs per token on scores the router made, no cost pipesim counts; the executor trains
@@ -54,6 +57,8 @@ class MoeConfig:
     expert_bias: bool = False  # a per-expert routing-score bias (DeepSeek-V3's e_score_correction_bias: E values)
     router_bias: bool = False  # the router's linear has a bias (GPT-OSS's: E trained values)
     glu_clamp: float | None = None  # the experts' GLU input clamped at this value (GPT-OSS's swiglu_limit); None: none
+    glu_alpha: float = 1.0  # the gate's sigmoid gain: gate x sigmoid(alpha x gate) (SwiGLU 1; GPT-OSS 1.702)
+    glu_offset: float = 0.0  # added to the up half before the product (SwiGLU 0; GPT-OSS 1)
     # group-limited routing (DeepSeek-V3's n_group / topk_group; Megatron-core's --moe-router-num-groups /
     # --moe-router-group-topk): the experts in `groups` equal groups, each token's k among `group_topk` of them
     groups: int = 1
@@ -93,6 +98,12 @@ class MoeConfig:
                                            or not isinstance(self.glu_clamp, (int, float))
                                            or not 0 < self.glu_clamp < float("inf")):
             raise PipesimError(f"moe glu_clamp must be a positive finite number or null, got {self.glu_clamp!r}")
+        for name, positive in (("glu_alpha", True), ("glu_offset", False)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not abs(value) < float("inf") \
+                    or (positive and not value > 0):
+                raise PipesimError(f"moe {name} must be a {'positive ' if positive else ''}finite number, "
+                                   f"got {value!r}")
         if self.top_k > self.experts:
             raise PipesimError(f"moe top_k {self.top_k} is more than its {self.experts} experts")
         # an expert receives each token at most once: at most T of the mean's T k / E, so both ratios stay <= E / k
@@ -129,6 +140,11 @@ class MoeConfig:
         if self.capacity_factor is not None and self.imbalance != 1.0:
             raise PipesimError("moe imbalance applies to dropless routing; with a capacity_factor the most-loaded "
                                "expert takes capacity_factor x the mean")
+
+    @property
+    def plain_glu(self) -> bool:
+        """The experts' gated activation is SwiGLU's own: no clamp, gain 1, no offset."""
+        return self.glu_clamp is None and self.glu_alpha == 1.0 and self.glu_offset == 0.0
 
     @property
     def shared_width(self) -> int:
