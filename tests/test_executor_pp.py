@@ -124,7 +124,8 @@ def test_recomputation_reruns_the_forward_and_keeps_gradients_exact(mode, split,
     the input and weight gradients are bit for bit those of the stage without recomputation."""
     calls = []
     core = executor.transformer.attention_core
-    monkeypatch.setattr(executor.transformer, "attention_core", lambda q, k, v: calls.append(1) or core(q, k, v))
+    monkeypatch.setattr(executor.transformer, "attention_core",
+                        lambda q, k, v, *shape: calls.append(1) or core(q, k, v, *shape))
     cfg = ModelConfig(kind="gpt", hidden=8, heads=2, seq=5, layers=4, vocab=16)
     plain, recomputing = (build_stages(cfg, [1, 2, 1], [1])[1] for _ in range(2))  # a middle stage: 2 blocks
     set_recompute(recomputing, mode)

@@ -34,7 +34,7 @@ def test_bundled_files_read_every_key():
             (layers, D, KV, True, True)
         assert model.window == SlidingWindow(128, full_every=2) and model.windowed_layers(0, layers) == layers // 2
         assert model.moe == MoeConfig(experts=experts, top_k=4, expert_ffn=H, renormalize=True, router_bias=True,
-                                      glu_clamp=7.0)
+                                      glu_clamp=7.0, glu_alpha=1.702, glu_offset=1.0)
 
 
 def test_exact_parameter_counts_round_to_the_model_cards():
