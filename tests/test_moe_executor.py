@@ -23,6 +23,7 @@ from executor.user_model import call_factory, train_single, workload_from_parts
 from pipesim.cli import build_parser, main
 from pipesim.commands.setup_args import setup_from_args
 from pipesim.cost.executor_ops import executor_moe_block_ops
+from pipesim.cost.stage_work import gpt_stage_work
 from pipesim.errors import PipesimError
 from pipesim.ir.schedule import Action
 from pipesim.job import Job
@@ -318,3 +319,16 @@ def test_dualpipev_waits_for_the_forwards_all_to_all_after_the_paired_backward(s
     assert set(_exchanges_per_pair(Timeline.read(d / "dualpipev.json"))) == {(1, 3)}
     assert set(_exchanges_per_pair(Timeline.read(d / "plain.json"))) == {(2, 2)}
     assert_matches_reference(d / "plain", "dualpipev", moe_model(), STEPS)
+
+
+def test_full_recomputation_of_an_moe_block_charges_its_own_forward_again():
+    """On a calibrated CPU host the I phase of a fully recomputed block re-runs that block's forward: an MoE block's
+    (executor_moe_block_ops' F, 38 here; the executor's checkpoint measures 36 more ops in I), not the dense block's
+    (10), which gpt_stage_work charged before 2026-12-07."""
+    model = ModelConfig(kind="gpt", hidden=16, heads=2, seq=8, vocab=32, layers=1, batch=8,
+                        moe=MoeConfig(experts=4, top_k=2, expert_ffn=32))
+    plain, full = LayerOptions(), LayerOptions(recompute="full")
+    f, i, w = executor_moe_block_ops(model, plain)
+    work = gpt_stage_work(model, 2, 1, first=False, last=False, opts=full, moe_layers=1, executor_ops=True)
+    assert f == 38
+    assert work.ops == {"F": f, "I": i + f, "W": w}

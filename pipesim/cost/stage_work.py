@@ -188,8 +188,9 @@ def gpt_stage_work(model: ModelConfig, b: int, layers: int, *, first: bool, last
     `opts` (default: tp only). Memory traffic: the estimate the CPU timing was fitted with (weights
     plus the Korthikanti stash per block), plus the re-run forward under recomputation. Framework
     ops: embedding F 3 (two lookups, add), W 2; block F 10, I 10, W 6, plus the re-run forward's in
-    I (full 10, selective 3); head F 3, I 3, W 2. A MoE block's FLOPs are the dense block's with the
-    MLP's GEMMs replaced by the router's, the experts' and the shared experts' (pipesim.model.layer_kernels).
+    I (full: the block's own forward, 10 for the GPT block, an MoE block's its own; selective 3); head F 3, I 3,
+    W 2. A MoE block's FLOPs are the dense block's with the MLP's GEMMs replaced by the router's, the experts' and the
+    shared experts' (pipesim.model.layer_kernels).
     The last stage runs the model's multi-token-prediction modules after the head (`_add_mtp_module`).
     `executor_ops`: a MoE block counts the executor's ops (`executor_moe_block_ops`; a calibrated CPU host).
     """
@@ -237,9 +238,12 @@ def gpt_stage_work(model: ModelConfig, b: int, layers: int, *, first: bool, last
             for k in range(count):
                 windowed_here = k < n_windowed
                 f = band if windowed_here else flops
-                dense = executor_block_ops(model, windowed_here) if executor_ops else GPT_BLOCK_OPS
-                ops = executor_moe_block_ops(model, opts, windowed_here) if moe and executor_ops else dense
-                again = dense[0] if opts.recompute == "full" else rerun_ops  # the re-run forward: the block's
+                if executor_ops:
+                    ops = executor_moe_block_ops(model, opts, windowed_here) if moe else \
+                        executor_block_ops(model, windowed_here)
+                else:
+                    ops = GPT_BLOCK_OPS
+                again = ops[0] if opts.recompute == "full" else rerun_ops  # full: the block's forward, re-run
                 work.add(f.F, f.I, f.W, moved=(traffic, traffic + rerun if rerun else traffic, traffic),
                          act=stash, params=params, ops=(ops[0], ops[1] + again, ops[2]))
                 _add_forward(work, fwd_colls)
