@@ -173,10 +173,14 @@ class Job:
         check_muon(self.muon, zero=self.zero, overlap_grad_reduce=self.comm.overlap_grad_reduce,
                    overlap_param_gather=self.comm.overlap_param_gather, precision_aware=self.adam_states is not None,
                    fp8_param_gather=self.fp8_param_gather)
-        gathers = self.zero in (1, 2) or (self.muon is not None and self.muon.distributed)  # dist_muon's gather
-        if self.comm.overlap_param_gather and not gathers and (self.zero == 3 or self.dims.dp_cp > 1):
+        if self.comm.overlap_param_gather and not self.gathers_parameters and (self.zero == 3 or self.dims.dp_cp > 1):
             raise PipesimError(f"--overlap-param-gather needs the distributed optimizer's parameter all-gather "
                                f"(--zero 1 or 2, or --optimizer dist_muon), got --zero {self.zero}")
+
+    @property
+    def gathers_parameters(self) -> bool:
+        """The optimizer all-gathers the updated parameters after its step (the module's `gathers_parameters`)."""
+        return gathers_parameters(self.zero, self.muon)
 
     # the axes, as every consumer reads them
     @property
@@ -379,4 +383,11 @@ class Job:
         return out + (self.muon.flags() if self.muon is not None else [])
 
 
-__all__ = ["Job", "KernelSwitches"]
+def gathers_parameters(zero: int, muon: MuonOptions | None) -> bool:
+    """Whether the optimizer all-gathers the updated parameters after its step, the gather --overlap-param-gather
+    moves into DDP's buckets: the distributed optimizer's (ZeRO 1 or 2) and dist_muon's (LayerWiseDistributedOptimizer).
+    One rule for the Job's check, the planner's candidates and the step's costs."""
+    return zero in (1, 2) or (muon is not None and muon.distributed)
+
+
+__all__ = ["Job", "KernelSwitches", "gathers_parameters"]

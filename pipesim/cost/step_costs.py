@@ -188,7 +188,7 @@ def step_costs(params_per_stage: Sequence[int], job: Job, *, hw: Hardware, preci
                                            for p, e in zip(params_per_stage, experts, strict=True)),
                          optimizer_seconds=tuple(m.seconds for m in muon_stages),
                          optimizer_bytes=tuple(m.pass_bytes for m in muon_stages), zero=0, fsdp=None,
-                         bucketed_gather=job.muon.distributed)
+                         bucketed_gather=job.gathers_parameters)
     dp, zero, edp = job.dims.dp_cp, job.zero, job.dims.edp  # the dense state's replicas include the cp ranks
     overlap, fsdp = job.comm.overlap_param_gather, job.fsdp
     fp8 = list(fp8_per_stage) or [0] * len(params_per_stage)
@@ -212,7 +212,7 @@ def step_costs(params_per_stage: Sequence[int], job: Job, *, hw: Hardware, preci
         seconds.append(opt_seconds)
         nbytes.append(opt_bytes)
     return StepCosts(collectives=tuple(collectives), optimizer_seconds=tuple(seconds),
-                     optimizer_bytes=tuple(nbytes), zero=zero, fsdp=fsdp, bucketed_gather=zero in (1, 2))
+                     optimizer_bytes=tuple(nbytes), zero=zero, fsdp=fsdp, bucketed_gather=job.gathers_parameters)
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from functools import cache
 import schedules
 from pipesim.errors import PipesimError
 from pipesim.hardware.machine import Hardware
-from pipesim.job import Job
+from pipesim.job import Job, gathers_parameters
 from pipesim.model.config import ModelConfig, split_layers
 from pipesim.model.op_recompute import OP, check_op_recompute
 from pipesim.model.options import LayerOptions
@@ -96,8 +96,7 @@ class Candidate:
         place a candidate's fields become options)."""
         dims = ParallelDims(pp=self.p, dp=self.dp, tp=self.tp, cp=self.cp, ep=self.ep, etp=self.etp or None)
         comm = shared.comm
-        dist_muon = shared.muon is not None and shared.muon.distributed  # LayerWiseDistributedOptimizer's gather
-        if comm.overlap_param_gather and self.zero not in (1, 2) and not dist_muon:  # only those gathers overlap
+        if comm.overlap_param_gather and not gathers_parameters(self.zero, shared.muon):  # only those gathers overlap
             comm = replace(comm, overlap_param_gather=False)
         reshard = shared.fsdp_reshard if self.zero == 3 else "default"  # FSDP2's policy: sharded parameters only
         torchao = shared.fp8 is not None and shared.fp8.impl == "torchao"  # FSDP2's float8 gather, not the optimizer's
