@@ -39,7 +39,7 @@ from pipesim.model.moe_layer import tokens_here
 from pipesim.model.muon_options import MuonOptions
 from pipesim.model.options import LayerOptions
 from pipesim.model.param_counts import embedding_copy_params
-from pipesim.model.weight_tensors import stage_tensors
+from pipesim.model.weight_tensors import split_tensors
 
 GiB = 2**30
 DEFAULT_JOB = Job()  # one rank per stage, no option: what a bare call costs
@@ -254,11 +254,9 @@ def muon_stages(model: ModelConfig, split: list[int], moe_counts: list[int], job
                            "--model gpt or --model-config")
     check_muon_device(job.muon, hw)
     profile = profile_of(hw.device.family, hw.device.kernels)
-    last = len(split) - 1
-    return tuple(muon_stage(stage_tensors(model, opts, layers=n, moe_layers=m, first=s == 0, last=s == last),
-                            model, opts.tp, job.muon, dp=job.dims.dp_cp, edp=job.dims.edp, precision=precision,
-                            profile=profile)
-                 for s, (n, m) in enumerate(zip(split, moe_counts, strict=True)))
+    return tuple(muon_stage(tensors, model, opts.tp, job.muon, dp=job.dims.dp_cp, edp=job.dims.edp,
+                            precision=precision, profile=profile)
+                 for tensors in split_tensors(model, opts, split, moe_counts))
 
 
 def _step(counts: list[int], job: Job, *, hw: Hardware, precision: str, loss_scaling: bool,

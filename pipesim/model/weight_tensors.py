@@ -130,4 +130,13 @@ def stage_tensors(model: ModelConfig, opts: LayerOptions, *, layers: int, moe_la
     return out
 
 
-__all__ = ["QKV", "WeightTensor", "layer_tensors", "stage_tensors"]
+def split_tensors(model: ModelConfig, opts: LayerOptions, split: list[int],
+                  moe_layers: list[int]) -> list[list[WeightTensor]]:
+    """`stage_tensors` of each chunk of `split` (layers per chunk in model order, `moe_layers` of them with experts):
+    the first holds the embedding, the last the head."""
+    last = len(split) - 1
+    return [stage_tensors(model, opts, layers=n, moe_layers=m, first=s == 0, last=s == last)
+            for s, (n, m) in enumerate(zip(split, moe_layers, strict=True))]
+
+
+__all__ = ["QKV", "WeightTensor", "layer_tensors", "split_tensors", "stage_tensors"]

@@ -24,7 +24,7 @@ from pipesim.model.fsdp import fsdp_units, resident_fraction
 from pipesim.model.memory import comm_buffer_bytes, named_precision, step_peak_state
 from pipesim.model.options import LayerOptions
 from pipesim.model.param_counts import stage_params
-from pipesim.model.weight_tensors import stage_tensors
+from pipesim.model.weight_tensors import split_tensors
 from pipesim.plan.space import chunks_per_rank
 
 # rank r holds stages r, r + p, ...
@@ -203,12 +203,10 @@ class MemoryBound:
         key = (c.chunks, c.tp, dims.dp_cp, dims.edp, c.ep, c.etp)
         if key not in self._muon:
             split = self.split(c.chunks)
-            last = c.chunks - 1
             self._muon[key] = tuple(
-                muon_state_bytes(stage_tensors(self.model, opts, layers=n, moe_layers=k, first=s == 0, last=s == last),
-                                 self.model, c.tp, self.shared.muon, dp=dims.dp_cp, edp=dims.edp,
+                muon_state_bytes(tensors, self.model, c.tp, self.shared.muon, dp=dims.dp_cp, edp=dims.edp,
                                  precision=self.precision)
-                for s, (n, k) in enumerate(zip(split, moe_layers_per_stage(self.model, split), strict=True)))
+                for tensors in split_tensors(self.model, opts, split, moe_layers_per_stage(self.model, split)))
         return self._muon[key]
 
     def first_stash(self, family: str | None, c, opts: LayerOptions) -> int:
