@@ -235,17 +235,19 @@ def gpt_stage_work(model: ModelConfig, b: int, layers: int, *, first: bool, last
             fwd_colls = [c for c in tp_colls if c.phase == "F"]
             bwd_colls = [c for c in tp_colls if c.phase != "F"]
             exchanges = ep_layer_exchanges(model, b, opts) if moe else []
-            for k in range(count):
-                windowed_here = k < n_windowed
-                f = band if windowed_here else flops
+            block_ops = {}  # windowed or not -> (F, I, W) ops, I with the re-run forward's
+            for windowed_here in {k < n_windowed for k in range(count)}:
                 if executor_ops:
                     ops = executor_moe_block_ops(model, opts, windowed_here) if moe else \
                         executor_block_ops(model, windowed_here)
                 else:
                     ops = GPT_BLOCK_OPS
                 again = ops[0] if opts.recompute == "full" else rerun_ops  # full: the block's forward, re-run
+                block_ops[windowed_here] = (ops[0], ops[1] + again, ops[2])
+            for k in range(count):
+                f = band if k < n_windowed else flops
                 work.add(f.F, f.I, f.W, moved=(traffic, traffic + rerun if rerun else traffic, traffic),
-                         act=stash, params=params, ops=(ops[0], ops[1] + again, ops[2]))
+                         act=stash, params=params, ops=block_ops[k < n_windowed])
                 _add_forward(work, fwd_colls)
                 _add_backward(work, bwd_colls)
                 work.ep_exchanges["F"] += [c for c in exchanges if c.phase == "F"]
