@@ -14,21 +14,27 @@ def muon_name(req: PlanRequest) -> str | None:
     return req.job.muon.name if req.job.muon is not None else None
 
 
+def exports_of(req: PlanRequest) -> tuple[str, ...]:
+    """The projects the plan's winner is exported to (`exports_for`: its framework's, Megatron-LM's alone under
+    Muon)."""
+    return exports_for(req.framework, req.job.muon is not None)
+
+
 def plan_json(result: PlanResult, top: int, argv: list[str], attention: str, run_argv: list[str],
               config: str | None = None) -> dict:
     """The plan as JSON; `config` the bundled config the model is, unchanged (torchtitan's export names it)."""
     best, req = result.best, result.request
     rows = [{**r.to_dict(), "why": why_lost(r, best)} for r in result.rows[:top]]
-    c = best.candidate
+    c, exports = best.candidate, exports_of(req)
     return {"schema": "pipesim.plan/1", "gpus": req.gpus, "hardware": req.hardware.name,
             "device_memory": req.hardware.device.memory, "attention": attention, "counts": result.counts,
             "rows": rows,
             "winner": {"simulate_command": command_line(argv), "run_command": command_line(run_argv),
                        **({"run_note": note} if (note := run_note(c, req.model, muon_name(req))) else {}),
                        **({"megatron_args": megatron_text(c, req, attention).splitlines()}
-                          if "megatron" in exports_for(req.framework, req.job.muon is not None) else {}),
+                          if "megatron" in exports else {}),
                        **({"torchtitan_toml": torchtitan_toml(c, req, config)}
-                          if "torchtitan" in exports_for(req.framework, req.job.muon is not None) else {})}}
+                          if "torchtitan" in exports else {})}}
 
 
 def report(result: PlanResult, top: int, argv: list[str], attention: str, run_argv: list[str],
@@ -56,12 +62,12 @@ def report(result: PlanResult, top: int, argv: list[str], attention: str, run_ar
     c = best.candidate
     lines += ["", "winner as a pipesim command:", "  " + command_line(argv), "",
               "run it for real (NCCL; the same command on every node):", "  " + command_line(run_argv)]
-    note = run_note(c, req.model, muon_name(req))
+    note, exports = run_note(c, req.model, muon_name(req)), exports_of(req)
     lines += ["  " + note] if note else []
-    if "megatron" in exports_for(req.framework, req.job.muon is not None):
+    if "megatron" in exports:
         lines += ["", "Megatron-LM arguments:"]
         lines += ["  " + x for x in megatron_text(c, req, attention).splitlines()]
-    if "torchtitan" in exports_for(req.framework, req.job.muon is not None):
+    if "torchtitan" in exports:
         lines += ["", "torchtitan job config:"]
         lines += [f"  {x}" if x else "" for x in torchtitan_toml(c, req, config).splitlines()]
     return "\n".join(lines)
