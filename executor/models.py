@@ -304,9 +304,12 @@ def head_parameters(stages) -> list[nn.Parameter]:
     only, so each rank's gradient is a partial sum to add over tp with or without sequence parallelism (Megatron-core
     all-reduces the norms' over tp too: finalize_model_grads' _allreduce_layernorm_grads; it shards the sinks by head,
     which the sum over whole copies equals)."""
-    return [p for st in stages for mod in st.modules() if isinstance(mod, Block)
-            for p in [*(q for norm in (mod.q_norm, mod.k_norm) if norm is not None for q in norm.parameters()),
-                      *([mod.sinks] if mod.sinks is not None else [])]]
+    out: list[nn.Parameter] = []
+    for block in (mod for st in stages for mod in st.modules() if isinstance(mod, Block)):
+        for norm in (block.q_norm, block.k_norm):
+            out += norm.parameters() if norm is not None else []
+        out += [block.sinks] if block.sinks is not None else []
+    return out
 
 
 def replicated_parameters(stages) -> list[nn.Parameter]:
