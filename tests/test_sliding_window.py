@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 
 from pipesim.cost.device_profiles import profile_of
+from pipesim.cost.executor_ops import executor_block_ops
 from pipesim.cost.kernel_costs import gpt_stage_seconds, layer_seconds
 from pipesim.cost.model_costs import model_costs
 from pipesim.cost.stage_layers import windowed_per_stage
@@ -147,10 +148,25 @@ def test_refusals_in_one_line():
         model_costs(WINDOWED, 2, 4, hw, Job(attention="flash", dims=ParallelDims(cp=2)))
     with pytest.raises(PipesimError, match="timed as a fused kernel only: give --attention flash"):
         model_costs(WINDOWED, 2, 4, hw, Job(attention="eager"))
-    plain = replace(hw, device=replace(hw.device, family=""))
-    with pytest.raises(PipesimError, match="sliding-window attention is timed kernel by kernel"):
+    plain = replace(hw, device=replace(hw.device, family=""))  # no family, no [host]: nothing times the band
+    with pytest.raises(PipesimError, match="sliding-window attention is timed kernel by kernel or on a calibrated"):
         model_costs(WINDOWED, 2, 4, plain, Job(attention="flash"))
     assert unbuilt_structure(WINDOWED) == []
+
+
+def test_on_a_cpu_host_a_window_costs_its_mask_ops_and_saves_no_flop():
+    """The executor masks the whole square on a calibrated CPU host (executor.transformer.attention_core), so a
+    windowed layer there has the full layer's FLOPs and bytes and costs only the mask's framework ops more: each
+    stage's forward differs from the unwindowed model's by its windowed layers' extra ops x the host's per-op
+    seconds."""
+    hw = load_hardware("local-cpu")
+    eq = hw.cost_equation(WINDOWED.dtype)
+    extra = executor_block_ops(WINDOWED, True)[0] - executor_block_ops(WINDOWED, False)[0]
+    assert extra > 0
+    windowed, full = (model_costs(m, 2, 4, hw, Job()).table.stages for m in (WINDOWED, FULL))
+    for stage_w, stage_f, (n, _) in zip(windowed, full, windowed_per_stage(WINDOWED, [3, 3]), strict=True):
+        assert n > 0 and stage_w.flops_forward == stage_f.flops_forward
+        assert stage_w.forward - stage_f.forward == pytest.approx(n * extra * eq.per_op, rel=1e-9)
 
 
 def test_a_window_shortens_the_step_by_its_attention_kernels():

@@ -272,10 +272,11 @@ def _step(counts: list[int], job: Job, *, hw: Hardware, precision: str, loss_sca
 
 
 def _check_windowed(model: ModelConfig, hw: Hardware, bf16: list[tuple[int, int]]) -> None:
-    """A model with sliding-window layers: timed kernel by kernel (a GPU preset), its layers in one precision."""
-    if not hw.device.family:
-        raise PipesimError(f"sliding-window attention is timed kernel by kernel: {hw.name} has no GPU device family "
-                           "(use a GPU preset)")
+    """A model with sliding-window layers: timed kernel by kernel (a GPU preset) or as the executor runs them on a
+    calibrated CPU host (its masked SDPA: the whole square, pipesim.cost.stage_work), its layers in one precision."""
+    if not hw.device.family and hw.host is None:
+        raise PipesimError(f"sliding-window attention is timed kernel by kernel or on a calibrated CPU host: {hw.name} "
+                           "has neither a GPU device family nor a [host] (use a GPU preset or local-cpu)")
     if any(k for k, _ in bf16):
         raise PipesimError("--first-last-layers-bf16 with sliding-window attention is not modelled")
 

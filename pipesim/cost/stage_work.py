@@ -223,7 +223,8 @@ def gpt_stage_work(model: ModelConfig, b: int, layers: int, *, first: bool, last
                 continue
             flops = moe_layer_flops(model, b, opts) if moe else layer_flops(model, b, opts)
             band = flops  # the windowed layers': their attention core over the band (pipesim.model.flops)
-            if n_windowed:
+            # the executor on a CPU host masks the square (executor.transformer.attention_core): no FLOP saved there
+            if n_windowed and not executor_ops:
                 narrow = replace(opts, window=model.window_size)
                 band = moe_layer_flops(model, b, narrow) if moe else layer_flops(model, b, narrow)
             stash = layer_activation_bytes(model, b, opts, moe=moe)
