@@ -326,6 +326,12 @@ def test_compute_plugin_adds_split_bookkeeping_only_with_a_host_profile():
     assert host.seconds(Action(1, Kind.W, 0)) == 4.0 + 0.5 + 3 * 0.25  # autograd once per parameter group
     assert host.seconds(Action(1, Kind.B, 0)) == 6.0 and host.seconds(Action(1, Kind.F, 0)) == 1.0
     assert host.seconds(Action(0, Kind.W, 0)) == 4.0  # the first stage's W is a plain backward
+    rerun = StageCosts(1.0, 2.0, 4.0, weight_ops=3, backward_ops=5, split_rerun=0.75)  # full recomputation's forward
+    again = TableCompute(CostTable((rerun, rerun)), SplitCosts(0.5, 0.25, 0.125))
+    assert again.seconds(Action(1, Kind.W, 0)) == 4.0 + 0.5 + 3 * 0.25 + 0.75  # re-run once more in a split W
+    assert again.seconds(Action(1, Kind.I, 0)) == host.seconds(Action(1, Kind.I, 0))
+    assert again.seconds(Action(1, Kind.B, 0)) == 6.0 and again.seconds(Action(0, Kind.W, 0)) == 4.0
+    assert TableCompute(CostTable((rerun, rerun))).seconds(Action(1, Kind.W, 0)) == 4.0  # no host profile
 
 
 def test_cpu_plugins_only_for_hardware_with_a_host_profile():

@@ -200,6 +200,7 @@ def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hard
             if timed is not None and opts is not None else NO_HOST_ISSUE
         fwd, inp, wgt = (t + gap for t, gap in zip((fwd, inp, wgt), host.waits, strict=True))
         issue = host.issue
+        rerun = _split_rerun(hw, model.dtype, work) if timed is None and s > 0 else 0.0
         if s == 0:  # no gradient leaves the first stage: a split I has nothing to send, W runs the whole backward
             inp, wgt = 0.0, inp + wgt
             issue = (issue[0], 0.0, issue[1] + issue[2])
@@ -212,7 +213,8 @@ def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hard
                                  activation_bytes=round(work.activation_bytes), param_bytes=param_bytes,
                                  flops_forward=work.flops["F"], weight_ops=work.ops["W"],
                                  backward_ops=work.ops["I"] + work.ops["W"],
-                                 recompute_bytes=round(work.recompute_bytes), host_seconds=issue))
+                                 recompute_bytes=round(work.recompute_bytes), host_seconds=issue,
+                                 split_rerun=rerun))
         grads.append(param_bytes if dp > 1 else 0)
         experts.append(round(work.expert_params))
         if opts is not None and work.ep_exchanges["F"]:
@@ -322,6 +324,18 @@ def _kernel_seconds(model: ModelConfig, b: int, layers: int, hw: Hardware, opts:
     return gpt_stage_seconds(model, b, layers, opts, first=first, last=last, fused=fused, family=family,
                              kernels=hw.device.kernels, grad_fusion=grad_fusion, grad_bytes=grad_bytes,
                              moe_layers=moe_layers, ce_fusion=ce_fusion, windowed=windowed)
+
+
+def _split_rerun(hw: Hardware, dtype: str, work: Work) -> float:
+    """Seconds a split W of the stage adds on a calibrated CPU host, where the executor's checkpoint re-runs full
+    recomputation's forward in W as in I (Work.split_rerun), charged by the host's equation as W work; 0 elsewhere
+    (on a GPU preset pipesim times the stacks users run there, not this executor)."""
+    rr = work.split_rerun
+    if hw.host is None or not (rr["flops"] or rr["ops"]):
+        return 0.0
+    alone = hw.compute_time(work.flops["W"], work.moved["W"], dtype, "W", work.ops["W"])
+    return hw.compute_time(work.flops["W"] + rr["flops"], work.moved["W"] + rr["moved"], dtype, "W",
+                           work.ops["W"] + rr["ops"]) - alone
 
 
 def _add_sm_share(out: dict, stage: int, timed: StageSeconds) -> None:

@@ -83,6 +83,9 @@ class Work:
     # the expert-parallel all-to-alls per phase ("F", "I": the backward), in order (pipesim.model.layer_collectives)
     ep_exchanges: dict[str, list[Collective]] = field(default_factory=lambda: {"F": [], "I": []})
     expert_params: float = 0.0  # of param_count: the routed experts' (sharded over ep, reduced over edp)
+    # full recomputation's re-run forward (FLOPs, bytes, framework ops), which I holds: what the executor's split W
+    # re-runs once more (torch's non-reentrant checkpoint re-runs a layer once per autograd call that needs it)
+    split_rerun: dict[str, float] = field(default_factory=lambda: {"flops": 0.0, "moved": 0.0, "ops": 0.0})
 
     def add(self, f: float, i: float, w: float, *, moved: tuple[float, float, float] = (0.0, 0.0, 0.0),
             act: float = 0.0, params: float = 0.0, ops: tuple[float, float, float] = (0.0, 0.0, 0.0)) -> None:
@@ -105,6 +108,8 @@ class Work:
         self.recompute_bytes = max(self.recompute_bytes, other.recompute_bytes)
         self.param_count += other.param_count
         self.expert_params += other.expert_params
+        for key in self.split_rerun:
+            self.split_rerun[key] += other.split_rerun[key]
         for phase in self.collectives:
             self.collectives[phase] += other.collectives[phase]
             self.ep_exchanges[phase] += other.ep_exchanges[phase]
@@ -249,6 +254,9 @@ def gpt_stage_work(model: ModelConfig, b: int, layers: int, *, first: bool, last
                 f = band if k < n_windowed else flops
                 work.add(f.F, f.I, f.W, moved=(traffic, traffic + rerun if rerun else traffic, traffic),
                          act=stash, params=params, ops=block_ops[k < n_windowed])
+                if opts.recompute == "full":
+                    for key, value in (("flops", f.F), ("moved", rerun), ("ops", block_ops[k < n_windowed][0])):
+                        work.split_rerun[key] += value
                 _add_forward(work, fwd_colls)
                 _add_backward(work, bwd_colls)
                 work.ep_exchanges["F"] += [c for c in exchanges if c.phase == "F"]

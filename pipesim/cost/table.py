@@ -29,6 +29,8 @@ class StageCosts:
     recompute_bytes: int = 0  # bytes a recomputed layer re-creates, live during that layer's backward only
     host_seconds: tuple[float, float, float] = (0.0, 0.0, 0.0)  # seconds the host takes to launch F, I, W where it
     # cannot run ahead of the GPU (pipesim.cost.host_issue): each action lasts at least as long
+    split_rerun: float = 0.0  # seconds a split W adds on a calibrated CPU host: the executor's checkpoint re-runs
+    # full recomputation's forward in W too (pipesim.cost.stage_work.Work.split_rerun); a fused B and I pay none
 
     @property
     def backward(self) -> float:
@@ -99,7 +101,7 @@ class CostTable:
         return CostTable(
             tuple(
                 replace(c, forward=c.forward * factor, backward_input=c.backward_input * factor,
-                        backward_weight=c.backward_weight * factor)
+                        backward_weight=c.backward_weight * factor, split_rerun=c.split_rerun * factor)
                 for c in self.stages
             )
         )

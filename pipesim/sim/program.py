@@ -83,6 +83,8 @@ class TableCompute:
             costs = self.table.stages[st]
             d = self.split.add_to(d, 1, costs.weight_ops if k == Kind.W else 0.0,
                                   costs.backward_ops if k == Kind.I else 0.0)
+            if k == Kind.W and costs.split_rerun:
+                d += costs.split_rerun
         return d
 
 
