@@ -88,6 +88,7 @@ DEFAULTS = {  # flag and value: why it is what the context already has
     "--fp8-impl torchao": "as --fp8-impl te: a profile's typed-out form carries it",
     "--no-overlap-p2p-communication": "the default without --framework megatron-core",
     "--untie-embeddings-and-output-weights": "--model gpt's head is untied already",
+    "--transformer-impl local": "the default without --framework megatron-core or nemo",
 }
 COSTLESS = {  # flag: why it changes no step time or memory anywhere it is accepted
     "--moe-router-load-balancing-type": "the load-balancing loss is a few FLOPs per token on the router's scores, "
@@ -111,6 +112,8 @@ WHY = {  # (context, flag and value): why it changes nothing there
     ("llama3-8b, tp 2, sp, dgx-h100", "--model gpt"): "--model-config's model is a transformer: gpt agrees with it",
     ("llama3-8b, tp 2, sp, dgx-h100", "--dtype bfloat16"): "llama3-8b's own torch_dtype",
     ("llama3-8b, tp 2, sp, dgx-h100", "--disable-bias-linear"): "llama3-8b has no biases",
+    ("llama3-8b, tp 2, sp, dgx-h100", "--transformer-impl transformer_engine"): "llama3-8b has no biases: no QKV "
+                                                                                "bias for TE's GEMM epilogue to fold",
     ("llama3-8b, tp 2, sp, dgx-h100", "--no-dropout"): "llama3-8b has no dropout",
     ("moe, dgx-h100, ep 2", "--overlap-grad-reduce"): "one bucket (Megatron's default 40M parameters) holds the "
                                                       "model: reduced after the last backward either way",

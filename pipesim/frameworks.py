@@ -34,6 +34,8 @@ DEFAULTS: dict[str, object] = {
     "cp_comm_type": "p2p",  # --cp-comm-type (context parallelism's K/V exchange)
     "dtensor_tp": False,  # --dtensor-tp (tensor parallelism as DTensor's parallel styles)
     "fp8_impl": "te",  # --fp8-impl (whose FP8 linears: Transformer Engine's or torchao's)
+    # --transformer-impl (Megatron-core's name): whose linears; "local" adds a biased QKV's bias by its own kernel
+    "transformer_impl": "local",
     # torchtitan's layer split: the layers the embedding and the output weigh (pipesim.model.pipeline_split)
     "pipeline_parallel_first_stage_less_layers": 0,  # --pipeline-parallel-first-stage-less-layers
     "pipeline_parallel_last_stage_less_layers": 0,  # --pipeline-parallel-last-stage-less-layers
@@ -107,6 +109,11 @@ _MEGATRON_CORE = (
             "collective always runs under the weight-gradient GEMM, megatron/core/tensor_parallel/layers.py)"),
     Setting("grad_accum_fusion", True, f"{_MCORE} megatron/training/arguments.py: --no-gradient-accumulation-fusion "
             "(store_false: fused by default, with TE or APEX installed)"),
+    Setting("transformer_impl", "transformer_engine", "NVIDIA/Megatron-LM d98e8a64 megatron/core/transformer/"
+            "transformer_config.py: transformer_impl defaults to 'transformer_engine'; attention.py builds linear_qkv "
+            "with skip_bias_add=False, so Transformer Engine's linear adds its bias in the GEMM's epilogue and takes "
+            "its gradient in the weight-gradient GEMM (NVIDIA/TransformerEngine d0067d0da transformer_engine/pytorch/"
+            "module/layernorm_linear.py: general_gemm(..., bias=bias), and the wgrad's bias with grad=True)"),
 )
 
 # Megatron-LM's pipeline messages and attention kernel as NAR21 (2021) and KOR22 (2022) ran them

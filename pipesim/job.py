@@ -57,14 +57,20 @@ class KernelSwitches:
     dtensor_tp: bool = False
     # --cuda-graph-impl / --cuda-graph-scope: Megatron-core's CUDA graphs (pipesim.model.cuda_graphs); None: eager
     cuda_graphs: CudaGraphs | None = None
+    te_linear: bool = False  # --transformer-impl transformer_engine: TE's linears (a biased QKV's bias in its GEMM)
 
     @property
     def cross_entropy(self) -> str:
         """The cross-entropy the head runs (pipesim.model.piece_kernels.CE_FUSIONS)."""
         return self.ce_impl if self.ce_fusion else "unfused"
 
-    def flags(self) -> list[str]:
-        """The command-line flags that give these switches (for exported commands)."""
+    def flags(self, *, gpu: bool = True) -> list[str]:
+        """The command-line flags that give these switches (for exported commands); `gpu` False (hardware without a
+        GPU device family) leaves out the kernel path's, which such hardware refuses typed
+        (pipesim.commands.model_switches.KERNEL_PATH_ONLY)."""
+        if not gpu:
+            return replace(self, fusion=True, grad_accum_fusion=True, ce_fusion=False, cuda_graphs=None,
+                           te_linear=False).flags()
         out = [] if self.fusion else ["--no-kernel-fusion"]
         if self.ub is not None:
             out += self.ub.flags()
@@ -76,6 +82,7 @@ class KernelSwitches:
             out.append("--accumulate-allreduce-grads-in-fp32")
         elif self.grad_fp32 is False:
             out.append("--grad-reduce-in-bf16")
+        out += ["--transformer-impl", "transformer_engine"] if self.te_linear else []
         return (out + self.ce_flags() + (["--eager-rmsnorm"] if self.eager_rmsnorm else [])
                 + (["--dtensor-tp"] if self.dtensor_tp else [])
                 + (self.cuda_graphs.flags() if self.cuda_graphs is not None else []))
@@ -338,7 +345,8 @@ class Job:
                             attention=self.attention_kernel, recompute_modules=self.recompute_modules,
                             fp8=self.layer_fp8,
                             cp_comm=self.cp_comm, eager_rmsnorm=self.kernels.eager_rmsnorm,
-                            dtensor_tp=self.kernels.dtensor_tp, act_fp8_store=self.act_fp8_store, **experts)
+                            dtensor_tp=self.kernels.dtensor_tp, act_fp8_store=self.act_fp8_store,
+                            te_linear=self.kernels.te_linear, **experts)
 
     def flags(self) -> list[str]:
         """The command-line flags that give this job's options: the experts' --ep/--etp when set (the dense layout is

@@ -110,6 +110,12 @@ CASES = [
     ("mlp-heads", [*SIM, "--model", "mlp", "--heads", "16"], "--heads needs a transformer (--model gpt or "
                                                                "--model-config)"),
     ("mlp-attention", [*SIM, "--model", "mlp", "--attention", "flash"], "--attention needs a transformer"),
+    ("cpu-host-ce-fusion", [*SIM, "--model", "gpt", "--hardware", "local-cpu", "--cross-entropy-loss-fusion"],
+     "--cross-entropy-loss-fusion acts on GPU kernels: local-cpu has no GPU device family (use a GPU preset)"),
+    ("cpu-host-transformer-impl", [*SIM, "--model", "gpt", "--hardware", "local-cpu", "--transformer-impl", "local"],
+     "--transformer-impl acts on GPU kernels: local-cpu has no GPU device family"),
+    ("cpu-host-graphs", [*SIM, "--model", "gpt", "--hardware", "local-cpu", "--cuda-graph-impl", "local"],
+     "--cuda-graph-impl acts on GPU kernels: local-cpu has no GPU device family"),
     ("boundary-bytes-with-a-model", [*SIM, "--model", "mlp", "--boundary-bytes", "100"],
      "--boundary-bytes sizes --cost's stages; a model's messages and activations come from the model"),
     ("schedule-search-flag-without-ilp", ["schedule", "zb-auto", "-p", "4", "-m", "8", "--memory-limit", "2x"],

@@ -98,3 +98,27 @@ def test_a_missing_recording_is_one_line_and_exit_2(tmp_path, capsys):
     assert compare_main([str(tmp_path / "none.csv")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("gpu_memory_kernels_compare.py: ") and err.count("\n") == 1
+
+
+def test_transformer_engine_folds_the_qkv_bias_into_its_gemms():
+    """--transformer-impl transformer_engine: the biased QKV's bias add and bias gradient leave the layer's kernels
+    (TE adds the bias in the GEMM's epilogue and takes its gradient in the wgrad GEMM); the projection's and the MLP's
+    bias gradients stay (Megatron-core gives those linears skip_bias_add=True: fused bias-dropout-add and bias
+    activation), and every other kernel is the same."""
+    from dataclasses import replace
+
+    from pipesim.model.config import ModelConfig
+    from pipesim.model.layer_kernels import layer_kernels
+    from pipesim.model.options import LayerOptions
+
+    gpt = ModelConfig(kind="gpt", hidden=256, layers=2, heads=4, seq=64, vocab=512, batch=4, dtype="bfloat16")
+    assert gpt.biases
+    opts = LayerOptions(tp=2, sp=True, attention="flash")
+    local, te = (layer_kernels(gpt, 2, o) for o in (opts, replace(opts, te_linear=True)))
+    names = [[k.name for k in phase] for phase in (local.F, local.I, local.W)]
+    te_names = [[k.name for k in phase] for phase in (te.F, te.I, te.W)]
+    assert "QKV bias add" in names[0] and "QKV bias gradient" in names[2]
+    assert te_names == [[n for n in phase if n not in ("QKV bias add", "QKV bias gradient")] for phase in names]
+    assert {"projection bias gradient", "FC1 bias gradient", "FC2 bias gradient"} <= set(te_names[2])
+    no_bias = replace(gpt, biases=False)
+    assert layer_kernels(no_bias, 2, opts) == layer_kernels(no_bias, 2, replace(opts, te_linear=True))

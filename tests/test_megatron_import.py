@@ -162,7 +162,8 @@ BASE = ("--num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-length 5
                                                   "dispatcher is not modelled: give alltoall or flex"),
     (BASE + "--num-experts 4 --moe-token-dispatcher-type alltoall", "experts without --moe-grouped-gemm run one GEMM "
                                                                     "per expert (SequentialMLP)"),
-    (BASE + "--transformer-impl local", "--transformer-impl local: pipesim times Transformer Engine's layers"),
+    (BASE + "--transformer-impl inference_optimized", "--transformer-impl inference_optimized: pipesim times local "
+                                                      "or transformer_engine"),
     (BASE + "--softmax-type off-by-one", "--softmax-type off-by-one: pipesim models the vanilla softmax and the "
                                          "learnable one (a sink logit per head)"),
     (BASE + "--window-size 63,0 --window-attn-skip-freq [1,1,0]", "--window-attn-skip-freq [1,1,0]: pipesim models "
@@ -177,6 +178,14 @@ def test_what_pipesim_does_not_model_is_refused_in_one_line(tmp_path, capsys, te
     assert main(["simulate", "--from-megatron", path, "--hardware", "dgx-h100"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"pipesim: error: --from-megatron {path}: ") and message in err
+
+
+def test_the_files_transformer_impl_reaches_the_command(tmp_path):
+    """Megatron-core's default (transformer_engine) is the profile's, so only local is written out."""
+    for impl, written in (("", None), ("--transformer-impl transformer_engine", None),
+                          ("--transformer-impl local", "local")):
+        argv = expand(["simulate", "--from-megatron", _file(tmp_path, BASE + impl), "--hardware", "dgx-h100"])
+        assert (argv[argv.index("--transformer-impl") + 1] if "--transformer-impl" in argv else None) == written
 
 
 def test_one_job_file_and_no_framework(tmp_path, capsys):

@@ -178,6 +178,24 @@ def test_a_plan_for_a_framework_exports_a_command_that_reproduces_it(capsys, tmp
     assert json.loads(capsys.readouterr().out)["step_time"] == data["rows"][0]["step_time"]
 
 
+def test_a_cpu_host_plan_under_a_gpu_profile_exports_a_command_simulate_takes(capsys, tmp_path):
+    """nemo's kernel switches (its fused cross-entropy, Transformer Engine's linears) act on GPU kernels only, and its
+    float32 gradient reduction on a 16-bit model only: on local-cpu with a float32 model the winner's command leaves
+    them out (simulate refuses them typed there) and reproduces the plan's step."""
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--model", "gpt", "--hidden", "128", "--layers", "4", "--heads", "4", "--seq", "64",
+                 "--batch", "16", "--hardware", "local-cpu", "--framework", "nemo", "--max-candidates", "3", "--top",
+                 "1", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    argv = shlex.split(data["winner"]["simulate_command"])
+    for flag in ("--cross-entropy-loss-fusion", "--transformer-impl", "--accumulate-allreduce-grads-in-fp32"):
+        assert flag not in argv
+    assert "--overlap-grad-reduce" in argv or data["rows"][0]["dp"] == 1
+    capsys.readouterr()
+    assert main(argv[1:] + ["--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["step_time"] == data["rows"][0]["step_time"]
+
+
 def test_bf16_main_gradients_are_planned_and_exported(capsys, tmp_path):
     """--grad-reduce-in-bf16: 2-byte gradients in the plan's memory and times, and in every export."""
     base = [*SMALL, "--hardware", "dgx-h100", "--gpus", "4", "--schedules", "1f1b", "--zero", "0",

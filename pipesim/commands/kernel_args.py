@@ -28,7 +28,7 @@ from pipesim.model.fp8 import (
 from pipesim.model.fsdp import FSDP_RESHARD
 from pipesim.model.layer_precision import END_FLAG, FIRST_LAST_FLAG, START_FLAG, Bf16Layers
 from pipesim.model.muon_options import OPTIMIZERS, MuonOptions, check_muon_framework, muon_options
-from pipesim.model.options import ACT_FP8_STORE_FLAG, CP_COMM_TYPES
+from pipesim.model.options import ACT_FP8_STORE_FLAG, CP_COMM_TYPES, TRANSFORMER_IMPLS
 from pipesim.model.piece_kernels import CE_IMPLS
 
 
@@ -179,6 +179,11 @@ def add_ce_fusion_args(g) -> None:
                         "(default --framework's: on with nemo, else off)")
     g.add_argument("--no-cross-entropy-loss-fusion", dest="ce_fusion", action="store_const", const=False,
                    help="GPU presets: the unfused cross-entropy even where --framework fuses it")
+    g.add_argument("--transformer-impl", choices=TRANSFORMER_IMPLS, default=None,
+                   help="GPU presets: whose linears (Megatron-core's flag): transformer_engine adds a biased QKV's "
+                        "bias in its GEMM's epilogue and takes its gradient in the weight-gradient GEMM; local "
+                        "(Megatron's own) runs both as separate kernels (default --framework's: transformer_engine "
+                        "with megatron-core and nemo, else local)")
     g.add_argument("--cross-entropy-fusion-impl", dest="ce_impl", choices=CE_IMPLS, default="native",
                    help="with --cross-entropy-loss-fusion: Megatron-core's own fused kernels (native, default) or "
                         "Transformer Engine's Triton kernel (te: 3 d bytes per logit forward, 2 d backward)")

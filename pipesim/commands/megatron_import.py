@@ -19,6 +19,7 @@ from pipesim.commands.torchtitan_pipeline import model_layers
 from pipesim.errors import PipesimError
 from pipesim.model.megatron_layout import LAYOUT, parse_layout
 from pipesim.model.muon_options import OPTIMIZERS
+from pipesim.model.options import TRANSFORMER_IMPLS
 
 FLAG = "--from-megatron"
 CP_TYPES = {"p2p": "p2p", "a2a": "a2a", "allgather": "all_gather"}  # Megatron's --cp-comm-type -> pipesim's
@@ -66,7 +67,10 @@ def megatron_argv(path: str, argv: list[str]) -> tuple[str, list[str]]:
         _only(a, "--muon-fp32-matmul-prec", "medium", "pipesim times the Newton-Schulz GEMMs in bfloat16 (medium)")
         _only(a, "--muon-scalar-optimizer", "adam", "pipesim steps Muon's other tensors with Adam")
         out += ["--optimizer", optimizer]
-    _only(a, "--transformer-impl", "transformer_engine", "pipesim times Transformer Engine's layers")
+    impl = a.text("--transformer-impl", "transformer_engine")
+    if impl not in TRANSFORMER_IMPLS:
+        raise PipesimError(f"{a.where}: --transformer-impl {impl}: pipesim times {' or '.join(TRANSFORMER_IMPLS)}")
+    out += ["--transformer-impl", impl] if impl != "transformer_engine" else []
     _only(a, "--main-grads-dtype", "fp32", "give --grad-reduce-in-bf16 for bfloat16 main gradients")
     _only(a, "--microbatch-group-size-per-virtual-pipeline-stage", str(pp), "pipesim's interleaved 1F1B groups pp "
           "microbatches (Megatron's default)")

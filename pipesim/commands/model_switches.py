@@ -2,14 +2,15 @@
 mlp`), whose layers pipesim times as their GEMMs alone (a fused elementwise kernel, a loss, an attention, a
 weight-gradient accumulation, a graph or a DTensor layout has nothing to act on there), and float32 gradients asked of
 a float32 model, whose gradients are float32 already; and `--seed`, which seeds `pipesim run`'s parameters and data,
-where a simulation draws none. A --framework's own switches are not typed and stay accepted: a profile applies where
-it can."""
+where a simulation draws none; and the switches of the GPU kernel path on hardware that has none (a calibrated CPU
+host). A --framework's own switches are not typed and stay accepted: a profile applies where it can."""
 
 from __future__ import annotations
 
 import argparse
 
 from pipesim.errors import PipesimError
+from pipesim.hardware.machine import Hardware
 from pipesim.model.config import ModelConfig
 
 NEEDS = "needs a transformer (--model gpt, moe or --model-config)"
@@ -30,12 +31,22 @@ def typed_kernel_switches(args: argparse.Namespace) -> list[str]:
             given.append(on if value else off)
     if getattr(args, "cuda_graph_impl", "none") != "none":
         given.append("--cuda-graph-impl")
+    if getattr(args, "transformer_impl", None) is not None:
+        given.append("--transformer-impl")
     return [flag for flag in given if flag is not None]
 
 
-def refuse_unhonoured(args: argparse.Namespace, model: ModelConfig | None) -> None:
+# the typed switches that act on the GPU kernel path alone (pipesim.cost.kernel_costs, the host issue): nothing else
+# reads them, so hardware without a GPU device family (a calibrated CPU host, a roofline) cannot honour them
+KERNEL_PATH_ONLY = ("--compile", "--no-kernel-fusion", "--no-gradient-accumulation-fusion",
+                    "--cross-entropy-loss-fusion", "--no-cross-entropy-loss-fusion", "--cuda-graph-impl",
+                    "--transformer-impl")
+
+
+def refuse_unhonoured(args: argparse.Namespace, model: ModelConfig | None, hardware: Hardware | None = None) -> None:
     """PipesimError naming the first typed switch `model` cannot honour (None: hand-given costs, cost_args' rule);
-    a factory's model (--model MODULE:FACTORY) is timed from its own counts, where no kernel switch acts either."""
+    a factory's model (--model MODULE:FACTORY) is timed from its own counts, where no kernel switch acts either;
+    on `hardware` without a GPU device family, a switch of the kernel path alone (KERNEL_PATH_ONLY)."""
     if getattr(args, "seed", None) is not None:
         raise PipesimError(SEED)
     if model is None:
@@ -47,9 +58,14 @@ def refuse_unhonoured(args: argparse.Namespace, model: ModelConfig | None) -> No
                            "counted FLOPs and bytes")
     if given:
         raise PipesimError(f"{given[0]} {NEEDS}: pipesim times the MLP's layers as their GEMMs alone")
+    if hardware is not None and not hardware.device.family:
+        off = [flag for flag in typed_kernel_switches(args) if flag in KERNEL_PATH_ONLY]
+        if off:
+            raise PipesimError(f"{off[0]} acts on GPU kernels: {hardware.name} has no GPU device family (use a GPU "
+                               "preset)")
     if getattr(args, "grad_fp32", None) is True and model.dtype == "float32":
         raise PipesimError("--accumulate-allreduce-grads-in-fp32 needs a 16-bit model (--dtype bfloat16 or float16): "
                            "a float32 model's gradients are float32 already")
 
 
-__all__ = ["refuse_unhonoured", "typed_kernel_switches"]
+__all__ = ["KERNEL_PATH_ONLY", "refuse_unhonoured", "typed_kernel_switches"]

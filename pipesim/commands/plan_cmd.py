@@ -321,7 +321,8 @@ def run(args: argparse.Namespace) -> int:
     if jitter is not None:  # the shown rows re-ranked by their expected step (pipesim.plan.jitter)
         result.rows = rank_under_jitter(ev, result.rows, jitter, args.top)
     best = result.best.candidate.job(shared)  # the winner's switches (a profile's overlaps only where they apply)
-    switches = best.comm.flags() + [f for f in best.kernels.flags() if f not in grad_flags(True) + grad_flags(False)]
+    switches = best.comm.flags() + [f for f in best.kernels.flags(gpu=bool(hw.device.family))
+                                    if f not in grad_flags(True) + grad_flags(False)]
     switches += shared.fp8.flags() if shared.fp8 is not None else []
     switches += best.state_flags() + best.precision_flags() + rule.flags()
     if isinstance(rule, BalancedSplit) and result.best.candidate.chunks > 1:  # no stack's flag: its split
@@ -330,8 +331,9 @@ def run(args: argparse.Namespace) -> int:
         switches += ["--cp-comm-type", shared.cp_comm]
     if args.ilp_seconds is not None and result.best.candidate.schedule in SEARCHED:
         switches += ["--ilp", f"{args.ilp_seconds:g}"]  # the winner's order is the ILP's
+    # a float32 model's gradients are float32 already: simulate refuses the flag typed (a profile's is not typed)
     argv = simulate_command(result.best.candidate, model_flags(args, req), hw_flags + switches,
-                            args.attention, shared.kernels.grad_fp32)
+                            args.attention, shared.kernels.grad_fp32 if model.dtype != "float32" else None)
     ranks = gpus // result.best.candidate.cp  # the executor has no cp: t x p x d ranks (exports.run_note)
     per_node = ranks if ranks <= hw.host_devices else math.gcd(ranks, hw.host_devices)
     run_argv = run_command(result.best.candidate, run_model_flags(args, req), per_node=per_node,

@@ -231,7 +231,8 @@ def kernel_switches(args: argparse.Namespace) -> KernelSwitches:
     return KernelSwitches(args.kernel_fusion, args.tp_comm_overlap, args.grad_accum_fusion, args.grad_fp32,
                           UbConfig.torch_async_tp() if args.async_tp else ub_from_args(args), ce_fusion=args.ce_fusion,
                           ce_impl=args.ce_impl, eager_rmsnorm=args.eager_rmsnorm, dtensor_tp=args.dtensor_tp,
-                          cuda_graphs=cuda_graphs_from_args(args))
+                          cuda_graphs=cuda_graphs_from_args(args),
+                          te_linear=getattr(args, "transformer_impl", None) == "transformer_engine")
 
 
 def sim_job(args: argparse.Namespace, model: ModelConfig | None, hardware: Hardware | None) -> Job:
@@ -307,7 +308,7 @@ def setup_from_args(args: argparse.Namespace) -> SimSetup:
     if cost is not None:
         refuse_without_links(args, comm)
     model = None if cost is not None else model_config(args)
-    refuse_unhonoured(args, model)  # typed switches the model has nothing for
+    refuse_unhonoured(args, model, hardware)  # typed switches the model (or the hardware) has nothing for
     split = tuple(args.layer_split) if args.layer_split else None
     if split and cost is not None:
         raise PipesimError("--layer-split needs a model (--model), not --cost")

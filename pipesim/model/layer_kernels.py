@@ -189,7 +189,9 @@ def _elementwise(model: ModelConfig, b: int, opts: LayerOptions, fused: bool) ->
 def _bias_gradients(model: ModelConfig, opts: LayerOptions, linears: list[Linear], tokens: int) -> list[Kernel]:
     """Each bias's gradient: a sum over the tokens of its output gradient (Megatron: grad_output.sum(dim=0) for QKV;
     autograd's reduction of the fused bias-GeLU and bias-dropout-add inputs for the others). The projection's
-    and FC2's biases sit after the reduce (-scatter), on the (sp: sharded) residual stream."""
+    and FC2's biases sit after the reduce (-scatter), on the (sp: sharded) residual stream. With Transformer Engine's
+    linears the caller leaves QKV out: its weight-gradient GEMM computes that gradient (cuBLASLt's bias-gradient
+    epilogue)."""
     d = model.dtype_bytes
     out = []
     for name, _, width, _ in linears:
@@ -226,8 +228,9 @@ def layer_kernels(model: ModelConfig, b: int, opts: LayerOptions, *, fused: bool
         w = list(wgrad_gemms(linears))
         mlp_f = []
     if model.biases:  # never with latent attention (ModelConfig refuses it)
-        f[1:1] = [MemoryBound("QKV bias add", 2 * tokens * linears[0][2] * model.dtype_bytes)]
-        w += _bias_gradients(model, opts, linears, tokens)
+        if not opts.te_linear:  # Transformer Engine adds it in the QKV GEMM's epilogue
+            f[1:1] = [MemoryBound("QKV bias add", 2 * tokens * linears[0][2] * model.dtype_bytes)]
+        w += _bias_gradients(model, opts, [x for x in linears if not (opts.te_linear and x[0] == "QKV")], tokens)
     if opts.recompute == "full":
         i = [*f, *i]
     elif opts.recompute == OP:  # torchtitan's per-op policy: wk, wo, w3 and every memory-bound op again

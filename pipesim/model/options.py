@@ -29,6 +29,7 @@ FUSED_ATTENTION = ("flash", "flash2")
 # block held); all_gather, K/V gathered whole before the attention and dK/dV reduce-scattered after it; a2a,
 # DeepSpeed-Ulysses' all-to-alls from sequence shards to head shards around a full-sequence attention
 CP_COMM_TYPES = ("p2p", "all_gather", "a2a")
+TRANSFORMER_IMPLS = ("local", "transformer_engine")  # Megatron-core's --transformer-impl (its inference one aside)
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,9 @@ class LayerOptions:
     # the sliding window of the layer being costed (the model's window_size on its windowed layers, which the stage's
     # costs pick: pipesim.model.attention_window); None: full attention
     window: int | None = None
+    # Transformer Engine's linears (--transformer-impl transformer_engine): a biased QKV's bias in its GEMM's epilogue
+    # and its gradient in the weight-gradient GEMM, not kernels of their own (pipesim.model.layer_kernels)
+    te_linear: bool = False
 
     def __post_init__(self) -> None:
         for name in ("tp", "cp", "ep", "etp"):
