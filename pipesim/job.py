@@ -70,7 +70,7 @@ class KernelSwitches:
         (pipesim.commands.model_switches.KERNEL_PATH_ONLY)."""
         if not gpu:
             return replace(self, fusion=True, grad_accum_fusion=True, ce_fusion=False, cuda_graphs=None,
-                           te_linear=False).flags()
+                           te_linear=False, eager_rmsnorm=False).flags()
         out = [] if self.fusion else ["--no-kernel-fusion"]
         if self.ub is not None:
             out += self.ub.flags()

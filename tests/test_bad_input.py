@@ -116,6 +116,8 @@ CASES = [
      "--transformer-impl acts on GPU kernels: local-cpu has no GPU device family"),
     ("cpu-host-graphs", [*SIM, "--model", "gpt", "--hardware", "local-cpu", "--cuda-graph-impl", "local"],
      "--cuda-graph-impl acts on GPU kernels: local-cpu has no GPU device family"),
+    ("cpu-host-eager-rmsnorm", [*SIM, "--model", "gpt", "--normalization", "RMSNorm", "--hardware", "local-cpu",
+                                "--eager-rmsnorm"], "--eager-rmsnorm acts on GPU kernels: local-cpu has no GPU device"),
     ("boundary-bytes-with-a-model", [*SIM, "--model", "mlp", "--boundary-bytes", "100"],
      "--boundary-bytes sizes --cost's stages; a model's messages and activations come from the model"),
     ("schedule-search-flag-without-ilp", ["schedule", "zb-auto", "-p", "4", "-m", "8", "--memory-limit", "2x"],

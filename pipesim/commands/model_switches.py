@@ -40,7 +40,7 @@ def typed_kernel_switches(args: argparse.Namespace) -> list[str]:
 # reads them, so hardware without a GPU device family (a calibrated CPU host, a roofline) cannot honour them
 KERNEL_PATH_ONLY = ("--compile", "--no-kernel-fusion", "--no-gradient-accumulation-fusion",
                     "--cross-entropy-loss-fusion", "--no-cross-entropy-loss-fusion", "--cuda-graph-impl",
-                    "--transformer-impl")
+                    "--transformer-impl", "--eager-rmsnorm")
 
 
 def refuse_unhonoured(args: argparse.Namespace, model: ModelConfig | None, hardware: Hardware | None = None) -> None:
@@ -59,7 +59,8 @@ def refuse_unhonoured(args: argparse.Namespace, model: ModelConfig | None, hardw
     if given:
         raise PipesimError(f"{given[0]} {NEEDS}: pipesim times the MLP's layers as their GEMMs alone")
     if hardware is not None and not hardware.device.family:
-        off = [flag for flag in typed_kernel_switches(args) if flag in KERNEL_PATH_ONLY]
+        typed = typed_kernel_switches(args) + (["--eager-rmsnorm"] if getattr(args, "eager_rmsnorm", False) else [])
+        off = [flag for flag in typed if flag in KERNEL_PATH_ONLY]
         if off:
             raise PipesimError(f"{off[0]} acts on GPU kernels: {hardware.name} has no GPU device family (use a GPU "
                                "preset)")
