@@ -24,8 +24,9 @@ from torch.utils.checkpoint import checkpoint
 from executor.experts import MoeMLP, Steps, drive
 from executor.mlp import Mlp, activate
 from pipesim.model.config import ModelConfig
+from pipesim.model.rotary import Rotary
 
-ROTARY_BASE = 10_000.0  # Megatron-LM's --rotary-base default (Llama 3 trains with 500,000: no parameter depends on it)
+Rope = tuple[tuple[float, ...], float]  # (the rotated pairs' inverse frequencies, YaRN's attention factor on cos, sin)
 NORM_EPS = 1e-5  # Megatron-LM's --norm-epsilon default, for both norms
 
 
@@ -40,25 +41,40 @@ def qkv_rows(cfg: ModelConfig) -> tuple[int, int, int]:
     return cfg.heads * hd, cfg.num_kv_heads * hd, cfg.num_kv_heads * hd
 
 
+def rope_of(cfg: ModelConfig) -> Rope:
+    """The model's rotary frequencies (config.json's rope_theta, rotary scaling and partial_rotary_factor:
+    pipesim.model.rotary; Megatron-LM's base 10,000 unscaled without them) and YaRN's attention factor."""
+    rotary = cfg.rotary or Rotary()
+    return tuple(rotary.inverse_frequencies(rotary.rotated_width(cfg.head_dim))), cfg.rope_mscale
+
+
 @functools.lru_cache(maxsize=16)
-def rotary_tables(t: int, d: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of every position's angles, (t, d) float32 each: positions 0..t-1 turn feature pair i (i, i + d/2)
-    by position / ROTARY_BASE^(2i/d). Built once per shape and device (Megatron-core's RotaryEmbedding keeps them
-    too), not per call."""
+def rotary_tables(t: int, rope: Rope, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of every position's angles, (t, r) float32 each (r: the rotated features): positions 0..t-1 turn
+    feature pair i (i, i + r/2) by position x inverse frequency i, both times YaRN's attention factor (transformers
+    scales cos and sin by it). Built once per shape and device (Megatron-core's RotaryEmbedding keeps them too), not
+    per call."""
+    inv, scale = rope
     with torch.no_grad():
-        inv_freq = 1.0 / ROTARY_BASE ** (torch.arange(0, d, 2, device=device, dtype=torch.float32) / d)  # (d / 2,)
-        angles = torch.outer(torch.arange(t, device=device, dtype=torch.float32), inv_freq)  # (t, d / 2)
-        angles = torch.cat((angles, angles), dim=-1)  # (t, d)
-        return angles.cos(), angles.sin()
+        inv_freq = torch.tensor(inv, device=device, dtype=torch.float32)  # (r / 2,)
+        angles = torch.outer(torch.arange(t, device=device, dtype=torch.float32), inv_freq)  # (t, r / 2)
+        angles = torch.cat((angles, angles), dim=-1)  # (t, r)
+        cos, sin = angles.cos(), angles.sin()
+        return (cos, sin) if scale == 1.0 else (cos * scale, sin * scale)
 
 
-def rotate(x: torch.Tensor) -> torch.Tensor:
-    """Rotary position embedding on (b, heads, t, head_dim), Megatron-core's default form (rotate_half: the first
-    and second halves of head_dim paired, the full width rotated), in float32."""
-    cos, sin = rotary_tables(x.shape[-2], x.shape[-1], x.device)
+def rotate(x: torch.Tensor, rope: Rope | None = None) -> torch.Tensor:
+    """Rotary position embedding on (b, heads, t, head_dim), Megatron-core's default form (rotate_half: the first and
+    second halves of the rotated features paired), in float32; `rope` (`rope_of`) None: plain RoPE of base 10,000
+    over the whole head. A partial rotation turns the first features and passes the rest (transformers' Nemotron)."""
+    rope = rope or (tuple(Rotary().inverse_frequencies(x.shape[-1])), 1.0)
+    cos, sin = rotary_tables(x.shape[-2], rope, x.device)
     xf = x.float()  # one cast (none for float32)
-    first, second = xf.chunk(2, dim=-1)
-    return (xf * cos + torch.cat((-second, first), dim=-1) * sin).to(x.dtype)
+    r = cos.shape[-1]
+    turned = xf if r == x.shape[-1] else xf[..., :r]
+    first, second = turned.chunk(2, dim=-1)
+    out = turned * cos + torch.cat((-second, first), dim=-1) * sin
+    return (out if r == x.shape[-1] else torch.cat((out, xf[..., r:]), dim=-1)).to(x.dtype)
 
 
 @functools.lru_cache(maxsize=16)
@@ -104,6 +120,7 @@ class Block(nn.Module):
         self.head_dim = cfg.head_dim
         self.qkv_split = qkv_rows(cfg)  # the whole block's; a rank's are the same fractions of its width
         self.positions = cfg.positions
+        self.rope = rope_of(cfg) if cfg.positions == "rope" else None
         self.ln1 = make_norm(cfg.norm, h)
         self.qkv = nn.Linear(h, sum(self.qkv_split), bias=cfg.biases)
         self.q_norm = make_norm(cfg.norm, self.head_dim) if cfg.qk_norm else None
@@ -150,7 +167,7 @@ class Block(nn.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         if self.positions == "rope":
-            q, k = rotate(q), rotate(k)
+            q, k = rotate(q, self.rope), rotate(k, self.rope)
         sinks = None if self.sinks is None else self.sinks[self.first_head:self.first_head + q.shape[1]]
         if self.recompute_attention:
             y = checkpoint(attention_core, q, k, v, self.window, sinks, use_reentrant=False)
@@ -160,4 +177,4 @@ class Block(nn.Module):
         return x + self.proj(y)
 
 
-__all__ = ["Block", "attention_core", "band", "make_norm", "qkv_rows", "rotary_tables", "rotate"]
+__all__ = ["Block", "Rope", "attention_core", "band", "make_norm", "qkv_rows", "rope_of", "rotary_tables", "rotate"]

@@ -28,6 +28,7 @@ from pipesim.model.config import ModelConfig
 from pipesim.model.moe import MoeConfig
 from pipesim.model.options import LayerOptions
 from pipesim.model.param_counts import model_params
+from pipesim.model.rotary import Rotary
 from tests.executor_helpers import OpCount, assert_matches_reference, chain
 from tests.launch_shared import register_run
 
@@ -117,7 +118,9 @@ STRUCTURES = [{"window": WINDOW}, {"attention_sinks": True}, {"window": WINDOW, 
               {"kv_heads": 2, "attention_sinks": True}, {"kv_heads": 2, "window": WINDOW},
               {"norm": "rmsnorm"}, {"positions": "rope"}, {"kv_heads": 2}, {"activation": "swiglu"},
               {"activation": "relu2"}, {"qk_norm": True}, {"norm": "rmsnorm", "qk_norm": True}, {"biases": False},
-              {"head_width": 6}, {"kv_heads": 1}, {"kv_heads": 2, "activation": "swiglu", "norm": "rmsnorm",
+              {"head_width": 6}, {"kv_heads": 1}, {"positions": "rope", "rotary": Rotary(fraction=0.5)},
+              {"positions": "rope", "rotary": Rotary(theta=150_000, scaling="yarn", factor=32, original_context=4),
+               "rope_mscale": 1.3466}, {"kv_heads": 2, "activation": "swiglu", "norm": "rmsnorm",
                                                    "positions": "rope", "biases": False, "qk_norm": True,
                                                    "head_width": 6}]
 

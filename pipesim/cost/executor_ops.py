@@ -27,7 +27,10 @@ STRUCTURE_OPS = {"rmsnorm": (10, 22, 2), "rope": (10, 10, 0), "gated": (1, 3, 0)
                  # mask; the sinks' own core (slice, scores, mask, concatenation, softmax, slice, product), with
                  # grouped-query heads their keys and values repeated (its band mask is there with or without a
                  # window)
-                 "window": (3, 0, 0), "sinks": (10, 10, 2), "sinks_gqa": (0, 3, 0)}
+                 "window": (3, 0, 0), "sinks": (10, 10, 2), "sinks_gqa": (0, 3, 0),
+                 # a partial rotation (partial_rotary_factor < 1, executor.transformer.rotate): the rotated features
+                 # sliced out and the rest concatenated back, on q and k
+                 "partial_rope": (3, 8, 0)}
 EXPERT_GATED_OPS = (1, 3, 0)  # an expert's (or the shared experts') SwiGLU over its GeLU
 # a routed expert's gate shape over SwiGLU's (executor.mlp.activate; MoeConfig.glu_clamp, glu_alpha, glu_offset): the
 # two clamps, the sigmoid gain in place of silu, the offset's add; and the router's bias gradient
@@ -59,6 +62,7 @@ def structure_ops(model: ModelConfig, windowed: bool = False) -> tuple[int, int,
         ("rmsnorm", model.norm == "rmsnorm"), ("rope", model.positions == "rope"),
         ("gated", model.activation != "gelu"),
         (f"qk_{model.norm}", model.qk_norm), ("no biases", not model.biases),
+        ("partial_rope", model.positions == "rope" and model.rotary is not None and model.rotary.fraction < 1),
         ("window", windowed and not sinks), ("sinks", sinks),
         ("sinks_gqa", sinks and model.num_kv_heads != model.heads)) if here]
     return tuple(sum(STRUCTURE_OPS[name][k] for name in on) for k in range(3))

@@ -20,6 +20,8 @@ from pipesim.errors import PipesimError
 from pipesim.model.attention_window import SlidingWindow
 from pipesim.model.latent_attention import LatentAttention
 from pipesim.model.moe import MoeConfig
+from pipesim.model.rotary import BUILT as ROTARY_BUILT
+from pipesim.model.rotary import Rotary
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # MLP: Linear-GeLU-Linear, SwiGLU's gate, up and down matrices, or Linear-ReLU^2-Linear (Nemotron-4's squared ReLU)
@@ -30,7 +32,7 @@ MOE_GLU_FIELDS = ("glu_alpha", "glu_offset")  # MoeConfig's, left out of to_dict
 MOE_GLU_DEFAULTS = {f.name: f.default for f in fields(MoeConfig) if f.name in MOE_GLU_FIELDS}
 STRUCTURE_FIELDS = ("kv_heads", "ffn_hidden", "activation", "norm", "dropout", "biases", "positions",
                     "tied_embeddings", "moe", "mla", "mtp_layers", "head_width", "qk_norm", "window",
-                    "attention_sinks", "rope_mscale")  # left out of to_dict while at their defaults
+                    "attention_sinks", "rope_mscale", "rotary")  # left out of to_dict while at their defaults
 
 MAX_LAYERS = 1 << 16  # layers of one model: far above any published one, a step costed in well under a second
 
@@ -67,6 +69,9 @@ class ModelConfig:
     # YaRN's attention factor on RoPE's cos and sin (pipesim.model.hf_rope); 1.0: none. Not 1: Megatron-core's RoPE
     # runs unfused
     rope_mscale: float = 1.0
+    # RoPE's base and scaling (pipesim.model.rotary): no cost depends on them, the executor builds them; None: base
+    # 10,000 unscaled
+    rotary: Rotary | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.moe, dict):  # from to_dict / JSON
@@ -75,6 +80,8 @@ class ModelConfig:
             object.__setattr__(self, "window", SlidingWindow(**self.window))
         if isinstance(self.mla, dict):
             object.__setattr__(self, "mla", LatentAttention(**self.mla))
+        if isinstance(self.rotary, dict):
+            object.__setattr__(self, "rotary", Rotary(**self.rotary))
         if self.kind not in ("mlp", "gpt"):
             raise PipesimError(f"unknown --model {self.kind!r}; choose mlp or gpt")
         for name in ("hidden", "layers", "heads", "seq", "vocab", "batch"):
@@ -130,6 +137,9 @@ class ModelConfig:
                                "embeddings of standard attention; this model has "
                                + ("latent attention (its YaRN factor is not modelled)" if self.mla is not None
                                   else f"{self.positions} positions"))
+        if self.rotary is not None and (not isinstance(self.rotary, Rotary) or self.positions != "rope"):
+            raise PipesimError(f"rotary frequencies go with rope positions and a Rotary, got {self.positions} "
+                               f"positions and {type(self.rotary).__name__}")
         if self.kind == "gpt" and self.heads % self.num_kv_heads:
             raise PipesimError(f"--kv-heads {self.num_kv_heads} must divide --heads {self.heads}")
         if self.moe is not None:
@@ -316,7 +326,10 @@ def unbuilt_structure(model: ModelConfig) -> list[str]:
                                   ("the router's expert bias", moe is not None and moe.expert_bias),
                                   ("Hugging Face's router loss over every layer at once (output_router_logits; "
                                    "--moe-aux-loss-coeff trains Megatron-core's per layer)",
-                                   moe is not None and moe.hf_router_loss > 0)) if on]
+                                   moe is not None and moe.hf_router_loss > 0),
+                                  (f"rotary scaling {model.rotary.scaling if model.rotary else ''!r} (the executor "
+                                   f"builds {', '.join(ROTARY_BUILT[1:])})",
+                                   model.rotary is not None and model.rotary.scaling not in ROTARY_BUILT)) if on]
 
 
 def unrun_expert_layout(moe: MoeConfig, *, expert_tp: int) -> list[str]:

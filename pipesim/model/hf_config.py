@@ -51,6 +51,7 @@ from pipesim.model.hf_keys import KeyReport, check_keys, code_type, positive_fie
 from pipesim.model.hf_rope import yarn_attention_factor
 from pipesim.model.latent_attention import LatentAttention
 from pipesim.model.moe import MoeConfig
+from pipesim.model.rotary import rotary_from_config
 
 BUNDLED_DIR = Path(__file__).parent / "configs"
 REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size",
@@ -181,6 +182,7 @@ def model_from_hf(cfg: dict, *, where: str, seq: int | None = None, batch: int =
         moe = gpt_oss_experts(cfg, sizes["intermediate_size"], router_loss=_hf_router_loss(cfg, where), where=where)
     window = read_window(cfg, kind, sizes["num_hidden_layers"], where)
     rope_mscale = yarn_attention_factor(cfg, where)
+    rotary = rotary_from_config(cfg, where)
     try:
         return ModelConfig(kind="gpt", hidden=sizes["hidden_size"], layers=sizes["num_hidden_layers"], heads=heads,
                            seq=seq, vocab=sizes["vocab_size"], batch=batch, dtype=dtype, seed=seed,
@@ -190,7 +192,7 @@ def model_from_hf(cfg: dict, *, where: str, seq: int | None = None, batch: int =
                            dropout=dropout > 0, biases=biases, positions="rope",
                            tied_embeddings=tied, moe=moe, mla=mla, mtp_layers=mtp, head_width=head_width,
                            qk_norm=qwen3, window=window, attention_sinks=kind == "gpt_oss",
-                           rope_mscale=rope_mscale)
+                           rope_mscale=rope_mscale, rotary=rotary)
     except PipesimError as e:
         raise PipesimError(f"{where}: {e}") from None
 

@@ -1,0 +1,116 @@
+"""RoPE's frequencies as a config.json defines them (pipesim.model.rotary) and as the executor turns q and k by them:
+each scaling kind's closed form, the bundled files' values, and what the executor refuses."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from executor.transformer import rope_of, rotate
+from pipesim.errors import PipesimError
+from pipesim.model.config import ModelConfig, unbuilt_structure
+from pipesim.model.hf_config import model_from_hf, read_hf_config, resolve_model_config
+from pipesim.model.rotary import Rotary, rotary_from_config
+
+
+def _plain(theta: float, d: int) -> list[float]:
+    return [theta ** (-2 * i / d) for i in range(d // 2)]
+
+
+def test_plain_and_linear_rope():
+    assert Rotary(theta=10_000).inverse_frequencies(4) == [1.0, 0.01]
+    assert Rotary(scaling="linear", factor=4).inverse_frequencies(8) == [f / 4 for f in _plain(10_000, 8)]
+
+
+def test_llama3_keeps_the_fast_pairs_divides_the_slow_ones_and_blends_between():
+    """Llama 3.1's (theta 500,000, factor 8, low 1, high 4, 8,192 original positions) at head_dim 128: wavelengths
+    under 8192 / 4 kept, over 8192 / 1 divided by 8, between them (1 - s) f / 8 + s f, s = (8192 / wavelength - 1)
+    / 3."""
+    rot = Rotary(theta=500_000, scaling="llama3", factor=8, low_freq_factor=1, high_freq_factor=4,
+                 original_context=8192)
+    regions = set()
+    for f, g in zip(_plain(500_000, 128), rot.inverse_frequencies(128), strict=True):
+        wavelength = 2 * math.pi / f
+        if wavelength < 2048:
+            regions.add("kept")
+            assert g == f
+        elif wavelength > 8192:
+            regions.add("divided")
+            assert g == f / 8
+        else:
+            regions.add("blended")
+            s = (8192 / wavelength - 1) / 3
+            assert g == (1 - s) * f / 8 + s * f and f / 8 < g < f
+    assert regions == {"kept", "divided", "blended"}
+
+
+@pytest.mark.parametrize("truncate", [False, True])
+def test_yarn_ramps_from_extrapolation_to_interpolation(truncate):
+    """GPT-OSS's (theta 150,000, factor 32, beta 32 / 1, 4,096 original positions) at head_dim 64: the ramp runs from
+    c(32) to c(1), c(r) = 64 ln(4096 / (2 pi r)) / (2 ln 150000) (about 8.09 and 17.40; floored and ceiled to 8 and
+    18 with truncate); pairs below it keep f, above it f / 32, inside f / 32 x ramp + f x (1 - ramp)."""
+    rot = Rotary(theta=150_000, scaling="yarn", factor=32, original_context=4096, truncate=truncate)
+    c = [64 * math.log(4096 / (2 * math.pi * r)) / (2 * math.log(150_000)) for r in (32, 1)]
+    low, high = (math.floor(c[0]), math.ceil(c[1])) if truncate else c
+    assert 8 < c[0] < 8.1 and 17.3 < c[1] < 17.5
+    out = rot.inverse_frequencies(64)
+    for i, (f, g) in enumerate(zip(_plain(150_000, 64), out, strict=True)):
+        ramp = min(max((i - low) / (high - low), 0.0), 1.0)
+        assert g == f / 32 * ramp + f * (1 - ramp)
+    plain = _plain(150_000, 64)
+    assert out[8] == plain[8] and out[9] < plain[9] and out[17] > plain[17] / 32 and out[18] == plain[18] / 32
+
+
+def test_the_bundled_files_rope():
+    def rotary(name: str) -> Rotary | None:
+        return model_from_hf(read_hf_config(resolve_model_config(name)), where=name).rotary
+
+    oss = rotary("gpt-oss-120b")
+    assert (oss.theta, oss.scaling, oss.factor, oss.original_context, oss.truncate) == (150000, "yarn", 32, 4096, False)
+    llama = rotary("llama3.1-8b")
+    assert (llama.theta, llama.scaling, llama.factor, llama.original_context) == (500000, "llama3", 8, 8192)
+    assert rotary("llama3-8b") == Rotary(theta=500000)  # Llama 3: no scaling
+    assert rotary("nemotron4-15b") == Rotary(fraction=0.5)  # base 10,000, half of each head rotated
+
+
+def test_a_model_config_keeps_its_rotary_through_json():
+    model = model_from_hf(read_hf_config(resolve_model_config("gpt-oss-20b")), where="gpt-oss-20b")
+    assert ModelConfig(**json.loads(json.dumps(model.to_dict()))) == model
+    assert "rotary" not in ModelConfig(kind="gpt").to_dict()  # at its default: left out, older files read the same
+
+
+def test_a_scaling_the_executor_does_not_build_is_kept_for_costs_and_refused_for_runs():
+    cfg = json.loads(resolve_model_config("llama3-8b").read_text())
+    cfg["rope_scaling"] = {"rope_type": "dynamic", "factor": 2.0}
+    model = model_from_hf(cfg, where="dynamic.json")
+    assert model.rotary.scaling == "dynamic"
+    assert unbuilt_structure(model) == ["rotary scaling 'dynamic' (the executor builds linear, llama3, yarn)"]
+    with pytest.raises(PipesimError, match="llama3 rotary scaling needs original_max_position_embeddings"):
+        rotary_from_config({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "x.json")
+    with pytest.raises(PipesimError, match="rotates 3 of a head's 6 features"):
+        Rotary(fraction=0.5).rotated_width(6)
+
+
+def test_the_executor_turns_by_the_files_frequencies_and_attention_factor():
+    """Position t turns pair i by t x inverse frequency i; YaRN's attention factor scales cos and sin (position 0:
+    x times it); a partial rotation passes the features after the rotated ones through."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(1, 2, 6, 8, generator=gen)  # float32: rotate computes in it
+    yarn = ModelConfig(kind="gpt", hidden=16, heads=2, positions="rope", rope_mscale=1.5,
+                       rotary=Rotary(theta=150_000, scaling="yarn", factor=32, original_context=4))
+    rope = rope_of(yarn)
+    assert rope == (tuple(yarn.rotary.inverse_frequencies(8)), 1.5)
+    y = rotate(x, rope)
+    torch.testing.assert_close(y[..., 0, :], 1.5 * x[..., 0, :])
+    t, i = 5, 3  # pair 3: features 3 and 7
+    angle = t * torch.tensor(rope[0][i], dtype=torch.float32).item()
+    a, b = x[0, 0, t, i], x[0, 0, t, i + 4]
+    torch.testing.assert_close(y[0, 0, t, [i, i + 4]], 1.5 * torch.stack([a * math.cos(angle) - b * math.sin(angle),
+                                                                        b * math.cos(angle) + a * math.sin(angle)]))
+    half = ModelConfig(kind="gpt", hidden=16, heads=2, positions="rope", rotary=Rotary(fraction=0.5))
+    z = rotate(x, rope_of(half))
+    torch.testing.assert_close(z[..., 4:], x[..., 4:], rtol=0, atol=0)
+    torch.testing.assert_close(z[..., :4], rotate(x[..., :4]), rtol=0, atol=0)
