@@ -229,7 +229,10 @@ def model_config(args: argparse.Namespace) -> ModelConfig:
             raise PipesimError(f"--model-config describes the model, experts or not; drop --model {args.model}")
         base = load_hf_config(source, seq=given.get("seq"), batch=given.get("batch", ModelConfig.batch),
                               dtype=given.get("dtype"), seed=seed_of(args))
-        model = with_routing(with_expert_flags(with_window(replace(base, **given), args), args, source), args)
+        # typed learned positions replace the file's rotary embedding, its frequencies with it
+        rotary = {"rotary": None} if given.get("positions", "rope") != "rope" else {}
+        model = with_routing(with_expert_flags(with_window(replace(base, **given, **rotary), args), args, source),
+                             args)
         moe = model.moe
         if "ffn_hidden" in given and moe is not None and all(map(moe.is_moe_layer, range(model.layers))):
             raise PipesimError(f"--ffn-hidden sizes a dense MLP, and every layer of {source} has experts "
