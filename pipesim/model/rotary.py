@@ -49,6 +49,8 @@ class Rotary:
                 raise PipesimError(f"rotary {name} must be a positive number, got {value!r}")
         if not isinstance(self.scaling, str) or not self.scaling:
             raise PipesimError(f"rotary scaling must be a kind's name, got {self.scaling!r}")
+        if not isinstance(self.truncate, bool):
+            raise PipesimError(f"rotary truncate must be true or false, got {self.truncate!r}")
         if isinstance(self.original_context, bool) or not isinstance(self.original_context, int) \
                 or self.original_context < 0:
             raise PipesimError(f"rotary original_context must be a whole number >= 0, got {self.original_context!r}")
@@ -131,7 +133,8 @@ def rotary_from_config(cfg: dict, where: str) -> Rotary | None:
                           ("high_freq_factor", "high_freq_factor"), ("beta_fast", "beta_fast"),
                           ("beta_slow", "beta_slow"), ("original_context", "original_max_position_embeddings"),
                           ("truncate", "truncate")):
-            if params.get(key) is not None and kind in BUILT:
+            # beta_fast and beta_slow fall back on a zero too (transformers: `rope_scaling.get("beta_fast") or 32`)
+            if kind in BUILT and (params.get(key) if key.startswith("beta_") else params.get(key) is not None):
                 fields[name] = params[key]
     try:
         rotary = Rotary(**fields)
