@@ -62,7 +62,7 @@ class Head(nn.Module):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.ln = make_norm(cfg.norm, cfg.hidden)
+        self.ln = make_norm(cfg.norm, cfg.hidden, cfg.norm_eps)
         self.out = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
         self.out.tied_head = cfg.tied_embeddings  # its weight saved under EMBEDDING_WEIGHT (params.module_parameters)
 

@@ -27,12 +27,10 @@ from pipesim.model.config import ModelConfig
 from pipesim.model.rotary import Rotary
 
 Rope = tuple[tuple[float, ...], float]  # (the rotated pairs' inverse frequencies, YaRN's attention factor on cos, sin)
-NORM_EPS = 1e-5  # Megatron-LM's --norm-epsilon default, for both norms
-
-
-def make_norm(kind: str, width: int) -> nn.Module:
-    """LayerNorm (weight and bias) or RMSNorm (weight only) over the last `width` features."""
-    return nn.LayerNorm(width, eps=NORM_EPS) if kind == "layernorm" else nn.RMSNorm(width, eps=NORM_EPS)
+def make_norm(kind: str, width: int, eps: float = ModelConfig.norm_eps) -> nn.Module:
+    """LayerNorm (weight and bias) or RMSNorm (weight only) over the last `width` features, `eps` in the denominator
+    (the model's norm_eps: its config.json's, else Megatron-LM's --norm-epsilon default)."""
+    return nn.LayerNorm(width, eps=eps) if kind == "layernorm" else nn.RMSNorm(width, eps=eps)
 
 
 def qkv_rows(cfg: ModelConfig) -> tuple[int, int, int]:
@@ -121,17 +119,17 @@ class Block(nn.Module):
         self.qkv_split = qkv_rows(cfg)  # the whole block's; a rank's are the same fractions of its width
         self.positions = cfg.positions
         self.rope = rope_of(cfg) if cfg.positions == "rope" else None
-        self.ln1 = make_norm(cfg.norm, h)
+        self.ln1 = make_norm(cfg.norm, h, cfg.norm_eps)
         self.qkv = nn.Linear(h, sum(self.qkv_split), bias=cfg.biases)
-        self.q_norm = make_norm(cfg.norm, self.head_dim) if cfg.qk_norm else None
-        self.k_norm = make_norm(cfg.norm, self.head_dim) if cfg.qk_norm else None
+        self.q_norm = make_norm(cfg.norm, self.head_dim, cfg.norm_eps) if cfg.qk_norm else None
+        self.k_norm = make_norm(cfg.norm, self.head_dim, cfg.norm_eps) if cfg.qk_norm else None
         windowed = cfg.window_size is not None and cfg.window.windowed(layer)
         self.window = cfg.window_size if windowed else None  # keys a query sees (None: causal over the sequence)
         # one sink logit per query head, whole on every tp rank (each applies its own heads': `first_head`)
         self.sinks = nn.Parameter(torch.zeros(cfg.heads)) if cfg.attention_sinks else None
         self.first_head = 0  # the first of this rank's query heads (executor.models.shard_piece sets it under tp)
         self.proj = nn.Linear(self.qkv_split[0], h, bias=cfg.biases)
-        self.ln2 = make_norm(cfg.norm, h)
+        self.ln2 = make_norm(cfg.norm, h, cfg.norm_eps)
         self.activation = cfg.activation
         moe = cfg.moe is not None and cfg.moe.is_moe_layer(layer)
         self.moe = MoeMLP(h, cfg.moe, cfg.activation, cfg.biases, ep=ep) if moe else None

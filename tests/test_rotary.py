@@ -1,5 +1,5 @@
-"""RoPE's frequencies as a config.json defines them (pipesim.model.rotary) and as the executor turns q and k by them:
-each scaling kind's closed form, the bundled files' values, and what the executor refuses."""
+"""RoPE's frequencies as a config.json defines them (pipesim.model.rotary) and as the executor turns q and k by them
+(each scaling kind's closed form, the bundled files' values, what the executor refuses), and the norms' epsilon."""
 
 from __future__ import annotations
 
@@ -114,3 +114,17 @@ def test_the_executor_turns_by_the_files_frequencies_and_attention_factor():
     z = rotate(x, rope_of(half))
     torch.testing.assert_close(z[..., 4:], x[..., 4:], rtol=0, atol=0)
     torch.testing.assert_close(z[..., :4], rotate(x[..., :4]), rtol=0, atol=0)
+
+
+def test_the_files_norm_epsilon_reaches_the_executors_norms():
+    """Qwen3's rms_norm_eps 1e-6, Nemotron's norm_eps 1e-5: every norm the executor builds for the block takes it."""
+    from executor.transformer import Block
+
+    def model(name: str) -> ModelConfig:
+        return model_from_hf(read_hf_config(resolve_model_config(name)), where=name)
+
+    assert (model("qwen3-30b-a3b").norm_eps, model("nemotron4-15b").norm_eps) == (1e-6, 1e-5)
+    small = ModelConfig(kind="gpt", hidden=16, heads=4, norm="rmsnorm", qk_norm=True, norm_eps=1e-6)
+    block = Block(small, 0)
+    assert [n.eps for n in (block.ln1, block.ln2, block.q_norm, block.k_norm)] == [1e-6] * 4
+    assert "norm_eps" not in ModelConfig(kind="gpt").to_dict()

@@ -32,7 +32,7 @@ MOE_GLU_FIELDS = ("glu_alpha", "glu_offset")  # MoeConfig's, left out of to_dict
 MOE_GLU_DEFAULTS = {f.name: f.default for f in fields(MoeConfig) if f.name in MOE_GLU_FIELDS}
 STRUCTURE_FIELDS = ("kv_heads", "ffn_hidden", "activation", "norm", "dropout", "biases", "positions",
                     "tied_embeddings", "moe", "mla", "mtp_layers", "head_width", "qk_norm", "window",
-                    "attention_sinks", "rope_mscale", "rotary")  # left out of to_dict while at their defaults
+                    "attention_sinks", "rope_mscale", "rotary", "norm_eps")  # left out of to_dict at their defaults
 
 MAX_LAYERS = 1 << 16  # layers of one model: far above any published one, a step costed in well under a second
 
@@ -72,6 +72,9 @@ class ModelConfig:
     # RoPE's base and scaling (pipesim.model.rotary): no cost depends on them, the executor builds them; None: base
     # 10,000 unscaled
     rotary: Rotary | None = None
+    # the norms' epsilon (config.json's rms_norm_eps, layer_norm_eps or norm_eps; Megatron-LM's --norm-epsilon default):
+    # no cost depends on it, the executor's norms take it
+    norm_eps: float = 1e-5
 
     def __post_init__(self) -> None:
         if isinstance(self.moe, dict):  # from to_dict / JSON
@@ -137,6 +140,8 @@ class ModelConfig:
                                "embeddings of standard attention; this model has "
                                + ("latent attention (its YaRN factor is not modelled)" if self.mla is not None
                                   else f"{self.positions} positions"))
+        if isinstance(self.norm_eps, bool) or not isinstance(self.norm_eps, (int, float)) or not 0 < self.norm_eps < 1:
+            raise PipesimError(f"norm_eps must be a number in (0, 1), got {self.norm_eps!r}")
         if self.rotary is not None and (not isinstance(self.rotary, Rotary) or self.positions != "rope"):
             raise PipesimError(f"rotary frequencies go with rope positions and a Rotary, got {self.positions} "
                                f"positions and {type(self.rotary).__name__}")

@@ -183,6 +183,8 @@ def model_from_hf(cfg: dict, *, where: str, seq: int | None = None, batch: int =
     window = read_window(cfg, kind, sizes["num_hidden_layers"], where)
     rope_mscale = yarn_attention_factor(cfg, where)
     rotary = rotary_from_config(cfg, where)
+    eps = next((cfg[k] for k in ("rms_norm_eps", "layer_norm_eps", "norm_eps") if cfg.get(k) is not None),
+               ModelConfig.norm_eps)
     try:
         return ModelConfig(kind="gpt", hidden=sizes["hidden_size"], layers=sizes["num_hidden_layers"], heads=heads,
                            seq=seq, vocab=sizes["vocab_size"], batch=batch, dtype=dtype, seed=seed,
@@ -192,7 +194,7 @@ def model_from_hf(cfg: dict, *, where: str, seq: int | None = None, batch: int =
                            dropout=dropout > 0, biases=biases, positions="rope",
                            tied_embeddings=tied, moe=moe, mla=mla, mtp_layers=mtp, head_width=head_width,
                            qk_norm=qwen3, window=window, attention_sinks=kind == "gpt_oss",
-                           rope_mscale=rope_mscale, rotary=rotary)
+                           rope_mscale=rope_mscale, rotary=rotary, norm_eps=eps)
     except PipesimError as e:
         raise PipesimError(f"{where}: {e}") from None
 
