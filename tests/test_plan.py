@@ -196,6 +196,21 @@ def test_a_cpu_host_plan_under_a_gpu_profile_exports_a_command_simulate_takes(ca
     assert json.loads(capsys.readouterr().out)["step_time"] == data["rows"][0]["step_time"]
 
 
+def test_the_exports_kernel_path_switches_are_the_ones_a_cpu_host_refuses():
+    """KernelSwitches.flags(gpu=False) drops exactly the flags model_switches.KERNEL_PATH_ONLY refuses typed: with every
+    kernel-path switch on, the GPU spelling has each of them (or its negation) and the CPU one none."""
+    from pipesim.commands.model_switches import KERNEL_PATH_ONLY
+    from pipesim.job import KernelSwitches
+    from pipesim.model.cuda_graphs import CudaGraphs
+
+    every = KernelSwitches(fusion=False, grad_accum_fusion=False, ce_fusion=True, eager_rmsnorm=True, te_linear=True,
+                           cuda_graphs=CudaGraphs("local"))
+    gpu, cpu = every.flags(), every.flags(gpu=False)
+    assert {f for f in gpu if f.startswith("--")} & set(KERNEL_PATH_ONLY) == set(KERNEL_PATH_ONLY) - {
+        "--compile", "--no-cross-entropy-loss-fusion"}  # the two spellings of a default the export never types
+    assert not set(cpu) & set(KERNEL_PATH_ONLY)
+
+
 def test_bf16_main_gradients_are_planned_and_exported(capsys, tmp_path):
     """--grad-reduce-in-bf16: 2-byte gradients in the plan's memory and times, and in every export."""
     base = [*SMALL, "--hardware", "dgx-h100", "--gpus", "4", "--schedules", "1f1b", "--zero", "0",
