@@ -12,7 +12,8 @@ from pipesim.cli import main
 from pipesim.comm.comm_options import CommOptions
 from pipesim.cost.host_issue import LAUNCH_SECONDS, SYNC_ROUND_TRIP, stage_host_issue
 from pipesim.errors import PipesimError
-from pipesim.job import Job, KernelSwitches
+from pipesim.job import Job
+from pipesim.kernel_switches import KernelSwitches
 from pipesim.model.cuda_graphs import CudaGraphs
 from pipesim.model.hf_config import load_hf_config
 from pipesim.model.host_ops import HostOps, moe_layer_host_ops

@@ -8,7 +8,8 @@ from pipesim.cli import build_parser
 from pipesim.commands.setup_args import sim_job
 from pipesim.cost.kernel_costs import head_seconds, layer_seconds
 from pipesim.errors import PipesimError
-from pipesim.job import Job, KernelSwitches
+from pipesim.job import Job
+from pipesim.kernel_switches import KernelSwitches
 from pipesim.model.config import ModelConfig
 from pipesim.model.eager_norm import eager_rmsnorm_kernels, with_eager_rmsnorm
 from pipesim.model.hf_config import load_hf_config

@@ -18,7 +18,8 @@ from pipesim.comm.ub_overlap import UbConfig
 from pipesim.cost.model_costs import model_costs
 from pipesim.errors import PipesimError
 from pipesim.hardware.toml_io import load_hardware
-from pipesim.job import Job, KernelSwitches
+from pipesim.job import Job
+from pipesim.kernel_switches import KernelSwitches
 from pipesim.model.config import ModelConfig
 from pipesim.model.fp8 import Fp8Options
 from pipesim.model.layer_precision import Bf16Layers

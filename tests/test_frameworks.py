@@ -19,7 +19,8 @@ from pipesim.cost.step_costs import stage_step_collectives
 from pipesim.errors import PipesimError
 from pipesim.frameworks import DEFAULTS, PROFILES, FrameworkProfile, Setting, profile, resolve
 from pipesim.hardware.toml_io import load_hardware
-from pipesim.job import Job, KernelSwitches
+from pipesim.job import Job
+from pipesim.kernel_switches import KernelSwitches
 from pipesim.parallel_dims import ParallelDims
 from pipesim.sim.simulator import simulate
 

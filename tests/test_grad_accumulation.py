@@ -13,7 +13,8 @@ from pipesim.cost.device_profiles import profile_of
 from pipesim.cost.kernel_costs import piece_seconds
 from pipesim.device.gemm import gemm_bytes, gemm_time
 from pipesim.device.kernels import memory_bound_time
-from pipesim.job import Job, KernelSwitches
+from pipesim.job import Job
+from pipesim.kernel_switches import KernelSwitches
 from pipesim.model.config import ModelConfig
 from pipesim.model.grad_accumulation import accumulate_gradients, weight_gradient_params
 from pipesim.model.kernel_types import Gemm, MemoryBound

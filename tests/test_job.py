@@ -12,7 +12,8 @@ from pipesim.comm.comm_options import CommOptions
 from pipesim.commands.setup_args import sim_job
 from pipesim.errors import PipesimError
 from pipesim.hardware.toml_io import load_hardware
-from pipesim.job import Job, KernelSwitches
+from pipesim.job import Job
+from pipesim.kernel_switches import KernelSwitches
 from pipesim.model.config import ModelConfig
 from pipesim.model.fp8 import Fp8Options
 from pipesim.model.moe import MoeConfig

@@ -19,7 +19,8 @@ from pipesim.device.gemm import gemm_time
 from pipesim.device.kernels import flash_attention_time, memory_bound_time
 from pipesim.hardware.toml_io import load_hardware
 from pipesim.ir.schedule import Action, Kind
-from pipesim.job import Job, KernelSwitches
+from pipesim.job import Job
+from pipesim.kernel_switches import KernelSwitches
 from pipesim.model.config import ModelConfig
 from pipesim.model.elementwise import layer_elementwise_bytes
 from pipesim.model.flops import head_flops, layer_flops

@@ -200,7 +200,7 @@ def test_the_exports_kernel_path_switches_are_the_ones_a_cpu_host_refuses():
     """KernelSwitches.flags(gpu=False) drops exactly the flags model_switches.KERNEL_PATH_ONLY refuses typed: with every
     kernel-path switch on, the GPU spelling has each of them (or its negation) and the CPU one none."""
     from pipesim.commands.model_switches import KERNEL_PATH_ONLY
-    from pipesim.job import KernelSwitches
+    from pipesim.kernel_switches import KernelSwitches
     from pipesim.model.cuda_graphs import CudaGraphs
 
     every = KernelSwitches(fusion=False, grad_accum_fusion=False, ce_fusion=True, eager_rmsnorm=True, te_linear=True,

@@ -23,7 +23,8 @@ from pipesim.cli import main
 from pipesim.comm.comm_options import CommOptions
 from pipesim.commands.run_args import add_run_args, config_from_args, configs_from_args
 from pipesim.errors import PipesimError
-from pipesim.job import Job, KernelSwitches
+from pipesim.job import Job
+from pipesim.kernel_switches import KernelSwitches
 from pipesim.model.config import ModelConfig
 from pipesim.model.latent_attention import LatentAttention
 from pipesim.model.moe import MoeConfig

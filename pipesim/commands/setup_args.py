@@ -38,7 +38,8 @@ from pipesim.errors import PipesimError
 from pipesim.frameworks import DEFAULTS, PROFILES, resolve
 from pipesim.hardware.machine import Hardware
 from pipesim.hardware.toml_io import load_hardware
-from pipesim.job import Job, KernelSwitches
+from pipesim.job import Job
+from pipesim.kernel_switches import KernelSwitches
 from pipesim.model.config import ModelConfig
 from pipesim.model.options import ATTENTION, RECOMPUTE
 from pipesim.model.recompute_modules import RECOMPUTE_MODULES

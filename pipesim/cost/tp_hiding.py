@@ -11,7 +11,7 @@ from pipesim.cost.device_profiles import gemm_timing
 from pipesim.cost.kernel_costs import StageSeconds, overlap_gemm
 from pipesim.cost.stage_work import Work
 from pipesim.hardware.machine import Hardware
-from pipesim.job import KernelSwitches
+from pipesim.kernel_switches import KernelSwitches
 
 
 def _hiding(name: str | None, timed: StageSeconds, dtype: str, hw: Hardware, recipe: str | None) -> HidingGemm | None:
