@@ -27,6 +27,8 @@ from pipesim.model.config import ModelConfig
 from pipesim.model.rotary import Rotary
 
 Rope = tuple[tuple[float, ...], float]  # (the rotated pairs' inverse frequencies, YaRN's attention factor on cos, sin)
+
+
 def make_norm(kind: str, width: int, eps: float = ModelConfig.norm_eps) -> nn.Module:
     """LayerNorm (weight and bias) or RMSNorm (weight only) over the last `width` features, `eps` in the denominator
     (the model's norm_eps: its config.json's, else Megatron-LM's --norm-epsilon default)."""

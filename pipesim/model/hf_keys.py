@@ -93,7 +93,8 @@ TYPE_NO_EFFECT = {# DeepSeek-V3's router: the sequence-wise balance loss (aux_lo
                   "deepseek_v3": ("aux_loss_alpha", "seq_aux", "scoring_func", "routed_scaling_factor",
                                   "norm_topk_prob", "ep_size"),
                   # rotary embeddings on part of each head: Megatron applies them to that part and concatenates the
-                  # rest back, the same tensors read and written as a whole-head rotation
+                  # rest back, the same tensors read and written as a whole-head rotation (the executor builds it:
+                  # pipesim.model.rotary)
                   "nemotron": ("partial_rotary_factor",),
                   # GPT-OSS: YaRN's original context
                   "gpt_oss": ("initial_context_length",)}

@@ -18,6 +18,7 @@ Multi-token-prediction modules are not listed (their callers refuse them).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from pipesim.errors import PipesimError
@@ -26,6 +27,7 @@ from pipesim.model.latent_layer import latent_linears
 from pipesim.model.options import LayerOptions, vocab_shard
 
 QKV = "QKV"  # the fused query-key-value weight (Megatron-core's linear_qkv: Muon splits it per head group)
+
 
 @dataclass(frozen=True)
 class WeightTensor:
@@ -39,10 +41,7 @@ class WeightTensor:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
+        return math.prod(self.shape)
 
     @property
     def matrix(self) -> bool:

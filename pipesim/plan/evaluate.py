@@ -20,7 +20,7 @@ from pipesim.ir.schedule import Schedule
 from pipesim.job import Job
 from pipesim.model.memory import MemoryBreakdown, named_precision
 from pipesim.plan.estimate import optimizer_tail, rank_tail
-from pipesim.plan.memory_bound import MemoryBound
+from pipesim.plan.memory_bound import MemoryBound, muon_deal_key
 from pipesim.plan.space import Candidate, PlanRequest
 from pipesim.sim.result import SimResult
 from pipesim.sim.sim_setup import SimSetup
@@ -101,7 +101,7 @@ class Evaluator:
             return optimizer_tail(c, self.bounds.params(c.chunks, c.tp), precision, self.req.hardware,
                                   loss_scaling=loss_scaling)
         job = self.job(c)
-        key = (c.chunks, c.tp, job.dims.dp_cp, job.dims.edp, c.ep, c.etp)
+        key = muon_deal_key(c, job.dims)
         if key not in self._muon_seconds:
             model, split = self.req.model, self.req.stage_split(c.chunks)
             self._muon_seconds[key] = tuple(m.seconds for m in muon_stages(

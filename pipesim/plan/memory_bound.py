@@ -122,6 +122,12 @@ def moe_chunk_params(model: ModelConfig, chunks: int, opts: LayerOptions,
     return tuple(out)
 
 
+def muon_deal_key(c, dims) -> tuple:
+    """What a candidate's Muon deal (pipesim.cost.muon_step) depends on: its chunks, tp, the dense and expert
+    data-parallel ranks, ep and etp; the planner's Muon caches key on it."""
+    return c.chunks, c.tp, dims.dp_cp, dims.edp, c.ep, c.etp
+
+
 class MemoryBound:
     """`bound(c)` for the candidates of one model and attention kernel; every piece cached by what it depends on
     (model state by placement, p, v, t, d, ZeRO, not cp: every cp rank holds the same parameters; rank 0's stash
@@ -200,7 +206,7 @@ class MemoryBound:
         """Bytes per chunk: Muon's optimizer state on the chunk's fullest rank (model_costs' `muon_state_bytes`, the
         dist_muon deal over dp x cp and the expert-data-parallel ranks), cached by what the deal depends on."""
         dims = c.job(self.shared).dims
-        key = (c.chunks, c.tp, dims.dp_cp, dims.edp, c.ep, c.etp)
+        key = muon_deal_key(c, dims)
         if key not in self._muon:
             split = self.split(c.chunks)
             self._muon[key] = tuple(
@@ -240,4 +246,4 @@ class MemoryBound:
 
 
 __all__ = ["LOOPED", "MIRRORED", "V_SHAPED", "MemoryBound", "chunk_params", "family_chunks", "first_rank_inflight",
-           "moe_chunk_params", "placement_family", "rank_chunks"]
+           "moe_chunk_params", "muon_deal_key", "placement_family", "rank_chunks"]
