@@ -66,7 +66,9 @@ VALUES = {  # values for flags whose type gives none (the first non-default valu
     "--moe-expert-capacity-factor": ["1.0"], "--slow": ["1=1.5"], "--slow-link": ["0-1=2"], "--jitter": ["0.1"],
     "--jitter-seed": ["1"], "--num-layers-at-start-in-bf16": ["2"], "--num-layers-at-end-in-bf16": ["2"],
     "--kv-channels": ["32"], "--moe-layer-freq": ["[0,1,1,1]"], "--softmax-type": ["learnable"],
-    "--window-size": ["63,0"], "--window-attn-skip-freq": ["2"],
+    "--window-size": ["63,0"], "--window-attn-skip-freq": ["2"], "--norm-epsilon": ["1e-6"],
+    "--rotary-base": ["500000"], "--rotary-percent": ["0.5"], "--rotary-seq-len-interpolation-factor": ["4"],
+    "--rope-scaling-factor": ["4"],
 }
 
 
@@ -97,6 +99,13 @@ COSTLESS = {  # flag: why it changes no step time or memory anywhere it is accep
     "--moe-z-loss-coeff": "the router z-loss, as the load-balancing loss: a few FLOPs per token, not counted",
     "--moe-token-drop-policy": "which tokens a capacity drops, not how many: the same cost (`pipesim run` drops by "
                                "it; dropless routing drops none)",
+    "--norm-epsilon": "a number inside the norm kernel, the same work (`pipesim run` builds it)",
+    "--rotary-base": "RoPE's frequencies, the same work (`pipesim run` builds them; pipesim.model.rotary)",
+    "--use-rope-scaling": "as --rotary-base: Llama 3.x's scaled frequencies",
+    "--rotary-seq-len-interpolation-factor": "as --rotary-base: linearly scaled frequencies",
+    "--rotary-percent": "on a GPU the RoPE kernel reads and writes every feature of the head, rotated or passed (a "
+                        "config.json's partial_rotary_factor the same); a CPU host's executor ops change "
+                        "(pipesim.cost.executor_ops 'partial_rope')",
 }
 WHY = {  # (context, flag and value): why it changes nothing there
     ("gpt, dgx-h100", "--microbatch-size 2"): "the context's own: batch 8 over 4 microbatches",

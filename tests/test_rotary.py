@@ -128,3 +128,96 @@ def test_the_files_norm_epsilon_reaches_the_executors_norms():
     block = Block(small, 0)
     assert [n.eps for n in (block.ln1, block.ln2, block.q_norm, block.k_norm)] == [1e-6] * 4
     assert "norm_eps" not in ModelConfig(kind="gpt").to_dict()
+
+
+def _flags_model(*flags: str) -> ModelConfig:
+    from pipesim.cli import build_parser
+    from pipesim.commands.common import model_config
+
+    return model_config(build_parser().parse_args(["simulate", "1f1b", *flags]))
+
+
+GPT_ROPE = ("--model", "gpt", "--hidden", "256", "--heads", "2", "--layers", "2", "--position-embedding-type", "rope")
+
+
+def test_megatrons_rotary_flags_build_what_megatrons_rotary_embedding_computes():
+    """--rotary-base theta, --rotary-percent the rotated share, --use-rope-scaling Llama 3.x's scaling with Megatron's
+    low 1, high 4 and original context 8192 (rotary_pos_embedding.py `_apply_scaling`, its factor
+    --rope-scaling-factor, 8 unless given), --rotary-seq-len-interpolation-factor positions / N: the same angles."""
+    model = _flags_model(*GPT_ROPE, "--rotary-base", "500000", "--rotary-percent", "0.5", "--use-rope-scaling",
+                         "--rope-scaling-factor", "4")
+    assert model.rotary == Rotary(theta=500_000, scaling="llama3", factor=4, low_freq_factor=1, high_freq_factor=4,
+                                  original_context=8192, fraction=0.5)
+    d = model.rotary.rotated_width(model.head_dim)  # half of 128
+    assert d == 64
+    plain = torch.tensor(_plain(500_000, d), dtype=torch.float64)  # Megatron's _apply_scaling, written out
+    wavelength = 2 * math.pi / plain
+    scaled = torch.where(wavelength > 8192 / 1, plain / 4, plain)
+    smooth = (8192 / wavelength - 1) / (4 - 1)
+    blended = (1 - smooth) * scaled / 4 + smooth * scaled
+    medium = (wavelength >= 8192 / 4) & (wavelength <= 8192 / 1)
+    expected = torch.where(medium, blended, scaled)
+    torch.testing.assert_close(torch.tensor(rope_of(model)[0], dtype=torch.float64), expected, rtol=1e-12, atol=0)
+    assert _flags_model(*GPT_ROPE, "--use-rope-scaling").rotary.factor == 8  # Megatron's default factor
+    linear = _flags_model(*GPT_ROPE, "--rotary-seq-len-interpolation-factor", "4").rotary
+    assert linear.inverse_frequencies(128) == pytest.approx([f / 4 for f in _plain(10_000, 128)], rel=1e-15)
+    assert _flags_model(*GPT_ROPE, "--rotary-base", "10000").rotary is None  # Megatron's default: plain RoPE
+    assert _flags_model(*GPT_ROPE, "--norm-epsilon", "1e-6").norm_eps == 1e-6
+
+
+def test_the_rotary_flags_override_a_files_rotary_embedding():
+    """llama3.1-8b's file: theta 500,000 with llama3 scaling of factor 8; --rotary-base replaces the base only,
+    --rotary-seq-len-interpolation-factor the scaling, typed learned positions drop the file's rotary."""
+    file = _flags_model("--model-config", "llama3.1-8b").rotary
+    assert (file.theta, file.scaling, file.factor) == (500_000, "llama3", 8)
+    based = _flags_model("--model-config", "llama3.1-8b", "--rotary-base", "1000000").rotary
+    assert based == Rotary(**{**file.__dict__, "theta": 1_000_000})
+    linear = _flags_model("--model-config", "llama3.1-8b", "--rotary-seq-len-interpolation-factor", "2").rotary
+    assert (linear.theta, linear.scaling, linear.factor) == (500_000, "linear", 2)
+
+
+@pytest.mark.parametrize("flags, line", [
+    (["--model", "gpt", "--rotary-base", "500000"],
+     "--rotary-base sets the rotary embedding: it needs rope positions (--position-embedding-type rope)"),
+    ([*GPT_ROPE, "--rope-scaling-factor", "4"],
+     "--rope-scaling-factor is --use-rope-scaling's factor: give --use-rope-scaling"),
+    ([*GPT_ROPE, "--use-rope-scaling", "--rotary-seq-len-interpolation-factor", "2"],
+     "--use-rope-scaling and --rotary-seq-len-interpolation-factor scale RoPE two ways at once; pipesim builds one "
+     "scaling: give one"),
+    ([*GPT_ROPE, "--rotary-percent", "0.15"],
+     "a rotary share of 0.15 (--rotary-percent; config.json's partial_rotary_factor) rotates 19 of a head's 128 "
+     "features: rotary embeddings pair an even number of them"),
+    (["--model", "mlp", "--rotary-base", "500000"],
+     "--rotary-base needs a transformer (--model gpt or --model-config)"),
+])
+def test_a_rotary_flag_that_cannot_act_is_refused_in_one_line(capsys, flags, line):
+    from pipesim.cli import main
+
+    assert main(["simulate", "1f1b", "--stages", "2", *flags]) == 2
+    assert capsys.readouterr().err == f"pipesim: error: {line}\n"
+
+
+def test_megatrons_rotary_flags_reach_the_import_and_a_plans_export(tmp_path):
+    """--from-megatron passes the rotary flags with rope positions (Megatron reads none of them with learned ones); a
+    plan's exported commands type them again."""
+    from pipesim.cli import main
+    from pipesim.commands.megatron_import import expand
+
+    base = ("--num-layers 2 --hidden-size 256 --num-attention-heads 2 --seq-length 512 --max-position-embeddings 512 "
+            "--micro-batch-size 1 --vocab-size 1024 --rotary-base 500000 --use-rope-scaling --rope-scaling-factor 4 "
+            "--rotary-percent 0.5 --norm-epsilon 1e-6 ")
+    for positions, passed in (("--position-embedding-type rope", True), ("", False)):
+        path = tmp_path / "run.sh"
+        path.write_text(base + positions + "\n")
+        argv = expand(["simulate", "--from-megatron", str(path), "--hardware", "dgx-h100"])
+        rotary = ["--rotary-base", "500000", "--rotary-percent", "0.5", "--use-rope-scaling", "--rope-scaling-factor",
+                  "4"]
+        assert any(argv[i:i + len(rotary)] == rotary for i in range(len(argv))) is passed
+        assert argv[argv.index("--norm-epsilon") + 1] == "1e-6"
+    out = tmp_path / "plan.json"
+    assert main(["plan", *GPT_ROPE, "--seq", "512", "--vocab", "8000", "--batch", "8", "--dtype", "bfloat16",
+                 "--rotary-base", "500000.0", "--use-rope-scaling", "--norm-epsilon", "1e-06", "--hardware",
+                 "dgx-h100", "--gpus", "8", "--max-candidates", "3", "--top", "1", "--json", str(out)]) == 0
+    winner = json.loads(out.read_text())["winner"]
+    assert "--norm-epsilon 1e-06 --rotary-base 500000.0 --use-rope-scaling" in winner["simulate_command"]
+    assert "--rotary-base 500000.0 --use-rope-scaling" in winner["run_command"]

@@ -17,7 +17,7 @@ from pipesim.commands.expert_args import (
     with_expert_flags,
     with_routing,
 )
-from pipesim.commands.structure_args import WINDOW_FLAGS, add_structure_args, flag_words
+from pipesim.commands.structure_args import ROTARY_FLAGS, WINDOW_FLAGS, add_structure_args, flag_words
 from pipesim.errors import PipesimError
 from pipesim.ir import torch_csv
 from pipesim.ir.schedule import Schedule
@@ -25,6 +25,7 @@ from pipesim.model.attention_window import SlidingWindow
 from pipesim.model.config import ACTIVATIONS, ModelConfig
 from pipesim.model.hf_config import bundled_configs, hf_key_report, load_hf_config
 from pipesim.model.moe import BALANCE_TYPES, DROP_POLICIES
+from pipesim.model.rotary import Rotary
 from pipesim.outputs import write_text
 
 
@@ -190,9 +191,10 @@ def add_structure_group(parser: argparse.ArgumentParser) -> argparse._ArgumentGr
 SIZE_FLAGS = ("hidden", "layers", "heads", "seq", "vocab", "batch", "dtype")  # ModelConfig field = flag name
 # ModelConfig field = argparse destination; typed as `flag_words` says
 STRUCTURE_FLAGS = ("kv_heads", "ffn_hidden", "activation", "norm", "positions", "biases", "dropout", "qk_norm",
-                   "head_width", "tied_embeddings", "attention_sinks")
-# every flag that shapes pipesim's model (the window flags make ModelConfig.window together: `with_window`)
-MODEL_FLAGS = (*SIZE_FLAGS, *STRUCTURE_FLAGS, *WINDOW_FLAGS, *MOE_FLAGS, *ROUTING_FLAGS)
+                   "head_width", "tied_embeddings", "attention_sinks", "norm_eps")
+# every flag that shapes pipesim's model (the window flags make ModelConfig.window together: `with_window`; the
+# rotary flags ModelConfig.rotary: `with_rotary`)
+MODEL_FLAGS = (*SIZE_FLAGS, *STRUCTURE_FLAGS, *WINDOW_FLAGS, *ROTARY_FLAGS, *MOE_FLAGS, *ROUTING_FLAGS)
 
 
 def given_model_flags(args: argparse.Namespace, *, skip: tuple[str, ...] = ()) -> list[tuple[str, object]]:
@@ -231,8 +233,8 @@ def model_config(args: argparse.Namespace) -> ModelConfig:
                               dtype=given.get("dtype"), seed=seed_of(args))
         # typed learned positions replace the file's rotary embedding, its frequencies with it
         rotary = {"rotary": None} if given.get("positions", "rope") != "rope" else {}
-        model = with_routing(with_expert_flags(with_window(replace(base, **given, **rotary), args), args, source),
-                             args)
+        model = with_routing(with_expert_flags(with_rotary(with_window(replace(base, **given, **rotary), args), args),
+                                               args, source), args)
         moe = model.moe
         if "ffn_hidden" in given and moe is not None and all(map(moe.is_moe_layer, range(model.layers))):
             raise PipesimError(f"--ffn-hidden sizes a dense MLP, and every layer of {source} has experts "
@@ -241,18 +243,20 @@ def model_config(args: argparse.Namespace) -> ModelConfig:
     kind = args.model or getattr(args, "model_default", None) or "mlp"
     moe_given = [name for name in MOE_FLAGS if getattr(args, name, None) is not None]
     if kind == "moe":
-        base = with_window(ModelConfig(kind="gpt", seed=seed_of(args), **given), args)
+        base = with_rotary(with_window(ModelConfig(kind="gpt", seed=seed_of(args), **given), args), args)
         return with_routing(replace(base, moe=moe_config(args, base.hidden, base.layers)), args)
     if moe_given:
         raise PipesimError(f"--{moe_given[0].replace('_', '-')} needs --model moe")
     if kind == "mlp":  # an MLP has no heads, sequence or vocabulary: those flags would size nothing
         typed = {**given, **{name: getattr(args, name) for name in WINDOW_FLAGS
                              if getattr(args, name, None) is not None}}
-        for name in ("heads", "seq", "vocab", *STRUCTURE_FLAGS, *WINDOW_FLAGS):
+        typed.update({name: getattr(args, name) for name in ROTARY_FLAGS if getattr(args, name, None) is not None})
+        for name in ("heads", "seq", "vocab", *STRUCTURE_FLAGS, *WINDOW_FLAGS, *ROTARY_FLAGS):
             if name in typed:
                 raise PipesimError(f"{flag_words(name, typed[name])[0]} needs a transformer (--model gpt or "
                                    "--model-config)")
-    return with_routing(with_window(ModelConfig(kind=kind, seed=seed_of(args), **given), args), args)
+    return with_routing(with_rotary(with_window(ModelConfig(kind=kind, seed=seed_of(args), **given), args), args),
+                        args)
 
 
 def with_window(model: ModelConfig, args: argparse.Namespace) -> ModelConfig:
@@ -269,6 +273,37 @@ def with_window(model: ModelConfig, args: argparse.Namespace) -> ModelConfig:
     return replace(model, window=SlidingWindow(size[0] + 1, every))
 
 
+def with_rotary(model: ModelConfig, args: argparse.Namespace) -> ModelConfig:
+    """`model` with Megatron-LM's rotary flags over its rotary embedding (a --model-config file's, else base 10,000
+    unscaled): --rotary-base, --rotary-percent, and one scaling, Llama 3.x's (--use-rope-scaling, factor
+    --rope-scaling-factor, Megatron's low 1, high 4 and original context 8192: rotary_pos_embedding.py
+    `_apply_scaling`) or linear (--rotary-seq-len-interpolation-factor)."""
+    typed = {name: getattr(args, name) for name in ROTARY_FLAGS if getattr(args, name, None) is not None}
+    if not typed:
+        return model
+    first = flag_words(next(iter(typed)), next(iter(typed.values())))[0]
+    if model.positions != "rope":
+        raise PipesimError(f"{first} sets the rotary embedding: it needs rope positions (--position-embedding-type "
+                           "rope)")
+    if "rope_scaling_factor" in typed and "use_rope_scaling" not in typed:
+        raise PipesimError("--rope-scaling-factor is --use-rope-scaling's factor: give --use-rope-scaling")
+    if "use_rope_scaling" in typed and "rotary_seq_len_interpolation_factor" in typed:
+        raise PipesimError("--use-rope-scaling and --rotary-seq-len-interpolation-factor scale RoPE two ways at once; "
+                           "pipesim builds one scaling: give one")
+    changes: dict = {}
+    if "rotary_base" in typed:
+        changes["theta"] = typed["rotary_base"]
+    if "rotary_percent" in typed:
+        changes["fraction"] = typed["rotary_percent"]
+    if "use_rope_scaling" in typed:
+        changes.update(scaling="llama3", factor=typed.get("rope_scaling_factor", 8.0), low_freq_factor=1.0,
+                       high_freq_factor=4.0, original_context=8192)
+    if "rotary_seq_len_interpolation_factor" in typed:
+        changes.update(scaling="linear", factor=typed["rotary_seq_len_interpolation_factor"])
+    rotary = replace(model.rotary or Rotary(), **changes)
+    return replace(model, rotary=None if rotary == Rotary() else rotary)
+
+
 def model_config_json(args: argparse.Namespace) -> dict | None:
     """--json's account of --model-config's file: the keys read and those ignored as changing nothing modelled."""
     source = getattr(args, "model_config", None)
@@ -280,7 +315,8 @@ def model_config_json(args: argparse.Namespace) -> dict | None:
 
 def user_model_config(args: argparse.Namespace) -> ModelConfig:
     """With --model MODULE:FACTORY, what still applies of pipesim's model flags: --batch and --seed."""
-    sizes = [k for k in SIZE_FLAGS + STRUCTURE_FLAGS if k != "batch" and getattr(args, k, None) is not None]
+    sizes = [k for k in (*SIZE_FLAGS, *STRUCTURE_FLAGS, *WINDOW_FLAGS, *ROTARY_FLAGS)
+             if k != "batch" and getattr(args, k, None) is not None]
     if sizes or getattr(args, "model_config", None):
         flag = flag_words(sizes[0], getattr(args, sizes[0]))[0] if sizes else "--model-config"
         raise PipesimError(f"{flag} sizes pipesim's own models; --model {args.model} defines its own layers")

@@ -38,6 +38,8 @@ READ = {
     "--group-query-attention": SWITCH, "--num-query-groups": VALUE, "--kv-channels": VALUE, "--swiglu": SWITCH,
     "--squared-relu": SWITCH, "--normalization": VALUE, "--disable-bias-linear": SWITCH,
     "--position-embedding-type": VALUE, "--use-rotary-position-embeddings": SWITCH, "--rotary-percent": VALUE,
+    "--rotary-base": VALUE, "--rotary-seq-len-interpolation-factor": VALUE, "--use-rope-scaling": SWITCH,
+    "--rope-scaling-factor": VALUE, "--norm-epsilon": VALUE,
     "--untie-embeddings-and-output-weights": SWITCH, "--hidden-dropout": VALUE, "--attention-dropout": VALUE,
     "--qk-layernorm": SWITCH, "--max-position-embeddings": VALUE, "--vocab-size": VALUE, "--window-size": VALUE,
     "--window-attn-skip-freq": VALUE,
@@ -140,10 +142,9 @@ IGNORED: dict[str, tuple[str, ...]] = {
         "--disable-gloo-process-groups", "--no-check-for-nan-in-loss-and-grad", "--check-for-spiky-loss",
         "--check-for-large-grads", "--manual-gc", "--manual-gc-interval", "--no-manual-gc-eval",
         "--local-rank", "--tp-comm-bootstrap-backend"),
-    "numerics of kernels pipesim times the same (the norm's epsilon and 1p form, the rotary base and scaling, loss "
+    "numerics of kernels pipesim times the same (the norm's 1p form, the rotary pairs' interleaving, loss "
     "scaling, fp32 softmax inside the fused kernel, the loss's token averaging)": (
-        "--norm-epsilon", "--apply-layernorm-1p", "--rotary-base", "--rotary-interleaved",
-        "--rotary-seq-len-interpolation-factor", "--use-rope-scaling", "--rope-scaling-factor", "--loss-scale",
+        "--apply-layernorm-1p", "--rotary-interleaved", "--loss-scale",
         "--initial-loss-scale", "--min-loss-scale", "--loss-scale-window", "--hysteresis",
         "--apply-query-key-layer-scaling", "--attention-softmax-in-fp32", "--calculate-per-token-loss",
         "--fp8-margin", "--fp8-interval", "--fp8-amax-history-len", "--fp8-amax-compute-algo",

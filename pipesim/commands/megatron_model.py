@@ -50,9 +50,11 @@ def model_flags(a: MegatronArgs, *, tp: int, seq: int, vocab_typed: bool) -> lis
     if positions == "learned_absolute" and max_positions != seq:  # its table is max_position_embeddings x hidden
         raise _error(w, f"--max-position-embeddings {max_positions} above --seq-length {seq} with learned positions: "
                         "pipesim's learned table holds --seq-length rows")
-    if positions == "rope" and a.number("--rotary-percent", 1.0, float) != 1.0:
-        raise _error(w, "--rotary-percent below 1 (rotary embeddings over part of each head) is not modelled")
     out += ["--position-embedding-type", positions]
+    if positions == "rope":  # with learned positions Megatron reads none of the rotary flags
+        out += _rotary_flags(a)
+    if a.on("--norm-epsilon"):
+        out += ["--norm-epsilon", a.text("--norm-epsilon")]
     if a.on("--disable-bias-linear"):
         out.append("--disable-bias-linear")
     out.append("--untie-embeddings-and-output-weights" if a.on("--untie-embeddings-and-output-weights")
@@ -71,6 +73,18 @@ def model_flags(a: MegatronArgs, *, tp: int, seq: int, vocab_typed: bool) -> lis
     if not vocab_typed:
         out += ["--vocab", str(_vocab(a, tp))]
     return out + _expert_flags(a, ffn)
+
+
+def _rotary_flags(a: MegatronArgs) -> list[str]:
+    """Megatron's rotary flags as typed (pipesim has them by the same names: pipesim.commands.structure_args);
+    --rope-scaling-factor only with --use-rope-scaling, the one that reads it."""
+    out = [word for flag in ("--rotary-base", "--rotary-percent", "--rotary-seq-len-interpolation-factor")
+           if a.on(flag) for word in (flag, a.text(flag))]
+    if a.on("--use-rope-scaling"):
+        out.append("--use-rope-scaling")
+        if a.on("--rope-scaling-factor"):
+            out += ["--rope-scaling-factor", a.text("--rope-scaling-factor")]
+    return out
 
 
 def _attention_flags(a: MegatronArgs) -> list[str]:

@@ -1,7 +1,8 @@
 """The transformer's structure flags of simulate, sweep and plan, in Megatron-LM's names (megatron/training/arguments.py
 @ v0.15.3) where Megatron has one: ModelConfig's norm, positions, biases, dropout, q/k norm, head width, tied
-embeddings, attention sinks and sliding window, each overriding a --model-config file's field as the size flags do
-(pipesim.commands.common.model_config), and how each is typed back (a plan's exported command, --cost's refusal)."""
+embeddings, attention sinks, sliding window, norm epsilon and rotary embedding, each overriding a --model-config file's
+field as the size flags do (pipesim.commands.common.model_config), and how each is typed back (a plan's exported
+command, --cost's refusal)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ POSITION_TYPES = {"learned_absolute": "learned", "rope": "rope"}
 STRUCTURE_SWITCHES = {("biases", False): "--disable-bias-linear", ("dropout", True): "--dropout",
                       ("dropout", False): "--no-dropout", ("qk_norm", True): "--qk-layernorm",
                       ("tied_embeddings", True): "--tie-embeddings-and-output-weights",
-                      ("tied_embeddings", False): "--untie-embeddings-and-output-weights"}
+                      ("tied_embeddings", False): "--untie-embeddings-and-output-weights",
+                      ("use_rope_scaling", True): "--use-rope-scaling"}
 # Megatron-core's --softmax-type for ModelConfig.attention_sinks: its learnable one is GPT-OSS's sink logit per head
 SOFTMAX_TYPES = {"vanilla": False, "learnable": True}
 # the structure flags whose name is not their field's: field -> (flag, {field value: typed value})
@@ -24,8 +26,12 @@ STRUCTURE_NAMES = {"norm": ("--normalization", {v: k for k, v in NORMALIZATIONS.
                    "positions": ("--position-embedding-type", {v: k for k, v in POSITION_TYPES.items()}),
                    "head_width": ("--kv-channels", {}),
                    "attention_sinks": ("--softmax-type", {v: k for k, v in SOFTMAX_TYPES.items()}),
-                   "window_size": ("--window-size", {}), "window_skip_freq": ("--window-attn-skip-freq", {})}
+                   "window_size": ("--window-size", {}), "window_skip_freq": ("--window-attn-skip-freq", {}),
+                   "norm_eps": ("--norm-epsilon", {})}
 WINDOW_FLAGS = ("window_size", "window_skip_freq")  # argparse destinations that make ModelConfig.window together
+# argparse destinations that make ModelConfig.rotary together (Megatron-LM's flags; pipesim.commands.common.with_rotary)
+ROTARY_FLAGS = ("rotary_base", "rotary_percent", "rotary_seq_len_interpolation_factor", "use_rope_scaling",
+                "rope_scaling_factor")
 
 
 def window_pair(text: str) -> tuple[int, int]:
@@ -39,6 +45,30 @@ def window_pair(text: str) -> tuple[int, int]:
         raise argparse.ArgumentTypeError(f"{text!r}: pipesim models causal windows, L >= 0 keys before each query "
                                          "and R = 0 after it")
     return left, right
+
+
+def _positive_number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: give a positive number")
+    return value
+
+
+def _fraction(text: str) -> float:
+    value = _positive_number(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a fraction in (0, 1]")
+    return value
+
+
+def _epsilon(text: str) -> float:
+    value = _positive_number(text)
+    if value >= 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a number in (0, 1)")
+    return value
 
 
 def _named(choices: dict[str, str]):
@@ -81,6 +111,10 @@ def add_structure_args(g) -> None:
                    dest="window_skip_freq", metavar="N",
                    help="with a window: every N-th layer keeps full attention (layer l when (l + 1) %% N == 0, "
                         "Megatron's); default none")
+    g.add_argument("--norm-epsilon", type=_epsilon, default=None, dest="norm_eps", metavar="EPS",
+                   help="the norms' epsilon (Megatron's flag, default 1e-5; config.json's rms_norm_eps): `pipesim run` "
+                        "builds it, no cost depends on it")
+    add_rotary_args(g)
     tie = g.add_mutually_exclusive_group()
     tie.add_argument("--tie-embeddings-and-output-weights", action="store_const", const=True, default=None,
                      dest="tied_embeddings",
@@ -88,6 +122,25 @@ def add_structure_args(g) -> None:
                           "unless --untie-embeddings-and-output-weights)")
     tie.add_argument("--untie-embeddings-and-output-weights", action="store_const", const=False,
                      dest="tied_embeddings", help="an output head of its own (over a tied --model-config's)")
+
+
+def add_rotary_args(g) -> None:
+    """Megatron-LM's rotary flags (megatron/training/arguments.py and megatron/core/models/common/embeddings/
+    rotary_pos_embedding.py @ d98e8a64): the frequencies `pipesim run` builds (ModelConfig.rotary); no cost depends
+    on them."""
+    g.add_argument("--rotary-base", type=_positive_number, default=None, metavar="THETA",
+                   help="with rope positions: RoPE's base period (default 10000, Megatron's; config.json's "
+                        "rope_theta)")
+    g.add_argument("--rotary-percent", type=_fraction, default=None, metavar="F",
+                   help="with rope positions: the share of each head's features rotated, the rest passed (default 1; "
+                        "config.json's partial_rotary_factor)")
+    g.add_argument("--rotary-seq-len-interpolation-factor", type=_positive_number, default=None, metavar="N",
+                   help="with rope positions: positions divided by N, linear RoPE scaling (Megatron's flag)")
+    g.add_argument("--use-rope-scaling", action="store_const", const=True, default=None,
+                   help="with rope positions: Llama 3.x's frequency scaling (low 1, high 4, original context 8192, "
+                        "factor --rope-scaling-factor)")
+    g.add_argument("--rope-scaling-factor", type=_positive_number, default=None, metavar="F",
+                   help="with --use-rope-scaling: its factor (default 8, Megatron's)")
 
 
 def flag_words(name: str, value) -> list[str]:
@@ -101,5 +154,5 @@ def flag_words(name: str, value) -> list[str]:
     return [flag, str(spelled.get(value, value))]
 
 
-__all__ = ["NORMALIZATIONS", "POSITION_TYPES", "SOFTMAX_TYPES", "STRUCTURE_NAMES", "STRUCTURE_SWITCHES",
-           "WINDOW_FLAGS", "add_structure_args", "flag_words", "window_pair"]
+__all__ = ["NORMALIZATIONS", "POSITION_TYPES", "ROTARY_FLAGS", "SOFTMAX_TYPES", "STRUCTURE_NAMES", "STRUCTURE_SWITCHES",
+           "WINDOW_FLAGS", "add_rotary_args", "add_structure_args", "flag_words", "window_pair"]

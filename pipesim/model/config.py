@@ -145,6 +145,8 @@ class ModelConfig:
         if self.rotary is not None and (not isinstance(self.rotary, Rotary) or self.positions != "rope"):
             raise PipesimError(f"rotary frequencies go with rope positions and a Rotary, got {self.positions} "
                                f"positions and {type(self.rotary).__name__}")
+        if self.rotary is not None and self.rotary.fraction < 1 and self.mla is None:
+            self.rotary.rotated_width(self.head_dim)  # an even number of features, or refused in one line
         if self.kind == "gpt" and self.heads % self.num_kv_heads:
             raise PipesimError(f"--kv-heads {self.num_kv_heads} must divide --heads {self.heads}")
         if self.moe is not None:

@@ -67,8 +67,9 @@ class Rotary:
         partial_rotary_factor)); even, so that they pair."""
         width = int(head_dim * self.fraction)
         if width < 2 or width % 2:
-            raise PipesimError(f"partial_rotary_factor {self.fraction:g} rotates {width} of a head's {head_dim} "
-                               "features: rotary embeddings pair an even number of them")
+            raise PipesimError(f"a rotary share of {self.fraction:g} (--rotary-percent; config.json's "
+                               f"partial_rotary_factor) rotates {width} of a head's {head_dim} features: rotary "
+                               "embeddings pair an even number of them")
         return width
 
     def inverse_frequencies(self, width: int) -> list[float]:
