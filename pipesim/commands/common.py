@@ -17,15 +17,20 @@ from pipesim.commands.expert_args import (
     with_expert_flags,
     with_routing,
 )
-from pipesim.commands.structure_args import ROTARY_FLAGS, WINDOW_FLAGS, add_structure_args, flag_words
+from pipesim.commands.structure_args import (
+    ROTARY_FLAGS,
+    WINDOW_FLAGS,
+    add_structure_args,
+    flag_words,
+    with_rotary,
+    with_window,
+)
 from pipesim.errors import PipesimError
 from pipesim.ir import torch_csv
 from pipesim.ir.schedule import Schedule
-from pipesim.model.attention_window import SlidingWindow
 from pipesim.model.config import ACTIVATIONS, ModelConfig
 from pipesim.model.hf_config import bundled_configs, hf_key_report, load_hf_config
 from pipesim.model.moe import BALANCE_TYPES, DROP_POLICIES
-from pipesim.model.rotary import Rotary
 from pipesim.outputs import write_text
 
 
@@ -257,51 +262,6 @@ def model_config(args: argparse.Namespace) -> ModelConfig:
                                    "--model-config)")
     return with_routing(with_rotary(with_window(ModelConfig(kind=kind, seed=seed_of(args), **given), args), args),
                         args)
-
-
-def with_window(model: ModelConfig, args: argparse.Namespace) -> ModelConfig:
-    """`model` with --window-size and --window-attn-skip-freq (Megatron's): a window of L + 1 keys, every N-th layer
-    full; the skip frequency alone changes the pattern of a --model-config's own window."""
-    size, skip = getattr(args, "window_size", None), getattr(args, "window_skip_freq", None)
-    if size is None and skip is None:
-        return model
-    if size is None:
-        if model.window is None:
-            raise PipesimError("--window-attn-skip-freq needs a sliding window: give --window-size")
-        return replace(model, window=SlidingWindow(model.window.size, skip))
-    every = skip if skip is not None else model.window.full_every if model.window is not None else 0
-    return replace(model, window=SlidingWindow(size[0] + 1, every))
-
-
-def with_rotary(model: ModelConfig, args: argparse.Namespace) -> ModelConfig:
-    """`model` with Megatron-LM's rotary flags over its rotary embedding (a --model-config file's, else base 10,000
-    unscaled): --rotary-base, --rotary-percent, and one scaling, Llama 3.x's (--use-rope-scaling, factor
-    --rope-scaling-factor, Megatron's low 1, high 4 and original context 8192: rotary_pos_embedding.py
-    `_apply_scaling`) or linear (--rotary-seq-len-interpolation-factor)."""
-    typed = {name: getattr(args, name) for name in ROTARY_FLAGS if getattr(args, name, None) is not None}
-    if not typed:
-        return model
-    first = flag_words(next(iter(typed)), next(iter(typed.values())))[0]
-    if model.positions != "rope":
-        raise PipesimError(f"{first} sets the rotary embedding: it needs rope positions (--position-embedding-type "
-                           "rope)")
-    if "rope_scaling_factor" in typed and "use_rope_scaling" not in typed:
-        raise PipesimError("--rope-scaling-factor is --use-rope-scaling's factor: give --use-rope-scaling")
-    if "use_rope_scaling" in typed and "rotary_seq_len_interpolation_factor" in typed:
-        raise PipesimError("--use-rope-scaling and --rotary-seq-len-interpolation-factor scale RoPE two ways at once; "
-                           "pipesim builds one scaling: give one")
-    changes: dict = {}
-    if "rotary_base" in typed:
-        changes["theta"] = typed["rotary_base"]
-    if "rotary_percent" in typed:
-        changes["fraction"] = typed["rotary_percent"]
-    if "use_rope_scaling" in typed:
-        changes.update(scaling="llama3", factor=typed.get("rope_scaling_factor", 8.0), low_freq_factor=1.0,
-                       high_freq_factor=4.0, original_context=8192)
-    if "rotary_seq_len_interpolation_factor" in typed:
-        changes.update(scaling="linear", factor=typed["rotary_seq_len_interpolation_factor"])
-    rotary = replace(model.rotary or Rotary(), **changes)
-    return replace(model, rotary=None if rotary == Rotary() else rotary)
 
 
 def model_config_json(args: argparse.Namespace) -> dict | None:

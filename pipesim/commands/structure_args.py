@@ -1,14 +1,20 @@
 """The transformer's structure flags of simulate, sweep and plan, in Megatron-LM's names (megatron/training/arguments.py
 @ v0.15.3) where Megatron has one: ModelConfig's norm, positions, biases, dropout, q/k norm, head width, tied
 embeddings, attention sinks, sliding window, norm epsilon and rotary embedding, each overriding a --model-config file's
-field as the size flags do (pipesim.commands.common.model_config), and how each is typed back (a plan's exported
-command, --cost's refusal)."""
+field as the size flags do (pipesim.commands.common.model_config); the window and rotary fields the flags make
+together (`with_window`, `with_rotary`), and how each flag is typed back (a plan's exported command, --cost's
+refusal)."""
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 
 from pipesim.commands.arg_types import bounded_int, positive_int
+from pipesim.errors import PipesimError
+from pipesim.model.attention_window import SlidingWindow
+from pipesim.model.config import ModelConfig
+from pipesim.model.rotary import Rotary
 
 # Megatron-LM's names (megatron/training/arguments.py, v0.15.3) for ModelConfig's norm and positions, as typed
 NORMALIZATIONS = {"LayerNorm": "layernorm", "RMSNorm": "rmsnorm"}
@@ -29,7 +35,7 @@ STRUCTURE_NAMES = {"norm": ("--normalization", {v: k for k, v in NORMALIZATIONS.
                    "window_size": ("--window-size", {}), "window_skip_freq": ("--window-attn-skip-freq", {}),
                    "norm_eps": ("--norm-epsilon", {})}
 WINDOW_FLAGS = ("window_size", "window_skip_freq")  # argparse destinations that make ModelConfig.window together
-# argparse destinations that make ModelConfig.rotary together (Megatron-LM's flags; pipesim.commands.common.with_rotary)
+# argparse destinations that make ModelConfig.rotary together (Megatron-LM's flags; `with_rotary`)
 ROTARY_FLAGS = ("rotary_base", "rotary_percent", "rotary_seq_len_interpolation_factor", "use_rope_scaling",
                 "rope_scaling_factor")
 
@@ -143,6 +149,51 @@ def add_rotary_args(g) -> None:
                    help="with --use-rope-scaling: its factor (default 8, Megatron's)")
 
 
+def with_window(model: ModelConfig, args: argparse.Namespace) -> ModelConfig:
+    """`model` with --window-size and --window-attn-skip-freq (Megatron's): a window of L + 1 keys, every N-th layer
+    full; the skip frequency alone changes the pattern of a --model-config's own window."""
+    size, skip = getattr(args, "window_size", None), getattr(args, "window_skip_freq", None)
+    if size is None and skip is None:
+        return model
+    if size is None:
+        if model.window is None:
+            raise PipesimError("--window-attn-skip-freq needs a sliding window: give --window-size")
+        return replace(model, window=SlidingWindow(model.window.size, skip))
+    every = skip if skip is not None else model.window.full_every if model.window is not None else 0
+    return replace(model, window=SlidingWindow(size[0] + 1, every))
+
+
+def with_rotary(model: ModelConfig, args: argparse.Namespace) -> ModelConfig:
+    """`model` with Megatron-LM's rotary flags over its rotary embedding (a --model-config file's, else base 10,000
+    unscaled): --rotary-base, --rotary-percent, and one scaling, Llama 3.x's (--use-rope-scaling, factor
+    --rope-scaling-factor, Megatron's low 1, high 4 and original context 8192: rotary_pos_embedding.py
+    `_apply_scaling`) or linear (--rotary-seq-len-interpolation-factor)."""
+    typed = {name: getattr(args, name) for name in ROTARY_FLAGS if getattr(args, name, None) is not None}
+    if not typed:
+        return model
+    first = flag_words(next(iter(typed)), next(iter(typed.values())))[0]
+    if model.positions != "rope":
+        raise PipesimError(f"{first} sets the rotary embedding: it needs rope positions (--position-embedding-type "
+                           "rope)")
+    if "rope_scaling_factor" in typed and "use_rope_scaling" not in typed:
+        raise PipesimError("--rope-scaling-factor is --use-rope-scaling's factor: give --use-rope-scaling")
+    if "use_rope_scaling" in typed and "rotary_seq_len_interpolation_factor" in typed:
+        raise PipesimError("--use-rope-scaling and --rotary-seq-len-interpolation-factor scale RoPE two ways at once; "
+                           "pipesim builds one scaling: give one")
+    changes: dict = {}
+    if "rotary_base" in typed:
+        changes["theta"] = typed["rotary_base"]
+    if "rotary_percent" in typed:
+        changes["fraction"] = typed["rotary_percent"]
+    if "use_rope_scaling" in typed:
+        changes.update(scaling="llama3", factor=typed.get("rope_scaling_factor", 8.0), low_freq_factor=1.0,
+                       high_freq_factor=4.0, original_context=8192)
+    if "rotary_seq_len_interpolation_factor" in typed:
+        changes.update(scaling="linear", factor=typed["rotary_seq_len_interpolation_factor"])
+    rotary = replace(model.rotary or Rotary(), **changes)
+    return replace(model, rotary=None if rotary == Rotary() else rotary)
+
+
 def flag_words(name: str, value) -> list[str]:
     """How model flag `name` (an argparse destination of MODEL_FLAGS) is typed to give `value`: a switch alone, or
     the flag and its value in the flag's own spelling."""
@@ -155,4 +206,5 @@ def flag_words(name: str, value) -> list[str]:
 
 
 __all__ = ["NORMALIZATIONS", "POSITION_TYPES", "ROTARY_FLAGS", "SOFTMAX_TYPES", "STRUCTURE_NAMES", "STRUCTURE_SWITCHES",
-           "WINDOW_FLAGS", "add_rotary_args", "add_structure_args", "flag_words", "window_pair"]
+           "WINDOW_FLAGS", "add_rotary_args", "add_structure_args", "flag_words", "window_pair", "with_rotary",
+           "with_window"]
