@@ -94,9 +94,12 @@ class Timeline:
         if not _is_int(num_ranks) or num_ranks < 1:
             raise PipesimError(f"{origin} is a malformed timeline: num_ranks must be a positive integer, "
                                f"got {num_ranks!r}")
+        meta = data.get("meta", {})
+        if not isinstance(meta, dict):
+            raise PipesimError(f"{origin} is a malformed timeline: meta must be an object, got {type(meta).__name__}")
         try:
             events = [Event(**e) for e in data["events"]]
-            timeline = Timeline(data["source"], data["schedule"], num_ranks, events, data.get("meta", {}))
+            timeline = Timeline(data["source"], data["schedule"], num_ranks, events, meta)
         except (KeyError, TypeError) as exc:
             raise PipesimError(f"{origin} is a malformed timeline: {exc}") from None
         for i, e in enumerate(events):  # the plots and the replay index ranks and subtract times unchecked
@@ -116,8 +119,10 @@ def read_json(path: str | Path) -> object:
         raise PipesimError(f"file not found: {path}") from None
     except IsADirectoryError:
         raise PipesimError(f"{path} is a folder, not a trace file") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, ValueError) as exc:  # ValueError: JSONDecodeError, an over-long integer
         raise PipesimError(f"cannot read {path}: {str(exc).splitlines()[0]}") from None
+    except RecursionError:
+        raise PipesimError(f"cannot read {path}: its JSON nests deeper than Python's parser goes") from None
 
 
 def _is_int(value: object) -> bool:

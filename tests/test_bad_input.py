@@ -48,6 +48,13 @@ INPUTS = {  # file name -> text, created in every case's folder
     "tiny-config.json": '{"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 500, '
                         '"max_position_embeddings": 128, "model_type": "llama", "hidden_act": "silu"}',
     "traces/keep": "",
+    "deep.json": "[" * 100_000 + "]" * 100_000,  # deeper than Python's JSON parser recurses
+    "long-int.json": '{"schema": "pipesim.timeline/1", "num_ranks": ' + "9" * 5000 + "}",  # past int's digit limit
+    "meta-null.json": (ROOT / "tests" / "data" / "measured_1f1b_gpt_p2.json").read_text().replace(
+        '"meta":{', '"meta":null,"was":{', 1),
+    "meta-no-m.json": (ROOT / "tests" / "data" / "measured_1f1b_gpt_p2.json").read_text().replace(
+        '"microbatches":', '"was_microbatches":', 1),
+    "job.toml": '[model]\nname = "llama3"\nflavor = "debugmodel"\n',
 }
 
 SIM = ["simulate", "1f1b", "-p", "2", "-m", "4"]
@@ -136,6 +143,13 @@ CASES = [
     ("sweep-unknown", ["sweep", "--schedules", "gpipe,nope"], "nope"),
     ("plot-missing-input", ["plot", "missing.json", "-o", "x.html"], "file not found: missing.json"),
     ("plot-not-json", ["plot", "not-json.json", "-o", "x.html"], "cannot read not-json.json"),
+    ("plot-deep-json", ["plot", "deep.json", "-o", "x.html"], "nests deeper than Python's parser goes"),
+    ("whatif-long-int", ["whatif", "long-int.json"], "cannot read long-int.json: Exceeds the limit"),
+    ("whatif-meta-null", ["whatif", "meta-null.json"], "meta must be an object"),
+    ("whatif-meta-no-m", ["whatif", "meta-no-m.json"], "the timeline's meta 'm' must be a positive integer"),
+    ("import-trace-deep-json", ["import-trace", "deep.json", "-o", "t.json"], "nests deeper than Python's parser"),
+    ("plan-job-bad-degree", ["plan", "--from-torchtitan", "job.toml", "--cp", "x"],
+     "argument --cp: invalid int value: 'x'"),
     ("plot-other-schema", ["plot", "other.json", "-o", "x.html"], "is not a pipesim timeline"),
     ("plot-step-zero", ["plot", "other.json", "-o", "x.html", "--step", "0"], "must be >= 1"),
     ("run-nnodes-no-endpoint", [*RUN, "--nnodes", "2"], "--rdzv-endpoint"),

@@ -13,8 +13,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PKG = "pipesim.calibration"
 # the flow: the torchrun worker and its launcher, the timelines read, the fit, the hardware file, the report,
 # and the validation campaign that drives them all
-ORDER = ("runs", "speed_check", "launcher", "fit", "measured", "plan", "refine", "calibrate", "rescale", "from_trace",
-         "validation", "isolated", "report", "plots", "campaign", "gpu", "gpu_measure")
+ORDER = ("runs", "speed_check", "reused", "launcher", "fit", "measured", "plan", "refine", "calibrate", "rescale",
+         "from_trace", "validation", "isolated", "report", "plots", "campaign", "gpu", "gpu_measure")
 CLIENTS = ("pipesim/commands", "pipesim/cli.py", "pipesim/__main__.py")  # the CLI sits on top of it
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from dataclasses import replace
@@ -203,3 +204,21 @@ def test_validate_quick_end_to_end_and_reuse(tmp_path):
                      (["--rounds", "2", "--reuse", str(kept)], "give one of them")):
         proc = subprocess.run([*cmd, "--out", str(again), *bad], capture_output=True, text=True, timeout=60)
         assert proc.returncode == 2 and why in proc.stderr and "Traceback" not in proc.stderr
+    # a kept folder is the user's: a file that is not what the worker wrote stops the refit in one line naming it
+    runs = kept / "round0" / "p2"
+    timeline = sorted(p for p in runs.glob("*.json") if p.name != "comm.json" and ".cycle" not in p.name)[0]
+    for name, edit, why in (
+            ("meta", lambda d: d["meta"].update(m=d["meta"]["m"] + 1), "not the executor's timeline of run"),
+            ("steps", lambda d: d.update(events=[]), "holds 0 steps, none after the"),
+            ("comm", None, "its 'pingpong' must be [bytes, seconds] pairs of positive numbers")):
+        broken = tmp_path / f"broken-{name}"
+        shutil.copytree(kept, broken)
+        target = broken / "round0" / "p2" / (timeline.name if edit else "comm.json")
+        data = json.loads(target.read_text())
+        edit(data) if edit else data.update(pingpong=[[1024, "fast"]])
+        target.write_text(json.dumps(data))
+        proc = subprocess.run([*cmd, "--out", str(again), "--reuse", str(broken)], capture_output=True, text=True,
+                              timeout=120)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and lines[-1].startswith(f"pipesim: error: {target}: ") and why in lines[-1]
+        assert "Traceback" not in proc.stderr

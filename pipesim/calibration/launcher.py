@@ -15,9 +15,10 @@ from pathlib import Path
 
 from executor.launch import rank_environment
 from executor.supervisor import LaunchInterrupted, supervise
+from pipesim.calibration.reused import checked_comm, checked_timeline
 from pipesim.calibration.runs import timeline_name  # the worker's module, torch-free at import
 from pipesim.errors import PipesimError
-from pipesim.timeline import Timeline
+from pipesim.timeline import Timeline, read_json
 
 ROUNDS, CYCLES = 3, 4  # torchrun launches per world size, and passes over the plan in each (see measure_rounds)
 
@@ -87,11 +88,11 @@ def load_runs(runs: list[dict], workdir: Path, *,
     timelines = {}
     for r in runs:
         cycle, found = 0, []
-        while (workdir / timeline_name(r["id"], cycle)).is_file():
-            found.append(Timeline.read(workdir / timeline_name(r["id"], cycle)))
+        while (path := workdir / timeline_name(r["id"], cycle)).is_file():
+            found.append(checked_timeline(Timeline.read(path), r, path))
             cycle += 1
         timelines[r["id"]] = found
-    comm_data = json.loads((workdir / "comm.json").read_text()) if comm else None
+    comm_data = checked_comm(read_json(workdir / "comm.json"), workdir / "comm.json") if comm else None
     return timelines, comm_data
 
 

@@ -11,11 +11,18 @@ from pipesim.hardware.toml_io import load_hardware
 from pipesim.sim.sim_setup import DEFAULT_HARDWARE
 
 
+class _RestParser(argparse.ArgumentParser):
+    """The pre-read's parser: a bad value is the command's one-line error, not argparse's usage block."""
+
+    def error(self, message: str):  # noqa: D401
+        raise PipesimError(message)
+
+
 def typed_rest(argv: list[str]) -> argparse.Namespace:
     """What the rest of the command line says of the job: the GPUs (--hardware, --nodes, --nvlink-domain, or plan's
     --gpus: the frameworks' WORLD_SIZE), a model of its own (--model-config or --model, replacing the file's) and the
     degrees typed over the file's (--tp, --stages, --cp: the data-parallel degree follows them, as in Megatron)."""
-    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)  # the flags as typed, no prefix of another
+    p = _RestParser(add_help=False, allow_abbrev=False)  # the flags as typed, no prefix of another
     p.add_argument("--hardware", default=DEFAULT_HARDWARE)
     for flag in ("--nodes", "--nvlink-domain", "--gpus", "--vocab", "--tp", "--stages", "--cp"):
         p.add_argument(flag, type=int, default=None)

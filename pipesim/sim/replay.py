@@ -74,10 +74,21 @@ def pick_step(tl: Timeline, step: int | None = None) -> int:
         if step not in steps:
             raise PipesimError(f"the timeline has steps {steps[0]}-{steps[-1]}, not step {step}")
         return step
-    warm = int(tl.meta.get("warmup", 0))
+    warm = tl.meta.get("warmup", 0)
+    if isinstance(warm, bool) or not isinstance(warm, int) or warm < 0:
+        raise PipesimError(f"the timeline's meta 'warmup' must be a whole number of steps, got {warm!r}")
     kept = steps[warm:] or steps
     spans = sorted((pipeline_span(tl, s)[1] - pipeline_span(tl, s)[0], s) for s in kept)
     return spans[(len(spans) - 1) // 2][1]
+
+
+def _meta_count(tl: Timeline, *keys: str, default: int | None = None) -> int:
+    """The timeline's meta count under the first of `keys` it gives (else `default`): a positive integer, or refused."""
+    value = next((tl.meta[k] for k in keys if tl.meta.get(k) is not None), default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise PipesimError(f"the timeline's meta {keys[0]!r} must be a positive integer (the run's "
+                           f"{'microbatches' if keys[0] == 'm' else keys[0]}), got {value!r}")
+    return value
 
 
 def record(tl: Timeline, step: int | None = None) -> Recorded:
@@ -85,8 +96,8 @@ def record(tl: Timeline, step: int | None = None) -> Recorded:
     if tl.schedule not in registry.names():
         raise PipesimError(f"the timeline's schedule {tl.schedule!r} is not a registered one: import the trace "
                            "with --schedule NAME")
-    p, m = tl.num_ranks, int(tl.meta.get("m") or tl.meta.get("microbatches"))
-    stages = int(tl.meta.get("stages") or p * int(tl.meta.get("v", 1)))
+    p, m = tl.num_ranks, _meta_count(tl, "m", "microbatches")
+    stages = _meta_count(tl, "stages") if tl.meta.get("stages") is not None else p * _meta_count(tl, "v", default=1)
     sched = registry.build(tl.schedule, p, m, stages // p if registry.spec(tl.schedule).virtual else None)
     if sched.overlaps:
         raise PipesimError(f"{tl.schedule} runs overlapped forward + backward pairs, which the replay does not "

@@ -63,8 +63,10 @@ def _load_json(path: Path) -> object:
         raw = path.read_bytes()
         text = gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw
         return json.loads(text)
-    except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, EOFError, UnicodeDecodeError, ValueError) as exc:  # ValueError: bad JSON, an over-long integer
         raise PipesimError(f"{path} is not a Chrome trace (cannot read JSON: {str(exc).splitlines()[0]})") from None
+    except RecursionError:
+        raise PipesimError(f"{path} is not a Chrome trace (its JSON nests deeper than Python's parser goes)") from None
 
 
 def read_rank_trace(path: Path) -> RankTrace:
