@@ -113,6 +113,8 @@ class Timeline:
 
 def read_json(path: str | Path) -> object:
     """The JSON in the file a user named (a timeline, a trace, a sweep); PipesimError in one line if unreadable."""
+    if Path(path).exists() and not Path(path).is_file() and not Path(path).is_dir():  # /dev/zero would never end
+        raise PipesimError(f"{path} is not a regular file")
     try:
         return json.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:

@@ -146,6 +146,8 @@ def test_plan_takes_the_files_job_and_searches_its_layout(tmp_path):
     assert argv == ["plan", "--framework", "torchtitan", "--model-config", "llama3.1-8b", "--seq", "65536", "--dtype",
                     "bfloat16", "--batch", "8", "--compile", "--fp8-format", "hybrid", "--fp8-recipe", "tensorwise",
                     "--fp8-param-gather", "--fp8-impl", "torchao", "--gpus", "16", "--hardware", "dgx-h100"]
+    searched = expand(["plan", "--from-torchtitan", str(EXAMPLE), "--gpus", "16", "--cp", "1,2"])  # plan's list
+    assert searched[searched.index("--batch") + 1] == "8" and searched[-2:] == ["--cp", "1,2"]  # the file's batch
     out = tmp_path / "plan.json"
     assert main(["plan", "--from-torchtitan", str(EXAMPLE), "--gpus", "16", "--hardware", "dgx-h100",
                  "--max-candidates", "3", "--top", "1", "--json", str(out)]) == 0

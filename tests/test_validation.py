@@ -210,6 +210,8 @@ def test_validate_quick_end_to_end_and_reuse(tmp_path):
     for name, edit, why in (
             ("meta", lambda d: d["meta"].update(m=d["meta"]["m"] + 1), "not the executor's timeline of run"),
             ("steps", lambda d: d.update(events=[]), "holds 0 steps, none after the"),
+            ("instant", lambda d: next(e for e in d["events"] if e["stream"] == "compute").update(end=0.0, start=0.0),
+             "takes no time (start = end 0.0)"),
             ("comm", None, "its 'pingpong' must be [bytes, seconds] pairs of positive numbers")):
         broken = tmp_path / f"broken-{name}"
         shutil.copytree(kept, broken)

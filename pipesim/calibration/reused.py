@@ -32,6 +32,10 @@ def checked_timeline(tl: Timeline, run: dict, path: Path) -> Timeline:
         raise _bad(path, f"its meta 'warmup' must be a whole number of steps, got {warmup!r}")
     if len(tl.steps()) <= warmup:
         raise _bad(path, f"holds {len(tl.steps())} steps, none after the {warmup} warm-up steps")
+    instant = next((e for e in tl.events if e.stream == "compute" and e.end <= e.start), None)
+    if instant is not None:  # the fit divides by each action's measured seconds
+        raise _bad(path, f"its {instant.kind} of stage {instant.stage}, microbatch {instant.microbatch} on rank "
+                         f"{instant.rank} takes no time (start = end {instant.start!r}); a measured action takes some")
     probe = meta.get("probe")
     if probe is not None and (isinstance(probe, bool) or not isinstance(probe, (int, float))
                               or not math.isfinite(probe)):

@@ -11,6 +11,17 @@ from pipesim.hardware.toml_io import load_hardware
 from pipesim.sim.sim_setup import DEFAULT_HARDWARE
 
 
+def _degree(text: str) -> int | None:
+    """A degree typed over the job file's: one integer, or a list of them (plan's search; None: the search's, not a
+    degree of the file's job)."""
+    parts = text.split(",")
+    try:
+        values = [int(x) for x in parts]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    return values[0] if len(values) == 1 else None
+
+
 class _RestParser(argparse.ArgumentParser):
     """The pre-read's parser: a bad value is the command's one-line error, not argparse's usage block."""
 
@@ -24,8 +35,10 @@ def typed_rest(argv: list[str]) -> argparse.Namespace:
     degrees typed over the file's (--tp, --stages, --cp: the data-parallel degree follows them, as in Megatron)."""
     p = _RestParser(add_help=False, allow_abbrev=False)  # the flags as typed, no prefix of another
     p.add_argument("--hardware", default=DEFAULT_HARDWARE)
-    for flag in ("--nodes", "--nvlink-domain", "--gpus", "--vocab", "--tp", "--stages", "--cp"):
+    for flag in ("--nodes", "--nvlink-domain", "--gpus", "--vocab"):
         p.add_argument(flag, type=int, default=None)
+    for flag in ("--tp", "--stages", "--cp"):  # plan's take a list (1,2,4): the degree is typed over the file's then
+        p.add_argument(flag, type=_degree, default=None)
     p.add_argument("--model-config", default=None)
     p.add_argument("--model", default=None)
     return p.parse_known_args(argv)[0]

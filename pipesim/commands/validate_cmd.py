@@ -62,6 +62,9 @@ def run(args: argparse.Namespace) -> int:
     img = check_folder(args.img_dir, "--img-dir") or out.parent / "img"
     check_folder(args.keep, "--keep")
     hardware = load_hardware(args.hardware) if args.hardware else None
+    if hardware is not None and hardware.host is None:  # the runs are the executor's on this machine's CPU
+        raise PipesimError(f"--hardware {args.hardware}: validate predicts the executor's CPU runs here, which need a "
+                           "[host] profile (pipesim calibrate -o FILE writes one; local-cpu has one)")
     if args.rounds is not None and not 1 <= args.rounds <= 100:
         raise PipesimError(f"--rounds {args.rounds}: must be between 1 and 100")
     if args.reuse and args.rounds is not None:

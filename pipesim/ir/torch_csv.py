@@ -98,6 +98,8 @@ def loads(text: str, name: str = "csv") -> Schedule:
 
 def load(path: str | Path) -> Schedule:
     """Read a torch.distributed.pipelining schedule CSV."""
+    if Path(path).exists() and not Path(path).is_file() and not Path(path).is_dir():  # /dev/zero would never end
+        raise PipesimError(f"schedule CSV {path} is not a regular file")
     try:
         text = Path(path).read_text()
     except FileNotFoundError:
