@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 
-from pipesim.commands.arg_types import bounded_int, positive_int
+from pipesim.commands.arg_types import bounded_int, positive_float, positive_int
 from pipesim.errors import PipesimError
 from pipesim.model.attention_window import SlidingWindow
 from pipesim.model.config import ModelConfig
@@ -53,25 +53,15 @@ def window_pair(text: str) -> tuple[int, int]:
     return left, right
 
 
-def _positive_number(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r}: give a positive number")
-    return value
-
-
 def _fraction(text: str) -> float:
-    value = _positive_number(text)
+    value = positive_float(text)
     if value > 1:
         raise argparse.ArgumentTypeError(f"{text!r}: give a fraction in (0, 1]")
     return value
 
 
 def _epsilon(text: str) -> float:
-    value = _positive_number(text)
+    value = positive_float(text)
     if value >= 1:
         raise argparse.ArgumentTypeError(f"{text!r}: give a number in (0, 1)")
     return value
@@ -134,18 +124,18 @@ def add_rotary_args(g) -> None:
     """Megatron-LM's rotary flags (megatron/training/arguments.py and megatron/core/models/common/embeddings/
     rotary_pos_embedding.py @ d98e8a64): the frequencies `pipesim run` builds (ModelConfig.rotary); no cost depends
     on them."""
-    g.add_argument("--rotary-base", type=_positive_number, default=None, metavar="THETA",
+    g.add_argument("--rotary-base", type=positive_float, default=None, metavar="THETA",
                    help="with rope positions: RoPE's base period (default 10000, Megatron's; config.json's "
                         "rope_theta)")
     g.add_argument("--rotary-percent", type=_fraction, default=None, metavar="F",
                    help="with rope positions: the share of each head's features rotated, the rest passed (default 1; "
                         "config.json's partial_rotary_factor)")
-    g.add_argument("--rotary-seq-len-interpolation-factor", type=_positive_number, default=None, metavar="N",
+    g.add_argument("--rotary-seq-len-interpolation-factor", type=positive_float, default=None, metavar="N",
                    help="with rope positions: positions divided by N, linear RoPE scaling (Megatron's flag)")
     g.add_argument("--use-rope-scaling", action="store_const", const=True, default=None,
                    help="with rope positions: Llama 3.x's frequency scaling (low 1, high 4, original context 8192, "
                         "factor --rope-scaling-factor)")
-    g.add_argument("--rope-scaling-factor", type=_positive_number, default=None, metavar="F",
+    g.add_argument("--rope-scaling-factor", type=positive_float, default=None, metavar="F",
                    help="with --use-rope-scaling: its factor (default 8, Megatron's)")
 
 
