@@ -159,6 +159,8 @@ CASES = [
     ("run-nnodes-no-endpoint", [*RUN, "--nnodes", "2"], "--rdzv-endpoint"),
     ("run-then-bad", [*RUN, "--then", "gpipe", "--frob"], "after --then"),
     ("run-dp-not-dividing", ["run", "1f1b", "--nproc", "3", "--dp", "2"], "3"),
+    ("run-weights-too-big", [*RUN, "--model", "mlp", "--hidden", "10000000", "--layers", "2"],
+     "the model's parameters and gradients alone need"),
     ("bench-unknown-op", [*BENCH, "--ops", "all_reduce,shout"], "unknown collective 'shout'"),
     ("bench-bad-size", [*BENCH, "--sizes", "12Q"], "cannot read size '12Q'"),
     ("calibrate-devices", ["calibrate", "-o", "hw.toml", "--devices", "1"], "--devices must be >= 2"),

@@ -15,6 +15,7 @@ from executor.launch import launch
 from executor.run_config import RunConfig, configs_to_json
 from pipesim.commands.arg_types import positive_int
 from pipesim.commands.run_args import add_run_args, configs_from_args
+from pipesim.commands.run_memory import check_host_memory
 from pipesim.commands.run_orders import check_order_flags, searched_orders
 from pipesim.commands.setup_args import ilp_seconds
 from pipesim.errors import PipesimError
@@ -72,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
             from executor.user_model import check_run  # local import: torch only with --model MODULE:FACTORY
 
             check_run(cfg, [sched.model_stages for sched in built])
+        check_host_memory(cfg, world, args.nproc)  # weights that cannot fit here, refused before any rank starts
     check_outputs(cfgs)  # before torchrun: a result that cannot be written is known now, not after training
     if args.print_config:
         print(configs_to_json(cfgs))
