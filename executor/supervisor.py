@@ -5,9 +5,10 @@
 
 - torchrun starts in a session (process group) of its own, its ranks in theirs (torchrun does that),
   so a terminal's Ctrl-C reaches pipesim alone, and pipesim decides what happens;
-- SIGINT or SIGTERM to pipesim is forwarded to torchrun's group and to every rank; after `GRACE`
-  seconds (or a second signal) whatever is left gets SIGKILL; the caller reports
-  `interrupted (SIGTERM); 2 ranks stopped` and exits 128 + the signal;
+- SIGINT, SIGTERM or SIGHUP (a closed terminal or ssh session) to pipesim is forwarded to torchrun's group and to
+  every rank; after `GRACE` seconds (or a second signal) whatever is left gets SIGKILL; the caller reports
+  `interrupted (SIGTERM); 2 ranks stopped` and exits 128 + the signal; should pipesim itself be killed (SIGKILL, which
+  it cannot catch), torchrun gets SIGTERM from the kernel (Linux's PR_SET_PDEATHSIG) and stops its ranks;
 - torchrun's stderr (its banner, its "Root Cause" traceback, the ranks' warnings) goes to a log file;
   only the ranks' own one-liners (`executor: ...`, `pipesim: ...`) reach the terminal, unless `verbose`
   (executor.stderr_relay);
@@ -23,6 +24,7 @@ state machine; splitting it would spread one protocol over files.)
 
 from __future__ import annotations
 
+import ctypes
 import os
 import re
 import select
@@ -41,6 +43,19 @@ from executor.failure_report import LaunchOutcome, failure_line, signal_name
 from executor.stderr_relay import PROGRESS_TTY, Relay
 
 GRACE = 5.0  # seconds from the forwarded signal to SIGKILL
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # what pipesim forwards to torchrun and the ranks
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None  # loaded before any fork
+
+
+def _dies_with(parent: int):
+    """torchrun's pre-exec step: SIGTERM to it when `parent` (pipesim) dies, even by SIGKILL; it then stops the
+    ranks. A parent already gone before the request took effect ends the child at once."""
+    def arm() -> None:
+        _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:
+            os._exit(1)
+    return arm
 STALL_SLACK = 5.0  # seconds past --pg-timeout without any rank moving before the launcher stops the run
 POLL = 0.05  # seconds between looks at torchrun and its ranks
 
@@ -195,12 +210,13 @@ def supervise(cmd: list[str], env: dict[str, str], log_path: Path, *, status_dir
     main_thread = threading.current_thread() is threading.main_thread()
     previous = {}
     if main_thread:
-        for signum in (signal.SIGINT, signal.SIGTERM):
+        for signum in FORWARDED:
             previous[signum] = signal.signal(signum, lambda s, _f: received.append(s))
     try:
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=log if stdout_to_log else None,
-                                    stderr=subprocess.PIPE, start_new_session=True)
+                                    stderr=subprocess.PIPE, start_new_session=True,
+                                    preexec_fn=_dies_with(os.getpid()) if _LIBC is not None else None)
             relay = Relay(proc.stderr, log, echo=echo, verbose=verbose)
             relay.start()
             watch = _Watch(proc)

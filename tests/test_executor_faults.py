@@ -229,20 +229,21 @@ def _wait_gone(pids: list[int], seconds: float) -> list[int]:
 
 
 @pytest.mark.dist
-@pytest.mark.parametrize("how", ["SIGTERM", "Ctrl-C"])
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGHUP", "Ctrl-C"])
 def test_signal_to_the_launcher_stops_every_rank(how, tmp_path):
-    """SIGTERM sent to `pipesim run` alone, or Ctrl-C on its terminal (SIGINT to its foreground group, in
-    which torchrun is not): within 10 s no torchrun and no rank is left, one line, exit 128 + signal."""
+    """SIGTERM or SIGHUP (a closed terminal or ssh session) sent to `pipesim run` alone, or Ctrl-C on its terminal
+    (SIGINT to its foreground group, in which torchrun is not): within 10 s no torchrun and no rank is left, one line,
+    exit 128 + signal."""
     marker = tmp_path / "signalled"
     cmd = [sys.executable, "-m", "pipesim", "run", *SMALL[:-3], "--steps", "1000000", "--save-dir", str(marker)]
-    spawn = _spawn_piped if how == "SIGTERM" else _spawn_on_terminal
+    spawn = _spawn_on_terminal if how == "Ctrl-C" else _spawn_piped
     pid, out, reader, fd = _start_training(cmd, spawn=spawn)
     torchrun, ranks = _family(pid)
     assert len(torchrun) == 1 and len(ranks) == 2, (torchrun, ranks)
-    signum = signal.SIGTERM if how == "SIGTERM" else signal.SIGINT
+    signum = signal.SIGINT if how == "Ctrl-C" else signal.Signals[how]
     start = time.monotonic()
-    if how == "SIGTERM":
-        os.kill(pid, signal.SIGTERM)
+    if how != "Ctrl-C":
+        os.kill(pid, signum)
         code = _spawn_piped.procs.pop(pid).wait(timeout=10)
     else:
         os.write(fd, b"\x03")  # the terminal's interrupt character
@@ -259,6 +260,29 @@ def test_signal_to_the_launcher_stops_every_rank(how, tmp_path):
     assert "Traceback" not in text and "KeyboardInterrupt" not in text
     if how == "Ctrl-C":  # on a terminal rank 0's progress is a bar, relayed through the launcher
         assert "executor: 1f1b:" in text and "step 1/1000000" not in text
+
+
+@pytest.mark.dist
+def test_a_launcher_killed_outright_takes_torchrun_and_the_ranks_with_it(tmp_path):
+    """SIGKILL to `pipesim run`, which it cannot catch: the kernel sends torchrun SIGTERM (PR_SET_PDEATHSIG), and
+    torchrun stops the ranks; within 15 s none is left. Quiet, so that no write to the dead launcher's pipe ends
+    torchrun by SIGPIPE instead."""
+    marker = tmp_path / "killed"
+    cmd = [sys.executable, "-m", "pipesim", "run", *SMALL[:-3], "--steps", "1000000", "--quiet", "--save-dir",
+           str(marker)]
+    pid, fd = _spawn_piped(cmd)
+    deadline = time.monotonic() + 120
+    while len(_family(pid)[1]) < 2:  # the ranks started
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    time.sleep(2.0)  # into training
+    torchrun, ranks = _family(pid)
+    assert len(torchrun) == 1 and len(ranks) == 2, (torchrun, ranks)
+    os.kill(pid, signal.SIGKILL)
+    assert _spawn_piped.procs.pop(pid).wait(timeout=10) == -signal.SIGKILL
+    assert not _wait_gone(torchrun + ranks, 15)
+    assert not _alive_with(str(marker))
+    os.close(fd)
 
 
 @pytest.mark.parametrize(("fields", "message"), [
