@@ -138,13 +138,7 @@ class RunConfig:
                                        ("--recompute", "none", job.recompute)):
                 if value != plain:
                     raise PipesimError(f"{flag} needs pipesim's own --model mlp or gpt, not --model {self.factory}")
-        built = [self._schedule(name, job.pp) for name in (self.names or (None,))]
-        for sched in built if self.model.tied_embeddings else ():
-            if sched.chains > 1:
-                raise PipesimError(f"{sched.name} runs each model stage on two ranks, and this model's head is tied to "
-                                   "its embedding: the executor ties them on schedules with one chain")
-        self._check_fault(job, built)
-        m = self.microbatches
+        m = self.microbatches  # checked before the schedules are built: their size grows with m
         # the cost model's checks of the batch split and of the sizes tp divides (hidden; gpt's heads; the sequence
         # under sequence parallelism, which splits a transformer's sequence over tp as Megatron does). The MLP's
         # sequence parallelism splits a microbatch's rows instead (checked below), and its MLP also runs full
@@ -156,6 +150,12 @@ class RunConfig:
         if job.sp and self.model.kind == "mlp" and self.model.batch % (dp * m * tp):
             raise PipesimError(f"--sequence-parallel splits each microbatch over tp: --batch {self.model.batch} does "
                                f"not split into dp({dp}) x {m} microbatches x tp({tp}) evenly")
+        built = [self._schedule(name, job.pp) for name in (self.names or (None,))]
+        for sched in built if self.model.tied_embeddings else ():
+            if sched.chains > 1:
+                raise PipesimError(f"{sched.name} runs each model stage on two ranks, and this model's head is tied to "
+                                   "its embedding: the executor ties them on schedules with one chain")
+        self._check_fault(job, built)
         for sched in built if self.factory is None else ():  # a factory's layers are counted when it is called
             split = self.layers_per_stage(sched.model_stages)  # DualPipe: 2 chains of p stages, p chunks
             if tp > 1 and self.model.kind == "mlp" and any(n % 2 for n in split):

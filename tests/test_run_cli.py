@@ -38,7 +38,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    (["interleaved-1f1b", "--nproc", "2", "--microbatches", "3"], "interleaved"),
+    (["interleaved-1f1b", "--nproc", "2", "--microbatches", "3", "--batch", "6"], "interleaved"),
     (["1f1b", "--nproc", "3", "--dp", "2"], "WORLD_SIZE(3) is not divisible by dp(2) * tp(1)"),
     (["1f1b", "--nproc", "4", "--stages", "4", "--dp", "2"], "dp(2) * pp(4) * tp(1) != WORLD_SIZE(4)"),
     (["1f1b", "--nproc", "4", "--layers", "3"], "--layers 3 is fewer than the 4 stages"),
