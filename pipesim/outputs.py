@@ -40,6 +40,8 @@ def check_file(path: str | Path | None, flag: str, fmt: str) -> Path | None:
     wrong suffix for `fmt`, a folder, not a regular file, a folder that is missing or not writable."""
     if path is None or str(path) == "-":
         return None
+    if not str(path).strip():
+        raise PipesimError(f"{flag} needs a file name, got an empty one")
     p = Path(path)
     suffixes, what = FORMATS[fmt]
     where = f"{flag} {path}"
@@ -57,6 +59,8 @@ def check_folder(path: str | Path | None, flag: str) -> Path | None:
     """An output folder of `flag`: an existing writable folder, or one that can be created under one."""
     if path is None:
         return None
+    if not str(path).strip():
+        raise PipesimError(f"{flag} needs a folder name, got an empty one")
     p = Path(path)
     where = f"{flag} {path}"
     if p.exists() and not p.is_dir():

@@ -32,7 +32,7 @@ def test_slow_crosses_to_the_workers_and_is_checked():
 
 @pytest.mark.parametrize(("slow", "message"), [("2=1.5", "rank 2 does not exist (ranks 0-1)"),
                                                ("1=0.5", "the factor must be >= 1"),
-                                               ("1=0", "the factor must be > 0"),
+                                               ("1=0", "the factor must be a finite number > 0"),
                                                ("x", "expected RANK=FACTOR")])
 def test_run_slow_refused_before_launching(slow, message, capsys):
     assert main(["run", "1f1b", "--nproc", "2", "--microbatches", "4", "--batch", "8", "--slow", slow]) == 2

@@ -136,6 +136,11 @@ def from_trace(args: argparse.Namespace) -> int:
     if not args.model and not args.model_config:
         raise PipesimError("--from-trace needs --model: the traced run's model (mlp or gpt with its sizes, or "
                            "MODULE:FACTORY; or --model-config) and its --batch")
+    for flag, given, what in (("--quick", args.quick, "shortens the executor runs"),
+                              ("--keep", args.keep is not None, "keeps the executor runs' timelines"),
+                              ("--rescale", args.rescale is not None, "rescales a CPU hardware file (with --quick)")):
+        if given:
+            raise PipesimError(f"{flag} {what}: it does nothing with --from-trace, which measures nothing")
     timeline = import_traces(args.from_trace, schedule=args.schedule)
     model = user = None
     if args.model and is_factory_spec(args.model):

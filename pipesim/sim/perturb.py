@@ -43,6 +43,7 @@ class Perturbation:
         for rank, factor in self.slow:
             _check_rank(rank, ranks, f"--slow {rank}={factor:g}")
             _check_factor(factor, f"--slow {rank}={factor:g}")
+        _check_once([r for r, _ in self.slow], "--slow names rank {} more than once: give each rank one factor")
         for a, b, factor in self.slow_links:
             what = f"--slow-link {a}-{b}={factor:g}"
             _check_rank(a, ranks, what)
@@ -50,6 +51,8 @@ class Perturbation:
             if a == b:
                 raise PipesimError(f"{what}: a link joins two different ranks")
             _check_factor(factor, what)
+        _check_once([f"{min(a, b)}-{max(a, b)}" for a, b, _ in self.slow_links],
+                    "--slow-link names link {} more than once: give each link one factor")
         if not math.isfinite(self.jitter) or self.jitter < 0:
             raise PipesimError(f"--jitter must be a sigma >= 0, got {self.jitter:g}")
 
@@ -110,9 +113,16 @@ def _check_rank(rank: int, ranks: int, what: str) -> None:
         raise PipesimError(f"{what}: pipeline rank {rank} does not exist (ranks 0-{ranks - 1})")
 
 
+def _check_once(keys: list, message: str) -> None:
+    """A rank or link given twice would take one of its factors silently: refused, naming it."""
+    twice = [k for i, k in enumerate(keys) if k in keys[:i]]
+    if twice:
+        raise PipesimError(message.format(twice[0]))
+
+
 def _check_factor(factor: float, what: str) -> None:
     if not math.isfinite(factor) or factor <= 0:
-        raise PipesimError(f"{what}: the factor must be > 0")
+        raise PipesimError(f"{what}: the factor must be a finite number > 0")
 
 
 def parse_slow(text: str) -> tuple[int, float]:
