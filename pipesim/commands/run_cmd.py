@@ -80,7 +80,9 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if not cfgs[0].quiet:  # progress from the start: torchrun and the ranks' imports take seconds before step 1
         names = ", ".join(c.names[0] if c.names else "csv schedule" for c in cfgs)
-        print(f"pipesim run: starting {world} ranks under torchrun ({names}; {cfgs[0].steps} steps)",
+        nodes = (f" on {args.nnodes} nodes, this one waiting at {args.rdzv_endpoint} until every node has joined"
+                 if args.nnodes > 1 else "")
+        print(f"pipesim run: starting {world} ranks under torchrun ({names}; {cfgs[0].steps} steps){nodes}",
               file=sys.stderr, flush=True)
     return launch(cfgs, args.nproc, nnodes=args.nnodes, rdzv_endpoint=args.rdzv_endpoint, verbose=args.verbose)
 
