@@ -200,6 +200,7 @@ class RunConfig:
             if sched.num_microbatches != self.microbatches:
                 sched_m = sched.num_microbatches
                 raise PipesimError(f"{self.csv} has {sched_m} microbatches but --microbatches is {self.microbatches}")
+            torch_csv.check_csv_virtual(sched, self.virtual, self.csv)
         else:
             v = self.virtual if (self.virtual and schedules.spec(name).virtual) else None
             if self.virtual and len(self.names) == 1:

@@ -54,6 +54,7 @@ INPUTS = {  # file name -> text, created in every case's folder
         '"meta":{', '"meta":null,"was":{', 1),
     "meta-no-m.json": (ROOT / "tests" / "data" / "measured_1f1b_gpt_p2.json").read_text().replace(
         '"microbatches":', '"was_microbatches":', 1),
+    "two-ranks.csv": "0F0,0F1,0B0,0B1\n1F0,1B0,1F1,1B1\n",  # valid: 2 ranks, 2 microbatches, 1 stage each
     "job.toml": '[model]\nname = "llama3"\nflavor = "debugmodel"\n',
 }
 
@@ -152,6 +153,10 @@ CASES = [
      "argument --cp: invalid int value: 'x'"),
     ("whatif-special-file", ["whatif", "/dev/zero"], "/dev/zero is not a regular file"),
     ("csv-special-file", ["schedule", "--from-csv", "/dev/zero"], "schedule CSV /dev/zero is not a regular file"),
+    ("csv-virtual", ["schedule", "--from-csv", "two-ranks.csv", "--virtual", "2"],
+     "--virtual 2: two-ranks.csv places its own stages, 1 per rank; drop --virtual"),
+    ("run-csv-virtual", ["run", "--from-csv", "two-ranks.csv", "--nproc", "2", "-m", "2", "--virtual", "2"],
+     "two-ranks.csv places its own stages, 1 per rank"),
     ("run-slow-twice", [*RUN, "--slow", "0=1.5", "--slow", "0=2"],
      "--slow names rank 0 more than once: give each rank one factor"),
     ("sim-slow-link-twice", [*SIM, "--cost", "F=1,B=2", "--hardware", "local-cpu", "--slow-link", "0-1=1.5",

@@ -86,6 +86,7 @@ def load_schedule(args: argparse.Namespace, *, validate: bool = True,
         raise PipesimError("give a schedule NAME or --from-csv FILE, not both")
     if args.from_csv:
         sched = torch_csv.load(args.from_csv)
+        torch_csv.check_csv_virtual(sched, getattr(args, "virtual", None), args.from_csv)
     elif args.name:
         v = args.virtual if args.virtual is not None else schedules.spec(args.name).default_virtual
         check_schedule_size(args.stages or 1, v, args.microbatches, limit)

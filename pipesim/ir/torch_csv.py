@@ -109,6 +109,13 @@ def load(path: str | Path) -> Schedule:
     return loads(text, Path(path).name)
 
 
+def check_csv_virtual(schedule: Schedule, virtual: int | None, name: str) -> None:
+    """A typed --virtual beside a schedule CSV: the CSV places its stages, so a count it does not have is refused."""
+    chunks = schedule.num_stages // schedule.num_ranks
+    if virtual is not None and virtual != chunks:
+        raise PipesimError(f"--virtual {virtual}: {name} places its own stages, {chunks} per rank; drop --virtual")
+
+
 def dumps(schedule: Schedule) -> str:
     """CSV text in torch's format (one row per rank)."""
     out = io.StringIO()
