@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 
 class PipesimError(Exception):
     """A mistake in the user's input (names, sizes, files); never a bug in pipesim."""
@@ -13,3 +15,11 @@ class ScheduleError(PipesimError):
     def __init__(self, message: str, grid: str = "") -> None:
         super().__init__(message)
         self.grid = grid
+
+
+def refuse_special_file(path: str | Path, what: str) -> None:
+    """A file the user names for reading that exists but is neither a regular file nor a folder (/dev/zero, a pipe)
+    would be read forever or block: refused, as `what` (the flag and path, or the file's role)."""
+    p = Path(path)
+    if p.exists() and not p.is_file() and not p.is_dir():
+        raise PipesimError(f"{what} is not a regular file")

@@ -11,7 +11,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from pipesim.errors import PipesimError
+from pipesim.errors import PipesimError, refuse_special_file
 
 SCHEMA = "pipesim.timeline/1"
 STREAMS = ("compute", "send", "recv", "collective")
@@ -113,8 +113,7 @@ class Timeline:
 
 def read_json(path: str | Path) -> object:
     """The JSON in the file a user named (a timeline, a trace, a sweep); PipesimError in one line if unreadable."""
-    if Path(path).exists() and not Path(path).is_file() and not Path(path).is_dir():  # /dev/zero would never end
-        raise PipesimError(f"{path} is not a regular file")
+    refuse_special_file(path, str(path))
     try:
         return json.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:

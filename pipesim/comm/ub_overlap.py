@@ -53,7 +53,7 @@ from pipesim.comm.overlap_interference import HidingGemm, exposed_beside
 from pipesim.device.gemm import gemm_time
 from pipesim.device.kernels import memory_bound_time
 from pipesim.device.profile import DeviceProfile
-from pipesim.errors import PipesimError
+from pipesim.errors import PipesimError, refuse_special_file
 
 METHODS = ("ring_exchange", "pipeline", "bulk")
 # transformer_engine/pytorch/module/base.py @ v2.1, initialize_ub: the default method of each userbuffers GEMM
@@ -149,6 +149,7 @@ class UbConfig:
         """Megatron-core's --tp-comm-overlap-cfg: a YAML mapping of userbuffers names to add_ub's keywords."""
         import yaml  # local import: only a run given a config file needs PyYAML at start-up
 
+        refuse_special_file(path, f"--tp-comm-overlap-cfg {path}")
         try:
             data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
         except OSError as err:

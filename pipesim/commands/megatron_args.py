@@ -9,7 +9,7 @@ import shlex
 from pathlib import Path, PurePath
 
 from pipesim.commands.megatron_flags import IGNORED_FLAGS, LATER, PASSED, READ, REFUSED, SWITCH, VALUE
-from pipesim.errors import PipesimError
+from pipesim.errors import PipesimError, refuse_special_file
 
 SCRIPT = "pretrain_gpt.py"
 RUN_MODULES = ("torch.distributed.run",)  # torchrun's module (`python -m torch.distributed.run`)
@@ -17,6 +17,7 @@ RUN_MODULES = ("torch.distributed.run",)  # torchrun's module (`python -m torch.
 
 def words_of(path: str, where: str) -> list[str]:
     """The file's shell words: continuations joined, comments dropped, quotes removed; no shell variable left."""
+    refuse_special_file(path, where)
     try:
         text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:

@@ -16,7 +16,7 @@ from pathlib import Path
 from pipesim.commands.job_import import keep_flags, split_command, typed_rest, world_size
 from pipesim.commands.torchtitan_pipeline import model_layers, parts_split, stages_per_rank
 from pipesim.commands.torchtitan_sections import Keys, compile_flags, quantize_flags, recompute_flags
-from pipesim.errors import PipesimError
+from pipesim.errors import PipesimError, refuse_special_file
 from pipesim.plan.exports import TORCH_ROTATE
 from pipesim.plan.stack_space import TORCHTITAN_FLAVORS
 
@@ -42,6 +42,7 @@ def torchtitan_argv(path: str, argv: list[str]) -> tuple[str | None, list[str]]:
     `argv` the rest of the command line (its --hardware and --nodes give WORLD_SIZE; its own model replaces the
     file's)."""
     where = f"{FLAG} {path}"
+    refuse_special_file(path, where)
     try:
         data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:

@@ -17,7 +17,7 @@ import io
 import re
 from pathlib import Path
 
-from pipesim.errors import PipesimError
+from pipesim.errors import PipesimError, refuse_special_file
 from pipesim.ir.schedule import Action, Kind, Schedule
 
 _BOOKKEEPING = re.compile(r"^\d+(UNSHARD|RESHARD|REDUCE_GRAD)\d*$")
@@ -98,8 +98,7 @@ def loads(text: str, name: str = "csv") -> Schedule:
 
 def load(path: str | Path) -> Schedule:
     """Read a torch.distributed.pipelining schedule CSV."""
-    if Path(path).exists() and not Path(path).is_file() and not Path(path).is_dir():  # /dev/zero would never end
-        raise PipesimError(f"schedule CSV {path} is not a regular file")
+    refuse_special_file(path, f"schedule CSV {path}")
     try:
         text = Path(path).read_text()
     except FileNotFoundError:
