@@ -119,6 +119,9 @@ class RunConfig:
                 raise PipesimError("--backend nccl needs CUDA GPUs and this machine has none; use --backend gloo")
         if len(self.slow_ranks) != len(self.slow_factors):
             raise PipesimError("--slow: one factor per rank")
+        twice = [r for i, r in enumerate(self.slow_ranks) if r in self.slow_ranks[:i]]
+        if twice:  # as simulate's --slow (pipesim.sim.perturb): a second factor would be dropped
+            raise PipesimError(f"--slow names rank {twice[0]} more than once: give each rank one factor")
         for rank, factor in zip(self.slow_ranks, self.slow_factors, strict=True):
             if not 0 <= rank < world:
                 raise PipesimError(f"--slow {rank}={factor:g}: rank {rank} does not exist (ranks 0-{world - 1})")

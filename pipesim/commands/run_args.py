@@ -29,7 +29,7 @@ from pipesim.model.config import ModelConfig
 from pipesim.model.options import RECOMPUTE
 from pipesim.model.pipeline_split import schedule_split
 from pipesim.parallel_dims import ParallelDims
-from pipesim.sim.perturb import Perturbation, parse_slow
+from pipesim.sim.perturb import parse_slow
 
 
 def add_run_args(parser: argparse.ArgumentParser) -> None:
@@ -148,8 +148,6 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     names = tuple(n.strip() for n in args.name.split(",") if n.strip()) if args.name else ()
     factory = args.model if is_factory_spec(args.model) else None  # --model MODULE:FACTORY (cost.user_model_costs)
     slow = [parse_slow(text) for text in args.slow]
-    if len({r for r, _ in slow}) < len(slow):  # the message simulate's Perturbation.check gives
-        Perturbation(slow=tuple(slow)).check(max(r for r, _ in slow) + 1)
     model = user_model_config(args) if factory else model_config(args)
     split = rule_split(args, names, None if factory else model) or args.layer_split  # refuses the two together
     if args.dropout:  # typed: a switch the executor cannot honour (a GPT's default dropout is the cost model's figure)
