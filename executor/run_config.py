@@ -200,10 +200,7 @@ class RunConfig:
             sched = torch_csv.load(self.csv)
             if sched.num_ranks != pp:
                 raise PipesimError(f"{self.csv} has {sched.num_ranks} ranks but the run has pp({pp}) pipeline ranks")
-            if sched.num_microbatches != self.microbatches:
-                sched_m = sched.num_microbatches
-                raise PipesimError(f"{self.csv} has {sched_m} microbatches but --microbatches is {self.microbatches}")
-            torch_csv.check_csv_virtual(sched, self.virtual, self.csv)
+            torch_csv.check_csv_counts(sched, self.csv, microbatches=self.microbatches, virtual=self.virtual)
         else:
             v = self.virtual if (self.virtual and schedules.spec(name).virtual) else None
             if self.virtual and len(self.names) == 1:

@@ -77,7 +77,8 @@ def _two_rank_flags(d):
     """`pipesim run` flags for 2 ranks: a torch CSV schedule (progress, --json, --trace), then `--then` every
     registered schedule on a GPT, in the same process group."""
     (d / "v.csv").write_text(V_CSV)
-    csv_run = ["--from-csv", str(d / "v.csv"), "--microbatches", "2", "--model", "mlp", "--hidden", "16", "--layers",
+    # no -m: the CSV's own 2 microbatches
+    csv_run = ["--from-csv", str(d / "v.csv"), "--model", "mlp", "--hidden", "16", "--layers",
                "4", "--batch", "8", "--steps", "3", "--pg-timeout", "20", "--json", str(d / "result.json"), "--trace",
                str(d / "measured.json"), "--save-dir", str(d / "csv")]
     gpt_run = [",".join(schedules.names()), "--microbatches", "4", *TINY_GPT, "--steps", str(STEPS), "--quiet",

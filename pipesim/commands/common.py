@@ -44,19 +44,23 @@ def layer_split_list(text: str) -> list[int]:
     return [bounded_int(t, 0) for t in text.split(",") if t.strip()]
 
 
-def add_schedule_args(parser: argparse.ArgumentParser, *, stages_default: int = 4, mb_default: int = 8,
-                      microbatch_size: bool = False) -> None:
+DEFAULT_STAGES, DEFAULT_MICROBATCHES = 4, 8  # a registered schedule's -p and -m when not typed (a CSV has its own)
+
+
+def add_schedule_args(parser: argparse.ArgumentParser, *, microbatch_size: bool = False) -> None:
     """NAME (or --from-csv FILE), --stages P, --microbatches M, --virtual V.
 
-    microbatch_size: also --microbatch-size N, the other spelling of M (m = batch / (dp x N)); then
-    --microbatches defaults to None and the command resolves M (`SimSetup.microbatches`).
+    -p and -m default to None, so that a typed one can be checked against a CSV's own counts; a NAME takes
+    DEFAULT_STAGES and DEFAULT_MICROBATCHES in their place (`load_schedule`).
+    microbatch_size: also --microbatch-size N, the other spelling of M (m = batch / (dp x N)), which the command
+    resolves (`SimSetup.microbatches`).
     """
     parser.add_argument("name", nargs="?", metavar="NAME",
                         help="registered schedule (see `pipesim schedule --list`)")
-    parser.add_argument("--stages", "-p", type=positive_int, default=stages_default, metavar="P",
-                        help=f"pipeline ranks (default {stages_default})")
-    parser.add_argument("--microbatches", "-m", type=positive_int, default=None if microbatch_size else mb_default,
-                        metavar="M", help=f"microbatches per step (default {mb_default})")
+    parser.add_argument("--stages", "-p", type=positive_int, default=None, metavar="P",
+                        help=f"pipeline ranks (default {DEFAULT_STAGES}; a --from-csv schedule's own)")
+    parser.add_argument("--microbatches", "-m", type=positive_int, default=None, metavar="M",
+                        help=f"microbatches per step (default {DEFAULT_MICROBATCHES}; a --from-csv schedule's own)")
     if microbatch_size:
         parser.add_argument("--microbatch-size", type=positive_int, default=None, metavar="N",
                             help="sequences (samples) per microbatch, instead of -m: m = batch / (dp x N)")
@@ -86,11 +90,14 @@ def load_schedule(args: argparse.Namespace, *, validate: bool = True,
         raise PipesimError("give a schedule NAME or --from-csv FILE, not both")
     if args.from_csv:
         sched = torch_csv.load(args.from_csv)
-        torch_csv.check_csv_virtual(sched, getattr(args, "virtual", None), args.from_csv)
+        torch_csv.check_csv_counts(sched, args.from_csv, stages=args.stages, microbatches=args.microbatches,
+                                   virtual=getattr(args, "virtual", None))
     elif args.name:
+        p = DEFAULT_STAGES if args.stages is None else args.stages
+        m = DEFAULT_MICROBATCHES if args.microbatches is None else args.microbatches
         v = args.virtual if args.virtual is not None else schedules.spec(args.name).default_virtual
-        check_schedule_size(args.stages or 1, v, args.microbatches, limit)
-        sched = schedules.build(args.name, args.stages, args.microbatches, args.virtual)
+        check_schedule_size(p, v, m, limit)
+        sched = schedules.build(args.name, p, m, args.virtual)
     else:
         raise PipesimError(f"name a schedule ({', '.join(schedules.names())}) or give --from-csv FILE")
     if validate:

@@ -12,6 +12,7 @@ import schedules
 from executor.run_config import FAIL_MODES, RunConfig
 from pipesim.commands.arg_types import positive_int
 from pipesim.commands.common import (
+    DEFAULT_MICROBATCHES,
     add_model_args,
     add_output_args,
     add_router_args,
@@ -24,6 +25,7 @@ from pipesim.commands.common import (
 from pipesim.commands.split_args import add_split_args, split_rule, typed_split
 from pipesim.cost.user_model_costs import is_factory_spec
 from pipesim.errors import PipesimError
+from pipesim.ir import torch_csv
 from pipesim.job import Job
 from pipesim.model.config import ModelConfig
 from pipesim.model.options import RECOMPUTE
@@ -35,7 +37,6 @@ from pipesim.sim.perturb import parse_slow
 def add_run_args(parser: argparse.ArgumentParser) -> None:
     """The flags of one run (the same after each `--then`)."""
     add_schedule_args(parser)
-    parser.set_defaults(stages=None)
     for action in parser._actions:  # one meaning for --stages everywhere; only its default differs here
         if action.dest == "stages":
             action.help = "pipeline ranks (default WORLD_SIZE / (dp * tp))"
@@ -146,6 +147,8 @@ def rule_split(args: argparse.Namespace, names: tuple[str, ...], model: ModelCon
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
     names = tuple(n.strip() for n in args.name.split(",") if n.strip()) if args.name else ()
+    if args.microbatches is None:  # not typed: a CSV's own count (RunConfig checks a typed one against it), else 8
+        args.microbatches = torch_csv.load(args.from_csv).num_microbatches if args.from_csv else DEFAULT_MICROBATCHES
     factory = args.model if is_factory_spec(args.model) else None  # --model MODULE:FACTORY (cost.user_model_costs)
     slow = [parse_slow(text) for text in args.slow]
     model = user_model_config(args) if factory else model_config(args)

@@ -30,7 +30,7 @@ EXAMPLES = """examples:
   pipesim run interleaved-1f1b --nproc 2 --virtual 2 --microbatches 4 --layers 8
   pipesim run 1f1b --nproc 4 --dp 2 --microbatches 4      # dp(2) x pp(2)
   pipesim run gpipe --nproc 4 --tp 2 --microbatches 4     # pp(2) x tp(2)
-  pipesim run --from-csv my_schedule.csv --nproc 2 --microbatches 4
+  pipesim run --from-csv my_schedule.csv --nproc 2    # its ranks and microbatches from the file
   pipesim run 1f1b --nproc 2 --model examples/conv_net.py:make --layer-split 5,3   # your own model
   pipesim run 1f1b --nproc 4 --dp 2 --then gpipe --tp 2   # two grids, one torchrun start-up
 multi-node: run the same command on every node, e.g. `pipesim run NAME --nproc 8 --nnodes 2

@@ -8,6 +8,7 @@ from dataclasses import replace
 
 from pipesim.calibration.speed_check import speed_note
 from pipesim.commands.common import (
+    DEFAULT_MICROBATCHES,
     add_model_args,
     add_output_args,
     add_schedule_args,
@@ -75,6 +76,12 @@ def run(args: argparse.Namespace) -> int:
     trace_path = check_file(args.trace, "--trace", "json")
     check_distinct(("--json", json_path), ("--trace", trace_path))
     check_apart([("--json", json_path), ("--trace", trace_path)], input_files(args))
+    # a CSV first: its own microbatch count is m when neither -m nor --microbatch-size is typed (a typed -p, -m
+    # or --virtual it does not have is refused here; --microbatch-size's m below)
+    csv_sched = load_schedule(args) if args.from_csv else None
+    typed_size = args.microbatch_size
+    if csv_sched is not None and args.microbatches is None and typed_size is None:
+        args.microbatches = csv_sched.num_microbatches
     if is_factory_spec(args.model):  # the shared flags read as for pipesim's own models, then the factory's counts
         setup = _with_user_model(setup_from_args(argparse.Namespace(**{**vars(args), "model": None,
                                                                         "factory": args.model})), args)
@@ -86,7 +93,10 @@ def run(args: argparse.Namespace) -> int:
     if args.hardware and (note := speed_note(setup.hardware, args.hardware)):  # another machine's file: say so once
         print(note, file=sys.stderr)
     args.microbatches = setup.microbatches(args.microbatches, args.microbatch_size)
-    sched = load_schedule(args, validate=bool(args.from_csv))
+    if csv_sched is not None and args.microbatches != csv_sched.num_microbatches:
+        raise PipesimError(f"--microbatch-size {typed_size} gives {args.microbatches} microbatches per replica; "
+                           f"{args.from_csv} has its own, {csv_sched.num_microbatches}")
+    sched = csv_sched or load_schedule(args, validate=False)
     pert = perturbation_from_args(args)
     if pert is not None:
         pert.check(sched.num_ranks)
@@ -158,7 +168,7 @@ def _with_user_model(setup: SimSetup, args: argparse.Namespace) -> SimSetup:
             raise PipesimError(f"--batch {user.batch} does not split into dp({job.dp}) x --microbatch-size "
                                f"{args.microbatch_size}")
         args.microbatches, args.microbatch_size = user.batch // (job.dp * args.microbatch_size), None
-    args.microbatches = args.microbatches or 8
+    args.microbatches = args.microbatches or DEFAULT_MICROBATCHES
     from executor.user_model import count_user_model  # local import: torch only with --model MODULE:FACTORY
 
     counted = count_user_model(args.model, batch=user.batch, microbatches=args.microbatches, dp=job.dp,

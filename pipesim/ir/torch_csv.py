@@ -108,11 +108,16 @@ def load(path: str | Path) -> Schedule:
     return loads(text, Path(path).name)
 
 
-def check_csv_virtual(schedule: Schedule, virtual: int | None, name: str) -> None:
-    """A typed --virtual beside a schedule CSV: the CSV places its stages, so a count it does not have is refused."""
+def check_csv_counts(schedule: Schedule, name: str, *, stages: int | None = None, microbatches: int | None = None,
+                     virtual: int | None = None) -> None:
+    """Typed -p, -m or --virtual beside a schedule CSV: the CSV has its own counts, so one it does not have is
+    refused rather than read past (None: not typed)."""
     chunks = schedule.num_stages // schedule.num_ranks
-    if virtual is not None and virtual != chunks:
-        raise PipesimError(f"--virtual {virtual}: {name} places its own stages, {chunks} per rank; drop --virtual")
+    for flag, typed, own, what in (("--stages", stages, schedule.num_ranks, "ranks"),
+                                   ("--microbatches", microbatches, schedule.num_microbatches, "microbatches"),
+                                   ("--virtual", virtual, chunks, "stages per rank")):
+        if typed is not None and typed != own:
+            raise PipesimError(f"{flag} {typed}: {name} has its own {what}, {own}; drop {flag}")
 
 
 def dumps(schedule: Schedule) -> str:
