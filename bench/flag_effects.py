@@ -121,6 +121,8 @@ WHY = {  # (context, flag and value): why it changes nothing there
     ("llama3-8b, tp 2, sp, dgx-h100", "--model gpt"): "--model-config's model is a transformer: gpt agrees with it",
     ("llama3-8b, tp 2, sp, dgx-h100", "--dtype bfloat16"): "llama3-8b's own torch_dtype",
     ("llama3-8b, tp 2, sp, dgx-h100", "--disable-bias-linear"): "llama3-8b has no biases",
+    ("gpt, dgx-h100", "--add-qkv-bias"): "the GPT's biases (every linear's) hold QKV's already",
+    ("moe, dgx-h100, ep 2", "--add-qkv-bias"): "the GPT's biases (every linear's) hold QKV's already",
     ("llama3-8b, tp 2, sp, dgx-h100", "--transformer-impl transformer_engine"): "llama3-8b has no biases: no QKV "
                                                                                 "bias for TE's GEMM epilogue to fold",
     ("llama3-8b, tp 2, sp, dgx-h100", "--no-dropout"): "llama3-8b has no dropout",

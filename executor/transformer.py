@@ -122,7 +122,7 @@ class Block(nn.Module):
         self.positions = cfg.positions
         self.rope = rope_of(cfg) if cfg.positions == "rope" else None
         self.ln1 = make_norm(cfg.norm, h, cfg.norm_eps)
-        self.qkv = nn.Linear(h, sum(self.qkv_split), bias=cfg.biases)
+        self.qkv = nn.Linear(h, sum(self.qkv_split), bias=cfg.has_qkv_bias)
         self.q_norm = make_norm(cfg.norm, self.head_dim, cfg.norm_eps) if cfg.qk_norm else None
         self.k_norm = make_norm(cfg.norm, self.head_dim, cfg.norm_eps) if cfg.qk_norm else None
         windowed = cfg.window_size is not None and cfg.window.windowed(layer)

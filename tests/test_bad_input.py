@@ -161,6 +161,8 @@ CASES = [
      "--virtual 2: two-ranks.csv has its own stages per rank, 1; drop --virtual"),
     ("run-csv-virtual", ["run", "--from-csv", "two-ranks.csv", "--nproc", "2", "-m", "2", "--virtual", "2"],
      "two-ranks.csv has its own stages per rank, 1"),
+    ("qkv-bias-mlp", ["simulate", "1f1b", "--model", "mlp", "--add-qkv-bias"],
+     "--add-qkv-bias needs a transformer (--model gpt or --model-config)"),
     # a typed -p or -m (or --microbatch-size's m) the CSV does not have: read past until 2026-12-07
     ("csv-stages", ["schedule", "--from-csv", "two-ranks.csv", "-p", "4"],
      "--stages 4: two-ranks.csv has its own ranks, 2; drop --stages"),

@@ -38,6 +38,7 @@ SIZES = ["--model", "gpt", "--hidden", "16", "--heads", "4", "--seq", "8", "--vo
 LLAMA = [*SIZES, "--kv-heads", "2", "--ffn-hidden", "24", "--activation", "swiglu", "--normalization", "RMSNorm",
          "--position-embedding-type", "rope", "--disable-bias-linear"]
 QWEN3 = [*LLAMA, "--kv-channels", "6", "--qk-layernorm"]  # 4 heads of 6: attention 24 wide on a hidden of 16
+QWEN2 = [*LLAMA, "--add-qkv-bias"]  # biases on q, k and v alone (Megatron's flag; a qwen2 config.json's)
 NEMOTRON = [*SIZES, "--activation", "relu2", "--ffn-hidden", "40", "--position-embedding-type", "rope",
             "--disable-bias-linear"]
 TIED = [*LLAMA, "--tie-embeddings-and-output-weights"]  # the head's weight is the embedding's
@@ -58,15 +59,17 @@ def model_from(flags: list[str]) -> ModelConfig:
 
 
 def test_the_flags_build_the_structures_they_name():
-    llama, qwen3, nemotron = map(model_from, (LLAMA, QWEN3, NEMOTRON))
+    llama, qwen3, nemotron, qwen2 = map(model_from, (LLAMA, QWEN3, NEMOTRON, QWEN2))
     assert (llama.kv_heads, llama.ffn_size, llama.activation, llama.norm, llama.positions, llama.biases) == (
         2, 24, "swiglu", "rmsnorm", "rope", False)
+    assert (llama.qkv_bias, qwen2.qkv_bias, qwen2.biases) == (False, True, False)
+    assert model_from([*SIZES, "--add-qkv-bias"]).qkv_bias is False  # the GPT's biases hold QKV's already
     assert (qwen3.head_dim, qwen3.qk_norm) == (6, True)
     assert (nemotron.activation, nemotron.ffn_size) == ("relu2", 40)
 
 
-@pytest.mark.parametrize("flags", [SIZES, LLAMA, QWEN3, NEMOTRON, TIED, SINKS, GPT_OSS],
-                         ids=["gpt", "llama", "qwen3", "nemotron", "tied", "sinks", "gpt-oss"])
+@pytest.mark.parametrize("flags", [SIZES, LLAMA, QWEN3, QWEN2, NEMOTRON, TIED, SINKS, GPT_OSS],
+                         ids=["gpt", "llama", "qwen3", "qwen2", "nemotron", "tied", "sinks", "gpt-oss"])
 def test_the_executor_holds_the_cost_models_parameters(flags):
     model = model_from(flags)
     assert sum(p.numel() for p in build_full(model).parameters()) == model_params(model)
@@ -118,6 +121,7 @@ STRUCTURES = [{"window": WINDOW}, {"attention_sinks": True}, {"window": WINDOW, 
               {"kv_heads": 2, "attention_sinks": True}, {"kv_heads": 2, "window": WINDOW},
               {"norm": "rmsnorm"}, {"positions": "rope"}, {"kv_heads": 2}, {"activation": "swiglu"},
               {"activation": "relu2"}, {"qk_norm": True}, {"norm": "rmsnorm", "qk_norm": True}, {"biases": False},
+              {"biases": False, "qkv_bias": True},
               {"head_width": 6}, {"kv_heads": 1}, {"positions": "rope", "rotary": Rotary(fraction=0.5)},
               {"positions": "rope", "rotary": Rotary(theta=150_000, scaling="yarn", factor=32, original_context=4),
                "rope_mscale": 1.3466}, {"kv_heads": 2, "activation": "swiglu", "norm": "rmsnorm",
@@ -185,6 +189,7 @@ def _flags(d):
         [",".join(NAMES), "--tp", "2", "--sequence-parallel", *LLAMA, *common, "--save-dir", str(d / "llama_sp")],
         [",".join(NAMES), "--tp", "2", *QWEN3, *common, "--save-dir", str(d / "qwen3")],
         [",".join(NAMES), "--tp", "2", "--sequence-parallel", *QWEN3, *common, "--save-dir", str(d / "qwen3_sp")],
+        [",".join(NAMES), "--tp", "2", "--sequence-parallel", *QWEN2, *common, "--save-dir", str(d / "qwen2_sp")],
         [",".join(NAMES), "--tp", "2", *NEMOTRON, *common, "--save-dir", str(d / "nemotron")],
         [",".join(NAMES), "--tp", "2", "--sequence-parallel", *TIED, *common, "--save-dir", str(d / "tied_sp")],
         [",".join(NAMES), "--tp", "2", *SINKS, *common, "--save-dir", str(d / "sinks")],
@@ -206,7 +211,8 @@ def runs(shared_launches):
 
 @pytest.mark.dist
 @pytest.mark.parametrize(("folder", "flags"), [("llama", LLAMA), ("llama_sp", LLAMA), ("qwen3", QWEN3),
-                                               ("qwen3_sp", QWEN3), ("nemotron", NEMOTRON), ("tied_sp", TIED),
+                                               ("qwen3_sp", QWEN3), ("qwen2_sp", QWEN2), ("nemotron", NEMOTRON),
+                                               ("tied_sp", TIED),
                                                ("sinks", SINKS)])
 def test_tp2_pp2_trains_the_structure_like_the_reference(runs, folder, flags):
     for name in NAMES:

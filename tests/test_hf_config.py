@@ -99,10 +99,42 @@ def test_gelu_layernorm_tied_and_defaults(tmp_path):
         load_hf_config(path)
     assert str(err.value) == (f"{path}: field 'hidden_act' 'gelu': a llama MLP is gated whatever its activation "
                               "(down(act(gate x) * up x)); pipesim models the gated MLP with silu or swish only")
-    qwen2 = _write(tmp_path, {**LLAMA, "model_type": "qwen2"})
-    with pytest.raises(PipesimError, match=r"model_type \('qwen2': pipesim models llama, mistral, mixtral, "
-                                           r"deepseek_v3, qwen3, qwen3_moe, nemotron, gpt_oss, kimi_k2\)"):
-        load_hf_config(qwen2)
+    olmo2 = _write(tmp_path, {**LLAMA, "model_type": "olmo2"})  # QK-norm over the whole width, norms after blocks
+    with pytest.raises(PipesimError, match=r"model_type \('olmo2': pipesim models llama, mistral, mixtral, "
+                                           r"deepseek_v3, qwen2, qwen3, qwen3_moe, nemotron, gpt_oss, kimi_k2\)"):
+        load_hf_config(olmo2)
+
+
+# Qwen2-72B's config.json (Qwen/Qwen2-72B on the Hugging Face hub, transformers 4.40.1): Qwen2ForCausalLM
+QWEN2_72B = {"architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+             "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 8192, "initializer_range": 0.02,
+             "intermediate_size": 29568, "max_position_embeddings": 131072, "max_window_layers": 80,
+             "model_type": "qwen2", "num_attention_heads": 64, "num_hidden_layers": 80, "num_key_value_heads": 8,
+             "rms_norm_eps": 1e-05, "rope_theta": 1000000.0, "sliding_window": 131072, "tie_word_embeddings": False,
+             "torch_dtype": "bfloat16", "transformers_version": "4.40.1", "use_cache": True,
+             "use_sliding_window": False, "vocab_size": 152064}
+
+
+def test_a_qwen2_file_is_llamas_layer_with_biases_on_q_k_and_v_alone(tmp_path):
+    """Qwen2Attention builds q_proj, k_proj and v_proj with biases, o_proj and the MLP without: ModelConfig.qkv_bias,
+    Megatron's --add-qkv-bias. The count, written out from those modules' shapes: per layer QKV 8192 x (8192 + 2 x
+    1024) and its bias, o_proj 8192 x 8192, gate, up and down 3 x 8192 x 29568, two RMSNorms; an untied embedding and
+    head of 152,064 x 8192 and the final norm (the model card's 72.7B)."""
+    model = load_hf_config(_write(tmp_path, QWEN2_72B), seq=4096)
+    assert (model.qkv_bias, model.biases, model.activation, model.norm, model.num_kv_heads, model.positions) == (
+        True, False, "swiglu", "rmsnorm", 8, "rope")
+    layer = 8192 * 10240 + 10240 + 8192 * 8192 + 3 * 8192 * 29568 + 2 * 8192
+    assert model_params(model) == 80 * layer + 2 * 152064 * 8192 + 8192 == 72_706_203_648
+    assert model_params(replace(model, qkv_bias=False)) == model_params(model) - 80 * 10240
+    path = _write(tmp_path, {**QWEN2_72B, "attention_bias": True})
+    with pytest.raises(PipesimError) as err:
+        load_hf_config(path, seq=4096)
+    assert str(err.value) == (f"{path}: field 'attention_bias' or 'mlp_bias' is true, but a qwen2 layer's biases sit "
+                              "on q, k and v alone (Qwen2Attention builds them whatever the file says), o_proj and the "
+                              "MLP are bias-free")
+    path = _write(tmp_path, {**QWEN2_72B, "use_sliding_window": True, "sliding_window": 4096})
+    with pytest.raises(PipesimError, match="sliding_window, use_sliding_window \\(sliding-window attention\\)"):
+        load_hf_config(path, seq=8192)
 
 
 @pytest.mark.parametrize("change,message", [

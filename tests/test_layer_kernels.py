@@ -94,6 +94,23 @@ def test_fused_bytes_are_the_elementwise_counts_where_nothing_fuses_and_less_els
         + 2 * hidden * d
 
 
+def test_a_bias_on_qkv_alone_adds_its_bias_add_and_its_gradient_only():
+    """--add-qkv-bias (Qwen2's q/k/v biases) on Llama's layer: one memory-bound bias add after the QKV GEMM (read and
+    write its b s x (h_q + 2 h_kv) / t output) and one bias gradient (a read of that output's gradient); with
+    Transformer Engine's linears both live in the GEMMs' epilogues, so the layer's kernels are Llama's."""
+    opts = LayerOptions(tp=2, attention="flash")
+    plain, qwen2 = layer_kernels(LLAMA, 2, opts), layer_kernels(replace(LLAMA, qkv_bias=True), 2, opts)
+    width = (512 + 2 * 4 * 64) // 2  # h_q + 2 h_kv over tp: 4 kv heads of 64
+    elements = 2 * 256 * width  # b s tokens
+    added = [k for k in qwen2.F if k not in plain.F]
+    assert [(k.name, k.nbytes) for k in added] == [("QKV bias add", 2 * elements * 2)]
+    assert qwen2.F.index(added[0]) == 1  # right after the QKV GEMM
+    assert [(k.name, k.nbytes) for k in qwen2.W if k not in plain.W] == [("QKV bias gradient", elements * 2)]
+    assert qwen2.I == plain.I
+    te = replace(opts, te_linear=True)
+    assert layer_kernels(replace(LLAMA, qkv_bias=True), 2, te) == layer_kernels(LLAMA, 2, te)
+
+
 def test_recomputation_puts_the_rerun_forward_kernels_first_in_i():
     plain = layer_kernels(GPT, 2, LayerOptions(tp=2))
     full = layer_kernels(GPT, 2, LayerOptions(tp=2, recompute="full"))

@@ -84,7 +84,9 @@ WINDOWED_FILE = (LLAMA_8B_FILE + " --window-size 511,0 --window-attn-skip-freq 2
 
 @pytest.mark.parametrize("typed, text, seq", [
     (LLAMA_8B_TYPED, LLAMA_8B_FILE, 4096), (GPT3_TYPED, GPT3_FILE, 2048), (MOE_TYPED, MOE_FILE, 2048),
-    (WINDOWED_TYPED, WINDOWED_FILE, 4096)])
+    (WINDOWED_TYPED, WINDOWED_FILE, 4096),
+    ([*LLAMA_8B_TYPED, "--add-qkv-bias"], LLAMA_8B_FILE + " --add-qkv-bias", 4096)],  # Qwen2's q/k/v biases
+    ids=["llama", "gpt3", "moe", "windowed", "qkv-bias"])
 def test_a_file_equals_the_same_flags_typed(tmp_path, capsys, typed, text, seq):
     """Llama-shaped (RMSNorm, SwiGLU, rope, no biases, untied, GQA, no dropout), GPT-3-shaped (Megatron's defaults:
     the vocabulary padded, embeddings tied, dropout 0.1) and a mixture of experts: step time and peak memory equal

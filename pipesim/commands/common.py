@@ -204,7 +204,7 @@ def add_structure_group(parser: argparse.ArgumentParser) -> argparse._ArgumentGr
 SIZE_FLAGS = ("hidden", "layers", "heads", "seq", "vocab", "batch", "dtype")  # ModelConfig field = flag name
 # ModelConfig field = argparse destination; typed as `flag_words` says
 STRUCTURE_FLAGS = ("kv_heads", "ffn_hidden", "activation", "norm", "positions", "biases", "dropout", "qk_norm",
-                   "head_width", "tied_embeddings", "attention_sinks", "norm_eps")
+                   "head_width", "tied_embeddings", "attention_sinks", "norm_eps", "qkv_bias")
 # every flag that shapes pipesim's model (the window flags make ModelConfig.window together: `with_window`; the
 # rotary flags ModelConfig.rotary: `with_rotary`)
 MODEL_FLAGS = (*SIZE_FLAGS, *STRUCTURE_FLAGS, *WINDOW_FLAGS, *ROTARY_FLAGS, *MOE_FLAGS, *ROUTING_FLAGS)

@@ -36,7 +36,7 @@ READ = {
     # the model
     "--num-layers": VALUE, "--hidden-size": VALUE, "--ffn-hidden-size": VALUE, "--num-attention-heads": VALUE,
     "--group-query-attention": SWITCH, "--num-query-groups": VALUE, "--kv-channels": VALUE, "--swiglu": SWITCH,
-    "--squared-relu": SWITCH, "--normalization": VALUE, "--disable-bias-linear": SWITCH,
+    "--squared-relu": SWITCH, "--normalization": VALUE, "--disable-bias-linear": SWITCH, "--add-qkv-bias": SWITCH,
     "--position-embedding-type": VALUE, "--use-rotary-position-embeddings": SWITCH, "--rotary-percent": VALUE,
     "--rotary-base": VALUE, "--rotary-seq-len-interpolation-factor": VALUE, "--use-rope-scaling": SWITCH,
     "--rope-scaling-factor": VALUE, "--norm-epsilon": VALUE,
@@ -171,7 +171,6 @@ REFUSED = {
     "--checkpoint-activations": "is no longer valid in Megatron-LM v0.15.3, which exits on it (use "
                                 "--recompute-granularity)",
     "--use-legacy-models": "runs Megatron's legacy layers; pipesim times Megatron-core's",
-    "--add-qkv-bias": "biases on the QKV projection alone are not modelled (biases on every linear or none)",
     "--multi-latent-attention": "latent attention is read from a --model-config (DeepSeek's), not from Megatron's "
                                 "flags",
     "--mtp-num-layers": "multi-token prediction is read from a --model-config (DeepSeek-V3's), not from Megatron's "

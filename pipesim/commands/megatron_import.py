@@ -259,8 +259,9 @@ def _experts(a: MegatronArgs) -> list[str]:
 LAYOUT_FLAGS = ("--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers")
 PLAN_KEEPS = ("--framework", "--model", "--seq", "--batch", "--dtype", "--fp8-format", "--fp8-recipe", "--layers",
               "--hidden", "--heads", "--ffn-hidden", "--activation", "--kv-heads", "--kv-channels", "--normalization",
-              "--position-embedding-type", "--disable-bias-linear", "--tie-embeddings-and-output-weights",
-              "--untie-embeddings-and-output-weights", "--dropout", "--no-dropout", "--qk-layernorm", "--vocab",
+              "--position-embedding-type", "--disable-bias-linear", "--add-qkv-bias",
+              "--tie-embeddings-and-output-weights", "--untie-embeddings-and-output-weights", "--dropout",
+              "--no-dropout", "--qk-layernorm", "--vocab",
               "--softmax-type", "--window-size", "--window-attn-skip-freq",
               "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size",
               "--moe-layer-freq", "--moe-expert-capacity-factor", "--moe-token-dispatcher-type", "--attention",

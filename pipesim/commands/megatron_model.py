@@ -57,6 +57,8 @@ def model_flags(a: MegatronArgs, *, tp: int, seq: int, vocab_typed: bool) -> lis
         out += ["--norm-epsilon", a.text("--norm-epsilon")]
     if a.on("--disable-bias-linear"):
         out.append("--disable-bias-linear")
+    if a.on("--add-qkv-bias"):
+        out.append("--add-qkv-bias")
     out.append("--untie-embeddings-and-output-weights" if a.on("--untie-embeddings-and-output-weights")
                else "--tie-embeddings-and-output-weights")
     hidden_p, attention_p = (a.number(f, DROPOUT, float) for f in ("--hidden-dropout", "--attention-dropout"))

@@ -20,7 +20,8 @@ from pipesim.model.rotary import Rotary
 NORMALIZATIONS = {"LayerNorm": "layernorm", "RMSNorm": "rmsnorm"}
 POSITION_TYPES = {"learned_absolute": "learned", "rope": "rope"}
 # the switches of the structure flags: (ModelConfig field, value) -> the flag that gives it
-STRUCTURE_SWITCHES = {("biases", False): "--disable-bias-linear", ("dropout", True): "--dropout",
+STRUCTURE_SWITCHES = {("biases", False): "--disable-bias-linear", ("qkv_bias", True): "--add-qkv-bias",
+                      ("dropout", True): "--dropout",
                       ("dropout", False): "--no-dropout", ("qk_norm", True): "--qk-layernorm",
                       ("tied_embeddings", True): "--tie-embeddings-and-output-weights",
                       ("tied_embeddings", False): "--untie-embeddings-and-output-weights",
@@ -87,6 +88,9 @@ def add_structure_args(g) -> None:
                    help="a learned seq x hidden table, or rotary embeddings (no parameters) (default learned_absolute)")
     g.add_argument("--disable-bias-linear", action="store_const", const=False, default=None, dest="biases",
                    help="no biases on the linear layers (Megatron's flag; default biases, GPT's)")
+    g.add_argument("--add-qkv-bias", action="store_const", const=True, default=None, dest="qkv_bias",
+                   help="with --disable-bias-linear: a bias on the QKV projection alone (Megatron's flag; Qwen2's "
+                        "q/k/v_proj)")
     g.add_argument("--dropout", action=argparse.BooleanOptionalAction, default=None,
                    help="dropout after the softmax, the projection and the MLP, its masks stashed (default on, GPT's); "
                         "pipesim's cost depends on whether it runs, not on its probability, so one switch stands for "

@@ -18,11 +18,12 @@ GPT_BLOCK_OPS = (10, 10, 6)  # framework ops of one transformer block in F, I, W
 # the executor's extra framework ops (F, I, W) over the GPT block's, per structure field (executor/transformer.py,
 # counted as GPT_BLOCK_OPS is, non-view aten ops, by tests/test_executor_structure.py): RMSNorm as torch's composite
 # (pow, mean, add, rsqrt, mul, mul) for the block's two norms, rotary embedding on q and k (mul, neg, cat, mul, add
-# each), SwiGLU's or squared ReLU's second op, QK-norm by kind, and no bias gradients without biases (4 linears);
+# each), SwiGLU's or squared ReLU's second op, QK-norm by kind, and no bias gradients without biases (4 linears) but
+# QKV's with --add-qkv-bias;
 # grouped-query attention adds none (torch's SDPA with enable_gqa), nor do heads of their own width. Additive to the
 # op but for one case no model has: QK-norm beside a single key/value head runs one op fewer.
 STRUCTURE_OPS = {"rmsnorm": (10, 22, 2), "rope": (10, 10, 0), "gated": (1, 3, 0), "qk_layernorm": (3, 4, 2),
-                 "qk_rmsnorm": (15, 24, 4), "no biases": (0, 0, -4),
+                 "qk_rmsnorm": (15, 24, 4), "no biases": (0, 0, -4), "qkv bias": (0, 0, 1),
                  # GPT-OSS's attention (executor.transformer.attention_core): a windowed layer's SDPA under a band
                  # mask; the sinks' own core (slice, scores, mask, concatenation, softmax, slice, product), with
                  # grouped-query heads their keys and values repeated (its band mask is there with or without a
@@ -61,7 +62,7 @@ def structure_ops(model: ModelConfig, windowed: bool = False) -> tuple[int, int,
     on = [name for name, here in (
         ("rmsnorm", model.norm == "rmsnorm"), ("rope", model.positions == "rope"),
         ("gated", model.activation != "gelu"),
-        (f"qk_{model.norm}", model.qk_norm), ("no biases", not model.biases),
+        (f"qk_{model.norm}", model.qk_norm), ("no biases", not model.biases), ("qkv bias", model.qkv_bias),
         ("partial_rope", model.positions == "rope" and model.rotary is not None and model.rotary.fraction < 1),
         ("window", windowed and not sinks), ("sinks", sinks),
         ("sinks_gqa", sinks and model.num_kv_heads != model.heads)) if here]

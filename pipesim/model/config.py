@@ -32,7 +32,8 @@ MOE_GLU_FIELDS = ("glu_alpha", "glu_offset")  # MoeConfig's, left out of to_dict
 MOE_GLU_DEFAULTS = {f.name: f.default for f in fields(MoeConfig) if f.name in MOE_GLU_FIELDS}
 STRUCTURE_FIELDS = ("kv_heads", "ffn_hidden", "activation", "norm", "dropout", "biases", "positions",
                     "tied_embeddings", "moe", "mla", "mtp_layers", "head_width", "qk_norm", "window",
-                    "attention_sinks", "rope_mscale", "rotary", "norm_eps")  # left out of to_dict at their defaults
+                    "attention_sinks", "rope_mscale", "rotary", "norm_eps", "qkv_bias")  # left out of to_dict at their
+# defaults
 
 MAX_LAYERS = 1 << 16  # layers of one model: far above any published one, a step costed in well under a second
 
@@ -75,6 +76,9 @@ class ModelConfig:
     # the norms' epsilon (config.json's rms_norm_eps, layer_norm_eps or norm_eps; Megatron-LM's --norm-epsilon default):
     # no cost depends on it, the executor's norms take it
     norm_eps: float = 1e-5
+    # biases on the QKV projection alone (Megatron-LM's --add-qkv-bias, Qwen2's q/k/v_proj), the other linears
+    # bias-free; `biases` puts one there already, so with it this is stored False (one model, one spelling)
+    qkv_bias: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.moe, dict):  # from to_dict / JSON
@@ -129,9 +133,13 @@ class ModelConfig:
                 raise PipesimError(f"unknown {name} {getattr(self, name)!r}; choose {' or '.join(choices)}")
         if self.activation == "relu2" and self.moe is not None:
             raise PipesimError("squared-ReLU experts are not modelled (mixture-of-experts models here are SwiGLU's)")
-        for name in ("dropout", "biases", "tied_embeddings"):
+        for name in ("dropout", "biases", "tied_embeddings", "qkv_bias"):
             if not isinstance(getattr(self, name), bool):
                 raise PipesimError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if self.qkv_bias and self.kind != "gpt":
+            raise PipesimError("qkv_bias (--add-qkv-bias) needs a transformer (--model gpt or --model-config)")
+        if self.qkv_bias and self.biases:
+            object.__setattr__(self, "qkv_bias", False)
         if isinstance(self.rope_mscale, bool) or not isinstance(self.rope_mscale, (int, float)) \
                 or not 0 < self.rope_mscale < float("inf"):
             raise PipesimError(f"rope_mscale must be a positive finite number, got {self.rope_mscale!r}")
@@ -170,9 +178,9 @@ class ModelConfig:
                 raise PipesimError(f"mla must be a LatentAttention, got {type(self.mla).__name__}")
             if self.kind != "gpt":
                 raise PipesimError("latent attention (mla) needs a transformer (--model gpt or --model-config)")
-            if self.biases:
+            if self.biases or self.qkv_bias:
                 raise PipesimError("latent attention (mla): pipesim models its linears bias-free (DeepSeek's "
-                                   "attention_bias false); set biases false")
+                                   "attention_bias false); set biases and qkv_bias false")
             if self.positions != "rope":
                 raise PipesimError("latent attention (mla) carries its positions in a decoupled rotary part: "
                                    "positions must be rope")
@@ -214,6 +222,11 @@ class ModelConfig:
         """Keys a windowed layer's query sees when that is fewer than the sequence; None: every layer attends fully."""
         w = self.window
         return w.size if w is not None and w.size < self.seq else None
+
+    @property
+    def has_qkv_bias(self) -> bool:
+        """The QKV projection has a bias: every linear's (`biases`) or its alone (`qkv_bias`)."""
+        return self.biases or self.qkv_bias
 
     @property
     def dtype_bytes(self) -> int:

@@ -28,6 +28,12 @@ l % freq == 0, MoeConfig.every where (l + 1) % every == 0), as is a `scoring_fun
 and a `topk_method` DeepSeek's code does not know. A "kimi_k2" file (Moonshot AI's Kimi K2) runs the same
 DeepseekV3ForCausalLM code and is read as a "deepseek_v3" one (pipesim.model.hf_keys.TYPE_ALIASES).
 
+A "qwen2" file (Qwen2ForCausalLM: Qwen2 and Qwen2.5's dense models) is Llama's layer with biases on the q, k and v
+projections alone (transformers' Qwen2Attention builds q_proj, k_proj and v_proj with bias=True and o_proj without,
+whatever the file says; its MLP is bias-free): ModelConfig.qkv_bias, Megatron-LM's --add-qkv-bias. A true
+`attention_bias` or `mlp_bias` there refuses the file. Its sliding window is off in every released file
+(use_sliding_window false); switched on (on the layers from max_window_layers on) it is refused as not modelled.
+
 A "qwen3" file (Qwen3ForCausalLM) is Llama's layer with QK-norm (an RMSNorm over head_dim on every query and key head:
 ModelConfig.qk_norm) and heads of `head_dim` whatever hidden_size / num_attention_heads is (ModelConfig.head_width):
 `head_dim` and `num_key_value_heads` are required (transformers' defaults for them, 128 and 32 or 4, are not
@@ -60,11 +66,12 @@ GATED_ACTS = ("silu", "swish")  # a gated MLP: act(gate) * up, then down
 PLAIN_ACTS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast")
 SQUARED_RELU = ("relu2",)  # Nemotron-4's relu(x)^2 between two matrices (transformers' ACT2FN "relu2")
 # model types whose MLP is gated whatever hidden_act says (Mixtral's experts too: `_mixtral_experts`)
-GATED_TYPES = ("llama", "mistral", "deepseek_v3", "qwen3", "qwen3_moe", "gpt_oss")
+GATED_TYPES = ("llama", "mistral", "deepseek_v3", "qwen2", "qwen3", "qwen3_moe", "gpt_oss")
 MIXTRAL_DEFAULTS = {"num_local_experts": 8, "num_experts_per_tok": 2}  # transformers' MixtralConfig defaults
 DEEPSEEK_ROUTING = {"noaux_tc": True, "greedy": False, "group_limited_greedy": False}  # topk_method -> a score bias
 DEEPSEEK_SCORES = ("sigmoid", "softmax")  # scoring_func values DeepSeek's MoEGate computes
 QWEN3_TYPES = ("qwen3", "qwen3_moe")  # Llama's layer with QK-norm and an explicit head_dim
+QKV_BIAS_TYPES = ("qwen2",)  # Llama's layer with biases on q, k and v_proj alone (ModelConfig.qkv_bias)
 OWN_HEAD_TYPES = (*QWEN3_TYPES, "gpt_oss")  # heads of head_dim whatever hidden_size / num_attention_heads is
 QWEN3_MOE_DEFAULTS = {"num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768,
                       "decoder_sparse_step": 1}  # transformers' Qwen3MoeConfig defaults
@@ -175,6 +182,10 @@ def model_from_hf(cfg: dict, *, where: str, seq: int | None = None, batch: int =
         mtp = _count(cfg, "num_nextn_predict_layers", where) if cfg.get("num_nextn_predict_layers") is not None else 0
     if qwen3:
         head_width = _qwen3_attention(cfg, biases=biases, where=where)
+    if kind in QKV_BIAS_TYPES and biases:
+        raise PipesimError(f"{where}: field 'attention_bias' or 'mlp_bias' is true, but a {kind} layer's biases sit on "
+                           "q, k and v alone (Qwen2Attention builds them whatever the file says), o_proj and the MLP "
+                           "are bias-free")
     if kind == "qwen3_moe":
         moe = _qwen3_experts(cfg, sizes["num_hidden_layers"], where)
     if kind == "gpt_oss":
@@ -194,7 +205,7 @@ def model_from_hf(cfg: dict, *, where: str, seq: int | None = None, batch: int =
                            dropout=dropout > 0, biases=biases, positions="rope",
                            tied_embeddings=tied, moe=moe, mla=mla, mtp_layers=mtp, head_width=head_width,
                            qk_norm=qwen3, window=window, attention_sinks=kind == "gpt_oss",
-                           rope_mscale=rope_mscale, rotary=rotary, norm_eps=eps)
+                           rope_mscale=rope_mscale, rotary=rotary, norm_eps=eps, qkv_bias=kind in QKV_BIAS_TYPES)
     except PipesimError as e:
         raise PipesimError(f"{where}: {e}") from None
 

@@ -20,9 +20,10 @@ which the executor's router honours, costing nothing pipesim counts). A Mixtral 
 (router_aux_loss_coef, trained by Hugging Face's code only under output_router_logits, false in every bundled file)
 is read as MoeConfig.hf_router_loss: one loss over every layer's routing at once, not Megatron-core's per-layer loss
 that `--moe-aux-loss-coeff` gives the executor, so `pipesim run` refuses it and simulate counts nothing for it.
-Types whose layers pipesim cannot count exactly stay refused: qwen2 / qwen2_moe (q/k/v biases
-without an output bias; a sigmoid-gated shared expert). quantization_config stays refused everywhere (DeepSeek-V3's
-says its checkpoint is FP8 with 128 x 128 block scales; pipesim trains in the dtype given and models no FP8 GEMM).
+A "qwen2" file is read with its q/k/v biases (ModelConfig.qkv_bias). Types whose layers pipesim cannot
+count exactly stay refused: qwen2_moe (a sigmoid-gated shared expert). quantization_config stays refused
+everywhere (DeepSeek-V3's says its checkpoint is FP8 with 128 x 128 block scales; pipesim trains in the dtype
+given and models no FP8 GEMM).
 """
 
 from __future__ import annotations
@@ -98,10 +99,9 @@ TYPE_NO_EFFECT = {# DeepSeek-V3's router: the sequence-wise balance loss (aux_lo
                   "nemotron": ("partial_rotary_factor",),
                   # GPT-OSS: YaRN's original context
                   "gpt_oss": ("initial_context_length",)}
-# decoders whose layers are nothing beyond MODELED and their TYPE_MODELED (Llama-style, DeepSeek-V3's, and Qwen3's:
-# Llama's layer with QK-norm and an explicit head_dim) (qwen2 is not: its q, k and v have biases and its output
-# projection none, which ModelConfig.biases cannot say)
-MODEL_TYPES = ("llama", "mistral", "mixtral", "deepseek_v3", "qwen3", "qwen3_moe", "nemotron", "gpt_oss")
+# decoders whose layers are nothing beyond MODELED and their TYPE_MODELED (Llama-style, DeepSeek-V3's, Qwen2's: Llama's
+# layer with biases on q, k and v alone, and Qwen3's: Llama's layer with QK-norm and an explicit head_dim)
+MODEL_TYPES = ("llama", "mistral", "mixtral", "deepseek_v3", "qwen2", "qwen3", "qwen3_moe", "nemotron", "gpt_oss")
 # model types whose files run another type's code, read as that type: Moonshot AI's Kimi K2 "reuses the
 # DeepSeekV3CausalLM architecture" and names itself "kimi_k2" only so that inference engines can tell the two apart
 # (MoonshotAI/Kimi-K2 docs/deploy_guidance.md, which suggests model_type "deepseek_v3" for a framework that does not

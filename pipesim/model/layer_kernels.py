@@ -227,10 +227,11 @@ def layer_kernels(model: ModelConfig, b: int, opts: LayerOptions, *, fused: bool
         i = dgrad_gemms(mlp) + core_b + dgrad_gemms(attn) + ew_b
         w = list(wgrad_gemms(linears))
         mlp_f = []
-    if model.biases:  # never with latent attention (ModelConfig refuses it)
+    if model.has_qkv_bias:  # never with latent attention (ModelConfig refuses it)
         if not opts.te_linear:  # Transformer Engine adds it in the QKV GEMM's epilogue
             f[1:1] = [MemoryBound("QKV bias add", 2 * tokens * linears[0][2] * model.dtype_bytes)]
-        w += _bias_gradients(model, opts, [x for x in linears if not (opts.te_linear and x[0] == "QKV")], tokens)
+        biased = linears if model.biases else linears[:1]  # --add-qkv-bias: the QKV projection's alone
+        w += _bias_gradients(model, opts, [x for x in biased if not (opts.te_linear and x[0] == "QKV")], tokens)
     if opts.recompute == "full":
         i = [*f, *i]
     elif opts.recompute == OP:  # torchtitan's per-op policy: wk, wo, w3 and every memory-bound op again

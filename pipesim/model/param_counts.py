@@ -40,9 +40,9 @@ def block_params(model: ModelConfig, tp: int = 1) -> int:
         return latent_params(model, t) + matrices * h * f // t + norms
     hq, hkv = model.attention_width, model.kv_width
     weights = h * (hq + 2 * hkv) // t + hq * h // t + matrices * h * f // t
-    biases = 0
+    biases = (hq + 2 * hkv) // t if model.has_qkv_bias else 0
     if model.biases:
-        biases = (hq + 2 * hkv) // t + h + (matrices - 1) * f // t + h
+        biases += h + (matrices - 1) * f // t + h
     sinks = model.heads // t if model.attention_sinks else 0
     return weights + biases + norms + qk_norm_params(model) + sinks
 

@@ -81,8 +81,10 @@ def _attention(model: ModelConfig, opts: LayerOptions) -> list[WeightTensor]:
         return out + _norm(model, mla.kv_lora_rank, "KV latent norm")
     hq, hkv = model.attention_width, model.kv_width
     out += [WeightTensor(QKV, ((hq + 2 * hkv) // t, h)), WeightTensor("projection", (h, hq // t))]
+    if model.has_qkv_bias:
+        out.append(WeightTensor("QKV bias", ((hq + 2 * hkv) // t,)))
     if model.biases:
-        out += [WeightTensor("QKV bias", ((hq + 2 * hkv) // t,)), WeightTensor("projection bias", (h,))]
+        out.append(WeightTensor("projection bias", (h,)))
     if model.qk_norm:
         out += _norm(model, model.head_dim, "Q head norm") + _norm(model, model.head_dim, "K head norm")
     if model.attention_sinks:
