@@ -179,8 +179,9 @@ class ModelConfig:
             if self.kind != "gpt":
                 raise PipesimError("latent attention (mla) needs a transformer (--model gpt or --model-config)")
             if self.biases or self.qkv_bias:
+                which = "biases" if self.biases else "qkv_bias (--add-qkv-bias)"
                 raise PipesimError("latent attention (mla): pipesim models its linears bias-free (DeepSeek's "
-                                   "attention_bias false); set biases and qkv_bias false")
+                                   f"attention_bias false); set {which} false")
             if self.positions != "rope":
                 raise PipesimError("latent attention (mla) carries its positions in a decoupled rotary part: "
                                    "positions must be rope")
