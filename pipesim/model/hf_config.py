@@ -26,7 +26,10 @@ top_k, `moe_intermediate_size` -> expert_ffn and the shared experts' width, `n_s
 and bias-free linears are Llama's. `moe_layer_freq` other than 1 is refused (DeepSeek places experts where
 l % freq == 0, MoeConfig.every where (l + 1) % every == 0), as is a `scoring_func` other than sigmoid or softmax
 and a `topk_method` DeepSeek's code does not know. A "kimi_k2" file (Moonshot AI's Kimi K2) runs the same
-DeepseekV3ForCausalLM code and is read as a "deepseek_v3" one (pipesim.model.hf_keys.TYPE_ALIASES).
+DeepseekV3ForCausalLM code and is read as a "deepseek_v3" one (pipesim.model.hf_keys.TYPE_ALIASES), and so is a
+"deepseek_v2" file (DeepSeek-V2 and V2-Lite: the same latent attention and DeepSeekMoE, softmax routing without a
+bias, no multi-token prediction). A `head_dim` in these files (transformers' DeepSeek configs write head_dim =
+qk_rope_head_dim) must be that.
 
 A "qwen2" file (Qwen2ForCausalLM: Qwen2 and Qwen2.5's dense models) is Llama's layer with biases on the q, k and v
 projections alone (transformers' Qwen2Attention builds q_proj, k_proj and v_proj with bias=True and o_proj without,
@@ -156,7 +159,14 @@ def model_from_hf(cfg: dict, *, where: str, seq: int | None = None, batch: int =
         raise PipesimError(f"{where}: field 'hidden_act' {act!r}: a {kind} MLP is gated whatever its "
                            "activation (down(act(gate x) * up x)); pipesim models the gated MLP with silu or swish "
                            "only")
-    if not own_heads and "head_dim" in cfg and positive_field(cfg, "head_dim", where) * heads != sizes["hidden_size"]:
+    if kind == "deepseek_v3" and "head_dim" in cfg:  # transformers' DeepseekV2/V3Config write head_dim =
+        # qk_rope_head_dim (RoPE's width, which latent attention's fields give): a file it saved carries it
+        rope = _required(cfg, "qk_rope_head_dim", where)
+        if positive_field(cfg, "head_dim", where) != rope:
+            raise PipesimError(f"{where}: field 'head_dim' {cfg['head_dim']!r} is not qk_rope_head_dim {rope!r} "
+                               "(transformers' DeepSeek configs set it so; latent attention's heads are its "
+                               "qk_nope_head_dim, qk_rope_head_dim and v_head_dim)")
+    elif not own_heads and "head_dim" in cfg and positive_field(cfg, "head_dim", where) * heads != sizes["hidden_size"]:
         raise PipesimError(f"{where}: field 'head_dim' {cfg['head_dim']!r} is not hidden_size / num_attention_heads "
                            f"({sizes['hidden_size']} / {heads}); pipesim needs them equal")
     if dtype is None:

@@ -105,8 +105,14 @@ MODEL_TYPES = ("llama", "mistral", "mixtral", "deepseek_v3", "qwen2", "qwen3", "
 # model types whose files run another type's code, read as that type: Moonshot AI's Kimi K2 "reuses the
 # DeepSeekV3CausalLM architecture" and names itself "kimi_k2" only so that inference engines can tell the two apart
 # (MoonshotAI/Kimi-K2 docs/deploy_guidance.md, which suggests model_type "deepseek_v3" for a framework that does not
-# know it; its config.json's architectures and auto_map name DeepseekV3ForCausalLM and configuration_deepseek)
-TYPE_ALIASES = {"kimi_k2": "deepseek_v3"}
+# know it; its config.json's architectures and auto_map name DeepseekV3ForCausalLM and configuration_deepseek).
+# DeepSeek-V2's files (V2, V2-Lite, "deepseek_v2") hold the layer DeepSeek-V3 kept: "we adopt Multi-head Latent
+# Attention (MLA) and DeepSeekMoE, which have been thoroughly validated by DeepSeek-V2" (arXiv:2412.19437, section
+# 2.1); transformers' DeepseekV2Attention and DeepseekV2Moe (models/deepseek_v2/modular_deepseek_v2.py) are the same
+# projections, routed and shared experts and first_k_dense_replace dense layers, and what V3 changed is read from the
+# file's own keys (scoring_func, topk_method: V2's greedy and group_limited_greedy carry no routing bias; no
+# num_nextn_predict_layers: no multi-token prediction)
+TYPE_ALIASES = {"kimi_k2": "deepseek_v3", "deepseek_v2": "deepseek_v3"}
 
 
 def positive_field(cfg: dict, name: str, where: str) -> int:
