@@ -123,6 +123,11 @@ WHY = {  # (context, flag and value): why it changes nothing there
     ("llama3-8b, tp 2, sp, dgx-h100", "--disable-bias-linear"): "llama3-8b has no biases",
     ("gpt, dgx-h100", "--add-qkv-bias"): "the GPT's biases (every linear's) hold QKV's already",
     ("moe, dgx-h100, ep 2", "--add-qkv-bias"): "the GPT's biases (every linear's) hold QKV's already",
+    ("moe, dgx-h100, ep 2", "--moe-router-enable-expert-bias"): "E routing-score offsets, added inside the router's "
+                                                                "top-k and kept by Megatron-core as a buffer outside "
+                                                                "the optimizer: a checkpoint's count holds them "
+                                                                "(pipesim.model.param_counts), a step's time and "
+                                                                "memory do not",
     ("llama3-8b, tp 2, sp, dgx-h100", "--transformer-impl transformer_engine"): "llama3-8b has no biases: no QKV "
                                                                                 "bias for TE's GEMM epilogue to fold",
     ("llama3-8b, tp 2, sp, dgx-h100", "--no-dropout"): "llama3-8b has no dropout",

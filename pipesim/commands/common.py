@@ -17,6 +17,7 @@ from pipesim.commands.expert_args import (
     with_expert_flags,
     with_routing,
 )
+from pipesim.commands.latent_args import LATENT_FLAGS, add_latent_args, latent_norms, with_latent_flags
 from pipesim.commands.structure_args import (
     ROTARY_FLAGS,
     WINDOW_FLAGS,
@@ -143,6 +144,7 @@ def add_model_args(parser: argparse.ArgumentParser, *, default: str | None = "ml
                    help="which layers have experts, Megatron-core's spelling: 1 (every layer, the default), or one "
                         "0/1 per layer such as '([0]*3+[1]*58)'; pipesim places them after the first dense layers "
                         "on every N-th (docs/moe.md)")
+    add_latent_args(parser)
 
 
 def _model_name(text: str) -> str:
@@ -207,7 +209,7 @@ STRUCTURE_FLAGS = ("kv_heads", "ffn_hidden", "activation", "norm", "positions", 
                    "head_width", "tied_embeddings", "attention_sinks", "norm_eps", "qkv_bias")
 # every flag that shapes pipesim's model (the window flags make ModelConfig.window together: `with_window`; the
 # rotary flags ModelConfig.rotary: `with_rotary`)
-MODEL_FLAGS = (*SIZE_FLAGS, *STRUCTURE_FLAGS, *WINDOW_FLAGS, *ROTARY_FLAGS, *MOE_FLAGS, *ROUTING_FLAGS)
+MODEL_FLAGS = (*SIZE_FLAGS, *STRUCTURE_FLAGS, *WINDOW_FLAGS, *ROTARY_FLAGS, *MOE_FLAGS, *ROUTING_FLAGS, *LATENT_FLAGS)
 
 
 def given_model_flags(args: argparse.Namespace, *, skip: tuple[str, ...] = ()) -> list[tuple[str, object]]:
@@ -244,10 +246,11 @@ def model_config(args: argparse.Namespace) -> ModelConfig:
             raise PipesimError(f"--model-config describes the model, experts or not; drop --model {args.model}")
         base = load_hf_config(source, seq=given.get("seq"), batch=given.get("batch", ModelConfig.batch),
                               dtype=given.get("dtype"), seed=seed_of(args))
+        given = latent_norms(args, given, base.mla is not None)
         # typed learned positions replace the file's rotary embedding, its frequencies with it
         rotary = {"rotary": None} if given.get("positions", "rope") != "rope" else {}
-        model = with_routing(with_expert_flags(with_rotary(with_window(replace(base, **given, **rotary), args), args),
-                                               args, source), args)
+        model = with_latent_flags(with_routing(with_expert_flags(
+            with_rotary(with_window(replace(base, **given, **rotary), args), args), args, source), args), args, source)
         moe = model.moe
         if "ffn_hidden" in given and moe is not None and all(map(moe.is_moe_layer, range(model.layers))):
             raise PipesimError(f"--ffn-hidden sizes a dense MLP, and every layer of {source} has experts "
@@ -255,21 +258,25 @@ def model_config(args: argparse.Namespace) -> ModelConfig:
         return model
     kind = args.model or getattr(args, "model_default", None) or "mlp"
     moe_given = [name for name in MOE_FLAGS if getattr(args, name, None) is not None]
+    if kind != "mlp":
+        given = latent_norms(args, given, False)
     if kind == "moe":
         base = with_rotary(with_window(ModelConfig(kind="gpt", seed=seed_of(args), **given), args), args)
-        return with_routing(replace(base, moe=moe_config(args, base.hidden, base.layers)), args)
+        return with_latent_flags(with_routing(replace(base, moe=moe_config(args, base.hidden, base.layers)), args),
+                                 args)
     if moe_given:
         raise PipesimError(f"--{moe_given[0].replace('_', '-')} needs --model moe")
     if kind == "mlp":  # an MLP has no heads, sequence or vocabulary: those flags would size nothing
         typed = {**given, **{name: getattr(args, name) for name in WINDOW_FLAGS
                              if getattr(args, name, None) is not None}}
         typed.update({name: getattr(args, name) for name in ROTARY_FLAGS if getattr(args, name, None) is not None})
-        for name in ("heads", "seq", "vocab", *STRUCTURE_FLAGS, *WINDOW_FLAGS, *ROTARY_FLAGS):
+        typed.update({name: getattr(args, name) for name in LATENT_FLAGS if getattr(args, name, None) is not None})
+        for name in ("heads", "seq", "vocab", *STRUCTURE_FLAGS, *WINDOW_FLAGS, *ROTARY_FLAGS, *LATENT_FLAGS):
             if name in typed:
                 raise PipesimError(f"{flag_words(name, typed[name])[0]} needs a transformer (--model gpt or "
                                    "--model-config)")
-    return with_routing(with_rotary(with_window(ModelConfig(kind=kind, seed=seed_of(args), **given), args), args),
-                        args)
+    return with_latent_flags(with_routing(with_rotary(with_window(ModelConfig(kind=kind, seed=seed_of(args), **given),
+                                                                      args), args), args), args)
 
 
 def model_config_json(args: argparse.Namespace) -> dict | None:
@@ -283,7 +290,7 @@ def model_config_json(args: argparse.Namespace) -> dict | None:
 
 def user_model_config(args: argparse.Namespace) -> ModelConfig:
     """With --model MODULE:FACTORY, what still applies of pipesim's model flags: --batch and --seed."""
-    sizes = [k for k in (*SIZE_FLAGS, *STRUCTURE_FLAGS, *WINDOW_FLAGS, *ROTARY_FLAGS)
+    sizes = [k for k in (*SIZE_FLAGS, *STRUCTURE_FLAGS, *WINDOW_FLAGS, *ROTARY_FLAGS, *LATENT_FLAGS)
              if k != "batch" and getattr(args, k, None) is not None]
     if sizes or getattr(args, "model_config", None):
         flag = flag_words(sizes[0], getattr(args, sizes[0]))[0] if sizes else "--model-config"

@@ -42,7 +42,8 @@ READ = {
     "--rope-scaling-factor": VALUE, "--norm-epsilon": VALUE,
     "--untie-embeddings-and-output-weights": SWITCH, "--hidden-dropout": VALUE, "--attention-dropout": VALUE,
     "--qk-layernorm": SWITCH, "--max-position-embeddings": VALUE, "--vocab-size": VALUE, "--window-size": VALUE,
-    "--window-attn-skip-freq": VALUE,
+    "--window-attn-skip-freq": VALUE, "--multi-latent-attention": SWITCH, "--rope-type": VALUE,
+    "--rotary-scaling-factor": VALUE, "--mscale": VALUE, "--mscale-all-dim": VALUE,
     "--padded-vocab-size": VALUE, "--make-vocab-size-divisible-by": VALUE, "--tokenizer-type": VALUE,
     # experts
     "--num-experts": VALUE, "--moe-router-topk": VALUE, "--moe-ffn-hidden-size": VALUE,
@@ -67,6 +68,11 @@ PASSED = {
     "--cuda-graph-impl": VALUE,
     "--moe-enable-deepep": SWITCH, "--moe-deepep-num-sms": VALUE,
     "--no-overlap-p2p-communication": SWITCH,  # pipesim's flag of that name (the interleaved sends held)
+    # DeepSeek-V3's pieces (pipesim.commands.latent_args); --multi-latent-attention is READ (it changes what
+    # --qk-layernorm, --kv-channels and --num-query-groups mean)
+    "--q-lora-rank": VALUE, "--kv-lora-rank": VALUE, "--qk-head-dim": VALUE, "--qk-pos-emb-head-dim": VALUE,
+    "--v-head-dim": VALUE, "--mtp-num-layers": VALUE, "--moe-router-enable-expert-bias": SWITCH,
+    "--moe-router-num-groups": VALUE, "--moe-router-group-topk": VALUE,
 }
 # Megatron-core after v0.15.3 (its TransformerConfig fields as flags, core_v0.16.0 on), which pipesim's own flags and
 # its plan exports use: read as pipesim's flags of those names
@@ -150,7 +156,7 @@ IGNORED: dict[str, tuple[str, ...]] = {
         "--fp8-margin", "--fp8-interval", "--fp8-amax-history-len", "--fp8-amax-compute-algo",
         "--moe-input-jitter-eps",
         "--moe-per-layer-logging", "--moe-router-dtype", "--moe-router-score-function", "--moe-router-pre-softmax",
-        "--moe-router-topk-scaling-factor", "--moe-router-bias-update-rate",
+        "--moe-router-topk-scaling-factor", "--moe-router-bias-update-rate", "--mtp-loss-scaling-factor",
         "--moe-router-force-load-balancing", "--ddp-average-in-collective"),
     "Muon's hyperparameters (later Megatron-core): numbers, not work (every coefficient set runs the same three "
     "GEMMs a Newton-Schulz step)": (
@@ -171,13 +177,6 @@ REFUSED = {
     "--checkpoint-activations": "is no longer valid in Megatron-LM v0.15.3, which exits on it (use "
                                 "--recompute-granularity)",
     "--use-legacy-models": "runs Megatron's legacy layers; pipesim times Megatron-core's",
-    "--multi-latent-attention": "latent attention is read from a --model-config (DeepSeek's), not from Megatron's "
-                                "flags",
-    "--mtp-num-layers": "multi-token prediction is read from a --model-config (DeepSeek-V3's), not from Megatron's "
-                        "flags",
-    "--moe-router-enable-expert-bias": "the routing bias is read from a --model-config (DeepSeek-V3's)",
-    "--moe-router-num-groups": "group-limited routing is read from a --model-config (DeepSeek-V3's)",
-    "--moe-router-group-topk": "group-limited routing is read from a --model-config (DeepSeek-V3's)",
     "--encoder-seq-length": "is the encoder's (T5, BERT); pipesim models GPT's decoder (give --seq-length)",
     "--decoder-seq-length": "is an encoder-decoder's; pipesim models GPT's decoder (give --seq-length)",
     "--encoder-num-layers": "is an encoder-decoder's; pipesim models GPT's decoder (give --num-layers)",

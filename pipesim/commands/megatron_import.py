@@ -39,7 +39,10 @@ PASS_AS_TYPED = ("--account-for-embedding-in-pipeline-split", "--account-for-los
                  "--fp4-format", "--fp4-recipe", "--fp4-param-gather", "--use-precision-aware-optimizer",
                  "--main-params-dtype", "--exp-avg-dtype", "--exp-avg-sq-dtype", "--activation-func-fp8-input-store",
                  "--cuda-graph-impl", "--moe-enable-deepep", "--moe-deepep-num-sms", "--moe-flex-dispatcher-backend",
-                 "--moe-hybridep-num-sms", "--muon-num-ns-steps", "--muon-no-split-qkv", "--muon-use-nesterov")
+                 "--moe-hybridep-num-sms", "--muon-num-ns-steps", "--muon-no-split-qkv", "--muon-use-nesterov",
+                 "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim",
+                 "--mtp-num-layers", "--moe-router-enable-expert-bias", "--moe-router-num-groups",
+                 "--moe-router-group-topk")
 
 
 def megatron_argv(path: str, argv: list[str]) -> tuple[str, list[str]]:
@@ -262,7 +265,7 @@ PLAN_KEEPS = ("--framework", "--model", "--seq", "--batch", "--dtype", "--fp8-fo
               "--position-embedding-type", "--disable-bias-linear", "--add-qkv-bias",
               "--tie-embeddings-and-output-weights", "--untie-embeddings-and-output-weights", "--dropout",
               "--no-dropout", "--qk-layernorm", "--vocab",
-              "--softmax-type", "--window-size", "--window-attn-skip-freq",
+              "--softmax-type", "--window-size", "--window-attn-skip-freq", "--multi-latent-attention",
               "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size",
               "--moe-layer-freq", "--moe-expert-capacity-factor", "--moe-token-dispatcher-type", "--attention",
               "--no-kernel-fusion", "--cuda-graph-scope",

@@ -38,10 +38,16 @@ def model_flags(a: MegatronArgs, *, tp: int, seq: int, vocab_typed: bool) -> lis
     ffn = a.number("--ffn-hidden-size", swiglu_width(hidden) if swiglu else 4 * hidden)
     out = ["--layers", str(layers), "--hidden", str(hidden), "--heads", str(heads), "--ffn-hidden", str(ffn),
            "--activation", activation]
-    if a.on("--group-query-attention"):
+    latent = a.on("--multi-latent-attention")  # its heads' widths are its own: --kv-channels and the groups unread
+    if a.on("--group-query-attention") and not latent:
         out += ["--kv-heads", str(a.number("--num-query-groups", 1))]
-    if a.on("--kv-channels"):
+    if a.on("--kv-channels") and not latent:
         out += ["--kv-channels", str(a.number("--kv-channels", None))]
+    if latent:  # multi_latent_attention.py applies YaRN's mscale inside its own RoPE kernel and softmax scale
+        out.append("--multi-latent-attention")
+    elif a.text("--rope-type") == "yarn":
+        raise _error(w, "--rope-type yarn on standard attention: pipesim reads YaRN's attention factor from a "
+                        "--model-config (its rope_scaling), not from Megatron's flags")
     out += ["--normalization", a.one_of("--normalization", {k: k for k in NORMALIZATIONS}, "LayerNorm",
                                         " or ".join(NORMALIZATIONS))]
     positions = "rope" if a.on("--use-rotary-position-embeddings") else a.one_of(

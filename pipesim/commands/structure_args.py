@@ -25,7 +25,9 @@ STRUCTURE_SWITCHES = {("biases", False): "--disable-bias-linear", ("qkv_bias", T
                       ("dropout", False): "--no-dropout", ("qk_norm", True): "--qk-layernorm",
                       ("tied_embeddings", True): "--tie-embeddings-and-output-weights",
                       ("tied_embeddings", False): "--untie-embeddings-and-output-weights",
-                      ("use_rope_scaling", True): "--use-rope-scaling"}
+                      ("use_rope_scaling", True): "--use-rope-scaling",
+                      ("multi_latent_attention", True): "--multi-latent-attention",
+                      ("moe_router_enable_expert_bias", True): "--moe-router-enable-expert-bias"}
 # Megatron-core's --softmax-type for ModelConfig.attention_sinks: its learnable one is GPT-OSS's sink logit per head
 SOFTMAX_TYPES = {"vanilla": False, "learnable": True}
 # the structure flags whose name is not their field's: field -> (flag, {field value: typed value})
