@@ -141,6 +141,19 @@ BASE = ("--num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-length 5
         "--micro-batch-size 1 --vocab-size 1024 ")
 
 
+@pytest.mark.parametrize(("extra", "modules"), [("", ["core_attn", "moe"]),
+                                                ("--recompute-modules mlp ", ["mlp", "moe"]),
+                                                ("--recompute-activations --recompute-modules moe ", ["moe"])])
+def test_moe_layer_recompute_is_megatrons_selective_moe(tmp_path, extra, modules):
+    """The deprecated --moe-layer-recompute: transformer_config.py (core_v0.15.3) turns it into selective recomputation
+    with "moe" added to the modules (Megatron's default, core_attn, when none is given)."""
+    path = _file(tmp_path, BASE + "--bf16 --num-experts 4 --moe-grouped-gemm --moe-token-dispatcher-type alltoall "
+                 + extra + "--moe-layer-recompute")
+    argv = expand(["simulate", "--from-megatron", path])
+    at = argv.index("--recompute-modules")
+    assert argv[argv.index("--recompute") + 1] == "selective" and argv[at + 1:at + 1 + len(modules)] == modules
+
+
 @pytest.mark.parametrize("text, message", [
     (BASE + "--bogus 1", "--bogus is not read: Megatron-LM v0.15.3 has no such flag, or it changes the run and "
                          "pipesim does not model it"),
@@ -152,6 +165,9 @@ BASE = ("--num-layers 4 --hidden-size 256 --num-attention-heads 4 --seq-length 5
     (BASE + "--recompute-granularity full --recompute-method block --recompute-num-layers 2",
      "--recompute-granularity full with --recompute-method block --recompute-num-layers 2: pipesim models every "
      "layer recomputed on its own (uniform, 1)"),
+    (BASE + "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1 "
+            "--moe-layer-recompute", "--moe-layer-recompute with --recompute-granularity full (Megatron raises: 'Do "
+                                     "not set --moe-layer-recompute with full recompute granularity')"),
     (BASE + "--hidden-dropout 0", "--hidden-dropout 0 with --attention-dropout 0.1: pipesim's dropout runs in all "
                                   "three places or none (give both above 0, or both 0)"),
     (BASE.replace("--vocab-size 1024 ", ""), "the vocabulary comes from the tokenizer file; give --vocab-size in the "

@@ -28,7 +28,7 @@ READ = {
     "--main-grads-dtype": VALUE,
     # recomputation
     "--recompute-activations": SWITCH, "--recompute-granularity": VALUE, "--recompute-method": VALUE,
-    "--recompute-num-layers": VALUE, "--recompute-modules": LIST,
+    "--recompute-num-layers": VALUE, "--recompute-modules": LIST, "--moe-layer-recompute": SWITCH,
     # attention and kernels
     "--use-flash-attn": SWITCH, "--attention-backend": VALUE, "--no-masked-softmax-fusion": SWITCH,
     "--no-bias-gelu-fusion": SWITCH, "--no-bias-swiglu-fusion": SWITCH, "--no-bias-dropout-fusion": SWITCH,

@@ -207,10 +207,17 @@ def _megatron_asserts(a: MegatronArgs, pp: int, v: int, layers: int, *, ep: int)
 def _recompute(a: MegatronArgs) -> list[str]:
     granularity = "selective" if a.on("--recompute-activations") else a.text("--recompute-granularity")
     method, layers = a.text("--recompute-method"), a.number("--recompute-num-layers", None)
+    modules = a.texts("--recompute-modules")
+    if a.on("--moe-layer-recompute"):  # deprecated: selective with "moe" added to the modules (default core_attn),
+        # and a ValueError beside full granularity (transformer_config.py @ core_v0.15.3, __post_init__)
+        if granularity == "full":
+            raise PipesimError(f"{a.where}: --moe-layer-recompute with --recompute-granularity full (Megatron raises: "
+                               "'Do not set --moe-layer-recompute with full recompute granularity')")
+        granularity, modules = "selective", [*(modules or ["core_attn"]), *(["moe"] if "moe" not in (modules or [])
+                                                                              else [])]
     if granularity == "selective":
         if method is not None:
             raise PipesimError(f"{a.where}: --recompute-method with selective recomputation (Megatron asserts none)")
-        modules = a.texts("--recompute-modules")
         return ["--recompute", "selective"] + (["--recompute-modules", *modules] if modules else [])
     if granularity == "full":
         if method != "uniform" or layers != 1:
