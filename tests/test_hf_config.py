@@ -101,8 +101,8 @@ def test_gelu_layernorm_tied_and_defaults(tmp_path):
                               "(down(act(gate x) * up x)); pipesim models the gated MLP with silu or swish only")
     olmo2 = _write(tmp_path, {**LLAMA, "model_type": "olmo2"})  # QK-norm over the whole width, norms after blocks
     with pytest.raises(PipesimError, match=r"model_type \('olmo2': pipesim models llama, mistral, mixtral, "
-                                           r"deepseek_v3, qwen2, qwen3, qwen3_moe, nemotron, gpt_oss, kimi_k2, "
-                                           r"deepseek_v2\)"):
+                                           r"deepseek_v3, qwen2, qwen3, qwen3_moe, nemotron, gpt_oss, glm4_moe, "
+                                           r"kimi_k2, deepseek_v2\)"):
         load_hf_config(olmo2)
 
 

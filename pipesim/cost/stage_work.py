@@ -177,9 +177,12 @@ def _add_backward(work: Work, collectives: list[Collective]) -> None:
 
 def _gpt_shaped(model: ModelConfig) -> ModelConfig:
     """`model`'s sizes in the GPT block's structure (MHA, 4h GeLU, LayerNorm, biases): what the CPU fit's block
-    weights count, so that another structure's are counted as a difference from them."""
+    weights count, so that another structure's are counted as a difference from them. Its weights (12 h^2 + 13 h) do
+    not depend on the heads: one head stands in where the model's heads have their own width and do not divide h
+    (GLM-4.5-Air: 96 heads of 128 over a 4096 hidden)."""
+    heads = model.heads if model.hidden % model.heads == 0 else 1
     return replace(model, kv_heads=None, ffn_hidden=None, activation="gelu", norm="layernorm", biases=True,
-                   head_width=None, qk_norm=False, moe=None, mla=None)
+                   head_width=None, qk_norm=False, moe=None, mla=None, qkv_bias=False, heads=heads)
 
 
 def gpt_stage_work(model: ModelConfig, b: int, layers: int, *, first: bool, last: bool, tp: int = 1,

@@ -17,6 +17,9 @@ each a SwiGLU MLP of width `intermediate_size`, behind a bias-free router h -> E
 always gated (w2(act(w1 x) * w3 x)) and its linears never have biases, so a "gelu*" activation (a gated GeLU,
 which pipesim's two-matrix "gelu" is not) or a true `attention_bias` / `mlp_bias` refuses the file.
 
+A "glm4_moe" file (GLM-4.5) is read by pipesim.model.hf_deepseek: DeepSeek-V3's experts and MTP modules behind
+grouped-query attention with q/k/v biases, QK-norm and heads of head_dim.
+
 A "deepseek_v3" file (DeepSeek-V3's DeepseekV3ForCausalLM) reads, besides Llama's keys: multi-head latent attention
 (`q_lora_rank`, null for a plain Q projection, `kv_lora_rank`, `qk_nope_head_dim`, `qk_rope_head_dim`, `v_head_dim`:
 ModelConfig.mla); DeepSeekMoE (`n_routed_experts` -> experts, null for a dense model, `num_experts_per_tok` ->
@@ -55,10 +58,10 @@ from pathlib import Path
 
 from pipesim.errors import PipesimError
 from pipesim.model.config import DTYPE_BYTES, ModelConfig
+from pipesim.model.hf_deepseek import deepseek_attention, deepseek_experts, glm4_moe_fields, mtp_modules
 from pipesim.model.hf_gpt_oss import GPT_OSS_DEFAULTS, gpt_oss_experts, read_window
-from pipesim.model.hf_keys import KeyReport, check_keys, code_type, positive_field
+from pipesim.model.hf_keys import KeyReport, check_keys, code_type, count_field, positive_field, required_field
 from pipesim.model.hf_rope import yarn_attention_factor
-from pipesim.model.latent_attention import LatentAttention
 from pipesim.model.moe import MoeConfig
 from pipesim.model.rotary import rotary_from_config
 
@@ -69,13 +72,11 @@ GATED_ACTS = ("silu", "swish")  # a gated MLP: act(gate) * up, then down
 PLAIN_ACTS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast")
 SQUARED_RELU = ("relu2",)  # Nemotron-4's relu(x)^2 between two matrices (transformers' ACT2FN "relu2")
 # model types whose MLP is gated whatever hidden_act says (Mixtral's experts too: `_mixtral_experts`)
-GATED_TYPES = ("llama", "mistral", "deepseek_v3", "qwen2", "qwen3", "qwen3_moe", "gpt_oss")
+GATED_TYPES = ("llama", "mistral", "deepseek_v3", "qwen2", "qwen3", "qwen3_moe", "gpt_oss", "glm4_moe")
 MIXTRAL_DEFAULTS = {"num_local_experts": 8, "num_experts_per_tok": 2}  # transformers' MixtralConfig defaults
-DEEPSEEK_ROUTING = {"noaux_tc": True, "greedy": False, "group_limited_greedy": False}  # topk_method -> a score bias
-DEEPSEEK_SCORES = ("sigmoid", "softmax")  # scoring_func values DeepSeek's MoEGate computes
 QWEN3_TYPES = ("qwen3", "qwen3_moe")  # Llama's layer with QK-norm and an explicit head_dim
 QKV_BIAS_TYPES = ("qwen2",)  # Llama's layer with biases on q, k and v_proj alone (ModelConfig.qkv_bias)
-OWN_HEAD_TYPES = (*QWEN3_TYPES, "gpt_oss")  # heads of head_dim whatever hidden_size / num_attention_heads is
+OWN_HEAD_TYPES = (*QWEN3_TYPES, "gpt_oss", "glm4_moe")  # heads of head_dim whatever hidden_size / heads is
 QWEN3_MOE_DEFAULTS = {"num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768,
                       "decoder_sparse_step": 1}  # transformers' Qwen3MoeConfig defaults
 
@@ -143,7 +144,7 @@ def model_from_hf(cfg: dict, *, where: str, seq: int | None = None, batch: int =
         cfg = {**GPT_OSS_DEFAULTS, **cfg}  # GptOssConfig's defaults where the file is silent
     if qwen3:
         for name in ("num_key_value_heads", "head_dim"):
-            _required(cfg, name, where)
+            required_field(cfg, name, where)
     kv_heads = positive_field(cfg, "num_key_value_heads", where) if "num_key_value_heads" in cfg else heads
     if not own_heads and sizes["hidden_size"] % heads:
         raise PipesimError(f"{where}: field 'num_attention_heads' {heads} does not divide hidden_size "
@@ -161,7 +162,7 @@ def model_from_hf(cfg: dict, *, where: str, seq: int | None = None, batch: int =
                            "only")
     if kind == "deepseek_v3" and "head_dim" in cfg:  # transformers' DeepseekV2/V3Config write head_dim =
         # qk_rope_head_dim (RoPE's width, which latent attention's fields give): a file it saved carries it
-        rope = _required(cfg, "qk_rope_head_dim", where)
+        rope = required_field(cfg, "qk_rope_head_dim", where)
         if positive_field(cfg, "head_dim", where) != rope:
             raise PipesimError(f"{where}: field 'head_dim' {cfg['head_dim']!r} is not qk_rope_head_dim {rope!r} "
                                "(transformers' DeepSeek configs set it so; latent attention's heads are its "
@@ -187,9 +188,13 @@ def model_from_hf(cfg: dict, *, where: str, seq: int | None = None, batch: int =
     moe = _mixtral_experts(cfg, sizes["intermediate_size"], act=act, biases=biases, where=where) \
         if kind == "mixtral" else None
     mla, mtp, head_width = None, 0, None
+    structure = {"qk_norm": qwen3, "qkv_bias": kind in QKV_BIAS_TYPES}  # Qwen3's QK-norm, Qwen2's q/k/v biases
     if kind == "deepseek_v3":
-        moe, mla = _deepseek_experts(cfg, where), _deepseek_attention(cfg, where)
-        mtp = _count(cfg, "num_nextn_predict_layers", where) if cfg.get("num_nextn_predict_layers") is not None else 0
+        moe, mla, mtp = deepseek_experts(cfg, where), deepseek_attention(cfg, where), mtp_modules(cfg, where)
+    if kind == "glm4_moe":  # its biases are q, k and v's (qkv_bias): every linear's are refused there
+        glm = glm4_moe_fields(cfg, biases=biases, where=where)
+        moe, mtp, head_width, biases = glm.pop("moe"), glm.pop("mtp_layers"), glm.pop("head_width"), False
+        structure = glm
     if qwen3:
         head_width = _qwen3_attention(cfg, biases=biases, where=where)
     if kind in QKV_BIAS_TYPES and biases:
@@ -214,69 +219,10 @@ def model_from_hf(cfg: dict, *, where: str, seq: int | None = None, batch: int =
                            norm="rmsnorm" if "rms_norm_eps" in cfg or own_heads else "layernorm",  # norm_eps: LayerNorm
                            dropout=dropout > 0, biases=biases, positions="rope",
                            tied_embeddings=tied, moe=moe, mla=mla, mtp_layers=mtp, head_width=head_width,
-                           qk_norm=qwen3, window=window, attention_sinks=kind == "gpt_oss",
-                           rope_mscale=rope_mscale, rotary=rotary, norm_eps=eps, qkv_bias=kind in QKV_BIAS_TYPES)
+                           window=window, attention_sinks=kind == "gpt_oss", rope_mscale=rope_mscale,
+                           rotary=rotary, norm_eps=eps, **structure)
     except PipesimError as e:
         raise PipesimError(f"{where}: {e}") from None
-
-
-def _required(cfg: dict, name: str, where: str) -> object:
-    if name not in cfg:
-        raise PipesimError(f"{where}: field {name!r} is missing")
-    return cfg[name]
-
-
-def _count(cfg: dict, name: str, where: str) -> int:
-    """A non-negative integer field (present)."""
-    value = cfg[name]
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise PipesimError(f"{where}: field {name!r} must be a non-negative integer, got {value!r}")
-    return value
-
-
-def _deepseek_attention(cfg: dict, where: str) -> LatentAttention:
-    """DeepseekV3Attention's widths: q_lora_rank (null: q_proj h -> heads x (nope + rope)), kv_lora_rank,
-    qk_nope_head_dim, qk_rope_head_dim, v_head_dim (all required)."""
-    names = ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
-    for name in ("q_lora_rank", *names):
-        _required(cfg, name, where)
-    q = None if cfg["q_lora_rank"] is None else positive_field(cfg, "q_lora_rank", where)
-    kv, nope, rope, v = (positive_field(cfg, name, where) for name in names)
-    return LatentAttention(q_lora_rank=q, kv_lora_rank=kv, qk_nope_dim=nope, qk_rope_dim=rope, v_head_dim=v)
-
-
-def _deepseek_experts(cfg: dict, where: str) -> MoeConfig | None:
-    """DeepseekV3MoE's layout (None when n_routed_experts is null: every MLP dense): n_routed_experts experts of width
-    moe_intermediate_size, num_experts_per_tok per token, n_shared_experts shared experts of the same width (one MLP
-    of n_shared x moe_intermediate_size, as DeepSeek builds them), the first first_k_dense_replace layers dense,
-    every later layer with experts (moe_layer_freq 1), and with topk_method "noaux_tc" the router's per-expert
-    e_score_correction_bias."""
-    if _required(cfg, "n_routed_experts", where) is None:
-        return None
-    for name in ("num_experts_per_tok", "moe_intermediate_size", "n_shared_experts", "first_k_dense_replace"):
-        _required(cfg, name, where)
-    experts, top_k, width = (positive_field(cfg, name, where)
-                             for name in ("n_routed_experts", "num_experts_per_tok", "moe_intermediate_size"))
-    shared = 0 if cfg["n_shared_experts"] is None else _count(cfg, "n_shared_experts", where)
-    dense = _count(cfg, "first_k_dense_replace", where)
-    freq = cfg.get("moe_layer_freq", 1)
-    if freq != 1:
-        raise PipesimError(f"{where}: field 'moe_layer_freq' {freq!r}: DeepSeek places experts on layers l with "
-                           "l % freq == 0, pipesim's every on (l + 1) % every == 0; pipesim reads 1 only")
-    method = _required(cfg, "topk_method", where)
-    if method not in DEEPSEEK_ROUTING:
-        raise PipesimError(f"{where}: field 'topk_method' {method!r} is not DeepSeek's; choose one of "
-                           f"{', '.join(DEEPSEEK_ROUTING)}")
-    scores = cfg.get("scoring_func", "softmax")
-    if scores not in DEEPSEEK_SCORES:
-        raise PipesimError(f"{where}: field 'scoring_func' {scores!r} is not DeepSeek's; choose "
-                           f"{' or '.join(DEEPSEEK_SCORES)}")
-    if top_k > experts:
-        raise PipesimError(f"{where}: field 'num_experts_per_tok' {top_k} is more than n_routed_experts {experts}")
-    groups = cfg.get("n_group") or 1  # group-limited top-k: topk_group of n_group groups (DeepSeek's node limit)
-    group_topk = cfg.get("topk_group") if groups > 1 else None
-    return MoeConfig(experts=experts, top_k=top_k, expert_ffn=width, shared_experts=shared, dense_layers=dense,
-                     expert_bias=DEEPSEEK_ROUTING[method], groups=groups, group_topk=group_topk)
 
 
 def _mixtral_experts(cfg: dict, width: int, *, act: str, biases: bool, where: str) -> MoeConfig:
@@ -332,7 +278,7 @@ def _qwen3_experts(cfg: dict, layers: int, where: str) -> MoeConfig | None:
     experts on l >= dense_layers with (l + 1) % every == 0: `mlp_only_layers` is read as dense first layers when that
     gives the same layers, and refused otherwise."""
     given = {name: cfg.get(name, default) for name, default in QWEN3_MOE_DEFAULTS.items()}
-    experts = _count(given, "num_experts", where)
+    experts = count_field(given, "num_experts", where)
     top_k, width, step = (positive_field(given, name, where)
                           for name in ("num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step"))
     only = cfg.get("mlp_only_layers")

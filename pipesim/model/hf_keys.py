@@ -84,7 +84,11 @@ TYPE_MODELED = {"mixtral": ("num_local_experts", "num_experts_per_tok", "router_
                             "layer_types", "router_aux_loss_coef", "output_router_logits", "swiglu_limit",
                             "swiglu_alpha"),
                 # every layer windowed by sliding_window (MistralAttention, MixtralAttention)
-                "mistral": ("sliding_window",)}
+                "mistral": ("sliding_window",),
+                # GLM-4.5: DeepSeek-V3's experts and MTP modules, QK-norm (pipesim.model.hf_deepseek)
+                "glm4_moe": ("n_routed_experts", "num_experts_per_tok", "moe_intermediate_size", "n_shared_experts",
+                             "first_k_dense_replace", "n_group", "topk_group", "num_nextn_predict_layers",
+                             "use_qk_norm")}
 # change nothing pipesim counts in that model type (Mixtral's and Qwen3-MoE's own router loss, router_aux_loss_coef
 # under output_router_logits, is read: MoeConfig.hf_router_loss, which the executor refuses)
 TYPE_NO_EFFECT = {# DeepSeek-V3's router: the sequence-wise balance loss (aux_loss_alpha, seq_aux) is a few FLOPs per
@@ -98,10 +102,14 @@ TYPE_NO_EFFECT = {# DeepSeek-V3's router: the sequence-wise balance loss (aux_lo
                   # pipesim.model.rotary)
                   "nemotron": ("partial_rotary_factor",),
                   # GPT-OSS: YaRN's original context
-                  "gpt_oss": ("initial_context_length",)}
+                  "gpt_oss": ("initial_context_length",),
+                  # GLM-4.5: the rotary share (as Nemotron's), the k weights' scaling and renormalisation (as
+                  # DeepSeek-V3's router)
+                  "glm4_moe": ("partial_rotary_factor", "routed_scaling_factor", "norm_topk_prob")}
 # decoders whose layers are nothing beyond MODELED and their TYPE_MODELED (Llama-style, DeepSeek-V3's, Qwen2's: Llama's
 # layer with biases on q, k and v alone, and Qwen3's: Llama's layer with QK-norm and an explicit head_dim)
-MODEL_TYPES = ("llama", "mistral", "mixtral", "deepseek_v3", "qwen2", "qwen3", "qwen3_moe", "nemotron", "gpt_oss")
+MODEL_TYPES = ("llama", "mistral", "mixtral", "deepseek_v3", "qwen2", "qwen3", "qwen3_moe", "nemotron", "gpt_oss",
+               "glm4_moe")
 # model types whose files run another type's code, read as that type: Moonshot AI's Kimi K2 "reuses the
 # DeepSeekV3CausalLM architecture" and names itself "kimi_k2" only so that inference engines can tell the two apart
 # (MoonshotAI/Kimi-K2 docs/deploy_guidance.md, which suggests model_type "deepseek_v3" for a framework that does not
@@ -120,6 +128,21 @@ def positive_field(cfg: dict, name: str, where: str) -> int:
     value = cfg[name]
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise PipesimError(f"{where}: field {name!r} must be a positive integer, got {value!r}")
+    return value
+
+
+def required_field(cfg: dict, name: str, where: str) -> object:
+    """Field `name` of a config.json, which must be there (null allowed); PipesimError naming the file otherwise."""
+    if name not in cfg:
+        raise PipesimError(f"{where}: field {name!r} is missing")
+    return cfg[name]
+
+
+def count_field(cfg: dict, name: str, where: str) -> int:
+    """Field `name` (present) as a non-negative integer."""
+    value = cfg[name]
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise PipesimError(f"{where}: field {name!r} must be a non-negative integer, got {value!r}")
     return value
 
 
@@ -184,4 +207,5 @@ def check_keys(cfg: dict, *, where: str, seq: int) -> KeyReport:
 
 
 __all__ = ["MODELED", "MODEL_TYPES", "NO_EFFECT", "OFF_WHEN_EMPTY", "ROTARY_SCALING", "TYPE_ALIASES", "TYPE_MODELED",
+           "count_field", "required_field",
            "TYPE_NO_EFFECT", "KeyReport", "check_keys", "code_type", "positive_field"]
