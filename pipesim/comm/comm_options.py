@@ -34,6 +34,9 @@
   (`--moe-deepep-num-sms`, default 20 in megatron/training/arguments.py); "hybridep" the flex dispatcher on Hybrid-EP
   (`--moe-flex-dispatcher-backend hybridep`), `hybridep_sms` SMs (`--moe-hybridep-num-sms`; None: Hybrid-EP's own
   default). Timing: pipesim.comm.all_to_all.
+- `moe_shared_expert_overlap`: Megatron-core's `--moe-shared-expert-overlap` (alltoall dispatcher only, as
+  transformer_config.py raises): the shared experts run on a side stream beside the dispatcher's all-to-alls
+  (pipesim.cost.shared_overlap), hiding as much of each exchange as their kernels last.
 
 The defaults are today's behaviour, bit for bit. Mechanics: docs/simulator.md ("Communication options").
 """
@@ -67,6 +70,8 @@ class CommOptions:
     overlap_param_gather: bool = False  # ZeRO 1/2's parameter all-gather prefetched before each chunk's forward
     # with overlap_p2p_comm: the interleaved schedule's warm-up and flush sends do not block either (Megatron-core)
     overlap_p2p_warmup_flush: bool = False
+    # the shared experts on a side stream beside the alltoall dispatcher's exchanges (Megatron-core)
+    moe_shared_expert_overlap: bool = False
 
     def __post_init__(self) -> None:
         if self.moe_dispatcher not in MOE_DISPATCHERS:
@@ -81,6 +86,9 @@ class CommOptions:
             if sms != default and self.moe_dispatcher != backend:
                 raise PipesimError(f"{flag} needs the {name} dispatcher (--moe-token-dispatcher-type flex "
                                    f"--moe-flex-dispatcher-backend {backend})")
+        if self.moe_shared_expert_overlap and self.moe_dispatcher != "alltoall":  # transformer_config.py raises
+            raise PipesimError("--moe-shared-expert-overlap only works with the alltoall token dispatcher (as "
+                               "Megatron-core raises)")
         if self.overlap_p2p_comm and not self.blocking_p2p:  # it lifts held sends: without them it changes nothing
             raise PipesimError("--overlap-p2p-communication lets an interleaved schedule's sends go without holding "
                                "their rank: it needs --blocking-p2p (or --framework megatron-core), where they hold it")
@@ -117,6 +125,8 @@ class CommOptions:
             out.append("--overlap-p2p-communication-warmup-flush")
         if self.overlap_param_gather:
             out.append("--overlap-param-gather")
+        if self.moe_shared_expert_overlap:
+            out.append("--moe-shared-expert-overlap")
         return out + self.dispatcher_flags()
 
     def blocks_sends(self, interleaved: bool) -> bool:
@@ -144,7 +154,8 @@ class CommOptions:
                 "ddp_bucket_size": self.ddp_bucket_size, "blocking_p2p": self.blocking_p2p,
                 "moe_dispatcher": self.moe_dispatcher, "deepep_sms": self.deepep_sms, "hybridep_sms": self.hybridep_sms,
                 "overlap_p2p_comm": self.overlap_p2p_comm, "overlap_param_gather": self.overlap_param_gather,
-                "overlap_p2p_warmup_flush": self.overlap_p2p_warmup_flush}
+                "overlap_p2p_warmup_flush": self.overlap_p2p_warmup_flush,
+                **({"moe_shared_expert_overlap": True} if self.moe_shared_expert_overlap else {})}
 
 
 def bucket_fractions(params: int, bucket: int) -> tuple[float, ...]:

@@ -7,7 +7,9 @@ back); the simulator times it over the action's expert-parallel group on the mac
 (`exchange_timing`, pipesim.comm.all_to_all, with the job's dispatcher: NCCL, DeepEP or Hybrid-EP) and draws it as
 its own bar. It blocks its rank: Megatron's 1F1B runs the all-to-all between the GEMMs that need its tokens (hiding
 it under another microbatch is a schedule's doing, DualPipe's overlapped F&B pairs, where the SMs the kernel holds are
-what the hiding costs).
+what the hiding costs). With Megatron-core's --moe-shared-expert-overlap the shared experts run on a side stream
+beside the exchanges (`beside`, `carries`: pipesim.cost.shared_overlap), and only what they leave of each is exposed
+(`exposed_exchange_seconds`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ class ExpertExchange(NamedTuple):
     count: int = 1  # layers doing it back to back in this action
     groups: int = 1  # group-limited routing: the experts' groups (MoeConfig.groups)
     group_topk: int = 0  # groups a token's experts come from (0: not group-limited)
+    beside: float = 0.0  # seconds per layer of side-stream compute running beside this exchange (shared experts)
+    carries: bool = False  # what the previous exchange's side-stream compute outlasted it by runs beside this one
 
     @property
     def sent_bytes(self) -> int:
@@ -55,6 +59,21 @@ def exchange_timing(hw: Hardware, devices: list[int], x: ExpertExchange, *, kern
     return x.count * one.seconds, hybridep_sms if kernel == "hybridep" and hybridep_sms else one.sms
 
 
+def exposed_exchange_seconds(exchanges: tuple[ExpertExchange, ...], seconds: list[float]) -> float:
+    """The exchanges' seconds (`seconds[i]`: exchange i's, all its `count` layers) less the side-stream compute beside
+    each, layer by layer: an exchange of t per layer beside s (plus what the previous one left, where it `carries`)
+    exposes max(0, t - s), and leaves max(0, s - t) to the next. The plain sum when nothing runs beside."""
+    if not any(x.beside for x in exchanges):
+        return sum(seconds)
+    total, spare = 0.0, 0.0
+    for x, t in zip(exchanges, seconds, strict=True):
+        per = t / x.count if x.count else 0.0  # one layer's
+        side = x.beside + (spare if x.carries else 0.0)
+        total += x.count * max(0.0, per - side)
+        spare = max(0.0, side - per)
+    return total
+
+
 def node_limit(hw: Hardware, devices: list[int], x: ExpertExchange) -> int | None:
     """The nodes a token reaches under the exchange's group-limited routing over `devices` (group_node_limit)."""
     return group_node_limit(x.groups, x.group_topk, len({d // hw.devices_per_node for d in devices}))
@@ -65,4 +84,4 @@ def exchange_seconds(hw: Hardware, devices: list[int], x: ExpertExchange, *, ker
     return exchange_timing(hw, devices, x, kernel=kernel)[0]
 
 
-__all__ = ["ExpertExchange", "exchange_seconds", "exchange_timing", "node_limit"]
+__all__ = ["ExpertExchange", "exchange_seconds", "exchange_timing", "exposed_exchange_seconds", "node_limit"]

@@ -27,7 +27,8 @@ def refuse_model_flags(args: argparse.Namespace) -> None:
     given += ["--fp8-impl"] if getattr(args, "fp8_impl", None) is not None else []
     switches = {"eager_rmsnorm": "--eager-rmsnorm", "act_fp8_store": "--activation-func-fp8-input-store",
                 "use_precision_aware_optimizer": "--use-precision-aware-optimizer",
-                "first_last_layers_bf16": "--first-last-layers-bf16", "moe_enable_deepep": "--moe-enable-deepep"}
+                "first_last_layers_bf16": "--first-last-layers-bf16", "moe_enable_deepep": "--moe-enable-deepep",
+                "moe_shared_expert_overlap": "--moe-shared-expert-overlap"}
     given += [flag for dest, flag in switches.items() if getattr(args, dest, False)]
     given += [flag for dest, flag in TYPED_SWITCHES if getattr(args, dest, None) is not None]
     if getattr(args, "optimizer", "adam") != "adam":

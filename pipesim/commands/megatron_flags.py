@@ -72,7 +72,7 @@ PASSED = {
     # --qk-layernorm, --kv-channels and --num-query-groups mean)
     "--q-lora-rank": VALUE, "--kv-lora-rank": VALUE, "--qk-head-dim": VALUE, "--qk-pos-emb-head-dim": VALUE,
     "--v-head-dim": VALUE, "--mtp-num-layers": VALUE, "--moe-router-enable-expert-bias": SWITCH,
-    "--moe-router-num-groups": VALUE, "--moe-router-group-topk": VALUE,
+    "--moe-router-num-groups": VALUE, "--moe-router-group-topk": VALUE, "--moe-shared-expert-overlap": SWITCH,
 }
 # Megatron-core after v0.15.3 (its TransformerConfig fields as flags, core_v0.16.0 on), which pipesim's own flags and
 # its plan exports use: read as pipesim's flags of those names
@@ -186,7 +186,6 @@ REFUSED = {
     "--fp16-lm-cross-entropy": "runs the cross-entropy in fp16; pipesim times it in float32",
     "--no-fp8-wgrad": "runs the weight-gradient GEMMs in 16 bits under FP8; pipesim times all three in FP8",
     "--distribute-saved-activations": "splits the checkpointed inputs over the tp ranks, not modelled",
-    "--moe-shared-expert-overlap": "overlaps the shared experts with the all-to-all, not modelled",
     "--moe-use-legacy-grouped-gemm": "pipesim times Transformer Engine's grouped GEMM",
     "--delay-wgrad-compute": "splits the experts' weight gradients out of their backward, not modelled",
     "--optimizer-cpu-offload": "offloads the optimizer to the CPU, not modelled",

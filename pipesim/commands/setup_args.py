@@ -178,6 +178,9 @@ def add_comm_args(parser: argparse.ArgumentParser) -> None:
                         "NVLink domain, 8 across domains)")
     m.add_argument("--moe-enable-deepep", action="store_true",
                    help="Megatron-core before 0.16's spelling of --moe-flex-dispatcher-backend deepep")
+    m.add_argument("--moe-shared-expert-overlap", action="store_true",
+                   help="the shared experts on a side stream beside the alltoall dispatcher's all-to-alls (Megatron's "
+                        "flag: FC1 beside the dispatch, FC2 beside the combine, their gradients beside the backward's)")
     m.add_argument("--moe-deepep-num-sms", type=positive_int, default=DEFAULT_DEEPEP_SMS, metavar="N",
                    help=f"SMs DeepEP's kernels hold while they run, which the GEMMs beside them lose "
                         f"(default {DEFAULT_DEEPEP_SMS}, Megatron's)")
@@ -194,7 +197,8 @@ def comm_options_from_args(args: argparse.Namespace) -> CommOptions:
                        moe_dispatcher=dispatcher, deepep_sms=args.moe_deepep_num_sms,
                        hybridep_sms=args.moe_hybridep_num_sms,
                        overlap_p2p_comm=args.overlap_p2p_comm, overlap_param_gather=args.overlap_param_gather,
-                       overlap_p2p_warmup_flush=args.overlap_p2p_warmup_flush)
+                       overlap_p2p_warmup_flush=args.overlap_p2p_warmup_flush,
+                       moe_shared_expert_overlap=args.moe_shared_expert_overlap)
 
 
 def apply_framework(args: argparse.Namespace, *, keep: tuple[str, ...] = ()) -> argparse.Namespace:

@@ -21,6 +21,7 @@ from pipesim.cost.fp8_costs import fp8_stage_costs, stage_fp8_expert_params, wit
 from pipesim.cost.host_issue import NO_HOST_ISSUE, stage_host_issue
 from pipesim.cost.kernel_costs import StageSeconds, gpt_stage_seconds, mlp_stage_seconds
 from pipesim.cost.muon_step import MuonStage, muon_stage
+from pipesim.cost.shared_overlap import beside_exchanges, shared_seconds
 from pipesim.cost.stage_layers import moe_layers_per_stage, windowed_per_stage
 from pipesim.cost.stage_work import Work, gpt_stage_work, mlp_stage_work
 from pipesim.cost.step_costs import StepCosts, ring_exchanges, step_costs
@@ -124,6 +125,8 @@ def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hard
     if kernels.ub is not None and not hw.device.family:  # userbuffers ride on GEMMs the kernel path times
         raise PipesimError(f"--tp-comm-overlap times each GEMM kernel by kernel: {hw.name} has no GPU device family "
                            "(use a GPU preset)")
+    if job.comm.moe_shared_expert_overlap:
+        _check_shared_overlap(model, hw)
     split = split_layers(model.layers, num_stages, layer_split)
     moe_counts = moe_layers_per_stage(model, split)
     windowed = windowed_per_stage(model, split) if opts is not None else [(0, 0)] * num_stages
@@ -219,6 +222,10 @@ def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hard
         experts.append(round(work.expert_params))
         if opts is not None and work.ep_exchanges["F"]:
             _add_exchanges(ep_exchanges, s, model, b, opts, work)
+            if job.comm.moe_shared_expert_overlap:  # the shared experts beside each exchange (its GEMMs timed)
+                beside = shared_seconds(model, b, opts, kernels.fusion, hw.device.family, hw.device.kernels)
+                for key in [k for k in ep_exchanges if k[0] == s]:
+                    ep_exchanges[key] = beside_exchanges(ep_exchanges[key], beside, key[1])
         if opts is not None and opts.cp > 1:
             _add_ring(exchanges, s, model, b, opts, layers, hw, timed)
     muon = muon_stages(model, split, moe_counts, job, hw, opts, named_precision(precision)) \
@@ -281,6 +288,17 @@ def _check_windowed(model: ModelConfig, hw: Hardware, bf16: list[tuple[int, int]
                            "has neither a GPU device family nor a [host] (use a GPU preset or local-cpu)")
     if any(k for k, _ in bf16):
         raise PipesimError("--first-last-layers-bf16 with sliding-window attention is not modelled")
+
+
+def _check_shared_overlap(model: ModelConfig, hw: Hardware) -> None:
+    """--moe-shared-expert-overlap: shared experts to overlap (Megatron: 'Only effective when
+    moe-shared-expert-intermediate-size is set'), their kernels timed on a GPU device family."""
+    if model.moe is None or not model.moe.shared_experts:
+        raise PipesimError("--moe-shared-expert-overlap overlaps the shared experts with the all-to-alls: this model "
+                           "has none (--moe-shared-expert-intermediate-size)")
+    if not hw.device.family:
+        raise PipesimError(f"--moe-shared-expert-overlap hides the exchanges behind the shared experts' kernels, "
+                           f"timed kernel by kernel: {hw.name} has no GPU device family (use a GPU preset)")
 
 
 def _bf16_layers_per_stage(model: ModelConfig, split: list[int], job: Job) -> list[tuple[int, int]]:

@@ -241,6 +241,8 @@ def _moe_args(c: Candidate, req: PlanRequest) -> list[str]:
            str(moe.expert_ffn), "--expert-model-parallel-size", str(c.ep), "--expert-tensor-parallel-size",
            str(c.etp or c.tp)]
     out += req.job.comm.dispatcher_flags() or ["--moe-token-dispatcher-type", "alltoall"]
+    if req.job.comm.moe_shared_expert_overlap:
+        out.append("--moe-shared-expert-overlap")
     out.append("--moe-grouped-gemm")
     if moe.shared_experts:
         out += ["--moe-shared-expert-intermediate-size", str(moe.shared_experts * moe.shared_width)]

@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 from pipesim.comm.collective_algos import collective_seconds, collective_time, scatter_gather
 from pipesim.comm.comm_options import CommOptions
-from pipesim.comm.expert_exchange import ExpertExchange, exchange_timing
+from pipesim.comm.expert_exchange import ExpertExchange, exchange_timing, exposed_exchange_seconds
 from pipesim.comm.overlap_interference import exposed_beside, exposed_collective
 from pipesim.comm.tp_collective import TpCollective
 from pipesim.comm.ub_overlap import exposed_ub
@@ -302,7 +302,7 @@ def _ep_time(rank: int, exchanges: tuple[ExpertExchange, ...], hw: Hardware | No
     kernel = "nccl" if opts.moe_dispatcher == "alltoall" else opts.moe_dispatcher
     timed = [exchange_timing(hw, group, x, kernel=kernel, deepep_sms=opts.deepep_sms, hybridep_sms=opts.hybridep_sms)
              for x in exchanges]
-    return sum(t for t, _ in timed), max((n for _, n in timed), default=0)
+    return exposed_exchange_seconds(exchanges, [t for t, _ in timed]), max((n for _, n in timed), default=0)
 
 
 def cp_exposed(sched: Schedule, hw: Hardware | None, comm: bool, par: ParallelDims, cp_exchanges: dict) -> dict:
