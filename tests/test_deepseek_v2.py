@@ -85,3 +85,25 @@ def test_transformers_head_dim_is_ropes_width_and_another_is_refused(tmp_path):
     with pytest.raises(PipesimError) as err:
         _load(tmp_path, {**V2_LITE, "head_dim": 128})
     assert "field 'head_dim' 128 is not qk_rope_head_dim 64 (transformers' DeepSeek configs set it so" in str(err.value)
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"n_group": "2"}, "field 'n_group' must be a positive integer, got '2'"),
+    ({"n_group": 0}, "field 'n_group' must be a positive integer, got 0"),
+    ({"n_group": 3}, "field 'n_group' 3 does not divide n_routed_experts 64"),
+    ({"n_group": 8, "topk_group": None}, "field 'n_group' 8 needs topk_group"),
+    ({"topk_group": 7}, "field 'topk_group' 7 is more than n_group 1"),
+    ({"n_group": 8, "topk_group": "3"}, "field 'topk_group' must be a positive integer, got '3'"),
+    ({"topk_method": ["greedy"]}, "field 'topk_method' ['greedy'] is not DeepSeek's"),
+    ({"scoring_func": {"a": 1}}, "field 'scoring_func' {'a': 1} is not DeepSeek's"),
+    ({"moe_layer_freq": True}, "field 'moe_layer_freq' True: DeepSeek places experts"),
+    ({"qk_rope_head_dim": 3}, "latent attention qk_rope_dim 3 is odd: rotary embeddings turn pairs of features"),
+    ({"num_nextn_predict_layers": 10 ** 12}, "1000000000000 multi-token-prediction modules beside 27 layers are "
+                                             "above pipesim's bound of 65,536 layers"),
+])
+def test_a_bad_routing_or_latent_field_is_one_line_naming_the_file(tmp_path, change, message):
+    """Fuzzed on 2026-12-07: these raised TypeError (n_group, topk_method of another type) or ran for ever (10^12
+    multi-token-prediction modules, each costed as a layer)."""
+    with pytest.raises(PipesimError) as err:
+        _load(tmp_path, {**V2_LITE, **change})
+    assert str(err.value).startswith(f"{tmp_path / 'config.json'}: ") and message in str(err.value)

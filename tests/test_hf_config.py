@@ -289,3 +289,17 @@ def test_the_cli_refuses_an_unmodelled_moe_in_one_line_and_lists_ignored_keys_in
                  "--layers", "4", "--hardware", "dgx-h100", "--json", str(tmp_path / "ok.json")]) == 0
     keys = json.loads((tmp_path / "ok.json").read_text())["model_config"]
     assert keys["source"] == "llama3-8b" and keys["ignored"] == list(hf_key_report("llama3-8b").ignored)
+
+
+def test_a_file_without_model_type_is_read_as_its_class_and_long_integers_are_refused(tmp_path):
+    """A qwen2 file that lost its model_type but names Qwen2ForCausalLM keeps its q/k/v biases (it was read as a
+    bias-free Llama); a class pipesim does not model is refused; a 5,000-digit integer is one line, not ValueError."""
+    cfg = {k: v for k, v in QWEN2_72B.items() if k != "model_type"}
+    assert load_hf_config(_write(tmp_path, cfg), seq=4096).qkv_bias is True
+    path = _write(tmp_path, {**cfg, "architectures": ["Olmo2ForCausalLM"]})
+    with pytest.raises(PipesimError, match=r"model_type \('Olmo2ForCausalLM': pipesim models llama"):
+        load_hf_config(path, seq=4096)
+    path = _write(tmp_path, json.dumps(QWEN2_72B).replace('"vocab_size": 152064', '"vocab_size": ' + "9" * 5000))
+    with pytest.raises(PipesimError) as err:
+        load_hf_config(path, seq=4096)
+    assert str(err.value).startswith(f"{path}: cannot read (Exceeds the limit")

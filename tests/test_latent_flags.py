@@ -96,6 +96,12 @@ def test_the_flags_build_latent_attention_mtp_and_deepseek_routing():
      "--moe-router-num-groups 4 needs --moe-router-group-topk"),
     (["--model", "mlp", "--mtp-num-layers", "1"], "--mtp-num-layers needs a transformer (--model gpt or "
                                                   "--model-config)"),
+    (["--model", "moe", "--num-experts", "8", "--moe-router-group-topk", "1"],
+     "--moe-router-group-topk 1 needs --moe-router-num-groups"),
+    ([*GPT, "--multi-latent-attention", "--qk-layernorm", "--qk-pos-emb-head-dim", "3"],
+     "latent attention qk_rope_dim 3 is odd: rotary embeddings turn pairs of features"),
+    ([*GPT, "--mtp-num-layers", "100000"], "100000 multi-token-prediction modules beside 4 layers are above "
+                                          "pipesim's bound of 65,536 layers (DeepSeek-V3 has 1)"),
     (["--cost", "F=1,B=2", "--multi-latent-attention"],
      "--multi-latent-attention needs a model, but --cost gives the seconds: drop one"),
 ])
@@ -103,6 +109,21 @@ def test_what_pipesim_does_not_model_is_refused_in_one_line(capsys, argv, line):
     assert main(["simulate", "1f1b", "--stages", "2", "--microbatches", "4", *argv]) == 2
     err = capsys.readouterr().err
     assert err == f"pipesim: error: {line}\n"
+
+
+@pytest.mark.parametrize(("extra", "line"), [
+    ("--rope-type bogus", "--rope-type bogus: Megatron's choices are rope and yarn"),
+    ("--rope-type yarn --mscale x", "--mscale 'x' is not a number"),
+    ("--kv-channels x", "--kv-channels 'x' is not an integer")])
+def test_megatrons_values_beside_latent_attention_are_checked_though_read_past(tmp_path, capsys, extra, line):
+    """Fuzzed on 2026-12-07: read past unchecked, they ran where Megatron's argparse refuses them."""
+    path = tmp_path / "run.sh"
+    path.write_text("--num-layers 2 --hidden-size 256 --num-attention-heads 4 --seq-length 128 "
+                    "--max-position-embeddings 128 --micro-batch-size 1 --global-batch-size 8 --vocab-size 1024 "
+                    f"--position-embedding-type rope --disable-bias-linear --multi-latent-attention --qk-layernorm "
+                    f"--bf16 {extra}\n")
+    assert main(["simulate", "--from-megatron", str(path)]) == 2
+    assert capsys.readouterr().err == f"pipesim: error: --from-megatron {path}: {line}\n"
 
 
 def test_yarn_on_standard_attention_from_megatrons_flags_is_refused(tmp_path, capsys):

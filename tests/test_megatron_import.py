@@ -168,6 +168,8 @@ def test_moe_layer_recompute_is_megatrons_selective_moe(tmp_path, extra, modules
     (BASE + "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1 "
             "--moe-layer-recompute", "--moe-layer-recompute with --recompute-granularity full (Megatron raises: 'Do "
                                      "not set --moe-layer-recompute with full recompute granularity')"),
+    (BASE + "--moe-layer-recompute", "--moe-layer-recompute recomputes the MoE layers: this model has none (no "
+                                     "--num-experts)"),
     (BASE + "--hidden-dropout 0", "--hidden-dropout 0 with --attention-dropout 0.1: pipesim's dropout runs in all "
                                   "three places or none (give both above 0, or both 0)"),
     (BASE.replace("--vocab-size 1024 ", ""), "the vocabulary comes from the tokenizer file; give --vocab-size in the "

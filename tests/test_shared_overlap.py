@@ -76,12 +76,20 @@ def test_the_overlap_shortens_the_step_and_is_refused_where_it_cannot_act(capsys
                                                             "token dispatcher (as Megatron-core raises)"),
             (dense, "--moe-shared-expert-overlap overlaps the shared experts with the all-to-alls: this model has none "
                     "(--moe-shared-expert-intermediate-size)"),
+            ([*MOE, "--recompute", "selective", "--recompute-modules", "shared_experts"],
+             "--recompute-modules shared_experts cannot work with --moe-shared-expert-overlap (as Megatron-core "
+             "raises)"),
             ([*MOE[:-8], "--dp", "2", "--ep", "2", "--hardware", "local-cpu"],
              "--moe-shared-expert-overlap hides the exchanges behind the shared experts' kernels, timed kernel by "
              "kernel: local-cpu has no GPU device family (use a GPU preset)")):
         capsys.readouterr()
         assert main(["simulate", "1f1b", "--stages", "2", *argv, "--moe-shared-expert-overlap"]) == 2
         assert capsys.readouterr().err == f"pipesim: error: {line}\n"
+    assert main(["simulate", "combined-1f1b", "--stages", "2", "--virtual", "2", *MOE,
+                 "--moe-shared-expert-overlap"]) == 2  # transformer_config.py asserts it away from the A2A overlap
+    assert capsys.readouterr().err == ("pipesim: error: --moe-shared-expert-overlap with combined-1f1b, whose "
+                                       "overlapped forward and backward pairs hide the all-to-alls: Megatron-core "
+                                       "refuses it beside --overlap-moe-expert-parallel-comm\n")
 
 
 @pytest.mark.parametrize("where", ["simulate", "megatron"])

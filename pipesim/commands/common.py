@@ -249,8 +249,7 @@ def model_config(args: argparse.Namespace) -> ModelConfig:
         given = latent_norms(args, given, base.mla is not None)
         # typed learned positions replace the file's rotary embedding, its frequencies with it
         rotary = {"rotary": None} if given.get("positions", "rope") != "rope" else {}
-        model = with_latent_flags(with_routing(with_expert_flags(
-            with_rotary(with_window(replace(base, **given, **rotary), args), args), args, source), args), args, source)
+        model = _with_composite_flags(replace(base, **given, **rotary), args, source)
         moe = model.moe
         if "ffn_hidden" in given and moe is not None and all(map(moe.is_moe_layer, range(model.layers))):
             raise PipesimError(f"--ffn-hidden sizes a dense MLP, and every layer of {source} has experts "
@@ -261,9 +260,8 @@ def model_config(args: argparse.Namespace) -> ModelConfig:
     if kind != "mlp":
         given = latent_norms(args, given, False)
     if kind == "moe":
-        base = with_rotary(with_window(ModelConfig(kind="gpt", seed=seed_of(args), **given), args), args)
-        return with_latent_flags(with_routing(replace(base, moe=moe_config(args, base.hidden, base.layers)), args),
-                                 args)
+        base = ModelConfig(kind="gpt", seed=seed_of(args), **given)
+        return _with_composite_flags(replace(base, moe=moe_config(args, base.hidden, base.layers)), args)
     if moe_given:
         raise PipesimError(f"--{moe_given[0].replace('_', '-')} needs --model moe")
     if kind == "mlp":  # an MLP has no heads, sequence or vocabulary: those flags would size nothing
@@ -275,8 +273,16 @@ def model_config(args: argparse.Namespace) -> ModelConfig:
             if name in typed:
                 raise PipesimError(f"{flag_words(name, typed[name])[0]} needs a transformer (--model gpt or "
                                    "--model-config)")
-    return with_latent_flags(with_routing(with_rotary(with_window(ModelConfig(kind=kind, seed=seed_of(args), **given),
-                                                                      args), args), args), args)
+    return _with_composite_flags(ModelConfig(kind=kind, seed=seed_of(args), **given), args)
+
+
+def _with_composite_flags(model: ModelConfig, args: argparse.Namespace, source: str | None = None) -> ModelConfig:
+    """The flags that make a field together, over `model`: the window's, the rotary frequencies', (over a
+    --model-config `source`) the experts', the routing's and DeepSeek-V3's pieces'."""
+    model = with_rotary(with_window(model, args), args)
+    if source is not None:
+        model = with_expert_flags(model, args, source)
+    return with_latent_flags(with_routing(model, args), args, source)
 
 
 def model_config_json(args: argparse.Namespace) -> dict | None:

@@ -91,9 +91,10 @@ def with_latent_flags(model: ModelConfig, args: argparse.Namespace, source: str 
         raise PipesimError(f"--{next(iter(routing)).replace('_', '-')} needs a mixture-of-experts model (--model moe "
                            "or a mixture-of-experts --model-config)")
     groups, topk = routing.get("moe_router_num_groups"), routing.get("moe_router_group_topk")
-    if (groups is None) != (topk is None) and (groups or 1) > 1:  # one without the other: Megatron needs both
-        raise PipesimError(f"--moe-router-num-groups {groups} needs --moe-router-group-topk" if topk is None else
-                           f"--moe-router-group-topk {topk} needs --moe-router-num-groups")
+    if groups is not None and groups > 1 and topk is None and model.moe.group_topk is None:
+        raise PipesimError(f"--moe-router-num-groups {groups} needs --moe-router-group-topk")
+    if topk is not None and groups is None and model.moe.groups == 1:
+        raise PipesimError(f"--moe-router-group-topk {topk} needs --moe-router-num-groups")
     fields = {"expert_bias": routing.get("moe_router_enable_expert_bias"),
               "groups": routing.get("moe_router_num_groups"), "group_topk": routing.get("moe_router_group_topk")}
     return replace(model, moe=replace(model.moe, **{k: v for k, v in fields.items() if v is not None}))

@@ -213,6 +213,9 @@ def _recompute(a: MegatronArgs) -> list[str]:
         if granularity == "full":
             raise PipesimError(f"{a.where}: --moe-layer-recompute with --recompute-granularity full (Megatron raises: "
                                "'Do not set --moe-layer-recompute with full recompute granularity')")
+        if not a.on("--num-experts"):
+            raise PipesimError(f"{a.where}: --moe-layer-recompute recomputes the MoE layers: this model has none "
+                               "(no --num-experts)")
         granularity, modules = "selective", [*(modules or ["core_attn"]), *(["moe"] if "moe" not in (modules or [])
                                                                               else [])]
     if granularity == "selective":

@@ -39,13 +39,18 @@ def model_flags(a: MegatronArgs, *, tp: int, seq: int, vocab_typed: bool) -> lis
     out = ["--layers", str(layers), "--hidden", str(hidden), "--heads", str(heads), "--ffn-hidden", str(ffn),
            "--activation", activation]
     latent = a.on("--multi-latent-attention")  # its heads' widths are its own: --kv-channels and the groups unread
+    groups, channels = a.number("--num-query-groups", 1), a.number("--kv-channels", None)  # checked either way
     if a.on("--group-query-attention") and not latent:
-        out += ["--kv-heads", str(a.number("--num-query-groups", 1))]
-    if a.on("--kv-channels") and not latent:
-        out += ["--kv-channels", str(a.number("--kv-channels", None))]
+        out += ["--kv-heads", str(groups)]
+    if channels is not None and not latent:
+        out += ["--kv-channels", str(channels)]
+    rope_type = a.one_of("--rope-type", {"rope": "rope", "yarn": "yarn", None: None}, None,
+                         "Megatron's choices are rope and yarn")
+    for flag in ("--rotary-scaling-factor", "--mscale", "--mscale-all-dim"):  # YaRN's: values Megatron parses
+        a.number(flag, None, float)
     if latent:  # multi_latent_attention.py applies YaRN's mscale inside its own RoPE kernel and softmax scale
         out.append("--multi-latent-attention")
-    elif a.text("--rope-type") == "yarn":
+    elif rope_type == "yarn":
         raise _error(w, "--rope-type yarn on standard attention: pipesim reads YaRN's attention factor from a "
                         "--model-config (its rope_scaling), not from Megatron's flags")
     out += ["--normalization", a.one_of("--normalization", {k: k for k in NORMALIZATIONS}, "LayerNorm",

@@ -126,7 +126,7 @@ def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hard
         raise PipesimError(f"--tp-comm-overlap times each GEMM kernel by kernel: {hw.name} has no GPU device family "
                            "(use a GPU preset)")
     if job.comm.moe_shared_expert_overlap:
-        _check_shared_overlap(model, hw)
+        _check_shared_overlap(model, hw, opts)
     split = split_layers(model.layers, num_stages, layer_split)
     moe_counts = moe_layers_per_stage(model, split)
     windowed = windowed_per_stage(model, split) if opts is not None else [(0, 0)] * num_stages
@@ -290,12 +290,16 @@ def _check_windowed(model: ModelConfig, hw: Hardware, bf16: list[tuple[int, int]
         raise PipesimError("--first-last-layers-bf16 with sliding-window attention is not modelled")
 
 
-def _check_shared_overlap(model: ModelConfig, hw: Hardware) -> None:
+def _check_shared_overlap(model: ModelConfig, hw: Hardware, opts: LayerOptions | None) -> None:
     """--moe-shared-expert-overlap: shared experts to overlap (Megatron: 'Only effective when
-    moe-shared-expert-intermediate-size is set'), their kernels timed on a GPU device family."""
+    moe-shared-expert-intermediate-size is set'), not recomputed on their own (transformer_config.py raises), their
+    kernels timed on a GPU device family."""
     if model.moe is None or not model.moe.shared_experts:
         raise PipesimError("--moe-shared-expert-overlap overlaps the shared experts with the all-to-alls: this model "
                            "has none (--moe-shared-expert-intermediate-size)")
+    if opts is not None and "shared_experts" in opts.recompute_modules:
+        raise PipesimError("--recompute-modules shared_experts cannot work with --moe-shared-expert-overlap (as "
+                           "Megatron-core raises)")
     if not hw.device.family:
         raise PipesimError(f"--moe-shared-expert-overlap hides the exchanges behind the shared experts' kernels, "
                            f"timed kernel by kernel: {hw.name} has no GPU device family (use a GPU preset)")

@@ -191,6 +191,9 @@ class ModelConfig:
         m = self.mtp_layers
         if not isinstance(m, int) or isinstance(m, bool) or m < 0:
             raise PipesimError(f"mtp_layers must be a non-negative integer, got {m!r}")
+        if self.layers + m > MAX_LAYERS:  # each module is costed as a layer: the bound --layers has
+            raise PipesimError(f"{m} multi-token-prediction modules beside {self.layers} layers are above pipesim's "
+                               f"bound of {MAX_LAYERS:,} layers (DeepSeek-V3 has 1)")
         if m and self.kind != "gpt":
             raise PipesimError("multi-token prediction (mtp_layers) needs a transformer (--model gpt or "
                                "--model-config)")

@@ -116,6 +116,10 @@ def read_hf_config(path: str | Path) -> dict:
         raise PipesimError(f"{path}: not UTF-8 (byte {e.start}: {e.reason})") from None
     except json.JSONDecodeError as e:
         raise PipesimError(f"{path}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+    except ValueError as e:  # an integer longer than Python's parser converts
+        raise PipesimError(f"{path}: cannot read ({str(e).splitlines()[0]})") from None
+    except RecursionError:
+        raise PipesimError(f"{path}: its JSON nests deeper than Python's parser goes") from None
     if not isinstance(cfg, dict):
         raise PipesimError(f"{path}: expected a JSON object, got {type(cfg).__name__}")
     return cfg
@@ -180,7 +184,8 @@ def model_from_hf(cfg: dict, *, where: str, seq: int | None = None, batch: int =
     dropout = cfg.get("attention_dropout", 0.0)
     if not isinstance(dropout, (int, float)) or isinstance(dropout, bool) or not 0 <= dropout < 1:
         raise PipesimError(f"{where}: field 'attention_dropout' must be a number in [0, 1), got {dropout!r}")
-    biases = _bool(cfg, "attention_bias", False, where) or _bool(cfg, "mlp_bias", False, where)
+    attention_bias, mlp_bias = _bool(cfg, "attention_bias", False, where), _bool(cfg, "mlp_bias", False, where)
+    biases = attention_bias or mlp_bias
     if kind == "gpt_oss" and not biases:
         raise PipesimError(f"{where}: field 'attention_bias' false, but GPT-OSS's experts and router keep their biases "
                            "(GptOssExperts), which pipesim's biases (every linear) cannot say")

@@ -36,7 +36,10 @@ def deepseek_attention(cfg: dict, where: str) -> LatentAttention:
         required_field(cfg, name, where)
     q = None if cfg["q_lora_rank"] is None else positive_field(cfg, "q_lora_rank", where)
     kv, nope, rope, v = (positive_field(cfg, name, where) for name in names)
-    return LatentAttention(q_lora_rank=q, kv_lora_rank=kv, qk_nope_dim=nope, qk_rope_dim=rope, v_head_dim=v)
+    try:
+        return LatentAttention(q_lora_rank=q, kv_lora_rank=kv, qk_nope_dim=nope, qk_rope_dim=rope, v_head_dim=v)
+    except PipesimError as e:
+        raise PipesimError(f"{where}: {e}") from None
 
 
 def deepseek_experts(cfg: dict, where: str, *, routing_bias: bool | None = None) -> MoeConfig | None:
@@ -52,25 +55,44 @@ def deepseek_experts(cfg: dict, where: str, *, routing_bias: bool | None = None)
     shared = 0 if cfg["n_shared_experts"] is None else count_field(cfg, "n_shared_experts", where)
     dense = count_field(cfg, "first_k_dense_replace", where)
     freq = cfg.get("moe_layer_freq", 1)
-    if freq != 1:
+    if type(freq) is not int or freq != 1:
         raise PipesimError(f"{where}: field 'moe_layer_freq' {freq!r}: DeepSeek places experts on layers l with "
                            "l % freq == 0, pipesim's every on (l + 1) % every == 0; pipesim reads 1 only")
     if routing_bias is None:
         method = required_field(cfg, "topk_method", where)
-        if method not in DEEPSEEK_ROUTING:
+        if not isinstance(method, str) or method not in DEEPSEEK_ROUTING:
             raise PipesimError(f"{where}: field 'topk_method' {method!r} is not DeepSeek's; choose one of "
                                f"{', '.join(DEEPSEEK_ROUTING)}")
         scores = cfg.get("scoring_func", "softmax")
-        if scores not in DEEPSEEK_SCORES:
+        if not isinstance(scores, str) or scores not in DEEPSEEK_SCORES:
             raise PipesimError(f"{where}: field 'scoring_func' {scores!r} is not DeepSeek's; choose "
                                f"{' or '.join(DEEPSEEK_SCORES)}")
         routing_bias = DEEPSEEK_ROUTING[method]
     if top_k > experts:
         raise PipesimError(f"{where}: field 'num_experts_per_tok' {top_k} is more than n_routed_experts {experts}")
-    groups = cfg.get("n_group") or 1  # group-limited top-k: topk_group of n_group groups (DeepSeek's node limit)
-    group_topk = cfg.get("topk_group") if groups > 1 else None
+    groups, group_topk = _groups(cfg, experts, top_k, where)
     return MoeConfig(experts=experts, top_k=top_k, expert_ffn=width, shared_experts=shared, dense_layers=dense,
                      expert_bias=routing_bias, groups=groups, group_topk=group_topk)
+
+
+def _groups(cfg: dict, experts: int, top_k: int, where: str) -> tuple[int, int | None]:
+    """Group-limited routing (DeepSeek's node limit): topk_group of n_group groups (null n_group: one group, and
+    topk_group is then unread); (1, None) without it."""
+    groups = 1 if cfg.get("n_group") is None else positive_field(cfg, "n_group", where)
+    topk = None if cfg.get("topk_group") is None else positive_field(cfg, "topk_group", where)
+    if experts % groups:
+        raise PipesimError(f"{where}: field 'n_group' {groups} does not divide n_routed_experts {experts}")
+    if topk is not None and topk > groups:
+        raise PipesimError(f"{where}: field 'topk_group' {topk} is more than n_group {groups}")
+    if groups == 1:
+        return 1, None
+    if topk is None:
+        raise PipesimError(f"{where}: field 'n_group' {groups} needs topk_group (the groups a token's experts come "
+                           "from)")
+    if top_k > topk * (experts // groups):
+        raise PipesimError(f"{where}: field 'num_experts_per_tok' {top_k} is more than topk_group {topk} groups of "
+                           f"{experts // groups} experts hold")
+    return groups, topk
 
 
 def mtp_modules(cfg: dict, where: str) -> int:
@@ -84,7 +106,7 @@ def glm4_moe_fields(cfg: dict, *, biases: bool, where: str) -> dict:
     there), MTP modules, q/k/v biases (`attention_bias`), QK-norm (`use_qk_norm`) and `head_dim` (hidden / heads when
     absent, as Glm4MoeAttention takes it). `biases` (attention_bias or mlp_bias) true with mlp_bias is refused: the
     MLPs are built bias-free."""
-    if cfg.get("mlp_bias"):
+    if cfg.get("mlp_bias"):  # a bool: model_from_hf checked it
         raise PipesimError(f"{where}: field 'mlp_bias' is true, but GLM-4.5's MLPs and experts are built bias-free "
                            "(Glm4MoeMLP), which pipesim's biases (every linear) cannot say")
     qk_norm = cfg.get("use_qk_norm", False)

@@ -146,9 +146,22 @@ def count_field(cfg: dict, name: str, where: str) -> int:
     return value
 
 
+# transformers' classes and their model types: a file that names its class (`architectures`) but no model_type is
+# read as that class's type, not as a plain Llama (transformers itself reads model_type; files it writes carry both)
+ARCHITECTURE_TYPES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "MixtralForCausalLM": "mixtral",
+                      "DeepseekV3ForCausalLM": "deepseek_v3", "DeepseekV2ForCausalLM": "deepseek_v2",
+                      "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwen3_moe",
+                      "NemotronForCausalLM": "nemotron", "GptOssForCausalLM": "gpt_oss",
+                      "Glm4MoeForCausalLM": "glm4_moe"}
+
+
 def code_type(cfg: dict) -> str | None:
-    """The model type whose code a config.json runs: its model_type, or the type an alias runs (TYPE_ALIASES)."""
+    """The model type whose code a config.json runs: its model_type (else its one class's, `ARCHITECTURE_TYPES`;
+    another class's name, refused), or the type an alias runs (TYPE_ALIASES). None: neither (Llama's layer)."""
     kind = cfg.get("model_type")
+    classes = cfg.get("architectures")
+    if kind is None and isinstance(classes, list) and len(classes) == 1 and isinstance(classes[0], str):
+        kind = ARCHITECTURE_TYPES.get(classes[0], classes[0])
     return TYPE_ALIASES.get(kind, kind) if isinstance(kind, str) else kind
 
 

@@ -46,6 +46,9 @@ class LatentAttention:
             _positive(name, getattr(self, name))
         if self.q_lora_rank is not None:
             _positive("q_lora_rank", self.q_lora_rank)
+        if self.qk_rope_dim % 2:  # RoPE turns pairs of features
+            raise PipesimError(f"latent attention qk_rope_dim {self.qk_rope_dim} is odd: rotary embeddings turn pairs "
+                               "of features")
 
     @property
     def qk_head_dim(self) -> int:

@@ -98,6 +98,10 @@ class SimSetup:
         not fit."""
         job = self.job.with_pp(schedule.num_ranks)
         check_devices(job.dims, self.hardware)
+        if job.comm.moe_shared_expert_overlap and schedule.overlaps:  # transformer_config.py asserts it
+            raise PipesimError(f"--moe-shared-expert-overlap with {schedule.name}, whose overlapped forward and "
+                               "backward pairs hide the all-to-alls: Megatron-core refuses it beside "
+                               "--overlap-moe-expert-parallel-comm")
         n = schedule.model_stages  # layer chunks; DualPipe's two chains run each twice (pipesim.cost.chain_costs)
         if self.cost is not None:
             if job.dims.dp > 1 or job.dims.tp > 1 or job.dims.cp > 1:
