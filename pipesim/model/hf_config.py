@@ -133,8 +133,7 @@ def model_from_hf(cfg: dict, *, where: str, seq: int | None = None, batch: int =
     default the file's torch_dtype (one pipesim does not model is refused), bfloat16 when it names none.
     """
     for name in REQUIRED:
-        if name not in cfg:
-            raise PipesimError(f"{where}: field {name!r} is missing")
+        required_field(cfg, name, where)
     sizes = {name: positive_field(cfg, name, where) for name in REQUIRED}
     max_seq = sizes["max_position_embeddings"]
     seq = max_seq if seq is None else seq
