@@ -45,6 +45,10 @@ def _parser() -> argparse.ArgumentParser:
     (["1f1b", "--nproc", "2", "--batch", "6", "--microbatches", "4"], "--batch 6 does not split into"),
     (["1f1b", "--nproc", "4", "--tp", "2", "--layers", "6"], "layers per stage [3, 3] must all be even"),
     (["1f1b", "--nproc", "2", "--layer-split", "3,3", "--layers", "8"], "layer split [3, 3] must have 2"),
+    (["1f1b", "--nproc", "2", "--batch", "8", "--microbatch-size", "3"],
+     "--batch 8 does not split into dp(1) x microbatches of --microbatch-size 3"),
+    (["1f1b", "--nproc", "2", "--batch", "8", "--microbatch-size", "2", "--microbatches", "2"],
+     "--microbatches 2 and --microbatch-size 2 disagree: dp(1) x 2 x 2 = 4, not --batch 8"),
 ])
 def test_config_errors_exit_2_without_launching(argv, message, capsys):
     assert main(["run", *argv]) == 2
@@ -66,6 +70,15 @@ def test_out_of_range_numbers_are_refused_before_launching(argv, message, capsys
     assert main(["run", "1f1b", "--nproc", "2", "--microbatches", "4", "--batch", "8", *argv]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err
+
+
+@pytest.mark.parametrize(("argv", "microbatches"), [
+    (["--batch", "16", "--dp", "2", "--microbatch-size", "2"], 4),  # m = batch / (dp x N), as simulate resolves it
+    (["--batch", "16"], 8),  # neither: 8
+    (["--batch", "16", "--microbatches", "2"], 2)])
+def test_run_takes_the_microbatch_size_as_simulate_does(argv, microbatches):
+    config = config_from_args(_parser().parse_args(["1f1b", *argv]))
+    assert config.microbatches == microbatches
 
 
 def test_launch_command_carries_the_config_as_one_json_argument():

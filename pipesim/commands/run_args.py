@@ -36,7 +36,7 @@ from pipesim.sim.perturb import parse_slow
 
 def add_run_args(parser: argparse.ArgumentParser) -> None:
     """The flags of one run (the same after each `--then`)."""
-    add_schedule_args(parser)
+    add_schedule_args(parser, microbatch_size=True)
     for action in parser._actions:  # one meaning for --stages everywhere; only its default differs here
         if action.dest == "stages":
             action.help = "pipeline ranks (default WORLD_SIZE / (dp * tp))"
@@ -145,13 +145,25 @@ def rule_split(args: argparse.Namespace, names: tuple[str, ...], model: ModelCon
     return list(splits.pop())
 
 
+def _microbatches(args: argparse.Namespace, model: ModelConfig) -> int:
+    """m per step: --microbatch-size's (m = batch / (dp x N), as simulate resolves it), --microbatches', else a CSV's
+    own count (RunConfig checks a typed one against it), else 8."""
+    csv_m = torch_csv.load(args.from_csv).num_microbatches if args.from_csv else None
+    if args.microbatch_size is None:
+        return args.microbatches or csv_m or DEFAULT_MICROBATCHES
+    m = model.microbatches_for(args.dp, microbatches=args.microbatches, microbatch_size=args.microbatch_size)
+    if csv_m is not None and m != csv_m:
+        raise PipesimError(f"--microbatch-size {args.microbatch_size} gives {m} microbatches per replica; "
+                           f"{args.from_csv} has its own, {csv_m}")
+    return m
+
+
 def config_from_args(args: argparse.Namespace) -> RunConfig:
     names = tuple(n.strip() for n in args.name.split(",") if n.strip()) if args.name else ()
-    if args.microbatches is None:  # not typed: a CSV's own count (RunConfig checks a typed one against it), else 8
-        args.microbatches = torch_csv.load(args.from_csv).num_microbatches if args.from_csv else DEFAULT_MICROBATCHES
     factory = args.model if is_factory_spec(args.model) else None  # --model MODULE:FACTORY (cost.user_model_costs)
     slow = [parse_slow(text) for text in args.slow]
     model = user_model_config(args) if factory else model_config(args)
+    args.microbatches = _microbatches(args, model)
     split = rule_split(args, names, None if factory else model) or args.layer_split  # refuses the two together
     if args.dropout:  # typed: a switch the executor cannot honour (a GPT's default dropout is the cost model's figure)
         raise PipesimError("--dropout: the executor trains without dropout (pipesim simulate costs it)")
