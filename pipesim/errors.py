@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 
@@ -23,3 +24,12 @@ def refuse_special_file(path: str | Path, what: str) -> None:
     p = Path(path)
     if p.exists() and not p.is_file() and not p.is_dir():
         raise PipesimError(f"{what} is not a regular file")
+
+
+def parse_json(text: str | bytes) -> object:
+    """json.loads with Python parser's limits raised as the ValueError every reader refuses (with bad JSON and an
+    over-long integer): a nesting deeper than its recursion goes."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("its JSON nests deeper than Python's parser goes") from None

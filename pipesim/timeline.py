@@ -11,7 +11,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from pipesim.errors import PipesimError, refuse_special_file
+from pipesim.errors import PipesimError, parse_json, refuse_special_file
 
 SCHEMA = "pipesim.timeline/1"
 STREAMS = ("compute", "send", "recv", "collective")
@@ -115,15 +115,13 @@ def read_json(path: str | Path) -> object:
     """The JSON in the file a user named (a timeline, a trace, a sweep); PipesimError in one line if unreadable."""
     refuse_special_file(path, str(path))
     try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
+        return parse_json(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise PipesimError(f"file not found: {path}") from None
     except IsADirectoryError:
         raise PipesimError(f"{path} is a folder, not a trace file") from None
-    except (OSError, UnicodeDecodeError, ValueError) as exc:  # ValueError: JSONDecodeError, an over-long integer
+    except (OSError, UnicodeDecodeError, ValueError) as exc:  # ValueError: bad JSON, its parser's limits
         raise PipesimError(f"cannot read {path}: {str(exc).splitlines()[0]}") from None
-    except RecursionError:
-        raise PipesimError(f"cannot read {path}: its JSON nests deeper than Python's parser goes") from None
 
 
 def _is_int(value: object) -> bool:

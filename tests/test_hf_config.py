@@ -303,3 +303,7 @@ def test_a_file_without_model_type_is_read_as_its_class_and_long_integers_are_re
     with pytest.raises(PipesimError) as err:
         load_hf_config(path, seq=4096)
     assert str(err.value).startswith(f"{path}: cannot read (Exceeds the limit")
+    path = _write(tmp_path, "[" * 100_000 + "]" * 100_000)  # deeper than Python's parser goes (pipesim.errors)
+    with pytest.raises(PipesimError) as err:
+        load_hf_config(path, seq=4096)
+    assert str(err.value) == f"{path}: cannot read (its JSON nests deeper than Python's parser goes)"

@@ -56,7 +56,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pipesim.errors import PipesimError
+from pipesim.errors import PipesimError, parse_json
 from pipesim.model.config import DTYPE_BYTES, ModelConfig
 from pipesim.model.hf_deepseek import deepseek_attention, deepseek_experts, glm4_moe_fields, mtp_modules
 from pipesim.model.hf_gpt_oss import GPT_OSS_DEFAULTS, gpt_oss_experts, read_window
@@ -109,17 +109,15 @@ def read_hf_config(path: str | Path) -> dict:
     """The JSON object in `path`; PipesimError (one line, naming the file) if unreadable or not an object."""
     path = Path(path)
     try:
-        cfg = json.loads(path.read_text(encoding="utf-8"))  # config.json is UTF-8 (transformers writes it so)
+        cfg = parse_json(path.read_text(encoding="utf-8"))  # config.json is UTF-8 (transformers writes it so)
     except OSError as e:
         raise PipesimError(f"{path}: cannot read ({e.strerror or e})") from None
     except UnicodeDecodeError as e:
         raise PipesimError(f"{path}: not UTF-8 (byte {e.start}: {e.reason})") from None
     except json.JSONDecodeError as e:
         raise PipesimError(f"{path}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
-    except ValueError as e:  # an integer longer than Python's parser converts
+    except ValueError as e:  # the parser's limits: an over-long integer, a nesting too deep
         raise PipesimError(f"{path}: cannot read ({str(e).splitlines()[0]})") from None
-    except RecursionError:
-        raise PipesimError(f"{path}: its JSON nests deeper than Python's parser goes") from None
     if not isinstance(cfg, dict):
         raise PipesimError(f"{path}: expected a JSON object, got {type(cfg).__name__}")
     return cfg

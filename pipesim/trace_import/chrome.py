@@ -7,13 +7,12 @@ Only complete events ('X') matter here; times become seconds. Ranks come from th
 from __future__ import annotations
 
 import gzip
-import json
 import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipesim.errors import PipesimError
+from pipesim.errors import PipesimError, parse_json
 
 _RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
 
@@ -62,11 +61,9 @@ def _load_json(path: Path) -> object:
     try:
         raw = path.read_bytes()
         text = gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw
-        return json.loads(text)
-    except (OSError, EOFError, UnicodeDecodeError, ValueError) as exc:  # ValueError: bad JSON, an over-long integer
+        return parse_json(text)
+    except (OSError, EOFError, UnicodeDecodeError, ValueError) as exc:  # ValueError: bad JSON, its parser's limits
         raise PipesimError(f"{path} is not a Chrome trace (cannot read JSON: {str(exc).splitlines()[0]})") from None
-    except RecursionError:
-        raise PipesimError(f"{path} is not a Chrome trace (its JSON nests deeper than Python's parser goes)") from None
 
 
 def read_rank_trace(path: Path) -> RankTrace:
