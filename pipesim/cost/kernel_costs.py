@@ -129,9 +129,15 @@ def layer_seconds(model: ModelConfig, b: int, opts: LayerOptions, fused: bool, f
         params += moe_block_params(model, opts) - dense_mlp_params(model, opts.tp)
     pk = _accumulated(_norms(fp8_layer(model, b, opts, fused, family, moe), model, opts), model, params, grad_fusion,
                       grad_bytes)
+    return piece_seconds(pk, model.dtype, *layer_profiles(family, kernels, opts))
+
+
+def layer_profiles(family: str, kernels: KernelFigures | None,
+                   opts: LayerOptions) -> tuple[DeviceProfile, DeviceProfile | None]:
+    """(the profile a layer's kernels are timed on, its attention's kernel chosen; the one its FP8 GEMMs are)."""
     fp8 = fp8_profile_of(family, kernels, opts.fp8.recipe) if opts.fp8 is not None else None
     profile = profile_of(family, kernels)
-    return piece_seconds(pk, model.dtype, profile.with_flash2() if opts.attention == "flash2" else profile, fp8)
+    return profile.with_flash2() if opts.attention == "flash2" else profile, fp8
 
 
 def fp8_layer(model: ModelConfig, b: int, opts: LayerOptions, fused: bool, family: str,
@@ -289,4 +295,4 @@ def mlp_stage_seconds(model: ModelConfig, b: int, layers: int, tp: int, *, first
 
 
 __all__ = ["PieceSeconds", "StageSeconds", "fp8_layer", "fp8_update_seconds", "gpt_stage_seconds", "kernel_seconds",
-           "mlp_stage_seconds", "mtp_seconds", "overlap_gemm", "piece_seconds"]
+           "layer_profiles", "mlp_stage_seconds", "mtp_seconds", "overlap_gemm", "piece_seconds"]

@@ -21,7 +21,7 @@ from pipesim.cost.fp8_costs import fp8_stage_costs, stage_fp8_expert_params, wit
 from pipesim.cost.host_issue import NO_HOST_ISSUE, stage_host_issue
 from pipesim.cost.kernel_costs import StageSeconds, gpt_stage_seconds, mlp_stage_seconds
 from pipesim.cost.muon_step import MuonStage, muon_stage
-from pipesim.cost.shared_overlap import beside_exchanges, shared_seconds
+from pipesim.cost.shared_overlap import beside_exchanges, check_shared_overlap, shared_seconds
 from pipesim.cost.stage_layers import moe_layers_per_stage, windowed_per_stage
 from pipesim.cost.stage_work import Work, gpt_stage_work, mlp_stage_work
 from pipesim.cost.step_costs import StepCosts, ring_exchanges, step_costs
@@ -126,7 +126,7 @@ def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hard
         raise PipesimError(f"--tp-comm-overlap times each GEMM kernel by kernel: {hw.name} has no GPU device family "
                            "(use a GPU preset)")
     if job.comm.moe_shared_expert_overlap:
-        _check_shared_overlap(model, hw, opts)
+        check_shared_overlap(model, hw, opts)
     split = split_layers(model.layers, num_stages, layer_split)
     moe_counts = moe_layers_per_stage(model, split)
     windowed = windowed_per_stage(model, split) if opts is not None else [(0, 0)] * num_stages
@@ -220,12 +220,10 @@ def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hard
                                  split_rerun=rerun))
         grads.append(param_bytes if dp > 1 else 0)
         experts.append(round(work.expert_params))
-        if opts is not None and work.ep_exchanges["F"]:
-            _add_exchanges(ep_exchanges, s, model, b, opts, work)
-            if job.comm.moe_shared_expert_overlap:  # the shared experts beside each exchange (its GEMMs timed)
-                beside = shared_seconds(model, b, opts, kernels.fusion, hw.device.family, hw.device.kernels)
-                for key in [k for k in ep_exchanges if k[0] == s]:
-                    ep_exchanges[key] = beside_exchanges(ep_exchanges[key], beside, key[1])
+        if opts is not None and work.ep_exchanges["F"]:  # with the shared experts' seconds beside them, overlapped
+            beside = shared_seconds(model, b, opts, kernels.fusion, hw.device.family, hw.device.kernels) \
+                if job.comm.moe_shared_expert_overlap else None
+            _add_exchanges(ep_exchanges, s, model, b, opts, work, beside)
         if opts is not None and opts.cp > 1:
             _add_ring(exchanges, s, model, b, opts, layers, hw, timed)
     muon = muon_stages(model, split, moe_counts, job, hw, opts, named_precision(precision)) \
@@ -290,21 +288,6 @@ def _check_windowed(model: ModelConfig, hw: Hardware, bf16: list[tuple[int, int]
         raise PipesimError("--first-last-layers-bf16 with sliding-window attention is not modelled")
 
 
-def _check_shared_overlap(model: ModelConfig, hw: Hardware, opts: LayerOptions | None) -> None:
-    """--moe-shared-expert-overlap: shared experts to overlap (Megatron: 'Only effective when
-    moe-shared-expert-intermediate-size is set'), not recomputed on their own (transformer_config.py raises), their
-    kernels timed on a GPU device family."""
-    if model.moe is None or not model.moe.shared_experts:
-        raise PipesimError("--moe-shared-expert-overlap overlaps the shared experts with the all-to-alls: this model "
-                           "has none (--moe-shared-expert-intermediate-size)")
-    if opts is not None and "shared_experts" in opts.recompute_modules:
-        raise PipesimError("--recompute-modules shared_experts cannot work with --moe-shared-expert-overlap (as "
-                           "Megatron-core raises)")
-    if not hw.device.family:
-        raise PipesimError(f"--moe-shared-expert-overlap hides the exchanges behind the shared experts' kernels, "
-                           f"timed kernel by kernel: {hw.name} has no GPU device family (use a GPU preset)")
-
-
 def _bf16_layers_per_stage(model: ModelConfig, split: list[int], job: Job) -> list[tuple[int, int]]:
     """Per stage (chunk, in model order): (its layers --first-last-layers-bf16 keeps in bf16, of them with experts);
     (0, 0) everywhere without it."""
@@ -313,9 +296,11 @@ def _bf16_layers_per_stage(model: ModelConfig, split: list[int], job: Job) -> li
     return [job.bf16_layers.in_chunk(model, sum(split[:s]), n) for s, n in enumerate(split)]
 
 
-def _add_exchanges(out: dict, stage: int, model: ModelConfig, b: int, opts: LayerOptions, work: Work) -> None:
+def _add_exchanges(out: dict, stage: int, model: ModelConfig, b: int, opts: LayerOptions, work: Work,
+                   beside: tuple[float, float, float, float] | None = None) -> None:
     """The stage's all-to-alls keyed like its tp collectives (the backward's in B and I; W on stage 0), each kind
-    once with the number of layers doing it."""
+    once with the number of layers doing it; `beside`: the shared experts' seconds beside them
+    (pipesim.cost.shared_overlap)."""
     moe = model.moe
     assert moe is not None
     tokens = tokens_here(model, b, opts)
@@ -328,9 +313,12 @@ def _add_exchanges(out: dict, stage: int, model: ModelConfig, b: int, opts: Laye
                                     moe.load_factor(), n, moe.groups, moe.group_topk or 0)
                      for what, n in counts.items())
 
-    out[(stage, "F")] = grouped(work.ep_exchanges["F"])
+    keyed = {"F": grouped(work.ep_exchanges["F"])}
     if work.ep_exchanges["I"]:
-        out[(stage, "W" if stage == 0 else "I")] = out[(stage, "B")] = grouped(work.ep_exchanges["I"])
+        backward = grouped(work.ep_exchanges["I"])
+        keyed |= {"W" if stage == 0 else "I": backward, "B": backward}
+    for kind, exchanges in keyed.items():
+        out[(stage, kind)] = beside_exchanges(exchanges, beside, kind) if beside is not None else exchanges
 
 
 def _kernel_seconds(model: ModelConfig, b: int, layers: int, hw: Hardware, opts: LayerOptions | None, tp: int, *,

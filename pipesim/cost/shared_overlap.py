@@ -18,9 +18,9 @@ from dataclasses import replace
 from functools import lru_cache
 
 from pipesim.comm.expert_exchange import ExpertExchange
-from pipesim.cost.device_profiles import fp8_profile_of, profile_of
-from pipesim.cost.kernel_costs import fp8_layer, kernel_seconds
-from pipesim.hardware.machine import KernelFigures
+from pipesim.cost.kernel_costs import fp8_layer, kernel_seconds, layer_profiles
+from pipesim.errors import PipesimError
+from pipesim.hardware.machine import Hardware, KernelFigures
 from pipesim.model.config import ModelConfig
 from pipesim.model.options import LayerOptions
 
@@ -33,7 +33,7 @@ def shared_seconds(model: ModelConfig, b: int, opts: LayerOptions, fused: bool, 
     """One MoE layer's shared-expert seconds (FC1 and its activation forward, FC2 forward, the input-gradient kernels,
     the weight-gradient GEMMs): the layer's own, not a recomputation's."""
     pk = fp8_layer(model, b, replace(opts, recompute="none", recompute_modules=()), fused, family, moe=True)
-    profile, fp8 = _profiles(family, kernels, opts)
+    profile, fp8 = layer_profiles(family, kernels, opts)
 
     def seconds(ks) -> float:
         return sum(kernel_seconds(k, model.dtype, profile, fp8=fp8) for k in ks if k.name.startswith(SHARED))
@@ -43,11 +43,18 @@ def shared_seconds(model: ModelConfig, b: int, opts: LayerOptions, fused: bool, 
     return seconds(forward[:fc2]), seconds(forward[fc2:]), seconds(pk.I), seconds(pk.W)
 
 
-def _profiles(family: str, kernels: KernelFigures | None, opts: LayerOptions):
-    """The profiles `kernel_costs.layer_seconds` times a layer's kernels on (its attention's, its FP8 GEMMs')."""
-    profile = profile_of(family, kernels)
-    fp8 = fp8_profile_of(family, kernels, opts.fp8.recipe) if opts.fp8 is not None else None
-    return profile.with_flash2() if opts.attention == "flash2" else profile, fp8
+def check_shared_overlap(model: ModelConfig, hw: Hardware, opts: LayerOptions | None) -> None:
+    """Shared experts to overlap (Megatron: 'Only effective when moe-shared-expert-intermediate-size is set'), not
+    recomputed on their own (transformer_config.py raises), their kernels timed on a GPU device family."""
+    if model.moe is None or not model.moe.shared_experts:
+        raise PipesimError("--moe-shared-expert-overlap overlaps the shared experts with the all-to-alls: this model "
+                           "has none (--moe-shared-expert-intermediate-size)")
+    if opts is not None and "shared_experts" in opts.recompute_modules:
+        raise PipesimError("--recompute-modules shared_experts cannot work with --moe-shared-expert-overlap (as "
+                           "Megatron-core raises)")
+    if not hw.device.family:
+        raise PipesimError(f"--moe-shared-expert-overlap hides the exchanges behind the shared experts' kernels, "
+                           f"timed kernel by kernel: {hw.name} has no GPU device family (use a GPU preset)")
 
 
 def beside_exchanges(exchanges: tuple[ExpertExchange, ...], seconds: tuple[float, float, float, float],
@@ -62,4 +69,4 @@ def beside_exchanges(exchanges: tuple[ExpertExchange, ...], seconds: tuple[float
                             carries=x.what == "MoE dispatch backward") for x in exchanges)
 
 
-__all__ = ["beside_exchanges", "shared_seconds"]
+__all__ = ["beside_exchanges", "check_shared_overlap", "shared_seconds"]

@@ -182,7 +182,7 @@ def _gpt_shaped(model: ModelConfig) -> ModelConfig:
     (GLM-4.5-Air: 96 heads of 128 over a 4096 hidden)."""
     heads = model.heads if model.hidden % model.heads == 0 else 1
     return replace(model, kv_heads=None, ffn_hidden=None, activation="gelu", norm="layernorm", biases=True,
-                   head_width=None, qk_norm=False, moe=None, mla=None, qkv_bias=False, heads=heads)
+                   head_width=None, qk_norm=False, moe=None, mla=None, heads=heads)
 
 
 def gpt_stage_work(model: ModelConfig, b: int, layers: int, *, first: bool, last: bool, tp: int = 1,
