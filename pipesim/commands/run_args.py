@@ -148,13 +148,12 @@ def rule_split(args: argparse.Namespace, names: tuple[str, ...], model: ModelCon
 def _microbatches(args: argparse.Namespace, model: ModelConfig) -> int:
     """m per step: --microbatch-size's (m = batch / (dp x N), as simulate resolves it), --microbatches', else a CSV's
     own count (RunConfig checks a typed one against it), else 8."""
-    csv_m = torch_csv.load(args.from_csv).num_microbatches if args.from_csv else None
+    sched = torch_csv.load(args.from_csv) if args.from_csv else None
     if args.microbatch_size is None:
-        return args.microbatches or csv_m or DEFAULT_MICROBATCHES
+        return args.microbatches or (sched.num_microbatches if sched else DEFAULT_MICROBATCHES)
     m = model.microbatches_for(args.dp, microbatches=args.microbatches, microbatch_size=args.microbatch_size)
-    if csv_m is not None and m != csv_m:
-        raise PipesimError(f"--microbatch-size {args.microbatch_size} gives {m} microbatches per replica; "
-                           f"{args.from_csv} has its own, {csv_m}")
+    if sched is not None:
+        torch_csv.check_csv_counts(sched, args.from_csv, microbatches=m, microbatch_size=args.microbatch_size)
     return m
 
 

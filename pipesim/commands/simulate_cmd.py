@@ -28,6 +28,7 @@ from pipesim.cost.fp8_costs import mfu_peak
 from pipesim.cost.rank_memory import memory_json
 from pipesim.cost.user_model_costs import is_factory_spec
 from pipesim.errors import PipesimError
+from pipesim.ir.torch_csv import check_csv_counts
 from pipesim.model.flops import hardware_flops, model_flops, utilization
 from pipesim.outputs import check_apart, check_distinct, check_file, write_files
 from pipesim.plots.perfetto import trace_text
@@ -93,9 +94,8 @@ def run(args: argparse.Namespace) -> int:
     if args.hardware and (note := speed_note(setup.hardware, args.hardware)):  # another machine's file: say so once
         print(note, file=sys.stderr)
     args.microbatches = setup.microbatches(args.microbatches, args.microbatch_size)
-    if csv_sched is not None and args.microbatches != csv_sched.num_microbatches:
-        raise PipesimError(f"--microbatch-size {typed_size} gives {args.microbatches} microbatches per replica; "
-                           f"{args.from_csv} has its own, {csv_sched.num_microbatches}")
+    if csv_sched is not None and typed_size is not None:
+        check_csv_counts(csv_sched, args.from_csv, microbatches=args.microbatches, microbatch_size=typed_size)
     sched = csv_sched or load_schedule(args, validate=False)
     pert = perturbation_from_args(args)
     if pert is not None:

@@ -109,9 +109,13 @@ def load(path: str | Path) -> Schedule:
 
 
 def check_csv_counts(schedule: Schedule, name: str, *, stages: int | None = None, microbatches: int | None = None,
-                     virtual: int | None = None) -> None:
+                     virtual: int | None = None, microbatch_size: int | None = None) -> None:
     """Typed -p, -m or --virtual beside a schedule CSV: the CSV has its own counts, so one it does not have is
-    refused rather than read past (None: not typed)."""
+    refused rather than read past (None: not typed). `microbatch_size`: `microbatches` is what --microbatch-size
+    gave (m = batch / (dp x N)), named so."""
+    if microbatch_size is not None and microbatches != schedule.num_microbatches:
+        raise PipesimError(f"--microbatch-size {microbatch_size} gives {microbatches} microbatches per replica; {name} "
+                           f"has its own, {schedule.num_microbatches}")
     chunks = schedule.num_stages // schedule.num_ranks
     for flag, typed, own, what in (("--stages", stages, schedule.num_ranks, "ranks"),
                                    ("--microbatches", microbatches, schedule.num_microbatches, "microbatches"),
