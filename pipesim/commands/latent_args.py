@@ -38,11 +38,12 @@ def add_latent_args(parser: argparse.ArgumentParser) -> None:
                         "--position-embedding-type rope and --disable-bias-linear, as Megatron builds it)")
     g.add_argument("--q-lora-rank", type=positive_int, default=None, metavar="D",
                    help="latent attention: the queries' latent width (default none: a plain query projection)")
-    for flag, default, what in (("--kv-lora-rank", 32, "the keys' and values' shared latent width"),
-                                ("--qk-head-dim", 128, "a query or key head's part without positions"),
-                                ("--qk-pos-emb-head-dim", 64, "a query or key head's rotary part"),
-                                ("--v-head-dim", 128, "a value head's width")):
-        g.add_argument(flag, type=positive_int, default=None, metavar="D",
+    for dest, what in (("kv_lora_rank", "the keys' and values' shared latent width"),
+                       ("qk_head_dim", "a query or key head's part without positions"),
+                       ("qk_pos_emb_head_dim", "a query or key head's rotary part"),
+                       ("v_head_dim", "a value head's width")):
+        default = getattr(MEGATRON_LATENT, LATENT_WIDTHS[dest])
+        g.add_argument(f"--{dest.replace('_', '-')}", type=positive_int, default=None, metavar="D",
                        help=f"latent attention: {what} (default {default}, Megatron's)")
     g.add_argument("--mtp-num-layers", type=lambda t: bounded_int(t, 0), default=None, metavar="N",
                    help="multi-token-prediction modules after the last layer, on the last stage (DeepSeek-V3's 1; "
