@@ -2,11 +2,13 @@
 
 The layer pipesim's cost model counts (pipesim/model/moe.py, moe_layer.py; the model's activation and biases: the
 GPT's GeLU and biases for `--model moe`): a router Linear(h, E) (with a bias where `MoeConfig.router_bias`: GPT-OSS's),
-a float32 softmax and top-k; E experts, each an executor.mlp.Mlp of f hidden units (its gate shaped as the MoeConfig
-says: executor.mlp.Gate); `shared_experts x shared_ffn` hidden units of one dense MLP every token
-passes through. A token's output is the sum of its k experts' outputs weighted by their router probabilities (divided
-by their sum when `MoeConfig.renormalize`: Mixtral's and Qwen3-MoE's routers), so the router learns through those
-weights.
+a float32 softmax and top-k (or, `MoeConfig.score` "sigmoid", each logit's sigmoid and their top k, divided by their
+sum when k > 1: Megatron-core's topk_routing_with_score_function); E experts, each an executor.mlp.Mlp of f hidden
+units (its gate shaped as the MoeConfig says: executor.mlp.Gate); `shared_experts x shared_ffn` hidden units of one
+dense MLP every token passes through. A token's output is the sum of its k experts' outputs weighted by their router
+probabilities (divided by their sum when `MoeConfig.renormalize`: Mixtral's and Qwen3-MoE's routers), so the router
+learns through those weights; with `MoeConfig.input_probs` (Llama 4's, top-1) the weight multiplies the expert's input
+instead (Megatron-core's --moe-apply-probs-on-input).
 
 Routing is dropless unless `capacity_factor` is set; then each expert keeps at most ceil(cf x s x k / E) of a
 sequence's s tokens' pairs: those with the largest router weights (`drop_policy` probs, Megatron-core's default
@@ -19,11 +21,12 @@ run. Under sequence parallelism each tp rank routes its part of a sequence, and 
 
 A load-balancing loss (`MoeConfig.balance_loss`, Megatron-core's switch_load_balancing_loss_func) trains the router
 towards even loads: per group of tokens, coeff x E / k x sum_i f_i P_i, where f_i is the share of the group's tokens
-whose top k holds expert i (before any capacity drop) and P_i the group's mean router probability of i; a group is a
-microbatch's tokens (aux_loss: `balance_sequences` sequences, which the runtime sets to the microbatch's) or each
-sequence's (seq_aux_loss), and the layer's loss is the mean over its groups. Under sequence parallelism a rank holds
-s / tp tokens of each sequence: the counts are summed over tp first (as Megatron-core's reduce over its tp-cp group)
-and each rank adds its tokens' share of P, so the ranks' losses sum to the group's. Like Megatron-core's
+whose top k holds expert i (before any capacity drop) and P_i the group's mean router probability of i (with sigmoid
+scores, each token's sigmoids divided by their sum over E: Megatron-core's compute_routing_scores_for_aux_loss); a
+group is a microbatch's tokens (aux_loss: `balance_sequences` sequences, which the runtime sets to the microbatch's) or
+each sequence's (seq_aux_loss), and the layer's loss is the mean over its groups. Under sequence parallelism a rank
+holds s / tp tokens of each sequence: the counts are summed over tp first (as Megatron-core's reduce over its tp-cp
+group) and each rank adds its tokens' share of P, so the ranks' losses sum to the group's. Like Megatron-core's
 MoEAuxLossAutoScaler, the loss rides on the layer's output and its backward adds the loss's gradient times
 `aux_scale` (the runtime's 1 / microbatches, as the main loss's), so no stage has to carry it to the last one.
 The router z-loss (`MoeConfig.z_loss_coeff`, ST-MoE's; Megatron-core's z_loss_func) rides the same way: coeff x the
@@ -64,6 +67,7 @@ class MoeMLP(nn.Module):
         self.drop_policy = moe.drop_policy
         self.capacity_parts = 1  # a sequence's parts the capacity counts apart: tp under sequence parallelism
         self.renormalize = moe.renormalize
+        self.score, self.input_probs = moe.score, moe.input_probs
         self.router = nn.Linear(hidden, moe.experts, bias=moe.router_bias)  # GPT-OSS's router has a bias
         # each expert from its own seed (base + e, base one draw of the RNG here, the same on every rank), so that an
         # expert-parallel rank draws only its own experts and they are the whole layer's, bit for bit
@@ -121,8 +125,15 @@ class MoeMLP(nn.Module):
         b, s, h = x.shape
         tokens = x.reshape(-1, h)
         logits = self.router(tokens).float()  # (N, E), float32 as Megatron's router
-        probs = torch.softmax(logits, dim=-1)
-        weight, expert = probs.topk(self.top_k, dim=-1)  # (N, k) each
+        if self.score == "sigmoid":  # each logit's sigmoid; k > 1: the chosen ones divided by their sum (Megatron)
+            scores = torch.sigmoid(logits)
+            weight, expert = scores.topk(self.top_k, dim=-1)
+            if self.top_k > 1:
+                weight = weight / (weight.sum(dim=-1, keepdim=True) + 1e-20)
+            probs = scores / (scores.sum(dim=-1, keepdim=True) + 1e-20) if self.aux_coeff else scores  # the loss's P
+        else:
+            probs = torch.softmax(logits, dim=-1)
+            weight, expert = probs.topk(self.top_k, dim=-1)  # (N, k) each
         chosen = expert
         if self.renormalize:  # Mixtral's and Qwen3's (norm_topk_prob): the k weights sum to 1
             weight = weight / weight.sum(dim=-1, keepdim=True)
@@ -136,6 +147,8 @@ class MoeMLP(nn.Module):
         token, expert, weight = token[order], expert[order], weight[order]
         counts = torch.bincount(expert, minlength=self.num_experts)  # rows per expert from this rank
         rows = tokens[token]  # (pairs, h)
+        if self.input_probs:  # the weight on the expert's input (top-1), the output summed unweighted
+            rows = rows * weight.to(tokens.dtype)[:, None]
         if self.group is None:
             out_rows = self._compute(rows, counts.view(1, -1))
         else:
@@ -149,7 +162,8 @@ class MoeMLP(nn.Module):
             yield pending
             pending.wait()
             out_rows = done
-        out = tokens.new_zeros(tokens.shape).index_add(0, token, out_rows * weight.to(tokens.dtype)[:, None])
+        weighted = out_rows if self.input_probs else out_rows * weight.to(tokens.dtype)[:, None]
+        out = tokens.new_zeros(tokens.shape).index_add(0, token, weighted)
         if self.shared is not None:
             out = out + self.shared(tokens)
         out = out.view(b, s, h)

@@ -1,6 +1,7 @@
 """The executor's transformer block, built from the same ModelConfig the cost model reads: the GPT of Megatron's
-papers by default, and the Llama / Qwen3 structures a config gives (grouped-query attention, heads of their own width,
-QK-norm, SwiGLU or squared ReLU of their own width, RMSNorm, rotary positions, no biases), and GPT-OSS's attention:
+papers by default, and the Llama / Qwen3 / Llama 4 structures a config gives (grouped-query attention, heads of their
+own width, QK-norm or Llama 4's weightless L2 one, SwiGLU or squared ReLU of their own width, RMSNorm, rotary
+positions, none on Llama 4's NoPE layers, no biases), and GPT-OSS's attention:
 sliding windows on the layers `ModelConfig.window` names (a query sees its `size` latest keys, itself included:
 transformers' sliding_window) and a learned sink logit per head in every softmax's denominator (transformers v4.55.0
 GptOssAttention: the sinks concatenated to the scores, softmaxed, dropped).
@@ -24,6 +25,7 @@ from torch.utils.checkpoint import checkpoint
 from executor.experts import MoeMLP, Steps, drive
 from executor.mlp import Mlp, activate
 from pipesim.model.config import ModelConfig
+from pipesim.model.llama4_attention import is_nope_layer
 from pipesim.model.rotary import Rotary
 
 Rope = tuple[tuple[float, ...], float]  # (the rotated pairs' inverse frequencies, YaRN's attention factor on cos, sin)
@@ -33,6 +35,16 @@ def make_norm(kind: str, width: int, eps: float = ModelConfig.norm_eps) -> nn.Mo
     """LayerNorm (weight and bias) or RMSNorm (weight only) over the last `width` features, `eps` in the denominator
     (the model's norm_eps: its config.json's, else Megatron-LM's --norm-epsilon default)."""
     return nn.LayerNorm(width, eps=eps) if kind == "layernorm" else nn.RMSNorm(width, eps=eps)
+
+
+def qk_norms(cfg: ModelConfig) -> tuple[nn.Module | None, nn.Module | None]:
+    """The query and key heads' norms over head_dim: the model's norm (qk_norm, Qwen3's), a weightless RMSNorm
+    (qk_l2_norm: Llama 4's L2 norm, x / rms(x), Megatron-core's torch_norm.L2Norm), or none."""
+    if cfg.qk_l2_norm:
+        return tuple(nn.RMSNorm(cfg.head_dim, eps=cfg.norm_eps, elementwise_affine=False) for _ in range(2))
+    if cfg.qk_norm:
+        return tuple(make_norm(cfg.norm, cfg.head_dim, cfg.norm_eps) for _ in range(2))
+    return None, None
 
 
 def qkv_rows(cfg: ModelConfig) -> tuple[int, int, int]:
@@ -119,12 +131,12 @@ class Block(nn.Module):
         h = cfg.hidden
         self.head_dim = cfg.head_dim
         self.qkv_split = qkv_rows(cfg)  # the whole block's; a rank's are the same fractions of its width
-        self.positions = cfg.positions
-        self.rope = rope_of(cfg) if cfg.positions == "rope" else None
+        # rotary tables; None with learned positions or on a NoPE layer (ModelConfig.nope_every: Llama 4's)
+        nope = is_nope_layer(cfg.nope_every, layer)
+        self.rope = rope_of(cfg) if cfg.positions == "rope" and not nope else None
         self.ln1 = make_norm(cfg.norm, h, cfg.norm_eps)
         self.qkv = nn.Linear(h, sum(self.qkv_split), bias=cfg.has_qkv_bias)
-        self.q_norm = make_norm(cfg.norm, self.head_dim, cfg.norm_eps) if cfg.qk_norm else None
-        self.k_norm = make_norm(cfg.norm, self.head_dim, cfg.norm_eps) if cfg.qk_norm else None
+        self.q_norm, self.k_norm = qk_norms(cfg)
         windowed = cfg.window_size is not None and cfg.window.windowed(layer)
         self.window = cfg.window_size if windowed else None  # keys a query sees (None: causal over the sequence)
         # one sink logit per query head, whole on every tp rank (each applies its own heads': `first_head`)
@@ -166,7 +178,7 @@ class Block(nn.Module):
                                                                              strict=True))  # (b, heads, t, hd)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        if self.positions == "rope":
+        if self.rope is not None:
             q, k = rotate(q, self.rope), rotate(k, self.rope)
         sinks = None if self.sinks is None else self.sinks[self.first_head:self.first_head + q.shape[1]]
         if self.recompute_attention:
@@ -177,4 +189,5 @@ class Block(nn.Module):
         return x + self.proj(y)
 
 
-__all__ = ["Block", "Rope", "attention_core", "band", "make_norm", "qkv_rows", "rope_of", "rotary_tables", "rotate"]
+__all__ = ["Block", "Rope", "attention_core", "band", "make_norm", "qk_norms", "qkv_rows", "rope_of", "rotary_tables",
+           "rotate"]

@@ -65,8 +65,8 @@ def test_bundled_config_loads_every_key_read_or_ignored():
     assert "quantization_config" not in cfg and cfg["model_type"] == "deepseek_v3" and len(cfg) == 45
     report = hf_key_report("deepseek-v3")
     assert set(report.read) | set(report.ignored) == set(cfg)
-    assert set(report.ignored) >= {"aux_loss_alpha", "seq_aux", "scoring_func", "routed_scaling_factor",
-                                   "norm_topk_prob", "ep_size"}
+    assert set(report.ignored) >= {"aux_loss_alpha", "seq_aux", "routed_scaling_factor", "norm_topk_prob", "ep_size"}
+    assert "scoring_func" in report.read  # its sigmoid: MoeConfig.score, the executor's router
     # YaRN with mscale = mscale_all_dim = 1: read, its attention factor 1 (pipesim.model.hf_rope)
     assert "rope_scaling" in report.read and load_hf_config("deepseek-v3", seq=4096).rope_mscale == 1.0
     assert {"q_lora_rank", "kv_lora_rank", "num_nextn_predict_layers", "topk_method", "n_group",
@@ -74,7 +74,7 @@ def test_bundled_config_loads_every_key_read_or_ignored():
     assert V3.mla == LatentAttention(q_lora_rank=DQ, kv_lora_rank=DC, qk_nope_dim=NOPE, qk_rope_dim=ROPE,
                                      v_head_dim=DV)
     assert V3.moe == MoeConfig(experts=E, top_k=K, expert_ffn=FE, shared_experts=1, dense_layers=3, expert_bias=True,
-                               groups=8, group_topk=4)
+                               groups=8, group_topk=4, score="sigmoid")
     assert (V3.mtp_layers, V3.ffn_size, V3.activation, V3.norm, V3.dtype) == (1, F, "swiglu", "rmsnorm", "bfloat16")
     assert ModelConfig(**json.loads(json.dumps(V3.to_dict()))) == V3  # to_dict round-trips mla and mtp_layers
     assert not {"mla", "mtp_layers"} & set(ModelConfig(kind="gpt").to_dict())  # left out at their defaults

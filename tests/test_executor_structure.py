@@ -22,6 +22,7 @@ from executor.transformer import Block, rotate
 from pipesim.cli import build_parser
 from pipesim.commands.run_args import config_from_args
 from pipesim.cost.executor_ops import GPT_BLOCK_OPS, executor_block_ops, executor_moe_block_ops
+from pipesim.cost.stage_layers import is_variant_layer
 from pipesim.errors import PipesimError
 from pipesim.model.attention_window import SlidingWindow
 from pipesim.model.config import ModelConfig
@@ -48,6 +49,10 @@ TIED_GPT = [*SIZES, "--layers", "8", "--tie-embeddings-and-output-weights"]  # l
 # reference's precision (a bfloat16 run rounds the microbatches' sum apart from the whole batch's)
 GPT_OSS = ["--model-config", "tests/data/tiny_gpt_oss.json", "--seq", "16", "--batch", "8", "--dtype", "float32"]
 GPT_OSS_TP = ["--tp", "2", "--sequence-parallel", "--ep", "2", "--etp", "1"]
+# Llama 4's language model at a small size (tests/data/tiny_llama4.json, the "llama4" wrapper): every other layer with
+# 4 experts of 12 behind a sigmoid top-1 router weighting the expert's input, and a shared expert; the others a dense
+# MLP of 24; every other layer without RoPE; the weightless L2 QK-norm
+LLAMA4 = ["--model-config", "tests/data/tiny_llama4.json", "--seq", "16", "--batch", "8", "--dtype", "float32"]
 # GPT-OSS's attention on the GPT (Megatron-core's flags): sinks, every other layer windowed over 4 of the 8 tokens
 SINKS = [*SIZES, "--softmax-type", "learnable", "--window-size", "4,0", "--window-attn-skip-freq", "2"]
 NAMES = ["1f1b", "zb-h1"]
@@ -102,10 +107,10 @@ def test_a_stage_built_alone_holds_the_full_models_pieces_bit_for_bit(monkeypatc
     assert built == [3, "ready", 4, "ready", 5, 0, "ready"] and prepared.prepared and not last.prepared
 
 
-def _block_ops(model: ModelConfig) -> tuple[int, int, int]:
+def _block_ops(model: ModelConfig, layer: int = 0) -> tuple[int, int, int]:
     """The executor block's framework ops in F, I and W (tests/executor_helpers.OpCount), its rotary tables built."""
     torch.manual_seed(0)  # the same parameters and input for every structure (an expert block's routing with them)
-    block, x = Block(model, 0), torch.randn(2, 8, 16, requires_grad=True)
+    block, x = Block(model, layer), torch.randn(2, 8, 16, requires_grad=True)
     block(x)  # the rotary tables are built once per shape, not per call
     with OpCount() as f:
         out = block(x)
@@ -126,36 +131,48 @@ STRUCTURES = [{"window": WINDOW}, {"attention_sinks": True}, {"window": WINDOW, 
               {"positions": "rope", "rotary": Rotary(theta=150_000, scaling="yarn", factor=32, original_context=4),
                "rope_mscale": 1.3466}, {"kv_heads": 2, "activation": "swiglu", "norm": "rmsnorm",
                                                    "positions": "rope", "biases": False, "qk_norm": True,
-                                                   "head_width": 6}]
+                                                   "head_width": 6},
+              {"qk_l2_norm": True}, {"norm": "rmsnorm", "qk_l2_norm": True, "positions": "rope"},
+              {"positions": "rope", "nope_every": 2}, {"positions": "rope", "nope_every": 2, "qk_l2_norm": True,
+                                                       "kv_heads": 2, "norm": "rmsnorm"}]
 
 
 @pytest.mark.parametrize("fields", STRUCTURES, ids=lambda f: ",".join(f"{k}={v}" for k, v in f.items()))
 def test_the_cpu_cost_models_ops_of_a_block_are_the_executors(fields):
     """What a calibrated CPU host charges per op (pipesim.cost.executor_ops.executor_block_ops): the executor's block
     runs the GPT block's ops plus its structure's, counted here the way GPT_BLOCK_OPS is."""
-    sizes = {"kind": "gpt", "hidden": 16, "heads": 4, "seq": 8, "vocab": 32, "layers": 1, "batch": 8}
+    sizes = {"kind": "gpt", "hidden": 16, "heads": 4, "seq": 8, "vocab": 32, "layers": 2, "batch": 8}
     gpt, model = ModelConfig(**sizes), ModelConfig(**sizes, **fields)
-    extra = tuple(m - g for m, g in zip(_block_ops(model), _block_ops(gpt), strict=True))
-    windowed = model.window_size is not None  # layer 0, the block counted: windowed when the model has a window
-    assert extra == tuple(e - g for e, g in zip(executor_block_ops(model, windowed), GPT_BLOCK_OPS, strict=True))
+    for layer in range(2):  # a NoPE model's second layer takes no RoPE: the variant layer (stage_layers)
+        extra = tuple(m - g for m, g in zip(_block_ops(model, layer), _block_ops(gpt), strict=True))
+        variant = is_variant_layer(model, layer)  # windowed when the model has a window, NoPE by nope_every
+        assert extra == tuple(e - g for e, g in zip(executor_block_ops(model, variant), GPT_BLOCK_OPS, strict=True))
 
 
 GATES = [{}, {"router_bias": True}, {"glu_clamp": 7.0}, {"glu_alpha": 1.702}, {"glu_offset": 1.0},
          {"router_bias": True, "glu_clamp": 7.0, "glu_alpha": 1.702, "glu_offset": 1.0}]  # the last GPT-OSS's
 
 
+ROUTERS = [{"score": "sigmoid"}, {"score": "sigmoid", "aux_loss_coeff": 0.01},
+           {"score": "sigmoid", "top_k": 1, "input_probs": True},
+           {"score": "sigmoid", "top_k": 1, "input_probs": True, "aux_loss_coeff": 0.01}]  # the last Llama 4's
+
+
 @pytest.mark.parametrize(("activation", "biases", "renormalize", "gate"),
                          [("swiglu", True, False, {}), ("gelu", False, False, {}), ("swiglu", False, True, {}),
-                          ("gelu", True, True, {})] + [("swiglu", True, True, g) for g in GATES[1:]])
+                          ("gelu", True, True, {})] + [("swiglu", True, True, g) for g in GATES[1:]]
+                         + [("swiglu", False, False, r) for r in ROUTERS])
 def test_the_cpu_cost_models_ops_of_an_expert_block_are_the_executors(activation, biases, renormalize, gate):
     """The same for a block with experts (executor_moe_block_ops), against the GPT's expert block counted alike;
-    with a renormalising router (Mixtral's, Qwen3's) too, and GPT-OSS's router bias and gate shape."""
+    with a renormalising router (Mixtral's, Qwen3's) too, GPT-OSS's router bias and gate shape, and sigmoid scores
+    (DeepSeek-V3's, Llama 4's with the weight on the expert's input)."""
     for experts, shared in ((2, None), (4, 16)):
-        moe = MoeConfig(experts=experts, top_k=2, expert_ffn=32, shared_experts=1 if shared else 0, shared_ffn=shared,
-                        renormalize=renormalize, **gate)
+        moe = MoeConfig(**{"experts": experts, "top_k": 2, "expert_ffn": 32, "shared_experts": 1 if shared else 0,
+                           "shared_ffn": shared, "renormalize": renormalize, **gate})
         sizes = {"kind": "gpt", "hidden": 16, "heads": 4, "seq": 8, "vocab": 32, "layers": 1, "batch": 8}
         gpt = ModelConfig(**sizes, moe=replace(moe, renormalize=False, router_bias=False, glu_clamp=None,
-                                               glu_alpha=1.0, glu_offset=0.0))
+                                               glu_alpha=1.0, glu_offset=0.0, score="softmax", input_probs=False,
+                                               aux_loss_coeff=0.0))
         model = ModelConfig(**sizes, moe=moe, activation=activation, biases=biases, norm="rmsnorm", positions="rope",
                             kv_heads=2)
         extra = tuple(m - g for m, g in zip(_block_ops(model), _block_ops(gpt), strict=True))
@@ -198,6 +215,7 @@ def _flags(d):
         [",".join(NAMES), *GPT_OSS_TP, *GPT_OSS, *common, "--save-dir", str(d / "gpt_oss")],
         [",".join(NAMES), *GPT_OSS_TP, *GPT_OSS, *common, "--recompute", "selective", "--save-dir",
          str(d / "gpt_oss_selective")],
+        [",".join(NAMES), *GPT_OSS_TP, *LLAMA4, *common, "--save-dir", str(d / "llama4")],
     )
 
 
@@ -227,6 +245,17 @@ def test_tp2_sp_ep2_pp2_trains_gpt_oss_like_the_reference(runs, folder):
     sink-weighted core."""
     for name in NAMES:
         assert_matches_reference(runs / folder, name, model_from(GPT_OSS), STEPS)
+
+
+@pytest.mark.dist
+def test_tp2_sp_ep2_pp2_trains_llama4_like_the_reference(runs):
+    """Llama 4's NoPE layers, L2 QK-norm, interleaved experts with a shared one and the sigmoid router on the
+    expert's input, on pp 2 x tp 2 with sequence parallelism and the experts over ep 2."""
+    model = model_from(LLAMA4)
+    assert (model.nope_every, model.qk_l2_norm, model.moe.every, model.moe.score, model.moe.input_probs) == (
+        2, True, 2, "sigmoid", True)
+    for name in NAMES:
+        assert_matches_reference(runs / "llama4", name, model, STEPS)
 
 
 @pytest.mark.dist

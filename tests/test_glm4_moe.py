@@ -48,7 +48,7 @@ def test_glm4_moe_is_read_as_its_code_builds_it(tmp_path):
         True, False, D, KV, False, "rmsnorm")
     assert (air.rotary.fraction, air.mtp_layers, air.ffn_size) == (0.5, 1, F)
     assert air.moe == MoeConfig(experts=E, top_k=8, expert_ffn=FE, shared_experts=1, dense_layers=1,
-                                expert_bias=True, groups=1, group_topk=None)
+                                expert_bias=True, groups=1, group_topk=None, score="sigmoid")
     report = hf_key_report(tmp_path / "config.json")
     assert set(report.read) | set(report.ignored) == set(GLM45_AIR)
     assert _load(tmp_path, {**GLM45_AIR, "use_qk_norm": True}).qk_norm is True

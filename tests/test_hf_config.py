@@ -45,7 +45,8 @@ def test_bundled_llama3_configs(name, layers, hidden, heads, ffn, max_seq, param
 
 def test_bundled_names_and_overrides():
     assert bundled_configs() == ["deepseek-v3", "gpt-oss-120b", "gpt-oss-20b", "kimi-k2", "llama3-405b",
-                                 "llama3-70b", "llama3-8b", "llama3.1-70b", "llama3.1-8b", "mixtral-8x22b",
+                                 "llama3-70b", "llama3-8b", "llama3.1-70b", "llama3.1-8b",
+                                 "llama4-maverick-17b-128e", "llama4-scout-17b-16e", "mixtral-8x22b",
                                  "mixtral-8x7b", "nemotron4-15b", "nemotron4-340b", "qwen3-235b-a22b",
                                  "qwen3-30b-a3b"]
     model = load_hf_config("llama3-8b", seq=4096, batch=512, dtype="float32")
@@ -102,7 +103,7 @@ def test_gelu_layernorm_tied_and_defaults(tmp_path):
     olmo2 = _write(tmp_path, {**LLAMA, "model_type": "olmo2"})  # QK-norm over the whole width, norms after blocks
     with pytest.raises(PipesimError, match=r"model_type \('olmo2': pipesim models llama, mistral, mixtral, "
                                            r"deepseek_v3, qwen2, qwen3, qwen3_moe, nemotron, gpt_oss, glm4_moe, "
-                                           r"kimi_k2, deepseek_v2\)"):
+                                           r"llama4_text, kimi_k2, deepseek_v2, llama4\)"):
         load_hf_config(olmo2)
 
 
@@ -171,7 +172,8 @@ def test_unreadable_files_and_unknown_names(tmp_path):
         load_hf_config("llama9-1t")
     assert str(err.value) == ("--model-config llama9-1t: no such file or bundled config "
                               "(bundled: deepseek-v3, gpt-oss-120b, gpt-oss-20b, kimi-k2, llama3-405b, llama3-70b, "
-                              "llama3-8b, llama3.1-70b, llama3.1-8b, mixtral-8x22b, mixtral-8x7b, nemotron4-15b, "
+                              "llama3-8b, llama3.1-70b, llama3.1-8b, llama4-maverick-17b-128e, llama4-scout-17b-16e, "
+                              "mixtral-8x22b, mixtral-8x7b, nemotron4-15b, "
                               "nemotron4-340b, qwen3-235b-a22b, "
                               "qwen3-30b-a3b)")
     with pytest.raises(PipesimError, match="is longer than .*'s max_position_embeddings 8192$"):

@@ -33,12 +33,13 @@ def test_bundled_config_is_deepseek_v3s_code_with_kimis_sizes(tmp_path):
     report = hf_key_report("kimi-k2")
     assert set(report.read) | set(report.ignored) == set(cfg)
     assert {"n_routed_experts", "q_lora_rank", "first_k_dense_replace", "topk_method"} <= set(report.read)
-    assert {"scoring_func", "routed_scaling_factor", "aux_loss_alpha", "seq_aux"} <= set(report.ignored)
+    assert {"routed_scaling_factor", "aux_loss_alpha", "seq_aux"} <= set(report.ignored)
+    assert "scoring_func" in report.read
     renamed = tmp_path / "config.json"
     renamed.write_text(json.dumps({**cfg, "model_type": "deepseek_v3"}))
     assert load_hf_config(renamed, seq=4096, batch=32) == K2
     assert K2.moe == MoeConfig(experts=E, top_k=K, expert_ffn=FE, shared_experts=1, dense_layers=1, expert_bias=True,
-                               groups=1, group_topk=None)  # n_group 1: no group-limited routing
+                               groups=1, group_topk=None, score="sigmoid")  # n_group 1: no group-limited routing
     assert K2.mla == LatentAttention(q_lora_rank=DQ, kv_lora_rank=DC, qk_nope_dim=NOPE, qk_rope_dim=ROPE,
                                      v_head_dim=DV)
     assert (K2.layers, K2.heads, K2.hidden, K2.vocab, K2.mtp_layers, K2.ffn_size) == (61, A, H, V, 0, F)
@@ -63,7 +64,7 @@ def test_other_kimi_types_and_unread_keys_stay_refused(tmp_path):
     path = tmp_path / "config.json"
     path.write_text(json.dumps({**cfg, "model_type": "kimi_k25"}))
     with pytest.raises(PipesimError, match=r"model_type \('kimi_k25': pipesim models llama, .*, kimi_k2, "
-                                           r"deepseek_v2\)"):
+                                           r"deepseek_v2, llama4\)"):
         load_hf_config(path)
     path.write_text(json.dumps({**cfg, "index_topk": 2048}))
     with pytest.raises(PipesimError, match=r"keys that change the model and pipesim does not model: index_topk "
@@ -79,4 +80,4 @@ def test_simulate_from_the_cli(capsys):
             "--json"]
     assert main(args) == 0
     result = json.loads(capsys.readouterr().out)
-    assert "scoring_func" in result["model_config"]["ignored"] and result["step_time"] > 0
+    assert "scoring_func" in result["model_config"]["read"] and result["step_time"] > 0

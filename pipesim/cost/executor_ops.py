@@ -18,12 +18,15 @@ GPT_BLOCK_OPS = (10, 10, 6)  # framework ops of one transformer block in F, I, W
 # the executor's extra framework ops (F, I, W) over the GPT block's, per structure field (executor/transformer.py,
 # counted as GPT_BLOCK_OPS is, non-view aten ops, by tests/test_executor_structure.py): RMSNorm as torch's composite
 # (pow, mean, add, rsqrt, mul, mul) for the block's two norms, rotary embedding on q and k (mul, neg, cat, mul, add
-# each), SwiGLU's or squared ReLU's second op, QK-norm by kind, and no bias gradients without biases (4 linears) but
-# QKV's with --add-qkv-bias;
+# each; none on a NoPE layer), SwiGLU's or squared ReLU's second op, QK-norm by kind, and no bias gradients without
+# biases (4 linears) but QKV's with --add-qkv-bias;
 # grouped-query attention adds none (torch's SDPA with enable_gqa), nor do heads of their own width. Additive to the
-# op but for one case no model has: QK-norm beside a single key/value head runs one op fewer.
+# op but for cases no bundled model has: QK-norm (either kind) beside a single key/value head runs one op fewer, and
+# beside a partial rotation one forward op fewer.
 STRUCTURE_OPS = {"rmsnorm": (10, 22, 2), "rope": (10, 10, 0), "gated": (1, 3, 0), "qk_layernorm": (3, 4, 2),
                  "qk_rmsnorm": (15, 24, 4), "no biases": (0, 0, -4), "qkv bias": (0, 0, 1),
+                 # Llama 4's weightless L2 QK-norm (executor.transformer.qk_norms: RMSNorm's composite, no weight)
+                 "qk_l2": (13, 22, 0),
                  # GPT-OSS's attention (executor.transformer.attention_core): a windowed layer's SDPA under a band
                  # mask; the sinks' own core (slice, scores, mask, concatenation, softmax, slice, product), with
                  # grouped-query heads their keys and values repeated (its band mask is there with or without a
@@ -42,6 +45,10 @@ EMBED_ROPE_OPS = (-3, 0, -1)  # an embedding without the learned position table:
 HEAD_RMSNORM_OPS = (5, 11, 1)  # the final norm as RMSNorm's composite (one of the block's two)
 EXPERT_NO_BIAS_OPS = (0, 0, -2)  # an expert without its two biases' gradients
 RENORMALIZE_OPS = (2, 7, 0)  # the router's k weights divided by their sum (MoeConfig.renormalize): sum, div
+# sigmoid scores (MoeConfig.score) divided by their sum (sum, add, div): the k weights when k > 1, and all E for the
+# load-balancing loss's P (executor.experts); the sigmoid itself takes the softmax's place (no op more); the weight on
+# the expert's input (MoeConfig.input_probs) takes the output's product's place
+SIGMOID_NORM_OPS = (3, 7, 0)
 # the load-balancing loss (MoeConfig.balance_loss, executor.experts): F the chosen experts scattered, counted, each
 # token's counts, the product and its sum, the scale; I the autoscaler's gradient, two products and an add
 BALANCE_OPS = (7, 4, 0)
@@ -55,25 +62,28 @@ def add_ops(*counts: tuple[int, int, int]) -> tuple[int, int, int]:
     return tuple(sum(phase) for phase in zip(*counts, strict=True))
 
 
-def structure_ops(model: ModelConfig, windowed: bool = False) -> tuple[int, int, int]:
-    """The executor's framework ops of one block beyond the GPT block's (STRUCTURE_OPS), in F, I, W; `windowed`: the
-    block attends over the model's window."""
+def structure_ops(model: ModelConfig, variant: bool = False) -> tuple[int, int, int]:
+    """The executor's framework ops of one block beyond the GPT block's (STRUCTURE_OPS), in F, I, W; `variant`: the
+    block is one of the model's variant layers (pipesim.cost.stage_layers): it attends over the model's window, or
+    rotates nothing (a NoPE layer)."""
     sinks = model.attention_sinks
+    windowed = variant and model.window_size is not None
+    rope = model.positions == "rope" and not (variant and model.nope_every)
     on = [name for name, here in (
-        ("rmsnorm", model.norm == "rmsnorm"), ("rope", model.positions == "rope"),
+        ("rmsnorm", model.norm == "rmsnorm"), ("rope", rope),
         ("gated", model.activation != "gelu"),
-        (f"qk_{model.norm}", model.qk_norm), ("no biases", not model.biases), ("qkv bias", model.qkv_bias),
-        ("partial_rope", model.positions == "rope" and model.rotary is not None and model.rotary.fraction < 1),
+        (f"qk_{model.norm}", model.qk_norm), ("qk_l2", model.qk_l2_norm), ("no biases", not model.biases),
+        ("qkv bias", model.qkv_bias), ("partial_rope", rope and model.rotary is not None and model.rotary.fraction < 1),
         ("window", windowed and not sinks), ("sinks", sinks),
         ("sinks_gqa", sinks and model.num_kv_heads != model.heads)) if here]
     return tuple(sum(STRUCTURE_OPS[name][k] for name in on) for k in range(3))
 
 
-def executor_block_ops(model: ModelConfig, windowed: bool = False) -> tuple[int, int, int]:
+def executor_block_ops(model: ModelConfig, variant: bool = False) -> tuple[int, int, int]:
     """Framework ops of one dense block of the executor's transformer in F, I, W: GPT_BLOCK_OPS plus its structure's
-    (`structure_ops`; `windowed`: a layer of the model's window). What a calibrated CPU host runs: its per-op overhead
-    dominates a small model."""
-    return add_ops(GPT_BLOCK_OPS, structure_ops(model, windowed))
+    (`structure_ops`; `variant`: one of the model's windowed or NoPE layers). What a calibrated CPU host runs: its
+    per-op overhead dominates a small model."""
+    return add_ops(GPT_BLOCK_OPS, structure_ops(model, variant))
 
 
 def gate_ops(moe: MoeConfig) -> tuple[int, int, int]:
@@ -83,24 +93,27 @@ def gate_ops(moe: MoeConfig) -> tuple[int, int, int]:
     return add_ops(NO_OPS, *(GATE_OPS[name] for name in on))
 
 
-def executor_moe_block_ops(model: ModelConfig, opts: LayerOptions, windowed: bool = False) -> tuple[int, int, int]:
+def executor_moe_block_ops(model: ModelConfig, opts: LayerOptions, variant: bool = False) -> tuple[int, int, int]:
     """Framework ops (non-view aten ops, GPT_BLOCK_OPS's count) of one block of the executor's MoE model
     (executor/experts.py) in F, I, W: 22, 22, 7 for attention, norms, router, top-k, permutation and combine, plus
     4 per local expert (E / ep) and 4 for a shared expert in each, the router's losses' (BALANCE_OPS, Z_LOSS_OPS), the
-    structure's (`structure_ops`: its attention and norms, each expert's activation and biases; `windowed`: a layer
-    of the model's window), each routed expert's gate shape (`gate_ops`) and the router's bias; counted at ep 1 by
-    tests/test_moe_executor.py and tests/test_executor_structure.py. What a calibrated CPU host runs: its per-op
-    overhead dominates a small model."""
+    structure's (`structure_ops`: its attention and norms, each expert's activation and biases; `variant`: one of
+    the model's windowed or NoPE layers), each routed expert's gate shape (`gate_ops`) and the router's bias; counted
+    at ep 1 by tests/test_moe_executor.py and tests/test_executor_structure.py. What a calibrated CPU host runs: its
+    per-op overhead dominates a small model."""
     moe = model.moe
     routed = moe.experts // opts.ep
     mlps = routed + (1 if moe.shared_experts else 0)
     # one MLP's share of the structure's ops, the dense MLP's in structure_ops as each expert's
     mlp = add_ops(EXPERT_GATED_OPS if model.activation != "gelu" else NO_OPS,
                   EXPERT_NO_BIAS_OPS if not model.biases else NO_OPS)
-    attention = add_ops(structure_ops(model, windowed), tuple(-n for n in mlp))  # and the norms
+    attention = add_ops(structure_ops(model, variant), tuple(-n for n in mlp))  # and the norms
     ops = add_ops((22, 22, 7), attention, tuple(mlps * (4 + n) for n in mlp),
                   tuple(routed * n for n in gate_ops(moe)), ROUTER_BIAS_OPS if moe.router_bias else NO_OPS)
     ops = add_ops(ops, RENORMALIZE_OPS) if moe.renormalize else ops
+    sigmoid = moe.score == "sigmoid"
+    ops = add_ops(ops, SIGMOID_NORM_OPS) if sigmoid and moe.top_k > 1 else ops
+    ops = add_ops(ops, SIGMOID_NORM_OPS) if sigmoid and moe.balance_loss else ops
     ops = add_ops(ops, BALANCE_OPS) if moe.balance_loss else ops
     ops = add_ops(ops, Z_LOSS_OPS) if moe.z_loss_coeff else ops
     return add_ops(ops, BOTH_LOSSES_OPS) if moe.balance_loss and moe.z_loss_coeff else ops
@@ -108,5 +121,6 @@ def executor_moe_block_ops(model: ModelConfig, opts: LayerOptions, windowed: boo
 
 __all__ = ["BALANCE_OPS", "BOTH_LOSSES_OPS", "EMBED_ROPE_OPS", "EXPERT_GATED_OPS", "EXPERT_NO_BIAS_OPS", "GATE_OPS",
            "GPT_BLOCK_OPS", "HEAD_RMSNORM_OPS", "MLP_LAYER_OPS", "NO_OPS", "RENORMALIZE_OPS", "ROUTER_BIAS_OPS",
+           "SIGMOID_NORM_OPS",
            "STRUCTURE_OPS", "Z_LOSS_OPS", "add_ops", "executor_block_ops", "executor_moe_block_ops", "gate_ops",
            "structure_ops"]

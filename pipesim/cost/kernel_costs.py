@@ -12,10 +12,11 @@ named GEMM's seconds, which the tensor-parallel collectives of a fused backward 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 from pipesim.cost.device_profiles import fp8_profile_of, profile_of
+from pipesim.cost.stage_layers import variant_options
 from pipesim.device.fp8_rates import QUANTIZED, check_fp8_recipe
 from pipesim.device.gemm import gemm_time
 from pipesim.device.kernels import flash_attention_time, memory_bound_time
@@ -240,9 +241,9 @@ class StageSeconds:
 def gpt_stage_seconds(model: ModelConfig, b: int, layers: int, opts: LayerOptions, *, first: bool, last: bool,
                       fused: bool, family: str, kernels: KernelFigures | None = None,
                       grad_fusion: bool = True, grad_bytes: int = 0, moe_layers: int = 0,
-                      ce_fusion: str = "unfused", windowed: tuple[int, int] = (0, 0)) -> StageSeconds:
-    """Embedding (first stage), `layers` layers (`moe_layers` of them with experts; `windowed`: of the dense and of the
-    MoE ones, those attending over the model's sliding window), head + cross-entropy and the
+                      ce_fusion: str = "unfused", variant: tuple[int, int] = (0, 0)) -> StageSeconds:
+    """Embedding (first stage), `layers` layers (`moe_layers` of them with experts; `variant`: of the dense and of the
+    MoE ones, the model's variant layers: windowed or NoPE, pipesim.cost.stage_layers), head + cross-entropy and the
     multi-token-prediction modules (last stage); each piece's gradients added into main_grad in its W, inside the
     wgrad GEMMs when `grad_fusion`."""
     total = [0.0, 0.0, 0.0]
@@ -252,14 +253,14 @@ def gpt_stage_seconds(model: ModelConfig, b: int, layers: int, opts: LayerOption
     pieces = []
     if first:
         pieces.append((embedding_seconds(model, b, opts, family, kernels, grad_fusion, grad_bytes), 1))
-    narrow = replace(opts, window=model.window_size)  # a windowed layer's
-    for moe, count, n_windowed in ((False, layers - moe_layers, windowed[0]), (True, moe_layers, windowed[1])):
-        if count > n_windowed:
+    other = variant_options(model, opts)  # a variant layer's
+    for moe, count, n_variant in ((False, layers - moe_layers, variant[0]), (True, moe_layers, variant[1])):
+        if count > n_variant:
             pieces.append((layer_seconds(model, b, opts, fused, family, kernels, grad_fusion, grad_bytes, moe=moe),
-                           count - n_windowed))
-        if n_windowed:
-            pieces.append((layer_seconds(model, b, narrow, fused, family, kernels, grad_fusion, grad_bytes, moe=moe),
-                           n_windowed))
+                           count - n_variant))
+        if n_variant:
+            pieces.append((layer_seconds(model, b, other, fused, family, kernels, grad_fusion, grad_bytes, moe=moe),
+                           n_variant))
     if last:
         pieces.append((head_seconds(model, b, opts, family, kernels, grad_fusion, grad_bytes, ce_fusion), 1))
     for k in range(model.mtp_layers if last else 0):  # each module: its own kernels, a block, the head again

@@ -22,7 +22,7 @@ from pipesim.cost.host_issue import NO_HOST_ISSUE, stage_host_issue
 from pipesim.cost.kernel_costs import StageSeconds, gpt_stage_seconds, mlp_stage_seconds
 from pipesim.cost.muon_step import MuonStage, muon_stage
 from pipesim.cost.shared_overlap import beside_exchanges, check_shared_overlap, shared_seconds
-from pipesim.cost.stage_layers import moe_layers_per_stage, windowed_per_stage
+from pipesim.cost.stage_layers import moe_layers_per_stage, variant_per_stage
 from pipesim.cost.stage_work import Work, gpt_stage_work, mlp_stage_work
 from pipesim.cost.step_costs import StepCosts, ring_exchanges, step_costs
 from pipesim.cost.table import CostTable, StageCosts
@@ -129,11 +129,11 @@ def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hard
         check_shared_overlap(model, hw, opts)
     split = split_layers(model.layers, num_stages, layer_split)
     moe_counts = moe_layers_per_stage(model, split)
-    windowed = windowed_per_stage(model, split) if opts is not None else [(0, 0)] * num_stages
+    variant = variant_per_stage(model, split) if opts is not None else [(0, 0)] * num_stages
     # per stage: (its layers --first-last-layers-bf16 keeps in bf16, of them with experts); the FP8 parts are the rest
     bf16 = _bf16_layers_per_stage(model, split, job)
-    if model.window_size is not None:  # windowed layers are timed kernel by kernel, all in the one part
-        _check_windowed(model, hw, bf16)
+    if model.window_size is not None or model.nope_every:  # variant layers: kernel by kernel, all in the one part
+        _check_variant(model, hw, bf16)
     bf16_opts = job.bf16_layer_options(model) if any(k for k, _ in bf16) else None
     fp8_split = [n - k for n, (k, _) in zip(split, bf16, strict=True)]
     fp8_moe = [m - km for m, (_, km) in zip(moe_counts, bf16, strict=True)]
@@ -173,11 +173,11 @@ def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hard
                 part = mlp_stage_work(model, b, n, tp, first=s == 0)
             else:
                 part = gpt_stage_work(model, b, n, first=s == 0 and ends, last=last and ends, opts=part_opts,
-                                      moe_layers=moe, executor_ops=hw.host is not None, windowed=windowed[s])
+                                      moe_layers=moe, executor_ops=hw.host is not None, variant=variant[s])
             part_timed = _kernel_seconds(model, b, n, hw, part_opts, tp, first=s == 0 and ends, last=last and ends,
                                          fused=kernels.fusion, grad_fusion=kernels.grad_accum_fusion,
                                          grad_bytes=grad_bytes, moe_layers=moe, ce_fusion=kernels.cross_entropy,
-                                         windowed=windowed[s])
+                                         variant=variant[s])
             parts.append((part, part_timed, recipe if part_opts is opts else None))
         for part, part_timed, part_recipe in parts:  # each part's collectives hide behind its own GEMMs
             for key, colls in stage_tp_collectives(s, part, part_timed, part_recipe, kernels, model.dtype, hw).items():
@@ -278,14 +278,17 @@ def _step(counts: list[int], job: Job, *, hw: Hardware, precision: str, loss_sca
                       fp8_per_stage=fp8_params, fp8_experts_per_stage=fp8_experts, muon_stages=muon)
 
 
-def _check_windowed(model: ModelConfig, hw: Hardware, bf16: list[tuple[int, int]]) -> None:
-    """A model with sliding-window layers: timed kernel by kernel (a GPU preset) or as the executor runs them on a
-    calibrated CPU host (its masked SDPA: the whole square, pipesim.cost.stage_work), its layers in one precision."""
+def _check_variant(model: ModelConfig, hw: Hardware, bf16: list[tuple[int, int]]) -> None:
+    """A model with sliding-window or NoPE layers: timed kernel by kernel (a GPU preset) or as the executor runs them
+    on a calibrated CPU host (its masked SDPA: the whole square, pipesim.cost.stage_work), its layers in one
+    precision."""
+    what, verb = ("sliding-window attention", "is") if model.window_size is not None else \
+        ("NoPE layers (nope_every)", "are")
     if not hw.device.family and hw.host is None:
-        raise PipesimError(f"sliding-window attention is timed kernel by kernel or on a calibrated CPU host: {hw.name} "
-                           "has neither a GPU device family nor a [host] (use a GPU preset or local-cpu)")
+        raise PipesimError(f"{what} {verb} timed kernel by kernel or on a calibrated CPU host: {hw.name} has neither a "
+                           "GPU device family nor a [host] (use a GPU preset or local-cpu)")
     if any(k for k, _ in bf16):
-        raise PipesimError("--first-last-layers-bf16 with sliding-window attention is not modelled")
+        raise PipesimError(f"--first-last-layers-bf16 with {what} is not modelled")
 
 
 def _bf16_layers_per_stage(model: ModelConfig, split: list[int], job: Job) -> list[tuple[int, int]]:
@@ -324,7 +327,7 @@ def _add_exchanges(out: dict, stage: int, model: ModelConfig, b: int, opts: Laye
 def _kernel_seconds(model: ModelConfig, b: int, layers: int, hw: Hardware, opts: LayerOptions | None, tp: int, *,
                     first: bool, last: bool, fused: bool, grad_fusion: bool = True,
                     grad_bytes: int = 0, moe_layers: int = 0, ce_fusion: str = "unfused",
-                    windowed: tuple[int, int] = (0, 0)) -> StageSeconds | None:
+                    variant: tuple[int, int] = (0, 0)) -> StageSeconds | None:
     """The stage's kernel seconds on the hardware's device family; None without one (the roofline path)."""
     family = hw.device.family
     if not family:
@@ -333,7 +336,7 @@ def _kernel_seconds(model: ModelConfig, b: int, layers: int, hw: Hardware, opts:
         return mlp_stage_seconds(model, b, layers, tp, first=first, family=family, kernels=hw.device.kernels)
     return gpt_stage_seconds(model, b, layers, opts, first=first, last=last, fused=fused, family=family,
                              kernels=hw.device.kernels, grad_fusion=grad_fusion, grad_bytes=grad_bytes,
-                             moe_layers=moe_layers, ce_fusion=ce_fusion, windowed=windowed)
+                             moe_layers=moe_layers, ce_fusion=ce_fusion, variant=variant)
 
 
 def _split_rerun(hw: Hardware, dtype: str, work: Work) -> float:

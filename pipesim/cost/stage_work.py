@@ -23,7 +23,7 @@ from pipesim.cost.executor_ops import (
     executor_block_ops,
     executor_moe_block_ops,
 )
-from pipesim.cost.stage_layers import moe_layers_per_stage, windowed_per_stage
+from pipesim.cost.stage_layers import moe_layers_per_stage, variant_options, variant_per_stage
 from pipesim.errors import PipesimError
 from pipesim.model.activations import (
     embedding_activation_bytes,
@@ -182,15 +182,15 @@ def _gpt_shaped(model: ModelConfig) -> ModelConfig:
     (GLM-4.5-Air: 96 heads of 128 over a 4096 hidden)."""
     heads = model.heads if model.hidden % model.heads == 0 else 1
     return replace(model, kv_heads=None, ffn_hidden=None, activation="gelu", norm="layernorm", biases=True,
-                   head_width=None, qk_norm=False, moe=None, mla=None, heads=heads)
+                   head_width=None, qk_norm=False, moe=None, mla=None, heads=heads, qk_l2_norm=False, nope_every=0)
 
 
 def gpt_stage_work(model: ModelConfig, b: int, layers: int, *, first: bool, last: bool, tp: int = 1,
                    opts: LayerOptions | None = None, moe_layers: int = 0, executor_ops: bool = False,
-                   windowed: tuple[int, int] | None = None) -> Work:
-    """Embedding (first stage), `layers` blocks (`moe_layers` of them with experts; `windowed`: how many of the dense
-    and of the MoE ones attend over the model's sliding window, `windowed_per_stage`), final norm + LM head + loss
-    (last stage).
+                   variant: tuple[int, int] | None = None) -> Work:
+    """Embedding (first stage), `layers` blocks (`moe_layers` of them with experts; `variant`: how many of the dense
+    and of the MoE ones are the model's variant layers, windowed or NoPE, `variant_per_stage`), final norm + LM head +
+    loss (last stage).
 
     FLOPs (with recomputation in I), stash, parameters and tp collectives from pipesim/model/ under
     `opts` (default: tp only). Memory traffic: the estimate the CPU timing was fitted with (weights
@@ -225,16 +225,16 @@ def gpt_stage_work(model: ModelConfig, b: int, layers: int, *, first: bool, last
             core = ("recompute softmax", "recompute softmax dropout")  # the eager core's; counted in CORE_OPS
             others = sum(k.startswith("recompute ") and k not in core for k in ew)  # other modules' ops
             rerun_ops = (CORE_OPS if opts.recomputes("core_attn") else 0) + others
-        wd, wm = _windowed(model, windowed)
-        for moe, count, n_windowed in ((False, layers - moe_layers, wd), (True, moe_layers, wm)):
+        wd, wm = _variant(model, variant)
+        for moe, count, n_variant in ((False, layers - moe_layers, wd), (True, moe_layers, wm)):
             if not count:
                 continue
             flops = moe_layer_flops(model, b, opts) if moe else layer_flops(model, b, opts)
-            band = flops  # the windowed layers': their attention core over the band (pipesim.model.flops)
+            band = flops  # the variant layers': a windowed one's attention core over the band (pipesim.model.flops)
             # the executor on a CPU host masks the square (executor.transformer.attention_core): no FLOP saved there
-            if n_windowed and not executor_ops:
-                narrow = replace(opts, window=model.window_size)
-                band = moe_layer_flops(model, b, narrow) if moe else layer_flops(model, b, narrow)
+            if n_variant and not executor_ops:
+                other = variant_options(model, opts)
+                band = moe_layer_flops(model, b, other) if moe else layer_flops(model, b, other)
             stash = layer_activation_bytes(model, b, opts, moe=moe)
             params = block_params(model, tp)
             if moe:
@@ -244,21 +244,21 @@ def gpt_stage_work(model: ModelConfig, b: int, layers: int, *, first: bool, last
             fwd_colls = [c for c in tp_colls if c.phase == "F"]
             bwd_colls = [c for c in tp_colls if c.phase != "F"]
             exchanges = ep_layer_exchanges(model, b, opts) if moe else []
-            block_ops = {}  # windowed or not -> (F, I, W) ops, I with the re-run forward's
-            for windowed_here in {k < n_windowed for k in range(count)}:
+            block_ops = {}  # a variant layer or not -> (F, I, W) ops, I with the re-run forward's
+            for variant_here in {k < n_variant for k in range(count)}:
                 if executor_ops:
-                    ops = executor_moe_block_ops(model, opts, windowed_here) if moe else \
-                        executor_block_ops(model, windowed_here)
+                    ops = executor_moe_block_ops(model, opts, variant_here) if moe else \
+                        executor_block_ops(model, variant_here)
                 else:
                     ops = GPT_BLOCK_OPS
                 again = ops[0] if opts.recompute == "full" else rerun_ops  # full: the block's forward, re-run
-                block_ops[windowed_here] = (ops[0], ops[1] + again, ops[2])
+                block_ops[variant_here] = (ops[0], ops[1] + again, ops[2])
             for k in range(count):
-                f = band if k < n_windowed else flops
+                f = band if k < n_variant else flops
                 work.add(f.F, f.I, f.W, moved=(traffic, traffic + rerun if rerun else traffic, traffic),
-                         act=stash, params=params, ops=block_ops[k < n_windowed])
+                         act=stash, params=params, ops=block_ops[k < n_variant])
                 if opts.recompute == "full":
-                    for key, value in (("flops", f.F), ("moved", rerun), ("ops", block_ops[k < n_windowed][0])):
+                    for key, value in (("flops", f.F), ("moved", rerun), ("ops", block_ops[k < n_variant][0])):
                         work.split_rerun[key] += value
                 _add_forward(work, fwd_colls)
                 _add_backward(work, bwd_colls)
@@ -336,25 +336,25 @@ def stage_work(model: ModelConfig, num_stages: int, m: int) -> list[tuple[FIW, F
     b = model.batch // m
     out = []
     split = split_layers(model.layers, num_stages)
-    windowed = windowed_per_stage(model, split) if model.kind == "gpt" else [(0, 0)] * len(split)
+    variant = variant_per_stage(model, split) if model.kind == "gpt" else [(0, 0)] * len(split)
     for s, (layers, moe) in enumerate(zip(split, moe_layers_per_stage(model, split), strict=True)):
         if model.kind == "mlp":
             work = mlp_stage_work(model, b, layers, first=s == 0)
         else:
             work = gpt_stage_work(model, b, layers, first=s == 0, last=s == num_stages - 1, moe_layers=moe,
-                                  executor_ops=True, windowed=windowed[s])
+                                  executor_ops=True, variant=variant[s])
         out.append(tuple(tuple(part[k] for k in "FIW") for part in (work.flops, work.moved, work.ops)))
     return out
 
 
-def _windowed(model: ModelConfig, windowed: tuple[int, int] | None) -> tuple[int, int]:
-    """A stage's (windowed dense, windowed MoE) layers as given; a model with a sliding window must say them."""
-    if windowed is None:
-        if model.window_size is not None:
-            raise PipesimError("a model with sliding-window layers needs each stage's windowed layers "
-                               "(windowed_per_stage)")
+def _variant(model: ModelConfig, variant: tuple[int, int] | None) -> tuple[int, int]:
+    """A stage's (variant dense, variant MoE) layers as given; a model with windowed or NoPE layers must say them."""
+    if variant is None:
+        if model.window_size is not None or model.nope_every:
+            raise PipesimError("a model with sliding-window or NoPE layers needs each stage's variant layers "
+                               "(variant_per_stage)")
         return 0, 0
-    return windowed
+    return variant
 
 
 def stage_flops(model: ModelConfig, num_stages: int, m: int) -> list[FIW]:

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, fields
 from pipesim.errors import PipesimError
 from pipesim.model.attention_window import SlidingWindow
 from pipesim.model.latent_attention import LatentAttention
+from pipesim.model.llama4_attention import check_llama4_attention, nope_layers
 from pipesim.model.moe import MoeConfig
 from pipesim.model.rotary import BUILT as ROTARY_BUILT
 from pipesim.model.rotary import Rotary
@@ -28,11 +29,13 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 ACTIVATIONS = ("gelu", "swiglu", "relu2")
 NORMS = ("layernorm", "rmsnorm")
 POSITIONS = ("learned", "rope")  # a learned (seq x hidden) table, or rotary embeddings (no parameters)
-MOE_GLU_FIELDS = ("glu_alpha", "glu_offset")  # MoeConfig's, left out of to_dict at their defaults
+# MoeConfig's fields left out of to_dict at their defaults (older files read the same)
+MOE_GLU_FIELDS = ("glu_alpha", "glu_offset", "score", "input_probs")
 MOE_GLU_DEFAULTS = {f.name: f.default for f in fields(MoeConfig) if f.name in MOE_GLU_FIELDS}
 STRUCTURE_FIELDS = ("kv_heads", "ffn_hidden", "activation", "norm", "dropout", "biases", "positions",
                     "tied_embeddings", "moe", "mla", "mtp_layers", "head_width", "qk_norm", "window",
-                    "attention_sinks", "rope_mscale", "rotary", "norm_eps", "qkv_bias")  # left out of to_dict at their
+                    "attention_sinks", "rope_mscale", "rotary", "norm_eps", "qkv_bias", "qk_l2_norm",
+                    "nope_every", "attention_chunk")  # left out of to_dict at their
 # defaults
 
 MAX_LAYERS = 1 << 16  # layers of one model: far above any published one, a step costed in well under a second
@@ -79,6 +82,13 @@ class ModelConfig:
     # biases on the QKV projection alone (Megatron-LM's --add-qkv-bias, Qwen2's q/k/v_proj), the other linears
     # bias-free; `biases` puts one there already, so with it this is stored False (one model, one spelling)
     qkv_bias: bool = False
+    # Llama 4's attention (pipesim.model.llama4_attention): a weightless L2 norm on every query and key head
+    # (Megatron-core's --qk-l2-norm), layer l without rotary embedding when (l + 1) % nope_every == 0 (its
+    # --no-rope-freq; 0: none), chunked attention over chunks of attention_chunk tokens (None: none; modelled up to
+    # the chunk, where it is causal attention)
+    qk_l2_norm: bool = False
+    nope_every: int = 0
+    attention_chunk: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.moe, dict):  # from to_dict / JSON
@@ -201,6 +211,7 @@ class ModelConfig:
             raise PipesimError("multi-token prediction (mtp_layers) with learned positions: Megatron-core supports "
                                "rope only")
         self._check_window()
+        check_llama4_attention(self)
 
     def _check_window(self) -> None:
         """Sliding windows and sinks: a standard transformer's attention (not latent attention's, not with
@@ -220,6 +231,10 @@ class ModelConfig:
         """How many of layers start .. start + n - 1 attend over a window shorter than the sequence (0 without one:
         a window at least as long as the sequence is full attention)."""
         return 0 if self.window_size is None else self.window.windowed_layers(start, n)
+
+    def nope_layers(self, start: int, n: int) -> int:
+        """How many of layers start .. start + n - 1 take no rotary embedding (`nope_every`; 0 without)."""
+        return nope_layers(self.nope_every, start, n)
 
     @property
     def window_size(self) -> int | None:
@@ -303,7 +318,7 @@ class ModelConfig:
         for f in fields(self):
             if f.name in STRUCTURE_FIELDS and data[f.name] == f.default:
                 del data[f.name]
-        if data.get("moe") is not None:  # the experts' gate shape, likewise (MoeConfig's defaults: SwiGLU's)
+        if data.get("moe") is not None:  # the experts' gate shape and routing, likewise (MoeConfig's defaults)
             for name in MOE_GLU_FIELDS:
                 if data["moe"][name] == MOE_GLU_DEFAULTS[name]:
                     del data["moe"][name]

@@ -8,7 +8,8 @@ values against tokens x h). Flash attention's softmax lives inside its kernel (c
 attention adds an RMSNorm on each latent, rotates only the rope parts (the queries' and the one shared rotary key per
 token), and assembles Q, K and V out of the up projections' outputs (pipesim.model.latent_attention). QK-norm
 (`ModelConfig.qk_norm`, Qwen3) is a norm over head_dim on every query and every key head: one op on the queries and one
-on the keys, costed as the other norms on their elements.
+on the keys, costed as the other norms on their elements; Llama 4's weightless L2 norm (`qk_l2_norm`) moves the same
+bytes (pipesim.model.llama4_attention), and its NoPE layers (LayerOptions.nope) rotate nothing.
 """
 
 from __future__ import annotations
@@ -20,6 +21,11 @@ from pipesim.model.config import ModelConfig
 from pipesim.model.latent_layer import assembly_bytes, check_latent, rope_elements
 from pipesim.model.op_recompute import OP
 from pipesim.model.options import LayerOptions
+
+
+def qk_norm_name(model: ModelConfig) -> str:
+    """The QK-norm's kind in its ops' names: the model's norm (qk_norm) or "L2 norm" (qk_l2_norm)."""
+    return "L2 norm" if model.qk_l2_norm else "RMSNorm" if model.norm == "rmsnorm" else "LayerNorm"
 
 
 @dataclass(frozen=True)
@@ -83,11 +89,11 @@ def layer_elementwise_bytes(model: ModelConfig, b: int, opts: LayerOptions) -> E
         op("RoPE on Q and K", 2 * qk * d, 2 * qk * d)
         op("Q, K, V assembly", assembly_bytes(model, b, opts), assembly_bytes(model, b, opts))
     else:
-        if model.qk_norm:  # over head_dim, on the rank's query heads and its key heads
+        if model.qk_norm or model.qk_l2_norm:  # over head_dim, on the rank's query heads and its key heads
             for name, width in (("Q", model.attention_width), ("K", model.kv_width)):
                 n = tokens * width // t
-                op(f"{name} head {norm}", 2 * n * d, 3 * n * d)
-        if model.positions == "rope":
+                op(f"{name} head {qk_norm_name(model)}", 2 * n * d, 3 * n * d)
+        if model.positions == "rope" and not opts.nope:  # a NoPE layer rotates nothing
             qk = tokens * (model.attention_width + model.kv_width) // t
             op("RoPE on Q and K", 2 * qk * d, 2 * qk * d)
     if opts.attention == "eager":
@@ -132,4 +138,4 @@ def _module_ops(model: ModelConfig, opts: LayerOptions, ops: list[str], norm: st
     return [name for name in ops if name in names]
 
 
-__all__ = ["ElementwiseBytes", "layer_elementwise_bytes"]
+__all__ = ["ElementwiseBytes", "layer_elementwise_bytes", "qk_norm_name"]

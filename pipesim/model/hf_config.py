@@ -9,7 +9,12 @@ attention_bias / mlp_bias (default false), attention_dropout (default 0: no drop
 embeddings are rotary (Llama's). Every other key is checked by `pipesim.model.hf_keys`: one that changes nothing
 pipesim models is ignored (and listed), one that would change the model (experts, latent attention, a
 sliding window shorter than the sequence, ...) refuses the file. The bundled configs
-(pipesim/model/configs/) load by name: `llama3-405b`, `mixtral-8x7b`, `qwen3-30b-a3b`, `qwen3-235b-a22b`, `kimi-k2`.
+(pipesim/model/configs/) load by name: `llama3-405b`, `mixtral-8x7b`, `qwen3-30b-a3b`, `qwen3-235b-a22b`, `kimi-k2`,
+`llama4-scout-17b-16e`, `llama4-maverick-17b-128e`, ...
+
+A "llama4_text" file (Llama4ForCausalLM), or a "llama4" one's text_config (Llama 4's repositories:
+Llama4ForConditionalGeneration, its vision encoder ignored and listed), is read by pipesim.model.hf_llama4:
+interleaved experts with a shared one, NoPE layers, the L2 QK-norm and chunked attention.
 
 A "mixtral" file is Llama's layer with every MLP a mixture of experts (transformers' MixtralSparseMoeBlock):
 `num_local_experts` experts (default 8, as MixtralConfig), `num_experts_per_tok` of them per token (default 2),
@@ -61,6 +66,7 @@ from pipesim.model.config import DTYPE_BYTES, ModelConfig
 from pipesim.model.hf_deepseek import deepseek_attention, deepseek_experts, glm4_moe_fields, mtp_modules
 from pipesim.model.hf_gpt_oss import GPT_OSS_DEFAULTS, gpt_oss_experts, read_window
 from pipesim.model.hf_keys import KeyReport, check_keys, code_type, count_field, positive_field, required_field
+from pipesim.model.hf_llama4 import llama4_fields, unwrap_llama4
 from pipesim.model.hf_rope import yarn_attention_factor
 from pipesim.model.moe import MoeConfig
 from pipesim.model.rotary import rotary_from_config
@@ -72,11 +78,13 @@ GATED_ACTS = ("silu", "swish")  # a gated MLP: act(gate) * up, then down
 PLAIN_ACTS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast")
 SQUARED_RELU = ("relu2",)  # Nemotron-4's relu(x)^2 between two matrices (transformers' ACT2FN "relu2")
 # model types whose MLP is gated whatever hidden_act says (Mixtral's experts too: `_mixtral_experts`)
-GATED_TYPES = ("llama", "mistral", "deepseek_v3", "qwen2", "qwen3", "qwen3_moe", "gpt_oss", "glm4_moe")
+GATED_TYPES = ("llama", "mistral", "deepseek_v3", "qwen2", "qwen3", "qwen3_moe", "gpt_oss", "glm4_moe",
+               "llama4_text")
 MIXTRAL_DEFAULTS = {"num_local_experts": 8, "num_experts_per_tok": 2}  # transformers' MixtralConfig defaults
 QWEN3_TYPES = ("qwen3", "qwen3_moe")  # Llama's layer with QK-norm and an explicit head_dim
 QKV_BIAS_TYPES = ("qwen2",)  # Llama's layer with biases on q, k and v_proj alone (ModelConfig.qkv_bias)
-OWN_HEAD_TYPES = (*QWEN3_TYPES, "gpt_oss", "glm4_moe")  # heads of head_dim whatever hidden_size / heads is
+# heads of head_dim whatever hidden_size / heads is
+OWN_HEAD_TYPES = (*QWEN3_TYPES, "gpt_oss", "glm4_moe", "llama4_text")
 QWEN3_MOE_DEFAULTS = {"num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768,
                       "decoder_sparse_step": 1}  # transformers' Qwen3MoeConfig defaults
 
@@ -130,6 +138,7 @@ def model_from_hf(cfg: dict, *, where: str, seq: int | None = None, batch: int =
     seq: training sequence length (default max_position_embeddings; longer is refused). dtype:
     default the file's torch_dtype (one pipesim does not model is refused), bfloat16 when it names none.
     """
+    cfg = unwrap_llama4(cfg, where)[0]  # a Llama 4 file's language model (pipesim.model.hf_llama4)
     for name in REQUIRED:
         required_field(cfg, name, where)
     sizes = {name: positive_field(cfg, name, where) for name in REQUIRED}
@@ -205,6 +214,11 @@ def model_from_hf(cfg: dict, *, where: str, seq: int | None = None, batch: int =
                            "are bias-free")
     if kind == "qwen3_moe":
         moe = _qwen3_experts(cfg, sizes["num_hidden_layers"], where)
+    if kind == "llama4_text":
+        llama4 = llama4_fields(cfg, sizes["num_hidden_layers"], where)
+        moe, head_width, sizes["intermediate_size"] = llama4.pop("moe"), llama4.pop("head_width"), \
+            llama4.pop("ffn_hidden")
+        structure = {**structure, **llama4}
     if kind == "gpt_oss":
         head_width = positive_field(cfg, "head_dim", where)
         moe = gpt_oss_experts(cfg, sizes["intermediate_size"], router_loss=_hf_router_loss(cfg, where), where=where)
@@ -308,9 +322,11 @@ def _qwen3_experts(cfg: dict, layers: int, where: str) -> MoeConfig | None:
 def hf_key_report(name_or_path: str | Path, *, seq: int | None = None) -> KeyReport:
     """The keys of `--model-config`'s file that pipesim reads and those it ignores (for `--json`)."""
     path = resolve_model_config(name_or_path)
-    cfg = read_hf_config(path)
+    cfg, wrapper_read, wrapper_ignored = unwrap_llama4(read_hf_config(path), str(path))
     max_seq = cfg.get("max_position_embeddings")
-    return check_keys(cfg, where=str(path), seq=seq if seq is not None else max_seq if isinstance(max_seq, int) else 0)
+    seq = seq if seq is not None else max_seq if isinstance(max_seq, int) else 0
+    report = check_keys(cfg, where=str(path), seq=seq)
+    return KeyReport(wrapper_read + report.read, wrapper_ignored + report.ignored)
 
 
 def load_hf_config(name_or_path: str | Path, *, seq: int | None = None, batch: int = ModelConfig.batch,

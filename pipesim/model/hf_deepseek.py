@@ -4,8 +4,8 @@ pipesim.model.hf_keys.TYPE_ALIASES) and a "glm4_moe" file's experts and multi-to
 DeepSeek (transformers' models/deepseek_v3): latent attention's widths (`deepseek_attention`) and DeepseekV3MoE's
 layout (`deepseek_experts`): n_routed_experts experts of width moe_intermediate_size, num_experts_per_tok per token,
 n_shared_experts shared ones of that width (one MLP of n_shared x moe_intermediate_size, as DeepSeek builds them),
-the first first_k_dense_replace layers dense, and with topk_method "noaux_tc" the router's per-expert
-e_score_correction_bias.
+the first first_k_dense_replace layers dense, the router's scores its scoring_func's (MoeConfig.score: V3's sigmoid,
+V2's softmax), and with topk_method "noaux_tc" the router's per-expert e_score_correction_bias.
 
 GLM-4.5 (transformers' models/glm4_moe/modeling_glm4_moe.py, Glm4MoeAttention, Glm4MoeMoE, Glm4MoeDecoderLayer):
 Llama's grouped-query attention with heads of `head_dim`, biases on q, k and v alone (`attention_bias`; o_proj is
@@ -58,6 +58,7 @@ def deepseek_experts(cfg: dict, where: str, *, routing_bias: bool | None = None)
     if type(freq) is not int or freq != 1:
         raise PipesimError(f"{where}: field 'moe_layer_freq' {freq!r}: DeepSeek places experts on layers l with "
                            "l % freq == 0, pipesim's every on (l + 1) % every == 0; pipesim reads 1 only")
+    scores = "sigmoid"  # GLM-4.5's router (Glm4MoeTopkRouter), and DeepSeek-V3's scoring_func
     if routing_bias is None:
         method = required_field(cfg, "topk_method", where)
         if not isinstance(method, str) or method not in DEEPSEEK_ROUTING:
@@ -72,7 +73,7 @@ def deepseek_experts(cfg: dict, where: str, *, routing_bias: bool | None = None)
         raise PipesimError(f"{where}: field 'num_experts_per_tok' {top_k} is more than n_routed_experts {experts}")
     groups, group_topk = _groups(cfg, experts, top_k, where)
     return MoeConfig(experts=experts, top_k=top_k, expert_ffn=width, shared_experts=shared, dense_layers=dense,
-                     expert_bias=routing_bias, groups=groups, group_topk=group_topk)
+                     expert_bias=routing_bias, groups=groups, group_topk=group_topk, score=scores)
 
 
 def _groups(cfg: dict, experts: int, top_k: int, where: str) -> tuple[int, int | None]:

@@ -74,7 +74,7 @@ TYPE_MODELED = {"mixtral": ("num_local_experts", "num_experts_per_tok", "router_
                 "deepseek_v3": ("n_routed_experts", "num_experts_per_tok", "moe_intermediate_size", "n_shared_experts",
                                 "first_k_dense_replace", "moe_layer_freq", "topk_method", "q_lora_rank", "kv_lora_rank",
                                 "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "num_nextn_predict_layers",
-                                "n_group", "topk_group"),
+                                "n_group", "topk_group", "scoring_func"),
                 "qwen3_moe": ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step",
                               "mlp_only_layers", "norm_topk_prob", "router_aux_loss_coef", "output_router_logits"),
                 # Nemotron-4 (transformers' NemotronConfig): its LayerNorm's epsilon names the norm's kind
@@ -88,15 +88,19 @@ TYPE_MODELED = {"mixtral": ("num_local_experts", "num_experts_per_tok", "router_
                 # GLM-4.5: DeepSeek-V3's experts and MTP modules, QK-norm (pipesim.model.hf_deepseek)
                 "glm4_moe": ("n_routed_experts", "num_experts_per_tok", "moe_intermediate_size", "n_shared_experts",
                              "first_k_dense_replace", "n_group", "topk_group", "num_nextn_predict_layers",
-                             "use_qk_norm")}
+                             "use_qk_norm"),
+                # Llama 4's language model: interleaved experts with a shared one, NoPE layers, the L2 QK-norm,
+                # chunked attention (pipesim.model.hf_llama4)
+                "llama4_text": ("num_local_experts", "num_experts_per_tok", "interleave_moe_layer_step", "moe_layers",
+                                "intermediate_size_mlp", "use_qk_norm", "no_rope_layers", "no_rope_layer_interval",
+                                "attention_chunk_size", "layer_types")}
 # change nothing pipesim counts in that model type (Mixtral's and Qwen3-MoE's own router loss, router_aux_loss_coef
 # under output_router_logits, is read: MoeConfig.hf_router_loss, which the executor refuses)
 TYPE_NO_EFFECT = {# DeepSeek-V3's router: the sequence-wise balance loss (aux_loss_alpha, seq_aux) is a few FLOPs per
-                  # token on scores the router made; sigmoid or softmax scores (scoring_func, checked), the
-                  # scaling of the k weights (routed_scaling_factor, norm_topk_prob) cost what the softmax top-k
-                  # costs; ep_size is its inference code's expert placement (training's is --ep)
-                  "deepseek_v3": ("aux_loss_alpha", "seq_aux", "scoring_func", "routed_scaling_factor",
-                                  "norm_topk_prob", "ep_size"),
+                  # token on scores the router made; the scaling of the k weights (routed_scaling_factor,
+                  # norm_topk_prob) costs what the top-k costs; ep_size is its inference code's expert placement
+                  # (training's is --ep)
+                  "deepseek_v3": ("aux_loss_alpha", "seq_aux", "routed_scaling_factor", "norm_topk_prob", "ep_size"),
                   # rotary embeddings on part of each head: Megatron applies them to that part and concatenates the
                   # rest back, the same tensors read and written as a whole-head rotation (the executor builds it:
                   # pipesim.model.rotary)
@@ -105,11 +109,16 @@ TYPE_NO_EFFECT = {# DeepSeek-V3's router: the sequence-wise balance loss (aux_lo
                   "gpt_oss": ("initial_context_length",),
                   # GLM-4.5: the rotary share (as Nemotron's), the k weights' scaling and renormalisation (as
                   # DeepSeek-V3's router)
-                  "glm4_moe": ("partial_rotary_factor", "routed_scaling_factor", "norm_topk_prob")}
+                  "glm4_moe": ("partial_rotary_factor", "routed_scaling_factor", "norm_topk_prob"),
+                  # Llama 4: the NoPE layers' attention-temperature tuning, which Megatron-core does not run
+                  # (pipesim.model.hf_llama4); the router loss's coefficient, unused unless output_router_logits (off
+                  # when empty: refused when true); its quantization tooling's and inference cache's switches
+                  "llama4_text": ("attn_temperature_tuning", "floor_scale", "attn_scale", "router_aux_loss_coef",
+                                  "for_llm_compressor", "cache_implementation")}
 # decoders whose layers are nothing beyond MODELED and their TYPE_MODELED (Llama-style, DeepSeek-V3's, Qwen2's: Llama's
 # layer with biases on q, k and v alone, and Qwen3's: Llama's layer with QK-norm and an explicit head_dim)
 MODEL_TYPES = ("llama", "mistral", "mixtral", "deepseek_v3", "qwen2", "qwen3", "qwen3_moe", "nemotron", "gpt_oss",
-               "glm4_moe")
+               "glm4_moe", "llama4_text")
 # model types whose files run another type's code, read as that type: Moonshot AI's Kimi K2 "reuses the
 # DeepSeekV3CausalLM architecture" and names itself "kimi_k2" only so that inference engines can tell the two apart
 # (MoonshotAI/Kimi-K2 docs/deploy_guidance.md, which suggests model_type "deepseek_v3" for a framework that does not
@@ -121,6 +130,8 @@ MODEL_TYPES = ("llama", "mistral", "mixtral", "deepseek_v3", "qwen2", "qwen3", "
 # file's own keys (scoring_func, topk_method: V2's greedy and group_limited_greedy carry no routing bias; no
 # num_nextn_predict_layers: no multi-token prediction)
 TYPE_ALIASES = {"kimi_k2": "deepseek_v3", "deepseek_v2": "deepseek_v3"}
+# files whose language model is a sub-config, read as it (Llama 4's "llama4": its text_config, pipesim.model.hf_llama4)
+WRAPPER_TYPES = ("llama4",)
 
 
 def positive_field(cfg: dict, name: str, where: str) -> int:
@@ -152,7 +163,8 @@ ARCHITECTURE_TYPES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistra
                       "DeepseekV3ForCausalLM": "deepseek_v3", "DeepseekV2ForCausalLM": "deepseek_v2",
                       "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwen3_moe",
                       "NemotronForCausalLM": "nemotron", "GptOssForCausalLM": "gpt_oss",
-                      "Glm4MoeForCausalLM": "glm4_moe"}
+                      "Glm4MoeForCausalLM": "glm4_moe", "Llama4ForCausalLM": "llama4_text",
+                      "Llama4ForConditionalGeneration": "llama4"}
 
 
 def code_type(cfg: dict) -> str | None:
@@ -208,7 +220,7 @@ def check_keys(cfg: dict, *, where: str, seq: int) -> KeyReport:
         else:
             changing[key] = "unknown to pipesim"
     if kind is not None and kind not in MODEL_TYPES:
-        changing["model_type"] = f"{kind!r}: pipesim models {', '.join((*MODEL_TYPES, *TYPE_ALIASES))}"
+        changing["model_type"] = f"{kind!r}: pipesim models {', '.join((*MODEL_TYPES, *TYPE_ALIASES, *WRAPPER_TYPES))}"
     if changing:
         why: dict[str, list[str]] = {}
         for key, what in changing.items():
@@ -220,5 +232,5 @@ def check_keys(cfg: dict, *, where: str, seq: int) -> KeyReport:
 
 
 __all__ = ["MODELED", "MODEL_TYPES", "NO_EFFECT", "OFF_WHEN_EMPTY", "ROTARY_SCALING", "TYPE_ALIASES", "TYPE_MODELED",
-           "count_field", "required_field",
+           "WRAPPER_TYPES", "count_field", "required_field",
            "TYPE_NO_EFFECT", "KeyReport", "check_keys", "code_type", "positive_field"]

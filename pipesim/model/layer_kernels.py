@@ -22,7 +22,7 @@ from pipesim.errors import PipesimError
 from pipesim.model.activations import MASK_BYTES
 from pipesim.model.config import ModelConfig
 from pipesim.model.cp_ring_kernels import cp_ring_bytes
-from pipesim.model.elementwise import ACTIVATION_OPS, ALL_ACTIVATION_OPS, layer_elementwise_bytes
+from pipesim.model.elementwise import ACTIVATION_OPS, ALL_ACTIVATION_OPS, layer_elementwise_bytes, qk_norm_name
 from pipesim.model.grouped_mlp_extras import expert_extras
 from pipesim.model.kernel_types import (
     FlashAttention,
@@ -146,12 +146,13 @@ def _elementwise(model: ModelConfig, b: int, opts: LayerOptions, fused: bool) ->
             op(name, ew.forward[name], ew.backward[name])
 
     from_ew(f"attention {norm}")
-    from_ew(f"Q head {norm}")  # QK-norm (ModelConfig.qk_norm): one kernel on the queries, one on the keys
-    from_ew(f"K head {norm}")
+    qk_kind = qk_norm_name(model)  # QK-norm (qk_norm, qk_l2_norm): one kernel on the queries, one on the keys
+    from_ew(f"Q head {qk_kind}")
+    from_ew(f"K head {qk_kind}")
     from_ew(f"Q latent {norm}")  # latent attention's latents' norms and its Q, K, V assembly (elementwise.py)
     from_ew(f"KV latent {norm}")
     from_ew("Q, K, V assembly")
-    if model.positions == "rope":
+    if model.positions == "rope" and not opts.nope:  # a NoPE layer (ModelConfig.nope_every) rotates nothing
         if fused and model.rope_mscale == 1.0:  # YaRN's attention factor: Megatron-core's RoPE unfused (hf_rope)
             from_ew("RoPE on Q and K")
         else:  # rotate_half (read, write), x cos, rot sin (read, write each), their sum (read 2, write)

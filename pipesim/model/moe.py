@@ -39,6 +39,7 @@ DROP_POLICIES = ("probs", "position")
 # Megatron-core's --moe-router-load-balancing-type choices pipesim's executor trains: the switch loss over a
 # microbatch's tokens, over each sequence's, or none (its global_aux_loss and sinkhorn are not run)
 BALANCE_TYPES = ("aux_loss", "seq_aux_loss", "none")
+SCORE_FUNCTIONS = ("softmax", "sigmoid")  # Megatron-core's --moe-router-score-function choices
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,13 @@ class MoeConfig:
     # a Hugging Face config's own router loss (router_aux_loss_coef under output_router_logits): one loss over every
     # layer's routing at once, k times Megatron-core's per layer; costs nothing counted, the executor refuses it
     hf_router_loss: float = 0.0
+    # the router's scores (Megatron-core's --moe-router-score-function): a softmax over the E logits, or each logit's
+    # sigmoid (DeepSeek-V3, Llama 4); the top k of them weight the chosen experts. The same kernels' bytes either way:
+    # no cost pipesim counts; the executor's router computes them
+    score: str = "softmax"
+    # the chosen expert's weight multiplies its input, not its output (Llama 4's Llama4TextMoe; Megatron-core's
+    # --moe-apply-probs-on-input, top-1 only): the same product on the same rows, no cost pipesim counts
+    input_probs: bool = False
 
     @property
     def balance_loss(self) -> bool:
@@ -137,6 +145,12 @@ class MoeConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
                 raise PipesimError(f"moe {name} must be a finite number >= 0, got {value!r}")
+        if self.score not in SCORE_FUNCTIONS:
+            raise PipesimError(f"moe score must be one of {', '.join(SCORE_FUNCTIONS)}, got {self.score!r}")
+        if not isinstance(self.input_probs, bool):
+            raise PipesimError(f"moe input_probs must be true or false, got {self.input_probs!r}")
+        if self.input_probs and self.top_k != 1:  # Megatron-core asserts it (experts.py)
+            raise PipesimError(f"moe input_probs (--moe-apply-probs-on-input) needs top_k 1, got {self.top_k}")
         if self.capacity_factor is not None and self.imbalance != 1.0:
             raise PipesimError("moe imbalance applies to dropless routing; with a capacity_factor the most-loaded "
                                "expert takes capacity_factor x the mean")
@@ -176,4 +190,4 @@ def group_node_limit(groups: int, group_topk: int, nodes: int) -> int | None:
     return group_topk * nodes // groups
 
 
-__all__ = ["BALANCE_TYPES", "DROP_POLICIES", "MOE_DISPATCHERS", "MoeConfig", "group_node_limit"]
+__all__ = ["BALANCE_TYPES", "DROP_POLICIES", "MOE_DISPATCHERS", "SCORE_FUNCTIONS", "MoeConfig", "group_node_limit"]

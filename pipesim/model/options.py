@@ -64,6 +64,8 @@ class LayerOptions:
     # the sliding window of the layer being costed (the model's window_size on its windowed layers, which the stage's
     # costs pick: pipesim.model.attention_window); None: full attention
     window: int | None = None
+    # the layer being costed is one of the model's NoPE layers (ModelConfig.nope_every): no RoPE kernel
+    nope: bool = False
     # Transformer Engine's linears (--transformer-impl transformer_engine): a biased QKV's bias in its GEMM's epilogue
     # and its gradient in the weight-gradient GEMM, not kernels of their own (pipesim.model.layer_kernels)
     te_linear: bool = False
@@ -121,6 +123,8 @@ class LayerOptions:
         if self.window is not None and self.window != model.window_size:
             raise PipesimError(f"a layer's window {self.window} is not the model's sliding window "
                                f"({model.window_size})")
+        if self.nope and not model.nope_every:
+            raise PipesimError("a NoPE layer's options for a model without NoPE layers (nope_every)")
         if model.window_size is not None and self.cp > 1:  # no windowed ring attention is modelled
             raise PipesimError(f"--cp {self.cp} with sliding-window attention (a window of {model.window_size} keys) "
                                "is not modelled: give --cp 1")

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from pipesim.cost.model_costs import precision_of
 from pipesim.cost.muon_step import muon_state_bytes
-from pipesim.cost.stage_layers import moe_layers_per_stage, windowed_per_stage
+from pipesim.cost.stage_layers import moe_layers_per_stage, variant_per_stage
 from pipesim.cost.stage_work import gpt_stage_work
 from pipesim.job import Job
 from pipesim.model.activations import stage_activation_bytes
@@ -113,11 +113,11 @@ def moe_chunk_params(model: ModelConfig, chunks: int, opts: LayerOptions,
     """A mixture-of-experts model's (parameters, of which the routed experts') per chunk on one rank, exactly as
     model_costs counts them (`gpt_stage_work`: each chunk's MoE layers, the experts sharded over ep and etp)."""
     split = split or split_layers(model.layers, chunks)
-    moe, windowed = moe_layers_per_stage(model, split), windowed_per_stage(model, split)
+    moe, variant = moe_layers_per_stage(model, split), variant_per_stage(model, split)
     out = []
     for s, n in enumerate(split):
         work = gpt_stage_work(model, 1, n, first=s == 0, last=s == chunks - 1, opts=opts, moe_layers=moe[s],
-                              windowed=windowed[s])
+                              variant=variant[s])
         out.append((round(work.param_count), round(work.expert_params)))
     return tuple(out)
 
