@@ -103,6 +103,10 @@ COSTLESS = {  # flag: why it changes no step time or memory anywhere it is accep
     "--rotary-base": "RoPE's frequencies, the same work (`pipesim run` builds them; pipesim.model.rotary)",
     "--use-rope-scaling": "as --rotary-base: Llama 3.x's scaled frequencies",
     "--rotary-seq-len-interpolation-factor": "as --rotary-base: linearly scaled frequencies",
+    "--moe-router-score-function": "the router's sigmoid or softmax over its logits: the same kernels' bytes, no "
+                                   "cost pipesim counts (`pipesim run`'s router computes it)",
+    "--moe-apply-probs-on-input": "the router's weight on the expert's input instead of its output: the same "
+                                  "product on the same rows (`pipesim run` applies it there)",
     "--rotary-percent": "on a GPU the RoPE kernel reads and writes every feature of the head, rotated or passed (a "
                         "config.json's partial_rotary_factor the same); a CPU host's executor ops change "
                         "(pipesim.cost.executor_ops 'partial_rope')",

@@ -13,7 +13,8 @@ import torch
 
 from executor.experts import MoeMLP
 from executor.transformer import Block
-from pipesim.cli import main
+from pipesim.cli import build_parser, main
+from pipesim.commands.common import model_config
 from pipesim.cost.kernel_costs import gpt_stage_seconds, layer_seconds
 from pipesim.cost.stage_layers import variant_per_stage
 from pipesim.errors import PipesimError
@@ -199,3 +200,60 @@ def test_a_scout_step_simulates_and_a_longer_sequence_is_one_line(capsys):
     assert main([*common, "--seq", "16384"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "chunked attention over --seq 16384" in err[0]
+
+
+# a Megatron-LM launch of Llama 4 Scout's language model (core_v0.15.3's flags), Meta's vocabulary unpadded
+SCOUT_MEGATRON = (
+    "--num-layers 48 --hidden-size 5120 --ffn-hidden-size 16384 --num-attention-heads 40 --group-query-attention "
+    "--num-query-groups 8 --kv-channels 128 --seq-length 8192 --max-position-embeddings 8192 --micro-batch-size 1 "
+    "--global-batch-size 64 --position-embedding-type rope --rotary-base 500000 --use-rope-scaling --no-rope-freq 4 "
+    "--qk-l2-norm --normalization RMSNorm --swiglu --disable-bias-linear --untie-embeddings-and-output-weights "
+    "--attention-dropout 0 --hidden-dropout 0 --num-experts 16 --moe-router-topk 1 --moe-ffn-hidden-size 8192 "
+    "--moe-shared-expert-intermediate-size 8192 --moe-router-score-function sigmoid --moe-apply-probs-on-input "
+    "--moe-grouped-gemm --moe-token-dispatcher-type alltoall --expert-model-parallel-size 16 "
+    "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 4 --use-distributed-optimizer "
+    "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1 --bf16 --vocab-size 202048 "
+    "--make-vocab-size-divisible-by 64 --use-flash-attn --train-iters 10 --lr 1e-4")
+SCOUT_LAYOUT = ["1f1b", "--stages", "4", "--batch", "64", "--microbatch-size", "1", "--dp", "16", "--ep", "16",
+                "--etp", "1", "--hardware", "dgx-h100", "--nodes", "8", "--zero", "1", "--recompute", "full",
+                "--attention", "flash", "--seq", "8192", "--framework", "megatron-core"]
+
+
+def _json(capsys, argv: list[str]) -> dict:
+    capsys.readouterr()
+    assert main([*argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_a_megatron_launch_of_scout_simulates_as_its_config_json(tmp_path, capsys):
+    """--qk-l2-norm, --no-rope-freq 4 and the router's --moe-router-score-function sigmoid and
+    --moe-apply-probs-on-input: the same step and parameters as --model-config llama4-scout-17b-16e."""
+    path = tmp_path / "scout.sh"
+    path.write_text(f"torchrun --nproc_per_node 8 --nnodes 8 pretrain_gpt.py {SCOUT_MEGATRON}\n")
+    mine = _json(capsys, ["simulate", "--from-megatron", str(path), "--hardware", "dgx-h100", "--nodes", "8"])
+    theirs = _json(capsys, ["simulate", "--model-config", "llama4-scout-17b-16e", *SCOUT_LAYOUT])
+    assert mine["step_time"] == theirs["step_time"]
+    assert mine["memory"]["param_bytes"] == theirs["memory"]["param_bytes"]
+
+
+def _model(argv: list[str]) -> ModelConfig:
+    return model_config(build_parser().parse_args(["simulate", "1f1b", *argv]))
+
+
+def test_megatrons_flags_for_llama4s_pieces():
+    gpt = ["--model", "gpt", "--layers", "8", "--hidden", "256", "--heads", "4", "--seq", "512", "--batch", "8",
+           "--position-embedding-type", "rope"]
+    assert _model([*gpt, "--no-rope-freq", "([0]*3+[1])*2", "--qk-l2-norm"]).nope_every == 4
+    assert _model([*gpt, "--no-rope-freq", "[0]*8"]).nope_every == 0
+    over = _model(["--model-config", "qwen3-30b-a3b", "--seq", "4096", "--qk-l2-norm",
+                   "--moe-router-score-function", "sigmoid"])
+    assert (over.qk_l2_norm, over.qk_norm, over.moe.score) == (True, False, "sigmoid")  # L2Norm in place
+    for argv, line in (([*gpt, "--no-rope-freq", "[0,1,0,0,0,1,0,0]"], r"RoPE skipped on layers \[1, 5\]"),
+                       ([*gpt, "--no-rope-freq", "1"], "pipesim models NoPE on every N-th layer"),
+                       ([*gpt, "--no-rope-freq", "[0]*3"], "3 entries of 0 and 1 for 8 layers"),
+                       ([*gpt, "--moe-router-score-function", "sigmoid"], "needs a mixture-of-experts model"),
+                       (["--model", "moe", "--moe-router-topk", "2", "--moe-apply-probs-on-input"],
+                        r"input_probs \(--moe-apply-probs-on-input\) needs top_k 1"),
+                       (["--model", "gpt", "--no-rope-freq", "2"], "NoPE layers .* need rotary positions")):
+        with pytest.raises(PipesimError, match=line):
+            _model(argv)

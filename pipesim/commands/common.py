@@ -18,6 +18,7 @@ from pipesim.commands.expert_args import (
     with_routing,
 )
 from pipesim.commands.latent_args import LATENT_FLAGS, add_latent_args, latent_norms, with_latent_flags
+from pipesim.commands.llama4_args import LLAMA4_FLAGS, add_llama4_args, with_llama4_flags
 from pipesim.commands.structure_args import (
     ROTARY_FLAGS,
     WINDOW_FLAGS,
@@ -145,6 +146,7 @@ def add_model_args(parser: argparse.ArgumentParser, *, default: str | None = "ml
                         "0/1 per layer such as '([0]*3+[1]*58)'; pipesim places them after the first dense layers "
                         "on every N-th (docs/moe.md)")
     add_latent_args(parser)
+    add_llama4_args(parser)
 
 
 def _model_name(text: str) -> str:
@@ -209,7 +211,8 @@ STRUCTURE_FLAGS = ("kv_heads", "ffn_hidden", "activation", "norm", "positions", 
                    "head_width", "tied_embeddings", "attention_sinks", "norm_eps", "qkv_bias")
 # every flag that shapes pipesim's model (the window flags make ModelConfig.window together: `with_window`; the
 # rotary flags ModelConfig.rotary: `with_rotary`)
-MODEL_FLAGS = (*SIZE_FLAGS, *STRUCTURE_FLAGS, *WINDOW_FLAGS, *ROTARY_FLAGS, *MOE_FLAGS, *ROUTING_FLAGS, *LATENT_FLAGS)
+MODEL_FLAGS = (*SIZE_FLAGS, *STRUCTURE_FLAGS, *WINDOW_FLAGS, *ROTARY_FLAGS, *MOE_FLAGS, *ROUTING_FLAGS, *LATENT_FLAGS,
+               *LLAMA4_FLAGS)
 
 
 def given_model_flags(args: argparse.Namespace, *, skip: tuple[str, ...] = ()) -> list[tuple[str, object]]:
@@ -268,8 +271,10 @@ def model_config(args: argparse.Namespace) -> ModelConfig:
         typed = {**given, **{name: getattr(args, name) for name in WINDOW_FLAGS
                              if getattr(args, name, None) is not None}}
         typed.update({name: getattr(args, name) for name in ROTARY_FLAGS if getattr(args, name, None) is not None})
-        typed.update({name: getattr(args, name) for name in LATENT_FLAGS if getattr(args, name, None) is not None})
-        for name in ("heads", "seq", "vocab", *STRUCTURE_FLAGS, *WINDOW_FLAGS, *ROTARY_FLAGS, *LATENT_FLAGS):
+        typed.update({name: getattr(args, name) for name in (*LATENT_FLAGS, *LLAMA4_FLAGS)
+                      if getattr(args, name, None) is not None})
+        for name in ("heads", "seq", "vocab", *STRUCTURE_FLAGS, *WINDOW_FLAGS, *ROTARY_FLAGS, *LATENT_FLAGS,
+                     *LLAMA4_FLAGS):
             if name in typed:
                 raise PipesimError(f"{flag_words(name, typed[name])[0]} needs a transformer (--model gpt or "
                                    "--model-config)")
@@ -278,11 +283,11 @@ def model_config(args: argparse.Namespace) -> ModelConfig:
 
 def _with_composite_flags(model: ModelConfig, args: argparse.Namespace, source: str | None = None) -> ModelConfig:
     """The flags that make a field together, over `model`: the window's, the rotary frequencies', (over a
-    --model-config `source`) the experts', the routing's and DeepSeek-V3's pieces'."""
+    --model-config `source`) the experts', the routing's, DeepSeek-V3's pieces' and Llama 4's."""
     model = with_rotary(with_window(model, args), args)
     if source is not None:
         model = with_expert_flags(model, args, source)
-    return with_latent_flags(with_routing(model, args), args, source)
+    return with_llama4_flags(with_latent_flags(with_routing(model, args), args, source), args)
 
 
 def model_config_json(args: argparse.Namespace) -> dict | None:
@@ -296,7 +301,7 @@ def model_config_json(args: argparse.Namespace) -> dict | None:
 
 def user_model_config(args: argparse.Namespace) -> ModelConfig:
     """With --model MODULE:FACTORY, what still applies of pipesim's model flags: --batch and --seed."""
-    sizes = [k for k in (*SIZE_FLAGS, *STRUCTURE_FLAGS, *WINDOW_FLAGS, *ROTARY_FLAGS, *LATENT_FLAGS)
+    sizes = [k for k in (*SIZE_FLAGS, *STRUCTURE_FLAGS, *WINDOW_FLAGS, *ROTARY_FLAGS, *LATENT_FLAGS, *LLAMA4_FLAGS)
              if k != "batch" and getattr(args, k, None) is not None]
     if sizes or getattr(args, "model_config", None):
         flag = flag_words(sizes[0], getattr(args, sizes[0]))[0] if sizes else "--model-config"

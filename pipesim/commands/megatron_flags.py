@@ -73,6 +73,9 @@ PASSED = {
     "--q-lora-rank": VALUE, "--kv-lora-rank": VALUE, "--qk-head-dim": VALUE, "--qk-pos-emb-head-dim": VALUE,
     "--v-head-dim": VALUE, "--mtp-num-layers": VALUE, "--moe-router-enable-expert-bias": SWITCH,
     "--moe-router-num-groups": VALUE, "--moe-router-group-topk": VALUE, "--moe-shared-expert-overlap": SWITCH,
+    # Llama 4's pieces (pipesim.commands.llama4_args) and the router's score function
+    "--qk-l2-norm": SWITCH, "--no-rope-freq": VALUE, "--moe-router-score-function": VALUE,
+    "--moe-apply-probs-on-input": SWITCH,
 }
 # Megatron-core after v0.15.3 (its TransformerConfig fields as flags, core_v0.16.0 on), which pipesim's own flags and
 # its plan exports use: read as pipesim's flags of those names
@@ -155,7 +158,7 @@ IGNORED: dict[str, tuple[str, ...]] = {
         "--apply-query-key-layer-scaling", "--attention-softmax-in-fp32", "--calculate-per-token-loss",
         "--fp8-margin", "--fp8-interval", "--fp8-amax-history-len", "--fp8-amax-compute-algo",
         "--moe-input-jitter-eps",
-        "--moe-per-layer-logging", "--moe-router-dtype", "--moe-router-score-function", "--moe-router-pre-softmax",
+        "--moe-per-layer-logging", "--moe-router-dtype", "--moe-router-pre-softmax",
         "--moe-router-topk-scaling-factor", "--moe-router-bias-update-rate", "--mtp-loss-scaling-factor",
         "--moe-router-force-load-balancing", "--ddp-average-in-collective"),
     "Muon's hyperparameters (later Megatron-core): numbers, not work (every coefficient set runs the same three "

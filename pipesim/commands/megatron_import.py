@@ -42,7 +42,8 @@ PASS_AS_TYPED = ("--account-for-embedding-in-pipeline-split", "--account-for-los
                  "--moe-hybridep-num-sms", "--muon-num-ns-steps", "--muon-no-split-qkv", "--muon-use-nesterov",
                  "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim", "--qk-pos-emb-head-dim", "--v-head-dim",
                  "--mtp-num-layers", "--moe-router-enable-expert-bias", "--moe-router-num-groups",
-                 "--moe-router-group-topk", "--moe-shared-expert-overlap")
+                 "--moe-router-group-topk", "--moe-shared-expert-overlap", "--qk-l2-norm", "--no-rope-freq",
+                 "--moe-router-score-function", "--moe-apply-probs-on-input")
 
 
 def megatron_argv(path: str, argv: list[str]) -> tuple[str, list[str]]:

@@ -27,7 +27,9 @@ STRUCTURE_SWITCHES = {("biases", False): "--disable-bias-linear", ("qkv_bias", T
                       ("tied_embeddings", False): "--untie-embeddings-and-output-weights",
                       ("use_rope_scaling", True): "--use-rope-scaling",
                       ("multi_latent_attention", True): "--multi-latent-attention",
-                      ("moe_router_enable_expert_bias", True): "--moe-router-enable-expert-bias"}
+                      ("moe_router_enable_expert_bias", True): "--moe-router-enable-expert-bias",
+                      ("qk_l2_norm", True): "--qk-l2-norm",
+                      ("moe_apply_probs_on_input", True): "--moe-apply-probs-on-input"}
 # Megatron-core's --softmax-type for ModelConfig.attention_sinks: its learnable one is GPT-OSS's sink logit per head
 SOFTMAX_TYPES = {"vanilla": False, "learnable": True}
 # the structure flags whose name is not their field's: field -> (flag, {field value: typed value})

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import math
+from collections.abc import Callable
 
 from pipesim.errors import PipesimError
 
@@ -18,44 +19,47 @@ FLAG = "--moe-layer-freq"
 MAX_TEXT = 400_000  # characters of a pattern: ModelConfig.MAX_LAYERS 0s and 1s written out as a list take 196,608
 
 
-def parse_pattern(text: str, layers: int) -> list[int]:
-    """One 0/1 per layer from Megatron's spelling: an integer N, or a list expression of 0/1 (literals joined by
-    + and repeated by * an integer); its length must be `layers` (Megatron asserts it)."""
+def parse_pattern(text: str, layers: int, *, flag: str = FLAG,
+                  integer: Callable[[int], list[int]] | None = None) -> list[int]:
+    """One 0/1 per layer from Megatron's spelling: an integer N (`integer(N)`'s pattern; default --moe-layer-freq's,
+    layer i when i % N == 0), or a list expression of 0/1 (literals joined by + and repeated by * an integer); its
+    length must be `layers` (Megatron asserts it). `flag` names the flag in errors (--no-rope-freq reads the same
+    spellings)."""
     if len(text) > MAX_TEXT:
-        raise PipesimError(f"{FLAG}: {len(text)} characters; write a long pattern as an expression such as "
+        raise PipesimError(f"{flag}: {len(text)} characters; write a long pattern as an expression such as "
                            "'([0]*3+[1]*58)'")
     try:
         tree = ast.parse(text.strip(), mode="eval").body
-        value = _evaluate(tree, text, max(layers, 1))
+        value = _evaluate(tree, text, max(layers, 1), flag)
     except (SyntaxError, RecursionError, MemoryError):  # a malformed or too deeply nested expression
-        raise PipesimError(f"{FLAG} {text[:60]}: not an integer or a list of 0 and 1") from None
+        raise PipesimError(f"{flag} {text[:60]}: not an integer or a list of 0 and 1") from None
     if isinstance(value, int):
         if value < 1:
-            raise PipesimError(f"{FLAG} {text}: an integer frequency is at least 1")
-        return [int(i % value == 0) for i in range(layers)]
+            raise PipesimError(f"{flag} {text}: an integer frequency is at least 1")
+        return integer(value) if integer is not None else [int(i % value == 0) for i in range(layers)]
     if len(value) != layers or any(v not in (0, 1) for v in value):
-        raise PipesimError(f"{FLAG} {text}: {len(value)} entries of 0 and 1 for {layers} layers (one per layer)")
+        raise PipesimError(f"{flag} {text}: {len(value)} entries of 0 and 1 for {layers} layers (one per layer)")
     return value
 
 
-def _evaluate(node: ast.AST, text: str, layers: int) -> int | list[int]:
+def _evaluate(node: ast.AST, text: str, layers: int, flag: str = FLAG) -> int | list[int]:
     """An integer, a list of integers, list + list, or list * integer: nothing else is evaluated, and no list
     longer than the model's layers is built (a longer one could not be the pattern)."""
     out: int | list[int] | None = None
     if isinstance(node, ast.Constant) and type(node.value) is int:
         out = node.value
     elif isinstance(node, ast.List):
-        items = [_evaluate(e, text, layers) for e in node.elts]
+        items = [_evaluate(e, text, layers, flag) for e in node.elts]
         out = items if all(isinstance(i, int) for i in items) else None
     elif isinstance(node, ast.BinOp):
-        left, right = _evaluate(node.left, text, layers), _evaluate(node.right, text, layers)
+        left, right = _evaluate(node.left, text, layers, flag), _evaluate(node.right, text, layers, flag)
         if isinstance(node.op, ast.Add) and isinstance(left, list) and isinstance(right, list):
             out = left + right if len(left) + len(right) <= layers else None
         elif isinstance(node.op, ast.Mult) and isinstance(left, list) != isinstance(right, list):
             times, items = (right, left) if isinstance(left, list) else (left, right)
             out = items * times if 0 <= times and len(items) * times <= layers else None
     if out is None:
-        raise PipesimError(f"{FLAG} {text[:60]}: not an integer or a list of at most {layers} 0s and 1s")
+        raise PipesimError(f"{flag} {text[:60]}: not an integer or a list of at most {layers} 0s and 1s")
     return out
 
 
