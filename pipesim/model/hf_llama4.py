@@ -141,8 +141,9 @@ def llama4_fields(cfg: dict, layers: int, where: str) -> dict:
     if not isinstance(qk, bool):
         raise PipesimError(f"{where}: field 'use_qk_norm' must be true or false, got {qk!r}")
     moe = llama4_experts(cfg, layers, where)
-    dense = moe is None or moe.moe_layers(0, layers) < layers
-    ffn = positive_field(cfg, "intermediate_size_mlp" if dense else "intermediate_size", where)
+    dense_width = positive_field(cfg, "intermediate_size_mlp", where)  # checked where no layer is dense too
+    ffn = dense_width if moe is None or moe.moe_layers(0, layers) < layers else positive_field(
+        cfg, "intermediate_size", where)
     nope = _nope_every(cfg, layers, where)
     return {"moe": moe, "ffn_hidden": ffn, "head_width": positive_field(cfg, "head_dim", where), "qk_l2_norm": qk,
             "nope_every": nope, "attention_chunk": _chunk(cfg, layers, nope, where)}
