@@ -8,15 +8,18 @@ rotary_pos_emb there). A NoPE layer runs no RoPE kernel, forward or backward; no
 
 The L2 QK-norm (`ModelConfig.qk_l2_norm`): every query and key head divided by its root mean square over head_dim,
 with no weight (transformers' Llama4TextL2Norm; Megatron-core's --qk-l2-norm, torch_norm.L2Norm under jit_fuser: one
-fused kernel each way, a weightless RMSNorm's bytes). transformers applies it on the RoPE layers alone, Megatron-core's
-layer spec (gpt_layer_specs.py: L2Norm as q_layernorm and k_layernorm) on every layer: pipesim builds and costs
-Megatron-core's, the framework whose runs it predicts. It has no parameter.
+fused kernel each way, a weightless RMSNorm's bytes). Megatron-core's layer spec (gpt_layer_specs.py: L2Norm as
+q_layernorm and k_layernorm) puts it on every layer, which pipesim builds and costs; transformers and NeMo's own Llama 4
+spec (NeMo's nemo/collections/llm/gpt/model/llama4_utils.py get_llama4_layer_spec: "if config.qk_l2_norm and not
+is_nope_layer") leave it off the NoPE layers, so for their runs pipesim counts two small kernels each way (and their
+saved inputs) more per NoPE layer. It has no parameter.
 
 Chunked attention (`ModelConfig.attention_chunk`): Llama 4's RoPE layers attend within chunks of 8,192 tokens
 (transformers' layer_types "chunked_attention"), a query seeing only the keys of its own chunk. Over a sequence no
-longer than the chunk that is causal attention, exactly; Megatron-core (core_v0.15.3) has no chunked attention and
-NVIDIA's Llama 4 pretraining recipes run 8,192 tokens. A longer sequence is refused: its block-diagonal mask's costs
-are not modelled.
+longer than the chunk that is causal attention, exactly. Megatron-core (core_v0.15.3) has no chunked attention; NeMo's
+Llama4SelfAttention cuts every layer's queries, keys and values into chunks past it (NoPE layers too), and NVIDIA's
+Llama 4 pretraining recipes run 8,192 tokens. A longer sequence is refused: its block-diagonal mask's costs are not
+modelled.
 """
 
 from __future__ import annotations
