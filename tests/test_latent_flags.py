@@ -104,6 +104,10 @@ def test_the_flags_build_latent_attention_mtp_and_deepseek_routing():
                                           "pipesim's bound of 65,536 layers (DeepSeek-V3 has 1)"),
     (["--cost", "F=1,B=2", "--multi-latent-attention"],
      "--multi-latent-attention needs a model, but --cost gives the seconds: drop one"),
+    # DeepSeek-V3's 8 groups, 4 per token, cannot hold a token's 8 experts among 8: the flags named, with the file
+    (["--model-config", "deepseek-v3", "--seq", "4096", "--num-experts", "8"],
+     "--num-experts over --model-config deepseek-v3's experts: moe group_topk must be given with groups > 1, between "
+     "1 and groups (8), its groups holding top_k (8) experts; got 4"),
 ])
 def test_what_pipesim_does_not_model_is_refused_in_one_line(capsys, argv, line):
     assert main(["simulate", "1f1b", "--stages", "2", "--microbatches", "4", *argv]) == 2
@@ -137,3 +141,11 @@ def test_yarn_on_standard_attention_from_megatrons_flags_is_refused(tmp_path, ca
     assert capsys.readouterr().err == (f"pipesim: error: --from-megatron {path}: --rope-type yarn on standard "
                                        "attention: pipesim reads YaRN's attention factor from a --model-config (its "
                                        "rope_scaling), not from Megatron's flags\n")
+
+
+def test_typed_experts_and_their_groups_are_checked_together():
+    """--num-experts 8 with --moe-router-num-groups 2 --moe-router-group-topk 2 over DeepSeek-V3's 8 groups: the new
+    count is checked against the typed groups, not the file's."""
+    moe = _model(["--model-config", "deepseek-v3", "--seq", "4096", "--num-experts", "8",
+                  "--moe-router-num-groups", "2", "--moe-router-group-topk", "2"]).moe
+    assert (moe.experts, moe.groups, moe.group_topk, moe.top_k) == (8, 2, 2, 8)

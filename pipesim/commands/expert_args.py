@@ -55,7 +55,15 @@ def with_expert_flags(model: ModelConfig, args: argparse.Namespace, source: str)
     if "moe_shared_expert_intermediate_size" in given:
         fields |= {"shared_experts": 1, "shared_ffn": given["moe_shared_expert_intermediate_size"]}
     fields |= _placement(args, model.layers)
-    return replace(model, moe=replace(model.moe, **{k: v for k, v in fields.items() if v is not None}))
+    # typed group-limited routing joins them (pipesim.commands.latent_args sets it again, the same values): the
+    # experts' count and their groups are checked together, not the new count against the file's groups
+    fields |= {"groups": getattr(args, "moe_router_num_groups", None),
+               "group_topk": getattr(args, "moe_router_group_topk", None)}
+    try:
+        return replace(model, moe=replace(model.moe, **{k: v for k, v in fields.items() if v is not None}))
+    except PipesimError as e:
+        typed = ", ".join("--" + name.replace("_", "-") for name in given)
+        raise PipesimError(f"{typed} over --model-config {source}'s experts: {e}") from None
 
 
 def with_routing(model: ModelConfig, args: argparse.Namespace) -> ModelConfig:
