@@ -295,6 +295,13 @@ MOE = " --num-experts 4 --moe-grouped-gemm --moe-token-dispatcher-type alltoall"
     (SMALL + " --hidden-dropout 0.1 --attention-dropout inf", "--attention-dropout inf: a probability from 0 up to 1"),
     (SMALL + " --padded-vocab-size 32001 --tensor-model-parallel-size 2",
      "--padded-vocab-size 32001 is not a multiple of --tensor-model-parallel-size 2"),
+    # flags read past, their values still Megatron's argparse's (arguments.py @ core_v0.15.3)
+    (SMALL + " --lr x", "--lr 'x' is not a number (Megatron's argparse refuses it)"),
+    (SMALL + " --train-iters 1e3", "--train-iters '1e3' is not an integer (Megatron's argparse refuses it)"),
+    (SMALL + " --lr-decay-style cosin", "--lr-decay-style 'cosin': Megatron's choices are constant, linear, cosine, "
+                                        "inverse-square-root, WSD"),
+    (SMALL + " --use-mcore-models yes", "--use-mcore-models takes no value, got 'yes'"),
+    (SMALL + " --mtp-loss-scaling-factor", "--mtp-loss-scaling-factor takes one value, got 0"),
 ])
 def test_what_megatron_refuses_to_start_with_is_refused(tmp_path, capsys, text, line):
     path = _file(tmp_path, text)

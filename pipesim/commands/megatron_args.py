@@ -9,6 +9,7 @@ import shlex
 from pathlib import Path, PurePath
 
 from pipesim.commands.megatron_flags import IGNORED_FLAGS, LATER, PASSED, READ, REFUSED, SWITCH, VALUE
+from pipesim.commands.megatron_value_kinds import check_read_past
 from pipesim.errors import PipesimError, refuse_special_file
 
 SCRIPT = "pretrain_gpt.py"
@@ -89,6 +90,8 @@ class MegatronArgs:
                 self.given[flag].append(word)
         for flag, values in self.given.items():
             n = _values(flag)
+            if n is None:  # read past: still a value Megatron's argparse takes
+                check_read_past(flag, values, where)
             if n == SWITCH and values:
                 raise PipesimError(f"{where}: {flag} takes no value, got {' '.join(values)!r}")
             if n == VALUE and len(values) != 1 or n is not None and n < 0 and not values:
