@@ -257,3 +257,34 @@ def test_megatrons_flags_for_llama4s_pieces():
                        (["--model", "gpt", "--no-rope-freq", "2"], "NoPE layers .* need rotary positions")):
         with pytest.raises(PipesimError, match=line):
             _model(argv)
+
+
+def test_a_scout_plans_megatron_export_carries_llama4s_flags_and_simulates_back(tmp_path, capsys):
+    """The plan's Megatron-LM arguments with Scout's own (SCOUT_MEGATRON's model flags): the plan's step, the NoPE
+    layers, L2 QK-norm and sigmoid router on the expert's input included (--qk-l2-norm: Megatron's spec, on every
+    layer, as the launch above)."""
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--model-config", "llama4-scout-17b-16e", "--qk-l2-norm", "--seq", "8192", "--batch", "64",
+                 "--hardware", "dgx-h100", "--nodes", "8", "--framework", "megatron-core", "--schedules", "1f1b",
+                 "--max-candidates", "3", "--top", "1", "--json", str(out)]) == 0
+    plan = json.loads(out.read_text())
+    lines = plan["winner"]["megatron_args"]
+    assert {"--moe-router-score-function sigmoid", "--moe-apply-probs-on-input"} <= set(lines)
+    assert "--moe-router-pre-softmax" not in lines
+    # Meta's vocabulary unpadded at the plan's tp (Megatron pads to a multiple of the divisor x tp)
+    model = SCOUT_MEGATRON.replace("--make-vocab-size-divisible-by 64", "--make-vocab-size-divisible-by 8")
+    layout = {"--micro-batch-size", "--global-batch-size", "--seq-length", "--tensor-model-parallel-size",
+              "--pipeline-model-parallel-size", "--expert-model-parallel-size", "--moe-token-dispatcher-type",
+              "--moe-grouped-gemm", "--use-distributed-optimizer", "--recompute-granularity", "--recompute-method",
+              "--recompute-num-layers", "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size",
+              "--moe-shared-expert-intermediate-size", "--moe-router-score-function", "--moe-apply-probs-on-input"}
+    words, keep, skip = model.split(), [], False
+    for w in words:  # Scout's model flags alone: the plan gives the layout, the batch and the router
+        if w.startswith("--"):
+            skip = w in layout
+        if not skip:
+            keep.append(w)
+    path = tmp_path / "scout_plan.sh"
+    path.write_text("pretrain_gpt.py " + " ".join(keep) + "\n" + "\n".join(lines) + "\n")
+    again = _json(capsys, ["simulate", "--from-megatron", str(path), "--hardware", "dgx-h100", "--nodes", "8"])
+    assert again["step_time"] == plan["rows"][0]["step_time"]

@@ -252,8 +252,16 @@ def _moe_args(c: Candidate, req: PlanRequest) -> list[str]:
         out += ["--moe-expert-capacity-factor", str(moe.capacity_factor), "--moe-pad-expert-input-to-capacity"]
         if moe.drop_policy != "probs":  # Megatron-core's default
             out += ["--moe-token-drop-policy", moe.drop_policy]
-    if not moe.renormalize and not moe.expert_bias:  # Megatron-core's softmax follows the top-k (renormalising)
-        out.append("--moe-router-pre-softmax")  # unless this flag: the softmax over every expert first, as --model moe
+    if moe.score != "softmax":  # the router's scores (DeepSeek-V3's, Llama 4's sigmoid)
+        out += ["--moe-router-score-function", moe.score]
+    if moe.input_probs:  # Llama 4's weight on the expert's input
+        out.append("--moe-apply-probs-on-input")
+    if moe.expert_bias:  # DeepSeek-V3's routing-score bias, and its group-limited routing (the nodes a token reaches)
+        out.append("--moe-router-enable-expert-bias")
+    if moe.groups > 1:
+        out += ["--moe-router-num-groups", str(moe.groups), "--moe-router-group-topk", str(moe.group_topk)]
+    if moe.score == "softmax" and not moe.renormalize and not moe.expert_bias:  # Megatron-core's softmax follows
+        out.append("--moe-router-pre-softmax")  # the top-k (renormalising) unless this flag: over every expert first
     if moe.balance_loss:  # Megatron-core's own flags (its defaults, aux_loss at 0, need none)
         out += ["--moe-router-load-balancing-type", moe.balance, "--moe-aux-loss-coeff", f"{moe.aux_loss_coeff:g}"]
     if moe.z_loss_coeff:
