@@ -30,8 +30,8 @@ ACTIVATIONS = ("gelu", "swiglu", "relu2")
 NORMS = ("layernorm", "rmsnorm")
 POSITIONS = ("learned", "rope")  # a learned (seq x hidden) table, or rotary embeddings (no parameters)
 # MoeConfig's fields left out of to_dict at their defaults (older files read the same)
-MOE_GLU_FIELDS = ("glu_alpha", "glu_offset", "score", "input_probs")
-MOE_GLU_DEFAULTS = {f.name: f.default for f in fields(MoeConfig) if f.name in MOE_GLU_FIELDS}
+MOE_OPTIONAL_FIELDS = ("glu_alpha", "glu_offset", "score", "input_probs")
+MOE_OPTIONAL_DEFAULTS = {f.name: f.default for f in fields(MoeConfig) if f.name in MOE_OPTIONAL_FIELDS}
 STRUCTURE_FIELDS = ("kv_heads", "ffn_hidden", "activation", "norm", "dropout", "biases", "positions",
                     "tied_embeddings", "moe", "mla", "mtp_layers", "head_width", "qk_norm", "window",
                     "attention_sinks", "rope_mscale", "rotary", "norm_eps", "qkv_bias", "qk_l2_norm",
@@ -319,8 +319,8 @@ class ModelConfig:
             if f.name in STRUCTURE_FIELDS and data[f.name] == f.default:
                 del data[f.name]
         if data.get("moe") is not None:  # the experts' gate shape and routing, likewise (MoeConfig's defaults)
-            for name in MOE_GLU_FIELDS:
-                if data["moe"][name] == MOE_GLU_DEFAULTS[name]:
+            for name in MOE_OPTIONAL_FIELDS:
+                if data["moe"][name] == MOE_OPTIONAL_DEFAULTS[name]:
                     del data["moe"][name]
         return data
 
