@@ -68,6 +68,26 @@ def test_from_csv(capsys, tmp_path):
     assert code == 0 and json.loads(out)["makespan"] == (3 + 2 - 1) * 3
 
 
+def test_a_csv_with_a_byte_order_mark_and_a_default_batch_are_named(capsys, tmp_path):
+    """Excel's "CSV UTF-8" starts with a byte-order mark, which torch's reader keeps in the first action: named, not
+    called a malformed action. A CSV's 3 microbatches do not split the default --batch 64: the line says it is the
+    default (a typed --batch 64 is the user's own, and said as before)."""
+    csv = tmp_path / "s.csv"
+    code, out, _ = run_cli(capsys, "schedule", "1f1b", "-p", "2", "-m", "3", "--format", "csv")
+    csv.write_text("\ufeff" + out, encoding="utf-8")
+    code, _, err = run_cli(capsys, "simulate", "--from-csv", str(csv), "--cost", "F=1,B=2")
+    assert code == 2 and err.strip() == (f"pipesim: error: schedule CSV {csv} starts with a byte-order mark, which "
+                                         "torch.distributed.pipelining reads as part of its first action: save it "
+                                         "without one")
+    csv.write_text(out)
+    code, _, err = run_cli(capsys, "simulate", "--from-csv", str(csv), "--model", "gpt")
+    assert code == 2 and err.strip() == ("pipesim: error: --batch 64 does not split into dp(1) x 3 microbatches "
+                                         "evenly (--batch 64 is the default: give --batch)")
+    code, _, err = run_cli(capsys, "simulate", "--from-csv", str(csv), "--model", "gpt", "--batch", "64")
+    assert code == 2 and err.strip() == "pipesim: error: --batch 64 does not split into dp(1) x 3 microbatches evenly"
+    assert run_cli(capsys, "simulate", "--from-csv", str(csv), "--model", "gpt", "--batch", "48")[0] == 0
+
+
 def test_same_command_same_output(capsys):
     args = ("simulate", "interleaved-1f1b", "-p", "2", "-m", "4", "-v", "2", "--model", "gpt", "--json")
     outs = {run_cli(capsys, *args)[1] for _ in range(2)}

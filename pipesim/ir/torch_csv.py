@@ -100,11 +100,14 @@ def load(path: str | Path) -> Schedule:
     """Read a torch.distributed.pipelining schedule CSV."""
     refuse_special_file(path, f"schedule CSV {path}")
     try:
-        text = Path(path).read_text()
+        text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
         raise PipesimError(f"schedule CSV not found: {path}") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise PipesimError(f"cannot read schedule CSV {path}: {exc}") from None
+    if text.startswith("\ufeff"):  # Excel's "CSV UTF-8": torch's reader (csv over open()) keeps it in the first cell
+        raise PipesimError(f"schedule CSV {path} starts with a byte-order mark, which torch.distributed.pipelining "
+                           "reads as part of its first action: save it without one")
     return loads(text, Path(path).name)
 
 
