@@ -288,3 +288,21 @@ def test_a_scout_plans_megatron_export_carries_llama4s_flags_and_simulates_back(
     path.write_text("pretrain_gpt.py " + " ".join(keep) + "\n" + "\n".join(lines) + "\n")
     again = _json(capsys, ["simulate", "--from-megatron", str(path), "--hardware", "dgx-h100", "--nodes", "8"])
     assert again["step_time"] == plan["rows"][0]["step_time"]
+
+
+def test_maverick_s_nope_layers_are_all_expert_layers_and_a_stage_counts_each_kind():
+    """Maverick: experts on layers l with (l + 1) % 2 == 0, NoPE where (l + 1) % 4 == 0, so every NoPE layer is an
+    expert layer; a 12-layer stage holds 6 dense RoPE, 3 expert RoPE and 3 expert NoPE layers, each kind costed once
+    and counted (the NoPE one less its RoPE kernels)."""
+    model = load_hf_config("llama4-maverick-17b-128e", seq=8192)
+    assert variant_per_stage(model, [12] * 4) == [(0, 3)] * 4
+    opts = LayerOptions(attention="flash", ep=8)
+    nope = replace(opts, nope=True)
+    dense, moe, moe_nope = (layer_seconds(model, 1, o, True, "H100", moe=m)
+                            for o, m in ((opts, False), (opts, True), (nope, True)))
+    stage = gpt_stage_seconds(model, 1, 12, opts, first=False, last=False, fused=True, family="H100", moe_layers=6,
+                              variant=(0, 3))
+    for phase in ("F", "I", "W"):
+        expected = 6 * getattr(dense, phase) + 3 * getattr(moe, phase) + 3 * getattr(moe_nope, phase)
+        assert getattr(stage, phase) == pytest.approx(expected, rel=1e-12)
+    assert moe_nope.F < moe.F and moe_nope.W == moe.W  # RoPE is a forward and input-gradient kernel, no weights
