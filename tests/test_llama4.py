@@ -96,7 +96,8 @@ def test_the_repositorys_wrapper_is_read_as_its_text_config(tmp_path):
 @pytest.mark.parametrize(("change", "message"), [
     ({"no_rope_layers": [1, 0, 1, 1] * 12}, r"'no_rope_layers' leaves RoPE out of layers \[1, 5, 9"),
     ({"no_rope_layers": [1, 1, 1, 0, 0] + [1] * 43}, "pipesim models NoPE on every k-th layer"),
-    ({"moe_layers": [0, 1, 5]}, "pipesim places experts on every k-th layer"),
+    ({"moe_layers": [0, 1, 5]}, r"field 'moe_layers': experts on layers \[0, 1, 5\]; pipesim places them after the "
+                                "first dense layers"),
     ({"attention_bias": True}, "biases would sit on q, k, v and o alone"),
     ({"output_router_logits": True}, r"output_router_logits \(mixture of experts\)"),
     ({"layer_types": ["full_attention"] * 48}, "must chunk the RoPE layers and keep the NoPE layers full"),
@@ -306,3 +307,12 @@ def test_maverick_s_nope_layers_are_all_expert_layers_and_a_stage_counts_each_ki
         expected = 6 * getattr(dense, phase) + 3 * getattr(moe, phase) + 3 * getattr(moe_nope, phase)
         assert getattr(stage, phase) == pytest.approx(expected, rel=1e-12)
     assert moe_nope.F < moe.F and moe_nope.W == moe.W  # RoPE is a forward and input-gradient kernel, no weights
+
+
+def test_moe_layers_after_dense_first_layers_are_placed_as_moeconfig_places_them(tmp_path):
+    """A `moe_layers` list MoeConfig can say (dense first layers, then every k-th) is read exactly, the dense layers at
+    intermediate_size_mlp (pipesim.model.moe_layer_freq.placement, the one reader of such patterns)."""
+    model = _load(tmp_path, {**_bundled("llama4-scout-17b-16e"), "moe_layers": list(range(2, 48))})
+    assert (model.moe.dense_layers, model.moe.every, model.ffn_size) == (2, 1, FD)
+    maverick = _load(tmp_path, {**_bundled("llama4-maverick-17b-128e"), "moe_layers": list(range(1, 48, 2))})
+    assert maverick == load_hf_config("llama4-maverick-17b-128e", seq=8192)  # its interleaving, spelled out

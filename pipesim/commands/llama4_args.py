@@ -17,7 +17,7 @@ from dataclasses import replace
 
 from pipesim.errors import PipesimError
 from pipesim.model.config import ModelConfig
-from pipesim.model.llama4_attention import is_nope_layer
+from pipesim.model.llama4_attention import nope_period
 from pipesim.model.moe import SCORE_FUNCTIONS
 from pipesim.model.moe_layer_freq import parse_pattern
 
@@ -41,14 +41,14 @@ def add_llama4_args(parser: argparse.ArgumentParser) -> None:
                         "output (Llama 4's)")
 
 
-def nope_period(text: str, layers: int) -> int:
+def no_rope_freq_period(text: str, layers: int) -> int:
     """ModelConfig.nope_every from Megatron's --no-rope-freq: an integer N >= 2, or a list of 0/1 per layer (1: no
     RoPE) that is such a period (all 0s: none); PipesimError otherwise."""
     pattern = parse_pattern(text, layers, flag=NO_ROPE_FLAG, integer=lambda n: [int((i + 1) % n == 0)
                                                                                 for i in range(layers)])
-    ones = [layer for layer, v in enumerate(pattern) if v]
-    every = ones[0] + 1 if ones else 0
-    if every == 1 or any(is_nope_layer(every, layer) != bool(v) for layer, v in enumerate(pattern)):
+    every = nope_period([bool(v) for v in pattern])
+    if every is None:
+        ones = [layer for layer, v in enumerate(pattern) if v]
         raise PipesimError(f"{NO_ROPE_FLAG} {text[:60]}: RoPE skipped on layers {ones[:8]}; pipesim models NoPE on "
                            "every N-th layer (layer l when (l + 1) % N == 0, N >= 2)")
     return every
@@ -60,7 +60,7 @@ def with_llama4_flags(model: ModelConfig, args: argparse.Namespace) -> ModelConf
     if getattr(args, "qk_l2_norm", None):  # Megatron builds L2Norm in place of a --qk-layernorm's norms
         changes.update(qk_l2_norm=True, qk_norm=False)
     if (text := getattr(args, "no_rope_freq", None)) is not None:
-        changes["nope_every"] = nope_period(text, model.layers)
+        changes["nope_every"] = no_rope_freq_period(text, model.layers)
     routing = {k: v for k in ("moe_router_score_function", "moe_apply_probs_on_input")
                if (v := getattr(args, k, None)) is not None}
     if routing:
@@ -73,4 +73,4 @@ def with_llama4_flags(model: ModelConfig, args: argparse.Namespace) -> ModelConf
     return replace(model, **changes) if changes else model
 
 
-__all__ = ["LLAMA4_FLAGS", "NO_ROPE_FLAG", "add_llama4_args", "nope_period", "with_llama4_flags"]
+__all__ = ["LLAMA4_FLAGS", "NO_ROPE_FLAG", "add_llama4_args", "no_rope_freq_period", "with_llama4_flags"]

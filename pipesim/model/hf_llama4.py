@@ -27,8 +27,9 @@ from __future__ import annotations
 
 from pipesim.errors import PipesimError
 from pipesim.model.hf_keys import code_type, count_field, positive_field, required_field
-from pipesim.model.llama4_attention import is_nope_layer
+from pipesim.model.llama4_attention import is_nope_layer, nope_period
 from pipesim.model.moe import MoeConfig
+from pipesim.model.moe_layer_freq import placement
 
 # Llama4TextConfig's defaults (transformers), where a file is silent
 LLAMA4_DEFAULTS = {"num_local_experts": 16, "num_experts_per_tok": 1, "interleave_moe_layer_step": 1,
@@ -71,8 +72,8 @@ def unwrap_llama4(cfg: dict, where: str) -> tuple[dict, tuple[str, ...], tuple[s
 def llama4_experts(cfg: dict, layers: int, where: str) -> MoeConfig | None:
     """Llama4TextMoe's layout (`cfg` with LLAMA4_DEFAULTS where the file is silent): None when no layer has
     experts; else MoeConfig with one shared expert of the routed ones' width, placed every
-    `interleave_moe_layer_step`-th layer (or where `moe_layers` names, when that is the same pattern: refused
-    otherwise)."""
+    `interleave_moe_layer_step`-th layer, or where `moe_layers` names when MoeConfig can place them (dense first
+    layers, then every k-th: pipesim.model.moe_layer_freq.placement; refused otherwise)."""
     experts = count_field(cfg, "num_local_experts", where)
     top_k, step = (positive_field(cfg, name, where) for name in ("num_experts_per_tok", "interleave_moe_layer_step"))
     listed = cfg.get("moe_layers")
@@ -84,13 +85,11 @@ def llama4_experts(cfg: dict, layers: int, where: str) -> MoeConfig | None:
         return None
     if top_k > experts:
         raise PipesimError(f"{where}: field 'num_experts_per_tok' {top_k} is more than num_local_experts {experts}")
-    every = where_moe[0] + 1  # the first MoE layer sets the period (MoeConfig: (l + 1) % every == 0)
-    moe = MoeConfig(experts=experts, top_k=top_k, expert_ffn=positive_field(cfg, "intermediate_size", where),
-                    shared_experts=1, every=every, score="sigmoid", input_probs=True)
-    if [layer for layer in range(layers) if moe.is_moe_layer(layer)] != sorted(set(where_moe)):
-        raise PipesimError(f"{where}: field 'moe_layers' {where_moe}: pipesim places experts on every k-th layer "
-                           "(layer l when (l + 1) % k == 0), which these are not")
-    return moe
+    listed_layers = set(where_moe)
+    dense, every = placement([int(layer in listed_layers) for layer in range(layers)],
+                             flag=f"{where}: field 'moe_layers'")
+    return MoeConfig(experts=experts, top_k=top_k, expert_ffn=positive_field(cfg, "intermediate_size", where),
+                     shared_experts=1, dense_layers=dense, every=every, score="sigmoid", input_probs=True)
 
 
 def _nope_every(cfg: dict, layers: int, where: str) -> int:
@@ -102,9 +101,9 @@ def _nope_every(cfg: dict, layers: int, where: str) -> int:
     if not isinstance(flags, list) or len(flags) < layers or any(x not in (0, 1) or isinstance(x, bool)
                                                                  for x in flags):
         raise PipesimError(f"{where}: field 'no_rope_layers' must list 0 or 1 for each of the {layers} layers")
-    nope = [layer for layer in range(layers) if not flags[layer]]
-    every = nope[0] + 1 if nope else 0
-    if any(is_nope_layer(every, layer) != (not flags[layer]) for layer in range(layers)):
+    every = nope_period([not flags[layer] for layer in range(layers)])
+    if every is None:
+        nope = [layer for layer in range(layers) if not flags[layer]]
         raise PipesimError(f"{where}: field 'no_rope_layers' leaves RoPE out of layers {nope}: pipesim models NoPE "
                            "on every k-th layer (layer l when (l + 1) % k == 0)")
     return every

@@ -37,6 +37,16 @@ def nope_layers(nope_every: int, start: int, n: int) -> int:
     return sum(is_nope_layer(nope_every, layer) for layer in range(start, start + n))
 
 
+def nope_period(nope: list[bool]) -> int | None:
+    """The NoPE period whose layers are exactly `nope`'s True ones (0: none), or None when no period N >= 2 gives
+    them (a pattern pipesim cannot say)."""
+    first = next((layer for layer, off in enumerate(nope) if off), None)
+    every = 0 if first is None else first + 1
+    if every == 1 or any(is_nope_layer(every, layer) != off for layer, off in enumerate(nope)):
+        return None
+    return every
+
+
 def check_llama4_attention(model) -> None:  # a ModelConfig, whose __post_init__ calls this (it imports this module)
     """Types and combinations of the three fields: a transformer with rotary positions and standard attention,
     no sliding window beside NoPE layers (pipesim costs one kind of layer apart from the rest), a chunk at least
@@ -45,8 +55,8 @@ def check_llama4_attention(model) -> None:  # a ModelConfig, whose __post_init__
     if not isinstance(every, int) or isinstance(every, bool) or every < 0:
         raise PipesimError(f"nope_every must be a non-negative integer, got {every!r}")
     if model.nope_every == 1:
-        raise PipesimError("nope_every 1 leaves every layer without positions: give --positions learned or none of "
-                           "it, not a NoPE period of 1")
+        raise PipesimError("nope_every 1 leaves every layer without positions: a NoPE period is at least 2 (for "
+                           "no positions at all, learned or none, --position-embedding-type learned_absolute)")
     if not isinstance(model.qk_l2_norm, bool):
         raise PipesimError(f"qk_l2_norm must be true or false, got {model.qk_l2_norm!r}")
     chunk = model.attention_chunk
@@ -71,4 +81,4 @@ def check_llama4_attention(model) -> None:  # a ModelConfig, whose __post_init__
                            f"not modelled (Megatron-core has none): give --seq {chunk} or less")
 
 
-__all__ = ["check_llama4_attention", "is_nope_layer", "nope_layers"]
+__all__ = ["check_llama4_attention", "is_nope_layer", "nope_layers", "nope_period"]

@@ -63,12 +63,12 @@ def _evaluate(node: ast.AST, text: str, layers: int, flag: str = FLAG) -> int | 
     return out
 
 
-def placement(pattern: list[int]) -> tuple[int, int]:
+def placement(pattern: list[int], *, flag: str = FLAG) -> tuple[int, int]:
     """(dense_layers, every) of MoeConfig whose experts sit exactly on the pattern's 1s (the least every, then the
-    fewest dense layers, where several spell it), or PipesimError."""
+    fewest dense layers, where several spell it), or PipesimError naming `flag` (a config.json's field, too)."""
     ones = [layer for layer, v in enumerate(pattern) if v]
     if not ones:
-        raise PipesimError(f"{FLAG}: no layer has experts (give a dense model instead)")
+        raise PipesimError(f"{flag}: no layer has experts (give a dense model instead)")
     g = 0
     for layer in ones:  # every `every` divides each expert layer's l + 1
         g = math.gcd(g, layer + 1)
@@ -78,7 +78,7 @@ def placement(pattern: list[int]) -> tuple[int, int]:
         if dense <= ones[0]:
             return dense, every
     shown = ", ".join(map(str, ones[:8])) + (", ..." if len(ones) > 8 else "")
-    raise PipesimError(f"{FLAG}: experts on layers [{shown}]; pipesim places them "
+    raise PipesimError(f"{flag}: experts on layers [{shown}]; pipesim places them "
                        "after the first dense layers on every layer l with (l + 1) % N == 0")
 
 
