@@ -46,7 +46,10 @@ def _parser() -> argparse.ArgumentParser:
     (["1f1b", "--nproc", "4", "--tp", "2", "--layers", "6"], "layers per stage [3, 3] must all be even"),
     (["1f1b", "--nproc", "2", "--layer-split", "3,3", "--layers", "8"], "layer split [3, 3] must have 2"),
     (["1f1b", "--nproc", "2", "--batch", "8", "--microbatch-size", "3"],
-     "--batch 8 does not split into dp(1) x microbatches of --microbatch-size 3"),
+     "--batch 8 does not split into dp(1) x microbatches of --microbatch-size 3\n"),
+    (["1f1b", "--nproc", "2", "--microbatch-size", "3"],  # an untyped batch: the line says it was the default
+     "--batch 64 does not split into dp(1) x microbatches of --microbatch-size 3 (--batch 64 is the default: give "
+     "--batch)\n"),
     (["1f1b", "--nproc", "2", "--batch", "8", "--microbatch-size", "2", "--microbatches", "2"],
      "--microbatches 2 and --microbatch-size 2 disagree: dp(1) x 2 x 2 = 4, not --batch 8"),
 ])

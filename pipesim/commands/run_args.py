@@ -151,7 +151,8 @@ def _microbatches(args: argparse.Namespace, model: ModelConfig) -> int:
     sched = torch_csv.load(args.from_csv) if args.from_csv else None
     if args.microbatch_size is None:
         return args.microbatches or (sched.num_microbatches if sched else DEFAULT_MICROBATCHES)
-    m = model.microbatches_for(args.dp, microbatches=args.microbatches, microbatch_size=args.microbatch_size)
+    m = model.microbatches_for(args.dp, microbatches=args.microbatches, microbatch_size=args.microbatch_size,
+                               default_batch=args.batch is None)
     if sched is not None:
         torch_csv.check_csv_counts(sched, args.from_csv, microbatches=m, microbatch_size=args.microbatch_size)
     return m

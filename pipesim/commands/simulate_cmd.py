@@ -93,13 +93,8 @@ def run(args: argparse.Namespace) -> int:
     # imports, where it also prints the offending grid. At p=64, m=1024 it would cost ~10x the simulation.
     if args.hardware and (note := speed_note(setup.hardware, args.hardware)):  # another machine's file: say so once
         print(note, file=sys.stderr)
-    try:
-        args.microbatches = setup.microbatches(args.microbatches, args.microbatch_size)
-    except PipesimError as exc:  # an untyped --batch is the default: say so (the fix is to type one)
-        if getattr(args, "batch", None) is None and setup.model is not None and \
-                str(exc).startswith(f"--batch {setup.model.batch} "):
-            raise PipesimError(f"{exc} (--batch {setup.model.batch} is the default: give --batch)") from None
-        raise
+    args.microbatches = setup.microbatches(args.microbatches, args.microbatch_size,
+                                           default_batch=getattr(args, "batch", None) is None)
     if csv_sched is not None and typed_size is not None:
         check_csv_counts(csv_sched, args.from_csv, microbatches=args.microbatches, microbatch_size=typed_size)
     sched = csv_sched or load_schedule(args, validate=False)

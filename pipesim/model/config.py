@@ -288,11 +288,13 @@ class ModelConfig:
         return self.batch // microbatches
 
     def microbatches_for(self, dp: int = 1, *, microbatches: int | None = None,
-                         microbatch_size: int | None = None) -> int:
+                         microbatch_size: int | None = None, default_batch: bool = False) -> int:
         """Microbatches per step on each dp replica from either spelling: m = batch / (dp x microbatch size).
 
-        Megatron and torchtitan users give the microbatch size; both given must agree.
+        Megatron and torchtitan users give the microbatch size; both given must agree. `default_batch`: the batch was
+        not typed (the command's default), which a batch that does not split says, since typing one is the fix.
         """
+        default = f" (--batch {self.batch} is the default: give --batch)" if default_batch else ""
         for flag, value in (("--microbatches", microbatches), ("--microbatch-size", microbatch_size)):
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise PipesimError(f"{flag} must be a positive integer, got {value!r}")
@@ -301,15 +303,15 @@ class ModelConfig:
         if microbatch_size is None:
             if self.batch % (dp * microbatches):
                 raise PipesimError(f"--batch {self.batch} does not split into dp({dp}) x {microbatches} "
-                                   "microbatches evenly")
+                                   f"microbatches evenly{default}")
             return microbatches
         if microbatches is not None and dp * microbatches * microbatch_size != self.batch:
             raise PipesimError(f"--microbatches {microbatches} and --microbatch-size {microbatch_size} disagree: "
                                f"dp({dp}) x {microbatches} x {microbatch_size} = "
-                               f"{dp * microbatches * microbatch_size}, not --batch {self.batch}")
+                               f"{dp * microbatches * microbatch_size}, not --batch {self.batch}{default}")
         if self.batch % (dp * microbatch_size):
             raise PipesimError(f"--batch {self.batch} does not split into dp({dp}) x microbatches of "
-                               f"--microbatch-size {microbatch_size}")
+                               f"--microbatch-size {microbatch_size}{default}")
         return self.batch // (dp * microbatch_size)
 
     def to_dict(self) -> dict:

@@ -64,15 +64,18 @@ class SimSetup:
         # the one place the attention default is applied (a frozen field set once, before anyone reads it)
         object.__setattr__(self, "job", self.job.resolve_attention(on_gpus(self.hardware), self.model))
 
-    def microbatches(self, microbatches: int | None, microbatch_size: int | None) -> int:
-        """m from --microbatches or --microbatch-size (m = batch / (dp x mbs)); 8 when neither is given."""
+    def microbatches(self, microbatches: int | None, microbatch_size: int | None, *,
+                     default_batch: bool = False) -> int:
+        """m from --microbatches or --microbatch-size (m = batch / (dp x mbs)); 8 when neither is given.
+        `default_batch`: --batch was not typed (ModelConfig.microbatches_for says so where it does not split)."""
         if microbatch_size is None and microbatches is None:
             return 8
         if self.model is None or self.cost is not None:
             if microbatch_size is not None:
                 raise PipesimError("--microbatch-size needs a model (--model), not --cost; give --microbatches")
             return microbatches
-        return self.model.microbatches_for(self.job.dims.dp, microbatches=microbatches, microbatch_size=microbatch_size)
+        return self.model.microbatches_for(self.job.dims.dp, microbatches=microbatches, microbatch_size=microbatch_size,
+                                           default_batch=default_batch)
 
     def options(self) -> dict:
         """The features in effect, as --json reports them (one vocabulary with the flags)."""
