@@ -103,6 +103,11 @@ def test_combined_1f1b_is_planned_only_where_megatron_core_runs_it():
     words = " ".join(megatron_args(combined[0], PlanRequest(capped, load_hardware("dgx-h100"), 16)))
     assert "--moe-expert-capacity-factor 1.0 --moe-pad-expert-input-to-capacity --moe-token-drop-policy position" \
         in words  # probs, Megatron-core's default, goes unsaid
+    # DeepSeek-V3's router as simulated: sigmoid scores, the score bias, group-limited routing; no pre-softmax
+    routed = replace(SMALL_MOE, moe=replace(SMALL_MOE.moe, score="sigmoid", expert_bias=True, groups=2, group_topk=1))
+    words = " ".join(megatron_args(combined[0], PlanRequest(routed, load_hardware("dgx-h100"), 16)))
+    assert ("--moe-router-score-function sigmoid --moe-router-enable-expert-bias --moe-router-num-groups 2 "
+            "--moe-router-group-topk 1") in words and "--moe-router-pre-softmax" not in words
     assert "--moe-token-drop-policy" not in " ".join(megatron_args(combined[0], PlanRequest(
         replace(SMALL_MOE, moe=replace(SMALL_MOE.moe, capacity_factor=1.0)), load_hardware("dgx-h100"), 16)))
     assert "--overlap-moe-expert-parallel-comm" not in megatron_args(plain[0], req)

@@ -84,8 +84,8 @@ def layer_saved_tensors(model: ModelConfig, b: int, opts: LayerOptions, *, recom
         # under sp: re-gathered in backward (Megatron); DTensor's tp saves the gathered input its matmuls read
         gathered = opts.dtensor_tp and opts.sp
         saved.append(SavedTensor("QKV input", d * tokens * h if gathered else seq_split(d * tokens * h)))
-        if model.qk_norm or model.qk_l2_norm:  # each norm keeps its input, as the layer's norms: the QKV's query and
-            # key outputs
+        # each QK-norm (either kind) keeps its input, as the layer's norms: the QKV's query and key outputs
+        if model.qk_norm or model.qk_l2_norm:
             saved += [SavedTensor("Q head norm input", d * tokens * hq // t),
                       SavedTensor("K head norm input", d * tokens * hkv // t)]
         saved += [SavedTensor("Q", d * tokens * hq // t),
