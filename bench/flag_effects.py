@@ -115,6 +115,9 @@ WHY = {  # (context, flag and value): why it changes nothing there
     ("gpt, dgx-h100", "--microbatch-size 2"): "the context's own: batch 8 over 4 microbatches",
     ("llama3-8b, tp 2, sp, dgx-h100", "--microbatch-size 2"): "the context's own: batch 8 over 4 microbatches",
     ("llama3-8b, tp 2, sp, dgx-h100", "--activation swiglu"): "llama3-8b's own",
+    ("llama3-8b, tp 2, sp, dgx-h100", "--activation geglu"): "GeGLU in place of llama3-8b's SwiGLU: the same three "
+                                                             "matrices and, fused, the same bytes (Megatron-core's "
+                                                             "bias_geglu; `pipesim run` builds gelu_tanh(gate) x up)",
     ("llama3-8b, tp 2, sp, dgx-h100", "--scatter-gather"): "with sequence parallelism the boundary is already split "
                                                           "over the tp ranks",
     ("mlp, default hardware", "--framework torchtitan"): "each of its switches is a no-op on a 1-degree MLP",

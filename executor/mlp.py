@@ -1,7 +1,9 @@
 """The executor's MLPs: a dense layer's and each expert's, in the model's activation and with or without biases.
 
-SwiGLU's gate and up matrices are one `fc1` of rows [gate; up], as Megatron-core's linear_fc1, so that a column-parallel
-shard (executor.models.group_rows_by_rank) holds its columns of both; `activate` reads the halves off the local width.
+A gated MLP's (SwiGLU's, GeGLU's) gate and up matrices are one `fc1` of rows [gate; up], as Megatron-core's linear_fc1,
+so that a column-parallel shard (executor.models.group_rows_by_rank) holds its columns of both; `activate` reads the
+halves off the local width. GeGLU is Gemma's gelu_tanh(gate) x up (transformers' Gemma3MLP, hidden_activation
+"gelu_pytorch_tanh").
 An expert's gate may be shaped (`Gate`, from MoeConfig's glu_clamp, glu_alpha and glu_offset): GPT-OSS's
 clamp(gate, max=L) x sigmoid(1.702 clamp(gate, max=L)) x (clamp(up, -L, L) + 1) (transformers v4.55.0 GptOssExperts).
 """
@@ -14,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pipesim.model.config import ModelConfig
+from pipesim.model.config import GATED, ModelConfig
 from pipesim.model.moe import MoeConfig
 
 
@@ -37,13 +39,18 @@ SWIGLU = Gate()
 
 
 def fc1_rows(activation: str, width: int) -> tuple[int, ...]:
-    """Rows of the blocks of an MLP's first matrix for `width` hidden units: [gate; up] for SwiGLU, one otherwise."""
-    return (width, width) if activation == "swiglu" else (width,)
+    """Rows of the blocks of an MLP's first matrix for `width` hidden units: [gate; up] for a gated MLP (SwiGLU,
+    GeGLU), one otherwise."""
+    return (width, width) if activation in GATED else (width,)
 
 
 def activate(y: torch.Tensor, activation: str, gate: Gate = SWIGLU) -> torch.Tensor:
-    """The nonlinearity on fc1's output: GeLU, squared ReLU (Nemotron-4's), or SwiGLU's silu(gate) * up, whose gate
-    and up are the two halves of the (local) width, shaped by `gate` (clamp, sigmoid gain, offset on the up half)."""
+    """The nonlinearity on fc1's output: GeLU, squared ReLU (Nemotron-4's), GeGLU's gelu_tanh(gate) * up (Gemma's),
+    or SwiGLU's silu(gate) * up, whose gate and up are the two halves of the (local) width, shaped by `gate` (clamp,
+    sigmoid gain, offset on the up half)."""
+    if activation == "geglu":
+        g, up = y.chunk(2, dim=-1)
+        return F.gelu(g, approximate="tanh") * up
     if activation == "swiglu":
         g, up = y.chunk(2, dim=-1)
         if gate == SWIGLU:

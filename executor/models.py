@@ -40,20 +40,32 @@ class MLPLayer(nn.Module):
         return F.gelu(self.fc(x))
 
 
+def embedding_scale(cfg: ModelConfig) -> float | None:
+    """Gemma's factor on the token embeddings, sqrt(hidden) rounded to float32 and then to the model's dtype as
+    transformers' Gemma3TextScaledWordEmbedding rounds it (its float32 buffer cast to the weight's dtype), so that
+    x * factor is its product bit for bit; None without (`ModelConfig.embedding_scale`)."""
+    if not cfg.embedding_scale:
+        return None
+    return torch.tensor(cfg.hidden ** 0.5).to(DTYPES[cfg.dtype]).item()
+
+
 class Embed(nn.Module):
-    """Token embeddings, plus a learned position table unless the blocks rotate (first GPT stage only)."""
+    """Token embeddings (times Gemma's sqrt(hidden) when the model scales them), plus a learned position table unless
+    the blocks rotate (first GPT stage only)."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.tok = nn.Embedding(cfg.vocab, cfg.hidden)
         self.pos = nn.Embedding(cfg.seq, cfg.hidden) if cfg.positions == "learned" else None
+        self.scale = embedding_scale(cfg)
         self.first_position = 0  # of the tokens it gets: a sequence-parallel rank's shard starts further on
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:  # (b, t) int64 -> (b, t, h)
+        tok = self.tok(idx) if self.scale is None else self.tok(idx) * self.scale
         if self.pos is None:
-            return self.tok(idx)
+            return tok
         pos = torch.arange(self.first_position, self.first_position + idx.shape[1], device=idx.device)
-        return self.tok(idx) + self.pos(pos)
+        return tok + self.pos(pos)
 
 
 class Head(nn.Module):

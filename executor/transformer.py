@@ -4,7 +4,10 @@ own width, QK-norm or Llama 4's weightless L2 one, SwiGLU or squared ReLU of the
 positions, none on Llama 4's NoPE layers, no biases), and GPT-OSS's attention:
 sliding windows on the layers `ModelConfig.window` names (a query sees its `size` latest keys, itself included:
 transformers' sliding_window) and a learned sink logit per head in every softmax's denominator (transformers v4.55.0
-GptOssAttention: the sinks concatenated to the scores, softmaxed, dropped).
+GptOssAttention: the sinks concatenated to the scores, softmaxed, dropped), and Gemma 3's layer
+(pipesim.model.gemma_layer): a norm on the attention's and on the MLP's output before each residual add (`post_norms`;
+under tensor parallelism on the row-parallel linear's reduced output, a sequence-parallel rank's shard of it), GeGLU
+(executor.mlp), and the windowed layers rotating with their own plain RoPE (`Rotary.window_theta`).
 
 The attention's input projection is one `qkv` matrix of rows [Q; K; V] (heads x head_dim, then kv heads x head_dim
 twice), as the MLP's SwiGLU fc1 is [gate; up] (executor.mlp), so that a column-parallel shard
@@ -47,17 +50,34 @@ def qk_norms(cfg: ModelConfig) -> tuple[nn.Module | None, nn.Module | None]:
     return None, None
 
 
+def post_norms(cfg: ModelConfig) -> tuple[nn.Module | None, nn.Module | None]:
+    """Gemma's norms on the attention's and on the MLP's output (post_attention_layernorm, post_feedforward_layernorm:
+    the model's norm kind over hidden), or none (`ModelConfig.post_norms`)."""
+    if not cfg.post_norms:
+        return None, None
+    return make_norm(cfg.norm, cfg.hidden, cfg.norm_eps), make_norm(cfg.norm, cfg.hidden, cfg.norm_eps)
+
+
+def post_norm(norm: nn.Module | None, y: torch.Tensor) -> torch.Tensor:
+    """A block's output before its residual add: normed by `norm` (Gemma's post-norm), or as it is."""
+    return y if norm is None else norm(y)
+
+
 def qkv_rows(cfg: ModelConfig) -> tuple[int, int, int]:
     """Rows of the Q, K and V blocks of `qkv`: heads x head_dim, kv heads x head_dim, kv heads x head_dim."""
     hd = cfg.head_dim
     return cfg.heads * hd, cfg.num_kv_heads * hd, cfg.num_kv_heads * hd
 
 
-def rope_of(cfg: ModelConfig) -> Rope:
+def rope_of(cfg: ModelConfig, windowed: bool = False) -> Rope:
     """The model's rotary frequencies (config.json's rope_theta, rotary scaling and partial_rotary_factor:
-    pipesim.model.rotary; Megatron-LM's base 10,000 unscaled without them) and YaRN's attention factor."""
+    pipesim.model.rotary; Megatron-LM's base 10,000 unscaled without them) and YaRN's attention factor; on a
+    `windowed` layer of a model with its own window base (Gemma 3's rope_local_base_freq: `Rotary.window_theta`),
+    plain RoPE of that base without the factor (transformers' Gemma3 rotary_emb_local, a default rotary)."""
     rotary = cfg.rotary or Rotary()
-    return tuple(rotary.inverse_frequencies(rotary.rotated_width(cfg.head_dim))), cfg.rope_mscale
+    local = windowed and rotary.window_theta > 0
+    rotary = rotary.on_window() if local else rotary
+    return tuple(rotary.inverse_frequencies(rotary.rotated_width(cfg.head_dim))), 1.0 if local else cfg.rope_mscale
 
 
 @functools.lru_cache(maxsize=16)
@@ -131,9 +151,11 @@ class Block(nn.Module):
         h = cfg.hidden
         self.head_dim = cfg.head_dim
         self.qkv_split = qkv_rows(cfg)  # the whole block's; a rank's are the same fractions of its width
+        # a sliding layer by its type, as transformers' layer_types (its window may cover the sequence here): its RoPE
+        sliding = cfg.window is not None and cfg.window.windowed(layer)
         # rotary tables; None with learned positions or on a NoPE layer (ModelConfig.nope_every: Llama 4's)
         nope = is_nope_layer(cfg.nope_every, layer)
-        self.rope = rope_of(cfg) if cfg.positions == "rope" and not nope else None
+        self.rope = rope_of(cfg, sliding) if cfg.positions == "rope" and not nope else None
         self.ln1 = make_norm(cfg.norm, h, cfg.norm_eps)
         self.qkv = nn.Linear(h, sum(self.qkv_split), bias=cfg.has_qkv_bias)
         self.q_norm, self.k_norm = qk_norms(cfg)
@@ -143,6 +165,8 @@ class Block(nn.Module):
         self.sinks = nn.Parameter(torch.zeros(cfg.heads)) if cfg.attention_sinks else None
         self.first_head = 0  # the first of this rank's query heads (executor.models.shard_piece sets it under tp)
         self.proj = nn.Linear(self.qkv_split[0], h, bias=cfg.biases)
+        # Gemma's post-norms on the attention's and the MLP's output (None without: post_norms)
+        self.post_attn_norm, self.post_mlp_norm = post_norms(cfg)
         self.ln2 = make_norm(cfg.norm, h, cfg.norm_eps)
         self.activation = cfg.activation
         moe = cfg.moe is not None and cfg.moe.is_moe_layer(layer)
@@ -159,14 +183,15 @@ class Block(nn.Module):
         return x + self.mlp(self.ln2(x))
 
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(activate(self.fc1(x), self.activation))
+        """The dense MLP's output, post-normed when the model says so (what the residual adds)."""
+        return post_norm(self.post_mlp_norm, self.fc2(activate(self.fc1(x), self.activation)))
 
     def steps(self, x: torch.Tensor) -> Steps:
         """The block as a generator yielding its MoE MLP's all-to-alls in flight (none for a dense block)."""
         x = self.attend(x)
         if self.moe is None:
             return x + self.mlp(self.ln2(x))
-        return x + (yield from self.moe.steps(self.ln2(x)))
+        return x + post_norm(self.post_mlp_norm, (yield from self.moe.steps(self.ln2(x))))
 
     def attend(self, x: torch.Tensor) -> torch.Tensor:
         """x plus the attention's output."""
@@ -186,8 +211,8 @@ class Block(nn.Module):
         else:
             y = attention_core(q, k, v, self.window, sinks)
         y = y.transpose(1, 2).reshape(b, t, widths[0])
-        return x + self.proj(y)
+        return x + post_norm(self.post_attn_norm, self.proj(y))  # proj: reduced (sp: scattered) under tp
 
 
-__all__ = ["Block", "Rope", "attention_core", "band", "make_norm", "qk_norms", "qkv_rows", "rope_of", "rotary_tables",
-           "rotate"]
+__all__ = ["Block", "Rope", "attention_core", "band", "make_norm", "post_norm", "post_norms", "qk_norms", "qkv_rows",
+           "rope_of", "rotary_tables", "rotate"]

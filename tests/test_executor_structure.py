@@ -1,9 +1,10 @@
 """The executor builds the transformer structures the cost model costs (executor/transformer.py): a Llama block
 (grouped-query attention, SwiGLU of its own width, RMSNorm, rotary positions, no biases), Qwen3's attention (heads of
 their own width, QK-norm), Nemotron's squared ReLU, experts in the model's activation, and GPT-OSS's layer (sliding
-windows, attention sinks, a router bias, the clamped and offset gate). Their parameters are the cost model's count
-exactly, and tensor-parallel runs (with and without sequence parallelism, which moves the QK-norms' and the sinks'
-gradient sum) train them like the single-process reference.
+windows, attention sinks, a router bias, the clamped and offset gate), and Gemma 3's (post-norms, GeGLU, scaled
+embeddings, the windowed layers' own RoPE). Their parameters are the cost model's count exactly, and tensor-parallel
+runs (with and without sequence parallelism, which moves the QK-norms' and the sinks' gradient sum) train them like the
+single-process reference.
 """
 
 from __future__ import annotations
@@ -14,18 +15,21 @@ from dataclasses import replace
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import executor.models
-from executor.models import build_full
+from executor.mlp import activate, fc1_rows
+from executor.models import Embed, build_full
 from executor.stage import backward_input, backward_weight
-from executor.transformer import Block, rotate
+from executor.transformer import Block, rope_of, rotate
 from pipesim.cli import build_parser
 from pipesim.commands.run_args import config_from_args
-from pipesim.cost.executor_ops import GPT_BLOCK_OPS, executor_block_ops, executor_moe_block_ops
+from pipesim.cost.executor_ops import EMBED_SCALE_OPS, GPT_BLOCK_OPS, executor_block_ops, executor_moe_block_ops
 from pipesim.cost.stage_layers import is_variant_layer
+from pipesim.cost.stage_work import gpt_stage_work
 from pipesim.errors import PipesimError
 from pipesim.model.attention_window import SlidingWindow
-from pipesim.model.config import ModelConfig
+from pipesim.model.config import ModelConfig, unbuilt_structure
 from pipesim.model.moe import MoeConfig
 from pipesim.model.options import LayerOptions
 from pipesim.model.param_counts import model_params
@@ -53,6 +57,10 @@ GPT_OSS_TP = ["--tp", "2", "--sequence-parallel", "--ep", "2", "--etp", "1"]
 # 4 experts of 12 behind a sigmoid top-1 router weighting the expert's input, and a shared expert; the others a dense
 # MLP of 24; every other layer without RoPE; the weightless L2 QK-norm
 LLAMA4 = ["--model-config", "tests/data/tiny_llama4.json", "--seq", "16", "--batch", "8", "--dtype", "float32"]
+# Gemma 3's layer at a small size (tests/data/tiny_gemma3.json, model_type gemma3_text): post-norms, GeGLU, embeddings
+# times sqrt(64) = 8, QK-norm, heads of 32 over a hidden of 64, every other layer windowed over 8 of the 16 tokens with
+# plain RoPE of base 10,000, the others full with base 10**6 scaled linearly by 8, the head tied to the embedding
+GEMMA3 = ["--model-config", "tests/data/tiny_gemma3.json", "--seq", "16", "--batch", "8", "--dtype", "float32"]
 # GPT-OSS's attention on the GPT (Megatron-core's flags): sinks, every other layer windowed over 4 of the 8 tokens
 SINKS = [*SIZES, "--softmax-type", "learnable", "--window-size", "4,0", "--window-attn-skip-freq", "2"]
 NAMES = ["1f1b", "zb-h1"]
@@ -73,8 +81,8 @@ def test_the_flags_build_the_structures_they_name():
     assert (nemotron.activation, nemotron.ffn_size) == ("relu2", 40)
 
 
-@pytest.mark.parametrize("flags", [SIZES, LLAMA, QWEN3, QWEN2, NEMOTRON, TIED, SINKS, GPT_OSS],
-                         ids=["gpt", "llama", "qwen3", "qwen2", "nemotron", "tied", "sinks", "gpt-oss"])
+@pytest.mark.parametrize("flags", [SIZES, LLAMA, QWEN3, QWEN2, NEMOTRON, TIED, SINKS, GPT_OSS, GEMMA3],
+                         ids=["gpt", "llama", "qwen3", "qwen2", "nemotron", "tied", "sinks", "gpt-oss", "gemma3"])
 def test_the_executor_holds_the_cost_models_parameters(flags):
     model = model_from(flags)
     assert sum(p.numel() for p in build_full(model).parameters()) == model_params(model)
@@ -122,6 +130,11 @@ def _block_ops(model: ModelConfig, layer: int = 0) -> tuple[int, int, int]:
 
 
 WINDOW = SlidingWindow(4)  # 4 of the block's 8 tokens, on every layer
+# Gemma 3's structure on the block's sizes: layer 0 windowed (its own plain RoPE), layer 1 full (the scaled one)
+GEMMA_FIELDS = {"kv_heads": 2, "activation": "geglu", "norm": "rmsnorm", "positions": "rope", "biases": False,
+                "dropout": False, "qk_norm": True, "head_width": 6, "window": SlidingWindow(4, full_every=2),
+                "rotary": Rotary(theta=1e6, scaling="linear", factor=8, window_theta=1e4), "post_norms": True,
+                "embedding_scale": True, "tied_embeddings": True, "norm_eps": 1e-6}
 STRUCTURES = [{"window": WINDOW}, {"attention_sinks": True}, {"window": WINDOW, "attention_sinks": True},
               {"kv_heads": 2, "attention_sinks": True}, {"kv_heads": 2, "window": WINDOW},
               {"norm": "rmsnorm"}, {"positions": "rope"}, {"kv_heads": 2}, {"activation": "swiglu"},
@@ -134,7 +147,9 @@ STRUCTURES = [{"window": WINDOW}, {"attention_sinks": True}, {"window": WINDOW, 
                                                    "head_width": 6},
               {"qk_l2_norm": True}, {"norm": "rmsnorm", "qk_l2_norm": True, "positions": "rope"},
               {"positions": "rope", "nope_every": 2}, {"positions": "rope", "nope_every": 2, "qk_l2_norm": True,
-                                                       "kv_heads": 2, "norm": "rmsnorm"}]
+                                                       "kv_heads": 2, "norm": "rmsnorm"},
+              {"activation": "geglu"}, {"post_norms": True}, {"norm": "rmsnorm", "post_norms": True},
+              {"embedding_scale": True}, GEMMA_FIELDS]
 
 
 @pytest.mark.parametrize("fields", STRUCTURES, ids=lambda f: ",".join(f"{k}={v}" for k, v in f.items()))
@@ -181,6 +196,136 @@ def test_the_cpu_cost_models_ops_of_an_expert_block_are_the_executors(activation
                                                     executor_moe_block_ops(gpt, opts), strict=True))
 
 
+def _embed_ops(model: ModelConfig) -> tuple[int, int, int]:
+    """The embedding piece's framework ops in F, I and W, as the first stage runs it: its input needs no gradient, so
+    its whole backward is W (executor.stage: backward_weight's autograd.backward)."""
+    torch.manual_seed(0)
+    embed, idx = Embed(model), torch.randint(model.vocab, (2, model.seq))
+    with OpCount() as f:
+        out = embed(idx)
+    grad = torch.randn_like(out)
+    with OpCount() as w:
+        torch.autograd.backward(out, grad)
+    return f.ops, 0, w.ops
+
+
+@pytest.mark.parametrize("positions", ["learned", "rope"])
+def test_the_cpu_cost_models_ops_of_the_scaled_embedding_are_the_executors(positions):
+    """Gemma's sqrt(hidden) on the token embeddings: the ops it adds to the embedding piece, counted as the block's
+    are, are EMBED_SCALE_OPS, what the first stage's work (stage_work) charges a calibrated CPU host for it."""
+    sizes = {"kind": "gpt", "hidden": 16, "heads": 4, "seq": 8, "vocab": 32, "layers": 2, "batch": 8,
+             "positions": positions}
+    plain, scaled = ModelConfig(**sizes), ModelConfig(**sizes, embedding_scale=True)
+    measured = tuple(s - p for s, p in zip(_embed_ops(scaled), _embed_ops(plain), strict=True))
+    assert measured == EMBED_SCALE_OPS
+    ops = [gpt_stage_work(m, 2, 0, first=True, last=False, executor_ops=True).ops for m in (scaled, plain)]
+    assert tuple(ops[0][k] - ops[1][k] for k in "FIW") == EMBED_SCALE_OPS
+
+
+def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm written out: x / sqrt(mean(x^2) + eps) times the weight."""
+    return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+
+
+def _turned(x: torch.Tensor, inverse_frequencies: list[float]) -> torch.Tensor:
+    """RoPE written out on (b, heads, t, d): position p turns the pair (x_i, x_{i + d/2}) by p x frequency i."""
+    angles = torch.arange(x.shape[-2], dtype=x.dtype)[:, None] * torch.tensor(inverse_frequencies, dtype=x.dtype)
+    cos, sin = angles.cos(), angles.sin()
+    first, second = x.chunk(2, dim=-1)
+    return torch.cat((first * cos - second * sin, second * cos + first * sin), dim=-1)
+
+
+def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    """GeLU's tanh approximation written out (transformers' gelu_pytorch_tanh)."""
+    return 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x.pow(3))))
+
+
+def _gemma_layer(block: Block, model: ModelConfig, x: torch.Tensor, frequencies: list[float],
+                 window: int | None) -> torch.Tensor:
+    """transformers' Gemma3DecoderLayer written out in float64 on `block`'s weights: x + post(attn(ln1 x)), then
+    x + post(mlp(ln2 x)), the attention's heads QK-normed, turned by `frequencies`, attending over `window` keys."""
+    w = {name: p.detach().double() for name, p in block.named_parameters()}
+    x, eps, d = x.double(), model.norm_eps, model.head_dim
+    b, t, _ = x.shape
+    q, k, v = (_rms(x, w["ln1.weight"], eps) @ w["qkv.weight"].T).split(
+        [model.heads * d, model.num_kv_heads * d, model.num_kv_heads * d], dim=-1)
+    q, k, v = (z.view(b, t, -1, d).transpose(1, 2) for z in (q, k, v))
+    q = _turned(_rms(q, w["q_norm.weight"], eps), frequencies)
+    k = _turned(_rms(k, w["k_norm.weight"], eps), frequencies)
+    group = model.heads // model.num_kv_heads
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    i = torch.arange(t)
+    seen = (i[None, :] <= i[:, None]) & (i[:, None] - i[None, :] < (window or t))
+    scores = (q @ k.transpose(-2, -1) / math.sqrt(d)).masked_fill(~seen, float("-inf"))
+    attn = (torch.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(b, t, -1) @ w["proj.weight"].T
+    x = x + _rms(attn, w["post_attn_norm.weight"], eps)
+    gate, up = (_rms(x, w["ln2.weight"], eps) @ w["fc1.weight"].T).chunk(2, dim=-1)
+    return x + _rms((_gelu_tanh(gate) * up) @ w["fc2.weight"].T, w["post_mlp_norm.weight"], eps)
+
+
+def test_gemmas_block_is_its_decoder_layer_written_out():
+    """Gemma 3's layer (tests/data/tiny_gemma3.json): the executor's block is x + post_attn_norm(attn(ln1 x)), then
+    x + post_mlp_norm(down(gelu_tanh(gate) up)), its sliding layer (0) turned by plain RoPE of base 10,000 over an
+    8-key window, its full layer (1) by base 10**6 with every frequency / 8, all norms with their own weights."""
+    model = model_from(GEMMA3)
+    assert (model.activation, model.post_norms, model.embedding_scale, model.window, model.head_dim) == (
+        "geglu", True, True, SlidingWindow(8, full_every=2), 32)
+    assert unbuilt_structure(model) == []
+    local = [10_000 ** (-2 * i / 32) for i in range(16)]
+    scaled = [1e6 ** (-2 * i / 32) / 8 for i in range(16)]
+    gen = torch.Generator().manual_seed(1)
+    for layer, frequencies, window in ((0, local, 8), (1, scaled, None)):
+        torch.manual_seed(layer)
+        block = Block(model, layer)
+        assert (block.window, block.rope[1]) == (window, 1.0)
+        torch.testing.assert_close(torch.tensor(block.rope[0], dtype=torch.float64),
+                                   torch.tensor(frequencies, dtype=torch.float64), rtol=1e-15, atol=0)
+        with torch.no_grad():  # every norm its own weight (a ones weight would hide a missing or swapped norm)
+            for p in block.parameters():
+                if p.dim() == 1:
+                    p.copy_(1 + 0.5 * torch.randn(p.shape, generator=gen))
+        x = torch.randn(2, model.seq, model.hidden, generator=gen)
+        torch.testing.assert_close(block(x).double(), _gemma_layer(block, model, x, frequencies, window), rtol=1e-5,
+                                   atol=1e-5)
+
+
+def test_the_windowed_layers_take_their_own_rope_only_with_a_window_base():
+    """rope_of: a windowed layer rotates with plain RoPE of window_theta (no YaRN factor), a full layer with the
+    model's rotary; without a window base both rotate with the model's."""
+    model = ModelConfig(**{"kind": "gpt", "hidden": 16, "heads": 4, "seq": 8, "vocab": 32, "layers": 2,
+                           **GEMMA_FIELDS})
+    assert rope_of(model, windowed=True) == (tuple(1e4 ** (-2 * i / 6) for i in range(3)), 1.0)
+    assert rope_of(model) == (tuple(1e6 ** (-2 * i / 6) / 8 for i in range(3)), 1.0)
+    same = replace(model, rotary=replace(model.rotary, window_theta=0.0))
+    assert rope_of(same, windowed=True) == rope_of(same) == rope_of(model)
+
+
+def test_geglu_is_gelu_tanh_of_the_gate_times_up():
+    """executor.mlp: GeGLU's fc1 holds [gate; up] and the activation is gelu_pytorch_tanh(gate) x up."""
+    assert fc1_rows("geglu", 5) == fc1_rows("swiglu", 5) == (5, 5)
+    y = torch.randn(3, 10, generator=torch.Generator().manual_seed(0))
+    gate, up = y[:, :5], y[:, 5:]
+    assert torch.equal(activate(y, "geglu"), F.gelu(gate, approximate="tanh") * up)
+    torch.testing.assert_close(activate(y.double(), "geglu"), _gelu_tanh(gate.double()) * up.double(), rtol=1e-12,
+                               atol=1e-12)
+
+
+@pytest.mark.parametrize(("hidden", "dtype"), [(64, torch.float32), (48, torch.bfloat16), (48, torch.float32)])
+def test_the_embeddings_are_scaled_by_the_square_root_of_the_width(hidden, dtype):
+    """Gemma3TextScaledWordEmbedding: embed(idx) x sqrt(hidden), the factor a float32 tensor cast to the weight's dtype
+    (48: sqrt not a float, rounded as transformers rounds it); learned positions are added after, unscaled."""
+    name = {torch.float32: "float32", torch.bfloat16: "bfloat16"}[dtype]
+    sizes = {"kind": "gpt", "hidden": hidden, "heads": 4, "seq": 8, "vocab": 32, "dtype": name}
+    idx = torch.randint(32, (2, 8), generator=torch.Generator().manual_seed(0))
+    embed = Embed(ModelConfig(**sizes, positions="rope", embedding_scale=True)).to(dtype)
+    expected = embed.tok(idx) * torch.tensor(hidden ** 0.5).to(dtype)
+    assert torch.equal(embed(idx), expected)
+    learned = Embed(ModelConfig(**sizes, embedding_scale=True)).to(dtype)
+    assert torch.equal(learned(idx), learned.tok(idx) * torch.tensor(hidden ** 0.5).to(dtype) + learned.pos.weight)
+    plain = Embed(ModelConfig(**sizes, positions="rope")).to(dtype)
+    assert plain.scale is None and torch.equal(plain(idx), plain.tok(idx))
+
+
 def test_rotary_embedding_turns_each_pair_by_its_angle():
     """Position t turns the pair (x_i, x_{i + d/2}) by t / 10000^(2i/d): position 0 is untouched, norms are kept,
     and a query-key product depends on their distance only."""
@@ -216,6 +361,7 @@ def _flags(d):
         [",".join(NAMES), *GPT_OSS_TP, *GPT_OSS, *common, "--recompute", "selective", "--save-dir",
          str(d / "gpt_oss_selective")],
         [",".join(NAMES), *GPT_OSS_TP, *LLAMA4, *common, "--save-dir", str(d / "llama4")],
+        [",".join(NAMES), "--tp", "2", "--sequence-parallel", *GEMMA3, *common, "--save-dir", str(d / "gemma3")],
     )
 
 
@@ -256,6 +402,18 @@ def test_tp2_sp_ep2_pp2_trains_llama4_like_the_reference(runs):
         2, True, 2, "sigmoid", True)
     for name in NAMES:
         assert_matches_reference(runs / "llama4", name, model, STEPS)
+
+
+@pytest.mark.dist
+def test_tp2_sp_pp2_trains_gemma3_like_the_reference(runs):
+    """Gemma 3's post-norms (on each rank's sequence shard of the reduce-scattered output, their gradients summed
+    over tp), GeGLU split by columns, scaled embeddings tied to the head, and the windowed layers' own RoPE, on pp 2 x
+    tp 2 with sequence parallelism."""
+    model = model_from(GEMMA3)
+    assert (model.post_norms, model.embedding_scale, model.activation, model.rotary.window_theta) == (
+        True, True, "geglu", 10_000.0)
+    for name in NAMES:
+        assert_matches_reference(runs / "gemma3", name, model, STEPS)
 
 
 @pytest.mark.dist

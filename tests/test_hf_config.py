@@ -44,7 +44,8 @@ def test_bundled_llama3_configs(name, layers, hidden, heads, ffn, max_seq, param
 
 
 def test_bundled_names_and_overrides():
-    assert bundled_configs() == ["deepseek-v3", "gpt-oss-120b", "gpt-oss-20b", "kimi-k2", "llama3-405b",
+    assert bundled_configs() == ["deepseek-v3", "gemma3-12b", "gemma3-1b", "gemma3-27b", "gemma3-4b", "gpt-oss-120b",
+                                 "gpt-oss-20b", "kimi-k2", "llama3-405b",
                                  "llama3-70b", "llama3-8b", "llama3.1-70b", "llama3.1-8b",
                                  "llama4-maverick-17b-128e", "llama4-scout-17b-16e", "mixtral-8x22b",
                                  "mixtral-8x7b", "nemotron4-15b", "nemotron4-340b", "qwen3-235b-a22b",
@@ -103,7 +104,7 @@ def test_gelu_layernorm_tied_and_defaults(tmp_path):
     olmo2 = _write(tmp_path, {**LLAMA, "model_type": "olmo2"})  # QK-norm over the whole width, norms after blocks
     with pytest.raises(PipesimError, match=r"model_type \('olmo2': pipesim models llama, mistral, mixtral, "
                                            r"deepseek_v3, qwen2, qwen3, qwen3_moe, nemotron, gpt_oss, glm4_moe, "
-                                           r"llama4_text, kimi_k2, deepseek_v2, llama4\)"):
+                                           r"llama4_text, gemma3_text, kimi_k2, deepseek_v2, llama4, gemma3\)"):
         load_hf_config(olmo2)
 
 
@@ -171,7 +172,8 @@ def test_unreadable_files_and_unknown_names(tmp_path):
     with pytest.raises(PipesimError) as err:
         load_hf_config("llama9-1t")
     assert str(err.value) == ("--model-config llama9-1t: no such file or bundled config "
-                              "(bundled: deepseek-v3, gpt-oss-120b, gpt-oss-20b, kimi-k2, llama3-405b, llama3-70b, "
+                              "(bundled: deepseek-v3, gemma3-12b, gemma3-1b, gemma3-27b, gemma3-4b, gpt-oss-120b, "
+                              "gpt-oss-20b, kimi-k2, llama3-405b, llama3-70b, "
                               "llama3-8b, llama3.1-70b, llama3.1-8b, llama4-maverick-17b-128e, llama4-scout-17b-16e, "
                               "mixtral-8x22b, mixtral-8x7b, nemotron4-15b, "
                               "nemotron4-340b, qwen3-235b-a22b, "
@@ -189,7 +191,7 @@ def test_model_config_stays_as_it_was_for_mlp_and_gpt():
     assert (gpt.num_kv_heads, gpt.ffn_size, gpt.head_dim) == (8, 4096, 128)
     assert ModelConfig(kind="gpt", kv_heads=2).to_dict()["kv_heads"] == 2
     for kw, message in (({"kind": "llama"}, "unknown --model 'llama'; choose mlp or gpt"),
-                        ({"activation": "relu"}, "unknown activation 'relu'; choose gelu or swiglu or relu2"),
+                        ({"activation": "relu"}, "unknown activation 'relu'; choose gelu or swiglu or relu2 or geglu"),
                         ({"ffn_hidden": 0}, "--ffn-hidden must be a positive integer, got 0")):
         with pytest.raises(PipesimError) as err:
             ModelConfig(**kw)

@@ -303,7 +303,7 @@ def test_qwen2_moe_stays_refused(tmp_path):
         f"{path}: keys that change the model and pipesim does not model: decoder_sparse_step, moe_intermediate_size, "
         "num_experts, num_experts_per_tok, router_aux_loss_coef, shared_expert_intermediate_size (mixture of experts); "
         "model_type ('qwen2_moe': pipesim models llama, mistral, mixtral, deepseek_v3, qwen2, qwen3, qwen3_moe, "
-        "nemotron, gpt_oss, glm4_moe, llama4_text, kimi_k2, deepseek_v2, llama4); "
+        "nemotron, gpt_oss, glm4_moe, llama4_text, gemma3_text, kimi_k2, deepseek_v2, llama4, gemma3); "
         "refused rather than simulated as a different model")
 
 

@@ -200,7 +200,8 @@ def add_structure_group(parser: argparse.ArgumentParser) -> argparse._ArgumentGr
                    help="key/value heads, grouped-query attention (default: --heads)")
     g.add_argument("--ffn-hidden", type=positive_int, default=None, help="MLP width (default 4 x --hidden)")
     g.add_argument("--activation", choices=ACTIVATIONS, default=None,
-                   help="MLP: gelu or relu2 (two matrices), or swiglu (gate, up, down) (default gelu)")
+                   help="MLP: gelu or relu2 (two matrices), or swiglu or geglu (gate, up, down; geglu: Gemma's "
+                   "gated tanh GeLU) (default gelu)")
     add_structure_args(g)
     return g
 

@@ -18,8 +18,8 @@ GPT_BLOCK_OPS = (10, 10, 6)  # framework ops of one transformer block in F, I, W
 # the executor's extra framework ops (F, I, W) over the GPT block's, per structure field (executor/transformer.py,
 # counted as GPT_BLOCK_OPS is, non-view aten ops, by tests/test_executor_structure.py): RMSNorm as torch's composite
 # (pow, mean, add, rsqrt, mul, mul) for the block's two norms, rotary embedding on q and k (mul, neg, cat, mul, add
-# each; none on a NoPE layer), SwiGLU's or squared ReLU's second op, QK-norm by kind, and no bias gradients without
-# biases (4 linears) but QKV's with --add-qkv-bias;
+# each; none on a NoPE layer), SwiGLU's, GeGLU's or squared ReLU's second op, QK-norm by kind, and no bias gradients
+# without biases (4 linears) but QKV's with --add-qkv-bias;
 # grouped-query attention adds none (torch's SDPA with enable_gqa), nor do heads of their own width. Additive to the
 # op but for cases no bundled model has: QK-norm (either kind) beside a single key/value head runs one op fewer, and
 # beside a partial rotation one forward op fewer.
@@ -34,7 +34,10 @@ STRUCTURE_OPS = {"rmsnorm": (10, 22, 2), "rope": (10, 10, 0), "gated": (1, 3, 0)
                  "window": (3, 0, 0), "sinks": (10, 10, 2), "sinks_gqa": (0, 3, 0),
                  # a partial rotation (partial_rotary_factor < 1, executor.transformer.rotate): the rotated features
                  # sliced out and the rest concatenated back, on q and k
-                 "partial_rope": (3, 8, 0)}
+                 "partial_rope": (3, 8, 0),
+                 # Gemma's post-norms on the attention's and the MLP's output (executor.transformer.post_norms), by
+                 # kind: two LayerNorms, or two RMSNorms as torch's composite
+                 "post_layernorm": (2, 2, 2), "post_rmsnorm": (12, 24, 4)}
 EXPERT_GATED_OPS = (1, 3, 0)  # an expert's (or the shared experts') SwiGLU over its GeLU
 # a routed expert's gate shape over SwiGLU's (executor.mlp.activate; MoeConfig.glu_clamp, glu_alpha, glu_offset): the
 # two clamps, the sigmoid gain in place of silu, the offset's add; and the router's bias gradient
@@ -42,6 +45,7 @@ EXPERT_GATED_OPS = (1, 3, 0)  # an expert's (or the shared experts') SwiGLU over
 GATE_OPS = {"clamp": (2, 8, 0), "alpha": (2, 4, 0), "offset": (1, 0, 0)}
 ROUTER_BIAS_OPS = (0, 0, 1)
 EMBED_ROPE_OPS = (-3, 0, -1)  # an embedding without the learned position table: one lookup, no add
+EMBED_SCALE_OPS = (1, 0, 1)  # Gemma's sqrt(hidden) on the token embeddings (executor.models.Embed): a mul each way
 HEAD_RMSNORM_OPS = (5, 11, 1)  # the final norm as RMSNorm's composite (one of the block's two)
 EXPERT_NO_BIAS_OPS = (0, 0, -2)  # an expert without its two biases' gradients
 RENORMALIZE_OPS = (2, 7, 0)  # the router's k weights divided by their sum (MoeConfig.renormalize): sum, div
@@ -73,7 +77,8 @@ def structure_ops(model: ModelConfig, variant: bool = False) -> tuple[int, int, 
         ("rmsnorm", model.norm == "rmsnorm"), ("rope", rope),
         ("gated", model.activation != "gelu"),
         (f"qk_{model.norm}", model.qk_norm), ("qk_l2", model.qk_l2_norm), ("no biases", not model.biases),
-        ("qkv bias", model.qkv_bias), ("partial_rope", rope and model.rotary is not None and model.rotary.fraction < 1),
+        ("qkv bias", model.qkv_bias), (f"post_{model.norm}", model.post_norms),
+        ("partial_rope", rope and model.rotary is not None and model.rotary.fraction < 1),
         ("window", windowed and not sinks), ("sinks", sinks),
         ("sinks_gqa", sinks and model.num_kv_heads != model.heads)) if here]
     return tuple(sum(STRUCTURE_OPS[name][k] for name in on) for k in range(3))
@@ -119,8 +124,7 @@ def executor_moe_block_ops(model: ModelConfig, opts: LayerOptions, variant: bool
     return add_ops(ops, BOTH_LOSSES_OPS) if moe.balance_loss and moe.z_loss_coeff else ops
 
 
-__all__ = ["BALANCE_OPS", "BOTH_LOSSES_OPS", "EMBED_ROPE_OPS", "EXPERT_GATED_OPS", "EXPERT_NO_BIAS_OPS", "GATE_OPS",
-           "GPT_BLOCK_OPS", "HEAD_RMSNORM_OPS", "MLP_LAYER_OPS", "NO_OPS", "RENORMALIZE_OPS", "ROUTER_BIAS_OPS",
-           "SIGMOID_NORM_OPS",
-           "STRUCTURE_OPS", "Z_LOSS_OPS", "add_ops", "executor_block_ops", "executor_moe_block_ops", "gate_ops",
-           "structure_ops"]
+__all__ = ["BALANCE_OPS", "BOTH_LOSSES_OPS", "EMBED_ROPE_OPS", "EMBED_SCALE_OPS", "EXPERT_GATED_OPS",
+           "EXPERT_NO_BIAS_OPS", "GATE_OPS", "GPT_BLOCK_OPS", "HEAD_RMSNORM_OPS", "MLP_LAYER_OPS", "NO_OPS",
+           "RENORMALIZE_OPS", "ROUTER_BIAS_OPS", "SIGMOID_NORM_OPS", "STRUCTURE_OPS", "Z_LOSS_OPS", "add_ops",
+           "executor_block_ops", "executor_moe_block_ops", "gate_ops", "structure_ops"]

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 
 from pipesim.cost.executor_ops import (
     EMBED_ROPE_OPS,
+    EMBED_SCALE_OPS,
     GPT_BLOCK_OPS,
     HEAD_RMSNORM_OPS,
     MLP_LAYER_OPS,
@@ -182,7 +183,8 @@ def _gpt_shaped(model: ModelConfig) -> ModelConfig:
     (GLM-4.5-Air: 96 heads of 128 over a 4096 hidden)."""
     heads = model.heads if model.hidden % model.heads == 0 else 1
     return replace(model, kv_heads=None, ffn_hidden=None, activation="gelu", norm="layernorm", biases=True,
-                   head_width=None, qk_norm=False, moe=None, mla=None, heads=heads, qk_l2_norm=False, nope_every=0)
+                   head_width=None, qk_norm=False, moe=None, mla=None, heads=heads, qk_l2_norm=False, nope_every=0,
+                   post_norms=False, embedding_scale=False)
 
 
 def gpt_stage_work(model: ModelConfig, b: int, layers: int, *, first: bool, last: bool, tp: int = 1,
@@ -208,7 +210,8 @@ def gpt_stage_work(model: ModelConfig, b: int, layers: int, *, first: bool, last
     act = b * s * h * d  # bytes of one (b, s, h) activation
     work = Work()
     if first:  # token + position lookup: no matmul FLOPs; vocab-parallel embedding all_reduces its output
-        ops = add_ops((3, 0, 2), EMBED_ROPE_OPS if executor_ops and model.positions == "rope" else NO_OPS)
+        ops = add_ops((3, 0, 2), EMBED_ROPE_OPS if executor_ops and model.positions == "rope" else NO_OPS,
+                      EMBED_SCALE_OPS if executor_ops and model.embedding_scale else NO_OPS)  # Gemma's sqrt(h)
         work.add(0.0, 0.0, 0.0, moved=(2 * act, 0.0, 2 * act), act=embedding_activation_bytes(model, b, opts),
                  params=embedding_params(model, tp), ops=ops)
         _add_forward(work, tp_embedding_collectives(model, b, opts))

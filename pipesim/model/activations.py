@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 
 from pipesim.model.config import ModelConfig
 from pipesim.model.fp8 import Fp8Options, saved_bytes
+from pipesim.model.gemma_layer import post_norm_name
 from pipesim.model.latent_layer import latent_saved, latent_widths
 from pipesim.model.moe_layer import ROUTER_BYTES, routed_tokens, tokens_here
 from pipesim.model.op_recompute import OP, op_saved
@@ -102,6 +103,9 @@ def layer_saved_tensors(model: ModelConfig, b: int, opts: LayerOptions, *, recom
     else:  # flash: no s x s tensor; the kernel keeps one logsumexp per (token, head) and recomputes the scores
         saved.append(SavedTensor("attention logsumexp", STAT_BYTES * tokens * (a // t), core, block="attention"))
     saved.append(SavedTensor("attention output (projection input)", attention_out))
+    if model.post_norms:  # Gemma's norm on the projection's (reduced, sp: scattered) output keeps its input
+        saved.append(SavedTensor(post_norm_name("attention", "norm input"), seq_split(d * tokens * h),
+                                 block="attention"))
     if model.dropout:
         saved.append(SavedTensor("attention dropout mask", seq_split(MASK_BYTES * tokens * h)))
     # the pre-MLP norm's output: a MoE layer's separate norm ("layernorm"); a dense MLP's checkpoint ("mlp") holds
@@ -112,13 +116,15 @@ def layer_saved_tensors(model: ModelConfig, b: int, opts: LayerOptions, *, recom
               SavedTensor("MLP input", mlp_input, ("layernorm",) if "MLP" in norms else mlp)]
     if moe:
         saved += _moe_saved(model, b, opts)
-    elif model.activation == "swiglu":  # a fused SwiGLU (Megatron's) saves gate and up, recomputes silu(gate) * up
+    elif model.gated:  # a fused SwiGLU / GeGLU (Megatron's) saves gate and up, recomputes act(gate) * up
         saved += [SavedTensor("gate and up", 2 * d * tokens * f // t, mlp),
                   SavedTensor("down projection input", d * tokens * f // t, mlp)]
     else:
         saved += [SavedTensor("GeLU input" if model.activation == "gelu" else "ReLU output (squared ReLU's input)",
                               d * tokens * f // t, mlp),
                   SavedTensor("second linear input", d * tokens * f // t, mlp)]
+    if model.post_norms:  # and on the MLP's output (inside FC2's module: a dense MLP's checkpoint re-runs it)
+        saved.append(SavedTensor(post_norm_name("MLP", "norm input"), seq_split(d * tokens * h), mlp))
     if model.dropout:
         saved.append(SavedTensor("MLP dropout mask", seq_split(MASK_BYTES * tokens * h)))
     if recompute == "selective":
@@ -203,7 +209,7 @@ def _moe_saved(model: ModelConfig, b: int, opts: LayerOptions) -> list[SavedTens
     here = tokens_here(model, b, opts)
     routed = routed_tokens(model, b, opts)
     ffn = moe.expert_ffn // opts.etp
-    fc1 = 2 * ffn if model.activation == "swiglu" else ffn
+    fc1 = 2 * ffn if model.gated else ffn
     layer = ("moe",)  # the MoE layer's checkpoint keeps its input (the pre-MLP norm's output) only
     saved = [SavedTensor("router probabilities", ROUTER_BYTES * here * moe.experts, layer),
              SavedTensor("dispatched tokens (expert FC1 input)", d * routed * h, layer),
@@ -215,7 +221,7 @@ def _moe_saved(model: ModelConfig, b: int, opts: LayerOptions) -> list[SavedTens
     if width:
         tokens = opts.local_seq(model) * b
         shared = ("moe", "shared_experts")
-        saved += [SavedTensor("shared expert FC1 output", d * tokens * (2 * width if model.activation == "swiglu"
+        saved += [SavedTensor("shared expert FC1 output", d * tokens * (2 * width if model.gated
                                                                           else width), shared),
                   SavedTensor("shared expert FC2 input", d * tokens * width, shared)]
     return saved

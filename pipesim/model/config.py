@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, fields
 
 from pipesim.errors import PipesimError
 from pipesim.model.attention_window import SlidingWindow
+from pipesim.model.gemma_layer import check_gemma_layer
 from pipesim.model.latent_attention import LatentAttention
 from pipesim.model.llama4_attention import check_llama4_attention, nope_layers
 from pipesim.model.moe import MoeConfig
@@ -25,8 +26,10 @@ from pipesim.model.rotary import BUILT as ROTARY_BUILT
 from pipesim.model.rotary import Rotary
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-# MLP: Linear-GeLU-Linear, SwiGLU's gate, up and down matrices, or Linear-ReLU^2-Linear (Nemotron-4's squared ReLU)
-ACTIVATIONS = ("gelu", "swiglu", "relu2")
+# MLP: Linear-GeLU-Linear, SwiGLU's gate, up and down matrices, Linear-ReLU^2-Linear (Nemotron-4's squared ReLU), or
+# GeGLU's three matrices (Gemma's gelu_pytorch_tanh(gate) x up)
+ACTIVATIONS = ("gelu", "swiglu", "relu2", "geglu")
+GATED = ("swiglu", "geglu")  # the gated MLPs: gate and up in one FC1 of twice the width
 NORMS = ("layernorm", "rmsnorm")
 POSITIONS = ("learned", "rope")  # a learned (seq x hidden) table, or rotary embeddings (no parameters)
 # MoeConfig's fields left out of to_dict at their defaults (older files read the same)
@@ -35,7 +38,7 @@ MOE_OPTIONAL_DEFAULTS = {f.name: f.default for f in fields(MoeConfig) if f.name 
 STRUCTURE_FIELDS = ("kv_heads", "ffn_hidden", "activation", "norm", "dropout", "biases", "positions",
                     "tied_embeddings", "moe", "mla", "mtp_layers", "head_width", "qk_norm", "window",
                     "attention_sinks", "rope_mscale", "rotary", "norm_eps", "qkv_bias", "qk_l2_norm",
-                    "nope_every", "attention_chunk")  # left out of to_dict at their
+                    "nope_every", "attention_chunk", "post_norms", "embedding_scale")  # left out of to_dict at their
 # defaults
 
 MAX_LAYERS = 1 << 16  # layers of one model: far above any published one, a step costed in well under a second
@@ -89,6 +92,10 @@ class ModelConfig:
     qk_l2_norm: bool = False
     nope_every: int = 0
     attention_chunk: int | None = None
+    # Gemma's layer (pipesim.model.gemma_layer): a norm on the attention's and on the MLP's output before each residual
+    # add (post_attention_layernorm, post_feedforward_layernorm), and the embeddings times sqrt(hidden)
+    post_norms: bool = False
+    embedding_scale: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.moe, dict):  # from to_dict / JSON
@@ -141,8 +148,10 @@ class ModelConfig:
         for name, choices in (("activation", ACTIVATIONS), ("norm", NORMS), ("positions", POSITIONS)):
             if getattr(self, name) not in choices:
                 raise PipesimError(f"unknown {name} {getattr(self, name)!r}; choose {' or '.join(choices)}")
-        if self.activation == "relu2" and self.moe is not None:
-            raise PipesimError("squared-ReLU experts are not modelled (mixture-of-experts models here are SwiGLU's)")
+        if self.activation in ("relu2", "geglu") and self.moe is not None:
+            raise PipesimError(f"{self.activation} experts are not modelled (mixture-of-experts models here are "
+                               "SwiGLU's)")
+        check_gemma_layer(self.kind, post_norms=self.post_norms, embedding_scale=self.embedding_scale)
         for name in ("dropout", "biases", "tied_embeddings", "qkv_bias"):
             if not isinstance(getattr(self, name), bool):
                 raise PipesimError(f"{name} must be true or false, got {getattr(self, name)!r}")
@@ -175,7 +184,7 @@ class ModelConfig:
             if self.moe.moe_layers(0, self.layers) == 0:
                 raise PipesimError(f"moe: none of the {self.layers} layers has experts (dense_layers "
                                    f"{self.moe.dense_layers}, every {self.moe.every})")
-            if not self.moe.plain_glu and self.activation != "swiglu":
+            if not self.moe.plain_glu and self.activation != "swiglu":  # (geglu experts: refused above)
                 raise PipesimError(f"moe glu_clamp, glu_alpha and glu_offset shape a gated activation; activation "
                                    f"{self.activation!r} has none (use swiglu)")
         self._check_deepseek()
@@ -246,6 +255,11 @@ class ModelConfig:
     def has_qkv_bias(self) -> bool:
         """The QKV projection has a bias: every linear's (`biases`) or its alone (`qkv_bias`)."""
         return self.biases or self.qkv_bias
+
+    @property
+    def gated(self) -> bool:
+        """A gated MLP (SwiGLU, GeGLU): FC1 holds gate and up, 2 x ffn outputs, and three matrices in all."""
+        return self.activation in GATED
 
     @property
     def dtype_bytes(self) -> int:
@@ -352,12 +366,13 @@ def split_layers(layers: int, stages: int, weights: list[int] | None = None) -> 
 
 def unbuilt_structure(model: ModelConfig) -> list[str]:
     """The structure of a transformer the executor (executor/transformer.py) does not build, as 'name'; [] when it
-    builds the whole model. It builds every dense layer the cost model costs (grouped-query attention, heads of
-    their own width, QK-norm, each activation, norm and position kind, with or without biases, sliding windows and
-    attention sinks) and a top-k router's experts (with a router bias, and GPT-OSS's clamped, offset gate), and a head
-    tied to the embedding; not latent attention, multi-token prediction, DeepSeek-V3's routing (groups, a score
-    bias), or a Hugging Face config's own router loss (its training objective, not a layer). Its one owner: the
-    executor refuses such a model, the planner's run export says so."""
+    builds the whole model. It builds every dense layer the cost model costs (grouped-query attention, heads of their
+    own width, QK-norm, each activation, norm and position kind, with or without biases, sliding windows (with Gemma
+    3's own RoPE base on them), attention sinks, Gemma's post-norms and scaled embeddings) and a top-k router's
+    experts (with a router bias, and GPT-OSS's clamped, offset gate), and a head tied to the embedding; not latent
+    attention, multi-token prediction, DeepSeek-V3's routing (groups, a score bias), or a Hugging Face config's own
+    router loss (its training objective, not a layer). Its one owner: the executor refuses such a model, the
+    planner's run export says so."""
     if model.kind != "gpt":
         return []
     moe = model.moe

@@ -9,7 +9,9 @@ attention adds an RMSNorm on each latent, rotates only the rope parts (the queri
 token), and assembles Q, K and V out of the up projections' outputs (pipesim.model.latent_attention). QK-norm
 (`ModelConfig.qk_norm`, Qwen3) is a norm over head_dim on every query and every key head: one op on the queries and one
 on the keys, costed as the other norms on their elements; Llama 4's weightless L2 norm (`qk_l2_norm`) moves the same
-bytes (pipesim.model.llama4_attention), and its NoPE layers (LayerOptions.nope) rotate nothing.
+bytes (pipesim.model.llama4_attention), and its NoPE layers (LayerOptions.nope) rotate nothing. Gemma's post-norms
+(`ModelConfig.post_norms`) are one more norm on each block's output (pipesim.model.gemma_layer); GeGLU moves SwiGLU's
+bytes.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from dataclasses import dataclass, field
 
 from pipesim.model.activations import MASK_BYTES
 from pipesim.model.config import ModelConfig
+from pipesim.model.gemma_layer import post_norm_name
 from pipesim.model.latent_layer import assembly_bytes, check_latent, rope_elements
 from pipesim.model.op_recompute import OP
 from pipesim.model.options import LayerOptions
@@ -45,7 +48,8 @@ class ElementwiseBytes:
 
 
 # The dense MLP's activation, as the elementwise ops that run it (one kernel each way per name)
-ACTIVATION_OPS = {"gelu": ("GeLU",), "swiglu": ("SwiGLU",), "relu2": ("squared ReLU: ReLU", "squared ReLU: square")}
+ACTIVATION_OPS = {"gelu": ("GeLU",), "swiglu": ("SwiGLU",), "relu2": ("squared ReLU: ReLU", "squared ReLU: square"),
+                  "geglu": ("GeGLU",)}
 ALL_ACTIVATION_OPS = frozenset(name for names in ACTIVATION_OPS.values() for name in names)
 
 def layer_elementwise_bytes(model: ModelConfig, b: int, opts: LayerOptions) -> ElementwiseBytes:
@@ -102,17 +106,21 @@ def layer_elementwise_bytes(model: ModelConfig, b: int, opts: LayerOptions) -> E
         if model.dropout:
             op("softmax dropout", 2 * scores * d + MASK_BYTES * scores, 2 * scores * d + MASK_BYTES * scores,
                core=True)
+    if model.post_norms:  # Gemma's norm on the projection's output, before the residual add
+        op(post_norm_name("attention", norm), 2 * hidden * d, 3 * hidden * d)
     if model.dropout:
         op("attention dropout", 2 * hidden * d + MASK_BYTES * hidden, 2 * hidden * d + MASK_BYTES * hidden)
     op("attention residual add", 3 * hidden * d, 3 * hidden * d)
     op(f"MLP {norm}", 2 * hidden * d, 3 * hidden * d)
-    if model.activation == "swiglu":
-        op("SwiGLU", 3 * ffn * d, 5 * ffn * d)
+    if model.gated:  # SwiGLU, GeGLU: gate and up read, their product written
+        op(ACTIVATION_OPS[model.activation][0], 3 * ffn * d, 5 * ffn * d)
     elif model.activation == "relu2":  # Megatron-core's squared_relu, torch.pow(F.relu(x), 2): two kernels each way
         for name in ACTIVATION_OPS["relu2"]:
             op(name, 2 * ffn * d, 3 * ffn * d)
     else:
         op("GeLU", 2 * ffn * d, 3 * ffn * d)
+    if model.post_norms:  # and on the MLP's output
+        op(post_norm_name("MLP", norm), 2 * hidden * d, 3 * hidden * d)
     if model.dropout:
         op("MLP dropout", 2 * hidden * d + MASK_BYTES * hidden, 2 * hidden * d + MASK_BYTES * hidden)
     op("MLP residual add", 3 * hidden * d, 3 * hidden * d)
@@ -133,8 +141,8 @@ def _module_ops(model: ModelConfig, opts: LayerOptions, ops: list[str], norm: st
         names.add(f"attention {norm}")
     if opts.recomputes("mla_up_proj"):
         names |= {f"Q latent {norm}", f"KV latent {norm}", "RoPE on Q and K", "Q, K, V assembly"}
-    if opts.recomputes("mlp"):
-        names |= {f"MLP {norm}", *ALL_ACTIVATION_OPS}
+    if opts.recomputes("mlp"):  # with Gemma's post-norm, inside FC2's module
+        names |= {f"MLP {norm}", *ALL_ACTIVATION_OPS, post_norm_name("MLP", norm)}
     return [name for name in ops if name in names]
 
 

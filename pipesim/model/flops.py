@@ -51,7 +51,7 @@ def dense_flops(model: ModelConfig, b: int, opts: LayerOptions) -> int:
     opts.check(model)
     n = b * opts.local_seq(model)
     h, f = model.hidden, model.ffn_size
-    mlp = (6 if model.activation == "swiglu" else 4) * n * h * f
+    mlp = (6 if model.gated else 4) * n * h * f
     if model.mla is not None:
         return sum(2 * x.tokens * x.inp * x.out for x in latent_linears(model, b, opts)) + mlp // opts.tp
     hq, hkv = model.attention_width, model.kv_width
@@ -121,7 +121,7 @@ def _module_rerun_flops(model: ModelConfig, b: int, opts: LayerOptions) -> int:
     or Q without a query latent, and KV up)."""
     out = 0
     if opts.recomputes("mlp"):
-        out += (6 if model.activation == "swiglu" else 4) * b * opts.local_seq(model) * model.hidden \
+        out += (6 if model.gated else 4) * b * opts.local_seq(model) * model.hidden \
             * model.ffn_size // opts.tp
     if opts.recomputes("mla_up_proj"):
         out += sum(2 * x.tokens * x.inp * x.out for x in latent_linears(model, b, opts)
@@ -153,7 +153,7 @@ def moe_mlp_delta(model: ModelConfig, tokens: int) -> int:
     moe = model.moe
     if moe is None:
         return 0
-    matrices = 3 if model.activation == "swiglu" else 2
+    matrices = 3 if model.gated else 2
     per_token = (model.hidden * moe.experts + moe.top_k * matrices * model.hidden * moe.expert_ffn
                  + moe.shared_experts * matrices * model.hidden * moe.shared_width
                  - matrices * model.hidden * model.ffn_size)
@@ -193,7 +193,7 @@ def _moe_rerun_delta(model: ModelConfig, tokens: int, opts: LayerOptions) -> int
     less the dense MLP that mlp re-runs in dense layers only."""
     moe = model.moe
     assert moe is not None
-    matrices = 3 if model.activation == "swiglu" else 2
+    matrices = 3 if model.gated else 2
     h = model.hidden
     shared = moe.shared_experts * matrices * h * moe.shared_width
     per_token = 0

@@ -59,17 +59,19 @@ q, k, v and o only, which ModelConfig.biases (every linear) cannot say: a true o
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from pipesim.errors import PipesimError, parse_json
 from pipesim.model.config import DTYPE_BYTES, ModelConfig
 from pipesim.model.hf_deepseek import deepseek_attention, deepseek_experts, glm4_moe_fields, mtp_modules
+from pipesim.model.hf_gemma import gemma3_fields, gemma3_rope, unwrap_gemma3, with_gemma3_defaults
 from pipesim.model.hf_gpt_oss import GPT_OSS_DEFAULTS, gpt_oss_experts, read_window
 from pipesim.model.hf_keys import KeyReport, check_keys, code_type, count_field, positive_field, required_field
 from pipesim.model.hf_llama4 import llama4_fields, unwrap_llama4
 from pipesim.model.hf_rope import yarn_attention_factor
 from pipesim.model.moe import MoeConfig
-from pipesim.model.rotary import rotary_from_config
+from pipesim.model.rotary import Rotary, rotary_from_config
 
 BUNDLED_DIR = Path(__file__).parent / "configs"
 REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size",
@@ -84,7 +86,7 @@ MIXTRAL_DEFAULTS = {"num_local_experts": 8, "num_experts_per_tok": 2}  # transfo
 QWEN3_TYPES = ("qwen3", "qwen3_moe")  # Llama's layer with QK-norm and an explicit head_dim
 QKV_BIAS_TYPES = ("qwen2",)  # Llama's layer with biases on q, k and v_proj alone (ModelConfig.qkv_bias)
 # heads of head_dim whatever hidden_size / heads is
-OWN_HEAD_TYPES = (*QWEN3_TYPES, "gpt_oss", "glm4_moe", "llama4_text")
+OWN_HEAD_TYPES = (*QWEN3_TYPES, "gpt_oss", "glm4_moe", "llama4_text", "gemma3_text")
 QWEN3_MOE_DEFAULTS = {"num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768,
                       "decoder_sparse_step": 1}  # transformers' Qwen3MoeConfig defaults
 
@@ -138,7 +140,7 @@ def model_from_hf(cfg: dict, *, where: str, seq: int | None = None, batch: int =
     seq: training sequence length (default max_position_embeddings; longer is refused). dtype:
     default the file's torch_dtype (one pipesim does not model is refused), bfloat16 when it names none.
     """
-    cfg = unwrap_llama4(cfg, where)[0]  # a Llama 4 file's language model (pipesim.model.hf_llama4)
+    cfg = with_gemma3_defaults(unwrap(cfg, where)[0])  # a Llama 4 or Gemma 3 file's language model
     for name in REQUIRED:
         required_field(cfg, name, where)
     sizes = {name: positive_field(cfg, name, where) for name in REQUIRED}
@@ -162,7 +164,7 @@ def model_from_hf(cfg: dict, *, where: str, seq: int | None = None, batch: int =
     if heads % kv_heads:
         raise PipesimError(f"{where}: field 'num_key_value_heads' {kv_heads} does not divide num_attention_heads "
                            f"{heads}")
-    act = cfg.get("hidden_act", "silu")
+    act = cfg.get("hidden_act", "silu") if kind != "gemma3_text" else "silu"  # Gemma's: gemma3_fields
     if act not in GATED_ACTS + PLAIN_ACTS + SQUARED_RELU:
         raise PipesimError(f"{where}: field 'hidden_act' {act!r} is not supported; "
                            f"choose one of {', '.join(GATED_ACTS + PLAIN_ACTS + SQUARED_RELU)}")
@@ -219,19 +221,28 @@ def model_from_hf(cfg: dict, *, where: str, seq: int | None = None, batch: int =
         moe, head_width, sizes["intermediate_size"] = llama4.pop("moe"), llama4.pop("head_width"), \
             llama4.pop("ffn_hidden")
         structure = {**structure, **llama4}
+    if kind == "gemma3_text":
+        gemma = gemma3_fields(cfg, biases=biases, where=where)
+        head_width = gemma.pop("head_width")
+        structure = {**structure, **gemma}
     if kind == "gpt_oss":
         head_width = positive_field(cfg, "head_dim", where)
         moe = gpt_oss_experts(cfg, sizes["intermediate_size"], router_loss=_hf_router_loss(cfg, where), where=where)
     window = read_window(cfg, kind, sizes["num_hidden_layers"], where)
     rope_mscale = yarn_attention_factor(cfg, where)
-    rotary = rotary_from_config(cfg, where)
+    if kind == "gemma3_text":  # the full layers' rotary, and the windowed layers' own base
+        rope_keys, window_theta = gemma3_rope(cfg, where)
+        rotary = replace(rotary_from_config(rope_keys, where) or Rotary(), window_theta=window_theta)
+    else:
+        rotary = rotary_from_config(cfg, where)
     eps = next((cfg[k] for k in ("rms_norm_eps", "layer_norm_eps", "norm_eps") if cfg.get(k) is not None),
                ModelConfig.norm_eps)
     try:
+        activation = structure.pop("activation", "swiglu" if act in GATED_ACTS else "relu2" if act in SQUARED_RELU
+                                   else "gelu")
         return ModelConfig(kind="gpt", hidden=sizes["hidden_size"], layers=sizes["num_hidden_layers"], heads=heads,
                            seq=seq, vocab=sizes["vocab_size"], batch=batch, dtype=dtype, seed=seed,
-                           kv_heads=kv_heads, ffn_hidden=sizes["intermediate_size"],
-                           activation="swiglu" if act in GATED_ACTS else "relu2" if act in SQUARED_RELU else "gelu",
+                           kv_heads=kv_heads, ffn_hidden=sizes["intermediate_size"], activation=activation,
                            norm="rmsnorm" if "rms_norm_eps" in cfg or own_heads else "layernorm",  # norm_eps: LayerNorm
                            dropout=dropout > 0, biases=biases, positions="rope",
                            tied_embeddings=tied, moe=moe, mla=mla, mtp_layers=mtp, head_width=head_width,
@@ -319,11 +330,20 @@ def _qwen3_experts(cfg: dict, layers: int, where: str) -> MoeConfig | None:
     return moe
 
 
+def unwrap(cfg: dict, where: str) -> tuple[dict, tuple[str, ...], tuple[str, ...]]:
+    """A wrapper file's language model (Llama 4's and Gemma 3's text_config: pipesim.model.hf_llama4, hf_gemma) with
+    the wrapper's keys read and ignored; any other file unchanged, with none."""
+    cfg, read, ignored = unwrap_llama4(cfg, where)
+    if read:
+        return cfg, read, ignored
+    return unwrap_gemma3(cfg, where)
+
+
 def hf_key_report(name_or_path: str | Path, *, seq: int | None = None) -> KeyReport:
     """The keys of `--model-config`'s file that pipesim reads and those it ignores (for `--json`)."""
     path = resolve_model_config(name_or_path)
-    cfg, wrapper_read, wrapper_ignored = unwrap_llama4(read_hf_config(path), str(path))
-    max_seq = cfg.get("max_position_embeddings")
+    cfg, wrapper_read, wrapper_ignored = unwrap(read_hf_config(path), str(path))
+    max_seq = with_gemma3_defaults(cfg).get("max_position_embeddings")  # the file's keys alone are reported
     seq = seq if seq is not None else max_seq if isinstance(max_seq, int) else 0
     report = check_keys(cfg, where=str(path), seq=seq)
     return KeyReport(wrapper_read + report.read, wrapper_ignored + report.ignored)

@@ -2,9 +2,11 @@
 
 Windows (pipesim.model.attention_window): a "gpt_oss" file windows the layers `layer_types` names
 "sliding_attention" (transformers' GptOssConfig: every other layer from the first when it gives none) over
-`sliding_window` keys (128 when absent); a "mistral" or "mixtral" file windows every layer when `sliding_window`
-is set (MistralAttention and MixtralAttention pass it to every layer); any file whose `layer_types` are all
-"full_attention" (Qwen3's newer files) has none. A window as long as the training sequence is full attention.
+`sliding_window` keys (128 when absent); a "gemma3_text" file likewise, full on layer l when (l + 1) %
+`sliding_window_pattern` == 0 when it lists no layer_types (pipesim.model.hf_gemma); a "mistral" or "mixtral" file
+windows every layer when `sliding_window` is set (MistralAttention and MixtralAttention pass it to every layer); any
+file whose `layer_types` are all "full_attention" (Qwen3's newer files) has none. A window as long as the training
+sequence is full attention.
 A pattern of windowed and full layers that `SlidingWindow.full_every` cannot say (full on layer l exactly when
 (l + 1) % k == 0) is refused in one line.
 
@@ -64,9 +66,12 @@ def read_window(cfg: dict, kind: str | None, layers: int, where: str) -> Sliding
     """The file's sliding windows (the module's rules; a "gpt_oss" file with GPT_OSS_DEFAULTS filled in); None:
     full attention everywhere."""
     kinds = _layer_types(cfg, layers, where)
-    if kind == "gpt_oss":
+    if kind in ("gpt_oss", "gemma3_text"):  # full every 2nd layer (GPT-OSS), every sliding_window_pattern-th (Gemma 3)
         size = positive_field(cfg, "sliding_window", where)
-        return SlidingWindow(size, GPT_OSS_FULL_EVERY) if kinds is None else _pattern(kinds, size, where)
+        every = GPT_OSS_FULL_EVERY if kind == "gpt_oss" else positive_field(cfg, "sliding_window_pattern", where)
+        if kinds is None:
+            return SlidingWindow(size, every) if every > 1 else None
+        return _pattern(kinds, size, where)
     if kind in WINDOW_EVERY_LAYER and cfg.get("sliding_window") is not None:
         return SlidingWindow(positive_field(cfg, "sliding_window", where))
     if kinds is not None and WINDOWED in kinds:  # check_keys refuses these unless the type reads them

@@ -67,6 +67,7 @@ OFF_WHEN_EMPTY = {
     "hidden_dropout": "dropout", "resid_pdrop": "dropout", "embd_pdrop": "dropout",
     "residual_dropout": "dropout", "final_logit_softcapping": "logit soft-capping",
     "attn_logit_softcapping": "logit soft-capping",
+    "use_bidirectional_attention": "bidirectional attention (EmbeddingGemma)",
 }
 # read only in the model type whose code reads them (pipesim.model.hf_config turns them into a MoeConfig)
 TYPE_MODELED = {"mixtral": ("num_local_experts", "num_experts_per_tok", "router_aux_loss_coef", "output_router_logits",
@@ -93,7 +94,11 @@ TYPE_MODELED = {"mixtral": ("num_local_experts", "num_experts_per_tok", "router_
                 # chunked attention (pipesim.model.hf_llama4)
                 "llama4_text": ("num_local_experts", "num_experts_per_tok", "interleave_moe_layer_step", "moe_layers",
                                 "intermediate_size_mlp", "use_qk_norm", "no_rope_layers", "no_rope_layer_interval",
-                                "attention_chunk_size", "layer_types")}
+                                "attention_chunk_size", "layer_types"),
+                # Gemma 3's language model: GeGLU by hidden_activation, 5:1 local windows, the local layers' RoPE base
+                # (pipesim.model.hf_gemma)
+                "gemma3_text": ("hidden_activation", "sliding_window", "sliding_window_pattern", "layer_types",
+                                "rope_local_base_freq")}
 # change nothing pipesim counts in that model type (Mixtral's and Qwen3-MoE's own router loss, router_aux_loss_coef
 # under output_router_logits, is read: MoeConfig.hf_router_loss, which the executor refuses)
 TYPE_NO_EFFECT = {# DeepSeek-V3's router: the sequence-wise balance loss (aux_loss_alpha, seq_aux) is a few FLOPs per
@@ -114,11 +119,14 @@ TYPE_NO_EFFECT = {# DeepSeek-V3's router: the sequence-wise balance loss (aux_lo
                   # (pipesim.model.hf_llama4); the router loss's coefficient, unused unless output_router_logits (off
                   # when empty: refused when true); its quantization tooling's and inference cache's switches
                   "llama4_text": ("attn_temperature_tuning", "floor_scale", "attn_scale", "router_aux_loss_coef",
-                                  "for_llm_compressor", "cache_implementation")}
+                                  "for_llm_compressor", "cache_implementation"),
+                  # Gemma 3: the scores' scale (inside the attention kernel), the inference cache; a hidden_act beside
+                  # hidden_activation, which Gemma3MLP does not read
+                  "gemma3_text": ("query_pre_attn_scalar", "cache_implementation", "hidden_act")}
 # decoders whose layers are nothing beyond MODELED and their TYPE_MODELED (Llama-style, DeepSeek-V3's, Qwen2's: Llama's
 # layer with biases on q, k and v alone, and Qwen3's: Llama's layer with QK-norm and an explicit head_dim)
 MODEL_TYPES = ("llama", "mistral", "mixtral", "deepseek_v3", "qwen2", "qwen3", "qwen3_moe", "nemotron", "gpt_oss",
-               "glm4_moe", "llama4_text")
+               "glm4_moe", "llama4_text", "gemma3_text")
 # model types whose files run another type's code, read as that type: Moonshot AI's Kimi K2 "reuses the
 # DeepSeekV3CausalLM architecture" and names itself "kimi_k2" only so that inference engines can tell the two apart
 # (MoonshotAI/Kimi-K2 docs/deploy_guidance.md, which suggests model_type "deepseek_v3" for a framework that does not
@@ -130,8 +138,9 @@ MODEL_TYPES = ("llama", "mistral", "mixtral", "deepseek_v3", "qwen2", "qwen3", "
 # file's own keys (scoring_func, topk_method: V2's greedy and group_limited_greedy carry no routing bias; no
 # num_nextn_predict_layers: no multi-token prediction)
 TYPE_ALIASES = {"kimi_k2": "deepseek_v3", "deepseek_v2": "deepseek_v3"}
-# files whose language model is a sub-config, read as it (Llama 4's "llama4": its text_config, pipesim.model.hf_llama4)
-WRAPPER_TYPES = ("llama4",)
+# files whose language model is a sub-config, read as it (Llama 4's "llama4", Gemma 3's "gemma3": their text_config,
+# pipesim.model.hf_llama4 and hf_gemma)
+WRAPPER_TYPES = ("llama4", "gemma3")
 
 
 def positive_field(cfg: dict, name: str, where: str) -> int:
@@ -164,7 +173,8 @@ ARCHITECTURE_TYPES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistra
                       "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwen3_moe",
                       "NemotronForCausalLM": "nemotron", "GptOssForCausalLM": "gpt_oss",
                       "Glm4MoeForCausalLM": "glm4_moe", "Llama4ForCausalLM": "llama4_text",
-                      "Llama4ForConditionalGeneration": "llama4"}
+                      "Llama4ForConditionalGeneration": "llama4", "Gemma3ForCausalLM": "gemma3_text",
+                      "Gemma3ForConditionalGeneration": "gemma3"}
 
 
 def code_type(cfg: dict) -> str | None:

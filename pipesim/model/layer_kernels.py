@@ -23,6 +23,7 @@ from pipesim.model.activations import MASK_BYTES
 from pipesim.model.config import ModelConfig
 from pipesim.model.cp_ring_kernels import cp_ring_bytes
 from pipesim.model.elementwise import ACTIVATION_OPS, ALL_ACTIVATION_OPS, layer_elementwise_bytes, qk_norm_name
+from pipesim.model.gemma_layer import post_norm_name
 from pipesim.model.grouped_mlp_extras import expert_extras
 from pipesim.model.kernel_types import (
     FlashAttention,
@@ -70,7 +71,7 @@ def _linears(model: ModelConfig, b: int, opts: LayerOptions) -> tuple[list[Linea
     """
     h, f, t = model.hidden, model.ffn_size, opts.tp
     tokens = b * opts.local_seq(model)
-    fc1 = 2 * f if model.activation == "swiglu" else f
+    fc1 = 2 * f if model.gated else f
     mlp = [("FC1", h, fc1 // t, tokens), ("FC2", f // t, h, tokens)]
     if model.mla is not None:
         attn = [(x.name, x.inp, x.out, x.tokens) for x in latent_linears(model, b, opts)]
@@ -168,12 +169,13 @@ def _elementwise(model: ModelConfig, b: int, opts: LayerOptions, fused: bool) ->
             from_ew(f"MLP {norm}")
             acts = ACTIVATION_OPS[model.activation]
             if model.biases and not fused:  # bias add before the activation; its gradient: a reduction
-                op(f"{acts[0]} bias add", 2 * ffn * d * (2 if acts[0] == "SwiGLU" else 1), ffn * d)
+                op(f"{acts[0]} bias add", 2 * ffn * d * (2 if model.gated else 1), ffn * d)
             for act in acts:
                 from_ew(act)
             store, restore = _fp8_store_kernels("", 2 * ffn, d, opts)  # its input (gate and up), to FP8 and back
             fwd += store
             bwd += restore
+        from_ew(post_norm_name(block, norm))  # Gemma's norm on the block's output (pipesim.model.gemma_layer)
         if fused and (model.dropout or model.biases):  # bias + dropout + add: one kernel forward
             fwd.append(MemoryBound(f"{block} bias-dropout-add", 3 * hidden * d + mask))
             if model.dropout:
@@ -263,8 +265,8 @@ def _module_reruns(model: ModelConfig, opts: LayerOptions, before: list[Linear],
         out += [k for k in ew_f if k.name in names or k.name.startswith("RoPE on Q and K")]
     if moe_f is None:
         if opts.recomputes("mlp"):
-            act = {f"MLP {norm}", *ALL_ACTIVATION_OPS, "SwiGLU bias add", "GeLU bias add",
-                   "squared ReLU: ReLU bias add", FP8_STORE}
+            act = {f"MLP {norm}", *ALL_ACTIVATION_OPS, "SwiGLU bias add", "GeLU bias add", "GeGLU bias add",
+                   "squared ReLU: ReLU bias add", FP8_STORE, post_norm_name("MLP", norm)}
             out += forward_gemms(mlp[:1]) + [k for k in ew_f if k.name in act] + forward_gemms(mlp[1:])
         return out
     moe_act = [k for k in moe_f if k.name.startswith("expert ") and isinstance(k, MemoryBound)]
@@ -301,7 +303,7 @@ def _moe_mlp(model: ModelConfig, b: int, opts: LayerOptions) -> tuple[list[Kerne
     shapes = expert_shapes(model, b, opts)
     n, local = shapes.tokens_per_expert, shapes.local_experts
     routed = n * local
-    swiglu = model.activation == "swiglu"
+    swiglu = model.gated
     act = "SwiGLU" if swiglu else "GeLU"
     act_f, act_b = (3, 5) if swiglu else (2, 3)  # bytes per ffn element and dtype byte (pipesim.model.elementwise)
     logits = here * moe.experts * ROUTER_BYTES

@@ -66,7 +66,7 @@ def expert_shapes(model: ModelConfig, b: int, opts: LayerOptions) -> ExpertShape
     local = moe.experts // opts.ep
     per_expert = -(-routed_tokens(model, b, opts) // local)
     ffn = moe.expert_ffn // opts.etp
-    return ExpertShapes(local, per_expert, 2 * ffn if model.activation == "swiglu" else ffn, ffn)
+    return ExpertShapes(local, per_expert, 2 * ffn if model.gated else ffn, ffn)
 
 
 def moe_block_params(model: ModelConfig, opts: LayerOptions) -> int:
@@ -75,7 +75,7 @@ def moe_block_params(model: ModelConfig, opts: LayerOptions) -> int:
     the MLP's norm is the layer's (counted with the attention block)."""
     moe = _moe(model)
     h = model.hidden
-    matrices = 3 if model.activation == "swiglu" else 2
+    matrices = 3 if model.gated else 2
     shared_width = moe.shared_experts * moe.shared_width
     shared = matrices * h * shared_width // opts.tp
     if model.biases and shared_width:
@@ -88,7 +88,7 @@ def expert_params_here(model: ModelConfig, opts: LayerOptions) -> int:
     """Of `moe_block_params`, the routed experts' parameters on this rank (E / ep experts, etp-split): the part
     ZeRO shards and the gradient reduction averages over the expert-data-parallel group instead of dp."""
     moe = _moe(model)
-    matrices = 3 if model.activation == "swiglu" else 2
+    matrices = 3 if model.gated else 2
     expert = matrices * model.hidden * moe.expert_ffn // opts.etp
     if model.biases:
         expert += (matrices - 1) * moe.expert_ffn // opts.etp + model.hidden
@@ -98,7 +98,7 @@ def expert_params_here(model: ModelConfig, opts: LayerOptions) -> int:
 def dense_mlp_params(model: ModelConfig, tp: int) -> int:
     """The dense MLP's matrices (and biases) on one tp rank: what an MoE layer replaces (its norm stays)."""
     h, f = model.hidden, model.ffn_size
-    matrices = 3 if model.activation == "swiglu" else 2
+    matrices = 3 if model.gated else 2
     return matrices * h * f // tp + ((matrices - 1) * f // tp + h if model.biases else 0)
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from pipesim.errors import PipesimError
 from pipesim.model.config import ModelConfig
+from pipesim.model.gemma_layer import POST_NORM_BLOCKS
 from pipesim.model.latent_layer import latent_params
 from pipesim.model.moe import MoeConfig
 from pipesim.model.options import vocab_shard
@@ -31,11 +32,12 @@ def block_params(model: ModelConfig, tp: int = 1) -> int:
     key), whole on every tp rank; with `attention_sinks` one logit per head, a / t (split with the heads, as
     Megatron-core's learnable softmax offset). h_q = heads x head_dim (h unless `head_width` says otherwise), h_kv =
     kv heads x head_dim. The GPT (h_q = h_kv = h, f = 4h): 12 h^2 + 13 h at t = 1.
-    Latent attention (`model.mla`): its block (`latent_params`, no biases) in place of QKV and the projection.
+    Latent attention (`model.mla`): its block (`latent_params`, no biases) in place of QKV and the projection. Gemma's
+    post-norms (`post_norms`): two norms more (`post_norm_params`).
     """
     h, f, t = model.hidden, model.ffn_size, tp
-    matrices = 3 if model.activation == "swiglu" else 2
-    norms = 2 * _norm(model)
+    matrices = 3 if model.gated else 2
+    norms = 2 * _norm(model) + post_norm_params(model)  # Gemma's two post-norms too
     if model.mla is not None:  # ModelConfig refuses biases and QK-norm with latent attention
         return latent_params(model, t) + matrices * h * f // t + norms
     hq, hkv = model.attention_width, model.kv_width
@@ -54,6 +56,12 @@ def qk_norm_params(model: ModelConfig) -> int:
     if not model.qk_norm:
         return 0
     return 2 * (2 * model.head_dim if model.norm == "layernorm" else model.head_dim)
+
+
+def post_norm_params(model: ModelConfig) -> int:
+    """Gemma's post-norms' weights in one layer (0 without them: pipesim.model.gemma_layer): one norm over the hidden
+    size per block."""
+    return len(POST_NORM_BLOCKS) * _norm(model) if model.post_norms else 0
 
 
 def _norm(model: ModelConfig) -> int:
@@ -120,7 +128,7 @@ def mlp_params(model: ModelConfig, width: int) -> int:
     """One MLP of `width` hidden units in the model's activation (no parallelism): 2 h w (GeLU) or 3 h w (SwiGLU:
     gate, up, down) weights, plus biases w + h (SwiGLU 2 w + h) when the model has them. The dense block's MLP is
     `mlp_params(model, model.ffn_size)`; a routed or shared expert is one of width expert_ffn / shared_ffn."""
-    matrices = 3 if model.activation == "swiglu" else 2
+    matrices = 3 if model.gated else 2
     biases = (matrices - 1) * width + model.hidden if model.biases else 0
     return matrices * model.hidden * width + biases
 

@@ -10,6 +10,7 @@ from dataclasses import replace
 from pipesim.errors import PipesimError
 from pipesim.model.activations import MASK_BYTES
 from pipesim.model.config import ModelConfig
+from pipesim.model.gemma_layer import embedding_scale_bytes
 from pipesim.model.kernel_types import (
     Gemm,
     Kernel,
@@ -72,9 +73,9 @@ def head_kernels(model: ModelConfig, b: int, opts: LayerOptions, *, ce_fusion: s
 def embedding_kernels(model: ModelConfig, b: int, opts: LayerOptions) -> PieceKernels:
     """Vocab-parallel token lookup (+ learned positions, + dropout): memory-bound, no FLOPs.
 
-    F: gather the rows (read and write b s h); the position add (read 2, write 1); dropout on the
-    (sp: sharded) output. W: the table's gradient, a scatter-add of b s h gradient rows into the
-    rank's ceil(V / t) x h rows (read the gradient, write the table).
+    F: gather the rows (read and write b s h); the position add (read 2, write 1); Gemma's scale by sqrt(h) and dropout
+    on the (sp: sharded) output (the scale's gradient in W, before the table's). W: the table's gradient, a scatter-add
+    of b s h gradient rows into the rank's ceil(V / t) x h rows (read the gradient, write the table).
     """
     opts.check(model)
     d = model.dtype_bytes
@@ -84,10 +85,14 @@ def embedding_kernels(model: ModelConfig, b: int, opts: LayerOptions) -> PieceKe
     f: list[Kernel] = [MemoryBound("embedding lookup", 2 * full * d)]
     if model.positions == "learned":
         f.append(MemoryBound("position add", 3 * full * d))
+    w: list[Kernel] = []
+    if model.embedding_scale:  # Gemma: x sqrt(h) on the (sp: scattered) output, and on its gradient
+        f.append(MemoryBound("embedding scale", embedding_scale_bytes(out, d)))
+        w.append(MemoryBound("embedding scale backward", embedding_scale_bytes(out, d)))
     if model.dropout:
         f.append(MemoryBound("embedding dropout", 2 * out * d + MASK_BYTES * out))
     table = vocab_shard(model, opts.tp) * model.hidden
-    return PieceKernels(tuple(f), (), (MemoryBound("embedding backward", full * d + table * d),))
+    return PieceKernels(tuple(f), (), (*w, MemoryBound("embedding backward", full * d + table * d)))
 
 
 def mtp_kernels(model: ModelConfig, b: int, opts: LayerOptions) -> PieceKernels:

@@ -41,12 +41,18 @@ class Rotary:
     beta_slow: float = 1.0  # yarn
     truncate: bool = True  # yarn: the ramp's ends floored and ceiled to whole pairs
     fraction: float = 1.0  # partial_rotary_factor: the share of each head's features rotated (Nemotron's 0.5)
+    # Gemma 3's rope_local_base_freq: the windowed layers' own base, unscaled (transformers' Gemma3 rotary_emb_local);
+    # 0: every layer rotates as above
+    window_theta: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("theta", "factor", "low_freq_factor", "high_freq_factor", "beta_fast", "beta_slow", "fraction"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
                 raise PipesimError(f"rotary {name} must be a positive number, got {value!r}")
+        if isinstance(self.window_theta, bool) or not isinstance(self.window_theta, (int, float)) \
+                or not 0 <= self.window_theta < math.inf:
+            raise PipesimError(f"rotary window_theta must be a number >= 0, got {self.window_theta!r}")
         if not isinstance(self.scaling, str) or not self.scaling:
             raise PipesimError(f"rotary scaling must be a kind's name, got {self.scaling!r}")
         if not isinstance(self.truncate, bool):
@@ -61,6 +67,11 @@ class Rotary:
             raise PipesimError("yarn rotary scaling needs its original context (original_max_position_embeddings)")
         if self.fraction > 1:
             raise PipesimError(f"rotary fraction (partial_rotary_factor) must be at most 1, got {self.fraction!r}")
+
+    def on_window(self) -> Rotary:
+        """The rotary of the model's windowed layers: plain RoPE of base window_theta (Gemma 3's local layers), or
+        this one when window_theta is 0."""
+        return Rotary(theta=self.window_theta, fraction=self.fraction) if self.window_theta else self
 
     def rotated_width(self, head_dim: int) -> int:
         """Features of a head of `head_dim` that are rotated, the first ones (transformers: int(head_dim x

@@ -60,7 +60,7 @@ def _norm(model: ModelConfig, width: int, name: str) -> list[WeightTensor]:
 def _mlp(model: ModelConfig, width: int, split: int, prefix: str, *, count: int = 1,
          expert: bool = False) -> list[WeightTensor]:
     """An MLP of `width` split `split` ways: FC1 [m w / split, h] and FC2 [h, w / split], with their biases."""
-    h, m = model.hidden, 2 if model.activation == "swiglu" else 1
+    h, m = model.hidden, 2 if model.gated else 1
     out = [WeightTensor(f"{prefix}FC1", (m * width // split, h), count, expert),
            WeightTensor(f"{prefix}FC2", (h, width // split), count, expert)]
     if model.biases:

@@ -145,6 +145,11 @@ def megatron_args(c: Candidate, req: PlanRequest, attention: str | None = None) 
     if c.schedule not in MEGATRON_SCHEDULES:
         runs = "interleaved 1F1B" if c.v > 1 else "1F1B"
         out.append(f"# Megatron-LM has no {c.schedule} schedule; the layout below runs as {runs} there")
+    gemma = [what for what, on in (("GeGLU", m.activation == "geglu"), ("post-norms", m.post_norms),
+                                   ("scaled embeddings", m.embedding_scale)) if on]
+    if gemma:  # pipesim.model.gemma_layer: no pretrain_gpt.py flag builds them
+        out.append(f"# pretrain_gpt.py has no flag for Gemma's {', '.join(gemma)}: Megatron-Bridge's "
+                   "Gemma3ModelProvider builds the layer; the flags below carry over")
     rule = req.split_rule if req.split_rule.megatron else None  # the account-for flags (the plan's only Megatron rule)
     split = req.stage_split(c.chunks)
     even = split == [m.layers // c.chunks] * c.chunks  # Megatron's own default split
