@@ -173,7 +173,7 @@ def test_geglu_has_swiglus_matrices_and_bytes_and_the_embedding_scale_a_pass_eac
         assert [k for k in scaled_k.F if k not in plain_k.F][0].nbytes == 2 * n * 2
         assert [k.name for k in scaled_k.W] == ["embedding scale backward", "embedding backward"]
         assert scaled_k.W[0].nbytes == 2 * n * 2
-    with pytest.raises(PipesimError, match="geglu experts are not modelled"):
+    with pytest.raises(PipesimError, match="GeGLU experts are not modelled"):
         _small(activation="geglu", moe={"experts": 4, "top_k": 2, "expert_ffn": 512})
 
 

@@ -64,7 +64,7 @@ def test_other_kimi_types_and_unread_keys_stay_refused(tmp_path):
     path = tmp_path / "config.json"
     path.write_text(json.dumps({**cfg, "model_type": "kimi_k25"}))
     with pytest.raises(PipesimError, match=r"model_type \('kimi_k25': pipesim models llama, .*, kimi_k2, "
-                                           r"deepseek_v2, llama4\)"):
+                                           r"deepseek_v2, llama4, gemma3\)"):
         load_hf_config(path)
     path.write_text(json.dumps({**cfg, "index_topk": 2048}))
     with pytest.raises(PipesimError, match=r"keys that change the model and pipesim does not model: index_topk "

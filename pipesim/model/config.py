@@ -149,8 +149,8 @@ class ModelConfig:
             if getattr(self, name) not in choices:
                 raise PipesimError(f"unknown {name} {getattr(self, name)!r}; choose {' or '.join(choices)}")
         if self.activation in ("relu2", "geglu") and self.moe is not None:
-            raise PipesimError(f"{self.activation} experts are not modelled (mixture-of-experts models here are "
-                               "SwiGLU's)")
+            kind = "squared-ReLU" if self.activation == "relu2" else "GeGLU"
+            raise PipesimError(f"{kind} experts are not modelled (mixture-of-experts models here are SwiGLU's)")
         check_gemma_layer(self.kind, post_norms=self.post_norms, embedding_scale=self.embedding_scale)
         for name in ("dropout", "biases", "tied_embeddings", "qkv_bias"):
             if not isinstance(getattr(self, name), bool):
