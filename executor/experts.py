@@ -5,10 +5,13 @@ GPT's GeLU and biases for `--model moe`): a router Linear(h, E) (with a bias whe
 a float32 softmax and top-k (or, `MoeConfig.score` "sigmoid", each logit's sigmoid and their top k, divided by their
 sum when k > 1: Megatron-core's topk_routing_with_score_function); E experts, each an executor.mlp.Mlp of f hidden
 units (its gate shaped as the MoeConfig says: executor.mlp.Gate); `shared_experts x shared_ffn` hidden units of one
-dense MLP every token passes through. A token's output is the sum of its k experts' outputs weighted by their router
-probabilities (divided by their sum when `MoeConfig.renormalize`: Mixtral's and Qwen3-MoE's routers), so the router
-learns through those weights; with `MoeConfig.input_probs` (Llama 4's, top-1) the weight multiplies the expert's input
-instead (Megatron-core's --moe-apply-probs-on-input).
+dense MLP every token passes through, its output times sigmoid(x . w) where `MoeConfig.shared_gate` (Qwen2-MoE's
+shared_expert_gate, a Linear(h, 1) without bias on the block's input: transformers' Qwen2MoeSparseMoeBlock,
+Megatron-core's SharedExpertMLP gate_weight; whole on every tp rank, on its own tokens, as the router). A token's
+output is the sum of its k experts' outputs weighted by their router probabilities (divided by their sum when
+`MoeConfig.renormalize`: Mixtral's and Qwen3-MoE's routers), so the router learns through those weights; with
+`MoeConfig.input_probs` (Llama 4's, top-1) the weight multiplies the expert's input instead (Megatron-core's
+--moe-apply-probs-on-input).
 
 Routing is dropless unless `capacity_factor` is set; then each expert keeps at most ceil(cf x s x k / E) of a
 sequence's s tokens' pairs: those with the largest router weights (`drop_policy` probs, Megatron-core's default
@@ -80,6 +83,9 @@ class MoeMLP(nn.Module):
                                      for e in range(first, first + local)})
         width = moe.shared_experts * moe.shared_width
         self.shared = Mlp(hidden, width, activation, biases) if width else None
+        # Qwen2-MoE's gate on the shared output: drawn last, so the other parameters are the ungated layer's bit for
+        # bit, and nothing drawn without it
+        self.shared_gate = nn.Linear(hidden, 1, bias=False) if moe.shared_gate and width else None
         self.group = None  # the ep process group; None: every expert here (ep 1, the reference)
         self.ep = 1
         # the load-balancing loss (none when coeff is 0); set by the runtime (set_routing): its gradient's scale, the
@@ -165,13 +171,19 @@ class MoeMLP(nn.Module):
         weighted = out_rows if self.input_probs else out_rows * weight.to(tokens.dtype)[:, None]
         out = tokens.new_zeros(tokens.shape).index_add(0, token, weighted)
         if self.shared is not None:
-            out = out + self.shared(tokens)
+            out = out + self.shared_output(tokens)
         out = out.view(b, s, h)
         losses = ([self.balance_loss(probs.view(b, s, -1), chosen.view(b, s, -1))] if self.aux_coeff else []) + \
             ([self.z_loss(logits)] if self.z_coeff else [])
         if losses:
             out = _AuxLoss.apply(out, losses[0] if len(losses) == 1 else losses[0] + losses[1], self.aux_scale)
         return out
+
+    def shared_output(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The shared experts' output on (N, h) tokens, times sigmoid(tokens . w) where the layer gates it (Qwen2-MoE's
+        shared_expert_gate: the same tokens the router reads, a score per token)."""
+        out = self.shared(tokens)
+        return out if self.shared_gate is None else torch.sigmoid(self.shared_gate(tokens)) * out
 
     def z_loss(self, logits: torch.Tensor) -> torch.Tensor:
         """This rank's share of the router z-loss of (N, E) logits: coeff / token shards x mean logsumexp^2."""

@@ -189,6 +189,17 @@ class RunConfig:
         weights = list(self.layer_split) if self.layer_split else None  # a chunk may hold no layer (an identity stage)
         return split_layers(self.model.layers, num_stages, weights)
 
+    def _pp_mismatch(self, pp: int, ranks: int) -> str:
+        """The CSV's `ranks` pipeline ranks against the run's `pp`, in the flags the user typed: a --stages the CSV
+        does not have (as `pipesim schedule` says it), or the world's ranks over dp x cp x tp (`job_for`) and the
+        world the CSV needs."""
+        if self.stages is not None:
+            return f"--stages {pp}: {self.csv} has its own ranks, {ranks}; drop --stages"
+        d = self.job.dims
+        cp = f" x cp({d.cp})" if d.cp > 1 else ""
+        return (f"{self.csv} has {ranks} pipeline ranks, but the run's {pp * d.dp * d.cp * d.tp} ranks (--nproc x "
+                f"nodes) over dp({d.dp}){cp} x tp({d.tp}) leave {pp}: it needs {ranks * d.dp * d.cp * d.tp} ranks")
+
     def _schedule(self, name: str | None, pp: int) -> Schedule:
         from pipesim.ir.schedule_check import validate  # networkx: kept out of `pipesim`'s start-up
 
@@ -199,7 +210,7 @@ class RunConfig:
         if self.csv:
             sched = torch_csv.load(self.csv)
             if sched.num_ranks != pp:
-                raise PipesimError(f"{self.csv} has {sched.num_ranks} ranks but the run has pp({pp}) pipeline ranks")
+                raise PipesimError(self._pp_mismatch(pp, sched.num_ranks))
             torch_csv.check_csv_counts(sched, self.csv, microbatches=self.microbatches, virtual=self.virtual)
         else:
             v = self.virtual if (self.virtual and schedules.spec(name).virtual) else None

@@ -171,6 +171,11 @@ CASES = [
     ("csv-microbatch-size", ["simulate", "--from-csv", "two-ranks.csv", "--model", "gpt", "--microbatch-size", "2",
                              "--batch", "8"],
      "--microbatch-size 2 gives 4 microbatches per replica; two-ranks.csv has its own, 2"),
+    ("run-csv-stages", ["run", "--from-csv", "two-ranks.csv", "--nproc", "3", "-p", "3"],
+     "--stages 3: two-ranks.csv has its own ranks, 2; drop --stages"),
+    ("run-csv-world", ["run", "--from-csv", "two-ranks.csv", "--nproc", "3"],
+     "two-ranks.csv has 2 pipeline ranks, but the run's 3 ranks (--nproc x nodes) over dp(1) x tp(1) leave 3: it "
+     "needs 2 ranks"),
     ("run-csv-microbatches", ["run", "--from-csv", "two-ranks.csv", "--nproc", "2", "-m", "4"],
      "--microbatches 4: two-ranks.csv has its own microbatches, 2"),
     ("run-csv-microbatch-size", ["run", "--from-csv", "two-ranks.csv", "--nproc", "2", "--batch", "8",

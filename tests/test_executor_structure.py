@@ -1,10 +1,10 @@
 """The executor builds the transformer structures the cost model costs (executor/transformer.py): a Llama block
 (grouped-query attention, SwiGLU of its own width, RMSNorm, rotary positions, no biases), Qwen3's attention (heads of
-their own width, QK-norm), Nemotron's squared ReLU, experts in the model's activation, and GPT-OSS's layer (sliding
-windows, attention sinks, a router bias, the clamped and offset gate), and Gemma 3's (post-norms, GeGLU, scaled
-embeddings, the windowed layers' own RoPE). Their parameters are the cost model's count exactly, and tensor-parallel
-runs (with and without sequence parallelism, which moves the QK-norms' and the sinks' gradient sum) train them like the
-single-process reference.
+their own width, QK-norm), Nemotron's squared ReLU, experts in the model's activation, GPT-OSS's layer (sliding
+windows, attention sinks, a router bias, the clamped and offset gate), Qwen2-MoE's (q/k/v biases, the shared expert's
+sigmoid gate), and Gemma 3's (post-norms, GeGLU, scaled embeddings, the windowed layers' own RoPE). Their parameters
+are the cost model's count exactly, and tensor-parallel runs (with and without sequence parallelism, which moves the
+QK-norms' and the sinks' gradient sum) train them like the single-process reference.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from pipesim.model.moe import MoeConfig
 from pipesim.model.options import LayerOptions
 from pipesim.model.param_counts import model_params
 from pipesim.model.rotary import Rotary
-from tests.executor_helpers import OpCount, assert_matches_reference, chain
+from tests.executor_helpers import OpCount, assert_matches_reference, chain, load_run
 from tests.launch_shared import register_run
 
 STEPS = 2
@@ -61,6 +61,10 @@ LLAMA4 = ["--model-config", "tests/data/tiny_llama4.json", "--seq", "16", "--bat
 # times sqrt(64) = 8, QK-norm, heads of 32 over a hidden of 64, every other layer windowed over 8 of the 16 tokens with
 # plain RoPE of base 10,000, the others full with base 10**6 scaled linearly by 8, the head tied to the embedding
 GEMMA3 = ["--model-config", "tests/data/tiny_gemma3.json", "--seq", "16", "--batch", "8", "--dtype", "float32"]
+# Qwen2-MoE's layer at a small size (tests/data/tiny_qwen2_moe.json, model_type qwen2_moe): biases on q, k and v alone,
+# every layer with 4 SwiGLU experts of 32 (2 per token, not renormalised) beside a shared expert of 64 whose output is
+# scaled by sigmoid(x . w) (its shared_expert_gate)
+QWEN2_MOE = ["--model-config", "tests/data/tiny_qwen2_moe.json", "--seq", "16", "--batch", "8", "--dtype", "float32"]
 # GPT-OSS's attention on the GPT (Megatron-core's flags): sinks, every other layer windowed over 4 of the 8 tokens
 SINKS = [*SIZES, "--softmax-type", "learnable", "--window-size", "4,0", "--window-attn-skip-freq", "2"]
 NAMES = ["1f1b", "zb-h1"]
@@ -81,8 +85,9 @@ def test_the_flags_build_the_structures_they_name():
     assert (nemotron.activation, nemotron.ffn_size) == ("relu2", 40)
 
 
-@pytest.mark.parametrize("flags", [SIZES, LLAMA, QWEN3, QWEN2, NEMOTRON, TIED, SINKS, GPT_OSS, GEMMA3],
-                         ids=["gpt", "llama", "qwen3", "qwen2", "nemotron", "tied", "sinks", "gpt-oss", "gemma3"])
+@pytest.mark.parametrize("flags", [SIZES, LLAMA, QWEN3, QWEN2, NEMOTRON, TIED, SINKS, GPT_OSS, GEMMA3, QWEN2_MOE],
+                         ids=["gpt", "llama", "qwen3", "qwen2", "nemotron", "tied", "sinks", "gpt-oss", "gemma3",
+                              "qwen2-moe"])
 def test_the_executor_holds_the_cost_models_parameters(flags):
     model = model_from(flags)
     assert sum(p.numel() for p in build_full(model).parameters()) == model_params(model)
@@ -361,6 +366,7 @@ def _flags(d):
         [",".join(NAMES), *GPT_OSS_TP, *GPT_OSS, *common, "--recompute", "selective", "--save-dir",
          str(d / "gpt_oss_selective")],
         [",".join(NAMES), *GPT_OSS_TP, *LLAMA4, *common, "--save-dir", str(d / "llama4")],
+        [",".join(NAMES), *GPT_OSS_TP, *QWEN2_MOE, *common, "--save-dir", str(d / "qwen2_moe")],
         [",".join(NAMES), "--tp", "2", "--sequence-parallel", *GEMMA3, *common, "--save-dir", str(d / "gemma3")],
     )
 
@@ -402,6 +408,20 @@ def test_tp2_sp_ep2_pp2_trains_llama4_like_the_reference(runs):
         2, True, 2, "sigmoid", True)
     for name in NAMES:
         assert_matches_reference(runs / "llama4", name, model, STEPS)
+
+
+@pytest.mark.dist
+def test_tp2_sp_ep2_pp2_trains_qwen2_moe_like_the_reference(runs):
+    """Qwen2-MoE's q, k and v biases and its shared expert behind the sigmoid gate (whole on every tp rank, on its
+    sequence shard: the gate's gradient summed over tp as the router's), on pp 2 x tp 2 with sequence parallelism and
+    the experts over ep 2."""
+    model = model_from(QWEN2_MOE)
+    assert (model.qkv_bias, model.biases, model.moe.shared_gate, model.moe.shared_ffn, model.moe.renormalize) == (
+        True, False, True, 64, False)
+    for name in NAMES:
+        assert_matches_reference(runs / "qwen2_moe", name, model, STEPS)
+    _, params = load_run(runs / "qwen2_moe", "1f1b")
+    assert {f"pieces.{i}.moe.shared_gate.weight" for i in range(1, 5)} <= params.keys()
 
 
 @pytest.mark.dist

@@ -295,16 +295,13 @@ QWEN2_MOE = {"architectures": ["Qwen2MoeForCausalLM"], "attention_dropout": 0.0,
              "vocab_size": 151936}
 
 
-def test_qwen2_moe_stays_refused(tmp_path):
-    """Its shared expert sits behind a sigmoid gate (a linear h -> 1) and its attention has q/k/v biases without an
-    output bias: neither is a field of ModelConfig / MoeConfig, so its counts could not be exact."""
-    path = write_config(tmp_path, QWEN2_MOE)
-    assert config_refusal(path) == (
-        f"{path}: keys that change the model and pipesim does not model: decoder_sparse_step, moe_intermediate_size, "
-        "num_experts, num_experts_per_tok, router_aux_loss_coef, shared_expert_intermediate_size (mixture of experts); "
-        "model_type ('qwen2_moe': pipesim models llama, mistral, mixtral, deepseek_v3, qwen2, qwen3, qwen3_moe, "
-        "nemotron, gpt_oss, glm4_moe, llama4_text, gemma3_text, kimi_k2, deepseek_v2, llama4, gemma3); "
-        "refused rather than simulated as a different model")
+def test_qwen1_5_moe_is_read_with_its_gated_shared_expert(tmp_path):
+    """Qwen/Qwen1.5-MoE-A2.7B's config.json: Qwen3-MoE's experts beside one shared expert of 5632 behind a sigmoid gate
+    (MoeConfig.shared_gate) and q/k/v biases (tests/test_qwen2_moe.py: its counts and costs)."""
+    model = load_hf_config(write_config(tmp_path, QWEN2_MOE), seq=4096)
+    assert model.moe == MoeConfig(experts=60, top_k=4, expert_ffn=1408, shared_experts=1, shared_ffn=5632,
+                                  shared_gate=True)
+    assert model.qkv_bias and not model.biases
 
 
 # DeepSeek-V3's config.json (deepseek-ai/DeepSeek-V3 on the Hugging Face hub), less auto_map and quantization_config

@@ -11,6 +11,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 import schedules
@@ -58,9 +59,9 @@ FOUR = _admitted(2, 4)  # pp 2 x dp 2, ep 2
 # -- the same model the simulator counts -----------------------------------------------------------------------
 
 @pytest.mark.parametrize("ep", [1, 2, 4])
-@pytest.mark.parametrize("shared", [None, 24])
+@pytest.mark.parametrize("shared", [None, 24, "gated"])
 def test_an_ep_ranks_moe_mlp_holds_the_parameters_the_simulator_counts(ep, shared):
-    model = moe_model(shared=shared)
+    model = _gated(moe_model(shared=24)) if shared == "gated" else moe_model(shared=shared)
     layer = MoeMLP(model.hidden, model.moe)
     shard_experts(layer, ep - 1, ep, group=object())  # the last ep rank's experts (no exchange runs here)
     opts = LayerOptions(ep=ep)
@@ -83,15 +84,63 @@ def test_an_ep_rank_draws_only_its_experts_and_they_are_the_whole_layers(ep):
         assert len(whole) - len(got) == (4 - 4 // ep) * 4  # the other experts' fc1/fc2 weights and biases
 
 
-def test_the_full_moe_model_holds_the_simulators_parameter_count():
-    model = moe_model(shared=24)
+@pytest.mark.parametrize("gated", [False, True])
+def test_the_full_moe_model_holds_the_simulators_parameter_count(gated):
+    model = _gated(moe_model(shared=24)) if gated else moe_model(shared=24)
     assert sum(p.numel() for p in build_full(model).parameters()) == model_params(model)
 
 
-def test_an_moe_mlps_gemm_flops_are_the_simulators():
-    """Dropless: the router, each token's k experts and the shared expert, 2 FLOPs per weight per token (the
-    simulator's MoE MLP: the dense MLP's plus `moe_mlp_delta`)."""
-    model = moe_model(shared=24)
+def _gated(model: ModelConfig) -> ModelConfig:
+    """`model` with its shared expert's output behind Qwen2-MoE's sigmoid gate (MoeConfig.shared_gate)."""
+    return replace(model, moe=replace(model.moe, shared_gate=True))
+
+
+def _written_out(layer: MoeMLP, x: torch.Tensor) -> torch.Tensor:
+    """Qwen2MoeSparseMoeBlock written out in float64 on `layer`'s weights (GeLU experts with biases, a softmax top-k
+    router without renormalising), a token at a time: sum over its k experts of p_e expert_e(x), plus
+    sigmoid(x . w) shared(x)."""
+    w = {name: p.detach().double() for name, p in layer.named_parameters()}
+
+    def mlp(prefix: str, t: torch.Tensor) -> torch.Tensor:
+        hidden = F.gelu(t @ w[f"{prefix}.fc1.weight"].T + w[f"{prefix}.fc1.bias"])
+        return hidden @ w[f"{prefix}.fc2.weight"].T + w[f"{prefix}.fc2.bias"]
+
+    rows = []
+    for t in x.double().reshape(-1, x.shape[-1]):
+        probs = torch.softmax(t @ w["router.weight"].T + w["router.bias"], dim=-1)
+        top = probs.topk(layer.top_k)
+        routed = sum(p * mlp(f"experts.{int(e)}", t) for p, e in zip(top.values, top.indices, strict=True))
+        rows.append(routed + torch.sigmoid(t @ w["shared_gate.weight"][0]) * mlp("shared", t))
+    return torch.stack(rows).view(x.shape)
+
+
+def test_the_shared_gate_scales_the_shared_experts_output_by_the_sigmoid_of_the_token():
+    """MoeConfig.shared_gate: the layer's output is its routed experts' plus sigmoid(x . w) times the shared
+    expert's (transformers' Qwen2MoeSparseMoeBlock), w a Linear(h, 1) without bias; the gate is drawn after every other
+    parameter, so those are the ungated layer's bit for bit, and an ungated layer builds none."""
+    moe = replace(moe_model(shared=24).moe, router_bias=True)
+    torch.manual_seed(3)
+    plain = MoeMLP(16, moe)
+    torch.manual_seed(3)
+    layer = MoeMLP(16, replace(moe, shared_gate=True))
+    assert plain.shared_gate is None and not any("gate" in name for name, _ in plain.named_parameters())
+    gated = dict(layer.named_parameters())
+    assert gated.keys() - dict(plain.named_parameters()).keys() == {"shared_gate.weight"}
+    assert gated["shared_gate.weight"].shape == (1, 16)
+    assert all(torch.equal(gated[name], p) for name, p in plain.named_parameters())
+    x = torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(layer(x).double(), _written_out(layer, x), rtol=1e-5, atol=1e-6)
+    with torch.no_grad():  # a gate of sigmoid(0) = 1/2 halves the shared output, nothing else changes
+        layer.shared_gate.weight.zero_()
+    torch.testing.assert_close(layer(x), plain(x) - plain.shared(x.reshape(-1, 16)).view(x.shape) / 2, rtol=1e-6,
+                               atol=1e-6)
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_an_moe_mlps_gemm_flops_are_the_simulators(gated):
+    """Dropless: the router, each token's k experts and the shared expert (and its gate), 2 FLOPs per weight per
+    token (the simulator's MoE MLP: the dense MLP's plus `moe_mlp_delta`)."""
+    model = _gated(moe_model(shared=24)) if gated else moe_model(shared=24)
     layer = MoeMLP(model.hidden, model.moe)
     x = torch.randn(2, model.seq, model.hidden)
     with FlopCounterMode(display=False) as counter:
@@ -101,15 +150,19 @@ def test_an_moe_mlps_gemm_flops_are_the_simulators():
     assert counter.get_total_flops() == dense_mlp + moe_mlp_delta(model, tokens)
 
 
-@pytest.mark.parametrize(("experts", "shared", "balance", "z", "sequences"),
-                         [(2, None, "none", 0, 2), (4, None, "none", 0, 2), (4, 16, "none", 0, 2),
-                          (8, 16, "none", 0, 2), (4, None, "aux_loss", 0, 2), (4, None, "seq_aux_loss", 0, 1),
-                          (4, 16, "seq_aux_loss", 0, 3), (4, None, "none", 0.1, 2), (4, 16, "aux_loss", 0.1, 3)])
-def test_the_simulators_op_count_of_an_moe_block_is_the_executors(experts, shared, balance, z, sequences):
-    """The router's losses' ops are the same for one balance group or several (`sequences` in a microbatch)."""
+@pytest.mark.parametrize(("experts", "shared", "balance", "z", "sequences", "gated"),
+                         [(2, None, "none", 0, 2, False), (4, None, "none", 0, 2, False), (4, 16, "none", 0, 2, False),
+                          (8, 16, "none", 0, 2, False), (4, None, "aux_loss", 0, 2, False),
+                          (4, None, "seq_aux_loss", 0, 1, False), (4, 16, "seq_aux_loss", 0, 3, False),
+                          (4, None, "none", 0.1, 2, False), (4, 16, "aux_loss", 0.1, 3, False),
+                          (4, 16, "none", 0, 2, True), (8, 16, "aux_loss", 0.1, 3, True)])
+def test_the_simulators_op_count_of_an_moe_block_is_the_executors(experts, shared, balance, z, sequences, gated):
+    """The router's losses' ops are the same for one balance group or several (`sequences` in a microbatch); `gated`:
+    the shared expert's sigmoid gate (Qwen2-MoE's, SHARED_GATE_OPS)."""
     model = ModelConfig(kind="gpt", hidden=16, heads=2, seq=8, vocab=32, layers=1, batch=8,
                         moe=MoeConfig(experts=experts, top_k=2, expert_ffn=32, shared_experts=1 if shared else 0,
-                                      shared_ffn=shared, balance=balance, aux_loss_coeff=0.5, z_loss_coeff=z))
+                                      shared_ffn=shared, balance=balance, aux_loss_coeff=0.5, z_loss_coeff=z,
+                                      shared_gate=gated))
     block = Block(model, 0)
     x = torch.randn(sequences, 8, 16, requires_grad=True)
     with OpCount() as f:

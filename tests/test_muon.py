@@ -53,6 +53,7 @@ def _total(tensors: list[WeightTensor]) -> int:
     ("llama3-70b", LayerOptions(tp=4, sp=True)), ("gpt-oss-20b", LayerOptions(ep=4)),
     ("kimi-k2", LayerOptions(tp=2, sp=True, ep=8)), ("qwen3-30b-a3b", LayerOptions(tp=2, sp=True, ep=4)),
     ("nemotron4-15b", LayerOptions(tp=2, sp=True)), ("mixtral-8x7b", LayerOptions(tp=2, sp=True, ep=8, etp=1)),
+    ("gemma3-27b", LayerOptions(tp=4, sp=True)),
 ])
 def test_the_tensors_sum_to_the_parameter_counts(name, opts):
     model = load_hf_config(name, seq=4096)

@@ -141,6 +141,9 @@ def add_model_args(parser: argparse.ArgumentParser, *, default: str | None = "ml
                    help="width of one routed expert (default the dense MLP's: --ffn-hidden, else 4 x --hidden)")
     e.add_argument("--moe-shared-expert-intermediate-size", type=positive_int, default=None, metavar="S",
                    help="width of the shared expert every token passes through (default none)")
+    e.add_argument("--moe-shared-expert-gate", action="store_const", const=True, default=None,
+                   help="the shared expert's output times a sigmoid gate of the token (Qwen2-MoE's; Megatron-core "
+                        ">= 0.16)")
     e.add_argument("--moe-layer-freq", default=None, metavar="N|LIST",
                    help="which layers have experts, Megatron-core's spelling: 1 (every layer, the default), or one "
                         "0/1 per layer such as '([0]*3+[1]*58)'; pipesim places them after the first dense layers "

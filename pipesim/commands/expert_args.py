@@ -17,7 +17,7 @@ ROUTING_FLAGS = ("moe_load_imbalance", "moe_expert_capacity_factor", "moe_token_
 ROUTING_FIELDS = ("imbalance", "capacity_factor", "drop_policy", "balance", "aux_loss_coeff", "z_loss_coeff")
 MOE_DEFAULTS = {"experts": 4, "top_k": 2}  # --model moe's experts and experts per token when not given
 MOE_FLAGS = ("num_experts", "moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size",
-             "moe_layer_freq")
+             "moe_layer_freq", "moe_shared_expert_gate")
 
 
 def moe_config(args: argparse.Namespace, hidden: int, layers: int) -> MoeConfig:
@@ -28,7 +28,8 @@ def moe_config(args: argparse.Namespace, hidden: int, layers: int) -> MoeConfig:
     return MoeConfig(experts=args.num_experts or MOE_DEFAULTS["experts"],
                      top_k=args.moe_router_topk or MOE_DEFAULTS["top_k"],
                      expert_ffn=args.moe_ffn_hidden_size or getattr(args, "ffn_hidden", None) or 4 * hidden,
-                     shared_experts=1 if shared else 0, shared_ffn=shared, **_placement(args, layers))
+                     shared_experts=1 if shared else 0, shared_ffn=shared,
+                     shared_gate=bool(getattr(args, "moe_shared_expert_gate", None)), **_placement(args, layers))
 
 
 def _placement(args: argparse.Namespace, layers: int) -> dict[str, int]:
@@ -42,7 +43,8 @@ def _placement(args: argparse.Namespace, layers: int) -> dict[str, int]:
 
 def with_expert_flags(model: ModelConfig, args: argparse.Namespace, source: str) -> ModelConfig:
     """--num-experts, --moe-router-topk, --moe-ffn-hidden-size, --moe-shared-expert-intermediate-size (Megatron's
-    total shared width), --moe-layer-freq over a mixture-of-experts --model-config's own; refused on a dense one."""
+    total shared width), --moe-shared-expert-gate, --moe-layer-freq over a mixture-of-experts --model-config's own;
+    refused on a dense one."""
     given = {name: getattr(args, name) for name in MOE_FLAGS if getattr(args, name, None) is not None}
     if not given:
         return model
@@ -54,6 +56,8 @@ def with_expert_flags(model: ModelConfig, args: argparse.Namespace, source: str)
               "expert_ffn": given.get("moe_ffn_hidden_size")}
     if "moe_shared_expert_intermediate_size" in given:
         fields |= {"shared_experts": 1, "shared_ffn": given["moe_shared_expert_intermediate_size"]}
+    if given.get("moe_shared_expert_gate"):  # Qwen2-MoE's gate on the shared expert
+        fields["shared_gate"] = True
     fields |= _placement(args, model.layers)
     # typed group-limited routing joins them (pipesim.commands.latent_args sets it again, the same values): the
     # experts' count and their groups are checked together, not the new count against the file's groups

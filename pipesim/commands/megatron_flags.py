@@ -47,7 +47,8 @@ READ = {
     "--padded-vocab-size": VALUE, "--make-vocab-size-divisible-by": VALUE, "--tokenizer-type": VALUE,
     # experts
     "--num-experts": VALUE, "--moe-router-topk": VALUE, "--moe-ffn-hidden-size": VALUE,
-    "--moe-shared-expert-intermediate-size": VALUE, "--moe-token-dispatcher-type": VALUE, "--moe-grouped-gemm": SWITCH,
+    "--moe-shared-expert-intermediate-size": VALUE, "--moe-shared-expert-gate": SWITCH,
+    "--moe-token-dispatcher-type": VALUE, "--moe-grouped-gemm": SWITCH,
     "--moe-layer-freq": VALUE, "--moe-expert-capacity-factor": VALUE, "--moe-pad-expert-input-to-capacity": SWITCH,
 }
 

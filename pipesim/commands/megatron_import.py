@@ -278,7 +278,8 @@ PLAN_KEEPS = ("--framework", "--model", "--seq", "--batch", "--dtype", "--fp8-fo
               "--no-dropout", "--qk-layernorm", "--vocab",
               "--softmax-type", "--window-size", "--window-attn-skip-freq", "--multi-latent-attention",
               "--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size",
-              "--moe-layer-freq", "--moe-expert-capacity-factor", "--moe-token-dispatcher-type", "--attention",
+              "--moe-shared-expert-gate", "--moe-layer-freq", "--moe-expert-capacity-factor",
+              "--moe-token-dispatcher-type", "--attention",
               "--no-kernel-fusion", "--cuda-graph-scope",
               *(f for f in PASS_AS_TYPED if f not in LAYOUT_FLAGS))
 

@@ -147,6 +147,8 @@ def _expert_flags(a: MegatronArgs, ffn: int) -> list[str]:
            "--moe-ffn-hidden-size", str(a.number("--moe-ffn-hidden-size", ffn))]
     if a.on("--moe-shared-expert-intermediate-size"):
         out += ["--moe-shared-expert-intermediate-size", str(a.number("--moe-shared-expert-intermediate-size", None))]
+    if a.on("--moe-shared-expert-gate"):  # Megatron-core >= 0.16 (TransformerConfig.moe_shared_expert_gate)
+        out.append("--moe-shared-expert-gate")
     return out
 
 

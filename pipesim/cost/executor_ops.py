@@ -59,6 +59,10 @@ BALANCE_OPS = (7, 4, 0)
 # the router z-loss (MoeConfig.z_loss_coeff): F logsumexp, square, mean, scale; I its gradient through them
 Z_LOSS_OPS = (4, 10, 0)
 BOTH_LOSSES_OPS = (1, -1, 0)  # both losses: their sum (an add), one autoscaler gradient (a full_like fewer)
+# Qwen2-MoE's sigmoid gate on the shared experts' output (MoeConfig.shared_gate, executor.experts.MoeMLP.shared_output):
+# F the gate's mm, sigmoid, product; I the product's two gradients, the score's sum over h, sigmoid_backward, the
+# input's mm and its add to the tokens' gradient; W the weight's mm
+SHARED_GATE_OPS = (3, 6, 1)
 
 
 def add_ops(*counts: tuple[int, int, int]) -> tuple[int, int, int]:
@@ -101,11 +105,11 @@ def gate_ops(moe: MoeConfig) -> tuple[int, int, int]:
 def executor_moe_block_ops(model: ModelConfig, opts: LayerOptions, variant: bool = False) -> tuple[int, int, int]:
     """Framework ops (non-view aten ops, GPT_BLOCK_OPS's count) of one block of the executor's MoE model
     (executor/experts.py) in F, I, W: 22, 22, 7 for attention, norms, router, top-k, permutation and combine, plus
-    4 per local expert (E / ep) and 4 for a shared expert in each, the router's losses' (BALANCE_OPS, Z_LOSS_OPS), the
-    structure's (`structure_ops`: its attention and norms, each expert's activation and biases; `variant`: one of
-    the model's windowed or NoPE layers), each routed expert's gate shape (`gate_ops`) and the router's bias; counted
-    at ep 1 by tests/test_moe_executor.py and tests/test_executor_structure.py. What a calibrated CPU host runs: its
-    per-op overhead dominates a small model."""
+    4 per local expert (E / ep) and 4 for a shared expert in each (and its gate's: SHARED_GATE_OPS), the router's
+    losses' (BALANCE_OPS, Z_LOSS_OPS), the structure's (`structure_ops`: its attention and norms, each expert's
+    activation and biases; `variant`: one of the model's windowed or NoPE layers), each routed expert's gate shape
+    (`gate_ops`) and the router's bias; counted at ep 1 by tests/test_moe_executor.py and
+    tests/test_executor_structure.py. What a calibrated CPU host runs: its per-op overhead dominates a small model."""
     moe = model.moe
     routed = moe.experts // opts.ep
     mlps = routed + (1 if moe.shared_experts else 0)
@@ -116,6 +120,7 @@ def executor_moe_block_ops(model: ModelConfig, opts: LayerOptions, variant: bool
     ops = add_ops((22, 22, 7), attention, tuple(mlps * (4 + n) for n in mlp),
                   tuple(routed * n for n in gate_ops(moe)), ROUTER_BIAS_OPS if moe.router_bias else NO_OPS)
     ops = add_ops(ops, RENORMALIZE_OPS) if moe.renormalize else ops
+    ops = add_ops(ops, SHARED_GATE_OPS) if moe.shared_gate and moe.shared_experts else ops
     sigmoid = moe.score == "sigmoid"
     ops = add_ops(ops, SIGMOID_NORM_OPS) if sigmoid and moe.top_k > 1 else ops
     ops = add_ops(ops, SIGMOID_NORM_OPS) if sigmoid and moe.balance_loss else ops
@@ -126,5 +131,5 @@ def executor_moe_block_ops(model: ModelConfig, opts: LayerOptions, variant: bool
 
 __all__ = ["BALANCE_OPS", "BOTH_LOSSES_OPS", "EMBED_ROPE_OPS", "EMBED_SCALE_OPS", "EXPERT_GATED_OPS",
            "EXPERT_NO_BIAS_OPS", "GATE_OPS", "GPT_BLOCK_OPS", "HEAD_RMSNORM_OPS", "MLP_LAYER_OPS", "NO_OPS",
-           "RENORMALIZE_OPS", "ROUTER_BIAS_OPS", "SIGMOID_NORM_OPS", "STRUCTURE_OPS", "Z_LOSS_OPS", "add_ops",
-           "executor_block_ops", "executor_moe_block_ops", "gate_ops", "structure_ops"]
+           "RENORMALIZE_OPS", "ROUTER_BIAS_OPS", "SHARED_GATE_OPS", "SIGMOID_NORM_OPS", "STRUCTURE_OPS", "Z_LOSS_OPS",
+           "add_ops", "executor_block_ops", "executor_moe_block_ops", "gate_ops", "structure_ops"]

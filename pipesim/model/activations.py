@@ -27,6 +27,7 @@ from pipesim.model.moe_layer import ROUTER_BYTES, routed_tokens, tokens_here
 from pipesim.model.op_recompute import OP, op_saved
 from pipesim.model.options import LayerOptions, vocab_shard
 from pipesim.model.recompute_modules import norms_recomputed
+from pipesim.model.shared_gate import gate_saved
 
 MASK_BYTES = 1  # a dropout mask element (torch.bool)
 CLAMPED = "expert FC1 output, clamped"  # the clamps' concatenated copy (pipesim.model.grouped_mlp_extras)
@@ -224,6 +225,8 @@ def _moe_saved(model: ModelConfig, b: int, opts: LayerOptions) -> list[SavedTens
         saved += [SavedTensor("shared expert FC1 output", d * tokens * (2 * width if model.gated
                                                                           else width), shared),
                   SavedTensor("shared expert FC2 input", d * tokens * width, shared)]
+        if moe.shared_gate:  # the gate's product keeps the (sp: scattered) shared output and the scores
+            saved += [SavedTensor(name, nbytes, shared) for name, nbytes in gate_saved(here, h, d)]
     return saved
 
 

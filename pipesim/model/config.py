@@ -33,7 +33,7 @@ GATED = ("swiglu", "geglu")  # the gated MLPs: gate and up in one FC1 of twice t
 NORMS = ("layernorm", "rmsnorm")
 POSITIONS = ("learned", "rope")  # a learned (seq x hidden) table, or rotary embeddings (no parameters)
 # MoeConfig's fields left out of to_dict at their defaults (older files read the same)
-MOE_OPTIONAL_FIELDS = ("glu_alpha", "glu_offset", "score", "input_probs")
+MOE_OPTIONAL_FIELDS = ("glu_alpha", "glu_offset", "score", "input_probs", "shared_gate")
 MOE_OPTIONAL_DEFAULTS = {f.name: f.default for f in fields(MoeConfig) if f.name in MOE_OPTIONAL_FIELDS}
 STRUCTURE_FIELDS = ("kv_heads", "ffn_hidden", "activation", "norm", "dropout", "biases", "positions",
                     "tied_embeddings", "moe", "mla", "mtp_layers", "head_width", "qk_norm", "window",

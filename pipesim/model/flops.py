@@ -148,16 +148,24 @@ def mtp_projection_flops(model: ModelConfig, b: int, opts: LayerOptions) -> Flop
 
 def moe_mlp_delta(model: ModelConfig, tokens: int) -> int:
     """A mixture-of-experts layer's GEMM FLOPs per phase (F, I or W alike) over `tokens`, less the dense MLP's it
-    replaces: the router (2 T h E), each token's top_k routed experts and the shared experts (2 T per weight), the
-    mean tokens per expert (an iteration's total, whatever the load on the slowest rank)."""
+    replaces: the router (2 T h E), each token's top_k routed experts and the shared experts with their gate (2 T per
+    weight), the mean tokens per expert (an iteration's total, whatever the load on the slowest rank)."""
     moe = model.moe
     if moe is None:
         return 0
     matrices = 3 if model.gated else 2
     per_token = (model.hidden * moe.experts + moe.top_k * matrices * model.hidden * moe.expert_ffn
-                 + moe.shared_experts * matrices * model.hidden * moe.shared_width
-                 - matrices * model.hidden * model.ffn_size)
+                 + _shared_weights(model) - matrices * model.hidden * model.ffn_size)
     return 2 * tokens * per_token
+
+
+def _shared_weights(model: ModelConfig) -> int:
+    """The weights each token passes through in the shared experts: their matrices and, with Qwen2-MoE's gate, its h
+    (pipesim.model.shared_gate)."""
+    moe = model.moe
+    assert moe is not None
+    gate = model.hidden if moe.shared_gate else 0
+    return moe.shared_experts * (3 if model.gated else 2) * model.hidden * moe.shared_width + gate
 
 
 def iteration_flops(model: ModelConfig, global_batch: int, opts: LayerOptions, *, causal: bool = False) -> int:
@@ -195,7 +203,7 @@ def _moe_rerun_delta(model: ModelConfig, tokens: int, opts: LayerOptions) -> int
     assert moe is not None
     matrices = 3 if model.gated else 2
     h = model.hidden
-    shared = moe.shared_experts * matrices * h * moe.shared_width
+    shared = _shared_weights(model)
     per_token = 0
     if opts.recomputes("moe"):
         per_token += h * moe.experts + moe.top_k * matrices * h * moe.expert_ffn + shared

@@ -80,15 +80,17 @@ GATED_ACTS = ("silu", "swish")  # a gated MLP: act(gate) * up, then down
 PLAIN_ACTS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast")
 SQUARED_RELU = ("relu2",)  # Nemotron-4's relu(x)^2 between two matrices (transformers' ACT2FN "relu2")
 # model types whose MLP is gated whatever hidden_act says (Mixtral's experts too: `_mixtral_experts`)
-GATED_TYPES = ("llama", "mistral", "deepseek_v3", "qwen2", "qwen3", "qwen3_moe", "gpt_oss", "glm4_moe",
+GATED_TYPES = ("llama", "mistral", "deepseek_v3", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "gpt_oss", "glm4_moe",
                "llama4_text")
 MIXTRAL_DEFAULTS = {"num_local_experts": 8, "num_experts_per_tok": 2}  # transformers' MixtralConfig defaults
 QWEN3_TYPES = ("qwen3", "qwen3_moe")  # Llama's layer with QK-norm and an explicit head_dim
-QKV_BIAS_TYPES = ("qwen2",)  # Llama's layer with biases on q, k and v_proj alone (ModelConfig.qkv_bias)
+QKV_BIAS_TYPES = ("qwen2", "qwen2_moe")  # Llama's layer with biases on q, k and v_proj alone (ModelConfig.qkv_bias)
 # heads of head_dim whatever hidden_size / heads is
 OWN_HEAD_TYPES = (*QWEN3_TYPES, "gpt_oss", "glm4_moe", "llama4_text", "gemma3_text")
 QWEN3_MOE_DEFAULTS = {"num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768,
                       "decoder_sparse_step": 1}  # transformers' Qwen3MoeConfig defaults
+QWEN2_MOE_DEFAULTS = {"num_experts": 60, "num_experts_per_tok": 4, "moe_intermediate_size": 1408,
+                      "decoder_sparse_step": 1, "shared_expert_intermediate_size": 5632}  # Qwen2MoeConfig's
 
 
 def bundled_configs() -> list[str]:
@@ -201,7 +203,8 @@ def model_from_hf(cfg: dict, *, where: str, seq: int | None = None, batch: int =
     moe = _mixtral_experts(cfg, sizes["intermediate_size"], act=act, biases=biases, where=where) \
         if kind == "mixtral" else None
     mla, mtp, head_width = None, 0, None
-    structure = {"qk_norm": qwen3, "qkv_bias": kind in QKV_BIAS_TYPES}  # Qwen3's QK-norm, Qwen2's q/k/v biases
+    # Qwen3's QK-norm, Qwen2's q/k/v biases (Qwen2-MoE's: its qkv_bias, true by default)
+    structure = {"qk_norm": qwen3, "qkv_bias": kind in QKV_BIAS_TYPES and _bool(cfg, "qkv_bias", True, where)}
     if kind == "deepseek_v3":
         moe, mla, mtp = deepseek_experts(cfg, where), deepseek_attention(cfg, where), mtp_modules(cfg, where)
     if kind == "glm4_moe":  # its biases are q, k and v's (qkv_bias): every linear's are refused there
@@ -212,10 +215,12 @@ def model_from_hf(cfg: dict, *, where: str, seq: int | None = None, batch: int =
         head_width = _qwen3_attention(cfg, biases=biases, where=where)
     if kind in QKV_BIAS_TYPES and biases:
         raise PipesimError(f"{where}: field 'attention_bias' or 'mlp_bias' is true, but a {kind} layer's biases sit on "
-                           "q, k and v alone (Qwen2Attention builds them whatever the file says), o_proj and the MLP "
-                           "are bias-free")
+                           "q, k and v alone (Qwen2Attention builds them whatever the file says, Qwen2MoeAttention "
+                           "by its qkv_bias), o_proj and the MLP are bias-free")
     if kind == "qwen3_moe":
         moe = _qwen3_experts(cfg, sizes["num_hidden_layers"], where)
+    if kind == "qwen2_moe":
+        moe = _qwen2_moe_experts(cfg, sizes["num_hidden_layers"], where)
     if kind == "llama4_text":
         llama4 = llama4_fields(cfg, sizes["num_hidden_layers"], where)
         moe, head_width, sizes["intermediate_size"] = llama4.pop("moe"), llama4.pop("head_width"), \
@@ -337,6 +342,18 @@ def unwrap(cfg: dict, where: str) -> tuple[dict, tuple[str, ...], tuple[str, ...
     if read:
         return cfg, read, ignored
     return unwrap_gemma3(cfg, where)
+
+
+def _qwen2_moe_experts(cfg: dict, layers: int, where: str) -> MoeConfig | None:
+    """Qwen2MoeSparseMoeBlock: Qwen3-MoE's routed experts and placement (`_qwen3_experts`, Qwen2MoeConfig's defaults:
+    60 experts of 1408, 4 per token) and a shared SwiGLU expert of width `shared_expert_intermediate_size` (5632)
+    whose output is multiplied by sigmoid(shared_expert_gate(x)), a linear h -> 1 (MoeConfig.shared_gate); none when
+    that width is 0."""
+    moe = _qwen3_experts({**QWEN2_MOE_DEFAULTS, **cfg}, layers, where)
+    shared = count_field({**QWEN2_MOE_DEFAULTS, **cfg}, "shared_expert_intermediate_size", where)
+    if moe is None or not shared:
+        return moe
+    return replace(moe, shared_experts=1, shared_ffn=shared, shared_gate=True)
 
 
 def hf_key_report(name_or_path: str | Path, *, seq: int | None = None) -> KeyReport:

@@ -20,8 +20,9 @@ which the executor's router honours, costing nothing pipesim counts). A Mixtral 
 (router_aux_loss_coef, trained by Hugging Face's code only under output_router_logits, false in every bundled file)
 is read as MoeConfig.hf_router_loss: one loss over every layer's routing at once, not Megatron-core's per-layer loss
 that `--moe-aux-loss-coeff` gives the executor, so `pipesim run` refuses it and simulate counts nothing for it.
-A "qwen2" file is read with its q/k/v biases (ModelConfig.qkv_bias). Types whose layers pipesim cannot
-count exactly stay refused: qwen2_moe (a sigmoid-gated shared expert). quantization_config stays refused
+A "qwen2" file is read with its q/k/v biases (ModelConfig.qkv_bias); a "qwen2_moe" file with them (its `qkv_bias`,
+true by default) and Qwen3-MoE's experts beside a shared expert behind a sigmoid gate (MoeConfig.shared_gate).
+quantization_config stays refused
 everywhere (DeepSeek-V3's says its checkpoint is FP8 with 128 x 128 block scales; pipesim trains in the dtype
 given and models no FP8 GEMM).
 """
@@ -78,6 +79,10 @@ TYPE_MODELED = {"mixtral": ("num_local_experts", "num_experts_per_tok", "router_
                                 "n_group", "topk_group", "scoring_func"),
                 "qwen3_moe": ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step",
                               "mlp_only_layers", "norm_topk_prob", "router_aux_loss_coef", "output_router_logits"),
+                # Qwen1.5-MoE / Qwen2-MoE: Qwen3-MoE's experts plus a gated shared expert, q/k/v biases
+                "qwen2_moe": ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step",
+                              "mlp_only_layers", "norm_topk_prob", "router_aux_loss_coef", "output_router_logits",
+                              "shared_expert_intermediate_size", "qkv_bias"),
                 # Nemotron-4 (transformers' NemotronConfig): its LayerNorm's epsilon names the norm's kind
                 "nemotron": ("norm_eps",),
                 # GPT-OSS: experts on every layer, windowed layers (pipesim.model.hf_gpt_oss)
@@ -125,8 +130,8 @@ TYPE_NO_EFFECT = {# DeepSeek-V3's router: the sequence-wise balance loss (aux_lo
                   "gemma3_text": ("query_pre_attn_scalar", "cache_implementation", "hidden_act")}
 # decoders whose layers are nothing beyond MODELED and their TYPE_MODELED (Llama-style, DeepSeek-V3's, Qwen2's: Llama's
 # layer with biases on q, k and v alone, and Qwen3's: Llama's layer with QK-norm and an explicit head_dim)
-MODEL_TYPES = ("llama", "mistral", "mixtral", "deepseek_v3", "qwen2", "qwen3", "qwen3_moe", "nemotron", "gpt_oss",
-               "glm4_moe", "llama4_text", "gemma3_text")
+MODEL_TYPES = ("llama", "mistral", "mixtral", "deepseek_v3", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "nemotron",
+               "gpt_oss", "glm4_moe", "llama4_text", "gemma3_text")
 # model types whose files run another type's code, read as that type: Moonshot AI's Kimi K2 "reuses the
 # DeepSeekV3CausalLM architecture" and names itself "kimi_k2" only so that inference engines can tell the two apart
 # (MoonshotAI/Kimi-K2 docs/deploy_guidance.md, which suggests model_type "deepseek_v3" for a framework that does not
@@ -173,8 +178,8 @@ ARCHITECTURE_TYPES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistra
                       "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3", "Qwen3MoeForCausalLM": "qwen3_moe",
                       "NemotronForCausalLM": "nemotron", "GptOssForCausalLM": "gpt_oss",
                       "Glm4MoeForCausalLM": "glm4_moe", "Llama4ForCausalLM": "llama4_text",
-                      "Llama4ForConditionalGeneration": "llama4", "Gemma3ForCausalLM": "gemma3_text",
-                      "Gemma3ForConditionalGeneration": "gemma3"}
+                      "Llama4ForConditionalGeneration": "llama4", "Qwen2MoeForCausalLM": "qwen2_moe",
+                      "Gemma3ForCausalLM": "gemma3_text", "Gemma3ForConditionalGeneration": "gemma3"}
 
 
 def code_type(cfg: dict) -> str | None:

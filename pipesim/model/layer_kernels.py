@@ -42,6 +42,7 @@ from pipesim.model.moe_layer import ROUTER_BYTES, expert_shapes, tokens_here
 from pipesim.model.op_recompute import OP, op_rerun_linears
 from pipesim.model.options import LayerOptions
 from pipesim.model.recompute_modules import norms_recomputed
+from pipesim.model.shared_gate import gate_kernels
 
 # --activation-func-fp8-input-store's kernels (megatron/core/fusions/fused_bias_swiglu.py): the SwiGLU input cast to
 # FP8 for the backward (`input.to(torch.float8_e4m3fn)`, read d and write 1 byte per element), and back to the dtype
@@ -345,11 +346,13 @@ def _moe_mlp(model: ModelConfig, b: int, opts: LayerOptions) -> tuple[list[Kerne
         tokens = b * opts.local_seq(model)
         shared = with_tokens([("shared FC1", h, 2 * width if swiglu else width), ("shared FC2", width, h)], tokens)
         store, restore = _fp8_store_kernels("shared ", 2 * tokens * width, d, opts)  # as the experts'
+        # Qwen2-MoE's sigmoid gate on their (reduced, sp: scattered) output (pipesim.model.shared_gate)
+        gate_f, gate_i, gate_w = gate_kernels(here, h, d) if moe.shared_gate else ([], [], [])
         f += forward_gemms(shared[:1]) + [MemoryBound(f"shared {act}", act_f * tokens * width * d), *store] \
-            + forward_gemms(shared[1:])
-        i += dgrad_gemms(shared[1:]) + [*restore, MemoryBound(f"shared {act} backward", act_b * tokens * width * d)] \
-            + dgrad_gemms(shared[:1])
-        w += wgrad_gemms(shared)
+            + forward_gemms(shared[1:]) + gate_f
+        i += gate_i + dgrad_gemms(shared[1:]) \
+            + [*restore, MemoryBound(f"shared {act} backward", act_b * tokens * width * d)] + dgrad_gemms(shared[:1])
+        w += wgrad_gemms(shared) + gate_w
     return f, i, w
 
 

@@ -22,7 +22,8 @@ executor trains that function (executor.mlp).
 `balance` and `aux_loss_coeff`: Megatron-core's load-balancing loss (--moe-router-load-balancing-type,
 --moe-aux-loss-coeff; its defaults "aux_loss" and 0, no loss), and `z_loss_coeff` its router z-loss (ST-MoE's,
 --moe-z-loss-coeff): a few FLOPs per token on scores the router made, no cost pipesim counts; the executor trains
-them (executor.experts).
+them (executor.experts). `shared_gate`: the shared experts' output times a sigmoid of the token (Qwen2-MoE's;
+pipesim.model.shared_gate).
 """
 
 from __future__ import annotations
@@ -81,6 +82,9 @@ class MoeConfig:
     # the chosen expert's weight multiplies its input, not its output (Llama 4's Llama4TextMoe; Megatron-core's
     # --moe-apply-probs-on-input, top-1 only): the same product on the same rows, no cost pipesim counts
     input_probs: bool = False
+    # a sigmoid gate on the shared experts' output (Qwen2-MoE's shared_expert_gate, Megatron-core's
+    # --moe-shared-expert-gate: pipesim.model.shared_gate): h weights, three small kernels each way per MoE layer
+    shared_gate: bool = False
 
     @property
     def balance_loss(self) -> bool:
@@ -149,6 +153,11 @@ class MoeConfig:
             raise PipesimError(f"moe score must be one of {', '.join(SCORE_FUNCTIONS)}, got {self.score!r}")
         if not isinstance(self.input_probs, bool):
             raise PipesimError(f"moe input_probs must be true or false, got {self.input_probs!r}")
+        if not isinstance(self.shared_gate, bool):
+            raise PipesimError(f"moe shared_gate must be true or false, got {self.shared_gate!r}")
+        if self.shared_gate and not self.shared_experts:  # Megatron-core: "Only effective when ... is set"
+            raise PipesimError("moe shared_gate (--moe-shared-expert-gate) gates the shared experts: the model has "
+                               "none (give shared experts, --moe-shared-expert-intermediate-size)")
         if self.input_probs and self.top_k != 1:  # Megatron-core asserts it (experts.py)
             raise PipesimError(f"moe input_probs (--moe-apply-probs-on-input) needs top_k 1, got {self.top_k}")
         if self.capacity_factor is not None and self.imbalance != 1.0:

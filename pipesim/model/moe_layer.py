@@ -71,8 +71,8 @@ def expert_shapes(model: ModelConfig, b: int, opts: LayerOptions) -> ExpertShape
 
 def moe_block_params(model: ModelConfig, opts: LayerOptions) -> int:
     """Parameters of one MoE MLP on one rank: the router (h x E, whole on every rank; and its E biases with
-    `router_bias`), its E / ep local experts split etp ways, the shared experts split tp ways as the dense MLP, and
-    the MLP's norm is the layer's (counted with the attention block)."""
+    `router_bias`), its E / ep local experts split etp ways, the shared experts split tp ways as the dense MLP (and
+    their gate, `shared_gate`, whole), and the MLP's norm is the layer's (counted with the attention block)."""
     moe = _moe(model)
     h = model.hidden
     matrices = 3 if model.gated else 2
@@ -80,6 +80,8 @@ def moe_block_params(model: ModelConfig, opts: LayerOptions) -> int:
     shared = matrices * h * shared_width // opts.tp
     if model.biases and shared_width:
         shared += (matrices - 1) * shared_width // opts.tp + h
+    if moe.shared_gate and shared_width:  # Qwen2-MoE's gate on their output: h weights, whole on every rank
+        shared += h
     router = h * moe.experts + (moe.experts if moe.router_bias else 0)
     return router + expert_params_here(model, opts) + shared
 

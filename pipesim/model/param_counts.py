@@ -153,10 +153,11 @@ def expert_params(model: ModelConfig) -> int:
 
 def shared_expert_params(model: ModelConfig) -> int:
     """All shared experts of one MoE layer, as one MLP of width shared_experts x shared_ffn (Megatron fuses them
-    so; with biases that is one output bias, as pipesim.model.moe_layer counts them); 0 without shared experts."""
+    so; with biases that is one output bias, as pipesim.model.moe_layer counts them), and Qwen2-MoE's gate on their
+    output (h weights: MoeConfig.shared_gate); 0 without shared experts."""
     moe = _experts(model)
     width = moe.shared_experts * moe.shared_width
-    return mlp_params(model, width) if width else 0
+    return mlp_params(model, width) + (model.hidden if moe.shared_gate else 0) if width else 0
 
 
 def moe_mlp_params(model: ModelConfig) -> int:

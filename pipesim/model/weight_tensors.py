@@ -95,6 +95,8 @@ def _attention(model: ModelConfig, opts: LayerOptions) -> list[WeightTensor]:
 def layer_tensors(model: ModelConfig, opts: LayerOptions, *, moe: bool = False) -> list[WeightTensor]:
     """One layer's trainable tensors on one rank: dense, or with the model's mixture of experts as its MLP (`moe`)."""
     out = _attention(model, opts) + _norm(model, model.hidden, "MLP norm")
+    if model.post_norms:  # Gemma's norms on the attention's and the MLP's output
+        out += _norm(model, model.hidden, "attention output norm") + _norm(model, model.hidden, "MLP output norm")
     if not moe:
         return out + _mlp(model, model.ffn_size, opts.tp, "")
     experts = model.moe
@@ -105,7 +107,8 @@ def layer_tensors(model: ModelConfig, opts: LayerOptions, *, moe: bool = False) 
         out.append(WeightTensor("router bias", (experts.experts,)))
     out += _mlp(model, experts.expert_ffn, opts.etp, "expert ", count=experts.experts // opts.ep, expert=True)
     width = experts.shared_experts * experts.shared_width
-    return out + (_mlp(model, width, opts.tp, "shared expert ") if width else [])
+    gate = [WeightTensor("shared expert gate", (1, model.hidden))] if experts.shared_gate and width else []
+    return out + (_mlp(model, width, opts.tp, "shared expert ") + gate if width else [])
 
 
 def stage_tensors(model: ModelConfig, opts: LayerOptions, *, layers: int, moe_layers: int = 0, first: bool,

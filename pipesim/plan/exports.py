@@ -251,6 +251,8 @@ def _moe_args(c: Candidate, req: PlanRequest) -> list[str]:
     out.append("--moe-grouped-gemm")
     if moe.shared_experts:
         out += ["--moe-shared-expert-intermediate-size", str(moe.shared_experts * moe.shared_width)]
+    if moe.shared_gate:  # Qwen2-MoE's sigmoid gate on it (Megatron-core >= 0.16)
+        out.append("--moe-shared-expert-gate")
     if moe.dense_layers or moe.every > 1:
         out += [FREQ, f"'{megatron_pattern(moe.dense_layers, moe.every, req.model.layers)}'"]
     if moe.capacity_factor is not None:
