@@ -55,6 +55,14 @@ def test_the_bundled_files_are_read_as_transformers_builds_them(name):
     assert (round(model_params(model) / 1e9, digits), round(active_params(model) / 1e9, digits)) == (total, active)
 
 
+def test_biases_beyond_q_k_v_are_refused_in_one_line(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**read_hf_config(resolve_model_config("qwen1.5-moe-a2.7b")), "attention_bias": True}))
+    with pytest.raises(PipesimError, match=r"a qwen2_moe layer's biases sit on q, k and v alone \(Qwen2MoeAttention "
+                                           r"builds them by its qkv_bias\)"):
+        load_hf_config(path)
+
+
 def test_qkv_bias_false_and_no_shared_expert_are_read(tmp_path):
     cfg = {**read_hf_config(resolve_model_config("qwen1.5-moe-a2.7b")), "qkv_bias": False,
            "shared_expert_intermediate_size": 0}

@@ -214,9 +214,10 @@ def model_from_hf(cfg: dict, *, where: str, seq: int | None = None, batch: int =
     if qwen3:
         head_width = _qwen3_attention(cfg, biases=biases, where=where)
     if kind in QKV_BIAS_TYPES and biases:
+        how = "Qwen2Attention builds them whatever the file says" if kind == "qwen2" else \
+            "Qwen2MoeAttention builds them by its qkv_bias"
         raise PipesimError(f"{where}: field 'attention_bias' or 'mlp_bias' is true, but a {kind} layer's biases sit on "
-                           "q, k and v alone (Qwen2Attention builds them whatever the file says, Qwen2MoeAttention "
-                           "by its qkv_bias), o_proj and the MLP are bias-free")
+                           f"q, k and v alone ({how}), o_proj and the MLP are bias-free")
     if kind == "qwen3_moe":
         moe = _qwen3_experts(cfg, sizes["num_hidden_layers"], where)
     if kind == "qwen2_moe":
