@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from pipesim.errors import PipesimError
 from pipesim.model.hf_keys import code_type, required_field
+from pipesim.model.hf_wrapper import TextWrapper, unwrap_text_config
 
 # Gemma3TextConfig's defaults (transformers), where a file is silent
 GEMMA3_DEFAULTS = {"vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
@@ -34,36 +35,22 @@ GEMMA3_DEFAULTS = {"vocab_size": 262_208, "hidden_size": 2304, "intermediate_siz
 # the tanh-approximated GeLUs (transformers' ACT2FN: gelu_pytorch_tanh, and NewGELU / FastGELU, the same function)
 GEGLU_ACTS = ("gelu_pytorch_tanh", "gelu_new", "gelu_fast")
 WINDOWED, FULL = "sliding_attention", "full_attention"  # transformers 5's rope_parameters keys (its layer types)
-# the wrapper's keys (Gemma3Config) beside text_config: read, or what they hold that pipesim does not cost
-WRAPPER_READ = ("model_type", "architectures", "text_config", "torch_dtype", "dtype", "tie_word_embeddings")
-WRAPPER_IGNORED = ("vision_config", "mm_tokens_per_image", "boi_token_index", "eoi_token_index", "image_token_index",
-                   "initializer_range", "transformers_version", "_name_or_path", "pad_token_id", "bos_token_id",
-                   "eos_token_id")
+# the wrapper (Gemma3Config): its keys beside text_config, read or holding what pipesim does not cost; an absent
+# text_config is Gemma3TextConfig's defaults, and the head's tie is the wrapper's where text_config is silent
+GEMMA3_WRAPPER = TextWrapper(
+    "gemma3", "gemma3_text", "Gemma 3",
+    read=("model_type", "architectures", "text_config", "torch_dtype", "dtype", "tie_word_embeddings"),
+    ignored=("vision_config", "mm_tokens_per_image", "boi_token_index", "eoi_token_index", "image_token_index",
+             "initializer_range", "transformers_version", "_name_or_path", "pad_token_id", "bos_token_id",
+             "eos_token_id"),
+    text_required=False, inherits=("tie_word_embeddings",))
 
 
 def unwrap_gemma3(cfg: dict, where: str) -> tuple[dict, tuple[str, ...], tuple[str, ...]]:
     """A "gemma3" file's text_config as a "gemma3_text" file (the wrapper's dtype and tie_word_embeddings where it
-    gives none), with the wrapper's keys read and ignored; any other file unchanged, with none."""
-    if code_type(cfg) != "gemma3":
-        return cfg, (), ()
-    text = cfg.get("text_config", {})
-    if not isinstance(text, dict):
-        raise PipesimError(f"{where}: field 'text_config' must be an object, got {text!r}")
-    unknown = [key for key in cfg if key not in WRAPPER_READ + WRAPPER_IGNORED]
-    if unknown:
-        raise PipesimError(f"{where}: keys that change the model and pipesim does not model: {', '.join(unknown)} "
-                           "(unknown to pipesim beside a gemma3 file's text_config); refused rather than simulated as "
-                           "a different model")
-    inner_type = text.get("model_type", "gemma3_text")
-    if inner_type != "gemma3_text":
-        raise PipesimError(f"{where}: text_config's model_type {inner_type!r} is not Gemma 3's")
-    out = {**text, "model_type": "gemma3_text"}
-    for key in ("torch_dtype", "dtype", "tie_word_embeddings"):
-        if key in cfg and key not in text and (key == "tie_word_embeddings" or "dtype" not in text
-                                               and "torch_dtype" not in text):
-            out[key] = cfg[key]
-    read = tuple(key for key in cfg if key in WRAPPER_READ)
-    return out, read, tuple(key for key in cfg if key in WRAPPER_IGNORED)
+    gives none), with the wrapper's keys read and ignored; any other file unchanged, with none
+    (pipesim.model.hf_wrapper)."""
+    return unwrap_text_config(cfg, where, GEMMA3_WRAPPER)
 
 
 def with_gemma3_defaults(cfg: dict) -> dict:
@@ -115,4 +102,5 @@ def _base(value: object, name: str, where: str) -> float:
     return float(value)
 
 
-__all__ = ["GEMMA3_DEFAULTS", "GEGLU_ACTS", "gemma3_fields", "gemma3_rope", "unwrap_gemma3", "with_gemma3_defaults"]
+__all__ = ["GEMMA3_DEFAULTS", "GEMMA3_WRAPPER", "GEGLU_ACTS", "gemma3_fields", "gemma3_rope", "unwrap_gemma3",
+           "with_gemma3_defaults"]

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from pipesim.errors import PipesimError
 from pipesim.model.hf_keys import code_type, count_field, positive_field, required_field
+from pipesim.model.hf_wrapper import TextWrapper, unwrap_text_config
 from pipesim.model.llama4_attention import is_nope_layer, nope_period
 from pipesim.model.moe import MoeConfig
 from pipesim.model.moe_layer_freq import placement
@@ -36,37 +37,23 @@ LLAMA4_DEFAULTS = {"num_local_experts": 16, "num_experts_per_tok": 1, "interleav
                    "intermediate_size_mlp": 16384, "no_rope_layer_interval": 4, "use_qk_norm": True,
                    "attention_chunk_size": 8192}
 CHUNKED, FULL = "chunked_attention", "full_attention"  # its layer_types values
-# the wrapper's keys (Llama4Config) beside text_config: read, or what they hold that pipesim does not cost
-WRAPPER_READ = ("model_type", "architectures", "text_config", "torch_dtype", "dtype", "tie_word_embeddings")
-WRAPPER_IGNORED = ("vision_config", "boi_token_index", "eoi_token_index", "image_token_index", "transformers_version",
-                   "_name_or_path", "pad_token_id", "bos_token_id", "eos_token_id")
+# the wrapper (Llama4Config): its keys beside text_config, read or holding what pipesim does not cost
+LLAMA4_WRAPPER = TextWrapper(
+    "llama4", "llama4_text", "Llama 4",
+    read=("model_type", "architectures", "text_config", "torch_dtype", "dtype", "tie_word_embeddings"),
+    ignored=("vision_config", "boi_token_index", "eoi_token_index", "image_token_index", "transformers_version",
+             "_name_or_path", "pad_token_id", "bos_token_id", "eos_token_id"),
+    text_types=("llama4",))
 
 
 def unwrap_llama4(cfg: dict, where: str) -> tuple[dict, tuple[str, ...], tuple[str, ...]]:
     """A "llama4" file's text_config as a "llama4_text" file (its dtype the wrapper's where it gives none), with the
-    wrapper's keys read and ignored; any other file unchanged, with none."""
-    if code_type(cfg) != "llama4":
-        return cfg, (), ()
-    text = required_field(cfg, "text_config", where)
-    if not isinstance(text, dict):
-        raise PipesimError(f"{where}: field 'text_config' must be an object, got {text!r}")
-    unknown = [key for key in cfg if key not in WRAPPER_READ + WRAPPER_IGNORED]
-    if unknown:
-        raise PipesimError(f"{where}: keys that change the model and pipesim does not model: {', '.join(unknown)} "
-                           "(unknown to pipesim beside a llama4 file's text_config); refused rather than simulated as "
-                           "a different model")
-    inner_type = text.get("model_type", "llama4_text")
-    if inner_type not in ("llama4", "llama4_text"):
-        raise PipesimError(f"{where}: text_config's model_type {inner_type!r} is not Llama 4's")
-    if cfg.get("tie_word_embeddings") and "tie_word_embeddings" not in text:
+    wrapper's keys read and ignored; any other file unchanged, with none (pipesim.model.hf_wrapper)."""
+    if code_type(cfg) == "llama4" and cfg.get("tie_word_embeddings") and "tie_word_embeddings" not in \
+            cfg.get("text_config", {}):
         raise PipesimError(f"{where}: field 'tie_word_embeddings' true on the wrapper, absent in text_config: "
                            "Llama4ForCausalLM reads text_config's (false by default); give it there")
-    out = {**text, "model_type": "llama4_text"}
-    for key in ("torch_dtype", "dtype"):
-        if key in cfg and "torch_dtype" not in text and "dtype" not in text:
-            out[key] = cfg[key]
-    read = tuple(key for key in cfg if key in WRAPPER_READ)
-    return out, read, tuple(key for key in cfg if key in WRAPPER_IGNORED)
+    return unwrap_text_config(cfg, where, LLAMA4_WRAPPER)
 
 
 def llama4_experts(cfg: dict, layers: int, where: str) -> MoeConfig | None:
@@ -148,4 +135,4 @@ def llama4_fields(cfg: dict, layers: int, where: str) -> dict:
             "nope_every": nope, "attention_chunk": _chunk(cfg, layers, nope, where)}
 
 
-__all__ = ["LLAMA4_DEFAULTS", "WRAPPER_IGNORED", "WRAPPER_READ", "llama4_experts", "llama4_fields", "unwrap_llama4"]
+__all__ = ["LLAMA4_DEFAULTS", "LLAMA4_WRAPPER", "llama4_experts", "llama4_fields", "unwrap_llama4"]
