@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from pipesim.errors import PipesimError
 from pipesim.job import Job
-from pipesim.model.config import ModelConfig, unrun_expert_layout
+from pipesim.model.config import ModelConfig
+from pipesim.model.executor_scope import unrun_expert_layout
 
 
 def check_experts(model: ModelConfig, job: Job, *, factory: str | None = None) -> None:

@@ -24,7 +24,8 @@ from pipesim.ir import torch_csv
 from pipesim.ir.lowering import add_p2p
 from pipesim.ir.schedule import Action, Schedule
 from pipesim.job import Job
-from pipesim.model.config import ModelConfig, split_layers, unbuilt_structure
+from pipesim.model.config import ModelConfig, split_layers
+from pipesim.model.executor_scope import unbuilt_structure
 
 FAIL_MODES = ("raise", "kill", "hang")
 # the NVIDIA driver's device nodes (Linux; /dev/dxg under WSL 2): without any of them CUDA cannot be available

@@ -118,20 +118,20 @@ def band(t: int, window: int | None, device: torch.device) -> torch.Tensor:
 
 
 def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None = None,
-                   sinks: torch.Tensor | None = None) -> torch.Tensor:
-    """Causal softmax(QK^T / sqrt(d)) V on (b, heads, t, d) queries and (b, kv heads, t, d) keys and values, each kv
+                   sinks: torch.Tensor | None = None, scale: float | None = None) -> torch.Tensor:
+    """Causal softmax(QK^T x scale) V on (b, heads, t, d) queries and (b, kv heads, t, d) keys and values, each kv
     head serving heads / kv heads consecutive query heads (torch's grouped-query SDPA, torch >= 2.5): what selective
     recomputation re-runs. `window`: keys a query sees, itself included; `sinks`: one logit per query head here,
-    (heads,), in every softmax's denominator."""
+    (heads,), in every softmax's denominator; `scale`: the scores' (ModelConfig.softmax_scale), None 1 / sqrt(d)."""
     gqa = k.shape[1] != q.shape[1]
     if window is None and sinks is None:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa, scale=scale)
     seen = band(q.shape[-2], window, q.device)
     if sinks is None:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=seen, enable_gqa=gqa)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=seen, enable_gqa=gqa, scale=scale)
     if gqa:
         k, v = (z.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for z in (k, v))
-    scores = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5
+    scores = (q @ k.transpose(-2, -1)) * (q.shape[-1] ** -0.5 if scale is None else scale)
     scores = scores.masked_fill(~seen, float("-inf"))
     logits = torch.cat((scores, sinks.to(scores.dtype).view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)), dim=-1)
     return torch.softmax(logits, dim=-1)[..., :-1] @ v
@@ -163,6 +163,7 @@ class Block(nn.Module):
         self.window = cfg.window_size if windowed else None  # keys a query sees (None: causal over the sequence)
         # one sink logit per query head, whole on every tp rank (each applies its own heads': `first_head`)
         self.sinks = nn.Parameter(torch.zeros(cfg.heads)) if cfg.attention_sinks else None
+        self.scale = cfg.softmax_scale  # the scores' (Gemma's query_pre_attn_scalar ** -0.5); None: 1 / sqrt(hd)
         self.first_head = 0  # the first of this rank's query heads (executor.models.shard_piece sets it under tp)
         self.proj = nn.Linear(self.qkv_split[0], h, bias=cfg.biases)
         # Gemma's post-norms on the attention's and the MLP's output (None without: post_norms)
@@ -207,9 +208,9 @@ class Block(nn.Module):
             q, k = rotate(q, self.rope), rotate(k, self.rope)
         sinks = None if self.sinks is None else self.sinks[self.first_head:self.first_head + q.shape[1]]
         if self.recompute_attention:
-            y = checkpoint(attention_core, q, k, v, self.window, sinks, use_reentrant=False)
+            y = checkpoint(attention_core, q, k, v, self.window, sinks, self.scale, use_reentrant=False)
         else:
-            y = attention_core(q, k, v, self.window, sinks)
+            y = attention_core(q, k, v, self.window, sinks, self.scale)
         y = y.transpose(1, 2).reshape(b, t, widths[0])
         return x + post_norm(self.post_attn_norm, self.proj(y))  # proj: reduced (sp: scattered) under tp
 

@@ -29,7 +29,8 @@ from pipesim.cost.stage_layers import is_variant_layer
 from pipesim.cost.stage_work import gpt_stage_work
 from pipesim.errors import PipesimError
 from pipesim.model.attention_window import SlidingWindow
-from pipesim.model.config import ModelConfig, unbuilt_structure
+from pipesim.model.config import ModelConfig
+from pipesim.model.executor_scope import unbuilt_structure
 from pipesim.model.moe import MoeConfig
 from pipesim.model.options import LayerOptions
 from pipesim.model.param_counts import model_params
@@ -61,6 +62,7 @@ LLAMA4 = ["--model-config", "tests/data/tiny_llama4.json", "--seq", "16", "--bat
 # times sqrt(64) = 8, QK-norm, heads of 32 over a hidden of 64, every other layer windowed over 8 of the 16 tokens with
 # plain RoPE of base 10,000, the others full with base 10**6 scaled linearly by 8, the head tied to the embedding
 GEMMA3 = ["--model-config", "tests/data/tiny_gemma3.json", "--seq", "16", "--batch", "8", "--dtype", "float32"]
+QUERY_PRE_ATTN_SCALAR = 24  # tests/data/tiny_gemma3.json's (its heads are 32 wide)
 # Qwen2-MoE's layer at a small size (tests/data/tiny_qwen2_moe.json, model_type qwen2_moe): biases on q, k and v alone,
 # every layer with 4 SwiGLU experts of 32 (2 per token, not renormalised) beside a shared expert of 64 whose output is
 # scaled by sigmoid(x . w) (its shared_expert_gate)
@@ -261,7 +263,8 @@ def _gemma_layer(block: Block, model: ModelConfig, x: torch.Tensor, frequencies:
     k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     i = torch.arange(t)
     seen = (i[None, :] <= i[:, None]) & (i[:, None] - i[None, :] < (window or t))
-    scores = (q @ k.transpose(-2, -1) / math.sqrt(d)).masked_fill(~seen, float("-inf"))
+    # Gemma3Attention.scaling: query_pre_attn_scalar ** -0.5, the file's 24 over heads of 32
+    scores = (q @ k.transpose(-2, -1) / math.sqrt(QUERY_PRE_ATTN_SCALAR)).masked_fill(~seen, float("-inf"))
     attn = (torch.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(b, t, -1) @ w["proj.weight"].T
     x = x + _rms(attn, w["post_attn_norm.weight"], eps)
     gate, up = (_rms(x, w["ln2.weight"], eps) @ w["fc1.weight"].T).chunk(2, dim=-1)
@@ -269,9 +272,10 @@ def _gemma_layer(block: Block, model: ModelConfig, x: torch.Tensor, frequencies:
 
 
 def test_gemmas_block_is_its_decoder_layer_written_out():
-    """Gemma 3's layer (tests/data/tiny_gemma3.json): the executor's block is x + post_attn_norm(attn(ln1 x)), then
-    x + post_mlp_norm(down(gelu_tanh(gate) up)), its sliding layer (0) turned by plain RoPE of base 10,000 over an
-    8-key window, its full layer (1) by base 10**6 with every frequency / 8, all norms with their own weights."""
+    """Gemma 3's layer (tests/data/tiny_gemma3.json, its scores scaled by 24 ** -0.5): the executor's block is
+    x + post_attn_norm(attn(ln1 x)), then x + post_mlp_norm(down(gelu_tanh(gate) up)), its sliding layer (0) turned by
+    plain RoPE of base 10,000 over an 8-key window, its full layer (1) by base 10**6 with every frequency / 8, all
+    norms with their own weights."""
     model = model_from(GEMMA3)
     assert (model.activation, model.post_norms, model.embedding_scale, model.window, model.head_dim) == (
         "geglu", True, True, SlidingWindow(8, full_every=2), 32)

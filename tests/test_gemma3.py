@@ -9,7 +9,9 @@ import json
 from dataclasses import replace
 
 import pytest
+import torch
 
+from executor.transformer import attention_core
 from pipesim.cli import main
 from pipesim.cost.stage_layers import variant_per_stage
 from pipesim.errors import PipesimError
@@ -196,3 +198,24 @@ def test_a_27b_step_simulates_and_plans_a_megatron_export_that_says_what_pretrai
     assert main(["plan", *common, "--gpus", "32", "--top", "1"]) == 0
     text = capsys.readouterr().out
     assert "# pretrain_gpt.py has no flag for Gemma's GeGLU, post-norms, scaled embeddings" in text
+
+
+def test_the_scores_scale_is_query_pre_attn_scalar_and_the_executor_builds_it():
+    """The 27B scales its scores by 168 ** -0.5 over heads of 128 (transformers' Gemma3Attention.scaling): read as
+    ModelConfig.softmax_scale (None where it is head_dim's, the other three), costing nothing, built by the
+    executor's attention core."""
+    big, small = load_hf_config("gemma3-27b"), load_hf_config("gemma3-1b")
+    assert (big.softmax_scale, small.softmax_scale) == (168 ** -0.5, None)
+    assert layer_flops(big, 1, LayerOptions()) == layer_flops(replace(big, softmax_scale=None), 1, LayerOptions())
+    assert ModelConfig(**big.to_dict()) == big
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 4, 6, 8), torch.randn(2, 2, 6, 8), torch.randn(2, 2, 6, 8)
+    kk, vv = (z.repeat_interleave(2, dim=1) for z in (k, v))
+    causal = torch.ones(6, 6, dtype=torch.bool).tril()
+    for window, scale in ((None, 0.3), (3, 0.3), (None, None)):
+        seen = causal if window is None else causal & ~torch.ones(6, 6, dtype=torch.bool).tril(-window)
+        scores = (q @ kk.transpose(-2, -1)) * (8 ** -0.5 if scale is None else scale)
+        expected = torch.softmax(scores.masked_fill(~seen, float("-inf")), dim=-1) @ vv
+        torch.testing.assert_close(attention_core(q, k, v, window, None, scale), expected)
+    with pytest.raises(PipesimError, match="softmax_scale must be a positive number"):
+        replace(small, softmax_scale=0.0)

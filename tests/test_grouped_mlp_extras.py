@@ -13,7 +13,8 @@ import pytest
 from pipesim.cli import main
 from pipesim.errors import PipesimError
 from pipesim.model.activations import layer_saved_tensors
-from pipesim.model.config import ModelConfig, unbuilt_structure
+from pipesim.model.config import ModelConfig
+from pipesim.model.executor_scope import unbuilt_structure
 from pipesim.model.grouped_mlp_extras import BIAS, CLAMP
 from pipesim.model.hf_config import load_hf_config, resolve_model_config
 from pipesim.model.host_ops import moe_layer_host_ops

@@ -10,7 +10,8 @@ from dataclasses import replace
 import pytest
 
 from pipesim.errors import PipesimError
-from pipesim.model.config import ModelConfig, unbuilt_structure
+from pipesim.model.config import ModelConfig
+from pipesim.model.executor_scope import unbuilt_structure
 from pipesim.model.hf_config import hf_key_report, load_hf_config, read_hf_config, resolve_model_config
 from pipesim.model.moe import MoeConfig
 from pipesim.model.param_counts import (

@@ -10,8 +10,9 @@ import pytest
 
 from pipesim.errors import PipesimError
 from pipesim.model.activations import layer_saved_tensors
-from pipesim.model.config import ModelConfig, unbuilt_structure
+from pipesim.model.config import ModelConfig
 from pipesim.model.elementwise import layer_elementwise_bytes
+from pipesim.model.executor_scope import unbuilt_structure
 from pipesim.model.hf_config import hf_key_report, load_hf_config, read_hf_config, resolve_model_config
 from pipesim.model.kernel_types import MemoryBound
 from pipesim.model.layer_kernels import layer_kernels

@@ -11,7 +11,8 @@ import torch
 
 from executor.transformer import rope_of, rotate
 from pipesim.errors import PipesimError
-from pipesim.model.config import ModelConfig, unbuilt_structure
+from pipesim.model.config import ModelConfig
+from pipesim.model.executor_scope import unbuilt_structure
 from pipesim.model.hf_config import model_from_hf, read_hf_config, resolve_model_config
 from pipesim.model.rotary import Rotary, rotary_from_config
 

@@ -25,7 +25,8 @@ from pipesim.errors import PipesimError
 from pipesim.hardware.toml_io import load_hardware
 from pipesim.job import Job
 from pipesim.model.attention_window import SlidingWindow
-from pipesim.model.config import ModelConfig, unbuilt_structure
+from pipesim.model.config import ModelConfig
+from pipesim.model.executor_scope import unbuilt_structure
 from pipesim.model.flops import attention_core_flops, hardware_flops, iteration_flops, layer_flops, model_flops
 from pipesim.model.layer_kernels import layer_kernels
 from pipesim.model.options import LayerOptions

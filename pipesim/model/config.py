@@ -22,7 +22,6 @@ from pipesim.model.gemma_layer import check_gemma_layer
 from pipesim.model.latent_attention import LatentAttention
 from pipesim.model.llama4_attention import check_llama4_attention, nope_layers
 from pipesim.model.moe import MoeConfig
-from pipesim.model.rotary import BUILT as ROTARY_BUILT
 from pipesim.model.rotary import Rotary
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -38,8 +37,8 @@ MOE_OPTIONAL_DEFAULTS = {f.name: f.default for f in fields(MoeConfig) if f.name 
 STRUCTURE_FIELDS = ("kv_heads", "ffn_hidden", "activation", "norm", "dropout", "biases", "positions",
                     "tied_embeddings", "moe", "mla", "mtp_layers", "head_width", "qk_norm", "window",
                     "attention_sinks", "rope_mscale", "rotary", "norm_eps", "qkv_bias", "qk_l2_norm",
-                    "nope_every", "attention_chunk", "post_norms", "embedding_scale")  # left out of to_dict at their
-# defaults
+                    "nope_every", "attention_chunk", "post_norms", "embedding_scale",
+                    "softmax_scale")  # left out of to_dict at their defaults
 
 MAX_LAYERS = 1 << 16  # layers of one model: far above any published one, a step costed in well under a second
 
@@ -96,6 +95,9 @@ class ModelConfig:
     # add (post_attention_layernorm, post_feedforward_layernorm), and the embeddings times sqrt(hidden)
     post_norms: bool = False
     embedding_scale: bool = False
+    # the attention scores' scale (Megatron-core's softmax_scale; Gemma's query_pre_attn_scalar ** -0.5): inside the
+    # attention kernel, no cost; the executor builds it. None: 1 / sqrt(head_dim)
+    softmax_scale: float | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.moe, dict):  # from to_dict / JSON
@@ -151,7 +153,8 @@ class ModelConfig:
         if self.activation in ("relu2", "geglu") and self.moe is not None:
             kind = "squared-ReLU" if self.activation == "relu2" else "GeGLU"
             raise PipesimError(f"{kind} experts are not modelled (mixture-of-experts models here are SwiGLU's)")
-        check_gemma_layer(self.kind, post_norms=self.post_norms, embedding_scale=self.embedding_scale)
+        check_gemma_layer(self.kind, post_norms=self.post_norms, embedding_scale=self.embedding_scale,
+                          softmax_scale=self.softmax_scale)
         for name in ("dropout", "biases", "tied_embeddings", "qkv_bias"):
             if not isinstance(getattr(self, name), bool):
                 raise PipesimError(f"{name} must be true or false, got {getattr(self, name)!r}")
@@ -362,38 +365,3 @@ def split_layers(layers: int, stages: int, weights: list[int] | None = None) -> 
                            "(or give --layer-split)")
     base, extra = divmod(layers, stages)
     return [base + (1 if s < extra else 0) for s in range(stages)]
-
-
-def unbuilt_structure(model: ModelConfig) -> list[str]:
-    """The structure of a transformer the executor (executor/transformer.py) does not build, as 'name'; [] when it
-    builds the whole model. It builds every dense layer the cost model costs (grouped-query attention, heads of their
-    own width, QK-norm, each activation, norm and position kind, with or without biases, sliding windows (with Gemma
-    3's own RoPE base on them), attention sinks, Gemma's post-norms and scaled embeddings) and a top-k router's
-    experts (with a router bias, and GPT-OSS's clamped, offset gate), and a head tied to the embedding; not latent
-    attention, multi-token prediction, DeepSeek-V3's routing (groups, a score bias), or a Hugging Face config's own
-    router loss (its training objective, not a layer). Its one owner: the executor refuses such a model, the
-    planner's run export says so."""
-    if model.kind != "gpt":
-        return []
-    moe = model.moe
-    return [what for what, on in (("multi-head latent attention", model.mla is not None),
-                                  ("multi-token prediction modules", model.mtp_layers > 0),
-                                  ("group-limited routing", moe is not None and moe.groups > 1),
-                                  ("the router's expert bias", moe is not None and moe.expert_bias),
-                                  ("Hugging Face's router loss over every layer at once (output_router_logits; "
-                                   "--moe-aux-loss-coeff trains Megatron-core's per layer)",
-                                   moe is not None and moe.hf_router_loss > 0),
-                                  (f"rotary scaling {model.rotary.scaling if model.rotary else ''!r} (the executor "
-                                   f"builds {', '.join(ROTARY_BUILT[1:])})",
-                                   model.rotary is not None and model.rotary.scaling not in ROTARY_BUILT)) if on]
-
-
-def unrun_expert_layout(moe: MoeConfig, *, expert_tp: int) -> list[str]:
-    """What of a mixture-of-experts job the executor (executor/experts.py) does not run, as the flags that ask for it;
-    [] when it runs it. Its one owner: the executor refuses such a run (executor.expert_checks), the planner's run
-    export says so."""
-    return [what for what, on in (
-        (f"--etp {expert_tp} (experts split over tp)", expert_tp > 1),
-        (f"--moe-load-imbalance {moe.imbalance:g} (the cost model's; a run routes what its router routes)",
-         moe.imbalance != 1.0),
-    ) if on]

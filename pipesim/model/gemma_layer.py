@@ -14,7 +14,9 @@ bias_geglu_impl), SwiGLU's bytes: gate and up read, the product written, both ke
 
 The embeddings are multiplied by sqrt(hidden) (Gemma3TextScaledWordEmbedding; Bridge's
 Gemma3LanguageModelEmbedding: `embeddings * hidden_size**0.5` after the lookup, on the sequence-parallel shard):
-one elementwise kernel forward and one on the gradient (`embedding_scale`), no parameter. The norms' zero-centred
+one elementwise kernel forward and one on the gradient (`embedding_scale`), no parameter. The scores are scaled by
+`query_pre_attn_scalar` ** -0.5 (168 in the 27B, not its 128-wide heads; Bridge's softmax_scale): ModelConfig.
+softmax_scale, inside the attention kernel, which the executor builds. The norms' zero-centred
 weight (x (1 + w), Bridge's layernorm_zero_centered_gamma) moves the same bytes as a plain RMSNorm's and is not told
 apart. The QK-norm, the local windows and the explicit head width are pipesim's existing qk_norm, window and
 head_width (pipesim.model.hf_gemma).
@@ -37,13 +39,20 @@ def embedding_scale_bytes(elements: int, dtype_bytes: int) -> int:
     return 2 * elements * dtype_bytes
 
 
-def check_gemma_layer(kind: str, *, post_norms: object, embedding_scale: object) -> None:
-    """ModelConfig's Gemma fields: true or false, and on a transformer (`kind` "gpt") only."""
+def check_gemma_layer(kind: str, *, post_norms: object, embedding_scale: object,
+                      softmax_scale: object = None) -> None:
+    """ModelConfig's Gemma fields: true or false (the scores' scale a positive number or None), and on a transformer
+    (`kind` "gpt") only."""
     for name, value in (("post_norms", post_norms), ("embedding_scale", embedding_scale)):
         if not isinstance(value, bool):
             raise PipesimError(f"{name} must be true or false, got {value!r}")
         if value and kind != "gpt":
             raise PipesimError(f"{name} needs a transformer (--model gpt or --model-config)")
+    if softmax_scale is not None and (isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float))
+                                      or not 0 < softmax_scale < float("inf")):
+        raise PipesimError(f"softmax_scale must be a positive number or null, got {softmax_scale!r}")
+    if softmax_scale is not None and kind != "gpt":
+        raise PipesimError("softmax_scale needs a transformer (--model gpt or --model-config)")
 
 
 __all__ = ["POST_NORM_BLOCKS", "check_gemma_layer", "embedding_scale_bytes", "post_norm_name"]

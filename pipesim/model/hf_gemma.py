@@ -13,8 +13,9 @@ default), no biases. Windows: layer l attends over the latest `sliding_window` k
 `sliding_window_pattern` == 0 (5 local to 1 global at the default 6; `layer_types` when the file lists them:
 pipesim.model.hf_gpt_oss.read_window), where it attends fully. RoPE: the full layers' `rope_theta` with the file's
 `rope_scaling` (linear x 8 from 4B up), the windowed layers' own `rope_local_base_freq` unscaled (Rotary.window_theta);
-transformers 5 writes both into `rope_parameters` per layer type, which is read the same way. What changes no cost:
-`query_pre_attn_scalar` (the scores' scale, inside the attention kernel), `cache_implementation` (inference). Gemma 2's
+transformers 5 writes both into `rope_parameters` per layer type, which is read the same way. The scores' scale,
+`query_pre_attn_scalar` ** -0.5 (ModelConfig.softmax_scale), costs nothing (inside the attention kernel) and the
+executor builds it; `cache_implementation` (inference) changes nothing. Gemma 2's
 logit soft-capping (`attn_logit_softcapping`, `final_logit_softcapping`) is null in Gemma 3 and refused when set, as is
 EmbeddingGemma's bidirectional attention (`use_bidirectional_attention`); "gemma2" and "gemma" files stay refused.
 """
@@ -73,7 +74,11 @@ def gemma3_fields(cfg: dict, *, biases: bool, where: str) -> dict:
     head = required_field(cfg, "head_dim", where)
     if not isinstance(head, int) or isinstance(head, bool) or head < 1:
         raise PipesimError(f"{where}: field 'head_dim' must be a positive integer, got {head!r}")
-    return {"activation": "geglu", "qk_norm": True, "post_norms": True, "embedding_scale": True, "head_width": head}
+    scalar = cfg["query_pre_attn_scalar"]  # the scores' scale, scalar ** -0.5 (transformers' Gemma3Attention.scaling)
+    if isinstance(scalar, bool) or not isinstance(scalar, (int, float)) or not 0 < scalar < float("inf"):
+        raise PipesimError(f"{where}: field 'query_pre_attn_scalar' must be a positive number, got {scalar!r}")
+    return {"activation": "geglu", "qk_norm": True, "post_norms": True, "embedding_scale": True, "head_width": head,
+            "softmax_scale": None if scalar == head else float(scalar) ** -0.5}
 
 
 def gemma3_rope(cfg: dict, where: str) -> tuple[dict, float]:

@@ -103,7 +103,7 @@ TYPE_MODELED = {"mixtral": ("num_local_experts", "num_experts_per_tok", "router_
                 # Gemma 3's language model: GeGLU by hidden_activation, 5:1 local windows, the local layers' RoPE base
                 # (pipesim.model.hf_gemma)
                 "gemma3_text": ("hidden_activation", "sliding_window", "sliding_window_pattern", "layer_types",
-                                "rope_local_base_freq")}
+                                "rope_local_base_freq", "query_pre_attn_scalar")}
 # change nothing pipesim counts in that model type (Mixtral's and Qwen3-MoE's own router loss, router_aux_loss_coef
 # under output_router_logits, is read: MoeConfig.hf_router_loss, which the executor refuses)
 TYPE_NO_EFFECT = {# DeepSeek-V3's router: the sequence-wise balance loss (aux_loss_alpha, seq_aux) is a few FLOPs per
@@ -125,9 +125,8 @@ TYPE_NO_EFFECT = {# DeepSeek-V3's router: the sequence-wise balance loss (aux_lo
                   # when empty: refused when true); its quantization tooling's and inference cache's switches
                   "llama4_text": ("attn_temperature_tuning", "floor_scale", "attn_scale", "router_aux_loss_coef",
                                   "for_llm_compressor", "cache_implementation"),
-                  # Gemma 3: the scores' scale (inside the attention kernel), the inference cache; a hidden_act beside
-                  # hidden_activation, which Gemma3MLP does not read
-                  "gemma3_text": ("query_pre_attn_scalar", "cache_implementation", "hidden_act")}
+                  # Gemma 3: the inference cache; a hidden_act beside hidden_activation, which Gemma3MLP does not read
+                  "gemma3_text": ("cache_implementation", "hidden_act")}
 # decoders whose layers are nothing beyond MODELED and their TYPE_MODELED (Llama-style, DeepSeek-V3's, Qwen2's: Llama's
 # layer with biases on q, k and v alone, and Qwen3's: Llama's layer with QK-norm and an explicit head_dim)
 MODEL_TYPES = ("llama", "mistral", "mixtral", "deepseek_v3", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "nemotron",

@@ -14,7 +14,7 @@ its later versions read them, the GPT-OSS era's):
   with truncate false), clamped to [0, d - 1], c(r) = d ln(old / (2 pi r)) / (2 ln theta); f / factor where the ramp
   is 1, f where it is 0, linear between.
 Other kinds (dynamic NTK, LongRoPE, ...) are kept by name: costs ignore them, the executor refuses them
-(pipesim.model.config.unbuilt_structure).
+(pipesim.model.executor_scope.unbuilt_structure).
 """
 
 from __future__ import annotations

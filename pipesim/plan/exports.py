@@ -11,7 +11,8 @@ import shlex
 import schedules
 from pipesim.ir import torch_csv
 from pipesim.ir.schedule import Schedule
-from pipesim.model.config import ModelConfig, split_layers, unbuilt_structure, unrun_expert_layout
+from pipesim.model.config import ModelConfig, split_layers
+from pipesim.model.executor_scope import unbuilt_structure, unrun_expert_layout
 from pipesim.model.fp8 import FP4_RECIPES, TORCHAO_ONLY, TORCHAO_RECIPES
 from pipesim.model.megatron_layout import LAYOUT, megatron_layout
 from pipesim.model.moe_layer_freq import FLAG as FREQ
