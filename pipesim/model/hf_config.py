@@ -54,6 +54,10 @@ Llama's). A "qwen3_moe" file (Qwen3MoeForCausalLM) adds Qwen3MoeSparseMoeBlock o
 no shared expert (defaults those of Qwen3MoeConfig: 128, 768, 8, step 1, no mlp_only_layers). `mlp_only_layers` is read
 when it is what MoeConfig can say (dense first layers), refused otherwise. Qwen3's `attention_bias` puts biases on
 q, k, v and o only, which ModelConfig.biases (every linear) cannot say: a true one refuses the file.
+
+A "qwen2_moe" file (Qwen2MoeForCausalLM: Qwen1.5-MoE, Qwen2-MoE) is Qwen3-MoE's experts and placement (Qwen2MoeConfig's
+defaults) beside one shared SwiGLU expert of `shared_expert_intermediate_size` behind a sigmoid gate
+(MoeConfig.shared_gate), with q/k/v biases by its `qkv_bias` (true by default) and no QK-norm.
 """
 
 from __future__ import annotations
@@ -350,8 +354,9 @@ def _qwen2_moe_experts(cfg: dict, layers: int, where: str) -> MoeConfig | None:
     60 experts of 1408, 4 per token) and a shared SwiGLU expert of width `shared_expert_intermediate_size` (5632)
     whose output is multiplied by sigmoid(shared_expert_gate(x)), a linear h -> 1 (MoeConfig.shared_gate); none when
     that width is 0."""
-    moe = _qwen3_experts({**QWEN2_MOE_DEFAULTS, **cfg}, layers, where)
-    shared = count_field({**QWEN2_MOE_DEFAULTS, **cfg}, "shared_expert_intermediate_size", where)
+    cfg = {**QWEN2_MOE_DEFAULTS, **cfg}
+    moe = _qwen3_experts(cfg, layers, where)
+    shared = count_field(cfg, "shared_expert_intermediate_size", where)
     if moe is None or not shared:
         return moe
     return replace(moe, shared_experts=1, shared_ffn=shared, shared_gate=True)
