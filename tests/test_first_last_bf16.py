@@ -25,7 +25,7 @@ from pipesim.model.fp8 import Fp8Options
 from pipesim.model.layer_precision import Bf16Layers
 from pipesim.model.moe import MoeConfig
 from pipesim.parallel_dims import ParallelDims
-from pipesim.plan.exports import torchtitan_fp8
+from pipesim.plan.torchtitan_export import torchtitan_fp8
 
 LLAMA = ModelConfig(kind="gpt", hidden=1024, layers=4, heads=8, kv_heads=2, ffn_hidden=2816, vocab=4096, seq=512,
                     batch=8, dtype="bfloat16", activation="swiglu", norm="rmsnorm", dropout=False, biases=False,

@@ -28,8 +28,9 @@ from pipesim.model.hf_config import load_hf_config
 from pipesim.model.kernel_types import MemoryBound
 from pipesim.model.options import LayerOptions
 from pipesim.parallel_dims import ParallelDims
-from pipesim.plan.exports import megatron_args, torchtitan_toml
+from pipesim.plan.exports import megatron_args
 from pipesim.plan.space import PlanRequest, enumerate_candidates
+from pipesim.plan.torchtitan_export import torchtitan_toml
 
 LLAMA = ModelConfig(kind="gpt", hidden=256, layers=4, heads=8, seq=128, vocab=512, batch=8, dtype="bfloat16",
                     kv_heads=2, ffn_hidden=512, activation="swiglu", norm="rmsnorm", dropout=False, biases=False,

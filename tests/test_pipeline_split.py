@@ -28,8 +28,9 @@ from pipesim.model.pipeline_split import (
     torchtitan_split,
 )
 from pipesim.plan.balance import balanced_rule
-from pipesim.plan.exports import megatron_args, run_command, torchtitan_toml
+from pipesim.plan.exports import megatron_args, run_command
 from pipesim.plan.space import PlanRequest, enumerate_candidates
+from pipesim.plan.torchtitan_export import torchtitan_toml
 
 SMALL = ["--model", "gpt", "--dtype", "bfloat16", "--hidden", "512", "--layers", "14", "--heads", "8", "--seq", "512",
          "--vocab", "32000", "--batch", "8", "--microbatch-size", "1", "--hardware", "dgx-h100"]

@@ -26,10 +26,11 @@ from pipesim.job import Job
 from pipesim.model.config import ModelConfig
 from pipesim.plan.estimate import estimate, optimizer_tail
 from pipesim.plan.evaluate import Evaluator
-from pipesim.plan.exports import megatron_args, torchtitan_toml
+from pipesim.plan.exports import megatron_args
 from pipesim.plan.ranking import why_lost
 from pipesim.plan.search import plan
 from pipesim.plan.space import NoLayout, PlanRequest, enumerate_candidates, layouts
+from pipesim.plan.torchtitan_export import torchtitan_toml
 
 SMALL = ["--model", "gpt", "--hidden", "512", "--layers", "8", "--heads", "8", "--seq", "512", "--vocab", "8000",
          "--batch", "16", "--dtype", "bfloat16"]

@@ -19,8 +19,9 @@ from pipesim.model.fp8_kernels import torchao_layer_kernels
 from pipesim.model.kernel_types import Gemm, MemoryBound, PieceKernels
 from pipesim.model.options import LayerOptions
 from pipesim.parallel_dims import ParallelDims
-from pipesim.plan.exports import megatron_args, torchtitan_fp8
+from pipesim.plan.exports import megatron_args
 from pipesim.plan.space import Candidate, PlanRequest
+from pipesim.plan.torchtitan_export import torchtitan_fp8
 
 TORCHAO = Fp8Options("hybrid", "tensorwise", "torchao")
 LLAMA = ["--model-config", "llama3.1-8b", "--seq", "2048", "--batch", "8", "--microbatch-size", "1"]

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from pipesim.plan.exports import command_line, exports_for, megatron_text, run_note, torchtitan_toml
+from pipesim.plan.exports import command_line, exports_for, megatron_text, run_note
 from pipesim.plan.ranking import why_lost
 from pipesim.plan.search import PlanResult
 from pipesim.plan.space import PlanRequest
+from pipesim.plan.torchtitan_export import torchtitan_toml
 from pipesim.units import format_bytes
 
 

@@ -17,8 +17,8 @@ from pipesim.commands.job_import import keep_flags, split_command, typed_rest, w
 from pipesim.commands.torchtitan_pipeline import model_layers, parts_split, stages_per_rank
 from pipesim.commands.torchtitan_sections import Keys, compile_flags, quantize_flags, recompute_flags
 from pipesim.errors import PipesimError, refuse_special_file
-from pipesim.plan.exports import TORCH_ROTATE
 from pipesim.plan.stack_space import TORCHTITAN_FLAVORS
+from pipesim.plan.torchtitan_export import TORCH_ROTATE
 
 try:
     import tomllib
