@@ -190,12 +190,9 @@ class RunConfig:
         weights = list(self.layer_split) if self.layer_split else None  # a chunk may hold no layer (an identity stage)
         return split_layers(self.model.layers, num_stages, weights)
 
-    def _pp_mismatch(self, pp: int, ranks: int) -> str:
-        """The CSV's `ranks` pipeline ranks against the run's `pp`, in the flags the user typed: a --stages the CSV
-        does not have (as `pipesim schedule` says it), or the world's ranks over dp x cp x tp (`job_for`) and the
-        world the CSV needs."""
-        if self.stages is not None:
-            return f"--stages {pp}: {self.csv} has its own ranks, {ranks}; drop --stages"
+    def _world_mismatch(self, pp: int, ranks: int) -> str:
+        """The CSV's `ranks` pipeline ranks against the `pp` the world's ranks leave over dp x cp x tp (`job_for`),
+        and the world the CSV needs (a typed --stages the CSV lacks: torch_csv.check_csv_counts)."""
         d = self.job.dims
         cp = f" x cp({d.cp})" if d.cp > 1 else ""
         return (f"{self.csv} has {ranks} pipeline ranks, but the run's {pp * d.dp * d.cp * d.tp} ranks (--nproc x "
@@ -210,9 +207,10 @@ class RunConfig:
             raise PipesimError(f"name a schedule ({', '.join(schedules.names())}) or give --from-csv FILE")
         if self.csv:
             sched = torch_csv.load(self.csv)
+            torch_csv.check_csv_counts(sched, self.csv, stages=self.stages, microbatches=self.microbatches,
+                                       virtual=self.virtual)
             if sched.num_ranks != pp:
-                raise PipesimError(self._pp_mismatch(pp, sched.num_ranks))
-            torch_csv.check_csv_counts(sched, self.csv, microbatches=self.microbatches, virtual=self.virtual)
+                raise PipesimError(self._world_mismatch(pp, sched.num_ranks))
         else:
             v = self.virtual if (self.virtual and schedules.spec(name).virtual) else None
             if self.virtual and len(self.names) == 1:
