@@ -24,6 +24,7 @@ from pipesim.model.hf_config import hf_key_report, load_hf_config, read_hf_confi
 from pipesim.model.latent_attention import LatentAttention
 from pipesim.model.latent_layer import latent_params
 from pipesim.model.layer_collectives import tp_mtp_collectives
+from pipesim.model.layer_kinds import StageLayers
 from pipesim.model.moe import MoeConfig, group_node_limit
 from pipesim.model.options import LayerOptions
 from pipesim.model.param_counts import (
@@ -195,8 +196,9 @@ def test_mtp_module_on_the_last_stage():
     the projection's collectives, the block's and the head's."""
     model = replace(V3, layers=8)
     opts = LayerOptions(tp=2, sp=True, ep=4, etp=2, attention="flash")
-    with_mtp = gpt_stage_work(model, 1, 1, first=False, last=True, opts=opts, moe_layers=1)
-    without = gpt_stage_work(replace(model, mtp_layers=0), 1, 1, first=False, last=True, opts=opts, moe_layers=1)
+    with_mtp = gpt_stage_work(model, 1, StageLayers.uniform(1, 1), first=False, last=True, opts=opts)
+    without = gpt_stage_work(replace(model, mtp_layers=0), 1, StageLayers.uniform(1, 1), first=False, last=True,
+                           opts=opts)
     moe_block = with_mtp.param_count - without.param_count - (3 * H + 2 * H * H // 2) - (V // 2 * H)
     assert moe_block == latent_params(model, 2) + 2 * H + H * E + E // 4 * 3 * H * FE // 2 + 3 * H * FE // 2
     assert with_mtp.expert_params - without.expert_params == E // 4 * 3 * H * FE // 2

@@ -23,11 +23,11 @@ from executor.transformer import Block, rope_of, rotate
 from pipesim.cli import build_parser
 from pipesim.commands.run_args import config_from_args
 from pipesim.cost.executor_ops import EMBED_SCALE_OPS, GPT_BLOCK_OPS, executor_block_ops, executor_moe_block_ops
-from pipesim.cost.stage_layers import is_variant_layer
 from pipesim.cost.stage_work import gpt_stage_work
 from pipesim.errors import PipesimError
 from pipesim.model.attention_window import SlidingWindow
 from pipesim.model.config import ModelConfig
+from pipesim.model.layer_kinds import StageLayers, is_variant_layer
 from pipesim.model.moe import MoeConfig
 from pipesim.model.options import LayerOptions
 from pipesim.model.param_counts import model_params
@@ -161,7 +161,7 @@ def test_the_cpu_cost_models_ops_of_a_block_are_the_executors(fields):
     runs the GPT block's ops plus its structure's, counted here the way GPT_BLOCK_OPS is."""
     sizes = {"kind": "gpt", "hidden": 16, "heads": 4, "seq": 8, "vocab": 32, "layers": 2, "batch": 8}
     gpt, model = ModelConfig(**sizes), ModelConfig(**sizes, **fields)
-    for layer in range(2):  # a NoPE model's second layer takes no RoPE: the variant layer (stage_layers)
+    for layer in range(2):  # a NoPE model's second layer takes no RoPE: the variant layer (pipesim.model.layer_kinds)
         extra = tuple(m - g for m, g in zip(_block_ops(model, layer), _block_ops(gpt), strict=True))
         variant = is_variant_layer(model, layer)  # windowed when the model has a window, NoPE by nope_every
         assert extra == tuple(e - g for e, g in zip(executor_block_ops(model, variant), GPT_BLOCK_OPS, strict=True))
@@ -221,7 +221,7 @@ def test_the_cpu_cost_models_ops_of_the_scaled_embedding_are_the_executors(posit
     plain, scaled = ModelConfig(**sizes), ModelConfig(**sizes, embedding_scale=True)
     measured = tuple(s - p for s, p in zip(_embed_ops(scaled), _embed_ops(plain), strict=True))
     assert measured == EMBED_SCALE_OPS
-    ops = [gpt_stage_work(m, 2, 0, first=True, last=False, executor_ops=True).ops for m in (scaled, plain)]
+    ops = [gpt_stage_work(m, 2, StageLayers(), first=True, last=False, executor_ops=True).ops for m in (scaled, plain)]
     assert tuple(ops[0][k] - ops[1][k] for k in "FIW") == EMBED_SCALE_OPS
 
 

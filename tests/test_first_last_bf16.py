@@ -22,6 +22,7 @@ from pipesim.job import Job
 from pipesim.kernel_switches import KernelSwitches
 from pipesim.model.config import ModelConfig
 from pipesim.model.fp8 import Fp8Options
+from pipesim.model.layer_kinds import StageLayers
 from pipesim.model.layer_precision import Bf16Layers
 from pipesim.model.moe import MoeConfig
 from pipesim.parallel_dims import ParallelDims
@@ -59,11 +60,11 @@ def test_the_bf16_layers_are_the_first_and_last_by_global_index():
     assert Bf16Layers(2, 0).flags() == ["--first-last-layers-bf16", "--num-layers-at-start-in-bf16", "2",
                                         "--num-layers-at-end-in-bf16", "0"]
     # a chunk's share: layers 2..5 of 8 hold none; the first chunk the start ones, the last chunk the end ones
-    assert Bf16Layers(2, 1).in_chunk(replace(LLAMA, layers=8), 2, 4) == (0, 0)
-    assert Bf16Layers(2, 1).in_chunk(replace(LLAMA, layers=8), 0, 3) == (2, 0)
+    assert Bf16Layers(2, 1).in_chunk(replace(LLAMA, layers=8), 2, 4) == StageLayers()
+    assert Bf16Layers(2, 1).in_chunk(replace(LLAMA, layers=8), 0, 3) == StageLayers.uniform(2)
     # MOE's layer 0 is dense, the rest have experts
-    assert EDGES.in_chunk(MOE, 0, 2) == (1, 0)
-    assert EDGES.in_chunk(MOE, 2, 2) == (1, 1)
+    assert EDGES.in_chunk(MOE, 0, 2) == StageLayers.uniform(1)
+    assert EDGES.in_chunk(MOE, 2, 2) == StageLayers.uniform(1, 1)
 
 
 @pytest.mark.parametrize("tp, ub", [(1, False), (2, False), (2, True)])

@@ -16,6 +16,7 @@ from pipesim.model.activations import stage_activation_bytes
 from pipesim.model.config import ModelConfig
 from pipesim.model.flops import layer_flops
 from pipesim.model.layer_kernels import layer_kernels
+from pipesim.model.layer_kinds import StageLayers
 from pipesim.model.options import LayerOptions
 from pipesim.plan.exports import megatron_args
 from pipesim.plan.space import enumerate_candidates
@@ -29,8 +30,8 @@ FLASH, FLASH2 = LayerOptions(attention="flash", cp=2), LayerOptions(attention="f
 
 def test_same_work_and_memory_as_flash():
     assert layer_flops(LLAMA, 1, FLASH2) == layer_flops(LLAMA, 1, FLASH)
-    assert stage_activation_bytes(LLAMA, 1, FLASH2, layers=4, first=True, last=True) == \
-        stage_activation_bytes(LLAMA, 1, FLASH, layers=4, first=True, last=True)
+    assert stage_activation_bytes(LLAMA, 1, FLASH2, StageLayers.uniform(4), first=True, last=True) == \
+        stage_activation_bytes(LLAMA, 1, FLASH, StageLayers.uniform(4), first=True, last=True)
     assert layer_kernels(LLAMA, 1, FLASH2) == layer_kernels(LLAMA, 1, FLASH)
 
 

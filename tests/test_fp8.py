@@ -26,6 +26,7 @@ from pipesim.model.flops import model_flops, utilization
 from pipesim.model.fp8 import Fp8Options, saved_bytes, weight_copy_bytes
 from pipesim.model.hf_config import load_hf_config
 from pipesim.model.kernel_types import MemoryBound
+from pipesim.model.layer_kinds import StageLayers
 from pipesim.model.options import LayerOptions
 from pipesim.parallel_dims import ParallelDims
 from pipesim.plan.exports import megatron_args
@@ -158,7 +159,7 @@ def test_saved_activations_under_fp8_by_hand():
 
 def test_fp8_weight_copies_and_their_cast_by_hand():
     per_layer = H * (HQ + 2 * HKV) + HQ * H + H * 2 * F + F * H
-    params, weights = stage_fp8_weights(LLAMA, 1, _opts(), "H100", layers=3)
+    params, weights = stage_fp8_weights(LLAMA, 1, _opts(), "H100", StageLayers.uniform(3))
     assert (params, weights) == (3 * per_layer, 12)
     assert weight_copy_bytes(params, DELAYED, tn_only=True) == 2 * params  # the weight and its transpose
     assert weight_copy_bytes(params, DELAYED, tn_only=False) == params

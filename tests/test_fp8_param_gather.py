@@ -19,6 +19,7 @@ from pipesim.hardware.toml_io import load_hardware
 from pipesim.job import Job
 from pipesim.model.config import ModelConfig, split_layers
 from pipesim.model.fp8 import Fp8Options
+from pipesim.model.layer_kinds import StageLayers
 from pipesim.model.moe import MoeConfig
 from pipesim.parallel_dims import ParallelDims
 
@@ -37,7 +38,8 @@ def _costs(gather: bool, zero: int = 1):
 def test_parameters_live_in_the_fp8_copies_and_gather_one_byte_each():
     plain, fp8 = _costs(False), _costs(True)
     opts = plain.job.layer_options(LLAMA)
-    fp8_params = [stage_fp8_weights(LLAMA, 1, opts, "H100", layers=n)[0] for n in split_layers(LLAMA.layers, 2)]
+    fp8_params = [stage_fp8_weights(LLAMA, 1, opts, "H100", StageLayers.uniform(n))[0]
+               for n in split_layers(LLAMA.layers, 2)]
     assert fp8.fp8_param_counts == tuple(fp8_params) and plain.fp8_param_counts == ()
     for s in range(2):  # the parameters' all-gather: 2 bytes each, the FP8 linears' 1
         gather = {c.kind: c.nbytes for c in plain.step.collectives[s]}["all_gather"]
@@ -91,8 +93,8 @@ def test_a_mixture_of_experts_gathers_its_experts_fp8_parameters_over_their_own_
     plain, fp8 = _moe_costs(False), _moe_costs(True)
     opts = plain.job.layer_options(MOE)
     split = split_layers(MOE.layers, 2)
-    totals = [stage_fp8_weights(MOE, 1, opts, "B200", layers=n, moe_layers=n)[0] for n in split]
-    experts = [stage_fp8_expert_params(MOE, 1, opts, "B200", moe_layers=n) for n in split]
+    totals = [stage_fp8_weights(MOE, 1, opts, "B200", StageLayers.uniform(n, n))[0] for n in split]
+    experts = [stage_fp8_expert_params(MOE, 1, opts, "B200", StageLayers.uniform(n, n)) for n in split]
     # four local experts (8 over ep 2) per layer, FC1 (gate and up: 2 x 512 out of 1024) and FC2 (512 -> 1024)
     assert experts == [n * 4 * (1024 * 2 * 512 + 512 * 1024) for n in split]
     assert fp8.fp8_param_counts == tuple(totals) and all(0 < e < t for e, t in zip(experts, totals, strict=True))

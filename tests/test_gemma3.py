@@ -13,7 +13,6 @@ import torch
 
 from executor.transformer import attention_core
 from pipesim.cli import main
-from pipesim.cost.stage_layers import variant_per_stage
 from pipesim.errors import PipesimError
 from pipesim.model.activations import layer_saved_tensors
 from pipesim.model.config import ModelConfig
@@ -21,6 +20,7 @@ from pipesim.model.elementwise import layer_elementwise_bytes
 from pipesim.model.flops import layer_flops
 from pipesim.model.hf_config import hf_key_report, load_hf_config, read_hf_config, resolve_model_config
 from pipesim.model.layer_kernels import layer_kernels
+from pipesim.model.layer_kinds import stage_layers
 from pipesim.model.options import LayerOptions
 from pipesim.model.param_counts import block_params, model_params
 from pipesim.model.piece_kernels import embedding_kernels
@@ -185,7 +185,7 @@ def test_the_1b_has_four_global_layers_and_a_stage_counts_each_kind():
     the cost model's variant layers are the windowed ones."""
     model = load_hf_config("gemma3-1b", seq=4096)
     assert [layer for layer in range(26) if not model.window.windowed(layer)] == [5, 11, 17, 23]
-    assert variant_per_stage(model, [13, 13]) == [(11, 0), (11, 0)]
+    assert [(m.layers, m.variant_layers) for m in stage_layers(model, [13, 13])] == [(13, 11), (13, 11)]
 
 
 def test_a_27b_step_simulates_and_plans_a_megatron_export_that_says_what_pretrain_gpt_lacks(capsys):

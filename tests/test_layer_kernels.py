@@ -27,6 +27,7 @@ from pipesim.model.flops import head_flops, layer_flops
 from pipesim.model.grad_accumulation import accumulate_gradients
 from pipesim.model.kernel_types import FlashAttention, Gemm, MemoryBound
 from pipesim.model.layer_kernels import layer_kernels
+from pipesim.model.layer_kinds import StageLayers
 from pipesim.model.options import LayerOptions
 from pipesim.model.param_counts import block_params
 from pipesim.model.piece_kernels import head_kernels
@@ -149,7 +150,7 @@ def test_model_costs_on_a_family_preset_are_kernel_seconds_plus_the_action_overh
     costs = model_costs(GPT, 2, 4, hw, Job(attention="flash"))
     b = GPT.batch // 4
     opts = LayerOptions(attention="flash")
-    last = gpt_stage_seconds(GPT, b, 2, opts, first=False, last=True, fused=True, family="A100",
+    last = gpt_stage_seconds(GPT, b, StageLayers.uniform(2), opts, first=False, last=True, fused=True, family="A100",
                              grad_bytes=4)  # bfloat16: float32 main grads (Megatron's default)
     stage = costs.table.stages[1]
     assert stage.forward == last.F + hw.per_action_overhead
@@ -177,7 +178,7 @@ def test_fused_backward_collectives_carry_the_seconds_of_the_gemm_they_hide_behi
         hidden = [c.beside.seconds for c in fused if c.beside is not None]  # pipesim.comm.overlap_interference
         per_layer = ([layer["QKV dgrad"], layer["QKV wgrad"]] if sp else [layer["QKV wgrad"]])
         mlp = [layer["FC1 dgrad"], layer["FC1 wgrad"]] if sp else [layer["FC1 wgrad"]]
-        head = dict(gpt_stage_seconds(GPT, b, 0, opts, first=False, last=True, fused=True, family="H100",
+        head = dict(gpt_stage_seconds(GPT, b, StageLayers(), opts, first=False, last=True, fused=True, family="H100",
                                       grad_bytes=4).gemms)
         tail = [head["LM head dgrad"], head["LM head wgrad"]] if sp else [head["LM head wgrad"]]
         assert hidden == (mlp + per_layer) * 2 + tail

@@ -16,12 +16,12 @@ from executor.transformer import Block
 from pipesim.cli import build_parser, main
 from pipesim.commands.common import model_config
 from pipesim.cost.kernel_costs import gpt_stage_seconds, layer_seconds
-from pipesim.cost.stage_layers import variant_per_stage
 from pipesim.errors import PipesimError
 from pipesim.model.activations import layer_activation_bytes
 from pipesim.model.config import ModelConfig
 from pipesim.model.hf_config import hf_key_report, load_hf_config, read_hf_config, resolve_model_config
 from pipesim.model.layer_kernels import layer_kernels
+from pipesim.model.layer_kinds import DENSE, MOE, LayerKind, StageLayers, stage_layers
 from pipesim.model.moe import MoeConfig
 from pipesim.model.options import LayerOptions
 from pipesim.model.param_counts import active_params, model_params
@@ -135,9 +135,10 @@ def test_a_nope_layer_runs_every_kernel_but_ropes():
         names = [k.name for k in rope_k.phase(phase)]
         assert [k.name for k in nope_k.phase(phase)] == [n for n in names if not n.startswith("RoPE on Q and K")]
         assert len(names) == len(nope_k.phase(phase)) + 1
-    assert variant_per_stage(model, [5, 3]) == [(1, 0), (1, 0)]  # layers 3 and 7
+    mix = StageLayers(((DENSE, 4), (LayerKind(variant=True), 1)))
+    assert stage_layers(model, [5, 3]) == [mix, StageLayers(((DENSE, 2), (LayerKind(variant=True), 1)))]  # 3, 7
     full, narrow = (layer_seconds(model, 1, o, True, "H100") for o in (opts, nope))
-    stage = gpt_stage_seconds(model, 1, 5, opts, first=False, last=False, fused=True, family="H100", variant=(1, 0))
+    stage = gpt_stage_seconds(model, 1, mix, opts, first=False, last=False, fused=True, family="H100")
     assert stage.F == pytest.approx(4 * full.F + narrow.F, rel=1e-12) and narrow.F < full.F
     with pytest.raises(PipesimError, match="a NoPE layer's options for a model without NoPE layers"):
         nope.check(_small())
@@ -296,13 +297,13 @@ def test_maverick_s_nope_layers_are_all_expert_layers_and_a_stage_counts_each_ki
     expert layer; a 12-layer stage holds 6 dense RoPE, 3 expert RoPE and 3 expert NoPE layers, each kind costed once
     and counted (the NoPE one less its RoPE kernels)."""
     model = load_hf_config("llama4-maverick-17b-128e", seq=8192)
-    assert variant_per_stage(model, [12] * 4) == [(0, 3)] * 4
+    mix = StageLayers(((DENSE, 6), (MOE, 3), (LayerKind(moe=True, variant=True), 3)))
+    assert stage_layers(model, [12] * 4) == [mix] * 4
     opts = LayerOptions(attention="flash", ep=8)
     nope = replace(opts, nope=True)
     dense, moe, moe_nope = (layer_seconds(model, 1, o, True, "H100", moe=m)
                             for o, m in ((opts, False), (opts, True), (nope, True)))
-    stage = gpt_stage_seconds(model, 1, 12, opts, first=False, last=False, fused=True, family="H100", moe_layers=6,
-                              variant=(0, 3))
+    stage = gpt_stage_seconds(model, 1, mix, opts, first=False, last=False, fused=True, family="H100")
     for phase in ("F", "I", "W"):
         expected = 6 * getattr(dense, phase) + 3 * getattr(moe, phase) + 3 * getattr(moe_nope, phase)
         assert getattr(stage, phase) == pytest.approx(expected, rel=1e-12)

@@ -21,6 +21,7 @@ from pipesim.hardware.toml_io import load_hardware
 from pipesim.ir.schedule import Action, Kind
 from pipesim.job import Job
 from pipesim.model.config import ModelConfig
+from pipesim.model.layer_kinds import StageLayers
 from pipesim.parallel_dims import ParallelDims
 
 
@@ -80,7 +81,7 @@ def test_gpt_block_flops_match_flop_counter_exactly():
     # by hand: weights 24bsh^2 each for F, I, W; scores 4bs^2h forward, 8bs^2h backward, all in I
     dense, scores = 24 * b * s * h * h, 4 * b * s * s * h
     assert (f, i, w) == (dense + scores, dense + 2 * scores, dense)
-    work = gpt_stage_work(model, b, 1, first=False, last=False)
+    work = gpt_stage_work(model, b, StageLayers.uniform(1), first=False, last=False)
     assert work.param_count == sum(p.numel() for p in block.parameters())
 
 
@@ -90,10 +91,10 @@ def test_gpt_head_and_embedding():
     head = nn.Sequential(nn.LayerNorm(h), nn.Linear(h, v, bias=False))
     target = torch.randint(0, v, (b * s,))
     f, i, w = _fiw_measured(head, torch.randn(b, s, h), lambda y: nn.functional.cross_entropy(y.view(-1, v), target))
-    last = gpt_stage_work(model, b, 0, first=False, last=True)
+    last = gpt_stage_work(model, b, StageLayers(), first=False, last=True)
     assert (last.flops["F"], last.flops["I"], last.flops["W"]) == (f, i, w) == (2 * b * s * h * v,) * 3
     assert last.param_count == sum(p.numel() for p in head.parameters())
-    first = gpt_stage_work(model, b, 0, first=True, last=False)
+    first = gpt_stage_work(model, b, StageLayers(), first=True, last=False)
     assert first.flops == {"F": 0.0, "I": 0.0, "W": 0.0}
     assert first.param_count == v * h + s * h  # token and position embeddings
 
@@ -142,7 +143,7 @@ def test_framework_ops_are_counted_and_priced_per_op():
     assert first.ops == {"F": 6.0, "I": 5.0, "W": 3.0}  # no input gradient of the first Linear
     assert first.flops["I"] == 2 * mlp.flops["I"] / 3
     gpt = ModelConfig(kind="gpt", hidden=32, layers=2, heads=4, seq=12, vocab=50, batch=3)
-    whole = gpt_stage_work(gpt, 3, 2, first=True, last=True)
+    whole = gpt_stage_work(gpt, 3, StageLayers.uniform(2), first=True, last=True)
     assert whole.ops == {"F": 3 + 2 * 10 + 3, "I": 0 + 2 * 10 + 3, "W": 2 + 2 * 6 + 2}
     hw = replace(load_hardware("dgx-h100"), per_op_overhead=1e-5)
     model = ModelConfig(kind="mlp", hidden=4096, layers=8, batch=512)

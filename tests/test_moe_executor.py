@@ -30,6 +30,7 @@ from pipesim.ir.schedule import Action
 from pipesim.job import Job
 from pipesim.model.config import ModelConfig
 from pipesim.model.flops import moe_mlp_delta
+from pipesim.model.layer_kinds import StageLayers
 from pipesim.model.moe import MoeConfig
 from pipesim.model.moe_layer import expert_params_here, moe_block_params
 from pipesim.model.options import LayerOptions
@@ -382,6 +383,6 @@ def test_full_recomputation_of_an_moe_block_charges_its_own_forward_again():
                         moe=MoeConfig(experts=4, top_k=2, expert_ffn=32))
     plain, full = LayerOptions(), LayerOptions(recompute="full")
     f, i, w = executor_moe_block_ops(model, plain)
-    work = gpt_stage_work(model, 2, 1, first=False, last=False, opts=full, moe_layers=1, executor_ops=True)
+    work = gpt_stage_work(model, 2, StageLayers.uniform(1, 1), first=False, last=False, opts=full, executor_ops=True)
     assert f == 38
     assert work.ops == {"F": f, "I": i + f, "W": w}

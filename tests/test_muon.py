@@ -30,6 +30,7 @@ from pipesim.hardware.toml_io import load_hardware
 from pipesim.job import Job
 from pipesim.model.config import ModelConfig
 from pipesim.model.hf_config import load_hf_config
+from pipesim.model.layer_kinds import StageLayers
 from pipesim.model.memory import PRECISIONS
 from pipesim.model.moe_layer import dense_mlp_params, moe_block_params
 from pipesim.model.muon_options import MuonOptions, muon_options
@@ -63,7 +64,7 @@ def test_the_tensors_sum_to_the_parameter_counts(name, opts):
             block_params(model, opts.tp) + moe_block_params(model, opts) - dense_mlp_params(model, opts.tp)
     if not model.mtp_layers:
         for first, last in ((True, True), (True, False), (False, True), (False, False)):
-            assert _total(stage_tensors(model, opts, layers=3, first=first, last=last)) == \
+            assert _total(stage_tensors(model, opts, StageLayers.uniform(3), first=first, last=last)) == \
                 stage_params(model, opts.tp, layers=3, first=first, last=last)
 
 
@@ -71,15 +72,15 @@ def test_the_gpt_block_with_learned_positions_biases_and_tied_head():
     gpt = ModelConfig(kind="gpt", hidden=256, layers=2, heads=8, vocab=1000, seq=128, tied_embeddings=True)
     opts = LayerOptions(tp=2)
     for first, last in ((True, True), (True, False), (False, True)):
-        assert _total(stage_tensors(gpt, opts, layers=2, first=first, last=last)) == \
+        assert _total(stage_tensors(gpt, opts, StageLayers.uniform(2), first=first, last=last)) == \
             stage_params(gpt, 2, layers=2, first=first, last=last)
-    names = {t.name for t in stage_tensors(gpt, opts, layers=2, first=True, last=True)}
+    names = {t.name for t in stage_tensors(gpt, opts, StageLayers.uniform(2), first=True, last=True)}
     assert "position embedding" in names and "output layer" not in names  # tied on the one rank
 
 
 def test_which_tensors_muon_takes_and_how_qkv_splits():
     opts = LayerOptions()
-    tensors = stage_tensors(TOY, opts, layers=1, first=True, last=True)
+    tensors = stage_tensors(TOY, opts, StageLayers.uniform(1), first=True, last=True)
     assert {t.name for t in tensors if t.matrix} == {"QKV", "projection", "FC1", "FC2"}  # not the embedding or head
     qkv = next(t for t in tensors if t.name == "QKV")
     assert qkv.shape == (256 + 2 * 64, 256)
@@ -107,7 +108,7 @@ def test_the_ping_pong_deal():
 
 def test_one_rank_steps_everything_and_keeps_every_state():
     opts = LayerOptions()
-    tensors = stage_tensors(TOY, opts, layers=2, first=True, last=False)
+    tensors = stage_tensors(TOY, opts, StageLayers.uniform(2), first=True, last=False)
     muon_elems = sum(t.numel * t.count for t in tensors if t.matrix)
     adam_elems = _total(tensors) - muon_elems
     for options in (MuonOptions(), MuonOptions(distributed=True)):  # dp 1: dist_muon deals it all to rank 0
@@ -126,7 +127,7 @@ def test_one_rank_steps_everything_and_keeps_every_state():
 
 def test_dist_muon_keeps_the_largest_dealt_share():
     opts = LayerOptions()
-    tensors = stage_tensors(TOY, opts, layers=2, first=True, last=False)
+    tensors = stage_tensors(TOY, opts, StageLayers.uniform(2), first=True, last=False)
     dist = muon_stage(tensors, TOY, 1, MuonOptions(distributed=True), dp=4, edp=1, precision=MIXED, profile=H100)
 
     def state(own: list[WeightTensor]) -> int:

@@ -23,6 +23,7 @@ from pipesim.job import Job
 from pipesim.model.config import ModelConfig, split_layers
 from pipesim.model.fp8 import Fp8Options, cast_write_bytes, saved_bytes, weight_copy_bytes
 from pipesim.model.kernel_types import Gemm, MemoryBound
+from pipesim.model.layer_kinds import StageLayers
 from pipesim.model.options import LayerOptions
 from pipesim.parallel_dims import ParallelDims
 from pipesim.plan.exports import megatron_args
@@ -93,7 +94,7 @@ def test_an_nvfp4_gemm_is_the_gemm_model_at_the_fp4_tensor_cores_figures():
 
 def test_nvfp4_weight_copies_and_their_cast_by_hand():
     per_layer = H * (HQ + 2 * HKV) + HQ * H + H * 2 * F + F * H
-    params, weights = stage_fp8_weights(LLAMA, 1, _opts(), "B200", layers=2)
+    params, weights = stage_fp8_weights(LLAMA, 1, _opts(), "B200", StageLayers.uniform(2))
     assert (params, weights) == (2 * per_layer, 8)
     # an amax pass, then one cast writing both directions: 2 kernels per weight
     assert weight_cast(params, weights, NVFP4, dtype_bytes=D, tn_only=False) == \
@@ -160,7 +161,8 @@ def test_fp4_param_gather_keeps_the_parameters_in_nvfp4_and_gathers_packed_bytes
     plain, fp4 = (model_costs(LLAMA, 2, 2, hw, Job(ParallelDims(pp=2, dp=4), zero=1, fp8=NVFP4, attention="flash",
                                                    fp8_param_gather=g)) for g in (False, True))
     opts = plain.job.layer_options(LLAMA)
-    quantized = [stage_fp8_weights(LLAMA, 1, opts, "B200", layers=n)[0] for n in split_layers(LLAMA.layers, 2)]
+    quantized = [stage_fp8_weights(LLAMA, 1, opts, "B200", StageLayers.uniform(n))[0]
+               for n in split_layers(LLAMA.layers, 2)]
     assert fp4.fp8_param_counts == tuple(quantized)
     for s in range(2):
         gather = {c.kind: c.nbytes for c in fp4.step.collectives[s]}["all_gather"]
@@ -185,7 +187,8 @@ def test_transformer_engines_nvfp4_switches_turned_off():
     plain, quiet, flat = (model_costs(LLAMA, 2, 2, hw, replace(job, fp8=f)) for f in
                           (NVFP4, Fp8Options("e2m1", "nvfp4", nvfp4_disabled=("stochastic-rounding", "rht")), one_d))
     assert (quiet.table, quiet.fp8_weight_bytes, quiet.step) == (plain.table, plain.fp8_weight_bytes, plain.step)
-    params = [stage_fp8_weights(LLAMA, 1, _opts(), "B200", layers=n)[0] for n in split_layers(LLAMA.layers, 2)]
+    params = [stage_fp8_weights(LLAMA, 1, _opts(), "B200", StageLayers.uniform(n))[0]
+               for n in split_layers(LLAMA.layers, 2)]
     assert flat.fp8_weight_bytes == tuple(2 * (n // 2 + n // 16) for n in params)
     assert flat.table == plain.table  # the weights' cast is charged once per step, with the optimizer
     assert all(a > b for a, b in zip(flat.step.optimizer_seconds, plain.step.optimizer_seconds, strict=True))

@@ -11,7 +11,6 @@ from pipesim.cost.device_profiles import profile_of
 from pipesim.cost.executor_ops import executor_block_ops
 from pipesim.cost.kernel_costs import gpt_stage_seconds, layer_seconds
 from pipesim.cost.model_costs import model_costs
-from pipesim.cost.stage_layers import variant_per_stage
 from pipesim.cost.stage_work import gpt_stage_work
 from pipesim.device.kernels import (
     FLASH_QUERY_BLOCK,
@@ -29,10 +28,12 @@ from pipesim.model.config import ModelConfig
 from pipesim.model.executor_scope import unbuilt_structure
 from pipesim.model.flops import attention_core_flops, hardware_flops, iteration_flops, layer_flops, model_flops
 from pipesim.model.layer_kernels import layer_kernels
+from pipesim.model.layer_kinds import DENSE, LayerKind, StageLayers, stage_layers
 from pipesim.model.options import LayerOptions
 from pipesim.parallel_dims import ParallelDims
 
 # a Llama-shaped model whose odd layers (1, 3, ...) attend fully and even ones over 128 keys, GPT-OSS's pattern
+WINDOW = LayerKind(variant=True)  # a windowed layer's kind (pipesim.model.layer_kinds)
 WINDOWED = ModelConfig(kind="gpt", hidden=512, layers=6, heads=8, kv_heads=2, seq=1024, vocab=1000, batch=8,
                        dtype="bfloat16", ffn_hidden=1024, activation="swiglu", norm="rmsnorm", dropout=False,
                        biases=False, positions="rope", window=SlidingWindow(128, full_every=2))
@@ -67,7 +68,8 @@ def test_which_layers_are_windowed():
     assert WINDOWED.windowed_layers(0, 6) == 3 and WINDOWED.windowed_layers(1, 2) == 1
     assert replace(WINDOWED, seq=128).windowed_layers(0, 6) == 0  # 128 keys over 128 tokens: full attention
     assert replace(WINDOWED, window=SlidingWindow(128)).windowed_layers(0, 6) == 6
-    assert variant_per_stage(WINDOWED, [3, 3]) == [(2, 0), (1, 0)]
+    assert stage_layers(WINDOWED, [3, 3]) == [StageLayers(((DENSE, 1), (WINDOW, 2))),
+                                              StageLayers(((DENSE, 2), (WINDOW, 1)))]
     with pytest.raises(PipesimError, match="window full_every 1 keeps every layer's full attention"):
         SlidingWindow(128, 1)
     assert ModelConfig(**WINDOWED.to_dict()) == WINDOWED and "window" not in FULL.to_dict()
@@ -112,16 +114,15 @@ def test_stage_costs_add_each_kind_of_layer():
     """A stage's F seconds: its full layers' and its windowed layers' pieces, each counted once per layer; the FLOPs
     of its work the same split."""
     b, opts = 1, LayerOptions(attention="flash")
-    stage = gpt_stage_seconds(WINDOWED, b, 3, opts, first=False, last=False, fused=True, family="H100",
-                              variant=(2, 0))
+    mix = stage_layers(WINDOWED, [3, 3])[0]
+    assert mix == StageLayers(((DENSE, 1), (WINDOW, 2)))  # layers 0 and 1 windowed, layer 2 full
+    stage = gpt_stage_seconds(WINDOWED, b, mix, opts, first=False, last=False, fused=True, family="H100")
     full = layer_seconds(WINDOWED, b, opts, True, "H100")
     narrow = layer_seconds(WINDOWED, b, replace(opts, window=128), True, "H100")
     assert stage.F == pytest.approx(full.F + 2 * narrow.F, rel=1e-12) and narrow.F < full.F
-    work = gpt_stage_work(WINDOWED, b, 3, first=False, last=False, opts=opts, variant=(2, 0))
+    work = gpt_stage_work(WINDOWED, b, mix, first=False, last=False, opts=opts)
     narrow_flops = layer_flops(WINDOWED, b, replace(opts, window=128))
     assert work.flops["F"] == layer_flops(WINDOWED, b, opts).F + 2 * narrow_flops.F
-    with pytest.raises(PipesimError, match="needs each stage's variant layers"):
-        gpt_stage_work(WINDOWED, b, 3, first=False, last=False, opts=opts)
 
 
 def test_model_flops_count_each_layer_over_its_band():
@@ -165,7 +166,8 @@ def test_on_a_cpu_host_a_window_costs_its_mask_ops_and_saves_no_flop():
     extra = executor_block_ops(WINDOWED, True)[0] - executor_block_ops(WINDOWED, False)[0]
     assert extra > 0
     windowed, full = (model_costs(m, 2, 4, hw, Job()).table.stages for m in (WINDOWED, FULL))
-    for stage_w, stage_f, (n, _) in zip(windowed, full, variant_per_stage(WINDOWED, [3, 3]), strict=True):
+    for stage_w, stage_f, mix in zip(windowed, full, stage_layers(WINDOWED, [3, 3]), strict=True):
+        n = mix.variant_layers
         assert n > 0 and stage_w.flops_forward == stage_f.flops_forward
         assert stage_w.forward - stage_f.forward == pytest.approx(n * extra * eq.per_op, rel=1e-9)
 
@@ -179,5 +181,6 @@ def test_a_window_shortens_the_step_by_its_attention_kernels():
     profile = _h100()
     t_full = flash_attention_time(2, 1024, 8, 64, "bfloat16", profile, kv_heads=2, causal=True).seconds
     t_band = flash_attention_time(2, 1024, 8, 64, "bfloat16", profile, kv_heads=2, causal=True, window=128).seconds
-    for stage_w, stage_f, (n, _) in zip(windowed, full, variant_per_stage(WINDOWED, [3, 3]), strict=True):
+    for stage_w, stage_f, mix in zip(windowed, full, stage_layers(WINDOWED, [3, 3]), strict=True):
+        n = mix.variant_layers
         assert stage_f.forward - stage_w.forward == pytest.approx(n * (t_full - t_band), rel=1e-9)

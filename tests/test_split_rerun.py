@@ -13,6 +13,7 @@ from pipesim.cost.stage_work import gpt_stage_work
 from pipesim.hardware.toml_io import load_hardware
 from pipesim.job import Job
 from pipesim.model.config import ModelConfig
+from pipesim.model.layer_kinds import StageLayers
 from pipesim.model.options import LayerOptions
 
 LLAMA = ModelConfig(kind="gpt", hidden=64, layers=4, heads=4, kv_heads=2, seq=32, vocab=128, batch=8,
@@ -25,8 +26,8 @@ def test_a_split_w_pays_full_recomputations_forward_again_on_a_cpu_host():
     W alone; the re-run is exactly what full recomputation adds to I."""
     hw = load_hardware("local-cpu")
     full, none = LayerOptions(recompute="full"), LayerOptions()
-    work = gpt_stage_work(LLAMA, 2, 2, first=False, last=True, opts=full, executor_ops=True)
-    plain = gpt_stage_work(LLAMA, 2, 2, first=False, last=True, opts=none, executor_ops=True)
+    work = gpt_stage_work(LLAMA, 2, StageLayers.uniform(2), first=False, last=True, opts=full, executor_ops=True)
+    plain = gpt_stage_work(LLAMA, 2, StageLayers.uniform(2), first=False, last=True, opts=none, executor_ops=True)
     rerun = work.split_rerun
     assert rerun["flops"] == work.flops["I"] - plain.flops["I"] > 0
     assert rerun["moved"] == work.moved["I"] - plain.moved["I"] > 0

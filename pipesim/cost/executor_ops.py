@@ -72,7 +72,7 @@ def add_ops(*counts: tuple[int, int, int]) -> tuple[int, int, int]:
 
 def structure_ops(model: ModelConfig, variant: bool = False) -> tuple[int, int, int]:
     """The executor's framework ops of one block beyond the GPT block's (STRUCTURE_OPS), in F, I, W; `variant`: the
-    block is one of the model's variant layers (pipesim.cost.stage_layers): it attends over the model's window, or
+    block is one of the model's variant layers (pipesim.model.layer_kinds): it attends over the model's window, or
     rotates nothing (a NoPE layer)."""
     sinks = model.attention_sinks
     windowed = variant and model.window_size is not None

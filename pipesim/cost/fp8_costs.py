@@ -27,6 +27,7 @@ from pipesim.hardware.machine import Hardware
 from pipesim.model.config import ModelConfig
 from pipesim.model.fp8 import Fp8Options, weight_copy_bytes
 from pipesim.model.fp8_kernels import fp8_expert_params, fp8_weight_params
+from pipesim.model.layer_kinds import StageLayers, kind_options
 from pipesim.model.options import LayerOptions
 
 
@@ -38,18 +39,16 @@ def _layer_fp8_counts(model: ModelConfig, b: int, opts: LayerOptions, family: st
     return (*fp8_weight_params(kernels), fp8_expert_params(kernels))
 
 
-def stage_fp8_weights(model: ModelConfig, b: int, opts: LayerOptions, family: str, *, layers: int,
-                      moe_layers: int = 0) -> tuple[int, int]:
-    """(parameters, weights) of a stage's FP8 linears on one rank: its layers' (the experts' local share)."""
-    dense = _layer_fp8_counts(model, b, opts, family, False) if layers > moe_layers else (0, 0, 0)
-    moe = _layer_fp8_counts(model, b, opts, family, True) if moe_layers else (0, 0, 0)
-    n = layers - moe_layers
-    return n * dense[0] + moe_layers * moe[0], n * dense[1] + moe_layers * moe[1]
+def stage_fp8_weights(model: ModelConfig, b: int, opts: LayerOptions, family: str, mix: StageLayers) -> tuple[int, int]:
+    """(parameters, weights) of a stage's FP8 linears on one rank: its layers' `mix` (the experts' local share)."""
+    counts = [(n, _layer_fp8_counts(model, b, kind_options(model, opts, kind), family, kind.moe)) for kind, n in mix]
+    return sum(n * c[0] for n, c in counts), sum(n * c[1] for n, c in counts)
 
 
-def stage_fp8_expert_params(model: ModelConfig, b: int, opts: LayerOptions, family: str, *, moe_layers: int) -> int:
+def stage_fp8_expert_params(model: ModelConfig, b: int, opts: LayerOptions, family: str, mix: StageLayers) -> int:
     """Of `stage_fp8_weights`' parameters, the routed experts' on one rank (0 without MoE layers)."""
-    return moe_layers * _layer_fp8_counts(model, b, opts, family, True)[2] if moe_layers else 0
+    return sum(n * _layer_fp8_counts(model, b, kind_options(model, opts, kind), family, True)[2]
+               for kind, n in mix if kind.moe)
 
 
 def weight_cast(params: int, weights: int, fp8: Fp8Options, *, dtype_bytes: int, tn_only: bool) -> tuple[int, int]:
@@ -59,12 +58,13 @@ def weight_cast(params: int, weights: int, fp8: Fp8Options, *, dtype_bytes: int,
     return reads * dtype_bytes * params + weight_copy_bytes(params, fp8, tn_only=tn_only), reads * weights
 
 
-def fp8_stage_costs(model: ModelConfig, b: int, opts: LayerOptions, hw: Hardware, split: Sequence[int],
-                    moe_counts: Sequence[int]) -> tuple[tuple[int, ...], tuple[float, ...], tuple[int, ...]]:
-    """Per stage: (bytes of its FP8 weight copies, seconds of casting them once per step, its FP8 linears'
-    parameters); empty without FP8. With --fp8-param-gather the copies are the parameters themselves (Megatron-core
-    keeps each FP8 linear's parameter as TE's FP8 tensor, its transpose beside it on a TN-only device): the same
-    bytes in place of the 16-bit parameter (rank_memory drops those), gathered in FP8 (step_costs)."""
+def fp8_stage_costs(model: ModelConfig, b: int, opts: LayerOptions, hw: Hardware,
+                    mixes: Sequence[StageLayers]) -> tuple[tuple[int, ...], tuple[float, ...], tuple[int, ...]]:
+    """Per stage (its layers in FP8, `mixes`): (bytes of its FP8 weight copies, seconds of casting them once per step,
+    its FP8 linears' parameters); empty without FP8. With --fp8-param-gather the copies are the parameters
+    themselves (Megatron-core keeps each FP8 linear's parameter as TE's FP8 tensor, its transpose beside it on a
+    TN-only device): the same bytes in place of the 16-bit parameter (rank_memory drops those), gathered in FP8
+    (step_costs)."""
     fp8 = opts.fp8
     if fp8 is None:
         return (), (), ()
@@ -72,8 +72,8 @@ def fp8_stage_costs(model: ModelConfig, b: int, opts: LayerOptions, hw: Hardware
     tn_only = check_fp8_recipe(family, fp8.recipe, hw.device.name).tn_only
     profile = profile_of(family, hw.device.kernels)
     memory, seconds, counts = [], [], []
-    for layers, moe in zip(split, moe_counts, strict=True):
-        params, weights = stage_fp8_weights(model, b, opts, family, layers=layers, moe_layers=moe)
+    for mix in mixes:
+        params, weights = stage_fp8_weights(model, b, opts, family, mix)
         counts.append(params)
         if not fp8.caches_weights:  # torchao: no copy kept, each use casts (pipesim.model.fp8_kernels)
             memory.append(0)

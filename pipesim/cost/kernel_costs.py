@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from pipesim.cost.device_profiles import fp8_profile_of, profile_of
-from pipesim.cost.stage_layers import variant_options
 from pipesim.device.fp8_rates import QUANTIZED, check_fp8_recipe
 from pipesim.device.gemm import gemm_time
 from pipesim.device.kernels import flash_attention_time, memory_bound_time
@@ -29,6 +28,7 @@ from pipesim.model.fp8_kernels import fp8_layer_kernels, scale_update_bytes
 from pipesim.model.grad_accumulation import accumulate_gradients
 from pipesim.model.kernel_types import FlashAttention, Gemm, Kernel, PieceKernels
 from pipesim.model.layer_kernels import layer_kernels
+from pipesim.model.layer_kinds import StageLayers, kind_options
 from pipesim.model.moe_layer import dense_mlp_params, moe_block_params
 from pipesim.model.options import LayerOptions
 from pipesim.model.param_counts import (
@@ -154,16 +154,15 @@ def fp8_layer(model: ModelConfig, b: int, opts: LayerOptions, fused: bool, famil
 
 
 @lru_cache(maxsize=4096)
-def fp8_update_seconds(model: ModelConfig, b: int, opts: LayerOptions, family: str, layers: int, moe_layers: int,
+def fp8_update_seconds(model: ModelConfig, b: int, opts: LayerOptions, family: str, mix: StageLayers,
                        kernels: KernelFigures | None = None) -> float:
-    """Seconds of delayed scaling's amax-history and scale update of a stage's FP8 tensors in one forward (and as
-    much in its backward): one fused memory-bound kernel per pass (pipesim.model.fp8_kernels.scale_update_bytes);
-    0 without FP8, with another recipe, or without layers."""
-    if opts.fp8 is None or opts.fp8.recipe != "delayed" or layers == 0:
+    """Seconds of delayed scaling's amax-history and scale update of a stage's FP8 tensors (its layers `mix`) in one
+    forward (and as much in its backward): one fused memory-bound kernel per pass
+    (pipesim.model.fp8_kernels.scale_update_bytes); 0 without FP8, with another recipe, or without layers."""
+    if opts.fp8 is None or opts.fp8.recipe != "delayed" or mix.layers == 0:
         return 0.0
-    nbytes = (layers - moe_layers) * scale_update_bytes(fp8_layer(model, b, opts, True, family))
-    if moe_layers:
-        nbytes += moe_layers * scale_update_bytes(fp8_layer(model, b, opts, True, family, moe=True))
+    nbytes = sum(n * scale_update_bytes(fp8_layer(model, b, kind_options(model, opts, kind), True, family,
+                                                  kind.moe)) for kind, n in mix)
     return memory_bound_time(nbytes, profile_of(family, kernels)).seconds
 
 
@@ -238,14 +237,12 @@ class StageSeconds:
                             shapes={**other.shapes, **self.shapes}, beside=(beside[0], beside[1], beside[2]))
 
 
-def gpt_stage_seconds(model: ModelConfig, b: int, layers: int, opts: LayerOptions, *, first: bool, last: bool,
+def gpt_stage_seconds(model: ModelConfig, b: int, mix: StageLayers, opts: LayerOptions, *, first: bool, last: bool,
                       fused: bool, family: str, kernels: KernelFigures | None = None,
-                      grad_fusion: bool = True, grad_bytes: int = 0, moe_layers: int = 0,
-                      ce_fusion: str = "unfused", variant: tuple[int, int] = (0, 0)) -> StageSeconds:
-    """Embedding (first stage), `layers` layers (`moe_layers` of them with experts; `variant`: of the dense and of the
-    MoE ones, the model's variant layers: windowed or NoPE, pipesim.cost.stage_layers), head + cross-entropy and the
-    multi-token-prediction modules (last stage); each piece's gradients added into main_grad in its W, inside the
-    wgrad GEMMs when `grad_fusion`."""
+                      grad_fusion: bool = True, grad_bytes: int = 0, ce_fusion: str = "unfused") -> StageSeconds:
+    """Embedding (first stage), the stage's layers `mix` (each kind timed once under its own options,
+    pipesim.model.layer_kinds), head + cross-entropy and the multi-token-prediction modules (last stage); each piece's
+    gradients added into main_grad in its W, inside the wgrad GEMMs when `grad_fusion`."""
     total = [0.0, 0.0, 0.0]
     beside = [0.0, 0.0, 0.0]
     gemms: dict[str, float] = {}
@@ -253,14 +250,9 @@ def gpt_stage_seconds(model: ModelConfig, b: int, layers: int, opts: LayerOption
     pieces = []
     if first:
         pieces.append((embedding_seconds(model, b, opts, family, kernels, grad_fusion, grad_bytes), 1))
-    other = variant_options(model, opts)  # a variant layer's
-    for moe, count, n_variant in ((False, layers - moe_layers, variant[0]), (True, moe_layers, variant[1])):
-        if count > n_variant:
-            pieces.append((layer_seconds(model, b, opts, fused, family, kernels, grad_fusion, grad_bytes, moe=moe),
-                           count - n_variant))
-        if n_variant:
-            pieces.append((layer_seconds(model, b, other, fused, family, kernels, grad_fusion, grad_bytes, moe=moe),
-                           n_variant))
+    for kind, count in mix:
+        pieces.append((layer_seconds(model, b, kind_options(model, opts, kind), fused, family, kernels, grad_fusion,
+                                     grad_bytes, moe=kind.moe), count))
     if last:
         pieces.append((head_seconds(model, b, opts, family, kernels, grad_fusion, grad_bytes, ce_fusion), 1))
     for k in range(model.mtp_layers if last else 0):  # each module: its own kernels, a block, the head again
@@ -274,7 +266,7 @@ def gpt_stage_seconds(model: ModelConfig, b: int, layers: int, opts: LayerOption
             beside[slot] += piece.beside[slot] * count
         gemms.update(piece.gemms)
         shapes.update(piece.shapes)
-    update = fp8_update_seconds(model, b, opts, family, layers, moe_layers, kernels)  # F and the backward (I)
+    update = fp8_update_seconds(model, b, opts, family, mix, kernels)  # F and the backward (I)
     for slot in (0, 1) if update else ():
         total[slot] += update
         beside[slot] += update

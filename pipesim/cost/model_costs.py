@@ -12,6 +12,7 @@ stays the estimate it was fitted with. See docs/cost_model.md and docs/large_mod
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from itertools import accumulate
 
 from pipesim.comm.expert_exchange import ExpertExchange
 from pipesim.comm.tp_collective import TpCollective
@@ -22,7 +23,6 @@ from pipesim.cost.host_issue import NO_HOST_ISSUE, stage_host_issue
 from pipesim.cost.kernel_costs import StageSeconds, gpt_stage_seconds, mlp_stage_seconds
 from pipesim.cost.muon_step import MuonStage, muon_stage
 from pipesim.cost.shared_overlap import beside_exchanges, check_shared_overlap, shared_seconds
-from pipesim.cost.stage_layers import moe_layers_per_stage, variant_per_stage
 from pipesim.cost.stage_work import Work, gpt_stage_work, mlp_stage_work
 from pipesim.cost.step_costs import StepCosts, ring_exchanges, step_costs
 from pipesim.cost.table import CostTable, StageCosts
@@ -35,6 +35,7 @@ from pipesim.model.adam_states import AdamStates
 from pipesim.model.config import ModelConfig, split_layers
 from pipesim.model.flops import attention_core_flops
 from pipesim.model.fp8 import Fp8Options
+from pipesim.model.layer_kinds import StageLayers, stage_layers
 from pipesim.model.memory import Precision, comm_buffer_bytes, named_precision
 from pipesim.model.moe_layer import tokens_here
 from pipesim.model.muon_options import MuonOptions
@@ -128,20 +129,17 @@ def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hard
     if job.comm.moe_shared_expert_overlap:
         check_shared_overlap(model, hw, opts)
     split = split_layers(model.layers, num_stages, layer_split)
-    moe_counts = moe_layers_per_stage(model, split)
-    variant = variant_per_stage(model, split) if opts is not None else [(0, 0)] * num_stages
-    # per stage: (its layers --first-last-layers-bf16 keeps in bf16, of them with experts); the FP8 parts are the rest
+    mixes = stage_layers(model, split)  # each stage's layers by kind (pipesim.model.layer_kinds)
+    # per stage: its layers --first-last-layers-bf16 keeps in bf16; the FP8 parts are the rest
     bf16 = _bf16_layers_per_stage(model, split, job)
     if model.window_size is not None or model.nope_every:  # variant layers: kernel by kernel, all in the one part
         _check_variant(model, hw, bf16)
-    bf16_opts = job.bf16_layer_options(model) if any(k for k, _ in bf16) else None
-    fp8_split = [n - k for n, (k, _) in zip(split, bf16, strict=True)]
-    fp8_moe = [m - km for m, (_, km) in zip(moe_counts, bf16, strict=True)]
-    fp8_memory, fp8_seconds, fp8_counts = fp8_stage_costs(model, b, opts, hw, fp8_split, fp8_moe) if opts else \
-        ((), (), ())
+    bf16_opts = job.bf16_layer_options(model) if any(k.layers for k in bf16) else None
+    fp8_mixes = [mix.minus(k) for mix, k in zip(mixes, bf16, strict=True)]
+    fp8_memory, fp8_seconds, fp8_counts = fp8_stage_costs(model, b, opts, hw, fp8_mixes) if opts else ((), (), ())
     fp8_params = fp8_counts if job.fp8_param_gather else ()  # kept and gathered in FP8
     # of those, the routed experts': gathered over the expert-data-parallel group with their state
-    fp8_experts = tuple(stage_fp8_expert_params(model, b, opts, hw.device.family, moe_layers=m) for m in fp8_moe) \
+    fp8_experts = tuple(stage_fp8_expert_params(model, b, opts, hw.device.family, mix) for mix in fp8_mixes) \
         if fp8_params and model.moe is not None else ()
     d = model.dtype_bytes
     precision = precision_of(model, kernels.grad_fp32, job.adam_states, job.fp8)
@@ -166,30 +164,29 @@ def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hard
         # the stage's parts, each (its work, its kernel seconds, the FP8 recipe its GEMMs run): the layers in FP8
         # with the embedding, head and MTP modules, then the bf16 layers (--first-last-layers-bf16)
         parts: list[tuple[Work, StageSeconds | None, str | None]] = []
-        for part_opts, n, moe, ends in ((opts, fp8_split[s], fp8_moe[s], True), (bf16_opts, *bf16[s], False)):
-            if n == 0 and not ends:
+        for part_opts, mix, ends in ((opts, fp8_mixes[s], True), (bf16_opts, bf16[s], False)):
+            if mix.layers == 0 and not ends:
                 continue
             if opts is None:
-                part = mlp_stage_work(model, b, n, tp, first=s == 0)
+                part = mlp_stage_work(model, b, mix.layers, tp, first=s == 0)
             else:
-                part = gpt_stage_work(model, b, n, first=s == 0 and ends, last=last and ends, opts=part_opts,
-                                      moe_layers=moe, executor_ops=hw.host is not None, variant=variant[s])
-            part_timed = _kernel_seconds(model, b, n, hw, part_opts, tp, first=s == 0 and ends, last=last and ends,
+                part = gpt_stage_work(model, b, mix, first=s == 0 and ends, last=last and ends, opts=part_opts,
+                                      executor_ops=hw.host is not None)
+            part_timed = _kernel_seconds(model, b, mix, hw, part_opts, tp, first=s == 0 and ends, last=last and ends,
                                          fused=kernels.fusion, grad_fusion=kernels.grad_accum_fusion,
-                                         grad_bytes=grad_bytes, moe_layers=moe, ce_fusion=kernels.cross_entropy,
-                                         variant=variant[s])
+                                         grad_bytes=grad_bytes, ce_fusion=kernels.cross_entropy)
             parts.append((part, part_timed, recipe if part_opts is opts else None))
         for part, part_timed, part_recipe in parts:  # each part's collectives hide behind its own GEMMs
             for key, colls in stage_tp_collectives(s, part, part_timed, part_recipe, kernels, model.dtype, hw).items():
                 collectives[key] = collectives.get(key, ()) + colls
-        for kind, colls in amax_reductions(job.fp8, fp8_split[s] if opts is not None else 0,
+        for kind, colls in amax_reductions(job.fp8, fp8_mixes[s].layers if opts is not None else 0,
                                            first_stage=s == 0).items():  # delayed scaling's, over the whole stage
             collectives[(s, kind)] = collectives.get((s, kind), ()) + colls
         work, timed = parts[0][0], parts[0][1]
         for part, part_timed, _ in parts[1:]:
             work.absorb(part)
             timed = timed.plus(part_timed) if timed is not None and part_timed is not None else timed
-        if timed is None and moe_counts[s] and hw.host is None:  # a calibrated CPU host: its roofline, as dense
+        if timed is None and mixes[s].moe_layers and hw.host is None:  # a calibrated CPU host: its roofline, as dense
             raise PipesimError(f"mixture-of-experts layers are timed kernel by kernel: {hw.name} has no GPU device "
                                "family (use a GPU preset)")
         if timed is None:
@@ -199,7 +196,7 @@ def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hard
             fwd, inp, wgt = (t + hw.compute_time(0.0, 0.0, model.dtype, k, work.ops[k])
                              for t, k in zip(timed.phases(), "FIW"))
         # a MoE layer's launches and waits (a calibrated CPU host's ops are in its equation)
-        host = stage_host_issue(model, opts, moe_counts[s], hw.host_launch) \
+        host = stage_host_issue(model, opts, mixes[s].moe_layers, hw.host_launch) \
             if timed is not None and opts is not None else NO_HOST_ISSUE
         fwd, inp, wgt = (t + gap for t, gap in zip((fwd, inp, wgt), host.waits, strict=True))
         issue = host.issue
@@ -226,7 +223,7 @@ def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hard
             _add_exchanges(ep_exchanges, s, model, b, opts, work, beside)
         if opts is not None and opts.cp > 1:
             _add_ring(exchanges, s, model, b, opts, layers, hw, timed)
-    muon = muon_stages(model, split, moe_counts, job, hw, opts, named_precision(precision)) \
+    muon = muon_stages(model, split, job, hw, opts, named_precision(precision)) \
         if job.muon is not None else ()
     return ParallelCosts(table=CostTable(tuple(stages)), job=job, tp_collectives=collectives,
                          dp_grad_bytes=tuple(grads), layers_per_stage=tuple(split), dtype_bytes=d,
@@ -252,8 +249,8 @@ def check_muon_device(muon: MuonOptions | None, hw: Hardware) -> None:
                            "has no GPU device family (use a GPU preset)")
 
 
-def muon_stages(model: ModelConfig, split: list[int], moe_counts: list[int], job: Job, hw: Hardware,
-                 opts: LayerOptions | None, precision: Precision) -> tuple[MuonStage, ...]:
+def muon_stages(model: ModelConfig, split: list[int], job: Job, hw: Hardware, opts: LayerOptions | None,
+                precision: Precision) -> tuple[MuonStage, ...]:
     """Each stage's Muon step (pipesim.cost.muon_step) from its tensors (pipesim.model.weight_tensors)."""
     assert job.muon is not None
     if opts is None:
@@ -263,7 +260,7 @@ def muon_stages(model: ModelConfig, split: list[int], moe_counts: list[int], job
     profile = profile_of(hw.device.family, hw.device.kernels)
     return tuple(muon_stage(tensors, model, opts.tp, job.muon, dp=job.dims.dp_cp, edp=job.dims.edp,
                             precision=precision, profile=profile)
-                 for tensors in split_tensors(model, opts, split, moe_counts))
+                 for tensors in split_tensors(model, opts, split))
 
 
 def _step(counts: list[int], job: Job, *, hw: Hardware, precision: str, loss_scaling: bool,
@@ -278,7 +275,7 @@ def _step(counts: list[int], job: Job, *, hw: Hardware, precision: str, loss_sca
                       fp8_per_stage=fp8_params, fp8_experts_per_stage=fp8_experts, muon_stages=muon)
 
 
-def _check_variant(model: ModelConfig, hw: Hardware, bf16: list[tuple[int, int]]) -> None:
+def _check_variant(model: ModelConfig, hw: Hardware, bf16: list[StageLayers]) -> None:
     """A model with sliding-window or NoPE layers: timed kernel by kernel (a GPU preset) or as the executor runs them
     on a calibrated CPU host (its masked SDPA: the whole square, pipesim.cost.stage_work), its layers in one
     precision."""
@@ -287,16 +284,16 @@ def _check_variant(model: ModelConfig, hw: Hardware, bf16: list[tuple[int, int]]
     if not hw.device.family and hw.host is None:
         raise PipesimError(f"{what} {verb} timed kernel by kernel or on a calibrated CPU host: {hw.name} has neither a "
                            "GPU device family nor a [host] (use a GPU preset or local-cpu)")
-    if any(k for k, _ in bf16):
+    if any(k.layers for k in bf16):
         raise PipesimError(f"--first-last-layers-bf16 with {what} is not modelled")
 
 
-def _bf16_layers_per_stage(model: ModelConfig, split: list[int], job: Job) -> list[tuple[int, int]]:
-    """Per stage (chunk, in model order): (its layers --first-last-layers-bf16 keeps in bf16, of them with experts);
-    (0, 0) everywhere without it."""
+def _bf16_layers_per_stage(model: ModelConfig, split: list[int], job: Job) -> list[StageLayers]:
+    """Per stage (chunk, in model order): its layers --first-last-layers-bf16 keeps in bf16, by kind; none everywhere
+    without it."""
     if job.bf16_layers is None or model.kind != "gpt":
-        return [(0, 0)] * len(split)
-    return [job.bf16_layers.in_chunk(model, sum(split[:s]), n) for s, n in enumerate(split)]
+        return [StageLayers()] * len(split)
+    return [job.bf16_layers.in_chunk(model, start, n) for start, n in zip(accumulate([0, *split]), split)]
 
 
 def _add_exchanges(out: dict, stage: int, model: ModelConfig, b: int, opts: LayerOptions, work: Work,
@@ -324,19 +321,18 @@ def _add_exchanges(out: dict, stage: int, model: ModelConfig, b: int, opts: Laye
         out[(stage, kind)] = beside_exchanges(exchanges, beside, kind) if beside is not None else exchanges
 
 
-def _kernel_seconds(model: ModelConfig, b: int, layers: int, hw: Hardware, opts: LayerOptions | None, tp: int, *,
-                    first: bool, last: bool, fused: bool, grad_fusion: bool = True,
-                    grad_bytes: int = 0, moe_layers: int = 0, ce_fusion: str = "unfused",
-                    variant: tuple[int, int] = (0, 0)) -> StageSeconds | None:
+def _kernel_seconds(model: ModelConfig, b: int, mix: StageLayers, hw: Hardware, opts: LayerOptions | None, tp: int,
+                    *, first: bool, last: bool, fused: bool, grad_fusion: bool = True, grad_bytes: int = 0,
+                    ce_fusion: str = "unfused") -> StageSeconds | None:
     """The stage's kernel seconds on the hardware's device family; None without one (the roofline path)."""
     family = hw.device.family
     if not family:
         return None
     if opts is None:
-        return mlp_stage_seconds(model, b, layers, tp, first=first, family=family, kernels=hw.device.kernels)
-    return gpt_stage_seconds(model, b, layers, opts, first=first, last=last, fused=fused, family=family,
+        return mlp_stage_seconds(model, b, mix.layers, tp, first=first, family=family, kernels=hw.device.kernels)
+    return gpt_stage_seconds(model, b, mix, opts, first=first, last=last, fused=fused, family=family,
                              kernels=hw.device.kernels, grad_fusion=grad_fusion, grad_bytes=grad_bytes,
-                             moe_layers=moe_layers, ce_fusion=ce_fusion, variant=variant)
+                             ce_fusion=ce_fusion)
 
 
 def _split_rerun(hw: Hardware, dtype: str, work: Work) -> float:

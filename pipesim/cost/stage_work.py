@@ -24,8 +24,6 @@ from pipesim.cost.executor_ops import (
     executor_block_ops,
     executor_moe_block_ops,
 )
-from pipesim.cost.stage_layers import moe_layers_per_stage, variant_options, variant_per_stage
-from pipesim.errors import PipesimError
 from pipesim.model.activations import (
     embedding_activation_bytes,
     head_activation_bytes,
@@ -46,6 +44,7 @@ from pipesim.model.layer_collectives import (
     tp_mtp_collectives,
 )
 from pipesim.model.layer_kernels import layer_kernels
+from pipesim.model.layer_kinds import StageLayers, kind_options, stage_layers
 from pipesim.model.moe_layer import dense_mlp_params, expert_params_here, moe_block_params
 from pipesim.model.op_recompute import OP
 from pipesim.model.options import LayerOptions
@@ -187,22 +186,21 @@ def _gpt_shaped(model: ModelConfig) -> ModelConfig:
                    post_norms=False, embedding_scale=False)
 
 
-def gpt_stage_work(model: ModelConfig, b: int, layers: int, *, first: bool, last: bool, tp: int = 1,
-                   opts: LayerOptions | None = None, moe_layers: int = 0, executor_ops: bool = False,
-                   variant: tuple[int, int] | None = None) -> Work:
-    """Embedding (first stage), `layers` blocks (`moe_layers` of them with experts; `variant`: how many of the dense
-    and of the MoE ones are the model's variant layers, windowed or NoPE, `variant_per_stage`), final norm + LM head +
-    loss (last stage).
+def gpt_stage_work(model: ModelConfig, b: int, mix: StageLayers, *, first: bool, last: bool, tp: int = 1,
+                   opts: LayerOptions | None = None, executor_ops: bool = False) -> Work:
+    """Embedding (first stage), the stage's blocks `mix` (by kind: with experts or dense, the model's variant layers,
+    windowed or NoPE, or not: pipesim.model.layer_kinds), final norm + LM head + loss (last stage).
 
     FLOPs (with recomputation in I), stash, parameters and tp collectives from pipesim/model/ under
-    `opts` (default: tp only). Memory traffic: the estimate the CPU timing was fitted with (weights
-    plus the Korthikanti stash per block), plus the re-run forward under recomputation. Framework
+    `opts` (default: tp only), each kind under its own options. Memory traffic: the estimate the CPU timing was fitted
+    with (weights plus the Korthikanti stash per block), plus the re-run forward under recomputation. Framework
     ops: embedding F 3 (two lookups, add), W 2; block F 10, I 10, W 6, plus the re-run forward's in
     I (full: the block's own forward, 10 for the GPT block, an MoE block's its own; selective 3); head F 3, I 3,
     W 2. A MoE block's FLOPs are the dense block's with the MLP's GEMMs replaced by the router's, the experts' and the
     shared experts' (pipesim.model.layer_kernels).
     The last stage runs the model's multi-token-prediction modules after the head (`_add_mtp_module`).
-    `executor_ops`: a MoE block counts the executor's ops (`executor_moe_block_ops`; a calibrated CPU host).
+    `executor_ops`: a block counts the executor's ops (`executor_block_ops`, `executor_moe_block_ops`; a calibrated
+    CPU host), whose attention masks the square: a variant layer is costed under the job's options there.
     """
     opts = opts if opts is not None else LayerOptions(tp=tp)
     tp = opts.tp
@@ -215,7 +213,7 @@ def gpt_stage_work(model: ModelConfig, b: int, layers: int, *, first: bool, last
         work.add(0.0, 0.0, 0.0, moved=(2 * act, 0.0, 2 * act), act=embedding_activation_bytes(model, b, opts),
                  params=embedding_params(model, tp), ops=ops)
         _add_forward(work, tp_embedding_collectives(model, b, opts))
-    if layers:
+    if mix.layers:
         # the GPT block's weights the CPU fit was made with, and what another structure holds beyond them
         weights = 12 * h * h / tp + 13 * h + block_params(model, tp) - block_params(_gpt_shaped(model), tp)
         traffic = weights * d + gpt_block_activation_bytes(model, b, tp)  # bytes
@@ -228,49 +226,13 @@ def gpt_stage_work(model: ModelConfig, b: int, layers: int, *, first: bool, last
             core = ("recompute softmax", "recompute softmax dropout")  # the eager core's; counted in CORE_OPS
             others = sum(k.startswith("recompute ") and k not in core for k in ew)  # other modules' ops
             rerun_ops = (CORE_OPS if opts.recomputes("core_attn") else 0) + others
-        wd, wm = _variant(model, variant)
-        for moe, count, n_variant in ((False, layers - moe_layers, wd), (True, moe_layers, wm)):
-            if not count:
-                continue
-            flops = moe_layer_flops(model, b, opts) if moe else layer_flops(model, b, opts)
-            band = flops  # the variant layers': a windowed one's attention core over the band (pipesim.model.flops)
-            # the executor on a CPU host masks the square (executor.transformer.attention_core): no FLOP saved there
-            if n_variant and not executor_ops:
-                other = variant_options(model, opts)
-                band = moe_layer_flops(model, b, other) if moe else layer_flops(model, b, other)
-            stash = layer_activation_bytes(model, b, opts, moe=moe)
-            params = block_params(model, tp)
-            if moe:
-                params += moe_block_params(model, opts) - dense_mlp_params(model, tp)
-                work.expert_params += count * expert_params_here(model, opts)
-            tp_colls = tp_layer_collectives(model, b, opts, moe=moe)
-            fwd_colls = [c for c in tp_colls if c.phase == "F"]
-            bwd_colls = [c for c in tp_colls if c.phase != "F"]
-            exchanges = ep_layer_exchanges(model, b, opts) if moe else []
-            block_ops = {}  # a variant layer or not -> (F, I, W) ops, I with the re-run forward's
-            for variant_here in {k < n_variant for k in range(count)}:
-                if executor_ops:
-                    ops = executor_moe_block_ops(model, opts, variant_here) if moe else \
-                        executor_block_ops(model, variant_here)
-                else:
-                    ops = GPT_BLOCK_OPS
-                again = ops[0] if opts.recompute == "full" else rerun_ops  # full: the block's forward, re-run
-                block_ops[variant_here] = (ops[0], ops[1] + again, ops[2])
-            for k in range(count):
-                f = band if k < n_variant else flops
-                work.add(f.F, f.I, f.W, moved=(traffic, traffic + rerun if rerun else traffic, traffic),
-                         act=stash, params=params, ops=block_ops[k < n_variant])
-                if opts.recompute == "full":
-                    for key, value in (("flops", f.F), ("moved", rerun), ("ops", block_ops[k < n_variant][0])):
-                        work.split_rerun[key] += value
-                _add_forward(work, fwd_colls)
-                _add_backward(work, bwd_colls)
-                work.ep_exchanges["F"] += [c for c in exchanges if c.phase == "F"]
-                work.ep_exchanges["I"] += [c for c in exchanges if c.phase != "F"]
-    if layers or (last and model.mtp_layers):  # one layer re-run at a time: the larger kind's (an MTP block too)
-        mtp, mtp_moe = (model.mtp_layers, mtp_moe_layers(model)) if last else (0, 0)
-        work.recompute_bytes = stage_recompute_bytes(model, b, opts, layers=layers + mtp,
-                                                     moe_layers=moe_layers + mtp_moe)
+        for kind, count in mix:
+            _add_blocks(work, model, b, opts if executor_ops else kind_options(model, opts, kind), kind.moe, count,
+                        moved=(traffic, traffic + rerun if rerun else traffic, traffic), rerun=rerun,
+                        ops=_block_ops(model, opts, kind.moe, kind.variant, executor_ops, rerun_ops))
+    if mix.layers or (last and model.mtp_layers):  # one layer re-run at a time: the larger kind's (an MTP block too)
+        mtp = StageLayers.uniform(model.mtp_layers, mtp_moe_layers(model)) if last else StageLayers()
+        work.recompute_bytes = stage_recompute_bytes(model, b, opts, mix.plus(mtp))
     if last:  # final norm + LM head (h x vocab) + cross-entropy on vocab-parallel logits
         head = head_flops(model, b, opts)
         logits = b * s * v / tp * d
@@ -285,6 +247,41 @@ def gpt_stage_work(model: ModelConfig, b: int, layers: int, *, first: bool, last
             _add_mtp_module(work, model, b, opts, moe=is_moe_layer(model, model.layers + k),
                             embedding_copy=k == 0 and not first)
     return work
+
+
+def _block_ops(model: ModelConfig, opts: LayerOptions, moe: bool, variant: bool, executor_ops: bool,
+               rerun_ops: int) -> tuple[int, int, int]:
+    """One block's (F, I, W) framework ops, I with the re-run forward's (full: the block's forward)."""
+    if executor_ops:
+        ops = executor_moe_block_ops(model, opts, variant) if moe else executor_block_ops(model, variant)
+    else:
+        ops = GPT_BLOCK_OPS
+    return ops[0], ops[1] + (ops[0] if opts.recompute == "full" else rerun_ops), ops[2]
+
+
+def _add_blocks(work: Work, model: ModelConfig, b: int, opts: LayerOptions, moe: bool, count: int, *,
+                moved: tuple[float, float, float], rerun: float, ops: tuple[int, int, int]) -> None:
+    """`count` blocks of one kind under `opts` (`moe`: with the model's experts): FLOPs, traffic, stash, parameters,
+    tp collectives and the experts' exchanges each."""
+    flops = moe_layer_flops(model, b, opts) if moe else layer_flops(model, b, opts)
+    stash = layer_activation_bytes(model, b, opts, moe=moe)
+    params = block_params(model, opts.tp)
+    if moe:
+        params += moe_block_params(model, opts) - dense_mlp_params(model, opts.tp)
+        work.expert_params += count * expert_params_here(model, opts)
+    tp_colls = tp_layer_collectives(model, b, opts, moe=moe)
+    fwd_colls = [c for c in tp_colls if c.phase == "F"]
+    bwd_colls = [c for c in tp_colls if c.phase != "F"]
+    exchanges = ep_layer_exchanges(model, b, opts) if moe else []
+    for _ in range(count):
+        work.add(flops.F, flops.I, flops.W, moved=moved, act=stash, params=params, ops=ops)
+        if opts.recompute == "full":
+            for key, value in (("flops", flops.F), ("moved", rerun), ("ops", ops[0])):
+                work.split_rerun[key] += value
+        _add_forward(work, fwd_colls)
+        _add_backward(work, bwd_colls)
+        work.ep_exchanges["F"] += [c for c in exchanges if c.phase == "F"]
+        work.ep_exchanges["I"] += [c for c in exchanges if c.phase != "F"]
 
 
 def _add_mtp_module(work: Work, model: ModelConfig, b: int, opts: LayerOptions, *, moe: bool,
@@ -339,25 +336,13 @@ def stage_work(model: ModelConfig, num_stages: int, m: int) -> list[tuple[FIW, F
     b = model.batch // m
     out = []
     split = split_layers(model.layers, num_stages)
-    variant = variant_per_stage(model, split) if model.kind == "gpt" else [(0, 0)] * len(split)
-    for s, (layers, moe) in enumerate(zip(split, moe_layers_per_stage(model, split), strict=True)):
+    for s, mix in enumerate(stage_layers(model, split)):
         if model.kind == "mlp":
-            work = mlp_stage_work(model, b, layers, first=s == 0)
+            work = mlp_stage_work(model, b, mix.layers, first=s == 0)
         else:
-            work = gpt_stage_work(model, b, layers, first=s == 0, last=s == num_stages - 1, moe_layers=moe,
-                                  executor_ops=True, variant=variant[s])
+            work = gpt_stage_work(model, b, mix, first=s == 0, last=s == num_stages - 1, executor_ops=True)
         out.append(tuple(tuple(part[k] for k in "FIW") for part in (work.flops, work.moved, work.ops)))
     return out
-
-
-def _variant(model: ModelConfig, variant: tuple[int, int] | None) -> tuple[int, int]:
-    """A stage's (variant dense, variant MoE) layers as given; a model with windowed or NoPE layers must say them."""
-    if variant is None:
-        if model.window_size is not None or model.nope_every:
-            raise PipesimError("a model with sliding-window or NoPE layers needs each stage's variant layers "
-                               "(variant_per_stage)")
-        return 0, 0
-    return variant
 
 
 def stage_flops(model: ModelConfig, num_stages: int, m: int) -> list[FIW]:

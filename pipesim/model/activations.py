@@ -23,6 +23,7 @@ from pipesim.model.config import ModelConfig
 from pipesim.model.fp8 import Fp8Options, saved_bytes
 from pipesim.model.gemma_layer import post_norm_name
 from pipesim.model.latent_layer import latent_saved, latent_widths
+from pipesim.model.layer_kinds import StageLayers, kind_options
 from pipesim.model.moe_layer import ROUTER_BYTES, routed_tokens, tokens_here
 from pipesim.model.op_recompute import OP, op_saved
 from pipesim.model.options import LayerOptions, vocab_shard
@@ -252,10 +253,10 @@ def recompute_working_bytes(model: ModelConfig, b: int, opts: LayerOptions, *, m
     return sum(x.nbytes for x in every) - layer_activation_bytes(model, b, opts, moe=moe)
 
 
-def stage_recompute_bytes(model: ModelConfig, b: int, opts: LayerOptions, *, layers: int, moe_layers: int = 0) -> int:
-    """The recompute working set of a stage: one layer is re-run at a time, the larger kind's when it holds both."""
-    dense = recompute_working_bytes(model, b, opts) if layers > moe_layers else 0
-    return max(dense, recompute_working_bytes(model, b, opts, moe=True) if moe_layers else 0)
+def stage_recompute_bytes(model: ModelConfig, b: int, opts: LayerOptions, mix: StageLayers) -> int:
+    """The recompute working set of a stage (its layers `mix`): one layer is re-run at a time, the largest kind's."""
+    return max((recompute_working_bytes(model, b, kind_options(model, opts, kind), moe=kind.moe) for kind, _ in mix),
+               default=0)
 
 
 def embedding_activation_bytes(model: ModelConfig, b: int, opts: LayerOptions) -> int:
@@ -299,13 +300,11 @@ def mtp_moe_layers(model: ModelConfig) -> int:
     return 0 if moe is None else moe.moe_layers(model.layers, model.mtp_layers)
 
 
-def stage_activation_bytes(model: ModelConfig, b: int, opts: LayerOptions, *, layers: int, first: bool,
-                           last: bool, moe_layers: int = 0) -> int:
-    """Stash of one microbatch on a pipeline stage: `layers` blocks (`moe_layers` of them with experts), plus
-    embedding / head (and the multi-token-prediction modules) where held."""
-    total = (layers - moe_layers) * layer_activation_bytes(model, b, opts)
-    if moe_layers:
-        total += moe_layers * layer_activation_bytes(model, b, opts, moe=True)
+def stage_activation_bytes(model: ModelConfig, b: int, opts: LayerOptions, mix: StageLayers, *, first: bool,
+                           last: bool) -> int:
+    """Stash of one microbatch on a pipeline stage: its layers `mix` (each kind under its own options,
+    pipesim.model.layer_kinds), plus embedding / head (and the multi-token-prediction modules) where held."""
+    total = sum(n * layer_activation_bytes(model, b, kind_options(model, opts, kind), moe=kind.moe) for kind, n in mix)
     if first:
         total += embedding_activation_bytes(model, b, opts)
     if last:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pipesim.errors import PipesimError
 from pipesim.model.config import ModelConfig
 from pipesim.model.fp8 import Fp8Options
+from pipesim.model.layer_kinds import StageLayers
 
 FIRST_LAST_FLAG = "--first-last-layers-bf16"  # Megatron-core's flags (and pipesim's)
 START_FLAG = "--num-layers-at-start-in-bf16"
@@ -69,11 +70,9 @@ class Bf16Layers:
         """The global indices of the bf16 layers of a model of `layers` layers, in order."""
         return tuple(k for k in range(layers) if self.is_bf16(k, layers))
 
-    def in_chunk(self, model: ModelConfig, first: int, n: int) -> tuple[int, int]:
-        """(bf16 layers, of them with experts) among the `n` layers from global index `first` (a chunk's)."""
-        bf16 = [k for k in self.indices(model.layers) if first <= k < first + n]
-        moe = sum(model.moe.is_moe_layer(k) for k in bf16) if model.moe is not None else 0
-        return len(bf16), moe
+    def in_chunk(self, model: ModelConfig, first: int, n: int) -> StageLayers:
+        """The bf16 layers among the `n` layers from global index `first` (a chunk's), by kind."""
+        return StageLayers.at(model, (k for k in self.indices(model.layers) if first <= k < first + n))
 
     def flags(self) -> list[str]:
         """The command-line flags that give these counts: Megatron-core's, its defaults left out."""

@@ -19,6 +19,7 @@ from pipesim.model.activations import recompute_working_bytes, stage_activation_
 from pipesim.model.config import ModelConfig
 from pipesim.model.cp_exchanges import cp_kv_block_bytes, cp_q_block_bytes
 from pipesim.model.layer_collectives import Collective
+from pipesim.model.layer_kinds import StageLayers
 from pipesim.model.options import LayerOptions
 from pipesim.model.param_counts import stage_params
 
@@ -229,8 +230,8 @@ def stage_memory(model: ModelConfig, b: int, opts: LayerOptions, *, layers: int,
     with `inflight` microbatches stashed (the schedule's peak for that stage)."""
     params = stage_params(model, opts.tp, layers=layers, first=first, last=last)
     return rank_memory(step_peak_state(params, dp=dp, zero=zero, precision=precision),
-                       activations_per_microbatch=stage_activation_bytes(model, b, opts, layers=layers, first=first,
-                                                                         last=last),
+                       activations_per_microbatch=stage_activation_bytes(model, b, opts, StageLayers.uniform(layers),
+                                                                         first=first, last=last),
                        inflight=inflight, recompute=recompute_working_bytes(model, b, opts) if layers else 0,
                        comm_buffers=comm_buffer_bytes(model, b, opts, dp=dp, zero=zero, precision=precision))
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from pipesim.errors import PipesimError
 from pipesim.model.config import ModelConfig
 from pipesim.model.latent_layer import latent_linears
+from pipesim.model.layer_kinds import StageLayers, kind_options, stage_layers
 from pipesim.model.options import LayerOptions, vocab_shard
 
 QKV = "QKV"  # the fused query-key-value weight (Megatron-core's linear_qkv: Muon splits it per head group)
@@ -111,18 +112,16 @@ def layer_tensors(model: ModelConfig, opts: LayerOptions, *, moe: bool = False) 
     return out + (_mlp(model, width, opts.tp, "shared expert ") + gate if width else [])
 
 
-def stage_tensors(model: ModelConfig, opts: LayerOptions, *, layers: int, moe_layers: int = 0, first: bool,
+def stage_tensors(model: ModelConfig, opts: LayerOptions, mix: StageLayers, *, first: bool,
                   last: bool) -> list[WeightTensor]:
-    """A stage's tensors on one rank: its `layers` (`moe_layers` of them with experts), the embedding if `first`, the
-    final norm and the output layer if `last` (the output layer is the embedding where one rank holds both and they
-    are tied). Multi-token-prediction modules are refused: their tensors are not listed."""
+    """A stage's tensors on one rank: its layers `mix` (each kind's, pipesim.model.layer_kinds), the embedding if
+    `first`, the final norm and the output layer if `last` (the output layer is the embedding where one rank holds
+    both and they are tied). Multi-token-prediction modules are refused: their tensors are not listed."""
     if last and model.mtp_layers:
         raise PipesimError("the multi-token-prediction modules' tensors are not listed (pipesim.model.weight_tensors)")
     h = model.hidden
-    out = [replace(t, count=t.count * (layers - moe_layers)) for t in layer_tensors(model, opts)] \
-        if layers > moe_layers else []
-    if moe_layers:
-        out += [replace(t, count=t.count * moe_layers) for t in layer_tensors(model, opts, moe=True)]
+    out = [replace(t, count=t.count * n) for kind, n in mix
+           for t in layer_tensors(model, kind_options(model, opts, kind), moe=kind.moe)]
     if first:
         out.append(WeightTensor("word embedding", (vocab_shard(model, opts.tp), h), embedding=True))
         if model.positions == "learned":
@@ -134,13 +133,12 @@ def stage_tensors(model: ModelConfig, opts: LayerOptions, *, layers: int, moe_la
     return out
 
 
-def split_tensors(model: ModelConfig, opts: LayerOptions, split: list[int],
-                  moe_layers: list[int]) -> list[list[WeightTensor]]:
-    """`stage_tensors` of each chunk of `split` (layers per chunk in model order, `moe_layers` of them with experts):
-    the first holds the embedding, the last the head."""
+def split_tensors(model: ModelConfig, opts: LayerOptions, split: list[int]) -> list[list[WeightTensor]]:
+    """`stage_tensors` of each chunk of `split` (layers per chunk in model order): the first holds the embedding, the
+    last the head."""
     last = len(split) - 1
-    return [stage_tensors(model, opts, layers=n, moe_layers=m, first=s == 0, last=s == last)
-            for s, (n, m) in enumerate(zip(split, moe_layers, strict=True))]
+    return [stage_tensors(model, opts, mix, first=s == 0, last=s == last)
+            for s, mix in enumerate(stage_layers(model, split))]
 
 
 __all__ = ["QKV", "WeightTensor", "layer_tensors", "split_tensors", "stage_tensors"]

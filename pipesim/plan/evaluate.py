@@ -14,7 +14,6 @@ from dataclasses import dataclass, replace
 import schedules
 from pipesim.cost.model_costs import ParallelCosts, model_costs, muon_stages
 from pipesim.cost.rank_memory import rank_memory
-from pipesim.cost.stage_layers import moe_layers_per_stage
 from pipesim.errors import PipesimError
 from pipesim.ir.schedule import Schedule
 from pipesim.job import Job
@@ -105,8 +104,7 @@ class Evaluator:
         if key not in self._muon_seconds:
             model, split = self.req.model, self.req.stage_split(c.chunks)
             self._muon_seconds[key] = tuple(m.seconds for m in muon_stages(
-                model, split, moe_layers_per_stage(model, split), job, self.req.hardware, job.layer_options(model),
-                named_precision(precision)))
+                model, split, job, self.req.hardware, job.layer_options(model), named_precision(precision)))
         return rank_tail(c, self._muon_seconds[key])
 
     def _pieces(self, c: Candidate) -> tuple[float, float, float, float]:

@@ -15,12 +15,12 @@ from collections.abc import Callable
 
 from pipesim.cost.model_costs import precision_of
 from pipesim.cost.muon_step import muon_state_bytes
-from pipesim.cost.stage_layers import moe_layers_per_stage, variant_per_stage
 from pipesim.cost.stage_work import gpt_stage_work
 from pipesim.job import Job
 from pipesim.model.activations import stage_activation_bytes
 from pipesim.model.config import ModelConfig, split_layers
 from pipesim.model.fsdp import fsdp_units, resident_fraction
+from pipesim.model.layer_kinds import StageLayers, stage_layers
 from pipesim.model.memory import comm_buffer_bytes, named_precision, step_peak_state
 from pipesim.model.options import LayerOptions
 from pipesim.model.param_counts import stage_params
@@ -113,11 +113,9 @@ def moe_chunk_params(model: ModelConfig, chunks: int, opts: LayerOptions,
     """A mixture-of-experts model's (parameters, of which the routed experts') per chunk on one rank, exactly as
     model_costs counts them (`gpt_stage_work`: each chunk's MoE layers, the experts sharded over ep and etp)."""
     split = split or split_layers(model.layers, chunks)
-    moe, variant = moe_layers_per_stage(model, split), variant_per_stage(model, split)
     out = []
-    for s, n in enumerate(split):
-        work = gpt_stage_work(model, 1, n, first=s == 0, last=s == chunks - 1, opts=opts, moe_layers=moe[s],
-                              variant=variant[s])
+    for s, mix in enumerate(stage_layers(model, split)):
+        work = gpt_stage_work(model, 1, mix, first=s == 0, last=s == chunks - 1, opts=opts)
         out.append((round(work.param_count), round(work.expert_params)))
     return tuple(out)
 
@@ -212,7 +210,7 @@ class MemoryBound:
             self._muon[key] = tuple(
                 muon_state_bytes(tensors, self.model, c.tp, self.shared.muon, dp=dims.dp_cp, edp=dims.edp,
                                  precision=self.precision)
-                for tensors in split_tensors(self.model, opts, split, moe_layers_per_stage(self.model, split)))
+                for tensors in split_tensors(self.model, opts, split))
         return self._muon[key]
 
     def first_stash(self, family: str | None, c, opts: LayerOptions) -> int:
@@ -223,10 +221,9 @@ class MemoryBound:
             split = self.split(chunks)
             held = family_chunks(family, c.p, c.k)
             ids = held[0] if held else range(chunks)
-            moe = self.model.moe
             self._stash[key] = min(stage_activation_bytes(
-                self.model, c.mbs, opts, layers=split[s], first=s == 0, last=s == chunks - 1,
-                moe_layers=moe.moe_layers(sum(split[:s]), split[s]) if moe else 0) for s in ids)
+                self.model, c.mbs, opts, StageLayers.of(self.model, sum(split[:s]), split[s]), first=s == 0,
+                last=s == chunks - 1) for s in ids)
         return self._stash[key]
 
     def buffers(self, c, opts: LayerOptions) -> int:
