@@ -29,10 +29,8 @@ from pipesim.model.grad_accumulation import accumulate_gradients
 from pipesim.model.kernel_types import FlashAttention, Gemm, Kernel, PieceKernels
 from pipesim.model.layer_kernels import layer_kernels
 from pipesim.model.layer_kinds import StageLayers, kind_options
-from pipesim.model.moe_layer import dense_mlp_params, moe_block_params
 from pipesim.model.options import LayerOptions
 from pipesim.model.param_counts import (
-    block_params,
     embedding_params,
     head_params,
     is_moe_layer,
@@ -40,6 +38,7 @@ from pipesim.model.param_counts import (
     mtp_projection_params,
 )
 from pipesim.model.piece_kernels import embedding_kernels, head_kernels, mlp_layer_kernels, mtp_kernels
+from pipesim.model.weight_tensors import layer_params
 
 # the linear a collective's `overlaps` text names (pipesim.model.layer_collectives) -> the GEMM names of
 # pipesim.model.layer_kernels
@@ -125,9 +124,7 @@ def layer_seconds(model: ModelConfig, b: int, opts: LayerOptions, fused: bool, f
                   kernels: KernelFigures | None = None, grad_fusion: bool = True,
                   grad_bytes: int = 0, moe: bool = False) -> PieceSeconds:
     """One block's seconds (`moe`: with the model's mixture of experts as its MLP)."""
-    params = block_params(model, opts.tp)
-    if moe:
-        params += moe_block_params(model, opts) - dense_mlp_params(model, opts.tp)
+    params = layer_params(model, opts, moe=moe)
     pk = _accumulated(_norms(fp8_layer(model, b, opts, fused, family, moe), model, opts), model, params, grad_fusion,
                       grad_bytes)
     return piece_seconds(pk, model.dtype, *layer_profiles(family, kernels, opts))

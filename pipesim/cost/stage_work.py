@@ -45,6 +45,7 @@ from pipesim.model.layer_collectives import (
 )
 from pipesim.model.layer_kernels import layer_kernels
 from pipesim.model.layer_kinds import StageLayers, kind_options, stage_layers
+from pipesim.model.layer_parts import BLOCK
 from pipesim.model.moe_layer import dense_mlp_params, expert_params_here, moe_block_params
 from pipesim.model.op_recompute import OP
 from pipesim.model.options import LayerOptions
@@ -57,6 +58,7 @@ from pipesim.model.param_counts import (
     mtp_projection_params,
 )
 from pipesim.model.piece_kernels import check_mtp
+from pipesim.model.weight_tensors import layer_params
 
 CORE_OPS = 3  # ops of the attention core (scores, softmax, A V) that selective recomputation re-runs
 # the vocab-parallel cross-entropy's all-reduces of a float32 per token (Megatron's unfused three; its fused two and
@@ -263,11 +265,10 @@ def _add_blocks(work: Work, model: ModelConfig, b: int, opts: LayerOptions, moe:
                 moved: tuple[float, float, float], rerun: float, ops: tuple[int, int, int]) -> None:
     """`count` blocks of one kind under `opts` (`moe`: with the model's experts): FLOPs, traffic, stash, parameters,
     tp collectives and the experts' exchanges each."""
-    flops = moe_layer_flops(model, b, opts) if moe else layer_flops(model, b, opts)
+    flops = _layer_flops(model, b, opts, moe)
     stash = layer_activation_bytes(model, b, opts, moe=moe)
-    params = block_params(model, opts.tp)
+    params = layer_params(model, opts, moe=moe)
     if moe:
-        params += moe_block_params(model, opts) - dense_mlp_params(model, opts.tp)
         work.expert_params += count * expert_params_here(model, opts)
     tp_colls = tp_layer_collectives(model, b, opts, moe=moe)
     fwd_colls = [c for c in tp_colls if c.phase == "F"]
@@ -315,6 +316,15 @@ def _add_mtp_module(work: Work, model: ModelConfig, b: int, opts: LayerOptions, 
         exchanges = ep_layer_exchanges(model, b, opts)
         work.ep_exchanges["F"] += [c for c in exchanges if c.phase == "F"]
         work.ep_exchanges["I"] += [c for c in exchanges if c.phase != "F"]
+
+
+def _layer_flops(model: ModelConfig, b: int, opts: LayerOptions, moe: bool) -> Flops:
+    """A layer's FLOPs per F, I, W: the block's (`layer_flops`, `moe_layer_flops`), or a part's, its kernels'
+    (pipesim.model.layer_parts; the block's kernels carry layer_flops exactly)."""
+    if opts.part != BLOCK:
+        kernels = layer_kernels(model, b, opts, moe=moe)
+        return Flops(kernels.flops("F"), kernels.flops("I"), kernels.flops("W"))
+    return moe_layer_flops(model, b, opts) if moe else layer_flops(model, b, opts)
 
 
 def moe_layer_flops(model: ModelConfig, b: int, opts: LayerOptions) -> Flops:

@@ -24,6 +24,7 @@ from pipesim.model.fp8 import Fp8Options, saved_bytes
 from pipesim.model.gemma_layer import post_norm_name
 from pipesim.model.latent_layer import latent_saved, latent_widths
 from pipesim.model.layer_kinds import StageLayers, kind_options
+from pipesim.model.layer_parts import BLOCK, saved_sublayer
 from pipesim.model.moe_layer import ROUTER_BYTES, routed_tokens, tokens_here
 from pipesim.model.op_recompute import OP, op_saved
 from pipesim.model.options import LayerOptions, vocab_shard
@@ -54,6 +55,17 @@ class SavedTensor:
 
 def layer_saved_tensors(model: ModelConfig, b: int, opts: LayerOptions, *, recompute: str | None = None,
                         moe: bool = False) -> list[SavedTensor]:
+    """The tensors one transformer layer (`_block_saved`) or one part of it (`opts.part`: its sublayer's,
+    pipesim.model.layer_parts) saves on one rank for a microbatch of b sequences. Under full recomputation a part is
+    a layer of its own (a hybrid model's): it keeps its input, as the block does."""
+    saved = _block_saved(model, b, opts, recompute=recompute, moe=moe)
+    if opts.part == BLOCK or (opts.recompute if recompute is None else recompute) == "full":
+        return saved
+    return [x for x in saved if saved_sublayer(x.name) == opts.part]
+
+
+def _block_saved(model: ModelConfig, b: int, opts: LayerOptions, *, recompute: str | None = None,
+                 moe: bool = False) -> list[SavedTensor]:
     """The tensors one transformer layer saves on one rank for a microbatch of b sequences.
 
     recompute (default `opts.recompute`): "none" every tensor below; "selective" all but those its modules

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pipesim.model.config import ModelConfig
 from pipesim.model.fp8 import FP8_GATHER_RECIPES, saved_bytes
 from pipesim.model.latent_layer import check_latent
+from pipesim.model.layer_parts import BLOCK, collective_sublayer
 from pipesim.model.moe_layer import routed_tokens, tokens_here
 from pipesim.model.options import LayerOptions
 
@@ -172,8 +173,17 @@ def tp_layer_collectives(model: ModelConfig, b: int, opts: LayerOptions, *, moe:
     gather follows its amax's all-reduce (`_amax_reduction`). full recomputation first re-runs the
     forward's collectives in I; selective those inside its modules' checkpoints (`_module_collectives`).
     tp = 1: none. `moe`: the MLP block is the model's mixture of experts
-    (`_moe_tp`: its expert-tp and shared experts' collectives instead of the dense MLP's).
+    (`_moe_tp`: its expert-tp and shared experts' collectives instead of the dense MLP's). A part of the block
+    (`opts.part`): its sublayer's (pipesim.model.layer_parts).
     """
+    colls = _block_collectives(model, b, opts, moe=moe)
+    if opts.part == BLOCK:
+        return colls
+    return [c for c in colls if collective_sublayer(c.what) == opts.part]
+
+
+def _block_collectives(model: ModelConfig, b: int, opts: LayerOptions, *, moe: bool) -> list[Collective]:
+    """`tp_layer_collectives` of the whole block."""
     opts.check(model)
     if opts.tp == 1:
         return []

@@ -38,6 +38,7 @@ from pipesim.model.kernel_types import (
     with_tokens,
 )
 from pipesim.model.latent_layer import check_latent, latent_linears, rope_elements
+from pipesim.model.layer_parts import part_kernels
 from pipesim.model.moe_layer import ROUTER_BYTES, expert_shapes, tokens_here
 from pipesim.model.op_recompute import OP, op_rerun_linears
 from pipesim.model.options import LayerOptions
@@ -209,7 +210,8 @@ def layer_kernels(model: ModelConfig, b: int, opts: LayerOptions, *, fused: bool
     """One transformer layer's kernels on one rank, recomputation (full: the whole forward; selective:
     the attention core and its memory-bound ops) first in I. Tokens: b s / cp (with sp, the
     all-gathered input the GEMMs see). `moe`: the layer's MLP is the model's mixture of experts
-    (`_moe_mlp`) instead of the dense MLP."""
+    (`_moe_mlp`) instead of the dense MLP. A part of the block (`opts.part`): its sublayer's kernels
+    (pipesim.model.layer_parts)."""
     opts.check(model)
     tokens = b * opts.local_seq(model)
     before, after, mlp = _linears(model, b, opts)
@@ -244,7 +246,7 @@ def layer_kernels(model: ModelConfig, b: int, opts: LayerOptions, *, fused: bool
         core_ew = {"softmax", "softmax dropout", "attention scale", "attention mask"}
         rerun = [*core_f, *(k for k in ew_f if k.name in core_ew)] if opts.recomputes("core_attn") else []
         i = [*rerun, *_module_reruns(model, opts, before, mlp, ew_f, mlp_f if moe else None), *i]
-    return PieceKernels(tuple(f), tuple(i), tuple(w))
+    return part_kernels(PieceKernels(tuple(f), tuple(i), tuple(w)), opts.part)
 
 
 def _module_reruns(model: ModelConfig, opts: LayerOptions, before: list[Linear], mlp: list[Linear],

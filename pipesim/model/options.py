@@ -13,6 +13,7 @@ from pipesim.errors import PipesimError
 from pipesim.model.config import ModelConfig
 from pipesim.model.cuda_graphs import CudaGraphs
 from pipesim.model.fp8 import Fp8Options
+from pipesim.model.layer_parts import BLOCK, check_part
 from pipesim.model.moe import MOE_DISPATCHERS
 from pipesim.model.op_recompute import OP, check_op_recompute
 from pipesim.model.recompute_modules import canonical_modules, check_modules, effective_modules
@@ -69,6 +70,9 @@ class LayerOptions:
     # Transformer Engine's linears (--transformer-impl transformer_engine): a biased QKV's bias in its GEMM's epilogue
     # and its gradient in the weight-gradient GEMM, not kernels of their own (pipesim.model.layer_kernels)
     te_linear: bool = False
+    # the part of a layer being costed (pipesim.model.layer_parts): "block" a transformer layer, or one of a hybrid
+    # model's sublayers, "attention", "mlp" (dense or the experts) or "mamba" (pipesim.model.layer_kinds picks it)
+    part: str = BLOCK
 
     def __post_init__(self) -> None:
         for name in ("tp", "cp", "ep", "etp"):
@@ -89,6 +93,7 @@ class LayerOptions:
             raise PipesimError(f"--recompute-modules {discarded[0]} with FP8: delayed scaling does not support "
                                "moe_act and layernorm recompute (Megatron-core)")
         check_cp_comm(self.cp_comm)
+        check_part(self.part)
         if self.window is not None and (not isinstance(self.window, int) or isinstance(self.window, bool)
                                         or self.window < 1):
             raise PipesimError(f"window must be a positive integer or None, got {self.window!r}")

@@ -25,7 +25,10 @@ from pipesim.errors import PipesimError
 from pipesim.model.config import ModelConfig
 from pipesim.model.latent_layer import latent_linears
 from pipesim.model.layer_kinds import StageLayers, kind_options, stage_layers
+from pipesim.model.layer_parts import BLOCK, tensor_sublayer
+from pipesim.model.moe_layer import dense_mlp_params, moe_block_params
 from pipesim.model.options import LayerOptions, vocab_shard
+from pipesim.model.param_counts import block_params
 
 QKV = "QKV"  # the fused query-key-value weight (Megatron-core's linear_qkv: Muon splits it per head group)
 
@@ -94,7 +97,23 @@ def _attention(model: ModelConfig, opts: LayerOptions) -> list[WeightTensor]:
 
 
 def layer_tensors(model: ModelConfig, opts: LayerOptions, *, moe: bool = False) -> list[WeightTensor]:
-    """One layer's trainable tensors on one rank: dense, or with the model's mixture of experts as its MLP (`moe`)."""
+    """One layer's trainable tensors on one rank: dense, or with the model's mixture of experts as its MLP (`moe`); a
+    part of it (`opts.part`) its sublayer's (pipesim.model.layer_parts)."""
+    tensors = _block_tensors(model, opts, moe=moe)
+    return tensors if opts.part == BLOCK else [t for t in tensors if tensor_sublayer(t.name) == opts.part]
+
+
+def layer_params(model: ModelConfig, opts: LayerOptions, *, moe: bool = False) -> int:
+    """One layer's parameters on one rank (the routed experts' local share): the block's count (param_counts,
+    moe_layer), or a part's tensors'."""
+    if opts.part != BLOCK:
+        return sum(t.numel * t.count for t in layer_tensors(model, opts, moe=moe))
+    params = block_params(model, opts.tp)
+    return params + moe_block_params(model, opts) - dense_mlp_params(model, opts.tp) if moe else params
+
+
+def _block_tensors(model: ModelConfig, opts: LayerOptions, *, moe: bool) -> list[WeightTensor]:
+    """`layer_tensors` of the whole block."""
     out = _attention(model, opts) + _norm(model, model.hidden, "MLP norm")
     if model.post_norms:  # Gemma's norms on the attention's and the MLP's output
         out += _norm(model, model.hidden, "attention output norm") + _norm(model, model.hidden, "MLP output norm")
@@ -141,4 +160,4 @@ def split_tensors(model: ModelConfig, opts: LayerOptions, split: list[int]) -> l
             for s, mix in enumerate(stage_layers(model, split))]
 
 
-__all__ = ["QKV", "WeightTensor", "layer_tensors", "split_tensors", "stage_tensors"]
+__all__ = ["QKV", "WeightTensor", "layer_params", "layer_tensors", "split_tensors", "stage_tensors"]

@@ -1,0 +1,72 @@
+"""A transformer layer cut into its two sublayers: what of a block's kernels, saved tensors, collectives and weights
+belong to its attention and what to its MLP.
+
+Megatron-core's hybrid models (megatron/core/models/hybrid, the `hybrid_layer_pattern` of Nemotron-H and Nemotron 3)
+build a layer per symbol: `*` an attention sublayer (norm, attention, residual add), `-` an MLP sublayer, `E` a
+mixture-of-experts one, `M` a Mamba mixer. pipesim costs such a layer as the part of its block
+(LayerOptions.part): the block's costs filtered by sublayer, so that the attention part plus the MLP part is the
+block exactly (tests/test_layer_parts.py holds it as multisets). The names are the ones pipesim.model.layer_kernels,
+activations, layer_collectives and weight_tensors give; a name of the MLP's starts with one of the prefixes below,
+every other one is the attention's.
+"""
+
+from __future__ import annotations
+
+from pipesim.errors import PipesimError
+from pipesim.model.kernel_types import PieceKernels
+
+BLOCK = "block"  # a whole transformer layer: attention and MLP
+PARTS = (BLOCK, "attention", "mlp", "mamba")  # LayerOptions.part; "mamba": pipesim.model.mamba_layer
+SUBLAYERS = ("attention", "mlp")  # the parts a block is cut into
+
+# kernel names (pipesim.model.layer_kernels, grouped_mlp_extras, shared_gate) of the MLP sublayer: its norm,
+# linears, activation, residual add, the experts' router, permutation and grouped GEMMs, the shared experts
+MLP_KERNELS = ("MLP ", "FC1", "FC2", "expert ", "shared ", "router", "token ", "weighted FC2 bias", "SwiGLU", "GeLU",
+               "GeGLU", "squared ReLU")
+MLP_SAVED = ("MLP ", "gate and up", "down projection", "GeLU input", "ReLU output", "second linear input",
+             "dispatched tokens", "expert ", "routed ", "router ", "shared ")
+MLP_TENSORS = ("MLP ", "FC1", "FC2", "expert ", "router", "shared expert")
+MLP_COLLECTIVES = ("MLP", "shared experts'")  # anywhere in the text: "recompute: MLP output", "MLP ... amax"
+
+
+def check_part(part: str) -> None:
+    """One line unless `part` is a known LayerOptions.part."""
+    if part not in PARTS:
+        raise PipesimError(f"unknown layer part {part!r}; choose {', '.join(PARTS)}")
+
+
+def kernel_sublayer(name: str) -> str:
+    """The sublayer ("attention" or "mlp") a block's kernel of this name belongs to."""
+    return "mlp" if name.startswith(MLP_KERNELS) else "attention"
+
+
+def saved_sublayer(name: str) -> str:
+    """The sublayer a block's saved tensor of this name belongs to."""
+    return "mlp" if name.startswith(MLP_SAVED) else "attention"
+
+
+def tensor_sublayer(name: str) -> str:
+    """The sublayer a block's weight tensor of this name belongs to."""
+    return "mlp" if name.startswith(MLP_TENSORS) else "attention"
+
+
+def collective_sublayer(what: str) -> str:
+    """The sublayer a block's tensor-parallel collective (its `what`) belongs to."""
+    return "mlp" if any(word in what for word in MLP_COLLECTIVES) else "attention"
+
+
+def in_part(part: str, sublayer: str) -> bool:
+    """Whether a block's item of `sublayer` belongs to `part` (the block holds both sublayers')."""
+    return part == BLOCK or part == sublayer
+
+
+def part_kernels(kernels: PieceKernels, part: str) -> PieceKernels:
+    """The block's kernels of `part` (all of them for the block), in the block's order per phase."""
+    if part == BLOCK:
+        return kernels
+    keep = [tuple(k for k in ks if kernel_sublayer(k.name) == part) for ks in kernels.phases()]
+    return PieceKernels(*keep)
+
+
+__all__ = ["BLOCK", "PARTS", "SUBLAYERS", "check_part", "collective_sublayer", "in_part", "kernel_sublayer",
+           "part_kernels", "saved_sublayer", "tensor_sublayer"]
