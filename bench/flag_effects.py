@@ -125,6 +125,9 @@ WHY = {  # (context, flag and value): why it changes nothing there
     ("cost spec", "--comm none"): "--cost without --hardware has no links: spelling it out is accepted (the "
                                   "closed-form examples do)",
     ("moe, dgx-h100, ep 2", "--etp 1"): "the default, --tp's 1",
+    ("moe, dgx-h100, ep 2", "--activation relu2"): "squared ReLU in place of the moe model's GeLU experts: the same "
+                                                   "two matrices and, fused (Megatron-core's weighted squared ReLU), "
+                                                   "the same bytes",
     ("llama3-8b, tp 2, sp, dgx-h100", "--model gpt"): "--model-config's model is a transformer: gpt agrees with it",
     ("llama3-8b, tp 2, sp, dgx-h100", "--dtype bfloat16"): "llama3-8b's own torch_dtype",
     ("llama3-8b, tp 2, sp, dgx-h100", "--disable-bias-linear"): "llama3-8b has no biases",

@@ -249,8 +249,12 @@ class Job:
 
     def check_experts(self, model: ModelConfig) -> None:
         """PipesimError unless the expert layout suits `model`: ep and a given etp need a mixture-of-experts model,
-        ep divides its experts and etp (default tp) each expert's width (Megatron-LM's arguments.py checks ep)."""
+        ep divides its experts and etp (default tp) each expert's width (Megatron-LM's arguments.py checks ep); CUDA
+        graphs over Mamba layers need a hybrid model's."""
         d, moe = self.dims, model.moe
+        graphs = self.kernels.cuda_graphs
+        if graphs is not None and "mamba" in graphs.scope and model.hybrid is None:
+            raise PipesimError("--cuda-graph-scope mamba: the model has no Mamba layers (a hybrid model's)")
         if moe is None:
             for flag, value in (("--ep", d.ep if d.ep > 1 else None), ("--etp", d.etp),
                                 ("--moe-token-dispatcher-type", "flex" if self.comm.moe_dispatcher != "alltoall"

@@ -72,7 +72,6 @@ def test_a_dropless_moe_refuses_graphs_its_host_model_cannot_hold(graphs, dispat
 @pytest.mark.parametrize("args,message", [
     (("local", ("moe_preprocess",)), "moe_preprocess must be used together with moe_router"),
     (("full_iteration", ("attn",)), "full_iteration graphs the whole iteration: it takes no --cuda-graph-scope"),
-    (("local", ("mamba",)), "pipesim models no Mamba layers"),
     (("cudagraph", ()), "unknown --cuda-graph-impl 'cudagraph'"),
 ])
 def test_graphs_megatron_or_pipesim_refuses(args, message):

@@ -6,9 +6,10 @@ transformers' NemotronConfig keys, and checked against the papers' parameter cou
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
-from pipesim.errors import PipesimError
 from pipesim.model.activations import layer_saved_tensors
 from pipesim.model.config import ModelConfig
 from pipesim.model.elementwise import layer_elementwise_bytes
@@ -60,5 +61,9 @@ def test_squared_relu_is_two_kernels_each_way_over_two_matrices():
     sizes = [t.nbytes for t in layer_saved_tensors(relu2, 2, opts)]
     assert sizes == [t.nbytes for t in layer_saved_tensors(gelu, 2, opts)]
     assert unbuilt_structure(relu2) == []  # the executor builds it (tests/test_executor_structure.py)
-    with pytest.raises(PipesimError, match="squared-ReLU experts are not modelled"):
-        ModelConfig(kind="gpt", activation="relu2", moe=MoeConfig(experts=4, top_k=2, expert_ffn=64))
+    # squared-ReLU experts (Nemotron 3's): one fused weighted kernel of GeLU's bytes, which the executor does not build
+    experts = ModelConfig(**{**relu2.to_dict(), "moe": MoeConfig(experts=4, top_k=2, expert_ffn=64)})
+    moe_f = {k.name: k for k in layer_kernels(experts, 2, LayerOptions(), moe=True).F}
+    gelu_f = {k.name: k for k in layer_kernels(replace(experts, activation="gelu"), 2, LayerOptions(), moe=True).F}
+    assert moe_f.pop("expert squared ReLU").nbytes == gelu_f.pop("expert GeLU").nbytes and moe_f == gelu_f
+    assert unbuilt_structure(experts) == ["squared-ReLU experts"]

@@ -43,7 +43,7 @@ from pipesim.model.weight_tensors import layer_params
 # the linear a collective's `overlaps` text names (pipesim.model.layer_collectives) -> the GEMM names of
 # pipesim.model.layer_kernels
 LINEAR_NAMES = {"QKV": "QKV", "MLP up": "FC1", "head": "LM head", "Q": "Q", "Q up": "Q up", "KV up": "KV up",
-                "MTP projection": "MTP projection"}
+                "MTP projection": "MTP projection", "in_proj": "in_proj"}
 GRADIENT_SUFFIX = {"weight-gradient": "wgrad", "input-gradient": "dgrad"}
 
 

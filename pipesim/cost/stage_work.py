@@ -185,7 +185,7 @@ def _gpt_shaped(model: ModelConfig) -> ModelConfig:
     heads = model.heads if model.hidden % model.heads == 0 else 1
     return replace(model, kv_heads=None, ffn_hidden=None, activation="gelu", norm="layernorm", biases=True,
                    head_width=None, qk_norm=False, moe=None, mla=None, heads=heads, qk_l2_norm=False, nope_every=0,
-                   post_norms=False, embedding_scale=False)
+                   post_norms=False, embedding_scale=False, hybrid=None)
 
 
 def gpt_stage_work(model: ModelConfig, b: int, mix: StageLayers, *, first: bool, last: bool, tp: int = 1,

@@ -17,19 +17,21 @@ a multi-token-prediction module saves its embedding's and projection's inputs, a
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from pipesim.model.config import ModelConfig
 from pipesim.model.fp8 import Fp8Options, saved_bytes
 from pipesim.model.gemma_layer import post_norm_name
 from pipesim.model.latent_layer import latent_saved, latent_widths
 from pipesim.model.layer_kinds import StageLayers, kind_options
-from pipesim.model.layer_parts import BLOCK, saved_sublayer
+from pipesim.model.layer_parts import BLOCK, MAMBA, saved_sublayer
+from pipesim.model.mamba_layer import mamba_layer_saved
 from pipesim.model.moe_layer import ROUTER_BYTES, routed_tokens, tokens_here
 from pipesim.model.op_recompute import OP, op_saved
 from pipesim.model.options import LayerOptions, vocab_shard
 from pipesim.model.recompute_modules import norms_recomputed
 from pipesim.model.shared_gate import gate_saved
+from pipesim.model.tensor_types import SavedTensor
 
 MASK_BYTES = 1  # a dropout mask element (torch.bool)
 CLAMPED = "expert FC1 output, clamped"  # the clamps' concatenated copy (pipesim.model.grouped_mlp_extras)
@@ -37,27 +39,14 @@ STAT_BYTES = 4  # flash attention's logsumexp per (token, head), float32
 LOGIT_BYTES = 4  # the cross-entropy's softmax over the vocabulary, kept in float32 (Megatron)
 
 
-@dataclass(frozen=True)
-class SavedTensor:
-    """One tensor a layer keeps for its backward, on one rank, for one microbatch."""
-
-    name: str
-    nbytes: int  # bytes
-    dropped_by: tuple[str, ...] = ()  # the --recompute-modules any of which re-runs it instead of keeping it
-    only_with: str = ""  # saved only when this module is recomputed (an input its checkpoint keeps)
-    block: str = "MLP"  # the block whose backward re-creates it: "attention" or "MLP"
-
-    @property
-    def core(self) -> bool:
-        """Inside the attention core (what the default selective recomputation, core_attn, drops)."""
-        return "core_attn" in self.dropped_by
-
-
 def layer_saved_tensors(model: ModelConfig, b: int, opts: LayerOptions, *, recompute: str | None = None,
                         moe: bool = False) -> list[SavedTensor]:
     """The tensors one transformer layer (`_block_saved`) or one part of it (`opts.part`: its sublayer's,
     pipesim.model.layer_parts) saves on one rank for a microbatch of b sequences. Under full recomputation a part is
     a layer of its own (a hybrid model's): it keeps its input, as the block does."""
+    if opts.part == MAMBA:  # a hybrid model's Mamba layer (pipesim.model.mamba_layer)
+        opts.check(model)
+        return mamba_layer_saved(model, b, opts, opts.recompute if recompute is None else recompute)
     saved = _block_saved(model, b, opts, recompute=recompute, moe=moe)
     if opts.part == BLOCK or (opts.recompute if recompute is None else recompute) == "full":
         return saved

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, fields
 from pipesim.errors import PipesimError
 from pipesim.model.attention_window import SlidingWindow
 from pipesim.model.gemma_layer import check_gemma_layer
+from pipesim.model.hybrid import NOT_WITH_HYBRID, HybridLayers, check_hybrid
 from pipesim.model.latent_attention import LatentAttention
 from pipesim.model.llama4_attention import check_llama4_attention, nope_layers
 from pipesim.model.moe import MoeConfig
@@ -30,15 +31,15 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 ACTIVATIONS = ("gelu", "swiglu", "relu2", "geglu")
 GATED = ("swiglu", "geglu")  # the gated MLPs: gate and up in one FC1 of twice the width
 NORMS = ("layernorm", "rmsnorm")
-POSITIONS = ("learned", "rope")  # a learned (seq x hidden) table, or rotary embeddings (no parameters)
+POSITIONS = ("learned", "rope", "none")  # a learned (seq x hidden) table, rotary embeddings, or none (a hybrid's)
 # MoeConfig's fields left out of to_dict at their defaults (older files read the same)
-MOE_OPTIONAL_FIELDS = ("glu_alpha", "glu_offset", "score", "input_probs", "shared_gate")
+MOE_OPTIONAL_FIELDS = ("glu_alpha", "glu_offset", "score", "input_probs", "shared_gate", "placement")
 MOE_OPTIONAL_DEFAULTS = {f.name: f.default for f in fields(MoeConfig) if f.name in MOE_OPTIONAL_FIELDS}
 STRUCTURE_FIELDS = ("kv_heads", "ffn_hidden", "activation", "norm", "dropout", "biases", "positions",
                     "tied_embeddings", "moe", "mla", "mtp_layers", "head_width", "qk_norm", "window",
                     "attention_sinks", "rope_mscale", "rotary", "norm_eps", "qkv_bias", "qk_l2_norm",
                     "nope_every", "attention_chunk", "post_norms", "embedding_scale",
-                    "softmax_scale")  # left out of to_dict at their defaults
+                    "softmax_scale", "hybrid")  # left out of to_dict at their defaults
 
 MAX_LAYERS = 1 << 16  # layers of one model: far above any published one, a step costed in well under a second
 
@@ -98,6 +99,9 @@ class ModelConfig:
     # the attention scores' scale (Megatron-core's softmax_scale; Gemma's query_pre_attn_scalar ** -0.5): inside the
     # attention kernel, no cost; the executor builds it. None: 1 / sqrt(head_dim)
     softmax_scale: float | None = None
+    # Megatron-core's hybrid model (pipesim.model.hybrid: Nemotron-H, Nemotron 3): one layer per pattern symbol, Mamba-2
+    # mixers among attention, MLP and expert layers; None: every layer a transformer block
+    hybrid: HybridLayers | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.moe, dict):  # from to_dict / JSON
@@ -108,6 +112,8 @@ class ModelConfig:
             object.__setattr__(self, "mla", LatentAttention(**self.mla))
         if isinstance(self.rotary, dict):
             object.__setattr__(self, "rotary", Rotary(**self.rotary))
+        if isinstance(self.hybrid, dict):
+            object.__setattr__(self, "hybrid", HybridLayers(**self.hybrid))
         if self.kind not in ("mlp", "gpt"):
             raise PipesimError(f"unknown --model {self.kind!r}; choose mlp or gpt")
         for name in ("hidden", "layers", "heads", "seq", "vocab", "batch"):
@@ -150,9 +156,9 @@ class ModelConfig:
         for name, choices in (("activation", ACTIVATIONS), ("norm", NORMS), ("positions", POSITIONS)):
             if getattr(self, name) not in choices:
                 raise PipesimError(f"unknown {name} {getattr(self, name)!r}; choose {' or '.join(choices)}")
-        if self.activation in ("relu2", "geglu") and self.moe is not None:
-            kind = "squared-ReLU" if self.activation == "relu2" else "GeGLU"
-            raise PipesimError(f"{kind} experts are not modelled (mixture-of-experts models here are SwiGLU's)")
+        if self.activation == "geglu" and self.moe is not None:
+            raise PipesimError("GeGLU experts are not modelled (mixture-of-experts models here are SwiGLU's or "
+                               "squared ReLU's)")
         check_gemma_layer(self.kind, post_norms=self.post_norms, embedding_scale=self.embedding_scale,
                           softmax_scale=self.softmax_scale)
         for name in ("dropout", "biases", "tied_embeddings", "qkv_bias"):
@@ -184,6 +190,9 @@ class ModelConfig:
                 raise PipesimError(f"moe must be a MoeConfig, got {type(self.moe).__name__}")
             if self.kind != "gpt":
                 raise PipesimError("experts (moe) need a transformer (--model gpt or --model-config)")
+            placed = self.moe.placement
+            if placed and placed[-1] >= self.layers + self.mtp_layers:
+                raise PipesimError(f"moe placement {placed}: the model has {self.layers + self.mtp_layers} layers")
             if self.moe.moe_layers(0, self.layers) == 0:
                 raise PipesimError(f"moe: none of the {self.layers} layers has experts (dense_layers "
                                    f"{self.moe.dense_layers}, every {self.moe.every})")
@@ -224,6 +233,8 @@ class ModelConfig:
                                "rope only")
         self._check_window()
         check_llama4_attention(self)
+        check_hybrid(self.hybrid, kind=self.kind, layers=self.layers, moe=self.moe,
+                     fields={name: getattr(self, name) for name, _ in NOT_WITH_HYBRID})
 
     def _check_window(self) -> None:
         """Sliding windows and sinks: a standard transformer's attention (not latent attention's, not with

@@ -8,7 +8,8 @@ Engine's make_graphed_callables ("transformer_engine"):
 - moe_router: _forward_mlp up to MoELayer.router(), the pre-MLP norm, the router and the shared experts (not
   overlapped with the all-to-all, Megatron's default);
 - moe_preprocess (with moe_router): MoELayer.preprocess(), the dispatcher's dispatch_preprocess;
-- mlp: a dense layer's MLP; moe: a whole MoE layer, drop-and-pad MoE only; mamba: Mamba layers;
+- mlp: a dense layer's MLP; moe: a whole MoE layer, drop-and-pad MoE only; mamba: a hybrid model's Mamba layers
+  (pipesim.model.hybrid; refused for a model without any);
 - no scope: the whole layer; "full_iteration" (an impl of its own): the whole forward and backward.
 
 A replayed graph costs the host a few launches instead of its kernels' (transformer_engine/pytorch/graph.py
@@ -61,8 +62,6 @@ class CudaGraphs:
         if "moe_preprocess" in self.scope and "moe_router" not in self.scope:
             raise PipesimError("--cuda-graph-scope moe_preprocess must be used together with moe_router "
                                "(Megatron-core)")
-        if "mamba" in self.scope:
-            raise PipesimError("--cuda-graph-scope mamba: pipesim models no Mamba layers")
 
     def captures(self, module: str) -> bool:
         """Whether `module` ("attn", "moe_router", ...) runs inside a per-layer graph."""

@@ -15,14 +15,19 @@ def unbuilt_structure(model: ModelConfig) -> list[str]:
     own width, QK-norm, each activation, norm and position kind, with or without biases, sliding windows (with Gemma
     3's own RoPE base on them), attention sinks, Gemma's post-norms and scaled embeddings) and a top-k router's
     experts (with a router bias, and GPT-OSS's clamped, offset gate), and a head tied to the embedding; not latent
-    attention, multi-token prediction, DeepSeek-V3's routing (groups, a score bias), or a Hugging Face config's own
-    router loss (its training objective, not a layer). Its one owner: the executor refuses such a model, the
-    planner's run export says so."""
+    attention, multi-token prediction, DeepSeek-V3's routing (groups, a score bias), a Hugging Face config's own
+    router loss (its training objective, not a layer), a hybrid model's Mamba layers and single sublayers
+    (pipesim.model.hybrid: costed, not built), squared-ReLU experts, or a model without position embeddings. Its one
+    owner: the executor refuses such a model, the planner's run export says so."""
     if model.kind != "gpt":
         return []
     moe = model.moe
     return [what for what, on in (("multi-head latent attention", model.mla is not None),
                                   ("multi-token prediction modules", model.mtp_layers > 0),
+                                  ("a hybrid model's Mamba, attention-only and MLP-only layers",
+                                   model.hybrid is not None),
+                                  ("squared-ReLU experts", moe is not None and model.activation == "relu2"),
+                                  ("a model without position embeddings", model.positions == "none"),
                                   ("group-limited routing", moe is not None and moe.groups > 1),
                                   ("the router's expert bias", moe is not None and moe.expert_bias),
                                   ("Hugging Face's router loss over every layer at once (output_router_logits; "

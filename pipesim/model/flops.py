@@ -17,6 +17,8 @@ from dataclasses import dataclass, replace
 from pipesim.device.kernels import band_pairs, causal_tile_factor, window_tile_factor
 from pipesim.model.config import ModelConfig
 from pipesim.model.latent_layer import check_latent, latent_linears, latent_widths
+from pipesim.model.layer_kernels import layer_kernels
+from pipesim.model.layer_kinds import StageLayers, kind_options
 from pipesim.model.op_recompute import OP, op_rerun_flops
 from pipesim.model.options import LayerOptions, vocab_shard
 
@@ -180,6 +182,8 @@ def iteration_flops(model: ModelConfig, global_batch: int, opts: LayerOptions, *
     one = LayerOptions(recompute=opts.recompute, attention=opts.attention, recompute_modules=opts.recompute_modules)
     layer = layer_flops(model, global_batch, one, causal=causal)
     head = head_flops(model, global_batch, one)
+    if model.hybrid is not None:
+        return _hybrid_flops(model, global_batch, one, causal=causal) + head.total
     windowed = model.windowed_layers(0, model.layers)  # their attention core over the band (attention_core_flops)
     total = (layer * (model.layers - windowed) + head).total
     if windowed:
@@ -192,6 +196,23 @@ def iteration_flops(model: ModelConfig, global_batch: int, opts: LayerOptions, *
         phases = 4 if opts.recompute == "full" else 3
         total += moe_layers * phases * moe_mlp_delta(model, global_batch * model.seq)
         total += moe_layers * _moe_rerun_delta(model, global_batch * model.seq, one)
+    return total
+
+
+def _hybrid_flops(model: ModelConfig, tokens_batch: int, one: LayerOptions, *, causal: bool) -> int:
+    """A hybrid model's layers (pipesim.model.hybrid), each kind's kernels' FLOPs with its recomputation: an MLP's and
+    the experts' (routed top_k and shared, balanced) and a Mamba layer's (its linears and its scan's chunked GEMMs,
+    pipesim.model.mamba_mixer); an attention layer's the block's `layer_flops` less its MLP's, so that `causal`
+    counts its core's causal half as a transformer's."""
+    total = 0
+    for kind, n in StageLayers.of(model, 0, model.layers):
+        opts = kind_options(model, one, kind)
+        if kind.part == "attention":
+            mlp = layer_kernels(model, tokens_batch, replace(opts, part="mlp"))
+            per = layer_flops(model, tokens_batch, one, causal=causal).total - sum(map(mlp.flops, "FIW"))
+        else:
+            per = sum(map(layer_kernels(model, tokens_batch, opts, moe=kind.moe).flops, "FIW"))
+        total += n * per
     return total
 
 
@@ -235,7 +256,8 @@ def hardware_flops(model: ModelConfig, global_batch: int, opts: LayerOptions) ->
     windowed = model.windowed_layers(0, model.layers)
     core = attention_core_flops(model, global_batch, one, causal=True)
     extra = (core.total + (core.F if rerun else 0)) * (causal_tile_factor(model.seq) - 1.0)  # the diagonal tiles
-    total += round(extra * (model.layers - windowed + model.mtp_layers))
+    attending = model.layers - windowed + model.mtp_layers if model.hybrid is None else model.hybrid.count("*")
+    total += round(extra * attending)
     if windowed:  # the band's tiles, whole (pipesim.model.attention_window)
         w = model.window_size
         core = attention_core_flops(model, global_batch, replace(one, window=w), causal=True)

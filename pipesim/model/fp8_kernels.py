@@ -36,8 +36,11 @@ from pipesim.model.kernel_types import Gemm, Kernel, MemoryBound, PieceKernels
 FP8_LINEARS = frozenset({"QKV", "projection", "FC1", "FC2", "expert FC1", "expert FC2", "shared FC1",
                          "shared FC2", "Q", "Q down", "Q up", "KV down", "KV up",
                          # torchtitan's per-op checkpointing re-runs wk, wo and w3 (pipesim.model.op_recompute)
-                         "K (recompute)", "projection (recompute)", "FC1 up half (recompute)"})
-GATHERED = frozenset({"QKV", "FC1", "shared FC1"})  # column-parallel linears whose input sp all-gathers
+                         "K (recompute)", "projection (recompute)", "FC1 up half (recompute)",
+                         # a hybrid model's Mamba mixer: TE's linears (pipesim.model.mamba_mixer); its scan stays in
+                         # the dtype
+                         "in_proj", "out_proj"})
+GATHERED = frozenset({"QKV", "FC1", "shared FC1", "in_proj"})  # column-parallel linears whose input sp all-gathers
 
 
 def _linear(name: str, suffix: str = "") -> str | None:

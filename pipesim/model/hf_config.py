@@ -73,6 +73,7 @@ from pipesim.model.hf_gemma import gemma3_fields, gemma3_rope, unwrap_gemma3, wi
 from pipesim.model.hf_gpt_oss import GPT_OSS_DEFAULTS, gpt_oss_experts, read_window
 from pipesim.model.hf_keys import KeyReport, check_keys, code_type, count_field, positive_field, required_field
 from pipesim.model.hf_llama4 import llama4_fields, unwrap_llama4
+from pipesim.model.hf_nemotron_h import nemotron_h_fields
 from pipesim.model.hf_rope import yarn_attention_factor
 from pipesim.model.moe import MoeConfig
 from pipesim.model.rotary import Rotary, rotary_from_config
@@ -90,7 +91,7 @@ MIXTRAL_DEFAULTS = {"num_local_experts": 8, "num_experts_per_tok": 2}  # transfo
 QWEN3_TYPES = ("qwen3", "qwen3_moe")  # Llama's layer with QK-norm and an explicit head_dim
 QKV_BIAS_TYPES = ("qwen2", "qwen2_moe")  # Llama's layer with biases on q, k and v_proj alone (ModelConfig.qkv_bias)
 # heads of head_dim whatever hidden_size / heads is
-OWN_HEAD_TYPES = (*QWEN3_TYPES, "gpt_oss", "glm4_moe", "llama4_text", "gemma3_text")
+OWN_HEAD_TYPES = (*QWEN3_TYPES, "gpt_oss", "glm4_moe", "llama4_text", "gemma3_text", "nemotron_h")
 QWEN3_MOE_DEFAULTS = {"num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768,
                       "decoder_sparse_step": 1}  # transformers' Qwen3MoeConfig defaults
 QWEN2_MOE_DEFAULTS = {"num_experts": 60, "num_experts_per_tok": 4, "moe_intermediate_size": 1408,
@@ -235,6 +236,10 @@ def model_from_hf(cfg: dict, *, where: str, seq: int | None = None, batch: int =
         gemma = gemma3_fields(cfg, biases=biases, where=where)
         head_width = gemma.pop("head_width")
         structure = {**structure, **gemma}
+    if kind == "nemotron_h":  # a hybrid model (pipesim.model.hf_nemotron_h)
+        hybrid = nemotron_h_fields(cfg, layers=sizes["num_hidden_layers"], hidden=sizes["hidden_size"], where=where)
+        moe, head_width = hybrid.pop("moe"), hybrid.pop("head_width")
+        structure = {**structure, **hybrid}
     if kind == "gpt_oss":
         head_width = positive_field(cfg, "head_dim", where)
         moe = gpt_oss_experts(cfg, sizes["intermediate_size"], router_loss=_hf_router_loss(cfg, where), where=where)
@@ -245,8 +250,9 @@ def model_from_hf(cfg: dict, *, where: str, seq: int | None = None, batch: int =
         rotary = replace(rotary_from_config(rope_keys, where) or Rotary(), window_theta=window_theta)
     else:
         rotary = rotary_from_config(cfg, where)
-    eps = next((cfg[k] for k in ("rms_norm_eps", "layer_norm_eps", "norm_eps") if cfg.get(k) is not None),
-               ModelConfig.norm_eps)
+    eps = structure.pop("norm_eps", None) or next(
+        (cfg[k] for k in ("rms_norm_eps", "layer_norm_eps", "norm_eps") if cfg.get(k) is not None),
+        ModelConfig.norm_eps)
     try:
         activation = structure.pop("activation", "swiglu" if act in GATED_ACTS else "relu2" if act in SQUARED_RELU
                                    else "gelu")
@@ -254,7 +260,7 @@ def model_from_hf(cfg: dict, *, where: str, seq: int | None = None, batch: int =
                            seq=seq, vocab=sizes["vocab_size"], batch=batch, dtype=dtype, seed=seed,
                            kv_heads=kv_heads, ffn_hidden=sizes["intermediate_size"], activation=activation,
                            norm="rmsnorm" if "rms_norm_eps" in cfg or own_heads else "layernorm",  # norm_eps: LayerNorm
-                           dropout=dropout > 0, biases=biases, positions="rope",
+                           dropout=dropout > 0, biases=biases, positions=structure.pop("positions", "rope"),
                            tied_embeddings=tied, moe=moe, mla=mla, mtp_layers=mtp, head_width=head_width,
                            window=window, attention_sinks=kind == "gpt_oss", rope_mscale=rope_mscale,
                            rotary=rotary, norm_eps=eps, **structure)

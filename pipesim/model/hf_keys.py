@@ -70,6 +70,20 @@ OFF_WHEN_EMPTY = {
     "attn_logit_softcapping": "logit soft-capping",
     "use_bidirectional_attention": "bidirectional attention (EmbeddingGemma)",
 }
+# the keys a nemotron_h file's code reads that pipesim reads (TYPE_MODELED: pipesim.model.hf_nemotron_h)
+NEMOTRON_H_KEYS = ("hybrid_override_pattern", "mamba_num_heads", "mamba_head_dim", "ssm_state_size", "n_groups",
+                   "conv_kernel", "chunk_size", "expand", "mamba_hidden_act", "mlp_hidden_act", "use_bias",
+                   "use_conv_bias", "mamba_proj_bias", "layer_norm_epsilon", "attention_head_dim", "residual_in_fp32",
+                   "n_routed_experts", "num_experts_per_tok", "moe_intermediate_size",
+                   "moe_shared_expert_intermediate_size", "n_shared_experts", "norm_topk_prob", "moe_latent_size",
+                   "n_group", "topk_group")
+# what changes nothing pipesim counts there: the initialisation and clamping of the time step (Megatron-core's mixer
+# is called without a dt limit), the prenorm residual's init rescale, the inference kernels' switch and logits kept,
+# the k weights' scaling (as DeepSeek-V3's router), an MTP pattern with no MTP layer
+NEMOTRON_H_NO_EFFECT = ("time_step_min", "time_step_max", "time_step_floor", "time_step_limit",
+                        "rescale_prenorm_residual", "use_mamba_kernels", "num_logits_to_keep", "routed_scaling_factor",
+                        "mtp_hybrid_override_pattern", "mamba_dt_min", "mamba_dt_max", "mamba_dt_init_floor",
+                        "mamba_dt_limit")
 # read only in the model type whose code reads them (pipesim.model.hf_config turns them into a MoeConfig)
 TYPE_MODELED = {"mixtral": ("num_local_experts", "num_experts_per_tok", "router_aux_loss_coef", "output_router_logits",
                             "sliding_window"),
@@ -103,7 +117,10 @@ TYPE_MODELED = {"mixtral": ("num_local_experts", "num_experts_per_tok", "router_
                 # Gemma 3's language model: GeGLU by hidden_activation, 5:1 local windows, the local layers' RoPE base
                 # (pipesim.model.hf_gemma)
                 "gemma3_text": ("hidden_activation", "sliding_window", "sliding_window_pattern", "layer_types",
-                                "rope_local_base_freq", "query_pre_attn_scalar")}
+                                "rope_local_base_freq", "query_pre_attn_scalar"),
+                # Nemotron-H and Nemotron 3: a hybrid model's pattern, Mamba mixers and experts
+                # (pipesim.model.hf_nemotron_h)
+                "nemotron_h": NEMOTRON_H_KEYS}
 # change nothing pipesim counts in that model type (Mixtral's and Qwen3-MoE's own router loss, router_aux_loss_coef
 # under output_router_logits, is read: MoeConfig.hf_router_loss, which the executor refuses)
 TYPE_NO_EFFECT = {# DeepSeek-V3's router: the sequence-wise balance loss (aux_loss_alpha, seq_aux) is a few FLOPs per
@@ -126,11 +143,12 @@ TYPE_NO_EFFECT = {# DeepSeek-V3's router: the sequence-wise balance loss (aux_lo
                   "llama4_text": ("attn_temperature_tuning", "floor_scale", "attn_scale", "router_aux_loss_coef",
                                   "for_llm_compressor", "cache_implementation"),
                   # Gemma 3: the inference cache; a hidden_act beside hidden_activation, which Gemma3MLP does not read
-                  "gemma3_text": ("cache_implementation", "hidden_act")}
+                  "gemma3_text": ("cache_implementation", "hidden_act"),
+                  "nemotron_h": NEMOTRON_H_NO_EFFECT}
 # decoders whose layers are nothing beyond MODELED and their TYPE_MODELED (Llama-style, DeepSeek-V3's, Qwen2's: Llama's
 # layer with biases on q, k and v alone, and Qwen3's: Llama's layer with QK-norm and an explicit head_dim)
 MODEL_TYPES = ("llama", "mistral", "mixtral", "deepseek_v3", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "nemotron",
-               "gpt_oss", "glm4_moe", "llama4_text", "gemma3_text")
+               "gpt_oss", "glm4_moe", "llama4_text", "gemma3_text", "nemotron_h")
 # model types whose files run another type's code, read as that type: Moonshot AI's Kimi K2 "reuses the
 # DeepSeekV3CausalLM architecture" and names itself "kimi_k2" only so that inference engines can tell the two apart
 # (MoonshotAI/Kimi-K2 docs/deploy_guidance.md, which suggests model_type "deepseek_v3" for a framework that does not
@@ -178,7 +196,8 @@ ARCHITECTURE_TYPES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistra
                       "NemotronForCausalLM": "nemotron", "GptOssForCausalLM": "gpt_oss",
                       "Glm4MoeForCausalLM": "glm4_moe", "Llama4ForCausalLM": "llama4_text",
                       "Llama4ForConditionalGeneration": "llama4", "Qwen2MoeForCausalLM": "qwen2_moe",
-                      "Gemma3ForCausalLM": "gemma3_text", "Gemma3ForConditionalGeneration": "gemma3"}
+                      "Gemma3ForCausalLM": "gemma3_text", "Gemma3ForConditionalGeneration": "gemma3",
+                      "NemotronHForCausalLM": "nemotron_h"}
 
 
 def code_type(cfg: dict) -> str | None:

@@ -16,12 +16,12 @@ instead of the block's input; a multi-token-prediction module adds its embedding
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pipesim.model.config import ModelConfig
 from pipesim.model.fp8 import FP8_GATHER_RECIPES, saved_bytes
 from pipesim.model.latent_layer import check_latent
-from pipesim.model.layer_parts import BLOCK, collective_sublayer
+from pipesim.model.layer_parts import BLOCK, MAMBA, collective_sublayer
 from pipesim.model.moe_layer import routed_tokens, tokens_here
 from pipesim.model.options import LayerOptions
 
@@ -176,6 +176,11 @@ def tp_layer_collectives(model: ModelConfig, b: int, opts: LayerOptions, *, moe:
     (`_moe_tp`: its expert-tp and shared experts' collectives instead of the dense MLP's). A part of the block
     (`opts.part`): its sublayer's (pipesim.model.layer_parts).
     """
+    if opts.part == MAMBA:  # in_proj and out_proj split as QKV and the projection: the attention sublayer's
+        attention = _block_collectives(model, b, replace(opts, part="attention"), moe=False)
+        return [replace(c, what=c.what.replace("attention", "Mamba").replace("QKV", "in_proj"),
+                        overlaps=c.overlaps.replace("QKV", "in_proj"))
+                for c in attention if collective_sublayer(c.what) == "attention"]
     colls = _block_collectives(model, b, opts, moe=moe)
     if opts.part == BLOCK:
         return colls

@@ -38,7 +38,8 @@ from pipesim.model.kernel_types import (
     with_tokens,
 )
 from pipesim.model.latent_layer import check_latent, latent_linears, rope_elements
-from pipesim.model.layer_parts import part_kernels
+from pipesim.model.layer_parts import MAMBA, part_kernels
+from pipesim.model.mamba_layer import mamba_layer_kernels
 from pipesim.model.moe_layer import ROUTER_BYTES, expert_shapes, tokens_here
 from pipesim.model.op_recompute import OP, op_rerun_linears
 from pipesim.model.options import LayerOptions
@@ -213,6 +214,8 @@ def layer_kernels(model: ModelConfig, b: int, opts: LayerOptions, *, fused: bool
     (`_moe_mlp`) instead of the dense MLP. A part of the block (`opts.part`): its sublayer's kernels
     (pipesim.model.layer_parts)."""
     opts.check(model)
+    if opts.part == MAMBA:  # a hybrid model's Mamba layer (pipesim.model.mamba_layer)
+        return mamba_layer_kernels(model, b, opts)
     tokens = b * opts.local_seq(model)
     before, after, mlp = _linears(model, b, opts)
     attn = before + after
@@ -307,7 +310,9 @@ def _moe_mlp(model: ModelConfig, b: int, opts: LayerOptions) -> tuple[list[Kerne
     n, local = shapes.tokens_per_expert, shapes.local_experts
     routed = n * local
     swiglu = model.gated
-    act = "SwiGLU" if swiglu else "GeLU"
+    # the experts' activation: one fused kernel (Megatron-core's weighted bias-SwiGLU, GeLU, or weighted squared ReLU:
+    # use_fused_weighted_squared_relu, Nemotron 3's experts)
+    act = "SwiGLU" if swiglu else "squared ReLU" if model.activation == "relu2" else "GeLU"
     act_f, act_b = (3, 5) if swiglu else (2, 3)  # bytes per ffn element and dtype byte (pipesim.model.elementwise)
     logits = here * moe.experts * ROUTER_BYTES
     probs = routed * ROUTER_BYTES  # one probability per routed token, read by the weighted activation (its

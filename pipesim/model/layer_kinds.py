@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 
 from pipesim.errors import PipesimError
 from pipesim.model.config import ModelConfig
+from pipesim.model.layer_parts import BLOCK
 from pipesim.model.options import LayerOptions
 from pipesim.model.param_counts import is_moe_layer
 
@@ -25,6 +26,7 @@ class LayerKind:
 
     moe: bool = False  # its MLP is the model's mixture of experts
     variant: bool = False  # one of the model's variant layers: windowed or NoPE (`is_variant_layer`)
+    part: str = BLOCK  # a transformer block, or a hybrid model's layer: its symbol's part (pipesim.model.hybrid)
 
 
 DENSE = LayerKind()
@@ -37,7 +39,9 @@ def is_variant_layer(model: ModelConfig, layer: int) -> bool:
 
 
 def layer_kind(model: ModelConfig, layer: int) -> LayerKind:
-    """The kind of layer `layer` (0-based) of `model`."""
+    """The kind of layer `layer` (0-based) of `model`: a hybrid model's its pattern symbol's."""
+    if model.hybrid is not None and layer < model.layers:
+        return LayerKind(moe=model.hybrid.is_moe(layer), part=model.hybrid.part(layer))
     return LayerKind(moe=is_moe_layer(model, layer), variant=is_variant_layer(model, layer))
 
 
@@ -47,8 +51,10 @@ def variant_options(model: ModelConfig, opts: LayerOptions) -> LayerOptions:
 
 
 def kind_options(model: ModelConfig, opts: LayerOptions, kind: LayerKind) -> LayerOptions:
-    """The options a layer of `kind` is costed under: the job's, a variant layer's own where it is one."""
-    return variant_options(model, opts) if kind.variant else opts
+    """The options a layer of `kind` is costed under: the job's, a variant layer's own where it is one, a hybrid
+    model's layer as its part."""
+    opts = variant_options(model, opts) if kind.variant else opts
+    return opts if kind.part == BLOCK else replace(opts, part=kind.part)
 
 
 @dataclass(frozen=True)

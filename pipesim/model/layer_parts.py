@@ -16,7 +16,8 @@ from pipesim.errors import PipesimError
 from pipesim.model.kernel_types import PieceKernels
 
 BLOCK = "block"  # a whole transformer layer: attention and MLP
-PARTS = (BLOCK, "attention", "mlp", "mamba")  # LayerOptions.part; "mamba": pipesim.model.mamba_layer
+MAMBA = "mamba"  # a hybrid model's Mamba layer (pipesim.model.mamba_layer)
+PARTS = (BLOCK, "attention", "mlp", MAMBA)  # LayerOptions.part
 SUBLAYERS = ("attention", "mlp")  # the parts a block is cut into
 
 # kernel names (pipesim.model.layer_kernels, grouped_mlp_extras, shared_gate) of the MLP sublayer: its norm,
@@ -68,5 +69,5 @@ def part_kernels(kernels: PieceKernels, part: str) -> PieceKernels:
     return PieceKernels(*keep)
 
 
-__all__ = ["BLOCK", "PARTS", "SUBLAYERS", "check_part", "collective_sublayer", "in_part", "kernel_sublayer",
+__all__ = ["BLOCK", "MAMBA", "PARTS", "SUBLAYERS", "check_part", "collective_sublayer", "in_part", "kernel_sublayer",
            "part_kernels", "saved_sublayer", "tensor_sublayer"]

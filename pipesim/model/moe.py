@@ -85,6 +85,9 @@ class MoeConfig:
     # a sigmoid gate on the shared experts' output (Qwen2-MoE's shared_expert_gate, Megatron-core's
     # --moe-shared-expert-gate: pipesim.model.shared_gate): h weights, three small kernels each way per MoE layer
     shared_gate: bool = False
+    # the layers with experts given one by one (a hybrid model's E layers, pipesim.model.hybrid); None: `dense_layers`
+    # and `every` place them
+    placement: tuple[int, ...] | None = None
 
     @property
     def balance_loss(self) -> bool:
@@ -158,11 +161,26 @@ class MoeConfig:
         if self.shared_gate and not self.shared_experts:  # Megatron-core: "Only effective when ... is set"
             raise PipesimError("moe shared_gate (--moe-shared-expert-gate) gates the shared experts: the model has "
                                "none (give shared experts, --moe-shared-expert-intermediate-size)")
+        self._check_placement()
         if self.input_probs and self.top_k != 1:  # Megatron-core asserts it (experts.py)
             raise PipesimError(f"moe input_probs (--moe-apply-probs-on-input) needs top_k 1, got {self.top_k}")
         if self.capacity_factor is not None and self.imbalance != 1.0:
             raise PipesimError("moe imbalance applies to dropless routing; with a capacity_factor the most-loaded "
                                "expert takes capacity_factor x the mean")
+
+    def _check_placement(self) -> None:
+        """`placement`: increasing layer indices, in place of `dense_layers` and `every` (one spelling)."""
+        if self.placement is None:
+            return
+        if isinstance(self.placement, list):  # from to_dict / JSON
+            object.__setattr__(self, "placement", tuple(self.placement))
+        layers = self.placement
+        if not isinstance(layers, tuple) or not layers or any(
+                not isinstance(k, int) or isinstance(k, bool) or k < 0 for k in layers) \
+                or list(layers) != sorted(set(layers)):
+            raise PipesimError(f"moe placement must be increasing layer indices, got {layers!r}")
+        if self.dense_layers or self.every != 1:
+            raise PipesimError("moe placement lists the layers with experts: give no dense_layers or every beside it")
 
     @property
     def plain_glu(self) -> bool:
@@ -176,6 +194,8 @@ class MoeConfig:
 
     def is_moe_layer(self, layer: int) -> bool:
         """Whether layer `layer` (0-based, in model order) has experts."""
+        if self.placement is not None:
+            return layer in self.placement
         return layer >= self.dense_layers and (layer + 1) % self.every == 0
 
     def moe_layers(self, start: int, count: int) -> int:

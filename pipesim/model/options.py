@@ -13,7 +13,8 @@ from pipesim.errors import PipesimError
 from pipesim.model.config import ModelConfig
 from pipesim.model.cuda_graphs import CudaGraphs
 from pipesim.model.fp8 import Fp8Options
-from pipesim.model.layer_parts import BLOCK, check_part
+from pipesim.model.layer_parts import BLOCK, MAMBA, check_part
+from pipesim.model.mamba_mixer import check_mamba_split
 from pipesim.model.moe import MOE_DISPATCHERS
 from pipesim.model.op_recompute import OP, check_op_recompute
 from pipesim.model.recompute_modules import canonical_modules, check_modules, effective_modules
@@ -130,6 +131,10 @@ class LayerOptions:
                                f"({model.window_size})")
         if self.nope and not model.nope_every:
             raise PipesimError("a NoPE layer's options for a model without NoPE layers (nope_every)")
+        if model.hybrid is not None:
+            self._check_hybrid(model)
+        elif self.part == MAMBA:
+            raise PipesimError("a Mamba layer's options for a model without Mamba layers (hybrid)")
         if model.window_size is not None and self.cp > 1:  # no windowed ring attention is modelled
             raise PipesimError(f"--cp {self.cp} with sliding-window attention (a window of {model.window_size} keys) "
                                "is not modelled: give --cp 1")
@@ -160,6 +165,18 @@ class LayerOptions:
         if t > 1 and not self.sp and self.etp != t:
             raise PipesimError(f"--etp {self.etp} with tp({t}) and no sequence parallelism: the tp ranks hold the "
                                "same tokens, so the experts split as the MLP does (--etp equal to --tp)")
+
+    def _check_hybrid(self, model: ModelConfig) -> None:
+        """A hybrid model's layers as pipesim costs them: its Mamba mixers split over tp as Megatron-core splits them;
+        neither context parallelism (Megatron-core's MambaContextParallel all-to-alls) nor torchtitan's per-op
+        recomputation modelled there."""
+        assert model.hybrid is not None
+        check_mamba_split(model.hybrid.mamba, self.tp)
+        if self.cp > 1:
+            raise PipesimError(f"--cp {self.cp} with Mamba layers (a hybrid model) is not modelled: give --cp 1")
+        if self.recompute == OP:
+            raise PipesimError("--recompute op (torchtitan's per-op checkpointing) with Mamba layers (a hybrid model) "
+                               "is not modelled")
 
     def local_seq(self, model: ModelConfig) -> int:
         """Tokens of one sequence on this rank: seq / cp."""

@@ -19,6 +19,7 @@ from pipesim.errors import PipesimError
 from pipesim.model.config import ModelConfig
 from pipesim.model.gemma_layer import POST_NORM_BLOCKS
 from pipesim.model.latent_layer import latent_params
+from pipesim.model.mamba_mixer import mamba_params
 from pipesim.model.moe import MoeConfig
 from pipesim.model.options import vocab_shard
 
@@ -185,9 +186,29 @@ def is_moe_layer(model: ModelConfig, layer: int) -> bool:
     return model.moe is not None and model.moe.is_moe_layer(layer)
 
 
+def _hybrid_layer_params(model: ModelConfig, layer: int, *, active: bool) -> int:
+    """A hybrid model's layer `layer` (pipesim.model.hybrid): its norm and its Mamba mixer, its attention (the block
+    less its MLP and the MLP's norm), its MLP, or its experts (`active`: the top_k a token uses)."""
+    hybrid = model.hybrid
+    assert hybrid is not None
+    part = hybrid.part(layer)
+    if part == "mamba":
+        return _norm(model) + mamba_params(hybrid.mamba, model.hidden)
+    if part == "attention":
+        return _attention_and_norms(model) - _norm(model)
+    if not hybrid.is_moe(layer):
+        return _norm(model) + mlp_params(model, model.ffn_size)
+    moe = _experts(model)
+    routed = moe.top_k if active else moe.experts
+    return _norm(model) + router_params(model) + expert_bias_params(model) + routed * expert_params(model) + \
+        shared_expert_params(model)
+
+
 def _layer_params(model: ModelConfig, layer: int, *, active: bool) -> int:
     """Layer `layer` (0-based): the dense block, or attention and norms plus the MoE MLP; `active`: of the routed
-    experts only the top_k a token uses."""
+    experts only the top_k a token uses. A hybrid model's: `_hybrid_layer_params`."""
+    if model.hybrid is not None and layer < model.layers:
+        return _hybrid_layer_params(model, layer, active=active)
     moe = model.moe
     if moe is None or not moe.is_moe_layer(layer):
         return block_params(model)
@@ -214,7 +235,7 @@ def model_params(model: ModelConfig) -> int:
     `MoeConfig.is_moe_layer`), final norm and head, and the multi-token-prediction modules' own (their embedding and
     head shared). Mixtral 8x7B: 46,702,792,704 (Mistral AI: "46.7B total"); DeepSeek-V3 without its MTP module
     671,026,419,200 (the report's "671B"), with it 682,636,487,424."""
-    if model.moe is None:  # the one stage holds the embedding the MTP modules look up in
+    if model.moe is None and model.hybrid is None:  # the one stage holds the embedding the MTP modules look up in
         return stage_params(model, 1, layers=model.layers, first=True, last=True)
     return _ends(model) + sum(_layer_params(model, layer, active=False) for layer in range(model.layers)) + \
         _mtp(model, active=False)

@@ -18,39 +18,20 @@ Multi-token-prediction modules are not listed (their callers refuse them).
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from pipesim.errors import PipesimError
 from pipesim.model.config import ModelConfig
 from pipesim.model.latent_layer import latent_linears
 from pipesim.model.layer_kinds import StageLayers, kind_options, stage_layers
-from pipesim.model.layer_parts import BLOCK, tensor_sublayer
+from pipesim.model.layer_parts import BLOCK, MAMBA, tensor_sublayer
+from pipesim.model.mamba_mixer import mamba_tensors
 from pipesim.model.moe_layer import dense_mlp_params, moe_block_params
 from pipesim.model.options import LayerOptions, vocab_shard
 from pipesim.model.param_counts import block_params
+from pipesim.model.tensor_types import WeightTensor
 
 QKV = "QKV"  # the fused query-key-value weight (Megatron-core's linear_qkv: Muon splits it per head group)
-
-
-@dataclass(frozen=True)
-class WeightTensor:
-    """One trainable tensor on one rank: its name, its shape, and `count` of them alike (a layer's local experts)."""
-
-    name: str
-    shape: tuple[int, ...]
-    count: int = 1
-    expert: bool = False  # a routed expert's: its gradient reduced over the expert-data-parallel group
-    embedding: bool = False  # the word embedding or the output layer
-
-    @property
-    def numel(self) -> int:
-        return math.prod(self.shape)
-
-    @property
-    def matrix(self) -> bool:
-        """A 2-D weight other than the embedding's and the output layer's: what Muon orthogonalizes."""
-        return len(self.shape) == 2 and not self.embedding
 
 
 def _norm(model: ModelConfig, width: int, name: str) -> list[WeightTensor]:
@@ -99,6 +80,9 @@ def _attention(model: ModelConfig, opts: LayerOptions) -> list[WeightTensor]:
 def layer_tensors(model: ModelConfig, opts: LayerOptions, *, moe: bool = False) -> list[WeightTensor]:
     """One layer's trainable tensors on one rank: dense, or with the model's mixture of experts as its MLP (`moe`); a
     part of it (`opts.part`) its sublayer's (pipesim.model.layer_parts)."""
+    if opts.part == MAMBA:  # a hybrid model's Mamba layer: its pre-norm (fused into in_proj) and its mixer's
+        assert model.hybrid is not None  # LayerOptions.check refuses part "mamba" without one
+        return _norm(model, model.hidden, "Mamba norm") + mamba_tensors(model.hybrid.mamba, model.hidden, opts.tp)
     tensors = _block_tensors(model, opts, moe=moe)
     return tensors if opts.part == BLOCK else [t for t in tensors if tensor_sublayer(t.name) == opts.part]
 

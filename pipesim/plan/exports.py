@@ -146,6 +146,12 @@ def megatron_args(c: Candidate, req: PlanRequest, attention: str | None = None) 
     if gemma:  # pipesim.model.gemma_layer: no pretrain_gpt.py flag builds them
         out.append(f"# pretrain_gpt.py has no flag for Gemma's {', '.join(gemma)}: Megatron-Bridge's "
                    "Gemma3ModelProvider builds the layer; the flags below carry over")
+    if m.hybrid is not None:  # Megatron-LM's hybrid model (pipesim.model.hybrid): TransformerConfig's fields
+        mixer = m.hybrid.mamba
+        out.append(f"# a hybrid model: pretrain_hybrid.py with --hybrid-layer-pattern {m.hybrid.pattern} "
+                   f"--mamba-num-heads {mixer.heads} --mamba-head-dim {mixer.head_dim} --mamba-state-dim "
+                   f"{mixer.state} --mamba-num-groups {mixer.groups} --position-embedding-type none --squared-relu; "
+                   "the flags below carry over")
     rule = req.split_rule if req.split_rule.megatron else None  # the account-for flags (the plan's only Megatron rule)
     split = req.stage_split(c.chunks)
     even = split == [m.layers // c.chunks] * c.chunks  # Megatron's own default split
