@@ -17,7 +17,7 @@ pr = bp.report  # bench/published_report.py, loaded by bench_published
 DATA = bp.load()
 # the rows file's mixture-of-experts sources (issue 32), reported apart
 MOE_SOURCES = frozenset({"MCOREMOE", "MOEZOO", "DEEPSEEKV3", "MOEZOOQWEN3", "MCOREMOE26", "MB26GB200MOE",
-                         "MB26GB300MOE", "MB26B300MOE", "MB26B200MOE", "MB26GPTOSS", "MB26KIMI"})
+                         "MB26GB300MOE", "MB26B300MOE", "MB26B200MOE", "MB26GPTOSS", "MB26KIMI", "MB26NANO"})
 LAYER = ("pipesim simulate 1f1b --model gpt --hidden 6144 --layers 1 --heads 64 --seq 2048 --vocab 51200 --batch 4 "
          "--microbatch-size 4 --tp 8 --stages 3 --layer-split 0,1,0 --dp 1 --dtype float16 --hardware dgx-a100 "
          "--nodes 3 --attention eager")

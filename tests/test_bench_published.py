@@ -101,6 +101,9 @@ def test_every_row_parses_and_is_consistent():
                     "MB26KIMI": "gb300-nvl72",
                     "MB26GPTOSS": next((h for x, h in (("h100", "dgx-h100"), ("gb200", "gb200-nvl72"),
                                                        ("b200", "hgx-b200")) if f"-{x}-" in r.id), None),
+                    "MB26NANO": next((h for x, h in (("h100", "dgx-h100"), ("gb200", "gb200-nvl72"),
+                                                     ("gb300", "gb300-nvl72"), ("b300", "hgx-b300"))
+                                      if f"-{x}-" in r.id), None),
                     **dict.fromkeys(("MLPERF51", "MLPERF51NVFP4"), "gb300-nvl72" if "gb300" in r.id else "gb200-nvl72"),
                     "DEEPSEEKV3": str(ROOT / "bench" / "hardware" / "h800-deepseek.toml"),
                     **dict.fromkeys(("TT24", "TORCHAO25"), str(ROOT / "bench" / "hardware" / "grand-teton-h100.toml"))}
@@ -108,7 +111,8 @@ def test_every_row_parses_and_is_consistent():
         # racks filled as Slurm's segment of 4-GPU trays: all 2, else 16 of 18 per rack
         if r.source in ("MLPERF51", "MLPERF51NVFP4"):  # SEGMENT 18: one rack, one NVLink domain; 16: domains of 64
             assert (bp.metrics.gpus(args), args.nvlink_domain) in ((72, None), (64 * (args.nodes or 0), 64)), r.id
-        elif r.source in ("MB25GB200", "MB26GB200MOE", "MB26GB300", "MB26GB300MOE", "MB26KIMI") or "-gb200-" in r.id:
+        elif r.source in ("MB25GB200", "MB26GB200MOE", "MB26GB300", "MB26GB300MOE", "MB26KIMI") or "-gb200-" in r.id \
+                or "-gb300-" in r.id:
             assert bp.metrics.gpus(args) == args.nvlink_domain * (args.nodes or 1), r.id
             assert args.nvlink_domain == min(bp.metrics.gpus(args), 64), r.id
         else:

@@ -50,7 +50,12 @@ def test_each_sources_published_figures_and_commands():
         ("mb26-26.02-gpt-oss-120b-bf16-gb200-64gpus", "tokens_per_sec_per_gpu", 15784),
         ("mb26-26.02-gpt-oss-120b-bf16-b200-64gpus", "tokens_per_sec_per_gpu", 8047),
         # the 26.04 Kimi_K2 table's GB300 row (dist_muon)
-        ("mb26-26.04-kimi-k2-mxfp8-gb300-256gpus", "tokens_per_sec_per_gpu", 5332)]
+        ("mb26-26.04-kimi-k2-mxfp8-gb300-256gpus", "tokens_per_sec_per_gpu", 5332),
+        # the 26.06 Nemotron_3_Nano table (a hybrid Mamba model)
+        ("mb26-26.06-nemotron-3-nano-mxfp8-gb300-8gpus", "tokens_per_sec_per_gpu", 39749),
+        ("mb26-26.06-nemotron-3-nano-mxfp8-gb200-8gpus", "tokens_per_sec_per_gpu", 33522),
+        ("mb26-26.06-nemotron-3-nano-mxfp8-b300-8gpus", "tokens_per_sec_per_gpu", 37316),
+        ("mb26-26.06-nemotron-3-nano-fp8cs-h100-16gpus", "tokens_per_sec_per_gpu", 14719)]
     # the GB200's and B200's preset is one: their commands differ in the hardware alone
     gb200, b200 = (next(r for r in rows if r.id == f"mb26-26.02-gpt-oss-120b-bf16-{x}-64gpus")
                    for x in ("gb200", "b200"))
