@@ -180,3 +180,13 @@ def test_a_plan_for_nemotron_h_exports_megatrons_hybrid_script_and_says_torchtit
             "--position-embedding-type none --squared-relu") in text
     assert "# torchtitan has no hybrid (Mamba) model" in text
     assert "`pipesim run` refuses this model" in text
+
+
+def test_a_stack_without_hybrid_models_and_a_module_with_no_layer_to_recompute_are_refused(capsys):
+    common = ["simulate", "1f1b", "--model-config", NANO, "--seq", "4096", "--batch", "256", "--microbatch-size", "1",
+              "--stages", "1", "--dp", "16", "--ep", "8", "--zero", "1", "--hardware", "dgx-h100", "--nodes", "2",
+              "--attention", "flash"]
+    assert main([*common, "--framework", "torchtitan"]) == 2
+    assert "--framework torchtitan has no hybrid (Mamba) model" in capsys.readouterr().err
+    assert main([*common, "--recompute", "selective", "--recompute-modules", "mlp"]) == 2
+    assert "--recompute-modules mlp: the hybrid model has no MLP layer ('-' in its pattern)" in capsys.readouterr().err

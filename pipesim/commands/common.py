@@ -257,6 +257,10 @@ def model_config(args: argparse.Namespace) -> ModelConfig:
         # typed learned positions replace the file's rotary embedding, its frequencies with it
         rotary = {"rotary": None} if given.get("positions", "rope") != "rope" else {}
         model = _with_composite_flags(replace(base, **given, **rotary), args, source)
+        framework = getattr(args, "framework", None)
+        if model.hybrid is not None and framework not in (None, "megatron-core", "nemo"):
+            raise PipesimError(f"--framework {framework} has no hybrid (Mamba) model: {source} runs on Megatron-core "
+                               "(--framework megatron-core or nemo)")
         moe = model.moe
         if "ffn_hidden" in given and moe is not None and all(map(moe.is_moe_layer, range(model.layers))):
             raise PipesimError(f"--ffn-hidden sizes a dense MLP, and every layer of {source} has experts "

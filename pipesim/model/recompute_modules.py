@@ -84,6 +84,11 @@ def check_modules(model: ModelConfig, modules: tuple[str, ...]) -> None:
         if name == "mlp" and moe is not None and moe.moe_layers(0, layers) == layers:
             raise PipesimError("--recompute-modules mlp recomputes dense MLPs, and every layer of this model has "
                                "experts (use moe or moe_act)")
+        if name in ("mlp", "core_attn") and model.hybrid is not None:  # a hybrid's layers: its pattern's symbols
+            symbol, what = ("-", "MLP") if name == "mlp" else ("*", "attention")
+            if not model.hybrid.count(symbol):
+                raise PipesimError(f"--recompute-modules {name}: the hybrid model has no {what} layer "
+                                   f"({symbol!r} in its pattern)")
         if name == "layernorm" and model.mla is None and moe is None:
             raise PipesimError("--recompute-modules layernorm: Megatron-core's Transformer-Engine layer fuses both "
                                "norms of a dense layer into the linears after them, so nothing is recomputed")
