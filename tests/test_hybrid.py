@@ -9,11 +9,12 @@ from dataclasses import replace
 import pytest
 
 from pipesim.cli import main
-from pipesim.cost.kernel_costs import gpt_stage_seconds, layer_seconds
+from pipesim.cost.kernel_costs import fp8_layer, gpt_stage_seconds, layer_seconds
 from pipesim.cost.stage_work import gpt_stage_work
 from pipesim.errors import PipesimError
 from pipesim.model.activations import layer_saved_tensors
 from pipesim.model.flops import model_flops
+from pipesim.model.fp8 import Fp8Options
 from pipesim.model.hf_config import load_hf_config, read_hf_config, resolve_model_config
 from pipesim.model.hybrid import HybridLayers
 from pipesim.model.layer_collectives import tp_layer_collectives
@@ -190,3 +191,15 @@ def test_a_stack_without_hybrid_models_and_a_module_with_no_layer_to_recompute_a
     assert "--framework torchtitan has no hybrid (Mamba) model" in capsys.readouterr().err
     assert main([*common, "--recompute", "selective", "--recompute-modules", "mlp"]) == 2
     assert "--recompute-modules mlp: the hybrid model has no MLP layer ('-' in its pattern)" in capsys.readouterr().err
+
+
+def test_under_fp8_a_mamba_layers_linears_run_in_fp8_and_its_scan_in_the_dtype():
+    """Transformer Engine's linears (in_proj, out_proj) take the FP8 recipe; the SSD scan's Triton GEMMs do not."""
+    model = load_hf_config(NANO, seq=4096)
+    kernels = fp8_layer(model, 1, LayerOptions(part="mamba", fp8=Fp8Options("hybrid", "tensorwise")), True, "H100")
+    gemms = {k.name: k.dtype for phase in kernels.phases() for k in phase if hasattr(k, "m")}
+    assert {name: dtype for name, dtype in gemms.items() if not name.startswith("SSD")} == {
+        "in_proj": "float8", "out_proj": "float8", "out_proj dgrad": "float8", "in_proj dgrad": "float8",
+        "in_proj wgrad": "float8", "out_proj wgrad": "float8"}
+    assert {dtype for name, dtype in gemms.items() if name.startswith("SSD")} == {None}
+    assert any(k.name == "in_proj input cast" or k.name.startswith("in_proj input") for k in kernels.F)
