@@ -50,7 +50,7 @@ def test_bundled_names_and_overrides():
                                  "llama4-maverick-17b-128e", "llama4-scout-17b-16e", "mixtral-8x22b",
                                  "mixtral-8x7b", "nemotron-3-nano-30b-a3b", "nemotron-h-56b", "nemotron-h-8b",
                                  "nemotron4-15b", "nemotron4-340b", "qwen1.5-moe-a2.7b",
-                                 "qwen2-57b-a14b", "qwen3-235b-a22b", "qwen3-30b-a3b"]
+                                 "qwen2-57b-a14b", "qwen3-235b-a22b", "qwen3-30b-a3b", "qwen3-next-80b-a3b"]
     model = load_hf_config("llama3-8b", seq=4096, batch=512, dtype="float32")
     assert (model.seq, model.batch, model.dtype) == (4096, 512, "float32")
 
@@ -105,7 +105,8 @@ def test_gelu_layernorm_tied_and_defaults(tmp_path):
     olmo2 = _write(tmp_path, {**LLAMA, "model_type": "olmo2"})  # QK-norm over the whole width, norms after blocks
     with pytest.raises(PipesimError, match=r"model_type \('olmo2': pipesim models llama, mistral, mixtral, "
                                            r"deepseek_v3, qwen2, qwen3, qwen3_moe, qwen2_moe, nemotron, gpt_oss, "
-                                           r"glm4_moe, llama4_text, gemma3_text, nemotron_h, kimi_k2, deepseek_v2, "
+                                           r"glm4_moe, llama4_text, gemma3_text, nemotron_h, qwen3_next, kimi_k2, "
+                                           r"deepseek_v2, "
                                            r"llama4, "
                                            r"gemma3\)"):
         load_hf_config(olmo2)
@@ -181,7 +182,7 @@ def test_unreadable_files_and_unknown_names(tmp_path):
                               "mixtral-8x22b, mixtral-8x7b, nemotron-3-nano-30b-a3b, nemotron-h-56b, nemotron-h-8b, "
                               "nemotron4-15b, "
                               "nemotron4-340b, qwen1.5-moe-a2.7b, qwen2-57b-a14b, qwen3-235b-a22b, "
-                              "qwen3-30b-a3b)")
+                              "qwen3-30b-a3b, qwen3-next-80b-a3b)")
     with pytest.raises(PipesimError, match="is longer than .*'s max_position_embeddings 8192$"):
         load_hf_config("llama3-8b", seq=8193)
 

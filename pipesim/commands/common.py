@@ -258,8 +258,9 @@ def model_config(args: argparse.Namespace) -> ModelConfig:
         rotary = {"rotary": None} if given.get("positions", "rope") != "rope" else {}
         model = _with_composite_flags(replace(base, **given, **rotary), args, source)
         framework = getattr(args, "framework", None)
-        if model.hybrid is not None and framework not in (None, "megatron-core", "nemo"):
-            raise PipesimError(f"--framework {framework} has no hybrid (Mamba) model: {source} runs on Megatron-core "
+        if (model.hybrid or model.linear_attention) and framework not in (None, "megatron-core", "nemo"):
+            what = "hybrid (Mamba)" if model.hybrid else "linear-attention (Gated DeltaNet)"
+            raise PipesimError(f"--framework {framework} has no {what} model: {source} runs on Megatron-core "
                                "(--framework megatron-core or nemo)")
         moe = model.moe
         if "ffn_hidden" in given and moe is not None and all(map(moe.is_moe_layer, range(model.layers))):

@@ -128,9 +128,9 @@ def model_costs(model: ModelConfig, num_stages: int, microbatches: int, hw: Hard
                            "(use a GPU preset)")
     if job.comm.moe_shared_expert_overlap:
         check_shared_overlap(model, hw, opts)
-    if model.hybrid is not None and not hw.device.family:  # no CPU fit or executor op count of a Mamba layer
-        raise PipesimError(f"a hybrid model's Mamba layers are timed kernel by kernel: {hw.name} has no GPU device "
-                           "family (use a GPU preset)")
+    if (model.hybrid or model.linear_attention) and not hw.device.family:  # no CPU fit or executor op count
+        what = "a hybrid model's Mamba layers are" if model.hybrid else "linear attention (Gated DeltaNet) is"
+        raise PipesimError(f"{what} timed kernel by kernel: {hw.name} has no GPU device family (use a GPU preset)")
     split = split_layers(model.layers, num_stages, layer_split)
     mixes = stage_layers(model, split)  # each stage's layers by kind (pipesim.model.layer_kinds)
     # per stage: its layers --first-last-layers-bf16 keeps in bf16; the FP8 parts are the rest

@@ -34,6 +34,7 @@ from functools import lru_cache
 from pipesim.device.gemm import gemm_time
 from pipesim.device.kernels import memory_bound_time
 from pipesim.device.profile import DeviceProfile
+from pipesim.errors import PipesimError
 from pipesim.model.config import ModelConfig
 from pipesim.model.memory import Precision
 from pipesim.model.muon_options import MuonOptions
@@ -61,6 +62,9 @@ def ns_matrices(tensor: WeightTensor, model: ModelConfig, tp: int, options: Muon
         return ()
     rows, cols = tensor.shape
     if tensor.name == QKV and options.split_qkv:
+        if model.attention_gate:  # Megatron-core: "split_qkv not supported for gated attention yet"
+            raise PipesimError("Muon's split QKV with an attention output gate is not supported (Megatron-core's "
+                               "attention.py); give --muon-no-split-qkv")
         q = model.attention_width // tp
         kv = model.kv_width // tp
         return ((q, cols), (kv, cols), (kv, cols))

@@ -185,7 +185,8 @@ def _gpt_shaped(model: ModelConfig) -> ModelConfig:
     heads = model.heads if model.hidden % model.heads == 0 else 1
     return replace(model, kv_heads=None, ffn_hidden=None, activation="gelu", norm="layernorm", biases=True,
                    head_width=None, qk_norm=False, moe=None, mla=None, heads=heads, qk_l2_norm=False, nope_every=0,
-                   post_norms=False, embedding_scale=False, hybrid=None)
+                   post_norms=False, embedding_scale=False, hybrid=None, linear_attention=None,
+                   attention_gate=False)
 
 
 def gpt_stage_work(model: ModelConfig, b: int, mix: StageLayers, *, first: bool, last: bool, tp: int = 1,
@@ -321,7 +322,7 @@ def _add_mtp_module(work: Work, model: ModelConfig, b: int, opts: LayerOptions, 
 def _layer_flops(model: ModelConfig, b: int, opts: LayerOptions, moe: bool) -> Flops:
     """A layer's FLOPs per F, I, W: the block's (`layer_flops`, `moe_layer_flops`), or a part's, its kernels'
     (pipesim.model.layer_parts; the block's kernels carry layer_flops exactly)."""
-    if opts.part != BLOCK:
+    if opts.part != BLOCK or opts.mixer != "attention":
         kernels = layer_kernels(model, b, opts, moe=moe)
         return Flops(kernels.flops("F"), kernels.flops("I"), kernels.flops("W"))
     return moe_layer_flops(model, b, opts) if moe else layer_flops(model, b, opts)

@@ -21,14 +21,17 @@ from dataclasses import replace
 
 from pipesim.model.config import ModelConfig
 from pipesim.model.fp8 import Fp8Options, saved_bytes
+from pipesim.model.gdn_layer import gdn_part_saved
 from pipesim.model.gemma_layer import post_norm_name
 from pipesim.model.latent_layer import latent_saved, latent_widths
 from pipesim.model.layer_kinds import StageLayers, kind_options
 from pipesim.model.layer_parts import BLOCK, MAMBA, saved_sublayer
+from pipesim.model.linear_attention import GDN
 from pipesim.model.mamba_layer import mamba_layer_saved
 from pipesim.model.moe_layer import ROUTER_BYTES, routed_tokens, tokens_here
 from pipesim.model.op_recompute import OP, op_saved
 from pipesim.model.options import LayerOptions, vocab_shard
+from pipesim.model.output_gate import gate_saved_bytes, qk_gate
 from pipesim.model.recompute_modules import norms_recomputed
 from pipesim.model.shared_gate import gate_saved
 from pipesim.model.tensor_types import SavedTensor
@@ -47,6 +50,11 @@ def layer_saved_tensors(model: ModelConfig, b: int, opts: LayerOptions, *, recom
     if opts.part == MAMBA:  # a hybrid model's Mamba layer (pipesim.model.mamba_layer)
         opts.check(model)
         return mamba_layer_saved(model, b, opts, opts.recompute if recompute is None else recompute)
+    if opts.mixer == GDN:  # a linear-attention layer: its Gated DeltaNet half's and the block's MLP part's
+        opts.check(model)
+        mlp = layer_saved_tensors(model, b, replace(opts, mixer="attention", part="mlp"), recompute=recompute, moe=moe)
+        full = (opts.recompute if recompute is None else recompute) == "full"  # the MLP part's: the layer's input
+        return mlp if full else gdn_part_saved(model, b, opts) + mlp
     saved = _block_saved(model, b, opts, recompute=recompute, moe=moe)
     if opts.part == BLOCK or (opts.recompute if recompute is None else recompute) == "full":
         return saved
@@ -106,6 +114,9 @@ def _block_saved(model: ModelConfig, b: int, opts: LayerOptions, *, recompute: s
     else:  # flash: no s x s tensor; the kernel keeps one logsumexp per (token, head) and recomputes the scores
         saved.append(SavedTensor("attention logsumexp", STAT_BYTES * tokens * (a // t), core, block="attention"))
     saved.append(SavedTensor("attention output (projection input)", attention_out))
+    if model.attention_gate:  # the product keeps its operands: the attention's output and the float32 sigmoid
+        saved += [SavedTensor(name, nbytes, block="attention") for name, nbytes in gate_saved_bytes(
+            qk_gate(model, b, opts), d)]
     if model.post_norms:  # Gemma's norm on the projection's (reduced, sp: scattered) output keeps its input
         saved.append(SavedTensor(post_norm_name("attention", "norm input"), seq_split(d * tokens * h),
                                  block="attention"))

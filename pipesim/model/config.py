@@ -21,6 +21,7 @@ from pipesim.model.attention_window import SlidingWindow
 from pipesim.model.gemma_layer import check_gemma_layer
 from pipesim.model.hybrid import NOT_WITH_HYBRID, HybridLayers, check_hybrid
 from pipesim.model.latent_attention import LatentAttention
+from pipesim.model.linear_attention import NOT_WITH_LINEAR, LinearAttention, check_linear_attention
 from pipesim.model.llama4_attention import check_llama4_attention, nope_layers
 from pipesim.model.moe import MoeConfig
 from pipesim.model.rotary import Rotary
@@ -39,7 +40,8 @@ STRUCTURE_FIELDS = ("kv_heads", "ffn_hidden", "activation", "norm", "dropout", "
                     "tied_embeddings", "moe", "mla", "mtp_layers", "head_width", "qk_norm", "window",
                     "attention_sinks", "rope_mscale", "rotary", "norm_eps", "qkv_bias", "qk_l2_norm",
                     "nope_every", "attention_chunk", "post_norms", "embedding_scale",
-                    "softmax_scale", "hybrid")  # left out of to_dict at their defaults
+                    "softmax_scale", "hybrid", "attention_gate",
+                    "linear_attention")  # left out of to_dict at their defaults
 
 MAX_LAYERS = 1 << 16  # layers of one model: far above any published one, a step costed in well under a second
 
@@ -102,6 +104,11 @@ class ModelConfig:
     # Megatron-core's hybrid model (pipesim.model.hybrid: Nemotron-H, Nemotron 3): one layer per pattern symbol, Mamba-2
     # mixers among attention, MLP and expert layers; None: every layer a transformer block
     hybrid: HybridLayers | None = None
+    # Qwen3-Next's and Qwen3.5's attention (pipesim.model.linear_attention): a sigmoid gate on the attention's output
+    # (Megatron-core's attention_output_gate: the query projection's second half), and Gated DeltaNet mixers in place
+    # of self-attention on all but every full_every-th layer; None: every layer attends with softmax attention
+    attention_gate: bool = False
+    linear_attention: LinearAttention | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.moe, dict):  # from to_dict / JSON
@@ -114,6 +121,8 @@ class ModelConfig:
             object.__setattr__(self, "rotary", Rotary(**self.rotary))
         if isinstance(self.hybrid, dict):
             object.__setattr__(self, "hybrid", HybridLayers(**self.hybrid))
+        if isinstance(self.linear_attention, dict):
+            object.__setattr__(self, "linear_attention", LinearAttention(**self.linear_attention))
         if self.kind not in ("mlp", "gpt"):
             raise PipesimError(f"unknown --model {self.kind!r}; choose mlp or gpt")
         for name in ("hidden", "layers", "heads", "seq", "vocab", "batch"):
@@ -235,6 +244,9 @@ class ModelConfig:
         check_llama4_attention(self)
         check_hybrid(self.hybrid, kind=self.kind, layers=self.layers, moe=self.moe,
                      fields={name: getattr(self, name) for name, _ in NOT_WITH_HYBRID})
+        check_linear_attention(self.linear_attention, kind=self.kind, gate=self.attention_gate,
+                               mla=self.mla is not None,
+                               fields={name: getattr(self, name) for name, _ in NOT_WITH_LINEAR})
 
     def _check_window(self) -> None:
         """Sliding windows and sinks: a standard transformer's attention (not latent attention's, not with
@@ -303,6 +315,12 @@ class ModelConfig:
         """Width of the queries and of the attention's output (the projection's input): heads x head_dim, the hidden
         size unless `head_width` says otherwise (Qwen3-30B-A3B: 32 x 128 = 4096 over a 2048 hidden)."""
         return self.heads * self.head_dim
+
+    @property
+    def qkv_width(self) -> int:
+        """Outputs of the QKV projection: the queries (and as many gate values with `attention_gate`: Qwen3-Next's
+        q_proj of twice the width), the keys and the values."""
+        return (2 if self.attention_gate else 1) * self.attention_width + 2 * self.kv_width
 
     @property
     def kv_width(self) -> int:

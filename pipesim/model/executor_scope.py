@@ -26,6 +26,8 @@ def unbuilt_structure(model: ModelConfig) -> list[str]:
                                   ("multi-token prediction modules", model.mtp_layers > 0),
                                   ("a hybrid model's Mamba, attention-only and MLP-only layers",
                                    model.hybrid is not None),
+                                  ("linear attention (Gated DeltaNet)", model.linear_attention is not None),
+                                  ("an attention output gate", model.attention_gate),
                                   ("squared-ReLU experts", moe is not None and model.activation == "relu2"),
                                   ("a model without position embeddings", model.positions == "none"),
                                   ("group-limited routing", moe is not None and moe.groups > 1),

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 
 from pipesim.device.kernels import band_pairs, causal_tile_factor, window_tile_factor
 from pipesim.model.config import ModelConfig
+from pipesim.model.kernel_types import FlashAttention, Kernel
 from pipesim.model.latent_layer import check_latent, latent_linears, latent_widths
 from pipesim.model.layer_kernels import layer_kernels
 from pipesim.model.layer_kinds import StageLayers, kind_options
@@ -56,8 +57,8 @@ def dense_flops(model: ModelConfig, b: int, opts: LayerOptions) -> int:
     mlp = (6 if model.gated else 4) * n * h * f
     if model.mla is not None:
         return sum(2 * x.tokens * x.inp * x.out for x in latent_linears(model, b, opts)) + mlp // opts.tp
-    hq, hkv = model.attention_width, model.kv_width
-    return (2 * n * h * (hq + 2 * hkv) + 2 * n * hq * h + mlp) // opts.tp
+    hq = model.attention_width
+    return (2 * n * h * model.qkv_width + 2 * n * hq * h + mlp) // opts.tp
 
 
 def attention_core_flops(model: ModelConfig, b: int, opts: LayerOptions, *, causal: bool = False) -> Flops:
@@ -182,8 +183,8 @@ def iteration_flops(model: ModelConfig, global_batch: int, opts: LayerOptions, *
     one = LayerOptions(recompute=opts.recompute, attention=opts.attention, recompute_modules=opts.recompute_modules)
     layer = layer_flops(model, global_batch, one, causal=causal)
     head = head_flops(model, global_batch, one)
-    if model.hybrid is not None:
-        return _hybrid_flops(model, global_batch, one, causal=causal) + head.total
+    if model.hybrid is not None or model.linear_attention is not None:
+        return _kind_flops(model, global_batch, one, causal=causal) + head.total
     windowed = model.windowed_layers(0, model.layers)  # their attention core over the band (attention_core_flops)
     total = (layer * (model.layers - windowed) + head).total
     if windowed:
@@ -199,21 +200,22 @@ def iteration_flops(model: ModelConfig, global_batch: int, opts: LayerOptions, *
     return total
 
 
-def _hybrid_flops(model: ModelConfig, tokens_batch: int, one: LayerOptions, *, causal: bool) -> int:
-    """A hybrid model's layers (pipesim.model.hybrid), each kind's kernels' FLOPs with its recomputation: an MLP's and
-    the experts' (routed top_k and shared, balanced) and a Mamba layer's (its linears and its scan's chunked GEMMs,
-    pipesim.model.mamba_mixer); an attention layer's the block's `layer_flops` less its MLP's, so that `causal`
-    counts its core's causal half as a transformer's."""
+def _kind_flops(model: ModelConfig, tokens_batch: int, one: LayerOptions, *, causal: bool) -> int:
+    """A model whose layers differ in kind (a hybrid model's, pipesim.model.hybrid; linear attention's,
+    pipesim.model.linear_attention): each kind's kernels' FLOPs with its recomputation (an MLP's and the experts'
+    (routed top_k and shared, balanced), a Mamba layer's and a Gated DeltaNet's linears and chunked GEMMs), and with
+    `causal` the attention core's kernels over their causal half, as `attention_core_flops` counts them."""
     total = 0
     for kind, n in StageLayers.of(model, 0, model.layers):
-        opts = kind_options(model, one, kind)
-        if kind.part == "attention":
-            mlp = layer_kernels(model, tokens_batch, replace(opts, part="mlp"))
-            per = layer_flops(model, tokens_batch, one, causal=causal).total - sum(map(mlp.flops, "FIW"))
-        else:
-            per = sum(map(layer_kernels(model, tokens_batch, opts, moe=kind.moe).flops, "FIW"))
-        total += n * per
+        kernels = layer_kernels(model, tokens_batch, kind_options(model, one, kind), moe=kind.moe)
+        core = sum(k.flops for phase in kernels.phases() for k in phase if _core(k)) // 2 if causal else 0
+        total += n * (sum(map(kernels.flops, "FIW")) - core)
     return total
+
+
+def _core(kernel: Kernel) -> bool:
+    """The attention core's kernels: flash attention's, or eager attention's GEMMs (pipesim.model.layer_kernels)."""
+    return isinstance(kernel, FlashAttention) or kernel.name.startswith(("Q K^T", "A V"))
 
 
 def _moe_rerun_delta(model: ModelConfig, tokens: int, opts: LayerOptions) -> int:
@@ -256,7 +258,9 @@ def hardware_flops(model: ModelConfig, global_batch: int, opts: LayerOptions) ->
     windowed = model.windowed_layers(0, model.layers)
     core = attention_core_flops(model, global_batch, one, causal=True)
     extra = (core.total + (core.F if rerun else 0)) * (causal_tile_factor(model.seq) - 1.0)  # the diagonal tiles
-    attending = model.layers - windowed + model.mtp_layers if model.hybrid is None else model.hybrid.count("*")
+    attending = model.hybrid.count("*") if model.hybrid is not None else model.layers - \
+        model.linear_attention.linear_layers(0, model.layers) if model.linear_attention is not None else \
+        model.layers - windowed + model.mtp_layers
     total += round(extra * attending)
     if windowed:  # the band's tiles, whole (pipesim.model.attention_window)
         w = model.window_size

@@ -74,6 +74,7 @@ from pipesim.model.hf_gpt_oss import GPT_OSS_DEFAULTS, gpt_oss_experts, read_win
 from pipesim.model.hf_keys import KeyReport, check_keys, code_type, count_field, positive_field, required_field
 from pipesim.model.hf_llama4 import llama4_fields, unwrap_llama4
 from pipesim.model.hf_nemotron_h import nemotron_h_fields
+from pipesim.model.hf_qwen3_next import qwen3_next_fields
 from pipesim.model.hf_rope import yarn_attention_factor
 from pipesim.model.moe import MoeConfig
 from pipesim.model.rotary import Rotary, rotary_from_config
@@ -86,9 +87,9 @@ PLAIN_ACTS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast")
 SQUARED_RELU = ("relu2",)  # Nemotron-4's relu(x)^2 between two matrices (transformers' ACT2FN "relu2")
 # model types whose MLP is gated whatever hidden_act says (Mixtral's experts too: `_mixtral_experts`)
 GATED_TYPES = ("llama", "mistral", "deepseek_v3", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "gpt_oss", "glm4_moe",
-               "llama4_text")
+               "llama4_text", "qwen3_next")
 MIXTRAL_DEFAULTS = {"num_local_experts": 8, "num_experts_per_tok": 2}  # transformers' MixtralConfig defaults
-QWEN3_TYPES = ("qwen3", "qwen3_moe")  # Llama's layer with QK-norm and an explicit head_dim
+QWEN3_TYPES = ("qwen3", "qwen3_moe", "qwen3_next")  # Llama's layer with QK-norm and an explicit head_dim
 QKV_BIAS_TYPES = ("qwen2", "qwen2_moe")  # Llama's layer with biases on q, k and v_proj alone (ModelConfig.qkv_bias)
 # heads of head_dim whatever hidden_size / heads is
 OWN_HEAD_TYPES = (*QWEN3_TYPES, "gpt_oss", "glm4_moe", "llama4_text", "gemma3_text", "nemotron_h")
@@ -225,8 +226,10 @@ def model_from_hf(cfg: dict, *, where: str, seq: int | None = None, batch: int =
                            f"q, k and v alone ({how}), o_proj and the MLP are bias-free")
     if kind == "qwen3_moe":
         moe = _qwen3_experts(cfg, sizes["num_hidden_layers"], where)
-    if kind == "qwen2_moe":
+    if kind in ("qwen2_moe", "qwen3_next"):  # Qwen3-Next's layers: pipesim.model.hf_qwen3_next
         moe = _qwen2_moe_experts(cfg, sizes["num_hidden_layers"], where)
+        structure.update(qwen3_next_fields(cfg, layers=sizes["num_hidden_layers"], where=where)
+                         if kind == "qwen3_next" else {})
     if kind == "llama4_text":
         llama4 = llama4_fields(cfg, sizes["num_hidden_layers"], where)
         moe, head_width, sizes["intermediate_size"] = llama4.pop("moe"), llama4.pop("head_width"), \
@@ -243,7 +246,8 @@ def model_from_hf(cfg: dict, *, where: str, seq: int | None = None, batch: int =
     if kind == "gpt_oss":
         head_width = positive_field(cfg, "head_dim", where)
         moe = gpt_oss_experts(cfg, sizes["intermediate_size"], router_loss=_hf_router_loss(cfg, where), where=where)
-    window = read_window(cfg, kind, sizes["num_hidden_layers"], where)
+    window = read_window({k: v for k, v in cfg.items() if k != "layer_types" or kind != "qwen3_next"}, kind,
+                         sizes["num_hidden_layers"], where)
     rope_mscale = yarn_attention_factor(cfg, where)
     if kind == "gemma3_text":  # the full layers' rotary, and the windowed layers' own base
         rope_keys, window_theta = gemma3_rope(cfg, where)

@@ -120,7 +120,14 @@ TYPE_MODELED = {"mixtral": ("num_local_experts", "num_experts_per_tok", "router_
                                 "rope_local_base_freq", "query_pre_attn_scalar"),
                 # Nemotron-H and Nemotron 3: a hybrid model's pattern, Mamba mixers and experts
                 # (pipesim.model.hf_nemotron_h)
-                "nemotron_h": NEMOTRON_H_KEYS}
+                "nemotron_h": NEMOTRON_H_KEYS,
+                # Qwen3-Next: Qwen2-MoE's experts with a gated shared expert, Gated DeltaNet on all but every
+                # full_attention_interval-th layer (pipesim.model.hf_qwen3_next)
+                "qwen3_next": ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step",
+                               "mlp_only_layers", "norm_topk_prob", "router_aux_loss_coef", "output_router_logits",
+                               "shared_expert_intermediate_size", "layer_types", "full_attention_interval",
+                               "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+                               "linear_value_head_dim", "linear_conv_kernel_dim")}
 # change nothing pipesim counts in that model type (Mixtral's and Qwen3-MoE's own router loss, router_aux_loss_coef
 # under output_router_logits, is read: MoeConfig.hf_router_loss, which the executor refuses)
 TYPE_NO_EFFECT = {# DeepSeek-V3's router: the sequence-wise balance loss (aux_loss_alpha, seq_aux) is a few FLOPs per
@@ -144,11 +151,13 @@ TYPE_NO_EFFECT = {# DeepSeek-V3's router: the sequence-wise balance loss (aux_lo
                                   "for_llm_compressor", "cache_implementation"),
                   # Gemma 3: the inference cache; a hidden_act beside hidden_activation, which Gemma3MLP does not read
                   "gemma3_text": ("cache_implementation", "hidden_act"),
-                  "nemotron_h": NEMOTRON_H_NO_EFFECT}
+                  "nemotron_h": NEMOTRON_H_NO_EFFECT,
+                  # Qwen3-Next: the rotary share (as Nemotron's)
+                  "qwen3_next": ("partial_rotary_factor",)}
 # decoders whose layers are nothing beyond MODELED and their TYPE_MODELED (Llama-style, DeepSeek-V3's, Qwen2's: Llama's
 # layer with biases on q, k and v alone, and Qwen3's: Llama's layer with QK-norm and an explicit head_dim)
 MODEL_TYPES = ("llama", "mistral", "mixtral", "deepseek_v3", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "nemotron",
-               "gpt_oss", "glm4_moe", "llama4_text", "gemma3_text", "nemotron_h")
+               "gpt_oss", "glm4_moe", "llama4_text", "gemma3_text", "nemotron_h", "qwen3_next")
 # model types whose files run another type's code, read as that type: Moonshot AI's Kimi K2 "reuses the
 # DeepSeekV3CausalLM architecture" and names itself "kimi_k2" only so that inference engines can tell the two apart
 # (MoonshotAI/Kimi-K2 docs/deploy_guidance.md, which suggests model_type "deepseek_v3" for a framework that does not
@@ -197,7 +206,7 @@ ARCHITECTURE_TYPES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistra
                       "Glm4MoeForCausalLM": "glm4_moe", "Llama4ForCausalLM": "llama4_text",
                       "Llama4ForConditionalGeneration": "llama4", "Qwen2MoeForCausalLM": "qwen2_moe",
                       "Gemma3ForCausalLM": "gemma3_text", "Gemma3ForConditionalGeneration": "gemma3",
-                      "NemotronHForCausalLM": "nemotron_h"}
+                      "NemotronHForCausalLM": "nemotron_h", "Qwen3NextForCausalLM": "qwen3_next"}
 
 
 def code_type(cfg: dict) -> str | None:

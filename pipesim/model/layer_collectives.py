@@ -22,6 +22,7 @@ from pipesim.model.config import ModelConfig
 from pipesim.model.fp8 import FP8_GATHER_RECIPES, saved_bytes
 from pipesim.model.latent_layer import check_latent
 from pipesim.model.layer_parts import BLOCK, MAMBA, collective_sublayer
+from pipesim.model.linear_attention import GDN
 from pipesim.model.moe_layer import routed_tokens, tokens_here
 from pipesim.model.options import LayerOptions
 
@@ -176,15 +177,26 @@ def tp_layer_collectives(model: ModelConfig, b: int, opts: LayerOptions, *, moe:
     (`_moe_tp`: its expert-tp and shared experts' collectives instead of the dense MLP's). A part of the block
     (`opts.part`): its sublayer's (pipesim.model.layer_parts).
     """
-    if opts.part == MAMBA:  # in_proj and out_proj split as QKV and the projection: the attention sublayer's
-        attention = _block_collectives(model, b, replace(opts, part="attention"), moe=False)
-        return [replace(c, what=c.what.replace("attention", "Mamba").replace("QKV", "in_proj"),
-                        overlaps=c.overlaps.replace("QKV", "in_proj"))
-                for c in attention if collective_sublayer(c.what) == "attention"]
+    if opts.part == MAMBA:  # a hybrid model's Mamba layer
+        return _mixer_collectives(model, b, opts, "Mamba")
+    if opts.mixer == GDN:  # a linear-attention layer: its Gated DeltaNet half's, the block's MLP part's
+        gdn = _mixer_collectives(model, b, opts, "GDN")
+        mlp = tp_layer_collectives(model, b, replace(opts, mixer="attention", part="mlp"), moe=moe)
+        return [c for c in gdn if c.phase == "F"] + [c for c in mlp if c.phase == "F"] + \
+            [c for c in mlp if c.phase != "F"] + [c for c in gdn if c.phase != "F"]
     colls = _block_collectives(model, b, opts, moe=moe)
     if opts.part == BLOCK:
         return colls
     return [c for c in colls if collective_sublayer(c.what) == opts.part]
+
+
+def _mixer_collectives(model: ModelConfig, b: int, opts: LayerOptions, name: str) -> list[Collective]:
+    """A Mamba or Gated DeltaNet mixer's (`name`): in_proj and out_proj split as QKV and the projection, so the
+    attention sublayer's collectives, named for it."""
+    attention = _block_collectives(model, b, replace(opts, part="attention", mixer="attention"), moe=False)
+    return [replace(c, what=c.what.replace("attention", name).replace("QKV", "in_proj"),
+                    overlaps=c.overlaps.replace("QKV", "in_proj"))
+            for c in attention if collective_sublayer(c.what) == "attention"]
 
 
 def _block_collectives(model: ModelConfig, b: int, opts: LayerOptions, *, moe: bool) -> list[Collective]:

@@ -18,11 +18,14 @@ queries and one on the keys.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from pipesim.errors import PipesimError
 from pipesim.model.activations import MASK_BYTES
 from pipesim.model.config import ModelConfig
 from pipesim.model.cp_ring_kernels import cp_ring_bytes
 from pipesim.model.elementwise import ACTIVATION_OPS, ALL_ACTIVATION_OPS, layer_elementwise_bytes, qk_norm_name
+from pipesim.model.gdn_layer import gdn_part_kernels
 from pipesim.model.gemma_layer import post_norm_name
 from pipesim.model.grouped_mlp_extras import expert_extras
 from pipesim.model.kernel_types import (
@@ -39,10 +42,12 @@ from pipesim.model.kernel_types import (
 )
 from pipesim.model.latent_layer import check_latent, latent_linears, rope_elements
 from pipesim.model.layer_parts import MAMBA, part_kernels
+from pipesim.model.linear_attention import GDN
 from pipesim.model.mamba_layer import mamba_layer_kernels
 from pipesim.model.moe_layer import ROUTER_BYTES, expert_shapes, tokens_here
 from pipesim.model.op_recompute import OP, op_rerun_linears
 from pipesim.model.options import LayerOptions
+from pipesim.model.output_gate import gate_backward_bytes, gate_forward_bytes, qk_gate
 from pipesim.model.recompute_modules import norms_recomputed
 from pipesim.model.shared_gate import gate_kernels
 
@@ -79,8 +84,8 @@ def _linears(model: ModelConfig, b: int, opts: LayerOptions) -> tuple[list[Linea
     if model.mla is not None:
         attn = [(x.name, x.inp, x.out, x.tokens) for x in latent_linears(model, b, opts)]
         return attn[:-1], attn[-1:], mlp
-    hq, hkv = model.attention_width, model.kv_width
-    return [("QKV", h, (hq + 2 * hkv) // t, tokens)], [("projection", hq // t, h, tokens)], mlp
+    hq = model.attention_width
+    return [("QKV", h, model.qkv_width // t, tokens)], [("projection", hq // t, h, tokens)], mlp
 
 
 def _attention(model: ModelConfig, b: int, opts: LayerOptions) -> tuple[list[Kernel], list[Kernel]]:
@@ -167,6 +172,9 @@ def _elementwise(model: ModelConfig, b: int, opts: LayerOptions, fused: bool) ->
             op("attention mask", 2 * scores * d + scores, 2 * scores * d + scores)
         from_ew("softmax")
         from_ew("softmax dropout")
+    if model.attention_gate:  # Megatron-core's Attention._apply_output_gate, eager: x * sigmoid(gate.float())
+        fwd += [MemoryBound(name, nbytes) for name, nbytes in gate_forward_bytes(qk_gate(model, b, opts), d)]
+        bwd += [MemoryBound(name, nbytes) for name, nbytes in gate_backward_bytes(qk_gate(model, b, opts), d)]
     for block in ("attention", "MLP"):
         if block == "MLP":
             from_ew(f"MLP {norm}")
@@ -216,6 +224,10 @@ def layer_kernels(model: ModelConfig, b: int, opts: LayerOptions, *, fused: bool
     opts.check(model)
     if opts.part == MAMBA:  # a hybrid model's Mamba layer (pipesim.model.mamba_layer)
         return mamba_layer_kernels(model, b, opts)
+    if opts.mixer == GDN:  # a linear-attention layer: its Gated DeltaNet half and the block's MLP part
+        mlp = layer_kernels(model, b, replace(opts, mixer="attention", part="mlp"), fused=fused, moe=moe)
+        gdn = gdn_part_kernels(model, b, opts)
+        return PieceKernels(gdn.F + mlp.F, mlp.I + gdn.I, gdn.W + mlp.W)
     tokens = b * opts.local_seq(model)
     before, after, mlp = _linears(model, b, opts)
     attn = before + after

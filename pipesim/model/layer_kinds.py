@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from pipesim.errors import PipesimError
 from pipesim.model.config import ModelConfig
 from pipesim.model.layer_parts import BLOCK
+from pipesim.model.linear_attention import GDN
 from pipesim.model.options import LayerOptions
 from pipesim.model.param_counts import is_moe_layer
 
@@ -27,6 +28,7 @@ class LayerKind:
     moe: bool = False  # its MLP is the model's mixture of experts
     variant: bool = False  # one of the model's variant layers: windowed or NoPE (`is_variant_layer`)
     part: str = BLOCK  # a transformer block, or a hybrid model's layer: its symbol's part (pipesim.model.hybrid)
+    mixer: str = "attention"  # what it attends with: softmax attention, or Gated DeltaNet (linear_attention)
 
 
 DENSE = LayerKind()
@@ -42,7 +44,9 @@ def layer_kind(model: ModelConfig, layer: int) -> LayerKind:
     """The kind of layer `layer` (0-based) of `model`: a hybrid model's its pattern symbol's."""
     if model.hybrid is not None and layer < model.layers:
         return LayerKind(moe=model.hybrid.is_moe(layer), part=model.hybrid.part(layer))
-    return LayerKind(moe=is_moe_layer(model, layer), variant=is_variant_layer(model, layer))
+    linear = model.linear_attention is not None and layer < model.layers and model.linear_attention.is_linear(layer)
+    return LayerKind(moe=is_moe_layer(model, layer), variant=is_variant_layer(model, layer),
+                     mixer=GDN if linear else "attention")
 
 
 def variant_options(model: ModelConfig, opts: LayerOptions) -> LayerOptions:
@@ -54,6 +58,7 @@ def kind_options(model: ModelConfig, opts: LayerOptions, kind: LayerKind) -> Lay
     """The options a layer of `kind` is costed under: the job's, a variant layer's own where it is one, a hybrid
     model's layer as its part."""
     opts = variant_options(model, opts) if kind.variant else opts
+    opts = opts if kind.mixer == "attention" else replace(opts, mixer=kind.mixer)
     return opts if kind.part == BLOCK else replace(opts, part=kind.part)
 
 

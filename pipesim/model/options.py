@@ -13,7 +13,9 @@ from pipesim.errors import PipesimError
 from pipesim.model.config import ModelConfig
 from pipesim.model.cuda_graphs import CudaGraphs
 from pipesim.model.fp8 import Fp8Options
+from pipesim.model.gdn_mixer import check_gdn_split
 from pipesim.model.layer_parts import BLOCK, MAMBA, check_part
+from pipesim.model.linear_attention import GDN, check_mixer
 from pipesim.model.mamba_mixer import check_mamba_split
 from pipesim.model.moe import MOE_DISPATCHERS
 from pipesim.model.op_recompute import OP, check_op_recompute
@@ -74,6 +76,9 @@ class LayerOptions:
     # the part of a layer being costed (pipesim.model.layer_parts): "block" a transformer layer, or one of a hybrid
     # model's sublayers, "attention", "mlp" (dense or the experts) or "mamba" (pipesim.model.layer_kinds picks it)
     part: str = BLOCK
+    # what the layer attends with (pipesim.model.linear_attention): "attention" (softmax), or "gdn", a linear-attention
+    # layer's Gated DeltaNet mixer (Qwen3-Next, Qwen3.5; pipesim.model.layer_kinds picks it)
+    mixer: str = "attention"
 
     def __post_init__(self) -> None:
         for name in ("tp", "cp", "ep", "etp"):
@@ -95,6 +100,9 @@ class LayerOptions:
                                "moe_act and layernorm recompute (Megatron-core)")
         check_cp_comm(self.cp_comm)
         check_part(self.part)
+        check_mixer(self.mixer)
+        if self.mixer == GDN and self.part != BLOCK:
+            raise PipesimError("a Gated DeltaNet layer is costed whole (part block), not by sublayer")
         if self.window is not None and (not isinstance(self.window, int) or isinstance(self.window, bool)
                                         or self.window < 1):
             raise PipesimError(f"window must be a positive integer or None, got {self.window!r}")
@@ -131,6 +139,8 @@ class LayerOptions:
                                f"({model.window_size})")
         if self.nope and not model.nope_every:
             raise PipesimError("a NoPE layer's options for a model without NoPE layers (nope_every)")
+        if self.mixer == GDN:
+            self._check_linear(model)
         if model.hybrid is not None:
             self._check_hybrid(model)
         elif self.part == MAMBA:
@@ -165,6 +175,18 @@ class LayerOptions:
         if t > 1 and not self.sp and self.etp != t:
             raise PipesimError(f"--etp {self.etp} with tp({t}) and no sequence parallelism: the tp ranks hold the "
                                "same tokens, so the experts split as the MLP does (--etp equal to --tp)")
+
+    def _check_linear(self, model: ModelConfig) -> None:
+        """A linear-attention layer: the model's Gated DeltaNet, split over tp as Megatron-core splits it; neither
+        context parallelism nor torchtitan's per-op recomputation modelled there."""
+        if model.linear_attention is None:
+            raise PipesimError("a Gated DeltaNet layer's options for a model without linear attention")
+        check_gdn_split(model.linear_attention.mixer, self.tp)
+        if self.cp > 1:
+            raise PipesimError(f"--cp {self.cp} with linear attention (Gated DeltaNet) is not modelled: give --cp 1")
+        if self.recompute == OP:
+            raise PipesimError("--recompute op (torchtitan's per-op checkpointing) with linear attention (Gated "
+                               "DeltaNet) is not modelled")
 
     def _check_hybrid(self, model: ModelConfig) -> None:
         """A hybrid model's layers as pipesim costs them: its Mamba mixers split over tp as Megatron-core splits them;

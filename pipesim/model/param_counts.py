@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from pipesim.errors import PipesimError
 from pipesim.model.config import ModelConfig
+from pipesim.model.gdn_mixer import gdn_params
 from pipesim.model.gemma_layer import POST_NORM_BLOCKS
 from pipesim.model.latent_layer import latent_params
 from pipesim.model.mamba_mixer import mamba_params
@@ -41,9 +42,9 @@ def block_params(model: ModelConfig, tp: int = 1) -> int:
     norms = 2 * _norm(model) + post_norm_params(model)  # Gemma's two post-norms too
     if model.mla is not None:  # ModelConfig refuses biases and QK-norm with latent attention
         return latent_params(model, t) + matrices * h * f // t + norms
-    hq, hkv = model.attention_width, model.kv_width
-    weights = h * (hq + 2 * hkv) // t + hq * h // t + matrices * h * f // t
-    biases = (hq + 2 * hkv) // t if model.has_qkv_bias else 0
+    hq = model.attention_width
+    weights = h * model.qkv_width // t + hq * h // t + matrices * h * f // t
+    biases = model.qkv_width // t if model.has_qkv_bias else 0
     if model.biases:
         biases += h + (matrices - 1) * f // t + h
     sinks = model.heads // t if model.attention_sinks else 0
@@ -209,13 +210,18 @@ def _layer_params(model: ModelConfig, layer: int, *, active: bool) -> int:
     experts only the top_k a token uses. A hybrid model's: `_hybrid_layer_params`."""
     if model.hybrid is not None and layer < model.layers:
         return _hybrid_layer_params(model, layer, active=active)
+    linear = model.linear_attention
+    if linear is not None and layer < model.layers and linear.is_linear(layer):  # its Gated DeltaNet, both norms
+        attention = 2 * _norm(model) + gdn_params(linear.mixer, model.hidden)
+    else:
+        attention = _attention_and_norms(model)
     moe = model.moe
     if moe is None or not moe.is_moe_layer(layer):
-        return block_params(model)
+        return attention + mlp_params(model, model.ffn_size)
     if not active:
-        return _attention_and_norms(model) + moe_mlp_params(model)
-    return _attention_and_norms(model) + router_params(model) + expert_bias_params(model) + \
-        moe.top_k * expert_params(model) + shared_expert_params(model)
+        return attention + moe_mlp_params(model)
+    return attention + router_params(model) + expert_bias_params(model) + moe.top_k * expert_params(model) + \
+        shared_expert_params(model)
 
 
 def _ends(model: ModelConfig) -> int:
@@ -235,7 +241,7 @@ def model_params(model: ModelConfig) -> int:
     `MoeConfig.is_moe_layer`), final norm and head, and the multi-token-prediction modules' own (their embedding and
     head shared). Mixtral 8x7B: 46,702,792,704 (Mistral AI: "46.7B total"); DeepSeek-V3 without its MTP module
     671,026,419,200 (the report's "671B"), with it 682,636,487,424."""
-    if model.moe is None and model.hybrid is None:  # the one stage holds the embedding the MTP modules look up in
+    if model.moe is None and model.hybrid is None and model.linear_attention is None:  # every block alike
         return stage_params(model, 1, layers=model.layers, first=True, last=True)
     return _ends(model) + sum(_layer_params(model, layer, active=False) for layer in range(model.layers)) + \
         _mtp(model, active=False)

@@ -22,9 +22,11 @@ from dataclasses import replace
 
 from pipesim.errors import PipesimError
 from pipesim.model.config import ModelConfig
+from pipesim.model.gdn_mixer import gdn_tensors
 from pipesim.model.latent_layer import latent_linears
 from pipesim.model.layer_kinds import StageLayers, kind_options, stage_layers
 from pipesim.model.layer_parts import BLOCK, MAMBA, tensor_sublayer
+from pipesim.model.linear_attention import GDN
 from pipesim.model.mamba_mixer import mamba_tensors
 from pipesim.model.moe_layer import dense_mlp_params, moe_block_params
 from pipesim.model.options import LayerOptions, vocab_shard
@@ -64,10 +66,10 @@ def _attention(model: ModelConfig, opts: LayerOptions) -> list[WeightTensor]:
         if mla.q_lora_rank is not None:
             out += _norm(model, mla.q_lora_rank, "Q latent norm")
         return out + _norm(model, mla.kv_lora_rank, "KV latent norm")
-    hq, hkv = model.attention_width, model.kv_width
-    out += [WeightTensor(QKV, ((hq + 2 * hkv) // t, h)), WeightTensor("projection", (h, hq // t))]
+    hq = model.attention_width
+    out += [WeightTensor(QKV, (model.qkv_width // t, h)), WeightTensor("projection", (h, hq // t))]
     if model.has_qkv_bias:
-        out.append(WeightTensor("QKV bias", ((hq + 2 * hkv) // t,)))
+        out.append(WeightTensor("QKV bias", (model.qkv_width // t,)))
     if model.biases:
         out.append(WeightTensor("projection bias", (h,)))
     if model.qk_norm:
@@ -83,6 +85,11 @@ def layer_tensors(model: ModelConfig, opts: LayerOptions, *, moe: bool = False) 
     if opts.part == MAMBA:  # a hybrid model's Mamba layer: its pre-norm (fused into in_proj) and its mixer's
         assert model.hybrid is not None  # LayerOptions.check refuses part "mamba" without one
         return _norm(model, model.hidden, "Mamba norm") + mamba_tensors(model.hybrid.mamba, model.hidden, opts.tp)
+    if opts.mixer == GDN:  # a linear-attention layer: its norm and Gated DeltaNet, the block's MLP part
+        assert model.linear_attention is not None  # LayerOptions.check refuses mixer "gdn" without it
+        mlp = layer_tensors(model, replace(opts, mixer="attention", part="mlp"), moe=moe)
+        return _norm(model, model.hidden, "GDN norm") + gdn_tensors(model.linear_attention.mixer, model.hidden,
+                                                                    opts.tp) + mlp
     tensors = _block_tensors(model, opts, moe=moe)
     return tensors if opts.part == BLOCK else [t for t in tensors if tensor_sublayer(t.name) == opts.part]
 
@@ -90,7 +97,7 @@ def layer_tensors(model: ModelConfig, opts: LayerOptions, *, moe: bool = False) 
 def layer_params(model: ModelConfig, opts: LayerOptions, *, moe: bool = False) -> int:
     """One layer's parameters on one rank (the routed experts' local share): the block's count (param_counts,
     moe_layer), or a part's tensors'."""
-    if opts.part != BLOCK:
+    if opts.part != BLOCK or opts.mixer != "attention":
         return sum(t.numel * t.count for t in layer_tensors(model, opts, moe=moe))
     params = block_params(model, opts.tp)
     return params + moe_block_params(model, opts) - dense_mlp_params(model, opts.tp) if moe else params

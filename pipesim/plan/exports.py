@@ -152,6 +152,13 @@ def megatron_args(c: Candidate, req: PlanRequest, attention: str | None = None) 
                    f"--mamba-num-heads {mixer.heads} --mamba-head-dim {mixer.head_dim} --mamba-state-dim "
                    f"{mixer.state} --mamba-num-groups {mixer.groups} --position-embedding-type none --squared-relu; "
                    "the flags below carry over")
+    if m.linear_attention is not None:  # Megatron-core's GPT layer with the gated_delta_net variant
+        mix = m.linear_attention.mixer
+        out.append(f"# linear attention: --experimental-attention-variant gated_delta_net --linear-attention-freq "
+                   f"{m.linear_attention.full_every} --linear-num-key-heads {mix.key_heads} --linear-num-value-heads "
+                   f"{mix.value_heads} --linear-key-head-dim {mix.key_dim} --linear-value-head-dim {mix.value_dim} "
+                   f"--linear-conv-kernel-dim {mix.conv_kernel} --attention-output-gate (Megatron-core's "
+                   "TransformerConfig fields); the flags below carry over")
     rule = req.split_rule if req.split_rule.megatron else None  # the account-for flags (the plan's only Megatron rule)
     split = req.stage_split(c.chunks)
     even = split == [m.layers // c.chunks] * c.chunks  # Megatron's own default split

@@ -174,7 +174,7 @@ class MemoryBound:
         A mixture of experts' routed experts are sharded over the expert-data-parallel group (rank_memory's)."""
         key = (family, c.p, c.v, c.tp, c.dp, c.zero, c.cp, c.ep, c.etp)
         if key not in self._states:
-            if self.model.moe is None and self.model.hybrid is None:  # blocks alike: the closed form
+            if self.model.moe is None and self.model.hybrid is None and self.model.linear_attention is None:
                 params, experts = self.params(c.chunks, c.tp), (0,) * c.chunks
             else:
                 both = self.moe_params(c.chunks, opts)

@@ -25,9 +25,10 @@ def torchtitan_toml(c: Candidate, req: PlanRequest, config: str | None = None) -
     shard = c.dp if c.zero else 1
     replicate = 1 if c.zero else c.dp
     lines = [] if flavor is None else ["[model]", f'name = "{flavor[0]}"', f'flavor = "{flavor[1]}"', ""]
-    if m.hybrid is not None:  # pipesim.model.hybrid
-        lines += ["# torchtitan has no hybrid (Mamba) model: the layout below is the plan's, not a model torchtitan "
-                  "builds", ""]
+    if m.hybrid is not None or m.linear_attention is not None:  # pipesim.model.hybrid, linear_attention
+        what = "hybrid (Mamba)" if m.hybrid is not None else "linear-attention (Gated DeltaNet)"
+        lines += [f"# torchtitan has no {what} model: the layout below is the plan's, not a model torchtitan builds",
+                  ""]
     lines += ["[parallelism]",
               f"data_parallel_replicate_degree = {replicate}",
               f"data_parallel_shard_degree = {shard}"]
