@@ -1,4 +1,4 @@
-"""Hybrid Mamba models (pipesim.model.hybrid, mamba_layer, hf_nemotron_h): Nemotron-H and Nemotron 3, one layer per
+"""Hybrid Mamba models (pipesim.model.hybrid, mixer_layer, hf_nemotron_h): Nemotron-H and Nemotron 3, one layer per
 pattern symbol, each costed as its kind and counted per stage."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Qwen3-Next (pipesim.model.linear_attention, gdn_layer, output_gate, hf_qwen3_next): Gated DeltaNet on three layers
+"""Qwen3-Next (pipesim.model.linear_attention, mixer_layer, output_gate, hf_qwen3_next): Gated DeltaNet on three layers
 in four, gated softmax attention on the fourth, each kind costed once and counted per stage."""
 
 from __future__ import annotations

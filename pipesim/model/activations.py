@@ -21,13 +21,12 @@ from dataclasses import replace
 
 from pipesim.model.config import ModelConfig
 from pipesim.model.fp8 import Fp8Options, saved_bytes
-from pipesim.model.gdn_layer import gdn_part_saved
 from pipesim.model.gemma_layer import post_norm_name
 from pipesim.model.latent_layer import latent_saved, latent_widths
 from pipesim.model.layer_kinds import StageLayers, kind_options
 from pipesim.model.layer_parts import BLOCK, MAMBA, saved_sublayer
 from pipesim.model.linear_attention import GDN
-from pipesim.model.mamba_layer import mamba_layer_saved
+from pipesim.model.mixer_layer import mixer_part_saved
 from pipesim.model.moe_layer import ROUTER_BYTES, routed_tokens, tokens_here
 from pipesim.model.op_recompute import OP, op_saved
 from pipesim.model.options import LayerOptions, vocab_shard
@@ -47,14 +46,15 @@ def layer_saved_tensors(model: ModelConfig, b: int, opts: LayerOptions, *, recom
     """The tensors one transformer layer (`_block_saved`) or one part of it (`opts.part`: its sublayer's,
     pipesim.model.layer_parts) saves on one rank for a microbatch of b sequences. Under full recomputation a part is
     a layer of its own (a hybrid model's): it keeps its input, as the block does."""
-    if opts.part == MAMBA:  # a hybrid model's Mamba layer (pipesim.model.mamba_layer)
+    full = (opts.recompute if recompute is None else recompute) == "full"
+    if opts.part == MAMBA:  # a hybrid model's Mamba layer (pipesim.model.mixer_layer): under full, its input
         opts.check(model)
-        return mamba_layer_saved(model, b, opts, opts.recompute if recompute is None else recompute)
+        residual = opts.seq_sharded(model.dtype_bytes * b * opts.local_seq(model) * model.hidden)
+        return [SavedTensor("layer input", residual)] if full else mixer_part_saved(model, b, opts)
     if opts.mixer == GDN:  # a linear-attention layer: its Gated DeltaNet half's and the block's MLP part's
         opts.check(model)
         mlp = layer_saved_tensors(model, b, replace(opts, mixer="attention", part="mlp"), recompute=recompute, moe=moe)
-        full = (opts.recompute if recompute is None else recompute) == "full"  # the MLP part's: the layer's input
-        return mlp if full else gdn_part_saved(model, b, opts) + mlp
+        return mlp if full else mixer_part_saved(model, b, opts) + mlp  # full: the MLP part's, the layer's input
     saved = _block_saved(model, b, opts, recompute=recompute, moe=moe)
     if opts.part == BLOCK or (opts.recompute if recompute is None else recompute) == "full":
         return saved

@@ -36,6 +36,7 @@ from pipesim.model.kernel_types import (
     forward_gemms,
     wgrad_gemms,
 )
+from pipesim.model.scan_mixer import positive, projections, scan_chunks
 from pipesim.model.tensor_types import SavedTensor, WeightTensor
 
 STAT_BYTES = 4  # float32: the norms' rstd, the gate g and its chunk cumsum
@@ -55,7 +56,7 @@ class GatedDeltaNet:
 
     def __post_init__(self) -> None:
         for f in fields(self):
-            _positive(f"the Gated DeltaNet's {f.name}", getattr(self, f.name))
+            positive(f"the Gated DeltaNet's {f.name}", getattr(self, f.name))
         if self.value_heads % self.key_heads:  # transformer_config.py: linear_num_value_heads % ..._key_heads == 0
             raise PipesimError(f"the Gated DeltaNet's {self.value_heads} value heads are not a multiple of its "
                                f"{self.key_heads} key heads")
@@ -81,16 +82,11 @@ class GatedDeltaNet:
         return 2 * self.qk_width + self.v_width
 
 
-def _positive(what: str, value: object) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise PipesimError(f"{what} must be a positive integer, not {value!r}")
-
-
 def check_gdn_split(mixer: GatedDeltaNet, tp: int) -> None:
     """PipesimError unless tp splits the mixer as Megatron-core does: transformer_config.py asserts
     linear_num_key_heads % (tp cp) == 0 and linear_num_value_heads % (tp cp) == 0 (cp: the caller's); Hv is a
     multiple of Hk, so Hk % tp implies the other."""
-    _positive("tp", tp)
+    positive("tp", tp)
     if mixer.key_heads % tp or mixer.value_heads % tp:
         raise PipesimError(f"tp {tp} does not split the Gated DeltaNet's {mixer.key_heads} key heads and "
                            f"{mixer.value_heads} value heads (Megatron-core asserts both % tp == 0)")
@@ -101,7 +97,7 @@ def gdn_tensors(mixer: GatedDeltaNet, hidden: int, tp: int = 1) -> list[WeightTe
     (bias False), conv1d weight [C / t, 1, K] (conv_bias False), dt_bias and A_log [Hv / t] each (all
     tensor_model_parallel), and out_norm's weight [Dv] (TENorm over hidden_size=value_head_dim, RMSNorm: no bias;
     not split, whole on every rank). W = in_proj_width, C = conv_channels, K = conv_kernel."""
-    _positive("hidden", hidden)
+    positive("hidden", hidden)
     check_gdn_split(mixer, tp)
     m, heads = mixer, mixer.value_heads // tp
     return [WeightTensor("in_proj", (m.in_proj_width // tp, hidden)),
@@ -114,31 +110,17 @@ def gdn_tensors(mixer: GatedDeltaNet, hidden: int, tp: int = 1) -> list[WeightTe
 def gdn_params(mixer: GatedDeltaNet, hidden: int, tp: int = 1) -> int:
     """The mixer's trainable parameters on one tp rank (`gdn_tensors`'): (h W + C K + 2 Hv + v h) / t + Dv. NOT
     the layer's pre-norm (in_proj's fused norm, whole on every rank: the caller's)."""
-    _positive("hidden", hidden)
+    positive("hidden", hidden)
     check_gdn_split(mixer, tp)
     m = mixer
     split = hidden * m.in_proj_width + m.conv_channels * m.conv_kernel + 2 * m.value_heads + m.v_width * hidden
     return split // tp + m.value_dim
 
 
-def _linears(mixer: GatedDeltaNet, hidden: int, tokens: int, tp: int) -> tuple[tuple[str, int, int, int], ...]:
-    """in_proj column-parallel (outputs / t), out_proj row-parallel (inputs / t), on all `tokens`."""
-    return ("in_proj", hidden, mixer.in_proj_width // tp, tokens), ("out_proj", mixer.v_width // tp, hidden, tokens)
-
-
-def _chunks(mixer: GatedDeltaNet, tokens: int, batch: int) -> int:
-    """Chunks of the microbatch: each of the `batch` sequences of tokens / batch in chunks of C, the last padded."""
-    _positive("tokens", tokens)
-    _positive("batch", batch)
-    if tokens % batch:
-        raise PipesimError(f"{tokens} tokens do not split into {batch} sequences of equal length")
-    return batch * -(-(tokens // batch) // mixer.chunk)
-
-
 def _rule(mixer: GatedDeltaNet, tokens: int, tp: int, batch: int) -> tuple[list[Gemm], list[Gemm]]:
     """chunk_gated_delta_rule's (forward, backward) GEMMs on one rank, batched over chunks x local value heads."""
     m, c, dk, dv = mixer, mixer.chunk, mixer.key_dim, mixer.value_dim
-    bh = _chunks(m, tokens, batch) * (m.value_heads // tp)
+    bh = scan_chunks(m.chunk, tokens, batch) * (m.value_heads // tp)
     fwd = [Gemm("GDN (beta K) K^T", c, c, dk, bh),  # chunk_scaled_dot_kkt_fwd
            Gemm("GDN WY triangular inverse", c, c, c, bh),  # solve_tril, full-square
            Gemm("GDN W = A (beta K)", c, dk, c, bh), Gemm("GDN U = A (beta V)", c, dv, c, bh),  # recompute_w_u_fwd
@@ -179,10 +161,10 @@ def gdn_kernels(mixer: GatedDeltaNet, hidden: int, tokens: int, tp: int, *, sp: 
     parameters' gradient partial sums (conv1d, A_log, dt_bias, the norm's weight); the chunk kernels' own
     reads and writes of A, h and v_new (inside the GEMM kernels)."""
     check_gdn_split(mixer, tp)
-    _positive("hidden", hidden)
-    _positive("dtype_bytes", dtype_bytes)
+    positive("hidden", hidden)
+    positive("dtype_bytes", dtype_bytes)
     m, d = mixer, dtype_bytes
-    in_proj, out_proj = _linears(m, hidden, tokens, tp)
+    in_proj, out_proj = projections(hidden, m.in_proj_width, m.v_width, tokens, tp)
     rule_f, rule_b = _rule(m, tokens, tp, batch)
     hl = m.value_heads // tp
     c, w = tokens * m.conv_channels // tp, tokens * m.in_proj_width // tp
@@ -222,9 +204,9 @@ def gdn_saved(mixer: GatedDeltaNet, hidden: int, tokens: int, tp: int, *, sp: bo
     Megatron's "gdn_norm_out" recomputation the norm's rstd, its output and out_proj's input would go (not modelled:
     pipesim has no such module). Parameters the functions save are not activations. Not the pre-norm's input."""
     check_gdn_split(mixer, tp)
-    _positive("hidden", hidden)
-    _positive("tokens", tokens)
-    _positive("dtype_bytes", dtype_bytes)
+    positive("hidden", hidden)
+    positive("tokens", tokens)
+    positive("dtype_bytes", dtype_bytes)
     m, d, t = mixer, dtype_bytes, tokens
     hl = m.value_heads // tp
     ev, er = t * m.v_width // tp, t * hl * m.key_dim
@@ -252,9 +234,9 @@ def gdn_flops(mixer: GatedDeltaNet, hidden: int, tokens: int, tp: int = 1, *, ba
     Hl = Hv / t local value heads F 2 K C Hl (C (3 Dk + 2 Dv + C) + 3 Dk Dv), I 2 K C Hl (C (8 Dk + 5 Dv + 2 C)
     + 8 Dk Dv)."""
     check_gdn_split(mixer, tp)
-    _positive("hidden", hidden)
+    positive("hidden", hidden)
     m, c, dk, dv = mixer, mixer.chunk, mixer.key_dim, mixer.value_dim
-    k, hl = _chunks(m, tokens, batch), m.value_heads // tp
+    k, hl = scan_chunks(m.chunk, tokens, batch), m.value_heads // tp
     linears = 2 * tokens * hidden * (m.in_proj_width + m.v_width) // tp
     rule_f = 2 * k * c * hl * (c * (3 * dk + 2 * dv + c) + 3 * dk * dv)
     rule_b = 2 * k * c * hl * (c * (8 * dk + 5 * dv + 2 * c) + 8 * dk * dv)

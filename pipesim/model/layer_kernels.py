@@ -25,7 +25,6 @@ from pipesim.model.activations import MASK_BYTES
 from pipesim.model.config import ModelConfig
 from pipesim.model.cp_ring_kernels import cp_ring_bytes
 from pipesim.model.elementwise import ACTIVATION_OPS, ALL_ACTIVATION_OPS, layer_elementwise_bytes, qk_norm_name
-from pipesim.model.gdn_layer import gdn_part_kernels
 from pipesim.model.gemma_layer import post_norm_name
 from pipesim.model.grouped_mlp_extras import expert_extras
 from pipesim.model.kernel_types import (
@@ -43,7 +42,7 @@ from pipesim.model.kernel_types import (
 from pipesim.model.latent_layer import check_latent, latent_linears, rope_elements
 from pipesim.model.layer_parts import MAMBA, part_kernels
 from pipesim.model.linear_attention import GDN
-from pipesim.model.mamba_layer import mamba_layer_kernels
+from pipesim.model.mixer_layer import mixer_part_kernels
 from pipesim.model.moe_layer import ROUTER_BYTES, expert_shapes, tokens_here
 from pipesim.model.op_recompute import OP, op_rerun_linears
 from pipesim.model.options import LayerOptions
@@ -222,11 +221,11 @@ def layer_kernels(model: ModelConfig, b: int, opts: LayerOptions, *, fused: bool
     (`_moe_mlp`) instead of the dense MLP. A part of the block (`opts.part`): its sublayer's kernels
     (pipesim.model.layer_parts)."""
     opts.check(model)
-    if opts.part == MAMBA:  # a hybrid model's Mamba layer (pipesim.model.mamba_layer)
-        return mamba_layer_kernels(model, b, opts)
+    if opts.part == MAMBA:  # a hybrid model's Mamba layer (pipesim.model.mixer_layer)
+        return mixer_part_kernels(model, b, opts)
     if opts.mixer == GDN:  # a linear-attention layer: its Gated DeltaNet half and the block's MLP part
         mlp = layer_kernels(model, b, replace(opts, mixer="attention", part="mlp"), fused=fused, moe=moe)
-        gdn = gdn_part_kernels(model, b, opts)
+        gdn = mixer_part_kernels(model, b, opts)
         return PieceKernels(gdn.F + mlp.F, mlp.I + gdn.I, gdn.W + mlp.W)
     tokens = b * opts.local_seq(model)
     before, after, mlp = _linears(model, b, opts)

@@ -16,7 +16,7 @@ from pipesim.errors import PipesimError
 from pipesim.model.kernel_types import PieceKernels
 
 BLOCK = "block"  # a whole transformer layer: attention and MLP
-MAMBA = "mamba"  # a hybrid model's Mamba layer (pipesim.model.mamba_layer)
+MAMBA = "mamba"  # a hybrid model's Mamba layer (pipesim.model.mixer_layer)
 PARTS = (BLOCK, "attention", "mlp", MAMBA)  # LayerOptions.part
 SUBLAYERS = ("attention", "mlp")  # the parts a block is cut into
 

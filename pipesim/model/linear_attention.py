@@ -7,7 +7,7 @@ Megatron-core builds them as a GPT model's "gated_delta_net" experimental attent
 attends with softmax attention when (l + 1) % full_every == 0 (megatron/training/training.py's pattern for an
 integer linear_attention_freq), with its Gated DeltaNet mixer (pipesim.model.gdn_mixer) otherwise; every layer keeps
 its MLP or experts. pipesim costs a linear-attention layer as its norm, the mixer and its residual add
-(pipesim.model.gdn_layer) beside the block's MLP part (pipesim.model.layer_parts), counted per stage by kind
+(pipesim.model.mixer_layer) beside the block's MLP part (pipesim.model.layer_parts), counted per stage by kind
 (pipesim.model.layer_kinds: LayerKind.mixer).
 """
 

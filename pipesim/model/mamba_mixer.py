@@ -35,6 +35,7 @@ from pipesim.model.kernel_types import (
     forward_gemms,
     wgrad_gemms,
 )
+from pipesim.model.scan_mixer import positive, projections, scan_chunks
 from pipesim.model.tensor_types import SavedTensor, WeightTensor
 
 STAT_BYTES = 4  # float32: the norm's rstd, the scan's dt / dA cumsums and its inter-chunk states before the cast
@@ -54,7 +55,7 @@ class MambaMixer:
 
     def __post_init__(self) -> None:
         for f in fields(self):
-            _positive(f"the Mamba mixer's {f.name}", getattr(self, f.name))
+            positive(f"the Mamba mixer's {f.name}", getattr(self, f.name))
         if self.heads % self.groups:  # MambaMixer: assert self.nheads % self.ngroups == 0
             raise PipesimError(f"the Mamba mixer's {self.heads} heads do not divide into its {self.groups} groups")
 
@@ -73,16 +74,11 @@ class MambaMixer:
         return 2 * self.d_inner + 2 * self.groups * self.state + self.heads
 
 
-def _positive(what: str, value: object) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise PipesimError(f"{what} must be a positive integer, not {value!r}")
-
-
 def check_mamba_split(mixer: MambaMixer, tp: int) -> None:
     """PipesimError unless tp splits the mixer as Megatron-core does: mamba_mixer.py asserts nheads % tp_size == 0
     (each rank at least one head) and ngroups % tp_size == 0 (each rank at least one group); d_inner and the conv
     channels follow."""
-    _positive("tp", tp)
+    positive("tp", tp)
     if mixer.heads % tp or mixer.groups % tp:
         raise PipesimError(f"tp {tp} does not split the Mamba mixer's {mixer.heads} heads and {mixer.groups} groups "
                            "(Megatron-core asserts heads % tp == 0 and groups % tp == 0)")
@@ -93,7 +89,7 @@ def mamba_tensors(mixer: MambaMixer, hidden: int, tp: int = 1) -> list[WeightTen
     [W / t, h] and out_proj [h, d_inner / t], both bias-free (`assert not bias`); conv1d_weight [C / t, 1, d_conv]
     and conv1d_bias [C / t] (`assert conv_bias`); dt_bias, A_log and D [H / t] each (D_has_hdim False); the gated
     norm's weight [d_inner / t] (mamba_ssm's RMSNorm: no bias). W = in_proj_width, C = conv_channels."""
-    _positive("hidden", hidden)
+    positive("hidden", hidden)
     check_mamba_split(mixer, tp)
     heads, inner = mixer.heads // tp, mixer.d_inner // tp
     return [WeightTensor("in_proj", (mixer.in_proj_width // tp, hidden)),
@@ -108,25 +104,11 @@ def mamba_params(mixer: MambaMixer, hidden: int, tp: int = 1) -> int:
     """The mixer's trainable parameters on one tp rank (`mamba_tensors`'): h W + C (d_conv + 1) + 3 H + d_inner +
     d_inner h, over t, every one split (Megatron marks conv1d, dt_bias, A_log, D and the norm's weight
     tensor_model_parallel). NOT the layer's pre-norm (in_proj's fused norm, whole on every rank: the caller's)."""
-    _positive("hidden", hidden)
+    positive("hidden", hidden)
     check_mamba_split(mixer, tp)
     m = mixer
     return (hidden * m.in_proj_width + m.conv_channels * (m.conv_kernel + 1) + 3 * m.heads + m.d_inner
             + m.d_inner * hidden) // tp
-
-
-def _linears(mixer: MambaMixer, hidden: int, tokens: int, tp: int) -> tuple[tuple[str, int, int, int], ...]:
-    """in_proj column-parallel (outputs / t), out_proj row-parallel (inputs / t), on all `tokens`."""
-    return ("in_proj", hidden, mixer.in_proj_width // tp, tokens), ("out_proj", mixer.d_inner // tp, hidden, tokens)
-
-
-def _chunks(mixer: MambaMixer, tokens: int, batch: int) -> int:
-    """Chunks of the microbatch: each of the `batch` sequences of tokens / batch in chunks of Q, the last padded."""
-    _positive("tokens", tokens)
-    _positive("batch", batch)
-    if tokens % batch:
-        raise PipesimError(f"{tokens} tokens do not split into {batch} sequences of equal length")
-    return batch * -(-(tokens // batch) // mixer.chunk)
 
 
 def _scan(mixer: MambaMixer, tokens: int, tp: int, batch: int, d: int) -> tuple[list[Kernel], list[Kernel]]:
@@ -136,7 +118,7 @@ def _scan(mixer: MambaMixer, tokens: int, tp: int, batch: int, d: int) -> tuple[
     float32 arrays (dt after softplus, dA's cumsum) hold ct = chunks x Q padded tokens per head; S = chunks Hl P N
     inter-chunk state elements, S0 = batch Hl P N final ones (float32)."""
     m, q = mixer, mixer.chunk
-    nc = _chunks(m, tokens, batch)
+    nc = scan_chunks(m.chunk, tokens, batch)
     hl, gl, p, n = m.heads // tp, m.groups // tp, m.head_dim, m.state
     e, c, ct = tokens * m.d_inner // tp, tokens * m.conv_channels // tp, nc * q
     s, s0 = nc * hl * p * n, batch * hl * p * n
@@ -192,10 +174,10 @@ def mamba_kernels(mixer: MambaMixer, hidden: int, tokens: int, tp: int, *, sp: b
     collectives and gradient accumulation (the caller's); the gradients of conv1d, dt_bias, A_log and D come out of
     their backward kernels (partial sums left out)."""
     check_mamba_split(mixer, tp)
-    _positive("hidden", hidden)
-    _positive("dtype_bytes", dtype_bytes)
+    positive("hidden", hidden)
+    positive("dtype_bytes", dtype_bytes)
     d = dtype_bytes
-    in_proj, out_proj = _linears(mixer, hidden, tokens, tp)
+    in_proj, out_proj = projections(hidden, mixer.in_proj_width, mixer.d_inner, tokens, tp)
     scan_f, scan_b = _scan(mixer, tokens, tp, batch, d)
     e, w, gl = tokens * mixer.d_inner // tp, tokens * mixer.in_proj_width // tp, mixer.groups // tp
     norm = 2 * e * d + STAT_BYTES * tokens * gl  # read y, write its norm, one float32 rstd per token and group
@@ -217,9 +199,9 @@ def mamba_saved(mixer: MambaMixer, hidden: int, tokens: int, tp: int, *, sp: boo
     cumsums are recomputed), the norm's input and its float32 rstd per token and group (LayerNormFn), and out_proj's
     input. Parameters the functions save are not activations. Not the layer's pre-norm input (the caller's)."""
     check_mamba_split(mixer, tp)
-    _positive("hidden", hidden)
-    _positive("tokens", tokens)
-    _positive("dtype_bytes", dtype_bytes)
+    positive("hidden", hidden)
+    positive("tokens", tokens)
+    positive("dtype_bytes", dtype_bytes)
     d, e = dtype_bytes, tokens * mixer.d_inner // tp
     gathered = d * tokens * hidden
     return [SavedTensor("in_proj input", gathered // tp if sp else gathered, block=BLOCK),
@@ -236,9 +218,9 @@ def mamba_flops(mixer: MambaMixer, hidden: int, tokens: int, tp: int = 1, *, bat
     phase; the scan over K chunks (`batch` sequences of tokens / batch, each padded to whole chunks) F 2 K Q (Gl Q N
     + Hl P (2 N + Q)), I 2 K Q (3 Gl Q N + Hl P (5 N + 3 Q)), Gl = G / t and Hl = H / t."""
     check_mamba_split(mixer, tp)
-    _positive("hidden", hidden)
+    positive("hidden", hidden)
     m, q, n, p = mixer, mixer.chunk, mixer.state, mixer.head_dim
-    k, gl, hl = _chunks(m, tokens, batch), m.groups // tp, m.heads // tp
+    k, gl, hl = scan_chunks(m.chunk, tokens, batch), m.groups // tp, m.heads // tp
     linears = 2 * tokens * hidden * (m.in_proj_width + m.d_inner) // tp
     scan_f = 2 * k * q * (gl * q * n + hl * p * (2 * n + q))
     scan_b = 2 * k * q * (3 * gl * q * n + hl * p * (5 * n + 3 * q))
