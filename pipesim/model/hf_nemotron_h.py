@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from pipesim.errors import PipesimError
 from pipesim.model.hf_keys import positive_field, required_field
-from pipesim.model.hybrid import MOE, HybridLayers
+from pipesim.model.hybrid import HybridLayers
 from pipesim.model.mamba_mixer import MambaMixer
 from pipesim.model.moe import MoeConfig
 
@@ -60,14 +60,14 @@ def nemotron_h_fields(cfg: dict, *, layers: int, hidden: int, where: str) -> dic
     head = cfg.get("head_dim") or cfg.get("attention_head_dim")
     if head is not None and (not isinstance(head, int) or isinstance(head, bool) or head < 1):
         raise PipesimError(f"{where}: field 'head_dim' must be a positive integer, got {head!r}")
-    return {"hybrid": HybridLayers(pattern, mixer), "moe": _experts(cfg, pattern, where), "head_width": head,
+    hybrid = HybridLayers(pattern, mixer)
+    return {"hybrid": hybrid, "moe": _experts(cfg, hybrid.moe_layers(), where), "head_width": head,
             "activation": "relu2", "positions": "none", "norm_eps": cfg.get("layer_norm_epsilon", 1e-5)}
 
 
-def _experts(cfg: dict, pattern: str, where: str) -> MoeConfig | None:
+def _experts(cfg: dict, placement: tuple[int, ...], where: str) -> MoeConfig | None:
     """The E layers' experts (None without any): routed and one shared squared-ReLU MLP, sigmoid scores with a
     per-expert bias (Megatron-Bridge's NemotronHBridge provider), placed on the pattern's E layers."""
-    placement = tuple(layer for layer, symbol in enumerate(pattern) if symbol == MOE)
     if not placement:
         return None
     experts = positive_field(cfg, "n_routed_experts", where)

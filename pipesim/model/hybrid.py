@@ -18,7 +18,7 @@ from pipesim.model.mamba_mixer import MambaMixer
 from pipesim.model.moe import MoeConfig
 
 SYMBOL_PARTS = {"M": "mamba", "*": "attention", "-": "mlp", "E": "mlp"}  # a symbol's LayerOptions.part
-MAMBA, ATTENTION, MLP, MOE = "M", "*", "-", "E"
+MOE = "E"  # the experts' symbol
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,10 @@ class HybridLayers:
         """Whether layer `layer` (0-based) is a mixture of experts."""
         return self.pattern[layer] == MOE
 
+    def moe_layers(self) -> tuple[int, ...]:
+        """The E layers (0-based): MoeConfig.placement of the model's experts."""
+        return tuple(layer for layer, symbol in enumerate(self.pattern) if symbol == MOE)
+
     def count(self, symbol: str) -> int:
         """How many layers of `symbol`."""
         return self.pattern.count(symbol)
@@ -81,7 +85,7 @@ def check_hybrid(hybrid: HybridLayers | None, *, kind: str, layers: int, moe: Mo
     for name, what in NOT_WITH_HYBRID:
         if fields[name]:
             raise PipesimError(f"a hybrid (Mamba) model with {what} is not modelled")
-    experts = tuple(layer for layer, symbol in enumerate(hybrid.pattern) if symbol == MOE)
+    experts = hybrid.moe_layers()
     if (moe is None) != (not experts):
         raise PipesimError(f"hybrid pattern {hybrid.pattern!r}: " + ("E layers need the experts (moe)" if experts
                            else "experts (moe) need E layers in the pattern"))
@@ -89,4 +93,4 @@ def check_hybrid(hybrid: HybridLayers | None, *, kind: str, layers: int, moe: Mo
         raise PipesimError(f"moe placement {moe.placement} is not the hybrid pattern's E layers {experts}")
 
 
-__all__ = ["ATTENTION", "MAMBA", "MLP", "MOE", "SYMBOL_PARTS", "HybridLayers", "check_hybrid"]
+__all__ = ["MOE", "NOT_WITH_HYBRID", "SYMBOL_PARTS", "HybridLayers", "check_hybrid"]

@@ -18,7 +18,6 @@ from pipesim.model.kernel_types import PieceKernels
 BLOCK = "block"  # a whole transformer layer: attention and MLP
 MAMBA = "mamba"  # a hybrid model's Mamba layer (pipesim.model.mixer_layer)
 PARTS = (BLOCK, "attention", "mlp", MAMBA)  # LayerOptions.part
-SUBLAYERS = ("attention", "mlp")  # the parts a block is cut into
 
 # kernel names (pipesim.model.layer_kernels, grouped_mlp_extras, shared_gate) of the MLP sublayer: its norm,
 # linears, activation, residual add, the experts' router, permutation and grouped GEMMs, the shared experts
@@ -56,11 +55,6 @@ def collective_sublayer(what: str) -> str:
     return "mlp" if any(word in what for word in MLP_COLLECTIVES) else "attention"
 
 
-def in_part(part: str, sublayer: str) -> bool:
-    """Whether a block's item of `sublayer` belongs to `part` (the block holds both sublayers')."""
-    return part == BLOCK or part == sublayer
-
-
 def part_kernels(kernels: PieceKernels, part: str) -> PieceKernels:
     """The block's kernels of `part` (all of them for the block), in the block's order per phase."""
     if part == BLOCK:
@@ -69,5 +63,5 @@ def part_kernels(kernels: PieceKernels, part: str) -> PieceKernels:
     return PieceKernels(*keep)
 
 
-__all__ = ["BLOCK", "MAMBA", "PARTS", "SUBLAYERS", "check_part", "collective_sublayer", "in_part", "kernel_sublayer",
-           "part_kernels", "saved_sublayer", "tensor_sublayer"]
+__all__ = ["BLOCK", "MAMBA", "PARTS", "check_part", "collective_sublayer", "kernel_sublayer", "part_kernels",
+           "saved_sublayer", "tensor_sublayer"]
