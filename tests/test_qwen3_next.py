@@ -142,3 +142,13 @@ def test_a_plan_exports_megatrons_linear_attention_flags_and_a_stack_without_it_
     assert main(["simulate", "1f1b", "--microbatch-size", "1", "--stages", "4", "--dp", "8", "--ep", "8", "--zero",
                  "1", "--attention", "flash", "--framework", "torchtitan", *common]) == 2
     assert "--framework torchtitan has no linear-attention (Gated DeltaNet) model" in capsys.readouterr().err
+
+
+def test_a_gated_deltanet_layer_refuses_what_pipesim_does_not_model_with_it():
+    model = load_hf_config(NEXT, seq=4096)
+    with pytest.raises(PipesimError, match="a Gated DeltaNet layer's options for a model without linear attention"):
+        LayerOptions(mixer="gdn").check(load_hf_config("qwen3-30b-a3b"))
+    with pytest.raises(PipesimError, match="--recompute op .* with linear attention \\(Gated DeltaNet\\) is not"):
+        LayerOptions(attention="flash", recompute="op").check(replace(model, moe=None))
+    with pytest.raises(PipesimError, match="tp 32 does not split the Gated DeltaNet"):
+        LayerOptions(tp=32).check(replace(model, heads=32, kv_heads=32, ffn_hidden=5120))

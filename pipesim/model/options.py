@@ -139,12 +139,7 @@ class LayerOptions:
                                f"({model.window_size})")
         if self.nope and not model.nope_every:
             raise PipesimError("a NoPE layer's options for a model without NoPE layers (nope_every)")
-        if self.mixer == GDN:
-            self._check_linear(model)
-        if model.hybrid is not None:
-            self._check_hybrid(model)
-        elif self.part == MAMBA:
-            raise PipesimError("a Mamba layer's options for a model without Mamba layers (hybrid)")
+        self._check_sequence_mixer(model)
         if model.window_size is not None and self.cp > 1:  # no windowed ring attention is modelled
             raise PipesimError(f"--cp {self.cp} with sliding-window attention (a window of {model.window_size} keys) "
                                "is not modelled: give --cp 1")
@@ -176,29 +171,27 @@ class LayerOptions:
             raise PipesimError(f"--etp {self.etp} with tp({t}) and no sequence parallelism: the tp ranks hold the "
                                "same tokens, so the experts split as the MLP does (--etp equal to --tp)")
 
-    def _check_linear(self, model: ModelConfig) -> None:
-        """A linear-attention layer: the model's Gated DeltaNet, split over tp as Megatron-core splits it; neither
-        context parallelism nor torchtitan's per-op recomputation modelled there."""
-        if model.linear_attention is None:
+    def _check_sequence_mixer(self, model: ModelConfig) -> None:
+        """A model with Mamba layers (a hybrid model's) or Gated DeltaNet layers (linear attention): its mixers split
+        over tp as Megatron-core splits them; neither context parallelism (Megatron-core's context-parallel
+        all-to-alls around the mixers) nor torchtitan's per-op recomputation modelled there. A Mamba part or a Gated
+        DeltaNet mixer asked of a model without them: refused."""
+        if self.part == MAMBA and model.hybrid is None:
+            raise PipesimError("a Mamba layer's options for a model without Mamba layers (hybrid)")
+        if self.mixer == GDN and model.linear_attention is None:
             raise PipesimError("a Gated DeltaNet layer's options for a model without linear attention")
-        check_gdn_split(model.linear_attention.mixer, self.tp)
+        if model.hybrid is not None:
+            check_mamba_split(model.hybrid.mamba, self.tp)
+            what = "Mamba layers (a hybrid model)"
+        elif model.linear_attention is not None:
+            check_gdn_split(model.linear_attention.mixer, self.tp)
+            what = "linear attention (Gated DeltaNet)"
+        else:
+            return
         if self.cp > 1:
-            raise PipesimError(f"--cp {self.cp} with linear attention (Gated DeltaNet) is not modelled: give --cp 1")
+            raise PipesimError(f"--cp {self.cp} with {what} is not modelled: give --cp 1")
         if self.recompute == OP:
-            raise PipesimError("--recompute op (torchtitan's per-op checkpointing) with linear attention (Gated "
-                               "DeltaNet) is not modelled")
-
-    def _check_hybrid(self, model: ModelConfig) -> None:
-        """A hybrid model's layers as pipesim costs them: its Mamba mixers split over tp as Megatron-core splits them;
-        neither context parallelism (Megatron-core's MambaContextParallel all-to-alls) nor torchtitan's per-op
-        recomputation modelled there."""
-        assert model.hybrid is not None
-        check_mamba_split(model.hybrid.mamba, self.tp)
-        if self.cp > 1:
-            raise PipesimError(f"--cp {self.cp} with Mamba layers (a hybrid model) is not modelled: give --cp 1")
-        if self.recompute == OP:
-            raise PipesimError("--recompute op (torchtitan's per-op checkpointing) with Mamba layers (a hybrid model) "
-                               "is not modelled")
+            raise PipesimError(f"--recompute op (torchtitan's per-op checkpointing) with {what} is not modelled")
 
     def local_seq(self, model: ModelConfig) -> int:
         """Tokens of one sequence on this rank: seq / cp."""
