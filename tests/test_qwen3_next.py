@@ -19,6 +19,7 @@ from pipesim.model.hf_config import load_hf_config, read_hf_config, resolve_mode
 from pipesim.model.layer_collectives import tp_layer_collectives
 from pipesim.model.layer_kernels import layer_kernels
 from pipesim.model.layer_kinds import LayerKind, StageLayers, kind_options, stage_layers
+from pipesim.model.layer_parts import mlp_half
 from pipesim.model.options import LayerOptions
 from pipesim.model.output_gate import gate_forward_bytes
 from pipesim.model.param_counts import active_params, block_params, model_params
@@ -68,12 +69,12 @@ def test_a_linear_attention_layer_is_its_norm_its_mixer_its_add_and_the_blocks_m
     mixer, h, t = model.linear_attention.mixer, 2048, 4096
     opts = LayerOptions(attention="flash", ep=8, mixer="gdn")
     kernels = layer_kernels(model, 1, opts, moe=True)
-    mlp = layer_kernels(model, 1, replace(opts, mixer="attention", part="mlp"), moe=True)
+    mlp = layer_kernels(model, 1, mlp_half(opts), moe=True)
     assert kernels.F[0].name == "GDN RMSNorm" and kernels.F[-len(mlp.F):] == mlp.F
     assert tuple(kernels.flops(p) for p in "FIW") == tuple(
         a + mlp.flops(p) for a, p in zip(gdn_flops(mixer, h, t, 1, batch=1), "FIW", strict=True))
     assert layer_params(model, opts, moe=True) == \
-        h + gdn_params(mixer, h) + layer_params(model, replace(opts, mixer="attention", part="mlp"), moe=True)
+        h + gdn_params(mixer, h) + layer_params(model, mlp_half(opts), moe=True)
     assert layer_saved_tensors(model, 1, opts, moe=True)[0].name == "GDN norm input"
     colls = tp_layer_collectives(model, 1, replace(opts, tp=2, sp=True), moe=True)
     assert colls[0].what == "GDN input (before in_proj)" and colls[-1].what == "GDN input gradient"

@@ -24,7 +24,7 @@ from pipesim.model.fp8 import Fp8Options, saved_bytes
 from pipesim.model.gemma_layer import post_norm_name
 from pipesim.model.latent_layer import latent_saved, latent_widths
 from pipesim.model.layer_kinds import StageLayers, kind_options
-from pipesim.model.layer_parts import BLOCK, MAMBA, saved_sublayer
+from pipesim.model.layer_parts import BLOCK, MAMBA, mlp_half, saved_sublayer
 from pipesim.model.linear_attention import GDN
 from pipesim.model.mixer_layer import mixer_part_saved
 from pipesim.model.moe_layer import ROUTER_BYTES, routed_tokens, tokens_here
@@ -53,10 +53,10 @@ def layer_saved_tensors(model: ModelConfig, b: int, opts: LayerOptions, *, recom
         return [SavedTensor("layer input", residual)] if full else mixer_part_saved(model, b, opts)
     if opts.mixer == GDN:  # a linear-attention layer: its Gated DeltaNet half's and the block's MLP part's
         opts.check(model)
-        mlp = layer_saved_tensors(model, b, replace(opts, mixer="attention", part="mlp"), recompute=recompute, moe=moe)
+        mlp = layer_saved_tensors(model, b, mlp_half(opts), recompute=recompute, moe=moe)
         return mlp if full else mixer_part_saved(model, b, opts) + mlp  # full: the MLP part's, the layer's input
     saved = _block_saved(model, b, opts, recompute=recompute, moe=moe)
-    if opts.part == BLOCK or (opts.recompute if recompute is None else recompute) == "full":
+    if opts.part == BLOCK or full:
         return saved
     return [x for x in saved if saved_sublayer(x.name) == opts.part]
 

@@ -258,9 +258,7 @@ def hardware_flops(model: ModelConfig, global_batch: int, opts: LayerOptions) ->
     windowed = model.windowed_layers(0, model.layers)
     core = attention_core_flops(model, global_batch, one, causal=True)
     extra = (core.total + (core.F if rerun else 0)) * (causal_tile_factor(model.seq) - 1.0)  # the diagonal tiles
-    attending = model.hybrid.count("*") if model.hybrid is not None else model.layers - \
-        model.linear_attention.linear_layers(0, model.layers) if model.linear_attention is not None else \
-        model.layers - windowed + model.mtp_layers
+    attending = StageLayers.of(model, 0, model.layers).attention_layers - windowed + model.mtp_layers  # causal
     total += round(extra * attending)
     if windowed:  # the band's tiles, whole (pipesim.model.attention_window)
         w = model.window_size

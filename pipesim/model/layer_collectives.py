@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from pipesim.model.config import ModelConfig
 from pipesim.model.fp8 import FP8_GATHER_RECIPES, saved_bytes
 from pipesim.model.latent_layer import check_latent
-from pipesim.model.layer_parts import BLOCK, MAMBA, collective_sublayer
+from pipesim.model.layer_parts import BLOCK, MAMBA, collective_sublayer, mlp_half
 from pipesim.model.linear_attention import GDN
 from pipesim.model.moe_layer import routed_tokens, tokens_here
 from pipesim.model.options import LayerOptions
@@ -181,7 +181,7 @@ def tp_layer_collectives(model: ModelConfig, b: int, opts: LayerOptions, *, moe:
         return _mixer_collectives(model, b, opts, "Mamba")
     if opts.mixer == GDN:  # a linear-attention layer: its Gated DeltaNet half's, the block's MLP part's
         gdn = _mixer_collectives(model, b, opts, "GDN")
-        mlp = tp_layer_collectives(model, b, replace(opts, mixer="attention", part="mlp"), moe=moe)
+        mlp = tp_layer_collectives(model, b, mlp_half(opts), moe=moe)
         return [c for c in gdn if c.phase == "F"] + [c for c in mlp if c.phase == "F"] + \
             [c for c in mlp if c.phase != "F"] + [c for c in gdn if c.phase != "F"]
     colls = _block_collectives(model, b, opts, moe=moe)

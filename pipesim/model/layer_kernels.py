@@ -18,8 +18,6 @@ queries and one on the keys.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from pipesim.errors import PipesimError
 from pipesim.model.activations import MASK_BYTES
 from pipesim.model.config import ModelConfig
@@ -40,7 +38,7 @@ from pipesim.model.kernel_types import (
     with_tokens,
 )
 from pipesim.model.latent_layer import check_latent, latent_linears, rope_elements
-from pipesim.model.layer_parts import MAMBA, part_kernels
+from pipesim.model.layer_parts import MAMBA, mlp_half, part_kernels
 from pipesim.model.linear_attention import GDN
 from pipesim.model.mixer_layer import mixer_part_kernels
 from pipesim.model.moe_layer import ROUTER_BYTES, expert_shapes, tokens_here
@@ -172,8 +170,9 @@ def _elementwise(model: ModelConfig, b: int, opts: LayerOptions, fused: bool) ->
         from_ew("softmax")
         from_ew("softmax dropout")
     if model.attention_gate:  # Megatron-core's Attention._apply_output_gate, eager: x * sigmoid(gate.float())
-        fwd += [MemoryBound(name, nbytes) for name, nbytes in gate_forward_bytes(qk_gate(model, b, opts), d)]
-        bwd += [MemoryBound(name, nbytes) for name, nbytes in gate_backward_bytes(qk_gate(model, b, opts), d)]
+        gated = qk_gate(model, b, opts)
+        fwd += [MemoryBound(name, nbytes) for name, nbytes in gate_forward_bytes(gated, d)]
+        bwd += [MemoryBound(name, nbytes) for name, nbytes in gate_backward_bytes(gated, d)]
     for block in ("attention", "MLP"):
         if block == "MLP":
             from_ew(f"MLP {norm}")
@@ -224,7 +223,7 @@ def layer_kernels(model: ModelConfig, b: int, opts: LayerOptions, *, fused: bool
     if opts.part == MAMBA:  # a hybrid model's Mamba layer (pipesim.model.mixer_layer)
         return mixer_part_kernels(model, b, opts)
     if opts.mixer == GDN:  # a linear-attention layer: its Gated DeltaNet half and the block's MLP part
-        mlp = layer_kernels(model, b, replace(opts, mixer="attention", part="mlp"), fused=fused, moe=moe)
+        mlp = layer_kernels(model, b, mlp_half(opts), fused=fused, moe=moe)
         gdn = mixer_part_kernels(model, b, opts)
         return PieceKernels(gdn.F + mlp.F, mlp.I + gdn.I, gdn.W + mlp.W)
     tokens = b * opts.local_seq(model)

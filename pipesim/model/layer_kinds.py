@@ -111,6 +111,12 @@ class StageLayers:
         return sum(n for kind, n in self.counts if kind.moe)
 
     @property
+    def attention_layers(self) -> int:
+        """How many of them attend with softmax attention: blocks and attention parts, not Gated DeltaNet or Mamba
+        layers or MLP parts."""
+        return sum(n for kind, n in self.counts if kind.part in (BLOCK, "attention") and kind.mixer == "attention")
+
+    @property
     def variant_layers(self) -> int:
         """How many of them are the model's variant layers."""
         return sum(n for kind, n in self.counts if kind.variant)

@@ -12,6 +12,9 @@ every other one is the attention's.
 
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import TypeVar
+
 from pipesim.errors import PipesimError
 from pipesim.model.kernel_types import PieceKernels
 
@@ -55,6 +58,15 @@ def collective_sublayer(what: str) -> str:
     return "mlp" if any(word in what for word in MLP_COLLECTIVES) else "attention"
 
 
+Options = TypeVar("Options")  # LayerOptions (pipesim.model.options imports this module)
+
+
+def mlp_half(opts: Options) -> Options:
+    """The options of a layer's MLP part, whatever the layer attends with: what a linear-attention layer keeps of the
+    block beside its Gated DeltaNet (pipesim.model.mixer_layer)."""
+    return replace(opts, mixer="attention", part="mlp")
+
+
 def part_kernels(kernels: PieceKernels, part: str) -> PieceKernels:
     """The block's kernels of `part` (all of them for the block), in the block's order per phase."""
     if part == BLOCK:
@@ -63,5 +75,5 @@ def part_kernels(kernels: PieceKernels, part: str) -> PieceKernels:
     return PieceKernels(*keep)
 
 
-__all__ = ["BLOCK", "MAMBA", "PARTS", "check_part", "collective_sublayer", "kernel_sublayer", "part_kernels",
-           "saved_sublayer", "tensor_sublayer"]
+__all__ = ["BLOCK", "MAMBA", "PARTS", "check_part", "collective_sublayer", "kernel_sublayer", "mlp_half",
+           "part_kernels", "saved_sublayer", "tensor_sublayer"]

@@ -43,10 +43,6 @@ class LinearAttention:
         """Whether layer `layer` (0-based) attends with the Gated DeltaNet mixer."""
         return (layer + 1) % self.full_every != 0
 
-    def linear_layers(self, start: int, n: int) -> int:
-        """How many of layers start .. start + n - 1 are linear-attention layers."""
-        return sum(self.is_linear(layer) for layer in range(start, start + n))
-
 
 # what pipesim does not model beside linear attention (ModelConfig's fields)
 NOT_WITH_LINEAR = (("mla", "latent attention"), ("mtp_layers", "multi-token prediction"),

@@ -25,7 +25,7 @@ from pipesim.model.config import ModelConfig
 from pipesim.model.gdn_mixer import gdn_tensors
 from pipesim.model.latent_layer import latent_linears
 from pipesim.model.layer_kinds import StageLayers, kind_options, stage_layers
-from pipesim.model.layer_parts import BLOCK, MAMBA, tensor_sublayer
+from pipesim.model.layer_parts import BLOCK, MAMBA, mlp_half, tensor_sublayer
 from pipesim.model.linear_attention import GDN
 from pipesim.model.mamba_mixer import mamba_tensors
 from pipesim.model.moe_layer import dense_mlp_params, moe_block_params
@@ -87,7 +87,7 @@ def layer_tensors(model: ModelConfig, opts: LayerOptions, *, moe: bool = False) 
         return _norm(model, model.hidden, "Mamba norm") + mamba_tensors(model.hybrid.mamba, model.hidden, opts.tp)
     if opts.mixer == GDN:  # a linear-attention layer: its norm and Gated DeltaNet, the block's MLP part
         assert model.linear_attention is not None  # LayerOptions.check refuses mixer "gdn" without it
-        mlp = layer_tensors(model, replace(opts, mixer="attention", part="mlp"), moe=moe)
+        mlp = layer_tensors(model, mlp_half(opts), moe=moe)
         return _norm(model, model.hidden, "GDN norm") + gdn_tensors(model.linear_attention.mixer, model.hidden,
                                                                     opts.tp) + mlp
     tensors = _block_tensors(model, opts, moe=moe)
