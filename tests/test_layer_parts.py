@@ -39,21 +39,37 @@ def _parts(opts):
     return replace(opts, part="attention"), replace(opts, part="mlp")
 
 
+def _part(model, opts, moe):
+    """A part's kernels per phase, saved tensors, tp collectives and weights: what a filter by sublayer gives."""
+    kernels = layer_kernels(model, 1, opts, moe=moe)
+    return (kernels.phases(), layer_saved_tensors(model, 1, opts, moe=moe),
+            tp_layer_collectives(model, 1, opts, moe=moe), layer_tensors(model, opts, moe=moe))
+
+
+def _other_mlp(model, moe):
+    """(the model, with experts or not) with only its MLP changed: the experts off, or a dense MLP twice as wide."""
+    return (model, False) if moe else (replace(model, ffn_hidden=2 * model.ffn_size), False)
+
+
+def _other_attention(model):
+    """The model with only its attention changed: a wider KV latent (latent attention), else QK-norm toggled."""
+    if model.mla is not None:
+        return replace(model, mla=replace(model.mla, kv_lora_rank=2 * model.mla.kv_lora_rank))
+    return replace(model, qk_norm=not model.qk_norm)
+
+
 @pytest.mark.parametrize(("name", "opts", "moe"), CASES, ids=[c[0] for c in CASES])
 def test_the_attention_and_mlp_parts_are_the_block(name, opts, moe):
+    """Each part holds its sublayer's items and no other's: the attention part does not move when only the MLP
+    changes, the MLP part does not move when only the attention changes (a name put in the wrong sublayer would);
+    the parts' parameters are the block's count and their FLOPs the block's closed form (pipesim.model.flops)."""
     model = load_hf_config(name, seq=4096)
     attention, mlp = _parts(opts)
-    block = layer_kernels(model, 1, opts, moe=moe)
-    parts = [layer_kernels(model, 1, o, moe=moe) for o in (attention, mlp)]
-    for phase in "FIW":
-        assert Counter(block.phase(phase)) == Counter(parts[0].phase(phase)) + Counter(parts[1].phase(phase))
-        assert block.flops(phase) == parts[0].flops(phase) + parts[1].flops(phase)
-        assert all(kernel_sublayer(k.name) == "attention" for k in parts[0].phase(phase))
-    assert Counter(tp_layer_collectives(model, 1, opts, moe=moe)) == \
-        Counter(tp_layer_collectives(model, 1, attention, moe=moe)) + Counter(tp_layer_collectives(model, 1, mlp,
-                                                                                                  moe=moe))
-    assert Counter(layer_tensors(model, opts, moe=moe)) == \
-        Counter(layer_tensors(model, attention, moe=moe)) + Counter(layer_tensors(model, mlp, moe=moe))
+    other_mlp, other_moe = _other_mlp(model, moe)
+    assert _part(model, attention, moe) == _part(other_mlp, attention, other_moe)
+    assert _part(model, mlp, moe) == _part(_other_attention(model), mlp, moe)
+    assert _part(model, attention, moe) != _part(_other_attention(model), attention, moe)  # each variant moves its own
+    assert _part(model, mlp, moe) != _part(other_mlp, mlp, other_moe)
     assert layer_params(model, opts, moe=moe) == \
         layer_params(model, attention, moe=moe) + layer_params(model, mlp, moe=moe)
     saved = [layer_saved_tensors(model, 1, o, moe=moe) for o in (opts, attention, mlp)]
